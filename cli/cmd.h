@@ -1,0 +1,10 @@
+/* Subcommands of the `tandem` command; each lives in cli/cmd_<name>.c. */
+#ifndef TANDEM_CLI_CMD_H
+#define TANDEM_CLI_CMD_H
+
+/* argv[0] is the subcommand name; return the process exit code. */
+typedef int (*cmd_fn)(int argc, char **argv);
+
+int cmd_gguf_info(int argc, char **argv);
+
+#endif

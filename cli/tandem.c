@@ -1,0 +1,39 @@
+/* tandem: the command people type. Dispatches to one subcommand (cli/cmd_*.c):
+ * file inspection, tokenizer and model checks, and running the services. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+#include "common/log.h"
+
+typedef struct cmd_entry {
+    const char *name;
+    cmd_fn fn;
+    const char *help;
+} cmd_entry;
+
+static const cmd_entry cmd_table[] = {
+    {"gguf-info", cmd_gguf_info, "print a GGUF file's metadata and tensor table"},
+};
+
+static void tandem_usage(void)
+{
+    printf("usage: tandem COMMAND [options]   (tandem COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
+        printf("  %-14s %s\n", cmd_table[i].name, cmd_table[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    log_init("tandem", LOG_LEVEL_INFO);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        tandem_usage();
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
+        if (!strcmp(argv[1], cmd_table[i].name))
+            return cmd_table[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tandem: unknown command '%s'\n", argv[1]);
+    tandem_usage();
+    return 2;
+}
