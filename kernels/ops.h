@@ -1,0 +1,241 @@
+/* The compute ops, one header for both backends.
+ *
+ * CPU implementations are cpu_<op> (kernels/cpu/<idea>.c); they are the numerical oracle.
+ * The CUDA twins are cuda_<op> with the same arguments followed by a stream (kernels/cuda/).
+ * Activations are f32. Pointers are plain host (or device) memory; every parameter says its
+ * shape as [outer]...[inner] in elements. A "stride" is the distance in ELEMENTS between
+ * consecutive rows/tokens/heads, so a view into an interleaved tensor needs no copy (e.g.
+ * qwen35's attn_q output is per head 256 query values then 256 gate values: q = out,
+ * gate = out + 256, head stride 512, token stride n_head * 512).
+ *
+ * Errors: weights and token ids come from files and clients, so the calls that take them
+ * return td_err; shapes that disagree inside the engine are programmer errors (TD_ASSERT). */
+#ifndef TANDEM_KERNELS_OPS_H
+#define TANDEM_KERNELS_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+#include "common/err.h"
+
+/* ---------------------------------------------------------------------------------------
+ * Weights and element types
+ * ------------------------------------------------------------------------------------- */
+
+/* A weight matrix as GGUF stores it: rows of cols elements (GGUF ne[0] = cols, ne[1] = rows).
+ * y = x . W^T maps cols inputs to rows outputs. */
+typedef struct ops_weight {
+    td_dtype type;     /* one of the types ops_type_supported() accepts */
+    int64_t rows;      /* output features (GGUF ne[1]) */
+    int64_t cols;      /* input features (GGUF ne[0]); a multiple of the type's block size */
+    size_t row_bytes;  /* bytes of one row: cols / block * block bytes */
+    const void *data;  /* [rows][row_bytes], rows packed back to back */
+} ops_weight;
+
+/* True for the types the ops read and write: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K. */
+bool ops_type_supported(td_dtype type);
+
+/* Fills *w for a [rows][cols] matrix of type at data. TD_ENOTSUP for a type the ops do not
+ * handle, TD_EINVAL when cols is not a multiple of the block size or a size is <= 0 or
+ * overflows. */
+td_err ops_weight_init(ops_weight *w, td_dtype type, int64_t rows, int64_t cols,
+                       const void *data);
+
+/* IEEE binary16 and bfloat16 <-> f32. To-half rounds to nearest even; NaN stays NaN. */
+float ops_f16_to_f32(uint16_t h);
+uint16_t ops_f32_to_f16(float f);
+float ops_bf16_to_f32(uint16_t h);
+uint16_t ops_f32_to_bf16(float f);
+
+/* ---------------------------------------------------------------------------------------
+ * Quantisation (kernels/cpu/quant.c: the one place that knows each block layout)
+ * ------------------------------------------------------------------------------------- */
+
+/* dst[n] = the n elements of type stored at src (n / block blocks). TD_ENOTSUP for an
+ * unsupported type, TD_EINVAL when n is not a multiple of the block size. */
+td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n);
+
+/* Writes src[n] as type at dst (dtype_bytes(type, n) bytes). A plain round-to-nearest
+ * quantiser (for building test and benchmark models, not a tuned one). Errors as above. */
+td_err cpu_quantize_row(td_dtype type, const float *src, void *dst, int64_t n);
+
+/* out[n][w->cols] = rows ids[i] of w dequantised (token embedding lookup).
+ * TD_ERANGE when an id is outside [0, w->rows). */
+td_err cpu_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_t n);
+
+/* ---------------------------------------------------------------------------------------
+ * Matrix multiply (kernels/cpu/matmul.c)
+ * ------------------------------------------------------------------------------------- */
+
+/* y[n_tok][w->rows] = x[n_tok][w->cols] . W^T, any n_tok >= 1 (each weight row is read once
+ * per 64 tokens). Products accumulate in f32 per 256-wide tile and f64 across tiles.
+ * y must not overlap x. */
+void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok);
+
+/* ---------------------------------------------------------------------------------------
+ * Norms and elementwise (kernels/cpu/norm.c, kernels/cpu/act.c)
+ * ------------------------------------------------------------------------------------- */
+
+/* Row r of x is x[r * stride .. r * stride + dim); out has the same layout and may be x.
+ * out = x / sqrt(mean(x^2) + eps) * w; w [dim] or NULL for no weight. */
+void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n_rows, int64_t dim,
+                 int64_t stride, float eps);
+
+/* Same row layout; out = x / sqrt(sum(x^2) + eps). */
+void cpu_l2norm(float *out, const float *x, int64_t n_rows, int64_t dim, int64_t stride,
+                float eps);
+
+/* Elementwise over n values; out may alias any input. */
+void cpu_add(float *out, const float *a, const float *b, int64_t n);   /* a + b */
+void cpu_mul(float *out, const float *a, const float *b, int64_t n);   /* a * b */
+void cpu_scale(float *out, const float *x, float s, int64_t n);        /* x * s */
+void cpu_silu(float *out, const float *x, int64_t n);                  /* x * sigmoid(x) */
+void cpu_sigmoid(float *out, const float *x, int64_t n);               /* 1 / (1 + e^-x) */
+void cpu_softplus(float *out, const float *x, int64_t n);              /* log(1 + e^x) */
+/* out = silu(gate) * up, all [n]. */
+void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
+/* Row-wise softmax: out[n_rows][n] from x[n_rows][n] (contiguous); out may be x. */
+void cpu_softmax(float *out, const float *x, int64_t n_rows, int64_t n);
+
+/* Index of the largest of x[n] (the lowest index on ties; NaN never wins). n >= 1. */
+int64_t cpu_argmax(const float *x, int64_t n);
+
+/* The k largest of x[n], largest first (lower index first on ties): idx[k], val[k] (val may
+ * be NULL). 1 <= k <= n. */
+void cpu_topk(int32_t *idx, float *val, const float *x, int64_t n, int64_t k);
+
+/* ---------------------------------------------------------------------------------------
+ * RoPE (kernels/cpu/rope.c)
+ * ------------------------------------------------------------------------------------- */
+
+/* NeoX RoPE in place, partial rotary: in each head, dims j and j + n_rot/2 (j < n_rot/2) are
+ * rotated by angle pos * theta^(-2j / n_rot); dims n_rot.. pass through.
+ * x: head h of token t starts at x + t * tok_stride + h * head_stride.
+ * pos [n_tok]: absolute positions. n_rot is even and >= 2. */
+void cpu_rope_neox(float *x, int64_t n_tok, int64_t n_head, int64_t tok_stride,
+                   int64_t head_stride, int64_t n_rot, const int32_t *pos, float theta);
+
+/* ---------------------------------------------------------------------------------------
+ * Attention (kernels/cpu/attention.c)
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum ops_mask_kind {
+    OPS_MASK_CAUSAL,        /* key position <= query position */
+    OPS_MASK_BIDIRECTIONAL, /* every key */
+    OPS_MASK_TREE,          /* causal for the keys before the last n_tree; the last n_tree keys
+                             * only where the query's ancestor bit is set */
+} ops_mask_kind;
+
+typedef struct ops_attn {
+    int64_t n_q;        /* query tokens */
+    int64_t n_head;     /* query heads */
+    int64_t n_head_kv;  /* key/value heads; n_head is a multiple; query head h reads kv head
+                         * h / (n_head / n_head_kv) */
+    int64_t head_dim;   /* values per head, same for q, k, v */
+    float scale;        /* logit scale, usually 1/sqrt(head_dim) */
+
+    const float *q;       /* query head h of token t at q + t*q_tok_stride + h*q_head_stride */
+    int64_t q_tok_stride;  /* elements */
+    int64_t q_head_stride; /* elements */
+    const int32_t *q_pos;  /* [n_q] absolute position of each query */
+
+    /* Key cache: key i, kv head g at k + i*kv_tok_stride + g*kv_head_stride (elements of
+     * kv_type); the value cache v has the same layout. */
+    td_dtype kv_type;       /* TD_F32 or TD_F16 */
+    const void *k;
+    const void *v;
+    int64_t kv_tok_stride;  /* elements between consecutive keys (n_head_kv*head_dim if dense) */
+    int64_t kv_head_stride; /* elements between kv heads of one key (head_dim if dense) */
+    const int32_t *k_pos;   /* [n_kv] absolute position of each key */
+    int64_t n_kv;           /* keys */
+
+    ops_mask_kind mask;
+    int32_t window;         /* sliding window in positions, 0 = none: a key is visible only
+                             * when q_pos - k_pos < window (causal, tree) or
+                             * |q_pos - k_pos| < window (bidirectional) */
+    /* OPS_MASK_TREE: query t sees tree key j (key index n_kv - n_tree + j) iff bit j%64 of
+     * tree_bits[t * tree_words + j/64] is set; tree_words = (n_tree + 63) / 64. */
+    int64_t n_tree;
+    const uint64_t *tree_bits; /* [n_q][tree_words] */
+
+    /* Optional output gate: out *= sigmoid(gate); gate head h of token t at
+     * gate + t*gate_tok_stride + h*gate_head_stride, [head_dim]. NULL = no gate. */
+    const float *gate;
+    int64_t gate_tok_stride;  /* elements */
+    int64_t gate_head_stride; /* elements */
+
+    float *out;             /* [n_q][n_head][head_dim], contiguous */
+} ops_attn;
+
+/* softmax(scale * q . k^T + mask) . v per query head. A query that sees no key gets zeros. */
+void cpu_attention(const ops_attn *a);
+
+/* ---------------------------------------------------------------------------------------
+ * Recurrent pieces of Gated DeltaNet (kernels/cpu/conv.c, kernels/cpu/delta.c)
+ * ------------------------------------------------------------------------------------- */
+
+/* Causal depthwise conv1d with carried state, no bias, no activation (SiLU is separate):
+ * out[t][c] = sum_i w[c*k + i] * x[t - k + 1 + i][c], where inputs before t = 0 come from
+ * state (oldest first). x: token t at x + t*x_stride, [n_ch]; out [n_tok][n_ch] contiguous
+ * (must not overlap x or state). w [n_ch][k]. state [k-1][n_ch]: the k-1 previous raw inputs,
+ * oldest first; updated in place to the state after the last token. state_all: NULL, or
+ * [n_tok][k-1][n_ch] receiving the state after every token (for rollback). */
+void cpu_conv1d_causal(float *out, float *state, float *state_all, const float *x,
+                       int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch,
+                       int64_t k);
+
+typedef struct ops_delta {
+    int64_t n_tok;
+    int64_t n_k_head;   /* query/key heads */
+    int64_t n_v_head;   /* value heads, a multiple of n_k_head; value head h uses key head
+                         * h % n_k_head (GGUF order) */
+    int64_t d_k;        /* query/key values per head */
+    int64_t d_v;        /* value values per head */
+
+    const float *q;     /* token t, key head g at q + t*q_tok_stride + g*d_k, [d_k] */
+    const float *k;     /* token t, key head g at k + t*k_tok_stride + g*d_k, [d_k] */
+    const float *v;     /* token t, value head h at v + t*v_tok_stride + h*d_v, [d_v] */
+    int64_t q_tok_stride, k_tok_stride, v_tok_stride; /* elements */
+    const float *g;     /* [n_tok][n_v_head] log decay (<= 0): S = exp(g) S */
+    const float *beta;  /* [n_tok][n_v_head] write strength in [0,1] */
+
+    float *state;       /* [n_v_head][d_k][d_v], updated in place */
+    float *state_all;   /* NULL, or [n_tok][n_v_head][d_k][d_v]: state after every token */
+    float *out;         /* [n_tok][n_v_head][d_v], contiguous */
+} ops_delta;
+
+/* Gated delta rule, per token and value head h with S = state[h]:
+ * S = exp(g) S; kv = S^T k; S += k (x) (beta (v - kv)); o = S^T q. q, k are used as given
+ * (normalise and scale them first). */
+void cpu_delta_rule(const ops_delta *d);
+
+/* ---------------------------------------------------------------------------------------
+ * Sampling (kernels/cpu/sample.c)
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct ops_sampler {
+    float temperature; /* 0 = greedy (argmax); else logits / temperature */
+    int32_t top_k;     /* keep the top_k most likely tokens; <= 0 = off */
+    float top_p;       /* keep the smallest most-likely set with mass >= top_p; >= 1 = off */
+    float min_p;       /* keep tokens with p >= min_p * max p; <= 0 = off */
+    uint64_t seed;     /* RNG key: same seed and step -> same draw */
+} ops_sampler;
+
+/* The filtered, renormalised distribution p[n_vocab] that a draw uses, zero outside the kept
+ * set. Order: softmax(logits / temperature), then top_k, top_p (on the top-k renormalised
+ * mass), min_p (relative to the max), renormalise. temperature 0 gives one-hot(argmax).
+ * TD_EINVAL for a negative or NaN setting, TD_ENOMEM when scratch space cannot be had. */
+td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const ops_sampler *s);
+
+/* A uniform double in [0, 1) from (seed, counter): Philox4x32-10, so the CUDA side draws the
+ * same numbers. */
+double ops_rand_uniform(uint64_t seed, uint64_t counter);
+
+/* A token drawn from p[n_vocab] (need not be normalised; zeros are never drawn) with
+ * u = ops_rand_uniform(seed, step): the first index whose running sum exceeds u * sum(p). */
+int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t step);
+
+#endif
