@@ -1,0 +1,454 @@
+/* The message types: one pack and one unpack per type, built from the codec in msg_codec.c.
+ * Each type's value rules live in one check_<type> function that pack (TD_EINVAL: our own
+ * bug or bad data from further up) and unpack (TD_EFORMAT: a bad peer) both call. */
+#include "common/msg.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/msg_codec.h"
+
+static const char *const type_names[MSG_TYPE_END] = {
+    [MSG_HELLO] = "hello",
+    [MSG_PING] = "ping",
+    [MSG_PONG] = "pong",
+    [MSG_ERROR] = "error",
+    [MSG_SHBUF_ANNOUNCE] = "shbuf_announce",
+    [MSG_GEN_START] = "gen_start",
+    [MSG_GEN_EVENT] = "gen_event",
+};
+
+const char *msg_type_name(msg_type type)
+{
+    if ((int)type <= 0 || type >= MSG_TYPE_END || !type_names[type])
+        return "unknown";
+    return type_names[type];
+}
+
+td_err msg_unpack_header(const void *buf, size_t len, msg_header *hdr)
+{
+    TD_ASSERT(hdr);
+    msg_reader r;
+    msg_reader_init(&r, buf, len, "message");
+    return msg_read_envelope(&r, 0, 0, hdr);
+}
+
+/* An inline char array must hold its NUL: anything else is a caller's bug. */
+#define ASSERT_TERMINATED(arr) TD_ASSERT(memchr((arr), 0, sizeof(arr)) != NULL)
+
+static void set_request_id(uint64_t *dst, const msg_header *h)
+{
+    if (dst)
+        *dst = h->request_id;
+}
+
+/* --- hello ------------------------------------------------------------------------------- */
+
+static td_err check_hello(const msg_hello *m, td_err code)
+{
+    if (m->role < MSG_ROLE_GATEWAY || m->role >= MSG_ROLE_END)
+        return err_set(code, "hello: unknown role %d", (int)m->role);
+    if (m->pid == 0)
+        return err_set(code, "hello: pid 0");
+    if (m->protocol != MSG_PROTOCOL_VERSION)
+        return err_set(code == TD_EFORMAT ? TD_EPROTO : code,
+                       "hello: peer speaks protocol version %u; this build speaks version %u",
+                       m->protocol, MSG_PROTOCOL_VERSION);
+    return TD_OK;
+}
+
+td_err msg_pack_hello(msg_buf *out, uint64_t request_id, const msg_hello *m)
+{
+    TD_ASSERT(out && m);
+    ASSERT_TERMINATED(m->build_id);
+    TD_TRY(check_hello(m, TD_EINVAL));
+    msg_writer w;
+    msg_write_begin(&w, out, MSG_HELLO, request_id, 4);
+    msg_write_uint(&w, (uint64_t)m->role);
+    msg_write_uint(&w, m->pid);
+    msg_write_uint(&w, m->protocol);
+    msg_write_str(&w, m->build_id);
+    return msg_write_end(&w);
+}
+
+td_err msg_unpack_hello(const void *buf, size_t len, uint64_t *request_id, msg_hello *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    uint64_t role = 0, pid = 0, protocol = 0;
+    msg_reader_init(&r, buf, len, "hello");
+    TD_TRY(msg_read_envelope(&r, MSG_HELLO, 4, &h));
+    TD_TRY(msg_read_uint(&r, "role", MSG_ROLE_END - 1, &role));
+    TD_TRY(msg_read_uint(&r, "pid", UINT32_MAX, &pid));
+    TD_TRY(msg_read_uint(&r, "protocol", UINT16_MAX, &protocol));
+    TD_TRY(msg_read_str(&r, "build_id", out->build_id, sizeof out->build_id));
+    TD_TRY(msg_read_end(&r));
+    out->role = (msg_role)role;
+    out->pid = (uint32_t)pid;
+    out->protocol = (uint16_t)protocol;
+    TD_TRY(check_hello(out, TD_EFORMAT));
+    set_request_id(request_id, &h);
+    return TD_OK;
+}
+
+/* --- ping / pong ------------------------------------------------------------------------- */
+
+static td_err pack_ping_like(msg_buf *out, msg_type type, uint64_t request_id, const msg_ping *m)
+{
+    TD_ASSERT(out && m && (m->data || m->data_len == 0));
+    if (m->data_len > MSG_PING_DATA_MAX)
+        return err_set(TD_EINVAL, "%s: %u data bytes exceed the limit of %u",
+                       msg_type_name(type), m->data_len, MSG_PING_DATA_MAX);
+    msg_writer w;
+    msg_write_begin(&w, out, type, request_id, 2);
+    msg_write_uint(&w, m->nonce);
+    msg_write_bin(&w, m->data, m->data_len);
+    return msg_write_end(&w);
+}
+
+static td_err unpack_ping_like(const void *buf, size_t len, msg_type type, uint64_t *request_id,
+                               msg_ping *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    msg_reader_init(&r, buf, len, msg_type_name(type));
+    TD_TRY(msg_read_envelope(&r, type, 2, &h));
+    TD_TRY(msg_read_uint(&r, "nonce", UINT64_MAX, &out->nonce));
+    TD_TRY(msg_read_bin(&r, "data", MSG_PING_DATA_MAX, &out->data, &out->data_len));
+    TD_TRY(msg_read_end(&r));
+    set_request_id(request_id, &h);
+    return TD_OK;
+}
+
+td_err msg_pack_ping(msg_buf *out, uint64_t request_id, const msg_ping *m)
+{
+    return pack_ping_like(out, MSG_PING, request_id, m);
+}
+
+td_err msg_unpack_ping(const void *buf, size_t len, uint64_t *request_id, msg_ping *out)
+{
+    return unpack_ping_like(buf, len, MSG_PING, request_id, out);
+}
+
+td_err msg_pack_pong(msg_buf *out, uint64_t request_id, const msg_ping *m)
+{
+    return pack_ping_like(out, MSG_PONG, request_id, m);
+}
+
+td_err msg_unpack_pong(const void *buf, size_t len, uint64_t *request_id, msg_ping *out)
+{
+    return unpack_ping_like(buf, len, MSG_PONG, request_id, out);
+}
+
+/* --- error ------------------------------------------------------------------------------- */
+
+static td_err check_error(const msg_error *m, td_err code)
+{
+    if (m->code <= TD_OK || m->code >= TD_ERR_COUNT)
+        return err_set(code, "error: code %d is not an error", (int)m->code);
+    return TD_OK;
+}
+
+td_err msg_pack_error(msg_buf *out, uint64_t request_id, const msg_error *m)
+{
+    TD_ASSERT(out && m);
+    ASSERT_TERMINATED(m->message);
+    TD_TRY(check_error(m, TD_EINVAL));
+    msg_writer w;
+    msg_write_begin(&w, out, MSG_ERROR, request_id, 2);
+    msg_write_uint(&w, (uint64_t)m->code);
+    msg_write_str(&w, m->message);
+    return msg_write_end(&w);
+}
+
+td_err msg_unpack_error(const void *buf, size_t len, uint64_t *request_id, msg_error *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    uint64_t code = 0;
+    msg_reader_init(&r, buf, len, "error");
+    TD_TRY(msg_read_envelope(&r, MSG_ERROR, 2, &h));
+    TD_TRY(msg_read_uint(&r, "code", TD_ERR_COUNT - 1, &code));
+    TD_TRY(msg_read_str(&r, "message", out->message, sizeof out->message));
+    TD_TRY(msg_read_end(&r));
+    out->code = (td_err)code;
+    TD_TRY(check_error(out, TD_EFORMAT));
+    set_request_id(request_id, &h);
+    return TD_OK;
+}
+
+/* --- shbuf_announce ---------------------------------------------------------------------- */
+
+static td_err check_shbuf_announce(const msg_shbuf_announce *m, td_err code)
+{
+    if (m->name[0] == '\0')
+        return err_set(code, "shbuf_announce: empty buffer name");
+    if (m->kind < MSG_SHBUF_CPU || m->kind >= MSG_SHBUF_KIND_END)
+        return err_set(code, "shbuf_announce %s: unknown kind %d", m->name, (int)m->kind);
+    if (m->size == 0)
+        return err_set(code, "shbuf_announce %s: size 0", m->name);
+    if (m->kind == MSG_SHBUF_CUDA && m->device_uuid[0] == '\0')
+        return err_set(code, "shbuf_announce %s: cuda buffer without a device UUID", m->name);
+    if (m->kind == MSG_SHBUF_CPU && m->device_uuid[0] != '\0')
+        return err_set(code, "shbuf_announce %s: cpu buffer with a device UUID", m->name);
+    return TD_OK;
+}
+
+td_err msg_pack_shbuf_announce(msg_buf *out, uint64_t request_id, const msg_shbuf_announce *m)
+{
+    TD_ASSERT(out && m);
+    ASSERT_TERMINATED(m->name);
+    ASSERT_TERMINATED(m->device_uuid);
+    TD_TRY(check_shbuf_announce(m, TD_EINVAL));
+    msg_writer w;
+    msg_write_begin(&w, out, MSG_SHBUF_ANNOUNCE, request_id, 5);
+    msg_write_str(&w, m->name);
+    msg_write_uint(&w, m->generation);
+    msg_write_uint(&w, (uint64_t)m->kind);
+    msg_write_uint(&w, m->size);
+    msg_write_str(&w, m->device_uuid);
+    return msg_write_end(&w);
+}
+
+td_err msg_unpack_shbuf_announce(const void *buf, size_t len, uint64_t *request_id,
+                                 msg_shbuf_announce *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    uint64_t kind = 0;
+    msg_reader_init(&r, buf, len, "shbuf_announce");
+    TD_TRY(msg_read_envelope(&r, MSG_SHBUF_ANNOUNCE, 5, &h));
+    TD_TRY(msg_read_str(&r, "name", out->name, sizeof out->name));
+    TD_TRY(msg_read_uint(&r, "generation", UINT64_MAX, &out->generation));
+    TD_TRY(msg_read_uint(&r, "kind", MSG_SHBUF_KIND_END - 1, &kind));
+    TD_TRY(msg_read_uint(&r, "size", UINT64_MAX, &out->size));
+    TD_TRY(msg_read_str(&r, "device_uuid", out->device_uuid, sizeof out->device_uuid));
+    TD_TRY(msg_read_end(&r));
+    out->kind = (msg_shbuf_kind)kind;
+    TD_TRY(check_shbuf_announce(out, TD_EFORMAT));
+    set_request_id(request_id, &h);
+    return TD_OK;
+}
+
+/* --- sampler (a nested array, shared by every message that carries sampler settings) ----- */
+
+#define SAMPLER_FIELDS 5
+
+static td_err check_sampler(const char *what, const msg_sampler *s, td_err code)
+{
+    if (!isfinite(s->temperature) || s->temperature < 0.0f)
+        return err_set(code, "%s: temperature %g is not >= 0", what, (double)s->temperature);
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
+        return err_set(code, "%s: top_p %g is not in (0, 1]", what, (double)s->top_p);
+    if (!(s->min_p >= 0.0f && s->min_p <= 1.0f))
+        return err_set(code, "%s: min_p %g is not in [0, 1]", what, (double)s->min_p);
+    return TD_OK;
+}
+
+static void write_sampler(msg_writer *w, const msg_sampler *s)
+{
+    msg_write_array(w, SAMPLER_FIELDS);
+    msg_write_f32(w, s->temperature);
+    msg_write_uint(w, s->top_k);
+    msg_write_f32(w, s->top_p);
+    msg_write_f32(w, s->min_p);
+    msg_write_uint(w, s->seed);
+}
+
+static td_err read_sampler(msg_reader *r, msg_sampler *s)
+{
+    uint64_t top_k = 0;
+    TD_TRY(msg_read_array(r, "sampler", SAMPLER_FIELDS));
+    TD_TRY(msg_read_f32(r, "sampler.temperature", &s->temperature));
+    TD_TRY(msg_read_uint(r, "sampler.top_k", UINT32_MAX, &top_k));
+    TD_TRY(msg_read_f32(r, "sampler.top_p", &s->top_p));
+    TD_TRY(msg_read_f32(r, "sampler.min_p", &s->min_p));
+    TD_TRY(msg_read_uint(r, "sampler.seed", UINT64_MAX, &s->seed));
+    s->top_k = (uint32_t)top_k;
+    return TD_OK;
+}
+
+/* --- gen_start --------------------------------------------------------------------------- */
+
+static td_err check_gen_start(const msg_gen_start *m, td_err code)
+{
+    if (m->n_prompt < 1 || m->n_prompt > MSG_PROMPT_MAX)
+        return err_set(code, "gen_start: %u prompt tokens, allowed 1..%u", m->n_prompt,
+                       MSG_PROMPT_MAX);
+    if (m->max_tokens < 1)
+        return err_set(code, "gen_start: max_tokens 0");
+    if (m->n_stop > MSG_STOP_MAX)
+        return err_set(code, "gen_start: %u stop tokens, allowed at most %u", m->n_stop,
+                       MSG_STOP_MAX);
+    return check_sampler("gen_start", &m->sampler, code);
+}
+
+td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m)
+{
+    TD_ASSERT(out && m);
+    TD_TRY(check_gen_start(m, TD_EINVAL));
+    TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0));
+    msg_writer w;
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 5);
+    msg_write_uint(&w, m->seq_id);
+    msg_write_u32_array(&w, m->prompt, m->n_prompt);
+    msg_write_uint(&w, m->max_tokens);
+    write_sampler(&w, &m->sampler);
+    msg_write_u32_array(&w, m->stop, m->n_stop);
+    return msg_write_end(&w);
+}
+
+td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
+                            msg_gen_start *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    uint64_t max_tokens = 0;
+    uint32_t *prompt = NULL, *stop = NULL;
+    td_err e;
+    msg_reader_init(&r, buf, len, "gen_start");
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 5, &h));
+    if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
+        (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
+        (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
+        (e = read_sampler(&r, &out->sampler)) ||
+        (e = msg_read_u32_array(&r, "stop", 0, MSG_STOP_MAX, &stop, &out->n_stop)) ||
+        (e = msg_read_end(&r)))
+        goto fail;
+    out->prompt = prompt;
+    out->stop = stop;
+    out->max_tokens = (uint32_t)max_tokens;
+    if ((e = check_gen_start(out, TD_EFORMAT)))
+        goto fail;
+    set_request_id(request_id, &h);
+    return TD_OK;
+fail:
+    free(prompt);
+    free(stop);
+    memset(out, 0, sizeof *out);
+    return e;
+}
+
+void msg_free_gen_start(msg_gen_start *m)
+{
+    if (!m)
+        return;
+    free((void *)m->prompt);
+    free((void *)m->stop);
+    m->prompt = m->stop = NULL;
+    m->n_prompt = m->n_stop = 0;
+}
+
+/* --- gen_event --------------------------------------------------------------------------- */
+
+static td_err check_gen_event(const msg_gen_event *m, td_err code)
+{
+    if (m->kind < MSG_EVENT_TOKEN || m->kind >= MSG_EVENT_KIND_END)
+        return err_set(code, "gen_event: unknown kind %d", (int)m->kind);
+    if ((int)m->finish < 0 || m->finish >= MSG_FINISH_END)
+        return err_set(code, "gen_event: unknown finish reason %d", (int)m->finish);
+    if ((int)m->code < 0 || m->code >= TD_ERR_COUNT)
+        return err_set(code, "gen_event: unknown error code %d", (int)m->code);
+    if (m->n_tokens > MSG_EVENT_TOKENS_MAX)
+        return err_set(code, "gen_event: %u tokens, allowed at most %u", m->n_tokens,
+                       MSG_EVENT_TOKENS_MAX);
+    bool is_error = m->kind == MSG_EVENT_ERROR;
+    bool finish_ok = m->kind == MSG_EVENT_TOKEN  ? m->finish == MSG_FINISH_NONE
+                     : m->kind == MSG_EVENT_DONE ? (m->finish != MSG_FINISH_NONE &&
+                                                    m->finish != MSG_FINISH_ERROR)
+                                                 : m->finish == MSG_FINISH_ERROR;
+    if (!finish_ok)
+        return err_set(code, "gen_event: finish reason %d does not fit event kind %d",
+                       (int)m->finish, (int)m->kind);
+    if (is_error != (m->code != TD_OK))
+        return err_set(code, "gen_event: error code %d with event kind %d", (int)m->code,
+                       (int)m->kind);
+    if (!is_error && m->message[0] != '\0')
+        return err_set(code, "gen_event: message on a non-error event");
+    return TD_OK;
+}
+
+td_err msg_pack_gen_event(msg_buf *out, uint64_t request_id, const msg_gen_event *m)
+{
+    TD_ASSERT(out && m);
+    ASSERT_TERMINATED(m->message);
+    TD_TRY(check_gen_event(m, TD_EINVAL));
+    TD_ASSERT(m->tokens || m->n_tokens == 0);
+    msg_writer w;
+    msg_write_begin(&w, out, MSG_GEN_EVENT, request_id, 7);
+    msg_write_uint(&w, m->seq_id);
+    msg_write_uint(&w, (uint64_t)m->kind);
+    msg_write_u32_array(&w, m->tokens, m->n_tokens);
+    msg_write_uint(&w, (uint64_t)m->finish);
+    msg_write_array(&w, 3);
+    msg_write_uint(&w, m->usage.prompt_tokens);
+    msg_write_uint(&w, m->usage.completion_tokens);
+    msg_write_uint(&w, m->usage.steps);
+    msg_write_uint(&w, (uint64_t)m->code);
+    msg_write_str(&w, m->message);
+    return msg_write_end(&w);
+}
+
+td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
+                            msg_gen_event *out)
+{
+    TD_ASSERT(out);
+    memset(out, 0, sizeof *out);
+    msg_reader r;
+    msg_header h;
+    uint64_t kind = 0, finish = 0, code = 0;
+    uint64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
+    uint32_t *tokens = NULL;
+    td_err e;
+    msg_reader_init(&r, buf, len, "gen_event");
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_EVENT, 7, &h));
+    if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
+        (e = msg_read_uint(&r, "kind", MSG_EVENT_KIND_END - 1, &kind)) ||
+        (e = msg_read_u32_array(&r, "tokens", 0, MSG_EVENT_TOKENS_MAX, &tokens,
+                                &out->n_tokens)) ||
+        (e = msg_read_uint(&r, "finish", MSG_FINISH_END - 1, &finish)) ||
+        (e = msg_read_array(&r, "usage", 3)) ||
+        (e = msg_read_uint(&r, "usage.prompt_tokens", UINT32_MAX, &prompt_tokens)) ||
+        (e = msg_read_uint(&r, "usage.completion_tokens", UINT32_MAX, &completion_tokens)) ||
+        (e = msg_read_uint(&r, "usage.steps", UINT32_MAX, &steps)) ||
+        (e = msg_read_uint(&r, "code", TD_ERR_COUNT - 1, &code)) ||
+        (e = msg_read_str(&r, "message", out->message, sizeof out->message)) ||
+        (e = msg_read_end(&r)))
+        goto fail;
+    out->kind = (msg_event_kind)kind;
+    out->tokens = tokens;
+    out->finish = (msg_finish)finish;
+    out->usage.prompt_tokens = (uint32_t)prompt_tokens;
+    out->usage.completion_tokens = (uint32_t)completion_tokens;
+    out->usage.steps = (uint32_t)steps;
+    out->code = (td_err)code;
+    if ((e = check_gen_event(out, TD_EFORMAT)))
+        goto fail;
+    set_request_id(request_id, &h);
+    return TD_OK;
+fail:
+    free(tokens);
+    memset(out, 0, sizeof *out);
+    return e;
+}
+
+void msg_free_gen_event(msg_gen_event *m)
+{
+    if (!m)
+        return;
+    free((void *)m->tokens);
+    m->tokens = NULL;
+    m->n_tokens = 0;
+}
