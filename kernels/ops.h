@@ -227,11 +227,17 @@ typedef struct ops_sampler {
 /* The filtered, renormalised distribution p[n_vocab] that a draw uses, zero outside the kept
  * set. Order: softmax(logits / temperature), then top_k, top_p (on the top-k renormalised
  * mass), min_p (relative to the max), renormalise. temperature 0 gives one-hot(argmax).
- * TD_EINVAL for a negative or NaN setting, TD_ENOMEM when scratch space cannot be had. */
+ * At least the most likely token is always kept. TD_EINVAL for a negative, NaN or infinite
+ * temperature, a negative or NaN top_p or min_p, or logits with no finite value; TD_ENOMEM
+ * when scratch space cannot be had. */
 td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const ops_sampler *s);
 
-/* A uniform double in [0, 1) from (seed, counter): Philox4x32-10, so the CUDA side draws the
- * same numbers. */
+/* The Philox4x32-10 block function (Salmon et al. 2011, as in Random123 and cuRAND). */
+void ops_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* A uniform double in [0, 1) from (seed, counter): Philox4x32-10 with key = seed (low word
+ * first) and counter = {counter low, counter high, 0, 0}; the top 53 bits of out[0]:out[1].
+ * The CUDA side draws the same numbers. */
 double ops_rand_uniform(uint64_t seed, uint64_t counter);
 
 /* A token drawn from p[n_vocab] (need not be normalised; zeros are never drawn) with
