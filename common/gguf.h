@@ -3,7 +3,13 @@
  *
  * Strings point into the mapping and are NOT NUL-terminated (gguf_str: pointer + length).
  * Numeric array elements stay in the mapping, little-endian and possibly unaligned: read them
- * with gguf_arr_* accessors. Tensor data pointers are aligned to the file's alignment. */
+ * with gguf_arr_* accessors. Tensor data offsets are multiples of the file's alignment from
+ * the start of the file, so with gguf_open (page-aligned mapping) the data pointers are
+ * aligned to min(alignment, page size); gguf_open_memory keeps the caller's buffer alignment.
+ *
+ * Big-endian files and GGUF v1 (32-bit counts) are refused with a message. Every count and
+ * length is checked against the bytes left before anything is allocated, so a hostile file
+ * costs at most a few times its own size in memory. */
 #ifndef TANDEM_COMMON_GGUF_H
 #define TANDEM_COMMON_GGUF_H
 
@@ -33,6 +39,8 @@ typedef enum gguf_type {
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_NAME 255   /* bytes of a tensor name (llama.cpp itself allows 63) */
+#define GGUF_MAX_NESTING 8  /* array levels: an array of arrays of u8 is 2 */
 
 typedef struct gguf_str {
     const char *ptr; /* into the mapping (or the writer's copy); not NUL-terminated */
@@ -63,7 +71,7 @@ typedef struct gguf_kv {
 } gguf_kv;
 
 typedef struct gguf_tensor {
-    char name[256];             /* NUL-terminated copy (GGUF limits names to 64 bytes in practice) */
+    char name[GGUF_MAX_NAME + 1]; /* NUL-terminated copy; names have no NUL byte inside */
     uint32_t n_dims;            /* 1..GGUF_MAX_DIMS */
     int64_t ne[GGUF_MAX_DIMS];  /* elements per dim, ne[0] fastest (row length); unused = 1 */
     td_dtype type;
@@ -83,11 +91,13 @@ typedef struct gguf_file {
     const uint8_t *base;    /* the whole file */
     uint64_t size;          /* bytes */
     /* private */
-    void *map;              /* mmap base, or NULL for gguf_open_memory */
-    void *arena;            /* parsed-value storage */
+    void *map;                  /* mmap base, or NULL for gguf_open_memory */
+    struct gguf_arena *arena;   /* parsed values, kv and tensor arrays, lookup tables */
 } gguf_file;
 
-/* Opens and validates a file. On error *out is NULL and err_msg() names the problem. */
+/* Opens and validates a file. On error *out is NULL and err_msg() names the problem (the
+ * path, then the key / tensor / byte offset). TD_EFORMAT: malformed or truncated; TD_ENOTSUP:
+ * v1, big-endian, unknown version or tensor type; TD_EIO / TD_ENOENT: the file itself. */
 td_err gguf_open(gguf_file **out, const char *path);
 
 /* Parses a GGUF image already in memory (not copied: it must outlive the gguf_file). */
@@ -95,7 +105,7 @@ td_err gguf_open_memory(gguf_file **out, const void *data, size_t size);
 
 void gguf_close(gguf_file *g);
 
-/* Metadata lookup; NULL when absent. */
+/* Metadata lookup (hashed); NULL when absent. */
 const gguf_value *gguf_get(const gguf_file *g, const char *key);
 
 /* Typed getters: TD_ENOENT when the key is absent, TD_EFORMAT when its type does not
@@ -117,15 +127,26 @@ td_err gguf_arr_str(const gguf_value *arr, uint64_t i, gguf_str *out); /* STRING
 /* Compares a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);
 
-/* Tensor lookup by name; NULL when absent. */
+/* Tensor lookup by name (hashed); NULL when absent. */
 const gguf_tensor *gguf_find_tensor(const gguf_file *g, const char *name);
 
+/* "UINT32", "STRING", ...; "?" for an id outside the enum. */
 const char *gguf_type_name(gguf_type t);
+
+/* Bytes of one element of a numeric or bool type; 0 for STRING, ARRAY and unknown ids. */
+uint32_t gguf_type_size(gguf_type t);
 
 /* --- writer ------------------------------------------------------------------------ */
 
+/* The writer builds a v3 file in memory order: header, metadata in the order keys were
+ * first set, tensor infos in the order added, then each tensor's data padded to the
+ * alignment (general.alignment when set, else 32).
+ *
+ * The set_* calls cannot fail on the spot: an allocation failure or an invalid value is
+ * remembered and returned by gguf_writer_write / gguf_writer_write_mem. */
 typedef struct gguf_writer gguf_writer;
 
+/* NULL only when out of memory. */
 gguf_writer *gguf_writer_new(void);
 void gguf_writer_free(gguf_writer *w);
 
@@ -139,11 +160,18 @@ void gguf_writer_set_str(gguf_writer *w, const char *key, const char *v);
 /* Numeric array: n elements of elem type, little-endian, packed. */
 void gguf_writer_set_arr(gguf_writer *w, const char *key, gguf_type elem, const void *data, uint64_t n);
 void gguf_writer_set_arr_str(gguf_writer *w, const char *key, const char *const *v, uint64_t n);
+/* Any value, deep-copied: every scalar width, strings with NUL bytes, arrays of arrays
+ * (at most GGUF_MAX_NESTING levels), or a value taken from a gguf_file. */
+void gguf_writer_set_value(gguf_writer *w, const char *key, const gguf_value *v);
 
 /* Adds a tensor; size must equal dtype_bytes(type, product of ne). */
 td_err gguf_writer_add_tensor(gguf_writer *w, const char *name, td_dtype type, uint32_t n_dims,
                               const int64_t *ne, const void *data, uint64_t size);
 
+/* Writes the file (removed again when writing fails). */
 td_err gguf_writer_write(gguf_writer *w, const char *path);
+
+/* The same bytes in one malloc'd buffer: *out (free() it) of *size bytes. */
+td_err gguf_writer_write_mem(gguf_writer *w, uint8_t **out, uint64_t *size);
 
 #endif
