@@ -1,0 +1,374 @@
+#include "common/cudrv.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void cudrv_uuid_format(const uint8_t uuid[CUDRV_UUID_BYTES], char out[CUDRV_UUID_STR_LEN])
+{
+    static const char hex[] = "0123456789abcdef";
+    char *p = out;
+    memcpy(p, "GPU-", 4);
+    p += 4;
+    for (int i = 0; i < CUDRV_UUID_BYTES; i++) {
+        /* 8-4-4-4-12 grouping, as nvidia-smi and CUDA_VISIBLE_DEVICES write it. */
+        if (i == 4 || i == 6 || i == 8 || i == 10)
+            *p++ = '-';
+        *p++ = hex[uuid[i] >> 4];
+        *p++ = hex[uuid[i] & 15];
+    }
+    *p = '\0';
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c = (char)tolower((unsigned char)c);
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+td_err cudrv_uuid_parse(const char *s, uint8_t uuid[CUDRV_UUID_BYTES])
+{
+    TD_ASSERT(s && uuid);
+    const char *p = s;
+    if (strncmp(p, "GPU-", 4) == 0 || strncmp(p, "MIG-", 4) == 0)
+        p += 4;
+    int n = 0; /* hex digits consumed */
+    for (; *p; p++) {
+        if (*p == '-')
+            continue;
+        int v = hex_value(*p);
+        if (v < 0 || n >= 2 * CUDRV_UUID_BYTES)
+            return err_set(TD_EINVAL, "bad GPU UUID \"%s\": expected 32 hex digits", s);
+        if (n % 2 == 0)
+            uuid[n / 2] = (uint8_t)(v << 4);
+        else
+            uuid[n / 2] |= (uint8_t)v;
+        n++;
+    }
+    if (n != 2 * CUDRV_UUID_BYTES)
+        return err_set(TD_EINVAL, "bad GPU UUID \"%s\": expected 32 hex digits, got %d", s, n);
+    return TD_OK;
+}
+
+#ifndef TANDEM_HAVE_CUDA
+
+td_err cudrv_load(void)
+{
+    return err_set(TD_ENOTSUP, "this build of tandem has no CUDA support");
+}
+
+bool cudrv_available(void)
+{
+    return false;
+}
+
+td_err cudrv_device_count(int *count)
+{
+    *count = 0;
+    return cudrv_load();
+}
+
+td_err cudrv_device_open(cudrv_device *dev, const char *id)
+{
+    (void)id;
+    memset(dev, 0, sizeof *dev);
+    return cudrv_load();
+}
+
+td_err cudrv_device_open_ordinal(cudrv_device *dev, int ordinal)
+{
+    (void)ordinal;
+    memset(dev, 0, sizeof *dev);
+    return cudrv_load();
+}
+
+td_err cudrv_device_open_uuid(cudrv_device *dev, const uint8_t uuid[CUDRV_UUID_BYTES])
+{
+    (void)uuid;
+    memset(dev, 0, sizeof *dev);
+    return cudrv_load();
+}
+
+void cudrv_device_close(cudrv_device *dev)
+{
+    (void)dev;
+}
+
+td_err cudrv_device_bind(const cudrv_device *dev)
+{
+    (void)dev;
+    return cudrv_load();
+}
+
+#else /* TANDEM_HAVE_CUDA */
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+
+/* Where each entry point lives: the base name cuGetProcAddress wants, and the exported
+ * symbol of the same ABI for drivers that predate cuGetProcAddress_v2 (CUDA < 12.0). */
+typedef struct cudrv_sym {
+    const char *base;     /* e.g. "cuMemcpyHtoD" */
+    const char *exported; /* e.g. "cuMemcpyHtoD_v2" */
+    size_t offset;        /* bytes: field in cudrv_api */
+} cudrv_sym;
+
+#define SYM(base, field) {#base, #field, offsetof(cudrv_api, field)}
+static const cudrv_sym cudrv_syms[] = {
+    SYM(cuInit, cuInit),
+    SYM(cuDriverGetVersion, cuDriverGetVersion),
+    SYM(cuGetErrorName, cuGetErrorName),
+    SYM(cuGetErrorString, cuGetErrorString),
+    SYM(cuDeviceGetCount, cuDeviceGetCount),
+    SYM(cuDeviceGet, cuDeviceGet),
+    SYM(cuDeviceGetUuid, cuDeviceGetUuid_v2),
+    SYM(cuDeviceGetName, cuDeviceGetName),
+    SYM(cuDeviceGetAttribute, cuDeviceGetAttribute),
+    SYM(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain),
+    SYM(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2),
+    SYM(cuCtxSetCurrent, cuCtxSetCurrent),
+    SYM(cuCtxSynchronize, cuCtxSynchronize),
+    SYM(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity),
+    SYM(cuMemCreate, cuMemCreate),
+    SYM(cuMemRelease, cuMemRelease),
+    SYM(cuMemExportToShareableHandle, cuMemExportToShareableHandle),
+    SYM(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle),
+    SYM(cuMemAddressReserve, cuMemAddressReserve),
+    SYM(cuMemAddressFree, cuMemAddressFree),
+    SYM(cuMemMap, cuMemMap),
+    SYM(cuMemUnmap, cuMemUnmap),
+    SYM(cuMemSetAccess, cuMemSetAccess),
+    SYM(cuMemcpyHtoD, cuMemcpyHtoD_v2),
+    SYM(cuMemcpyDtoH, cuMemcpyDtoH_v2),
+    SYM(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2),
+    SYM(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2),
+    SYM(cuMemsetD8, cuMemsetD8_v2),
+    SYM(cuMemsetD8Async, cuMemsetD8Async),
+    SYM(cuStreamCreate, cuStreamCreate),
+    SYM(cuStreamDestroy, cuStreamDestroy_v2),
+    SYM(cuStreamSynchronize, cuStreamSynchronize),
+    SYM(cuStreamWaitEvent, cuStreamWaitEvent),
+    SYM(cuEventCreate, cuEventCreate),
+    SYM(cuEventRecord, cuEventRecord),
+    SYM(cuEventSynchronize, cuEventSynchronize),
+    SYM(cuEventDestroy, cuEventDestroy_v2),
+    SYM(cuIpcGetEventHandle, cuIpcGetEventHandle),
+    SYM(cuIpcOpenEventHandle, cuIpcOpenEventHandle),
+};
+#undef SYM
+
+typedef CUresult (*cudrv_getproc_fn)(const char *symbol, void **pfn, int cuda_version,
+                                     cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+static pthread_once_t cudrv_once = PTHREAD_ONCE_INIT;
+static cudrv_api cudrv_table;
+static td_err cudrv_status;        /* result of the one load attempt */
+static char cudrv_status_msg[512]; /* its message, replayed on every later call */
+static int cudrv_n_devices;        /* visible devices after a successful load */
+
+static void *cudrv_resolve(void *lib, cudrv_getproc_fn getproc, int version, const cudrv_sym *s)
+{
+    void *fn = NULL;
+    if (getproc) {
+        /* Legacy-stream variants: tandem passes explicit streams everywhere. Asking for the
+         * header's CUDA version (capped by the driver's) yields the ABI cuda.h declares. */
+        CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        if (getproc(s->base, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) ==
+                CUDA_SUCCESS &&
+            st == CU_GET_PROC_ADDRESS_SUCCESS && fn)
+            return fn;
+    }
+    return dlsym(lib, s->exported);
+}
+
+static const char *cudrv_result_name(CUresult r)
+{
+    const char *name = NULL;
+    if (!cudrv_table.cuGetErrorName || cudrv_table.cuGetErrorName(r, &name) != CUDA_SUCCESS ||
+        !name)
+        return "CUDA_ERROR_UNKNOWN";
+    return name;
+}
+
+static const char *cudrv_result_string(CUresult r)
+{
+    const char *str = NULL;
+    if (!cudrv_table.cuGetErrorString || cudrv_table.cuGetErrorString(r, &str) != CUDA_SUCCESS ||
+        !str)
+        return "no description";
+    return str;
+}
+
+__attribute__((format(printf, 2, 3))) static td_err cudrv_fail(td_err code, const char *fmt,
+                                                                  ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cudrv_status_msg, sizeof cudrv_status_msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static td_err cudrv_load_once_inner(void)
+{
+    /* The driver stays loaded for the life of the process: CUDA objects may live until exit. */
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        return cudrv_fail(TD_ENOTSUP, "no CUDA driver: cannot load libcuda.so.1 (%s)",
+                          why ? why : "not found");
+    }
+    cudrv_getproc_fn getproc = (cudrv_getproc_fn)dlsym(lib, "cuGetProcAddress_v2");
+    int version = CUDA_VERSION;
+    if (getproc) {
+        /* cuDriverGetVersion is safe before cuInit; asking for a version above the driver's
+         * makes cuGetProcAddress fail. */
+        CUresult (*get_version)(int *) = (CUresult(*)(int *))dlsym(lib, "cuDriverGetVersion");
+        int driver = 0;
+        if (get_version && get_version(&driver) == CUDA_SUCCESS && driver > 0 && driver < version)
+            version = driver;
+    }
+    for (size_t i = 0; i < sizeof cudrv_syms / sizeof cudrv_syms[0]; i++) {
+        void *fn = cudrv_resolve(lib, getproc, version, &cudrv_syms[i]);
+        if (!fn)
+            return cudrv_fail(TD_ENOTSUP, "CUDA driver too old: no entry point %s (%s)",
+                              cudrv_syms[i].base, cudrv_syms[i].exported);
+        memcpy((char *)&cudrv_table + cudrv_syms[i].offset, &fn, sizeof fn);
+    }
+    CUresult r = cudrv_table.cuInit(0);
+    if (r == CUDA_ERROR_NO_DEVICE)
+        return cudrv_fail(TD_ENOTSUP, "no CUDA device: cuInit: %s (%s)", cudrv_result_name(r),
+                          cudrv_result_string(r));
+    if (r != CUDA_SUCCESS)
+        return cudrv_fail(TD_ECUDA, "cuInit: %s (%s)", cudrv_result_name(r),
+                          cudrv_result_string(r));
+    r = cudrv_table.cuDeviceGetCount(&cudrv_n_devices);
+    if (r != CUDA_SUCCESS)
+        return cudrv_fail(TD_ECUDA, "cuDeviceGetCount: %s (%s)", cudrv_result_name(r),
+                          cudrv_result_string(r));
+    return TD_OK;
+}
+
+static void cudrv_load_once(void)
+{
+    cudrv_status = cudrv_load_once_inner();
+    if (cudrv_status != TD_OK)
+        cudrv_n_devices = 0;
+}
+
+td_err cudrv_load(void)
+{
+    pthread_once(&cudrv_once, cudrv_load_once);
+    if (cudrv_status != TD_OK)
+        return err_set(cudrv_status, "%s", cudrv_status_msg);
+    return TD_OK;
+}
+
+bool cudrv_available(void)
+{
+    return cudrv_load() == TD_OK && cudrv_n_devices > 0;
+}
+
+const cudrv_api *cudrv_get(void)
+{
+    pthread_once(&cudrv_once, cudrv_load_once);
+    TD_ASSERT(cudrv_status == TD_OK);
+    return &cudrv_table;
+}
+
+td_err cudrv_check(CUresult result, const char *what)
+{
+    if (result == CUDA_SUCCESS)
+        return TD_OK;
+    if (result == CUDA_ERROR_OUT_OF_MEMORY)
+        return err_set(TD_ENOMEM, "%s: %s (%s)", what, cudrv_result_name(result),
+                       cudrv_result_string(result));
+    return err_set(TD_ECUDA, "%s: %s (%s)", what, cudrv_result_name(result),
+                   cudrv_result_string(result));
+}
+
+td_err cudrv_device_count(int *count)
+{
+    *count = 0;
+    TD_TRY(cudrv_load());
+    *count = cudrv_n_devices;
+    return TD_OK;
+}
+
+td_err cudrv_device_open_ordinal(cudrv_device *dev, int ordinal)
+{
+    memset(dev, 0, sizeof *dev);
+    TD_TRY(cudrv_load());
+    if (ordinal < 0 || ordinal >= cudrv_n_devices)
+        return err_set(TD_ENOENT, "CUDA device %d does not exist (%d visible)", ordinal,
+                       cudrv_n_devices);
+    const cudrv_api *api = &cudrv_table;
+    CUdevice d;
+    CUuuid uuid;
+    TD_TRY(cudrv_check(api->cuDeviceGet(&d, ordinal), "cuDeviceGet"));
+    TD_TRY(cudrv_check(api->cuDeviceGetUuid_v2(&uuid, d), "cuDeviceGetUuid"));
+    TD_TRY(cudrv_check(api->cuDeviceGetName(dev->name, (int)sizeof dev->name - 1, d),
+                       "cuDeviceGetName"));
+    CUcontext ctx;
+    TD_TRY(cudrv_check(api->cuDevicePrimaryCtxRetain(&ctx, d), "cuDevicePrimaryCtxRetain"));
+    dev->ordinal = ordinal;
+    memcpy(dev->uuid, uuid.bytes, CUDRV_UUID_BYTES);
+    dev->ctx = ctx;
+    return TD_OK;
+}
+
+td_err cudrv_device_open_uuid(cudrv_device *dev, const uint8_t uuid[CUDRV_UUID_BYTES])
+{
+    memset(dev, 0, sizeof *dev);
+    TD_TRY(cudrv_load());
+    const cudrv_api *api = &cudrv_table;
+    for (int i = 0; i < cudrv_n_devices; i++) {
+        CUdevice d;
+        CUuuid u;
+        TD_TRY(cudrv_check(api->cuDeviceGet(&d, i), "cuDeviceGet"));
+        TD_TRY(cudrv_check(api->cuDeviceGetUuid_v2(&u, d), "cuDeviceGetUuid"));
+        if (memcmp(u.bytes, uuid, CUDRV_UUID_BYTES) == 0)
+            return cudrv_device_open_ordinal(dev, i);
+    }
+    char s[CUDRV_UUID_STR_LEN];
+    cudrv_uuid_format(uuid, s);
+    return err_set(TD_ENOENT, "CUDA device %s is not visible to this process (%d visible; "
+                   "check CUDA_VISIBLE_DEVICES)", s, cudrv_n_devices);
+}
+
+td_err cudrv_device_open(cudrv_device *dev, const char *id)
+{
+    TD_ASSERT(id);
+    memset(dev, 0, sizeof *dev);
+    size_t len = strlen(id);
+    if (len > 0 && len <= 4 && strspn(id, "0123456789") == len)
+        return cudrv_device_open_ordinal(dev, atoi(id));
+    uint8_t uuid[CUDRV_UUID_BYTES];
+    TD_TRY(cudrv_uuid_parse(id, uuid));
+    return cudrv_device_open_uuid(dev, uuid);
+}
+
+void cudrv_device_close(cudrv_device *dev)
+{
+    if (!dev || !dev->ctx)
+        return;
+    const cudrv_api *api = cudrv_get();
+    CUdevice d;
+    if (api->cuDeviceGet(&d, dev->ordinal) == CUDA_SUCCESS)
+        api->cuDevicePrimaryCtxRelease_v2(d);
+    dev->ctx = NULL;
+}
+
+td_err cudrv_device_bind(const cudrv_device *dev)
+{
+    TD_ASSERT(dev && dev->ctx);
+    return cudrv_check(cudrv_get()->cuCtxSetCurrent((CUcontext)dev->ctx), "cuCtxSetCurrent");
+}
+
+#endif /* TANDEM_HAVE_CUDA */
