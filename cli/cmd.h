@@ -7,5 +7,6 @@ typedef int (*cmd_fn)(int argc, char **argv);
 
 int cmd_gguf_info(int argc, char **argv);
 int cmd_st_info(int argc, char **argv);
+int cmd_st_write(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ typedef struct cmd_entry {
 static const cmd_entry cmd_table[] = {
     {"gguf-info", cmd_gguf_info, "print a GGUF file's metadata and tensor table"},
     {"st-info", cmd_st_info, "print a safetensors file's metadata and tensor table"},
+    {"st-write", cmd_st_write, "write a safetensors file from st-info's JSON (with --data)"},
 };
 
 static void tandem_usage(void)
