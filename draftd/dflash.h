@@ -1,0 +1,77 @@
+/* The DFlash block-diffusion drafter (DESIGN section 7): a z-lab checkpoint (config.json +
+ * model.safetensors) that proposes block_size - 1 tokens in one forward pass, conditioned on
+ * the target's tap-layer features of every committed position.
+ *
+ * It has no embedding or LM head of its own: it borrows the target's token_embd and output
+ * matrices (ops_weight views owned by the target model). */
+#ifndef TANDEM_DRAFTD_DFLASH_H
+#define TANDEM_DRAFTD_DFLASH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/dflash_config.h"
+#include "common/err.h"
+#include "common/safetensors.h"
+#include "kernels/ops.h"
+
+typedef struct dfl_layer {
+    const float *in_norm;   /* input_layernorm [hidden] */
+    const float *post_norm; /* post_attention_layernorm [hidden] */
+    const float *q_norm;    /* [head_dim] */
+    const float *k_norm;    /* [head_dim] */
+    ops_weight wq;          /* [n_heads*head_dim][hidden] */
+    ops_weight wk;          /* [n_kv_heads*head_dim][hidden] */
+    ops_weight wv;          /* [n_kv_heads*head_dim][hidden] */
+    ops_weight wo;          /* [hidden][n_heads*head_dim] */
+    ops_weight gate;        /* [ffn][hidden] */
+    ops_weight up;          /* [ffn][hidden] */
+    ops_weight down;        /* [hidden][ffn] */
+} dfl_layer;
+
+typedef struct dfl_model {
+    dflash_config cfg;        /* resolved against the target (n_taps > 0) */
+    int64_t target_hidden;    /* width of one tap feature */
+    st_file *st;              /* owns the mapping the weights point into */
+    ops_weight fc;            /* [hidden][n_taps*target_hidden] */
+    const float *hidden_norm; /* [hidden] */
+    const float *norm;        /* [hidden] final norm */
+    dfl_layer *layers;        /* [n_layers] */
+    ops_weight tok_embd;      /* the target's [vocab][hidden] (a view; not owned) */
+    ops_weight lm_head;       /* the target's output [vocab][hidden] (a view; not owned) */
+    float *owned;             /* f32 copies of the norm vectors */
+} dfl_model;
+
+/* Loads dir/config.json and dir/model.safetensors for a target with n_target_layers main
+ * layers whose embedding and LM head are given. Errors name the file, key or tensor. */
+td_err dfl_load(dfl_model **out, const char *dir, uint32_t n_target_layers,
+                const ops_weight *tok_embd, const ops_weight *lm_head);
+void dfl_free(dfl_model *m);
+
+/* The drafter's memory of one sequence: context K/V of the committed positions in a ring of
+ * cap slots (positions stay absolute; the oldest fall out when it wraps), plus room for one
+ * block after the valid entries. */
+typedef struct dfl_state {
+    int64_t cap;        /* ring slots: the drafter's context window */
+    int64_t n_ctx;      /* committed positions added so far (absolute) */
+    int64_t block;      /* block slots reserved after the ring (config block_size) */
+    float **k;          /* per layer: [cap + block][n_kv_heads][head_dim] */
+    float **v;          /* per layer: [cap + block][n_kv_heads][head_dim] */
+    int32_t *pos;       /* [cap + block] absolute position held by each slot */
+    int64_t n_layers;
+} dfl_state;
+
+td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap);
+void dfl_state_free(dfl_state *s);
+void dfl_state_reset(dfl_state *s);
+
+/* Adds n newly committed positions n_ctx..n_ctx+n-1 from their target features
+ * feat[n][n_taps][target_hidden] (tap-layer outputs in target_layer_ids order). */
+td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n);
+
+/* Drafts one block: the pending token b at position s->n_ctx followed by block_size - 1 MASK
+ * slots. logits: [block_size - 1][vocab] for the positions n_ctx+1 .. n_ctx+block_size-1
+ * (after output_multiplier and softcapping). TD_ERANGE for a token id outside the vocabulary. */
+td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits);
+
+#endif

@@ -1,0 +1,152 @@
+/* The target model: `qwen35` (hybrid Gated DeltaNet + gated attention, DESIGN section 5) and
+ * `qwen3` (dense, DESIGN section 6) GGUF files, loaded as llama.cpp's converter writes them,
+ * and their forward pass over a block of tokens against a per-sequence state.
+ *
+ * Every shape comes from the file's metadata; nothing about a particular model size is a
+ * constant here. Weights stay in the GGUF mapping (quantised types are read by the ops). */
+#ifndef TANDEM_VERIFYD_TARGET_H
+#define TANDEM_VERIFYD_TARGET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/gguf.h"
+#include "kernels/ops.h"
+
+typedef enum tgt_arch {
+    TGT_ARCH_QWEN3,
+    TGT_ARCH_QWEN35,
+} tgt_arch;
+
+typedef enum tgt_layer_kind {
+    TGT_LAYER_ATTN,  /* full (gated, for qwen35) attention */
+    TGT_LAYER_DELTA, /* Gated DeltaNet */
+} tgt_layer_kind;
+
+typedef struct tgt_hparams {
+    tgt_arch arch;
+    int64_t n_embd;      /* residual width (embedding_length) */
+    int64_t n_ff;        /* SwiGLU inner width (feed_forward_length) */
+    int64_t n_layer;     /* layers run: block_count - nextn_predict_layers */
+    int64_t n_vocab;     /* rows of token_embd */
+    int64_t n_ctx_train; /* context_length, 0 when absent */
+    float eps;           /* RMSNorm eps (also the L2-norm eps of DeltaNet) */
+
+    /* attention layers */
+    int64_t n_head;      /* query heads */
+    int64_t n_head_kv;   /* key/value heads */
+    int64_t head_dim;    /* key_length */
+    int64_t n_rot;       /* rotated dims per head (rope.dimension_count, default head_dim) */
+    float rope_theta;    /* rope.freq_base */
+    bool attn_gate;      /* qwen35: attn_q yields per head head_dim query then head_dim gate */
+    int64_t full_attn_interval; /* qwen35: layer i is attention when (i+1) % this == 0 */
+
+    /* DeltaNet layers (qwen35) */
+    int64_t conv_k;      /* ssm.conv_kernel: taps of the causal conv */
+    int64_t d_k;         /* ssm.state_size: key/query values per head */
+    int64_t n_k_head;    /* ssm.group_count: key/query heads */
+    int64_t n_v_head;    /* ssm.time_step_rank: value heads */
+    int64_t d_v;         /* ssm.inner_size / n_v_head: values per value head */
+    int64_t conv_ch;     /* channels through the conv: 2*n_k_head*d_k + n_v_head*d_v */
+} tgt_hparams;
+
+typedef struct tgt_layer {
+    tgt_layer_kind kind;
+    const float *attn_norm;   /* [n_embd] */
+    const float *ffn_norm;    /* [n_embd] (post_attention_norm in qwen35) */
+    ops_weight ffn_gate;      /* [n_ff][n_embd] */
+    ops_weight ffn_up;        /* [n_ff][n_embd] */
+    ops_weight ffn_down;      /* [n_embd][n_ff] */
+
+    /* TGT_LAYER_ATTN */
+    ops_weight wq;            /* [n_head*head_dim*(attn_gate ? 2 : 1)][n_embd] */
+    ops_weight wk;            /* [n_head_kv*head_dim][n_embd] */
+    ops_weight wv;            /* [n_head_kv*head_dim][n_embd] */
+    ops_weight wo;            /* [n_embd][n_head*head_dim] */
+    const float *q_norm;      /* [head_dim] */
+    const float *k_norm;      /* [head_dim] */
+
+    /* TGT_LAYER_DELTA */
+    ops_weight wqkv;          /* [conv_ch][n_embd]: q (n_k_head*d_k), k (same), v (n_v_head*d_v) */
+    ops_weight wz;            /* attn_gate: [n_v_head*d_v][n_embd] */
+    ops_weight walpha;        /* ssm_alpha: [n_v_head][n_embd] */
+    ops_weight wbeta;         /* ssm_beta: [n_v_head][n_embd] */
+    ops_weight wssm_out;      /* [n_embd][n_v_head*d_v] */
+    const float *conv_w;      /* ssm_conv1d: [conv_ch][conv_k] */
+    const float *ssm_a;       /* [n_v_head]: -exp(A_log) */
+    const float *dt_bias;     /* [n_v_head] */
+    const float *ssm_norm;    /* [d_v] */
+} tgt_layer;
+
+typedef struct tgt_model {
+    tgt_hparams hp;
+    gguf_file *file;          /* owns the mapping the weights point into */
+    ops_weight tok_embd;      /* [n_vocab][n_embd] */
+    ops_weight output;        /* [n_vocab][n_embd]; token_embd when the file has no output */
+    const float *output_norm; /* [n_embd] */
+    tgt_layer *layers;        /* [n_layer] */
+    int64_t n_attn_layers;    /* layers of kind TGT_LAYER_ATTN */
+    int64_t n_delta_layers;   /* layers of kind TGT_LAYER_DELTA */
+    float *owned;             /* f32 copies of small vectors stored as F16/BF16 in the file */
+} tgt_model;
+
+/* Loads a qwen3 or qwen35 GGUF file. Every tensor's presence, type and shape is checked
+ * against the metadata; the error names the tensor or key. */
+td_err tgt_load(tgt_model **out, const char *path);
+td_err tgt_load_gguf(tgt_model **out, gguf_file *file); /* takes ownership of file on success */
+void tgt_free(tgt_model *m);
+
+/* One sequence's memory: the attention KV cache and the DeltaNet recurrent and conv state,
+ * plus what a partial accept needs to roll back without re-running the model. */
+typedef struct tgt_state {
+    int64_t n_ctx;       /* positions the KV cache holds */
+    int64_t n_past;      /* positions whose KV/state exist (committed) */
+    int64_t n_attn;      /* attention layers of the model (length of k, v) */
+    int64_t n_delta;     /* DeltaNet layers of the model (length of ssm, conv, rec_*) */
+    float **k;           /* per attention layer: [n_ctx][n_head_kv][head_dim] */
+    float **v;           /* per attention layer: [n_ctx][n_head_kv][head_dim] */
+    float **ssm;         /* per DeltaNet layer: [n_v_head][d_k][d_v] */
+    float **conv;        /* per DeltaNet layer: [conv_k-1][conv_ch] raw inputs, oldest first */
+
+    /* Rollback record of the last forward (recorded when its n_tok > 1 and record is set):
+     * the DeltaNet state before it and each position's recurrence inputs, so keeping k of its
+     * tokens replays only the cheap recurrence, never the weights. */
+    int64_t rec_n_tok;   /* tokens of the recorded forward, 0 = nothing recorded */
+    int64_t rec_cap;     /* tokens the record buffers hold */
+    int64_t rec_pos0;    /* n_past before the recorded forward */
+    float **rec_ssm0;    /* per DeltaNet layer: state before, [n_v_head][d_k][d_v] */
+    float **rec_conv0;   /* per DeltaNet layer: conv state before, [conv_k-1][conv_ch] */
+    float **rec_xconv;   /* per DeltaNet layer: raw conv inputs, [rec_cap][conv_ch] */
+    float **rec_qkv;     /* per DeltaNet layer: normed q, k and v, [rec_cap][conv_ch] */
+    float **rec_gb;      /* per DeltaNet layer: g then beta, [rec_cap][2][n_v_head] */
+} tgt_state;
+
+td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx);
+void tgt_state_free(tgt_state *s);
+/* Forgets every position (a new sequence). */
+void tgt_state_reset(const tgt_model *m, tgt_state *s);
+/* Copies src into dst (same model and n_ctx); the rollback record is not copied. */
+void tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src);
+
+/* What a forward pass returns besides the new state. */
+typedef struct tgt_out {
+    float *logits;         /* NULL, or [n_tok][n_vocab] (or [1][n_vocab] with last_only) */
+    bool last_only;        /* logits of the last token only */
+    const int32_t *taps;   /* layer indices whose output (residual after the layer) to copy */
+    int64_t n_taps;
+    float *tap_out;        /* [n_tok][n_taps][n_embd] */
+} tgt_out;
+
+/* Runs tokens[n_tok] at positions s->n_past.. and advances n_past by n_tok. With record,
+ * keeps what tgt_state_keep needs. TD_ERANGE when a token id is outside the vocabulary or
+ * the context would overflow (the state is then unchanged). */
+td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
+                   bool record, const tgt_out *out);
+
+/* After a recorded forward of n tokens, keeps the first keep (0 <= keep <= n): n_past and
+ * the DeltaNet state become exactly those of having run only those tokens. KV entries past
+ * the new n_past are dead and get overwritten later. */
+void tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep);
+
+#endif
