@@ -123,6 +123,9 @@ td_err gguf_get_arr(const gguf_file *g, const char *key, const gguf_value **out)
 td_err gguf_arr_i64(const gguf_value *arr, uint64_t i, int64_t *out);  /* any integer/bool elem */
 td_err gguf_arr_f64(const gguf_value *arr, uint64_t i, double *out);   /* any numeric elem */
 td_err gguf_arr_str(const gguf_value *arr, uint64_t i, gguf_str *out); /* STRING elem */
+/* Element i of any array as a value of the element type (numbers decoded, strings and
+ * nested arrays as they are). */
+td_err gguf_arr_get(const gguf_value *arr, uint64_t i, gguf_value *out);
 
 /* Compares a gguf_str with a C string. */
 bool gguf_str_eq(gguf_str s, const char *c);

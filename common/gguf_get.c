@@ -218,6 +218,16 @@ static td_err arr_elem(const gguf_value *arr, uint64_t i, gguf_value *v)
     return TD_OK;
 }
 
+td_err gguf_arr_get(const gguf_value *arr, uint64_t i, gguf_value *out)
+{
+    TD_ASSERT(arr && out);
+    if (arr->type == GGUF_TYPE_ARRAY && i < arr->arr.n && !gguf_type_size(arr->arr.elem)) {
+        *out = arr->arr.items[i];
+        return TD_OK;
+    }
+    return arr_elem(arr, i, out);
+}
+
 td_err gguf_arr_i64(const gguf_value *arr, uint64_t i, int64_t *out)
 {
     gguf_value v;
