@@ -9,4 +9,7 @@ int cmd_gguf_info(int argc, char **argv);
 int cmd_st_info(int argc, char **argv);
 int cmd_st_write(int argc, char **argv);
 
+int cmd_generate(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+
 #endif

@@ -73,6 +73,22 @@ td_err args_parse(int argc, char **argv, int first, const args_opt *opts,
     bool only_positional = false;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
+        if (!only_positional && a[0] == '-' && a[1] && a[1] != '-' && a[2] == '\0') {
+            const args_opt *o = opts;
+            while (o->name && o->short_name != a[1])
+                o++;
+            if (o->name) {
+                const char *text = NULL;
+                if (o->type != ARGS_FLAG) {
+                    if (i + 1 >= argc)
+                        return err_set(TD_EINVAL, "option -%c needs a value", a[1]);
+                    text = argv[++i];
+                }
+                TD_TRY(args_set(o, text, "option"));
+                seen[o - opts] = true;
+                continue;
+            }
+        }
         if (only_positional || a[0] != '-' || a[1] != '-' || a[2] == '\0') {
             if (!only_positional && !strcmp(a, "--")) {
                 only_positional = true;
@@ -120,7 +136,10 @@ void args_usage(const char *usage, const args_opt *opts)
         char left[64];
         const char *meta = o->type == ARGS_FLAG ? "" : o->type == ARGS_STRING ? " S" :
                            o->type == ARGS_INT ? " N" : " X";
-        snprintf(left, sizeof left, "--%s%s", o->name, meta);
+        if (o->short_name)
+            snprintf(left, sizeof left, "-%c, --%s%s", o->short_name, o->name, meta);
+        else
+            snprintf(left, sizeof left, "--%s%s", o->name, meta);
         printf("  %-24s %s", left, o->help ? o->help : "");
         switch (o->type) {
         case ARGS_STRING:

@@ -26,11 +26,12 @@ typedef struct args_opt {
     const char *env;   /* environment variable used when the option is absent, or NULL */
     const char *help;  /* one line */
     int64_t min, max;  /* ARGS_INT bounds (both 0: unbounded) */
+    char short_name;   /* single-letter alias ("-n"), or 0 */
 } args_opt;
 
 #define ARGS_END {0}
 
-/* Parses argv[first..argc). Positional arguments are moved to positional[] in order
+/* Parses argv[first..argc). "-x value" works for options with a short_name. Positional arguments are moved to positional[] in order
  * (at most max_positional; more is an error) and counted in *n_positional.
  * "--" ends option parsing. "--help" sets *help (when help is non-NULL) and stops. */
 td_err args_parse(int argc, char **argv, int first, const args_opt *opts,

@@ -1,0 +1,284 @@
+/* tandem generate: text generation in one process, with the speculative loop when a drafter
+ * is given; tandem logits: the target's top tokens per position (a check for people). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+#include "common/args.h"
+#include "common/tokenizer.h"
+#include "verifyd/spec.h"
+
+/* Parses "1,2,3" into a malloc'd array. */
+static td_err gen_parse_ids(const char *text, int32_t **ids, int64_t *n)
+{
+    size_t cap = 1;
+    for (const char *c = text; *c; c++)
+        cap += *c == ',';
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v)
+        return err_set(TD_ENOMEM, "out of memory");
+    int64_t k = 0;
+    const char *c = text;
+    while (*c) {
+        char *end;
+        long long x = strtoll(c, &end, 10);
+        if (end == c || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            free(v);
+            return err_set(TD_EINVAL, "token ids: expected comma-separated ids, got '%s'", text);
+        }
+        v[k++] = (int32_t)x;
+        c = *end ? end + 1 : end;
+    }
+    if (k == 0) {
+        free(v);
+        return err_set(TD_EINVAL, "token ids: none given");
+    }
+    *ids = v;
+    *n = k;
+    return TD_OK;
+}
+
+static int gen_fail(const char *cmd, const char *what)
+{
+    fprintf(stderr, "tandem %s: %s%s%s\n", cmd, what, *err_msg() ? ": " : "", err_msg());
+    return 1;
+}
+
+/* Writes newly generated ids as text (through the streaming decoder) or as ids. */
+static void gen_emit(tok_stream *ts, bool ids, const int32_t *tok, int64_t n, bool *first)
+{
+    if (ids) {
+        for (int64_t i = 0; i < n; i++) {
+            printf("%s%d", *first ? "" : ",", tok[i]);
+            *first = false;
+        }
+        return;
+    }
+    tok_bytes b = {0};
+    if (tok_stream_push(ts, tok, (size_t)n, &b) == TD_OK)
+        fwrite(b.ptr, 1, b.len, stdout);
+    tok_bytes_free(&b);
+    fflush(stdout);
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    const char *model = NULL, *draft = NULL, *prompt = NULL, *prompt_ids = NULL;
+    int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
+    double temp = 0.0, top_p = 1.0, min_p = 0.0;
+    bool ids = false, ignore_eos = false, help = false;
+    const args_opt opts[] = {
+        {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
+        {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder (speculative decoding)", 0, 0, 0},
+        {"prompt", ARGS_STRING, &prompt, NULL, "prompt text", 0, 0, 'p'},
+        {"prompt-ids", ARGS_STRING, &prompt_ids, NULL, "prompt as comma-separated token ids", 0, 0, 0},
+        {"max-tokens", ARGS_INT, &n_max, NULL, "tokens to generate", 1, 1 << 24, 'n'},
+        {"ctx", ARGS_INT, &n_ctx, NULL, "context size in positions", 2, INT32_MAX / 2, 0},
+        {"ring", ARGS_INT, &ring, NULL, "drafter context window (feature ring slots)", 1, INT32_MAX / 4, 0},
+        {"temp", ARGS_DOUBLE, &temp, NULL, "sampling temperature (0 = greedy)", 0, 0, 0},
+        {"top-k", ARGS_INT, &top_k, NULL, "keep the k most likely tokens (0 = off)", 0, INT32_MAX, 0},
+        {"top-p", ARGS_DOUBLE, &top_p, NULL, "nucleus mass (1 = off)", 0, 0, 0},
+        {"min-p", ARGS_DOUBLE, &min_p, NULL, "minimum probability relative to the best (0 = off)", 0, 0, 0},
+        {"seed", ARGS_INT, &seed, NULL, "sampling seed", 0, INT64_MAX, 0},
+        {"ids", ARGS_FLAG, &ids, NULL, "print generated token ids instead of text", 0, 0, 0},
+        {"ignore-eos", ARGS_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0, 0, 0},
+        ARGS_END,
+    };
+    static const char usage[] =
+        "tandem generate --model M.gguf [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
+        "[-n N] [--temp T --seed S]";
+    if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
+        fprintf(stderr, "tandem generate: %s\n", err_msg());
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (help) {
+        args_usage(usage, opts);
+        return 0;
+    }
+    if (!model || (!prompt == !prompt_ids)) {
+        fprintf(stderr, "tandem generate: give --model and one of --prompt, --prompt-ids\n");
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (temp < 0 || top_p < 0 || min_p < 0) {
+        fprintf(stderr, "tandem generate: --temp, --top-p and --min-p must not be negative\n");
+        return 2;
+    }
+
+    tgt_model *tm = NULL;
+    dfl_model *dm = NULL;
+    tokenizer *tok = NULL;
+    int32_t *pids = NULL;
+    int64_t n_prompt = 0;
+    int rc = 1;
+    spec_seq seq;
+    bool seq_ok = false;
+    if (tgt_load(&tm, model) != TD_OK) {
+        rc = gen_fail("generate", "cannot load the model");
+        goto out;
+    }
+    if (tok_load_gguf(&tok, tm->file) != TD_OK) {
+        rc = gen_fail("generate", "cannot load the tokenizer");
+        goto out;
+    }
+    if (draft && dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK) {
+        rc = gen_fail("generate", "cannot load the drafter");
+        goto out;
+    }
+    if (prompt_ids) {
+        if (gen_parse_ids(prompt_ids, &pids, &n_prompt) != TD_OK) {
+            rc = gen_fail("generate", "bad --prompt-ids");
+            goto out;
+        }
+    } else {
+        tok_ids v = {0};
+        if (tok_encode(tok, prompt, strlen(prompt), TOK_ENC_ADD_SPECIAL, &v) != TD_OK) {
+            rc = gen_fail("generate", "cannot tokenize the prompt");
+            goto out;
+        }
+        pids = v.ids;
+        n_prompt = (int64_t)v.n;
+    }
+    ops_sampler sampler = {
+        .temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
+        .min_p = (float)min_p, .seed = (uint64_t)seed,
+    };
+    if (spec_init(&seq, tm, dm, n_ctx, ring, &sampler) != TD_OK) {
+        rc = gen_fail("generate", "cannot set up the sequence");
+        goto out;
+    }
+    seq_ok = true;
+
+    tok_stream ts;
+    tok_stream_init(&ts, tok, 0);
+    bool first = true;
+    int32_t out[SPEC_MAX_BLOCK];
+    int64_t n_out = 0, n_gen = 0;
+    if (spec_prefill(&seq, pids, n_prompt, &out[0]) != TD_OK) {
+        rc = gen_fail("generate", "prefill failed");
+        goto out;
+    }
+    n_out = 1;
+    for (;;) {
+        /* Tokens after a stop token inside an accepted run are discarded. */
+        int64_t keep = 0;
+        bool stop = false;
+        while (keep < n_out && n_gen + keep < n_max) {
+            bool eog = !ignore_eos && tok_is_eog(tok, out[keep]);
+            keep++;
+            if (eog) {
+                stop = true;
+                break;
+            }
+        }
+        gen_emit(&ts, ids, out, keep, &first);
+        n_gen += keep;
+        if (stop || n_gen >= n_max || spec_room(&seq) < 1)
+            break;
+        if (spec_step(&seq, out, &n_out) != TD_OK) {
+            rc = gen_fail("generate", "generation failed");
+            goto out;
+        }
+    }
+    if (!ids) {
+        tok_bytes b = {0};
+        if (tok_stream_flush(&ts, &b) == TD_OK)
+            fwrite(b.ptr, 1, b.len, stdout);
+        tok_bytes_free(&b);
+    }
+    printf("\n");
+    fflush(stdout);
+    const spec_stats *st = &seq.stats;
+    double t_gen = st->t_draft + st->t_verify;
+    fprintf(stderr,
+            "prompt %lld tokens, prefill %.3f s (%.1f tok/s); generated %lld tokens in %.3f s "
+            "(%.2f tok/s); steps %lld, acceptance length %.2f, draft %.3f s, verify %.3f s\n",
+            (long long)n_prompt, st->t_prefill, st->t_prefill > 0 ? n_prompt / st->t_prefill : 0,
+            (long long)n_gen, t_gen, t_gen > 0 ? (n_gen - 1) / t_gen : 0, (long long)st->steps,
+            st->steps ? (double)(st->generated - 1) / (double)st->steps : 0, st->t_draft,
+            st->t_verify);
+    rc = 0;
+out:
+    if (seq_ok)
+        spec_free(&seq);
+    free(pids);
+    tok_free(tok);
+    dfl_free(dm);
+    tgt_free(tm);
+    return rc;
+}
+
+int cmd_logits(int argc, char **argv)
+{
+    const char *model = NULL, *tokens = NULL;
+    int64_t top = 5;
+    bool help = false;
+    const args_opt opts[] = {
+        {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
+        {"tokens", ARGS_STRING, &tokens, NULL, "comma-separated token ids", 0, 0, 0},
+        {"top", ARGS_INT, &top, NULL, "tokens shown per position", 1, 1000, 0},
+        ARGS_END,
+    };
+    static const char usage[] = "tandem logits --model M.gguf --tokens 1,2,3 [--top K]";
+    if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
+        fprintf(stderr, "tandem logits: %s\n", err_msg());
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (help) {
+        args_usage(usage, opts);
+        return 0;
+    }
+    if (!model || !tokens) {
+        fprintf(stderr, "tandem logits: give --model and --tokens\n");
+        return 2;
+    }
+    tgt_model *tm = NULL;
+    int32_t *ids = NULL, *idx = NULL;
+    float *logits = NULL, *val = NULL;
+    int64_t n = 0;
+    tgt_state st = {0};
+    int rc = 1;
+    if (gen_parse_ids(tokens, &ids, &n) != TD_OK) {
+        rc = gen_fail("logits", "bad --tokens");
+        goto out;
+    }
+    if (tgt_load(&tm, model) != TD_OK) {
+        rc = gen_fail("logits", "cannot load the model");
+        goto out;
+    }
+    int64_t V = tm->hp.n_vocab;
+    if (top > V)
+        top = V;
+    logits = malloc((size_t)(n * V) * sizeof(float));
+    idx = malloc((size_t)top * sizeof(int32_t));
+    val = malloc((size_t)top * sizeof(float));
+    if (!logits || !idx || !val || tgt_state_init(&st, tm, n) != TD_OK) {
+        rc = gen_fail("logits", "out of memory");
+        goto out;
+    }
+    tgt_out o = {.logits = logits};
+    if (tgt_forward(tm, &st, ids, n, false, &o) != TD_OK) {
+        rc = gen_fail("logits", "forward pass failed");
+        goto out;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        cpu_topk(idx, val, logits + t * V, V, top);
+        printf("%lld:", (long long)t);
+        for (int64_t j = 0; j < top; j++)
+            printf(" %d(%.4f)", idx[j], val[j]);
+        printf("\n");
+    }
+    rc = 0;
+out:
+    tgt_state_free(&st);
+    free(ids);
+    free(idx);
+    free(val);
+    free(logits);
+    tgt_free(tm);
+    return rc;
+}

@@ -1,0 +1,248 @@
+/* One sequence's speculative loop: prefill, draft, verify, accept, roll back. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "verifyd/spec.h"
+
+/* Random-number counters: one stream per (absolute position, role), so a token's draw does
+ * not depend on how the steps were cut. */
+enum { SPEC_RNG_TARGET = 0, SPEC_RNG_ACCEPT = 1, SPEC_RNG_DRAFT = 2, SPEC_RNG_ROLES = 4 };
+
+static uint64_t spec_ctr(int64_t pos, int role)
+{
+    return (uint64_t)pos * SPEC_RNG_ROLES + (uint64_t)role;
+}
+
+static double spec_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool spec_greedy(const spec_seq *s)
+{
+    return s->sampler.temperature == 0.0f;
+}
+
+td_err spec_init(spec_seq *s, const tgt_model *tm, const dfl_model *dm, int64_t n_ctx,
+                 int64_t ring, const ops_sampler *sampler)
+{
+    memset(s, 0, sizeof *s);
+    s->tm = tm;
+    s->dm = dm;
+    s->sampler = *sampler;
+    s->block = dm ? dm->cfg.block_size : 1;
+    s->prefill_chunk = 64;
+    if (s->block < 1 || s->block > SPEC_MAX_BLOCK)
+        return err_set(TD_ENOTSUP, "block size %lld is outside 1..%d", (long long)s->block,
+                       SPEC_MAX_BLOCK);
+    int64_t V = tm->hp.n_vocab, D = tm->hp.n_embd;
+    TD_TRY(tgt_state_init(&s->ts, tm, n_ctx));
+    td_err e = TD_OK;
+    if (dm) {
+        e = dfl_state_init(&s->ds, dm, ring > 0 ? ring : 4096);
+        s->n_taps = dm->cfg.n_taps;
+        s->taps = malloc((size_t)s->n_taps * sizeof(int32_t));
+        for (int64_t i = 0; s->taps && i < s->n_taps; i++)
+            s->taps[i] = (int32_t)dm->cfg.target_layer_ids[i];
+    }
+    int64_t rows = s->block > s->prefill_chunk ? s->block : s->prefill_chunk;
+    s->feat = malloc((size_t)(rows * (s->n_taps ? s->n_taps : 1) * D) * sizeof(float));
+    s->logits = malloc((size_t)(s->block * V) * sizeof(float));
+    s->dlogits = malloc((size_t)(s->block * V) * sizeof(float));
+    s->q = malloc((size_t)(s->block * V) * sizeof(float));
+    s->p = malloc((size_t)V * sizeof(float));
+    if (e == TD_OK && (!s->feat || !s->logits || !s->dlogits || !s->q || !s->p ||
+                       (dm && !s->taps)))
+        e = err_set(TD_ENOMEM, "out of memory for a sequence");
+    if (e != TD_OK)
+        spec_free(s);
+    return e;
+}
+
+void spec_free(spec_seq *s)
+{
+    tgt_state_free(&s->ts);
+    if (s->dm)
+        dfl_state_free(&s->ds);
+    free(s->taps);
+    free(s->feat);
+    free(s->logits);
+    free(s->dlogits);
+    free(s->q);
+    free(s->p);
+    memset(s, 0, sizeof *s);
+}
+
+int64_t spec_room(const spec_seq *s)
+{
+    return s->ts.n_ctx - s->ts.n_past;
+}
+
+/* Samples from target logits at absolute position pos (the token's own position). */
+static td_err spec_sample(spec_seq *s, const float *logits, int64_t pos, int32_t *tok)
+{
+    int64_t V = s->tm->hp.n_vocab;
+    if (spec_greedy(s)) {
+        *tok = (int32_t)cpu_argmax(logits, V);
+        return TD_OK;
+    }
+    TD_TRY(cpu_sample_probs(s->p, logits, V, &s->sampler));
+    *tok = cpu_sample_draw(s->p, V, s->sampler.seed, spec_ctr(pos, SPEC_RNG_TARGET));
+    return TD_OK;
+}
+
+/* Runs tokens through the target, feeding tap features of the committed positions to the
+ * drafter; logits of the last token (or of all with all_logits) land in s->logits. */
+static td_err spec_run(spec_seq *s, const int32_t *tokens, int64_t n, bool record,
+                       bool all_logits)
+{
+    tgt_out out = {
+        .logits = s->logits, .last_only = !all_logits, .taps = s->taps, .n_taps = s->n_taps,
+        .tap_out = s->n_taps ? s->feat : NULL,
+    };
+    return tgt_forward(s->tm, &s->ts, tokens, n, record, &out);
+}
+
+td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *first)
+{
+    if (n <= 0)
+        return err_set(TD_ERANGE, "the prompt is empty");
+    if (n >= s->ts.n_ctx)
+        return err_set(TD_ERANGE, "the prompt (%lld tokens) leaves no room in a context of %lld",
+                       (long long)n, (long long)s->ts.n_ctx);
+    for (int64_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->tm->hp.n_vocab)
+            return err_set(TD_ERANGE, "prompt token %lld (id %d) is outside the vocabulary of %lld",
+                           (long long)i, prompt[i], (long long)s->tm->hp.n_vocab);
+    tgt_state_reset(s->tm, &s->ts);
+    if (s->dm)
+        dfl_state_reset(&s->ds);
+    memset(&s->stats, 0, sizeof s->stats);
+    double t0 = spec_now();
+    for (int64_t at = 0; at < n; at += s->prefill_chunk) {
+        int64_t m = n - at < s->prefill_chunk ? n - at : s->prefill_chunk;
+        TD_TRY(spec_run(s, prompt + at, m, false, false));
+        if (s->dm)
+            TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, m));
+    }
+    TD_TRY(spec_sample(s, s->logits, n, first));
+    s->stats.t_prefill = spec_now() - t0;
+    s->pending = *first;
+    s->has_pending = true;
+    s->stats.generated = 1;
+    return TD_OK;
+}
+
+/* Greedy acceptance: the longest run of drafts equal to the target's argmax. */
+static int64_t spec_accept_greedy(spec_seq *s, const int32_t *block, int64_t B, int32_t *next)
+{
+    int64_t V = s->tm->hp.n_vocab, a = 0;
+    for (;;) {
+        int32_t best = (int32_t)cpu_argmax(s->logits + a * V, V);
+        if (a + 1 < B && block[a + 1] == best) {
+            a++;
+            continue;
+        }
+        *next = best;
+        return a;
+    }
+}
+
+/* Lossless speculative sampling: accept d_i with probability min(1, p(d_i) / q(d_i)); on the
+ * first rejection draw from normalize(max(p - q, 0)) (p when that is all zero); after a full
+ * accept draw the bonus token from the last p. */
+static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, int64_t L,
+                                  int32_t *next, int64_t *acc)
+{
+    int64_t V = s->tm->hp.n_vocab;
+    uint64_t seed = s->sampler.seed;
+    for (int64_t i = 1; i < B; i++) {
+        TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
+        const float *q = s->q + (i - 1) * V;
+        int32_t d = block[i];
+        double u = ops_rand_uniform(seed, spec_ctr(L + i, SPEC_RNG_ACCEPT));
+        if (q[d] > 0.0f && u * (double)q[d] < (double)s->p[d])
+            continue;
+        double sum = 0;
+        for (int64_t j = 0; j < V; j++) {
+            float r = s->p[j] - q[j];
+            s->p[j] = r > 0 ? r : 0;
+            sum += s->p[j];
+        }
+        if (sum <= 0)
+            TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
+        *next = cpu_sample_draw(s->p, V, seed, spec_ctr(L + i, SPEC_RNG_TARGET));
+        *acc = i - 1;
+        return TD_OK;
+    }
+    TD_TRY(spec_sample(s, s->logits + (B - 1) * V, L + B, next));
+    *acc = B - 1;
+    return TD_OK;
+}
+
+/* Drafts B-1 tokens after the pending one into block[1..B-1] (and q for sampling). */
+static td_err spec_draft(spec_seq *s, int32_t *block, int64_t B, int64_t L)
+{
+    int64_t V = s->tm->hp.n_vocab;
+    TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
+    for (int64_t i = 1; i < B; i++) {
+        const float *lg = s->dlogits + (i - 1) * V;
+        if (spec_greedy(s)) {
+            block[i] = (int32_t)cpu_argmax(lg, V);
+            continue;
+        }
+        float *q = s->q + (i - 1) * V;
+        TD_TRY(cpu_sample_probs(q, lg, V, &s->sampler));
+        block[i] = cpu_sample_draw(q, V, s->sampler.seed, spec_ctr(L + i, SPEC_RNG_DRAFT));
+    }
+    return TD_OK;
+}
+
+td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
+{
+    TD_ASSERT(s->has_pending);
+    *n_out = 0;
+    int64_t room = spec_room(s), L = s->ts.n_past;
+    if (room < 1)
+        return err_set(TD_ERANGE, "context full at %lld positions", (long long)s->ts.n_ctx);
+    int64_t B = s->dm ? (s->block < room ? s->block : room) : 1;
+    int32_t block[SPEC_MAX_BLOCK];
+    block[0] = s->pending;
+    double t0 = spec_now();
+    if (B > 1)
+        TD_TRY(spec_draft(s, block, B, L));
+    double t1 = spec_now();
+    TD_TRY(spec_run(s, block, B, B > 1, B > 1));
+    int64_t a;
+    int32_t next;
+    if (spec_greedy(s) || B == 1) {
+        a = spec_accept_greedy(s, block, B, &next);
+        if (!spec_greedy(s))
+            TD_TRY(spec_sample(s, s->logits, L + 1, &next));
+    } else {
+        TD_TRY(spec_accept_sampled(s, block, B, L, &next, &a));
+    }
+    if (B > 1)
+        tgt_state_keep(s->tm, &s->ts, a + 1);
+    double t2 = spec_now();
+    if (s->dm)
+        TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, a + 1));
+    double t3 = spec_now();
+
+    for (int64_t i = 1; i <= a; i++)
+        out[i - 1] = block[i];
+    out[a] = next;
+    *n_out = a + 1;
+    s->pending = next;
+    s->stats.steps++;
+    s->stats.generated += a + 1;
+    s->stats.drafted += B - 1;
+    s->stats.accepted += a;
+    s->stats.accept_hist[a + 1]++;
+    s->stats.t_draft += (t1 - t0) + (t3 - t2);
+    s->stats.t_verify += t2 - t1;
+    return TD_OK;
+}
