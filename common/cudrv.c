@@ -107,61 +107,75 @@ td_err cudrv_device_bind(const cudrv_device *dev)
 
 #else /* TANDEM_HAVE_CUDA */
 
+#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 
-/* Where each entry point lives: the base name cuGetProcAddress wants, and the exported
- * symbol of the same ABI for drivers that predate cuGetProcAddress_v2 (CUDA < 12.0). */
+/* Where each entry point lives: the base name cuGetProcAddress wants with the CUDA version
+ * whose ABI cudrv_api declares (cudaTypedefs.h's PFN_<base>_v<version>), and the exported
+ * symbol of that ABI for drivers that predate cuGetProcAddress_v2 (CUDA < 12.0). Asking for
+ * the header's CUDA_VERSION instead would be wrong: CUDA 13 gave cuCtxSynchronize a context
+ * argument under the same base name. */
 typedef struct cudrv_sym {
     const char *base;     /* e.g. "cuMemcpyHtoD" */
     const char *exported; /* e.g. "cuMemcpyHtoD_v2" */
     size_t offset;        /* bytes: field in cudrv_api */
+    int version;          /* 1000 * major + 10 * minor: the ABI we call */
 } cudrv_sym;
 
-#define SYM(base, field) {#base, #field, offsetof(cudrv_api, field)}
-static const cudrv_sym cudrv_syms[] = {
-    SYM(cuInit, cuInit),
-    SYM(cuDriverGetVersion, cuDriverGetVersion),
-    SYM(cuGetErrorName, cuGetErrorName),
-    SYM(cuGetErrorString, cuGetErrorString),
-    SYM(cuDeviceGetCount, cuDeviceGetCount),
-    SYM(cuDeviceGet, cuDeviceGet),
-    SYM(cuDeviceGetUuid, cuDeviceGetUuid_v2),
-    SYM(cuDeviceGetName, cuDeviceGetName),
-    SYM(cuDeviceGetAttribute, cuDeviceGetAttribute),
-    SYM(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain),
-    SYM(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2),
-    SYM(cuCtxSetCurrent, cuCtxSetCurrent),
-    SYM(cuCtxSynchronize, cuCtxSynchronize),
-    SYM(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity),
-    SYM(cuMemCreate, cuMemCreate),
-    SYM(cuMemRelease, cuMemRelease),
-    SYM(cuMemExportToShareableHandle, cuMemExportToShareableHandle),
-    SYM(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle),
-    SYM(cuMemAddressReserve, cuMemAddressReserve),
-    SYM(cuMemAddressFree, cuMemAddressFree),
-    SYM(cuMemMap, cuMemMap),
-    SYM(cuMemUnmap, cuMemUnmap),
-    SYM(cuMemSetAccess, cuMemSetAccess),
-    SYM(cuMemcpyHtoD, cuMemcpyHtoD_v2),
-    SYM(cuMemcpyDtoH, cuMemcpyDtoH_v2),
-    SYM(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2),
-    SYM(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2),
-    SYM(cuMemsetD8, cuMemsetD8_v2),
-    SYM(cuMemsetD8Async, cuMemsetD8Async),
-    SYM(cuStreamCreate, cuStreamCreate),
-    SYM(cuStreamDestroy, cuStreamDestroy_v2),
-    SYM(cuStreamSynchronize, cuStreamSynchronize),
-    SYM(cuStreamWaitEvent, cuStreamWaitEvent),
-    SYM(cuEventCreate, cuEventCreate),
-    SYM(cuEventRecord, cuEventRecord),
-    SYM(cuEventSynchronize, cuEventSynchronize),
-    SYM(cuEventDestroy, cuEventDestroy_v2),
-    SYM(cuIpcGetEventHandle, cuIpcGetEventHandle),
-    SYM(cuIpcOpenEventHandle, cuIpcOpenEventHandle),
-};
+#define CUDRV_SYMS(X)                                                                          \
+    X(cuInit, cuInit, 2000)                                                                    \
+    X(cuDriverGetVersion, cuDriverGetVersion, 2020)                                            \
+    X(cuGetErrorName, cuGetErrorName, 6000)                                                    \
+    X(cuGetErrorString, cuGetErrorString, 6000)                                                \
+    X(cuDeviceGetCount, cuDeviceGetCount, 2000)                                                \
+    X(cuDeviceGet, cuDeviceGet, 2000)                                                          \
+    X(cuDeviceGetUuid, cuDeviceGetUuid_v2, 11040)                                              \
+    X(cuDeviceGetName, cuDeviceGetName, 2000)                                                  \
+    X(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000)                                        \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000)                                \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000)                          \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, 4000)                                                  \
+    X(cuCtxSynchronize, cuCtxSynchronize, 2000)                                                \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020)                     \
+    X(cuMemCreate, cuMemCreate, 10020)                                                         \
+    X(cuMemRelease, cuMemRelease, 10020)                                                       \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020)                       \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020)                   \
+    X(cuMemAddressReserve, cuMemAddressReserve, 10020)                                         \
+    X(cuMemAddressFree, cuMemAddressFree, 10020)                                               \
+    X(cuMemMap, cuMemMap, 10020)                                                               \
+    X(cuMemUnmap, cuMemUnmap, 10020)                                                           \
+    X(cuMemSetAccess, cuMemSetAccess, 10020)                                                   \
+    X(cuMemcpyHtoD, cuMemcpyHtoD_v2, 3020)                                                     \
+    X(cuMemcpyDtoH, cuMemcpyDtoH_v2, 3020)                                                     \
+    X(cuMemcpyHtoDAsync, cuMemcpyHtoDAsync_v2, 3020)                                           \
+    X(cuMemcpyDtoHAsync, cuMemcpyDtoHAsync_v2, 3020)                                           \
+    X(cuMemsetD8, cuMemsetD8_v2, 3020)                                                         \
+    X(cuMemsetD8Async, cuMemsetD8Async, 3020)                                                  \
+    X(cuStreamCreate, cuStreamCreate, 2000)                                                    \
+    X(cuStreamDestroy, cuStreamDestroy_v2, 4000)                                               \
+    X(cuStreamSynchronize, cuStreamSynchronize, 2000)                                          \
+    X(cuStreamWaitEvent, cuStreamWaitEvent, 3020)                                              \
+    X(cuEventCreate, cuEventCreate, 2000)                                                      \
+    X(cuEventRecord, cuEventRecord, 2000)                                                      \
+    X(cuEventSynchronize, cuEventSynchronize, 2000)                                            \
+    X(cuEventDestroy, cuEventDestroy_v2, 4000)                                                 \
+    X(cuIpcGetEventHandle, cuIpcGetEventHandle, 4010)                                          \
+    X(cuIpcOpenEventHandle, cuIpcOpenEventHandle, 4010)
+
+#define SYM(base, field, version) {#base, #field, offsetof(cudrv_api, field), version},
+static const cudrv_sym cudrv_syms[] = {CUDRV_SYMS(SYM)};
 #undef SYM
+
+/* Each field's type must be exactly the driver's typedef for the version we ask for. */
+#define SYM_CHECK(base, field, version)                                                      \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(((cudrv_api *)0)->field),          \
+                                                PFN_##base##_v##version),                     \
+                   "cudrv_api." #field " is not PFN_" #base "_v" #version);
+CUDRV_SYMS(SYM_CHECK)
+#undef SYM_CHECK
 
 typedef CUresult (*cudrv_getproc_fn)(const char *symbol, void **pfn, int cuda_version,
                                      cuuint64_t flags, CUdriverProcAddressQueryResult *status);
@@ -172,14 +186,13 @@ static td_err cudrv_status;        /* result of the one load attempt */
 static char cudrv_status_msg[512]; /* its message, replayed on every later call */
 static int cudrv_n_devices;        /* visible devices after a successful load */
 
-static void *cudrv_resolve(void *lib, cudrv_getproc_fn getproc, int version, const cudrv_sym *s)
+static void *cudrv_resolve(void *lib, cudrv_getproc_fn getproc, const cudrv_sym *s)
 {
     void *fn = NULL;
     if (getproc) {
-        /* Legacy-stream variants: tandem passes explicit streams everywhere. Asking for the
-         * header's CUDA version (capped by the driver's) yields the ABI cuda.h declares. */
+        /* Legacy-stream variants: tandem passes explicit streams everywhere. */
         CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-        if (getproc(s->base, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) ==
+        if (getproc(s->base, &fn, s->version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st) ==
                 CUDA_SUCCESS &&
             st == CU_GET_PROC_ADDRESS_SUCCESS && fn)
             return fn;
@@ -187,13 +200,16 @@ static void *cudrv_resolve(void *lib, cudrv_getproc_fn getproc, int version, con
     return dlsym(lib, s->exported);
 }
 
+/* The driver's name for r, or "CUDA error <n>" when it has none (a stub library). */
 static const char *cudrv_result_name(CUresult r)
 {
+    static _Thread_local char unknown[32];
     const char *name = NULL;
-    if (!cudrv_table.cuGetErrorName || cudrv_table.cuGetErrorName(r, &name) != CUDA_SUCCESS ||
-        !name)
-        return "CUDA_ERROR_UNKNOWN";
-    return name;
+    if (cudrv_table.cuGetErrorName && cudrv_table.cuGetErrorName(r, &name) == CUDA_SUCCESS &&
+        name)
+        return name;
+    snprintf(unknown, sizeof unknown, "CUDA error %d", (int)r);
+    return unknown;
 }
 
 static const char *cudrv_result_string(CUresult r)
@@ -225,24 +241,16 @@ static td_err cudrv_load_once_inner(void)
                           why ? why : "not found");
     }
     cudrv_getproc_fn getproc = (cudrv_getproc_fn)dlsym(lib, "cuGetProcAddress_v2");
-    int version = CUDA_VERSION;
-    if (getproc) {
-        /* cuDriverGetVersion is safe before cuInit; asking for a version above the driver's
-         * makes cuGetProcAddress fail. */
-        CUresult (*get_version)(int *) = (CUresult(*)(int *))dlsym(lib, "cuDriverGetVersion");
-        int driver = 0;
-        if (get_version && get_version(&driver) == CUDA_SUCCESS && driver > 0 && driver < version)
-            version = driver;
-    }
     for (size_t i = 0; i < sizeof cudrv_syms / sizeof cudrv_syms[0]; i++) {
-        void *fn = cudrv_resolve(lib, getproc, version, &cudrv_syms[i]);
+        void *fn = cudrv_resolve(lib, getproc, &cudrv_syms[i]);
         if (!fn)
             return cudrv_fail(TD_ENOTSUP, "CUDA driver too old: no entry point %s (%s)",
                               cudrv_syms[i].base, cudrv_syms[i].exported);
         memcpy((char *)&cudrv_table + cudrv_syms[i].offset, &fn, sizeof fn);
     }
     CUresult r = cudrv_table.cuInit(0);
-    if (r == CUDA_ERROR_NO_DEVICE)
+    /* No GPU, or only the toolkit's stub libcuda: "no CUDA here", not a failure. */
+    if (r == CUDA_ERROR_NO_DEVICE || r == CUDA_ERROR_STUB_LIBRARY)
         return cudrv_fail(TD_ENOTSUP, "no CUDA device: cuInit: %s (%s)", cudrv_result_name(r),
                           cudrv_result_string(r));
     if (r != CUDA_SUCCESS)

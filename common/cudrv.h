@@ -1,9 +1,10 @@
 /* cudrv: the CUDA driver API, loaded at run time.
  *
  * libcuda is never linked: cudrv_load() dlopen()s "libcuda.so.1" and resolves each entry
- * point through cuGetProcAddress (or, on drivers older than 12.0, through the explicitly
- * versioned exported symbol), so every binary starts on a machine without a GPU driver and
- * reports "no CUDA" as an ordinary error instead of failing in the dynamic loader.
+ * point through cuGetProcAddress_v2 at the CUDA version whose ABI it declares (or, on drivers
+ * older than 12.0, through the explicitly versioned exported symbol), so every binary starts
+ * on a machine without a GPU driver and reports "no CUDA" as an ordinary error instead of
+ * failing in the dynamic loader.
  *
  * Devices are named by UUID ("GPU-8c4a9a7e-0d6f-...", as nvidia-smi -L prints it), because
  * ordinals depend on CUDA_VISIBLE_DEVICES and differ between processes; an ordinal is
