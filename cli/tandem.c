@@ -18,6 +18,8 @@ static const cmd_entry cmd_table[] = {
     {"gguf-info", cmd_gguf_info, "print a GGUF file's metadata and tensor table"},
     {"st-info", cmd_st_info, "print a safetensors file's metadata and tensor table"},
     {"st-write", cmd_st_write, "write a safetensors file from st-info's JSON (with --data)"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text (a GGUF file's tokenizer)"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
 };
 
 static void tandem_usage(void)

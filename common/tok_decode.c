@@ -213,7 +213,7 @@ td_err tok_stream_push(tok_stream *s, const int32_t *ids, size_t n, tok_bytes *o
     const tokenizer *t = s->t;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || (uint32_t)ids[i] >= t->n_vocab)
-            return err_set(TD_ERANGE, "detokenize: id %d at position %zu is outside the "
+            return err_set(TD_ERANGE, "tokenizer: id %d at position %zu is outside the "
                            "vocabulary of %u", ids[i], i, t->n_vocab);
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
