@@ -7,9 +7,9 @@
  * version is MSG_PROTOCOL_VERSION; a peer speaking another version is refused with TD_EPROTO
  * (the version is checked before anything else, so a future envelope shape still gets that
  * answer). type is a msg_type; its payload is a fixed list of fields in a fixed order.
- * request_id is chosen by the sender of a request and copied into its reply; a request may
- * reach a server twice (NNG re-sends it when the connection drops, see common/bus.h), so
- * servers treat a repeated id as the same request.
+ * request_id is chosen by the sender of a request and copied into its reply; a caller that
+ * retries a failed call reuses the id, so servers treat a repeated id as the same request
+ * (common/bus.h says why retries, and no NNG resends, are the only repeats).
  *
  * One msg_pack_<type> and one msg_unpack_<type> per type. Pack checks the struct against the
  * same limits unpack enforces (TD_EINVAL otherwise) and replaces the buffer's contents. Unpack
