@@ -109,17 +109,27 @@ td_err fdpass_send(int sock, const void *payload, size_t len, const int *fds, si
     }
 }
 
-/* Collects the SCM_RIGHTS descriptors of a received message (at most FDPASS_MAX_FDS fit in
- * our control buffer). */
-static size_t fdpass_collect(struct msghdr *msg, int *got)
+/* Collects the SCM_RIGHTS descriptors of a received message into got. Our control buffer
+ * holds at most FDPASS_MAX_FDS; should alignment slack let one more in, it is closed and
+ * *extra set, so nothing the peer sent stays open unaccounted. */
+static size_t fdpass_collect(struct msghdr *msg, int *got, int *extra)
 {
     size_t n = 0;
+    *extra = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
             continue;
         size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k && n < FDPASS_MAX_FDS; i++)
-            memcpy(&got[n++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (n < FDPASS_MAX_FDS) {
+                got[n++] = fd;
+            } else {
+                close(fd);
+                *extra = 1;
+            }
+        }
     }
     return n;
 }
@@ -153,8 +163,9 @@ td_err fdpass_recv(int sock, void *payload, size_t cap, size_t *len, int *fds, s
             return err_set(TD_EIO, "fdpass receive: %s", strerror(errno));
         }
         int got[FDPASS_MAX_FDS];
-        size_t n = fdpass_collect(&msg, got);
-        if (msg.msg_flags & MSG_CTRUNC) {
+        int extra;
+        size_t n = fdpass_collect(&msg, got, &extra);
+        if ((msg.msg_flags & MSG_CTRUNC) || extra) {
             fdpass_close_all(got, n);
             return err_set(TD_EPROTO, "fdpass receive: control message truncated (peer sent "
                            "more than %d descriptors); closed the %zu received",

@@ -15,6 +15,9 @@
  *   to the allocation granularity), mapped read/write on the device whose UUID the
  *   descriptor names. Without CUDA this kind is TD_ENOTSUP.
  *
+ * Calls on the cuda kind (and on events) make the buffer's device primary context current on
+ * the calling thread, as driver calls act on the current context.
+ *
  * Ordering: nothing orders one process's GPU work before another's reads. Send "ready" only
  * after the producer's stream has finished (synchronise) or after recording a shbuf_event
  * that the consumer waits on. */
