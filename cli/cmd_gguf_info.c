@@ -344,8 +344,9 @@ int cmd_gguf_info(int argc, char **argv)
     bool json = false, help = false;
     int64_t max_items = 8;
     const args_opt opts[] = {
-        {"json", ARGS_FLAG, &json, NULL, "print one JSON document", 0, 0},
-        {"max-items", ARGS_INT, &max_items, NULL, "array elements shown per array (0 = all)", 0, INT64_MAX},
+        {.name = "json", .type = ARGS_FLAG, .value = &json, .help = "print one JSON document"},
+        {.name = "max-items", .type = ARGS_INT, .value = &max_items,
+         .help = "array elements shown per array (0 = all)", .min = 0, .max = INT64_MAX},
         ARGS_END,
     };
     static const char usage[] = "tandem gguf-info FILE [--json] [--max-items N]";

@@ -270,8 +270,9 @@ static td_err parse_array(cursor *c, int depth, gguf_value *v)
                        gguf_type_name(v->arr.elem));
     for (uint64_t i = 0; i < n; i++) {
         td_err e = parse_value(c, v->arr.elem, depth + 1, &v->arr.items[i]);
+        /* The index in the outermost array; deeper levels are located by the byte offset. */
         if (e)
-            return err_wrap(e, "element %llu", (unsigned long long)i);
+            return depth == 0 ? err_wrap(e, "element %llu", (unsigned long long)i) : e;
     }
     return TD_OK;
 }
