@@ -80,8 +80,9 @@ int cmd_st_info(int argc, char **argv)
 {
     bool as_json = false, data = false, help = false;
     const args_opt opts[] = {
-        {"json", ARGS_FLAG, &as_json, NULL, "print one JSON object", 0, 0},
-        {"data", ARGS_FLAG, &data, NULL, "with --json: each tensor's bytes in hex", 0, 0},
+        {.name = "json", .type = ARGS_FLAG, .value = &as_json, .help = "print one JSON object"},
+        {.name = "data", .type = ARGS_FLAG, .value = &data,
+         .help = "with --json: each tensor's bytes in hex"},
         ARGS_END,
     };
     const char *pos[1];
