@@ -43,7 +43,8 @@ bool ops_type_supported(td_dtype type);
 td_err ops_weight_init(ops_weight *w, td_dtype type, int64_t rows, int64_t cols,
                        const void *data);
 
-/* IEEE binary16 and bfloat16 <-> f32. To-half rounds to nearest even; NaN stays NaN. */
+/* IEEE binary16 and bfloat16 <-> f32. To-half rounds to nearest even; NaN stays NaN (its
+ * payload may come back quieted). */
 float ops_f16_to_f32(uint16_t h);
 uint16_t ops_f32_to_f16(float f);
 float ops_bf16_to_f32(uint16_t h);

@@ -72,6 +72,12 @@ static void test_f16_to_f32_matches_numpy_for_every_class(void **s)
     float *row = malloc((size_t)n * sizeof *row);
     assert_int_equal(cpu_dequantize_row(TD_F16, h, row, n), TD_OK);
     for (int64_t i = 0; i < n; i++) {
+        if (isnan(want[i])) {
+            /* NaN stays NaN with its sign; the payload may come back quieted (F16C does) */
+            assert_true(isnan(ops_f16_to_f32(h[i])) && isnan(row[i]));
+            assert_int_equal(bits_of(row[i]) >> 31, bits_of(want[i]) >> 31);
+            continue;
+        }
         assert_int_equal(bits_of(ops_f16_to_f32(h[i])), bits_of(want[i]));
         assert_int_equal(bits_of(row[i]), bits_of(want[i]));
     }

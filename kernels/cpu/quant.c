@@ -6,6 +6,9 @@
  * benchmark models, not tuned for quality. */
 #include <math.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/ops.h"
 
@@ -34,19 +37,27 @@ static float f32_from_bits(uint32_t u)
     return f;
 }
 
-float ops_f16_to_f32(uint16_t h)
+/* Branch-free (masks only) so the F16 row loops vectorise: a subnormal half is mant * 2^-24,
+ * exact in f32 without touching subnormal f32 arithmetic. */
+static inline __attribute__((always_inline)) float f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t em = h & 0x7fff;  /* exponent and mantissa */
     uint32_t mant = h & 0x3ff;
-    if (exp == 0) {
-        /* zero or subnormal: mant * 2^-24 is exact in f32 */
-        float v = (float)mant * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    if (exp == 31)
-        return f32_from_bits(sign | 0x7f800000u | (mant << 13));
-    return f32_from_bits(sign | ((exp + 112) << 23) | (mant << 13));
+    uint32_t normal = sign | ((em << 13) + (112u << 23)); /* rebias 15 -> 127 */
+    uint32_t special = sign | 0x7f800000u | (mant << 13); /* inf, NaN */
+    float sub = (float)mant * 0x1p-24f;
+    uint32_t subnormal = sign | f32_bits(sub);
+    uint32_t m_special = 0u - (uint32_t)(em >= 0x7c00); /* all ones or zero: masks, not */
+    uint32_t m_normal = (0u - (uint32_t)(em >= 0x400)) & ~m_special; /* branches */
+    uint32_t bits = (special & m_special) | (normal & m_normal) |
+                    (subnormal & ~(m_special | m_normal));
+    return f32_from_bits(bits);
+}
+
+float ops_f16_to_f32(uint16_t h)
+{
+    return f16_to_f32(h);
 }
 
 uint16_t ops_f32_to_f16(float f)
@@ -106,6 +117,14 @@ static uint16_t f16_ceil(float v)
 static uint16_t rd_u16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/* A little-endian u16 at any alignment (one load on x86). */
+static inline uint16_t ld_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
 static void wr_u16(uint8_t *p, uint16_t v)
@@ -168,10 +187,11 @@ td_err ops_weight_init(ops_weight *w, td_dtype type, int64_t rows, int64_t cols,
 
 /* --- dequantisation, one block at a time ----------------------------------------------- */
 
-static void dequant_q8_0(const uint8_t *b, float *y)
+static inline __attribute__((always_inline)) void dequant_q8_0(const uint8_t *b, float *y)
 {
-    float d = ops_f16_to_f32(rd_u16(b));
+    float d = f16_to_f32(rd_u16(b));
     const int8_t *q = (const int8_t *)(b + 2);
+#pragma omp simd
     for (int i = 0; i < QK8_0; i++)
         y[i] = d * (float)q[i];
 }
@@ -188,10 +208,10 @@ static void kq_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m)
     }
 }
 
-static void dequant_q4_k(const uint8_t *b, float *y)
+static inline __attribute__((always_inline)) void dequant_q4_k(const uint8_t *b, float *y)
 {
-    float d = ops_f16_to_f32(rd_u16(b));
-    float dmin = ops_f16_to_f32(rd_u16(b + 2));
+    float d = f16_to_f32(rd_u16(b));
+    float dmin = f16_to_f32(rd_u16(b + 2));
     const uint8_t *s = b + 4;
     const uint8_t *qs = b + 16;
     for (int c = 0; c < 4; c++) {
@@ -201,6 +221,7 @@ static void dequant_q4_k(const uint8_t *b, float *y)
         float d0 = d * sc0, dm0 = dmin * m0, d1 = d * sc1, dm1 = dmin * m1;
         const uint8_t *q = qs + 32 * c;
         float *o = y + 64 * c;
+#pragma omp simd
         for (int l = 0; l < 32; l++) {
             o[l] = d0 * (float)(q[l] & 0xF) - dm0;
             o[l + 32] = d1 * (float)(q[l] >> 4) - dm1;
@@ -208,10 +229,10 @@ static void dequant_q4_k(const uint8_t *b, float *y)
     }
 }
 
-static void dequant_q5_k(const uint8_t *b, float *y)
+static inline __attribute__((always_inline)) void dequant_q5_k(const uint8_t *b, float *y)
 {
-    float d = ops_f16_to_f32(rd_u16(b));
-    float dmin = ops_f16_to_f32(rd_u16(b + 2));
+    float d = f16_to_f32(rd_u16(b));
+    float dmin = f16_to_f32(rd_u16(b + 2));
     const uint8_t *s = b + 4;
     const uint8_t *qh = b + 16;
     const uint8_t *qs = b + 48;
@@ -222,6 +243,7 @@ static void dequant_q5_k(const uint8_t *b, float *y)
         float d0 = d * sc0, dm0 = dmin * m0, d1 = d * sc1, dm1 = dmin * m1;
         const uint8_t *q = qs + 32 * c;
         float *o = y + 64 * c;
+#pragma omp simd
         for (int l = 0; l < 32; l++) {
             int lo = (q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4);
             int hi = (q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
@@ -231,31 +253,59 @@ static void dequant_q5_k(const uint8_t *b, float *y)
     }
 }
 
-static void dequant_q6_k(const uint8_t *b, float *y)
+static inline __attribute__((always_inline)) void dequant_q6_k(const uint8_t *b, float *y)
 {
     const uint8_t *ql = b;
     const uint8_t *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
-    float d = ops_f16_to_f32(rd_u16(b + 208));
+    float d = f16_to_f32(rd_u16(b + 208));
     for (int n = 0; n < 2; n++) {
         const uint8_t *l_ = ql + 64 * n;
         const uint8_t *h_ = qh + 32 * n;
         const int8_t *s_ = sc + 8 * n;
         float *o = y + 128 * n;
-        for (int l = 0; l < 32; l++) {
-            int w0 = ((l_[l] & 0xF) | (((h_[l] >> 0) & 3) << 4)) - 32;
-            int w1 = ((l_[l + 32] & 0xF) | (((h_[l] >> 2) & 3) << 4)) - 32;
-            int w2 = ((l_[l] >> 4) | (((h_[l] >> 4) & 3) << 4)) - 32;
-            int w3 = ((l_[l + 32] >> 4) | (((h_[l] >> 6) & 3) << 4)) - 32;
-            int is = l / 16;
-            o[l] = (d * (float)s_[is]) * (float)w0;
-            o[l + 32] = (d * (float)s_[is + 2]) * (float)w1;
-            o[l + 64] = (d * (float)s_[is + 4]) * (float)w2;
-            o[l + 96] = (d * (float)s_[is + 6]) * (float)w3;
+        for (int g = 0; g < 2; g++) { /* 16 weights share one scale per quarter */
+            const float s0 = d * (float)s_[g], s1 = d * (float)s_[g + 2];
+            const float s2 = d * (float)s_[g + 4], s3 = d * (float)s_[g + 6];
+#pragma omp simd
+            for (int l = 16 * g; l < 16 * g + 16; l++) {
+                int w0 = ((l_[l] & 0xF) | (((h_[l] >> 0) & 3) << 4)) - 32;
+                int w1 = ((l_[l + 32] & 0xF) | (((h_[l] >> 2) & 3) << 4)) - 32;
+                int w2 = ((l_[l] >> 4) | (((h_[l] >> 4) & 3) << 4)) - 32;
+                int w3 = ((l_[l + 32] >> 4) | (((h_[l] >> 6) & 3) << 4)) - 32;
+                o[l] = s0 * (float)w0;
+                o[l + 32] = s1 * (float)w1;
+                o[l + 64] = s2 * (float)w2;
+                o[l + 96] = s3 * (float)w3;
+            }
         }
     }
 }
 
+/* F16 rows with the F16C conversion instruction (8 values per instruction): the portable
+ * mask arithmetic above runs about 10x slower. */
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c")))
+static void f16_row_f16c(const uint8_t *b, float *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 2 * i))));
+    for (; i < n; i++)
+        dst[i] = f16_to_f32(ld_u16(b + 2 * i));
+}
+
+static bool have_f16c(void)
+{
+    /* reads the CPU model libgcc filled in at start-up: a load and a bit test */
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}
+#endif
+
+/* Cloned for AVX2 and picked at load time: the block loops above are written to vectorise,
+ * and 8-wide vectors roughly double the matmul's dequantisation rate. ("arch=haswell", as
+ * GCC 12's "arch=x86-64-v3" clone keeps 128-bit vectors.) */
+__attribute__((target_clones("arch=haswell", "default")))
 td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n)
 {
     TD_TRY(check_row(type, n));
@@ -265,12 +315,20 @@ td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n)
         memcpy(dst, src, (size_t)n * sizeof(float));
         break;
     case TD_F16:
+#if defined(__x86_64__)
+        if (have_f16c()) {
+            f16_row_f16c(b, dst, n);
+            break;
+        }
+#endif
+#pragma omp simd
         for (int64_t i = 0; i < n; i++)
-            dst[i] = ops_f16_to_f32(rd_u16(b + 2 * i));
+            dst[i] = f16_to_f32(ld_u16(b + 2 * i));
         break;
     case TD_BF16:
+#pragma omp simd
         for (int64_t i = 0; i < n; i++)
-            dst[i] = ops_bf16_to_f32(rd_u16(b + 2 * i));
+            dst[i] = f32_from_bits((uint32_t)ld_u16(b + 2 * i) << 16);
         break;
     case TD_Q8_0:
         for (int64_t i = 0; i < n / QK8_0; i++)

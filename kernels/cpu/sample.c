@@ -146,30 +146,24 @@ td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const op
 
     if (use_p) {
         if (!use_k) {
-            /* The kept set is a prefix of the sorted order: when the tokens above a cut-off
-             * already hold top_p of the mass, only they need sorting. */
-            static const double cut[] = {1e-4, 1e-9, 0.0};
-            for (size_t k = 0; k < sizeof cut / sizeof cut[0]; k++) {
-                int64_t m = 0;
+            /* The kept set is a prefix of the sorted order: when the tokens at or above a
+             * cut-off already hold top_p of the mass, only they need sorting. */
+            static const double cuts[] = {1e-4, 1e-9, 0.0};
+            double cut = 0;
+            for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++) {
                 double mass = 0;
                 for (int64_t j = 0; j < n; j++)
-                    if (c[j].e >= cut[k] && c[j].e > 0) {
+                    if (c[j].e >= cuts[k])
                         mass += c[j].e;
-                        c[m++] = c[j];
-                    }
-                if (mass >= (double)s->top_p * total || cut[k] == 0.0) {
-                    n = m;
+                cut = cuts[k];
+                if (mass >= (double)s->top_p * total)
                     break;
-                }
-                /* not enough mass: rebuild the full list and lower the cut-off */
-                n = 0;
-                for (int64_t i = 0; i < n_vocab; i++) {
-                    float l = logits[i];
-                    c[n].e = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
-                    c[n].i = (int32_t)i;
-                    n++;
-                }
             }
+            int64_t m = 0;
+            for (int64_t j = 0; j < n; j++)
+                if (c[j].e >= cut && c[j].e > 0)
+                    c[m++] = c[j];
+            n = m;
             qsort(c, (size_t)n, sizeof *c, cand_cmp);
         }
         double cum = 0;
