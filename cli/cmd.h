@@ -10,6 +10,7 @@ int cmd_st_info(int argc, char **argv);
 int cmd_st_write(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_chat_template(int argc, char **argv);
 
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);

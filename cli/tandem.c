@@ -20,6 +20,7 @@ static const cmd_entry cmd_table[] = {
     {"st-write", cmd_st_write, "write a safetensors file from st-info's JSON (with --data)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text (a GGUF file's tokenizer)"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
+    {"chat-template", cmd_chat_template, "render a chat with a model's chat template (Jinja)"},
 };
 
 static void tandem_usage(void)

@@ -1,0 +1,210 @@
+/* tandem chat-template: renders a chat with a model's chat template, exactly as the gateway
+ * builds a prompt, and prints it as it is (no newline added).
+ *
+ *   tandem chat-template --template T.jinja --messages chat.json
+ *   tandem chat-template --model M.gguf [--messages FILE|-] [--tools FILE]
+ *                        [--no-generation-prompt] [--enable-thinking true|false]
+ *                        [--kwargs JSON] [--bos-token S] [--eos-token S]
+ *
+ * The messages file holds a JSON array of messages (stdin by default), the tools file a JSON
+ * array of tool schemas. With --model the template is the file's tokenizer.chat_template and
+ * the BOS/EOS texts come from its token list; --bos-token/--eos-token set or override them.
+ * A failure (raise_exception in the template included) prints "tandem chat-template: MESSAGE"
+ * on stderr and exits 1. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli/cmd.h"
+#include "common/args.h"
+#include "common/chat.h"
+#include "common/gguf.h"
+
+#define CT_MAX_INPUT ((size_t)256 << 20) /* bytes of one input file */
+
+static int ct_fail(const char *msg)
+{
+    fprintf(stderr, "tandem chat-template: %s\n", msg);
+    return 1;
+}
+
+/* A whole file (or stdin for "-") in a malloc'd NUL-terminated buffer. */
+static td_err ct_read(const char *path, char **out, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f)
+        return err_set(TD_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    td_err e = TD_OK;
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1)
+            break;
+        if (cap >= CT_MAX_INPUT) {
+            e = err_set(TD_ERANGE, "%s: larger than %zu bytes", path, CT_MAX_INPUT);
+            break;
+        }
+        char *b = realloc(buf, cap * 2);
+        if (!b)
+            break;
+        buf = b;
+        cap *= 2;
+    }
+    if (!buf && e == TD_OK)
+        e = err_set(TD_ENOMEM, "%s: out of memory", path);
+    if (e == TD_OK && ferror(f))
+        e = err_set(TD_EIO, "%s: read error", path);
+    if (f != stdin)
+        fclose(f);
+    if (e != TD_OK) {
+        free(buf);
+        return e;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return TD_OK;
+}
+
+static td_err ct_parse_json(const char *what, const char *text, size_t len, json_t **out)
+{
+    json_error_t je;
+    *out = json_loadb(text, len, JSON_ALLOW_NUL, &je);
+    if (!*out)
+        return err_set(TD_EINVAL, "%s: invalid JSON at line %d column %d: %s", what, je.line, je.column, je.text);
+    return TD_OK;
+}
+
+static td_err ct_read_json(const char *path, json_t **out)
+{
+    char *text;
+    size_t len;
+    TD_TRY(ct_read(path, &text, &len));
+    td_err e = ct_parse_json(path, text, len, out);
+    free(text);
+    return e;
+}
+
+/* The text of token id under key (tokenizer.ggml.bos_token_id ...), or NULL when absent. */
+static char *ct_gguf_token(const gguf_file *g, const char *key)
+{
+    uint32_t id;
+    const gguf_value *tokens;
+    gguf_str s;
+    if (gguf_get_u32(g, key, &id) != TD_OK || gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens) != TD_OK ||
+        gguf_arr_str(tokens, id, &s) != TD_OK)
+        return NULL;
+    return strndup(s.ptr, s.len);
+}
+
+typedef struct ct_inputs {
+    char *template_text;
+    size_t template_len;
+    char *bos, *eos; /* from the model file */
+} ct_inputs;
+
+static td_err ct_load_model(const char *path, ct_inputs *in)
+{
+    gguf_file *g;
+    TD_TRY(gguf_open(&g, path));
+    gguf_str s;
+    td_err e = gguf_get_str(g, "tokenizer.chat_template", &s);
+    if (e == TD_ENOENT)
+        e = err_set(TD_ENOENT, "%s has no tokenizer.chat_template", path);
+    if (e == TD_OK) {
+        in->template_text = malloc(s.len + 1);
+        if (!in->template_text) {
+            e = err_set(TD_ENOMEM, "out of memory");
+        } else {
+            memcpy(in->template_text, s.ptr, s.len);
+            in->template_text[s.len] = '\0';
+            in->template_len = s.len;
+            in->bos = ct_gguf_token(g, "tokenizer.ggml.bos_token_id");
+            in->eos = ct_gguf_token(g, "tokenizer.ggml.eos_token_id");
+        }
+    }
+    gguf_close(g);
+    return e;
+}
+
+int cmd_chat_template(int argc, char **argv)
+{
+    const char *template_path = NULL, *model = NULL, *messages_path = "-", *tools_path = NULL;
+    const char *thinking = NULL, *kwargs_text = NULL, *bos = NULL, *eos = NULL;
+    bool no_gen = false, help = false;
+    const args_opt opts[] = {
+        {.name = "template", .type = ARGS_STRING, .value = &template_path, .help = "Jinja chat template file"},
+        {.name = "model", .type = ARGS_STRING, .value = &model, .help = "GGUF model file (its tokenizer.chat_template)"},
+        {.name = "messages", .type = ARGS_STRING, .value = &messages_path, .help = "JSON array of messages, - for stdin"},
+        {.name = "tools", .type = ARGS_STRING, .value = &tools_path, .help = "JSON array of tool schemas"},
+        {.name = "no-generation-prompt", .type = ARGS_FLAG, .value = &no_gen, .help = "do not open the assistant's turn"},
+        {.name = "enable-thinking", .type = ARGS_STRING, .value = &thinking, .help = "true or false (unset: the template's default)"},
+        {.name = "kwargs", .type = ARGS_STRING, .value = &kwargs_text, .help = "JSON object of extra template variables"},
+        {.name = "bos-token", .type = ARGS_STRING, .value = &bos, .help = "BOS text (bos_token)"},
+        {.name = "eos-token", .type = ARGS_STRING, .value = &eos, .help = "EOS text (eos_token)"},
+        ARGS_END,
+    };
+    const char *usage = "tandem chat-template (--template FILE | --model M.gguf) [--messages FILE|-] "
+                        "[--tools FILE] [--no-generation-prompt] [--enable-thinking true|false] [--kwargs JSON]";
+    if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
+        fprintf(stderr, "tandem chat-template: %s\n", err_msg());
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (help) {
+        args_usage(usage, opts);
+        return 0;
+    }
+    if (!template_path == !model) {
+        fprintf(stderr, "tandem chat-template: give exactly one of --template and --model\n");
+        return 2;
+    }
+    chat_opts o = {.add_generation_prompt = !no_gen};
+    if (thinking) {
+        if (!strcmp(thinking, "true"))
+            o.enable_thinking = CHAT_THINK_ON;
+        else if (!strcmp(thinking, "false"))
+            o.enable_thinking = CHAT_THINK_OFF;
+        else {
+            fprintf(stderr, "tandem chat-template: --enable-thinking: expected true or false, got '%s'\n", thinking);
+            return 2;
+        }
+    }
+
+    ct_inputs in = {0};
+    json_t *messages = NULL, *tools = NULL, *kwargs = NULL;
+    char *out = NULL;
+    size_t out_len = 0;
+    td_err e = template_path ? ct_read(template_path, &in.template_text, &in.template_len)
+                             : ct_load_model(model, &in);
+    if (e == TD_OK)
+        e = ct_read_json(messages_path, &messages);
+    if (e == TD_OK && tools_path)
+        e = ct_read_json(tools_path, &tools);
+    if (e == TD_OK && kwargs_text)
+        e = ct_parse_json("--kwargs", kwargs_text, strlen(kwargs_text), &kwargs);
+    if (e == TD_OK) {
+        o.tools = tools;
+        o.kwargs = kwargs;
+        o.bos_token = bos ? bos : in.bos;
+        o.eos_token = eos ? eos : in.eos;
+        e = chat_render(in.template_text, in.template_len, messages, &o, &out, &out_len);
+    }
+    int rc = 0;
+    if (e != TD_OK)
+        rc = ct_fail(err_msg());
+    else if (fwrite(out, 1, out_len, stdout) != out_len || fflush(stdout) != 0)
+        rc = ct_fail("writing the output failed");
+    free(out);
+    json_decref(messages);
+    json_decref(tools);
+    json_decref(kwargs);
+    free(in.template_text);
+    free(in.bos);
+    free(in.eos);
+    return rc;
+}
