@@ -169,7 +169,10 @@ def safetensors_read(path: pathlib.Path) -> dict[str, np.ndarray]:
     n = int.from_bytes(raw[:8], "little")
     if 8 + n > len(raw):
         raise ConvertError(f"{path}: header length {n} runs past the end of the file")
-    header = json.loads(raw[8:8 + n])
+    try:
+        header = json.loads(raw[8:8 + n])
+    except ValueError as e:
+        raise ConvertError(f"{path}: header is not JSON: {e}") from None
     body = memoryview(raw)[8 + n:]
     out = {}
     for name, info in header.items():
@@ -496,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         convert(args.model_dir, args.outfile, args.outtype, args.name, args.tokenizer_pre)
     except ConvertError as e:
         print(f"convert_hf_to_gguf: {e}", file=sys.stderr)
+        return 1
+    except KeyError as e:   # a required config.json key or tensor is absent
+        print(f"convert_hf_to_gguf: missing {e}", file=sys.stderr)
         return 1
     return 0
 

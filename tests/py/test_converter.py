@@ -301,6 +301,16 @@ def test_converter_refuses_a_truncated_safetensors_file(tmp_path):
         conv.convert(tmp_path, tmp_path / "x.gguf", "f32")
 
 
+def test_converter_names_a_missing_config_key(tmp_path, capsys):
+    tiny_qwen35_dir(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["text_config"]["linear_num_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert conv.main([str(tmp_path), "--outfile", str(tmp_path / "x.gguf")]) == 1
+    assert "linear_num_value_heads" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
+
+
 def test_converter_refuses_a_non_periodic_layer_pattern(tmp_path):
     tiny_qwen35_dir(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
