@@ -5,7 +5,9 @@ drafters with golden outputs built on it.
     python3 scripts/make_golden.py    # first: the target qwen35-tiny-f32 and its golden file
     python3 scripts/dflash_ref.py     # tests/data/drafter/<name>/, tests/data/golden/<name>.gguf
 
-Deterministic (fixed seeds, CPU, float64): a re-run rewrites every file byte for byte.
+Needs torch besides numpy, gguf and safetensors. Deterministic (fixed seeds, CPU, float64): a
+re-run rewrites every file byte for byte. tests/py/test_dflash_golden.py checks the golden
+logits again with a NumPy reading of the same section.
 
 Drafters, all for the target tests/data/models/qwen35-tiny-f32.gguf (hidden 32, 8 layers,
 vocabulary 512, mask token <|mask|> = 511); 2 layers, 4 q / 2 kv heads x 16, FFN 64, RoPE

@@ -6,7 +6,9 @@
     python3 scripts/dflash_ref.py        # tests/data/drafter/*, tests/data/golden/dflash-*.gguf
     python3 -m pytest -q tests/py/test_converter.py
 
-Deterministic (fixed seeds, CPU): a re-run rewrites every file byte for byte. Models:
+Needs torch and transformers (5.24 here: Qwen3 and Qwen3.5 modelling code) besides numpy, gguf,
+tokenizers and safetensors. Deterministic (fixed seeds, CPU, one thread): a re-run rewrites every
+file byte for byte. Models:
   qwen3-tiny   Qwen3ForCausalLM, 4 layers, hidden 64, 4 q / 2 kv heads x 16, FFN 96, untied.
                Files: f32.
   qwen3-tied   Qwen3ForCausalLM, 2 layers, hidden 256 (so rows fit 256-weight K-quant blocks),
