@@ -194,7 +194,7 @@ static void test_quantise_zero_block_is_exact_zero(void **s)
     (void)s;
     const td_dtype types[] = {TD_Q8_0, TD_Q4_K, TD_Q5_K, TD_Q6_K};
     float x[256] = {0}, y[256];
-    uint8_t q[256];
+    uint8_t q[8 * 34]; /* the largest: 256 values of Q8_0 */
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         assert_int_equal(cpu_quantize_row(types[i], x, q, 256), TD_OK);
         assert_int_equal(cpu_dequantize_row(types[i], q, y, 256), TD_OK);
