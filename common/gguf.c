@@ -38,6 +38,9 @@ typedef struct arena_chunk {
     max_align_t data[];
 } arena_chunk;
 
+/* Chunks start small (most files are a few keys) and double up to 1 MiB; a single larger
+ * request (a vocab's items) gets a chunk of its own size. */
+#define ARENA_FIRST_BYTES ((size_t)4 << 10)
 #define ARENA_CHUNK_BYTES ((size_t)1 << 20)
 
 static void *arena_alloc(gguf_arena *a, uint64_t n, uint64_t size)
@@ -48,14 +51,16 @@ static void *arena_alloc(gguf_arena *a, uint64_t n, uint64_t size)
     bytes = (bytes + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
     arena_chunk *c = a->chunks;
     if (!c || c->cap - c->used < bytes) {
-        size_t cap = bytes > ARENA_CHUNK_BYTES ? bytes : ARENA_CHUNK_BYTES;
+        size_t cap = c ? (c->cap < ARENA_CHUNK_BYTES ? 2 * c->cap : ARENA_CHUNK_BYTES) : ARENA_FIRST_BYTES;
+        if (cap < bytes)
+            cap = bytes;
         c = malloc(sizeof(arena_chunk) + cap);
         if (!c)
             return NULL;
         c->cap = cap;
         c->used = 0;
         /* A chunk sized for one big array goes behind the current one, which keeps its room. */
-        if (a->chunks && bytes > ARENA_CHUNK_BYTES) {
+        if (a->chunks && cap == bytes && bytes > a->chunks->cap) {
             c->next = a->chunks->next;
             a->chunks->next = c;
         } else {
