@@ -151,7 +151,7 @@ static td_err cfg_rope_one(json_t *rp, const char *what, double top_theta, doubl
  * nested per layer type); rope_theta inside it, else the top-level rope_theta, else 10000. */
 static td_err cfg_rope(const cfg_src *s, double *theta)
 {
-    double top;
+    double top = 10000.0;
     TD_TRY(cfg_f64(s, "rope_theta", 10000.0, &top));
     const char *key = "rope_scaling";
     json_t *rp = cfg_get(s, key);
