@@ -11,26 +11,23 @@
 #define ATT_CHUNK 128     /* keys scored per chunk */
 #define ATT_MAX_DIM 1024  /* largest head_dim (stack accumulators) */
 
-static float kv_load(const void *base, td_dtype type, int64_t i)
+/* Row off (in elements) of a K or V cache as f32: in place for F32, converted into buf
+ * (head_dim values, F16C when the CPU has it) for F16. */
+static const float *kv_row(const ops_attn *a, const void *base, int64_t off, float *buf)
 {
-    if (type == TD_F16)
-        return ops_f16_to_f32(((const uint16_t *)base)[i]);
-    return ((const float *)base)[i];
+    if (a->kv_type == TD_F32)
+        return (const float *)base + off;
+    td_err e = cpu_dequantize_row(TD_F16, (const uint16_t *)base + off, buf, a->head_dim);
+    TD_ASSERT(e == TD_OK);
+    return buf;
 }
 
-static float dot_q_k(const float *q, const void *k, td_dtype type, int64_t off, int64_t n)
+static float dot_f32(const float *a, const float *b, int64_t n)
 {
     float s = 0;
-    if (type == TD_F16) {
-        const uint16_t *kh = (const uint16_t *)k + off;
-        for (int64_t i = 0; i < n; i++)
-            s += q[i] * ops_f16_to_f32(kh[i]);
-    } else {
-        const float *kf = (const float *)k + off;
 #pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < n; i++)
-            s += q[i] * kf[i];
-    }
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -86,6 +83,7 @@ void cpu_attention(const ops_attn *a)
             const int32_t qp = a->q_pos[t];
             double acc[ATT_MAX_DIM];
             float sc[ATT_CHUNK];
+            float row[ATT_MAX_DIM]; /* one f16 key or value row as f32 */
             for (int64_t d = 0; d < D; d++)
                 acc[d] = 0;
             float m = -INFINITY; /* running max of the scores seen */
@@ -100,7 +98,7 @@ void cpu_attention(const ops_attn *a)
                         continue;
                     }
                     int64_t off = i * a->kv_tok_stride + g * a->kv_head_stride;
-                    sc[c] = a->scale * dot_q_k(q, a->k, a->kv_type, off, D);
+                    sc[c] = a->scale * dot_f32(q, kv_row(a, a->k, off, row), D);
                     cm = fmaxf(cm, sc[c]);
                 }
                 if (cm == -INFINITY)
@@ -116,8 +114,9 @@ void cpu_attention(const ops_attn *a)
                     double p = exp((double)sc[c] - (double)nm);
                     l += p;
                     int64_t off = (i0 + c) * a->kv_tok_stride + g * a->kv_head_stride;
+                    const float *v = kv_row(a, a->v, off, row);
                     for (int64_t d = 0; d < D; d++)
-                        acc[d] += p * kv_load(a->v, a->kv_type, off + d);
+                        acc[d] += p * v[d];
                 }
                 m = nm;
             }
