@@ -241,8 +241,9 @@ void ops_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4
  * The CUDA side draws the same numbers. */
 double ops_rand_uniform(uint64_t seed, uint64_t counter);
 
-/* A token drawn from p[n_vocab] (need not be normalised; zeros are never drawn) with
- * u = ops_rand_uniform(seed, step): the first index whose running sum exceeds u * sum(p). */
+/* A token drawn from p[n_vocab] (need not be normalised, but must have a positive entry;
+ * zeros are never drawn) with u = ops_rand_uniform(seed, step): the first index whose running
+ * sum exceeds u * sum(p). */
 int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t step);
 
 #endif

@@ -264,6 +264,9 @@ static void test_bad_settings_and_logits_are_errors(void **s)
     const float some_nan[3] = {NAN, 0, NAN};
     assert_int_equal(cpu_sample_probs(p, some_nan, 3, &ok), TD_OK);
     assert_true(p[0] == 0 && p[1] == 1 && p[2] == 0);
+    ops_sampler k3 = {.temperature = 1, .top_k = 3, .top_p = 0.9f};
+    assert_int_equal(cpu_sample_probs(p, some_nan, 3, &k3), TD_OK);
+    assert_true(p[0] == 0 && p[1] == 1 && p[2] == 0);
 }
 
 int main(void)

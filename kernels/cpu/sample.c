@@ -83,6 +83,16 @@ static int cand_cmp(const void *a, const void *b)
     return (x->i > y->i) - (x->i < y->i);
 }
 
+/* exp((l - max) / temperature); 1 for the max itself (also when it is +inf), 0 for NaN. */
+static double cand_e(float l, float mx, double inv_t)
+{
+    if (l == mx)
+        return 1.0;
+    if (isnan(l))
+        return 0.0;
+    return exp(((double)l - mx) * inv_t);
+}
+
 static void one_hot(float *p, int64_t n, int64_t hot)
 {
     for (int64_t i = 0; i < n; i++)
@@ -126,16 +136,14 @@ td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const op
         }
         cpu_topk(idx, NULL, logits, n_vocab, s->top_k);
         for (int64_t j = 0; j < s->top_k; j++) {
-            float l = logits[idx[j]];
-            c[n].e = l == mx ? 1.0 : exp(((double)l - mx) * inv_t);
+            c[n].e = cand_e(logits[idx[j]], mx, inv_t);
             c[n].i = idx[j];
             n++;
         }
         free(idx);
     } else {
         for (int64_t i = 0; i < n_vocab; i++) {
-            float l = logits[i];
-            c[n].e = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
+            c[n].e = cand_e(logits[i], mx, inv_t);
             c[n].i = (int32_t)i;
             n++;
         }
