@@ -513,6 +513,64 @@ static void test_tensor_check_refuses_unsupported_dtypes_and_extra_tensors(void 
     assert_msg_has("q_proj.bias");
 }
 
+
+/* The tiny drafters scripts/dflash_ref.py writes with torch and the safetensors package
+ * (tests/data/drafter/<name>/) load, resolve against their 8-layer, 32-wide target, and pass
+ * the tensor check. */
+static void load_drafter(const char *name, dflash_config *c, st_file **st)
+{
+    char path[256];
+    snprintf(path, sizeof path, "tests/data/drafter/%s/config.json", name);
+    if (dflash_config_load(c, path) != TD_OK)
+        fail_msg("%s", err_msg());
+    assert_int_equal(dflash_config_resolve(c, 8), TD_OK);
+    snprintf(path, sizeof path, "tests/data/drafter/%s/model.safetensors", name);
+    if (st_open(st, path) != TD_OK)
+        fail_msg("%s", err_msg());
+    if (dflash_tensors_check(c, *st, 32) != TD_OK)
+        fail_msg("%s: %s", name, err_msg());
+    assert_int_equal((*st)->n_tensors, 3 + 2 * 11);
+}
+
+static void test_reference_drafters_load_and_check(void **state)
+{
+    (void)state;
+    dflash_config c;
+    st_file *st;
+
+    load_drafter("dflash-b16", &c, &st);
+    assert_int_equal(c.block_size, 16);
+    assert_int_equal(c.n_taps, 3);
+    assert_int_equal(c.target_layer_ids[2], 6);
+    assert_int_equal(st_find(st, "fc.weight")->shape[1], 96);
+    assert_int_equal(st_find(st, "fc.weight")->dtype, ST_BF16);
+    assert_false(c.layers[0].causal || c.layers[1].causal);
+    st_close(st);
+
+    load_drafter("dflash-b8", &c, &st);
+    assert_int_equal(c.block_size, 8); /* dflash_config over the top-level 16 */
+    assert_false(c.taps_given);
+    assert_int_equal(c.n_taps, 2);
+    assert_int_equal(c.target_layer_ids[0], 1);
+    assert_int_equal(c.target_layer_ids[1], 5);
+    assert_true(c.input_embedding_scale == 1.5);
+    assert_true(c.output_multiplier == 0.75);
+    assert_true(c.final_logit_softcap == 6.0);
+    for (int i = 0; i < 2; i++) {
+        assert_false(c.layers[i].causal);
+        assert_int_equal(c.layers[i].window, 5);
+    }
+    st_close(st);
+
+    load_drafter("dflash-swa", &c, &st);
+    assert_true(c.layers[0].sliding && c.layers[0].causal);
+    assert_int_equal(c.layers[0].window, 6);
+    assert_false(c.layers[1].sliding || c.layers[1].causal);
+    assert_int_equal(c.layers[1].window, 0);
+    assert_int_equal(c.target_layer_ids[0], 2);
+    st_close(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_tensor_check_accepts_the_complete_drafter),
         cmocka_unit_test(test_tensor_check_names_missing_and_misshaped_tensors),
         cmocka_unit_test(test_tensor_check_refuses_unsupported_dtypes_and_extra_tensors),
+        cmocka_unit_test(test_reference_drafters_load_and_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
