@@ -14,6 +14,16 @@
 
 typedef enum jflow { JFLOW_NEXT, JFLOW_BREAK, JFLOW_CONTINUE } jflow;
 
+/* Nested evaluation frames allowed: a deep tree inside deep macro recursion must fail cleanly
+ * long before the C stack (8 MiB, frames of about 1 KiB under AddressSanitizer) runs out. */
+#define JEV_MAX_NEST 1500
+
+static void nest_enter(jev *ev)
+{
+    if (++ev->nest > JEV_MAX_NEST)
+        jev_fail(ev, TD_ERANGE, "template evaluation nested more than %d levels deep", JEV_MAX_NEST);
+}
+
 static jv eval(jev *ev, const jnode *n, jscope *sc);
 static jflow exec_body(jev *ev, const jbody *b, jscope *sc);
 
@@ -123,7 +133,17 @@ static jv eval_compare(jev *ev, const jnode *n, jscope *sc)
     return jv_bool(true);
 }
 
+static jv eval_node(jev *ev, const jnode *n, jscope *sc);
+
 static jv eval(jev *ev, const jnode *n, jscope *sc)
+{
+    nest_enter(ev);
+    jv v = eval_node(ev, n, sc);
+    ev->nest--;
+    return v;
+}
+
+static jv eval_node(jev *ev, const jnode *n, jscope *sc)
 {
     switch ((jn_kind)n->kind) {
     case JN_CONST: return n->val;
@@ -347,7 +367,17 @@ static jv capture_body(jev *ev, const jbody *b, jscope *sc)
     return jbuf_str(&capture);
 }
 
+static jflow exec_node(jev *ev, const jnode *n, jscope *sc);
+
 static jflow exec(jev *ev, const jnode *n, jscope *sc)
+{
+    nest_enter(ev);
+    jflow f = exec_node(ev, n, sc);
+    ev->nest--;
+    return f;
+}
+
+static jflow exec_node(jev *ev, const jnode *n, jscope *sc)
 {
     ev->line = n->line;
     switch ((jn_kind)n->kind) {

@@ -1,11 +1,13 @@
 /* Internals of the Jinja interpreter (common/jinja.h), shared by its files:
  *   jinja_lex.c     source -> tokens (whitespace control, trim_blocks, lstrip_blocks)
- *   jinja_parse.c   tokens -> tree (Jinja2's grammar and operator precedence)
+ *   jinja_parse.c   tokens -> tree: statements (jinja2's grammar)
+ *   jinja_parse_expr.c  expressions (jinja2's operator precedence)
  *   jinja_value.c   arena, strings (UTF-8 by code point), lists, dicts, JSON -> values
  *   jinja_format.c  Python str()/repr(), json.dumps, float repr
  *   jinja_ops.c     operators, comparison, attribute and item access
  *   jinja_eval.c    statements and expressions
- *   jinja_filters.c filters and tests
+ *   jinja_filters.c filters
+ *   jinja_tests.c   tests (is defined, is mapping ...)
  *   jinja_methods.c str/dict/list methods, loop attributes and global functions
  *
  * Everything a render creates lives in one arena freed at the end, and a runtime error unwinds
@@ -227,7 +229,57 @@ struct jinja_tmpl {
 /* Parses tokens into t->body. Errors as jinja_lex. */
 td_err jinja_parse(jinja_tmpl *t, const jtok *toks, size_t n_toks);
 
-/* Filter and test tables (jinja_filters.c): index by name, -1 when unknown. */
+/* ---- parser (jinja_parse.c: statements and helpers, jinja_parse_expr.c: expressions) ---- */
+
+#define PARSE_MAX_DEPTH 200 /* nesting of expressions and statements */
+
+typedef struct jparser {
+    jinja_tmpl *t;
+    const jtok *tok; /* [n] */
+    size_t n, i;     /* tokens, current token */
+    int depth;       /* expression and statement nesting */
+    int loops;       /* enclosing for loops (of the current macro body) */
+    jnode *macro;    /* innermost macro being parsed, or NULL */
+    jmp_buf jb;      /* jinja_parse's recovery point */
+    td_err code;
+} jparser;
+
+/* Growable node list in the template's arena. */
+typedef struct nvec {
+    jnode **v; /* [cap] */
+    size_t n, cap;
+} nvec;
+
+/* Fails the parse with "template line N: ..." and unwinds to jinja_parse. */
+_Noreturn void jp_parse_fail(jparser *P, td_err code, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+_Noreturn void jp_fail_expected(jparser *P, const char *what);
+void *jp_palloc(jparser *P, size_t n);
+const jtok *jp_cur(jparser *P);
+const jtok *jp_peek(jparser *P);
+const jtok *jp_next(jparser *P);
+const char *jp_describe(const jtok *t, char *buf, size_t cap);
+bool jp_is_op(jparser *P, jop op);
+bool jp_is_name(jparser *P, const char *name);
+bool jp_skip_op(jparser *P, jop op);
+bool jp_skip_name(jparser *P, const char *name);
+void jp_expect_op(jparser *P, jop op);
+void jp_expect_kind(jparser *P, jtok_kind k, const char *what);
+const char *jp_expect_name(jparser *P);
+jnode *jp_nn(jparser *P, jn_kind kind, int line);
+void jp_nvec_push(jparser *P, nvec *v, jnode *x);
+void jp_enter(jparser *P); /* one nesting level deeper, failing past PARSE_MAX_DEPTH */
+void jp_leave(jparser *P);
+
+/* Expressions, as jinja2's Parser methods of the same names. */
+jnode *jp_expression(jparser *P, bool with_condexpr);
+jnode *jp_tuple(jparser *P, bool simplified, bool with_condexpr, const char *extra_end, bool explicit_parens);
+jnode *jp_primary(jparser *P, bool with_namespace);
+jnode *jp_postfix(jparser *P, jnode *node);
+/* "|name(args)" chains; node is NULL for a filter block or set block. */
+jnode *jp_filter(jparser *P, jnode *node, bool start_inline);
+
+/* Filter and test tables: index by name, -1 when unknown. */
 int jinja_filter_find(const char *name);
 int jinja_test_find(const char *name);
 
@@ -266,6 +318,7 @@ typedef struct jev {
     jbuf main_out;
     uint64_t steps;        /* work done, against lim.max_steps */
     uint32_t depth;        /* nested macro calls */
+    uint32_t nest;         /* nested eval/exec calls: bounds the C stack */
     int line;              /* template line being executed */
     jdict globals;         /* the render variables */
     jscope *root;          /* template top level */
@@ -381,9 +434,8 @@ jv jstr_case(jev *ev, jv s, char mode); /* 'l'ower 'u'pper 't'itle 'c'apitalize 
 jv jstr_replace(jev *ev, jv s, jv old, jv repl, int64_t count);
 jv jstr_split(jev *ev, jv s, jv sep, int64_t maxsplit, bool from_right);
 
-/* Filters and tests (jinja_filters.c) */
+/* Applying filters (jinja_filters.c) and tests (jinja_tests.c) */
 jv jinja_filter_apply(jev *ev, int fn, jv v, const jcall *c);
 bool jinja_test_apply(jev *ev, int fn, jv v, const jcall *c);
-const char *jinja_filter_name(int fn);
 
 #endif
