@@ -268,6 +268,8 @@ static void *worker_main(void *arg)
         int rv = nng_aio_result(w->aio);
         if (rv == NNG_ETIMEDOUT || rv == NNG_ECANCELED)
             continue; /* idle this period, or bus_server_free woke us */
+        if (rv == NNG_ECLOSED)
+            break; /* the socket is gone: nothing more will arrive */
         if (rv != 0) {
             LOG_WARN("%s: receive failed: %s", s->url, nng_strerror(rv));
             continue;
