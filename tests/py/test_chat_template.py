@@ -27,9 +27,7 @@ tokenizers = pytest.importorskip("tokenizers", reason="Hugging Face tokenizers i
 SRC = os.environ.get("TANDEM_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BUILD = os.environ.get("TANDEM_BUILD_DIR", os.path.join(SRC, "build"))
 TANDEM = os.path.join(BUILD, "tandem")
-TEMPLATE_DIR = os.path.join(os.path.dirname(SRC), "shared", "testdata", "chat-templates")
-if not os.path.isdir(TEMPLATE_DIR):
-    TEMPLATE_DIR = "/work/shared/testdata/chat-templates"
+TEMPLATE_DIR = os.path.join(SRC, "tests", "data", "chat")  # the models' templates, as published
 TEMPLATES = ["Qwen-Qwen3-0.6B.jinja", "Qwen3-Coder.jinja", "Qwen3.5-4B.jinja"]
 
 PREFIX = "tandem chat-template: "
