@@ -1,0 +1,141 @@
+/* The DFlash drafter against the PyTorch reference of DESIGN section 7 (scripts/dflash_ref.py):
+ * for three tiny drafters (full, sliding and non-causal sliding layers, embedding scale,
+ * output multiplier, softcapping, default tap layers), two consecutive draft steps where the
+ * second reuses the cached context K/V of the first and adds only the new positions. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "draftd/dflash.h"
+#include "verifyd/target.h"
+
+static const char *const drafters[] = {"dflash-b16", "dflash-b8", "dflash-swa"};
+
+static const void *golden_data(const gguf_file *g, const char *name, int64_t n)
+{
+    const gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        fail_msg("golden tensor %s is missing", name);
+    int64_t elems = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++)
+        elems *= t->ne[d];
+    assert_int_equal(elems, n);
+    return t->data;
+}
+
+static void expect_close(const char *what, const float *got, const float *want, int64_t n,
+                         double tol)
+{
+    double lo = INFINITY, hi = -INFINITY, worst = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        lo = fmin(lo, want[i]);
+        hi = fmax(hi, want[i]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= worst)) {
+            worst = d;
+            at = i;
+        }
+    }
+    if (!(worst <= tol * (hi - lo)))
+        fail_msg("%s: max error %.3g at %lld (got %.6g, want %.6g), bound %.3g", what, worst,
+                 (long long)at, got[at], want[at], tol * (hi - lo));
+}
+
+static void test_dflash_two_steps_match_reference(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, "tests/data/models/qwen35-tiny-f32.gguf"), TD_OK);
+    int64_t V = tm->hp.n_vocab, H = tm->hp.n_embd;
+    for (size_t k = 0; k < sizeof drafters / sizeof *drafters; k++) {
+        char path[256], what[128];
+        snprintf(path, sizeof path, "tests/data/drafter/%s", drafters[k]);
+        dfl_model *dm;
+        if (dfl_load(&dm, path, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+            fail_msg("%s: %s", path, err_msg());
+        snprintf(path, sizeof path, "tests/data/golden/%s.gguf", drafters[k]);
+        gguf_file *g;
+        assert_int_equal(gguf_open(&g, path), TD_OK);
+        uint32_t L1, L2, B;
+        assert_int_equal(gguf_get_u32(g, "golden.step1.n_ctx", &L1), TD_OK);
+        assert_int_equal(gguf_get_u32(g, "golden.step2.n_ctx", &L2), TD_OK);
+        assert_int_equal(gguf_get_u32(g, "golden.block_size", &B), TD_OK);
+        assert_int_equal(B, dm->cfg.block_size);
+        int64_t nt = dm->cfg.n_taps;
+        const int32_t *toks = golden_data(g, "context.tokens", L2);
+        const float *feat = golden_data(g, "features", (int64_t)L2 * nt * H);
+
+        /* The features the target computes for these tokens are the golden ones. */
+        tgt_state ts;
+        assert_int_equal(tgt_state_init(&ts, tm, L2), TD_OK);
+        int32_t taps[64];
+        for (int64_t i = 0; i < nt; i++)
+            taps[i] = (int32_t)dm->cfg.target_layer_ids[i];
+        float *ours = malloc((size_t)(L2 * nt * H) * sizeof(float));
+        tgt_out o = {.taps = taps, .n_taps = nt, .tap_out = ours};
+        assert_int_equal(tgt_forward(tm, &ts, toks, L2, false, &o), TD_OK);
+        snprintf(what, sizeof what, "%s target features", drafters[k]);
+        expect_close(what, ours, feat, (int64_t)L2 * nt * H, 1e-4);
+        tgt_state_free(&ts);
+        free(ours);
+
+        dfl_state ds;
+        assert_int_equal(dfl_state_init(&ds, dm, 64), TD_OK);
+        float *logits = malloc((size_t)((B - 1) * V) * sizeof(float));
+        uint32_t at = 0;
+        for (int step = 1; step <= 2; step++) {
+            uint32_t L = step == 1 ? L1 : L2;
+            assert_int_equal(dfl_add_context(dm, &ds, feat + (int64_t)at * nt * H, L - at), TD_OK);
+            at = L;
+            char name[64];
+            snprintf(name, sizeof name, "step%d.block", step);
+            const int32_t *block = golden_data(g, name, B);
+            assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
+            snprintf(name, sizeof name, "step%d.logits", step);
+            snprintf(what, sizeof what, "%s %s", drafters[k], name);
+            expect_close(what, logits, golden_data(g, name, (int64_t)(B - 1) * V),
+                         (int64_t)(B - 1) * V, 1e-4);
+        }
+        free(logits);
+        dfl_state_free(&ds);
+        gguf_close(g);
+        dfl_free(dm);
+    }
+    tgt_free(tm);
+}
+
+/* A drafter asked to pair with a target of another width or a vocabulary without its mask
+ * token is refused with a message naming the mismatch. */
+static void test_dflash_refuses_mismatched_target(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, "tests/data/models/qwen3-tiny-f32.gguf"), TD_OK);
+    dfl_model *dm = NULL;
+    assert_int_not_equal(dfl_load(&dm, "tests/data/drafter/dflash-b16", (uint32_t)tm->hp.n_layer,
+                                  &tm->tok_embd, &tm->output), TD_OK);
+    assert_null(dm);
+    assert_non_null(strstr(err_msg(), "dflash-b16"));
+    assert_int_not_equal(dfl_load(&dm, "tests/data/drafter/no-such-drafter", 8, &tm->tok_embd,
+                                  &tm->output), TD_OK);
+    assert_non_null(strstr(err_msg(), "no-such-drafter"));
+    tgt_free(tm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dflash_two_steps_match_reference),
+        cmocka_unit_test(test_dflash_refuses_mismatched_target),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
