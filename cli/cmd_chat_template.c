@@ -7,8 +7,8 @@
  *                        [--kwargs JSON] [--bos-token S] [--eos-token S]
  *
  * The messages file holds a JSON array of messages (stdin by default), the tools file a JSON
- * array of tool schemas. With --model the template is the file's tokenizer.chat_template and
- * the BOS/EOS texts come from its token list; --bos-token/--eos-token set or override them.
+ * array of tool schemas. With --model the template and the BOS/EOS texts come from the file
+ * (chat_model_load); --bos-token/--eos-token set or override them.
  * A failure (raise_exception in the template included) prints "tandem chat-template: MESSAGE"
  * on stderr and exits 1. */
 #include <errno.h>
@@ -89,46 +89,15 @@ static td_err ct_read_json(const char *path, json_t **out)
     return e;
 }
 
-/* The text of token id under key (tokenizer.ggml.bos_token_id ...), or NULL when absent. */
-static char *ct_gguf_token(const gguf_file *g, const char *key)
-{
-    uint32_t id;
-    const gguf_value *tokens;
-    gguf_str s;
-    if (gguf_get_u32(g, key, &id) != TD_OK || gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens) != TD_OK ||
-        gguf_arr_str(tokens, id, &s) != TD_OK)
-        return NULL;
-    return strndup(s.ptr, s.len);
-}
-
-typedef struct ct_inputs {
-    char *template_text;
-    size_t template_len;
-    char *bos, *eos; /* from the model file */
-} ct_inputs;
-
-static td_err ct_load_model(const char *path, ct_inputs *in)
+static td_err ct_load_model(const char *path, chat_model *m)
 {
     gguf_file *g;
     TD_TRY(gguf_open(&g, path));
-    gguf_str s;
-    td_err e = gguf_get_str(g, "tokenizer.chat_template", &s);
-    if (e == TD_ENOENT)
-        e = err_set(TD_ENOENT, "%s has no tokenizer.chat_template", path);
-    if (e == TD_OK) {
-        in->template_text = malloc(s.len + 1);
-        if (!in->template_text) {
-            e = err_set(TD_ENOMEM, "out of memory");
-        } else {
-            memcpy(in->template_text, s.ptr, s.len);
-            in->template_text[s.len] = '\0';
-            in->template_len = s.len;
-            in->bos = ct_gguf_token(g, "tokenizer.ggml.bos_token_id");
-            in->eos = ct_gguf_token(g, "tokenizer.ggml.eos_token_id");
-        }
-    }
+    td_err e = chat_model_load(m, g);
     gguf_close(g);
-    return e;
+    if (e != TD_OK)
+        return err_wrap(e, "%s", path);
+    return TD_OK;
 }
 
 int cmd_chat_template(int argc, char **argv)
@@ -175,7 +144,7 @@ int cmd_chat_template(int argc, char **argv)
         }
     }
 
-    ct_inputs in = {0};
+    chat_model in = {0};
     json_t *messages = NULL, *tools = NULL, *kwargs = NULL;
     char *out = NULL;
     size_t out_len = 0;
@@ -190,8 +159,8 @@ int cmd_chat_template(int argc, char **argv)
     if (e == TD_OK) {
         o.tools = tools;
         o.kwargs = kwargs;
-        o.bos_token = bos ? bos : in.bos;
-        o.eos_token = eos ? eos : in.eos;
+        o.bos_token = bos ? bos : in.bos_token;
+        o.eos_token = eos ? eos : in.eos_token;
         e = chat_render(in.template_text, in.template_len, messages, &o, &out, &out_len);
     }
     int rc = 0;
@@ -203,8 +172,6 @@ int cmd_chat_template(int argc, char **argv)
     json_decref(messages);
     json_decref(tools);
     json_decref(kwargs);
-    free(in.template_text);
-    free(in.bos);
-    free(in.eos);
+    chat_model_free(&in);
     return rc;
 }

@@ -122,7 +122,7 @@ td_err chat_template_render(const chat_template *t, const json_t *messages, cons
         return err_set(TD_ENOMEM, "chat template: out of memory");
     td_err e = build_vars(messages, o, vars);
     if (e == TD_OK)
-        e = jinja_render(t->jt, vars, NULL, out, out_len, NULL);
+        e = jinja_render(t->jt, vars, o->limits, out, out_len, NULL);
     json_decref(vars);
     return e;
 }
@@ -136,4 +136,47 @@ td_err chat_render(const char *text, size_t len, const json_t *messages, const c
     td_err e = chat_template_render(t, messages, o, out, out_len);
     chat_template_free(t);
     return e;
+}
+
+/* The text of the token whose id is under key, or NULL when either is absent. */
+static char *model_token(const gguf_file *g, const char *key)
+{
+    uint32_t id;
+    const gguf_value *tokens;
+    gguf_str s;
+    if (gguf_get_u32(g, key, &id) != TD_OK || gguf_get_arr(g, "tokenizer.ggml.tokens", &tokens) != TD_OK ||
+        gguf_arr_str(tokens, id, &s) != TD_OK)
+        return NULL;
+    return strndup(s.ptr, s.len);
+}
+
+td_err chat_model_load(chat_model *m, const gguf_file *g)
+{
+    memset(m, 0, sizeof *m);
+    gguf_str s;
+    td_err e = gguf_get_str(g, "tokenizer.chat_template", &s);
+    if (e == TD_ENOENT)
+        return err_set(TD_ENOENT, "the model has no tokenizer.chat_template");
+    TD_TRY(e);
+    m->template_text = malloc(s.len + 1);
+    if (!m->template_text)
+        return err_set(TD_ENOMEM, "chat template: out of memory");
+    memcpy(m->template_text, s.ptr, s.len);
+    m->template_text[s.len] = '\0';
+    m->template_len = s.len;
+    bool add_bos = true;
+    if (gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos) != TD_OK)
+        add_bos = true;
+    if (add_bos)
+        m->bos_token = model_token(g, "tokenizer.ggml.bos_token_id");
+    m->eos_token = model_token(g, "tokenizer.ggml.eos_token_id");
+    return TD_OK;
+}
+
+void chat_model_free(chat_model *m)
+{
+    free(m->template_text);
+    free(m->bos_token);
+    free(m->eos_token);
+    memset(m, 0, sizeof *m);
 }

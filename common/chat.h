@@ -21,6 +21,8 @@
 #include <jansson.h>
 
 #include "common/err.h"
+#include "common/gguf.h"
+#include "common/jinja.h"
 
 typedef enum chat_think {
     CHAT_THINK_UNSET = 0, /* the template's default (no enable_thinking variable) */
@@ -35,7 +37,24 @@ typedef struct chat_opts {
     const json_t *kwargs;       /* JSON object of extra template variables, or NULL */
     const char *bos_token;      /* the model's BOS text, or NULL when it has none */
     const char *eos_token;      /* the model's EOS text, or NULL */
+    const jinja_limits *limits; /* bounds on the render, or NULL for jinja_limits_default */
 } chat_opts;
+
+/* What a GGUF model file says about chatting with it. */
+typedef struct chat_model {
+    char *template_text; /* tokenizer.chat_template, NUL-terminated */
+    size_t template_len; /* bytes */
+    char *bos_token;     /* text of tokenizer.ggml.bos_token_id, or NULL (see chat_model_load) */
+    char *eos_token;     /* text of tokenizer.ggml.eos_token_id, or NULL */
+} chat_model;
+
+/* Reads the template and special-token texts of a model file. TD_ENOENT when it has no
+ * tokenizer.chat_template. llama.cpp's converter writes a bos_token_id even for models whose
+ * Hugging Face tokenizer has no BOS token (Qwen), marking them add_bos_token = false, so the
+ * BOS text is given only when add_bos_token is absent or true: that is when transformers'
+ * special_tokens_map has one. */
+td_err chat_model_load(chat_model *m, const gguf_file *g);
+void chat_model_free(chat_model *m);
 
 typedef struct chat_template chat_template;
 

@@ -639,7 +639,15 @@ static jv f_attr(jev *ev, jv v, const jcall *c)
     jv a[1];
     jcall_bind(ev, "attr", c, p, 1, a);
     jv name = jv_to_str(ev, a[0]);
-    return jv_getattr(ev, v, name.s.p, name.s.n);
+    /* a Python attribute only, never an item: d|attr('key') is undefined for a dict key */
+    if (v.kind == JV_NS || v.kind == JV_LOOP || v.kind == JV_UNDEF)
+        return jv_getattr(ev, v, name.s.p, name.s.n);
+    jv m;
+    if (jv_method_find(ev, v, name.s.p, name.s.n, &m))
+        return m;
+    jbuf b = {0};
+    jv_write_repr(ev, &b, name, 0);
+    return jv_undef(ev, "'%s' has no attribute %.*s", jv_obj_repr(v), (int)b.n, b.p);
 }
 
 static jv f_round(jev *ev, jv v, const jcall *c)

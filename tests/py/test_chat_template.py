@@ -327,20 +327,27 @@ def test_special_tokens_are_template_variables(bos, eos, tmp_path):
     assert want[0] == "ok"
 
 
-def test_model_file_template_and_tokens(tmp_path):
+def write_model(path, template, add_bos=None):
     gguf = pytest.importorskip("gguf", reason="gguf-py is not installed")
-    text = open(os.path.join(TEMPLATE_DIR, "Qwen3.5-4B.jinja"), encoding="utf-8").read() + "{{ eos_token }}"
-    path = tmp_path / "m.gguf"
     w = gguf.GGUFWriter(str(path), "qwen35")
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "<|endoftext|>", "<|im_end|>"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template(text)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if template is not None:
+        w.add_chat_template(template)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_model_file_template_and_tokens(tmp_path):
+    text = open(os.path.join(TEMPLATE_DIR, "Qwen3.5-4B.jinja"), encoding="utf-8").read() + "{{ eos_token }}"
+    path = tmp_path / "m.gguf"
+    write_model(path, text)
     case = {"messages": MESSAGE_SETS["tool_run_then_answer"], "tools": TOOLS, "thinking": False}
     want = render_hf(text, case, tok=hf_tokenizer("<|endoftext|>", "<|im_end|>"))
     mpath = tmp_path / "msgs.json"
@@ -351,6 +358,30 @@ def test_model_file_template_and_tokens(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("ok", r.stdout.decode()) == want
     assert want[1].endswith("<|im_end|>")
+
+
+@pytest.mark.parametrize("add_bos,bos", [(None, "<|endoftext|>"), (True, "<|endoftext|>"), (False, None)])
+def test_model_bos_token_follows_add_bos_token(add_bos, bos, tmp_path):
+    # llama.cpp writes Qwen's bos_token_id with add_bos_token = false; Hugging Face has no BOS then.
+    path = tmp_path / "m.gguf"
+    write_model(path, SPECIAL_TEMPLATE, add_bos)
+    case = {"messages": [U("a")], "agp": False}
+    want = render_hf(SPECIAL_TEMPLATE, case, tok=hf_tokenizer(bos, "<|im_end|>"))
+    mpath = tmp_path / "msgs.json"
+    mpath.write_text(json.dumps(case["messages"]))
+    r = run_tandem(["--model", str(path), "--messages", str(mpath), "--no-generation-prompt"])
+    assert r.returncode == 0, r.stderr
+    assert ("ok", r.stdout.decode()) == want
+
+
+def test_model_without_template_is_an_error(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_model(path, None)
+    mpath = tmp_path / "msgs.json"
+    mpath.write_text(json.dumps([U("a")]))
+    r = run_tandem(["--model", str(path), "--messages", str(mpath)])
+    assert r.returncode == 1
+    assert r.stderr.decode() == f"{PREFIX}{path}: the model has no tokenizer.chat_template\n"
 
 
 def test_messages_from_stdin_and_exact_output(tmp_path):
@@ -440,6 +471,12 @@ SNIPPETS = [
     "  {% if true %}\n  x\n  {% endif %}\n  y\n{# comment #}\na  {# c #}  b\n{%- set x = 1 -%}   q   {%+ if true %}r{% endif %}",
     "a\n  {% for x in xs %}\n    {{ x }}\n  {% endfor %}\nb\n{{- '  c  ' -}}  |  {{- 'd' }}\n{% raw %}{{ raw }}{% endraw %}\n",
     "\t{% if t %}\ttab\n\t{% endif %}\tafter\n{% if t -%}\n   \n  z   \n{%- endif %}\r\nwindows\r\n",
+    # transformers' extras and less common built-ins
+    "{% generation %}gen {{ xs[0] }}{% endgeneration %}|{{ strftime_now('%Y-%m-%d') }}|{{ dict(a=1, b=[2]) }}|{{ namespace(d) }}",
+    "{% for x in [1, 1, 2, 2, 1] %}{{ loop.changed(x) }}{% endfor %}|{{ n|default('D') }}|{{ d|list }}|{{ d|attr('b') }}|{{ d.b }}{{ d['a'][1] }}",
+    "{{ [{'n': 2}, {'m': 1}]|map(attribute='n', default=0)|list }}|{{ xs|min }}{{ xs|max }}|{{ ['b', 'A']|min }}|{{ xs.0 }}{{ s[-1] }}",
+    "{% set a = [1, 2] %}{% set b = a + [3] %}{{ a }}{{ b }}{{ a|length }}{{ (a + b)|unique|list }}{{ xs.index(2) }}{{ xs.count(1) }}",
+    "{{ '%s'|length }}{{ 'a\u00e9b'|upper }}{{ 'ABC'.lower() }}{{ 'x y'.title() }}{{ 'ab'.capitalize() }}{{ '  x'.isspace() }}{{ '12'.isdigit() }}",
     # string literals
     "{{ '\\u00e9\\x41\\101\\\\n' }}{{ \"a\" \"b\" 'c' }}{{ '\\é' }}",
     # errors with jinja2's messages
