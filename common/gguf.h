@@ -82,10 +82,10 @@ typedef struct gguf_tensor {
 
 typedef struct gguf_file {
     uint32_t version;       /* 2 or 3 */
-    uint64_t n_kv;
-    gguf_kv *kv;            /* [n_kv] */
-    uint64_t n_tensors;
-    gguf_tensor *tensors;   /* [n_tensors] */
+    uint64_t n_kv;          /* key/value pairs */
+    gguf_kv *kv;            /* [n_kv] in file order */
+    uint64_t n_tensors;     /* tensor infos */
+    gguf_tensor *tensors;   /* [n_tensors] in file order */
     uint32_t alignment;     /* general.alignment or 32 */
     uint64_t data_offset;   /* bytes from file start to the data section */
     const uint8_t *base;    /* the whole file */
@@ -119,7 +119,8 @@ td_err gguf_get_str(const gguf_file *g, const char *key, gguf_str *out);
 /* The array under key: TD_ENOENT when absent, TD_EFORMAT when not an array. */
 td_err gguf_get_arr(const gguf_file *g, const char *key, const gguf_value **out);
 
-/* Array element access with bounds and type checks. */
+/* Array element access with bounds and type checks: TD_ERANGE when i >= n, TD_EFORMAT when
+ * the element type does not convert, TD_EINVAL when arr is not an array. */
 td_err gguf_arr_i64(const gguf_value *arr, uint64_t i, int64_t *out);  /* any integer/bool elem */
 td_err gguf_arr_f64(const gguf_value *arr, uint64_t i, double *out);   /* any numeric elem */
 td_err gguf_arr_str(const gguf_value *arr, uint64_t i, gguf_str *out); /* STRING elem */
