@@ -20,6 +20,9 @@
 #include "common/dtype.h"
 #include "common/err.h"
 
+/* The CUDA twins take this stream last (cudaStream_t is a struct CUstream_st *). */
+typedef struct CUstream_st *ops_stream;
+
 /* ---------------------------------------------------------------------------------------
  * Weights and element types
  * ------------------------------------------------------------------------------------- */
