@@ -37,8 +37,20 @@ td_err err_wrap(td_err code, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(err_buf, sizeof err_buf, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof err_buf)
-        snprintf(err_buf + n, sizeof err_buf - (size_t)n, ": %s", old);
+    if (n < 0 || (size_t)n + 2 >= sizeof err_buf)
+        return code;
+    /* "context: old message", cut to the buffer */
+    size_t at = (size_t)n, room = sizeof err_buf - at - 1;
+    size_t len = strnlen(old, sizeof old - 1);
+    const char sep[] = ": ";
+    size_t take = room < 2 ? room : 2;
+    memcpy(err_buf + at, sep, take);
+    at += take;
+    room -= take;
+    if (len > room)
+        len = room;
+    memcpy(err_buf + at, old, len);
+    err_buf[at + len] = '\0';
     return code;
 }
 
