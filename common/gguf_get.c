@@ -132,7 +132,7 @@ td_err gguf_get_u32(const gguf_file *g, const char *key, uint32_t *out)
     const gguf_value *v;
     char what[320];
     TD_TRY(get_value(g, key, &v, what, sizeof what));
-    uint64_t x;
+    uint64_t x = 0;
     TD_TRY(value_u64(v, UINT32_MAX, what, &x));
     *out = (uint32_t)x;
     return TD_OK;
@@ -159,7 +159,7 @@ td_err gguf_get_f32(const gguf_file *g, const char *key, float *out)
     const gguf_value *v;
     char what[320];
     TD_TRY(get_value(g, key, &v, what, sizeof what));
-    double d;
+    double d = 0;
     TD_TRY(value_f64(v, what, &d));
     if (isfinite(d) && fabs(d) > FLT_MAX)
         return err_set(TD_EFORMAT, "%s = %g is out of float32 range", what, d);
