@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,6 +509,102 @@ static void bad_vocabularies_are_refused(void **state)
     assert_non_null(strstr(err_msg(), "eos"));
 }
 
+/* --- the word cache ---------------------------------------------------------------------- */
+
+/* Word i in base 26 over "ab..z" with a leading space: distinct pieces, many merges. */
+static size_t cache_word(char *buf, unsigned i)
+{
+    size_t n = 0;
+    buf[n++] = ' ';
+    do {
+        buf[n++] = (char)('a' + i % 26);
+        i /= 26;
+    } while (i);
+    buf[n++] = 'a';
+    buf[n++] = 'b';
+    buf[n++] = 'c';
+    return n;
+}
+
+static void cache_resets_keep_results_identical(void **state)
+{
+    tokenizer *t = *state;
+    enum { N_WORDS = 40000 }; /* more pieces than the cache holds before it resets */
+    tok_ids *first = calloc(N_WORDS, sizeof *first);
+    assert_non_null(first);
+    char buf[16];
+    for (unsigned round = 0; round < 2; round++) {
+        for (unsigned i = 0; i < N_WORDS; i++) {
+            size_t n = cache_word(buf, i);
+            tok_ids ids = {0};
+            assert_int_equal(tok_encode(t, buf, n, 0, &ids), TD_OK);
+            if (round == 0) {
+                first[i] = ids;
+                continue;
+            }
+            assert_int_equal(ids.n, first[i].n);
+            assert_memory_equal(ids.ids, first[i].ids, ids.n * sizeof(int32_t));
+            tok_ids_free(&ids);
+        }
+    }
+    /* " b" + "abc" = " babc": "b c" (rank 0) beats the "a b" (rank 1) queued beside it. */
+    tok_ids ids = {0};
+    size_t n = cache_word(buf, 1);
+    assert_int_equal(tok_encode(t, buf, n, 0, &ids), TD_OK);
+    assert_int_equal(ids.n, 3);
+    assert_int_equal(ids.ids[0], ' ');
+    assert_int_equal(ids.ids[1], 'b');
+    assert_int_equal(ids.ids[2], ID_ABC); /* "b c" first; the queued "a b" is then stale */
+    tok_ids_free(&ids);
+    for (unsigned i = 0; i < N_WORDS; i++)
+        tok_ids_free(&first[i]);
+    free(first);
+}
+
+typedef struct thread_job {
+    const tokenizer *t;
+    int ok;
+} thread_job;
+
+static const char *const thread_texts[] = {
+    "abc abd aaa aaaaa", "<|im_start|>I'Mz a w\xf0\x9f\x98\x80", "x\xcc\x81 123 <think>ab</think>", "e\xcc\x81 \xff ab",
+};
+
+static void *thread_encode(void *arg)
+{
+    thread_job *job = arg;
+    job->ok = 1;
+    for (int r = 0; r < 2000 && job->ok; r++) {
+        const char *s = thread_texts[r % 4];
+        tok_ids a = {0}, b = {0};
+        char word[16];
+        size_t wn = cache_word(word, (unsigned)r * 7u);
+        if (tok_encode(job->t, s, strlen(s), 0, &a) != TD_OK || tok_encode(job->t, word, wn, 0, &b) != TD_OK)
+            job->ok = 0;
+        tok_ids_free(&a);
+        tok_ids_free(&b);
+    }
+    return NULL;
+}
+
+static void concurrent_encodes_agree(void **state)
+{
+    tokenizer *t = *state;
+    pthread_t th[4];
+    thread_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (thread_job){t, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, thread_encode, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_true(jobs[i].ok);
+    }
+    /* After all that sharing the cache still gives the exact ids. */
+    CHECK_IDS(t, "<|im_start|>I'Mz a w\xf0\x9f\x98\x80", 0, ID_IM_START, 'I', ID_QM, 'z', ' ', 'a', ID_GW, 0xf0,
+              ID_L9F98, 0x80);
+}
+
 /* --- GGUF ------------------------------------------------------------------------------ */
 
 /* The test vocabulary as a GGUF image; model/pre NULL leave the key out. */
@@ -616,6 +713,8 @@ int main(void)
         cmocka_unit_test(stream_in_random_chunks_equals_whole_decode),
         cmocka_unit_test(lookups_find_tokens_by_text),
         cmocka_unit_test(bad_vocabularies_are_refused),
+        cmocka_unit_test(cache_resets_keep_results_identical),
+        cmocka_unit_test(concurrent_encodes_agree),
         cmocka_unit_test(gguf_metadata_loads_the_same_tokenizer),
         cmocka_unit_test(gguf_other_models_and_pre_tokenisers_are_refused),
     };
