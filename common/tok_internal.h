@@ -12,7 +12,7 @@
 /* Open-addressing table of token strings -> id (strings live in the tokenizer). */
 typedef struct toki_strmap {
     int32_t *slots; /* [cap] token id, -1 empty */
-    uint32_t cap;   /* power of two */
+    uint32_t cap;   /* slots, a power of two, at least twice the vocabulary */
 } toki_strmap;
 
 /* (left id, right id) -> (rank, merged id). */
@@ -24,23 +24,23 @@ typedef struct toki_merge {
 
 typedef struct toki_pairmap {
     toki_merge *slots; /* [cap] */
-    uint32_t cap;      /* power of two */
+    uint32_t cap;      /* slots, a power of two, at least twice the merges */
 } toki_pairmap;
 
 /* Bounded cache of BPE results: piece bytes -> ids. Cleared whole when full, which keeps it
  * simple and bounded; common words come back quickly. */
 typedef struct toki_cache_entry {
-    uint64_t hash;   /* 0 empty */
-    uint32_t key;    /* offset of the piece bytes in arena */
-    uint32_t key_len;
-    uint32_t ids;    /* offset (in bytes, 4-aligned) of the ids in arena */
-    uint32_t n_ids;
+    uint64_t hash;    /* 0 empty */
+    uint32_t key;     /* offset of the piece bytes in arena */
+    uint32_t key_len; /* bytes */
+    uint32_t ids;     /* offset (in bytes, 4-aligned) of the ids in arena */
+    uint32_t n_ids;   /* ids */
 } toki_cache_entry;
 
 typedef struct toki_cache {
     pthread_mutex_t mu;
     toki_cache_entry *slots; /* [cap] */
-    uint32_t cap;            /* power of two */
+    uint32_t cap;            /* slots, a power of two */
     uint32_t count;          /* entries used */
     uint8_t *arena;          /* [arena_cap] piece bytes and ids */
     uint32_t arena_len;      /* bytes used */
@@ -49,7 +49,7 @@ typedef struct toki_cache {
 
 struct tokenizer {
     tok_pre pre;
-    uint32_t n_vocab;
+    uint32_t n_vocab;    /* tokens, padding rows included */
 
     char *text;          /* all vocabulary strings back to back */
     uint32_t *text_off;  /* [n_vocab + 1] token i is text[text_off[i] .. text_off[i+1]) */
