@@ -12,42 +12,22 @@
 
 #include <cmocka.h>
 
+#include "tests/support/ops_golden.h"
+
 #include "draftd/dflash.h"
 #include "verifyd/target.h"
 
 static const char *const drafters[] = {"dflash-b16", "dflash-b8", "dflash-swa"};
 
-static const void *golden_data(const gguf_file *g, const char *name, int64_t n)
-{
-    const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t)
-        fail_msg("golden tensor %s is missing", name);
-    int64_t elems = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++)
-        elems *= t->ne[d];
-    assert_int_equal(elems, n);
-    return t->data;
-}
 
 static void expect_close(const char *what, const float *got, const float *want, int64_t n,
                          double tol)
 {
-    double lo = INFINITY, hi = -INFINITY, worst = 0;
-    int64_t at = 0;
-    for (int64_t i = 0; i < n; i++) {
-        lo = fmin(lo, want[i]);
-        hi = fmax(hi, want[i]);
-    }
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= worst)) {
-            worst = d;
-            at = i;
-        }
-    }
-    if (!(worst <= tol * (hi - lo)))
-        fail_msg("%s: max error %.3g at %lld (got %.6g, want %.6g), bound %.3g", what, worst,
-                 (long long)at, got[at], want[at], tol * (hi - lo));
+    int64_t at;
+    double r = golden_range_error(got, want, n, &at);
+    if (!(r <= tol))
+        fail_msg("%s: error %.3g of the range at %lld (got %.6g, want %.6g) exceeds %.3g", what,
+                 r, (long long)at, got[at], want[at], tol);
 }
 
 static void test_dflash_two_steps_match_reference(void **ctx)
@@ -63,16 +43,15 @@ static void test_dflash_two_steps_match_reference(void **ctx)
         if (dfl_load(&dm, path, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
             fail_msg("%s: %s", path, err_msg());
         snprintf(path, sizeof path, "tests/data/golden/%s.gguf", drafters[k]);
-        gguf_file *g;
-        assert_int_equal(gguf_open(&g, path), TD_OK);
+        gguf_file *g = golden_open_path(path);
         uint32_t L1, L2, B;
         assert_int_equal(gguf_get_u32(g, "golden.step1.n_ctx", &L1), TD_OK);
         assert_int_equal(gguf_get_u32(g, "golden.step2.n_ctx", &L2), TD_OK);
         assert_int_equal(gguf_get_u32(g, "golden.block_size", &B), TD_OK);
         assert_int_equal(B, dm->cfg.block_size);
         int64_t nt = dm->cfg.n_taps;
-        const int32_t *toks = golden_data(g, "context.tokens", L2);
-        const float *feat = golden_data(g, "features", (int64_t)L2 * nt * H);
+        const int32_t *toks = golden_tensor(g, "context.tokens", TD_I32, L2);
+        const float *feat = golden_tensor(g, "features", TD_F32, (int64_t)L2 * nt * H);
 
         /* The features the target computes for these tokens are the golden ones. */
         tgt_state ts;
@@ -98,11 +77,11 @@ static void test_dflash_two_steps_match_reference(void **ctx)
             at = L;
             char name[64];
             snprintf(name, sizeof name, "step%d.block", step);
-            const int32_t *block = golden_data(g, name, B);
+            const int32_t *block = golden_tensor(g, name, TD_I32, B);
             assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
             snprintf(name, sizeof name, "step%d.logits", step);
             snprintf(what, sizeof what, "%s %s", drafters[k], name);
-            expect_close(what, logits, golden_data(g, name, (int64_t)(B - 1) * V),
+            expect_close(what, logits, golden_tensor(g, name, TD_F32, (int64_t)(B - 1) * V),
                          (int64_t)(B - 1) * V, 1e-4);
         }
         free(logits);

@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "tests/support/ops_golden.h"
+
 #include "verifyd/target.h"
 
 static const char *const golden_models[] = {
@@ -28,15 +30,14 @@ typedef struct golden {
     int64_t n_prefix;
 } golden;
 
-static void golden_open(golden *gd, const char *name)
+static void model_open(golden *gd, const char *name)
 {
     char path[512];
     snprintf(path, sizeof path, "tests/data/models/%s.gguf", name);
     if (tgt_load(&gd->m, path) != TD_OK)
         fail_msg("%s: %s", path, err_msg());
     snprintf(path, sizeof path, "tests/data/golden/%s.gguf", name);
-    if (gguf_open(&gd->g, path) != TD_OK)
-        fail_msg("%s: %s", path, err_msg());
+    gd->g = golden_open_path(path);
     const gguf_tensor *t = gguf_find_tensor(gd->g, "tokens");
     assert_non_null(t);
     gd->n_tok = t->ne[0];
@@ -47,46 +48,26 @@ static void golden_open(golden *gd, const char *name)
     gd->n_prefix = p;
 }
 
-static void golden_close(golden *gd)
+static void model_close(golden *gd)
 {
     tgt_free(gd->m);
     gguf_close(gd->g);
 }
 
-static const float *golden_tensor(const golden *gd, const char *name, int64_t n)
+static const float *model_golden(const golden *gd, const char *name, int64_t n)
 {
-    const gguf_tensor *t = gguf_find_tensor(gd->g, name);
-    if (!t)
-        fail_msg("golden tensor %s is missing", name);
-    int64_t elems = 1;
-    for (uint32_t d = 0; d < t->n_dims; d++)
-        elems *= t->ne[d];
-    assert_int_equal(elems, n);
-    assert_int_equal(t->type, TD_F32);
-    return t->data;
+    return golden_tensor(gd->g, name, TD_F32, n);
 }
 
 /* max |got - want| <= tol * (max(want) - min(want)), the bound for f32 weights. */
 static void expect_close(const char *what, const float *got, const float *want, int64_t n,
                          double tol)
 {
-    double lo = INFINITY, hi = -INFINITY, worst = 0;
-    int64_t at = 0;
-    for (int64_t i = 0; i < n; i++) {
-        lo = fmin(lo, want[i]);
-        hi = fmax(hi, want[i]);
-    }
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= worst)) {
-            worst = d;
-            at = i;
-        }
-    }
-    double bound = tol * (hi - lo);
-    if (!(worst <= bound))
-        fail_msg("%s: max error %.3g at %lld (got %.6g, want %.6g) exceeds %.3g", what, worst,
-                 (long long)at, got[at], want[at], bound);
+    int64_t at;
+    double r = golden_range_error(got, want, n, &at);
+    if (!(r <= tol))
+        fail_msg("%s: error %.3g of the range at %lld (got %.6g, want %.6g) exceeds %.3g", what,
+                 r, (long long)at, got[at], want[at], tol);
 }
 
 static void test_target_logits_and_hidden_match_transformers(void **ctx)
@@ -94,7 +75,7 @@ static void test_target_logits_and_hidden_match_transformers(void **ctx)
     (void)ctx;
     for (size_t k = 0; k < sizeof golden_models / sizeof *golden_models; k++) {
         golden gd;
-        golden_open(&gd, golden_models[k]);
+        model_open(&gd, golden_models[k]);
         const tgt_hparams *hp = &gd.m->hp;
         int64_t T = gd.n_tok, V = hp->n_vocab, D = hp->n_embd, L = hp->n_layer;
         int32_t taps[64];
@@ -109,20 +90,20 @@ static void test_target_logits_and_hidden_match_transformers(void **ctx)
         assert_int_equal(tgt_forward(gd.m, &st, gd.tokens, T, false, &out), TD_OK);
         char what[128];
         snprintf(what, sizeof what, "%s logits", golden_models[k]);
-        expect_close(what, logits, golden_tensor(&gd, "logits", T * V), T * V, 1e-4);
+        expect_close(what, logits, model_golden(&gd, "logits", T * V), T * V, 1e-4);
         for (int64_t l = 0; l < L; l++) {
             for (int64_t t = 0; t < T; t++)
                 memcpy(one + t * D, hid + (t * L + l) * D, (size_t)D * sizeof(float));
             char name[64];
             snprintf(name, sizeof name, "hidden.%lld", (long long)l);
             snprintf(what, sizeof what, "%s %s", golden_models[k], name);
-            expect_close(what, one, golden_tensor(&gd, name, T * D), T * D, 1e-4);
+            expect_close(what, one, model_golden(&gd, name, T * D), T * D, 1e-4);
         }
         tgt_state_free(&st);
         free(logits);
         free(hid);
         free(one);
-        golden_close(&gd);
+        model_close(&gd);
     }
 }
 
@@ -133,7 +114,7 @@ static void test_target_two_chunks_match_cached_state(void **ctx)
     (void)ctx;
     for (size_t k = 0; k < sizeof golden_models / sizeof *golden_models; k++) {
         golden gd;
-        golden_open(&gd, golden_models[k]);
+        model_open(&gd, golden_models[k]);
         const tgt_hparams *hp = &gd.m->hp;
         int64_t T = gd.n_tok, P = gd.n_prefix, V = hp->n_vocab;
         tgt_state st;
@@ -153,17 +134,17 @@ static void test_target_two_chunks_match_cached_state(void **ctx)
                                    (size_t)hd * sizeof(float));
                     snprintf(name, sizeof name, "prefix.blk.%lld.%s", (long long)l, which ? "v" : "k");
                     snprintf(what, sizeof what, "%s %s", golden_models[k], name);
-                    expect_close(what, kv, golden_tensor(&gd, name, P * nkv * hd), P * nkv * hd, 1e-4);
+                    expect_close(what, kv, model_golden(&gd, name, P * nkv * hd), P * nkv * hd, 1e-4);
                 }
                 ia++;
             } else {
                 int64_t ns = hp->n_v_head * hp->d_k * hp->d_v, nc = (hp->conv_k - 1) * hp->conv_ch;
                 snprintf(name, sizeof name, "prefix.blk.%lld.ssm_state", (long long)l);
                 snprintf(what, sizeof what, "%s %s", golden_models[k], name);
-                expect_close(what, st.ssm[id], golden_tensor(&gd, name, ns), ns, 1e-4);
+                expect_close(what, st.ssm[id], model_golden(&gd, name, ns), ns, 1e-4);
                 snprintf(name, sizeof name, "prefix.blk.%lld.conv_state", (long long)l);
                 snprintf(what, sizeof what, "%s %s", golden_models[k], name);
-                expect_close(what, st.conv[id], golden_tensor(&gd, name, nc), nc, 1e-4);
+                expect_close(what, st.conv[id], model_golden(&gd, name, nc), nc, 1e-4);
                 id++;
             }
         }
@@ -171,11 +152,11 @@ static void test_target_two_chunks_match_cached_state(void **ctx)
         tgt_out out = {.logits = logits};
         assert_int_equal(tgt_forward(gd.m, &st, gd.tokens + P, T - P, false, &out), TD_OK);
         snprintf(what, sizeof what, "%s cont.logits", golden_models[k]);
-        expect_close(what, logits, golden_tensor(&gd, "cont.logits", (T - P) * V), (T - P) * V, 1e-4);
+        expect_close(what, logits, model_golden(&gd, "cont.logits", (T - P) * V), (T - P) * V, 1e-4);
         free(logits);
         free(kv);
         tgt_state_free(&st);
-        golden_close(&gd);
+        model_close(&gd);
     }
 }
 
@@ -202,7 +183,7 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
 {
     (void)ctx;
     golden gd;
-    golden_open(&gd, "qwen35-tiny-f32");
+    model_open(&gd, "qwen35-tiny-f32");
     const tgt_model *m = gd.m;
     int64_t P = 5, n = 9, V = m->hp.n_vocab;
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
@@ -225,14 +206,14 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
     }
     free(la);
     free(lb);
-    golden_close(&gd);
+    model_close(&gd);
 }
 
 static void test_target_rejects_bad_tokens_and_full_context(void **ctx)
 {
     (void)ctx;
     golden gd;
-    golden_open(&gd, "qwen3-tiny-f32");
+    model_open(&gd, "qwen3-tiny-f32");
     tgt_state st;
     assert_int_equal(tgt_state_init(&st, gd.m, 4), TD_OK);
     int32_t bad[2] = {1, (int32_t)gd.m->hp.n_vocab};
@@ -244,7 +225,7 @@ static void test_target_rejects_bad_tokens_and_full_context(void **ctx)
     assert_int_equal(tgt_forward(gd.m, &st, gd.tokens, 4, false, NULL), TD_OK);
     assert_int_equal(st.n_past, 4);
     tgt_state_free(&st);
-    golden_close(&gd);
+    model_close(&gd);
 }
 
 /* A model file with a tensor of the wrong shape is refused with the tensor's name. */

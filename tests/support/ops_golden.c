@@ -7,19 +7,24 @@
 
 static void die(const char *what, const char *name)
 {
-    fprintf(stderr, "%s: %s %s (regenerate with scripts/golden/make_op_golden.py)\n",
-            OPS_GOLDEN_PATH, what, name);
+    fprintf(stderr, "golden file %s %s (regenerate it with its scripts/ generator)\n", what,
+            name);
     abort();
+}
+
+gguf_file *golden_open_path(const char *path)
+{
+    gguf_file *g = NULL;
+    if (gguf_open(&g, path) != TD_OK) {
+        fprintf(stderr, "cannot open %s: %s\n", path, err_msg());
+        abort();
+    }
+    return g;
 }
 
 gguf_file *golden_open(void)
 {
-    gguf_file *g = NULL;
-    if (gguf_open(&g, OPS_GOLDEN_PATH) != TD_OK) {
-        fprintf(stderr, "cannot open %s: %s\n", OPS_GOLDEN_PATH, err_msg());
-        abort();
-    }
-    return g;
+    return golden_open_path(OPS_GOLDEN_PATH);
 }
 
 static const gguf_tensor *find(const gguf_file *g, const char *name)
@@ -92,4 +97,22 @@ double golden_max_abs_diff(const float *a, const float *b, int64_t n)
             m = d;
     }
     return m;
+}
+
+double golden_range_error(const float *got, const float *want, int64_t n, int64_t *at)
+{
+    double lo = INFINITY, hi = -INFINITY, worst = 0;
+    *at = 0;
+    for (int64_t i = 0; i < n; i++) {
+        lo = fmin(lo, want[i]);
+        hi = fmax(hi, want[i]);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= worst)) { /* NaN counts as the worst */
+            worst = d;
+            *at = i;
+        }
+    }
+    return hi > lo ? worst / (hi - lo) : worst;
 }

@@ -11,8 +11,11 @@
 
 #define OPS_GOLDEN_PATH "tests/data/ops/ops_golden.gguf"
 
-/* Opens the golden file (aborts when it cannot). */
+/* Opens the ops golden file (aborts when it cannot). */
 gguf_file *golden_open(void);
+
+/* Opens any golden GGUF file (aborts when it cannot). */
+gguf_file *golden_open_path(const char *path);
 
 /* Data of tensor name, checked to be type with n elements. */
 const void *golden_tensor(const gguf_file *g, const char *name, td_dtype type, int64_t n);
@@ -26,6 +29,10 @@ int64_t golden_i64(const gguf_file *g, const char *key);
 float golden_f32(const gguf_file *g, const char *key);
 /* Whether the string value of key equals s. */
 int golden_str_is(const gguf_file *g, const char *key, const char *s);
+
+/* max |got - want| as a fraction of want's range (max - min), the bound the model tests use;
+ * *at receives the worst index. NaN in got counts as infinitely wrong. */
+double golden_range_error(const float *got, const float *want, int64_t n, int64_t *at);
 
 /* Largest |a[i] - b[i]| over n values. */
 double golden_max_abs_diff(const float *a, const float *b, int64_t n);
