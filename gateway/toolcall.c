@@ -1,0 +1,516 @@
+#include "gateway/toolcall.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char CALL_OPEN[] = "<tool_call>";
+static const char CALL_CLOSE[] = "</tool_call>";
+#define CALL_OPEN_LEN (sizeof CALL_OPEN - 1)
+#define CALL_CLOSE_LEN (sizeof CALL_CLOSE - 1)
+
+/* --- a growable string ------------------------------------------------------------------- */
+
+typedef struct tc_buf {
+    char *p;    /* [cap], NUL-terminated at len */
+    size_t len; /* bytes */
+    size_t cap; /* bytes allocated */
+    bool oom;   /* an append failed: the text is incomplete */
+} tc_buf;
+
+static void tc_put(tc_buf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void tc_puts(tc_buf *b, const char *s)
+{
+    tc_put(b, s, strlen(s));
+}
+
+/* A JSON string as Python's json.dumps(ensure_ascii=False) writes it. */
+static void tc_put_json_string(tc_buf *b, const char *s, size_t n)
+{
+    tc_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char u[8];
+        switch (c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (c < 0x20) {
+                snprintf(u, sizeof u, "\\u%04x", c);
+                esc = u;
+            }
+        }
+        if (esc) {
+            tc_put(b, s + i - run, run);
+            run = 0;
+            tc_puts(b, esc);
+        } else {
+            run++;
+        }
+    }
+    tc_put(b, s + n - run, run);
+    tc_put(b, "\"", 1);
+}
+
+static bool tc_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\r' || c == '\t';
+}
+
+static void tc_trim(const char **s, size_t *n)
+{
+    while (*n > 0 && tc_space(**s)) {
+        (*s)++;
+        (*n)--;
+    }
+    while (*n > 0 && tc_space((*s)[*n - 1]))
+        (*n)--;
+}
+
+static char *tc_strndup(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+/* --- the JSON form ---------------------------------------------------------------------- */
+
+/* Skips a JSON value that jansson already accepted: strings with escapes, nested brackets. */
+static size_t tc_skip_value(const char *s, size_t n, size_t i)
+{
+    int depth = 0;
+    bool in_str = false;
+    for (; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"') {
+                in_str = false;
+                if (depth == 0)
+                    return i + 1;
+            }
+            continue;
+        }
+        if (c == '"')
+            in_str = true;
+        else if (c == '{' || c == '[')
+            depth++;
+        else if (c == '}' || c == ']') {
+            if (depth == 0)
+                return i; /* end of a scalar at the enclosing object's end */
+            if (--depth == 0)
+                return i + 1;
+        } else if (depth == 0 && (c == ',' || tc_space(c)))
+            return i;
+    }
+    return i;
+}
+
+/* The text span of the value of a top-level key spelled plainly (no escapes) in an object. */
+static bool tc_member_span(const char *s, size_t n, const char *key, size_t *vs, size_t *ve)
+{
+    size_t klen = strlen(key), i = 0;
+    while (i < n && tc_space(s[i]))
+        i++;
+    if (i >= n || s[i] != '{')
+        return false;
+    i++;
+    for (;;) {
+        while (i < n && (tc_space(s[i]) || s[i] == ','))
+            i++;
+        if (i >= n || s[i] != '"')
+            return false;
+        size_t ks = i + 1, ke = tc_skip_value(s, n, i) - 1;
+        i = ke + 1;
+        while (i < n && tc_space(s[i]))
+            i++;
+        if (i >= n || s[i] != ':')
+            return false;
+        i++;
+        while (i < n && tc_space(s[i]))
+            i++;
+        size_t start = i;
+        i = tc_skip_value(s, n, i);
+        if (ke - ks == klen && memcmp(s + ks, key, klen) == 0) {
+            *vs = start;
+            *ve = i;
+            return true;
+        }
+    }
+}
+
+static td_err tc_parse_json(const char *s, size_t n, tool_call *out)
+{
+    json_error_t je;
+    json_t *root = json_loadb(s, n, 0, &je);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return err_set(TD_EFORMAT, "tool call: not a JSON object: %s", je.text);
+    }
+    const json_t *name = json_object_get(root, "name");
+    const char *key = json_object_get(root, "arguments") ? "arguments" : "parameters";
+    const json_t *args = json_object_get(root, key);
+    if (!json_is_string(name) || json_string_length(name) == 0) {
+        json_decref(root);
+        return err_set(TD_EFORMAT, "tool call: no function name");
+    }
+    out->name = tc_strndup(json_string_value(name), json_string_length(name));
+    size_t vs, ve;
+    if (!args || json_is_null(args))
+        out->arguments = tc_strndup("{}", 2);
+    else if (json_is_string(args)) /* arguments already given as JSON text */
+        out->arguments = tc_strndup(json_string_value(args), json_string_length(args));
+    else if (tc_member_span(s, n, key, &vs, &ve))
+        out->arguments = tc_strndup(s + vs, ve - vs);
+    else
+        out->arguments = json_dumps(args, JSON_ENCODE_ANY);
+    json_decref(root);
+    if (!out->name || !out->arguments) {
+        tool_call_free(out);
+        return err_set(TD_ENOMEM, "tool call: out of memory");
+    }
+    return TD_OK;
+}
+
+/* --- the XML form ----------------------------------------------------------------------- */
+
+/* The JSON type the tool's schema gives parameter param of function fn, or NULL. */
+static const char *tc_param_type(const json_t *tools, const char *fn, const char *param)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        const json_t *f = json_object_get(t, "function");
+        const json_t *name = json_object_get(f, "name");
+        if (!json_is_string(name) || strcmp(json_string_value(name), fn) != 0)
+            continue;
+        const json_t *props = json_object_get(json_object_get(f, "parameters"), "properties");
+        const json_t *type = json_object_get(json_object_get(props, param), "type");
+        if (json_is_string(type))
+            return json_string_value(type);
+        if (json_is_array(type)) { /* ["integer", "null"]: the first type that is not null */
+            size_t k;
+            const json_t *x;
+            json_array_foreach(type, k, x) {
+                if (json_is_string(x) && strcmp(json_string_value(x), "null") != 0)
+                    return json_string_value(x);
+            }
+        }
+        return NULL;
+    }
+    return NULL;
+}
+
+static bool tc_text_is(const char *s, size_t n, const char *word)
+{
+    return strlen(word) == n && memcmp(s, word, n) == 0;
+}
+
+/* Appends a parameter value as JSON of the schema's type (see the header). */
+static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
+{
+    if (type && strcmp(type, "string") == 0) {
+        tc_put_json_string(b, v, n);
+        return;
+    }
+    if (type && strcmp(type, "boolean") == 0) {
+        if (tc_text_is(v, n, "true") || tc_text_is(v, n, "True"))
+            tc_puts(b, "true");
+        else if (tc_text_is(v, n, "false") || tc_text_is(v, n, "False"))
+            tc_puts(b, "false");
+        else
+            tc_put_json_string(b, v, n);
+        return;
+    }
+    if (type && strcmp(type, "null") == 0 && (tc_text_is(v, n, "None") || tc_text_is(v, n, "null"))) {
+        tc_puts(b, "null");
+        return;
+    }
+    const char *s = v;
+    size_t m = n;
+    tc_trim(&s, &m);
+    json_t *j = m ? json_loadb(s, m, JSON_DECODE_ANY, NULL) : NULL;
+    bool ok = j != NULL;
+    if (ok && type) {
+        if (strcmp(type, "integer") == 0 || strcmp(type, "number") == 0)
+            ok = json_is_number(j);
+        else if (strcmp(type, "object") == 0)
+            ok = json_is_object(j);
+        else if (strcmp(type, "array") == 0)
+            ok = json_is_array(j);
+    }
+    json_decref(j);
+    if (ok)
+        tc_put(b, s, m);
+    else
+        tc_put_json_string(b, v, n);
+}
+
+static const char *tc_find(const char *s, size_t n, const char *needle)
+{
+    return memmem(s, n, needle, strlen(needle));
+}
+
+static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_call *out)
+{
+    static const char FN[] = "<function=", PARAM[] = "<parameter=", PARAM_END[] = "</parameter>",
+                      FN_END[] = "</function>";
+    const char *end = s + n;
+    const char *p = s + sizeof FN - 1;
+    const char *gt = memchr(p, '>', (size_t)(end - p));
+    if (!gt)
+        return err_set(TD_EFORMAT, "tool call: <function= without '>'");
+    const char *name = p;
+    size_t name_len = (size_t)(gt - p);
+    tc_trim(&name, &name_len);
+    if (name_len == 0)
+        return err_set(TD_EFORMAT, "tool call: no function name");
+    out->name = tc_strndup(name, name_len);
+    if (!out->name)
+        return err_set(TD_ENOMEM, "tool call: out of memory");
+    tc_buf args = {0};
+    tc_puts(&args, "{");
+    bool first = true;
+    p = gt + 1;
+    for (;;) {
+        while (p < end && tc_space(*p))
+            p++;
+        if (p >= end ||
+            ((size_t)(end - p) >= sizeof FN_END - 1 && memcmp(p, FN_END, sizeof FN_END - 1) == 0))
+            break;
+        if ((size_t)(end - p) < sizeof PARAM - 1 || memcmp(p, PARAM, sizeof PARAM - 1) != 0) {
+            free(args.p);
+            tool_call_free(out);
+            return err_set(TD_EFORMAT, "tool call: expected <parameter= or </function>");
+        }
+        p += sizeof PARAM - 1;
+        gt = memchr(p, '>', (size_t)(end - p));
+        if (!gt) {
+            free(args.p);
+            tool_call_free(out);
+            return err_set(TD_EFORMAT, "tool call: <parameter= without '>'");
+        }
+        const char *pname = p;
+        size_t pname_len = (size_t)(gt - p);
+        tc_trim(&pname, &pname_len);
+        const char *v = gt + 1;
+        /* A value ends at </parameter>; a model that forgets it ends it at the next tag. */
+        const char *ve = tc_find(v, (size_t)(end - v), PARAM_END);
+        const char *next = ve ? ve + sizeof PARAM_END - 1 : NULL;
+        if (!ve) {
+            const char *a = tc_find(v, (size_t)(end - v), PARAM);
+            const char *f = tc_find(v, (size_t)(end - v), FN_END);
+            ve = a && (!f || a < f) ? a : f ? f : end;
+            next = ve;
+        }
+        size_t vn = (size_t)(ve - v);
+        /* The template writes "\n" + value + "\n". */
+        if (vn > 0 && v[0] == '\n') {
+            v++;
+            vn--;
+        }
+        if (vn > 0 && v[vn - 1] == '\n')
+            vn--;
+        char *pn = tc_strndup(pname, pname_len);
+        if (!first)
+            tc_puts(&args, ", ");
+        first = false;
+        tc_put_json_string(&args, pname, pname_len);
+        tc_puts(&args, ": ");
+        tc_put_value(&args, v, vn, pn && tools ? tc_param_type(tools, out->name, pn) : NULL);
+        free(pn);
+        p = next;
+    }
+    tc_puts(&args, "}");
+    if (args.oom) {
+        free(args.p);
+        tool_call_free(out);
+        return err_set(TD_ENOMEM, "tool call: out of memory");
+    }
+    out->arguments = args.p;
+    return TD_OK;
+}
+
+td_err tool_parse(const char *body, size_t len, const json_t *tools, tool_call *out)
+{
+    memset(out, 0, sizeof *out);
+    tc_trim(&body, &len);
+    if (len > 0 && body[0] == '{')
+        return tc_parse_json(body, len, out);
+    if (len >= 10 && memcmp(body, "<function=", 10) == 0)
+        return tc_parse_xml(body, len, json_is_array(tools) ? tools : NULL, out);
+    return err_set(TD_EFORMAT, "tool call: neither a JSON object nor a <function=...> block");
+}
+
+void tool_call_free(tool_call *c)
+{
+    free(c->name);
+    free(c->arguments);
+    c->name = c->arguments = NULL;
+}
+
+/* --- streaming split ---------------------------------------------------------------------- */
+
+void tool_split_init(tool_split *s, const json_t *tools, tool_emit emit, void *ctx)
+{
+    memset(s, 0, sizeof *s);
+    s->tools = tools;
+    s->emit = emit;
+    s->ctx = ctx;
+}
+
+void tool_split_free(tool_split *s)
+{
+    free(s->hold);
+    free(s->scratch);
+    memset(s, 0, sizeof *s);
+}
+
+static td_err tool_reserve(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return TD_OK;
+    size_t c = need < 256 ? 256 : need * 2;
+    char *b = realloc(*buf, c);
+    if (!b)
+        return err_set(TD_ENOMEM, "tool calls: out of memory");
+    *buf = b;
+    *cap = c;
+    return TD_OK;
+}
+
+static td_err tool_keep(tool_split *s, const char *p, size_t n)
+{
+    TD_TRY(tool_reserve(&s->hold, &s->hold_cap, n + 1));
+    memmove(s->hold, p, n);
+    s->hold_len = n;
+    return TD_OK;
+}
+
+/* A finished block: a call, or when it does not parse, the text it was. */
+static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
+{
+    tool_call c;
+    td_err e = tool_parse(body, n, s->tools, &c);
+    s->after_call = true;
+    if (e == TD_OK) {
+        e = s->emit(s->ctx, NULL, 0, &c);
+        tool_call_free(&c);
+        s->called = true;
+        return e;
+    }
+    if (e != TD_EFORMAT)
+        return e;
+    TD_TRY(s->emit(s->ctx, CALL_OPEN, CALL_OPEN_LEN, NULL));
+    TD_TRY(s->emit(s->ctx, body, n, NULL));
+    return closed ? s->emit(s->ctx, CALL_CLOSE, CALL_CLOSE_LEN, NULL) : TD_OK;
+}
+
+static td_err tool_run(tool_split *s, const char *p, size_t n)
+{
+    while (n > 0) {
+        if (s->state == TOOL_IN) {
+            const char *end = memmem(p, n, CALL_CLOSE, CALL_CLOSE_LEN);
+            if (!end)
+                return tool_keep(s, p, n);
+            TD_TRY(tool_block(s, p, (size_t)(end - p), true));
+            s->state = TOOL_TEXT;
+            size_t skip = (size_t)(end - p) + CALL_CLOSE_LEN;
+            p += skip;
+            n -= skip;
+            continue;
+        }
+        const char *open = memmem(p, n, CALL_OPEN, CALL_OPEN_LEN);
+        if (open) {
+            size_t c = (size_t)(open - p);
+            while (c > 0 && tc_space(p[c - 1])) /* whitespace before a block is dropped */
+                c--;
+            if (c > 0)
+                TD_TRY(s->emit(s->ctx, p, c, NULL));
+            s->state = TOOL_IN;
+            size_t skip = (size_t)(open - p) + CALL_OPEN_LEN;
+            p += skip;
+            n -= skip;
+            continue;
+        }
+        /* Hold a possible "<tool_call>" beginning and the whitespace before it. */
+        size_t keep = 0;
+        for (size_t k = CALL_OPEN_LEN - 1 < n ? CALL_OPEN_LEN - 1 : n; k > 0; k--)
+            if (memcmp(p + n - k, CALL_OPEN, k) == 0) {
+                keep = k;
+                break;
+            }
+        while (keep < n && tc_space(p[n - keep - 1]))
+            keep++;
+        /* Whitespace right after a block is dropped as well. */
+        size_t lead = 0;
+        if (s->after_call)
+            while (lead < n - keep && tc_space(p[lead]))
+                lead++;
+        if (n - keep > lead) {
+            TD_TRY(s->emit(s->ctx, p + lead, n - keep - lead, NULL));
+            s->after_call = false;
+        }
+        return tool_keep(s, p + n - keep, keep);
+    }
+    return TD_OK;
+}
+
+td_err tool_split_push(tool_split *s, const char *text, size_t len)
+{
+    if (len == 0)
+        return TD_OK;
+    size_t n = s->hold_len + len;
+    TD_TRY(tool_reserve(&s->scratch, &s->scratch_cap, n + 1));
+    memcpy(s->scratch, s->hold, s->hold_len);
+    memcpy(s->scratch + s->hold_len, text, len);
+    s->hold_len = 0;
+    return tool_run(s, s->scratch, n);
+}
+
+td_err tool_split_flush(tool_split *s)
+{
+    size_t n = s->hold_len;
+    s->hold_len = 0;
+    if (s->state == TOOL_IN) {
+        s->state = TOOL_TEXT;
+        return tool_block(s, s->hold, n, false);
+    }
+    /* What is held is whitespace (and maybe a cut-off "<tool_c"); right after a block the
+     * whitespace goes. */
+    size_t lead = 0;
+    if (s->after_call)
+        while (lead < n && tc_space(s->hold[lead]))
+            lead++;
+    return n > lead ? s->emit(s->ctx, s->hold + lead, n - lead, NULL) : TD_OK;
+}

@@ -1,0 +1,77 @@
+/* Tool calls in Qwen model output -> OpenAI `tool_calls`.
+ *
+ * The Qwen chat templates teach the model to answer with blocks
+ *
+ *     <tool_call>
+ *     {"name": "get_weather", "arguments": {"city": "Paris"}}          (Qwen3: JSON)
+ *     </tool_call>
+ *
+ *     <tool_call>
+ *     <function=get_weather>
+ *     <parameter=city>
+ *     Paris
+ *     </parameter>
+ *     </function>
+ *     </tool_call>                                        (Qwen3-Coder, Qwen3.5: XML)
+ *
+ * tool_parse reads one block's body into a name and an `arguments` JSON text. The JSON form's
+ * arguments are the model's own JSON text (validated, not re-printed). XML parameter values are
+ * plain text (the template prints strings as they are and other values as JSON); each becomes
+ * the JSON type the tool's schema gives the parameter (string, integer, number, boolean,
+ * object, array), and without a schema a value that parses as JSON is taken as JSON, anything
+ * else as a string. The arguments object is printed as Python's json.dumps prints it
+ * ({"a": 1, "b": "x"}), as the templates' tojson does.
+ *
+ * tool_split separates streamed content text from tool-call blocks: text before, between and
+ * after blocks passes on as content (whitespace next to a block is dropped), each complete
+ * block is parsed and passed on as a call. A block that does not parse is passed on as the
+ * content text it was, so nothing the model wrote is lost. */
+#ifndef TANDEM_GATEWAY_TOOLCALL_H
+#define TANDEM_GATEWAY_TOOLCALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "common/err.h"
+
+typedef struct tool_call {
+    char *name;      /* NUL-terminated function name */
+    char *arguments; /* NUL-terminated JSON text of an object */
+} tool_call;
+
+/* Parses the text between <tool_call> and </tool_call>. tools is the request's tools array
+ * (for parameter types) or NULL. TD_EFORMAT with a message when it is not a tool call. */
+td_err tool_parse(const char *body, size_t len, const json_t *tools, tool_call *out);
+void tool_call_free(tool_call *c);
+
+/* Receives content text (call == NULL) or a parsed call (text unused), in order. */
+typedef td_err (*tool_emit)(void *ctx, const char *text, size_t len, const tool_call *call);
+
+typedef enum tool_state {
+    TOOL_TEXT = 0, /* content; "<tool_call>" may start */
+    TOOL_IN,       /* inside a block, waiting for "</tool_call>" */
+} tool_state;
+
+typedef struct tool_split {
+    tool_state state;
+    const json_t *tools; /* borrowed: the request's tools, for parameter types */
+    bool called;         /* at least one call was passed on */
+    bool after_call;     /* no content since the last block: leading whitespace is dropped */
+    char *hold;          /* [hold_len] undecided text, or the open block's body */
+    size_t hold_len;     /* bytes */
+    size_t hold_cap;     /* bytes allocated */
+    char *scratch;       /* [scratch_cap] hold + the new piece */
+    size_t scratch_cap;
+    tool_emit emit;
+    void *ctx;
+} tool_split;
+
+void tool_split_init(tool_split *s, const json_t *tools, tool_emit emit, void *ctx);
+void tool_split_free(tool_split *s);
+td_err tool_split_push(tool_split *s, const char *text, size_t len);
+/* The end of the output: an unterminated block is parsed as if it were closed. */
+td_err tool_split_flush(tool_split *s);
+
+#endif
