@@ -1,0 +1,78 @@
+/* A compute backend: where tensors live and which implementation of each op runs on them.
+ * The model code (target forward, drafter, speculative step) calls ops through this table,
+ * so one forward pass serves the CPU (the reference) and the GPU.
+ *
+ * Every op takes the cpu_<op> arguments (pointers are backend memory) and returns td_err: on
+ * the GPU a launch can fail, and that is an error from outside, not a crash. Ops on one
+ * backend run in order (one CUDA stream); results are visible to the host after to_host or
+ * sync. */
+#ifndef TANDEM_KERNELS_BACKEND_H
+#define TANDEM_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/ops.h"
+
+typedef enum ops_backend_kind {
+    OPS_BACKEND_CPU,
+    OPS_BACKEND_CUDA,
+} ops_backend_kind;
+
+typedef struct ops_backend ops_backend;
+
+struct ops_backend {
+    ops_backend_kind kind;
+    const char *name;   /* "cpu", "cuda" */
+    ops_stream stream;  /* CUDA: the stream every op runs on; CPU: NULL */
+    int device;         /* CUDA device ordinal; CPU: -1 */
+
+    /* memory (bytes); free and release accept NULL */
+    td_err (*alloc)(const ops_backend *be, void **p, size_t bytes);
+    void (*release)(const ops_backend *be, void *p);
+    td_err (*to_device)(const ops_backend *be, void *dst, const void *src, size_t bytes);
+    td_err (*to_host)(const ops_backend *be, void *dst, const void *src, size_t bytes);
+    td_err (*copy)(const ops_backend *be, void *dst, const void *src, size_t bytes);
+    td_err (*zero)(const ops_backend *be, void *p, size_t bytes);
+    td_err (*sync)(const ops_backend *be);
+
+    /* ops: arguments as the cpu_<op> of kernels/ops.h */
+    td_err (*matmul)(const ops_backend *be, float *y, const float *x, const ops_weight *w,
+                     int64_t n_tok);
+    td_err (*get_rows)(const ops_backend *be, float *out, const ops_weight *w,
+                       const int32_t *ids, int64_t n);
+    td_err (*rmsnorm)(const ops_backend *be, float *out, const float *x, const float *w,
+                      int64_t n_rows, int64_t dim, int64_t stride, float eps);
+    td_err (*l2norm)(const ops_backend *be, float *out, const float *x, int64_t n_rows,
+                     int64_t dim, int64_t stride, float eps);
+    td_err (*add)(const ops_backend *be, float *out, const float *a, const float *b, int64_t n);
+    td_err (*mul)(const ops_backend *be, float *out, const float *a, const float *b, int64_t n);
+    td_err (*scale)(const ops_backend *be, float *out, const float *x, float s, int64_t n);
+    td_err (*silu)(const ops_backend *be, float *out, const float *x, int64_t n);
+    td_err (*sigmoid)(const ops_backend *be, float *out, const float *x, int64_t n);
+    td_err (*softplus)(const ops_backend *be, float *out, const float *x, int64_t n);
+    td_err (*swiglu)(const ops_backend *be, float *out, const float *gate, const float *up,
+                     int64_t n);
+    td_err (*rope_neox)(const ops_backend *be, float *x, int64_t n_tok, int64_t n_head,
+                        int64_t tok_stride, int64_t head_stride, int64_t n_rot,
+                        const int32_t *pos, float theta);
+    td_err (*attention)(const ops_backend *be, const ops_attn *a);
+    td_err (*conv1d_causal)(const ops_backend *be, float *out, float *state, float *state_all,
+                            const float *x, int64_t x_stride, const float *w, int64_t n_tok,
+                            int64_t n_ch, int64_t k);
+    td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+};
+
+/* The CPU backend (host memory; the ops are the cpu_* reference). Never fails. */
+const ops_backend *ops_backend_cpu(void);
+
+/* A CUDA backend on device ordinal dev with its own stream. TD_ENOTSUP without CUDA in the
+ * build or without a usable device (the message says which). */
+td_err ops_backend_cuda_init(ops_backend **out, int dev);
+void ops_backend_cuda_free(ops_backend *be);
+
+/* Allocates and uploads: *p = a backend copy of src[bytes]. */
+td_err ops_backend_upload(const ops_backend *be, void **p, const void *src, size_t bytes);
+
+#endif

@@ -1,0 +1,191 @@
+/* The CPU backend: host memory and the cpu_* reference ops behind the backend table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+static td_err be_cpu_alloc(const ops_backend *be, void **p, size_t bytes)
+{
+    (void)be;
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? TD_OK : err_set(TD_ENOMEM, "out of host memory allocating %zu bytes", bytes);
+}
+
+static void be_cpu_release(const ops_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static td_err be_cpu_copy(const ops_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes)
+        memmove(dst, src, bytes);
+    return TD_OK;
+}
+
+static td_err be_cpu_zero(const ops_backend *be, void *p, size_t bytes)
+{
+    (void)be;
+    memset(p, 0, bytes);
+    return TD_OK;
+}
+
+static td_err be_cpu_sync(const ops_backend *be)
+{
+    (void)be;
+    return TD_OK;
+}
+
+static td_err be_cpu_matmul(const ops_backend *be, float *y, const float *x, const ops_weight *w,
+                            int64_t n_tok)
+{
+    (void)be;
+    cpu_matmul(y, x, w, n_tok);
+    return TD_OK;
+}
+
+static td_err be_cpu_get_rows(const ops_backend *be, float *out, const ops_weight *w,
+                              const int32_t *ids, int64_t n)
+{
+    (void)be;
+    return cpu_get_rows(out, w, ids, n);
+}
+
+static td_err be_cpu_rmsnorm(const ops_backend *be, float *out, const float *x, const float *w,
+                             int64_t n_rows, int64_t dim, int64_t stride, float eps)
+{
+    (void)be;
+    cpu_rmsnorm(out, x, w, n_rows, dim, stride, eps);
+    return TD_OK;
+}
+
+static td_err be_cpu_l2norm(const ops_backend *be, float *out, const float *x, int64_t n_rows,
+                            int64_t dim, int64_t stride, float eps)
+{
+    (void)be;
+    cpu_l2norm(out, x, n_rows, dim, stride, eps);
+    return TD_OK;
+}
+
+/* Elementwise ops with one shape: out, a, b, n. */
+#define BE_CPU_BINARY(name)                                                                  \
+    static td_err be_cpu_##name(const ops_backend *be, float *out, const float *a,           \
+                                const float *b, int64_t n)                                   \
+    {                                                                                        \
+        (void)be;                                                                            \
+        cpu_##name(out, a, b, n);                                                            \
+        return TD_OK;                                                                        \
+    }
+#define BE_CPU_UNARY(name)                                                                   \
+    static td_err be_cpu_##name(const ops_backend *be, float *out, const float *x, int64_t n) \
+    {                                                                                        \
+        (void)be;                                                                            \
+        cpu_##name(out, x, n);                                                               \
+        return TD_OK;                                                                        \
+    }
+BE_CPU_BINARY(add)
+BE_CPU_BINARY(mul)
+BE_CPU_BINARY(swiglu)
+BE_CPU_UNARY(silu)
+BE_CPU_UNARY(sigmoid)
+BE_CPU_UNARY(softplus)
+
+static td_err be_cpu_scale(const ops_backend *be, float *out, const float *x, float s, int64_t n)
+{
+    (void)be;
+    cpu_scale(out, x, s, n);
+    return TD_OK;
+}
+
+static td_err be_cpu_rope_neox(const ops_backend *be, float *x, int64_t n_tok, int64_t n_head,
+                               int64_t tok_stride, int64_t head_stride, int64_t n_rot,
+                               const int32_t *pos, float theta)
+{
+    (void)be;
+    cpu_rope_neox(x, n_tok, n_head, tok_stride, head_stride, n_rot, pos, theta);
+    return TD_OK;
+}
+
+static td_err be_cpu_attention(const ops_backend *be, const ops_attn *a)
+{
+    (void)be;
+    cpu_attention(a);
+    return TD_OK;
+}
+
+static td_err be_cpu_conv1d_causal(const ops_backend *be, float *out, float *state,
+                                   float *state_all, const float *x, int64_t x_stride,
+                                   const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
+{
+    (void)be;
+    cpu_conv1d_causal(out, state, state_all, x, x_stride, w, n_tok, n_ch, k);
+    return TD_OK;
+}
+
+static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
+{
+    (void)be;
+    cpu_delta_rule(d);
+    return TD_OK;
+}
+
+static const ops_backend be_cpu = {
+    .kind = OPS_BACKEND_CPU,
+    .name = "cpu",
+    .stream = NULL,
+    .device = -1,
+    .alloc = be_cpu_alloc,
+    .release = be_cpu_release,
+    .to_device = be_cpu_copy,
+    .to_host = be_cpu_copy,
+    .copy = be_cpu_copy,
+    .zero = be_cpu_zero,
+    .sync = be_cpu_sync,
+    .matmul = be_cpu_matmul,
+    .get_rows = be_cpu_get_rows,
+    .rmsnorm = be_cpu_rmsnorm,
+    .l2norm = be_cpu_l2norm,
+    .add = be_cpu_add,
+    .mul = be_cpu_mul,
+    .scale = be_cpu_scale,
+    .silu = be_cpu_silu,
+    .sigmoid = be_cpu_sigmoid,
+    .softplus = be_cpu_softplus,
+    .swiglu = be_cpu_swiglu,
+    .rope_neox = be_cpu_rope_neox,
+    .attention = be_cpu_attention,
+    .conv1d_causal = be_cpu_conv1d_causal,
+    .delta_rule = be_cpu_delta_rule,
+};
+
+const ops_backend *ops_backend_cpu(void)
+{
+    return &be_cpu;
+}
+
+td_err ops_backend_upload(const ops_backend *be, void **p, const void *src, size_t bytes)
+{
+    TD_TRY(be->alloc(be, p, bytes));
+    td_err e = be->to_device(be, *p, src, bytes);
+    if (e != TD_OK) {
+        be->release(be, *p);
+        *p = NULL;
+    }
+    return e;
+}
+
+#ifndef TANDEM_HAVE_CUDA
+td_err ops_backend_cuda_init(ops_backend **out, int dev)
+{
+    (void)dev;
+    *out = NULL;
+    return err_set(TD_ENOTSUP, "this build has no CUDA backend (built without nvcc)");
+}
+
+void ops_backend_cuda_free(ops_backend *be)
+{
+    (void)be;
+}
+#endif
