@@ -1,0 +1,95 @@
+/* OpenAI requests: the JSON bodies of /v1/chat/completions, /v1/completions, /tokenize and
+ * /detokenize, parsed and checked before anything reaches the backend.
+ *
+ * Checks follow the OpenAI API: each known field must have its type and range, `n` must be 1
+ * (one choice per request), `top_logprobs` needs `logprobs`, `stream_options` needs `stream`;
+ * unknown fields are ignored, since clients send extras. A failure fills an api_error whose
+ * message names the field (param) and says what was expected, e.g.
+ * "Invalid type for 'max_tokens': expected an integer, but got a string instead."
+ * Invalid UTF-8 never gets this far: jansson refuses it while parsing the body. */
+#ifndef TANDEM_GATEWAY_REQUEST_H
+#define TANDEM_GATEWAY_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/chat.h"
+#include "common/err.h"
+#include "gateway/apierr.h"
+
+#define REQ_STOP_MAX 16           /* stop strings per request */
+#define REQ_STOP_LEN_MAX 1024     /* bytes per stop string */
+#define REQ_TOP_LOGPROBS_MAX 20   /* alternatives per token, as OpenAI allows */
+
+typedef enum req_kind {
+    REQ_CHAT = 1,   /* /v1/chat/completions */
+    REQ_COMPLETION, /* /v1/completions */
+} req_kind;
+
+typedef struct req_sampling {
+    double temperature; /* >= 0; 0 = greedy; default 1 as OpenAI */
+    double top_p;       /* in (0, 1]; 1 = off */
+    int64_t top_k;      /* candidates kept, 0 = all (-1 from a client means 0) */
+    double min_p;       /* in [0, 1]; 0 = off */
+    bool has_seed;      /* the client gave a seed */
+    uint64_t seed;      /* sampling seed when has_seed */
+} req_sampling;
+
+typedef struct gw_request {
+    req_kind kind;
+    json_t *root;        /* the parsed body; owns every string below */
+    const char *model;   /* requested model name, or NULL when absent */
+
+    /* chat */
+    json_t *messages;    /* owned: the messages as the chat template wants them (developer
+                            -> system, text parts joined, tool-call arguments as objects) */
+    const json_t *tools; /* the tool schemas (array in root), or NULL */
+    bool parse_tools;    /* tools given and tool_choice is not "none" */
+    bool add_generation_prompt;   /* default true */
+    chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
+    const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */
+
+    /* completion: the prompt as text, or as token ids */
+    const char *prompt;    /* UTF-8 text in root, or NULL when given as ids */
+    size_t prompt_len;     /* bytes */
+    int32_t *prompt_ids;   /* owned: [n_prompt_ids] when given as ids, else NULL */
+    size_t n_prompt_ids;   /* tokens */
+
+    /* both */
+    bool stream;
+    bool include_usage;    /* stream_options.include_usage */
+    int64_t max_tokens;    /* tokens, >= 1; -1 when the client gave none */
+    req_sampling sampling;
+    const char *stop[REQ_STOP_MAX]; /* stop strings (in root), each 1..REQ_STOP_LEN_MAX bytes */
+    size_t stop_len[REQ_STOP_MAX];  /* bytes of each */
+    size_t n_stop;
+    bool logprobs;         /* return the chosen tokens' log probabilities */
+    uint32_t top_logprobs; /* alternatives per token, 0..REQ_TOP_LOGPROBS_MAX */
+    bool ignore_eos;       /* keep generating past end-of-generation tokens */
+} gw_request;
+
+/* Parses a chat or completion body of len bytes. On failure *e says why (400) and r holds
+ * nothing to free; on success free r with req_free. */
+td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api_error *e);
+void req_free(gw_request *r);
+
+/* /tokenize: {"content"|"prompt": string, "add_special": bool (default true)}. text points
+ * into *root, which the caller releases with json_decref. */
+td_err req_parse_tokenize(const char *body, size_t len, json_t **root, const char **text,
+                          size_t *text_len, bool *add_special, api_error *e);
+
+/* /detokenize: {"tokens": [ids]} -> malloc'd ids, each in [0, n_vocab). */
+td_err req_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int32_t **ids,
+                            size_t *n_ids, api_error *e);
+
+/* Loads a body as a JSON object; 400 with jansson's message (line, column) otherwise. */
+td_err req_load_json(const char *body, size_t len, json_t **root, api_error *e);
+
+/* "a string", "an integer", "a number", "a boolean", "an array", "an object", "null": the
+ * words of the "expected X, but got Y instead" messages. */
+const char *req_type_name(const json_t *v);
+
+#endif

@@ -1,0 +1,383 @@
+/* OpenAI request parsing in the gateway: accepted bodies give exactly the values the backend
+ * will see, and every kind of bad body gives a 400 with an exact OpenAI error body naming the
+ * field. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/request.h"
+
+/* Parses body and checks the status and the exact error body. */
+static void expect_error(req_kind kind, const char *body, int status, const char *error_json)
+{
+    gw_request r;
+    api_error e;
+    td_err err = req_parse(&r, kind, body, strlen(body), &e);
+    assert_int_not_equal(err, TD_OK);
+    assert_int_equal(e.status, status);
+    char *s = apierr_render(&e);
+    assert_non_null(s);
+    assert_string_equal(s, error_json);
+    free(s);
+}
+
+static void chat_body_gives_exact_values(void **state)
+{
+    (void)state;
+    const char *body =
+        "{\"model\": \"tiny\", \"messages\": ["
+        "{\"role\": \"developer\", \"content\": \"Be brief.\"},"
+        "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+        "{\"type\": \"text\", \"text\": \"b\"}]},"
+        "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", "
+        "\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+        "\"{\\\"x\\\": 1}\"}}]},"
+        "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"42\"}],"
+        "\"temperature\": 0, \"top_p\": 0.5, \"top_k\": -1, \"min_p\": 0.05, \"seed\": -7,"
+        "\"max_tokens\": 10, \"max_completion_tokens\": 20, \"stop\": [\"\", \"END\", \"\\n\\n\"],"
+        "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
+        "\"logprobs\": true, \"top_logprobs\": 3, \"n\": 1, \"ignore_eos\": true,"
+        "\"chat_template_kwargs\": {\"enable_thinking\": false},"
+        "\"frequency_penalty\": 0, \"some_future_field\": {\"x\": [1]}}";
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+    assert_string_equal(r.model, "tiny");
+    char *msgs = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(msgs,
+                        "[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                        "{\"role\":\"user\",\"content\":\"a\\nb\"},"
+                        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+                        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+                        "{\"x\":1}}}]},"
+                        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}]");
+    free(msgs);
+    assert_true(r.sampling.temperature == 0.0);
+    assert_true(r.sampling.top_p == 0.5);
+    assert_int_equal(r.sampling.top_k, 0);
+    assert_true(r.sampling.min_p == 0.05);
+    assert_true(r.sampling.has_seed);
+    assert_true(r.sampling.seed == (uint64_t)-7);
+    assert_int_equal(r.max_tokens, 20); /* max_completion_tokens wins */
+    assert_int_equal(r.n_stop, 2);      /* the empty stop string is dropped */
+    assert_string_equal(r.stop[0], "END");
+    assert_int_equal(r.stop_len[1], 2);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 3);
+    assert_true(r.ignore_eos);
+    assert_int_equal(r.enable_thinking, CHAT_THINK_OFF);
+    assert_true(r.add_generation_prompt);
+    assert_null(r.tools);
+    assert_false(r.parse_tools);
+    req_free(&r);
+}
+
+static void chat_defaults_when_fields_are_absent(void **state)
+{
+    (void)state;
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                       "\"temperature\": null, \"tools\": [{\"type\": \"function\", "
+                       "\"function\": {\"name\": \"f\"}}]}";
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+    assert_null(r.model);
+    assert_true(r.sampling.temperature == 1.0);
+    assert_true(r.sampling.top_p == 1.0);
+    assert_false(r.sampling.has_seed);
+    assert_int_equal(r.max_tokens, -1);
+    assert_int_equal(r.n_stop, 0);
+    assert_false(r.stream);
+    assert_false(r.logprobs);
+    assert_int_equal(r.enable_thinking, CHAT_THINK_UNSET);
+    assert_non_null(r.tools);
+    assert_true(r.parse_tools);
+    req_free(&r);
+    const char *none = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                       "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+                       "\"tool_choice\": \"none\"}";
+    assert_int_equal(req_parse(&r, REQ_CHAT, none, strlen(none), &e), TD_OK);
+    assert_null(r.tools);
+    assert_false(r.parse_tools);
+    req_free(&r);
+}
+
+static void malformed_json_is_400(void **state)
+{
+    (void)state;
+    expect_error(REQ_CHAT, "{\"messages\": [", 400,
+                 "{\"error\":{\"message\":\"The request body is not valid JSON: ']' expected "
+                 "near end of file (line 1, column 14).\",\"type\":"
+                 "\"invalid_request_error\",\"param\":null,\"code\":\"invalid_json\"}}");
+    expect_error(REQ_CHAT, "[1, 2]", 400,
+                 "{\"error\":{\"message\":\"The request body must be a JSON object, but got an "
+                 "array instead.\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":"
+                 "\"invalid_json\"}}");
+    expect_error(REQ_CHAT, "", 400,
+                 "{\"error\":{\"message\":\"The request body is not valid JSON: '[' or '{' "
+                 "expected near end of file (line 1, column 0).\",\"type\":"
+                 "\"invalid_request_error\",\"param\":null,\"code\":\"invalid_json\"}}");
+}
+
+static void invalid_utf8_in_a_string_is_400(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *bodies[] = {
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"\xed\xa0\x80\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"\\ud800\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        assert_int_equal(req_parse(&r, REQ_CHAT, bodies[i], strlen(bodies[i]), &e), TD_EINVAL);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.code, "invalid_json");
+        /* The body stays valid JSON even when the parser quotes the bad bytes. */
+        char *s = apierr_render(&e);
+        json_t *back = json_loads(s, 0, NULL);
+        assert_non_null(back);
+        json_decref(back);
+        free(s);
+    }
+}
+
+static void wrong_types_name_the_field(void **state)
+{
+    (void)state;
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": "
+                 "\"10\"}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'max_tokens': expected an integer, "
+                 "but got a string instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"max_tokens\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_CHAT, "{\"messages\": {\"role\": \"user\"}}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'messages': expected an array, but "
+                 "got an object instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"messages\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'messages[0].content': expected a "
+                 "string or an array of content parts, but got an integer instead.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"messages[0].content\",\"code\":"
+                 "\"invalid_type\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'stream': expected a boolean, but "
+                 "got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"stream\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": 3}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'model': expected a string, but got "
+                 "an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"model\","
+                 "\"code\":\"invalid_type\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"a\", "
+                 "2]}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'stop[1]': expected a string, but "
+                 "got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"stop[1]\",\"code\":\"invalid_type\"}}");
+}
+
+static void empty_or_missing_messages_are_400(void **state)
+{
+    (void)state;
+    expect_error(REQ_CHAT, "{\"messages\": []}", 400,
+                 "{\"error\":{\"message\":\"Invalid 'messages': empty array. Expected an array "
+                 "with minimum length 1, but got an empty array instead.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"messages\",\"code\":\"empty_array\"}}");
+    expect_error(REQ_CHAT, "{\"model\": \"m\"}", 400,
+                 "{\"error\":{\"message\":\"Missing required parameter: 'messages'.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"messages\",\"code\":"
+                 "\"missing_required_parameter\"}}");
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\"}]}", 400,
+                 "{\"error\":{\"message\":\"Missing required parameter: 'messages[0].content'.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"messages[0].content\",\"code\":"
+                 "\"missing_required_parameter\"}}");
+}
+
+static void bad_values_are_400(void **state)
+{
+    (void)state;
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'messages[0].role': 'robot'. "
+                 "Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"messages[0].role\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                 "\"image_url\": {\"url\": \"x\"}}]}]}",
+                 400,
+                 "{\"error\":{\"message\":\"Only text content parts are supported; "
+                 "messages[0].content[0] has type 'image_url'.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"messages[0].content[0]\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 2}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'n': only one choice per "
+                 "request is supported, got 2.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"n\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 2.5}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'temperature': expected a number in "
+                 "[0, 2], but got 2.5 instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"temperature\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_p\": 0}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'top_p': expected a number in (0, "
+                 "1], but got 0 instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"top_p\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 0}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'max_tokens': expected an integer "
+                 "from 1 to 2147483647, but got 0 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"max_tokens\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'top_logprobs': 'logprobs' must be "
+                 "set to true when 'top_logprobs' is used.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"top_logprobs\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, "
+                 "\"top_logprobs\": 21}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'top_logprobs': expected an integer "
+                 "from 0 to 20, but got 21 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"top_logprobs\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream_options\": "
+                 "{\"include_usage\": true}}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'stream_options': only allowed "
+                 "when 'stream' is true.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"stream_options\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+                 "[{\"type\": \"function\"}]}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'tools[0]': expected {\\\"type\\\": "
+                 "\\\"function\\\", \\\"function\\\": {\\\"name\\\": ...}}.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"tools[0]\",\"code\":\"invalid_value\"}}");
+}
+
+static void completion_prompt_forms(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *text = "{\"prompt\": \"Once upon\", \"logprobs\": 2}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);
+    assert_int_equal(r.prompt_len, 9);
+    assert_memory_equal(r.prompt, "Once upon", 9);
+    assert_int_equal(r.max_tokens, 16); /* the completions API default */
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 2);
+    req_free(&r);
+    const char *ids = "{\"prompt\": [[5, 0, 511]], \"max_tokens\": 3}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, ids, strlen(ids), &e), TD_OK);
+    assert_null(r.prompt);
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[0], 5);
+    assert_int_equal(r.prompt_ids[2], 511);
+    assert_int_equal(r.max_tokens, 3);
+    assert_false(r.logprobs);
+    req_free(&r);
+    const char *one = "{\"prompt\": [\"x\"]}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, one, strlen(one), &e), TD_OK);
+    assert_memory_equal(r.prompt, "x", 1);
+    req_free(&r);
+}
+
+static void completion_bad_prompts_are_400(void **state)
+{
+    (void)state;
+    expect_error(REQ_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt': only one prompt per "
+                 "request is supported, got 2.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"prompt\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [1, -2]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt[1]': expected a token id (a "
+                 "non-negative integer).\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"prompt[1]\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt': the prompt is empty.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"prompt\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'echo': echoing the prompt is "
+                 "not supported.\",\"type\":\"invalid_request_error\",\"param\":\"echo\","
+                 "\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"max_tokens\": 5}", 400,
+                 "{\"error\":{\"message\":\"Missing required parameter: 'prompt'.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"prompt\",\"code\":"
+                 "\"missing_required_parameter\"}}");
+}
+
+static void tokenize_and_detokenize_bodies(void **state)
+{
+    (void)state;
+    json_t *root;
+    const char *text;
+    size_t len;
+    bool add;
+    api_error e;
+    const char *b1 = "{\"content\": \"hi there\", \"add_special\": false}";
+    assert_int_equal(req_parse_tokenize(b1, strlen(b1), &root, &text, &len, &add, &e), TD_OK);
+    assert_int_equal(len, 8);
+    assert_false(add);
+    json_decref(root);
+    const char *b2 = "{\"prompt\": \"x\"}";
+    assert_int_equal(req_parse_tokenize(b2, strlen(b2), &root, &text, &len, &add, &e), TD_OK);
+    assert_string_equal(text, "x");
+    assert_true(add);
+    json_decref(root);
+    const char *b3 = "{\"content\": [1]}";
+    assert_int_equal(req_parse_tokenize(b3, strlen(b3), &root, &text, &len, &add, &e), TD_EINVAL);
+    assert_null(root);
+    assert_string_equal(e.param, "content");
+
+    int32_t *ids;
+    size_t n;
+    const char *d1 = "{\"tokens\": [0, 511, 7]}";
+    assert_int_equal(req_parse_detokenize(d1, strlen(d1), 512, &ids, &n, &e), TD_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[1], 511);
+    free(ids);
+    const char *d2 = "{\"tokens\": [0, 512]}";
+    assert_int_equal(req_parse_detokenize(d2, strlen(d2), 512, &ids, &n, &e), TD_EINVAL);
+    char *s = apierr_render(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"Invalid value for 'tokens[1]': expected a "
+                           "token id from 0 to 511.\",\"type\":\"invalid_request_error\","
+                           "\"param\":\"tokens[1]\",\"code\":\"invalid_value\"}}");
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chat_body_gives_exact_values),
+        cmocka_unit_test(chat_defaults_when_fields_are_absent),
+        cmocka_unit_test(malformed_json_is_400),
+        cmocka_unit_test(invalid_utf8_in_a_string_is_400),
+        cmocka_unit_test(wrong_types_name_the_field),
+        cmocka_unit_test(empty_or_missing_messages_are_400),
+        cmocka_unit_test(bad_values_are_400),
+        cmocka_unit_test(completion_prompt_forms),
+        cmocka_unit_test(completion_bad_prompts_are_400),
+        cmocka_unit_test(tokenize_and_detokenize_bodies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
