@@ -249,4 +249,75 @@ double ops_rand_uniform(uint64_t seed, uint64_t counter);
  * sum exceeds u * sum(p). */
 int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t step);
 
+
+/* ---------------------------------------------------------------------------------------
+ * CUDA twins (kernels/cuda/<idea>.cu; kernels/cuda/NOTES.md says how each is laid out)
+ *
+ * Same arguments as the CPU op, every pointer a device pointer (structs such as ops_attn
+ * are host structs holding device pointers), then the stream. They only enqueue work: the
+ * td_err reports an unsupported shape (TD_ENOTSUP), a scratch allocation (TD_ENOMEM) or a
+ * launch that failed (TD_ECUDA); a fault inside a kernel shows at the next synchronising
+ * call (cuda_mem_download, cuda_stream_sync). Shape mistakes are TD_ASSERTs as on the CPU.
+ * Every twin is deterministic (no floating-point atomics, fixed reduction orders) and
+ * batch invariant: a row, token or query gets bit-identical results whatever else is in the
+ * same call, so greedy speculative decoding on the GPU equals plain decoding.
+ * ------------------------------------------------------------------------------------- */
+#ifdef TANDEM_HAVE_CUDA
+
+td_err cuda_rmsnorm(float *out, const float *x, const float *w, int64_t n_rows, int64_t dim,
+                    int64_t stride, float eps, ops_stream st);
+td_err cuda_l2norm(float *out, const float *x, int64_t n_rows, int64_t dim, int64_t stride,
+                   float eps, ops_stream st);
+
+td_err cuda_add(float *out, const float *a, const float *b, int64_t n, ops_stream st);
+td_err cuda_mul(float *out, const float *a, const float *b, int64_t n, ops_stream st);
+td_err cuda_scale(float *out, const float *x, float s, int64_t n, ops_stream st);
+td_err cuda_silu(float *out, const float *x, int64_t n, ops_stream st);
+td_err cuda_sigmoid(float *out, const float *x, int64_t n, ops_stream st);
+td_err cuda_softplus(float *out, const float *x, int64_t n, ops_stream st);
+td_err cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, ops_stream st);
+td_err cuda_softmax(float *out, const float *x, int64_t n_rows, int64_t n, ops_stream st);
+
+/* Per row of x[n_rows][n]: idx[n_rows] (device) = cpu_argmax of the row. */
+td_err cuda_argmax(int32_t *idx, const float *x, int64_t n_rows, int64_t n, ops_stream st);
+/* Per row of x[n_rows][n]: idx[n_rows][k], val[n_rows][k] (val may be NULL) = cpu_topk of
+ * the row. 1 <= k <= min(n, 1024); TD_ENOTSUP for a larger k. */
+td_err cuda_topk(int32_t *idx, float *val, const float *x, int64_t n_rows, int64_t n,
+                 int64_t k, ops_stream st);
+
+td_err cuda_rope_neox(float *x, int64_t n_tok, int64_t n_head, int64_t tok_stride,
+                      int64_t head_stride, int64_t n_rot, const int32_t *pos, float theta,
+                      ops_stream st);
+
+/* cpu_attention with a's pointers on the device. head_dim <= 256 (TD_ENOTSUP above). */
+td_err cuda_attention(const ops_attn *a, ops_stream st);
+
+/* cpu_conv1d_causal; k <= 16 (TD_ENOTSUP above). */
+td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const float *x,
+                          int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch,
+                          int64_t k, ops_stream st);
+
+/* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
+td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
+
+/* cpu_sample_probs on the device (s is a host struct). The settings are checked here
+ * (TD_EINVAL as on the CPU); logits with no finite value cannot be seen without waiting for
+ * the GPU, so they give p all zeros, which cuda_sample_draw answers with -1. */
+td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab, const ops_sampler *s,
+                         ops_stream st);
+/* *tok (device) = cpu_sample_draw(p, n_vocab, seed, step), or -1 when p has no positive
+ * entry. The same Philox numbers as ops_rand_uniform. */
+td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
+                        uint64_t step, ops_stream st);
+
+/* Greedy acceptance of a verified block without copying logits to the host (DESIGN 4.3).
+ * logits [n][n_vocab]: target logits p0..p(n-1) of the block [b, d1..d(n-1)];
+ * draft [n-1]: d1..d(n-1). Writes argmax [n] (argmax of each row) and result [2] =
+ * {a, next}: a = the largest k with d_i == argmax(p(i-1)) for every i <= k, next =
+ * argmax(p_a). All device pointers; n >= 1. */
+td_err cuda_accept_greedy(int32_t *argmax, int32_t *result, const float *logits,
+                          const int32_t *draft, int64_t n, int64_t n_vocab, ops_stream st);
+
+#endif /* TANDEM_HAVE_CUDA */
+
 #endif

@@ -1,0 +1,118 @@
+/* Device memory, copies and streams as td_err calls (kernels/cuda_mem.h). */
+#include "kernels/cuda/cuda_common.h"
+
+extern "C" {
+#include "kernels/cuda_mem.h"
+}
+
+/* A failed runtime call also sits in CUDA's last-error slot; clear it so the next launch
+ * check (CUDA_TRY_LAUNCH) does not report this failure a second time. */
+static td_err mem_fail(cudaError_t e, const char *what, size_t bytes)
+{
+    (void)cudaGetLastError();
+    if (e == cudaErrorMemoryAllocation)
+        return err_set(TD_ENOMEM, "%s: the device has no room for %zu bytes", what, bytes);
+    return err_set(TD_ECUDA, "%s (%zu bytes): %s", what, bytes, cudaGetErrorString(e));
+}
+
+extern "C" bool cuda_available(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    /* cudaFree(NULL) makes the context: fails on a prohibited or broken device */
+    if (cudaFree(NULL) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+extern "C" td_err cuda_mem_alloc(void **p, size_t bytes)
+{
+    TD_ASSERT(p != NULL);
+    *p = NULL;
+    if (bytes == 0)
+        return TD_OK;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return mem_fail(e, "cudaMalloc", bytes);
+    }
+    return TD_OK;
+}
+
+extern "C" void cuda_mem_free(void *p)
+{
+    if (p)
+        (void)cudaFree(p);
+}
+
+extern "C" td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st)
+{
+    if (bytes == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st);
+    return e == cudaSuccess ? TD_OK : mem_fail(e, "upload to the device", bytes);
+}
+
+extern "C" td_err cuda_mem_download(void *dst, const void *src, size_t bytes, ops_stream st)
+{
+    TD_ASSERT(bytes == 0 || (dst != NULL && src != NULL));
+    if (bytes > 0) {
+        cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st);
+        if (e != cudaSuccess)
+            return mem_fail(e, "download from the device", bytes);
+    }
+    return cuda_stream_sync(st);
+}
+
+extern "C" td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_stream st)
+{
+    if (bytes == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st);
+    return e == cudaSuccess ? TD_OK : mem_fail(e, "device copy", bytes);
+}
+
+extern "C" td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st)
+{
+    if (bytes == 0)
+        return TD_OK;
+    TD_ASSERT(p != NULL);
+    cudaError_t e = cudaMemsetAsync(p, value, bytes, st);
+    return e == cudaSuccess ? TD_OK : mem_fail(e, "device fill", bytes);
+}
+
+extern "C" td_err cuda_stream_create(ops_stream *st)
+{
+    TD_ASSERT(st != NULL);
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return err_set(TD_ECUDA, "cudaStreamCreate: %s", cudaGetErrorString(e));
+    }
+    *st = s;
+    return TD_OK;
+}
+
+extern "C" void cuda_stream_free(ops_stream st)
+{
+    if (st)
+        (void)cudaStreamDestroy(st);
+}
+
+extern "C" td_err cuda_stream_sync(ops_stream st)
+{
+    cudaError_t e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return err_set(TD_ECUDA, "work on the stream failed: %s", cudaGetErrorString(e));
+    }
+    return TD_OK;
+}

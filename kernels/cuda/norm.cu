@@ -1,0 +1,51 @@
+/* Row norms (twins of kernels/cpu/norm.c). One block per row: a row (up to a 5120-wide
+ * hidden state) is one block's work, and the sum of squares has the same fixed order for a
+ * row whatever the number of rows. Per-thread partial sums run in f32 over a strided slice
+ * and meet in f64 through a fixed tree, so the sum is near exact like the CPU's f64 sum
+ * without f64 work per element (slow on consumer GPUs). */
+#include "kernels/cuda/ops_dev.cuh"
+
+#define NORM_THREADS 256
+
+/* mode 0: RMS norm (mean of squares), 1: L2 norm (sum of squares) */
+__global__ void __launch_bounds__(NORM_THREADS)
+norm_kernel(float *out, const float *x, const float *w, int64_t dim, int64_t stride, float eps,
+            int mode)
+{
+    __shared__ double sh[33];
+    const float *xr = x + (int64_t)blockIdx.x * stride;
+    float *o = out + (int64_t)blockIdx.x * stride;
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
+        part = fmaf(xr[i], xr[i], part);
+    double ss = dev_block_sum((double)part, sh); /* every x is read before any write */
+    float inv = mode == 0 ? (float)(1.0 / sqrt(ss / (double)dim + (double)eps))
+                          : (float)(1.0 / sqrt(ss + (double)eps));
+    for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
+        o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+}
+
+static td_err norm_launch(float *out, const float *x, const float *w, int64_t n_rows,
+                          int64_t dim, int64_t stride, float eps, int mode, ops_stream st)
+{
+    TD_ASSERT(out != NULL && x != NULL && n_rows >= 0 && dim >= 1 && stride >= dim);
+    if (n_rows > INT32_MAX)
+        return err_set(TD_ENOTSUP, "norm over %lld rows", (long long)n_rows);
+    if (n_rows == 0)
+        return TD_OK;
+    norm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, st>>>(out, x, w, dim, stride, eps, mode);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+extern "C" td_err cuda_rmsnorm(float *out, const float *x, const float *w, int64_t n_rows,
+                               int64_t dim, int64_t stride, float eps, ops_stream st)
+{
+    return norm_launch(out, x, w, n_rows, dim, stride, eps, 0, st);
+}
+
+extern "C" td_err cuda_l2norm(float *out, const float *x, int64_t n_rows, int64_t dim,
+                              int64_t stride, float eps, ops_stream st)
+{
+    return norm_launch(out, x, NULL, n_rows, dim, stride, eps, 1, st);
+}

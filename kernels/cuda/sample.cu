@@ -1,0 +1,363 @@
+/* The sampler on the device (twins of cpu_sample_probs and cpu_sample_draw): the filtered
+ * distribution p and a reproducible draw from it, without the logits leaving the GPU.
+ *
+ * cuda_sample_probs picks one of four paths by the settings; each gives the CPU's kept set
+ * (up to rounding at a top-p boundary) and p within float rounding of the CPU's:
+ * - greedy (temperature 0): one-hot argmax;
+ * - top_k <= TOPK_MAX: radix-select the k candidates in one block (select.cuh), then one
+ *   thread walks them in the CPU's order and precision (f64, k small);
+ * - top_p (or a top_k above TOPK_MAX): a stable radix sort of the whole row (CUB) gives the
+ *   CPU's walk order, then one block scans the sorted mass in f64 in a fixed order;
+ * - otherwise (temperature, min_p): no order needed, one block normalises.
+ * Per-token work in the last two runs in f32 (f64 is slow on consumer GPUs), sums meet in
+ * f64 in a fixed tree: p is deterministic and within ~1e-6 relative of the CPU's.
+ *
+ * cuda_sample_draw uses the CPU's Philox number and cumulative rule with f64 partial sums of
+ * contiguous slices, so it returns the CPU's token unless u * sum(p) lies within f64
+ * rounding (~1e-16 relative) of a boundary between two tokens. */
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/cuda/select.cuh"
+
+#define SAMPLE_THREADS 1024
+
+/* exp((l - max) / temperature) as cpu's cand_e, in f32: 1 for the max itself (also +inf),
+ * 0 for NaN. */
+__device__ __forceinline__ float smp_e(float l, float mx, float inv_t)
+{
+    if (l == mx)
+        return 1.0f;
+    if (isnan(l))
+        return 0.0f;
+    return expf((l - mx) * inv_t);
+}
+
+__device__ __forceinline__ bool smp_bad_max(float mx)
+{
+    return isnan(mx) || mx == -INFINITY;
+}
+
+/* Inclusive prefix sum of v over the block, in a fixed order (Hillis-Steele); sh has
+ * blockDim.x elements. Every thread must call it. */
+__device__ double smp_block_scan(double v, double *sh)
+{
+    __syncthreads();
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned off = 1; off < blockDim.x; off <<= 1) {
+        double add = threadIdx.x >= off ? sh[threadIdx.x - off] : 0.0;
+        __syncthreads();
+        v += add;
+        sh[threadIdx.x] = v;
+        __syncthreads();
+    }
+    return v;
+}
+
+/* Smallest v over the block (integers: exact in any order); sh: 33 elements. */
+__device__ int64_t smp_block_min(int64_t v, int64_t *sh)
+{
+    for (int off = 16; off > 0; off >>= 1) {
+        int64_t o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
+        v = o < v ? o : v;
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : INT64_MAX;
+        for (int off = 16; off > 0; off >>= 1) {
+            int64_t o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
+            v = o < v ? o : v;
+        }
+        if (lane == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* --- greedy and dense paths ------------------------------------------------------------ */
+
+/* temperature 0: one-hot argmax; min_p_on: the dense path (no order needed). A row with no
+ * finite logit gives zeros. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float min_p, int greedy)
+{
+    __shared__ float sh_v[33];
+    __shared__ int64_t sh_i[33];
+    __shared__ double sh_d[33];
+    const int64_t best = sel_argmax_block(logits, n, sh_v, sh_i);
+    const float mx = logits[best];
+    if (smp_bad_max(mx) || greedy) {
+        const bool bad = smp_bad_max(mx);
+        for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
+            p[i] = !bad && i == best ? 1.0f : 0.0f;
+        return;
+    }
+    /* kept: every token, or with min_p those with e >= min_p (the best has e = 1) */
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
+        float e = smp_e(logits[i], mx, inv_t);
+        if (e >= min_p || i == best)
+            part += e;
+    }
+    const double kept = dev_block_sum((double)part, sh_d);
+    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
+        float e = smp_e(logits[i], mx, inv_t);
+        p[i] = e >= min_p || i == best ? (float)((double)e / kept) : 0.0f;
+    }
+}
+
+/* --- small top-k path ------------------------------------------------------------------ */
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, double top_p,
+                double min_p)
+{
+    __shared__ sel_smem sm;
+    __shared__ uint64_t keys[TOPK_MAX];
+    __shared__ double e[TOPK_MAX];
+    __shared__ double kept_sum;
+    __shared__ int keep;
+    sel_topk_block(logits, n, k, &sm, keys);
+    const uint32_t best = sel_key_index(keys[0]);
+    const float mx = logits[best];
+    const bool bad = smp_bad_max(mx);
+    if (!bad) {
+        for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
+            const float l = logits[sel_key_index(keys[j])];
+            e[j] = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && !bad) {
+        /* the CPU's walk, in its order and precision: top-k order, top-p prefix, min_p */
+        double total = 0;
+        for (int j = 0; j < k; j++)
+            total += e[j];
+        int m = k;
+        if (top_p < 1) {
+            double cum = 0;
+            for (int j = 0; j < k; j++) {
+                cum += e[j];
+                if (cum >= top_p * total) {
+                    m = j + 1;
+                    break;
+                }
+            }
+        }
+        /* min_p keeps a subset of the prefix: mark dropped entries with e = -1 */
+        double kept = 0;
+        for (int j = 0; j < m; j++) {
+            if (min_p > 0 && !(e[j] >= min_p) && sel_key_index(keys[j]) != best)
+                e[j] = -1;
+            else
+                kept += e[j];
+        }
+        keep = m;
+        kept_sum = kept;
+    }
+    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
+        p[i] = 0;
+    __syncthreads();
+    if (bad)
+        return;
+    for (int j = threadIdx.x; j < keep; j += SAMPLE_THREADS)
+        if (e[j] >= 0)
+            p[sel_key_index(keys[j])] = (float)(e[j] / kept_sum);
+}
+
+/* --- sorted path ----------------------------------------------------------------------- */
+
+/* The upper word of sel_key: larger for a better logit, NaN lowest, -0 as +0. A stable
+ * descending sort on it keeps lower ids first among equal logits: cpu_topk's order. */
+__global__ void smp_keys_kernel(uint32_t *keys, int32_t *ids, const float *logits, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    keys[i] = (uint32_t)(sel_key(logits[i], 0) >> 32);
+    ids[i] = (int32_t)i;
+}
+
+/* Walks the sorted row: total of the first kc, top-p prefix by a block scan in f64, min_p. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_sorted_kernel(float *p, const float *logits, const int32_t *ids, int64_t n, int64_t kc,
+                  float inv_t, double top_p, float min_p)
+{
+    __shared__ double scan[SAMPLE_THREADS];
+    __shared__ double sh_d[33];
+    __shared__ int64_t sh_i[33];
+    const int64_t best = ids[0];
+    const float mx = logits[best];
+    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
+        p[i] = 0;
+    if (smp_bad_max(mx))
+        return;
+    float part = 0;
+    for (int64_t j = threadIdx.x; j < kc; j += SAMPLE_THREADS)
+        part += smp_e(logits[ids[j]], mx, inv_t);
+    const double total = dev_block_sum((double)part, sh_d);
+
+    int64_t keep = kc;
+    if (top_p < 1) {
+        /* sorted entries in chunks of one per thread: the first with cum >= top_p * total */
+        const double target = top_p * total;
+        double carry = 0;
+        for (int64_t base = 0; base < kc; base += SAMPLE_THREADS) {
+            const int64_t j = base + threadIdx.x;
+            const double v = j < kc ? (double)smp_e(logits[ids[j]], mx, inv_t) : 0.0;
+            const double incl = smp_block_scan(v, scan);
+            const double chunk = scan[SAMPLE_THREADS - 1];
+            const int64_t hit = smp_block_min(j < kc && carry + incl >= target ? j : INT64_MAX,
+                                              sh_i);
+            if (hit != INT64_MAX) {
+                keep = hit + 1;
+                break;
+            }
+            carry += chunk;
+        }
+    }
+    float kpart = 0;
+    for (int64_t j = threadIdx.x; j < keep; j += SAMPLE_THREADS) {
+        const float ej = smp_e(logits[ids[j]], mx, inv_t);
+        if (ej >= min_p || ids[j] == best)
+            kpart += ej;
+    }
+    const double kept = dev_block_sum((double)kpart, sh_d); /* also orders the zeroing first */
+    for (int64_t j = threadIdx.x; j < keep; j += SAMPLE_THREADS) {
+        const float ej = smp_e(logits[ids[j]], mx, inv_t);
+        if (ej >= min_p || ids[j] == best)
+            p[ids[j]] = (float)((double)ej / kept);
+    }
+}
+
+static size_t smp_align(size_t x)
+{
+    return (x + 255) & ~(size_t)255;
+}
+
+static td_err smp_sorted(float *p, const float *logits, int64_t n, int64_t kc, float inv_t,
+                         double top_p, float min_p, cudaStream_t st)
+{
+    const size_t arr = smp_align((size_t)n * 4);
+    size_t temp = 0;
+    CUDA_TRY(cub::DeviceRadixSort::SortPairsDescending(
+        NULL, temp, (const uint32_t *)NULL, (uint32_t *)NULL, (const int32_t *)NULL,
+        (int32_t *)NULL, (int)n, 0, 32, st));
+    char *ws = NULL;
+    TD_TRY(dev_scratch_alloc((void **)&ws, 4 * arr + smp_align(temp), st, "sampler sort"));
+    uint32_t *keys_in = (uint32_t *)ws, *keys_out = (uint32_t *)(ws + arr);
+    int32_t *ids_in = (int32_t *)(ws + 2 * arr), *ids_out = (int32_t *)(ws + 3 * arr);
+    smp_keys_kernel<<<cuda_blocks(n, 256), 256, 0, st>>>(keys_in, ids_in, logits, n);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cub::DeviceRadixSort::SortPairsDescending(ws + 4 * arr, temp, keys_in, keys_out,
+                                                      ids_in, ids_out, (int)n, 0, 32, st);
+    if (e == cudaSuccess) {
+        smp_sorted_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, ids_out, n, kc, inv_t,
+                                                        top_p, min_p);
+        e = cudaGetLastError();
+    }
+    dev_scratch_free(ws, st);
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "sampler over %lld tokens: %s", (long long)n,
+                       cudaGetErrorString(e));
+    return TD_OK;
+}
+
+extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab,
+                                    const ops_sampler *s, ops_stream st)
+{
+    TD_ASSERT(p != NULL && logits != NULL && s != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    if (!(s->temperature >= 0) || isinf(s->temperature))
+        return err_set(TD_EINVAL, "temperature %g: must be finite and >= 0", s->temperature);
+    if (!(s->top_p >= 0))
+        return err_set(TD_EINVAL, "top_p %g: must be >= 0", s->top_p);
+    if (!(s->min_p >= 0))
+        return err_set(TD_EINVAL, "min_p %g: must be >= 0", s->min_p);
+
+    const bool use_k = s->top_k > 0 && s->top_k < n_vocab;
+    const bool use_p = s->top_p < 1;
+    if (s->temperature == 0 || (!use_k && !use_p)) {
+        const bool greedy = s->temperature == 0;
+        const float inv_t = greedy ? 0.0f : (float)(1.0 / (double)s->temperature);
+        smp_dense_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, n_vocab, inv_t, s->min_p,
+                                                        greedy);
+        CUDA_TRY_LAUNCH();
+        return TD_OK;
+    }
+    if (use_k && s->top_k <= TOPK_MAX) {
+        smp_topk_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, n_vocab, s->top_k,
+                                                       1.0 / (double)s->temperature,
+                                                       (double)s->top_p, (double)s->min_p);
+        CUDA_TRY_LAUNCH();
+        return TD_OK;
+    }
+    return smp_sorted(p, logits, n_vocab, use_k ? s->top_k : n_vocab,
+                      (float)(1.0 / (double)s->temperature), (double)s->top_p, s->min_p, st);
+}
+
+/* --- draw ------------------------------------------------------------------------------ */
+
+/* Thread t sums the positive entries of its contiguous slice in f64 in index order; a block
+ * scan gives each slice's start; the slice where the running sum first passes u * total
+ * walks its entries as cpu_sample_draw does. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_draw_kernel(int32_t *tok, const float *p, int64_t n, uint64_t seed, uint64_t step)
+{
+    __shared__ double scan[SAMPLE_THREADS];
+    __shared__ int64_t sh_i[33];
+    const int64_t per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int64_t lo = (int64_t)threadIdx.x * per;
+    const int64_t hi = lo + per < n ? lo + per : n;
+    double part = 0;
+    int64_t last = -1; /* last positive entry of the slice */
+    for (int64_t i = lo; i < hi; i++)
+        if (p[i] > 0) {
+            part += p[i];
+            last = i;
+        }
+    const double incl = smp_block_scan(part, scan);
+    const double total = scan[SAMPLE_THREADS - 1];
+    const double start = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.0; /* slice start */
+    /* the last positive entry overall: the answer when rounding leaves the target on top */
+    const int64_t last_all = -smp_block_min(-last, sh_i);
+    if (last_all < 0) {
+        if (threadIdx.x == 0)
+            *tok = -1;
+        return;
+    }
+    const double target = dev_rand_uniform(seed, step) * total;
+    const int64_t first = smp_block_min(incl > target ? (int64_t)threadIdx.x : INT64_MAX, sh_i);
+    if (first == INT64_MAX) {
+        if (threadIdx.x == 0)
+            *tok = (int32_t)last_all;
+        return;
+    }
+    if ((int64_t)threadIdx.x != first)
+        return;
+    double cum = start;
+    for (int64_t i = lo; i < hi; i++) {
+        if (!(p[i] > 0))
+            continue;
+        cum += p[i];
+        if (cum > target) {
+            *tok = (int32_t)i;
+            return;
+        }
+    }
+    *tok = (int32_t)last; /* rounding: the target sits at this slice's very end */
+}
+
+extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
+                                   uint64_t step, ops_stream st)
+{
+    TD_ASSERT(tok != NULL && p != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    smp_draw_kernel<<<1, SAMPLE_THREADS, 0, st>>>(tok, p, n_vocab, seed, step);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}

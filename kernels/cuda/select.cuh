@@ -1,0 +1,168 @@
+/* Picking the largest entries of a row inside one block: argmax and top-k with the CPU's
+ * ranking (kernels/cpu/act.c: larger value first, lower index first on ties, NaN last, -0 and
+ * +0 equal). Shared by select.cu (argmax, top-k, greedy acceptance) and sample.cu (the
+ * top-k of the sampler). Include only from .cu files. */
+#ifndef TANDEM_KERNELS_CUDA_SELECT_CUH
+#define TANDEM_KERNELS_CUDA_SELECT_CUH
+
+#include "kernels/cuda/ops_dev.cuh"
+
+#define TOPK_MAX 1024 /* largest k one block selects (candidates live in shared memory) */
+
+/* (va, ia) ranks above (vb, ib) in cpu_argmax's order. */
+__device__ __forceinline__ bool sel_better(float va, int64_t ia, float vb, int64_t ib)
+{
+    if (isnan(vb))
+        return !isnan(va) || ia < ib;
+    if (isnan(va))
+        return false;
+    return va > vb || (va == vb && ia < ib);
+}
+
+/* Index of the best entry of x[n] (cpu_argmax), returned to every thread of the block.
+ * sh_v, sh_i: 33 elements of shared memory each. Exact: the winner does not depend on the
+ * order of comparisons, since sel_better is a total order. */
+__device__ __forceinline__ int64_t sel_argmax_block(const float *x, int64_t n, float *sh_v,
+                                                    int64_t *sh_i)
+{
+    float bv = NAN;
+    int64_t bi = INT64_MAX; /* loses to every real entry */
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (sel_better(v, i, bv, bi))
+            bv = v, bi = i;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_xor_sync(DEV_FULL_MASK, bv, off);
+        int64_t oi = __shfl_xor_sync(DEV_FULL_MASK, bi, off);
+        if (sel_better(ov, oi, bv, bi))
+            bv = ov, bi = oi;
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads(); /* the arrays may still be read by a previous call */
+    if (lane == 0)
+        sh_v[w] = bv, sh_i[w] = bi;
+    __syncthreads();
+    if (w == 0) {
+        bv = lane < nw ? sh_v[lane] : NAN;
+        bi = lane < nw ? sh_i[lane] : INT64_MAX;
+        for (int off = 16; off > 0; off >>= 1) {
+            float ov = __shfl_xor_sync(DEV_FULL_MASK, bv, off);
+            int64_t oi = __shfl_xor_sync(DEV_FULL_MASK, bi, off);
+            if (sel_better(ov, oi, bv, bi))
+                bv = ov, bi = oi;
+        }
+        if (lane == 0)
+            sh_i[32] = bi;
+    }
+    __syncthreads();
+    return sh_i[32];
+}
+
+/* A 64-bit key per entry that orders entries as sel_better does, all keys distinct: the
+ * value's bits made monotonic (NaN lowest, -0 as +0) above the complemented index (a lower
+ * index gives a larger key). */
+__device__ __forceinline__ uint64_t sel_key(float v, uint32_t i)
+{
+    uint32_t u;
+    if (isnan(v)) {
+        u = 0;
+    } else {
+        uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+        u = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    }
+    return ((uint64_t)u << 32) | (uint32_t)~i;
+}
+
+__device__ __forceinline__ uint32_t sel_key_index(uint64_t key)
+{
+    return ~(uint32_t)key;
+}
+
+typedef struct sel_smem {
+    unsigned hist[256];      /* keys per digit value in this pass */
+    uint64_t cand[TOPK_MAX]; /* the selected keys, unordered */
+    uint64_t prefix;         /* the digits decided so far */
+    uint64_t mask;           /* the bits prefix decides */
+    uint64_t thresh;         /* the selection is every key >= thresh */
+    int need;                /* keys still to take from the prefix's bucket */
+    int done;
+    unsigned cnt;            /* keys gathered into cand */
+} sel_smem;
+
+/* The k largest keys of x[n] (cpu_topk's order), largest first, into out[k] (shared or
+ * global memory, not sm). 1 <= k <= min(n, TOPK_MAX), n <= INT32_MAX. Every thread of the
+ * block must call it.
+ *
+ * Radix select on the distinct keys, 8 bits per pass from the top: count the keys of the
+ * current bucket per digit, keep the digit where the k-th largest falls, stop once the whole
+ * bucket is taken (after 4 passes unless values tie). The counts use shared-memory integer
+ * atomics: counts, and so the selected set, do not depend on their order; the set is then
+ * sorted by rank, so the result is exact and deterministic. */
+__device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k, sel_smem *sm,
+                                               uint64_t *out)
+{
+    __syncthreads(); /* sm may still be read by a previous call */
+    if (threadIdx.x == 0) {
+        sm->prefix = 0;
+        sm->mask = 0;
+        sm->need = k;
+        sm->done = 0;
+        sm->cnt = 0;
+    }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int d = threadIdx.x; d < 256; d += blockDim.x)
+            sm->hist[d] = 0;
+        __syncthreads();
+        const uint64_t prefix = sm->prefix, mask = sm->mask;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            uint64_t key = sel_key(x[i], (uint32_t)i);
+            if ((key & mask) == prefix)
+                atomicAdd(&sm->hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            /* the digit d with above < need <= above + hist[d], above = keys of larger digits */
+            unsigned above = 0, need = (unsigned)sm->need;
+            int d = 255;
+            for (; d > 0; d--) {
+                if (above + sm->hist[d] >= need)
+                    break;
+                above += sm->hist[d];
+            }
+            need -= above;
+            sm->prefix |= (uint64_t)d << shift;
+            sm->mask |= (uint64_t)255 << shift;
+            sm->need = (int)need;
+            /* keys are distinct, so the last pass always ends here */
+            if (sm->hist[d] == need || shift == 0) {
+                sm->done = 1;
+                sm->thresh = sm->prefix;
+            }
+        }
+        __syncthreads();
+        if (sm->done)
+            break;
+    }
+    const uint64_t thresh = sm->thresh;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        uint64_t key = sel_key(x[i], (uint32_t)i);
+        if (key >= thresh) {
+            unsigned pos = atomicAdd(&sm->cnt, 1u);
+            if (pos < TOPK_MAX)
+                sm->cand[pos] = key;
+        }
+    }
+    __syncthreads();
+    /* distinct keys: each one's rank is the number of larger ones */
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const uint64_t kj = sm->cand[j];
+        int r = 0;
+        for (int m = 0; m < k; m++)
+            r += sm->cand[m] > kj;
+        out[r] = kj;
+    }
+    __syncthreads();
+}
+
+#endif

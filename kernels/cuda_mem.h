@@ -1,0 +1,53 @@
+/* Device memory and streams for the CUDA twins (kernels/cuda/cuda_mem.cu), as td_err calls
+ * a C caller can use: the engine places weights and activations, the GPU tests move data to
+ * and from the ops. A GPU running out of memory is an error from outside: TD_ENOMEM with a
+ * message, never a crash.
+ *
+ * cuda_available() exists in every build (false without CUDA), so callers pick a backend at
+ * run time; the rest needs TANDEM_HAVE_CUDA. */
+#ifndef TANDEM_KERNELS_CUDA_MEM_H
+#define TANDEM_KERNELS_CUDA_MEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/err.h"
+#include "kernels/ops.h"
+
+#ifdef TANDEM_HAVE_CUDA
+
+/* True when a CUDA device is present and a context can be made on the current device (a
+ * driver, a device, not in a prohibited compute mode). */
+bool cuda_available(void);
+
+/* *p = bytes of device memory (NULL for 0 bytes). TD_ENOMEM when the device has no room. */
+td_err cuda_mem_alloc(void **p, size_t bytes);
+/* Frees what cuda_mem_alloc gave (NULL is fine). Waits for work using it on any stream. */
+void cuda_mem_free(void *p);
+
+/* Host -> device, queued on st; src may be reused when the call returns. */
+td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st);
+/* Device -> host; returns when the bytes are in dst (waits for st, so it also reports a
+ * fault in earlier work on st). */
+td_err cuda_mem_download(void *dst, const void *src, size_t bytes, ops_stream st);
+/* Device -> device, queued on st. */
+td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_stream st);
+/* Sets bytes of device memory to byte value, queued on st. */
+td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st);
+
+/* A new non-blocking stream; NULL (the legacy default stream) is also a valid ops_stream. */
+td_err cuda_stream_create(ops_stream *st);
+void cuda_stream_free(ops_stream st);
+/* Waits for everything queued on st; reports a fault of earlier work as TD_ECUDA. */
+td_err cuda_stream_sync(ops_stream st);
+
+#else
+
+static inline bool cuda_available(void)
+{
+    return false;
+}
+
+#endif /* TANDEM_HAVE_CUDA */
+
+#endif
