@@ -1,0 +1,84 @@
+/* Response bodies and server-sent events of the OpenAI API (DESIGN section 10).
+ *
+ * A streamed chat response is one SSE event per chunk, "data: {json}\n\n", all with the same
+ * id and created time: the first chunk's delta carries the role, finish_reason is null until
+ * the last choice chunk ("stop", "length" or "tool_calls"), stream_options.include_usage adds
+ * a chunk with empty choices and the usage (and "usage":null on the others, as OpenAI does),
+ * and "data: [DONE]\n\n" ends the stream. An error in the middle of a stream is an event
+ * holding the error object, followed by [DONE].
+ *
+ * Every function returns a malloc'd NUL-terminated string, or NULL when out of memory. JSON is
+ * compact and keys keep the order written here. */
+#ifndef TANDEM_GATEWAY_RENDER_H
+#define TANDEM_GATEWAY_RENDER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "gateway/apierr.h"
+#include "gateway/output.h"
+
+#define RENDER_SSE_DONE "data: [DONE]\n\n"
+
+/* What every chunk or response of one request shares. */
+typedef struct render_ctx {
+    const char *id;       /* "chatcmpl-..." or "cmpl-..." */
+    int64_t created;      /* Unix time, seconds */
+    const char *model;    /* the model name the client sees */
+    bool usage_null;      /* streamed with include_usage: "usage":null on choice chunks */
+    const char *call_ids; /* tool-call ids are "call_<call_ids>_<index>" */
+} render_ctx;
+
+typedef struct gw_usage {
+    uint32_t prompt_tokens;     /* tokens of the prompt */
+    uint32_t completion_tokens; /* tokens generated (up to a stop string's end) */
+    uint32_t cached_tokens;     /* prompt tokens reused from the prefix cache */
+    uint32_t steps;             /* verify passes while decoding: acceptance = tokens / steps */
+} gw_usage;
+
+/* {"prompt_tokens":..,"completion_tokens":..,"total_tokens":..,
+ *  "prompt_tokens_details":{"cached_tokens":..},"acceptance_length":..} where the acceptance
+ * length (tokens committed per target pass) is omitted while no step was made. */
+json_t *render_usage(const gw_usage *u);
+
+/* The delta of one piece: {"content":..}, {"reasoning_content":..} or
+ * {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":..}}]}. */
+json_t *render_delta(const render_ctx *c, const out_piece *p);
+
+/* "data: {chat.completion.chunk}\n\n" with one choice: delta (reference taken; NULL = {}),
+ * finish (NULL = null) and logprobs (reference taken; NULL = null). */
+char *render_chat_chunk(const render_ctx *c, json_t *delta, const char *finish, json_t *logprobs);
+
+/* The final usage chunk: empty choices, the usage. */
+char *render_chat_usage_chunk(const render_ctx *c, const gw_usage *u);
+
+/* A whole chat.completion. content NULL gives "content":null; reasoning NULL leaves out
+ * "reasoning_content"; tool_calls (reference taken) NULL or empty leaves out "tool_calls";
+ * logprobs (reference taken) NULL gives null. */
+char *render_chat_response(const render_ctx *c, const char *content, size_t content_len,
+                           const char *reasoning, size_t reasoning_len, json_t *tool_calls,
+                           const char *finish, json_t *logprobs, const gw_usage *u);
+
+/* A tool call as an element of a message's "tool_calls" (no "index"). */
+json_t *render_tool_call(const render_ctx *c, const out_piece *p);
+
+/* "data: {text_completion chunk}\n\n". */
+char *render_completion_chunk(const render_ctx *c, const char *text, size_t len,
+                              const char *finish, json_t *logprobs);
+char *render_completion_usage_chunk(const render_ctx *c, const gw_usage *u);
+char *render_completion_response(const render_ctx *c, const char *text, size_t len,
+                                 const char *finish, json_t *logprobs, const gw_usage *u);
+
+/* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"tandem"}]} */
+char *render_models(const char *model, int64_t created, int64_t max_model_len);
+
+/* "data: {"error":{...}}\n\n" */
+char *render_sse_error(const api_error *e);
+
+/* json_dumps with the flags every body uses (compact, reals with 15 significant digits). */
+char *render_dump(const json_t *v);
+
+#endif
