@@ -18,6 +18,20 @@ static const char *const type_names[MSG_TYPE_END] = {
     [MSG_SHBUF_ANNOUNCE] = "shbuf_announce",
     [MSG_GEN_START] = "gen_start",
     [MSG_GEN_EVENT] = "gen_event",
+    [MSG_GEN_CANCEL] = "gen_cancel",
+    [MSG_ACK] = "ack",
+    [MSG_STATUS_GET] = "status_get",
+    [MSG_STATUS] = "status",
+    [MSG_PROPOSE] = "propose",
+    [MSG_PROPOSAL] = "proposal",
+    [MSG_KV_ATTACH] = "kv_attach",
+    [MSG_KV_POOLS] = "kv_pools",
+    [MSG_KV_OPEN] = "kv_open",
+    [MSG_KV_SLOT] = "kv_slot",
+    [MSG_KV_CLOSE] = "kv_close",
+    [MSG_SVC_LIST_GET] = "svc_list_get",
+    [MSG_SVC_LIST] = "svc_list",
+    [MSG_SVC_RESTART] = "svc_restart",
 };
 
 const char *msg_type_name(msg_type type)
@@ -187,7 +201,7 @@ td_err msg_unpack_error(const void *buf, size_t len, uint64_t *request_id, msg_e
 
 /* --- shbuf_announce ---------------------------------------------------------------------- */
 
-static td_err check_shbuf_announce(const msg_shbuf_announce *m, td_err code)
+td_err msg_check_shbuf_announce(const msg_shbuf_announce *m, td_err code)
 {
     if (m->name[0] == '\0')
         return err_set(code, "shbuf_announce: empty buffer name");
@@ -207,7 +221,7 @@ td_err msg_pack_shbuf_announce(msg_buf *out, uint64_t request_id, const msg_shbu
     TD_ASSERT(out && m);
     ASSERT_TERMINATED(m->name);
     ASSERT_TERMINATED(m->device_uuid);
-    TD_TRY(check_shbuf_announce(m, TD_EINVAL));
+    TD_TRY(msg_check_shbuf_announce(m, TD_EINVAL));
     msg_writer w;
     msg_write_begin(&w, out, MSG_SHBUF_ANNOUNCE, request_id, 5);
     msg_write_str(&w, m->name);
@@ -235,7 +249,7 @@ td_err msg_unpack_shbuf_announce(const void *buf, size_t len, uint64_t *request_
     TD_TRY(msg_read_str(&r, "device_uuid", out->device_uuid, sizeof out->device_uuid));
     TD_TRY(msg_read_end(&r));
     out->kind = (msg_shbuf_kind)kind;
-    TD_TRY(check_shbuf_announce(out, TD_EFORMAT));
+    TD_TRY(msg_check_shbuf_announce(out, TD_EFORMAT));
     set_request_id(request_id, &h);
     return TD_OK;
 }
@@ -244,7 +258,7 @@ td_err msg_unpack_shbuf_announce(const void *buf, size_t len, uint64_t *request_
 
 #define SAMPLER_FIELDS 5
 
-static td_err check_sampler(const char *what, const msg_sampler *s, td_err code)
+td_err msg_check_sampler(const char *what, const msg_sampler *s, td_err code)
 {
     if (!isfinite(s->temperature) || s->temperature < 0.0f)
         return err_set(code, "%s: temperature %g is not >= 0", what, (double)s->temperature);
@@ -255,7 +269,7 @@ static td_err check_sampler(const char *what, const msg_sampler *s, td_err code)
     return TD_OK;
 }
 
-static void write_sampler(msg_writer *w, const msg_sampler *s)
+void msg_write_sampler(msg_writer *w, const msg_sampler *s)
 {
     msg_write_array(w, SAMPLER_FIELDS);
     msg_write_f32(w, s->temperature);
@@ -265,7 +279,7 @@ static void write_sampler(msg_writer *w, const msg_sampler *s)
     msg_write_uint(w, s->seed);
 }
 
-static td_err read_sampler(msg_reader *r, msg_sampler *s)
+td_err msg_read_sampler(msg_reader *r, msg_sampler *s)
 {
     uint64_t top_k = 0;
     TD_TRY(msg_read_array(r, "sampler", SAMPLER_FIELDS));
@@ -290,7 +304,12 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if (m->n_stop > MSG_STOP_MAX)
         return err_set(code, "gen_start: %u stop tokens, allowed at most %u", m->n_stop,
                        MSG_STOP_MAX);
-    return check_sampler("gen_start", &m->sampler, code);
+    if (m->top_logprobs > MSG_TOP_LOGPROBS_MAX)
+        return err_set(code, "gen_start: top_logprobs %u, allowed at most %u", m->top_logprobs,
+                       MSG_TOP_LOGPROBS_MAX);
+    if (m->top_logprobs > 0 && !m->logprobs)
+        return err_set(code, "gen_start: top_logprobs %u without logprobs", m->top_logprobs);
+    return msg_check_sampler("gen_start", &m->sampler, code);
 }
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m)
@@ -299,12 +318,15 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     TD_TRY(check_gen_start(m, TD_EINVAL));
     TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 5);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 8);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
-    write_sampler(&w, &m->sampler);
+    msg_write_sampler(&w, &m->sampler);
     msg_write_u32_array(&w, m->stop, m->n_stop);
+    msg_write_bool(&w, m->logprobs);
+    msg_write_uint(&w, m->top_logprobs);
+    msg_write_bool(&w, m->ignore_eos);
     return msg_write_end(&w);
 }
 
@@ -315,21 +337,25 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     memset(out, 0, sizeof *out);
     msg_reader r;
     msg_header h;
-    uint64_t max_tokens = 0;
+    uint64_t max_tokens = 0, top_logprobs = 0;
     uint32_t *prompt = NULL, *stop = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 5, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 8, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
-        (e = read_sampler(&r, &out->sampler)) ||
+        (e = msg_read_sampler(&r, &out->sampler)) ||
         (e = msg_read_u32_array(&r, "stop", 0, MSG_STOP_MAX, &stop, &out->n_stop)) ||
+        (e = msg_read_bool(&r, "logprobs", &out->logprobs)) ||
+        (e = msg_read_uint(&r, "top_logprobs", MSG_TOP_LOGPROBS_MAX, &top_logprobs)) ||
+        (e = msg_read_bool(&r, "ignore_eos", &out->ignore_eos)) ||
         (e = msg_read_end(&r)))
         goto fail;
     out->prompt = prompt;
     out->stop = stop;
     out->max_tokens = (uint32_t)max_tokens;
+    out->top_logprobs = (uint32_t)top_logprobs;
     if ((e = check_gen_start(out, TD_EFORMAT)))
         goto fail;
     set_request_id(request_id, &h);
@@ -377,6 +403,55 @@ static td_err check_gen_event(const msg_gen_event *m, td_err code)
                        (int)m->kind);
     if (!is_error && m->message[0] != '\0')
         return err_set(code, "gen_event: message on a non-error event");
+    if (m->usage.cached_tokens > m->usage.prompt_tokens)
+        return err_set(code, "gen_event: %u cached tokens of a %u-token prompt",
+                       m->usage.cached_tokens, m->usage.prompt_tokens);
+    if (m->n_logprobs != 0 && m->n_logprobs != m->n_tokens)
+        return err_set(code, "gen_event: %u logprobs for %u tokens", m->n_logprobs,
+                       m->n_tokens);
+    for (uint32_t i = 0; i < m->n_logprobs; i++) {
+        const msg_logprob *lp = &m->logprobs[i];
+        if (lp->n_top > MSG_TOP_LOGPROBS_MAX)
+            return err_set(code, "gen_event: token %u has %u alternatives, allowed at most %u",
+                           i, lp->n_top, MSG_TOP_LOGPROBS_MAX);
+        if (!(lp->logprob <= 0.0f))
+            return err_set(code, "gen_event: token %u has log probability %g > 0", i,
+                           (double)lp->logprob);
+        for (uint32_t j = 0; j < lp->n_top; j++)
+            if (!(lp->top_logprob[j] <= 0.0f))
+                return err_set(code, "gen_event: token %u alternative %u has log probability %g",
+                               i, j, (double)lp->top_logprob[j]);
+    }
+    return TD_OK;
+}
+
+static td_err read_logprobs(msg_reader *r, msg_gen_event *out, msg_logprob **lps)
+{
+    uint32_t n = 0;
+    *lps = NULL;
+    TD_TRY(msg_read_array_len(r, "logprobs", MSG_EVENT_TOKENS_MAX, &n));
+    if (n == 0)
+        return TD_OK;
+    msg_logprob *v = calloc(n, sizeof *v);
+    if (!v)
+        return err_set(TD_ENOMEM, "gen_event: cannot allocate %u logprobs", n);
+    *lps = v;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t *ids = NULL, n_ids = 0, n_lp = 0;
+        TD_TRY(msg_read_array(r, "logprobs[]", 3));
+        TD_TRY(msg_read_f32(r, "logprobs[].logprob", &v[i].logprob));
+        TD_TRY(msg_read_u32_array(r, "logprobs[].top_id", 0, MSG_TOP_LOGPROBS_MAX, &ids, &n_ids));
+        if (n_ids)
+            memcpy(v[i].top_id, ids, n_ids * sizeof *ids);
+        free(ids);
+        TD_TRY(msg_read_f32_array(r, "logprobs[].top_logprob", MSG_TOP_LOGPROBS_MAX,
+                                  v[i].top_logprob, &n_lp));
+        if (n_lp != n_ids)
+            return err_set(TD_EFORMAT, "gen_event: token %u has %u alternative ids and %u "
+                           "log probabilities", i, n_ids, n_lp);
+        v[i].n_top = n_ids;
+    }
+    out->n_logprobs = n;
     return TD_OK;
 }
 
@@ -386,16 +461,26 @@ td_err msg_pack_gen_event(msg_buf *out, uint64_t request_id, const msg_gen_event
     ASSERT_TERMINATED(m->message);
     TD_TRY(check_gen_event(m, TD_EINVAL));
     TD_ASSERT(m->tokens || m->n_tokens == 0);
+    TD_ASSERT(m->logprobs || m->n_logprobs == 0);
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_EVENT, request_id, 7);
+    msg_write_begin(&w, out, MSG_GEN_EVENT, request_id, 8);
     msg_write_uint(&w, m->seq_id);
     msg_write_uint(&w, (uint64_t)m->kind);
     msg_write_u32_array(&w, m->tokens, m->n_tokens);
+    msg_write_array(&w, m->n_logprobs);
+    for (uint32_t i = 0; i < m->n_logprobs; i++) {
+        const msg_logprob *lp = &m->logprobs[i];
+        msg_write_array(&w, 3);
+        msg_write_f32(&w, lp->logprob);
+        msg_write_u32_array(&w, lp->top_id, lp->n_top);
+        msg_write_f32_array(&w, lp->top_logprob, lp->n_top);
+    }
     msg_write_uint(&w, (uint64_t)m->finish);
-    msg_write_array(&w, 3);
+    msg_write_array(&w, 4);
     msg_write_uint(&w, m->usage.prompt_tokens);
     msg_write_uint(&w, m->usage.completion_tokens);
     msg_write_uint(&w, m->usage.steps);
+    msg_write_uint(&w, m->usage.cached_tokens);
     msg_write_uint(&w, (uint64_t)m->code);
     msg_write_str(&w, m->message);
     return msg_write_end(&w);
@@ -409,20 +494,23 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
     msg_reader r;
     msg_header h;
     uint64_t kind = 0, finish = 0, code = 0;
-    uint64_t prompt_tokens = 0, completion_tokens = 0, steps = 0;
+    uint64_t prompt_tokens = 0, completion_tokens = 0, steps = 0, cached = 0;
     uint32_t *tokens = NULL;
+    msg_logprob *lps = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_event");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_EVENT, 7, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_EVENT, 8, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_uint(&r, "kind", MSG_EVENT_KIND_END - 1, &kind)) ||
         (e = msg_read_u32_array(&r, "tokens", 0, MSG_EVENT_TOKENS_MAX, &tokens,
                                 &out->n_tokens)) ||
+        (e = read_logprobs(&r, out, &lps)) ||
         (e = msg_read_uint(&r, "finish", MSG_FINISH_END - 1, &finish)) ||
-        (e = msg_read_array(&r, "usage", 3)) ||
+        (e = msg_read_array(&r, "usage", 4)) ||
         (e = msg_read_uint(&r, "usage.prompt_tokens", UINT32_MAX, &prompt_tokens)) ||
         (e = msg_read_uint(&r, "usage.completion_tokens", UINT32_MAX, &completion_tokens)) ||
         (e = msg_read_uint(&r, "usage.steps", UINT32_MAX, &steps)) ||
+        (e = msg_read_uint(&r, "usage.cached_tokens", UINT32_MAX, &cached)) ||
         (e = msg_read_uint(&r, "code", TD_ERR_COUNT - 1, &code)) ||
         (e = msg_read_str(&r, "message", out->message, sizeof out->message)) ||
         (e = msg_read_end(&r)))
@@ -433,6 +521,8 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
     out->usage.prompt_tokens = (uint32_t)prompt_tokens;
     out->usage.completion_tokens = (uint32_t)completion_tokens;
     out->usage.steps = (uint32_t)steps;
+    out->usage.cached_tokens = (uint32_t)cached;
+    out->logprobs = lps;
     out->code = (td_err)code;
     if ((e = check_gen_event(out, TD_EFORMAT)))
         goto fail;
@@ -440,6 +530,7 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
     return TD_OK;
 fail:
     free(tokens);
+    free(lps);
     memset(out, 0, sizeof *out);
     return e;
 }
@@ -449,6 +540,9 @@ void msg_free_gen_event(msg_gen_event *m)
     if (!m)
         return;
     free((void *)m->tokens);
+    free((void *)m->logprobs);
     m->tokens = NULL;
+    m->logprobs = NULL;
     m->n_tokens = 0;
+    m->n_logprobs = 0;
 }

@@ -28,10 +28,12 @@
 #ifndef TANDEM_COMMON_MSG_H
 #define TANDEM_COMMON_MSG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/kvlayout.h"
 
 #define MSG_PROTOCOL_VERSION 1
 
@@ -44,6 +46,17 @@
 #define MSG_PROMPT_MAX (1u << 18)    /* gen_start prompt tokens (262144: the models' context) */
 #define MSG_STOP_MAX 64              /* gen_start stop token ids */
 #define MSG_EVENT_TOKENS_MAX 256     /* gen_event tokens (a step commits at most 16) */
+#define MSG_TOP_LOGPROBS_MAX 20      /* gen_start.top_logprobs, alternatives per token (OpenAI) */
+#define MSG_MODEL_NAME_MAX 255       /* status.model */
+#define MSG_ACCEPT_HIST_MAX 65       /* status.accept_hist bins: 0..64 tokens per step */
+#define MSG_DRAFT_MAX 63             /* propose.n_draft: tokens after the pending one */
+#define MSG_Q_SUPPORT_MAX (1u << 20) /* proposal q entries per draft token (vocabulary size) */
+#define MSG_TOKENS_MAX MSG_PROMPT_MAX /* kv_open / kv_close token lists */
+#define MSG_TAPS_MAX 64              /* kv_attach.taps */
+#define MSG_POOLS_MAX 2              /* kv_pools: target pool, draft pool */
+#define MSG_SVC_NAME_MAX 31          /* supervisor service names */
+#define MSG_SVC_MAX 8                /* services in svc_list */
+#define MSG_PATH_MAX 1023            /* svc_restart.draft */
 
 /* Wire numbers: never renumber, only append. */
 typedef enum msg_type {
@@ -54,6 +67,20 @@ typedef enum msg_type {
     MSG_SHBUF_ANNOUNCE = 5,
     MSG_GEN_START = 6,
     MSG_GEN_EVENT = 7,
+    MSG_GEN_CANCEL = 8,
+    MSG_ACK = 9,
+    MSG_STATUS_GET = 10,
+    MSG_STATUS = 11,
+    MSG_PROPOSE = 12,
+    MSG_PROPOSAL = 13,
+    MSG_KV_ATTACH = 14,
+    MSG_KV_POOLS = 15,
+    MSG_KV_OPEN = 16,
+    MSG_KV_SLOT = 17,
+    MSG_KV_CLOSE = 18,
+    MSG_SVC_LIST_GET = 19,
+    MSG_SVC_LIST = 20,
+    MSG_SVC_RESTART = 21,
     MSG_TYPE_END /* one past the last type */
 } msg_type;
 
@@ -167,6 +194,11 @@ typedef struct msg_gen_start {
     msg_sampler sampler;
     const uint32_t *stop;   /* [n_stop] token ids that end the generation */
     uint32_t n_stop;        /* tokens, 0..MSG_STOP_MAX */
+    bool logprobs;          /* send each emitted token's log probability */
+    uint32_t top_logprobs;  /* and this many most likely alternatives, 0..MSG_TOP_LOGPROBS_MAX
+                             * (non-zero only with logprobs) */
+    bool ignore_eos;        /* the model's end-of-generation tokens do not stop it (stop ids
+                             * still do) */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);
@@ -195,7 +227,17 @@ typedef struct msg_usage {
     uint32_t prompt_tokens;     /* tokens */
     uint32_t completion_tokens; /* tokens emitted */
     uint32_t steps;             /* target verify passes while decoding; tau = tokens / steps */
+    uint32_t cached_tokens;     /* prompt tokens reused from the prefix cache, <= prompt_tokens */
 } msg_usage;
+
+/* Log probabilities of one emitted token under the target (log-softmax of its raw logits, no
+ * sampler filters), and its most likely alternatives, most likely first. */
+typedef struct msg_logprob {
+    float logprob;                           /* <= 0 */
+    uint32_t n_top;                          /* 0..MSG_TOP_LOGPROBS_MAX */
+    uint32_t top_id[MSG_TOP_LOGPROBS_MAX];   /* [n_top] token ids */
+    float top_logprob[MSG_TOP_LOGPROBS_MAX]; /* [n_top] their log probabilities */
+} msg_logprob;
 
 /* Kind and fields agree: TOKEN has finish NONE; DONE has STOP, LENGTH or CANCEL; ERROR has
  * finish ERROR and a code other than TD_OK; only ERROR carries a code and message. */
@@ -204,6 +246,8 @@ typedef struct msg_gen_event {
     msg_event_kind kind;
     const uint32_t *tokens;          /* [n_tokens] committed token ids, in order */
     uint32_t n_tokens;               /* tokens, 0..MSG_EVENT_TOKENS_MAX */
+    const msg_logprob *logprobs;     /* [n_logprobs] one per token, or none */
+    uint32_t n_logprobs;             /* 0 or n_tokens */
     msg_finish finish;
     msg_usage usage;                 /* running totals */
     td_err code;                     /* ERROR: why; else TD_OK */
@@ -214,5 +258,199 @@ td_err msg_pack_gen_event(msg_buf *out, uint64_t request_id, const msg_gen_event
 td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
                             msg_gen_event *out);
 void msg_free_gen_event(msg_gen_event *m);
+
+/* --- gen_cancel / ack ---------------------------------------------------------------------- */
+
+/* gateway -> verifyd: stop a generation (its last event is DONE with finish CANCEL, unless it
+ * had already ended). Answered with ack. */
+typedef struct msg_gen_cancel {
+    uint64_t seq_id;
+} msg_gen_cancel;
+
+td_err msg_pack_gen_cancel(msg_buf *out, uint64_t request_id, const msg_gen_cancel *m);
+td_err msg_unpack_gen_cancel(const void *buf, size_t len, uint64_t *request_id,
+                             msg_gen_cancel *out);
+
+/* The success reply of a request that returns nothing else (gen_start, gen_cancel, kv_close,
+ * svc_restart). */
+typedef struct msg_ack {
+    uint64_t id; /* what the request acted on (seq_id, slot), else 0 */
+} msg_ack;
+
+td_err msg_pack_ack(msg_buf *out, uint64_t request_id, const msg_ack *m);
+td_err msg_unpack_ack(const void *buf, size_t len, uint64_t *request_id, msg_ack *out);
+
+/* --- status_get / status: verifyd's state, for /health and /metrics ---------------------- */
+
+/* status_get has no fields. */
+td_err msg_pack_status_get(msg_buf *out, uint64_t request_id);
+td_err msg_unpack_status_get(const void *buf, size_t len, uint64_t *request_id);
+
+typedef struct msg_status {
+    char model[MSG_MODEL_NAME_MAX + 1]; /* the target's general.name (NUL-terminated) */
+    uint32_t n_ctx;             /* positions per sequence (prompt + generated) */
+    uint32_t n_vocab;           /* tokens */
+    bool ready;                 /* generations are accepted now (model loaded, kvd attached) */
+    bool draft_attached;        /* draftd answers proposals (speculative decoding is on) */
+    uint32_t block;             /* tokens per verify block (1: plain decoding only) */
+    uint32_t slots;             /* sequences that run at once */
+    uint32_t active;            /* sequences running */
+    uint32_t queued;            /* generations waiting for a slot */
+    uint64_t requests;          /* generations started since verifyd started */
+    uint64_t prompt_tokens;     /* tokens */
+    uint64_t cached_tokens;     /* prompt tokens served from the prefix cache */
+    uint64_t completion_tokens; /* tokens emitted */
+    uint64_t steps;             /* verify passes while decoding */
+    uint64_t drafted;           /* draft tokens proposed */
+    uint64_t accepted;          /* draft tokens accepted */
+    uint64_t prefill_us;        /* microseconds in prompt passes */
+    uint64_t draft_us;          /* microseconds waiting for draftd */
+    uint64_t verify_us;         /* microseconds in verify passes */
+    uint64_t draft_attaches;    /* times draftd was found (again) */
+    uint64_t draft_failures;    /* proposals that failed or came too late */
+    uint32_t n_hist;            /* bins used, 0..MSG_ACCEPT_HIST_MAX */
+    uint64_t accept_hist[MSG_ACCEPT_HIST_MAX]; /* [n_hist] steps by tokens committed (0..) */
+} msg_status;
+
+td_err msg_pack_status(msg_buf *out, uint64_t request_id, const msg_status *m);
+td_err msg_unpack_status(const void *buf, size_t len, uint64_t *request_id, msg_status *out);
+
+/* --- propose / proposal: verifyd asks draftd for a block ---------------------------------- */
+
+/* The features of positions 0..n_past-1 are in the target pool's feature ring of slot (the
+ * last ring rows of them); draftd brings its context up to n_past and drafts n_draft tokens
+ * after pending (at position n_past) with the sampler's settings and random streams. */
+typedef struct msg_propose {
+    uint64_t seq_id;
+    uint32_t slot;          /* kvd slot of the sequence */
+    uint64_t slot_gen;      /* kvd's generation of the slot's contents */
+    uint64_t pool_gen;      /* generation of the target pool the features are in */
+    uint32_t n_past;        /* committed positions L, >= 1 */
+    uint32_t pending;       /* token id at position L */
+    uint32_t n_draft;       /* tokens wanted, 1..MSG_DRAFT_MAX */
+    msg_sampler sampler;
+} msg_propose;
+
+td_err msg_pack_propose(msg_buf *out, uint64_t request_id, const msg_propose *m);
+td_err msg_unpack_propose(const void *buf, size_t len, uint64_t *request_id, msg_propose *out);
+
+/* One draft token's distribution q: its non-zero entries, ids strictly increasing. */
+typedef struct msg_draft_q {
+    const uint32_t *ids; /* [n] token ids */
+    const float *p;      /* [n] probabilities, finite and > 0 */
+    uint32_t n;          /* entries, 1..MSG_Q_SUPPORT_MAX */
+} msg_draft_q;
+
+typedef struct msg_proposal {
+    uint64_t seq_id;
+    uint32_t n_past;        /* the request's n_past */
+    const uint32_t *tokens; /* [n_tokens] d1..dn */
+    uint32_t n_tokens;      /* 1..MSG_DRAFT_MAX */
+    const msg_draft_q *q;   /* [n_q] distributions of d1..dn (sampling), or none (greedy) */
+    uint32_t n_q;           /* 0 or n_tokens */
+} msg_proposal;
+
+td_err msg_pack_proposal(msg_buf *out, uint64_t request_id, const msg_proposal *m);
+td_err msg_unpack_proposal(const void *buf, size_t len, uint64_t *request_id,
+                           msg_proposal *out);
+void msg_free_proposal(msg_proposal *m);
+
+/* --- kvd: attach (over kvd's fd socket), sequences (over kvd.ipc) ------------------------- */
+
+/* A process maps kvd's pools. verifyd sends the target part of params (slots is kvd's own
+ * and ignored) and the tap layer ids; draftd sends its drafter part (d_layers, d_kv,
+ * d_head_dim, block) and its tap ids, which must equal verifyd's. */
+typedef struct msg_kv_attach {
+    msg_role role;          /* MSG_ROLE_VERIFYD or MSG_ROLE_DRAFTD */
+    uint32_t pid;           /* > 0 */
+    kvl_params params;
+    const uint32_t *taps;   /* [n_taps] target layer ids */
+    uint32_t n_taps;        /* 0..MSG_TAPS_MAX */
+} msg_kv_attach;
+
+td_err msg_pack_kv_attach(msg_buf *out, uint64_t request_id, const msg_kv_attach *m);
+td_err msg_unpack_kv_attach(const void *buf, size_t len, uint64_t *request_id,
+                            msg_kv_attach *out);
+void msg_free_kv_attach(msg_kv_attach *m);
+
+/* kvd's answer to an attach: the full parameters (kvl_compute gives the offsets) and the
+ * pools, whose fds follow in the same fdpass message in this order: the target pool, then
+ * the draft pool when there is one. */
+typedef struct msg_kv_pools {
+    kvl_params params;
+    msg_shbuf_announce pools[MSG_POOLS_MAX]; /* [n_pools] target, draft */
+    uint32_t n_pools;                        /* 1..MSG_POOLS_MAX */
+} msg_kv_pools;
+
+td_err msg_pack_kv_pools(msg_buf *out, uint64_t request_id, const msg_kv_pools *m);
+td_err msg_unpack_kv_pools(const void *buf, size_t len, uint64_t *request_id,
+                           msg_kv_pools *out);
+
+/* Opens a sequence for a prompt: kvd hands a slot, reusing a cached one whose tokens are all
+ * a prefix of this prompt (shorter than it) when there is one. */
+typedef struct msg_kv_open {
+    uint32_t pid;           /* the owner; its slots are reclaimed when it dies */
+    const uint32_t *tokens; /* [n_tokens] the prompt */
+    uint32_t n_tokens;      /* 1..MSG_TOKENS_MAX */
+} msg_kv_open;
+
+td_err msg_pack_kv_open(msg_buf *out, uint64_t request_id, const msg_kv_open *m);
+td_err msg_unpack_kv_open(const void *buf, size_t len, uint64_t *request_id, msg_kv_open *out);
+void msg_free_kv_open(msg_kv_open *m);
+
+typedef struct msg_kv_slot {
+    uint32_t slot;      /* index in the pools */
+    uint64_t slot_gen;  /* generation of its contents (same as the cached sequence's on reuse) */
+    uint64_t pool_gen;  /* generation of the target pool the slot is in */
+    uint32_t n_cached;  /* leading prompt tokens whose state the slot already holds */
+} msg_kv_slot;
+
+td_err msg_pack_kv_slot(msg_buf *out, uint64_t request_id, const msg_kv_slot *m);
+td_err msg_unpack_kv_slot(const void *buf, size_t len, uint64_t *request_id, msg_kv_slot *out);
+
+/* Ends a sequence. With keep, the slot's state is that of exactly tokens (every committed
+ * position, in order) and is kept for the prefix cache; without, the slot is freed. */
+typedef struct msg_kv_close {
+    uint32_t slot;
+    uint64_t slot_gen;
+    bool keep;
+    const uint32_t *tokens; /* [n_tokens] committed tokens (keep), else none */
+    uint32_t n_tokens;      /* 0..MSG_TOKENS_MAX */
+} msg_kv_close;
+
+td_err msg_pack_kv_close(msg_buf *out, uint64_t request_id, const msg_kv_close *m);
+td_err msg_unpack_kv_close(const void *buf, size_t len, uint64_t *request_id,
+                           msg_kv_close *out);
+void msg_free_kv_close(msg_kv_close *m);
+
+/* --- supervisor control (tandem serve's socket): list services, restart one -------------- */
+
+td_err msg_pack_svc_list_get(msg_buf *out, uint64_t request_id);
+td_err msg_unpack_svc_list_get(const void *buf, size_t len, uint64_t *request_id);
+
+typedef struct msg_svc {
+    char name[MSG_SVC_NAME_MAX + 1]; /* "kvd", "verifyd", "draftd", "gateway" */
+    uint32_t pid;                    /* 0 when not running */
+    uint64_t uptime_ms;              /* since its last start; 0 when not running */
+    uint32_t restarts;               /* starts after the first */
+} msg_svc;
+
+typedef struct msg_svc_list {
+    msg_svc svc[MSG_SVC_MAX]; /* [n] */
+    uint32_t n;               /* 0..MSG_SVC_MAX */
+} msg_svc_list;
+
+td_err msg_pack_svc_list(msg_buf *out, uint64_t request_id, const msg_svc_list *m);
+td_err msg_unpack_svc_list(const void *buf, size_t len, uint64_t *request_id,
+                           msg_svc_list *out);
+
+typedef struct msg_svc_restart {
+    char name[MSG_SVC_NAME_MAX + 1]; /* service to restart, non-empty */
+    char draft[MSG_PATH_MAX + 1];    /* draftd: the drafter folder to switch to; "" = same */
+} msg_svc_restart;
+
+td_err msg_pack_svc_restart(msg_buf *out, uint64_t request_id, const msg_svc_restart *m);
+td_err msg_unpack_svc_restart(const void *buf, size_t len, uint64_t *request_id,
+                              msg_svc_restart *out);
 
 #endif

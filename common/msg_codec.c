@@ -308,6 +308,56 @@ td_err msg_read_u32_array(msg_reader *r, const char *field, uint32_t min_n, uint
     return TD_OK;
 }
 
+td_err msg_read_bool(msg_reader *r, const char *field, bool *out)
+{
+    uint8_t tag = 0;
+    TD_TRY(take_tag(r, field, &tag));
+    if (tag != 0xc2 && tag != 0xc3)
+        return bad(r, field, "expected a bool, found %s", tag_kind(tag));
+    *out = tag == 0xc3;
+    return TD_OK;
+}
+
+td_err msg_read_f32_array(msg_reader *r, const char *field, uint32_t max, float *dst,
+                          uint32_t *n)
+{
+    uint32_t count = 0;
+    TD_TRY(msg_read_array_len(r, field, max, &count));
+    for (uint32_t i = 0; i < count; i++)
+        TD_TRY(msg_read_f32(r, field, &dst[i]));
+    *n = count;
+    return TD_OK;
+}
+
+td_err msg_read_f32_bin(msg_reader *r, const char *field, uint32_t n_want, float **out)
+{
+    const uint8_t *data = NULL;
+    uint32_t len = 0;
+    *out = NULL;
+    if (n_want > UINT32_MAX / 4)
+        return bad(r, field, "%u floats do not fit a bin", n_want);
+    TD_TRY(msg_read_bin(r, field, n_want * 4, &data, &len));
+    if (len != n_want * 4)
+        return bad(r, field, "bin of %u bytes, expected %u floats (%u bytes)", len, n_want,
+                   n_want * 4);
+    float *v = malloc((size_t)(n_want ? n_want : 1) * sizeof *v);
+    if (!v)
+        return err_set(TD_ENOMEM, "message %s, field %s: cannot allocate %u floats", r->what,
+                       field, n_want);
+    for (uint32_t i = 0; i < n_want; i++) {
+        const uint8_t *b = data + 4 * (size_t)i;
+        uint32_t bits = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                        (uint32_t)b[3] << 24;
+        memcpy(&v[i], &bits, sizeof bits);
+        if (!isfinite(v[i])) {
+            free(v);
+            return bad(r, field, "float %u is not finite", i);
+        }
+    }
+    *out = v;
+    return TD_OK;
+}
+
 td_err msg_read_end(msg_reader *r)
 {
     if (left(r) != 0)
@@ -416,6 +466,38 @@ void msg_write_u32_array(msg_writer *w, const uint32_t *v, uint32_t n)
     writer_check(w, msgpack_pack_array(&w->pk, n));
     for (uint32_t i = 0; i < n; i++)
         writer_check(w, msgpack_pack_uint32(&w->pk, v[i]));
+}
+
+void msg_write_bool(msg_writer *w, bool v)
+{
+    writer_check(w, v ? msgpack_pack_true(&w->pk) : msgpack_pack_false(&w->pk));
+}
+
+void msg_write_f32_array(msg_writer *w, const float *v, uint32_t n)
+{
+    writer_check(w, msgpack_pack_array(&w->pk, n));
+    for (uint32_t i = 0; i < n; i++)
+        writer_check(w, msgpack_pack_float(&w->pk, v[i]));
+}
+
+void msg_write_f32_bin(msg_writer *w, const float *v, uint32_t n)
+{
+    TD_ASSERT(n <= UINT32_MAX / 4);
+    writer_check(w, msgpack_pack_bin(&w->pk, (size_t)n * 4));
+    uint8_t chunk[256];
+    size_t used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i], sizeof bits);
+        chunk[used++] = (uint8_t)bits;
+        chunk[used++] = (uint8_t)(bits >> 8);
+        chunk[used++] = (uint8_t)(bits >> 16);
+        chunk[used++] = (uint8_t)(bits >> 24);
+        if (used == sizeof chunk || i + 1 == n) {
+            writer_check(w, msgpack_pack_bin_body(&w->pk, chunk, used));
+            used = 0;
+        }
+    }
 }
 
 td_err msg_write_end(msg_writer *w)

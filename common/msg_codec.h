@@ -11,8 +11,10 @@
 #define TANDEM_COMMON_MSG_CODEC_H
 
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "common/msg.h"
@@ -50,6 +52,17 @@ td_err msg_read_bin(msg_reader *r, const char *field, uint32_t max, const uint8_
 td_err msg_read_u32_array(msg_reader *r, const char *field, uint32_t min_n, uint32_t max_n,
                           uint32_t **out, uint32_t *n);
 
+/* A msgpack bool (true/false; integers are not bools). */
+td_err msg_read_bool(msg_reader *r, const char *field, bool *out);
+
+/* An array of at most max floats (msg_read_f32 each) into dst; the count goes to *n. */
+td_err msg_read_f32_array(msg_reader *r, const char *field, uint32_t max, float *dst,
+                          uint32_t *n);
+
+/* A bin of n_want little-endian f32 values (4 * n_want bytes), each finite, copied into a new
+ * malloc'd array (*out; the caller frees it). */
+td_err msg_read_f32_bin(msg_reader *r, const char *field, uint32_t n_want, float **out);
+
 /* No bytes may follow the message. */
 td_err msg_read_end(msg_reader *r);
 
@@ -73,8 +86,31 @@ void msg_write_f32(msg_writer *w, float v);
 void msg_write_str(msg_writer *w, const char *s); /* NUL-terminated */
 void msg_write_bin(msg_writer *w, const uint8_t *data, uint32_t len);
 void msg_write_u32_array(msg_writer *w, const uint32_t *v, uint32_t n);
+void msg_write_bool(msg_writer *w, bool v);
+void msg_write_f32_array(msg_writer *w, const float *v, uint32_t n);
+/* n floats as one bin of little-endian f32 (4 bytes each: compact for long vectors). */
+void msg_write_f32_bin(msg_writer *w, const float *v, uint32_t n);
 
 /* TD_OK, or TD_ENOMEM when any write failed. */
 td_err msg_write_end(msg_writer *w);
+
+/* Copies the envelope's request id to *dst when dst is not NULL. */
+static inline void msg_put_request_id(uint64_t *dst, const msg_header *h)
+{
+    if (dst)
+        *dst = h->request_id;
+}
+
+/* An inline char array must hold its NUL: anything else is a caller's bug. */
+#define MSG_ASSERT_TERMINATED(arr) TD_ASSERT(memchr((arr), 0, sizeof(arr)) != NULL)
+
+/* Sampler settings, a nested array shared by every message that carries them; the check
+ * returns code (TD_EINVAL when packing, TD_EFORMAT when unpacking) for values out of range. */
+td_err msg_check_sampler(const char *what, const msg_sampler *s, td_err code);
+void msg_write_sampler(msg_writer *w, const msg_sampler *s);
+td_err msg_read_sampler(msg_reader *r, msg_sampler *s);
+
+/* The value rules of a shared buffer announcement (also nested in kv_pools). */
+td_err msg_check_shbuf_announce(const msg_shbuf_announce *m, td_err code);
 
 #endif

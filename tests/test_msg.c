@@ -251,6 +251,318 @@ static void test_header_names_type_and_request_id(void **state)
     msg_buf_free(&b);
 }
 
+
+static void test_gen_cancel_wire_bytes_match_the_msgpack_spec(void **state)
+{
+    (void)state;
+    /* [1, 8, 2, [uint16 0x1234]] */
+    static const uint8_t want[] = {0x94, 0x01, 0x08, 0x02, 0x91, 0xcd, 0x12, 0x34};
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_cancel c = {.seq_id = 0x1234};
+    assert_int_equal(msg_pack_gen_cancel(&b, 2, &c), TD_OK);
+    assert_int_equal(b.len, sizeof want);
+    assert_memory_equal(b.data, want, sizeof want);
+    msg_gen_cancel out;
+    uint64_t rid = 0;
+    assert_int_equal(msg_unpack_gen_cancel(b.data, b.len, &rid, &out), TD_OK);
+    assert_int_equal(out.seq_id, 0x1234);
+    assert_int_equal(rid, 2);
+    msg_buf_free(&b);
+}
+
+static void test_proposal_probabilities_travel_as_little_endian_f32(void **state)
+{
+    (void)state;
+    /* one token 5 with q = {5: 0.5}: [1, 13, 0, [1, 2, [5], [[[5], bin8 4 00 00 00 3f]]]] */
+    static const uint8_t want[] = {0x94, 0x01, 0x0d, 0x00, 0x94, 0x01, 0x02, 0x91, 0x05,
+                                   0x91, 0x92, 0x91, 0x05, 0xc4, 0x04, 0x00, 0x00, 0x00, 0x3f};
+    static const uint32_t tok[1] = {5}, ids[1] = {5};
+    static const float p[1] = {0.5f};
+    msg_draft_q q = {ids, p, 1};
+    msg_proposal m = {.seq_id = 1, .n_past = 2, .tokens = tok, .n_tokens = 1, .q = &q, .n_q = 1};
+    msg_buf b;
+    msg_buf_init(&b);
+    assert_int_equal(msg_pack_proposal(&b, 0, &m), TD_OK);
+    assert_int_equal(b.len, sizeof want);
+    assert_memory_equal(b.data, want, sizeof want);
+    msg_buf_free(&b);
+}
+
+static void test_gen_start_carries_logprobs_and_ignore_eos(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_start in = msg_fixture_gen_start(), out;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_true(out.logprobs);
+    assert_int_equal(out.top_logprobs, 5);
+    assert_true(out.ignore_eos);
+    msg_free_gen_start(&out);
+    in.logprobs = false;
+    in.top_logprobs = 0;
+    in.ignore_eos = false;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_false(out.logprobs);
+    assert_int_equal(out.top_logprobs, 0);
+    assert_false(out.ignore_eos);
+    msg_free_gen_start(&out);
+    msg_buf_free(&b);
+}
+
+static void test_gen_event_logprobs_and_cached_tokens_round_trip(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_event in = msg_fixture_gen_event_logprobs(), out;
+    assert_int_equal(msg_pack_gen_event(&b, 5, &in), TD_OK);
+    assert_int_equal(msg_unpack_gen_event(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.usage.cached_tokens, 5);
+    assert_int_equal(out.n_logprobs, 4);
+    assert_true(out.logprobs[0].logprob == -0.25f);
+    assert_int_equal(out.logprobs[0].n_top, 2);
+    assert_int_equal(out.logprobs[0].top_id[1], 5);
+    assert_true(out.logprobs[0].top_logprob[1] == -1.75f);
+    assert_true(out.logprobs[1].logprob == -3.5f);
+    assert_int_equal(out.logprobs[2].top_id[0], 248070);
+    assert_true(out.logprobs[2].top_logprob[1] == -30.0f);
+    assert_int_equal(out.logprobs[3].top_id[1], 65537);
+    msg_free_gen_event(&out);
+    assert_null(out.logprobs);
+    msg_buf_free(&b);
+}
+
+static void test_control_messages_round_trip(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    uint64_t rid = 0;
+
+    msg_ack ack = {.id = 0xffffffffffull}, ack_out;
+    assert_int_equal(msg_pack_ack(&b, 8, &ack), TD_OK);
+    assert_int_equal(msg_unpack_ack(b.data, b.len, &rid, &ack_out), TD_OK);
+    assert_int_equal(ack_out.id, 0xffffffffffull);
+    assert_int_equal(rid, 8);
+
+    assert_int_equal(msg_pack_status_get(&b, 9), TD_OK);
+    assert_int_equal(b.len, 5); /* [1, 10, 9, []] */
+    assert_int_equal(msg_unpack_status_get(b.data, b.len, &rid), TD_OK);
+    assert_int_equal(rid, 9);
+    assert_int_equal(msg_unpack_svc_list_get(b.data, b.len, &rid), TD_EPROTO);
+
+    msg_status st = msg_fixture_status(), st_out;
+    assert_int_equal(msg_pack_status(&b, 10, &st), TD_OK);
+    assert_int_equal(msg_unpack_status(b.data, b.len, NULL, &st_out), TD_OK);
+    assert_string_equal(st_out.model, "qwen35-tiny");
+    assert_int_equal(st_out.n_ctx, 4096);
+    assert_int_equal(st_out.n_vocab, 248320);
+    assert_true(st_out.ready && st_out.draft_attached);
+    assert_int_equal(st_out.block, 16);
+    assert_int_equal(st_out.slots, 16);
+    assert_int_equal(st_out.active, 3);
+    assert_int_equal(st_out.queued, 1);
+    assert_int_equal(st_out.requests, 1ull << 33);
+    assert_int_equal(st_out.prompt_tokens, 9000);
+    assert_int_equal(st_out.cached_tokens, 4000);
+    assert_int_equal(st_out.completion_tokens, 12345);
+    assert_int_equal(st_out.steps, 1500);
+    assert_int_equal(st_out.drafted, 22500);
+    assert_int_equal(st_out.accepted, 10845);
+    assert_int_equal(st_out.prefill_us, 111);
+    assert_int_equal(st_out.draft_us, 222);
+    assert_int_equal(st_out.verify_us, 333);
+    assert_int_equal(st_out.draft_attaches, 2);
+    assert_int_equal(st_out.draft_failures, 5);
+    assert_int_equal(st_out.n_hist, 17);
+    assert_int_equal(st_out.accept_hist[16], 256);
+
+    msg_svc_list sl = msg_fixture_svc_list(), sl_out;
+    assert_int_equal(msg_pack_svc_list(&b, 11, &sl), TD_OK);
+    assert_int_equal(msg_unpack_svc_list(b.data, b.len, NULL, &sl_out), TD_OK);
+    assert_int_equal(sl_out.n, 3);
+    assert_string_equal(sl_out.svc[1].name, "verifyd");
+    assert_int_equal(sl_out.svc[1].pid, 101);
+    assert_int_equal(sl_out.svc[1].uptime_ms, 4000);
+    assert_int_equal(sl_out.svc[1].restarts, 2);
+    assert_int_equal(sl_out.svc[2].pid, 0);
+
+    msg_svc_restart sr = msg_fixture_svc_restart(), sr_out;
+    assert_int_equal(msg_pack_svc_restart(&b, 12, &sr), TD_OK);
+    assert_int_equal(msg_unpack_svc_restart(b.data, b.len, NULL, &sr_out), TD_OK);
+    assert_string_equal(sr_out.name, "draftd");
+    assert_string_equal(sr_out.draft, "/models/dflash-b16");
+    msg_buf_free(&b);
+}
+
+static void test_propose_and_proposal_round_trip(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_propose pr = msg_fixture_propose(), pr_out;
+    assert_int_equal(msg_pack_propose(&b, 13, &pr), TD_OK);
+    assert_int_equal(msg_unpack_propose(b.data, b.len, NULL, &pr_out), TD_OK);
+    assert_int_equal(pr_out.seq_id, 77);
+    assert_int_equal(pr_out.slot, 15);
+    assert_int_equal(pr_out.slot_gen, 1ull << 40);
+    assert_int_equal(pr_out.pool_gen, 1764443000123456789ull);
+    assert_int_equal(pr_out.n_past, 1200);
+    assert_int_equal(pr_out.pending, 248069);
+    assert_int_equal(pr_out.n_draft, 15);
+    assert_true(pr_out.sampler.temperature == 0.6f);
+    assert_int_equal(pr_out.sampler.top_k, 20);
+    assert_int_equal(pr_out.sampler.seed, 9);
+
+    msg_proposal greedy = msg_fixture_proposal(0), out;
+    assert_int_equal(msg_pack_proposal(&b, 14, &greedy), TD_OK);
+    assert_int_equal(msg_unpack_proposal(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.n_tokens, 3);
+    assert_int_equal(out.tokens[2], 511);
+    assert_int_equal(out.n_q, 0);
+    assert_null(out.q);
+    msg_free_proposal(&out);
+
+    msg_proposal sampled = msg_fixture_proposal(1);
+    assert_int_equal(msg_pack_proposal(&b, 15, &sampled), TD_OK);
+    assert_int_equal(msg_unpack_proposal(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.n_q, 3);
+    assert_int_equal(out.q[0].n, 3);
+    assert_int_equal(out.q[0].ids[2], 70);
+    assert_true(out.q[0].p[1] == 0.5f);
+    assert_int_equal(out.q[1].n, 1);
+    assert_true(out.q[1].p[0] == 1.0f);
+    assert_int_equal(out.q[2].ids[2], 511);
+    assert_true(out.q[2].p[0] == 0.125f);
+    msg_free_proposal(&out);
+    assert_null(out.q);
+    msg_buf_free(&b);
+}
+
+static void test_kvd_messages_round_trip(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_kv_attach ka = msg_fixture_kv_attach(), ka_out;
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &ka), TD_OK);
+    assert_int_equal(msg_unpack_kv_attach(b.data, b.len, NULL, &ka_out), TD_OK);
+    assert_int_equal(ka_out.role, MSG_ROLE_DRAFTD);
+    assert_int_equal(ka_out.pid, 31337);
+    assert_memory_equal(&ka_out.params, &ka.params, sizeof ka.params);
+    assert_int_equal(ka_out.n_taps, 3);
+    assert_memory_equal(ka_out.taps, msg_fixture_taps, sizeof msg_fixture_taps);
+    msg_free_kv_attach(&ka_out);
+
+    msg_kv_pools kp = msg_fixture_kv_pools(), kp_out;
+    assert_int_equal(msg_pack_kv_pools(&b, 2, &kp), TD_OK);
+    assert_int_equal(msg_unpack_kv_pools(b.data, b.len, NULL, &kp_out), TD_OK);
+    assert_memory_equal(&kp_out.params, &kp.params, sizeof kp.params);
+    assert_int_equal(kp_out.n_pools, 2);
+    assert_string_equal(kp_out.pools[0].name, "kvd.target");
+    assert_int_equal(kp_out.pools[0].kind, MSG_SHBUF_CPU);
+    assert_int_equal(kp_out.pools[0].size, 1u << 24);
+    assert_int_equal(kp_out.pools[0].generation, 5);
+    assert_string_equal(kp_out.pools[1].name, "kvd.draft");
+    assert_string_equal(kp_out.pools[1].device_uuid, "GPU-8f3c2a1e-1b2c-4d5e-9f00-0123456789ab");
+
+    msg_kv_open ko = {.pid = 9, .tokens = msg_fixture_prompt, .n_tokens = 7}, ko_out;
+    assert_int_equal(msg_pack_kv_open(&b, 3, &ko), TD_OK);
+    assert_int_equal(msg_unpack_kv_open(b.data, b.len, NULL, &ko_out), TD_OK);
+    assert_int_equal(ko_out.pid, 9);
+    assert_int_equal(ko_out.n_tokens, 7);
+    assert_memory_equal(ko_out.tokens, msg_fixture_prompt, sizeof msg_fixture_prompt);
+    msg_free_kv_open(&ko_out);
+
+    msg_kv_slot ks = {.slot = 1023, .slot_gen = 1ull << 50, .pool_gen = 77, .n_cached = 4095},
+                ks_out;
+    assert_int_equal(msg_pack_kv_slot(&b, 4, &ks), TD_OK);
+    assert_int_equal(msg_unpack_kv_slot(b.data, b.len, NULL, &ks_out), TD_OK);
+    assert_int_equal(ks_out.slot, 1023);
+    assert_int_equal(ks_out.slot_gen, 1ull << 50);
+    assert_int_equal(ks_out.pool_gen, 77);
+    assert_int_equal(ks_out.n_cached, 4095);
+
+    msg_kv_close kc = {.slot = 2, .slot_gen = 3, .keep = true, .tokens = msg_fixture_stop,
+                       .n_tokens = 2}, kc_out;
+    assert_int_equal(msg_pack_kv_close(&b, 5, &kc), TD_OK);
+    assert_int_equal(msg_unpack_kv_close(b.data, b.len, NULL, &kc_out), TD_OK);
+    assert_int_equal(kc_out.slot, 2);
+    assert_int_equal(kc_out.slot_gen, 3);
+    assert_true(kc_out.keep);
+    assert_memory_equal(kc_out.tokens, msg_fixture_stop, sizeof msg_fixture_stop);
+    msg_free_kv_close(&kc_out);
+    kc = (msg_kv_close){.slot = 2, .slot_gen = 3};
+    assert_int_equal(msg_pack_kv_close(&b, 6, &kc), TD_OK);
+    assert_int_equal(msg_unpack_kv_close(b.data, b.len, NULL, &kc_out), TD_OK);
+    assert_false(kc_out.keep);
+    assert_int_equal(kc_out.n_tokens, 0);
+    msg_buf_free(&b);
+}
+
+static void test_pack_refuses_new_types_out_of_range(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_start gs = msg_fixture_gen_start();
+    gs.top_logprobs = MSG_TOP_LOGPROBS_MAX + 1;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &gs), TD_EINVAL);
+    gs = msg_fixture_gen_start();
+    gs.logprobs = false; /* alternatives without the token's own log probability */
+    assert_int_equal(msg_pack_gen_start(&b, 1, &gs), TD_EINVAL);
+    msg_gen_event ev = msg_fixture_gen_event_logprobs();
+    ev.n_logprobs = 3;
+    assert_int_equal(msg_pack_gen_event(&b, 1, &ev), TD_EINVAL);
+    ev = msg_fixture_gen_event_logprobs();
+    ev.usage.cached_tokens = 8;
+    assert_int_equal(msg_pack_gen_event(&b, 1, &ev), TD_EINVAL);
+    msg_logprob bad = {.logprob = 0.5f};
+    ev = msg_fixture_gen_event_logprobs();
+    ev.n_tokens = 1;
+    ev.n_logprobs = 1;
+    ev.logprobs = &bad;
+    assert_int_equal(msg_pack_gen_event(&b, 1, &ev), TD_EINVAL);
+    msg_propose pr = msg_fixture_propose();
+    pr.n_draft = MSG_DRAFT_MAX + 1;
+    assert_int_equal(msg_pack_propose(&b, 1, &pr), TD_EINVAL);
+    pr = msg_fixture_propose();
+    pr.n_past = 0;
+    assert_int_equal(msg_pack_propose(&b, 1, &pr), TD_EINVAL);
+    msg_proposal pl = msg_fixture_proposal(1);
+    pl.n_q = 2;
+    assert_int_equal(msg_pack_proposal(&b, 1, &pl), TD_EINVAL);
+    static const uint32_t dup_ids[2] = {4, 4};
+    static const float dup_p[2] = {0.5f, 0.5f};
+    msg_draft_q dup = {dup_ids, dup_p, 2};
+    pl = msg_fixture_proposal(0);
+    pl.n_tokens = 1;
+    pl.q = &dup;
+    pl.n_q = 1;
+    assert_int_equal(msg_pack_proposal(&b, 1, &pl), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "increasing"));
+    msg_kv_attach ka = msg_fixture_kv_attach();
+    ka.role = MSG_ROLE_GATEWAY;
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &ka), TD_EINVAL);
+    msg_kv_pools kp = msg_fixture_kv_pools();
+    kp.n_pools = 0;
+    assert_int_equal(msg_pack_kv_pools(&b, 1, &kp), TD_EINVAL);
+    msg_kv_close kc = {.keep = false, .tokens = msg_fixture_stop, .n_tokens = 2};
+    assert_int_equal(msg_pack_kv_close(&b, 1, &kc), TD_EINVAL);
+    msg_kv_open ko = {.pid = 0, .tokens = msg_fixture_stop, .n_tokens = 2};
+    assert_int_equal(msg_pack_kv_open(&b, 1, &ko), TD_EINVAL);
+    msg_status st = msg_fixture_status();
+    st.accepted = st.drafted + 1;
+    assert_int_equal(msg_pack_status(&b, 1, &st), TD_EINVAL);
+    msg_svc_restart sr = {.name = "Draftd"};
+    assert_int_equal(msg_pack_svc_restart(&b, 1, &sr), TD_EINVAL);
+    msg_buf_free(&b);
+}
+
 /* --- truncation ---------------------------------------------------------------------------- */
 
 static void test_every_truncation_of_every_type_is_a_format_error(void **state)
@@ -336,6 +648,14 @@ int main(void)
         cmocka_unit_test(test_gen_start_round_trip),
         cmocka_unit_test(test_gen_event_round_trip_for_each_kind),
         cmocka_unit_test(test_header_names_type_and_request_id),
+        cmocka_unit_test(test_gen_cancel_wire_bytes_match_the_msgpack_spec),
+        cmocka_unit_test(test_proposal_probabilities_travel_as_little_endian_f32),
+        cmocka_unit_test(test_gen_start_carries_logprobs_and_ignore_eos),
+        cmocka_unit_test(test_gen_event_logprobs_and_cached_tokens_round_trip),
+        cmocka_unit_test(test_control_messages_round_trip),
+        cmocka_unit_test(test_propose_and_proposal_round_trip),
+        cmocka_unit_test(test_kvd_messages_round_trip),
+        cmocka_unit_test(test_pack_refuses_new_types_out_of_range),
         cmocka_unit_test(test_every_truncation_of_every_type_is_a_format_error),
         cmocka_unit_test(test_every_message_is_refused_by_every_other_type),
         cmocka_unit_test(test_pack_refuses_structs_that_unpack_would_refuse),

@@ -40,6 +40,14 @@ static void hostile_str(hostile *h, const char *s, size_t n)
     msgpack_pack_str_body(&h->pk, s, n);
 }
 
+/* The gen_start fields after the stop ids: logprobs off, no alternatives, eos stops. */
+static void hostile_gen_start_tail(hostile *h)
+{
+    msgpack_pack_false(&h->pk);
+    msgpack_pack_uint32(&h->pk, 0);
+    msgpack_pack_false(&h->pk);
+}
+
 /* Unpacks the built bytes (exact-size copy) as type and returns the code. */
 static td_err hostile_unpack(hostile *h, msg_type type)
 {
@@ -127,14 +135,16 @@ static void test_huge_array_counts_without_data_are_refused_before_allocating(vo
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
 
     /* the prompt array: 2^32-1 tokens announced, none present */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, UINT32_MAX);
+    for (int i = 0; i < 4; i++) /* enough bytes for the payload's 8 fields to be plausible */
+        msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "prompt"));
 
     /* one more prompt token than the limit, with every token present */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, MSG_PROMPT_MAX + 1);
     for (uint32_t i = 0; i < MSG_PROMPT_MAX + 1; i++)
@@ -164,7 +174,7 @@ static void test_wrong_field_types_are_format_errors_naming_the_field(void **sta
     assert_non_null(strstr(err_msg(), "string"));
 
     /* temperature as an integer */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -230,7 +240,7 @@ static void test_signed_and_wide_encodings_of_valid_values_are_accepted(void **s
 
     /* sampler floats as float64 */
     hostile h;
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -242,6 +252,7 @@ static void test_signed_and_wide_encodings_of_valid_values_are_accepted(void **s
     msgpack_pack_double(&h.pk, 0.25);
     msgpack_pack_uint64(&h.pk, 0);
     msgpack_pack_array(&h.pk, 0);
+    hostile_gen_start_tail(&h);
     uint8_t *b = msg_fixture_copy(h.sb.data, h.sb.size);
     msg_gen_start gs;
     assert_int_equal(msg_unpack_gen_start(b, h.sb.size, NULL, &gs), TD_OK);
@@ -294,12 +305,14 @@ static void test_trailing_bytes_and_extra_fields_are_refused(void **state)
     msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_PING), TD_EFORMAT);
     /* a sampler with a sixth setting */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
     msgpack_pack_uint32(&h.pk, 10);
     msgpack_pack_array(&h.pk, 6);
+    for (int i = 0; i < 8; i++)
+        msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "sampler"));
 }
@@ -384,7 +397,7 @@ static void test_out_of_range_values_are_refused(void **state)
     const float bad[][3] = {{NAN, 1, 0}, {-0.5f, 1, 0}, {INFINITY, 1, 0},
                             {1, 0, 0},   {1, 1.5f, 0},  {1, 1, 2}};
     for (size_t k = 0; k <= sizeof bad / sizeof bad[0]; k++) {
-        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
         msgpack_pack_uint64(&h.pk, 1);
         msgpack_pack_array(&h.pk, 1);
         msgpack_pack_uint64(&h.pk, k < 6 ? 3 : 1ull << 32);
@@ -396,10 +409,11 @@ static void test_out_of_range_values_are_refused(void **state)
         msgpack_pack_float(&h.pk, k < 6 ? bad[k][2] : 0);
         msgpack_pack_uint64(&h.pk, 0);
         msgpack_pack_array(&h.pk, 0);
+        hostile_gen_start_tail(&h);
         assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     }
     /* float64 too large for an f32 */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 5);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -434,22 +448,166 @@ static void test_gen_event_kind_must_agree_with_its_fields(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         hostile h;
-        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_EVENT, 7);
+        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_EVENT, 8);
         msgpack_pack_uint64(&h.pk, 1);
         msgpack_pack_uint64(&h.pk, cases[i].kind);
         msgpack_pack_array(&h.pk, 1);
         msgpack_pack_uint32(&h.pk, 42);
+        msgpack_pack_array(&h.pk, 0); /* no logprobs */
         msgpack_pack_uint64(&h.pk, cases[i].finish);
-        msgpack_pack_array(&h.pk, 3);
+        msgpack_pack_array(&h.pk, 4);
         msgpack_pack_uint32(&h.pk, 1);
         msgpack_pack_uint32(&h.pk, 2);
         msgpack_pack_uint32(&h.pk, 3);
+        msgpack_pack_uint32(&h.pk, 0);
         msgpack_pack_uint64(&h.pk, cases[i].code);
         hostile_str(&h, cases[i].message, strlen(cases[i].message));
         td_err e = hostile_unpack(&h, MSG_GEN_EVENT);
         if (e != cases[i].want)
             fail_msg("case %zu: got %s (%s)", i, err_name(e), err_msg());
     }
+}
+
+
+/* A proposal of one token (id 5) whose single distribution has the given ids and raw bin. */
+static void hostile_proposal(hostile *h, const uint32_t *ids, uint32_t n_ids, const void *bin,
+                             size_t bin_len, uint32_t n_q)
+{
+    hostile_begin(h, MSG_PROTOCOL_VERSION, MSG_PROPOSAL, 4);
+    msgpack_pack_uint64(&h->pk, 1);
+    msgpack_pack_uint64(&h->pk, 10);
+    msgpack_pack_array(&h->pk, 1);
+    msgpack_pack_uint32(&h->pk, 5);
+    msgpack_pack_array(&h->pk, n_q);
+    for (uint32_t k = 0; k < n_q; k++) {
+        msgpack_pack_array(&h->pk, 2);
+        msgpack_pack_array(&h->pk, n_ids);
+        for (uint32_t i = 0; i < n_ids; i++)
+            msgpack_pack_uint32(&h->pk, ids[i]);
+        msgpack_pack_bin(&h->pk, bin_len);
+        msgpack_pack_bin_body(&h->pk, bin, bin_len);
+    }
+}
+
+static void test_proposal_distributions_are_checked(void **state)
+{
+    (void)state;
+    hostile h;
+    const uint32_t ids[2] = {3, 9}, down[2] = {9, 3};
+    const float ok[2] = {0.25f, 0.75f}, zero[2] = {0.25f, 0.0f}, nan[2] = {NAN, 1.0f};
+    hostile_proposal(&h, ids, 2, ok, sizeof ok, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_OK);
+    hostile_proposal(&h, down, 2, ok, sizeof ok, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "increasing"));
+    hostile_proposal(&h, ids, 2, zero, sizeof zero, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    hostile_proposal(&h, ids, 2, nan, sizeof nan, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "finite"));
+    hostile_proposal(&h, ids, 2, ok, sizeof ok - 1, 1); /* 7 bytes for two floats */
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    hostile_proposal(&h, ids, 2, ok, sizeof ok, 2); /* two distributions for one token */
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "distributions"));
+    hostile_proposal(&h, ids, 0, ok, 0, 1); /* an empty distribution */
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+}
+
+static void test_new_messages_refuse_values_that_break_their_rules(void **state)
+{
+    (void)state;
+    hostile h;
+    /* gen_event: alternatives with fewer log probabilities than ids; a positive logprob */
+    for (int k = 0; k < 2; k++) {
+        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_EVENT, 8);
+        msgpack_pack_uint64(&h.pk, 1);
+        msgpack_pack_uint64(&h.pk, MSG_EVENT_TOKEN);
+        msgpack_pack_array(&h.pk, 1);
+        msgpack_pack_uint32(&h.pk, 42);
+        msgpack_pack_array(&h.pk, 1);
+        msgpack_pack_array(&h.pk, 3);
+        msgpack_pack_float(&h.pk, k == 0 ? -1.0f : 0.5f);
+        msgpack_pack_array(&h.pk, 2);
+        msgpack_pack_uint32(&h.pk, 42);
+        msgpack_pack_uint32(&h.pk, 43);
+        msgpack_pack_array(&h.pk, k == 0 ? 1 : 2);
+        msgpack_pack_float(&h.pk, -1.0f);
+        if (k == 1)
+            msgpack_pack_float(&h.pk, -2.0f);
+        msgpack_pack_uint64(&h.pk, MSG_FINISH_NONE);
+        msgpack_pack_array(&h.pk, 4);
+        for (int i = 0; i < 4; i++)
+            msgpack_pack_uint32(&h.pk, 1);
+        msgpack_pack_uint64(&h.pk, TD_OK);
+        hostile_str(&h, "", 0);
+        assert_int_equal(hostile_unpack(&h, MSG_GEN_EVENT), TD_EFORMAT);
+    }
+    /* gen_start: logprobs as an integer instead of a bool */
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    msgpack_pack_uint64(&h.pk, 1);
+    msgpack_pack_array(&h.pk, 1);
+    msgpack_pack_uint32(&h.pk, 3);
+    msgpack_pack_uint32(&h.pk, 10);
+    msgpack_pack_array(&h.pk, 5);
+    msgpack_pack_float(&h.pk, 0);
+    msgpack_pack_uint32(&h.pk, 0);
+    msgpack_pack_float(&h.pk, 1);
+    msgpack_pack_float(&h.pk, 0);
+    msgpack_pack_uint64(&h.pk, 0);
+    msgpack_pack_array(&h.pk, 0);
+    msgpack_pack_uint32(&h.pk, 1);
+    msgpack_pack_uint32(&h.pk, 0);
+    msgpack_pack_false(&h.pk);
+    assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "logprobs"));
+    /* kv_attach from a gateway, and with pid 0 */
+    for (int k = 0; k < 2; k++) {
+        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_KV_ATTACH, 4);
+        msgpack_pack_uint64(&h.pk, k == 0 ? MSG_ROLE_GATEWAY : MSG_ROLE_VERIFYD);
+        msgpack_pack_uint64(&h.pk, k == 0 ? 7 : 0);
+        msgpack_pack_array(&h.pk, KVL_N_PARAMS);
+        for (int i = 0; i < KVL_N_PARAMS; i++)
+            msgpack_pack_uint32(&h.pk, 1);
+        msgpack_pack_array(&h.pk, 0);
+        assert_int_equal(hostile_unpack(&h, MSG_KV_ATTACH), TD_EFORMAT);
+    }
+    /* kv_pools: a cpu pool with a device UUID */
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_KV_POOLS, 2);
+    msgpack_pack_array(&h.pk, KVL_N_PARAMS);
+    for (int i = 0; i < KVL_N_PARAMS; i++)
+        msgpack_pack_uint32(&h.pk, 1);
+    msgpack_pack_array(&h.pk, 1);
+    msgpack_pack_array(&h.pk, 5);
+    hostile_str(&h, "kvd.target", 10);
+    msgpack_pack_uint64(&h.pk, 1);
+    msgpack_pack_uint64(&h.pk, MSG_SHBUF_CPU);
+    msgpack_pack_uint64(&h.pk, 4096);
+    hostile_str(&h, "GPU-1", 5);
+    assert_int_equal(hostile_unpack(&h, MSG_KV_POOLS), TD_EFORMAT);
+    /* kv_close: tokens for a slot that is not kept */
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_KV_CLOSE, 4);
+    msgpack_pack_uint64(&h.pk, 1);
+    msgpack_pack_uint64(&h.pk, 1);
+    msgpack_pack_false(&h.pk);
+    msgpack_pack_array(&h.pk, 1);
+    msgpack_pack_uint32(&h.pk, 3);
+    assert_int_equal(hostile_unpack(&h, MSG_KV_CLOSE), TD_EFORMAT);
+    /* svc_list: nine services; a service name with a slash */
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_SVC_LIST, 1);
+    msgpack_pack_array(&h.pk, MSG_SVC_MAX + 1);
+    for (int i = 0; i < MSG_SVC_MAX + 1; i++) {
+        msgpack_pack_array(&h.pk, 4);
+        hostile_str(&h, "kvd", 3);
+        msgpack_pack_uint32(&h.pk, 1);
+        msgpack_pack_uint32(&h.pk, 1);
+        msgpack_pack_uint32(&h.pk, 1);
+    }
+    assert_int_equal(hostile_unpack(&h, MSG_SVC_LIST), TD_EFORMAT);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_SVC_RESTART, 2);
+    hostile_str(&h, "../kvd", 6);
+    hostile_str(&h, "", 0);
+    assert_int_equal(hostile_unpack(&h, MSG_SVC_RESTART), TD_EFORMAT);
 }
 
 int main(void)
@@ -465,6 +623,8 @@ int main(void)
         cmocka_unit_test(test_strings_over_their_limit_or_with_nul_are_refused),
         cmocka_unit_test(test_out_of_range_values_are_refused),
         cmocka_unit_test(test_gen_event_kind_must_agree_with_its_fields),
+        cmocka_unit_test(test_proposal_distributions_are_checked),
+        cmocka_unit_test(test_new_messages_refuse_values_that_break_their_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

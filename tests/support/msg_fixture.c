@@ -7,6 +7,22 @@
 const uint32_t msg_fixture_prompt[7] = {151644, 872, 198, 9707, 0, 248319, 4294967295u};
 const uint32_t msg_fixture_stop[2] = {151645, 248046};
 const uint32_t msg_fixture_tokens[4] = {17, 0, 248070, 65536};
+const uint32_t msg_fixture_taps[3] = {1, 3, 6};
+
+static const msg_logprob fixture_logprobs[4] = {
+    {-0.25f, 2, {17, 5}, {-0.25f, -1.75f}},
+    {-3.5f, 2, {9, 0}, {-0.125f, -3.5f}},
+    {0.0f, 2, {248070, 1}, {0.0f, -30.0f}},
+    {-1.0f, 2, {65536, 65537}, {-1.0f, -1.0f}},
+};
+static const uint32_t fixture_draft[3] = {42, 7, 511};
+static const uint32_t fixture_q_ids[3][3] = {{3, 42, 70}, {7, 0, 0}, {0, 100, 511}};
+static const float fixture_q_p[3][3] = {{0.25f, 0.5f, 0.25f}, {1.0f, 0, 0}, {0.125f, 0.375f, 0.5f}};
+static const msg_draft_q fixture_q[3] = {
+    {fixture_q_ids[0], fixture_q_p[0], 3},
+    {fixture_q_ids[1], fixture_q_p[1], 1},
+    {fixture_q_ids[2], fixture_q_p[2], 3},
+};
 
 msg_hello msg_fixture_hello(void)
 {
@@ -34,6 +50,9 @@ msg_gen_start msg_fixture_gen_start(void)
                     .seed = 18446744073709551615ull},
         .stop = msg_fixture_stop,
         .n_stop = 2,
+        .logprobs = true,
+        .top_logprobs = 5,
+        .ignore_eos = true,
     };
     return m;
 }
@@ -51,6 +70,87 @@ msg_gen_event msg_fixture_gen_event(msg_event_kind kind)
         m.tokens = NULL;
         strcpy(m.message, "kv pages exhausted: 0 of 4096 free");
     }
+    return m;
+}
+
+msg_gen_event msg_fixture_gen_event_logprobs(void)
+{
+    msg_gen_event m = msg_fixture_gen_event(MSG_EVENT_TOKEN);
+    m.logprobs = fixture_logprobs;
+    m.n_logprobs = 4;
+    m.usage.cached_tokens = 5;
+    return m;
+}
+
+msg_status msg_fixture_status(void)
+{
+    msg_status m = {
+        .n_ctx = 4096, .n_vocab = 248320, .ready = true, .draft_attached = true, .block = 16,
+        .slots = 16, .active = 3, .queued = 1, .requests = 1ull << 33, .prompt_tokens = 9000,
+        .cached_tokens = 4000, .completion_tokens = 12345, .steps = 1500, .drafted = 22500,
+        .accepted = 10845, .prefill_us = 111, .draft_us = 222, .verify_us = 333,
+        .draft_attaches = 2, .draft_failures = 5, .n_hist = 17,
+    };
+    strcpy(m.model, "qwen35-tiny");
+    for (uint32_t i = 0; i < m.n_hist; i++)
+        m.accept_hist[i] = i * i;
+    return m;
+}
+
+msg_propose msg_fixture_propose(void)
+{
+    msg_propose m = {
+        .seq_id = 77, .slot = 15, .slot_gen = 1ull << 40, .pool_gen = 1764443000123456789ull,
+        .n_past = 1200, .pending = 248069, .n_draft = 15,
+        .sampler = {.temperature = 0.6f, .top_k = 20, .top_p = 0.95f, .min_p = 0.0f, .seed = 9},
+    };
+    return m;
+}
+
+msg_proposal msg_fixture_proposal(int with_q)
+{
+    msg_proposal m = {.seq_id = 77, .n_past = 1200, .tokens = fixture_draft, .n_tokens = 3};
+    if (with_q) {
+        m.q = fixture_q;
+        m.n_q = 3;
+    }
+    return m;
+}
+
+msg_kv_attach msg_fixture_kv_attach(void)
+{
+    msg_kv_attach m = {.role = MSG_ROLE_DRAFTD, .pid = 31337, .taps = msg_fixture_taps,
+                       .n_taps = 3};
+    m.params = (kvl_params){.slots = 16, .n_ctx = 4096, .ring = 4096, .block = 16, .n_attn = 2,
+                            .n_kv = 2, .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16,
+                            .d_v = 16, .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32,
+                            .d_layers = 2, .d_kv = 2, .d_head_dim = 16};
+    return m;
+}
+
+msg_kv_pools msg_fixture_kv_pools(void)
+{
+    msg_kv_pools m = {.params = msg_fixture_kv_attach().params, .n_pools = 2};
+    m.pools[0] = (msg_shbuf_announce){.generation = 5, .kind = MSG_SHBUF_CPU, .size = 1u << 24};
+    strcpy(m.pools[0].name, "kvd.target");
+    m.pools[1] = msg_fixture_shbuf();
+    strcpy(m.pools[1].name, "kvd.draft");
+    return m;
+}
+
+msg_svc_list msg_fixture_svc_list(void)
+{
+    msg_svc_list m = {.n = 3};
+    m.svc[0] = (msg_svc){.name = "kvd", .pid = 100, .uptime_ms = 5000, .restarts = 0};
+    m.svc[1] = (msg_svc){.name = "verifyd", .pid = 101, .uptime_ms = 4000, .restarts = 2};
+    m.svc[2] = (msg_svc){.name = "draftd", .pid = 0, .uptime_ms = 0, .restarts = 7};
+    return m;
+}
+
+msg_svc_restart msg_fixture_svc_restart(void)
+{
+    msg_svc_restart m = {.name = "draftd"};
+    strcpy(m.draft, "/models/dflash-b16");
     return m;
 }
 
@@ -98,6 +198,66 @@ td_err msg_fixture_unpack_as(msg_type type, const uint8_t *buf, size_t len)
         msg_free_gen_event(&m);
         return e;
     }
+    case MSG_GEN_CANCEL: {
+        msg_gen_cancel m;
+        return msg_unpack_gen_cancel(buf, len, NULL, &m);
+    }
+    case MSG_ACK: {
+        msg_ack m;
+        return msg_unpack_ack(buf, len, NULL, &m);
+    }
+    case MSG_STATUS_GET:
+        return msg_unpack_status_get(buf, len, NULL);
+    case MSG_STATUS: {
+        msg_status m;
+        return msg_unpack_status(buf, len, NULL, &m);
+    }
+    case MSG_PROPOSE: {
+        msg_propose m;
+        return msg_unpack_propose(buf, len, NULL, &m);
+    }
+    case MSG_PROPOSAL: {
+        msg_proposal m;
+        td_err e = msg_unpack_proposal(buf, len, NULL, &m);
+        msg_free_proposal(&m);
+        return e;
+    }
+    case MSG_KV_ATTACH: {
+        msg_kv_attach m;
+        td_err e = msg_unpack_kv_attach(buf, len, NULL, &m);
+        msg_free_kv_attach(&m);
+        return e;
+    }
+    case MSG_KV_POOLS: {
+        msg_kv_pools m;
+        return msg_unpack_kv_pools(buf, len, NULL, &m);
+    }
+    case MSG_KV_OPEN: {
+        msg_kv_open m;
+        td_err e = msg_unpack_kv_open(buf, len, NULL, &m);
+        msg_free_kv_open(&m);
+        return e;
+    }
+    case MSG_KV_SLOT: {
+        msg_kv_slot m;
+        return msg_unpack_kv_slot(buf, len, NULL, &m);
+    }
+    case MSG_KV_CLOSE: {
+        msg_kv_close m;
+        td_err e = msg_unpack_kv_close(buf, len, NULL, &m);
+        msg_free_kv_close(&m);
+        return e;
+    }
+    case MSG_SVC_LIST_GET:
+        return msg_unpack_svc_list_get(buf, len, NULL);
+    case MSG_SVC_LIST: {
+        msg_svc_list m;
+        return msg_unpack_svc_list(buf, len, NULL, &m);
+    }
+    case MSG_SVC_RESTART: {
+        msg_svc_restart m;
+        return msg_unpack_svc_restart(buf, len, NULL, &m);
+    }
     default:
         TD_ASSERT(!"a message type without a fixture");
     }
@@ -113,7 +273,7 @@ td_err msg_fixture_pack_all(msg_buf bufs[MSG_TYPE_END])
     strcpy(error.message, "draftd is busy");
     msg_shbuf_announce shbuf = msg_fixture_shbuf();
     msg_gen_start gs = msg_fixture_gen_start();
-    msg_gen_event ge = msg_fixture_gen_event(MSG_EVENT_DONE);
+    msg_gen_event ge = msg_fixture_gen_event_logprobs();
     for (int t = 0; t < MSG_TYPE_END; t++)
         msg_buf_init(&bufs[t]);
     TD_TRY(msg_pack_hello(&bufs[MSG_HELLO], 1000, &hello));
@@ -123,5 +283,32 @@ td_err msg_fixture_pack_all(msg_buf bufs[MSG_TYPE_END])
     TD_TRY(msg_pack_shbuf_announce(&bufs[MSG_SHBUF_ANNOUNCE], 1004, &shbuf));
     TD_TRY(msg_pack_gen_start(&bufs[MSG_GEN_START], 1005, &gs));
     TD_TRY(msg_pack_gen_event(&bufs[MSG_GEN_EVENT], 1006, &ge));
+    msg_gen_cancel gc = {.seq_id = 0xfeedull};
+    TD_TRY(msg_pack_gen_cancel(&bufs[MSG_GEN_CANCEL], 1000 + MSG_GEN_CANCEL, &gc));
+    msg_ack ack = {.id = 300};
+    TD_TRY(msg_pack_ack(&bufs[MSG_ACK], 1000 + MSG_ACK, &ack));
+    TD_TRY(msg_pack_status_get(&bufs[MSG_STATUS_GET], 1000 + MSG_STATUS_GET));
+    msg_status st = msg_fixture_status();
+    TD_TRY(msg_pack_status(&bufs[MSG_STATUS], 1000 + MSG_STATUS, &st));
+    msg_propose pr = msg_fixture_propose();
+    TD_TRY(msg_pack_propose(&bufs[MSG_PROPOSE], 1000 + MSG_PROPOSE, &pr));
+    msg_proposal pl = msg_fixture_proposal(1);
+    TD_TRY(msg_pack_proposal(&bufs[MSG_PROPOSAL], 1000 + MSG_PROPOSAL, &pl));
+    msg_kv_attach ka = msg_fixture_kv_attach();
+    TD_TRY(msg_pack_kv_attach(&bufs[MSG_KV_ATTACH], 1000 + MSG_KV_ATTACH, &ka));
+    msg_kv_pools kp = msg_fixture_kv_pools();
+    TD_TRY(msg_pack_kv_pools(&bufs[MSG_KV_POOLS], 1000 + MSG_KV_POOLS, &kp));
+    msg_kv_open ko = {.pid = 4242, .tokens = msg_fixture_prompt, .n_tokens = 7};
+    TD_TRY(msg_pack_kv_open(&bufs[MSG_KV_OPEN], 1000 + MSG_KV_OPEN, &ko));
+    msg_kv_slot ks = {.slot = 3, .slot_gen = 12, .pool_gen = 5, .n_cached = 6};
+    TD_TRY(msg_pack_kv_slot(&bufs[MSG_KV_SLOT], 1000 + MSG_KV_SLOT, &ks));
+    msg_kv_close kc = {.slot = 3, .slot_gen = 12, .keep = true, .tokens = msg_fixture_prompt,
+                       .n_tokens = 7};
+    TD_TRY(msg_pack_kv_close(&bufs[MSG_KV_CLOSE], 1000 + MSG_KV_CLOSE, &kc));
+    TD_TRY(msg_pack_svc_list_get(&bufs[MSG_SVC_LIST_GET], 1000 + MSG_SVC_LIST_GET));
+    msg_svc_list sl = msg_fixture_svc_list();
+    TD_TRY(msg_pack_svc_list(&bufs[MSG_SVC_LIST], 1000 + MSG_SVC_LIST, &sl));
+    msg_svc_restart sr = msg_fixture_svc_restart();
+    TD_TRY(msg_pack_svc_restart(&bufs[MSG_SVC_RESTART], 1000 + MSG_SVC_RESTART, &sr));
     return TD_OK;
 }
