@@ -155,8 +155,41 @@ td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
     return TD_OK;
 }
 
+td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
+                      float *v, int32_t *pos)
+{
+    const dflash_config *c = &m->cfg;
+    memset(s, 0, sizeof *s);
+    if (cap <= 0 || cap > INT32_MAX / 2 || rows < cap + (int64_t)c->block_size)
+        return err_set(TD_EINVAL, "drafter context window %lld in %lld rows is out of range",
+                       (long long)cap, (long long)rows);
+    s->bound = true;
+    s->cap = cap;
+    s->block = c->block_size;
+    s->n_layers = c->n_layers;
+    s->pos = pos;
+    s->k = calloc(c->n_layers, sizeof *s->k);
+    s->v = calloc(c->n_layers, sizeof *s->v);
+    if (!s->k || !s->v) {
+        dfl_state_free(s);
+        return err_set(TD_ENOMEM, "out of memory binding a drafter context");
+    }
+    size_t layer = (size_t)rows * c->n_kv_heads * c->head_dim;
+    for (uint32_t i = 0; i < c->n_layers; i++) {
+        s->k[i] = k + i * layer;
+        s->v[i] = v + i * layer;
+    }
+    return TD_OK;
+}
+
 void dfl_state_free(dfl_state *s)
 {
+    if (s->bound) {
+        free(s->k);
+        free(s->v);
+        memset(s, 0, sizeof *s);
+        return;
+    }
     for (int64_t i = 0; i < s->n_layers; i++) {
         if (s->k)
             free(s->k[i]);

@@ -59,9 +59,16 @@ typedef struct dfl_state {
     float **v;          /* per layer: [cap + block][n_kv_heads][head_dim] */
     int32_t *pos;       /* [cap + block] absolute position held by each slot */
     int64_t n_layers;
+    bool bound;         /* k, v and pos live in caller memory (dfl_state_bind) */
 } dfl_state;
 
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap);
+/* A state over caller memory (a kvd draft slot): k and v are [n_layers][rows][n_kv_heads]
+ * [head_dim] with rows >= cap + block_size, pos is [rows]. Nothing is cleared; n_ctx starts
+ * at 0 (a caller resuming a kept context sets it). */
+td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
+                      float *v, int32_t *pos);
+/* Frees what init allocated (only the pointer lists of a bound state). */
 void dfl_state_free(dfl_state *s);
 void dfl_state_reset(dfl_state *s);
 

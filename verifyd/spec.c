@@ -29,25 +29,42 @@ static bool spec_greedy(const spec_seq *s)
 td_err spec_init(spec_seq *s, const tgt_model *tm, const dfl_model *dm, int64_t n_ctx,
                  int64_t ring, const ops_sampler *sampler)
 {
+    spec_cfg cfg = {.dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .sampler = *sampler};
+    return spec_init_cfg(s, tm, &cfg);
+}
+
+td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
+{
     memset(s, 0, sizeof *s);
+    const dfl_model *dm = cfg->dm;
     s->tm = tm;
     s->dm = dm;
-    s->sampler = *sampler;
-    s->block = dm ? dm->cfg.block_size : 1;
+    s->sampler = cfg->sampler;
+    s->block = dm ? dm->cfg.block_size : cfg->block;
     s->prefill_chunk = 64;
     if (s->block < 1 || s->block > SPEC_MAX_BLOCK)
         return err_set(TD_ENOTSUP, "block size %lld is outside 1..%d", (long long)s->block,
                        SPEC_MAX_BLOCK);
+    TD_ASSERT(!cfg->feat_ring || cfg->ring_rows > 0);
     int64_t V = tm->hp.n_vocab, D = tm->hp.n_embd;
-    TD_TRY(tgt_state_init(&s->ts, tm, n_ctx));
+    if (cfg->state)
+        TD_TRY(tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state));
+    else
+        TD_TRY(tgt_state_init(&s->ts, tm, cfg->n_ctx));
     td_err e = TD_OK;
     if (dm) {
-        e = dfl_state_init(&s->ds, dm, ring > 0 ? ring : 4096);
+        e = dfl_state_init(&s->ds, dm, cfg->ring > 0 ? cfg->ring : 4096);
         s->n_taps = dm->cfg.n_taps;
+    } else {
+        s->n_taps = cfg->n_taps;
+    }
+    if (s->n_taps) {
         s->taps = malloc((size_t)s->n_taps * sizeof(int32_t));
         for (int64_t i = 0; s->taps && i < s->n_taps; i++)
-            s->taps[i] = (int32_t)dm->cfg.target_layer_ids[i];
+            s->taps[i] = dm ? (int32_t)dm->cfg.target_layer_ids[i] : cfg->taps[i];
     }
+    s->ring = cfg->feat_ring;
+    s->ring_rows = cfg->ring_rows;
     int64_t rows = s->block > s->prefill_chunk ? s->block : s->prefill_chunk;
     s->feat = malloc((size_t)(rows * (s->n_taps ? s->n_taps : 1) * D) * sizeof(float));
     s->logits = malloc((size_t)(s->block * V) * sizeof(float));
@@ -55,7 +72,7 @@ td_err spec_init(spec_seq *s, const tgt_model *tm, const dfl_model *dm, int64_t 
     s->q = malloc((size_t)(s->block * V) * sizeof(float));
     s->p = malloc((size_t)V * sizeof(float));
     if (e == TD_OK && (!s->feat || !s->logits || !s->dlogits || !s->q || !s->p ||
-                       (dm && !s->taps)))
+                       (s->n_taps && !s->taps)))
         e = err_set(TD_ENOMEM, "out of memory for a sequence");
     if (e != TD_OK)
         spec_free(s);
@@ -94,8 +111,8 @@ static td_err spec_sample(spec_seq *s, const float *logits, int64_t pos, int32_t
     return TD_OK;
 }
 
-/* Runs tokens through the target, feeding tap features of the committed positions to the
- * drafter; logits of the last token (or of all with all_logits) land in s->logits. */
+/* Runs tokens through the target with the tap features going to s->feat; logits of the
+ * last token (or of all with all_logits) land in s->logits. */
 static td_err spec_run(spec_seq *s, const int32_t *tokens, int64_t n, bool record,
                        bool all_logits)
 {
@@ -106,7 +123,22 @@ static td_err spec_run(spec_seq *s, const int32_t *tokens, int64_t n, bool recor
     return tgt_forward(s->tm, &s->ts, tokens, n, record, &out);
 }
 
-td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *first)
+/* The first n rows of s->feat are committed positions pos0..pos0+n-1: they go to the
+ * in-process drafter's context and to the feature ring. */
+static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
+{
+    if (s->dm)
+        TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, n));
+    if (s->ring) {
+        size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
+        for (int64_t i = 0; i < n; i++)
+            memcpy(s->ring + (size_t)((pos0 + i) % s->ring_rows) * row, s->feat + (size_t)i * row,
+                   row * sizeof(float));
+    }
+    return TD_OK;
+}
+
+td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t n_cached)
 {
     if (n <= 0)
         return err_set(TD_ERANGE, "the prompt is empty");
@@ -117,22 +149,51 @@ td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *firs
         if (prompt[i] < 0 || prompt[i] >= s->tm->hp.n_vocab)
             return err_set(TD_ERANGE, "prompt token %lld (id %d) is outside the vocabulary of %lld",
                            (long long)i, prompt[i], (long long)s->tm->hp.n_vocab);
-    tgt_state_reset(s->tm, &s->ts);
+    TD_ASSERT(n_cached >= 0 && n_cached < n && (n_cached == 0 || (!s->dm && s->ts.bound)));
+    if (n_cached == 0) {
+        tgt_state_reset(s->tm, &s->ts);
+    } else {
+        s->ts.n_past = n_cached;
+        s->ts.rec_n_tok = 0;
+    }
     if (s->dm)
         dfl_state_reset(&s->ds);
     memset(&s->stats, 0, sizeof s->stats);
+    s->prompt = prompt;
+    s->n_prompt = n;
+    s->prompt_at = n_cached;
+    s->has_pending = false;
+    return TD_OK;
+}
+
+td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
+{
+    TD_ASSERT(s->prompt && s->prompt_at < s->n_prompt);
+    *done = false;
     double t0 = spec_now();
-    for (int64_t at = 0; at < n; at += s->prefill_chunk) {
-        int64_t m = n - at < s->prefill_chunk ? n - at : s->prefill_chunk;
-        TD_TRY(spec_run(s, prompt + at, m, false, false));
-        if (s->dm)
-            TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, m));
+    int64_t at = s->prompt_at, n = s->n_prompt;
+    int64_t m = n - at < s->prefill_chunk ? n - at : s->prefill_chunk;
+    TD_TRY(spec_run(s, s->prompt + at, m, false, false));
+    TD_TRY(spec_keep_features(s, at, m));
+    s->prompt_at += m;
+    if (s->prompt_at == n) {
+        TD_TRY(spec_sample(s, s->logits, n, first));
+        s->pending = *first;
+        s->has_pending = true;
+        s->stats.generated = 1;
+        s->prompt = NULL;
+        *done = true;
     }
-    TD_TRY(spec_sample(s, s->logits, n, first));
-    s->stats.t_prefill = spec_now() - t0;
-    s->pending = *first;
-    s->has_pending = true;
-    s->stats.generated = 1;
+    s->stats.t_prefill += spec_now() - t0;
+    return TD_OK;
+}
+
+td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *first)
+{
+    TD_TRY(spec_prefill_begin(s, prompt, n, 0));
+    bool done = false;
+    while (!done)
+        TD_TRY(spec_prefill_next(s, &done, first));
     return TD_OK;
 }
 
@@ -155,13 +216,13 @@ static int64_t spec_accept_greedy(spec_seq *s, const int32_t *block, int64_t B, 
  * first rejection draw from normalize(max(p - q, 0)) (p when that is all zero); after a full
  * accept draw the bonus token from the last p. */
 static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, int64_t L,
-                                  int32_t *next, int64_t *acc)
+                                  const float *qs, int32_t *next, int64_t *acc)
 {
     int64_t V = s->tm->hp.n_vocab;
     uint64_t seed = s->sampler.seed;
     for (int64_t i = 1; i < B; i++) {
         TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
-        const float *q = s->q + (i - 1) * V;
+        const float *q = qs + (i - 1) * V;
         int32_t d = block[i];
         double u = ops_rand_uniform(seed, spec_ctr(L + i, SPEC_RNG_ACCEPT));
         if (q[d] > 0.0f && u * (double)q[d] < (double)s->p[d])
@@ -183,21 +244,63 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
     return TD_OK;
 }
 
-/* Drafts B-1 tokens after the pending one into block[1..B-1] (and q for sampling). */
-static td_err spec_draft(spec_seq *s, int32_t *block, int64_t B, int64_t L)
+td_err spec_draft_tokens(const ops_sampler *smp, const float *dlogits, int64_t B, int64_t V,
+                         int64_t L, int32_t *block, float *q)
 {
-    int64_t V = s->tm->hp.n_vocab;
-    TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
     for (int64_t i = 1; i < B; i++) {
-        const float *lg = s->dlogits + (i - 1) * V;
-        if (spec_greedy(s)) {
+        const float *lg = dlogits + (i - 1) * V;
+        if (smp->temperature == 0.0f) {
             block[i] = (int32_t)cpu_argmax(lg, V);
             continue;
         }
-        float *q = s->q + (i - 1) * V;
-        TD_TRY(cpu_sample_probs(q, lg, V, &s->sampler));
-        block[i] = cpu_sample_draw(q, V, s->sampler.seed, spec_ctr(L + i, SPEC_RNG_DRAFT));
+        float *qi = q + (i - 1) * V;
+        TD_TRY(cpu_sample_probs(qi, lg, V, smp));
+        block[i] = cpu_sample_draw(qi, V, smp->seed, spec_ctr(L + i, SPEC_RNG_DRAFT));
     }
+    return TD_OK;
+}
+
+td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
+                   int64_t *n_out)
+{
+    TD_ASSERT(s->has_pending && block[0] == s->pending && B >= 1);
+    TD_ASSERT(B == 1 || spec_greedy(s) || q);
+    *n_out = 0;
+    int64_t room = spec_room(s), L = s->ts.n_past;
+    if (room < 1)
+        return err_set(TD_ERANGE, "context full at %lld positions", (long long)s->ts.n_ctx);
+    if (B > s->block || B > room)
+        return err_set(TD_ERANGE, "a block of %lld tokens with block size %lld and %lld "
+                       "positions left", (long long)B, (long long)s->block, (long long)room);
+    double t1 = spec_now();
+    TD_TRY(spec_run(s, block, B, B > 1, B > 1));
+    int64_t a;
+    int32_t next;
+    if (spec_greedy(s) || B == 1) {
+        a = spec_accept_greedy(s, block, B, &next);
+        if (!spec_greedy(s))
+            TD_TRY(spec_sample(s, s->logits, L + 1, &next));
+    } else {
+        TD_TRY(spec_accept_sampled(s, block, B, L, q, &next, &a));
+    }
+    if (B > 1)
+        tgt_state_keep(s->tm, &s->ts, a + 1);
+    double t2 = spec_now();
+    TD_TRY(spec_keep_features(s, L, a + 1));
+    double t3 = spec_now();
+
+    for (int64_t i = 1; i <= a; i++)
+        out[i - 1] = block[i];
+    out[a] = next;
+    *n_out = a + 1;
+    s->pending = next;
+    s->stats.steps++;
+    s->stats.generated += a + 1;
+    s->stats.drafted += B - 1;
+    s->stats.accepted += a;
+    s->stats.accept_hist[a + 1]++;
+    s->stats.t_draft += t3 - t2;
+    s->stats.t_verify += t2 - t1;
     return TD_OK;
 }
 
@@ -212,37 +315,10 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     int32_t block[SPEC_MAX_BLOCK];
     block[0] = s->pending;
     double t0 = spec_now();
-    if (B > 1)
-        TD_TRY(spec_draft(s, block, B, L));
-    double t1 = spec_now();
-    TD_TRY(spec_run(s, block, B, B > 1, B > 1));
-    int64_t a;
-    int32_t next;
-    if (spec_greedy(s) || B == 1) {
-        a = spec_accept_greedy(s, block, B, &next);
-        if (!spec_greedy(s))
-            TD_TRY(spec_sample(s, s->logits, L + 1, &next));
-    } else {
-        TD_TRY(spec_accept_sampled(s, block, B, L, &next, &a));
+    if (B > 1) {
+        TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
+        TD_TRY(spec_draft_tokens(&s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L, block, s->q));
     }
-    if (B > 1)
-        tgt_state_keep(s->tm, &s->ts, a + 1);
-    double t2 = spec_now();
-    if (s->dm)
-        TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, a + 1));
-    double t3 = spec_now();
-
-    for (int64_t i = 1; i <= a; i++)
-        out[i - 1] = block[i];
-    out[a] = next;
-    *n_out = a + 1;
-    s->pending = next;
-    s->stats.steps++;
-    s->stats.generated += a + 1;
-    s->stats.drafted += B - 1;
-    s->stats.accepted += a;
-    s->stats.accept_hist[a + 1]++;
-    s->stats.t_draft += (t1 - t0) + (t3 - t2);
-    s->stats.t_verify += t2 - t1;
-    return TD_OK;
+    s->stats.t_draft += spec_now() - t0;
+    return spec_verify(s, block, B, s->q, out, n_out);
 }

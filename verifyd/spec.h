@@ -31,7 +31,7 @@ typedef struct spec_stats {
 
 typedef struct spec_seq {
     const tgt_model *tm;
-    const dfl_model *dm;      /* NULL: plain decoding */
+    const dfl_model *dm;      /* in-process drafter; NULL: plain, or blocks from elsewhere */
     tgt_state ts;
     dfl_state ds;
     ops_sampler sampler;
@@ -41,18 +41,40 @@ typedef struct spec_seq {
     int32_t *taps;            /* [n_taps] target layer ids feeding the drafter */
     int64_t n_taps;
     float *feat;              /* [block or prefill chunk][n_taps][n_embd] tap outputs */
+    float *ring;              /* NULL, or [ring_rows][n_taps][n_embd]: features of committed
+                               * position p go to row p % ring_rows (a drafter elsewhere) */
+    int64_t ring_rows;
     float *logits;            /* [block][n_vocab] target logits of a verify pass */
     float *dlogits;           /* [block-1][n_vocab] drafter logits */
     float *p;                 /* [n_vocab] scratch distribution */
     float *q;                 /* [block-1][n_vocab] drafter distributions (sampling) */
     int64_t prefill_chunk;    /* tokens per prefill forward pass */
+    const int32_t *prompt;    /* [n_prompt] the prompt being prefilled (the caller's) */
+    int64_t n_prompt;
+    int64_t prompt_at;        /* prompt tokens in the state so far */
     spec_stats stats;
 } spec_seq;
+
+/* How a sequence is set up (spec_init_cfg). */
+typedef struct spec_cfg {
+    const dfl_model *dm;        /* in-process drafter, or NULL */
+    int64_t n_ctx;              /* positions: prompt + generated tokens */
+    int64_t ring;               /* in-process drafter's context window (0: 4096) */
+    int64_t block;              /* without dm: tokens per verify block of the blocks a
+                                 * drafter elsewhere supplies (1: plain decoding) */
+    const int32_t *taps;        /* without dm: [n_taps] target layers whose features are kept */
+    int64_t n_taps;
+    const tgt_state_mem *state; /* caller memory for the target state (a kvd slot), or NULL */
+    float *feat_ring;           /* NULL, or [ring_rows][n_taps][n_embd] feature ring */
+    int64_t ring_rows;
+    ops_sampler sampler;
+} spec_cfg;
 
 /* dm may be NULL. n_ctx bounds prompt + generated tokens; ring is the drafter's context
  * window (0: 4096). */
 td_err spec_init(spec_seq *s, const tgt_model *tm, const dfl_model *dm, int64_t n_ctx,
                  int64_t ring, const ops_sampler *sampler);
+td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg);
 void spec_free(spec_seq *s);
 
 /* Runs the prompt through the target (in chunks; features go to the drafter) and samples
@@ -60,9 +82,33 @@ void spec_free(spec_seq *s);
  * prompt, a token outside the vocabulary or a prompt that leaves no room in the context. */
 td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *first);
 
+/* The same, one chunk at a time (a scheduler interleaves sequences): begin checks the
+ * prompt (kept by the caller until the prefill ends) and sets the state up; n_cached > 0
+ * says the bound state already holds the first n_cached prompt positions (a prefix-cache
+ * hit; n_cached < n, no in-process drafter). Each next runs at most prefill_chunk tokens;
+ * when the prompt has run, *done is set and *first is the sampled first token. */
+td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t n_cached);
+td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first);
+
 /* One step: out[0..*n_out) are the newly emitted tokens (accepted drafts then the next
  * pending token), 1 <= *n_out <= block. TD_ERANGE when the context is full. */
 td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
+
+/* One step with a block drafted elsewhere: block[0] is the pending token, block[1..B) the
+ * drafts, q [B-1][n_vocab] their distributions (sampling; NULL when greedy, or B = 1 for a
+ * plain step). Runs the target over the block, accepts (the one acceptance rule of this
+ * file), rolls back, keeps the committed features; out as spec_step. Target logits of the
+ * block stay in s->logits: out[i] was chosen from row i. TD_ERANGE when B exceeds the block
+ * size or the room left. */
+td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
+                   int64_t *n_out);
+
+/* Drafter logits [B-1][n_vocab] -> drafts block[1..B-1]: the argmax when greedy, else draws
+ * from the filtered distributions, written to q [B-1][n_vocab], with the random stream of
+ * each drafted position L + i. Shared by the in-process loop and draftd, so both draft the
+ * same tokens. */
+td_err spec_draft_tokens(const ops_sampler *smp, const float *dlogits, int64_t B,
+                         int64_t n_vocab, int64_t L, int32_t *block, float *q);
 
 /* Positions left in the context (a step needs block of them). */
 int64_t spec_room(const spec_seq *s);

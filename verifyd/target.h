@@ -120,9 +120,30 @@ typedef struct tgt_state {
     float **rec_xconv;   /* per DeltaNet layer: raw conv inputs, [rec_cap][conv_ch] */
     float **rec_qkv;     /* per DeltaNet layer: normed q, k and v, [rec_cap][conv_ch] */
     float **rec_gb;      /* per DeltaNet layer: g then beta, [rec_cap][2][n_v_head] */
+    bool bound;          /* the arrays live in caller memory (tgt_state_bind) */
 } tgt_state;
 
+/* Caller memory for one sequence's state (a kvd slot, laid out by common/kvlayout): each
+ * pointer is the first layer's array, the others follow contiguously. */
+typedef struct tgt_state_mem {
+    float *k;         /* [n_attn][n_ctx][n_head_kv][head_dim] */
+    float *v;         /* [n_attn][n_ctx][n_head_kv][head_dim] */
+    float *ssm;       /* [n_delta][n_v_head][d_k][d_v] */
+    float *conv;      /* [n_delta][conv_k-1][conv_ch] */
+    float *rec_ssm0;  /* [n_delta][n_v_head][d_k][d_v] */
+    float *rec_conv0; /* [n_delta][conv_k-1][conv_ch] */
+    float *rec_xconv; /* [n_delta][rec_cap][conv_ch] */
+    float *rec_qkv;   /* [n_delta][rec_cap][conv_ch] */
+    float *rec_gb;    /* [n_delta][rec_cap][2][n_v_head] */
+    int64_t rec_cap;  /* tokens the rollback record holds: the largest recorded forward */
+} tgt_state_mem;
+
 td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx);
+/* A state over caller memory: nothing is allocated but the per-layer pointer lists, and
+ * nothing is cleared (n_past starts at 0; a caller that resumes a kept state sets it). A
+ * recorded forward of more than rec_cap tokens is TD_ERANGE. */
+td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt_state_mem *mem);
+/* Frees what init allocated (only the pointer lists of a bound state). */
 void tgt_state_free(tgt_state *s);
 /* Forgets every position (a new sequence). */
 void tgt_state_reset(const tgt_model *m, tgt_state *s);

@@ -85,6 +85,7 @@ static size_t tgt_conv_floats(const tgt_hparams *hp)
     return (size_t)((hp->conv_k - 1) * hp->conv_ch);
 }
 
+/* Frees a per-layer list; its arrays too unless they live in caller memory (n = 0). */
 static void tgt_free_list(float **list, int64_t n)
 {
     if (!list)
@@ -92,6 +93,15 @@ static void tgt_free_list(float **list, int64_t n)
     for (int64_t i = 0; i < n; i++)
         free(list[i]);
     free(list);
+}
+
+/* A per-layer list pointing at n consecutive arrays of floats each, starting at base. */
+static float **tgt_view_list(int64_t n, float *base, size_t floats)
+{
+    float **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
+    for (int64_t i = 0; list && i < n; i++)
+        list[i] = base + (size_t)i * floats;
+    return list;
 }
 
 static float **tgt_alloc_list(int64_t n, size_t floats)
@@ -111,6 +121,8 @@ static float **tgt_alloc_list(int64_t n, size_t floats)
 
 static void tgt_rec_free(tgt_state *s, int64_t n_delta)
 {
+    if (s->bound)
+        n_delta = 0;
     tgt_free_list(s->rec_ssm0, n_delta);
     tgt_free_list(s->rec_conv0, n_delta);
     tgt_free_list(s->rec_xconv, n_delta);
@@ -126,6 +138,9 @@ static td_err tgt_rec_reserve(const tgt_model *m, tgt_state *s, int64_t n_tok)
 {
     if (s->rec_cap >= n_tok)
         return TD_OK;
+    if (s->bound)
+        return err_set(TD_ERANGE, "a recorded forward of %lld tokens; the bound state records %lld",
+                       (long long)n_tok, (long long)s->rec_cap);
     const tgt_hparams *hp = &m->hp;
     int64_t nd = m->n_delta_layers;
     tgt_rec_free(s, nd);
@@ -165,12 +180,43 @@ td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx)
     return TD_OK;
 }
 
+td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt_state_mem *mem)
+{
+    const tgt_hparams *hp = &m->hp;
+    memset(s, 0, sizeof *s);
+    if (n_ctx <= 0 || n_ctx > INT32_MAX || mem->rec_cap < 0)
+        return err_set(TD_EINVAL, "context size %lld is out of range", (long long)n_ctx);
+    s->bound = true;
+    s->n_ctx = n_ctx;
+    s->n_attn = m->n_attn_layers;
+    s->n_delta = m->n_delta_layers;
+    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim);
+    size_t rows = (size_t)(mem->rec_cap * hp->conv_ch);
+    s->k = tgt_view_list(s->n_attn, mem->k, kv);
+    s->v = tgt_view_list(s->n_attn, mem->v, kv);
+    s->ssm = tgt_view_list(s->n_delta, mem->ssm, tgt_ssm_floats(hp));
+    s->conv = tgt_view_list(s->n_delta, mem->conv, tgt_conv_floats(hp));
+    s->rec_ssm0 = tgt_view_list(s->n_delta, mem->rec_ssm0, tgt_ssm_floats(hp));
+    s->rec_conv0 = tgt_view_list(s->n_delta, mem->rec_conv0, tgt_conv_floats(hp));
+    s->rec_xconv = tgt_view_list(s->n_delta, mem->rec_xconv, rows);
+    s->rec_qkv = tgt_view_list(s->n_delta, mem->rec_qkv, rows);
+    s->rec_gb = tgt_view_list(s->n_delta, mem->rec_gb, (size_t)(mem->rec_cap * 2 * hp->n_v_head));
+    s->rec_cap = mem->rec_cap;
+    if (!s->k || !s->v || !s->ssm || !s->conv || !s->rec_ssm0 || !s->rec_conv0 ||
+        !s->rec_xconv || !s->rec_qkv || !s->rec_gb) {
+        tgt_state_free(s);
+        return err_set(TD_ENOMEM, "out of memory binding a sequence state");
+    }
+    return TD_OK;
+}
+
 void tgt_state_free(tgt_state *s)
 {
-    tgt_free_list(s->k, s->n_attn);
-    tgt_free_list(s->v, s->n_attn);
-    tgt_free_list(s->ssm, s->n_delta);
-    tgt_free_list(s->conv, s->n_delta);
+    int64_t na = s->bound ? 0 : s->n_attn, nd = s->bound ? 0 : s->n_delta;
+    tgt_free_list(s->k, na);
+    tgt_free_list(s->v, na);
+    tgt_free_list(s->ssm, nd);
+    tgt_free_list(s->conv, nd);
     tgt_rec_free(s, s->n_delta);
     memset(s, 0, sizeof *s);
 }
