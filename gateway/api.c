@@ -1,0 +1,222 @@
+#include "gateway/api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "gateway/gen.h"
+#include "gateway/render.h"
+#include "gateway/request.h"
+
+typedef enum api_route {
+    ROUTE_NONE = 0,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL, /* /v1/models/<name> */
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+} api_route;
+
+typedef struct api_route_def {
+    const char *path;
+    api_route route;
+    bool post;          /* POST, else GET (and HEAD) */
+    bool auth;          /* needs the API key when one is set */
+    metrics_endpoint ep;
+} api_route_def;
+
+static const api_route_def ROUTES[] = {
+    {"/v1/chat/completions", ROUTE_CHAT, true, true, MET_EP_CHAT},
+    {"/v1/completions", ROUTE_COMPLETIONS, true, true, MET_EP_COMPLETIONS},
+    {"/v1/models", ROUTE_MODELS, false, true, MET_EP_MODELS},
+    {"/health", ROUTE_HEALTH, false, false, MET_EP_HEALTH},
+    {"/metrics", ROUTE_METRICS, false, false, MET_EP_METRICS},
+    {"/tokenize", ROUTE_TOKENIZE, true, true, MET_EP_TOKENIZE},
+    {"/detokenize", ROUTE_DETOKENIZE, true, true, MET_EP_DETOKENIZE},
+};
+
+static void api_json(api_reply *r, int status, char *body)
+{
+    r->status = body ? status : 500;
+    r->content_type = "application/json";
+    r->body = body ? body : strdup("{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                   "\"server_error\",\"param\":null,\"code\":null}}");
+    r->body_len = r->body ? strlen(r->body) : 0;
+}
+
+static void api_error_reply(api_reply *r, int status, const char *code, const char *fmt,
+                            const char *arg)
+{
+    api_error e;
+    apierr_set(&e, status, code, NULL, fmt, arg);
+    gen_reply_error(r, &e);
+}
+
+/* Constant-time comparison of the Bearer key, so its bytes cannot be guessed by timing. */
+static bool api_key_ok(const char *key, const char *header)
+{
+    static const char bearer[] = "Bearer ";
+    if (!header || strncasecmp(header, bearer, sizeof bearer - 1) != 0)
+        return false;
+    const char *given = header + sizeof bearer - 1;
+    while (*given == ' ')
+        given++;
+    size_t n = strlen(key), m = strlen(given);
+    unsigned diff = n != m;
+    for (size_t i = 0; i < m; i++)
+        diff |= (unsigned char)given[i] ^ (unsigned char)key[i < n ? i : 0];
+    return diff == 0;
+}
+
+static void api_models(gw_state *g, api_reply *r)
+{
+    msg_status st;
+    int64_t ctx = g->cfg.ctx > 0 ? g->cfg.ctx : 0;
+    if (!ctx && g->link && link_status(g->link, &st) && st.n_ctx)
+        ctx = st.n_ctx;
+    if (!ctx)
+        ctx = g->model_ctx;
+    api_json(r, 200, render_models(g->model_name, g->started, ctx));
+}
+
+static void api_model(gw_state *g, const char *name, api_reply *r)
+{
+    if (strcmp(name, g->model_name) != 0) {
+        api_error e;
+        apierr_set(&e, 404, "model_not_found", "model", "The model '%s' does not exist.", name);
+        gen_reply_error(r, &e);
+        return;
+    }
+    json_t *m = json_pack("{s:s,s:s,s:I,s:s}", "id", g->model_name, "object", "model", "created",
+                          (json_int_t)g->started, "owned_by", "tandem");
+    char *body = m ? render_dump(m) : NULL;
+    json_decref(m);
+    api_json(r, 200, body);
+}
+
+static void api_health(gw_state *g, api_reply *r)
+{
+    msg_status st;
+    bool up = g->link && link_status(g->link, &st);
+    if (up && st.ready)
+        api_json(r, 200, strdup("{\"status\":\"ok\"}"));
+    else
+        api_json(r, 503, strdup("{\"status\":\"loading\"}"));
+}
+
+static void api_metrics(gw_state *g, api_reply *r)
+{
+    msg_status st;
+    bool up = g->link && link_status(g->link, &st);
+    r->body = metrics_render(&g->metrics, up ? &st : NULL);
+    if (!r->body) {
+        api_json(r, 500, NULL);
+        return;
+    }
+    r->status = 200;
+    r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r->body_len = strlen(r->body);
+}
+
+static void api_tokenize(gw_state *g, const api_call *c, api_reply *r)
+{
+    api_error e;
+    json_t *root = NULL;
+    const char *text;
+    size_t len;
+    bool add_special;
+    if (req_parse_tokenize(c->body, c->body_len, &root, &text, &len, &add_special, &e) != TD_OK) {
+        gen_reply_error(r, &e);
+        return;
+    }
+    tok_ids ids = {0};
+    td_err err = tok_encode(g->tok, text, len, add_special ? TOK_ENC_ADD_SPECIAL : 0, &ids);
+    json_decref(root);
+    json_t *arr = err == TD_OK ? json_array() : NULL;
+    for (size_t i = 0; arr && i < ids.n; i++)
+        json_array_append_new(arr, json_integer(ids.ids[i]));
+    tok_ids_free(&ids);
+    json_t *o = arr ? json_pack("{s:o}", "tokens", arr) : NULL;
+    char *body = o ? render_dump(o) : NULL;
+    json_decref(o);
+    api_json(r, 200, body);
+}
+
+static void api_detokenize(gw_state *g, const api_call *c, api_reply *r)
+{
+    api_error e;
+    int32_t *ids;
+    size_t n;
+    if (req_parse_detokenize(c->body, c->body_len, tok_n_vocab(g->tok), &ids, &n, &e) != TD_OK) {
+        gen_reply_error(r, &e);
+        return;
+    }
+    tok_bytes text = {0};
+    td_err err = tok_decode(g->tok, ids, n, 0, &text);
+    free(ids);
+    json_t *o = err == TD_OK ? json_pack("{s:s%}", "content", text.ptr ? text.ptr : "", text.len)
+                             : NULL;
+    tok_bytes_free(&text);
+    char *body = o ? render_dump(o) : NULL;
+    json_decref(o);
+    api_json(r, 200, body);
+}
+
+void api_handle(gw_state *g, const api_call *c, api_reply *r)
+{
+    memset(r, 0, sizeof *r);
+    r->endpoint = MET_EP_OTHER;
+    const api_route_def *def = NULL;
+    const char *model_name = NULL;
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
+        if (strcmp(c->path, ROUTES[i].path) == 0)
+            def = &ROUTES[i];
+    static const api_route_def model_route = {"/v1/models/", ROUTE_MODEL, false, true,
+                                              MET_EP_MODELS};
+    if (!def && strncmp(c->path, model_route.path, strlen(model_route.path)) == 0) {
+        def = &model_route;
+        model_name = c->path + strlen(model_route.path);
+    }
+    if (!def) {
+        api_error_reply(r, 404, "not_found", "Unknown request URL: %s.", c->path);
+        return;
+    }
+    r->endpoint = def->ep;
+    bool is_post = strcmp(c->method, "POST") == 0;
+    bool is_get = strcmp(c->method, "GET") == 0 || strcmp(c->method, "HEAD") == 0;
+    if (def->post ? !is_post : !is_get) {
+        api_error_reply(r, 405, "method_not_allowed", "Method %s is not allowed here.", c->method);
+        r->allow = def->post ? "POST" : "GET, HEAD";
+        return;
+    }
+    if (def->auth && g->cfg.api_key && g->cfg.api_key[0] &&
+        !api_key_ok(g->cfg.api_key, c->authorization)) {
+        api_error_reply(r, 401, "invalid_api_key", "%s",
+                        c->authorization ? "Incorrect API key provided."
+                                         : "Missing API key: send 'Authorization: Bearer <key>'.");
+        r->auth_challenge = true;
+        return;
+    }
+    if (c->body_too_large) {
+        char limit[64];
+        snprintf(limit, sizeof limit, "%lld", (long long)g->cfg.max_body);
+        api_error_reply(r, 413, "request_too_large",
+                        "The request body is larger than this server accepts (%s bytes).", limit);
+        return;
+    }
+    switch (def->route) {
+    case ROUTE_CHAT: gen_handle(g, c, REQ_CHAT, r); break;
+    case ROUTE_COMPLETIONS: gen_handle(g, c, REQ_COMPLETION, r); break;
+    case ROUTE_MODELS: api_models(g, r); break;
+    case ROUTE_MODEL: api_model(g, model_name, r); break;
+    case ROUTE_HEALTH: api_health(g, r); break;
+    case ROUTE_METRICS: api_metrics(g, r); break;
+    case ROUTE_TOKENIZE: api_tokenize(g, c, r); break;
+    case ROUTE_DETOKENIZE: api_detokenize(g, c, r); break;
+    case ROUTE_NONE: break;
+    }
+}

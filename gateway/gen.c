@@ -1,0 +1,667 @@
+#include "gateway/gen.h"
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "gateway/logprobs.h"
+#include "gateway/output.h"
+#include "gateway/render.h"
+
+#define GEN_WAIT_MS 100 /* longest wait for one event before checking the client */
+#define GEN_BUSY_RETRY_MS 50
+
+/* A growable byte string. */
+typedef struct gen_buf {
+    char *p;
+    size_t len, cap;
+} gen_buf;
+
+static bool gen_buf_put(gen_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return false;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return true;
+}
+
+struct api_stream {
+    gw_state *g;
+    gw_request req;
+    int32_t *prompt;     /* [n_prompt] token ids */
+    size_t n_prompt;
+    link_gen *lg;        /* the generation at verifyd; NULL once closed */
+    gw_output out;
+    bool out_ready;
+    render_ctx rc;
+    char id[48];         /* "chatcmpl-<24 hex>" */
+    char call_ids[24];   /* hex: tool-call ids */
+    int client_fd;
+    int64_t last_event_ms;
+
+    bool done;           /* the generation ended: nothing more will be produced */
+    bool client_gone;
+    bool failed;
+    api_error err;
+    const char *finish;  /* "stop", "length", "tool_calls" */
+    gw_usage usage;
+    bool any_call;
+
+    /* whole replies */
+    gen_buf content, reasoning;
+    bool has_reasoning;
+    json_t *calls;       /* tool calls (message form) */
+    json_t *lp;          /* chat: logprobs content array; completions: the logprobs object */
+    size_t text_offset;  /* completions: characters sent so far (logprobs text_offset) */
+
+    /* streams */
+    bool stream;
+    bool sent_role;
+    json_t *lp_pending;  /* chat stream: logprob entries waiting for the next chunk */
+    gen_buf sse;         /* rendered events not yet read */
+    size_t sse_off;      /* bytes of sse already read */
+};
+
+static int64_t gen_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void gen_hex(char *out, size_t n_bytes)
+{
+    uint8_t raw[32];
+    TD_ASSERT(n_bytes <= sizeof raw);
+    if (getrandom(raw, n_bytes, 0) != (ssize_t)n_bytes) {
+        uint64_t x = (uint64_t)gen_now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)out;
+        for (size_t i = 0; i < n_bytes; i++, x = x * 6364136223846793005ull + 1442695040888963407ull)
+            raw[i] = (uint8_t)(x >> 56);
+    }
+    for (size_t i = 0; i < n_bytes; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+}
+
+void gen_reply_error(api_reply *r, const api_error *e)
+{
+    r->status = e->status;
+    r->content_type = "application/json";
+    r->body = apierr_render(e);
+    r->body_len = r->body ? strlen(r->body) : 0;
+    r->stream = NULL;
+}
+
+/* True when the client closed its side of the connection. */
+static bool gen_client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* --- the prompt ---------------------------------------------------------------------------- */
+
+static td_err gen_prompt_chat(api_stream *s, bool *in_think, api_error *e)
+{
+    gw_state *g = s->g;
+    if (!g->tmpl)
+        return apierr_set(e, 400, "no_chat_template", NULL,
+                          "The model file has no chat template; use /v1/completions.");
+    chat_opts o = {
+        .tools = s->req.tools,
+        .add_generation_prompt = s->req.add_generation_prompt,
+        .enable_thinking = s->req.enable_thinking,
+        .kwargs = s->req.template_kwargs,
+        .bos_token = g->chat.bos_token,
+        .eos_token = g->chat.eos_token,
+    };
+    char *text = NULL;
+    size_t len = 0;
+    if (chat_template_render(g->tmpl, s->req.messages, &o, &text, &len) != TD_OK)
+        return apierr_set(e, 400, "invalid_messages", "messages",
+                          "The chat template cannot render these messages: %s", err_msg());
+    *in_think = think_prompt_open(text, len);
+    tok_ids ids = {0};
+    td_err err = tok_encode(g->tok, text, len, 0, &ids);
+    free(text);
+    if (err != TD_OK) {
+        tok_ids_free(&ids);
+        return apierr_set(e, 500, NULL, NULL, "tokenizing the prompt failed: %s", err_msg());
+    }
+    s->prompt = ids.ids;
+    s->n_prompt = ids.n;
+    return TD_OK;
+}
+
+static td_err gen_prompt_completion(api_stream *s, api_error *e)
+{
+    gw_state *g = s->g;
+    if (s->req.prompt_ids) {
+        uint32_t n_vocab = tok_n_vocab(g->tok);
+        for (size_t i = 0; i < s->req.n_prompt_ids; i++)
+            if ((uint32_t)s->req.prompt_ids[i] >= n_vocab) {
+                char param[32];
+                snprintf(param, sizeof param, "prompt[%zu]", i);
+                return apierr_set(e, 400, "invalid_value", param,
+                                  "Invalid value for '%s': token id %d is outside the "
+                                  "vocabulary (0 to %u).",
+                                  param, s->req.prompt_ids[i], n_vocab - 1);
+            }
+        s->prompt = s->req.prompt_ids;
+        s->n_prompt = s->req.n_prompt_ids;
+        s->req.prompt_ids = NULL;
+        return TD_OK;
+    }
+    tok_ids ids = {0};
+    if (tok_encode(g->tok, s->req.prompt, s->req.prompt_len, TOK_ENC_ADD_SPECIAL, &ids) != TD_OK) {
+        tok_ids_free(&ids);
+        return apierr_set(e, 500, NULL, NULL, "tokenizing the prompt failed: %s", err_msg());
+    }
+    s->prompt = ids.ids;
+    s->n_prompt = ids.n;
+    return TD_OK;
+}
+
+/* The context every request must fit: --ctx, else verifyd's, else the model's. */
+static uint32_t gen_ctx(gw_state *g)
+{
+    if (g->cfg.ctx > 0)
+        return (uint32_t)g->cfg.ctx;
+    msg_status st;
+    if (g->link && link_status(g->link, &st) && st.n_ctx > 0)
+        return st.n_ctx;
+    return g->model_ctx;
+}
+
+static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
+{
+    gw_state *g = s->g;
+    uint64_t ctx = gen_ctx(g);
+    const char *where = s->req.kind == REQ_CHAT ? "messages" : "prompt";
+    int64_t limit = g->cfg.max_tokens_limit;
+    if (s->req.max_tokens > 0 && limit > 0 && s->req.max_tokens > limit)
+        return apierr_set(e, 400, "invalid_value", "max_tokens",
+                          "Invalid value for 'max_tokens': this server generates at most %lld "
+                          "tokens per request, but %lld were requested.",
+                          (long long)limit, (long long)s->req.max_tokens);
+    if (s->n_prompt == 0)
+        return apierr_set(e, 400, "invalid_value", where, "The prompt has no tokens.");
+    if (ctx > 0) {
+        uint64_t want = s->req.max_tokens > 0 ? (uint64_t)s->req.max_tokens : 1;
+        if (s->n_prompt + want > ctx)
+            return apierr_set(e, 400, "context_length_exceeded", where,
+                              "This model's maximum context length is %llu tokens. However, you "
+                              "requested %llu tokens (%zu in the %s, %llu in the completion). "
+                              "Please reduce the length of the %s or completion.",
+                              (unsigned long long)ctx, (unsigned long long)(s->n_prompt + want),
+                              s->n_prompt, where, (unsigned long long)want, where);
+    }
+    uint64_t n = s->req.max_tokens > 0 ? (uint64_t)s->req.max_tokens
+                 : ctx > 0                ? ctx - s->n_prompt
+                                          : 4096;
+    if (s->req.max_tokens <= 0 && limit > 0 && n > (uint64_t)limit)
+        n = (uint64_t)limit;
+    *max_tokens = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    return TD_OK;
+}
+
+/* --- starting -------------------------------------------------------------------------------- */
+
+static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
+{
+    gw_state *g = s->g;
+    msg_status st;
+    if (!g->link || !link_status(g->link, &st))
+        return apierr_set(e, 503, "backend_unavailable", NULL,
+                          "The model server (verifyd) is not available; try again later.");
+    if (!st.ready)
+        return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
+
+    uint32_t prompt_n = (uint32_t)s->n_prompt;
+    uint32_t stop[2];
+    uint32_t n_stop = 0;
+    for (int i = 0; i < 2 && !s->req.ignore_eos; i++)
+        if (g->stop_ids[i] >= 0 && (i == 0 || g->stop_ids[1] != g->stop_ids[0]))
+            stop[n_stop++] = (uint32_t)g->stop_ids[i];
+    uint64_t seed = s->req.sampling.seed;
+    if (!s->req.sampling.has_seed && getrandom(&seed, sizeof seed, 0) != sizeof seed)
+        seed = (uint64_t)gen_now_ms();
+    msg_gen_start m = {
+        .prompt = (const uint32_t *)s->prompt,
+        .n_prompt = prompt_n,
+        .max_tokens = max_tokens,
+        .sampler = {.temperature = (float)s->req.sampling.temperature,
+                    .top_k = (uint32_t)s->req.sampling.top_k,
+                    .top_p = (float)s->req.sampling.top_p,
+                    .min_p = (float)s->req.sampling.min_p,
+                    .seed = seed},
+        .stop = stop,
+        .n_stop = n_stop,
+        .logprobs = s->req.logprobs,
+        .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
+        .ignore_eos = s->req.ignore_eos,
+    };
+    if (link_gen_open(g->link, &s->lg) != TD_OK)
+        return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
+    int64_t deadline = gen_now_ms() + g->cfg.timeout_s * 1000;
+    metrics_add(&g->metrics.waiting, 1);
+    td_err err;
+    for (;;) {
+        err = link_gen_start(g->link, s->lg, &m);
+        if (err != TD_EBUSY || gen_now_ms() >= deadline)
+            break;
+        if (gen_client_gone(s->client_fd)) {
+            s->client_gone = true;
+            break;
+        }
+        struct timespec ts = {0, GEN_BUSY_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    metrics_add(&g->metrics.waiting, -1);
+    if (err == TD_OK) {
+        s->last_event_ms = gen_now_ms();
+        metrics_addu(&g->metrics.prompt_tokens, s->n_prompt);
+        metrics_add(&g->metrics.in_flight, 1);
+        return TD_OK;
+    }
+    link_gen_close(g->link, s->lg, false);
+    s->lg = NULL;
+    if (s->client_gone)
+        return apierr_set(e, 499, NULL, NULL, "the client went away");
+    switch (err) {
+    case TD_ERANGE:
+        return apierr_set(e, 400, "context_length_exceeded",
+                          s->req.kind == REQ_CHAT ? "messages" : "prompt", "%s", err_msg());
+    case TD_EINVAL:
+        return apierr_set(e, 400, "invalid_request", NULL, "%s", err_msg());
+    case TD_EBUSY:
+        return apierr_set(e, 503, "server_busy", NULL,
+                          "The server is busy: no sequence slot became free within %lld s.",
+                          (long long)g->cfg.timeout_s);
+    case TD_ETIMEOUT:
+    case TD_ECLOSED:
+        return apierr_set(e, 503, "backend_unavailable", NULL,
+                          "The model server (verifyd) did not answer: %s", err_msg());
+    default:
+        return apierr_set(e, 500, "internal_error", NULL, "starting the generation failed: %s",
+                          err_msg());
+    }
+}
+
+/* --- turning events into replies ------------------------------------------------------------ */
+
+static void gen_oom(api_stream *s)
+{
+    if (!s->failed) {
+        s->failed = true;
+        apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
+    }
+}
+
+static void gen_sse_put(api_stream *s, char *chunk)
+{
+    if (!chunk || !gen_buf_put(&s->sse, chunk, strlen(chunk)))
+        gen_oom(s);
+    free(chunk);
+}
+
+static void gen_role_chunk(api_stream *s)
+{
+    if (s->sent_role || s->req.kind != REQ_CHAT)
+        return;
+    s->sent_role = true;
+    gen_sse_put(s, render_chat_chunk(&s->rc,
+                                     json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
+                                     NULL, NULL));
+}
+
+/* The chunks or accumulated text of the pieces the output produced. */
+static void gen_take_pieces(api_stream *s)
+{
+    gw_output *o = &s->out;
+    for (size_t i = 0; i < o->n_pieces; i++) {
+        const out_piece *p = &o->pieces[i];
+        if (p->kind == OUT_TOOL_CALL)
+            s->any_call = true;
+        if (s->stream) {
+            if (s->req.kind == REQ_CHAT) {
+                json_t *lp = NULL;
+                if (s->lp_pending && p->kind != OUT_TOOL_CALL) {
+                    lp = lp_chat_object(s->lp_pending);
+                    s->lp_pending = NULL;
+                }
+                gen_sse_put(s, render_chat_chunk(&s->rc, render_delta(&s->rc, p), NULL, lp));
+            } else {
+                gen_sse_put(s, render_completion_chunk(&s->rc, p->text, p->len, NULL, NULL));
+            }
+            continue;
+        }
+        bool ok = true;
+        if (p->kind == OUT_CONTENT)
+            ok = gen_buf_put(&s->content, p->text, p->len);
+        else if (p->kind == OUT_REASONING) {
+            ok = gen_buf_put(&s->reasoning, p->text, p->len);
+            s->has_reasoning = true;
+        } else {
+            if (!s->calls)
+                s->calls = json_array();
+            ok = s->calls && json_array_append_new(s->calls, render_tool_call(&s->rc, p)) == 0;
+        }
+        if (!ok)
+            gen_oom(s);
+    }
+    output_clear(o);
+}
+
+static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
+{
+    if (!s->req.logprobs || ev->n_logprobs != ev->n_tokens || used == 0)
+        return;
+    lp_token *t = calloc(used, sizeof *t);
+    if (!t) {
+        gen_oom(s);
+        return;
+    }
+    for (size_t i = 0; i < used; i++) {
+        t[i].id = (int32_t)ev->tokens[i];
+        t[i].logprob = ev->logprobs[i].logprob;
+        t[i].n_top = ev->logprobs[i].n_top < s->req.top_logprobs ? ev->logprobs[i].n_top
+                                                                   : s->req.top_logprobs;
+        for (uint32_t k = 0; k < t[i].n_top; k++) {
+            t[i].top[k].id = (int32_t)ev->logprobs[i].top_id[k];
+            t[i].top[k].logprob = ev->logprobs[i].top_logprob[k];
+        }
+    }
+    td_err e = TD_OK;
+    if (s->req.kind == REQ_CHAT) {
+        json_t **dst = s->stream ? &s->lp_pending : &s->lp;
+        if (!*dst)
+            *dst = json_array();
+        e = *dst ? lp_append_chat(*dst, s->g->tok, t, used) : TD_ENOMEM;
+    } else if (s->stream) {
+        /* Completions chunks carry their tokens' logprobs: one chunk per step. */
+        json_t *obj = lp_completion_object();
+        e = obj ? lp_append_completion(obj, s->g->tok, t, used, &s->text_offset) : TD_ENOMEM;
+        if (e == TD_OK)
+            gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, NULL, obj));
+        else
+            json_decref(obj);
+    } else {
+        if (!s->lp)
+            s->lp = lp_completion_object();
+        e = s->lp ? lp_append_completion(s->lp, s->g->tok, t, used, &s->text_offset) : TD_ENOMEM;
+    }
+    free(t);
+    if (e != TD_OK)
+        gen_oom(s);
+}
+
+/* The generation ended (or failed): final chunks, or the whole body is ready to render. */
+static void gen_finish(api_stream *s, const char *finish)
+{
+    gw_state *g = s->g;
+    if (s->done)
+        return;
+    s->done = true;
+    if (s->lg) {
+        /* A stop string, a client gone or an error: verifyd may still be generating. */
+        link_gen_close(g->link, s->lg, true);
+        s->lg = NULL;
+        metrics_add(&g->metrics.in_flight, -1);
+    }
+    metrics_addu(&g->metrics.generations, 1);
+    metrics_addu(&g->metrics.cached_tokens, s->usage.cached_tokens);
+    if (s->failed) {
+        metrics_addu(&g->metrics.generation_errors, 1);
+        if (s->stream) {
+            gen_sse_put(s, render_sse_error(&s->err));
+            gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
+        }
+        return;
+    }
+    if (output_finish(&s->out) != TD_OK)
+        gen_oom(s);
+    gen_take_pieces(s);
+    s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
+    if (!s->stream)
+        return;
+    if (s->req.kind == REQ_CHAT) {
+        json_t *lp = s->lp_pending ? lp_chat_object(s->lp_pending) : NULL;
+        s->lp_pending = NULL;
+        gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, lp));
+        if (s->req.include_usage)
+            gen_sse_put(s, render_chat_usage_chunk(&s->rc, &s->usage));
+    } else {
+        gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, NULL));
+        if (s->req.include_usage)
+            gen_sse_put(s, render_completion_usage_chunk(&s->rc, &s->usage));
+    }
+    if (!gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE)))
+        gen_oom(s);
+}
+
+static void gen_fail(api_stream *s, int status, const char *code, const char *fmt, const char *msg)
+{
+    s->failed = true;
+    apierr_set(&s->err, status, code, NULL, fmt, msg);
+    gen_finish(s, "stop");
+}
+
+/* Waits up to wait_ms for one event and handles it. */
+static void gen_step(api_stream *s, int32_t wait_ms)
+{
+    gw_state *g = s->g;
+    if (s->done)
+        return;
+    if (gen_client_gone(s->client_fd) || __atomic_load_n(&g->stopping, __ATOMIC_SEQ_CST)) {
+        s->client_gone = true;
+        metrics_addu(&g->metrics.cancelled, 1);
+        gen_finish(s, "stop");
+        return;
+    }
+    link_event ev;
+    td_err e = link_gen_next(s->lg, wait_ms, &ev);
+    if (e == TD_ETIMEOUT) {
+        if (gen_now_ms() - s->last_event_ms > g->cfg.timeout_s * 1000)
+            gen_fail(s, 503, "backend_timeout", "%s",
+                     "The model server (verifyd) sent nothing for too long.");
+        return;
+    }
+    s->last_event_ms = gen_now_ms();
+    s->usage.cached_tokens = ev.usage.cached_tokens;
+    s->usage.steps = ev.usage.steps;
+    if (ev.kind == MSG_EVENT_ERROR) {
+        int status = ev.code == TD_ECLOSED || ev.code == TD_EBUSY ? 503
+                     : ev.code == TD_ERANGE || ev.code == TD_EINVAL ? 400
+                                                                    : 500;
+        const char *code = status == 503 ? "backend_unavailable" : status == 400 ? "invalid_request"
+                                                                                 : "internal_error";
+        gen_fail(s, status, code, "The generation failed: %s", ev.message);
+        link_event_free(&ev);
+        return;
+    }
+    size_t used = 0;
+    if (ev.n_tokens) {
+        /* Token ids travel as u32; the tokenizer refuses any outside its vocabulary. */
+        if (output_push(&s->out, (const int32_t *)ev.tokens, ev.n_tokens, &used) != TD_OK) {
+            char msg[1100];
+            snprintf(msg, sizeof msg, "%s", err_msg());
+            link_event_free(&ev);
+            gen_fail(s, 500, "internal_error", "Decoding the output failed: %s", msg);
+            return;
+        }
+        s->usage.completion_tokens += (uint32_t)used;
+        metrics_tokens(&g->metrics, used);
+        gen_logprobs(s, &ev, used);
+        gen_take_pieces(s);
+    }
+    msg_finish fin = ev.finish;
+    msg_event_kind kind = ev.kind;
+    link_event_free(&ev);
+    if (s->out.stopped)
+        gen_finish(s, "stop");
+    else if (kind == MSG_EVENT_DONE)
+        gen_finish(s, fin == MSG_FINISH_LENGTH ? "length" : "stop");
+}
+
+/* --- the whole reply -------------------------------------------------------------------------- */
+
+static void gen_reply_body(api_stream *s, api_reply *r)
+{
+    if (s->client_gone) {
+        apierr_set(&s->err, 499, NULL, NULL, "the client went away");
+        gen_reply_error(r, &s->err);
+        return;
+    }
+    if (s->failed) {
+        gen_reply_error(r, &s->err);
+        return;
+    }
+    json_t *lp = s->lp;
+    s->lp = NULL;
+    if (s->req.kind == REQ_CHAT) {
+        if (lp)
+            lp = lp_chat_object(lp);
+        /* With tool calls and nothing else said, content is null as OpenAI has it. */
+        bool null_content = s->any_call && s->content.len == 0;
+        r->body = render_chat_response(&s->rc, null_content ? NULL : s->content.p ? s->content.p : "",
+                                       s->content.len, s->has_reasoning ? s->reasoning.p : NULL,
+                                       s->reasoning.len, s->calls, s->finish, lp, &s->usage);
+        s->calls = NULL;
+    } else {
+        r->body = render_completion_response(&s->rc, s->content.p, s->content.len, s->finish, lp,
+                                             &s->usage);
+    }
+    if (!r->body) {
+        apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
+        gen_reply_error(r, &s->err);
+        return;
+    }
+    r->status = 200;
+    r->content_type = "application/json";
+    r->body_len = strlen(r->body);
+}
+
+void api_stream_free(api_stream *s)
+{
+    if (!s)
+        return;
+    if (s->lg) {
+        if (!s->done)
+            metrics_addu(&s->g->metrics.cancelled, 1);
+        link_gen_close(s->g->link, s->lg, true);
+        metrics_add(&s->g->metrics.in_flight, -1);
+    }
+    if (s->out_ready)
+        output_free(&s->out);
+    free(s->prompt);
+    req_free(&s->req);
+    free(s->content.p);
+    free(s->reasoning.p);
+    free(s->sse.p);
+    json_decref(s->calls);
+    json_decref(s->lp);
+    json_decref(s->lp_pending);
+    free(s);
+}
+
+ssize_t api_stream_read(api_stream *s, char *buf, size_t cap)
+{
+    gen_role_chunk(s);
+    while (s->sse_off == s->sse.len) {
+        s->sse_off = s->sse.len = 0;
+        if (s->client_gone)
+            return -1;
+        if (s->done)
+            return 0; /* everything, [DONE] included, was read */
+        gen_step(s, GEN_WAIT_MS);
+        if (s->client_gone)
+            return -1;
+    }
+    size_t n = s->sse.len - s->sse_off;
+    if (n > cap)
+        n = cap;
+    memcpy(buf, s->sse.p + s->sse_off, n);
+    s->sse_off += n;
+    return (ssize_t)n;
+}
+
+void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
+{
+    api_error e;
+    api_stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");
+        gen_reply_error(r, &e);
+        return;
+    }
+    s->g = g;
+    s->client_fd = c->client_fd;
+    if (req_parse(&s->req, kind, c->body, c->body_len, &e) != TD_OK) {
+        gen_reply_error(r, &e);
+        api_stream_free(s);
+        return;
+    }
+    if (s->req.model && strcmp(s->req.model, g->model_name) != 0) {
+        apierr_set(&e, 400, "model_not_found", "model",
+                   "The model '%s' does not exist; this server serves '%s'.", s->req.model,
+                   g->model_name);
+        gen_reply_error(r, &e);
+        api_stream_free(s);
+        return;
+    }
+    bool in_think = false;
+    uint32_t max_tokens = 0;
+    td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &in_think, &e) : gen_prompt_completion(s, &e);
+    if (err == TD_OK)
+        err = gen_budget(s, &max_tokens, &e);
+    output_opts oo = {
+        .stops = s->req.stop,
+        .stop_lens = s->req.stop_len,
+        .n_stops = s->req.n_stop,
+        .reasoning = kind == REQ_CHAT,
+        .in_think = in_think,
+        .tools = s->req.parse_tools ? s->req.tools : NULL,
+    };
+    if (err == TD_OK) {
+        output_init(&s->out, g->tok, &oo);
+        s->out_ready = true;
+        err = gen_start(s, max_tokens, &e);
+    }
+    if (err != TD_OK) {
+        gen_reply_error(r, &e);
+        api_stream_free(s);
+        return;
+    }
+    snprintf(s->id, sizeof s->id, "%s", kind == REQ_CHAT ? "chatcmpl-" : "cmpl-");
+    gen_hex(s->id + strlen(s->id), 12);
+    gen_hex(s->call_ids, 8);
+    s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,
+                         .usage_null = s->req.stream && s->req.include_usage,
+                         .call_ids = s->call_ids};
+    s->usage.prompt_tokens = (uint32_t)s->n_prompt;
+    s->stream = s->req.stream;
+    if (s->stream) {
+        r->status = 200;
+        r->content_type = "text/event-stream";
+        r->stream = s;
+        return;
+    }
+    while (!s->done)
+        gen_step(s, GEN_WAIT_MS);
+    gen_reply_body(s, r);
+    api_stream_free(s);
+}

@@ -1,0 +1,17 @@
+/* One generation from a parsed request to its reply: prompt building (chat template or
+ * completion prompt), the context check, gen_start with waiting while verifyd is busy, and the
+ * events turned into SSE chunks or a whole body through the output pipeline. Used by api.c. */
+#ifndef TANDEM_GATEWAY_GEN_H
+#define TANDEM_GATEWAY_GEN_H
+
+#include "gateway/api.h"
+#include "gateway/request.h"
+
+/* Runs the request of kind (parsed from c's body) and fills r: a stream, or the whole body
+ * once the generation ended, or an error. */
+void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r);
+
+/* Fills r with the error body of e. */
+void gen_reply_error(api_reply *r, const api_error *e);
+
+#endif
