@@ -1,0 +1,52 @@
+/* A stand-in for verifyd in gateway tests: answers hello, status_get, gen_start and gen_cancel
+ * on a bus server, and pushes a scripted generation's events to the gateway's event socket, so
+ * the gateway can be tested to the byte without a model. */
+#ifndef TANDEM_TESTS_SUPPORT_FAKE_VERIFYD_H
+#define TANDEM_TESTS_SUPPORT_FAKE_VERIFYD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/msg.h"
+
+#define FAKE_TOKENS_MAX 1024
+
+/* What the next generations do. */
+typedef struct fake_script {
+    uint32_t tokens[FAKE_TOKENS_MAX]; /* the whole output, before max_tokens */
+    uint32_t n_tokens;
+    uint32_t step;          /* tokens per TOKEN event (acceptance length), >= 1 */
+    int delay_ms;           /* before each event */
+    int error_after;        /* > 0: an ERROR event (TD_EIO, "scripted failure") after this many
+                               TOKEN events */
+    bool hang;              /* after the tokens, send nothing more (no DONE) */
+    int busy;               /* answer this many gen_start calls with TD_EBUSY first */
+    td_err start_error;     /* answer gen_start with this error instead (TD_OK: ack) */
+    uint32_t cached;        /* cached prompt tokens to report */
+} fake_script;
+
+typedef struct fake_verifyd fake_verifyd;
+
+/* Serves on verifyd_url and pushes to events_url; hello answers with pid, status with n_ctx,
+ * the model name and ready. */
+td_err fake_verifyd_start(fake_verifyd **out, const char *verifyd_url, const char *events_url,
+                          uint32_t pid, uint32_t n_ctx, bool ready);
+void fake_verifyd_stop(fake_verifyd *f);
+
+void fake_verifyd_script(fake_verifyd *f, const fake_script *s);
+
+/* The last gen_start received: its fields (arrays copied into prompt / stop, capacities in
+ * items). False when none came. */
+bool fake_verifyd_last_start(fake_verifyd *f, msg_gen_start *m, uint32_t *prompt,
+                             uint32_t prompt_cap, uint32_t *stop, uint32_t stop_cap);
+
+/* gen_cancel calls received, and gen_start calls answered with ack. */
+int fake_verifyd_cancels(fake_verifyd *f);
+int fake_verifyd_starts(fake_verifyd *f);
+
+/* The log probability the fake reports for the i-th token of a generation, and for its k-th
+ * alternative (alternative 0 is the token itself, k > 0 is token id + k). */
+float fake_logprob(uint32_t i, uint32_t k);
+
+#endif

@@ -1,0 +1,736 @@
+/* The gateway over real HTTP against a stand-in verifyd (tests/support/fake_verifyd): exact
+ * bodies and SSE streams for chat and completions, what reaches verifyd in gen_start, stop
+ * strings that cancel the generation, tool calls, reasoning, logprobs, errors in the middle of
+ * a stream, waiting while verifyd is busy, context overflow, client disconnects that cancel,
+ * auth, HTTP errors, metrics, and a verifyd restart that ends open streams. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/bus.h"
+#include "common/chat.h"
+#include "common/gguf.h"
+#include "gateway/gateway.h"
+#include "gateway/http.h"
+#include "tests/support/fake_verifyd.h"
+
+#define MODEL "tests/data/models/qwen35-tiny-f32.gguf"
+#define N_CTX 1024 /* positions: room for the tools' system prompt, not for 60 words + 1000 */
+
+static char run_dir[64];
+static char verifyd_url[BUS_URL_MAX], events_url[BUS_URL_MAX];
+static gw_state g;
+static http_server *srv;
+static fake_verifyd *fake;
+static uint16_t port;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* --- a small HTTP/1.0 client: the server closes the connection after each reply ------------- */
+
+static int connect_gateway(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *headers,
+                         const char *body, size_t body_len)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n%s\r\n",
+                     method, path, body_len, headers ? headers : "");
+    assert_int_equal(write(fd, head, (size_t)n), n);
+    size_t off = 0;
+    while (off < body_len) {
+        ssize_t w = write(fd, body + off, body_len - off);
+        if (w <= 0)
+            break; /* the server may close early on a huge body */
+        off += (size_t)w;
+    }
+}
+
+/* The whole reply; *body points into it. Returns the status. */
+static int read_reply(int fd, char **reply, char **body)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    buf[len] = 0;
+    close(fd);
+    int status = 0;
+    sscanf(buf, "HTTP/1.%*d %d", &status);
+    char *b = strstr(buf, "\r\n\r\n");
+    *body = b ? b + 4 : buf + len;
+    *reply = buf;
+    return status;
+}
+
+static int request(const char *method, const char *path, const char *headers, const char *body,
+                   char **reply, char **out_body)
+{
+    int fd = connect_gateway();
+    send_request(fd, method, path, headers, body ? body : "", body ? strlen(body) : 0);
+    return read_reply(fd, reply, out_body);
+}
+
+/* Replaces the random parts of ids and the creation time: chatcmpl-<hex> -> chatcmpl-X,
+ * cmpl-<hex> -> cmpl-X, call_<hex>_ -> call_X_, "created":<n> -> "created":0. */
+static void normalize(char *s)
+{
+    static const char *const prefixes[] = {"chatcmpl-", "\"cmpl-", "call_", "\"created\":"};
+    for (size_t k = 0; k < 4; k++) {
+        size_t plen = strlen(prefixes[k]);
+        for (char *p = strstr(s, prefixes[k]); p; p = strstr(p + plen, prefixes[k])) {
+            char *q = p + plen, *e = q;
+            while (isxdigit((unsigned char)*e))
+                e++;
+            if (e == q)
+                continue;
+            *q = k == 3 ? '0' : 'X';
+            memmove(q + 1, e, strlen(e) + 1);
+        }
+    }
+}
+
+static void encode(const char *text, fake_script *s)
+{
+    tok_ids ids = {0};
+    assert_int_equal(tok_encode(g.tok, text, strlen(text), 0, &ids), TD_OK);
+    for (size_t i = 0; i < ids.n; i++)
+        s->tokens[i] = (uint32_t)ids.ids[i];
+    s->n_tokens = (uint32_t)ids.n;
+    tok_ids_free(&ids);
+}
+
+/* The prompt tokens of one user message, rendered independently of the gateway's code. */
+static size_t expected_prompt(const char *messages_json, bool think_off, uint32_t *out)
+{
+    gguf_file *f;
+    chat_model cm;
+    assert_int_equal(gguf_open(&f, MODEL), TD_OK);
+    assert_int_equal(chat_model_load(&cm, f), TD_OK);
+    json_t *msgs = json_loads(messages_json, 0, NULL);
+    chat_opts o = {.add_generation_prompt = true,
+                   .enable_thinking = think_off ? CHAT_THINK_OFF : CHAT_THINK_UNSET,
+                   .eos_token = cm.eos_token};
+    char *text;
+    size_t len;
+    assert_int_equal(chat_render(cm.template_text, cm.template_len, msgs, &o, &text, &len), TD_OK);
+    tok_ids ids = {0};
+    assert_int_equal(tok_encode(g.tok, text, len, 0, &ids), TD_OK);
+    for (size_t i = 0; i < ids.n; i++)
+        out[i] = (uint32_t)ids.ids[i];
+    size_t n = ids.n;
+    tok_ids_free(&ids);
+    free(text);
+    json_decref(msgs);
+    chat_model_free(&cm);
+    gguf_close(f);
+    return n;
+}
+
+static void wait_health(int want)
+{
+    for (int i = 0; i < 100; i++) {
+        char *reply, *body;
+        int st = request("GET", "/health", NULL, NULL, &reply, &body);
+        free(reply);
+        if (st == want)
+            return;
+        sleep_ms(50);
+    }
+    fail_msg("/health never answered %d", want);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(run_dir, sizeof run_dir, "/tmp/tandem-gwtest-XXXXXX");
+    if (!mkdtemp(run_dir))
+        return -1;
+    chmod(run_dir, 0700);
+    setenv("TANDEM_RUNTIME_DIR", run_dir, 1);
+    if (bus_endpoint(verifyd_url, sizeof verifyd_url, "verifyd") != TD_OK ||
+        bus_endpoint(events_url, sizeof events_url, "gateway-events") != TD_OK)
+        return -1;
+    gw_config cfg = {.model_path = MODEL, .max_body = 4096, .timeout_s = 5};
+    if (gw_init(&g, &cfg) != TD_OK)
+        return -1;
+    link_opts lo = {.verifyd_url = verifyd_url, .events_url = events_url, .call_ms = 1000,
+                    .poll_ms = 100, .down_ms = 800};
+    if (link_init(&g.link, &lo) != TD_OK || http_start(&srv, &g, "127.0.0.1", 0) != TD_OK)
+        return -1;
+    port = http_port(srv);
+    if (fake_verifyd_start(&fake, verifyd_url, events_url, 1111, N_CTX, true) != TD_OK)
+        return -1;
+    wait_health(200);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    http_stop(srv);
+    link_free(g.link);
+    fake_verifyd_stop(fake);
+    gw_free(&g);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", run_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char HI[] = "[{\"role\":\"user\",\"content\":\"hi\"}]";
+
+/* --- chat ----------------------------------------------------------------------------------- */
+
+static void chat_whole_response_and_what_verifyd_receives(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .cached = 3};
+    encode("Hello world", &s); /* 8 tokens: 4 steps of 2 */
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    int st = request("POST", "/v1/chat/completions", NULL,
+                     "{\"model\":\"qwen35-tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+                     "\"hi\"}],\"max_tokens\":10,\"temperature\":0,\"seed\":5,"
+                     "\"chat_template_kwargs\":{\"enable_thinking\":false},\"unknown\":1}",
+                     &reply, &body);
+    assert_int_equal(st, 200);
+    normalize(body);
+    uint32_t want[256], got[256], stop[8];
+    size_t n = expected_prompt(HI, true, want);
+    char expect[1024];
+    snprintf(expect, sizeof expect,
+             "{\"id\":\"chatcmpl-X\",\"object\":\"chat.completion\",\"created\":0,\"model\":"
+             "\"qwen35-tiny\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+             "\"content\":\"Hello world\"},\"logprobs\":null,\"finish_reason\":\"stop\"}],"
+             "\"usage\":{\"prompt_tokens\":%zu,\"completion_tokens\":8,\"total_tokens\":%zu,"
+             "\"prompt_tokens_details\":{\"cached_tokens\":3},\"acceptance_length\":2.0}}",
+             n, n + 8);
+    assert_string_equal(body, expect);
+    free(reply);
+
+    msg_gen_start m;
+    assert_true(fake_verifyd_last_start(fake, &m, got, 256, stop, 8));
+    assert_int_equal(m.n_prompt, n);
+    assert_memory_equal(got, want, n * sizeof *got);
+    assert_int_equal(m.max_tokens, 10);
+    assert_true(m.sampler.temperature == 0.0f);
+    assert_int_equal(m.sampler.seed, 5);
+    assert_int_equal(m.n_stop, 1);
+    assert_int_equal(stop[0], 506); /* <|im_end|>: eos and eot of the tiny vocabulary */
+    assert_false(m.logprobs);
+    assert_false(m.ignore_eos);
+}
+
+static void chat_stream_sends_exact_chunks(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 3};
+    encode("Hello world", &s);
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    int st = request("POST", "/v1/chat/completions", NULL,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,"
+                     "\"stream_options\":{\"include_usage\":true},\"chat_template_kwargs\":"
+                     "{\"enable_thinking\":false}}",
+                     &reply, &body);
+    assert_int_equal(st, 200);
+    assert_non_null(strstr(reply, "Content-Type: text/event-stream"));
+    normalize(body);
+    /* Steps of 3 tokens: "Hello world" decodes as "Hel" + "lo wo" + "rld"? Take it from the
+     * tokenizer so only the framing is pinned here. */
+    char pieces[3][32];
+    for (int k = 0; k < 3; k++) {
+        tok_bytes b = {0};
+        uint32_t n = k < 2 ? 3 : s.n_tokens - 6;
+        assert_int_equal(tok_decode(g.tok, (const int32_t *)s.tokens + 3 * k, n, 0, &b), TD_OK);
+        snprintf(pieces[k], sizeof pieces[k], "%s", b.ptr);
+        tok_bytes_free(&b);
+    }
+    const char *head = "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\","
+                       "\"created\":0,\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":0,";
+    uint32_t prompt[256];
+    size_t n = expected_prompt(HI, true, prompt);
+    char expect[4096];
+    snprintf(expect, sizeof expect,
+             "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+             "\"finish_reason\":null}],\"usage\":null}\n\n"
+             "%s\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}],"
+             "\"usage\":null}\n\n"
+             "%s\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}],"
+             "\"usage\":null}\n\n"
+             "%s\"delta\":{\"content\":\"%s\"},\"logprobs\":null,\"finish_reason\":null}],"
+             "\"usage\":null}\n\n"
+             "%s\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":null}\n\n"
+             "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\",\"created\":0,"
+             "\"model\":\"qwen35-tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
+             "\"completion_tokens\":8,\"total_tokens\":%zu,\"prompt_tokens_details\":"
+             "{\"cached_tokens\":0},\"acceptance_length\":2.667}}\n\n"
+             "data: [DONE]\n\n",
+             head, head, pieces[0], head, pieces[1], head, pieces[2], head, n, n + 8);
+    assert_string_equal(body, expect);
+    free(reply);
+}
+
+static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .delay_ms = 30};
+    encode("hello END world and more", &s);
+    fake_verifyd_script(fake, &s);
+    int cancels = fake_verifyd_cancels(fake);
+    char *reply, *body;
+    int st = request("POST", "/v1/chat/completions", NULL,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"END\"],"
+                     "\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                     &reply, &body);
+    assert_int_equal(st, 200);
+    json_t *j = json_loads(body, 0, NULL);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(choice, "message"),
+                                                          "content")),
+                        "hello ");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
+    /* "hello END" is 7 tokens: the tokens after the stop string do not count. */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"),
+                                                        "completion_tokens")),
+                     7);
+    json_decref(j);
+    free(reply);
+    assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
+}
+
+static void tool_call_in_the_output_becomes_tool_calls(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 4};
+    encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+           "</function>\n</tool_call>",
+           &s);
+    fake_verifyd_script(fake, &s);
+    const char *req =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
+        "{\"enable_thinking\":false},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+        "\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+        "{\"type\":\"string\"}}}}}]%s}";
+    char body_req[1024];
+    snprintf(body_req, sizeof body_req, req, "");
+    char *reply, *body;
+    int st = request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body);
+    if (st != 200)
+        fail_msg("%d %s", st, body);
+    normalize(body);
+    assert_non_null(strstr(body, "\"message\":{\"role\":\"assistant\",\"content\":null,"
+                                 "\"tool_calls\":[{\"id\":\"call_X_0\",\"type\":\"function\","
+                                 "\"function\":{\"name\":\"get_weather\",\"arguments\":"
+                                 "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},\"logprobs\":null,"
+                                 "\"finish_reason\":\"tool_calls\"}"));
+    free(reply);
+    snprintf(body_req, sizeof body_req, req, ",\"stream\":true");
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    normalize(body);
+    assert_non_null(strstr(body, "\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_X_0\","
+                                 "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                                 "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+                                 "\"logprobs\":null,\"finish_reason\":null}"));
+    assert_non_null(strstr(body, "\"delta\":{},\"logprobs\":null,\"finish_reason\":"
+                                 "\"tool_calls\"}]}\n\ndata: [DONE]\n\n"));
+    assert_null(strstr(body, "\"content\":\"<"));
+    free(reply);
+}
+
+static void reasoning_opened_by_the_prompt_is_split_off(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 5};
+    encode("Let me see.\n</think>\n\nParis.", &s);
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"capital?\"}]}",
+                             &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"message\":{\"role\":\"assistant\",\"content\":\"Paris.\","
+                                 "\"reasoning_content\":\"Let me see.\"}"));
+    free(reply);
+}
+
+static void logprobs_of_each_token_with_alternatives(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64, 493}, .n_tokens = 2};
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":"
+                             "true,\"top_logprobs\":2,\"chat_template_kwargs\":"
+                             "{\"enable_thinking\":false}}",
+                             &reply, &body),
+                     200);
+    /* The fake gives token i log probability -0.25 (i + 1), alternative k (id + k) 1 less per k;
+     * 65 is "b", 494 is "ON". */
+    assert_non_null(strstr(
+        body, "\"logprobs\":{\"content\":[{\"token\":\"a\",\"logprob\":-0.25,\"bytes\":[97],"
+              "\"top_logprobs\":[{\"token\":\"a\",\"logprob\":-0.25,\"bytes\":[97]},{\"token\":"
+              "\"b\",\"logprob\":-1.25,\"bytes\":[98]}]},{\"token\":\" pattern\",\"logprob\":"
+              "-0.5,\"bytes\":[32,112,97,116,116,101,114,110],\"top_logprobs\":[{\"token\":"
+              "\" pattern\",\"logprob\":-0.5,\"bytes\":[32,112,97,116,116,101,114,110]},"
+              "{\"token\":\"ON\",\"logprob\":-1.5,\"bytes\":[79,78]}]}],\"refusal\":null}"));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_true(m.logprobs);
+    assert_int_equal(m.top_logprobs, 2);
+}
+
+static void completions_stream_with_usage(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2};
+    encode("Paris.", &s); /* 4 tokens */
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[39,68],\"max_tokens\":3,\"stream\":true,"
+                             "\"stream_options\":{\"include_usage\":true}}",
+                             &reply, &body),
+                     200);
+    normalize(body);
+    const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
+                       "\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":0,";
+    char expect[2048];
+    /* max_tokens 3 cuts the fourth token: finish length. */
+    snprintf(expect, sizeof expect,
+             "%s\"text\":\"Par\",\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n"
+             "%s\"text\":\"is\",\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n"
+             "%s\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":null}\n\n"
+             "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,\"model\":"
+             "\"qwen35-tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":"
+             "3,\"total_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":0},"
+             "\"acceptance_length\":1.5}}\n\ndata: [DONE]\n\n",
+             head, head, head);
+    assert_string_equal(body, expect);
+    free(reply);
+}
+
+/* --- failures ----------------------------------------------------------------------------------- */
+
+static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .error_after = 1, .tokens = {64, 65, 66}, .n_tokens = 3};
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":"
+                             "true,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                             &reply, &body),
+                     200);
+    normalize(body);
+    const char *head = "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\","
+                       "\"created\":0,\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":0,";
+    char expect[2048];
+    snprintf(expect, sizeof expect,
+             "%s\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+             "\"finish_reason\":null}]}\n\n"
+             "%s\"delta\":{\"content\":\"a\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+             "data: {\"error\":{\"message\":\"The generation failed: scripted failure\",\"type\":"
+             "\"server_error\",\"param\":null,\"code\":\"internal_error\"}}\n\n"
+             "data: [DONE]\n\n",
+             head, head);
+    assert_string_equal(body, expect);
+    free(reply);
+    /* The same failure without streaming is a 500 with the error body. */
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &reply,
+                             &body),
+                     500);
+    assert_string_equal(body, "{\"error\":{\"message\":\"The generation failed: scripted failure\","
+                              "\"type\":\"server_error\",\"param\":null,\"code\":"
+                              "\"internal_error\"}}");
+    free(reply);
+}
+
+static void busy_verifyd_is_waited_for(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .busy = 3, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(fake, &s);
+    int starts = fake_verifyd_starts(fake);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"text\":\"a\""));
+    free(reply);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 1);
+}
+
+static void prompt_longer_than_the_context_is_400_with_the_numbers(void **state)
+{
+    (void)state;
+    char req[2048] = "{\"messages\":[{\"role\":\"user\",\"content\":\"";
+    for (int i = 0; i < 60; i++)
+        strcat(req, "word ");
+    strcat(req, "\"}],\"max_tokens\":1000}");
+    char msgs[1024] = "[{\"role\":\"user\",\"content\":\"";
+    for (int i = 0; i < 60; i++)
+        strcat(msgs, "word ");
+    strcat(msgs, "\"}]");
+    uint32_t prompt[512];
+    size_t n = expected_prompt(msgs, false, prompt);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 400);
+    char expect[1024];
+    snprintf(expect, sizeof expect,
+             "{\"error\":{\"message\":\"This model's maximum context length is 1024 tokens. "
+             "However, you requested %zu tokens (%zu in the messages, 1000 in the completion). "
+             "Please reduce the length of the messages or completion.\",\"type\":"
+             "\"invalid_request_error\",\"param\":\"messages\",\"code\":"
+             "\"context_length_exceeded\"}}",
+             n + 1000, n);
+    assert_string_equal(body, expect);
+    free(reply);
+    /* verifyd refusing a start for its context is the same kind of error. */
+    fake_script s = {.start_error = TD_ERANGE};
+    fake_verifyd_script(fake, &s);
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"prompt of too many tokens for the "
+                              "context\",\"type\":\"invalid_request_error\",\"param\":\"prompt\","
+                              "\"code\":\"context_length_exceeded\"}}");
+    free(reply);
+}
+
+static void client_disconnect_cancels_the_generation(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .hang = true, .tokens = {64, 65}, .n_tokens = 2};
+    fake_verifyd_script(fake, &s);
+    int cancels = fake_verifyd_cancels(fake);
+    int fd = connect_gateway();
+    const char *req = "{\"prompt\":\"x\",\"stream\":true}";
+    send_request(fd, "POST", "/v1/completions", NULL, req, strlen(req));
+    char buf[4096];
+    size_t got = 0;
+    while (!strstr(buf, "\"text\":\"b\"") && got < sizeof buf - 1) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        assert_true(r > 0);
+        got += (size_t)r;
+        buf[got] = 0;
+    }
+    close(fd);
+    for (int i = 0; i < 100 && fake_verifyd_cancels(fake) == cancels; i++)
+        sleep_ms(20);
+    assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
+}
+
+static void api_key_is_required_when_set(void **state)
+{
+    (void)state;
+    g.cfg.api_key = "sekret";
+    char *reply, *body;
+    assert_int_equal(request("GET", "/v1/models", NULL, NULL, &reply, &body), 401);
+    assert_non_null(strstr(reply, "WWW-Authenticate: Bearer"));
+    assert_string_equal(body, "{\"error\":{\"message\":\"Missing API key: send 'Authorization: "
+                              "Bearer <key>'.\",\"type\":\"authentication_error\",\"param\":null,"
+                              "\"code\":\"invalid_api_key\"}}");
+    free(reply);
+    assert_int_equal(request("GET", "/v1/models", "Authorization: Bearer sekreT\r\n", NULL, &reply,
+                             &body),
+                     401);
+    assert_non_null(strstr(body, "Incorrect API key provided."));
+    free(reply);
+    assert_int_equal(request("GET", "/v1/models", "Authorization: Bearer sekret\r\n", NULL, &reply,
+                             &body),
+                     200);
+    free(reply);
+    assert_int_equal(request("GET", "/health", NULL, NULL, &reply, &body), 200);
+    assert_string_equal(body, "{\"status\":\"ok\"}");
+    free(reply);
+    g.cfg.api_key = NULL;
+}
+
+static void http_errors_have_openai_bodies(void **state)
+{
+    (void)state;
+    char *reply, *body;
+    assert_int_equal(request("GET", "/v2/nothing", NULL, NULL, &reply, &body), 404);
+    assert_string_equal(body, "{\"error\":{\"message\":\"Unknown request URL: /v2/nothing.\","
+                              "\"type\":\"invalid_request_error\",\"param\":null,\"code\":"
+                              "\"not_found\"}}");
+    free(reply);
+    assert_int_equal(request("DELETE", "/v1/completions", NULL, NULL, &reply, &body), 405);
+    assert_non_null(strstr(reply, "Allow: POST"));
+    free(reply);
+    char big[8192];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, big, &reply, &body), 413);
+    assert_string_equal(body, "{\"error\":{\"message\":\"The request body is larger than this "
+                              "server accepts (4096 bytes).\",\"type\":\"invalid_request_error\","
+                              "\"param\":null,\"code\":\"request_too_large\"}}");
+    free(reply);
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, "{\"messages\":", &reply,
+                             &body),
+                     400);
+    assert_non_null(strstr(body, "\"code\":\"invalid_json\""));
+    free(reply);
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", &reply,
+                             &body),
+                     400);
+    assert_non_null(strstr(body, "\"code\":\"invalid_json\""));
+    free(reply);
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":"
+                             "\"x\"}]}",
+                             &reply, &body),
+                     400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"The model 'gpt-4' does not exist; this "
+                              "server serves 'qwen35-tiny'.\",\"type\":\"invalid_request_error\","
+                              "\"param\":\"model\",\"code\":\"model_not_found\"}}");
+    free(reply);
+    /* The server is unharmed: a good request still works. */
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(fake, &s);
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     200);
+    free(reply);
+}
+
+static void tokenize_and_detokenize_round_trip(void **state)
+{
+    (void)state;
+    char *reply, *body;
+    assert_int_equal(request("POST", "/tokenize", NULL, "{\"content\":\"Hello world\"}", &reply,
+                             &body),
+                     200);
+    assert_string_equal(body, "{\"tokens\":[39,68,317,78,281,274,75,67]}");
+    free(reply);
+    assert_int_equal(request("POST", "/detokenize", NULL,
+                             "{\"tokens\":[505,39,68,317,78,281,274,75,67]}", &reply, &body),
+                     200);
+    assert_string_equal(body, "{\"content\":\"<|im_start|>Hello world\"}");
+    free(reply);
+}
+
+static void metrics_show_gateway_and_verifyd_numbers(void **state)
+{
+    (void)state;
+    char *reply, *body;
+    assert_int_equal(request("GET", "/metrics", NULL, NULL, &reply, &body), 200);
+    assert_non_null(strstr(reply, "Content-Type: text/plain; version=0.0.4"));
+    const char *lines[] = {
+        "\ntandem_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} ",
+        "\ntandem_requests_total{endpoint=\"/v1/completions\",status=\"405\"} 1\n",
+        "\ntandem_requests_total{endpoint=\"other\",status=\"404\"} 1\n",
+        "\ntandem_verifyd_up 1\n",
+        "\ntandem_verifyd_ready 1\n",
+        /* the fake's histogram: 5 steps of 1 token, 2 of 2 */
+        "\ntandem_acceptance_length_bucket{le=\"1\"} 5\n",
+        "\ntandem_acceptance_length_bucket{le=\"2\"} 7\n",
+        "\ntandem_acceptance_length_bucket{le=\"+Inf\"} 7\n",
+        "\ntandem_acceptance_length_sum 9\n",
+        "\ntandem_verify_seconds_total 3.000000\n",
+        "\ntandem_draft_seconds_total 1.500000\n",
+        "\ntandem_decode_tokens_per_second 2.000\n",
+        "\ntandem_draftd_restarts_total 1\n",
+        "\ntandem_queue_depth 1\n",
+        "\ntandem_requests_running 0\n",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
+        if (!strstr(body, lines[i]))
+            fail_msg("missing in /metrics: %s", lines[i] + 1);
+    free(reply);
+}
+
+/* Last: replaces the fake. A new verifyd process (another pid) knows nothing of the old one's
+ * generations, so an open stream must end with an error instead of waiting forever. */
+static void verifyd_restart_ends_open_streams(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .hang = true, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(fake, &s);
+    int fd = connect_gateway();
+    const char *req = "{\"prompt\":\"x\",\"stream\":true}";
+    send_request(fd, "POST", "/v1/completions", NULL, req, strlen(req));
+    sleep_ms(300);
+    fake_verifyd_stop(fake);
+    assert_int_equal(fake_verifyd_start(&fake, verifyd_url, events_url, 2222, N_CTX, true), TD_OK);
+    char *reply, *body;
+    int st = read_reply(fd, &reply, &body);
+    assert_int_equal(st, 200);
+    assert_non_null(strstr(body, "\"text\":\"a\""));
+    assert_non_null(strstr(body, "data: {\"error\":{\"message\":\"The generation failed: verifyd "
+                                 "restarted during the generation\",\"type\":\"server_error\","
+                                 "\"param\":null,\"code\":\"backend_unavailable\"}}\n\n"
+                                 "data: [DONE]\n\n"));
+    free(reply);
+    /* Down: /health says so and requests get 503 at once. */
+    fake_verifyd_stop(fake);
+    fake = NULL;
+    wait_health(503);
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     503);
+    assert_non_null(strstr(body, "\"code\":\"backend_unavailable\""));
+    free(reply);
+    assert_int_equal(fake_verifyd_start(&fake, verifyd_url, events_url, 3333, N_CTX, true), TD_OK);
+    wait_health(200);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chat_whole_response_and_what_verifyd_receives),
+        cmocka_unit_test(chat_stream_sends_exact_chunks),
+        cmocka_unit_test(stop_string_ends_the_text_and_cancels_verifyd),
+        cmocka_unit_test(tool_call_in_the_output_becomes_tool_calls),
+        cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),
+        cmocka_unit_test(logprobs_of_each_token_with_alternatives),
+        cmocka_unit_test(completions_stream_with_usage),
+        cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
+        cmocka_unit_test(busy_verifyd_is_waited_for),
+        cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
+        cmocka_unit_test(client_disconnect_cancels_the_generation),
+        cmocka_unit_test(api_key_is_required_when_set),
+        cmocka_unit_test(http_errors_have_openai_bodies),
+        cmocka_unit_test(tokenize_and_detokenize_round_trip),
+        cmocka_unit_test(metrics_show_gateway_and_verifyd_numbers),
+        cmocka_unit_test(verifyd_restart_ends_open_streams),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
