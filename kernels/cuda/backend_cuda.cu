@@ -1,0 +1,175 @@
+/* The CUDA backend: device memory on one GPU and the cuda_* twins, all on one stream. */
+#include <stdlib.h>
+
+#include "kernels/cuda/cuda_common.h"
+
+extern "C" {
+#include "kernels/backend.h"
+#include "kernels/cuda_mem.h"
+}
+
+static td_err be_cuda_alloc(const ops_backend *be, void **p, size_t bytes)
+{
+    (void)be;
+    return cuda_mem_alloc(p, bytes);
+}
+
+static void be_cuda_release(const ops_backend *be, void *p)
+{
+    (void)be;
+    cuda_mem_free(p);
+}
+
+static td_err be_cuda_to_device(const ops_backend *be, void *dst, const void *src, size_t bytes)
+{
+    return cuda_mem_upload(dst, src, bytes, be->stream);
+}
+
+static td_err be_cuda_to_host(const ops_backend *be, void *dst, const void *src, size_t bytes)
+{
+    return cuda_mem_download(dst, src, bytes, be->stream);
+}
+
+static td_err be_cuda_copy(const ops_backend *be, void *dst, const void *src, size_t bytes)
+{
+    return cuda_mem_copy(dst, src, bytes, be->stream);
+}
+
+static td_err be_cuda_zero(const ops_backend *be, void *p, size_t bytes)
+{
+    return cuda_mem_fill(p, 0, bytes, be->stream);
+}
+
+static td_err be_cuda_sync(const ops_backend *be)
+{
+    return cuda_stream_sync(be->stream);
+}
+
+static td_err be_cuda_matmul(const ops_backend *be, float *y, const float *x, const ops_weight *w,
+                             int64_t n_tok)
+{
+    return cuda_matmul(y, x, w, n_tok, be->stream);
+}
+
+static td_err be_cuda_get_rows(const ops_backend *be, float *out, const ops_weight *w,
+                               const int32_t *ids, int64_t n)
+{
+    return cuda_get_rows(out, w, ids, n, be->stream);
+}
+
+static td_err be_cuda_rmsnorm(const ops_backend *be, float *out, const float *x, const float *w,
+                              int64_t n_rows, int64_t dim, int64_t stride, float eps)
+{
+    return cuda_rmsnorm(out, x, w, n_rows, dim, stride, eps, be->stream);
+}
+
+static td_err be_cuda_l2norm(const ops_backend *be, float *out, const float *x, int64_t n_rows,
+                             int64_t dim, int64_t stride, float eps)
+{
+    return cuda_l2norm(out, x, n_rows, dim, stride, eps, be->stream);
+}
+
+#define BE_CUDA_BINARY(name)                                                                 \
+    static td_err be_cuda_##name(const ops_backend *be, float *out, const float *a,          \
+                                 const float *b, int64_t n)                                  \
+    {                                                                                        \
+        return cuda_##name(out, a, b, n, be->stream);                                        \
+    }
+#define BE_CUDA_UNARY(name)                                                                  \
+    static td_err be_cuda_##name(const ops_backend *be, float *out, const float *x, int64_t n) \
+    {                                                                                        \
+        return cuda_##name(out, x, n, be->stream);                                           \
+    }
+BE_CUDA_BINARY(add)
+BE_CUDA_BINARY(mul)
+BE_CUDA_BINARY(swiglu)
+BE_CUDA_UNARY(silu)
+BE_CUDA_UNARY(sigmoid)
+BE_CUDA_UNARY(softplus)
+
+static td_err be_cuda_scale(const ops_backend *be, float *out, const float *x, float s, int64_t n)
+{
+    return cuda_scale(out, x, s, n, be->stream);
+}
+
+static td_err be_cuda_rope_neox(const ops_backend *be, float *x, int64_t n_tok, int64_t n_head,
+                                int64_t tok_stride, int64_t head_stride, int64_t n_rot,
+                                const int32_t *pos, float theta)
+{
+    return cuda_rope_neox(x, n_tok, n_head, tok_stride, head_stride, n_rot, pos, theta,
+                          be->stream);
+}
+
+static td_err be_cuda_attention(const ops_backend *be, const ops_attn *a)
+{
+    return cuda_attention(a, be->stream);
+}
+
+static td_err be_cuda_conv1d_causal(const ops_backend *be, float *out, float *state,
+                                    float *state_all, const float *x, int64_t x_stride,
+                                    const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
+{
+    return cuda_conv1d_causal(out, state, state_all, x, x_stride, w, n_tok, n_ch, k,
+                              be->stream);
+}
+
+static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
+{
+    return cuda_delta_rule(d, be->stream);
+}
+
+extern "C" td_err ops_backend_cuda_init(ops_backend **out, int dev)
+{
+    *out = NULL;
+    if (!cuda_available())
+        return err_set(TD_ENOTSUP, "no usable CUDA device");
+    int n = 0;
+    CUDA_TRY(cudaGetDeviceCount(&n));
+    if (dev < 0 || dev >= n)
+        return err_set(TD_EINVAL, "CUDA device %d does not exist (%d present)", dev, n);
+    CUDA_TRY(cudaSetDevice(dev));
+    ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
+    if (!be)
+        return err_set(TD_ENOMEM, "out of memory");
+    td_err e = cuda_stream_create(&be->stream);
+    if (e != TD_OK) {
+        free(be);
+        return e;
+    }
+    be->kind = OPS_BACKEND_CUDA;
+    be->name = "cuda";
+    be->device = dev;
+    be->alloc = be_cuda_alloc;
+    be->release = be_cuda_release;
+    be->to_device = be_cuda_to_device;
+    be->to_host = be_cuda_to_host;
+    be->copy = be_cuda_copy;
+    be->zero = be_cuda_zero;
+    be->sync = be_cuda_sync;
+    be->matmul = be_cuda_matmul;
+    be->get_rows = be_cuda_get_rows;
+    be->rmsnorm = be_cuda_rmsnorm;
+    be->l2norm = be_cuda_l2norm;
+    be->add = be_cuda_add;
+    be->mul = be_cuda_mul;
+    be->scale = be_cuda_scale;
+    be->silu = be_cuda_silu;
+    be->sigmoid = be_cuda_sigmoid;
+    be->softplus = be_cuda_softplus;
+    be->swiglu = be_cuda_swiglu;
+    be->rope_neox = be_cuda_rope_neox;
+    be->attention = be_cuda_attention;
+    be->conv1d_causal = be_cuda_conv1d_causal;
+    be->delta_rule = be_cuda_delta_rule;
+    *out = be;
+    return TD_OK;
+}
+
+extern "C" void ops_backend_cuda_free(ops_backend *be)
+{
+    if (!be)
+        return;
+    cuda_stream_sync(be->stream);
+    cuda_stream_free(be->stream);
+    free(be);
+}
