@@ -86,7 +86,7 @@ static void eval_args(jev *ev, const jargs *a, jscope *sc, jcall *c)
     const char **kw = n_kw ? jev_alloc(ev, n_kw * sizeof *kw) : NULL;
     for (size_t i = 0; i < a->n_pos; i++)
         pos[i] = eval(ev, a->pos[i], sc);
-    if (a->star)
+    if (a->star && star.l->n)
         memcpy(pos + a->n_pos, star.l->v, star.l->n * sizeof *pos);
     for (size_t i = 0; i < a->n_kw; i++) {
         kw[i] = a->kw[i];

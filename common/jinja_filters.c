@@ -218,7 +218,7 @@ static jv copy_list(jev *ev, jv items)
 {
     jv r = jv_list_new(ev, items.l->n);
     if (items.l->n)
-        memcpy(r.l->v, items.l->v, items.l->n * sizeof(jv));
+        jmemcpy(r.l->v, items.l->v, items.l->n * sizeof(jv));
     r.l->n = items.l->n;
     return r;
 }

@@ -354,6 +354,13 @@ jv *jdict_get(const jdict *d, const char *k, size_t kn);
 /* Converts a JSON value (strings are borrowed, not copied). */
 jv jv_from_json(jev *ev, const json_t *j, uint32_t depth);
 
+/* memcpy that allows n == 0 with NULL pointers (an empty list has no storage). */
+static inline void jmemcpy(void *dst, const void *src, size_t n)
+{
+    if (n)
+        memcpy(dst, src, n);
+}
+
 /* Buffers */
 void jbuf_put(jev *ev, jbuf *b, const char *p, size_t n);
 static inline void jbuf_puts(jev *ev, jbuf *b, const char *s) { jbuf_put(ev, b, s, strlen(s)); }

@@ -565,7 +565,7 @@ static jv call_method(jev *ev, jv mv, const jcall *c)
         jcall_bind(ev, m->name, c, NULL, 0, a);
         if (self.kind == JV_LIST) {
             jv r = jv_list_new(ev, self.l->n);
-            memcpy(r.l->v, self.l->v, self.l->n * sizeof(jv));
+            jmemcpy(r.l->v, self.l->v, self.l->n * sizeof(jv));
             r.l->n = self.l->n;
             return r;
         } else {
@@ -590,7 +590,7 @@ static jv call_method(jev *ev, jv mv, const jcall *c)
         return c->pos[self.loop->i % c->n_pos];
     case JM_CHANGED: {
         jv now = jv_list_new(ev, c->n_pos);
-        memcpy(now.l->v, c->pos, c->n_pos * sizeof(jv));
+        jmemcpy(now.l->v, c->pos, c->n_pos * sizeof(jv));
         now.l->n = c->n_pos;
         jv last = self.loop->changed_last;
         self.loop->changed_last = now;

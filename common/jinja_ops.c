@@ -222,8 +222,9 @@ _Noreturn static void fail_overflow(jev *ev)
 
 static jv repeat(jev *ev, jv seq, int64_t times)
 {
-    if (times < 0)
-        times = 0;
+    size_t len = seq.kind == JV_STR ? seq.s.n : seq.l->n;
+    if (times < 0 || len == 0)
+        times = 0; /* an empty sequence stays empty however often it repeats */
     if (seq.kind == JV_STR) {
         if (seq.s.n && (uint64_t)times > ev->lim.max_memory / seq.s.n)
             jev_fail(ev, TD_ERANGE, "template rendering needs more than %zu bytes of memory", ev->lim.max_memory);
@@ -374,8 +375,9 @@ jv jv_binop(jev *ev, int op, jv a, jv b)
             return concat_str(ev, a, b);
         if (a.kind == JV_LIST && b.kind == JV_LIST && (a.flags & JV_F_TUPLE) == (b.flags & JV_F_TUPLE)) {
             jv r = jv_list_new(ev, a.l->n + b.l->n);
-            memcpy(r.l->v, a.l->v, a.l->n * sizeof(jv));
-            memcpy(r.l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
+            jmemcpy(r.l->v, a.l->v, a.l->n * sizeof(jv));
+            if (b.l->n)
+                memcpy(r.l->v + a.l->n, b.l->v, b.l->n * sizeof(jv));
             r.l->n = a.l->n + b.l->n;
             r.flags = a.flags;
             jev_charge(ev, r.l->n);

@@ -196,6 +196,9 @@ jnode *jp_postfix(jparser *P, jnode *node)
             if (args.n == 1) {
                 g->b = args.v[0];
             } else {
+                for (size_t i = 0; i < args.n; i++)
+                    if (args.v[i]->kind == JN_SLICE)
+                        jp_parse_fail(P, TD_ENOTSUP, line, "slices inside a subscript tuple are not supported");
                 g->b = jp_nn(P, JN_TUPLE, line);
                 g->b->kids = args.v;
                 g->b->n_kids = args.n;
