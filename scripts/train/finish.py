@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Step 4 of the demo pair, on this machine after the GPU run: the GGUF target, models/demo and
+the evaluation. finish.sh builds `tandem` and calls this.
+
+    python3 scripts/train/finish.py OUTDIR --tandem BUILD/tandem [--dest models/demo]
+        [--results scripts/train/RESULTS.md] [--prompts 50] [-n 128] [--smoke]
+
+OUTDIR is what run_all.sh wrote: meta.tar (configs, vocabulary, evaluation prompts, metrics),
+target/model-*.safetensors and drafter/model.safetensors.
+1. The target checkpoint is converted with scripts/convert_hf_to_gguf.py to the first of
+   q8_0, q6_k, q4_k_m whose file is at most 16 MB -> DEST/demo.gguf (tokenizer pre `qwen2`,
+   the regex the vocabulary was trained with); the drafter goes to DEST/drafter/.
+2. Checks: the training module of the drafter gives the same logits as scripts/dflash_ref.py
+   (the reference tandem's C drafter is tested against) on the exported weights; the GGUF's
+   top-1 token at every position of a held-out prompt (`tandem logits`) agrees with the
+   trained checkpoint run by transformers.
+3. Evaluation on held-out code prefixes: `tandem generate ... -n N --ignore-eos` with and
+   without the drafter (greedy): acceptance length (bar: mean >= 4), tokens/s of both, and
+   whether both outputs are identical (they must be: speculative decoding is lossless).
+   Results go to RESULTS; a few continuations are printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+LIMIT = 16_000_000          # bytes a file of models/demo may have
+QTYPES = ["q8_0", "q6_k", "q4_k_m"]
+BAR = 4.0                   # mean acceptance length the drafter must reach
+STATS = re.compile(r"generated (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); steps (\d+), "
+                   r"acceptance length ([\d.]+)")
+
+
+def say(msg: str) -> None:
+    print(f"finish: {msg}", flush=True)
+
+
+def stage(outdir: pathlib.Path, tmp: pathlib.Path) -> pathlib.Path:
+    """Unpacks meta.tar and assembles the Hugging Face checkpoint folder tmp/meta/target."""
+    meta = tmp / "meta"
+    with tarfile.open(outdir / "meta.tar") as tf:
+        tf.extractall(meta, filter="data")
+    for f in sorted((outdir / "target").iterdir()):
+        if f.name.endswith((".safetensors", ".safetensors.index.json")):
+            shutil.copyfile(f, meta / "target" / f.name)
+    return meta
+
+
+def convert(ckpt: pathlib.Path, dest: pathlib.Path) -> str:
+    import convert_hf_to_gguf as conv
+    tmp = dest / "demo.gguf.tmp"
+    for qtype in QTYPES:
+        conv.convert(ckpt, tmp, qtype, name="tandem-demo", pre="qwen2")
+        size = tmp.stat().st_size
+        say(f"{qtype}: {size / 1e6:.2f} MB")
+        if size <= LIMIT:
+            os.replace(tmp, dest / "demo.gguf")
+            return qtype
+    tmp.unlink()
+    raise SystemExit(f"finish: no output type gives a GGUF of at most {LIMIT} bytes")
+
+
+def hf_target(ckpt: pathlib.Path):
+    import transformers
+    from safetensors.torch import load_file
+    cfg = transformers.Qwen3_5TextConfig.from_dict(
+        json.loads((ckpt / "config.json").read_text()))
+    cfg._attn_implementation = "eager"
+    model = transformers.Qwen3_5ForCausalLM(cfg)
+    state = {}
+    for f in sorted(ckpt.glob("model*.safetensors")):
+        state.update(load_file(str(f)))
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return model.eval()
+
+
+@torch.no_grad()
+def taps_of(model, ids: list[int], taps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [T, V] and the tap-layer outputs [T, n_taps, H] of the HF target."""
+    got = {}
+    hooks = [model.model.layers[l].register_forward_hook(
+        lambda m, a, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o))
+        for l in taps]
+    try:
+        logits = model(input_ids=torch.tensor([ids])).logits[0]
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, torch.stack([got[l][0] for l in taps], dim=1)
+
+
+def drafter_check(model, drafter_dir: pathlib.Path, ids: list[int]) -> float:
+    """Largest |difference| between the training module's logits and scripts/dflash_ref.py's
+    for one block after len(ids) - 1 committed tokens, relative to the logits' spread."""
+    import dflash_ref
+    from drafter import Drafter, sizes_from_config
+    from safetensors.torch import load_file
+    raw = json.loads((drafter_dir / "config.json").read_text())
+    weights = load_file(str(drafter_dir / "model.safetensors"))
+    s = sizes_from_config(raw)
+    n_ctx = len(ids) - 1
+    _, feats = taps_of(model, ids[:n_ctx], s["taps"])
+    embed = model.model.embed_tokens.weight.detach().double()
+    head = model.lm_head.weight.detach().double()
+    block = [ids[n_ctx]] + [s["mask"]] * (s["block"] - 1)
+    ref = dflash_ref.Drafter(dflash_ref.dflash_config(raw, len(model.model.layers)), weights)
+    want = ref.draft(ref.fuse(feats), n_ctx, block, embed, head)
+    mine = Drafter(s).double()
+    mine.load_state_dict({k: v.double() for k, v in weights.items()}, strict=True)
+    with torch.no_grad():
+        hid = mine(feats.reshape(1, n_ctx, -1).double(), embed[torch.tensor(block)][None, None],
+                   torch.tensor([[n_ctx]]))
+        got = hid[0, 0, 1:] @ head.T
+    return float((got - want).abs().max() / want.std())
+
+
+def tandem(binary: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=900)
+
+
+def logits_check(binary: str, gguf: pathlib.Path, model, ids: list[int]) -> float:
+    """Fraction of positions where the GGUF's top-1 token equals the checkpoint's."""
+    r = tandem(binary, "logits", "--model", str(gguf), "--tokens", ",".join(map(str, ids)),
+               "--top", "1")
+    if r.returncode != 0:
+        raise SystemExit(f"finish: tandem logits failed: {r.stderr.strip()}")
+    top = [int(line.split()[1].split("(")[0]) for line in r.stdout.splitlines() if ":" in line]
+    want, _ = taps_of(model, ids, [0])
+    want = want.argmax(-1).tolist()
+    return float(np.mean([a == b for a, b in zip(top, want)])) if len(top) == len(want) else 0.0
+
+
+def generate(binary: str, gguf: pathlib.Path, draft: pathlib.Path | None, prompt: str,
+             n: int) -> dict:
+    args = ["generate", "--model", str(gguf), "--prompt", prompt, "-n", str(n), "--ignore-eos",
+            "--ids"]
+    if draft:
+        args += ["--draft", str(draft)]
+    r = tandem(binary, *args)
+    m = STATS.search(r.stderr)
+    if r.returncode != 0 or not m:
+        raise SystemExit(f"finish: tandem generate failed ({r.returncode}): {r.stderr.strip()}")
+    return {"ids": [int(x) for x in r.stdout.strip().split(",") if x], "n": int(m.group(1)),
+            "seconds": float(m.group(2)), "tok_s": float(m.group(3)), "steps": int(m.group(4)),
+            "tau": float(m.group(5))}
+
+
+def results_write(path: pathlib.Path, r: dict) -> None:
+    d, tm, dm = r["data"], r["target_metrics"], r["drafter_metrics"]
+    rows = "\n".join(
+        f"| {i + 1} | `{e['file']}` | {e['n_prompt']} | {e['tau']:.2f} | {e['tok_s_draft']:.1f} | "
+        f"{e['tok_s_plain']:.1f} | {'yes' if e['same'] else 'NO'} |"
+        for i, e in enumerate(r["evals"]))
+    taus = [e["tau"] for e in r["evals"]]
+    text = f"""# Demo pair: results
+
+Written by `scripts/train/finish.sh` on {time.strftime('%Y-%m-%d')}; do not edit by hand.
+
+## Training (GPU run, `scripts/train/run_all.sh`)
+
+- Data: {d['train_files']} training files of Python source ({d['train_chars'] / 1e6:.1f} MB,
+  {d['train_tokens'] / 1e6:.1f}M tokens) from Python {d['python']}'s standard library and
+  site-packages; {d['held_out_files']} files held out (evaluation prompts below come from them).
+- Target: Qwen3_5ForCausalLM, {tm['params'] / 1e6:.2f}M parameters, {tm['steps']} steps,
+  {tm['tokens'] / 1e6:.0f}M tokens seen, held-out loss {tm['heldout_loss']:.3f} nats/token.
+- Drafter: DFlash, {dm['params'] / 1e6:.2f}M parameters, {dm['steps']} steps on
+  {dm['continuations']} greedy continuations ({dm['generated_tokens'] / 1e6:.2f}M tokens) of the
+  target; teacher-forced acceptance length on held-out continuations
+  {dm['heldout_acceptance_teacher_forced']:.2f}.
+
+## Files (`models/demo/`)
+
+- `demo.gguf`: {r['qtype']}, {r['gguf_bytes'] / 1e6:.2f} MB
+- `drafter/model.safetensors`: bf16, {r['drafter_bytes'] / 1e6:.2f} MB; `drafter/config.json`
+
+## Checks
+
+- Drafter training module vs `scripts/dflash_ref.py` on the exported weights: largest logit
+  difference {r['drafter_check']:.2e} of the logits' standard deviation.
+- GGUF top-1 token vs the trained checkpoint (transformers), teacher-forced over a held-out
+  prompt of {r['logits_check_tokens']} tokens: {100 * r['logits_check']:.1f}% of positions agree.
+
+## Evaluation: {len(taus)} held-out code prefixes, greedy, {r['n']} tokens each
+
+`tandem generate --model models/demo/demo.gguf [--draft models/demo/drafter] --prompt P
+-n {r['n']} --ignore-eos` on the CPU ({r['machine']}).
+
+| | value |
+|---|---|
+| mean acceptance length (bar: >= {BAR:g}) | **{np.mean(taus):.2f}** ({'pass' if np.mean(taus) >= BAR else 'FAIL'}) |
+| median / min / max acceptance length | {np.median(taus):.2f} / {min(taus):.2f} / {max(taus):.2f} |
+| tokens/s with the drafter (total tokens / total time) | {r['tok_s_draft']:.1f} |
+| tokens/s without the drafter | {r['tok_s_plain']:.1f} |
+| speed-up | {r['tok_s_draft'] / r['tok_s_plain']:.2f}x |
+| outputs identical with and without the drafter | {sum(e['same'] for e in r['evals'])} of {len(taus)} |
+
+Tokens/s excludes the prompt's prefill (tandem's own figure); the CPU backend runs on one thread.
+
+| # | held-out file | prompt tokens | acceptance | tok/s draft | tok/s plain | same output |
+|---|---|---|---|---|---|---|
+{rows}
+
+## Examples
+
+""" + "\n".join(f"### `{x['file']}`\n\n```python\n{x['prompt_tail']}\n# ---- generated ----\n"
+                f"{x['text']}\n```\n" for x in r["examples"])
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    ap.add_argument("--tandem", required=True)
+    ap.add_argument("--dest", default=str(ROOT / "models" / "demo"))
+    ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--smoke", action="store_true", help="tiny models: report, do not hold the bar")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    outdir, dest = pathlib.Path(args.outdir), pathlib.Path(args.dest)
+    (dest / "drafter").mkdir(parents=True, exist_ok=True)
+    from tokenizers import Tokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        meta = stage(outdir, pathlib.Path(tmp))
+        qtype = convert(meta / "target", dest)
+        shutil.copyfile(meta / "drafter" / "config.json", dest / "drafter" / "config.json")
+        shutil.copyfile(outdir / "drafter" / "model.safetensors",
+                        dest / "drafter" / "model.safetensors")
+        for f in (dest / "demo.gguf", dest / "drafter" / "model.safetensors"):
+            if f.stat().st_size > LIMIT:
+                raise SystemExit(f"finish: {f} is larger than {LIMIT} bytes")
+        data = json.loads((meta / "data.json").read_text())
+        metrics = {k: json.loads((meta / f"{k}.json").read_text())
+                   for k in ("target_metrics", "drafter_metrics")}
+        tok = Tokenizer.from_file(str(meta / "target" / "tokenizer.json"))
+        model = hf_target(meta / "target")
+    prompts = data["prompts"][:args.prompts]
+    ids0 = tok.encode(prompts[0]["prompt"], add_special_tokens=False).ids
+    r = {"qtype": qtype, "gguf_bytes": (dest / "demo.gguf").stat().st_size,
+         "drafter_bytes": (dest / "drafter" / "model.safetensors").stat().st_size,
+         "data": data, "n": args.n, **metrics,
+         "drafter_check": drafter_check(model, dest / "drafter", ids0[:64]),
+         "logits_check": logits_check(args.tandem, dest / "demo.gguf", model, ids0),
+         "logits_check_tokens": len(ids0),
+         "machine": f"{platform.machine()}, {os.cpu_count()} cores, load "
+                    f"{os.getloadavg()[0]:.1f} at the start"}
+    say(f"drafter vs reference: {r['drafter_check']:.2e}; GGUF top-1 agreement "
+        f"{100 * r['logits_check']:.1f}%")
+    evals, examples = [], []
+    t_d = t_p = n_d = n_p = 0.0
+    for i, p in enumerate(prompts):
+        d = generate(args.tandem, dest / "demo.gguf", dest / "drafter", p["prompt"], args.n)
+        q = generate(args.tandem, dest / "demo.gguf", None, p["prompt"], args.n)
+        t_d, n_d = t_d + d["seconds"], n_d + d["n"] - 1
+        t_p, n_p = t_p + q["seconds"], n_p + q["n"] - 1
+        e = {"file": p["file"], "n_prompt": p["n_tokens"], "tau": d["tau"],
+             "tok_s_draft": d["tok_s"], "tok_s_plain": q["tok_s"], "same": d["ids"] == q["ids"]}
+        evals.append(e)
+        say(f"[{i + 1}/{len(prompts)}] {p['file']}: acceptance {d['tau']:.2f}, "
+            f"{d['tok_s']:.1f} vs {q['tok_s']:.1f} tok/s, same output: {e['same']}")
+        if i < 3:
+            examples.append({"file": p["file"],
+                             "prompt_tail": "\n".join(p["prompt"].rstrip("\n").split("\n")[-6:]),
+                             "text": tok.decode(d["ids"], skip_special_tokens=False)})
+    r.update(evals=evals, examples=examples, tok_s_draft=n_d / t_d, tok_s_plain=n_p / t_p)
+    results_write(pathlib.Path(args.results), r)
+    for x in examples:
+        print(f"\n==== {x['file']} ====\n{x['prompt_tail']}\n---- generated ----\n{x['text']}")
+    tau = float(np.mean([e["tau"] for e in evals]))
+    same = all(e["same"] for e in evals)
+    say(f"mean acceptance length {tau:.2f} (bar {BAR:g}), {r['tok_s_draft']:.1f} tok/s with the "
+        f"drafter, {r['tok_s_plain']:.1f} without; identical outputs: {same}; wrote {args.results}")
+    if not same or r["drafter_check"] > 1e-3:
+        return 1
+    return 0 if args.smoke or tau >= BAR else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
