@@ -85,6 +85,9 @@ static td_err build_vars(const json_t *messages, const chat_opts *o, json_t *var
         TD_TRY(message_normalize(json_array_get(messages, i), i, &m));
         json_array_append_new(msgs, m);
     }
+    for (size_t i = 0; o->tools && i < json_array_size(o->tools); i++)
+        if (!json_is_object(json_array_get(o->tools, i)))
+            return err_set(TD_EINVAL, "tool %zu: tools should be JSON schemas (objects)", i);
     json_object_set_new(vars, "tools", o->tools ? json_deep_copy(o->tools) : json_null());
     json_object_set_new(vars, "documents", json_null());
     json_object_set_new(vars, "add_generation_prompt", json_boolean(o->add_generation_prompt));

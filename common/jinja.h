@@ -6,7 +6,8 @@
  * raise_exception and strftime_now): the rendering must equal transformers' byte for byte.
  *
  * A template is parsed once into a tree (jinja_compile) and rendered many times against a JSON
- * object of variables (jinja_render). Values inside the interpreter follow Python: string
+ * object of variables (jinja_render); a compiled template is never written by a render, so
+ * several threads may render it at once. Values inside the interpreter follow Python: string
  * slicing and methods by code point, truthiness, integer arithmetic, dict order preserved,
  * str() and repr() of containers, json.dumps for tojson.
  *

@@ -419,6 +419,12 @@ static void test_chat_render_passes_transformers_variables(void **state)
     assert_int_equal(chat_render(tmpl, strlen(tmpl), msgs, &o, &out, &n), TD_EINVAL);
     assert_string_equal(err_msg(), "template keyword variable 'messages' is set by the chat itself");
     json_decref(bad);
+    json_t *tools = json_of("[{\"type\":\"function\"}, \"not a schema\"]");
+    o.kwargs = NULL;
+    o.tools = tools;
+    assert_int_equal(chat_render(tmpl, strlen(tmpl), msgs, &o, &out, &n), TD_EINVAL);
+    assert_string_equal(err_msg(), "tool 1: tools should be JSON schemas (objects)");
+    json_decref(tools);
     json_decref(empty);
     json_decref(kw);
     json_decref(msgs);
