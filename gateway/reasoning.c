@@ -128,7 +128,8 @@ td_err think_push(think_split *t, const char *text, size_t len)
         return TD_OK;
     size_t n = t->hold_len + len;
     TD_TRY(think_reserve(&t->scratch, &t->scratch_cap, n + 1));
-    memcpy(t->scratch, t->hold, t->hold_len);
+    if (t->hold_len)
+        memcpy(t->scratch, t->hold, t->hold_len);
     memcpy(t->scratch + t->hold_len, text, len);
     t->hold_len = 0;
     return think_run(t, t->scratch, n);

@@ -492,7 +492,8 @@ td_err tool_split_push(tool_split *s, const char *text, size_t len)
         return TD_OK;
     size_t n = s->hold_len + len;
     TD_TRY(tool_reserve(&s->scratch, &s->scratch_cap, n + 1));
-    memcpy(s->scratch, s->hold, s->hold_len);
+    if (s->hold_len)
+        memcpy(s->scratch, s->hold, s->hold_len);
     memcpy(s->scratch + s->hold_len, text, len);
     s->hold_len = 0;
     return tool_run(s, s->scratch, n);
