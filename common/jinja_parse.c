@@ -146,7 +146,7 @@ void jp_enter(jparser *P)
 {
     if (++P->depth > PARSE_MAX_DEPTH)
         jp_parse_fail(P, TD_ERANGE, jp_cur(P)->line, "template nested too deeply (more than %d levels)",
-                   PARSE_MAX_DEPTH);
+                      PARSE_MAX_DEPTH);
 }
 void jp_leave(jparser *P) { P->depth--; }
 
@@ -367,7 +367,7 @@ static jbody subparse(jparser *P, const char *const *end_tags, const char *closi
         if (t->kind == JT_EOF) {
             if (end_tags)
                 jp_parse_fail(P, TD_EFORMAT, t->line,
-                           "unexpected end of template, expected '%s' to close the '%s' block",
+                              "unexpected end of template, expected '%s' to close the '%s' block",
                            end_tags[0], closing);
             break;
         }
@@ -386,24 +386,16 @@ static jbody subparse(jparser *P, const char *const *end_tags, const char *closi
             jp_next(P);
             if (tag_in(jp_cur(P), end_tags))
                 break;
-            if (jp_cur(P)->kind == JT_NAME && !end_tags) {
-                static const char *const stray[] = {"endif", "endfor", "else", "elif", "endset",
-                                                    "endmacro", "endfilter", "endwith",
-                                                    "endgeneration", NULL};
-                if (tag_in(jp_cur(P), stray)) {
-                    char buf[96];
-                    jp_parse_fail(P, TD_EFORMAT, jp_cur(P)->line, "unexpected %s with no block to close",
-                               jp_describe(jp_cur(P), buf, sizeof buf));
-                }
-            } else if (jp_cur(P)->kind == JT_NAME && end_tags && !tag_in(jp_cur(P), end_tags)) {
-                static const char *const ends_any[] = {"endif", "endfor", "else", "elif", "endset",
-                                                       "endmacro", "endfilter", "endwith",
-                                                       "endgeneration", NULL};
-                if (tag_in(jp_cur(P), ends_any)) {
-                    char buf[96];
-                    jp_parse_fail(P, TD_EFORMAT, jp_cur(P)->line, "unexpected %s, expected '%s' to close the '%s' block",
-                               jp_describe(jp_cur(P), buf, sizeof buf), end_tags[0], closing);
-                }
+            /* an end tag that closes nothing here: name it rather than "unknown tag" */
+            static const char *const closers[] = {"endif", "endfor", "else", "elif", "endset", "endmacro",
+                                                  "endfilter", "endwith", "endgeneration", NULL};
+            if (tag_in(jp_cur(P), closers)) {
+                char buf[96];
+                const char *what = jp_describe(jp_cur(P), buf, sizeof buf);
+                if (!end_tags)
+                    jp_parse_fail(P, TD_EFORMAT, jp_cur(P)->line, "unexpected %s with no block to close", what);
+                jp_parse_fail(P, TD_EFORMAT, jp_cur(P)->line, "unexpected %s, expected '%s' to close the '%s' block",
+                              what, end_tags[0], closing);
             }
             jp_nvec_push(P, &body, parse_statement(P));
             jp_expect_kind(P, JT_BLOCK_END, "end of statement block '%}'");

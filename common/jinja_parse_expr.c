@@ -488,7 +488,7 @@ static bool jp_is_tuple_end(jparser *P, const char *extra_end)
 }
 
 jnode *jp_tuple(jparser *P, bool simplified, bool with_condexpr, const char *extra_end,
-                          bool explicit_parens)
+                bool explicit_parens)
 {
     int line = jp_cur(P)->line;
     nvec args = {0};
