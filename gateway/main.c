@@ -39,9 +39,9 @@ int main(int argc, char **argv)
         {"ctx", ARGS_INT, &ctx, "TANDEM_CTX", "context positions per request (0: verifyd's)", 0, INT32_MAX, 0},
         {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the ipc sockets", 0, 0, 0},
         {"verifyd", ARGS_STRING, &verifyd, "TANDEM_VERIFYD_ENDPOINT", "verifyd's request socket (default ipc://<runtime dir>/verifyd.ipc)", 0, 0, 0},
-        {"events", ARGS_STRING, &events, "TANDEM_GATEWAY_EVENTS", "this gateway's event socket (default ipc://<runtime dir>/gateway-events.ipc)", 0, 0, 0},
+        {"events", ARGS_STRING, &events, "TANDEM_EVENTS_ENDPOINT", "this gateway's event socket (default ipc://<runtime dir>/gateway-events.ipc)", 0, 0, 0},
         {"timeout", ARGS_INT, &timeout, "TANDEM_TIMEOUT", "seconds a request may wait for verifyd (busy or silent)", 1, 86400, 0},
-        {"log-level", ARGS_STRING, &level_name, NULL, "debug, info, warn, error or off", 0, 0, 0},
+        {"log-level", ARGS_STRING, &level_name, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         ARGS_END,
     };
     static const char usage[] = "gateway --model M.gguf [--host H] [--port P] [--api-key KEY]";
