@@ -6,8 +6,9 @@
  *                        [--no-generation-prompt] [--enable-thinking true|false]
  *                        [--kwargs JSON] [--bos-token S] [--eos-token S]
  *
- * The messages file holds a JSON array of messages (stdin by default), the tools file a JSON
- * array of tool schemas. With --model the template and the BOS/EOS texts come from the file
+ * The messages file holds a JSON array of messages (stdin by default), or a whole chat
+ * completions request body, whose "messages" and "tools" are used (--tools still wins); the
+ * tools file holds a JSON array of tool schemas. With --model the template and the BOS/EOS texts come from the file
  * (chat_model_load); --bos-token/--eos-token set or override them.
  * A failure (raise_exception in the template included) prints "tandem chat-template: MESSAGE"
  * on stderr and exits 1. */
@@ -108,7 +109,7 @@ int cmd_chat_template(int argc, char **argv)
     const args_opt opts[] = {
         {.name = "template", .type = ARGS_STRING, .value = &template_path, .help = "Jinja chat template file"},
         {.name = "model", .type = ARGS_STRING, .value = &model, .help = "GGUF model file (its tokenizer.chat_template)"},
-        {.name = "messages", .type = ARGS_STRING, .value = &messages_path, .help = "JSON array of messages, - for stdin"},
+        {.name = "messages", .type = ARGS_STRING, .value = &messages_path, .help = "JSON array of messages or a request body, - for stdin"},
         {.name = "tools", .type = ARGS_STRING, .value = &tools_path, .help = "JSON array of tool schemas"},
         {.name = "no-generation-prompt", .type = ARGS_FLAG, .value = &no_gen, .help = "do not open the assistant's turn"},
         {.name = "enable-thinking", .type = ARGS_STRING, .value = &thinking, .help = "true or false (unset: the template's default)"},
@@ -152,6 +153,15 @@ int cmd_chat_template(int argc, char **argv)
                              : ct_load_model(model, &in);
     if (e == TD_OK)
         e = ct_read_json(messages_path, &messages);
+    if (e == TD_OK && json_is_object(messages)) { /* a request body */
+        json_t *body = messages;
+        messages = json_incref(json_object_get(body, "messages"));
+        if (!tools_path)
+            tools = json_incref(json_object_get(body, "tools"));
+        json_decref(body);
+        if (!messages)
+            e = err_set(TD_EINVAL, "%s: the request has no \"messages\"", messages_path);
+    }
     if (e == TD_OK && tools_path)
         e = ct_read_json(tools_path, &tools);
     if (e == TD_OK && kwargs_text)

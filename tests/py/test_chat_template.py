@@ -391,6 +391,16 @@ def test_messages_from_stdin_and_exact_output(tmp_path):
     assert r.returncode == 0 and r.stdout == "x\u00e9\n".encode()
 
 
+def test_request_body_gives_messages_and_tools(tmp_path):
+    path = os.path.join(TEMPLATE_DIR, "Qwen3.5-4B.jinja")
+    case = {"messages": MESSAGE_SETS["tool_run_then_answer"], "tools": TOOLS}
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "m", "messages": case["messages"], "tools": TOOLS, "stream": True}))
+    r = run_tandem(["--template", path, "--messages", str(body)])
+    assert r.returncode == 0, r.stderr
+    assert ("ok", r.stdout.decode()) == render_hf(open(path, encoding="utf-8").read(), case)
+
+
 @pytest.mark.parametrize("args,code,needle", [
     ([], 2, "exactly one of --template and --model"),
     (["--template", "a", "--model", "b"], 2, "exactly one of --template and --model"),
@@ -400,13 +410,15 @@ def test_messages_from_stdin_and_exact_output(tmp_path):
     (["--template", "T", "--messages", "M", "--kwargs", "{\"messages\": 1}"], 1, "'messages' is set by the chat itself"),
     (["--template", "T", "--messages", "EMPTY"], 1, "Cannot apply chat template to an empty conversation"),
     (["--template", "BROKEN", "--messages", "M"], 1, "template line 2: unexpected end of template"),
+    (["--template", "T", "--messages", "BODY"], 1, "the request has no \"messages\""),
 ])
 def test_command_line_errors(args, code, needle, tmp_path):
     (tmp_path / "T").write_text("{{ messages|length }}")
     (tmp_path / "BROKEN").write_text("{% for m in messages %}\n{{ m }}")
     (tmp_path / "M").write_text(json.dumps([U("x")]))
     (tmp_path / "EMPTY").write_text("[]")
-    args = [str(tmp_path / a) if a in ("T", "M", "EMPTY", "BROKEN") else a for a in args]
+    (tmp_path / "BODY").write_text("{\"model\": \"m\"}")
+    args = [str(tmp_path / a) if a in ("T", "M", "EMPTY", "BROKEN", "BODY") else a for a in args]
     r = run_tandem(args)
     assert r.returncode == code, r.stderr
     assert needle in r.stderr.decode()
