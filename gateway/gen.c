@@ -69,7 +69,8 @@ struct api_stream {
     /* streams */
     bool stream;
     bool sent_role;
-    json_t *lp_pending;  /* chat stream: logprob entries waiting for the next chunk */
+    json_t *lp_pending;  /* streams: logprobs waiting for the next chunk (chat: the content
+                            array; completions: the logprobs object) */
     gen_buf sse;         /* rendered events not yet read */
     size_t sse_off;      /* bytes of sse already read */
 };
@@ -328,6 +329,14 @@ static void gen_role_chunk(api_stream *s)
                                      NULL, NULL));
 }
 
+/* The logprobs waiting for the next chunk, in the shape of the request's endpoint. */
+static json_t *gen_take_lp(api_stream *s)
+{
+    json_t *lp = s->lp_pending;
+    s->lp_pending = NULL;
+    return lp && s->req.kind == REQ_CHAT ? lp_chat_object(lp) : lp;
+}
+
 /* The chunks or accumulated text of the pieces the output produced. */
 static void gen_take_pieces(api_stream *s)
 {
@@ -337,16 +346,12 @@ static void gen_take_pieces(api_stream *s)
         if (p->kind == OUT_TOOL_CALL)
             s->any_call = true;
         if (s->stream) {
-            if (s->req.kind == REQ_CHAT) {
-                json_t *lp = NULL;
-                if (s->lp_pending && p->kind != OUT_TOOL_CALL) {
-                    lp = lp_chat_object(s->lp_pending);
-                    s->lp_pending = NULL;
-                }
+            /* A step's logprobs ride on its first text chunk. */
+            json_t *lp = p->kind != OUT_TOOL_CALL ? gen_take_lp(s) : NULL;
+            if (s->req.kind == REQ_CHAT)
                 gen_sse_put(s, render_chat_chunk(&s->rc, render_delta(&s->rc, p), NULL, lp));
-            } else {
-                gen_sse_put(s, render_completion_chunk(&s->rc, p->text, p->len, NULL, NULL));
-            }
+            else
+                gen_sse_put(s, render_completion_chunk(&s->rc, p->text, p->len, NULL, lp));
             continue;
         }
         bool ok = true;
@@ -385,25 +390,14 @@ static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
             t[i].top[k].logprob = ev->logprobs[i].top_logprob[k];
         }
     }
-    td_err e = TD_OK;
-    if (s->req.kind == REQ_CHAT) {
-        json_t **dst = s->stream ? &s->lp_pending : &s->lp;
-        if (!*dst)
-            *dst = json_array();
-        e = *dst ? lp_append_chat(*dst, s->g->tok, t, used) : TD_ENOMEM;
-    } else if (s->stream) {
-        /* Completions chunks carry their tokens' logprobs: one chunk per step. */
-        json_t *obj = lp_completion_object();
-        e = obj ? lp_append_completion(obj, s->g->tok, t, used, &s->text_offset) : TD_ENOMEM;
-        if (e == TD_OK)
-            gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, NULL, obj));
-        else
-            json_decref(obj);
-    } else {
-        if (!s->lp)
-            s->lp = lp_completion_object();
-        e = s->lp ? lp_append_completion(s->lp, s->g->tok, t, used, &s->text_offset) : TD_ENOMEM;
-    }
+    /* Streams keep them for the next chunk; whole replies gather them all. */
+    json_t **dst = s->stream ? &s->lp_pending : &s->lp;
+    if (!*dst)
+        *dst = s->req.kind == REQ_CHAT ? json_array() : lp_completion_object();
+    td_err e = !*dst                       ? TD_ENOMEM
+               : s->req.kind == REQ_CHAT ? lp_append_chat(*dst, s->g->tok, t, used)
+                                         : lp_append_completion(*dst, s->g->tok, t, used,
+                                                                &s->text_offset);
     free(t);
     if (e != TD_OK)
         gen_oom(s);
@@ -439,13 +433,11 @@ static void gen_finish(api_stream *s, const char *finish)
     if (!s->stream)
         return;
     if (s->req.kind == REQ_CHAT) {
-        json_t *lp = s->lp_pending ? lp_chat_object(s->lp_pending) : NULL;
-        s->lp_pending = NULL;
-        gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, lp));
+        gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
         if (s->req.include_usage)
             gen_sse_put(s, render_chat_usage_chunk(&s->rc, &s->usage));
     } else {
-        gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, NULL));
+        gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
         if (s->req.include_usage)
             gen_sse_put(s, render_completion_usage_chunk(&s->rc, &s->usage));
     }

@@ -447,6 +447,32 @@ static void completions_stream_with_usage(void **state)
     free(reply);
 }
 
+static void completions_stream_logprobs_ride_on_their_text(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64, 493}, .n_tokens = 2};
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"x\",\"logprobs\":1,\"stream\":true}", &reply, &body),
+                     200);
+    normalize(body);
+    const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
+                       "\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":0,";
+    char expect[2048];
+    snprintf(expect, sizeof expect,
+             "%s\"text\":\"a\",\"logprobs\":{\"tokens\":[\"a\"],\"token_logprobs\":[-0.25],"
+             "\"top_logprobs\":[{\"a\":-0.25}],\"text_offset\":[0]},\"finish_reason\":null}]}\n\n"
+             "%s\"text\":\" pattern\",\"logprobs\":{\"tokens\":[\" pattern\"],\"token_logprobs\":"
+             "[-0.5],\"top_logprobs\":[{\" pattern\":-0.5}],\"text_offset\":[1]},"
+             "\"finish_reason\":null}]}\n\n"
+             "%s\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\n"
+             "data: [DONE]\n\n",
+             head, head, head);
+    assert_string_equal(body, expect);
+    free(reply);
+}
+
 /* --- failures ----------------------------------------------------------------------------------- */
 
 static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
@@ -722,6 +748,7 @@ int main(void)
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),
         cmocka_unit_test(logprobs_of_each_token_with_alternatives),
         cmocka_unit_test(completions_stream_with_usage),
+        cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
