@@ -278,7 +278,8 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
         metrics_add(&g->metrics.in_flight, 1);
         return TD_OK;
     }
-    link_gen_close(g->link, s->lg, false);
+    /* A start that got no answer may still have started: cancel it to be sure. */
+    link_gen_close(g->link, s->lg, err == TD_ETIMEOUT || err == TD_ECLOSED);
     s->lg = NULL;
     if (s->client_gone)
         return apierr_set(e, 499, NULL, NULL, "the client went away");

@@ -478,7 +478,7 @@ void link_gen_close(gw_link *l, link_gen *g, bool cancel)
             *p = g->next;
             break;
         }
-    bool send_cancel = cancel && g->started && !g->ended;
+    bool send_cancel = cancel && !g->ended;
     while (g->n) {
         link_event_free(&g->queue[g->head]);
         g->head = (g->head + 1) % g->cap;

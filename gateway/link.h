@@ -63,8 +63,9 @@ td_err link_gen_start(gw_link *l, link_gen *g, msg_gen_start *m);
 /* Waits up to timeout_ms for the generation's next event. TD_ETIMEOUT when none came. */
 td_err link_gen_next(link_gen *g, int32_t timeout_ms, link_event *ev);
 
-/* Unregisters and frees g; with cancel, first tells verifyd to stop it (best effort: a verifyd
- * that is gone frees its sequences itself). */
+/* Unregisters and frees g; with cancel, and unless its last event came, first tells verifyd to
+ * stop it (best effort: a verifyd that is gone frees its sequences itself). Cancel a start
+ * that timed out too: verifyd may have started it without its answer arriving. */
 void link_gen_close(gw_link *l, link_gen *g, bool cancel);
 
 #endif
