@@ -1,0 +1,345 @@
+/* cuda_attention against cpu_attention (the oracle) over the shapes the engine runs: decode
+ * over long contexts (split keys), verify blocks of 16 and 64 queries with causal and tree
+ * masks, prefill chunks, GQA groups (also wider than one block's rows), f32 and f16 caches,
+ * padded cache rows, sliding windows, bidirectional blocks, the output gate, queries that
+ * see no key; and the batch invariance greedy speculative decoding needs: a query's output
+ * is bit-identical alone (decode), in a verify block, in a long prefill chunk, and under a
+ * chain-shaped tree mask. Skips (77) without CUDA or a device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#define SKIP_EXIT 77
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return SKIP_EXIT;
+}
+
+#else
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+typedef enum att_keys {
+    KEYS_CTX_THEN_BLOCK, /* ctx context keys at 0..ctx-1, then the queries' own keys */
+    KEYS_NONE,           /* n_kv = 0 */
+    KEYS_AFTER_QUERIES,  /* every key later than every query: causal sees nothing */
+} att_keys;
+
+typedef struct att_case {
+    const char *name;
+    int64_t n_q, n_head, n_head_kv, head_dim, ctx;
+    ops_mask_kind mask;
+    int32_t window;
+    td_dtype kv_type;
+    bool gated;    /* qwen35 layout: per head D query values then D gate values */
+    bool kv_pad;   /* cache rows further apart than n_head_kv * head_dim */
+    att_keys keys;
+    bool chain;    /* OPS_MASK_TREE: a chain (each node's parent is the previous one) */
+} att_case;
+
+/* Host data of a case; a.* point into it. */
+typedef struct att_host {
+    ops_attn a;
+    size_t q_n, kv_n, bits_n; /* elements of q, of k (and v), words of tree_bits */
+} att_host;
+
+static void att_build(const att_case *c, att_host *h)
+{
+    memset(h, 0, sizeof *h);
+    ops_attn *a = &h->a;
+    const int64_t D = c->head_dim;
+    a->n_q = c->n_q, a->n_head = c->n_head, a->n_head_kv = c->n_head_kv, a->head_dim = D;
+    a->scale = 1.0f / sqrtf((float)D);
+    a->q_head_stride = c->gated ? 2 * D : D;
+    a->q_tok_stride = c->n_head * a->q_head_stride;
+    h->q_n = (size_t)(c->n_q * a->q_tok_stride);
+    /* |q| <= 2, |k| <= 1: scaled scores spread ~0.7, so the softmax is neither flat nor one-hot */
+    float *q = rng_floats((int64_t)h->q_n, 2.0f);
+    a->q = q;
+    if (c->gated) {
+        a->gate = q + D;
+        a->gate_tok_stride = a->q_tok_stride;
+        a->gate_head_stride = a->q_head_stride;
+    }
+    a->n_kv = c->keys == KEYS_NONE ? 0 : c->ctx + c->n_q;
+    a->kv_head_stride = D;
+    a->kv_tok_stride = c->n_head_kv * D + (c->kv_pad ? 24 : 0);
+    a->kv_type = c->kv_type;
+    h->kv_n = (size_t)(a->n_kv * a->kv_tok_stride);
+    float *k = rng_floats((int64_t)h->kv_n, 1.0f), *v = rng_floats((int64_t)h->kv_n, 1.0f);
+    if (c->kv_type == TD_F16) {
+        uint16_t *k16 = malloc(h->kv_n * 2 + 2), *v16 = malloc(h->kv_n * 2 + 2);
+        for (size_t i = 0; i < h->kv_n; i++)
+            k16[i] = ops_f32_to_f16(k[i]), v16[i] = ops_f32_to_f16(v[i]);
+        free(k), free(v);
+        a->k = k16, a->v = v16;
+    } else {
+        a->k = k, a->v = v;
+    }
+
+    /* block positions: ctx + index, or ctx + depth in the tree */
+    int32_t *q_pos = malloc((size_t)c->n_q * 4), *k_pos = malloc((size_t)(a->n_kv + 1) * 4);
+    int64_t *parent = malloc((size_t)c->n_q * 8);
+    int32_t *depth = malloc((size_t)c->n_q * 4);
+    for (int64_t j = 0; j < c->n_q; j++) {
+        parent[j] = j == 0 ? -1 : c->chain ? j - 1 : (int64_t)(rng_u64() % (uint64_t)j);
+        depth[j] = parent[j] < 0 ? 0 : depth[parent[j]] + 1;
+        const int32_t off = c->mask == OPS_MASK_TREE ? depth[j] : (int32_t)j;
+        q_pos[j] = (int32_t)c->ctx + off;
+        if (c->keys == KEYS_AFTER_QUERIES)
+            q_pos[j] = off;
+    }
+    for (int64_t i = 0; i < a->n_kv; i++) {
+        const int64_t j = i - c->ctx;
+        k_pos[i] = j < 0 ? (int32_t)i : q_pos[j];
+        if (c->keys == KEYS_AFTER_QUERIES)
+            k_pos[i] = (int32_t)(c->n_q + 10 + i);
+    }
+    a->q_pos = q_pos, a->k_pos = k_pos;
+    a->mask = c->mask;
+    a->window = c->window;
+    if (c->mask == OPS_MASK_TREE) {
+        const int64_t words = (c->n_q + 63) / 64;
+        h->bits_n = (size_t)(c->n_q * words);
+        uint64_t *bits = calloc(h->bits_n, 8);
+        for (int64_t t = 0; t < c->n_q; t++)
+            for (int64_t j = t; j >= 0; j = parent[j]) /* itself and its ancestors */
+                bits[t * words + j / 64] |= 1ull << (j % 64);
+        a->n_tree = c->n_q;
+        a->tree_bits = bits;
+    }
+    free(parent);
+    free(depth);
+}
+
+static void att_host_free(att_host *h)
+{
+    free((void *)h->a.q), free((void *)h->a.k), free((void *)h->a.v);
+    free((void *)h->a.q_pos), free((void *)h->a.k_pos), free((void *)h->a.tree_bits);
+}
+
+/* A copy of h->a with every array on the device (out unset). */
+static ops_attn att_upload(const att_host *h)
+{
+    ops_attn d = h->a;
+    const size_t kv_bytes = h->kv_n * (h->a.kv_type == TD_F16 ? 2 : 4);
+    d.q = dput(h->a.q, h->q_n * 4);
+    d.gate = h->a.gate ? d.q + (h->a.gate - h->a.q) : NULL;
+    d.k = dput(h->a.k, kv_bytes);
+    d.v = dput(h->a.v, kv_bytes);
+    d.q_pos = dput(h->a.q_pos, (size_t)h->a.n_q * 4);
+    d.k_pos = dput(h->a.k_pos, (size_t)h->a.n_kv * 4);
+    d.tree_bits = h->a.tree_bits ? dput(h->a.tree_bits, h->bits_n * 8) : NULL;
+    return d;
+}
+
+static void att_dev_free(ops_attn *d)
+{
+    cuda_mem_free((void *)d->q), cuda_mem_free((void *)d->k), cuda_mem_free((void *)d->v);
+    cuda_mem_free((void *)d->q_pos), cuda_mem_free((void *)d->k_pos);
+    cuda_mem_free((void *)d->tree_bits);
+}
+
+/* Runs d into a poisoned output; returns the host copy [n_q][n_head][head_dim]. */
+static float *att_run(ops_attn d)
+{
+    const size_t bytes = (size_t)(d.n_q * d.n_head * d.head_dim) * 4;
+    d.out = dpoison(bytes);
+    GPU_OK(cuda_attention(&d, gpu_st));
+    float *got = dget(d.out, bytes);
+    cuda_mem_free(d.out);
+    return got;
+}
+
+/* Both sides sum f32 dot products (in different orders), the CPU then keeps p and the value
+ * sums in f64, the GPU in f32 over splits of 128 keys folded in f32: the difference is a few
+ * 1e-6 of max|v| = 1 for these shapes. 2e-5 absolute leaves room and still fails any
+ * masking, scaling or indexing mistake, which moves outputs by ~1e-2 or more. */
+#define ATT_ATOL 2e-5f
+
+static void att_check(const att_case *c)
+{
+    att_host h;
+    att_build(c, &h);
+    const int64_t n_out = c->n_q * c->n_head * c->head_dim;
+    float *ref = malloc((size_t)(n_out + 1) * 4);
+    h.a.out = ref;
+    cpu_attention(&h.a);
+    ops_attn d = att_upload(&h);
+    float *got = att_run(d);
+    if (!check_close(c->name, got, ref, n_out, 0, ATT_ATOL))
+        fail_msg("attention case %s differs from the CPU", c->name);
+    if (c->keys != KEYS_CTX_THEN_BLOCK)
+        for (int64_t i = 0; i < n_out; i++)
+            assert_true(got[i] == 0.0f); /* a query that sees no key gets zeros */
+    free(got);
+    free(ref);
+    att_dev_free(&d);
+    att_host_free(&h);
+}
+
+static void test_attention_decode_over_long_contexts(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        /* qwen35 full-attention layer: 24 heads over 4 kv heads of 256, gated, f16 cache */
+        {"decode 5000 keys", 1, 24, 4, 256, 4999, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0, 0},
+        {"decode 1 key", 1, 4, 4, 64, 0, OPS_MASK_CAUSAL, 0, TD_F32, false, false, 0, 0},
+        {"decode 128 keys", 1, 8, 2, 128, 127, OPS_MASK_CAUSAL, 0, TD_F32, false, true, 0, 0},
+        {"decode 129 keys", 1, 8, 2, 128, 128, OPS_MASK_CAUSAL, 0, TD_F16, false, false, 0, 0},
+        {"decode window 2048", 1, 32, 8, 128, 3000, OPS_MASK_CAUSAL, 2048, TD_F16, false, false,
+         0, 0},
+        {"decode head_dim 16", 1, 2, 1, 16, 700, OPS_MASK_CAUSAL, 0, TD_F32, true, false, 0, 0},
+    };
+    rng_seed(11);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        att_check(&cs[i]);
+}
+
+static void test_attention_verify_blocks_causal_and_tree(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        {"verify 16", 16, 32, 8, 128, 300, OPS_MASK_CAUSAL, 0, TD_F16, false, true, 0, 0},
+        {"verify 64 qwen35", 64, 24, 4, 256, 1000, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0, 0},
+        {"tree 16", 16, 32, 8, 128, 200, OPS_MASK_TREE, 0, TD_F16, false, false, 0, 0},
+        {"tree 64", 64, 8, 8, 64, 130, OPS_MASK_TREE, 0, TD_F32, true, false, 0, 0},
+        {"tree 70 (two mask words)", 70, 4, 2, 16, 40, OPS_MASK_TREE, 0, TD_F32, false, false, 0,
+         0},
+        {"tree 16 window 8", 16, 4, 1, 64, 100, OPS_MASK_TREE, 8, TD_F16, false, false, 0, 0},
+    };
+    rng_seed(12);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        att_check(&cs[i]);
+}
+
+static void test_attention_prefill_windows_and_bidirectional(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        {"prefill 64 window 16", 64, 2, 1, 16, 0, OPS_MASK_CAUSAL, 16, TD_F32, false, false, 0,
+         0},
+        {"prefill 200 over 300", 200, 8, 4, 64, 300, OPS_MASK_CAUSAL, 0, TD_F16, true, true, 0,
+         0},
+        /* DFlash drafter block: every context key and all block keys */
+        {"bidirectional 16", 16, 32, 8, 128, 500, OPS_MASK_BIDIRECTIONAL, 0, TD_F32, false,
+         false, 0, 0},
+        {"bidirectional 16 window 100", 16, 32, 8, 128, 500, OPS_MASK_BIDIRECTIONAL, 100,
+         TD_F16, false, false, 0, 0},
+        /* a GQA group wider than one block's 16 rows */
+        {"group of 32", 3, 32, 1, 64, 200, OPS_MASK_CAUSAL, 0, TD_F32, false, false, 0, 0},
+        {"no keys", 4, 4, 2, 32, 0, OPS_MASK_CAUSAL, 0, TD_F32, true, false, KEYS_NONE, 0},
+        {"no visible key", 5, 4, 2, 32, 300, OPS_MASK_CAUSAL, 0, TD_F16, true, false,
+         KEYS_AFTER_QUERIES, 0},
+    };
+    rng_seed(13);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        att_check(&cs[i]);
+}
+
+/* The same 16 queries computed as a decode step each (n_kv up to the query itself), as one
+ * verify block (split keys, folded by the combine kernel), as the tail of a 256-query
+ * prefill chunk (512 blocks: each block folds its splits itself) and under a chain tree mask:
+ * every bit equal. */
+static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(void **state)
+{
+    (void)state;
+    const int64_t n_head = 32, n_head_kv = 8, D = 128, ctx = 1000, B = 16, P = 256;
+    /* the prefill chunk covers positions ctx+B-P .. ctx+B-1; its last B are the block */
+    const att_case chunk = {"chunk", P, n_head, n_head_kv, D, ctx + B - P, OPS_MASK_CAUSAL, 0,
+                            TD_F16, true, false, 0, 0};
+    rng_seed(14);
+    att_host h;
+    att_build(&chunk, &h);
+    ops_attn d = att_upload(&h);
+    const int64_t row = n_head * D; /* output values per query */
+    float *pre = att_run(d);
+
+    ops_attn blk = d; /* the last B queries over the same keys */
+    blk.n_q = B;
+    blk.q = d.q + (P - B) * d.q_tok_stride;
+    blk.gate = d.gate + (P - B) * d.gate_tok_stride;
+    blk.q_pos = d.q_pos + (P - B);
+    float *ver = att_run(blk);
+    assert_true(check_same_bits("verify block vs prefill chunk", ver, pre + (P - B) * row,
+                                (size_t)(B * row) * 4));
+
+    for (int64_t t = 0; t < B; t++) {
+        ops_attn one = blk; /* decode: the cache ends at the query's own key */
+        one.n_q = 1;
+        one.q = blk.q + t * d.q_tok_stride;
+        one.gate = blk.gate + t * d.gate_tok_stride;
+        one.q_pos = blk.q_pos + t;
+        one.n_kv = ctx + t + 1;
+        float *dec = att_run(one);
+        char what[48];
+        snprintf(what, sizeof what, "decode query %lld vs verify block", (long long)t);
+        assert_true(check_same_bits(what, dec, ver + t * row, (size_t)row * 4));
+        free(dec);
+    }
+
+    /* a chain tree over the block is the causal mask again */
+    uint64_t chain[16];
+    for (int64_t t = 0; t < B; t++)
+        chain[t] = (2ull << t) - 1; /* itself and every earlier block key */
+    ops_attn tree = blk;
+    tree.mask = OPS_MASK_TREE;
+    tree.n_tree = B;
+    tree.tree_bits = dput(chain, sizeof chain);
+    float *tr = att_run(tree);
+    assert_true(check_same_bits("chain tree vs causal", tr, ver, (size_t)(B * row) * 4));
+    cuda_mem_free((void *)tree.tree_bits);
+
+    /* and the CPU agrees with all of them */
+    float *ref = malloc((size_t)(P * row) * 4);
+    h.a.out = ref;
+    cpu_attention(&h.a);
+    assert_true(check_close("prefill chunk vs CPU", pre, ref, P * row, 0, ATT_ATOL));
+    free(ref);
+    free(tr);
+    free(ver);
+    free(pre);
+    att_dev_free(&d);
+    att_host_free(&h);
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return SKIP_EXIT;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_decode_over_long_contexts),
+        cmocka_unit_test(test_attention_verify_blocks_causal_and_tree),
+        cmocka_unit_test(test_attention_prefill_windows_and_bidirectional),
+        cmocka_unit_test(test_attention_query_is_bit_identical_alone_in_block_and_in_chunk),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif /* TANDEM_HAVE_CUDA */
