@@ -620,7 +620,7 @@ static jv f_dictsort(jev *ev, jv v, const jcall *c)
     jv a[3];
     jcall_bind(ev, "dictsort", c, p, 3, a);
     if (v.kind != JV_DICT)
-        jev_fail(ev, TD_EINVAL, "dictsort: expected a mapping, got %s", jv_type_name(v));
+        jev_fail(ev, TD_EINVAL, "'%s' object has no attribute 'items'", jv_type_name(v));
     jv items = pairs(ev, v);
     bool by_value = given(a[1]) && a[1].kind == JV_STR && a[1].s.n == 5 && !memcmp(a[1].s.p, "value", 5);
     bool rev = given(a[2]) && jv_truthy(a[2]);

@@ -270,10 +270,10 @@ static int64_t want_int(jev *ev, jv v, int64_t dflt)
     return v.i;
 }
 
-static jv want_str(jev *ev, jv v, const char *what)
+static jv want_str(jev *ev, jv v)
 {
     if (v.kind != JV_STR)
-        jev_fail(ev, TD_EINVAL, "%s must be str, not %s", what, jv_type_name(v));
+        jev_fail(ev, TD_EINVAL, "must be str, not %s", jv_type_name(v));
     return v;
 }
 
@@ -283,7 +283,8 @@ typedef enum jmeth_impl {
     JM_NONE, /* a real method of the type that is not implemented */
     JM_UNSAFE, /* mutates: refused by the immutable sandbox */
     JM_STARTSWITH, JM_ENDSWITH, JM_SPLIT, JM_RSPLIT, JM_STRIP, JM_LSTRIP, JM_RSTRIP, JM_LOWER,
-    JM_UPPER, JM_TITLE, JM_CAPITALIZE, JM_SWAPCASE, JM_REPLACE, JM_FIND, JM_RFIND, JM_COUNT,
+    JM_UPPER, JM_TITLE, JM_CAPITALIZE, JM_SWAPCASE, JM_REPLACE, JM_FIND, JM_RFIND, JM_STR_INDEX,
+    JM_STR_RINDEX, JM_COUNT,
     JM_JOIN, JM_SPLITLINES, JM_ISDIGIT, JM_ISALPHA, JM_ISALNUM, JM_ISSPACE, JM_ISLOWER, JM_ISUPPER,
     JM_REMOVEPREFIX, JM_REMOVESUFFIX,
     JM_ITEMS, JM_KEYS, JM_VALUES, JM_GET, JM_COPY,
@@ -310,11 +311,11 @@ static const jmeth methods[] = {
     {JV_STR, "removeprefix", JM_REMOVEPREFIX}, {JV_STR, "removesuffix", JM_REMOVESUFFIX},
     {JV_STR, "casefold", JM_NONE}, {JV_STR, "center", JM_NONE}, {JV_STR, "encode", JM_NONE},
     {JV_STR, "expandtabs", JM_NONE}, {JV_STR, "format", JM_NONE}, {JV_STR, "format_map", JM_NONE},
-    {JV_STR, "index", JM_NONE}, {JV_STR, "isascii", JM_NONE}, {JV_STR, "isdecimal", JM_NONE},
+    {JV_STR, "index", JM_STR_INDEX}, {JV_STR, "rindex", JM_STR_RINDEX},
+    {JV_STR, "isascii", JM_NONE}, {JV_STR, "isdecimal", JM_NONE},
     {JV_STR, "isidentifier", JM_NONE}, {JV_STR, "isnumeric", JM_NONE},
     {JV_STR, "isprintable", JM_NONE}, {JV_STR, "istitle", JM_NONE}, {JV_STR, "ljust", JM_NONE},
-    {JV_STR, "maketrans", JM_NONE}, {JV_STR, "partition", JM_NONE}, {JV_STR, "rindex", JM_NONE},
-    {JV_STR, "rjust", JM_NONE}, {JV_STR, "rpartition", JM_NONE}, {JV_STR, "translate", JM_NONE},
+    {JV_STR, "maketrans", JM_NONE}, {JV_STR, "partition", JM_NONE}, {JV_STR, "rjust", JM_NONE}, {JV_STR, "rpartition", JM_NONE}, {JV_STR, "translate", JM_NONE},
     {JV_STR, "zfill", JM_NONE},
     {JV_DICT, "items", JM_ITEMS}, {JV_DICT, "keys", JM_KEYS}, {JV_DICT, "values", JM_VALUES},
     {JV_DICT, "get", JM_GET}, {JV_DICT, "copy", JM_COPY}, {JV_DICT, "fromkeys", JM_NONE},
@@ -465,18 +466,22 @@ static jv call_method(jev *ev, jv mv, const jcall *c)
             jev_fail(ev, TD_EINVAL, "replace expected at least 2 arguments");
         return jstr_replace(ev, self, a[0], a[1], want_int(ev, a[2], -1));
     case JM_FIND:
-    case JM_RFIND: {
+    case JM_RFIND:
+    case JM_STR_INDEX:
+    case JM_STR_RINDEX: {
         jcall_bind(ev, m->name, c, p_sub, 1, a);
-        jv sub = want_str(ev, a[0], "argument");
+        jv sub = want_str(ev, a[0]);
         jev_charge(ev, self.s.n);
         const char *hit = NULL;
-        if (m->impl == JM_FIND) {
+        if (m->impl == JM_FIND || m->impl == JM_STR_INDEX) {
             hit = memmem(self.s.p, self.s.n, sub.s.p, sub.s.n);
         } else if (sub.s.n <= self.s.n) {
             for (size_t k = self.s.n - sub.s.n + 1; k-- > 0 && !hit;)
                 if (!memcmp(self.s.p + k, sub.s.p, sub.s.n))
                     hit = self.s.p + k;
         }
+        if (!hit && (m->impl == JM_STR_INDEX || m->impl == JM_STR_RINDEX))
+            jev_fail(ev, TD_EINVAL, "substring not found");
         return jv_int(hit ? (int64_t)utf8_len(self.s.p, (size_t)(hit - self.s.p)) : -1);
     }
     case JM_COUNT: {
@@ -487,7 +492,7 @@ static jv call_method(jev *ev, jv mv, const jcall *c)
                 k += jv_equal(ev, self.l->v[i], a[0], 0);
             return jv_int(k);
         }
-        jv sub = want_str(ev, a[0], "argument");
+        jv sub = want_str(ev, a[0]);
         jev_charge(ev, self.s.n);
         if (sub.s.n == 0)
             return jv_int((int64_t)utf8_len(self.s.p, self.s.n) + 1);
@@ -525,7 +530,7 @@ static jv call_method(jev *ev, jv mv, const jcall *c)
     case JM_REMOVEPREFIX:
     case JM_REMOVESUFFIX: {
         jcall_bind(ev, m->name, c, p_affix, 1, a);
-        jv x = want_str(ev, a[0], "argument");
+        jv x = want_str(ev, a[0]);
         bool end = m->impl == JM_REMOVESUFFIX;
         if (!affix_match(ev, self, x, end))
             return self;
@@ -731,7 +736,7 @@ static jv call_global(jev *ev, jfunc_id id, const jcall *c)
     case JF_STRFTIME_NOW: {
         static const char *const p[] = {"format"};
         jcall_bind(ev, "strftime_now", c, p, 1, a);
-        jv fmt = want_str(ev, a[0], "format");
+        jv fmt = want_str(ev, a[0]);
         char f[256], out[512];
         if (fmt.s.n >= sizeof f)
             jev_fail(ev, TD_ENOTSUP, "strftime_now: format longer than %zu bytes", sizeof f - 1);

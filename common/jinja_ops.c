@@ -395,6 +395,8 @@ jv jv_binop(jev *ev, int op, jv a, jv b)
             return repeat(ev, b, as_int(a));
         if (a.kind == JV_STR || a.kind == JV_LIST)
             jev_fail(ev, TD_EINVAL, "can't multiply sequence by non-int of type '%s'", jv_type_name(b));
+        if (b.kind == JV_STR || b.kind == JV_LIST)
+            jev_fail(ev, TD_EINVAL, "can't multiply sequence by non-int of type '%s'", jv_type_name(a));
     }
     if (op == JOP_MOD && a.kind == JV_STR)
         jev_fail(ev, TD_ENOTSUP, "printf-style string formatting (str %% args) is not supported");
@@ -551,8 +553,11 @@ jv jv_slice(jev *ev, jv obj, jv start, jv stop, jv step)
     bool has_a = slice_index(ev, start, &a), has_b = slice_index(ev, stop, &b);
     if (slice_index(ev, step, &st) && st == 0)
         jev_fail(ev, TD_EINVAL, "slice step cannot be zero");
+    /* jinja2 compiles slices to plain Python subscripts (no sandbox getitem, no Undefined) */
+    if (obj.kind == JV_DICT)
+        jev_fail(ev, TD_EINVAL, "unhashable type: 'slice'");
     if (obj.kind != JV_LIST && obj.kind != JV_STR)
-        jev_fail(ev, TD_EINVAL, "'%s' object is not subscriptable by a slice", jv_type_name(obj));
+        jev_fail(ev, TD_EINVAL, "'%s' object is not subscriptable", jv_type_name(obj));
     size_t ncp = 0;
     const size_t *off = NULL;
     int64_t len;
