@@ -4,11 +4,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cmd.h"
 #include "common/args.h"
 #include "common/tokenizer.h"
 #include "verifyd/spec.h"
+
+/* The demo pair scripts/train/finish.sh writes (relative to the working directory): the model
+ * when --model is not given, and its drafter when the model is that default too (a drafter is
+ * trained for one target). */
+#define GEN_DEMO_MODEL "models/demo/demo.gguf"
+#define GEN_DEMO_DRAFT "models/demo/drafter"
+
+static bool gen_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
 
 /* Parses "1,2,3" into a malloc'd array. */
 static td_err gen_parse_ids(const char *text, int32_t **ids, int64_t *n)
@@ -70,8 +83,8 @@ int cmd_generate(int argc, char **argv)
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     bool ids = false, ignore_eos = false, help = false;
     const args_opt opts[] = {
-        {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
-        {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder (speculative decoding)", 0, 0, 0},
+        {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (" GEN_DEMO_MODEL " when it exists)", 0, 0, 'm'},
+        {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder, speculative decoding (" GEN_DEMO_DRAFT " with that model; \"\" for none)", 0, 0, 0},
         {"prompt", ARGS_STRING, &prompt, NULL, "prompt text", 0, 0, 'p'},
         {"prompt-ids", ARGS_STRING, &prompt_ids, NULL, "prompt as comma-separated token ids", 0, 0, 0},
         {"max-tokens", ARGS_INT, &n_max, NULL, "tokens to generate", 1, 1 << 24, 'n'},
@@ -87,7 +100,7 @@ int cmd_generate(int argc, char **argv)
         ARGS_END,
     };
     static const char usage[] =
-        "tandem generate --model M.gguf [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
+        "tandem generate [--model M.gguf] [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
         "[-n N] [--temp T --seed S]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem generate: %s\n", err_msg());
@@ -98,8 +111,21 @@ int cmd_generate(int argc, char **argv)
         args_usage(usage, opts);
         return 0;
     }
-    if (!model || (!prompt == !prompt_ids)) {
-        fprintf(stderr, "tandem generate: give --model and one of --prompt, --prompt-ids\n");
+    if (!model && gen_exists(GEN_DEMO_MODEL)) {
+        model = GEN_DEMO_MODEL;
+        if (!draft && gen_exists(GEN_DEMO_DRAFT "/config.json"))
+            draft = GEN_DEMO_DRAFT;
+    }
+    if (draft && !*draft)
+        draft = NULL;
+    if (!model) {
+        fprintf(stderr, "tandem generate: give --model (the default %s is not here; "
+                "scripts/train/finish.sh makes it)\n", GEN_DEMO_MODEL);
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (!prompt == !prompt_ids) {
+        fprintf(stderr, "tandem generate: give one of --prompt, --prompt-ids\n");
         args_usage(usage, opts);
         return 2;
     }
