@@ -193,7 +193,7 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
         assert_int_equal(tgt_state_init(&b, m, 32), TD_OK);
         assert_int_equal(tgt_forward(m, &a, gd.tokens, P, false, NULL), TD_OK);
         assert_int_equal(tgt_forward(m, &a, gd.tokens + P, n, true, NULL), TD_OK);
-        tgt_state_keep(m, &a, keep);
+        assert_int_equal(tgt_state_keep(m, &a, keep), TD_OK);
         assert_int_equal(tgt_forward(m, &b, gd.tokens, P + keep, false, NULL), TD_OK);
         expect_states_equal(m, &a, &b);
         /* the next token sees the same state */

@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "common/gguf.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 
 typedef enum tgt_arch {
@@ -89,17 +90,24 @@ typedef struct tgt_model {
     int64_t n_attn_layers;    /* layers of kind TGT_LAYER_ATTN */
     int64_t n_delta_layers;   /* layers of kind TGT_LAYER_DELTA */
     float *owned;             /* f32 copies of small vectors stored as F16/BF16 in the file */
+    const ops_backend *be;    /* where the weights live and the forward pass runs */
+    void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
+    struct tgt_work *work;    /* scratch reused by forward passes (one caller at a time) */
 } tgt_model;
 
 /* Loads a qwen3 or qwen35 GGUF file. Every tensor's presence, type and shape is checked
  * against the metadata; the error names the tensor or key. */
 td_err tgt_load(tgt_model **out, const char *path);
+/* The same on a backend: a GPU backend gets a device copy of every weight. */
+td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be);
 td_err tgt_load_gguf(tgt_model **out, gguf_file *file); /* takes ownership of file on success */
 void tgt_free(tgt_model *m);
 
 /* One sequence's memory: the attention KV cache and the DeltaNet recurrent and conv state,
- * plus what a partial accept needs to roll back without re-running the model. */
+ * plus what a partial accept needs to roll back without re-running the model. The arrays are
+ * memory of the model's backend; the pointer lists are host memory. */
 typedef struct tgt_state {
+    const ops_backend *be; /* the model's backend, which owns the arrays (unless bound) */
     int64_t n_ctx;       /* positions the KV cache holds */
     int64_t n_past;      /* positions whose KV/state exist (committed) */
     int64_t n_attn;      /* attention layers of the model (length of k, v) */
@@ -146,11 +154,12 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
 /* Frees what init allocated (only the pointer lists of a bound state). */
 void tgt_state_free(tgt_state *s);
 /* Forgets every position (a new sequence). */
-void tgt_state_reset(const tgt_model *m, tgt_state *s);
+td_err tgt_state_reset(const tgt_model *m, tgt_state *s);
 /* Copies src into dst (same model and n_ctx); the rollback record is not copied. */
-void tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src);
+td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src);
 
-/* What a forward pass returns besides the new state. */
+/* What a forward pass returns besides the new state. logits and tap_out are memory of the
+ * model's backend (device memory on a GPU); the token ids and taps lists are host memory. */
 typedef struct tgt_out {
     float *logits;         /* NULL, or [n_tok][n_vocab] (or [1][n_vocab] with last_only) */
     bool last_only;        /* logits of the last token only */
@@ -168,6 +177,6 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
 /* After a recorded forward of n tokens, keeps the first keep (0 <= keep <= n): n_past and
  * the DeltaNet state become exactly those of having run only those tokens. KV entries past
  * the new n_past are dead and get overwritten later. */
-void tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep);
+td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep);
 
 #endif

@@ -1,4 +1,4 @@
-/* The target's forward pass over a block of tokens (CPU backend), and the per-sequence state
+/* The target's forward pass over a block of tokens (on any backend), and the per-sequence state
  * it runs against: attention KV cache, DeltaNet recurrent and conv state, rollback record.
  *
  * Per layer: x += mixer(attn_norm(x)); x += ffn_down(silu(ffn_gate(h)) * ffn_up(h)) with
@@ -8,20 +8,25 @@
 #include <string.h>
 
 #include "verifyd/target.h"
+#include "verifyd/target_int.h"
 
-/* Scratch for one forward pass of n_tok tokens; sized from the model, freed at the end. */
-typedef struct tgt_scratch {
-    float *x;      /* [n_tok][n_embd] residual stream */
-    float *h;      /* [n_tok][n_embd] normed input of a sublayer */
-    float *a;      /* [n_tok][max mixer width]: q+gate (attention) or raw qkv (DeltaNet) */
-    float *b;      /* [n_tok][max mixer width]: k (attention) or conv output (DeltaNet) */
-    float *c;      /* [n_tok][max mixer width]: v (attention) or z (DeltaNet) */
-    float *o;      /* [n_tok][max mixer width]: attention or recurrence output */
-    float *gb;     /* [n_tok][2][n_v_head]: g then beta (DeltaNet) */
-    float *ff1;    /* [n_tok][n_ff] */
-    float *ff2;    /* [n_tok][n_ff] */
-    int32_t *pos;  /* [n_past + n_tok] absolute positions 0.. */
-} tgt_scratch;
+/* Scratch of forward passes, in backend memory, kept by the model and grown on demand
+ * (allocating device memory per call would stall the GPU). */
+typedef struct tgt_work {
+    int64_t cap_tok;  /* tokens the buffers below hold */
+    int64_t cap_pos;  /* positions pos holds */
+    float *x;         /* [cap_tok][n_embd] residual stream */
+    float *h;         /* [cap_tok][n_embd] normed input of a sublayer */
+    float *a;         /* [cap_tok][max mixer width]: q+gate (attention) or raw qkv (DeltaNet) */
+    float *b;         /* [cap_tok][max mixer width]: k (attention) or conv output (DeltaNet) */
+    float *c;         /* [cap_tok][max mixer width]: v (attention) or z (DeltaNet) */
+    float *o;         /* [cap_tok][max mixer width]: attention or recurrence output */
+    float *gb;        /* [cap_tok][2][n_v_head]: g then beta (DeltaNet) */
+    float *ff1;       /* [cap_tok][n_ff] */
+    float *ff2;       /* [cap_tok][n_ff] */
+    int32_t *ids;     /* [cap_tok] token ids */
+    int32_t *pos;     /* [cap_pos] absolute positions 0.. */
+} tgt_work;
 
 static int64_t tgt_mixer_width(const tgt_hparams *hp)
 {
@@ -33,43 +38,81 @@ static int64_t tgt_mixer_width(const tgt_hparams *hp)
     return w;
 }
 
-static void tgt_scratch_free(tgt_scratch *s)
+static void tgt_work_release(const ops_backend *be, tgt_work *w)
 {
-    free(s->x);
-    free(s->h);
-    free(s->a);
-    free(s->b);
-    free(s->c);
-    free(s->o);
-    free(s->gb);
-    free(s->ff1);
-    free(s->ff2);
-    free(s->pos);
+    float **f[] = {&w->x, &w->h, &w->a, &w->b, &w->c, &w->o, &w->gb, &w->ff1, &w->ff2};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        be->release(be, *f[i]);
+        *f[i] = NULL;
+    }
+    be->release(be, w->ids);
+    be->release(be, w->pos);
+    w->ids = w->pos = NULL;
+    w->cap_tok = w->cap_pos = 0;
 }
 
-static td_err tgt_scratch_init(tgt_scratch *s, const tgt_hparams *hp, int64_t n_tok,
-                               int64_t n_pos)
+td_err tgt_work_init(tgt_model *m)
 {
-    size_t t = (size_t)n_tok, mw = (size_t)tgt_mixer_width(hp);
-    memset(s, 0, sizeof *s);
-    s->x = malloc(t * (size_t)hp->n_embd * sizeof(float));
-    s->h = malloc(t * (size_t)hp->n_embd * sizeof(float));
-    s->a = malloc(t * mw * sizeof(float));
-    s->b = malloc(t * mw * sizeof(float));
-    s->c = malloc(t * mw * sizeof(float));
-    s->o = malloc(t * mw * sizeof(float));
-    s->gb = malloc(t * 2 * (size_t)(hp->n_v_head + 1) * sizeof(float));
-    s->ff1 = malloc(t * (size_t)hp->n_ff * sizeof(float));
-    s->ff2 = malloc(t * (size_t)hp->n_ff * sizeof(float));
-    s->pos = malloc((size_t)n_pos * sizeof(int32_t));
-    if (!s->x || !s->h || !s->a || !s->b || !s->c || !s->o || !s->gb || !s->ff1 || !s->ff2 ||
-        !s->pos) {
-        tgt_scratch_free(s);
-        return err_set(TD_ENOMEM, "out of memory for a forward pass of %lld tokens",
-                       (long long)n_tok);
+    m->work = calloc(1, sizeof *m->work);
+    return m->work ? TD_OK : err_set(TD_ENOMEM, "out of memory loading the model");
+}
+
+void tgt_work_free(const tgt_model *m)
+{
+    if (!m->work)
+        return;
+    tgt_work_release(m->be, m->work);
+    free(m->work);
+}
+
+/* Makes the model's scratch hold n_tok tokens at positions below n_pos. */
+static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
+{
+    const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = m->be;
+    tgt_work *w = m->work;
+    if (n_tok > w->cap_tok) {
+        tgt_work_release(be, w);
+        size_t t = (size_t)n_tok, mw = (size_t)tgt_mixer_width(hp), f = sizeof(float);
+        struct {
+            float **p;
+            size_t bytes;
+        } want[] = {
+            {&w->x, t * (size_t)hp->n_embd * f}, {&w->h, t * (size_t)hp->n_embd * f},
+            {&w->a, t * mw * f},                 {&w->b, t * mw * f},
+            {&w->c, t * mw * f},                 {&w->o, t * mw * f},
+            {&w->gb, t * 2 * (size_t)(hp->n_v_head + 1) * f},
+            {&w->ff1, t * (size_t)hp->n_ff * f}, {&w->ff2, t * (size_t)hp->n_ff * f},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+            td_err e = be->alloc(be, (void **)want[i].p, want[i].bytes);
+            if (e != TD_OK) {
+                tgt_work_release(be, w);
+                return err_wrap(e, "scratch for a forward pass of %lld tokens", (long long)n_tok);
+            }
+        }
+        td_err e = be->alloc(be, (void **)&w->ids, t * sizeof(int32_t));
+        if (e != TD_OK) {
+            tgt_work_release(be, w);
+            return e;
+        }
+        w->cap_tok = n_tok;
     }
-    for (int64_t i = 0; i < n_pos; i++)
-        s->pos[i] = (int32_t)i;
+    if (n_pos > w->cap_pos) {
+        int64_t cap = n_pos < 4096 ? 4096 : n_pos;
+        int32_t *host = malloc((size_t)cap * sizeof(int32_t));
+        if (!host)
+            return err_set(TD_ENOMEM, "out of memory for %lld positions", (long long)cap);
+        for (int64_t i = 0; i < cap; i++)
+            host[i] = (int32_t)i;
+        be->release(be, w->pos);
+        w->pos = NULL;
+        w->cap_pos = 0;
+        td_err e = ops_backend_upload(be, (void **)&w->pos, host, (size_t)cap * sizeof(int32_t));
+        free(host);
+        TD_TRY(e);
+        w->cap_pos = cap;
+    }
     return TD_OK;
 }
 
@@ -86,12 +129,12 @@ static size_t tgt_conv_floats(const tgt_hparams *hp)
 }
 
 /* Frees a per-layer list; its arrays too unless they live in caller memory (n = 0). */
-static void tgt_free_list(float **list, int64_t n)
+static void tgt_free_list(const ops_backend *be, float **list, int64_t n)
 {
     if (!list)
         return;
     for (int64_t i = 0; i < n; i++)
-        free(list[i]);
+        be->release(be, list[i]);
     free(list);
 }
 
@@ -104,15 +147,19 @@ static float **tgt_view_list(int64_t n, float *base, size_t floats)
     return list;
 }
 
-static float **tgt_alloc_list(int64_t n, size_t floats)
+/* n zeroed backend arrays of floats each; NULL (message set) when memory runs out. */
+static float **tgt_alloc_list(const ops_backend *be, int64_t n, size_t floats)
 {
     float **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
-    if (!list)
+    if (!list) {
+        err_set(TD_ENOMEM, "out of memory");
         return NULL;
+    }
     for (int64_t i = 0; i < n; i++) {
-        list[i] = calloc(floats ? floats : 1, sizeof(float));
-        if (!list[i]) {
-            tgt_free_list(list, n);
+        size_t bytes = (floats ? floats : 1) * sizeof(float);
+        if (be->alloc(be, (void **)&list[i], bytes) != TD_OK ||
+            be->zero(be, list[i], bytes) != TD_OK) {
+            tgt_free_list(be, list, n);
             return NULL;
         }
     }
@@ -123,11 +170,11 @@ static void tgt_rec_free(tgt_state *s, int64_t n_delta)
 {
     if (s->bound)
         n_delta = 0;
-    tgt_free_list(s->rec_ssm0, n_delta);
-    tgt_free_list(s->rec_conv0, n_delta);
-    tgt_free_list(s->rec_xconv, n_delta);
-    tgt_free_list(s->rec_qkv, n_delta);
-    tgt_free_list(s->rec_gb, n_delta);
+    tgt_free_list(s->be, s->rec_ssm0, n_delta);
+    tgt_free_list(s->be, s->rec_conv0, n_delta);
+    tgt_free_list(s->be, s->rec_xconv, n_delta);
+    tgt_free_list(s->be, s->rec_qkv, n_delta);
+    tgt_free_list(s->be, s->rec_gb, n_delta);
     s->rec_ssm0 = s->rec_conv0 = s->rec_xconv = s->rec_qkv = s->rec_gb = NULL;
     s->rec_cap = 0;
     s->rec_n_tok = 0;
@@ -144,15 +191,14 @@ static td_err tgt_rec_reserve(const tgt_model *m, tgt_state *s, int64_t n_tok)
     const tgt_hparams *hp = &m->hp;
     int64_t nd = m->n_delta_layers;
     tgt_rec_free(s, nd);
-    s->rec_ssm0 = tgt_alloc_list(nd, tgt_ssm_floats(hp));
-    s->rec_conv0 = tgt_alloc_list(nd, tgt_conv_floats(hp));
-    s->rec_xconv = tgt_alloc_list(nd, (size_t)(n_tok * hp->conv_ch));
-    s->rec_qkv = tgt_alloc_list(nd, (size_t)(n_tok * hp->conv_ch));
-    s->rec_gb = tgt_alloc_list(nd, (size_t)(n_tok * 2 * hp->n_v_head));
-    if (!s->rec_ssm0 || !s->rec_conv0 || !s->rec_xconv || !s->rec_qkv || !s->rec_gb) {
+    s->rec_ssm0 = tgt_alloc_list(s->be, nd, tgt_ssm_floats(hp));
+    s->rec_conv0 = s->rec_ssm0 ? tgt_alloc_list(s->be, nd, tgt_conv_floats(hp)) : NULL;
+    s->rec_xconv = s->rec_conv0 ? tgt_alloc_list(s->be, nd, (size_t)(n_tok * hp->conv_ch)) : NULL;
+    s->rec_qkv = s->rec_xconv ? tgt_alloc_list(s->be, nd, (size_t)(n_tok * hp->conv_ch)) : NULL;
+    s->rec_gb = s->rec_qkv ? tgt_alloc_list(s->be, nd, (size_t)(n_tok * 2 * hp->n_v_head)) : NULL;
+    if (!s->rec_gb) {
         tgt_rec_free(s, nd);
-        return err_set(TD_ENOMEM, "out of memory for the rollback record of %lld tokens",
-                       (long long)n_tok);
+        return err_wrap(TD_ENOMEM, "the rollback record of %lld tokens", (long long)n_tok);
     }
     s->rec_cap = n_tok;
     return TD_OK;
@@ -162,20 +208,20 @@ td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx)
 {
     const tgt_hparams *hp = &m->hp;
     memset(s, 0, sizeof *s);
+    s->be = m->be;
     if (n_ctx <= 0 || n_ctx > INT32_MAX)
         return err_set(TD_EINVAL, "context size %lld is out of range", (long long)n_ctx);
     s->n_ctx = n_ctx;
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
     size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim);
-    s->k = tgt_alloc_list(s->n_attn, kv);
-    s->v = tgt_alloc_list(s->n_attn, kv);
-    s->ssm = tgt_alloc_list(s->n_delta, tgt_ssm_floats(hp));
-    s->conv = tgt_alloc_list(s->n_delta, tgt_conv_floats(hp));
-    if (!s->k || !s->v || !s->ssm || !s->conv) {
+    s->k = tgt_alloc_list(s->be, s->n_attn, kv);
+    s->v = s->k ? tgt_alloc_list(s->be, s->n_attn, kv) : NULL;
+    s->ssm = s->v ? tgt_alloc_list(s->be, s->n_delta, tgt_ssm_floats(hp)) : NULL;
+    s->conv = s->ssm ? tgt_alloc_list(s->be, s->n_delta, tgt_conv_floats(hp)) : NULL;
+    if (!s->conv) {
         tgt_state_free(s);
-        return err_set(TD_ENOMEM, "out of memory for a context of %lld positions",
-                       (long long)n_ctx);
+        return err_wrap(TD_ENOMEM, "a context of %lld positions", (long long)n_ctx);
     }
     return TD_OK;
 }
@@ -184,6 +230,7 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
 {
     const tgt_hparams *hp = &m->hp;
     memset(s, 0, sizeof *s);
+    s->be = m->be;
     if (n_ctx <= 0 || n_ctx > INT32_MAX || mem->rec_cap < 0)
         return err_set(TD_EINVAL, "context size %lld is out of range", (long long)n_ctx);
     s->bound = true;
@@ -212,117 +259,134 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
 
 void tgt_state_free(tgt_state *s)
 {
+    if (!s->be) {
+        memset(s, 0, sizeof *s);
+        return;
+    }
     int64_t na = s->bound ? 0 : s->n_attn, nd = s->bound ? 0 : s->n_delta;
-    tgt_free_list(s->k, na);
-    tgt_free_list(s->v, na);
-    tgt_free_list(s->ssm, nd);
-    tgt_free_list(s->conv, nd);
+    tgt_free_list(s->be, s->k, na);
+    tgt_free_list(s->be, s->v, na);
+    tgt_free_list(s->be, s->ssm, nd);
+    tgt_free_list(s->be, s->conv, nd);
     tgt_rec_free(s, s->n_delta);
     memset(s, 0, sizeof *s);
 }
 
-void tgt_state_reset(const tgt_model *m, tgt_state *s)
+td_err tgt_state_reset(const tgt_model *m, tgt_state *s)
 {
     const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = s->be;
     for (int64_t i = 0; i < s->n_delta; i++) {
-        memset(s->ssm[i], 0, tgt_ssm_floats(hp) * sizeof(float));
-        memset(s->conv[i], 0, tgt_conv_floats(hp) * sizeof(float));
+        TD_TRY(be->zero(be, s->ssm[i], tgt_ssm_floats(hp) * sizeof(float)));
+        TD_TRY(be->zero(be, s->conv[i], tgt_conv_floats(hp) * sizeof(float)));
     }
     s->n_past = 0;
     s->rec_n_tok = 0;
+    return TD_OK;
 }
 
-void tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
+td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
 {
     const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = src->be;
     TD_ASSERT(dst->n_ctx == src->n_ctx && dst->n_attn == src->n_attn &&
-              dst->n_delta == src->n_delta);
+              dst->n_delta == src->n_delta && dst->be == src->be);
     size_t kv = (size_t)(src->n_past * hp->n_head_kv * hp->head_dim) * sizeof(float);
     for (int64_t i = 0; i < src->n_attn; i++) {
-        memcpy(dst->k[i], src->k[i], kv);
-        memcpy(dst->v[i], src->v[i], kv);
+        TD_TRY(be->copy(be, dst->k[i], src->k[i], kv));
+        TD_TRY(be->copy(be, dst->v[i], src->v[i], kv));
     }
     for (int64_t i = 0; i < src->n_delta; i++) {
-        memcpy(dst->ssm[i], src->ssm[i], tgt_ssm_floats(hp) * sizeof(float));
-        memcpy(dst->conv[i], src->conv[i], tgt_conv_floats(hp) * sizeof(float));
+        TD_TRY(be->copy(be, dst->ssm[i], src->ssm[i], tgt_ssm_floats(hp) * sizeof(float)));
+        TD_TRY(be->copy(be, dst->conv[i], src->conv[i], tgt_conv_floats(hp) * sizeof(float)));
     }
     dst->n_past = src->n_past;
     dst->rec_n_tok = 0;
+    return TD_OK;
 }
 
 /* --- mixers ----------------------------------------------------------------------------- */
 
 /* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions n_past..; writes
- * this block's K/V into the cache and the mixer output (before attn_output) into sc->o. */
-static void tgt_attention(const tgt_model *m, const tgt_layer *L, float *kc, float *vc,
-                          int64_t n_past, int64_t n_tok, tgt_scratch *sc)
+ * this block's K/V into the cache and the mixer output (before attn_output) into w->o. */
+static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, float *kc, float *vc,
+                            int64_t n_past, int64_t n_tok, tgt_work *w)
 {
     const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = m->be;
     int64_t hd = hp->head_dim, q_head = hp->attn_gate ? 2 * hd : hd;
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
-    float *q = sc->a, *k = sc->b, *v = sc->c;
-    cpu_matmul(q, sc->h, &L->wq, n_tok);
-    cpu_matmul(k, sc->h, &L->wk, n_tok);
-    cpu_matmul(v, sc->h, &L->wv, n_tok);
+    float *q = w->a, *k = kc + n_past * kv_tok, *v = vc + n_past * kv_tok;
+    TD_TRY(be->matmul(be, q, w->h, &L->wq, n_tok));
+    /* K and V go straight into the cache at their positions. */
+    TD_TRY(be->matmul(be, k, w->h, &L->wk, n_tok));
+    TD_TRY(be->matmul(be, v, w->h, &L->wv, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
-    cpu_rmsnorm(q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps);
-    cpu_rmsnorm(k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps);
-    const int32_t *pos = sc->pos + n_past;
-    cpu_rope_neox(q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta);
-    cpu_rope_neox(k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta);
-    memcpy(kc + n_past * kv_tok, k, (size_t)(n_tok * kv_tok) * sizeof(float));
-    memcpy(vc + n_past * kv_tok, v, (size_t)(n_tok * kv_tok) * sizeof(float));
+    TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
+    TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
+    const int32_t *pos = w->pos + n_past;
+    TD_TRY(be->rope_neox(be, q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta));
+    TD_TRY(be->rope_neox(be, k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta));
 
     ops_attn at = {
         .n_q = n_tok, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd),
         .q = q, .q_tok_stride = q_tok, .q_head_stride = q_head, .q_pos = pos,
         .kv_type = TD_F32, .k = kc, .v = vc, .kv_tok_stride = kv_tok, .kv_head_stride = hd,
-        .k_pos = sc->pos, .n_kv = n_past + n_tok, .mask = OPS_MASK_CAUSAL,
+        .k_pos = w->pos, .n_kv = n_past + n_tok, .mask = OPS_MASK_CAUSAL,
         .gate = hp->attn_gate ? q + hd : NULL, .gate_tok_stride = q_tok,
-        .gate_head_stride = q_head, .out = sc->o,
+        .gate_head_stride = q_head, .out = w->o,
     };
-    cpu_attention(&at);
+    return be->attention(be, &at);
+}
+
+/* g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(beta) for n_tok rows of n_v_head,
+ * then q, k L2-normalised per head with q scaled by 1/sqrt(d_k). */
+static td_err tgt_delta_inputs(const tgt_model *m, const tgt_layer *L, float *qkv, float *g,
+                               float *beta, int64_t n_tok)
+{
+    const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = m->be;
+    int64_t nv = hp->n_v_head, ch = hp->conv_ch, qk = hp->n_k_head * hp->d_k;
+    TD_TRY(be->sigmoid(be, beta, beta, n_tok * nv));
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *gt = g + t * nv, *row = qkv + t * ch;
+        TD_TRY(be->add(be, gt, gt, L->dt_bias, nv));
+        TD_TRY(be->softplus(be, gt, gt, nv));
+        TD_TRY(be->mul(be, gt, gt, L->ssm_a, nv));
+        TD_TRY(be->l2norm(be, row, row, 2 * hp->n_k_head, hp->d_k, hp->d_k, hp->eps));
+        TD_TRY(be->scale(be, row, row, 1.0f / sqrtf((float)hp->d_k), qk));
+    }
+    return TD_OK;
 }
 
 /* Gated DeltaNet over h[n_tok]: conv state and recurrent state advance by n_tok; the
- * output (before ssm_out) goes to sc->o. With rec_* non-NULL the recurrence inputs are kept. */
-static void tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
-                         int64_t n_tok, tgt_scratch *sc, float *rec_xconv, float *rec_qkv,
-                         float *rec_gb)
+ * output (before ssm_out) goes to w->o. With rec_* non-NULL the recurrence inputs are kept. */
+static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
+                           int64_t n_tok, tgt_work *w, float *rec_xconv, float *rec_qkv,
+                           float *rec_gb)
 {
     const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = m->be;
     int64_t nv = hp->n_v_head, ch = hp->conv_ch, inner = nv * hp->d_v;
     int64_t qk = hp->n_k_head * hp->d_k;
-    float *raw = sc->a, *qkv = sc->b, *z = sc->c, *g = sc->gb, *beta = sc->gb + n_tok * nv;
+    float *raw = w->a, *qkv = w->b, *z = w->c, *g = w->gb, *beta = w->gb + n_tok * nv;
 
-    cpu_matmul(raw, sc->h, &L->wqkv, n_tok);
+    TD_TRY(be->matmul(be, raw, w->h, &L->wqkv, n_tok));
     if (rec_xconv)
-        memcpy(rec_xconv, raw, (size_t)(n_tok * ch) * sizeof(float));
-    cpu_conv1d_causal(qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k);
-    cpu_silu(qkv, qkv, n_tok * ch);
-    /* q and k: L2-normalised per head; q also scaled by 1/sqrt(d_k). */
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *row = qkv + t * ch;
-        cpu_l2norm(row, row, 2 * hp->n_k_head, hp->d_k, hp->d_k, hp->eps);
-        cpu_scale(row, row, 1.0f / sqrtf((float)hp->d_k), qk);
-    }
-
-    cpu_matmul(z, sc->h, &L->wz, n_tok);
-    cpu_matmul(g, sc->h, &L->walpha, n_tok);
-    cpu_matmul(beta, sc->h, &L->wbeta, n_tok);
-    cpu_sigmoid(beta, beta, n_tok * nv);
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *gt = g + t * nv;
-        cpu_add(gt, gt, L->dt_bias, nv);
-        cpu_softplus(gt, gt, nv);
-        cpu_mul(gt, gt, L->ssm_a, nv);
-    }
+        TD_TRY(be->copy(be, rec_xconv, raw, (size_t)(n_tok * ch) * sizeof(float)));
+    TD_TRY(be->conv1d_causal(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
+    TD_TRY(be->silu(be, qkv, qkv, n_tok * ch));
+    TD_TRY(be->matmul(be, z, w->h, &L->wz, n_tok));
+    TD_TRY(be->matmul(be, g, w->h, &L->walpha, n_tok));
+    TD_TRY(be->matmul(be, beta, w->h, &L->wbeta, n_tok));
+    TD_TRY(tgt_delta_inputs(m, L, qkv, g, beta, n_tok));
     if (rec_qkv) {
-        memcpy(rec_qkv, qkv, (size_t)(n_tok * ch) * sizeof(float));
+        TD_TRY(be->copy(be, rec_qkv, qkv, (size_t)(n_tok * ch) * sizeof(float)));
         for (int64_t t = 0; t < n_tok; t++) {
-            memcpy(rec_gb + (t * 2) * nv, g + t * nv, (size_t)nv * sizeof(float));
-            memcpy(rec_gb + (t * 2 + 1) * nv, beta + t * nv, (size_t)nv * sizeof(float));
+            TD_TRY(be->copy(be, rec_gb + (t * 2) * nv, g + t * nv, (size_t)nv * sizeof(float)));
+            TD_TRY(be->copy(be, rec_gb + (t * 2 + 1) * nv, beta + t * nv,
+                            (size_t)nv * sizeof(float)));
         }
     }
 
@@ -330,127 +394,137 @@ static void tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, flo
         .n_tok = n_tok, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
         .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
         .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = beta, .state = ssm,
-        .state_all = NULL, .out = sc->o,
+        .state_all = NULL, .out = w->o,
     };
-    cpu_delta_rule(&d);
+    TD_TRY(be->delta_rule(be, &d));
     /* y = RMSNorm_dv(o) * ssm_norm * silu(z) */
-    cpu_rmsnorm(sc->o, sc->o, L->ssm_norm, n_tok * nv, hp->d_v, hp->d_v, hp->eps);
-    cpu_silu(z, z, n_tok * inner);
-    cpu_mul(sc->o, sc->o, z, n_tok * inner);
+    TD_TRY(be->rmsnorm(be, w->o, w->o, L->ssm_norm, n_tok * nv, hp->d_v, hp->d_v, hp->eps));
+    TD_TRY(be->silu(be, z, z, n_tok * inner));
+    return be->mul(be, w->o, w->o, z, n_tok * inner);
 }
 
 /* --- forward ---------------------------------------------------------------------------- */
 
-td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
-                   bool record, const tgt_out *out)
+static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record,
+                         const tgt_out *out)
 {
     const tgt_hparams *hp = &m->hp;
-    TD_ASSERT(n_tok >= 1);
-    if (s->n_past + n_tok > s->n_ctx)
-        return err_set(TD_ERANGE, "context full: %lld + %lld tokens exceed %lld positions",
-                       (long long)s->n_past, (long long)n_tok, (long long)s->n_ctx);
-    if (record)
-        TD_TRY(tgt_rec_reserve(m, s, n_tok));
-    tgt_scratch sc;
-    TD_TRY(tgt_scratch_init(&sc, hp, n_tok, s->n_past + n_tok));
-    td_err e = cpu_get_rows(sc.x, &m->tok_embd, tokens, n_tok);
-    if (e != TD_OK) {
-        tgt_scratch_free(&sc);
-        return err_wrap(e, "token ids");
-    }
-    if (record) {
-        s->rec_n_tok = n_tok;
-        s->rec_pos0 = s->n_past;
-    } else {
-        s->rec_n_tok = 0;
-    }
-
+    const ops_backend *be = m->be;
+    tgt_work *w = m->work;
     int64_t D = hp->n_embd, ia = 0, id = 0;
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const tgt_layer *L = &m->layers[il];
-        cpu_rmsnorm(sc.h, sc.x, L->attn_norm, n_tok, D, D, hp->eps);
+        TD_TRY(be->rmsnorm(be, w->h, w->x, L->attn_norm, n_tok, D, D, hp->eps));
         if (L->kind == TGT_LAYER_ATTN) {
-            tgt_attention(m, L, s->k[ia], s->v[ia], s->n_past, n_tok, &sc);
-            cpu_matmul(sc.h, sc.o, &L->wo, n_tok);
+            TD_TRY(tgt_attention(m, L, s->k[ia], s->v[ia], s->n_past, n_tok, w));
+            TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
             if (record) {
-                memcpy(s->rec_ssm0[id], s->ssm[id], tgt_ssm_floats(hp) * sizeof(float));
-                memcpy(s->rec_conv0[id], s->conv[id], tgt_conv_floats(hp) * sizeof(float));
+                TD_TRY(be->copy(be, s->rec_ssm0[id], s->ssm[id], tgt_ssm_floats(hp) * sizeof(float)));
+                TD_TRY(be->copy(be, s->rec_conv0[id], s->conv[id], tgt_conv_floats(hp) * sizeof(float)));
             }
-            tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, &sc,
-                         record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
-                         record ? s->rec_gb[id] : NULL);
-            cpu_matmul(sc.h, sc.o, &L->wssm_out, n_tok);
+            TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w,
+                                record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
+                                record ? s->rec_gb[id] : NULL));
+            TD_TRY(be->matmul(be, w->h, w->o, &L->wssm_out, n_tok));
             id++;
         }
-        cpu_add(sc.x, sc.x, sc.h, n_tok * D);
+        TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
 
-        cpu_rmsnorm(sc.h, sc.x, L->ffn_norm, n_tok, D, D, hp->eps);
-        cpu_matmul(sc.ff1, sc.h, &L->ffn_gate, n_tok);
-        cpu_matmul(sc.ff2, sc.h, &L->ffn_up, n_tok);
-        cpu_swiglu(sc.ff1, sc.ff1, sc.ff2, n_tok * hp->n_ff);
-        cpu_matmul(sc.h, sc.ff1, &L->ffn_down, n_tok);
-        cpu_add(sc.x, sc.x, sc.h, n_tok * D);
+        TD_TRY(be->rmsnorm(be, w->h, w->x, L->ffn_norm, n_tok, D, D, hp->eps));
+        TD_TRY(be->matmul(be, w->ff1, w->h, &L->ffn_gate, n_tok));
+        TD_TRY(be->matmul(be, w->ff2, w->h, &L->ffn_up, n_tok));
+        TD_TRY(be->swiglu(be, w->ff1, w->ff1, w->ff2, n_tok * hp->n_ff));
+        TD_TRY(be->matmul(be, w->h, w->ff1, &L->ffn_down, n_tok));
+        TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
 
         for (int64_t j = 0; out && j < out->n_taps; j++) {
             if (out->taps[j] != il)
                 continue;
             for (int64_t t = 0; t < n_tok; t++)
-                memcpy(out->tap_out + (t * out->n_taps + j) * D, sc.x + t * D,
-                       (size_t)D * sizeof(float));
+                TD_TRY(be->copy(be, out->tap_out + (t * out->n_taps + j) * D, w->x + t * D,
+                                (size_t)D * sizeof(float)));
         }
     }
-    s->n_past += n_tok;
-
     if (out && out->logits) {
         int64_t first = out->last_only ? n_tok - 1 : 0, n = n_tok - first;
-        cpu_rmsnorm(sc.h, sc.x + first * D, m->output_norm, n, D, D, hp->eps);
-        cpu_matmul(out->logits, sc.h, &m->output, n);
+        TD_TRY(be->rmsnorm(be, w->h, w->x + first * D, m->output_norm, n, D, D, hp->eps));
+        TD_TRY(be->matmul(be, out->logits, w->h, &m->output, n));
     }
-    tgt_scratch_free(&sc);
     return TD_OK;
 }
 
-void tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
+td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
+                   bool record, const tgt_out *out)
 {
     const tgt_hparams *hp = &m->hp;
+    TD_ASSERT(n_tok >= 1 && s->be == m->be);
+    if (s->n_past + n_tok > s->n_ctx)
+        return err_set(TD_ERANGE, "context full: %lld + %lld tokens exceed %lld positions",
+                       (long long)s->n_past, (long long)n_tok, (long long)s->n_ctx);
+    /* Checked here: a device lookup cannot report a bad id. */
+    for (int64_t i = 0; i < n_tok; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return err_set(TD_ERANGE, "token ids: id %d at %lld is outside the vocabulary of %lld",
+                           tokens[i], (long long)i, (long long)hp->n_vocab);
+    if (record)
+        TD_TRY(tgt_rec_reserve(m, s, n_tok));
+    TD_TRY(tgt_work_reserve(m, n_tok, s->n_past + n_tok));
+    tgt_work *w = m->work;
+    TD_TRY(m->be->to_device(m->be, w->ids, tokens, (size_t)n_tok * sizeof(int32_t)));
+    TD_TRY(m->be->get_rows(m->be, w->x, &m->tok_embd, w->ids, n_tok));
+    s->rec_n_tok = 0;
+    td_err e = tgt_layers(m, s, n_tok, record, out);
+    if (e != TD_OK)
+        return e; /* the state is unusable: the caller resets the sequence */
+    if (record) {
+        s->rec_n_tok = n_tok;
+        s->rec_pos0 = s->n_past;
+    }
+    s->n_past += n_tok;
+    return TD_OK;
+}
+
+td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
+{
+    const tgt_hparams *hp = &m->hp;
+    const ops_backend *be = m->be;
     int64_t n = s->rec_n_tok;
     TD_ASSERT(n > 0 && keep >= 0 && keep <= n && s->n_past == s->rec_pos0 + n);
     s->n_past = s->rec_pos0 + keep;
     s->rec_n_tok = 0;
     if (keep == n)
-        return;
+        return TD_OK;
     int64_t ch = hp->conv_ch, nv = hp->n_v_head, km1 = hp->conv_k - 1;
     int64_t qk = hp->n_k_head * hp->d_k;
-    float *g = malloc((size_t)(2 * (keep > 0 ? keep : 1) * nv) * sizeof(float));
-    float *o = malloc((size_t)((keep > 0 ? keep : 1) * nv * hp->d_v) * sizeof(float));
-    TD_ASSERT(g && o); /* a few KiB per kept token */
+    /* the replay's g, beta and output use the forward scratch, which holds n >= keep tokens */
+    tgt_work *w = m->work;
+    float *g = w->gb, *beta = w->gb + keep * nv;
     for (int64_t i = 0; i < s->n_delta; i++) {
         /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs] */
         for (int64_t r = 0; r < km1; r++) {
             int64_t src = keep + r; /* index into the concatenation, oldest first */
             const float *row = src < km1 ? s->rec_conv0[i] + src * ch
                                          : s->rec_xconv[i] + (src - km1) * ch;
-            memcpy(s->conv[i] + r * ch, row, (size_t)ch * sizeof(float));
+            TD_TRY(be->copy(be, s->conv[i] + r * ch, row, (size_t)ch * sizeof(float)));
         }
-        memcpy(s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float));
+        TD_TRY(be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float)));
         if (keep == 0)
             continue;
         for (int64_t t = 0; t < keep; t++) {
-            memcpy(g + t * nv, s->rec_gb[i] + (t * 2) * nv, (size_t)nv * sizeof(float));
-            memcpy(g + (keep + t) * nv, s->rec_gb[i] + (t * 2 + 1) * nv,
-                   (size_t)nv * sizeof(float));
+            TD_TRY(be->copy(be, g + t * nv, s->rec_gb[i] + (t * 2) * nv, (size_t)nv * sizeof(float)));
+            TD_TRY(be->copy(be, beta + t * nv, s->rec_gb[i] + (t * 2 + 1) * nv,
+                            (size_t)nv * sizeof(float)));
         }
         const float *qkv = s->rec_qkv[i];
         ops_delta d = {
             .n_tok = keep, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
             .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
-            .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = g + keep * nv,
-            .state = s->ssm[i], .state_all = NULL, .out = o,
+            .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = beta,
+            .state = s->ssm[i], .state_all = NULL, .out = w->o,
         };
-        cpu_delta_rule(&d);
+        TD_TRY(be->delta_rule(be, &d));
     }
-    free(g);
-    free(o);
+    return TD_OK;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "verifyd/target.h"
+#include "verifyd/target_int.h"
 
 /* Reads an integer hyperparameter "<arch>.<key>"; def < 0 means required. */
 static td_err tgt_key_i64(const gguf_file *g, const char *arch, const char *key, int64_t def,
@@ -228,7 +229,10 @@ td_err tgt_load_gguf(tgt_model **out, gguf_file *file)
     if (!m)
         return err_set(TD_ENOMEM, "out of memory loading the model");
     m->file = file;
-    td_err e = tgt_hparams_read(&m->hp, file);
+    m->be = ops_backend_cpu();
+    td_err e = tgt_work_init(m);
+    if (e == TD_OK)
+        e = tgt_hparams_read(&m->hp, file);
     const tgt_hparams *hp = &m->hp;
     tgt_loader ld = {.m = m};
     if (e == TD_OK) {
@@ -288,10 +292,122 @@ td_err tgt_load(tgt_model **out, const char *path)
     return TD_OK;
 }
 
+/* --- placement on a backend ------------------------------------------------------------- */
+
+/* Calls fn for every weight pointer of the model with its size in bytes (the tied output
+ * matrix is skipped: it is token_embd). */
+typedef td_err (*tgt_visit_fn)(void *ctx, const void **data, size_t bytes);
+
+static td_err tgt_visit(tgt_model *m, tgt_visit_fn fn, void *ctx)
+{
+    const tgt_hparams *hp = &m->hp;
+    size_t f = sizeof(float), D = (size_t)hp->n_embd;
+#define TGT_W(w) TD_TRY(fn(ctx, &(w).data, (size_t)(w).rows * (w).row_bytes))
+#define TGT_V(v, n) TD_TRY(fn(ctx, (const void **)&(v), (size_t)(n) * f))
+    TGT_W(m->tok_embd);
+    if (m->output.data != m->tok_embd.data)
+        TGT_W(m->output);
+    TGT_V(m->output_norm, D);
+    for (int64_t il = 0; il < hp->n_layer; il++) {
+        tgt_layer *L = &m->layers[il];
+        TGT_V(L->attn_norm, D);
+        TGT_V(L->ffn_norm, D);
+        TGT_W(L->ffn_gate);
+        TGT_W(L->ffn_up);
+        TGT_W(L->ffn_down);
+        if (L->kind == TGT_LAYER_ATTN) {
+            TGT_W(L->wq);
+            TGT_W(L->wk);
+            TGT_W(L->wv);
+            TGT_W(L->wo);
+            TGT_V(L->q_norm, hp->head_dim);
+            TGT_V(L->k_norm, hp->head_dim);
+            continue;
+        }
+        TGT_W(L->wqkv);
+        TGT_W(L->wz);
+        TGT_W(L->walpha);
+        TGT_W(L->wbeta);
+        TGT_W(L->wssm_out);
+        TGT_V(L->conv_w, hp->conv_ch * hp->conv_k);
+        TGT_V(L->ssm_a, hp->n_v_head);
+        TGT_V(L->dt_bias, hp->n_v_head);
+        TGT_V(L->ssm_norm, hp->d_v);
+    }
+#undef TGT_W
+#undef TGT_V
+    return TD_OK;
+}
+
+#define TGT_ALIGN 256 /* bytes: every weight starts on a 256-byte boundary of the arena */
+
+static td_err tgt_count(void *ctx, const void **data, size_t bytes)
+{
+    (void)data;
+    size_t *total = ctx;
+    *total += (bytes + TGT_ALIGN - 1) / TGT_ALIGN * TGT_ALIGN;
+    return TD_OK;
+}
+
+typedef struct tgt_placer {
+    const ops_backend *be;
+    uint8_t *arena;  /* backend memory */
+    size_t at;       /* bytes used */
+} tgt_placer;
+
+static td_err tgt_place_one(void *ctx, const void **data, size_t bytes)
+{
+    tgt_placer *p = ctx;
+    uint8_t *dst = p->arena + p->at;
+    TD_TRY(p->be->to_device(p->be, dst, *data, bytes));
+    *data = dst;
+    p->at += (bytes + TGT_ALIGN - 1) / TGT_ALIGN * TGT_ALIGN;
+    return TD_OK;
+}
+
+/* Copies every weight into one arena of backend memory and points the model at it. */
+static td_err tgt_place(tgt_model *m, const ops_backend *be)
+{
+    size_t total = 0;
+    TD_TRY(tgt_visit(m, tgt_count, &total));
+    tgt_placer p = {.be = be};
+    TD_TRY(err_wrap(be->alloc(be, (void **)&p.arena, total), "model weights (%zu bytes)", total));
+    bool tied = m->output.data == m->tok_embd.data;
+    td_err e = tgt_visit(m, tgt_place_one, &p);
+    if (e == TD_OK)
+        e = be->sync(be);
+    if (e != TD_OK) {
+        be->release(be, p.arena);
+        return e;
+    }
+    if (tied)
+        m->output.data = m->tok_embd.data;
+    m->dev_arena = p.arena;
+    m->be = be;
+    return TD_OK;
+}
+
+td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be)
+{
+    TD_TRY(tgt_load(out, path));
+    if (be->kind == OPS_BACKEND_CPU)
+        return TD_OK;
+    td_err e = tgt_place(*out, be);
+    if (e != TD_OK) {
+        tgt_free(*out);
+        *out = NULL;
+        return err_wrap(e, "placing %s on %s", path, be->name);
+    }
+    return TD_OK;
+}
+
 void tgt_free(tgt_model *m)
 {
     if (!m)
         return;
+    tgt_work_free(m);
+    if (m->dev_arena)
+        m->be->release(m->be, m->dev_arena);
     if (m->file)
         gguf_close(m->file);
     free(m->layers);
