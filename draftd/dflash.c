@@ -333,3 +333,26 @@ done:
     free(x), free(h), free(q), free(a), free(f), free(ids);
     return e;
 }
+
+/* --- drafting ----------------------------------------------------------------------------- */
+
+uint64_t dfl_rng_ctr(int64_t pos, int role)
+{
+    return (uint64_t)pos * DFL_RNG_ROLES + (uint64_t)role;
+}
+
+td_err dfl_draft_tokens(const ops_sampler *smp, const float *logits, int64_t B, int64_t V,
+                        int64_t L, int32_t *block, float *q)
+{
+    for (int64_t i = 1; i < B; i++) {
+        const float *lg = logits + (i - 1) * V;
+        if (smp->temperature == 0.0f) {
+            block[i] = (int32_t)cpu_argmax(lg, V);
+            continue;
+        }
+        float *qi = q + (i - 1) * V;
+        TD_TRY(cpu_sample_probs(qi, lg, V, smp));
+        block[i] = cpu_sample_draw(qi, V, smp->seed, dfl_rng_ctr(L + i, DFL_RNG_DRAFT));
+    }
+    return TD_OK;
+}

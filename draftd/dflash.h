@@ -72,6 +72,21 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
 void dfl_state_free(dfl_state *s);
 void dfl_state_reset(dfl_state *s);
 
+/* Random streams of speculative sampling: one per (absolute position, role), so a token's
+ * draw depends neither on how the steps were cut nor on which process draws it (the
+ * in-process loop, verifyd, draftd). */
+enum { DFL_RNG_TARGET = 0, DFL_RNG_ACCEPT = 1, DFL_RNG_DRAFT = 2, DFL_RNG_ROLES = 4 };
+
+/* The counter of the stream of role at position pos (for ops_rand_uniform, cpu_sample_draw). */
+uint64_t dfl_rng_ctr(int64_t pos, int role);
+
+/* Drafter logits [B-1][n_vocab] (dfl_propose) -> drafts block[1..B-1]: the argmax when greedy,
+ * else draws from the filtered distributions, written to q [B-1][n_vocab], each with the
+ * DFL_RNG_DRAFT stream of its position L + i. The one drafting rule of the in-process loop
+ * and of draftd, so both draft the same tokens. */
+td_err dfl_draft_tokens(const ops_sampler *smp, const float *logits, int64_t B, int64_t n_vocab,
+                        int64_t L, int32_t *block, float *q);
+
 /* Adds n newly committed positions n_ctx..n_ctx+n-1 from their target features
  * feat[n][n_taps][target_hidden] (tap-layer outputs in target_layer_ids order). */
 td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n);

@@ -5,15 +5,6 @@
 
 #include "verifyd/spec.h"
 
-/* Random-number counters: one stream per (absolute position, role), so a token's draw does
- * not depend on how the steps were cut. */
-enum { SPEC_RNG_TARGET = 0, SPEC_RNG_ACCEPT = 1, SPEC_RNG_DRAFT = 2, SPEC_RNG_ROLES = 4 };
-
-static uint64_t spec_ctr(int64_t pos, int role)
-{
-    return (uint64_t)pos * SPEC_RNG_ROLES + (uint64_t)role;
-}
-
 static double spec_now(void)
 {
     struct timespec ts;
@@ -107,7 +98,7 @@ static td_err spec_sample(spec_seq *s, const float *logits, int64_t pos, int32_t
         return TD_OK;
     }
     TD_TRY(cpu_sample_probs(s->p, logits, V, &s->sampler));
-    *tok = cpu_sample_draw(s->p, V, s->sampler.seed, spec_ctr(pos, SPEC_RNG_TARGET));
+    *tok = cpu_sample_draw(s->p, V, s->sampler.seed, dfl_rng_ctr(pos, DFL_RNG_TARGET));
     return TD_OK;
 }
 
@@ -224,7 +215,7 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
         TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
         const float *q = qs + (i - 1) * V;
         int32_t d = block[i];
-        double u = ops_rand_uniform(seed, spec_ctr(L + i, SPEC_RNG_ACCEPT));
+        double u = ops_rand_uniform(seed, dfl_rng_ctr(L + i, DFL_RNG_ACCEPT));
         if (q[d] > 0.0f && u * (double)q[d] < (double)s->p[d])
             continue;
         double sum = 0;
@@ -235,28 +226,12 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
         }
         if (sum <= 0)
             TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
-        *next = cpu_sample_draw(s->p, V, seed, spec_ctr(L + i, SPEC_RNG_TARGET));
+        *next = cpu_sample_draw(s->p, V, seed, dfl_rng_ctr(L + i, DFL_RNG_TARGET));
         *acc = i - 1;
         return TD_OK;
     }
     TD_TRY(spec_sample(s, s->logits + (B - 1) * V, L + B, next));
     *acc = B - 1;
-    return TD_OK;
-}
-
-td_err spec_draft_tokens(const ops_sampler *smp, const float *dlogits, int64_t B, int64_t V,
-                         int64_t L, int32_t *block, float *q)
-{
-    for (int64_t i = 1; i < B; i++) {
-        const float *lg = dlogits + (i - 1) * V;
-        if (smp->temperature == 0.0f) {
-            block[i] = (int32_t)cpu_argmax(lg, V);
-            continue;
-        }
-        float *qi = q + (i - 1) * V;
-        TD_TRY(cpu_sample_probs(qi, lg, V, smp));
-        block[i] = cpu_sample_draw(qi, V, smp->seed, spec_ctr(L + i, SPEC_RNG_DRAFT));
-    }
     return TD_OK;
 }
 
@@ -317,7 +292,7 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     double t0 = spec_now();
     if (B > 1) {
         TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
-        TD_TRY(spec_draft_tokens(&s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L, block, s->q));
+        TD_TRY(dfl_draft_tokens(&s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L, block, s->q));
     }
     s->stats.t_draft += spec_now() - t0;
     return spec_verify(s, block, B, s->q, out, n_out);

@@ -96,19 +96,12 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
 
 /* One step with a block drafted elsewhere: block[0] is the pending token, block[1..B) the
  * drafts, q [B-1][n_vocab] their distributions (sampling; NULL when greedy, or B = 1 for a
- * plain step). Runs the target over the block, accepts (the one acceptance rule of this
- * file), rolls back, keeps the committed features; out as spec_step. Target logits of the
+ * plain step). Runs the target over the block, accepts (the one acceptance rule, whoever
+ * drafted: dfl_draft_tokens draws the drafts in every process), rolls back, keeps the committed features; out as spec_step. Target logits of the
  * block stay in s->logits: out[i] was chosen from row i. TD_ERANGE when B exceeds the block
  * size or the room left. */
 td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
                    int64_t *n_out);
-
-/* Drafter logits [B-1][n_vocab] -> drafts block[1..B-1]: the argmax when greedy, else draws
- * from the filtered distributions, written to q [B-1][n_vocab], with the random stream of
- * each drafted position L + i. Shared by the in-process loop and draftd, so both draft the
- * same tokens. */
-td_err spec_draft_tokens(const ops_sampler *smp, const float *dlogits, int64_t B,
-                         int64_t n_vocab, int64_t L, int32_t *block, float *q);
 
 /* Positions left in the context (a step needs block of them). */
 int64_t spec_room(const spec_seq *s);

@@ -1,0 +1,170 @@
+/* One proposal against a kvd slot (see propose.h). */
+#include "draftd/propose.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+
+td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
+{
+    memset(d, 0, sizeof *d);
+    d->dm = dm;
+    d->drafter_id = drafter_id;
+    d->n_vocab = dm->lm_head.rows;
+    int64_t B = dm->cfg.block_size;
+    if (B < 2 || B - 1 > MSG_DRAFT_MAX)
+        return err_set(TD_ENOTSUP, "drafter block size %lld is outside 2..%d", (long long)B,
+                       MSG_DRAFT_MAX + 1);
+    size_t n = (size_t)(B - 1) * (size_t)d->n_vocab;
+    d->dlogits = malloc(n * sizeof *d->dlogits);
+    d->q = malloc(n * sizeof *d->q);
+    d->q_ids = malloc(n * sizeof *d->q_ids);
+    d->q_p = malloc(n * sizeof *d->q_p);
+    if (!d->dlogits || !d->q || !d->q_ids || !d->q_p) {
+        drf_free(d);
+        return err_set(TD_ENOMEM, "out of memory for the drafter's scratch");
+    }
+    return TD_OK;
+}
+
+void drf_free(drf *d)
+{
+    free(d->dlogits);
+    free(d->q);
+    free(d->q_ids);
+    free(d->q_p);
+    memset(d, 0, sizeof *d);
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Hashes the first max bytes of path and its size into *h. */
+static td_err hash_file(uint64_t *h, const char *path, size_t max)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_set(TD_ENOENT, "%s: cannot open", path);
+    uint8_t buf[4096];
+    size_t got, total = 0;
+    while (total < max && (got = fread(buf, 1, sizeof buf, f)) > 0) {
+        *h = fnv1a(*h, buf, got);
+        total += got;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0) {
+        uint64_t size = (uint64_t)st.st_size;
+        *h = fnv1a(*h, &size, sizeof size);
+    }
+    fclose(f);
+    return TD_OK;
+}
+
+td_err drf_drafter_id(const char *dir, uint64_t *id)
+{
+    char path[4096];
+    uint64_t h = 14695981039346656037ull;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TD_TRY(hash_file(&h, path, (size_t)1 << 20));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    TD_TRY(hash_file(&h, path, (size_t)1 << 16));
+    *id = h ? h : 1; /* 0 is what a fresh (zeroed) header holds */
+    return TD_OK;
+}
+
+/* Adds the ring rows of positions from..to-1 to the context, at most a ring's wrap at a time,
+ * recording the progress in the header so a draftd killed half-way resumes correctly. */
+static td_err drf_add(drf *d, const kvl_layout *lay, const float *ring, dfl_state *ds,
+                      kvl_draft_header *hdr, int64_t to)
+{
+    int64_t R = lay->p.ring, row = (int64_t)lay->p.n_taps * lay->p.n_embd;
+    while (ds->n_ctx < to) {
+        int64_t p = ds->n_ctx, r = p % R;
+        int64_t n = to - p < R - r ? to - p : R - r;
+        if (n > 256)
+            n = 256; /* bounds dfl_add_context's scratch */
+        TD_TRY(dfl_add_context(d->dm, ds, ring + r * row, n));
+        hdr->n_ctx = ds->n_ctx;
+        d->added += n;
+    }
+    return TD_OK;
+}
+
+td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t *dslot,
+                   const msg_propose *req, msg_proposal *out)
+{
+    const dfl_model *dm = d->dm;
+    int64_t B = (int64_t)req->n_draft + 1, V = d->n_vocab, L = req->n_past, R = lay->p.ring;
+    memset(out, 0, sizeof *out);
+    d->added = 0;
+    d->rebuilt = false;
+    if (B > (int64_t)dm->cfg.block_size)
+        return err_set(TD_EINVAL, "%u draft tokens asked of a drafter with blocks of %u",
+                       req->n_draft, dm->cfg.block_size);
+    if (req->n_past > lay->p.n_ctx || req->pending >= (uint32_t)V)
+        return err_set(TD_ERANGE, "propose at position %u with token %u (context %u, "
+                       "vocabulary %lld)", req->n_past, req->pending, lay->p.n_ctx, (long long)V);
+    if (lay->draft_slot == 0 || (int64_t)lay->p.n_taps * lay->p.n_embd !=
+                                    (int64_t)dm->cfg.n_taps * dm->target_hidden)
+        return err_set(TD_EINVAL, "the pools do not fit this drafter");
+
+    kvl_draft_header *hdr = (kvl_draft_header *)(dslot + lay->d_header);
+    dfl_state ds;
+    TD_TRY(dfl_state_bind(&ds, dm, R, R + lay->p.block, (float *)(dslot + lay->d_k),
+                          (float *)(dslot + lay->d_v), (int32_t *)(dslot + lay->d_pos)));
+    if (hdr->slot_gen != req->slot_gen || hdr->drafter_id != d->drafter_id ||
+        hdr->n_ctx < 0 || hdr->n_ctx > L || L - hdr->n_ctx > R) {
+        /* Someone else's context, or one the ring no longer covers: rebuild from the last R
+         * committed positions (all there are when fewer). */
+        hdr->slot_gen = req->slot_gen;
+        hdr->drafter_id = d->drafter_id;
+        hdr->n_ctx = L > R ? L - R : 0;
+        d->rebuilt = true;
+    }
+    ds.n_ctx = hdr->n_ctx;
+    td_err e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, hdr, L);
+    int32_t block[MSG_DRAFT_MAX + 1];
+    if (e == TD_OK)
+        e = dfl_propose(dm, &ds, (int32_t)req->pending, d->dlogits);
+    ops_sampler smp = {
+        .temperature = req->sampler.temperature,
+        .top_k = req->sampler.top_k > INT32_MAX ? INT32_MAX : (int32_t)req->sampler.top_k,
+        .top_p = req->sampler.top_p, .min_p = req->sampler.min_p, .seed = req->sampler.seed,
+    };
+    if (e == TD_OK)
+        e = dfl_draft_tokens(&smp, d->dlogits, B, V, L, block, d->q);
+    dfl_state_free(&ds);
+    TD_TRY(e);
+    for (int64_t i = 1; i < B; i++)
+        d->tokens[i - 1] = (uint32_t)block[i];
+    out->seq_id = req->seq_id;
+    out->n_past = req->n_past;
+    out->tokens = d->tokens;
+    out->n_tokens = req->n_draft;
+    if (smp.temperature == 0.0f)
+        return TD_OK;
+    for (int64_t i = 0; i < B - 1; i++) {
+        const float *q = d->q + i * V;
+        uint32_t *ids = d->q_ids + i * V;
+        float *p = d->q_p + i * V;
+        uint32_t n = 0;
+        for (int64_t t = 0; t < V; t++)
+            if (q[t] > 0.0f) {
+                ids[n] = (uint32_t)t;
+                p[n++] = q[t];
+            }
+        d->rows[i] = (msg_draft_q){.ids = ids, .p = p, .n = n};
+    }
+    out->q = d->rows;
+    out->n_q = req->n_draft;
+    return TD_OK;
+}

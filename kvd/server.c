@@ -1,0 +1,245 @@
+/* kvd's request handling (see server.h). */
+#include "kvd/server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/daemon.h"
+#include "common/kvclient.h"
+#include "common/log.h"
+
+td_err kvd_init(kvd *k, uint32_t slots)
+{
+    memset(k, 0, sizeof *k);
+    if (slots < 1 || slots > KVL_SLOTS_MAX)
+        return err_set(TD_ERANGE, "slots %u is outside 1..%u", slots, KVL_SLOTS_MAX);
+    k->slots = slots;
+    for (int i = 0; i < KVD_CONNS_MAX; i++)
+        k->conns[i].fd = -1;
+    TD_TRY(kvs_init(&k->table, slots));
+    pthread_mutex_init(&k->lock, NULL);
+    return TD_OK;
+}
+
+void kvd_free(kvd *k)
+{
+    for (int i = 0; i < KVD_CONNS_MAX; i++)
+        if (k->conns[i].fd >= 0)
+            close(k->conns[i].fd);
+    shbuf_release(k->target);
+    shbuf_release(k->draft);
+    kvs_free(&k->table);
+    pthread_mutex_destroy(&k->lock);
+    memset(k, 0, sizeof *k);
+}
+
+/* --- kvd.ipc ------------------------------------------------------------------------------ */
+
+static uint64_t kvd_pool_gen(const kvd *k)
+{
+    return k->target ? shbuf_info(k->target)->generation : 0;
+}
+
+static td_err kvd_open(kvd *k, uint64_t rid, const msg_kv_open *m, msg_kv_slot *out)
+{
+    if (!k->target)
+        return err_set(TD_EBUSY, "kvd has no pools yet: verifyd has not attached");
+    for (int i = 0; i < KVD_DEDUP; i++)
+        if (k->dedup[i].pid == m->pid && k->dedup[i].request_id == rid) {
+            *out = k->dedup[i].reply; /* a retried request: the same slot again */
+            return TD_OK;
+        }
+    if (m->n_tokens >= k->params.n_ctx)
+        return err_set(TD_ERANGE, "a prompt of %u tokens leaves no room in a context of %u",
+                       m->n_tokens, k->params.n_ctx);
+    kvs_grant g;
+    TD_TRY(kvs_open(&k->table, m->pid, m->tokens, m->n_tokens, &g));
+    *out = (msg_kv_slot){.slot = g.slot, .slot_gen = g.gen, .pool_gen = kvd_pool_gen(k),
+                         .n_cached = g.n_cached};
+    k->dedup[k->dedup_next] = (kvd_dedup){.pid = m->pid, .request_id = rid, .reply = *out};
+    k->dedup_next = (k->dedup_next + 1) % KVD_DEDUP;
+    LOG_DEBUG("open: pid %u slot %u gen %llu, %u of %u tokens cached%s", m->pid, g.slot,
+              (unsigned long long)g.gen, g.n_cached, m->n_tokens, g.evicted ? " (evicted)" : "");
+    return TD_OK;
+}
+
+static td_err kvd_close(kvd *k, const msg_kv_close *m)
+{
+    if (m->keep && m->n_tokens > k->params.n_ctx)
+        return err_set(TD_ERANGE, "kv_close: %u tokens in a context of %u", m->n_tokens,
+                       k->params.n_ctx);
+    return kvs_close(&k->table, m->slot, m->slot_gen, m->keep, m->tokens, m->n_tokens);
+}
+
+td_err kvd_handle(void *user, const uint8_t *req, size_t req_len, msg_buf *reply)
+{
+    kvd *k = user;
+    msg_header h;
+    TD_TRY(msg_unpack_header(req, req_len, &h));
+    td_err e = TD_OK;
+    if (daemon_answer_common(req, req_len, &h, MSG_ROLE_KVD, reply, &e))
+        return e;
+    switch (h.type) {
+    case MSG_KV_OPEN: {
+        msg_kv_open m;
+        msg_kv_slot out;
+        TD_TRY(msg_unpack_kv_open(req, req_len, NULL, &m));
+        pthread_mutex_lock(&k->lock);
+        e = kvd_open(k, h.request_id, &m, &out);
+        pthread_mutex_unlock(&k->lock);
+        msg_free_kv_open(&m);
+        TD_TRY(e);
+        return msg_pack_kv_slot(reply, h.request_id, &out);
+    }
+    case MSG_KV_CLOSE: {
+        msg_kv_close m;
+        TD_TRY(msg_unpack_kv_close(req, req_len, NULL, &m));
+        pthread_mutex_lock(&k->lock);
+        e = kvd_close(k, &m);
+        pthread_mutex_unlock(&k->lock);
+        msg_ack ack = {.id = m.slot};
+        msg_free_kv_close(&m);
+        TD_TRY(e);
+        return msg_pack_ack(reply, h.request_id, &ack);
+    }
+    default:
+        return err_set(TD_EPROTO, "kvd does not answer %s messages", msg_type_name(h.type));
+    }
+}
+
+/* --- attach ------------------------------------------------------------------------------- */
+
+static td_err kvd_pool_create(shbuf **out, const char *name, uint64_t bytes)
+{
+    td_err e = shbuf_create(out, SHBUF_KIND_CPU, name, bytes, NULL);
+    if (e != TD_OK)
+        return err_wrap(e, "creating the %s pool of %llu bytes", name,
+                        (unsigned long long)bytes);
+    LOG_INFO("created pool %s: %llu bytes, generation %llu", name, (unsigned long long)bytes,
+             (unsigned long long)shbuf_info(*out)->generation);
+    return TD_OK;
+}
+
+/* verifyd: the target part of the layout; a different layout re-creates the target pool
+ * (dropping every slot and the draft pool, whose rows depend on ring and block). */
+static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m)
+{
+    kvl_params p = m->params;
+    p.slots = k->slots;
+    p.d_layers = p.d_kv = p.d_head_dim = 0;
+    if (p.n_taps != m->n_taps)
+        return err_set(TD_EINVAL, "kv_attach: %u tap ids for n_taps %u", m->n_taps, p.n_taps);
+    kvl_layout lay;
+    TD_TRY(kvl_compute(&p, &lay));
+    if (k->target && kvl_same_target(&k->params, &p) &&
+        (m->n_taps == 0 || memcmp(k->taps, m->taps, m->n_taps * sizeof *m->taps) == 0))
+        return TD_OK;
+    shbuf *sb;
+    TD_TRY(kvd_pool_create(&sb, "kvd.target", lay.target_bytes));
+    shbuf_release(k->target);
+    shbuf_release(k->draft);
+    k->target = sb;
+    k->draft = NULL;
+    kvs_reset(&k->table);
+    memset(k->dedup, 0, sizeof k->dedup);
+    k->params = p;
+    if (m->n_taps)
+        memcpy(k->taps, m->taps, m->n_taps * sizeof *m->taps);
+    k->n_taps = m->n_taps;
+    return TD_OK;
+}
+
+/* draftd: its drafter's part, checked against verifyd's taps and block; a different drafter
+ * shape re-creates the draft pool (a new drafter then rebuilds its context from the ring). */
+static td_err kvd_attach_draftd(kvd *k, const msg_kv_attach *m)
+{
+    if (!k->target)
+        return err_set(TD_EBUSY, "kvd has no target pool yet: verifyd has not attached");
+    if (m->n_taps != k->n_taps ||
+        (m->n_taps && memcmp(m->taps, k->taps, m->n_taps * sizeof *m->taps) != 0))
+        return err_set(TD_EINVAL, "the drafter taps %u target layers that differ from the %u "
+                       "verifyd keeps features of", m->n_taps, k->n_taps);
+    if (m->params.block > k->params.block)
+        return err_set(TD_EINVAL, "the drafter's block of %u tokens exceeds verifyd's %u",
+                       m->params.block, k->params.block);
+    kvl_params p = k->params;
+    p.d_layers = m->params.d_layers;
+    p.d_kv = m->params.d_kv;
+    p.d_head_dim = m->params.d_head_dim;
+    if (p.d_layers == 0)
+        return err_set(TD_EINVAL, "kv_attach: a drafter without layers");
+    kvl_layout lay;
+    TD_TRY(kvl_compute(&p, &lay));
+    if (k->draft && kvl_same_draft(&k->params, &p))
+        return TD_OK;
+    shbuf *sb;
+    TD_TRY(kvd_pool_create(&sb, "kvd.draft", lay.draft_bytes));
+    shbuf_release(k->draft);
+    k->draft = sb;
+    k->params = p;
+    return TD_OK;
+}
+
+td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, msg_buf *reply, int *fds,
+                  size_t *n_fds, uint32_t *pid, msg_role *role)
+{
+    msg_kv_attach m;
+    uint64_t rid = 0;
+    *n_fds = 0;
+    TD_TRY(msg_unpack_kv_attach(req, len, &rid, &m));
+    pthread_mutex_lock(&k->lock);
+    td_err e = m.role == MSG_ROLE_VERIFYD ? kvd_attach_verifyd(k, &m) : kvd_attach_draftd(k, &m);
+    msg_kv_pools out = {.params = k->params};
+    shbuf *pools[2] = {k->target, m.role == MSG_ROLE_DRAFTD ? k->draft : NULL};
+    for (int i = 0; e == TD_OK && i < 2 && pools[i]; i++) {
+        shbuf_desc d;
+        if ((e = shbuf_export(pools[i], &d, &fds[i])) != TD_OK)
+            break;
+        (*n_fds)++;
+        kvc_announce_from_desc(&out.pools[i], &d);
+        out.n_pools++;
+    }
+    pthread_mutex_unlock(&k->lock);
+    if (e == TD_OK) {
+        e = msg_pack_kv_pools(reply, rid, &out);
+        *pid = m.pid;
+        *role = m.role;
+    }
+    if (e != TD_OK) {
+        for (size_t i = 0; i < *n_fds; i++)
+            close(fds[i]);
+        *n_fds = 0;
+    }
+    msg_free_kv_attach(&m);
+    return e;
+}
+
+/* --- reclaiming ----------------------------------------------------------------------------- */
+
+uint32_t kvd_reclaim_owner(kvd *k, uint32_t pid)
+{
+    pthread_mutex_lock(&k->lock);
+    uint32_t n = kvs_reclaim_owner(&k->table, pid);
+    pthread_mutex_unlock(&k->lock);
+    if (n)
+        LOG_INFO("reclaimed %u slots of pid %u (connection closed)", n, pid);
+    return n;
+}
+
+static bool kvd_pid_dead(uint32_t pid)
+{
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+uint32_t kvd_reclaim_dead(kvd *k)
+{
+    pthread_mutex_lock(&k->lock);
+    uint32_t n = kvs_reclaim_dead(&k->table, kvd_pid_dead);
+    pthread_mutex_unlock(&k->lock);
+    if (n)
+        LOG_INFO("reclaimed %u slots of processes that exited", n);
+    return n;
+}

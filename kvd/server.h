@@ -1,0 +1,64 @@
+/* kvd's state and request handling, apart from its main loop so tests and the daemon share
+ * it: the pools (shared buffers laid out by common/kvlayout), the slot table, attach over the
+ * fd socket, kv_open / kv_close / hello / ping over kvd.ipc, and reclaiming the slots of
+ * processes that are gone. */
+#ifndef TANDEM_KVD_SERVER_H
+#define TANDEM_KVD_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/kvlayout.h"
+#include "common/msg.h"
+#include "common/shbuf.h"
+#include "kvd/slots.h"
+
+#define KVD_CONNS_MAX 32 /* processes attached over the fd socket at once */
+#define KVD_DEDUP 64     /* kv_open replies remembered for retried request ids */
+
+typedef struct kvd_conn {
+    int fd;         /* accepted fd-socket connection; -1 = unused */
+    uint32_t pid;   /* from its kv_attach; 0 before */
+    msg_role role;  /* from its kv_attach */
+} kvd_conn;
+
+typedef struct kvd_dedup {
+    uint32_t pid;
+    uint64_t request_id;
+    msg_kv_slot reply;
+} kvd_dedup;
+
+typedef struct kvd {
+    pthread_mutex_t lock;     /* guards everything below but conns (the fd loop's alone) */
+    uint32_t slots;           /* sequence slots of each pool (--slots) */
+    kvs_table table;
+    kvl_params params;        /* current layout parameters (valid with target) */
+    shbuf *target;            /* target pool, or NULL before verifyd's first attach */
+    shbuf *draft;             /* draft pool, or NULL before draftd's first attach */
+    uint32_t taps[MSG_TAPS_MAX]; /* [n_taps] verifyd's tap layers: draftd's must match */
+    uint32_t n_taps;
+    kvd_dedup dedup[KVD_DEDUP];
+    uint32_t dedup_next;
+    kvd_conn conns[KVD_CONNS_MAX];
+} kvd;
+
+td_err kvd_init(kvd *k, uint32_t slots);
+void kvd_free(kvd *k);
+
+/* The kvd.ipc handler (a bus_handler): user is the kvd. */
+td_err kvd_handle(void *user, const uint8_t *req, size_t req_len, msg_buf *reply);
+
+/* Answers one kv_attach read from an fd-socket connection: the kv_pools reply and the pool
+ * fds to send with it (*n_fds of them, the caller closes them after sending), or an error. */
+td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, msg_buf *reply, int *fds,
+                  size_t *n_fds, uint32_t *pid, msg_role *role);
+
+/* Frees the slots of an owner that went away; returns how many. */
+uint32_t kvd_reclaim_owner(kvd *k, uint32_t pid);
+
+/* Frees the slots of owners that no longer exist (kill(pid, 0)); returns how many. */
+uint32_t kvd_reclaim_dead(kvd *k);
+
+#endif

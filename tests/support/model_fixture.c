@@ -1,0 +1,171 @@
+/* Drafter checkpoints and scaled targets for tests (see model_fixture.h). */
+#include "tests/support/model_fixture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/gguf.h"
+#include "common/safetensors.h"
+#include "kernels/ops.h"
+
+typedef struct mf_writer {
+    st_entry e[160];
+    void *bufs[160];
+    uint64_t *shapes[160];
+    char *names[160];
+    size_t n;
+    uint64_t rng;
+} mf_writer;
+
+static float mf_uniform(mf_writer *w)
+{
+    w->rng = w->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((w->rng >> 40) & 0xffffff) / (float)0x1000000;
+}
+
+/* A bf16 tensor of uniform values in offset +- scale. */
+static td_err mf_put(mf_writer *w, const char *name, const uint64_t *shape, uint32_t n_dims,
+                     float scale, float offset)
+{
+    if (w->n == sizeof w->e / sizeof w->e[0])
+        return err_set(TD_ERANGE, "too many tensors");
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < n_dims; i++)
+        n *= shape[i];
+    uint16_t *b = malloc(n * sizeof *b);
+    uint64_t *sh = malloc(n_dims * sizeof *sh);
+    char *nm = strdup(name);
+    if (!b || !sh || !nm) {
+        free(b), free(sh), free(nm);
+        return err_set(TD_ENOMEM, "out of memory");
+    }
+    for (uint64_t i = 0; i < n; i++)
+        b[i] = ops_f32_to_bf16(offset + scale * (2.0f * mf_uniform(w) - 1.0f));
+    memcpy(sh, shape, n_dims * sizeof *sh);
+    w->bufs[w->n] = b;
+    w->shapes[w->n] = sh;
+    w->names[w->n] = nm;
+    w->e[w->n] = (st_entry){nm, ST_BF16, n_dims, sh, b, n * 2};
+    w->n++;
+    return TD_OK;
+}
+
+td_err mf_drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *ds, uint64_t seed)
+{
+    mkdir(dir, 0700);
+    uint64_t H = (uint64_t)tm->hp.n_embd, nh = 4, nkv = 2, hd = 8, ff = 2 * H;
+    uint32_t n_taps = (uint32_t)ds->n_layers;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return err_set(TD_EIO, "%s: cannot write", path);
+    fprintf(f, "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", "
+               "\"hidden_size\": %llu, \"intermediate_size\": %llu, \"num_attention_heads\": %llu, "
+               "\"num_key_value_heads\": %llu, \"head_dim\": %llu, \"num_hidden_layers\": %d, "
+               "\"rms_norm_eps\": 1e-06, \"rope_theta\": 10000, \"vocab_size\": %lld, "
+               "\"block_size\": %d, \"num_target_layers\": %lld, "
+               "\"dflash_config\": {\"mask_token_id\": %u}}\n",
+            (unsigned long long)H, (unsigned long long)ff, (unsigned long long)nh,
+            (unsigned long long)nkv, (unsigned long long)hd, ds->n_layers,
+            (long long)tm->hp.n_vocab, ds->block, (long long)tm->hp.n_layer, ds->mask_id);
+    fclose(f);
+
+    mf_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return err_set(TD_ENOMEM, "out of memory");
+    w->rng = seed;
+    float keep = ds->silent ? 0.0f : 1.0f;
+    char name[128];
+    td_err e = TD_OK;
+#define PUT(nm, sc, off, ...)                                                                \
+    do {                                                                                     \
+        const uint64_t shape_[] = {__VA_ARGS__};                                             \
+        if (e == TD_OK)                                                                      \
+            e = mf_put(w, nm, shape_, sizeof shape_ / sizeof shape_[0], sc, off);            \
+    } while (0)
+    PUT("fc.weight", 0.3f, 0, H, n_taps * H);
+    PUT("hidden_norm.weight", 0.2f, 1, H);
+    PUT("norm.weight", ds->silent ? 0 : 0.2f, 1, H);
+    for (int l = 0; l < ds->n_layers; l++) {
+#define LNAME(s) (snprintf(name, sizeof name, "layers.%d." s, l), name)
+        PUT(LNAME("input_layernorm.weight"), 0.2f, 1, H);
+        PUT(LNAME("post_attention_layernorm.weight"), 0.2f, 1, H);
+        PUT(LNAME("self_attn.q_proj.weight"), 0.4f, 0, nh * hd, H);
+        PUT(LNAME("self_attn.k_proj.weight"), 0.4f, 0, nkv * hd, H);
+        PUT(LNAME("self_attn.v_proj.weight"), 0.4f, 0, nkv * hd, H);
+        PUT(LNAME("self_attn.o_proj.weight"), 0.4f * keep, 0, H, nh * hd);
+        PUT(LNAME("self_attn.q_norm.weight"), 0.2f, 1, hd);
+        PUT(LNAME("self_attn.k_norm.weight"), 0.2f, 1, hd);
+        PUT(LNAME("mlp.gate_proj.weight"), 0.4f, 0, ff, H);
+        PUT(LNAME("mlp.up_proj.weight"), 0.4f, 0, ff, H);
+        PUT(LNAME("mlp.down_proj.weight"), 0.4f * keep, 0, H, ff);
+#undef LNAME
+    }
+#undef PUT
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (e == TD_OK)
+        e = st_write(path, w->e, w->n, NULL, 0);
+    for (size_t i = 0; i < w->n; i++) {
+        free(w->bufs[i]);
+        free(w->shapes[i]);
+        free(w->names[i]);
+    }
+    free(w);
+    return e;
+}
+
+td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, float s)
+{
+    gguf_file *g;
+    TD_TRY(gguf_open(&g, src));
+    gguf_writer *w = gguf_writer_new();
+    td_err e = TD_OK;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const gguf_kv *kv = &g->kv[i];
+        char key[256];
+        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
+        if (kv->value.type == GGUF_TYPE_STRING) {
+            char *v = strndup(kv->value.str.ptr, kv->value.str.len);
+            gguf_writer_set_str(w, key, v ? v : "");
+            free(v);
+        } else if (kv->value.type == GGUF_TYPE_UINT32) {
+            gguf_writer_set_u32(w, key, (uint32_t)kv->value.u64);
+        } else if (kv->value.type == GGUF_TYPE_FLOAT32) {
+            gguf_writer_set_f32(w, key, (float)kv->value.f64);
+        } /* the tokenizer is not needed: the copy stops on stop ids only */
+    }
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->type != TD_F32) {
+        gguf_writer_free(w);
+        gguf_close(g);
+        return err_set(TD_EFORMAT, "%s: needs an f32 token_embd", src);
+    }
+    const float *ex = (const float *)emb->data + x * emb->ne[0];
+    for (uint64_t i = 0; e == TD_OK && i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        bool scaled = !strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "output.weight");
+        float *copy = NULL;
+        const void *data = t->data;
+        if (scaled && t->type == TD_F32) {
+            copy = malloc(t->size);
+            if (!copy) {
+                e = err_set(TD_ENOMEM, "out of memory");
+                break;
+            }
+            memcpy(copy, t->data, t->size);
+            for (int64_t c = 0; c < t->ne[0]; c++)
+                copy[x * t->ne[0] + c] = s * ex[c];
+            data = copy;
+        }
+        e = gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, data, t->size);
+        free(copy);
+    }
+    if (e == TD_OK)
+        e = gguf_writer_write(w, path);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return e;
+}

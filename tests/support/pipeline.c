@@ -1,0 +1,296 @@
+/* The pipeline test harness (see pipeline.h). */
+#include "tests/support/pipeline.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/kvclient.h"
+
+static const char *const pl_names[PL_SVC_N] = {"kvd", "verifyd", "draftd"};
+
+int pl_setup(pipeline *p)
+{
+    memset(p, 0, sizeof *p);
+    const char *build = getenv("TANDEM_BUILD_DIR");
+    snprintf(p->build, sizeof p->build, "%s", build ? build : "build");
+    for (int i = 0; i < PL_SVC_N; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", p->build, pl_names[i]);
+        if (access(path, X_OK) != 0) {
+            fprintf(stderr, "pipeline: %s is not built; skipping\n", path);
+            return 77;
+        }
+    }
+    snprintf(p->dir, sizeof p->dir, "/tmp/tdp-XXXXXX");
+    if (!mkdtemp(p->dir))
+        return -1;
+    setenv("TANDEM_RUNTIME_DIR", p->dir, 1);
+    char url[BUS_URL_MAX];
+    nng_socket s;
+    if (bus_endpoint(url, sizeof url, "gateway-events") != TD_OK || nng_pull0_open(&s) != 0)
+        return -1;
+    nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, (size_t)8 << 20);
+    if (nng_listen(s, url, NULL, 0) != 0)
+        return -1;
+    p->pull = s.id;
+    if (bus_endpoint(url, sizeof url, "verifyd") != TD_OK ||
+        bus_client_init(&p->vd, url, NULL) != TD_OK)
+        return -1;
+    p->next_rid = 1;
+    return 0;
+}
+
+pid_t pl_start(pipeline *p, int svc, const char *const *args)
+{
+    char exe[1200], log[128];
+    snprintf(exe, sizeof exe, "%s/%s", p->build, pl_names[svc]);
+    snprintf(log, sizeof log, "%s/%s.log", p->dir, pl_names[svc]);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = exe;
+    argv[n++] = "--runtime-dir";
+    argv[n++] = p->dir;
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    p->pid[svc] = pid > 0 ? pid : 0;
+    return pid;
+}
+
+int pl_stop(pipeline *p, int svc, int sig)
+{
+    pid_t pid = p->pid[svc];
+    if (!pid)
+        return -1;
+    kill(pid, sig);
+    int status = 0;
+    for (int waited = 0; waited < 10000; waited += 5) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            p->pid[svc] = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    p->pid[svc] = 0;
+    return -1;
+}
+
+void pl_teardown(pipeline *p)
+{
+    for (int i = PL_SVC_N - 1; i >= 0; i--)
+        if (p->pid[i])
+            pl_stop(p, i, SIGTERM);
+    bus_client_free(p->vd);
+    if (p->pull) {
+        nng_socket s = {.id = p->pull};
+        nng_close(s);
+    }
+    for (int i = 0; i < p->n_res; i++) {
+        free(p->res[i]->logprobs);
+        free(p->res[i]);
+    }
+    if (p->dir[0]) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", p->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "pipeline: cannot remove %s\n", p->dir);
+    }
+    memset(p, 0, sizeof *p);
+}
+
+void pl_dump_logs(const pipeline *p)
+{
+    for (int i = 0; i < PL_SVC_N; i++) {
+        char path[128], line[1024];
+        snprintf(path, sizeof path, "%s/%s.log", p->dir, pl_names[i]);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        fprintf(stderr, "---- %s ----\n", path);
+        while (fgets(line, sizeof line, f))
+            fputs(line, stderr);
+        fclose(f);
+    }
+}
+
+/* One request/reply with verifyd. */
+static td_err pl_call(pipeline *p, msg_buf *b, int timeout_ms)
+{
+    return bus_client_call(p->vd, b->data, b->len, b, timeout_ms);
+}
+
+td_err pl_status(pipeline *p, msg_status *out)
+{
+    msg_buf b;
+    msg_buf_init(&b);
+    td_err e = msg_pack_status_get(&b, p->next_rid++);
+    if (e == TD_OK)
+        e = pl_call(p, &b, 2000);
+    if (e == TD_OK && msg_unpack_status(b.data, b.len, NULL, out) != TD_OK)
+        e = kvc_reply_error(&b, "status_get");
+    msg_buf_free(&b);
+    return e;
+}
+
+td_err pl_wait_ready(pipeline *p, bool want_draft, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        msg_status st;
+        if (pl_status(p, &st) == TD_OK && st.ready && (!want_draft || st.draft_attached))
+            return TD_OK;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return err_set(TD_ETIMEOUT, "verifyd not ready%s within %d ms",
+                   want_draft ? " with draftd" : "", timeout_ms);
+}
+
+static td_err pl_ack(pipeline *p, msg_buf *b)
+{
+    td_err e = pl_call(p, b, 5000);
+    msg_ack ack;
+    if (e == TD_OK && msg_unpack_ack(b->data, b->len, NULL, &ack) != TD_OK)
+        e = kvc_reply_error(b, "request");
+    msg_buf_free(b);
+    return e;
+}
+
+td_err pl_gen(pipeline *p, const msg_gen_start *gs)
+{
+    msg_buf b;
+    msg_buf_init(&b);
+    TD_TRY(msg_pack_gen_start(&b, p->next_rid++, gs));
+    return pl_ack(p, &b);
+}
+
+td_err pl_cancel(pipeline *p, uint64_t seq_id)
+{
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_cancel c = {.seq_id = seq_id};
+    TD_TRY(msg_pack_gen_cancel(&b, p->next_rid++, &c));
+    return pl_ack(p, &b);
+}
+
+static pl_result *pl_find(pipeline *p, uint64_t seq_id)
+{
+    for (int i = 0; i < p->n_res; i++)
+        if (p->res[i]->seq_id == seq_id)
+            return p->res[i];
+    if (p->n_res == PL_SEQ_MAX)
+        return NULL;
+    pl_result *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->seq_id = seq_id;
+    p->res[p->n_res++] = r;
+    return r;
+}
+
+/* Receives and files one event; false after timeout_ms without one. */
+static bool pl_pump(pipeline *p, int timeout_ms)
+{
+    nng_socket s = {.id = p->pull};
+    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
+    void *buf = NULL;
+    size_t len = 0;
+    if (nng_recv(s, &buf, &len, NNG_FLAG_ALLOC) != 0)
+        return false;
+    msg_gen_event ev;
+    if (msg_unpack_gen_event(buf, len, NULL, &ev) != TD_OK) {
+        fprintf(stderr, "pipeline: bad event: %s\n", err_msg());
+        nng_free(buf, len);
+        return true;
+    }
+    nng_free(buf, len);
+    pl_result *r = pl_find(p, ev.seq_id);
+    if (r) {
+        r->n_events++;
+        if (ev.n_logprobs) {
+            msg_logprob *lp = realloc(r->logprobs, (r->n_logprobs + ev.n_logprobs) * sizeof *lp);
+            if (lp) {
+                memcpy(lp + r->n_logprobs, ev.logprobs, ev.n_logprobs * sizeof *lp);
+                r->logprobs = lp;
+                r->n_logprobs += ev.n_logprobs;
+            }
+        }
+        for (uint32_t i = 0; i < ev.n_tokens && r->n_tokens < PL_TOKENS_MAX; i++)
+            r->tokens[r->n_tokens++] = (int32_t)ev.tokens[i];
+        r->usage = ev.usage;
+        if (ev.kind != MSG_EVENT_TOKEN) {
+            r->done = true;
+            r->last_kind = ev.kind;
+            r->finish = ev.finish;
+            r->code = ev.code;
+            snprintf(r->message, sizeof r->message, "%s", ev.message);
+        }
+    }
+    msg_free_gen_event(&ev);
+    return true;
+}
+
+static long long pl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+pl_result *pl_wait_tokens(pipeline *p, uint64_t seq_id, uint32_t n, int timeout_ms)
+{
+    long long end = pl_now_ms() + timeout_ms;
+    for (;;) {
+        pl_result *r = pl_find(p, seq_id);
+        if (r && (r->done || r->n_tokens >= n))
+            return r;
+        long long left = end - pl_now_ms();
+        if (left <= 0)
+            return NULL;
+        pl_pump(p, (int)(left < 100 ? left : 100));
+    }
+}
+
+pl_result *pl_wait(pipeline *p, uint64_t seq_id, int timeout_ms)
+{
+    return pl_wait_tokens(p, seq_id, UINT32_MAX, timeout_ms);
+}
+
+td_err pl_call_raw(pipeline *p, const char *service, const void *req, size_t len, msg_buf *reply,
+                   int timeout_ms)
+{
+    (void)p;
+    char url[BUS_URL_MAX];
+    bus_client *c;
+    TD_TRY(bus_endpoint(url, sizeof url, service));
+    TD_TRY(bus_client_init(&c, url, NULL));
+    td_err e = bus_client_call(c, req, len, reply, timeout_ms);
+    bus_client_free(c);
+    return e;
+}

@@ -1,0 +1,86 @@
+/* Tests with the real daemons (kvd, verifyd, draftd): a private runtime directory, each daemon
+ * started from $TANDEM_BUILD_DIR with fork + exec (its log in <dir>/<name>.log), the
+ * gateway's side played by the test: a PULL socket on gateway-events.ipc collecting token
+ * events, and a bus client of verifyd.ipc sending gen_start / gen_cancel / status_get. */
+#ifndef TANDEM_TESTS_SUPPORT_PIPELINE_H
+#define TANDEM_TESTS_SUPPORT_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "common/bus.h"
+#include "common/msg.h"
+
+enum { PL_KVD, PL_VERIFYD, PL_DRAFTD, PL_SVC_N };
+
+#define PL_SEQ_MAX 128    /* generations one pipeline follows */
+#define PL_TOKENS_MAX 4096 /* tokens kept per generation */
+
+/* Everything the events of one generation said. */
+typedef struct pl_result {
+    uint64_t seq_id;
+    int32_t tokens[PL_TOKENS_MAX]; /* [n_tokens] in order */
+    uint32_t n_tokens;
+    msg_logprob *logprobs;         /* [n_tokens] when logprobs were asked (malloc'd) */
+    uint32_t n_logprobs;
+    uint32_t n_events;
+    bool done;                     /* a DONE or ERROR event arrived */
+    msg_event_kind last_kind;      /* DONE or ERROR */
+    msg_finish finish;
+    td_err code;                   /* ERROR: the code */
+    char message[MSG_ERROR_MAX + 1];
+    msg_usage usage;               /* of the last event */
+} pl_result;
+
+typedef struct pipeline {
+    char dir[64];                  /* the runtime directory */
+    char build[1024];              /* where the daemons are */
+    pid_t pid[PL_SVC_N];           /* 0 when not running */
+    uint32_t pull;                 /* nng_socket id of the event socket */
+    bus_client *vd;                /* verifyd.ipc */
+    pl_result *res[PL_SEQ_MAX];    /* [n_res] */
+    int n_res;
+    uint64_t next_rid;             /* request ids */
+} pipeline;
+
+/* Creates the directory and the event socket. Returns 0, or 77 (skip) when the daemons are
+ * not built, or -1. */
+int pl_setup(pipeline *p);
+
+/* Stops every daemon (SIGTERM, then SIGKILL) and removes the directory. */
+void pl_teardown(pipeline *p);
+
+/* Starts a daemon with --runtime-dir and the given further arguments (NULL-terminated);
+ * OMP_NUM_THREADS=1 so several daemons share the test machine's cores. */
+pid_t pl_start(pipeline *p, int svc, const char *const *args);
+
+/* Sends sig and waits for the daemon to end (at most 10 s); returns its exit status or
+ * 128 + signal. */
+int pl_stop(pipeline *p, int svc, int sig);
+
+/* Waits until verifyd says ready (and, with want_draft, that draftd is attached). */
+td_err pl_wait_ready(pipeline *p, bool want_draft, int timeout_ms);
+
+/* verifyd's status. */
+td_err pl_status(pipeline *p, msg_status *out);
+
+/* Sends gen_start; TD_OK when acked, else the error reply's code (err_msg() has its text). */
+td_err pl_gen(pipeline *p, const msg_gen_start *gs);
+td_err pl_cancel(pipeline *p, uint64_t seq_id);
+
+/* Collects events until seq_id is done (NULL after timeout_ms). */
+pl_result *pl_wait(pipeline *p, uint64_t seq_id, int timeout_ms);
+
+/* Collects events until the generation has at least n tokens or is done. */
+pl_result *pl_wait_tokens(pipeline *p, uint64_t seq_id, uint32_t n, int timeout_ms);
+
+/* Sends raw bytes to a daemon's bus endpoint (service "verifyd", "draftd", "kvd") and returns
+ * the reply in *reply. */
+td_err pl_call_raw(pipeline *p, const char *service, const void *req, size_t len, msg_buf *reply,
+                   int timeout_ms);
+
+/* Prints the daemons' logs to stderr (after a failure). */
+void pl_dump_logs(const pipeline *p);
+
+#endif

@@ -1,0 +1,383 @@
+/* The pipeline with real processes (kvd, verifyd, draftd), verifyd driven over its socket as
+ * the gateway drives it: greedy output equals the in-process speculative loop step for step
+ * and plain decoding; 16 concurrent sequences equal each run alone; the prefix cache serves a
+ * longer prompt with the tokens of a fresh prefill; log probabilities equal the target's;
+ * stop ids, max_tokens, the context end, cancellation and bad requests behave as the
+ * contract says. Target: the tiny qwen35 model scaled to repeat token 279; drafter: one whose
+ * every slot proposes 279, so blocks are accepted fully, partly or not at all. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/model_fixture.h"
+#include "tests/support/pipeline.h"
+#include "verifyd/spec.h"
+
+#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
+#define N_CTX 256
+#define WAIT_MS 120000
+
+static pipeline pl;
+static tgt_model *tm;
+static dfl_model *dm;
+static uint64_t next_seq = 1;
+
+static int setup(void **ctx)
+{
+    (void)ctx;
+    int rc = pl_setup(&pl);
+    if (rc != 0)
+        return rc == 77 ? (exit(77), -1) : -1;
+    char model[128], draft[128];
+    snprintf(model, sizeof model, "%s/scaled.gguf", pl.dir);
+    snprintf(draft, sizeof draft, "%s/silent", pl.dir);
+    if (mf_target_write_scaled(model, MODEL_PATH, 279, 3.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
+        return -1;
+    mf_drafter silent = {16, 3, true, 279};
+    if (mf_drafter_write(draft, tm, &silent, 9) != TD_OK ||
+        dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+        return -1;
+    const char *kvd_args[] = {"--slots", "16", "--log-level", "info", NULL};
+    const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
+                             "--draft-timeout-ms", "30000", "--log-level", "info", NULL};
+    const char *dd_args[] = {"--model", model, "--draft", draft, "--log-level", "info", NULL};
+    pl_start(&pl, PL_KVD, kvd_args);
+    pl_start(&pl, PL_VERIFYD, vd_args);
+    pl_start(&pl, PL_DRAFTD, dd_args);
+    if (pl_wait_ready(&pl, true, 30000) != TD_OK) {
+        fprintf(stderr, "%s\n", err_msg());
+        pl_dump_logs(&pl);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **ctx)
+{
+    (void)ctx;
+    dfl_free(dm);
+    tgt_free(tm);
+    pl_teardown(&pl);
+    return 0;
+}
+
+/* n tokens after prompt in one process: with the drafter (speculative) or without (plain). */
+static spec_stats reference(const dfl_model *drafter, const int32_t *prompt, int64_t np,
+                            int64_t n, const ops_sampler *smp, int32_t *out)
+{
+    spec_seq s;
+    assert_int_equal(spec_init(&s, tm, drafter, N_CTX, N_CTX, smp), TD_OK);
+    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
+    int64_t got = 1, k;
+    int32_t step[SPEC_MAX_BLOCK];
+    while (got < n) {
+        assert_int_equal(spec_step(&s, step, &k), TD_OK);
+        for (int64_t i = 0; i < k && got < n; i++)
+            out[got++] = step[i];
+    }
+    spec_stats st = s.stats;
+    spec_free(&s);
+    return st;
+}
+
+static void make_prompt(uint32_t *u, int32_t *p, int64_t n, int salt)
+{
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = (int32_t)((i * 31 + salt * 17 + 3) % tm->hp.n_vocab);
+        if ((i + salt) % 7 == 3)
+            p[i] = 279;
+        u[i] = (uint32_t)p[i];
+    }
+}
+
+static msg_gen_start gen(const uint32_t *prompt, uint32_t n, uint32_t max_tokens)
+{
+    msg_gen_start g = {.seq_id = next_seq++, .prompt = prompt, .n_prompt = n,
+                       .max_tokens = max_tokens, .sampler = {.top_p = 1.0f}, .ignore_eos = true};
+    return g;
+}
+
+static pl_result *wait_done(uint64_t seq_id)
+{
+    pl_result *r = pl_wait(&pl, seq_id, WAIT_MS);
+    if (!r) {
+        pl_dump_logs(&pl);
+        fail_msg("sequence %llu did not finish", (unsigned long long)seq_id);
+    }
+    return r;
+}
+
+static void test_greedy_equals_the_in_process_loop_and_plain_decoding(void **ctx)
+{
+    (void)ctx;
+    enum { N = 10, GEN = 48 };
+    uint32_t prompts[N][160];
+    int32_t iprompts[N][160];
+    int64_t np[N];
+    uint64_t ids[N];
+    msg_status before;
+    assert_int_equal(pl_status(&pl, &before), TD_OK);
+    for (int k = 0; k < N; k++) { /* all at once: the scheduler interleaves them */
+        np[k] = 2 + k * 16; /* up to 146: prefills of three chunks */
+        make_prompt(prompts[k], iprompts[k], np[k], k);
+        msg_gen_start g = gen(prompts[k], (uint32_t)np[k], GEN);
+        ids[k] = g.seq_id;
+        assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    }
+    ops_sampler greedy = {0};
+    int64_t accepted = 0;
+    for (int k = 0; k < N; k++) {
+        int32_t spec[GEN], plain[GEN];
+        spec_stats st = reference(dm, iprompts[k], np[k], GEN, &greedy, spec);
+        reference(NULL, iprompts[k], np[k], GEN, &greedy, plain);
+        assert_memory_equal(spec, plain, sizeof spec);
+        pl_result *r = wait_done(ids[k]);
+        assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+        assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+        assert_int_equal(r->n_tokens, GEN);
+        for (int i = 0; i < GEN; i++)
+            if (r->tokens[i] != spec[i])
+                fail_msg("prompt %d: token %d is %d, in-process %d", k, i, r->tokens[i], spec[i]);
+        /* the same steps: every block came from draftd and was judged the same way */
+        assert_int_equal(r->usage.steps, st.steps);
+        assert_int_equal(r->usage.prompt_tokens, np[k]);
+        assert_int_equal(r->usage.completion_tokens, GEN);
+        accepted += st.accepted;
+    }
+    msg_status after;
+    assert_int_equal(pl_status(&pl, &after), TD_OK);
+    assert_true(accepted > 30); /* 71 with these prompts: draftd's blocks were used */
+    assert_int_equal(after.accepted - before.accepted, accepted);
+    assert_int_equal(after.requests - before.requests, N);
+    assert_int_equal(after.active, 0);
+}
+
+static void test_sixteen_concurrent_sequences_equal_each_run_alone(void **ctx)
+{
+    (void)ctx;
+    enum { N = 16, GEN = 24 };
+    uint32_t prompts[N][40];
+    int32_t ip[N][40];
+    int32_t alone[N][GEN];
+    uint64_t ids[N];
+    for (int k = 0; k < N; k++) {
+        make_prompt(prompts[k], ip[k], 5 + k, 100 + k);
+        msg_gen_start g = gen(prompts[k], 5 + k, GEN);
+        if (k % 2) { /* half of them sample: their random streams are per position */
+            g.sampler.temperature = 0.9f;
+            g.sampler.seed = 1000 + k;
+        }
+        assert_int_equal(pl_gen(&pl, &g), TD_OK);
+        pl_result *r = wait_done(g.seq_id);
+        assert_int_equal(r->n_tokens, GEN);
+        memcpy(alone[k], r->tokens, sizeof alone[k]);
+    }
+    for (int k = 0; k < N; k++) {
+        msg_gen_start g = gen(prompts[k], 5 + k, GEN);
+        if (k % 2) {
+            g.sampler.temperature = 0.9f;
+            g.sampler.seed = 1000 + k;
+        }
+        ids[k] = g.seq_id;
+        assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    }
+    for (int k = 0; k < N; k++) {
+        pl_result *r = wait_done(ids[k]);
+        assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+        assert_int_equal(r->n_tokens, GEN);
+        if (memcmp(r->tokens, alone[k], sizeof alone[k]) != 0)
+            fail_msg("sequence %d differs from its run alone", k);
+    }
+}
+
+static void test_prefix_cache_serves_a_longer_prompt_like_a_fresh_prefill(void **ctx)
+{
+    (void)ctx;
+    uint32_t p1[20], p2[64];
+    int32_t ip1[20], ip2[64];
+    make_prompt(p1, ip1, 20, 55);
+    msg_gen_start g = gen(p1, 20, 30);
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    pl_result *r1 = wait_done(g.seq_id);
+    assert_int_equal(r1->n_tokens, 30);
+    assert_int_equal(r1->usage.cached_tokens, 0);
+    /* the finished sequence's slot holds the prompt and the first 29 tokens (the 30th was
+     * emitted, never run); a prompt that extends them reuses all 49 */
+    memcpy(p2, p1, sizeof p1);
+    for (int i = 0; i < 30; i++)
+        p2[20 + i] = (uint32_t)r1->tokens[i];
+    p2[50] = 279, p2[51] = 4, p2[52] = 8;
+    for (int i = 0; i < 53; i++)
+        ip2[i] = (int32_t)p2[i];
+    msg_gen_start g2 = gen(p2, 53, 20);
+    assert_int_equal(pl_gen(&pl, &g2), TD_OK);
+    pl_result *r2 = wait_done(g2.seq_id);
+    assert_int_equal(r2->usage.cached_tokens, 49);
+    assert_int_equal(r2->usage.prompt_tokens, 53);
+    int32_t want[20];
+    ops_sampler greedy = {0};
+    reference(NULL, ip2, 53, 20, &greedy, want);
+    assert_int_equal(r2->n_tokens, 20);
+    assert_memory_equal(r2->tokens, want, sizeof want);
+}
+
+static void test_logprobs_are_the_targets_log_softmax(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 12, TOP = 5 };
+    uint32_t p[9];
+    int32_t ip[9 + GEN];
+    make_prompt(p, ip, 9, 7);
+    msg_gen_start g = gen(p, 9, GEN);
+    g.logprobs = true;
+    g.top_logprobs = TOP;
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->n_tokens, GEN);
+    assert_int_equal(r->n_logprobs, GEN);
+    /* every position's logits in one forward pass over prompt + generated tokens */
+    memcpy(ip + 9, r->tokens, GEN * sizeof(int32_t));
+    int64_t V = tm->hp.n_vocab, T = 9 + GEN - 1;
+    float *lg = malloc((size_t)(T * V) * sizeof(float));
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, 64), TD_OK);
+    tgt_out o = {.logits = lg};
+    assert_int_equal(tgt_forward(tm, &st, ip, T, false, &o), TD_OK);
+    for (int i = 0; i < GEN; i++) {
+        const float *row = lg + (8 + i) * V;
+        double mx = row[0], sum = 0;
+        for (int64_t t = 1; t < V; t++)
+            mx = row[t] > mx ? row[t] : mx;
+        for (int64_t t = 0; t < V; t++)
+            sum += exp(row[t] - mx);
+        double lse = mx + log(sum);
+        const msg_logprob *lp = &r->logprobs[i];
+        assert_true(fabs(lp->logprob - (row[r->tokens[i]] - lse)) < 1e-4);
+        assert_int_equal(lp->n_top, TOP);
+        int32_t idx[TOP];
+        float val[TOP];
+        cpu_topk(idx, val, row, V, TOP);
+        for (int j = 0; j < TOP; j++) {
+            assert_int_equal(lp->top_id[j], idx[j]);
+            assert_true(fabs(lp->top_logprob[j] - (val[j] - lse)) < 1e-4);
+        }
+        assert_int_equal(lp->top_id[0], r->tokens[i]); /* greedy picks the most likely */
+    }
+    tgt_state_free(&st);
+    free(lg);
+}
+
+static void test_stop_ids_max_tokens_and_the_context_end(void **ctx)
+{
+    (void)ctx;
+    uint32_t p[250];
+    int32_t ip[250], plain[40];
+    make_prompt(p, ip, 12, 9);
+    ops_sampler greedy = {0};
+    reference(NULL, ip, 12, 40, &greedy, plain);
+    int stop_at = 9;
+    while (stop_at < 40) { /* a token that does not occur earlier */
+        bool seen = false;
+        for (int i = 0; i < stop_at; i++)
+            seen |= plain[i] == plain[stop_at];
+        if (!seen)
+            break;
+        stop_at++;
+    }
+    assert_true(stop_at < 40);
+    uint32_t unused = 0; /* a second stop id that never comes */
+    for (bool seen = true; seen; unused++) {
+        seen = false;
+        for (int i = 0; i < 40; i++)
+            seen |= (uint32_t)plain[i] == unused;
+        if (!seen)
+            break;
+    }
+    uint32_t stop[2] = {unused, (uint32_t)plain[stop_at]};
+    msg_gen_start g = gen(p, 12, 40);
+    g.stop = stop;
+    g.n_stop = 2;
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->finish, MSG_FINISH_STOP);
+    assert_int_equal(r->n_tokens, stop_at + 1); /* the stop token is the last one sent */
+    assert_memory_equal(r->tokens, plain, (size_t)(stop_at + 1) * sizeof(int32_t));
+    assert_int_equal(r->usage.completion_tokens, stop_at + 1);
+
+    g = gen(p, 12, 5);
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    r = wait_done(g.seq_id);
+    assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+    assert_int_equal(r->n_tokens, 5);
+    assert_memory_equal(r->tokens, plain, 5 * sizeof(int32_t));
+
+    /* 250 prompt tokens in 256 positions: 6 more run, the 7th is emitted, then the end */
+    make_prompt(p, ip, 250, 3);
+    g = gen(p, 250, 100);
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    r = wait_done(g.seq_id);
+    assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+    assert_int_equal(r->n_tokens, N_CTX - 250 + 1);
+}
+
+static void test_cancel_ends_a_generation_with_finish_cancel(void **ctx)
+{
+    (void)ctx;
+    uint32_t p[4] = {1, 2, 3, 4};
+    msg_gen_start g = gen(p, 4, 200);
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    assert_int_equal(pl_cancel(&pl, g.seq_id), TD_OK);
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+    assert_int_equal(r->finish, MSG_FINISH_CANCEL);
+    assert_true(r->n_tokens < 200);
+    /* cancelling what is not running is acknowledged too */
+    assert_int_equal(pl_cancel(&pl, 987654321), TD_OK);
+}
+
+static void test_bad_requests_get_errors_with_the_numbers(void **ctx)
+{
+    (void)ctx;
+    static uint32_t big[300];
+    msg_gen_start g = gen(big, N_CTX, 10);
+    assert_int_equal(pl_gen(&pl, &g), TD_ERANGE);
+    assert_non_null(strstr(err_msg(), "256 tokens"));
+    assert_non_null(strstr(err_msg(), "256 positions"));
+    uint32_t bad[3] = {1, 512, 3};
+    g = gen(bad, 3, 10);
+    assert_int_equal(pl_gen(&pl, &g), TD_ERANGE);
+    assert_non_null(strstr(err_msg(), "vocabulary of 512"));
+    /* a second generation under a running sequence's id */
+    uint32_t p[4] = {5, 6, 7, 8};
+    g = gen(p, 4, 200);
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    msg_gen_start dup = g;
+    assert_int_equal(pl_gen(&pl, &dup), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "already running"));
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->n_tokens, 200);
+}
+
+int main(void)
+{
+    /* One thread per process: three daemons and this test share CI's two cores. */
+    omp_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_equals_the_in_process_loop_and_plain_decoding),
+        cmocka_unit_test(test_sixteen_concurrent_sequences_equal_each_run_alone),
+        cmocka_unit_test(test_prefix_cache_serves_a_longer_prompt_like_a_fresh_prefill),
+        cmocka_unit_test(test_logprobs_are_the_targets_log_softmax),
+        cmocka_unit_test(test_stop_ids_max_tokens_and_the_context_end),
+        cmocka_unit_test(test_cancel_ends_a_generation_with_finish_cancel),
+        cmocka_unit_test(test_bad_requests_get_errors_with_the_numbers),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,167 @@
+/* verifyd: owns the target model (loaded once) and the speculative loop of every sequence
+ * (DESIGN sections 1 and 4): prefill, verification of drafted blocks, acceptance, rollback,
+ * stop conditions, log probabilities, and the scheduler that interleaves sequences.
+ *
+ * Talks to: the gateway (gen_start / gen_cancel / status_get on verifyd.ipc; token events
+ * pushed to gateway-events.ipc), draftd (propose on draftd.ipc; without it, plain decoding
+ * with the same output), kvd (attach over kvd.sock for the sequence memory, kv_open /
+ * kv_close on kvd.ipc). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/args.h"
+#include "common/bus.h"
+#include "common/daemon.h"
+#include "common/dflash_config.h"
+#include "common/log.h"
+#include "common/tokenizer.h"
+#include "verifyd/sched.h"
+
+/* The target's end-of-generation ids as a [n_vocab] table; NULL when the file has no
+ * tokenizer (then only the request's stop ids end a generation). */
+static uint8_t *verifyd_eog_table(const tgt_model *tm)
+{
+    tokenizer *tok = NULL;
+    if (tok_load_gguf(&tok, tm->file) != TD_OK) {
+        LOG_WARN("no tokenizer in the model (%s): only stop ids end generations", err_msg());
+        return NULL;
+    }
+    uint8_t *eog = calloc((size_t)tm->hp.n_vocab, 1);
+    for (int64_t i = 0; eog && i < tm->hp.n_vocab; i++)
+        eog[i] = tok_is_eog(tok, (int32_t)i);
+    tok_free(tok);
+    return eog;
+}
+
+static void verifyd_model_name(const tgt_model *tm, const char *path, char *out, size_t cap)
+{
+    gguf_str name;
+    if (gguf_get_str(tm->file, "general.name", &name) == TD_OK && name.len > 0) {
+        snprintf(out, cap, "%.*s", (int)name.len, name.ptr);
+        return;
+    }
+    const char *base = strrchr(path, '/');
+    snprintf(out, cap, "%s", base ? base + 1 : path);
+}
+
+/* Taps and block size from the drafter's config.json (its weights are draftd's). */
+static td_err verifyd_draft_config(sched_cfg *c, const char *dir)
+{
+    char path[4096];
+    dflash_config dc;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    TD_TRY(dflash_config_load(&dc, path));
+    TD_TRY(dflash_config_resolve(&dc, (uint32_t)c->tm->hp.n_layer));
+    if (dc.block_size < 2 || dc.block_size > SPEC_MAX_BLOCK)
+        return err_set(TD_ENOTSUP, "%s: block_size %u is outside 2..%d", path, dc.block_size,
+                       SPEC_MAX_BLOCK);
+    if (dc.n_taps > MSG_TAPS_MAX)
+        return err_set(TD_ENOTSUP, "%s: %u taps", path, dc.n_taps);
+    c->block = dc.block_size;
+    c->n_taps = dc.n_taps;
+    for (uint32_t i = 0; i < dc.n_taps; i++)
+        c->taps[i] = (int32_t)dc.target_layer_ids[i];
+    return TD_OK;
+}
+
+int main(int argc, char **argv)
+{
+    const char *runtime_dir = NULL, *log_level = NULL, *model = NULL, *draft = NULL;
+    const char *endpoint = NULL, *events = NULL, *draftd = NULL, *kvd = NULL, *kvd_fd = NULL;
+    int64_t n_ctx = 4096, ring = 4096, max_queue = 64, draft_timeout = 100, workers = 4;
+    bool help = false, no_draft = false;
+    const args_opt opts[] = {
+        {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
+        {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "drafter folder (its config.json: taps and block size)", 0, 0, 0},
+        {"ctx", ARGS_INT, &n_ctx, "TANDEM_CTX", "positions per sequence (prompt + generated)", 2, KVL_CTX_MAX, 0},
+        {"ring", ARGS_INT, &ring, NULL, "feature ring rows (the drafter's context window)", 1, KVL_CTX_MAX, 0},
+        {"max-queue", ARGS_INT, &max_queue, NULL, "generations waiting for a slot at most", 0, 1 << 20, 0},
+        {"draft-timeout-ms", ARGS_INT, &draft_timeout, NULL, "a proposal may take at least this long", 1, 600000, 0},
+        {"no-draft", ARGS_FLAG, &no_draft, NULL, "never ask draftd (plain decoding)", 0, 0, 0},
+        {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the sockets", 0, 0, 0},
+        {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
+        {"endpoint", ARGS_STRING, &endpoint, "TANDEM_VERIFYD_ENDPOINT", "verifyd's bus endpoint", 0, 0, 0},
+        {"events", ARGS_STRING, &events, "TANDEM_EVENTS_ENDPOINT", "the gateway's event endpoint", 0, 0, 0},
+        {"draftd", ARGS_STRING, &draftd, "TANDEM_DRAFTD_ENDPOINT", "draftd's bus endpoint", 0, 0, 0},
+        {"kvd", ARGS_STRING, &kvd, "TANDEM_KVD_ENDPOINT", "kvd's bus endpoint", 0, 0, 0},
+        {"kvd-fd-socket", ARGS_STRING, &kvd_fd, "TANDEM_KVD_FD_SOCKET", "kvd's fd socket", 0, 0, 0},
+        {"workers", ARGS_INT, &workers, NULL, "bus requests served at once", 1, 64, 0},
+        ARGS_END,
+    };
+    static const char usage[] = "verifyd --model M.gguf [--draft DIR] [--ctx N]";
+    if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
+        fprintf(stderr, "verifyd: %s\n", err_msg());
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (help) {
+        args_usage(usage, opts);
+        return 0;
+    }
+    if (!model) {
+        fprintf(stderr, "verifyd: give --model\n");
+        return 2;
+    }
+    char url[BUS_URL_MAX], ev_url[BUS_URL_MAX], dd_url[BUS_URL_MAX], kv_url[BUS_URL_MAX];
+    char kv_fd[256];
+    if (daemon_setup("verifyd", runtime_dir, log_level) != TD_OK ||
+        daemon_endpoint(url, sizeof url, endpoint, "verifyd") != TD_OK ||
+        daemon_endpoint(ev_url, sizeof ev_url, events, "gateway-events") != TD_OK ||
+        daemon_endpoint(dd_url, sizeof dd_url, draftd, "draftd") != TD_OK ||
+        daemon_endpoint(kv_url, sizeof kv_url, kvd, "kvd") != TD_OK ||
+        daemon_kvd_fd_path(kv_fd, sizeof kv_fd, kvd_fd) != TD_OK) {
+        fprintf(stderr, "verifyd: %s\n", err_msg());
+        return 1;
+    }
+    daemon_signals();
+
+    tgt_model *tm = NULL;
+    uint8_t *eog = NULL;
+    sched *sc = NULL;
+    bus_server *srv = NULL;
+    int rc = 1;
+    if (tgt_load(&tm, model) != TD_OK) {
+        LOG_ERROR("cannot load %s: %s", model, err_msg());
+        goto out;
+    }
+    sched_cfg cfg = {
+        .tm = tm, .n_ctx = n_ctx, .block = 1, .max_queue = (uint32_t)max_queue,
+        .draft_timeout_ms = (int)draft_timeout, .kvd_url = kv_url, .kvd_fd_path = kv_fd,
+        .draftd_url = no_draft ? NULL : dd_url, .events_url = ev_url,
+    };
+    verifyd_model_name(tm, model, cfg.model_name, sizeof cfg.model_name);
+    if (draft && verifyd_draft_config(&cfg, draft) != TD_OK) {
+        LOG_ERROR("drafter %s: %s", draft, err_msg());
+        goto out;
+    }
+    cfg.ring = cfg.n_taps ? (ring < n_ctx ? ring : n_ctx) : 0;
+    cfg.eog = eog = verifyd_eog_table(tm);
+    if (sched_start(&sc, &cfg) != TD_OK) {
+        LOG_ERROR("%s", err_msg());
+        goto out;
+    }
+    bus_opts bo;
+    bus_opts_default(&bo);
+    bo.workers = (int)workers;
+    bo.recv_timeout_ms = 200;
+    if (bus_server_init(&srv, url, &bo, sched_handle, sc) != TD_OK) {
+        LOG_ERROR("%s", err_msg());
+        goto out;
+    }
+    LOG_INFO("serving %s (%s) on %s: context %lld, block %lld%s", cfg.model_name, model, url,
+             (long long)n_ctx, (long long)cfg.block, cfg.block > 1 ? "" : " (plain decoding)");
+    while (!daemon_stopping()) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    LOG_INFO("stopping");
+    rc = 0;
+out:
+    bus_server_free(srv);
+    sched_stop(sc);
+    free(eog);
+    tgt_free(tm);
+    return rc;
+}

@@ -1,0 +1,119 @@
+/* verifyd's scheduler: one thread owns the target and runs every active sequence, one unit
+ * of work per sequence per round in arrival order (a prefill chunk of at most 64 tokens, or
+ * one speculative step), pushing each sequence's events as soon as its unit is done.
+ *
+ * Requests arrive on bus worker threads (sched_handle: gen_start, gen_cancel, status_get,
+ * hello, ping) and wait in a bounded queue until kvd hands them a slot. Each sequence's
+ * target state lives in its kvd slot (tgt_state_bind), with the feature ring draftd reads.
+ * Blocks come from draftd over the draft link; without it (absent, slow, erroring) a step is
+ * a plain one and the output is unchanged. */
+#ifndef TANDEM_VERIFYD_SCHED_H
+#define TANDEM_VERIFYD_SCHED_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/bus.h"
+#include "common/kvclient.h"
+#include "common/msg.h"
+#include "verifyd/dlink.h"
+#include "verifyd/events.h"
+#include "verifyd/spec.h"
+#include "verifyd/target.h"
+
+typedef struct sched_cfg {
+    const tgt_model *tm;
+    char model_name[MSG_MODEL_NAME_MAX + 1]; /* the target's general.name */
+    int64_t n_ctx;              /* positions per sequence: prompt + generated */
+    int64_t ring;               /* feature ring rows (0 without taps) */
+    int64_t block;              /* tokens per verify block: the drafter's, or 1 */
+    int32_t taps[MSG_TAPS_MAX]; /* [n_taps] target layers whose features draftd reads */
+    int64_t n_taps;
+    const uint8_t *eog;         /* [n_vocab] 1 for the model's end-of-generation ids, or NULL */
+    uint32_t max_queue;         /* requests waiting for a slot at most */
+    int draft_timeout_ms;       /* a proposal may take at least this long (ms) */
+    const char *kvd_url;        /* kvd's bus endpoint */
+    const char *kvd_fd_path;    /* kvd's fd socket */
+    const char *draftd_url;     /* draftd's bus endpoint, or NULL: plain decoding only */
+    const char *events_url;     /* the gateway's event endpoint */
+} sched_cfg;
+
+/* A generation, from gen_start to its last event. */
+typedef struct sched_req {
+    msg_gen_start gs;        /* the request (owns prompt and stop) */
+    uint64_t request_id;     /* of the gen_start, so a retried one is answered the same */
+    bool cancel;             /* gen_cancel arrived (guarded by the scheduler's lock) */
+    struct sched_req *next;  /* waiting queue */
+} sched_req;
+
+/* A running sequence (the scheduler thread's alone). */
+typedef struct sched_seq {
+    sched_req *req;
+    spec_seq spec;
+    bool spec_ok;            /* spec is initialised */
+    uint32_t slot;           /* kvd slot */
+    uint64_t slot_gen;       /* kvd generation of its contents */
+    int32_t *prompt;         /* [n_prompt] the prompt as int32 ids */
+    int32_t *hist;           /* [n_ctx + 1] prompt, committed tokens, then the pending one */
+    int64_t n_hist;          /* == spec.ts.n_past + 1 once the prompt has run */
+    uint32_t n_cached;       /* prompt tokens the slot already held */
+    uint32_t completion;     /* tokens emitted */
+    bool prefilling;
+    bool done;               /* finished: to be removed after this round */
+} sched_seq;
+
+typedef struct sched_stats {
+    uint64_t requests, prompt_tokens, cached_tokens, completion_tokens;
+    uint64_t steps, drafted, accepted;          /* verify passes, draft tokens */
+    uint64_t prefill_us, draft_us, verify_us;   /* microseconds */
+    uint64_t accept_hist[MSG_ACCEPT_HIST_MAX];  /* steps by tokens committed */
+} sched_stats;
+
+typedef struct sched {
+    sched_cfg cfg;
+    pthread_mutex_t lock;     /* guards waiting, n_waiting, running ids, ready, stats, cancel */
+    pthread_cond_t wake;      /* new work or stop */
+    sched_req *waiting;       /* FIFO of requests without a slot */
+    uint32_t n_waiting;
+    sched_req *running_req[KVL_SLOTS_MAX]; /* [n_running] requests of running sequences */
+    uint32_t n_running;
+    bool ready;               /* kvd attached: generations are accepted */
+    bool stop;
+    sched_stats stats;
+    /* the scheduler thread's */
+    pthread_t thread;
+    bool started;
+    kvc kv;                   /* kvd pools */
+    bus_client *kvd;          /* kvd.ipc */
+    dlink *draft;             /* NULL without draftd */
+    events *ev;
+    sched_seq *running[KVL_SLOTS_MAX]; /* [n_running], in arrival order */
+    uint32_t slots;           /* from kvd's layout */
+    uint64_t kv_request_id;
+    double verify_ema;        /* seconds per verify pass (proposal deadline) */
+    long long next_attach_ms; /* when to try kvd again */
+} sched;
+
+td_err sched_start(sched **out, const sched_cfg *cfg);
+/* Stops the thread; running sequences end with an error event. */
+void sched_stop(sched *s);
+
+/* The verifyd.ipc handler (a bus_handler; user is the sched). */
+td_err sched_handle(void *user, const uint8_t *req, size_t len, msg_buf *reply);
+
+/* --- sched_seq.c: the units of work of one sequence (scheduler thread only) --------------- */
+
+/* Runs one unit of seq (prefill chunk or step) and sends its events; on the last one sets
+ * seq->done and closes the slot. */
+void sched_seq_unit(sched *s, sched_seq *seq);
+
+/* Ends seq with a DONE (finish CANCEL) or ERROR event (code, with err_msg() as text) and
+ * returns its slot to kvd (kept for the prefix cache unless its state may be broken). */
+void sched_seq_finish(sched *s, sched_seq *seq, msg_finish finish, td_err code);
+
+/* Log probability of token under logits[n_vocab] and the n_top most likely alternatives. */
+void sched_logprob(const float *logits, int64_t n_vocab, int32_t token, uint32_t n_top,
+                   msg_logprob *out);
+
+#endif

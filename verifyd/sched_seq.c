@@ -1,0 +1,257 @@
+/* One sequence's units of work inside verifyd's scheduler: a prefill chunk or a speculative
+ * step (block from draftd, or a plain step), stop conditions, log probabilities, events. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "verifyd/sched.h"
+
+static double seq_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void sched_logprob(const float *logits, int64_t V, int32_t token, uint32_t n_top,
+                   msg_logprob *out)
+{
+    double mx = logits[cpu_argmax(logits, V)], sum = 0;
+    for (int64_t i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    memset(out, 0, sizeof *out);
+    /* Rounded towards zero at most: a log probability above 0 would be refused on the wire. */
+    out->logprob = (float)fmin(0.0, (double)logits[token] - lse);
+    if (n_top > MSG_TOP_LOGPROBS_MAX)
+        n_top = MSG_TOP_LOGPROBS_MAX;
+    if ((int64_t)n_top > V)
+        n_top = (uint32_t)V;
+    if (n_top == 0)
+        return;
+    int32_t idx[MSG_TOP_LOGPROBS_MAX];
+    float val[MSG_TOP_LOGPROBS_MAX];
+    cpu_topk(idx, val, logits, V, n_top);
+    for (uint32_t j = 0; j < n_top; j++) {
+        out->top_id[j] = (uint32_t)idx[j];
+        out->top_logprob[j] = (float)fmin(0.0, (double)val[j] - lse);
+    }
+    out->n_top = n_top;
+}
+
+static msg_usage seq_usage(const sched_seq *seq)
+{
+    return (msg_usage){
+        .prompt_tokens = seq->req->gs.n_prompt, .completion_tokens = seq->completion,
+        .steps = (uint32_t)seq->spec.stats.steps, .cached_tokens = seq->n_cached,
+    };
+}
+
+/* Returns the slot to kvd: kept for the prefix cache with every committed token when the
+ * state is whole. */
+static void seq_close_slot(sched *s, sched_seq *seq, bool keep)
+{
+    if (!s->kvd || !kvc_alive(&s->kv))
+        return; /* kvd is gone: the slot went with it */
+    int64_t n_past = seq->spec_ok ? seq->spec.ts.n_past : 0;
+    keep = keep && seq->spec_ok && !seq->prefilling && n_past > 0;
+    msg_kv_close m = {.slot = seq->slot, .slot_gen = seq->slot_gen, .keep = keep};
+    uint32_t *tokens = NULL;
+    if (keep) {
+        tokens = malloc((size_t)n_past * sizeof *tokens);
+        if (!tokens) {
+            m.keep = false;
+        } else {
+            for (int64_t i = 0; i < n_past; i++)
+                tokens[i] = (uint32_t)seq->hist[i];
+            m.tokens = tokens;
+            m.n_tokens = (uint32_t)n_past;
+        }
+    }
+    if (kvc_close(s->kvd, ++s->kv_request_id, &m, 2000) != TD_OK)
+        LOG_WARN("closing slot %u: %s", seq->slot, err_msg());
+    free(tokens);
+}
+
+void sched_seq_finish(sched *s, sched_seq *seq, msg_finish finish, td_err code)
+{
+    msg_gen_event ev = {.seq_id = seq->req->gs.seq_id, .usage = seq_usage(seq)};
+    if (code != TD_OK) {
+        ev.kind = MSG_EVENT_ERROR;
+        ev.finish = MSG_FINISH_ERROR;
+        ev.code = code;
+        snprintf(ev.message, sizeof ev.message, "%s", err_msg());
+        LOG_WARN("sequence %llu failed: %s: %s", (unsigned long long)ev.seq_id, err_name(code),
+                 ev.message);
+    } else {
+        ev.kind = MSG_EVENT_DONE;
+        ev.finish = finish;
+    }
+    events_send(s->ev, &ev);
+    seq_close_slot(s, seq, code == TD_OK);
+    seq->done = true;
+}
+
+static bool seq_is_stop(const sched *s, const msg_gen_start *gs, int32_t tok)
+{
+    for (uint32_t i = 0; i < gs->n_stop; i++)
+        if ((int32_t)gs->stop[i] == tok)
+            return true;
+    return !gs->ignore_eos && s->cfg.eog && s->cfg.eog[tok];
+}
+
+/* Emits out[n] (token i chosen from logits row rows[i] of spec.logits): stops at a stop
+ * token (kept) or at max_tokens, drops what follows, then ends the sequence when it is
+ * done or the context is full. */
+static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bool row_per_token)
+{
+    const msg_gen_start *gs = &seq->req->gs;
+    int64_t V = s->cfg.tm->hp.n_vocab;
+    msg_finish finish = MSG_FINISH_NONE;
+    int64_t keep = 0;
+    while (keep < n && finish == MSG_FINISH_NONE) {
+        int32_t tok = out[keep++];
+        seq->completion++;
+        if (seq_is_stop(s, gs, tok))
+            finish = MSG_FINISH_STOP;
+        else if (seq->completion >= gs->max_tokens)
+            finish = MSG_FINISH_LENGTH;
+    }
+    if (finish == MSG_FINISH_NONE && spec_room(&seq->spec) < 1)
+        finish = MSG_FINISH_LENGTH;
+    pthread_mutex_lock(&s->lock);
+    s->stats.completion_tokens += (uint64_t)keep;
+    pthread_mutex_unlock(&s->lock);
+    msg_logprob lps[SPEC_MAX_BLOCK];
+    uint32_t tokens[SPEC_MAX_BLOCK];
+    for (int64_t i = 0; i < keep; i++) {
+        tokens[i] = (uint32_t)out[i];
+        if (gs->logprobs)
+            sched_logprob(seq->spec.logits + (row_per_token ? i : 0) * V, V, out[i],
+                          gs->top_logprobs, &lps[i]);
+    }
+    msg_gen_event ev = {
+        .seq_id = gs->seq_id, .kind = MSG_EVENT_TOKEN, .tokens = tokens,
+        .n_tokens = (uint32_t)keep, .logprobs = gs->logprobs ? lps : NULL,
+        .n_logprobs = gs->logprobs ? (uint32_t)keep : 0, .usage = seq_usage(seq),
+    };
+    events_send(s->ev, &ev);
+    if (finish != MSG_FINISH_NONE)
+        sched_seq_finish(s, seq, finish, TD_OK);
+}
+
+/* Asks draftd for B - 1 tokens; fills block[1..B) and (sampling) the dense q rows. Returns
+ * the block size to verify: B, or 1 when the proposal failed. */
+static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
+{
+    spec_seq *sp = &seq->spec;
+    const msg_gen_start *gs = &seq->req->gs;
+    int64_t V = s->cfg.tm->hp.n_vocab;
+    bool greedy = gs->sampler.temperature == 0.0f;
+    msg_propose req = {
+        .seq_id = gs->seq_id, .slot = seq->slot, .slot_gen = seq->slot_gen,
+        .pool_gen = s->kv.target_gen, .n_past = (uint32_t)sp->ts.n_past,
+        .pending = (uint32_t)sp->pending, .n_draft = (uint32_t)(B - 1), .sampler = gs->sampler,
+    };
+    double t0 = seq_now();
+    int timeout = s->cfg.draft_timeout_ms;
+    if (timeout < 4000.0 * s->verify_ema)
+        timeout = (int)(4000.0 * s->verify_ema);
+    msg_proposal p;
+    td_err e = dlink_propose(s->draft, &req, &p, timeout);
+    s->stats.draft_us += (uint64_t)((seq_now() - t0) * 1e6);
+    if (e != TD_OK)
+        return 1;
+    if (p.n_tokens < (uint32_t)(B - 1) || (!greedy && p.n_q != p.n_tokens)) {
+        LOG_WARN("draftd proposed %u tokens (%u distributions) for %lld", p.n_tokens, p.n_q,
+                 (long long)(B - 1));
+        msg_free_proposal(&p);
+        return 1;
+    }
+    int64_t ok = B;
+    for (int64_t i = 1; i < B && ok == B; i++) {
+        block[i] = (int32_t)p.tokens[i - 1];
+        if (p.tokens[i - 1] >= (uint32_t)V)
+            ok = 1;
+        if (greedy || ok != B)
+            continue;
+        float *q = sp->q + (i - 1) * V;
+        memset(q, 0, (size_t)V * sizeof *q);
+        const msg_draft_q *dq = &p.q[i - 1];
+        for (uint32_t j = 0; j < dq->n; j++) {
+            if (dq->ids[j] >= (uint32_t)V) {
+                ok = 1;
+                break;
+            }
+            q[dq->ids[j]] = dq->p[j];
+        }
+    }
+    if (ok != B)
+        LOG_WARN("draftd proposed a token outside the vocabulary of %lld", (long long)V);
+    msg_free_proposal(&p);
+    return ok;
+}
+
+static void seq_step(sched *s, sched_seq *seq)
+{
+    spec_seq *sp = &seq->spec;
+    int64_t room = spec_room(sp);
+    int64_t B = s->cfg.block < room ? s->cfg.block : room;
+    int32_t block[SPEC_MAX_BLOCK], out[SPEC_MAX_BLOCK];
+    block[0] = sp->pending;
+    if (B > 1 && (!s->draft || !dlink_up(s->draft)))
+        B = 1;
+    if (B > 1)
+        B = seq_draft(s, seq, block, B);
+    double t0 = seq_now();
+    int64_t n = 0;
+    bool greedy = seq->req->gs.sampler.temperature == 0.0f;
+    td_err e = spec_verify(sp, block, B, greedy ? NULL : sp->q, out, &n);
+    double dt = seq_now() - t0;
+    if (e != TD_OK) {
+        sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);
+        return;
+    }
+    s->verify_ema = s->verify_ema == 0 ? dt : 0.9 * s->verify_ema + 0.1 * dt;
+    pthread_mutex_lock(&s->lock);
+    s->stats.steps++;
+    s->stats.drafted += (uint64_t)(B - 1);
+    s->stats.accepted += (uint64_t)(n - 1);
+    s->stats.accept_hist[n]++;
+    s->stats.verify_us += (uint64_t)(dt * 1e6);
+    pthread_mutex_unlock(&s->lock);
+    for (int64_t i = 0; i < n; i++)
+        seq->hist[seq->n_hist++] = out[i];
+    seq_emit(s, seq, out, n, true);
+}
+
+static void seq_prefill(sched *s, sched_seq *seq)
+{
+    bool done = false;
+    int32_t first = 0;
+    double t0 = seq_now();
+    td_err e = spec_prefill_next(&seq->spec, &done, &first);
+    pthread_mutex_lock(&s->lock);
+    s->stats.prefill_us += (uint64_t)((seq_now() - t0) * 1e6);
+    pthread_mutex_unlock(&s->lock);
+    if (e != TD_OK) {
+        sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);
+        return;
+    }
+    if (!done)
+        return;
+    seq->prefilling = false;
+    seq->hist[seq->n_hist++] = first;
+    seq_emit(s, seq, &first, 1, false);
+}
+
+void sched_seq_unit(sched *s, sched_seq *seq)
+{
+    if (seq->prefilling)
+        seq_prefill(s, seq);
+    else
+        seq_step(s, seq);
+}
