@@ -78,6 +78,34 @@ td_err cpu_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_t
  * y must not overlap x. */
 void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok);
 
+#ifdef TANDEM_HAVE_CUDA
+/* CUDA twins of the matrix multiply and the row dequantisers (kernels/cuda/matmul*.cu,
+ * layout and reduction order in kernels/cuda/NOTES.md). Every pointer is a device pointer
+ * (w is a host struct whose data is on the device, in the GGUF/CPU byte layout); the calls
+ * only enqueue work on st.
+ *
+ * cuda_matmul: y[n_tok][w->rows] = x[n_tok][w->cols] . W^T, any n_tok >= 1. Batch
+ * invariant: token t's outputs are bit-identical whatever n_tok and the other tokens are.
+ * F32/F16/BF16 weights meet the f32 activations directly; for the quantised types each
+ * token's activations are first rounded to int8 per 256 inputs (scale = max|x| / 127), the
+ * integer dot products are exact, and scales are applied in f32 in a fixed order. TD_ENOTSUP
+ * for a type ops_type_supported() refuses; TD_EINVAL when a quantised weight's data is not
+ * 16-byte aligned; TD_ENOMEM / TD_ECUDA when scratch memory or a launch fails. */
+td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
+                   ops_stream st);
+
+/* out[n][w->cols] = rows ids[i] of w dequantised, bit-identical to cpu_get_rows. ids [n] are
+ * on the device, so a bad id cannot be reported without waiting for the GPU: validate ids on
+ * the host; an id outside [0, w->rows) gives a row of NaN. */
+td_err cuda_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_t n,
+                     ops_stream st);
+
+/* dst[n] = the n elements of type at src, bit-identical to cpu_dequantize_row. Errors as
+ * cpu_dequantize_row, plus TD_ECUDA for a failed launch. */
+td_err cuda_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n,
+                           ops_stream st);
+#endif
+
 /* ---------------------------------------------------------------------------------------
  * Norms and elementwise (kernels/cpu/norm.c, kernels/cpu/act.c)
  * ------------------------------------------------------------------------------------- */

@@ -1,0 +1,218 @@
+/* cuda_matmul: picks the kernel for the weight type and feeds it chunks of up to 64 tokens.
+ *
+ * Quantised weights (matmul_quant.cu) take int8 activations: this file rounds each token's
+ * inputs per 256 values (mm_xquant) into a per-stream scratch buffer, then launches the
+ * tensor-core kernel. F32/F16/BF16 weights (matmul_float.cu) take x as it is. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace {
+
+/* --- activation rounding ------------------------------------------------------------------ */
+
+/* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7: d = max|x| / 127,
+ * q = rint(x * (1/d)) clamped to +-127, and the sums of q per 32 and per 16 inputs split into
+ * int8 halves (layout in mm_xquant). A block holding NaN or inf gets d = NaN so the outputs
+ * that use it are NaN, as on the CPU, instead of silently rounding the bad value to 0.
+ * Tokens n_tok..n_pad-1 are written as zeros. Nothing here looks at another token, so a
+ * token's rounding never depends on the batch. */
+__global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
+                              int64_t cols, int n_tok, int n_pad)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
+    const int64_t total = (int64_t)n_pad * nb;
+    const int64_t step = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t i = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5); i < total;
+         i += step) {
+        const int tok = (int)(i / nb);
+        const int64_t jb = i % nb;
+        const int64_t at = jb * MM_XBLOCK + 8 * lane; /* first input of this lane */
+        const bool mine = tok < n_tok && at < cols;   /* cols is a multiple of 32 */
+        float v[8];
+        float amax = 0.0f;
+        bool bad = false;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            v[e] = mine ? x[(size_t)tok * cols + at + e] : 0.0f;
+            amax = fmaxf(amax, fabsf(v[e]));
+            bad |= !isfinite(v[e]);
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        bad = __any_sync(0xffffffffu, bad);
+        const float d = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
+        const float id = d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        uint32_t packed[2] = {0, 0};
+        int s8 = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            int q = __float2int_rn(__fmul_rn(v[e], id));
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            s8 += q;
+            packed[e / 4] |= (uint32_t)(q & 0xFF) << (8 * (e % 4));
+        }
+        if (at < cols)
+            *(uint2 *)(xq + (size_t)tok * cols + at) = make_uint2(packed[0], packed[1]);
+        const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);   /* inputs 16*(l/2).. */
+        const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2); /* inputs 32*(l/4).. */
+        int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
+        if ((lane & 3) == 0) { /* s = 64 * hi + lo, lo in 0..63 (arithmetic shift: floor) */
+            const int j = lane / 4;
+            out[8 * (j / 4) + j % 4] = (int8_t)(s32 & 63);
+            out[8 * (j / 4) + 4 + j % 4] = (int8_t)(s32 >> 6);
+        }
+        if ((lane & 1) == 0) {
+            const int k = lane / 2;
+            out[16 + 8 * (k / 4) + k % 4] = (int8_t)(s16 & 63);
+            out[16 + 8 * (k / 4) + 4 + k % 4] = (int8_t)(s16 >> 6);
+        }
+        if (lane == 0)
+            xd[jb * n_pad + tok] = d;
+    }
+}
+
+/* Tokens of a chunk as laid out for the MMA: a multiple of 8, and one of the four widths the
+ * quantised kernel is built for. */
+int pad_tokens(int n)
+{
+    return n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
+}
+
+/* --- scratch ------------------------------------------------------------------------------ */
+
+/* One buffer per (device, stream), grown on demand and kept for the process: work on one
+ * stream is ordered, so a buffer is never used by two matmuls at once, and streams running
+ * side by side never share one. Growing frees the old buffer (cudaFree waits for the device),
+ * so warm up before capturing a CUDA graph. */
+#define MM_SCRATCH_SLOTS 64
+
+typedef struct mm_scratch {
+    int dev;          /* device ordinal */
+    cudaStream_t st;  /* stream the buffer serves */
+    void *buf;        /* device memory */
+    size_t cap;       /* bytes */
+    bool used;
+} mm_scratch;
+
+mm_scratch g_scratch[MM_SCRATCH_SLOTS];
+pthread_mutex_t g_scratch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+td_err scratch_get(cudaStream_t st, size_t need, void **out)
+{
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    pthread_mutex_lock(&g_scratch_lock);
+    mm_scratch *s = NULL;
+    for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
+        if (g_scratch[i].used && g_scratch[i].dev == dev && g_scratch[i].st == st)
+            s = &g_scratch[i];
+    for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
+        if (!g_scratch[i].used) {
+            s = &g_scratch[i];
+            *s = mm_scratch{dev, st, NULL, 0, true};
+        }
+    if (!s) {
+        pthread_mutex_unlock(&g_scratch_lock);
+        return err_set(TD_ENOMEM, "cuda_matmul: scratch for more than %d streams",
+                       MM_SCRATCH_SLOTS);
+    }
+    if (s->cap < need) {
+        const size_t cap = (need + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        if (s->buf)
+            cudaFree(s->buf); /* an error here would be a fault of earlier work; the
+                               * allocation below reports what matters */
+        s->buf = NULL;
+        s->cap = 0;
+        cudaError_t e = cudaMalloc(&s->buf, cap);
+        if (e != cudaSuccess) {
+            s->buf = NULL;
+            pthread_mutex_unlock(&g_scratch_lock);
+            return err_set(TD_ENOMEM, "cuda_matmul: %zu bytes of activation scratch: %s", cap,
+                           cudaGetErrorString(e));
+        }
+        s->cap = cap;
+    }
+    *out = s->buf;
+    pthread_mutex_unlock(&g_scratch_lock);
+    return TD_OK;
+}
+
+size_t align16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* The chunk layout of mm_xquant in one buffer: xq, then xd, then xsum, each 16-byte
+ * aligned. */
+struct xq_layout {
+    size_t xd, xsum, bytes; /* offsets and total size */
+};
+
+xq_layout xq_layout_of(int64_t cols, int n_pad)
+{
+    const size_t nb = (size_t)((cols + MM_XBLOCK - 1) / MM_XBLOCK);
+    xq_layout o;
+    o.xd = align16((size_t)n_pad * (size_t)cols);
+    o.xsum = o.xd + align16(nb * n_pad * sizeof(float));
+    o.bytes = o.xsum + nb * n_pad * MM_XSUM_BYTES;
+    return o;
+}
+
+td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok,
+                    cudaStream_t st)
+{
+    if (((uintptr_t)w->data & 15) != 0)
+        return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
+                       dtype_name(w->type), w->data);
+    int dev = 0, n_sm = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
+    void *buf = NULL;
+    TD_TRY(scratch_get(st, xq_layout_of(w->cols, pad_max).bytes, &buf));
+    for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
+        const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
+        const int n_pad = pad_tokens(nc);
+        const xq_layout o = xq_layout_of(w->cols, n_pad);
+        int8_t *xq = (int8_t *)buf;
+        float *xd = (float *)((uint8_t *)buf + o.xd);
+        int8_t *xsum = (int8_t *)buf + o.xsum;
+        const int64_t warps = (int64_t)n_pad * ((w->cols + MM_XBLOCK - 1) / MM_XBLOCK);
+        const int64_t blocks = (warps + 7) / 8;
+        xquant_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
+            xq, xd, xsum, x + (size_t)t0 * w->cols, w->cols, nc, n_pad);
+        CUDA_TRY_LAUNCH();
+        const mm_xquant q = {xq, xd, xsum, nc, n_pad};
+        TD_TRY(mmq_launch(y + (size_t)t0 * w->rows, &q, w, n_sm, st));
+    }
+    return TD_OK;
+}
+
+} /* namespace */
+
+td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
+                   ops_stream st)
+{
+    TD_ASSERT(y != NULL && x != NULL && w != NULL && w->data != NULL);
+    TD_ASSERT(n_tok >= 1 && w->rows >= 1 && w->cols >= 1);
+    if (!ops_type_supported(w->type))
+        return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
+                       dtype_name(w->type), (int)w->type);
+    const dtype_info *info = dtype_get(w->type);
+    TD_ASSERT(w->cols % info->block == 0); /* ops_weight_init checked */
+    cudaStream_t cs = (cudaStream_t)st;
+    if (w->type == TD_F32 || w->type == TD_F16 || w->type == TD_BF16) {
+        for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
+            const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
+            TD_TRY(mmf_launch(y + (size_t)t0 * w->rows, x + (size_t)t0 * w->cols, w, nc, cs));
+        }
+        return TD_OK;
+    }
+    return matmul_quant(y, x, w, n_tok, cs);
+}

@@ -1,0 +1,714 @@
+/* y = x . W^T for the quantised weights (Q8_0, Q4_K, Q5_K, Q6_K) on int8 tensor cores.
+ *
+ * One idea: weights stream once through a per-warp cp.async ring in shared memory (16-byte
+ * copies of the GGUF bytes as they are), are unpacked in registers into int8 MMA fragments,
+ * and meet int8 activations (matmul.cu rounds each token per 256 inputs, mm_xquant) in
+ * mma.sync. Integer dot products are exact, and so are their integer combinations with the
+ * weights' integer sub-scales, so a K-quant super-block costs one f32 scaling per (row,
+ * token) instead of one per sub-block, and floating-point rounding happens in a fixed order:
+ *
+ *   CTA = 4 warps over 16*MT rows. Warp w owns k-blocks w, w+4, w+8, ... (a k-block is one
+ *   256-weight super-block, or 4 Q8_0 blocks) and walks them in increasing order. Per (row,
+ *   token) and k-block, with dx the token's scale of those inputs and exact integers I, M:
+ *     Q4_K, Q5_K: I = sum_j sc_j * dot_j, M = sum_j m_j * sum32_j (j = 8 sub-blocks)
+ *                 acc = fma(-(dx * dmin), float(M), fma(dx * d, float(I), acc))
+ *     Q6_K:       I = sum_k sc_k * (dot_k - 32 * sum16_k) (k = 16 groups)
+ *                 acc = fma(dx * d, float(I), acc)
+ *     Q8_0:       per block i = 0..3: acc = fma(dx * d_i, float(dot_i), acc)
+ *   all with explicit _rn intrinsics (no contraction left to the compiler); then
+ *   y = ((p0 + p1) + p2) + p3 over the warps.
+ *
+ * Nothing in that order depends on n_tok, the token's slot in the MMA or the row tile, so a
+ * token's result is bit-identical whether it is computed alone or in a batch of 64 (the
+ * variants for different n_tok differ only in how many MMAs share a weight fragment).
+ *
+ * MMA fragments (PTX ISA, mma.m16n8k32 / m16n8k16, .s8): lane = 4g + t; A reg0 = row g,
+ * k 4t..4t+3; reg1 = row g+8, same k; reg2/reg3 = rows g/g+8, k 16+4t..16+4t+3 (k32 only);
+ * B reg0 = token g, k 4t..4t+3, reg1 = k 16+4t.. (k32); D = {(g,2t), (g,2t+1), (g+8,2t),
+ * (g+8,2t+1)}. Which weight sits in which k slot is ours to choose as long as A and B agree;
+ * each type's mapping below makes the B fragment one aligned load of the natural x order. */
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace {
+
+constexpr int KSPLIT = 4;  /* warps per CTA, each owning every 4th k-block */
+constexpr int MROWS = 16;  /* weight rows per MMA */
+constexpr int NTOK = 8;    /* tokens per MMA */
+
+/* Per-type layout of one k-block as staged. SEG: bytes staged per row (the block, plus room
+ * to start at the 16-byte boundary below it when rows are not 16-byte aligned); STRIDE:
+ * bytes between staged rows (>= SEG, chosen so the 8 rows one load touches spread over the
+ * shared-memory banks). Q4_K and Q5_K rows and blocks are multiples of 16 bytes, so with
+ * 16-byte aligned data every k-block starts its staged row and fields are read with aligned
+ * loads; Q6_K (210) and Q8_0 (34) blocks sit at any even offset (so 224 and 160 bytes
+ * from the boundary below cover them) and are read through srow. */
+template <int T> struct qt;
+template <> struct qt<TD_Q4_K> {
+    static constexpr int KB_W = 256, KB_BYTES = 144, SEG = 144, STRIDE = 160;
+    static constexpr bool ALIGNED = true;
+};
+template <> struct qt<TD_Q5_K> {
+    static constexpr int KB_W = 256, KB_BYTES = 176, SEG = 176, STRIDE = 224;
+    static constexpr bool ALIGNED = true;
+};
+template <> struct qt<TD_Q6_K> {
+    static constexpr int KB_W = 256, KB_BYTES = 210, SEG = 224, STRIDE = 240;
+    static constexpr bool ALIGNED = false;
+};
+template <> struct qt<TD_Q8_0> {
+    static constexpr int KB_W = 128, KB_BYTES = 136, SEG = 160, STRIDE = 176;
+    static constexpr bool ALIGNED = false;
+};
+
+/* Ring depth: 3 k-blocks in flight per warp at MT = 1; the 32-row tile keeps the shared
+ * memory of a CTA under the 99 KiB an sm_86 block may have. */
+template <int MT> __host__ __device__ constexpr int stages()
+{
+    return MT == 1 ? 4 : 3;
+}
+
+template <int T, int MT, int NT> __host__ __device__ constexpr int smem_bytes()
+{
+    constexpr int ring = KSPLIT * stages<MT>() * MROWS * MT * qt<T>::STRIDE;
+    constexpr int red = KSPLIT * MROWS * MT * NTOK * NT * (int)sizeof(float);
+    return ring > red ? ring : red;
+}
+
+/* --- small device helpers ---------------------------------------------------------------- */
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    /* copies src_bytes (0..16) and zero-fills the rest of the 16 */
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mma_k32(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+/* Exact int -> float for |v| < 2^22 with two full-rate ops (I2F runs at quarter rate):
+ * 1.5 * 2^23 + v has ulp 1, so its bits are those of 0x4B400000 plus v. Used for a Q8_0
+ * block's dot (|v| <= 32 * 128 * 127). */
+__device__ __forceinline__ float i2f_small(int v)
+{
+    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+}
+
+__device__ __forceinline__ float f16f(uint32_t bits16)
+{
+    return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFF)));
+}
+
+/* Byte k of w, zero- or sign-extended: one prmt (a selector nibble with its top bit set
+ * replicates the sign of the byte it picks). */
+__device__ __forceinline__ int ubyte(uint32_t w, int k)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x4440u | k));
+    return (int)r;
+}
+__device__ __forceinline__ int sbyte(uint32_t w, int k)
+{
+    const uint32_t s = 8u | k;
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(k | s << 4 | s << 8 | s << 12));
+    return (int)r;
+}
+
+/* Words of a staged block that starts at any byte offset in shared memory: word k (bytes
+ * 4k..4k+3 from the start) is a funnel shift of two aligned loads. The shared window is
+ * aligned, so the generic address has the offset's low bits; stepping back with pointer
+ * arithmetic keeps the compiler on shared-memory loads. The word after the last one read
+ * must be inside the allocation, which the row padding guarantees. */
+struct srow {
+    const uint32_t *w; /* aligned word at or below the start */
+    unsigned sh;       /* 8 * (start & 3) */
+};
+
+__device__ __forceinline__ srow srow_at(const uint8_t *p)
+{
+    const unsigned mis = (unsigned)(uintptr_t)p & 3;
+    return {(const uint32_t *)(p - mis), mis * 8};
+}
+
+__device__ __forceinline__ uint32_t srow_word(srow r, int k)
+{
+    return __funnelshift_r(r.w[k], r.w[k + 1], r.sh);
+}
+
+/* Lane = 4g + t. */
+struct lane_pos {
+    int g, t;
+};
+
+/* This lane's view of the activations of one k-block: token 8nt+g of n-tile nt. */
+struct xview {
+    const int8_t *q;   /* xq of token g from the k-block's first input */
+    const int8_t *s;   /* xsum of token g for the x block holding the k-block */
+    const float *d;    /* xd of token 2t for that x block */
+    size_t q_tile;     /* bytes between n-tiles in q: 8 * cols */
+    unsigned valid;    /* bit nt: token 8nt+g exists */
+};
+
+__device__ __forceinline__ xview xview_at(const mm_xquant &xq, int64_t cols, int64_t k0,
+                                          unsigned valid, lane_pos l)
+{
+    const size_t jb = (size_t)(k0 / MM_XBLOCK);
+    return {xq.xq + (size_t)l.g * cols + k0, xq.xsum + (jb * xq.n_pad + l.g) * MM_XSUM_BYTES,
+            xq.xd + jb * xq.n_pad + 2 * l.t, (size_t)NTOK * cols, valid};
+}
+
+/* B fragment of a k32 MMA: 8 bytes at off (from the k-block's start) of token 8nt+g; with
+ * off = 32j + 8t these are k slots 4t..4t+3 then 16+4t..16+4t+3 of sub-block j. Absent
+ * tokens give zeros without a load. */
+__device__ __forceinline__ uint2 load_b8(const xview &v, int nt, int off)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint2(0, 0);
+    return __ldg((const uint2 *)(v.q + nt * v.q_tile + off));
+}
+
+/* B fragment of a k16 MMA: 4 bytes at off of token 8nt+g. */
+__device__ __forceinline__ uint32_t load_b4(const xview &v, int nt, int off)
+{
+    if (!((v.valid >> nt) & 1))
+        return 0;
+    return __ldg((const uint32_t *)(v.q + nt * v.q_tile + off));
+}
+
+/* 8 bytes at off of token 8nt+g's sums (zeros for absent tokens). */
+__device__ __forceinline__ uint2 load_sums(const xview &v, int nt, int off)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint2(0, 0);
+    return __ldg((const uint2 *)(v.s + nt * NTOK * MM_XSUM_BYTES + off));
+}
+
+/* Scales of tokens 8nt+2t and 8nt+2t+1 (0 for padding tokens). */
+__device__ __forceinline__ float2 load_dx(const xview &v, int nt)
+{
+    return __ldg((const float2 *)(v.d + nt * NTOK));
+}
+
+/* --- staging ---------------------------------------------------------------------------- */
+
+/* Queues the copy of one k-block of rows 0..ROWS-1 (row i's block at kbase + i*row_bytes)
+ * into slot: row i at slot + i*STRIDE, starting from the 16-byte boundary at or below the
+ * block, so the block begins at offset (address & 15) of its staged row. Lane = 16 * i0 + p
+ * copies piece p of rows i0, i0+2, ...: consecutive lanes read consecutive 16 bytes of a
+ * row. Bytes past the block and rows at or past n_rows are zero-filled, never read. Offsets
+ * are 32-bit (ROWS rows of one matrix), addresses 64-bit. */
+template <int T, int ROWS>
+__device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *kbase,
+                                            uint32_t row_bytes, int n_rows, int kb_bytes,
+                                            int lane)
+{
+    using Q = qt<T>;
+    const int p = lane & 15, i0 = lane >> 4;
+    if (p >= Q::SEG / 16)
+        return;
+    const uint32_t kb_lo = (uint32_t)(uintptr_t)kbase;
+#pragma unroll
+    for (int k = 0; k < ROWS / 2; k++) {
+        const int i = i0 + 2 * k;
+        const uint32_t off = (uint32_t)i * row_bytes;
+        uint32_t src_off;
+        int n;
+        if constexpr (Q::ALIGNED) {
+            src_off = off + 16 * p;
+            n = 16;
+        } else {
+            const uint32_t a = (kb_lo + off) & 15;
+            src_off = off - a + 16 * p;
+            n = min(max(kb_bytes + (int)a - 16 * p, 0), 16);
+        }
+        if (i >= n_rows)
+            n = 0;
+        cp_async16(slot + i * Q::STRIDE + 16 * p, n > 0 ? kbase + src_off : kbase, n);
+    }
+}
+
+/* Offset of row i's block inside its staged row (Q6_K, Q8_0). */
+__device__ __forceinline__ int stage_delta(const uint8_t *kbase, uint32_t row_bytes, int i)
+{
+    return (int)(((uint32_t)(uintptr_t)kbase + (uint32_t)i * row_bytes) & 15);
+}
+
+/* --- one k-block per type ----------------------------------------------------------------- */
+
+/* Q4_K / Q5_K (Q5 = true): 144 / 176-byte super-blocks, staged 16-byte aligned. Lane (g, t)
+ * takes bytes 8t..8t+7 of each 32-byte qs chunk c of rows g and g+8: the low nibbles are
+ * weights 64c + 8t..8t+7 (sub-block 2c), the high nibbles the same l of sub-block 2c+1, so
+ * k slots 4t..4t+3 / 16+4t..16+4t+3 hold l = 8t..8t+3 / 8t+4..8t+7 of a sub-block: x bytes
+ * 8t..8t+7 of that sub-block. The mins enter through one k16 MMA pair per k-block: A = the
+ * 8 six-bit mins of a row in k slots 0..7 (lanes t = 0, 1), B = the token's 32-input sums
+ * split lo / hi (mm_xquant). */
+template <bool Q5, int MT, int NT>
+__device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t *slot,
+                                          const xview &x, lane_pos l)
+{
+    constexpr int STRIDE = Q5 ? qt<TD_Q5_K>::STRIDE : qt<TD_Q4_K>::STRIDE;
+    constexpr int QS = Q5 ? 48 : 16; /* offset of qs[128] in the block */
+    /* header of rows g (h = 0) and g+8 (h = 1): d, dmin, 8 six-bit scales and mins */
+    float d[MT][2], dmin[MT][2];
+    uint32_t sc_lo[MT][2], sc_hi[MT][2], m_lo[MT][2], m_hi[MT][2];
+    uint2 qh[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *row = slot + (mt * MROWS + l.g + 8 * h) * STRIDE;
+            const uint4 hd = *(const uint4 *)row;
+            d[mt][h] = f16f(hd.x);
+            dmin[mt][h] = f16f(hd.x >> 16);
+            /* scale bytes s[0..3] = hd.y, s[4..7] = hd.z, s[8..11] = hd.w. Sub-block j < 4:
+             * sc = s[j] & 63, m = s[j+4] & 63; j >= 4: sc = s[j+4] & 15 | (s[j-4] >> 6) << 4,
+             * m = s[j+4] >> 4 | (s[j] >> 6) << 4. One byte per j: */
+            sc_lo[mt][h] = hd.y & 0x3F3F3F3Fu;
+            m_lo[mt][h] = hd.z & 0x3F3F3F3Fu;
+            sc_hi[mt][h] = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+            m_hi[mt][h] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+            qh[mt][h] = Q5 ? *(const uint2 *)(row + 16 + 8 * l.t) : make_uint2(0, 0);
+        }
+    int isum[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                isum[mt][nt][i] = 0;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint32_t lo[MT][4], hi[MT][4]; /* A fragments of sub-blocks 2c and 2c+1 */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *row = slot + (mt * MROWS + l.g + 8 * h) * STRIDE;
+                const uint2 q = *(const uint2 *)(row + QS + 32 * c + 8 * l.t);
+                /* reg h = k 4t.. of row g+8h; reg 2+h = k 16+4t.. */
+                lo[mt][h] = q.x & 0x0F0F0F0Fu;
+                lo[mt][2 + h] = q.y & 0x0F0F0F0Fu;
+                hi[mt][h] = (q.x >> 4) & 0x0F0F0F0Fu;
+                hi[mt][2 + h] = (q.y >> 4) & 0x0F0F0F0Fu;
+                if (Q5) { /* fifth bit: bit 2c (low) / 2c+1 (high) of qh[l] */
+                    lo[mt][h] |= ((qh[mt][h].x >> (2 * c)) & 0x01010101u) << 4;
+                    lo[mt][2 + h] |= ((qh[mt][h].y >> (2 * c)) & 0x01010101u) << 4;
+                    hi[mt][h] |= ((qh[mt][h].x >> (2 * c + 1)) & 0x01010101u) << 4;
+                    hi[mt][2 + h] |= ((qh[mt][h].y >> (2 * c + 1)) & 0x01010101u) << 4;
+                }
+            }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int j = 2 * c + half; /* sub-block in the super-block */
+            int sc[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    sc[mt][h] = ubyte(j < 4 ? sc_lo[mt][h] : sc_hi[mt][h], j & 3);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const uint2 b = load_b8(x, nt, 32 * j + 8 * l.t);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int dd[4];
+                    if (half)
+                        mma_k32(dd, hi[mt][0], hi[mt][1], hi[mt][2], hi[mt][3], b.x, b.y);
+                    else
+                        mma_k32(dd, lo[mt][0], lo[mt][1], lo[mt][2], lo[mt][3], b.x, b.y);
+                    isum[mt][nt][0] += sc[mt][0] * dd[0];
+                    isum[mt][nt][1] += sc[mt][0] * dd[1];
+                    isum[mt][nt][2] += sc[mt][1] * dd[2];
+                    isum[mt][nt][3] += sc[mt][1] * dd[3];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const uint2 bs = l.t < 2 ? load_sums(x, nt, 8 * l.t) : make_uint2(0, 0);
+        const float2 dx = load_dx(x, nt);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const uint32_t a0 = l.t == 0 ? m_lo[mt][0] : l.t == 1 ? m_hi[mt][0] : 0u;
+            const uint32_t a1 = l.t == 0 ? m_lo[mt][1] : l.t == 1 ? m_hi[mt][1] : 0u;
+            int ml[4], mh[4];
+            mma_k16(ml, a0, a1, bs.x);
+            mma_k16(mh, a0, a1, bs.y);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i >> 1;                  /* row g or g+8 */
+                const float dxt = (i & 1) ? dx.y : dx.x; /* token 2t or 2t+1 */
+                const int msum = ml[i] + 64 * mh[i];
+                float a = acc[mt][nt][i];
+                a = __fmaf_rn(__fmul_rn(dxt, d[mt][h]), __int2float_rn(isum[mt][nt][i]), a);
+                a = __fmaf_rn(-__fmul_rn(dxt, dmin[mt][h]), __int2float_rn(msum), a);
+                acc[mt][nt][i] = a;
+            }
+        }
+    }
+}
+
+/* Q6_K: 210-byte super-blocks at any even offset. Scales cover 16 weights, so each MMA is a
+ * k16 over one group: half n, l in 16gh + 4t..4t+3, quarter q (weights 128n + 32q + l, scale
+ * index k = 8n + 2q + gh, which is also the group's position / 16). Lane (g, t) reads
+ * ql[64n + 16gh + 4t] (q = 0 low, q = 2 high nibbles), ql[64n + 32 + ...] (q = 1, 3) and
+ * qh[32n + 16gh + 4t] (2 bits per q). The weights go in as 0..63; the -32 comes back as
+ * -32 * sum_k sc_k * sum16_k, one k16 MMA pair with A = the 16 int8 scales of a row (lane t:
+ * scales 4t..4t+3, which is exactly the word at 192 + 4t). */
+template <int MT, int NT>
+__device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_t *slot,
+                                           const uint8_t *kbase, uint32_t row_bytes,
+                                           const xview &x, lane_pos l)
+{
+    constexpr int STRIDE = qt<TD_Q6_K>::STRIDE;
+    srow ql[MT][2]; /* this lane's column (bytes 4t..) of ql/qh */
+    float d[MT][2];
+    uint32_t scw[MT][2][4]; /* the 16 int8 scales */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = mt * MROWS + l.g + 8 * h;
+            const uint8_t *row = slot + i * STRIDE + stage_delta(kbase, row_bytes, i);
+            d[mt][h] = f16f(*(const uint16_t *)(row + 208)); /* even offset */
+            const srow sr = srow_at(row + 192);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                scw[mt][h][k] = srow_word(sr, k);
+            ql[mt][h] = srow_at(row + 4 * l.t);
+        }
+    int isum[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                isum[mt][nt][i] = 0;
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int gh = 0; gh < 2; gh++) {
+            uint32_t q[4][MT][2]; /* per quarter: rows g, g+8, values 0..63 */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    /* words at 64n + 16gh, 64n + 32 + 16gh, 128 + 32n + 16gh (+ 4t) */
+                    const uint32_t qa = srow_word(ql[mt][h], 16 * n + 4 * gh);
+                    const uint32_t qb = srow_word(ql[mt][h], 16 * n + 8 + 4 * gh);
+                    const uint32_t hb = srow_word(ql[mt][h], 32 + 8 * n + 4 * gh);
+                    q[0][mt][h] = (qa & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u);
+                    q[1][mt][h] = (qb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u);
+                    q[2][mt][h] = ((qa >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u);
+                    q[3][mt][h] = ((qb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u);
+                }
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                const int k = 8 * n + 2 * qq + gh; /* scale index */
+                int sc[MT][2];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        sc[mt][h] = sbyte(scw[mt][h][k >> 2], k & 3);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const uint32_t b = load_b4(x, nt, 128 * n + 32 * qq + 16 * gh + 4 * l.t);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        int dd[4];
+                        mma_k16(dd, q[qq][mt][0], q[qq][mt][1], b);
+                        isum[mt][nt][0] += sc[mt][0] * dd[0];
+                        isum[mt][nt][1] += sc[mt][0] * dd[1];
+                        isum[mt][nt][2] += sc[mt][1] * dd[2];
+                        isum[mt][nt][3] += sc[mt][1] * dd[3];
+                    }
+                }
+            }
+        }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const uint2 bs = load_sums(x, nt, 16 + 8 * l.t);
+        const float2 dx = load_dx(x, nt);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            uint32_t a0 = scw[mt][0][0], a1 = scw[mt][1][0];
+#pragma unroll
+            for (int k = 1; k < 4; k++)
+                if (l.t == k)
+                    a0 = scw[mt][0][k], a1 = scw[mt][1][k];
+            int sl[4], sh[4];
+            mma_k16(sl, a0, a1, bs.x);
+            mma_k16(sh, a0, a1, bs.y);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int h = i >> 1;
+                const float dxt = (i & 1) ? dx.y : dx.x;
+                const int tot = isum[mt][nt][i] - 32 * (sl[i] + 64 * sh[i]);
+                acc[mt][nt][i] =
+                    __fmaf_rn(__fmul_rn(dxt, d[mt][h]), __int2float_rn(tot), acc[mt][nt][i]);
+            }
+        }
+    }
+}
+
+/* Q8_0: a k-block is up to 4 blocks of 34 bytes (f16 d, int8 q[32]) at any even offset (the
+ * last k-block of a row may hold fewer). Lane (g, t) takes q[8t..8t+7] of rows g and g+8.
+ * Two k-blocks share one x block (256 inputs). */
+template <int MT, int NT>
+__device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_t *slot,
+                                           const uint8_t *kbase, uint32_t row_bytes, int n_blk,
+                                           const xview &x, lane_pos l)
+{
+    constexpr int STRIDE = qt<TD_Q8_0>::STRIDE;
+    const uint8_t *row[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = mt * MROWS + l.g + 8 * h;
+            row[mt][h] = slot + i * STRIDE + stage_delta(kbase, row_bytes, i);
+        }
+    float2 dx[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        dx[nt] = load_dx(x, nt);
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        if (b >= n_blk)
+            break;
+        uint32_t a[MT][4];
+        float dw[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *blk = row[mt][h] + 34 * b;
+                dw[mt][h] = f16f(*(const uint16_t *)blk); /* even offset */
+                const srow q = srow_at(blk + 2 + 8 * l.t);
+                a[mt][h] = srow_word(q, 0);
+                a[mt][2 + h] = srow_word(q, 1);
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const uint2 bx = load_b8(x, nt, 32 * b + 8 * l.t);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int dd[4];
+                mma_k32(dd, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.x, bx.y);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float dxt = (i & 1) ? dx[nt].y : dx[nt].x;
+                    acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, dw[mt][i >> 1]),
+                                               i2f_small(dd[i]), acc[mt][nt][i]);
+                }
+            }
+        }
+    }
+}
+
+/* --- the kernel --------------------------------------------------------------------------- */
+
+/* grid: one CTA per 16*MT rows; block: KSPLIT warps; dynamic shared memory smem_bytes(). */
+template <int T, int MT, int NT>
+__global__ void __launch_bounds__(KSPLIT * 32)
+    mmq_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
+               mm_xquant xq)
+{
+    using Q = qt<T>;
+    constexpr int ROWS = MROWS * MT;
+    constexpr int S = stages<MT>();
+    constexpr int STAGE_BYTES = ROWS * Q::STRIDE;
+    extern __shared__ __align__(16) uint8_t smem[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const lane_pos l = {lane >> 2, lane & 3};
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS;
+    const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+    const int nkb = (int)((cols + Q::KB_W - 1) / Q::KB_W);
+    const int nk = warp < nkb ? (nkb - warp + KSPLIT - 1) / KSPLIT : 0; /* my k-blocks */
+    const uint8_t *wrow = w + (size_t)r0 * row_bytes;
+    uint8_t *ring = smem + warp * S * STAGE_BYTES;
+    unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        valid |= (unsigned)(nt * NTOK + l.g < xq.n_tok) << nt;
+
+    auto kb_bytes = [&](int kb) -> int {
+        if constexpr (T != TD_Q8_0) {
+            return Q::KB_BYTES;
+        } else {
+            const int64_t left = (cols - (int64_t)kb * Q::KB_W) / 32; /* Q8_0 blocks left */
+            return (int)(left < 4 ? left : 4) * 34;
+        }
+    };
+    auto issue = [&](int s) { /* the warp's s-th k-block into its ring slot */
+        const int kb = warp + KSPLIT * s;
+        stage_issue<T, ROWS>(ring + (s % S) * STAGE_BYTES, wrow + (size_t)kb * Q::KB_BYTES,
+                             row_bytes, n_rows, kb_bytes(kb), lane);
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[mt][nt][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nk)
+            issue(s);
+        cp_async_commit(); /* empty groups keep the count uniform */
+    }
+    for (int i = 0; i < nk; i++) {
+        if (i + S - 1 < nk)
+            issue(i + S - 1);
+        cp_async_commit();
+        cp_async_wait<S - 1>(); /* k-block i has landed (for this lane's copies) */
+        __syncwarp();           /* ... and for every lane's */
+        const uint8_t *slot = ring + (i % S) * STAGE_BYTES;
+        const int kb = warp + KSPLIT * i;
+        const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
+        const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
+        if constexpr (T == TD_Q4_K || T == TD_Q5_K)
+            kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
+        else if constexpr (T == TD_Q6_K)
+            kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
+        else
+            kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
+        __syncwarp(); /* every lane is done with the slot before it is refilled */
+    }
+    cp_async_wait<0>();
+
+    /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
+    __syncthreads();
+    float *red = (float *)smem; /* [KSPLIT][ROWS][NTOK * NT] */
+    constexpr int TOKS = NTOK * NT;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
+            p[0] = acc[mt][nt][0];
+            p[1] = acc[mt][nt][1];
+            p[8 * TOKS] = acc[mt][nt][2];
+            p[8 * TOKS + 1] = acc[mt][nt][3];
+        }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n_rows * xq.n_tok; idx += KSPLIT * 32) {
+        const int rl = idx % n_rows, tk = idx / n_rows;
+        float v = red[rl * TOKS + tk];
+#pragma unroll
+        for (int k = 1; k < KSPLIT; k++)
+            v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
+        y[(size_t)tk * rows + r0 + rl] = v;
+    }
+}
+
+/* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
+template <int T, int MT, int NT>
+td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t st)
+{
+    constexpr int smem = smem_bytes<T, MT, NT>();
+    static unsigned long long opted; /* bit per device ordinal; setting it twice is harmless */
+    if (smem > 48 * 1024) {
+        int dev = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        const unsigned long long bit = 1ull << (dev & 63);
+        if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
+            CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
+        }
+    }
+    const int64_t rows_per_cta = (int64_t)MROWS * MT;
+    const int64_t grid = (w->rows + rows_per_cta - 1) / rows_per_cta;
+    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
+    mmq_kernel<T, MT, NT><<<(unsigned)grid, KSPLIT * 32, smem, st>>>(
+        y, (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+/* Picks the tile: one MMA row tile per weight fragment while the activations are one n-tile
+ * (8 tokens); with 9..32 tokens two row tiles share each activation fragment (half the
+ * activation traffic from L2), but only where the matrix still gives every SM several CTAs.
+ * 33..64 tokens keep one row tile: two would not fit the registers (ptxas spills). */
+template <int T>
+td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
+                   cudaStream_t st)
+{
+    const bool two = w->rows >= (int64_t)2 * MROWS * 4 * n_sm;
+    switch (xq->n_pad) {
+    case 8:
+        return launch<T, 1, 1>(y, xq, w, st);
+    case 16:
+        return two ? launch<T, 2, 2>(y, xq, w, st) : launch<T, 1, 2>(y, xq, w, st);
+    case 32:
+        return two ? launch<T, 2, 4>(y, xq, w, st) : launch<T, 1, 4>(y, xq, w, st);
+    default:
+        TD_ASSERT(xq->n_pad == 64);
+        return launch<T, 1, 8>(y, xq, w, st);
+    }
+}
+
+} /* namespace */
+
+td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
+                  cudaStream_t st)
+{
+    TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad && xq->n_pad <= MM_CHUNK);
+    TD_ASSERT(((uintptr_t)w->data & 15) == 0);
+    switch (w->type) {
+    case TD_Q8_0:
+        return launch_type<TD_Q8_0>(y, xq, w, n_sm, st);
+    case TD_Q4_K:
+        return launch_type<TD_Q4_K>(y, xq, w, n_sm, st);
+    case TD_Q5_K:
+        return launch_type<TD_Q5_K>(y, xq, w, n_sm, st);
+    case TD_Q6_K:
+        return launch_type<TD_Q6_K>(y, xq, w, n_sm, st);
+    default:
+        TD_ASSERT(!"mmq_launch: not a quantised type");
+    }
+    return TD_OK;
+}
