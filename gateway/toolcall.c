@@ -180,9 +180,12 @@ static td_err tc_parse_json(const char *s, size_t n, tool_call *out)
     const json_t *name = json_object_get(root, "name");
     const char *key = json_object_get(root, "arguments") ? "arguments" : "parameters";
     const json_t *args = json_object_get(root, key);
-    if (!json_is_string(name) || json_string_length(name) == 0) {
+    /* Names and arguments are C strings from here on: a NUL inside would cut them. */
+    if (!json_is_string(name) || json_string_length(name) == 0 ||
+        strlen(json_string_value(name)) != json_string_length(name) ||
+        (json_is_string(args) && strlen(json_string_value(args)) != json_string_length(args))) {
         json_decref(root);
-        return err_set(TD_EFORMAT, "tool call: no function name");
+        return err_set(TD_EFORMAT, "tool call: no function name, or a NUL character in it");
     }
     out->name = tc_strndup(json_string_value(name), json_string_length(name));
     size_t vs, ve;
@@ -293,8 +296,8 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_ca
     const char *name = p;
     size_t name_len = (size_t)(gt - p);
     tc_trim(&name, &name_len);
-    if (name_len == 0)
-        return err_set(TD_EFORMAT, "tool call: no function name");
+    if (name_len == 0 || memchr(name, 0, name_len))
+        return err_set(TD_EFORMAT, "tool call: no function name, or a NUL character in it");
     out->name = tc_strndup(name, name_len);
     if (!out->name)
         return err_set(TD_ENOMEM, "tool call: out of memory");
@@ -432,7 +435,8 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     if (e != TD_EFORMAT)
         return e;
     TD_TRY(s->emit(s->ctx, CALL_OPEN, CALL_OPEN_LEN, NULL));
-    TD_TRY(s->emit(s->ctx, body, n, NULL));
+    if (n > 0)
+        TD_TRY(s->emit(s->ctx, body, n, NULL));
     return closed ? s->emit(s->ctx, CALL_CLOSE, CALL_CLOSE_LEN, NULL) : TD_OK;
 }
 

@@ -1,0 +1,147 @@
+/* Fuzz target over everything the gateway reads from clients and from the model's output: the
+ * first byte picks the reader, the rest is its input.
+ *   0 chat body, 1 completion body, 2 tokenize body, 3 detokenize body (req_parse*)
+ *   4 one tool-call block (tool_parse, with a tools schema)
+ *   5 model output through the stop filter, reasoning and tool-call splits in pieces whose
+ *     sizes come from the input itself
+ * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
+ * and an error always comes with a status and a message. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/reasoning.h"
+#include "gateway/request.h"
+#include "gateway/stopstr.h"
+#include "gateway/toolcall.h"
+
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{"
+    "\"s\":{\"type\":\"string\"},\"i\":{\"type\":\"integer\"},\"b\":{\"type\":\"boolean\"},"
+    "\"o\":{\"type\":\"object\"},\"a\":{\"type\":[\"array\",\"null\"]}}}}}]";
+
+static void check_error(td_err e, const api_error *err)
+{
+    if (e != TD_OK && (err->status < 400 || err->message[0] == 0))
+        abort();
+}
+
+static td_err sink_think(void *ctx, bool reasoning, const char *text, size_t len)
+{
+    (void)reasoning;
+    tool_split *t = ctx;
+    if (len == 0)
+        abort(); /* empty pieces are never passed on */
+    return reasoning ? TD_OK : tool_split_push(t, text, len);
+}
+
+static td_err sink_tool(void *ctx, const char *text, size_t len, const tool_call *call)
+{
+    (void)ctx;
+    (void)text;
+    if (call ? !call->name[0] || !call->arguments[0] : len == 0)
+        abort(); /* calls have a name and arguments; empty text is never passed on */
+    return TD_OK;
+}
+
+static void split_output(const uint8_t *data, size_t size)
+{
+    static const char *const stops[] = {"END", "</s>", "\n\n\n"};
+    static const size_t stop_lens[] = {3, 4, 3};
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    stop_filter f;
+    stop_init(&f, stops, stop_lens, 3);
+    tool_split ts;
+    tool_split_init(&ts, tools, sink_tool, NULL);
+    think_split th;
+    think_init(&th, size > 0 && (data[0] & 1), sink_think, &ts);
+    size_t i = size > 0 ? 1 : 0;
+    while (i < size) {
+        size_t n = 1 + data[i] % 13; /* piece size from the input */
+        if (n > size - i)
+            n = size - i;
+        const char *out;
+        size_t out_len;
+        if (stop_push(&f, (const char *)data + i, n, &out, &out_len) != TD_OK ||
+            think_push(&th, out, out_len) != TD_OK)
+            break;
+        i += n;
+    }
+    const char *rest;
+    size_t rest_len;
+    stop_flush(&f, &rest, &rest_len);
+    if (think_push(&th, rest, rest_len) == TD_OK && think_flush(&th) == TD_OK)
+        tool_split_flush(&ts);
+    think_free(&th);
+    tool_split_free(&ts);
+    stop_free(&f);
+    json_decref(tools);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    const char *body = (const char *)data + 1;
+    size_t len = size - 1;
+    api_error err;
+    switch (data[0] % 6) {
+    case 0:
+    case 1: {
+        gw_request r;
+        td_err e = req_parse(&r, data[0] % 6 == 0 ? REQ_CHAT : REQ_COMPLETION, body, len, &err);
+        check_error(e, &err);
+        if (e == TD_OK)
+            req_free(&r);
+        break;
+    }
+    case 2: {
+        json_t *root;
+        const char *text;
+        size_t text_len;
+        bool add;
+        td_err e = req_parse_tokenize(body, len, &root, &text, &text_len, &add, &err);
+        check_error(e, &err);
+        if (e == TD_OK)
+            json_decref(root);
+        break;
+    }
+    case 3: {
+        int32_t *ids;
+        size_t n;
+        td_err e = req_parse_detokenize(body, len, 512, &ids, &n, &err);
+        check_error(e, &err);
+        if (e == TD_OK) {
+            for (size_t i = 0; i < n; i++)
+                if (ids[i] < 0 || ids[i] >= 512)
+                    abort();
+            free(ids);
+        }
+        break;
+    }
+    case 4: {
+        json_t *tools = json_loads(TOOLS, 0, NULL);
+        tool_call c;
+        if (tool_parse(body, len, tools, &c) == TD_OK) {
+            /* The XML form of valid UTF-8 (what the decoder gives) always prints a JSON
+             * object (checked without NUL bytes, which jansson refuses in keys). */
+            json_t *utf8 = json_stringn(body, len);
+            bool valid = utf8 != NULL && !memchr(body, 0, len);
+            json_decref(utf8);
+            if (valid && len > 0 && memchr(body, '<', len) && !memchr(body, '{', len)) {
+                json_t *args = json_loads(c.arguments, JSON_ALLOW_NUL, NULL);
+                if (!json_is_object(args))
+                    abort();
+                json_decref(args);
+            }
+            tool_call_free(&c);
+        }
+        json_decref(tools);
+        break;
+    }
+    default:
+        split_output(data + 1, len);
+        break;
+    }
+    return 0;
+}
