@@ -294,18 +294,18 @@ td_err tgt_load(tgt_model **out, const char *path)
 
 /* --- placement on a backend ------------------------------------------------------------- */
 
-/* Calls fn for every weight pointer of the model with its size in bytes (the tied output
+/* Calls fn for every weight pointer of the model with its size in bytes (a tied output
  * matrix is skipped: it is token_embd). */
 typedef td_err (*tgt_visit_fn)(void *ctx, const void **data, size_t bytes);
 
-static td_err tgt_visit(tgt_model *m, tgt_visit_fn fn, void *ctx)
+static td_err tgt_visit(tgt_model *m, bool tied, tgt_visit_fn fn, void *ctx)
 {
     const tgt_hparams *hp = &m->hp;
     size_t f = sizeof(float), D = (size_t)hp->n_embd;
 #define TGT_W(w) TD_TRY(fn(ctx, &(w).data, (size_t)(w).rows * (w).row_bytes))
 #define TGT_V(v, n) TD_TRY(fn(ctx, (const void **)&(v), (size_t)(n) * f))
     TGT_W(m->tok_embd);
-    if (m->output.data != m->tok_embd.data)
+    if (!tied)
         TGT_W(m->output);
     TGT_V(m->output_norm, D);
     for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -368,12 +368,12 @@ static td_err tgt_place_one(void *ctx, const void **data, size_t bytes)
 /* Copies every weight into one arena of backend memory and points the model at it. */
 static td_err tgt_place(tgt_model *m, const ops_backend *be)
 {
+    bool tied = m->output.data == m->tok_embd.data;
     size_t total = 0;
-    TD_TRY(tgt_visit(m, tgt_count, &total));
+    TD_TRY(tgt_visit(m, tied, tgt_count, &total));
     tgt_placer p = {.be = be};
     TD_TRY(err_wrap(be->alloc(be, (void **)&p.arena, total), "model weights (%zu bytes)", total));
-    bool tied = m->output.data == m->tok_embd.data;
-    td_err e = tgt_visit(m, tgt_place_one, &p);
+    td_err e = tgt_visit(m, tied, tgt_place_one, &p);
     if (e == TD_OK)
         e = be->sync(be);
     if (e != TD_OK) {
