@@ -180,7 +180,11 @@ static void http_log(void *cls, const char *fmt, va_list ap)
     size_t n = strlen(line);
     while (n > 0 && line[n - 1] == '\n')
         line[--n] = 0;
-    LOG_WARN("http: %s", line);
+    /* A client that leaves in the middle of a stream is routine, not a warning. */
+    if (strstr(line, "application error generating"))
+        LOG_DEBUG("http: %s", line);
+    else
+        LOG_WARN("http: %s", line);
 }
 
 td_err http_start(http_server **out, gw_state *g, const char *host, uint16_t port)

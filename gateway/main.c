@@ -17,6 +17,7 @@
 
 #include "common/args.h"
 #include "common/bus.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "gateway/gateway.h"
 #include "gateway/http.h"
@@ -25,7 +26,7 @@
 int main(int argc, char **argv)
 {
     const char *host = "127.0.0.1", *model = NULL, *model_name = NULL, *api_key = NULL;
-    const char *runtime_dir = NULL, *verifyd = NULL, *events = NULL, *level_name = "info";
+    const char *runtime_dir = NULL, *verifyd = NULL, *events = NULL, *level_name = NULL;
     int64_t port = 8080, max_body = 1 << 20, max_tokens_limit = 0, ctx = 0, timeout = 300;
     bool help = false;
     const args_opt opts[] = {
@@ -54,21 +55,17 @@ int main(int argc, char **argv)
         args_usage(usage, opts);
         return 0;
     }
-    int level = log_level_parse(level_name);
-    if (level < 0) {
-        fprintf(stderr, "gateway: --log-level %s: expected debug, info, warn, error or off\n",
-                level_name);
-        return 2;
+    char verifyd_url[BUS_URL_MAX], events_url[BUS_URL_MAX];
+    if (daemon_setup("gateway", runtime_dir, level_name) != TD_OK ||
+        daemon_endpoint(verifyd_url, sizeof verifyd_url, verifyd, "verifyd") != TD_OK ||
+        daemon_endpoint(events_url, sizeof events_url, events, "gateway-events") != TD_OK) {
+        fprintf(stderr, "gateway: %s\n", err_msg());
+        return 1;
     }
-    log_init("gateway", (log_level)level);
     if (!model) {
         fprintf(stderr, "gateway: give --model M.gguf (for the tokenizer and chat template)\n");
         args_usage(usage, opts);
         return 2;
-    }
-    if (runtime_dir && setenv("TANDEM_RUNTIME_DIR", runtime_dir, 1) != 0) {
-        fprintf(stderr, "gateway: cannot set the runtime directory\n");
-        return 1;
     }
 
     /* Signals are taken by sigwait below; every thread started from here on blocks them. */
@@ -78,18 +75,6 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-
-    char dir[256], verifyd_url[BUS_URL_MAX], events_url[BUS_URL_MAX];
-    if (bus_runtime_dir(dir, sizeof dir) != TD_OK ||
-        (!verifyd && bus_endpoint(verifyd_url, sizeof verifyd_url, "verifyd") != TD_OK) ||
-        (!events && bus_endpoint(events_url, sizeof events_url, "gateway-events") != TD_OK)) {
-        LOG_ERROR("runtime directory: %s", err_msg());
-        return 1;
-    }
-    if (verifyd)
-        snprintf(verifyd_url, sizeof verifyd_url, "%s", verifyd);
-    if (events)
-        snprintf(events_url, sizeof events_url, "%s", events);
 
     gw_config cfg = {
         .model_path = model,
