@@ -15,6 +15,8 @@
 
 /* The receiver wakes this often to notice link_free. */
 #define LINK_RECV_POLL_MS 200
+/* ms verifyd has to answer after its event connection closed before it counts as gone. */
+#define LINK_LOST_POLL_MS 500
 
 struct link_gen {
     gw_link *link;     /* whose mutex guards this generation */
@@ -44,6 +46,7 @@ struct gw_link {
     msg_status status;    /* verifyd's last answer */
     int64_t status_ms;    /* monotonic ms of that answer, 0 = never */
     uint32_t verifyd_pid; /* from verifyd's hello, 0 = unknown */
+    bool pipe_lost;       /* an event connection closed since the last poll */
     uint64_t next_seq;
     uint64_t next_request; /* request ids of control calls */
 };
@@ -210,9 +213,10 @@ static uint64_t link_request_id(gw_link *l)
 }
 
 /* One call; an MSG_ERROR reply becomes its code and message. *type gets the reply's type. */
-static td_err link_call(gw_link *l, const msg_buf *req, msg_buf *reply, msg_type *type)
+static td_err link_call_within(gw_link *l, const msg_buf *req, msg_buf *reply, msg_type *type,
+                               int32_t timeout_ms)
 {
-    TD_TRY(bus_client_call(l->client, req->data, req->len, reply, l->opts.call_ms));
+    TD_TRY(bus_client_call(l->client, req->data, req->len, reply, timeout_ms));
     msg_header h;
     TD_TRY(msg_unpack_header(reply->data, reply->len, &h));
     *type = h.type;
@@ -224,8 +228,14 @@ static td_err link_call(gw_link *l, const msg_buf *req, msg_buf *reply, msg_type
     return TD_OK;
 }
 
-/* hello + status_get. */
-static td_err link_poll_once(gw_link *l, msg_status *st, uint32_t *pid)
+static td_err link_call(gw_link *l, const msg_buf *req, msg_buf *reply, msg_type *type)
+{
+    return link_call_within(l, req, reply, type, l->opts.call_ms);
+}
+
+/* hello + status_get, each within timeout_ms. A failed hello skips the status call, so a
+ * verifyd that is gone costs one timeout per poll. */
+static td_err link_poll_once(gw_link *l, msg_status *st, uint32_t *pid, int32_t timeout_ms)
 {
     msg_buf req, reply;
     msg_buf_init(&req);
@@ -235,15 +245,19 @@ static td_err link_poll_once(gw_link *l, msg_status *st, uint32_t *pid)
                        .protocol = MSG_PROTOCOL_VERSION};
     *pid = 0;
     td_err e = msg_pack_hello(&req, link_request_id(l), &hello);
-    /* A verifyd that does not answer hello with its own is still usable: pid stays unknown. */
-    if (e == TD_OK && link_call(l, &req, &reply, &type) == TD_OK && type == MSG_HELLO) {
+    if (e == TD_OK)
+        e = link_call_within(l, &req, &reply, &type, timeout_ms);
+    /* A verifyd that answers hello with an error instead of its own hello is still usable: its
+     * pid stays unknown. */
+    if (e == TD_OK && type == MSG_HELLO) {
         msg_hello back;
         if (msg_unpack_hello(reply.data, reply.len, NULL, &back) == TD_OK)
             *pid = back.pid;
     }
-    e = msg_pack_status_get(&req, link_request_id(l));
+    if (e == TD_OK || (e != TD_ETIMEOUT && e != TD_ECLOSED))
+        e = msg_pack_status_get(&req, link_request_id(l));
     if (e == TD_OK)
-        e = link_call(l, &req, &reply, &type);
+        e = link_call_within(l, &req, &reply, &type, timeout_ms);
     if (e == TD_OK && type != MSG_STATUS)
         e = err_set(TD_EPROTO, "verifyd answered status_get with %s", msg_type_name(type));
     if (e == TD_OK)
@@ -253,14 +267,33 @@ static td_err link_poll_once(gw_link *l, msg_status *st, uint32_t *pid)
     return e;
 }
 
+/* NNG callback: verifyd's event connection closed (it exited or died): poll at once. */
+static void link_pipe_removed(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    (void)ev;
+    gw_link *l = arg;
+    pthread_mutex_lock(&l->mu);
+    l->pipe_lost = true;
+    pthread_cond_broadcast(&l->wake);
+    pthread_mutex_unlock(&l->mu);
+}
+
 static void *link_poller_main(void *arg)
 {
     gw_link *l = arg;
     bool up = false;
     for (;;) {
+        pthread_mutex_lock(&l->mu);
+        bool pipe_lost = l->pipe_lost;
+        l->pipe_lost = false;
+        pthread_mutex_unlock(&l->mu);
+        /* After its event connection closed, verifyd gets a short time to prove it lives. */
+        int32_t timeout = pipe_lost && LINK_LOST_POLL_MS < l->opts.call_ms ? LINK_LOST_POLL_MS
+                                                                           : l->opts.call_ms;
         msg_status st;
         uint32_t pid;
-        td_err e = link_poll_once(l, &st, &pid);
+        td_err e = link_poll_once(l, &st, &pid, timeout);
         int64_t now = link_now_ms();
         pthread_mutex_lock(&l->mu);
         if (l->stopping) {
@@ -284,9 +317,11 @@ static void *link_poller_main(void *arg)
                 LOG_INFO("verifyd answers: model %s, context %u, %s", st.model, st.n_ctx,
                          st.ready ? "ready" : "loading");
             up = true;
-        } else if (up && now - l->status_ms > l->opts.down_ms) {
+        } else if (up && (pipe_lost || now - l->status_ms > l->opts.down_ms)) {
             LOG_WARN("verifyd does not answer (%s): ending its generations", err_msg());
             link_fail_all(l, TD_ECLOSED, "verifyd stopped answering during the generation");
+            /* Not fresh any more: /health and new requests see it down at once. */
+            l->status_ms = now - l->opts.down_ms - 1;
             up = false;
         }
         struct timespec until;
@@ -294,7 +329,8 @@ static void *link_poller_main(void *arg)
         int64_t ns = until.tv_nsec + (int64_t)l->opts.poll_ms * 1000000;
         until.tv_sec += ns / 1000000000;
         until.tv_nsec = ns % 1000000000;
-        while (!l->stopping && pthread_cond_timedwait(&l->wake, &l->mu, &until) != ETIMEDOUT)
+        while (!l->stopping && !l->pipe_lost &&
+               pthread_cond_timedwait(&l->wake, &l->mu, &until) != ETIMEDOUT)
             ;
         bool stop = l->stopping;
         pthread_mutex_unlock(&l->mu);
@@ -331,6 +367,7 @@ td_err link_init(gw_link **out, const link_opts *o)
         l->pull_open = true;
         if ((rv = nng_socket_set_size(l->pull, NNG_OPT_RECVMAXSZ, BUS_RECV_MAX_DEFAULT)) != 0 ||
             (rv = nng_socket_set_ms(l->pull, NNG_OPT_RECVTIMEO, LINK_RECV_POLL_MS)) != 0 ||
+            (rv = nng_pipe_notify(l->pull, NNG_PIPE_EV_REM_POST, link_pipe_removed, l)) != 0 ||
             (rv = nng_listener_create(&lst, l->pull, o->events_url)) != 0 ||
             (rv = nng_listener_set_int(lst, NNG_OPT_IPC_PERMISSIONS, 0600)) != 0 ||
             (rv = nng_listener_start(lst, 0)) != 0)

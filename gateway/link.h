@@ -5,9 +5,10 @@
  * Each generation registers a link_gen before it starts, so no event can arrive for an unknown
  * sequence; a receiver thread files each event under its seq_id and wakes the waiter. A poller
  * thread asks verifyd for its status every poll_ms: /health and /metrics read the last answer,
- * and when verifyd stops answering, or answers from a new process (its hello pid changed),
- * every open generation gets an ERROR event at once, so no request waits for events that will
- * never come. Every wait has a timeout. */
+ * and when verifyd stops answering (for down_ms, or for a short while right after its event
+ * connection closed, which is how a verifyd that dies shows first), or answers from a new
+ * process (its hello pid changed), every open generation gets an ERROR event at once, so no
+ * request waits for events that will never come. Every wait has a timeout. */
 #ifndef TANDEM_GATEWAY_LINK_H
 #define TANDEM_GATEWAY_LINK_H
 

@@ -189,7 +189,7 @@ static int setup(void **state)
     if (gw_init(&g, &cfg) != TD_OK)
         return -1;
     link_opts lo = {.verifyd_url = verifyd_url, .events_url = events_url, .call_ms = 1000,
-                    .poll_ms = 100, .down_ms = 800};
+                    .poll_ms = 100, .down_ms = 3000};
     if (link_init(&g.link, &lo) != TD_OK || http_start(&srv, &g, "127.0.0.1", 0) != TD_OK)
         return -1;
     port = http_port(srv);
@@ -704,31 +704,55 @@ static void metrics_show_gateway_and_verifyd_numbers(void **state)
     free(reply);
 }
 
-/* Last: replaces the fake. A new verifyd process (another pid) knows nothing of the old one's
- * generations, so an open stream must end with an error instead of waiting forever. */
-static void verifyd_restart_ends_open_streams(void **state)
+/* Opens a completions stream on a generation that never ends and returns the socket. */
+static int open_hanging_stream(void)
 {
-    (void)state;
     fake_script s = {.step = 1, .hang = true, .tokens = {64}, .n_tokens = 1};
     fake_verifyd_script(fake, &s);
     int fd = connect_gateway();
     const char *req = "{\"prompt\":\"x\",\"stream\":true}";
     send_request(fd, "POST", "/v1/completions", NULL, req, strlen(req));
+    return fd;
+}
+
+static void verifyd_restart_between_polls_ends_open_streams(void **state)
+{
+    (void)state;
+    int fd = open_hanging_stream();
     sleep_ms(300);
-    fake_verifyd_stop(fake);
-    assert_int_equal(fake_verifyd_start(&fake, verifyd_url, events_url, 2222, N_CTX, true), TD_OK);
+    /* A new verifyd process knows nothing of the old one's generations. */
+    fake_verifyd_set_pid(fake, 2222);
     char *reply, *body;
-    int st = read_reply(fd, &reply, &body);
-    assert_int_equal(st, 200);
+    assert_int_equal(read_reply(fd, &reply, &body), 200);
     assert_non_null(strstr(body, "\"text\":\"a\""));
     assert_non_null(strstr(body, "data: {\"error\":{\"message\":\"The generation failed: verifyd "
                                  "restarted during the generation\",\"type\":\"server_error\","
                                  "\"param\":null,\"code\":\"backend_unavailable\"}}\n\n"
                                  "data: [DONE]\n\n"));
     free(reply);
-    /* Down: /health says so and requests get 503 at once. */
+}
+
+/* Last: stops the fake. A verifyd that dies ends open streams at once (its event connection
+ * closes), /health says 503, requests get 503, and all is well once it is back. */
+static void verifyd_gone_ends_open_streams_at_once(void **state)
+{
+    (void)state;
+    int fd = open_hanging_stream();
+    sleep_ms(300);
     fake_verifyd_stop(fake);
     fake = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char *reply, *body;
+    assert_int_equal(read_reply(fd, &reply, &body), 200);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* Well before the 3 s without answers that would count as down otherwise. */
+    assert_true((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 2000);
+    assert_non_null(strstr(body, "data: {\"error\":{\"message\":\"The generation failed: verifyd "
+                                 "stopped answering during the generation\",\"type\":"
+                                 "\"server_error\",\"param\":null,\"code\":"
+                                 "\"backend_unavailable\"}}\n\ndata: [DONE]\n\n"));
+    free(reply);
     wait_health(503);
     assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
                      503);
@@ -736,6 +760,11 @@ static void verifyd_restart_ends_open_streams(void **state)
     free(reply);
     assert_int_equal(fake_verifyd_start(&fake, verifyd_url, events_url, 3333, N_CTX, true), TD_OK);
     wait_health(200);
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(fake, &s);
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     200);
+    free(reply);
 }
 
 int main(void)
@@ -757,7 +786,8 @@ int main(void)
         cmocka_unit_test(http_errors_have_openai_bodies),
         cmocka_unit_test(tokenize_and_detokenize_round_trip),
         cmocka_unit_test(metrics_show_gateway_and_verifyd_numbers),
-        cmocka_unit_test(verifyd_restart_ends_open_streams),
+        cmocka_unit_test(verifyd_restart_between_polls_ends_open_streams),
+        cmocka_unit_test(verifyd_gone_ends_open_streams_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

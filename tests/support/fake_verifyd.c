@@ -136,7 +136,9 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
     TD_TRY(msg_unpack_header(req, len, &h));
     switch (h.type) {
     case MSG_HELLO: {
+        pthread_mutex_lock(&f->mu);
         msg_hello m = {.role = MSG_ROLE_VERIFYD, .pid = f->pid, .protocol = MSG_PROTOCOL_VERSION};
+        pthread_mutex_unlock(&f->mu);
         return msg_pack_hello(reply, h.request_id, &m);
     }
     case MSG_STATUS_GET: {
@@ -303,4 +305,11 @@ int fake_verifyd_starts(fake_verifyd *f)
     int n = f->starts;
     pthread_mutex_unlock(&f->mu);
     return n;
+}
+
+void fake_verifyd_set_pid(fake_verifyd *f, uint32_t pid)
+{
+    pthread_mutex_lock(&f->mu);
+    f->pid = pid;
+    pthread_mutex_unlock(&f->mu);
 }

@@ -43,6 +43,8 @@ bool fake_verifyd_last_start(fake_verifyd *f, msg_gen_start *m, uint32_t *prompt
 
 /* gen_cancel calls received, and gen_start calls answered with ack. */
 int fake_verifyd_cancels(fake_verifyd *f);
+/* From now on hello answers with this pid, as a verifyd restarted between two polls would. */
+void fake_verifyd_set_pid(fake_verifyd *f, uint32_t pid);
 int fake_verifyd_starts(fake_verifyd *f);
 
 /* The log probability the fake reports for the i-th token of a generation, and for its k-th
