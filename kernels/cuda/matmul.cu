@@ -1,11 +1,12 @@
 /* cuda_matmul: picks the kernel for the weight type and feeds it chunks of up to 64 tokens.
  *
- * Quantised weights (matmul_quant.cu) take int8 activations: this file rounds each token's
- * inputs per 256 values (mm_xquant) into a per-stream scratch buffer, then launches the
- * tensor-core kernel. F32/F16/BF16 weights (matmul_float.cu) take x as it is. */
+ * Quantised weights (matmul_quant.cu) take 16-bit integer activations: this file rounds each
+ * token's inputs per 256 values (mm_xquant) into a per-stream scratch buffer, then launches
+ * the tensor-core kernel. F32/F16/BF16 weights (matmul_float.cu) take x as it is. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/matmul_internal.h"
@@ -14,12 +15,25 @@ namespace {
 
 /* --- activation rounding ------------------------------------------------------------------ */
 
-/* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7: d = max|x| / 127,
- * q = rint(x * (1/d)) clamped to +-127, and the sums of q per 32 and per 16 inputs split into
- * int8 halves (layout in mm_xquant). A block holding NaN or inf gets d = NaN so the outputs
- * that use it are NaN, as on the CPU, instead of silently rounding the bad value to 0.
- * Tokens n_tok..n_pad-1 are written as zeros. Nothing here looks at another token, so a
- * token's rounding never depends on the batch. */
+/* Three int8 digits of s: s = 65536 * s2 + 256 * s1 + s0, s0 and s1 in -128..127. */
+__device__ __forceinline__ void digits3(int s, int8_t (&d)[3])
+{
+    const int s0 = ((s + 128) & 255) - 128;
+    const int r = (s - s0) / 256; /* exact */
+    const int s1 = ((r + 128) & 255) - 128;
+    d[0] = (int8_t)s0;
+    d[1] = (int8_t)s1;
+    d[2] = (int8_t)((r - s1) / 256);
+}
+
+/* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7: d = max|x| /
+ * MM_XQMAX, q = rint(x * (1/d)), stored as hi/lo digits interleaved per UNIT (8 or 4
+ * inputs), and the sums of q per 32 and per 16 inputs as digits (layout in mm_xquant). A
+ * block holding NaN or inf gets d = NaN so the outputs that use it are NaN, as on the CPU,
+ * instead of silently rounding the bad value to 0. Tokens n_tok..n_pad-1 are written as
+ * zeros. Nothing here looks at another token, so a token's rounding never depends on the
+ * batch. */
+template <int UNIT>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
                               int64_t cols, int n_tok, int n_pad)
 {
@@ -46,31 +60,48 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
         for (int m = 16; m >= 1; m >>= 1)
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
         bad = __any_sync(0xffffffffu, bad);
-        const float d = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, 127.0f);
+        const float d = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, (float)MM_XQMAX);
         const float id = d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        uint32_t packed[2] = {0, 0};
+        uint8_t hi[8], lo[8];
         int s8 = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             int q = __float2int_rn(__fmul_rn(v[e], id));
-            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            q = q > MM_XQMAX ? MM_XQMAX : q < -MM_XQMAX ? -MM_XQMAX : q;
             s8 += q;
-            packed[e / 4] |= (uint32_t)(q & 0xFF) << (8 * (e % 4));
+            const int l0 = ((q + 128) & 255) - 128;
+            lo[e] = (uint8_t)l0;
+            hi[e] = (uint8_t)((q - l0) / 256);
         }
-        if (at < cols)
-            *(uint2 *)(xq + (size_t)tok * cols + at) = make_uint2(packed[0], packed[1]);
+        if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
+            uint8_t out[16];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int u = e / UNIT, k = e % UNIT; /* unit u of the lane, input k in it */
+                out[2 * UNIT * u + k] = hi[e];
+                out[2 * UNIT * u + UNIT + k] = lo[e];
+            }
+            uint4 o;
+            memcpy(&o, out, sizeof o);
+            *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = o;
+        }
         const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);   /* inputs 16*(l/2).. */
         const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2); /* inputs 32*(l/4).. */
         int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
-        if ((lane & 3) == 0) { /* s = 64 * hi + lo, lo in 0..63 (arithmetic shift: floor) */
-            const int j = lane / 4;
-            out[8 * (j / 4) + j % 4] = (int8_t)(s32 & 63);
-            out[8 * (j / 4) + 4 + j % 4] = (int8_t)(s32 >> 6);
+        int8_t dg[3];
+        if ((lane & 3) == 0) {
+            const int j = lane / 4; /* sums of 32: digit i of j at 16*(j/4) + 4i + j%4 */
+            digits3(s32, dg);
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                out[16 * (j / 4) + 4 * k + j % 4] = dg[k];
         }
         if ((lane & 1) == 0) {
-            const int k = lane / 2;
-            out[16 + 8 * (k / 4) + k % 4] = (int8_t)(s16 & 63);
-            out[16 + 8 * (k / 4) + 4 + k % 4] = (int8_t)(s16 >> 6);
+            const int k16 = lane / 2; /* sums of 16: at 32 + 16*(k/4) + 4i + k%4 */
+            digits3(s16, dg);
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                out[32 + 16 * (k16 / 4) + 4 * k + k16 % 4] = dg[k];
         }
         if (lane == 0)
             xd[jb * n_pad + tok] = d;
@@ -148,8 +179,8 @@ size_t align16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-/* The chunk layout of mm_xquant in one buffer: xq, then xd, then xsum, each 16-byte
- * aligned. */
+/* The chunk layout of mm_xquant in one buffer: xq (2 bytes per input), then xd, then xsum,
+ * each 16-byte aligned. */
 struct xq_layout {
     size_t xd, xsum, bytes; /* offsets and total size */
 };
@@ -158,7 +189,7 @@ xq_layout xq_layout_of(int64_t cols, int n_pad)
 {
     const size_t nb = (size_t)((cols + MM_XBLOCK - 1) / MM_XBLOCK);
     xq_layout o;
-    o.xd = align16((size_t)n_pad * (size_t)cols);
+    o.xd = align16((size_t)n_pad * 2 * (size_t)cols);
     o.xsum = o.xd + align16(nb * n_pad * sizeof(float));
     o.bytes = o.xsum + nb * n_pad * MM_XSUM_BYTES;
     return o;
@@ -185,8 +216,12 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         int8_t *xsum = (int8_t *)buf + o.xsum;
         const int64_t warps = (int64_t)n_pad * ((w->cols + MM_XBLOCK - 1) / MM_XBLOCK);
         const int64_t blocks = (warps + 7) / 8;
-        xquant_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(
-            xq, xd, xsum, x + (size_t)t0 * w->cols, w->cols, nc, n_pad);
+        const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
+        const float *xc = x + (size_t)t0 * w->cols;
+        if (mmq_unit(w->type) == 4)
+            xquant_kernel<4><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+        else
+            xquant_kernel<8><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         CUDA_TRY_LAUNCH();
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
         TD_TRY(mmq_launch(y + (size_t)t0 * w->rows, &q, w, n_sm, st));

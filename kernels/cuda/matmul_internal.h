@@ -14,28 +14,39 @@
  * products are summed exactly and scaled once. */
 #define MM_XBLOCK 256
 
-/* Bytes of integer sums kept per (x block, token), see mm_xquant. */
-#define MM_XSUM_BYTES 48
+/* Largest |q| of a rounded activation: 127 * 256 + 127, so q = 256 * hi + lo with hi in
+ * -127..127 and lo in -128..127, both int8 MMA operands. */
+#define MM_XQMAX 32639
 
-/* Activations of one chunk rounded to int8 for the tensor-core kernels. Per token and
- * x block b (inputs 256b.. 256b+255, the last block possibly shorter): d = max|x| / 127 and
- * q = rint(x * (1/d)) clamped to +-127, so x ~= d * q. Tokens n_tok..n_pad-1 are zeros.
+/* Bytes of integer sums kept per (x block, token), see mm_xquant. */
+#define MM_XSUM_BYTES 96
+
+/* Activations of one chunk rounded to 16-bit integers for the tensor-core kernels. Per
+ * token and x block b (inputs 256b..256b+255, the last block possibly shorter):
+ * d = max|x| / MM_XQMAX and q = rint(x * (1/d)), so |x - d*q| <= d/2 (2^-16 of the block's
+ * largest input). q is stored as two int8 digits, q = 256 * hi + lo, interleaved per `unit`
+ * inputs (8 for the k32 MMA types, 4 for Q6_K): the unit of inputs u*unit.. is bytes
+ * 2*unit*u.. = hi[unit], lo[unit], so one load gives a lane the hi and lo B fragments.
+ * Tokens n_tok..n_pad-1 are zeros.
  *
- * xsum holds, per (block, token), the sums the K-quant offsets need, split as
- * s = 64 * hi + lo (lo in 0..63) so both halves are int8 MMA operands:
- *   bytes  0..15: sums of 32 inputs (j = 0..7, for the Q4_K/Q5_K mins), ordered
- *                 lo[0..3], hi[0..3], lo[4..7], hi[4..7];
- *   bytes 16..47: sums of 16 inputs (k = 0..15, for Q6_K's -32 offset), ordered
- *                 lo[4u..4u+3], hi[4u..4u+3] for u = 0..3.
- * That order makes lane t's 8 bytes at 8t (resp. 16 + 8t) the lo and hi B fragments of a
- * k16 MMA over the sums. */
+ * xsum holds, per (block, token), the sums of q the K-quant offsets need, each as three
+ * int8 digits s = 65536*s2 + 256*s1 + s0 (s0, s1 in -128..127) so they are MMA operands:
+ *   bytes  0..31: sums of 32 inputs (j = 0..7, the Q4_K/Q5_K mins): for u = 0, 1 at 16u:
+ *                 s0[4u..4u+3], s1[4u..4u+3], s2[4u..4u+3], 4 unused bytes;
+ *   bytes 32..95: sums of 16 inputs (k = 0..15, Q6_K's -32 offset): for u = 0..3 at
+ *                 32 + 16u: s0[4u..4u+3], s1[..], s2[..], 4 unused bytes.
+ * Lane t's 16 bytes at 16t (resp. 32 + 16t) are the three B fragments of a k16 MMA over
+ * the sums. */
 typedef struct mm_xquant {
-    const int8_t *xq;   /* [n_pad][cols] */
+    const int8_t *xq;   /* [n_pad][2 * cols] hi/lo digits, interleaved per unit */
     const float *xd;    /* [ceil(cols / 256)][n_pad] scale d of each x block */
     const int8_t *xsum; /* [ceil(cols / 256)][n_pad][MM_XSUM_BYTES] */
     int n_tok;          /* real tokens, 1..MM_CHUNK */
     int n_pad;          /* tokens in the layout: 8, 16, 32 or 64 */
 } mm_xquant;
+
+/* Inputs per hi/lo interleave unit the kernel for type expects (8 or 4). */
+int mmq_unit(td_dtype type);
 
 /* y[n_tok][w->rows] = xq . W^T for Q8_0, Q4_K, Q5_K, Q6_K (matmul_quant.cu). w->data is
  * 16-byte aligned (cuda_matmul checks). n_sm: the device's multiprocessor count (picks the

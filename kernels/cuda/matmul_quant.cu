@@ -2,19 +2,23 @@
  *
  * One idea: weights stream once through a per-warp cp.async ring in shared memory (16-byte
  * copies of the GGUF bytes as they are), are unpacked in registers into int8 MMA fragments,
- * and meet int8 activations (matmul.cu rounds each token per 256 inputs, mm_xquant) in
- * mma.sync. Integer dot products are exact, and so are their integer combinations with the
- * weights' integer sub-scales, so a K-quant super-block costs one f32 scaling per (row,
- * token) instead of one per sub-block, and floating-point rounding happens in a fixed order:
+ * and meet 16-bit integer activations (matmul.cu rounds each token per 256 inputs, see
+ * mm_xquant) as two int8 digits, hi and lo, in mma.sync. Integer dot products are exact,
+ * and so are their integer combinations with the weights' integer sub-scales, so a K-quant
+ * super-block costs one f32 scaling per (row, token) instead of one per sub-block, and
+ * floating-point rounding happens in a fixed order:
  *
  *   CTA = 4 warps over 16*MT rows. Warp w owns k-blocks w, w+4, w+8, ... (a k-block is one
  *   256-weight super-block, or 4 Q8_0 blocks) and walks them in increasing order. Per (row,
- *   token) and k-block, with dx the token's scale of those inputs and exact integers I, M:
- *     Q4_K, Q5_K: I = sum_j sc_j * dot_j, M = sum_j m_j * sum32_j (j = 8 sub-blocks)
- *                 acc = fma(-(dx * dmin), float(M), fma(dx * d, float(I), acc))
- *     Q6_K:       I = sum_k sc_k * (dot_k - 32 * sum16_k) (k = 16 groups)
- *                 acc = fma(dx * d, float(I), acc)
- *     Q8_0:       per block i = 0..3: acc = fma(dx * d_i, float(dot_i), acc)
+ *   token) and k-block, with dx the token's scale of those inputs, dot_hi / dot_lo the exact
+ *   int8 dots with the two digits and H, L, M, C exact integers:
+ *     Q4_K, Q5_K: H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j (8 sub-blocks j),
+ *                 M = sum_j m_j * sum32_j;  I = fma(256, float(H), float(L))
+ *                 acc = fma(-(dx * dmin), float(M), fma(dx * d, I, acc))
+ *     Q6_K:       H, L over the 16 groups k with sc_k, C = sum_k sc_k * sum16_k;
+ *                 I = fma(-32, float(C), fma(256, float(H), float(L)))
+ *                 acc = fma(dx * d, I, acc)
+ *     Q8_0:       per block i = 0..3: acc = fma(dx * d_i, float(256 * dot_hi + dot_lo), acc)
  *   all with explicit _rn intrinsics (no contraction left to the compiler); then
  *   y = ((p0 + p1) + p2) + p3 over the warps.
  *
@@ -26,7 +30,7 @@
  * k 4t..4t+3; reg1 = row g+8, same k; reg2/reg3 = rows g/g+8, k 16+4t..16+4t+3 (k32 only);
  * B reg0 = token g, k 4t..4t+3, reg1 = k 16+4t.. (k32); D = {(g,2t), (g,2t+1), (g+8,2t),
  * (g+8,2t+1)}. Which weight sits in which k slot is ours to choose as long as A and B agree;
- * each type's mapping below makes the B fragment one aligned load of the natural x order. */
+ * each type's mapping below makes the B fragments one aligned load of mm_xquant's layout. */
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -116,14 +120,6 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, u
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-/* Exact int -> float for |v| < 2^22 with two full-rate ops (I2F runs at quarter rate):
- * 1.5 * 2^23 + v has ulp 1, so its bits are those of 0x4B400000 plus v. Used for a Q8_0
- * block's dot (|v| <= 32 * 128 * 127). */
-__device__ __forceinline__ float i2f_small(int v)
-{
-    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
-}
-
 __device__ __forceinline__ float f16f(uint32_t bits16)
 {
     return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFF)));
@@ -176,7 +172,7 @@ struct xview {
     const int8_t *q;   /* xq of token g from the k-block's first input */
     const int8_t *s;   /* xsum of token g for the x block holding the k-block */
     const float *d;    /* xd of token 2t for that x block */
-    size_t q_tile;     /* bytes between n-tiles in q: 8 * cols */
+    size_t q_tile;     /* bytes between n-tiles in q: 8 tokens of 2 * cols */
     unsigned valid;    /* bit nt: token 8nt+g exists */
 };
 
@@ -184,40 +180,62 @@ __device__ __forceinline__ xview xview_at(const mm_xquant &xq, int64_t cols, int
                                           unsigned valid, lane_pos l)
 {
     const size_t jb = (size_t)(k0 / MM_XBLOCK);
-    return {xq.xq + (size_t)l.g * cols + k0, xq.xsum + (jb * xq.n_pad + l.g) * MM_XSUM_BYTES,
-            xq.xd + jb * xq.n_pad + 2 * l.t, (size_t)NTOK * cols, valid};
+    return {xq.xq + (size_t)l.g * 2 * cols + 2 * k0,
+            xq.xsum + (jb * xq.n_pad + l.g) * MM_XSUM_BYTES, xq.xd + jb * xq.n_pad + 2 * l.t,
+            (size_t)NTOK * 2 * cols, valid};
 }
 
-/* B fragment of a k32 MMA: 8 bytes at off (from the k-block's start) of token 8nt+g; with
- * off = 32j + 8t these are k slots 4t..4t+3 then 16+4t..16+4t+3 of sub-block j. Absent
+/* B fragments of a k32 MMA pair from the digits of the 8 inputs at offset `in` (a multiple
+ * of 8, from the k-block's start) of token 8nt+g: {hi reg0, hi reg1, lo reg0, lo reg1}.
+ * With in = 32j + 8t these are k slots 4t..4t+3 then 16+4t..16+4t+3 of sub-block j. Absent
  * tokens give zeros without a load. */
-__device__ __forceinline__ uint2 load_b8(const xview &v, int nt, int off)
+__device__ __forceinline__ uint4 load_b16(const xview &v, int nt, int in)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint4(0, 0, 0, 0);
+    return __ldg((const uint4 *)(v.q + nt * v.q_tile + 2 * in));
+}
+
+/* B fragments of a k16 MMA pair from the 4 inputs at `in` (a multiple of 4): {hi, lo}. */
+__device__ __forceinline__ uint2 load_b8(const xview &v, int nt, int in)
 {
     if (!((v.valid >> nt) & 1))
         return make_uint2(0, 0);
-    return __ldg((const uint2 *)(v.q + nt * v.q_tile + off));
+    return __ldg((const uint2 *)(v.q + nt * v.q_tile + 2 * in));
 }
 
-/* B fragment of a k16 MMA: 4 bytes at off of token 8nt+g. */
-__device__ __forceinline__ uint32_t load_b4(const xview &v, int nt, int off)
+/* 16 bytes at off of token 8nt+g's sums: the digit words s0, s1, s2 (zeros if absent). */
+__device__ __forceinline__ uint4 load_sums(const xview &v, int nt, int off)
 {
     if (!((v.valid >> nt) & 1))
-        return 0;
-    return __ldg((const uint32_t *)(v.q + nt * v.q_tile + off));
-}
-
-/* 8 bytes at off of token 8nt+g's sums (zeros for absent tokens). */
-__device__ __forceinline__ uint2 load_sums(const xview &v, int nt, int off)
-{
-    if (!((v.valid >> nt) & 1))
-        return make_uint2(0, 0);
-    return __ldg((const uint2 *)(v.s + nt * NTOK * MM_XSUM_BYTES + off));
+        return make_uint4(0, 0, 0, 0);
+    return __ldg((const uint4 *)(v.s + nt * NTOK * MM_XSUM_BYTES + off));
 }
 
 /* Scales of tokens 8nt+2t and 8nt+2t+1 (0 for padding tokens). */
 __device__ __forceinline__ float2 load_dx(const xview &v, int nt)
 {
     return __ldg((const float2 *)(v.d + nt * NTOK));
+}
+
+/* The three digit MMAs of a sum term: A (rows g, g+8) against s0, s1, s2, recombined
+ * exactly as D0 + 256 D1 + 65536 D2 (every operand fits, see MM_XSUM_BYTES). */
+__device__ __forceinline__ void mma_digits(int (&out)[4], uint32_t a0, uint32_t a1, uint4 s)
+{
+    int d0[4], d1[4], d2[4];
+    mma_k16(d0, a0, a1, s.x);
+    mma_k16(d1, a0, a1, s.y);
+    mma_k16(d2, a0, a1, s.z);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        out[i] = d0[i] + 256 * d1[i] + 65536 * d2[i];
+}
+
+/* n-tiles handled per pass over a k-block's weight fragments: the integer partial sums of
+ * two n-tiles fit the registers beside everything else; more tokens take more passes. */
+template <int NT> __host__ __device__ constexpr int pass_tiles()
+{
+    return NT < 2 ? NT : 2;
 }
 
 /* --- staging ---------------------------------------------------------------------------- */
@@ -300,82 +318,91 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
             m_hi[mt][h] = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
             qh[mt][h] = Q5 ? *(const uint2 *)(row + 16 + 8 * l.t) : make_uint2(0, 0);
         }
-    int isum[MT][NT][4];
+    constexpr int NP = pass_tiles<NT>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                isum[mt][nt][i] = 0;
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        uint32_t lo[MT][4], hi[MT][4]; /* A fragments of sub-blocks 2c and 2c+1 */
+    for (int p0 = 0; p0 < NT; p0 += NP) {
+        int ih[MT][NP][4], il[MT][NP][4]; /* H and L of the header comment */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *row = slot + (mt * MROWS + l.g + 8 * h) * STRIDE;
-                const uint2 q = *(const uint2 *)(row + QS + 32 * c + 8 * l.t);
-                /* reg h = k 4t.. of row g+8h; reg 2+h = k 16+4t.. */
-                lo[mt][h] = q.x & 0x0F0F0F0Fu;
-                lo[mt][2 + h] = q.y & 0x0F0F0F0Fu;
-                hi[mt][h] = (q.x >> 4) & 0x0F0F0F0Fu;
-                hi[mt][2 + h] = (q.y >> 4) & 0x0F0F0F0Fu;
-                if (Q5) { /* fifth bit: bit 2c (low) / 2c+1 (high) of qh[l] */
-                    lo[mt][h] |= ((qh[mt][h].x >> (2 * c)) & 0x01010101u) << 4;
-                    lo[mt][2 + h] |= ((qh[mt][h].y >> (2 * c)) & 0x01010101u) << 4;
-                    hi[mt][h] |= ((qh[mt][h].x >> (2 * c + 1)) & 0x01010101u) << 4;
-                    hi[mt][2 + h] |= ((qh[mt][h].y >> (2 * c + 1)) & 0x01010101u) << 4;
-                }
-            }
+            for (int ii = 0; ii < NP; ii++)
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int j = 2 * c + half; /* sub-block in the super-block */
-            int sc[MT][2];
+                for (int i = 0; i < 4; i++)
+                    ih[mt][ii][i] = il[mt][ii][i] = 0;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            uint32_t lo[MT][4], hi[MT][4]; /* A fragments of sub-blocks 2c and 2c+1 */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    sc[mt][h] = ubyte(j < 4 ? sc_lo[mt][h] : sc_hi[mt][h], j & 3);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *row = slot + (mt * MROWS + l.g + 8 * h) * STRIDE;
+                    const uint2 q = *(const uint2 *)(row + QS + 32 * c + 8 * l.t);
+                    /* reg h = k 4t.. of row g+8h; reg 2+h = k 16+4t.. */
+                    lo[mt][h] = q.x & 0x0F0F0F0Fu;
+                    lo[mt][2 + h] = q.y & 0x0F0F0F0Fu;
+                    hi[mt][h] = (q.x >> 4) & 0x0F0F0F0Fu;
+                    hi[mt][2 + h] = (q.y >> 4) & 0x0F0F0F0Fu;
+                    if (Q5) { /* fifth bit: bit 2c (low) / 2c+1 (high) of qh[l] */
+                        lo[mt][h] |= ((qh[mt][h].x >> (2 * c)) & 0x01010101u) << 4;
+                        lo[mt][2 + h] |= ((qh[mt][h].y >> (2 * c)) & 0x01010101u) << 4;
+                        hi[mt][h] |= ((qh[mt][h].x >> (2 * c + 1)) & 0x01010101u) << 4;
+                        hi[mt][2 + h] |= ((qh[mt][h].y >> (2 * c + 1)) & 0x01010101u) << 4;
+                    }
+                }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                const uint2 b = load_b8(x, nt, 32 * j + 8 * l.t);
+            for (int half = 0; half < 2; half++) {
+                const int j = 2 * c + half; /* sub-block in the super-block */
+                int sc[MT][2];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int dd[4];
-                    if (half)
-                        mma_k32(dd, hi[mt][0], hi[mt][1], hi[mt][2], hi[mt][3], b.x, b.y);
-                    else
-                        mma_k32(dd, lo[mt][0], lo[mt][1], lo[mt][2], lo[mt][3], b.x, b.y);
-                    isum[mt][nt][0] += sc[mt][0] * dd[0];
-                    isum[mt][nt][1] += sc[mt][0] * dd[1];
-                    isum[mt][nt][2] += sc[mt][1] * dd[2];
-                    isum[mt][nt][3] += sc[mt][1] * dd[3];
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        sc[mt][h] = ubyte(j < 4 ? sc_lo[mt][h] : sc_hi[mt][h], j & 3);
+#pragma unroll
+                for (int ii = 0; ii < NP; ii++) {
+                    const uint4 b = load_b16(x, p0 + ii, 32 * j + 8 * l.t);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        uint32_t a[4];
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                            a[r] = half ? hi[mt][r] : lo[mt][r];
+                        int dh[4], dl[4];
+                        mma_k32(dh, a[0], a[1], a[2], a[3], b.x, b.y);
+                        mma_k32(dl, a[0], a[1], a[2], a[3], b.z, b.w);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
+                            il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
+                        }
+                    }
                 }
             }
         }
-    }
+        /* mins: A = the row's 8 mins in k slots 0..7 (lanes t = 0, 1), B = the sums */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const uint2 bs = l.t < 2 ? load_sums(x, nt, 8 * l.t) : make_uint2(0, 0);
-        const float2 dx = load_dx(x, nt);
+        for (int ii = 0; ii < NP; ii++) {
+            const int nt = p0 + ii;
+            const uint4 bs = l.t < 2 ? load_sums(x, nt, 16 * l.t) : make_uint4(0, 0, 0, 0);
+            const float2 dx = load_dx(x, nt);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            const uint32_t a0 = l.t == 0 ? m_lo[mt][0] : l.t == 1 ? m_hi[mt][0] : 0u;
-            const uint32_t a1 = l.t == 0 ? m_lo[mt][1] : l.t == 1 ? m_hi[mt][1] : 0u;
-            int ml[4], mh[4];
-            mma_k16(ml, a0, a1, bs.x);
-            mma_k16(mh, a0, a1, bs.y);
+            for (int mt = 0; mt < MT; mt++) {
+                const uint32_t a0 = l.t == 0 ? m_lo[mt][0] : l.t == 1 ? m_hi[mt][0] : 0u;
+                const uint32_t a1 = l.t == 0 ? m_lo[mt][1] : l.t == 1 ? m_hi[mt][1] : 0u;
+                int msum[4];
+                mma_digits(msum, a0, a1, bs);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int h = i >> 1;                  /* row g or g+8 */
-                const float dxt = (i & 1) ? dx.y : dx.x; /* token 2t or 2t+1 */
-                const int msum = ml[i] + 64 * mh[i];
-                float a = acc[mt][nt][i];
-                a = __fmaf_rn(__fmul_rn(dxt, d[mt][h]), __int2float_rn(isum[mt][nt][i]), a);
-                a = __fmaf_rn(-__fmul_rn(dxt, dmin[mt][h]), __int2float_rn(msum), a);
-                acc[mt][nt][i] = a;
+                for (int i = 0; i < 4; i++) {
+                    const int h = i >> 1;                    /* row g or g+8 */
+                    const float dxt = (i & 1) ? dx.y : dx.x; /* token 2t or 2t+1 */
+                    const float I = __fmaf_rn(256.0f, __int2float_rn(ih[mt][ii][i]),
+                                              __int2float_rn(il[mt][ii][i]));
+                    float a = acc[mt][nt][i];
+                    a = __fmaf_rn(__fmul_rn(dxt, d[mt][h]), I, a);
+                    a = __fmaf_rn(-__fmul_rn(dxt, dmin[mt][h]), __int2float_rn(msum[i]), a);
+                    acc[mt][nt][i] = a;
+                }
             }
         }
     }
@@ -410,77 +437,86 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
                 scw[mt][h][k] = srow_word(sr, k);
             ql[mt][h] = srow_at(row + 4 * l.t);
         }
-    int isum[MT][NT][4];
+    constexpr int NP = pass_tiles<NT>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int p0 = 0; p0 < NT; p0 += NP) {
+        int ih[MT][NP][4], il[MT][NP][4]; /* H and L of the header comment */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                isum[mt][nt][i] = 0;
+            for (int ii = 0; ii < NP; ii++)
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+                for (int i = 0; i < 4; i++)
+                    ih[mt][ii][i] = il[mt][ii][i] = 0;
 #pragma unroll
-        for (int gh = 0; gh < 2; gh++) {
-            uint32_t q[4][MT][2]; /* per quarter: rows g, g+8, values 0..63 */
+        for (int n = 0; n < 2; n++)
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    /* words at 64n + 16gh, 64n + 32 + 16gh, 128 + 32n + 16gh (+ 4t) */
-                    const uint32_t qa = srow_word(ql[mt][h], 16 * n + 4 * gh);
-                    const uint32_t qb = srow_word(ql[mt][h], 16 * n + 8 + 4 * gh);
-                    const uint32_t hb = srow_word(ql[mt][h], 32 + 8 * n + 4 * gh);
-                    q[0][mt][h] = (qa & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u);
-                    q[1][mt][h] = (qb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u);
-                    q[2][mt][h] = ((qa >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u);
-                    q[3][mt][h] = ((qb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u);
-                }
-#pragma unroll
-            for (int qq = 0; qq < 4; qq++) {
-                const int k = 8 * n + 2 * qq + gh; /* scale index */
-                int sc[MT][2];
+            for (int gh = 0; gh < 2; gh++) {
+                uint32_t q[4][MT][2]; /* per quarter: rows g, g+8, values 0..63 */
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        sc[mt][h] = sbyte(scw[mt][h][k >> 2], k & 3);
+                    for (int h = 0; h < 2; h++) {
+                        /* words at 64n + 16gh, 64n + 32 + 16gh, 128 + 32n + 16gh (+ 4t) */
+                        const uint32_t qa = srow_word(ql[mt][h], 16 * n + 4 * gh);
+                        const uint32_t qb = srow_word(ql[mt][h], 16 * n + 8 + 4 * gh);
+                        const uint32_t hb = srow_word(ql[mt][h], 32 + 8 * n + 4 * gh);
+                        q[0][mt][h] = (qa & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u);
+                        q[1][mt][h] = (qb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u);
+                        q[2][mt][h] = ((qa >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u);
+                        q[3][mt][h] = ((qb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u);
+                    }
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const uint32_t b = load_b4(x, nt, 128 * n + 32 * qq + 16 * gh + 4 * l.t);
+                for (int qq = 0; qq < 4; qq++) {
+                    const int k = 8 * n + 2 * qq + gh; /* scale index */
+                    int sc[MT][2];
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        int dd[4];
-                        mma_k16(dd, q[qq][mt][0], q[qq][mt][1], b);
-                        isum[mt][nt][0] += sc[mt][0] * dd[0];
-                        isum[mt][nt][1] += sc[mt][0] * dd[1];
-                        isum[mt][nt][2] += sc[mt][1] * dd[2];
-                        isum[mt][nt][3] += sc[mt][1] * dd[3];
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            sc[mt][h] = sbyte(scw[mt][h][k >> 2], k & 3);
+#pragma unroll
+                    for (int ii = 0; ii < NP; ii++) {
+                        const uint2 b =
+                            load_b8(x, p0 + ii, 128 * n + 32 * qq + 16 * gh + 4 * l.t);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            int dh[4], dl[4];
+                            mma_k16(dh, q[qq][mt][0], q[qq][mt][1], b.x);
+                            mma_k16(dl, q[qq][mt][0], q[qq][mt][1], b.y);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
+                                il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
+                            }
+                        }
                     }
                 }
             }
-        }
+        /* the -32: A = a row's 16 scales (lane t: scales 4t..4t+3), B = the 16-input sums */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const uint2 bs = load_sums(x, nt, 16 + 8 * l.t);
-        const float2 dx = load_dx(x, nt);
+        for (int ii = 0; ii < NP; ii++) {
+            const int nt = p0 + ii;
+            const uint4 bs = load_sums(x, nt, 32 + 16 * l.t);
+            const float2 dx = load_dx(x, nt);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            uint32_t a0 = scw[mt][0][0], a1 = scw[mt][1][0];
+            for (int mt = 0; mt < MT; mt++) {
+                uint32_t a0 = scw[mt][0][0], a1 = scw[mt][1][0];
 #pragma unroll
-            for (int k = 1; k < 4; k++)
-                if (l.t == k)
-                    a0 = scw[mt][0][k], a1 = scw[mt][1][k];
-            int sl[4], sh[4];
-            mma_k16(sl, a0, a1, bs.x);
-            mma_k16(sh, a0, a1, bs.y);
+                for (int k = 1; k < 4; k++)
+                    if (l.t == k)
+                        a0 = scw[mt][0][k], a1 = scw[mt][1][k];
+                int csum[4];
+                mma_digits(csum, a0, a1, bs);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int h = i >> 1;
-                const float dxt = (i & 1) ? dx.y : dx.x;
-                const int tot = isum[mt][nt][i] - 32 * (sl[i] + 64 * sh[i]);
-                acc[mt][nt][i] =
-                    __fmaf_rn(__fmul_rn(dxt, d[mt][h]), __int2float_rn(tot), acc[mt][nt][i]);
+                for (int i = 0; i < 4; i++) {
+                    const int h = i >> 1;
+                    const float dxt = (i & 1) ? dx.y : dx.x;
+                    const float I = __fmaf_rn(-32.0f, __int2float_rn(csum[i]),
+                                              __fmaf_rn(256.0f, __int2float_rn(ih[mt][ii][i]),
+                                                        __int2float_rn(il[mt][ii][i])));
+                    acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, d[mt][h]), I, acc[mt][nt][i]);
+                }
             }
         }
     }
@@ -503,38 +539,45 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
             const int i = mt * MROWS + l.g + 8 * h;
             row[mt][h] = slot + i * STRIDE + stage_delta(kbase, row_bytes, i);
         }
-    float2 dx[NT];
+    constexpr int NP = pass_tiles<NT>();
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-        dx[nt] = load_dx(x, nt);
+    for (int p0 = 0; p0 < NT; p0 += NP) {
+        float2 dx[NP];
 #pragma unroll
-    for (int b = 0; b < 4; b++) {
-        if (b >= n_blk)
-            break;
-        uint32_t a[MT][4];
-        float dw[MT][2];
+        for (int ii = 0; ii < NP; ii++)
+            dx[ii] = load_dx(x, p0 + ii);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int b = 0; b < 4; b++) {
+            if (b >= n_blk)
+                break;
+            uint32_t a[MT][4];
+            float dw[MT][2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *blk = row[mt][h] + 34 * b;
-                dw[mt][h] = f16f(*(const uint16_t *)blk); /* even offset */
-                const srow q = srow_at(blk + 2 + 8 * l.t);
-                a[mt][h] = srow_word(q, 0);
-                a[mt][2 + h] = srow_word(q, 1);
-            }
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const uint2 bx = load_b8(x, nt, 32 * b + 8 * l.t);
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *blk = row[mt][h] + 34 * b;
+                    dw[mt][h] = f16f(*(const uint16_t *)blk); /* even offset */
+                    const srow q = srow_at(blk + 2 + 8 * l.t);
+                    a[mt][h] = srow_word(q, 0);
+                    a[mt][2 + h] = srow_word(q, 1);
+                }
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int dd[4];
-                mma_k32(dd, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.x, bx.y);
+            for (int ii = 0; ii < NP; ii++) {
+                const int nt = p0 + ii;
+                const uint4 bx = load_b16(x, nt, 32 * b + 8 * l.t);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float dxt = (i & 1) ? dx[nt].y : dx[nt].x;
-                    acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, dw[mt][i >> 1]),
-                                               i2f_small(dd[i]), acc[mt][nt][i]);
+                for (int mt = 0; mt < MT; mt++) {
+                    int dh[4], dl[4];
+                    mma_k32(dh, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.x, bx.y);
+                    mma_k32(dl, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.z, bx.w);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float dxt = (i & 1) ? dx[ii].y : dx[ii].x;
+                        acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, dw[mt][i >> 1]),
+                                                   __int2float_rn(256 * dh[i] + dl[i]),
+                                                   acc[mt][nt][i]);
+                    }
                 }
             }
         }
@@ -670,9 +713,9 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t s
 }
 
 /* Picks the tile: one MMA row tile per weight fragment while the activations are one n-tile
- * (8 tokens); with 9..32 tokens two row tiles share each activation fragment (half the
+ * (8 tokens); with 9..16 tokens two row tiles share each activation fragment (half the
  * activation traffic from L2), but only where the matrix still gives every SM several CTAs.
- * 33..64 tokens keep one row tile: two would not fit the registers (ptxas spills). */
+ * More tokens keep one row tile: two would not fit the registers (ptxas spills). */
 template <int T>
 td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
                    cudaStream_t st)
@@ -684,7 +727,7 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
     case 16:
         return two ? launch<T, 2, 2>(y, xq, w, st) : launch<T, 1, 2>(y, xq, w, st);
     case 32:
-        return two ? launch<T, 2, 4>(y, xq, w, st) : launch<T, 1, 4>(y, xq, w, st);
+        return launch<T, 1, 4>(y, xq, w, st);
     default:
         TD_ASSERT(xq->n_pad == 64);
         return launch<T, 1, 8>(y, xq, w, st);
@@ -692,6 +735,11 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
 }
 
 } /* namespace */
+
+int mmq_unit(td_dtype type)
+{
+    return type == TD_Q6_K ? 4 : 8;
+}
 
 td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
                   cudaStream_t st)
