@@ -87,10 +87,12 @@ void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok);
  * cuda_matmul: y[n_tok][w->rows] = x[n_tok][w->cols] . W^T, any n_tok >= 1. Batch
  * invariant: token t's outputs are bit-identical whatever n_tok and the other tokens are.
  * F32/F16/BF16 weights meet the f32 activations directly; for the quantised types each
- * token's activations are first rounded to int8 per 256 inputs (scale = max|x| / 127), the
- * integer dot products are exact, and scales are applied in f32 in a fixed order. TD_ENOTSUP
- * for a type ops_type_supported() refuses; TD_EINVAL when a quantised weight's data is not
- * 16-byte aligned; TD_ENOMEM / TD_ECUDA when scratch memory or a launch fails. */
+ * token's activations are first rounded to 16-bit integers per 256 inputs (2^-16 of the
+ * largest), the integer dot products are exact, and scales are applied in f32 in a fixed
+ * order. TD_ENOTSUP for a type ops_type_supported() refuses; TD_EINVAL when a quantised
+ * weight's data is not 16-byte aligned; TD_ENOMEM / TD_ECUDA when scratch memory or a launch
+ * fails. Scratch for the rounded activations is kept per (device, stream) and grown on first
+ * use, so warm a stream up before capturing it in a CUDA graph. */
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                    ops_stream st);
 

@@ -1,0 +1,279 @@
+/* bench_matmul_cuda: how close cuda_matmul comes to the GPU's memory bandwidth on the 27B
+ * target's shapes (hidden 5120, FFN 17408, DeltaNet qkv 10240, attention q 12288, value
+ * heads 6144, LM head 248320), per weight type, for 1 token (decode) and 16 / 32 tokens
+ * (a speculative verify block).
+ *
+ * First it measures the copy bandwidth (device-to-device cudaMemcpy of 4 GiB, counting the
+ * bytes read plus the bytes written), the practical ceiling of a kernel that only streams.
+ * Then for each (shape, type): the time per call (CUDA events around back-to-back calls,
+ * median of several runs, rotating over enough copies of the weights that L2 cannot keep
+ * them), the weight bytes per second, that as a fraction of the copy bandwidth, and the
+ * times of 16 and 32 tokens relative to 1. Prints a table, then the same numbers as JSON.
+ * No arguments; runs in well under a minute on an H100/H200-class GPU. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("bench_matmul_cuda: this build has no CUDA\n");
+    return 1;
+}
+
+#else
+
+#include <cuda_runtime_api.h>
+
+#define COPY_BYTES ((size_t)4 << 30)   /* copied per bandwidth run */
+#define ROTATE_BYTES ((size_t)512 << 20) /* weight copies per shape: ~10x an H100/H200 L2 */
+#define MAX_COPIES 16
+#define RUNS 7                          /* timed runs, median taken */
+#define CALLS 24                        /* calls per timed run */
+#define MAX_TOK 32
+
+typedef struct shape {
+    const char *name;
+    int64_t cols, rows; /* in -> out */
+    bool lm_head;       /* only the type the 27B Q4_K_M file uses for it */
+} shape;
+
+static const shape shapes[] = {
+    {"ffn_gate/up", 5120, 17408, false}, {"ffn_down", 17408, 5120, false},
+    {"attn_qkv", 5120, 10240, false},    {"attn_q", 5120, 12288, false},
+    {"ssm/attn_out", 6144, 5120, false}, {"lm_head", 5120, 248320, true},
+};
+
+static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q5_K, TD_Q6_K};
+static const int64_t toks[] = {1, 16, 32};
+#define N_TOKS (sizeof toks / sizeof toks[0])
+
+typedef struct result {
+    const shape *s;
+    td_dtype type;
+    size_t bytes;        /* weight bytes read per call */
+    double us[N_TOKS];   /* median time per call, microseconds */
+} result;
+
+#define TRY(expr)                                                                            \
+    do {                                                                                     \
+        td_err try_e_ = (expr);                                                              \
+        if (try_e_ != TD_OK) {                                                               \
+            fprintf(stderr, "bench_matmul_cuda: %s: %s\n", #expr, err_msg());                \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#define CU(expr)                                                                             \
+    do {                                                                                     \
+        cudaError_t cu_e_ = (expr);                                                          \
+        if (cu_e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "bench_matmul_cuda: %s: %s\n", #expr, cudaGetErrorString(cu_e_)); \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static ops_stream st;
+static cudaEvent_t ev0, ev1;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float rnd(void) /* uniform in [-1, 1) */
+{
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return (float)((double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Elapsed milliseconds between ev0 and ev1 after both were recorded on st. */
+static double elapsed_ms(void)
+{
+    float ms = 0;
+    CU(cudaEventSynchronize(ev1));
+    CU(cudaEventElapsedTime(&ms, ev0, ev1));
+    return ms;
+}
+
+/* Device-to-device copy bandwidth in GB/s (bytes read + bytes written). */
+static double copy_bandwidth(void)
+{
+    size_t free_b = 0, total_b = 0;
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    size_t n = COPY_BYTES;
+    while (2 * n + ((size_t)1 << 30) > free_b && n > ((size_t)256 << 20))
+        n /= 2;
+    void *a = NULL, *b = NULL;
+    TRY(cuda_mem_alloc(&a, n));
+    TRY(cuda_mem_alloc(&b, n));
+    TRY(cuda_mem_fill(a, 0x11, n, st));
+    TRY(cuda_mem_copy(b, a, n, st)); /* warm-up */
+    double gbps[5];
+    for (int r = 0; r < 5; r++) {
+        CU(cudaEventRecord(ev0, (cudaStream_t)st));
+        TRY(cuda_mem_copy(r & 1 ? a : b, r & 1 ? b : a, n, st));
+        CU(cudaEventRecord(ev1, (cudaStream_t)st));
+        gbps[r] = 2.0 * (double)n / (elapsed_ms() * 1e-3) / 1e9;
+    }
+    cuda_mem_free(a);
+    cuda_mem_free(b);
+    if (n != COPY_BYTES)
+        printf("(copy of %zu MiB: not enough free memory for 4 GiB)\n", n >> 20);
+    return median(gbps, 5);
+}
+
+/* One (shape, type): fills `copies` device copies of a random weight (16 quantised random
+ * rows repeated), then times each token count. */
+static void bench_one(result *res, const shape *s, td_dtype type, const float *dx, float *dy)
+{
+    uint64_t rb64 = 0;
+    TRY(dtype_bytes(type, (uint64_t)s->cols, &rb64));
+    const size_t rb = (size_t)rb64, bytes = rb * (size_t)s->rows;
+    int copies = (int)((ROTATE_BYTES + bytes - 1) / bytes);
+    copies = copies < 2 ? 2 : copies > MAX_COPIES ? MAX_COPIES : copies;
+
+    /* 16 random rows, quantised on the host */
+    enum { TILE = 16 };
+    float *f = malloc((size_t)s->cols * sizeof(float));
+    uint8_t *tile = malloc(TILE * rb);
+    if (!f || !tile) {
+        fprintf(stderr, "bench_matmul_cuda: out of host memory\n");
+        exit(1);
+    }
+    for (int r = 0; r < TILE; r++) {
+        for (int64_t i = 0; i < s->cols; i++)
+            f[i] = rnd();
+        TRY(cpu_quantize_row(type, f, tile + (size_t)r * rb, s->cols));
+    }
+    uint8_t *w[MAX_COPIES];
+    for (int c = 0; c < copies; c++)
+        TRY(cuda_mem_alloc((void **)&w[c], bytes));
+    /* the tile, then doubling copies within the first matrix, then the other copies */
+    size_t have = TILE * rb < bytes ? TILE * rb : bytes;
+    TRY(cuda_mem_upload(w[0], tile, have, st));
+    while (have < bytes) {
+        size_t n = have < bytes - have ? have : bytes - have;
+        TRY(cuda_mem_copy(w[0] + have, w[0], n, st));
+        have += n;
+    }
+    for (int c = 1; c < copies; c++)
+        TRY(cuda_mem_copy(w[c], w[0], bytes, st));
+    free(f);
+    free(tile);
+
+    ops_weight wt[MAX_COPIES];
+    for (int c = 0; c < copies; c++)
+        TRY(ops_weight_init(&wt[c], type, s->rows, s->cols, w[c]));
+    res->s = s;
+    res->type = type;
+    res->bytes = bytes;
+    for (size_t k = 0; k < N_TOKS; k++) {
+        for (int c = 0; c < copies; c++) /* warm-up: scratch, first touches */
+            TRY(cuda_matmul(dy, dx, &wt[c], toks[k], st));
+        double us[RUNS];
+        for (int r = 0; r < RUNS; r++) {
+            CU(cudaEventRecord(ev0, (cudaStream_t)st));
+            for (int i = 0; i < CALLS; i++)
+                TRY(cuda_matmul(dy, dx, &wt[(r * CALLS + i) % copies], toks[k], st));
+            CU(cudaEventRecord(ev1, (cudaStream_t)st));
+            us[r] = elapsed_ms() * 1e3 / CALLS;
+        }
+        res->us[k] = median(us, RUNS);
+    }
+    TRY(cuda_stream_sync(st));
+    for (int c = 0; c < copies; c++)
+        cuda_mem_free(w[c]);
+}
+
+int main(void)
+{
+    if (!cuda_available()) {
+        printf("bench_matmul_cuda: no usable CUDA device\n");
+        return 1;
+    }
+    TRY(cuda_stream_create(&st));
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+
+    const double copy_gbps = copy_bandwidth();
+    printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20);
+    printf("copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbps);
+
+    int64_t max_cols = 0, max_rows = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        max_cols = shapes[i].cols > max_cols ? shapes[i].cols : max_cols;
+        max_rows = shapes[i].rows > max_rows ? shapes[i].rows : max_rows;
+    }
+    float *hx = malloc((size_t)(MAX_TOK * max_cols) * sizeof(float));
+    if (!hx)
+        return 1;
+    for (int64_t i = 0; i < MAX_TOK * max_cols; i++)
+        hx[i] = rnd();
+    float *dx = NULL, *dy = NULL;
+    TRY(cuda_mem_alloc((void **)&dx, (size_t)(MAX_TOK * max_cols) * sizeof(float)));
+    TRY(cuda_mem_alloc((void **)&dy, (size_t)(MAX_TOK * max_rows) * sizeof(float)));
+    TRY(cuda_mem_upload(dx, hx, (size_t)(MAX_TOK * max_cols) * sizeof(float), st));
+    free(hx);
+
+    enum { MAX_RES = sizeof shapes / sizeof *shapes * sizeof types / sizeof *types };
+    result res[MAX_RES];
+    int n_res = 0;
+    printf("%-13s %6s %6s %-5s %9s %9s %8s %6s %9s %7s %7s\n", "shape", "in", "out", "type",
+           "MB", "us(1)", "GB/s", "of_copy", "us(16)", "16/1", "32/1");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+            if (shapes[i].lm_head && types[k] != TD_Q6_K)
+                continue;
+            result *r = &res[n_res++];
+            bench_one(r, &shapes[i], types[k], dx, dy);
+            const double gbps = (double)r->bytes / (r->us[0] * 1e-6) / 1e9;
+            printf("%-13s %6lld %6lld %-5s %9.1f %9.1f %8.0f %6.1f%% %9.1f %7.2f %7.2f\n",
+                   r->s->name, (long long)r->s->cols, (long long)r->s->rows,
+                   dtype_name(r->type), (double)r->bytes / 1e6, r->us[0], gbps,
+                   100.0 * gbps / copy_gbps, r->us[1], r->us[1] / r->us[0],
+                   r->us[2] / r->us[0]);
+            fflush(stdout);
+        }
+
+    printf("\n{\"device\": \"%s\", \"copy_gbps\": %.1f, \"results\": [", prop.name, copy_gbps);
+    for (int i = 0; i < n_res; i++) {
+        const result *r = &res[i];
+        const double gbps = (double)r->bytes / (r->us[0] * 1e-6) / 1e9;
+        printf("%s\n  {\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"type\": \"%s\", "
+               "\"bytes\": %zu, \"us_1\": %.2f, \"gbps_1\": %.1f, \"frac_of_copy_1\": %.4f, "
+               "\"us_16\": %.2f, \"us_32\": %.2f, \"ratio_16\": %.3f, \"ratio_32\": %.3f}",
+               i ? "," : "", r->s->name, (long long)r->s->cols, (long long)r->s->rows,
+               dtype_name(r->type), r->bytes, r->us[0], gbps, gbps / copy_gbps, r->us[1],
+               r->us[2], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+    }
+    printf("\n]}\n");
+
+    cuda_mem_free(dx);
+    cuda_mem_free(dy);
+    CU(cudaEventDestroy(ev0));
+    CU(cudaEventDestroy(ev1));
+    cuda_stream_free(st);
+    return 0;
+}
+
+#endif /* TANDEM_HAVE_CUDA */

@@ -1,0 +1,488 @@
+/* cuda_matmul against cpu_matmul (the oracle) for every weight type, odd shapes and
+ * n_tok in {1, 2, 3, 7, 16, 31, 64, 70}; batch invariance bit for bit (token t of a batch
+ * equals token t computed alone, what lossless greedy speculation on the GPU relies on);
+ * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
+ * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
+ * fails. Skips (77) without CUDA or a device.
+ *
+ * Bounds (derived where they are used): F32/F16/BF16 weights only differ from the CPU by
+ * f32 summation order. Quantised weights meet activations rounded to 16-bit integers per
+ * 256 inputs (kernels/cuda/matmul_internal.h), so each output is checked twice: against a
+ * host f64 evaluation of exactly that rounding (replicated here bit for bit), which leaves
+ * only f32 rounding and catches any misplaced weight, scale or token; and against
+ * cpu_matmul within the rounding's worst case plus the same f32 term. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#define SKIP_EXIT 77
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return SKIP_EXIT;
+}
+
+#else
+
+/* Sanitizer builds: the driver keeps process-lifetime allocations that LeakSanitizer would
+ * report, and maps memory where ASan's shadow gap would be. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+#define MAX_TOK 70
+#define XBLOCK 256   /* inputs per activation scale (MM_XBLOCK) */
+#define XQMAX 32639  /* largest rounded activation (MM_XQMAX) */
+#define U 0x1p-24    /* f32 unit roundoff */
+
+static const int64_t n_toks[] = {1, 2, 3, 7, 16, 31, 64, MAX_TOK};
+
+/* ---- a weight on both sides ---------------------------------------------------------- */
+
+typedef struct test_weight {
+    ops_weight host;   /* data in host memory, for the CPU */
+    ops_weight dev;    /* the same bytes on the device */
+    float *deq;        /* [rows][cols] the dequantised weights (cpu_dequantize_row) */
+    float *wmax;       /* [rows] max |w| of each row */
+} test_weight;
+
+/* Random weights in [-1, 1) rounded to type by cpu_quantize_row, row by row. */
+static void weight_init(test_weight *tw, td_dtype type, int64_t rows, int64_t cols)
+{
+    uint64_t rb = 0;
+    assert_int_equal(dtype_bytes(type, (uint64_t)cols, &rb), TD_OK);
+    uint8_t *bytes = malloc((size_t)(rows * (int64_t)rb));
+    float *f = rng_floats(rows * cols, 1.0f);
+    assert_non_null(bytes);
+    tw->deq = malloc((size_t)(rows * cols) * sizeof(float));
+    tw->wmax = calloc((size_t)rows, sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        assert_int_equal(cpu_quantize_row(type, f + r * cols, bytes + r * rb, cols), TD_OK);
+        assert_int_equal(cpu_dequantize_row(type, bytes + r * rb, tw->deq + r * cols, cols),
+                         TD_OK);
+        for (int64_t i = 0; i < cols; i++)
+            tw->wmax[r] = fmaxf(tw->wmax[r], fabsf(tw->deq[r * cols + i]));
+    }
+    free(f);
+    assert_int_equal(ops_weight_init(&tw->host, type, rows, cols, bytes), TD_OK);
+    tw->dev = tw->host;
+    tw->dev.data = dput(bytes, (size_t)(rows * (int64_t)rb));
+}
+
+static void weight_free(test_weight *tw)
+{
+    free((void *)tw->host.data);
+    cuda_mem_free((void *)tw->dev.data);
+    free(tw->deq);
+    free(tw->wmax);
+}
+
+static bool is_quant(td_dtype t)
+{
+    return t != TD_F32 && t != TD_F16 && t != TD_BF16;
+}
+
+/* ---- the host replica of the GPU's activation rounding ---------------------------------- */
+
+/* xr[i] = d * q exactly as the kernel rounds it (the same IEEE f32 operations in the same
+ * order: d = amax / 32639, id = 1 / d, q = rint(x * id) clamped), dx[i] = that block's d. */
+static void round_like_gpu(const float *x, int64_t cols, double *xr, float *dx)
+{
+    for (int64_t b0 = 0; b0 < cols; b0 += XBLOCK) {
+        const int64_t n = cols - b0 < XBLOCK ? cols - b0 : XBLOCK;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < n; i++)
+            amax = fmaxf(amax, fabsf(x[b0 + i]));
+        const float d = amax / (float)XQMAX;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            float q = rintf(x[b0 + i] * id);
+            q = q > XQMAX ? XQMAX : q < -XQMAX ? -XQMAX : q;
+            xr[b0 + i] = (double)d * (double)q;
+            dx[b0 + i] = d;
+        }
+    }
+}
+
+/* ---- one weight, every batch size ------------------------------------------------------ */
+
+/* Per (token, row): the reference values and the bounds of the header comment. */
+typedef struct expect {
+    float *cpu;   /* [MAX_TOK][rows] cpu_matmul */
+    double *ref;  /* [MAX_TOK][rows] f64 sum of w * (x as the GPU rounds it); = cpu for F */
+    double *tol_ref; /* [MAX_TOK][rows] allowed |gpu - ref|: f32 rounding only */
+    double *tol_cpu; /* [MAX_TOK][rows] allowed |gpu - cpu| */
+} expect;
+
+static void expect_init(expect *e, const test_weight *tw, const float *x)
+{
+    const int64_t rows = tw->host.rows, cols = tw->host.cols;
+    const bool quant = is_quant(tw->host.type);
+    e->cpu = malloc((size_t)(MAX_TOK * rows) * sizeof(float));
+    e->ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
+    e->tol_ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
+    e->tol_cpu = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
+    cpu_matmul(e->cpu, x, &tw->host, MAX_TOK);
+    double *xr = malloc((size_t)cols * sizeof(double));
+    float *dx = malloc((size_t)cols * sizeof(float));
+    for (int64_t t = 0; t < MAX_TOK; t++) {
+        const float *xt = x + t * cols;
+        round_like_gpu(xt, cols, xr, dx);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *w = tw->deq + r * cols;
+            double ref = 0, xerr = 0, mag = 0;
+            for (int64_t i = 0; i < cols; i++) {
+                ref += (double)w[i] * (quant ? xr[i] : (double)xt[i]);
+                /* |x - d q| <= d/2, plus x * (1/d) being rounded once: 2^-23 |x| */
+                xerr += fabs((double)w[i]) * (0.5 * dx[i] + 0x1p-23 * fabs((double)xt[i]));
+                /* The GPU's intermediate terms: d*sc*q and dmin*m (Q4_K/Q5_K), or q - 32
+                 * (Q6_K) before their cancellation; 2 * max|w| of the row bounds the offset
+                 * part (the test quantiser's mins and offsets stay within the row's range). */
+                mag += (fabs((double)w[i]) + (quant ? 2.0 * tw->wmax[r] : 0.0)) *
+                       fabs((double)xt[i]);
+            }
+            /* f32 rounding: the GPU rounds each k-block's contribution a handful of times
+             * (integer-to-float conversions, the scale products, one fma each) and chains
+             * at most cols/128/4 k-blocks per warp plus 3 warp additions (quantised); or
+             * chains cols/256/4 * 8 fmas per lane plus a 5-level butterfly and the warps
+             * (float types). The CPU rounds 256-wide f32 tile sums and its f32 dequantised
+             * weights (1.5 ulp each). Every such error is at most u times a partial sum
+             * bounded by mag, so (count) * u * mag bounds the total; the counts below
+             * overstate both sides by more than 2x. */
+            const double gpu_f32 = (32.0 + (double)cols / 64.0) * U * mag;
+            const double cpu_f32 = 300.0 * U * mag;
+            e->ref[t * rows + r] = quant ? ref : (double)e->cpu[t * rows + r];
+            e->tol_ref[t * rows + r] = quant ? gpu_f32 : gpu_f32 + cpu_f32;
+            e->tol_cpu[t * rows + r] = (quant ? xerr : 0.0) + gpu_f32 + cpu_f32;
+        }
+    }
+    free(xr);
+    free(dx);
+}
+
+static void expect_free(expect *e)
+{
+    free(e->cpu);
+    free(e->ref);
+    free(e->tol_ref);
+    free(e->tol_cpu);
+}
+
+/* Every element of y [n][rows] written (finite) and within both bounds. */
+static bool check_outputs(const char *what, const float *y, const expect *e, int64_t n,
+                          int64_t rows)
+{
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t k = t * rows + r;
+            const double g = y[k];
+            if (!isfinite(g) || fabs(g - e->ref[k]) > e->tol_ref[k] ||
+                fabs(g - (double)e->cpu[k]) > e->tol_cpu[k]) {
+                fprintf(stderr,
+                        "%s: token %lld row %lld: gpu %.9g, rounded-x reference %.9g (tol "
+                        "%.3g), cpu %.9g (tol %.3g)\n",
+                        what, (long long)t, (long long)r, g, e->ref[k], e->tol_ref[k],
+                        (double)e->cpu[k], e->tol_cpu[k]);
+                return false;
+            }
+        }
+    return true;
+}
+
+/* y [n][rows] from the GPU into a poisoned buffer. */
+static float *gpu_matmul(const test_weight *tw, const float *dx, int64_t n)
+{
+    const size_t bytes = (size_t)(n * tw->dev.rows) * sizeof(float);
+    float *dy = dpoison(bytes);
+    GPU_OK(cuda_matmul(dy, dx, &tw->dev, n, gpu_st));
+    float *y = dget(dy, bytes);
+    cuda_mem_free(dy);
+    return y;
+}
+
+/* cuda_matmul of one weight for every n in n_toks: every output written, within the bounds,
+ * and token t bit-identical to token t computed alone. */
+static void check_weight(td_dtype type, int64_t rows, int64_t cols)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s %lld x %lld", dtype_name(type), (long long)rows,
+             (long long)cols);
+    test_weight tw;
+    weight_init(&tw, type, rows, cols);
+    /* activations in [-2, 2) with one large input per token, so blocks get different
+     * scales and the largest input of a block is not always near 2 */
+    float *x = rng_floats(MAX_TOK * cols, 2.0f);
+    for (int64_t t = 0; t < MAX_TOK; t++)
+        x[t * cols + (t * 7919) % cols] *= 16.0f;
+    float *dx = dput(x, (size_t)(MAX_TOK * cols) * sizeof(float));
+    expect e;
+    expect_init(&e, &tw, x);
+
+    float *alone = malloc((size_t)(MAX_TOK * rows) * sizeof(float));
+    for (int64_t t = 0; t < MAX_TOK; t++) {
+        float *y = gpu_matmul(&tw, dx + t * cols, 1);
+        memcpy(alone + t * rows, y, (size_t)rows * sizeof(float));
+        free(y);
+    }
+    char at[192];
+    snprintf(at, sizeof at, "%s alone", what);
+    assert_true(check_outputs(at, alone, &e, MAX_TOK, rows));
+
+    for (size_t k = 0; k < sizeof n_toks / sizeof *n_toks; k++) {
+        const int64_t n = n_toks[k];
+        float *y = gpu_matmul(&tw, dx, n);
+        snprintf(at, sizeof at, "%s n_tok %lld", what, (long long)n);
+        assert_true(check_outputs(at, y, &e, n, rows));
+        for (int64_t t = 0; t < n; t++) {
+            snprintf(at, sizeof at, "%s n_tok %lld token %lld vs alone", what, (long long)n,
+                     (long long)t);
+            assert_true(check_same_bits(at, y + t * rows, alone + t * rows,
+                                        (size_t)rows * sizeof(float)));
+        }
+        free(y);
+    }
+    free(alone);
+    expect_free(&e);
+    cuda_mem_free(dx);
+    free(x);
+    weight_free(&tw);
+}
+
+/* Shapes: one row, rows that are not a multiple of the 16-row MMA tile or the 4-row float
+ * tile, cols of exactly one block, a few blocks, and many blocks whose count is not a
+ * multiple of the 4 warps that split them (21 super-blocks; 169 Q8_0 blocks). */
+static void test_matmul_k_quants_match_cpu_at_every_batch_size(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 256}, {37, 256}, {19, 768}, {67, 5376}, {300, 512}};
+    static const td_dtype types[] = {TD_Q4_K, TD_Q5_K, TD_Q6_K};
+    rng_seed(11);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            check_weight(types[t], shapes[s][0], shapes[s][1]);
+}
+
+static void test_matmul_q8_0_matches_cpu_at_every_batch_size(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 32}, {37, 32}, {19, 96}, {67, 5408}, {300, 160}};
+    rng_seed(12);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        check_weight(TD_Q8_0, shapes[s][0], shapes[s][1]);
+}
+
+/* Odd cols make rows misaligned for 16-byte loads (the scalar path); 512 and 5384 take the
+ * vector path, 5384 with a partial last 256-column chunk. */
+static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {37, 7}, {19, 300}, {67, 5384}, {300, 512}};
+    static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16};
+    rng_seed(13);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            check_weight(types[t], shapes[s][0], shapes[s][1]);
+}
+
+/* A NaN input makes its own token's outputs NaN (as on the CPU) and leaves the other tokens
+ * of the batch bit-identical to computing them alone. */
+static void test_matmul_nan_input_stays_in_its_token(void **state)
+{
+    (void)state;
+    static const td_dtype types[] = {TD_Q4_K, TD_Q6_K, TD_Q8_0, TD_F16};
+    rng_seed(14);
+    for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+        const int64_t rows = 40, cols = 512, n = 3;
+        test_weight tw;
+        weight_init(&tw, types[k], rows, cols);
+        float *x = rng_floats(n * cols, 1.0f);
+        x[cols + 300] = NAN; /* token 1 */
+        float *dx = dput(x, (size_t)(n * cols) * sizeof(float));
+        float *y = gpu_matmul(&tw, dx, n);
+        for (int64_t r = 0; r < rows; r++)
+            assert_true(isnan(y[rows + r]));
+        for (int64_t t = 0; t < n; t += 2) {
+            float *one = gpu_matmul(&tw, dx + t * cols, 1);
+            for (int64_t r = 0; r < rows; r++)
+                assert_false(isnan(one[r]));
+            assert_true(check_same_bits(dtype_name(types[k]), y + t * rows, one,
+                                        (size_t)rows * sizeof(float)));
+            free(one);
+        }
+        free(y);
+        cuda_mem_free(dx);
+        free(x);
+        weight_free(&tw);
+    }
+}
+
+/* Weights the kernels cannot take get an error, not a launch: an unsupported type and
+ * quantised data that is not 16-byte aligned. Float weights at any address work (scalar
+ * loads), checked against the CPU. */
+static void test_matmul_rejects_bad_weights(void **state)
+{
+    (void)state;
+    float *dy = dpoison(64 * sizeof(float));
+    float *dx = dpoison(256 * sizeof(float));
+    uint8_t *raw = dpoison(4096);
+    ops_weight w = {.type = TD_Q4_0, .rows = 1, .cols = 32, .row_bytes = 18, .data = raw};
+    assert_int_equal(cuda_matmul(dy, dx, &w, 1, gpu_st), TD_ENOTSUP);
+    assert_int_equal(ops_weight_init(&w, TD_Q4_K, 2, 256, raw + 8), TD_OK);
+    assert_int_equal(cuda_matmul(dy, dx, &w, 1, gpu_st), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "aligned"));
+    cuda_mem_free(raw);
+    cuda_mem_free(dx);
+    cuda_mem_free(dy);
+
+    /* F32 weights 4 bytes past an aligned address, x one float past one */
+    rng_seed(15);
+    const int64_t rows = 9, cols = 264;
+    float *wf = rng_floats(rows * cols, 1.0f), *x = rng_floats(cols + 1, 1.0f);
+    float *dwf = dpoison((size_t)(rows * cols + 1) * sizeof(float));
+    GPU_OK(cuda_mem_upload(dwf + 1, wf, (size_t)(rows * cols) * sizeof(float), gpu_st));
+    float *dxx = dput(x, (size_t)(cols + 1) * sizeof(float));
+    ops_weight hw, gw;
+    assert_int_equal(ops_weight_init(&hw, TD_F32, rows, cols, wf), TD_OK);
+    gw = hw;
+    gw.data = dwf + 1;
+    float *dyy = dpoison((size_t)rows * sizeof(float));
+    GPU_OK(cuda_matmul(dyy, dxx + 1, &gw, 1, gpu_st));
+    float *got = dget(dyy, (size_t)rows * sizeof(float));
+    float want[9];
+    cpu_matmul(want, x + 1, &hw, 1);
+    /* f32 sums of 264 products in different orders: 300 u of sum |w x| <= 300 u * 264 */
+    assert_true(check_close("F32 at odd addresses", got, want, rows, 0, 300 * 264 * 0x1p-24f));
+    free(got);
+    cuda_mem_free(dyy);
+    cuda_mem_free(dxx);
+    cuda_mem_free(dwf);
+    free(x);
+    free(wf);
+}
+
+/* ---- dequantisation --------------------------------------------------------------------- */
+
+static const td_dtype all_types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0,
+                                     TD_Q4_K, TD_Q5_K, TD_Q6_K};
+
+/* Every type, 3 super-blocks of random values (plus f16 subnormals and infinities), from an
+ * odd address: the GPU's floats equal the CPU's bit for bit. */
+static void test_dequantize_row_matches_cpu_bits(void **state)
+{
+    (void)state;
+    rng_seed(21);
+    const int64_t n = 768;
+    float *f = rng_floats(n, 3.0f);
+    f[5] = 3e-6f;   /* an f16 subnormal */
+    f[6] = -1e-7f;  /* another */
+    f[7] = INFINITY;
+    for (size_t k = 0; k < sizeof all_types / sizeof *all_types; k++) {
+        const td_dtype type = all_types[k];
+        float *src = f;
+        float fin[768];
+        if (is_quant(type)) { /* the quantisers want finite input */
+            memcpy(fin, f, sizeof fin);
+            fin[7] = 2.5f;
+            src = fin;
+        }
+        uint64_t bytes = 0;
+        assert_int_equal(dtype_bytes(type, (uint64_t)n, &bytes), TD_OK);
+        uint8_t *q = malloc((size_t)bytes + 1);
+        assert_int_equal(cpu_quantize_row(type, src, q + 1, n), TD_OK);
+        float want[768];
+        assert_int_equal(cpu_dequantize_row(type, q + 1, want, n), TD_OK);
+        uint8_t *dq = dput(q, (size_t)bytes + 1);
+        float *dout = dpoison((size_t)n * sizeof(float));
+        GPU_OK(cuda_dequantize_row(type, dq + 1, dout, n, gpu_st));
+        float *got = dget(dout, (size_t)n * sizeof(float));
+        assert_true(check_same_bits(dtype_name(type), got, want, sizeof want));
+        free(got);
+        cuda_mem_free(dout);
+        cuda_mem_free(dq);
+        free(q);
+    }
+    free(f);
+    /* what the CPU refuses, the GPU refuses */
+    assert_int_equal(cuda_dequantize_row(TD_Q4_0, NULL, NULL, 32, gpu_st), TD_ENOTSUP);
+    assert_int_equal(cuda_dequantize_row(TD_Q4_K, NULL, NULL, 100, gpu_st), TD_EINVAL);
+}
+
+/* Rows picked by device ids equal cpu_get_rows bit for bit; an id outside the matrix gives a
+ * NaN row (it cannot be reported without waiting for the GPU). */
+static void test_get_rows_matches_cpu_and_bad_ids_give_nan(void **state)
+{
+    (void)state;
+    rng_seed(22);
+    for (size_t k = 0; k < sizeof all_types / sizeof *all_types; k++) {
+        const td_dtype type = all_types[k];
+        const int64_t rows = 50, cols = 512;
+        test_weight tw;
+        weight_init(&tw, type, rows, cols);
+        const int32_t ids[] = {7, 0, 49, 7, 23};
+        const int64_t n = 5;
+        float want[5 * 512];
+        assert_int_equal(cpu_get_rows(want, &tw.host, ids, n), TD_OK);
+        int32_t *did = dput(ids, sizeof ids);
+        float *dout = dpoison(sizeof want);
+        GPU_OK(cuda_get_rows(dout, &tw.dev, did, n, gpu_st));
+        float *got = dget(dout, sizeof want);
+        assert_true(check_same_bits(dtype_name(type), got, want, sizeof want));
+        free(got);
+
+        const int32_t bad[] = {-1, 3, 50};
+        int32_t *dbad = dput(bad, sizeof bad);
+        GPU_OK(cuda_get_rows(dout, &tw.dev, dbad, 3, gpu_st));
+        got = dget(dout, 3 * (size_t)cols * sizeof(float));
+        for (int64_t i = 0; i < cols; i++) {
+            assert_true(isnan(got[i]));
+            assert_true(isnan(got[2 * cols + i]));
+            assert_true(got[cols + i] == tw.deq[3 * cols + i]);
+        }
+        free(got);
+        cuda_mem_free(dbad);
+        cuda_mem_free(dout);
+        cuda_mem_free(did);
+        weight_free(&tw);
+    }
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return SKIP_EXIT;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_k_quants_match_cpu_at_every_batch_size),
+        cmocka_unit_test(test_matmul_q8_0_matches_cpu_at_every_batch_size),
+        cmocka_unit_test(test_matmul_float_types_match_cpu_at_every_batch_size),
+        cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
+        cmocka_unit_test(test_matmul_rejects_bad_weights),
+        cmocka_unit_test(test_dequantize_row_matches_cpu_bits),
+        cmocka_unit_test(test_get_rows_matches_cpu_and_bad_ids_give_nan),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif /* TANDEM_HAVE_CUDA */
