@@ -7,7 +7,8 @@ streaming - must reproduce the reference token for token. Bad requests must get 
 OpenAI error body and leave the server serving; 16 concurrent streams must each get exactly the
 answer they get alone.
 
-Skips (pytest exit code 5) while `tandem serve` and the daemons are not built yet."""
+Runs `tandem serve` when the command exists, else the four daemons directly; skips (pytest exit
+code 5) while they are not built."""
 import http.client
 import json
 import os
@@ -32,15 +33,20 @@ DRAFT = SRC / "tests/data/drafter/dflash-b16"
 CTX = 1024  # positions per sequence: room for the tools prompt, small for the overflow test
 
 
-def _have_pipeline():
-    if not all((BUILD / exe).exists() for exe in ("tandem", "gateway", "verifyd", "draftd", "kvd")):
-        return False
+DAEMONS = ("kvd", "verifyd", "draftd", "gateway")
+
+
+def _have_serve():
     out = subprocess.run([str(TANDEM), "--help"], capture_output=True, text=True).stdout
     return any(line.split()[:1] == ["serve"] for line in out.splitlines())
 
 
+def _have_pipeline():
+    return TANDEM.exists() and all((BUILD / exe).exists() for exe in DAEMONS)
+
+
 if not _have_pipeline():
-    pytest.skip("tandem serve and the four daemons are not built yet", allow_module_level=True)
+    pytest.skip("the four daemons are not built yet", allow_module_level=True)
 
 
 def _free_port():
@@ -72,6 +78,24 @@ def _post(port, path, body, headers=None, timeout=60):
         c.close()
 
 
+def _start(runtime, port, log):
+    """`tandem serve` when it exists; until then the four daemons, as it would start them."""
+    env = dict(os.environ, TANDEM_RUNTIME_DIR=runtime)
+    common = dict(stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(SRC))
+    if _have_serve():
+        return [subprocess.Popen(
+            [str(TANDEM), "serve", "--model", str(MODEL), "--draft", str(DRAFT), "--host",
+             "127.0.0.1", "--port", str(port), "--ctx", str(CTX)], **common)]
+    rt = ["--runtime-dir", runtime]
+    cmds = [
+        [BUILD / "kvd", *rt, "--slots", "16"],
+        [BUILD / "verifyd", *rt, "--model", MODEL, "--draft", DRAFT, "--ctx", str(CTX)],
+        [BUILD / "draftd", *rt, "--model", MODEL, "--draft", DRAFT],
+        [BUILD / "gateway", *rt, "--model", MODEL, "--host", "127.0.0.1", "--port", str(port)],
+    ]
+    return [subprocess.Popen([str(a) for a in cmd], **common) for cmd in cmds]
+
+
 @pytest.fixture(scope="module")
 def server():
     runtime = tempfile.mkdtemp(prefix="tandem-e2e-")
@@ -79,11 +103,7 @@ def server():
     port = _free_port()
     log_path = Path(runtime) / "serve.log"
     log = open(log_path, "wb")
-    env = dict(os.environ, TANDEM_RUNTIME_DIR=runtime)
-    proc = subprocess.Popen(
-        [str(TANDEM), "serve", "--model", str(MODEL), "--draft", str(DRAFT), "--host",
-         "127.0.0.1", "--port", str(port), "--ctx", str(CTX)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(SRC))
+    procs = _start(runtime, port, log)
 
     def logs():
         text = log_path.read_text(errors="replace")
@@ -91,31 +111,42 @@ def server():
             text += f"\n--- {f.name} ---\n" + f.read_text(errors="replace")[-4000:]
         return text[-12000:]
 
+    def stop():
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
     deadline = time.time() + 120
     while True:
-        if proc.poll() is not None:
-            pytest.fail(f"tandem serve exited with {proc.returncode}:\n{logs()}")
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            stop()
+            pytest.fail(f"{dead[0].args[0]} exited with {dead[0].returncode}:\n{logs()}")
         try:
             if _get(port, "/health", timeout=2)[0] == 200:
                 break
         except OSError:
             pass
         if time.time() > deadline:
-            proc.kill()
+            stop()
             pytest.fail(f"/health never answered 200:\n{logs()}")
         time.sleep(0.2)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
                            max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     yield {"port": port, "client": client, "model": model, "logs": logs}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop()
     log.close()
+    # A daemon that exits badly on SIGTERM (a crash, a sanitizer report) fails the suite.
+    bad = [(p.args[0], p.returncode) for p in procs if p.returncode not in (0, -signal.SIGTERM)]
     shutil.rmtree(runtime, ignore_errors=True)
+    assert not bad, bad
 
 
 def _reference(prompt, n):
