@@ -14,5 +14,6 @@ int cmd_chat_template(int argc, char **argv);
 
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ typedef struct cmd_entry {
 static const cmd_entry cmd_table[] = {
     {"generate", cmd_generate, "generate text in one process (speculative with --draft)"},
     {"logits", cmd_logits, "print the target's top tokens at every position of a token list"},
+    {"bench", cmd_bench, "time decode, verify and draft steps on real model shapes (synthetic weights)"},
     {"gguf-info", cmd_gguf_info, "print a GGUF file's metadata and tensor table"},
     {"st-info", cmd_st_info, "print a safetensors file's metadata and tensor table"},
     {"st-write", cmd_st_write, "write a safetensors file from st-info's JSON (with --data)"},

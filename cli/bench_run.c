@@ -1,0 +1,320 @@
+/* The timed parts of `tandem bench` (see bench_run.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/bench_run.h"
+#include "draftd/dflash.h"
+
+#define BENCH_WARMUP 2
+#define BENCH_RND (1u << 22) /* floats of random values copied over state arrays */
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_done(bench_time *t, double *s, int n)
+{
+    qsort(s, (size_t)n, sizeof s[0], bench_cmp);
+    t->ok = true;
+    t->iters = n;
+    t->ms = s[n / 2] * 1e3;
+}
+
+static void bench_fail(bench_time *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bench_fail(bench_time *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->why, sizeof t->why, fmt, ap);
+    va_end(ap);
+    t->ok = false;
+}
+
+/* Uniform values in [-1, 1): finite stand-ins for keys, values and recurrent state. */
+static float *bench_random(size_t n, uint64_t seed)
+{
+    float *r = malloc(n * sizeof *r);
+    if (!r)
+        return NULL;
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        r[i] = (float)((s * 0x2545f4914f6cdd1dull) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    return r;
+}
+
+/* --- copy bandwidth ---------------------------------------------------------------------- */
+
+void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps)
+{
+    void *src = NULL, *dst = NULL;
+    double *s = malloc((size_t)iters * sizeof *s);
+    *gbps = 0;
+    td_err e = s ? be->alloc(be, &src, bytes) : err_set(TD_ENOMEM, "out of memory");
+    if (e == TD_OK)
+        e = be->alloc(be, &dst, bytes);
+    /* Touched before timing: first use of fresh pages is not the copy's cost. */
+    if (e == TD_OK)
+        e = be->zero(be, src, bytes);
+    if (e == TD_OK)
+        e = be->zero(be, dst, bytes);
+    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
+        double t0 = bench_now();
+        e = be->copy(be, dst, src, bytes);
+        if (e == TD_OK)
+            e = be->sync(be);
+        if (i >= 0)
+            s[i] = bench_now() - t0;
+    }
+    if (e == TD_OK) {
+        bench_done(t, s, iters);
+        *gbps = 2.0 * (double)bytes / (t->ms * 1e-3) / 1e9;
+    } else {
+        bench_fail(t, "copying %zu bytes: %s", bytes, err_msg());
+    }
+    be->release(be, src);
+    be->release(be, dst);
+    free(s);
+}
+
+/* --- the target ---------------------------------------------------------------------------- */
+
+typedef struct bench_tgt {
+    const tgt_model *m;
+    const ops_backend *be;
+    tgt_state st;
+    float *logits;      /* backend [32][n_vocab] */
+    float *tap_out;     /* backend [32][n_taps][n_embd], or NULL */
+    const int32_t *taps;
+    int64_t n_taps;
+    int32_t tokens[32]; /* host: ids of a block */
+    double *s;          /* [iters] seconds */
+} bench_tgt;
+
+/* Copies the random values over n floats of backend memory. */
+static td_err bench_fill(const ops_backend *be, float *dst, size_t n, const float *rnd)
+{
+    for (size_t off = 0; off < n; off += BENCH_RND) {
+        size_t k = n - off < BENCH_RND ? n - off : BENCH_RND;
+        TD_TRY(be->to_device(be, dst + off, rnd, k * sizeof(float)));
+    }
+    return TD_OK;
+}
+
+static td_err bench_state_fill(bench_tgt *b)
+{
+    const tgt_hparams *hp = &b->m->hp;
+    float *rnd = bench_random(BENCH_RND, 7);
+    if (!rnd)
+        return err_set(TD_ENOMEM, "out of memory");
+    size_t kv = (size_t)(b->st.n_ctx * hp->n_head_kv * hp->head_dim);
+    size_t ssm = (size_t)(hp->n_v_head * hp->d_k * hp->d_v);
+    size_t conv = (size_t)((hp->conv_k - 1) * hp->conv_ch);
+    td_err e = TD_OK;
+    for (int64_t l = 0; e == TD_OK && l < b->st.n_attn; l++) {
+        e = bench_fill(b->be, b->st.k[l], kv, rnd);
+        if (e == TD_OK)
+            e = bench_fill(b->be, b->st.v[l], kv, rnd);
+    }
+    for (int64_t l = 0; e == TD_OK && l < b->st.n_delta; l++) {
+        e = bench_fill(b->be, b->st.ssm[l], ssm, rnd);
+        if (e == TD_OK)
+            e = bench_fill(b->be, b->st.conv[l], conv, rnd);
+    }
+    if (e == TD_OK)
+        e = b->be->sync(b->be);
+    free(rnd);
+    return e;
+}
+
+/* One forward of n tokens at context ctx, iters times; with keep > 0 each is followed by a
+ * rollback to keep tokens, timed into *rb. */
+static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_time *t,
+                       int64_t keep, bench_time *rb)
+{
+    tgt_out out = {.logits = b->logits, .last_only = n == 1, .taps = n > 1 ? b->taps : NULL,
+                   .n_taps = n > 1 ? b->n_taps : 0, .tap_out = n > 1 ? b->tap_out : NULL};
+    double *r = keep ? malloc((size_t)iters * sizeof *r) : NULL;
+    td_err e = keep && !r ? err_set(TD_ENOMEM, "out of memory") : TD_OK;
+    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
+        b->st.n_past = ctx;
+        double t0 = bench_now();
+        e = tgt_forward(b->m, &b->st, b->tokens, n, n > 1, &out);
+        if (e == TD_OK)
+            e = b->be->sync(b->be);
+        double t1 = bench_now();
+        if (e == TD_OK && keep) {
+            e = tgt_state_keep(b->m, &b->st, keep);
+            if (e == TD_OK)
+                e = b->be->sync(b->be);
+            if (i >= 0)
+                r[i] = bench_now() - t1;
+        }
+        if (i >= 0)
+            b->s[i] = t1 - t0;
+    }
+    if (e == TD_OK) {
+        bench_done(t, b->s, iters);
+        if (keep)
+            bench_done(rb, r, iters);
+    } else {
+        bench_fail(t, "%s", err_msg());
+        if (keep)
+            bench_fail(rb, "%s", err_msg());
+    }
+    free(r);
+}
+
+void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+                  bench_target_times *out)
+{
+    memset(out, 0, sizeof *out);
+    bench_tgt b = {.m = m, .be = m->be, .taps = taps, .n_taps = n_taps};
+    const tgt_hparams *hp = &m->hp;
+    for (int i = 0; i < 32; i++)
+        b.tokens[i] = (int32_t)((1000 + 7919 * i) % hp->n_vocab);
+    b.s = malloc((size_t)iters * sizeof *b.s);
+    td_err e = b.s ? TD_OK : err_set(TD_ENOMEM, "out of memory");
+    if (e == TD_OK)
+        e = b.be->alloc(b.be, (void **)&b.logits, (size_t)(32 * hp->n_vocab) * sizeof(float));
+    if (e == TD_OK && n_taps)
+        e = b.be->alloc(b.be, (void **)&b.tap_out,
+                        (size_t)(32 * n_taps * hp->n_embd) * sizeof(float));
+    /* Room for the long context plus a block. */
+    if (e == TD_OK)
+        e = tgt_state_init(&b.st, m, BENCH_CTX_LONG + 64);
+    if (e == TD_OK)
+        e = bench_state_fill(&b);
+    if (e != TD_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", err_msg());
+        bench_fail(&out->decode_short, "%s", why);
+        bench_fail(&out->decode_long, "%s", why);
+        bench_fail(&out->verify16, "%s", why);
+        bench_fail(&out->verify32, "%s", why);
+        bench_fail(&out->rollback, "%s", why);
+    } else {
+        bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
+        bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
+        bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
+        bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
+    }
+    if (b.st.be)
+        tgt_state_free(&b.st);
+    if (b.logits)
+        b.be->release(b.be, b.logits);
+    if (b.tap_out)
+        b.be->release(b.be, b.tap_out);
+    free(b.s);
+}
+
+/* --- the drafter ----------------------------------------------------------------------------- */
+
+/* Host views of the target's token embedding and LM head, read from its file: the drafter
+ * runs on the CPU backend, whatever backend holds the target's own copy. */
+static td_err bench_host_views(const tgt_model *m, ops_weight *emb, ops_weight *head)
+{
+    const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
+    const gguf_tensor *to = gguf_find_tensor(m->file, "output.weight");
+    if (!te)
+        return err_set(TD_EFORMAT, "token_embd.weight is missing");
+    if (!to)
+        to = te;
+    TD_TRY(ops_weight_init(emb, te->type, te->ne[1], te->ne[0], te->data));
+    return ops_weight_init(head, to->type, to->ne[1], to->ne[0], to->data);
+}
+
+void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
+                 const char **backend)
+{
+    memset(t, 0, sizeof *t);
+    *backend = "cpu";
+    ops_weight emb, head;
+    dfl_model *dm = NULL;
+    dfl_state ds;
+    memset(&ds, 0, sizeof ds);
+    float *feat = NULL, *logits = NULL;
+    double *s = malloc((size_t)iters * sizeof *s);
+    td_err e = s ? bench_host_views(m, &emb, &head) : err_set(TD_ENOMEM, "out of memory");
+    if (e == TD_OK)
+        e = dfl_load(&dm, dir, (uint32_t)m->hp.n_layer, &emb, &head);
+    const int64_t chunk = 64;
+    int64_t row = 0, B = 0;
+    if (e == TD_OK) {
+        row = (int64_t)dm->cfg.n_taps * m->hp.n_embd;
+        B = dm->cfg.block_size;
+        /* The ring holds the context, the block and every timed step's 16 positions. */
+        e = dfl_state_init(&ds, dm, BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP) + 64);
+    }
+    if (e == TD_OK) {
+        feat = bench_random((size_t)(chunk * row), 11);
+        logits = malloc((size_t)((B - 1) * m->hp.n_vocab) * sizeof *logits);
+        if (!feat || !logits)
+            e = err_set(TD_ENOMEM, "out of memory");
+    }
+    for (int64_t p = 0; e == TD_OK && p < BENCH_CTX_SHORT; p += chunk)
+        e = dfl_add_context(dm, &ds, feat, chunk);
+    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
+        double t0 = bench_now();
+        e = dfl_add_context(dm, &ds, feat, 16);
+        if (e == TD_OK)
+            e = dfl_propose(dm, &ds, (int32_t)(4242 % m->hp.n_vocab), logits);
+        if (i >= 0)
+            s[i] = bench_now() - t0;
+    }
+    if (e == TD_OK)
+        bench_done(t, s, iters);
+    else
+        bench_fail(t, "%s", err_msg());
+    if (dm) {
+        dfl_state_free(&ds);
+        dfl_free(dm);
+    }
+    free(feat);
+    free(logits);
+    free(s);
+}
+
+/* --- bytes per token ----------------------------------------------------------------------- */
+
+uint64_t bench_weight_bytes(const tgt_model *m)
+{
+    const gguf_file *g = m->file;
+    bool tied = gguf_find_tensor(g, "output.weight") == NULL;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        long long layer;
+        if (sscanf(t->name, "blk.%lld.", &layer) == 1 && layer >= m->hp.n_layer)
+            continue; /* MTP blocks: never run */
+        if (!strcmp(t->name, "token_embd.weight") && !tied)
+            total += t->size / (uint64_t)t->ne[1]; /* one row looked up */
+        else
+            total += t->size;
+    }
+    return total;
+}
+
+uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx)
+{
+    const tgt_hparams *hp = &m->hp;
+    uint64_t f = sizeof(float);
+    uint64_t kv = (uint64_t)m->n_attn_layers * (uint64_t)ctx * 2 *
+                  (uint64_t)(hp->n_head_kv * hp->head_dim) * f;
+    uint64_t rec = (uint64_t)m->n_delta_layers * 2 *
+                   (uint64_t)(hp->n_v_head * hp->d_k * hp->d_v + (hp->conv_k - 1) * hp->conv_ch) * f;
+    return kv + rec;
+}

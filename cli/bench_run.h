@@ -1,0 +1,59 @@
+/* The timed parts of `tandem bench` (cli/bench_run.c): device copy bandwidth, target decode
+ * and verify steps, rollback, and the drafter's step. Every time is the median of iters runs
+ * after a warm-up, measured on the host around a stream sync, so it is what a caller of the
+ * step waits. A part that cannot run (no memory for a 32K context, a drafter that fails to
+ * load) says why and the others still run. */
+#ifndef TANDEM_CLI_BENCH_RUN_H
+#define TANDEM_CLI_BENCH_RUN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "verifyd/target.h"
+
+#define BENCH_CTX_SHORT 1024  /* positions before the decoded token: "1K context" */
+#define BENCH_CTX_LONG 32768  /* "32K context" */
+#define BENCH_KEEP 8          /* tokens kept of a 16-token verify when timing the rollback */
+
+typedef struct bench_time {
+    bool ok;            /* measured */
+    double ms;          /* median milliseconds */
+    int iters;          /* runs the median is over */
+    char why[256];      /* when not measured */
+} bench_time;
+
+typedef struct bench_target_times {
+    bench_time decode_short;  /* one token at BENCH_CTX_SHORT */
+    bench_time decode_long;   /* one token at BENCH_CTX_LONG */
+    bench_time verify16;      /* 16 tokens recorded for rollback, every position's logits */
+    bench_time verify32;      /* the same with 32 tokens */
+    bench_time rollback;      /* tgt_state_keep of BENCH_KEEP after a 16-token verify */
+} bench_target_times;
+
+/* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */
+void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps);
+
+/* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG. The state's KV cache and
+ * recurrent state are filled with random finite values and n_past is set, instead of
+ * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
+ * speculative loop does). */
+void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+                  bench_target_times *out);
+
+/* The drafter's step: its context takes 16 newly committed positions, then it proposes one
+ * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran. */
+void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
+                 const char **backend);
+
+/* Bytes of weights one decode token reads: every tensor of the layers run, the head, one
+ * row of token_embd (all of it when it is also the head). */
+uint64_t bench_weight_bytes(const tgt_model *m);
+
+/* Bytes of sequence state one decode token at context ctx reads and writes: the attention
+ * KV cache of ctx positions (read) and the DeltaNet recurrent and conv state (read + write). */
+uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx);
+
+double bench_now(void); /* seconds, monotonic */
+
+#endif

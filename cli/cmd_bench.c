@@ -1,0 +1,500 @@
+/* tandem bench: how close the engine comes to the GPU's memory bandwidth on real model
+ * shapes. Builds (or loads) a qwen35 model on the CUDA backend (the CPU backend when there is
+ * no GPU, with a note), then prints, as a table and as JSON: the device's copy bandwidth,
+ * weight bytes per decode token, plain decode at 1K and 32K context against the bandwidth
+ * limit, verify of 16 and 32 tokens against one decode step, the drafter's step, the cost of
+ * running verifyd and draftd as two processes (with and without MPS), and the speculative
+ * tokens/s those times give at acceptance lengths 4, 6 and 8. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/bench_model.h"
+#include "cli/bench_run.h"
+#include "cli/bench_split.h"
+#include "cli/cmd.h"
+#include "common/args.h"
+#include "common/cudrv.h"
+#include "common/dflash_config.h"
+
+#define BENCH_SEED 20260101u
+#define BENCH_SPLIT_CALLS 2000
+#define BENCH_NOTES 12
+
+typedef struct bench_report {
+    const char *shape;         /* synthetic shape name, or NULL with --model */
+    char device[160];          /* "cuda:0 NVIDIA H200", "cpu" */
+    bool on_gpu;
+    const char *model_path;    /* the GGUF timed */
+    uint64_t model_bytes;      /* its size */
+    double t_build, t_save, t_load; /* seconds: synthesise, write, load + upload */
+    const char *draft_dir;
+    const char *draft_backend;
+    uint64_t weight_bytes;     /* read per decode token */
+    uint64_t state_short, state_long; /* KV + recurrent state bytes per decode token */
+    size_t copy_bytes;         /* bytes per timed copy */
+    bench_time copy;
+    double copy_gbps;          /* (read + written) / time */
+    bench_target_times tgt;
+    bench_time draft;
+    bsplit_result split, split_mps;
+    int iters;
+    char notes[BENCH_NOTES][320];
+    int n_notes;
+} bench_report;
+
+static void bench_note(bench_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bench_note(bench_report *r, const char *fmt, ...)
+{
+    if (r->n_notes == BENCH_NOTES)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->notes[r->n_notes++], sizeof r->notes[0], fmt, ap);
+    va_end(ap);
+}
+
+/* --- derived numbers --------------------------------------------------------------------- */
+
+/* ms one decode token takes when bytes move at the measured copy bandwidth. */
+static double bench_limit_ms(const bench_report *r, uint64_t bytes)
+{
+    return r->copy_gbps > 0 ? (double)bytes / (r->copy_gbps * 1e9) * 1e3 : 0;
+}
+
+/* One speculative step: draft, verify 16, roll back, plus the split cost (us). */
+static double bench_step_ms(const bench_report *r, const bsplit_result *sp)
+{
+    if (!r->draft.ok || !r->tgt.verify16.ok || !r->tgt.rollback.ok || !sp->measured)
+        return 0;
+    return r->draft.ms + r->tgt.verify16.ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
+}
+
+/* --- table ----------------------------------------------------------------------------- */
+
+static void bench_row_time(const char *what, const bench_time *t, const char *extra)
+{
+    if (t->ok)
+        printf("  %-36s %10.3f ms  %s\n", what, t->ms, extra);
+    else
+        printf("  %-36s %10s     (%s)\n", what, "n/a", t->why);
+}
+
+static void bench_print(const bench_report *r)
+{
+    char x[200];
+    printf("tandem bench: %s on %s\n", r->shape ? r->shape : r->model_path, r->device);
+    printf("  model   %s (%.3f GB", r->model_path, (double)r->model_bytes / 1e9);
+    if (r->shape)
+        printf("; synthetic %s, Q4_K_M mix; built %.1f s, written %.1f s", r->shape, r->t_build,
+               r->t_save);
+    printf("; loaded %.1f s)\n", r->t_load);
+    printf("  drafter %s\n\n", r->draft_dir ? r->draft_dir : "none");
+
+    const bench_target_times *t = &r->tgt;
+    if (r->copy.ok)
+        printf("  %-36s %10.1f GB/s (%.2f GiB copied, read + written)\n", "copy bandwidth",
+               r->copy_gbps, (double)r->copy_bytes / (1u << 30));
+    else
+        printf("  %-36s %10s     (%s)\n", "copy bandwidth", "n/a", r->copy.why);
+    double lim = bench_limit_ms(r, r->weight_bytes);
+    printf("  %-36s %10.3f GB   limit %.3f ms = %.1f tok/s\n", "weight bytes per decode token",
+           (double)r->weight_bytes / 1e9, lim, lim > 0 ? 1e3 / lim : 0.0);
+    const bench_time *dec[2] = {&t->decode_short, &t->decode_long};
+    const uint64_t st[2] = {r->state_short, r->state_long};
+    const char *name[2] = {"decode, 1K context", "decode, 32K context"};
+    for (int i = 0; i < 2; i++) {
+        double with_state = bench_limit_ms(r, r->weight_bytes + st[i]);
+        snprintf(x, sizeof x, "%7.1f tok/s  %5.1f%% of limit (%.1f%% counting %.3f GB KV/state)",
+                 dec[i]->ok ? 1e3 / dec[i]->ms : 0, dec[i]->ok ? 100 * lim / dec[i]->ms : 0,
+                 dec[i]->ok ? 100 * with_state / dec[i]->ms : 0, (double)st[i] / 1e9);
+        bench_row_time(name[i], dec[i], x);
+    }
+    double d1 = t->decode_short.ok ? t->decode_short.ms : 0;
+    snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : 0);
+    bench_row_time("verify 16 tokens (1K context)", &t->verify16, x);
+    snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
+    bench_row_time("verify 32 tokens (1K context)", &t->verify32, x);
+    bench_row_time("rollback (keep 8 of 16)", &t->rollback, "");
+    snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
+             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
+    bench_row_time("draft step (16 positions + propose)", &r->draft, x);
+    const bsplit_result *sp[2] = {&r->split, &r->split_mps};
+    const char *sname[2] = {"process split, no MPS", "process split, MPS"};
+    for (int i = 0; i < 2; i++) {
+        double step = bench_step_ms(r, sp[i]);
+        if (sp[i]->measured)
+            printf("  %-36s %10.1f us  %s%.2f%% of a step (%s; step %.1f us, same work in one "
+                   "process %.1f us)\n", sname[i], sp[i]->cost_us, step > 0 ? "" : "n/a ",
+                   step > 0 ? 100 * sp[i]->cost_us * 1e-3 / step : 0.0,
+                   sp[i]->gpu ? "GPU kernels" : "CPU only", sp[i]->step_us, sp[i]->local_us);
+        else
+            printf("  %-36s %10s     (%s)\n", sname[i], "n/a", sp[i]->why);
+    }
+    for (int i = 0; i < 2; i++) {
+        double step = bench_step_ms(r, sp[i]);
+        if (step <= 0)
+            continue;
+        printf("  %-36s  tau 4: %.1f  tau 6: %.1f  tau 8: %.1f tok/s\n",
+               i ? "projected speculative, MPS" : "projected speculative, no MPS",
+               4e3 / step, 6e3 / step, 8e3 / step);
+    }
+    printf("  (projection: tau / (draft + verify 16 + rollback + split), plain decode %.1f tok/s)\n",
+           d1 > 0 ? 1e3 / d1 : 0.0);
+    if (r->n_notes)
+        printf("\nnotes:\n");
+    for (int i = 0; i < r->n_notes; i++)
+        printf("  - %s\n", r->notes[i]);
+}
+
+/* --- JSON ------------------------------------------------------------------------------ */
+
+static json_t *bench_json_time(const bench_time *t, double decode_ms)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "ms", t->ok ? json_real(t->ms) : json_null());
+    if (t->ok && decode_ms > 0)
+        json_object_set_new(o, "ratio_to_decode", json_real(t->ms / decode_ms));
+    json_object_set_new(o, "iters", json_integer(t->ok ? t->iters : 0));
+    if (!t->ok)
+        json_object_set_new(o, "why", json_string(t->why));
+    return o;
+}
+
+static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "measured", json_boolean(sp->measured));
+    if (!sp->measured) {
+        json_object_set_new(o, "why", json_string(sp->why));
+        return o;
+    }
+    double step = bench_step_ms(r, sp);
+    json_object_set_new(o, "gpu", json_boolean(sp->gpu));
+    json_object_set_new(o, "cost_us", json_real(sp->cost_us));
+    json_object_set_new(o, "step_us", json_real(sp->step_us));
+    json_object_set_new(o, "local_us", json_real(sp->local_us));
+    json_object_set_new(o, "fraction_of_step",
+                        step > 0 ? json_real(sp->cost_us * 1e-3 / step) : json_null());
+    json_t *p = json_object();
+    for (int tau = 4; tau <= 8; tau += 2) {
+        char k[4];
+        snprintf(k, sizeof k, "%d", tau);
+        json_object_set_new(p, k, step > 0 ? json_real(tau * 1e3 / step) : json_null());
+    }
+    json_object_set_new(o, "projected_tok_s", p);
+    return o;
+}
+
+static td_err bench_json_write(const bench_report *r, const char *path)
+{
+    json_t *j = json_object();
+    const bench_target_times *t = &r->tgt;
+    double d1 = t->decode_short.ok ? t->decode_short.ms : 0;
+    double lim = bench_limit_ms(r, r->weight_bytes);
+    json_object_set_new(j, "device", json_string(r->device));
+    json_object_set_new(j, "backend", json_string(r->on_gpu ? "cuda" : "cpu"));
+    json_object_set_new(j, "model", json_string(r->model_path));
+    json_object_set_new(j, "synthetic_shape", r->shape ? json_string(r->shape) : json_null());
+    json_object_set_new(j, "model_bytes", json_integer((json_int_t)r->model_bytes));
+    json_object_set_new(j, "build_s", json_real(r->t_build));
+    json_object_set_new(j, "save_s", json_real(r->t_save));
+    json_object_set_new(j, "load_s", json_real(r->t_load));
+    json_object_set_new(j, "iters", json_integer(r->iters));
+    json_object_set_new(j, "copy_bytes", json_integer((json_int_t)r->copy_bytes));
+    json_object_set_new(j, "copy_bandwidth_gbps", r->copy.ok ? json_real(r->copy_gbps) : json_null());
+    json_object_set_new(j, "weight_bytes_per_token", json_integer((json_int_t)r->weight_bytes));
+    json_object_set_new(j, "bandwidth_limit_ms", lim > 0 ? json_real(lim) : json_null());
+    json_t *dec = json_object();
+    const bench_time *dt[2] = {&t->decode_short, &t->decode_long};
+    const int64_t ctx[2] = {BENCH_CTX_SHORT, BENCH_CTX_LONG};
+    const uint64_t st[2] = {r->state_short, r->state_long};
+    for (int i = 0; i < 2; i++) {
+        json_t *o = bench_json_time(dt[i], 0);
+        double ws = bench_limit_ms(r, r->weight_bytes + st[i]);
+        json_object_set_new(o, "context", json_integer(ctx[i]));
+        json_object_set_new(o, "state_bytes_per_token", json_integer((json_int_t)st[i]));
+        json_object_set_new(o, "tok_s", dt[i]->ok ? json_real(1e3 / dt[i]->ms) : json_null());
+        json_object_set_new(o, "fraction_of_limit",
+                            dt[i]->ok && lim > 0 ? json_real(lim / dt[i]->ms) : json_null());
+        json_object_set_new(o, "fraction_of_limit_with_state",
+                            dt[i]->ok && ws > 0 ? json_real(ws / dt[i]->ms) : json_null());
+        json_object_set_new(dec, i ? "32k" : "1k", o);
+    }
+    json_object_set_new(j, "decode", dec);
+    json_t *ver = json_object();
+    json_object_set_new(ver, "16", bench_json_time(&t->verify16, d1));
+    json_object_set_new(ver, "32", bench_json_time(&t->verify32, d1));
+    json_object_set_new(j, "verify", ver);
+    json_object_set_new(j, "rollback", bench_json_time(&t->rollback, d1));
+    json_t *dr = bench_json_time(&r->draft, d1);
+    json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
+    json_object_set_new(j, "draft", dr);
+    json_t *sp = json_object();
+    json_object_set_new(sp, "no_mps", bench_json_split(r, &r->split));
+    json_object_set_new(sp, "mps", bench_json_split(r, &r->split_mps));
+    json_object_set_new(j, "split", sp);
+    json_t *notes = json_array();
+    for (int i = 0; i < r->n_notes; i++)
+        json_array_append_new(notes, json_string(r->notes[i]));
+    json_object_set_new(j, "notes", notes);
+    int rc = json_dump_file(j, path, JSON_INDENT(2));
+    json_decref(j);
+    return rc == 0 ? TD_OK : err_set(TD_EIO, "%s: cannot write", path);
+}
+
+/* --- the run ---------------------------------------------------------------------------- */
+
+static int bench_fail(const char *what)
+{
+    fprintf(stderr, "tandem bench: %s%s%s\n", what, *err_msg() ? ": " : "", err_msg());
+    return 1;
+}
+
+/* A temporary directory under $TMPDIR (or /tmp). */
+static bool bench_tmpdir(char *out, size_t cap)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(out, cap, "%s/tandem-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    return mkdtemp(out) != NULL;
+}
+
+/* Builds the synthetic model and writes it to path. */
+static td_err bench_build(const bmodel_shape *s, const char *path, bench_report *r)
+{
+    double t0 = bench_now();
+    gguf_writer *w;
+    TD_TRY(bmodel_build(&w, s, BENCH_SEED));
+    double t1 = bench_now();
+    td_err e = gguf_writer_write(w, path);
+    gguf_writer_free(w);
+    r->t_build = t1 - t0;
+    r->t_save = bench_now() - t1;
+    return e;
+}
+
+static td_err bench_build_drafter(const bmodel_shape *s, const tgt_hparams *hp, const char *dir)
+{
+    bmodel_drafter d;
+    bmodel_drafter_init(&d, s, hp->n_embd, hp->n_ff, hp->n_vocab, hp->n_layer);
+    mkdir(dir, 0755);
+    return bmodel_drafter_write(dir, &d, BENCH_SEED + 1);
+}
+
+static void bench_device_name(bench_report *r, const ops_backend *be)
+{
+    if (be->kind != OPS_BACKEND_CUDA) {
+        snprintf(r->device, sizeof r->device, "cpu");
+        return;
+    }
+    cudrv_device d;
+    if (cudrv_device_open_ordinal(&d, be->device) == TD_OK)
+        snprintf(r->device, sizeof r->device, "cuda:%d %s", be->device, d.name);
+    else
+        snprintf(r->device, sizeof r->device, "cuda:%d", be->device);
+    cudrv_device_close(&d);
+}
+
+/* The drafter's tap layers from its config (what verify copies out for it). */
+static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
+{
+    char path[4200];
+    dflash_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (dflash_config_load(&cfg, path) != TD_OK ||
+        dflash_config_resolve(&cfg, (uint32_t)m->hp.n_layer) != TD_OK)
+        return 0;
+    for (uint32_t i = 0; i < cfg.n_taps; i++)
+        taps[i] = (int32_t)cfg.target_layer_ids[i];
+    return cfg.n_taps;
+}
+
+static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
+                      const char *save, const char *save_draft, int device, int iters,
+                      const char *json_path)
+{
+    bench_report r = {.iters = iters, .shape = model ? NULL : shape->name};
+    double t_start = bench_now();
+
+    /* The two-process pair first: under MPS both ends must be the MPS server's clients, which
+     * works best before this process holds a CUDA context of its own. */
+    bsplit_measure(device, BENCH_SPLIT_CALLS, (int)shape->d_block, &r.split, &r.split_mps);
+
+    ops_backend *cuda = NULL;
+    const ops_backend *be;
+    if (ops_backend_cuda_init(&cuda, device) == TD_OK) {
+        be = cuda;
+        r.on_gpu = true;
+    } else {
+        bench_note(&r, "no usable CUDA device (%s): everything ran on the CPU backend; these "
+                   "are not GPU numbers", err_msg());
+        cuda = NULL;
+        be = ops_backend_cpu();
+    }
+    bench_device_name(&r, be);
+
+    /* Bandwidth before the model takes its memory. */
+    r.copy_bytes = r.on_gpu ? (size_t)4 << 30 : (size_t)256 << 20;
+    bench_copy_bw(be, r.copy_bytes, iters, &r.copy, &r.copy_gbps);
+    if (!r.on_gpu)
+        bench_note(&r, "CPU copy bandwidth is one thread's memcpy of 256 MiB");
+
+    char tmp[4096] = "", path[4096], ddir[4096];
+    int rc = 0;
+    tgt_model *m = NULL;
+    if (!bench_tmpdir(tmp, sizeof tmp)) {
+        err_set(TD_EIO, "mkdtemp: %s", strerror(errno));
+        rc = bench_fail("a temporary directory");
+        goto out;
+    }
+    if (model) {
+        snprintf(path, sizeof path, "%s", model);
+    } else {
+        snprintf(path, sizeof path, "%s/model.gguf", tmp);
+        if (save)
+            snprintf(path, sizeof path, "%s", save);
+        if (bench_build(shape, path, &r) != TD_OK) {
+            rc = bench_fail("building the synthetic model");
+            goto out;
+        }
+    }
+    r.model_path = path;
+    double t0 = bench_now();
+    if (tgt_load_on(&m, path, be) != TD_OK) {
+        rc = bench_fail("loading the model");
+        goto out;
+    }
+    r.t_load = bench_now() - t0;
+    r.model_bytes = m->file->size;
+    if (!model && !save) {
+        unlink(path); /* the mapping keeps it readable; nothing is left behind */
+        r.model_path = "a temporary file (removed)";
+    }
+    if (m->hp.arch != TGT_ARCH_QWEN35)
+        bench_note(&r, "not a qwen35 model: the numbers are for its own architecture");
+
+    if (draft) {
+        snprintf(ddir, sizeof ddir, "%s", draft);
+    } else {
+        snprintf(ddir, sizeof ddir, "%s", save_draft ? save_draft : tmp);
+        if (bench_build_drafter(shape, &m->hp, ddir) != TD_OK)
+            bench_note(&r, "building the synthetic drafter failed: %s", err_msg());
+    }
+    r.draft_dir = ddir;
+    int32_t taps[DFLASH_MAX_TAPS];
+    int64_t n_taps = bench_taps(ddir, m, taps);
+
+    r.weight_bytes = bench_weight_bytes(m);
+    r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
+    r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
+    bench_target(m, taps, n_taps, iters, &r.tgt);
+    bench_note(&r, "32K context: the KV cache and recurrent state hold random finite values "
+               "and n_past is set; no 32K-token prefill ran");
+
+    /* The drafter runs on the CPU backend (its forward pass has no CUDA path yet). */
+    int draft_iters = r.on_gpu && iters > 3 ? 3 : iters;
+    bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend);
+    if (r.on_gpu)
+        bench_note(&r, "the drafter ran on the CPU backend (%d runs): its step is a CPU time, "
+                   "not the GPU one", draft_iters);
+    if (!draft && !save_draft) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/config.json", ddir);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/model.safetensors", ddir);
+        unlink(p);
+        r.draft_dir = "synthetic, in a temporary folder (removed)";
+    }
+    bench_note(&r, "total %.1f s", bench_now() - t_start);
+    bench_print(&r);
+    if (json_path && bench_json_write(&r, json_path) != TD_OK)
+        rc = bench_fail("writing the JSON report");
+out:
+    tgt_free(m);
+    if (*tmp)
+        rmdir(tmp);
+    if (cuda)
+        ops_backend_cuda_free(cuda);
+    return rc;
+}
+
+/* --build-only: the synthetic files and nothing else (for other engines and tests). */
+static int bench_build_only(const bmodel_shape *shape, const char *save, const char *save_draft)
+{
+    bench_report r = {0};
+    if (bench_build(shape, save, &r) != TD_OK)
+        return bench_fail("building the synthetic model");
+    printf("wrote %s (built %.1f s, written %.1f s)\n", save, r.t_build, r.t_save);
+    if (!save_draft)
+        return 0;
+    tgt_hparams hp = {.n_embd = shape->n_embd, .n_ff = shape->n_ff, .n_vocab = shape->n_vocab,
+                      .n_layer = shape->n_layer};
+    if (bench_build_drafter(shape, &hp, save_draft) != TD_OK)
+        return bench_fail("writing the synthetic drafter");
+    printf("wrote %s/config.json and %s/model.safetensors\n", save_draft, save_draft);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
+    const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL;
+    int64_t device = 0, iters = 10, split_block = 16;
+    bool help = false, build_only = false;
+    char shape_help[96];
+    snprintf(shape_help, sizeof shape_help, "synthetic model shape (%s)", bmodel_shape_names());
+    const args_opt opts[] = {
+        {"model", ARGS_STRING, &model, NULL, "time this qwen35 GGUF instead of a synthetic one", 0, 0, 'm'},
+        {"draft", ARGS_STRING, &draft, NULL, "DFlash drafter folder (default: a synthetic one)", 0, 0, 0},
+        {"save", ARGS_STRING, &save, NULL, "write the synthetic GGUF to this file (and keep it)", 0, 0, 0},
+        {"save-draft", ARGS_STRING, &save_draft, NULL, "write the synthetic drafter into this folder", 0, 0, 0},
+        {"build-only", ARGS_FLAG, &build_only, NULL, "only write --save (and --save-draft), time nothing", 0, 0, 0},
+        {"device", ARGS_INT, &device, "TANDEM_DEVICE", "CUDA device ordinal", 0, 1023, 0},
+        {"shape", ARGS_STRING, &shape_name, NULL, shape_help, 0, 0, 0},
+        {"json", ARGS_STRING, &json, NULL, "also write the results as JSON to this file", 0, 0, 0},
+        {"iters", ARGS_INT, &iters, NULL, "timed runs per measurement (the median is reported)", 1, 100000, 'n'},
+        /* the two ends of the process-split measurement (the benchmark starts them itself) */
+        {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
+        {"split-client", ARGS_STRING, &split_client, NULL, "(internal) verifyd end at this URL", 0, 0, 0},
+        {"split-block", ARGS_INT, &split_block, NULL, "(internal) block size of the proposals", 2, 64, 0},
+        ARGS_END,
+    };
+    const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
+                        "[--shape 27b|tiny] [--json FILE] [--iters N]";
+    if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
+        fprintf(stderr, "tandem bench: %s\n", err_msg());
+        args_usage(usage, opts);
+        return 2;
+    }
+    if (help) {
+        args_usage(usage, opts);
+        return 0;
+    }
+    if (split_serve)
+        return bsplit_serve(split_serve, (int)device);
+    if (split_client)
+        return bsplit_client(split_client, (int)device, (int)iters, (int)split_block);
+    const bmodel_shape *shape = bmodel_shape_find(shape_name);
+    if (!shape) {
+        fprintf(stderr, "tandem bench: unknown --shape '%s' (%s)\n", shape_name,
+                bmodel_shape_names());
+        return 2;
+    }
+    if (build_only) {
+        if (!save) {
+            fprintf(stderr, "tandem bench: --build-only needs --save FILE\n");
+            return 2;
+        }
+        return bench_build_only(shape, save, save_draft);
+    }
+    if (model && save) {
+        fprintf(stderr, "tandem bench: --save writes the synthetic model; with --model there is none\n");
+        return 2;
+    }
+    return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json);
+}
