@@ -584,6 +584,24 @@ static void client_disconnect_cancels_the_generation(void **state)
     assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
 }
 
+static void client_leaving_a_whole_request_cancels_it_too(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .hang = true, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(fake, &s);
+    int cancels = fake_verifyd_cancels(fake);
+    int starts = fake_verifyd_starts(fake);
+    int fd = connect_gateway();
+    const char *req = "{\"prompt\":\"x\"}";
+    send_request(fd, "POST", "/v1/completions", NULL, req, strlen(req));
+    for (int i = 0; i < 100 && fake_verifyd_starts(fake) == starts; i++)
+        sleep_ms(10);
+    close(fd);
+    for (int i = 0; i < 100 && fake_verifyd_cancels(fake) == cancels; i++)
+        sleep_ms(20);
+    assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
+}
+
 static void api_key_is_required_when_set(void **state)
 {
     (void)state;
@@ -782,6 +800,7 @@ int main(void)
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
         cmocka_unit_test(client_disconnect_cancels_the_generation),
+        cmocka_unit_test(client_leaving_a_whole_request_cancels_it_too),
         cmocka_unit_test(api_key_is_required_when_set),
         cmocka_unit_test(http_errors_have_openai_bodies),
         cmocka_unit_test(tokenize_and_detokenize_round_trip),
