@@ -608,7 +608,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         api_stream_free(s);
         return;
     }
-    if (s->req.model && strcmp(s->req.model, g->model_name) != 0) {
+    /* No model, or an empty name, means the one this server serves. */
+    if (s->req.model && s->req.model[0] && strcmp(s->req.model, g->model_name) != 0) {
         apierr_set(&e, 400, "model_not_found", "model",
                    "The model '%s' does not exist; this server serves '%s'.", s->req.model,
                    g->model_name);
