@@ -17,8 +17,9 @@
 
 /* A growable byte string. */
 typedef struct gen_buf {
-    char *p;
-    size_t len, cap;
+    char *p;    /* [cap] bytes, NUL-terminated at len */
+    size_t len; /* bytes used */
+    size_t cap; /* bytes allocated */
 } gen_buf;
 
 static bool gen_buf_put(gen_buf *b, const char *s, size_t n)
@@ -43,32 +44,32 @@ struct api_stream {
     int32_t *prompt;     /* [n_prompt] token ids */
     size_t n_prompt;
     link_gen *lg;        /* the generation at verifyd; NULL once closed */
-    gw_output out;
-    bool out_ready;
+    gw_output out;       /* tokens -> content, reasoning, tool calls */
+    bool out_ready;      /* out was initialised (and must be freed) */
     render_ctx rc;
     char id[48];         /* "chatcmpl-<24 hex>" */
     char call_ids[24];   /* hex: tool-call ids */
-    int client_fd;
-    int64_t last_event_ms;
+    int client_fd;       /* the client's socket, polled to notice it leaving; -1 unknown */
+    int64_t last_event_ms; /* monotonic ms of verifyd's last event (silence timeout) */
 
     bool done;           /* the generation ended: nothing more will be produced */
-    bool client_gone;
-    bool failed;
+    bool client_gone;    /* the client left (or the gateway stops): nothing more is sent */
+    bool failed;         /* the generation ended with err */
     api_error err;
     const char *finish;  /* "stop", "length", "tool_calls" */
     gw_usage usage;
-    bool any_call;
+    bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
 
     /* whole replies */
-    gen_buf content, reasoning;
-    bool has_reasoning;
+    gen_buf content, reasoning; /* the text of every piece of each kind */
+    bool has_reasoning;  /* reasoning came (the message gets "reasoning_content") */
     json_t *calls;       /* tool calls (message form) */
     json_t *lp;          /* chat: logprobs content array; completions: the logprobs object */
     size_t text_offset;  /* completions: characters sent so far (logprobs text_offset) */
 
     /* streams */
-    bool stream;
-    bool sent_role;
+    bool stream;         /* the client asked for SSE */
+    bool sent_role;      /* the first chunk (the role) went out */
     json_t *lp_pending;  /* streams: logprobs waiting for the next chunk (chat: the content
                             array; completions: the logprobs object) */
     gen_buf sse;         /* rendered events not yet read */
