@@ -163,6 +163,11 @@ def generate(binary: str, gguf: pathlib.Path, draft: pathlib.Path | None, prompt
             "tau": float(m.group(5))}
 
 
+def num(d: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    """d[key] / scale formatted, or "n/a" when the run did not get to write it."""
+    return "n/a" if d.get(key) is None else format(d[key] / scale if scale != 1 else d[key], fmt)
+
+
 def results_write(path: pathlib.Path, r: dict) -> None:
     d, tm, dm = r["data"], r["target_metrics"], r["drafter_metrics"]
     rows = "\n".join(
@@ -170,6 +175,8 @@ def results_write(path: pathlib.Path, r: dict) -> None:
         f"{e['tok_s_plain']:.1f} | {'yes' if e['same'] else 'NO'} |"
         for i, e in enumerate(r["evals"]))
     taus = [e["tau"] for e in r["evals"]]
+    verdict = "pass" if np.mean(taus) >= BAR else "FAIL"
+    same = sum(e["same"] for e in r["evals"])
     text = f"""# Demo pair: results
 
 Written by `scripts/train/finish.sh` on {time.strftime('%Y-%m-%d')}; do not edit by hand.
@@ -179,12 +186,13 @@ Written by `scripts/train/finish.sh` on {time.strftime('%Y-%m-%d')}; do not edit
 - Data: {d['train_files']} training files of Python source ({d['train_chars'] / 1e6:.1f} MB,
   {d['train_tokens'] / 1e6:.1f}M tokens) from Python {d['python']}'s standard library and
   site-packages; {d['held_out_files']} files held out (evaluation prompts below come from them).
-- Target: Qwen3_5ForCausalLM, {tm['params'] / 1e6:.2f}M parameters, {tm['steps']} steps,
-  {tm['tokens'] / 1e6:.0f}M tokens seen, held-out loss {tm['heldout_loss']:.3f} nats/token.
-- Drafter: DFlash, {dm['params'] / 1e6:.2f}M parameters, {dm['steps']} steps on
-  {dm['continuations']} greedy continuations ({dm['generated_tokens'] / 1e6:.2f}M tokens) of the
-  target; teacher-forced acceptance length on held-out continuations
-  {dm['heldout_acceptance_teacher_forced']:.2f}.
+- Target: Qwen3_5ForCausalLM, {num(tm, 'params', '.2f', 1e6)}M parameters,
+  {num(tm, 'steps', 'd')} steps, {num(tm, 'tokens', '.0f', 1e6)}M tokens seen, held-out loss
+  {num(tm, 'heldout_loss', '.3f')} nats/token.
+- Drafter: DFlash, {num(dm, 'params', '.2f', 1e6)}M parameters, {num(dm, 'steps', 'd')} steps on
+  {num(dm, 'continuations', 'd')} greedy continuations
+  ({num(dm, 'generated_tokens', '.2f', 1e6)}M tokens) of the target; teacher-forced acceptance
+  length on held-out continuations {num(dm, 'heldout_acceptance_teacher_forced', '.2f')}.
 
 ## Files (`models/demo/`)
 
@@ -205,14 +213,16 @@ Written by `scripts/train/finish.sh` on {time.strftime('%Y-%m-%d')}; do not edit
 
 | | value |
 |---|---|
-| mean acceptance length (bar: >= {BAR:g}) | **{np.mean(taus):.2f}** ({'pass' if np.mean(taus) >= BAR else 'FAIL'}) |
+| mean acceptance length (bar: >= {BAR:g}) | **{np.mean(taus):.2f}** ({verdict}) |
 | median / min / max acceptance length | {np.median(taus):.2f} / {min(taus):.2f} / {max(taus):.2f} |
 | tokens/s with the drafter (total tokens / total time) | {r['tok_s_draft']:.1f} |
 | tokens/s without the drafter | {r['tok_s_plain']:.1f} |
 | speed-up | {r['tok_s_draft'] / r['tok_s_plain']:.2f}x |
-| outputs identical with and without the drafter | {sum(e['same'] for e in r['evals'])} of {len(taus)} |
+| median speed-up of a prompt | {np.median([e['tok_s_draft'] / e['tok_s_plain'] for e in r['evals']]):.2f}x |
+| outputs identical with and without the drafter | {same} of {len(taus)} |
 
-Tokens/s excludes the prompt's prefill (tandem's own figure); the CPU backend runs on one thread.
+Tokens/s excludes the prompt's prefill (tandem's own figure); the CPU backend runs on one thread,
+and other work on the machine moves these figures (both runs of a prompt follow each other).
 
 | # | held-out file | prompt tokens | acceptance | tok/s draft | tok/s plain | same output |
 |---|---|---|---|---|---|---|
@@ -250,6 +260,7 @@ def main() -> int:
                 raise SystemExit(f"finish: {f} is larger than {LIMIT} bytes")
         data = json.loads((meta / "data.json").read_text())
         metrics = {k: json.loads((meta / f"{k}.json").read_text())
+                   if (meta / f"{k}.json").is_file() else {}
                    for k in ("target_metrics", "drafter_metrics")}
         tok = Tokenizer.from_file(str(meta / "target" / "tokenizer.json"))
         model = hf_target(meta / "target")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Step 1 of the demo pair: the training text, the vocabulary and the token streams.
 
-    python3 scripts/train/prepare_data.py WORK [--smoke]
+    python3 scripts/train/prepare_data.py WORK [--deadline EPOCH_S] [--smoke]
 
 Data: the Python source files of this machine's Python installation (standard library and
 site-packages, found through sysconfig and site), so the run needs no download. The file list
@@ -17,6 +17,8 @@ Vocabulary: byte-level BPE trained with `tokenizers` on the first `tok_sample_by
 training text, with the qwen2 pre-tokeniser regex (DESIGN section 9) and NFC, then the ADDED
 tokens of sizes.py (ChatML, <|endoftext|>, think/tool tags, <|mask|>).
 
+With a deadline, the file walk and the tokenising stop early (logged) rather than overrun it.
+
 Writes to WORK: train.npy and eval.npy (uint16 token streams, each file followed by
 <|endoftext|>), and to WORK/meta: target/tokenizer.json, target/tokenizer_config.json,
 target/chat_template.jinja, data.json (the file counts and the evaluation prompts).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -40,7 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 import sizes as S  # noqa: E402
 import util  # noqa: E402
-from train_tokenizer import tokenizer_build  # noqa: E402  (Qwen's normaliser/pre-tokeniser)
+from train_tokenizer import REGEX, tokenizer_build  # noqa: E402  (Qwen's pre-tokeniser etc.)
 
 STEP = "prepare"
 MAX_FILE, MIN_FILE, MAX_LINE = 400_000, 200, 400
@@ -61,11 +64,15 @@ def roots() -> list[tuple[str, pathlib.Path]]:
     return out
 
 
-def source_files() -> list[tuple[str, str]]:
-    """(name, text) of every usable .py file, sorted by name, exact duplicates dropped."""
+def source_files(stop_at: float = float("inf")) -> list[tuple[str, str]]:
+    """(name, text) of every usable .py file, sorted by name, exact duplicates dropped. Walking
+    stops at `stop_at` (epoch seconds) with what it has."""
     seen_paths, seen_text, out = set(), set(), []
     for label, root in roots():
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            if time.time() > stop_at:
+                util.log(STEP, "file scan out of time: using the files found so far")
+                return out
             dirnames.sort()
             for f in sorted(filenames):
                 if not f.endswith(".py"):
@@ -131,11 +138,15 @@ def vocabulary_train(s: dict, texts: list[str]):
     return tok
 
 
-def stream(tok, texts: list[str], eos: int) -> np.ndarray:
-    """All texts tokenised, each followed by eos, as one uint16 array."""
+def stream(tok, texts: list[str], eos: int, stop_at: float = float("inf")) -> np.ndarray:
+    """The texts tokenised, each followed by eos, as one uint16 array; stops early (with the
+    files done so far) at `stop_at` (epoch seconds)."""
     parts = []
     step = 2000
     for i in range(0, len(texts), step):
+        if time.time() > stop_at:
+            util.log(STEP, f"tokenising out of time after {i} of {len(texts)} files")
+            break
         for enc in tok.encode_batch(texts[i:i + step], add_special_tokens=False):
             parts.append(np.asarray(enc.ids, dtype=np.uint16))
             parts.append(np.asarray([eos], dtype=np.uint16))
@@ -151,15 +162,17 @@ def tokenizer_config(s: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("work")
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="epoch seconds")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    left = args.deadline - time.time()
     s = S.sizes(args.smoke)
     work = pathlib.Path(args.work)
     meta = work / "meta"
     (meta / "target").mkdir(parents=True, exist_ok=True)
 
     t0 = time.time()
-    files = source_files()
+    files = source_files(time.time() + 0.35 * left)
     train, held = [], []
     for name, text in files:
         (held if text_hash(text) % 100 < s["heldout_percent"] else train).append((name, text))
@@ -202,8 +215,6 @@ def main() -> int:
     util.log(STEP, f"BPE vocabulary of {tok.get_vocab_size()} tokens from {k / 1e6:.1f} MB in "
              f"{time.time() - t0:.1f}s")
 
-    from train_tokenizer import REGEX
-    import json
     doc = json.loads(tok.to_str())
     assert doc["pre_tokenizer"]["pretokenizers"][0]["pattern"] == {"Regex": REGEX["qwen2"]}
     (meta / "target" / "tokenizer.json").write_text(
@@ -213,7 +224,7 @@ def main() -> int:
 
     t0 = time.time()
     eos = S.token_id(s, S.EOS)
-    train_ids = stream(tok, picked, eos)
+    train_ids = stream(tok, picked, eos, args.deadline - 8)
     eval_ids = stream(tok, eval_texts, eos)
     np.save(work / "train.npy", train_ids)
     np.save(work / "eval.npy", eval_ids)

@@ -79,7 +79,8 @@ main() {
     say "out $OUT, work $WORK, budget ${DRAFT_UNTIL}s ${SMOKE:+(smoke)}"
     "$PY" -c "$VERSIONS"
 
-    step prepare "$PREP_UNTIL" "$PY" "$HERE/prepare_data.py" "$WORK" $SMOKE || {
+    step prepare "$PREP_UNTIL" "$PY" "$HERE/prepare_data.py" "$WORK" \
+        --deadline $(( TRAIN_T0 + PREP_UNTIL )) $SMOKE || {
         say "no training data; stopping"; exit 1; }
     step target "$TARGET_UNTIL" "$PY" "$HERE/train_target.py" "$WORK" "$OUT" \
         --deadline $(( TRAIN_T0 + TARGET_UNTIL )) $SMOKE

@@ -22,7 +22,6 @@ about every 60 s), WORK/meta/drafter_metrics.json.
 from __future__ import annotations
 
 import argparse
-import math
 import pathlib
 import sys
 import time
@@ -117,7 +116,7 @@ def block_batch(idx, toks, feats, plen, vlen, embed, s, rng, device):
     pos = anchors[:, :, None] + torch.arange(1, K, device=device)         # label positions
     valid = pos < torch.as_tensor(vlen[idx], device=device)[:, None, None]
     labels = torch.gather(t, 1, pos.clamp(max=smax - 1).view(len(idx), -1)).view_as(pos)
-    return f, embed[ids], anchors, labels, valid
+    return f, embed[ids].float(), anchors, labels, valid   # f32 residual stream under autocast
 
 
 def block_loss(drafter, head, batch, gamma: float, amp: bool, device: str):
@@ -176,8 +175,8 @@ def main() -> int:
     rows, plen, vlen = continuations(target, train, s, gen_until, device)
     t0 = time.time()
     feats, toks = features(target, rows, s, device, dtype)
-    util.log(STEP, f"tap features {tuple(feats.shape)} ({feats.numel() * feats.element_size() / 1e9:.2f}"
-             f" GB) in {time.time() - t0:.1f}s")
+    gb = feats.numel() * feats.element_size() / 1e9
+    util.log(STEP, f"tap features {tuple(feats.shape)} ({gb:.2f} GB) in {time.time() - t0:.1f}s")
     embed = target.model.embed_tokens.weight.detach()
     head = target.lm_head.weight.detach()
 
@@ -201,6 +200,8 @@ def main() -> int:
     end = args.deadline - margin
     total, timed_from, step = None, None, 0
     t_log = t_ckpt = t_train = time.time()
+    logged = 0
+    blk_tokens = s["d_batch"] * s["anchors"] * s["block"]      # drafter positions per step
     perm, pi = rng.permutation(train_idx), 0
     history = []
 
@@ -244,18 +245,21 @@ def main() -> int:
         step += 1
         if time.time() - t_log > (15.0 if device == "cuda" else 10.0):
             history.append((step, loss.item(), tau))
+            rate = blk_tokens * (step - logged) / (time.time() - t_log)
             util.log(STEP, f"step {step}/{total or '?'} loss {loss.item():.3f} slot-1 accuracy "
-                     f"{acc1:.3f} acceptance (teacher-forced, batch) {tau:.2f} lr {lr:.2e}")
-            t_log = time.time()
+                     f"{acc1:.3f} acceptance (teacher-forced, batch) {tau:.2f} lr {lr:.2e} "
+                     f"{rate / 1e3:.0f}k block tok/s")
+            logged, t_log = step, time.time()
         if time.time() - t_ckpt > CKPT_EVERY:
             export(drafter, s, out, meta)
             util.log(STEP, f"checkpoint at step {step}; held-out acceptance {validate():.2f}")
             t_ckpt = time.time()
     export(drafter, s, out, meta)
-    tau_val = validate()
     metrics = {"params": n_params, "steps": step, "continuations": n,
                "generated_tokens": int((vlen - plen).sum()),
-               "heldout_acceptance_teacher_forced": tau_val, "history": history}
+               "heldout_acceptance_teacher_forced": None, "history": history}
+    util.json_write(meta / "drafter_metrics.json", metrics)  # in case validation is cut off
+    tau_val = metrics["heldout_acceptance_teacher_forced"] = validate()
     util.json_write(meta / "drafter_metrics.json", metrics)
     util.log(STEP, f"done: {step} steps; held-out teacher-forced acceptance length {tau_val:.2f}")
     return 0

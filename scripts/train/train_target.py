@@ -196,10 +196,12 @@ def main() -> int:
                      f"{eval_loss(model, held, s, device, amp, 2):.3f})")
             t_ckpt = time.time()
     files = export(model, s, out, meta)
-    ev = eval_loss(model, held, s, device, amp, 8)
     metrics = {"params": n_params, "steps": step, "tokens": step * tok_per_step,
-               "train_tokens": int(len(train)), "final_train_loss": losses[-1][1] if losses else None,
-               "heldout_loss": ev, "loss_curve": losses[::max(1, len(losses) // 50)]}
+               "train_tokens": int(len(train)),
+               "final_train_loss": losses[-1][1] if losses else None,
+               "heldout_loss": None, "loss_curve": losses[::max(1, len(losses) // 50)]}
+    util.json_write(meta / "target_metrics.json", metrics)   # in case the evaluation is cut off
+    ev = metrics["heldout_loss"] = eval_loss(model, held, s, device, amp, 8 if amp else 1)
     util.json_write(meta / "target_metrics.json", metrics)
     util.log(STEP, f"done: {step} steps, {step * tok_per_step / 1e6:.1f}M tokens, held-out loss "
              f"{ev:.3f} ({math.exp(ev):.2f} ppl/token); wrote {', '.join(files)}")
