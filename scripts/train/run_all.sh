@@ -4,7 +4,7 @@
 #
 #   scripts/train/run_all.sh OUTDIR [--smoke] [--budget SECONDS] [--work DIR]
 #
-# Full run: one CUDA GPU, about 9.5 minutes (--budget, default 560 s, bounds the whole run:
+# Full run: one CUDA GPU, about 9 minutes (--budget, default 540 s, bounds the whole run:
 # every step works to a deadline and is killed shortly after it). --smoke: tiny sizes on the
 # CPU in about 5 minutes, to try the whole flow anywhere. Needs torch, transformers (qwen3_5),
 # tokenizers, safetensors and numpy; not gguf (the GGUF is made afterwards by finish.sh).

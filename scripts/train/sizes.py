@@ -50,11 +50,11 @@ FULL = dict(
     taps=[1, 4, 7],               # target layers whose outputs feed the drafter
     block=16, gamma=7.0,          # block size; loss weight exp(-(k-1)/gamma) of slot k
     d_batch=32, anchors=128,      # sequences per step; anchor positions per sequence
-    d_lr=1e-3, d_warmup=60,
+    d_lr=1.5e-3, d_warmup=60,
     # wall-clock shares of the run (seconds from the start of run_all.sh)
-    budget=560,                   # whole run
-    prepare_until=110,            # data + vocabulary + tokenising done by then
-    target_until=360,             # target training (and its export) done by then
+    budget=540,                   # whole run (the device allows 600 s a command)
+    prepare_until=105,            # data + vocabulary + tokenising done by then
+    target_until=345,             # target training (and its export) done by then
     gen_share=0.30,               # share of the drafter step's time spent generating
 )
 

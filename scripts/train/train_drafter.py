@@ -39,6 +39,7 @@ from train_target import lr_at, model_load  # noqa: E402
 
 STEP = "drafter"
 CKPT_EVERY = 60.0
+MAX_ROWS = 32768     # continuations kept: their features stay on the GPU (about 1 MB each)
 
 
 @torch.no_grad()
@@ -49,7 +50,7 @@ def continuations(target, train: np.ndarray, s: dict, until: float, device: str)
     rng = np.random.default_rng(1)
     rows, prompt_len, valid_len = [], [], []
     n_gen, t0, last = 0, time.time(), 0.0
-    while time.time() + 1.2 * last < until or not rows:
+    while (time.time() + 1.2 * last < until and len(rows) < MAX_ROWS) or not rows:
         t = time.time()
         P = int(rng.integers(s["gen_prompt"][0], s["gen_prompt"][1] + 1))
         starts = rng.integers(0, len(train) - P - 1, size=s["gen_batch"])
@@ -91,7 +92,7 @@ def features(target, rows, s: dict, device: str, dtype) -> tuple[torch.Tensor, t
         lambda m, a, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o))
         for l in taps]
     try:
-        chunk = 64 if device == "cuda" else 8
+        chunk = 256 if device == "cuda" else 8
         for i in range(0, n, chunk):
             target(input_ids=toks[i:i + chunk].to(device), logits_to_keep=1)
             feats[i:i + chunk] = torch.cat([got[l] for l in taps], dim=-1).to(dtype)
