@@ -149,12 +149,25 @@ td_err think_flush(think_split *t)
     return think_emit_text(t, false, t->hold, n);
 }
 
-bool think_prompt_open(const char *prompt, size_t len)
+/* The last occurrence of needle in s[0..n), or NULL. */
+static const char *think_last(const char *s, size_t n, const char *needle, size_t nlen)
 {
     const char *last = NULL;
-    for (const char *p = prompt; (p = memmem(p, len - (size_t)(p - prompt), THINK_OPEN, OPEN_LEN));
-         p += OPEN_LEN)
+    for (const char *p = s; (p = memmem(p, n - (size_t)(p - s), needle, nlen)); p += nlen)
         last = p;
+    return last;
+}
+
+bool think_prompt_open(const char *prompt, size_t len)
+{
+    /* Only the last turn counts: a user who writes "<think>" does not open a block. */
+    static const char TURN[] = "<|im_start|>";
+    const char *turn = think_last(prompt, len, TURN, sizeof TURN - 1);
+    if (turn) {
+        len -= (size_t)(turn - prompt);
+        prompt = turn;
+    }
+    const char *last = think_last(prompt, len, THINK_OPEN, OPEN_LEN);
     if (!last)
         return false;
     size_t after = (size_t)(last - prompt) + OPEN_LEN;

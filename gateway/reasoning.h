@@ -45,7 +45,8 @@ td_err think_push(think_split *t, const char *text, size_t len);
 /* The end of the output: held text is emitted on its side (a cut-off marker as plain text). */
 td_err think_flush(think_split *t);
 
-/* True when the rendered prompt ends inside a reasoning block: its last "<think>" has no
+/* True when the rendered prompt ends inside a reasoning block: in its last ChatML turn (from
+ * the last "<|im_start|>", or the whole prompt without one) the last "<think>" has no
  * "</think>" after it. */
 bool think_prompt_open(const char *prompt, size_t len);
 

@@ -276,6 +276,9 @@ static void prompt_open_think_detection(void **state)
     assert_false(think_prompt_open(closed, strlen(closed)));
     assert_false(think_prompt_open(history, strlen(history)));
     assert_false(think_prompt_open("", 0));
+    const char *user = "<|im_start|>user\nWhat does <think> do?<|im_end|>\n<|im_start|>assistant\n";
+    assert_false(think_prompt_open(user, strlen(user)));
+    assert_true(think_prompt_open("x<think>", 8)); /* no ChatML turns: the whole prompt */
 }
 
 int main(void)
