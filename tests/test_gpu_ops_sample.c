@@ -1,0 +1,318 @@
+/* The sampler on the device against the CPU's (kernels/cpu/sample.c): every path of
+ * cuda_sample_probs (greedy, small top-k with top-p and min_p, the sorted path for top-p and
+ * large top-k, the dense path), ties, NaN and -inf logits, a row with no finite logit;
+ * cuda_sample_draw returning the CPU's token for the same p, seed and step; and greedy
+ * acceptance of a verified block on the device. Skips (77) without CUDA or a device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#define SKIP_EXIT 77
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return SKIP_EXIT;
+}
+
+#else
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+#define VOCAB 248320 /* qwen35 */
+#define HEAD 12      /* HEAD kind: tokens well above the rest */
+
+typedef enum logit_kind {
+    LOGITS_RANDOM, /* uniform in [-8, 8) */
+    LOGITS_HEAD,   /* uniform in [-6, 0) with HEAD tokens at 10, 9, ... 10-HEAD+1 */
+    LOGITS_TIES,   /* steps of 0.25 in [-6, 0]: every value shared by many tokens */
+    LOGITS_NAN,    /* random, every 7th NaN, every 11th -inf */
+} logit_kind;
+
+static int32_t head_ids[HEAD]; /* where LOGITS_HEAD put its head, best first */
+
+static float *make_logits(int64_t n, logit_kind kind)
+{
+    float *x = rng_floats(n, 1.0f);
+    for (int64_t i = 0; i < n; i++) {
+        switch (kind) {
+        case LOGITS_RANDOM: x[i] *= 8; break;
+        case LOGITS_HEAD: x[i] = 3 * x[i] - 3; break;
+        case LOGITS_TIES: x[i] = roundf((3 * x[i] - 3) * 4) / 4; break;
+        case LOGITS_NAN: x[i] = i % 7 == 3 ? NAN : i % 11 == 5 ? -INFINITY : 8 * x[i]; break;
+        }
+    }
+    if (kind == LOGITS_HEAD)
+        for (int j = 0; j < HEAD; j++) {
+            int32_t id;
+            bool taken;
+            do { /* distinct ids */
+                id = (int32_t)(rng_u64() % (uint64_t)n);
+                taken = false;
+                for (int m = 0; m < j; m++)
+                    taken |= head_ids[m] == id;
+            } while (taken);
+            head_ids[j] = id;
+            x[id] = 10.0f - (float)j;
+        }
+    return x;
+}
+
+/* p of the CPU and of the GPU for the same logits and settings: the kept sets are equal
+ * and the values within rtol. */
+static void check_probs(const char *what, const float *logits, int64_t n, const ops_sampler *s,
+                        float rtol)
+{
+    float *ref = malloc((size_t)n * 4);
+    GPU_OK(cpu_sample_probs(ref, logits, n, s));
+    float *dl = dput(logits, (size_t)n * 4), *dp = dpoison((size_t)n * 4);
+    GPU_OK(cuda_sample_probs(dp, dl, n, s, gpu_st));
+    float *got = dget(dp, (size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        if ((got[i] > 0) != (ref[i] > 0))
+            fail_msg("%s: token %lld kept %s on the GPU (p %.9g), %s on the CPU (p %.9g)", what,
+                     (long long)i, got[i] > 0 ? "yes" : "no", got[i], ref[i] > 0 ? "yes" : "no",
+                     ref[i]);
+    assert_true(check_close(what, got, ref, n, rtol, 1e-30f));
+    free(got);
+    free(ref);
+    cuda_mem_free(dl);
+    cuda_mem_free(dp);
+}
+
+/* The top-k path walks k candidates in f64 in the CPU's order: p within 2 ulp. The dense
+ * and sorted paths compute exp in f32 from an f32 (logit - max) / temperature: |z| <= 30
+ * here, so e is within 30 * 2^-24 + 2 ulp, and the f32-then-f64 sums add ~1e-6: 1e-5. */
+#define RTOL_TOPK 2.4e-7f
+#define RTOL_F32 1e-5f
+
+static void test_sample_probs_match_cpu_on_every_path(void **state)
+{
+    (void)state;
+    rng_seed(21);
+    float *head = make_logits(VOCAB, LOGITS_HEAD);
+    float *rnd = make_logits(VOCAB, LOGITS_RANDOM);
+    float *ties = make_logits(5000, LOGITS_TIES);
+    float *nans = make_logits(VOCAB, LOGITS_NAN);
+
+    check_probs("greedy", rnd, VOCAB, &(ops_sampler){.temperature = 0, .top_p = 1}, 0);
+    check_probs("greedy with NaN", nans, VOCAB, &(ops_sampler){.temperature = 0, .top_p = 1}, 0);
+    check_probs("temperature", head, VOCAB, &(ops_sampler){.temperature = 0.7f, .top_p = 1},
+                RTOL_F32);
+    check_probs("top_k 20", rnd, VOCAB, &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1},
+                RTOL_TOPK);
+    check_probs("top_k 40 top_p 0.9", rnd, VOCAB,
+                &(ops_sampler){.temperature = 0.8f, .top_k = 40, .top_p = 0.9f}, RTOL_TOPK);
+    check_probs("top_k 1024", rnd, VOCAB,
+                &(ops_sampler){.temperature = 2, .top_k = 1024, .top_p = 0.5f}, RTOL_TOPK);
+    check_probs("top_k 20 through ties", ties, 5000,
+                &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1}, RTOL_TOPK);
+    check_probs("top_k 20 with NaN and -inf", nans, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1}, RTOL_TOPK);
+    /* larger k: the sorted path; ties are cut by id as in cpu_topk */
+    check_probs("top_k 1500 through ties", ties, 5000,
+                &(ops_sampler){.temperature = 1, .top_k = 1500, .top_p = 1}, RTOL_F32);
+
+    /* top_p and min_p keep head tokens 0, 1, 2: the cut lies half a token's mass away from
+     * any boundary, far from rounding questions (values from the CPU's own distribution) */
+    float *p = malloc((size_t)VOCAB * 4);
+    GPU_OK(cpu_sample_probs(p, head, VOCAB, &(ops_sampler){.temperature = 1, .top_p = 1}));
+    const float mid = (p[head_ids[0]] + p[head_ids[1]] + p[head_ids[2]] / 2);
+    check_probs("top_p (sorted)", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_F32);
+    const float mp = 0.5f * (expf(-2) + expf(-3)); /* between e^-2 and e^-3 of the max */
+    check_probs("min_p (dense)", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = 1, .min_p = mp}, RTOL_F32);
+    check_probs("top_k 20 min_p", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1, .min_p = mp},
+                RTOL_TOPK);
+    GPU_OK(cpu_sample_probs(p, head, VOCAB,
+                            &(ops_sampler){.temperature = 1, .top_k = 2000, .top_p = 1}));
+    const float mid_k = (p[head_ids[0]] + p[head_ids[1]] + p[head_ids[2]] / 2);
+    check_probs("top_k 2000 top_p (sorted)", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_k = 2000, .top_p = mid_k}, RTOL_F32);
+    for (int64_t i = 0; i < VOCAB; i++) /* NaN and -inf in the tail: never kept */
+        if (head[i] < 0 && i % 5 == 0)
+            head[i] = i % 2 ? NAN : -INFINITY;
+    check_probs("top_p over NaN and -inf (sorted)", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_F32);
+
+    float one = 3.0f;
+    check_probs("one token", &one, 1, &(ops_sampler){.temperature = 1, .top_k = 5, .top_p = 0.5f},
+                0);
+    free(p);
+    free(head);
+    free(rnd);
+    free(ties);
+    free(nans);
+}
+
+/* No finite logit: the CPU refuses; the GPU cannot say so without waiting, so p is zeros
+ * on every path and a draw from it is -1. */
+static void test_sample_without_finite_logit_gives_zeros_and_no_token(void **state)
+{
+    (void)state;
+    const int64_t n = 3000;
+    float *x = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = i % 2 ? -INFINITY : NAN;
+    const ops_sampler ss[] = {{.temperature = 0, .top_p = 1},
+                              {.temperature = 1, .top_p = 1},
+                              {.temperature = 1, .top_k = 10, .top_p = 1},
+                              {.temperature = 1, .top_p = 0.9f}};
+    float *ref = malloc((size_t)n * 4);
+    float *dl = dput(x, (size_t)n * 4), *dp = dpoison((size_t)n * 4);
+    int32_t *dt = dpoison(4);
+    for (size_t c = 0; c < sizeof ss / sizeof ss[0]; c++) {
+        assert_int_equal(cpu_sample_probs(ref, x, n, &ss[c]), TD_EINVAL);
+        GPU_OK(cuda_mem_fill(dp, 0xFF, (size_t)n * 4, gpu_st));
+        GPU_OK(cuda_sample_probs(dp, dl, n, &ss[c], gpu_st));
+        float *got = dget(dp, (size_t)n * 4);
+        for (int64_t i = 0; i < n; i++)
+            if (got[i] != 0.0f)
+                fail_msg("settings %zu: p[%lld] = %g", c, (long long)i, got[i]);
+        GPU_OK(cuda_sample_draw(dt, dp, n, 1, 2, gpu_st));
+        int32_t *tok = dget(dt, 4);
+        assert_int_equal(*tok, -1);
+        free(tok);
+        free(got);
+    }
+    free(x);
+    free(ref);
+    cuda_mem_free(dl);
+    cuda_mem_free(dp);
+    cuda_mem_free(dt);
+}
+
+/* The same p uploaded: the GPU's token equals the CPU's for every (seed, step). */
+static void check_draws(const char *what, const float *p, int64_t n, int draws)
+{
+    float *dp = dput(p, (size_t)n * 4);
+    int32_t *dt = dpoison(4);
+    for (int i = 0; i < draws; i++) {
+        const uint64_t seed = rng_u64(), step = (uint64_t)i * 977 + (i % 3 == 0 ? 1ull << 40 : 0);
+        GPU_OK(cuda_sample_draw(dt, dp, n, seed, step, gpu_st));
+        int32_t *tok = dget(dt, 4);
+        const int32_t want = cpu_sample_draw(p, n, seed, step);
+        if (*tok != want)
+            fail_msg("%s: draw %d (seed %llu step %llu): GPU %d, CPU %d", what, i,
+                     (unsigned long long)seed, (unsigned long long)step, *tok, want);
+        free(tok);
+    }
+    cuda_mem_free(dp);
+    cuda_mem_free(dt);
+}
+
+static void test_sample_draw_matches_cpu_token_for_token(void **state)
+{
+    (void)state;
+    rng_seed(22);
+    float *logits = make_logits(VOCAB, LOGITS_RANDOM);
+    float *p = malloc((size_t)VOCAB * 4);
+    GPU_OK(cpu_sample_probs(p, logits, VOCAB, &(ops_sampler){.temperature = 1, .top_p = 1}));
+    check_draws("dense vocabulary", p, VOCAB, 100);
+    GPU_OK(cpu_sample_probs(p, logits, VOCAB,
+                            &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1}));
+    check_draws("top_k 20", p, VOCAB, 100);
+    /* not normalised, zeros in runs, fewer tokens than threads */
+    for (int64_t i = 0; i < 1000; i++)
+        p[i] = (i / 50) % 3 == 1 ? 0.0f : 3.7f * (float)(rng_u64() % 1000) / 1000.0f;
+    check_draws("unnormalised with zero runs", p, 1000, 100);
+    for (int64_t i = 0; i < 777; i++)
+        p[i] = i == 776 ? 0.25f : 0.0f;
+    check_draws("only the last token", p, 777, 10);
+    free(p);
+    free(logits);
+}
+
+/* Greedy acceptance: a = drafted tokens matching the argmax of the previous row, next =
+ * argmax of row a; ties go to the lower id as cpu_argmax. */
+static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state)
+{
+    (void)state;
+    rng_seed(23);
+    static const int64_t vocabs[] = {1000, VOCAB};
+    for (size_t vi = 0; vi < 2; vi++) {
+        const int64_t V = vocabs[vi], B = 16;
+        float *x = make_logits(B * V, LOGITS_TIES);
+        int32_t am[16];
+        for (int64_t r = 0; r < B; r++)
+            am[r] = (int32_t)cpu_argmax(x + r * V, V);
+        float *dl = dput(x, (size_t)(B * V) * 4);
+        int32_t *dam = dpoison((size_t)B * 4), *dres = dpoison(8);
+        static const int64_t accepts[] = {0, 1, 7, 15};
+        for (size_t c = 0; c < sizeof accepts / sizeof accepts[0]; c++) {
+            const int64_t a = accepts[c];
+            int32_t draft[15];
+            for (int64_t i = 0; i < B - 1; i++)
+                draft[i] = i < a ? am[i] : i == a ? (am[i] + 1) % (int32_t)V : am[i];
+            int32_t *dd = dput(draft, sizeof draft);
+            GPU_OK(cuda_accept_greedy(dam, dres, dl, dd, B, V, gpu_st));
+            int32_t *res = dget(dres, 8), *gam = dget(dam, (size_t)B * 4);
+            assert_true(check_same_bits("row argmax", gam, am, sizeof am));
+            assert_int_equal(res[0], a);
+            assert_int_equal(res[1], am[a]);
+            free(res);
+            free(gam);
+            cuda_mem_free(dd);
+        }
+        /* a drafted id outside the vocabulary never matches */
+        int32_t bad[15] = {-1};
+        int32_t *dd = dput(bad, sizeof bad);
+        GPU_OK(cuda_accept_greedy(dam, dres, dl, dd, B, V, gpu_st));
+        int32_t *res = dget(dres, 8);
+        assert_int_equal(res[0], 0);
+        assert_int_equal(res[1], am[0]);
+        free(res);
+        /* a block of one token (nothing drafted): the next token only */
+        GPU_OK(cuda_accept_greedy(dam, dres, dl, NULL, 1, V, gpu_st));
+        res = dget(dres, 8);
+        assert_int_equal(res[0], 0);
+        assert_int_equal(res[1], am[0]);
+        free(res);
+        cuda_mem_free(dd);
+        cuda_mem_free(dl);
+        cuda_mem_free(dam);
+        cuda_mem_free(dres);
+        free(x);
+    }
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return SKIP_EXIT;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sample_probs_match_cpu_on_every_path),
+        cmocka_unit_test(test_sample_without_finite_logit_gives_zeros_and_no_token),
+        cmocka_unit_test(test_sample_draw_matches_cpu_token_for_token),
+        cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif /* TANDEM_HAVE_CUDA */
