@@ -141,33 +141,53 @@ static td_err bm_add(bm_list *l, const char *name, td_dtype type, int64_t ne0, i
         TD_TRY(bm_add(l, nm_, type, ne0, ne1, fill));                                      \
     } while (0)
 
-/* Every tensor of the file in the converter's order (per block, names sorted). */
+/* The tensors of one full-attention block (a main layer, or the MTP block's layer). */
+static td_err bm_attn_block(bm_list *l, const bmodel_shape *s, int64_t il, td_dtype v,
+                            td_dtype down)
+{
+    const int64_t D = s->n_embd, F = s->n_ff;
+    const int64_t q_out = s->n_head * s->head_dim, kv_out = s->n_head_kv * s->head_dim;
+    BM_ADD(l, TD_Q4_K, D, kv_out, BM_UNIFORM, "blk.%lld.attn_k.weight", (long long)il);
+    BM_ADD(l, TD_F32, s->head_dim, 0, BM_ONES, "blk.%lld.attn_k_norm.weight", (long long)il);
+    BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.attn_norm.weight", (long long)il);
+    BM_ADD(l, TD_Q4_K, q_out, D, BM_UNIFORM, "blk.%lld.attn_output.weight", (long long)il);
+    BM_ADD(l, TD_Q4_K, D, 2 * q_out, BM_UNIFORM, "blk.%lld.attn_q.weight", (long long)il);
+    BM_ADD(l, TD_F32, s->head_dim, 0, BM_ONES, "blk.%lld.attn_q_norm.weight", (long long)il);
+    BM_ADD(l, v, D, kv_out, BM_UNIFORM, "blk.%lld.attn_v.weight", (long long)il);
+    BM_ADD(l, down, F, D, BM_UNIFORM, "blk.%lld.ffn_down.weight", (long long)il);
+    BM_ADD(l, TD_Q4_K, D, F, BM_UNIFORM, "blk.%lld.ffn_gate.weight", (long long)il);
+    BM_ADD(l, TD_Q4_K, D, F, BM_UNIFORM, "blk.%lld.ffn_up.weight", (long long)il);
+    if (il >= s->n_layer) {
+        /* The MTP block's own tensors, as the converter names them. */
+        BM_ADD(l, TD_Q4_K, 2 * D, D, BM_UNIFORM, "blk.%lld.nextn.eh_proj.weight", (long long)il);
+        BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.nextn.enorm.weight", (long long)il);
+        BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.nextn.hnorm.weight", (long long)il);
+        BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.nextn.shared_head_norm.weight", (long long)il);
+    }
+    BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.post_attention_norm.weight", (long long)il);
+    return TD_OK;
+}
+
+/* Every tensor of the file in the converter's order (per block, names sorted). The more-bits
+ * counts run over every block that carries the tensor, the MTP block's included, as
+ * llama.cpp's quantiser counts the tensors of the file. */
 static td_err bm_list_build(bm_list *l, const bmodel_shape *s)
 {
     const int64_t D = s->n_embd, F = s->n_ff, inner = s->n_v_head * s->d_state;
     const int64_t conv_ch = 2 * s->n_k_head * s->d_state + inner;
-    const int64_t q_out = s->n_head * s->head_dim, kv_out = s->n_head_kv * s->head_dim;
-    const int64_t n_attn = s->n_layer / s->full_attn_interval, n_delta = s->n_layer - n_attn;
+    const int64_t n_block = s->n_layer + s->n_nextn;
+    const int64_t n_attn = s->n_layer / s->full_attn_interval + s->n_nextn;
+    const int64_t n_delta = s->n_layer - s->n_layer / s->full_attn_interval;
     int64_t i_attn = 0, i_delta = 0;
 
     TD_TRY(bm_add(l, "token_embd.weight", TD_Q4_K, D, s->n_vocab, BM_UNIFORM));
     l->t[l->n - 1].amp = sqrtf(3.0f); /* embedding rows of unit variance */
-    for (int64_t il = 0; il < s->n_layer; il++) {
-        bool attn = (il + 1) % s->full_attn_interval == 0;
-        td_dtype down = bm_more_bits(il, s->n_layer) ? TD_Q6_K : TD_Q4_K;
+    for (int64_t il = 0; il < n_block; il++) {
+        bool attn = il >= s->n_layer || (il + 1) % s->full_attn_interval == 0;
+        td_dtype down = bm_more_bits(il, n_block) ? TD_Q6_K : TD_Q4_K;
         if (attn) {
             td_dtype v = bm_more_bits(i_attn++, n_attn) ? TD_Q6_K : TD_Q4_K;
-            BM_ADD(l, TD_Q4_K, D, kv_out, BM_UNIFORM, "blk.%lld.attn_k.weight", (long long)il);
-            BM_ADD(l, TD_F32, s->head_dim, 0, BM_ONES, "blk.%lld.attn_k_norm.weight", (long long)il);
-            BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.attn_norm.weight", (long long)il);
-            BM_ADD(l, TD_Q4_K, q_out, D, BM_UNIFORM, "blk.%lld.attn_output.weight", (long long)il);
-            BM_ADD(l, TD_Q4_K, D, 2 * q_out, BM_UNIFORM, "blk.%lld.attn_q.weight", (long long)il);
-            BM_ADD(l, TD_F32, s->head_dim, 0, BM_ONES, "blk.%lld.attn_q_norm.weight", (long long)il);
-            BM_ADD(l, v, D, kv_out, BM_UNIFORM, "blk.%lld.attn_v.weight", (long long)il);
-            BM_ADD(l, down, F, D, BM_UNIFORM, "blk.%lld.ffn_down.weight", (long long)il);
-            BM_ADD(l, TD_Q4_K, D, F, BM_UNIFORM, "blk.%lld.ffn_gate.weight", (long long)il);
-            BM_ADD(l, TD_Q4_K, D, F, BM_UNIFORM, "blk.%lld.ffn_up.weight", (long long)il);
-            BM_ADD(l, TD_F32, D, 0, BM_ONES, "blk.%lld.post_attention_norm.weight", (long long)il);
+            TD_TRY(bm_attn_block(l, s, il, v, down));
             continue;
         }
         td_dtype qkv = bm_more_bits(i_delta++, n_delta) ? TD_Q6_K : TD_Q4_K;

@@ -3,9 +3,10 @@
  * - a qwen35 target GGUF with every tensor under its real name and shape, quantised like
  *   llama.cpp's Q4_K_M (Q4_K for most matrices; Q6_K for output and the "more bits" layers of
  *   ffn_down / attn_v / attn_qkv; Q5_K for ssm_out; F32 norms and small ssm tensors), the
- *   converter's metadata (MTP block declared in block_count, no MTP tensors), a byte-level BPE
- *   tokenizer of exactly the vocabulary size and the Qwen3.5 chat template, so other engines
- *   load the same file;
+ *   converter's metadata and its MTP block after the main layers (tandem never runs it, but
+ *   llama.cpp's qwen35 loader requires its tensors once nextn_predict_layers says it is
+ *   there), a byte-level BPE tokenizer of exactly the vocabulary size and the Qwen3.5 chat
+ *   template, so other engines load the same file;
  * - a DFlash drafter (config.json + model.safetensors, bf16) for that target.
  *
  * Weights are random but valid: quantised blocks of uniform values scaled so every matrix
@@ -26,7 +27,7 @@
 typedef struct bmodel_shape {
     const char *name;          /* "27b", "tiny" */
     int64_t n_layer;           /* main layers */
-    int64_t n_nextn;           /* MTP blocks counted in block_count (no tensors are written) */
+    int64_t n_nextn;           /* MTP blocks after the main layers (written, never run) */
     int64_t n_embd;            /* residual width */
     int64_t n_ff;              /* SwiGLU inner width */
     int64_t n_head;            /* attention query heads */
@@ -64,7 +65,8 @@ const char *bmodel_shape_names(void);
 int64_t bmodel_mask_token(const bmodel_shape *s);
 
 /* The whole target GGUF in a new writer (free it with gguf_writer_free): metadata, tokenizer
- * and tensors. The writer holds the one copy of the weights (about 16.8 GB for 27b). */
+ * and tensors. The writer holds the one copy of the weights (17.07 GB for 27b: 16.81 GB of
+ * main model, 0.26 GB of MTP block). */
 td_err bmodel_build(gguf_writer **out, const bmodel_shape *s, uint64_t seed);
 
 /* Sets tokenizer.ggml.* and tokenizer.chat_template (cli/bench_vocab.c): n_vocab tokens =

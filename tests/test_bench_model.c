@@ -92,11 +92,11 @@ static void test_tiny_gguf_loads_as_a_qwen35_target(void **state)
     tgt_free(m);
 }
 
-/* The Q4_K_M type of every tensor of the tiny shape (8 layers, attention at 3 and 7), worked
- * out by hand from use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2 over the
- * layers that carry the tensor: ffn_down (n = 8) at layers 0, 3, 6, 7; attn_v (n = 2, the
- * attention layers 3, 7) at its second, layer 7; attn_qkv (n = 6, DeltaNet layers
- * 0, 1, 2, 4, 5, 6) at its third and sixth, layers 2 and 6. */
+/* The Q4_K_M type of every tensor of the tiny shape (8 main layers, attention at 3 and 7,
+ * then the MTP block 8), worked out by hand from use_more_bits(i, n) = i < n/8 || i >= 7n/8 ||
+ * (i - n/8) % 3 == 2 over the blocks that carry the tensor: ffn_down (n = 9) at blocks
+ * 0, 3, 6, 7, 8; attn_v (n = 3: blocks 3, 7, 8) at its third, block 8; attn_qkv (n = 6,
+ * DeltaNet layers 0, 1, 2, 4, 5, 6) at its third and sixth, layers 2 and 6. */
 static td_dtype bt_expected_type(const char *name)
 {
     int layer;
@@ -110,9 +110,14 @@ static td_dtype bt_expected_type(const char *name)
     if (sscanf(name, "blk.%d.%63s", &layer, part) != 2)
         return TD_DTYPE_LIMIT;
     if (!strcmp(part, "ffn_down.weight"))
-        return layer == 0 || layer == 3 || layer == 6 || layer == 7 ? TD_Q6_K : TD_Q4_K;
+        return layer == 0 || layer == 3 || layer == 6 || layer >= 7 ? TD_Q6_K : TD_Q4_K;
     if (!strcmp(part, "attn_v.weight"))
-        return layer == 7 ? TD_Q6_K : TD_Q4_K;
+        return layer == 8 ? TD_Q6_K : TD_Q4_K;
+    if (layer == 8 && !strcmp(part, "nextn.eh_proj.weight"))
+        return TD_Q4_K;
+    if (layer == 8 && (!strcmp(part, "nextn.enorm.weight") || !strcmp(part, "nextn.hnorm.weight") ||
+                       !strcmp(part, "nextn.shared_head_norm.weight")))
+        return TD_F32;
     if (!strcmp(part, "attn_qkv.weight"))
         return layer == 2 || layer == 6 ? TD_Q6_K : TD_Q4_K;
     if (!strcmp(part, "ssm_out.weight"))
@@ -137,9 +142,10 @@ static void test_tensor_types_follow_the_q4_k_m_rule(void **state)
     (void)state;
     gguf_file *g;
     assert_int_equal(gguf_open(&g, bt_model), TD_OK);
-    /* token_embd, output_norm, output; 11 tensors per attention layer, 14 per DeltaNet one;
-     * nothing for the MTP block (blk.8). */
-    assert_int_equal(g->n_tensors, 3 + 2 * 11 + 6 * 14);
+    /* token_embd, output_norm, output; 11 tensors per attention layer, 14 per DeltaNet one,
+     * 15 for the MTP block (an attention layer and its 4 nextn tensors), as the converter
+     * writes them. */
+    assert_int_equal(g->n_tensors, 3 + 2 * 11 + 6 * 14 + 15);
     int n_q6 = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const gguf_tensor *t = &g->tensors[i];
@@ -148,8 +154,12 @@ static void test_tensor_types_follow_the_q4_k_m_rule(void **state)
             fail_msg("%s is %s, expected %s", t->name, dtype_name(t->type), dtype_name(want));
         n_q6 += t->type == TD_Q6_K;
     }
-    assert_int_equal(n_q6, 4 + 1 + 2 + 1); /* ffn_down, attn_v, attn_qkv, output */
-    const gguf_tensor *t = gguf_find_tensor(g, "blk.2.attn_qkv.weight");
+    assert_int_equal(n_q6, 5 + 1 + 2 + 1); /* ffn_down, attn_v, attn_qkv, output */
+    const gguf_tensor *t = gguf_find_tensor(g, "blk.8.nextn.eh_proj.weight");
+    assert_non_null(t);
+    assert_int_equal(t->ne[0], 2 * 256);
+    assert_int_equal(t->ne[1], 256);
+    t = gguf_find_tensor(g, "blk.2.attn_qkv.weight");
     assert_non_null(t);
     assert_int_equal(t->ne[0], 256);
     assert_int_equal(t->ne[1], 2 * 2 * 64 + 4 * 64); /* q, k (2 heads x 64), v (4 x 64) */
@@ -171,6 +181,25 @@ static void test_tensor_types_follow_the_q4_k_m_rule(void **state)
     assert_int_equal(gguf_get_arr(g, "qwen35.rope.dimension_sections", &sec), TD_OK);
     assert_int_equal(sec->arr.elem, GGUF_TYPE_INT32);
     assert_int_equal(sec->arr.n, 4);
+    gguf_close(g);
+}
+
+/* The converter's tiny qwen35 file has the same layer pattern (8 main layers, interval 4, one
+ * MTP block): every tensor name of one is in the other. */
+static void test_tensor_names_match_the_converters_file(void **state)
+{
+    (void)state;
+    gguf_file *g, *ref;
+    assert_int_equal(gguf_open(&g, bt_model), TD_OK);
+    assert_int_equal(gguf_open(&ref, "tests/data/models/qwen35-tiny-f32.gguf"), TD_OK);
+    assert_int_equal(g->n_tensors, ref->n_tensors);
+    for (uint64_t i = 0; i < ref->n_tensors; i++) {
+        const gguf_tensor *r = &ref->tensors[i], *t = gguf_find_tensor(g, r->name);
+        if (!t)
+            fail_msg("%s of the converter's file is missing", r->name);
+        assert_int_equal(t->n_dims, r->n_dims);
+    }
+    gguf_close(ref);
     gguf_close(g);
 }
 
@@ -382,6 +411,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_gguf_loads_as_a_qwen35_target),
         cmocka_unit_test(test_tensor_types_follow_the_q4_k_m_rule),
+        cmocka_unit_test(test_tensor_names_match_the_converters_file),
         cmocka_unit_test(test_weights_are_finite_with_unit_norms),
         cmocka_unit_test(test_forward_pass_gives_finite_logits),
         cmocka_unit_test(test_tokenizer_loads_with_the_layout_ids),
