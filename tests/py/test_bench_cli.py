@@ -1,0 +1,119 @@
+"""tandem bench, the whole flow on the tiny shape: it runs end to end (on the CPU backend
+without a GPU), saves a GGUF that gguf-py reads, and every derived number of its JSON report
+agrees with what gguf-py finds in that file and with the report's own measured times."""
+import json
+import math
+import os
+import subprocess
+
+import pytest
+from gguf import GGUFReader
+
+SRC = os.environ.get("TANDEM_SOURCE_DIR", ".")
+BUILD = os.environ.get("TANDEM_BUILD_DIR", "build")
+TANDEM = os.path.join(BUILD, "tandem")
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    if not os.access(TANDEM, os.X_OK):
+        pytest.skip(f"{TANDEM} is not built")
+    d = tmp_path_factory.mktemp("bench")
+    model, report = d / "tiny.gguf", d / "bench.json"
+    p = subprocess.run(
+        [TANDEM, "bench", "--shape", "tiny", "--iters", "3", "--save", str(model),
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    with open(report) as f:
+        return {"json": json.load(f), "stdout": p.stdout, "model": str(model)}
+
+
+def close(a, b):
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_table_lists_every_measurement(bench):
+    out = bench["stdout"]
+    for row in ("copy bandwidth", "weight bytes per decode token", "decode, 1K context",
+                "decode, 32K context", "verify 16 tokens", "verify 32 tokens", "rollback",
+                "draft step", "process split, no MPS", "process split, MPS",
+                "projected speculative, no MPS"):
+        assert row in out, row
+
+
+def test_weight_and_state_bytes_match_the_saved_file(bench):
+    j, r = bench["json"], GGUFReader(bench["model"])
+    assert j["model_bytes"] == os.path.getsize(bench["model"])
+    n_main = int(r.fields["qwen35.block_count"].contents()) - \
+        int(r.fields["qwen35.nextn_predict_layers"].contents())
+    total = 0
+    for t in r.tensors:
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_main:
+            continue  # the MTP block never runs
+        if t.name == "token_embd.weight":
+            total += int(t.n_bytes) // int(t.shape[1])  # one row looked up
+        else:
+            total += int(t.n_bytes)
+    assert j["weight_bytes_per_token"] == total
+
+    f = {k: int(r.fields[f"qwen35.{k}"].contents()) for k in (
+        "attention.head_count_kv", "attention.key_length", "ssm.time_step_rank",
+        "ssm.state_size", "ssm.group_count", "ssm.conv_kernel", "full_attention_interval")}
+    n_attn = n_main // f["full_attention_interval"]
+    n_delta = n_main - n_attn
+    d = f["ssm.state_size"]
+    conv_ch = 2 * f["ssm.group_count"] * d + f["ssm.time_step_rank"] * d
+    for key, ctx in (("1k", 1024), ("32k", 32768)):
+        kv = n_attn * ctx * 2 * f["attention.head_count_kv"] * f["attention.key_length"] * 4
+        rec = n_delta * 2 * (f["ssm.time_step_rank"] * d * d +
+                             (f["ssm.conv_kernel"] - 1) * conv_ch) * 4
+        assert j["decode"][key]["context"] == ctx
+        assert j["decode"][key]["state_bytes_per_token"] == kv + rec
+
+
+def test_derived_numbers_follow_from_the_measured_times(bench):
+    j = bench["json"]
+    bw = j["copy_bandwidth_gbps"]
+    assert bw > 0
+    limit = j["weight_bytes_per_token"] / (bw * 1e9) * 1e3
+    assert close(j["bandwidth_limit_ms"], limit)
+    for key in ("1k", "32k"):
+        dec = j["decode"][key]
+        assert dec["ms"] > 0 and dec["iters"] == 3
+        assert close(dec["tok_s"], 1e3 / dec["ms"])
+        assert close(dec["fraction_of_limit"], limit / dec["ms"])
+        with_state = (j["weight_bytes_per_token"] + dec["state_bytes_per_token"]) / (bw * 1e9) * 1e3
+        assert close(dec["fraction_of_limit_with_state"], with_state / dec["ms"])
+    d1 = j["decode"]["1k"]["ms"]
+    for n in ("16", "32"):
+        assert close(j["verify"][n]["ratio_to_decode"], j["verify"][n]["ms"] / d1)
+    assert close(j["draft"]["ratio_to_decode"], j["draft"]["ms"] / d1)
+    assert j["draft"]["backend"] == "cpu"
+
+    sp = j["split"]["no_mps"]
+    assert sp["measured"], sp
+    assert close(sp["cost_us"], sp["step_us"] - sp["local_us"])
+    step_ms = j["draft"]["ms"] + j["verify"]["16"]["ms"] + j["rollback"]["ms"] + sp["cost_us"] * 1e-3
+    assert close(sp["fraction_of_step"], sp["cost_us"] * 1e-3 / step_ms)
+    for tau in (4, 6, 8):
+        assert close(sp["projected_tok_s"][str(tau)], tau * 1e3 / step_ms)
+    if not sp["gpu"]:
+        assert not j["split"]["mps"]["measured"]
+    assert any("32K context" in n for n in j["notes"])
+
+
+def test_saved_file_is_readable_by_gguf_py(bench):
+    r = GGUFReader(bench["model"])
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["output.weight"] == "Q6_K"
+    assert types["token_embd.weight"] == "Q4_K"
+    assert types["blk.0.ffn_down.weight"] == "Q6_K"
+    assert types["blk.1.ffn_down.weight"] == "Q4_K"
+    assert types["blk.0.ssm_out.weight"] == "Q5_K"
+    assert types["blk.0.ssm_alpha.weight"] == "F32"
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == 1024
+    assert len(r.fields["tokenizer.ggml.merges"].data) == 736
+    assert r.fields["tokenizer.ggml.pre"].contents() == "qwen35"
+    with open(os.path.join(SRC, "tests/data/chat/Qwen3.5-4B.jinja"), encoding="utf-8") as f:
+        assert r.fields["tokenizer.chat_template"].contents() == f.read()
