@@ -163,8 +163,6 @@ def main() -> int:
     amp = device == "cuda"
     dtype = torch.bfloat16 if amp else torch.float32
     torch.manual_seed(0)
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
     margin = 15.0 if device == "cuda" else 5.0
     t_begin = time.time()
 

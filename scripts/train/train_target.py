@@ -131,9 +131,6 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     amp = device == "cuda"
     torch.manual_seed(0)
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
     train = np.load(work / "train.npy")
     held = np.load(work / "eval.npy")
     model = model_build(s, device)
