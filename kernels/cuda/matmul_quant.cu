@@ -93,6 +93,16 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_b
                  : "memory");
 }
 
+/* 16 bytes, or 16 zeros without reading src when skip (the cheaper ignore-src form). */
+__device__ __forceinline__ void cp_async16_or_zero(void *dst, const void *src, bool skip)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+                 " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(d),
+                 "l"(src), "r"((int)skip)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -244,12 +254,14 @@ template <int NT> __host__ __device__ constexpr int pass_tiles()
  * into slot: row i at slot + i*STRIDE, starting from the 16-byte boundary at or below the
  * block, so the block begins at offset (address & 15) of its staged row. Lane = 16 * i0 + p
  * copies piece p of rows i0, i0+2, ...: consecutive lanes read consecutive 16 bytes of a
- * row. Bytes past the block and rows at or past n_rows are zero-filled, never read. Offsets
- * are 32-bit (ROWS rows of one matrix), addresses 64-bit. */
+ * row. Rows at or past n_rows are zero-filled, never read. Q4_K/Q5_K blocks are exactly the
+ * pieces. Q6_K/Q8_0 windows run up to SEG - 2 bytes past the block: whole pieces are copied
+ * (the bytes past the block belong to the next block or row and are never used), except
+ * where that could read past the matrix (stage_issue_exact). Offsets are 32-bit (ROWS rows
+ * of one matrix). */
 template <int T, int ROWS>
 __device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *kbase,
-                                            uint32_t row_bytes, int n_rows, int kb_bytes,
-                                            int lane)
+                                            uint32_t row_bytes, int n_rows, int lane)
 {
     using Q = qt<T>;
     const int p = lane & 15, i0 = lane >> 4;
@@ -259,20 +271,38 @@ __device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *kbase,
 #pragma unroll
     for (int k = 0; k < ROWS / 2; k++) {
         const int i = i0 + 2 * k;
-        const uint32_t off = (uint32_t)i * row_bytes;
-        uint32_t src_off;
-        int n;
+        const bool skip = i >= n_rows;
+        /* a row that is not there reads from row 0's address, which is (nothing is read) */
+        const uint32_t off = skip ? 0u : (uint32_t)i * row_bytes;
+        uint8_t *dst = slot + i * Q::STRIDE + 16 * p;
         if constexpr (Q::ALIGNED) {
-            src_off = off + 16 * p;
-            n = 16;
+            cp_async16_or_zero(dst, kbase + off + 16 * p, skip);
         } else {
             const uint32_t a = (kb_lo + off) & 15;
-            src_off = off - a + 16 * p;
-            n = min(max(kb_bytes + (int)a - 16 * p, 0), 16);
+            cp_async16_or_zero(dst, kbase + (off - a + 16 * p), skip);
         }
-        if (i >= n_rows)
-            n = 0;
-        cp_async16(slot + i * Q::STRIDE + 16 * p, n > 0 ? kbase + src_off : kbase, n);
+    }
+}
+
+/* stage_issue for the last k-block of the matrix's last rows (Q6_K, Q8_0): each piece copies
+ * only the block's bytes and zero-fills the rest. Rare, so kept out of the main loop. */
+template <int T, int ROWS>
+__device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *kbase,
+                                               uint32_t row_bytes, int n_rows, int kb_bytes,
+                                               int lane)
+{
+    using Q = qt<T>;
+    const int p = lane & 15, i0 = lane >> 4;
+    if (p >= Q::SEG / 16)
+        return;
+    const uint32_t kb_lo = (uint32_t)(uintptr_t)kbase;
+    for (int k = 0; k < ROWS / 2; k++) {
+        const int i = i0 + 2 * k;
+        const uint32_t off = i < n_rows ? (uint32_t)i * row_bytes : 0u;
+        const uint32_t a = (kb_lo + off) & 15;
+        const int n = i < n_rows ? min(max(kb_bytes + (int)a - 16 * p, 0), 16) : 0;
+        cp_async16(slot + i * Q::STRIDE + 16 * p, n > 0 ? kbase + (off - a + 16 * p) : kbase,
+                   n);
     }
 }
 
@@ -288,10 +318,10 @@ __device__ __forceinline__ int stage_delta(const uint8_t *kbase, uint32_t row_by
  * takes bytes 8t..8t+7 of each 32-byte qs chunk c of rows g and g+8: the low nibbles are
  * weights 64c + 8t..8t+7 (sub-block 2c), the high nibbles the same l of sub-block 2c+1, so
  * k slots 4t..4t+3 / 16+4t..16+4t+3 hold l = 8t..8t+3 / 8t+4..8t+7 of a sub-block: x bytes
- * 8t..8t+7 of that sub-block. The mins enter through one k16 MMA pair per k-block: A = the
- * 8 six-bit mins of a row in k slots 0..7 (lanes t = 0, 1), B = the token's 32-input sums
- * split lo / hi (mm_xquant). */
-template <bool Q5, int MT, int NT>
+ * 8t..8t+7 of that sub-block. The mins enter through three k16 MMAs per k-block
+ * (mma_digits): A = the 8 six-bit mins of a row in k slots 0..7 (lanes t = 0, 1), B = the
+ * digits of the token's 32-input sums (mm_xquant). */
+template <bool Q5, int MT, int NT, bool ONE>
 __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t *slot,
                                           const xview &x, lane_pos l)
 {
@@ -373,6 +403,8 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
                         mma_k32(dl, a[0], a[1], a[2], a[3], b.z, b.w);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
+                            if (ONE && (i & 1))
+                                continue; /* token 2t+1: absent when n_tok = 1 */
                             ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
                             il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
                         }
@@ -394,6 +426,8 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
                 mma_digits(msum, a0, a1, bs);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
+                    if (ONE && (i & 1))
+                        continue; /* token 2t+1: absent when n_tok = 1 */
                     const int h = i >> 1;                    /* row g or g+8 */
                     const float dxt = (i & 1) ? dx.y : dx.x; /* token 2t or 2t+1 */
                     const float I = __fmaf_rn(256.0f, __int2float_rn(ih[mt][ii][i]),
@@ -413,9 +447,10 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
  * index k = 8n + 2q + gh, which is also the group's position / 16). Lane (g, t) reads
  * ql[64n + 16gh + 4t] (q = 0 low, q = 2 high nibbles), ql[64n + 32 + ...] (q = 1, 3) and
  * qh[32n + 16gh + 4t] (2 bits per q). The weights go in as 0..63; the -32 comes back as
- * -32 * sum_k sc_k * sum16_k, one k16 MMA pair with A = the 16 int8 scales of a row (lane t:
- * scales 4t..4t+3, which is exactly the word at 192 + 4t). */
-template <int MT, int NT>
+ * -32 * sum_k sc_k * sum16_k, three k16 MMAs (mma_digits) with A = the 16 int8 scales of a
+ * row (lane t: scales 4t..4t+3, the word at 192 + 4t) and B = the digits of the token's
+ * 16-input sums. */
+template <int MT, int NT, bool ONE>
 __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes,
                                            const xview &x, lane_pos l)
@@ -486,6 +521,8 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
                             mma_k16(dl, q[qq][mt][0], q[qq][mt][1], b.y);
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
+                                if (ONE && (i & 1))
+                                    continue; /* token 2t+1: absent when n_tok = 1 */
                                 ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
                                 il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
                             }
@@ -510,6 +547,8 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
                 mma_digits(csum, a0, a1, bs);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
+                    if (ONE && (i & 1))
+                        continue; /* token 2t+1: absent when n_tok = 1 */
                     const int h = i >> 1;
                     const float dxt = (i & 1) ? dx.y : dx.x;
                     const float I = __fmaf_rn(-32.0f, __int2float_rn(csum[i]),
@@ -525,7 +564,7 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
 /* Q8_0: a k-block is up to 4 blocks of 34 bytes (f16 d, int8 q[32]) at any even offset (the
  * last k-block of a row may hold fewer). Lane (g, t) takes q[8t..8t+7] of rows g and g+8.
  * Two k-blocks share one x block (256 inputs). */
-template <int MT, int NT>
+template <int MT, int NT, bool ONE>
 __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes, int n_blk,
                                            const xview &x, lane_pos l)
@@ -573,6 +612,8 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
                     mma_k32(dl, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.z, bx.w);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
+                        if (ONE && (i & 1))
+                            continue; /* token 2t+1: absent when n_tok = 1 */
                         const float dxt = (i & 1) ? dx[ii].y : dx[ii].x;
                         acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, dw[mt][i >> 1]),
                                                    __int2float_rn(256 * dh[i] + dl[i]),
@@ -587,7 +628,7 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
 /* --- the kernel --------------------------------------------------------------------------- */
 
 /* grid: one CTA per 16*MT rows; block: KSPLIT warps; dynamic shared memory smem_bytes(). */
-template <int T, int MT, int NT>
+template <int T, int MT, int NT, bool ONE>
 __global__ void __launch_bounds__(KSPLIT * 32)
     mmq_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
                mm_xquant xq)
@@ -611,18 +652,24 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     for (int nt = 0; nt < NT; nt++)
         valid |= (unsigned)(nt * NTOK + l.g < xq.n_tok) << nt;
 
+    const int n_blk32 = (int)(cols / 32); /* Q8_0 blocks per row */
     auto kb_bytes = [&](int kb) -> int {
-        if constexpr (T != TD_Q8_0) {
+        if constexpr (T != TD_Q8_0)
             return Q::KB_BYTES;
-        } else {
-            const int64_t left = (cols - (int64_t)kb * Q::KB_W) / 32; /* Q8_0 blocks left */
-            return (int)(left < 4 ? left : 4) * 34;
-        }
+        else /* the last k-block of a row may hold fewer than 4 blocks */
+            return min(n_blk32 - 4 * kb, 4) * 34;
     };
+    /* within 4 rows of the matrix's end, the last k-block's staging window could reach past
+     * it (stage_issue) */
+    const bool tail = r0 + ROWS + 4 > rows;
     auto issue = [&](int s) { /* the warp's s-th k-block into its ring slot */
         const int kb = warp + KSPLIT * s;
-        stage_issue<T, ROWS>(ring + (s % S) * STAGE_BYTES, wrow + (size_t)kb * Q::KB_BYTES,
-                             row_bytes, n_rows, kb_bytes(kb), lane);
+        uint8_t *slot = ring + (s % S) * STAGE_BYTES;
+        const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
+        if (!Q::ALIGNED && tail && kb == nkb - 1)
+            stage_issue_exact<T, ROWS>(slot, kbase, row_bytes, n_rows, kb_bytes(kb), lane);
+        else
+            stage_issue<T, ROWS>(slot, kbase, row_bytes, n_rows, lane);
     };
 
     float acc[MT][NT][4];
@@ -651,11 +698,11 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
         const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
         if constexpr (T == TD_Q4_K || T == TD_Q5_K)
-            kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
+            kblock_kq<T == TD_Q5_K, MT, NT, ONE>(acc, slot, x, l);
         else if constexpr (T == TD_Q6_K)
-            kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
+            kblock_q6k<MT, NT, ONE>(acc, slot, kbase, row_bytes, x, l);
         else
-            kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
+            kblock_q80<MT, NT, ONE>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
         __syncwarp(); /* every lane is done with the slot before it is refilled */
     }
     cp_async_wait<0>();
@@ -686,7 +733,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 }
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
-template <int T, int MT, int NT>
+template <int T, int MT, int NT, bool ONE = false>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t st)
 {
     constexpr int smem = smem_bytes<T, MT, NT>();
@@ -696,7 +743,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t s
         CUDA_TRY(cudaGetDevice(&dev));
         const unsigned long long bit = 1ull << (dev & 63);
         if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
-            CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
+            CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
             __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
         }
@@ -706,7 +753,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t s
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
-    mmq_kernel<T, MT, NT><<<(unsigned)grid, KSPLIT * 32, smem, st>>>(
+    mmq_kernel<T, MT, NT, ONE><<<(unsigned)grid, KSPLIT * 32, smem, st>>>(
         y, (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
     CUDA_TRY_LAUNCH();
     return TD_OK;
@@ -723,6 +770,8 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
     const bool two = w->rows >= (int64_t)2 * MROWS * 4 * n_sm;
     switch (xq->n_pad) {
     case 8:
+        if (xq->n_tok == 1) /* decode: skip the MMA outputs of the absent token 2t+1 */
+            return launch<T, 1, 1, true>(y, xq, w, st);
         return launch<T, 1, 1>(y, xq, w, st);
     case 16:
         return two ? launch<T, 2, 2>(y, xq, w, st) : launch<T, 1, 2>(y, xq, w, st);
