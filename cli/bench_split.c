@@ -23,6 +23,7 @@
 #define BS_WARMUP 200
 #define BS_KERNEL_FLOATS 4096 /* a kernel that takes a few microseconds: the step's sync point */
 #define BS_VOCAB 248320       /* token ids of the proposal: any id of a real vocabulary */
+#define BS_EXIT_CPU 3         /* the server's exit status when it had no CUDA device */
 
 static double bs_now_us(void)
 {
@@ -116,8 +117,10 @@ int bsplit_serve(const char *url, int device)
     int sig;
     sigwait(&set, &sig);
     bus_server_free(s);
+    /* The exit status tells the parent which backend this end ran its kernels on. */
+    int rc = g.cuda ? 0 : BS_EXIT_CPU;
     bs_gpu_free(&g);
-    return 0;
+    return rc;
 }
 
 int bsplit_client(const char *url, int device, int calls, int block)
@@ -300,6 +303,7 @@ static void bs_pair(int device, int calls, int block, const char *mps_dir, bspli
         pid_t s = bs_spawn(srv, mps_dir, NULL);
         pid_t c = s > 0 ? bs_spawn(cli, mps_dir, &fd) : -1;
         char line[512] = "";
+        int s_status = -1;
         if (c > 0) {
             bs_read(fd, line, sizeof line);
             close(fd);
@@ -307,7 +311,7 @@ static void bs_pair(int device, int calls, int block, const char *mps_dir, bspli
         }
         if (s > 0) {
             kill(s, SIGTERM);
-            bs_reap(s, 5000);
+            s_status = bs_reap(s, 5000);
         }
         int gpu;
         if (s <= 0 || c <= 0)
@@ -315,6 +319,9 @@ static void bs_pair(int device, int calls, int block, const char *mps_dir, bspli
         else if (sscanf(line, "bsplit gpu=%d step_us=%lf local_us=%lf", &gpu, &res->step_us,
                         &res->local_us) != 3)
             snprintf(res->why, sizeof res->why, "the split client failed (its message is above)");
+        else if (gpu && !(WIFEXITED(s_status) && WEXITSTATUS(s_status) == 0))
+            snprintf(res->why, sizeof res->why, "the draftd end had no CUDA device while the "
+                     "verifyd end had one (an exclusive compute mode?)");
         else {
             res->measured = true;
             res->gpu = gpu != 0;

@@ -331,7 +331,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
         be = cuda;
         r.on_gpu = true;
     } else {
-        bench_note(&r, "no usable CUDA device (%s): everything ran on the CPU backend; these "
+        bench_note(&r, "the CUDA backend is unavailable (%s): everything ran on the CPU backend; these "
                    "are not GPU numbers", err_msg());
         cuda = NULL;
         be = ops_backend_cpu();
@@ -402,22 +402,24 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     if (r.on_gpu)
         bench_note(&r, "the drafter ran on the CPU backend (%d runs): its step is a CPU time, "
                    "not the GPU one", draft_iters);
-    if (!draft && !save_draft) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/config.json", ddir);
-        unlink(p);
-        snprintf(p, sizeof p, "%s/model.safetensors", ddir);
-        unlink(p);
+    if (!draft && !save_draft)
         r.draft_dir = "synthetic, in a temporary folder (removed)";
-    }
     bench_note(&r, "total %.1f s", bench_now() - t_start);
     bench_print(&r);
     if (json_path && bench_json_write(&r, json_path) != TD_OK)
         rc = bench_fail("writing the JSON report");
 out:
     tgt_free(m);
-    if (*tmp)
+    if (*tmp) {
+        /* What was made in the temporary folder (the files may not exist). */
+        static const char *const made[] = {"model.gguf", "config.json", "model.safetensors"};
+        for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/%s", tmp, made[i]);
+            unlink(p);
+        }
         rmdir(tmp);
+    }
     if (cuda)
         ops_backend_cuda_free(cuda);
     return rc;
@@ -495,6 +497,14 @@ int cmd_bench(int argc, char **argv)
     if (model && save) {
         fprintf(stderr, "tandem bench: --save writes the synthetic model; with --model there is none\n");
         return 2;
+    }
+    /* Before minutes of measuring: the files given must be there. */
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", draft ? draft : "");
+    if ((model && access(model, R_OK) != 0) || (draft && access(cfg, R_OK) != 0)) {
+        fprintf(stderr, "tandem bench: %s: %s\n", model && access(model, R_OK) != 0 ? model : cfg,
+                strerror(errno));
+        return 1;
     }
     return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json);
 }
