@@ -455,6 +455,57 @@ static td_err call_fail(bus_client *c, int rv, int32_t timeout_ms)
     return nng_fail(rv, "%s: call failed", c->url);
 }
 
+/* The completion of a call's aio, signalled to the caller waiting for it. */
+typedef struct call_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* on CLOCK_MONOTONIC */
+    bool done;
+} call_wait;
+
+static void call_done(void *arg)
+{
+    call_wait *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Grace after a call's deadline before it is cancelled by hand. */
+#define BUS_CALL_GRACE_MS 200
+
+/* Waits for the aio's operation, at most until deadline (+ grace): then it is cancelled
+ * explicitly, because NNG 1.5's timer can miss an expiry (a call was seen waiting forever
+ * on a send after its server was killed). Returns the operation's result, NNG_ETIMEDOUT
+ * when it had to be cancelled. */
+static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline)
+{
+    bool cancelled = false;
+    pthread_mutex_lock(&w->mu);
+    while (!w->done) {
+        nng_time now = nng_clock(), until = deadline + BUS_CALL_GRACE_MS;
+        if (now >= until) {
+            pthread_mutex_unlock(&w->mu);
+            nng_aio_cancel(aio);
+            nng_aio_wait(aio);
+            pthread_mutex_lock(&w->mu);
+            cancelled = true;
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(until - now) * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    w->done = false;
+    pthread_mutex_unlock(&w->mu);
+    nng_aio_wait(aio); /* the callback has returned */
+    int rv = nng_aio_result(aio);
+    return cancelled && rv == NNG_ECANCELED ? NNG_ETIMEDOUT : rv;
+}
+
 td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *reply,
                        int32_t timeout_ms)
 {
@@ -462,25 +513,35 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_ctx ctx;
     nng_aio *aio = NULL;
     nng_msg *m = NULL;
+    call_wait w = {.done = false};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&w.mu, NULL);
     int rv;
-    if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
-        return nng_fail(rv, "%s: opening a request context", c->url);
-    if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0 || (rv = nng_msg_alloc(&m, req_len)) != 0) {
+    td_err e = TD_OK;
+    if ((rv = nng_ctx_open(&ctx, c->sock)) != 0) {
+        e = nng_fail(rv, "%s: opening a request context", c->url);
+        goto done;
+    }
+    if ((rv = nng_aio_alloc(&aio, call_done, &w)) != 0 || (rv = nng_msg_alloc(&m, req_len)) != 0) {
         if (aio)
             nng_aio_free(aio);
+        aio = NULL;
         nng_ctx_close(ctx);
-        return nng_fail(rv, "%s: request of %zu bytes", c->url, req_len);
+        e = nng_fail(rv, "%s: request of %zu bytes", c->url, req_len);
+        goto done;
     }
     if (req_len)
         memcpy(nng_msg_body(m), req, req_len);
 
     nng_time deadline = nng_clock() + (nng_time)timeout_ms;
-    td_err e = TD_OK;
     nng_aio_set_msg(aio, m);
     nng_aio_set_timeout(aio, timeout_ms);
     nng_ctx_send(ctx, aio);
-    nng_aio_wait(aio);
-    if ((rv = nng_aio_result(aio)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline)) != 0) {
         nng_msg_free(nng_aio_get_msg(aio)); /* a failed send hands the message back */
         e = call_fail(c, rv, timeout_ms);
         goto out;
@@ -490,8 +551,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_time now = nng_clock();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
-    nng_aio_wait(aio);
-    if ((rv = nng_aio_result(aio)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline)) != 0) {
         e = call_fail(c, rv, timeout_ms);
         goto out;
     }
@@ -502,6 +562,9 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
 out:
     nng_ctx_close(ctx);
     nng_aio_free(aio);
+done:
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
     return e;
 }
 
