@@ -65,8 +65,7 @@ static int teardown(void **ctx)
     (void)ctx;
     dfl_free(dm);
     tgt_free(tm);
-    pl_teardown(&pl);
-    return 0;
+    return pl_teardown(&pl) == 0 ? 0 : -1;
 }
 
 /* n tokens after prompt in one process: with the drafter (speculative) or without (plain). */

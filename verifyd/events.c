@@ -5,12 +5,14 @@
 #include <nng/protocol/pipeline0/push.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 
 struct events {
     nng_socket sock;
     msg_buf buf;      /* reused for every event (only the scheduler thread sends) */
+    int timeout_ms;   /* how long a send may wait for a gateway */
     uint64_t dropped; /* events no gateway took */
 };
 
@@ -27,8 +29,8 @@ td_err events_open(events **out, const char *url, int send_timeout_ms)
         return err_set(TD_EIO, "%s: opening a push socket: %s", url, nng_strerror(rv));
     }
     /* A gateway that restarts is found again within 100 ms. */
-    if ((rv = nng_socket_set_ms(ev->sock, NNG_OPT_SENDTIMEO, send_timeout_ms)) != 0 ||
-        (rv = nng_socket_set_ms(ev->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
+    ev->timeout_ms = send_timeout_ms;
+    if ((rv = nng_socket_set_ms(ev->sock, NNG_OPT_RECONNMINT, 10)) != 0 ||
         (rv = nng_socket_set_ms(ev->sock, NNG_OPT_RECONNMAXT, 100)) != 0 ||
         (rv = nng_socket_set_int(ev->sock, NNG_OPT_SENDBUF, 1024)) != 0 ||
         (rv = nng_dial(ev->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
@@ -52,13 +54,22 @@ void events_close(events *ev)
 td_err events_send(events *ev, const msg_gen_event *m)
 {
     TD_TRY(msg_pack_gen_event(&ev->buf, m->seq_id, m));
-    int rv = nng_send(ev->sock, ev->buf.data, ev->buf.len, 0);
+    /* Non-blocking attempts on our own clock rather than a blocking send: NNG 1.5's timer
+     * can miss an expiry, and the scheduler must never wait forever on a gateway. */
+    int rv;
+    for (int waited = 0;; waited++) {
+        rv = nng_send(ev->sock, ev->buf.data, ev->buf.len, NNG_FLAG_NONBLOCK);
+        if (rv != NNG_EAGAIN || waited >= ev->timeout_ms)
+            break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (rv != 0) {
         if (ev->dropped++ % 100 == 0)
             LOG_WARN("event of sequence %llu dropped (%llu so far): %s",
                      (unsigned long long)m->seq_id, (unsigned long long)ev->dropped,
                      nng_strerror(rv));
-        return err_set(rv == NNG_ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "event not sent: %s",
+        return err_set(rv == NNG_EAGAIN ? TD_ETIMEOUT : TD_EIO, "event not sent: %s",
                        nng_strerror(rv));
     }
     return TD_OK;

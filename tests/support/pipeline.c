@@ -102,11 +102,21 @@ int pl_stop(pipeline *p, int svc, int sig)
     return -1;
 }
 
-void pl_teardown(pipeline *p)
+int pl_teardown(pipeline *p)
 {
-    for (int i = PL_SVC_N - 1; i >= 0; i--)
-        if (p->pid[i])
-            pl_stop(p, i, SIGTERM);
+    int bad = 0;
+    for (int i = PL_SVC_N - 1; i >= 0; i--) {
+        if (!p->pid[i])
+            continue;
+        int status = pl_stop(p, i, SIGTERM);
+        if (status != 0) { /* a crash, or the sanitizer's report at exit */
+            fprintf(stderr, "pipeline: %s exited with status %d on SIGTERM\n", pl_names[i],
+                    status);
+            bad++;
+        }
+    }
+    if (bad)
+        pl_dump_logs(p);
     bus_client_free(p->vd);
     if (p->pull) {
         nng_socket s = {.id = p->pull};
@@ -123,6 +133,7 @@ void pl_teardown(pipeline *p)
             fprintf(stderr, "pipeline: cannot remove %s\n", p->dir);
     }
     memset(p, 0, sizeof *p);
+    return bad;
 }
 
 void pl_dump_logs(const pipeline *p)
@@ -218,11 +229,18 @@ static pl_result *pl_find(pipeline *p, uint64_t seq_id)
 static bool pl_pump(pipeline *p, int timeout_ms)
 {
     nng_socket s = {.id = p->pull};
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, timeout_ms);
     void *buf = NULL;
     size_t len = 0;
-    if (nng_recv(s, &buf, &len, NNG_FLAG_ALLOC) != 0)
-        return false;
+    /* Polled on our own clock: NNG 1.5's timer can miss an expiry. */
+    for (int waited = 0;; waited++) {
+        int rv = nng_recv(s, &buf, &len, NNG_FLAG_ALLOC | NNG_FLAG_NONBLOCK);
+        if (rv == 0)
+            break;
+        if (rv != NNG_EAGAIN || waited >= timeout_ms)
+            return false;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
     msg_gen_event ev;
     if (msg_unpack_gen_event(buf, len, NULL, &ev) != TD_OK) {
         fprintf(stderr, "pipeline: bad event: %s\n", err_msg());

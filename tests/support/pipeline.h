@@ -48,8 +48,9 @@ typedef struct pipeline {
  * not built, or -1. */
 int pl_setup(pipeline *p);
 
-/* Stops every daemon (SIGTERM, then SIGKILL) and removes the directory. */
-void pl_teardown(pipeline *p);
+/* Stops every daemon (SIGTERM, then SIGKILL) and removes the directory. Returns how many
+ * did not exit with status 0 (their logs are printed). */
+int pl_teardown(pipeline *p);
 
 /* Starts a daemon with --runtime-dir and the given further arguments (NULL-terminated);
  * OMP_NUM_THREADS=1 so several daemons share the test machine's cores. */
