@@ -37,6 +37,7 @@ template <int UNIT>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
                               int64_t cols, int n_tok, int n_pad)
 {
+    mm_launch_dependents(); /* the matmul may start streaming its weights */
     const int lane = threadIdx.x & 31;
     const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
     const int64_t total = (int64_t)n_pad * nb;
@@ -201,9 +202,12 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
     if (((uintptr_t)w->data & 15) != 0)
         return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
                        dtype_name(w->type), w->data);
-    int dev = 0, n_sm = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int ordinal = 0, major = 0;
+    mm_device dev = {0, false};
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    CUDA_TRY(cudaDeviceGetAttribute(&dev.n_sm, cudaDevAttrMultiProcessorCount, ordinal));
+    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+    dev.pdl = major >= 9;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;
     TD_TRY(scratch_get(st, xq_layout_of(w->cols, pad_max).bytes, &buf));
@@ -224,7 +228,7 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
             xquant_kernel<8><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         CUDA_TRY_LAUNCH();
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
-        TD_TRY(mmq_launch(y + (size_t)t0 * w->rows, &q, w, n_sm, st));
+        TD_TRY(mmq_launch(y + (size_t)t0 * w->rows, &q, w, &dev, st));
     }
     return TD_OK;
 }

@@ -48,11 +48,36 @@ typedef struct mm_xquant {
 /* Inputs per hi/lo interleave unit the kernel for type expects (8 or 4). */
 int mmq_unit(td_dtype type);
 
+/* The device a launch goes to, as the launchers need it. */
+typedef struct mm_device {
+    int n_sm;  /* multiprocessors: picks the row tile (results never depend on it) */
+    bool pdl;  /* programmatic dependent launch (sm_90+): the matmul kernel starts while the
+                * activation rounding before it still runs, streaming weights meanwhile */
+} mm_device;
+
 /* y[n_tok][w->rows] = xq . W^T for Q8_0, Q4_K, Q5_K, Q6_K (matmul_quant.cu). w->data is
- * 16-byte aligned (cuda_matmul checks). n_sm: the device's multiprocessor count (picks the
- * row tile; results do not depend on it). */
-td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
+ * 16-byte aligned (cuda_matmul checks). With dev->pdl the kernel is launched as a
+ * programmatic dependent of the kernel before it on st (which wrote xq) and waits for it
+ * before its first read of xq. */
+td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st);
+
+/* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
+ * kernel launch now; wait until the kernels this one depends on have finished and their
+ * writes are visible. */
+__device__ __forceinline__ void mm_launch_dependents(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mm_wait_dependencies(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* y[n_tok][w->rows] = x[n_tok][w->cols] . W^T for F32, F16, BF16 (matmul_float.cu),
  * 1 <= n_tok <= MM_CHUNK. */

@@ -687,6 +687,8 @@ __global__ void __launch_bounds__(KSPLIT * 32)
             issue(s);
         cp_async_commit(); /* empty groups keep the count uniform */
     }
+    /* the weights are on their way; xq comes from the kernel before this one */
+    mm_wait_dependencies();
     for (int i = 0; i < nk; i++) {
         if (i + S - 1 < nk)
             issue(i + S - 1);
@@ -734,14 +736,15 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
 template <int T, int MT, int NT, bool ONE = false>
-td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t st)
+td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+              cudaStream_t st)
 {
     constexpr int smem = smem_bytes<T, MT, NT>();
     static unsigned long long opted; /* bit per device ordinal; setting it twice is harmless */
     if (smem > 48 * 1024) {
-        int dev = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        const unsigned long long bit = 1ull << (dev & 63);
+        int ordinal = 0;
+        CUDA_TRY(cudaGetDevice(&ordinal));
+        const unsigned long long bit = 1ull << (ordinal & 63);
         if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
             CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -753,9 +756,18 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t s
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
-    mmq_kernel<T, MT, NT, ONE><<<(unsigned)grid, KSPLIT * 32, smem, st>>>(
-        y, (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
-    CUDA_TRY_LAUNCH();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(KSPLIT * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dev->pdl ? 1 : 0;
+    CUDA_TRY(cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>, y, (const uint8_t *)w->data,
+                                (uint32_t)w->row_bytes, w->rows, w->cols, *xq));
     return TD_OK;
 }
 
@@ -764,22 +776,22 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, cudaStream_t s
  * activation traffic from L2), but only where the matrix still gives every SM several CTAs.
  * More tokens keep one row tile: two would not fit the registers (ptxas spills). */
 template <int T>
-td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
+td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    const bool two = w->rows >= (int64_t)2 * MROWS * 4 * n_sm;
+    const bool two = w->rows >= (int64_t)2 * MROWS * 4 * dev->n_sm;
     switch (xq->n_pad) {
     case 8:
         if (xq->n_tok == 1) /* decode: skip the MMA outputs of the absent token 2t+1 */
-            return launch<T, 1, 1, true>(y, xq, w, st);
-        return launch<T, 1, 1>(y, xq, w, st);
+            return launch<T, 1, 1, true>(y, xq, w, dev, st);
+        return launch<T, 1, 1>(y, xq, w, dev, st);
     case 16:
-        return two ? launch<T, 2, 2>(y, xq, w, st) : launch<T, 1, 2>(y, xq, w, st);
+        return two ? launch<T, 2, 2>(y, xq, w, dev, st) : launch<T, 1, 2>(y, xq, w, dev, st);
     case 32:
-        return launch<T, 1, 4>(y, xq, w, st);
+        return launch<T, 1, 4>(y, xq, w, dev, st);
     default:
         TD_ASSERT(xq->n_pad == 64);
-        return launch<T, 1, 8>(y, xq, w, st);
+        return launch<T, 1, 8>(y, xq, w, dev, st);
     }
 }
 
@@ -790,20 +802,20 @@ int mmq_unit(td_dtype type)
     return type == TD_Q6_K ? 4 : 8;
 }
 
-td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, int n_sm,
+td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st)
 {
     TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad && xq->n_pad <= MM_CHUNK);
     TD_ASSERT(((uintptr_t)w->data & 15) == 0);
     switch (w->type) {
     case TD_Q8_0:
-        return launch_type<TD_Q8_0>(y, xq, w, n_sm, st);
+        return launch_type<TD_Q8_0>(y, xq, w, dev, st);
     case TD_Q4_K:
-        return launch_type<TD_Q4_K>(y, xq, w, n_sm, st);
+        return launch_type<TD_Q4_K>(y, xq, w, dev, st);
     case TD_Q5_K:
-        return launch_type<TD_Q5_K>(y, xq, w, n_sm, st);
+        return launch_type<TD_Q5_K>(y, xq, w, dev, st);
     case TD_Q6_K:
-        return launch_type<TD_Q6_K>(y, xq, w, n_sm, st);
+        return launch_type<TD_Q6_K>(y, xq, w, dev, st);
     default:
         TD_ASSERT(!"mmq_launch: not a quantised type");
     }
