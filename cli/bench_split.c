@@ -407,6 +407,29 @@ static bool bs_mps_start(char *mps_dir, size_t cap, char *why, size_t why_cap)
     return false;
 }
 
+/* The last line of the MPS server's log (why a client could not connect), or "". */
+static void bs_mps_log_tail(const char *mps_dir, char *out, size_t cap)
+{
+    char p[600], line[512];
+    snprintf(p, sizeof p, "%s/log/server.log", mps_dir);
+    out[0] = 0;
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strlen(line);
+        if (n == 0 || line[0] == '\n')
+            continue;
+        n = n < cap ? n : cap - 1; /* a long line is cut */
+        memcpy(out, line, n);
+        out[n] = 0;
+    }
+    fclose(f);
+    size_t n = strlen(out);
+    if (n && out[n - 1] == '\n')
+        out[n - 1] = 0;
+}
+
 static void bs_mps_stop(const char *mps_dir)
 {
     bs_mps_control(mps_dir, NULL, "quit\n");
@@ -433,5 +456,13 @@ void bsplit_measure(int device, int calls, int block, bsplit_result *plain, bspl
     if (!bs_mps_start(dir, sizeof dir, mps->why, sizeof mps->why))
         return;
     bs_pair(device, calls, block, dir, mps);
+    if (mps->measured && !mps->gpu) {
+        /* Without the device the pair measured messages only: not an MPS number. */
+        char tail[256];
+        bs_mps_log_tail(dir, tail, sizeof tail);
+        mps->measured = false;
+        snprintf(mps->why, sizeof mps->why, "the MPS clients could not open the CUDA device%s%.150s",
+                 *tail ? "; MPS server log: " : "", tail);
+    }
     bs_mps_stop(dir);
 }
