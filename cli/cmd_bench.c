@@ -239,6 +239,8 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(sp, "no_mps", bench_json_split(r, &r->split));
     json_object_set_new(sp, "mps", bench_json_split(r, &r->split_mps));
     json_object_set_new(j, "split", sp);
+    json_object_set_new(j, "projection", json_string("projected_tok_s = tau / (draft + verify 16 + "
+                                                     "rollback + split cost)"));
     json_t *notes = json_array();
     for (int i = 0; i < r->n_notes; i++)
         json_array_append_new(notes, json_string(r->notes[i]));
