@@ -308,6 +308,23 @@ uint64_t bench_weight_bytes(const tgt_model *m)
     return total;
 }
 
+uint64_t bench_draft_bytes(const tgt_model *m, const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_file *st;
+    if (st_open(&st, path) != TD_OK)
+        return 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < st->n_tensors; i++)
+        total += st->tensors[i].bytes;
+    st_close(st);
+    const gguf_tensor *head = gguf_find_tensor(m->file, "output.weight");
+    if (!head)
+        head = gguf_find_tensor(m->file, "token_embd.weight");
+    return total + (head ? head->size : 0);
+}
+
 uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx)
 {
     const tgt_hparams *hp = &m->hp;

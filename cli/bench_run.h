@@ -53,6 +53,10 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
  * row of token_embd (all of it when it is also the head). */
 uint64_t bench_weight_bytes(const tgt_model *m);
 
+/* Bytes one draft step reads at least: the drafter's weights (dir/model.safetensors) and the
+ * target's LM head; 0 when the file cannot be read. */
+uint64_t bench_draft_bytes(const tgt_model *m, const char *dir);
+
 /* Bytes of sequence state one decode token at context ctx reads and writes: the attention
  * KV cache of ctx positions (read) and the DeltaNet recurrent and conv state (read + write). */
 uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx);

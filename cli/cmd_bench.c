@@ -35,6 +35,8 @@ typedef struct bench_report {
     double t_build, t_save, t_load; /* seconds: synthesise, write, load + upload */
     const char *draft_dir;
     const char *draft_backend;
+    bool draft_elsewhere;      /* the drafter ran on another backend than the target */
+    uint64_t draft_bytes;      /* read per draft step: drafter weights + the target's LM head */
     uint64_t weight_bytes;     /* read per decode token */
     uint64_t state_short, state_long; /* KV + recurrent state bytes per decode token */
     size_t copy_bytes;         /* bytes per timed copy */
@@ -67,12 +69,22 @@ static double bench_limit_ms(const bench_report *r, uint64_t bytes)
     return r->copy_gbps > 0 ? (double)bytes / (r->copy_gbps * 1e9) * 1e3 : 0;
 }
 
-/* One speculative step: draft, verify 16, roll back, plus the split cost (us). */
-static double bench_step_ms(const bench_report *r, const bsplit_result *sp)
+/* One speculative step: draft, verify 16, roll back, plus the split cost (us); draft_ms < 0
+ * takes the measured draft step. 0 when a part is missing. */
+static double bench_step_ms(const bench_report *r, const bsplit_result *sp, double draft_ms)
 {
-    if (!r->draft.ok || !r->tgt.verify16.ok || !r->tgt.rollback.ok || !sp->measured)
+    if (draft_ms < 0)
+        draft_ms = r->draft.ok ? r->draft.ms : 0;
+    if (draft_ms <= 0 || !r->tgt.verify16.ok || !r->tgt.rollback.ok || !sp->measured)
         return 0;
-    return r->draft.ms + r->tgt.verify16.ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
+    return draft_ms + r->tgt.verify16.ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
+}
+
+/* The draft step at the bandwidth limit: what it would take on the target's device. Only
+ * meaningful when the drafter ran elsewhere (0 otherwise). */
+static double bench_draft_limit_ms(const bench_report *r)
+{
+    return r->draft_elsewhere ? bench_limit_ms(r, r->draft_bytes) : 0;
 }
 
 /* --- table ----------------------------------------------------------------------------- */
@@ -124,10 +136,15 @@ static void bench_print(const bench_report *r)
     snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
              d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
+    double dlim = bench_draft_limit_ms(r);
+    if (dlim > 0)
+        printf("  %-36s %10.3f ms  %.2fx decode  (%.3f GB: drafter weights + LM head, read once)\n",
+               "draft step at the bandwidth limit", dlim, d1 > 0 ? dlim / d1 : 0.0,
+               (double)r->draft_bytes / 1e9);
     const bsplit_result *sp[2] = {&r->split, &r->split_mps};
     const char *sname[2] = {"process split, no MPS", "process split, MPS"};
     for (int i = 0; i < 2; i++) {
-        double step = bench_step_ms(r, sp[i]);
+        double step = bench_step_ms(r, sp[i], -1);
         if (sp[i]->measured)
             printf("  %-36s %10.1f us  %s%.2f%% of a step (%s; step %.1f us, same work in one "
                    "process %.1f us)\n", sname[i], sp[i]->cost_us, step > 0 ? "" : "n/a ",
@@ -136,13 +153,16 @@ static void bench_print(const bench_report *r)
         else
             printf("  %-36s %10s     (%s)\n", sname[i], "n/a", sp[i]->why);
     }
-    for (int i = 0; i < 2; i++) {
-        double step = bench_step_ms(r, sp[i]);
+    for (int k = 0; k < 4; k++) {
+        const bsplit_result *s = sp[k % 2];
+        double step = bench_step_ms(r, s, k < 2 ? -1 : dlim);
         if (step <= 0)
             continue;
-        printf("  %-36s  tau 4: %.1f  tau 6: %.1f  tau 8: %.1f tok/s\n",
-               i ? "projected speculative, MPS" : "projected speculative, no MPS",
-               4e3 / step, 6e3 / step, 8e3 / step);
+        static const char *const name[4] = {
+            "projected speculative, no MPS", "projected speculative, MPS",
+            "  same, draft at its limit, no MPS", "  same, draft at its limit, MPS"};
+        printf("  %-36s  tau 4: %.1f  tau 6: %.1f  tau 8: %.1f tok/s\n", name[k], 4e3 / step,
+               6e3 / step, 8e3 / step);
     }
     printf("  (projection: tau / (draft + verify 16 + rollback + split), plain decode %.1f tok/s)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
@@ -174,7 +194,7 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
         json_object_set_new(o, "why", json_string(sp->why));
         return o;
     }
-    double step = bench_step_ms(r, sp);
+    double step = bench_step_ms(r, sp, -1), step_lim = bench_step_ms(r, sp, bench_draft_limit_ms(r));
     json_object_set_new(o, "gpu", json_boolean(sp->gpu));
     json_object_set_new(o, "cost_us", json_real(sp->cost_us));
     json_object_set_new(o, "step_us", json_real(sp->step_us));
@@ -188,6 +208,15 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
         json_object_set_new(p, k, step > 0 ? json_real(tau * 1e3 / step) : json_null());
     }
     json_object_set_new(o, "projected_tok_s", p);
+    if (step_lim > 0) {
+        p = json_object();
+        for (int tau = 4; tau <= 8; tau += 2) {
+            char k[4];
+            snprintf(k, sizeof k, "%d", tau);
+            json_object_set_new(p, k, json_real(tau * 1e3 / step_lim));
+        }
+        json_object_set_new(o, "projected_tok_s_draft_at_limit", p);
+    }
     return o;
 }
 
@@ -234,6 +263,9 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "rollback", bench_json_time(&t->rollback, d1));
     json_t *dr = bench_json_time(&r->draft, d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
+    json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));
+    json_object_set_new(dr, "limit_ms", bench_draft_limit_ms(r) > 0 ? json_real(bench_draft_limit_ms(r))
+                                                                  : json_null());
     json_object_set_new(j, "draft", dr);
     json_t *sp = json_object();
     json_object_set_new(sp, "no_mps", bench_json_split(r, &r->split));
@@ -401,6 +433,8 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     /* The drafter runs on the CPU backend (its forward pass has no CUDA path yet). */
     int draft_iters = r.on_gpu && iters > 3 ? 3 : iters;
     bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend);
+    r.draft_elsewhere = strcmp(r.draft_backend, be->name) != 0;
+    r.draft_bytes = bench_draft_bytes(m, ddir);
     if (r.on_gpu)
         bench_note(&r, "the drafter ran on the CPU backend (%d runs): its step is a CPU time, "
                    "not the GPU one", draft_iters);
