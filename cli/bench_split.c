@@ -19,7 +19,7 @@
 #include "kernels/backend.h"
 
 #define BS_TIMEOUT_MS 10000   /* one call */
-#define BS_DEADLINE_MS 300000 /* a whole pair, CUDA start-up included */
+#define BS_DEADLINE_MS 120000 /* a whole pair, CUDA start-up included */
 #define BS_WARMUP 200
 #define BS_KERNEL_FLOATS 4096 /* a kernel that takes a few microseconds: the step's sync point */
 #define BS_VOCAB 248320       /* token ids of the proposal: any id of a real vocabulary */
