@@ -16,4 +16,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
+int cmd_serve(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_restart(int argc, char **argv);
+
 #endif

@@ -13,6 +13,9 @@ typedef struct cmd_entry {
 } cmd_entry;
 
 static const cmd_entry cmd_table[] = {
+    {"serve", cmd_serve, "run the OpenAI-compatible server: kvd, verifyd, draftd and gateway"},
+    {"status", cmd_status, "show the services of a running tandem serve and their health"},
+    {"restart", cmd_restart, "restart a service of tandem serve (restart draftd --draft DIR)"},
     {"generate", cmd_generate, "generate text in one process (speculative with --draft)"},
     {"logits", cmd_logits, "print the target's top tokens at every position of a token list"},
     {"bench", cmd_bench, "time decode, verify and draft steps on real model shapes (synthetic weights)"},

@@ -18,6 +18,9 @@
 
 static const char *const pl_names[PL_SVC_N] = {"kvd", "verifyd", "draftd"};
 
+td_err pl_call_raw(pipeline *p, const char *service, const void *req, size_t len, msg_buf *reply,
+                   int timeout_ms);
+
 int pl_setup(pipeline *p)
 {
     memset(p, 0, sizeof *p);
@@ -50,19 +53,9 @@ int pl_setup(pipeline *p)
     return 0;
 }
 
-pid_t pl_start(pipeline *p, int svc, const char *const *args)
+/* fork + exec of exe with argv, output to log. */
+static pid_t pl_spawn(const char *exe, const char *const *argv, const char *log)
 {
-    char exe[1200], log[128];
-    snprintf(exe, sizeof exe, "%s/%s", p->build, pl_names[svc]);
-    snprintf(log, sizeof log, "%s/%s.log", p->dir, pl_names[svc]);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = exe;
-    argv[n++] = "--runtime-dir";
-    argv[n++] = p->dir;
-    for (int i = 0; args && args[i] && n < 62; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
     setenv("OMP_NUM_THREADS", "1", 1);
     fflush(stdout);
     fflush(stderr);
@@ -76,8 +69,84 @@ pid_t pl_start(pipeline *p, int svc, const char *const *args)
         execv(exe, (char *const *)argv);
         _exit(127);
     }
-    p->pid[svc] = pid > 0 ? pid : 0;
-    return pid;
+    return pid > 0 ? pid : 0;
+}
+
+pid_t pl_start(pipeline *p, int svc, const char *const *args)
+{
+    char exe[1200], log[128];
+    snprintf(exe, sizeof exe, "%s/%s", p->build, pl_names[svc]);
+    snprintf(log, sizeof log, "%s/%s.log", p->dir, pl_names[svc]);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = exe;
+    argv[n++] = "--runtime-dir";
+    argv[n++] = p->dir;
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    p->pid[svc] = pl_spawn(exe, argv, log);
+    return p->pid[svc];
+}
+
+pid_t pl_start_serve(pipeline *p, const char *const *args)
+{
+    char exe[1200], log[128];
+    snprintf(exe, sizeof exe, "%s/tandem", p->build);
+    snprintf(log, sizeof log, "%s/serve.log", p->dir);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = exe;
+    argv[n++] = "serve";
+    argv[n++] = "--runtime-dir";
+    argv[n++] = p->dir;
+    argv[n++] = "--no-gateway";
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    p->serve = pl_spawn(exe, argv, log);
+    return p->serve;
+}
+
+int pl_stop_serve(pipeline *p, int sig)
+{
+    if (!p->serve)
+        return -1;
+    kill(p->serve, sig);
+    int status = 0;
+    for (int waited = 0; waited < 20000; waited += 5) {
+        if (waitpid(p->serve, &status, WNOHANG) == p->serve) {
+            p->serve = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(p->serve, SIGKILL);
+    waitpid(p->serve, &status, 0);
+    p->serve = 0;
+    return -1;
+}
+
+td_err pl_svc(pipeline *p, const char *name, uint32_t *pid, uint32_t *restarts)
+{
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_svc_list list;
+    td_err e = msg_pack_svc_list_get(&b, p->next_rid++);
+    if (e == TD_OK)
+        e = pl_call_raw(p, "tandem", b.data, b.len, &b, 5000);
+    if (e == TD_OK && msg_unpack_svc_list(b.data, b.len, NULL, &list) != TD_OK)
+        e = kvc_reply_error(&b, "svc_list_get");
+    msg_buf_free(&b);
+    TD_TRY(e);
+    for (uint32_t i = 0; i < list.n; i++)
+        if (!strcmp(list.svc[i].name, name)) {
+            *pid = list.svc[i].pid;
+            *restarts = list.svc[i].restarts;
+            return TD_OK;
+        }
+    return err_set(TD_ENOENT, "no service %s", name);
 }
 
 int pl_stop(pipeline *p, int svc, int sig)
@@ -105,6 +174,13 @@ int pl_stop(pipeline *p, int svc, int sig)
 int pl_teardown(pipeline *p)
 {
     int bad = 0;
+    if (p->serve) {
+        int status = pl_stop_serve(p, SIGTERM);
+        if (status != 0) {
+            fprintf(stderr, "pipeline: tandem serve exited with status %d on SIGTERM\n", status);
+            bad++;
+        }
+    }
     for (int i = PL_SVC_N - 1; i >= 0; i--) {
         if (!p->pid[i])
             continue;
@@ -138,9 +214,11 @@ int pl_teardown(pipeline *p)
 
 void pl_dump_logs(const pipeline *p)
 {
-    for (int i = 0; i < PL_SVC_N; i++) {
+    static const char *const files[] = {"kvd.log", "verifyd.log", "draftd.log", "serve.log",
+                                        "logs/kvd.log", "logs/verifyd.log", "logs/draftd.log"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[128], line[1024];
-        snprintf(path, sizeof path, "%s/%s.log", p->dir, pl_names[i]);
+        snprintf(path, sizeof path, "%s/%s", p->dir, files[i]);
         FILE *f = fopen(path, "r");
         if (!f)
             continue;

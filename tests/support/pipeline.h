@@ -37,6 +37,7 @@ typedef struct pipeline {
     char dir[64];                  /* the runtime directory */
     char build[1024];              /* where the daemons are */
     pid_t pid[PL_SVC_N];           /* 0 when not running */
+    pid_t serve;                   /* tandem serve, when it runs the daemons */
     uint32_t pull;                 /* nng_socket id of the event socket */
     bus_client *vd;                /* verifyd.ipc */
     pl_result *res[PL_SEQ_MAX];    /* [n_res] */
@@ -55,6 +56,16 @@ int pl_teardown(pipeline *p);
 /* Starts a daemon with --runtime-dir and the given further arguments (NULL-terminated);
  * OMP_NUM_THREADS=1 so several daemons share the test machine's cores. */
 pid_t pl_start(pipeline *p, int svc, const char *const *args);
+
+/* Starts "<build>/tandem serve --runtime-dir <dir> --no-gateway" with further arguments
+ * (NULL-terminated); its output goes to <dir>/serve.log. */
+pid_t pl_start_serve(pipeline *p, const char *const *args);
+
+/* Stops tandem serve with sig; returns its exit status (or 128 + signal, -1 after 20 s). */
+int pl_stop_serve(pipeline *p, int sig);
+
+/* The pid (0 when down) and restart count of a service of tandem serve. */
+td_err pl_svc(pipeline *p, const char *name, uint32_t *pid, uint32_t *restarts);
 
 /* Sends sig and waits for the daemon to end (at most 10 s); returns its exit status or
  * 128 + signal. */
