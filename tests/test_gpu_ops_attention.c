@@ -296,7 +296,7 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
         one.q_pos = blk.q_pos + t;
         one.n_kv = ctx + t + 1;
         float *dec = att_run(one);
-        char what[48];
+        char what[64];
         snprintf(what, sizeof what, "decode query %lld vs verify block", (long long)t);
         assert_true(check_same_bits(what, dec, ver + t * row, (size_t)row * 4));
         free(dec);
