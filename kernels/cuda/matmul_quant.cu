@@ -734,6 +734,9 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     }
 }
 
+/* Set when a launch with programmatic dependent launch was refused. */
+int g_pdl_refused;
+
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
 template <int T, int MT, int NT, bool ONE = false>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
@@ -765,9 +768,21 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl ? 1 : 0;
-    CUDA_TRY(cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>, y, (const uint8_t *)w->data,
-                                (uint32_t)w->row_bytes, w->rows, w->cols, *xq));
+    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>,
+                                       y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
+                                       w->rows, w->cols, *xq);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        /* a setup that refuses the attribute gets plain launches from now on */
+        (void)cudaGetLastError();
+        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>, y, (const uint8_t *)w->data,
+                               (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
+    }
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s kernel launch (%lld rows): %s",
+                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
     return TD_OK;
 }
 
