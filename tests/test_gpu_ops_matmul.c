@@ -271,11 +271,13 @@ static void check_weight(td_dtype type, int64_t rows, int64_t cols)
 
 /* Shapes: one row, rows that are not a multiple of the 16-row MMA tile or the 4-row float
  * tile, cols of exactly one block, a few blocks, and many blocks whose count is not a
- * multiple of the 4 warps that split them (21 super-blocks; 169 Q8_0 blocks). */
+ * multiple of the 4 warps that split them (21 super-blocks; 169 Q8_0 blocks). 33000 rows
+ * (more than 128 per SM on any GPU up to 257 SMs) make 9..16 tokens take the 32-row tile. */
 static void test_matmul_k_quants_match_cpu_at_every_batch_size(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 256}, {37, 256}, {19, 768}, {67, 5376}, {300, 512}};
+    static const int64_t shapes[][2] = {{1, 256},    {37, 256},  {19, 768},
+                                        {67, 5376},  {300, 512}, {33000, 256}};
     static const td_dtype types[] = {TD_Q4_K, TD_Q5_K, TD_Q6_K};
     rng_seed(11);
     for (size_t t = 0; t < sizeof types / sizeof *types; t++)
@@ -286,7 +288,8 @@ static void test_matmul_k_quants_match_cpu_at_every_batch_size(void **state)
 static void test_matmul_q8_0_matches_cpu_at_every_batch_size(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 32}, {37, 32}, {19, 96}, {67, 5408}, {300, 160}};
+    static const int64_t shapes[][2] = {{1, 32},    {37, 32},   {19, 96},
+                                        {67, 5408}, {300, 160}, {33000, 64}};
     rng_seed(12);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         check_weight(TD_Q8_0, shapes[s][0], shapes[s][1]);
