@@ -125,10 +125,10 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
         hdr->n_ctx < 0 || hdr->n_ctx > L || L - hdr->n_ctx > R) {
         /* Someone else's context, or one the ring no longer covers: rebuild from the last R
          * committed positions (all there are when fewer). */
+        d->rebuilt = hdr->slot_gen == req->slot_gen; /* else: a new sequence's first block */
         hdr->slot_gen = req->slot_gen;
         hdr->drafter_id = d->drafter_id;
         hdr->n_ctx = L > R ? L - R : 0;
-        d->rebuilt = true;
     }
     ds.n_ctx = hdr->n_ctx;
     td_err e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, hdr, L);

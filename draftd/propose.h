@@ -27,7 +27,8 @@ typedef struct drf {
     msg_draft_q rows[MSG_DRAFT_MAX]; /* [block-1] views into q_ids / q_p */
     uint32_t tokens[MSG_DRAFT_MAX];  /* [block-1] the drafts */
     int64_t added;        /* context positions added by the last call (rebuilds included) */
-    bool rebuilt;         /* the last call rebuilt the context from the ring */
+    bool rebuilt;         /* the last call rebuilt a sequence's context from the ring (another
+                           * drafter wrote it, or it fell behind the ring) */
 } drf;
 
 td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id);

@@ -1,0 +1,216 @@
+/* Sampling through the real processes: with the same seed, verifyd + draftd draw exactly the
+ * tokens of the in-process speculative loop (whose output keeps the target's distribution,
+ * test_spec_lossless), step for step; and over many seeds the second token's distribution
+ * matches the target's own p(t2 | prompt, t1) (chi-square). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/model_fixture.h"
+#include "tests/support/pipeline.h"
+#include "verifyd/spec.h"
+
+#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
+#define N_CTX 256
+#define WAIT_MS 120000
+
+static pipeline pl;
+static tgt_model *tm;
+static dfl_model *dm;
+static uint64_t next_seq = 1;
+
+static int setup(void **ctx)
+{
+    (void)ctx;
+    int rc = pl_setup(&pl);
+    if (rc != 0)
+        return rc == 77 ? (exit(77), -1) : -1;
+    char model[128], draft[128];
+    snprintf(model, sizeof model, "%s/scaled.gguf", pl.dir);
+    snprintf(draft, sizeof draft, "%s/random", pl.dir);
+    if (mf_target_write_scaled(model, MODEL_PATH, 279, 2.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
+        return -1;
+    mf_drafter rnd = {8, 2, false, 279};
+    if (mf_drafter_write(draft, tm, &rnd, 4242) != TD_OK ||
+        dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+        return -1;
+    const char *kvd_args[] = {"--slots", "16", NULL};
+    const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
+                             "--draft-timeout-ms", "30000", NULL};
+    const char *dd_args[] = {"--model", model, "--draft", draft, NULL};
+    pl_start(&pl, PL_KVD, kvd_args);
+    pl_start(&pl, PL_VERIFYD, vd_args);
+    pl_start(&pl, PL_DRAFTD, dd_args);
+    if (pl_wait_ready(&pl, true, 30000) != TD_OK) {
+        pl_dump_logs(&pl);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **ctx)
+{
+    (void)ctx;
+    dfl_free(dm);
+    tgt_free(tm);
+    return pl_teardown(&pl) == 0 ? 0 : -1;
+}
+
+static msg_sampler to_msg(const ops_sampler *s)
+{
+    return (msg_sampler){.temperature = s->temperature, .top_k = (uint32_t)s->top_k,
+                         .top_p = s->top_p, .min_p = s->min_p, .seed = s->seed};
+}
+
+static uint64_t start(const uint32_t *p, uint32_t n, uint32_t max_tokens, const ops_sampler *s)
+{
+    msg_gen_start g = {.seq_id = next_seq++, .prompt = p, .n_prompt = n,
+                       .max_tokens = max_tokens, .sampler = to_msg(s), .ignore_eos = true};
+    if (pl_gen(&pl, &g) != TD_OK) {
+        pl_dump_logs(&pl);
+        fail_msg("gen_start: %s", err_msg());
+    }
+    return g.seq_id;
+}
+
+static pl_result *wait_done(uint64_t id)
+{
+    pl_result *r = pl_wait(&pl, id, WAIT_MS);
+    if (!r) {
+        pl_dump_logs(&pl);
+        fail_msg("sequence %llu did not finish", (unsigned long long)id);
+    }
+    return r;
+}
+
+static void test_sampled_tokens_equal_the_in_process_loop_for_each_seed(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 60, SEEDS = 8 };
+    uint32_t p[6] = {3, 279, 17, 279, 99, 5};
+    int32_t ip[6] = {3, 279, 17, 279, 99, 5};
+    uint64_t ids[SEEDS];
+    ops_sampler smp[SEEDS];
+    for (int k = 0; k < SEEDS; k++) {
+        smp[k] = (ops_sampler){.temperature = 0.8f, .top_k = k % 2 ? 40 : 0,
+                               .top_p = k % 3 ? 0.95f : 1.0f, .min_p = k == 5 ? 0.05f : 0.0f,
+                               .seed = 1000 + (uint64_t)k};
+        ids[k] = start(p, 6, GEN, &smp[k]);
+    }
+    int64_t accepted = 0;
+    for (int k = 0; k < SEEDS; k++) {
+        spec_seq s;
+        int32_t want[GEN], step[SPEC_MAX_BLOCK];
+        assert_int_equal(spec_init(&s, tm, dm, N_CTX, N_CTX, &smp[k]), TD_OK);
+        assert_int_equal(spec_prefill(&s, ip, 6, &want[0]), TD_OK);
+        for (int64_t got = 1, n; got < GEN; got += n) {
+            assert_int_equal(spec_step(&s, step, &n), TD_OK);
+            memcpy(want + got, step, (size_t)(got + n > GEN ? GEN - got : n) * sizeof *step);
+        }
+        pl_result *r = wait_done(ids[k]);
+        assert_int_equal(r->n_tokens, GEN);
+        if (memcmp(r->tokens, want, sizeof want) != 0)
+            fail_msg("seed %d: the pipeline drew other tokens than the in-process loop", k);
+        assert_int_equal(r->usage.steps, s.stats.steps);
+        accepted += s.stats.accepted;
+        spec_free(&s);
+    }
+    assert_true(accepted > 0); /* some draws were accepted drafts, not only resamples */
+}
+
+/* Upper tail of the chi-square statistic (Wilson-Hilferty), cells with expectation < 5
+ * lumped together; 0 when a token with no target mass was drawn. */
+static double chi_square_p(const int *obs, const double *expect, int64_t V, int total)
+{
+    double chi = 0, df = -1, lump_o = 0, lump_e = 0;
+    for (int64_t i = 0; i < V; i++) {
+        double e = expect[i] * total;
+        if (obs[i] > 0 && expect[i] == 0)
+            return 0;
+        if (e < 5) {
+            lump_o += obs[i];
+            lump_e += e;
+            continue;
+        }
+        chi += (obs[i] - e) * (obs[i] - e) / e;
+        df++;
+    }
+    if (lump_e > 0) {
+        chi += (lump_o - lump_e) * (lump_o - lump_e) / lump_e;
+        df++;
+    }
+    double z = (pow(chi / df, 1.0 / 3) - (1 - 2 / (9 * df))) / sqrt(2 / (9 * df));
+    return 0.5 * erfc(z / sqrt(2.0));
+}
+
+static void test_the_second_token_follows_the_targets_distribution(void **ctx)
+{
+    (void)ctx;
+    enum { RUNS = 640, BATCH = 32 };
+    int64_t V = tm->hp.n_vocab;
+    uint32_t p[3] = {100, 200, 300};
+    int *t1 = calloc(RUNS, sizeof *t1), *t2 = calloc(RUNS, sizeof *t2);
+    int *c1 = calloc((size_t)V, sizeof *c1), *c2 = calloc((size_t)V, sizeof *c2);
+    for (int at = 0; at < RUNS; at += BATCH) {
+        uint64_t ids[BATCH];
+        for (int r = 0; r < BATCH; r++) {
+            ops_sampler s = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f,
+                             .seed = (uint64_t)(at + r) * 7919 + 1};
+            ids[r] = start(p, 3, 2, &s);
+        }
+        for (int r = 0; r < BATCH; r++) {
+            pl_result *res = wait_done(ids[r]);
+            assert_int_equal(res->n_tokens, 2);
+            t1[at + r] = res->tokens[0];
+            t2[at + r] = res->tokens[1];
+            c1[res->tokens[0]]++;
+        }
+    }
+    int32_t best = 0;
+    for (int64_t i = 0; i < V; i++)
+        if (c1[i] > c1[best])
+            best = (int32_t)i;
+    /* the target's p(t2 | prompt, best) under the same settings */
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, 8), TD_OK);
+    int32_t ctx4[4] = {100, 200, 300, best};
+    float *lg = malloc((size_t)V * sizeof(float)), *pf = malloc((size_t)V * sizeof(float));
+    double *pd = malloc((size_t)V * sizeof(double));
+    tgt_out o = {.logits = lg, .last_only = true};
+    assert_int_equal(tgt_forward(tm, &st, ctx4, 4, false, &o), TD_OK);
+    ops_sampler s = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f};
+    assert_int_equal(cpu_sample_probs(pf, lg, V, &s), TD_OK);
+    int total = 0;
+    for (int64_t i = 0; i < V; i++)
+        pd[i] = pf[i];
+    for (int r = 0; r < RUNS; r++)
+        if (t1[r] == best) {
+            c2[t2[r]]++;
+            total++;
+        }
+    assert_true(total >= 100);
+    double pv = chi_square_p(c2, pd, V, total);
+    if (!(pv > 1e-4))
+        fail_msg("p-value %.3g for the second token over %d runs", pv, total);
+    tgt_state_free(&st);
+    free(lg), free(pf), free(pd), free(t1), free(t2), free(c1), free(c2);
+}
+
+int main(void)
+{
+    /* One thread per process: three daemons and this test share CI's two cores. */
+    omp_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sampled_tokens_equal_the_in_process_loop_for_each_seed),
+        cmocka_unit_test(test_the_second_token_follows_the_targets_distribution),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
