@@ -138,10 +138,21 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
         const int64_t k0 = s * ATT_SPLIT;
         const int nk = (int)(a.n_kv - k0 < ATT_SPLIT ? a.n_kv - k0 : ATT_SPLIT);
 
-        /* scores: one thread per (row, key) dot product, summed over d in order */
+        /* scores: one thread per (row, key) dot product, summed over d in order. A tile no
+         * row can see is not loaded (causal prefill, sliding windows): same arithmetic. */
         for (int t0 = 0; t0 < nk; t0 += ATT_KT) {
             const int tk = nk - t0 < ATT_KT ? nk - t0 : ATT_KT;
-            __syncthreads(); /* kv is free; on the first tile also: qs is loaded */
+            int seen = 0;
+            for (int e = tid; e < ATT_ROWS * ATT_KT; e += ATT_THREADS) {
+                const int r = e / ATT_KT, kk = e % ATT_KT;
+                const bool vis = r < nr && kk < tk &&
+                                 att_visible(a, row_t[r], row_qp[r], k0 + t0 + kk);
+                sc[r][t0 + kk] = vis ? 0.0f : -INFINITY;
+                seen |= vis;
+            }
+            /* also the barrier: kv is free; on the first tile: qs is loaded */
+            if (!__syncthreads_or(seen))
+                continue;
             for (int64_t e = tid; e < (int64_t)tk * D; e += ATT_THREADS) {
                 const int kk = (int)(e / D);
                 const int64_t d = e % D;
@@ -151,17 +162,12 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
             __syncthreads();
             for (int e = tid; e < ATT_ROWS * ATT_KT; e += ATT_THREADS) {
                 const int r = e / ATT_KT, kk = e % ATT_KT;
-                if (r >= nr || kk >= tk)
+                if (r >= nr || kk >= tk || sc[r][t0 + kk] == -INFINITY)
                     continue;
-                const int64_t i = k0 + t0 + kk;
-                float score = -INFINITY;
-                if (att_visible(a, row_t[r], row_qp[r], i)) {
-                    float dot = 0;
-                    for (int64_t d = 0; d < D; d++)
-                        dot = fmaf(qs[r][d], kv[kk][d], dot);
-                    score = __fmul_rn(a.scale, dot);
-                }
-                sc[r][t0 + kk] = score;
+                float dot = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dot = fmaf(qs[r][d], kv[kk][d], dot);
+                sc[r][t0 + kk] = __fmul_rn(a.scale, dot);
             }
         }
         __syncthreads();
@@ -187,14 +193,21 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
         }
         __syncthreads();
 
-        /* the split's values: each (row, d) sums p * v over the keys in order */
+        /* the split's values: each (row, d) sums p * v over the keys in order; a tile whose
+         * p are all zero adds nothing and is not loaded */
         float acc[ATT_NE];
 #pragma unroll
         for (int j = 0; j < ATT_NE; j++)
             acc[j] = 0;
         for (int t0 = 0; t0 < nk; t0 += ATT_KT) {
             const int tk = nk - t0 < ATT_KT ? nk - t0 : ATT_KT;
-            __syncthreads();
+            int live = 0;
+            for (int e = tid; e < ATT_ROWS * ATT_KT; e += ATT_THREADS) {
+                const int r = e / ATT_KT, kk = e % ATT_KT;
+                live |= r < nr && kk < tk && sc[r][t0 + kk] != 0.0f;
+            }
+            if (!__syncthreads_or(live)) /* also the barrier: kv is free */
+                continue;
             for (int64_t e = tid; e < (int64_t)tk * D; e += ATT_THREADS) {
                 const int kk = (int)(e / D);
                 const int64_t d = e % D;
