@@ -744,15 +744,19 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
 {
     constexpr int smem = smem_bytes<T, MT, NT>();
     static unsigned long long opted; /* bit per device ordinal; setting it twice is harmless */
-    if (smem > 48 * 1024) {
-        int ordinal = 0;
-        CUDA_TRY(cudaGetDevice(&ordinal));
-        const unsigned long long bit = 1ull << (ordinal & 63);
-        if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
+    int ordinal = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    const unsigned long long bit = 1ull << (ordinal & 63);
+    if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
+        if (smem > 48 * 1024)
             CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
-        }
+        /* as much shared memory as the SM has: more CTAs, more weight bytes in flight (L1
+         * only serves the activations, a few KiB per token) */
+        CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared));
+        __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
     }
     const int64_t rows_per_cta = (int64_t)MROWS * MT;
     const int64_t grid = (w->rows + rows_per_cta - 1) / rows_per_cta;
