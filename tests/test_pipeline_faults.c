@@ -1,5 +1,6 @@
 /* Faults with real processes: kill -9 draftd mid-generation and the greedy text is unchanged
- * (verifyd falls back to plain steps, then speculates again once draftd is back); kill -9
+ * (verifyd falls back to plain steps, then speculates again once draftd is back); a stopped
+ * (SIGSTOP) draftd is timed out and skipped the same way until it answers again; kill -9
  * kvd and the running generation ends with an error event, then the next one succeeds;
  * kill -9 verifyd and kvd reclaims its slots, so a restarted verifyd gets them all; hostile
  * bytes to every daemon's socket get error replies and the daemons keep serving. */
@@ -139,6 +140,32 @@ static void test_kill_draftd_mid_generation_keeps_the_greedy_text(void **ctx)
     assert_int_equal(pl_status(&pl, &s2), TD_OK);
     assert_true(s2.drafted > s1.drafted);
     assert_true(s2.draft_attaches >= s1.draft_attaches + 1);
+}
+
+static void test_a_stalled_draftd_is_skipped_until_it_answers_again(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 300 };
+    uint32_t p[4] = {15, 279, 16, 17};
+    int32_t ip[4] = {15, 279, 16, 17}, want[GEN];
+    plain(ip, 4, GEN, want);
+    msg_status s0, s1, s2;
+    assert_int_equal(pl_wait_ready(&pl, true, 30000), TD_OK);
+    assert_int_equal(pl_status(&pl, &s0), TD_OK);
+    uint64_t id = start(p, 4, GEN);
+    assert_non_null(pl_wait_tokens(&pl, id, 20, WAIT_MS));
+    kill(pl.pid[PL_DRAFTD], SIGSTOP); /* alive but silent: proposals time out */
+    pl_result *r = wait_done(id, WAIT_MS);
+    assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+    assert_memory_equal(r->tokens, want, sizeof want);
+    assert_int_equal(pl_status(&pl, &s1), TD_OK);
+    assert_false(s1.draft_attached);
+    assert_true(s1.draft_failures > s0.draft_failures);
+    kill(pl.pid[PL_DRAFTD], SIGCONT);
+    assert_int_equal(pl_wait_ready(&pl, true, 30000), TD_OK);
+    check_generation(80, 100);
+    assert_int_equal(pl_status(&pl, &s2), TD_OK);
+    assert_true(s2.drafted > s1.drafted);
 }
 
 static void test_kill_kvd_ends_running_generations_with_an_error_then_serves_again(void **ctx)
@@ -298,6 +325,7 @@ int main(void)
     omp_set_num_threads(1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_draftd_mid_generation_keeps_the_greedy_text),
+        cmocka_unit_test(test_a_stalled_draftd_is_skipped_until_it_answers_again),
         cmocka_unit_test(test_kill_kvd_ends_running_generations_with_an_error_then_serves_again),
         cmocka_unit_test(test_kill_verifyd_frees_its_slots_for_the_next_one),
         cmocka_unit_test(test_hostile_messages_get_errors_and_every_daemon_keeps_serving),
