@@ -137,8 +137,17 @@ __device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *kba
         const uint32_t off = i < n_rows ? (uint32_t)i * row_bytes : 0u;
         const uint32_t a = (kb_lo + off) & 15;
         const int n = i < n_rows ? min(max(kb_bytes + (int)a - 16 * p, 0), 16) : 0;
-        cp_async16(slot + i * Q::STRIDE + 16 * p, n > 0 ? kbase + (off - a + 16 * p) : kbase,
-                   n);
+        uint8_t *dst = slot + i * Q::STRIDE + 16 * p;
+        if (n == 16 || n == 0) {
+            cp_async16(dst, n > 0 ? kbase + (off - a + 16 * p) : kbase, n);
+            continue;
+        }
+        /* The matrix's last bytes: a 16-byte cp.async here would touch memory past the end
+         * of the allocation (seen as an out-of-bounds read on an H200), so copy the n bytes
+         * one by one and zero the rest; the stage's wait and barrier cover these stores. */
+        const uint8_t *src = kbase + (off - a + 16 * p);
+        for (int j = 0; j < 16; j++)
+            dst[j] = j < n ? src[j] : 0;
     }
 }
 
