@@ -142,7 +142,7 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
                            (long long)i, prompt[i], (long long)s->tm->hp.n_vocab);
     TD_ASSERT(n_cached >= 0 && n_cached < n && (n_cached == 0 || (!s->dm && s->ts.bound)));
     if (n_cached == 0) {
-        tgt_state_reset(s->tm, &s->ts);
+        TD_TRY(tgt_state_reset(s->tm, &s->ts));
     } else {
         s->ts.n_past = n_cached;
         s->ts.rec_n_tok = 0;
@@ -259,7 +259,7 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
         TD_TRY(spec_accept_sampled(s, block, B, L, q, &next, &a));
     }
     if (B > 1)
-        tgt_state_keep(s->tm, &s->ts, a + 1);
+        TD_TRY(tgt_state_keep(s->tm, &s->ts, a + 1));
     double t2 = spec_now();
     TD_TRY(spec_keep_features(s, L, a + 1));
     double t3 = spec_now();
