@@ -90,14 +90,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
  * into slot: row i at slot + i*STRIDE, starting from the 16-byte boundary at or below the
  * block, so the block begins at offset (address & 15) of its staged row. Lane = 16 * i0 + p
  * copies piece p of rows i0, i0+2, ...: consecutive lanes read consecutive 16 bytes of a
- * row. Rows at or past n_rows are zero-filled, never read. Q4_K/Q5_K blocks are exactly the
- * pieces. Q6_K/Q8_0 windows run up to SEG - 2 bytes past the block: whole pieces are copied
- * (the bytes past the block belong to the next block or row and are never used), except
- * where that could read past the matrix (stage_issue_exact). Offsets are 32-bit (ROWS rows
- * of one matrix). */
+ * row. Rows at or past n_rows are zero-filled and never read; their (ignored) source is the
+ * matrix base w, a valid address, not an address computed for a row that does not exist.
+ * Q4_K/Q5_K blocks are exactly the pieces. Q6_K/Q8_0 windows run up to SEG - 2 bytes past
+ * the block: whole pieces are copied (the bytes past the block belong to the next block or
+ * row and are never used), except where that could read past the matrix
+ * (stage_issue_exact, chosen by mmq_stage_exact). The offsets (mmq_piece_rel) are signed:
+ * row 0's window starts up to 14 bytes before kbase. */
 template <int T, int ROWS>
-__device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *kbase,
-                                            uint32_t row_bytes, int n_rows, int lane)
+__device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *w,
+                                            const uint8_t *kbase, uint32_t row_bytes,
+                                            int n_rows, int lane)
 {
     using Q = qt<T>;
     const int p = lane & 15, i0 = lane >> 4;
@@ -108,24 +111,17 @@ __device__ __forceinline__ void stage_issue(uint8_t *slot, const uint8_t *kbase,
     for (int k = 0; k < ROWS / 2; k++) {
         const int i = i0 + 2 * k;
         const bool skip = i >= n_rows;
-        /* a row that is not there reads from row 0's address, which is (nothing is read) */
-        const uint32_t off = skip ? 0u : (uint32_t)i * row_bytes;
-        uint8_t *dst = slot + i * Q::STRIDE + 16 * p;
-        if constexpr (Q::ALIGNED) {
-            cp_async16_or_zero(dst, kbase + off + 16 * p, skip);
-        } else {
-            const uint32_t a = (kb_lo + off) & 15;
-            cp_async16_or_zero(dst, kbase + (off - a + 16 * p), skip);
-        }
+        const uint8_t *src = kbase + mmq_piece_rel(kb_lo, row_bytes, i, p, Q::ALIGNED);
+        cp_async16_or_zero(slot + i * Q::STRIDE + 16 * p, skip ? w : src, skip);
     }
 }
 
 /* stage_issue for the last k-block of the matrix's last rows (Q6_K, Q8_0): each piece copies
  * only the block's bytes and zero-fills the rest. Rare, so kept out of the main loop. */
 template <int T, int ROWS>
-__device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *kbase,
-                                               uint32_t row_bytes, int n_rows, int kb_bytes,
-                                               int lane)
+__device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *w,
+                                               const uint8_t *kbase, uint32_t row_bytes,
+                                               int n_rows, int kb_bytes, int lane)
 {
     using Q = qt<T>;
     const int p = lane & 15, i0 = lane >> 4;
@@ -134,18 +130,16 @@ __device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *kba
     const uint32_t kb_lo = (uint32_t)(uintptr_t)kbase;
     for (int k = 0; k < ROWS / 2; k++) {
         const int i = i0 + 2 * k;
-        const uint32_t off = i < n_rows ? (uint32_t)i * row_bytes : 0u;
-        const uint32_t a = (kb_lo + off) & 15;
-        const int n = i < n_rows ? min(max(kb_bytes + (int)a - 16 * p, 0), 16) : 0;
+        const int n = i < n_rows ? mmq_piece_exact_bytes(kb_lo, row_bytes, i, p, kb_bytes) : 0;
         uint8_t *dst = slot + i * Q::STRIDE + 16 * p;
+        const uint8_t *src = kbase + mmq_piece_rel(kb_lo, row_bytes, i, p, false);
         if (n == 16 || n == 0) {
-            cp_async16(dst, n > 0 ? kbase + (off - a + 16 * p) : kbase, n);
+            cp_async16(dst, n > 0 ? src : w, n); /* n = 0 reads nothing */
             continue;
         }
         /* The matrix's last bytes: a 16-byte cp.async here would touch memory past the end
          * of the allocation (seen as an out-of-bounds read on an H200), so copy the n bytes
          * one by one and zero the rest; the stage's wait and barrier cover these stores. */
-        const uint8_t *src = kbase + (off - a + 16 * p);
         for (int j = 0; j < 16; j++)
             dst[j] = j < n ? src[j] : 0;
     }
@@ -170,7 +164,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     const int64_t r0 = (int64_t)blockIdx.x * ROWS;
     const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
     const int nkb = (int)((cols + Q::KB_W - 1) / Q::KB_W);
-    const int nk = warp < nkb ? (nkb - warp + KSPLIT - 1) / KSPLIT : 0; /* my k-blocks */
+    const int nk = mmq_warp_kblocks(nkb, warp); /* my k-blocks */
     const uint8_t *wrow = w + (size_t)r0 * row_bytes;
     uint8_t *ring = smem + warp * S * STAGE_BYTES;
     unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
@@ -179,23 +173,21 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         valid |= (unsigned)(nt * NTOK + l.g < xq.n_tok) << nt;
 
     const int n_blk32 = (int)(cols / 32); /* Q8_0 blocks per row */
-    auto kb_bytes = [&](int kb) -> int {
-        if constexpr (T != TD_Q8_0)
-            return Q::KB_BYTES;
-        else /* the last k-block of a row may hold fewer than 4 blocks */
-            return min(n_blk32 - 4 * kb, 4) * 34;
-    };
-    /* within 4 rows of the matrix's end, the last k-block's staging window could reach past
-     * it (stage_issue) */
-    const bool tail = r0 + ROWS + 4 > rows;
+    /* the last k-block of a Q8_0 row may hold fewer than 4 blocks */
+    auto kb_bytes = [&](int kb) { return mmq_kb_bytes(T == TD_Q8_0, Q::KB_BYTES, n_blk32, kb); };
+    /* Every weight address stays inside the matrix: issue(s) runs only for s < nk, so
+     * kb < nkb and kbase lies in row r0 (< rows); rows past n_rows read nothing and name w;
+     * a window that could run past the matrix's last byte (within MMQ_TAIL_ROWS rows of the
+     * end, last k-block) takes the exact path. tests/test_cuda_matmul_addresses.c checks
+     * every piece of every configuration the dispatcher picks. */
     auto issue = [&](int s) { /* the warp's s-th k-block into its ring slot */
         const int kb = warp + KSPLIT * s;
         uint8_t *slot = ring + (s % S) * STAGE_BYTES;
         const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
-        if (!Q::ALIGNED && tail && kb == nkb - 1)
-            stage_issue_exact<T, ROWS>(slot, kbase, row_bytes, n_rows, kb_bytes(kb), lane);
+        if (mmq_stage_exact(Q::ALIGNED, r0, ROWS, rows, kb, nkb))
+            stage_issue_exact<T, ROWS>(slot, w, kbase, row_bytes, n_rows, kb_bytes(kb), lane);
         else
-            stage_issue<T, ROWS>(slot, kbase, row_bytes, n_rows, lane);
+            stage_issue<T, ROWS>(slot, w, kbase, row_bytes, n_rows, lane);
     };
 
     float acc[MT][NT][4];

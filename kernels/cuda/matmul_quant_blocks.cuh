@@ -12,12 +12,13 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/matmul_quant_addr.h"
 
 namespace {
 
-constexpr int KSPLIT = 4;  /* warps per CTA, each owning every 4th k-block */
-constexpr int MROWS = 16;  /* weight rows per MMA */
-constexpr int NTOK = 8;    /* tokens per MMA */
+constexpr int KSPLIT = MMQ_KSPLIT; /* warps per CTA, each owning every 4th k-block */
+constexpr int MROWS = MMQ_MROWS;   /* weight rows per MMA */
+constexpr int NTOK = MMQ_NTOK;     /* tokens per MMA */
 
 /* Per-type layout of one k-block as staged. SEG: bytes staged per row (the block, plus room
  * to start at the 16-byte boundary below it when rows are not 16-byte aligned); STRIDE:
@@ -28,26 +29,30 @@ constexpr int NTOK = 8;    /* tokens per MMA */
  * from the boundary below cover them) and are read through srow. */
 template <int T> struct qt;
 template <> struct qt<TD_Q4_K> {
-    static constexpr int KB_W = 256, KB_BYTES = 144, SEG = 144, STRIDE = 160;
+    static constexpr int KB_W = MMQ_Q4_K_KB_W, KB_BYTES = MMQ_Q4_K_KB_BYTES,
+                         SEG = MMQ_Q4_K_SEG, STRIDE = MMQ_Q4_K_STRIDE;
     static constexpr bool ALIGNED = true;
 };
 template <> struct qt<TD_Q5_K> {
-    static constexpr int KB_W = 256, KB_BYTES = 176, SEG = 176, STRIDE = 224;
+    static constexpr int KB_W = MMQ_Q5_K_KB_W, KB_BYTES = MMQ_Q5_K_KB_BYTES,
+                         SEG = MMQ_Q5_K_SEG, STRIDE = MMQ_Q5_K_STRIDE;
     static constexpr bool ALIGNED = true;
 };
 template <> struct qt<TD_Q6_K> {
-    static constexpr int KB_W = 256, KB_BYTES = 210, SEG = 224, STRIDE = 240;
+    static constexpr int KB_W = MMQ_Q6_K_KB_W, KB_BYTES = MMQ_Q6_K_KB_BYTES,
+                         SEG = MMQ_Q6_K_SEG, STRIDE = MMQ_Q6_K_STRIDE;
     static constexpr bool ALIGNED = false;
 };
 template <> struct qt<TD_Q8_0> {
-    static constexpr int KB_W = 128, KB_BYTES = 136, SEG = 160, STRIDE = 176;
+    static constexpr int KB_W = MMQ_Q8_0_KB_W, KB_BYTES = MMQ_Q8_0_KB_BYTES,
+                         SEG = MMQ_Q8_0_SEG, STRIDE = MMQ_Q8_0_STRIDE;
     static constexpr bool ALIGNED = false;
 };
 
 /* Offset of row i's block inside its staged row (Q6_K, Q8_0). */
 __device__ __forceinline__ int stage_delta(const uint8_t *kbase, uint32_t row_bytes, int i)
 {
-    return (int)(((uint32_t)(uintptr_t)kbase + (uint32_t)i * row_bytes) & 15);
+    return mmq_row_misalign((uint32_t)(uintptr_t)kbase, row_bytes, i, false);
 }
 
 /* --- small device helpers ---------------------------------------------------------------- */
