@@ -62,6 +62,16 @@ struct ops_backend {
                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                             int64_t n_ch, int64_t k);
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+    td_err (*softcap)(const ops_backend *be, float *out, const float *x, float cap, int64_t n);
+    /* idx[n_rows] = cpu_argmax of each row of x[n_rows][n] */
+    td_err (*argmax)(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,
+                     int64_t n);
+    /* Greedy acceptance of a verified block (cuda_accept_greedy): argmax [n] of each row of
+     * logits [n][n_vocab], result [2] = {accepted drafts a, next token argmax(row a)} given
+     * draft [n-1] (NULL when n == 1). Only result needs to come to the host. */
+    td_err (*accept_greedy)(const ops_backend *be, int32_t *argmax, int32_t *result,
+                            const float *logits, const int32_t *draft, int64_t n,
+                            int64_t n_vocab);
 };
 
 /* The CPU backend (host memory; the ops are the cpu_* reference). Never fails. */

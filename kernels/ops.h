@@ -128,6 +128,8 @@ void cpu_scale(float *out, const float *x, float s, int64_t n);        /* x * s 
 void cpu_silu(float *out, const float *x, int64_t n);                  /* x * sigmoid(x) */
 void cpu_sigmoid(float *out, const float *x, int64_t n);               /* 1 / (1 + e^-x) */
 void cpu_softplus(float *out, const float *x, int64_t n);              /* log(1 + e^x) */
+/* Logit softcapping: out = cap * tanh(x / cap), cap > 0. */
+void cpu_softcap(float *out, const float *x, float cap, int64_t n);
 /* out = silu(gate) * up, all [n]. */
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
 
@@ -305,6 +307,7 @@ td_err cuda_scale(float *out, const float *x, float s, int64_t n, ops_stream st)
 td_err cuda_silu(float *out, const float *x, int64_t n, ops_stream st);
 td_err cuda_sigmoid(float *out, const float *x, int64_t n, ops_stream st);
 td_err cuda_softplus(float *out, const float *x, int64_t n, ops_stream st);
+td_err cuda_softcap(float *out, const float *x, float cap, int64_t n, ops_stream st);
 td_err cuda_swiglu(float *out, const float *gate, const float *up, int64_t n, ops_stream st);
 td_err cuda_softmax(float *out, const float *x, int64_t n_rows, int64_t n, ops_stream st);
 

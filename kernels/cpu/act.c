@@ -54,6 +54,13 @@ void cpu_softplus(float *out, const float *x, int64_t n)
         out[i] = fmaxf(x[i], 0.0f) + log1pf(expf(-fabsf(x[i])));
 }
 
+void cpu_softcap(float *out, const float *x, float cap, int64_t n)
+{
+    TD_ASSERT(cap > 0.0f);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = cap * tanhf(x[i] / cap);
+}
+
 void cpu_softmax(float *out, const float *x, int64_t n_rows, int64_t n)
 {
     TD_ASSERT(n >= 1);

@@ -131,6 +131,37 @@ static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
     return TD_OK;
 }
 
+static td_err be_cpu_softcap(const ops_backend *be, float *out, const float *x, float cap,
+                             int64_t n)
+{
+    (void)be;
+    cpu_softcap(out, x, cap, n);
+    return TD_OK;
+}
+
+static td_err be_cpu_argmax(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,
+                            int64_t n)
+{
+    (void)be;
+    for (int64_t r = 0; r < n_rows; r++)
+        idx[r] = (int32_t)cpu_argmax(x + r * n, n);
+    return TD_OK;
+}
+
+static td_err be_cpu_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *result,
+                                   const float *logits, const int32_t *draft, int64_t n,
+                                   int64_t n_vocab)
+{
+    TD_ASSERT(n >= 1 && (n == 1 || draft != NULL));
+    TD_TRY(be_cpu_argmax(be, argmax, logits, n, n_vocab));
+    int64_t a = 0;
+    while (a < n - 1 && draft[a] == argmax[a])
+        a++;
+    result[0] = (int32_t)a;
+    result[1] = argmax[a];
+    return TD_OK;
+}
+
 static const ops_backend be_cpu = {
     .kind = OPS_BACKEND_CPU,
     .name = "cpu",
@@ -158,6 +189,9 @@ static const ops_backend be_cpu = {
     .attention = be_cpu_attention,
     .conv1d_causal = be_cpu_conv1d_causal,
     .delta_rule = be_cpu_delta_rule,
+    .softcap = be_cpu_softcap,
+    .argmax = be_cpu_argmax,
+    .accept_greedy = be_cpu_accept_greedy,
 };
 
 const ops_backend *ops_backend_cpu(void)

@@ -16,6 +16,7 @@ typedef enum act_kind {
     ACT_SIGMOID,
     ACT_SOFTPLUS,
     ACT_SWIGLU,
+    ACT_SOFTCAP,
 } act_kind;
 
 __global__ void __launch_bounds__(ACT_THREADS)
@@ -42,6 +43,9 @@ act_kernel(float *out, const float *a, const float *b, float s, int64_t n, act_k
             break;
         case ACT_SOFTPLUS:
             r = fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+            break;
+        case ACT_SOFTCAP: /* s = cap */
+            r = s * tanhf(x / s);
             break;
         default: /* ACT_SWIGLU: a = gate, b = up */
             r = x * dev_sigmoid(x) * b[i];
@@ -96,6 +100,12 @@ extern "C" td_err cuda_sigmoid(float *out, const float *x, int64_t n, ops_stream
 extern "C" td_err cuda_softplus(float *out, const float *x, int64_t n, ops_stream st)
 {
     return act_launch(out, x, NULL, 0, n, ACT_SOFTPLUS, st);
+}
+
+extern "C" td_err cuda_softcap(float *out, const float *x, float cap, int64_t n, ops_stream st)
+{
+    TD_ASSERT(cap > 0.0f);
+    return act_launch(out, x, NULL, cap, n, ACT_SOFTCAP, st);
 }
 
 extern "C" td_err cuda_swiglu(float *out, const float *gate, const float *up, int64_t n,

@@ -118,6 +118,25 @@ static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
     return cuda_delta_rule(d, be->stream);
 }
 
+static td_err be_cuda_softcap(const ops_backend *be, float *out, const float *x, float cap,
+                              int64_t n)
+{
+    return cuda_softcap(out, x, cap, n, be->stream);
+}
+
+static td_err be_cuda_argmax(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,
+                             int64_t n)
+{
+    return cuda_argmax(idx, x, n_rows, n, be->stream);
+}
+
+static td_err be_cuda_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *result,
+                                    const float *logits, const int32_t *draft, int64_t n,
+                                    int64_t n_vocab)
+{
+    return cuda_accept_greedy(argmax, result, logits, draft, n, n_vocab, be->stream);
+}
+
 extern "C" td_err ops_backend_cuda_init(ops_backend **out, int dev)
 {
     *out = NULL;
@@ -161,6 +180,9 @@ extern "C" td_err ops_backend_cuda_init(ops_backend **out, int dev)
     be->attention = be_cuda_attention;
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
+    be->softcap = be_cuda_softcap;
+    be->argmax = be_cuda_argmax;
+    be->accept_greedy = be_cuda_accept_greedy;
     *out = be;
     return TD_OK;
 }
