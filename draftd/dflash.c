@@ -70,16 +70,175 @@ static td_err dfl_load_tensors(dfl_loader *ld)
     return TD_OK;
 }
 
+/* Scratch of the drafter's passes, in backend memory, kept by the model and grown on demand
+ * (allocating device memory per call would stall the GPU). */
+typedef struct dfl_work {
+    int64_t cap;   /* rows the buffers hold (>= block_size) */
+    float *x;      /* [cap][hidden] residual stream */
+    float *h;      /* [cap][hidden] normed sublayer input; fused context features */
+    float *q;      /* [cap][wide] queries, gate; context K */
+    float *a;      /* [cap][wide] attention output; context V */
+    float *f;      /* [cap][wide] up projection */
+    int32_t *ids;  /* [cap] token ids of a block, or positions of new context */
+    int32_t *host; /* [cap] host staging for ids and positions */
+} dfl_work;
+
+/* wide: the widest of the attention, FFN and residual rows. */
+static int64_t dfl_wide(const dflash_config *c)
+{
+    int64_t w = (int64_t)c->n_heads * c->head_dim;
+    int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
+    if ((int64_t)c->ffn > w)
+        w = c->ffn;
+    if (kvw > w)
+        w = kvw;
+    if ((int64_t)c->hidden > w)
+        w = c->hidden;
+    return w;
+}
+
+static void dfl_work_release(const ops_backend *be, dfl_work *w)
+{
+    float **f[] = {&w->x, &w->h, &w->q, &w->a, &w->f};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        be->release(be, *f[i]);
+        *f[i] = NULL;
+    }
+    be->release(be, w->ids);
+    free(w->host);
+    w->ids = w->host = NULL;
+    w->cap = 0;
+}
+
+/* Makes the model's scratch hold n rows. */
+static td_err dfl_work_reserve(const dfl_model *m, int64_t n)
+{
+    dfl_work *w = m->work;
+    const ops_backend *be = m->be;
+    if (n <= w->cap)
+        return TD_OK;
+    dfl_work_release(be, w);
+    size_t r = (size_t)n, f = sizeof(float), H = m->cfg.hidden, W = (size_t)dfl_wide(&m->cfg);
+    struct {
+        void **p;
+        size_t bytes;
+    } want[] = {
+        {(void **)&w->x, r * H * f}, {(void **)&w->h, r * H * f}, {(void **)&w->q, r * W * f},
+        {(void **)&w->a, r * W * f}, {(void **)&w->f, r * W * f},
+        {(void **)&w->ids, r * sizeof(int32_t)},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        td_err e = be->alloc(be, want[i].p, want[i].bytes);
+        if (e != TD_OK) {
+            dfl_work_release(be, w);
+            return err_wrap(e, "drafter scratch for %lld rows", (long long)n);
+        }
+    }
+    w->host = malloc(r * sizeof(int32_t));
+    if (!w->host) {
+        dfl_work_release(be, w);
+        return err_set(TD_ENOMEM, "out of memory for drafter scratch of %lld rows", (long long)n);
+    }
+    w->cap = n;
+    return TD_OK;
+}
+
+/* Visits every weight of the drafter (not the borrowed embedding and head): the pointer to
+ * its data and its size in bytes. */
+typedef td_err (*dfl_visit_fn)(void *ctx, const void **data, size_t bytes);
+
+static td_err dfl_visit(dfl_model *m, dfl_visit_fn fn, void *ctx)
+{
+    const dflash_config *c = &m->cfg;
+    size_t H = (size_t)c->hidden * sizeof(float), hd = (size_t)c->head_dim * sizeof(float);
+#define DFL_W(w) TD_TRY(fn(ctx, &(w).data, (size_t)(w).rows * (w).row_bytes))
+#define DFL_V(v, b) TD_TRY(fn(ctx, (const void **)&(v), (b)))
+    DFL_W(m->fc);
+    DFL_V(m->hidden_norm, H);
+    DFL_V(m->norm, H);
+    for (uint32_t il = 0; il < c->n_layers; il++) {
+        dfl_layer *L = &m->layers[il];
+        DFL_V(L->in_norm, H);
+        DFL_V(L->post_norm, H);
+        DFL_V(L->q_norm, hd);
+        DFL_V(L->k_norm, hd);
+        DFL_W(L->wq);
+        DFL_W(L->wk);
+        DFL_W(L->wv);
+        DFL_W(L->wo);
+        DFL_W(L->gate);
+        DFL_W(L->up);
+        DFL_W(L->down);
+    }
+#undef DFL_W
+#undef DFL_V
+    return TD_OK;
+}
+
+#define DFL_ALIGN 256 /* bytes: every weight starts on a 256-byte boundary of the arena */
+
+static size_t dfl_aligned(size_t bytes)
+{
+    return (bytes + DFL_ALIGN - 1) / DFL_ALIGN * DFL_ALIGN;
+}
+
+static td_err dfl_count(void *ctx, const void **data, size_t bytes)
+{
+    (void)data;
+    *(size_t *)ctx += dfl_aligned(bytes);
+    return TD_OK;
+}
+
+typedef struct dfl_placer {
+    const ops_backend *be;
+    uint8_t *arena; /* backend memory */
+    size_t at;      /* bytes used */
+} dfl_placer;
+
+static td_err dfl_place_one(void *ctx, const void **data, size_t bytes)
+{
+    dfl_placer *p = ctx;
+    uint8_t *dst = p->arena + p->at;
+    TD_TRY(p->be->to_device(p->be, dst, *data, bytes));
+    *data = dst;
+    p->at += dfl_aligned(bytes);
+    return TD_OK;
+}
+
+/* Copies every drafter weight into one arena of backend memory and points the model at it. */
+static td_err dfl_place(dfl_model *m, const ops_backend *be)
+{
+    size_t total = 0;
+    TD_TRY(dfl_visit(m, dfl_count, &total));
+    dfl_placer p = {.be = be};
+    TD_TRY(err_wrap(be->alloc(be, (void **)&p.arena, total), "drafter weights (%zu bytes)",
+                    total));
+    /* The arena is owned from here on, so a failed copy is released by dfl_free. */
+    m->dev_arena = p.arena;
+    TD_TRY(dfl_visit(m, dfl_place_one, &p));
+    return be->sync(be);
+}
+
 td_err dfl_load(dfl_model **out, const char *dir, uint32_t n_target_layers,
                 const ops_weight *tok_embd, const ops_weight *lm_head)
+{
+    return dfl_load_on(out, dir, n_target_layers, tok_embd, lm_head, ops_backend_cpu());
+}
+
+td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
+                   const ops_weight *tok_embd, const ops_weight *lm_head,
+                   const ops_backend *be)
 {
     char path[4096];
     *out = NULL;
     dfl_model *m = calloc(1, sizeof *m);
     if (!m)
         return err_set(TD_ENOMEM, "out of memory loading the drafter");
+    m->be = ops_backend_cpu(); /* until the weights are placed: what dfl_free releases with */
+    m->work = calloc(1, sizeof *m->work);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    td_err e = dflash_config_load(&m->cfg, path);
+    td_err e = m->work ? dflash_config_load(&m->cfg, path)
+                       : err_set(TD_ENOMEM, "out of memory loading the drafter");
     if (e == TD_OK)
         e = dflash_config_resolve(&m->cfg, n_target_layers);
     const dflash_config *c = &m->cfg;
@@ -106,6 +265,12 @@ td_err dfl_load(dfl_model **out, const char *dir, uint32_t n_target_layers,
     }
     if (e == TD_OK)
         e = dfl_load_tensors(&ld);
+    if (e == TD_OK && be->kind != OPS_BACKEND_CPU) {
+        m->be = be;
+        e = err_wrap(dfl_place(m, be), "placing the drafter on %s", be->name);
+    }
+    if (e == TD_OK)
+        e = dfl_work_reserve(m, c->block_size);
     if (e != TD_OK) {
         dfl_free(m);
         return err_wrap(e, "loading drafter %s", dir);
@@ -120,6 +285,12 @@ void dfl_free(dfl_model *m)
 {
     if (!m)
         return;
+    if (m->work) {
+        dfl_work_release(m->be, m->work);
+        free(m->work);
+    }
+    if (m->dev_arena)
+        m->be->release(m->be, m->dev_arena);
     if (m->st)
         st_close(m->st);
     free(m->layers);
@@ -132,25 +303,34 @@ void dfl_free(dfl_model *m)
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
 {
     const dflash_config *c = &m->cfg;
+    const ops_backend *be = m->be;
     memset(s, 0, sizeof *s);
     if (cap <= 0 || cap > INT32_MAX / 2)
         return err_set(TD_EINVAL, "drafter context window %lld is out of range", (long long)cap);
+    s->be = be;
     s->cap = cap;
     s->block = c->block_size;
     s->n_layers = c->n_layers;
     size_t slots = (size_t)(cap + s->block), kv = (size_t)c->n_kv_heads * c->head_dim;
     s->k = calloc(c->n_layers, sizeof *s->k);
     s->v = calloc(c->n_layers, sizeof *s->v);
-    s->pos = calloc(slots, sizeof *s->pos);
-    bool ok = s->k && s->v && s->pos;
-    for (uint32_t i = 0; ok && i < c->n_layers; i++) {
-        s->k[i] = calloc(slots * kv, sizeof(float));
-        s->v[i] = calloc(slots * kv, sizeof(float));
-        ok = s->k[i] && s->v[i];
+    td_err e = s->k && s->v ? TD_OK : err_set(TD_ENOMEM, "out of memory for a drafter context");
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&s->pos, slots * sizeof *s->pos);
+    if (e == TD_OK)
+        e = be->zero(be, s->pos, slots * sizeof *s->pos);
+    for (uint32_t i = 0; e == TD_OK && i < c->n_layers; i++) {
+        e = be->alloc(be, (void **)&s->k[i], slots * kv * sizeof(float));
+        if (e == TD_OK)
+            e = be->zero(be, s->k[i], slots * kv * sizeof(float));
+        if (e == TD_OK)
+            e = be->alloc(be, (void **)&s->v[i], slots * kv * sizeof(float));
+        if (e == TD_OK)
+            e = be->zero(be, s->v[i], slots * kv * sizeof(float));
     }
-    if (!ok) {
+    if (e != TD_OK) {
         dfl_state_free(s);
-        return err_set(TD_ENOMEM, "out of memory for a drafter context of %lld", (long long)cap);
+        return err_wrap(e, "a drafter context of %lld", (long long)cap);
     }
     return TD_OK;
 }
@@ -163,6 +343,7 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
     if (cap <= 0 || cap > INT32_MAX / 2 || rows < cap + (int64_t)c->block_size)
         return err_set(TD_EINVAL, "drafter context window %lld in %lld rows is out of range",
                        (long long)cap, (long long)rows);
+    s->be = m->be;
     s->bound = true;
     s->cap = cap;
     s->block = c->block_size;
@@ -184,21 +365,17 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
 
 void dfl_state_free(dfl_state *s)
 {
-    if (s->bound) {
-        free(s->k);
-        free(s->v);
-        memset(s, 0, sizeof *s);
-        return;
-    }
-    for (int64_t i = 0; i < s->n_layers; i++) {
-        if (s->k)
-            free(s->k[i]);
-        if (s->v)
-            free(s->v[i]);
+    if (!s->bound && s->be) {
+        for (int64_t i = 0; i < s->n_layers; i++) {
+            if (s->k)
+                s->be->release(s->be, s->k[i]);
+            if (s->v)
+                s->be->release(s->be, s->v[i]);
+        }
+        s->be->release(s->be, s->pos);
     }
     free(s->k);
     free(s->v);
-    free(s->pos);
     memset(s, 0, sizeof *s);
 }
 
@@ -211,127 +388,137 @@ void dfl_state_reset(dfl_state *s)
 
 /* K = RoPE(k_norm(k_proj(x))), V = v_proj(x) for n rows of x at positions pos, written to
  * the slots starting at slot (rows stay contiguous; the caller handles ring wrap). */
-static void dfl_kv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
-                   const int32_t *pos, float *k_out, float *v_out)
+static td_err dfl_kv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
+                     const int32_t *pos, float *k_out, float *v_out)
 {
     const dflash_config *c = &m->cfg;
+    const ops_backend *be = m->be;
     int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
-    cpu_matmul(k_out, x, &L->wk, n);
-    cpu_matmul(v_out, x, &L->wv, n);
-    cpu_rmsnorm(k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd, (float)c->rms_eps);
-    cpu_rope_neox(k_out, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
+    TD_TRY(be->matmul(be, k_out, x, &L->wk, n));
+    TD_TRY(be->matmul(be, v_out, x, &L->wv, n));
+    TD_TRY(be->rmsnorm(be, k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd,
+                       (float)c->rms_eps));
+    return be->rope_neox(be, k_out, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
+}
+
+/* Copies rows src[n][width] of new positions n_ctx.. into their ring slots of dst (a run of
+ * consecutive slots per copy; when n exceeds the ring the later rows win, as they must). */
+static td_err dfl_ring_put(const ops_backend *be, const dfl_state *s, void *dst, const void *src,
+                           int64_t n, size_t row_bytes, bool from_host)
+{
+    for (int64_t i = 0; i < n;) {
+        int64_t slot = (s->n_ctx + i) % s->cap, run = s->cap - slot;
+        if (run > n - i)
+            run = n - i;
+        uint8_t *d = (uint8_t *)dst + (size_t)slot * row_bytes;
+        const uint8_t *from = (const uint8_t *)src + (size_t)i * row_bytes;
+        size_t bytes = (size_t)run * row_bytes;
+        TD_TRY(from_host ? be->to_device(be, d, from, bytes) : be->copy(be, d, from, bytes));
+        i += run;
+    }
+    return TD_OK;
 }
 
 td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n)
 {
     const dflash_config *c = &m->cfg;
+    const ops_backend *be = m->be;
     if (n <= 0)
         return TD_OK;
     int64_t H = c->hidden, kvw = (int64_t)c->n_kv_heads * c->head_dim;
-    float *h = malloc((size_t)(n * H) * sizeof(float));
-    float *kb = malloc((size_t)(n * kvw) * sizeof(float));
-    float *vb = malloc((size_t)(n * kvw) * sizeof(float));
-    int32_t *pos = malloc((size_t)n * sizeof(int32_t));
-    if (!h || !kb || !vb || !pos) {
-        free(h), free(kb), free(vb), free(pos);
-        return err_set(TD_ENOMEM, "out of memory adding %lld drafter context positions",
-                       (long long)n);
-    }
+    TD_TRY(err_wrap(dfl_work_reserve(m, n), "adding %lld drafter context positions",
+                    (long long)n));
+    dfl_work *w = m->work;
+    float *h = w->h, *kb = w->q, *vb = w->a;
+    int32_t *pos = w->ids;
     for (int64_t i = 0; i < n; i++)
-        pos[i] = (int32_t)(s->n_ctx + i);
+        w->host[i] = (int32_t)(s->n_ctx + i);
+    TD_TRY(be->to_device(be, pos, w->host, (size_t)n * sizeof(int32_t)));
     /* H_t = hidden_norm(fc(concat of tap features)); it enters k_proj/v_proj as it is. */
-    cpu_matmul(h, feat, &m->fc, n);
-    cpu_rmsnorm(h, h, m->hidden_norm, n, H, H, (float)c->rms_eps);
+    TD_TRY(be->matmul(be, h, feat, &m->fc, n));
+    TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
+    size_t row = (size_t)kvw * sizeof(float);
     for (uint32_t il = 0; il < c->n_layers; il++) {
-        dfl_kv(m, &m->layers[il], h, n, pos, kb, vb);
-        for (int64_t i = 0; i < n; i++) {
-            int64_t slot = (s->n_ctx + i) % s->cap;
-            memcpy(s->k[il] + slot * kvw, kb + i * kvw, (size_t)kvw * sizeof(float));
-            memcpy(s->v[il] + slot * kvw, vb + i * kvw, (size_t)kvw * sizeof(float));
-        }
+        TD_TRY(dfl_kv(m, &m->layers[il], h, n, pos, kb, vb));
+        TD_TRY(dfl_ring_put(be, s, s->k[il], kb, n, row, false));
+        TD_TRY(dfl_ring_put(be, s, s->v[il], vb, n, row, false));
     }
-    for (int64_t i = 0; i < n; i++)
-        s->pos[(s->n_ctx + i) % s->cap] = pos[i];
+    TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t), true));
     s->n_ctx += n;
-    free(h), free(kb), free(vb), free(pos);
     return TD_OK;
+}
+
+/* One layer of the block pass over x[B][H], the block's K/V going to the slots after the
+ * n_valid ring entries. */
+static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int64_t n_valid)
+{
+    const dflash_config *c = &m->cfg;
+    const ops_backend *be = m->be;
+    const dfl_layer *L = &m->layers[il];
+    const dflash_layer *lt = &c->layers[il];
+    dfl_work *w = m->work;
+    int64_t B = c->block_size, H = c->hidden, hd = c->head_dim;
+    int64_t qw = (int64_t)c->n_heads * hd, kvw = (int64_t)c->n_kv_heads * hd;
+    float eps = (float)c->rms_eps;
+    const int32_t *bpos = s->pos + n_valid;
+    TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
+    TD_TRY(be->matmul(be, w->q, w->h, &L->wq, B));
+    TD_TRY(be->rmsnorm(be, w->q, w->q, L->q_norm, B * c->n_heads, hd, hd, eps));
+    TD_TRY(be->rope_neox(be, w->q, B, c->n_heads, qw, hd, hd, bpos, (float)c->rope_theta));
+    TD_TRY(dfl_kv(m, L, w->h, B, bpos, s->k[il] + n_valid * kvw, s->v[il] + n_valid * kvw));
+    ops_attn at = {
+        .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
+        .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,
+        .q_pos = bpos, .kv_type = TD_F32, .k = s->k[il], .v = s->v[il],
+        .kv_tok_stride = kvw, .kv_head_stride = hd, .k_pos = s->pos, .n_kv = n_valid + B,
+        .mask = lt->causal ? OPS_MASK_CAUSAL : OPS_MASK_BIDIRECTIONAL,
+        .window = (int32_t)lt->window, .out = w->a,
+    };
+    TD_TRY(be->attention(be, &at));
+    TD_TRY(be->matmul(be, w->h, w->a, &L->wo, B));
+    TD_TRY(be->add(be, w->x, w->x, w->h, B * H));
+    TD_TRY(be->rmsnorm(be, w->h, w->x, L->post_norm, B, H, H, eps));
+    TD_TRY(be->matmul(be, w->q, w->h, &L->gate, B));
+    TD_TRY(be->matmul(be, w->f, w->h, &L->up, B));
+    TD_TRY(be->swiglu(be, w->q, w->q, w->f, B * c->ffn));
+    TD_TRY(be->matmul(be, w->h, w->q, &L->down, B));
+    return be->add(be, w->x, w->x, w->h, B * H);
 }
 
 td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits)
 {
     const dflash_config *c = &m->cfg;
-    int64_t B = c->block_size, H = c->hidden, hd = c->head_dim;
-    int64_t qw = (int64_t)c->n_heads * hd, kvw = (int64_t)c->n_kv_heads * hd;
+    const ops_backend *be = m->be;
+    int64_t B = c->block_size, H = c->hidden;
     int64_t n_valid = s->n_ctx < s->cap ? s->n_ctx : s->cap;
-    int64_t wmax = qw > (int64_t)c->ffn ? qw : (int64_t)c->ffn;
-    if (wmax < H)
-        wmax = H;
-    float *x = malloc((size_t)(B * H) * sizeof(float));
-    float *h = malloc((size_t)(B * H) * sizeof(float));
-    float *q = malloc((size_t)(B * wmax) * sizeof(float));
-    float *a = malloc((size_t)(B * wmax) * sizeof(float));
-    float *f = malloc((size_t)(B * wmax) * sizeof(float));
-    int32_t *ids = malloc((size_t)B * sizeof(int32_t));
-    td_err e = TD_OK;
-    if (!x || !h || !q || !a || !f || !ids) {
-        e = err_set(TD_ENOMEM, "out of memory drafting a block");
-        goto done;
-    }
-    ids[0] = pending;
+    /* Checked here: a GPU gather cannot report a bad id. */
+    if (pending < 0 || pending >= m->tok_embd.rows)
+        return err_set(TD_ERANGE, "drafter block: row id %d outside [0, %lld)", pending,
+                       (long long)m->tok_embd.rows);
+    dfl_work *w = m->work;
+    w->host[0] = pending;
     for (int64_t i = 1; i < B; i++)
-        ids[i] = (int32_t)c->mask_token_id;
-    e = cpu_get_rows(x, &m->tok_embd, ids, B);
-    if (e != TD_OK) {
-        e = err_wrap(e, "drafter block");
-        goto done;
-    }
+        w->host[i] = (int32_t)c->mask_token_id;
+    TD_TRY(be->to_device(be, w->ids, w->host, (size_t)B * sizeof(int32_t)));
+    TD_TRY(err_wrap(be->get_rows(be, w->x, &m->tok_embd, w->ids, B), "drafter block"));
     if (c->input_embedding_scale != 1.0)
-        cpu_scale(x, x, (float)c->input_embedding_scale, B * H);
+        TD_TRY(be->scale(be, w->x, w->x, (float)c->input_embedding_scale, B * H));
     /* Block slots sit right after the valid ring entries, at positions n_ctx..n_ctx+B-1. */
-    int32_t *bpos = s->pos + n_valid;
     for (int64_t i = 0; i < B; i++)
-        bpos[i] = (int32_t)(s->n_ctx + i);
+        w->host[i] = (int32_t)(s->n_ctx + i);
+    TD_TRY(be->to_device(be, s->pos + n_valid, w->host, (size_t)B * sizeof(int32_t)));
 
-    for (uint32_t il = 0; il < c->n_layers; il++) {
-        const dfl_layer *L = &m->layers[il];
-        const dflash_layer *lt = &c->layers[il];
-        cpu_rmsnorm(h, x, L->in_norm, B, H, H, (float)c->rms_eps);
-        cpu_matmul(q, h, &L->wq, B);
-        cpu_rmsnorm(q, q, L->q_norm, B * c->n_heads, hd, hd, (float)c->rms_eps);
-        cpu_rope_neox(q, B, c->n_heads, qw, hd, hd, bpos, (float)c->rope_theta);
-        dfl_kv(m, L, h, B, bpos, s->k[il] + n_valid * kvw, s->v[il] + n_valid * kvw);
-        ops_attn at = {
-            .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
-            .scale = 1.0f / sqrtf((float)hd), .q = q, .q_tok_stride = qw, .q_head_stride = hd,
-            .q_pos = bpos, .kv_type = TD_F32, .k = s->k[il], .v = s->v[il],
-            .kv_tok_stride = kvw, .kv_head_stride = hd, .k_pos = s->pos, .n_kv = n_valid + B,
-            .mask = lt->causal ? OPS_MASK_CAUSAL : OPS_MASK_BIDIRECTIONAL,
-            .window = (int32_t)lt->window, .out = a,
-        };
-        cpu_attention(&at);
-        cpu_matmul(h, a, &L->wo, B);
-        cpu_add(x, x, h, B * H);
-        cpu_rmsnorm(h, x, L->post_norm, B, H, H, (float)c->rms_eps);
-        cpu_matmul(q, h, &L->gate, B);
-        cpu_matmul(f, h, &L->up, B);
-        cpu_swiglu(q, q, f, B * c->ffn);
-        cpu_matmul(h, q, &L->down, B);
-        cpu_add(x, x, h, B * H);
-    }
+    for (uint32_t il = 0; il < c->n_layers; il++)
+        TD_TRY(dfl_block_layer(m, s, il, n_valid));
     /* Slot k (1..B-1) proposes the token at position n_ctx + k. */
-    cpu_rmsnorm(h, x + H, m->norm, B - 1, H, H, (float)c->rms_eps);
-    cpu_matmul(logits, h, &m->lm_head, B - 1);
+    TD_TRY(be->rmsnorm(be, w->h, w->x + H, m->norm, B - 1, H, H, (float)c->rms_eps));
+    TD_TRY(be->matmul(be, logits, w->h, &m->lm_head, B - 1));
     int64_t nl = (B - 1) * m->lm_head.rows;
     if (c->output_multiplier != 1.0)
-        cpu_scale(logits, logits, (float)c->output_multiplier, nl);
-    if (c->final_logit_softcap > 0) {
-        float cap = (float)c->final_logit_softcap;
-        for (int64_t i = 0; i < nl; i++)
-            logits[i] = cap * tanhf(logits[i] / cap);
-    }
-done:
-    free(x), free(h), free(q), free(a), free(f), free(ids);
-    return e;
+        TD_TRY(be->scale(be, logits, logits, (float)c->output_multiplier, nl));
+    if (c->final_logit_softcap > 0)
+        TD_TRY(be->softcap(be, logits, logits, (float)c->final_logit_softcap, nl));
+    return TD_OK;
 }
 
 /* --- drafting ----------------------------------------------------------------------------- */

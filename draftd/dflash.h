@@ -3,7 +3,10 @@
  * the target's tap-layer features of every committed position.
  *
  * It has no embedding or LM head of its own: it borrows the target's token_embd and output
- * matrices (ops_weight views owned by the target model). */
+ * matrices (ops_weight views owned by the target model).
+ *
+ * It runs on the target's backend: weights, scratch, context state, features in and logits
+ * out are all memory of that backend (host memory for the CPU backend). */
 #ifndef TANDEM_DRAFTD_DFLASH_H
 #define TANDEM_DRAFTD_DFLASH_H
 
@@ -13,6 +16,7 @@
 #include "common/dflash_config.h"
 #include "common/err.h"
 #include "common/safetensors.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 
 typedef struct dfl_layer {
@@ -39,13 +43,22 @@ typedef struct dfl_model {
     dfl_layer *layers;        /* [n_layers] */
     ops_weight tok_embd;      /* the target's [vocab][hidden] (a view; not owned) */
     ops_weight lm_head;       /* the target's output [vocab][hidden] (a view; not owned) */
-    float *owned;             /* f32 copies of the norm vectors */
+    float *owned;             /* f32 copies of the norm vectors (host) */
+    const ops_backend *be;    /* where the weights live and the passes run */
+    void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
+    struct dfl_work *work;    /* scratch reused by every pass (one caller at a time) */
 } dfl_model;
 
 /* Loads dir/config.json and dir/model.safetensors for a target with n_target_layers main
- * layers whose embedding and LM head are given. Errors name the file, key or tensor. */
+ * layers whose embedding and LM head are given, on the CPU. Errors name the file, key or
+ * tensor. */
 td_err dfl_load(dfl_model **out, const char *dir, uint32_t n_target_layers,
                 const ops_weight *tok_embd, const ops_weight *lm_head);
+/* The same on the target's backend be: tok_embd and lm_head are views of the target placed
+ * on be (tgt_load_on), and a GPU backend gets a device copy of the drafter's weights. */
+td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
+                   const ops_weight *tok_embd, const ops_weight *lm_head,
+                   const ops_backend *be);
 void dfl_free(dfl_model *m);
 
 /* The drafter's memory of one sequence: context K/V of the committed positions in a ring of
@@ -55,15 +68,16 @@ typedef struct dfl_state {
     int64_t cap;        /* ring slots: the drafter's context window */
     int64_t n_ctx;      /* committed positions added so far (absolute) */
     int64_t block;      /* block slots reserved after the ring (config block_size) */
-    float **k;          /* per layer: [cap + block][n_kv_heads][head_dim] */
-    float **v;          /* per layer: [cap + block][n_kv_heads][head_dim] */
-    int32_t *pos;       /* [cap + block] absolute position held by each slot */
+    const ops_backend *be; /* the model's backend, which owns the arrays (unless bound) */
+    float **k;          /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
+    float **v;          /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
+    int32_t *pos;       /* [cap + block] absolute position held by each slot (backend memory) */
     int64_t n_layers;
     bool bound;         /* k, v and pos live in caller memory (dfl_state_bind) */
 } dfl_state;
 
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap);
-/* A state over caller memory (a kvd draft slot): k and v are [n_layers][rows][n_kv_heads]
+/* A state over caller memory of the model's backend (a kvd draft slot): k and v are [n_layers][rows][n_kv_heads]
  * [head_dim] with rows >= cap + block_size, pos is [rows]. Nothing is cleared; n_ctx starts
  * at 0 (a caller resuming a kept context sets it). */
 td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
@@ -88,12 +102,15 @@ td_err dfl_draft_tokens(const ops_sampler *smp, const float *logits, int64_t B, 
                         int64_t L, int32_t *block, float *q);
 
 /* Adds n newly committed positions n_ctx..n_ctx+n-1 from their target features
- * feat[n][n_taps][target_hidden] (tap-layer outputs in target_layer_ids order). */
+ * feat[n][n_taps][target_hidden] (tap-layer outputs in target_layer_ids order; backend
+ * memory). */
 td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n);
 
 /* Drafts one block: the pending token b at position s->n_ctx followed by block_size - 1 MASK
- * slots. logits: [block_size - 1][vocab] for the positions n_ctx+1 .. n_ctx+block_size-1
- * (after output_multiplier and softcapping). TD_ERANGE for a token id outside the vocabulary. */
+ * slots. logits (backend memory): [block_size - 1][vocab] for the positions
+ * n_ctx+1 .. n_ctx+block_size-1 (after output_multiplier and softcapping). TD_ERANGE for a
+ * token id outside the vocabulary. On a GPU the work is only enqueued: the logits are
+ * ready for the next op on the backend's stream or after to_host. */
 td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits);
 
 #endif
