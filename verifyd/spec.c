@@ -57,13 +57,23 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     s->ring = cfg->feat_ring;
     s->ring_rows = cfg->ring_rows;
     int64_t rows = s->block > s->prefill_chunk ? s->block : s->prefill_chunk;
-    s->feat = malloc((size_t)(rows * (s->n_taps ? s->n_taps : 1) * D) * sizeof(float));
-    s->logits = malloc((size_t)(s->block * V) * sizeof(float));
-    s->dlogits = malloc((size_t)(s->block * V) * sizeof(float));
-    s->q = malloc((size_t)(s->block * V) * sizeof(float));
+    const ops_backend *be = tm->be;
+    size_t fbytes = (size_t)(rows * (s->n_taps ? s->n_taps : 1) * D) * sizeof(float);
+    size_t lbytes = (size_t)(s->block * V) * sizeof(float);
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&s->feat, fbytes);
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&s->logits, lbytes);
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&s->dlogits, lbytes);
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&s->ids, (size_t)(2 * s->block + 2) * sizeof(int32_t));
+    s->q = malloc(lbytes);
     s->p = malloc((size_t)V * sizeof(float));
-    if (e == TD_OK && (!s->feat || !s->logits || !s->dlogits || !s->q || !s->p ||
-                       (s->n_taps && !s->taps)))
+    if (be->kind != OPS_BACKEND_CPU)
+        s->hlogits = malloc(lbytes);
+    if (e == TD_OK && (!s->q || !s->p || (s->n_taps && !s->taps) ||
+                       (be->kind != OPS_BACKEND_CPU && !s->hlogits)))
         e = err_set(TD_ENOMEM, "out of memory for a sequence");
     if (e != TD_OK)
         spec_free(s);
@@ -75,10 +85,15 @@ void spec_free(spec_seq *s)
     tgt_state_free(&s->ts);
     if (s->dm)
         dfl_state_free(&s->ds);
+    if (s->tm) {
+        const ops_backend *be = s->tm->be;
+        be->release(be, s->feat);
+        be->release(be, s->logits);
+        be->release(be, s->dlogits);
+        be->release(be, s->ids);
+    }
     free(s->taps);
-    free(s->feat);
-    free(s->logits);
-    free(s->dlogits);
+    free(s->hlogits);
     free(s->q);
     free(s->p);
     memset(s, 0, sizeof *s);
@@ -89,17 +104,46 @@ int64_t spec_room(const spec_seq *s)
     return s->ts.n_ctx - s->ts.n_past;
 }
 
-/* Samples from target logits at absolute position pos (the token's own position). */
+/* rows rows of backend logits as host memory: the same memory on the CPU, else a download
+ * into s->hlogits (sampling needs whole distributions on the host). */
+static td_err spec_host_logits(spec_seq *s, const float *logits, int64_t rows, const float **host)
+{
+    const ops_backend *be = s->tm->be;
+    if (be->kind == OPS_BACKEND_CPU) {
+        *host = logits;
+        return TD_OK;
+    }
+    TD_TRY(be->to_host(be, s->hlogits, logits, (size_t)(rows * s->tm->hp.n_vocab) * sizeof(float)));
+    *host = s->hlogits;
+    return TD_OK;
+}
+
+/* Argmax of each of rows rows of backend logits into host ids: only the ids cross. */
+static td_err spec_argmax(spec_seq *s, const float *logits, int64_t rows, int32_t *ids)
+{
+    const ops_backend *be = s->tm->be;
+    TD_TRY(be->argmax(be, s->ids, logits, rows, s->tm->hp.n_vocab));
+    return be->to_host(be, ids, s->ids, (size_t)rows * sizeof(int32_t));
+}
+
+/* Samples from host target logits at absolute position pos (the token's own position). */
 static td_err spec_sample(spec_seq *s, const float *logits, int64_t pos, int32_t *tok)
 {
     int64_t V = s->tm->hp.n_vocab;
-    if (spec_greedy(s)) {
-        *tok = (int32_t)cpu_argmax(logits, V);
-        return TD_OK;
-    }
     TD_TRY(cpu_sample_probs(s->p, logits, V, &s->sampler));
     *tok = cpu_sample_draw(s->p, V, s->sampler.seed, dfl_rng_ctr(pos, DFL_RNG_TARGET));
     return TD_OK;
+}
+
+/* The token at position pos from one row of backend logits: the argmax when greedy (on the
+ * backend), else a draw from the downloaded row. */
+static td_err spec_pick(spec_seq *s, const float *logits, int64_t pos, int32_t *tok)
+{
+    if (spec_greedy(s))
+        return spec_argmax(s, logits, 1, tok);
+    const float *h;
+    TD_TRY(spec_host_logits(s, logits, 1, &h));
+    return spec_sample(s, h, pos, tok);
 }
 
 /* Runs tokens through the target with the tap features going to s->feat; logits of the
@@ -121,10 +165,11 @@ static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
     if (s->dm)
         TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, n));
     if (s->ring) {
+        const ops_backend *be = s->tm->be;
         size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
         for (int64_t i = 0; i < n; i++)
-            memcpy(s->ring + (size_t)((pos0 + i) % s->ring_rows) * row, s->feat + (size_t)i * row,
-                   row * sizeof(float));
+            TD_TRY(be->to_host(be, s->ring + (size_t)((pos0 + i) % s->ring_rows) * row,
+                               s->feat + (size_t)i * row, row * sizeof(float)));
     }
     return TD_OK;
 }
@@ -168,7 +213,7 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
     TD_TRY(spec_keep_features(s, at, m));
     s->prompt_at += m;
     if (s->prompt_at == n) {
-        TD_TRY(spec_sample(s, s->logits, n, first));
+        TD_TRY(spec_pick(s, s->logits, n, first));
         s->pending = *first;
         s->has_pending = true;
         s->stats.generated = 1;
@@ -188,31 +233,33 @@ td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *firs
     return TD_OK;
 }
 
-/* Greedy acceptance: the longest run of drafts equal to the target's argmax. */
-static int64_t spec_accept_greedy(spec_seq *s, const int32_t *block, int64_t B, int32_t *next)
+/* Greedy acceptance: the longest run of drafts equal to the target's argmax, found on the
+ * backend next to the logits; only {a, next} come to the host. */
+static td_err spec_accept_greedy(spec_seq *s, const int32_t *block, int64_t B, int64_t *acc,
+                                 int32_t *next)
 {
-    int64_t V = s->tm->hp.n_vocab, a = 0;
-    for (;;) {
-        int32_t best = (int32_t)cpu_argmax(s->logits + a * V, V);
-        if (a + 1 < B && block[a + 1] == best) {
-            a++;
-            continue;
-        }
-        *next = best;
-        return a;
-    }
+    const ops_backend *be = s->tm->be;
+    int32_t *argmax = s->ids, *result = s->ids + s->block, *draft = result + 2, r[2];
+    if (B > 1)
+        TD_TRY(be->to_device(be, draft, block + 1, (size_t)(B - 1) * sizeof(int32_t)));
+    TD_TRY(be->accept_greedy(be, argmax, result, s->logits, draft, B, s->tm->hp.n_vocab));
+    TD_TRY(be->to_host(be, r, result, sizeof r));
+    *acc = r[0];
+    *next = r[1];
+    return TD_OK;
 }
 
 /* Lossless speculative sampling: accept d_i with probability min(1, p(d_i) / q(d_i)); on the
  * first rejection draw from normalize(max(p - q, 0)) (p when that is all zero); after a full
  * accept draw the bonus token from the last p. */
-static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, int64_t L,
-                                  const float *qs, int32_t *next, int64_t *acc)
+static td_err spec_accept_sampled(spec_seq *s, const float *logits, const int32_t *block,
+                                  int64_t B, int64_t L, const float *qs, int32_t *next,
+                                  int64_t *acc)
 {
     int64_t V = s->tm->hp.n_vocab;
     uint64_t seed = s->sampler.seed;
     for (int64_t i = 1; i < B; i++) {
-        TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
+        TD_TRY(cpu_sample_probs(s->p, logits + (i - 1) * V, V, &s->sampler));
         const float *q = qs + (i - 1) * V;
         int32_t d = block[i];
         double u = ops_rand_uniform(seed, dfl_rng_ctr(L + i, DFL_RNG_ACCEPT));
@@ -225,12 +272,12 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
             sum += s->p[j];
         }
         if (sum <= 0)
-            TD_TRY(cpu_sample_probs(s->p, s->logits + (i - 1) * V, V, &s->sampler));
+            TD_TRY(cpu_sample_probs(s->p, logits + (i - 1) * V, V, &s->sampler));
         *next = cpu_sample_draw(s->p, V, seed, dfl_rng_ctr(L + i, DFL_RNG_TARGET));
         *acc = i - 1;
         return TD_OK;
     }
-    TD_TRY(spec_sample(s, s->logits + (B - 1) * V, L + B, next));
+    TD_TRY(spec_sample(s, logits + (B - 1) * V, L + B, next));
     *acc = B - 1;
     return TD_OK;
 }
@@ -249,14 +296,17 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
                        "positions left", (long long)B, (long long)s->block, (long long)room);
     double t1 = spec_now();
     TD_TRY(spec_run(s, block, B, B > 1, B > 1));
-    int64_t a;
+    int64_t a = 0;
     int32_t next;
-    if (spec_greedy(s) || B == 1) {
-        a = spec_accept_greedy(s, block, B, &next);
-        if (!spec_greedy(s))
-            TD_TRY(spec_sample(s, s->logits, L + 1, &next));
+    if (spec_greedy(s)) {
+        TD_TRY(spec_accept_greedy(s, block, B, &a, &next));
+    } else if (B == 1) {
+        TD_TRY(spec_pick(s, s->logits, L + 1, &next));
     } else {
-        TD_TRY(spec_accept_sampled(s, block, B, L, q, &next, &a));
+        /* Sampling compares whole distributions: the block's logits come to the host. */
+        const float *lg;
+        TD_TRY(spec_host_logits(s, s->logits, B, &lg));
+        TD_TRY(spec_accept_sampled(s, lg, block, B, L, q, &next, &a));
     }
     if (B > 1)
         TD_TRY(tgt_state_keep(s->tm, &s->ts, a + 1));
@@ -292,7 +342,14 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     double t0 = spec_now();
     if (B > 1) {
         TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
-        TD_TRY(dfl_draft_tokens(&s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L, block, s->q));
+        if (spec_greedy(s)) {
+            /* dfl_draft_tokens' greedy rule (the row argmax), on the backend. */
+            TD_TRY(spec_argmax(s, s->dlogits, B - 1, block + 1));
+        } else {
+            const float *dl;
+            TD_TRY(spec_host_logits(s, s->dlogits, B - 1, &dl));
+            TD_TRY(dfl_draft_tokens(&s->sampler, dl, B, s->tm->hp.n_vocab, L, block, s->q));
+        }
     }
     s->stats.t_draft += spec_now() - t0;
     return spec_verify(s, block, B, s->q, out, n_out);

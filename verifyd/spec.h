@@ -4,6 +4,10 @@
  * (greedy) or applies lossless speculative sampling (temperature > 0). Without a drafter the
  * same object decodes plainly, one token per step.
  *
+ * Everything runs on the target's backend (tm->be): the drafter must be loaded on the same
+ * backend (dfl_load_on). Greedy acceptance stays there and brings only the accept length and
+ * next token to the host; sampling downloads the logits rows it compares.
+ *
  * State: committed length L = positions whose target KV/state/features exist, and one
  * pending token b (sampled, emitted, not yet run through the target). */
 #ifndef TANDEM_VERIFYD_SPEC_H
@@ -40,12 +44,18 @@ typedef struct spec_seq {
     bool has_pending;
     int32_t *taps;            /* [n_taps] target layer ids feeding the drafter */
     int64_t n_taps;
-    float *feat;              /* [block or prefill chunk][n_taps][n_embd] tap outputs */
+    float *feat;              /* [block or prefill chunk][n_taps][n_embd] tap outputs
+                               * (backend memory) */
     float *ring;              /* NULL, or [ring_rows][n_taps][n_embd]: features of committed
-                               * position p go to row p % ring_rows (a drafter elsewhere) */
+                               * position p go to row p % ring_rows (a drafter elsewhere;
+                               * host memory) */
     int64_t ring_rows;
-    float *logits;            /* [block][n_vocab] target logits of a verify pass */
-    float *dlogits;           /* [block-1][n_vocab] drafter logits */
+    float *logits;            /* [block][n_vocab] target logits of a verify pass (backend) */
+    float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory) */
+    int32_t *ids;             /* [2*block+2] backend: row argmaxes [block], accept result [2],
+                               * drafts [block] */
+    float *hlogits;           /* [block][n_vocab] host copy of logits for sampling (NULL on
+                               * the CPU backend, whose logits are host memory already) */
     float *p;                 /* [n_vocab] scratch distribution */
     float *q;                 /* [block-1][n_vocab] drafter distributions (sampling) */
     int64_t prefill_chunk;    /* tokens per prefill forward pass */
@@ -98,7 +108,7 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
  * drafts, q [B-1][n_vocab] their distributions (sampling; NULL when greedy, or B = 1 for a
  * plain step). Runs the target over the block, accepts (the one acceptance rule, whoever
  * drafted: dfl_draft_tokens draws the drafts in every process), rolls back, keeps the committed features; out as spec_step. Target logits of the
- * block stay in s->logits: out[i] was chosen from row i. TD_ERANGE when B exceeds the block
+ * block stay in s->logits (backend memory): out[i] was chosen from row i. TD_ERANGE when B exceeds the block
  * size or the room left. */
 td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
                    int64_t *n_out);
