@@ -223,34 +223,22 @@ void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int i
 
 /* --- the drafter ----------------------------------------------------------------------------- */
 
-/* Host views of the target's token embedding and LM head, read from its file: the drafter
- * runs on the CPU backend, whatever backend holds the target's own copy. */
-static td_err bench_host_views(const tgt_model *m, ops_weight *emb, ops_weight *head)
-{
-    const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
-    const gguf_tensor *to = gguf_find_tensor(m->file, "output.weight");
-    if (!te)
-        return err_set(TD_EFORMAT, "token_embd.weight is missing");
-    if (!to)
-        to = te;
-    TD_TRY(ops_weight_init(emb, te->type, te->ne[1], te->ne[0], te->data));
-    return ops_weight_init(head, to->type, to->ne[1], to->ne[0], to->data);
-}
-
+/* The draft step (16 new context positions, then one block proposal) on the model's
+ * backend, with the embedding and LM head borrowed from the placed target. Each timed step
+ * ends with a sync so GPU work is counted, not just enqueued. */
 void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
                  const char **backend)
 {
+    const ops_backend *be = m->be;
     memset(t, 0, sizeof *t);
-    *backend = "cpu";
-    ops_weight emb, head;
+    *backend = be->name;
     dfl_model *dm = NULL;
     dfl_state ds;
     memset(&ds, 0, sizeof ds);
     float *feat = NULL, *logits = NULL;
     double *s = malloc((size_t)iters * sizeof *s);
-    td_err e = s ? bench_host_views(m, &emb, &head) : err_set(TD_ENOMEM, "out of memory");
-    if (e == TD_OK)
-        e = dfl_load(&dm, dir, (uint32_t)m->hp.n_layer, &emb, &head);
+    td_err e = s ? dfl_load_on(&dm, dir, (uint32_t)m->hp.n_layer, &m->tok_embd, &m->output, be)
+                 : err_set(TD_ENOMEM, "out of memory");
     const int64_t chunk = 64;
     int64_t row = 0, B = 0;
     if (e == TD_OK) {
@@ -260,18 +248,26 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         e = dfl_state_init(&ds, dm, BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP) + 64);
     }
     if (e == TD_OK) {
-        feat = bench_random((size_t)(chunk * row), 11);
-        logits = malloc((size_t)((B - 1) * m->hp.n_vocab) * sizeof *logits);
-        if (!feat || !logits)
-            e = err_set(TD_ENOMEM, "out of memory");
+        float *host = bench_random((size_t)(chunk * row), 11);
+        e = host ? ops_backend_upload(be, (void **)&feat, host,
+                                      (size_t)(chunk * row) * sizeof(float))
+                 : err_set(TD_ENOMEM, "out of memory");
+        free(host);
     }
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&logits,
+                      (size_t)((B - 1) * m->hp.n_vocab) * sizeof *logits);
     for (int64_t p = 0; e == TD_OK && p < BENCH_CTX_SHORT; p += chunk)
         e = dfl_add_context(dm, &ds, feat, chunk);
+    if (e == TD_OK)
+        e = be->sync(be);
     for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
         double t0 = bench_now();
         e = dfl_add_context(dm, &ds, feat, 16);
         if (e == TD_OK)
             e = dfl_propose(dm, &ds, (int32_t)(4242 % m->hp.n_vocab), logits);
+        if (e == TD_OK)
+            e = be->sync(be);
         if (i >= 0)
             s[i] = bench_now() - t0;
     }
@@ -283,8 +279,8 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         dfl_state_free(&ds);
         dfl_free(dm);
     }
-    free(feat);
-    free(logits);
+    be->release(be, feat);
+    be->release(be, logits);
     free(s);
 }
 

@@ -42,10 +42,9 @@ void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int i
                   bench_target_times *out);
 
 /* The drafter's step: its context takes 16 newly committed positions, then it proposes one
- * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the CPU
- * backend, with host views of the target's embedding and head from its file, until the
- * drafter's forward pass runs on the backend table (then it gets the model's backend and the
- * model's own views). */
+ * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the model's
+ * backend (the drafter borrows the placed target's embedding and head, so it runs on the GPU
+ * when the model is there). */
 void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
                  const char **backend);
 

@@ -53,6 +53,30 @@ static td_err gen_parse_ids(const char *text, int32_t **ids, int64_t *n)
     return TD_OK;
 }
 
+/* --device: "cpu", "cuda" (device 0) or "cuda:N". *be is the CPU backend or a new CUDA
+ * backend the caller frees with ops_backend_cuda_free. */
+static td_err gen_backend(const char *text, const ops_backend **be, ops_backend **owned)
+{
+    *owned = NULL;
+    *be = ops_backend_cpu();
+    if (strcmp(text, "cpu") == 0)
+        return TD_OK;
+    long long dev = 0;
+    if (strncmp(text, "cuda", 4) != 0)
+        return err_set(TD_EINVAL, "--device: expected cpu, cuda or cuda:N, got '%s'", text);
+    if (text[4] == ':') {
+        char *end;
+        dev = strtoll(text + 5, &end, 10);
+        if (end == text + 5 || *end || dev < 0 || dev > INT32_MAX)
+            return err_set(TD_EINVAL, "--device: bad CUDA device number in '%s'", text);
+    } else if (text[4]) {
+        return err_set(TD_EINVAL, "--device: expected cpu, cuda or cuda:N, got '%s'", text);
+    }
+    TD_TRY(ops_backend_cuda_init(owned, (int)dev));
+    *be = *owned;
+    return TD_OK;
+}
+
 static int gen_fail(const char *cmd, const char *what)
 {
     fprintf(stderr, "tandem %s: %s%s%s\n", cmd, what, *err_msg() ? ": " : "", err_msg());
@@ -79,6 +103,7 @@ static void gen_emit(tok_stream *ts, bool ids, const int32_t *tok, int64_t n, bo
 int cmd_generate(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *prompt = NULL, *prompt_ids = NULL;
+    const char *device = "cpu";
     int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
     double temp = 0.0, top_p = 1.0, min_p = 0.0;
     bool ids = false, ignore_eos = false, help = false;
@@ -97,11 +122,12 @@ int cmd_generate(int argc, char **argv)
         {"seed", ARGS_INT, &seed, NULL, "sampling seed", 0, INT64_MAX, 0},
         {"ids", ARGS_FLAG, &ids, NULL, "print generated token ids instead of text", 0, 0, 0},
         {"ignore-eos", ARGS_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0, 0, 0},
+        {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where target, drafter and acceptance run: cpu, cuda or cuda:N", 0, 0, 0},
         ARGS_END,
     };
     static const char usage[] =
         "tandem generate [--model M.gguf] [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
-        "[-n N] [--temp T --seed S]";
+        "[-n N] [--temp T --seed S] [--device cpu|cuda[:N]]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem generate: %s\n", err_msg());
         args_usage(usage, opts);
@@ -142,7 +168,13 @@ int cmd_generate(int argc, char **argv)
     int rc = 1;
     spec_seq seq;
     bool seq_ok = false;
-    if (tgt_load(&tm, model) != TD_OK) {
+    const ops_backend *be;
+    ops_backend *cuda_be = NULL;
+    if (gen_backend(device, &be, &cuda_be) != TD_OK) {
+        rc = gen_fail("generate", "cannot open the device");
+        goto out;
+    }
+    if (tgt_load_on(&tm, model, be) != TD_OK) {
         rc = gen_fail("generate", "cannot load the model");
         goto out;
     }
@@ -150,7 +182,8 @@ int cmd_generate(int argc, char **argv)
         rc = gen_fail("generate", "cannot load the tokenizer");
         goto out;
     }
-    if (draft && dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK) {
+    if (draft && dfl_load_on(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output,
+                             be) != TD_OK) {
         rc = gen_fail("generate", "cannot load the drafter");
         goto out;
     }
@@ -234,6 +267,7 @@ out:
     tok_free(tok);
     dfl_free(dm);
     tgt_free(tm);
+    ops_backend_cuda_free(cuda_be);
     return rc;
 }
 
