@@ -1,0 +1,382 @@
+/* Every global and shared address the quantised CUDA matmul (kernels/cuda/matmul_quant.cu)
+ * touches, computed on the host for every launch configuration the dispatcher can pick, lies
+ * inside its allocation. No GPU needed: the weight staging uses the kernel's own arithmetic
+ * (kernels/cuda/matmul_quant_addr.h, compiled here as C); the activation loads, y writes and
+ * shared-memory layout are replicated from matmul_quant.cu / matmul_quant_blocks.cuh
+ * (xview_at, load_b16/load_b8/load_sums/load_dx, the reduction) in plain C.
+ *
+ * Configurations: Q4_K, Q5_K, Q6_K, Q8_0; tiles MT = 1 and 2 (n_pad 16 takes either,
+ * depending on the device's SM count, so both are checked); n_tok 1..70 (64-token chunks,
+ * n_pad 8/16/32/64, the decode variant at n_tok 1); the shapes of tests/test_gpu_ops_matmul.c,
+ * the tiny qwen35 model's and the 27B target's. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "kernels/cuda/matmul_quant_addr.h"
+
+#define MM_CHUNK 64      /* tokens per launch (matmul_internal.h) */
+#define MM_XBLOCK 256    /* inputs per activation scale */
+#define MM_XSUM_BYTES 96 /* integer sums per (x block, token) */
+
+/* One type's staging constants, as qt<T> has them. */
+typedef struct qgeom {
+    td_dtype type;
+    int kb_w, kb_bytes, seg, stride; /* weights, bytes per k-block; staged bytes, row pitch */
+    int blk_w, blk_bytes;            /* the type's block: weights, bytes */
+    bool aligned;                    /* blocks are whole 16-byte pieces */
+} qgeom;
+
+static const qgeom geoms[] = {
+    {TD_Q4_K, MMQ_Q4_K_KB_W, MMQ_Q4_K_KB_BYTES, MMQ_Q4_K_SEG, MMQ_Q4_K_STRIDE, 256, 144, true},
+    {TD_Q5_K, MMQ_Q5_K_KB_W, MMQ_Q5_K_KB_BYTES, MMQ_Q5_K_SEG, MMQ_Q5_K_STRIDE, 256, 176, true},
+    {TD_Q6_K, MMQ_Q6_K_KB_W, MMQ_Q6_K_KB_BYTES, MMQ_Q6_K_SEG, MMQ_Q6_K_STRIDE, 256, 210, false},
+    {TD_Q8_0, MMQ_Q8_0_KB_W, MMQ_Q8_0_KB_BYTES, MMQ_Q8_0_SEG, MMQ_Q8_0_STRIDE, 32, 34, false},
+};
+
+/* The piece offset rule under test (mmq_piece_rel, or a broken one to show the check bites). */
+typedef int32_t (*piece_rel_fn)(uint32_t kb_lo, uint32_t row_bytes, int i, int p, bool aligned);
+
+static int32_t rel_kernel(uint32_t kb_lo, uint32_t row_bytes, int i, int p, bool aligned)
+{
+    return mmq_piece_rel(kb_lo, row_bytes, i, p, aligned);
+}
+
+/* The earlier unsigned form: (off - a + 16p) in uint32, zero-extended onto the pointer. */
+static int32_t rel_unsigned(uint32_t kb_lo, uint32_t row_bytes, int i, int p, bool aligned)
+{
+    const uint32_t off = (uint32_t)i * row_bytes;
+    const uint32_t a = aligned ? 0 : (kb_lo + off) & 15u;
+    return (int32_t)(off - a + 16u * (uint32_t)p); /* callers add it as uint32 */
+}
+
+static char g_why[256]; /* the first violation found */
+
+static bool violation(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_why, sizeof g_why, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* [off, off + n) inside [0, size) */
+static bool inside(int64_t off, int64_t n, int64_t size)
+{
+    return off >= 0 && n >= 0 && off + n <= size;
+}
+
+/* Shared memory of one CTA, as smem_bytes<T, MT, NT>(). */
+static int64_t smem_bytes(const qgeom *q, int mt, int nt)
+{
+    const int stages = mt == 1 ? 4 : 3;
+    const int64_t ring = (int64_t)MMQ_KSPLIT * stages * MMQ_MROWS * mt * q->stride;
+    const int64_t red = (int64_t)MMQ_KSPLIT * MMQ_MROWS * mt * MMQ_NTOK * nt * 4;
+    return ring > red ? ring : red;
+}
+
+/* Every weight copy of a launch with tile MT: the source pieces the kernel's issue() queues
+ * (stage_issue / stage_issue_exact) lie in the matrix (rows * row_bytes bytes from a 16-byte
+ * aligned base), full pieces are 16-byte aligned, and each row's block lies within its
+ * staged window (and the window within the row pitch). */
+static bool check_weights(const qgeom *q, int64_t rows, int64_t cols, int mt, piece_rel_fn rel,
+                          bool rel_is_unsigned)
+{
+    const int ROWS = MMQ_MROWS * mt;
+    const int64_t row_bytes = cols / q->blk_w * q->blk_bytes;
+    const int64_t total = rows * row_bytes;
+    const int nkb = (int)((cols + q->kb_w - 1) / q->kb_w);
+    const int n_blk32 = (int)(cols / 32);
+    if (q->seg > q->stride)
+        return violation("%s: window %d past the row pitch %d", dtype_name(q->type), q->seg,
+                    q->stride);
+    if (16 > total) /* skipped rows name the matrix base */
+        return violation("matrix of %lld bytes", (long long)total);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+        const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+        for (int warp = 0; warp < MMQ_KSPLIT; warp++) {
+            const int nk = mmq_warp_kblocks(nkb, warp);
+            for (int s = 0; s < nk; s++) {
+                const int kb = warp + MMQ_KSPLIT * s;
+                if (kb >= nkb)
+                    return violation("warp %d's k-block %d of %d", warp, kb, nkb);
+                const int kbb = mmq_kb_bytes(q->type == TD_Q8_0, q->kb_bytes, n_blk32, kb);
+                const int64_t kbase = r0 * row_bytes + (int64_t)kb * q->kb_bytes;
+                const uint32_t kb_lo = (uint32_t)kbase; /* base is 16-byte aligned */
+                const bool exact = mmq_stage_exact(q->aligned, r0, ROWS, rows, kb, nkb);
+                for (int i = 0; i < n_rows; i++) {
+                    const int a = mmq_row_misalign(kb_lo, (uint32_t)row_bytes, i, q->aligned);
+                    if (a + kbb > q->seg)
+                        return violation("row %lld k-block %d: block at %d + %d bytes past the "
+                                    "window", (long long)(r0 + i), kb, a, kbb);
+                }
+                for (int lane = 0; lane < 32; lane++) {
+                    const int p = lane & 15, i0 = lane >> 4;
+                    if (p >= q->seg / 16)
+                        continue;
+                    for (int k = 0; k < ROWS / 2; k++) {
+                        const int i = i0 + 2 * k;
+                        int32_t r = rel(kb_lo, (uint32_t)row_bytes, i, p, exact ? false : q->aligned);
+                        const int64_t src =
+                            kbase + (rel_is_unsigned ? (int64_t)(uint32_t)r : (int64_t)r);
+                        int64_t at = src, n = 16;
+                        if (exact) {
+                            n = i < n_rows ? mmq_piece_exact_bytes(kb_lo, (uint32_t)row_bytes,
+                                                                   i, p, kbb)
+                                           : 0;
+                            if (n == 0)
+                                at = 0; /* reads nothing, names the base */
+                        } else if (i >= n_rows) {
+                            at = 0; /* skipped: the base, nothing read */
+                        }
+                        if (!inside(at, n == 0 ? 16 : n, total))
+                            return violation("%s %lld x %lld MT %d: CTA row %lld warp %d k-block %d "
+                                        "lane %d row %d: bytes %lld..+%lld outside %lld",
+                                        dtype_name(q->type), (long long)rows, (long long)cols,
+                                        mt, (long long)r0, warp, kb, lane, i, (long long)at,
+                                        (long long)n, (long long)total);
+                        if (n == 16 && (at & 15) != 0)
+                            return violation("misaligned 16-byte copy at %lld", (long long)at);
+                    }
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* The highest shared-memory byte (exclusive) one staged row's unpacking reads, from the row's
+ * start, for block misalignment a (matmul_quant_blocks.cuh: aligned 4-byte words through
+ * srow, which also reads the word after the last one it uses). */
+static int staged_read_end(const qgeom *q, int a)
+{
+    switch (q->type) {
+    case TD_Q4_K:
+        return 144; /* header 16 + qs 128 */
+    case TD_Q5_K:
+        return 176; /* header 16, qh at 16 + 8t (t <= 3), qs at 48 */
+    case TD_Q6_K: {
+        int end = a + 210; /* d at 208 */
+        const int sc = ((a + 192) & ~3) + 4 * 5;              /* scale words 0..3, +1 */
+        const int ql = ((a + 4 * 3) & ~3) + 4 * (32 + 8 + 4 + 2); /* words up to 44, +1 */
+        end = end > sc ? end : sc;
+        return end > ql ? end : ql;
+    }
+    default: /* Q8_0: block b <= 3 at a + 34b, q words 0, 1 (+1) from 2 + 8t, t <= 3 */
+        return ((a + 34 * 3 + 2 + 8 * 3) & ~3) + 4 * 3;
+    }
+}
+
+/* Activation reads of a launch (n_tok tokens laid out as n_pad, NT n-tiles): every xq, xsum
+ * and xd load of every lane lies in its region of the chunk's scratch layout and, for xq and
+ * xsum, in its own token's part; y writes stay in [n_tok][rows]; shared memory in the CTA's. */
+static bool check_activations(const qgeom *q, int64_t rows, int64_t cols, int n_tok, int n_pad,
+                              int mt, int nt_count)
+{
+    const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
+    const int64_t xq_size = (int64_t)n_pad * 2 * cols, xd_n = nb * n_pad;
+    const int64_t xsum_size = nb * n_pad * MM_XSUM_BYTES;
+    const int nkb = (int)((cols + q->kb_w - 1) / q->kb_w);
+    const int n_blk32 = (int)(cols / 32);
+    if (MMQ_NTOK * nt_count > n_pad)
+        return violation("%d n-tiles for %d padded tokens", nt_count, n_pad);
+    for (int kb = 0; kb < nkb; kb++) {
+        const int64_t k0 = (int64_t)kb * q->kb_w, jb = k0 / MM_XBLOCK;
+        const int n_blk = mmq_kb_bytes(q->type == TD_Q8_0, q->kb_bytes, n_blk32, kb) / 34;
+        for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, t = lane & 3;
+            for (int nt = 0; nt < nt_count; nt++) {
+                const int tok = MMQ_NTOK * nt + g;
+                /* load_dx: tokens 8nt + 2t, 2t + 1, always loaded */
+                const int64_t d = jb * n_pad + 2 * t + MMQ_NTOK * nt;
+                if (!inside(d, 2, xd_n) || (d & 1))
+                    return violation("xd %lld of %lld", (long long)d, (long long)xd_n);
+                if (tok >= n_tok) /* not valid: no load */
+                    continue;
+                const int64_t qrow = (int64_t)tok * 2 * cols; /* xview_at + nt * q_tile */
+                int64_t ins[32], len = 0, n_in = 0;
+                if (q->type == TD_Q4_K || q->type == TD_Q5_K) {
+                    for (int j = 0; j < 8; j++)
+                        ins[n_in++] = 32 * j + 8 * t;
+                    len = 16;
+                } else if (q->type == TD_Q6_K) {
+                    for (int n = 0; n < 2; n++)
+                        for (int qq = 0; qq < 4; qq++)
+                            for (int gh = 0; gh < 2; gh++)
+                                ins[n_in++] = 128 * n + 32 * qq + 16 * gh + 4 * t;
+                    len = 8;
+                } else {
+                    for (int b = 0; b < n_blk; b++)
+                        ins[n_in++] = 32 * b + 8 * t;
+                    len = 16;
+                }
+                for (int k = 0; k < n_in; k++) {
+                    const int64_t at = qrow + 2 * (k0 + ins[k]);
+                    if (!inside(at, len, xq_size) || !inside(at - qrow, len, 2 * cols) ||
+                        at % len)
+                        return violation("%s cols %lld token %d k-block %d lane %d: xq bytes "
+                                    "%lld..+%lld of token row %lld",
+                                    dtype_name(q->type), (long long)cols, tok, kb, lane,
+                                    (long long)at, (long long)len, (long long)qrow);
+                }
+                /* load_sums: K-quant mins (t < 2) at 16t, Q6_K's 16-sums at 32 + 16t */
+                int off = -1;
+                if (q->type == TD_Q6_K)
+                    off = 32 + 16 * t;
+                else if (q->type != TD_Q8_0 && t < 2)
+                    off = 16 * t;
+                if (off >= 0) {
+                    const int64_t own = (jb * n_pad + tok) * MM_XSUM_BYTES;
+                    if (!inside(own + off, 16, xsum_size) || off + 16 > MM_XSUM_BYTES)
+                        return violation("xsum %lld + %d", (long long)own, off);
+                }
+            }
+        }
+    }
+    /* y: idx < n_rows * n_tok over each CTA's rows */
+    const int ROWS = MMQ_MROWS * mt;
+    const int64_t last_r0 = (rows - 1) / ROWS * ROWS;
+    const int n_last = (int)(rows - last_r0);
+    const int64_t y_last = (int64_t)(n_tok - 1) * rows + last_r0 + (n_last - 1);
+    if (!inside(y_last, 1, (int64_t)n_tok * rows))
+        return violation("y %lld", (long long)y_last);
+    /* shared memory: the ring, the reduction, the staged reads */
+    const int stages = mt == 1 ? 4 : 3;
+    const int64_t smem = smem_bytes(q, mt, nt_count);
+    if ((int64_t)MMQ_KSPLIT * stages * ROWS * q->stride > smem ||
+        (int64_t)MMQ_KSPLIT * ROWS * MMQ_NTOK * nt_count * 4 > smem || smem > 99 * 1024)
+        return violation("shared memory %lld", (long long)smem);
+    for (int a = 0; a < 16; a += q->aligned ? 16 : 2)
+        if (staged_read_end(q, a) > q->stride)
+            return violation("%s staged reads to %d of %d", dtype_name(q->type),
+                        staged_read_end(q, a), q->stride);
+    return true;
+}
+
+/* The (MT, NT) tiles launch_type picks for n_pad, both choices where n_sm decides. */
+static int tiles_for(int n_pad, int mt[2], int nt[2])
+{
+    switch (n_pad) {
+    case 8:
+        mt[0] = 1, nt[0] = 1;
+        return 1;
+    case 16:
+        mt[0] = 1, nt[0] = 2, mt[1] = 2, nt[1] = 2;
+        return 2;
+    case 32:
+        mt[0] = 1, nt[0] = 4;
+        return 1;
+    default:
+        mt[0] = 1, nt[0] = 8;
+        return 1;
+    }
+}
+
+static int pad_tokens(int n)
+{
+    return n <= 8 ? 8 : n <= 16 ? 16 : n <= 32 ? 32 : 64;
+}
+
+/* rows x cols, cols -> rows as a layer maps them */
+typedef struct shape {
+    int64_t rows, cols;
+} shape;
+
+static const shape kq_shapes[] = {
+    /* tests/test_gpu_ops_matmul.c */
+    {1, 256}, {37, 256}, {19, 768}, {67, 5376}, {300, 512}, {33000, 256},
+    /* the 27B target: 5120->17408, 17408->5120, 5120->10240, 5120->12288, 6144->5120,
+     * 5120->248320 (LM head), 5120->48 */
+    {17408, 5120}, {5120, 17408}, {10240, 5120}, {12288, 5120}, {5120, 6144},
+    {248320, 5120}, {48, 5120},
+};
+
+static const shape q8_shapes[] = {
+    {1, 32}, {37, 32}, {19, 96}, {67, 5408}, {300, 160}, {33000, 64},
+    /* the tiny qwen35 Q8_0 model: rows 6..512 of 32, 64 or 96 columns */
+    {6, 32}, {16, 32}, {32, 32}, {96, 32}, {160, 32}, {128, 32}, {512, 32}, {32, 64},
+    {32, 96}, {64, 32},
+    {17408, 5120}, {5120, 17408}, {10240, 5120}, {12288, 5120}, {5120, 6144},
+    {248320, 5120}, {48, 5120},
+};
+
+static void check_type(const qgeom *q)
+{
+    const bool q8 = q->type == TD_Q8_0;
+    const shape *shapes = q8 ? q8_shapes : kq_shapes;
+    const size_t n_shapes = q8 ? sizeof q8_shapes / sizeof *q8_shapes
+                               : sizeof kq_shapes / sizeof *kq_shapes;
+    for (size_t s = 0; s < n_shapes; s++) {
+        const int64_t rows = shapes[s].rows, cols = shapes[s].cols;
+        for (int mt = 1; mt <= 2; mt++)
+            if (!check_weights(q, rows, cols, mt, rel_kernel, false))
+                fail_msg("%s", g_why);
+        /* n_tok 1..70: chunks of 64, then 1..6 (each chunk is its own launch) */
+        for (int n = 1; n <= 70; n++)
+            for (int t0 = 0; t0 < n; t0 += MM_CHUNK) {
+                const int nc = n - t0 < MM_CHUNK ? n - t0 : MM_CHUNK;
+                const int n_pad = pad_tokens(nc);
+                int mt[2], nt[2];
+                const int k = tiles_for(n_pad, mt, nt);
+                for (int c = 0; c < k; c++)
+                    if (!check_activations(q, rows, cols, nc, n_pad, mt[c], nt[c]))
+                        fail_msg("%s (n_tok %d)", g_why, n);
+            }
+    }
+}
+
+static void test_q4_k_addresses_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    check_type(&geoms[0]);
+}
+
+static void test_q5_k_addresses_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    check_type(&geoms[1]);
+}
+
+static void test_q6_k_addresses_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    check_type(&geoms[2]);
+}
+
+static void test_q8_0_addresses_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    check_type(&geoms[3]);
+}
+
+/* The check sees the fault seen on an H200: with the earlier unsigned offset, warp 1's first
+ * Q6_K piece (k-block 1 starts 210 bytes in, 2 past a 16-byte boundary) lands 2^32 - 2 bytes
+ * past kbase; so does Q8_0's with 5 or more blocks per row (k-block 1 at 136 = 8 mod 16). */
+static void test_unsigned_staging_offset_is_caught(void **state)
+{
+    (void)state;
+    assert_false(check_weights(&geoms[2], 37, 768, 1, rel_unsigned, true));
+    assert_non_null(strstr(g_why, "warp 1 k-block 1 lane 0 row 0: bytes 4294967504"));
+    assert_false(check_weights(&geoms[3], 19, 160, 1, rel_unsigned, true));
+    /* aligned types never subtract, so the same rule is harmless there */
+    assert_true(check_weights(&geoms[0], 37, 768, 1, rel_unsigned, true));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_q4_k_addresses_stay_inside_their_allocations),
+        cmocka_unit_test(test_q5_k_addresses_stay_inside_their_allocations),
+        cmocka_unit_test(test_q6_k_addresses_stay_inside_their_allocations),
+        cmocka_unit_test(test_q8_0_addresses_stay_inside_their_allocations),
+        cmocka_unit_test(test_unsigned_staging_offset_is_caught),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
