@@ -389,7 +389,11 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     if (model) {
         snprintf(path, sizeof path, "%s", model);
     } else {
-        snprintf(path, sizeof path, "%s/model.gguf", tmp);
+        if (snprintf(path, sizeof path, "%s/model.gguf", tmp) >= (int)sizeof path) {
+            err_set(TD_ERANGE, "temporary directory path too long: %s", tmp);
+            rc = bench_fail("a temporary directory");
+            goto out;
+        }
         if (save)
             snprintf(path, sizeof path, "%s", save);
         if (bench_build(shape, path, &r) != TD_OK) {
