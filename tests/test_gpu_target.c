@@ -55,11 +55,16 @@ static float *dev_alloc(int64_t n)
     return p;
 }
 
-static void expect_close(const char *what, const float *got, const float *want, int64_t n)
+/* 1e-4 of the logit range for float weights, as on the CPU. Quantised weights: the GPU
+ * multiplies activations rounded to 16-bit integers per 256 inputs (max error 2^-16 of the
+ * block's largest input; the CPU uses f32), which on the tiny models' single-block rows moves
+ * logits by up to 1.2e-3 of the range (measured by replaying that rounding on the CPU). */
+static void expect_close(const char *what, const float *got, const float *want, int64_t n,
+                         double tol)
 {
     int64_t at;
     double r = golden_range_error(got, want, n, &at);
-    if (!(r <= 1e-4))
+    if (!(r <= tol))
         fail_msg("%s: error %.3g of the range at %lld (got %.6g, want %.6g)", what, r,
                  (long long)at, got[at], want[at]);
 }
@@ -87,7 +92,9 @@ static void test_gpu_target_matches_transformers(void **ctx)
         float *logits = download(dl, T * V), *hid = download(dh, T * L * D);
         char what[128];
         snprintf(what, sizeof what, "%s logits", models[k]);
-        expect_close(what, logits, golden_tensor(g, "logits", TD_F32, T * V), T * V);
+        const gguf_tensor *wq = gguf_find_tensor(m->file, "blk.0.ffn_down.weight");
+        double tol = wq && (wq->type == TD_F32 || wq->type == TD_F16 || wq->type == TD_BF16) ? 1e-4 : 2e-3;
+        expect_close(what, logits, golden_tensor(g, "logits", TD_F32, T * V), T * V, tol);
         float *one = malloc((size_t)(T * D) * sizeof(float));
         for (int64_t l = 0; l < L; l++) {
             for (int64_t t = 0; t < T; t++)
@@ -95,7 +102,7 @@ static void test_gpu_target_matches_transformers(void **ctx)
             char name[64];
             snprintf(name, sizeof name, "hidden.%lld", (long long)l);
             snprintf(what, sizeof what, "%s %s", models[k], name);
-            expect_close(what, one, golden_tensor(g, name, TD_F32, T * D), T * D);
+            expect_close(what, one, golden_tensor(g, name, TD_F32, T * D), T * D, tol);
         }
         free(one);
         free(logits);
