@@ -549,7 +549,7 @@ jv jv_slice(jev *ev, jv obj, jv start, jv stop, jv step)
 {
     if (obj.kind == JV_UNDEF)
         jev_fail_undef(ev, obj);
-    int64_t st = 1, a, b;
+    int64_t st = 1, a = 0, b = 0;
     bool has_a = slice_index(ev, start, &a), has_b = slice_index(ev, stop, &b);
     if (slice_index(ev, step, &st) && st == 0)
         jev_fail(ev, TD_EINVAL, "slice step cannot be zero");

@@ -295,7 +295,7 @@ td_err msg_read_u32_array(msg_reader *r, const char *field, uint32_t min_n, uint
         return err_set(TD_ENOMEM, "message %s, field %s: cannot allocate %u items", r->what,
                        field, count);
     for (uint32_t i = 0; i < count; i++) {
-        uint64_t x;
+        uint64_t x = 0;
         td_err e = msg_read_uint(r, field, UINT32_MAX, &x);
         if (e != TD_OK) {
             free(v);

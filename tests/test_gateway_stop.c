@@ -17,7 +17,7 @@
 static void run(const char *const *stops, size_t n_stops, const char *const *pieces, char *out,
                 size_t cap, bool *stopped)
 {
-    size_t lens[8];
+    size_t lens[8] = {0};
     for (size_t i = 0; i < n_stops; i++)
         lens[i] = strlen(stops[i]);
     stop_filter f;

@@ -111,6 +111,7 @@ static pl_result *wait_done(uint64_t seq_id)
         pl_dump_logs(&pl);
         fail_msg("sequence %llu did not finish", (unsigned long long)seq_id);
     }
+    TD_ASSERT(r); /* fail_msg does not return */
     return r;
 }
 
