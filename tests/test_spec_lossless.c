@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "tests/support/model_fixture.h"
 #include "verifyd/spec.h"
 
 #define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
@@ -27,90 +28,11 @@ static float rng_uniform(void)
     return (float)((rng_state >> 40) & 0xffffff) / (float)0x1000000;
 }
 
-typedef struct drafter_shape {
-    int block;       /* block_size */
-    int n_layers;
-    bool sliding;    /* layer 0 causal sliding (window 4), the rest full */
-    bool silent;     /* o_proj and down_proj zero: every slot proposes the same token */
-    uint32_t mask_id;
-} drafter_shape;
-
-static void put_bf16(const char *name, const uint64_t *shape, uint32_t n_dims, float scale,
-                     float offset, st_entry *e, uint16_t **bufs, size_t *nb)
-{
-    uint64_t n = 1;
-    for (uint32_t i = 0; i < n_dims; i++)
-        n *= shape[i];
-    uint16_t *b = malloc(n * sizeof *b);
-    for (uint64_t i = 0; i < n; i++)
-        b[i] = ops_f32_to_bf16(offset + scale * (2.0f * rng_uniform() - 1.0f));
-    bufs[*nb] = b;
-    e[*nb] = (st_entry){strdup(name), ST_BF16, n_dims, NULL, b, n * 2};
-    uint64_t *sh = malloc(n_dims * sizeof *sh);
-    memcpy(sh, shape, n_dims * sizeof *sh);
-    e[*nb].shape = sh;
-    (*nb)++;
-}
-
-/* Writes a random drafter for tm into dir. */
-static void drafter_write(const char *dir, const tgt_model *tm, const drafter_shape *ds,
+static void drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *ds,
                           uint64_t seed)
 {
-    rng_state = seed;
-    mkdir(dir, 0700);
-    uint64_t H = (uint64_t)tm->hp.n_embd, nh = 4, nkv = 2, hd = 8, ff = 2 * H;
-    uint32_t n_taps = (uint32_t)ds->n_layers;
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", "
-               "\"hidden_size\": %llu, \"intermediate_size\": %llu, \"num_attention_heads\": %llu, "
-               "\"num_key_value_heads\": %llu, \"head_dim\": %llu, \"num_hidden_layers\": %d, "
-               "\"rms_norm_eps\": 1e-06, \"rope_theta\": 10000, \"vocab_size\": %lld, "
-               "\"block_size\": %d, \"num_target_layers\": %lld, \"use_sliding_window\": %s, "
-               "\"sliding_window\": 4, \"layer_types\": [",
-            (unsigned long long)H, (unsigned long long)ff, (unsigned long long)nh,
-            (unsigned long long)nkv, (unsigned long long)hd, ds->n_layers,
-            (long long)tm->hp.n_vocab, ds->block, (long long)tm->hp.n_layer,
-            ds->sliding ? "true" : "false");
-    for (int i = 0; i < ds->n_layers; i++)
-        fprintf(f, "%s\"%s\"", i ? ", " : "",
-                ds->sliding && i == 0 ? "sliding_attention" : "full_attention");
-    fprintf(f, "], \"dflash_config\": {\"mask_token_id\": %u}}\n", ds->mask_id);
-    fclose(f);
-
-    st_entry e[128];
-    uint16_t *bufs[128];
-    size_t nb = 0;
-    char name[128];
-    float zero = ds->silent ? 0.0f : 1.0f;
-    put_bf16("fc.weight", (uint64_t[]){H, n_taps * H}, 2, 0.3f, 0, e, bufs, &nb);
-    put_bf16("hidden_norm.weight", (uint64_t[]){H}, 1, 0.2f, 1, e, bufs, &nb);
-    put_bf16("norm.weight", (uint64_t[]){H}, 1, ds->silent ? 0 : 0.2f, 1, e, bufs, &nb);
-    for (int l = 0; l < ds->n_layers; l++) {
-#define LNAME(s) (snprintf(name, sizeof name, "layers.%d." s, l), name)
-        put_bf16(LNAME("input_layernorm.weight"), (uint64_t[]){H}, 1, 0.2f, 1, e, bufs, &nb);
-        put_bf16(LNAME("post_attention_layernorm.weight"), (uint64_t[]){H}, 1, 0.2f, 1, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.q_proj.weight"), (uint64_t[]){nh * hd, H}, 2, 0.4f, 0, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.k_proj.weight"), (uint64_t[]){nkv * hd, H}, 2, 0.4f, 0, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.v_proj.weight"), (uint64_t[]){nkv * hd, H}, 2, 0.4f, 0, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.o_proj.weight"), (uint64_t[]){H, nh * hd}, 2, 0.4f * zero, 0, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.q_norm.weight"), (uint64_t[]){hd}, 1, 0.2f, 1, e, bufs, &nb);
-        put_bf16(LNAME("self_attn.k_norm.weight"), (uint64_t[]){hd}, 1, 0.2f, 1, e, bufs, &nb);
-        put_bf16(LNAME("mlp.gate_proj.weight"), (uint64_t[]){ff, H}, 2, 0.4f, 0, e, bufs, &nb);
-        put_bf16(LNAME("mlp.up_proj.weight"), (uint64_t[]){ff, H}, 2, 0.4f, 0, e, bufs, &nb);
-        put_bf16(LNAME("mlp.down_proj.weight"), (uint64_t[]){H, ff}, 2, 0.4f * zero, 0, e, bufs, &nb);
-#undef LNAME
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (st_write(path, e, nb, NULL, 0) != TD_OK)
-        fail_msg("st_write: %s", err_msg());
-    for (size_t i = 0; i < nb; i++) {
-        free(bufs[i]);
-        free((void *)e[i].name);
-        free((void *)e[i].shape);
-    }
+    if (mf_drafter_write(dir, tm, ds, seed) != TD_OK)
+        fail_msg("%s: %s", dir, err_msg());
 }
 
 /* Generates n tokens after prompt; returns the stats. */
@@ -156,9 +78,9 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
     (void)ctx;
     tgt_model *tm;
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
-    const drafter_shape shapes[] = {
-        {2, 1, false, false, 7},  {4, 2, true, false, 11}, {8, 1, false, false, 3},
-        {16, 2, true, false, 5},  {16, 3, false, false, 500},
+    const mf_drafter shapes[] = {
+        {2, 1, false, 7, false}, {4, 2, false, 11, true}, {8, 1, false, 3, false},
+        {16, 2, false, 5, true}, {16, 3, false, 500, false},
     };
     ops_sampler greedy = {0};
     int64_t n = 48, total_acc = 0, runs = 0;
@@ -191,62 +113,6 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
     tgt_free(tm);
 }
 
-/* Writes a copy of the model in which token x's embedding and output rows are s times its
- * embedding:
- * the larger s, the more the target keeps repeating x once it appears. */
-static void target_write_scaled(const char *path, const char *src, int32_t x, float s)
-{
-    gguf_file *g;
-    assert_int_equal(gguf_open(&g, src), TD_OK);
-    gguf_writer *w = gguf_writer_new();
-    for (uint64_t i = 0; i < g->n_kv; i++) {
-        const gguf_kv *kv = &g->kv[i];
-        char key[256];
-        snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
-        switch (kv->value.type) {
-        case GGUF_TYPE_STRING: {
-            char *v = strndup(kv->value.str.ptr, kv->value.str.len);
-            gguf_writer_set_str(w, key, v);
-            free(v);
-            break;
-        }
-        case GGUF_TYPE_UINT32:
-            gguf_writer_set_u32(w, key, (uint32_t)kv->value.u64);
-            break;
-        case GGUF_TYPE_FLOAT32:
-            gguf_writer_set_f32(w, key, (float)kv->value.f64);
-            break;
-        default:
-            break; /* the tokenizer is not needed here */
-        }
-    }
-    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-    assert_non_null(emb);
-    assert_int_equal(emb->type, TD_F32);
-    const float *ex = (const float *)emb->data + x * emb->ne[0];
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const gguf_tensor *t = &g->tensors[i];
-        bool scaled = !strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "output.weight");
-        float *copy = NULL;
-        const void *data = t->data;
-        if (scaled) {
-            /* both rows of x become s times its embedding, so x's logit grows with s
-             * whenever the residual points along that embedding */
-            assert_int_equal(t->type, TD_F32);
-            copy = malloc(t->size);
-            memcpy(copy, t->data, t->size);
-            for (int64_t c = 0; c < t->ne[0]; c++)
-                copy[x * t->ne[0] + c] = s * ex[c];
-            data = copy;
-        }
-        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, data, t->size), TD_OK);
-        free(copy);
-    }
-    assert_int_equal(gguf_writer_write(w, path), TD_OK);
-    gguf_writer_free(w);
-    gguf_close(g);
-}
-
 /* A drafter whose layers add nothing proposes the same token t in every slot (the LM head of
  * its mask embedding). Against targets that repeat t more or less readily, steps accept
  * nothing, part of the block, or all of it; the output always equals plain decoding. */
@@ -260,11 +126,12 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
     for (size_t k = 0; k < sizeof scales / sizeof *scales; k++) {
         char path[160], dir[160];
         snprintf(path, sizeof path, "%s/scaled%zu.gguf", tmpdir, k);
-        target_write_scaled(path, MODEL_PATH, x, scales[k]);
+        if (mf_target_write_scaled(path, MODEL_PATH, x, scales[k]) != TD_OK)
+            fail_msg("%s: %s", path, err_msg());
         tgt_model *tm;
         if (tgt_load(&tm, path) != TD_OK)
             fail_msg("%s: %s", path, err_msg());
-        drafter_shape ds = {8, 1, false, true, (uint32_t)x};
+        mf_drafter ds = {8, 1, true, (uint32_t)x, false};
         snprintf(dir, sizeof dir, "%s/silent%zu", tmpdir, k);
         drafter_write(dir, tm, &ds, 9);
         dfl_model *dm;
@@ -324,7 +191,7 @@ static void test_spec_sampling_keeps_target_distribution(void **ctx)
     tgt_model *tm;
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
     int64_t V = tm->hp.n_vocab;
-    drafter_shape ds = {4, 1, false, false, 5};
+    mf_drafter ds = {4, 1, false, 5, false};
     char dir[128];
     snprintf(dir, sizeof dir, "%s/sampling", tmpdir);
     drafter_write(dir, tm, &ds, 4242);

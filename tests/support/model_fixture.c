@@ -66,11 +66,16 @@ td_err mf_drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *
                "\"hidden_size\": %llu, \"intermediate_size\": %llu, \"num_attention_heads\": %llu, "
                "\"num_key_value_heads\": %llu, \"head_dim\": %llu, \"num_hidden_layers\": %d, "
                "\"rms_norm_eps\": 1e-06, \"rope_theta\": 10000, \"vocab_size\": %lld, "
-               "\"block_size\": %d, \"num_target_layers\": %lld, "
-               "\"dflash_config\": {\"mask_token_id\": %u}}\n",
+               "\"block_size\": %d, \"num_target_layers\": %lld, \"use_sliding_window\": %s, "
+               "\"sliding_window\": 4, \"layer_types\": [",
             (unsigned long long)H, (unsigned long long)ff, (unsigned long long)nh,
             (unsigned long long)nkv, (unsigned long long)hd, ds->n_layers,
-            (long long)tm->hp.n_vocab, ds->block, (long long)tm->hp.n_layer, ds->mask_id);
+            (long long)tm->hp.n_vocab, ds->block, (long long)tm->hp.n_layer,
+            ds->sliding ? "true" : "false");
+    for (int i = 0; i < ds->n_layers; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "",
+                ds->sliding && i == 0 ? "sliding_attention" : "full_attention");
+    fprintf(f, "], \"dflash_config\": {\"mask_token_id\": %u}}\n", ds->mask_id);
     fclose(f);
 
     mf_writer *w = calloc(1, sizeof *w);

@@ -16,6 +16,7 @@ typedef struct mf_drafter {
     int n_layers;     /* also the number of taps */
     bool silent;      /* o_proj and down_proj zero: every slot proposes the same token */
     uint32_t mask_id; /* the mask token (the silent drafter's proposal) */
+    bool sliding;     /* layer 0 causal sliding-window attention (window 4), the rest full */
 } mf_drafter;
 
 /* Writes dir/config.json and dir/model.safetensors of a drafter for tm. */
