@@ -46,7 +46,7 @@ static int setup(void **ctx)
     snprintf(draft, sizeof draft, "%s/silent", pl.dir);
     if (mf_target_write_scaled(model, MODEL_PATH, 279, 3.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
         return -1;
-    mf_drafter silent = {16, 3, true, 279};
+    mf_drafter silent = {16, 3, true, 279, false};
     if (mf_drafter_write(draft, tm, &silent, 9) != TD_OK)
         return -1;
     pl_start(&pl, PL_KVD, kvd_args);

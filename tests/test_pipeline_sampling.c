@@ -38,7 +38,7 @@ static int setup(void **ctx)
     snprintf(draft, sizeof draft, "%s/random", pl.dir);
     if (mf_target_write_scaled(model, MODEL_PATH, 279, 2.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
         return -1;
-    mf_drafter rnd = {8, 2, false, 279};
+    mf_drafter rnd = {8, 2, false, 279, false};
     if (mf_drafter_write(draft, tm, &rnd, 4242) != TD_OK ||
         dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
         return -1;

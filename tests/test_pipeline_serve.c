@@ -41,7 +41,7 @@ static int setup(void **ctx)
     snprintf(draft2, sizeof draft2, "%s/silent2", pl.dir);
     if (mf_target_write_scaled(model, MODEL_PATH, 279, 3.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
         return -1;
-    mf_drafter silent = {16, 3, true, 279};
+    mf_drafter silent = {16, 3, true, 279, false};
     if (mf_drafter_write(draft, tm, &silent, 9) != TD_OK ||
         mf_drafter_write(draft2, tm, &silent, 10) != TD_OK)
         return -1;

@@ -40,7 +40,7 @@ static int setup(void **ctx)
     snprintf(path, sizeof path, "%s/scaled.gguf", tmpdir);
     if (mf_target_write_scaled(path, MODEL_PATH, 279, 3.0f) != TD_OK || tgt_load(&tm, path) != TD_OK)
         return -1;
-    mf_drafter silent = {16, 3, true, 279}, rnd = {16, 2, false, 5};
+    mf_drafter silent = {16, 3, true, 279, false}, rnd = {16, 2, false, 5, false};
     snprintf(dir, sizeof dir, "%s/silent", tmpdir);
     if (mf_drafter_write(dir, tm, &silent, 9) != TD_OK ||
         dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
