@@ -21,7 +21,6 @@
 #include "tests/support/pipeline.h"
 #include "verifyd/spec.h"
 
-#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
 #define N_CTX 256
 #define WAIT_MS 120000
 
@@ -36,28 +35,16 @@ static int setup(void **ctx)
     int rc = pl_setup(&pl);
     if (rc != 0)
         return rc == 77 ? (exit(77), -1) : -1;
-    char model[128], draft[128];
-    snprintf(model, sizeof model, "%s/scaled.gguf", pl.dir);
-    snprintf(draft, sizeof draft, "%s/silent", pl.dir);
-    if (mf_target_write_scaled(model, MODEL_PATH, 279, 3.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
-        return -1;
-    mf_drafter silent = {16, 3, true, 279, false};
-    if (mf_drafter_write(draft, tm, &silent, 9) != TD_OK ||
+    char model[PL_PATH_MAX], draft[PL_PATH_MAX];
+    mf_drafter silent = {16, 3, true, PL_REPEAT_TOKEN, false};
+    if (pl_write_pair(&pl, 3.0f, &silent, 9, "silent", model, draft, &tm) != TD_OK ||
         dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
         return -1;
     const char *kvd_args[] = {"--slots", "16", "--log-level", "info", NULL};
     const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
                              "--draft-timeout-ms", "30000", "--log-level", "info", NULL};
     const char *dd_args[] = {"--model", model, "--draft", draft, "--log-level", "info", NULL};
-    pl_start(&pl, PL_KVD, kvd_args);
-    pl_start(&pl, PL_VERIFYD, vd_args);
-    pl_start(&pl, PL_DRAFTD, dd_args);
-    if (pl_wait_ready(&pl, true, 30000) != TD_OK) {
-        fprintf(stderr, "%s\n", err_msg());
-        pl_dump_logs(&pl);
-        return -1;
-    }
-    return 0;
+    return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK ? 0 : -1;
 }
 
 static int teardown(void **ctx)

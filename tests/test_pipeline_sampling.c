@@ -18,7 +18,6 @@
 #include "tests/support/pipeline.h"
 #include "verifyd/spec.h"
 
-#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
 #define N_CTX 256
 #define WAIT_MS 120000
 
@@ -33,27 +32,16 @@ static int setup(void **ctx)
     int rc = pl_setup(&pl);
     if (rc != 0)
         return rc == 77 ? (exit(77), -1) : -1;
-    char model[128], draft[128];
-    snprintf(model, sizeof model, "%s/scaled.gguf", pl.dir);
-    snprintf(draft, sizeof draft, "%s/random", pl.dir);
-    if (mf_target_write_scaled(model, MODEL_PATH, 279, 2.0f) != TD_OK || tgt_load(&tm, model) != TD_OK)
-        return -1;
-    mf_drafter rnd = {8, 2, false, 279, false};
-    if (mf_drafter_write(draft, tm, &rnd, 4242) != TD_OK ||
+    char model[PL_PATH_MAX], draft[PL_PATH_MAX];
+    mf_drafter rnd = {8, 2, false, PL_REPEAT_TOKEN, false};
+    if (pl_write_pair(&pl, 2.0f, &rnd, 4242, "random", model, draft, &tm) != TD_OK ||
         dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
         return -1;
     const char *kvd_args[] = {"--slots", "16", NULL};
     const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
                              "--draft-timeout-ms", "30000", NULL};
     const char *dd_args[] = {"--model", model, "--draft", draft, NULL};
-    pl_start(&pl, PL_KVD, kvd_args);
-    pl_start(&pl, PL_VERIFYD, vd_args);
-    pl_start(&pl, PL_DRAFTD, dd_args);
-    if (pl_wait_ready(&pl, true, 30000) != TD_OK) {
-        pl_dump_logs(&pl);
-        return -1;
-    }
-    return 0;
+    return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK ? 0 : -1;
 }
 
 static int teardown(void **ctx)

@@ -390,3 +390,28 @@ td_err pl_call_raw(pipeline *p, const char *service, const void *req, size_t len
     bus_client_free(c);
     return e;
 }
+
+td_err pl_write_pair(pipeline *p, float s, const mf_drafter *d, uint64_t seed, const char *name,
+                     char *model, char *draft, tgt_model **tm)
+{
+    snprintf(model, PL_PATH_MAX, "%s/scaled.gguf", p->dir);
+    snprintf(draft, PL_PATH_MAX, "%s/%s", p->dir, name);
+    TD_TRY(mf_target_write_scaled(model, "tests/data/models/qwen35-tiny-f32.gguf",
+                                  PL_REPEAT_TOKEN, s));
+    TD_TRY(tgt_load(tm, model));
+    return mf_drafter_write(draft, *tm, d, seed);
+}
+
+td_err pl_start_all(pipeline *p, const char *const *kvd, const char *const *vd,
+                    const char *const *dd)
+{
+    pl_start(p, PL_KVD, kvd);
+    pl_start(p, PL_VERIFYD, vd);
+    pl_start(p, PL_DRAFTD, dd);
+    td_err e = pl_wait_ready(p, true, 30000);
+    if (e != TD_OK) {
+        fprintf(stderr, "%s\n", err_msg());
+        pl_dump_logs(p);
+    }
+    return e;
+}

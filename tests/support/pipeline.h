@@ -11,6 +11,7 @@
 
 #include "common/bus.h"
 #include "common/msg.h"
+#include "tests/support/model_fixture.h"
 
 enum { PL_KVD, PL_VERIFYD, PL_DRAFTD, PL_SVC_N };
 
@@ -94,5 +95,19 @@ td_err pl_call_raw(pipeline *p, const char *service, const void *req, size_t len
 
 /* Prints the daemons' logs to stderr (after a failure). */
 void pl_dump_logs(const pipeline *p);
+
+#define PL_PATH_MAX 128
+#define PL_REPEAT_TOKEN 279 /* the token the pipeline tests' target repeats */
+
+/* The model pair the pipeline tests serve: <dir>/scaled.gguf, the tiny qwen35 test model with
+ * PL_REPEAT_TOKEN's rows scaled by s (model_fixture.h), and drafter d written with seed into
+ * <dir>/<name>. The paths land in model and draft ([PL_PATH_MAX]); *tm is the loaded target. */
+td_err pl_write_pair(pipeline *p, float s, const mf_drafter *d, uint64_t seed, const char *name,
+                     char *model, char *draft, tgt_model **tm);
+
+/* Starts kvd, verifyd and draftd with these arguments and waits up to 30 s for verifyd to be
+ * ready with the drafter attached (the daemons' logs are printed when it is not). */
+td_err pl_start_all(pipeline *p, const char *const *kvd, const char *const *vd,
+                    const char *const *dd);
 
 #endif
