@@ -16,6 +16,7 @@
 #include "common/cudrv.h"
 #include "common/fdpass.h"
 #include "common/shbuf.h"
+#include "tests/support/shbuf_wire.h"
 #include "tests/support/spawn.h"
 
 #define SKIP_EXIT 77
@@ -53,17 +54,12 @@ const char *__asan_default_options(void)
 
 /* ---- byte patterns, checked in full after a copy to the host ---- */
 
-static uint8_t pattern_byte(size_t i, unsigned seed)
-{
-    return (uint8_t)(i * 131u + seed * 29u + (i >> 9) * 7u + (seed << 4));
-}
-
 static td_err dev_fill(uint64_t ptr, size_t n, unsigned seed)
 {
     uint8_t *h = malloc(n);
     TD_ASSERT(h);
     for (size_t i = 0; i < n; i++)
-        h[i] = pattern_byte(i, seed);
+        h[i] = sw_pattern_byte(i, seed);
     td_err e = cudrv_check(cudrv_get()->cuMemcpyHtoD_v2((CUdeviceptr)ptr, h, n), "cuMemcpyHtoD");
     free(h);
     return e;
@@ -80,73 +76,12 @@ static long dev_find_mismatch(uint64_t ptr, size_t n, int seed)
         TD_OK)
         bad = -2;
     for (size_t i = 0; bad == -1 && i < n; i++) {
-        uint8_t want = seed >= 0 ? pattern_byte(i, (unsigned)seed) : (uint8_t)(-seed - 1);
+        uint8_t want = seed >= 0 ? sw_pattern_byte(i, (unsigned)seed) : (uint8_t)(-seed - 1);
         if (h[i] != want)
             bad = (long)i;
     }
     free(h);
     return bad;
-}
-
-/* ---- the wire between parent and child ---- */
-
-typedef struct wire {
-    char text[256];         /* "ok", a command, or "fail: <why>" */
-    shbuf_desc desc;        /* a buffer that travels with an fd */
-    shbuf_event_desc event; /* an interprocess event handle */
-} wire;
-
-static td_err wire_send_all(int sock, const char *text, const shbuf_desc *desc,
-                            const shbuf_event_desc *event, int fd)
-{
-    wire w;
-    memset(&w, 0, sizeof w);
-    snprintf(w.text, sizeof w.text, "%s", text);
-    if (desc)
-        w.desc = *desc;
-    if (event)
-        w.event = *event;
-    return fdpass_send(sock, &w, sizeof w, &fd, fd >= 0 ? 1 : 0, TIMEOUT_MS);
-}
-
-static td_err wire_send(int sock, const char *text, const shbuf_desc *desc, int fd)
-{
-    return wire_send_all(sock, text, desc, NULL, fd);
-}
-
-static td_err wire_recv(int sock, wire *w, int *fd)
-{
-    size_t len = 0, n = 0;
-    *fd = -1;
-    TD_TRY(fdpass_recv(sock, w, sizeof *w, &len, fd, 1, &n, TIMEOUT_MS));
-    if (len != sizeof *w) {
-        if (n)
-            close(*fd);
-        *fd = -1;
-        return err_set(TD_EPROTO, "short test message (%zu bytes)", len);
-    }
-    w->text[sizeof w->text - 1] = '\0';
-    if (!n)
-        *fd = -1;
-    return TD_OK;
-}
-
-static int child_fail(int sock, const char *what)
-{
-    char text[256];
-    snprintf(text, sizeof text, "fail: %s: %s", what, err_msg());
-    fprintf(stderr, "child: %s\n", text);
-    wire_send(sock, text, NULL, -1);
-    return 1;
-}
-
-static void expect_ok(int sock)
-{
-    wire w;
-    int fd;
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
-    assert_int_equal(fd, -1);
-    assert_string_equal(w.text, "ok");
 }
 
 /* The device every test uses, opened by UUID the way a daemon is told it. */
@@ -179,32 +114,32 @@ static int group_teardown(void **state)
 /* Imports the parent's buffer, checks pattern 1, writes pattern 2, later checks pattern 3. */
 static int child_cuda_peer(int sock)
 {
-    wire w;
+    sw_msg w;
     int fd;
-    if (wire_recv(sock, &w, &fd) != TD_OK || fd < 0)
-        return child_fail(sock, "receiving the buffer");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || fd < 0)
+        return sw_child_fail(sock, "receiving the buffer", TIMEOUT_MS);
     shbuf *sb;
     td_err e = shbuf_import(&sb, &w.desc, fd);
     close(fd);
     if (e != TD_OK)
-        return child_fail(sock, "import");
+        return sw_child_fail(sock, "import", TIMEOUT_MS);
     uint64_t ptr = shbuf_devptr(sb);
     long bad = dev_find_mismatch(ptr, BUF_SIZE, 1);
     if (bad != -1 || shbuf_size(sb) != BUF_SIZE || shbuf_host(sb)) {
         err_set(TD_EINVAL, "first wrong byte at %ld", bad);
-        return child_fail(sock, "pattern 1");
+        return sw_child_fail(sock, "pattern 1", TIMEOUT_MS);
     }
     if (dev_fill(ptr, BUF_SIZE, 2) != TD_OK)
-        return child_fail(sock, "writing pattern 2");
-    wire_send(sock, "ok", NULL, -1);
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "check 3") != 0)
-        return child_fail(sock, "waiting for check 3");
+        return sw_child_fail(sock, "writing pattern 2", TIMEOUT_MS);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "check 3") != 0)
+        return sw_child_fail(sock, "waiting for check 3", TIMEOUT_MS);
     bad = dev_find_mismatch(ptr, BUF_SIZE, 3);
     if (bad != -1) {
         err_set(TD_EINVAL, "first wrong byte at %ld", bad);
-        return child_fail(sock, "pattern 3");
+        return sw_child_fail(sock, "pattern 3", TIMEOUT_MS);
     }
-    wire_send(sock, "ok", NULL, -1);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
     shbuf_release(sb);
     return 0;
 }
@@ -213,31 +148,31 @@ static int child_cuda_peer(int sock)
  * parent has mapped it, then releases everything and exits. */
 static int child_cuda_exporter(int sock)
 {
-    wire w;
+    sw_msg w;
     int fd;
-    if (wire_recv(sock, &w, &fd) != TD_OK || strncmp(w.text, "device ", 7) != 0)
-        return child_fail(sock, "waiting for the device");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strncmp(w.text, "device ", 7) != 0)
+        return sw_child_fail(sock, "waiting for the device", TIMEOUT_MS);
     cudrv_device dev;
     if (cudrv_device_open(&dev, w.text + 7) != TD_OK)
-        return child_fail(sock, "opening the device");
+        return sw_child_fail(sock, "opening the device", TIMEOUT_MS);
     shbuf *sb;
     if (shbuf_create(&sb, SHBUF_KIND_CUDA, "test.gpu-orphan", BUF_SIZE, &dev) != TD_OK)
-        return child_fail(sock, "create");
+        return sw_child_fail(sock, "create", TIMEOUT_MS);
     cudrv_device_close(&dev); /* the buffer holds its own reference */
     if (dev_fill(shbuf_devptr(sb), BUF_SIZE, 4) != TD_OK)
-        return child_fail(sock, "writing pattern 4");
+        return sw_child_fail(sock, "writing pattern 4", TIMEOUT_MS);
     shbuf_desc desc;
     if (shbuf_export(sb, &desc, &fd) != TD_OK)
-        return child_fail(sock, "export");
-    if (wire_send(sock, "buffer", &desc, fd) != TD_OK)
-        return child_fail(sock, "send");
+        return sw_child_fail(sock, "export", TIMEOUT_MS);
+    if (sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS) != TD_OK)
+        return sw_child_fail(sock, "send", TIMEOUT_MS);
     close(fd);
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "imported") != 0)
-        return child_fail(sock, "waiting for the import");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "imported") != 0)
+        return sw_child_fail(sock, "waiting for the import", TIMEOUT_MS);
     if (dev_fill(shbuf_devptr(sb), BUF_SIZE, 5) != TD_OK)
-        return child_fail(sock, "writing pattern 5");
+        return sw_child_fail(sock, "writing pattern 5", TIMEOUT_MS);
     shbuf_release(sb);
-    wire_send(sock, "ok", NULL, -1);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
     return 0;
 }
 
@@ -245,10 +180,10 @@ static int child_cuda_exporter(int sock)
 static int child_cuda_import_probe(int sock)
 {
     for (;;) {
-        wire w;
+        sw_msg w;
         int fd;
-        if (wire_recv(sock, &w, &fd) != TD_OK)
-            return child_fail(sock, "receiving");
+        if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK)
+            return sw_child_fail(sock, "receiving", TIMEOUT_MS);
         if (strcmp(w.text, "quit") == 0)
             return 0;
         shbuf *sb;
@@ -261,7 +196,7 @@ static int child_cuda_import_probe(int sock)
         else
             snprintf(text, sizeof text, "refused %s: %s", err_name(e), err_msg());
         shbuf_release(sb);
-        wire_send(sock, text, NULL, -1);
+        sw_send(sock, text, NULL, NULL, -1, TIMEOUT_MS);
     }
 }
 
@@ -270,51 +205,51 @@ static int child_cuda_import_probe(int sock)
  * synchronising: only the event orders the parent's read after this work. */
 static int child_cuda_producer(int sock)
 {
-    wire w;
+    sw_msg w;
     int fd;
-    if (wire_recv(sock, &w, &fd) != TD_OK || fd < 0)
-        return child_fail(sock, "receiving the buffer");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || fd < 0)
+        return sw_child_fail(sock, "receiving the buffer", TIMEOUT_MS);
     shbuf *sb;
     td_err e = shbuf_import(&sb, &w.desc, fd);
     close(fd);
     if (e != TD_OK)
-        return child_fail(sock, "import");
+        return sw_child_fail(sock, "import", TIMEOUT_MS);
     cudrv_device dev;
     shbuf_event *ev;
     shbuf_event_desc edesc;
     if (cudrv_device_open_uuid(&dev, w.desc.device_uuid) != TD_OK ||
         shbuf_event_create(&ev, &dev) != TD_OK || shbuf_event_export(ev, &edesc) != TD_OK)
-        return child_fail(sock, "event");
-    if (wire_send_all(sock, "event", NULL, &edesc, -1) != TD_OK)
-        return child_fail(sock, "sending the event");
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "go") != 0)
-        return child_fail(sock, "waiting for go");
+        return sw_child_fail(sock, "event", TIMEOUT_MS);
+    if (sw_send(sock, "event", NULL, &edesc, -1, TIMEOUT_MS) != TD_OK)
+        return sw_child_fail(sock, "sending the event", TIMEOUT_MS);
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "go") != 0)
+        return sw_child_fail(sock, "waiting for go", TIMEOUT_MS);
     const cudrv_api *api = cudrv_get();
     CUstream stream;
     if (cudrv_device_bind(&dev) != TD_OK ||
         cudrv_check(api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate") !=
             TD_OK)
-        return child_fail(sock, "stream");
+        return sw_child_fail(sock, "stream", TIMEOUT_MS);
     CUdeviceptr ptr = (CUdeviceptr)shbuf_devptr(sb);
     for (int i = 0; i < EVENT_PASSES; i++) {
         unsigned char v = i + 1 == EVENT_PASSES ? EVENT_FINAL : (unsigned char)(0x10 + i % 64);
         if (cudrv_check(api->cuMemsetD8Async(ptr, v, EVENT_BUF_SIZE, stream), "cuMemsetD8Async") !=
             TD_OK)
-            return child_fail(sock, "fill");
+            return sw_child_fail(sock, "fill", TIMEOUT_MS);
     }
     if (shbuf_event_record(ev, stream) != TD_OK)
-        return child_fail(sock, "record");
-    wire_send(sock, "ready", NULL, -1);
+        return sw_child_fail(sock, "record", TIMEOUT_MS);
+    sw_send(sock, "ready", NULL, NULL, -1, TIMEOUT_MS);
     /* The parent releases its imported event before saying done: an event must outlive
      * its importers' use of it. */
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "done") != 0)
-        return child_fail(sock, "waiting for done");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "done") != 0)
+        return sw_child_fail(sock, "waiting for done", TIMEOUT_MS);
     api->cuStreamSynchronize(stream);
     api->cuStreamDestroy_v2(stream);
     shbuf_event_release(ev);
     cudrv_device_close(&dev);
     shbuf_release(sb);
-    wire_send(sock, "ok", NULL, -1);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
     return 0;
 }
 
@@ -322,7 +257,7 @@ static int child_main(const char *mode, int sock)
 {
     int rc = 2;
     if (cudrv_load() != TD_OK)
-        rc = child_fail(sock, "cudrv_load");
+        rc = sw_child_fail(sock, "cudrv_load", TIMEOUT_MS);
     else if (strcmp(mode, "cuda-peer") == 0)
         rc = child_cuda_peer(sock);
     else if (strcmp(mode, "cuda-exporter") == 0)
@@ -362,14 +297,14 @@ static void test_cuda_writes_are_visible_in_both_processes(void **state)
     assert_int_equal(shbuf_export(sb, &desc, &fd), TD_OK);
     assert_int_equal(desc.kind, SHBUF_KIND_CUDA);
     assert_int_equal(desc.size, BUF_SIZE);
-    assert_int_equal(wire_send(sock, "buffer", &desc, fd), TD_OK);
+    assert_int_equal(sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS), TD_OK);
     close(fd);
-    expect_ok(sock); /* the child saw pattern 1 and wrote pattern 2 */
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK); /* the child saw pattern 1 and wrote pattern 2 */
     assert_int_equal(cudrv_device_bind(&test_dev), TD_OK);
     assert_int_equal(dev_find_mismatch(ptr, BUF_SIZE, 2), -1);
     assert_int_equal(dev_fill(ptr, BUF_SIZE, 3), TD_OK);
-    assert_int_equal(wire_send(sock, "check 3", NULL, -1), TD_OK);
-    expect_ok(sock);
+    assert_int_equal(sw_send(sock, "check 3", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
     shbuf_release(sb);
@@ -383,10 +318,10 @@ static void test_cuda_import_outlives_exporter_process(void **state)
     assert_int_equal(spawn_self("cuda-exporter", &sock, &pid), 0);
     char text[sizeof "device " + CUDRV_UUID_STR_LEN];
     snprintf(text, sizeof text, "device %s", test_dev_uuid);
-    assert_int_equal(wire_send(sock, text, NULL, -1), TD_OK);
-    wire w;
+    assert_int_equal(sw_send(sock, text, NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    sw_msg w;
     int fd;
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
+    assert_int_equal(sw_recv(sock, &w, &fd, TIMEOUT_MS), TD_OK);
     assert_string_equal(w.text, "buffer");
     assert_true(fd >= 0);
     assert_string_equal(w.desc.name, "test.gpu-orphan");
@@ -396,8 +331,8 @@ static void test_cuda_import_outlives_exporter_process(void **state)
     close(fd);
     uint64_t ptr = shbuf_devptr(sb);
     assert_int_equal(dev_find_mismatch(ptr, BUF_SIZE, 4), -1);
-    assert_int_equal(wire_send(sock, "imported", NULL, -1), TD_OK);
-    expect_ok(sock);
+    assert_int_equal(sw_send(sock, "imported", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
     /* The exporter released its buffer and exited: reap it before touching the memory. */
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
@@ -410,10 +345,10 @@ static void test_cuda_import_outlives_exporter_process(void **state)
 
 static void probe(int sock, const shbuf_desc *desc, int fd, const char *want_prefix)
 {
-    assert_int_equal(wire_send(sock, "try", desc, fd), TD_OK);
-    wire w;
+    assert_int_equal(sw_send(sock, "try", desc, NULL, fd, TIMEOUT_MS), TD_OK);
+    sw_msg w;
     int rfd;
-    assert_int_equal(wire_recv(sock, &w, &rfd), TD_OK);
+    assert_int_equal(sw_recv(sock, &w, &rfd, TIMEOUT_MS), TD_OK);
     if (strncmp(w.text, want_prefix, strlen(want_prefix)) != 0)
         fail_msg("want \"%s...\", child said \"%s\"", want_prefix, w.text);
 }
@@ -456,7 +391,7 @@ static void test_cuda_import_refuses_oversized_descriptor_and_foreign_fd(void **
     probe(sock, &nowhere, fd, "refused ENOENT");
     /* Still importable after the refusals. */
     probe(sock, &desc, fd, "imported");
-    assert_int_equal(wire_send(sock, "quit", NULL, -1), TD_OK);
+    assert_int_equal(sw_send(sock, "quit", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
     close(fd);
@@ -476,10 +411,10 @@ static void test_cuda_event_orders_consumer_after_producer(void **state)
     shbuf_desc desc;
     int fd;
     assert_int_equal(shbuf_export(sb, &desc, &fd), TD_OK);
-    assert_int_equal(wire_send(sock, "buffer", &desc, fd), TD_OK);
+    assert_int_equal(sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS), TD_OK);
     close(fd);
-    wire w;
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
+    sw_msg w;
+    assert_int_equal(sw_recv(sock, &w, &fd, TIMEOUT_MS), TD_OK);
     assert_string_equal(w.text, "event");
     assert_memory_equal(w.event.device_uuid, test_dev.uuid, CUDRV_UUID_BYTES);
     shbuf_event *ev;
@@ -494,8 +429,8 @@ static void test_cuda_event_orders_consumer_after_producer(void **state)
     assert_non_null(host);
     memset(host, 0x5a, EVENT_BUF_SIZE);
 
-    assert_int_equal(wire_send(sock, "go", NULL, -1), TD_OK);
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
+    assert_int_equal(sw_send(sock, "go", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_recv(sock, &w, &fd, TIMEOUT_MS), TD_OK);
     assert_string_equal(w.text, "ready");
     /* GPU-side wait: the copy on our stream starts after the producer's last fill. */
     assert_int_equal(shbuf_event_wait(ev, stream), TD_OK);
@@ -515,8 +450,8 @@ static void test_cuda_event_orders_consumer_after_producer(void **state)
     api->cuStreamDestroy_v2(stream);
     free(host);
     shbuf_event_release(ev);
-    assert_int_equal(wire_send(sock, "done", NULL, -1), TD_OK);
-    expect_ok(sock);
+    assert_int_equal(sw_send(sock, "done", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
     shbuf_release(sb);

@@ -19,6 +19,7 @@
 
 #include "common/fdpass.h"
 #include "common/shbuf.h"
+#include "tests/support/shbuf_wire.h"
 #include "tests/support/spawn.h"
 
 #define TIMEOUT_MS 10000
@@ -27,78 +28,19 @@
 
 /* ---- byte patterns: every byte of a buffer is checked, not a sample ---- */
 
-static uint8_t pattern_byte(size_t i, unsigned seed)
-{
-    return (uint8_t)(i * 131u + seed * 29u + (i >> 9) * 7u + (seed << 4));
-}
-
 static void pattern_fill(uint8_t *p, size_t n, unsigned seed)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = pattern_byte(i, seed);
+        p[i] = sw_pattern_byte(i, seed);
 }
 
 /* -1 when every byte matches, else the first index that does not. */
 static long pattern_find_mismatch(const uint8_t *p, size_t n, unsigned seed)
 {
     for (size_t i = 0; i < n; i++)
-        if (p[i] != pattern_byte(i, seed))
+        if (p[i] != sw_pattern_byte(i, seed))
             return (long)i;
     return -1;
-}
-
-/* ---- the wire between parent and child: one fixed struct per message ---- */
-
-typedef struct wire {
-    char text[256];  /* "ok", a command, or "fail: <why>" */
-    shbuf_desc desc; /* the buffer that travels with an fd */
-} wire;
-
-static td_err wire_send(int sock, const char *text, const shbuf_desc *desc, int fd)
-{
-    wire w;
-    memset(&w, 0, sizeof w);
-    snprintf(w.text, sizeof w.text, "%s", text);
-    if (desc)
-        w.desc = *desc;
-    return fdpass_send(sock, &w, sizeof w, &fd, fd >= 0 ? 1 : 0, TIMEOUT_MS);
-}
-
-/* *fd = the one descriptor that came with the message, or -1. */
-static td_err wire_recv(int sock, wire *w, int *fd)
-{
-    size_t len = 0, n = 0;
-    *fd = -1;
-    TD_TRY(fdpass_recv(sock, w, sizeof *w, &len, fd, 1, &n, TIMEOUT_MS));
-    if (len != sizeof *w) {
-        if (n)
-            close(*fd);
-        *fd = -1;
-        return err_set(TD_EPROTO, "short test message (%zu bytes)", len);
-    }
-    w->text[sizeof w->text - 1] = '\0';
-    if (!n)
-        *fd = -1;
-    return TD_OK;
-}
-
-static int child_fail(int sock, const char *what)
-{
-    char text[256];
-    snprintf(text, sizeof text, "fail: %s: %s", what, err_msg());
-    fprintf(stderr, "child: %s\n", text);
-    wire_send(sock, text, NULL, -1);
-    return 1;
-}
-
-/* Parent side: expects "ok" from the child. */
-static void expect_ok(int sock)
-{
-    wire w;
-    int fd;
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
-    assert_int_equal(fd, -1);
-    assert_string_equal(w.text, "ok");
 }
 
 /* ---- child modes ---- */
@@ -106,32 +48,32 @@ static void expect_ok(int sock)
 /* Imports the parent's buffer, checks pattern 1, writes pattern 2, later checks pattern 3. */
 static int child_cpu_peer(int sock)
 {
-    wire w;
+    sw_msg w;
     int fd;
-    if (wire_recv(sock, &w, &fd) != TD_OK || fd < 0)
-        return child_fail(sock, "receiving the buffer");
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || fd < 0)
+        return sw_child_fail(sock, "receiving the buffer", TIMEOUT_MS);
     shbuf *sb;
     td_err e = shbuf_import(&sb, &w.desc, fd);
     close(fd);
     if (e != TD_OK)
-        return child_fail(sock, "import");
+        return sw_child_fail(sock, "import", TIMEOUT_MS);
     uint8_t *p = shbuf_host(sb);
     size_t n = shbuf_size(sb);
     long bad = pattern_find_mismatch(p, n, 1);
     if (n != BUF_SIZE || bad >= 0) {
         err_set(TD_EINVAL, "size %zu, first wrong byte at %ld", n, bad);
-        return child_fail(sock, "pattern 1");
+        return sw_child_fail(sock, "pattern 1", TIMEOUT_MS);
     }
     pattern_fill(p, n, 2);
-    wire_send(sock, "ok", NULL, -1);
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "check 3") != 0)
-        return child_fail(sock, "waiting for check 3");
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "check 3") != 0)
+        return sw_child_fail(sock, "waiting for check 3", TIMEOUT_MS);
     bad = pattern_find_mismatch(p, n, 3);
     if (bad >= 0) {
         err_set(TD_EINVAL, "first wrong byte at %ld", bad);
-        return child_fail(sock, "pattern 3");
+        return sw_child_fail(sock, "pattern 3", TIMEOUT_MS);
     }
-    wire_send(sock, "ok", NULL, -1);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
     shbuf_release(sb);
     return 0;
 }
@@ -142,21 +84,21 @@ static int child_cpu_exporter(int sock)
 {
     shbuf *sb;
     if (shbuf_create(&sb, SHBUF_KIND_CPU, "test.orphan", BUF_SIZE, NULL) != TD_OK)
-        return child_fail(sock, "create");
+        return sw_child_fail(sock, "create", TIMEOUT_MS);
     pattern_fill(shbuf_host(sb), BUF_SIZE, 4);
     shbuf_desc desc;
     int fd;
     if (shbuf_export(sb, &desc, &fd) != TD_OK)
-        return child_fail(sock, "export");
-    if (wire_send(sock, "buffer", &desc, fd) != TD_OK)
-        return child_fail(sock, "send");
+        return sw_child_fail(sock, "export", TIMEOUT_MS);
+    if (sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS) != TD_OK)
+        return sw_child_fail(sock, "send", TIMEOUT_MS);
     close(fd);
-    wire w;
-    if (wire_recv(sock, &w, &fd) != TD_OK || strcmp(w.text, "imported") != 0)
-        return child_fail(sock, "waiting for the import");
+    sw_msg w;
+    if (sw_recv(sock, &w, &fd, TIMEOUT_MS) != TD_OK || strcmp(w.text, "imported") != 0)
+        return sw_child_fail(sock, "waiting for the import", TIMEOUT_MS);
     pattern_fill(shbuf_host(sb), BUF_SIZE, 5);
     shbuf_release(sb);
-    wire_send(sock, "ok", NULL, -1);
+    sw_send(sock, "ok", NULL, NULL, -1, TIMEOUT_MS);
     return 0;
 }
 
@@ -193,13 +135,13 @@ static void test_cpu_writes_are_visible_in_both_processes(void **state)
     shbuf_desc desc;
     int fd;
     assert_int_equal(shbuf_export(sb, &desc, &fd), TD_OK);
-    assert_int_equal(wire_send(sock, "buffer", &desc, fd), TD_OK);
+    assert_int_equal(sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS), TD_OK);
     close(fd);
-    expect_ok(sock); /* the child saw pattern 1 and wrote pattern 2 */
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK); /* the child saw pattern 1 and wrote pattern 2 */
     assert_int_equal(pattern_find_mismatch(p, BUF_SIZE, 2), -1);
     pattern_fill(p, BUF_SIZE, 3);
-    assert_int_equal(wire_send(sock, "check 3", NULL, -1), TD_OK);
-    expect_ok(sock);
+    assert_int_equal(sw_send(sock, "check 3", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
     shbuf_release(sb);
@@ -211,9 +153,9 @@ static void test_cpu_import_outlives_exporter_process(void **state)
     int sock;
     pid_t pid;
     assert_int_equal(spawn_self("cpu-exporter", &sock, &pid), 0);
-    wire w;
+    sw_msg w;
     int fd;
-    assert_int_equal(wire_recv(sock, &w, &fd), TD_OK);
+    assert_int_equal(sw_recv(sock, &w, &fd, TIMEOUT_MS), TD_OK);
     assert_string_equal(w.text, "buffer");
     assert_true(fd >= 0);
     assert_string_equal(w.desc.name, "test.orphan");
@@ -223,8 +165,8 @@ static void test_cpu_import_outlives_exporter_process(void **state)
     assert_int_equal(shbuf_import(&sb, &w.desc, fd), TD_OK);
     uint8_t *p = shbuf_host(sb);
     assert_int_equal(pattern_find_mismatch(p, BUF_SIZE, 4), -1);
-    assert_int_equal(wire_send(sock, "imported", NULL, -1), TD_OK);
-    expect_ok(sock);
+    assert_int_equal(sw_send(sock, "imported", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
     /* The exporter has released its buffer and exited: reap it before touching memory. */
     assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
     close(sock);
