@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/cli_ids.h"
 #include "cli/cmd.h"
 #include "common/args.h"
 #include "common/tokenizer.h"
@@ -23,33 +24,19 @@ static bool gen_exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* Parses "1,2,3" into a malloc'd array. */
+/* Parses "1,2,3" into a malloc'd array of at least one id. */
 static td_err gen_parse_ids(const char *text, int32_t **ids, int64_t *n)
 {
-    size_t cap = 1;
-    for (const char *c = text; *c; c++)
-        cap += *c == ',';
-    int32_t *v = malloc(cap * sizeof *v);
-    if (!v)
-        return err_set(TD_ENOMEM, "out of memory");
-    int64_t k = 0;
-    const char *c = text;
-    while (*c) {
-        char *end;
-        long long x = strtoll(c, &end, 10);
-        if (end == c || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
-            free(v);
-            return err_set(TD_EINVAL, "token ids: expected comma-separated ids, got '%s'", text);
-        }
-        v[k++] = (int32_t)x;
-        c = *end ? end + 1 : end;
+    tok_ids v = {0};
+    td_err e = cli_parse_ids(text, strlen(text), &v);
+    if (e == TD_OK && v.n == 0)
+        e = err_set(TD_EINVAL, "token ids: none given");
+    if (e != TD_OK) {
+        tok_ids_free(&v);
+        return e;
     }
-    if (k == 0) {
-        free(v);
-        return err_set(TD_EINVAL, "token ids: none given");
-    }
-    *ids = v;
-    *n = k;
+    *ids = v.ids;
+    *n = (int64_t)v.n;
     return TD_OK;
 }
 

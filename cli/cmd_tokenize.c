@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_ids.h"
 #include "cli/cmd.h"
 #include "common/args.h"
 #include "common/tokenizer.h"
@@ -130,43 +131,14 @@ static void tokcli_put_ids(FILE *f, const tok_ids *ids, bool json)
     fputs(json ? "]\n" : "\n", f);
 }
 
-/* "1,2,3", "[1, 2, 3]" or "1 2 3" -> ids. */
+/* cli_parse_ids with this command's messages and exit codes (2: not ids, 1: no memory). */
 static int tokcli_parse_ids(const char *s, size_t n, tok_ids *out, const char *where)
 {
-    out->n = 0;
-    size_t i = 0;
-    while (i < n) {
-        char c = s[i];
-        if (c == ',' || c == ' ' || c == '\t' || c == '[' || c == ']' || c == '\r') {
-            i++;
-            continue;
-        }
-        long long v = 0;
-        size_t start = i;
-        bool neg = c == '-';
-        if (neg)
-            i++;
-        while (i < n && s[i] >= '0' && s[i] <= '9' && v <= INT32_MAX)
-            v = v * 10 + (s[i++] - '0');
-        if (i == start + neg || (i < n && s[i] != ',' && s[i] != ' ' && s[i] != ']' && s[i] != '\t' &&
-                                 s[i] != '\r') || v > INT32_MAX) {
-            fprintf(stderr, "tandem detokenize: %s: '%.*s' is not a token id\n", where,
-                    (int)((n - start) > 32 ? 32 : n - start), s + start);
-            return 2;
-        }
-        if (out->n == out->cap) {
-            size_t cap = out->cap ? out->cap * 2 : 64;
-            int32_t *p = realloc(out->ids, cap * sizeof *p);
-            if (!p) {
-                fprintf(stderr, "tandem detokenize: out of memory\n");
-                return 1;
-            }
-            out->ids = p;
-            out->cap = cap;
-        }
-        out->ids[out->n++] = (int32_t)(neg ? -v : v);
-    }
-    return 0;
+    td_err e = cli_parse_ids(s, n, out);
+    if (e == TD_OK)
+        return 0;
+    fprintf(stderr, "tandem detokenize: %s: %s\n", where, err_msg());
+    return e == TD_EINVAL ? 2 : 1;
 }
 
 static int tokcli_finish(const char *cmd, int rc)
