@@ -32,6 +32,16 @@ static void bench_done(bench_time *t, double *s, int n)
     t->ms = s[n / 2] * 1e3;
 }
 
+/* The mean in milliseconds of n runs in seconds: comparable with the profile's summed op
+ * times, where a median is not. */
+static double bench_mean_ms(const double *s, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += s[i];
+    return sum / n * 1e3;
+}
+
 static void bench_fail(bench_time *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void bench_fail(bench_time *t, const char *fmt, ...)
 {
@@ -140,21 +150,53 @@ static td_err bench_state_fill(bench_tgt *b)
     return e;
 }
 
+/* One forward of n tokens at context ctx, synced. */
+static td_err bench_forward(bench_tgt *b, int64_t ctx, int64_t n)
+{
+    tgt_out out = {.logits = b->logits, .last_only = n == 1, .taps = n > 1 ? b->taps : NULL,
+                   .n_taps = n > 1 ? b->n_taps : 0, .tap_out = n > 1 ? b->tap_out : NULL};
+    b->st.n_past = ctx;
+    TD_TRY(tgt_forward(b->m, &b->st, b->tokens, n, n > 1, &out));
+    return b->be->sync(b->be);
+}
+
+/* With a profiling backend: BENCH_PROF_ITERS more forwards, profiled (the rollback after each
+ * is not), into t->prof and t->prof_ms. */
+static void bench_step_profile(bench_tgt *b, int64_t ctx, int64_t n, bench_time *t, int64_t keep)
+{
+    const ops_backend *be = b->be;
+    double s[BENCH_PROF_ITERS];
+    td_err e = TD_OK;
+    ops_prof_reset(be);
+    for (int i = 0; e == TD_OK && i < BENCH_PROF_ITERS; i++) {
+        ops_prof_enable(be, true);
+        double t0 = bench_now();
+        e = bench_forward(b, ctx, n);
+        s[i] = bench_now() - t0;
+        ops_prof_step(be);
+        ops_prof_enable(be, false);
+        if (e == TD_OK && keep)
+            e = tgt_state_keep(b->m, &b->st, keep);
+    }
+    if (e == TD_OK)
+        e = ops_prof_snapshot(be, &t->prof);
+    if (e == TD_OK) {
+        t->prof_ms = bench_mean_ms(s, BENCH_PROF_ITERS);
+    } else {
+        memset(&t->prof, 0, sizeof t->prof);
+    }
+}
+
 /* One forward of n tokens at context ctx, iters times; with keep > 0 each is followed by a
  * rollback to keep tokens, timed into *rb. */
 static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_time *t,
                        int64_t keep, bench_time *rb)
 {
-    tgt_out out = {.logits = b->logits, .last_only = n == 1, .taps = n > 1 ? b->taps : NULL,
-                   .n_taps = n > 1 ? b->n_taps : 0, .tap_out = n > 1 ? b->tap_out : NULL};
     double *r = keep ? malloc((size_t)iters * sizeof *r) : NULL;
     td_err e = keep && !r ? err_set(TD_ENOMEM, "out of memory") : TD_OK;
     for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
-        b->st.n_past = ctx;
         double t0 = bench_now();
-        e = tgt_forward(b->m, &b->st, b->tokens, n, n > 1, &out);
-        if (e == TD_OK)
-            e = b->be->sync(b->be);
+        e = bench_forward(b, ctx, n);
         double t1 = bench_now();
         if (e == TD_OK && keep) {
             e = tgt_state_keep(b->m, &b->st, keep);
@@ -170,6 +212,8 @@ static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_ti
         bench_done(t, b->s, iters);
         if (keep)
             bench_done(rb, r, iters);
+        if (ops_prof_active(b->be))
+            bench_step_profile(b, ctx, n, t, keep);
     } else {
         bench_fail(t, "%s", err_msg());
         if (keep)
@@ -245,7 +289,8 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         row = (int64_t)dm->cfg.n_taps * m->hp.n_embd;
         B = dm->cfg.block_size;
         /* The ring holds the context, the block and every timed step's 16 positions. */
-        e = dfl_state_init(&ds, dm, BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP) + 64);
+        e = dfl_state_init(&ds, dm,
+                           BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP + BENCH_PROF_ITERS) + 64);
     }
     if (e == TD_OK) {
         float *host = bench_random((size_t)(chunk * row), 11);
@@ -261,20 +306,36 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         e = dfl_add_context(dm, &ds, feat, chunk);
     if (e == TD_OK)
         e = be->sync(be);
-    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
+    /* the timed runs, then (with a profiling backend) BENCH_PROF_ITERS profiled ones */
+    bool prof = ops_prof_active(be);
+    int n_prof = prof ? BENCH_PROF_ITERS : 0;
+    double ps[BENCH_PROF_ITERS];
+    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters + n_prof; i++) {
+        if (i == iters) {
+            ops_prof_reset(be);
+            ops_prof_enable(be, true);
+        }
         double t0 = bench_now();
         e = dfl_add_context(dm, &ds, feat, 16);
         if (e == TD_OK)
             e = dfl_propose(dm, &ds, (int32_t)(4242 % m->hp.n_vocab), logits);
         if (e == TD_OK)
             e = be->sync(be);
-        if (i >= 0)
+        if (i >= iters) {
+            ps[i - iters] = bench_now() - t0;
+            ops_prof_step(be);
+        } else if (i >= 0) {
             s[i] = bench_now() - t0;
+        }
     }
-    if (e == TD_OK)
+    ops_prof_enable(be, false);
+    if (e == TD_OK) {
         bench_done(t, s, iters);
-    else
+        if (prof && ops_prof_snapshot(be, &t->prof) == TD_OK)
+            t->prof_ms = bench_mean_ms(ps, BENCH_PROF_ITERS);
+    } else {
         bench_fail(t, "%s", err_msg());
+    }
     if (dm) {
         dfl_state_free(&ds);
         dfl_free(dm);

@@ -10,17 +10,23 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
+#include "kernels/backend_prof.h"
 #include "verifyd/target.h"
 
 #define BENCH_CTX_SHORT 1024  /* positions before the decoded token: "1K context" */
 #define BENCH_CTX_LONG 32768  /* "32K context" */
 #define BENCH_KEEP 8          /* tokens kept of a 16-token verify when timing the rollback */
+#define BENCH_PROF_ITERS 5    /* profiled runs per measurement (after the timed ones) */
 
 typedef struct bench_time {
     bool ok;            /* measured */
     double ms;          /* median milliseconds */
     int iters;          /* runs the median is over */
     char why[256];      /* when not measured */
+    /* With a profiling backend: separate runs after the timed ones (the events cost time,
+     * so the median above stays unprofiled) */
+    ops_prof_table prof; /* per-op counts of the profiled runs (prof.steps of them) */
+    double prof_ms;     /* mean milliseconds of a profiled run */
 } bench_time;
 
 typedef struct bench_target_times {
@@ -34,7 +40,8 @@ typedef struct bench_target_times {
 /* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */
 void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps);
 
-/* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG. The state's KV cache and
+/* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (profiled too when m's backend is
+ * a profiler, ops_prof_active). The state's KV cache and
  * recurrent state are filled with random finite values and n_past is set, instead of
  * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
  * speculative loop does). */

@@ -4,7 +4,9 @@
  * weight bytes per decode token, plain decode at 1K and 32K context against the bandwidth
  * limit, verify of 16 and 32 tokens against one decode step, the drafter's step, the cost of
  * running verifyd and draftd as two processes (with and without MPS), and the speculative
- * tokens/s those times give at acceptance lengths 4, 6 and 8. */
+ * tokens/s those times give at acceptance lengths 4, 6 and 8. With --profile (or
+ * TANDEM_PROFILE=1) it also prints, per step of each phase, where the time goes: every
+ * backend op's calls, kernel launches, device and host time (kernels/backend_prof.h). */
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -97,6 +99,37 @@ static void bench_row_time(const char *what, const bench_time *t, const char *ex
         printf("  %-36s %10s     (%s)\n", what, "n/a", t->why);
 }
 
+/* The phases that were profiled, in print order. */
+static int bench_profiled(const bench_report *r, const bench_time **t, const char **name)
+{
+    const bench_time *all[5] = {&r->tgt.decode_short, &r->tgt.decode_long, &r->tgt.verify16,
+                                &r->tgt.verify32, &r->draft};
+    static const char *const names[5] = {"decode, 1K context", "decode, 32K context",
+                                         "verify 16 tokens (1K context)",
+                                         "verify 32 tokens (1K context)",
+                                         "draft step (16 positions + propose)"};
+    int n = 0;
+    for (int i = 0; i < 5; i++) {
+        if (!all[i]->ok || all[i]->prof.steps == 0)
+            continue;
+        t[n] = all[i];
+        name[n++] = names[i];
+    }
+    return n;
+}
+
+static void bench_print_profiles(const bench_report *r)
+{
+    const bench_time *t[5];
+    const char *name[5];
+    int n = bench_profiled(r, t, name);
+    for (int i = 0; i < n; i++) {
+        printf("\nprofile: ");
+        fflush(stdout);
+        ops_prof_print(stdout, name[i], &t[i]->prof, t[i]->prof_ms);
+    }
+}
+
 static void bench_print(const bench_report *r)
 {
     char x[200];
@@ -166,6 +199,7 @@ static void bench_print(const bench_report *r)
     }
     printf("  (projection: tau / (draft + verify 16 + rollback + split), plain decode %.1f tok/s)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
+    bench_print_profiles(r);
     if (r->n_notes)
         printf("\nnotes:\n");
     for (int i = 0; i < r->n_notes; i++)
@@ -273,6 +307,33 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "split", sp);
     json_object_set_new(j, "projection", json_string("projected_tok_s = tau / (draft + verify 16 + "
                                                      "rollback + split cost)"));
+    const bench_time *pt[5];
+    const char *pname[5];
+    int np = bench_profiled(r, pt, pname);
+    if (np) {
+        json_t *prof = json_object();
+        for (int i = 0; i < np; i++) {
+            const ops_prof_table *tb = &pt[i]->prof;
+            double per = 1.0 / (double)tb->steps;
+            json_t *ph = json_object(), *ops = json_array();
+            json_object_set_new(ph, "steps", json_integer((json_int_t)tb->steps));
+            json_object_set_new(ph, "wall_ms", json_real(pt[i]->prof_ms));
+            json_object_set_new(ph, "device_timed", json_boolean(tb->device_timed));
+            for (int k = 0; k < tb->n_rows; k++) {
+                const ops_prof_row *row = &tb->rows[k];
+                json_t *o = json_object();
+                json_object_set_new(o, "op", json_string(row->op));
+                json_object_set_new(o, "calls", json_real((double)row->calls * per));
+                json_object_set_new(o, "launches", json_real((double)row->launches * per));
+                json_object_set_new(o, "device_us", json_real(row->dev_us * per));
+                json_object_set_new(o, "host_us", json_real(row->host_us * per));
+                json_array_append_new(ops, o);
+            }
+            json_object_set_new(ph, "per_step", ops);
+            json_object_set_new(prof, pname[i], ph);
+        }
+        json_object_set_new(j, "profile", prof);
+    }
     json_t *notes = json_array();
     for (int i = 0; i < r->n_notes; i++)
         json_array_append_new(notes, json_string(r->notes[i]));
@@ -350,7 +411,7 @@ static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
 
 static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
                       const char *save, const char *save_draft, int device, int iters,
-                      const char *json_path)
+                      const char *json_path, bool profile)
 {
     bench_report r = {.iters = iters, .shape = model ? NULL : shape->name};
     double t_start = bench_now();
@@ -371,6 +432,19 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
         be = ops_backend_cpu();
     }
     bench_device_name(&r, be);
+    /* Profiling: only the profiled runs of each phase are timed op by op. */
+    ops_backend *prof = NULL;
+    if ((profile || ops_prof_wanted()) && !ops_prof_active(be)) {
+        if (ops_prof_wrap(&prof, be) == TD_OK)
+            be = prof;
+        else
+            bench_note(&r, "no profile: %s", err_msg());
+    }
+    ops_prof_enable(be, false);
+    if (ops_prof_active(be))
+        bench_note(&r, "profiled: %d more runs per phase after the timed ones, each op bracketed "
+                   "by CUDA events (the profile tables' wall times include that cost)",
+                   BENCH_PROF_ITERS);
 
     /* Bandwidth before the model takes its memory. */
     r.copy_bytes = r.on_gpu ? (size_t)4 << 30 : (size_t)256 << 20;
@@ -460,6 +534,7 @@ out:
         }
         rmdir(tmp);
     }
+    ops_prof_free(prof);
     if (cuda)
         ops_backend_cuda_free(cuda);
     return rc;
@@ -487,7 +562,7 @@ int cmd_bench(int argc, char **argv)
     const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
     const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL;
     int64_t device = 0, iters = 10, split_block = 16;
-    bool help = false, build_only = false;
+    bool help = false, build_only = false, profile = false;
     char shape_help[96];
     snprintf(shape_help, sizeof shape_help, "synthetic model shape (%s)", bmodel_shape_names());
     const args_opt opts[] = {
@@ -500,6 +575,7 @@ int cmd_bench(int argc, char **argv)
         {"shape", ARGS_STRING, &shape_name, NULL, shape_help, 0, 0, 0},
         {"json", ARGS_STRING, &json, NULL, "also write the results as JSON to this file", 0, 0, 0},
         {"iters", ARGS_INT, &iters, NULL, "timed runs per measurement (the median is reported)", 1, 100000, 'n'},
+        {"profile", ARGS_FLAG, &profile, NULL, "also time every backend op of each phase (as TANDEM_PROFILE=1)", 0, 0, 0},
         /* the two ends of the process-split measurement (the benchmark starts them itself) */
         {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
         {"split-client", ARGS_STRING, &split_client, NULL, "(internal) verifyd end at this URL", 0, 0, 0},
@@ -507,7 +583,7 @@ int cmd_bench(int argc, char **argv)
         ARGS_END,
     };
     const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
-                        "[--shape 27b|tiny] [--json FILE] [--iters N]";
+                        "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err_msg());
         args_usage(usage, opts);
@@ -546,5 +622,6 @@ int cmd_bench(int argc, char **argv)
                 strerror(errno));
         return 1;
     }
-    return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json);
+    return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json,
+                      profile);
 }

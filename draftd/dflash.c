@@ -268,6 +268,8 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
     if (e == TD_OK && be->kind != OPS_BACKEND_CPU) {
         m->be = be;
         e = err_wrap(dfl_place(m, be), "placing the drafter on %s", be->name);
+    } else if (e == TD_OK) {
+        m->be = be; /* host memory either way; a profiler over the CPU stays in the path */
     }
     if (e == TD_OK)
         e = dfl_work_reserve(m, c->block_size);

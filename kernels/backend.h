@@ -21,12 +21,14 @@ typedef enum ops_backend_kind {
 } ops_backend_kind;
 
 typedef struct ops_backend ops_backend;
+struct ops_prof;
 
 struct ops_backend {
     ops_backend_kind kind;
     const char *name;   /* "cpu", "cuda" */
     ops_stream stream;  /* CUDA: the stream every op runs on; CPU: NULL */
     int device;         /* CUDA device ordinal; CPU: -1 */
+    struct ops_prof *prof; /* the profiler this table is (kernels/backend_prof.h), or NULL */
 
     /* memory (bytes); free and release accept NULL */
     td_err (*alloc)(const ops_backend *be, void **p, size_t bytes);
@@ -78,9 +80,16 @@ struct ops_backend {
 const ops_backend *ops_backend_cpu(void);
 
 /* A CUDA backend on device ordinal dev with its own stream. TD_ENOTSUP without CUDA in the
- * build or without a usable device (the message says which). */
+ * build or without a usable device (the message says which). With TANDEM_PROFILE set in the
+ * environment the table is a profiler over it (kernels/backend_prof.h). */
 td_err ops_backend_cuda_init(ops_backend **out, int dev);
 void ops_backend_cuda_free(ops_backend *be);
+
+#ifdef TANDEM_HAVE_CUDA
+/* The plain CUDA table (kernels/cuda/backend_cuda.cu), what ops_backend_cuda_init wraps. */
+td_err cuda_backend_init(ops_backend **out, int dev);
+void cuda_backend_free(const ops_backend *be);
+#endif
 
 /* Allocates and uploads: *p = a backend copy of src[bytes]. */
 td_err ops_backend_upload(const ops_backend *be, void **p, const void *src, size_t bytes);

@@ -41,6 +41,24 @@ void cuda_stream_free(ops_stream st);
 /* Waits for everything queued on st; reports a fault of earlier work as TD_ECUDA. */
 td_err cuda_stream_sync(ops_stream st);
 
+/* Timing events (kernels/cuda/prof.cu), for the profiler. cudaEvent_t is a struct
+ * CUevent_st *. */
+typedef struct CUevent_st *cuda_event;
+td_err cuda_event_create(cuda_event *ev);
+void cuda_event_free(cuda_event ev);
+/* Queues ev on st: it completes when the work queued before it has. */
+td_err cuda_event_record(cuda_event ev, ops_stream st);
+/* Waits until ev has completed. */
+td_err cuda_event_wait(cuda_event ev);
+/* Microseconds between two completed events. */
+td_err cuda_event_elapsed_us(double *us, cuda_event begin, cuda_event end);
+
+/* Kernel launches made by the CUDA twins so far in this process (every launch site of
+ * kernels/cuda counts itself; the quantised matmul's main kernel, launched with
+ * cudaLaunchKernelEx, is one per activation-rounding launch and is counted by the
+ * profiler from that). */
+uint64_t cuda_launch_count(void);
+
 #else
 
 static inline bool cuda_available(void)

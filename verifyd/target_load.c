@@ -390,8 +390,10 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be)
 td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be)
 {
     TD_TRY(tgt_load(out, path));
-    if (be->kind == OPS_BACKEND_CPU)
+    if (be->kind == OPS_BACKEND_CPU) {
+        (*out)->be = be; /* host memory either way; a profiler over the CPU stays in the path */
         return TD_OK;
+    }
     td_err e = tgt_place(*out, be);
     if (e != TD_OK) {
         tgt_free(*out);

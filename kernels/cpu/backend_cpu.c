@@ -209,17 +209,3 @@ td_err ops_backend_upload(const ops_backend *be, void **p, const void *src, size
     }
     return e;
 }
-
-#ifndef TANDEM_HAVE_CUDA
-td_err ops_backend_cuda_init(ops_backend **out, int dev)
-{
-    (void)dev;
-    *out = NULL;
-    return err_set(TD_ENOTSUP, "this build has no CUDA backend (built without nvcc)");
-}
-
-void ops_backend_cuda_free(ops_backend *be)
-{
-    (void)be;
-}
-#endif

@@ -346,10 +346,12 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
 
     dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
     att_kernel<<<grid, ATT_THREADS, 0, st>>>(p);
+    cuda_launch_note(1);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && split) {
         unsigned threads = (unsigned)((a->head_dim + 31) / 32 * 32);
         att_combine_kernel<<<(unsigned)(a->n_q * a->n_head), threads, 0, st>>>(p);
+        cuda_launch_note(1);
         e = cudaGetLastError();
     }
     dev_scratch_free(p.part, st);

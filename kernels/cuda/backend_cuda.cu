@@ -1,4 +1,5 @@
-/* The CUDA backend: device memory on one GPU and the cuda_* twins, all on one stream. */
+/* The CUDA backend: device memory on one GPU and the cuda_* twins, all on one stream.
+ * (ops_backend_cuda_init in kernels/backend.c adds the profiler when asked.) */
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -137,7 +138,7 @@ static td_err be_cuda_accept_greedy(const ops_backend *be, int32_t *argmax, int3
     return cuda_accept_greedy(argmax, result, logits, draft, n, n_vocab, be->stream);
 }
 
-extern "C" td_err ops_backend_cuda_init(ops_backend **out, int dev)
+extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
 {
     *out = NULL;
     if (!cuda_available())
@@ -187,11 +188,11 @@ extern "C" td_err ops_backend_cuda_init(ops_backend **out, int dev)
     return TD_OK;
 }
 
-extern "C" void ops_backend_cuda_free(ops_backend *be)
+extern "C" void cuda_backend_free(const ops_backend *be)
 {
     if (!be)
         return;
     cuda_stream_sync(be->stream);
     cuda_stream_free(be->stream);
-    free(be);
+    free((void *)be); /* made by cuda_backend_init; callers hold the table as const */
 }

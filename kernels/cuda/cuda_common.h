@@ -20,8 +20,20 @@ extern "C" {
                            cudaGetErrorString(cuda_try_e_));                                 \
     } while (0)
 
-/* After a launch: the launch configuration was accepted. */
-#define CUDA_TRY_LAUNCH() CUDA_TRY(cudaGetLastError())
+/* Kernel launches so far (kernels/cuda/prof.cu; read with cuda_launch_count). A relaxed
+ * atomic add: nothing waits on it. */
+extern unsigned long long cuda_launches;
+static inline void cuda_launch_note(unsigned n)
+{
+    __atomic_fetch_add(&cuda_launches, (unsigned long long)n, __ATOMIC_RELAXED);
+}
+
+/* After a launch: counts it, and checks the launch configuration was accepted. */
+#define CUDA_TRY_LAUNCH()                                                                    \
+    do {                                                                                     \
+        cuda_launch_note(1);                                                                 \
+        CUDA_TRY(cudaGetLastError());                                                        \
+    } while (0)
 
 static inline unsigned cuda_blocks(long long n, unsigned per_block)
 {

@@ -253,6 +253,7 @@ static td_err smp_sorted(float *p, const float *logits, int64_t n, int64_t kc, f
     uint32_t *keys_in = (uint32_t *)ws, *keys_out = (uint32_t *)(ws + arr);
     int32_t *ids_in = (int32_t *)(ws + 2 * arr), *ids_out = (int32_t *)(ws + 3 * arr);
     smp_keys_kernel<<<cuda_blocks(n, 256), 256, 0, st>>>(keys_in, ids_in, logits, n);
+    cuda_launch_note(1);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess)
         e = cub::DeviceRadixSort::SortPairsDescending(ws + 4 * arr, temp, keys_in, keys_out,
@@ -260,6 +261,7 @@ static td_err smp_sorted(float *p, const float *logits, int64_t n, int64_t kc, f
     if (e == cudaSuccess) {
         smp_sorted_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, ids_out, n, kc, inv_t,
                                                         top_p, min_p);
+        cuda_launch_note(1); /* the radix sort's own launches are not counted */
         e = cudaGetLastError();
     }
     dev_scratch_free(ws, st);
