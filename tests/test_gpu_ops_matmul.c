@@ -1,6 +1,8 @@
 /* cuda_matmul against cpu_matmul (the oracle) for every weight type, odd shapes and
- * n_tok in {1, 2, 3, 7, 16, 31, 64, 70}; batch invariance bit for bit (token t of a batch
- * equals token t computed alone, what lossless greedy speculation on the GPU relies on);
+ * n_tok in {1, 2, 3, 7, 8, 16, 31, 32, 64, 70}; batch invariance bit for bit (token t of a
+ * batch equals token t computed alone, what lossless greedy speculation on the GPU relies
+ * on; for Q4_K/Q5_K "alone" is the single-token dp4a kernel and every batch the tensor-core
+ * kernel, so this also proves the two kernels' arithmetic identical);
  * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
  * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.
@@ -56,7 +58,7 @@ const char *__asan_default_options(void)
 #define XQMAX 32639  /* largest rounded activation (MM_XQMAX) */
 #define U 0x1p-24    /* f32 unit roundoff */
 
-static const int64_t n_toks[] = {1, 2, 3, 7, 16, 31, 64, MAX_TOK};
+static const int64_t n_toks[] = {1, 2, 3, 7, 8, 16, 31, 32, 64, MAX_TOK};
 
 /* ---- a weight on both sides ---------------------------------------------------------- */
 
@@ -269,15 +271,19 @@ static void check_weight(td_dtype type, int64_t rows, int64_t cols)
     weight_free(&tw);
 }
 
-/* Shapes: one row, rows that are not a multiple of the 16-row MMA tile or the 4-row float
- * tile, cols of exactly one block, a few blocks, and many blocks whose count is not a
- * multiple of the 4 warps that split them (21 super-blocks; 169 Q8_0 blocks). 33000 rows
- * (more than 128 per SM on any GPU up to 257 SMs) make 9..16 tokens take the 32-row tile. */
+/* Shapes: one row, rows that are not a multiple of the 16-row MMA tile, the 4-row float
+ * tile or the single-token kernel's 2-row warps (5, 257, 7001), cols of exactly one block,
+ * a few blocks, and many blocks whose count is not a multiple of the 4 warps / lane groups
+ * that split them (10 and 21 super-blocks; 169 Q8_0 blocks). 33000 rows (more than 128 per
+ * SM on any GPU up to 257 SMs) make 9..16 tokens take the 32-row tile; 7001 rows x 5
+ * super-blocks make one token take 2-row warps that each do several row pairs on GPUs up
+ * to ~140 SMs (more than 48 rows per SM), with chains of 2, 1, 1, 1 k-blocks. */
 static void test_matmul_k_quants_match_cpu_at_every_batch_size(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 256},    {37, 256},  {19, 768},
-                                        {67, 5376},  {300, 512}, {33000, 256}};
+    static const int64_t shapes[][2] = {{1, 256},   {5, 256},     {37, 256},
+                                        {19, 768},  {257, 2560},  {67, 5376},
+                                        {300, 512}, {7001, 1280}, {33000, 256}};
     static const td_dtype types[] = {TD_Q4_K, TD_Q5_K, TD_Q6_K};
     rng_seed(11);
     for (size_t t = 0; t < sizeof types / sizeof *types; t++)
@@ -288,19 +294,22 @@ static void test_matmul_k_quants_match_cpu_at_every_batch_size(void **state)
 static void test_matmul_q8_0_matches_cpu_at_every_batch_size(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 32},    {37, 32},   {19, 96},
-                                        {67, 5408}, {300, 160}, {33000, 64}};
+    static const int64_t shapes[][2] = {{1, 32},    {5, 32},     {37, 32},  {19, 96},
+                                        {257, 1056}, {67, 5408}, {300, 160}, {33000, 64}};
     rng_seed(12);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         check_weight(TD_Q8_0, shapes[s][0], shapes[s][1]);
 }
 
-/* Odd cols make rows misaligned for 16-byte loads (the scalar path); 512 and 5384 take the
- * vector path, 5384 with a partial last 256-column chunk. */
+/* Odd cols make rows misaligned for 16-byte loads (the scalar path); 256, 512, 2560 and
+ * 5384 take the vector path (F16/BF16: two chunks loaded ahead), 2560 with 3 chunks for
+ * warps 0-1 and 2 for warps 2-3 (a loaded-ahead pair with nothing in its second half), 5384
+ * with a partial last 256-column chunk. */
 static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 1}, {37, 7}, {19, 300}, {67, 5384}, {300, 512}};
+    static const int64_t shapes[][2] = {{1, 1},      {5, 256},   {37, 7},   {19, 300},
+                                        {257, 2560}, {67, 5384}, {300, 512}};
     static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16};
     rng_seed(13);
     for (size_t t = 0; t < sizeof types / sizeof *types; t++)

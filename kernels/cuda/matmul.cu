@@ -33,7 +33,7 @@ __device__ __forceinline__ void digits3(int s, int8_t (&d)[3])
  * instead of silently rounding the bad value to 0. Tokens n_tok..n_pad-1 are written as
  * zeros. Nothing here looks at another token, so a token's rounding never depends on the
  * batch. */
-template <int UNIT>
+template <int UNIT, bool DECODE>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
                               int64_t cols, int n_tok, int n_pad)
 {
@@ -84,7 +84,11 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
             }
             uint4 o;
             memcpy(&o, out, sizeof o);
-            *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = o;
+            if (DECODE) /* the single-token kernel's placement (mm_decode_unit_pos) */
+                *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
+                           16 * mm_decode_unit_pos(lane)) = o;
+            else
+                *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = o;
         }
         const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);   /* inputs 16*(l/2).. */
         const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2); /* inputs 32*(l/4).. */
@@ -222,13 +226,17 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         const int64_t blocks = (warps + 7) / 8;
         const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
         const float *xc = x + (size_t)t0 * w->cols;
+        const bool decode = nc == 1 && mmd_supported(w->type);
         if (mmq_unit(w->type) == 4)
-            xquant_kernel<4><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+            xquant_kernel<4, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+        else if (decode)
+            xquant_kernel<8, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         else
-            xquant_kernel<8><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+            xquant_kernel<8, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         CUDA_TRY_LAUNCH();
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
-        TD_TRY(mmq_launch(y + (size_t)t0 * w->rows, &q, w, &dev, st));
+        float *yc = y + (size_t)t0 * w->rows;
+        TD_TRY(decode ? mmd_launch(yc, &q, w, &dev, st) : mmq_launch(yc, &q, w, &dev, st));
     }
     return TD_OK;
 }

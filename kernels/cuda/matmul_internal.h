@@ -48,6 +48,18 @@ typedef struct mm_xquant {
 /* Inputs per hi/lo interleave unit the kernel for type expects (8 or 4). */
 int mmq_unit(td_dtype type);
 
+/* Where the single-token kernel (matmul_decode.cu) wants unit u (0..31: inputs 8u..8u+7,
+ * 16 bytes of hi/lo digits) of each 256-input block: at byte 16 * mm_decode_unit_pos(u) of
+ * the block's 512, so that the k-th 16-byte load of lane i of an 8-lane group is unit
+ * 8c + 4s + 2h + e with i = 2c + h, k = 2s + e (qs chunk c, sub-block 2c + s, half h,
+ * 8 inputs e) and the 8 lanes of a group read 128 contiguous bytes per load. Only the
+ * placement differs from the plain layout, never a value. */
+__host__ __device__ __forceinline__ int mm_decode_unit_pos(int u)
+{
+    const int c = u >> 3, s = (u >> 2) & 1, h = (u >> 1) & 1, e = u & 1;
+    return 8 * (2 * s + e) + 2 * c + h;
+}
+
 /* The device a launch goes to, as the launchers need it. */
 typedef struct mm_device {
     int n_sm;  /* multiprocessors: picks the row tile (results never depend on it) */
@@ -60,6 +72,15 @@ typedef struct mm_device {
  * programmatic dependent of the kernel before it on st (which wrote xq) and waits for it
  * before its first read of xq. */
 td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                  cudaStream_t st);
+
+/* Whether one token (n_tok == 1) on type takes the single-token kernel (matmul_decode.cu)
+ * instead of mmq_launch; its activations are then laid out by mm_decode_unit_pos. */
+bool mmd_supported(td_dtype type);
+
+/* y[0][w->rows] = xq . W^T for one token (xq->n_tok == 1) and a type mmd_supported accepts,
+ * with the same arithmetic as mmq_launch (so the same bits). PDL as for mmq_launch. */
+td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st);
 
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent

@@ -1,0 +1,335 @@
+/* y = x . W^T for one token (decode) and Q4_K / Q5_K weights: integer dot products (dp4a)
+ * on the CUDA cores, weights loaded straight into registers, no shared memory.
+ *
+ * Why a kernel of its own: with one token the tensor-core kernel (matmul_quant.cu) wastes 7/8
+ * of every MMA and is bound by its staging ring: a CTA of 16 rows runs only a few k-blocks
+ * per warp (5 on a 5120-input matrix), so ramp-up, drain and the CTA-count quantisation
+ * (320 CTAs on 132 SMs for a 5120-row matrix) cost more than the arithmetic. Here a warp owns
+ * R whole rows, so there are thousands of small independent units and each streams its
+ * rows from start to end with DEPTH k-blocks of loads in flight.
+ *
+ * The arithmetic is that of matmul_quant.cu exactly (its header comment), so a token's result
+ * does not depend on which kernel ran it:
+ *
+ *   Lane group q (lanes 8q..8q+7) of a warp is the accumulation chain of k-blocks q, q+4,
+ *   q+8, ... of the warp's rows, in increasing order (the tensor-core kernel's warp q). Per
+ *   (row, k-block) the exact integers H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j,
+ *   M = sum_j m_j * sum32_j are formed from per-lane partial sums (dp4a) and a 3-step
+ *   integer butterfly inside the group (integer sums do not depend on their order); then
+ *     I = fma(256, float(H), float(L)); acc = fma(dx * d, I, acc);
+ *     acc = fma(-(dx * dmin), float(M), acc)
+ *   with the same _rn intrinsics; finally y = ((p0 + p1) + p2) + p3 over the groups.
+ *
+ * Lane i of a group takes 32-byte qs chunk c = i / 2, bytes 16 (i % 2) .. +15: the low
+ * nibbles are weights l0..l0+15 (l0 = 16 (i % 2)) of sub-block 2c, the high nibbles the same
+ * weights of sub-block 2c+1. Its activations are 4 x 16 bytes (hi/lo digits of 8 inputs
+ * each); matmul.cu lays the 256-input block out for this kernel (mm_decode_unit_pos) so that
+ * the k-th load of the 8 lanes of a group is 128 contiguous bytes. */
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace {
+
+constexpr int WARPS = 4; /* per CTA; each warp is independent (no barrier, no shared memory) */
+
+/* 16 bytes the kernel reads once: not kept in L1, where the activations live. */
+__device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float f16f(uint32_t bits16)
+{
+    return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFF)));
+}
+
+/* Byte k (0..3, may be a run-time value) of w, zero-extended. */
+__device__ __forceinline__ int ubyte_at(uint32_t w, int k)
+{
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(0x4440u | (uint32_t)k));
+    return (int)r;
+}
+
+/* The sum of the four int8 of a, added to c. */
+__device__ __forceinline__ int sum4(uint32_t a, int c)
+{
+    return __dp4a((int)a, 0x01010101, c);
+}
+
+template <bool Q5> struct kq {
+    static constexpr int BYTES = Q5 ? 176 : 144; /* one super-block */
+    static constexpr int QS = Q5 ? 48 : 16;      /* offset of qs[128] */
+};
+
+/* Registers of k-blocks in flight per row: 8 (Q4_K) or 12 (Q5_K) words each. DEPTH keeps
+ * about 48 of them per lane, 2-4 k-blocks per chain. */
+template <bool Q5, int R> __host__ __device__ constexpr int depth()
+{
+    return (48 / (R * (Q5 ? 12 : 8))) < 2 ? 2 : (48 / (R * (Q5 ? 12 : 8))) > 4 ? 4
+                                                : 48 / (R * (Q5 ? 12 : 8));
+}
+
+/* One k-block of R rows as this lane loads it. */
+template <bool Q5, int R> struct kbuf {
+    uint4 hd[R]; /* bytes 0..15: d, dmin, 12 scale bytes (the same 16 for the whole group) */
+    uint4 qs[R]; /* qs bytes 32c + l0 .. +15 */
+    uint4 qh[R]; /* Q5_K: qh bytes l0 .. l0+15 (unused for Q4_K) */
+};
+
+template <bool Q5, int R>
+__device__ __forceinline__ void kbuf_load(kbuf<Q5, R> &b, const uint8_t *const (&row)[R],
+                                          int kb, int i)
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint8_t *blk = row[r] + (size_t)kb * kq<Q5>::BYTES;
+        b.hd[r] = ld_stream(blk);
+        b.qs[r] = ld_stream(blk + kq<Q5>::QS + 16 * i);
+        if constexpr (Q5)
+            b.qh[r] = ld_stream(blk + 16 + 16 * (i & 1));
+    }
+}
+
+/* The group of 8 lanes (mask gm) sums v exactly; every lane of the group ends with the sum. */
+__device__ __forceinline__ int group_sum(int v, unsigned gm)
+{
+    v += __shfl_xor_sync(gm, v, 1);
+    v += __shfl_xor_sync(gm, v, 2);
+    v += __shfl_xor_sync(gm, v, 4);
+    return v;
+}
+
+/* Adds k-block kb of R rows to acc (every lane of the group updates the same values). */
+template <bool Q5, int R>
+__device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
+                                         const int8_t *xq, const float *xd, int n_pad, int kb,
+                                         int i, unsigned gm)
+{
+    const int c = i >> 1; /* qs chunk: sub-blocks 2c (low nibbles) and 2c+1 (high) */
+    /* activations: a = sub-block 2c, inputs l0..l0+7 (a0) and l0+8..+15 (a1); b = 2c+1.
+     * Each is {hi[0..3], hi[4..7], lo[0..3], lo[4..7]} of its 8 inputs. */
+    const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
+    const uint4 xa0 = __ldg((const uint4 *)xb), xa1 = __ldg((const uint4 *)(xb + 128));
+    const uint4 xb0 = __ldg((const uint4 *)(xb + 256)), xb1 = __ldg((const uint4 *)(xb + 384));
+    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
+    const uint32_t xh_a[4] = {xa0.x, xa0.y, xa1.x, xa1.y}, xl_a[4] = {xa0.z, xa0.w, xa1.z, xa1.w};
+    const uint32_t xh_b[4] = {xb0.x, xb0.y, xb1.x, xb1.y}, xl_b[4] = {xb0.z, xb0.w, xb1.z, xb1.w};
+    /* this lane's share of sum32 of sub-blocks 2c and 2c+1: 256 * sum(hi) + sum(lo) */
+    int sh_a = 0, sl_a = 0, sh_b = 0, sl_b = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        sh_a = sum4(xh_a[k], sh_a);
+        sl_a = sum4(xl_a[k], sl_a);
+        sh_b = sum4(xh_b[k], sh_b);
+        sl_b = sum4(xl_b[k], sl_b);
+    }
+    const int s_a = 256 * sh_a + sl_a, s_b = 256 * sh_b + sl_b;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 hd = b.hd[r];
+        /* scales and mins of sub-blocks j = 2c, 2c+1 (see kblock_kq): bytes j & 3 of the
+         * low (j < 4) or high (j >= 4) words */
+        const uint32_t scw = c < 2 ? hd.y & 0x3F3F3F3Fu
+                                   : (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+        const uint32_t mw = c < 2 ? hd.z & 0x3F3F3F3Fu
+                                  : ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+        const int sa = ubyte_at(scw, (2 * c) & 3), sb = ubyte_at(scw, (2 * c + 1) & 3);
+        const int ma = ubyte_at(mw, (2 * c) & 3), mb = ubyte_at(mw, (2 * c + 1) & 3);
+        const uint32_t qw[4] = {b.qs[r].x, b.qs[r].y, b.qs[r].z, b.qs[r].w};
+        uint32_t hw[4] = {0, 0, 0, 0};
+        if constexpr (Q5)
+            hw[0] = b.qh[r].x, hw[1] = b.qh[r].y, hw[2] = b.qh[r].z, hw[3] = b.qh[r].w;
+        int dh_a = 0, dl_a = 0, dh_b = 0, dl_b = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = qw[k] & 0x0F0F0F0Fu, hi = (qw[k] >> 4) & 0x0F0F0F0Fu;
+            if constexpr (Q5) { /* fifth bit of weight l of sub-block j: bit j of qh[l] */
+                lo |= ((hw[k] >> (2 * c)) & 0x01010101u) << 4;
+                hi |= ((hw[k] >> (2 * c + 1)) & 0x01010101u) << 4;
+            }
+            dh_a = __dp4a((int)lo, (int)xh_a[k], dh_a);
+            dl_a = __dp4a((int)lo, (int)xl_a[k], dl_a);
+            dh_b = __dp4a((int)hi, (int)xh_b[k], dh_b);
+            dl_b = __dp4a((int)hi, (int)xl_b[k], dl_b);
+        }
+        const int H = group_sum(sa * dh_a + sb * dh_b, gm);
+        const int L = group_sum(sa * dl_a + sb * dl_b, gm);
+        const int M = group_sum(ma * s_a + mb * s_b, gm);
+        const float I = __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L));
+        float a = acc[r];
+        a = __fmaf_rn(__fmul_rn(dx, f16f(hd.x)), I, a);
+        a = __fmaf_rn(-__fmul_rn(dx, f16f(hd.x >> 16)), __int2float_rn(M), a);
+        acc[r] = a;
+    }
+}
+
+/* R rows from r0 (nr of them real) into y, as described at the top. */
+template <bool Q5, int R>
+__device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t row_bytes,
+                                         int64_t r0, int nr, int nkb, const int8_t *xq,
+                                         const float *xd, int n_pad, int lane)
+{
+    constexpr int D = depth<Q5, R>();
+    const int q = lane >> 3, i = lane & 7;
+    const unsigned gm = 0xFFu << (8 * q);
+    const uint8_t *row[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) /* missing rows read the last real one, and are not stored */
+        row[r] = w + (size_t)(r0 + (r < nr ? r : nr - 1)) * row_bytes;
+    const int nk = nkb > q ? (nkb - q + 3) / 4 : 0; /* this chain's k-blocks */
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    kbuf<Q5, R> buf[D];
+#pragma unroll
+    for (int s = 0; s < D; s++)
+        if (s < nk)
+            kbuf_load(buf[s], row, q + 4 * s, i);
+    mm_wait_dependencies(); /* xq and xd come from the kernel before this one */
+    for (int s0 = 0; s0 < nk; s0 += D) {
+#pragma unroll
+        for (int u = 0; u < D; u++) {
+            const int s = s0 + u;
+            if (s < nk) {
+                kbuf_use(acc, buf[u], xq, xd, n_pad, q + 4 * s, i, gm);
+                if (s + D < nk)
+                    kbuf_load(buf[u], row, q + 4 * (s + D), i);
+            }
+        }
+    }
+    /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum (a chain without k-blocks adds +0, as
+     * a warp without k-blocks does in the tensor-core kernel) */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float p1 = __shfl_sync(0xffffffffu, acc[r], lane + 8);
+        const float p2 = __shfl_sync(0xffffffffu, acc[r], lane + 16);
+        const float p3 = __shfl_sync(0xffffffffu, acc[r], lane + 24);
+        if (lane == 0 && r < nr)
+            y[r0 + r] = __fadd_rn(__fadd_rn(__fadd_rn(acc[r], p1), p2), p3);
+    }
+}
+
+/* grid: resident CTAs only (launch picks how many); block: WARPS warps. Warp g of the grid
+ * takes rows R*g, R*(g + n_warps), ...: a row never waits for a CTA slot, and launch sizes
+ * the grid so that the rows split evenly over the warps. */
+template <bool Q5, int R>
+__global__ void __launch_bounds__(WARPS * 32)
+    mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nkb,
+               const int8_t *xq, const float *xd, int n_pad)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t n_warps = (int64_t)gridDim.x * WARPS;
+    for (int64_t g = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); g * R < rows;
+         g += n_warps) {
+        const int64_t r0 = g * R;
+        const int nr = rows - r0 < R ? (int)(rows - r0) : R;
+        mmd_rows<Q5, R>(y, w, row_bytes, r0, nr, nkb, xq, xd, n_pad, lane);
+    }
+}
+
+/* CTAs for the grid: per SM at most what fits (occ), and among 3/4 occ..occ (fewer would
+ * leave too few bytes in flight) the count whose last round of rows is fullest (a 5120-row
+ * matrix at 6 resident CTAs of 4 warps on 132 SMs would run 2 rounds with the second 62%
+ * full; at 5 it runs 2 nearly full ones), the larger count on ties. */
+int64_t grid_for(int64_t units, int n_sm, int occ)
+{
+    int64_t best = 0;
+    double best_eff = -1.0;
+    for (int c = (3 * occ + 3) / 4; c <= occ; c++) {
+        const int64_t slots = (int64_t)n_sm * c * WARPS;
+        const int64_t rounds = (units + slots - 1) / slots;
+        const double eff = (double)units / (double)(rounds * slots);
+        if (eff >= best_eff - 1e-9) {
+            best_eff = eff;
+            best = (int64_t)n_sm * c;
+        }
+    }
+    const int64_t need = (units + WARPS - 1) / WARPS; /* never more CTAs than rows need */
+    return best < need ? best : need;
+}
+
+int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
+
+template <bool Q5, int R>
+td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+              cudaStream_t st)
+{
+    const int64_t nkb = w->cols / MM_XBLOCK;
+    if (w->row_bytes > ((size_t)1 << 26) || nkb > 0x7fffffff)
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
+    static int occ_of[64]; /* resident CTAs per SM, per device ordinal (0: not asked yet) */
+    int ordinal = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
+    if (occ == 0) {
+        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmd_kernel<Q5, R>,
+                                                               WARPS * 32, 0));
+        occ = occ < 1 ? 1 : occ;
+        __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
+    }
+    const int64_t grid = grid_for((w->rows + R - 1) / R, dev->n_sm, occ);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
+    const uint8_t *wd = (const uint8_t *)w->data;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<Q5, R>, y, wd, (uint32_t)w->row_bytes,
+                                       w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        (void)cudaGetLastError(); /* plain launches from now on */
+        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, mmd_kernel<Q5, R>, y, wd, (uint32_t)w->row_bytes,
+                               w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
+    }
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
+                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
+    return TD_OK;
+}
+
+/* Two rows per warp (each activation load serves both, half the L1 traffic) where that
+ * still leaves ~24 warps per SM; one row otherwise (5120-row matrices: 39 warps per SM). */
+template <bool Q5>
+td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                   cudaStream_t st)
+{
+    if (w->rows >= (int64_t)2 * 24 * dev->n_sm)
+        return launch<Q5, 2>(y, xq, w, dev, st);
+    return launch<Q5, 1>(y, xq, w, dev, st);
+}
+
+} /* namespace */
+
+bool mmd_supported(td_dtype type)
+{
+    return type == TD_Q4_K || type == TD_Q5_K;
+}
+
+td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                  cudaStream_t st)
+{
+    TD_ASSERT(xq->n_tok == 1 && mmd_supported(w->type));
+    TD_ASSERT(((uintptr_t)w->data & 15) == 0 && w->row_bytes % 16 == 0);
+    TD_ASSERT(w->cols % MM_XBLOCK == 0);
+    if (w->type == TD_Q5_K)
+        return launch_rows<true>(y, xq, w, dev, st);
+    return launch_rows<false>(y, xq, w, dev, st);
+}
