@@ -55,10 +55,16 @@ td_err kvc_reply_error(const msg_buf *reply, const char *what)
     return err_set(TD_EPROTO, "%s: unreadable reply", what);
 }
 
+static void kvc_release_all(kvc *c)
+{
+    shbuf *all[] = {c->target, c->draft, c->q, c->embd, c->output};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        shbuf_release(all[i]);
+}
+
 void kvc_detach(kvc *c)
 {
-    shbuf_release(c->target);
-    shbuf_release(c->draft);
+    kvc_release_all(c);
     if (c->fd >= 0)
         close(c->fd);
     kvc_init(c);
@@ -81,7 +87,53 @@ static td_err kvc_import(shbuf **out, const msg_shbuf_announce *a, int fd, uint6
     return shbuf_import(out, &d, fd);
 }
 
+/* Imports every buffer of the reply into the field its name says; the pools share one kind
+ * and device. */
+static td_err kvc_import_all(kvc *c, const msg_kv_pools *pools, const int *fds)
+{
+    for (uint32_t i = 0; i < pools->n_pools; i++) {
+        const msg_shbuf_announce *a = &pools->pools[i];
+        shbuf **dst = NULL;
+        uint64_t need = 1;
+        if (strcmp(a->name, KVC_POOL_TARGET) == 0) {
+            dst = &c->target;
+            need = c->lay.target_bytes;
+            c->target_gen = a->generation;
+        } else if (strcmp(a->name, KVC_POOL_DRAFT) == 0) {
+            dst = &c->draft;
+            need = c->lay.draft_bytes;
+            c->draft_gen = a->generation;
+        } else if (strcmp(a->name, KVC_POOL_Q) == 0) {
+            dst = &c->q;
+            need = c->lay.q_bytes;
+            c->q_gen = a->generation;
+        } else if (strcmp(a->name, KVC_HEAD_EMBD) == 0) {
+            dst = &c->embd;
+        } else if (strcmp(a->name, KVC_HEAD_OUTPUT) == 0) {
+            dst = &c->output;
+        }
+        if (!dst)
+            return err_set(TD_EPROTO, "kvd sent an unknown buffer %s", a->name);
+        if (*dst)
+            return err_set(TD_EPROTO, "kvd sent buffer %s twice", a->name);
+        if (a->kind != pools->pools[0].kind ||
+            strcmp(a->device_uuid, pools->pools[0].device_uuid) != 0)
+            return err_set(TD_EPROTO, "kvd's buffers %s and %s are not on the same device",
+                           pools->pools[0].name, a->name);
+        TD_TRY(kvc_import(dst, a, fds[i], need));
+    }
+    if (!c->target)
+        return err_set(TD_EPROTO, "kvd sent no target pool");
+    return TD_OK;
+}
+
 td_err kvc_attach(kvc *c, const char *fd_path, const msg_kv_attach *req, int timeout_ms)
+{
+    return kvc_attach_fds(c, fd_path, req, NULL, 0, timeout_ms);
+}
+
+td_err kvc_attach_fds(kvc *c, const char *fd_path, const msg_kv_attach *req, const int *send,
+                      size_t n_send, int timeout_ms)
 {
     kvc_detach(c);
     msg_buf b;
@@ -97,7 +149,7 @@ td_err kvc_attach(kvc *c, const char *fd_path, const msg_kv_attach *req, int tim
     if (e == TD_OK)
         e = fdpass_connect(fd_path, &sock);
     if (e == TD_OK)
-        e = fdpass_send(sock, b.data, b.len, NULL, 0, timeout_ms);
+        e = fdpass_send(sock, b.data, b.len, send, n_send, timeout_ms);
     if (e == TD_OK)
         e = fdpass_recv(sock, payload, sizeof payload, &len, fds, FDPASS_MAX_FDS, &n_fds,
                         timeout_ms);
@@ -117,14 +169,8 @@ td_err kvc_attach(kvc *c, const char *fd_path, const msg_kv_attach *req, int tim
         e = err_wrap(e, "kvd's layout");
         goto fail;
     }
-    if ((e = kvc_import(&c->target, &pools.pools[0], fds[0], c->lay.target_bytes)) != TD_OK)
+    if ((e = kvc_import_all(c, &pools, fds)) != TD_OK)
         goto fail;
-    c->target_gen = pools.pools[0].generation;
-    if (pools.n_pools > 1) {
-        if ((e = kvc_import(&c->draft, &pools.pools[1], fds[1], c->lay.draft_bytes)) != TD_OK)
-            goto fail;
-        c->draft_gen = pools.pools[1].generation;
-    }
     close_fds(fds, n_fds);
     c->fd = sock;
     return TD_OK;
@@ -132,8 +178,7 @@ fail:
     close_fds(fds, n_fds);
     if (sock >= 0)
         close(sock);
-    shbuf_release(c->target);
-    shbuf_release(c->draft);
+    kvc_release_all(c);
     kvc_init(c);
     return e;
 }
@@ -152,16 +197,36 @@ bool kvc_alive(kvc *c)
     return !(p.revents & (POLLIN | POLLHUP | POLLERR));
 }
 
+uint8_t *kvc_base(const shbuf *sb)
+{
+    TD_ASSERT(sb);
+    if (shbuf_info(sb)->kind == SHBUF_KIND_CUDA)
+        return (uint8_t *)(uintptr_t)shbuf_devptr(sb);
+    return shbuf_host(sb);
+}
+
 uint8_t *kvc_target_slot(const kvc *c, uint32_t slot)
 {
     TD_ASSERT(c->target && slot < c->lay.p.slots);
-    return (uint8_t *)shbuf_host(c->target) + (size_t)slot * c->lay.target_slot;
+    return kvc_base(c->target) + (size_t)slot * c->lay.target_slot;
 }
 
 uint8_t *kvc_draft_slot(const kvc *c, uint32_t slot)
 {
     TD_ASSERT(c->draft && slot < c->lay.p.slots);
-    return (uint8_t *)shbuf_host(c->draft) + (size_t)slot * c->lay.draft_slot;
+    return kvc_base(c->draft) + (size_t)slot * c->lay.draft_slot;
+}
+
+shbuf_kind kvc_kind(const kvc *c)
+{
+    TD_ASSERT(c->target);
+    return (shbuf_kind)shbuf_info(c->target)->kind;
+}
+
+const uint8_t *kvc_device_uuid(const kvc *c)
+{
+    TD_ASSERT(c->target);
+    return shbuf_info(c->target)->device_uuid;
 }
 
 td_err kvc_open(bus_client *bus, uint64_t request_id, const msg_kv_open *req, msg_kv_slot *out,

@@ -43,6 +43,7 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
                              p->n_taps, p->n_embd, p->d_kv, p->d_head_dim};
     for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
         TD_TRY(kvl_bound(names[i], vals[i], 0, KVL_WIDTH_MAX));
+    TD_TRY(kvl_bound("n_vocab", p->n_vocab, 0, KVL_VOCAB_MAX));
     TD_TRY(kvl_bound("conv_k", p->conv_k, p->n_delta ? 2 : 0, 64));
     TD_TRY(kvl_bound("ring", p->ring, p->n_taps ? 1 : 0, p->n_taps ? KVL_CTX_MAX : 0));
     if (p->n_attn && (!p->n_kv || !p->head_dim))
@@ -101,6 +102,8 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
                            p->slots, (unsigned long long)out->draft_slot);
         out->draft_bytes = out->draft_slot * p->slots;
     }
+    if (p->n_vocab && p->n_taps && p->block > 1)
+        out->q_bytes = (uint64_t)(p->block - 1) * p->n_vocab * f;
     out->p = *p;
     return TD_OK;
 }
@@ -112,7 +115,7 @@ bool kvl_same_target(const kvl_params *a, const kvl_params *b)
            a->head_dim == b->head_dim && a->n_delta == b->n_delta &&
            a->n_v_head == b->n_v_head && a->d_k == b->d_k && a->d_v == b->d_v &&
            a->conv_k == b->conv_k && a->conv_ch == b->conv_ch && a->n_taps == b->n_taps &&
-           a->n_embd == b->n_embd;
+           a->n_embd == b->n_embd && a->n_vocab == b->n_vocab;
 }
 
 bool kvl_same_draft(const kvl_params *a, const kvl_params *b)

@@ -9,8 +9,13 @@
  * - draft pool (draftd's): a small header, the drafter's context K/V over ring + block rows
  *   and the absolute position of each row. It outlives a draftd process, so a restarted
  *   draftd continues where the last one stopped.
- * All arrays are f32 (the CPU kind); every region starts on a 64-byte boundary and every
- * slot on a 4096-byte one. */
+ * - proposal pool (written by draftd, read by verifyd): one block's draft distributions q,
+ *   [block - 1][n_vocab] f32, so sampled proposals do not travel inside messages. There is
+ *   one, not one per slot: draftd answers one proposal at a time and verifyd reads the rows
+ *   before it asks for the next.
+ * All arrays are f32, in host memory for the cpu kind of shared buffer and in device memory
+ * for the cuda kind (the same offsets either way); every region starts on a 64-byte boundary
+ * and every slot on a 4096-byte one. */
 #ifndef TANDEM_COMMON_KVLAYOUT_H
 #define TANDEM_COMMON_KVLAYOUT_H
 
@@ -26,6 +31,7 @@
 #define KVL_LAYERS_MAX 1024         /* layers of one kind */
 #define KVL_WIDTH_MAX (1u << 16)    /* heads, head dims, channels, widths */
 #define KVL_POOL_MAX ((uint64_t)1 << 40) /* bytes of one pool */
+#define KVL_VOCAB_MAX (1u << 20)    /* tokens of the vocabulary (MSG_Q_SUPPORT_MAX) */
 
 typedef struct kvl_params {
     uint32_t slots;      /* sequence slots in each pool, >= 1 */
@@ -46,9 +52,10 @@ typedef struct kvl_params {
     uint32_t d_layers;   /* drafter layers (0: no draft pool) */
     uint32_t d_kv;       /* drafter KV heads */
     uint32_t d_head_dim; /* drafter values per head */
+    uint32_t n_vocab;    /* target vocabulary (tokens): proposal pool rows; 0 = no pool */
 } kvl_params;
 
-#define KVL_N_PARAMS 18 /* fields of kvl_params, all uint32_t, in declaration order */
+#define KVL_N_PARAMS 19 /* fields of kvl_params, all uint32_t, in declaration order */
 
 /* The header at the start of every draft slot, written by draftd only. */
 typedef struct kvl_draft_header {
@@ -78,6 +85,8 @@ typedef struct kvl_layout {
     uint64_t d_pos;          /* [ring + block] int32 absolute positions */
     uint64_t draft_slot;     /* bytes of one draft slot */
     uint64_t draft_bytes;    /* bytes of the draft pool: slots * draft_slot */
+    /* proposal pool (zero when n_vocab is 0, block is 1 or there are no taps) */
+    uint64_t q_bytes;        /* [block - 1][n_vocab] f32 draft distributions */
 } kvl_layout;
 
 /* Checks p (every bound above, a ring and block that fit, no overflow) and fills out. The

@@ -53,7 +53,8 @@
 #define MSG_Q_SUPPORT_MAX (1u << 20) /* proposal q entries per draft token (vocabulary size) */
 #define MSG_TOKENS_MAX MSG_PROMPT_MAX /* kv_open / kv_close token lists */
 #define MSG_TAPS_MAX 64              /* kv_attach.taps */
-#define MSG_POOLS_MAX 2              /* kv_pools: target pool, draft pool */
+#define MSG_POOLS_MAX 5              /* kv_pools: target, draft, proposal pools, 2 heads */
+#define MSG_HEADS_MAX 2              /* kv_attach.heads: token embedding, LM head */
 #define MSG_SVC_NAME_MAX 31          /* supervisor service names */
 #define MSG_SVC_MAX 8                /* services in svc_list */
 #define MSG_PATH_MAX 1023            /* svc_restart.draft */
@@ -341,13 +342,20 @@ typedef struct msg_draft_q {
     uint32_t n;          /* entries, 1..MSG_Q_SUPPORT_MAX */
 } msg_draft_q;
 
+/* Sampled proposals put the distributions of d1..dn in kvd's proposal pool (dense rows of
+ * n_vocab f32, written and made visible before the reply is sent): q_rows says so and where.
+ * The sparse q inside the message is the other way to carry them (a peer without the pool);
+ * at most one of the two is used. */
 typedef struct msg_proposal {
     uint64_t seq_id;
     uint32_t n_past;        /* the request's n_past */
     const uint32_t *tokens; /* [n_tokens] d1..dn */
     uint32_t n_tokens;      /* 1..MSG_DRAFT_MAX */
-    const msg_draft_q *q;   /* [n_q] distributions of d1..dn (sampling), or none (greedy) */
+    const msg_draft_q *q;   /* [n_q] distributions of d1..dn in the message, or none */
     uint32_t n_q;           /* 0 or n_tokens */
+    uint64_t q_gen;         /* generation of the proposal pool holding the rows (q_rows > 0) */
+    uint64_t q_offset;      /* bytes from the pool's start to row 0, a multiple of 4 */
+    uint32_t q_rows;        /* 0 or n_tokens: rows [q_rows][n_vocab] f32 in the pool */
 } msg_proposal;
 
 td_err msg_pack_proposal(msg_buf *out, uint64_t request_id, const msg_proposal *m);
@@ -359,13 +367,17 @@ void msg_free_proposal(msg_proposal *m);
 
 /* A process maps kvd's pools. verifyd sends the target part of params (slots is kvd's own
  * and ignored) and the tap layer ids; draftd sends its drafter part (d_layers, d_kv,
- * d_head_dim, block) and its tap ids, which must equal verifyd's. */
+ * d_head_dim, block) and its tap ids, which must equal verifyd's. verifyd on a GPU also
+ * hands over its token embedding and LM head (heads, whose fds follow in the same fdpass
+ * message, in this order), which kvd passes on to draftd. */
 typedef struct msg_kv_attach {
     msg_role role;          /* MSG_ROLE_VERIFYD or MSG_ROLE_DRAFTD */
     uint32_t pid;           /* > 0 */
     kvl_params params;
     const uint32_t *taps;   /* [n_taps] target layer ids */
     uint32_t n_taps;        /* 0..MSG_TAPS_MAX */
+    msg_shbuf_announce heads[MSG_HEADS_MAX]; /* [n_heads] verifyd only */
+    uint32_t n_heads;       /* 0..MSG_HEADS_MAX */
 } msg_kv_attach;
 
 td_err msg_pack_kv_attach(msg_buf *out, uint64_t request_id, const msg_kv_attach *m);
@@ -374,11 +386,12 @@ td_err msg_unpack_kv_attach(const void *buf, size_t len, uint64_t *request_id,
 void msg_free_kv_attach(msg_kv_attach *m);
 
 /* kvd's answer to an attach: the full parameters (kvl_compute gives the offsets) and the
- * pools, whose fds follow in the same fdpass message in this order: the target pool, then
- * the draft pool when there is one. */
+ * buffers, whose fds follow in the same fdpass message in the same order. Each is known by
+ * its name (KVC_POOL_* in common/kvclient.h): the target pool first, then what the role
+ * uses of the draft pool, the proposal pool and verifyd's heads. */
 typedef struct msg_kv_pools {
     kvl_params params;
-    msg_shbuf_announce pools[MSG_POOLS_MAX]; /* [n_pools] target, draft */
+    msg_shbuf_announce pools[MSG_POOLS_MAX]; /* [n_pools] */
     uint32_t n_pools;                        /* 1..MSG_POOLS_MAX */
 } msg_kv_pools;
 

@@ -71,6 +71,13 @@ static td_err check_proposal(const msg_proposal *m, td_err code)
         return err_set(code, "proposal: %u tokens, allowed 1..%u", m->n_tokens, MSG_DRAFT_MAX);
     if (m->n_q != 0 && m->n_q != m->n_tokens)
         return err_set(code, "proposal: %u distributions for %u tokens", m->n_q, m->n_tokens);
+    if (m->q_rows != 0 && m->q_rows != m->n_tokens)
+        return err_set(code, "proposal: %u pool rows for %u tokens", m->q_rows, m->n_tokens);
+    if (m->q_rows != 0 && m->n_q != 0)
+        return err_set(code, "proposal: distributions both in the message and in the pool");
+    if (m->q_rows != 0 && (m->q_gen == 0 || m->q_offset % sizeof(float) != 0))
+        return err_set(code, "proposal: pool rows at generation %llu, offset %llu",
+                       (unsigned long long)m->q_gen, (unsigned long long)m->q_offset);
     for (uint32_t i = 0; i < m->n_q; i++) {
         const msg_draft_q *q = &m->q[i];
         if (q->n < 1 || q->n > MSG_Q_SUPPORT_MAX)
@@ -93,7 +100,7 @@ td_err msg_pack_proposal(msg_buf *out, uint64_t request_id, const msg_proposal *
     TD_ASSERT(out && m && (m->tokens || m->n_tokens == 0) && (m->q || m->n_q == 0));
     TD_TRY(check_proposal(m, TD_EINVAL));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_PROPOSAL, request_id, 4);
+    msg_write_begin(&w, out, MSG_PROPOSAL, request_id, 7);
     msg_write_uint(&w, m->seq_id);
     msg_write_uint(&w, m->n_past);
     msg_write_u32_array(&w, m->tokens, m->n_tokens);
@@ -103,6 +110,9 @@ td_err msg_pack_proposal(msg_buf *out, uint64_t request_id, const msg_proposal *
         msg_write_u32_array(&w, m->q[i].ids, m->q[i].n);
         msg_write_f32_bin(&w, m->q[i].p, m->q[i].n);
     }
+    msg_write_uint(&w, m->q_gen);
+    msg_write_uint(&w, m->q_offset);
+    msg_write_uint(&w, m->q_rows);
     return msg_write_end(&w);
 }
 
@@ -133,7 +143,7 @@ td_err msg_unpack_proposal(const void *buf, size_t len, uint64_t *request_id,
     msg_draft_q *q = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "proposal");
-    TD_TRY(msg_read_envelope(&r, MSG_PROPOSAL, 4, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_PROPOSAL, 7, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_uint(&r, "n_past", UINT32_MAX, &n_past)) ||
         (e = msg_read_u32_array(&r, "tokens", 1, MSG_DRAFT_MAX, &tokens, &out->n_tokens)))
@@ -162,6 +172,12 @@ td_err msg_unpack_proposal(const void *buf, size_t len, uint64_t *request_id,
             goto fail;
         q[i].p = p;
     }
+    uint64_t q_rows = 0;
+    if ((e = msg_read_uint(&r, "q_gen", UINT64_MAX, &out->q_gen)) ||
+        (e = msg_read_uint(&r, "q_offset", KVL_POOL_MAX, &out->q_offset)) ||
+        (e = msg_read_uint(&r, "q_rows", MSG_DRAFT_MAX, &q_rows)))
+        goto fail;
+    out->q_rows = (uint32_t)q_rows;
     if ((e = msg_read_end(&r)) || (e = check_proposal(out, TD_EFORMAT)))
         goto fail;
     msg_put_request_id(request_id, &h);
@@ -194,6 +210,38 @@ static td_err read_params(msg_reader *r, kvl_params *p)
     return TD_OK;
 }
 
+/* A list of shared-buffer announcements: [[name, generation, kind, size, uuid]...]. */
+static void write_announces(msg_writer *w, const msg_shbuf_announce *a, uint32_t n)
+{
+    msg_write_array(w, n);
+    for (uint32_t i = 0; i < n; i++) {
+        msg_write_array(w, 5);
+        msg_write_str(w, a[i].name);
+        msg_write_uint(w, a[i].generation);
+        msg_write_uint(w, (uint64_t)a[i].kind);
+        msg_write_uint(w, a[i].size);
+        msg_write_str(w, a[i].device_uuid);
+    }
+}
+
+static td_err read_announces(msg_reader *r, const char *what, msg_shbuf_announce *out,
+                             uint32_t max, uint32_t *n)
+{
+    TD_TRY(msg_read_array_len(r, what, max, n));
+    for (uint32_t i = 0; i < *n; i++) {
+        msg_shbuf_announce *a = &out[i];
+        uint64_t kind = 0;
+        TD_TRY(msg_read_array(r, what, 5));
+        TD_TRY(msg_read_str(r, "name", a->name, sizeof a->name));
+        TD_TRY(msg_read_uint(r, "generation", UINT64_MAX, &a->generation));
+        TD_TRY(msg_read_uint(r, "kind", MSG_SHBUF_KIND_END - 1, &kind));
+        TD_TRY(msg_read_uint(r, "size", UINT64_MAX, &a->size));
+        TD_TRY(msg_read_str(r, "device_uuid", a->device_uuid, sizeof a->device_uuid));
+        a->kind = (msg_shbuf_kind)kind;
+    }
+    return TD_OK;
+}
+
 static td_err check_kv_attach(const msg_kv_attach *m, td_err code)
 {
     if (m->role != MSG_ROLE_VERIFYD && m->role != MSG_ROLE_DRAFTD)
@@ -202,19 +250,28 @@ static td_err check_kv_attach(const msg_kv_attach *m, td_err code)
         return err_set(code, "kv_attach: pid 0");
     if (m->n_taps > MSG_TAPS_MAX)
         return err_set(code, "kv_attach: %u taps, allowed at most %u", m->n_taps, MSG_TAPS_MAX);
+    if (m->n_heads > MSG_HEADS_MAX || (m->n_heads && m->role != MSG_ROLE_VERIFYD))
+        return err_set(code, "kv_attach: %u heads from role %d", m->n_heads, (int)m->role);
+    for (uint32_t i = 0; i < m->n_heads; i++)
+        TD_TRY(msg_check_shbuf_announce(&m->heads[i], code));
     return TD_OK;
 }
 
 td_err msg_pack_kv_attach(msg_buf *out, uint64_t request_id, const msg_kv_attach *m)
 {
     TD_ASSERT(out && m && (m->taps || m->n_taps == 0));
+    for (uint32_t i = 0; i < m->n_heads && i < MSG_HEADS_MAX; i++) {
+        MSG_ASSERT_TERMINATED(m->heads[i].name);
+        MSG_ASSERT_TERMINATED(m->heads[i].device_uuid);
+    }
     TD_TRY(check_kv_attach(m, TD_EINVAL));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_KV_ATTACH, request_id, 4);
+    msg_write_begin(&w, out, MSG_KV_ATTACH, request_id, 5);
     msg_write_uint(&w, (uint64_t)m->role);
     msg_write_uint(&w, m->pid);
     write_params(&w, &m->params);
     msg_write_u32_array(&w, m->taps, m->n_taps);
+    write_announces(&w, m->heads, m->n_heads);
     return msg_write_end(&w);
 }
 
@@ -229,11 +286,12 @@ td_err msg_unpack_kv_attach(const void *buf, size_t len, uint64_t *request_id,
     uint32_t *taps = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "kv_attach");
-    TD_TRY(msg_read_envelope(&r, MSG_KV_ATTACH, 4, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_KV_ATTACH, 5, &h));
     if ((e = msg_read_uint(&r, "role", MSG_ROLE_END - 1, &role)) ||
         (e = msg_read_uint(&r, "pid", UINT32_MAX, &pid)) ||
         (e = read_params(&r, &out->params)) ||
         (e = msg_read_u32_array(&r, "taps", 0, MSG_TAPS_MAX, &taps, &out->n_taps)) ||
+        (e = read_announces(&r, "heads", out->heads, MSG_HEADS_MAX, &out->n_heads)) ||
         (e = msg_read_end(&r)))
         goto fail;
     out->role = (msg_role)role;
@@ -278,16 +336,7 @@ td_err msg_pack_kv_pools(msg_buf *out, uint64_t request_id, const msg_kv_pools *
     msg_writer w;
     msg_write_begin(&w, out, MSG_KV_POOLS, request_id, 2);
     write_params(&w, &m->params);
-    msg_write_array(&w, m->n_pools);
-    for (uint32_t i = 0; i < m->n_pools; i++) {
-        const msg_shbuf_announce *a = &m->pools[i];
-        msg_write_array(&w, 5);
-        msg_write_str(&w, a->name);
-        msg_write_uint(&w, a->generation);
-        msg_write_uint(&w, (uint64_t)a->kind);
-        msg_write_uint(&w, a->size);
-        msg_write_str(&w, a->device_uuid);
-    }
+    write_announces(&w, m->pools, m->n_pools);
     return msg_write_end(&w);
 }
 
@@ -301,18 +350,7 @@ td_err msg_unpack_kv_pools(const void *buf, size_t len, uint64_t *request_id,
     msg_reader_init(&r, buf, len, "kv_pools");
     TD_TRY(msg_read_envelope(&r, MSG_KV_POOLS, 2, &h));
     TD_TRY(read_params(&r, &out->params));
-    TD_TRY(msg_read_array_len(&r, "pools", MSG_POOLS_MAX, &out->n_pools));
-    for (uint32_t i = 0; i < out->n_pools; i++) {
-        msg_shbuf_announce *a = &out->pools[i];
-        uint64_t kind = 0;
-        TD_TRY(msg_read_array(&r, "pools[]", 5));
-        TD_TRY(msg_read_str(&r, "pools[].name", a->name, sizeof a->name));
-        TD_TRY(msg_read_uint(&r, "pools[].generation", UINT64_MAX, &a->generation));
-        TD_TRY(msg_read_uint(&r, "pools[].kind", MSG_SHBUF_KIND_END - 1, &kind));
-        TD_TRY(msg_read_uint(&r, "pools[].size", UINT64_MAX, &a->size));
-        TD_TRY(msg_read_str(&r, "pools[].device_uuid", a->device_uuid, sizeof a->device_uuid));
-        a->kind = (msg_shbuf_kind)kind;
-    }
+    TD_TRY(read_announces(&r, "pools", out->pools, MSG_POOLS_MAX, &out->n_pools));
     TD_TRY(msg_read_end(&r));
     TD_TRY(check_kv_pools(out, TD_EFORMAT));
     msg_put_request_id(request_id, &h);

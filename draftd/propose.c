@@ -18,11 +18,20 @@ td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
         return err_set(TD_ENOTSUP, "drafter block size %lld is outside 2..%d", (long long)B,
                        MSG_DRAFT_MAX + 1);
     size_t n = (size_t)(B - 1) * (size_t)d->n_vocab;
-    d->dlogits = malloc(n * sizeof *d->dlogits);
+    const ops_backend *be = dm->be;
+    td_err e = be->alloc(be, (void **)&d->dlogits, n * sizeof *d->dlogits);
+    if (e == TD_OK)
+        e = be->alloc(be, (void **)&d->ids, (size_t)(B - 1) * sizeof *d->ids);
+    if (e != TD_OK) {
+        drf_free(d);
+        return err_wrap(e, "drafter logits");
+    }
+    if (be->kind != OPS_BACKEND_CPU)
+        d->hlogits = malloc(n * sizeof *d->hlogits);
     d->q = malloc(n * sizeof *d->q);
     d->q_ids = malloc(n * sizeof *d->q_ids);
     d->q_p = malloc(n * sizeof *d->q_p);
-    if (!d->dlogits || !d->q || !d->q_ids || !d->q_p) {
+    if (!d->q || !d->q_ids || !d->q_p || (be->kind != OPS_BACKEND_CPU && !d->hlogits)) {
         drf_free(d);
         return err_set(TD_ENOMEM, "out of memory for the drafter's scratch");
     }
@@ -31,7 +40,11 @@ td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
 
 void drf_free(drf *d)
 {
-    free(d->dlogits);
+    if (d->dm) {
+        d->dm->be->release(d->dm->be, d->dlogits);
+        d->dm->be->release(d->dm->be, d->ids);
+    }
+    free(d->hlogits);
     free(d->q);
     free(d->q_ids);
     free(d->q_p);
@@ -81,10 +94,18 @@ td_err drf_drafter_id(const char *dir, uint64_t *id)
     return TD_OK;
 }
 
+/* Writes the slot's header (host copy hdr) to the draft pool, after the work queued before
+ * it on the backend (so the header never claims context rows not yet written). */
+static td_err drf_header_put(const drf *d, uint8_t *dhdr, const kvl_draft_header *hdr)
+{
+    const ops_backend *be = d->dm->be;
+    return be->to_device(be, dhdr, hdr, sizeof *hdr);
+}
+
 /* Adds the ring rows of positions from..to-1 to the context, at most a ring's wrap at a time,
  * recording the progress in the header so a draftd killed half-way resumes correctly. */
 static td_err drf_add(drf *d, const kvl_layout *lay, const float *ring, dfl_state *ds,
-                      kvl_draft_header *hdr, int64_t to)
+                      uint8_t *dhdr, kvl_draft_header *hdr, int64_t to)
 {
     int64_t R = lay->p.ring, row = (int64_t)lay->p.n_taps * lay->p.n_embd;
     while (ds->n_ctx < to) {
@@ -94,13 +115,32 @@ static td_err drf_add(drf *d, const kvl_layout *lay, const float *ring, dfl_stat
             n = 256; /* bounds dfl_add_context's scratch */
         TD_TRY(dfl_add_context(d->dm, ds, ring + r * row, n));
         hdr->n_ctx = ds->n_ctx;
+        TD_TRY(drf_header_put(d, dhdr, hdr));
         d->added += n;
     }
     return TD_OK;
 }
 
+/* The drafts of one block from the drafter logits: on the backend for greedy (the row
+ * argmax, dfl_draft_tokens' greedy rule), else dfl_draft_tokens over a host copy. */
+static td_err drf_draft(drf *d, const ops_sampler *smp, int64_t B, int64_t L, int32_t *block)
+{
+    const ops_backend *be = d->dm->be;
+    int64_t V = d->n_vocab;
+    if (smp->temperature == 0.0f) {
+        TD_TRY(be->argmax(be, d->ids, d->dlogits, B - 1, V));
+        return be->to_host(be, block + 1, d->ids, (size_t)(B - 1) * sizeof(int32_t));
+    }
+    const float *lg = d->dlogits;
+    if (be->kind != OPS_BACKEND_CPU) {
+        TD_TRY(be->to_host(be, d->hlogits, d->dlogits, (size_t)((B - 1) * V) * sizeof(float)));
+        lg = d->hlogits;
+    }
+    return dfl_draft_tokens(smp, lg, B, V, L, block, d->q);
+}
+
 td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t *dslot,
-                   const msg_propose *req, msg_proposal *out)
+                   uint8_t *qpool, uint64_t q_gen, const msg_propose *req, msg_proposal *out)
 {
     const dfl_model *dm = d->dm;
     int64_t B = (int64_t)req->n_draft + 1, V = d->n_vocab, L = req->n_past, R = lay->p.ring;
@@ -117,21 +157,32 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
                                     (int64_t)dm->cfg.n_taps * dm->target_hidden)
         return err_set(TD_EINVAL, "the pools do not fit this drafter");
 
-    kvl_draft_header *hdr = (kvl_draft_header *)(dslot + lay->d_header);
+    if (qpool && lay->q_bytes < (uint64_t)(B - 1) * (uint64_t)V * sizeof(float))
+        return err_set(TD_EINVAL, "the proposal pool of %llu bytes does not hold %lld rows of "
+                       "%lld", (unsigned long long)lay->q_bytes, (long long)(B - 1),
+                       (long long)V);
+
+    const ops_backend *be = dm->be;
+    uint8_t *dhdr = dslot + lay->d_header;
+    kvl_draft_header hdr;
+    TD_TRY(be->to_host(be, &hdr, dhdr, sizeof hdr));
     dfl_state ds;
     TD_TRY(dfl_state_bind(&ds, dm, R, R + lay->p.block, (float *)(dslot + lay->d_k),
                           (float *)(dslot + lay->d_v), (int32_t *)(dslot + lay->d_pos)));
-    if (hdr->slot_gen != req->slot_gen || hdr->drafter_id != d->drafter_id ||
-        hdr->n_ctx < 0 || hdr->n_ctx > L || L - hdr->n_ctx > R) {
+    td_err e = TD_OK;
+    if (hdr.slot_gen != req->slot_gen || hdr.drafter_id != d->drafter_id ||
+        hdr.n_ctx < 0 || hdr.n_ctx > L || L - hdr.n_ctx > R) {
         /* Someone else's context, or one the ring no longer covers: rebuild from the last R
          * committed positions (all there are when fewer). */
-        d->rebuilt = hdr->slot_gen == req->slot_gen; /* else: a new sequence's first block */
-        hdr->slot_gen = req->slot_gen;
-        hdr->drafter_id = d->drafter_id;
-        hdr->n_ctx = L > R ? L - R : 0;
+        d->rebuilt = hdr.slot_gen == req->slot_gen; /* else: a new sequence's first block */
+        hdr.slot_gen = req->slot_gen;
+        hdr.drafter_id = d->drafter_id;
+        hdr.n_ctx = L > R ? L - R : 0;
+        e = drf_header_put(d, dhdr, &hdr);
     }
-    ds.n_ctx = hdr->n_ctx;
-    td_err e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, hdr, L);
+    ds.n_ctx = hdr.n_ctx;
+    if (e == TD_OK)
+        e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, dhdr, &hdr, L);
     int32_t block[MSG_DRAFT_MAX + 1];
     if (e == TD_OK)
         e = dfl_propose(dm, &ds, (int32_t)req->pending, d->dlogits);
@@ -141,7 +192,12 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
         .top_p = req->sampler.top_p, .min_p = req->sampler.min_p, .seed = req->sampler.seed,
     };
     if (e == TD_OK)
-        e = dfl_draft_tokens(&smp, d->dlogits, B, V, L, block, d->q);
+        e = drf_draft(d, &smp, B, L, block);
+    if (e == TD_OK && smp.temperature != 0.0f && qpool)
+        e = be->to_device(be, qpool, d->q, (size_t)((B - 1) * V) * sizeof(float));
+    /* verifyd (another process) reads the context rows, header and distributions next */
+    if (e == TD_OK)
+        e = be->sync(be);
     dfl_state_free(&ds);
     TD_TRY(e);
     for (int64_t i = 1; i < B; i++)
@@ -152,6 +208,12 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
     out->n_tokens = req->n_draft;
     if (smp.temperature == 0.0f)
         return TD_OK;
+    if (qpool) {
+        out->q_gen = q_gen;
+        out->q_offset = 0;
+        out->q_rows = req->n_draft;
+        return TD_OK;
+    }
     for (int64_t i = 0; i < B - 1; i++) {
         const float *q = d->q + i * V;
         uint32_t *ids = d->q_ids + i * V;

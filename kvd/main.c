@@ -4,6 +4,11 @@
  * common/kvlayout; which slot holds which sequence; the prefix cache of finished sequences
  * with LRU eviction; and reclaiming the slots of processes that died.
  *
+ * The pools are of the cpu kind (memfd) or, with --device cuda[:N], of the cuda kind (VMM
+ * allocations on that GPU); the proposal pool carries sampled draft distributions from
+ * draftd to verifyd, and on a GPU kvd passes verifyd's token embedding and LM head on to
+ * draftd.
+ *
  * Talks to verifyd and draftd: kv_attach over the fd socket (<runtime dir>/kvd.sock,
  * answered with the pools' fds; the connection then stays open as the attached process's
  * heartbeat), and kv_open / kv_close / hello / ping over kvd.ipc. */
@@ -17,6 +22,7 @@
 #include "common/args.h"
 #include "common/bus.h"
 #include "common/daemon.h"
+#include "common/devarg.h"
 #include "common/fdpass.h"
 #include "common/log.h"
 #include "kvd/server.h"
@@ -53,8 +59,10 @@ static void kvd_conn_serve(kvd *k, int i)
     int in_fds[FDPASS_MAX_FDS], out_fds[MSG_POOLS_MAX];
     size_t len = 0, n_in = 0, n_out = 0;
     td_err e = fdpass_recv(c->fd, buf, sizeof buf, &len, in_fds, FDPASS_MAX_FDS, &n_in, 100);
-    for (size_t j = 0; j < n_in; j++)
-        close(in_fds[j]); /* nobody sends kvd descriptors */
+    if (e != TD_OK) {
+        for (size_t j = 0; j < n_in; j++)
+            close(in_fds[j]);
+    }
     if (e == TD_ETIMEOUT)
         return;
     if (e != TD_OK) {
@@ -67,7 +75,9 @@ static void kvd_conn_serve(kvd *k, int i)
     msg_buf_init(&reply);
     uint32_t pid = 0;
     msg_role role = 0;
-    e = kvd_attach(k, buf, len, &reply, out_fds, &n_out, &pid, &role);
+    e = kvd_attach(k, buf, len, in_fds, n_in, &reply, out_fds, &n_out, &pid, &role);
+    for (size_t j = 0; j < n_in; j++)
+        close(in_fds[j]); /* verifyd's heads: kvd holds its own import */
     if (e != TD_OK) {
         LOG_WARN("attach refused: %s", err_msg());
         msg_error m = {.code = e};
@@ -147,6 +157,7 @@ static void kvd_loop(kvd *k, int listen_fd)
 int main(int argc, char **argv)
 {
     const char *runtime_dir = NULL, *log_level = NULL, *endpoint = NULL, *fd_socket = NULL;
+    const char *device = "cpu";
     int64_t slots = 16, workers = 4;
     bool help = false;
     const args_opt opts[] = {
@@ -156,9 +167,10 @@ int main(int argc, char **argv)
         {"endpoint", ARGS_STRING, &endpoint, "TANDEM_KVD_ENDPOINT", "kvd's bus endpoint (default ipc://<runtime dir>/kvd.ipc)", 0, 0, 0},
         {"fd-socket", ARGS_STRING, &fd_socket, "TANDEM_KVD_FD_SOCKET", "kvd's fd socket (default <runtime dir>/kvd.sock)", 0, 0, 0},
         {"workers", ARGS_INT, &workers, NULL, "bus requests served at once", 1, 64, 0},
+        {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where the pools live: cpu, cuda or cuda:N", 0, 0, 0},
         ARGS_END,
     };
-    static const char usage[] = "kvd [--slots N] [--runtime-dir DIR]";
+    static const char usage[] = "kvd [--slots N] [--device cpu|cuda[:N]] [--runtime-dir DIR]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "kvd: %s\n", err_msg());
         args_usage(usage, opts);
@@ -176,8 +188,19 @@ int main(int argc, char **argv)
         return 1;
     }
     daemon_signals();
+    int ordinal = -1;
+    cudrv_device dev = {0};
+    if (devarg_parse(device, &ordinal) != TD_OK ||
+        (ordinal >= 0 && (cudrv_load() != TD_OK ||
+                          cudrv_device_open_ordinal(&dev, ordinal) != TD_OK))) {
+        LOG_ERROR("--device %s: %s", device, err_msg());
+        return 1;
+    }
     kvd k;
-    if (kvd_init(&k, (uint32_t)slots) != TD_OK) {
+    td_err ie = kvd_init(&k, (uint32_t)slots, ordinal >= 0 ? &dev : NULL);
+    if (ordinal >= 0)
+        cudrv_device_close(&dev);
+    if (ie != TD_OK) {
         LOG_ERROR("%s", err_msg());
         return 1;
     }
@@ -193,7 +216,8 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
-    LOG_INFO("serving %lld slots on %s and %s", (long long)slots, url, path);
+    LOG_INFO("serving %lld slots (pools on %s) on %s and %s", (long long)slots, device, url,
+             path);
     kvd_loop(&k, listen_fd);
     LOG_INFO("stopping");
     rc = 0;

@@ -11,12 +11,17 @@
 #include "common/kvclient.h"
 #include "common/log.h"
 
-td_err kvd_init(kvd *k, uint32_t slots)
+td_err kvd_init(kvd *k, uint32_t slots, const cudrv_device *dev)
 {
     memset(k, 0, sizeof *k);
     if (slots < 1 || slots > KVL_SLOTS_MAX)
         return err_set(TD_ERANGE, "slots %u is outside 1..%u", slots, KVL_SLOTS_MAX);
     k->slots = slots;
+    k->kind = SHBUF_KIND_CPU;
+    if (dev) {
+        TD_TRY(cudrv_device_open_uuid(&k->dev, dev->uuid));
+        k->kind = SHBUF_KIND_CUDA;
+    }
     for (int i = 0; i < KVD_CONNS_MAX; i++)
         k->conns[i].fd = -1;
     TD_TRY(kvs_init(&k->table, slots));
@@ -31,7 +36,12 @@ void kvd_free(kvd *k)
             close(k->conns[i].fd);
     shbuf_release(k->target);
     shbuf_release(k->draft);
+    shbuf_release(k->q);
+    for (uint32_t i = 0; i < k->n_heads; i++)
+        shbuf_release(k->heads[i]);
     kvs_free(&k->table);
+    if (k->kind == SHBUF_KIND_CUDA)
+        cudrv_device_close(&k->dev);
     pthread_mutex_destroy(&k->lock);
     memset(k, 0, sizeof *k);
 }
@@ -112,9 +122,10 @@ td_err kvd_handle(void *user, const uint8_t *req, size_t req_len, msg_buf *reply
 
 /* --- attach ------------------------------------------------------------------------------- */
 
-static td_err kvd_pool_create(shbuf **out, const char *name, uint64_t bytes)
+static td_err kvd_pool_create(kvd *k, shbuf **out, const char *name, uint64_t bytes)
 {
-    td_err e = shbuf_create(out, SHBUF_KIND_CPU, name, bytes, NULL);
+    td_err e = shbuf_create(out, k->kind, name, bytes,
+                            k->kind == SHBUF_KIND_CUDA ? &k->dev : NULL);
     if (e != TD_OK)
         return err_wrap(e, "creating the %s pool of %llu bytes", name,
                         (unsigned long long)bytes);
@@ -123,9 +134,43 @@ static td_err kvd_pool_create(shbuf **out, const char *name, uint64_t bytes)
     return TD_OK;
 }
 
-/* verifyd: the target part of the layout; a different layout re-creates the target pool
- * (dropping every slot and the draft pool, whose rows depend on ring and block). */
-static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m)
+/* verifyd's heads: imported from the fds that came with its attach (kvd's reference keeps
+ * them for draftd), replacing those of an earlier verifyd. They must be on the pools' GPU. */
+static td_err kvd_heads_take(kvd *k, const msg_kv_attach *m, const int *fds, size_t n_fds)
+{
+    if (n_fds != m->n_heads)
+        return err_set(TD_EINVAL, "kv_attach: %zu fds for %u heads", n_fds, m->n_heads);
+    if (m->n_heads && k->kind != SHBUF_KIND_CUDA)
+        return err_set(TD_EINVAL, "kv_attach: heads for pools of the cpu kind");
+    shbuf *got[MSG_HEADS_MAX] = {0};
+    td_err e = TD_OK;
+    for (uint32_t i = 0; e == TD_OK && i < m->n_heads; i++) {
+        shbuf_desc d;
+        e = kvc_desc_from_announce(&d, &m->heads[i]);
+        if (e == TD_OK && (strcmp(d.name, i ? KVC_HEAD_OUTPUT : KVC_HEAD_EMBD) != 0 ||
+                           d.kind != SHBUF_KIND_CUDA ||
+                           memcmp(d.device_uuid, k->dev.uuid, CUDRV_UUID_BYTES) != 0))
+            e = err_set(TD_EINVAL, "kv_attach: head %u (%s) is not a buffer of kvd's GPU", i,
+                        d.name);
+        if (e == TD_OK)
+            e = shbuf_import(&got[i], &d, fds[i]);
+    }
+    if (e != TD_OK) {
+        for (uint32_t i = 0; i < MSG_HEADS_MAX; i++)
+            shbuf_release(got[i]);
+        return e;
+    }
+    for (uint32_t i = 0; i < k->n_heads; i++)
+        shbuf_release(k->heads[i]);
+    memcpy(k->heads, got, sizeof got);
+    k->n_heads = m->n_heads;
+    return TD_OK;
+}
+
+/* verifyd: the target part of the layout; a different layout re-creates the target and
+ * proposal pools (dropping every slot and the draft pool, whose rows depend on ring and
+ * block). */
+static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m, const int *fds, size_t n_fds)
 {
     kvl_params p = m->params;
     p.slots = k->slots;
@@ -134,14 +179,24 @@ static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m)
         return err_set(TD_EINVAL, "kv_attach: %u tap ids for n_taps %u", m->n_taps, p.n_taps);
     kvl_layout lay;
     TD_TRY(kvl_compute(&p, &lay));
+    TD_TRY(kvd_heads_take(k, m, fds, n_fds));
     if (k->target && kvl_same_target(&k->params, &p) &&
         (m->n_taps == 0 || memcmp(k->taps, m->taps, m->n_taps * sizeof *m->taps) == 0))
         return TD_OK;
-    shbuf *sb;
-    TD_TRY(kvd_pool_create(&sb, "kvd.target", lay.target_bytes));
+    shbuf *sb, *q = NULL;
+    TD_TRY(kvd_pool_create(k, &sb, KVC_POOL_TARGET, lay.target_bytes));
+    if (lay.q_bytes) {
+        td_err e = kvd_pool_create(k, &q, KVC_POOL_Q, lay.q_bytes);
+        if (e != TD_OK) {
+            shbuf_release(sb);
+            return e;
+        }
+    }
     shbuf_release(k->target);
     shbuf_release(k->draft);
+    shbuf_release(k->q);
     k->target = sb;
+    k->q = q;
     k->draft = NULL;
     kvs_reset(&k->table);
     memset(k->dedup, 0, sizeof k->dedup);
@@ -162,6 +217,9 @@ static td_err kvd_attach_draftd(kvd *k, const msg_kv_attach *m)
         (m->n_taps && memcmp(m->taps, k->taps, m->n_taps * sizeof *m->taps) != 0))
         return err_set(TD_EINVAL, "the drafter taps %u target layers that differ from the %u "
                        "verifyd keeps features of", m->n_taps, k->n_taps);
+    if (m->params.n_vocab && m->params.n_vocab != k->params.n_vocab)
+        return err_set(TD_EINVAL, "the drafter's vocabulary of %u tokens is not verifyd's %u",
+                       m->params.n_vocab, k->params.n_vocab);
     if (m->params.block > k->params.block)
         return err_set(TD_EINVAL, "the drafter's block of %u tokens exceeds verifyd's %u",
                        m->params.block, k->params.block);
@@ -176,31 +234,42 @@ static td_err kvd_attach_draftd(kvd *k, const msg_kv_attach *m)
     if (k->draft && kvl_same_draft(&k->params, &p))
         return TD_OK;
     shbuf *sb;
-    TD_TRY(kvd_pool_create(&sb, "kvd.draft", lay.draft_bytes));
+    TD_TRY(kvd_pool_create(k, &sb, KVC_POOL_DRAFT, lay.draft_bytes));
     shbuf_release(k->draft);
     k->draft = sb;
     k->params = p;
     return TD_OK;
 }
 
-td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, msg_buf *reply, int *fds,
-                  size_t *n_fds, uint32_t *pid, msg_role *role)
+td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, const int *in_fds, size_t n_in,
+                  msg_buf *reply, int *fds, size_t *n_fds, uint32_t *pid, msg_role *role)
 {
     msg_kv_attach m;
     uint64_t rid = 0;
     *n_fds = 0;
     TD_TRY(msg_unpack_kv_attach(req, len, &rid, &m));
     pthread_mutex_lock(&k->lock);
-    td_err e = m.role == MSG_ROLE_VERIFYD ? kvd_attach_verifyd(k, &m) : kvd_attach_draftd(k, &m);
+    td_err e;
+    if (m.role == MSG_ROLE_VERIFYD)
+        e = kvd_attach_verifyd(k, &m, in_fds, n_in);
+    else if (n_in)
+        e = err_set(TD_EINVAL, "kv_attach: draftd sent %zu fds", n_in);
+    else
+        e = kvd_attach_draftd(k, &m);
     msg_kv_pools out = {.params = k->params};
-    shbuf *pools[2] = {k->target, m.role == MSG_ROLE_DRAFTD ? k->draft : NULL};
-    for (int i = 0; e == TD_OK && i < 2 && pools[i]; i++) {
+    /* verifyd: target, proposal pool; draftd: also the draft pool and verifyd's heads */
+    bool dd = m.role == MSG_ROLE_DRAFTD;
+    shbuf *pools[MSG_POOLS_MAX] = {k->target, k->q, dd ? k->draft : NULL,
+                                   dd && k->n_heads > 0 ? k->heads[0] : NULL,
+                                   dd && k->n_heads > 1 ? k->heads[1] : NULL};
+    for (int i = 0; e == TD_OK && i < MSG_POOLS_MAX; i++) {
+        if (!pools[i])
+            continue;
         shbuf_desc d;
-        if ((e = shbuf_export(pools[i], &d, &fds[i])) != TD_OK)
+        if ((e = shbuf_export(pools[i], &d, &fds[*n_fds])) != TD_OK)
             break;
         (*n_fds)++;
-        kvc_announce_from_desc(&out.pools[i], &d);
-        out.n_pools++;
+        kvc_announce_from_desc(&out.pools[out.n_pools++], &d);
     }
     pthread_mutex_unlock(&k->lock);
     if (e == TD_OK) {

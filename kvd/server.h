@@ -33,10 +33,16 @@ typedef struct kvd_dedup {
 typedef struct kvd {
     pthread_mutex_t lock;     /* guards everything below but conns (the fd loop's alone) */
     uint32_t slots;           /* sequence slots of each pool (--slots) */
+    shbuf_kind kind;          /* the pools' kind: cpu, or cuda on dev (--device) */
+    cudrv_device dev;         /* cuda: the GPU holding the pools */
     kvs_table table;
     kvl_params params;        /* current layout parameters (valid with target) */
     shbuf *target;            /* target pool, or NULL before verifyd's first attach */
     shbuf *draft;             /* draft pool, or NULL before draftd's first attach */
+    shbuf *q;                 /* proposal pool (with target when the layout has one) */
+    shbuf *heads[MSG_HEADS_MAX]; /* [n_heads] verifyd's token embedding and LM head (GPU),
+                               * passed on to draftd */
+    uint32_t n_heads;
     uint32_t taps[MSG_TAPS_MAX]; /* [n_taps] verifyd's tap layers: draftd's must match */
     uint32_t n_taps;
     kvd_dedup dedup[KVD_DEDUP];
@@ -44,16 +50,20 @@ typedef struct kvd {
     kvd_conn conns[KVD_CONNS_MAX];
 } kvd;
 
-td_err kvd_init(kvd *k, uint32_t slots);
+/* Pools of the cpu kind (dev NULL) or of the cuda kind on dev (kvd keeps its own reference
+ * to the device). */
+td_err kvd_init(kvd *k, uint32_t slots, const cudrv_device *dev);
 void kvd_free(kvd *k);
 
 /* The kvd.ipc handler (a bus_handler): user is the kvd. */
 td_err kvd_handle(void *user, const uint8_t *req, size_t req_len, msg_buf *reply);
 
-/* Answers one kv_attach read from an fd-socket connection: the kv_pools reply and the pool
- * fds to send with it (*n_fds of them, the caller closes them after sending), or an error. */
-td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, msg_buf *reply, int *fds,
-                  size_t *n_fds, uint32_t *pid, msg_role *role);
+/* Answers one kv_attach read from an fd-socket connection, with in_fds[n_in] the fds that
+ * came with it (verifyd's heads; they stay the caller's): the kv_pools reply and the fds to
+ * send with it (*n_fds of them, at most MSG_POOLS_MAX; the caller closes them after
+ * sending), or an error. */
+td_err kvd_attach(kvd *k, const uint8_t *req, size_t len, const int *in_fds, size_t n_in,
+                  msg_buf *reply, int *fds, size_t *n_fds, uint32_t *pid, msg_role *role);
 
 /* Frees the slots of an owner that went away; returns how many. */
 uint32_t kvd_reclaim_owner(kvd *k, uint32_t pid);

@@ -19,7 +19,7 @@ static kvl_params small_params(void)
     return (kvl_params){.slots = 2, .n_ctx = 8, .ring = 4, .block = 3, .n_attn = 2, .n_kv = 2,
                         .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16, .d_v = 16,
                         .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32, .d_layers = 2,
-                        .d_kv = 2, .d_head_dim = 16};
+                        .d_kv = 2, .d_head_dim = 16, .n_vocab = 50};
 }
 
 static void test_layout_offsets_follow_the_shapes(void **state)
@@ -51,12 +51,15 @@ static void test_layout_offsets_follow_the_shapes(void **state)
     assert_int_equal(l.d_pos, 3648);
     assert_int_equal(l.draft_slot, 4096);
     assert_int_equal(l.draft_bytes, 8192);
+    /* proposal pool: (block 3 - 1) rows of 50 floats */
+    assert_int_equal(l.q_bytes, 400);
 
     uint32_t v[KVL_N_PARAMS];
     kvl_params back;
     kvl_params_to_array(&p, v);
     assert_int_equal(v[0], 2);
-    assert_int_equal(v[KVL_N_PARAMS - 1], 16);
+    assert_int_equal(v[KVL_N_PARAMS - 2], 16); /* d_head_dim */
+    assert_int_equal(v[KVL_N_PARAMS - 1], 50); /* n_vocab */
     kvl_params_from_array(&back, v);
     assert_memory_equal(&back, &p, sizeof p);
     assert_true(kvl_same_target(&p, &back));

@@ -274,9 +274,11 @@ static void test_gen_cancel_wire_bytes_match_the_msgpack_spec(void **state)
 static void test_proposal_probabilities_travel_as_little_endian_f32(void **state)
 {
     (void)state;
-    /* one token 5 with q = {5: 0.5}: [1, 13, 0, [1, 2, [5], [[[5], bin8 4 00 00 00 3f]]]] */
-    static const uint8_t want[] = {0x94, 0x01, 0x0d, 0x00, 0x94, 0x01, 0x02, 0x91, 0x05,
-                                   0x91, 0x92, 0x91, 0x05, 0xc4, 0x04, 0x00, 0x00, 0x00, 0x3f};
+    /* one token 5 with q = {5: 0.5} in the message, no pool rows:
+     * [1, 13, 0, [1, 2, [5], [[[5], bin8 4 00 00 00 3f]], 0, 0, 0]] */
+    static const uint8_t want[] = {0x94, 0x01, 0x0d, 0x00, 0x97, 0x01, 0x02, 0x91, 0x05,
+                                   0x91, 0x92, 0x91, 0x05, 0xc4, 0x04, 0x00, 0x00, 0x00, 0x3f,
+                                   0x00, 0x00, 0x00};
     static const uint32_t tok[1] = {5}, ids[1] = {5};
     static const float p[1] = {0.5f};
     msg_draft_q q = {ids, p, 1};
@@ -286,6 +288,37 @@ static void test_proposal_probabilities_travel_as_little_endian_f32(void **state
     assert_int_equal(msg_pack_proposal(&b, 0, &m), TD_OK);
     assert_int_equal(b.len, sizeof want);
     assert_memory_equal(b.data, want, sizeof want);
+    msg_buf_free(&b);
+}
+
+static void test_proposal_in_the_pool_carries_only_generation_offset_and_rows(void **state)
+{
+    (void)state;
+    /* two tokens whose distributions are rows of proposal pool generation 3 at byte 256:
+     * [1, 13, 0, [1, 2, [5, 6], [], 3, 256, 2]] */
+    static const uint8_t want[] = {0x94, 0x01, 0x0d, 0x00, 0x97, 0x01, 0x02, 0x92, 0x05, 0x06,
+                                   0x90, 0x03, 0xcd, 0x01, 0x00, 0x02};
+    static const uint32_t tok[2] = {5, 6};
+    msg_proposal m = {.seq_id = 1, .n_past = 2, .tokens = tok, .n_tokens = 2, .q_gen = 3,
+                      .q_offset = 256, .q_rows = 2};
+    msg_buf b;
+    msg_buf_init(&b);
+    assert_int_equal(msg_pack_proposal(&b, 0, &m), TD_OK);
+    assert_int_equal(b.len, sizeof want);
+    assert_memory_equal(b.data, want, sizeof want);
+    msg_proposal out;
+    assert_int_equal(msg_unpack_proposal(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.q_gen, 3);
+    assert_int_equal(out.q_offset, 256);
+    assert_int_equal(out.q_rows, 2);
+    assert_int_equal(out.n_q, 0);
+    msg_free_proposal(&out);
+    /* rows for another number of tokens, or at generation 0, are refused */
+    m.q_rows = 1;
+    assert_int_equal(msg_pack_proposal(&b, 0, &m), TD_EINVAL);
+    m.q_rows = 2;
+    m.q_gen = 0;
+    assert_int_equal(msg_pack_proposal(&b, 0, &m), TD_EINVAL);
     msg_buf_free(&b);
 }
 
@@ -456,7 +489,28 @@ static void test_kvd_messages_round_trip(void **state)
     assert_memory_equal(&ka_out.params, &ka.params, sizeof ka.params);
     assert_int_equal(ka_out.n_taps, 3);
     assert_memory_equal(ka_out.taps, msg_fixture_taps, sizeof msg_fixture_taps);
+    assert_int_equal(ka_out.n_heads, 0);
     msg_free_kv_attach(&ka_out);
+
+    /* verifyd on a GPU announces its two heads with the attach; draftd may not */
+    msg_kv_attach kv = ka;
+    kv.role = MSG_ROLE_VERIFYD;
+    kv.n_heads = 2;
+    kv.heads[0] = (msg_shbuf_announce){"verifyd.tok_embd", 9, MSG_SHBUF_CUDA, 1u << 20,
+                                       "GPU-8f3c2a1e-1b2c-4d5e-9f00-0123456789ab"};
+    kv.heads[1] = (msg_shbuf_announce){"verifyd.output", 10, MSG_SHBUF_CUDA, 3u << 20,
+                                       "GPU-8f3c2a1e-1b2c-4d5e-9f00-0123456789ab"};
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_OK);
+    assert_int_equal(msg_unpack_kv_attach(b.data, b.len, NULL, &ka_out), TD_OK);
+    assert_int_equal(ka_out.n_heads, 2);
+    assert_string_equal(ka_out.heads[1].name, "verifyd.output");
+    assert_int_equal(ka_out.heads[1].generation, 10);
+    assert_int_equal(ka_out.heads[1].size, 3u << 20);
+    assert_int_equal(ka_out.heads[0].kind, MSG_SHBUF_CUDA);
+    assert_string_equal(ka_out.heads[0].device_uuid, kv.heads[0].device_uuid);
+    msg_free_kv_attach(&ka_out);
+    kv.role = MSG_ROLE_DRAFTD;
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_EINVAL);
 
     msg_kv_pools kp = msg_fixture_kv_pools(), kp_out;
     assert_int_equal(msg_pack_kv_pools(&b, 2, &kp), TD_OK);
@@ -650,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_header_names_type_and_request_id),
         cmocka_unit_test(test_gen_cancel_wire_bytes_match_the_msgpack_spec),
         cmocka_unit_test(test_proposal_probabilities_travel_as_little_endian_f32),
+        cmocka_unit_test(test_proposal_in_the_pool_carries_only_generation_offset_and_rows),
         cmocka_unit_test(test_gen_start_carries_logprobs_and_ignore_eos),
         cmocka_unit_test(test_gen_event_logprobs_and_cached_tokens_round_trip),
         cmocka_unit_test(test_control_messages_round_trip),

@@ -470,10 +470,22 @@ static void test_gen_event_kind_must_agree_with_its_fields(void **state)
 
 
 /* A proposal of one token (id 5) whose single distribution has the given ids and raw bin. */
+static void hostile_proposal_pool(hostile *h, const uint32_t *ids, uint32_t n_ids,
+                                  const void *bin, size_t bin_len, uint32_t n_q, uint64_t q_gen,
+                                  uint64_t q_offset, uint64_t q_rows);
+
 static void hostile_proposal(hostile *h, const uint32_t *ids, uint32_t n_ids, const void *bin,
                              size_t bin_len, uint32_t n_q)
 {
-    hostile_begin(h, MSG_PROTOCOL_VERSION, MSG_PROPOSAL, 4);
+    hostile_proposal_pool(h, ids, n_ids, bin, bin_len, n_q, 0, 0, 0);
+}
+
+/* The same with the proposal pool fields (generation, byte offset, rows). */
+static void hostile_proposal_pool(hostile *h, const uint32_t *ids, uint32_t n_ids,
+                                  const void *bin, size_t bin_len, uint32_t n_q, uint64_t q_gen,
+                                  uint64_t q_offset, uint64_t q_rows)
+{
+    hostile_begin(h, MSG_PROTOCOL_VERSION, MSG_PROPOSAL, 7);
     msgpack_pack_uint64(&h->pk, 1);
     msgpack_pack_uint64(&h->pk, 10);
     msgpack_pack_array(&h->pk, 1);
@@ -487,6 +499,9 @@ static void hostile_proposal(hostile *h, const uint32_t *ids, uint32_t n_ids, co
         msgpack_pack_bin(&h->pk, bin_len);
         msgpack_pack_bin_body(&h->pk, bin, bin_len);
     }
+    msgpack_pack_uint64(&h->pk, q_gen);
+    msgpack_pack_uint64(&h->pk, q_offset);
+    msgpack_pack_uint64(&h->pk, q_rows);
 }
 
 static void test_proposal_distributions_are_checked(void **state)
@@ -511,6 +526,24 @@ static void test_proposal_distributions_are_checked(void **state)
     assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "distributions"));
     hostile_proposal(&h, ids, 0, ok, 0, 1); /* an empty distribution */
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+
+    /* pool rows: one per token, at a generation, at a float boundary, never both ways */
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 4, 64, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_OK);
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 4, 64, 2);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "pool rows"));
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 0, 64, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 4, 66, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 1, 4, 64, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "both"));
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 4, (uint64_t)1 << 41, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
+    hostile_proposal_pool(&h, ids, 2, ok, sizeof ok, 0, 4, 64, MSG_DRAFT_MAX + 1);
     assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
 }
 

@@ -67,6 +67,7 @@ static int teardown(void **ctx)
 typedef struct slot_mem {
     kvl_layout lay;
     uint8_t *t, *d; /* target and draft slot */
+    float *q;       /* proposal pool [block-1][n_vocab] */
 } slot_mem;
 
 static void slot_init(slot_mem *m, const dfl_model *drafter, uint32_t ring)
@@ -80,8 +81,12 @@ static void slot_init(slot_mem *m, const dfl_model *drafter, uint32_t ring)
         .conv_ch = (uint32_t)tm->hp.conv_ch, .n_taps = drafter->cfg.n_taps,
         .n_embd = (uint32_t)tm->hp.n_embd, .d_layers = drafter->cfg.n_layers,
         .d_kv = drafter->cfg.n_kv_heads, .d_head_dim = drafter->cfg.head_dim,
+        .n_vocab = (uint32_t)tm->hp.n_vocab,
     };
     assert_int_equal(kvl_compute(&p, &m->lay), TD_OK);
+    assert_int_equal(m->lay.q_bytes, (uint64_t)(p.block - 1) * p.n_vocab * sizeof(float));
+    m->q = calloc(1, m->lay.q_bytes);
+    assert_non_null(m->q);
     m->t = aligned_alloc(4096, m->lay.target_slot);
     m->d = aligned_alloc(4096, m->lay.draft_slot);
     assert_non_null(m->t);
@@ -94,6 +99,7 @@ static void slot_free(slot_mem *m)
 {
     free(m->t);
     free(m->d);
+    free(m->q);
 }
 
 /* A split sequence over the slot: features to the ring, blocks from outside. */
@@ -135,16 +141,18 @@ static void split_step(spec_seq *s, slot_mem *m, drf *d, uint64_t slot_gen, int3
                         .seed = s->sampler.seed},
         };
         msg_proposal p;
-        assert_int_equal(drf_propose(d, &m->lay, m->t, m->d, &req, &p), TD_OK);
+        assert_int_equal(drf_propose(d, &m->lay, m->t, m->d, (uint8_t *)m->q, 5, &req, &p),
+                         TD_OK);
         assert_int_equal(p.n_tokens, B - 1);
         for (int64_t i = 1; i < B; i++)
             block[i] = (int32_t)p.tokens[i - 1];
         if (s->sampler.temperature > 0) {
-            assert_int_equal(p.n_q, B - 1);
-            memset(s->q, 0, (size_t)((B - 1) * V) * sizeof(float));
-            for (int64_t i = 0; i < B - 1; i++)
-                for (uint32_t j = 0; j < p.q[i].n; j++)
-                    s->q[i * V + p.q[i].ids[j]] = p.q[i].p[j];
+            /* the distributions come through the proposal pool, not the message */
+            assert_int_equal(p.n_q, 0);
+            assert_int_equal(p.q_rows, B - 1);
+            assert_int_equal(p.q_gen, 5);
+            assert_int_equal(p.q_offset, 0);
+            memcpy(s->q, m->q, (size_t)((B - 1) * V) * sizeof(float));
         }
     }
     assert_int_equal(spec_verify(s, block, B, s->q, out, n), TD_OK);

@@ -5,7 +5,12 @@
  * Talks to: the gateway (gen_start / gen_cancel / status_get on verifyd.ipc; token events
  * pushed to gateway-events.ipc), draftd (propose on draftd.ipc; without it, plain decoding
  * with the same output), kvd (attach over kvd.sock for the sequence memory, kv_open /
- * kv_close on kvd.ipc). */
+ * kv_close on kvd.ipc).
+ *
+ * --device cuda[:N] puts the target on that GPU: kvd's pools must then be of the cuda kind
+ * on the same GPU (sequence state and feature ring stay on the device), and verifyd copies
+ * its token embedding and LM head into shared buffers of the cuda kind that go to draftd
+ * through kvd, so the drafter uses them without a copy of its own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +19,7 @@
 #include "common/args.h"
 #include "common/bus.h"
 #include "common/daemon.h"
+#include "common/devarg.h"
 #include "common/dflash_config.h"
 #include "common/log.h"
 #include "common/tokenizer.h"
@@ -46,6 +52,35 @@ static void verifyd_model_name(const tgt_model *tm, const char *path, char *out,
     snprintf(out, cap, "%s", base ? base + 1 : path);
 }
 
+/* The GPU of a CUDA target: its UUID, and shared-buffer copies of the token embedding and
+ * (untied) LM head for draftd (heads[0..*n)). */
+static td_err verifyd_heads(const tgt_model *tm, sched_cfg *c, shbuf **heads)
+{
+    const ops_backend *be = tm->be;
+    cudrv_device dev = {0};
+    TD_TRY(cudrv_load());
+    TD_TRY(cudrv_device_open_ordinal(&dev, be->device));
+    memcpy(c->dev_uuid, dev.uuid, sizeof c->dev_uuid);
+    const ops_weight *w[MSG_HEADS_MAX] = {&tm->tok_embd, &tm->output};
+    const char *names[MSG_HEADS_MAX] = {KVC_HEAD_EMBD, KVC_HEAD_OUTPUT};
+    uint32_t n = tm->output.data == tm->tok_embd.data ? 1 : 2;
+    td_err e = TD_OK;
+    for (uint32_t i = 0; e == TD_OK && i < n; i++) {
+        uint64_t bytes = (uint64_t)w[i]->rows * w[i]->row_bytes;
+        e = shbuf_create(&heads[i], SHBUF_KIND_CUDA, names[i], bytes, &dev);
+        if (e == TD_OK)
+            e = be->copy(be, kvc_base(heads[i]), w[i]->data, bytes);
+        if (e == TD_OK) {
+            c->heads[i] = heads[i];
+            c->n_heads = i + 1;
+        }
+    }
+    if (e == TD_OK)
+        e = be->sync(be);
+    cudrv_device_close(&dev);
+    return e;
+}
+
 /* Taps and block size from the drafter's config.json (its weights are draftd's). */
 static td_err verifyd_draft_config(sched_cfg *c, const char *dir)
 {
@@ -70,6 +105,7 @@ int main(int argc, char **argv)
 {
     const char *runtime_dir = NULL, *log_level = NULL, *model = NULL, *draft = NULL;
     const char *endpoint = NULL, *events = NULL, *draftd = NULL, *kvd = NULL, *kvd_fd = NULL;
+    const char *device = "cpu";
     int64_t n_ctx = 4096, ring = 4096, max_queue = 64, draft_timeout = 100, workers = 4;
     bool help = false, no_draft = false;
     const args_opt opts[] = {
@@ -88,9 +124,11 @@ int main(int argc, char **argv)
         {"kvd", ARGS_STRING, &kvd, "TANDEM_KVD_ENDPOINT", "kvd's bus endpoint", 0, 0, 0},
         {"kvd-fd-socket", ARGS_STRING, &kvd_fd, "TANDEM_KVD_FD_SOCKET", "kvd's fd socket", 0, 0, 0},
         {"workers", ARGS_INT, &workers, NULL, "bus requests served at once", 1, 64, 0},
+        {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where the target runs: cpu, cuda or cuda:N (kvd's pools must be there too)", 0, 0, 0},
         ARGS_END,
     };
-    static const char usage[] = "verifyd --model M.gguf [--draft DIR] [--ctx N]";
+    static const char usage[] =
+        "verifyd --model M.gguf [--draft DIR] [--ctx N] [--device cpu|cuda[:N]]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "verifyd: %s\n", err_msg());
         args_usage(usage, opts);
@@ -121,8 +159,15 @@ int main(int argc, char **argv)
     uint8_t *eog = NULL;
     sched *sc = NULL;
     bus_server *srv = NULL;
-    int rc = 1;
-    if (tgt_load(&tm, model) != TD_OK) {
+    ops_backend *cuda_be = NULL;
+    shbuf *heads[MSG_HEADS_MAX] = {0};
+    int rc = 1, ordinal = -1;
+    if (devarg_parse(device, &ordinal) != TD_OK ||
+        (ordinal >= 0 && ops_backend_cuda_init(&cuda_be, ordinal) != TD_OK)) {
+        LOG_ERROR("--device %s: %s", device, err_msg());
+        goto out;
+    }
+    if (tgt_load_on(&tm, model, cuda_be ? cuda_be : ops_backend_cpu()) != TD_OK) {
         LOG_ERROR("cannot load %s: %s", model, err_msg());
         goto out;
     }
@@ -132,6 +177,10 @@ int main(int argc, char **argv)
         .draftd_url = no_draft ? NULL : dd_url, .events_url = ev_url,
     };
     verifyd_model_name(tm, model, cfg.model_name, sizeof cfg.model_name);
+    if (cuda_be && verifyd_heads(tm, &cfg, heads) != TD_OK) {
+        LOG_ERROR("sharing the embedding and LM head on %s: %s", device, err_msg());
+        goto out;
+    }
     if (draft && verifyd_draft_config(&cfg, draft) != TD_OK) {
         LOG_ERROR("drafter %s: %s", draft, err_msg());
         goto out;
@@ -150,8 +199,9 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
-    LOG_INFO("serving %s (%s) on %s: context %lld, block %lld%s", cfg.model_name, model, url,
-             (long long)n_ctx, (long long)cfg.block, cfg.block > 1 ? "" : " (plain decoding)");
+    LOG_INFO("serving %s (%s) on %s, %s: context %lld, block %lld%s", cfg.model_name, model,
+             device, url, (long long)n_ctx, (long long)cfg.block,
+             cfg.block > 1 ? "" : " (plain decoding)");
     while (!daemon_stopping()) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
@@ -162,6 +212,10 @@ out:
     bus_server_free(srv);
     sched_stop(sc);
     free(eog);
+    for (int i = 0; i < MSG_HEADS_MAX; i++)
+        shbuf_release(heads[i]);
     tgt_free(tm);
+    if (cuda_be)
+        ops_backend_cuda_free(cuda_be);
     return rc;
 }

@@ -86,14 +86,38 @@ static td_err sched_attach(sched *s)
             .d_k = (uint32_t)hp->d_k, .d_v = (uint32_t)hp->d_v,
             .conv_k = (uint32_t)(s->cfg.tm->n_delta_layers ? hp->conv_k : 0),
             .conv_ch = (uint32_t)hp->conv_ch, .n_taps = (uint32_t)s->cfg.n_taps,
-            .n_embd = (uint32_t)hp->n_embd,
+            .n_embd = (uint32_t)hp->n_embd, .n_vocab = (uint32_t)hp->n_vocab,
         },
+        .n_heads = s->cfg.n_heads,
     };
-    TD_TRY(kvc_attach(&s->kv, s->cfg.kvd_fd_path, &req, 2000));
+    int fds[MSG_HEADS_MAX];
+    uint32_t n_fds = 0;
+    td_err e = TD_OK;
+    for (; e == TD_OK && n_fds < s->cfg.n_heads; n_fds++) {
+        shbuf_desc d;
+        if ((e = shbuf_export(s->cfg.heads[n_fds], &d, &fds[n_fds])) != TD_OK)
+            break;
+        kvc_announce_from_desc(&req.heads[n_fds], &d);
+    }
+    if (e == TD_OK)
+        e = kvc_attach_fds(&s->kv, s->cfg.kvd_fd_path, &req, fds, n_fds, 2000);
+    for (uint32_t i = 0; i < n_fds; i++)
+        close(fds[i]);
+    TD_TRY(e);
     uint32_t slots = s->kv.lay.p.slots;
     if (slots > KVL_SLOTS_MAX || s->kv.lay.p.n_ctx != (uint32_t)s->cfg.n_ctx) {
         kvc_detach(&s->kv);
         return err_set(TD_EPROTO, "kvd answered with another layout");
+    }
+    bool gpu = s->cfg.tm->be->kind == OPS_BACKEND_CUDA;
+    if ((kvc_kind(&s->kv) == SHBUF_KIND_CUDA) != gpu ||
+        (gpu && memcmp(kvc_device_uuid(&s->kv), s->cfg.dev_uuid, CUDRV_UUID_BYTES) != 0)) {
+        char want[CUDRV_UUID_STR_LEN] = "host memory";
+        if (gpu)
+            cudrv_uuid_format(s->cfg.dev_uuid, want);
+        kvc_detach(&s->kv);
+        return err_set(TD_EINVAL, "kvd's pools are not where the target runs (%s): start kvd "
+                       "with the same --device as verifyd", want);
     }
     pthread_mutex_lock(&s->lock);
     s->slots = slots;
@@ -117,8 +141,13 @@ static void sched_kvd_check(sched *s)
         kvc_detach(&s->kv);
     }
     if (!s->ready && sched_now_ms() >= s->next_attach_ms) {
-        if (sched_attach(s) != TD_OK) {
-            LOG_DEBUG("kvd attach: %s", err_msg());
+        td_err e = sched_attach(s);
+        if (e != TD_OK) {
+            /* kvd not (yet) there is normal at start; anything else says what to fix */
+            if (e == TD_ENOENT || e == TD_ECLOSED || e == TD_ETIMEOUT)
+                LOG_DEBUG("kvd attach: %s", err_msg());
+            else
+                LOG_WARN("kvd attach: %s", err_msg());
             s->next_attach_ms = sched_now_ms() + SCHED_ATTACH_RETRY_MS;
         }
     }

@@ -4,7 +4,10 @@
  *
  * Requests arrive on bus worker threads (sched_handle: gen_start, gen_cancel, status_get,
  * hello, ping) and wait in a bounded queue until kvd hands them a slot. Each sequence's
- * target state lives in its kvd slot (tgt_state_bind), with the feature ring draftd reads.
+ * target state lives in its kvd slot (tgt_state_bind), with the feature ring draftd reads;
+ * the pools are memory of the target's backend (cuda-kind pools for a GPU target), so the
+ * state never leaves the device. Sampled proposals' distributions arrive in kvd's proposal
+ * pool.
  * Blocks come from draftd over the draft link; without it (absent, slow, erroring) a step is
  * a plain one and the output is unchanged. */
 #ifndef TANDEM_VERIFYD_SCHED_H
@@ -37,6 +40,11 @@ typedef struct sched_cfg {
     const char *kvd_fd_path;    /* kvd's fd socket */
     const char *draftd_url;     /* draftd's bus endpoint, or NULL: plain decoding only */
     const char *events_url;     /* the gateway's event endpoint */
+    /* GPU (tm->be is CUDA): kvd's pools must be of the cuda kind on this GPU, and the heads
+     * go to kvd with every attach, for draftd */
+    uint8_t dev_uuid[CUDRV_UUID_BYTES];     /* the GPU the target runs on */
+    const shbuf *heads[MSG_HEADS_MAX];      /* [n_heads] token embedding, LM head (untied) */
+    uint32_t n_heads;
 } sched_cfg;
 
 /* A generation, from gen_start to its last event. */

@@ -103,6 +103,22 @@ static bool seq_is_stop(const sched *s, const msg_gen_start *gs, int32_t tok)
     return !gs->ignore_eos && s->cfg.eog && s->cfg.eog[tok];
 }
 
+/* The first rows rows of the last pass's logits as host memory: the backend's own on the
+ * CPU; on a GPU a download of just those rows (log probabilities need whole rows). */
+static td_err seq_host_logits(sched_seq *seq, int64_t rows, const float **out)
+{
+    spec_seq *sp = &seq->spec;
+    const ops_backend *be = sp->tm->be;
+    if (be->kind == OPS_BACKEND_CPU) {
+        *out = sp->logits;
+        return TD_OK;
+    }
+    TD_TRY(be->to_host(be, sp->hlogits, sp->logits,
+                       (size_t)(rows * sp->tm->hp.n_vocab) * sizeof(float)));
+    *out = sp->hlogits;
+    return TD_OK;
+}
+
 /* Emits out[n] (token i chosen from logits row rows[i] of spec.logits): stops at a stop
  * token (kept) or at max_tokens, drops what follows, then ends the sequence when it is
  * done or the context is full. */
@@ -127,11 +143,17 @@ static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bo
     pthread_mutex_unlock(&s->lock);
     msg_logprob lps[SPEC_MAX_BLOCK];
     uint32_t tokens[SPEC_MAX_BLOCK];
+    const float *lg = NULL;
+    td_err le = gs->logprobs ? seq_host_logits(seq, row_per_token ? keep : 1, &lg) : TD_OK;
+    if (le != TD_OK) {
+        sched_seq_finish(s, seq, MSG_FINISH_ERROR, le);
+        return;
+    }
     for (int64_t i = 0; i < keep; i++) {
         tokens[i] = (uint32_t)out[i];
         if (gs->logprobs)
-            sched_logprob(seq->spec.logits + (row_per_token ? i : 0) * V, V, out[i],
-                          gs->top_logprobs, &lps[i]);
+            sched_logprob(lg + (row_per_token ? i : 0) * V, V, out[i], gs->top_logprobs,
+                          &lps[i]);
     }
     msg_gen_event ev = {
         .seq_id = gs->seq_id, .kind = MSG_EVENT_TOKEN, .tokens = tokens,
@@ -141,6 +163,25 @@ static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bo
     events_send(s->ev, &ev);
     if (finish != MSG_FINISH_NONE)
         sched_seq_finish(s, seq, finish, TD_OK);
+}
+
+/* Copies the B - 1 distributions of a proposal out of kvd's proposal pool into sp->q (host
+ * memory: sampled acceptance runs on the host). draftd made them visible before replying
+ * and writes nothing more until the next proposal. */
+static td_err seq_pool_q(sched *s, sched_seq *seq, const msg_proposal *p, int64_t B)
+{
+    const kvc *kv = &s->kv;
+    int64_t V = s->cfg.tm->hp.n_vocab;
+    uint64_t bytes = (uint64_t)(B - 1) * (uint64_t)V * sizeof(float);
+    if (!kv->q || p->q_gen != kv->q_gen)
+        return err_set(TD_EPROTO, "the proposal pool of generation %llu is not mapped",
+                       (unsigned long long)p->q_gen);
+    if (p->q_offset > shbuf_size(kv->q) || bytes > shbuf_size(kv->q) - p->q_offset)
+        return err_set(TD_EPROTO, "%llu bytes at offset %llu of a proposal pool of %llu",
+                       (unsigned long long)bytes, (unsigned long long)p->q_offset,
+                       (unsigned long long)shbuf_size(kv->q));
+    const ops_backend *be = s->cfg.tm->be;
+    return be->to_host(be, seq->spec.q, kvc_base(kv->q) + p->q_offset, bytes);
 }
 
 /* Asks draftd for B - 1 tokens; fills block[1..B) and (sampling) the dense q rows. Returns
@@ -157,6 +198,13 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
         .pending = (uint32_t)sp->pending, .n_draft = (uint32_t)(B - 1), .sampler = gs->sampler,
     };
     double t0 = seq_now();
+    /* The features this step added to the ring must be in memory before draftd reads them
+     * (another process: nothing orders its GPU work after ours). */
+    const ops_backend *be = s->cfg.tm->be;
+    if (be->sync(be) != TD_OK) {
+        LOG_WARN("waiting for the feature ring: %s", err_msg());
+        return 1;
+    }
     int timeout = s->cfg.draft_timeout_ms;
     if (timeout < 4000.0 * s->verify_ema)
         timeout = (int)(4000.0 * s->verify_ema);
@@ -165,9 +213,16 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
     s->stats.draft_us += (uint64_t)((seq_now() - t0) * 1e6);
     if (e != TD_OK)
         return 1;
-    if (p.n_tokens < (uint32_t)(B - 1) || (!greedy && p.n_q != p.n_tokens)) {
-        LOG_WARN("draftd proposed %u tokens (%u distributions) for %lld", p.n_tokens, p.n_q,
-                 (long long)(B - 1));
+    bool in_pool = p.q_rows > 0;
+    if (p.n_tokens < (uint32_t)(B - 1) ||
+        (!greedy && (in_pool ? p.q_rows : p.n_q) != p.n_tokens)) {
+        LOG_WARN("draftd proposed %u tokens (%u distributions) for %lld", p.n_tokens,
+                 in_pool ? p.q_rows : p.n_q, (long long)(B - 1));
+        msg_free_proposal(&p);
+        return 1;
+    }
+    if (!greedy && in_pool && seq_pool_q(s, seq, &p, B) != TD_OK) {
+        LOG_WARN("draftd's distributions: %s", err_msg());
         msg_free_proposal(&p);
         return 1;
     }
@@ -176,7 +231,7 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
         block[i] = (int32_t)p.tokens[i - 1];
         if (p.tokens[i - 1] >= (uint32_t)V)
             ok = 1;
-        if (greedy || ok != B)
+        if (greedy || in_pool || ok != B)
             continue;
         float *q = sp->q + (i - 1) * V;
         memset(q, 0, (size_t)V * sizeof *q);

@@ -165,11 +165,17 @@ static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
     if (s->dm)
         TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, n));
     if (s->ring) {
+        /* The ring is backend memory too (a kvd pool of the backend's kind): rows stay on the
+         * device; at most two copies, one on each side of the wrap. */
         const ops_backend *be = s->tm->be;
         size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
-        for (int64_t i = 0; i < n; i++)
-            TD_TRY(be->to_host(be, s->ring + (size_t)((pos0 + i) % s->ring_rows) * row,
-                               s->feat + (size_t)i * row, row * sizeof(float)));
+        for (int64_t i = 0; i < n;) {
+            int64_t r = (pos0 + i) % s->ring_rows;
+            int64_t m = n - i < s->ring_rows - r ? n - i : s->ring_rows - r;
+            TD_TRY(be->copy(be, s->ring + (size_t)r * row, s->feat + (size_t)i * row,
+                            (size_t)m * row * sizeof(float)));
+            i += m;
+        }
     }
     return TD_OK;
 }

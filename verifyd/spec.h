@@ -48,7 +48,7 @@ typedef struct spec_seq {
                                * (backend memory) */
     float *ring;              /* NULL, or [ring_rows][n_taps][n_embd]: features of committed
                                * position p go to row p % ring_rows (a drafter elsewhere;
-                               * host memory) */
+                               * backend memory) */
     int64_t ring_rows;
     float *logits;            /* [block][n_vocab] target logits of a verify pass (backend) */
     float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory) */
@@ -75,7 +75,8 @@ typedef struct spec_cfg {
     const int32_t *taps;        /* without dm: [n_taps] target layers whose features are kept */
     int64_t n_taps;
     const tgt_state_mem *state; /* caller memory for the target state (a kvd slot), or NULL */
-    float *feat_ring;           /* NULL, or [ring_rows][n_taps][n_embd] feature ring */
+    float *feat_ring;           /* NULL, or [ring_rows][n_taps][n_embd] feature ring (memory
+                                 * of the target's backend, like state) */
     int64_t ring_rows;
     ops_sampler sampler;
 } spec_cfg;
