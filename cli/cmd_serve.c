@@ -5,7 +5,9 @@
  * --foreground); stops them all on SIGINT/SIGTERM. Its control socket (tandem.ipc) answers
  * svc_list_get (tandem status) and svc_restart (tandem restart, e.g. swapping the drafter
  * while requests stream). Children are started with fork + exec and nothing else in between
- * (NNG must not run in a forked child). */
+ * (NNG must not run in a forked child). With --device cuda[:N] the GPU services run as clients
+ * of an MPS control daemon (serve_mps.h); <runtime dir>/serve-info.txt tells tandem status
+ * the device and whether MPS is in use. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -20,9 +22,11 @@
 #include <unistd.h>
 
 #include "cli/cmd.h"
+#include "cli/serve_mps.h"
 #include "common/args.h"
 #include "common/bus.h"
 #include "common/daemon.h"
+#include "common/devarg.h"
 #include "common/log.h"
 
 #define SV_BACKOFF_MIN_MS 1000
@@ -55,6 +59,7 @@ typedef struct sv_opts {
     char dir[PATH_MAX];     /* runtime directory */
     const char *log_level;
     bool foreground;
+    char device[24];        /* "cpu" or "cuda:N", passed to kvd, verifyd and draftd */
 } sv_opts;
 
 typedef struct sv {
@@ -62,6 +67,7 @@ typedef struct sv {
     pthread_cond_t changed; /* a service was started */
     sv_service svc[SV_N];
     sv_opts o;
+    mps_ctl mps;            /* the services' environment (MPS variables with a GPU) */
 } sv;
 
 static double sv_now(void)
@@ -89,6 +95,10 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
     snprintf(ctx, num_cap / 3, "%lld", (long long)o->ctx);
     snprintf(slots, num_cap / 3, "%lld", (long long)o->slots);
     snprintf(port, num_cap / 3, "%lld", (long long)o->port);
+    if (i != SV_GATEWAY) {
+        argv[n++] = "--device";
+        argv[n++] = o->device;
+    }
     switch (i) {
     case SV_KVD:
         argv[n++] = "--slots";
@@ -133,6 +143,7 @@ static void sv_start(sv *s, int i)
     char num[96];
     sv_argv(s, i, argv, num, sizeof num);
     bool foreground = s->o.foreground;
+    char **env = s->mps.env;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -145,7 +156,7 @@ static void sv_start(sv *s, int i)
             }
         }
         close_range(3, ~0u, 0); /* the supervisor's sockets stay with it */
-        execv(v->exe, (char *const *)argv);
+        execve(v->exe, (char *const *)argv, env);
         _exit(127);
     }
     double now = sv_now();
@@ -363,6 +374,31 @@ static bool sv_find(const char *rel, const char *exe_dir, char *out, size_t cap)
     return false;
 }
 
+/* <runtime dir>/serve-info.txt for tandem status: the device and MPS lines (written to a
+ * temporary name and renamed, so a reader never sees half). */
+static void sv_info_write(const sv *s)
+{
+    char path[PATH_MAX + 32], tmp[PATH_MAX + 40], mps[1024];
+    snprintf(path, sizeof path, "%s/serve-info.txt", s->o.dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    mps_describe(&s->mps, mps, sizeof mps);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        LOG_WARN("%s: %s (tandem status will not show the device)", tmp, strerror(errno));
+        return;
+    }
+    fprintf(f, "device: %s\nmps: %s\n", s->o.device, mps);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        LOG_WARN("%s: %s (tandem status will not show the device)", path, strerror(errno));
+}
+
+static void sv_info_remove(const sv *s)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/serve-info.txt", s->o.dir);
+    unlink(path);
+}
+
 static int sv_fail(const char *what)
 {
     fprintf(stderr, "tandem serve: %s%s%s\n", what, *err_msg() ? ": " : "", err_msg());
@@ -372,9 +408,9 @@ static int sv_fail(const char *what)
 int cmd_serve(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *host = "127.0.0.1", *runtime_dir = NULL;
-    const char *log_level = NULL;
+    const char *log_level = NULL, *device = "cpu";
     int64_t port = 8080, ctx = 4096, slots = 16;
-    bool foreground = false, no_gateway = false, help = false;
+    bool foreground = false, no_gateway = false, no_mps = false, help = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (default: the demo model)", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder (\"\": none)", 0, 0, 0},
@@ -386,10 +422,13 @@ int cmd_serve(int argc, char **argv)
         {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off (every service)", 0, 0, 0},
         {"foreground", ARGS_FLAG, &foreground, NULL, "services log to stderr instead of their log files", 0, 0, 0},
         {"no-gateway", ARGS_FLAG, &no_gateway, NULL, "run the backend only (kvd, verifyd, draftd)", 0, 0, 0},
+        {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where kvd, verifyd and draftd run: cpu, cuda or cuda:N", 0, 0, 0},
+        {"no-mps", ARGS_FLAG, &no_mps, NULL, "with a GPU: do not start an MPS control daemon (each draft/verify round trip then pays a context switch)", 0, 0, 0},
         ARGS_END,
     };
     static const char usage[] =
-        "tandem serve [--model M.gguf] [--draft DIR] [--host H] [--port P] [--ctx N] [--slots N]";
+        "tandem serve [--model M.gguf] [--draft DIR] [--host H] [--port P] [--ctx N] [--slots N] "
+        "[--device cpu|cuda[:N]] [--no-mps]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err_msg());
         args_usage(usage, opts);
@@ -399,6 +438,12 @@ int cmd_serve(int argc, char **argv)
         args_usage(usage, opts);
         return 0;
     }
+    int ordinal;
+    if (devarg_parse(device, &ordinal) != TD_OK) {
+        fprintf(stderr, "tandem serve: %s\n", err_msg());
+        return 2;
+    }
+    bool gpu = ordinal >= 0;
     sv *s = calloc(1, sizeof *s);
     if (!s)
         return sv_fail("out of memory");
@@ -444,6 +489,10 @@ int cmd_serve(int argc, char **argv)
     o->slots = slots;
     o->log_level = log_level;
     o->foreground = foreground;
+    if (gpu) /* the canonical spelling: the services and tandem status show the same */
+        snprintf(o->device, sizeof o->device, "cuda:%d", ordinal);
+    else
+        snprintf(o->device, sizeof o->device, "cpu");
     if (daemon_setup("tandem", runtime_dir, log_level) != TD_OK ||
         bus_runtime_dir(o->dir, sizeof o->dir) != TD_OK) {
         rc = sv_fail("runtime directory");
@@ -477,6 +526,10 @@ int cmd_serve(int argc, char **argv)
     pthread_cond_init(&s->changed, NULL);
     locks = true;
     daemon_signals();
+    /* A closed terminal stops the services (and the MPS daemon) as Ctrl-C does. */
+    struct sigaction stop;
+    sigaction(SIGTERM, NULL, &stop);
+    sigaction(SIGHUP, &stop, NULL);
     char url[BUS_URL_MAX];
     bus_opts bo;
     bus_opts_default(&bo);
@@ -487,9 +540,16 @@ int cmd_serve(int argc, char **argv)
         rc = sv_fail("control socket");
         goto out;
     }
-    LOG_INFO("serving %s%s%s; runtime directory %s, logs in %s%s", o->model,
-             o->draft[0] ? " with drafter " : " without a drafter", o->draft, o->dir, logs,
-             s->svc[SV_GATEWAY].enabled ? "" : " (no gateway: HTTP is not served)");
+    /* After the control socket: holding it proves no other supervisor uses this directory,
+     * so an MPS daemon found under it was left by a dead one. */
+    if (mps_init(&s->mps, gpu, no_mps, o->dir, logs) != TD_OK) {
+        rc = sv_fail("MPS");
+        goto out;
+    }
+    sv_info_write(s);
+    LOG_INFO("serving %s%s%s on %s; runtime directory %s, logs in %s%s", o->model,
+             o->draft[0] ? " with drafter " : " without a drafter", o->draft, o->device, o->dir,
+             logs, s->svc[SV_GATEWAY].enabled ? "" : " (no gateway: HTTP is not served)");
     if (s->svc[SV_GATEWAY].enabled)
         LOG_INFO("HTTP on %s:%lld", o->host, (long long)o->port);
     while (!daemon_stopping()) {
@@ -503,6 +563,10 @@ int cmd_serve(int argc, char **argv)
     sv_stop_all(s);
     rc = 0;
 out:
+    /* every path out, once the services (its clients) are gone */
+    mps_free(&s->mps);
+    if (ctl)
+        sv_info_remove(s);
     bus_server_free(ctl);
     if (locks) {
         pthread_cond_destroy(&s->changed);

@@ -1,5 +1,7 @@
 /* tandem status: each service of a running `tandem serve`, its pid, uptime, restarts and
- * health (a ping over its socket; verifyd's own status: ready, draftd attached).
+ * health (a ping over its socket; verifyd's own status: ready, draftd attached), then the
+ * device the services run on and whether they are clients of an MPS server (the lines the
+ * supervisor keeps in <runtime dir>/serve-info.txt).
  * tandem restart SERVICE [--draft DIR]: asks the supervisor to restart a service, e.g. to swap
  * the drafter while requests stream. Both talk to the supervisor's socket, tandem.ipc. */
 #include <limits.h>
@@ -54,6 +56,23 @@ static void st_health(const char *service, char *out, size_t cap)
     msg_buf_free(&b);
 }
 
+/* Prints the supervisor's serve-info.txt lines ("device: ...", "mps: ..."). */
+static void st_print_info(void)
+{
+    char dir[PATH_MAX], path[PATH_MAX + 32], line[8192];
+    if (bus_runtime_dir(dir, sizeof dir) != TD_OK)
+        return;
+    snprintf(path, sizeof path, "%s/serve-info.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        printf("device: unknown (no %s)\n", path);
+        return;
+    }
+    while (fgets(line, sizeof line, f))
+        fputs(line, stdout);
+    fclose(f);
+}
+
 static int st_setup(const char *cmd, const char *runtime_dir)
 {
     if (daemon_setup("tandem", runtime_dir, "warn") != TD_OK) {
@@ -106,6 +125,7 @@ int cmd_status(int argc, char **argv)
         printf("%-8s %8s %10s %8u  %s\n", v->name, v->pid ? pid : "-", v->pid ? up : "-",
                v->restarts, health);
     }
+    st_print_info();
     return 0;
 }
 
