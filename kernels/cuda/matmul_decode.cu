@@ -2,29 +2,32 @@
  * on the CUDA cores, weights loaded straight into registers, no shared memory.
  *
  * Why a kernel of its own: with one token the tensor-core kernel (matmul_quant.cu) wastes 7/8
- * of every MMA and is bound by its staging ring: a CTA of 16 rows runs only a few k-blocks
- * per warp (5 on a 5120-input matrix), so ramp-up, drain and the CTA-count quantisation
- * (320 CTAs on 132 SMs for a 5120-row matrix) cost more than the arithmetic. Here a warp owns
- * R whole rows, so there are thousands of small independent units and each streams its
- * rows from start to end with DEPTH k-blocks of loads in flight.
+ * of every MMA and is bound by latency and its grid (Nsight Compute on an H200, 5120 ->
+ * 17408 Q4_K: 20 warps per SM allowed by its shared-memory ring, 0.64 eligible warps per
+ * scheduler, 1.65 waves of CTAs, 27% of the elapsed cycles with idle SMs, DRAM at 38%). Here
+ * a warp owns whole rows, the grid holds only resident CTAs whose warps loop over rows (sized
+ * so that the last round is nearly full), and each lane keeps DEPTH k-blocks of loads in
+ * flight in registers.
  *
  * The arithmetic is that of matmul_quant.cu exactly (its header comment), so a token's result
  * does not depend on which kernel ran it:
  *
- *   Lane group q (lanes 8q..8q+7) of a warp is the accumulation chain of k-blocks q, q+4,
- *   q+8, ... of the warp's rows, in increasing order (the tensor-core kernel's warp q). Per
- *   (row, k-block) the exact integers H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j,
- *   M = sum_j m_j * sum32_j are formed from per-lane partial sums (dp4a) and a 3-step
- *   integer butterfly inside the group (integer sums do not depend on their order); then
+ *   A warp is 8 groups of 4 lanes, group g = 4h + q: rows of half h (R each), accumulation
+ *   chain q = the k-blocks q, q+4, q+8, ... of those rows in increasing order (the
+ *   tensor-core kernel's warp q). Per (row, k-block) the exact integers
+ *   H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j, M = sum_j m_j * sum32_j come from
+ *   per-lane partial sums (dp4a) and a 2-step integer butterfly in the group (integer sums do
+ *   not depend on their order); then
  *     I = fma(256, float(H), float(L)); acc = fma(dx * d, I, acc);
  *     acc = fma(-(dx * dmin), float(M), acc)
- *   with the same _rn intrinsics; finally y = ((p0 + p1) + p2) + p3 over the groups.
+ *   with the same _rn intrinsics; finally y = ((p0 + p1) + p2) + p3 over the chains.
  *
- * Lane i of a group takes 32-byte qs chunk c = i / 2, bytes 16 (i % 2) .. +15: the low
- * nibbles are weights l0..l0+15 (l0 = 16 (i % 2)) of sub-block 2c, the high nibbles the same
- * weights of sub-block 2c+1. Its activations are 4 x 16 bytes (hi/lo digits of 8 inputs
- * each); matmul.cu lays the 256-input block out for this kernel (mm_decode_unit_pos) so that
- * the k-th load of the 8 lanes of a group is 128 contiguous bytes. */
+ * Lane i of a group takes qs chunk i (32 bytes): the low nibbles are weights 0..31 of
+ * sub-block 2i, the high nibbles those of sub-block 2i+1, so one lane covers two whole
+ * sub-blocks (their scales, mins and sums) and a group needs two butterfly steps per value.
+ * Its activations are 8 x 16 bytes (hi/lo digits of 8 inputs each); matmul.cu lays the
+ * 256-input block out for this kernel (mm_decode_unit_pos) so that the k-th load of the
+ * 4 lanes of a group is 64 contiguous bytes. */
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -67,21 +70,21 @@ __device__ __forceinline__ int sum4(uint32_t a, int c)
 template <bool Q5> struct kq {
     static constexpr int BYTES = Q5 ? 176 : 144; /* one super-block */
     static constexpr int QS = Q5 ? 48 : 16;      /* offset of qs[128] */
+    static constexpr int REGS = Q5 ? 20 : 12;    /* words a lane loads per row */
 };
 
-/* Registers of k-blocks in flight per row: 8 (Q4_K) or 12 (Q5_K) words each. DEPTH keeps
- * about 48 of them per lane, 2-4 k-blocks per chain. */
+/* k-blocks in flight per chain: about 48 registers of loads per lane, 2..4 k-blocks. */
 template <bool Q5, int R> __host__ __device__ constexpr int depth()
 {
-    return (48 / (R * (Q5 ? 12 : 8))) < 2 ? 2 : (48 / (R * (Q5 ? 12 : 8))) > 4 ? 4
-                                                : 48 / (R * (Q5 ? 12 : 8));
+    return 48 / (R * kq<Q5>::REGS) < 2 ? 2 : 48 / (R * kq<Q5>::REGS) > 4 ? 4
+                                            : 48 / (R * kq<Q5>::REGS);
 }
 
-/* One k-block of R rows as this lane loads it. */
+/* One k-block of the group's R rows as this lane loads it. */
 template <bool Q5, int R> struct kbuf {
-    uint4 hd[R]; /* bytes 0..15: d, dmin, 12 scale bytes (the same 16 for the whole group) */
-    uint4 qs[R]; /* qs bytes 32c + l0 .. +15 */
-    uint4 qh[R]; /* Q5_K: qh bytes l0 .. l0+15 (unused for Q4_K) */
+    uint4 hd[R];    /* bytes 0..15: d, dmin, 12 scale bytes (the same 16 for the group) */
+    uint4 qs[R][2]; /* qs bytes 32i .. 32i+31 */
+    uint4 qh[R][2]; /* Q5_K: qh[0..31] (unused for Q4_K) */
 };
 
 template <bool Q5, int R>
@@ -92,19 +95,27 @@ __device__ __forceinline__ void kbuf_load(kbuf<Q5, R> &b, const uint8_t *const (
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = row[r] + (size_t)kb * kq<Q5>::BYTES;
         b.hd[r] = ld_stream(blk);
-        b.qs[r] = ld_stream(blk + kq<Q5>::QS + 16 * i);
-        if constexpr (Q5)
-            b.qh[r] = ld_stream(blk + 16 + 16 * (i & 1));
+        b.qs[r][0] = ld_stream(blk + kq<Q5>::QS + 32 * i);
+        b.qs[r][1] = ld_stream(blk + kq<Q5>::QS + 32 * i + 16);
+        if constexpr (Q5) {
+            b.qh[r][0] = ld_stream(blk + 16);
+            b.qh[r][1] = ld_stream(blk + 32);
+        }
     }
 }
 
-/* The group of 8 lanes (mask gm) sums v exactly; every lane of the group ends with the sum. */
+/* The group of 4 lanes (mask gm) sums v exactly; every lane of the group ends with the sum. */
 __device__ __forceinline__ int group_sum(int v, unsigned gm)
 {
     v += __shfl_xor_sync(gm, v, 1);
     v += __shfl_xor_sync(gm, v, 2);
-    v += __shfl_xor_sync(gm, v, 4);
     return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int m)
+{
+    const uint4 a = v[m >> 2];
+    return (m & 3) == 0 ? a.x : (m & 3) == 1 ? a.y : (m & 3) == 2 ? a.z : a.w;
 }
 
 /* Adds k-block kb of R rows to acc (every lane of the group updates the same values). */
@@ -113,56 +124,54 @@ __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
                                          const int8_t *xq, const float *xd, int n_pad, int kb,
                                          int i, unsigned gm)
 {
-    const int c = i >> 1; /* qs chunk: sub-blocks 2c (low nibbles) and 2c+1 (high) */
-    /* activations: a = sub-block 2c, inputs l0..l0+7 (a0) and l0+8..+15 (a1); b = 2c+1.
-     * Each is {hi[0..3], hi[4..7], lo[0..3], lo[4..7]} of its 8 inputs. */
     const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
-    const uint4 xa0 = __ldg((const uint4 *)xb), xa1 = __ldg((const uint4 *)(xb + 128));
-    const uint4 xb0 = __ldg((const uint4 *)(xb + 256)), xb1 = __ldg((const uint4 *)(xb + 384));
-    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
-    const uint32_t xh_a[4] = {xa0.x, xa0.y, xa1.x, xa1.y}, xl_a[4] = {xa0.z, xa0.w, xa1.z, xa1.w};
-    const uint32_t xh_b[4] = {xb0.x, xb0.y, xb1.x, xb1.y}, xl_b[4] = {xb0.z, xb0.w, xb1.z, xb1.w};
-    /* this lane's share of sum32 of sub-blocks 2c and 2c+1: 256 * sum(hi) + sum(lo) */
-    int sh_a = 0, sl_a = 0, sh_b = 0, sl_b = 0;
+    int dh[2][R], dl[2][R], sum[2];
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        sh_a = sum4(xh_a[k], sh_a);
-        sl_a = sum4(xl_a[k], sl_a);
-        sh_b = sum4(xh_b[k], sh_b);
-        sl_b = sum4(xl_b[k], sl_b);
+    for (int half = 0; half < 2; half++) { /* sub-block 2i + half: nibble `half` of qs */
+        /* units k = 0..3 (inputs 8k..8k+7 of the sub-block), each {hi[0..3], hi[4..7],
+         * lo[0..3], lo[4..7]} */
+        uint4 x[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            x[k] = __ldg((const uint4 *)(xb + 64 * (4 * half + k)));
+        int sh = 0, sl = 0; /* this lane's sum32 of the sub-block: 256 sum(hi) + sum(lo) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            sh = sum4(x[k].y, sum4(x[k].x, sh));
+            sl = sum4(x[k].w, sum4(x[k].z, sl));
+        }
+        sum[half] = 256 * sh + sl;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int h = 0, l = 0;
+#pragma unroll
+            for (int m = 0; m < 8; m++) { /* weights 4m..4m+3 of the sub-block */
+                uint32_t q = (word_of(b.qs[r], m) >> (4 * half)) & 0x0F0F0F0Fu;
+                if constexpr (Q5) /* fifth bit of weight l of sub-block j: bit j of qh[l] */
+                    q |= ((word_of(b.qh[r], m) >> (2 * i + half)) & 0x01010101u) << 4;
+                const uint4 u = x[m >> 1];
+                h = __dp4a((int)q, (int)((m & 1) ? u.y : u.x), h);
+                l = __dp4a((int)q, (int)((m & 1) ? u.w : u.z), l);
+            }
+            dh[half][r] = h;
+            dl[half][r] = l;
+        }
     }
-    const int s_a = 256 * sh_a + sl_a, s_b = 256 * sh_b + sl_b;
+    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const uint4 hd = b.hd[r];
-        /* scales and mins of sub-blocks j = 2c, 2c+1 (see kblock_kq): bytes j & 3 of the
+        /* scales and mins of sub-blocks j = 2i, 2i+1 (see kblock_kq): bytes j & 3 of the
          * low (j < 4) or high (j >= 4) words */
-        const uint32_t scw = c < 2 ? hd.y & 0x3F3F3F3Fu
+        const uint32_t scw = i < 2 ? hd.y & 0x3F3F3F3Fu
                                    : (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
-        const uint32_t mw = c < 2 ? hd.z & 0x3F3F3F3Fu
+        const uint32_t mw = i < 2 ? hd.z & 0x3F3F3F3Fu
                                   : ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
-        const int sa = ubyte_at(scw, (2 * c) & 3), sb = ubyte_at(scw, (2 * c + 1) & 3);
-        const int ma = ubyte_at(mw, (2 * c) & 3), mb = ubyte_at(mw, (2 * c + 1) & 3);
-        const uint32_t qw[4] = {b.qs[r].x, b.qs[r].y, b.qs[r].z, b.qs[r].w};
-        uint32_t hw[4] = {0, 0, 0, 0};
-        if constexpr (Q5)
-            hw[0] = b.qh[r].x, hw[1] = b.qh[r].y, hw[2] = b.qh[r].z, hw[3] = b.qh[r].w;
-        int dh_a = 0, dl_a = 0, dh_b = 0, dl_b = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            uint32_t lo = qw[k] & 0x0F0F0F0Fu, hi = (qw[k] >> 4) & 0x0F0F0F0Fu;
-            if constexpr (Q5) { /* fifth bit of weight l of sub-block j: bit j of qh[l] */
-                lo |= ((hw[k] >> (2 * c)) & 0x01010101u) << 4;
-                hi |= ((hw[k] >> (2 * c + 1)) & 0x01010101u) << 4;
-            }
-            dh_a = __dp4a((int)lo, (int)xh_a[k], dh_a);
-            dl_a = __dp4a((int)lo, (int)xl_a[k], dl_a);
-            dh_b = __dp4a((int)hi, (int)xh_b[k], dh_b);
-            dl_b = __dp4a((int)hi, (int)xl_b[k], dl_b);
-        }
-        const int H = group_sum(sa * dh_a + sb * dh_b, gm);
-        const int L = group_sum(sa * dl_a + sb * dl_b, gm);
-        const int M = group_sum(ma * s_a + mb * s_b, gm);
+        const int sa = ubyte_at(scw, (2 * i) & 3), sb = ubyte_at(scw, (2 * i + 1) & 3);
+        const int ma = ubyte_at(mw, (2 * i) & 3), mb = ubyte_at(mw, (2 * i + 1) & 3);
+        const int H = group_sum(sa * dh[0][r] + sb * dh[1][r], gm);
+        const int L = group_sum(sa * dl[0][r] + sb * dl[1][r], gm);
+        const int M = group_sum(ma * sum[0] + mb * sum[1], gm);
         const float I = __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L));
         float a = acc[r];
         a = __fmaf_rn(__fmul_rn(dx, f16f(hd.x)), I, a);
@@ -171,19 +180,22 @@ __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
     }
 }
 
-/* R rows from r0 (nr of them real) into y, as described at the top. */
+/* Rows r0 .. r0 + 2R - 1 (nr of them real) into y, as described at the top. */
 template <bool Q5, int R>
 __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t row_bytes,
                                          int64_t r0, int nr, int nkb, const int8_t *xq,
                                          const float *xd, int n_pad, int lane)
 {
     constexpr int D = depth<Q5, R>();
-    const int q = lane >> 3, i = lane & 7;
-    const unsigned gm = 0xFFu << (8 * q);
+    const int g = lane >> 2, i = lane & 3;
+    const int q = g & 3, h = g >> 2; /* chain, row half */
+    const unsigned gm = 0xFu << (4 * g);
     const uint8_t *row[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) /* missing rows read the last real one, and are not stored */
-        row[r] = w + (size_t)(r0 + (r < nr ? r : nr - 1)) * row_bytes;
+    for (int r = 0; r < R; r++) { /* missing rows read the last real one, and are not stored */
+        const int k = h * R + r;
+        row[r] = w + (size_t)(r0 + (k < nr ? k : nr - 1)) * row_bytes;
+    }
     const int nk = nkb > q ? (nkb - q + 3) / 4 : 0; /* this chain's k-blocks */
 
     float acc[R];
@@ -207,21 +219,23 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t ro
             }
         }
     }
-    /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum (a chain without k-blocks adds +0, as
-     * a warp without k-blocks does in the tensor-core kernel) */
+    /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum, in lane 16h (chain q at lane 16h + 4q;
+     * a chain without k-blocks adds +0, as a warp without k-blocks does in the tensor-core
+     * kernel) */
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float p1 = __shfl_sync(0xffffffffu, acc[r], lane + 8);
-        const float p2 = __shfl_sync(0xffffffffu, acc[r], lane + 16);
-        const float p3 = __shfl_sync(0xffffffffu, acc[r], lane + 24);
-        if (lane == 0 && r < nr)
-            y[r0 + r] = __fadd_rn(__fadd_rn(__fadd_rn(acc[r], p1), p2), p3);
+        const float p1 = __shfl_down_sync(0xffffffffu, acc[r], 4);
+        const float p2 = __shfl_down_sync(0xffffffffu, acc[r], 8);
+        const float p3 = __shfl_down_sync(0xffffffffu, acc[r], 12);
+        const int k = h * R + r;
+        if ((lane & 15) == 0 && k < nr)
+            y[r0 + k] = __fadd_rn(__fadd_rn(__fadd_rn(acc[r], p1), p2), p3);
     }
 }
 
-/* grid: resident CTAs only (launch picks how many); block: WARPS warps. Warp g of the grid
- * takes rows R*g, R*(g + n_warps), ...: a row never waits for a CTA slot, and launch sizes
- * the grid so that the rows split evenly over the warps. */
+/* grid: resident CTAs only (launch picks how many); block: WARPS warps. Warp u of the grid
+ * takes the 2R-row units u, u + n_warps, ...: a unit never waits for a CTA slot, and launch
+ * sizes the grid so that the units split evenly over the warps. */
 template <bool Q5, int R>
 __global__ void __launch_bounds__(WARPS * 32)
     mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nkb,
@@ -229,10 +243,10 @@ __global__ void __launch_bounds__(WARPS * 32)
 {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = (int64_t)gridDim.x * WARPS;
-    for (int64_t g = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); g * R < rows;
-         g += n_warps) {
-        const int64_t r0 = g * R;
-        const int nr = rows - r0 < R ? (int)(rows - r0) : R;
+    for (int64_t u = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); u * 2 * R < rows;
+         u += n_warps) {
+        const int64_t r0 = u * 2 * R;
+        const int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
         mmd_rows<Q5, R>(y, w, row_bytes, r0, nr, nkb, xq, xd, n_pad, lane);
     }
 }
@@ -278,7 +292,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         occ = occ < 1 ? 1 : occ;
         __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
     }
-    const int64_t grid = grid_for((w->rows + R - 1) / R, dev->n_sm, occ);
+    const int64_t grid = grid_for((w->rows + 2 * R - 1) / (2 * R), dev->n_sm, occ);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)grid);
     cfg.blockDim = dim3(WARPS * 32);
@@ -305,13 +319,14 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     return TD_OK;
 }
 
-/* Two rows per warp (each activation load serves both, half the L1 traffic) where that
- * still leaves ~24 warps per SM; one row otherwise (5120-row matrices: 39 warps per SM). */
+/* Q4_K: four rows per warp (each activation load serves two) where that still leaves
+ * ~24 warps per SM; two otherwise (5120-row matrices: 19 units per SM) and for Q5_K (its
+ * qh words make the wider variant heavy in registers). */
 template <bool Q5>
 td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    if (w->rows >= (int64_t)2 * 24 * dev->n_sm)
+    if (!Q5 && w->rows >= (int64_t)4 * 24 * dev->n_sm)
         return launch<Q5, 2>(y, xq, w, dev, st);
     return launch<Q5, 1>(y, xq, w, dev, st);
 }

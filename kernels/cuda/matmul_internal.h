@@ -50,14 +50,13 @@ int mmq_unit(td_dtype type);
 
 /* Where the single-token kernel (matmul_decode.cu) wants unit u (0..31: inputs 8u..8u+7,
  * 16 bytes of hi/lo digits) of each 256-input block: at byte 16 * mm_decode_unit_pos(u) of
- * the block's 512, so that the k-th 16-byte load of lane i of an 8-lane group is unit
- * 8c + 4s + 2h + e with i = 2c + h, k = 2s + e (qs chunk c, sub-block 2c + s, half h,
- * 8 inputs e) and the 8 lanes of a group read 128 contiguous bytes per load. Only the
- * placement differs from the plain layout, never a value. */
+ * the block's 512, so that the k-th 16-byte load (k = 0..7) of lane i of a 4-lane group is
+ * unit 8i + k (sub-block 2i + k / 4, inputs 8 (k % 4)..) and the 4 lanes of a group read 64
+ * contiguous bytes per load. Only the placement differs from the plain layout, never a
+ * value. */
 __host__ __device__ __forceinline__ int mm_decode_unit_pos(int u)
 {
-    const int c = u >> 3, s = (u >> 2) & 1, h = (u >> 1) & 1, e = u & 1;
-    return 8 * (2 * s + e) + 2 * c + h;
+    return 4 * (u & 7) + (u >> 3);
 }
 
 /* The device a launch goes to, as the launchers need it. */
