@@ -1,0 +1,252 @@
+/* The pipeline on the GPU with real processes: kvd (pools of the cuda kind), verifyd (target
+ * on the GPU, state in kvd's pools, its embedding and LM head shared with draftd) and draftd
+ * (drafter on the GPU over those shared buffers) all with --device cuda, on the committed
+ * tiny models. Checks, with exact token ids: greedy output through the pipeline equals plain
+ * greedy decoding on the GPU in one process, for several prompts at once; kill -9 of draftd
+ * mid-generation leaves the text unchanged and a restarted draftd speculates again; sampled
+ * output with a seed equals the single-process GPU speculative loop with the same seed (the
+ * random streams belong to positions, not processes, DESIGN section 4 / dflash.h), with the
+ * distributions travelling through kvd's proposal pool. Skipped (77) without a CUDA device or
+ * without the daemons built. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "draftd/dflash.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_mem.h"
+#include "tests/support/pipeline.h"
+#include "verifyd/spec.h"
+#include "verifyd/target.h"
+
+#define TARGET_PATH "tests/data/models/qwen35-tiny-f32.gguf"
+#define DRAFT_PATH "tests/data/drafter/dflash-b16"
+#define N_CTX 256
+#define WAIT_MS 120000
+
+static ops_backend *gpu;
+static pipeline pl;
+static tgt_model *tm; /* the target on the GPU, for the single-process references */
+static dfl_model *dm; /* the drafter on the GPU */
+static uint64_t next_seq = 1;
+
+static const char *const kvd_args[] = {"--slots", "8", "--device", "cuda", "--log-level",
+                                       "info", NULL};
+static const char *const vd_args[] = {"--model", TARGET_PATH, "--draft", DRAFT_PATH, "--ctx",
+                                      "256", "--draft-timeout-ms", "30000", "--device", "cuda",
+                                      "--log-level", "info", NULL};
+static const char *const dd_args[] = {"--model", TARGET_PATH, "--draft", DRAFT_PATH, "--device",
+                                      "cuda", "--log-level", "info", NULL};
+
+/* The reference models and the three daemons; false (with the reason printed) on failure. */
+static bool start_all(void)
+{
+    if (tgt_load_on(&tm, TARGET_PATH, gpu) != TD_OK ||
+        dfl_load_on(&dm, DRAFT_PATH, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output,
+                    gpu) != TD_OK) {
+        fprintf(stderr, "loading the models: %s\n", err_msg());
+        return false;
+    }
+    return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK;
+}
+
+/* n tokens after prompt in this process on the GPU: speculative with drafter, else plain. */
+static spec_stats reference(const dfl_model *drafter, const int32_t *prompt, int64_t np,
+                            int64_t n, const ops_sampler *smp, int32_t *out)
+{
+    spec_seq s;
+    if (spec_init(&s, tm, drafter, N_CTX, N_CTX, smp) != TD_OK)
+        fail_msg("spec_init: %s", err_msg());
+    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
+    int64_t got = 1, k;
+    int32_t step[SPEC_MAX_BLOCK];
+    while (got < n) {
+        if (spec_step(&s, step, &k) != TD_OK)
+            fail_msg("spec_step: %s", err_msg());
+        for (int64_t i = 0; i < k && got < n; i++)
+            out[got++] = step[i];
+    }
+    spec_stats st = s.stats;
+    spec_free(&s);
+    return st;
+}
+
+/* Prompt p: 3..25 pseudo-random ids of the vocabulary (as test_gpu_spec makes them). */
+static int64_t make_prompt(int p, uint32_t *u, int32_t *ip)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(p + 1);
+    int64_t n = 3 + (p * 7) % 23;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ip[i] = (int32_t)(x % (uint64_t)tm->hp.n_vocab);
+        u[i] = (uint32_t)ip[i];
+    }
+    return n;
+}
+
+static uint64_t start(const uint32_t *prompt, int64_t n, uint32_t max_tokens,
+                      const msg_sampler *smp)
+{
+    msg_gen_start g = {.seq_id = next_seq++, .prompt = prompt, .n_prompt = (uint32_t)n,
+                       .max_tokens = max_tokens, .sampler = *smp, .ignore_eos = true};
+    if (pl_gen(&pl, &g) != TD_OK)
+        fail_msg("gen_start: %s", err_msg());
+    return g.seq_id;
+}
+
+static pl_result *wait_done(uint64_t seq_id)
+{
+    pl_result *r = pl_wait(&pl, seq_id, WAIT_MS);
+    if (!r) {
+        pl_dump_logs(&pl);
+        fail_msg("sequence %llu did not finish", (unsigned long long)seq_id);
+    }
+    TD_ASSERT(r); /* fail_msg does not return */
+    if (r->last_kind != MSG_EVENT_DONE) {
+        pl_dump_logs(&pl);
+        fail_msg("sequence %llu ended with %s: %s", (unsigned long long)seq_id,
+                 err_name(r->code), r->message);
+    }
+    return r;
+}
+
+static void expect_tokens(const char *what, const pl_result *r, const int32_t *want, int64_t n)
+{
+    if ((int64_t)r->n_tokens != n)
+        fail_msg("%s: %u tokens, want %lld", what, r->n_tokens, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (r->tokens[i] != want[i])
+            fail_msg("%s: token %lld is %d, single-process GPU %d", what, (long long)i,
+                     r->tokens[i], want[i]);
+}
+
+/* Several prompts at once through the pipeline: every token equals plain greedy decoding on
+ * the GPU in one process, and draftd's blocks were used (drafts proposed and accepted). */
+static void test_gpu_pipeline_greedy_equals_single_process_plain_greedy(void **ctx)
+{
+    (void)ctx;
+    enum { N = 6, GEN = 48 };
+    uint32_t prompts[N][32];
+    int32_t iprompts[N][32], want[N][GEN];
+    int64_t np[N];
+    uint64_t ids[N];
+    msg_status s0, s1;
+    msg_sampler greedy = {.top_p = 1.0f};
+    ops_sampler g0 = {0};
+    assert_int_equal(pl_status(&pl, &s0), TD_OK);
+    assert_true(s0.draft_attached);
+    for (int k = 0; k < N; k++) {
+        np[k] = make_prompt(k, prompts[k], iprompts[k]);
+        ids[k] = start(prompts[k], np[k], GEN, &greedy);
+    }
+    for (int k = 0; k < N; k++) {
+        reference(NULL, iprompts[k], np[k], GEN, &g0, want[k]);
+        pl_result *r = wait_done(ids[k]);
+        char what[64];
+        snprintf(what, sizeof what, "greedy prompt %d", k);
+        expect_tokens(what, r, want[k], GEN);
+        assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+        assert_int_equal(r->usage.completion_tokens, GEN);
+    }
+    assert_int_equal(pl_status(&pl, &s1), TD_OK);
+    assert_true(s1.drafted > s0.drafted);
+    printf("GPU pipeline greedy == single-process GPU plain for %d prompts; %llu of %llu "
+           "drafts accepted in %llu steps\n", N,
+           (unsigned long long)(s1.accepted - s0.accepted),
+           (unsigned long long)(s1.drafted - s0.drafted),
+           (unsigned long long)(s1.steps - s0.steps));
+}
+
+/* kill -9 draftd in the middle of a generation: verifyd decodes plainly with the same tokens;
+ * a restarted draftd maps the pools and heads again and speculates with identical output. */
+static void test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 200 };
+    uint32_t p[32];
+    int32_t ip[32], want[GEN];
+    msg_sampler greedy = {.top_p = 1.0f};
+    ops_sampler g0 = {0};
+    int64_t n = make_prompt(11, p, ip);
+    reference(NULL, ip, n, GEN, &g0, want);
+    msg_status s0, s1, s2;
+    assert_int_equal(pl_status(&pl, &s0), TD_OK);
+    uint64_t id = start(p, n, GEN, &greedy);
+    assert_non_null(pl_wait_tokens(&pl, id, 30, WAIT_MS));
+    assert_int_equal(pl_stop(&pl, PL_DRAFTD, SIGKILL), 128 + SIGKILL);
+    pl_result *r = wait_done(id);
+    expect_tokens("greedy across kill -9 of draftd", r, want, GEN);
+    assert_int_equal(pl_status(&pl, &s1), TD_OK);
+    assert_false(s1.draft_attached);
+
+    pl_start(&pl, PL_DRAFTD, dd_args);
+    assert_int_equal(pl_wait_ready(&pl, true, 60000), TD_OK);
+    id = start(p, n, GEN, &greedy);
+    r = wait_done(id);
+    expect_tokens("greedy after draftd came back", r, want, GEN);
+    assert_int_equal(pl_status(&pl, &s2), TD_OK);
+    assert_true(s2.drafted > s1.drafted);
+}
+
+/* Sampling with a seed: the pipeline's tokens and steps equal the single-process speculative
+ * loop on the GPU with the same drafter and seed, for several settings. */
+static void test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 40, K = 3 };
+    const msg_sampler smp[K] = {
+        {.temperature = 0.8f, .top_p = 1.0f, .seed = 1},
+        {.temperature = 1.0f, .top_k = 40, .top_p = 0.9f, .seed = 77},
+        {.temperature = 0.6f, .top_p = 1.0f, .min_p = 0.05f, .seed = 12345},
+    };
+    for (int k = 0; k < K; k++) {
+        uint32_t p[32];
+        int32_t ip[32], want[GEN];
+        int64_t n = make_prompt(20 + k, p, ip);
+        ops_sampler os = {.temperature = smp[k].temperature, .top_k = (int32_t)smp[k].top_k,
+                          .top_p = smp[k].top_p, .min_p = smp[k].min_p, .seed = smp[k].seed};
+        spec_stats st = reference(dm, ip, n, GEN, &os, want);
+        pl_result *r = wait_done(start(p, n, GEN, &smp[k]));
+        char what[64];
+        snprintf(what, sizeof what, "sampled, seed %llu", (unsigned long long)smp[k].seed);
+        expect_tokens(what, r, want, GEN);
+        assert_int_equal(r->usage.steps, st.steps);
+    }
+}
+
+int main(void)
+{
+    if (!cuda_available() || ops_backend_cuda_init(&gpu, 0) != TD_OK) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    int rc = pl_setup(&pl);
+    if (rc != 0) {
+        ops_backend_cuda_free(gpu);
+        return rc == 77 ? 77 : 1;
+    }
+    if (start_all()) {
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_gpu_pipeline_greedy_equals_single_process_plain_greedy),
+            cmocka_unit_test(test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop),
+            cmocka_unit_test(test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text),
+        };
+        rc = cmocka_run_group_tests(tests, NULL, NULL);
+    } else {
+        rc = 1;
+    }
+    if (pl_teardown(&pl) != 0)
+        rc = 1; /* a daemon did not exit cleanly (its log is printed) */
+    dfl_free(dm);
+    tgt_free(tm);
+    ops_backend_cuda_free(gpu);
+    return rc;
+}
