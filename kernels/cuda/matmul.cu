@@ -86,7 +86,7 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
             memcpy(&o, out, sizeof o);
             if (DECODE) /* the single-token kernel's placement (mm_decode_unit_pos) */
                 *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
-                           16 * mm_decode_unit_pos(lane)) = o;
+                           16 * mm_decode_unit_pos(lane, UNIT)) = o;
             else
                 *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = o;
         }
@@ -227,7 +227,9 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
         const float *xc = x + (size_t)t0 * w->cols;
         const bool decode = nc == 1 && mmd_supported(w->type);
-        if (mmq_unit(w->type) == 4)
+        if (mmq_unit(w->type) == 4 && decode)
+            xquant_kernel<4, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+        else if (mmq_unit(w->type) == 4)
             xquant_kernel<4, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         else if (decode)
             xquant_kernel<8, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);

@@ -70,14 +70,19 @@ __device__ __forceinline__ int sum4(uint32_t a, int c)
 template <bool Q5> struct kq {
     static constexpr int BYTES = Q5 ? 176 : 144; /* one super-block */
     static constexpr int QS = Q5 ? 48 : 16;      /* offset of qs[128] */
-    static constexpr int REGS = Q5 ? 20 : 12;    /* words a lane loads per row */
 };
 
-/* k-blocks in flight per chain: about 48 registers of loads per lane, 2..4 k-blocks. */
-template <bool Q5, int R> __host__ __device__ constexpr int depth()
+/* Words a lane loads per row and k-block. */
+template <int T> __host__ __device__ constexpr int load_regs()
 {
-    return 48 / (R * kq<Q5>::REGS) < 2 ? 2 : 48 / (R * kq<Q5>::REGS) > 4 ? 4
-                                            : 48 / (R * kq<Q5>::REGS);
+    return T == TD_Q6_K ? 32 : T == TD_Q5_K ? 20 : 12;
+}
+
+/* k-blocks in flight per chain: about 48 registers of loads per lane, 2..4 k-blocks. */
+template <int T, int R> __host__ __device__ constexpr int depth()
+{
+    return 48 / (R * load_regs<T>()) < 2 ? 2 : 48 / (R * load_regs<T>()) > 4 ? 4
+                                               : 48 / (R * load_regs<T>());
 }
 
 /* One k-block of the group's R rows as this lane loads it. */
@@ -180,13 +185,171 @@ __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
     }
 }
 
-/* Rows r0 .. r0 + 2R - 1 (nr of them real) into y, as described at the top. */
-template <bool Q5, int R>
-__device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t row_bytes,
-                                         int64_t r0, int nr, int nkb, const int8_t *xq,
-                                         const float *xd, int n_pad, int lane)
+/* --- Q6_K: 210-byte blocks at any even offset ------------------------------------------ */
+
+/* Lane i of a group: half n = i / 2 of the super-block, weights l = 16 gh .. 16 gh + 15
+ * (gh = i % 2) of each quarter qq: runs ql[64n + 16gh ..] (quarters 0, 2), ql[64n + 32 +
+ * 16gh ..] (1, 3), qh[32n + 16gh ..] (2 bits per quarter), 16 bytes each, and scales
+ * sc[8n + 2qq + gh] (the 16-input group k of kblock_q6k). A run starts a = block & 15 bytes
+ * past a 16-byte boundary, so it is two aligned loads and a shift; so are the scales and d
+ * (bytes 192..209). */
+template <int R> struct kbuf6 {
+    uint4 run[R][3][2]; /* the two aligned pieces under each run */
+    uint4 sd[R][2];     /* the two aligned pieces under bytes 192..209 */
+};
+
+/* 16 bytes at p (16-byte aligned) of which only those below end exist: the last piece of
+ * the matrix, read as 16-bit words (p and end are even) so nothing past end is touched. */
+__device__ __noinline__ uint4 ld_tail(const uint8_t *p, const uint8_t *end)
 {
-    constexpr int D = depth<Q5, R>();
+    uint32_t v[4];
+    for (int k = 0; k < 4; k++) {
+        const uint32_t lo = p + 4 * k < end ? *(const uint16_t *)(p + 4 * k) : 0u;
+        const uint32_t hi = p + 4 * k + 2 < end ? *(const uint16_t *)(p + 4 * k + 2) : 0u;
+        v[k] = lo | hi << 16;
+    }
+    return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+template <int R>
+__device__ __forceinline__ void kbuf6_load(kbuf6<R> &b, const uint8_t *const (&row)[R], int kb,
+                                           int i, const uint8_t *wend)
+{
+    const int n = i >> 1, gh = i & 1;
+    const int off[3] = {64 * n + 16 * gh, 64 * n + 32 + 16 * gh, 128 + 32 * n + 16 * gh};
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint8_t *blk = row[r] + (size_t)kb * 210;
+        const uint8_t *base = blk - ((uintptr_t)blk & 15); /* >= the matrix start */
+#pragma unroll
+        for (int j = 0; j < 3; j++) { /* both pieces end at or before blk + 208 */
+            b.run[r][j][0] = ld_stream(base + off[j]);
+            b.run[r][j][1] = ld_stream(base + off[j] + 16);
+        }
+        b.sd[r][0] = ld_stream(base + 192);
+        /* base + 208 <= blk + 208 holds d; the piece may run 14 bytes past the block, past
+         * the matrix only for its last block */
+        b.sd[r][1] = base + 224 <= wend ? ld_stream(base + 208) : ld_tail(base + 208, wend);
+    }
+}
+
+/* Words 0..N-1 of the bytes a (even, 0..14) past the start of the 32 bytes {p0, p1}. */
+template <int N>
+__device__ __forceinline__ void shift_words(uint32_t (&out)[N], uint4 p0, uint4 p1, int a)
+{
+    const uint32_t c[9] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w, 0u};
+    uint32_t t[8], u[7];
+#pragma unroll
+    for (int j = 0; j < 7; j++) /* by 8 bytes */
+        t[j] = (a & 8) ? c[j + 2] : c[j];
+    t[7] = (a & 8) ? 0u : c[7];
+#pragma unroll
+    for (int j = 0; j < 7; j++) /* by 4 */
+        u[j] = (a & 4) ? t[j + 1] : t[j];
+#pragma unroll
+    for (int k = 0; k < N; k++) /* by 2 (or 0) */
+        out[k] = __funnelshift_r(u[k], u[k + 1], 8 * (a & 2));
+}
+
+/* Byte k (0..3, run-time) of w, sign-extended. */
+__device__ __forceinline__ int sbyte_at(uint32_t w, int k)
+{
+    const uint32_t s = 8u | (uint32_t)k;
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"((uint32_t)k | s << 4 | s << 8 | s << 12));
+    return (int)r;
+}
+
+/* Adds k-block kb of R rows to acc: per row H, L over the lane's 4 groups of 16 with their
+ * scales, C = sum sc_k * sum16_k; I = fma(-32, float(C), fma(256, float(H), float(L)));
+ * acc = fma(dx * d, I, acc) (kblock_q6k's sequence). */
+template <int R>
+__device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
+                                          const uint8_t *const (&row)[R], const int8_t *xq,
+                                          const float *xd, int n_pad, int kb, int i,
+                                          unsigned gm)
+{
+    const int n = i >> 1, gh = i & 1;
+    const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
+    uint32_t ql0[R][4], ql1[R][4], qh[R][4], scw[R][4];
+    float dw[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int a = (int)(((uintptr_t)row[r] + (size_t)kb * 210) & 15);
+        shift_words(ql0[r], b.run[r][0][0], b.run[r][0][1], a);
+        shift_words(ql1[r], b.run[r][1][0], b.run[r][1][1], a);
+        shift_words(qh[r], b.run[r][2][0], b.run[r][2][1], a);
+        uint32_t sd[5];
+        shift_words(sd, b.sd[r][0], b.sd[r][1], a);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            scw[r][k] = sd[k];
+        dw[r] = f16f(sd[4]);
+    }
+    int H[R], L[R], C[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        H[r] = L[r] = C[r] = 0;
+#pragma unroll
+    for (int qq = 0; qq < 4; qq++) {
+        /* inputs 128n + 32qq + 16gh + 8e .. +7 (e = 0, 1): {hi[0..3], lo[0..3], hi[4..7],
+         * lo[4..7]} (4-input interleave) */
+        const uint4 x0 = __ldg((const uint4 *)(xb + 64 * (2 * qq))),
+                    x1 = __ldg((const uint4 *)(xb + 64 * (2 * qq + 1)));
+        const uint32_t xh[4] = {x0.x, x0.z, x1.x, x1.z}, xl[4] = {x0.y, x0.w, x1.y, x1.w};
+        int sh = 0, sl = 0;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            sh = sum4(xh[m], sh);
+            sl = sum4(xl[m], sl);
+        }
+        const int s16 = 256 * sh + sl; /* sum of q over the group of 16 */
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            /* scale index k = 8n + 2qq + gh: word 2n + qq / 2, byte 2 (qq % 2) + gh */
+            const int sc = sbyte_at(qq < 2 ? scw[r][2 * n] : scw[r][2 * n + 1],
+                                    2 * (qq & 1) + gh);
+            int dh = 0, dl = 0;
+#pragma unroll
+            for (int m = 0; m < 4; m++) { /* weights 4m..4m+3 of the lane's 16 */
+                const uint32_t lw = (qq & 1) ? ql1[r][m] : ql0[r][m];
+                const uint32_t nib = qq < 2 ? lw & 0x0F0F0F0Fu : (lw >> 4) & 0x0F0F0F0Fu;
+                const uint32_t hb = ((qh[r][m] >> (2 * qq)) & 0x03030303u) << 4;
+                const uint32_t q = nib | hb; /* 0..63 */
+                dh = __dp4a((int)q, (int)xh[m], dh);
+                dl = __dp4a((int)q, (int)xl[m], dl);
+            }
+            H[r] += sc * dh;
+            L[r] += sc * dl;
+            C[r] += sc * s16;
+        }
+    }
+    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int h = group_sum(H[r], gm), l = group_sum(L[r], gm), c = group_sum(C[r], gm);
+        const float I = __fmaf_rn(-32.0f, __int2float_rn(c),
+                                  __fmaf_rn(256.0f, __int2float_rn(h), __int2float_rn(l)));
+        acc[r] = __fmaf_rn(__fmul_rn(dx, dw[r]), I, acc[r]);
+    }
+}
+
+/* The registers of one k-block for type T. */
+template <int T, int R> struct kbuf_of {
+    using type = kbuf<T == TD_Q5_K, R>;
+};
+template <int R> struct kbuf_of<TD_Q6_K, R> {
+    using type = kbuf6<R>;
+};
+
+/* Rows r0 .. r0 + 2R - 1 (nr of them real) into y, as described at the top. */
+template <int T, int R>
+__device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8_t *wend,
+                                         uint32_t row_bytes, int64_t r0, int nr, int nkb,
+                                         const int8_t *xq, const float *xd, int n_pad, int lane)
+{
+    constexpr bool Q5 = T == TD_Q5_K;
+    constexpr int D = depth<T, R>();
     const int g = lane >> 2, i = lane & 3;
     const int q = g & 3, h = g >> 2; /* chain, row half */
     const unsigned gm = 0xFu << (4 * g);
@@ -202,20 +365,29 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t ro
 #pragma unroll
     for (int r = 0; r < R; r++)
         acc[r] = 0.0f;
-    kbuf<Q5, R> buf[D];
+    typename kbuf_of<T, R>::type buf[D];
+    auto load = [&](int u, int kb) {
+        if constexpr (T == TD_Q6_K)
+            kbuf6_load(buf[u], row, kb, i, wend);
+        else
+            kbuf_load<Q5, R>(buf[u], row, kb, i);
+    };
 #pragma unroll
     for (int s = 0; s < D; s++)
         if (s < nk)
-            kbuf_load(buf[s], row, q + 4 * s, i);
+            load(s, q + 4 * s);
     mm_wait_dependencies(); /* xq and xd come from the kernel before this one */
     for (int s0 = 0; s0 < nk; s0 += D) {
 #pragma unroll
         for (int u = 0; u < D; u++) {
             const int s = s0 + u;
             if (s < nk) {
-                kbuf_use(acc, buf[u], xq, xd, n_pad, q + 4 * s, i, gm);
+                if constexpr (T == TD_Q6_K)
+                    kbuf6_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, gm);
+                else
+                    kbuf_use(acc, buf[u], xq, xd, n_pad, q + 4 * s, i, gm);
                 if (s + D < nk)
-                    kbuf_load(buf[u], row, q + 4 * (s + D), i);
+                    load(u, q + 4 * (s + D));
             }
         }
     }
@@ -236,18 +408,19 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, uint32_t ro
 /* grid: resident CTAs only (launch picks how many); block: WARPS warps. Warp u of the grid
  * takes the 2R-row units u, u + n_warps, ...: a unit never waits for a CTA slot, and launch
  * sizes the grid so that the units split evenly over the warps. */
-template <bool Q5, int R>
+template <int T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
     mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nkb,
                const int8_t *xq, const float *xd, int n_pad)
 {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = (int64_t)gridDim.x * WARPS;
+    const uint8_t *wend = w + (size_t)rows * row_bytes; /* one past the matrix */
     for (int64_t u = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); u * 2 * R < rows;
          u += n_warps) {
         const int64_t r0 = u * 2 * R;
         const int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
-        mmd_rows<Q5, R>(y, w, row_bytes, r0, nr, nkb, xq, xd, n_pad, lane);
+        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nkb, xq, xd, n_pad, lane);
     }
 }
 
@@ -274,7 +447,7 @@ int64_t grid_for(int64_t units, int n_sm, int occ)
 
 int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
 
-template <bool Q5, int R>
+template <int T, int R>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
               cudaStream_t st)
 {
@@ -287,7 +460,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     CUDA_TRY(cudaGetDevice(&ordinal));
     int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
     if (occ == 0) {
-        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmd_kernel<Q5, R>,
+        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmd_kernel<T, R>,
                                                                WARPS * 32, 0));
         occ = occ < 1 ? 1 : occ;
         __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
@@ -304,13 +477,13 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     cfg.attrs = attr;
     cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
     const uint8_t *wd = (const uint8_t *)w->data;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<Q5, R>, y, wd, (uint32_t)w->row_bytes,
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
                                        w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
     if (e != cudaSuccess && cfg.numAttrs) {
         (void)cudaGetLastError(); /* plain launches from now on */
         __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmd_kernel<Q5, R>, y, wd, (uint32_t)w->row_bytes,
+        e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
                                w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
     }
     if (e != cudaSuccess)
@@ -319,32 +492,34 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     return TD_OK;
 }
 
-/* Q4_K: four rows per warp (each activation load serves two) where that still leaves
- * ~24 warps per SM; two otherwise (5120-row matrices: 19 units per SM) and for Q5_K (its
- * qh words make the wider variant heavy in registers). */
-template <bool Q5>
+/* Four rows per warp (each activation load serves two) for Q4_K where that still leaves
+ * ~24 warps per SM; two otherwise (5120-row matrices: 19 units per SM), and for Q5_K and
+ * Q6_K (their loads make the wider variant heavy in registers). */
+template <int T>
 td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    if (!Q5 && w->rows >= (int64_t)4 * 24 * dev->n_sm)
-        return launch<Q5, 2>(y, xq, w, dev, st);
-    return launch<Q5, 1>(y, xq, w, dev, st);
+    if constexpr (T == TD_Q4_K)
+        if (w->rows >= (int64_t)4 * 24 * dev->n_sm)
+            return launch<T, 2>(y, xq, w, dev, st);
+    return launch<T, 1>(y, xq, w, dev, st);
 }
 
 } /* namespace */
 
 bool mmd_supported(td_dtype type)
 {
-    return type == TD_Q4_K || type == TD_Q5_K;
+    return type == TD_Q4_K || type == TD_Q5_K || type == TD_Q6_K;
 }
 
 td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st)
 {
     TD_ASSERT(xq->n_tok == 1 && mmd_supported(w->type));
-    TD_ASSERT(((uintptr_t)w->data & 15) == 0 && w->row_bytes % 16 == 0);
-    TD_ASSERT(w->cols % MM_XBLOCK == 0);
+    TD_ASSERT(((uintptr_t)w->data & 15) == 0 && w->cols % MM_XBLOCK == 0);
+    if (w->type == TD_Q6_K)
+        return launch_rows<TD_Q6_K>(y, xq, w, dev, st);
     if (w->type == TD_Q5_K)
-        return launch_rows<true>(y, xq, w, dev, st);
-    return launch_rows<false>(y, xq, w, dev, st);
+        return launch_rows<TD_Q5_K>(y, xq, w, dev, st);
+    return launch_rows<TD_Q4_K>(y, xq, w, dev, st);
 }

@@ -48,15 +48,19 @@ typedef struct mm_xquant {
 /* Inputs per hi/lo interleave unit the kernel for type expects (8 or 4). */
 int mmq_unit(td_dtype type);
 
-/* Where the single-token kernel (matmul_decode.cu) wants unit u (0..31: inputs 8u..8u+7,
- * 16 bytes of hi/lo digits) of each 256-input block: at byte 16 * mm_decode_unit_pos(u) of
- * the block's 512, so that the k-th 16-byte load (k = 0..7) of lane i of a 4-lane group is
- * unit 8i + k (sub-block 2i + k / 4, inputs 8 (k % 4)..) and the 4 lanes of a group read 64
- * contiguous bytes per load. Only the placement differs from the plain layout, never a
- * value. */
-__host__ __device__ __forceinline__ int mm_decode_unit_pos(int u)
+/* Where the single-token kernel (matmul_decode.cu) wants the 16 bytes of inputs 8u..8u+7
+ * (u = 0..31, hi/lo digits in the type's interleave `unit`) of each 256-input block: at byte
+ * 16 * mm_decode_unit_pos(u, unit) of the block's 512, so that the k-th 16-byte load of lane
+ * i of a 4-lane group is what that lane needs and the 4 lanes read 64 contiguous bytes:
+ *   unit 8 (Q4_K/Q5_K): u = 8i + k (sub-block 2i + k / 4, inputs 8 (k % 4)..);
+ *   unit 4 (Q6_K): u = 16n + 4qq + 2gh + e with i = 2n + gh, k = 2qq + e (half n, quarter
+ *   qq, weights 16gh + 8e.. of the quarter).
+ * Only the placement differs from the plain layout, never a value. */
+__host__ __device__ __forceinline__ int mm_decode_unit_pos(int u, int unit)
 {
-    return 4 * (u & 7) + (u >> 3);
+    if (unit == 8)
+        return 4 * (u & 7) + (u >> 3);
+    return 8 * ((u >> 2) & 3) + 4 * (u & 1) + 2 * (u >> 4) + ((u >> 1) & 1);
 }
 
 /* The device a launch goes to, as the launchers need it. */
