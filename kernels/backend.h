@@ -36,6 +36,9 @@ struct ops_backend {
     td_err (*to_device)(const ops_backend *be, void *dst, const void *src, size_t bytes);
     td_err (*to_host)(const ops_backend *be, void *dst, const void *src, size_t bytes);
     td_err (*copy)(const ops_backend *be, void *dst, const void *src, size_t bytes);
+    /* rows copies of width bytes: row r from src + r*spitch to dst + r*dpitch */
+    td_err (*copy2d)(const ops_backend *be, void *dst, size_t dpitch, const void *src,
+                     size_t spitch, size_t width, size_t rows);
     td_err (*zero)(const ops_backend *be, void *p, size_t bytes);
     td_err (*sync)(const ops_backend *be);
 
@@ -64,6 +67,15 @@ struct ops_backend {
                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                             int64_t n_ch, int64_t k);
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+    /* the fused chains of kernels/ops.h */
+    td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
+                          const float *w, int64_t n_rows, int64_t dim, float eps);
+    td_err (*rmsnorm_silu)(const ops_backend *be, float *out, const float *x, const float *w,
+                           const float *z, int64_t n_rows, int64_t dim, float eps);
+    td_err (*delta_prep)(const ops_backend *be, float *gb, float *qkv, const float *alpha,
+                         const float *beta, const float *dt_bias, const float *ssm_a,
+                         int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
+                         int64_t qkv_stride, float eps);
     td_err (*softcap)(const ops_backend *be, float *out, const float *x, float cap, int64_t n);
     /* idx[n_rows] = cpu_argmax of each row of x[n_rows][n] */
     td_err (*argmax)(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,

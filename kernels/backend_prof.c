@@ -11,16 +11,17 @@
 #define PF_MAX_PENDING 4096 /* timed calls between two reads of their events (a step has ~1000) */
 
 typedef enum pf_op {
-    PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
+    PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_N_OPS
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
-    "to_device", "to_host", "copy", "zero", "matmul", "get_rows", "rmsnorm", "l2norm", "add",
+    "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm", "add",
     "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
-    "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy",
+    "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
+    "rmsnorm_silu", "delta_prep",
 };
 
 typedef struct pf_stat {
@@ -220,6 +221,12 @@ static td_err pf_copy(const ops_backend *be, void *dst, const void *src, size_t 
     PF_TIMED(PF_COPY, 1, in->copy(in, dst, src, bytes));
 }
 
+static td_err pf_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,
+                        size_t spitch, size_t width, size_t rows)
+{
+    PF_TIMED(PF_COPY2D, 1, in->copy2d(in, dst, dpitch, src, spitch, width, rows));
+}
+
 static td_err pf_zero(const ops_backend *be, void *p, size_t bytes)
 {
     PF_TIMED(PF_ZERO, 1, in->zero(in, p, bytes));
@@ -311,6 +318,28 @@ static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
     PF_TIMED(PF_DELTA_RULE, 1, in->delta_rule(in, d));
 }
 
+static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
+                             const float *w, int64_t n_rows, int64_t dim, float eps)
+{
+    PF_TIMED(PF_ADD_RMSNORM, 1, in->add_rmsnorm(in, x, h, out, w, n_rows, dim, eps));
+}
+
+static td_err pf_rmsnorm_silu(const ops_backend *be, float *out, const float *x, const float *w,
+                              const float *z, int64_t n_rows, int64_t dim, float eps)
+{
+    PF_TIMED(PF_RMSNORM_SILU, 1, in->rmsnorm_silu(in, out, x, w, z, n_rows, dim, eps));
+}
+
+static td_err pf_delta_prep(const ops_backend *be, float *gb, float *qkv, const float *alpha,
+                            const float *beta, const float *dt_bias, const float *ssm_a,
+                            int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
+                            int64_t qkv_stride, float eps)
+{
+    PF_TIMED(PF_DELTA_PREP, 1,
+             in->delta_prep(in, gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head,
+                            d_k, qkv_stride, eps));
+}
+
 static td_err pf_softcap(const ops_backend *be, float *out, const float *x, float cap, int64_t n)
 {
     PF_TIMED(PF_SOFTCAP, 1, in->softcap(in, out, x, cap, n));
@@ -363,6 +392,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->to_device = pf_to_device;
     b->to_host = pf_to_host;
     b->copy = pf_copy;
+    b->copy2d = pf_copy2d;
     b->zero = pf_zero;
     b->sync = pf_sync;
     b->matmul = pf_matmul;
@@ -380,6 +410,9 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->attention = pf_attention;
     b->conv1d_causal = pf_conv1d_causal;
     b->delta_rule = pf_delta_rule;
+    b->add_rmsnorm = pf_add_rmsnorm;
+    b->rmsnorm_silu = pf_rmsnorm_silu;
+    b->delta_prep = pf_delta_prep;
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;
     b->accept_greedy = pf_accept_greedy;

@@ -32,6 +32,10 @@ td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st);
 td_err cuda_mem_download(void *dst, const void *src, size_t bytes, ops_stream st);
 /* Device -> device, queued on st. */
 td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_stream st);
+/* rows copies of width bytes, device -> device: row r from src + r*spitch to dst + r*dpitch,
+ * queued on st as one call. */
+td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows, ops_stream st);
 /* Sets bytes of device memory to byte value, queued on st. */
 td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st);
 

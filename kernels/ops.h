@@ -235,10 +235,17 @@ typedef struct ops_delta {
     const float *k;     /* token t, key head g at k + t*k_tok_stride + g*d_k, [d_k] */
     const float *v;     /* token t, value head h at v + t*v_tok_stride + h*d_v, [d_v] */
     int64_t q_tok_stride, k_tok_stride, v_tok_stride; /* elements */
-    const float *g;     /* [n_tok][n_v_head] log decay (<= 0): S = exp(g) S */
-    const float *beta;  /* [n_tok][n_v_head] write strength in [0,1] */
+    const float *g;     /* token t at g + t*gb_tok_stride, [n_v_head] log decay (<= 0):
+                         * S = exp(g) S */
+    const float *beta;  /* token t at beta + t*gb_tok_stride, [n_v_head] write strength in
+                         * [0,1] */
+    int64_t gb_tok_stride; /* elements between tokens of g and of beta; 0 = n_v_head (dense
+                            * [n_tok][n_v_head] arrays). cpu_delta_prep's [n_tok][2][n_v_head]
+                            * output is g = gb, beta = gb + n_v_head, stride 2*n_v_head */
 
     float *state;       /* [n_v_head][d_k][d_v], updated in place */
+    float *state_prev;  /* NULL, or [n_v_head][d_k][d_v] receiving the state before the first
+                         * token (a rollback point, without a separate copy) */
     float *state_all;   /* NULL, or [n_tok][n_v_head][d_k][d_v]: state after every token */
     float *out;         /* [n_tok][n_v_head][d_v], contiguous */
 } ops_delta;
@@ -247,6 +254,32 @@ typedef struct ops_delta {
  * S = exp(g) S; kv = S^T k; S += k (x) (beta (v - kv)); o = S^T q. q, k are used as given
  * (normalise and scale them first). */
 void cpu_delta_rule(const ops_delta *d);
+
+/* ---------------------------------------------------------------------------------------
+ * Fused chains (kernels/cpu/fused.c): one pass (one GPU launch) for what a layer did as
+ * several ops. Each gives bit for bit what its chain of cpu_* ops gives, so fusing changes
+ * no CPU result.
+ * ------------------------------------------------------------------------------------- */
+
+/* Residual add then the next RMSNorm, rows of dim contiguous: x += h; out = rmsnorm(x) * w
+ * (cpu_add then cpu_rmsnorm with stride dim; w may be NULL). out may be h, never x. */
+void cpu_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
+                     int64_t dim, float eps);
+
+/* Gated RMSNorm of Gated DeltaNet's output: out = rmsnorm(x) * w * silu(z), rows of dim
+ * contiguous (cpu_rmsnorm, cpu_silu of z, cpu_mul). out may be x; z is only read. */
+void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
+                      int64_t n_rows, int64_t dim, float eps);
+
+/* Gated DeltaNet's recurrence inputs for n_tok tokens at once (DESIGN section 5):
+ * gb [n_tok][2][n_v_head]: g = softplus(alpha + dt_bias) * ssm_a, then beta' = sigmoid(beta);
+ * alpha, beta [n_tok][n_v_head] (the ssm_alpha, ssm_beta projections); dt_bias, ssm_a
+ * [n_v_head]. In qkv (token t at qkv + t*qkv_stride: q [n_k_head][d_k], then k, then v) q
+ * and k are L2-normalised per head (eps) in place and q is scaled by 1/sqrt(d_k).
+ * The chain it replaces: sigmoid; per token add, softplus, mul, l2norm, scale. */
+void cpu_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
+                    const float *dt_bias, const float *ssm_a, int64_t n_tok, int64_t n_v_head,
+                    int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps);
 
 /* ---------------------------------------------------------------------------------------
  * Sampling (kernels/cpu/sample.c)
@@ -332,6 +365,18 @@ td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const floa
 
 /* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
 td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
+
+/* The fused chains (kernels/cuda/fused.cu): the CPU's formulas, the sums of squares in the
+ * norms' fixed order (f32 per thread, f64 across the block), so within rounding of the CPU
+ * and batch invariant. cuda_delta_prep: d_k <= 1024. */
+td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
+                        int64_t dim, float eps, ops_stream st);
+td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
+                         int64_t n_rows, int64_t dim, float eps, ops_stream st);
+td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
+                       const float *dt_bias, const float *ssm_a, int64_t n_tok,
+                       int64_t n_v_head, int64_t n_k_head, int64_t d_k, int64_t qkv_stride,
+                       float eps, ops_stream st);
 
 /* cpu_sample_probs on the device (s is a host struct). The settings are checked here
  * (TD_EINVAL as on the CPU); logits with no finite value cannot be seen without waiting for

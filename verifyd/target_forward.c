@@ -21,7 +21,9 @@ typedef struct tgt_work {
     float *b;         /* [cap_tok][max mixer width]: k (attention) or conv output (DeltaNet) */
     float *c;         /* [cap_tok][max mixer width]: v (attention) or z (DeltaNet) */
     float *o;         /* [cap_tok][max mixer width]: attention or recurrence output */
-    float *gb;        /* [cap_tok][2][n_v_head]: g then beta (DeltaNet) */
+    float *gb;        /* DeltaNet [4][cap_tok][n_v_head]: the ssm_alpha and ssm_beta outputs
+                       * [n_tok][n_v_head] each, then g and beta [n_tok][2][n_v_head]
+                       * (cpu_delta_prep's layout) when no rollback record takes them */
     float *ff1;       /* [cap_tok][n_ff] */
     float *ff2;       /* [cap_tok][n_ff] */
     int32_t *ids;     /* [cap_tok] token ids */
@@ -81,7 +83,7 @@ static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
             {&w->x, t * (size_t)hp->n_embd * f}, {&w->h, t * (size_t)hp->n_embd * f},
             {&w->a, t * mw * f},                 {&w->b, t * mw * f},
             {&w->c, t * mw * f},                 {&w->o, t * mw * f},
-            {&w->gb, t * 2 * (size_t)(hp->n_v_head + 1) * f},
+            {&w->gb, t * 4 * (size_t)(hp->n_v_head + 1) * f},
             {&w->ff1, t * (size_t)hp->n_ff * f}, {&w->ff2, t * (size_t)hp->n_ff * f},
         };
         for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
@@ -340,67 +342,41 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, float *kc, f
     return be->attention(be, &at);
 }
 
-/* g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(beta) for n_tok rows of n_v_head,
- * then q, k L2-normalised per head with q scaled by 1/sqrt(d_k). */
-static td_err tgt_delta_inputs(const tgt_model *m, const tgt_layer *L, float *qkv, float *g,
-                               float *beta, int64_t n_tok)
-{
-    const tgt_hparams *hp = &m->hp;
-    const ops_backend *be = m->be;
-    int64_t nv = hp->n_v_head, ch = hp->conv_ch, qk = hp->n_k_head * hp->d_k;
-    TD_TRY(be->sigmoid(be, beta, beta, n_tok * nv));
-    for (int64_t t = 0; t < n_tok; t++) {
-        float *gt = g + t * nv, *row = qkv + t * ch;
-        TD_TRY(be->add(be, gt, gt, L->dt_bias, nv));
-        TD_TRY(be->softplus(be, gt, gt, nv));
-        TD_TRY(be->mul(be, gt, gt, L->ssm_a, nv));
-        TD_TRY(be->l2norm(be, row, row, 2 * hp->n_k_head, hp->d_k, hp->d_k, hp->eps));
-        TD_TRY(be->scale(be, row, row, 1.0f / sqrtf((float)hp->d_k), qk));
-    }
-    return TD_OK;
-}
-
 /* Gated DeltaNet over h[n_tok]: conv state and recurrent state advance by n_tok; the
- * output (before ssm_out) goes to w->o. With rec_* non-NULL the recurrence inputs are kept. */
+ * output (before ssm_out) goes to w->o. With a rollback record (rec_* non-NULL) the
+ * recurrence inputs are produced straight into it (no copies) and rec_ssm0 receives the
+ * recurrent state before the block. */
 static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
-                           int64_t n_tok, tgt_work *w, float *rec_xconv, float *rec_qkv,
-                           float *rec_gb)
+                           int64_t n_tok, tgt_work *w, float *rec_ssm0, float *rec_xconv,
+                           float *rec_qkv, float *rec_gb)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
-    int64_t nv = hp->n_v_head, ch = hp->conv_ch, inner = nv * hp->d_v;
+    int64_t nv = hp->n_v_head, ch = hp->conv_ch;
     int64_t qk = hp->n_k_head * hp->d_k;
-    float *raw = w->a, *qkv = w->b, *z = w->c, *g = w->gb, *beta = w->gb + n_tok * nv;
+    float *raw = rec_xconv ? rec_xconv : w->a, *qkv = rec_qkv ? rec_qkv : w->b, *z = w->c;
+    float *alpha = w->gb, *beta = w->gb + n_tok * nv;
+    float *gb = rec_gb ? rec_gb : w->gb + 2 * n_tok * nv; /* [n_tok][2][nv] */
 
     TD_TRY(be->matmul(be, raw, w->h, &L->wqkv, n_tok));
-    if (rec_xconv)
-        TD_TRY(be->copy(be, rec_xconv, raw, (size_t)(n_tok * ch) * sizeof(float)));
     TD_TRY(be->conv1d_causal(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
     TD_TRY(be->silu(be, qkv, qkv, n_tok * ch));
     TD_TRY(be->matmul(be, z, w->h, &L->wz, n_tok));
-    TD_TRY(be->matmul(be, g, w->h, &L->walpha, n_tok));
+    TD_TRY(be->matmul(be, alpha, w->h, &L->walpha, n_tok));
     TD_TRY(be->matmul(be, beta, w->h, &L->wbeta, n_tok));
-    TD_TRY(tgt_delta_inputs(m, L, qkv, g, beta, n_tok));
-    if (rec_qkv) {
-        TD_TRY(be->copy(be, rec_qkv, qkv, (size_t)(n_tok * ch) * sizeof(float)));
-        for (int64_t t = 0; t < n_tok; t++) {
-            TD_TRY(be->copy(be, rec_gb + (t * 2) * nv, g + t * nv, (size_t)nv * sizeof(float)));
-            TD_TRY(be->copy(be, rec_gb + (t * 2 + 1) * nv, beta + t * nv,
-                            (size_t)nv * sizeof(float)));
-        }
-    }
+    TD_TRY(be->delta_prep(be, gb, qkv, alpha, beta, L->dt_bias, L->ssm_a, n_tok, nv,
+                          hp->n_k_head, hp->d_k, ch, hp->eps));
 
     ops_delta d = {
         .n_tok = n_tok, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
         .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
-        .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = beta, .state = ssm,
-        .state_all = NULL, .out = w->o,
+        .k_tok_stride = ch, .v_tok_stride = ch, .g = gb, .beta = gb + nv,
+        .gb_tok_stride = 2 * nv, .state = ssm, .state_prev = rec_ssm0, .state_all = NULL,
+        .out = w->o,
     };
     TD_TRY(be->delta_rule(be, &d));
     /* y = RMSNorm_dv(o) * ssm_norm * silu(z) */
-    TD_TRY(be->rmsnorm(be, w->o, w->o, L->ssm_norm, n_tok * nv, hp->d_v, hp->d_v, hp->eps));
-    TD_TRY(be->silu(be, z, z, n_tok * inner));
-    return be->mul(be, w->o, w->o, z, n_tok * inner);
+    return be->rmsnorm_silu(be, w->o, w->o, L->ssm_norm, z, n_tok * nv, hp->d_v, hp->eps);
 }
 
 /* --- forward ---------------------------------------------------------------------------- */
@@ -412,39 +388,41 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
     const ops_backend *be = m->be;
     tgt_work *w = m->work;
     int64_t D = hp->n_embd, ia = 0, id = 0;
+    /* Each residual add is fused with the norm that follows it (the next sublayer's). */
+    TD_TRY(be->rmsnorm(be, w->h, w->x, m->layers[0].attn_norm, n_tok, D, D, hp->eps));
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const tgt_layer *L = &m->layers[il];
-        TD_TRY(be->rmsnorm(be, w->h, w->x, L->attn_norm, n_tok, D, D, hp->eps));
         if (L->kind == TGT_LAYER_ATTN) {
             TD_TRY(tgt_attention(m, L, s->k[ia], s->v[ia], s->n_past, n_tok, w));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
-            if (record) {
-                TD_TRY(be->copy(be, s->rec_ssm0[id], s->ssm[id], tgt_ssm_floats(hp) * sizeof(float)));
+            if (record)
                 TD_TRY(be->copy(be, s->rec_conv0[id], s->conv[id], tgt_conv_floats(hp) * sizeof(float)));
-            }
             TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w,
-                                record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
-                                record ? s->rec_gb[id] : NULL));
+                                record ? s->rec_ssm0[id] : NULL, record ? s->rec_xconv[id] : NULL,
+                                record ? s->rec_qkv[id] : NULL, record ? s->rec_gb[id] : NULL));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wssm_out, n_tok));
             id++;
         }
-        TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
-
-        TD_TRY(be->rmsnorm(be, w->h, w->x, L->ffn_norm, n_tok, D, D, hp->eps));
+        TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps));
         TD_TRY(be->matmul(be, w->ff1, w->h, &L->ffn_gate, n_tok));
         TD_TRY(be->matmul(be, w->ff2, w->h, &L->ffn_up, n_tok));
         TD_TRY(be->swiglu(be, w->ff1, w->ff1, w->ff2, n_tok * hp->n_ff));
         TD_TRY(be->matmul(be, w->h, w->ff1, &L->ffn_down, n_tok));
-        TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
+        if (il + 1 < hp->n_layer)
+            TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].attn_norm, n_tok, D,
+                                   hp->eps));
+        else
+            TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
 
+        /* tap j of token t at tap_out[t][j]: one strided copy per tap */
         for (int64_t j = 0; out && j < out->n_taps; j++) {
             if (out->taps[j] != il)
                 continue;
-            for (int64_t t = 0; t < n_tok; t++)
-                TD_TRY(be->copy(be, out->tap_out + (t * out->n_taps + j) * D, w->x + t * D,
-                                (size_t)D * sizeof(float)));
+            size_t row = (size_t)D * sizeof(float);
+            TD_TRY(be->copy2d(be, out->tap_out + j * D, (size_t)out->n_taps * row, w->x, row,
+                              row, (size_t)n_tok));
         }
     }
     if (out && out->logits) {
@@ -498,31 +476,26 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
         return TD_OK;
     int64_t ch = hp->conv_ch, nv = hp->n_v_head, km1 = hp->conv_k - 1;
     int64_t qk = hp->n_k_head * hp->d_k;
-    /* the replay's g, beta and output use the forward scratch, which holds n >= keep tokens */
+    /* the replay's output uses the forward scratch, which holds n >= keep tokens */
     tgt_work *w = m->work;
-    float *g = w->gb, *beta = w->gb + keep * nv;
+    /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs], which is the
+     * tail of rec_conv0 from row keep, then the head of rec_xconv */
+    int64_t n0 = keep < km1 ? km1 - keep : 0;
+    size_t row = (size_t)ch * sizeof(float);
     for (int64_t i = 0; i < s->n_delta; i++) {
-        /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs] */
-        for (int64_t r = 0; r < km1; r++) {
-            int64_t src = keep + r; /* index into the concatenation, oldest first */
-            const float *row = src < km1 ? s->rec_conv0[i] + src * ch
-                                         : s->rec_xconv[i] + (src - km1) * ch;
-            TD_TRY(be->copy(be, s->conv[i] + r * ch, row, (size_t)ch * sizeof(float)));
-        }
+        TD_TRY(be->copy(be, s->conv[i], s->rec_conv0[i] + keep * ch, (size_t)n0 * row));
+        TD_TRY(be->copy(be, s->conv[i] + n0 * ch, s->rec_xconv[i] + (keep + n0 - km1) * ch,
+                        (size_t)(km1 - n0) * row));
         TD_TRY(be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float)));
         if (keep == 0)
             continue;
-        for (int64_t t = 0; t < keep; t++) {
-            TD_TRY(be->copy(be, g + t * nv, s->rec_gb[i] + (t * 2) * nv, (size_t)nv * sizeof(float)));
-            TD_TRY(be->copy(be, beta + t * nv, s->rec_gb[i] + (t * 2 + 1) * nv,
-                            (size_t)nv * sizeof(float)));
-        }
         const float *qkv = s->rec_qkv[i];
         ops_delta d = {
             .n_tok = keep, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
             .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
-            .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = beta,
-            .state = s->ssm[i], .state_all = NULL, .out = w->o,
+            .k_tok_stride = ch, .v_tok_stride = ch, .g = s->rec_gb[i], .beta = s->rec_gb[i] + nv,
+            .gb_tok_stride = 2 * nv, .state = s->ssm[i], .state_prev = NULL, .state_all = NULL,
+            .out = w->o,
         };
         TD_TRY(be->delta_rule(be, &d));
     }

@@ -25,6 +25,15 @@ static td_err be_cpu_copy(const ops_backend *be, void *dst, const void *src, siz
     return TD_OK;
 }
 
+static td_err be_cpu_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,
+                            size_t spitch, size_t width, size_t rows)
+{
+    (void)be;
+    for (size_t r = 0; r < rows && width; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return TD_OK;
+}
+
 static td_err be_cpu_zero(const ops_backend *be, void *p, size_t bytes)
 {
     (void)be;
@@ -131,6 +140,34 @@ static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
     return TD_OK;
 }
 
+static td_err be_cpu_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
+                                 const float *w, int64_t n_rows, int64_t dim, float eps)
+{
+    (void)be;
+    cpu_add_rmsnorm(x, h, out, w, n_rows, dim, eps);
+    return TD_OK;
+}
+
+static td_err be_cpu_rmsnorm_silu(const ops_backend *be, float *out, const float *x,
+                                  const float *w, const float *z, int64_t n_rows, int64_t dim,
+                                  float eps)
+{
+    (void)be;
+    cpu_rmsnorm_silu(out, x, w, z, n_rows, dim, eps);
+    return TD_OK;
+}
+
+static td_err be_cpu_delta_prep(const ops_backend *be, float *gb, float *qkv, const float *alpha,
+                                const float *beta, const float *dt_bias, const float *ssm_a,
+                                int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
+                                int64_t qkv_stride, float eps)
+{
+    (void)be;
+    cpu_delta_prep(gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head, d_k,
+                   qkv_stride, eps);
+    return TD_OK;
+}
+
 static td_err be_cpu_softcap(const ops_backend *be, float *out, const float *x, float cap,
                              int64_t n)
 {
@@ -172,6 +209,7 @@ static const ops_backend be_cpu = {
     .to_device = be_cpu_copy,
     .to_host = be_cpu_copy,
     .copy = be_cpu_copy,
+    .copy2d = be_cpu_copy2d,
     .zero = be_cpu_zero,
     .sync = be_cpu_sync,
     .matmul = be_cpu_matmul,
@@ -189,6 +227,9 @@ static const ops_backend be_cpu = {
     .attention = be_cpu_attention,
     .conv1d_causal = be_cpu_conv1d_causal,
     .delta_rule = be_cpu_delta_rule,
+    .add_rmsnorm = be_cpu_add_rmsnorm,
+    .rmsnorm_silu = be_cpu_rmsnorm_silu,
+    .delta_prep = be_cpu_delta_prep,
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,
     .accept_greedy = be_cpu_accept_greedy,

@@ -14,18 +14,21 @@ void cpu_delta_rule(const ops_delta *d)
     TD_ASSERT(d->n_k_head >= 1 && d->n_v_head % d->n_k_head == 0);
     TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->d_v <= DELTA_MAX_DV && d->n_tok >= 0);
     const int64_t dk = d->d_k, dv = d->d_v, nv = d->n_v_head;
+    const int64_t gbs = d->gb_tok_stride ? d->gb_tok_stride : nv;
 
 #pragma omp parallel for schedule(static) if (d->n_tok * nv * dk * dv >= (1 << 16))
     for (int64_t h = 0; h < nv; h++) {
         float *S = d->state + h * dk * dv; /* [d_k][d_v] */
         const int64_t kh = h % d->n_k_head;
         float u[DELTA_MAX_DV];
+        if (d->state_prev)
+            memcpy(d->state_prev + h * dk * dv, S, (size_t)(dk * dv) * sizeof(float));
         for (int64_t t = 0; t < d->n_tok; t++) {
             const float *q = d->q + t * d->q_tok_stride + kh * dk;
             const float *k = d->k + t * d->k_tok_stride + kh * dk;
             const float *v = d->v + t * d->v_tok_stride + h * dv;
-            const float decay = expf(d->g[t * nv + h]);
-            const float beta = d->beta[t * nv + h];
+            const float decay = expf(d->g[t * gbs + h]);
+            const float beta = d->beta[t * gbs + h];
 
             /* S = exp(g) S and kv = S^T k in one sweep */
             for (int64_t j = 0; j < dv; j++)

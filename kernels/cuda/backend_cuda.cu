@@ -36,6 +36,12 @@ static td_err be_cuda_copy(const ops_backend *be, void *dst, const void *src, si
     return cuda_mem_copy(dst, src, bytes, be->stream);
 }
 
+static td_err be_cuda_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t rows)
+{
+    return cuda_mem_copy2d(dst, dpitch, src, spitch, width, rows, be->stream);
+}
+
 static td_err be_cuda_zero(const ops_backend *be, void *p, size_t bytes)
 {
     return cuda_mem_fill(p, 0, bytes, be->stream);
@@ -119,6 +125,28 @@ static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
     return cuda_delta_rule(d, be->stream);
 }
 
+static td_err be_cuda_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
+                                  const float *w, int64_t n_rows, int64_t dim, float eps)
+{
+    return cuda_add_rmsnorm(x, h, out, w, n_rows, dim, eps, be->stream);
+}
+
+static td_err be_cuda_rmsnorm_silu(const ops_backend *be, float *out, const float *x,
+                                   const float *w, const float *z, int64_t n_rows, int64_t dim,
+                                   float eps)
+{
+    return cuda_rmsnorm_silu(out, x, w, z, n_rows, dim, eps, be->stream);
+}
+
+static td_err be_cuda_delta_prep(const ops_backend *be, float *gb, float *qkv,
+                                 const float *alpha, const float *beta, const float *dt_bias,
+                                 const float *ssm_a, int64_t n_tok, int64_t n_v_head,
+                                 int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps)
+{
+    return cuda_delta_prep(gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head, d_k,
+                           qkv_stride, eps, be->stream);
+}
+
 static td_err be_cuda_softcap(const ops_backend *be, float *out, const float *x, float cap,
                               int64_t n)
 {
@@ -164,6 +192,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->to_device = be_cuda_to_device;
     be->to_host = be_cuda_to_host;
     be->copy = be_cuda_copy;
+    be->copy2d = be_cuda_copy2d;
     be->zero = be_cuda_zero;
     be->sync = be_cuda_sync;
     be->matmul = be_cuda_matmul;
@@ -181,6 +210,9 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->attention = be_cuda_attention;
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
+    be->add_rmsnorm = be_cuda_add_rmsnorm;
+    be->rmsnorm_silu = be_cuda_rmsnorm_silu;
+    be->delta_prep = be_cuda_delta_prep;
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;

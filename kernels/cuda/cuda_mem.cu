@@ -79,6 +79,17 @@ extern "C" td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_st
     return e == cudaSuccess ? TD_OK : mem_fail(e, "device copy", bytes);
 }
 
+extern "C" td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                   size_t width, size_t rows, ops_stream st)
+{
+    if (width == 0 || rows == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL && dpitch >= width && spitch >= width);
+    cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows,
+                                      cudaMemcpyDeviceToDevice, st);
+    return e == cudaSuccess ? TD_OK : mem_fail(e, "device 2D copy", width * rows);
+}
+
 extern "C" td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st)
 {
     if (bytes == 0)

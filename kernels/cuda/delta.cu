@@ -21,10 +21,18 @@ __global__ void __launch_bounds__(DELTA_COLS) delta_kernel(ops_delta d)
     const int64_t j = (int64_t)blockIdx.x * DELTA_COLS + threadIdx.x;
     const bool live = j < dv;
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
+    const int64_t gbs = d.gb_tok_stride ? d.gb_tok_stride : nv;
     float s[DELTA_MAX_DK];
 #pragma unroll
     for (int i = 0; i < DELTA_MAX_DK; i++)
         s[i] = live && i < dk ? S[i * dv] : 0.0f;
+    if (live && d.state_prev) {
+        float *P = d.state_prev + h * dk * dv + j;
+#pragma unroll
+        for (int i = 0; i < DELTA_MAX_DK; i++)
+            if (i < dk)
+                P[i * dv] = s[i];
+    }
     for (int64_t t = 0; t < d.n_tok; t++) {
         const float *q = d.q + t * d.q_tok_stride + kh * dk;
         const float *k = d.k + t * d.k_tok_stride + kh * dk;
@@ -36,8 +44,8 @@ __global__ void __launch_bounds__(DELTA_COLS) delta_kernel(ops_delta d)
         __syncthreads();
         if (!live)
             continue;
-        const float decay = expf(d.g[t * nv + h]);
-        const float beta = d.beta[t * nv + h];
+        const float decay = expf(d.g[t * gbs + h]);
+        const float beta = d.beta[t * gbs + h];
         /* S = exp(g) S and kv = S^T k in one sweep, as the CPU */
         float kv = 0;
 #pragma unroll
@@ -83,7 +91,7 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     if (d->n_v_head > 65535 || d->d_v / DELTA_COLS >= INT32_MAX)
         return err_set(TD_ENOTSUP, "delta rule with %lld value heads of %lld",
                        (long long)d->n_v_head, (long long)d->d_v);
-    if (d->n_tok == 0 || d->n_v_head == 0)
+    if (d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev))
         return TD_OK;
     dim3 grid(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head);
     delta_kernel<<<grid, DELTA_COLS, 0, st>>>(*d);

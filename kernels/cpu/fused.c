@@ -1,0 +1,61 @@
+/* Fused chains of ops (kernels/ops.h): the same arithmetic as the chain, step by step (each
+ * intermediate rounded to f32 where the chain stored it), so the result is bit for bit the
+ * chain's. The point is the GPU twin: one launch and one pass over memory instead of several. */
+#include <math.h>
+
+#include "kernels/ops.h"
+
+/* 1 / (1 + e^-x) as cpu_sigmoid. */
+static float fused_sigmoid(float x)
+{
+    float e = expf(-fabsf(x));
+    return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+void cpu_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
+                     int64_t dim, float eps)
+{
+    TD_ASSERT(x != NULL && h != NULL && out != NULL && out != x && n_rows >= 0 && dim >= 1);
+    cpu_add(x, x, h, n_rows * dim);
+    cpu_rmsnorm(out, x, w, n_rows, dim, dim, eps);
+}
+
+void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
+                      int64_t n_rows, int64_t dim, float eps)
+{
+    TD_ASSERT(out != NULL && x != NULL && z != NULL && n_rows >= 0 && dim >= 1);
+#pragma omp parallel for schedule(static) if (n_rows * dim >= (1 << 16))
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * dim, *zr = z + r * dim;
+        float *o = out + r * dim;
+        double ss = 0;
+        for (int64_t i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        for (int64_t i = 0; i < dim; i++) {
+            float n = w ? xr[i] * inv * w[i] : xr[i] * inv;
+            float g = zr[i] * fused_sigmoid(zr[i]);
+            o[i] = n * g;
+        }
+    }
+}
+
+void cpu_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
+                    const float *dt_bias, const float *ssm_a, int64_t n_tok, int64_t n_v_head,
+                    int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps)
+{
+    TD_ASSERT(gb != NULL && qkv != NULL && alpha != NULL && beta != NULL);
+    TD_ASSERT(dt_bias != NULL && ssm_a != NULL && n_tok >= 0 && n_v_head >= 1);
+    TD_ASSERT(n_k_head >= 1 && d_k >= 1 && qkv_stride >= 2 * n_k_head * d_k);
+    const int64_t nv = n_v_head, qk = n_k_head * d_k;
+    const float q_scale = 1.0f / sqrtf((float)d_k);
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *g = gb + t * 2 * nv, *b = g + nv, *row = qkv + t * qkv_stride;
+        cpu_sigmoid(b, beta + t * nv, nv);
+        cpu_add(g, alpha + t * nv, dt_bias, nv);
+        cpu_softplus(g, g, nv);
+        cpu_mul(g, g, ssm_a, nv);
+        cpu_l2norm(row, row, 2 * n_k_head, d_k, d_k, eps);
+        cpu_scale(row, row, q_scale, qk);
+    }
+}

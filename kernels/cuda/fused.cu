@@ -1,0 +1,134 @@
+/* Fused chains (twins of kernels/cpu/fused.c): one launch where a layer used several.
+ * Norms keep norm.cu's order: f32 partial sums of squares per thread over a strided slice,
+ * f64 across the block in a fixed tree; one block per row (per head for the DeltaNet
+ * inputs), so a row's result never depends on the other rows of the call. */
+#include "kernels/cuda/ops_dev.cuh"
+
+#define FUSED_ROW_THREADS 256  /* a residual row (5120 wide on the 27B) */
+#define FUSED_HEAD_THREADS 128 /* a head of 128 values */
+#define FUSED_MAX_DK 1024
+
+__device__ __forceinline__ float fused_softplus(float x)
+{
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+
+/* x += h; out = rmsnorm(x) * w; block = one row of dim */
+__global__ void __launch_bounds__(FUSED_ROW_THREADS)
+add_rmsnorm_kernel(float *x, const float *h, float *out, const float *w, int64_t dim, float eps)
+{
+    __shared__ double sh[33];
+    float *xr = x + (int64_t)blockIdx.x * dim;
+    const float *hr = h + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS) {
+        const float v = __fadd_rn(xr[i], hr[i]);
+        xr[i] = v;
+        part = fmaf(v, v, part);
+    }
+    const double ss = dev_block_sum((double)part, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    /* each thread reads back only the values it wrote, and writes out[i] (which may be h)
+     * only after reading h[i] */
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS)
+        o[i] = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
+}
+
+/* out = rmsnorm(x) * w * silu(z); block = one row of dim */
+__global__ void __launch_bounds__(FUSED_HEAD_THREADS)
+rmsnorm_silu_kernel(float *out, const float *x, const float *w, const float *z, int64_t dim,
+                    float eps)
+{
+    __shared__ double sh[33];
+    const float *xr = x + (int64_t)blockIdx.x * dim, *zr = z + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
+        part = fmaf(xr[i], xr[i], part);
+    const double ss = dev_block_sum((double)part, sh); /* every x read before out is written */
+    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS) {
+        const float n = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
+        const float g = __fmul_rn(zr[i], dev_sigmoid(zr[i]));
+        o[i] = __fmul_rn(n, g);
+    }
+}
+
+/* grid (n_tok, 2*n_k_head + 1): blocks y < 2*n_k_head normalise one q or k head of token x;
+ * the last block of each token makes its g and beta */
+__global__ void __launch_bounds__(FUSED_HEAD_THREADS)
+delta_prep_kernel(float *gb, float *qkv, const float *alpha, const float *beta,
+                  const float *dt_bias, const float *ssm_a, int64_t nv, int64_t nk, int64_t dk,
+                  int64_t qkv_stride, float eps, float q_scale)
+{
+    __shared__ double sh[33];
+    const int64_t t = blockIdx.x, head = blockIdx.y;
+    if (head == 2 * nk) {
+        float *g = gb + t * 2 * nv, *b = g + nv;
+        for (int64_t i = threadIdx.x; i < nv; i += FUSED_HEAD_THREADS) {
+            b[i] = dev_sigmoid(beta[t * nv + i]);
+            g[i] = __fmul_rn(fused_softplus(__fadd_rn(alpha[t * nv + i], dt_bias[i])), ssm_a[i]);
+        }
+        return;
+    }
+    float *x = qkv + t * qkv_stride + head * dk;
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < dk; i += FUSED_HEAD_THREADS)
+        part = fmaf(x[i], x[i], part);
+    const double ss = dev_block_sum((double)part, sh);
+    const float inv = (float)(1.0 / sqrt(ss + (double)eps));
+    const bool is_q = head < nk;
+    for (int64_t i = threadIdx.x; i < dk; i += FUSED_HEAD_THREADS) {
+        const float v = __fmul_rn(x[i], inv);
+        x[i] = is_q ? __fmul_rn(v, q_scale) : v;
+    }
+}
+
+extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w,
+                                   int64_t n_rows, int64_t dim, float eps, ops_stream st)
+{
+    TD_ASSERT(x != NULL && h != NULL && out != NULL && out != x && n_rows >= 0 && dim >= 1);
+    if (n_rows > INT32_MAX)
+        return err_set(TD_ENOTSUP, "add_rmsnorm over %lld rows", (long long)n_rows);
+    if (n_rows == 0)
+        return TD_OK;
+    add_rmsnorm_kernel<<<(unsigned)n_rows, FUSED_ROW_THREADS, 0, st>>>(x, h, out, w, dim, eps);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
+                                    int64_t n_rows, int64_t dim, float eps, ops_stream st)
+{
+    TD_ASSERT(out != NULL && x != NULL && z != NULL && n_rows >= 0 && dim >= 1);
+    if (n_rows > INT32_MAX)
+        return err_set(TD_ENOTSUP, "rmsnorm_silu over %lld rows", (long long)n_rows);
+    if (n_rows == 0)
+        return TD_OK;
+    rmsnorm_silu_kernel<<<(unsigned)n_rows, FUSED_HEAD_THREADS, 0, st>>>(out, x, w, z, dim, eps);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+extern "C" td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
+                                  const float *dt_bias, const float *ssm_a, int64_t n_tok,
+                                  int64_t n_v_head, int64_t n_k_head, int64_t d_k,
+                                  int64_t qkv_stride, float eps, ops_stream st)
+{
+    TD_ASSERT(gb != NULL && qkv != NULL && alpha != NULL && beta != NULL);
+    TD_ASSERT(dt_bias != NULL && ssm_a != NULL && n_tok >= 0 && n_v_head >= 1);
+    TD_ASSERT(n_k_head >= 1 && d_k >= 1 && qkv_stride >= 2 * n_k_head * d_k);
+    if (d_k > FUSED_MAX_DK || n_tok > INT32_MAX || 2 * n_k_head + 1 > 65535)
+        return err_set(TD_ENOTSUP, "DeltaNet inputs of %lld tokens, %lld heads of %lld",
+                       (long long)n_tok, (long long)n_k_head, (long long)d_k);
+    if (n_tok == 0)
+        return TD_OK;
+    const float q_scale = 1.0f / sqrtf((float)d_k);
+    dim3 grid((unsigned)n_tok, (unsigned)(2 * n_k_head + 1));
+    delta_prep_kernel<<<grid, FUSED_HEAD_THREADS, 0, st>>>(gb, qkv, alpha, beta, dt_bias, ssm_a,
+                                                          n_v_head, n_k_head, d_k, qkv_stride,
+                                                          eps, q_scale);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}

@@ -1,0 +1,221 @@
+/* The fused CUDA ops (kernels/cuda/fused.cu) against their CPU twins on random data and odd
+ * shapes, each row or token bit-identical alone and inside a block (what greedy speculative
+ * decoding on the GPU relies on), the delta rule's strided g/beta and state-before output
+ * against its dense form bit for bit, and the 2D device copy. Outputs start as NaN, so an
+ * element never written fails. Skipped (77) without CUDA or a device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return 77;
+}
+
+#else
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+/* As test_gpu_ops' norms: f32 partial sums meeting in f64 against the CPU's f64 sum, 2e-6
+ * relative; the add is one IEEE operation, bit-identical. */
+static void test_add_rmsnorm_matches_cpu_and_rows_are_independent(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {16, 5120}, {2, 300}};
+    rng_seed(21);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;
+        const size_t bytes = (size_t)n * 4;
+        float *x = rng_floats(n, 4), *h = rng_floats(n, 2), *w = rng_floats(dim, 1.5f);
+        float *rx = malloc(bytes), *rh = malloc(bytes);
+        memcpy(rx, x, bytes);
+        memcpy(rh, h, bytes);
+        cpu_add_rmsnorm(rx, rh, rh, w, rows, dim, 1e-6f);
+        float *dx = dput(x, bytes), *dh = dput(h, bytes), *dw = dput(w, (size_t)dim * 4);
+        GPU_OK(cuda_add_rmsnorm(dx, dh, dh, dw, rows, dim, 1e-6f, gpu_st)); /* out = h */
+        float *gx = dget(dx, bytes), *gh = dget(dh, bytes);
+        assert_true(check_same_bits("add_rmsnorm x", gx, rx, bytes));
+        assert_true(check_close("add_rmsnorm out", gh, rh, n, 2e-6f, 1e-30f));
+        /* the last row alone, into a separate output: the same bits */
+        float *dx1 = dput(x + (rows - 1) * dim, (size_t)dim * 4);
+        float *dh1 = dput(h + (rows - 1) * dim, (size_t)dim * 4);
+        float *dout = dpoison((size_t)dim * 4);
+        GPU_OK(cuda_add_rmsnorm(dx1, dh1, dout, dw, 1, dim, 1e-6f, gpu_st));
+        float *g1 = dget(dout, (size_t)dim * 4);
+        assert_true(check_same_bits("add_rmsnorm row alone", g1, gh + (rows - 1) * dim,
+                                    (size_t)dim * 4));
+        free(g1), free(gx), free(gh), free(x), free(h), free(w), free(rx), free(rh);
+        cuda_mem_free(dx), cuda_mem_free(dh), cuda_mem_free(dw), cuda_mem_free(dx1);
+        cuda_mem_free(dh1), cuda_mem_free(dout);
+    }
+}
+
+/* Norm 2e-6 (above) and CUDA's expf in the sigmoid 1e-6 (test_gpu_ops): 4e-6 relative. */
+static void test_rmsnorm_silu_matches_cpu(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {48, 128}, {17, 200}};
+    rng_seed(22);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;
+        const size_t bytes = (size_t)n * 4;
+        float *x = rng_floats(n, 3), *z = rng_floats(n, 12), *w = rng_floats(dim, 2);
+        float *ref = malloc(bytes);
+        cpu_rmsnorm_silu(ref, x, w, z, rows, dim, 1e-6f);
+        float *dx = dput(x, bytes), *dz = dput(z, bytes), *dw = dput(w, (size_t)dim * 4);
+        float *dout = dpoison(bytes);
+        GPU_OK(cuda_rmsnorm_silu(dout, dx, dw, dz, rows, dim, 1e-6f, gpu_st));
+        float *got = dget(dout, bytes);
+        assert_true(check_close("rmsnorm_silu", got, ref, n, 4e-6f, 1e-30f));
+        GPU_OK(cuda_rmsnorm_silu(dx, dx, dw, dz, rows, dim, 1e-6f, gpu_st)); /* in place */
+        float *got2 = dget(dx, bytes);
+        assert_true(check_same_bits("rmsnorm_silu in place", got2, got, bytes));
+        free(got), free(got2), free(x), free(z), free(w), free(ref);
+        cuda_mem_free(dx), cuda_mem_free(dz), cuda_mem_free(dw), cuda_mem_free(dout);
+    }
+}
+
+/* L2 norm 2e-6 (as the norms) then the q scale, one more rounding: 3e-6 relative; g through
+ * log1pf/expf and beta through expf: 2e-6 (test_gpu_ops' activations, two of them for g). */
+static void test_delta_prep_matches_cpu_and_tokens_are_independent(void **state)
+{
+    (void)state;
+    static const int64_t cs[][4] = {{1, 48, 16, 128}, {16, 48, 16, 128}, {5, 9, 3, 7}};
+    rng_seed(23);
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        const int64_t T = cs[c][0], nv = cs[c][1], nk = cs[c][2], dk = cs[c][3];
+        const int64_t ch = 2 * nk * dk + nv * 3 + 1;
+        float *qkv = rng_floats(T * ch, 2), *al = rng_floats(T * nv, 6), *be = rng_floats(T * nv, 6);
+        float *dt = rng_floats(nv, 1), *a = rng_floats(nv, 1);
+        float *rq = malloc((size_t)(T * ch) * 4), *rgb = malloc((size_t)(T * 2 * nv) * 4);
+        memcpy(rq, qkv, (size_t)(T * ch) * 4);
+        cpu_delta_prep(rgb, rq, al, be, dt, a, T, nv, nk, dk, ch, 1e-6f);
+        float *dq = dput(qkv, (size_t)(T * ch) * 4), *dal = dput(al, (size_t)(T * nv) * 4);
+        float *dbe = dput(be, (size_t)(T * nv) * 4), *ddt = dput(dt, (size_t)nv * 4);
+        float *da = dput(a, (size_t)nv * 4), *dgb = dpoison((size_t)(T * 2 * nv) * 4);
+        GPU_OK(cuda_delta_prep(dgb, dq, dal, dbe, ddt, da, T, nv, nk, dk, ch, 1e-6f, gpu_st));
+        float *gq = dget(dq, (size_t)(T * ch) * 4), *ggb = dget(dgb, (size_t)(T * 2 * nv) * 4);
+        assert_true(check_close("delta_prep qkv", gq, rq, T * ch, 3e-6f, 1e-30f));
+        assert_true(check_close("delta_prep g, beta", ggb, rgb, T * 2 * nv, 2e-6f, 1e-30f));
+        /* the last token alone: the same bits */
+        float *dq1 = dput(qkv + (T - 1) * ch, (size_t)ch * 4);
+        float *dal1 = dput(al + (T - 1) * nv, (size_t)nv * 4), *dbe1 = dput(be + (T - 1) * nv, (size_t)nv * 4);
+        float *dgb1 = dpoison((size_t)(2 * nv) * 4);
+        GPU_OK(cuda_delta_prep(dgb1, dq1, dal1, dbe1, ddt, da, 1, nv, nk, dk, ch, 1e-6f, gpu_st));
+        float *gq1 = dget(dq1, (size_t)ch * 4), *ggb1 = dget(dgb1, (size_t)(2 * nv) * 4);
+        assert_true(check_same_bits("delta_prep token alone", gq1, gq + (T - 1) * ch, (size_t)ch * 4));
+        assert_true(check_same_bits("delta_prep gates alone", ggb1, ggb + (T - 1) * 2 * nv,
+                                    (size_t)(2 * nv) * 4));
+        free(qkv), free(al), free(be), free(dt), free(a), free(rq), free(rgb), free(gq), free(ggb);
+        free(gq1), free(ggb1);
+        cuda_mem_free(dq), cuda_mem_free(dal), cuda_mem_free(dbe), cuda_mem_free(ddt);
+        cuda_mem_free(da), cuda_mem_free(dgb), cuda_mem_free(dq1), cuda_mem_free(dal1);
+        cuda_mem_free(dbe1), cuda_mem_free(dgb1);
+    }
+}
+
+/* g/beta interleaved per token with a stride, and the state before the block handed out:
+ * the same bits as the dense layout on the GPU. */
+static void test_delta_rule_strided_gates_and_state_before(void **state)
+{
+    (void)state;
+    const int64_t T = 6, nk = 2, nv = 6, dk = 128, dv = 128, ch = 2 * nk * dk + nv * dv;
+    const int64_t ns = nv * dk * dv;
+    rng_seed(24);
+    float *qkv = rng_floats(T * ch, 0.08f), *g = rng_floats(T * nv, 0.5f), *b = rng_floats(T * nv, 0.5f);
+    for (int64_t i = 0; i < T * nv; i++)
+        g[i] = -fabsf(g[i]), b[i] = fabsf(b[i]);
+    float *gb = malloc((size_t)(T * 2 * nv) * 4);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(gb + t * 2 * nv, g + t * nv, (size_t)nv * 4);
+        memcpy(gb + t * 2 * nv + nv, b + t * nv, (size_t)nv * 4);
+    }
+    float *s0 = rng_floats(ns, 0.5f);
+    float *dq = dput(qkv, (size_t)(T * ch) * 4);
+    ops_delta d = {.n_tok = T, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv, .q = dq,
+                   .k = dq + nk * dk, .v = dq + 2 * nk * dk, .q_tok_stride = ch,
+                   .k_tok_stride = ch, .v_tok_stride = ch};
+    d.g = dput(g, (size_t)(T * nv) * 4);
+    d.beta = dput(b, (size_t)(T * nv) * 4);
+    d.state = dput(s0, (size_t)ns * 4);
+    d.out = dpoison((size_t)(T * nv * dv) * 4);
+    GPU_OK(cuda_delta_rule(&d, gpu_st));
+    ops_delta e = d;
+    float *dgb = dput(gb, (size_t)(T * 2 * nv) * 4);
+    e.g = dgb, e.beta = dgb + nv, e.gb_tok_stride = 2 * nv;
+    e.state = dput(s0, (size_t)ns * 4);
+    e.state_prev = dpoison((size_t)ns * 4);
+    e.out = dpoison((size_t)(T * nv * dv) * 4);
+    GPU_OK(cuda_delta_rule(&e, gpu_st));
+    float *o1 = dget(d.out, (size_t)(T * nv * dv) * 4), *o2 = dget(e.out, (size_t)(T * nv * dv) * 4);
+    float *s1 = dget(d.state, (size_t)ns * 4), *s2 = dget(e.state, (size_t)ns * 4);
+    float *sp = dget(e.state_prev, (size_t)ns * 4);
+    assert_true(check_same_bits("strided out", o2, o1, (size_t)(T * nv * dv) * 4));
+    assert_true(check_same_bits("strided state", s2, s1, (size_t)ns * 4));
+    assert_true(check_same_bits("state before", sp, s0, (size_t)ns * 4));
+    free(qkv), free(g), free(b), free(gb), free(s0), free(o1), free(o2), free(s1), free(s2), free(sp);
+    cuda_mem_free(dq), cuda_mem_free((void *)d.g), cuda_mem_free((void *)d.beta);
+    cuda_mem_free(d.state), cuda_mem_free(d.out), cuda_mem_free(dgb), cuda_mem_free(e.state);
+    cuda_mem_free(e.state_prev), cuda_mem_free(e.out);
+}
+
+/* rows of width bytes between pitches, as the taps are copied: exact, the gaps untouched */
+static void test_copy2d_moves_rows_between_pitches(void **state)
+{
+    (void)state;
+    enum { ROWS = 7, W = 20, SP = 24, DP = 60 };
+    uint8_t src[ROWS * SP], want[ROWS * DP];
+    for (int i = 0; i < ROWS * SP; i++)
+        src[i] = (uint8_t)(i * 7 + 3);
+    memset(want, 0xFF, sizeof want);
+    for (int r = 0; r < ROWS; r++)
+        memcpy(want + r * DP, src + r * SP, W);
+    void *ds = dput(src, sizeof src), *dd = dpoison(sizeof want);
+    GPU_OK(cuda_mem_copy2d(dd, DP, ds, SP, W, ROWS, gpu_st));
+    uint8_t *got = dget(dd, sizeof want);
+    assert_memory_equal(got, want, sizeof want);
+    free(got);
+    cuda_mem_free(ds);
+    cuda_mem_free(dd);
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_rmsnorm_matches_cpu_and_rows_are_independent),
+        cmocka_unit_test(test_rmsnorm_silu_matches_cpu),
+        cmocka_unit_test(test_delta_prep_matches_cpu_and_tokens_are_independent),
+        cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
+        cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif

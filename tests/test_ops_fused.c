@@ -1,0 +1,160 @@
+/* The fused CPU ops give bit for bit what the chains of ops they replace give (so fusing the
+ * target's forward pass changes no CPU result), on odd shapes; and the delta rule reads g and
+ * beta with a token stride and hands out the state before the block exactly. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/ops.h"
+
+static uint64_t rng = 88172645463325252ull;
+
+/* uniform in [-scale, scale) */
+static float *rnd(int64_t n, float scale)
+{
+    float *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
+    for (int64_t i = 0; i < n; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        r[i] = ((float)(rng >> 40) / 16777216.0f * 2.0f - 1.0f) * scale;
+    }
+    return r;
+}
+
+static float *dup(const float *x, int64_t n)
+{
+    float *r = malloc((size_t)n * sizeof *r);
+    memcpy(r, x, (size_t)n * sizeof *r);
+    return r;
+}
+
+static void test_add_rmsnorm_equals_add_then_rmsnorm(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 5120}, {16, 96}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;
+        float *x = rnd(n, 4), *h = rnd(n, 2), *w = rnd(dim, 1.5f);
+        float *xa = dup(x, n), *ha = dup(h, n), *xb = dup(x, n), *hb = dup(h, n);
+        float *out = malloc((size_t)n * sizeof *out);
+        cpu_add(xa, xa, ha, n);
+        cpu_rmsnorm(ha, xa, w, rows, dim, dim, 1e-6f);          /* the chain, out = h */
+        cpu_add_rmsnorm(xb, hb, hb, w, rows, dim, 1e-6f);        /* fused, out = h */
+        assert_memory_equal(xa, xb, (size_t)n * sizeof(float));
+        assert_memory_equal(ha, hb, (size_t)n * sizeof(float));
+        memcpy(xb, x, (size_t)n * sizeof *xb);
+        cpu_add_rmsnorm(xb, h, out, NULL, rows, dim, 1e-5f);     /* separate out, no weight */
+        memcpy(xa, x, (size_t)n * sizeof *xa);
+        cpu_add(xa, xa, h, n);
+        cpu_rmsnorm(ha, xa, NULL, rows, dim, dim, 1e-5f);
+        assert_memory_equal(out, ha, (size_t)n * sizeof(float));
+        free(x), free(h), free(w), free(xa), free(ha), free(xb), free(hb), free(out);
+    }
+}
+
+static void test_rmsnorm_silu_equals_rmsnorm_silu_mul(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1, 1}, {48, 128}, {7, 33}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;
+        float *x = rnd(n, 3), *z = rnd(n, 12), *w = rnd(dim, 2);
+        z[0] = 90.0f; /* sigmoid saturates */
+        float *xa = dup(x, n), *za = dup(z, n), *xb = dup(x, n);
+        cpu_rmsnorm(xa, xa, w, rows, dim, dim, 1e-6f);
+        cpu_silu(za, za, n);
+        cpu_mul(xa, xa, za, n);
+        cpu_rmsnorm_silu(xb, xb, w, z, rows, dim, 1e-6f); /* in place; z only read */
+        assert_memory_equal(xa, xb, (size_t)n * sizeof(float));
+        float *zc = dup(z, n);
+        assert_memory_equal(z, zc, (size_t)n * sizeof(float));
+        free(x), free(z), free(w), free(xa), free(za), free(xb), free(zc);
+    }
+}
+
+/* The chain tgt_delta_inputs ran before: sigmoid over the block, then per token add,
+ * softplus, mul, l2norm, scale. */
+static void delta_chain(float *g, float *beta, float *qkv, const float *dt, const float *a,
+                        int64_t n_tok, int64_t nv, int64_t nk, int64_t dk, int64_t ch)
+{
+    cpu_sigmoid(beta, beta, n_tok * nv);
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *gt = g + t * nv, *row = qkv + t * ch;
+        cpu_add(gt, gt, dt, nv);
+        cpu_softplus(gt, gt, nv);
+        cpu_mul(gt, gt, a, nv);
+        cpu_l2norm(row, row, 2 * nk, dk, dk, 1e-6f);
+        cpu_scale(row, row, 1.0f / sqrtf((float)dk), nk * dk);
+    }
+}
+
+static void test_delta_prep_equals_the_per_token_chain(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][4] = {{1, 6, 2, 8}, {16, 48, 16, 128}, {5, 9, 3, 7}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t n_tok = shapes[s][0], nv = shapes[s][1], nk = shapes[s][2], dk = shapes[s][3];
+        int64_t ch = 2 * nk * dk + nv * 5 + 3; /* v after q and k, odd width */
+        float *qkv = rnd(n_tok * ch, 2), *alpha = rnd(n_tok * nv, 6), *beta = rnd(n_tok * nv, 6);
+        float *dt = rnd(nv, 1), *a = rnd(nv, 1);
+        alpha[0] = 40.0f, alpha[1] = -40.0f; /* softplus at both ends */
+        float *qa = dup(qkv, n_tok * ch), *ga = dup(alpha, n_tok * nv), *ba = dup(beta, n_tok * nv);
+        delta_chain(ga, ba, qa, dt, a, n_tok, nv, nk, dk, ch);
+        float *gb = rnd(n_tok * 2 * nv, 1), *qb = dup(qkv, n_tok * ch);
+        cpu_delta_prep(gb, qb, alpha, beta, dt, a, n_tok, nv, nk, dk, ch, 1e-6f);
+        assert_memory_equal(qa, qb, (size_t)(n_tok * ch) * sizeof(float));
+        for (int64_t t = 0; t < n_tok; t++) {
+            assert_memory_equal(gb + t * 2 * nv, ga + t * nv, (size_t)nv * sizeof(float));
+            assert_memory_equal(gb + t * 2 * nv + nv, ba + t * nv, (size_t)nv * sizeof(float));
+        }
+        free(qkv), free(alpha), free(beta), free(dt), free(a), free(qa), free(ga), free(ba);
+        free(gb), free(qb);
+    }
+}
+
+static void test_delta_rule_strided_gates_and_state_before(void **state)
+{
+    (void)state;
+    const int64_t n_tok = 5, nk = 2, nv = 4, dk = 8, dv = 16, ch = 2 * nk * dk + nv * dv;
+    float *qkv = rnd(n_tok * ch, 0.3f), *g = rnd(n_tok * nv, 0.5f), *b = rnd(n_tok * nv, 0.5f);
+    for (int64_t i = 0; i < n_tok * nv; i++) {
+        g[i] = -fabsf(g[i]);
+        b[i] = fabsf(b[i]);
+    }
+    float *gb = malloc((size_t)(n_tok * 2 * nv) * sizeof *gb);
+    for (int64_t t = 0; t < n_tok; t++) {
+        memcpy(gb + t * 2 * nv, g + t * nv, (size_t)nv * sizeof *gb);
+        memcpy(gb + t * 2 * nv + nv, b + t * nv, (size_t)nv * sizeof *gb);
+    }
+    int64_t ns = nv * dk * dv;
+    float *s0 = rnd(ns, 1), *sa = dup(s0, ns), *sb = dup(s0, ns), *prev = rnd(ns, 1);
+    float *oa = malloc((size_t)(n_tok * nv * dv) * sizeof *oa), *ob = malloc((size_t)(n_tok * nv * dv) * sizeof *ob);
+    ops_delta d = {.n_tok = n_tok, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv,
+                   .q = qkv, .k = qkv + nk * dk, .v = qkv + 2 * nk * dk, .q_tok_stride = ch,
+                   .k_tok_stride = ch, .v_tok_stride = ch, .g = g, .beta = b, .state = sa,
+                   .out = oa};
+    cpu_delta_rule(&d);
+    d.g = gb, d.beta = gb + nv, d.gb_tok_stride = 2 * nv, d.state = sb, d.state_prev = prev;
+    d.out = ob;
+    cpu_delta_rule(&d);
+    assert_memory_equal(oa, ob, (size_t)(n_tok * nv * dv) * sizeof(float));
+    assert_memory_equal(sa, sb, (size_t)ns * sizeof(float));
+    assert_memory_equal(prev, s0, (size_t)ns * sizeof(float));
+    free(qkv), free(g), free(b), free(gb), free(s0), free(sa), free(sb), free(prev), free(oa), free(ob);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_rmsnorm_equals_add_then_rmsnorm),
+        cmocka_unit_test(test_rmsnorm_silu_equals_rmsnorm_silu_mul),
+        cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
+        cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
