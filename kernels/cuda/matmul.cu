@@ -227,11 +227,12 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
         const float *xc = x + (size_t)t0 * w->cols;
         const bool decode = nc == 1 && mmd_supported(w->type);
-        if (mmq_unit(w->type) == 4 && decode)
+        const bool placed = decode && mmd_placed(w->type); /* see mm_decode_unit_pos */
+        if (mmq_unit(w->type) == 4 && placed)
             xquant_kernel<4, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         else if (mmq_unit(w->type) == 4)
             xquant_kernel<4, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
-        else if (decode)
+        else if (placed)
             xquant_kernel<8, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
         else
             xquant_kernel<8, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);

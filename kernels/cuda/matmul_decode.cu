@@ -75,7 +75,7 @@ template <bool Q5> struct kq {
 /* Words a lane loads per row and k-block. */
 template <int T> __host__ __device__ constexpr int load_regs()
 {
-    return T == TD_Q6_K ? 32 : T == TD_Q5_K ? 20 : 12;
+    return T == TD_Q6_K ? 32 : T == TD_Q5_K ? 20 : 12; /* Q8_0: 12 */
 }
 
 /* k-blocks in flight per chain: about 48 registers of loads per lane, 2..4 k-blocks. */
@@ -334,6 +334,100 @@ __device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
     }
 }
 
+/* --- Q8_0: 34-byte blocks at any even offset -------------------------------------------- */
+
+/* A k-block is 4 blocks (128 inputs; the last one of a row may hold fewer): lane i of a group
+ * takes block i whole, so its dot products need no butterfly; the group then walks the 4
+ * blocks' terms in order (kblock_q80's sequence) with them gathered by shuffles. The block is
+ * the three aligned pieces under it (up to 14 bytes past it: the matrix's last block reads
+ * its last piece up to the end), d and q[32] shifted out of them. */
+template <int R> struct kbuf8 {
+    uint4 p[R][3];
+};
+
+template <int R>
+__device__ __forceinline__ void kbuf8_load(kbuf8<R> &b, const uint8_t *const (&row)[R], int kb,
+                                           int i, int nblk, const uint8_t *wend)
+{
+    const int blk_i = 4 * kb + i;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (blk_i >= nblk) { /* past the row's last block: nothing to read */
+            b.p[r][0] = b.p[r][1] = b.p[r][2] = make_uint4(0, 0, 0, 0);
+            continue;
+        }
+        const uint8_t *blk = row[r] + (size_t)blk_i * 34;
+        const uint8_t *base = blk - ((uintptr_t)blk & 15);
+        b.p[r][0] = ld_stream(base);
+        b.p[r][1] = ld_stream(base + 16);
+        b.p[r][2] = base + 48 <= wend ? ld_stream(base + 32) : ld_tail(base + 32, wend);
+    }
+}
+
+/* Words 0..7 of the bytes s (2..16, even) past the start of the 48 bytes p. */
+__device__ __forceinline__ void shift_q8(uint32_t (&out)[8], const uint4 (&p)[3], int s)
+{
+    const uint32_t c[12] = {p[0].x, p[0].y, p[0].z, p[0].w, p[1].x, p[1].y,
+                            p[1].z, p[1].w, p[2].x, p[2].y, p[2].z, p[2].w};
+    uint32_t t[12], u[10], v[9];
+#pragma unroll
+    for (int j = 0; j < 12; j++) /* by 16 bytes */
+        t[j] = (s & 16) ? (j + 4 < 12 ? c[j + 4] : 0u) : c[j];
+#pragma unroll
+    for (int j = 0; j < 10; j++) /* by 8 */
+        u[j] = (s & 8) ? t[j + 2] : t[j];
+#pragma unroll
+    for (int j = 0; j < 9; j++) /* by 4 */
+        v[j] = (s & 4) ? u[j + 1] : u[j];
+#pragma unroll
+    for (int k = 0; k < 8; k++) /* by 2 (or 0) */
+        out[k] = __funnelshift_r(v[k], v[k + 1], 8 * (s & 2));
+}
+
+template <int R>
+__device__ __forceinline__ void kbuf8_use(float (&acc)[R], const kbuf8<R> &b,
+                                          const uint8_t *const (&row)[R], const int8_t *xq,
+                                          const float *xd, int n_pad, int kb, int i, int nblk,
+                                          unsigned gm)
+{
+    const int blk_i = 4 * kb + i;
+    const int n_in = nblk - 4 * kb < 4 ? nblk - 4 * kb : 4; /* blocks in this k-block */
+    /* inputs 32 blk_i .. +31, plain layout: 4 x {hi[0..3], hi[4..7], lo[0..3], lo[4..7]} */
+    const int8_t *xb = xq + (size_t)blk_i * 64;
+    uint4 x[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x[k] = blk_i < nblk ? __ldg((const uint4 *)(xb + 16 * k)) : make_uint4(0, 0, 0, 0);
+    const float dx = __ldg(xd + (size_t)(kb >> 1) * n_pad); /* 2 k-blocks per x block */
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int a = (int)(((uintptr_t)row[r] + (size_t)blk_i * 34) & 15);
+        uint32_t q[8];
+        shift_q8(q, b.p[r], a + 2);
+        /* d: the 16 bits at byte a, i.e. word a / 4 of the first piece, half (a / 2) % 2 */
+        const uint32_t dword = a < 8 ? (a < 4 ? b.p[r][0].x : b.p[r][0].y)
+                                     : (a < 12 ? b.p[r][0].z : b.p[r][0].w);
+        const float dw = f16f(dword >> (8 * (a & 2)));
+        int dh = 0, dl = 0;
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const uint4 u = x[m >> 1];
+            dh = __dp4a((int)q[m], (int)((m & 1) ? u.y : u.x), dh);
+            dl = __dp4a((int)q[m], (int)((m & 1) ? u.w : u.z), dl);
+        }
+        const int v = 256 * dh + dl;
+        float s = acc[r];
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* block j of the k-block, in order */
+            const float dj = __shfl_sync(gm, dw, j, 4);
+            const int vj = __shfl_sync(gm, v, j, 4);
+            if (j < n_in)
+                s = __fmaf_rn(__fmul_rn(dx, dj), __int2float_rn(vj), s);
+        }
+        acc[r] = s;
+    }
+}
+
 /* The registers of one k-block for type T. */
 template <int T, int R> struct kbuf_of {
     using type = kbuf<T == TD_Q5_K, R>;
@@ -341,11 +435,14 @@ template <int T, int R> struct kbuf_of {
 template <int R> struct kbuf_of<TD_Q6_K, R> {
     using type = kbuf6<R>;
 };
+template <int R> struct kbuf_of<TD_Q8_0, R> {
+    using type = kbuf8<R>;
+};
 
 /* Rows r0 .. r0 + 2R - 1 (nr of them real) into y, as described at the top. */
 template <int T, int R>
 __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8_t *wend,
-                                         uint32_t row_bytes, int64_t r0, int nr, int nkb,
+                                         uint32_t row_bytes, int64_t r0, int nr, int nblk,
                                          const int8_t *xq, const float *xd, int n_pad, int lane)
 {
     constexpr bool Q5 = T == TD_Q5_K;
@@ -359,7 +456,8 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
         const int k = h * R + r;
         row[r] = w + (size_t)(r0 + (k < nr ? k : nr - 1)) * row_bytes;
     }
-    const int nk = nkb > q ? (nkb - q + 3) / 4 : 0; /* this chain's k-blocks */
+    const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk; /* k-blocks per row */
+    const int nk = nkb > q ? (nkb - q + 3) / 4 : 0;        /* this chain's */
 
     float acc[R];
 #pragma unroll
@@ -369,6 +467,8 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
     auto load = [&](int u, int kb) {
         if constexpr (T == TD_Q6_K)
             kbuf6_load(buf[u], row, kb, i, wend);
+        else if constexpr (T == TD_Q8_0)
+            kbuf8_load(buf[u], row, kb, i, nblk, wend);
         else
             kbuf_load<Q5, R>(buf[u], row, kb, i);
     };
@@ -384,6 +484,8 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
             if (s < nk) {
                 if constexpr (T == TD_Q6_K)
                     kbuf6_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, gm);
+                else if constexpr (T == TD_Q8_0)
+                    kbuf8_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, nblk, gm);
                 else
                     kbuf_use(acc, buf[u], xq, xd, n_pad, q + 4 * s, i, gm);
                 if (s + D < nk)
@@ -410,7 +512,7 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
  * sizes the grid so that the units split evenly over the warps. */
 template <int T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
-    mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nkb,
+    mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nblk,
                const int8_t *xq, const float *xd, int n_pad)
 {
     const int lane = threadIdx.x & 31;
@@ -420,7 +522,7 @@ __global__ void __launch_bounds__(WARPS * 32)
          u += n_warps) {
         const int64_t r0 = u * 2 * R;
         const int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
-        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nkb, xq, xd, n_pad, lane);
+        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nblk, xq, xd, n_pad, lane);
     }
 }
 
@@ -451,8 +553,9 @@ template <int T, int R>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
               cudaStream_t st)
 {
-    const int64_t nkb = w->cols / MM_XBLOCK;
-    if (w->row_bytes > ((size_t)1 << 26) || nkb > 0x7fffffff)
+    /* blocks per row: super-blocks, or Q8_0's blocks of 32 */
+    const int64_t nblk = w->cols / (T == TD_Q8_0 ? 32 : MM_XBLOCK);
+    if (w->row_bytes > ((size_t)1 << 26) || nblk > 0x7fffffff)
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
     static int occ_of[64]; /* resident CTAs per SM, per device ordinal (0: not asked yet) */
@@ -478,13 +581,13 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
     const uint8_t *wd = (const uint8_t *)w->data;
     cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                                       w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
+                                       w->rows, (int)nblk, xq->xq, xq->xd, xq->n_pad);
     if (e != cudaSuccess && cfg.numAttrs) {
         (void)cudaGetLastError(); /* plain launches from now on */
         __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
         cfg.numAttrs = 0;
         e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                               w->rows, (int)nkb, xq->xq, xq->xd, xq->n_pad);
+                               w->rows, (int)nblk, xq->xq, xq->xd, xq->n_pad);
     }
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
@@ -509,14 +612,22 @@ td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 
 bool mmd_supported(td_dtype type)
 {
-    return type == TD_Q4_K || type == TD_Q5_K || type == TD_Q6_K;
+    return type == TD_Q4_K || type == TD_Q5_K || type == TD_Q6_K || type == TD_Q8_0;
+}
+
+bool mmd_placed(td_dtype type)
+{
+    return type != TD_Q8_0; /* Q8_0 lanes read 64 contiguous bytes of the plain layout */
 }
 
 td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st)
 {
     TD_ASSERT(xq->n_tok == 1 && mmd_supported(w->type));
-    TD_ASSERT(((uintptr_t)w->data & 15) == 0 && w->cols % MM_XBLOCK == 0);
+    TD_ASSERT(((uintptr_t)w->data & 15) == 0);
+    TD_ASSERT(w->type == TD_Q8_0 || w->cols % MM_XBLOCK == 0);
+    if (w->type == TD_Q8_0)
+        return launch_rows<TD_Q8_0>(y, xq, w, dev, st);
     if (w->type == TD_Q6_K)
         return launch_rows<TD_Q6_K>(y, xq, w, dev, st);
     if (w->type == TD_Q5_K)

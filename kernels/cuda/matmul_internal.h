@@ -81,6 +81,10 @@ td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_d
  * instead of mmq_launch; its activations are then laid out by mm_decode_unit_pos. */
 bool mmd_supported(td_dtype type);
 
+/* Whether the single-token kernel for type wants its activations placed by
+ * mm_decode_unit_pos (else the plain layout). */
+bool mmd_placed(td_dtype type);
+
 /* y[0][w->rows] = xq . W^T for one token (xq->n_tok == 1) and a type mmd_supported accepts,
  * with the same arithmetic as mmq_launch (so the same bits). PDL as for mmq_launch. */
 td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
