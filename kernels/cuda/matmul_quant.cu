@@ -148,7 +148,7 @@ __device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *w,
 /* --- the kernel --------------------------------------------------------------------------- */
 
 /* grid: one CTA per 16*MT rows; block: KSPLIT warps; dynamic shared memory smem_bytes(). */
-template <int T, int MT, int NT, bool ONE>
+template <int T, int MT, int NT>
 __global__ void __launch_bounds__(KSPLIT * 32)
     mmq_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
                mm_xquant xq)
@@ -218,11 +218,11 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
         const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
         if constexpr (T == TD_Q4_K || T == TD_Q5_K)
-            kblock_kq<T == TD_Q5_K, MT, NT, ONE>(acc, slot, x, l);
+            kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
         else if constexpr (T == TD_Q6_K)
-            kblock_q6k<MT, NT, ONE>(acc, slot, kbase, row_bytes, x, l);
+            kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
         else
-            kblock_q80<MT, NT, ONE>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
+            kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
         __syncwarp(); /* every lane is done with the slot before it is refilled */
     }
     cp_async_wait<0>();
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 int g_pdl_refused;
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
-template <int T, int MT, int NT, bool ONE = false>
+template <int T, int MT, int NT>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
               cudaStream_t st)
 {
@@ -267,11 +267,11 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     const unsigned long long bit = 1ull << (ordinal & 63);
     if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
         if (smem > 48 * 1024)
-            CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
+            CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         /* as much shared memory as the SM has: more CTAs, more weight bytes in flight (L1
          * only serves the activations, a few KiB per token) */
-        CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT, ONE>,
+        CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                       cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared));
         __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
@@ -291,7 +291,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>,
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT>,
                                        y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
                                        w->rows, w->cols, *xq);
     if (e != cudaSuccess && cfg.numAttrs) {
@@ -299,7 +299,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         (void)cudaGetLastError();
         __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT, ONE>, y, (const uint8_t *)w->data,
+        e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT>, y, (const uint8_t *)w->data,
                                (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
     }
     if (e != cudaSuccess)
@@ -318,9 +318,7 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 {
     const bool two = w->rows >= (int64_t)2 * MROWS * 4 * dev->n_sm;
     switch (xq->n_pad) {
-    case 8:
-        if (xq->n_tok == 1) /* decode: skip the MMA outputs of the absent token 2t+1 */
-            return launch<T, 1, 1, true>(y, xq, w, dev, st);
+    case 8: /* 2..8 tokens (one token goes to matmul_decode.cu, but would work here too) */
         return launch<T, 1, 1>(y, xq, w, dev, st);
     case 16:
         return two ? launch<T, 2, 2>(y, xq, w, dev, st) : launch<T, 1, 2>(y, xq, w, dev, st);

@@ -201,7 +201,7 @@ template <int NT> __host__ __device__ constexpr int pass_tiles()
  * 8t..8t+7 of that sub-block. The mins enter through three k16 MMAs per k-block
  * (mma_digits): A = the 8 six-bit mins of a row in k slots 0..7 (lanes t = 0, 1), B = the
  * digits of the token's 32-input sums (mm_xquant). */
-template <bool Q5, int MT, int NT, bool ONE>
+template <bool Q5, int MT, int NT>
 __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t *slot,
                                           const xview &x, lane_pos l)
 {
@@ -283,8 +283,6 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
                         mma_k32(dl, a[0], a[1], a[2], a[3], b.z, b.w);
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-                            if (ONE && (i & 1))
-                                continue; /* token 2t+1: absent when n_tok = 1 */
                             ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
                             il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
                         }
@@ -306,8 +304,6 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
                 mma_digits(msum, a0, a1, bs);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    if (ONE && (i & 1))
-                        continue; /* token 2t+1: absent when n_tok = 1 */
                     const int h = i >> 1;                    /* row g or g+8 */
                     const float dxt = (i & 1) ? dx.y : dx.x; /* token 2t or 2t+1 */
                     const float I = __fmaf_rn(256.0f, __int2float_rn(ih[mt][ii][i]),
@@ -330,7 +326,7 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
  * -32 * sum_k sc_k * sum16_k, three k16 MMAs (mma_digits) with A = the 16 int8 scales of a
  * row (lane t: scales 4t..4t+3, the word at 192 + 4t) and B = the digits of the token's
  * 16-input sums. */
-template <int MT, int NT, bool ONE>
+template <int MT, int NT>
 __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes,
                                            const xview &x, lane_pos l)
@@ -401,8 +397,6 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
                             mma_k16(dl, q[qq][mt][0], q[qq][mt][1], b.y);
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
-                                if (ONE && (i & 1))
-                                    continue; /* token 2t+1: absent when n_tok = 1 */
                                 ih[mt][ii][i] += sc[mt][i >> 1] * dh[i];
                                 il[mt][ii][i] += sc[mt][i >> 1] * dl[i];
                             }
@@ -427,8 +421,6 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
                 mma_digits(csum, a0, a1, bs);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    if (ONE && (i & 1))
-                        continue; /* token 2t+1: absent when n_tok = 1 */
                     const int h = i >> 1;
                     const float dxt = (i & 1) ? dx.y : dx.x;
                     const float I = __fmaf_rn(-32.0f, __int2float_rn(csum[i]),
@@ -444,7 +436,7 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
 /* Q8_0: a k-block is up to 4 blocks of 34 bytes (f16 d, int8 q[32]) at any even offset (the
  * last k-block of a row may hold fewer). Lane (g, t) takes q[8t..8t+7] of rows g and g+8.
  * Two k-blocks share one x block (256 inputs). */
-template <int MT, int NT, bool ONE>
+template <int MT, int NT>
 __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes, int n_blk,
                                            const xview &x, lane_pos l)
@@ -492,8 +484,6 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
                     mma_k32(dl, a[mt][0], a[mt][1], a[mt][2], a[mt][3], bx.z, bx.w);
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
-                        if (ONE && (i & 1))
-                            continue; /* token 2t+1: absent when n_tok = 1 */
                         const float dxt = (i & 1) ? dx[ii].y : dx[ii].x;
                         acc[mt][nt][i] = __fmaf_rn(__fmul_rn(dxt, dw[mt][i >> 1]),
                                                    __int2float_rn(256 * dh[i] + dl[i]),
