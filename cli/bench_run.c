@@ -134,10 +134,23 @@ static td_err bench_state_fill(bench_tgt *b)
     size_t ssm = (size_t)(hp->n_v_head * hp->d_k * hp->d_v);
     size_t conv = (size_t)((hp->conv_k - 1) * hp->conv_ch);
     td_err e = TD_OK;
+    if (b->st.kv_type == TD_F16) {
+        /* an f16 cache gets the same values as halves: 2 halves per float slot copied */
+        uint16_t *h = (uint16_t *)rnd;
+        for (size_t i = 0; i < BENCH_RND; i++)
+            h[i] = ops_f32_to_f16(rnd[i]); /* in place, front to back: i < 2i */
+        kv /= 2;
+    }
     for (int64_t l = 0; e == TD_OK && l < b->st.n_attn; l++) {
         e = bench_fill(b->be, b->st.k[l], kv, rnd);
         if (e == TD_OK)
             e = bench_fill(b->be, b->st.v[l], kv, rnd);
+    }
+    if (b->st.kv_type == TD_F16) {
+        free(rnd); /* the recurrent state wants floats again */
+        rnd = bench_random(BENCH_RND, 7);
+        if (!rnd)
+            return err_set(TD_ENOMEM, "out of memory");
     }
     for (int64_t l = 0; e == TD_OK && l < b->st.n_delta; l++) {
         e = bench_fill(b->be, b->st.ssm[l], ssm, rnd);
@@ -385,9 +398,9 @@ uint64_t bench_draft_bytes(const tgt_model *m, const char *dir)
 uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx)
 {
     const tgt_hparams *hp = &m->hp;
-    uint64_t f = sizeof(float);
+    uint64_t f = sizeof(float), kv_elem = m->kv_type == TD_F16 ? 2 : 4;
     uint64_t kv = (uint64_t)m->n_attn_layers * (uint64_t)ctx * 2 *
-                  (uint64_t)(hp->n_head_kv * hp->head_dim) * f;
+                  (uint64_t)(hp->n_head_kv * hp->head_dim) * kv_elem;
     uint64_t rec = (uint64_t)m->n_delta_layers * 2 *
                    (uint64_t)(hp->n_v_head * hp->d_k * hp->d_v + (hp->conv_k - 1) * hp->conv_ch) * f;
     return kv + rec;

@@ -67,6 +67,8 @@ struct ops_backend {
                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                             int64_t n_ch, int64_t k);
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+    /* out[n] = x[n] as binary16 (cpu_to_f16): storing an f16 KV cache */
+    td_err (*to_f16)(const ops_backend *be, uint16_t *out, const float *x, int64_t n);
     /* the fused chains of kernels/ops.h */
     td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
                           const float *w, int64_t n_rows, int64_t dim, float eps);

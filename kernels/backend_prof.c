@@ -14,14 +14,14 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_N_OPS
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm", "add",
     "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "delta_prep",
+    "rmsnorm_silu", "delta_prep", "to_f16",
 };
 
 typedef struct pf_stat {
@@ -318,6 +318,11 @@ static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
     PF_TIMED(PF_DELTA_RULE, 1, in->delta_rule(in, d));
 }
 
+static td_err pf_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    PF_TIMED(PF_TO_F16, 1, in->to_f16(in, out, x, n));
+}
+
 static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                              const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -410,6 +415,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->attention = pf_attention;
     b->conv1d_causal = pf_conv1d_causal;
     b->delta_rule = pf_delta_rule;
+    b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;
     b->rmsnorm_silu = pf_rmsnorm_silu;
     b->delta_prep = pf_delta_prep;

@@ -53,6 +53,10 @@ uint16_t ops_f32_to_f16(float f);
 float ops_bf16_to_f32(uint16_t h);
 uint16_t ops_f32_to_bf16(float f);
 
+/* out[n] = x[n] rounded to binary16 (ops_f32_to_f16 each; kernels/cpu/convert.c): how an
+ * f16 KV cache is written. */
+void cpu_to_f16(uint16_t *out, const float *x, int64_t n);
+
 /* ---------------------------------------------------------------------------------------
  * Quantisation (kernels/cpu/quant.c: the one place that knows each block layout)
  * ------------------------------------------------------------------------------------- */
@@ -365,6 +369,9 @@ td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const floa
 
 /* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
 td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
+
+/* cpu_to_f16 (kernels/cuda/convert.cu): round to nearest even, bit-identical. */
+td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stream st);
 
 /* The fused chains (kernels/cuda/fused.cu): the CPU's formulas, the sums of squares in the
  * norms' fixed order (f32 per thread, f64 across the block), so within rounding of the CPU

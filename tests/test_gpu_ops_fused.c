@@ -1,7 +1,7 @@
 /* The fused CUDA ops (kernels/cuda/fused.cu) against their CPU twins on random data and odd
  * shapes, each row or token bit-identical alone and inside a block (what greedy speculative
  * decoding on the GPU relies on), the delta rule's strided g/beta and state-before output
- * against its dense form bit for bit, and the 2D device copy. Outputs start as NaN, so an
+ * against its dense form bit for bit, the 2D device copy and the f16 store of the KV cache. Outputs start as NaN, so an
  * element never written fails. Skipped (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
@@ -202,6 +202,31 @@ static void test_copy2d_moves_rows_between_pitches(void **state)
     cuda_mem_free(dd);
 }
 
+/* f32 -> f16 as the KV cache is stored: round to nearest even, bit-identical to the CPU,
+ * including subnormal halves, overflow to infinity and signed zeros */
+static void test_to_f16_matches_cpu_bits(void **state)
+{
+    (void)state;
+    const int64_t n = (1 << 20) + 5; /* past one grid-stride round */
+    rng_seed(25);
+    float *x = rng_floats(n, 70000.0f);
+    static const float special[] = {0.0f, -0.0f, 65504.0f, 65520.0f, 1e-7f, -6.1e-5f, 3.0e-8f,
+                                    INFINITY, -INFINITY, 1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        x[i] = special[i];
+    for (int64_t i = 16; i < 4096; i++)
+        x[i] *= 1e-9f; /* small magnitudes: subnormal halves */
+    uint16_t *ref = malloc((size_t)n * 2);
+    cpu_to_f16(ref, x, n);
+    float *dx = dput(x, (size_t)n * 4);
+    uint16_t *dout = dpoison((size_t)n * 2);
+    GPU_OK(cuda_to_f16(dout, dx, n, gpu_st));
+    uint16_t *got = dget(dout, (size_t)n * 2);
+    assert_true(check_same_bits("to_f16", got, ref, (size_t)n * 2));
+    free(x), free(ref), free(got);
+    cuda_mem_free(dx), cuda_mem_free(dout);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -212,6 +237,7 @@ int main(void)
         cmocka_unit_test(test_delta_prep_matches_cpu_and_tokens_are_independent),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
+        cmocka_unit_test(test_to_f16_matches_cpu_bits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -91,6 +91,9 @@ typedef struct tgt_model {
     int64_t n_delta_layers;   /* layers of kind TGT_LAYER_DELTA */
     float *owned;             /* f32 copies of small vectors stored as F16/BF16 in the file */
     const ops_backend *be;    /* where the weights live and the forward pass runs */
+    td_dtype kv_type;         /* element type of the attention KV cache of new states: TD_F16
+                               * on a GPU (half the bytes attention reads), TD_F32 on the CPU
+                               * (the reference); set before tgt_state_init to choose */
     void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
     struct tgt_work *work;    /* scratch reused by forward passes (one caller at a time) */
 } tgt_model;
@@ -112,8 +115,9 @@ typedef struct tgt_state {
     int64_t n_past;      /* positions whose KV/state exist (committed) */
     int64_t n_attn;      /* attention layers of the model (length of k, v) */
     int64_t n_delta;     /* DeltaNet layers of the model (length of ssm, conv, rec_*) */
-    float **k;           /* per attention layer: [n_ctx][n_head_kv][head_dim] */
-    float **v;           /* per attention layer: [n_ctx][n_head_kv][head_dim] */
+    td_dtype kv_type;    /* TD_F32 or TD_F16: the elements of k and v (the model's kv_type) */
+    void **k;            /* per attention layer: [n_ctx][n_head_kv][head_dim] of kv_type */
+    void **v;            /* per attention layer: [n_ctx][n_head_kv][head_dim] of kv_type */
     float **ssm;         /* per DeltaNet layer: [n_v_head][d_k][d_v] */
     float **conv;        /* per DeltaNet layer: [conv_k-1][conv_ch] raw inputs, oldest first */
 
@@ -132,10 +136,11 @@ typedef struct tgt_state {
 } tgt_state;
 
 /* Caller memory for one sequence's state (a kvd slot, laid out by common/kvlayout): each
- * pointer is the first layer's array, the others follow contiguously. */
+ * pointer is the first layer's array, the others follow contiguously. The KV regions are
+ * sized for f32; an f16 cache (kv_type TD_F16) uses the first half of each layer's region. */
 typedef struct tgt_state_mem {
-    float *k;         /* [n_attn][n_ctx][n_head_kv][head_dim] */
-    float *v;         /* [n_attn][n_ctx][n_head_kv][head_dim] */
+    float *k;         /* [n_attn][n_ctx][n_head_kv][head_dim] f32-sized */
+    float *v;         /* [n_attn][n_ctx][n_head_kv][head_dim] f32-sized */
     float *ssm;       /* [n_delta][n_v_head][d_k][d_v] */
     float *conv;      /* [n_delta][conv_k-1][conv_ch] */
     float *rec_ssm0;  /* [n_delta][n_v_head][d_k][d_v] */

@@ -15,6 +15,7 @@
 typedef struct tgt_work {
     int64_t cap_tok;  /* tokens the buffers below hold */
     int64_t cap_pos;  /* positions pos holds */
+    int64_t n_tok;    /* tokens of the forward pass running */
     float *x;         /* [cap_tok][n_embd] residual stream */
     float *h;         /* [cap_tok][n_embd] normed input of a sublayer */
     float *a;         /* [cap_tok][max mixer width]: q+gate (attention) or raw qkv (DeltaNet) */
@@ -140,6 +141,49 @@ static void tgt_free_list(const ops_backend *be, float **list, int64_t n)
     free(list);
 }
 
+/* Bytes of one element of the KV cache. */
+static size_t tgt_kv_elem(td_dtype t)
+{
+    return t == TD_F16 ? 2 : 4;
+}
+
+static void tgt_free_kv(const ops_backend *be, void **list, int64_t n)
+{
+    if (!list)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        be->release(be, list[i]);
+    free(list);
+}
+
+/* n zeroed backend arrays of bytes each (a KV cache per layer); NULL (message set) when
+ * memory runs out. */
+static void **tgt_alloc_kv(const ops_backend *be, int64_t n, size_t bytes)
+{
+    void **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
+    if (!list) {
+        err_set(TD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (be->alloc(be, &list[i], bytes ? bytes : 1) != TD_OK ||
+            be->zero(be, list[i], bytes ? bytes : 1) != TD_OK) {
+            tgt_free_kv(be, list, n);
+            return NULL;
+        }
+    }
+    return list;
+}
+
+/* Layer i's KV array at base + i * floats (caller memory sized for f32). */
+static void **tgt_view_kv(int64_t n, float *base, size_t floats)
+{
+    void **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
+    for (int64_t i = 0; list && i < n; i++)
+        list[i] = base + (size_t)i * floats;
+    return list;
+}
+
 /* A per-layer list pointing at n consecutive arrays of floats each, starting at base. */
 static float **tgt_view_list(int64_t n, float *base, size_t floats)
 {
@@ -216,9 +260,10 @@ td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx)
     s->n_ctx = n_ctx;
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
-    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim);
-    s->k = tgt_alloc_list(s->be, s->n_attn, kv);
-    s->v = s->k ? tgt_alloc_list(s->be, s->n_attn, kv) : NULL;
+    s->kv_type = m->kv_type;
+    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(s->kv_type);
+    s->k = tgt_alloc_kv(s->be, s->n_attn, kv);
+    s->v = s->k ? tgt_alloc_kv(s->be, s->n_attn, kv) : NULL;
     s->ssm = s->v ? tgt_alloc_list(s->be, s->n_delta, tgt_ssm_floats(hp)) : NULL;
     s->conv = s->ssm ? tgt_alloc_list(s->be, s->n_delta, tgt_conv_floats(hp)) : NULL;
     if (!s->conv) {
@@ -239,10 +284,11 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
     s->n_ctx = n_ctx;
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
+    s->kv_type = m->kv_type;
     size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim);
     size_t rows = (size_t)(mem->rec_cap * hp->conv_ch);
-    s->k = tgt_view_list(s->n_attn, mem->k, kv);
-    s->v = tgt_view_list(s->n_attn, mem->v, kv);
+    s->k = tgt_view_kv(s->n_attn, mem->k, kv);
+    s->v = tgt_view_kv(s->n_attn, mem->v, kv);
     s->ssm = tgt_view_list(s->n_delta, mem->ssm, tgt_ssm_floats(hp));
     s->conv = tgt_view_list(s->n_delta, mem->conv, tgt_conv_floats(hp));
     s->rec_ssm0 = tgt_view_list(s->n_delta, mem->rec_ssm0, tgt_ssm_floats(hp));
@@ -266,8 +312,8 @@ void tgt_state_free(tgt_state *s)
         return;
     }
     int64_t na = s->bound ? 0 : s->n_attn, nd = s->bound ? 0 : s->n_delta;
-    tgt_free_list(s->be, s->k, na);
-    tgt_free_list(s->be, s->v, na);
+    tgt_free_kv(s->be, s->k, na);
+    tgt_free_kv(s->be, s->v, na);
     tgt_free_list(s->be, s->ssm, nd);
     tgt_free_list(s->be, s->conv, nd);
     tgt_rec_free(s, s->n_delta);
@@ -292,8 +338,9 @@ td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = src->be;
     TD_ASSERT(dst->n_ctx == src->n_ctx && dst->n_attn == src->n_attn &&
-              dst->n_delta == src->n_delta && dst->be == src->be);
-    size_t kv = (size_t)(src->n_past * hp->n_head_kv * hp->head_dim) * sizeof(float);
+              dst->n_delta == src->n_delta && dst->be == src->be &&
+              dst->kv_type == src->kv_type);
+    size_t kv = (size_t)(src->n_past * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(src->kv_type);
     for (int64_t i = 0; i < src->n_attn; i++) {
         TD_TRY(be->copy(be, dst->k[i], src->k[i], kv));
         TD_TRY(be->copy(be, dst->v[i], src->v[i], kv));
@@ -310,17 +357,22 @@ td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
 /* --- mixers ----------------------------------------------------------------------------- */
 
 /* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions n_past..; writes
- * this block's K/V into the cache and the mixer output (before attn_output) into w->o. */
-static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, float *kc, float *vc,
-                            int64_t n_past, int64_t n_tok, tgt_work *w)
+ * this block's K/V into the cache (kv_type) and the mixer output (before attn_output) into
+ * w->o. */
+static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_state *s,
+                            int64_t ia, tgt_work *w)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
+    int64_t n_past = s->n_past, n_tok = w->n_tok;
     int64_t hd = hp->head_dim, q_head = hp->attn_gate ? 2 * hd : hd;
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
-    float *q = w->a, *k = kc + n_past * kv_tok, *v = vc + n_past * kv_tok;
+    bool f16 = s->kv_type == TD_F16;
+    size_t at = (size_t)(n_past * kv_tok) * tgt_kv_elem(s->kv_type); /* bytes into the cache */
+    /* f32 K and V go straight into an f32 cache; for f16 they are rounded once, when stored */
+    float *q = w->a, *k = f16 ? w->b : (float *)((char *)s->k[ia] + at);
+    float *v = f16 ? w->c : (float *)((char *)s->v[ia] + at);
     TD_TRY(be->matmul(be, q, w->h, &L->wq, n_tok));
-    /* K and V go straight into the cache at their positions. */
     TD_TRY(be->matmul(be, k, w->h, &L->wk, n_tok));
     TD_TRY(be->matmul(be, v, w->h, &L->wv, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
@@ -329,17 +381,21 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, float *kc, f
     const int32_t *pos = w->pos + n_past;
     TD_TRY(be->rope_neox(be, q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta));
     TD_TRY(be->rope_neox(be, k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta));
+    if (f16) {
+        TD_TRY(be->to_f16(be, (uint16_t *)((char *)s->k[ia] + at), k, n_tok * kv_tok));
+        TD_TRY(be->to_f16(be, (uint16_t *)((char *)s->v[ia] + at), v, n_tok * kv_tok));
+    }
 
-    ops_attn at = {
+    ops_attn a = {
         .n_q = n_tok, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd),
         .q = q, .q_tok_stride = q_tok, .q_head_stride = q_head, .q_pos = pos,
-        .kv_type = TD_F32, .k = kc, .v = vc, .kv_tok_stride = kv_tok, .kv_head_stride = hd,
-        .k_pos = w->pos, .n_kv = n_past + n_tok, .mask = OPS_MASK_CAUSAL,
+        .kv_type = s->kv_type, .k = s->k[ia], .v = s->v[ia], .kv_tok_stride = kv_tok,
+        .kv_head_stride = hd, .k_pos = w->pos, .n_kv = n_past + n_tok, .mask = OPS_MASK_CAUSAL,
         .gate = hp->attn_gate ? q + hd : NULL, .gate_tok_stride = q_tok,
         .gate_head_stride = q_head, .out = w->o,
     };
-    return be->attention(be, &at);
+    return be->attention(be, &a);
 }
 
 /* Gated DeltaNet over h[n_tok]: conv state and recurrent state advance by n_tok; the
@@ -393,7 +449,7 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const tgt_layer *L = &m->layers[il];
         if (L->kind == TGT_LAYER_ATTN) {
-            TD_TRY(tgt_attention(m, L, s->k[ia], s->v[ia], s->n_past, n_tok, w));
+            TD_TRY(tgt_attention(m, L, s, ia, w));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
@@ -453,6 +509,7 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
     TD_TRY(m->be->to_device(m->be, w->ids, tokens, (size_t)n_tok * sizeof(int32_t)));
     TD_TRY(m->be->get_rows(m->be, w->x, &m->tok_embd, w->ids, n_tok));
     s->rec_n_tok = 0;
+    w->n_tok = n_tok;
     td_err e = tgt_layers(m, s, n_tok, record, out);
     if (e != TD_OK)
         return e; /* the state is unusable: the caller resets the sequence */

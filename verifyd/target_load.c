@@ -230,6 +230,7 @@ td_err tgt_load_gguf(tgt_model **out, gguf_file *file)
         return err_set(TD_ENOMEM, "out of memory loading the model");
     m->file = file;
     m->be = ops_backend_cpu();
+    m->kv_type = TD_F32;
     td_err e = tgt_work_init(m);
     if (e == TD_OK)
         e = tgt_hparams_read(&m->hp, file);
@@ -384,6 +385,7 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be)
         m->output.data = m->tok_embd.data;
     m->dev_arena = p.arena;
     m->be = be;
+    m->kv_type = TD_F16;
     return TD_OK;
 }
 

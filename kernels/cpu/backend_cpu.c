@@ -140,6 +140,13 @@ static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
     return TD_OK;
 }
 
+static td_err be_cpu_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    (void)be;
+    cpu_to_f16(out, x, n);
+    return TD_OK;
+}
+
 static td_err be_cpu_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                                  const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -227,6 +234,7 @@ static const ops_backend be_cpu = {
     .attention = be_cpu_attention,
     .conv1d_causal = be_cpu_conv1d_causal,
     .delta_rule = be_cpu_delta_rule,
+    .to_f16 = be_cpu_to_f16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
     .rmsnorm_silu = be_cpu_rmsnorm_silu,
     .delta_prep = be_cpu_delta_prep,

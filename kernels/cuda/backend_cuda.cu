@@ -125,6 +125,11 @@ static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
     return cuda_delta_rule(d, be->stream);
 }
 
+static td_err be_cuda_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    return cuda_to_f16(out, x, n, be->stream);
+}
+
 static td_err be_cuda_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                                   const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -210,6 +215,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->attention = be_cuda_attention;
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
+    be->to_f16 = be_cuda_to_f16;
     be->add_rmsnorm = be_cuda_add_rmsnorm;
     be->rmsnorm_silu = be_cuda_rmsnorm_silu;
     be->delta_prep = be_cuda_delta_prep;
