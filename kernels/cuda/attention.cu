@@ -94,8 +94,11 @@ __device__ __forceinline__ void att_write(const ops_attn &a, int64_t t, int64_t 
     a.out[(t * a.n_head + h) * a.head_dim + d] = o;
 }
 
-/* grid: x = row tile, y = kv head, z = split (one split per block when p.part != NULL) */
-__global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
+/* grid: x = row tile, y = kv head, z = split (one split per block when p.part != NULL).
+ * HD: head_dim known at compile time (0: read from p), so the element index arithmetic
+ * (e / D, e % D on every load and output value) is shifts instead of 64-bit divisions; the
+ * floating-point arithmetic is the same for every HD. */
+template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
 {
     const ops_attn &a = p.a;
     __shared__ float qs[ATT_ROWS][ATT_MAX_DIM];     /* this block's query rows */
@@ -109,7 +112,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
     __shared__ int32_t row_qp[ATT_ROWS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t D = a.head_dim, g = blockIdx.y;
+    const int64_t D = HD > 0 ? (int64_t)HD : a.head_dim, g = blockIdx.y;
     const int64_t r0 = (int64_t)blockIdx.x * ATT_ROWS;
     const int nr = (int)(p.n_rows - r0 < ATT_ROWS ? p.n_rows - r0 : ATT_ROWS);
 
@@ -345,7 +348,20 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
         TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
 
     dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
-    att_kernel<<<grid, ATT_THREADS, 0, st>>>(p);
+    switch (a->head_dim) {
+    case 256:
+        att_kernel<256><<<grid, ATT_THREADS, 0, st>>>(p);
+        break;
+    case 128:
+        att_kernel<128><<<grid, ATT_THREADS, 0, st>>>(p);
+        break;
+    case 64:
+        att_kernel<64><<<grid, ATT_THREADS, 0, st>>>(p);
+        break;
+    default:
+        att_kernel<0><<<grid, ATT_THREADS, 0, st>>>(p);
+        break;
+    }
     cuda_launch_note(1);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && split) {
