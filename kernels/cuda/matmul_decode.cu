@@ -1,5 +1,6 @@
-/* y = x . W^T for one token (decode) and Q4_K / Q5_K weights: integer dot products (dp4a)
- * on the CUDA cores, weights loaded straight into registers, no shared memory.
+/* y = x . W^T for one token (decode) and Q4_K, Q5_K, Q6_K, Q8_0 weights: integer dot
+ * products (dp4a) on the CUDA cores, weights loaded straight into registers, no shared
+ * memory.
  *
  * Why a kernel of its own: with one token the tensor-core kernel (matmul_quant.cu) wastes 7/8
  * of every MMA and is bound by latency and its grid (Nsight Compute on an H200, 5120 ->
@@ -14,20 +15,21 @@
  *
  *   A warp is 8 groups of 4 lanes, group g = 4h + q: rows of half h (R each), accumulation
  *   chain q = the k-blocks q, q+4, q+8, ... of those rows in increasing order (the
- *   tensor-core kernel's warp q). Per (row, k-block) the exact integers
- *   H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j, M = sum_j m_j * sum32_j come from
- *   per-lane partial sums (dp4a) and a 2-step integer butterfly in the group (integer sums do
- *   not depend on their order); then
+ *   tensor-core kernel's warp q). Per (row, k-block) the exact integers of matmul_quant.cu
+ *   (K-quants: H = sum_j sc_j * dot_hi_j, L = sum_j sc_j * dot_lo_j, M = sum_j m_j * sum32_j
+ *   or C = sum_k sc_k * sum16_k) come from per-lane partial sums (dp4a) and a 2-step integer
+ *   butterfly in the group (integer sums do not depend on their order); then the same f32
+ *   steps with the same _rn intrinsics, e.g. Q4_K/Q5_K
  *     I = fma(256, float(H), float(L)); acc = fma(dx * d, I, acc);
  *     acc = fma(-(dx * dmin), float(M), acc)
- *   with the same _rn intrinsics; finally y = ((p0 + p1) + p2) + p3 over the chains.
+ *   and finally y = ((p0 + p1) + p2) + p3 over the chains.
  *
- * Lane i of a group takes qs chunk i (32 bytes): the low nibbles are weights 0..31 of
- * sub-block 2i, the high nibbles those of sub-block 2i+1, so one lane covers two whole
- * sub-blocks (their scales, mins and sums) and a group needs two butterfly steps per value.
- * Its activations are 8 x 16 bytes (hi/lo digits of 8 inputs each); matmul.cu lays the
- * 256-input block out for this kernel (mm_decode_unit_pos) so that the k-th load of the
- * 4 lanes of a group is 64 contiguous bytes. */
+ * Q4_K/Q5_K: lane i of a group takes qs chunk i (32 bytes): the low nibbles are weights
+ * 0..31 of sub-block 2i, the high nibbles those of sub-block 2i+1, so one lane covers two
+ * whole sub-blocks (their scales, mins and sums). Its activations are 8 x 16 bytes (hi/lo
+ * digits of 8 inputs each); matmul.cu lays the 256-input block out for this kernel
+ * (mm_decode_unit_pos) so that the k-th load of the 4 lanes of a group is 64 contiguous
+ * bytes. Q6_K and Q8_0 mappings are described at their functions. */
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -65,6 +67,15 @@ __device__ __forceinline__ int ubyte_at(uint32_t w, int k)
 __device__ __forceinline__ int sum4(uint32_t a, int c)
 {
     return __dp4a((int)a, 0x01010101, c);
+}
+
+/* Byte k (0..3, run-time) of w, sign-extended. */
+__device__ __forceinline__ int sbyte_at(uint32_t w, int k)
+{
+    const uint32_t s = 8u | (uint32_t)k;
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"((uint32_t)k | s << 4 | s << 8 | s << 12));
+    return (int)r;
 }
 
 template <bool Q5> struct kq {
@@ -126,26 +137,25 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int m)
 /* Adds k-block kb of R rows to acc (every lane of the group updates the same values). */
 template <bool Q5, int R>
 __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
-                                         const int8_t *xq, const float *xd, int n_pad, int kb,
-                                         int i, unsigned gm)
+                                         const int8_t *xq, const float *xd, const int8_t *xs,
+                                         int n_pad, int kb, int i, unsigned gm)
 {
     const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
+    /* sum32 of sub-blocks 2i, 2i+1 from the rounding kernel's digits (mm_xquant: s0, s1, s2
+     * of j at 16 (j / 4) + 4 digit + j % 4): cheaper than summing the lane's 64 digits */
+    const uint4 sv =
+        __ldg((const uint4 *)(xs + (size_t)kb * n_pad * MM_XSUM_BYTES + 16 * (i >> 1)));
     int dh[2][R], dl[2][R], sum[2];
 #pragma unroll
     for (int half = 0; half < 2; half++) { /* sub-block 2i + half: nibble `half` of qs */
+        const int jb = 2 * (i & 1) + half; /* j % 4 */
+        sum[half] = 65536 * sbyte_at(sv.z, jb) + 256 * sbyte_at(sv.y, jb) + sbyte_at(sv.x, jb);
         /* units k = 0..3 (inputs 8k..8k+7 of the sub-block), each {hi[0..3], hi[4..7],
          * lo[0..3], lo[4..7]} */
         uint4 x[4];
 #pragma unroll
         for (int k = 0; k < 4; k++)
             x[k] = __ldg((const uint4 *)(xb + 64 * (4 * half + k)));
-        int sh = 0, sl = 0; /* this lane's sum32 of the sub-block: 256 sum(hi) + sum(lo) */
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            sh = sum4(x[k].y, sum4(x[k].x, sh));
-            sl = sum4(x[k].w, sum4(x[k].z, sl));
-        }
-        sum[half] = 256 * sh + sl;
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int h = 0, l = 0;
@@ -249,15 +259,6 @@ __device__ __forceinline__ void shift_words(uint32_t (&out)[N], uint4 p0, uint4 
 #pragma unroll
     for (int k = 0; k < N; k++) /* by 2 (or 0) */
         out[k] = __funnelshift_r(u[k], u[k + 1], 8 * (a & 2));
-}
-
-/* Byte k (0..3, run-time) of w, sign-extended. */
-__device__ __forceinline__ int sbyte_at(uint32_t w, int k)
-{
-    const uint32_t s = 8u | (uint32_t)k;
-    uint32_t r;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"((uint32_t)k | s << 4 | s << 8 | s << 12));
-    return (int)r;
 }
 
 /* Adds k-block kb of R rows to acc: per row H, L over the lane's 4 groups of 16 with their
@@ -443,7 +444,8 @@ template <int R> struct kbuf_of<TD_Q8_0, R> {
 template <int T, int R>
 __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8_t *wend,
                                          uint32_t row_bytes, int64_t r0, int nr, int nblk,
-                                         const int8_t *xq, const float *xd, int n_pad, int lane)
+                                         const int8_t *xq, const float *xd, const int8_t *xs,
+                                         int n_pad, int lane)
 {
     constexpr bool Q5 = T == TD_Q5_K;
     constexpr int D = depth<T, R>();
@@ -487,7 +489,7 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
                 else if constexpr (T == TD_Q8_0)
                     kbuf8_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, nblk, gm);
                 else
-                    kbuf_use(acc, buf[u], xq, xd, n_pad, q + 4 * s, i, gm);
+                    kbuf_use(acc, buf[u], xq, xd, xs, n_pad, q + 4 * s, i, gm);
                 if (s + D < nk)
                     load(u, q + 4 * (s + D));
             }
@@ -513,7 +515,7 @@ __device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8
 template <int T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
     mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nblk,
-               const int8_t *xq, const float *xd, int n_pad)
+               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
     const int lane = threadIdx.x & 31;
     const int64_t n_warps = (int64_t)gridDim.x * WARPS;
@@ -522,7 +524,7 @@ __global__ void __launch_bounds__(WARPS * 32)
          u += n_warps) {
         const int64_t r0 = u * 2 * R;
         const int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
-        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nblk, xq, xd, n_pad, lane);
+        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nblk, xq, xd, xs, n_pad, lane);
     }
 }
 
@@ -581,13 +583,13 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
     const uint8_t *wd = (const uint8_t *)w->data;
     cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                                       w->rows, (int)nblk, xq->xq, xq->xd, xq->n_pad);
+                                       w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     if (e != cudaSuccess && cfg.numAttrs) {
         (void)cudaGetLastError(); /* plain launches from now on */
         __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
         cfg.numAttrs = 0;
         e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                               w->rows, (int)nblk, xq->xq, xq->xd, xq->n_pad);
+                               w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     }
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
