@@ -68,7 +68,8 @@ __device__ __forceinline__ void load_x8(float (&v)[LANE_W], const float *xt, int
                                         int64_t cols, bool vec)
 {
     if (vec) {
-        const float4 a = __ldg((const float4 *)(xt + col)), b = __ldg((const float4 *)(xt + col) + 1);
+        const float4 a = __ldg((const float4 *)(xt + col));
+        const float4 b = __ldg((const float4 *)(xt + col) + 1);
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     } else {
