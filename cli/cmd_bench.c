@@ -505,6 +505,14 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
     r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
     bench_target(m, taps, n_taps, iters, &r.tgt);
+    uint64_t g_rec = 0, g_rep = 0;
+    tgt_graph_stats(m, &g_rec, &g_rep);
+    if (g_rep)
+        bench_note(&r, "target steps ran as CUDA graphs (%llu recordings, %llu replays; "
+                   "TANDEM_GRAPHS=0 runs them op by op)", (unsigned long long)g_rec,
+                   (unsigned long long)g_rep);
+    else if (r.on_gpu)
+        bench_note(&r, "target steps ran op by op (no CUDA graphs)");
     bench_note(&r, "32K context: the KV cache and recurrent state hold random finite values "
                "and n_past is set; no 32K-token prefill ran");
 

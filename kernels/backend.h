@@ -67,6 +67,10 @@ struct ops_backend {
                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                             int64_t n_ch, int64_t k);
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+    /* cpu_kv_store: a block's K/V rows into a cache at rows given in backend memory */
+    td_err (*kv_store)(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
+                       const float *k, const float *v, const int32_t *rows, int64_t n_tok,
+                       int64_t row);
     /* out[n] = x[n] as binary16 (cpu_to_f16): storing an f16 KV cache */
     td_err (*to_f16)(const ops_backend *be, uint16_t *out, const float *x, int64_t n);
     /* the fused chains of kernels/ops.h */
@@ -88,6 +92,16 @@ struct ops_backend {
     td_err (*accept_greedy)(const ops_backend *be, int32_t *argmax, int32_t *result,
                             const float *logits, const int32_t *draft, int64_t n,
                             int64_t n_vocab);
+
+    /* Recording a sequence of calls once and replaying it (CUDA graphs); NULL where the
+     * backend has none (the CPU, a profiler). Between graph_begin and graph_end the calls
+     * only record (nothing runs) and must not read host memory or wait; graph_end gives the
+     * recording (*graph) or an error after which nothing is being recorded. A replay runs
+     * the recorded calls with the arguments they had, reading memory as it is then. */
+    td_err (*graph_begin)(const ops_backend *be);
+    td_err (*graph_end)(const ops_backend *be, void **graph);
+    td_err (*graph_launch)(const ops_backend *be, void *graph);
+    void (*graph_free)(const ops_backend *be, void *graph);
 };
 
 /* The CPU backend (host memory; the ops are the cpu_* reference). Never fails. */

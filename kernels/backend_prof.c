@@ -14,14 +14,14 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_N_OPS
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm", "add",
     "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "delta_prep", "to_f16",
+    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store",
 };
 
 typedef struct pf_stat {
@@ -318,6 +318,13 @@ static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
     PF_TIMED(PF_DELTA_RULE, 1, in->delta_rule(in, d));
 }
 
+static td_err pf_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
+                          const float *k, const float *v, const int32_t *rows, int64_t n_tok,
+                          int64_t row)
+{
+    PF_TIMED(PF_KV_STORE, 1, in->kv_store(in, k_cache, v_cache, type, k, v, rows, n_tok, row));
+}
+
 static td_err pf_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
 {
     PF_TIMED(PF_TO_F16, 1, in->to_f16(in, out, x, n));
@@ -362,6 +369,26 @@ static td_err pf_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *
 {
     PF_TIMED(PF_ACCEPT_GREEDY, 1,
              in->accept_greedy(in, argmax, result, logits, draft, n, n_vocab));
+}
+
+static td_err pf_graph_begin(const ops_backend *be)
+{
+    return PF_IN(be)->graph_begin(PF_IN(be));
+}
+
+static td_err pf_graph_end(const ops_backend *be, void **graph)
+{
+    return PF_IN(be)->graph_end(PF_IN(be), graph);
+}
+
+static td_err pf_graph_launch(const ops_backend *be, void *graph)
+{
+    return PF_IN(be)->graph_launch(PF_IN(be), graph);
+}
+
+static void pf_graph_free(const ops_backend *be, void *graph)
+{
+    PF_IN(be)->graph_free(PF_IN(be), graph);
 }
 
 /* --- public ------------------------------------------------------------------------------- */
@@ -422,6 +449,13 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;
     b->accept_greedy = pf_accept_greedy;
+    b->kv_store = pf_kv_store;
+    /* graphs pass through; callers do not record or replay while profiling is on
+     * (ops_prof_on), since a replay would hide the ops and a recording would hold events */
+    b->graph_begin = inner->graph_begin ? pf_graph_begin : NULL;
+    b->graph_end = inner->graph_end ? pf_graph_end : NULL;
+    b->graph_launch = inner->graph_launch ? pf_graph_launch : NULL;
+    b->graph_free = inner->graph_free ? pf_graph_free : NULL;
     *out = b;
     return TD_OK;
 }
@@ -452,6 +486,11 @@ void ops_prof_free(ops_backend *be)
 bool ops_prof_active(const ops_backend *be)
 {
     return be->prof != NULL;
+}
+
+bool ops_prof_on(const ops_backend *be)
+{
+    return be->prof != NULL && be->prof->on;
 }
 
 void ops_prof_enable(const ops_backend *be, bool on)

@@ -53,6 +53,9 @@ void ops_prof_free(ops_backend *be);
 
 /* The calls below do nothing when be is not a profiler. */
 bool ops_prof_active(const ops_backend *be);
+/* Whether calls are being timed now (a profiler, not paused): recorded graphs must then
+ * neither be made nor replayed. */
+bool ops_prof_on(const ops_backend *be);
 /* Pauses (calls pass through untimed and uncounted) or resumes profiling. */
 void ops_prof_enable(const ops_backend *be, bool on);
 /* Forgets every count (pending device times are dropped after the stream finishes them). */

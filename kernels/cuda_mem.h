@@ -57,6 +57,19 @@ td_err cuda_event_wait(cuda_event ev);
 /* Microseconds between two completed events. */
 td_err cuda_event_elapsed_us(double *us, cuda_event begin, cuda_event end);
 
+/* CUDA graphs (kernels/cuda/graph.cu): work queued on st between begin and end is recorded,
+ * not run (relaxed capture mode: calls that are not stream work, such as attribute queries,
+ * stay allowed), and end instantiates it. A failed end leaves st capturing nothing and
+ * CUDA's error slot clear. */
+td_err cuda_graph_begin(ops_stream st);
+td_err cuda_graph_end(ops_stream st, void **graph);
+td_err cuda_graph_launch(void *graph, ops_stream st);
+void cuda_graph_free(void *graph);
+/* Grows the quantised matmul's activation scratch of st to what any matmul of up to 65536
+ * inputs needs, so a graph captured afterwards never holds a buffer a later growth frees
+ * (cuda_matmul grows it on demand and frees the old one). */
+td_err cuda_graph_prepare(ops_stream st);
+
 /* Kernel launches made by the CUDA twins so far in this process (every launch site of
  * kernels/cuda counts itself; the quantised matmul's main kernel, launched with
  * cudaLaunchKernelEx, is one per activation-rounding launch and is counted by the

@@ -57,6 +57,13 @@ uint16_t ops_f32_to_bf16(float f);
  * f16 KV cache is written. */
 void cpu_to_f16(uint16_t *out, const float *x, int64_t n);
 
+/* Appends a block's keys and values to an attention cache: token t's rows k[t], v[t] (row
+ * elements each, f32) go to rows rows[t] of k_cache and v_cache (elements of type: TD_F32
+ * copies, TD_F16 rounds as cpu_to_f16). rows [n_tok] is memory of the caller's backend, so
+ * the positions can change without the call changing (a replayed CUDA graph). */
+void cpu_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k, const float *v,
+                  const int32_t *rows, int64_t n_tok, int64_t row);
+
 /* ---------------------------------------------------------------------------------------
  * Quantisation (kernels/cpu/quant.c: the one place that knows each block layout)
  * ------------------------------------------------------------------------------------- */
@@ -372,6 +379,11 @@ td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
 
 /* cpu_to_f16 (kernels/cuda/convert.cu): round to nearest even, bit-identical. */
 td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stream st);
+
+/* cpu_kv_store (kernels/cuda/convert.cu), rows on the device. */
+td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k,
+                     const float *v, const int32_t *rows, int64_t n_tok, int64_t row,
+                     ops_stream st);
 
 /* The fused chains (kernels/cuda/fused.cu): the CPU's formulas, the sums of squares in the
  * norms' fixed order (f32 per thread, f64 across the block), so within rounding of the CPU

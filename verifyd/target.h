@@ -96,6 +96,10 @@ typedef struct tgt_model {
                                * (the reference); set before tgt_state_init to choose */
     void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
     struct tgt_work *work;    /* scratch reused by forward passes (one caller at a time) */
+    bool use_graphs;          /* run forward passes as recorded CUDA graphs (verifyd/
+                               * target_graph.c): on when the backend has graphs, unless
+                               * TANDEM_GRAPHS=0; cleared by itself if recording fails */
+    struct tgt_graphs *graphs; /* the recorded forward passes */
 } tgt_model;
 
 /* Loads a qwen3 or qwen35 GGUF file. Every tensor's presence, type and shape is checked
@@ -133,6 +137,8 @@ typedef struct tgt_state {
     float **rec_qkv;     /* per DeltaNet layer: normed q, k and v, [rec_cap][conv_ch] */
     float **rec_gb;      /* per DeltaNet layer: g then beta, [rec_cap][2][n_v_head] */
     bool bound;          /* the arrays live in caller memory (tgt_state_bind) */
+    uint64_t gen;        /* identity of the arrays for recorded forward passes: new whenever
+                          * they are (re)made */
 } tgt_state;
 
 /* Caller memory for one sequence's state (a kvd slot, laid out by common/kvlayout): each
@@ -178,6 +184,10 @@ typedef struct tgt_out {
  * the context would overflow (the state is then unchanged). */
 td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
                    bool record, const tgt_out *out);
+
+/* Forward passes run as CUDA graphs so far: recordings made and replays (each run of a
+ * recording, the first included). */
+void tgt_graph_stats(const tgt_model *m, uint64_t *recorded, uint64_t *replayed);
 
 /* After a recorded forward of n tokens, keeps the first keep (0 <= keep <= n): n_past and
  * the DeltaNet state become exactly those of having run only those tokens. KV entries past

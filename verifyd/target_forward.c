@@ -28,7 +28,12 @@ typedef struct tgt_work {
     float *ff1;       /* [cap_tok][n_ff] */
     float *ff2;       /* [cap_tok][n_ff] */
     int32_t *ids;     /* [cap_tok] token ids */
-    int32_t *pos;     /* [cap_pos] absolute positions 0.. */
+    int32_t *step_pos; /* [cap_tok] positions of the running forward's tokens */
+    int32_t *host_pos; /* [cap_tok] host staging of step_pos */
+    int32_t *pos;     /* [cap_pos] absolute positions 0.. (the keys') */
+    int64_t n_kv;     /* keys attention scans: n_past + n_tok, or n_ctx for a recording
+                       * (keys past a query are masked, so the result is the same) */
+    uint64_t gen;     /* changes whenever a buffer above moves (recordings hold addresses) */
 } tgt_work;
 
 static int64_t tgt_mixer_width(const tgt_hparams *hp)
@@ -49,9 +54,23 @@ static void tgt_work_release(const ops_backend *be, tgt_work *w)
         *f[i] = NULL;
     }
     be->release(be, w->ids);
+    be->release(be, w->step_pos);
     be->release(be, w->pos);
-    w->ids = w->pos = NULL;
+    free(w->host_pos);
+    w->ids = w->step_pos = w->pos = w->host_pos = NULL;
     w->cap_tok = w->cap_pos = 0;
+    w->gen = tgt_gen_next();
+}
+
+uint64_t tgt_gen_next(void)
+{
+    static uint64_t next = 1;
+    return __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+}
+
+uint64_t tgt_work_gen(const tgt_model *m)
+{
+    return m->work->gen;
 }
 
 td_err tgt_work_init(tgt_model *m)
@@ -95,6 +114,10 @@ static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
             }
         }
         td_err e = be->alloc(be, (void **)&w->ids, t * sizeof(int32_t));
+        if (e == TD_OK)
+            e = be->alloc(be, (void **)&w->step_pos, t * sizeof(int32_t));
+        if (e == TD_OK && !(w->host_pos = malloc(t * sizeof(int32_t))))
+            e = err_set(TD_ENOMEM, "out of memory for %lld positions", (long long)n_tok);
         if (e != TD_OK) {
             tgt_work_release(be, w);
             return e;
@@ -115,6 +138,7 @@ static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
         free(host);
         TD_TRY(e);
         w->cap_pos = cap;
+        w->gen = tgt_gen_next();
     }
     return TD_OK;
 }
@@ -247,6 +271,7 @@ static td_err tgt_rec_reserve(const tgt_model *m, tgt_state *s, int64_t n_tok)
         return err_wrap(TD_ENOMEM, "the rollback record of %lld tokens", (long long)n_tok);
     }
     s->rec_cap = n_tok;
+    s->gen = tgt_gen_next();
     return TD_OK;
 }
 
@@ -270,6 +295,7 @@ td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx)
         tgt_state_free(s);
         return err_wrap(TD_ENOMEM, "a context of %lld positions", (long long)n_ctx);
     }
+    s->gen = tgt_gen_next();
     return TD_OK;
 }
 
@@ -302,6 +328,7 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
         tgt_state_free(s);
         return err_set(TD_ENOMEM, "out of memory binding a sequence state");
     }
+    s->gen = tgt_gen_next();
     return TD_OK;
 }
 
@@ -356,42 +383,37 @@ td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
 
 /* --- mixers ----------------------------------------------------------------------------- */
 
-/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions n_past..; writes
- * this block's K/V into the cache (kv_type) and the mixer output (before attn_output) into
- * w->o. */
+/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions w->step_pos; writes
+ * this block's K/V into the cache (kv_type) at those rows and the mixer output (before
+ * attn_output) into w->o. */
 static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_state *s,
                             int64_t ia, tgt_work *w)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
-    int64_t n_past = s->n_past, n_tok = w->n_tok;
+    int64_t n_tok = w->n_tok;
     int64_t hd = hp->head_dim, q_head = hp->attn_gate ? 2 * hd : hd;
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
-    bool f16 = s->kv_type == TD_F16;
-    size_t at = (size_t)(n_past * kv_tok) * tgt_kv_elem(s->kv_type); /* bytes into the cache */
-    /* f32 K and V go straight into an f32 cache; for f16 they are rounded once, when stored */
-    float *q = w->a, *k = f16 ? w->b : (float *)((char *)s->k[ia] + at);
-    float *v = f16 ? w->c : (float *)((char *)s->v[ia] + at);
+    float *q = w->a, *k = w->b, *v = w->c;
     TD_TRY(be->matmul(be, q, w->h, &L->wq, n_tok));
     TD_TRY(be->matmul(be, k, w->h, &L->wk, n_tok));
     TD_TRY(be->matmul(be, v, w->h, &L->wv, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
     TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
     TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
-    const int32_t *pos = w->pos + n_past;
+    const int32_t *pos = w->step_pos;
     TD_TRY(be->rope_neox(be, q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta));
     TD_TRY(be->rope_neox(be, k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta));
-    if (f16) {
-        TD_TRY(be->to_f16(be, (uint16_t *)((char *)s->k[ia] + at), k, n_tok * kv_tok));
-        TD_TRY(be->to_f16(be, (uint16_t *)((char *)s->v[ia] + at), v, n_tok * kv_tok));
-    }
+    /* rows given on the device: a recording stays valid as n_past moves; an f16 cache
+     * rounds each key and value once, here */
+    TD_TRY(be->kv_store(be, s->k[ia], s->v[ia], s->kv_type, k, v, pos, n_tok, kv_tok));
 
     ops_attn a = {
         .n_q = n_tok, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd),
         .q = q, .q_tok_stride = q_tok, .q_head_stride = q_head, .q_pos = pos,
         .kv_type = s->kv_type, .k = s->k[ia], .v = s->v[ia], .kv_tok_stride = kv_tok,
-        .kv_head_stride = hd, .k_pos = w->pos, .n_kv = n_past + n_tok, .mask = OPS_MASK_CAUSAL,
+        .kv_head_stride = hd, .k_pos = w->pos, .n_kv = w->n_kv, .mask = OPS_MASK_CAUSAL,
         .gate = hp->attn_gate ? q + hd : NULL, .gate_tok_stride = q_tok,
         .gate_head_stride = q_head, .out = w->o,
     };
@@ -489,6 +511,13 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
     return TD_OK;
 }
 
+td_err tgt_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record, const tgt_out *out)
+{
+    tgt_work *w = m->work;
+    TD_TRY(m->be->get_rows(m->be, w->x, &m->tok_embd, w->ids, n_tok));
+    return tgt_layers(m, s, n_tok, record, out);
+}
+
 td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
                    bool record, const tgt_out *out)
 {
@@ -504,13 +533,17 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
                            tokens[i], (long long)i, (long long)hp->n_vocab);
     if (record)
         TD_TRY(tgt_rec_reserve(m, s, n_tok));
-    TD_TRY(tgt_work_reserve(m, n_tok, s->n_past + n_tok));
+    bool graph = tgt_graph_wanted(m);
+    TD_TRY(tgt_work_reserve(m, n_tok, graph ? s->n_ctx : s->n_past + n_tok));
     tgt_work *w = m->work;
+    for (int64_t i = 0; i < n_tok; i++)
+        w->host_pos[i] = (int32_t)(s->n_past + i);
     TD_TRY(m->be->to_device(m->be, w->ids, tokens, (size_t)n_tok * sizeof(int32_t)));
-    TD_TRY(m->be->get_rows(m->be, w->x, &m->tok_embd, w->ids, n_tok));
-    s->rec_n_tok = 0;
+    TD_TRY(m->be->to_device(m->be, w->step_pos, w->host_pos, (size_t)n_tok * sizeof(int32_t)));
     w->n_tok = n_tok;
-    td_err e = tgt_layers(m, s, n_tok, record, out);
+    w->n_kv = graph ? s->n_ctx : s->n_past + n_tok;
+    s->rec_n_tok = 0;
+    td_err e = graph ? tgt_graph_run(m, s, n_tok, record, out) : tgt_run(m, s, n_tok, record, out);
     if (e != TD_OK)
         return e; /* the state is unusable: the caller resets the sequence */
     if (record) {

@@ -9,4 +9,23 @@ td_err tgt_work_init(tgt_model *m);
 /* Releases the model's forward scratch. */
 void tgt_work_free(const tgt_model *m);
 
+/* The layers of one forward pass (target_forward.c): everything after the token ids and
+ * positions are in the scratch, only backend calls (so it can be recorded as a graph). */
+td_err tgt_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record, const tgt_out *out);
+/* Generation of the scratch buffers (changes when they move). */
+uint64_t tgt_work_gen(const tgt_model *m);
+/* A new identity for state arrays (tgt_state.gen). */
+uint64_t tgt_gen_next(void);
+
+/* target_graph.c: turns graphs on for a model placed on be (tgt_load_on). */
+void tgt_graphs_init(tgt_model *m);
+void tgt_graphs_free(tgt_model *m);
+/* Whether this forward pass can run as a graph. */
+bool tgt_graph_wanted(const tgt_model *m);
+/* tgt_run(m, s, n_tok, record, out) as a replay of a recording of it (made now if there is
+ * none for these arguments). Falls back to running it directly, and turns graphs off for the
+ * model, when recording fails. */
+td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record,
+                     const tgt_out *out);
+
 #endif

@@ -386,6 +386,7 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be)
     m->dev_arena = p.arena;
     m->be = be;
     m->kv_type = TD_F16;
+    tgt_graphs_init(m);
     return TD_OK;
 }
 
@@ -409,6 +410,7 @@ void tgt_free(tgt_model *m)
 {
     if (!m)
         return;
+    tgt_graphs_free(m);
     tgt_work_free(m);
     if (m->dev_arena)
         m->be->release(m->be, m->dev_arena);

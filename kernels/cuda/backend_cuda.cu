@@ -125,6 +125,37 @@ static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
     return cuda_delta_rule(d, be->stream);
 }
 
+static td_err be_cuda_kv_store(const ops_backend *be, void *k_cache, void *v_cache,
+                               td_dtype type, const float *k, const float *v,
+                               const int32_t *rows, int64_t n_tok, int64_t row)
+{
+    return cuda_kv_store(k_cache, v_cache, type, k, v, rows, n_tok, row, be->stream);
+}
+
+/* Before each recording the matmul scratch is made as large as it will ever need to be, so
+ * no later growth frees a buffer a recording holds. */
+static td_err be_cuda_graph_begin(const ops_backend *be)
+{
+    TD_TRY(cuda_graph_prepare(be->stream));
+    return cuda_graph_begin(be->stream);
+}
+
+static td_err be_cuda_graph_end(const ops_backend *be, void **graph)
+{
+    return cuda_graph_end(be->stream, graph);
+}
+
+static td_err be_cuda_graph_launch(const ops_backend *be, void *graph)
+{
+    return cuda_graph_launch(graph, be->stream);
+}
+
+static void be_cuda_graph_free(const ops_backend *be, void *graph)
+{
+    (void)be;
+    cuda_graph_free(graph);
+}
+
 static td_err be_cuda_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
 {
     return cuda_to_f16(out, x, n, be->stream);
@@ -215,7 +246,12 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->attention = be_cuda_attention;
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
+    be->kv_store = be_cuda_kv_store;
     be->to_f16 = be_cuda_to_f16;
+    be->graph_begin = be_cuda_graph_begin;
+    be->graph_end = be_cuda_graph_end;
+    be->graph_launch = be_cuda_graph_launch;
+    be->graph_free = be_cuda_graph_free;
     be->add_rmsnorm = be_cuda_add_rmsnorm;
     be->rmsnorm_silu = be_cuda_rmsnorm_silu;
     be->delta_prep = be_cuda_delta_prep;

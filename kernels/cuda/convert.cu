@@ -26,3 +26,39 @@ extern "C" td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stre
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
+
+/* grid (n_tok, 2): block (t, 0) stores token t's key row, (t, 1) its value row */
+__global__ void __launch_bounds__(CVT_THREADS)
+kv_store_kernel(void *k_cache, void *v_cache, bool f16, const float *k, const float *v,
+                const int32_t *rows, int64_t row)
+{
+    const int64_t t = blockIdx.x;
+    const float *src = (blockIdx.y ? v : k) + t * row;
+    const int64_t at = (int64_t)rows[t] * row;
+    if (f16) {
+        uint16_t *dst = (uint16_t *)(blockIdx.y ? v_cache : k_cache) + at;
+        for (int64_t i = threadIdx.x; i < row; i += CVT_THREADS)
+            dst[i] = __half_as_ushort(__float2half_rn(src[i]));
+    } else {
+        float *dst = (float *)(blockIdx.y ? v_cache : k_cache) + at;
+        for (int64_t i = threadIdx.x; i < row; i += CVT_THREADS)
+            dst[i] = src[i];
+    }
+}
+
+extern "C" td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k,
+                                const float *v, const int32_t *rows, int64_t n_tok, int64_t row,
+                                ops_stream st)
+{
+    TD_ASSERT(type == TD_F32 || type == TD_F16);
+    TD_ASSERT(n_tok >= 0 && row >= 1 && (n_tok == 0 || (k && v && rows && k_cache && v_cache)));
+    if (n_tok > INT32_MAX)
+        return err_set(TD_ENOTSUP, "kv_store of %lld tokens", (long long)n_tok);
+    if (n_tok == 0)
+        return TD_OK;
+    kv_store_kernel<<<dim3((unsigned)n_tok, 2), CVT_THREADS, 0, st>>>(k_cache, v_cache,
+                                                                      type == TD_F16, k, v, rows,
+                                                                      row);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
