@@ -125,6 +125,24 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
         run_l[tid] = 0;
     }
     __syncthreads();
+    if (p.part) {
+        /* A split no row can see (the keys past the queries when a recorded step scans the
+         * whole cache) hands the combine an empty partial at once: it folds nothing. */
+        const int64_t k0 = (int64_t)blockIdx.z * ATT_SPLIT;
+        const int nk = (int)(a.n_kv - k0 < ATT_SPLIT ? a.n_kv - k0 : ATT_SPLIT);
+        int seen = 0;
+        for (int e = tid; e < nr * nk && !seen; e += ATT_THREADS)
+            seen = att_visible(a, row_t[e / nk], row_qp[e / nk], k0 + e % nk);
+        if (!__syncthreads_or(seen)) {
+            if (tid < nr) {
+                float *pr = p.part + (((int64_t)blockIdx.z * a.n_q + row_t[tid]) * a.n_head +
+                                      row_h[tid]) * (D + 2);
+                pr[D] = -INFINITY;
+                pr[D + 1] = 0;
+            }
+            return;
+        }
+    }
     for (int64_t e = tid; e < (int64_t)nr * D; e += ATT_THREADS) {
         const int r = (int)(e / D);
         const int64_t d = e % D;
