@@ -40,11 +40,12 @@ static uint64_t next_seq = 1;
 
 static const char *const kvd_args[] = {"--slots", "8", "--device", "cuda", "--log-level",
                                        "info", NULL};
+/* debug logs: a failed proposal's reason is in verifyd's log (draftd detached: why) */
 static const char *const vd_args[] = {"--model", TARGET_PATH, "--draft", DRAFT_PATH, "--ctx",
                                       "256", "--draft-timeout-ms", "30000", "--device", "cuda",
-                                      "--log-level", "info", NULL};
+                                      "--log-level", "debug", NULL};
 static const char *const dd_args[] = {"--model", TARGET_PATH, "--draft", DRAFT_PATH, "--device",
-                                      "cuda", "--log-level", "info", NULL};
+                                      "cuda", "--log-level", "debug", NULL};
 
 /* The reference models and the three daemons; false (with the reason printed) on failure. */
 static bool start_all(void)
@@ -242,6 +243,20 @@ int main(void)
         rc = cmocka_run_group_tests(tests, NULL, NULL);
     } else {
         rc = 1;
+    }
+    msg_status st;
+    if (pl_status(&pl, &st) == TD_OK)
+        printf("verifyd: draft attached %d, attaches %llu, failures %llu, drafted %llu, "
+               "accepted %llu, steps %llu\n", st.draft_attached,
+               (unsigned long long)st.draft_attaches, (unsigned long long)st.draft_failures,
+               (unsigned long long)st.drafted, (unsigned long long)st.accepted,
+               (unsigned long long)st.steps);
+    if (rc != 0) {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "ls -la %s >&2", pl.dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "cannot list %s\n", pl.dir);
+        pl_dump_logs(&pl); /* every daemon's log, so a GPU run says why */
     }
     if (pl_teardown(&pl) != 0)
         rc = 1; /* a daemon did not exit cleanly (its log is printed) */
