@@ -255,6 +255,8 @@ typedef struct ops_delta {
                             * output is g = gb, beta = gb + n_v_head, stride 2*n_v_head */
 
     float *state;       /* [n_v_head][d_k][d_v], updated in place */
+    const float *state_in; /* NULL, or [n_v_head][d_k][d_v] to start from instead of state
+                            * (state is then only written: a rollback without a copy) */
     float *state_prev;  /* NULL, or [n_v_head][d_k][d_v] receiving the state before the first
                          * token (a rollback point, without a separate copy) */
     float *state_all;   /* NULL, or [n_tok][n_v_head][d_k][d_v]: state after every token */

@@ -176,6 +176,19 @@ static void test_delta_rule_strided_gates_and_state_before(void **state)
     assert_true(check_same_bits("strided out", o2, o1, (size_t)(T * nv * dv) * 4));
     assert_true(check_same_bits("strided state", s2, s1, (size_t)ns * 4));
     assert_true(check_same_bits("state before", sp, s0, (size_t)ns * 4));
+    /* from state_in into a state of other values: as if it had been copied in */
+    ops_delta f = e;
+    float *junk = rng_floats(ns, 3.0f);
+    f.state = dput(junk, (size_t)ns * 4);
+    f.state_in = e.state_prev; /* holds s0 */
+    f.state_prev = NULL;
+    f.out = dpoison((size_t)(T * nv * dv) * 4);
+    GPU_OK(cuda_delta_rule(&f, gpu_st));
+    float *o3 = dget(f.out, (size_t)(T * nv * dv) * 4), *s3 = dget(f.state, (size_t)ns * 4);
+    assert_true(check_same_bits("from state_in: out", o3, o1, (size_t)(T * nv * dv) * 4));
+    assert_true(check_same_bits("from state_in: state", s3, s1, (size_t)ns * 4));
+    free(junk), free(o3), free(s3);
+    cuda_mem_free(f.state), cuda_mem_free(f.out);
     free(qkv), free(g), free(b), free(gb), free(s0), free(o1), free(o2), free(s1), free(s2), free(sp);
     cuda_mem_free(dq), cuda_mem_free((void *)d.g), cuda_mem_free((void *)d.beta);
     cuda_mem_free(d.state), cuda_mem_free(d.out), cuda_mem_free(dgb), cuda_mem_free(e.state);

@@ -1,6 +1,7 @@
 /* The fused CPU ops give bit for bit what the chains of ops they replace give (so fusing the
  * target's forward pass changes no CPU result), on odd shapes; and the delta rule reads g and
- * beta with a token stride and hands out the state before the block exactly. */
+ * beta with a token stride, hands out the state before the block exactly and starts from
+ * another array as if it had been copied in. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -145,6 +146,13 @@ static void test_delta_rule_strided_gates_and_state_before(void **state)
     assert_memory_equal(oa, ob, (size_t)(n_tok * nv * dv) * sizeof(float));
     assert_memory_equal(sa, sb, (size_t)ns * sizeof(float));
     assert_memory_equal(prev, s0, (size_t)ns * sizeof(float));
+    /* starting from state_in (a rollback point) into a state of other values: as if copied */
+    float *sc = rnd(ns, 1), *oc = malloc((size_t)(n_tok * nv * dv) * sizeof *oc);
+    d.state = sc, d.state_in = s0, d.state_prev = NULL, d.out = oc;
+    cpu_delta_rule(&d);
+    assert_memory_equal(oc, oa, (size_t)(n_tok * nv * dv) * sizeof(float));
+    assert_memory_equal(sc, sa, (size_t)ns * sizeof(float));
+    free(sc), free(oc);
     free(qkv), free(g), free(b), free(gb), free(s0), free(sa), free(sb), free(prev), free(oa), free(ob);
 }
 

@@ -576,16 +576,18 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
         TD_TRY(be->copy(be, s->conv[i], s->rec_conv0[i] + keep * ch, (size_t)n0 * row));
         TD_TRY(be->copy(be, s->conv[i] + n0 * ch, s->rec_xconv[i] + (keep + n0 - km1) * ch,
                         (size_t)(km1 - n0) * row));
-        TD_TRY(be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float)));
-        if (keep == 0)
+        if (keep == 0) {
+            TD_TRY(be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float)));
             continue;
+        }
+        /* the replay starts from the state before the block and writes the kept state */
         const float *qkv = s->rec_qkv[i];
         ops_delta d = {
             .n_tok = keep, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
             .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
             .k_tok_stride = ch, .v_tok_stride = ch, .g = s->rec_gb[i], .beta = s->rec_gb[i] + nv,
-            .gb_tok_stride = 2 * nv, .state = s->ssm[i], .state_prev = NULL, .state_all = NULL,
-            .out = w->o,
+            .gb_tok_stride = 2 * nv, .state = s->ssm[i], .state_in = s->rec_ssm0[i],
+            .state_prev = NULL, .state_all = NULL, .out = w->o,
         };
         TD_TRY(be->delta_rule(be, &d));
     }

@@ -21,6 +21,8 @@ void cpu_delta_rule(const ops_delta *d)
         float *S = d->state + h * dk * dv; /* [d_k][d_v] */
         const int64_t kh = h % d->n_k_head;
         float u[DELTA_MAX_DV];
+        if (d->state_in)
+            memcpy(S, d->state_in + h * dk * dv, (size_t)(dk * dv) * sizeof(float));
         if (d->state_prev)
             memcpy(d->state_prev + h * dk * dv, S, (size_t)(dk * dv) * sizeof(float));
         for (int64_t t = 0; t < d->n_tok; t++) {

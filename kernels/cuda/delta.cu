@@ -31,10 +31,11 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(ops_delta d
     const int i0 = w * DELTA_RS; /* this warp's first row */
     const bool live = j < dv;
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
+    const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
     float s[DELTA_RS];
 #pragma unroll
     for (int r = 0; r < DELTA_RS; r++)
-        s[r] = live && i0 + r < dk ? S[(int64_t)(i0 + r) * dv] : 0.0f;
+        s[r] = live && i0 + r < dk ? S0[(int64_t)(i0 + r) * dv] : 0.0f;
     if (live && d.state_prev) {
         float *P = d.state_prev + h * dk * dv + j;
 #pragma unroll
@@ -114,7 +115,7 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     if (d->n_v_head > 65535 || d->d_v / DELTA_COLS >= INT32_MAX)
         return err_set(TD_ENOTSUP, "delta rule with %lld value heads of %lld",
                        (long long)d->n_v_head, (long long)d->d_v);
-    if (d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev))
+    if (d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev && !d->state_in))
         return TD_OK;
     dim3 grid(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head);
     delta_kernel<<<grid, DELTA_COLS * DELTA_RG, 0, st>>>(*d);
