@@ -1,57 +1,58 @@
-/* Causal depthwise conv1d with carried state (twin of kernels/cpu/conv.c). One thread per
- * channel walks the tokens in order with the window of the last k-1 raw inputs in
- * registers: channels are independent and contiguous in memory, so every load and store of
- * a warp is coalesced, and a token's result is the same sum whether it comes alone or in a
- * prefill chunk. Products and sums are rounded one by one (no fused multiply-add), in the
- * CPU's order. */
+/* Causal depthwise conv1d with carried state (twin of kernels/cpu/conv.c). Every output
+ * (token, channel) is its own sum of k products over the raw inputs it sees (from the
+ * carried state before token 0), rounded one by one (no fused multiply-add) in the CPU's
+ * order, so a token's result is the same whether it comes alone or in a block. A block owns
+ * 32 channels for all tokens: its CONV_TLANES warps take every CONV_TLANES-th token (a
+ * 16-token verify keeps four warps busy per channel group where one thread per channel
+ * walked the tokens in turn), and only after all of them have read the old state does the
+ * block write the new one. Each warp's loads and stores are 32 consecutive channels. */
 #include "kernels/cuda/ops_dev.cuh"
 
-#define CONV_THREADS 128
-#define CONV_MAX_K 16 /* window kept in registers */
+#define CONV_CH 32      /* channels per block (one per lane) */
+#define CONV_TLANES 4   /* warps per block, each over every 4th token */
+#define CONV_MAX_K 16
 
-__global__ void __launch_bounds__(CONV_THREADS)
+/* raw input of channel c at time tau (tau < 0: the carried state) */
+__device__ __forceinline__ float conv_in(const float *state, const float *x, int64_t x_stride,
+                                         int64_t n_ch, int k, int64_t tau, int64_t c)
+{
+    return tau < 0 ? state[(k - 1 + tau) * n_ch + c] : x[tau * x_stride + c];
+}
+
+__global__ void __launch_bounds__(CONV_CH *CONV_TLANES)
 conv_kernel(float *out, float *state, float *state_all, const float *x, int64_t x_stride,
             const float *w, int64_t n_tok, int64_t n_ch, int k)
 {
-    const int64_t c = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
-    if (c >= n_ch)
-        return;
-    float wc[CONV_MAX_K], win[CONV_MAX_K - 1]; /* win[j]: input at time t-(k-1)+j */
+    const int64_t c = (int64_t)blockIdx.x * CONV_CH + threadIdx.x % CONV_CH;
+    const int lane_t = threadIdx.x / CONV_CH;
+    const bool live = c < n_ch;
+    float wc[CONV_MAX_K];
 #pragma unroll
     for (int i = 0; i < CONV_MAX_K; i++)
-        wc[i] = i < k ? w[c * k + i] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K - 1; j++)
-        win[j] = j < k - 1 ? state[j * n_ch + c] : 0.0f;
-    for (int64_t t = 0; t < n_tok; t++) {
-        const float xt = x[t * x_stride + c];
+        wc[i] = live && i < k ? w[c * k + i] : 0.0f;
+    for (int64_t t = lane_t; live && t < n_tok; t += CONV_TLANES) {
         float s = 0;
 #pragma unroll
-        for (int i = 0; i < CONV_MAX_K - 1; i++)
-            if (i < k - 1)
-                s = __fadd_rn(s, __fmul_rn(wc[i], win[i]));
-        /* tap k-1 is the current input */
-#pragma unroll
         for (int i = 0; i < CONV_MAX_K; i++)
-            if (i == k - 1)
-                s = __fadd_rn(s, __fmul_rn(wc[i], xt));
+            if (i < k)
+                s = __fadd_rn(s, __fmul_rn(wc[i], conv_in(state, x, x_stride, n_ch, k,
+                                                          t - k + 1 + i, c)));
         out[t * n_ch + c] = s;
-        /* slide: the oldest input leaves, x_t enters last */
-#pragma unroll
-        for (int j = 0; j < CONV_MAX_K - 1; j++) {
-            if (j < k - 2)
-                win[j] = win[j + 1];
-            else if (j == k - 2)
-                win[j] = xt;
-        }
         if (state_all) {
             float *sa = state_all + t * (int64_t)(k - 1) * n_ch;
-#pragma unroll
-            for (int j = 0; j < CONV_MAX_K - 1; j++)
-                if (j < k - 1)
-                    sa[j * n_ch + c] = win[j];
+            for (int j = 0; j < k - 1; j++)
+                sa[j * n_ch + c] = conv_in(state, x, x_stride, n_ch, k, t - (k - 2) + j, c);
         }
     }
+    __syncthreads(); /* every read of the old state is done */
+    if (!live || lane_t != 0)
+        return;
+    /* slot j of the new window holds time n_tok-(k-1)+j: read all, then write */
+    float win[CONV_MAX_K - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++)
+        if (j < k - 1)
+            win[j] = conv_in(state, x, x_stride, n_ch, k, n_tok - (k - 1) + j, c);
 #pragma unroll
     for (int j = 0; j < CONV_MAX_K - 1; j++)
         if (j < k - 1)
@@ -67,11 +68,11 @@ extern "C" td_err cuda_conv1d_causal(float *out, float *state, float *state_all,
     if (k > CONV_MAX_K)
         return err_set(TD_ENOTSUP, "conv1d kernel width %lld: the GPU handles up to %d",
                        (long long)k, CONV_MAX_K);
-    if (n_ch / CONV_THREADS >= INT32_MAX)
+    if (n_ch / CONV_CH >= INT32_MAX)
         return err_set(TD_ENOTSUP, "conv1d over %lld channels", (long long)n_ch);
     if (n_tok == 0)
         return TD_OK;
-    conv_kernel<<<cuda_blocks(n_ch, CONV_THREADS), CONV_THREADS, 0, st>>>(
+    conv_kernel<<<cuda_blocks(n_ch, CONV_CH), CONV_CH * CONV_TLANES, 0, st>>>(
         out, state, state_all, x, x_stride, w, n_tok, n_ch, (int)k);
     CUDA_TRY_LAUNCH();
     return TD_OK;
