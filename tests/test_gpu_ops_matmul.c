@@ -7,9 +7,12 @@
  * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.
  *
- * Bounds (derived where they are used): F32/F16/BF16 weights only differ from the CPU by
- * f32 summation order. Quantised weights meet activations rounded to 16-bit integers per
- * 256 inputs (kernels/cuda/matmul_internal.h), so each output is checked twice: against a
+ * Bounds (derived where they are used): F32 weights only differ from the CPU by f32
+ * summation order; F16/BF16 weights meet the activations split exactly into bf16 pieces on
+ * the tensor cores, so only the tensor cores' f32 accumulation rounds (checked against a host
+ * f64 sum, and bit for bit on inputs whose sums are exact). Quantised weights meet
+ * activations rounded to 16-bit integers per 256 inputs (kernels/cuda/matmul_internal.h),
+ * so each output is checked twice: against a
  * host f64 evaluation of exactly that rounding (replicated here bit for bit), which leaves
  * only f32 rounding and catches any misplaced weight, scale or token; and against
  * cpu_matmul within the rounding's worst case plus the same f32 term. */
@@ -141,6 +144,7 @@ static void expect_init(expect *e, const test_weight *tw, const float *x)
 {
     const int64_t rows = tw->host.rows, cols = tw->host.cols;
     const bool quant = is_quant(tw->host.type);
+    const bool tc = tw->host.type == TD_F16 || tw->host.type == TD_BF16; /* tensor cores */
     e->cpu = malloc((size_t)(MAX_TOK * rows) * sizeof(float));
     e->ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
     e->tol_ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
@@ -168,14 +172,25 @@ static void expect_init(expect *e, const test_weight *tw, const float *x)
              * (integer-to-float conversions, the scale products, one fma each) and chains
              * at most cols/128/4 k-blocks per warp plus 3 warp additions (quantised); or
              * chains cols/256/4 * 8 fmas per lane plus a 5-level butterfly and the warps
-             * (float types). The CPU rounds 256-wide f32 tile sums and its f32 dequantised
+             * (F32). The CPU rounds 256-wide f32 tile sums and its f32 dequantised
              * weights (1.5 ulp each). Every such error is at most u times a partial sum
              * bounded by mag, so (count) * u * mag bounds the total; the counts below
              * overstate both sides by more than 2x. */
-            const double gpu_f32 = (32.0 + (double)cols / 64.0) * U * mag;
+            double gpu_f32 = (32.0 + (double)cols / 64.0) * U * mag;
             const double cpu_f32 = 300.0 * U * mag;
-            e->ref[t * rows + r] = quant ? ref : (double)e->cpu[t * rows + r];
-            e->tol_ref[t * rows + r] = quant ? gpu_f32 : gpu_f32 + cpu_f32;
+            if (tc) {
+                /* F16/BF16 (matmul_float_mma.cu): the products are exact; one MMA adds 16
+                 * of them to its accumulator c, and tensor cores align the terms to the
+                 * largest and truncate, so it errs by at most ~2 ulp per term and its
+                 * normalisation, in two k8 halves at worst: 40 u (|c| + sum |p|). A chain
+                 * restarts every 128-column k-block and has 24 MMAs (F16: 48), each bounded
+                 * by the block's share of mag; then one f32 add per k-block into the warp's
+                 * total (at most ceil(cols/128/4)) and 3 warp additions, each <= u mag. */
+                const double chain = tw->host.type == TD_F16 ? 48.0 : 24.0;
+                gpu_f32 = (40.0 * chain + (double)cols / 512.0 + 5.0) * U * mag;
+            }
+            e->ref[t * rows + r] = quant || tc ? ref : (double)e->cpu[t * rows + r];
+            e->tol_ref[t * rows + r] = quant || tc ? gpu_f32 : gpu_f32 + cpu_f32;
             e->tol_cpu[t * rows + r] = (quant ? xerr : 0.0) + gpu_f32 + cpu_f32;
         }
     }
@@ -301,10 +316,13 @@ static void test_matmul_q8_0_matches_cpu_at_every_batch_size(void **state)
         check_weight(TD_Q8_0, shapes[s][0], shapes[s][1]);
 }
 
-/* Odd cols make rows misaligned for 16-byte loads (the scalar path); 256, 512, 2560 and
- * 5384 take the vector path (F16/BF16: two chunks loaded ahead), 2560 with 3 chunks for
- * warps 0-1 and 2 for warps 2-3 (a loaded-ahead pair with nothing in its second half), 5384
- * with a partial last 256-column chunk. */
+/* Odd cols make rows misaligned for 16-byte loads (the scalar path; 300 is a multiple of 4
+ * but not of 8); 256, 512, 2560 and 5384 take the vector path. F32: 2560 gives warps 0-1
+ * three 256-column chunks and warps 2-3 two, 5384 has a partial last chunk. F16/BF16 (128-
+ * column k-blocks over 4 warps, 16-row tiles): 5 rows is less than a tile, 257 one row past
+ * 16 tiles, 2560 is 5 k-blocks per warp, 5384 is 43 (warp 3 has one fewer) with only 8
+ * columns in the last; 1..70 tokens take one, two and four 8-token n-tiles per CTA, partial
+ * n-tiles and several token groups. */
 static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
 {
     (void)state;
@@ -315,6 +333,68 @@ static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
     for (size_t t = 0; t < sizeof types / sizeof *types; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             check_weight(types[t], shapes[s][0], shapes[s][1]);
+}
+
+/* F16/BF16 on the tensor cores with results that must be exact: row r of W has one nonzero
+ * weight, at column 37r mod 512 (distinct for every row, so across the rows every k slot of
+ * the fragment mapping is used), and y = w x has a single product. BF16 weights are signed
+ * powers of two and x keeps its full 24-bit significands, so the three bf16 pieces of x must
+ * add back to x exactly; F16 weights use all 11 significand bits (both bf16 pieces of the
+ * weight count) and x is rounded to 13 bits, so w x fits an f32. Checked bit for bit at 1,
+ * 16 and 37 tokens. */
+static void test_matmul_half_weights_single_products_are_exact(void **state)
+{
+    (void)state;
+    rng_seed(16);
+    const int64_t rows = 300, cols = 512, n = 37;
+    for (int k = 0; k < 2; k++) {
+        const td_dtype type = k ? TD_F16 : TD_BF16;
+        float *wf = calloc((size_t)(rows * cols), sizeof(float));
+        float *x = rng_floats(n * cols, 4.0f);
+        assert_non_null(wf);
+        for (int64_t i = 0; i < n * cols; i++) {
+            int e = 0;
+            const float m = frexpf(x[i], &e);
+            if (type == TD_F16)
+                x[i] = ldexpf(rintf(m * 8192.0f) / 8192.0f, e);
+            if (x[i] == 0.0f) /* no signed zeros to argue about */
+                x[i] = 1.0f;
+        }
+        float *want = malloc((size_t)(n * rows) * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) {
+            const float sign = r & 1 ? -1.0f : 1.0f;
+            const float frac = type == TD_BF16 ? 1.0f : (float)(1024 + (r * 613) % 1024);
+            const int e = type == TD_BF16 ? (int)(r % 9) - 4 : (int)(r % 7) - 13;
+            const float v = sign * ldexpf(frac, e);
+            wf[r * cols + r * 37 % cols] = v;
+            for (int64_t t = 0; t < n; t++)
+                want[t * rows + r] = (float)((double)v * (double)x[t * cols + r * 37 % cols]);
+        }
+        uint64_t rb = 0;
+        assert_int_equal(dtype_bytes(type, (uint64_t)cols, &rb), TD_OK);
+        uint8_t *bytes = malloc((size_t)(rows * (int64_t)rb));
+        for (int64_t r = 0; r < rows; r++)
+            assert_int_equal(cpu_quantize_row(type, wf + r * cols, bytes + r * rb, cols), TD_OK);
+        test_weight tw = {0};
+        assert_int_equal(ops_weight_init(&tw.dev, type, rows, cols, bytes), TD_OK);
+        tw.dev.data = dput(bytes, (size_t)(rows * (int64_t)rb));
+        float *dx = dput(x, (size_t)(n * cols) * sizeof(float));
+        static const int64_t ns[] = {1, 16, 37};
+        for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+            float *y = gpu_matmul(&tw, dx, ns[j]);
+            char what[64];
+            snprintf(what, sizeof what, "%s exact products, n_tok %lld", dtype_name(type),
+                     (long long)ns[j]);
+            assert_true(check_same_bits(what, y, want, (size_t)(ns[j] * rows) * sizeof(float)));
+            free(y);
+        }
+        cuda_mem_free(dx);
+        cuda_mem_free((void *)tw.dev.data);
+        free(bytes);
+        free(want);
+        free(x);
+        free(wf);
+    }
 }
 
 /* A NaN input makes its own token's outputs NaN (as on the CPU) and leaves the other tokens
@@ -487,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_matmul_k_quants_match_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_q8_0_matches_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_float_types_match_cpu_at_every_batch_size),
+        cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),
         cmocka_unit_test(test_dequantize_row_matches_cpu_bits),

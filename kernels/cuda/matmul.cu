@@ -2,7 +2,8 @@
  *
  * Quantised weights (matmul_quant.cu) take 16-bit integer activations: this file rounds each
  * token's inputs per 256 values (mm_xquant) into a per-stream scratch buffer, then launches
- * the tensor-core kernel. F32/F16/BF16 weights (matmul_float.cu) take x as it is. */
+ * the tensor-core kernel. F32 weights (matmul_float.cu) and F16/BF16 weights
+ * (matmul_float_mma.cu) take x as it is. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -260,7 +261,10 @@ td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
     if (w->type == TD_F32 || w->type == TD_F16 || w->type == TD_BF16) {
         for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
             const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
-            TD_TRY(mmf_launch(y + (size_t)t0 * w->rows, x + (size_t)t0 * w->cols, w, nc, cs));
+            float *yc = y + (size_t)t0 * w->rows;
+            const float *xc = x + (size_t)t0 * w->cols;
+            TD_TRY(w->type == TD_F32 ? mmf_launch(yc, xc, w, nc, cs)
+                                     : mmh_launch(yc, xc, w, nc, cs));
         }
         return TD_OK;
     }

@@ -1,18 +1,17 @@
-/* y = x . W^T for F32, F16 and BF16 weights: f32 FMAs on the CUDA cores.
+/* y = x . W^T for F32 weights: f32 FMAs on the CUDA cores (F16/BF16 weights take the
+ * tensor cores, matmul_float_mma.cu).
  *
- * One idea: the weights are exact in f32 and the activations are f32, so there is nothing to
- * round before the products; each lane streams 8 consecutive weights of 4 rows per 16-byte
- * load and reuses them for up to 8 tokens. Reduction order per (row, token), independent of
- * n_tok: CTA = 4 warps over 4 rows; warp w owns the 256-column chunks w, w+4, ...; lane l
- * takes columns 8l..8l+7 of each chunk and accumulates acc = fma(w, x, acc) over its chunks
- * in increasing order, columns in increasing order; the lanes are summed by a butterfly
- * (xor 16, 8, 4, 2, 1), the warps as ((p0 + p1) + p2) + p3. A token tile only chooses which
+ * One idea: the weights and activations are f32, so there is nothing to round before the
+ * products; each lane streams 8 consecutive weights of 4 rows per two 16-byte loads and
+ * reuses them for up to 8 tokens. Reduction order per (row, token), independent of n_tok:
+ * CTA = 4 warps over 4 rows; warp w owns the 256-column chunks w, w+4, ...; lane l takes
+ * columns 8l..8l+7 of each chunk and accumulates acc = fma(w, x, acc) over its chunks in
+ * increasing order, columns in increasing order; the lanes are summed by a butterfly (xor
+ * 16, 8, 4, 2, 1), the warps as ((p0 + p1) + p2) + p3. A token tile only chooses which
  * tokens a CTA handles, never the order, so batch size never changes a result.
  *
- * Performance is secondary here (the 27B model's big matrices are quantised): one token is
- * bandwidth-bound; many tokens on an F16/BF16 matrix become FMA-bound (16 FMAs per 2-byte
- * weight), about the cost of the weights' DRAM read again. */
-#include <cuda_fp16.h>
+ * Performance is secondary here (the 27B model's F32 tensors are norms and small ssm
+ * vectors): one token is bandwidth-bound, many tokens FMA-bound. */
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -25,42 +24,21 @@ constexpr int RW = 4;      /* weight rows per CTA */
 constexpr int LANE_W = 8;  /* consecutive columns per lane per chunk */
 constexpr int CHUNK = 32 * LANE_W;
 
-/* w[0..7] = row[col..col+7] as f32 (zeros past cols). vec: 16-byte aligned loads are
- * allowed (data, row size and x all aligned and cols % 8 == 0, so a lane's 8 columns are
- * either all inside the row or all outside). */
-template <int T>
+/* w[0..7] = row[col..col+7] (zeros past cols). vec: 16-byte aligned loads are allowed
+ * (data, row size and x all aligned and cols % 8 == 0, so a lane's 8 columns are either all
+ * inside the row or all outside). */
 __device__ __forceinline__ void load_w8(float (&v)[LANE_W], const uint8_t *row, int64_t col,
                                         int64_t cols, bool vec)
 {
-    if constexpr (T == TD_F32) {
-        const float *p = (const float *)row + col;
-        if (vec) {
-            const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        } else {
-#pragma unroll
-            for (int e = 0; e < LANE_W; e++)
-                v[e] = col + e < cols ? __ldg(p + e) : 0.0f;
-        }
+    const float *p = (const float *)row + col;
+    if (vec) {
+        const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     } else {
-        const uint16_t *p = (const uint16_t *)row + col;
-        uint16_t h[LANE_W];
-        if (vec) {
-            const uint4 a = __ldg((const uint4 *)p);
-            const uint32_t u[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-            for (int e = 0; e < LANE_W; e++)
-                h[e] = (uint16_t)(u[e / 2] >> (16 * (e & 1)));
-        } else {
-#pragma unroll
-            for (int e = 0; e < LANE_W; e++)
-                h[e] = col + e < cols ? __ldg((const unsigned short *)p + e) : (uint16_t)0;
-        }
 #pragma unroll
         for (int e = 0; e < LANE_W; e++)
-            v[e] = T == TD_F16 ? __half2float(__ushort_as_half(h[e]))
-                               : __uint_as_float((uint32_t)h[e] << 16);
+            v[e] = col + e < cols ? __ldg(p + e) : 0.0f;
     }
 }
 
@@ -79,29 +57,9 @@ __device__ __forceinline__ void load_x8(float (&v)[LANE_W], const float *xt, int
     }
 }
 
-/* Chunks a warp loads before it multiplies the first: a 16-bit row chunk is 16 bytes per
- * lane and row, half an F32 one, so one chunk at a time left F16/BF16 at ~50-65% of the copy
- * bandwidth where F32 reached ~90%; two keep as many bytes in flight as F32 does. Only the
- * loads move earlier: the FMAs still run chunk by chunk, column by column. */
-template <int T> __host__ __device__ constexpr int ahead()
-{
-    return T == TD_F32 ? 1 : 2;
-}
-
-/* 8 16-bit weights of a uint4 as f32. */
-template <int T> __device__ __forceinline__ void widen8(float (&v)[LANE_W], uint4 a)
-{
-    const uint32_t u[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int e = 0; e < LANE_W; e++) {
-        const uint16_t h = (uint16_t)(u[e / 2] >> (16 * (e & 1)));
-        v[e] = T == TD_F16 ? __half2float(__ushort_as_half(h)) : __uint_as_float((uint32_t)h << 16);
-    }
-}
-
 /* grid: ceil(rows / RW) * n_ttiles CTAs, token tile fastest (CTAs sharing rows run together
  * and share the weights through L2); block: KSPLIT warps. */
-template <int T, int TT>
+template <int TT>
 __global__ void __launch_bounds__(KSPLIT * 32)
     mmf_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int64_t cols,
                const float *x, int n_tok, int n_ttiles, bool vec)
@@ -118,46 +76,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         for (int tt = 0; tt < TT; tt++)
             acc[r][tt] = 0.0f;
 
-    constexpr int A = ahead<T>();
-    if (A > 1 && vec) { /* 16-bit weights, aligned: A chunks of raw loads, then their FMAs */
-        for (int64_t c0 = (int64_t)warp * CHUNK; c0 < cols; c0 += (int64_t)A * KSPLIT * CHUNK) {
-            uint4 raw[A][RW];
-#pragma unroll
-            for (int a = 0; a < A; a++) {
-                const int64_t col = c0 + (int64_t)a * KSPLIT * CHUNK + LANE_W * lane;
-#pragma unroll
-                for (int r = 0; r < RW; r++)
-                    raw[a][r] = col < cols && r0 + r < rows
-                                    ? __ldg((const uint4 *)(w + (size_t)(r0 + r) * row_bytes) +
-                                            col / LANE_W)
-                                    : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int a = 0; a < A; a++) {
-                const int64_t col = c0 + (int64_t)a * KSPLIT * CHUNK + LANE_W * lane;
-                if (col >= cols) /* as below: a lane past the row adds nothing, not zeros */
-                    continue;
-                float wv[RW][LANE_W];
-#pragma unroll
-                for (int r = 0; r < RW; r++)
-                    widen8<T>(wv[r], raw[a][r]);
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) {
-                    if (t0 + tt >= n_tok)
-                        break;
-                    float xv[LANE_W];
-                    load_x8(xv, x + (size_t)(t0 + tt) * cols, col, cols, true);
-#pragma unroll
-                    for (int r = 0; r < RW; r++)
-#pragma unroll
-                        for (int e = 0; e < LANE_W; e++)
-                            acc[r][tt] = __fmaf_rn(wv[r][e], xv[e], acc[r][tt]);
-                }
-            }
-        }
-    }
-    for (int64_t c0 = (int64_t)warp * CHUNK; c0 < cols && !(A > 1 && vec);
-         c0 += (int64_t)KSPLIT * CHUNK) {
+    for (int64_t c0 = (int64_t)warp * CHUNK; c0 < cols; c0 += (int64_t)KSPLIT * CHUNK) {
         const int64_t col = c0 + LANE_W * lane;
         if (col >= cols)
             continue;
@@ -165,7 +84,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 #pragma unroll
         for (int r = 0; r < RW; r++) {
             if (r0 + r < rows) {
-                load_w8<T>(wv[r], w + (size_t)(r0 + r) * row_bytes, col, cols, vec);
+                load_w8(wv[r], w + (size_t)(r0 + r) * row_bytes, col, cols, vec);
             } else {
 #pragma unroll
                 for (int e = 0; e < LANE_W; e++)
@@ -210,7 +129,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     }
 }
 
-template <int T, int TT>
+template <int TT>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
               cudaStream_t st)
 {
@@ -219,23 +138,22 @@ td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, bool vec
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    mmf_kernel<T, TT><<<(unsigned)n_cta, KSPLIT * 32, 0, st>>>(
+    mmf_kernel<TT><<<(unsigned)n_cta, KSPLIT * 32, 0, st>>>(
         y, (const uint8_t *)w->data, w->row_bytes, w->rows, w->cols, x, n_tok, n_ttiles, vec);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
 
-template <int T>
-td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
-                   cudaStream_t st)
+td_err launch_tok(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
+                  cudaStream_t st)
 {
     if (n_tok == 1)
-        return launch<T, 1>(y, x, w, n_tok, vec, st);
+        return launch<1>(y, x, w, n_tok, vec, st);
     if (n_tok == 2)
-        return launch<T, 2>(y, x, w, n_tok, vec, st);
+        return launch<2>(y, x, w, n_tok, vec, st);
     if (n_tok <= 4)
-        return launch<T, 4>(y, x, w, n_tok, vec, st);
-    return launch<T, 8>(y, x, w, n_tok, vec, st);
+        return launch<4>(y, x, w, n_tok, vec, st);
+    return launch<8>(y, x, w, n_tok, vec, st);
 }
 
 } /* namespace */
@@ -245,15 +163,6 @@ td_err mmf_launch(float *y, const float *x, const ops_weight *w, int n_tok, cuda
     TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK);
     const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
                      ((uintptr_t)x & 15) == 0 && w->cols % LANE_W == 0;
-    switch (w->type) {
-    case TD_F32:
-        return launch_type<TD_F32>(y, x, w, n_tok, vec, st);
-    case TD_F16:
-        return launch_type<TD_F16>(y, x, w, n_tok, vec, st);
-    case TD_BF16:
-        return launch_type<TD_BF16>(y, x, w, n_tok, vec, st);
-    default:
-        TD_ASSERT(!"mmf_launch: not a float type");
-    }
-    return TD_OK;
+    TD_ASSERT(w->type == TD_F32);
+    return launch_tok(y, x, w, n_tok, vec, st);
 }

@@ -107,8 +107,12 @@ __device__ __forceinline__ void mm_wait_dependencies(void)
 #endif
 }
 
-/* y[n_tok][w->rows] = x[n_tok][w->cols] . W^T for F32, F16, BF16 (matmul_float.cu),
+/* y[n_tok][w->rows] = x[n_tok][w->cols] . W^T for F32 (matmul_float.cu),
  * 1 <= n_tok <= MM_CHUNK. */
 td_err mmf_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
+
+/* The same for F16 and BF16 on the tensor cores, activations split exactly into bf16 pieces
+ * (matmul_float_mma.cu), 1 <= n_tok <= MM_CHUNK. */
+td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
 
 #endif
