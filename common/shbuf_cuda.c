@@ -104,6 +104,9 @@ struct shbuf_cuda {
     int mapped;                          /* handle is mapped at ptr */
     size_t span;                         /* bytes: reserved and mapped (size rounded up to
                                           * the allocation granularity) */
+    int import_fd;                       /* imported: our duplicate of the fd it came from
+                                          * (the driver refuses to export an imported handle
+                                          * again, so passing it on duplicates this); else -1 */
 };
 
 /* Device memory on dev, exportable as a POSIX fd. */
@@ -175,7 +178,10 @@ static td_err shbuf_cuda_supported(const cudrv_device *dev)
 
 static shbuf_cuda *shbuf_cuda_alloc(void)
 {
-    return calloc(1, sizeof(shbuf_cuda));
+    shbuf_cuda *m = calloc(1, sizeof(shbuf_cuda));
+    if (m)
+        m->import_fd = -1;
+    return m;
 }
 
 td_err shbuf_cuda_create(shbuf_cuda **out, uint64_t size, const cudrv_device *dev,
@@ -220,6 +226,13 @@ td_err shbuf_cuda_create(shbuf_cuda **out, uint64_t size, const cudrv_device *de
 td_err shbuf_cuda_export(const shbuf_cuda *m, int *fd)
 {
     *fd = -1;
+    if (m->import_fd >= 0) {
+        int h = fcntl(m->import_fd, F_DUPFD_CLOEXEC, 0);
+        if (h < 0)
+            return err_set(TD_EIO, "cuda shared buffer export: dup: %s", strerror(errno));
+        *fd = h;
+        return TD_OK;
+    }
     const cudrv_api *api = cudrv_get();
     TD_TRY(cudrv_device_bind(&m->dev));
     int h = -1;
@@ -261,6 +274,11 @@ td_err shbuf_cuda_import(shbuf_cuda **out, uint64_t size, const uint8_t uuid[CUD
             e = err_wrap(TD_EINVAL, "fd %d is not a CUDA allocation", fd);
     }
     if (e == TD_OK) {
+        m->import_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (m->import_fd < 0)
+            e = err_set(TD_EIO, "cuda shared buffer import: dup: %s", strerror(errno));
+    }
+    if (e == TD_OK) {
         e = shbuf_cuda_map(m);
         if (e != TD_OK)
             e = err_wrap(TD_EINVAL, "mapping %zu bytes (descriptor: %llu) of the imported "
@@ -300,6 +318,8 @@ void shbuf_cuda_release(shbuf_cuda *m)
             api->cuMemRelease(m->handle);
         cudrv_device_close(&m->dev);
     }
+    if (m->import_fd >= 0)
+        close(m->import_fd);
     free(m);
 }
 

@@ -310,7 +310,7 @@ static void test_cuda_writes_are_visible_in_both_processes(void **state)
     shbuf_release(sb);
 }
 
-static void test_cuda_import_outlives_exporter_process(void **state)
+static void test_cuda_import_outlives_exporter_process_and_is_passed_on(void **state)
 {
     (void)state;
     int sock;
@@ -340,6 +340,25 @@ static void test_cuda_import_outlives_exporter_process(void **state)
     assert_int_equal(dev_find_mismatch(ptr, BUF_SIZE, 5), -1);
     assert_int_equal(dev_fill(ptr, BUF_SIZE, 6), TD_OK);
     assert_int_equal(dev_find_mismatch(ptr, BUF_SIZE, 6), -1);
+
+    /* An imported buffer is passed on to a third process (as kvd hands verifyd's heads to
+     * draftd): that peer sees and writes the same memory. */
+    assert_int_equal(dev_fill(ptr, BUF_SIZE, 1), TD_OK);
+    assert_int_equal(spawn_self("cuda-peer", &sock, &pid), 0);
+    shbuf_desc desc;
+    assert_int_equal(shbuf_export(sb, &desc, &fd), TD_OK);
+    assert_string_equal(desc.name, "test.gpu-orphan");
+    assert_int_equal(desc.size, BUF_SIZE);
+    assert_int_equal(sw_send(sock, "buffer", &desc, NULL, fd, TIMEOUT_MS), TD_OK);
+    close(fd);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK); /* saw pattern 1, wrote 2 */
+    assert_int_equal(cudrv_device_bind(&test_dev), TD_OK);
+    assert_int_equal(dev_find_mismatch(ptr, BUF_SIZE, 2), -1);
+    assert_int_equal(dev_fill(ptr, BUF_SIZE, 3), TD_OK);
+    assert_int_equal(sw_send(sock, "check 3", NULL, NULL, -1, TIMEOUT_MS), TD_OK);
+    assert_int_equal(sw_expect_ok(sock, TIMEOUT_MS), TD_OK);
+    assert_int_equal(spawn_wait(pid, TIMEOUT_MS), 0);
+    close(sock);
     shbuf_release(sb);
 }
 
@@ -469,7 +488,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cuda_writes_are_visible_in_both_processes),
-        cmocka_unit_test(test_cuda_import_outlives_exporter_process),
+        cmocka_unit_test(test_cuda_import_outlives_exporter_process_and_is_passed_on),
         cmocka_unit_test(test_cuda_import_refuses_oversized_descriptor_and_foreign_fd),
         cmocka_unit_test(test_cuda_event_orders_consumer_after_producer),
     };
