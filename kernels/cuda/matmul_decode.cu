@@ -1,14 +1,14 @@
 /* y = x . W^T for one token (decode) and Q4_K, Q5_K, Q6_K, Q8_0 weights: integer dot
- * products (dp4a) on the CUDA cores, weights loaded straight into registers, no shared
- * memory.
+ * products (dp4a) on the CUDA cores, weights streamed by cp.async through a per-warp ring in
+ * shared memory (no barriers: a lane reads only what it copied).
  *
  * Why a kernel of its own: with one token the tensor-core kernel (matmul_quant.cu) wastes 7/8
  * of every MMA and is bound by latency and its grid (Nsight Compute on an H200, 5120 ->
  * 17408 Q4_K: 20 warps per SM allowed by its shared-memory ring, 0.64 eligible warps per
  * scheduler, 1.65 waves of CTAs, 27% of the elapsed cycles with idle SMs, DRAM at 38%). Here
  * a warp owns whole rows, the grid holds only resident CTAs whose warps loop over rows (sized
- * so that the last round is nearly full), and each lane keeps DEPTH k-blocks of loads in
- * flight in registers.
+ * so that the last round is nearly full), and each warp keeps STAGES k-blocks in flight in
+ * one stream over all of its rows.
  *
  * The arithmetic is that of matmul_quant.cu exactly (its header comment), so a token's result
  * does not depend on which kernel ran it:
@@ -40,14 +40,33 @@ namespace {
 
 constexpr int WARPS = 4; /* per CTA; each warp is independent (no barrier, no shared memory) */
 
-/* 16 bytes the kernel reads once: not kept in L1, where the activations live. */
-__device__ __forceinline__ uint4 ld_stream(const uint8_t *p)
+/* Weights travel global -> shared memory by cp.async (16 bytes, L1 bypassed) into a per-warp
+ * ring of STAGES k-blocks; the group counter (cp.async.wait_group, an in-order count) lets a
+ * lane wait for exactly the oldest k-block while the younger ones stay in flight. Loads into
+ * registers cannot do that: ptxas gave all of a lane's in-flight weight loads one scoreboard,
+ * so waiting for the oldest waited for all of them and every k-block paid a full memory
+ * latency. A lane copies exactly the bytes it later reads, so no barrier is needed. */
+__device__ __forceinline__ void cp16(uint32_t dst, const uint8_t *src)
 {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+/* The first n (0..16) bytes at src, zeros after them; nothing past src + n is read. */
+__device__ __forceinline__ void cp16_n(uint32_t dst, const uint8_t *src, int n)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Until at most N of this lane's committed groups are still in flight. */
+template <int N> __device__ __forceinline__ void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ float f16f(uint32_t bits16)
@@ -83,17 +102,25 @@ template <bool Q5> struct kq {
     static constexpr int QS = Q5 ? 48 : 16;      /* offset of qs[128] */
 };
 
-/* Words a lane loads per row and k-block. */
-template <int T> __host__ __device__ constexpr int load_regs()
+/* 16-byte pieces a lane stages per row and k-block. */
+template <int T> __host__ __device__ constexpr int row_pieces()
 {
-    return T == TD_Q6_K ? 32 : T == TD_Q5_K ? 20 : 12; /* Q8_0: 12 */
+    return T == TD_Q6_K ? 8 : T == TD_Q5_K ? 5 : 3; /* Q4_K, Q8_0: 3 */
 }
 
-/* k-blocks in flight per chain: about 48 registers of loads per lane, 2..4 k-blocks. */
-template <int T, int R> __host__ __device__ constexpr int depth()
+/* k-blocks in the ring per warp: about 9 KB of it (Little's law at 4.3 TB/s asks ~50 KB in
+ * flight per SM; 16-24 warps x 3-6 k-blocks x 1.1-2.3 KB of distinct weight bytes is 2-3x
+ * that), at least 3. */
+template <int T, int R> __host__ __device__ constexpr int stages()
 {
-    return 48 / (R * load_regs<T>()) < 2 ? 2 : 48 / (R * load_regs<T>()) > 4 ? 4
-                                               : 48 / (R * load_regs<T>());
+    return 18 / (R * row_pieces<T>()) < 3 ? 3 : 18 / (R * row_pieces<T>()) > 6 ? 6
+                                               : 18 / (R * row_pieces<T>());
+}
+
+/* Bytes of ring per warp. */
+template <int T, int R> __host__ __device__ constexpr int ring_bytes()
+{
+    return stages<T, R>() * R * row_pieces<T>() * 32 * 16;
 }
 
 /* One k-block of the group's R rows as this lane loads it. */
@@ -103,19 +130,42 @@ template <bool Q5, int R> struct kbuf {
     uint4 qh[R][2]; /* Q5_K: qh[0..31] (unused for Q4_K) */
 };
 
+/* Slot addressing: piece k of row r of a k-block is 16 bytes per lane at (r * row_pieces + k)
+ * * 512 bytes past the slot (the 32 lanes' pieces side by side: conflict-free 16-byte
+ * shared-memory accesses). `sa` is the lane's shared address in the slot, `sp` the same as a
+ * pointer. */
 template <bool Q5, int R>
-__device__ __forceinline__ void kbuf_load(kbuf<Q5, R> &b, const uint8_t *const (&row)[R],
-                                          int kb, int i)
+__device__ __forceinline__ void kbuf_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
+                                           int i)
 {
+    constexpr int PR = Q5 ? 5 : 3;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = row[r] + (size_t)kb * kq<Q5>::BYTES;
-        b.hd[r] = ld_stream(blk);
-        b.qs[r][0] = ld_stream(blk + kq<Q5>::QS + 32 * i);
-        b.qs[r][1] = ld_stream(blk + kq<Q5>::QS + 32 * i + 16);
+        const uint32_t d = sa + r * PR * 512;
+        cp16(d, blk);
+        cp16(d + 512, blk + kq<Q5>::QS + 32 * i);
+        cp16(d + 1024, blk + kq<Q5>::QS + 32 * i + 16);
         if constexpr (Q5) {
-            b.qh[r][0] = ld_stream(blk + 16);
-            b.qh[r][1] = ld_stream(blk + 32);
+            cp16(d + 1536, blk + 16);
+            cp16(d + 2048, blk + 32);
+        }
+    }
+}
+
+template <bool Q5, int R>
+__device__ __forceinline__ void kbuf_read(kbuf<Q5, R> &b, const uint4 *sp)
+{
+    constexpr int PR = Q5 ? 5 : 3;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 *p = sp + r * PR * 32;
+        b.hd[r] = p[0];
+        b.qs[r][0] = p[32];
+        b.qs[r][1] = p[64];
+        if constexpr (Q5) {
+            b.qh[r][0] = p[96];
+            b.qh[r][1] = p[128];
         }
     }
 }
@@ -208,22 +258,9 @@ template <int R> struct kbuf6 {
     uint4 sd[R][2];     /* the two aligned pieces under bytes 192..209 */
 };
 
-/* 16 bytes at p (16-byte aligned) of which only those below end exist: the last piece of
- * the matrix, read as 16-bit words (p and end are even) so nothing past end is touched. */
-__device__ __noinline__ uint4 ld_tail(const uint8_t *p, const uint8_t *end)
-{
-    uint32_t v[4];
-    for (int k = 0; k < 4; k++) {
-        const uint32_t lo = p + 4 * k < end ? *(const uint16_t *)(p + 4 * k) : 0u;
-        const uint32_t hi = p + 4 * k + 2 < end ? *(const uint16_t *)(p + 4 * k + 2) : 0u;
-        v[k] = lo | hi << 16;
-    }
-    return make_uint4(v[0], v[1], v[2], v[3]);
-}
-
 template <int R>
-__device__ __forceinline__ void kbuf6_load(kbuf6<R> &b, const uint8_t *const (&row)[R], int kb,
-                                           int i, const uint8_t *wend)
+__device__ __forceinline__ void kbuf6_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
+                                            int i, const uint8_t *wend)
 {
     const int n = i >> 1, gh = i & 1;
     const int off[3] = {64 * n + 16 * gh, 64 * n + 32 + 16 * gh, 128 + 32 * n + 16 * gh};
@@ -231,15 +268,32 @@ __device__ __forceinline__ void kbuf6_load(kbuf6<R> &b, const uint8_t *const (&r
     for (int r = 0; r < R; r++) {
         const uint8_t *blk = row[r] + (size_t)kb * 210;
         const uint8_t *base = blk - ((uintptr_t)blk & 15); /* >= the matrix start */
+        const uint32_t d = sa + r * 8 * 512;
 #pragma unroll
         for (int j = 0; j < 3; j++) { /* both pieces end at or before blk + 208 */
-            b.run[r][j][0] = ld_stream(base + off[j]);
-            b.run[r][j][1] = ld_stream(base + off[j] + 16);
+            cp16(d + (2 * j) * 512, base + off[j]);
+            cp16(d + (2 * j + 1) * 512, base + off[j] + 16);
         }
-        b.sd[r][0] = ld_stream(base + 192);
+        cp16(d + 6 * 512, base + 192);
         /* base + 208 <= blk + 208 holds d; the piece may run 14 bytes past the block, past
-         * the matrix only for its last block */
-        b.sd[r][1] = base + 224 <= wend ? ld_stream(base + 208) : ld_tail(base + 208, wend);
+         * the matrix only for its last block: there only the bytes up to the end are read */
+        const int64_t left = wend - (base + 208);
+        cp16_n(d + 7 * 512, base + 208, left < 16 ? (int)left : 16);
+    }
+}
+
+template <int R> __device__ __forceinline__ void kbuf6_read(kbuf6<R> &b, const uint4 *sp)
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 *p = sp + r * 8 * 32;
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            b.run[r][j][0] = p[(2 * j) * 32];
+            b.run[r][j][1] = p[(2 * j + 1) * 32];
+        }
+        b.sd[r][0] = p[6 * 32];
+        b.sd[r][1] = p[7 * 32];
     }
 }
 
@@ -308,8 +362,9 @@ __device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
 #pragma unroll
         for (int r = 0; r < R; r++) {
             /* scale index k = 8n + 2qq + gh: word 2n + qq / 2, byte 2 (qq % 2) + gh */
-            const int sc = sbyte_at(qq < 2 ? scw[r][2 * n] : scw[r][2 * n + 1],
-                                    2 * (qq & 1) + gh);
+            const uint32_t sw = qq < 2 ? (n ? scw[r][2] : scw[r][0]) /* no local array */
+                                       : (n ? scw[r][3] : scw[r][1]);
+            const int sc = sbyte_at(sw, 2 * (qq & 1) + gh);
             int dh = 0, dl = 0;
 #pragma unroll
             for (int m = 0; m < 4; m++) { /* weights 4m..4m+3 of the lane's 16 */
@@ -347,21 +402,36 @@ template <int R> struct kbuf8 {
 };
 
 template <int R>
-__device__ __forceinline__ void kbuf8_load(kbuf8<R> &b, const uint8_t *const (&row)[R], int kb,
-                                           int i, int nblk, const uint8_t *wend)
+__device__ __forceinline__ void kbuf8_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
+                                            int i, int nblk, const uint8_t *wend)
 {
     const int blk_i = 4 * kb + i;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        if (blk_i >= nblk) { /* past the row's last block: nothing to read */
-            b.p[r][0] = b.p[r][1] = b.p[r][2] = make_uint4(0, 0, 0, 0);
+        const uint32_t d = sa + r * 3 * 512;
+        if (blk_i >= nblk) { /* past the row's last block: zeros, nothing read */
+            cp16_n(d, row[r], 0);
+            cp16_n(d + 512, row[r], 0);
+            cp16_n(d + 1024, row[r], 0);
             continue;
         }
         const uint8_t *blk = row[r] + (size_t)blk_i * 34;
         const uint8_t *base = blk - ((uintptr_t)blk & 15);
-        b.p[r][0] = ld_stream(base);
-        b.p[r][1] = ld_stream(base + 16);
-        b.p[r][2] = base + 48 <= wend ? ld_stream(base + 32) : ld_tail(base + 32, wend);
+        cp16(d, base);
+        cp16(d + 512, base + 16);
+        const int64_t left = wend - (base + 32); /* >= 2: the block ends past base + 32 */
+        cp16_n(d + 1024, base + 32, left < 16 ? (int)left : 16);
+    }
+}
+
+template <int R> __device__ __forceinline__ void kbuf8_read(kbuf8<R> &b, const uint4 *sp)
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 *p = sp + r * 3 * 32;
+        b.p[r][0] = p[0];
+        b.p[r][1] = p[32];
+        b.p[r][2] = p[64];
     }
 }
 
@@ -440,141 +510,223 @@ template <int R> struct kbuf_of<TD_Q8_0, R> {
     using type = kbuf8<R>;
 };
 
-/* Rows r0 .. r0 + 2R - 1 (nr of them real) into y, as described at the top. */
-template <int T, int R>
-__device__ __forceinline__ void mmd_rows(float *y, const uint8_t *w, const uint8_t *wend,
-                                         uint32_t row_bytes, int64_t r0, int nr, int nblk,
-                                         const int8_t *xq, const float *xd, const int8_t *xs,
-                                         int n_pad, int lane)
+/* The R rows of row half h of the unit starting at r0 (nr of its 2R rows real): missing rows
+ * read the last real one, and are not stored. */
+template <int R>
+__device__ __forceinline__ void unit_rows(const uint8_t *(&row)[R], const uint8_t *w,
+                                          uint32_t row_bytes, int64_t r0, int nr, int h)
 {
-    constexpr bool Q5 = T == TD_Q5_K;
-    constexpr int D = depth<T, R>();
-    const int g = lane >> 2, i = lane & 3;
-    const int q = g & 3, h = g >> 2; /* chain, row half */
-    const unsigned gm = 0xFu << (4 * g);
-    const uint8_t *row[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) { /* missing rows read the last real one, and are not stored */
+    for (int r = 0; r < R; r++) {
         const int k = h * R + r;
         row[r] = w + (size_t)(r0 + (k < nr ? k : nr - 1)) * row_bytes;
     }
-    const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk; /* k-blocks per row */
-    const int nk = nkb > q ? (nkb - q + 3) / 4 : 0;        /* this chain's */
-
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        acc[r] = 0.0f;
-    typename kbuf_of<T, R>::type buf[D];
-    auto load = [&](int u, int kb) {
-        if constexpr (T == TD_Q6_K)
-            kbuf6_load(buf[u], row, kb, i, wend);
-        else if constexpr (T == TD_Q8_0)
-            kbuf8_load(buf[u], row, kb, i, nblk, wend);
-        else
-            kbuf_load<Q5, R>(buf[u], row, kb, i);
-    };
-#pragma unroll
-    for (int s = 0; s < D; s++)
-        if (s < nk)
-            load(s, q + 4 * s);
-    mm_wait_dependencies(); /* xq and xd come from the kernel before this one */
-    for (int s0 = 0; s0 < nk; s0 += D) {
-#pragma unroll
-        for (int u = 0; u < D; u++) {
-            const int s = s0 + u;
-            if (s < nk) {
-                if constexpr (T == TD_Q6_K)
-                    kbuf6_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, gm);
-                else if constexpr (T == TD_Q8_0)
-                    kbuf8_use(acc, buf[u], row, xq, xd, n_pad, q + 4 * s, i, nblk, gm);
-                else
-                    kbuf_use(acc, buf[u], xq, xd, xs, n_pad, q + 4 * s, i, gm);
-                if (s + D < nk)
-                    load(u, q + 4 * (s + D));
-            }
-        }
-    }
-    /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum, in lane 16h (chain q at lane 16h + 4q;
-     * a chain without k-blocks adds +0, as a warp without k-blocks does in the tensor-core
-     * kernel) */
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float p1 = __shfl_down_sync(0xffffffffu, acc[r], 4);
-        const float p2 = __shfl_down_sync(0xffffffffu, acc[r], 8);
-        const float p3 = __shfl_down_sync(0xffffffffu, acc[r], 12);
-        const int k = h * R + r;
-        if ((lane & 15) == 0 && k < nr)
-            y[r0 + k] = __fadd_rn(__fadd_rn(__fadd_rn(acc[r], p1), p2), p3);
-    }
 }
 
-/* grid: resident CTAs only (launch picks how many); block: WARPS warps. Warp u of the grid
- * takes the 2R-row units u, u + n_warps, ...: a unit never waits for a CTA slot, and launch
- * sizes the grid so that the units split evenly over the warps. */
+/* grid: resident CTAs only (launch picks how many); block: WARPS warps, each with its own
+ * ring of ring_bytes<T, R>() of dynamic shared memory. Warp u of the grid takes the 2R-row
+ * units u, u + n_warps, ..., described at the top. Its k-blocks form one stream over all of
+ * its units (unit by unit, chain step s = 0..S-1 with k-block q + 4s for chain q), and the
+ * ring runs STAGES items ahead of the arithmetic across unit boundaries, so the pipeline
+ * fills once per warp, not once per unit. Every lane walks the same items (loop control is
+ * uniform over the warp); a chain whose k-block q + 4s does not exist skips it. */
 template <int T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
     mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nblk,
                const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t n_warps = (int64_t)gridDim.x * WARPS;
+    constexpr bool Q5 = T == TD_Q5_K;
+    constexpr int D = stages<T, R>();
+    constexpr int SLOT = R * row_pieces<T>() * 32; /* uint4 per ring slot */
+    extern __shared__ uint4 mmd_ring[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const uint4 *ring = mmd_ring + (size_t)wid * D * SLOT + lane;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    const int g = lane >> 2, i = lane & 3;
+    const int q = g & 3, h = g >> 2; /* chain, row half */
+    const unsigned gm = 0xFu << (4 * g);
     const uint8_t *wend = w + (size_t)rows * row_bytes; /* one past the matrix */
-    for (int64_t u = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); u * 2 * R < rows;
-         u += n_warps) {
-        const int64_t r0 = u * 2 * R;
-        const int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
-        mmd_rows<T, R>(y, w, wend, row_bytes, r0, nr, nblk, xq, xd, xs, n_pad, lane);
-    }
-}
+    const int64_t units = (rows + 2 * R - 1) / (2 * R);
+    const int64_t n_warps = (int64_t)gridDim.x * WARPS;
+    const int64_t u0 = (int64_t)blockIdx.x * WARPS + wid;
+    const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk; /* k-blocks per row */
+    const int S = (nkb + 3) / 4;                           /* chain steps per unit */
+    const int64_t total = u0 < units ? ((units - 1 - u0) / n_warps + 1) * S : 0;
 
-/* CTAs for the grid: per SM at most what fits (occ), and among 3/4 occ..occ (fewer would
- * leave too few bytes in flight) the count whose last round of rows is fullest (a 5120-row
- * matrix at 6 resident CTAs of 4 warps on 132 SMs would run 2 rounds with the second 62%
- * full; at 5 it runs 2 nearly full ones), the larger count on ties. */
-int64_t grid_for(int64_t units, int n_sm, int occ)
-{
-    int64_t best = 0;
-    double best_eff = -1.0;
-    for (int c = (3 * occ + 3) / 4; c <= occ; c++) {
-        const int64_t slots = (int64_t)n_sm * c * WARPS;
-        const int64_t rounds = (units + slots - 1) / slots;
-        const double eff = (double)units / (double)(rounds * slots);
-        if (eff >= best_eff - 1e-9) {
-            best_eff = eff;
-            best = (int64_t)n_sm * c;
+    /* producer: the next item to copy, (unit pu with rows prow, step ps, k-block pkb) */
+    int64_t pu = u0;
+    int ps = 0, pkb = q;
+    const uint8_t *prow[R];
+    auto prow_set = [&]() {
+        if (pu < units) {
+            const int64_t r0 = pu * 2 * R;
+            unit_rows<R>(prow, w, row_bytes, r0, rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R,
+                         h);
+        }
+    };
+    prow_set();
+    auto issue = [&](int slot) { /* copies item (pu, ps) into slot, one commit group */
+        if (pu < units && pkb < nkb) {
+            const uint32_t sa = ring_s + (uint32_t)(slot * SLOT * 16);
+            if constexpr (T == TD_Q6_K)
+                kbuf6_issue<R>(sa, prow, pkb, i, wend);
+            else if constexpr (T == TD_Q8_0)
+                kbuf8_issue<R>(sa, prow, pkb, i, nblk, wend);
+            else
+                kbuf_issue<Q5, R>(sa, prow, pkb, i);
+        }
+        cp_commit(); /* empty groups too: group t is always item t */
+        pkb += 4;
+        if (++ps == S) {
+            ps = 0;
+            pkb = q;
+            pu += n_warps;
+            prow_set();
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < D; u++)
+        issue(u);
+    mm_wait_dependencies(); /* xq and xd come from the kernel before this one */
+
+    /* consumer: unit cu (rows r0.., nr real), step cs */
+    int64_t cu = u0;
+    int cs = 0;
+    int64_t r0 = cu * 2 * R;
+    int nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
+    const uint8_t *row[R];
+    unit_rows<R>(row, w, row_bytes, r0, nr, h);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int64_t t0 = 0; t0 < total; t0 += D) {
+#pragma unroll
+        for (int u = 0; u < D; u++) {
+            if (t0 + u >= total)
+                break;
+            cp_wait<D - 1>(); /* item t0 + u (group t0 + u) has landed */
+            const int kb = q + 4 * cs; /* this chain's k-block of the item */
+            if (kb < nkb) {
+                typename kbuf_of<T, R>::type b;
+                if constexpr (T == TD_Q6_K) {
+                    kbuf6_read<R>(b, ring + u * SLOT);
+                    kbuf6_use(acc, b, row, xq, xd, n_pad, kb, i, gm);
+                } else if constexpr (T == TD_Q8_0) {
+                    kbuf8_read<R>(b, ring + u * SLOT);
+                    kbuf8_use(acc, b, row, xq, xd, n_pad, kb, i, nblk, gm);
+                } else {
+                    kbuf_read<Q5, R>(b, ring + u * SLOT);
+                    kbuf_use(acc, b, xq, xd, xs, n_pad, kb, i, gm);
+                }
+            }
+            issue(u); /* item t0 + u + D into the slot just read */
+            if (++cs == S) {
+                /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum, in lane 16h (chain q at
+                 * lane 16h + 4q; a chain without k-blocks adds +0, as a warp without
+                 * k-blocks does in the tensor-core kernel) */
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float p1 = __shfl_down_sync(0xffffffffu, acc[r], 4);
+                    const float p2 = __shfl_down_sync(0xffffffffu, acc[r], 8);
+                    const float p3 = __shfl_down_sync(0xffffffffu, acc[r], 12);
+                    const int k = h * R + r;
+                    if ((lane & 15) == 0 && k < nr)
+                        y[r0 + k] = __fadd_rn(__fadd_rn(__fadd_rn(acc[r], p1), p2), p3);
+                    acc[r] = 0.0f;
+                }
+                cs = 0;
+                cu += n_warps;
+                r0 = cu * 2 * R;
+                nr = rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R;
+                if (cu < units)
+                    unit_rows<R>(row, w, row_bytes, r0, nr, h);
+            }
         }
     }
-    const int64_t need = (units + WARPS - 1) / WARPS; /* never more CTAs than rows need */
-    return best < need ? best : need;
+    cp_wait<0>(); /* nothing of this warp's may still be landing when it exits */
+}
+
+/* A grid: its CTAs, and the share of its warp slots that the last round of units fills. */
+struct grid_plan {
+    int64_t ctas;
+    double eff;
+};
+
+/* CTAs for the grid: per SM at most what fits (occ), and among occ/2..occ (fewer would leave
+ * too few bytes in flight) the count whose last round of units is fullest (a 5120-row
+ * matrix in 2-row units at 6 resident CTAs of 4 warps on 132 SMs would run one round of
+ * 2560 units on 3168 warps, 81% busy; at 5 CTAs 97%); within 2% of the fullest, the most
+ * CTAs. Never more CTAs than the units need; a matrix that cannot fill occ/2 CTAs per SM
+ * is rated against that many. */
+grid_plan grid_for(int64_t units, int n_sm, int occ)
+{
+    double eff[65] = {0};
+    double top = 0.0;
+    for (int c = (occ + 1) / 2; c <= occ && c <= 64; c++) {
+        const int64_t slots = (int64_t)n_sm * c * WARPS;
+        const int64_t rounds = (units + slots - 1) / slots;
+        eff[c] = (double)units / (double)(rounds * slots);
+        top = eff[c] > top ? eff[c] : top;
+    }
+    int best = (occ + 1) / 2;
+    for (int c = best; c <= occ && c <= 64; c++)
+        if (eff[c] >= top - 0.02)
+            best = c;
+    const int64_t need = (units + WARPS - 1) / WARPS; /* never more CTAs than units need */
+    const int64_t ctas = (int64_t)n_sm * best;
+    if (ctas <= need)
+        return {ctas, eff[best]};
+    /* one short round: busy against the fewest warps that would keep enough in flight */
+    return {need, (double)units / (double)((int64_t)n_sm * ((occ + 1) / 2) * WARPS)};
 }
 
 int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
 
-template <int T, int R>
-td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-              cudaStream_t st)
+/* Resident CTAs per SM of mmd_kernel<T, R> on the current device (asked once per device). */
+template <int T, int R> td_err occupancy(int *out)
 {
-    /* blocks per row: super-blocks, or Q8_0's blocks of 32 */
-    const int64_t nblk = w->cols / (T == TD_Q8_0 ? 32 : MM_XBLOCK);
-    if (w->row_bytes > ((size_t)1 << 26) || nblk > 0x7fffffff)
-        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
-                       (long long)w->rows, (long long)w->cols);
-    static int occ_of[64]; /* resident CTAs per SM, per device ordinal (0: not asked yet) */
+    static int occ_of[64]; /* per device ordinal (0: not asked yet) */
+    constexpr size_t smem = (size_t)WARPS * ring_bytes<T, R>();
+    static_assert(smem <= 48 * 1024, "the ring must fit the default shared-memory limit");
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
     if (occ == 0) {
+        /* as much shared memory as the SM has: the rings, not L1, decide the occupancy */
+        CUDA_TRY(cudaFuncSetAttribute(mmd_kernel<T, R>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      (int)cudaSharedmemCarveoutMaxShared));
         CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmd_kernel<T, R>,
-                                                               WARPS * 32, 0));
+                                                               WARPS * 32, smem));
         occ = occ < 1 ? 1 : occ;
         __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
     }
-    const int64_t grid = grid_for((w->rows + 2 * R - 1) / (2 * R), dev->n_sm, occ);
+    *out = occ;
+    return TD_OK;
+}
+
+template <int T, int R> td_err plan_for(const ops_weight *w, const mm_device *dev, grid_plan *p)
+{
+    int occ = 0;
+    TD_TRY((occupancy<T, R>(&occ)));
+    *p = grid_for((w->rows + 2 * R - 1) / (2 * R), dev->n_sm, occ);
+    return TD_OK;
+}
+
+template <int T, int R>
+td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const grid_plan &plan,
+              const mm_device *dev, cudaStream_t st)
+{
+    /* blocks per row: super-blocks, or Q8_0's blocks of 32 */
+    const int64_t nblk = w->cols / (T == TD_Q8_0 ? 32 : MM_XBLOCK);
+    if (w->row_bytes > ((size_t)1 << 26) || nblk > 0x7fffffff || plan.ctas > 0x7fffffff)
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
+    cfg.gridDim = dim3((unsigned)plan.ctas);
     cfg.blockDim = dim3(WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = (size_t)WARPS * ring_bytes<T, R>();
     cfg.stream = st;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -591,23 +743,30 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
                                w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     }
+    cuda_launch_note(1);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
                        dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
     return TD_OK;
 }
 
-/* Four rows per warp (each activation load serves two) for Q4_K where that still leaves
- * ~24 warps per SM; two otherwise (5120-row matrices: 19 units per SM), and for Q5_K and
- * Q6_K (their loads make the wider variant heavy in registers). */
+/* Q4_K: four rows per warp (each activation load serves two rows, half the L1 traffic of
+ * the activations) unless two rows per warp fill the last round of units clearly better
+ * (17408 rows on 132 SMs: 91.6% against 82%). Q5_K, Q6_K, Q8_0: two (their rings would
+ * take twice the shared memory). */
 template <int T>
 td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    if constexpr (T == TD_Q4_K)
-        if (w->rows >= (int64_t)4 * 24 * dev->n_sm)
-            return launch<T, 2>(y, xq, w, dev, st);
-    return launch<T, 1>(y, xq, w, dev, st);
+    grid_plan p1;
+    TD_TRY((plan_for<T, 1>(w, dev, &p1)));
+    if constexpr (T == TD_Q4_K) {
+        grid_plan p2;
+        TD_TRY((plan_for<T, 2>(w, dev, &p2)));
+        if (p2.eff >= p1.eff - 0.02)
+            return launch<T, 2>(y, xq, w, p2, dev, st);
+    }
+    return launch<T, 1>(y, xq, w, p1, dev, st);
 }
 
 } /* namespace */
