@@ -51,11 +51,31 @@ __device__ __forceinline__ void cp16(uint32_t dst, const uint8_t *src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 
-/* The first n (0..16) bytes at src, zeros after them; nothing past src + n is read. */
-__device__ __forceinline__ void cp16_n(uint32_t dst, const uint8_t *src, int n)
+/* 16 zeros, reading nothing (src is any valid address). */
+__device__ __forceinline__ void cp16_zero(uint32_t dst, const uint8_t *src)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;" ::"r"(dst), "l"(src)
                  : "memory");
+}
+
+/* The first n (< 16) bytes at src, zeros after them: the matrix's last piece. Plain byte
+ * loads and shared stores, as a 16-byte cp.async with a short source size was seen to read
+ * past the allocation on an H200 (matmul_quant.cu, stage_issue_exact). Rare: out of line. */
+__device__ __noinline__ void cp_tail(uint32_t dst, const uint8_t *src, int n)
+{
+    for (int j = 0; j < 16; j++) {
+        const uint32_t v = j < n ? src[j] : 0u;
+        asm volatile("st.shared.u8 [%0], %1;" ::"r"(dst + j), "r"(v) : "memory");
+    }
+}
+
+/* 16 bytes at src of which only those below end exist. */
+__device__ __forceinline__ void cp16_upto(uint32_t dst, const uint8_t *src, const uint8_t *end)
+{
+    if (src + 16 <= end)
+        cp16(dst, src);
+    else
+        cp_tail(dst, src, (int)(end - src));
 }
 
 __device__ __forceinline__ void cp_commit(void)
@@ -277,8 +297,7 @@ __device__ __forceinline__ void kbuf6_issue(uint32_t sa, const uint8_t *const (&
         cp16(d + 6 * 512, base + 192);
         /* base + 208 <= blk + 208 holds d; the piece may run 14 bytes past the block, past
          * the matrix only for its last block: there only the bytes up to the end are read */
-        const int64_t left = wend - (base + 208);
-        cp16_n(d + 7 * 512, base + 208, left < 16 ? (int)left : 16);
+        cp16_upto(d + 7 * 512, base + 208, wend);
     }
 }
 
@@ -410,17 +429,16 @@ __device__ __forceinline__ void kbuf8_issue(uint32_t sa, const uint8_t *const (&
     for (int r = 0; r < R; r++) {
         const uint32_t d = sa + r * 3 * 512;
         if (blk_i >= nblk) { /* past the row's last block: zeros, nothing read */
-            cp16_n(d, row[r], 0);
-            cp16_n(d + 512, row[r], 0);
-            cp16_n(d + 1024, row[r], 0);
+            cp16_zero(d, row[r]);
+            cp16_zero(d + 512, row[r]);
+            cp16_zero(d + 1024, row[r]);
             continue;
         }
         const uint8_t *blk = row[r] + (size_t)blk_i * 34;
         const uint8_t *base = blk - ((uintptr_t)blk & 15);
         cp16(d, base);
         cp16(d + 512, base + 16);
-        const int64_t left = wend - (base + 32); /* >= 2: the block ends past base + 32 */
-        cp16_n(d + 1024, base + 32, left < 16 ? (int)left : 16);
+        cp16_upto(d + 1024, base + 32, wend); /* the block ends past base + 32 */
     }
 }
 
