@@ -198,6 +198,9 @@ typedef struct ops_attn {
     int64_t kv_head_stride; /* elements between kv heads of one key (head_dim if dense) */
     const int32_t *k_pos;   /* [n_kv] absolute position of each key */
     int64_t n_kv;           /* keys */
+    const int32_t *n_kv_dev; /* NULL, or (memory of the call's backend) the keys to use,
+                              * at most n_kv, which then only sizes the launch: a recorded
+                              * call follows the cache as it grows. Not with OPS_MASK_TREE */
 
     ops_mask_kind mask;
     int32_t window;         /* sliding window in positions, 0 = none: a key is visible only

@@ -1,7 +1,8 @@
 /* The fused CUDA ops (kernels/cuda/fused.cu) against their CPU twins on random data and odd
  * shapes, each row or token bit-identical alone and inside a block (what greedy speculative
  * decoding on the GPU relies on), the delta rule's strided g/beta and state-before output
- * against its dense form bit for bit, the 2D device copy and the f16 store of the KV cache. Outputs start as NaN, so an
+ * against its dense form bit for bit, the 2D device copy, the f16 store of the KV cache and
+ * attention reading its key count from the device. Outputs start as NaN, so an
  * element never written fails. Skipped (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
@@ -240,6 +241,58 @@ static void test_to_f16_matches_cpu_bits(void **state)
     cuda_mem_free(dx), cuda_mem_free(dout);
 }
 
+/* Attention launched for a whole cache with the key count read from the device gives the
+ * bits of a call sized for exactly those keys: decode and a verify block, with the splits
+ * handed to the combine kernel (5000 keys) and folded in the block (a long prefill-like
+ * block), f16 cache. */
+static void test_attention_device_key_count_equals_exact_call(void **state)
+{
+    (void)state;
+    const int64_t n_head = 24, n_kv_head = 4, D = 256, cap = 5000;
+    static const int64_t cases[][2] = {{1, 1000}, {1, 4999}, {16, 1024}, {300, 700}};
+    rng_seed(26);
+    const int64_t kvw = n_kv_head * D;
+    float *kf = rng_floats(cap * kvw, 1), *vf = rng_floats(cap * kvw, 1);
+    uint16_t *kh = malloc((size_t)(cap * kvw) * 2), *vh = malloc((size_t)(cap * kvw) * 2);
+    cpu_to_f16(kh, kf, cap * kvw);
+    cpu_to_f16(vh, vf, cap * kvw);
+    int32_t *pos = malloc((size_t)cap * sizeof *pos);
+    for (int64_t i = 0; i < cap; i++)
+        pos[i] = (int32_t)i;
+    void *dk = dput(kh, (size_t)(cap * kvw) * 2), *dv = dput(vh, (size_t)(cap * kvw) * 2);
+    int32_t *dpos = dput(pos, (size_t)cap * 4);
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const int64_t n_q = cases[c][0], n_kv = cases[c][1];
+        float *q = rng_floats(n_q * n_head * 2 * D, 1);
+        float *dq = dput(q, (size_t)(n_q * n_head * 2 * D) * 4);
+        int32_t count = (int32_t)n_kv;
+        int32_t *dcount = dput(&count, 4);
+        ops_attn a = {
+            .n_q = n_q, .n_head = n_head, .n_head_kv = n_kv_head, .head_dim = D,
+            .scale = 0.0625f, .q = dq, .q_tok_stride = n_head * 2 * D, .q_head_stride = 2 * D,
+            .q_pos = dpos + (n_kv - n_q), .kv_type = TD_F16, .k = dk, .v = dv,
+            .kv_tok_stride = kvw, .kv_head_stride = D, .k_pos = dpos, .n_kv = n_kv,
+            .mask = OPS_MASK_CAUSAL, .gate = dq + D, .gate_tok_stride = n_head * 2 * D,
+            .gate_head_stride = 2 * D,
+        };
+        const size_t ob = (size_t)(n_q * n_head * D) * 4;
+        a.out = dpoison(ob);
+        GPU_OK(cuda_attention(&a, gpu_st));
+        float *exact = dget(a.out, ob);
+        cuda_mem_free(a.out);
+        a.n_kv = cap;
+        a.n_kv_dev = dcount;
+        a.out = dpoison(ob);
+        GPU_OK(cuda_attention(&a, gpu_st));
+        float *counted = dget(a.out, ob);
+        assert_true(check_same_bits("attention with a device key count", counted, exact, ob));
+        free(exact), free(counted), free(q);
+        cuda_mem_free(a.out), cuda_mem_free(dq), cuda_mem_free(dcount);
+    }
+    free(kf), free(vf), free(kh), free(vh), free(pos);
+    cuda_mem_free(dk), cuda_mem_free(dv), cuda_mem_free(dpos);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -251,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),
+        cmocka_unit_test(test_attention_device_key_count_equals_exact_call),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

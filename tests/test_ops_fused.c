@@ -156,6 +156,30 @@ static void test_delta_rule_strided_gates_and_state_before(void **state)
     free(qkv), free(g), free(b), free(gb), free(s0), free(sa), free(sb), free(prev), free(oa), free(ob);
 }
 
+/* cpu_attention with a key count from memory (the CPU twin of a recorded GPU call) equals
+ * the call sized for those keys, bit for bit. */
+static void test_attention_key_count_from_memory(void **state)
+{
+    (void)state;
+    const int64_t n_q = 3, n_head = 4, n_kv_head = 2, D = 16, cap = 40, n_kv = 23;
+    float *q = rnd(n_q * n_head * D, 1), *k = rnd(cap * n_kv_head * D, 1), *v = rnd(cap * n_kv_head * D, 1);
+    int32_t pos[40];
+    for (int i = 0; i < 40; i++)
+        pos[i] = i;
+    float *o1 = malloc((size_t)(n_q * n_head * D) * sizeof *o1), *o2 = malloc((size_t)(n_q * n_head * D) * sizeof *o2);
+    ops_attn a = {.n_q = n_q, .n_head = n_head, .n_head_kv = n_kv_head, .head_dim = D,
+                  .scale = 0.25f, .q = q, .q_tok_stride = n_head * D, .q_head_stride = D,
+                  .q_pos = pos + n_kv - n_q, .kv_type = TD_F32, .k = k, .v = v,
+                  .kv_tok_stride = n_kv_head * D, .kv_head_stride = D, .k_pos = pos,
+                  .n_kv = n_kv, .mask = OPS_MASK_CAUSAL, .out = o1};
+    cpu_attention(&a);
+    int32_t count = (int32_t)n_kv;
+    a.n_kv = cap, a.n_kv_dev = &count, a.out = o2;
+    cpu_attention(&a);
+    assert_memory_equal(o1, o2, (size_t)(n_q * n_head * D) * sizeof(float));
+    free(q), free(k), free(v), free(o1), free(o2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -163,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_silu_equals_rmsnorm_silu_mul),
         cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
+        cmocka_unit_test(test_attention_key_count_from_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,11 +28,12 @@ typedef struct tgt_work {
     float *ff1;       /* [cap_tok][n_ff] */
     float *ff2;       /* [cap_tok][n_ff] */
     int32_t *ids;     /* [cap_tok] token ids */
-    int32_t *step_pos; /* [cap_tok] positions of the running forward's tokens */
-    int32_t *host_pos; /* [cap_tok] host staging of step_pos */
+    int32_t *step_pos; /* [1 + cap_tok]: the keys attention sees after this forward
+                        * (n_past + n_tok), then the positions of its tokens */
+    int32_t *host_pos; /* [1 + cap_tok] host staging of step_pos */
     int32_t *pos;     /* [cap_pos] absolute positions 0.. (the keys') */
-    int64_t n_kv;     /* keys attention scans: n_past + n_tok, or n_ctx for a recording
-                       * (keys past a query are masked, so the result is the same) */
+    int64_t n_kv;     /* keys attention is launched for: n_past + n_tok, or n_ctx for a
+                       * recording (which then reads the count from step_pos[0]) */
     uint64_t gen;     /* changes whenever a buffer above moves (recordings hold addresses) */
 } tgt_work;
 
@@ -115,8 +116,8 @@ static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
         }
         td_err e = be->alloc(be, (void **)&w->ids, t * sizeof(int32_t));
         if (e == TD_OK)
-            e = be->alloc(be, (void **)&w->step_pos, t * sizeof(int32_t));
-        if (e == TD_OK && !(w->host_pos = malloc(t * sizeof(int32_t))))
+            e = be->alloc(be, (void **)&w->step_pos, (t + 1) * sizeof(int32_t));
+        if (e == TD_OK && !(w->host_pos = malloc((t + 1) * sizeof(int32_t))))
             e = err_set(TD_ENOMEM, "out of memory for %lld positions", (long long)n_tok);
         if (e != TD_OK) {
             tgt_work_release(be, w);
@@ -401,7 +402,7 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     /* q_norm covers the query half of each head, never the gate. */
     TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
     TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
-    const int32_t *pos = w->step_pos;
+    const int32_t *pos = w->step_pos + 1;
     TD_TRY(be->rope_neox(be, q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta));
     TD_TRY(be->rope_neox(be, k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta));
     /* rows given on the device: a recording stays valid as n_past moves; an f16 cache
@@ -413,7 +414,8 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
         .scale = 1.0f / sqrtf((float)hd),
         .q = q, .q_tok_stride = q_tok, .q_head_stride = q_head, .q_pos = pos,
         .kv_type = s->kv_type, .k = s->k[ia], .v = s->v[ia], .kv_tok_stride = kv_tok,
-        .kv_head_stride = hd, .k_pos = w->pos, .n_kv = w->n_kv, .mask = OPS_MASK_CAUSAL,
+        .kv_head_stride = hd, .k_pos = w->pos, .n_kv = w->n_kv, .n_kv_dev = w->step_pos,
+        .mask = OPS_MASK_CAUSAL,
         .gate = hp->attn_gate ? q + hd : NULL, .gate_tok_stride = q_tok,
         .gate_head_stride = q_head, .out = w->o,
     };
@@ -536,10 +538,12 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
     bool graph = tgt_graph_wanted(m);
     TD_TRY(tgt_work_reserve(m, n_tok, graph ? s->n_ctx : s->n_past + n_tok));
     tgt_work *w = m->work;
+    w->host_pos[0] = (int32_t)(s->n_past + n_tok);
     for (int64_t i = 0; i < n_tok; i++)
-        w->host_pos[i] = (int32_t)(s->n_past + i);
+        w->host_pos[1 + i] = (int32_t)(s->n_past + i);
     TD_TRY(m->be->to_device(m->be, w->ids, tokens, (size_t)n_tok * sizeof(int32_t)));
-    TD_TRY(m->be->to_device(m->be, w->step_pos, w->host_pos, (size_t)n_tok * sizeof(int32_t)));
+    TD_TRY(m->be->to_device(m->be, w->step_pos, w->host_pos,
+                            (size_t)(1 + n_tok) * sizeof(int32_t)));
     w->n_tok = n_tok;
     w->n_kv = graph ? s->n_ctx : s->n_past + n_tok;
     s->rec_n_tok = 0;

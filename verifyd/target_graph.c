@@ -2,10 +2,9 @@
  * step become one replay. A recording holds the addresses of everything it touches, so it
  * is kept per (state arrays, scratch buffers, outputs, tokens, record, taps) and made again
  * when any of them changes; what changes every step (token ids, positions) is read from
- * device memory that tgt_forward fills before the replay. Attention scans the whole cache
- * (n_kv = n_ctx) in a recording: keys after a query's position are masked, and the kernel's
- * result depends only on the visible keys, so replay and direct run give the same bits
- * (tests/test_gpu_graph.c). */
+ * device memory that tgt_forward fills before the replay, the number of keys attention reads
+ * included (its launch is sized for the whole cache; splits past the count return at once),
+ * so replay and direct run give the same bits (tests/test_gpu_graph.c). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -71,11 +71,13 @@ void cpu_attention(const ops_attn *a)
     TD_ASSERT(a->kv_type == TD_F32 || a->kv_type == TD_F16);
     TD_ASSERT(a->mask != OPS_MASK_TREE ||
               (a->tree_bits != NULL && a->n_tree >= 0 && a->n_tree <= a->n_kv));
+    TD_ASSERT(a->n_kv_dev == NULL || (a->mask != OPS_MASK_TREE && *a->n_kv_dev >= 0));
     const int64_t group = a->n_head / a->n_head_kv;
     const int64_t D = a->head_dim;
+    const int64_t n_kv = a->n_kv_dev && *a->n_kv_dev < a->n_kv ? *a->n_kv_dev : a->n_kv;
 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)                                   \
-    if (a->n_q * a->n_head * a->n_kv * D >= (1 << 16))
+    if (a->n_q * a->n_head * n_kv * D >= (1 << 16))
     for (int64_t t = 0; t < a->n_q; t++) {
         for (int64_t h = 0; h < a->n_head; h++) {
             const float *q = a->q + t * a->q_tok_stride + h * a->q_head_stride;
@@ -88,8 +90,8 @@ void cpu_attention(const ops_attn *a)
                 acc[d] = 0;
             float m = -INFINITY; /* running max of the scores seen */
             double l = 0;        /* running sum of exp(score - m) */
-            for (int64_t i0 = 0; i0 < a->n_kv; i0 += ATT_CHUNK) {
-                int64_t n = a->n_kv - i0 < ATT_CHUNK ? a->n_kv - i0 : ATT_CHUNK;
+            for (int64_t i0 = 0; i0 < n_kv; i0 += ATT_CHUNK) {
+                int64_t n = n_kv - i0 < ATT_CHUNK ? n_kv - i0 : ATT_CHUNK;
                 float cm = -INFINITY;
                 for (int64_t c = 0; c < n; c++) {
                     int64_t i = i0 + c;

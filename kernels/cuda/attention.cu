@@ -38,6 +38,22 @@ typedef struct att_args {
                        * partials: values, then max and sum */
 } att_args;
 
+/* The keys this call uses: n_kv, or fewer when the count is read from the device. */
+__device__ __forceinline__ int64_t att_n_kv(const ops_attn &a)
+{
+    if (!a.n_kv_dev)
+        return a.n_kv;
+    const int64_t n = *a.n_kv_dev;
+    return n < a.n_kv ? (n > 0 ? n : 0) : a.n_kv;
+}
+
+/* Splits holding those keys (the launch may have more: they are empty). */
+__device__ __forceinline__ int64_t att_n_split(const att_args &p, int64_t n_kv)
+{
+    const int64_t n = (n_kv + ATT_SPLIT - 1) / ATT_SPLIT;
+    return n < p.n_split ? n : p.n_split;
+}
+
 /* Whether query t at position qp sees key i (cpu_attention's key_visible). */
 __device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_t qp, int64_t i)
 {
@@ -113,6 +129,7 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t D = HD > 0 ? (int64_t)HD : a.head_dim, g = blockIdx.y;
+    const int64_t n_kv = att_n_kv(a);
     const int64_t r0 = (int64_t)blockIdx.x * ATT_ROWS;
     const int nr = (int)(p.n_rows - r0 < ATT_ROWS ? p.n_rows - r0 : ATT_ROWS);
 
@@ -129,7 +146,7 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
         /* A split no row can see (the keys past the queries when a recorded step scans the
          * whole cache) hands the combine an empty partial at once: it folds nothing. */
         const int64_t k0 = (int64_t)blockIdx.z * ATT_SPLIT;
-        const int nk = (int)(a.n_kv - k0 < ATT_SPLIT ? a.n_kv - k0 : ATT_SPLIT);
+        const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
         int seen = 0;
         for (int e = tid; e < nr * nk && !seen; e += ATT_THREADS)
             seen = att_visible(a, row_t[e / nk], row_qp[e / nk], k0 + e % nk);
@@ -154,10 +171,11 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
     for (int j = 0; j < ATT_NE; j++)
         A[j] = 0;
 
-    const int64_t s_lo = p.part ? blockIdx.z : 0, s_hi = p.part ? blockIdx.z + 1 : p.n_split;
+    const int64_t s_lo = p.part ? blockIdx.z : 0;
+    const int64_t s_hi = p.part ? blockIdx.z + 1 : att_n_split(p, n_kv);
     for (int64_t s = s_lo; s < s_hi; s++) {
         const int64_t k0 = s * ATT_SPLIT;
-        const int nk = (int)(a.n_kv - k0 < ATT_SPLIT ? a.n_kv - k0 : ATT_SPLIT);
+        const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
 
         /* scores: one thread per (row, key) dot product, summed over d in order. A tile no
          * row can see is not loaded (causal prefill, sliding windows): same arithmetic. */
@@ -317,7 +335,8 @@ __global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
     if (d >= D)
         return;
     float M = -INFINITY, L = 0, A = 0;
-    for (int64_t s = 0; s < p.n_split; s++) {
+    const int64_t n_split = att_n_split(p, att_n_kv(a));
+    for (int64_t s = 0; s < n_split; s++) {
         const float *pr = p.part + (s * a.n_q * a.n_head + row) * (D + 2);
         float fa, fb;
         if (att_fold(M, L, pr[D], pr[D + 1], fa, fb))
@@ -335,6 +354,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     TD_ASSERT(a->kv_type == TD_F32 || a->kv_type == TD_F16);
     TD_ASSERT(a->mask != OPS_MASK_TREE ||
               (a->tree_bits != NULL && a->n_tree >= 0 && a->n_tree <= a->n_kv));
+    TD_ASSERT(a->n_kv_dev == NULL || a->mask != OPS_MASK_TREE);
     if (a->head_dim > ATT_MAX_DIM)
         return err_set(TD_ENOTSUP, "attention with head_dim %lld: the GPU handles up to %d",
                        (long long)a->head_dim, ATT_MAX_DIM);
