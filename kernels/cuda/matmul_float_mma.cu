@@ -104,12 +104,12 @@ __device__ __forceinline__ uint4 ld_stream(const void *p)
  * data, row size and cols are multiples of 16 bytes / 8 columns, so a lane's 8 columns are
  * all inside or all outside the row. */
 template <bool VEC>
-__device__ __forceinline__ uint4 load_w(const uint8_t *row, int64_t col, int64_t cols)
+__device__ __forceinline__ uint4 load_w(const uint8_t *row, int col, int cols)
 {
     if (row == nullptr || col >= cols)
         return make_uint4(0, 0, 0, 0);
     if constexpr (VEC) {
-        return ld_stream(row + 2 * col);
+        return ld_stream(row + 2 * (size_t)col);
     } else {
         uint16_t h[8];
 #pragma unroll
@@ -123,8 +123,7 @@ __device__ __forceinline__ uint4 load_w(const uint8_t *row, int64_t col, int64_t
 
 /* Activations xt[col..col+7] (zeros past cols or for a missing token). */
 template <bool VEC>
-__device__ __forceinline__ void load_x(float (&v)[8], const float *xt, int64_t col,
-                                       int64_t cols)
+__device__ __forceinline__ void load_x(float (&v)[8], const float *xt, int col, int cols)
 {
     if (xt == nullptr || col >= cols) {
 #pragma unroll
@@ -169,18 +168,22 @@ template <int T> __device__ __forceinline__ wfrag<T> make_frag(const uint4 (&w)[
     return f;
 }
 
-/* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
- * tile's weights run together; block: WARPS warps. */
-template <int T, int NT, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32)
-    mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int64_t cols,
+/* grid: (groups of RT row tiles x token groups of NT * 8), token group fastest so the CTAs
+ * sharing weights run together; block: RT x WARPS warps, warp (rt, kw) on row tile rt and
+ * k-blocks kw, kw + WARPS, ... The RT warps with the same kw load the same activations at
+ * about the same time, so L1 serves all but one of them: RT only divides the activation
+ * traffic, it never changes what a warp adds in which order. */
+template <int T, int NT, bool VEC, int RT>
+__global__ void __launch_bounds__(RT * WARPS * 32)
+    mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
                const float *x, int n_tok, int n_groups)
 {
-    __shared__ float red[WARPS][NT * 8][TILE]; /* warp partials, [warp][token][row] */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (int64_t)(blockIdx.x / n_groups) * TILE;
+    __shared__ float red[RT][WARPS][NT * 8][TILE]; /* warp partials [tile][warp][token][row] */
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WARPS;
+    const int rt = (int)(threadIdx.x >> 5) / WARPS, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = ((int64_t)(blockIdx.x / n_groups) * RT + rt) * TILE;
     const int tok0 = (int)(blockIdx.x % n_groups) * NT * 8;
-    const int64_t nkb = (cols + KBLOCK - 1) / KBLOCK;
+    const int nkb = (cols + KBLOCK - 1) / KBLOCK;
     const uint8_t *wrow[2] = {r0 + g < rows ? w + (size_t)(r0 + g) * row_bytes : nullptr,
                               r0 + g + 8 < rows ? w + (size_t)(r0 + g + 8) * row_bytes
                                                 : nullptr};
@@ -206,8 +209,8 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
         for (int rr = 0; rr < 2; rr++)
-            cur[j][rr] = load_w<VEC>(wrow[rr], (int64_t)warp * KBLOCK + 32 * j + 8 * t, cols);
-    for (int64_t kb = warp; kb < nkb; kb += WARPS) {
+            cur[j][rr] = load_w<VEC>(wrow[rr], warp * KBLOCK + 32 * j + 8 * t, cols);
+    for (int kb = warp; kb < nkb; kb += WARPS) {
         uint4 nxt[CHUNKS][2];
 #pragma unroll
         for (int j = 0; j < CHUNKS; j++)
@@ -223,7 +226,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                 blk[nt][i] = 0.0f;
 #pragma unroll
         for (int j = 0; j < CHUNKS; j++) {
-            const int64_t col = kb * KBLOCK + 32 * j + 8 * t;
+            const int col = kb * KBLOCK + 32 * j + 8 * t;
             const wfrag<T> f = make_frag<T>(cur[j]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -266,49 +269,72 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            red[warp][8 * nt + 2 * t + (i & 1)][g + 8 * (i >> 1)] = tot[nt][i];
+            red[rt][warp][8 * nt + 2 * t + (i & 1)][g + 8 * (i >> 1)] = tot[nt][i];
     __syncthreads();
-    for (int i = threadIdx.x; i < NT * 8 * TILE; i += WARPS * 32) {
-        const int tt = i / TILE, r = i % TILE;
-        if (r0 + r < rows && tok0 + tt < n_tok) {
-            float v = red[0][tt][r];
+    for (int i = threadIdx.x; i < RT * NT * 8 * TILE; i += RT * WARPS * 32) {
+        const int tr = i / (NT * 8 * TILE), tt = i / TILE % (NT * 8), r = i % TILE;
+        const int64_t row = ((int64_t)(blockIdx.x / n_groups) * RT + tr) * TILE + r;
+        if (row < rows && tok0 + tt < n_tok) {
+            float v = red[tr][0][tt][r];
 #pragma unroll
             for (int k = 1; k < WARPS; k++)
-                v = __fadd_rn(v, red[k][tt][r]);
-            y[(size_t)(tok0 + tt) * rows + r0 + r] = v;
+                v = __fadd_rn(v, red[tr][k][tt][r]);
+            y[(size_t)(tok0 + tt) * rows + row] = v;
         }
     }
 }
 
-template <int T, int NT, bool VEC>
+template <int T, int NT, bool VEC, int RT>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
 {
     const int n_groups = (n_tok + NT * 8 - 1) / (NT * 8);
-    const int64_t n_cta = (w->rows + TILE - 1) / TILE * n_groups;
+    const int64_t tiles = (w->rows + TILE - 1) / TILE;
+    const int64_t n_cta = (tiles + RT - 1) / RT * n_groups;
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    mmh_kernel<T, NT, VEC><<<(unsigned)n_cta, WARPS * 32, 0, st>>>(
-        y, (const uint8_t *)w->data, w->row_bytes, w->rows, w->cols, x, n_tok, n_groups);
+    mmh_kernel<T, NT, VEC, RT><<<(unsigned)n_cta, RT * WARPS * 32, 0, st>>>(
+        y, (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, x, n_tok, n_groups);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
 
+/* Row tiles per CTA: the most (up to 4) that still give every SM a CTA. The scalar path
+ * (misaligned or odd-width weights) keeps one. */
+template <int T, int NT, bool VEC>
+td_err launch_rt(float *y, const float *x, const ops_weight *w, int n_tok, int n_sm,
+                 cudaStream_t st)
+{
+    const int64_t tiles = (w->rows + TILE - 1) / TILE;
+    /* F16 at 32 tokens needs more than the 128 registers a 512-thread CTA leaves */
+    if constexpr (VEC && !(T == TD_F16 && NT == MAX_NT)) {
+        if (tiles >= 4 * (int64_t)n_sm)
+            return launch<T, NT, VEC, 4>(y, x, w, n_tok, st);
+    }
+    if constexpr (VEC) {
+        if (tiles >= 2 * (int64_t)n_sm)
+            return launch<T, NT, VEC, 2>(y, x, w, n_tok, st);
+    }
+    return launch<T, NT, VEC, 1>(y, x, w, n_tok, st);
+}
+
 template <int T, bool VEC>
-td_err launch_nt(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
+td_err launch_nt(float *y, const float *x, const ops_weight *w, int n_tok, int n_sm,
+                 cudaStream_t st)
 {
     if (n_tok <= 8)
-        return launch<T, 1, VEC>(y, x, w, n_tok, st);
+        return launch_rt<T, 1, VEC>(y, x, w, n_tok, n_sm, st);
     if (n_tok <= 16)
-        return launch<T, 2, VEC>(y, x, w, n_tok, st);
-    return launch<T, MAX_NT, VEC>(y, x, w, n_tok, st);
+        return launch_rt<T, 2, VEC>(y, x, w, n_tok, n_sm, st);
+    return launch_rt<T, MAX_NT, VEC>(y, x, w, n_tok, n_sm, st);
 }
 
 template <int T>
 td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
-                   cudaStream_t st)
+                   int n_sm, cudaStream_t st)
 {
-    return vec ? launch_nt<T, true>(y, x, w, n_tok, st) : launch_nt<T, false>(y, x, w, n_tok, st);
+    return vec ? launch_nt<T, true>(y, x, w, n_tok, n_sm, st)
+               : launch_nt<T, false>(y, x, w, n_tok, n_sm, st);
 }
 
 } /* namespace */
@@ -316,13 +342,19 @@ td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, boo
 td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
 {
     TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK);
+    if (w->cols > INT32_MAX - 2 * KBLOCK * WARPS)
+        return err_set(TD_ENOTSUP, "matmul of %lld columns: more than the kernel indexes",
+                       (long long)w->cols);
     const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
                      ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
+    int dev = 0, n_sm = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     switch (w->type) {
     case TD_F16:
-        return launch_type<TD_F16>(y, x, w, n_tok, vec, st);
+        return launch_type<TD_F16>(y, x, w, n_tok, vec, n_sm, st);
     case TD_BF16:
-        return launch_type<TD_BF16>(y, x, w, n_tok, vec, st);
+        return launch_type<TD_BF16>(y, x, w, n_tok, vec, n_sm, st);
     default:
         TD_ASSERT(!"mmh_launch: not F16 or BF16");
     }
