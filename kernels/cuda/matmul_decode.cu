@@ -761,7 +761,6 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const grid_pla
         e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
                                w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     }
-    cuda_launch_note(1);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
                        dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));

@@ -48,11 +48,16 @@ template <int MT> __host__ __device__ constexpr int stages()
     return MT == 1 ? 4 : 3;
 }
 
+/* The rings, then the reduction area (its own: the rings already hold the next tile's
+ * k-blocks when a tile is reduced). */
+template <int T, int MT> __host__ __device__ constexpr int ring_bytes()
+{
+    return KSPLIT * stages<MT>() * MROWS * MT * qt<T>::STRIDE;
+}
+
 template <int T, int MT, int NT> __host__ __device__ constexpr int smem_bytes()
 {
-    constexpr int ring = KSPLIT * stages<MT>() * MROWS * MT * qt<T>::STRIDE;
-    constexpr int red = KSPLIT * MROWS * MT * NTOK * NT * (int)sizeof(float);
-    return ring > red ? ring : red;
+    return ring_bytes<T, MT>() + KSPLIT * MROWS * MT * NTOK * NT * (int)sizeof(float);
 }
 
 /* --- staging ---------------------------------------------------------------------------- */
@@ -147,7 +152,11 @@ __device__ __noinline__ void stage_issue_exact(uint8_t *slot, const uint8_t *w,
 
 /* --- the kernel --------------------------------------------------------------------------- */
 
-/* grid: one CTA per 16*MT rows; block: KSPLIT warps; dynamic shared memory smem_bytes(). */
+/* grid: resident CTAs only (launch sizes it), each looping over the 16*MT-row tiles
+ * blockIdx.x, + gridDim.x, ...; block: KSPLIT warps; dynamic shared memory smem_bytes().
+ * A warp's k-blocks of all its CTA's tiles form one stream through its ring, so the ring
+ * fills once per CTA rather than once per tile (a 5120-column Q4_K tile gives a warp only
+ * 5 k-blocks); the tile's reduction over the warps meets at two barriers. */
 template <int T, int MT, int NT>
 __global__ void __launch_bounds__(KSPLIT * 32)
     mmq_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
@@ -161,11 +170,9 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const lane_pos l = {lane >> 2, lane & 3};
-    const int64_t r0 = (int64_t)blockIdx.x * ROWS;
-    const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+    const int64_t n_tiles = (rows + ROWS - 1) / ROWS;
     const int nkb = (int)((cols + Q::KB_W - 1) / Q::KB_W);
-    const int nk = mmq_warp_kblocks(nkb, warp); /* my k-blocks */
-    const uint8_t *wrow = w + (size_t)r0 * row_bytes;
+    const int nk = mmq_warp_kblocks(nkb, warp); /* my k-blocks per tile */
     uint8_t *ring = smem + warp * S * STAGE_BYTES;
     unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
 #pragma unroll
@@ -175,85 +182,132 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     const int n_blk32 = (int)(cols / 32); /* Q8_0 blocks per row */
     /* the last k-block of a Q8_0 row may hold fewer than 4 blocks */
     auto kb_bytes = [&](int kb) { return mmq_kb_bytes(T == TD_Q8_0, Q::KB_BYTES, n_blk32, kb); };
-    /* Every weight address stays inside the matrix: issue(s) runs only for s < nk, so
-     * kb < nkb and kbase lies in row r0 (< rows); rows past n_rows read nothing and name w;
-     * a window that could run past the matrix's last byte (within MMQ_TAIL_ROWS rows of the
-     * end, last k-block) takes the exact path. tests/test_cuda_matmul_addresses.c checks
+    /* Every weight address stays inside the matrix: an item is issued only for a tile that
+     * exists and s < nk, so kb < nkb and kbase lies in row r0 (< rows); rows past n_rows read
+     * nothing and name w; a window that could run past the matrix's last byte (within
+     * MMQ_TAIL_ROWS rows of the end, last k-block) takes the exact path. Per tile this is
+     * the addressing of a CTA at r0, which tests/test_cuda_matmul_addresses.c checks for
      * every piece of every configuration the dispatcher picks. */
-    auto issue = [&](int s) { /* the warp's s-th k-block into its ring slot */
-        const int kb = warp + KSPLIT * s;
-        uint8_t *slot = ring + (s % S) * STAGE_BYTES;
-        const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
-        if (mmq_stage_exact(Q::ALIGNED, r0, ROWS, rows, kb, nkb))
-            stage_issue_exact<T, ROWS>(slot, w, kbase, row_bytes, n_rows, kb_bytes(kb), lane);
-        else
-            stage_issue<T, ROWS>(slot, w, kbase, row_bytes, n_rows, lane);
+    /* producer: the next item to copy is step ps of tile pt, k-block kb = warp + KSPLIT * ps
+     * at pk; per tile its rows (p_rows) and whether the exact path may be needed (p_tail) */
+    int64_t pt = blockIdx.x;
+    int ps = 0, p_rows = 0;
+    bool p_tail = false;
+    const uint8_t *pk = w;
+    auto p_tile = [&]() {
+        if (pt < n_tiles) {
+            const int64_t r0 = pt * ROWS;
+            p_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+            p_tail = mmq_stage_exact(Q::ALIGNED, r0, ROWS, rows, nkb - 1, nkb);
+            pk = w + (size_t)r0 * row_bytes + (size_t)warp * Q::KB_BYTES;
+        }
     };
-
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[mt][nt][i] = 0.0f;
+    p_tile();
+    auto issue_next = [&](int slot_i) { /* into ring slot slot_i; no commit */
+        if (pt < n_tiles && ps < nk) {
+            const int kb = warp + KSPLIT * ps;
+            uint8_t *slot = ring + slot_i * STAGE_BYTES;
+            if (p_tail && kb == nkb - 1)
+                stage_issue_exact<T, ROWS>(slot, w, pk, row_bytes, p_rows, kb_bytes(kb), lane);
+            else
+                stage_issue<T, ROWS>(slot, w, pk, row_bytes, p_rows, lane);
+        }
+        pk += KSPLIT * Q::KB_BYTES;
+        if (++ps >= nk) {
+            ps = 0;
+            pt += gridDim.x;
+            p_tile();
+        }
+    };
 
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < nk)
-            issue(s);
+        issue_next(s);
         cp_async_commit(); /* empty groups keep the count uniform */
     }
     /* the weights are on their way; xq comes from the kernel before this one */
     mm_wait_dependencies();
-    for (int i = 0; i < nk; i++) {
-        if (i + S - 1 < nk)
-            issue(i + S - 1);
-        cp_async_commit();
-        cp_async_wait<S - 1>(); /* k-block i has landed (for this lane's copies) */
-        __syncwarp();           /* ... and for every lane's */
-        const uint8_t *slot = ring + (i % S) * STAGE_BYTES;
-        const int kb = warp + KSPLIT * i;
-        const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
-        const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
-        if constexpr (T == TD_Q4_K || T == TD_Q5_K)
-            kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
-        else if constexpr (T == TD_Q6_K)
-            kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
-        else
-            kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
-        __syncwarp(); /* every lane is done with the slot before it is refilled */
+    float *red = (float *)(smem + ring_bytes<T, MT>()); /* [KSPLIT][ROWS][NTOK * NT] */
+    constexpr int TOKS = NTOK * NT;
+    int ci = 0; /* items consumed so far: the next one is in slot ci % S */
+    for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int64_t r0 = tile * ROWS;
+        const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+        const uint8_t *wrow = w + (size_t)r0 * row_bytes;
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[mt][nt][i] = 0.0f;
+        for (int i = 0; i < nk; i++, ci++) {
+            issue_next((ci + S - 1) % S); /* the slot consumed last, released below */
+            cp_async_commit();
+            cp_async_wait<S - 1>(); /* item ci has landed (for this lane's copies) */
+            __syncwarp();           /* ... and for every lane's */
+            const uint8_t *slot = ring + (ci % S) * STAGE_BYTES;
+            const int kb = warp + KSPLIT * i;
+            const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
+            const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
+            if constexpr (T == TD_Q4_K || T == TD_Q5_K)
+                kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
+            else if constexpr (T == TD_Q6_K)
+                kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
+            else
+                kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
+            __syncwarp(); /* every lane is done with the slot before it is refilled */
+        }
+
+        /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
+                p[0] = acc[mt][nt][0];
+                p[1] = acc[mt][nt][1];
+                p[8 * TOKS] = acc[mt][nt][2];
+                p[8 * TOKS + 1] = acc[mt][nt][3];
+            }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < n_rows * xq.n_tok; idx += KSPLIT * 32) {
+            const int rl = idx % n_rows, tk = idx / n_rows;
+            float v = red[rl * TOKS + tk];
+#pragma unroll
+            for (int k = 1; k < KSPLIT; k++)
+                v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
+            y[(size_t)tk * rows + r0 + rl] = v;
+        }
+        __syncthreads(); /* the next tile writes red again */
     }
     cp_async_wait<0>();
-
-    /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
-    __syncthreads();
-    float *red = (float *)smem; /* [KSPLIT][ROWS][NTOK * NT] */
-    constexpr int TOKS = NTOK * NT;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
-            p[0] = acc[mt][nt][0];
-            p[1] = acc[mt][nt][1];
-            p[8 * TOKS] = acc[mt][nt][2];
-            p[8 * TOKS + 1] = acc[mt][nt][3];
-        }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < n_rows * xq.n_tok; idx += KSPLIT * 32) {
-        const int rl = idx % n_rows, tk = idx / n_rows;
-        float v = red[rl * TOKS + tk];
-#pragma unroll
-        for (int k = 1; k < KSPLIT; k++)
-            v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
-        y[(size_t)tk * rows + r0 + rl] = v;
-    }
 }
 
 /* Set when a launch with programmatic dependent launch was refused. */
 int g_pdl_refused;
+
+/* CTAs for n_tiles tiles with occ resident per SM: all tiles at once if they fit, else
+ * resident CTAs only, between occ/2 and occ per SM, the count whose last round of tiles is
+ * fullest (within 2%: the most CTAs). */
+int64_t tiles_grid(int64_t n_tiles, int n_sm, int occ)
+{
+    if (n_tiles <= (int64_t)n_sm * occ)
+        return n_tiles;
+    double eff[65] = {0}, top = 0.0;
+    for (int c = (occ + 1) / 2; c <= occ && c <= 64; c++) {
+        const int64_t slots = (int64_t)n_sm * c;
+        const int64_t rounds = (n_tiles + slots - 1) / slots;
+        eff[c] = (double)n_tiles / (double)(rounds * slots);
+        top = eff[c] > top ? eff[c] : top;
+    }
+    int best = (occ + 1) / 2;
+    for (int c = best; c <= occ && c <= 64; c++)
+        if (eff[c] >= top - 0.02)
+            best = c;
+    return (int64_t)n_sm * best;
+}
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
 template <int T, int MT, int NT>
@@ -261,11 +315,12 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
               cudaStream_t st)
 {
     constexpr int smem = smem_bytes<T, MT, NT>();
-    static unsigned long long opted; /* bit per device ordinal; setting it twice is harmless */
+    static_assert(smem <= 99 * 1024, "a CTA must fit the shared memory of an sm_86 block");
+    static int occ_of[64]; /* resident CTAs per SM, per device ordinal (0: not set up yet) */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
-    const unsigned long long bit = 1ull << (ordinal & 63);
-    if (!(__atomic_load_n(&opted, __ATOMIC_RELAXED) & bit)) {
+    int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
+    if (occ == 0) {
         if (smem > 48 * 1024)
             CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -274,10 +329,13 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                       cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared));
-        __atomic_fetch_or(&opted, bit, __ATOMIC_RELAXED);
+        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmq_kernel<T, MT, NT>,
+                                                               KSPLIT * 32, smem));
+        occ = occ < 1 ? 1 : occ;
+        __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
     }
     const int64_t rows_per_cta = (int64_t)MROWS * MT;
-    const int64_t grid = (w->rows + rows_per_cta - 1) / rows_per_cta;
+    const int64_t grid = tiles_grid((w->rows + rows_per_cta - 1) / rows_per_cta, dev->n_sm, occ);
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
