@@ -45,7 +45,7 @@ const char *__asan_default_options(void)
 static void test_add_rmsnorm_matches_cpu_and_rows_are_independent(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {16, 5120}, {2, 300}};
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {16, 5120}, {2, 300}, {2, 9000}};
     rng_seed(21);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;

@@ -57,7 +57,7 @@ __device__ __forceinline__ int64_t att_n_split(const att_args &p, int64_t n_kv)
 /* Whether query t at position qp sees key i (cpu_attention's key_visible). */
 __device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_t qp, int64_t i)
 {
-    const int64_t d = (int64_t)qp - a.k_pos[i];
+    const int64_t d = (int64_t)qp - __ldg(a.k_pos + i);
     if (a.mask == OPS_MASK_BIDIRECTIONAL)
         return a.window <= 0 || llabs(d) < a.window;
     if (a.mask == OPS_MASK_TREE) {
@@ -72,11 +72,15 @@ __device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_
     return d >= 0 && (a.window <= 0 || d < a.window);
 }
 
+/* K, V, q, positions and the gate are only read while the kernel runs, so they load through
+ * the read-only path (ld.global.nc): the compiler then knows a load cannot alias the shared
+ * tile the previous one was stored to, and keeps a tile's loads in flight together instead of
+ * one global round trip per element (the H200 profile: 167 us per decode layer at 1K). */
 __device__ __forceinline__ float att_load(const ops_attn &a, const void *base, int64_t off)
 {
     if (a.kv_type == TD_F16)
-        return __half2float(((const __half *)base)[off]);
-    return ((const float *)base)[off];
+        return __half2float(__ushort_as_half(__ldg((const unsigned short *)base + off)));
+    return __ldg((const float *)base + off);
 }
 
 /* Folds a split (max ms, sum ls) into the running (M, L) and gives the factors for the
@@ -106,7 +110,7 @@ __device__ __forceinline__ void att_write(const ops_attn &a, int64_t t, int64_t 
 {
     float o = L > 0 ? A / L : 0.0f;
     if (a.gate)
-        o = __fmul_rn(o, dev_sigmoid(a.gate[t * a.gate_tok_stride + h * a.gate_head_stride + d]));
+        o = __fmul_rn(o, dev_sigmoid(__ldg(a.gate + t * a.gate_tok_stride + h * a.gate_head_stride + d)));
     a.out[(t * a.n_head + h) * a.head_dim + d] = o;
 }
 
@@ -160,10 +164,11 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
             return;
         }
     }
+#pragma unroll 8
     for (int64_t e = tid; e < (int64_t)nr * D; e += ATT_THREADS) {
         const int r = (int)(e / D);
         const int64_t d = e % D;
-        qs[r][d] = a.q[row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d];
+        qs[r][d] = __ldg(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d);
     }
 
     float A[ATT_NE]; /* folded values of element tid + j*ATT_THREADS = (row, d) */
@@ -192,6 +197,7 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
             /* also the barrier: kv is free; on the first tile: qs is loaded */
             if (!__syncthreads_or(seen))
                 continue;
+#pragma unroll 8
             for (int64_t e = tid; e < (int64_t)tk * D; e += ATT_THREADS) {
                 const int kk = (int)(e / D);
                 const int64_t d = e % D;
@@ -247,6 +253,7 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
             }
             if (!__syncthreads_or(live)) /* also the barrier: kv is free */
                 continue;
+#pragma unroll 8
             for (int64_t e = tid; e < (int64_t)tk * D; e += ATT_THREADS) {
                 const int kk = (int)(e / D);
                 const int64_t d = e % D;
