@@ -39,6 +39,10 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
                               int64_t cols, int n_tok, int n_pad)
 {
     mm_launch_dependents(); /* the matmul may start streaming its weights */
+    /* Launched as a programmatic dependent of the kernel before it (often the previous
+     * matmul, which lets it launch early): wait for it before reading x, and before writing
+     * the scratch that a previous matmul on this stream may still be reading. */
+    mm_wait_dependencies();
     const int lane = threadIdx.x & 31;
     const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
     const int64_t total = (int64_t)n_pad * nb;
@@ -114,6 +118,43 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
     }
 }
 
+/* Set when a launch with programmatic dependent launch was refused. */
+int g_pdl_refused;
+
+/* Launches the rounding kernel; with pdl (sm_90, and the kernel before it on st is a
+ * quantised matmul, which lets its dependents launch at once) as a programmatic dependent:
+ * the rounding and then the next matmul's CTAs are ready when the last CTAs of that matmul
+ * finish, and the next matmul's first weight copies overlap its tail. Both wait
+ * (griddepcontrol.wait) before touching anything the earlier kernel uses. */
+template <int UNIT, bool DECODE>
+td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsum,
+                     const float *x, int64_t cols, int n_tok, int n_pad, cudaStream_t st)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(256);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, xquant_kernel<UNIT, DECODE>, xq, xd, xsum, x, cols,
+                                       n_tok, n_pad);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        (void)cudaGetLastError(); /* plain launches from now on */
+        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, xquant_kernel<UNIT, DECODE>, xq, xd, xsum, x, cols, n_tok,
+                               n_pad);
+    }
+    cuda_launch_note(1);
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: activation rounding launch: %s",
+                       cudaGetErrorString(e));
+    return TD_OK;
+}
+
 /* Tokens of a chunk as laid out for the MMA: a multiple of 8, and one of the four widths the
  * quantised kernel is built for. */
 int pad_tokens(int n)
@@ -135,12 +176,16 @@ typedef struct mm_scratch {
     void *buf;        /* device memory */
     size_t cap;       /* bytes */
     bool used;
+    /* cuda_launches right after this stream's last rounding launch: still equal at the next
+     * call means no counted kernel ran in between (on any stream), so the kernel before the
+     * next rounding is that quantised matmul, which lets dependents launch early */
+    unsigned long long mm_mark;
 } mm_scratch;
 
 mm_scratch g_scratch[MM_SCRATCH_SLOTS];
 pthread_mutex_t g_scratch_lock = PTHREAD_MUTEX_INITIALIZER;
 
-td_err scratch_get(cudaStream_t st, size_t need, void **out)
+td_err scratch_get(cudaStream_t st, size_t need, void **out, mm_scratch **slot)
 {
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
@@ -152,7 +197,7 @@ td_err scratch_get(cudaStream_t st, size_t need, void **out)
     for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
         if (!g_scratch[i].used) {
             s = &g_scratch[i];
-            *s = mm_scratch{dev, st, NULL, 0, true};
+            *s = mm_scratch{dev, st, NULL, 0, true, ~0ull};
         }
     if (!s) {
         pthread_mutex_unlock(&g_scratch_lock);
@@ -176,6 +221,7 @@ td_err scratch_get(cudaStream_t st, size_t need, void **out)
         s->cap = cap;
     }
     *out = s->buf;
+    *slot = s;
     pthread_mutex_unlock(&g_scratch_lock);
     return TD_OK;
 }
@@ -215,7 +261,8 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
     dev.pdl = major >= 9;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;
-    TD_TRY(scratch_get(st, xq_layout_of(w->cols, pad_max).bytes, &buf));
+    mm_scratch *slot = NULL;
+    TD_TRY(scratch_get(st, xq_layout_of(w->cols, pad_max).bytes, &buf, &slot));
     for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
         const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
         const int n_pad = pad_tokens(nc);
@@ -229,15 +276,22 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         const float *xc = x + (size_t)t0 * w->cols;
         const bool decode = nc == 1 && mmd_supported(w->type);
         const bool placed = decode && mmd_placed(w->type); /* see mm_decode_unit_pos */
+        /* only right after this stream's previous quantised matmul (slot->mm_mark) */
+        const bool pdl_x =
+            dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
         if (mmq_unit(w->type) == 4 && placed)
-            xquant_kernel<4, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+            TD_TRY((xquant_launch<4, true>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
+                                           st)));
         else if (mmq_unit(w->type) == 4)
-            xquant_kernel<4, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+            TD_TRY((xquant_launch<4, false>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
+                                            st)));
         else if (placed)
-            xquant_kernel<8, true><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
+            TD_TRY((xquant_launch<8, true>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
+                                           st)));
         else
-            xquant_kernel<8, false><<<grid, 256, 0, st>>>(xq, xd, xsum, xc, w->cols, nc, n_pad);
-        CUDA_TRY_LAUNCH();
+            TD_TRY((xquant_launch<8, false>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc,
+                                            n_pad, st)));
+        slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
         float *yc = y + (size_t)t0 * w->rows;
         TD_TRY(decode ? mmd_launch(yc, &q, w, &dev, st) : mmq_launch(yc, &q, w, &dev, st));

@@ -602,6 +602,9 @@ __global__ void __launch_bounds__(WARPS * 32)
             prow_set();
         }
     };
+    /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
+     * before it touches anything (see matmul.cu) */
+    mm_launch_dependents();
 #pragma unroll
     for (int u = 0; u < D; u++)
         issue(u);

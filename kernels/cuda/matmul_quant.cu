@@ -220,6 +220,9 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         }
     };
 
+    /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
+     * before it touches anything (see matmul.cu) */
+    mm_launch_dependents();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         issue_next(s);
