@@ -45,6 +45,8 @@ constexpr int TILE = 16;      /* weight rows per CTA: the MMA's M */
 constexpr int KBLOCK = 128;   /* columns per k-block: one tensor-core chain */
 constexpr int CHUNKS = KBLOCK / 32;
 constexpr int MAX_NT = 4;     /* n-tiles (8 tokens each) per CTA */
+constexpr int STAGES = 3;     /* k-blocks in a warp's weight ring: 2 in flight while 1 is used */
+constexpr int RING = STAGES * CHUNKS * 2 * 32; /* uint4 per warp: [stage][chunk][row][lane] */
 
 /* The high halves of a and b as one bf16 pair (a in the low half). */
 __device__ __forceinline__ uint32_t pack_hi(uint32_t a, uint32_t b)
@@ -90,35 +92,39 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* 16 weight bytes that are read once: not kept in L1, which holds the activations. */
-__device__ __forceinline__ uint4 ld_stream(const void *p)
+/* 16 bytes global -> shared, L1 bypassed; src_bytes = 0 reads nothing and writes zeros. */
+__device__ __forceinline__ void cp_async16(uint4 *dst, const void *src, int src_bytes)
 {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
 }
 
-/* Weights row[col..col+7] as 8 16-bit values (zeros past cols or for a missing row). VEC:
- * data, row size and cols are multiples of 16 bytes / 8 columns, so a lane's 8 columns are
- * all inside or all outside the row. */
-template <bool VEC>
-__device__ __forceinline__ uint4 load_w(const uint8_t *row, int col, int cols)
+__device__ __forceinline__ void cp_async_commit()
 {
-    if (row == nullptr || col >= cols)
-        return make_uint4(0, 0, 0, 0);
-    if constexpr (VEC) {
-        return ld_stream(row + 2 * (size_t)col);
-    } else {
-        uint16_t h[8];
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* All but the newest N groups of this thread's copies have landed and are visible to it. */
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Weights row[col..col+7] by scalar loads (zeros past cols or for a missing row): the path
+ * for rows that are not 16-byte aligned or cols % 8 != 0. */
+__device__ __forceinline__ uint4 load_w_scalar(const uint8_t *row, int col, int cols)
+{
+    uint16_t h[8];
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            h[e] = col + e < cols ? __ldg((const unsigned short *)row + col + e) : (uint16_t)0;
-        uint4 v;
-        memcpy(&v, h, sizeof v);
-        return v;
-    }
+    for (int e = 0; e < 8; e++)
+        h[e] = row != nullptr && col + e < cols
+                   ? __ldg((const unsigned short *)row + col + e)
+                   : (uint16_t)0;
+    uint4 v;
+    memcpy(&v, h, sizeof v);
+    return v;
 }
 
 /* Activations xt[col..col+7] (zeros past cols or for a missing token). */
@@ -168,22 +174,61 @@ template <int T> __device__ __forceinline__ wfrag<T> make_frag(const uint4 (&w)[
     return f;
 }
 
-/* grid: (groups of RT row tiles x token groups of NT * 8), token group fastest so the CTAs
- * sharing weights run together; block: RT x WARPS warps, warp (rt, kw) on row tile rt and
- * k-blocks kw, kw + WARPS, ... The RT warps with the same kw load the same activations at
- * about the same time, so L1 serves all but one of them: RT only divides the activation
- * traffic, it never changes what a warp adds in which order. */
-template <int T, int NT, bool VEC, int RT>
-__global__ void __launch_bounds__(RT * WARPS * 32)
+/* One chunk: blk[nt] += the chunk's two MMAs, each as pieces h, m, l of token g's 8
+ * activations xv[nt] (F16: weight hi then lo per piece), for the live n-tiles. */
+template <int T, int NT>
+__device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f,
+                                          const float (&xv)[NT][8], int nt_live)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        if (nt >= nt_live)
+            break;
+        uint32_t h[4], m[4], l[4]; /* pairs of columns 8t + 2e, 8t + 2e + 1 */
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            split_x(xv[nt][2 * e], xv[nt][2 * e + 1], h[e], m[e], l[e]);
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+#pragma unroll
+            for (int p = 0; p < wfrag<T>::P; p++)
+                mma(blk[nt], f.a[q][p], h[2 * q], h[2 * q + 1]);
+#pragma unroll
+            for (int p = 0; p < wfrag<T>::P; p++)
+                mma(blk[nt], f.a[q][p], m[2 * q], m[2 * q + 1]);
+#pragma unroll
+            for (int p = 0; p < wfrag<T>::P; p++)
+                mma(blk[nt], f.a[q][p], l[2 * q], l[2 * q + 1]);
+        }
+    }
+}
+
+/* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
+ * tile's weights run together; block: WARPS warps, warp kw on k-blocks kw, kw + WARPS, ...
+ * VEC (16-byte aligned rows, cols % 8 == 0): each lane copies its own 16-byte pieces of a
+ * k-block into its warp's ring (cp.async, one group per k-block) and reads back only what it
+ * copied, so no barrier is needed; STAGES - 1 k-blocks stay in flight while one is used
+ * (loads into registers shared a scoreboard with the activation loads, so every k-block
+ * waited a full memory latency). Dynamic shared memory: WARPS * RING uint4 (VEC), reused
+ * for the warp partials at the end. */
+/* CTAs per SM the registers must allow: 4, as many as the 48 KB rings fit on an H100/H200
+ * (F16 at 32 tokens: 3, else it spills); the scalar path is not worth a spill. */
+template <int T, int NT, bool VEC> constexpr int min_ctas()
+{
+    return !VEC ? 1 : T == TD_F16 && NT == MAX_NT ? 3 : 4;
+}
+
+template <int T, int NT, bool VEC>
+__global__ void __launch_bounds__(WARPS * 32, (min_ctas<T, NT, VEC>()))
     mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
                const float *x, int n_tok, int n_groups)
 {
-    __shared__ float red[RT][WARPS][NT * 8][TILE]; /* warp partials [tile][warp][token][row] */
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % WARPS;
-    const int rt = (int)(threadIdx.x >> 5) / WARPS, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = ((int64_t)(blockIdx.x / n_groups) * RT + rt) * TILE;
+    extern __shared__ uint4 smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (int64_t)(blockIdx.x / n_groups) * TILE;
     const int tok0 = (int)(blockIdx.x % n_groups) * NT * 8;
     const int nkb = (cols + KBLOCK - 1) / KBLOCK;
+    const int n_mine = nkb > warp ? (nkb - warp + WARPS - 1) / WARPS : 0; /* my k-blocks */
     const uint8_t *wrow[2] = {r0 + g < rows ? w + (size_t)(r0 + g) * row_bytes : nullptr,
                               r0 + g + 8 < rows ? w + (size_t)(r0 + g + 8) * row_bytes
                                                 : nullptr};
@@ -195,6 +240,29 @@ __global__ void __launch_bounds__(RT * WARPS * 32)
         xrow[nt] = tok < n_tok ? x + (size_t)tok * cols : nullptr;
         nt_live += tok0 + 8 * nt < n_tok;
     }
+    uint4 *ring = smem + warp * RING + lane;
+
+    /* the i-th of my k-blocks into ring stage i % STAGES (nothing past the last) */
+    auto issue = [&](int i) {
+        if (i < n_mine) {
+            const int kb = warp + WARPS * i;
+#pragma unroll
+            for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int col = kb * KBLOCK + 32 * j + 8 * t;
+                    const bool ok = wrow[rr] != nullptr && col < cols;
+                    cp_async16(ring + (((i % STAGES) * CHUNKS + j) * 2 + rr) * 32,
+                               ok ? wrow[rr] + 2 * (size_t)col : w, ok ? 16 : 0);
+                }
+        }
+        cp_async_commit(); /* empty groups keep the count uniform */
+    };
+    if constexpr (VEC) {
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; i++)
+            issue(i);
+    }
 
     float tot[NT][4];
 #pragma unroll
@@ -203,138 +271,113 @@ __global__ void __launch_bounds__(RT * WARPS * 32)
         for (int i = 0; i < 4; i++)
             tot[nt][i] = 0.0f;
 
-    /* weights of the next k-block load while this one is multiplied */
-    uint4 cur[CHUNKS][2];
+    for (int i = 0; i < n_mine; i++) {
+        const int kb = warp + WARPS * i;
+        uint4 cur[CHUNKS][2];
+        if constexpr (VEC) {
+            issue(i + STAGES - 1);
+            cp_async_wait<STAGES - 1>(); /* k-block i has landed (this lane's copies) */
 #pragma unroll
-    for (int j = 0; j < CHUNKS; j++)
+            for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++)
-            cur[j][rr] = load_w<VEC>(wrow[rr], warp * KBLOCK + 32 * j + 8 * t, cols);
-    for (int kb = warp; kb < nkb; kb += WARPS) {
-        uint4 nxt[CHUNKS][2];
+                for (int rr = 0; rr < 2; rr++)
+                    cur[j][rr] = ring[(((i % STAGES) * CHUNKS + j) * 2 + rr) * 32];
+        } else {
 #pragma unroll
-        for (int j = 0; j < CHUNKS; j++)
+            for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++)
-                nxt[j][rr] = load_w<VEC>(wrow[rr], (kb + WARPS) * KBLOCK + 32 * j + 8 * t, cols);
+                for (int rr = 0; rr < 2; rr++)
+                    cur[j][rr] = load_w_scalar(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
+        }
 
         float blk[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                blk[nt][i] = 0.0f;
+            for (int e = 0; e < 4; e++)
+                blk[nt][e] = 0.0f;
+        /* activations of JG chunks are loaded before the first is used, so their L1/L2
+         * latencies overlap instead of adding up chunk by chunk */
+        constexpr int JG = NT == 1 ? CHUNKS : NT == 2 ? 2 : 1;
 #pragma unroll
-        for (int j = 0; j < CHUNKS; j++) {
-            const int col = kb * KBLOCK + 32 * j + 8 * t;
-            const wfrag<T> f = make_frag<T>(cur[j]);
+        for (int jg = 0; jg < CHUNKS; jg += JG) {
+            float xv[JG][NT][8];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                if (nt >= nt_live)
-                    break;
-                float xv[8];
-                load_x<VEC>(xv, xrow[nt], col, cols);
-                uint32_t h[4], m[4], l[4]; /* pairs of columns 8t + 2i, 8t + 2i + 1 */
+            for (int jj = 0; jj < JG; jj++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    split_x(xv[2 * i], xv[2 * i + 1], h[i], m[i], l[i]);
+                for (int nt = 0; nt < NT; nt++)
+                    if (nt < nt_live)
+                        load_x<VEC>(xv[jj][nt], xrow[nt],
+                                    kb * KBLOCK + 32 * (jg + jj) + 8 * t, cols);
 #pragma unroll
-                for (int q = 0; q < 2; q++) {
-#pragma unroll
-                    for (int p = 0; p < wfrag<T>::P; p++)
-                        mma(blk[nt], f.a[q][p], h[2 * q], h[2 * q + 1]);
-#pragma unroll
-                    for (int p = 0; p < wfrag<T>::P; p++)
-                        mma(blk[nt], f.a[q][p], m[2 * q], m[2 * q + 1]);
-#pragma unroll
-                    for (int p = 0; p < wfrag<T>::P; p++)
-                        mma(blk[nt], f.a[q][p], l[2 * q], l[2 * q + 1]);
-                }
-            }
+            for (int jj = 0; jj < JG; jj++)
+                chunk_mma<T, NT>(blk, make_frag<T>(cur[jg + jj]), xv[jj], nt_live);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                tot[nt][i] = __fadd_rn(tot[nt][i], blk[nt][i]);
-#pragma unroll
-        for (int j = 0; j < CHUNKS; j++)
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++)
-                cur[j][rr] = nxt[j][rr];
+            for (int e = 0; e < 4; e++)
+                tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
     }
 
-    /* c0, c1: row g, tokens 2t, 2t+1 of the n-tile; c2, c3: row g + 8 */
+    /* The ring's memory takes the warp partials [warp][token][row] once every warp is done
+     * with its ring. c0, c1: row g, tokens 2t, 2t+1 of the n-tile; c2, c3: row g + 8. */
+    if constexpr (VEC)
+        cp_async_wait<0>(); /* only empty groups remain; nothing may land after the barrier */
+    __syncthreads();
+    float *red = (float *)smem;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            red[rt][warp][8 * nt + 2 * t + (i & 1)][g + 8 * (i >> 1)] = tot[nt][i];
+        for (int e = 0; e < 4; e++)
+            red[(warp * NT * 8 + 8 * nt + 2 * t + (e & 1)) * TILE + g + 8 * (e >> 1)] =
+                tot[nt][e];
     __syncthreads();
-    for (int i = threadIdx.x; i < RT * NT * 8 * TILE; i += RT * WARPS * 32) {
-        const int tr = i / (NT * 8 * TILE), tt = i / TILE % (NT * 8), r = i % TILE;
-        const int64_t row = ((int64_t)(blockIdx.x / n_groups) * RT + tr) * TILE + r;
-        if (row < rows && tok0 + tt < n_tok) {
-            float v = red[tr][0][tt][r];
+    for (int i = threadIdx.x; i < NT * 8 * TILE; i += WARPS * 32) {
+        const int tt = i / TILE, r = i % TILE;
+        if (r0 + r < rows && tok0 + tt < n_tok) {
+            float v = red[tt * TILE + r];
 #pragma unroll
             for (int k = 1; k < WARPS; k++)
-                v = __fadd_rn(v, red[tr][k][tt][r]);
-            y[(size_t)(tok0 + tt) * rows + row] = v;
+                v = __fadd_rn(v, red[(k * NT * 8 + tt) * TILE + r]);
+            y[(size_t)(tok0 + tt) * rows + r0 + r] = v;
         }
     }
 }
 
-template <int T, int NT, bool VEC, int RT>
+template <int T, int NT, bool VEC>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
 {
     const int n_groups = (n_tok + NT * 8 - 1) / (NT * 8);
-    const int64_t tiles = (w->rows + TILE - 1) / TILE;
-    const int64_t n_cta = (tiles + RT - 1) / RT * n_groups;
+    const int64_t n_cta = (w->rows + TILE - 1) / TILE * n_groups;
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    mmh_kernel<T, NT, VEC, RT><<<(unsigned)n_cta, RT * WARPS * 32, 0, st>>>(
+    /* 48 KB for the rings (the most a launch gets without opting in); the partials alone
+     * for the scalar path */
+    const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
+    const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
+    mmh_kernel<T, NT, VEC><<<(unsigned)n_cta, WARPS * 32, VEC ? ring : red, st>>>(
         y, (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, x, n_tok, n_groups);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
 
-/* Row tiles per CTA: the most (up to 4) that still give every SM a CTA. The scalar path
- * (misaligned or odd-width weights) keeps one. */
-template <int T, int NT, bool VEC>
-td_err launch_rt(float *y, const float *x, const ops_weight *w, int n_tok, int n_sm,
-                 cudaStream_t st)
-{
-    const int64_t tiles = (w->rows + TILE - 1) / TILE;
-    /* F16 at 32 tokens needs more than the 128 registers a 512-thread CTA leaves */
-    if constexpr (VEC && !(T == TD_F16 && NT == MAX_NT)) {
-        if (tiles >= 4 * (int64_t)n_sm)
-            return launch<T, NT, VEC, 4>(y, x, w, n_tok, st);
-    }
-    if constexpr (VEC) {
-        if (tiles >= 2 * (int64_t)n_sm)
-            return launch<T, NT, VEC, 2>(y, x, w, n_tok, st);
-    }
-    return launch<T, NT, VEC, 1>(y, x, w, n_tok, st);
-}
-
 template <int T, bool VEC>
-td_err launch_nt(float *y, const float *x, const ops_weight *w, int n_tok, int n_sm,
-                 cudaStream_t st)
+td_err launch_nt(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
 {
     if (n_tok <= 8)
-        return launch_rt<T, 1, VEC>(y, x, w, n_tok, n_sm, st);
+        return launch<T, 1, VEC>(y, x, w, n_tok, st);
     if (n_tok <= 16)
-        return launch_rt<T, 2, VEC>(y, x, w, n_tok, n_sm, st);
-    return launch_rt<T, MAX_NT, VEC>(y, x, w, n_tok, n_sm, st);
+        return launch<T, 2, VEC>(y, x, w, n_tok, st);
+    return launch<T, MAX_NT, VEC>(y, x, w, n_tok, st);
 }
 
 template <int T>
 td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
-                   int n_sm, cudaStream_t st)
+                   cudaStream_t st)
 {
-    return vec ? launch_nt<T, true>(y, x, w, n_tok, n_sm, st)
-               : launch_nt<T, false>(y, x, w, n_tok, n_sm, st);
+    return vec ? launch_nt<T, true>(y, x, w, n_tok, st) : launch_nt<T, false>(y, x, w, n_tok, st);
 }
 
 } /* namespace */
@@ -347,14 +390,11 @@ td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cuda
                        (long long)w->cols);
     const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
                      ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
-    int dev = 0, n_sm = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     switch (w->type) {
     case TD_F16:
-        return launch_type<TD_F16>(y, x, w, n_tok, vec, n_sm, st);
+        return launch_type<TD_F16>(y, x, w, n_tok, vec, st);
     case TD_BF16:
-        return launch_type<TD_BF16>(y, x, w, n_tok, vec, n_sm, st);
+        return launch_type<TD_BF16>(y, x, w, n_tok, vec, st);
     default:
         TD_ASSERT(!"mmh_launch: not F16 or BF16");
     }
