@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -247,6 +248,25 @@ xq_layout xq_layout_of(int64_t cols, int n_pad)
     return o;
 }
 
+/* Which kernel runs single tokens (TANDEM_MMD, read once): the ring kernel
+ * (matmul_decode.cu, the default), "regs" the register-load one (matmul_decode_regs.cu),
+ * "mma" the tensor-core kernel (plain layout). All give the same bits; the choice exists to
+ * measure them against each other on one build. */
+enum { MMD_RING = 1, MMD_REGS, MMD_MMA };
+int g_mmd_choice;
+
+int mmd_choice(void)
+{
+    int c = __atomic_load_n(&g_mmd_choice, __ATOMIC_RELAXED);
+    if (c == 0) {
+        const char *e = getenv("TANDEM_MMD");
+        c = e && strcmp(e, "regs") == 0 ? MMD_REGS : e && strcmp(e, "mma") == 0 ? MMD_MMA
+                                                                                : MMD_RING;
+        __atomic_store_n(&g_mmd_choice, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
+
 td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                     cudaStream_t st)
 {
@@ -274,7 +294,8 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         const int64_t blocks = (warps + 7) / 8;
         const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
         const float *xc = x + (size_t)t0 * w->cols;
-        const bool decode = nc == 1 && mmd_supported(w->type);
+        const int choice = mmd_choice();
+        const bool decode = nc == 1 && mmd_supported(w->type) && choice != MMD_MMA;
         const bool placed = decode && mmd_placed(w->type); /* see mm_decode_unit_pos */
         /* only right after this stream's previous quantised matmul (slot->mm_mark) */
         const bool pdl_x =
@@ -294,7 +315,9 @@ td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok
         slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
         float *yc = y + (size_t)t0 * w->rows;
-        TD_TRY(decode ? mmd_launch(yc, &q, w, &dev, st) : mmq_launch(yc, &q, w, &dev, st));
+        TD_TRY(!decode                ? mmq_launch(yc, &q, w, &dev, st)
+               : choice == MMD_REGS ? mmd_regs_launch(yc, &q, w, &dev, st)
+                                    : mmd_launch(yc, &q, w, &dev, st));
     }
     return TD_OK;
 }

@@ -51,13 +51,6 @@ __device__ __forceinline__ void cp16(uint32_t dst, const uint8_t *src)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 
-/* 16 zeros, reading nothing (src is any valid address). */
-__device__ __forceinline__ void cp16_zero(uint32_t dst, const uint8_t *src)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;" ::"r"(dst), "l"(src)
-                 : "memory");
-}
-
 /* The first n (< 16) bytes at src, zeros after them: the matrix's last piece. Plain byte
  * loads and shared stores, as a 16-byte cp.async with a short source size was seen to read
  * past the allocation on an H200 (matmul_quant.cu, stage_issue_exact). Rare: out of line. */
@@ -122,25 +115,39 @@ template <bool Q5> struct kq {
     static constexpr int QS = Q5 ? 48 : 16;      /* offset of qs[128] */
 };
 
-/* 16-byte pieces a lane stages per row and k-block. */
-template <int T> __host__ __device__ constexpr int row_pieces()
+/* Bytes of one k-block: a super-block, or Q8_0's 4 blocks. */
+template <int T> __host__ __device__ constexpr int kb_bytes()
 {
-    return T == TD_Q6_K ? 8 : T == TD_Q5_K ? 5 : 3; /* Q4_K, Q8_0: 3 */
+    return T == TD_Q6_K ? 210 : T == TD_Q5_K ? 176 : T == TD_Q8_0 ? 136 : 144;
 }
 
-/* k-blocks in the ring per warp: about 9 KB of it (Little's law at 4.3 TB/s asks ~50 KB in
- * flight per SM; 16-24 warps x 3-6 k-blocks x 1.1-2.3 KB of distinct weight bytes is 2-3x
- * that), at least 3. */
+/* A warp's item (unit, step s) is, per row, the 4 k-blocks 4s..4s+3 (one per chain):
+ * 4 kb_bytes contiguous bytes, staged as the 16-byte pieces under them (Q6_K/Q8_0 rows
+ * start at any even offset: up to 14 bytes more). Pieces per row window: */
+template <int T> __host__ __device__ constexpr int win_pieces()
+{
+    return (4 * kb_bytes<T>() + 14 + 15) / 16; /* 36, 44, 54, 35 */
+}
+
+/* Bytes of one ring slot: the windows of the unit's 2R rows. */
+template <int T, int R> __host__ __device__ constexpr int slot_bytes()
+{
+    return 2 * R * win_pieces<T>() * 16;
+}
+
+/* Items in the ring per warp: about 9 KB of it (Little's law at 4.3 TB/s asks ~50 KB in
+ * flight per SM; 16-24 warps x 3-6 items x 1.1-2.3 KB is 2-4x that), 3..6. */
 template <int T, int R> __host__ __device__ constexpr int stages()
 {
-    return 18 / (R * row_pieces<T>()) < 3 ? 3 : 18 / (R * row_pieces<T>()) > 6 ? 6
-                                               : 18 / (R * row_pieces<T>());
+    return 9216 / slot_bytes<T, R>() < 3 ? 3 : 9216 / slot_bytes<T, R>() > 6
+                                                   ? 6
+                                                   : 9216 / slot_bytes<T, R>();
 }
 
 /* Bytes of ring per warp. */
 template <int T, int R> __host__ __device__ constexpr int ring_bytes()
 {
-    return stages<T, R>() * R * row_pieces<T>() * 32 * 16;
+    return stages<T, R>() * slot_bytes<T, R>();
 }
 
 /* One k-block of the group's R rows as this lane loads it. */
@@ -150,42 +157,58 @@ template <bool Q5, int R> struct kbuf {
     uint4 qh[R][2]; /* Q5_K: qh[0..31] (unused for Q4_K) */
 };
 
-/* Slot addressing: piece k of row r of a k-block is 16 bytes per lane at (r * row_pieces + k)
- * * 512 bytes past the slot (the 32 lanes' pieces side by side: conflict-free 16-byte
- * shared-memory accesses). `sa` is the lane's shared address in the slot, `sp` the same as a
- * pointer. */
-template <bool Q5, int R>
-__device__ __forceinline__ void kbuf_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
-                                           int i)
+/* Copies item (rows r0 .. r0 + nr - 1, step s) into the slot at shared address sa: row rr's
+ * window at rr * win_pieces * 16, the 16-byte pieces from the boundary at or below the
+ * row's k-block 4s up to the end of its last k-block (of at most 4; Q8_0: blocks 16s.. of
+ * at most 16; n_units k-blocks or Q8_0 blocks per row). Piece p of the slot goes to lane
+ * p % 32: every warp-wide copy reads consecutive 16-byte pieces, at most two runs. A piece
+ * reaching past the matrix (its last row's window, rows at odd offsets) is copied up to the
+ * end. Rows past nr are not copied (their readers read row nr - 1). */
+template <int T, int R>
+__device__ __forceinline__ void win_issue(uint32_t sa, const uint8_t *prow0, const uint8_t *wend,
+                                          uint32_t row_bytes, int nr, int s, int n_units,
+                                          int lane)
 {
-    constexpr int PR = Q5 ? 5 : 3;
+    constexpr int WP = win_pieces<T>(), N = 2 * R * WP;
+    constexpr int PER = T == TD_Q8_0 ? 16 : 4, UB = T == TD_Q8_0 ? 34 : kb_bytes<T>();
+    constexpr bool ODD = T == TD_Q6_K || T == TD_Q8_0; /* rows at any even offset */
+    const int left = n_units - PER * s;
+    const int len = (left < PER ? left : PER) * UB; /* bytes of the window's k-blocks */
+    const uint32_t s_off = (uint32_t)s * (4 * kb_bytes<T>());
+    const uint32_t lo = (uint32_t)(uintptr_t)prow0;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const uint8_t *blk = row[r] + (size_t)kb * kq<Q5>::BYTES;
-        const uint32_t d = sa + r * PR * 512;
-        cp16(d, blk);
-        cp16(d + 512, blk + kq<Q5>::QS + 32 * i);
-        cp16(d + 1024, blk + kq<Q5>::QS + 32 * i + 16);
-        if constexpr (Q5) {
-            cp16(d + 1536, blk + 16);
-            cp16(d + 2048, blk + 32);
+    for (int k = 0; k < (N + 31) / 32; k++) {
+        const int p = lane + 32 * k;
+        const int rr = p / WP, j = p - rr * WP;
+        /* offsets within the unit stay below 2^28 (row_bytes < 2^26): 32-bit arithmetic */
+        const uint32_t off = (uint32_t)rr * row_bytes + s_off; /* the window's first byte */
+        const int a0 = ODD ? (int)((lo + off) & 15u) : 0;
+        if (p < N && rr < nr && 16 * j < a0 + len) {
+            const uint8_t *src = prow0 + (off - (uint32_t)a0 + 16u * (uint32_t)j);
+            if (ODD)
+                cp16_upto(sa + 16 * p, src, wend);
+            else
+                cp16(sa + 16 * p, src); /* 16-byte aligned rows end on piece boundaries */
         }
     }
 }
 
+/* Where block bytes start in the window of a row: o = a0 + offset of the block in the
+ * item's k-blocks (a0 = the row's k-block 4s start & 15). The pieces a lane reads are the
+ * aligned ones under o + off, at (o & ~15) + off in the window (off 16-aligned). */
 template <bool Q5, int R>
-__device__ __forceinline__ void kbuf_read(kbuf<Q5, R> &b, const uint4 *sp)
+__device__ __forceinline__ void kbuf_read(kbuf<Q5, R> &b, const uint8_t *const (&win)[R], int q,
+                                          int i)
 {
-    constexpr int PR = Q5 ? 5 : 3;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const uint4 *p = sp + r * PR * 32;
-        b.hd[r] = p[0];
-        b.qs[r][0] = p[32];
-        b.qs[r][1] = p[64];
+        const uint8_t *blk = win[r] + q * kq<Q5>::BYTES; /* rows are 16-byte aligned */
+        b.hd[r] = *(const uint4 *)blk;
+        b.qs[r][0] = *(const uint4 *)(blk + kq<Q5>::QS + 32 * i);
+        b.qs[r][1] = *(const uint4 *)(blk + kq<Q5>::QS + 32 * i + 16);
         if constexpr (Q5) {
-            b.qh[r][0] = p[96];
-            b.qh[r][1] = p[128];
+            b.qh[r][0] = *(const uint4 *)(blk + 16);
+            b.qh[r][1] = *(const uint4 *)(blk + 32);
         }
     }
 }
@@ -204,17 +227,60 @@ __device__ __forceinline__ uint32_t word_of(const uint4 (&v)[2], int m)
     return (m & 3) == 0 ? a.x : (m & 3) == 1 ? a.y : (m & 3) == 2 ? a.z : a.w;
 }
 
-/* Adds k-block kb of R rows to acc (every lane of the group updates the same values). */
-template <bool Q5, int R>
-__device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
-                                         const int8_t *xq, const float *xd, const int8_t *xs,
-                                         int n_pad, int kb, int i, unsigned gm)
+/* The activations a lane needs for one k-block, loaded (from L1) before the wait for its
+ * weights so that their latency overlaps it. */
+struct xbuf {
+    uint4 v[8];  /* 8 x 16 bytes of hi/lo digits (which ones: the type's loader) */
+    uint4 s;     /* Q4_K/Q5_K: the sums of 32 inputs of its sub-blocks, as digits */
+    float d;     /* the x block's scale (token 0) */
+};
+
+/* Q4_K/Q5_K: v[4 half + k] = inputs 8k.. of sub-block 2i + half (placed layout, see
+ * mm_decode_unit_pos); s = sum32 digits of sub-blocks 2i, 2i+1 (mm_xquant: s0, s1, s2 of j
+ * at 16 (j / 4) + 4 digit + j % 4): cheaper than summing the lane's 64 digits. */
+__device__ __forceinline__ void xbuf_load_kq(xbuf &x, const int8_t *xq, const float *xd,
+                                             const int8_t *xs, int n_pad, int kb, int i)
 {
     const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
-    /* sum32 of sub-blocks 2i, 2i+1 from the rounding kernel's digits (mm_xquant: s0, s1, s2
-     * of j at 16 (j / 4) + 4 digit + j % 4): cheaper than summing the lane's 64 digits */
-    const uint4 sv =
-        __ldg((const uint4 *)(xs + (size_t)kb * n_pad * MM_XSUM_BYTES + 16 * (i >> 1)));
+#pragma unroll
+    for (int m = 0; m < 8; m++)
+        x.v[m] = __ldg((const uint4 *)(xb + 64 * m));
+    x.s = __ldg((const uint4 *)(xs + (size_t)kb * n_pad * MM_XSUM_BYTES + 16 * (i >> 1)));
+    x.d = __ldg(xd + (size_t)kb * n_pad);
+}
+
+/* Q6_K: v[2 qq + e] = inputs 128n + 32qq + 16gh + 8e.. of the lane (i = 2n + gh), each
+ * {hi[0..3], lo[0..3], hi[4..7], lo[4..7]} (4-input interleave, placed layout). */
+__device__ __forceinline__ void xbuf_load_q6(xbuf &x, const int8_t *xq, const float *xd,
+                                             int n_pad, int kb, int i)
+{
+    const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
+#pragma unroll
+    for (int m = 0; m < 8; m++)
+        x.v[m] = __ldg((const uint4 *)(xb + 64 * m));
+    x.d = __ldg(xd + (size_t)kb * n_pad);
+}
+
+/* Q8_0: v[0..3] = inputs 32 blk_i .. +31 of the lane's block blk_i = 4 kb + i, plain
+ * layout: 4 x {hi[0..3], hi[4..7], lo[0..3], lo[4..7]}; zeros past the row's last block.
+ * d: 2 k-blocks per x block. */
+__device__ __forceinline__ void xbuf_load_q8(xbuf &x, const int8_t *xq, const float *xd,
+                                             int n_pad, int kb, int i, int nblk)
+{
+    const int blk_i = 4 * kb + i;
+    const int8_t *xb = xq + (size_t)blk_i * 64;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        x.v[k] = blk_i < nblk ? __ldg((const uint4 *)(xb + 16 * k)) : make_uint4(0, 0, 0, 0);
+    x.d = __ldg(xd + (size_t)(kb >> 1) * n_pad);
+}
+
+/* Adds k-block kb of R rows to acc (every lane of the group updates the same values). */
+template <bool Q5, int R>
+__device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b, const xbuf &xv,
+                                         int i, unsigned gm)
+{
+    const uint4 sv = xv.s;
     int dh[2][R], dl[2][R], sum[2];
 #pragma unroll
     for (int half = 0; half < 2; half++) { /* sub-block 2i + half: nibble `half` of qs */
@@ -222,10 +288,7 @@ __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
         sum[half] = 65536 * sbyte_at(sv.z, jb) + 256 * sbyte_at(sv.y, jb) + sbyte_at(sv.x, jb);
         /* units k = 0..3 (inputs 8k..8k+7 of the sub-block), each {hi[0..3], hi[4..7],
          * lo[0..3], lo[4..7]} */
-        uint4 x[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            x[k] = __ldg((const uint4 *)(xb + 64 * (4 * half + k)));
+        const uint4 *x = xv.v + 4 * half;
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int h = 0, l = 0;
@@ -242,7 +305,7 @@ __device__ __forceinline__ void kbuf_use(float (&acc)[R], const kbuf<Q5, R> &b,
             dl[half][r] = l;
         }
     }
-    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
+    const float dx = xv.d;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const uint4 hd = b.hd[r];
@@ -278,41 +341,23 @@ template <int R> struct kbuf6 {
     uint4 sd[R][2];     /* the two aligned pieces under bytes 192..209 */
 };
 
+/* win[r]: row r's window; o[r]: where the lane's block starts in it (a0 + 210 q). */
 template <int R>
-__device__ __forceinline__ void kbuf6_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
-                                            int i, const uint8_t *wend)
+__device__ __forceinline__ void kbuf6_read(kbuf6<R> &b, const uint8_t *const (&win)[R],
+                                           const int (&o)[R], int i)
 {
     const int n = i >> 1, gh = i & 1;
     const int off[3] = {64 * n + 16 * gh, 64 * n + 32 + 16 * gh, 128 + 32 * n + 16 * gh};
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const uint8_t *blk = row[r] + (size_t)kb * 210;
-        const uint8_t *base = blk - ((uintptr_t)blk & 15); /* >= the matrix start */
-        const uint32_t d = sa + r * 8 * 512;
-#pragma unroll
-        for (int j = 0; j < 3; j++) { /* both pieces end at or before blk + 208 */
-            cp16(d + (2 * j) * 512, base + off[j]);
-            cp16(d + (2 * j + 1) * 512, base + off[j] + 16);
-        }
-        cp16(d + 6 * 512, base + 192);
-        /* base + 208 <= blk + 208 holds d; the piece may run 14 bytes past the block, past
-         * the matrix only for its last block: there only the bytes up to the end are read */
-        cp16_upto(d + 7 * 512, base + 208, wend);
-    }
-}
-
-template <int R> __device__ __forceinline__ void kbuf6_read(kbuf6<R> &b, const uint4 *sp)
-{
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const uint4 *p = sp + r * 8 * 32;
+        const uint8_t *pa = win[r] + (o[r] & ~15); /* the piece under the block's start */
 #pragma unroll
         for (int j = 0; j < 3; j++) {
-            b.run[r][j][0] = p[(2 * j) * 32];
-            b.run[r][j][1] = p[(2 * j + 1) * 32];
+            b.run[r][j][0] = *(const uint4 *)(pa + off[j]);
+            b.run[r][j][1] = *(const uint4 *)(pa + off[j] + 16);
         }
-        b.sd[r][0] = p[6 * 32];
-        b.sd[r][1] = p[7 * 32];
+        b.sd[r][0] = *(const uint4 *)(pa + 192);
+        b.sd[r][1] = *(const uint4 *)(pa + 208);
     }
 }
 
@@ -339,12 +384,10 @@ __device__ __forceinline__ void shift_words(uint32_t (&out)[N], uint4 p0, uint4 
  * acc = fma(dx * d, I, acc) (kblock_q6k's sequence). */
 template <int R>
 __device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
-                                          const uint8_t *const (&row)[R], const int8_t *xq,
-                                          const float *xd, int n_pad, int kb, int i,
-                                          unsigned gm)
+                                          const uint8_t *const (&row)[R], const xbuf &xv,
+                                          int kb, int i, unsigned gm)
 {
     const int n = i >> 1, gh = i & 1;
-    const int8_t *xb = xq + (size_t)kb * 2 * MM_XBLOCK + 16 * i;
     uint32_t ql0[R][4], ql1[R][4], qh[R][4], scw[R][4];
     float dw[R];
 #pragma unroll
@@ -368,8 +411,7 @@ __device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
     for (int qq = 0; qq < 4; qq++) {
         /* inputs 128n + 32qq + 16gh + 8e .. +7 (e = 0, 1): {hi[0..3], lo[0..3], hi[4..7],
          * lo[4..7]} (4-input interleave) */
-        const uint4 x0 = __ldg((const uint4 *)(xb + 64 * (2 * qq))),
-                    x1 = __ldg((const uint4 *)(xb + 64 * (2 * qq + 1)));
+        const uint4 x0 = xv.v[2 * qq], x1 = xv.v[2 * qq + 1];
         const uint32_t xh[4] = {x0.x, x0.z, x1.x, x1.z}, xl[4] = {x0.y, x0.w, x1.y, x1.w};
         int sh = 0, sl = 0;
 #pragma unroll
@@ -399,7 +441,7 @@ __device__ __forceinline__ void kbuf6_use(float (&acc)[R], const kbuf6<R> &b,
             C[r] += sc * s16;
         }
     }
-    const float dx = __ldg(xd + (size_t)kb * n_pad); /* token 0 */
+    const float dx = xv.d;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int h = group_sum(H[r], gm), l = group_sum(L[r], gm), c = group_sum(C[r], gm);
@@ -420,36 +462,18 @@ template <int R> struct kbuf8 {
     uint4 p[R][3];
 };
 
+/* win[r]: row r's window; o[r]: where the lane's block 4q + i starts in it (a0 + 34 (4q +
+ * i)); nothing is read for a block past the row's end (zeros). */
 template <int R>
-__device__ __forceinline__ void kbuf8_issue(uint32_t sa, const uint8_t *const (&row)[R], int kb,
-                                            int i, int nblk, const uint8_t *wend)
-{
-    const int blk_i = 4 * kb + i;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const uint32_t d = sa + r * 3 * 512;
-        if (blk_i >= nblk) { /* past the row's last block: zeros, nothing read */
-            cp16_zero(d, row[r]);
-            cp16_zero(d + 512, row[r]);
-            cp16_zero(d + 1024, row[r]);
-            continue;
-        }
-        const uint8_t *blk = row[r] + (size_t)blk_i * 34;
-        const uint8_t *base = blk - ((uintptr_t)blk & 15);
-        cp16(d, base);
-        cp16(d + 512, base + 16);
-        cp16_upto(d + 1024, base + 32, wend); /* the block ends past base + 32 */
-    }
-}
-
-template <int R> __device__ __forceinline__ void kbuf8_read(kbuf8<R> &b, const uint4 *sp)
+__device__ __forceinline__ void kbuf8_read(kbuf8<R> &b, const uint8_t *const (&win)[R],
+                                           const int (&o)[R], bool exists)
 {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const uint4 *p = sp + r * 3 * 32;
-        b.p[r][0] = p[0];
-        b.p[r][1] = p[32];
-        b.p[r][2] = p[64];
+        const uint8_t *pa = win[r] + (o[r] & ~15);
+        b.p[r][0] = exists ? *(const uint4 *)pa : make_uint4(0, 0, 0, 0);
+        b.p[r][1] = exists ? *(const uint4 *)(pa + 16) : make_uint4(0, 0, 0, 0);
+        b.p[r][2] = exists ? *(const uint4 *)(pa + 32) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -475,19 +499,13 @@ __device__ __forceinline__ void shift_q8(uint32_t (&out)[8], const uint4 (&p)[3]
 
 template <int R>
 __device__ __forceinline__ void kbuf8_use(float (&acc)[R], const kbuf8<R> &b,
-                                          const uint8_t *const (&row)[R], const int8_t *xq,
-                                          const float *xd, int n_pad, int kb, int i, int nblk,
-                                          unsigned gm)
+                                          const uint8_t *const (&row)[R], const xbuf &xv,
+                                          int kb, int i, int nblk, unsigned gm)
 {
     const int blk_i = 4 * kb + i;
     const int n_in = nblk - 4 * kb < 4 ? nblk - 4 * kb : 4; /* blocks in this k-block */
-    /* inputs 32 blk_i .. +31, plain layout: 4 x {hi[0..3], hi[4..7], lo[0..3], lo[4..7]} */
-    const int8_t *xb = xq + (size_t)blk_i * 64;
-    uint4 x[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        x[k] = blk_i < nblk ? __ldg((const uint4 *)(xb + 16 * k)) : make_uint4(0, 0, 0, 0);
-    const float dx = __ldg(xd + (size_t)(kb >> 1) * n_pad); /* 2 k-blocks per x block */
+    const uint4 *x = xv.v;
+    const float dx = xv.d;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int a = (int)(((uintptr_t)row[r] + (size_t)blk_i * 34) & 15);
@@ -543,11 +561,15 @@ __device__ __forceinline__ void unit_rows(const uint8_t *(&row)[R], const uint8_
 
 /* grid: resident CTAs only (launch picks how many); block: WARPS warps, each with its own
  * ring of ring_bytes<T, R>() of dynamic shared memory. Warp u of the grid takes the 2R-row
- * units u, u + n_warps, ..., described at the top. Its k-blocks form one stream over all of
- * its units (unit by unit, chain step s = 0..S-1 with k-block q + 4s for chain q), and the
- * ring runs STAGES items ahead of the arithmetic across unit boundaries, so the pipeline
- * fills once per warp, not once per unit. Every lane walks the same items (loop control is
- * uniform over the warp); a chain whose k-block q + 4s does not exist skips it. */
+ * units u, u + n_warps, ..., described at the top. Its items (unit, step s: k-block q + 4s
+ * for chain q) form one stream over all of its units, and the ring runs STAGES items ahead
+ * of the arithmetic across unit boundaries, so the pipeline fills once per warp, not once
+ * per unit. The warp copies each item as contiguous runs (win_issue) and every lane reads
+ * its pieces from them, so a copy is waited for by all lanes (cp.async.wait_group, then
+ * __syncwarp) and a slot is refilled only after all lanes have read it. Every lane walks
+ * the same items (loop control is uniform over the warp); a chain whose k-block q + 4s does
+ * not exist skips it. A lane's activations for an item are loaded before the wait for its
+ * weights. */
 template <int T, int R>
 __global__ void __launch_bounds__(WARPS * 32)
     mmd_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int nblk,
@@ -555,10 +577,12 @@ __global__ void __launch_bounds__(WARPS * 32)
 {
     constexpr bool Q5 = T == TD_Q5_K;
     constexpr int D = stages<T, R>();
-    constexpr int SLOT = R * row_pieces<T>() * 32; /* uint4 per ring slot */
+    constexpr int SLOT = slot_bytes<T, R>();
+    constexpr int WIN = win_pieces<T>() * 16; /* bytes per row window */
+    constexpr int KBB = kb_bytes<T>();
     extern __shared__ uint4 mmd_ring[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const uint4 *ring = mmd_ring + (size_t)wid * D * SLOT + lane;
+    const uint8_t *ring = (const uint8_t *)mmd_ring + (size_t)wid * D * SLOT;
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
     const int g = lane >> 2, i = lane & 3;
     const int q = g & 3, h = g >> 2; /* chain, row half */
@@ -568,38 +592,32 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int64_t n_warps = (int64_t)gridDim.x * WARPS;
     const int64_t u0 = (int64_t)blockIdx.x * WARPS + wid;
     const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk; /* k-blocks per row */
-    const int S = (nkb + 3) / 4;                           /* chain steps per unit */
+    const int S = (nkb + 3) / 4;                           /* steps per unit */
+    const int n_units = T == TD_Q8_0 ? nblk : nkb;         /* what win_issue counts */
     const int64_t total = u0 < units ? ((units - 1 - u0) / n_warps + 1) * S : 0;
 
-    /* producer: the next item to copy, (unit pu with rows prow, step ps, k-block pkb) */
+    /* producer: the next item to copy, (unit pu: first row at prow0, pnr rows real; step
+     * ps) */
     int64_t pu = u0;
-    int ps = 0, pkb = q;
-    const uint8_t *prow[R];
-    auto prow_set = [&]() {
+    int ps = 0, pnr = 0;
+    const uint8_t *prow0 = w;
+    auto p_unit = [&]() {
         if (pu < units) {
-            const int64_t r0 = pu * 2 * R;
-            unit_rows<R>(prow, w, row_bytes, r0, rows - r0 < 2 * R ? (int)(rows - r0) : 2 * R,
-                         h);
+            const int64_t pr0 = pu * 2 * R;
+            pnr = rows - pr0 < 2 * R ? (int)(rows - pr0) : 2 * R;
+            prow0 = w + (size_t)pr0 * row_bytes;
         }
     };
-    prow_set();
+    p_unit();
     auto issue = [&](int slot) { /* copies item (pu, ps) into slot, one commit group */
-        if (pu < units && pkb < nkb) {
-            const uint32_t sa = ring_s + (uint32_t)(slot * SLOT * 16);
-            if constexpr (T == TD_Q6_K)
-                kbuf6_issue<R>(sa, prow, pkb, i, wend);
-            else if constexpr (T == TD_Q8_0)
-                kbuf8_issue<R>(sa, prow, pkb, i, nblk, wend);
-            else
-                kbuf_issue<Q5, R>(sa, prow, pkb, i);
-        }
+        if (pu < units)
+            win_issue<T, R>(ring_s + (uint32_t)(slot * SLOT), prow0, wend, row_bytes, pnr, ps,
+                            n_units, lane);
         cp_commit(); /* empty groups too: group t is always item t */
-        pkb += 4;
         if (++ps == S) {
             ps = 0;
-            pkb = q;
             pu += n_warps;
-            prow_set();
+            p_unit();
         }
     };
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
@@ -626,22 +644,44 @@ __global__ void __launch_bounds__(WARPS * 32)
         for (int u = 0; u < D; u++) {
             if (t0 + u >= total)
                 break;
-            cp_wait<D - 1>(); /* item t0 + u (group t0 + u) has landed */
             const int kb = q + 4 * cs; /* this chain's k-block of the item */
+            xbuf xv;
             if (kb < nkb) {
+                if constexpr (T == TD_Q6_K)
+                    xbuf_load_q6(xv, xq, xd, n_pad, kb, i);
+                else if constexpr (T == TD_Q8_0)
+                    xbuf_load_q8(xv, xq, xd, n_pad, kb, i, nblk);
+                else
+                    xbuf_load_kq(xv, xq, xd, xs, n_pad, kb, i);
+            }
+            cp_wait<D - 1>(); /* item t0 + u (group t0 + u) has landed, this lane's copies */
+            __syncwarp();     /* ... and every lane's */
+            if (kb < nkb) {
+                /* row r of this half: the window of unit row h R + r (the last real one
+                 * for missing rows), its block start o */
+                const uint8_t *win[R];
+                int o[R];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int k = h * R + r;
+                    win[r] = ring + u * SLOT + (k < nr ? k : nr - 1) * WIN;
+                    const int a0 = (int)(((uintptr_t)row[r] + (size_t)cs * 4 * KBB) & 15);
+                    o[r] = a0 + (T == TD_Q8_0 ? 34 * (4 * q + i) : KBB * q);
+                }
                 typename kbuf_of<T, R>::type b;
                 if constexpr (T == TD_Q6_K) {
-                    kbuf6_read<R>(b, ring + u * SLOT);
-                    kbuf6_use(acc, b, row, xq, xd, n_pad, kb, i, gm);
+                    kbuf6_read<R>(b, win, o, i);
+                    kbuf6_use(acc, b, row, xv, kb, i, gm);
                 } else if constexpr (T == TD_Q8_0) {
-                    kbuf8_read<R>(b, ring + u * SLOT);
-                    kbuf8_use(acc, b, row, xq, xd, n_pad, kb, i, nblk, gm);
+                    kbuf8_read<R>(b, win, o, 4 * kb + i < nblk);
+                    kbuf8_use(acc, b, row, xv, kb, i, nblk, gm);
                 } else {
-                    kbuf_read<Q5, R>(b, ring + u * SLOT);
-                    kbuf_use(acc, b, xq, xd, xs, n_pad, kb, i, gm);
+                    kbuf_read<Q5, R>(b, win, q, i);
+                    kbuf_use(acc, b, xv, i, gm);
                 }
             }
-            issue(u); /* item t0 + u + D into the slot just read */
+            __syncwarp(); /* every lane has read the slot */
+            issue(u);     /* item t0 + u + D into it */
             if (++cs == S) {
                 /* y = ((p0 + p1) + p2) + p3, p_q = chain q's sum, in lane 16h (chain q at
                  * lane 16h + 4q; a chain without k-blocks adds +0, as a warp without
@@ -714,10 +754,21 @@ template <int T, int R> td_err occupancy(int *out)
     CUDA_TRY(cudaGetDevice(&ordinal));
     int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
     if (occ == 0) {
-        /* as much shared memory as the SM has: the rings, not L1, decide the occupancy */
+        /* shared memory for as many CTAs as the registers allow, the rest stays L1 (the
+         * activations live there: 34 KB of digits for a 17408-column row) */
+        cudaFuncAttributes fa;
+        int smem_sm = 0;
+        CUDA_TRY(cudaFuncGetAttributes(&fa, mmd_kernel<T, R>));
+        CUDA_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                        ordinal));
+        const int warp_regs = (fa.numRegs * 32 + 255) / 256 * 256;
+        const int by_regs = 65536 / (warp_regs * WARPS);
+        const int carve = smem_sm > 0 ? (int)((100LL * by_regs * (smem + 1024) + smem_sm - 1) /
+                                              smem_sm)
+                                      : 100;
         CUDA_TRY(cudaFuncSetAttribute(mmd_kernel<T, R>,
                                       cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      (int)cudaSharedmemCarveoutMaxShared));
+                                      carve < 100 ? carve : 100));
         CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmd_kernel<T, R>,
                                                                WARPS * 32, smem));
         occ = occ < 1 ? 1 : occ;
@@ -770,10 +821,10 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const grid_pla
     return TD_OK;
 }
 
-/* Q4_K: four rows per warp (each activation load serves two rows, half the L1 traffic of
- * the activations) unless two rows per warp fill the last round of units clearly better
- * (17408 rows on 132 SMs: 91.6% against 82%). Q5_K, Q6_K, Q8_0: two (their rings would
- * take twice the shared memory). */
+/* Q4_K: four rows per warp (each activation load serves two rows: 0.20 instead of 0.27
+ * SASS instructions per weight byte) unless two rows per warp fill the last round of units
+ * better by 10 points or more. Q5_K, Q6_K, Q8_0: two (their rings would take twice the
+ * shared memory). */
 template <int T>
 td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
@@ -783,7 +834,7 @@ td_err launch_rows(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
     if constexpr (T == TD_Q4_K) {
         grid_plan p2;
         TD_TRY((plan_for<T, 2>(w, dev, &p2)));
-        if (p2.eff >= p1.eff - 0.02)
+        if (p2.eff >= p1.eff - 0.10)
             return launch<T, 2>(y, xq, w, p2, dev, st);
     }
     return launch<T, 1>(y, xq, w, p1, dev, st);
