@@ -203,6 +203,13 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
     }
 }
 
+/* CTAs per SM the registers must allow: 4, as many as the 48 KB rings fit on an H100/H200
+ * (F16 at 32 tokens: 3, else it spills); the scalar path is not worth a spill. */
+template <int T, int NT, bool VEC> constexpr int min_ctas()
+{
+    return !VEC ? 1 : T == TD_F16 && NT == MAX_NT ? 3 : 4;
+}
+
 /* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
  * tile's weights run together; block: WARPS warps, warp kw on k-blocks kw, kw + WARPS, ...
  * VEC (16-byte aligned rows, cols % 8 == 0): each lane copies its own 16-byte pieces of a
@@ -211,13 +218,6 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
  * (loads into registers shared a scoreboard with the activation loads, so every k-block
  * waited a full memory latency). Dynamic shared memory: WARPS * RING uint4 (VEC), reused
  * for the warp partials at the end. */
-/* CTAs per SM the registers must allow: 4, as many as the 48 KB rings fit on an H100/H200
- * (F16 at 32 tokens: 3, else it spills); the scalar path is not worth a spill. */
-template <int T, int NT, bool VEC> constexpr int min_ctas()
-{
-    return !VEC ? 1 : T == TD_F16 && NT == MAX_NT ? 3 : 4;
-}
-
 template <int T, int NT, bool VEC>
 __global__ void __launch_bounds__(WARPS * 32, (min_ctas<T, NT, VEC>()))
     mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
