@@ -27,7 +27,8 @@
  * chain is longer than 24 (F16: 48) MMAs; finally y = ((p0 + p1) + p2) + p3 over the warps.
  * An output element of an MMA depends only on its own row, column and accumulator, so the
  * n-tiles a launch has, and which n-tile or column a token occupies, never change it; one
- * token runs the same kernel (7 of 8 columns wasted, still bandwidth-bound).
+ * token runs the same arithmetic (7 of 8 columns wasted, still bandwidth-bound): every
+ * variant calls kblock_mma, and only how the weights reach the registers differs (mmh_kernel).
  *
  * Special values: a NaN activation gives NaN outputs for its token; an infinite one gives
  * NaN too (inf - inf in the split), where the CPU may give an infinity. */
@@ -110,6 +111,19 @@ __device__ __forceinline__ void cp_async_commit()
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Weights row[col..col+7] into registers (zeros past cols or for a missing row), read once:
+ * not kept in L1, which holds the activations. Aligned rows, cols % 8 == 0. */
+__device__ __forceinline__ uint4 load_w_vec(const uint8_t *row, int col, int cols)
+{
+    if (row == nullptr || col >= cols)
+        return make_uint4(0, 0, 0, 0);
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(row + 2 * (size_t)col));
+    return v;
 }
 
 /* Weights row[col..col+7] by scalar loads (zeros past cols or for a missing row): the path
@@ -203,26 +217,66 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
     }
 }
 
-/* CTAs per SM the registers must allow: 4, as many as the 48 KB rings fit on an H100/H200
- * (F16 at 32 tokens: 3, else it spills); the scalar path is not worth a spill. */
-template <int T, int NT, bool VEC> constexpr int min_ctas()
+/* tot[nt] += one k-block (weights wv of chunks 0..3, columns kb * KBLOCK..): a zeroed
+ * accumulator takes the chunks in order, then one f32 add. The activations of JG chunks are
+ * loaded before the first of them is used, so their latencies overlap. */
+template <int T, int NT, int JG, bool VEC>
+__device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv)[CHUNKS][2],
+                                           const float *const (&xrow)[NT], int kb, int t,
+                                           int cols, int nt_live)
 {
-    return !VEC ? 1 : T == TD_F16 && NT == MAX_NT ? 3 : 4;
+    float blk[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            blk[nt][e] = 0.0f;
+#pragma unroll
+    for (int jg = 0; jg < CHUNKS; jg += JG) {
+        float xv[JG][NT][8];
+#pragma unroll
+        for (int jj = 0; jj < JG; jj++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                if (nt < nt_live)
+                    load_x<VEC>(xv[jj][nt], xrow[nt], kb * KBLOCK + 32 * (jg + jj) + 8 * t,
+                                cols);
+#pragma unroll
+        for (int jj = 0; jj < JG; jj++)
+            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xv[jj], nt_live);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
+}
+
+/* How a CTA's weights arrive: scalar loads (misaligned rows or cols % 8 != 0), 16-byte
+ * register loads one k-block ahead, or a per-warp cp.async ring. */
+enum wpath { W_SCALAR, W_REGS, W_RING };
+
+/* CTAs per SM the registers must allow: with rings 4, as many as the 48 KB rings fit on an
+ * H100/H200; otherwise no limit (the register path was measured so). */
+template <int P> constexpr int min_ctas()
+{
+    return P == W_RING ? 4 : 1;
 }
 
 /* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
  * tile's weights run together; block: WARPS warps, warp kw on k-blocks kw, kw + WARPS, ...
- * VEC (16-byte aligned rows, cols % 8 == 0): each lane copies its own 16-byte pieces of a
- * k-block into its warp's ring (cp.async, one group per k-block) and reads back only what it
- * copied, so no barrier is needed; STAGES - 1 k-blocks stay in flight while one is used
- * (loads into registers shared a scoreboard with the activation loads, so every k-block
- * waited a full memory latency). Dynamic shared memory: WARPS * RING uint4 (VEC), reused
- * for the warp partials at the end. */
-template <int T, int NT, bool VEC>
-__global__ void __launch_bounds__(WARPS * 32, (min_ctas<T, NT, VEC>()))
+ * W_RING: each lane copies its own 16-byte pieces of a k-block into its warp's ring
+ * (cp.async, one group per k-block) and reads back only what it copied, so no barrier is
+ * needed; STAGES - 1 k-blocks stay in flight while one is used. W_REGS: the next k-block's
+ * weights load into registers while this one is multiplied. Which path a launch takes never
+ * changes a result: the arithmetic is kblock_mma's either way. Dynamic shared memory:
+ * WARPS * RING uint4 (W_RING) reused for the warp partials at the end, else the partials. */
+template <int T, int NT, int P>
+__global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
     mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
                const float *x, int n_tok, int n_groups)
 {
+    constexpr bool VEC = P != W_SCALAR;
     extern __shared__ uint4 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t r0 = (int64_t)(blockIdx.x / n_groups) * TILE;
@@ -240,90 +294,83 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<T, NT, VEC>()))
         xrow[nt] = tok < n_tok ? x + (size_t)tok * cols : nullptr;
         nt_live += tok0 + 8 * nt < n_tok;
     }
-    uint4 *ring = smem + warp * RING + lane;
-
-    /* the i-th of my k-blocks into ring stage i % STAGES (nothing past the last) */
-    auto issue = [&](int i) {
-        if (i < n_mine) {
-            const int kb = warp + WARPS * i;
-#pragma unroll
-            for (int j = 0; j < CHUNKS; j++)
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++) {
-                    const int col = kb * KBLOCK + 32 * j + 8 * t;
-                    const bool ok = wrow[rr] != nullptr && col < cols;
-                    cp_async16(ring + (((i % STAGES) * CHUNKS + j) * 2 + rr) * 32,
-                               ok ? wrow[rr] + 2 * (size_t)col : w, ok ? 16 : 0);
-                }
-        }
-        cp_async_commit(); /* empty groups keep the count uniform */
-    };
-    if constexpr (VEC) {
-#pragma unroll
-        for (int i = 0; i < STAGES - 1; i++)
-            issue(i);
-    }
-
     float tot[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            tot[nt][i] = 0.0f;
+        for (int e = 0; e < 4; e++)
+            tot[nt][e] = 0.0f;
 
-    for (int i = 0; i < n_mine; i++) {
-        const int kb = warp + WARPS * i;
-        uint4 cur[CHUNKS][2];
-        if constexpr (VEC) {
+    if constexpr (P == W_RING) {
+        uint4 *ring = smem + warp * RING + lane;
+        /* the i-th of my k-blocks into ring stage i % STAGES (nothing past the last) */
+        auto issue = [&](int i) {
+            if (i < n_mine) {
+                const int kb = warp + WARPS * i;
+#pragma unroll
+                for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int col = kb * KBLOCK + 32 * j + 8 * t;
+                        const bool ok = wrow[rr] != nullptr && col < cols;
+                        cp_async16(ring + (((i % STAGES) * CHUNKS + j) * 2 + rr) * 32,
+                                   ok ? wrow[rr] + 2 * (size_t)col : w, ok ? 16 : 0);
+                    }
+            }
+            cp_async_commit(); /* empty groups keep the count uniform */
+        };
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; i++)
+            issue(i);
+        for (int i = 0; i < n_mine; i++) {
             issue(i + STAGES - 1);
             cp_async_wait<STAGES - 1>(); /* k-block i has landed (this lane's copies) */
+            uint4 cur[CHUNKS][2];
 #pragma unroll
             for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = ring[(((i % STAGES) * CHUNKS + j) * 2 + rr) * 32];
-        } else {
+            kblock_mma<T, NT, NT == 1 ? CHUNKS : 2, VEC>(tot, cur, xrow, warp + WARPS * i, t,
+                                                          cols, nt_live);
+        }
+        cp_async_wait<0>(); /* only empty groups remain; nothing may land after the barrier */
+    } else if constexpr (P == W_REGS) {
+        uint4 cur[CHUNKS][2];
+#pragma unroll
+        for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++)
+                cur[j][rr] = load_w_vec(wrow[rr], warp * KBLOCK + 32 * j + 8 * t, cols);
+        for (int kb = warp; kb < nkb; kb += WARPS) {
+            uint4 nxt[CHUNKS][2];
+#pragma unroll
+            for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++)
+                    nxt[j][rr] =
+                        load_w_vec(wrow[rr], (kb + WARPS) * KBLOCK + 32 * j + 8 * t, cols);
+            kblock_mma<T, NT, 1, VEC>(tot, cur, xrow, kb, t, cols, nt_live);
+#pragma unroll
+            for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++)
+                    cur[j][rr] = nxt[j][rr];
+        }
+    } else {
+        for (int kb = warp; kb < nkb; kb += WARPS) {
+            uint4 cur[CHUNKS][2];
 #pragma unroll
             for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = load_w_scalar(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
+            kblock_mma<T, NT, 1, VEC>(tot, cur, xrow, kb, t, cols, nt_live);
         }
-
-        float blk[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                blk[nt][e] = 0.0f;
-        /* activations of JG chunks are loaded before the first is used, so their L1/L2
-         * latencies overlap instead of adding up chunk by chunk */
-        constexpr int JG = NT == 1 ? CHUNKS : NT == 2 ? 2 : 1;
-#pragma unroll
-        for (int jg = 0; jg < CHUNKS; jg += JG) {
-            float xv[JG][NT][8];
-#pragma unroll
-            for (int jj = 0; jj < JG; jj++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    if (nt < nt_live)
-                        load_x<VEC>(xv[jj][nt], xrow[nt],
-                                    kb * KBLOCK + 32 * (jg + jj) + 8 * t, cols);
-#pragma unroll
-            for (int jj = 0; jj < JG; jj++)
-                chunk_mma<T, NT>(blk, make_frag<T>(cur[jg + jj]), xv[jj], nt_live);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
     }
 
-    /* The ring's memory takes the warp partials [warp][token][row] once every warp is done
-     * with its ring. c0, c1: row g, tokens 2t, 2t+1 of the n-tile; c2, c3: row g + 8. */
-    if constexpr (VEC)
-        cp_async_wait<0>(); /* only empty groups remain; nothing may land after the barrier */
+    /* The warp partials [warp][token][row] (in the ring's memory once every warp is done
+     * with its ring). c0, c1: row g, tokens 2t, 2t+1 of the n-tile; c2, c3: row g + 8. */
     __syncthreads();
     float *red = (float *)smem;
 #pragma unroll
@@ -345,7 +392,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<T, NT, VEC>()))
     }
 }
 
-template <int T, int NT, bool VEC>
+template <int T, int NT, int P>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
 {
     const int n_groups = (n_tok + NT * 8 - 1) / (NT * 8);
@@ -353,31 +400,35 @@ td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStre
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    /* 48 KB for the rings (the most a launch gets without opting in); the partials alone
-     * for the scalar path */
+    /* 48 KB for the rings (the most a launch gets without opting in), else the partials */
     const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
     const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
-    mmh_kernel<T, NT, VEC><<<(unsigned)n_cta, WARPS * 32, VEC ? ring : red, st>>>(
+    mmh_kernel<T, NT, P><<<(unsigned)n_cta, WARPS * 32, P == W_RING ? ring : red, st>>>(
         y, (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, x, n_tok, n_groups);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
 
-template <int T, bool VEC>
-td_err launch_nt(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
-{
-    if (n_tok <= 8)
-        return launch<T, 1, VEC>(y, x, w, n_tok, st);
-    if (n_tok <= 16)
-        return launch<T, 2, VEC>(y, x, w, n_tok, st);
-    return launch<T, MAX_NT, VEC>(y, x, w, n_tok, st);
-}
-
+/* Aligned weights: up to 8 tokens through the ring (H200, BF16 at one token: 59-79% of the
+ * copy rate, register loads 56-69%); more tokens with register loads, whose CTAs leave L1
+ * to the activations (16 tokens: 1.9-2.1x one token, with the rings' 192 KB of shared memory
+ * per SM 2.1-2.7x; 32 tokens 3.2-3.5x against 4.3-6.0x). */
 template <int T>
 td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
                    cudaStream_t st)
 {
-    return vec ? launch_nt<T, true>(y, x, w, n_tok, st) : launch_nt<T, false>(y, x, w, n_tok, st);
+    if (!vec) {
+        if (n_tok <= 8)
+            return launch<T, 1, W_SCALAR>(y, x, w, n_tok, st);
+        if (n_tok <= 16)
+            return launch<T, 2, W_SCALAR>(y, x, w, n_tok, st);
+        return launch<T, MAX_NT, W_SCALAR>(y, x, w, n_tok, st);
+    }
+    if (n_tok <= 8)
+        return launch<T, 1, W_RING>(y, x, w, n_tok, st);
+    if (n_tok <= 16)
+        return launch<T, 2, W_REGS>(y, x, w, n_tok, st);
+    return launch<T, MAX_NT, W_REGS>(y, x, w, n_tok, st);
 }
 
 } /* namespace */
