@@ -90,11 +90,9 @@ bool mmd_placed(td_dtype type);
 td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st);
 
-/* mmd_launch with the former single-token kernel (weights loaded into registers,
- * matmul_decode_regs.cu), the same arithmetic and activation layout; cuda_matmul runs it
- * instead under TANDEM_MMD=regs, to measure the two on one build. */
-td_err mmd_regs_launch(float *y, const mm_xquant *xq, const ops_weight *w,
-                       const mm_device *dev, cudaStream_t st);
+/* Whether a single token on w runs faster on the single-token kernel than on the
+ * tensor-core kernel (measured on an H200, see matmul_decode.cu); both give the same bits. */
+bool mmd_preferred(const ops_weight *w, const mm_device *dev);
 
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
  * kernel launch now; wait until the kernels this one depends on have finished and their
