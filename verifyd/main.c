@@ -8,9 +8,9 @@
  * kv_close on kvd.ipc).
  *
  * --device cuda[:N] puts the target on that GPU: kvd's pools must then be of the cuda kind
- * on the same GPU (sequence state and feature ring stay on the device), and verifyd copies
- * its token embedding and LM head into shared buffers of the cuda kind that go to draftd
- * through kvd, so the drafter uses them without a copy of its own. */
+ * on the same GPU (sequence state and feature ring stay on the device), and the target's
+ * token embedding and LM head are loaded straight into shared buffers of the cuda kind that
+ * go to draftd through kvd: the GPU holds them once, for both models. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,33 +52,53 @@ static void verifyd_model_name(const tgt_model *tm, const char *path, char *out,
     snprintf(out, cap, "%s", base ? base + 1 : path);
 }
 
-/* The GPU of a CUDA target: its UUID, and shared-buffer copies of the token embedding and
- * (untied) LM head for draftd (heads[0..*n)). */
-static td_err verifyd_heads(const tgt_model *tm, sched_cfg *c, shbuf **heads)
+/* Where a CUDA target's token embedding and LM head live: shared buffers of the cuda kind
+ * (heads[0] the embedding, heads[1] the untied LM head), created as the load asks for them
+ * (tgt_place_hook) so the model uses them in place and draftd maps the same memory. */
+typedef struct verifyd_heads {
+    cudrv_device dev; /* the target's GPU */
+    shbuf **heads;    /* [MSG_HEADS_MAX], released by main after the model */
+} verifyd_heads;
+
+static td_err verifyd_head_mem(void *ctx, const char *name, size_t bytes, void **out)
 {
-    const ops_backend *be = tm->be;
-    cudrv_device dev = {0};
+    verifyd_heads *h = ctx;
+    bool embd = !strcmp(name, "token_embd.weight");
+    TD_ASSERT(embd || !strcmp(name, "output.weight"));
+    shbuf **sb = &h->heads[embd ? 0 : 1];
+    TD_TRY(shbuf_create(sb, SHBUF_KIND_CUDA, embd ? KVC_HEAD_EMBD : KVC_HEAD_OUTPUT, bytes,
+                        &h->dev));
+    *out = kvc_base(*sb);
+    return TD_OK;
+}
+
+/* Loads the target on be; on a GPU with its embedding and LM head in heads (announced to kvd
+ * through c) and c->dev_uuid set. */
+static td_err verifyd_load(tgt_model **tm, const char *path, const ops_backend *be,
+                           sched_cfg *c, shbuf **heads)
+{
+    if (be->kind == OPS_BACKEND_CPU)
+        return tgt_load_on(tm, path, be);
+    verifyd_heads h = {.heads = heads};
     TD_TRY(cudrv_load());
-    TD_TRY(cudrv_device_open_ordinal(&dev, be->device));
-    memcpy(c->dev_uuid, dev.uuid, sizeof c->dev_uuid);
-    const ops_weight *w[MSG_HEADS_MAX] = {&tm->tok_embd, &tm->output};
-    const char *names[MSG_HEADS_MAX] = {KVC_HEAD_EMBD, KVC_HEAD_OUTPUT};
-    uint32_t n = tm->output.data == tm->tok_embd.data ? 1 : 2;
-    td_err e = TD_OK;
-    for (uint32_t i = 0; e == TD_OK && i < n; i++) {
-        uint64_t bytes = (uint64_t)w[i]->rows * w[i]->row_bytes;
-        e = shbuf_create(&heads[i], SHBUF_KIND_CUDA, names[i], bytes, &dev);
-        if (e == TD_OK)
-            e = be->copy(be, kvc_base(heads[i]), w[i]->data, bytes);
-        if (e == TD_OK) {
-            c->heads[i] = heads[i];
-            c->n_heads = i + 1;
-        }
+    TD_TRY(cudrv_device_open_ordinal(&h.dev, be->device));
+    memcpy(c->dev_uuid, h.dev.uuid, sizeof c->dev_uuid);
+    tgt_place_hook hook = {.mem = verifyd_head_mem, .ctx = &h};
+    td_err e = tgt_load_placed(tm, path, be, &hook);
+    cudrv_device_close(&h.dev); /* each buffer holds its own reference to the device */
+    if (e != TD_OK)
+        return e;
+    c->n_heads = (*tm)->output.data == (*tm)->tok_embd.data ? 1 : 2;
+    for (uint32_t i = 0; i < c->n_heads; i++) {
+        if (!heads[i])
+            return err_set(TD_EINVAL, "the model did not place its %s in a shared buffer",
+                           i ? "LM head" : "token embedding");
+        c->heads[i] = heads[i];
     }
-    if (e == TD_OK)
-        e = be->sync(be);
-    cudrv_device_close(&dev);
-    return e;
+    LOG_INFO("weights on %s: %zu bytes in the model's arena, %zu bytes in shared buffers "
+             "(token embedding and LM head, held once for verifyd and draftd)", be->name,
+             (*tm)->arena_bytes, (*tm)->placed_bytes);
+    return TD_OK;
 }
 
 /* Taps and block size from the drafter's config.json (its weights are draftd's). */
@@ -167,20 +187,17 @@ int main(int argc, char **argv)
         LOG_ERROR("--device %s: %s", device, err_msg());
         goto out;
     }
-    if (tgt_load_on(&tm, model, cuda_be ? cuda_be : ops_backend_cpu()) != TD_OK) {
-        LOG_ERROR("cannot load %s: %s", model, err_msg());
-        goto out;
-    }
     sched_cfg cfg = {
-        .tm = tm, .n_ctx = n_ctx, .block = 1, .max_queue = (uint32_t)max_queue,
+        .n_ctx = n_ctx, .block = 1, .max_queue = (uint32_t)max_queue,
         .draft_timeout_ms = (int)draft_timeout, .kvd_url = kv_url, .kvd_fd_path = kv_fd,
         .draftd_url = no_draft ? NULL : dd_url, .events_url = ev_url,
     };
-    verifyd_model_name(tm, model, cfg.model_name, sizeof cfg.model_name);
-    if (cuda_be && verifyd_heads(tm, &cfg, heads) != TD_OK) {
-        LOG_ERROR("sharing the embedding and LM head on %s: %s", device, err_msg());
+    if (verifyd_load(&tm, model, cuda_be ? cuda_be : ops_backend_cpu(), &cfg, heads) != TD_OK) {
+        LOG_ERROR("cannot load %s on %s: %s", model, device, err_msg());
         goto out;
     }
+    cfg.tm = tm;
+    verifyd_model_name(tm, model, cfg.model_name, sizeof cfg.model_name);
     if (draft && verifyd_draft_config(&cfg, draft) != TD_OK) {
         LOG_ERROR("drafter %s: %s", draft, err_msg());
         goto out;
@@ -212,9 +229,9 @@ out:
     bus_server_free(srv);
     sched_stop(sc);
     free(eog);
+    tgt_free(tm); /* before the shared buffers its embedding and LM head live in */
     for (int i = 0; i < MSG_HEADS_MAX; i++)
         shbuf_release(heads[i]);
-    tgt_free(tm);
     if (cuda_be)
         ops_backend_cuda_free(cuda_be);
     return rc;

@@ -95,6 +95,8 @@ typedef struct tgt_model {
                                * on a GPU (half the bytes attention reads), TD_F32 on the CPU
                                * (the reference); set before tgt_state_init to choose */
     void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
+    size_t arena_bytes;       /* bytes of dev_arena (0 on the CPU) */
+    size_t placed_bytes;      /* bytes of weights in caller memory (tgt_place_hook) */
     struct tgt_work *work;    /* scratch reused by forward passes (one caller at a time) */
     bool use_graphs;          /* run forward passes as recorded CUDA graphs (verifyd/
                                * target_graph.c): on when the backend has graphs, unless
@@ -107,6 +109,23 @@ typedef struct tgt_model {
 td_err tgt_load(tgt_model **out, const char *path);
 /* The same on a backend: a GPU backend gets a device copy of every weight. */
 td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be);
+
+/* Caller memory for the token embedding and LM head when the weights are placed on a device
+ * backend: verifyd gives shared buffers that draftd maps, so the GPU holds those matrices
+ * once. mem is asked for "token_embd.weight" and, unless the output is tied to it,
+ * "output.weight", with their size in bytes; it sets *out to backend memory of at least that
+ * size, aligned to 256 bytes, which the model then uses instead of its own arena (the caller keeps it alive until
+ * tgt_free, and frees it itself, also when the load fails), or leaves *out NULL to keep the
+ * tensor in the arena. An error from mem fails the load. Not called on the CPU backend,
+ * whose weights stay in the file's mapping. */
+typedef struct tgt_place_hook {
+    td_err (*mem)(void *ctx, const char *name, size_t bytes, void **out);
+    void *ctx;
+} tgt_place_hook;
+
+/* tgt_load_on, with hook (may be NULL) choosing where the two matrices above live. */
+td_err tgt_load_placed(tgt_model **out, const char *path, const ops_backend *be,
+                       const tgt_place_hook *hook);
 td_err tgt_load_gguf(tgt_model **out, gguf_file *file); /* takes ownership of file on success */
 void tgt_free(tgt_model *m);
 

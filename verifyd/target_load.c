@@ -295,18 +295,21 @@ td_err tgt_load(tgt_model **out, const char *path)
 
 /* --- placement on a backend ------------------------------------------------------------- */
 
-/* Calls fn for every weight pointer of the model with its size in bytes (a tied output
- * matrix is skipped: it is token_embd). */
+/* Calls fn for every weight pointer of the model with its size in bytes, but token_embd
+ * with skip_embd and the output matrix with skip_output (a tied one is token_embd, an
+ * other one placed in caller memory). */
 typedef td_err (*tgt_visit_fn)(void *ctx, const void **data, size_t bytes);
 
-static td_err tgt_visit(tgt_model *m, bool tied, tgt_visit_fn fn, void *ctx)
+static td_err tgt_visit(tgt_model *m, bool skip_embd, bool skip_output, tgt_visit_fn fn,
+                        void *ctx)
 {
     const tgt_hparams *hp = &m->hp;
     size_t f = sizeof(float), D = (size_t)hp->n_embd;
 #define TGT_W(w) TD_TRY(fn(ctx, &(w).data, (size_t)(w).rows * (w).row_bytes))
 #define TGT_V(v, n) TD_TRY(fn(ctx, (const void **)&(v), (size_t)(n) * f))
-    TGT_W(m->tok_embd);
-    if (!tied)
+    if (!skip_embd)
+        TGT_W(m->tok_embd);
+    if (!skip_output)
         TGT_W(m->output);
     TGT_V(m->output_norm, D);
     for (int64_t il = 0; il < hp->n_layer; il++) {
@@ -366,15 +369,36 @@ static td_err tgt_place_one(void *ctx, const void **data, size_t bytes)
     return TD_OK;
 }
 
-/* Copies every weight into one arena of backend memory and points the model at it. */
-static td_err tgt_place(tgt_model *m, const ops_backend *be)
+/* Copies every weight into backend memory and points the model at it: the token embedding
+ * and LM head into the memory hook gives for them, everything else into one arena. */
+static td_err tgt_place(tgt_model *m, const ops_backend *be, const tgt_place_hook *hook)
 {
+    static const char *const names[2] = {"token_embd.weight", "output.weight"};
+    ops_weight *heads[2] = {&m->tok_embd, &m->output};
     bool tied = m->output.data == m->tok_embd.data;
+    int n_heads = tied ? 1 : 2;
+    void *given[2] = {NULL, NULL}; /* the hook's memory; the caller's to free */
+    for (int i = 0; hook && i < n_heads; i++) {
+        size_t bytes = (size_t)heads[i]->rows * heads[i]->row_bytes;
+        TD_TRY(err_wrap(hook->mem(hook->ctx, names[i], bytes, &given[i]),
+                        "memory for %s (%zu bytes)", names[i], bytes));
+        TD_ASSERT((uintptr_t)given[i] % TGT_ALIGN == 0); /* as every weight of the arena */
+    }
+    bool skip_embd = given[0] != NULL, skip_output = tied || given[1] != NULL;
     size_t total = 0;
-    TD_TRY(tgt_visit(m, tied, tgt_count, &total));
+    TD_TRY(tgt_visit(m, skip_embd, skip_output, tgt_count, &total));
     tgt_placer p = {.be = be};
     TD_TRY(err_wrap(be->alloc(be, (void **)&p.arena, total), "model weights (%zu bytes)", total));
-    td_err e = tgt_visit(m, tied, tgt_place_one, &p);
+    td_err e = tgt_visit(m, skip_embd, skip_output, tgt_place_one, &p);
+    size_t placed = 0;
+    for (int i = 0; e == TD_OK && i < n_heads; i++) {
+        if (!given[i])
+            continue;
+        size_t bytes = (size_t)heads[i]->rows * heads[i]->row_bytes;
+        e = be->to_device(be, given[i], heads[i]->data, bytes);
+        heads[i]->data = given[i];
+        placed += bytes;
+    }
     if (e == TD_OK)
         e = be->sync(be);
     if (e != TD_OK) {
@@ -384,6 +408,8 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be)
     if (tied)
         m->output.data = m->tok_embd.data;
     m->dev_arena = p.arena;
+    m->arena_bytes = total;
+    m->placed_bytes = placed;
     m->be = be;
     m->kv_type = TD_F16;
     tgt_graphs_init(m);
@@ -392,12 +418,18 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be)
 
 td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be)
 {
+    return tgt_load_placed(out, path, be, NULL);
+}
+
+td_err tgt_load_placed(tgt_model **out, const char *path, const ops_backend *be,
+                       const tgt_place_hook *hook)
+{
     TD_TRY(tgt_load(out, path));
     if (be->kind == OPS_BACKEND_CPU) {
         (*out)->be = be; /* host memory either way; a profiler over the CPU stays in the path */
         return TD_OK;
     }
-    td_err e = tgt_place(*out, be);
+    td_err e = tgt_place(*out, be, hook);
     if (e != TD_OK) {
         tgt_free(*out);
         *out = NULL;
