@@ -6,7 +6,8 @@
  * mid-generation leaves the text unchanged and a restarted draftd speculates again; sampled
  * output with a seed equals the single-process GPU speculative loop with the same seed (the
  * random streams belong to positions, not processes, DESIGN section 4 / dflash.h), with the
- * distributions travelling through kvd's proposal pool. Skipped (77) without a CUDA device or
+ * distributions travelling through kvd's proposal pool; verifyd's weights on the GPU hold the
+ * embedding and LM head once (in the shared buffers, not also in its own arena). Skipped (77) without a CUDA device or
  * without the daemons built. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -129,6 +130,39 @@ static void expect_tokens(const char *what, const pl_result *r, const int32_t *w
                      r->tokens[i], want[i]);
 }
 
+/* verifyd's log line of its weights on the GPU: the model's arena lacks exactly the token
+ * embedding and LM head (bytes as in the reference model loaded here without sharing), and
+ * the shared buffers hold them, so the GPU does not keep a second copy. */
+static void test_gpu_pipeline_verifyd_holds_embedding_and_head_once(void **ctx)
+{
+    (void)ctx;
+    static const char key[] = "weights on cuda: ";
+    char path[128], line[1024];
+    snprintf(path, sizeof path, "%s/verifyd.log", pl.dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t arena = 0, shared = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, key);
+        found = at && sscanf(at + strlen(key), "%zu bytes in the model's arena, %zu bytes in "
+                             "shared buffers", &arena, &shared) == 2;
+    }
+    fclose(f);
+    if (!found)
+        fail_msg("%s has no line \"%s<arena> bytes ... <shared> bytes ...\"", path, key);
+    bool tied = tm->output.data == tm->tok_embd.data;
+    size_t embd = (size_t)tm->tok_embd.rows * tm->tok_embd.row_bytes;
+    size_t head = tied ? 0 : (size_t)tm->output.rows * tm->output.row_bytes;
+    size_t al = 256; /* bytes: each weight's alignment in the arena */
+    assert_int_equal(shared, embd + head);
+    assert_int_equal(tm->placed_bytes, 0);
+    assert_int_equal(arena, tm->arena_bytes - (embd + al - 1) / al * al -
+                                (head + al - 1) / al * al);
+    printf("verifyd on the GPU: %zu bytes of weights in its arena, %zu shared with draftd "
+           "(held once)\n", arena, shared);
+}
+
 /* Several prompts at once through the pipeline: every token equals plain greedy decoding on
  * the GPU in one process, and draftd's blocks were used (drafts proposed and accepted). */
 static void test_gpu_pipeline_greedy_equals_single_process_plain_greedy(void **ctx)
@@ -236,6 +270,7 @@ int main(void)
     }
     if (start_all()) {
         const struct CMUnitTest tests[] = {
+            cmocka_unit_test(test_gpu_pipeline_verifyd_holds_embedding_and_head_once),
             cmocka_unit_test(test_gpu_pipeline_greedy_equals_single_process_plain_greedy),
             cmocka_unit_test(test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop),
             cmocka_unit_test(test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text),
