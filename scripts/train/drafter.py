@@ -9,18 +9,15 @@ their own block, never another block. Slot k is trained to predict token a+k.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import sizes as S
-
 
 def config_json(s: dict) -> dict:
     """config.json shaped like z-lab's DFlash checkpoints (tests/data/dflash/*.json)."""
-    eos = S.token_id(s, S.EOS)
+    eos = s["eos_id"]
     return {
         "architectures": ["DFlashDraftModel"],
         "attention_bias": False,
@@ -28,7 +25,7 @@ def config_json(s: dict) -> dict:
         "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
         "block_size": s["block"],
         "bos_token_id": None,
-        "dflash_config": {"mask_token_id": S.token_id(s, S.MASK), "target_layer_ids": s["taps"]},
+        "dflash_config": {"mask_token_id": s["mask_id"], "target_layer_ids": s["taps"]},
         "dtype": "bfloat16",
         "eos_token_id": eos,
         "head_dim": s["d_head_dim"],
@@ -95,6 +92,18 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([a * c - b * s, b * c + a * s], dim=-1).to(x.dtype)
 
 
+def block_mask(anchors: torch.Tensor, K: int, Sc: int) -> torch.Tensor:
+    """Which keys each query sees in one attention over [context ; every block]: a block's
+    queries see the context positions before its anchor and the K keys of their own block,
+    nothing else. anchors [B, N] -> bool [B, 1, N * K, Sc + N * K]."""
+    B, N = anchors.shape
+    dev = anchors.device
+    seen = torch.arange(Sc, device=dev)[None, None, None, :] < anchors[:, :, None, None]
+    blk = torch.arange(N, device=dev).repeat_interleave(K)
+    own = (blk[:, None] == blk[None, :]).expand(B, N * K, N * K)
+    return torch.cat([seen.expand(B, N, K, Sc).reshape(B, N * K, Sc), own], dim=-1)[:, None]
+
+
 class Layer(nn.Module):
     def __init__(self, s: dict):
         super().__init__()
@@ -114,30 +123,31 @@ class Layer(nn.Module):
         self.mlp.up_proj = nn.Linear(H, f, bias=False)
         self.mlp.down_proj = nn.Linear(f, H, bias=False)
 
-    def forward(self, x, ctx, anchors, theta):
+    def forward(self, x, ctx, anchors, theta, mask=None):
         """x [B, N, K, H] block stream (N blocks of K slots); ctx [B, S, H] fused context
-        features; anchors [B, N] absolute position of each block's slot 0."""
+        features; anchors [B, N] absolute position of each block's slot 0; mask: block_mask
+        of these (made here when not given)."""
         B, N, K, _ = x.shape
         Sc = ctx.shape[1]
         a, nh, nkv, d = self.self_attn, self.nh, self.nkv, self.d
-        g = nh // nkv
         h = self.input_layernorm(x)
         blk_pos = anchors[:, :, None] + torch.arange(K, device=x.device)      # [B, N, K]
         ctx_pos = torch.arange(Sc, device=x.device)
         q = rope(a.q_norm(a.q_proj(h).view(B, N, K, nh, d)), blk_pos, theta)
         kb = rope(a.k_norm(a.k_proj(h).view(B, N, K, nkv, d)), blk_pos, theta)
-        vb = a.v_proj(h).view(B, N, K, nkv, d)
+        vb = a.v_proj(h).view(B, N * K, nkv, d)
         kc = rope(a.k_norm(a.k_proj(ctx).view(B, Sc, nkv, d)), ctx_pos, theta)  # H_t as it is
         vc = a.v_proj(ctx).view(B, Sc, nkv, d)
-        q = q.view(B, N, K, nkv, g, d)
-        sc = torch.einsum("bnqkgd,bskd->bkgnqs", q, kc).to(wide(x))          # [B,kv,g,N,K,S]
-        sb = torch.einsum("bnqkgd,bnpkd->bkgnqp", q, kb).to(wide(x))         # [B,kv,g,N,K,K]
-        seen = ctx_pos[None, None, :] < anchors[:, :, None]                  # [B, N, S]
-        sc = sc.masked_fill(~seen[:, None, None, :, None, :], float("-inf"))
-        p = torch.softmax(torch.cat([sc, sb], dim=-1) / math.sqrt(d), dim=-1).to(x.dtype)
-        out = torch.einsum("bkgnqs,bskd->bnqkgd", p[..., :Sc], vc) \
-            + torch.einsum("bkgnqp,bnpkd->bnqkgd", p[..., Sc:], vb)
-        x = x + a.o_proj(out.reshape(B, N, K, nh * d))
+        # One attention over [context ; every block] (block_mask says who sees what); keys
+        # are repeated per query head (query head j reads KV head j div (nh / nkv)).
+        k = torch.cat([kc, kb.reshape(B, N * K, nkv, d)], 1).repeat_interleave(nh // nkv, 2)
+        v = torch.cat([vc, vb], 1).repeat_interleave(nh // nkv, 2)
+        if mask is None:
+            mask = block_mask(anchors, K, Sc)
+        out = F.scaled_dot_product_attention(q.reshape(B, N * K, nh, d).transpose(1, 2),
+                                             k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask)                 # [B, nh, NK, d]
+        x = x + a.o_proj(out.transpose(1, 2).reshape(B, N, K, nh * d))
         h = self.post_attention_layernorm(x)
         m = self.mlp
         return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
@@ -164,8 +174,9 @@ class Drafter(nn.Module):
         Returns the final-normed hidden states [B, N, K, H] (the LM head is the target's)."""
         ctx = self.hidden_norm(self.fc(feats))
         x = block_emb
+        mask = block_mask(anchors, x.shape[2], ctx.shape[1])
         for layer in self.layers:
-            x = layer(x, ctx, anchors, self.s["rope_theta"])
+            x = layer(x, ctx, anchors, self.s["rope_theta"], mask)
         return self.norm(x)
 
     def export_state(self) -> dict[str, torch.Tensor]:

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# After run_all.sh: converts the target to GGUF, writes models/demo/{demo.gguf, drafter/} and
-# evaluates the pair with `tandem generate` on the CPU (scripts/train/finish.py says how).
+# After run_all.sh: converts a trained target to GGUF (or checks the GGUF a --target run
+# trained for), evaluates the pair with `tandem generate` on the CPU and, when the drafter
+# passes, writes models/demo/{demo.gguf, drafter/} (scripts/train/finish.py says how).
 #
-#   scripts/train/finish.sh OUTDIR [finish.py options: --dest DIR --results FILE --prompts N
-#                                   -n N --smoke]
+#   scripts/train/finish.sh OUTDIR [finish.py options: --dest DIR --target F.gguf
+#                                   --results FILE --prompts N -n N --smoke --force]
 #
 # Builds `tandem` in build-train/ unless TANDEM_BIN names one. Needs python3 with numpy, gguf,
 # torch, transformers, tokenizers and safetensors. Exit status 1 when the drafter misses the
-# acceptance bar (not with --smoke) or speculative decoding changed an output.
+# acceptance bar (not with --smoke) or speculative decoding changed an output; the drafter is
+# then not installed (unless --force).
 set -eu -o pipefail
 
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [--dest DIR] [--results FILE] [--prompts N] [-n N] [--smoke]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [--dest DIR] [--target F.gguf] [--results FILE] [--prompts N] [-n N] [--smoke] [--force]" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ -z "${TANDEM_BIN:-}" ]; then

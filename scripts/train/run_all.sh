@@ -1,32 +1,41 @@
 #!/usr/bin/env bash
-# Trains tandem's demo pair from scratch: a small Qwen3.5-architecture target and its DFlash
-# drafter, on the Python source files of the machine's own Python installation (no download).
+# Trains tandem's demo pair: a small Qwen3.5-architecture target and its DFlash drafter, on the
+# Python source files of the machine's own Python installation (no download); or, with
+# --target FILE.gguf, only the drafter, for that existing target (the shipped demo.gguf).
 #
-#   scripts/train/run_all.sh OUTDIR [--smoke] [--budget SECONDS] [--work DIR]
+#   scripts/train/run_all.sh OUTDIR [--target FILE.gguf] [--smoke] [--budget SECONDS]
+#                                   [--work DIR]
 #
 # Full run: one CUDA GPU, about 9 minutes (--budget, default 540 s, bounds the whole run:
 # every step works to a deadline and is killed shortly after it). --smoke: tiny sizes on the
 # CPU in about 5 minutes, to try the whole flow anywhere. Needs torch, transformers (qwen3_5),
-# tokenizers, safetensors and numpy; not gguf (the GGUF is made afterwards by finish.sh).
+# tokenizers, safetensors and numpy; not gguf (the GGUF target is read by gguf_target.py; a
+# trained target is converted afterwards by finish.sh).
 #
 # OUTDIR receives at most 6 files, each under 16 MB, written as the run goes so that a failing
 # step keeps what the earlier ones made:
 #   run.log                      everything printed
-#   meta.tar                     target/{config.json, tokenizer.json, tokenizer_config.json,
-#                                chat_template.jinja}, drafter/config.json, data.json
-#                                (file counts, evaluation prompts), *_metrics.json
-#   target/model-*.safetensors   the target (bf16, Hugging Face names, 12 MB shards) + index
+#   meta.tar                     drafter/config.json, data.json (file counts, evaluation
+#                                prompts, the GGUF target's sha256), *_metrics.json; from
+#                                scratch also target/{config.json, tokenizer.json,
+#                                tokenizer_config.json, chat_template.jinja}
+#   target/model-*.safetensors   from scratch: the target (bf16, Hugging Face names, 12 MB
+#                                shards) + index
 #   drafter/model.safetensors    the drafter (bf16)
 # Then, on a machine with this repository and gguf: scripts/train/finish.sh OUTDIR.
 set -u -o pipefail
 
-usage() { echo "usage: $0 OUTDIR [--smoke] [--budget SECONDS] [--work DIR]" >&2; exit 2; }
+usage() {
+    echo "usage: $0 OUTDIR [--target FILE.gguf] [--smoke] [--budget SECONDS] [--work DIR]" >&2
+    exit 2
+}
 [ $# -ge 1 ] || usage
 OUT=$1; shift
-SMOKE=""; BUDGET=""; WORK=""
+SMOKE=""; BUDGET=""; WORK=""; TARGET=""
 while [ $# -gt 0 ]; do
     case $1 in
         --smoke) SMOKE=--smoke ;;
+        --target) TARGET=${2:?}; shift ;;
         --budget) BUDGET=${2:?}; shift ;;
         --work) WORK=${2:?}; shift ;;
         *) usage ;;
@@ -35,6 +44,10 @@ while [ $# -gt 0 ]; do
 done
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+if [ -n "$TARGET" ]; then
+    [ -f "$TARGET" ] || { echo "$0: no GGUF target at $TARGET" >&2; exit 2; }
+    TARGET=$(cd "$(dirname "$TARGET")" && pwd)/$(basename "$TARGET")
+fi
 PY=${PYTHON:-python3}
 export TRAIN_T0=$(date +%s)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
@@ -75,27 +88,31 @@ print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers
       f"{platform.machine()}")'
 
 main() {
-    read -r PREP_UNTIL TARGET_UNTIL DRAFT_UNTIL < <("$PY" "$HERE/sizes.py" $SMOKE $BUDGET) || exit 1
-    say "out $OUT, work $WORK, budget ${DRAFT_UNTIL}s ${SMOKE:+(smoke)}"
+    read -r PREP_UNTIL TARGET_UNTIL DRAFT_UNTIL < <("$PY" "$HERE/sizes.py" $SMOKE \
+        ${TARGET:+--gguf} $BUDGET) || exit 1
+    say "out $OUT, work $WORK, budget ${DRAFT_UNTIL}s ${SMOKE:+(smoke)}${TARGET:+, target $TARGET}"
     "$PY" -c "$VERSIONS"
 
     step prepare "$PREP_UNTIL" "$PY" "$HERE/prepare_data.py" "$WORK" \
-        --deadline $(( TRAIN_T0 + PREP_UNTIL )) $SMOKE || {
+        --deadline $(( TRAIN_T0 + PREP_UNTIL )) $SMOKE ${TARGET:+--target "$TARGET"} || {
         say "no training data; stopping"; exit 1; }
-    step target "$TARGET_UNTIL" "$PY" "$HERE/train_target.py" "$WORK" "$OUT" \
-        --deadline $(( TRAIN_T0 + TARGET_UNTIL )) $SMOKE
-    rc_target=$?
-    if ! ls "$OUT"/target/model*.safetensors >/dev/null 2>&1; then
-        say "no target checkpoint; stopping"; exit 1
+    rc_target=0
+    if [ -z "$TARGET" ]; then
+        step target "$TARGET_UNTIL" "$PY" "$HERE/train_target.py" "$WORK" "$OUT" \
+            --deadline $(( TRAIN_T0 + TARGET_UNTIL )) $SMOKE
+        rc_target=$?
+        if ! ls "$OUT"/target/model*.safetensors >/dev/null 2>&1; then
+            say "no target checkpoint; stopping"; exit 1
+        fi
     fi
     step drafter "$DRAFT_UNTIL" "$PY" "$HERE/train_drafter.py" "$WORK" "$OUT" \
-        --deadline $(( TRAIN_T0 + DRAFT_UNTIL )) $SMOKE
+        --deadline $(( TRAIN_T0 + DRAFT_UNTIL )) $SMOKE ${TARGET:+--target "$TARGET"}
     rc_drafter=$?
 
     find "$OUT" -name '*.tmp' -delete
     say "outputs:"
     (cd "$OUT" && find . -type f ! -name run.log -printf '%10s  %p\n' | sort -k2)
-    rm -f "$WORK/train.npy" "$WORK/eval.npy"
+    rm -f "$WORK/train.npy" "$WORK/eval.npy" "$WORK/prompts.npz"
     say "done in $(elapsed)s (target exit $rc_target, drafter exit $rc_drafter)"
     [ $rc_target -eq 0 ] && [ $rc_drafter -eq 0 ]
 }

@@ -7,6 +7,10 @@ RoPE, several value heads per key head, and an untied LM head (output.weight). I
 that its Q8_0 GGUF stays under 16 MB: hidden 384 is not a multiple of 256, so K-quants would
 fall back to Q8_0 anyway, and Q8_0 keeps the GGUF target's greedy choices close to the trained
 one, which the drafter was trained to imitate.
+
+With `--target FILE.gguf` only the drafter is trained, against that file's target (the shipped
+models/demo/demo.gguf): the vocabulary comes from the file, nothing is trained for the target,
+and the drafter step gets the whole budget after the data (GGUF_DEADLINES).
 """
 from __future__ import annotations
 
@@ -43,19 +47,31 @@ FULL = dict(
     ctx=512,                      # training sequence length
     batch=128,                    # sequences per step
     lr=2.5e-3, warmup=150, wd=0.1, min_lr_frac=0.1,
-    # greedy continuations of training prompts by the trained target
-    gen_batch=1024, gen_prompt=(32, 224), gen_new=256,
-    # drafter (DFlash, config.json + model.safetensors)
-    d_layers=2, d_heads=6, d_kv_heads=2, d_head_dim=64, d_ffn=1024,
+    # drafter prompts: whole lines of source ending at a random line end, like the evaluation
+    # prompts (which come from held-out files); training prompts come from training files
+    train_prompts=65536,          # at most this many training prompts are cut
+    prompt_every=3000,            # one prompt per this many characters of a file (at least 1)
+    val_prompts=256,              # prompts of held-out files (not the evaluation's) to validate
+    d_prompt_chars=(200, 1200),   # a drafter prompt's length in characters (min, max)
+    # greedy continuations of those prompts by the target, past <|endoftext|> as the
+    # evaluation (`tandem generate --ignore-eos`) generates
+    gen_batch=1024, gen_new=160,  # rows per generate call; tokens generated per prompt
+    feat_gb=48.0,                 # GPU memory for the tap features of all rows (bf16)
+    # drafter (DFlash, config.json + model.safetensors); attention and FFN shaped like the
+    # target's so that each layer can start from one of the target's (d_init_from_target)
+    d_layers=4, d_heads=6, d_kv_heads=2, d_head_dim=64, d_ffn=768,
+    d_init_from_target=True,
     taps=[1, 4, 7],               # target layers whose outputs feed the drafter
     block=16, gamma=7.0,          # block size; loss weight exp(-(k-1)/gamma) of slot k
     d_batch=32, anchors=128,      # sequences per step; anchor positions per sequence
-    d_lr=1.5e-3, d_warmup=60,
+    d_lr=1.5e-3, d_warmup=100,
     # wall-clock shares of the run (seconds from the start of run_all.sh)
     budget=540,                   # whole run (the device allows 600 s a command)
     prepare_until=105,            # data + vocabulary + tokenising done by then
     target_until=345,             # target training (and its export) done by then
     gen_share=0.30,               # share of the drafter step's time spent generating
+    gguf_prepare_until=60,        # --target FILE.gguf: prompts done by then, then the drafter
+    gguf_gen_share=0.25,          # --target FILE.gguf: share of the drafter step generating
 )
 
 SMOKE = dict(
@@ -66,15 +82,28 @@ SMOKE = dict(
     hidden=64, layers=4, ffn=128, heads=2, kv_heads=1, head_dim=32,
     k_heads=1, v_heads=2, ssm_dim=32, mrope_section=[2, 1, 1],
     ctx=128, batch=8, lr=3e-3, warmup=10,
-    gen_batch=8, gen_prompt=(16, 48), gen_new=48,
+    train_prompts=512, val_prompts=8, d_prompt_chars=(120, 400),
+    gen_batch=8, gen_new=48, feat_gb=1.0,
     d_layers=1, d_heads=2, d_kv_heads=1, d_head_dim=32, d_ffn=128, taps=[1, 3],
     d_batch=8, anchors=16, d_warmup=5,
-    budget=300, prepare_until=60, target_until=150,
+    budget=300, prepare_until=60, target_until=150, gguf_prepare_until=90,
 )
 
 
 def sizes(smoke: bool) -> dict:
-    return dict(SMOKE if smoke else FULL)
+    s = dict(SMOKE if smoke else FULL)
+    s["eos_id"], s["mask_id"] = token_id(s, EOS), token_id(s, MASK)
+    return s
+
+
+def sizes_for_target(s: dict, hidden: int, layers: int, vocab: int, eos_id: int,
+                     mask_id: int) -> dict:
+    """s with the target's own shapes and token ids (from a GGUF file) in place of the ones
+    the from-scratch target would have; the drafter's own sizes stay."""
+    bad = [t for t in s["taps"] if not 0 <= t < layers]
+    if bad:
+        raise ValueError(f"tap layers {bad} do not exist in a target of {layers} layers")
+    return dict(s, hidden=hidden, layers=layers, vocab=vocab, eos_id=eos_id, mask_id=mask_id)
 
 
 def n_bpe(s: dict) -> int:
@@ -86,15 +115,20 @@ def token_id(s: dict, text: str) -> int:
     return n_bpe(s) + [t for t, _ in ADDED].index(text)
 
 
-def deadlines(s: dict, budget: float | None) -> tuple[float, float, float]:
+def deadlines(s: dict, budget: float | None, gguf: bool = False) -> tuple[float, float, float]:
     """Seconds from the start by which data, target and drafter are done; all shares of the
-    run scale with a budget other than the default."""
+    run scale with a budget other than the default. With a GGUF target nothing is trained
+    for the target: its deadline is the data's."""
     k = (budget or s["budget"]) / s["budget"]
+    if gguf:
+        return k * s["gguf_prepare_until"], k * s["gguf_prepare_until"], k * s["budget"]
     return k * s["prepare_until"], k * s["target_until"], k * s["budget"]
 
 
-if __name__ == "__main__":   # run_all.sh: `python3 sizes.py [--smoke] [BUDGET]` -> 3 deadlines
+if __name__ == "__main__":
+    # run_all.sh: `python3 sizes.py [--smoke] [--gguf] [BUDGET]` -> 3 deadlines
     import sys
-    argv = [a for a in sys.argv[1:] if a != "--smoke"]
-    d = deadlines(sizes("--smoke" in sys.argv), float(argv[0]) if argv else None)
+    argv = [a for a in sys.argv[1:] if a not in ("--smoke", "--gguf")]
+    d = deadlines(sizes("--smoke" in sys.argv), float(argv[0]) if argv else None,
+                  "--gguf" in sys.argv)
     print(" ".join(str(int(x)) for x in d))
