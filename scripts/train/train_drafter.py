@@ -428,7 +428,8 @@ def main() -> int:
     metrics.update(heldout_acceptance_loop=loop, heldout_acceptance_teacher_forced=tf)
     util.json_write(meta / "drafter_metrics.json", metrics)
     util.log(STEP, f"done: {step} steps; held-out acceptance length {loop:.2f} (speculative "
-             f"loop over {EVAL_TOKENS} tokens), {tf:.2f} (teacher-forced, all anchors)")
+             f"loop over {min(EVAL_TOKENS, s['gen_new'])} tokens), {tf:.2f} (teacher-forced, "
+             "all anchors)")
     return 0
 
 
