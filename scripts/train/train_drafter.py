@@ -146,7 +146,7 @@ def continue_into(rows: Rows, target, batches, s: dict, until: float, device: st
                   tag: str) -> int:
     """Greedy continuations of prompt batches (with their features) into rows until
     `until` (epoch seconds) or rows are full; at least one batch. Returns tokens generated."""
-    n_gen, t0, last = 0, time.time(), 0.0
+    n_gen, t0, last, t_log = 0, time.time(), 0.0, 0.0
     chunk = 256 if device == "cuda" else 8
     for i, b in enumerate(batches):
         P = len(b[0])
@@ -164,9 +164,13 @@ def continue_into(rows: Rows, target, batches, s: dict, until: float, device: st
         rows.add(out, taps_run(target, out, s["taps"], chunk), P)
         n_gen += len(b) * s["gen_new"]
         last = time.time() - t
-        util.log(STEP, f"{tag}: {len(rows.off)} rows, {n_gen / 1e6:.2f}M tokens generated "
-                 f"({n_gen / (time.time() - t0) / 1e3:.1f}k tok/s; {len(b)} x {s['gen_new']} "
-                 f"after {P}-token prompts in {last:.1f}s)")
+        if time.time() - t_log > 5.0:
+            util.log(STEP, f"{tag}: {len(rows.off)} rows, {n_gen / 1e6:.2f}M tokens generated "
+                     f"({n_gen / (time.time() - t0) / 1e3:.1f}k tok/s; {len(b)} x "
+                     f"{s['gen_new']} after {P}-token prompts in {last:.1f}s)")
+            t_log = time.time()
+    util.log(STEP, f"{tag}: {len(rows.off)} rows, {n_gen / 1e6:.2f}M tokens generated in "
+             f"{time.time() - t0:.1f}s")
     return n_gen
 
 
