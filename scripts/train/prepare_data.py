@@ -23,8 +23,8 @@ streams: that target is not trained.
 
 Drafter prompts: whole lines of source ending at a random line end, `d_prompt_chars` long,
 about one per `prompt_every` characters of each training file (up to `train_prompts`), and one
-per held-out file that gave no evaluation prompt (up to `val_prompts`); the drafter step has
-them continued by the target.
+per held-out file that gave no evaluation prompt (up to `val_prompts`, as long as evaluation
+prompts: `prompt_chars`); the drafter step has them continued by the target.
 
 With a deadline, the file walk and the tokenising stop early (logged) rather than overrun it.
 
@@ -241,7 +241,7 @@ def main() -> int:
             break
     used = {p["file"] for p in prompts}
     val_texts = [t for name, text in held if name not in used
-                 for t in prompts_cut(name, text, 1, *s["d_prompt_chars"])][:s["val_prompts"]]
+                 for t in prompts_cut(name, text, 1, *s["prompt_chars"])][:s["val_prompts"]]
     train_texts, n_prompt_files = [], 0
     for name, text in train:
         if len(train_texts) >= s["train_prompts"]:

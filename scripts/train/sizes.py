@@ -51,11 +51,14 @@ FULL = dict(
     # prompts (which come from held-out files); training prompts come from training files
     train_prompts=65536,          # at most this many training prompts are cut
     prompt_every=3000,            # one prompt per this many characters of a file (at least 1)
-    val_prompts=256,              # prompts of held-out files (not the evaluation's) to validate
+    val_prompts=256,              # prompts of held-out files (not the evaluation's, but as
+                                  # long as those: prompt_chars) to validate
     d_prompt_chars=(200, 1200),   # a drafter prompt's length in characters (min, max)
     # greedy continuations of those prompts by the target, past <|endoftext|> as the
     # evaluation (`tandem generate --ignore-eos`) generates
-    gen_batch=1024, gen_new=160,  # rows per generate call; tokens generated per prompt
+    # rows per generate call (a decode step costs about the same for 1 or 2048 rows: this
+    # small model's step is kernel launches); tokens generated per prompt
+    gen_batch=2048, gen_new=160,
     feat_gb=48.0,                 # GPU memory for the tap features of all rows (bf16)
     # drafter (DFlash, config.json + model.safetensors); attention and FFN shaped like the
     # target's so that each layer can start from one of the target's (d_init_from_target)

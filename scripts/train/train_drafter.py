@@ -54,7 +54,7 @@ from train_target import lr_at  # noqa: E402
 STEP = "drafter"
 CKPT_EVERY = 60.0
 EVAL_TOKENS = 128    # tokens finish.py has `tandem generate` produce per prompt
-VAL_BATCH = 32       # validation prompts per generate call
+VAL_BATCH = 64       # validation prompts per generate call
 
 
 def target_open(args, s: dict, meta: pathlib.Path, out: pathlib.Path, device: str):
@@ -142,6 +142,17 @@ def batches_of(ids: np.ndarray, off: np.ndarray, size: int, rng) -> list[list[np
 
 
 @torch.no_grad()
+def greedy(target, prompts: torch.Tensor, s: dict) -> torch.Tensor:
+    """prompts [B, P] followed by their `gen_new` greedy tokens: [B, P + gen_new]."""
+    out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
+                          max_new_tokens=s["gen_new"], do_sample=False, pad_token_id=s["eos_id"])
+    if out.shape[1] != prompts.shape[1] + s["gen_new"]:
+        util.fail(STEP, f"generate stopped after {out.shape[1] - prompts.shape[1]} of "
+                  f"{s['gen_new']} tokens")
+    return out
+
+
+@torch.no_grad()
 def continue_into(rows: Rows, target, batches, s: dict, until: float, device: str,
                   tag: str) -> int:
     """Greedy continuations of prompt batches (with their features) into rows until
@@ -154,15 +165,19 @@ def continue_into(rows: Rows, target, batches, s: dict, until: float, device: st
             break
         t = time.time()
         prompts = torch.from_numpy(np.stack(b).astype(np.int64)).to(device)
-        out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts),
-                              max_new_tokens=s["gen_new"], do_sample=False,
-                              pad_token_id=s["eos_id"])
-        if out.shape[1] != P + s["gen_new"]:
-            util.fail(STEP, f"generate stopped after {out.shape[1] - P} of {s['gen_new']} tokens")
-        if not rows.room(out.numel()):
-            break
-        rows.add(out, taps_run(target, out, s["taps"], chunk), P)
-        n_gen += len(b) * s["gen_new"]
+        try:
+            parts = [greedy(target, prompts, s)]
+        except torch.cuda.OutOfMemoryError:     # half batches from here on
+            torch.cuda.empty_cache()
+            util.log(STEP, f"{tag}: out of GPU memory with {len(b)} rows; halves from now on")
+            batches[i + 1:] = [h for x in batches[i + 1:] for h in (x[:len(x) // 2],
+                                                                    x[len(x) // 2:]) if h]
+            parts = [greedy(target, h, s) for h in prompts.split(max(1, len(b) // 2))]
+        for out in parts:
+            if not rows.room(out.numel()):
+                break
+            rows.add(out, taps_run(target, out, s["taps"], chunk), P)
+            n_gen += out.shape[0] * s["gen_new"]
         last = time.time() - t
         if time.time() - t_log > 5.0:
             util.log(STEP, f"{tag}: {len(rows.off)} rows, {n_gen / 1e6:.2f}M tokens generated "
