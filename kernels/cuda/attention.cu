@@ -28,7 +28,7 @@
 #define ATT_THREADS 128
 #define ATT_NE (ATT_ROWS * ATT_MAX_DIM / ATT_THREADS) /* output values per thread */
 #define ATT_SCRATCH_MAX ((size_t)256 << 20) /* above this many bytes of partials: fold in blocks */
-#define ATT_COMBINE_BATCH 8 /* partials the combine kernel loads at once */
+#define ATT_COMBINE_BATCH 32 /* partials the combine kernel loads at once */
 
 typedef struct att_args {
     ops_attn a;       /* the caller's description, device pointers */
@@ -333,6 +333,318 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
     }
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Staged kernel (head_dim 64, 128 or 256; 16-byte aligned cache rows): a split's keys and
+ * values are copied whole into shared memory with cp.async (every thread issues 16-byte
+ * copies, so a block has its whole split in flight at once: the generic kernel above waited
+ * one memory round trip per 16-key tile and took ~160 us per 1K-key decode layer on an
+ * H200). The fixed order per query (ATT_SPLIT splits, att_fold) is the generic kernel's; a
+ * score is the sum over the first half of d in order plus the sum over the second half.
+ * Which kernel runs depends only on head_dim, the cache type and layout and the device, so
+ * a model's decode steps, verify blocks and prefill chunks all take the same one.
+ * ------------------------------------------------------------------------------------- */
+
+#define ATS_THREADS 256 /* 2 threads per key of a split (one per half of d) */
+
+template <int HD, typename KT> struct ats_geo {
+    static constexpr int EB = (int)sizeof(KT);  /* bytes per cache element */
+    static constexpr int CH = HD * EB / 16;     /* 16-byte pieces per key row */
+    static constexpr int ROWB = HD * EB + 16;   /* bytes per staged key row: +16 spreads the
+                                                 * banks of the score phase (lane = key) */
+    static constexpr int EL = HD / 32;          /* values per lane in the value phase */
+};
+
+/* Dynamic shared memory: qs [ATT_ROWS][HD] f32 query rows, sc [ATT_ROWS][ATT_SPLIT] f32
+ * (second-half dot products, then scores, then p), kb [ATT_SPLIT][ROWB] keys, vb values
+ * (kb itself when the layout has no room for both: keys are dead once scored). */
+template <int HD, typename KT> __host__ __device__ constexpr size_t ats_fixed_bytes()
+{
+    return (size_t)ATT_ROWS * HD * 4 + (size_t)ATT_ROWS * ATT_SPLIT * 4;
+}
+template <int HD, typename KT> __host__ __device__ constexpr size_t ats_kv_bytes()
+{
+    return (size_t)ATT_SPLIT * ats_geo<HD, KT>::ROWB;
+}
+
+__device__ __forceinline__ void ats_cp16(void *dst, const void *src)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ats_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void ats_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Copies keys k0 .. k0+nk-1 of kv head g of cache base into buf (one commit group). */
+template <int HD, typename KT>
+__device__ __forceinline__ void ats_stage(unsigned char *buf, const ops_attn &a, const void *base,
+                                          int64_t g, int64_t k0, int nk)
+{
+    typedef ats_geo<HD, KT> G;
+    const unsigned char *src = (const unsigned char *)base;
+    for (int e = threadIdx.x; e < nk * G::CH; e += ATS_THREADS) {
+        const int kk = e / G::CH, c = e % G::CH;
+        ats_cp16(buf + kk * G::ROWB + c * 16,
+                 src + ((k0 + kk) * a.kv_tok_stride + g * a.kv_head_stride) * G::EB + c * 16);
+    }
+    ats_commit();
+}
+
+/* N (2, 4 or 8) consecutive cache values at row (aligned to their size) as f32, read as
+ * one or two vector loads */
+template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out, const unsigned char *row)
+{
+    if constexpr (sizeof(KT) == 2) {
+        uint32_t w[N / 2];
+        if constexpr (N == 8) {
+            const uint4 u = *(const uint4 *)row;
+            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+        } else if constexpr (N == 4) {
+            const uint2 u = *(const uint2 *)row;
+            w[0] = u.x, w[1] = u.y;
+        } else {
+            w[0] = *(const uint32_t *)row;
+        }
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            __half2 h;
+            memcpy(&h, &w[i], 4);
+            const float2 f = __half22float2(h);
+            out[2 * i] = f.x, out[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N / 4; i++) {
+            const float4 v = ((const float4 *)row)[i];
+            out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+        }
+        if constexpr (N % 4 != 0) {
+            const float2 v = *(const float2 *)(row + (N / 4) * 16);
+            out[N - 2] = v.x, out[N - 1] = v.y;
+        }
+    }
+}
+
+/* grid: x = row tile, y = kv head, z = first split (strided by gridDim.z when p.part != NULL:
+ * one partial per split; else every split in order, folded in registers). */
+template <int HD, typename KT>
+__global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep)
+{
+    typedef ats_geo<HD, KT> G;
+    const ops_attn &a = p.a;
+    extern __shared__ __align__(16) unsigned char ats_smem[];
+    float (*qs)[HD] = (float (*)[HD])ats_smem;
+    float (*sc)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(ats_smem + (size_t)ATT_ROWS * HD * 4);
+    unsigned char *kb = ats_smem + ats_fixed_bytes<HD, KT>();
+    unsigned char *vb = kv_sep ? kb + ats_kv_bytes<HD, KT>() : kb;
+    __shared__ uint32_t vis[ATT_SPLIT];                /* bit r: row r sees the key */
+    __shared__ float row_m[ATT_ROWS], row_l[ATT_ROWS]; /* the split's max and sum */
+    __shared__ float run_m[ATT_ROWS], run_l[ATT_ROWS]; /* folded so far (in-block folding) */
+    __shared__ float fac_a[ATT_ROWS], fac_b[ATT_ROWS];
+    __shared__ int row_ok[ATT_ROWS];
+    __shared__ int64_t row_t[ATT_ROWS], row_h[ATT_ROWS];
+    __shared__ int32_t row_qp[ATT_ROWS];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t g = blockIdx.y, n_kv = att_n_kv(a);
+    const int64_t r0 = (int64_t)blockIdx.x * ATT_ROWS;
+    const int nr = (int)(p.n_rows - r0 < ATT_ROWS ? p.n_rows - r0 : ATT_ROWS);
+    const int64_t n_split = att_n_split(p, n_kv);
+
+    if (tid < ATT_ROWS) {
+        const int64_t rf = r0 + (tid < nr ? tid : 0);
+        row_t[tid] = rf / p.group;
+        row_h[tid] = g * p.group + rf % p.group;
+        row_qp[tid] = a.q_pos[row_t[tid]];
+        run_m[tid] = -INFINITY;
+        run_l[tid] = 0;
+    }
+    __syncthreads();
+    for (int e = tid; e < nr * HD; e += ATS_THREADS) {
+        const int r = e / HD, d = e % HD;
+        qs[r][d] = __ldg(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d);
+    }
+
+    /* value phase ownership: rows warp and warp + 8, values lane*EL .. lane*EL + EL-1 */
+    const int vr0 = warp, vr1 = warp + 8, d0 = lane * G::EL;
+    float A0[G::EL], A1[G::EL];
+#pragma unroll
+    for (int j = 0; j < G::EL; j++)
+        A0[j] = A1[j] = 0;
+
+    const int64_t s_lo = p.part ? blockIdx.z : 0, s_step = p.part ? gridDim.z : 1;
+    for (int64_t s = s_lo; s < n_split; s += s_step) {
+        const int64_t k0 = s * ATT_SPLIT;
+        const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
+
+        /* which rows see which keys; a split no row sees is not loaded */
+        __syncthreads(); /* the previous split's buffers and vis are free */
+        uint32_t seen = 0;
+        if (tid < ATT_SPLIT) {
+            uint32_t m = 0;
+            if (tid < nk)
+                for (int r = 0; r < nr; r++)
+                    m |= (uint32_t)att_visible(a, row_t[r], row_qp[r], k0 + tid) << r;
+            vis[tid] = m;
+            seen = m;
+        }
+        if (!__syncthreads_or(seen != 0)) {
+            if (p.part && tid < nr) {
+                float *pr = p.part + ((s * a.n_q + row_t[tid]) * a.n_head + row_h[tid]) * (HD + 2);
+                pr[HD] = -INFINITY;
+                pr[HD + 1] = 0;
+            }
+            continue;
+        }
+        ats_stage<HD, KT>(kb, a, a.k, g, k0, nk);
+        if (kv_sep)
+            ats_stage<HD, KT>(vb, a, a.v, g, k0, nk);
+        if (kv_sep)
+            ats_wait<1>();
+        else
+            ats_wait<0>();
+        __syncthreads(); /* the keys (and on the first split the query rows) are in */
+
+        /* scores: thread (half hh, key kk) sums q . k over its half of d in order */
+        {
+            const int kk = tid & (ATT_SPLIT - 1), hh = tid / ATT_SPLIT;
+            const uint32_t m = kk < nk ? vis[kk] : 0;
+            float dot[ATT_ROWS];
+#pragma unroll
+            for (int r = 0; r < ATT_ROWS; r++)
+                dot[r] = 0;
+            if (m) {
+                constexpr int PE = 16 / G::EB; /* values per 16-byte piece */
+                const unsigned char *krow = kb + kk * G::ROWB + hh * (HD / 2) * G::EB;
+#pragma unroll 2
+                for (int c = 0; c < HD / 2; c += PE) {
+                    float kv8[PE];
+                    ats_get<KT, PE>(kv8, krow + c * G::EB);
+                    const int dd = hh * (HD / 2) + c;
+#pragma unroll
+                    for (int r = 0; r < ATT_ROWS; r++) {
+                        if (r < nr) {
+                            float d = dot[r];
+#pragma unroll
+                            for (int i = 0; i < PE; i++)
+                                d = fmaf(qs[r][dd + i], kv8[i], d);
+                            dot[r] = d;
+                        }
+                    }
+                }
+            }
+            if (hh == 1)
+#pragma unroll
+                for (int r = 0; r < ATT_ROWS; r++)
+                    if (r < nr)
+                        sc[r][kk] = dot[r];
+            __syncthreads();
+            if (hh == 0)
+#pragma unroll
+                for (int r = 0; r < ATT_ROWS; r++)
+                    if (r < nr)
+                        sc[r][kk] = (m >> r) & 1 ? __fmul_rn(a.scale, dot[r] + sc[r][kk])
+                                                 : -INFINITY;
+        }
+        __syncthreads();
+        if (!kv_sep)
+            ats_stage<HD, KT>(vb, a, a.v, g, k0, nk); /* into the keys' buffer */
+
+        /* per row (a warp each): exact max, p = exp(score - max), sum of p in a fixed tree */
+        for (int r = warp; r < nr; r += ATS_THREADS / 32) {
+            float mx = -INFINITY;
+            for (int c = lane; c < nk; c += 32)
+                mx = fmaxf(mx, sc[r][c]);
+            mx = dev_warp_max(mx);
+            float l = 0;
+            for (int c = lane; c < nk; c += 32) {
+                const float x = sc[r][c];
+                const float pv = x == -INFINITY ? 0.0f : expf(x - mx);
+                sc[r][c] = pv;
+                l += pv;
+            }
+            l = dev_warp_sum(l);
+            if (lane == 0) {
+                row_m[r] = mx;
+                row_l[r] = l;
+            }
+        }
+        ats_wait<0>();
+        __syncthreads(); /* p, the split's max and sum and the values are in */
+
+        /* values: each (row, d) sums p * v over the keys in order */
+        float c0[G::EL], c1[G::EL];
+#pragma unroll
+        for (int j = 0; j < G::EL; j++)
+            c0[j] = c1[j] = 0;
+        if (vr0 < nr) {
+            const bool two = vr1 < nr;
+            for (int kk = 0; kk < nk; kk++) {
+                const float p0 = sc[vr0][kk], p1 = two ? sc[vr1][kk] : 0.0f;
+                if (p0 == 0.0f && p1 == 0.0f) /* an invisible key adds nothing */
+                    continue;
+                float v[G::EL];
+                ats_get<KT, G::EL>(v, vb + kk * G::ROWB + d0 * G::EB);
+#pragma unroll
+                for (int j = 0; j < G::EL; j++) {
+                    c0[j] = p0 != 0.0f ? fmaf(p0, v[j], c0[j]) : c0[j];
+                    c1[j] = p1 != 0.0f ? fmaf(p1, v[j], c1[j]) : c1[j];
+                }
+            }
+        }
+
+        if (p.part) {
+            /* hand the split's partial to the combine kernel */
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int r = u ? vr1 : vr0;
+                if (r >= nr)
+                    continue;
+                float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+#pragma unroll
+                for (int j = 0; j < G::EL; j++)
+                    pr[d0 + j] = u ? c1[j] : c0[j];
+                if (lane == 0) {
+                    pr[HD] = row_m[r];
+                    pr[HD + 1] = row_l[r];
+                }
+            }
+            continue;
+        }
+
+        /* fold this split into the running values */
+        if (tid < nr) {
+            float M = run_m[tid], L = run_l[tid], fa = 1, fb = 0;
+            row_ok[tid] = att_fold(M, L, row_m[tid], row_l[tid], fa, fb);
+            run_m[tid] = M;
+            run_l[tid] = L;
+            fac_a[tid] = fa;
+            fac_b[tid] = fb;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < G::EL; j++) {
+            if (vr0 < nr && row_ok[vr0])
+                A0[j] = att_apply(A0[j], c0[j], fac_a[vr0], fac_b[vr0]);
+            if (vr1 < nr && row_ok[vr1])
+                A1[j] = att_apply(A1[j], c1[j], fac_a[vr1], fac_b[vr1]);
+        }
+    }
+
+    if (p.part)
+        return;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < G::EL; j++) {
+        if (vr0 < nr)
+            att_write(a, row_t[vr0], row_h[vr0], d0 + j, A0[j], run_l[vr0]);
+        if (vr1 < nr)
+            att_write(a, row_t[vr1], row_h[vr1], d0 + j, A1[j], run_l[vr1]);
+    }
+}
+
 /* Folds the partials of one (query, head) row in split order: block x = t * n_head + h,
  * thread d. Every thread folds the same (max, sum) the in-block path would. */
 __global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
@@ -346,7 +658,7 @@ __global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
     const int64_t n_split = att_n_split(p, att_n_kv(a));
     /* ATT_COMBINE_BATCH partials loaded before any is folded: the fold order is the same,
      * but the loads overlap (one round trip per split made a 32K decode's 257 splits cost
-     * ~70 us per layer) */
+     * ~70 us per layer; 8 at a time still left 32 round trips) */
     for (int64_t s0 = 0; s0 < n_split; s0 += ATT_COMBINE_BATCH) {
         float pm[ATT_COMBINE_BATCH], pl[ATT_COMBINE_BATCH], pv[ATT_COMBINE_BATCH];
 #pragma unroll
@@ -365,6 +677,65 @@ __global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
         }
     }
     att_write(a, t, h, d, A, L);
+}
+
+typedef void (*ats_fn)(att_args, int);
+
+/* Which staged kernel runs a call, with how much shared memory, and whether keys and values
+ * get buffers of their own (copies overlap the scores) or share one (more blocks per SM).
+ * fn NULL: the generic kernel (other head sizes, unaligned rows, too little shared memory). */
+typedef struct ats_plan {
+    ats_fn fn;
+    size_t smem;  /* dynamic shared memory bytes */
+    int kv_sep;   /* 1: separate key and value buffers */
+} ats_plan;
+
+template <int HD, typename KT>
+static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks)
+{
+    static int opted[64]; /* per device: the dynamic shared memory limit was raised */
+    int optin = 0, per_sm = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const size_t fixed = ats_fixed_bytes<HD, KT>(), kv = ats_kv_bytes<HD, KT>();
+    /* static shared memory of the kernel, about 1 KB, is left room for */
+    const size_t one = fixed + kv, two = fixed + 2 * kv, room = (size_t)optin - 2048;
+    if (one > room)
+        return TD_OK;
+    pl->kv_sep = two <= room && (2 * (two + 2048) <= (size_t)per_sm || blocks < sms);
+    pl->smem = pl->kv_sep ? two : one;
+    pl->fn = ats_kernel<HD, KT>;
+    if (dev >= 0 && dev < 64 && !opted[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(ats_kernel<HD, KT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
+        opted[dev] = 1;
+    }
+    return TD_OK;
+}
+
+static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, long long blocks)
+{
+    pl->fn = NULL;
+    pl->smem = 0;
+    pl->kv_sep = 0;
+    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
+    if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
+        a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
+        return TD_OK;
+    const bool f16 = a->kv_type == TD_F16;
+    switch (a->head_dim) {
+    case 256:
+        return f16 ? ats_plan_of<256, __half>(pl, dev, sms, blocks)
+                   : ats_plan_of<256, float>(pl, dev, sms, blocks);
+    case 128:
+        return f16 ? ats_plan_of<128, __half>(pl, dev, sms, blocks)
+                   : ats_plan_of<128, float>(pl, dev, sms, blocks);
+    case 64:
+        return f16 ? ats_plan_of<64, __half>(pl, dev, sms, blocks)
+                   : ats_plan_of<64, float>(pl, dev, sms, blocks);
+    default:
+        return TD_OK;
+    }
 }
 
 extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
@@ -404,23 +775,33 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     const size_t part_bytes =
         (size_t)p.n_split * (size_t)(a->n_q * a->n_head) * (size_t)(a->head_dim + 2) * sizeof(float);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
+    ats_plan plan;
+    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks));
     if (split)
         TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
-
-    dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
-    switch (a->head_dim) {
-    case 256:
-        att_kernel<256><<<grid, ATT_THREADS, 0, st>>>(p);
-        break;
-    case 128:
-        att_kernel<128><<<grid, ATT_THREADS, 0, st>>>(p);
-        break;
-    case 64:
-        att_kernel<64><<<grid, ATT_THREADS, 0, st>>>(p);
-        break;
-    default:
-        att_kernel<0><<<grid, ATT_THREADS, 0, st>>>(p);
-        break;
+    if (plan.fn) {
+        /* staged kernel; splits beyond the grid's z are taken by its blocks in turn */
+        long long z = split ? (4LL * sms + row_blocks - 1) / row_blocks : 1;
+        if (z > p.n_split)
+            z = p.n_split;
+        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, (unsigned)(z > 0 ? z : 1));
+        plan.fn<<<grid, ATS_THREADS, plan.smem, st>>>(p, plan.kv_sep);
+    } else {
+        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
+        switch (a->head_dim) {
+        case 256:
+            att_kernel<256><<<grid, ATT_THREADS, 0, st>>>(p);
+            break;
+        case 128:
+            att_kernel<128><<<grid, ATT_THREADS, 0, st>>>(p);
+            break;
+        case 64:
+            att_kernel<64><<<grid, ATT_THREADS, 0, st>>>(p);
+            break;
+        default:
+            att_kernel<0><<<grid, ATT_THREADS, 0, st>>>(p);
+            break;
+        }
     }
     cuda_launch_note(1);
     cudaError_t e = cudaGetLastError();
