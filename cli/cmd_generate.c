@@ -9,6 +9,7 @@
 #include "cli/cli_ids.h"
 #include "cli/cmd.h"
 #include "common/args.h"
+#include "common/devarg.h"
 #include "common/tokenizer.h"
 #include "verifyd/spec.h"
 
@@ -46,20 +47,11 @@ static td_err gen_backend(const char *text, const ops_backend **be, ops_backend 
 {
     *owned = NULL;
     *be = ops_backend_cpu();
-    if (strcmp(text, "cpu") == 0)
+    int dev = -1;
+    TD_TRY(devarg_parse(text, &dev));
+    if (dev < 0)
         return TD_OK;
-    long long dev = 0;
-    if (strncmp(text, "cuda", 4) != 0)
-        return err_set(TD_EINVAL, "--device: expected cpu, cuda or cuda:N, got '%s'", text);
-    if (text[4] == ':') {
-        char *end;
-        dev = strtoll(text + 5, &end, 10);
-        if (end == text + 5 || *end || dev < 0 || dev > INT32_MAX)
-            return err_set(TD_EINVAL, "--device: bad CUDA device number in '%s'", text);
-    } else if (text[4]) {
-        return err_set(TD_EINVAL, "--device: expected cpu, cuda or cuda:N, got '%s'", text);
-    }
-    TD_TRY(ops_backend_cuda_init(owned, (int)dev));
+    TD_TRY(ops_backend_cuda_init(owned, dev));
     *be = *owned;
     return TD_OK;
 }
