@@ -389,15 +389,17 @@ void dfl_state_reset(dfl_state *s)
 /* --- compute ---------------------------------------------------------------------------- */
 
 /* K = RoPE(k_norm(k_proj(x))), V = v_proj(x) for n rows of x at positions pos, written to
- * the slots starting at slot (rows stay contiguous; the caller handles ring wrap). */
+ * the slots starting at slot (rows stay contiguous; the caller handles ring wrap). With q_out
+ * also q_proj(x) [n][n_heads * head_dim] as it comes out of the projection, in the same call
+ * (one activation rounding on the GPU). */
 static td_err dfl_kv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
-                     const int32_t *pos, float *k_out, float *v_out)
+                     const int32_t *pos, float *q_out, float *k_out, float *v_out)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
     int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
-    TD_TRY(be->matmul(be, k_out, x, &L->wk, n));
-    TD_TRY(be->matmul(be, v_out, x, &L->wv, n));
+    const ops_mm_out proj[] = {{k_out, &L->wk}, {v_out, &L->wv}, {q_out, &L->wq}};
+    TD_TRY(be->matmul_multi(be, x, proj, q_out ? 3 : 2, n));
     TD_TRY(be->rmsnorm(be, k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd,
                        (float)c->rms_eps));
     return be->rope_neox(be, k_out, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
@@ -441,7 +443,7 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
     size_t row = (size_t)kvw * sizeof(float);
     for (uint32_t il = 0; il < c->n_layers; il++) {
-        TD_TRY(dfl_kv(m, &m->layers[il], h, n, pos, kb, vb));
+        TD_TRY(dfl_kv(m, &m->layers[il], h, n, pos, NULL, kb, vb));
         TD_TRY(dfl_ring_put(be, s, s->k[il], kb, n, row, false));
         TD_TRY(dfl_ring_put(be, s, s->v[il], vb, n, row, false));
     }
@@ -464,10 +466,10 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     float eps = (float)c->rms_eps;
     const int32_t *bpos = s->pos + n_valid;
     TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
-    TD_TRY(be->matmul(be, w->q, w->h, &L->wq, B));
+    TD_TRY(dfl_kv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
+                  s->v[il] + n_valid * kvw));
     TD_TRY(be->rmsnorm(be, w->q, w->q, L->q_norm, B * c->n_heads, hd, hd, eps));
     TD_TRY(be->rope_neox(be, w->q, B, c->n_heads, qw, hd, hd, bpos, (float)c->rope_theta));
-    TD_TRY(dfl_kv(m, L, w->h, B, bpos, s->k[il] + n_valid * kvw, s->v[il] + n_valid * kvw));
     ops_attn at = {
         .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,
@@ -480,8 +482,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     TD_TRY(be->matmul(be, w->h, w->a, &L->wo, B));
     TD_TRY(be->add(be, w->x, w->x, w->h, B * H));
     TD_TRY(be->rmsnorm(be, w->h, w->x, L->post_norm, B, H, H, eps));
-    TD_TRY(be->matmul(be, w->q, w->h, &L->gate, B));
-    TD_TRY(be->matmul(be, w->f, w->h, &L->up, B));
+    const ops_mm_out gate_up[] = {{w->q, &L->gate}, {w->f, &L->up}};
+    TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, B));
     TD_TRY(be->swiglu(be, w->q, w->q, w->f, B * c->ffn));
     TD_TRY(be->matmul(be, w->h, w->q, &L->down, B));
     return be->add(be, w->x, w->x, w->h, B * H);

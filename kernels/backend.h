@@ -45,6 +45,11 @@ struct ops_backend {
     /* ops: arguments as the cpu_<op> of kernels/ops.h */
     td_err (*matmul)(const ops_backend *be, float *y, const float *x, const ops_weight *w,
                      int64_t n_tok);
+    /* mm[i].y = x . mm[i].w^T for i < n (1..OPS_MM_GROUP_MAX), all reading x[n_tok][cols]:
+     * each y bit for bit what matmul gives. On the GPU the quantised members share one
+     * activation rounding (cuda_matmul_multi), a launch saved per extra member. */
+    td_err (*matmul_multi)(const ops_backend *be, const float *x, const ops_mm_out *mm, int n,
+                           int64_t n_tok);
     td_err (*get_rows)(const ops_backend *be, float *out, const ops_weight *w,
                        const int32_t *ids, int64_t n);
     td_err (*rmsnorm)(const ops_backend *be, float *out, const float *x, const float *w,

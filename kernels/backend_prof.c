@@ -14,14 +14,15 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE, PF_N_OPS
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
+    PF_MATMUL_MULTI, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
-    "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm", "add",
-    "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
+    "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
+    "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store",
+    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi",
 };
 
 typedef struct pf_stat {
@@ -141,10 +142,9 @@ static void pf_begin(const ops_backend *be, pf_op op, pf_mark *m)
     m->t0 = pf_now();
 }
 
-/* per_note: launches per counted launch (the quantised matmul's main kernel is launched
- * outside the counter, one per counted activation-rounding launch). e: the call's result;
- * after a failure nothing is recorded, so the call's error message stays. */
-static void pf_end(const ops_backend *be, pf_mark *m, uint64_t per_note, td_err e)
+/* e: the call's result; after a failure nothing is recorded, so the call's error message
+ * stays. */
+static void pf_end(const ops_backend *be, pf_mark *m, td_err e)
 {
     ops_prof *p = be->prof;
     if (!m->live)
@@ -153,7 +153,7 @@ static void pf_end(const ops_backend *be, pf_mark *m, uint64_t per_note, td_err 
     pf_stat *s = &p->stat[m->op];
     s->calls++;
     s->host_us += host;
-    s->launches += (pf_launches(p) - m->l0) * per_note;
+    s->launches += pf_launches(p) - m->l0;
     if (e != TD_OK) {
         p->lost++;
         return;
@@ -178,13 +178,13 @@ static void pf_end(const ops_backend *be, pf_mark *m, uint64_t per_note, td_err 
 #define PF_IN(be) ((be)->prof->inner)
 
 /* Runs call (an expression using `in`, the inner backend) as op. */
-#define PF_TIMED(op, per_note, call)                                                         \
+#define PF_TIMED(op, call)                                                                   \
     do {                                                                                     \
         const ops_backend *in = PF_IN(be);                                                   \
         pf_mark pf_m_;                                                                       \
         pf_begin(be, op, &pf_m_);                                                            \
         td_err pf_e_ = (call);                                                               \
-        pf_end(be, &pf_m_, per_note, pf_e_);                                                 \
+        pf_end(be, &pf_m_, pf_e_);                                                           \
         return pf_e_;                                                                        \
     } while (0)
 
@@ -200,7 +200,7 @@ static void pf_release(const ops_backend *be, void *p)
 
 static td_err pf_to_device(const ops_backend *be, void *dst, const void *src, size_t bytes)
 {
-    PF_TIMED(PF_TO_DEVICE, 1, in->to_device(in, dst, src, bytes));
+    PF_TIMED(PF_TO_DEVICE, in->to_device(in, dst, src, bytes));
 }
 
 static td_err pf_to_host(const ops_backend *be, void *dst, const void *src, size_t bytes)
@@ -209,7 +209,7 @@ static td_err pf_to_host(const ops_backend *be, void *dst, const void *src, size
     pf_mark m;
     pf_begin(be, PF_TO_HOST, &m);
     td_err e = in->to_host(in, dst, src, bytes);
-    pf_end(be, &m, 1, e);
+    pf_end(be, &m, e);
     /* the download waited for the stream: every pending event has completed */
     if (e == TD_OK && m.live)
         pf_harvest(be->prof);
@@ -218,18 +218,18 @@ static td_err pf_to_host(const ops_backend *be, void *dst, const void *src, size
 
 static td_err pf_copy(const ops_backend *be, void *dst, const void *src, size_t bytes)
 {
-    PF_TIMED(PF_COPY, 1, in->copy(in, dst, src, bytes));
+    PF_TIMED(PF_COPY, in->copy(in, dst, src, bytes));
 }
 
 static td_err pf_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,
                         size_t spitch, size_t width, size_t rows)
 {
-    PF_TIMED(PF_COPY2D, 1, in->copy2d(in, dst, dpitch, src, spitch, width, rows));
+    PF_TIMED(PF_COPY2D, in->copy2d(in, dst, dpitch, src, spitch, width, rows));
 }
 
 static td_err pf_zero(const ops_backend *be, void *p, size_t bytes)
 {
-    PF_TIMED(PF_ZERO, 1, in->zero(in, p, bytes));
+    PF_TIMED(PF_ZERO, in->zero(in, p, bytes));
 }
 
 static td_err pf_sync(const ops_backend *be)
@@ -240,45 +240,46 @@ static td_err pf_sync(const ops_backend *be)
     return e;
 }
 
-static bool pf_quantised(td_dtype t)
-{
-    return t != TD_F32 && t != TD_F16 && t != TD_BF16;
-}
-
 static td_err pf_matmul(const ops_backend *be, float *y, const float *x, const ops_weight *w,
                         int64_t n_tok)
 {
-    PF_TIMED(PF_MATMUL, pf_quantised(w->type) ? 2 : 1, in->matmul(in, y, x, w, n_tok));
+    PF_TIMED(PF_MATMUL, in->matmul(in, y, x, w, n_tok));
+}
+
+static td_err pf_matmul_multi(const ops_backend *be, const float *x, const ops_mm_out *mm, int n,
+                              int64_t n_tok)
+{
+    PF_TIMED(PF_MATMUL_MULTI, in->matmul_multi(in, x, mm, n, n_tok));
 }
 
 static td_err pf_get_rows(const ops_backend *be, float *out, const ops_weight *w,
                           const int32_t *ids, int64_t n)
 {
-    PF_TIMED(PF_GET_ROWS, 1, in->get_rows(in, out, w, ids, n));
+    PF_TIMED(PF_GET_ROWS, in->get_rows(in, out, w, ids, n));
 }
 
 static td_err pf_rmsnorm(const ops_backend *be, float *out, const float *x, const float *w,
                          int64_t n_rows, int64_t dim, int64_t stride, float eps)
 {
-    PF_TIMED(PF_RMSNORM, 1, in->rmsnorm(in, out, x, w, n_rows, dim, stride, eps));
+    PF_TIMED(PF_RMSNORM, in->rmsnorm(in, out, x, w, n_rows, dim, stride, eps));
 }
 
 static td_err pf_l2norm(const ops_backend *be, float *out, const float *x, int64_t n_rows,
                         int64_t dim, int64_t stride, float eps)
 {
-    PF_TIMED(PF_L2NORM, 1, in->l2norm(in, out, x, n_rows, dim, stride, eps));
+    PF_TIMED(PF_L2NORM, in->l2norm(in, out, x, n_rows, dim, stride, eps));
 }
 
 #define PF_BINARY(name, op)                                                                  \
     static td_err pf_##name(const ops_backend *be, float *out, const float *a, const float *b, \
                             int64_t n)                                                       \
     {                                                                                        \
-        PF_TIMED(op, 1, in->name(in, out, a, b, n));                                         \
+        PF_TIMED(op, in->name(in, out, a, b, n));                                            \
     }
 #define PF_UNARY(name, op)                                                                   \
     static td_err pf_##name(const ops_backend *be, float *out, const float *x, int64_t n)    \
     {                                                                                        \
-        PF_TIMED(op, 1, in->name(in, out, x, n));                                            \
+        PF_TIMED(op, in->name(in, out, x, n));                                               \
     }
 PF_BINARY(add, PF_ADD)
 PF_BINARY(mul, PF_MUL)
@@ -289,57 +290,57 @@ PF_UNARY(softplus, PF_SOFTPLUS)
 
 static td_err pf_scale(const ops_backend *be, float *out, const float *x, float s, int64_t n)
 {
-    PF_TIMED(PF_SCALE, 1, in->scale(in, out, x, s, n));
+    PF_TIMED(PF_SCALE, in->scale(in, out, x, s, n));
 }
 
 static td_err pf_rope_neox(const ops_backend *be, float *x, int64_t n_tok, int64_t n_head,
                            int64_t tok_stride, int64_t head_stride, int64_t n_rot,
                            const int32_t *pos, float theta)
 {
-    PF_TIMED(PF_ROPE_NEOX, 1,
+    PF_TIMED(PF_ROPE_NEOX,
              in->rope_neox(in, x, n_tok, n_head, tok_stride, head_stride, n_rot, pos, theta));
 }
 
 static td_err pf_attention(const ops_backend *be, const ops_attn *a)
 {
-    PF_TIMED(PF_ATTENTION, 1, in->attention(in, a));
+    PF_TIMED(PF_ATTENTION, in->attention(in, a));
 }
 
 static td_err pf_conv1d_causal(const ops_backend *be, float *out, float *state, float *state_all,
                                const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                                int64_t n_ch, int64_t k)
 {
-    PF_TIMED(PF_CONV1D, 1,
+    PF_TIMED(PF_CONV1D,
              in->conv1d_causal(in, out, state, state_all, x, x_stride, w, n_tok, n_ch, k));
 }
 
 static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
 {
-    PF_TIMED(PF_DELTA_RULE, 1, in->delta_rule(in, d));
+    PF_TIMED(PF_DELTA_RULE, in->delta_rule(in, d));
 }
 
 static td_err pf_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
                           const float *k, const float *v, const int32_t *rows, int64_t n_tok,
                           int64_t row)
 {
-    PF_TIMED(PF_KV_STORE, 1, in->kv_store(in, k_cache, v_cache, type, k, v, rows, n_tok, row));
+    PF_TIMED(PF_KV_STORE, in->kv_store(in, k_cache, v_cache, type, k, v, rows, n_tok, row));
 }
 
 static td_err pf_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
 {
-    PF_TIMED(PF_TO_F16, 1, in->to_f16(in, out, x, n));
+    PF_TIMED(PF_TO_F16, in->to_f16(in, out, x, n));
 }
 
 static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                              const float *w, int64_t n_rows, int64_t dim, float eps)
 {
-    PF_TIMED(PF_ADD_RMSNORM, 1, in->add_rmsnorm(in, x, h, out, w, n_rows, dim, eps));
+    PF_TIMED(PF_ADD_RMSNORM, in->add_rmsnorm(in, x, h, out, w, n_rows, dim, eps));
 }
 
 static td_err pf_rmsnorm_silu(const ops_backend *be, float *out, const float *x, const float *w,
                               const float *z, int64_t n_rows, int64_t dim, float eps)
 {
-    PF_TIMED(PF_RMSNORM_SILU, 1, in->rmsnorm_silu(in, out, x, w, z, n_rows, dim, eps));
+    PF_TIMED(PF_RMSNORM_SILU, in->rmsnorm_silu(in, out, x, w, z, n_rows, dim, eps));
 }
 
 static td_err pf_delta_prep(const ops_backend *be, float *gb, float *qkv, const float *alpha,
@@ -347,27 +348,27 @@ static td_err pf_delta_prep(const ops_backend *be, float *gb, float *qkv, const 
                             int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
                             int64_t qkv_stride, float eps)
 {
-    PF_TIMED(PF_DELTA_PREP, 1,
+    PF_TIMED(PF_DELTA_PREP,
              in->delta_prep(in, gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head,
                             d_k, qkv_stride, eps));
 }
 
 static td_err pf_softcap(const ops_backend *be, float *out, const float *x, float cap, int64_t n)
 {
-    PF_TIMED(PF_SOFTCAP, 1, in->softcap(in, out, x, cap, n));
+    PF_TIMED(PF_SOFTCAP, in->softcap(in, out, x, cap, n));
 }
 
 static td_err pf_argmax(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,
                         int64_t n)
 {
-    PF_TIMED(PF_ARGMAX, 1, in->argmax(in, idx, x, n_rows, n));
+    PF_TIMED(PF_ARGMAX, in->argmax(in, idx, x, n_rows, n));
 }
 
 static td_err pf_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *result,
                                const float *logits, const int32_t *draft, int64_t n,
                                int64_t n_vocab)
 {
-    PF_TIMED(PF_ACCEPT_GREEDY, 1,
+    PF_TIMED(PF_ACCEPT_GREEDY,
              in->accept_greedy(in, argmax, result, logits, draft, n, n_vocab));
 }
 
@@ -428,6 +429,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->zero = pf_zero;
     b->sync = pf_sync;
     b->matmul = pf_matmul;
+    b->matmul_multi = pf_matmul_multi;
     b->get_rows = pf_get_rows;
     b->rmsnorm = pf_rmsnorm;
     b->l2norm = pf_l2norm;

@@ -71,9 +71,7 @@ void cuda_graph_free(void *graph);
 td_err cuda_graph_prepare(ops_stream st);
 
 /* Kernel launches made by the CUDA twins so far in this process (every launch site of
- * kernels/cuda counts itself; the quantised matmul's main kernel, launched with
- * cudaLaunchKernelEx, is one per activation-rounding launch and is counted by the
- * profiler from that). */
+ * kernels/cuda counts itself). */
 uint64_t cuda_launch_count(void);
 
 #else

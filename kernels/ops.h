@@ -89,6 +89,15 @@ td_err cpu_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_t
  * y must not overlap x. */
 void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok);
 
+#define OPS_MM_GROUP_MAX 16 /* members of one matmul_multi group (the model's are 2-4) */
+
+/* One product of a group of matrices that read the same input (cuda_matmul_multi and the
+ * backend's matmul_multi): y[n_tok][w->rows] = x[n_tok][w->cols] . W^T. */
+typedef struct ops_mm_out {
+    float *y;            /* [n_tok][w->rows]; overlaps neither x nor another y of the group */
+    const ops_weight *w; /* [rows][cols]; cols is the same for every member of a group */
+} ops_mm_out;
+
 #ifdef TANDEM_HAVE_CUDA
 /* CUDA twins of the matrix multiply and the row dequantisers (kernels/cuda/matmul*.cu,
  * layout and reduction order in kernels/cuda/NOTES.md). Every pointer is a device pointer
@@ -106,6 +115,15 @@ void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok);
  * use, so warm a stream up before capturing it in a CUDA graph. */
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                    ops_stream st);
+
+/* cuda_matmul_multi: mm[i].y = x . mm[i].w^T for i < n (1 <= n <= OPS_MM_GROUP_MAX), all
+ * reading x[n_tok][cols]. Each y is bit for bit what cuda_matmul gives; the quantised members
+ * share one activation rounding per layout their kernels read (one per group when they share
+ * the interleave and the kernel kind), so the group costs fewer launches than n cuda_matmul
+ * calls. Errors as cuda_matmul; a type or alignment error is found before anything is
+ * enqueued. */
+td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
+                         ops_stream st);
 
 /* out[n][w->cols] = rows ids[i] of w dequantised, bit-identical to cpu_get_rows. ids [n] are
  * on the device, so a bad id cannot be reported without waiting for the GPU: validate ids on

@@ -396,9 +396,8 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     int64_t hd = hp->head_dim, q_head = hp->attn_gate ? 2 * hd : hd;
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
     float *q = w->a, *k = w->b, *v = w->c;
-    TD_TRY(be->matmul(be, q, w->h, &L->wq, n_tok));
-    TD_TRY(be->matmul(be, k, w->h, &L->wk, n_tok));
-    TD_TRY(be->matmul(be, v, w->h, &L->wv, n_tok));
+    const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
+    TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
     TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
     TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
@@ -438,12 +437,12 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
     float *alpha = w->gb, *beta = w->gb + n_tok * nv;
     float *gb = rec_gb ? rec_gb : w->gb + 2 * n_tok * nv; /* [n_tok][2][nv] */
 
-    TD_TRY(be->matmul(be, raw, w->h, &L->wqkv, n_tok));
+    /* the four projections of h in one call: the GPU rounds h once for the quantised ones */
+    const ops_mm_out proj[] = {
+        {raw, &L->wqkv}, {z, &L->wz}, {alpha, &L->walpha}, {beta, &L->wbeta}};
+    TD_TRY(be->matmul_multi(be, w->h, proj, 4, n_tok));
     TD_TRY(be->conv1d_causal(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
     TD_TRY(be->silu(be, qkv, qkv, n_tok * ch));
-    TD_TRY(be->matmul(be, z, w->h, &L->wz, n_tok));
-    TD_TRY(be->matmul(be, alpha, w->h, &L->walpha, n_tok));
-    TD_TRY(be->matmul(be, beta, w->h, &L->wbeta, n_tok));
     TD_TRY(be->delta_prep(be, gb, qkv, alpha, beta, L->dt_bias, L->ssm_a, n_tok, nv,
                           hp->n_k_head, hp->d_k, ch, hp->eps));
 
@@ -486,8 +485,8 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
             id++;
         }
         TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps));
-        TD_TRY(be->matmul(be, w->ff1, w->h, &L->ffn_gate, n_tok));
-        TD_TRY(be->matmul(be, w->ff2, w->h, &L->ffn_up, n_tok));
+        const ops_mm_out gate_up[] = {{w->ff1, &L->ffn_gate}, {w->ff2, &L->ffn_up}};
+        TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, n_tok));
         TD_TRY(be->swiglu(be, w->ff1, w->ff1, w->ff2, n_tok * hp->n_ff));
         TD_TRY(be->matmul(be, w->h, w->ff1, &L->ffn_down, n_tok));
         if (il + 1 < hp->n_layer)

@@ -1,4 +1,6 @@
 /* The CPU backend: host memory and the cpu_* reference ops behind the backend table. */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +54,35 @@ static td_err be_cpu_matmul(const ops_backend *be, float *y, const float *x, con
 {
     (void)be;
     cpu_matmul(y, x, w, n_tok);
+    return TD_OK;
+}
+
+/* Whether bytes at a and b overlap. */
+static bool be_cpu_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+/* The CPU has nothing to share between the products: one cpu_matmul each. */
+static td_err be_cpu_matmul_multi(const ops_backend *be, const float *x, const ops_mm_out *mm,
+                                  int n, int64_t n_tok)
+{
+    (void)be;
+    TD_ASSERT(x != NULL && mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 1);
+    const size_t x_bytes = (size_t)n_tok * (size_t)mm[0].w->cols * sizeof(float);
+    /* the GPU rounds x once for the group, before any y is written: as separate products
+     * only if no y lies in x or in another y */
+    for (int i = 0; i < n; i++) {
+        TD_ASSERT(mm[i].w != NULL && mm[i].w->cols == mm[0].w->cols);
+        const size_t y_bytes = (size_t)n_tok * (size_t)mm[i].w->rows * sizeof(float);
+        TD_ASSERT(!be_cpu_overlap(mm[i].y, y_bytes, x, x_bytes));
+        for (int j = 0; j < i; j++)
+            TD_ASSERT(!be_cpu_overlap(mm[i].y, y_bytes, mm[j].y,
+                                      (size_t)n_tok * (size_t)mm[j].w->rows * sizeof(float)));
+    }
+    for (int i = 0; i < n; i++)
+        cpu_matmul(mm[i].y, x, mm[i].w, n_tok);
     return TD_OK;
 }
 
@@ -229,6 +260,7 @@ static const ops_backend be_cpu = {
     .zero = be_cpu_zero,
     .sync = be_cpu_sync,
     .matmul = be_cpu_matmul,
+    .matmul_multi = be_cpu_matmul_multi,
     .get_rows = be_cpu_get_rows,
     .rmsnorm = be_cpu_rmsnorm,
     .l2norm = be_cpu_l2norm,

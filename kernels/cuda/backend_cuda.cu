@@ -58,6 +58,12 @@ static td_err be_cuda_matmul(const ops_backend *be, float *y, const float *x, co
     return cuda_matmul(y, x, w, n_tok, be->stream);
 }
 
+static td_err be_cuda_matmul_multi(const ops_backend *be, const float *x, const ops_mm_out *mm,
+                                   int n, int64_t n_tok)
+{
+    return cuda_matmul_multi(x, mm, n, n_tok, be->stream);
+}
+
 static td_err be_cuda_get_rows(const ops_backend *be, float *out, const ops_weight *w,
                                const int32_t *ids, int64_t n)
 {
@@ -232,6 +238,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->zero = be_cuda_zero;
     be->sync = be_cuda_sync;
     be->matmul = be_cuda_matmul;
+    be->matmul_multi = be_cuda_matmul_multi;
     be->get_rows = be_cuda_get_rows;
     be->rmsnorm = be_cuda_rmsnorm;
     be->l2norm = be_cuda_l2norm;

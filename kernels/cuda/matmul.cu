@@ -1,8 +1,10 @@
-/* cuda_matmul: picks the kernel for the weight type and feeds it chunks of up to 64 tokens.
+/* cuda_matmul and cuda_matmul_multi: pick the kernel for each weight type and feed it chunks
+ * of up to 64 tokens.
  *
- * Quantised weights (matmul_quant.cu) take 16-bit integer activations: this file rounds each
- * token's inputs per 256 values (mm_xquant) into a per-stream scratch buffer, then launches
- * the tensor-core kernel. F32 weights (matmul_float.cu) and F16/BF16 weights
+ * Quantised weights (matmul_quant.cu, matmul_decode.cu) take 16-bit integer activations:
+ * this file rounds each token's inputs per 256 values (mm_xquant) into a per-stream scratch
+ * buffer, then launches the matmul kernel; matrices of a group that read the same x share
+ * one rounding per layout. F32 weights (matmul_float.cu) and F16/BF16 weights
  * (matmul_float_mma.cu) take x as it is. */
 #include <math.h>
 #include <pthread.h>
@@ -166,8 +168,9 @@ int pad_tokens(int n)
 /* --- scratch ------------------------------------------------------------------------------ */
 
 /* One buffer per (device, stream), grown on demand and kept for the process: work on one
- * stream is ordered, so a buffer is never used by two matmuls at once, and streams running
- * side by side never share one. Growing frees the old buffer (cudaFree waits for the device),
+ * stream is ordered, so a rounding never overwrites it while a matmul still reads it (the
+ * argument for programmatic launches is at matmul_quant_group), and streams running side by
+ * side never share one. Growing frees the old buffer (cudaFree waits for the device),
  * so warm up before capturing a CUDA graph. */
 #define MM_SCRATCH_SLOTS 64
 
@@ -177,9 +180,10 @@ typedef struct mm_scratch {
     void *buf;        /* device memory */
     size_t cap;       /* bytes */
     bool used;
-    /* cuda_launches right after this stream's last rounding launch: still equal at the next
-     * call means no counted kernel ran in between (on any stream), so the kernel before the
-     * next rounding is that quantised matmul, which lets dependents launch early */
+    /* cuda_launches right after this stream's last quantised matmul kernel launch: still
+     * equal at the next rounding means no counted kernel was launched in between (on any
+     * stream), so the kernel before that rounding is this matmul kernel, which lets its
+     * dependents launch early */
     unsigned long long mm_mark;
 } mm_scratch;
 
@@ -267,82 +271,189 @@ int mmd_choice(void)
     return c;
 }
 
-td_err matmul_quant(float *y, const float *x, const ops_weight *w, int64_t n_tok,
-                    cudaStream_t st)
+/* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
+ * activations that kernel reads. */
+struct mm_plan {
+    bool decode; /* the single-token kernel (matmul_decode.cu), else the tensor-core kernel */
+    int unit;    /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
+    bool placed; /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
+};
+
+/* The single-token choice for w on a chunk of nc tokens. */
+mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
 {
-    if (((uintptr_t)w->data & 15) != 0)
-        return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
-                       dtype_name(w->type), w->data);
+    const int choice = mmd_choice();
+    const bool decode = nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
+                        (choice == MMD_REGS || mmd_preferred(w, dev));
+    return mm_plan{decode, mmq_unit(w->type), decode && mmd_placed(w->type)};
+}
+
+/* Whether two plans read the same rounded activations, so that one rounding serves both. */
+bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
+{
+    return a.unit == b.unit && a.placed == b.placed;
+}
+
+/* Rounds the chunk xc[q.n_tok][cols] into q's buffers in the layout p's kernel reads. */
+td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const float *xc,
+                    int64_t cols, int nc, int n_pad, bool pdl, cudaStream_t st)
+{
+    const int64_t warps = (int64_t)n_pad * ((cols + MM_XBLOCK - 1) / MM_XBLOCK);
+    const int64_t blocks = (warps + 7) / 8;
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
+    if (p.unit == 4 && p.placed)
+        return xquant_launch<4, true>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
+    if (p.unit == 4)
+        return xquant_launch<4, false>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
+    if (p.placed)
+        return xquant_launch<8, true>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
+    return xquant_launch<8, false>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
+}
+
+/* The matmul kernel p picked, over one rounded chunk; counted as one launch. */
+td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const mm_plan &p,
+                     const mm_device *dev, cudaStream_t st)
+{
+    TD_TRY(p.decode ? mmd_launch(yc, q, w, dev, st) : mmq_launch(yc, q, w, dev, st));
+    cuda_launch_note(1);
+    return TD_OK;
+}
+
+/* The quantised members qi[nq] of a group over x[n_tok][cols]: per chunk, one rounding per
+ * layout the members' kernels read, each followed by the kernels of every member that reads
+ * it (in group order otherwise; no result depends on the order).
+ *
+ * Why one scratch buffer is enough although the next rounding on this stream may be launched
+ * early (a programmatic dependent) and overwrites what several kernels read: completion is
+ * transitive along the stream. Every matmul kernel waits for the kernel launched before it
+ * to complete (mm_wait_dependencies, in at least one thread of the grid, before it reads the
+ * scratch), so it cannot complete before that one has; a kernel launched without the
+ * attribute starts only after the one before it has completed. The rounding waits likewise
+ * before writing, so when it writes, the kernel just before it has completed, hence every
+ * earlier kernel on the stream, including all that read the previous rounding. A kernel
+ * added to the dispatch must keep this (any kernel reading the scratch already has to wait
+ * before it reads). Between two kernels of a group the wait costs nothing it did not cost
+ * before: each was launched early and streams its first weights during its predecessor's
+ * tail. */
+td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, int nq,
+                          int64_t n_tok, cudaStream_t st)
+{
     int ordinal = 0, major = 0;
     mm_device dev = {0, false};
     CUDA_TRY(cudaGetDevice(&ordinal));
     CUDA_TRY(cudaDeviceGetAttribute(&dev.n_sm, cudaDevAttrMultiProcessorCount, ordinal));
     CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
     dev.pdl = major >= 9;
+    const int64_t cols = mm[qi[0]].w->cols;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;
     mm_scratch *slot = NULL;
-    TD_TRY(scratch_get(st, xq_layout_of(w->cols, pad_max).bytes, &buf, &slot));
+    TD_TRY(scratch_get(st, xq_layout_of(cols, pad_max).bytes, &buf, &slot));
     for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
         const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
         const int n_pad = pad_tokens(nc);
-        const xq_layout o = xq_layout_of(w->cols, n_pad);
+        const xq_layout o = xq_layout_of(cols, n_pad);
         int8_t *xq = (int8_t *)buf;
         float *xd = (float *)((uint8_t *)buf + o.xd);
         int8_t *xsum = (int8_t *)buf + o.xsum;
-        const int64_t warps = (int64_t)n_pad * ((w->cols + MM_XBLOCK - 1) / MM_XBLOCK);
-        const int64_t blocks = (warps + 7) / 8;
-        const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
-        const float *xc = x + (size_t)t0 * w->cols;
-        const int choice = mmd_choice();
-        const bool decode = nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
-                            (choice == MMD_REGS || mmd_preferred(w, &dev));
-        const bool placed = decode && mmd_placed(w->type); /* see mm_decode_unit_pos */
-        /* only right after this stream's previous quantised matmul (slot->mm_mark) */
-        const bool pdl_x =
-            dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
-        if (mmq_unit(w->type) == 4 && placed)
-            TD_TRY((xquant_launch<4, true>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
-                                           st)));
-        else if (mmq_unit(w->type) == 4)
-            TD_TRY((xquant_launch<4, false>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
-                                            st)));
-        else if (placed)
-            TD_TRY((xquant_launch<8, true>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc, n_pad,
-                                           st)));
-        else
-            TD_TRY((xquant_launch<8, false>(grid, pdl_x, xq, xd, xsum, xc, w->cols, nc,
-                                            n_pad, st)));
-        slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
-        float *yc = y + (size_t)t0 * w->rows;
-        TD_TRY(decode ? mmd_launch(yc, &q, w, &dev, st) : mmq_launch(yc, &q, w, &dev, st));
+        mm_plan plan[OPS_MM_GROUP_MAX];
+        bool done[OPS_MM_GROUP_MAX] = {};
+        for (int i = 0; i < nq; i++)
+            plan[i] = plan_of(mm[qi[i]].w, nc, &dev);
+        for (int i = 0; i < nq; i++) {
+            if (done[i])
+                continue;
+            /* only right after this stream's previous quantised matmul kernel (mm_mark) */
+            const bool pdl_x =
+                dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
+            TD_TRY(round_launch(plan[i], xq, xd, xsum, x + (size_t)t0 * cols, cols, nc, n_pad,
+                                pdl_x, st));
+            for (int j = i; j < nq; j++) {
+                if (done[j] || !plan_shares_rounding(plan[i], plan[j]))
+                    continue;
+                const ops_weight *w = mm[qi[j]].w;
+                TD_TRY(kernel_launch(mm[qi[j]].y + (size_t)t0 * w->rows, &q, w, plan[j], &dev,
+                                     st));
+                done[j] = true;
+            }
+            slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
+        }
     }
     return TD_OK;
 }
 
+bool is_float_type(td_dtype t)
+{
+    return t == TD_F32 || t == TD_F16 || t == TD_BF16;
+}
+
+/* F32/F16/BF16 weights meet x as it is, 64 tokens per launch. */
+td_err matmul_float(float *y, const float *x, const ops_weight *w, int64_t n_tok,
+                    cudaStream_t st)
+{
+    for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
+        const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
+        float *yc = y + (size_t)t0 * w->rows;
+        const float *xc = x + (size_t)t0 * w->cols;
+        TD_TRY(w->type == TD_F32 ? mmf_launch(yc, xc, w, nc, st)
+                                 : mmh_launch(yc, xc, w, nc, st));
+    }
+    return TD_OK;
+}
+
+/* Whether bytes at a and b overlap. */
+bool spans_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    const uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
 } /* namespace */
+
+td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
+                         ops_stream st)
+{
+    TD_ASSERT(x != NULL && mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 1);
+    const int64_t cols = mm[0].w ? mm[0].w->cols : 0;
+    int qi[OPS_MM_GROUP_MAX], nq = 0;
+    for (int i = 0; i < n; i++) {
+        const ops_weight *w = mm[i].w;
+        TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
+        TD_ASSERT(w->rows >= 1 && w->cols >= 1 && w->cols == cols);
+        if (!ops_type_supported(w->type))
+            return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
+                           dtype_name(w->type), (int)w->type);
+        TD_ASSERT(w->cols % dtype_get(w->type)->block == 0); /* ops_weight_init checked */
+        if (is_float_type(w->type))
+            continue;
+        if (((uintptr_t)w->data & 15) != 0)
+            return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
+                           dtype_name(w->type), w->data);
+        qi[nq++] = i;
+    }
+    /* a y inside x, or two ys sharing memory, would make the group differ from separate
+     * calls (x is rounded once, before any y is written) */
+    for (int i = 0; i < n && n > 1; i++) {
+        const size_t yb = (size_t)n_tok * (size_t)mm[i].w->rows * sizeof(float);
+        TD_ASSERT(!spans_overlap(mm[i].y, yb, x, (size_t)n_tok * (size_t)cols * sizeof(float)));
+        for (int j = i + 1; j < n; j++)
+            TD_ASSERT(!spans_overlap(mm[i].y, yb, mm[j].y,
+                                     (size_t)n_tok * (size_t)mm[j].w->rows * sizeof(float)));
+    }
+    cudaStream_t cs = (cudaStream_t)st;
+    if (nq)
+        TD_TRY(matmul_quant_group(x, mm, qi, nq, n_tok, cs));
+    for (int i = 0; i < n; i++)
+        if (is_float_type(mm[i].w->type))
+            TD_TRY(matmul_float(mm[i].y, x, mm[i].w, n_tok, cs));
+    return TD_OK;
+}
 
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                    ops_stream st)
 {
-    TD_ASSERT(y != NULL && x != NULL && w != NULL && w->data != NULL);
-    TD_ASSERT(n_tok >= 1 && w->rows >= 1 && w->cols >= 1);
-    if (!ops_type_supported(w->type))
-        return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
-                       dtype_name(w->type), (int)w->type);
-    const dtype_info *info = dtype_get(w->type);
-    TD_ASSERT(w->cols % info->block == 0); /* ops_weight_init checked */
-    cudaStream_t cs = (cudaStream_t)st;
-    if (w->type == TD_F32 || w->type == TD_F16 || w->type == TD_BF16) {
-        for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
-            const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
-            float *yc = y + (size_t)t0 * w->rows;
-            const float *xc = x + (size_t)t0 * w->cols;
-            TD_TRY(w->type == TD_F32 ? mmf_launch(yc, xc, w, nc, cs)
-                                     : mmh_launch(yc, xc, w, nc, cs));
-        }
-        return TD_OK;
-    }
-    return matmul_quant(y, x, w, n_tok, cs);
+    TD_ASSERT(y != NULL && w != NULL);
+    const ops_mm_out one = {y, w};
+    return cuda_matmul_multi(x, &one, 1, n_tok, st);
 }
