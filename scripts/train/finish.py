@@ -1,31 +1,38 @@
 #!/usr/bin/env python3
-"""Step 4 of the demo pair, on this machine after the GPU run: the GGUF target, models/demo and
+"""Step 5 of the demo pair, on this machine after the GPU run: the GGUF target, models/demo and
 the evaluation. finish.sh builds `tandem` and calls this.
 
     python3 scripts/train/finish.py OUTDIR --tandem BUILD/tandem [--dest models/demo]
         [--target F.gguf] [--results scripts/train/RESULTS.md] [--prompts 50] [-n 128]
         [--smoke] [--force]
 
-OUTDIR is what run_all.sh wrote: meta.tar (configs, vocabulary, evaluation prompts, metrics),
-drafter/model.safetensors and, when the target was trained too, target/model-*.safetensors.
-1. A trained target is converted with scripts/convert_hf_to_gguf.py to the first of q8_0,
-   q6_k, q4_k_m whose file is at most 16 MB -> DEST/demo.gguf (tokenizer pre `qwen2`, the
-   regex the vocabulary was trained with). A drafter trained for a GGUF target
-   (`run_all.sh --target F.gguf`) gets that file, found by name in DEST (or --target) and
-   refused unless its sha256 is the one the run trained against; it is copied to DEST when
-   it lives elsewhere. The drafter is evaluated from a staging folder and goes to
-   DEST/drafter/ only when it passes (bar met, outputs identical, reference check), or with
-   --smoke or --force.
-2. Checks: the training module of the drafter gives the same logits as scripts/dflash_ref.py
-   (the reference tandem's C drafter is tested against) on the exported weights; the GGUF's
-   top-1 token at every position of a held-out prompt (`tandem logits`) agrees with the
-   PyTorch target the drafter's features came from (the trained checkpoint, or the GGUF
-   dequantised by gguf_target.py).
+OUTDIR is what run_all.sh wrote: meta.tar (configs, vocabulary, evaluation prompts, metrics,
+the GGUF target's name and sha256), drafter/model.safetensors unless the run stopped after the
+target, and demo.gguf when it trained the target.
+1. The target: the GGUF the drafter was trained for, found by name in OUTDIR (a from-scratch
+   run converted its target there), else in DEST, or the file --target names (the two-command
+   form: `finish.sh OUT2 --target OUT/demo.gguf`); refused unless its sha256 is the one the run
+   recorded. A run whose conversion did not happen left the bf16 checkpoint (target/ shards):
+   it is converted here by convert_target.gguf_convert, the rule the run uses (the first of
+   q8_0, q6_k, q4_k_m whose file is at most 16 MB). The target goes to DEST/demo.gguf; a
+   DEST/drafter trained for the demo.gguf it replaces is removed with it.
+2. Checks: the GGUF's top-1 token at every position of a held-out prompt (`tandem logits`)
+   agrees with the PyTorch target the drafter's features came from (the GGUF dequantised by
+   gguf_target.py, or the bf16 checkpoint); the training module of the drafter gives the same
+   logits as scripts/dflash_ref.py (the reference tandem's C drafter is tested against) on the
+   exported weights.
 3. Evaluation on held-out code prefixes: `tandem generate ... -n N --ignore-eos` with and
    without the drafter (greedy): acceptance length (bar: mean >= 4), tokens/s of both, and
    whether both outputs are identical (they must be: speculative decoding is lossless); and
    the acceptance length when generation stops at <|endoftext|> as a user's would.
-   Results go to RESULTS; a few continuations are printed.
+   Results go to RESULTS; a few continuations are printed. The drafter is evaluated from a
+   staging folder and goes to DEST/drafter/ only when it passes (bar met, outputs identical,
+   reference check), or with --smoke or --force.
+An OUTDIR of `run_all.sh --stop-after target` has no drafter: the target is checked (top-1
+agreement at least AGREE) and installed, one plain continuation is printed, the drafter's
+evaluation is skipped and RESULTS is left as it is. RESULTS describes the target's training
+when OUTDIR's meta.tar (or that of the --stop-after run whose demo.gguf --target names)
+holds its metrics.
 """
 from __future__ import annotations
 
@@ -50,10 +57,10 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from convert_target import LIMIT, NAME, gguf_convert  # noqa: E402
 
-LIMIT = 16_000_000          # bytes a file of models/demo may have
-QTYPES = ["q8_0", "q6_k", "q4_k_m"]
 BAR = 4.0                   # mean acceptance length the drafter must reach
+AGREE = 0.95                # least top-1 agreement of a target installed without a drafter
 STATS = re.compile(r"generated (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); steps (\d+), "
                    r"acceptance length ([\d.]+)")
 
@@ -75,21 +82,52 @@ def stage(outdir: pathlib.Path, tmp: pathlib.Path) -> pathlib.Path:
     return meta
 
 
-def gguf_target_place(want: dict, given: str | None, dest: pathlib.Path) -> pathlib.Path:
-    """DEST/<name> (or `given`) when its sha256 is the one the drafter was trained against;
-    copied to DEST/demo.gguf when it lives elsewhere. Returns the file to evaluate."""
-    src = pathlib.Path(given) if given else dest / want["file"]
-    if not src.is_file():
+def target_find(want: dict, outdir: pathlib.Path, given: str | None,
+                dest: pathlib.Path) -> pathlib.Path:
+    """The GGUF file the run trained for: `given`, else OUTDIR/<name>, else DEST/<name>;
+    refused unless its sha256 is the one the run recorded."""
+    places = [pathlib.Path(given)] if given else [outdir / want["file"], dest / want["file"]]
+    src = next((f for f in places if f.is_file()), None)
+    if src is None:
         raise SystemExit(f"finish: the drafter was trained for {want['file']}; no such file at "
-                         f"{src} (--target names it)")
+                         f"{' or '.join(map(str, places))} (--target names it)")
     got = hashlib.sha256(src.read_bytes()).hexdigest()
     if got != want["sha256"]:
-        raise SystemExit(f"finish: {src} is not the GGUF the drafter was trained for (sha256 "
+        raise SystemExit(f"finish: {src} is not the GGUF the run trained for (sha256 "
                          f"{got[:16]}..., want {want['sha256'][:16]}...)")
-    out = dest / "demo.gguf"
-    if not out.exists() or not out.samefile(src):
-        shutil.copyfile(src, out)
+    return src
+
+
+def target_install(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """src as DEST/demo.gguf. A drafter in DEST that was trained for another demo.gguf goes:
+    DEST never holds a pair that does not belong together."""
+    out = dest / NAME
+    if out.exists() and out.samefile(src):
+        return out
+    if out.exists() and out.read_bytes() != src.read_bytes() and (dest / "drafter").exists():
+        shutil.rmtree(dest / "drafter")
+        say(f"removed {dest / 'drafter'}: it was trained for the {NAME} replaced now")
+    shutil.copyfile(src, out)
     return out
+
+
+def target_run(outdir: pathlib.Path, meta: pathlib.Path, gguf_src: pathlib.Path,
+               sha256: str) -> tuple[dict, dict, bool] | None:
+    """(target_metrics, data, whether that is another run's) of the run that trained the
+    target: this OUTDIR's, or that of the `--stop-after target` OUTDIR the GGUF came from (its
+    meta.tar next to it); None for a target trained elsewhere (the shipped one)."""
+    if (meta / "target_metrics.json").is_file():
+        return (json.loads((meta / "target_metrics.json").read_text()),
+                json.loads((meta / "data.json").read_text()), False)
+    tar = gguf_src.parent / "meta.tar"
+    if gguf_src.parent.resolve() == outdir.resolve() or not tar.is_file():
+        return None
+    with tarfile.open(tar) as tf:
+        names = {m.name.removeprefix("./"): m for m in tf.getmembers()}
+        if "target_metrics.json" not in names or "data.json" not in names:
+            return None
+        got = [json.load(tf.extractfile(names[n])) for n in ("target_metrics.json", "data.json")]
+    return (*got, True) if (got[1].get("target") or {}).get("sha256") == sha256 else None
 
 
 def gguf_qtype(path: pathlib.Path) -> str:
@@ -98,20 +136,6 @@ def gguf_qtype(path: pathlib.Path) -> str:
     r = gguf.GGUFReader(str(path))
     ft = int(r.fields["general.file_type"].contents())
     return gguf.LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
-
-
-def convert(ckpt: pathlib.Path, dest: pathlib.Path) -> str:
-    import convert_hf_to_gguf as conv
-    tmp = dest / "demo.gguf.tmp"
-    for qtype in QTYPES:
-        conv.convert(ckpt, tmp, qtype, name="tandem-demo", pre="qwen2")
-        size = tmp.stat().st_size
-        say(f"{qtype}: {size / 1e6:.2f} MB")
-        if size <= LIMIT:
-            os.replace(tmp, dest / "demo.gguf")
-            return qtype
-    tmp.unlink()
-    raise SystemExit(f"finish: no output type gives a GGUF of at most {LIMIT} bytes")
 
 
 def hf_target(ckpt: pathlib.Path):
@@ -205,8 +229,8 @@ def num(d: dict, key: str, fmt: str, scale: float = 1.0) -> str:
 
 
 def training_text(r: dict) -> str:
-    """The training section of RESULTS.md: what the GPU run did."""
-    d, tm, dm = r["data"], r["target_metrics"], r["drafter_metrics"]
+    """The training section of RESULTS.md: what the GPU run(s) did."""
+    d, dm = r["data"], r["drafter_metrics"]
     drafter = f"""- Drafter: DFlash, {num(dm, 'params', '.2f', 1e6)}M parameters, {num(dm, 'steps', 'd')} steps on
   {num(dm, 'continuations', 'd')} greedy continuations
   ({num(dm, 'generated_tokens', '.2f', 1e6)}M tokens) of the target, from
@@ -214,8 +238,8 @@ def training_text(r: dict) -> str:
   {num(dm, 'heldout_acceptance_loop', '.2f')} (the speculative loop replayed over
   {num(dm, 'validation_continuations', 'd')} continuations of held-out files),
   {num(dm, 'heldout_acceptance_teacher_forced', '.2f')} averaged over all anchors."""
-    if d.get("target"):
-        t = d["target"]
+    t = d.get("target")
+    if t and not r["target_run"]:
         return f"""- Target: `{t['file']}` as shipped (sha256 `{t['sha256'][:16]}...`,
   {r['target_params'] / 1e6:.2f}M parameters), not trained in this run: the drafter learnt from
   its greedy continuations and tap features computed by the file's own weights, dequantised into
@@ -224,13 +248,22 @@ def training_text(r: dict) -> str:
   library and site-packages; {d['held_out_files']} files held out (the evaluation prompts below
   and the drafter's validation prompts come from them).
 """ + drafter
-    return f"""- Data: {d['train_files']} training files of Python source ({d['train_chars'] / 1e6:.1f} MB,
-  {d['train_tokens'] / 1e6:.1f}M tokens) from Python {d['python']}'s standard library and
-  site-packages; {d['held_out_files']} files held out (evaluation prompts below come from them).
+    tm, td, separate = r["target_run"] or (r["target_metrics"], d, False)
+    text = f"""- Data: {td['train_files']} training files of Python source ({td['train_chars'] / 1e6:.1f} MB,
+  {td['train_tokens'] / 1e6:.1f}M tokens) from Python {td['python']}'s standard library and
+  site-packages; {td['held_out_files']} files held out (evaluation prompts below come from them).
 - Target: Qwen3_5ForCausalLM, {num(tm, 'params', '.2f', 1e6)}M parameters,
   {num(tm, 'steps', 'd')} steps, {num(tm, 'tokens', '.0f', 1e6)}M tokens seen, held-out loss
   {num(tm, 'heldout_loss', '.3f')} nats/token.
-""" + drafter
+"""
+    if t:
+        where = ("by `run_all.sh --stop-after target` (the drafter: a `--target` run)"
+                 if separate else "in the same run")
+        text += f"""  Converted {where} to {r['qtype']} (`{t['file']}`, sha256
+  `{t['sha256'][:16]}...`): the drafter learnt from the greedy continuations and tap features
+  of that file's own weights, dequantised into transformers (`scripts/train/gguf_target.py`).
+"""
+    return text + drafter
 
 
 def results_write(path: pathlib.Path, r: dict) -> None:
@@ -298,12 +331,53 @@ the first `<|endoftext|>` (tokens generated in brackets), as `tandem generate` d
     path.write_text(text, encoding="utf-8")
 
 
+def target_of(outdir: pathlib.Path, meta: pathlib.Path, data: dict, given: str | None,
+              dest: pathlib.Path, tmp: pathlib.Path):
+    """(the GGUF target's file, the PyTorch target the drafter learnt from, its tokenizer,
+    (target_metrics, data) of the run that trained it or None)."""
+    if data.get("target"):
+        from gguf_target import target_load, tokenizer_of
+        src = target_find(data["target"], outdir, given, dest)
+        model, gmeta = target_load(src, attn="eager")
+        return (src, model, tokenizer_of(gmeta),
+                target_run(outdir, meta, src, data["target"]["sha256"]))
+    from tokenizers import Tokenizer        # the run did not convert it: the bf16 checkpoint
+    if not (meta / "target" / "config.json").is_file():
+        raise SystemExit(f"finish: {outdir} has neither a GGUF target nor a trained one")
+    qtype = gguf_convert(meta / "target", tmp, say)
+    say(f"converted the checkpoint in {outdir / 'target'} to {qtype}")
+    return (tmp / NAME, hf_target(meta / "target"),
+            Tokenizer.from_file(str(meta / "target" / "tokenizer.json")), None)
+
+
+def target_only(args, src: pathlib.Path, dest: pathlib.Path, model, tok, data: dict) -> int:
+    """An OUTDIR without a drafter (`run_all.sh --stop-after target`): checks the target and
+    installs it when its top-1 tokens agree with the PyTorch target's."""
+    p = data["prompts"][0]
+    ids = tok.encode(p["prompt"], add_special_tokens=False).ids
+    agree = logits_check(args.tandem, src, model, ids)
+    g = generate(args.tandem, src, None, p["prompt"], args.n)
+    print(f"\n==== {p['file']} ====\n" + "\n".join(p["prompt"].rstrip("\n").split("\n")[-6:])
+          + f"\n---- generated ----\n{tok.decode(g['ids'], skip_special_tokens=False)}")
+    say(f"{src} ({gguf_qtype(src)}, {src.stat().st_size / 1e6:.2f} MB): GGUF top-1 agreement "
+        f"{100 * agree:.1f}% over {len(ids)} tokens (at least {100 * AGREE:g}% installs it); "
+        f"{g['tok_s']:.1f} tok/s greedy")
+    say(f"no drafter in {args.outdir} (a run_all.sh --stop-after target run): the drafter's "
+        f"evaluation is skipped and {args.results} is left as it is; its drafter: run_all.sh "
+        f"OUT2 --target {src}, then finish.sh OUT2 --target that file")
+    if agree < AGREE and not args.force:
+        say(f"the target is not installed in {dest} (--force installs it)")
+        return 1
+    say(f"installed the target as {target_install(src, dest)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("--tandem", required=True)
     ap.add_argument("--dest", default=str(ROOT / "models" / "demo"))
-    ap.add_argument("--target", help="the GGUF a --target run trained for (default: in DEST)")
+    ap.add_argument("--target", help="the GGUF the run trained for (default: in OUTDIR, DEST)")
     ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("-n", type=int, default=128)
@@ -314,37 +388,33 @@ def main() -> int:
     torch.set_num_threads(1)
     outdir, dest = pathlib.Path(args.outdir), pathlib.Path(args.dest)
     dest.mkdir(parents=True, exist_ok=True)
-    staged = tempfile.TemporaryDirectory()      # the drafter under evaluation
-    draft = pathlib.Path(staged.name) / "drafter"
+    work = tempfile.TemporaryDirectory()     # meta.tar unpacked, the drafter under evaluation
+    tmp = pathlib.Path(work.name)
+    meta = stage(outdir, tmp)
+    data = json.loads((meta / "data.json").read_text())
+    src, model, tok, run = target_of(outdir, meta, data, args.target, dest, tmp)
+    if src.stat().st_size > LIMIT:
+        raise SystemExit(f"finish: {src} is larger than {LIMIT} bytes")
+    if not (outdir / "drafter" / "model.safetensors").is_file():
+        rc = target_only(args, src, dest, model, tok, data)
+        work.cleanup()
+        return rc
+    gguf_path = target_install(src, dest)
+    qtype = gguf_qtype(gguf_path)
+    draft = tmp / "drafter"
     draft.mkdir()
-    from gguf_target import target_load, tokenizer_of
-    with tempfile.TemporaryDirectory() as tmp:
-        meta = stage(outdir, pathlib.Path(tmp))
-        data = json.loads((meta / "data.json").read_text())
-        if data.get("target"):
-            gguf_path = gguf_target_place(data["target"], args.target, dest)
-            qtype = gguf_qtype(gguf_path)
-            model, gmeta = target_load(gguf_path, attn="eager")
-            tok = tokenizer_of(gmeta)
-        else:
-            from tokenizers import Tokenizer
-            qtype = convert(meta / "target", dest)
-            gguf_path = dest / "demo.gguf"
-            tok = Tokenizer.from_file(str(meta / "target" / "tokenizer.json"))
-            model = hf_target(meta / "target")
-        shutil.copyfile(meta / "drafter" / "config.json", draft / "config.json")
-        shutil.copyfile(outdir / "drafter" / "model.safetensors", draft / "model.safetensors")
-        for f in (gguf_path, draft / "model.safetensors"):
-            if f.stat().st_size > LIMIT:
-                raise SystemExit(f"finish: {f} is larger than {LIMIT} bytes")
-        metrics = {k: json.loads((meta / f"{k}.json").read_text())
-                   if (meta / f"{k}.json").is_file() else {}
-                   for k in ("target_metrics", "drafter_metrics")}
+    shutil.copyfile(meta / "drafter" / "config.json", draft / "config.json")
+    shutil.copyfile(outdir / "drafter" / "model.safetensors", draft / "model.safetensors")
+    if (draft / "model.safetensors").stat().st_size > LIMIT:
+        raise SystemExit(f"finish: {outdir / 'drafter'} is larger than {LIMIT} bytes")
+    metrics = {k: json.loads((meta / f"{k}.json").read_text())
+               if (meta / f"{k}.json").is_file() else {}
+               for k in ("target_metrics", "drafter_metrics")}
     prompts = data["prompts"][:args.prompts]
     ids0 = tok.encode(prompts[0]["prompt"], add_special_tokens=False).ids
     r = {"qtype": qtype, "gguf_bytes": gguf_path.stat().st_size,
          "drafter_bytes": (draft / "model.safetensors").stat().st_size,
-         "data": data, "n": args.n, **metrics,
+         "data": data, "n": args.n, **metrics, "target_run": run,
          "target_params": sum(p.numel() for p in model.parameters()),
          "drafter_check": drafter_check(model, draft, ids0[:64]),
          "logits_check": logits_check(args.tandem, gguf_path, model, ids0),
@@ -388,7 +458,7 @@ def main() -> int:
         say(f"installed the drafter in {dest / 'drafter'}")
     else:
         say(f"the drafter is not installed in {dest / 'drafter'} (--force installs it)")
-    staged.cleanup()
+    work.cleanup()
     return 0 if ok else 1
 
 

@@ -31,7 +31,8 @@ With a deadline, the file walk and the tokenising stop early (logged) rather tha
 Writes to WORK: prompts.npz (the drafter's prompts: train_ids/train_off, val_ids/val_off as
 token ids and row offsets), train.npy and eval.npy (from scratch only: uint16 token streams,
 each file followed by <|endoftext|>), and to WORK/meta: data.json (the file counts, the
-target GGUF's name and sha256, the evaluation prompts) and, from scratch,
+target GGUF's name and sha256, which convert_target.py adds from scratch, the evaluation
+prompts) and, from scratch,
 target/tokenizer.json, target/tokenizer_config.json, target/chat_template.jinja.
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 import sizes as S  # noqa: E402
 import util  # noqa: E402
+from convert_target import gguf_describe  # noqa: E402
 from train_tokenizer import REGEX, tokenizer_build  # noqa: E402  (Qwen's pre-tokeniser etc.)
 
 STEP = "prepare"
@@ -200,12 +202,6 @@ def tokenizer_config(s: dict) -> dict:
             "clean_up_tokenization_spaces": False}
 
 
-def target_describe(path: pathlib.Path) -> dict:
-    """What identifies a GGUF target: finish.py refuses a drafter trained for another file."""
-    return {"file": path.name, "bytes": path.stat().st_size,
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("work")
@@ -275,7 +271,7 @@ def main() -> int:
         "train_chars": n_train_chars, "train_tokens": None, "eval_tokens": None,
         "drafter_prompts": len(train_texts), "drafter_val_prompts": len(val_texts),
         "file_list_sha256": hashlib.sha256("\n".join(f for f, _ in files).encode()).hexdigest(),
-        "target": target_describe(pathlib.Path(args.target)) if args.target else None,
+        "target": gguf_describe(pathlib.Path(args.target)) if args.target else None,
         "prompts": prompts,
     }
     if not args.target:

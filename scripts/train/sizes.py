@@ -8,9 +8,12 @@ that its Q8_0 GGUF stays under 16 MB: hidden 384 is not a multiple of 256, so K-
 fall back to Q8_0 anyway, and Q8_0 keeps the GGUF target's greedy choices close to the trained
 one, which the drafter was trained to imitate.
 
-With `--target FILE.gguf` only the drafter is trained, against that file's target (the shipped
-models/demo/demo.gguf): the vocabulary comes from the file, nothing is trained for the target,
-and the drafter step gets the whole budget after the data (GGUF_DEADLINES).
+The drafter always learns from a GGUF target, the very weights tandem verifies with. From
+scratch, the trained target is converted in the run (convert_target.py) and the drafter step
+then gets as much time as with `--target FILE.gguf`, where only the drafter is trained, against
+that file's target (the shipped models/demo/demo.gguf): `budget - gguf_prepare_until` seconds.
+So the from-scratch run takes `convert_until + budget - gguf_prepare_until` seconds
+(deadlines()); `--stop-after target` ends it at `convert_until`.
 """
 from __future__ import annotations
 
@@ -72,12 +75,13 @@ FULL = dict(
     d_batch=128, anchors=32,
     d_lr=1.5e-3, d_warmup=100,
     # wall-clock shares of the run (seconds from the start of run_all.sh)
-    budget=540,                   # whole run (the device allows 600 s a command)
-    prepare_until=105,            # data + vocabulary + tokenising done by then
-    target_until=345,             # target training (and its export) done by then
-    gen_share=0.30,               # share of the drafter step's time spent generating
+    budget=540,                   # --target FILE.gguf run (the device allows 600 s a command)
     gguf_prepare_until=60,        # --target FILE.gguf: prompts done by then, then the drafter
-    gguf_gen_share=0.25,          # --target FILE.gguf: share of the drafter step generating
+    gguf_gen_share=0.25,          # share of the drafter step's time spent generating
+    prepare_until=105,            # from scratch: data + vocabulary + tokenising done by then
+    target_until=345,             # target training (and its export) done by then
+    convert_until=375,            # the target's GGUF written by then; the drafter step follows
+                                  # with budget - gguf_prepare_until seconds
 )
 
 SMOKE = dict(
@@ -92,7 +96,7 @@ SMOKE = dict(
     gen_batch=8, gen_new=48, feat_gb=1.0,
     d_layers=1, d_heads=2, d_kv_heads=1, d_head_dim=32, d_ffn=128, taps=[1, 3],
     d_batch=8, anchors=16, d_warmup=5,
-    budget=300, prepare_until=60, target_until=150, gguf_prepare_until=90,
+    budget=300, gguf_prepare_until=90, prepare_until=60, target_until=150, convert_until=170,
 )
 
 
@@ -121,18 +125,29 @@ def token_id(s: dict, text: str) -> int:
     return n_bpe(s) + [t for t, _ in ADDED].index(text)
 
 
-def deadlines(s: dict, budget: float | None, gguf: bool = False) -> tuple[float, float, float]:
-    """Seconds from the start by which data, target and drafter are done; all shares of the
-    run scale with a budget other than the default. With a GGUF target nothing is trained
-    for the target: its deadline is the data's."""
-    k = (budget or s["budget"]) / s["budget"]
+def deadlines(s: dict, budget: float | None, gguf: bool = False
+              ) -> tuple[float, float, float, float]:
+    """Seconds from the start by which the data, the target's training, its GGUF conversion
+    and the drafter are done. With a GGUF target nothing is trained or converted: those
+    deadlines are the data's. All of them scale with a budget (the whole run's seconds) other
+    than the default."""
     if gguf:
-        return k * s["gguf_prepare_until"], k * s["gguf_prepare_until"], k * s["budget"]
-    return k * s["prepare_until"], k * s["target_until"], k * s["budget"]
+        k = (budget or s["budget"]) / s["budget"]
+        p = k * s["gguf_prepare_until"]
+        return p, p, p, k * s["budget"]
+    total = scratch_seconds(s)
+    k = (budget or total) / total
+    return (k * s["prepare_until"], k * s["target_until"], k * s["convert_until"], k * total)
+
+
+def scratch_seconds(s: dict) -> float:
+    """The default length of the from-scratch run: the target's part, then the drafter step
+    of a --target run."""
+    return s["convert_until"] + s["budget"] - s["gguf_prepare_until"]
 
 
 if __name__ == "__main__":
-    # run_all.sh: `python3 sizes.py [--smoke] [--gguf] [BUDGET]` -> 3 deadlines
+    # run_all.sh: `python3 sizes.py [--smoke] [--gguf] [BUDGET]` -> 4 deadlines
     import sys
     argv = [a for a in sys.argv[1:] if a not in ("--smoke", "--gguf")]
     d = deadlines(sizes("--smoke" in sys.argv), float(argv[0]) if argv else None,

@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Step 3 of the demo pair: trains the DFlash drafter on the target's own greedy outputs.
+"""Step 4 of the demo pair: trains the DFlash drafter on the target's own greedy outputs.
 
-    python3 scripts/train/train_drafter.py WORK OUT --deadline EPOCH_S [--smoke]
-        [--target F.gguf]
+    python3 scripts/train/train_drafter.py WORK OUT --deadline EPOCH_S --target F.gguf [--smoke]
 
-The target is the one trained in step 2 (OUT/target, bf16 as exported) or, with --target, a
-GGUF file dequantised into transformers (gguf_target.py): the very weights tandem verifies
-with, so the drafter learns to predict what it will be checked against.
+The target is a GGUF file dequantised into transformers (gguf_target.py): the one trained and
+converted in steps 2-3 (OUT/demo.gguf) or an existing one (the shipped models/demo/demo.gguf).
+These are the very weights tandem verifies with, so the drafter learns to predict what it will
+be checked against.
 
 1. Greedy continuations: the prompts of prepare_data.py (WORK/prompts.npz: code prefixes
    ending at a line end, as the evaluation's) are continued greedily by the target in float32
    for `gen_new` tokens, on past <|endoftext|> as `tandem generate --ignore-eos` does, batched
    by prompt length (a batch's prompts lose leading tokens down to its shortest). The
    validation prompts (held-out files) come first; training prompts follow until
-   `gguf_gen_share` (`gen_share` from scratch) of the step's time or `feat_gb` of features.
+   `gguf_gen_share` of the step's time or `feat_gb` of features.
 2. Features: the target runs once over each generated batch; the outputs of the tap layers
    (`taps`, residual stream after the layer, before any final norm) are kept in bf16.
 3. Training, the DFlash recipe (block size 16, paper Eq. 4 loss decay): per sequence
@@ -57,20 +57,16 @@ EVAL_TOKENS = 128    # tokens finish.py has `tandem generate` produce per prompt
 VAL_BATCH = 64       # validation prompts per generate call
 
 
-def target_open(args, s: dict, meta: pathlib.Path, out: pathlib.Path, device: str):
+def target_open(path: str, s: dict, device: str):
     """(target in float32, eval mode, frozen; s with the target's shapes and token ids)."""
-    if args.target:
-        from gguf_target import target_load
-        model, gm = target_load(args.target, device)
-        tokens = gm["tokenizer.ggml.tokens"]
-        if S.MASK not in tokens:
-            util.fail(STEP, f"{args.target} has no {S.MASK} token for the drafter's blocks")
-        c = model.config
-        s = S.sizes_for_target(s, c.hidden_size, c.num_hidden_layers, c.vocab_size,
-                               int(gm["tokenizer.ggml.eos_token_id"]), tokens.index(S.MASK))
-    else:
-        from train_target import model_load
-        model = model_load(s, meta, out, device)
+    from gguf_target import target_load
+    model, gm = target_load(path, device)
+    tokens = gm["tokenizer.ggml.tokens"]
+    if S.MASK not in tokens:
+        util.fail(STEP, f"{path} has no {S.MASK} token for the drafter's blocks")
+    c = model.config
+    s = S.sizes_for_target(s, c.hidden_size, c.num_hidden_layers, c.vocab_size,
+                           int(gm["tokenizer.ggml.eos_token_id"]), tokens.index(S.MASK))
     model = model.float().eval()
     model.generation_config.eos_token_id = None   # generate on past <|endoftext|>
     for p in model.parameters():
@@ -333,7 +329,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--deadline", type=float, required=True, help="epoch seconds to finish by")
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--target", help="GGUF target (default: the step-2 checkpoint in OUT)")
+    ap.add_argument("--target", required=True, help="the GGUF target")
     args = ap.parse_args()
     s = S.sizes(args.smoke)
     work, out = pathlib.Path(args.work), pathlib.Path(args.out)
@@ -344,10 +340,9 @@ def main() -> int:
     margin = 15.0 if device == "cuda" else 5.0
     t_begin = time.time()
 
-    target, s = target_open(args, s, meta, out, device)
+    target, s = target_open(args.target, s, device)
     pr = np.load(work / "prompts.npz")
-    share = s["gguf_gen_share"] if args.target else s["gen_share"]
-    gen_until = t_begin + share * (args.deadline - margin - t_begin)
+    gen_until = t_begin + s["gguf_gen_share"] * (args.deadline - margin - t_begin)
     width = len(s["taps"]) * s["hidden"]
     rows = Rows(int(s["feat_gb"] * 1e9 / (2 * width + 8)), width, device)
     rng = np.random.default_rng(1)
@@ -439,7 +434,7 @@ def main() -> int:
     export(drafter, s, out, meta)
     metrics = {"params": n_params, "steps": step, "continuations": len(train_idx),
                "validation_continuations": n_val, "generated_tokens": n_gen,
-               "target": pathlib.Path(args.target).name if args.target else "trained",
+               "target": pathlib.Path(args.target).name,
                "heldout_acceptance_loop": None, "heldout_acceptance_teacher_forced": None,
                "history": history}
     util.json_write(meta / "drafter_metrics.json", metrics)  # in case validation is cut off

@@ -8,7 +8,8 @@ from the training stream, next-token cross-entropy, bf16 autocast (f32 master we
 (betas 0.9/0.95; weight decay on matrices only), linear warm-up then cosine decay to
 `min_lr_frac`. The number of steps is fixed after the first steps have been timed, so that the
 cosine schedule ends at the deadline. A checkpoint (bf16 safetensors shards + config.json) is
-written to OUT/target about every 90 s and at the end, so a failure later in the run keeps it.
+written to OUT/target about every 90 s and at the end, so a failure later in the run keeps it;
+convert_target.py makes it the GGUF the drafter learns from.
 
 Writes OUT/target/model-*.safetensors (bf16, Hugging Face names) and WORK/meta/target/config.json
 (+ WORK/meta/target_metrics.json).
@@ -60,17 +61,6 @@ def model_build(s: dict, device: str):
     cfg = hf_config(s)
     cfg._attn_implementation = "sdpa"
     model = transformers.Qwen3_5ForCausalLM(cfg)
-    return model.to(device)
-
-
-def model_load(s: dict, meta: pathlib.Path, out: pathlib.Path, device: str):
-    """The trained target as exported (bf16 weights), for the drafter step."""
-    from safetensors.torch import load_file
-    model = model_build(s, "cpu")
-    state = {}
-    for f in sorted((out / "target").glob("model*.safetensors")):
-        state.update(load_file(str(f)))
-    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.to(device)
 
 
