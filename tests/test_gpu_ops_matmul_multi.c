@@ -1,0 +1,447 @@
+/* cuda_matmul_multi (one activation rounding for the matrices that read the same input):
+ * each output is bit for bit what a separate cuda_matmul gives, for mixed groups (Q4_K +
+ * Q6_K as attn_q/k/v of a Q4_K_M file, BF16/F32/F16 members, Q5_K, Q8_0, a 33000-row Q4_K
+ * that one token runs on the single-token kernel beside a small Q4_K on the tensor-core
+ * kernel, so one group needs two roundings of one type) at n_tok 1, 5, 16, 33, 65 (two
+ * chunks) and 70; and within the quantisation bound of cpu_matmul, so the group and the
+ * separate calls cannot agree on a wrong answer. Groups queued back to back without a wait
+ * (the next rounding overwrites the scratch the previous group's kernels read) give the same
+ * bits. The profiler counts a group's launches (roundings + kernels) exactly; a recorded
+ * group replays on new inputs bit for bit; a bad member fails the group before anything is
+ * enqueued. Skips (77) without CUDA or a device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/backend.h"
+#include "kernels/backend_prof.h"
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#define SKIP_EXIT 77
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return SKIP_EXIT;
+}
+
+#else
+
+/* Sanitizer builds: the driver keeps process-lifetime allocations that LeakSanitizer would
+ * report, and maps memory where ASan's shadow gap would be. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+#define MAX_TOK 70
+#define MAX_MEM 8
+#define XBLOCK 256  /* inputs per activation scale (MM_XBLOCK) */
+#define XQMAX 32639 /* largest rounded activation (MM_XQMAX) */
+
+static const int64_t n_toks[] = {1, 5, 16, 33, 65, MAX_TOK};
+
+/* ---- a weight on both sides ---------------------------------------------------------- */
+
+typedef struct test_weight {
+    ops_weight host; /* data in host memory, for the CPU */
+    ops_weight dev;  /* the same bytes on the device */
+    float *deq;      /* [rows][cols] dequantised (cpu_dequantize_row) */
+} test_weight;
+
+/* Random weights in [-1, 1) rounded to type by cpu_quantize_row. */
+static void weight_init(test_weight *tw, td_dtype type, int64_t rows, int64_t cols)
+{
+    uint64_t rb = 0;
+    assert_int_equal(dtype_bytes(type, (uint64_t)cols, &rb), TD_OK);
+    uint8_t *bytes = malloc((size_t)(rows * (int64_t)rb));
+    float *f = rng_floats(rows * cols, 1.0f);
+    tw->deq = malloc((size_t)(rows * cols) * sizeof(float));
+    assert_non_null(bytes);
+    assert_non_null(tw->deq);
+    for (int64_t r = 0; r < rows; r++) {
+        assert_int_equal(cpu_quantize_row(type, f + r * cols, bytes + r * rb, cols), TD_OK);
+        assert_int_equal(cpu_dequantize_row(type, bytes + r * rb, tw->deq + r * cols, cols),
+                         TD_OK);
+    }
+    free(f);
+    assert_int_equal(ops_weight_init(&tw->host, type, rows, cols, bytes), TD_OK);
+    tw->dev = tw->host;
+    tw->dev.data = dput(bytes, (size_t)(rows * (int64_t)rb));
+}
+
+static void weight_free(test_weight *tw)
+{
+    free((void *)tw->host.data);
+    cuda_mem_free((void *)tw->dev.data);
+    free(tw->deq);
+}
+
+static bool is_quant(td_dtype t)
+{
+    return t != TD_F32 && t != TD_F16 && t != TD_BF16;
+}
+
+/* Activations in [-2, 2) with one large input per token, so blocks get different scales. */
+static float *make_x(int64_t cols, uint64_t seed)
+{
+    rng_seed(seed);
+    float *x = rng_floats(MAX_TOK * cols, 2.0f);
+    for (int64_t t = 0; t < MAX_TOK; t++)
+        x[t * cols + (t * 7919) % cols] *= 16.0f;
+    return x;
+}
+
+/* y [n][rows] of the GPU against cpu_matmul: a quantised weight meets x rounded per 256
+ * inputs to d = max|x| / XQMAX, so an output moves by at most sum_b d_b / 2 * sum_{k in b}
+ * |w_k|; f32 summation in either order adds at most 1e-5 of sum |w x| here (cols <= 1024). */
+static bool close_to_cpu(const char *what, const float *y, const test_weight *tw,
+                         const float *x, int64_t n)
+{
+    const int64_t rows = tw->host.rows, cols = tw->host.cols;
+    float *want = malloc((size_t)(n * rows) * sizeof(float));
+    cpu_matmul(want, x, &tw->host, n);
+    bool ok = true;
+    for (int64_t t = 0; t < n && ok; t++)
+        for (int64_t r = 0; r < rows && ok; r++) {
+            const float *xt = x + t * cols, *wr = tw->deq + r * cols;
+            double bound = 0, mag = 0;
+            for (int64_t b = 0; b < cols; b += XBLOCK) {
+                double amax = 0, wsum = 0;
+                for (int64_t k = b; k < b + XBLOCK && k < cols; k++) {
+                    amax = fmax(amax, fabs((double)xt[k]));
+                    wsum += fabs((double)wr[k]);
+                    mag += fabs((double)xt[k] * (double)wr[k]);
+                }
+                if (is_quant(tw->host.type))
+                    bound += amax / XQMAX / 2 * wsum;
+            }
+            bound += 1e-5 * mag;
+            const double got = y[t * rows + r], ref = want[t * rows + r];
+            if (!(fabs(got - ref) <= bound)) {
+                printf("%s: y[%lld][%lld] = %.9g, cpu %.9g, bound %.3g\n", what, (long long)t,
+                       (long long)r, got, ref, bound);
+                ok = false;
+            }
+        }
+    free(want);
+    return ok;
+}
+
+/* ---- groups ----------------------------------------------------------------------------- */
+
+typedef struct member {
+    td_dtype type;
+    int64_t rows;
+} member;
+
+typedef struct group {
+    const char *name;
+    int64_t cols;
+    int n;
+    member m[MAX_MEM];
+} group;
+
+/* What the model's groups look like (attention q/k/v of a Q4_K_M file, FFN gate/up,
+ * DeltaNet projections with float alpha/beta), and mixes that interleave layouts. */
+static const group groups[] = {
+    {"q4k q4k q6k (attention, Q4_K_M)", 512, 3, {{TD_Q4_K, 96}, {TD_Q4_K, 40}, {TD_Q6_K, 24}}},
+    {"q4k q6k bf16 f32", 768, 4, {{TD_Q4_K, 33}, {TD_Q6_K, 17}, {TD_BF16, 9}, {TD_F32, 5}}},
+    {"bf16 q6k f16 q4k q8_0 q5k q6k", 512, 7,
+     {{TD_BF16, 16}, {TD_Q6_K, 31}, {TD_F16, 8}, {TD_Q4_K, 64}, {TD_Q8_0, 19}, {TD_Q5_K, 48},
+      {TD_Q6_K, 7}}},
+    /* 33000 rows: one token takes the single-token kernel (its own activation placement)
+     * while the 200-row Q4_K stays on the tensor cores: two roundings in one group */
+    {"q4k 33000 rows + q4k 200 rows + q4k 33000 rows", 256, 3,
+     {{TD_Q4_K, 33000}, {TD_Q4_K, 200}, {TD_Q4_K, 33000}}},
+    {"f32 f32 (no quantised member)", 256, 2, {{TD_F32, 12}, {TD_F32, 3}}},
+    {"q8_0 alone", 1024, 1, {{TD_Q8_0, 77}}},
+};
+
+typedef struct group_run {
+    test_weight w[MAX_MEM];
+    ops_mm_out out[MAX_MEM]; /* device outputs [MAX_TOK][rows] of the multi call */
+    float *sep[MAX_MEM];     /* device outputs of separate cuda_matmul calls */
+} group_run;
+
+static void run_init(group_run *g, const group *gr)
+{
+    for (int i = 0; i < gr->n; i++) {
+        weight_init(&g->w[i], gr->m[i].type, gr->m[i].rows, gr->cols);
+        const size_t bytes = (size_t)(MAX_TOK * gr->m[i].rows) * sizeof(float);
+        g->out[i].y = dpoison(bytes);
+        g->out[i].w = &g->w[i].dev;
+        g->sep[i] = dpoison(bytes);
+    }
+}
+
+static void run_free(group_run *g, const group *gr)
+{
+    for (int i = 0; i < gr->n; i++) {
+        weight_free(&g->w[i]);
+        cuda_mem_free(g->out[i].y);
+        cuda_mem_free(g->sep[i]);
+    }
+}
+
+/* The multi call's outputs against the separate calls' (same bits) and the CPU (bound). */
+static void expect_group(const char *what, const group_run *g, const group *gr,
+                         const float *x, int64_t n, bool vs_cpu)
+{
+    for (int i = 0; i < gr->n; i++) {
+        const size_t bytes = (size_t)(n * gr->m[i].rows) * sizeof(float);
+        float *got = dget(g->out[i].y, bytes), *want = dget(g->sep[i], bytes);
+        char at[256];
+        snprintf(at, sizeof at, "%s: %s n_tok %lld member %d (%s, %lld rows)", gr->name, what,
+                 (long long)n, i, dtype_name(gr->m[i].type), (long long)gr->m[i].rows);
+        assert_true(check_same_bits(at, got, want, bytes));
+        if (vs_cpu)
+            assert_true(close_to_cpu(at, got, &g->w[i], x, n));
+        free(got);
+        free(want);
+    }
+}
+
+static void poison_outputs(const group_run *g, const group *gr)
+{
+    for (int i = 0; i < gr->n; i++)
+        GPU_OK(cuda_mem_fill(g->out[i].y, 0xFF,
+                             (size_t)(MAX_TOK * gr->m[i].rows) * sizeof(float), gpu_st));
+}
+
+static void test_matmul_multi_equals_separate_matmuls_bit_for_bit(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof groups / sizeof *groups; k++) {
+        const group *gr = &groups[k];
+        rng_seed(100 + k);
+        group_run g;
+        run_init(&g, gr);
+        float *x = make_x(gr->cols, 7 + k);
+        float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+        for (size_t j = 0; j < sizeof n_toks / sizeof *n_toks; j++) {
+            const int64_t n = n_toks[j];
+            poison_outputs(&g, gr);
+            for (int i = 0; i < gr->n; i++)
+                GPU_OK(cuda_matmul(g.sep[i], dx, &g.w[i].dev, n, gpu_st));
+            GPU_OK(cuda_matmul_multi(dx, g.out, gr->n, n, gpu_st));
+            /* the CPU check is slow on the 33000-row members: the small batches suffice */
+            expect_group("after separate calls", &g, gr, x, n, n <= 5 || gr->cols >= 512);
+        }
+        cuda_mem_free(dx);
+        free(x);
+        run_free(&g, gr);
+    }
+}
+
+/* Two groups queued back to back, and a group followed by a separate matmul on the same
+ * stream, no wait between: each rounding overwrites the scratch the kernels before it read,
+ * which is safe only if it waits for all of them (matmul_quant_group). Group A ends with
+ * its longest matrices so their kernels are still running when B's rounding is launched. */
+static void test_matmul_multi_back_to_back_groups_keep_their_inputs(void **state)
+{
+    (void)state;
+    const group *ga = &groups[3], *gb = &groups[0];
+    assert_true(ga->m[0].rows == 33000 && gb->m[2].type == TD_Q6_K);
+    rng_seed(41);
+    group_run a, b;
+    run_init(&a, ga);
+    run_init(&b, gb);
+    float *xa = make_x(ga->cols, 3), *xb = make_x(gb->cols, 4);
+    float *dxa = dput(xa, (size_t)(MAX_TOK * ga->cols) * sizeof(float));
+    float *dxb = dput(xb, (size_t)(MAX_TOK * gb->cols) * sizeof(float));
+    for (size_t j = 0; j < sizeof n_toks / sizeof *n_toks; j++) {
+        const int64_t n = n_toks[j];
+        for (int i = 0; i < ga->n; i++)
+            GPU_OK(cuda_matmul(a.sep[i], dxa, &a.w[i].dev, n, gpu_st));
+        for (int i = 0; i < gb->n; i++)
+            GPU_OK(cuda_matmul(b.sep[i], dxb, &b.w[i].dev, n, gpu_st));
+        GPU_OK(cuda_stream_sync(gpu_st));
+        poison_outputs(&a, ga);
+        poison_outputs(&b, gb);
+        GPU_OK(cuda_matmul_multi(dxa, a.out, ga->n, n, gpu_st));
+        GPU_OK(cuda_matmul_multi(dxb, b.out, gb->n, n, gpu_st));
+        GPU_OK(cuda_matmul_multi(dxa, a.out, ga->n, n, gpu_st));
+        /* a separate matmul right after a group: its rounding follows the group's kernels */
+        float *dy = dpoison((size_t)(n * gb->m[2].rows) * sizeof(float));
+        GPU_OK(cuda_matmul(dy, dxb, &b.w[2].dev, n, gpu_st));
+        expect_group("back to back", &a, ga, xa, n, false);
+        expect_group("back to back", &b, gb, xb, n, false);
+        const size_t bytes = (size_t)(n * gb->m[2].rows) * sizeof(float);
+        float *got = dget(dy, bytes), *want = dget(b.sep[2], bytes);
+        assert_true(check_same_bits("matmul after a group", got, want, bytes));
+        free(got);
+        free(want);
+        cuda_mem_free(dy);
+    }
+    cuda_mem_free(dxa);
+    cuda_mem_free(dxb);
+    free(xa);
+    free(xb);
+    run_free(&a, ga);
+    run_free(&b, gb);
+}
+
+/* The profiler's count for a group: one rounding per layout and chunk, one kernel per
+ * quantised member and chunk, one per float member and chunk; a separate quantised matmul
+ * is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5 tokens: a rounding for each of Q4_K and
+ * Q6_K (their digits interleave differently), two quantised and two float kernels. */
+static void test_matmul_multi_launches_are_counted(void **state)
+{
+    (void)state;
+    unsetenv("TANDEM_PROFILE");
+    ops_backend *gpu = NULL, *be = NULL;
+    GPU_OK(ops_backend_cuda_init(&gpu, 0));
+    GPU_OK(ops_prof_wrap(&be, gpu));
+    const group *gr = &groups[1]; /* Q4_K, Q6_K, BF16, F32 */
+    rng_seed(5);
+    group_run g;
+    run_init(&g, gr);
+    float *x = make_x(gr->cols, 9);
+    float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+    GPU_OK(cuda_stream_sync(gpu_st));
+    GPU_OK(gpu->matmul_multi(gpu, dx, g.out, gr->n, 65)); /* scratch growth, uncounted */
+    GPU_OK(gpu->sync(gpu));
+    ops_prof_reset(be);
+    GPU_OK(be->matmul_multi(be, dx, g.out, gr->n, 5));  /* 2 roundings + 2 + 2 kernels */
+    GPU_OK(be->matmul_multi(be, dx, g.out, gr->n, 65)); /* two chunks of that */
+    GPU_OK(be->matmul(be, g.sep[0], dx, &g.w[0].dev, 5)); /* rounding + kernel */
+    GPU_OK(be->sync(be));
+    ops_prof_table t;
+    GPU_OK(ops_prof_snapshot(be, &t));
+    const ops_prof_row *multi = NULL, *mm = NULL;
+    for (int i = 0; i < t.n_rows; i++) {
+        if (!strcmp(t.rows[i].op, "matmul_multi"))
+            multi = &t.rows[i];
+        if (!strcmp(t.rows[i].op, "matmul"))
+            mm = &t.rows[i];
+    }
+    assert_non_null(multi);
+    assert_non_null(mm);
+    assert_int_equal(multi->calls, 2);
+    assert_int_equal(multi->launches, 6 + 12);
+    assert_int_equal(mm->calls, 1);
+    assert_int_equal(mm->launches, 2);
+    assert_int_equal(t.lost, 0);
+    /* the profiled group wrote what the plain one does */
+    for (int i = 0; i < gr->n; i++)
+        GPU_OK(cuda_matmul(g.sep[i], dx, &g.w[i].dev, 65, be->stream));
+    GPU_OK(be->sync(be));
+    expect_group("profiled", &g, gr, x, 65, false);
+    cuda_mem_free(dx);
+    free(x);
+    run_free(&g, gr);
+    ops_prof_free(be);
+    ops_backend_cuda_free(gpu);
+}
+
+/* A group recorded in a CUDA graph (the target forward's path) replays on new inputs with
+ * the bits a direct call gives on them. */
+static void test_matmul_multi_replays_from_a_graph(void **state)
+{
+    (void)state;
+    unsetenv("TANDEM_PROFILE");
+    ops_backend *gpu = NULL;
+    GPU_OK(ops_backend_cuda_init(&gpu, 0));
+    const group *gr = &groups[2];
+    rng_seed(77);
+    group_run g;
+    run_init(&g, gr);
+    static const int64_t ns[] = {1, 16};
+    for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+        const int64_t n = ns[j];
+        float *x0 = make_x(gr->cols, 1000 + (uint64_t)n);
+        float *x1 = make_x(gr->cols, 2000 + (uint64_t)n);
+        const size_t xb = (size_t)(MAX_TOK * gr->cols) * sizeof(float);
+        float *dx = dput(x0, xb);
+        GPU_OK(cuda_stream_sync(gpu_st));
+        void *graph = NULL;
+        GPU_OK(gpu->graph_begin(gpu));
+        td_err e = gpu->matmul_multi(gpu, dx, g.out, gr->n, n);
+        td_err e2 = gpu->graph_end(gpu, &graph);
+        GPU_OK(e);
+        GPU_OK(e2);
+        GPU_OK(gpu->to_device(gpu, dx, x1, xb));
+        GPU_OK(gpu->graph_launch(gpu, graph));
+        GPU_OK(gpu->sync(gpu));
+        for (int i = 0; i < gr->n; i++)
+            GPU_OK(cuda_matmul(g.sep[i], dx, &g.w[i].dev, n, gpu_st));
+        expect_group("graph replay", &g, gr, x1, n, true);
+        gpu->graph_free(gpu, graph);
+        cuda_mem_free(dx);
+        free(x0);
+        free(x1);
+    }
+    run_free(&g, gr);
+    ops_backend_cuda_free(gpu);
+}
+
+/* An unsupported type or a misaligned quantised member anywhere in the group: the error,
+ * and no member's output written (nothing was enqueued). */
+static void test_matmul_multi_bad_member_fails_before_any_launch(void **state)
+{
+    (void)state;
+    const group *gr = &groups[0];
+    rng_seed(9);
+    group_run g;
+    run_init(&g, gr);
+    float *x = make_x(gr->cols, 11);
+    float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+    uint8_t *raw = dpoison(40 * 2 * 144 + 64);
+    ops_weight bad;
+    assert_int_equal(ops_weight_init(&bad, TD_Q4_K, 40, 512, raw + 8), TD_OK);
+    ops_mm_out out[3] = {g.out[0], {g.out[1].y, &bad}, g.out[2]};
+    poison_outputs(&g, gr);
+    assert_int_equal(cuda_matmul_multi(dx, out, 3, 5, gpu_st), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "aligned"));
+    ops_weight q40 = {.type = TD_Q4_0, .rows = 40, .cols = 512, .row_bytes = 288, .data = raw};
+    out[1].w = &q40;
+    assert_int_equal(cuda_matmul_multi(dx, out, 3, 5, gpu_st), TD_ENOTSUP);
+    for (int i = 0; i < gr->n; i++) {
+        const size_t bytes = (size_t)(5 * gr->m[i].rows) * sizeof(float);
+        uint32_t *got = dget(g.out[i].y, bytes);
+        for (size_t e = 0; e < bytes / 4; e++)
+            if (got[e] != 0xFFFFFFFFu)
+                fail_msg("member %d element %zu written by a failed group", i, e);
+        free(got);
+    }
+    cuda_mem_free(raw);
+    cuda_mem_free(dx);
+    free(x);
+    run_free(&g, gr);
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return SKIP_EXIT;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_multi_equals_separate_matmuls_bit_for_bit),
+        cmocka_unit_test(test_matmul_multi_back_to_back_groups_keep_their_inputs),
+        cmocka_unit_test(test_matmul_multi_launches_are_counted),
+        cmocka_unit_test(test_matmul_multi_replays_from_a_graph),
+        cmocka_unit_test(test_matmul_multi_bad_member_fails_before_any_launch),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif /* TANDEM_HAVE_CUDA */
