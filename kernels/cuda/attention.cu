@@ -461,11 +461,7 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         run_m[tid] = -INFINITY;
         run_l[tid] = 0;
     }
-    __syncthreads();
-    for (int e = tid; e < nr * HD; e += ATS_THREADS) {
-        const int r = e / HD, d = e % HD;
-        qs[r][d] = __ldg(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d);
-    }
+    bool q_in = false; /* qs holds the query rows (loaded once the first copies are out) */
 
     /* value phase ownership: rows warp and warp + 8, values lane*EL .. lane*EL + EL-1 */
     const int vr0 = warp, vr1 = warp + 8, d0 = lane * G::EL;
@@ -501,6 +497,24 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         ats_stage<HD, KT>(kb, a, a.k, g, k0, nk);
         if (kv_sep)
             ats_stage<HD, KT>(vb, a, a.v, g, k0, nk);
+        if (!q_in) {
+            /* all loads of a thread issued before any is stored: one round trip */
+            constexpr int QN = ATT_ROWS * HD / ATS_THREADS;
+            float qv[QN];
+#pragma unroll
+            for (int u = 0; u < QN; u++) {
+                const int e = tid + u * ATS_THREADS, r = e / HD, d = e % HD;
+                qv[u] = r < nr ? __ldg(a.q + row_t[r] * a.q_tok_stride +
+                                       row_h[r] * a.q_head_stride + d)
+                               : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < QN; u++) {
+                const int e = tid + u * ATS_THREADS;
+                qs[e / HD][e % HD] = qv[u];
+            }
+            q_in = true;
+        }
         if (kv_sep)
             ats_wait<1>();
         else
@@ -775,16 +789,18 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     const size_t part_bytes =
         (size_t)p.n_split * (size_t)(a->n_q * a->n_head) * (size_t)(a->head_dim + 2) * sizeof(float);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
+    /* staged kernel: splits beyond the grid's z are taken by its blocks in turn */
+    long long z = split ? (4LL * sms + row_blocks - 1) / row_blocks : 1;
+    if (z > p.n_split)
+        z = p.n_split;
+    if (z < 1)
+        z = 1;
     ats_plan plan;
-    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks));
+    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z));
     if (split)
         TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
     if (plan.fn) {
-        /* staged kernel; splits beyond the grid's z are taken by its blocks in turn */
-        long long z = split ? (4LL * sms + row_blocks - 1) / row_blocks : 1;
-        if (z > p.n_split)
-            z = p.n_split;
-        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, (unsigned)(z > 0 ? z : 1));
+        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, (unsigned)z);
         plan.fn<<<grid, ATS_THREADS, plan.smem, st>>>(p, plan.kv_sep);
     } else {
         dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
