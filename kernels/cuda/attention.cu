@@ -339,7 +339,9 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
  * copies, so a block has its whole split in flight at once: the generic kernel above waited
  * one memory round trip per 16-key tile and took ~160 us per 1K-key decode layer on an
  * H200). The fixed order per query (ATT_SPLIT splits, att_fold) is the generic kernel's; a
- * score is the sum over the first half of d in order plus the sum over the second half.
+ * score is the sum over the first half of d in order plus the sum over the second half; a
+ * split's value sums p * v over each 32-key chunk in key order, then adds the four chunk
+ * sums in chunk order (four warps share a split's keys).
  * Which kernel runs depends only on head_dim, the cache type and layout and the device, so
  * a model's decode steps, verify blocks and prefill chunks all take the same one.
  * ------------------------------------------------------------------------------------- */
@@ -433,6 +435,9 @@ template <int HD, typename KT>
 __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep)
 {
     typedef ats_geo<HD, KT> G;
+    static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ATT_ROWS * HD * 4,
+                  "the key buffer holds the four chunk sums of the value phase");
+    static_assert(ATT_SPLIT == 128 && ATT_ROWS == 16, "the value phase is 4 chunks x 2 row groups");
     const ops_attn &a = p.a;
     extern __shared__ __align__(16) unsigned char ats_smem[];
     float (*qs)[HD] = (float (*)[HD])ats_smem;
@@ -588,23 +593,62 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         ats_wait<0>();
         __syncthreads(); /* p, the split's max and sum and the values are in */
 
-        /* values: each (row, d) sums p * v over the keys in order */
+        /* values: warp (kc, rg) sums p * v over keys kc*32 .. kc*32+31 in order for rows
+         * rg*8 .. rg*8+7; then each (row, d) adds the four chunk sums in chunk order */
+        {
+            const int kc = warp & 3, rg = warp >> 2, rb = rg * 8;
+            float c[8][G::EL];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < G::EL; j++)
+                    c[i][j] = 0;
+            const int ke = nk < kc * 32 + 32 ? nk : kc * 32 + 32;
+            if (rb < nr) {
+                for (int kk = kc * 32; kk < ke; kk++) {
+                    float pr[8];
+                    bool any = false;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        pr[i] = rb + i < nr ? sc[rb + i][kk] : 0.0f;
+                        any |= pr[i] != 0.0f;
+                    }
+                    if (!any) /* an invisible key adds nothing */
+                        continue;
+                    float v[G::EL];
+                    ats_get<KT, G::EL>(v, vb + kk * G::ROWB + d0 * G::EB);
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+#pragma unroll
+                        for (int j = 0; j < G::EL; j++)
+                            c[i][j] = pr[i] != 0.0f ? fmaf(pr[i], v[j], c[i][j]) : c[i][j];
+                }
+            }
+            __syncthreads(); /* keys and values are dead: the chunk sums go there */
+            float *cs = (float *)kb; /* [4][ATT_ROWS][HD] */
+            if (rb < nr)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (rb + i < nr)
+#pragma unroll
+                        for (int j = 0; j < G::EL; j++)
+                            cs[((size_t)kc * ATT_ROWS + rb + i) * HD + d0 + j] = c[i][j];
+            __syncthreads();
+        }
         float c0[G::EL], c1[G::EL];
+        {
+            const float *cs = (const float *)kb;
 #pragma unroll
-        for (int j = 0; j < G::EL; j++)
-            c0[j] = c1[j] = 0;
-        if (vr0 < nr) {
-            const bool two = vr1 < nr;
-            for (int kk = 0; kk < nk; kk++) {
-                const float p0 = sc[vr0][kk], p1 = two ? sc[vr1][kk] : 0.0f;
-                if (p0 == 0.0f && p1 == 0.0f) /* an invisible key adds nothing */
-                    continue;
-                float v[G::EL];
-                ats_get<KT, G::EL>(v, vb + kk * G::ROWB + d0 * G::EB);
-#pragma unroll
-                for (int j = 0; j < G::EL; j++) {
-                    c0[j] = p0 != 0.0f ? fmaf(p0, v[j], c0[j]) : c0[j];
-                    c1[j] = p1 != 0.0f ? fmaf(p1, v[j], c1[j]) : c1[j];
+            for (int j = 0; j < G::EL; j++) {
+                const size_t q = (size_t)ATT_ROWS * HD;
+                c0[j] = c1[j] = 0;
+                if (vr0 < nr) {
+                    const float *x = cs + (size_t)vr0 * HD + d0 + j;
+                    c0[j] = ((x[0] + x[q]) + x[2 * q]) + x[3 * q];
+                }
+                if (vr1 < nr) {
+                    const float *x = cs + (size_t)vr1 * HD + d0 + j;
+                    c1[j] = ((x[0] + x[q]) + x[2 * q]) + x[3 * q];
                 }
             }
         }
