@@ -25,7 +25,8 @@ target, and demo.gguf when it trained the target.
    without the drafter (greedy): acceptance length (bar: mean >= 4), tokens/s of both, and
    whether both outputs are identical (they must be: speculative decoding is lossless); and
    the acceptance length when generation stops at <|endoftext|> as a user's would.
-   Results go to RESULTS; a few continuations are printed. The drafter is evaluated from a
+   Results go to RESULTS (with --smoke: DEST/RESULTS.md unless --results names a file); a few
+   continuations are printed. The drafter is evaluated from a
    staging folder and goes to DEST/drafter/ only when it passes (bar met, outputs identical,
    reference check), or with --smoke or --force.
 An OUTDIR of `run_all.sh --stop-after target` has no drafter: the target is checked (top-1
@@ -334,7 +335,7 @@ the first `<|endoftext|>` (tokens generated in brackets), as `tandem generate` d
 def target_of(outdir: pathlib.Path, meta: pathlib.Path, data: dict, given: str | None,
               dest: pathlib.Path, tmp: pathlib.Path):
     """(the GGUF target's file, the PyTorch target the drafter learnt from, its tokenizer,
-    (target_metrics, data) of the run that trained it or None)."""
+    target_run's account of the run that trained it or None)."""
     if data.get("target"):
         from gguf_target import target_load, tokenizer_of
         src = target_find(data["target"], outdir, given, dest)
@@ -378,15 +379,18 @@ def main() -> int:
     ap.add_argument("--tandem", required=True)
     ap.add_argument("--dest", default=str(ROOT / "models" / "demo"))
     ap.add_argument("--target", help="the GGUF the run trained for (default: in OUTDIR, DEST)")
-    ap.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--results", help="default: scripts/train/RESULTS.md; with --smoke "
+                    "DEST/RESULTS.md, so that a trial run leaves the real results alone")
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--smoke", action="store_true", help="tiny models: report, do not hold the bar")
     ap.add_argument("--force", action="store_true",
-                    help="install the drafter in DEST even when it misses the bar")
+                    help="install the drafter in DEST even when it misses the bar (a target "
+                         "without a drafter: even when its top-1 agreement is below AGREE)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     outdir, dest = pathlib.Path(args.outdir), pathlib.Path(args.dest)
+    args.results = args.results or str(dest / "RESULTS.md" if args.smoke else HERE / "RESULTS.md")
     dest.mkdir(parents=True, exist_ok=True)
     work = tempfile.TemporaryDirectory()     # meta.tar unpacked, the drafter under evaluation
     tmp = pathlib.Path(work.name)

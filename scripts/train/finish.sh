@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# After run_all.sh: converts a trained target to GGUF (or checks the GGUF a --target run
-# trained for), evaluates the pair with `tandem generate` on the CPU and, when the drafter
-# passes, writes models/demo/{demo.gguf, drafter/} (scripts/train/finish.py says how).
+# After run_all.sh: checks the GGUF target the run trained for (OUTDIR/demo.gguf from scratch,
+# or --target F.gguf, or the one in DEST), evaluates the pair with `tandem generate` on the CPU
+# and, when the drafter passes, writes models/demo/{demo.gguf, drafter/}; an OUTDIR of
+# `run_all.sh --stop-after target` only gets its target checked and installed
+# (scripts/train/finish.py says how).
 #
 #   scripts/train/finish.sh OUTDIR [finish.py options: --dest DIR --target F.gguf
 #                                   --results FILE --prompts N -n N --smoke --force]
@@ -9,7 +11,7 @@
 # Builds `tandem` in build-train/ unless TANDEM_BIN names one. Needs python3 with numpy, gguf,
 # torch, transformers, tokenizers and safetensors. Exit status 1 when the drafter misses the
 # acceptance bar (not with --smoke) or speculative decoding changed an output; the drafter is
-# then not installed (unless --force).
+# then not installed (unless --force). With --smoke the results go to DEST/RESULTS.md.
 set -eu -o pipefail
 
 [ $# -ge 1 ] || { echo "usage: $0 OUTDIR [--dest DIR] [--target F.gguf] [--results FILE] [--prompts N] [-n N] [--smoke] [--force]" >&2; exit 2; }

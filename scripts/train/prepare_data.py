@@ -323,6 +323,9 @@ def vocabulary_and_streams(s: dict, work: pathlib.Path, meta: pathlib.Path, trai
     eos = s["eos_id"]
     train_ids = stream(tok, picked, eos, deadline - 8)
     eval_ids = stream(tok, eval_texts, eos)
+    if min(len(train_ids), len(eval_ids)) <= s["ctx"] + 1:
+        util.fail(STEP, f"{len(train_ids)} training and {len(eval_ids)} held-out tokens: not "
+                  f"one window of {s['ctx'] + 1} (out of time; a larger --budget helps)")
     np.save(work / "train.npy", train_ids)
     np.save(work / "eval.npy", eval_ids)
     util.log(STEP, f"tokenised {n / 1e6:.1f} MB -> {len(train_ids) / 1e6:.2f}M training tokens "

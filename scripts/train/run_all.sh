@@ -107,8 +107,9 @@ main() {
     read -r PREP_UNTIL TARGET_UNTIL CONVERT_UNTIL DRAFT_UNTIL < <("$PY" "$HERE/sizes.py" \
         $SMOKE ${TARGET:+--gguf} $BUDGET) || exit 1
     [ -n "$STOP" ] && END=$CONVERT_UNTIL || END=$DRAFT_UNTIL
-    say "out $OUT, work $WORK, budget ${DRAFT_UNTIL}s${SMOKE:+ (smoke)}" \
-        "${STOP:+(stopping after the target at ${END}s)}${TARGET:+target $TARGET}"
+    local what="budget ${DRAFT_UNTIL}s${SMOKE:+ (smoke)}"
+    what+="${STOP:+, stopping after the target at ${END}s}${TARGET:+, target $TARGET}"
+    say "out $OUT, work $WORK, $what"
     "$PY" -c "$VERSIONS"
     if [ -z "$TARGET" ] && ! err=$("$PY" -c "import gguf" 2>&1); then
         say "python cannot import gguf, which converts the trained target in this run" \
