@@ -9,11 +9,18 @@
  * median of several runs, rotating over enough copies of the weights that L2 cannot keep
  * them), the weight bytes per second, that as a fraction of the copy bandwidth, and the
  * times of 16 and 32 tokens relative to 1. Prints a table, then the same numbers as JSON.
- * No arguments; runs in well under a minute on an H100/H200-class GPU. */
+ *
+ * The single-token kernel is chosen once per process (TANDEM_MMD), so before anything else
+ * the program measures one token under each of TANDEM_MMD=bulk (the sm_90 bulk-copy kernel),
+ * =regs (dp4a) and =mma (tensor cores) in a child process each, one after the other (the
+ * GPU is never shared), and prints those as extra columns beside the default choice's.
+ * No arguments; runs in about a minute on an H100/H200-class GPU. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/cuda_mem.h"
@@ -54,11 +61,16 @@ static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q
 static const int64_t toks[] = {1, 16, 32};
 #define N_TOKS (sizeof toks / sizeof toks[0])
 
+/* The single-token kernels measured in child processes, and the column names. */
+static const char *variants[] = {"bulk", "regs", "mma"};
+#define N_VARIANTS (sizeof variants / sizeof variants[0])
+
 typedef struct result {
     const shape *s;
     td_dtype type;
-    size_t bytes;        /* weight bytes read per call */
-    double us[N_TOKS];   /* median time per call, microseconds */
+    size_t bytes;             /* weight bytes read per call */
+    double us[N_TOKS];        /* median time per call, microseconds */
+    double us_v[N_VARIANTS];  /* one token under TANDEM_MMD=variants[i]; 0: not measured */
 } result;
 
 #define TRY(expr)                                                                            \
@@ -138,8 +150,9 @@ static double copy_bandwidth(void)
 }
 
 /* One (shape, type): fills `copies` device copies of a random weight (16 quantised random
- * rows repeated), then times each token count. */
-static void bench_one(result *res, const shape *s, td_dtype type, const float *dx, float *dy)
+ * rows repeated), then times each of the first n_toks token counts. */
+static void bench_one(result *res, const shape *s, td_dtype type, const float *dx, float *dy,
+                      size_t n_toks)
 {
     uint64_t rb64 = 0;
     TRY(dtype_bytes(type, (uint64_t)s->cols, &rb64));
@@ -182,7 +195,7 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
     res->s = s;
     res->type = type;
     res->bytes = bytes;
-    for (size_t k = 0; k < N_TOKS; k++) {
+    for (size_t k = 0; k < n_toks; k++) {
         for (int c = 0; c < copies; c++) /* warm-up: scratch, first touches */
             TRY(cuda_matmul(dy, dx, &wt[c], toks[k], st));
         double us[RUNS];
@@ -200,8 +213,124 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
         cuda_mem_free(w[c]);
 }
 
+/* The (shape, type) pairs in table order: the LM head only in the type the 27B file uses. */
+static bool measured(size_t i, size_t k)
+{
+    return !shapes[i].lm_head || types[k] == TD_Q6_K;
+}
+
+static bool is_quant(td_dtype t)
+{
+    return t != TD_F32 && t != TD_F16 && t != TD_BF16;
+}
+
+enum { MAX_RES = sizeof shapes / sizeof *shapes * sizeof types / sizeof *types };
+
+/* Device copies of MAX_TOK random input rows (the same numbers in every process: rnd()'s
+ * state is untouched before) and room for the outputs. */
+static void io_init(float **dx, float **dy)
+{
+    int64_t max_cols = 0, max_rows = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        max_cols = shapes[i].cols > max_cols ? shapes[i].cols : max_cols;
+        max_rows = shapes[i].rows > max_rows ? shapes[i].rows : max_rows;
+    }
+    float *hx = malloc((size_t)(MAX_TOK * max_cols) * sizeof(float));
+    if (!hx) {
+        fprintf(stderr, "bench_matmul_cuda: out of host memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < MAX_TOK * max_cols; i++)
+        hx[i] = rnd();
+    TRY(cuda_mem_alloc((void **)dx, (size_t)(MAX_TOK * max_cols) * sizeof(float)));
+    TRY(cuda_mem_alloc((void **)dy, (size_t)(MAX_TOK * max_rows) * sizeof(float)));
+    TRY(cuda_mem_upload(*dx, hx, (size_t)(MAX_TOK * max_cols) * sizeof(float), st));
+    free(hx);
+}
+
+/* A child's part: one token of every quantised (shape, type) under the TANDEM_MMD it was
+ * given, the times (0 for float types, and for "bulk" below sm_90) written to fd in table
+ * order. */
+static int child_main(int fd, const char *variant)
+{
+    if (!cuda_available())
+        return 1;
+    TRY(cuda_stream_create(&st));
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    int dev = 0, major = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const bool none = strcmp(variant, "bulk") == 0 && major < 9;
+    float *dx = NULL, *dy = NULL;
+    io_init(&dx, &dy);
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+            if (!measured(i, k))
+                continue;
+            result r = {0};
+            if (is_quant(types[k]) && !none)
+                bench_one(&r, &shapes[i], types[k], dx, dy, 1);
+            if (write(fd, &r.us[0], sizeof r.us[0]) != (ssize_t)sizeof r.us[0])
+                return 1;
+        }
+    cuda_mem_free(dx);
+    cuda_mem_free(dy);
+    cuda_stream_free(st);
+    return 0;
+}
+
+/* One token of every (shape, type) under TANDEM_MMD=variants[v], measured by a child process
+ * (fork before this process touches the GPU): us[n] in table order; false if the child
+ * failed. */
+static bool measure_variant(size_t v, double *us, int n)
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return false;
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0)
+        return false;
+    if (pid == 0) {
+        close(p[0]);
+        setenv("TANDEM_MMD", variants[v], 1);
+        _exit(child_main(p[1], variants[v]));
+    }
+    close(p[1]);
+    size_t got = 0;
+    ssize_t k;
+    while (got < (size_t)n * sizeof *us &&
+           (k = read(p[0], (char *)us + got, (size_t)n * sizeof *us - got)) > 0)
+        got += (size_t)k;
+    close(p[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return got == (size_t)n * sizeof *us && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* Fraction of the copy rate of bytes in us microseconds, as a column ("-" when absent). */
+static void print_frac(size_t bytes, double us, double copy_gbps)
+{
+    if (us > 0)
+        printf(" %6.1f%%", 100.0 * (double)bytes / (us * 1e-6) / 1e9 / copy_gbps);
+    else
+        printf(" %7s", "-");
+}
+
 int main(void)
 {
+    int n_res = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++)
+            n_res += measured(i, k);
+    static double us_v[N_VARIANTS][MAX_RES];
+    for (size_t v = 0; v < N_VARIANTS; v++)
+        if (!measure_variant(v, us_v[v], n_res)) {
+            fprintf(stderr, "bench_matmul_cuda: the TANDEM_MMD=%s pass failed\n", variants[v]);
+            memset(us_v[v], 0, sizeof us_v[v]);
+        }
+
     if (!cuda_available()) {
         printf("bench_matmul_cuda: no usable CUDA device\n");
         return 1;
@@ -217,41 +346,35 @@ int main(void)
     const double copy_gbps = copy_bandwidth();
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
-    printf("copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbps);
+    printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
+    printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
+           "TANDEM_MMD set so\n\n");
 
-    int64_t max_cols = 0, max_rows = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-        max_cols = shapes[i].cols > max_cols ? shapes[i].cols : max_cols;
-        max_rows = shapes[i].rows > max_rows ? shapes[i].rows : max_rows;
-    }
-    float *hx = malloc((size_t)(MAX_TOK * max_cols) * sizeof(float));
-    if (!hx)
-        return 1;
-    for (int64_t i = 0; i < MAX_TOK * max_cols; i++)
-        hx[i] = rnd();
     float *dx = NULL, *dy = NULL;
-    TRY(cuda_mem_alloc((void **)&dx, (size_t)(MAX_TOK * max_cols) * sizeof(float)));
-    TRY(cuda_mem_alloc((void **)&dy, (size_t)(MAX_TOK * max_rows) * sizeof(float)));
-    TRY(cuda_mem_upload(dx, hx, (size_t)(MAX_TOK * max_cols) * sizeof(float), st));
-    free(hx);
+    io_init(&dx, &dy);
 
-    enum { MAX_RES = sizeof shapes / sizeof *shapes * sizeof types / sizeof *types };
     result res[MAX_RES];
-    int n_res = 0;
-    printf("%-13s %6s %6s %-5s %9s %9s %8s %6s %9s %7s %7s\n", "shape", "in", "out", "type",
-           "MB", "us(1)", "GB/s", "of_copy", "us(16)", "16/1", "32/1");
+    n_res = 0;
+    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s\n", "shape", "in", "out",
+           "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma", "us(16)", "16/1",
+           "32/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
-            if (shapes[i].lm_head && types[k] != TD_Q6_K)
+            if (!measured(i, k))
                 continue;
-            result *r = &res[n_res++];
-            bench_one(r, &shapes[i], types[k], dx, dy);
+            result *r = &res[n_res];
+            bench_one(r, &shapes[i], types[k], dx, dy, N_TOKS);
+            for (size_t v = 0; v < N_VARIANTS; v++)
+                r->us_v[v] = us_v[v][n_res];
+            n_res++;
             const double gbps = (double)r->bytes / (r->us[0] * 1e-6) / 1e9;
-            printf("%-13s %6lld %6lld %-5s %9.1f %9.1f %8.0f %6.1f%% %9.1f %7.2f %7.2f\n",
-                   r->s->name, (long long)r->s->cols, (long long)r->s->rows,
-                   dtype_name(r->type), (double)r->bytes / 1e6, r->us[0], gbps,
-                   100.0 * gbps / copy_gbps, r->us[1], r->us[1] / r->us[0],
-                   r->us[2] / r->us[0]);
+            printf("%-13s %6lld %6lld %-5s %9.1f %9.1f %8.0f", r->s->name,
+                   (long long)r->s->cols, (long long)r->s->rows, dtype_name(r->type),
+                   (double)r->bytes / 1e6, r->us[0], gbps);
+            print_frac(r->bytes, r->us[0], copy_gbps);
+            for (size_t v = 0; v < N_VARIANTS; v++)
+                print_frac(r->bytes, r->us_v[v], copy_gbps);
+            printf(" %9.1f %7.2f %7.2f\n", r->us[1], r->us[1] / r->us[0], r->us[2] / r->us[0]);
             fflush(stdout);
         }
 
@@ -261,10 +384,16 @@ int main(void)
         const double gbps = (double)r->bytes / (r->us[0] * 1e-6) / 1e9;
         printf("%s\n  {\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"type\": \"%s\", "
                "\"bytes\": %zu, \"us_1\": %.2f, \"gbps_1\": %.1f, \"frac_of_copy_1\": %.4f, "
-               "\"us_16\": %.2f, \"us_32\": %.2f, \"ratio_16\": %.3f, \"ratio_32\": %.3f}",
+               "\"us_16\": %.2f, \"us_32\": %.2f, \"ratio_16\": %.3f, \"ratio_32\": %.3f",
                i ? "," : "", r->s->name, (long long)r->s->cols, (long long)r->s->rows,
                dtype_name(r->type), r->bytes, r->us[0], gbps, gbps / copy_gbps, r->us[1],
                r->us[2], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+        for (size_t v = 0; v < N_VARIANTS; v++)
+            if (r->us_v[v] > 0)
+                printf(", \"us_1_%s\": %.2f, \"frac_of_copy_1_%s\": %.4f", variants[v],
+                       r->us_v[v], variants[v],
+                       (double)r->bytes / (r->us_v[v] * 1e-6) / 1e9 / copy_gbps);
+        printf("}");
     }
     printf("\n]}\n");
 

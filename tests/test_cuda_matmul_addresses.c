@@ -8,7 +8,12 @@
  * Configurations: Q4_K, Q5_K, Q6_K, Q8_0; tiles MT = 1 and 2 (n_pad 16 takes either,
  * depending on the device's SM count, so both are checked); n_tok 1..70 (64-token chunks,
  * n_pad 8/16/32/64, the decode variant at n_tok 1); the shapes of tests/test_gpu_ops_matmul.c,
- * the tiny qwen35 model's and the 27B target's. */
+ * the tiny qwen35 model's and the 27B target's.
+ *
+ * The bulk-copy single-token kernel (matmul_bulk.cu) likewise: every row run of every stage
+ * through the kernel's own mmb_copy_of / mmb_aligned_bytes (kernels/cuda/matmul_bulk_addr.h),
+ * the tail loads, the slot each lane reads, the activation layout and the CTA's shared
+ * memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +24,7 @@
 #include <cmocka.h>
 
 #include "common/dtype.h"
+#include "kernels/cuda/matmul_bulk_addr.h"
 #include "kernels/cuda/matmul_quant_addr.h"
 
 #define MM_CHUNK 64      /* tokens per launch (matmul_internal.h) */
@@ -369,6 +375,202 @@ static void test_unsigned_staging_offset_is_caught(void **state)
     assert_true(check_weights(&geoms[0], 37, 768, 1, rel_unsigned, true));
 }
 
+/* ---- the bulk-copy single-token kernel (matmul_bulk.cu) ------------------------------- */
+
+/* One type's bulk geometry, as bq<T> has it. */
+typedef struct bgeom {
+    td_dtype type;
+    int kb, kc, slot, stages, xkb; /* k-block bytes, per stage, slot, ring depth, x bytes */
+    int blk_w, blk_bytes;          /* the type's block */
+} bgeom;
+
+static const bgeom bgeoms[] = {
+    {TD_Q4_K, MMB_Q4_K_KB, MMB_Q4_K_KC, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES, MMB_XKB_K, 256, 144},
+    {TD_Q5_K, MMB_Q5_K_KB, MMB_Q5_K_KC, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES, MMB_XKB_K, 256, 176},
+    {TD_Q6_K, MMB_Q6_K_KB, MMB_Q6_K_KC, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_XKB_K, 256, 210},
+    {TD_Q8_0, MMB_Q8_0_KB, MMB_Q8_0_KC, MMB_Q8_0_SLOT, MMB_Q8_0_STAGES, MMB_XKB_Q8, 32, 34},
+};
+
+/* The copy rule under test (mmb_copy_of, or a broken one to show the check bites). */
+typedef mmb_copy (*copy_fn)(int64_t row_bytes, int64_t rows, int kb_bytes, int kc, int64_t row,
+                            int k0);
+
+static mmb_copy copy_kernel(int64_t row_bytes, int64_t rows, int kb_bytes, int kc, int64_t row,
+                            int k0)
+{
+    return mmb_copy_of(row_bytes, rows, kb_bytes, kc, row, k0);
+}
+
+/* The window rounded up at both ends and copied whole: past the matrix for its last run when
+ * the matrix does not end on 16 bytes. */
+static mmb_copy copy_unclipped(int64_t row_bytes, int64_t rows, int kb_bytes, int kc,
+                               int64_t row, int k0)
+{
+    mmb_copy c = mmb_copy_of(row_bytes, rows, kb_bytes, kc, row, k0);
+    c.bulk = (uint32_t)(((c.src + c.mis + c.run + 15) & ~(int64_t)15) - c.src);
+    c.tail = 0;
+    return c;
+}
+
+/* The shared-memory bytes (from the slot's start, exclusive end) that lane chain q reads of
+ * its e-th k-block kb of a stage whose run starts mis bytes into the slot: Q4_K/Q5_K the
+ * block with 16-byte loads; Q6_K aligned words 0..53 from the word at or below the block
+ * (srow: word 52 holds d and the funnel shift reads one more); Q8_0 per block d and words
+ * 0..8 from the word at or below q. 0 when the k-block does not exist. */
+static int64_t bulk_read_end(const bgeom *g, int mis, int at, int n_blk32, int kb)
+{
+    const int64_t blk = mis + at;
+    switch (g->type) {
+    case TD_Q4_K:
+    case TD_Q5_K:
+        return blk + g->kb;
+    case TD_Q6_K:
+        return (blk & ~(int64_t)3) + 4 * 54;
+    default: {
+        const int left = n_blk32 - 4 * kb, n_in = left < 4 ? left : 4;
+        const int64_t p = blk + 34 * (n_in - 1);
+        return ((p + 2) & ~(int64_t)3) + 4 * 9;
+    }
+    }
+}
+
+/* Every copy of every stage of every unit: 16-byte aligned source, size and (slot) target,
+ * bulk bytes and tail inside the matrix, the run (the stage's k-blocks of the row) inside the
+ * window the slot receives, each lane's shared reads inside the slot and its k-block inside
+ * the run; Q4_K/Q5_K runs are mmb_aligned_bytes long and start on their k-block. */
+static bool check_bulk_copies(const bgeom *g, int64_t rows, int64_t cols, copy_fn copy)
+{
+    const int64_t row_bytes = cols / g->blk_w * g->blk_bytes;
+    const int64_t total = rows * row_bytes;
+    const int n_blk32 = (int)(cols / 32);
+    const int nkb = g->type == TD_Q8_0 ? (n_blk32 + 3) / 4 : (int)(cols / 256);
+    const bool aligned = g->type == TD_Q4_K || g->type == TD_Q5_K;
+    if (g->slot % 16 || g->kc % 4)
+        return violation("%s: slot %d, %d k-blocks per stage", dtype_name(g->type), g->slot,
+                         g->kc);
+    for (int64_t row = 0; row < rows; row++)
+        for (int k0 = 0; k0 < nkb; k0 += g->kc) {
+            const mmb_copy c = copy(row_bytes, rows, g->kb, g->kc, row, k0);
+            const int64_t start = row * row_bytes + (int64_t)k0 * g->kb;
+            if (c.src % 16 || c.bulk % 16 || c.tail >= 16 || c.src + c.mis != start)
+                return violation("%s row %lld k0 %d: window %lld+%u, tail %u, mis %u",
+                                 dtype_name(g->type), (long long)row, k0, (long long)c.src,
+                                 c.bulk, c.tail, c.mis);
+            if (!inside(c.src, c.bulk + c.tail, total))
+                return violation("%s %lld x %lld row %lld k0 %d: bytes %lld..+%u outside %lld",
+                                 dtype_name(g->type), (long long)rows, (long long)cols,
+                                 (long long)row, k0, (long long)c.src, c.bulk + c.tail,
+                                 (long long)total);
+            if (c.tail && (c.src + c.bulk) % 2)
+                return violation("odd tail at %lld", (long long)(c.src + c.bulk));
+            if (c.mis + c.run > c.bulk + c.tail || c.bulk + c.tail > (uint32_t)g->slot)
+                return violation("%s row %lld k0 %d: run %u+%u, window %u+%u, slot %d",
+                                 dtype_name(g->type), (long long)row, k0, c.mis, c.run, c.bulk,
+                                 c.tail, g->slot);
+            if (aligned && (c.mis || c.tail ||
+                            c.bulk != mmb_aligned_bytes(row_bytes, g->kb, g->kc, k0)))
+                return violation("%s: aligned run of %u bytes", dtype_name(g->type), c.bulk);
+            for (int j = 0; j < g->kc; j++) { /* lane chain j % 4, its (j / 4)-th k-block */
+                const int kb = k0 + j;
+                if (kb >= nkb)
+                    break;
+                const int kbb = g->type == TD_Q8_0
+                                    ? (n_blk32 - 4 * kb < 4 ? n_blk32 - 4 * kb : 4) * 34
+                                    : g->kb;
+                if ((int64_t)j * g->kb + kbb > (int64_t)c.run)
+                    return violation("%s k-block %d past its run", dtype_name(g->type), kb);
+                const int64_t end = bulk_read_end(g, (int)c.mis, j * g->kb, n_blk32, kb);
+                if (end > g->slot)
+                    return violation("%s row %lld k-block %d: shared reads to %lld of %d",
+                                     dtype_name(g->type), (long long)row, kb, (long long)end,
+                                     g->slot);
+            }
+        }
+    return true;
+}
+
+/* The activation staging and the CTA's shared memory: units and aux inside each k-block's
+ * XKB bytes without overlap, the whole layout within the 227 KiB an sm_90 block may opt
+ * into for the 27B shapes, and every scratch read (xq, xd, xsum of token 0, n_pad 8) inside
+ * the chunk layout. */
+static bool check_bulk_activations(const bgeom *g, int64_t rows, int64_t cols)
+{
+    const bool q8 = g->type == TD_Q8_0;
+    const int upk = q8 ? 16 : 32, aux = q8 ? 16 : g->type == TD_Q6_K ? 64 : 32;
+    const int n_blk32 = (int)(cols / 32);
+    const int nkb = q8 ? (n_blk32 + 3) / 4 : (int)(cols / 256);
+    const int n_pad = 8;
+    const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
+    for (int u = 0; u < upk; u++) {
+        const int at = mmb_xunit(q8, u);
+        if (at % 16 || at + 16 > g->xkb || (at < MMB_XAUX_AT + aux && at + 16 > MMB_XAUX_AT))
+            return violation("%s unit %d at %d", dtype_name(g->type), u, at);
+    }
+    if (MMB_XAUX_AT + aux > g->xkb)
+        return violation("aux past the k-block");
+    if (cols <= 17408 &&
+        mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages) > 227 * 1024)
+        return violation("%s %lld cols: %lld shared bytes", dtype_name(g->type),
+                         (long long)cols, (long long)mmb_smem_bytes(nkb, g->xkb, g->slot,
+                                                                    g->stages));
+    if ((int64_t)(cols / 8) * 16 > 2 * cols) /* xq: units of token 0 */
+        return violation("xq");
+    for (int kb = 0; kb < nkb; kb++) {
+        const int64_t jb = q8 ? kb / 2 : kb;
+        if (!inside(jb * n_pad, 1, nb * n_pad))
+            return violation("xd of k-block %d", kb);
+        if (!q8 && !inside(jb * n_pad * MM_XSUM_BYTES + (g->type == TD_Q6_K ? 32 : 0),
+                           g->type == TD_Q6_K ? 64 : 32, nb * n_pad * MM_XSUM_BYTES))
+            return violation("xsum of k-block %d", kb);
+    }
+    (void)rows;
+    return true;
+}
+
+static void check_bulk_type(const bgeom *g)
+{
+    const bool q8 = g->type == TD_Q8_0;
+    const shape *shapes = q8 ? q8_shapes : kq_shapes;
+    const size_t n_shapes = q8 ? sizeof q8_shapes / sizeof *q8_shapes
+                               : sizeof kq_shapes / sizeof *kq_shapes;
+    for (size_t s = 0; s < n_shapes; s++) {
+        if (!check_bulk_copies(g, shapes[s].rows, shapes[s].cols, copy_kernel))
+            fail_msg("%s", g_why);
+        if (!check_bulk_activations(g, shapes[s].rows, shapes[s].cols))
+            fail_msg("%s", g_why);
+    }
+    /* the shapes of tests/test_gpu_ops_matmul.c's bulk test not listed above */
+    static const shape extra[] = {{3, 256}, {7001, 1280}, {10240, 5120}, {5120, 6144}};
+    static const shape extra_q8[] = {{3, 32}, {37, 96}, {7001, 1056}, {300, 5408}};
+    for (size_t s = 0; s < 4; s++) {
+        const shape *e = q8 ? &extra_q8[s] : &extra[s];
+        if (!check_bulk_copies(g, e->rows, e->cols, copy_kernel) ||
+            !check_bulk_activations(g, e->rows, e->cols))
+            fail_msg("%s", g_why);
+    }
+}
+
+static void test_bulk_copies_and_reads_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof bgeoms / sizeof *bgeoms; k++)
+        check_bulk_type(&bgeoms[k]);
+}
+
+/* The check sees a window copied whole past the matrix: a Q6_K matrix of 37 rows x 768
+ * (630-byte rows, 23310 bytes = 14 mod 16) has its last run (row 36, bytes 22680..23309)
+ * end 14 bytes past the last 16-byte boundary, so the rounded-up window 22672..23311 reads
+ * 2 bytes past the matrix; Q8_0 37 x 96 (102-byte rows, 3774 = 14 mod 16) likewise. Q4_K
+ * runs never round. */
+static void test_bulk_unclipped_window_is_caught(void **state)
+{
+    (void)state;
+    assert_false(check_bulk_copies(&bgeoms[2], 37, 768, copy_unclipped));
+    assert_non_null(strstr(g_why, "row 36 k0 0: bytes 22672..+640 outside 23310"));
+    assert_false(check_bulk_copies(&bgeoms[3], 37, 96, copy_unclipped));
+    assert_true(check_bulk_copies(&bgeoms[0], 37, 768, copy_unclipped));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -377,6 +579,8 @@ int main(void)
         cmocka_unit_test(test_q6_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q8_0_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_unsigned_staging_offset_is_caught),
+        cmocka_unit_test(test_bulk_copies_and_reads_stay_inside_their_allocations),
+        cmocka_unit_test(test_bulk_unclipped_window_is_caught),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

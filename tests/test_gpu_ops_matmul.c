@@ -3,7 +3,9 @@
  * batch equals token t computed alone, what lossless greedy speculation on the GPU relies
  * on; for quantised types a single token runs on the tensor-core kernel, or on the dp4a
  * single-token kernel for the 33000-row Q4_K matrix (and for all of them under
- * TANDEM_MMD=regs), so this also proves the two kernels' arithmetic identical);
+ * TANDEM_MMD=regs), so this also proves the two kernels' arithmetic identical); on sm_90,
+ * the bulk-copy single-token kernel (TANDEM_MMD=bulk, run in child processes of this
+ * program) byte for byte against both, on the 27B target's shapes among others;
  * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
  * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.
@@ -27,7 +29,11 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "kernels/cuda/matmul_bulk_addr.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/ops.h"
 #include "tests/support/gpu_check.h"
@@ -43,6 +49,8 @@ int main(void)
 }
 
 #else
+
+#include <cuda_runtime_api.h>
 
 /* Sanitizer builds: the driver keeps process-lifetime allocations that LeakSanitizer would
  * report, and maps memory where ASan's shadow gap would be. */
@@ -135,25 +143,25 @@ static void round_like_gpu(const float *x, int64_t cols, double *xr, float *dx)
 
 /* Per (token, row): the reference values and the bounds of the header comment. */
 typedef struct expect {
-    float *cpu;   /* [MAX_TOK][rows] cpu_matmul */
-    double *ref;  /* [MAX_TOK][rows] f64 sum of w * (x as the GPU rounds it); = cpu for F */
-    double *tol_ref; /* [MAX_TOK][rows] allowed |gpu - ref|: f32 rounding only */
-    double *tol_cpu; /* [MAX_TOK][rows] allowed |gpu - cpu| */
+    float *cpu;   /* [n_tok][rows] cpu_matmul */
+    double *ref;  /* [n_tok][rows] f64 sum of w * (x as the GPU rounds it); = cpu for F */
+    double *tol_ref; /* [n_tok][rows] allowed |gpu - ref|: f32 rounding only */
+    double *tol_cpu; /* [n_tok][rows] allowed |gpu - cpu| */
 } expect;
 
-static void expect_init(expect *e, const test_weight *tw, const float *x)
+static void expect_init(expect *e, const test_weight *tw, const float *x, int64_t n_tok)
 {
     const int64_t rows = tw->host.rows, cols = tw->host.cols;
     const bool quant = is_quant(tw->host.type);
     const bool tc = tw->host.type == TD_F16 || tw->host.type == TD_BF16; /* tensor cores */
-    e->cpu = malloc((size_t)(MAX_TOK * rows) * sizeof(float));
-    e->ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
-    e->tol_ref = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
-    e->tol_cpu = malloc((size_t)(MAX_TOK * rows) * sizeof(double));
-    cpu_matmul(e->cpu, x, &tw->host, MAX_TOK);
+    e->cpu = malloc((size_t)(n_tok * rows) * sizeof(float));
+    e->ref = malloc((size_t)(n_tok * rows) * sizeof(double));
+    e->tol_ref = malloc((size_t)(n_tok * rows) * sizeof(double));
+    e->tol_cpu = malloc((size_t)(n_tok * rows) * sizeof(double));
+    cpu_matmul(e->cpu, x, &tw->host, n_tok);
     double *xr = malloc((size_t)cols * sizeof(double));
     float *dx = malloc((size_t)cols * sizeof(float));
-    for (int64_t t = 0; t < MAX_TOK; t++) {
+    for (int64_t t = 0; t < n_tok; t++) {
         const float *xt = x + t * cols;
         round_like_gpu(xt, cols, xr, dx);
         for (int64_t r = 0; r < rows; r++) {
@@ -255,7 +263,7 @@ static void check_weight(td_dtype type, int64_t rows, int64_t cols)
         x[t * cols + (t * 7919) % cols] *= 16.0f;
     float *dx = dput(x, (size_t)(MAX_TOK * cols) * sizeof(float));
     expect e;
-    expect_init(&e, &tw, x);
+    expect_init(&e, &tw, x, MAX_TOK);
 
     float *alone = malloc((size_t)(MAX_TOK * rows) * sizeof(float));
     for (int64_t t = 0; t < MAX_TOK; t++) {
@@ -474,6 +482,192 @@ static void test_matmul_rejects_bad_weights(void **state)
     free(wf);
 }
 
+/* ---- single tokens on every kernel: the bulk-copy kernel against the others -------------- */
+
+/* The single-token kernel is picked once per process (TANDEM_MMD), so each variant runs in a
+ * child process of this program ("--single-tokens FILE" with TANDEM_MMD set): the child
+ * computes BULK_TOK tokens of every bulk_shapes matrix one token at a time, checks each
+ * against the same tokens as one batch (the tensor-core kernel) bit for bit and, for
+ * "bulk", against cpu_matmul, and writes the single-token outputs to FILE; the parent then
+ * compares the files of "bulk", "mma" (tensor cores) and "regs" (dp4a) byte for byte. */
+#define BULK_TOK 3
+
+typedef struct bulk_shape {
+    td_dtype type;
+    int64_t rows, cols;
+} bulk_shape;
+
+/* 3 and 37 rows (less than a unit of 8, and a partial last unit), 7001 (one row in the last
+ * unit), 33000; k-blocks per row fewer than a stage, not a multiple of the stage (21, 5, 33
+ * Q8_0 blocks: a partial last k-block) and many; the 27B target's ffn_gate/up, ffn_down,
+ * attn_qkv and ssm/attn_out shapes (rows x cols). Q6_K and Q8_0 rows start at every even
+ * offset modulo 16, and the matrix's last run ends past its last 16-byte boundary. */
+static const bulk_shape bulk_shapes[] = {
+    {TD_Q4_K, 3, 256},      {TD_Q4_K, 37, 768},     {TD_Q4_K, 7001, 1280},
+    {TD_Q4_K, 33000, 256},  {TD_Q4_K, 300, 5376},   {TD_Q4_K, 17408, 5120},
+    {TD_Q4_K, 5120, 17408}, {TD_Q4_K, 10240, 5120}, {TD_Q4_K, 5120, 6144},
+    {TD_Q5_K, 3, 256},      {TD_Q5_K, 37, 768},     {TD_Q5_K, 7001, 1280},
+    {TD_Q5_K, 300, 5376},   {TD_Q5_K, 17408, 5120}, {TD_Q5_K, 5120, 17408},
+    {TD_Q5_K, 10240, 5120}, {TD_Q5_K, 5120, 6144},  {TD_Q6_K, 3, 256},
+    {TD_Q6_K, 37, 768},     {TD_Q6_K, 7001, 1280},  {TD_Q6_K, 33000, 256},
+    {TD_Q6_K, 300, 5376},   {TD_Q6_K, 17408, 5120}, {TD_Q6_K, 5120, 17408},
+    {TD_Q6_K, 10240, 5120}, {TD_Q6_K, 5120, 6144},  {TD_Q8_0, 3, 32},
+    {TD_Q8_0, 37, 96},      {TD_Q8_0, 7001, 1056},  {TD_Q8_0, 33000, 64},
+    {TD_Q8_0, 300, 5408},   {TD_Q8_0, 17408, 5120}, {TD_Q8_0, 5120, 17408},
+    {TD_Q8_0, 10240, 5120}, {TD_Q8_0, 5120, 6144},
+};
+
+static const char *g_single_out; /* the child's output file */
+
+/* The child's one test: see the section comment. */
+static void single_tokens_child(void **state)
+{
+    (void)state;
+    const char *variant = getenv("TANDEM_MMD");
+    const bool check_cpu = variant && strcmp(variant, "bulk") == 0;
+    FILE *f = fopen(g_single_out, "wb");
+    assert_non_null(f);
+    for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++) {
+        const bulk_shape *b = &bulk_shapes[k];
+        char what[96];
+        snprintf(what, sizeof what, "TANDEM_MMD=%s %s %lld x %lld", variant ? variant : "",
+                 dtype_name(b->type), (long long)b->rows, (long long)b->cols);
+        rng_seed(31 + k); /* the same weights and inputs in every child */
+        test_weight tw;
+        weight_init(&tw, b->type, b->rows, b->cols);
+        float *x = rng_floats(BULK_TOK * b->cols, 2.0f);
+        for (int64_t t = 0; t < BULK_TOK; t++)
+            x[t * b->cols + (t * 7919) % b->cols] *= 16.0f;
+        float *dx = dput(x, (size_t)(BULK_TOK * b->cols) * sizeof(float));
+        float *batch = gpu_matmul(&tw, dx, BULK_TOK);
+        float *alone = malloc((size_t)(BULK_TOK * b->rows) * sizeof(float));
+        for (int64_t t = 0; t < BULK_TOK; t++) {
+            float *y = gpu_matmul(&tw, dx + t * b->cols, 1);
+            memcpy(alone + t * b->rows, y, (size_t)b->rows * sizeof(float));
+            free(y);
+        }
+        assert_true(check_same_bits(what, alone, batch,
+                                    (size_t)(BULK_TOK * b->rows) * sizeof(float)));
+        if (check_cpu) {
+            expect e;
+            expect_init(&e, &tw, x, BULK_TOK);
+            assert_true(check_outputs(what, alone, &e, BULK_TOK, b->rows));
+            expect_free(&e);
+        }
+        assert_int_equal(fwrite(alone, sizeof(float), (size_t)(BULK_TOK * b->rows), f),
+                         (size_t)(BULK_TOK * b->rows));
+        free(alone);
+        free(batch);
+        cuda_mem_free(dx);
+        free(x);
+        weight_free(&tw);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Runs this program as a child with TANDEM_MMD=variant writing to out; its exit status. */
+static int run_single_tokens(const char *variant, const char *out)
+{
+    extern char **environ;
+    char env_mmd[64];
+    snprintf(env_mmd, sizeof env_mmd, "TANDEM_MMD=%s", variant);
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    assert_non_null(envp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0)
+            envp[m++] = environ[i];
+    envp[m++] = env_mmd;
+    char exe[] = "/proc/self/exe", flag[] = "--single-tokens";
+    char *argv[] = {exe, flag, (char *)out, NULL};
+    pid_t pid = 0;
+    const int e = posix_spawn(&pid, exe, NULL, NULL, argv, envp);
+    free(envp);
+    assert_int_equal(e, 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The whole file at path (n bytes). */
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    const long len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    uint8_t *buf = malloc((size_t)len);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+/* Shared bytes the bulk kernel's CTA needs for a matrix (matmul_bulk.cu's smem_for), so the
+ * test knows every bulk_shapes matrix really takes that kernel under TANDEM_MMD=bulk. */
+static int64_t bulk_smem(const bulk_shape *b)
+{
+    switch (b->type) {
+    case TD_Q4_K:
+        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES);
+    case TD_Q5_K:
+        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES);
+    case TD_Q6_K:
+        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES);
+    default:
+        return mmb_smem_bytes((b->cols / 32 + 3) / 4, MMB_XKB_Q8, MMB_Q8_0_SLOT,
+                              MMB_Q8_0_STAGES);
+    }
+}
+
+/* On an sm_90 device, single tokens under TANDEM_MMD=bulk (the bulk-copy kernel), =mma (the
+ * tensor-core kernel) and =regs (the dp4a kernel) give the same bytes for every bulk_shapes
+ * matrix, and each equals its batch-of-3 result and (bulk) cpu_matmul within the bounds of
+ * check_outputs. Skipped below sm_90, where the bulk kernel does not exist. */
+static void test_matmul_bulk_single_tokens_match_tensor_core_and_dp4a_bits(void **state)
+{
+    (void)state;
+    int dev = 0, major = 0, optin = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    assert_int_equal(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        cudaSuccess);
+    if (major < 9) {
+        printf("bulk-copy kernel: sm_%d0 device, needs sm_90: skipped\n", major);
+        skip();
+    }
+    for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
+        assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
+    static const char *variants[] = {"bulk", "mma", "regs"};
+    char path[3][64];
+    uint8_t *data[3];
+    size_t len[3];
+    for (int v = 0; v < 3; v++) {
+        snprintf(path[v], sizeof path[v], "/tmp/tandem_single_%d_%s.bin", (int)getpid(),
+                 variants[v]);
+        const int rc = run_single_tokens(variants[v], path[v]);
+        if (rc != 0)
+            fail_msg("TANDEM_MMD=%s child exited with %d", variants[v], rc);
+        data[v] = slurp(path[v], &len[v]);
+        remove(path[v]);
+    }
+    for (int v = 1; v < 3; v++) {
+        char what[64];
+        snprintf(what, sizeof what, "single tokens: bulk vs %s", variants[v]);
+        assert_int_equal(len[v], len[0]);
+        assert_true(check_same_bits(what, data[0], data[v], len[0]));
+    }
+    for (int v = 0; v < 3; v++)
+        free(data[v]);
+}
+
 /* ---- dequantisation --------------------------------------------------------------------- */
 
 static const td_dtype all_types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0,
@@ -560,10 +754,17 @@ static void test_get_rows_matches_cpu_and_bad_ids_give_nan(void **state)
     }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     if (!gpu_check_init())
         return SKIP_EXIT;
+    if (argc == 3 && strcmp(argv[1], "--single-tokens") == 0) { /* a variant's child */
+        g_single_out = argv[2];
+        const struct CMUnitTest child[] = {cmocka_unit_test(single_tokens_child)};
+        int rc = cmocka_run_group_tests(child, NULL, NULL);
+        gpu_check_free();
+        return rc;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_k_quants_match_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_q8_0_matches_cpu_at_every_batch_size),
@@ -571,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),
+        cmocka_unit_test(test_matmul_bulk_single_tokens_match_tensor_core_and_dp4a_bits),
         cmocka_unit_test(test_dequantize_row_matches_cpu_bits),
         cmocka_unit_test(test_get_rows_matches_cpu_and_bad_ids_give_nan),
     };

@@ -254,9 +254,10 @@ xq_layout xq_layout_of(int64_t cols, int n_pad)
 
 /* Which kernel runs single tokens (TANDEM_MMD, read once): by default the faster one as
  * measured per type and shape (mmd_preferred), "regs" always the single-token kernel
- * (matmul_decode.cu), "mma" always the tensor-core kernel (plain layout). All give the same
- * bits; the switch keeps both measurable, and testable, on one build. */
-enum { MMD_AUTO = 1, MMD_REGS, MMD_MMA };
+ * (matmul_decode.cu), "mma" always the tensor-core kernel (plain layout), "bulk" the sm_90
+ * bulk-copy kernel (matmul_bulk.cu) wherever mmb_supported, else the default. All give the
+ * same bits; the switch keeps them measurable, and testable, on one build. */
+enum { MMD_AUTO = 1, MMD_REGS, MMD_MMA, MMD_BULK };
 int g_mmd_choice;
 
 int mmd_choice(void)
@@ -264,8 +265,10 @@ int mmd_choice(void)
     int c = __atomic_load_n(&g_mmd_choice, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_MMD");
-        c = e && strcmp(e, "regs") == 0 ? MMD_REGS : e && strcmp(e, "mma") == 0 ? MMD_MMA
-                                                                                : MMD_AUTO;
+        c = e && strcmp(e, "regs") == 0   ? MMD_REGS
+            : e && strcmp(e, "mma") == 0  ? MMD_MMA
+            : e && strcmp(e, "bulk") == 0 ? MMD_BULK
+                                          : MMD_AUTO;
         __atomic_store_n(&g_mmd_choice, c, __ATOMIC_RELAXED);
     }
     return c;
@@ -275,6 +278,7 @@ int mmd_choice(void)
  * activations that kernel reads. */
 struct mm_plan {
     bool decode; /* the single-token kernel (matmul_decode.cu), else the tensor-core kernel */
+    bool bulk;   /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
     int unit;    /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed; /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };
@@ -283,9 +287,10 @@ struct mm_plan {
 mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
 {
     const int choice = mmd_choice();
-    const bool decode = nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
+    const bool bulk = nc == 1 && choice == MMD_BULK && mmb_supported(w);
+    const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    return mm_plan{decode, mmq_unit(w->type), decode && mmd_placed(w->type)};
+    return mm_plan{decode, bulk, mmq_unit(w->type), decode && mmd_placed(w->type)};
 }
 
 /* Whether two plans read the same rounded activations, so that one rounding serves both. */
@@ -314,7 +319,9 @@ td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const
 td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const mm_plan &p,
                      const mm_device *dev, cudaStream_t st)
 {
-    TD_TRY(p.decode ? mmd_launch(yc, q, w, dev, st) : mmq_launch(yc, q, w, dev, st));
+    TD_TRY(p.bulk     ? mmb_launch(yc, q, w, dev, st)
+           : p.decode ? mmd_launch(yc, q, w, dev, st)
+                      : mmq_launch(yc, q, w, dev, st));
     cuda_launch_note(1);
     return TD_OK;
 }

@@ -94,6 +94,17 @@ td_err mmd_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_d
  * tensor-core kernel (measured on an H200, see matmul_decode.cu); both give the same bits. */
 bool mmd_preferred(const ops_weight *w, const mm_device *dev);
 
+/* Whether one token on w can run on the bulk-copy kernel (matmul_bulk.cu): an sm_90+
+ * device, a type it covers (Q4_K, Q5_K, Q6_K, Q8_0), 16-byte aligned data and a row short
+ * enough that the token's activations and the rings fit one CTA's shared memory. It reads
+ * the plain activation layout (mmq_unit, not mm_decode_unit_pos). */
+bool mmb_supported(const ops_weight *w);
+
+/* y[0][w->rows] = xq . W^T for one token (xq->n_tok == 1) where mmb_supported(w), with the
+ * arithmetic of mmq_launch (so the same bits). PDL as for mmq_launch. */
+td_err mmb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                  cudaStream_t st);
+
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
  * kernel launch now; wait until the kernels this one depends on have finished and their
  * writes are visible. */

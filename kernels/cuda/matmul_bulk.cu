@@ -1,0 +1,453 @@
+/* y = x . W^T for one token (decode) on sm_90: weights stream into shared memory by bulk
+ * copies (cp.async.bulk, the copy engine of Hopper) that complete on per-stage mbarriers, and
+ * each lane turns one whole (row, k-block) into the exact integers of matmul_quant.cu with
+ * dp4a. TANDEM_MMD=bulk runs it for every single token of a type it covers (Q4_K, Q5_K, Q6_K,
+ * Q8_0); it is not the default until its H200 numbers are in (NOTES.md).
+ *
+ * Why: the register kernel (matmul_decode.cu) keeps its loads in flight on one scoreboard,
+ * so every k-block waits a full memory latency, and the cp.async rings spent many
+ * instructions per byte and waited in order (NOTES.md, round 2). A bulk copy is one
+ * instruction per row run of up to ~850 bytes, its completion is counted in bytes on the
+ * stage's barrier, and a warp waits only on the stage it is about to read.
+ *
+ * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps, each
+ * with its own ring of STAGES stages. A warp takes units of MMB_UROWS = 8 consecutive rows
+ * (handed out by a counter in shared memory among the CTA's contiguous share of the units, so
+ * the SM's warps finish together) and walks a unit's k-blocks MMB_KC = 4 per stage: lane
+ * 4r + q owns row r and accumulation chain q, i.e. k-block k0 + q of every stage, and decodes
+ * it alone (no butterfly: that is what keeps the count near 0.06 instructions per weight
+ * byte). Lanes q = 0 issue their row's copy of the next stage; the stage's barrier expects 8
+ * arrivals (one per row lane, with its bytes), so a wrong count cannot complete a phase early.
+ * The activations of the token (2 bytes per input, digits hi/lo) are copied once per CTA
+ * into shared memory, with the scale and sum digits each k-block needs beside them; every
+ * lane of a warp reads the same unit of 4 k-blocks at a time (broadcast, 4 bank groups).
+ *
+ * Arithmetic (matmul_quant.cu's header comment, exactly): per (row, k-block) the integers H,
+ * L, M (Q4_K/Q5_K) or C (Q6_K) or per Q8_0 block 256 dot_hi + dot_lo, then the same f32 steps
+ * with the same _rn intrinsics in the same order along chain q (k-blocks q, q+4, ... in
+ * increasing order), and y = ((p0 + p1) + p2) + p3 over the chains. So a token's result is
+ * bit-identical to the tensor-core kernel's and the dp4a kernel's (tested).
+ *
+ * Hang safety: every wait on a barrier gives up after ~2^24 sleeps (seconds) and traps, so a
+ * wrong byte count becomes a launch error instead of a hung GPU. */
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MMB_SM90 1 /* device code exists for sm_90 only; the sm_86 kernel is an empty stub */
+#else
+#define MMB_SM90 0
+#endif
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/matmul_bulk_addr.h"
+#include "kernels/cuda/matmul_bulk_blocks.cuh"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace {
+
+constexpr int WARPS = MMB_WARPS;
+constexpr int UROWS = MMB_UROWS;
+
+#if MMB_SM90
+
+/* --- barriers and bulk copies ------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void bar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+
+/* Makes the initialised barriers visible to the copy engine (the async proxy). */
+__device__ __forceinline__ void bar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* The phase's one arrival, announcing the bytes its copies will bring. */
+__device__ __forceinline__ void bar_arrive_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n"
+                 " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
+/* Waits for the phase of the given parity to complete; traps after 2^24 sleeps of >= 256 ns
+ * (seconds): only a wrong byte count or a lost copy gets there. */
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
+{
+    if (bar_try(bar, parity))
+        return;
+    for (uint32_t n = 0; !bar_try(bar, parity); n++) {
+        if (n >= (1u << 24))
+            __trap();
+        if (n >= 16)
+            __nanosleep(256);
+    }
+}
+
+/* True in exactly one lane of the (converged) warp. */
+__device__ __forceinline__ bool elect_one()
+{
+    uint32_t pred;
+    asm volatile("{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(pred));
+    return pred != 0;
+}
+
+/* An L2 policy for data read once: evict it first. */
+__device__ __forceinline__ uint64_t evict_first_policy()
+{
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+/* bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, completing
+ * on bar. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_addr(bar)),
+                 "l"(policy)
+                 : "memory");
+}
+
+/* The stage of rows row0 .. row0 + nr - 1 (from unit, at w + row0 * row_bytes), k-blocks
+ * k0 .. k0 + KC - 1, into dst (row i at dst + i * SLOT), one thread: the tail of the
+ * matrix's last run (16-bit loads, stored before the arrival releases them), the phase's
+ * arrival with the bytes of all its copies, then the copies. Q4_K/Q5_K runs are whole
+ * 16-byte pieces of the same size in every row (mmb_aligned_bytes). */
+template <int T>
+__device__ __forceinline__ void stage_issue(uint8_t *dst, uint64_t *bar, const uint8_t *w,
+                                            const uint8_t *unit, int64_t row_bytes,
+                                            int64_t rows, int64_t row0, int nr, int k0,
+                                            uint64_t policy)
+{
+    using B = bq<T>;
+    if constexpr (B::ALIGNED) {
+        const uint32_t bytes = mmb_aligned_bytes(row_bytes, B::KB, B::KC, k0);
+        bar_arrive_tx(bar, bytes * (uint32_t)nr);
+        const uint8_t *src = unit + k0 * B::KB;
+        if (nr == UROWS) {
+#pragma unroll
+            for (int i = 0; i < UROWS; i++) {
+                bulk_copy(dst, src, bytes, bar, policy);
+                dst += B::SLOT;
+                src += row_bytes;
+            }
+        } else {
+            for (int i = 0; i < nr; i++) {
+                bulk_copy(dst, src, bytes, bar, policy);
+                dst += B::SLOT;
+                src += row_bytes;
+            }
+        }
+    } else {
+        (void)unit;
+        uint32_t total = 0;
+        for (int i = 0; i < nr; i++) {
+            const mmb_copy c = mmb_copy_of(row_bytes, rows, B::KB, B::KC, row0 + i, k0);
+            total += c.bulk;
+            for (uint32_t t = 0; t < c.tail; t += 2) /* past the last 16-byte boundary */
+                *(uint16_t *)(dst + i * B::SLOT + c.bulk + t) =
+                    *(const uint16_t *)(w + c.src + c.bulk + t);
+        }
+        bar_arrive_tx(bar, total);
+        for (int i = 0; i < nr; i++) {
+            const mmb_copy c = mmb_copy_of(row_bytes, rows, B::KB, B::KC, row0 + i, k0);
+            if (c.bulk)
+                bulk_copy(dst + i * B::SLOT, w + c.src, c.bulk, bar, policy);
+        }
+    }
+}
+
+/* Lane 0 takes the CTA's next unit (CTA-local index), -1 when none is left; the whole warp
+ * gets the answer. */
+__device__ __forceinline__ int unit_take(int *counter, int n_local)
+{
+    int u = 0;
+    if ((threadIdx.x & 31) == 0)
+        u = atomicAdd(counter, 1);
+    u = __shfl_sync(0xffffffffu, u, 0);
+    return u < n_local ? u : -1;
+}
+
+#endif /* MMB_SM90 */
+
+/* --- the kernel --------------------------------------------------------------------------- */
+
+/* grid: one CTA per SM (at most one per unit), MMB_WARPS warps, mmb_smem_bytes of dynamic
+ * shared memory. CTA b owns units [units * b / grid, units * (b + 1) / grid); its warps take
+ * them one at a time. nblk: blocks per row (super-blocks, or Q8_0's blocks of 32). */
+template <int T>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    mmb_kernel(float *y, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
+               int nblk, int64_t units, const int8_t *xq, const float *xd, const int8_t *xs,
+               int n_pad)
+{
+    mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
+#if MMB_SM90
+    using B = bq<T>;
+    constexpr int KM = B::KC / 4; /* k-blocks per chain and stage */
+    const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk;
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint64_t *bars = (uint64_t *)smem;              /* [WARPS][STAGES], one arrival each */
+    int *owner = (int *)(bars + WARPS * B::STAGES); /* [WARPS][STAGES] unit in the stage */
+    int *counter = owner + WARPS * B::STAGES;       /* units taken in this CTA */
+    uint8_t *xsm = smem + MMB_HDR;                  /* [nkb][XKB] activations */
+    uint8_t *ring = xsm + (((int64_t)nkb * B::XKB + 127) & ~(int64_t)127);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = lane >> 2, q = lane & 3; /* row of the unit, chain */
+    const int64_t u0 = units * blockIdx.x / gridDim.x;
+    const int n_local = (int)(units * (blockIdx.x + 1) / gridDim.x - u0);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < WARPS * B::STAGES; i++)
+            bar_init(&bars[i], 1);
+        *counter = 0;
+        bar_init_fence();
+    }
+    __syncthreads();
+
+    uint8_t *wring = ring + (size_t)warp * B::STAGES * UROWS * B::SLOT; /* [STAGES][UROWS][SLOT] */
+    uint64_t *wbar = bars + warp * B::STAGES;
+    int *wown = owner + warp * B::STAGES;
+    const uint64_t policy = evict_first_policy();
+    const int nst = (nkb + B::KC - 1) / B::KC; /* stages per unit */
+    /* the next stage to issue: unit p_unit (CTA-local, -1: none left), its stage p_st; its
+     * rows p_row0 .. + p_nr - 1 start at p_src */
+    int p_unit = unit_take(counter, n_local), p_st = 0, p_nr = 0;
+    int64_t p_row0 = 0;
+    const uint8_t *p_src = w;
+    auto unit_start = [&]() {
+        if (p_unit >= 0) {
+            p_row0 = (u0 + p_unit) * UROWS;
+            p_nr = mmb_unit_rows(u0 + p_unit, rows);
+            p_src = w + p_row0 * row_bytes;
+        }
+    };
+    unit_start();
+    int issued = 0;
+    auto issue = [&](int s) {
+        if (lane == 0)
+            wown[s] = p_unit;
+        if (elect_one())
+            stage_issue<T>(wring + s * UROWS * B::SLOT, &wbar[s], w, p_src, row_bytes, rows,
+                           p_row0, p_nr, p_st * B::KC, policy);
+        if (++p_st == nst) {
+            p_st = 0;
+            p_unit = unit_take(counter, n_local);
+            unit_start();
+        }
+        issued++;
+    };
+    /* the weights do not depend on the kernel before this one: fill the ring first */
+    for (int s = 0; s < B::STAGES && p_unit >= 0; s++)
+        issue(s);
+
+    mm_wait_dependencies(); /* xq, xd, xs come from the rounding kernel */
+    stage_x<T>(xsm, xq, xd, xs, cols, nkb, n_pad);
+    __syncthreads();
+
+    float acc = 0.0f; /* chain q of row r */
+    int c_st = 0, s = 0, nr = 0, rr = 0;
+    int64_t row0 = 0;
+    uint32_t phase = 0;
+    for (int c = 0; c < issued; c++) {
+        bar_wait(&wbar[s], phase);
+        if (c_st == 0) { /* a new unit */
+            row0 = (u0 + wown[s]) * UROWS;
+            nr = mmb_unit_rows(u0 + wown[s], rows);
+            rr = r < nr ? r : nr - 1; /* rows past the matrix read the last real one */
+        }
+        const int k0 = c_st * B::KC;
+        const uint8_t *slot = wring + (s * UROWS + rr) * B::SLOT;
+        if constexpr (!B::ALIGNED) /* where the run starts in its window */
+            slot += ((row0 + rr) * row_bytes + (int64_t)k0 * B::KB) & 15;
+#pragma unroll
+        for (int e = 0; e < KM; e++) { /* chain q's k-blocks of the stage, in order */
+            const int kb = k0 + 4 * e + q;
+            if (kb < nkb) {
+                const uint8_t *blk = slot + (4 * e + q) * B::KB;
+                const uint8_t *xk = xsm + kb * B::XKB;
+                if constexpr (T == TD_Q6_K)
+                    item_q6k(acc, blk, xk);
+                else if constexpr (T == TD_Q8_0)
+                    item_q80(acc, blk, xk, nblk - 4 * kb < 4 ? nblk - 4 * kb : 4);
+                else
+                    item_kq<T == TD_Q5_K>(acc, blk, xk);
+            }
+        }
+        if (++c_st == nst) { /* the unit's last stage: y = ((p0 + p1) + p2) + p3 */
+            c_st = 0;
+            const float p1 = __shfl_down_sync(0xffffffffu, acc, 1);
+            const float p2 = __shfl_down_sync(0xffffffffu, acc, 2);
+            const float p3 = __shfl_down_sync(0xffffffffu, acc, 3);
+            if (q == 0 && r < nr)
+                y[row0 + r] = __fadd_rn(__fadd_rn(__fadd_rn(acc, p1), p2), p3);
+            acc = 0.0f;
+        }
+        __syncwarp(); /* every lane is done with stage s before it is refilled */
+        if (p_unit >= 0)
+            issue(s);
+        if (++s == B::STAGES) {
+            s = 0;
+            phase ^= 1;
+        }
+    }
+#else
+    (void)y, (void)w, (void)row_bytes, (void)rows, (void)cols, (void)nblk, (void)units,
+        (void)xq, (void)xd, (void)xs, (void)n_pad;
+#endif
+}
+
+/* --- launch ------------------------------------------------------------------------------- */
+
+int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
+
+/* Per device ordinal: compute capability major, opt-in shared memory per block (0: not
+ * asked yet). */
+int g_major[64], g_smem_optin[64];
+
+td_err device_caps(int *major, int *optin)
+{
+    int ordinal = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    const int i = ordinal & 63;
+    *major = __atomic_load_n(&g_major[i], __ATOMIC_RELAXED);
+    *optin = __atomic_load_n(&g_smem_optin[i], __ATOMIC_RELAXED);
+    if (*optin == 0) {
+        CUDA_TRY(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, ordinal));
+        CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
+        __atomic_store_n(&g_major[i], *major, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_smem_optin[i], *optin, __ATOMIC_RELAXED);
+    }
+    return TD_OK;
+}
+
+/* Blocks per row (super-blocks, or Q8_0's blocks of 32) and k-blocks per row. */
+template <int T> int64_t blocks_of(const ops_weight *w)
+{
+    return w->cols / (T == TD_Q8_0 ? 32 : MM_XBLOCK);
+}
+template <int T> int64_t kblocks_of(const ops_weight *w)
+{
+    return T == TD_Q8_0 ? (blocks_of<T>(w) + 3) / 4 : blocks_of<T>(w);
+}
+
+template <int T> int64_t smem_for(const ops_weight *w)
+{
+    using B = bq<T>;
+    return mmb_smem_bytes(kblocks_of<T>(w), B::XKB, B::SLOT, B::STAGES);
+}
+
+/* Shared bytes the kernel for w needs, -1 for a type it does not cover. */
+int64_t smem_of(const ops_weight *w)
+{
+    switch (w->type) {
+    case TD_Q4_K:
+        return smem_for<TD_Q4_K>(w);
+    case TD_Q5_K:
+        return smem_for<TD_Q5_K>(w);
+    case TD_Q6_K:
+        return smem_for<TD_Q6_K>(w);
+    case TD_Q8_0:
+        return smem_for<TD_Q8_0>(w);
+    default:
+        return -1;
+    }
+}
+
+template <int T>
+td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+              cudaStream_t st)
+{
+    const int nblk = (int)blocks_of<T>(w);
+    const int64_t units = (w->rows + UROWS - 1) / UROWS;
+    static int attr_done[64]; /* per device ordinal: the shared-memory opt-in was set */
+    int ordinal = 0, major = 0, optin = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    TD_TRY(device_caps(&major, &optin));
+    if (!__atomic_load_n(&attr_done[ordinal & 63], __ATOMIC_RELAXED)) {
+        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      optin));
+        __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
+    }
+    const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(WARPS * 32);
+    cfg.dynamicSmemBytes = (size_t)smem_for<T>(w);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const int64_t rb = (int64_t)w->row_bytes;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmb_kernel<T>, y, wd, rb, w->rows, w->cols, nblk,
+                                       units, xq->xq, xq->xd, xq->xsum, xq->n_pad);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        (void)cudaGetLastError(); /* plain launches from now on */
+        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, mmb_kernel<T>, y, wd, rb, w->rows, w->cols, nblk, units,
+                               xq->xq, xq->xd, xq->xsum, xq->n_pad);
+    }
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%lld rows): %s",
+                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
+    return TD_OK;
+}
+
+} /* namespace */
+
+bool mmb_supported(const ops_weight *w)
+{
+    int major = 0, optin = 0;
+    if (device_caps(&major, &optin) != TD_OK) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const int64_t smem = smem_of(w);
+    return major >= 9 && smem > 0 && smem <= optin && ((uintptr_t)w->data & 15) == 0 &&
+           w->row_bytes <= ((size_t)1 << 26);
+}
+
+td_err mmb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                  cudaStream_t st)
+{
+    TD_ASSERT(xq->n_tok == 1 && mmb_supported(w));
+    switch (w->type) {
+    case TD_Q8_0:
+        return launch<TD_Q8_0>(y, xq, w, dev, st);
+    case TD_Q6_K:
+        return launch<TD_Q6_K>(y, xq, w, dev, st);
+    case TD_Q5_K:
+        return launch<TD_Q5_K>(y, xq, w, dev, st);
+    default:
+        return launch<TD_Q4_K>(y, xq, w, dev, st);
+    }
+}

@@ -1,0 +1,129 @@
+/* The copy and shared-memory arithmetic of the bulk-copy single-token matmul
+ * (matmul_bulk.cu), in one place that both the kernel and a host test compile
+ * (tests/test_cuda_matmul_addresses.c checks that every bulk copy, tail load and
+ * shared-memory read lands inside its allocation). Plain C: no CUDA headers; under nvcc the
+ * functions are __host__ __device__.
+ *
+ * Work is cut into units of MMB_UROWS consecutive rows; a warp takes a unit whole and walks
+ * its k-blocks in stages of KC (a multiple of the 4 accumulation chains q = k-block mod 4).
+ * A stage holds, per row of the unit, one contiguous run of the row's bytes: the k-blocks
+ * k0 .. k0 + KC - 1 that exist. A bulk copy needs a 16-byte aligned source, destination and
+ * size, so the copy is the 16-byte window around the run (start rounded down, end rounded
+ * up); Q4_K (144-byte) and Q5_K (176-byte) runs are that window exactly when the matrix is
+ * 16-byte aligned, Q6_K (210) and Q8_0 (4 x 34) runs start `mis` bytes into it. The window
+ * of the matrix's last run may end up to 14 bytes past the matrix: there the bulk copy stops
+ * at the last 16-byte boundary and the `tail` bytes after it are read with 16-bit loads. */
+#ifndef TANDEM_KERNELS_CUDA_MATMUL_BULK_ADDR_H
+#define TANDEM_KERNELS_CUDA_MATMUL_BULK_ADDR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define MMB_HD static __host__ __device__ __forceinline__
+#else
+#define MMB_HD static inline
+#endif
+
+#define MMB_WARPS 8 /* warps per CTA, each with its own ring of stages */
+#define MMB_UROWS 8 /* rows per unit: lane = 4 * row + chain */
+#define MMB_HDR 512 /* shared bytes before the activations: barriers, stage owners, counter */
+
+/* Per type: KB bytes of one k-block in a row (Q8_0: 4 blocks of 34); KC k-blocks per stage
+ * and row (a multiple of the 4 chains: a copy and a barrier wait serve KC / 4 k-blocks of
+ * each lane); SLOT shared bytes per row and stage (>= the largest window; for Q4_K/Q5_K 16 *
+ * (4 mod 8), so the 8 rows x 4 chains of a warp's 16-byte loads meet 8 different bank groups
+ * per quarter warp); STAGES per warp ring. */
+#define MMB_Q4_K_KB 144
+#define MMB_Q4_K_KC 8
+#define MMB_Q4_K_SLOT 1216 /* 1152-byte run + 64 */
+#define MMB_Q4_K_STAGES 2
+#define MMB_Q5_K_KB 176
+#define MMB_Q5_K_KC 8
+#define MMB_Q5_K_SLOT 1472 /* 1408-byte run + 64 */
+#define MMB_Q5_K_STAGES 2
+#define MMB_Q6_K_KB 210
+#define MMB_Q6_K_KC 4
+#define MMB_Q6_K_SLOT 864 /* 840-byte run + up to 14 before + rounding: <= 864 */
+#define MMB_Q6_K_STAGES 3
+#define MMB_Q8_0_KB 136
+#define MMB_Q8_0_KC 8
+#define MMB_Q8_0_SLOT 1104 /* 1088-byte run + up to 14 before + rounding: <= 1104 */
+#define MMB_Q8_0_STAGES 2
+
+/* Activations in shared memory, per k-block: the 16-byte units of hi/lo digits (inputs 8u ..
+ * 8u + 7 in the interleave the type's kernel reads), then what the type needs besides (the
+ * scale dx and the digits of the sums, MMB_XAUX bytes at MMB_XAUX_AT). A K-quant k-block
+ * (256 inputs) has 32 units, units 16..31 after the aux area and a 64-byte gap: with a
+ * stride of 592 (= 80 mod 128) the 4 chains reading the same unit of k-blocks k0..k0+3 hit 4
+ * different bank groups. Q8_0 (128 inputs, 16 units): 272 bytes (= 16 mod 128). */
+#define MMB_XKB_K 592
+#define MMB_XKB_Q8 272
+#define MMB_XAUX_AT 256
+
+MMB_HD int mmb_xunit(bool q8_0, int u)
+{
+    return 16 * u + (!q8_0 && u >= 16 ? 64 : 0);
+}
+
+/* Rows [unit * MMB_UROWS, +nr) of a matrix of `rows`. */
+MMB_HD int mmb_unit_rows(int64_t unit, int64_t rows)
+{
+    const int64_t left = rows - unit * MMB_UROWS;
+    return left < MMB_UROWS ? (int)left : MMB_UROWS;
+}
+
+/* One row's part of a stage. */
+typedef struct mmb_copy {
+    int64_t src;   /* byte offset in the matrix of the window's start (16-byte aligned) */
+    uint32_t bulk; /* bytes of the bulk copy from src: a multiple of 16, possibly 0 */
+    uint32_t tail; /* bytes after those up to the matrix end, 16-bit loads (0..14) */
+    uint32_t mis;  /* bytes from the window's start to the run's (0..14, even) */
+    uint32_t run;  /* bytes of the run: the k-blocks of the stage that exist */
+} mmb_copy;
+
+/* Row `row`'s run of k-blocks k0 .. k0 + kc - 1 (those before the row's end) in a matrix of
+ * `rows` rows of row_bytes, k-blocks of kb_bytes. total = rows * row_bytes is even (row_bytes
+ * is a multiple of 2 for every type), so the tail is too. */
+MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int kc, int64_t row,
+                            int k0)
+{
+    const int64_t start = row * row_bytes + (int64_t)k0 * kb_bytes;
+    const int64_t row_end = (row + 1) * row_bytes;
+    const int64_t want = start + (int64_t)kc * kb_bytes;
+    const int64_t end = want < row_end ? want : row_end;
+    const int64_t total = rows * row_bytes;
+    const int64_t we = (end + 15) & ~(int64_t)15;
+    mmb_copy c;
+    c.src = start & ~(int64_t)15;
+    c.mis = (uint32_t)(start - c.src);
+    c.run = (uint32_t)(end - start);
+    if (we <= total) {
+        c.bulk = (uint32_t)(we - c.src);
+        c.tail = 0;
+    } else { /* the matrix's last run: stop the copy at its last 16-byte boundary */
+        const int64_t lim = total & ~(int64_t)15;
+        c.bulk = (uint32_t)(lim - c.src);
+        c.tail = (uint32_t)(total - lim);
+    }
+    return c;
+}
+
+/* The same run when runs are whole 16-byte pieces (Q4_K, Q5_K: row_bytes and kb_bytes are
+ * multiples of 16): it starts row * row_bytes + k0 * kb_bytes into the matrix, mis = tail = 0,
+ * and every row of a stage copies this many bytes. */
+MMB_HD uint32_t mmb_aligned_bytes(int64_t row_bytes, int kb_bytes, int kc, int k0)
+{
+    const int64_t left = row_bytes - (int64_t)k0 * kb_bytes;
+    return (uint32_t)(left < (int64_t)kc * kb_bytes ? left : (int64_t)kc * kb_bytes);
+}
+
+/* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
+ * rings. */
+MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)
+{
+    const int64_t xs = (nkb * xkb + 127) & ~(int64_t)127;
+    return MMB_HDR + xs + (int64_t)MMB_WARPS * stages * MMB_UROWS * slot;
+}
+
+#endif

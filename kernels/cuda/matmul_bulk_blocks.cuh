@@ -1,0 +1,298 @@
+/* How the bulk-copy single-token kernel (matmul_bulk.cu, which includes this once) turns one
+ * staged (row, k-block) into the exact integers of matmul_quant.cu, one lane per k-block:
+ * the per-type geometry, the activation staging, and one function per layout (item_kq for
+ * Q4_K/Q5_K, item_q6k, item_q80). Device code for sm_90 only (the caller's MMB_SM90 guard).
+ *
+ * Activations in shared memory (matmul_bulk_addr.h): per k-block the 16-byte units of the
+ * token's hi/lo digits, unit u = inputs 8u .. 8u+7 of the k-block in the type's interleave
+ * (mm_xquant): unit 8 {hi[0..3], hi[4..7], lo[0..3], lo[4..7]}, unit 4 (Q6_K) {hi[0..3],
+ * lo[0..3], hi[4..7], lo[4..7]}; then MMB_XAUX_AT: the digits s0, s1, s2 of the sums the
+ * type needs, and dx. Weights 4m .. 4m+3 of a 32-input run meet one word of hi and one of lo
+ * digits, so a k-block costs 128 dp4a whatever the type. */
+#ifndef TANDEM_KERNELS_CUDA_MATMUL_BULK_BLOCKS_CUH
+#define TANDEM_KERNELS_CUDA_MATMUL_BULK_BLOCKS_CUH
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kernels/cuda/matmul_bulk_addr.h"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace {
+
+/* Per type (matmul_bulk_addr.h): bytes of a k-block in a row, k-blocks per stage, shared
+ * bytes per row and stage, ring depth, activation bytes per k-block in shared memory, whether
+ * runs are whole 16-byte pieces, inputs per k-block. */
+template <int T> struct bq;
+template <> struct bq<TD_Q4_K> {
+    static constexpr int KB = MMB_Q4_K_KB, KC = MMB_Q4_K_KC, SLOT = MMB_Q4_K_SLOT,
+                         STAGES = MMB_Q4_K_STAGES, XKB = MMB_XKB_K, KB_W = 256;
+    static constexpr bool ALIGNED = true;
+};
+template <> struct bq<TD_Q5_K> {
+    static constexpr int KB = MMB_Q5_K_KB, KC = MMB_Q5_K_KC, SLOT = MMB_Q5_K_SLOT,
+                         STAGES = MMB_Q5_K_STAGES, XKB = MMB_XKB_K, KB_W = 256;
+    static constexpr bool ALIGNED = true;
+};
+template <> struct bq<TD_Q6_K> {
+    static constexpr int KB = MMB_Q6_K_KB, KC = MMB_Q6_K_KC, SLOT = MMB_Q6_K_SLOT,
+                         STAGES = MMB_Q6_K_STAGES, XKB = MMB_XKB_K, KB_W = 256;
+    static constexpr bool ALIGNED = false;
+};
+template <> struct bq<TD_Q8_0> {
+    static constexpr int KB = MMB_Q8_0_KB, KC = MMB_Q8_0_KC, SLOT = MMB_Q8_0_SLOT,
+                         STAGES = MMB_Q8_0_STAGES, XKB = MMB_XKB_Q8, KB_W = 128;
+    static constexpr bool ALIGNED = false;
+};
+
+#if MMB_SM90
+
+__device__ __forceinline__ float f16f(uint32_t bits16)
+{
+    return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFF)));
+}
+
+/* Byte k (0..3, a constant) of w, zero- or sign-extended. */
+__device__ __forceinline__ int ubyte(uint32_t w, int k)
+{
+    return (int)((w >> (8 * k)) & 0xFFu);
+}
+__device__ __forceinline__ int sbyte(uint32_t w, int k)
+{
+    return (int)(w << (24 - 8 * k)) >> 24;
+}
+
+/* signed bytes . signed bytes + c */
+__device__ __forceinline__ int dp4a_ss(uint32_t a, uint32_t b, int c)
+{
+    return __dp4a((int)a, (int)b, c);
+}
+
+/* unsigned bytes of a . signed bytes of b + c */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ uint4 lds16(const uint8_t *p)
+{
+    return *(const uint4 *)p;
+}
+
+/* The words of a block at any even shared-memory offset: word k (bytes 4k .. 4k+3 from p) is
+ * a funnel shift of two aligned words (the second may be the word after the block; the slot
+ * leaves room for it). */
+struct srow {
+    const uint32_t *w; /* aligned word at or below p */
+    uint32_t sh;       /* 8 * (p & 3) */
+};
+
+__device__ __forceinline__ srow srow_at(const uint8_t *p)
+{
+    const uint32_t mis = (uint32_t)(uintptr_t)p & 3;
+    return {(const uint32_t *)(p - mis), 8 * mis};
+}
+
+__device__ __forceinline__ uint32_t srow_word(srow r, int k)
+{
+    return __funnelshift_r(r.w[k], r.w[k + 1], r.sh);
+}
+
+/* --- activations into shared memory ------------------------------------------------------- */
+
+/* Token 0's rounded inputs (the plain layout of the type's interleave) into the k-block
+ * layout, with each k-block's aux bytes: Q4_K/Q5_K the digits of the 32-input sums j = 0..3
+ * with dx in the unused fourth word, then j = 4..7; Q6_K the four 16-byte groups of the
+ * 16-input sums (k = 4u .. 4u+3), dx in the first one's fourth word; Q8_0 dx alone (two
+ * k-blocks per x block). */
+template <int T>
+__device__ __forceinline__ void stage_x(uint8_t *xsm, const int8_t *xq, const float *xd,
+                                        const int8_t *xs, int64_t cols, int nkb, int n_pad)
+{
+    constexpr int XKB = bq<T>::XKB, UPK = bq<T>::KB_W / 8; /* units per k-block */
+    const int nu = (int)(cols / 8);
+    for (int i = threadIdx.x; i < nu; i += blockDim.x)
+        *(uint4 *)(xsm + (i / UPK) * XKB + mmb_xunit(T == TD_Q8_0, i % UPK)) =
+            __ldg((const uint4 *)(xq + 16 * (size_t)i));
+    for (int kb = threadIdx.x; kb < nkb; kb += blockDim.x) {
+        uint4 *aux = (uint4 *)(xsm + kb * XKB + MMB_XAUX_AT);
+        if constexpr (T == TD_Q8_0) {
+            aux[0] = make_uint4(__float_as_uint(__ldg(xd + (size_t)(kb >> 1) * n_pad)), 0, 0, 0);
+            continue;
+        }
+        const int8_t *s = xs + (size_t)kb * n_pad * MM_XSUM_BYTES; /* token 0 */
+        constexpr int AT = T == TD_Q6_K ? 32 : 0, N = T == TD_Q6_K ? 4 : 2;
+#pragma unroll
+        for (int u = 0; u < N; u++) {
+            uint4 v = __ldg((const uint4 *)(s + AT + 16 * u));
+            v.w = u == 0 ? __float_as_uint(__ldg(xd + (size_t)kb * n_pad)) : 0u;
+            aux[u] = v;
+        }
+    }
+}
+
+/* --- one (row, k-block) per lane ---------------------------------------------------------- */
+
+/* Q4_K / Q5_K super-block at blk (16-byte aligned) against its k-block's activations xk. qs
+ * chunk c (32 bytes) holds sub-block 2c in its low nibbles and 2c+1 in its high ones; word m
+ * of a chunk (weights 4m .. 4m+3 of both) meets unit 4j + m/2 of sub-block j, hi digits in
+ * word (m & 1), lo in 2 + (m & 1). Q4_K's high nibbles stay in place (16 x the weight, an
+ * unsigned byte): those sums are divided by 16 once, exactly (every term is a multiple of
+ * 16). Then H, L, M and the f32 steps of kblock_kq. */
+template <bool Q5>
+__device__ __forceinline__ void item_kq(float &acc, const uint8_t *blk, const uint8_t *xk)
+{
+    constexpr int QS = Q5 ? 48 : 16; /* offset of qs[128] */
+    const uint4 hd = lds16(blk);     /* d, dmin, 12 scale bytes */
+    uint32_t qh[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if constexpr (Q5) { /* fifth bit of weight l of sub-block j: bit j of qh[l] */
+        const uint4 a = lds16(blk + 16), b = lds16(blk + 32);
+        qh[0] = a.x, qh[1] = a.y, qh[2] = a.z, qh[3] = a.w;
+        qh[4] = b.x, qh[5] = b.y, qh[6] = b.z, qh[7] = b.w;
+    }
+    /* six-bit scales of sub-blocks 0..3 and 4..7 (kblock_kq's unpacking) */
+    const uint32_t sc_lo = hd.y & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (hd.w & 0x0F0F0F0Fu) | ((hd.y >> 2) & 0x30303030u);
+    int he = 0, le = 0, ho = 0, lo = 0; /* sum sc_j dot_j over even / odd sub-blocks */
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const uint4 w0 = lds16(blk + QS + 32 * c), w1 = lds16(blk + QS + 32 * c + 16);
+        const uint32_t wq[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        int dhe = 0, dle = 0, dho = 0, dlo = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint4 xe = lds16(xk + mmb_xunit(false, 8 * c + k));     /* sub-block 2c */
+            const uint4 xo = lds16(xk + mmb_xunit(false, 8 * c + 4 + k)); /* 2c + 1 */
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int m = 2 * k + e;
+                const uint32_t wv = wq[m];
+                if constexpr (Q5) {
+                    const uint32_t qe =
+                        (wv & 0x0F0F0F0Fu) | (((qh[m] >> (2 * c)) & 0x01010101u) << 4);
+                    const uint32_t qo = ((wv >> 4) & 0x0F0F0F0Fu) |
+                                        (((qh[m] >> (2 * c + 1)) & 0x01010101u) << 4);
+                    dhe = dp4a_ss(qe, e ? xe.y : xe.x, dhe);
+                    dle = dp4a_ss(qe, e ? xe.w : xe.z, dle);
+                    dho = dp4a_ss(qo, e ? xo.y : xo.x, dho);
+                    dlo = dp4a_ss(qo, e ? xo.w : xo.z, dlo);
+                } else {
+                    const uint32_t qe = wv & 0x0F0F0F0Fu, qo16 = wv & 0xF0F0F0F0u;
+                    dhe = dp4a_ss(qe, e ? xe.y : xe.x, dhe);
+                    dle = dp4a_ss(qe, e ? xe.w : xe.z, dle);
+                    dho = dp4a_us(qo16, e ? xo.y : xo.x, dho);
+                    dlo = dp4a_us(qo16, e ? xo.w : xo.z, dlo);
+                }
+            }
+        }
+        const uint32_t scw = c < 2 ? sc_lo : sc_hi;
+        const int se = ubyte(scw, (2 * c) & 3), so = ubyte(scw, (2 * c + 1) & 3);
+        he += se * dhe;
+        le += se * dle;
+        ho += so * dho;
+        lo += so * dlo;
+    }
+    const int H = Q5 ? he + ho : he + (ho >> 4);
+    const int L = Q5 ? le + lo : le + (lo >> 4);
+    /* M = sum_j m_j sum32_j with the sums as digits s0 + 256 s1 + 65536 s2 */
+    const uint32_t m_lo = hd.z & 0x3F3F3F3Fu;
+    const uint32_t m_hi = ((hd.w >> 4) & 0x0F0F0F0Fu) | ((hd.z >> 2) & 0x30303030u);
+    const uint4 a0 = lds16(xk + MMB_XAUX_AT), a1 = lds16(xk + MMB_XAUX_AT + 16);
+    const int t0 = dp4a_us(m_hi, a1.x, dp4a_us(m_lo, a0.x, 0));
+    const int t1 = dp4a_us(m_hi, a1.y, dp4a_us(m_lo, a0.y, 0));
+    const int t2 = dp4a_us(m_hi, a1.z, dp4a_us(m_lo, a0.z, 0));
+    const int M = t0 + 256 * t1 + 65536 * t2;
+    const float dx = __uint_as_float(a0.w);
+    const float I = __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L));
+    acc = __fmaf_rn(__fmul_rn(dx, f16f(hd.x)), I, acc);
+    acc = __fmaf_rn(-__fmul_rn(dx, f16f(hd.x >> 16)), __int2float_rn(M), acc);
+}
+
+/* Q6_K super-block at blk (any even offset): ql[128], qh[64], int8 scales[16], f16 d. Half n,
+ * position p = 0..31 of quarter qq is weight 128n + 32qq + p: low (qq = 0, 1) or high
+ * (2, 3) nibble of ql[64n + 32 (qq & 1) + p], bits 2qq of qh[32n + p], scale 8n + 2qq + p/16
+ * (kblock_q6k's mapping). Unit-4 activations: inputs 4m .. of a quarter are unit
+ * 16n + 4qq + m/2, hi in word 2 (m & 1), lo in 2 (m & 1) + 1. C = sum_k sc_k sum16_k by dp4a
+ * of the scales with the digits of the 16-input sums. Then kblock_q6k's f32 steps. */
+__device__ __forceinline__ void item_q6k(float &acc, const uint8_t *blk, const uint8_t *xk)
+{
+    const srow sr = srow_at(blk);
+    uint32_t scw[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+        scw[k] = srow_word(sr, 48 + k);
+    const float d = f16f(srow_word(sr, 52));
+    int H = 0, L = 0;
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+        int dh[8] = {0, 0, 0, 0, 0, 0, 0, 0}, dl[8] = {0, 0, 0, 0, 0, 0, 0, 0}; /* [2qq + p/16] */
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const uint32_t qa = srow_word(sr, 16 * n + m), qb = srow_word(sr, 16 * n + 8 + m);
+            const uint32_t hb = srow_word(sr, 32 + 8 * n + m);
+            const uint32_t q[4] = {(qa & 0x0F0F0F0Fu) | ((hb << 4) & 0x30303030u),
+                                   (qb & 0x0F0F0F0Fu) | ((hb << 2) & 0x30303030u),
+                                   ((qa >> 4) & 0x0F0F0F0Fu) | (hb & 0x30303030u),
+                                   ((qb >> 4) & 0x0F0F0F0Fu) | ((hb >> 2) & 0x30303030u)};
+#pragma unroll
+            for (int qq = 0; qq < 4; qq++) {
+                const uint4 x = lds16(xk + mmb_xunit(false, 16 * n + 4 * qq + m / 2));
+                const int g = 2 * qq + m / 4;
+                dh[g] = dp4a_us(q[qq], (m & 1) ? x.z : x.x, dh[g]);
+                dl[g] = dp4a_us(q[qq], (m & 1) ? x.w : x.y, dl[g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < 8; g++) { /* scale k = 8n + g */
+            const int sc = sbyte(scw[2 * n + g / 4], g % 4);
+            H += sc * dh[g];
+            L += sc * dl[g];
+        }
+    }
+    int c0 = 0, c1 = 0, c2 = 0;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const uint4 s = lds16(xk + MMB_XAUX_AT + 16 * u);
+        c0 = dp4a_ss(scw[u], s.x, c0);
+        c1 = dp4a_ss(scw[u], s.y, c1);
+        c2 = dp4a_ss(scw[u], s.z, c2);
+    }
+    const int C = c0 + 256 * c1 + 65536 * c2;
+    const float dx = __uint_as_float(lds16(xk + MMB_XAUX_AT).w);
+    const float I = __fmaf_rn(-32.0f, __int2float_rn(C),
+                              __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L)));
+    acc = __fmaf_rn(__fmul_rn(dx, d), I, acc);
+}
+
+/* Q8_0 k-block at blk (any even offset): n_in (1..4) blocks of f16 d and int8 q[32]; block b
+ * meets units 4b .. 4b+3 (unit-8 interleave). kblock_q80's steps, blocks in order. */
+__device__ __forceinline__ void item_q80(float &acc, const uint8_t *blk, const uint8_t *xk,
+                                         int n_in)
+{
+    const float dx = __uint_as_float(lds16(xk + MMB_XAUX_AT).x);
+#pragma unroll
+    for (int b = 0; b < 4; b++) {
+        if (b >= n_in)
+            break;
+        const uint8_t *p = blk + 34 * b;
+        const float d = f16f(*(const uint16_t *)p); /* even offset */
+        const srow sr = srow_at(p + 2);
+        int dh = 0, dl = 0;
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            const uint32_t q = srow_word(sr, m);
+            const uint4 x = lds16(xk + mmb_xunit(true, 4 * b + m / 2));
+            dh = dp4a_ss(q, (m & 1) ? x.y : x.x, dh);
+            dl = dp4a_ss(q, (m & 1) ? x.w : x.z, dl);
+        }
+        acc = __fmaf_rn(__fmul_rn(dx, d), __int2float_rn(256 * dh + dl), acc);
+    }
+}
+
+#endif /* MMB_SM90 */
+
+} /* namespace */
+
+#endif
