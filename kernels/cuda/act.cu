@@ -2,6 +2,7 @@
  * touch each value once with the CPU's formula: a grid-stride loop, exact for add, mul and
  * scale, within CUDA's expf/log1pf error for the rest. Softmax is one block per row so a
  * row's sum has one fixed order. */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define ACT_THREADS 256
@@ -20,8 +21,10 @@ typedef enum act_kind {
 } act_kind;
 
 __global__ void __launch_bounds__(ACT_THREADS)
-act_kernel(float *out, const float *a, const float *b, float s, int64_t n, act_kind kind)
+act_kernel(bool early, float *out, const float *a, const float *b, float s, int64_t n,
+           act_kind kind)
 {
+    pdl_enter(early);
     const int64_t step = (int64_t)gridDim.x * ACT_THREADS;
     for (int64_t i = (int64_t)blockIdx.x * ACT_THREADS + threadIdx.x; i < n; i += step) {
         float x = a[i], r;
@@ -65,9 +68,8 @@ static td_err act_launch(float *out, const float *a, const float *b, float s, in
     long long blocks = ((long long)n + ACT_THREADS - 1) / ACT_THREADS;
     if (blocks > ACT_MAX_BLOCKS)
         blocks = ACT_MAX_BLOCKS;
-    act_kernel<<<(unsigned)blocks, ACT_THREADS, 0, st>>>(out, a, b, s, n, kind);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<act_kernel>("activation", dim3((unsigned)blocks), dim3(ACT_THREADS), 0, st,
+                                  out, a, b, s, n, kind);
 }
 
 extern "C" td_err cuda_add(float *out, const float *a, const float *b, int64_t n, ops_stream st)
@@ -118,8 +120,9 @@ extern "C" td_err cuda_swiglu(float *out, const float *gate, const float *up, in
 /* out = exp(x - max) / sum: the max is exact in any order; the sum is f32 per thread over a
  * strided slice, then f64 across threads in a fixed tree (the CPU sums in f64). */
 __global__ void __launch_bounds__(SOFTMAX_THREADS)
-softmax_kernel(float *out, const float *x, int64_t n)
+softmax_kernel(bool early, float *out, const float *x, int64_t n)
 {
+    pdl_enter(early);
     __shared__ float shm[33];
     __shared__ double shs[33];
     const float *xr = x + (int64_t)blockIdx.x * n;
@@ -148,7 +151,6 @@ extern "C" td_err cuda_softmax(float *out, const float *x, int64_t n_rows, int64
         return err_set(TD_ENOTSUP, "softmax over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    softmax_kernel<<<(unsigned)n_rows, SOFTMAX_THREADS, 0, st>>>(out, x, n);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<softmax_kernel>("softmax", dim3((unsigned)n_rows), dim3(SOFTMAX_THREADS), 0,
+                                      st, out, x, n);
 }

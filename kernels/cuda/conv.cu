@@ -6,6 +6,7 @@
  * 16-token verify keeps four warps busy per channel group where one thread per channel
  * walked the tokens in turn), and only after all of them have read the old state does the
  * block write the new one. Each warp's loads and stores are 32 consecutive channels. */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define CONV_CH 32      /* channels per block (one per lane) */
@@ -20,9 +21,10 @@ __device__ __forceinline__ float conv_in(const float *state, const float *x, int
 }
 
 __global__ void __launch_bounds__(CONV_CH *CONV_TLANES)
-conv_kernel(float *out, float *state, float *state_all, const float *x, int64_t x_stride,
-            const float *w, int64_t n_tok, int64_t n_ch, int k)
+conv_kernel(bool early, float *out, float *state, float *state_all, const float *x,
+            int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int k)
 {
+    pdl_enter(early);
     const int64_t c = (int64_t)blockIdx.x * CONV_CH + threadIdx.x % CONV_CH;
     const int lane_t = threadIdx.x / CONV_CH;
     const bool live = c < n_ch;
@@ -72,8 +74,7 @@ extern "C" td_err cuda_conv1d_causal(float *out, float *state, float *state_all,
         return err_set(TD_ENOTSUP, "conv1d over %lld channels", (long long)n_ch);
     if (n_tok == 0)
         return TD_OK;
-    conv_kernel<<<cuda_blocks(n_ch, CONV_CH), CONV_CH * CONV_TLANES, 0, st>>>(
-        out, state, state_all, x, x_stride, w, n_tok, n_ch, (int)k);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<conv_kernel>("conv1d", dim3(cuda_blocks(n_ch, CONV_CH)),
+                                   dim3(CONV_CH * CONV_TLANES), 0, st, out, state, state_all, x,
+                                   x_stride, w, n_tok, n_ch, (int)k);
 }

@@ -1,13 +1,16 @@
 /* Element type conversions of whole arrays (twins of kernels/cpu/convert.c). */
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define CVT_THREADS 256
 #define CVT_MAX_BLOCKS 4096
 
-__global__ void __launch_bounds__(CVT_THREADS) to_f16_kernel(uint16_t *out, const float *x, int64_t n)
+__global__ void __launch_bounds__(CVT_THREADS)
+to_f16_kernel(bool early, uint16_t *out, const float *x, int64_t n)
 {
+    pdl_enter(early);
     const int64_t step = (int64_t)gridDim.x * CVT_THREADS;
     for (int64_t i = (int64_t)blockIdx.x * CVT_THREADS + threadIdx.x; i < n; i += step)
         out[i] = __half_as_ushort(__float2half_rn(x[i]));
@@ -22,16 +25,16 @@ extern "C" td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stre
     long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
     if (blocks > CVT_MAX_BLOCKS)
         blocks = CVT_MAX_BLOCKS;
-    to_f16_kernel<<<(unsigned)blocks, CVT_THREADS, 0, st>>>(out, x, n);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<to_f16_kernel>("to_f16", dim3((unsigned)blocks), dim3(CVT_THREADS), 0, st,
+                                     out, x, n);
 }
 
 /* grid (n_tok, 2): block (t, 0) stores token t's key row, (t, 1) its value row */
 __global__ void __launch_bounds__(CVT_THREADS)
-kv_store_kernel(void *k_cache, void *v_cache, bool f16, const float *k, const float *v,
-                const int32_t *rows, int64_t row)
+kv_store_kernel(bool early, void *k_cache, void *v_cache, bool f16, const float *k,
+                const float *v, const int32_t *rows, int64_t row)
 {
+    pdl_enter(early);
     const int64_t t = blockIdx.x;
     const float *src = (blockIdx.y ? v : k) + t * row;
     const int64_t at = (int64_t)rows[t] * row;
@@ -56,9 +59,6 @@ extern "C" td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, con
         return err_set(TD_ENOTSUP, "kv_store of %lld tokens", (long long)n_tok);
     if (n_tok == 0)
         return TD_OK;
-    kv_store_kernel<<<dim3((unsigned)n_tok, 2), CVT_THREADS, 0, st>>>(k_cache, v_cache,
-                                                                      type == TD_F16, k, v, rows,
-                                                                      row);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<kv_store_kernel>("kv_store", dim3((unsigned)n_tok, 2), dim3(CVT_THREADS), 0,
+                                       st, k_cache, v_cache, type == TD_F16, k, v, rows, row);
 }

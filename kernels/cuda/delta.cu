@@ -12,6 +12,7 @@
  * chains (the H200 profile: 32 us per layer for 6 MB of state traffic, 166 us for a 16-token
  * verify); four warps cut the chains to 32 and give four times the loads in flight.
  * The state stays f32 in memory between calls. */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define DELTA_COLS 32    /* columns (lanes) per block */
@@ -19,8 +20,9 @@
 #define DELTA_MAX_DK 128 /* rows of a column held in registers across the warps */
 #define DELTA_RS (DELTA_MAX_DK / DELTA_RG) /* rows per warp */
 
-__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(ops_delta d)
+__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early, ops_delta d)
 {
+    pdl_enter(early);
     __shared__ float qs[DELTA_MAX_DK], ks[DELTA_MAX_DK];
     __shared__ float red[DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
     const int64_t dk = d.d_k, dv = d.d_v, nv = d.n_v_head;
@@ -118,7 +120,5 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     if (d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev && !d->state_in))
         return TD_OK;
     dim3 grid(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head);
-    delta_kernel<<<grid, DELTA_COLS * DELTA_RG, 0, st>>>(*d);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<delta_kernel>("delta rule", grid, dim3(DELTA_COLS * DELTA_RG), 0, st, *d);
 }

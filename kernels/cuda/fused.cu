@@ -2,6 +2,7 @@
  * Norms keep norm.cu's order: f32 partial sums of squares per thread over a strided slice,
  * f64 across the block in a fixed tree; one block per row (per head for the DeltaNet
  * inputs), so a row's result never depends on the other rows of the call. */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define FUSED_ROW_THREADS 1024 /* a residual row (5120 wide on the 27B): at decode this one
@@ -23,8 +24,10 @@ __device__ __forceinline__ float fused_softplus(float x)
 #define FUSED_ROW_VALS 8
 
 __global__ void __launch_bounds__(FUSED_ROW_THREADS)
-add_rmsnorm_kernel(float *x, const float *h, float *out, const float *w, int64_t dim, float eps)
+add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float *w, int64_t dim,
+                   float eps)
 {
+    pdl_enter(early);
     __shared__ double sh[33];
     float *xr = x + (int64_t)blockIdx.x * dim;
     const float *hr = h + (int64_t)blockIdx.x * dim;
@@ -81,9 +84,10 @@ add_rmsnorm_kernel(float *x, const float *h, float *out, const float *w, int64_t
 
 /* out = rmsnorm(x) * w * silu(z); block = one row of dim */
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
-rmsnorm_silu_kernel(float *out, const float *x, const float *w, const float *z, int64_t dim,
-                    float eps)
+rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, const float *z,
+                    int64_t dim, float eps)
 {
+    pdl_enter(early);
     __shared__ double sh[33];
     const float *xr = x + (int64_t)blockIdx.x * dim, *zr = z + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
@@ -102,10 +106,11 @@ rmsnorm_silu_kernel(float *out, const float *x, const float *w, const float *z, 
 /* grid (n_tok, 2*n_k_head + 1): blocks y < 2*n_k_head normalise one q or k head of token x;
  * the last block of each token makes its g and beta */
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
-delta_prep_kernel(float *gb, float *qkv, const float *alpha, const float *beta,
+delta_prep_kernel(bool early, float *gb, float *qkv, const float *alpha, const float *beta,
                   const float *dt_bias, const float *ssm_a, int64_t nv, int64_t nk, int64_t dk,
                   int64_t qkv_stride, float eps, float q_scale)
 {
+    pdl_enter(early);
     __shared__ double sh[33];
     const int64_t t = blockIdx.x, head = blockIdx.y;
     if (head == 2 * nk) {
@@ -137,9 +142,8 @@ extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const f
         return err_set(TD_ENOTSUP, "add_rmsnorm over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    add_rmsnorm_kernel<<<(unsigned)n_rows, FUSED_ROW_THREADS, 0, st>>>(x, h, out, w, dim, eps);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<add_rmsnorm_kernel>("add_rmsnorm", dim3((unsigned)n_rows),
+                                          dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim, eps);
 }
 
 extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
@@ -150,9 +154,8 @@ extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, 
         return err_set(TD_ENOTSUP, "rmsnorm_silu over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    rmsnorm_silu_kernel<<<(unsigned)n_rows, FUSED_HEAD_THREADS, 0, st>>>(out, x, w, z, dim, eps);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<rmsnorm_silu_kernel>("rmsnorm_silu", dim3((unsigned)n_rows),
+                                           dim3(FUSED_HEAD_THREADS), 0, st, out, x, w, z, dim, eps);
 }
 
 extern "C" td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
@@ -170,9 +173,7 @@ extern "C" td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, con
         return TD_OK;
     const float q_scale = 1.0f / sqrtf((float)d_k);
     dim3 grid((unsigned)n_tok, (unsigned)(2 * n_k_head + 1));
-    delta_prep_kernel<<<grid, FUSED_HEAD_THREADS, 0, st>>>(gb, qkv, alpha, beta, dt_bias, ssm_a,
-                                                          n_v_head, n_k_head, d_k, qkv_stride,
-                                                          eps, q_scale);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<delta_prep_kernel>("delta_prep", grid, dim3(FUSED_HEAD_THREADS), 0, st, gb,
+                                         qkv, alpha, beta, dt_bias, ssm_a, n_v_head, n_k_head,
+                                         d_k, qkv_stride, eps, q_scale);
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace {
 
@@ -79,9 +80,10 @@ __device__ float dq_elem(int type, const uint8_t *row, int64_t i)
 }
 
 /* grid (ceil(cols / 256), n rows); out[r][c] = row ids[r] of w, NaN for a bad id. */
-__global__ void get_rows_kernel(float *out, const uint8_t *w, int type, size_t row_bytes,
-                                int64_t rows, int64_t cols, const int32_t *ids)
+__global__ void get_rows_kernel(bool early, float *out, const uint8_t *w, int type,
+                                size_t row_bytes, int64_t rows, int64_t cols, const int32_t *ids)
 {
+    pdl_enter(early); /* before the return below: every thread waits */
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols)
         return;
@@ -91,8 +93,9 @@ __global__ void get_rows_kernel(float *out, const uint8_t *w, int type, size_t r
                                              : __int_as_float(0x7fc00000);
 }
 
-__global__ void dequant_kernel(float *dst, const uint8_t *src, int type, int64_t n)
+__global__ void dequant_kernel(bool early, float *dst, const uint8_t *src, int type, int64_t n)
 {
+    pdl_enter(early);
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
         dst[i] = dq_elem(type, src, i);
@@ -119,10 +122,9 @@ td_err cuda_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n
     if (n == 0)
         return TD_OK;
     const int64_t blocks = (n + 255) / 256;
-    dequant_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, (cudaStream_t)st>>>(
-        dst, (const uint8_t *)src, (int)type, n);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    const unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
+    return pdl_launch<dequant_kernel>("dequantize", dim3(grid), dim3(256), 0, st, dst,
+                                      (const uint8_t *)src, (int)type, n);
 }
 
 td_err cuda_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_t n,
@@ -133,10 +135,10 @@ td_err cuda_get_rows(float *out, const ops_weight *w, const int32_t *ids, int64_
     const unsigned gx = (unsigned)((w->cols + 255) / 256);
     for (int64_t i0 = 0; i0 < n; i0 += 65535) { /* gridDim.y limit */
         const unsigned ny = (unsigned)(n - i0 < 65535 ? n - i0 : 65535);
-        get_rows_kernel<<<dim3(gx, ny), 256, 0, (cudaStream_t)st>>>(
-            out + (size_t)i0 * w->cols, (const uint8_t *)w->data, (int)w->type, w->row_bytes,
-            w->rows, w->cols, ids + i0);
-        CUDA_TRY_LAUNCH();
+        TD_TRY(pdl_launch<get_rows_kernel>("get_rows", dim3(gx, ny), dim3(256), 0, st,
+                                           out + (size_t)i0 * w->cols, (const uint8_t *)w->data,
+                                           (int)w->type, w->row_bytes, w->rows, w->cols,
+                                           ids + i0));
     }
     return TD_OK;
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_internal.h"
 
 namespace {
@@ -61,9 +62,10 @@ __device__ __forceinline__ void load_x8(float (&v)[LANE_W], const float *xt, int
  * and share the weights through L2); block: KSPLIT warps. */
 template <int TT>
 __global__ void __launch_bounds__(KSPLIT * 32)
-    mmf_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int64_t cols,
-               const float *x, int n_tok, int n_ttiles, bool vec)
+    mmf_kernel(bool early, float *y, const uint8_t *w, size_t row_bytes, int64_t rows,
+               int64_t cols, const float *x, int n_tok, int n_ttiles, bool vec)
 {
+    pdl_enter(early);
     __shared__ float red[KSPLIT][RW][TT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t r0 = (int64_t)(blockIdx.x / n_ttiles) * RW;
@@ -138,10 +140,9 @@ td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, bool vec
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    mmf_kernel<TT><<<(unsigned)n_cta, KSPLIT * 32, 0, st>>>(
-        y, (const uint8_t *)w->data, w->row_bytes, w->rows, w->cols, x, n_tok, n_ttiles, vec);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<mmf_kernel<TT>>("F32 matmul", dim3((unsigned)n_cta), dim3(KSPLIT * 32), 0,
+                                      st, y, (const uint8_t *)w->data, w->row_bytes, w->rows,
+                                      w->cols, x, n_tok, n_ttiles, vec);
 }
 
 td_err launch_tok(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_internal.h"
 
 namespace {
@@ -273,9 +274,10 @@ template <int P> constexpr int min_ctas()
  * WARPS * RING uint4 (W_RING) reused for the warp partials at the end, else the partials. */
 template <int T, int NT, int P>
 __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
-    mmh_kernel(float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
+    mmh_kernel(bool early, float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
                const float *x, int n_tok, int n_groups)
 {
+    pdl_enter(early);
     constexpr bool VEC = P != W_SCALAR;
     extern __shared__ uint4 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -403,10 +405,10 @@ td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStre
     /* 48 KB for the rings (the most a launch gets without opting in), else the partials */
     const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
     const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
-    mmh_kernel<T, NT, P><<<(unsigned)n_cta, WARPS * 32, P == W_RING ? ring : red, st>>>(
-        y, (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, x, n_tok, n_groups);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<mmh_kernel<T, NT, P>>("F16/BF16 matmul", dim3((unsigned)n_cta),
+                                            dim3(WARPS * 32), P == W_RING ? ring : red, st, y,
+                                            (const uint8_t *)w->data, w->row_bytes, w->rows,
+                                            (int)w->cols, x, n_tok, n_groups);
 }
 
 /* Aligned weights: up to 8 tokens through the ring (H200, BF16 at one token: 59-79% of the

@@ -3,15 +3,17 @@
  * row whatever the number of rows. Per-thread partial sums run in f32 over a strided slice
  * and meet in f64 through a fixed tree, so the sum is near exact like the CPU's f64 sum
  * without f64 work per element (slow on consumer GPUs). */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define NORM_THREADS 256
 
 /* mode 0: RMS norm (mean of squares), 1: L2 norm (sum of squares) */
 __global__ void __launch_bounds__(NORM_THREADS)
-norm_kernel(float *out, const float *x, const float *w, int64_t dim, int64_t stride, float eps,
-            int mode)
+norm_kernel(bool early, float *out, const float *x, const float *w, int64_t dim, int64_t stride,
+            float eps, int mode)
 {
+    pdl_enter(early);
     __shared__ double sh[33];
     const float *xr = x + (int64_t)blockIdx.x * stride;
     float *o = out + (int64_t)blockIdx.x * stride;
@@ -33,9 +35,8 @@ static td_err norm_launch(float *out, const float *x, const float *w, int64_t n_
         return err_set(TD_ENOTSUP, "norm over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    norm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, st>>>(out, x, w, dim, stride, eps, mode);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<norm_kernel>("norm", dim3((unsigned)n_rows), dim3(NORM_THREADS), 0, st, out,
+                                   x, w, dim, stride, eps, mode);
 }
 
 extern "C" td_err cuda_rmsnorm(float *out, const float *x, const float *w, int64_t n_rows,

@@ -1,14 +1,16 @@
 /* NeoX RoPE in place (twin of kernels/cpu/rope.c). One thread per (token, rotated pair):
  * it computes the angle once, in f64 as the CPU does (pos up to 2^31 times a frequency needs
  * the fraction bits), and applies it to that pair in every head. */
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define ROPE_THREADS 128
 
 __global__ void __launch_bounds__(ROPE_THREADS)
-rope_kernel(float *x, int64_t n_tok, int64_t n_head, int64_t tok_stride, int64_t head_stride,
-            int64_t n_rot, const int32_t *pos, float theta)
+rope_kernel(bool early, float *x, int64_t n_tok, int64_t n_head, int64_t tok_stride,
+            int64_t head_stride, int64_t n_rot, const int32_t *pos, float theta)
 {
+    pdl_enter(early); /* before the return below: every thread waits */
     const int64_t half = n_rot / 2;
     const int64_t id = (int64_t)blockIdx.x * ROPE_THREADS + threadIdx.x;
     if (id >= n_tok * half)
@@ -38,8 +40,7 @@ extern "C" td_err cuda_rope_neox(float *x, int64_t n_tok, int64_t n_head, int64_
         return TD_OK;
     if (n / ROPE_THREADS >= INT32_MAX)
         return err_set(TD_ENOTSUP, "RoPE over %lld tokens", (long long)n_tok);
-    rope_kernel<<<cuda_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, st>>>(
-        x, n_tok, n_head, tok_stride, head_stride, n_rot, pos, theta);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
+    return pdl_launch<rope_kernel>("rope", dim3(cuda_blocks(n, ROPE_THREADS)), dim3(ROPE_THREADS),
+                                   0, st, x, n_tok, n_head, tok_stride, head_stride, n_rot, pos,
+                                   theta);
 }

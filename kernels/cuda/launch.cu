@@ -1,0 +1,99 @@
+/* Host state of programmatic dependent launch (launch.cuh): which devices take it, whether
+ * it is switched off, and how many CTAs of a kernel one wave holds. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/launch.cuh"
+
+namespace {
+
+/* Per device ordinal, filled on first use: 0 unknown, else 1 | pdl << 1 | n_sm << 2. Devices
+ * do not change under a running process, so a racing second fill writes the same value. */
+uint64_t g_dev[PDL_MAX_DEV];
+
+/* 0 unknown, 1 on, 2 off (TANDEM_PDL=off or 0, or the runtime refused the attribute). */
+int g_mode;
+
+bool pdl_on(void)
+{
+    int m = __atomic_load_n(&g_mode, __ATOMIC_RELAXED);
+    if (m == 0) {
+        const char *e = getenv("TANDEM_PDL");
+        m = e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
+        int unknown = 0; /* a refusal recorded meanwhile stays */
+        __atomic_compare_exchange_n(&g_mode, &unknown, m, false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+        m = __atomic_load_n(&g_mode, __ATOMIC_RELAXED);
+    }
+    return m == 1;
+}
+
+/* The SM count of device dev (0 when it cannot be asked) and whether it runs
+ * griddepcontrol (compute capability 9.0 and up). */
+int dev_info(int dev, bool *pdl)
+{
+    uint64_t v = __atomic_load_n(&g_dev[dev], __ATOMIC_RELAXED);
+    if (v == 0) {
+        int n_sm = 0, major = 0;
+        if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
+                cudaSuccess) {
+            (void)cudaGetLastError();
+            *pdl = false;
+            return 0;
+        }
+        v = 1 | ((uint64_t)n_sm << 2) | (major >= 9 ? 2 : 0);
+        __atomic_store_n(&g_dev[dev], v, __ATOMIC_RELAXED);
+    }
+    *pdl = (v & 2) != 0;
+    return (int)(v >> 2);
+}
+
+/* CTAs of fn per SM for the block shape: the cached value when the cache holds this shape
+ * (bits 0-15: CTAs per SM + 1, 16-31: threads, 32-63: shared memory bytes), else asked and
+ * cached. 0 when it cannot be asked. */
+int ctas_per_sm(const void *fn, unsigned threads, size_t smem, uint64_t *occ)
+{
+    const uint64_t shape = ((uint64_t)(threads & 0xffffu) << 16) | ((uint64_t)smem << 32);
+    const uint64_t v = __atomic_load_n(occ, __ATOMIC_RELAXED);
+    if ((v & 0xffffu) != 0 && (v & ~(uint64_t)0xffffu) == shape)
+        return (int)(v & 0xffffu) - 1;
+    int n = 0;
+    if (threads > 0xffffu || smem > 0xffffffffu ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, (int)threads, smem) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n < 0xffff)
+        __atomic_store_n(occ, shape | (uint64_t)(n + 1), __ATOMIC_RELAXED);
+    return n;
+}
+
+} /* namespace */
+
+pdl_plan pdl_plan_get(const void *fn, uint64_t blocks, unsigned threads, size_t smem,
+                      uint64_t *occ)
+{
+    pdl_plan p = {false, false};
+    int dev = 0;
+    if (!pdl_on())
+        return p;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return p;
+    }
+    if (dev < 0 || dev >= PDL_MAX_DEV)
+        return p;
+    const int n_sm = dev_info(dev, &p.pdl);
+    if (!p.pdl)
+        return p;
+    const int per_sm = ctas_per_sm(fn, threads, smem, &occ[dev]);
+    p.early = blocks <= (uint64_t)per_sm * (uint64_t)n_sm;
+    return p;
+}
+
+void pdl_refuse(void)
+{
+    __atomic_store_n(&g_mode, 2, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,121 @@
+/* Programmatic dependent launch (PDL) for the kernels of a forward pass (launch.cu holds
+ * the host state). Include only from .cu files.
+ *
+ * Why: a 27B decode step is ~1450 kernels, ~550 of them a few us long, and a kernel's CTAs
+ * are normally scheduled only once the previous grid has drained, so launch latency sits
+ * between every two of them. A kernel started by pdl_launch on sm_90+ is a programmatic
+ * dependent of the kernel before it on the stream: its CTAs may be scheduled once every CTA
+ * of that kernel has executed griddepcontrol.launch_dependents (or exited), and wait in
+ * griddepcontrol.wait, which returns when the kernels it depends on have completed and
+ * their memory is visible. Only when CTAs start changes, never what they compute.
+ *
+ * The contract of a kernel started by pdl_launch:
+ *  - its first parameter is `bool early` and its first statement pdl_enter(early), before
+ *    any global read or write (weights included) and before any early return. Every thread
+ *    waits, so the kernel completes only after the kernel before it has, and completion
+ *    stays transitive along the stream: a kernel that waits for its predecessor may rely on
+ *    every earlier kernel having finished (matmul.cu's scratch reuse rests on this too).
+ *  - early (chosen by pdl_launch) is true when the whole grid is resident at once on this
+ *    device (one wave, from the kernel's occupancy): the kernel then lets its dependents
+ *    launch right after its wait, so their CTAs are scheduled while it runs and start the
+ *    moment it completes. A grid of several waves triggers at exit only: dependents launch
+ *    only once every CTA has triggered, that is when its last wave has started, and would
+ *    then sit in wait beside that wave holding SM slots that other streams (or the other
+ *    process under MPS) could use, to save one launch latency against several waves of
+ *    work.
+ * A kernel launched without the attribute before it (attention, sampling), or a copy, fill,
+ * event or graph launch before it, orders it as a plain launch would: programmatic
+ * serialization only relaxes the dependency on a preceding kernel. Under stream capture
+ * the attribute becomes a programmatic edge between the two kernel nodes
+ * (cudaGraphDependencyTypeProgrammatic), so a replayed graph overlaps the same way.
+ * Plain launches instead: below sm_90, with TANDEM_PDL=off (for measuring), and for the
+ * rest of the process once the runtime refused the attribute. griddepcontrol.wait returns
+ * at once in a kernel launched without it, and compiles to nothing below sm_90. */
+#ifndef TANDEM_KERNELS_CUDA_LAUNCH_CUH
+#define TANDEM_KERNELS_CUDA_LAUNCH_CUH
+
+#include <stdint.h>
+
+#include "kernels/cuda/cuda_common.h"
+
+/* --- device side ------------------------------------------------------------------------ */
+
+/* Waits for the kernels this grid depends on (completed, memory visible), then, when early,
+ * lets the dependent kernel launch. */
+__device__ __forceinline__ void pdl_enter(bool early)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (early)
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    (void)early;
+}
+
+/* --- host side -------------------------------------------------------------------------- */
+
+#define PDL_MAX_DEV 64 /* device ordinals served; launches on higher ones are plain */
+
+/* How one launch goes out. */
+typedef struct pdl_plan {
+    bool pdl;   /* with the programmatic stream serialization attribute */
+    bool early; /* the kernel's `early` argument: the grid is one wave on this device */
+} pdl_plan;
+
+/* The plan for a grid of blocks CTAs of threads threads and smem bytes of dynamic shared
+ * memory of kernel fn on the current device. occ[PDL_MAX_DEV] caches fn's CTAs per SM for
+ * that block shape per device (zero-initialised; one array per kernel). Never fails: what
+ * cannot be asked gives a plain launch. */
+pdl_plan pdl_plan_get(const void *fn, uint64_t blocks, unsigned threads, size_t smem,
+                      uint64_t *occ);
+
+/* After a launch with the attribute failed and the same launch without it succeeded: plain
+ * launches from now on. */
+void pdl_refuse(void);
+
+/* One occupancy cache per kernel. */
+template <auto K> uint64_t *pdl_occ_cache(void)
+{
+    static uint64_t occ[PDL_MAX_DEV];
+    return occ;
+}
+
+/* Launches K<<<grid, block, smem, st>>>(early, args...) as a programmatic dependent where it
+ * can (see the top of this file), counted as one launch. what names the kernel in the
+ * error message. */
+template <auto K, typename... A>
+td_err pdl_launch(const char *what, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                  A... args)
+{
+    const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+    const pdl_plan p = pdl_plan_get((const void *)K, blocks, block.x * block.y * block.z,
+                                    smem, pdl_occ_cache<K>());
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = p.pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, K, p.early, args...);
+    if (e != cudaSuccess && p.pdl) {
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, K, false, args...);
+        if (e == cudaSuccess) /* the attribute was what failed */
+            pdl_refuse();
+    }
+    cuda_launch_note(1);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not again by the next launch */
+        return err_set(TD_ECUDA, "%s launch (%llu CTAs of %u threads): %s", what,
+                       (unsigned long long)blocks, block.x * block.y * block.z,
+                       cudaGetErrorString(e));
+    }
+    return TD_OK;
+}
+
+#endif

@@ -1,0 +1,159 @@
+/* Programmatic dependent launch (kernels/cuda/launch.cuh): long chains of kernels where each
+ * reads what the one before it wrote (an embedding row, then adds and scales in place), at
+ * one block, one wave and many waves, run directly and replayed from a CUDA graph whose
+ * recording also holds a fill and a copy between kernels. On sm_90 each kernel is scheduled while the one before it still runs; a kernel
+ * that touched memory before its griddepcontrol.wait would read a stale value and lose an
+ * increment, so the sums below are exact only if every wait is in place. Skipped (77)
+ * without CUDA or a device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+#include "tests/support/gpu_check.h"
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA\n");
+    return 77;
+}
+
+#else
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void)
+{
+    return "leak:libcuda.so\n";
+}
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "protect_shadow_gap=0";
+}
+
+#define CHAIN 300 /* add + scale pairs per chain */
+
+/* Elements per chain: one block; 64 blocks of 256 (one wave on any GPU: its CTAs trigger
+ * their dependents early); 2^22 (the grid-stride cap of 4096 blocks: several waves). */
+static const int64_t sizes[] = {1, 64 * 256, (int64_t)1 << 22};
+
+/* every one of the n floats at d equals want exactly */
+static void expect_all(const char *what, const float *d, int64_t n, float want)
+{
+    float *h = dget(d, (size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        if (h[i] != want)
+            fail_msg("%s: element %lld of %lld is %.9g, want %.9g", what, (long long)i,
+                     (long long)n, h[i], want);
+    free(h);
+}
+
+static float *dev_ones(int64_t n)
+{
+    float *h = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        h[i] = 1.0f;
+    float *d = dput(h, (size_t)n * sizeof(float));
+    free(h);
+    return d;
+}
+
+/* x += 1 then x *= 1, CHAIN times: each kernel reads the previous one's output in place */
+static void chain_launch(float *x, const float *one, int64_t n)
+{
+    for (int i = 0; i < CHAIN; i++) {
+        GPU_OK(cuda_add(x, x, one, n, gpu_st));
+        GPU_OK(cuda_scale(x, x, 1.0f, n, gpu_st));
+    }
+}
+
+/* x = row 1 of an F32 table (row 0 zeros, row 1 all 5) by get_rows, then the chain */
+static void test_pdl_chain_sees_each_predecessor_write(void **state)
+{
+    (void)state;
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        const int64_t n = sizes[s];
+        const size_t bytes = (size_t)n * sizeof(float);
+        float *table = calloc(2 * (size_t)n, sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            table[n + i] = 5.0f;
+        const int32_t id = 1;
+        void *dtable = dput(table, 2 * bytes);
+        int32_t *did = dput(&id, sizeof id);
+        ops_weight w;
+        assert_int_equal(ops_weight_init(&w, TD_F32, 2, n, dtable), TD_OK);
+        float *x = dpoison(bytes), *one = dev_ones(n);
+        const uint64_t before = cuda_launch_count();
+        GPU_OK(cuda_get_rows(x, &w, did, 1, gpu_st));
+        chain_launch(x, one, n);
+        assert_int_equal(cuda_launch_count() - before, 1 + 2 * CHAIN); /* one launch per op */
+        char what[64];
+        snprintf(what, sizeof what, "direct chain of %lld", (long long)n);
+        expect_all(what, x, n, 5.0f + (float)CHAIN);
+        free(table);
+        cuda_mem_free(dtable);
+        cuda_mem_free(did);
+        cuda_mem_free(x);
+        cuda_mem_free(one);
+    }
+}
+
+/* Recorded: fill x with zeros, the chain on x, copy x to y, one more add on y. Every replay
+ * starts from the fill, so x ends at CHAIN and y at CHAIN + 1 after each. */
+static void test_pdl_graph_replay_keeps_order_across_fill_and_copy(void **state)
+{
+    (void)state;
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        const int64_t n = sizes[s];
+        const size_t bytes = (size_t)n * sizeof(float);
+        float *x = NULL, *y = NULL, *one = dev_ones(n);
+        GPU_OK(cuda_mem_alloc((void **)&x, bytes));
+        GPU_OK(cuda_mem_alloc((void **)&y, bytes));
+        GPU_OK(cuda_stream_sync(gpu_st)); /* dev_ones' upload is not part of the recording */
+        GPU_OK(cuda_graph_begin(gpu_st));
+        GPU_OK(cuda_mem_fill(x, 0, bytes, gpu_st));
+        chain_launch(x, one, n);
+        GPU_OK(cuda_mem_copy(y, x, bytes, gpu_st));
+        GPU_OK(cuda_add(y, y, one, n, gpu_st));
+        void *graph = NULL;
+        GPU_OK(cuda_graph_end(gpu_st, &graph));
+        char what[64];
+        for (int rep = 0; rep < 3; rep++) {
+            GPU_OK(cuda_mem_fill(x, 0xFF, bytes, gpu_st)); /* NaN: a skipped fill shows */
+            GPU_OK(cuda_mem_fill(y, 0xFF, bytes, gpu_st));
+            GPU_OK(cuda_graph_launch(graph, gpu_st));
+            snprintf(what, sizeof what, "replay %d of %lld, x", rep, (long long)n);
+            expect_all(what, x, n, (float)CHAIN);
+            snprintf(what, sizeof what, "replay %d of %lld, y", rep, (long long)n);
+            expect_all(what, y, n, (float)(CHAIN + 1));
+        }
+        cuda_graph_free(graph);
+        cuda_mem_free(x);
+        cuda_mem_free(y);
+        cuda_mem_free(one);
+    }
+}
+
+int main(void)
+{
+    if (!gpu_check_init())
+        return 77;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
+        cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    gpu_check_free();
+    return rc;
+}
+
+#endif
