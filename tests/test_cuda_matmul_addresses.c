@@ -11,7 +11,7 @@
  * the tiny qwen35 model's and the 27B target's.
  *
  * The bulk-copy single-token kernel (matmul_bulk.cu) likewise: every row run of every stage
- * through the kernel's own mmb_copy_of / mmb_aligned_bytes (kernels/cuda/matmul_bulk_addr.h),
+ * through the kernel's own mmb_copy_of / mmb_run_bytes (kernels/cuda/matmul_bulk_addr.h),
  * the tail loads, the slot each lane reads, the activation layout and the CTA's shared
  * memory. */
 #include <setjmp.h>
@@ -437,7 +437,8 @@ static int64_t bulk_read_end(const bgeom *g, int mis, int at, int n_blk32, int k
 /* Every copy of every stage of every unit: 16-byte aligned source, size and (slot) target,
  * bulk bytes and tail inside the matrix, the run (the stage's k-blocks of the row) inside the
  * window the slot receives, each lane's shared reads inside the slot and its k-block inside
- * the run; Q4_K/Q5_K runs are mmb_aligned_bytes long and start on their k-block. */
+ * the run; Q4_K/Q5_K runs are their own windows, mmb_run_bytes long; every row but the last
+ * has no tail and the window mmb_window_bytes gives (what the kernel copies for them). */
 static bool check_bulk_copies(const bgeom *g, int64_t rows, int64_t cols, copy_fn copy)
 {
     const int64_t row_bytes = cols / g->blk_w * g->blk_bytes;
@@ -468,8 +469,13 @@ static bool check_bulk_copies(const bgeom *g, int64_t rows, int64_t cols, copy_f
                                  dtype_name(g->type), (long long)row, k0, c.mis, c.run, c.bulk,
                                  c.tail, g->slot);
             if (aligned && (c.mis || c.tail ||
-                            c.bulk != mmb_aligned_bytes(row_bytes, g->kb, g->kc, k0)))
+                            c.bulk != mmb_run_bytes(row_bytes, g->kb, g->kc, k0)))
                 return violation("%s: aligned run of %u bytes", dtype_name(g->type), c.bulk);
+            /* the kernel copies rows before the matrix's last without the tail check */
+            if (row < rows - 1 && (c.tail || c.bulk != mmb_window_bytes(start, c.run)))
+                return violation("%s row %lld k0 %d: unchecked window of %u bytes, %u tail",
+                                 dtype_name(g->type), (long long)row, k0,
+                                 mmb_window_bytes(start, c.run), c.tail);
             for (int j = 0; j < g->kc; j++) { /* lane chain j % 4, its (j / 4)-th k-block */
                 const int kb = k0 + j;
                 if (kb >= nkb)

@@ -79,6 +79,21 @@ __device__ __forceinline__ void bar_arrive_tx(uint64_t *bar, uint32_t bytes)
                  : "memory");
 }
 
+/* `bytes` more to come from copies on the current phase (no arrival). */
+__device__ __forceinline__ void bar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+/* The phase's one arrival. */
+__device__ __forceinline__ void bar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar))
+                 : "memory");
+}
+
 __device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity)
 {
     uint32_t done;
@@ -134,52 +149,62 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
-/* The stage of rows row0 .. row0 + nr - 1 (from unit, at w + row0 * row_bytes), k-blocks
- * k0 .. k0 + KC - 1, into dst (row i at dst + i * SLOT), one thread: the tail of the
- * matrix's last run (16-bit loads, stored before the arrival releases them), the phase's
- * arrival with the bytes of all its copies, then the copies. Q4_K/Q5_K runs are whole
- * 16-byte pieces of the same size in every row (mmb_aligned_bytes). */
+/* The stage of rows row0 .. row0 + nr - 1 (the first at `unit` = w + row0 * row_bytes),
+ * k-blocks k0 .. k0 + KC - 1, into dst (row i at dst + i * SLOT), by one thread. Every row's
+ * run has the same length. Q4_K/Q5_K runs are their own windows: one arrival announcing
+ * all their bytes, then the copies. Q6_K/Q8_0: each copy's bytes announced before it, the
+ * tail of the matrix's last run loaded with 16-bit loads, then the arrival (which releases
+ * those stores). Either way the phase cannot complete before its last copy has landed. */
 template <int T>
 __device__ __forceinline__ void stage_issue(uint8_t *dst, uint64_t *bar, const uint8_t *w,
                                             const uint8_t *unit, int64_t row_bytes,
-                                            int64_t rows, int64_t row0, int nr, int k0,
-                                            uint64_t policy)
+                                            int64_t rows, int64_t total, int64_t row0, int nr,
+                                            int k0, uint64_t policy)
 {
     using B = bq<T>;
+    const uint32_t run = mmb_run_bytes(row_bytes, B::KB, B::KC, k0);
     if constexpr (B::ALIGNED) {
-        const uint32_t bytes = mmb_aligned_bytes(row_bytes, B::KB, B::KC, k0);
-        bar_arrive_tx(bar, bytes * (uint32_t)nr);
+        (void)w, (void)rows, (void)total, (void)row0;
+        bar_arrive_tx(bar, run * (uint32_t)nr);
         const uint8_t *src = unit + k0 * B::KB;
         if (nr == UROWS) {
 #pragma unroll
             for (int i = 0; i < UROWS; i++) {
-                bulk_copy(dst, src, bytes, bar, policy);
+                bulk_copy(dst, src, run, bar, policy);
                 dst += B::SLOT;
                 src += row_bytes;
             }
         } else {
             for (int i = 0; i < nr; i++) {
-                bulk_copy(dst, src, bytes, bar, policy);
+                bulk_copy(dst, src, run, bar, policy);
                 dst += B::SLOT;
                 src += row_bytes;
             }
         }
     } else {
         (void)unit;
-        uint32_t total = 0;
-        for (int i = 0; i < nr; i++) {
-            const mmb_copy c = mmb_copy_of(row_bytes, rows, B::KB, B::KC, row0 + i, k0);
-            total += c.bulk;
-            for (uint32_t t = 0; t < c.tail; t += 2) /* past the last 16-byte boundary */
-                *(uint16_t *)(dst + i * B::SLOT + c.bulk + t) =
-                    *(const uint16_t *)(w + c.src + c.bulk + t);
+        /* rows before the matrix's last: windows that never pass the matrix's end; each
+         * copy's bytes are announced just before it, the phase's one arrival comes last */
+        const bool last = row0 + nr == rows; /* the unit holds the matrix's last row */
+        const int n_plain = last ? nr - 1 : nr;
+        int64_t start = row0 * row_bytes + (int64_t)k0 * B::KB;
+        for (int i = 0; i < n_plain; i++) {
+            const uint32_t bytes = mmb_window_bytes(start, run);
+            bar_expect_tx(bar, bytes);
+            bulk_copy(dst, w + (start & ~(int64_t)15), bytes, bar, policy);
+            dst += B::SLOT;
+            start += row_bytes;
         }
-        bar_arrive_tx(bar, total);
-        for (int i = 0; i < nr; i++) {
-            const mmb_copy c = mmb_copy_of(row_bytes, rows, B::KB, B::KC, row0 + i, k0);
-            if (c.bulk)
-                bulk_copy(dst + i * B::SLOT, w + c.src, c.bulk, bar, policy);
+        if (last) { /* its window stops at the matrix's last 16 bytes, the tail is loaded */
+            const mmb_copy c = mmb_copy_at(start, run, total);
+            for (uint32_t t = 0; t < c.tail; t += 2)
+                *(uint16_t *)(dst + c.bulk + t) = *(const uint16_t *)(w + c.src + c.bulk + t);
+            if (c.bulk) {
+                bar_expect_tx(bar, c.bulk);
+                bulk_copy(dst, w + c.src, c.bulk, bar, policy);
+            }
         }
+        bar_arrive(bar); /* releases the tail's stores */
     }
 }
 
@@ -235,6 +260,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     int *wown = owner + warp * B::STAGES;
     const uint64_t policy = evict_first_policy();
     const int nst = (nkb + B::KC - 1) / B::KC; /* stages per unit */
+    const int64_t total = rows * row_bytes;    /* bytes of the matrix */
     /* the next stage to issue: unit p_unit (CTA-local, -1: none left), its stage p_st; its
      * rows p_row0 .. + p_nr - 1 start at p_src */
     int p_unit = unit_take(counter, n_local), p_st = 0, p_nr = 0;
@@ -254,7 +280,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             wown[s] = p_unit;
         if (elect_one())
             stage_issue<T>(wring + s * UROWS * B::SLOT, &wbar[s], w, p_src, row_bytes, rows,
-                           p_row0, p_nr, p_st * B::KC, policy);
+                           total, p_row0, p_nr, p_st * B::KC, policy);
         if (++p_st == nst) {
             p_st = 0;
             p_unit = unit_take(counter, n_local);

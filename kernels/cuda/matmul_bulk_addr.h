@@ -82,22 +82,23 @@ typedef struct mmb_copy {
     uint32_t run;  /* bytes of the run: the k-blocks of the stage that exist */
 } mmb_copy;
 
-/* Row `row`'s run of k-blocks k0 .. k0 + kc - 1 (those before the row's end) in a matrix of
- * `rows` rows of row_bytes, k-blocks of kb_bytes. total = rows * row_bytes is even (row_bytes
- * is a multiple of 2 for every type), so the tail is too. */
-MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int kc, int64_t row,
-                            int k0)
+/* Bytes of the run of k-blocks k0 .. k0 + kc - 1 (those before the row's end): the same in
+ * every row. */
+MMB_HD uint32_t mmb_run_bytes(int64_t row_bytes, int kb_bytes, int kc, int k0)
 {
-    const int64_t start = row * row_bytes + (int64_t)k0 * kb_bytes;
-    const int64_t row_end = (row + 1) * row_bytes;
-    const int64_t want = start + (int64_t)kc * kb_bytes;
-    const int64_t end = want < row_end ? want : row_end;
-    const int64_t total = rows * row_bytes;
-    const int64_t we = (end + 15) & ~(int64_t)15;
+    const int64_t left = row_bytes - (int64_t)k0 * kb_bytes;
+    return (uint32_t)(left < (int64_t)kc * kb_bytes ? left : (int64_t)kc * kb_bytes);
+}
+
+/* The window of a run of `run` bytes starting `start` bytes into a matrix of `total` bytes
+ * (even, as every row_bytes is). */
+MMB_HD mmb_copy mmb_copy_at(int64_t start, uint32_t run, int64_t total)
+{
+    const int64_t we = (start + run + 15) & ~(int64_t)15;
     mmb_copy c;
     c.src = start & ~(int64_t)15;
     c.mis = (uint32_t)(start - c.src);
-    c.run = (uint32_t)(end - start);
+    c.run = run;
     if (we <= total) {
         c.bulk = (uint32_t)(we - c.src);
         c.tail = 0;
@@ -109,14 +110,25 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
     return c;
 }
 
-/* The same run when runs are whole 16-byte pieces (Q4_K, Q5_K: row_bytes and kb_bytes are
- * multiples of 16): it starts row * row_bytes + k0 * kb_bytes into the matrix, mis = tail = 0,
- * and every row of a stage copies this many bytes. */
-MMB_HD uint32_t mmb_aligned_bytes(int64_t row_bytes, int kb_bytes, int kc, int k0)
+/* Bulk bytes of the window of a run that is not the matrix's last (so never past it): what
+ * mmb_copy_at gives with tail = 0, for the rows the kernel copies without the check. */
+MMB_HD uint32_t mmb_window_bytes(int64_t start, uint32_t run)
 {
-    const int64_t left = row_bytes - (int64_t)k0 * kb_bytes;
-    return (uint32_t)(left < (int64_t)kc * kb_bytes ? left : (int64_t)kc * kb_bytes);
+    return (uint32_t)(((start + run + 15) & ~(int64_t)15) - (start & ~(int64_t)15));
 }
+
+/* Row `row`'s run of k-blocks k0 .. k0 + kc - 1 in a matrix of `rows` rows of row_bytes,
+ * k-blocks of kb_bytes. The kernel walks the rows of a stage with start += row_bytes. */
+MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int kc, int64_t row,
+                            int k0)
+{
+    return mmb_copy_at(row * row_bytes + (int64_t)k0 * kb_bytes,
+                       mmb_run_bytes(row_bytes, kb_bytes, kc, k0), rows * row_bytes);
+}
+
+/* Q4_K and Q5_K (row_bytes and kb_bytes multiples of 16, the matrix 16-byte aligned): every
+ * run is its window (mis = tail = 0), mmb_run_bytes long from row * row_bytes + k0 * kb_bytes,
+ * so the kernel copies runs without the window arithmetic. */
 
 /* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
  * rings. */

@@ -59,7 +59,10 @@ __device__ __forceinline__ int ubyte(uint32_t w, int k)
 }
 __device__ __forceinline__ int sbyte(uint32_t w, int k)
 {
-    return (int)(w << (24 - 8 * k)) >> 24;
+    const uint32_t s = 8u | (uint32_t)k; /* a selector nibble with bit 3 replicates the sign */
+    uint32_t r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"((uint32_t)k | s << 4 | s << 8 | s << 12));
+    return (int)r;
 }
 
 /* signed bytes . signed bytes + c */
