@@ -110,29 +110,66 @@ __device__ __forceinline__ uint32_t srow_word(srow r, int k)
  * with dx in the unused fourth word, then j = 4..7; Q6_K the four 16-byte groups of the
  * 16-input sums (k = 4u .. 4u+3), dx in the first one's fourth word; Q8_0 dx alone (two
  * k-blocks per x block). */
+/* The aux words of k-block kb (token 0) as stage_x stores them. */
+template <int T>
+__device__ __forceinline__ void aux_load(uint4 (&v)[4], const float *xd, const int8_t *xs,
+                                         int kb, int n_pad)
+{
+    if constexpr (T == TD_Q8_0) {
+        v[0] = make_uint4(__float_as_uint(__ldg(xd + (size_t)(kb >> 1) * n_pad)), 0, 0, 0);
+        return;
+    }
+    const int8_t *s = xs + (size_t)kb * n_pad * MM_XSUM_BYTES;
+    constexpr int AT = T == TD_Q6_K ? 32 : 0, N = T == TD_Q6_K ? 4 : 2;
+#pragma unroll
+    for (int u = 0; u < N; u++)
+        v[u] = __ldg((const uint4 *)(s + AT + 16 * u));
+    v[0].w = __float_as_uint(__ldg(xd + (size_t)kb * n_pad));
+#pragma unroll
+    for (int u = 1; u < N; u++)
+        v[u].w = 0u;
+}
+
+template <int T> __device__ __forceinline__ void aux_store(uint8_t *xk, const uint4 (&v)[4])
+{
+    constexpr int N = T == TD_Q8_0 ? 1 : T == TD_Q6_K ? 4 : 2;
+#pragma unroll
+    for (int u = 0; u < N; u++)
+        *(uint4 *)(xk + MMB_XAUX_AT + 16 * u) = v[u];
+}
+
+/* Every thread's loads are issued before its stores (a batch of up to 9 units and one
+ * k-block's aux words), so the staging costs about one latency for rows up to 18432 inputs
+ * at 256 threads. */
 template <int T>
 __device__ __forceinline__ void stage_x(uint8_t *xsm, const int8_t *xq, const float *xd,
                                         const int8_t *xs, int64_t cols, int nkb, int n_pad)
 {
     constexpr int XKB = bq<T>::XKB, UPK = bq<T>::KB_W / 8; /* units per k-block */
-    const int nu = (int)(cols / 8);
-    for (int i = threadIdx.x; i < nu; i += blockDim.x)
-        *(uint4 *)(xsm + (i / UPK) * XKB + mmb_xunit(T == TD_Q8_0, i % UPK)) =
-            __ldg((const uint4 *)(xq + 16 * (size_t)i));
-    for (int kb = threadIdx.x; kb < nkb; kb += blockDim.x) {
-        uint4 *aux = (uint4 *)(xsm + kb * XKB + MMB_XAUX_AT);
-        if constexpr (T == TD_Q8_0) {
-            aux[0] = make_uint4(__float_as_uint(__ldg(xd + (size_t)(kb >> 1) * n_pad)), 0, 0, 0);
-            continue;
-        }
-        const int8_t *s = xs + (size_t)kb * n_pad * MM_XSUM_BYTES; /* token 0 */
-        constexpr int AT = T == TD_Q6_K ? 32 : 0, N = T == TD_Q6_K ? 4 : 2;
+    constexpr int BATCH = 9;
+    const int nu = (int)(cols / 8), step = (int)blockDim.x;
+    uint4 a[4];
+    const int kb0 = (int)threadIdx.x;
+    if (kb0 < nkb)
+        aux_load<T>(a, xd, xs, kb0, n_pad);
+    for (int i0 = threadIdx.x; i0 < nu; i0 += BATCH * step) {
+        uint4 v[BATCH];
 #pragma unroll
-        for (int u = 0; u < N; u++) {
-            uint4 v = __ldg((const uint4 *)(s + AT + 16 * u));
-            v.w = u == 0 ? __float_as_uint(__ldg(xd + (size_t)kb * n_pad)) : 0u;
-            aux[u] = v;
+        for (int j = 0; j < BATCH; j++)
+            if (i0 + j * step < nu)
+                v[j] = __ldg((const uint4 *)(xq + 16 * (size_t)(i0 + j * step)));
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int i = i0 + j * step;
+            if (i < nu)
+                *(uint4 *)(xsm + (i / UPK) * XKB + mmb_xunit(T == TD_Q8_0, i % UPK)) = v[j];
         }
+    }
+    if (kb0 < nkb)
+        aux_store<T>(xsm + kb0 * XKB, a);
+    for (int kb = kb0 + step; kb < nkb; kb += step) { /* rows past 65536 inputs */
+        aux_load<T>(a, xd, xs, kb, n_pad);
+        aux_store<T>(xsm + kb * XKB, a);
     }
 }
 
