@@ -7,17 +7,18 @@
  * Why: the register kernel (matmul_decode.cu) keeps its loads in flight on one scoreboard,
  * so every k-block waits a full memory latency, and the cp.async rings spent many
  * instructions per byte and waited in order (NOTES.md, round 2). A bulk copy is one
- * instruction per row run of up to ~850 bytes, its completion is counted in bytes on the
+ * instruction per row run of ~850-1400 bytes, its completion is counted in bytes on the
  * stage's barrier, and a warp waits only on the stage it is about to read.
  *
  * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps, each
  * with its own ring of STAGES stages. A warp takes units of MMB_UROWS = 8 consecutive rows
  * (handed out by a counter in shared memory among the CTA's contiguous share of the units, so
- * the SM's warps finish together) and walks a unit's k-blocks MMB_KC = 4 per stage: lane
- * 4r + q owns row r and accumulation chain q, i.e. k-block k0 + q of every stage, and decodes
- * it alone (no butterfly: that is what keeps the count near 0.06 instructions per weight
- * byte). Lanes q = 0 issue their row's copy of the next stage; the stage's barrier expects 8
- * arrivals (one per row lane, with its bytes), so a wrong count cannot complete a phase early.
+ * the SM's warps finish together) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane
+ * 4r + q owns row r and accumulation chain q, i.e. k-blocks k0 + q, k0 + q + 4, ... of every
+ * stage, and decodes each alone (no butterfly: that is what keeps the count near 0.07-0.11
+ * instructions per weight byte). One elected lane issues the stage's 8 row copies; the
+ * stage's barrier expects that lane's one arrival, made after (Q4_K/Q5_K: with) the
+ * announcement of every copy's bytes, so no phase can complete before its last copy lands.
  * The activations of the token (2 bytes per input, digits hi/lo) are copied once per CTA
  * into shared memory, with the scale and sum digits each k-block needs beside them; every
  * lane of a warp reads the same unit of 4 k-blocks at a time (broadcast, 4 bank groups).
