@@ -429,10 +429,12 @@ template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out
     }
 }
 
-/* grid: x = row tile, y = kv head, z = first split (strided by gridDim.z when p.part != NULL:
- * one partial per split; else every split in order, folded in registers). */
-template <int HD, typename KT>
-__global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep)
+/* grid: x = row tile, y = kv head, z = first split (FOLD false: strided by gridDim.z, one
+ * partial per split into p.part; FOLD true: every split in order, folded in registers).
+ * Two blocks per SM: registers capped at 128 (uncapped the kernel took 200, one block per
+ * SM, and a 5000-key decode ran 1.2 waves: 39 us); the split variant has no fold registers. */
+template <int HD, typename KT, bool FOLD>
+__global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_sep)
 {
     typedef ats_geo<HD, KT> G;
     static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ATT_ROWS * HD * 4,
@@ -470,12 +472,13 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
 
     /* value phase ownership: rows warp and warp + 8, values lane*EL .. lane*EL + EL-1 */
     const int vr0 = warp, vr1 = warp + 8, d0 = lane * G::EL;
-    float A0[G::EL], A1[G::EL];
+    constexpr int AN = FOLD ? G::EL : 1; /* folded values (in-block folding only) */
+    float A0[AN], A1[AN];
 #pragma unroll
-    for (int j = 0; j < G::EL; j++)
+    for (int j = 0; j < AN; j++)
         A0[j] = A1[j] = 0;
 
-    const int64_t s_lo = p.part ? blockIdx.z : 0, s_step = p.part ? gridDim.z : 1;
+    const int64_t s_lo = FOLD ? 0 : blockIdx.z, s_step = FOLD ? 1 : gridDim.z;
     for (int64_t s = s_lo; s < n_split; s += s_step) {
         const int64_t k0 = s * ATT_SPLIT;
         const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
             seen = m;
         }
         if (!__syncthreads_or(seen != 0)) {
-            if (p.part && tid < nr) {
+            if (!FOLD && tid < nr) {
                 float *pr = p.part + ((s * a.n_q + row_t[tid]) * a.n_head + row_h[tid]) * (HD + 2);
                 pr[HD] = -INFINITY;
                 pr[HD + 1] = 0;
@@ -653,7 +656,7 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
             }
         }
 
-        if (p.part) {
+        if constexpr (!FOLD) {
             /* hand the split's partial to the combine kernel */
 #pragma unroll
             for (int u = 0; u < 2; u++) {
@@ -673,6 +676,8 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         }
 
         /* fold this split into the running values */
+        if constexpr (!FOLD)
+            continue;
         if (tid < nr) {
             float M = run_m[tid], L = run_l[tid], fa = 1, fb = 0;
             row_ok[tid] = att_fold(M, L, row_m[tid], row_l[tid], fa, fb);
@@ -683,7 +688,7 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         }
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < G::EL; j++) {
+        for (int j = 0; j < AN; j++) {
             if (vr0 < nr && row_ok[vr0])
                 A0[j] = att_apply(A0[j], c0[j], fac_a[vr0], fac_b[vr0]);
             if (vr1 < nr && row_ok[vr1])
@@ -691,11 +696,11 @@ __global__ void __launch_bounds__(ATS_THREADS) ats_kernel(att_args p, int kv_sep
         }
     }
 
-    if (p.part)
+    if constexpr (!FOLD)
         return;
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < G::EL; j++) {
+    for (int j = 0; j < AN; j++) {
         if (vr0 < nr)
             att_write(a, row_t[vr0], row_h[vr0], d0 + j, A0[j], run_l[vr0]);
         if (vr1 < nr)
@@ -749,7 +754,7 @@ typedef struct ats_plan {
 } ats_plan;
 
 template <int HD, typename KT>
-static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks)
+static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool fold)
 {
     static int opted[64]; /* per device: the dynamic shared memory limit was raised */
     int optin = 0, per_sm = 0;
@@ -762,16 +767,23 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks)
         return TD_OK;
     pl->kv_sep = two <= room && (2 * (two + 2048) <= (size_t)per_sm || blocks < sms);
     pl->smem = pl->kv_sep ? two : one;
-    pl->fn = ats_kernel<HD, KT>;
+    pl->fn = fold ? ats_kernel<HD, KT, true> : ats_kernel<HD, KT, false>;
     if (dev >= 0 && dev < 64 && !opted[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(ats_kernel<HD, KT>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
+        const ats_fn fns[2] = {ats_kernel<HD, KT, true>, ats_kernel<HD, KT, false>};
+        for (int i = 0; i < 2; i++) {
+            CUDA_TRY(cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)room));
+            /* all of the unified L1/shared memory as shared memory: two blocks fit per SM */
+            CUDA_TRY(cudaFuncSetAttribute(fns[i], cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          100));
+        }
         opted[dev] = 1;
     }
     return TD_OK;
 }
 
-static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, long long blocks)
+static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, long long blocks,
+                           bool fold)
 {
     pl->fn = NULL;
     pl->smem = 0;
@@ -783,14 +795,14 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     const bool f16 = a->kv_type == TD_F16;
     switch (a->head_dim) {
     case 256:
-        return f16 ? ats_plan_of<256, __half>(pl, dev, sms, blocks)
-                   : ats_plan_of<256, float>(pl, dev, sms, blocks);
+        return f16 ? ats_plan_of<256, __half>(pl, dev, sms, blocks, fold)
+                   : ats_plan_of<256, float>(pl, dev, sms, blocks, fold);
     case 128:
-        return f16 ? ats_plan_of<128, __half>(pl, dev, sms, blocks)
-                   : ats_plan_of<128, float>(pl, dev, sms, blocks);
+        return f16 ? ats_plan_of<128, __half>(pl, dev, sms, blocks, fold)
+                   : ats_plan_of<128, float>(pl, dev, sms, blocks, fold);
     case 64:
-        return f16 ? ats_plan_of<64, __half>(pl, dev, sms, blocks)
-                   : ats_plan_of<64, float>(pl, dev, sms, blocks);
+        return f16 ? ats_plan_of<64, __half>(pl, dev, sms, blocks, fold)
+                   : ats_plan_of<64, float>(pl, dev, sms, blocks, fold);
     default:
         return TD_OK;
     }
@@ -840,7 +852,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     if (z < 1)
         z = 1;
     ats_plan plan;
-    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z));
+    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z, !split));
     if (split)
         TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
     if (plan.fn) {
