@@ -105,6 +105,30 @@ __device__ __forceinline__ float att_apply(float A, float acc, float fa, float f
     return fmaf(acc, fb, __fmul_rn(A, fa));
 }
 
+/* One row of a split (a warp): its exact max, p = exp(score - max) in place of the scores
+ * (an invisible key's -inf gives 0), and the sum of p in a fixed tree; lane 0 stores max and
+ * sum. The one definition of a split's softmax. */
+__device__ __forceinline__ void att_row_softmax(float *row, int nk, int lane, float *m_out,
+                                                float *l_out)
+{
+    float m = -INFINITY;
+    for (int c = lane; c < nk; c += 32)
+        m = fmaxf(m, row[c]);
+    m = dev_warp_max(m);
+    float l = 0;
+    for (int c = lane; c < nk; c += 32) {
+        const float x = row[c];
+        const float pv = x == -INFINITY ? 0.0f : expf(x - m);
+        row[c] = pv;
+        l += pv;
+    }
+    l = dev_warp_sum(l);
+    if (lane == 0) {
+        *m_out = m;
+        *l_out = l;
+    }
+}
+
 /* out value from the folded values and sum, with the output gate. */
 __device__ __forceinline__ void att_write(const ops_attn &a, int64_t t, int64_t h, int64_t d,
                                           float A, float L)
@@ -218,25 +242,8 @@ template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_
         }
         __syncthreads();
 
-        /* per row (a warp each): exact max, p = exp(score - max), sum of p in a fixed tree */
-        for (int r = warp; r < nr; r += ATT_THREADS / 32) {
-            float m = -INFINITY;
-            for (int c = lane; c < nk; c += 32)
-                m = fmaxf(m, sc[r][c]);
-            m = dev_warp_max(m);
-            float l = 0;
-            for (int c = lane; c < nk; c += 32) {
-                const float x = sc[r][c];
-                const float pv = x == -INFINITY ? 0.0f : expf(x - m);
-                sc[r][c] = pv;
-                l += pv;
-            }
-            l = dev_warp_sum(l);
-            if (lane == 0) {
-                row_m[r] = m;
-                row_l[r] = l;
-            }
-        }
+        for (int r = warp; r < nr; r += ATT_THREADS / 32)
+            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r);
         __syncthreads();
 
         /* the split's values: each (row, d) sums p * v over the keys in order; a tile whose
@@ -574,25 +581,8 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
         if (!kv_sep)
             ats_stage<HD, KT>(vb, a, a.v, g, k0, nk); /* into the keys' buffer */
 
-        /* per row (a warp each): exact max, p = exp(score - max), sum of p in a fixed tree */
-        for (int r = warp; r < nr; r += ATS_THREADS / 32) {
-            float mx = -INFINITY;
-            for (int c = lane; c < nk; c += 32)
-                mx = fmaxf(mx, sc[r][c]);
-            mx = dev_warp_max(mx);
-            float l = 0;
-            for (int c = lane; c < nk; c += 32) {
-                const float x = sc[r][c];
-                const float pv = x == -INFINITY ? 0.0f : expf(x - mx);
-                sc[r][c] = pv;
-                l += pv;
-            }
-            l = dev_warp_sum(l);
-            if (lane == 0) {
-                row_m[r] = mx;
-                row_l[r] = l;
-            }
-        }
+        for (int r = warp; r < nr; r += ATS_THREADS / 32)
+            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r);
         ats_wait<0>();
         __syncthreads(); /* p, the split's max and sum and the values are in */
 
