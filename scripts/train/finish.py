@@ -43,7 +43,6 @@ import json
 import os
 import pathlib
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -59,11 +58,10 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from convert_target import LIMIT, NAME, gguf_convert  # noqa: E402
+import pair_speed  # noqa: E402
 
 BAR = 4.0                   # mean acceptance length the drafter must reach
 AGREE = 0.95                # least top-1 agreement of a target installed without a drafter
-STATS = re.compile(r"generated (\d+) tokens in ([\d.]+) s \(([\d.]+) tok/s\); steps (\d+), "
-                   r"acceptance length ([\d.]+)")
 
 
 def say(msg: str) -> None:
@@ -211,17 +209,9 @@ def logits_check(binary: str, gguf: pathlib.Path, model, ids: list[int]) -> floa
 
 def generate(binary: str, gguf: pathlib.Path, draft: pathlib.Path | None, prompt: str,
              n: int, ignore_eos: bool = True) -> dict:
-    args = ["generate", "--model", str(gguf), "--prompt", prompt, "-n", str(n), "--ids",
-            "--draft", str(draft) if draft else ""]
-    if ignore_eos:
-        args.append("--ignore-eos")
-    r = tandem(binary, *args)
-    m = STATS.search(r.stderr)
-    if r.returncode != 0 or not m:
-        raise SystemExit(f"finish: tandem generate failed ({r.returncode}): {r.stderr.strip()}")
-    return {"ids": [int(x) for x in r.stdout.strip().split(",") if x], "n": int(m.group(1)),
-            "seconds": float(m.group(2)), "tok_s": float(m.group(3)), "steps": int(m.group(4)),
-            "tau": float(m.group(5))}
+    """`tandem generate` on the CPU (pair_speed.generate), greedy, with or without a drafter."""
+    return pair_speed.generate(binary, str(gguf), str(draft) if draft else "", prompt, n, "cpu",
+                               ignore_eos)
 
 
 def num(d: dict, key: str, fmt: str, scale: float = 1.0) -> str:
