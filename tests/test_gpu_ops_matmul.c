@@ -1,11 +1,11 @@
 /* cuda_matmul against cpu_matmul (the oracle) for every weight type, odd shapes and
  * n_tok in {1, 2, 3, 7, 8, 16, 31, 32, 64, 70}; batch invariance bit for bit (token t of a
  * batch equals token t computed alone, what lossless greedy speculation on the GPU relies
- * on; for quantised types a single token runs on the tensor-core kernel, or on the dp4a
- * single-token kernel for the 33000-row Q4_K matrix (and for all of them under
- * TANDEM_MMD=regs), so this also proves the two kernels' arithmetic identical); on sm_90,
- * the bulk-copy single-token kernel (TANDEM_MMD=bulk, run in child processes of this
- * program) byte for byte against both, on the 27B target's shapes among others;
+ * on; for quantised types a single token runs on the bulk-copy kernel on sm_90 (the
+ * default there), elsewhere on the tensor-core kernel, or on the dp4a single-token kernel for
+ * the 33000-row Q4_K matrix, so this also proves the kernels' arithmetic identical); single
+ * tokens under TANDEM_MMD=bulk, =mma and =regs (child processes of this program) byte for
+ * byte against each other on sm_90, on the 27B target's shapes among others;
  * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
  * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.

@@ -1,8 +1,9 @@
 /* cuda_matmul_multi (one activation rounding for the matrices that read the same input):
  * each output is bit for bit what a separate cuda_matmul gives, for mixed groups (Q4_K +
  * Q6_K as attn_q/k/v of a Q4_K_M file, BF16/F32/F16 members, Q5_K, Q8_0, a 33000-row Q4_K
- * that one token runs on the single-token kernel beside a small Q4_K on the tensor-core
- * kernel, so one group needs two roundings of one type) at n_tok 1, 5, 16, 33, 65 (two
+ * that one token runs on the dp4a single-token kernel beside a small Q4_K on the tensor-core
+ * kernel, so one group needs two roundings of one type: below sm_90, or on sm_90 under
+ * TANDEM_MMD=regs) at n_tok 1, 5, 16, 33, 65 (two
  * chunks) and 70; and within the quantisation bound of cpu_matmul, so the group and the
  * separate calls cannot agree on a wrong answer. Groups queued back to back without a wait
  * (the next rounding overwrites the scratch the previous group's kernels read) give the same
@@ -167,8 +168,10 @@ static const group groups[] = {
     {"bf16 q6k f16 q4k q8_0 q5k q6k", 512, 7,
      {{TD_BF16, 16}, {TD_Q6_K, 31}, {TD_F16, 8}, {TD_Q4_K, 64}, {TD_Q8_0, 19}, {TD_Q5_K, 48},
       {TD_Q6_K, 7}}},
-    /* 33000 rows: one token takes the single-token kernel (its own activation placement)
-     * while the 200-row Q4_K stays on the tensor cores: two roundings in one group */
+    /* 33000 rows: one token takes the dp4a single-token kernel (its own activation
+     * placement) while the 200-row Q4_K stays on the tensor cores: two roundings in one
+     * group. On sm_90 one token takes the bulk-copy kernel (the plain layout) on both, so
+     * the group shares one rounding there; TANDEM_MMD=regs brings the two back. */
     {"q4k 33000 rows + q4k 200 rows + q4k 33000 rows", 256, 3,
      {{TD_Q4_K, 33000}, {TD_Q4_K, 200}, {TD_Q4_K, 33000}}},
     {"f32 f32 (no quantised member)", 256, 2, {{TD_F32, 12}, {TD_F32, 3}}},

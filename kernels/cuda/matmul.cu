@@ -253,10 +253,12 @@ xq_layout xq_layout_of(int64_t cols, int n_pad)
 }
 
 /* Which kernel runs single tokens (TANDEM_MMD, read once): by default the faster one as
- * measured per type and shape (mmd_preferred), "regs" always the single-token kernel
- * (matmul_decode.cu), "mma" always the tensor-core kernel (plain layout), "bulk" the sm_90
- * bulk-copy kernel (matmul_bulk.cu) wherever mmb_supported, else the default. All give the
- * same bits; the switch keeps them measurable, and testable, on one build. */
+ * measured on an H200, i.e. the sm_90 bulk-copy kernel (matmul_bulk.cu) wherever
+ * mmb_supported (40-93% of the copy rate against 27-68% for the others, NOTES.md round 3),
+ * else (sm_86, or a row too long for its shared memory) the rule of mmd_preferred; "regs"
+ * always the single-token kernel (matmul_decode.cu), "mma" always the tensor-core kernel
+ * (plain layout), "bulk" the bulk-copy kernel wherever mmb_supported (the default there).
+ * All give the same bits; the switch keeps them measurable, and testable, on one build. */
 enum { MMD_AUTO = 1, MMD_REGS, MMD_MMA, MMD_BULK };
 int g_mmd_choice;
 
@@ -287,7 +289,7 @@ struct mm_plan {
 mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
 {
     const int choice = mmd_choice();
-    const bool bulk = nc == 1 && choice == MMD_BULK && mmb_supported(w);
+    const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
     return mm_plan{decode, bulk, mmq_unit(w->type), decode && mmd_placed(w->type)};

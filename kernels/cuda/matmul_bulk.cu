@@ -1,8 +1,9 @@
 /* y = x . W^T for one token (decode) on sm_90: weights stream into shared memory by bulk
  * copies (cp.async.bulk, the copy engine of Hopper) that complete on per-stage mbarriers, and
  * each lane turns one whole (row, k-block) into the exact integers of matmul_quant.cu with
- * dp4a. TANDEM_MMD=bulk runs it for every single token of a type it covers (Q4_K, Q5_K, Q6_K,
- * Q8_0); it is not the default until its H200 numbers are in (NOTES.md).
+ * dp4a. It runs every single token of a type it covers (Q4_K, Q5_K, Q6_K, Q8_0) on sm_90
+ * unless TANDEM_MMD picks another kernel: on an H200 it reached 40-93% of the copy rate where
+ * the register and tensor-core kernels reached 20-68% (NOTES.md, round 3).
  *
  * Why: the register kernel (matmul_decode.cu) keeps its loads in flight on one scoreboard,
  * so every k-block waits a full memory latency, and the cp.async rings spent many
