@@ -14,7 +14,9 @@
  * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps, each
  * with its own ring of STAGES stages. A warp takes units of MMB_UROWS = 8 consecutive rows
  * (handed out by a counter in shared memory among the CTA's contiguous share of the units, so
- * the SM's warps finish together) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane
+ * the SM's warps finish together; a CTA with fewer units than warps gives warp w unit w and
+ * the idle warps' ring buffers to the busy ones, so matrices of few rows per SM still have
+ * every buffer in flight) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane
  * 4r + q owns row r and accumulation chain q, i.e. k-blocks k0 + q, k0 + q + 4, ... of every
  * stage, and decodes each alone (no butterfly: that is what keeps the count near 0.07-0.11
  * instructions per weight byte). One elected lane issues the stage's 8 row copies; the
@@ -211,9 +213,12 @@ __device__ __forceinline__ void stage_issue(uint8_t *dst, uint64_t *bar, const u
 }
 
 /* Lane 0 takes the CTA's next unit (CTA-local index), -1 when none is left; the whole warp
- * gets the answer. */
-__device__ __forceinline__ int unit_take(int *counter, int n_local)
+ * gets the answer. With no more units than warps, warp w has unit w and no other (its ring
+ * is sized for that: see the kernel). */
+__device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 {
+    if (n_local <= WARPS)
+        return first && (int)(threadIdx.x >> 5) < n_local ? (int)(threadIdx.x >> 5) : -1;
     int u = 0;
     if ((threadIdx.x & 31) == 0)
         u = atomicAdd(counter, 1);
@@ -240,9 +245,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     constexpr int KM = B::KC / 4; /* k-blocks per chain and stage */
     const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk;
     extern __shared__ __align__(128) uint8_t smem[];
-    uint64_t *bars = (uint64_t *)smem;              /* [WARPS][STAGES], one arrival each */
-    int *owner = (int *)(bars + WARPS * B::STAGES); /* [WARPS][STAGES] unit in the stage */
-    int *counter = owner + WARPS * B::STAGES;       /* units taken in this CTA */
+    constexpr int NS = WARPS * B::STAGES;  /* stage buffers of the CTA */
+    uint64_t *bars = (uint64_t *)smem;     /* [NS], one arrival each */
+    int *owner = (int *)(bars + NS);       /* [NS] unit in the stage */
+    int *counter = owner + NS;             /* units taken in this CTA */
     uint8_t *xsm = smem + MMB_HDR;                  /* [nkb][XKB] activations */
     uint8_t *ring = xsm + (((int64_t)nkb * B::XKB + 127) & ~(int64_t)127);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -250,22 +256,25 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int64_t u0 = units * blockIdx.x / gridDim.x;
     const int n_local = (int)(units * (blockIdx.x + 1) / gridDim.x - u0);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < WARPS * B::STAGES; i++)
+        for (int i = 0; i < NS; i++)
             bar_init(&bars[i], 1);
         *counter = 0;
         bar_init_fence();
     }
     __syncthreads();
 
-    uint8_t *wring = ring + (size_t)warp * B::STAGES * UROWS * B::SLOT; /* [STAGES][UROWS][SLOT] */
-    uint64_t *wbar = bars + warp * B::STAGES;
-    int *wown = owner + warp * B::STAGES;
+    /* The warp's ring: STAGES buffers, or with fewer units than warps (matrices of few rows
+     * per SM) the buffers of the idle warps too, so the CTA still has them all in flight. */
+    const int sd = n_local < WARPS ? NS / (n_local > 0 ? n_local : 1) : B::STAGES;
+    uint8_t *wring = ring + (size_t)warp * sd * UROWS * B::SLOT; /* [sd][UROWS][SLOT] */
+    uint64_t *wbar = bars + warp * sd;
+    int *wown = owner + warp * sd;
     const uint64_t policy = evict_first_policy();
     const int nst = (nkb + B::KC - 1) / B::KC; /* stages per unit */
     const int64_t total = rows * row_bytes;    /* bytes of the matrix */
     /* the next stage to issue: unit p_unit (CTA-local, -1: none left), its stage p_st; its
      * rows p_row0 .. + p_nr - 1 start at p_src */
-    int p_unit = unit_take(counter, n_local), p_st = 0, p_nr = 0;
+    int p_unit = unit_take(counter, n_local, true), p_st = 0, p_nr = 0;
     int64_t p_row0 = 0;
     const uint8_t *p_src = w;
     auto unit_start = [&]() {
@@ -285,13 +294,13 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                            total, p_row0, p_nr, p_st * B::KC, policy);
         if (++p_st == nst) {
             p_st = 0;
-            p_unit = unit_take(counter, n_local);
+            p_unit = unit_take(counter, n_local, false);
             unit_start();
         }
         issued++;
     };
     /* the weights do not depend on the kernel before this one: fill the ring first */
-    for (int s = 0; s < B::STAGES && p_unit >= 0; s++)
+    for (int s = 0; s < sd && p_unit >= 0; s++)
         issue(s);
 
     mm_wait_dependencies(); /* xq, xd, xs come from the rounding kernel */
@@ -339,7 +348,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         __syncwarp(); /* every lane is done with stage s before it is refilled */
         if (p_unit >= 0)
             issue(s);
-        if (++s == B::STAGES) {
+        if (++s == sd) {
             s = 0;
             phase ^= 1;
         }
