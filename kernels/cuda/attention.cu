@@ -363,12 +363,12 @@ template <int HD, typename KT> struct ats_geo {
     static constexpr int EL = HD / 32;          /* values per lane in the value phase */
 };
 
-/* Dynamic shared memory: qs [ATT_ROWS][HD] f32 query rows, sc [ATT_ROWS][ATT_SPLIT] f32
+/* Dynamic shared memory: qs [ROWS][HD] f32 query rows, sc [ROWS][ATT_SPLIT] f32
  * (second-half dot products, then scores, then p), kb [ATT_SPLIT][ROWB] keys, vb values
  * (kb itself when the layout has no room for both: keys are dead once scored). */
-template <int HD, typename KT> __host__ __device__ constexpr size_t ats_fixed_bytes()
+template <int HD, int ROWS> __host__ __device__ constexpr size_t ats_fixed_bytes()
 {
-    return (size_t)ATT_ROWS * HD * 4 + (size_t)ATT_ROWS * ATT_SPLIT * 4;
+    return (size_t)ROWS * HD * 4 + (size_t)ROWS * ATT_SPLIT * 4;
 }
 template <int HD, typename KT> __host__ __device__ constexpr size_t ats_kv_bytes()
 {
@@ -401,11 +401,13 @@ __device__ __forceinline__ void ats_stage(unsigned char *buf, const ops_attn &a,
     ats_commit();
 }
 
-/* N (2, 4 or 8) consecutive cache values at row (aligned to their size) as f32, read as
+/* N (1, 2, 4 or 8) consecutive cache values at row (aligned to their size) as f32, read as
  * one or two vector loads */
 template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out, const unsigned char *row)
 {
-    if constexpr (sizeof(KT) == 2) {
+    if constexpr (sizeof(KT) == 2 && N == 1) {
+        out[0] = __half2float(*(const __half *)row);
+    } else if constexpr (sizeof(KT) == 2) {
         uint32_t w[N / 2];
         if constexpr (N == 8) {
             const uint4 u = *(const uint4 *)row;
@@ -429,7 +431,9 @@ template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out
             const float4 v = ((const float4 *)row)[i];
             out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
         }
-        if constexpr (N % 4 != 0) {
+        if constexpr (N == 1) {
+            out[0] = *(const float *)row;
+        } else if constexpr (N % 4 != 0) {
             const float2 v = *(const float2 *)(row + (N / 4) * 16);
             out[N - 2] = v.x, out[N - 1] = v.y;
         }
@@ -440,18 +444,19 @@ template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out
  * partial per split into p.part; FOLD true: every split in order, folded in registers).
  * Two blocks per SM: registers capped at 128 (uncapped the kernel took 200, one block per
  * SM, and a 5000-key decode ran 1.2 waves: 39 us); the split variant has no fold registers. */
-template <int HD, typename KT, bool FOLD>
+template <int HD, typename KT, bool FOLD, int ROWS>
 __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_sep)
 {
     typedef ats_geo<HD, KT> G;
-    static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ATT_ROWS * HD * 4,
+    static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ROWS * HD * 4,
                   "the key buffer holds the four chunk sums of the value phase");
-    static_assert(ATT_SPLIT == 128 && ATT_ROWS == 16, "the value phase is 4 chunks x 2 row groups");
+    static_assert(ATT_SPLIT == 128 && (ROWS == 8 || ROWS == 16) && ROWS <= ATT_ROWS,
+                  "the value phase is 4 key chunks x (2 row groups, or 2 halves of d)");
     const ops_attn &a = p.a;
     extern __shared__ __align__(16) unsigned char ats_smem[];
     float (*qs)[HD] = (float (*)[HD])ats_smem;
-    float (*sc)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(ats_smem + (size_t)ATT_ROWS * HD * 4);
-    unsigned char *kb = ats_smem + ats_fixed_bytes<HD, KT>();
+    float (*sc)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(ats_smem + (size_t)ROWS * HD * 4);
+    unsigned char *kb = ats_smem + ats_fixed_bytes<HD, ROWS>();
     unsigned char *vb = kv_sep ? kb + ats_kv_bytes<HD, KT>() : kb;
     __shared__ uint32_t vis[ATT_SPLIT];                /* bit r: row r sees the key */
     __shared__ float row_m[ATT_ROWS], row_l[ATT_ROWS]; /* the split's max and sum */
@@ -463,8 +468,8 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t g = blockIdx.y, n_kv = att_n_kv(a);
-    const int64_t r0 = (int64_t)blockIdx.x * ATT_ROWS;
-    const int nr = (int)(p.n_rows - r0 < ATT_ROWS ? p.n_rows - r0 : ATT_ROWS);
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS;
+    const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
     const int64_t n_split = att_n_split(p, n_kv);
 
     if (tid < ATT_ROWS) {
@@ -514,7 +519,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
             ats_stage<HD, KT>(vb, a, a.v, g, k0, nk);
         if (!q_in) {
             /* all loads of a thread issued before any is stored: one round trip */
-            constexpr int QN = ATT_ROWS * HD / ATS_THREADS;
+            constexpr int QN = ROWS * HD / ATS_THREADS;
             float qv[QN];
 #pragma unroll
             for (int u = 0; u < QN; u++) {
@@ -540,9 +545,9 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
         {
             const int kk = tid & (ATT_SPLIT - 1), hh = tid / ATT_SPLIT;
             const uint32_t m = kk < nk ? vis[kk] : 0;
-            float dot[ATT_ROWS];
+            float dot[ROWS];
 #pragma unroll
-            for (int r = 0; r < ATT_ROWS; r++)
+            for (int r = 0; r < ROWS; r++)
                 dot[r] = 0;
             if (m) {
                 constexpr int PE = 16 / G::EB; /* values per 16-byte piece */
@@ -553,12 +558,18 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
                     ats_get<KT, PE>(kv8, krow + c * G::EB);
                     const int dd = hh * (HD / 2) + c;
 #pragma unroll
-                    for (int r = 0; r < ATT_ROWS; r++) {
+                    for (int r = 0; r < ROWS; r++) {
                         if (r < nr) {
+                            float qv[PE]; /* the row's PE query values: 16-byte loads */
+#pragma unroll
+                            for (int i = 0; i < PE; i += 4) {
+                                const float4 q4 = *(const float4 *)&qs[r][dd + i];
+                                qv[i] = q4.x, qv[i + 1] = q4.y, qv[i + 2] = q4.z, qv[i + 3] = q4.w;
+                            }
                             float d = dot[r];
 #pragma unroll
                             for (int i = 0; i < PE; i++)
-                                d = fmaf(qs[r][dd + i], kv8[i], d);
+                                d = fmaf(qv[i], kv8[i], d);
                             dot[r] = d;
                         }
                     }
@@ -566,13 +577,13 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
             }
             if (hh == 1)
 #pragma unroll
-                for (int r = 0; r < ATT_ROWS; r++)
+                for (int r = 0; r < ROWS; r++)
                     if (r < nr)
                         sc[r][kk] = dot[r];
             __syncthreads();
             if (hh == 0)
 #pragma unroll
-                for (int r = 0; r < ATT_ROWS; r++)
+                for (int r = 0; r < ROWS; r++)
                     if (r < nr)
                         sc[r][kk] = (m >> r) & 1 ? __fmul_rn(a.scale, dot[r] + sc[r][kk])
                                                  : -INFINITY;
@@ -586,46 +597,61 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
         ats_wait<0>();
         __syncthreads(); /* p, the split's max and sum and the values are in */
 
-        /* values: warp (kc, rg) sums p * v over keys kc*32 .. kc*32+31 in order for rows
-         * rg*8 .. rg*8+7; then each (row, d) adds the four chunk sums in chunk order */
+        /* values: warp (kc, sub) sums p * v over keys kc*32 .. kc*32+31 in order, for rows
+         * sub*8 .. sub*8+7 and all of d (ROWS 16), or for rows 0..7 and half sub of d (ROWS
+         * 8); then each (row, d) adds the four chunk sums in chunk order. Either way a value
+         * is the same sum: the work split does not change it. */
         {
-            const int kc = warp & 3, rg = warp >> 2, rb = rg * 8;
-            float c[8][G::EL];
+            constexpr int DL = ROWS == 16 ? G::EL : G::EL / 2; /* values of d per lane */
+            const int kc = warp & 3, sub = warp >> 2;
+            const int rb = ROWS == 16 ? sub * 8 : 0;
+            const int dv = ROWS == 16 ? d0 : sub * (HD / 2) + lane * DL;
+            const bool on = rb < nr;
+            float c[8][DL];
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
-                for (int j = 0; j < G::EL; j++)
+                for (int j = 0; j < DL; j++)
                     c[i][j] = 0;
             const int ke = nk < kc * 32 + 32 ? nk : kc * 32 + 32;
-            if (rb < nr) {
+            if (on) {
                 for (int kk = kc * 32; kk < ke; kk++) {
                     float pr[8];
-                    bool any = false;
+                    bool any = false, all = true;
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         pr[i] = rb + i < nr ? sc[rb + i][kk] : 0.0f;
                         any |= pr[i] != 0.0f;
+                        all &= rb + i >= nr || pr[i] != 0.0f;
                     }
                     if (!any) /* an invisible key adds nothing */
                         continue;
-                    float v[G::EL];
-                    ats_get<KT, G::EL>(v, vb + kk * G::ROWB + d0 * G::EB);
+                    float v[DL];
+                    ats_get<KT, DL>(v, vb + kk * G::ROWB + dv * G::EB);
+                    if (all) { /* every row of the warp sees the key (rows past nr: unused) */
 #pragma unroll
-                    for (int i = 0; i < 8; i++)
+                        for (int i = 0; i < 8; i++)
 #pragma unroll
-                        for (int j = 0; j < G::EL; j++)
-                            c[i][j] = pr[i] != 0.0f ? fmaf(pr[i], v[j], c[i][j]) : c[i][j];
+                            for (int j = 0; j < DL; j++)
+                                c[i][j] = fmaf(pr[i], v[j], c[i][j]);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; i++)
+#pragma unroll
+                            for (int j = 0; j < DL; j++)
+                                c[i][j] = pr[i] != 0.0f ? fmaf(pr[i], v[j], c[i][j]) : c[i][j];
+                    }
                 }
             }
             __syncthreads(); /* keys and values are dead: the chunk sums go there */
-            float *cs = (float *)kb; /* [4][ATT_ROWS][HD] */
-            if (rb < nr)
+            float *cs = (float *)kb; /* [4][ROWS][HD] */
+            if (on)
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     if (rb + i < nr)
 #pragma unroll
-                        for (int j = 0; j < G::EL; j++)
-                            cs[((size_t)kc * ATT_ROWS + rb + i) * HD + d0 + j] = c[i][j];
+                        for (int j = 0; j < DL; j++)
+                            cs[((size_t)kc * ROWS + rb + i) * HD + dv + j] = c[i][j];
             __syncthreads();
         }
         float c0[G::EL], c1[G::EL];
@@ -633,7 +659,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
             const float *cs = (const float *)kb;
 #pragma unroll
             for (int j = 0; j < G::EL; j++) {
-                const size_t q = (size_t)ATT_ROWS * HD;
+                const size_t q = (size_t)ROWS * HD;
                 c0[j] = c1[j] = 0;
                 if (vr0 < nr) {
                     const float *x = cs + (size_t)vr0 * HD + d0 + j;
@@ -741,25 +767,27 @@ typedef struct ats_plan {
     ats_fn fn;
     size_t smem;  /* dynamic shared memory bytes */
     int kv_sep;   /* 1: separate key and value buffers */
+    int rows;     /* (query, head) rows per block: 8 when a kv head has at most 8 */
 } ats_plan;
 
-template <int HD, typename KT>
+template <int HD, typename KT, int ROWS>
 static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool fold)
 {
     static int opted[64]; /* per device: the dynamic shared memory limit was raised */
     int optin = 0, per_sm = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    const size_t fixed = ats_fixed_bytes<HD, KT>(), kv = ats_kv_bytes<HD, KT>();
+    const size_t fixed = ats_fixed_bytes<HD, ROWS>(), kv = ats_kv_bytes<HD, KT>();
     /* static shared memory of the kernel, about 1 KB, is left room for */
     const size_t one = fixed + kv, two = fixed + 2 * kv, room = (size_t)optin - 2048;
     if (one > room)
         return TD_OK;
     pl->kv_sep = two <= room && (2 * (two + 2048) <= (size_t)per_sm || blocks < sms);
     pl->smem = pl->kv_sep ? two : one;
-    pl->fn = fold ? ats_kernel<HD, KT, true> : ats_kernel<HD, KT, false>;
+    pl->fn = fold ? ats_kernel<HD, KT, true, ROWS> : ats_kernel<HD, KT, false, ROWS>;
+    pl->rows = ROWS;
     if (dev >= 0 && dev < 64 && !opted[dev]) {
-        const ats_fn fns[2] = {ats_kernel<HD, KT, true>, ats_kernel<HD, KT, false>};
+        const ats_fn fns[2] = {ats_kernel<HD, KT, true, ROWS>, ats_kernel<HD, KT, false, ROWS>};
         for (int i = 0; i < 2; i++) {
             CUDA_TRY(cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)room));
@@ -772,12 +800,20 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool
     return TD_OK;
 }
 
+template <int HD, typename KT>
+static td_err ats_plan_rows(ats_plan *pl, int dev, int sms, long long blocks, bool fold, bool few)
+{
+    return few ? ats_plan_of<HD, KT, 8>(pl, dev, sms, blocks, fold)
+               : ats_plan_of<HD, KT, 16>(pl, dev, sms, blocks, fold);
+}
+
 static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, long long blocks,
-                           bool fold)
+                           bool fold, bool few)
 {
     pl->fn = NULL;
     pl->smem = 0;
     pl->kv_sep = 0;
+    pl->rows = ATT_ROWS;
     const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
     if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
         a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
@@ -785,14 +821,14 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     const bool f16 = a->kv_type == TD_F16;
     switch (a->head_dim) {
     case 256:
-        return f16 ? ats_plan_of<256, __half>(pl, dev, sms, blocks, fold)
-                   : ats_plan_of<256, float>(pl, dev, sms, blocks, fold);
+        return f16 ? ats_plan_rows<256, __half>(pl, dev, sms, blocks, fold, few)
+                   : ats_plan_rows<256, float>(pl, dev, sms, blocks, fold, few);
     case 128:
-        return f16 ? ats_plan_of<128, __half>(pl, dev, sms, blocks, fold)
-                   : ats_plan_of<128, float>(pl, dev, sms, blocks, fold);
+        return f16 ? ats_plan_rows<128, __half>(pl, dev, sms, blocks, fold, few)
+                   : ats_plan_rows<128, float>(pl, dev, sms, blocks, fold, few);
     case 64:
-        return f16 ? ats_plan_of<64, __half>(pl, dev, sms, blocks, fold)
-                   : ats_plan_of<64, float>(pl, dev, sms, blocks, fold);
+        return f16 ? ats_plan_rows<64, __half>(pl, dev, sms, blocks, fold, few)
+                   : ats_plan_rows<64, float>(pl, dev, sms, blocks, fold, few);
     default:
         return TD_OK;
     }
@@ -842,11 +878,12 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     if (z < 1)
         z = 1;
     ats_plan plan;
-    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z, !split));
+    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z, !split, p.n_rows <= 8));
     if (split)
         TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
     if (plan.fn) {
-        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, (unsigned)z);
+        dim3 grid((unsigned)((p.n_rows + plan.rows - 1) / plan.rows), (unsigned)a->n_head_kv,
+                  (unsigned)z);
         plan.fn<<<grid, ATS_THREADS, plan.smem, st>>>(p, plan.kv_sep);
     } else {
         dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
