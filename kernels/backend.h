@@ -97,6 +97,16 @@ struct ops_backend {
     td_err (*accept_greedy)(const ops_backend *be, int32_t *argmax, int32_t *result,
                             const float *logits, const int32_t *draft, int64_t n,
                             int64_t n_vocab);
+    /* Sampled acceptance of a verified block (cpu_accept_sampled, cuda_accept_sampled):
+     * result [2] = {accepted drafts a, next token} from logits [n][n_vocab], the drafts'
+     * distributions q [n-1][n_vocab] and draft [n-1] (q, draft NULL when n == 1), with p
+     * [n][n_vocab] as scratch; s and rng are host structs, every pointer backend memory.
+     * Only result needs to come to the host; on the GPU next = -1 says a row the walk
+     * reached had no finite logit (the CPU returns TD_EINVAL). */
+    td_err (*accept_sampled)(const ops_backend *be, int32_t *result, float *p,
+                             const float *logits, const float *q, const int32_t *draft,
+                             int64_t n, int64_t n_vocab, const ops_sampler *s,
+                             const ops_accept_rng *rng);
 
     /* Recording a sequence of calls once and replaying it (CUDA graphs); NULL where the
      * backend has none (the CPU, a profiler). Between graph_begin and graph_end the calls

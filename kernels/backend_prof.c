@@ -15,14 +15,14 @@ typedef enum pf_op {
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
-    PF_MATMUL_MULTI, PF_N_OPS
+    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi",
+    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
 };
 
 typedef struct pf_stat {
@@ -372,6 +372,15 @@ static td_err pf_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *
              in->accept_greedy(in, argmax, result, logits, draft, n, n_vocab));
 }
 
+static td_err pf_accept_sampled(const ops_backend *be, int32_t *result, float *p,
+                                const float *logits, const float *q, const int32_t *draft,
+                                int64_t n, int64_t n_vocab, const ops_sampler *s,
+                                const ops_accept_rng *rng)
+{
+    PF_TIMED(PF_ACCEPT_SAMPLED,
+             in->accept_sampled(in, result, p, logits, q, draft, n, n_vocab, s, rng));
+}
+
 static td_err pf_graph_begin(const ops_backend *be)
 {
     return PF_IN(be)->graph_begin(PF_IN(be));
@@ -451,6 +460,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;
     b->accept_greedy = pf_accept_greedy;
+    b->accept_sampled = pf_accept_sampled;
     b->kv_store = pf_kv_store;
     /* graphs pass through; callers do not record or replay while profiling is on
      * (ops_prof_on), since a replay would hide the ops and a recording would hold events */

@@ -348,6 +348,28 @@ double ops_rand_uniform(uint64_t seed, uint64_t counter);
  * sum exceeds u * sum(p). */
 int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t step);
 
+/* The counters of a block's acceptance draws (ops_rand_uniform with the sampler's seed): the
+ * test of draft i (1 <= i < n) uses accept + i * step; the draw after rejecting draft i, or
+ * the bonus draw after all n - 1 drafts were accepted (i = n), uses target + i * step. */
+typedef struct ops_accept_rng {
+    uint64_t accept; /* test counter at index 0 (the block's first token, never tested) */
+    uint64_t target; /* draw counter at index 0 */
+    uint64_t step;   /* counter distance between two positions */
+} ops_accept_rng;
+
+/* Lossless speculative sampling of a verified block [b, d1..d(n-1)]: logits [n][n_vocab] are
+ * the target's rows 0..n-1, q [n-1][n_vocab] the distributions draft [n-1] was drawn from (q
+ * and draft may be NULL when n == 1). For i = 1..n-1 in order: p = cpu_sample_probs(row
+ * i-1) into p [n][n_vocab] row i-1; d_i is accepted when q(d_i) > 0 and u * q(d_i) < p(d_i)
+ * (f64, u the test number of i); on the first rejection next is drawn from max(p - q, 0)
+ * (from p when that is all zero) and a = i - 1; with every draft accepted next is drawn from
+ * row n-1's p and a = n - 1. result [2] = {a, next}. A draft outside the vocabulary is
+ * rejected. The rows of p past the last one used are left as they were. Errors as
+ * cpu_sample_probs (for the rows it reaches). */
+td_err cpu_accept_sampled(int32_t *result, float *p, const float *logits, const float *q,
+                          const int32_t *draft, int64_t n, int64_t n_vocab, const ops_sampler *s,
+                          const ops_accept_rng *rng);
+
 
 /* ---------------------------------------------------------------------------------------
  * CUDA twins (kernels/cuda/<idea>.cu; kernels/cuda/NOTES.md says how each is laid out)
@@ -437,6 +459,17 @@ td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t 
  * argmax(p_a). All device pointers; n >= 1. */
 td_err cuda_accept_greedy(int32_t *argmax, int32_t *result, const float *logits,
                           const int32_t *draft, int64_t n, int64_t n_vocab, ops_stream st);
+
+/* cpu_accept_sampled on the device (kernels/cuda/sample.cu): cuda_sample_probs of every row
+ * into p [n][n_vocab], then one block walks the tests in the CPU's order and precision and
+ * draws next with cuda_sample_draw's rule; only result [2] needs to come to the host. All
+ * pointers device memory (s and rng host structs). The decision equals the CPU's unless a
+ * p(d_i) or the draw's target lies within p's rounding of the test or of a token boundary
+ * (cuda_sample_probs, cuda_sample_draw); a row with no finite logit that the walk reaches
+ * gives next = -1. */
+td_err cuda_accept_sampled(int32_t *result, float *p, const float *logits, const float *q,
+                           const int32_t *draft, int64_t n, int64_t n_vocab,
+                           const ops_sampler *s, const ops_accept_rng *rng, ops_stream st);
 
 #endif /* TANDEM_HAVE_CUDA */
 

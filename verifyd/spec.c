@@ -68,11 +68,16 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         e = be->alloc(be, (void **)&s->dlogits, lbytes);
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->ids, (size_t)(2 * s->block + 2) * sizeof(int32_t));
+    /* Sampling compares distributions next to the logits: p for every row of a block, and
+     * the drafts' q copied there when the backend's memory is not the host's. */
+    if (e == TD_OK && !spec_greedy(s))
+        e = be->alloc(be, (void **)&s->dp, lbytes);
+    if (e == TD_OK && !spec_greedy(s) && s->block > 1 && be->kind != OPS_BACKEND_CPU)
+        e = be->alloc(be, (void **)&s->dq, lbytes - (size_t)V * sizeof(float));
     s->q = malloc(lbytes);
-    s->p = malloc((size_t)V * sizeof(float));
     if (be->kind != OPS_BACKEND_CPU)
         s->hlogits = malloc(lbytes);
-    if (e == TD_OK && (!s->q || !s->p || (s->n_taps && !s->taps) ||
+    if (e == TD_OK && (!s->q || (s->n_taps && !s->taps) ||
                        (be->kind != OPS_BACKEND_CPU && !s->hlogits)))
         e = err_set(TD_ENOMEM, "out of memory for a sequence");
     if (e != TD_OK)
@@ -91,11 +96,12 @@ void spec_free(spec_seq *s)
         be->release(be, s->logits);
         be->release(be, s->dlogits);
         be->release(be, s->ids);
+        be->release(be, s->dp);
+        be->release(be, s->dq);
     }
     free(s->taps);
     free(s->hlogits);
     free(s->q);
-    free(s->p);
     memset(s, 0, sizeof *s);
 }
 
@@ -105,7 +111,7 @@ int64_t spec_room(const spec_seq *s)
 }
 
 /* rows rows of backend logits as host memory: the same memory on the CPU, else a download
- * into s->hlogits (sampling needs whole distributions on the host). */
+ * into s->hlogits (drafting by dfl_draft_tokens needs whole distributions on the host). */
 static td_err spec_host_logits(spec_seq *s, const float *logits, int64_t rows, const float **host)
 {
     const ops_backend *be = s->tm->be;
@@ -126,24 +132,49 @@ static td_err spec_argmax(spec_seq *s, const float *logits, int64_t rows, int32_
     return be->to_host(be, ids, s->ids, (size_t)rows * sizeof(int32_t));
 }
 
-/* Samples from host target logits at absolute position pos (the token's own position). */
-static td_err spec_sample(spec_seq *s, const float *logits, int64_t pos, int32_t *tok)
+/* Lossless speculative sampling of the block [block[0], d1..d(B-1)] whose target logits are
+ * s->logits, block[0] at position L, drafts drawn from q [B-1][n_vocab] (host memory): accept
+ * d_i with probability min(1, p(d_i) / q(d_i)); on the first rejection draw from
+ * normalize(max(p - q, 0)) (p when that is all zero); after a full accept draw the bonus
+ * token from the last p. Runs on the backend next to the logits (be->accept_sampled): only
+ * {a, next} come to the host. B == 1 is a plain draw at position L + 1. */
+static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, int64_t L,
+                                  const float *q, int64_t *acc, int32_t *next)
 {
+    const ops_backend *be = s->tm->be;
     int64_t V = s->tm->hp.n_vocab;
-    TD_TRY(cpu_sample_probs(s->p, logits, V, &s->sampler));
-    *tok = cpu_sample_draw(s->p, V, s->sampler.seed, dfl_rng_ctr(pos, DFL_RNG_TARGET));
+    int32_t *result = s->ids + s->block, *draft = result + 2, r[2];
+    const float *dq = q;
+    if (B > 1) {
+        TD_TRY(be->to_device(be, draft, block + 1, (size_t)(B - 1) * sizeof(int32_t)));
+        if (s->dq) {
+            TD_TRY(be->to_device(be, s->dq, q, (size_t)((B - 1) * V) * sizeof(float)));
+            dq = s->dq;
+        }
+    }
+    ops_accept_rng rng = {
+        .accept = dfl_rng_ctr(L, DFL_RNG_ACCEPT), .target = dfl_rng_ctr(L, DFL_RNG_TARGET),
+        .step = dfl_rng_ctr(L + 1, DFL_RNG_TARGET) - dfl_rng_ctr(L, DFL_RNG_TARGET),
+    };
+    TD_TRY(be->accept_sampled(be, result, s->dp, s->logits, B > 1 ? dq : NULL,
+                              B > 1 ? draft : NULL, B, V, &s->sampler, &rng));
+    TD_TRY(be->to_host(be, r, result, sizeof r));
+    if (r[1] < 0 || r[1] >= V)
+        return err_set(TD_EINVAL, "no finite target logit to sample from at position %lld",
+                       (long long)(L + r[0] + 1));
+    *acc = r[0];
+    *next = r[1];
     return TD_OK;
 }
 
-/* The token at position pos from one row of backend logits: the argmax when greedy (on the
- * backend), else a draw from the downloaded row. */
-static td_err spec_pick(spec_seq *s, const float *logits, int64_t pos, int32_t *tok)
+/* The token at position pos from the first row of s->logits: the argmax when greedy, else a
+ * draw; both on the backend. */
+static td_err spec_pick(spec_seq *s, int64_t pos, int32_t *tok)
 {
     if (spec_greedy(s))
-        return spec_argmax(s, logits, 1, tok);
-    const float *h;
-    TD_TRY(spec_host_logits(s, logits, 1, &h));
-    return spec_sample(s, h, pos, tok);
+        return spec_argmax(s, s->logits, 1, tok);
+    int64_t a;
+    return spec_accept_sampled(s, NULL, 1, pos - 1, NULL, &a, tok);
 }
 
 /* Runs tokens through the target with the tap features going to s->feat; logits of the
@@ -219,7 +250,7 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
     TD_TRY(spec_keep_features(s, at, m));
     s->prompt_at += m;
     if (s->prompt_at == n) {
-        TD_TRY(spec_pick(s, s->logits, n, first));
+        TD_TRY(spec_pick(s, n, first));
         s->pending = *first;
         s->has_pending = true;
         s->stats.generated = 1;
@@ -255,39 +286,6 @@ static td_err spec_accept_greedy(spec_seq *s, const int32_t *block, int64_t B, i
     return TD_OK;
 }
 
-/* Lossless speculative sampling: accept d_i with probability min(1, p(d_i) / q(d_i)); on the
- * first rejection draw from normalize(max(p - q, 0)) (p when that is all zero); after a full
- * accept draw the bonus token from the last p. */
-static td_err spec_accept_sampled(spec_seq *s, const float *logits, const int32_t *block,
-                                  int64_t B, int64_t L, const float *qs, int32_t *next,
-                                  int64_t *acc)
-{
-    int64_t V = s->tm->hp.n_vocab;
-    uint64_t seed = s->sampler.seed;
-    for (int64_t i = 1; i < B; i++) {
-        TD_TRY(cpu_sample_probs(s->p, logits + (i - 1) * V, V, &s->sampler));
-        const float *q = qs + (i - 1) * V;
-        int32_t d = block[i];
-        double u = ops_rand_uniform(seed, dfl_rng_ctr(L + i, DFL_RNG_ACCEPT));
-        if (q[d] > 0.0f && u * (double)q[d] < (double)s->p[d])
-            continue;
-        double sum = 0;
-        for (int64_t j = 0; j < V; j++) {
-            float r = s->p[j] - q[j];
-            s->p[j] = r > 0 ? r : 0;
-            sum += s->p[j];
-        }
-        if (sum <= 0)
-            TD_TRY(cpu_sample_probs(s->p, logits + (i - 1) * V, V, &s->sampler));
-        *next = cpu_sample_draw(s->p, V, seed, dfl_rng_ctr(L + i, DFL_RNG_TARGET));
-        *acc = i - 1;
-        return TD_OK;
-    }
-    TD_TRY(spec_sample(s, logits + (B - 1) * V, L + B, next));
-    *acc = B - 1;
-    return TD_OK;
-}
-
 td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
                    int64_t *n_out)
 {
@@ -306,13 +304,8 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
     int32_t next;
     if (spec_greedy(s)) {
         TD_TRY(spec_accept_greedy(s, block, B, &a, &next));
-    } else if (B == 1) {
-        TD_TRY(spec_pick(s, s->logits, L + 1, &next));
     } else {
-        /* Sampling compares whole distributions: the block's logits come to the host. */
-        const float *lg;
-        TD_TRY(spec_host_logits(s, s->logits, B, &lg));
-        TD_TRY(spec_accept_sampled(s, lg, block, B, L, q, &next, &a));
+        TD_TRY(spec_accept_sampled(s, block, B, L, q, &a, &next));
     }
     if (B > 1)
         TD_TRY(tgt_state_keep(s->tm, &s->ts, a + 1));

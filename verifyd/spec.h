@@ -56,8 +56,11 @@ typedef struct spec_seq {
                                * drafts [block] */
     float *hlogits;           /* [block][n_vocab] host copy of logits for sampling (NULL on
                                * the CPU backend, whose logits are host memory already) */
-    float *p;                 /* [n_vocab] scratch distribution */
     float *q;                 /* [block-1][n_vocab] drafter distributions (sampling) */
+    float *dp;                /* [block][n_vocab] backend scratch: the block's filtered target
+                               * distributions (sampling only, else NULL) */
+    float *dq;                /* [block-1][n_vocab] backend copy of q (sampling on a backend
+                               * other than the CPU with block > 1, else NULL) */
     int64_t prefill_chunk;    /* tokens per prefill forward pass */
     const int32_t *prompt;    /* [n_prompt] the prompt being prefilled (the caller's) */
     int64_t n_prompt;

@@ -246,6 +246,15 @@ static td_err be_cpu_accept_greedy(const ops_backend *be, int32_t *argmax, int32
     return TD_OK;
 }
 
+static td_err be_cpu_accept_sampled(const ops_backend *be, int32_t *result, float *p,
+                                    const float *logits, const float *q, const int32_t *draft,
+                                    int64_t n, int64_t n_vocab, const ops_sampler *s,
+                                    const ops_accept_rng *rng)
+{
+    (void)be;
+    return cpu_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng);
+}
+
 static const ops_backend be_cpu = {
     .kind = OPS_BACKEND_CPU,
     .name = "cpu",
@@ -283,6 +292,7 @@ static const ops_backend be_cpu = {
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,
     .accept_greedy = be_cpu_accept_greedy,
+    .accept_sampled = be_cpu_accept_sampled,
 };
 
 const ops_backend *ops_backend_cpu(void)

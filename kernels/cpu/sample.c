@@ -204,3 +204,41 @@ td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const op
     free(c);
     return TD_OK;
 }
+
+/* --- speculative acceptance ------------------------------------------------------------- */
+
+td_err cpu_accept_sampled(int32_t *result, float *p, const float *logits, const float *q,
+                          const int32_t *draft, int64_t n, int64_t n_vocab, const ops_sampler *s,
+                          const ops_accept_rng *rng)
+{
+    TD_ASSERT(result != NULL && p != NULL && logits != NULL && s != NULL && rng != NULL);
+    TD_ASSERT(n >= 1 && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    TD_ASSERT(n == 1 || (q != NULL && draft != NULL));
+    const int64_t V = n_vocab;
+    for (int64_t i = 1; i < n; i++) {
+        float *pi = p + (i - 1) * V;
+        const float *lg = logits + (i - 1) * V, *qi = q + (i - 1) * V;
+        TD_TRY(cpu_sample_probs(pi, lg, V, s));
+        const int32_t d = draft[i - 1];
+        const double u = ops_rand_uniform(s->seed, rng->accept + (uint64_t)i * rng->step);
+        if (d >= 0 && d < V && qi[d] > 0.0f && u * (double)qi[d] < (double)pi[d])
+            continue;
+        /* the residual max(p - q, 0) in place; f32 differences, as the GPU computes them */
+        double sum = 0;
+        for (int64_t j = 0; j < V; j++) {
+            float r = pi[j] - qi[j];
+            pi[j] = r > 0 ? r : 0;
+            sum += pi[j];
+        }
+        if (sum <= 0)
+            TD_TRY(cpu_sample_probs(pi, lg, V, s));
+        result[0] = (int32_t)(i - 1);
+        result[1] = cpu_sample_draw(pi, V, s->seed, rng->target + (uint64_t)i * rng->step);
+        return TD_OK;
+    }
+    float *pl = p + (n - 1) * V;
+    TD_TRY(cpu_sample_probs(pl, logits + (n - 1) * V, V, s));
+    result[0] = (int32_t)(n - 1);
+    result[1] = cpu_sample_draw(pl, V, s->seed, rng->target + (uint64_t)n * rng->step);
+    return TD_OK;
+}

@@ -208,6 +208,14 @@ static td_err be_cuda_accept_greedy(const ops_backend *be, int32_t *argmax, int3
     return cuda_accept_greedy(argmax, result, logits, draft, n, n_vocab, be->stream);
 }
 
+static td_err be_cuda_accept_sampled(const ops_backend *be, int32_t *result, float *p,
+                                     const float *logits, const float *q, const int32_t *draft,
+                                     int64_t n, int64_t n_vocab, const ops_sampler *s,
+                                     const ops_accept_rng *rng)
+{
+    return cuda_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng, be->stream);
+}
+
 extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
 {
     *out = NULL;
@@ -265,6 +273,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;
+    be->accept_sampled = be_cuda_accept_sampled;
     *out = be;
     return TD_OK;
 }

@@ -305,54 +305,75 @@ extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_voc
 
 /* --- draw ------------------------------------------------------------------------------ */
 
-/* Thread t sums the positive entries of its contiguous slice in f64 in index order; a block
- * scan gives each slice's start; the slice where the running sum first passes u * total
- * walks its entries as cpu_sample_draw does. */
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_draw_kernel(int32_t *tok, const float *p, int64_t n, uint64_t seed, uint64_t step)
+/* Entry i of the distribution a draw walks: p[i], or with q the residual max(p[i] - q[i], 0)
+ * as the CPU computes it (an f32 difference; NaN gives 0). */
+__device__ __forceinline__ float smp_entry(const float *p, const float *q, int64_t i)
+{
+    if (!q)
+        return p[i];
+    const float r = p[i] - q[i];
+    return r > 0 ? r : 0.0f;
+}
+
+/* cpu_sample_draw over the entries smp_entry(p, q, .) of one row, by the whole block: thread
+ * t sums the positive entries of its contiguous slice in f64 in index order; a block scan
+ * gives each slice's start; the slice where the running sum first passes u * total walks its
+ * entries as the CPU does. Every thread gets the token (-1: no positive entry). Every thread
+ * must call it. */
+__device__ int32_t smp_draw_block(const float *p, const float *q, int64_t n, uint64_t seed,
+                                  uint64_t step)
 {
     __shared__ double scan[SAMPLE_THREADS];
     __shared__ int64_t sh_i[33];
+    __shared__ int32_t sh_tok;
     const int64_t per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int64_t lo = (int64_t)threadIdx.x * per;
     const int64_t hi = lo + per < n ? lo + per : n;
     double part = 0;
     int64_t last = -1; /* last positive entry of the slice */
-    for (int64_t i = lo; i < hi; i++)
-        if (p[i] > 0) {
-            part += p[i];
+    for (int64_t i = lo; i < hi; i++) {
+        const float v = smp_entry(p, q, i);
+        if (v > 0) {
+            part += v;
             last = i;
         }
+    }
     const double incl = smp_block_scan(part, scan);
     const double total = scan[SAMPLE_THREADS - 1];
     const double start = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.0; /* slice start */
     /* the last positive entry overall: the answer when rounding leaves the target on top */
     const int64_t last_all = -smp_block_min(-last, sh_i);
-    if (last_all < 0) {
-        if (threadIdx.x == 0)
-            *tok = -1;
-        return;
-    }
+    if (last_all < 0)
+        return -1;
     const double target = dev_rand_uniform(seed, step) * total;
     const int64_t first = smp_block_min(incl > target ? (int64_t)threadIdx.x : INT64_MAX, sh_i);
-    if (first == INT64_MAX) {
-        if (threadIdx.x == 0)
-            *tok = (int32_t)last_all;
-        return;
-    }
-    if ((int64_t)threadIdx.x != first)
-        return;
-    double cum = start;
-    for (int64_t i = lo; i < hi; i++) {
-        if (!(p[i] > 0))
-            continue;
-        cum += p[i];
-        if (cum > target) {
-            *tok = (int32_t)i;
-            return;
+    if (first == INT64_MAX)
+        return (int32_t)last_all;
+    if ((int64_t)threadIdx.x == first) {
+        int32_t tok = (int32_t)last; /* rounding: the target sits at this slice's very end */
+        double cum = start;
+        for (int64_t i = lo; i < hi; i++) {
+            const float v = smp_entry(p, q, i);
+            if (!(v > 0))
+                continue;
+            cum += v;
+            if (cum > target) {
+                tok = (int32_t)i;
+                break;
+            }
         }
+        sh_tok = tok;
     }
-    *tok = (int32_t)last; /* rounding: the target sits at this slice's very end */
+    __syncthreads();
+    return sh_tok;
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_draw_kernel(int32_t *tok, const float *p, int64_t n, uint64_t seed, uint64_t step)
+{
+    const int32_t t = smp_draw_block(p, NULL, n, seed, step);
+    if (threadIdx.x == 0)
+        *tok = t;
 }
 
 extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
@@ -360,6 +381,66 @@ extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab
 {
     TD_ASSERT(tok != NULL && p != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
     smp_draw_kernel<<<1, SAMPLE_THREADS, 0, st>>>(tok, p, n_vocab, seed, step);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+/* --- speculative acceptance ------------------------------------------------------------ */
+
+/* cpu_accept_sampled's walk over p [n][n]: thread 0 runs the tests in order (one f64
+ * comparison each, at most a block's worth), then the block draws from the rejected row's
+ * residual, from its p when the residual has no positive entry, or from the last row's p
+ * after a full accept. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_accept_kernel(int32_t *result, const float *p, const float *q, const int32_t *draft,
+                  int64_t n, int64_t n_vocab, uint64_t seed, uint64_t ctr_accept,
+                  uint64_t ctr_target, uint64_t ctr_step)
+{
+    __shared__ int64_t stop; /* first rejected draft index, n when every draft was accepted */
+    if (threadIdx.x == 0) {
+        int64_t i = 1;
+        for (; i < n; i++) {
+            const float *pi = p + (i - 1) * n_vocab, *qi = q + (i - 1) * n_vocab;
+            const int32_t d = draft[i - 1];
+            const double u = dev_rand_uniform(seed, ctr_accept + (uint64_t)i * ctr_step);
+            if (!(d >= 0 && d < n_vocab && qi[d] > 0.0f && u * (double)qi[d] < (double)pi[d]))
+                break;
+        }
+        stop = i;
+    }
+    __syncthreads();
+    const int64_t i = stop;
+    const float *pr = p + (i - 1) * n_vocab;
+    const float *qr = i < n ? q + (i - 1) * n_vocab : NULL;
+    if (qr) {
+        /* the CPU's sum(residual) <= 0 test: a sum of non-negative floats in f64 is positive
+         * exactly when one of them is, whatever the order */
+        int any = 0;
+        for (int64_t j = threadIdx.x; j < n_vocab && !any; j += SAMPLE_THREADS)
+            any = smp_entry(pr, qr, j) > 0;
+        if (!__syncthreads_or(any))
+            qr = NULL;
+    }
+    const int32_t tok = smp_draw_block(pr, qr, n_vocab, seed, ctr_target + (uint64_t)i * ctr_step);
+    if (threadIdx.x == 0) {
+        result[0] = (int32_t)(i - 1);
+        result[1] = tok;
+    }
+}
+
+extern "C" td_err cuda_accept_sampled(int32_t *result, float *p, const float *logits,
+                                      const float *q, const int32_t *draft, int64_t n,
+                                      int64_t n_vocab, const ops_sampler *s,
+                                      const ops_accept_rng *rng, ops_stream st)
+{
+    TD_ASSERT(result != NULL && p != NULL && logits != NULL && s != NULL && rng != NULL);
+    TD_ASSERT(n >= 1 && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    TD_ASSERT(n == 1 || (q != NULL && draft != NULL));
+    /* every row: which ones the walk reads is only known on the device */
+    for (int64_t r = 0; r < n; r++)
+        TD_TRY(cuda_sample_probs(p + r * n_vocab, logits + r * n_vocab, n_vocab, s, st));
+    smp_accept_kernel<<<1, SAMPLE_THREADS, 0, st>>>(result, p, q, draft, n, n_vocab, s->seed,
+                                                     rng->accept, rng->target, rng->step);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }
