@@ -12,8 +12,8 @@
  *
  * The bulk-copy single-token kernel (matmul_bulk.cu) likewise: every row run of every stage
  * through the kernel's own mmb_copy_of / mmb_run_bytes (kernels/cuda/matmul_bulk_addr.h),
- * the tail loads, the slot each lane reads, the activation layout and the CTA's shared
- * memory. */
+ * the tail loads, the slot each lane reads, its rounding's reads of x and stores into the
+ * activation layout, and the CTA's shared memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -495,17 +495,17 @@ static bool check_bulk_copies(const bgeom *g, int64_t rows, int64_t cols, copy_f
     return true;
 }
 
-/* The activation staging and the CTA's shared memory: units and aux inside each k-block's
- * XKB bytes without overlap, the whole layout within the 227 KiB an sm_90 block may opt
- * into for the 27B shapes, and every scratch read (xq, xd, xsum of token 0, n_pad 8) inside
- * the chunk layout. */
-static bool check_bulk_activations(const bgeom *g, int64_t rows, int64_t cols)
+/* The activations and the CTA's shared memory: the in-kernel rounding's (round_x) x reads
+ * inside the token's row, every store (a lane's 16 digit bytes, the sum digits, dx) inside
+ * its k-block's XKB bytes and the stored k-block inside the row; stage_x's scratch reads
+ * inside the chunk layout; the units and the aux words the lanes read apart; the whole
+ * layout within the 227 KiB an sm_90 block may opt into for the 27B shapes. */
+static bool check_bulk_activations(const bgeom *g, int64_t cols)
 {
     const bool q8 = g->type == TD_Q8_0;
     const int upk = q8 ? 16 : 32, aux = q8 ? 16 : g->type == TD_Q6_K ? 64 : 32;
     const int n_blk32 = (int)(cols / 32);
     const int nkb = q8 ? (n_blk32 + 3) / 4 : (int)(cols / 256);
-    const int n_pad = 8;
     const int64_t nb = (cols + MM_XBLOCK - 1) / MM_XBLOCK;
     for (int u = 0; u < upk; u++) {
         const int at = mmb_xunit(q8, u);
@@ -514,12 +514,38 @@ static bool check_bulk_activations(const bgeom *g, int64_t rows, int64_t cols)
     }
     if (MMB_XAUX_AT + aux > g->xkb)
         return violation("aux past the k-block");
-    if (cols <= 17408 &&
-        mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages) > 227 * 1024)
+    if (cols <= 17408 && mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages) > 227 * 1024)
         return violation("%s %lld cols: %lld shared bytes", dtype_name(g->type),
-                         (long long)cols, (long long)mmb_smem_bytes(nkb, g->xkb, g->slot,
-                                                                    g->stages));
-    if ((int64_t)(cols / 8) * 16 > 2 * cols) /* xq: units of token 0 */
+                         (long long)cols,
+                         (long long)mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages));
+    for (int64_t jb = 0; jb < nb; jb++)
+        for (int lane = 0; lane < 32; lane++) {
+            const int64_t at = jb * MM_XBLOCK + 8 * lane;
+            if (at < cols && !inside(at, 8, cols))
+                return violation("x %lld..+8 of %lld", (long long)at, (long long)cols);
+            /* the lane's digits: K-quants k-block jb, unit lane; Q8_0 k-block 2 jb + lane /
+             * 16, unit lane % 16, only where its inputs exist */
+            const int64_t kb = q8 ? 2 * jb + lane / 16 : jb;
+            const int unit = q8 ? lane % 16 : lane;
+            if (at < cols && (kb >= nkb || mmb_xunit(q8, unit) + 16 > g->xkb))
+                return violation("%s digits of block %lld lane %d: k-block %lld of %d",
+                                 dtype_name(g->type), (long long)jb, lane, (long long)kb, nkb);
+            /* the sum digits (K-quants: bytes 16 (j/4) + 4i + j%4 of the aux words, j < 8 or
+             * k < 16) and dx (aux + 12; Q8_0 aux + 0 of k-blocks 2 jb and 2 jb + 1) */
+            int last = -1;
+            if (g->type == TD_Q6_K && lane % 2 == 0)
+                last = 16 * (lane / 2 / 4) + 4 * 2 + (lane / 2) % 4;
+            else if (!q8 && g->type != TD_Q6_K && lane % 4 == 0)
+                last = 16 * (lane / 4 / 4) + 4 * 2 + (lane / 4) % 4;
+            if (last >= aux || (!q8 && 12 + 4 > aux))
+                return violation("%s sum digit at aux + %d", dtype_name(g->type), last);
+            if (q8 && lane == 16 && kb < nkb && MMB_XAUX_AT + 4 > g->xkb)
+                return violation("dx");
+        }
+    /* stage_x (rows past MMB_FUSE_COLS): xq of token 0 (16 bytes per unit), the xd and
+     * xsum of token 0 at n_pad 8, each k-block's in the chunk's scratch */
+    const int n_pad = 8;
+    if ((int64_t)(cols / 8) * 16 > 2 * cols)
         return violation("xq");
     for (int kb = 0; kb < nkb; kb++) {
         const int64_t jb = q8 ? kb / 2 : kb;
@@ -529,7 +555,6 @@ static bool check_bulk_activations(const bgeom *g, int64_t rows, int64_t cols)
                            g->type == TD_Q6_K ? 64 : 32, nb * n_pad * MM_XSUM_BYTES))
             return violation("xsum of k-block %d", kb);
     }
-    (void)rows;
     return true;
 }
 
@@ -542,7 +567,7 @@ static void check_bulk_type(const bgeom *g)
     for (size_t s = 0; s < n_shapes; s++) {
         if (!check_bulk_copies(g, shapes[s].rows, shapes[s].cols, copy_kernel))
             fail_msg("%s", g_why);
-        if (!check_bulk_activations(g, shapes[s].rows, shapes[s].cols))
+        if (!check_bulk_activations(g, shapes[s].cols))
             fail_msg("%s", g_why);
     }
     /* the shapes of tests/test_gpu_ops_matmul.c's bulk test not listed above */
@@ -551,7 +576,7 @@ static void check_bulk_type(const bgeom *g)
     for (size_t s = 0; s < 4; s++) {
         const shape *e = q8 ? &extra_q8[s] : &extra[s];
         if (!check_bulk_copies(g, e->rows, e->cols, copy_kernel) ||
-            !check_bulk_activations(g, e->rows, e->cols))
+            !check_bulk_activations(g, e->cols))
             fail_msg("%s", g_why);
     }
 }

@@ -4,8 +4,9 @@
  * Quantised weights (matmul_quant.cu, matmul_decode.cu) take 16-bit integer activations:
  * this file rounds each token's inputs per 256 values (mm_xquant) into a per-stream scratch
  * buffer, then launches the matmul kernel; matrices of a group that read the same x share
- * one rounding per layout. F32 weights (matmul_float.cu) and F16/BF16 weights
- * (matmul_float_mma.cu) take x as it is. */
+ * one rounding per layout. The sm_90 single-token kernel (matmul_bulk.cu) rounds rows of up
+ * to 6144 inputs itself with the same code (matmul_round.cuh), one launch instead of two. F32 weights
+ * (matmul_float.cu) and F16/BF16 weights (matmul_float_mma.cu) take x as it is. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -14,29 +15,17 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/matmul_round.cuh"
 
 namespace {
 
 /* --- activation rounding ------------------------------------------------------------------ */
 
-/* Three int8 digits of s: s = 65536 * s2 + 256 * s1 + s0, s0 and s1 in -128..127. */
-__device__ __forceinline__ void digits3(int s, int8_t (&d)[3])
-{
-    const int s0 = ((s + 128) & 255) - 128;
-    const int r = (s - s0) / 256; /* exact */
-    const int s1 = ((r + 128) & 255) - 128;
-    d[0] = (int8_t)s0;
-    d[1] = (int8_t)s1;
-    d[2] = (int8_t)((r - s1) / 256);
-}
-
-/* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7: d = max|x| /
- * MM_XQMAX, q = rint(x * (1/d)), stored as hi/lo digits interleaved per UNIT (8 or 4
- * inputs), and the sums of q per 32 and per 16 inputs as digits (layout in mm_xquant). A
- * block holding NaN or inf gets d = NaN so the outputs that use it are NaN, as on the CPU,
- * instead of silently rounding the bad value to 0. Tokens n_tok..n_pad-1 are written as
- * zeros. Nothing here looks at another token, so a token's rounding never depends on the
- * batch. */
+/* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7, rounded by
+ * mm_round_block (matmul_round.cuh): the hi/lo digits interleaved per UNIT (8 or 4 inputs),
+ * the sums of q per 32 and per 16 inputs as digits (layout in mm_xquant) and d. Tokens
+ * n_tok..n_pad-1 are written as zeros. Nothing here looks at another token, so a token's
+ * rounding never depends on the batch. */
 template <int UNIT, bool DECODE>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
                               int64_t cols, int n_tok, int n_pad)
@@ -57,67 +46,35 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
         const int64_t at = jb * MM_XBLOCK + 8 * lane; /* first input of this lane */
         const bool mine = tok < n_tok && at < cols;   /* cols is a multiple of 32 */
         float v[8];
-        float amax = 0.0f;
-        bool bad = false;
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
+        for (int e = 0; e < 8; e++)
             v[e] = mine ? x[(size_t)tok * cols + at + e] : 0.0f;
-            amax = fmaxf(amax, fabsf(v[e]));
-            bad |= !isfinite(v[e]);
-        }
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        bad = __any_sync(0xffffffffu, bad);
-        const float d = bad ? __int_as_float(0x7fc00000) : __fdiv_rn(amax, (float)MM_XQMAX);
-        const float id = d > 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        uint8_t hi[8], lo[8];
-        int s8 = 0;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            int q = __float2int_rn(__fmul_rn(v[e], id));
-            q = q > MM_XQMAX ? MM_XQMAX : q < -MM_XQMAX ? -MM_XQMAX : q;
-            s8 += q;
-            const int l0 = ((q + 128) & 255) - 128;
-            lo[e] = (uint8_t)l0;
-            hi[e] = (uint8_t)((q - l0) / 256);
-        }
+        const mm_round r = mm_round_block<UNIT>(v);
         if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
-            uint8_t out[16];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const int u = e / UNIT, k = e % UNIT; /* unit u of the lane, input k in it */
-                out[2 * UNIT * u + k] = hi[e];
-                out[2 * UNIT * u + UNIT + k] = lo[e];
-            }
-            uint4 o;
-            memcpy(&o, out, sizeof o);
             if (DECODE) /* the single-token kernel's placement (mm_decode_unit_pos) */
                 *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
-                           16 * mm_decode_unit_pos(lane, UNIT)) = o;
+                           16 * mm_decode_unit_pos(lane, UNIT)) = r.q;
             else
-                *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = o;
+                *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = r.q;
         }
-        const int s16 = s8 + __shfl_xor_sync(0xffffffffu, s8, 1);   /* inputs 16*(l/2).. */
-        const int s32 = s16 + __shfl_xor_sync(0xffffffffu, s16, 2); /* inputs 32*(l/4).. */
         int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
         int8_t dg[3];
         if ((lane & 3) == 0) {
             const int j = lane / 4; /* sums of 32: digit i of j at 16*(j/4) + 4i + j%4 */
-            digits3(s32, dg);
+            digits3(r.s32, dg);
 #pragma unroll
             for (int k = 0; k < 3; k++)
                 out[16 * (j / 4) + 4 * k + j % 4] = dg[k];
         }
         if ((lane & 1) == 0) {
             const int k16 = lane / 2; /* sums of 16: at 32 + 16*(k/4) + 4i + k%4 */
-            digits3(s16, dg);
+            digits3(r.s16, dg);
 #pragma unroll
             for (int k = 0; k < 3; k++)
                 out[32 + 16 * (k16 / 4) + 4 * k + k16 % 4] = dg[k];
         }
         if (lane == 0)
-            xd[jb * n_pad + tok] = d;
+            xd[jb * n_pad + tok] = r.d;
     }
 }
 
@@ -281,6 +238,7 @@ int mmd_choice(void)
 struct mm_plan {
     bool decode; /* the single-token kernel (matmul_decode.cu), else the tensor-core kernel */
     bool bulk;   /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
+    bool fused;  /* ... which rounds x itself (mmb_fused): no rounding launch */
     int unit;    /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed; /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };
@@ -292,13 +250,14 @@ mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
     const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    return mm_plan{decode, bulk, mmq_unit(w->type), decode && mmd_placed(w->type)};
+    return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_unit(w->type),
+                   decode && mmd_placed(w->type)};
 }
 
 /* Whether two plans read the same rounded activations, so that one rounding serves both. */
 bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
 {
-    return a.unit == b.unit && a.placed == b.placed;
+    return a.unit == b.unit && a.placed == b.placed && !a.fused && !b.fused;
 }
 
 /* Rounds the chunk xc[q.n_tok][cols] into q's buffers in the layout p's kernel reads. */
@@ -321,7 +280,7 @@ td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const
 td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const mm_plan &p,
                      const mm_device *dev, cudaStream_t st)
 {
-    TD_TRY(p.bulk     ? mmb_launch(yc, q, w, dev, st)
+    TD_TRY(p.bulk     ? mmb_launch(yc, NULL, q, w, dev, st)
            : p.decode ? mmd_launch(yc, q, w, dev, st)
                       : mmq_launch(yc, q, w, dev, st));
     cuda_launch_note(1);
@@ -330,7 +289,9 @@ td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const m
 
 /* The quantised members qi[nq] of a group over x[n_tok][cols]: per chunk, one rounding per
  * layout the members' kernels read, each followed by the kernels of every member that reads
- * it (in group order otherwise; no result depends on the order).
+ * it, and the bulk-copy kernels that round x themselves (mmb_fused, after waiting for the
+ * kernel before them) without one (in group order otherwise; no result depends on the
+ * order).
  *
  * Why one scratch buffer is enough although the next rounding on this stream may be launched
  * early (a programmatic dependent) and overwrites what several kernels read: completion is
@@ -373,6 +334,15 @@ td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, i
         for (int i = 0; i < nq; i++) {
             if (done[i])
                 continue;
+            if (plan[i].fused) { /* rounds x itself: reads neither the scratch nor a rounding */
+                const ops_weight *w = mm[qi[i]].w;
+                TD_TRY(mmb_launch(mm[qi[i]].y + (size_t)t0 * w->rows, x + (size_t)t0 * cols,
+                                  NULL, w, &dev, st));
+                cuda_launch_note(1);
+                done[i] = true;
+                slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
+                continue;
+            }
             /* only right after this stream's previous quantised matmul kernel (mm_mark) */
             const bool pdl_x =
                 dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;

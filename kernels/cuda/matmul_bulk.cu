@@ -232,12 +232,14 @@ __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 
 /* grid: one CTA per SM (at most one per unit), MMB_WARPS warps, mmb_smem_bytes of dynamic
  * shared memory. CTA b owns units [units * b / grid, units * (b + 1) / grid); its warps take
- * them one at a time. nblk: blocks per row (super-blocks, or Q8_0's blocks of 32). */
-template <int T>
+ * them one at a time. nblk: blocks per row (super-blocks, or Q8_0's blocks of 32). FUSED:
+ * the token's inputs x are rounded here (round_x), else read rounded from the rounding
+ * kernel's xq, xd, xs (stage_x). */
+template <int T, bool FUSED>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     mmb_kernel(float *y, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
-               int nblk, int64_t units, const int8_t *xq, const float *xd, const int8_t *xs,
-               int n_pad)
+               int nblk, int64_t units, const float *x, const int8_t *xq, const float *xd,
+               const int8_t *xs, int n_pad)
 {
     mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
 #if MMB_SM90
@@ -303,8 +305,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     for (int s = 0; s < sd && p_unit >= 0; s++)
         issue(s);
 
-    mm_wait_dependencies(); /* xq, xd, xs come from the rounding kernel */
-    stage_x<T>(xsm, xq, xd, xs, cols, nkb, n_pad);
+    mm_wait_dependencies(); /* x, or xq, xd, xs, come from the kernel before this one */
+    if constexpr (FUSED)
+        round_x<T>(xsm, x, cols, nkb);
+    else
+        stage_x<T>(xsm, xq, xd, xs, cols, nkb, n_pad);
     __syncthreads();
 
     float acc = 0.0f; /* chain q of row r */
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 #else
     (void)y, (void)w, (void)row_bytes, (void)rows, (void)cols, (void)nblk, (void)units,
-        (void)xq, (void)xd, (void)xs, (void)n_pad;
+        (void)x, (void)xq, (void)xd, (void)xs, (void)n_pad;
 #endif
 }
 
@@ -416,9 +421,9 @@ int64_t smem_of(const ops_weight *w)
     }
 }
 
-template <int T>
-td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-              cudaStream_t st)
+template <int T, bool FUSED>
+td_err launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+              const mm_device *dev, cudaStream_t st)
 {
     const int nblk = (int)blocks_of<T>(w);
     const int64_t units = (w->rows + UROWS - 1) / UROWS;
@@ -427,8 +432,8 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     CUDA_TRY(cudaGetDevice(&ordinal));
     TD_TRY(device_caps(&major, &optin));
     if (!__atomic_load_n(&attr_done[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      optin));
+        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, FUSED>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
     }
     const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
@@ -444,19 +449,30 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
     const uint8_t *wd = (const uint8_t *)w->data;
     const int64_t rb = (int64_t)w->row_bytes;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmb_kernel<T>, y, wd, rb, w->rows, w->cols, nblk,
-                                       units, xq->xq, xq->xd, xq->xsum, xq->n_pad);
+    const int8_t *q = xq ? xq->xq : NULL, *s = xq ? xq->xsum : NULL;
+    const float *d = xq ? xq->xd : NULL;
+    const int n_pad = xq ? xq->n_pad : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, mmb_kernel<T, FUSED>, y, wd, rb, w->rows, w->cols,
+                                       nblk, units, x, q, d, s, n_pad);
     if (e != cudaSuccess && cfg.numAttrs) {
         (void)cudaGetLastError(); /* plain launches from now on */
         __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmb_kernel<T>, y, wd, rb, w->rows, w->cols, nblk, units,
-                               xq->xq, xq->xd, xq->xsum, xq->n_pad);
+        e = cudaLaunchKernelEx(&cfg, mmb_kernel<T, FUSED>, y, wd, rb, w->rows, w->cols, nblk,
+                               units, x, q, d, s, n_pad);
     }
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%lld rows): %s",
                        dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
     return TD_OK;
+}
+
+template <int T>
+td_err launch_type(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+                   const mm_device *dev, cudaStream_t st)
+{
+    return mmb_fused(w) ? launch<T, true>(y, x, NULL, w, dev, st)
+                        : launch<T, false>(y, NULL, xq, w, dev, st);
 }
 
 } /* namespace */
@@ -473,18 +489,24 @@ bool mmb_supported(const ops_weight *w)
            w->row_bytes <= ((size_t)1 << 26);
 }
 
-td_err mmb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-                  cudaStream_t st)
+bool mmb_fused(const ops_weight *w)
 {
-    TD_ASSERT(xq->n_tok == 1 && mmb_supported(w));
+    return w->cols <= MMB_FUSE_COLS;
+}
+
+td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+                  const mm_device *dev, cudaStream_t st)
+{
+    TD_ASSERT(mmb_supported(w));
+    TD_ASSERT(mmb_fused(w) ? x != NULL : xq != NULL && xq->n_tok == 1);
     switch (w->type) {
     case TD_Q8_0:
-        return launch<TD_Q8_0>(y, xq, w, dev, st);
+        return launch_type<TD_Q8_0>(y, x, xq, w, dev, st);
     case TD_Q6_K:
-        return launch<TD_Q6_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q6_K>(y, x, xq, w, dev, st);
     case TD_Q5_K:
-        return launch<TD_Q5_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q5_K>(y, x, xq, w, dev, st);
     default:
-        return launch<TD_Q4_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q4_K>(y, x, xq, w, dev, st);
     }
 }

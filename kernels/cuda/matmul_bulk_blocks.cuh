@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/matmul_bulk_addr.h"
 #include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/matmul_round.cuh"
 
 namespace {
 
@@ -105,11 +106,67 @@ __device__ __forceinline__ uint32_t srow_word(srow r, int k)
 
 /* --- activations into shared memory ------------------------------------------------------- */
 
-/* Token 0's rounded inputs (the plain layout of the type's interleave) into the k-block
- * layout, with each k-block's aux bytes: Q4_K/Q5_K the digits of the 32-input sums j = 0..3
- * with dx in the unused fourth word, then j = 4..7; Q6_K the four 16-byte groups of the
- * 16-input sums (k = 4u .. 4u+3), dx in the first one's fourth word; Q8_0 dx alone (two
- * k-blocks per x block). */
+/* Rounds token 0's inputs x[cols] into the k-block layout (mm_round_block, the rounding
+ * kernel's code, so the same digits, sums and d), with each k-block's aux bytes: Q4_K/Q5_K
+ * the digits of the 32-input sums j = 0..3 with dx in the fourth word, then j = 4..7; Q6_K
+ * the four 16-byte groups of the 16-input sums (k = 4u .. 4u+3), dx in the first one's
+ * fourth word; Q8_0 dx alone (two k-blocks per 256-input block). Warp w takes blocks w,
+ * w + warps, ...: all its loads of up to 3 blocks are issued before it rounds them, about one
+ * latency for rows up to MMB_FUSE_COLS inputs at 8 warps. */
+template <int T>
+__device__ __forceinline__ void round_x(uint8_t *xsm, const float *x, int64_t cols, int nkb)
+{
+    constexpr int XKB = bq<T>::XKB, UNIT = T == TD_Q6_K ? 4 : 8, BATCH = 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nb = (int)((cols + MM_XBLOCK - 1) / MM_XBLOCK);
+    for (int b0 = warp; b0 < nb; b0 += BATCH * nw) {
+        float v[BATCH][8];
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int64_t at = (int64_t)(b0 + j * nw) * MM_XBLOCK + 8 * lane;
+            const bool mine = b0 + j * nw < nb && at < cols; /* cols: a multiple of 32 */
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] = mine ? x[at + e] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; j++) {
+            const int jb = b0 + j * nw;
+            if (jb >= nb) /* the same for the whole warp */
+                break;
+            const mm_round r = mm_round_block<UNIT>(v[j]);
+            int8_t dg[3];
+            if constexpr (T == TD_Q8_0) { /* k-blocks 2 jb (lanes 0..15), 2 jb + 1 */
+                const int kb = 2 * jb + lane / 16;
+                if ((int64_t)jb * MM_XBLOCK + 8 * lane < cols)
+                    *(uint4 *)(xsm + kb * XKB + mmb_xunit(true, lane % 16)) = r.q;
+                if (lane == 0 || (lane == 16 && kb < nkb))
+                    *(float *)(xsm + kb * XKB + MMB_XAUX_AT) = r.d;
+                continue;
+            }
+            uint8_t *xk = xsm + jb * XKB;
+            *(uint4 *)(xk + mmb_xunit(false, lane)) = r.q;
+            if (T != TD_Q6_K && (lane & 3) == 0) { /* sums of 32: digit i of j at 16(j/4)+4i+j%4 */
+                const int js = lane / 4;
+                digits3(r.s32, dg);
+#pragma unroll
+                for (int i = 0; i < 3; i++)
+                    xk[MMB_XAUX_AT + 16 * (js / 4) + 4 * i + js % 4] = (uint8_t)dg[i];
+            }
+            if (T == TD_Q6_K && (lane & 1) == 0) { /* sums of 16: at 16(k/4) + 4i + k%4 */
+                const int k16 = lane / 2;
+                digits3(r.s16, dg);
+#pragma unroll
+                for (int i = 0; i < 3; i++)
+                    xk[MMB_XAUX_AT + 16 * (k16 / 4) + 4 * i + k16 % 4] = (uint8_t)dg[i];
+            }
+            if (lane == 0)
+                *(float *)(xk + MMB_XAUX_AT + 12) = r.d;
+        }
+    }
+    (void)nkb;
+}
+
 /* The aux words of k-block kb (token 0) as stage_x stores them. */
 template <int T>
 __device__ __forceinline__ void aux_load(uint4 (&v)[4], const float *xd, const int8_t *xs,
@@ -138,9 +195,11 @@ template <int T> __device__ __forceinline__ void aux_store(uint8_t *xk, const ui
         *(uint4 *)(xk + MMB_XAUX_AT + 16 * u) = v[u];
 }
 
-/* Every thread's loads are issued before its stores (a batch of up to 9 units and one
- * k-block's aux words), so the staging costs about one latency for rows up to 18432 inputs
- * at 256 threads. */
+/* Token 0's rounded inputs from the rounding kernel's scratch (the plain layout of the
+ * type's interleave) into the k-block layout, with each k-block's aux words (as round_x
+ * makes them). Every thread's loads are issued before its stores (a batch of up to 9 units
+ * and one k-block's aux words), so the staging costs about one latency for rows up to 18432
+ * inputs at 256 threads. */
 template <int T>
 __device__ __forceinline__ void stage_x(uint8_t *xsm, const int8_t *xq, const float *xd,
                                         const int8_t *xs, int64_t cols, int nkb, int n_pad)

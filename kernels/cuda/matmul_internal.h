@@ -96,14 +96,24 @@ bool mmd_preferred(const ops_weight *w, const mm_device *dev);
 
 /* Whether one token on w can run on the bulk-copy kernel (matmul_bulk.cu): an sm_90+
  * device, a type it covers (Q4_K, Q5_K, Q6_K, Q8_0), 16-byte aligned data and a row short
- * enough that the token's activations and the rings fit one CTA's shared memory. It reads
- * the plain activation layout (mmq_unit, not mm_decode_unit_pos). */
+ * enough that the token's activations and the rings fit one CTA's shared memory. */
 bool mmb_supported(const ops_weight *w);
 
-/* y[0][w->rows] = xq . W^T for one token (xq->n_tok == 1) where mmb_supported(w), with the
- * arithmetic of mmq_launch (so the same bits). PDL as for mmq_launch. */
-td_err mmb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-                  cudaStream_t st);
+/* Rows of at most this many inputs are rounded by the bulk-copy kernel itself (8 warps per
+ * CTA, about 3 blocks of 256 inputs each, about as long as reading them rounded); longer
+ * ones by the rounding kernel, whose many CTAs split the work. */
+#define MMB_FUSE_COLS 6144
+
+/* Whether the bulk-copy kernel for w rounds x itself (w->cols <= MMB_FUSE_COLS). */
+bool mmb_fused(const ops_weight *w);
+
+/* y[0][w->rows] = x[0][w->cols] . W^T for one token where mmb_supported(w), with the
+ * arithmetic of mmq_launch (so the same bits): from x, rounded in the kernel by the rounding
+ * kernel's code (matmul_round.cuh), when mmb_fused(w) (xq may be NULL), else from xq (plain
+ * layout, xq->n_tok == 1; x may be NULL). Launched as a programmatic dependent of the kernel
+ * before it on st (with dev->pdl), it waits for that one before reading x or xq. */
+td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+                  const mm_device *dev, cudaStream_t st);
 
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
  * kernel launch now; wait until the kernels this one depends on have finished and their
