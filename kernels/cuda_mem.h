@@ -65,9 +65,9 @@ td_err cuda_graph_begin(ops_stream st);
 td_err cuda_graph_end(ops_stream st, void **graph);
 td_err cuda_graph_launch(void *graph, ops_stream st);
 void cuda_graph_free(void *graph);
-/* Grows the quantised matmul's activation scratch of st to what any matmul of up to 65536
- * inputs needs, so a graph captured afterwards never holds a buffer a later growth frees
- * (cuda_matmul grows it on demand and frees the old one). */
+/* Grows the matmuls' activation scratch of st (the quantised types' rounding, the F16/BF16
+ * split) to what any matmul of up to 65536 inputs needs, so a graph captured afterwards never
+ * holds a buffer a later growth frees (cuda_matmul grows them on demand and frees the old). */
 td_err cuda_graph_prepare(ops_stream st);
 
 /* Kernel launches made by the CUDA twins so far in this process (every launch site of

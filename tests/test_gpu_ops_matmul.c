@@ -247,9 +247,10 @@ static float *gpu_matmul(const test_weight *tw, const float *dx, int64_t n)
     return y;
 }
 
-/* cuda_matmul of one weight for every n in n_toks: every output written, within the bounds,
- * and token t bit-identical to token t computed alone. */
-static void check_weight(td_dtype type, int64_t rows, int64_t cols)
+/* cuda_matmul of one weight for every n in ns[n_ns] (each at most MAX_TOK): every output
+ * written, within the bounds, and token t bit-identical to token t computed alone. */
+static void check_weight_at(td_dtype type, int64_t rows, int64_t cols, const int64_t *ns,
+                            size_t n_ns)
 {
     char what[96];
     snprintf(what, sizeof what, "%s %lld x %lld", dtype_name(type), (long long)rows,
@@ -275,8 +276,8 @@ static void check_weight(td_dtype type, int64_t rows, int64_t cols)
     snprintf(at, sizeof at, "%s alone", what);
     assert_true(check_outputs(at, alone, &e, MAX_TOK, rows));
 
-    for (size_t k = 0; k < sizeof n_toks / sizeof *n_toks; k++) {
-        const int64_t n = n_toks[k];
+    for (size_t k = 0; k < n_ns; k++) {
+        const int64_t n = ns[k];
         float *y = gpu_matmul(&tw, dx, n);
         snprintf(at, sizeof at, "%s n_tok %lld", what, (long long)n);
         assert_true(check_outputs(at, y, &e, n, rows));
@@ -293,6 +294,11 @@ static void check_weight(td_dtype type, int64_t rows, int64_t cols)
     cuda_mem_free(dx);
     free(x);
     weight_free(&tw);
+}
+
+static void check_weight(td_dtype type, int64_t rows, int64_t cols)
+{
+    check_weight_at(type, rows, cols, n_toks, sizeof n_toks / sizeof *n_toks);
 }
 
 /* Shapes: one row, rows that are not a multiple of the 16-row MMA tile, the 4-row float
@@ -342,6 +348,44 @@ static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
     for (size_t t = 0; t < sizeof types / sizeof *types; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             check_weight(types[t], shapes[s][0], shapes[s][1]);
+}
+
+/* F16/BF16 at the DFlash drafter's step sizes on a 27B-wide row (5120 columns, 40 k-blocks,
+ * 10 per warp) and odd shapes: 1000 rows (a partial last 16-row tile), 5384 columns (a
+ * partial last k-block of 8 columns, which the sm_90 bulk rings leave to register loads)
+ * and 5122 columns (cols % 8 != 0: the scalar path). 9, 15, 16 tokens take the 9-16 token
+ * kernel (bulk rings on sm_90), 17 and 32 the 4-n-tile one, 1 the cp.async ring. Every
+ * batch must equal each token alone bit for bit and stay within the f64 bound; on sm_90 the
+ * same again under TANDEM_MMH=regs (register loads for 9-16 tokens), so both 9-16 token
+ * paths give the single token's bits. */
+static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1000, 5120}, {203, 5384}, {45, 5122}};
+    static const int64_t ns[] = {1, 9, 15, 16, 17, 32};
+    static const td_dtype types[] = {TD_BF16, TD_F16};
+    int dev = 0, major = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    const char *saved = getenv("TANDEM_MMH");
+    char *keep = saved ? strdup(saved) : NULL;
+    for (int pass = 0; pass < (major >= 9 ? 2 : 1); pass++) {
+        if (pass == 0)
+            unsetenv("TANDEM_MMH");
+        else
+            setenv("TANDEM_MMH", "regs", 1);
+        rng_seed(17);
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+                check_weight_at(types[t], shapes[k][0], shapes[k][1], ns,
+                                sizeof ns / sizeof *ns);
+    }
+    if (keep)
+        setenv("TANDEM_MMH", keep, 1);
+    else
+        unsetenv("TANDEM_MMH");
+    free(keep);
 }
 
 /* F16/BF16 on the tensor cores with results that must be exact: row r of W has one nonzero
@@ -769,6 +813,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matmul_k_quants_match_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_q8_0_matches_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_float_types_match_cpu_at_every_batch_size),
+        cmocka_unit_test(test_matmul_half_weights_draft_step_sizes_match_alone_bits),
         cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),

@@ -54,9 +54,10 @@ extern "C" void cuda_graph_free(void *graph)
 
 extern "C" td_err cuda_graph_prepare(ops_stream st)
 {
-    /* One Q4_K row of GRAPH_PREP_COLS inputs times GRAPH_PREP_TOK tokens of zeros: the
-     * matmul sizes its scratch by inputs and tokens, not by the weight's rows. */
-    const size_t w_bytes = (size_t)GRAPH_PREP_COLS / 256 * 144;
+    /* One Q4_K row, then one BF16 row, of GRAPH_PREP_COLS inputs times GRAPH_PREP_TOK
+     * tokens of zeros: the matmuls size their scratch (rounded activations; the F16/BF16
+     * split) by inputs and tokens, not by the weight's rows. The BF16 row is the longer. */
+    const size_t w_bytes = (size_t)GRAPH_PREP_COLS * 2;
     const size_t x_bytes = (size_t)GRAPH_PREP_COLS * GRAPH_PREP_TOK * sizeof(float);
     void *w = NULL, *x = NULL, *y = NULL;
     td_err r = cuda_mem_alloc(&w, w_bytes);
@@ -71,6 +72,10 @@ extern "C" td_err cuda_graph_prepare(ops_stream st)
     ops_weight wt;
     if (r == TD_OK)
         r = ops_weight_init(&wt, TD_Q4_K, 1, GRAPH_PREP_COLS, w);
+    if (r == TD_OK)
+        r = cuda_matmul((float *)y, (const float *)x, &wt, GRAPH_PREP_TOK, st);
+    if (r == TD_OK)
+        r = ops_weight_init(&wt, TD_BF16, 1, GRAPH_PREP_COLS, w);
     if (r == TD_OK)
         r = cuda_matmul((float *)y, (const float *)x, &wt, GRAPH_PREP_TOK, st);
     if (r == TD_OK)

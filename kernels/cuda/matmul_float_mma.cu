@@ -33,7 +33,9 @@
  * Special values: a NaN activation gives NaN outputs for its token; an infinite one gives
  * NaN too (inf - inf in the split), where the CPU may give an infinity. */
 #include <cuda_fp16.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.h"
@@ -49,6 +51,7 @@ constexpr int CHUNKS = KBLOCK / 32;
 constexpr int MAX_NT = 4;     /* n-tiles (8 tokens each) per CTA */
 constexpr int STAGES = 3;     /* k-blocks in a warp's weight ring: 2 in flight while 1 is used */
 constexpr int RING = STAGES * CHUNKS * 2 * 32; /* uint4 per warp: [stage][chunk][row][lane] */
+constexpr int XS_CHUNK = 3 * 32; /* uint4 of split activations per (n-tile, chunk) */
 
 /* The high halves of a and b as one bf16 pair (a in the low half). */
 __device__ __forceinline__ uint32_t pack_hi(uint32_t a, uint32_t b)
@@ -142,24 +145,13 @@ __device__ __forceinline__ uint4 load_w_scalar(const uint8_t *row, int col, int 
     return v;
 }
 
-/* Activations xt[col..col+7] (zeros past cols or for a missing token). */
-template <bool VEC>
-__device__ __forceinline__ void load_x(float (&v)[8], const float *xt, int col, int cols)
+/* The pieces of one chunk for one n-tile: xp[0..2] = h, m, l of this lane's 8 activations
+ * (pairs of columns 8t + 2e, 8t + 2e + 1 in .x .. .w), from the split layout (mmh_split). */
+__device__ __forceinline__ void load_xs(uint4 (&xp)[3], const uint4 *at)
 {
-    if (xt == nullptr || col >= cols) {
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-            v[e] = 0.0f;
-    } else if constexpr (VEC) {
-        const float4 a = __ldg((const float4 *)(xt + col));
-        const float4 b = __ldg((const float4 *)(xt + col) + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            v[e] = col + e < cols ? __ldg(xt + col + e) : 0.0f;
-    }
+    for (int p = 0; p < 3; p++)
+        xp[p] = __ldg(at + p * 32);
 }
 
 /* The A fragments of one chunk from rows g and g+8 (w[0], w[1]): a[q][p] for the chunk's
@@ -190,19 +182,19 @@ template <int T> __device__ __forceinline__ wfrag<T> make_frag(const uint4 (&w)[
 }
 
 /* One chunk: blk[nt] += the chunk's two MMAs, each as pieces h, m, l of token g's 8
- * activations xv[nt] (F16: weight hi then lo per piece), for the live n-tiles. */
+ * activations xp[nt] (F16: weight hi then lo per piece), for the live n-tiles. */
 template <int T, int NT>
 __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f,
-                                          const float (&xv)[NT][8], int nt_live)
+                                          const uint4 (&xp)[NT][3], int nt_live)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         if (nt >= nt_live)
             break;
-        uint32_t h[4], m[4], l[4]; /* pairs of columns 8t + 2e, 8t + 2e + 1 */
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            split_x(xv[nt][2 * e], xv[nt][2 * e + 1], h[e], m[e], l[e]);
+        /* pairs of columns 8t + 2e, 8t + 2e + 1 */
+        const uint32_t h[4] = {xp[nt][0].x, xp[nt][0].y, xp[nt][0].z, xp[nt][0].w};
+        const uint32_t m[4] = {xp[nt][1].x, xp[nt][1].y, xp[nt][1].z, xp[nt][1].w};
+        const uint32_t l[4] = {xp[nt][2].x, xp[nt][2].y, xp[nt][2].z, xp[nt][2].w};
 #pragma unroll
         for (int q = 0; q < 2; q++) {
 #pragma unroll
@@ -218,13 +210,15 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
     }
 }
 
-/* tot[nt] += one k-block (weights wv of chunks 0..3, columns kb * KBLOCK..): a zeroed
- * accumulator takes the chunks in order, then one f32 add. The activations of JG chunks are
- * loaded before the first of them is used, so their latencies overlap. */
-template <int T, int NT, int JG, bool VEC>
+/* tot[nt] += one k-block (weights wv of chunks 0..3, k-block kb): a zeroed accumulator takes
+ * the chunks in order, then one f32 add. xs points at this lane's pieces of chunk 0 of the
+ * CTA's first n-tile (mmh_split layout: chunk stride XS_CHUNK, n-tile stride xs_tile uint4).
+ * The pieces of JG chunks are loaded before the first of them is used, so their latencies
+ * overlap. */
+template <int T, int NT, int JG>
 __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv)[CHUNKS][2],
-                                           const float *const (&xrow)[NT], int kb, int t,
-                                           int cols, int nt_live)
+                                           const uint4 *xs, size_t xs_tile, int kb,
+                                           int nt_live)
 {
     float blk[NT][4];
 #pragma unroll
@@ -234,17 +228,17 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
             blk[nt][e] = 0.0f;
 #pragma unroll
     for (int jg = 0; jg < CHUNKS; jg += JG) {
-        float xv[JG][NT][8];
+        uint4 xp[JG][NT][3];
 #pragma unroll
         for (int jj = 0; jj < JG; jj++)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
                 if (nt < nt_live)
-                    load_x<VEC>(xv[jj][nt], xrow[nt], kb * KBLOCK + 32 * (jg + jj) + 8 * t,
-                                cols);
+                    load_xs(xp[jj][nt],
+                            xs + nt * xs_tile + (size_t)(kb * CHUNKS + jg + jj) * XS_CHUNK);
 #pragma unroll
         for (int jj = 0; jj < JG; jj++)
-            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xv[jj], nt_live);
+            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xp[jj], nt_live);
     }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -253,32 +247,132 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
             tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
 }
 
-/* How a CTA's weights arrive: scalar loads (misaligned rows or cols % 8 != 0), 16-byte
- * register loads one k-block ahead, or a per-warp cp.async ring. */
-enum wpath { W_SCALAR, W_REGS, W_RING };
+/* --- sm_90 bulk copies into per-warp rings (9-16 tokens) ---------------------------------- */
 
-/* CTAs per SM the registers must allow: with rings 4, as many as the 48 KB rings fit on an
- * H100/H200; otherwise no limit (the register path was measured so). */
+constexpr int BSTAGES = 3;                     /* k-blocks in a warp's bulk ring */
+constexpr int BROW = KBLOCK * 2;               /* bytes of one row's k-block */
+constexpr int BPAIR = 2 * BROW + 64;           /* bytes of rows 2i, 2i + 1 in a stage */
+constexpr int BSTAGE = TILE / 2 * BPAIR;       /* bytes of one stage: 16 rows, 4608 */
+constexpr int BHDR = 128;                      /* bytes of barriers before the rings */
+constexpr int BSMEM = BHDR + WARPS * BSTAGES * BSTAGE; /* dynamic shared bytes per CTA */
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* Where row r of a stage starts: rows 2i and 2i + 1 sit 320 bytes apart (64 modulo 128), so
+ * the 8 lanes of one shared-load phase (rows g = 2i, 2i + 1, 64 bytes each) hit distinct
+ * banks; 256-byte slots would put both rows on the same 16 banks (two-way conflict). */
+__device__ __forceinline__ int brow_off(int r)
+{
+    return (r >> 1) * BPAIR + (r & 1) * (BROW + 64);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void bar_init(uint64_t *bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
+                 : "memory");
+}
+
+/* Makes the initialised barriers visible to the copy engine (the async proxy). */
+__device__ __forceinline__ void bar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* The phase's one arrival, announcing the bytes its copies will bring. */
+__device__ __forceinline__ void bar_arrive_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n"
+                 " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
+/* Waits for the phase of the given parity to complete; traps after 2^24 sleeps of >= 256 ns
+ * (seconds): only a wrong byte count or a lost copy gets there. */
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
+{
+    if (bar_try(bar, parity))
+        return;
+    for (uint32_t n = 0; !bar_try(bar, parity); n++) {
+        if (n >= (1u << 24))
+            __trap();
+        if (n >= 16)
+            __nanosleep(256);
+    }
+}
+
+/* An L2 policy for data read once: evict it first. */
+__device__ __forceinline__ uint64_t evict_first_policy()
+{
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+/* bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, completing
+ * on bar. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
+                                          uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
+                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_addr(bar)),
+                 "l"(policy)
+                 : "memory");
+}
+#endif
+
+/* --- the matmul kernel ---------------------------------------------------------------------- */
+
+/* How a CTA's weights arrive: scalar loads (misaligned rows or cols % 8 != 0), 16-byte
+ * register loads one k-block ahead, a per-warp cp.async ring, or (sm_90) a per-warp ring fed
+ * by bulk copies. */
+enum wpath { W_SCALAR, W_REGS, W_RING, W_BULK };
+
+/* CTAs per SM the registers must allow: with rings 4, as many as the 48 KB cp.async rings
+ * (55 KB bulk rings) fit on an H100/H200; otherwise no limit (the register path was measured
+ * so). */
 template <int P> constexpr int min_ctas()
 {
-    return P == W_RING ? 4 : 1;
+    return P == W_RING || P == W_BULK ? 4 : 1;
 }
 
 /* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
  * tile's weights run together; block: WARPS warps, warp kw on k-blocks kw, kw + WARPS, ...
- * W_RING: each lane copies its own 16-byte pieces of a k-block into its warp's ring
+ * xs: the activations split by split_kernel (layout at mmh_split_bytes), nch chunks per
+ * n-tile. W_RING: each lane copies its own 16-byte pieces of a k-block into its warp's ring
  * (cp.async, one group per k-block) and reads back only what it copied, so no barrier is
- * needed; STAGES - 1 k-blocks stay in flight while one is used. W_REGS: the next k-block's
- * weights load into registers while this one is multiplied. Which path a launch takes never
- * changes a result: the arithmetic is kblock_mma's either way. Dynamic shared memory:
- * WARPS * RING uint4 (W_RING) reused for the warp partials at the end, else the partials. */
+ * needed; STAGES - 1 k-blocks stay in flight while one is used. W_BULK (sm_90): lane 0 copies
+ * a whole k-block of the tile's rows (one 256-byte bulk copy per row) into the warp's ring,
+ * completing on that stage's mbarrier, BSTAGES k-blocks ahead; the matrix's partial last
+ * k-block (cols % 128 != 0) comes by register loads, so no stage ever holds stale columns.
+ * W_REGS: the next k-block's weights load into registers while this one is multiplied. Which
+ * path a launch takes never changes a result: the arithmetic is kblock_mma's either way.
+ * Dynamic shared memory: the rings (W_RING: WARPS * RING uint4; W_BULK: BSMEM bytes) reused
+ * for the warp partials at the end, else the partials. */
 template <int T, int NT, int P>
 __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
     mmh_kernel(bool early, float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
-               const float *x, int n_tok, int n_groups)
+               const uint4 *xs, int nch, int n_tok, int n_groups)
 {
     pdl_enter(early);
-    constexpr bool VEC = P != W_SCALAR;
     extern __shared__ uint4 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t r0 = (int64_t)(blockIdx.x / n_groups) * TILE;
@@ -288,14 +382,13 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
     const uint8_t *wrow[2] = {r0 + g < rows ? w + (size_t)(r0 + g) * row_bytes : nullptr,
                               r0 + g + 8 < rows ? w + (size_t)(r0 + g + 8) * row_bytes
                                                 : nullptr};
-    const float *xrow[NT]; /* token tok0 + 8 nt + g of this lane's B columns */
-    int nt_live = 0;       /* n-tiles holding a real token (warp-uniform) */
+    /* this lane's pieces of chunk 0 of the CTA's first n-tile */
+    const size_t xs_tile = (size_t)nch * XS_CHUNK;
+    const uint4 *xl = xs + (size_t)(tok0 / 8) * xs_tile + lane;
+    int nt_live = 0; /* n-tiles holding a real token (warp-uniform) */
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const int tok = tok0 + 8 * nt + g;
-        xrow[nt] = tok < n_tok ? x + (size_t)tok * cols : nullptr;
+    for (int nt = 0; nt < NT; nt++)
         nt_live += tok0 + 8 * nt < n_tok;
-    }
     float tot[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -333,10 +426,72 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = ring[(((i % STAGES) * CHUNKS + j) * 2 + rr) * 32];
-            kblock_mma<T, NT, NT == 1 ? CHUNKS : 2, VEC>(tot, cur, xrow, warp + WARPS * i, t,
-                                                          cols, nt_live);
+            kblock_mma<T, NT, NT == 1 ? CHUNKS : 2>(tot, cur, xl, xs_tile, warp + WARPS * i,
+                                                    nt_live);
         }
         cp_async_wait<0>(); /* only empty groups remain; nothing may land after the barrier */
+    } else if constexpr (P == W_BULK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        uint64_t *bar = (uint64_t *)smem + warp * BSTAGES; /* [BSTAGES] this warp's */
+        uint8_t *ring = (uint8_t *)smem + BHDR + warp * BSTAGES * BSTAGE;
+        const int nfull = cols / KBLOCK;                  /* k-blocks of 128 columns */
+        const int n_ring = nfull > warp ? (nfull - warp + WARPS - 1) / WARPS : 0;
+        const int nr = rows - r0 < TILE ? (int)(rows - r0) : TILE; /* rows copied */
+        const uint64_t policy = evict_first_policy();
+        if (lane == 0) {
+            for (int s = 0; s < BSTAGES; s++)
+                bar_init(&bar[s], 1);
+            bar_init_fence();
+        }
+        __syncwarp();
+        /* the i-th of my full k-blocks into stage i % BSTAGES: lane 0 announces the bytes
+         * (the phase's one arrival), then lane r < nr copies row r, so the lanes compute
+         * their addresses side by side and the copies issue back to back. Rows past the
+         * matrix are not copied (their outputs are never written, and an MMA row depends on
+         * its A row only). */
+        const uint8_t *my_row = w + (size_t)(r0 + (lane < nr ? lane : 0)) * row_bytes;
+        const int my_off = brow_off(lane & (TILE - 1));
+        auto issue = [&](int i) {
+            if (i < n_ring) {
+                const int s = i % BSTAGES;
+                if (lane == 0)
+                    bar_arrive_tx(&bar[s], (uint32_t)(nr * BROW));
+                __syncwarp(); /* the bytes are announced before any copy can complete */
+                if (lane < nr)
+                    bulk_copy(ring + s * BSTAGE + my_off,
+                              my_row + (size_t)(warp + WARPS * i) * BROW, BROW, &bar[s],
+                              policy);
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < BSTAGES; i++)
+            issue(i);
+        for (int i = 0; i < n_mine; i++) {
+            const int kb = warp + WARPS * i;
+            uint4 cur[CHUNKS][2];
+            if (i < n_ring) {
+                const int s = i % BSTAGES;
+                bar_wait(&bar[s], (uint32_t)(i / BSTAGES) & 1);
+                const uint8_t *st = ring + s * BSTAGE + 16 * t;
+#pragma unroll
+                for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++)
+                        cur[j][rr] = *(const uint4 *)(st + brow_off(g + 8 * rr) + 64 * j);
+                __syncwarp(); /* every lane holds its words before the stage is refilled */
+                issue(i + BSTAGES);
+            } else { /* the partial last k-block */
+#pragma unroll
+                for (int j = 0; j < CHUNKS; j++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++)
+                        cur[j][rr] = load_w_vec(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
+            }
+            kblock_mma<T, NT, 1>(tot, cur, xl, xs_tile, kb, nt_live);
+        }
+#else
+        __trap(); /* the host launches W_BULK on sm_90+ only */
+#endif
     } else if constexpr (P == W_REGS) {
         uint4 cur[CHUNKS][2];
 #pragma unroll
@@ -352,7 +507,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
                 for (int rr = 0; rr < 2; rr++)
                     nxt[j][rr] =
                         load_w_vec(wrow[rr], (kb + WARPS) * KBLOCK + 32 * j + 8 * t, cols);
-            kblock_mma<T, NT, 1, VEC>(tot, cur, xrow, kb, t, cols, nt_live);
+            kblock_mma<T, NT, 1>(tot, cur, xl, xs_tile, kb, nt_live);
 #pragma unroll
             for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
@@ -367,14 +522,15 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = load_w_scalar(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
-            kblock_mma<T, NT, 1, VEC>(tot, cur, xrow, kb, t, cols, nt_live);
+            kblock_mma<T, NT, 1>(tot, cur, xl, xs_tile, kb, nt_live);
         }
     }
 
-    /* The warp partials [warp][token][row] (in the ring's memory once every warp is done
-     * with its ring). c0, c1: row g, tokens 2t, 2t+1 of the n-tile; c2, c3: row g + 8. */
+    /* The warp partials [warp][token][row] (in the rings' memory once every warp is done
+     * with its ring; W_BULK: after the barriers). c0, c1: row g, tokens 2t, 2t+1 of the
+     * n-tile; c2, c3: row g + 8. */
     __syncthreads();
-    float *red = (float *)smem;
+    float *red = (float *)((uint8_t *)smem + (P == W_BULK ? BHDR : 0));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -394,43 +550,212 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
     }
 }
 
+/* --- the activation split -------------------------------------------------------------------- */
+
+/* Bytes of the split activations of n_tok tokens of cols inputs: per n-tile of 8 tokens and
+ * 32-column chunk c (nch = 4 * ceil(cols / 128) chunks, the k-blocks' whole width), three
+ * pieces p = h, m, l of 32 uint4, one per lane (g, t): the pairs of columns 32c + 8t + 2e,
+ * + 1 (e = 0..3) of token 8 * tile + g. So lane (g, t)'s B registers of an MMA piece are one
+ * 16-byte load, a warp's load is 512 contiguous bytes, and tokens n_tok.. and columns cols..
+ * are zeros. */
+size_t mmh_split_bytes(int64_t n_tok, int64_t cols)
+{
+    const size_t nch = (size_t)(cols + KBLOCK - 1) / KBLOCK * CHUNKS;
+    return (size_t)((n_tok + 7) / 8) * nch * XS_CHUNK * sizeof(uint4);
+}
+
+/* One thread per (n-tile, chunk, lane): x's 8 inputs of that lane, split by split_x (the
+ * arithmetic the matmul kernel did in registers before, so the same words). VEC: x 16-byte
+ * aligned and cols % 8 == 0. */
+template <bool VEC>
+__global__ void __launch_bounds__(256)
+    split_kernel(bool early, uint4 *xs, const float *x, int cols, int n_tok, int nch,
+                 int64_t n_items)
+{
+    pdl_enter(early);
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_items)
+        return;
+    const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+    const int64_t tc = i >> 5; /* n-tile * nch + chunk */
+    const int tok = (int)(tc / nch) * 8 + g, col = (int)(tc % nch) * 32 + 8 * t;
+    float v[8];
+    if (tok >= n_tok || col >= cols) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = 0.0f;
+    } else if constexpr (VEC) {
+        const float *xt = x + (size_t)tok * cols + col;
+        const float4 a = __ldg((const float4 *)xt), b = __ldg((const float4 *)xt + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        const float *xt = x + (size_t)tok * cols;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[e] = col + e < cols ? __ldg(xt + col + e) : 0.0f;
+    }
+    uint32_t h[4], m[4], l[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        split_x(v[2 * e], v[2 * e + 1], h[e], m[e], l[e]);
+    uint4 *out = xs + tc * XS_CHUNK + lane;
+    out[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    out[32] = make_uint4(m[0], m[1], m[2], m[3]);
+    out[64] = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+/* One buffer of split activations per (device, stream), grown on demand and kept for the
+ * process, as matmul.cu's rounding scratch: work on one stream is ordered (every kernel waits
+ * for the one before it, pdl_enter), so a split never overwrites pieces a matmul still reads,
+ * and streams running side by side never share one. Growing frees the old buffer (cudaFree
+ * waits for the device), so cuda_graph_prepare grows it to its largest before a capture. */
+constexpr int XS_SLOTS = 64;
+
+struct xs_scratch {
+    int dev;         /* device ordinal */
+    cudaStream_t st; /* stream the buffer serves */
+    void *buf;       /* device memory */
+    size_t cap;      /* bytes */
+    bool used;
+};
+
+xs_scratch g_xs[XS_SLOTS];
+pthread_mutex_t g_xs_lock = PTHREAD_MUTEX_INITIALIZER;
+
+td_err xs_get(cudaStream_t st, size_t need, uint4 **out)
+{
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    pthread_mutex_lock(&g_xs_lock);
+    xs_scratch *s = nullptr;
+    for (int i = 0; i < XS_SLOTS && !s; i++)
+        if (g_xs[i].used && g_xs[i].dev == dev && g_xs[i].st == st)
+            s = &g_xs[i];
+    for (int i = 0; i < XS_SLOTS && !s; i++)
+        if (!g_xs[i].used) {
+            s = &g_xs[i];
+            *s = xs_scratch{dev, st, nullptr, 0, true};
+        }
+    if (!s) {
+        pthread_mutex_unlock(&g_xs_lock);
+        return err_set(TD_ENOMEM, "F16/BF16 matmul: split scratch for more than %d streams",
+                       XS_SLOTS);
+    }
+    if (s->cap < need) {
+        const size_t cap = (need + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        if (s->buf)
+            cudaFree(s->buf); /* an error here would be a fault of earlier work; the
+                               * allocation below reports what matters */
+        s->buf = nullptr;
+        s->cap = 0;
+        cudaError_t e = cudaMalloc(&s->buf, cap);
+        if (e != cudaSuccess) {
+            s->buf = nullptr;
+            (void)cudaGetLastError();
+            pthread_mutex_unlock(&g_xs_lock);
+            return err_set(TD_ENOMEM, "F16/BF16 matmul: %zu bytes of split activations: %s",
+                           cap, cudaGetErrorString(e));
+        }
+        s->cap = cap;
+    }
+    *out = (uint4 *)s->buf;
+    pthread_mutex_unlock(&g_xs_lock);
+    return TD_OK;
+}
+
+/* xs = the split of x[n_tok][cols] (layout at mmh_split_bytes), one launch. */
+td_err split_launch(uint4 *xs, const float *x, int cols, int n_tok, cudaStream_t st)
+{
+    const int nch = (cols + KBLOCK - 1) / KBLOCK * CHUNKS;
+    const int64_t n_items = (int64_t)((n_tok + 7) / 8) * nch * 32;
+    const unsigned grid = (unsigned)((n_items + 255) / 256);
+    if (((uintptr_t)x & 15) == 0 && cols % 8 == 0)
+        return pdl_launch<split_kernel<true>>("F16/BF16 activation split", dim3(grid),
+                                              dim3(256), 0, st, xs, x, cols, n_tok, nch,
+                                              n_items);
+    return pdl_launch<split_kernel<false>>("F16/BF16 activation split", dim3(grid), dim3(256),
+                                           0, st, xs, x, cols, n_tok, nch, n_items);
+}
+
+/* --- launches -------------------------------------------------------------------------------- */
+
+/* Lets kernel K have BSMEM bytes of dynamic shared memory (more than the 48 KB a launch gets
+ * without opting in), once per device. */
+template <auto K> td_err bulk_optin(int dev)
+{
+    static int done[PDL_MAX_DEV];
+    if (dev < PDL_MAX_DEV && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE))
+        return TD_OK;
+    CUDA_TRY(cudaFuncSetAttribute((const void *)K, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  BSMEM));
+    if (dev < PDL_MAX_DEV)
+        __atomic_store_n(&done[dev], 1, __ATOMIC_RELEASE);
+    return TD_OK;
+}
+
 template <int T, int NT, int P>
-td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
+td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev,
+              cudaStream_t st)
 {
     const int n_groups = (n_tok + NT * 8 - 1) / (NT * 8);
     const int64_t n_cta = (w->rows + TILE - 1) / TILE * n_groups;
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
                        (long long)w->rows);
-    /* 48 KB for the rings (the most a launch gets without opting in), else the partials */
+    const int nch = (int)((w->cols + KBLOCK - 1) / KBLOCK * CHUNKS);
+    /* 48 KB for the cp.async rings (the most a launch gets without opting in), BSMEM for the
+     * bulk rings, else the partials */
     const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
     const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
-    return pdl_launch<mmh_kernel<T, NT, P>>("F16/BF16 matmul", dim3((unsigned)n_cta),
-                                            dim3(WARPS * 32), P == W_RING ? ring : red, st, y,
-                                            (const uint8_t *)w->data, w->row_bytes, w->rows,
-                                            (int)w->cols, x, n_tok, n_groups);
+    if constexpr (P == W_BULK) {
+        const td_err e = bulk_optin<mmh_kernel<T, NT, P>>(dev);
+        if (e != TD_OK)
+            return e;
+    }
+    (void)dev;
+    return pdl_launch<mmh_kernel<T, NT, P>>(
+        "F16/BF16 matmul", dim3((unsigned)n_cta), dim3(WARPS * 32),
+        P == W_RING ? ring : P == W_BULK ? (size_t)BSMEM : red, st, y,
+        (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, xs, nch, n_tok, n_groups);
 }
 
-/* Aligned weights: up to 8 tokens through the ring (H200, BF16 at one token: 59-79% of the
- * copy rate, register loads 56-69%); more tokens with register loads, whose CTAs leave L1
- * to the activations (16 tokens: 1.9-2.1x one token, with the rings' 192 KB of shared memory
- * per SM 2.1-2.7x; 32 tokens 3.2-3.5x against 4.3-6.0x). */
+/* Whether 9-16 tokens take the bulk rings: on sm_90+ unless TANDEM_MMH=regs (read at each
+ * call, so a test can compare both paths; both give the same bits). */
+bool bulk_wanted(int dev)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const char *e = getenv("TANDEM_MMH");
+    return major >= 9 && !(e && strcmp(e, "regs") == 0);
+}
+
+/* Aligned weights: up to 8 tokens through the cp.async ring (H200, BF16 at one token: 59-79%
+ * of the copy rate, register loads 56-69%); 9-16 on sm_90 through the bulk rings (several
+ * k-blocks in flight per warp, no register prefetch on one scoreboard), else and from 17 with
+ * register loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token,
+ * with the cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x
+ * against 4.3-6.0x). */
 template <int T>
-td_err launch_type(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
-                   cudaStream_t st)
+td_err launch_type(float *y, const uint4 *xs, const ops_weight *w, int n_tok, bool vec,
+                   int dev, cudaStream_t st)
 {
     if (!vec) {
         if (n_tok <= 8)
-            return launch<T, 1, W_SCALAR>(y, x, w, n_tok, st);
+            return launch<T, 1, W_SCALAR>(y, xs, w, n_tok, dev, st);
         if (n_tok <= 16)
-            return launch<T, 2, W_SCALAR>(y, x, w, n_tok, st);
-        return launch<T, MAX_NT, W_SCALAR>(y, x, w, n_tok, st);
+            return launch<T, 2, W_SCALAR>(y, xs, w, n_tok, dev, st);
+        return launch<T, MAX_NT, W_SCALAR>(y, xs, w, n_tok, dev, st);
     }
     if (n_tok <= 8)
-        return launch<T, 1, W_RING>(y, x, w, n_tok, st);
+        return launch<T, 1, W_RING>(y, xs, w, n_tok, dev, st);
     if (n_tok <= 16)
-        return launch<T, 2, W_REGS>(y, x, w, n_tok, st);
-    return launch<T, MAX_NT, W_REGS>(y, x, w, n_tok, st);
+        return bulk_wanted(dev) ? launch<T, 2, W_BULK>(y, xs, w, n_tok, dev, st)
+                                : launch<T, 2, W_REGS>(y, xs, w, n_tok, dev, st);
+    return launch<T, MAX_NT, W_REGS>(y, xs, w, n_tok, dev, st);
 }
 
 } /* namespace */
@@ -441,15 +766,16 @@ td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cuda
     if (w->cols > INT32_MAX - 2 * KBLOCK * WARPS)
         return err_set(TD_ENOTSUP, "matmul of %lld columns: more than the kernel indexes",
                        (long long)w->cols);
+    TD_ASSERT(w->type == TD_F16 || w->type == TD_BF16);
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    uint4 *xs = nullptr;
+    TD_TRY(xs_get(st, mmh_split_bytes(n_tok, w->cols), &xs));
+    TD_TRY(split_launch(xs, x, (int)w->cols, n_tok, st));
+    /* x's alignment no longer matters: the kernel reads the split pieces */
     const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
-                     ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
-    switch (w->type) {
-    case TD_F16:
-        return launch_type<TD_F16>(y, x, w, n_tok, vec, st);
-    case TD_BF16:
-        return launch_type<TD_BF16>(y, x, w, n_tok, vec, st);
-    default:
-        TD_ASSERT(!"mmh_launch: not F16 or BF16");
-    }
-    return TD_OK;
+                     w->cols % 8 == 0;
+    if (w->type == TD_F16)
+        return launch_type<TD_F16>(y, xs, w, n_tok, vec, dev, st);
+    return launch_type<TD_BF16>(y, xs, w, n_tok, vec, dev, st);
 }
