@@ -148,6 +148,8 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
     if (B > 1) {
         TD_TRY(be->to_device(be, draft, block + 1, (size_t)(B - 1) * sizeof(int32_t)));
         if (s->dq) {
+            /* q comes in host memory (verifyd downloads it from kvd's proposal pool, the
+             * in-process drafter filters on the host): it goes next to the logits */
             TD_TRY(be->to_device(be, s->dq, q, (size_t)((B - 1) * V) * sizeof(float)));
             dq = s->dq;
         }

@@ -387,7 +387,7 @@ extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab
 
 /* --- speculative acceptance ------------------------------------------------------------ */
 
-/* cpu_accept_sampled's walk over p [n][n]: thread 0 runs the tests in order (one f64
+/* cpu_accept_sampled's walk over p [n][n_vocab]: thread 0 runs the tests in order (one f64
  * comparison each, at most a block's worth), then the block draws from the rejected row's
  * residual, from its p when the residual has no positive entry, or from the last row's p
  * after a full accept. */
