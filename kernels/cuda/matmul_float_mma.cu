@@ -17,7 +17,10 @@
  * Which k slot a column occupies is free as long as A and B agree: the chunk's first MMA
  * takes columns 8t..8t+3 (k slots 2t, 2t+1, 2t+8, 2t+9), the second 8t+4..8t+7, so the A
  * registers are the loaded words as they are, and the B registers are pairs of the same
- * lane's 8 activations of token g.
+ * lane's 8 activations of token g. The activations are split once per call (split_kernel)
+ * into a per-stream scratch laid out so that those pairs, per piece, are one 16-byte load:
+ * the split used to be redone by every warp for every n-tile and k-block (176 of ~650
+ * instructions per k-block at 16 tokens).
  *
  * Reduction order per (row, token), the same for every n_tok (batch invariance): the columns
  * are cut into k-blocks of 128; CTA = 4 warps over one 16-row tile, warp w owns k-blocks w,
