@@ -14,24 +14,7 @@
 
 #include "kernels/backend_prof.h"
 #include "kernels/cuda_mem.h"
-
-#ifdef TANDEM_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-/* Launches of a one-token Q4_K matmul: the bulk-copy kernel alone on sm_90, else the
- * rounding and the kernel. */
-static int one_token_launches(void)
-{
-    int major = 0;
-#ifdef TANDEM_HAVE_CUDA
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        major = 0;
-#endif
-    return major >= 9 ? 1 : 2;
-}
+#include "tests/support/gpu_check.h"
 
 static ops_backend *gpu;
 
@@ -95,7 +78,9 @@ static void test_gpu_prof_times_counts_and_keeps_results(void **state)
     assert_non_null(mm);
     assert_non_null(add);
     assert_int_equal(mm->calls, 2);
-    assert_int_equal(mm->launches, one_token_launches() + 4);
+    /* 1 token: the single-token path; 65 tokens: a 64-token chunk (rounding and kernel),
+     * then a 1-token chunk on the single-token path */
+    assert_int_equal(mm->launches, 2 * gpu_check_one_token_launches() + 2);
     assert_int_equal(add->calls, 3);
     assert_int_equal(add->launches, 3);
     assert_true(mm->dev_us > 0 && add->dev_us > 0);

@@ -303,9 +303,11 @@ static void test_matmul_multi_back_to_back_groups_keep_their_inputs(void **state
 }
 
 /* The profiler's count for a group: one rounding per layout and chunk, one kernel per
- * quantised member and chunk, one per float member and chunk; a separate quantised matmul
- * is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5 tokens: a rounding for each of Q4_K and
- * Q6_K (their digits interleave differently), two quantised and two float kernels. */
+ * quantised member and chunk (a single-token chunk: the single-token path's launches per
+ * member), two per F16/BF16 member and chunk (activation split, kernel), one per F32 member
+ * and chunk; a separate quantised matmul is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5
+ * tokens: a rounding for each of Q4_K and Q6_K (their digits interleave differently), two
+ * quantised kernels, the BF16 split and kernel, the F32 kernel. */
 static void test_matmul_multi_launches_are_counted(void **state)
 {
     (void)state;
@@ -339,7 +341,10 @@ static void test_matmul_multi_launches_are_counted(void **state)
     assert_non_null(multi);
     assert_non_null(mm);
     assert_int_equal(multi->calls, 2);
-    assert_int_equal(multi->launches, 6 + 12);
+    /* 5 tokens: 7 = two roundings, two quantised kernels, the BF16 activation split and
+     * kernel, the F32 kernel; 65 tokens: that for the 64-token chunk, then the 1-token chunk
+     * (the quantised members on the single-token path, BF16 split and kernel, F32) */
+    assert_int_equal(multi->launches, 7 + 7 + 2 * gpu_check_one_token_launches() + 3);
     assert_int_equal(mm->calls, 1);
     assert_int_equal(mm->launches, 2);
     assert_int_equal(t.lost, 0);

@@ -723,8 +723,9 @@ td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev
         (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, xs, nch, n_tok, n_groups);
 }
 
-/* Whether 9-16 tokens take the bulk rings: on sm_90+ unless TANDEM_MMH=regs (read at each
- * call, so a test can compare both paths; both give the same bits). */
+/* Whether 9-16 tokens take the bulk rings: on sm_90+ with TANDEM_MMH=bulk (read at each
+ * call, so a test can compare both paths; both give the same bits). Not the default: on the
+ * H200 the 27B draft step took 4.04 ms with them against 3.51 ms with register loads. */
 bool bulk_wanted(int dev)
 {
     int major = 0;
@@ -733,12 +734,12 @@ bool bulk_wanted(int dev)
         return false;
     }
     const char *e = getenv("TANDEM_MMH");
-    return major >= 9 && !(e && strcmp(e, "regs") == 0);
+    return major >= 9 && e && strcmp(e, "bulk") == 0;
 }
 
 /* Aligned weights: up to 8 tokens through the cp.async ring (H200, BF16 at one token: 59-79%
  * of the copy rate, register loads 56-69%); 9-16 on sm_90 through the bulk rings (several
- * k-blocks in flight per warp, no register prefetch on one scoreboard), else and from 17 with
+ * k-blocks in flight per warp, no register prefetch on one scoreboard) with TANDEM_MMH=bulk, else and from 17 with
  * register loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token,
  * with the cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x
  * against 4.3-6.0x). */

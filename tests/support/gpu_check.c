@@ -3,6 +3,7 @@
 
 #ifdef TANDEM_HAVE_CUDA
 
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,22 @@ bool check_same_bits(const char *what, const void *got, const void *want, size_t
         i++;
     fprintf(stderr, "%s: differs at byte %zu of %zu\n", what, i, bytes);
     return false;
+}
+
+int gpu_check_one_token_launches(void)
+{
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+        major = 0;
+    return major >= 9 ? 1 : 2;
+}
+
+#else
+
+int gpu_check_one_token_launches(void)
+{
+    return 2;
 }
 
 #endif /* TANDEM_HAVE_CUDA */

@@ -51,4 +51,9 @@ bool check_same_bits(const char *what, const void *got, const void *want, size_t
 
 #endif /* TANDEM_HAVE_CUDA */
 
+/* Launches of a single-token quantised matmul on the current device: 1 where the bulk-copy
+ * kernel rounds its own activations (sm_90), else 2 (the rounding kernel and the matmul).
+ * Also in CPU-only builds, whose GPU tests skip before asking. */
+int gpu_check_one_token_launches(void);
+
 #endif
