@@ -10,10 +10,12 @@
  * them), the weight bytes per second, that as a fraction of the copy bandwidth, and the
  * times of 16 and 32 tokens relative to 1. Prints a table, then the same numbers as JSON.
  *
- * The single-token kernel is chosen once per process (TANDEM_MMD), so before anything else
- * the program measures one token under each of TANDEM_MMD=bulk (the sm_90 bulk-copy kernel),
- * =regs (dp4a) and =mma (tensor cores) in a child process each, one after the other (the
- * GPU is never shared), and prints those as extra columns beside the default choice's.
+ * The kernels are chosen once per process (TANDEM_MMD for one token, TANDEM_MMQ for more),
+ * so before anything else the program measures one token under each of TANDEM_MMD=bulk (the
+ * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 tokens under
+ * TANDEM_MMQ=bulk (the tensor-core kernel staged by bulk copies), in a child process each, one
+ * after the other (the GPU is never shared), and prints those as extra columns beside the
+ * default choice's.
  * No arguments; runs in about a minute on an H100/H200-class GPU. */
 #include <stdint.h>
 #include <stdio.h>
@@ -61,8 +63,16 @@ static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q
 static const int64_t toks[] = {1, 16, 32};
 #define N_TOKS (sizeof toks / sizeof toks[0])
 
-/* The single-token kernels measured in child processes, and the column names. */
-static const char *variants[] = {"bulk", "regs", "mma"};
+/* The kernels measured in child processes: column name, the variable that picks the
+ * kernel and its value, and which token count (toks[]) is timed. */
+typedef struct variant {
+    const char *name, *env, *value;
+    size_t tok; /* index into toks */
+} variant;
+static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0},
+                                   {"regs", "TANDEM_MMD", "regs", 0},
+                                   {"mma", "TANDEM_MMD", "mma", 0},
+                                   {"mmqb16", "TANDEM_MMQ", "bulk", 1}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 typedef struct result {
@@ -70,7 +80,7 @@ typedef struct result {
     td_dtype type;
     size_t bytes;             /* weight bytes read per call */
     double us[N_TOKS];        /* median time per call, microseconds */
-    double us_v[N_VARIANTS];  /* one token under TANDEM_MMD=variants[i]; 0: not measured */
+    double us_v[N_VARIANTS];  /* the time of variants[i]; 0: not measured */
 } result;
 
 #define TRY(expr)                                                                            \
@@ -248,10 +258,10 @@ static void io_init(float **dx, float **dy)
     free(hx);
 }
 
-/* A child's part: one token of every quantised (shape, type) under the TANDEM_MMD it was
- * given, the times (0 for float types, and for "bulk" below sm_90) written to fd in table
- * order. */
-static int child_main(int fd, const char *variant)
+/* A child's part: v's token count of every quantised (shape, type) under the kernel choice
+ * it was given, the times (0 for float types, and for the bulk kernels below sm_90) written
+ * to fd in table order. */
+static int child_main(int fd, const variant *v)
 {
     if (!cuda_available())
         return 1;
@@ -261,7 +271,7 @@ static int child_main(int fd, const char *variant)
     int dev = 0, major = 0;
     CU(cudaGetDevice(&dev));
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    const bool none = strcmp(variant, "bulk") == 0 && major < 9;
+    const bool none = strcmp(v->value, "bulk") == 0 && major < 9;
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
@@ -270,8 +280,8 @@ static int child_main(int fd, const char *variant)
                 continue;
             result r = {0};
             if (is_quant(types[k]) && !none)
-                bench_one(&r, &shapes[i], types[k], dx, dy, 1);
-            if (write(fd, &r.us[0], sizeof r.us[0]) != (ssize_t)sizeof r.us[0])
+                bench_one(&r, &shapes[i], types[k], dx, dy, v->tok + 1);
+            if (write(fd, &r.us[v->tok], sizeof r.us[0]) != (ssize_t)sizeof r.us[0])
                 return 1;
         }
     cuda_mem_free(dx);
@@ -280,9 +290,8 @@ static int child_main(int fd, const char *variant)
     return 0;
 }
 
-/* One token of every (shape, type) under TANDEM_MMD=variants[v], measured by a child process
- * (fork before this process touches the GPU): us[n] in table order; false if the child
- * failed. */
+/* Every (shape, type) under variants[v], measured by a child process (fork before this
+ * process touches the GPU): us[n] in table order; false if the child failed. */
 static bool measure_variant(size_t v, double *us, int n)
 {
     int p[2];
@@ -294,8 +303,8 @@ static bool measure_variant(size_t v, double *us, int n)
         return false;
     if (pid == 0) {
         close(p[0]);
-        setenv("TANDEM_MMD", variants[v], 1);
-        _exit(child_main(p[1], variants[v]));
+        setenv(variants[v].env, variants[v].value, 1);
+        _exit(child_main(p[1], &variants[v]));
     }
     close(p[1]);
     size_t got = 0;
@@ -327,7 +336,8 @@ int main(void)
     static double us_v[N_VARIANTS][MAX_RES];
     for (size_t v = 0; v < N_VARIANTS; v++)
         if (!measure_variant(v, us_v[v], n_res)) {
-            fprintf(stderr, "bench_matmul_cuda: the TANDEM_MMD=%s pass failed\n", variants[v]);
+            fprintf(stderr, "bench_matmul_cuda: the %s=%s pass failed\n", variants[v].env,
+                    variants[v].value);
             memset(us_v[v], 0, sizeof us_v[v]);
         }
 
@@ -348,16 +358,16 @@ int main(void)
            prop.l2CacheSize >> 20);
     printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
     printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
-           "TANDEM_MMD set so\n\n");
+           "TANDEM_MMD set so;\nmmqb16: 16 tokens with TANDEM_MMQ=bulk (us, and /us(1))\n\n");
 
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
 
     result res[MAX_RES];
     n_res = 0;
-    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s\n", "shape", "in", "out",
-           "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma", "us(16)", "16/1",
-           "32/1");
+    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %9s %7s\n", "shape",
+           "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
+           "us(16)", "16/1", "32/1", "mmqb16", "/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
             if (!measured(i, k))
@@ -373,8 +383,17 @@ int main(void)
                    (double)r->bytes / 1e6, r->us[0], gbps);
             print_frac(r->bytes, r->us[0], copy_gbps);
             for (size_t v = 0; v < N_VARIANTS; v++)
-                print_frac(r->bytes, r->us_v[v], copy_gbps);
-            printf(" %9.1f %7.2f %7.2f\n", r->us[1], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+                if (variants[v].tok == 0)
+                    print_frac(r->bytes, r->us_v[v], copy_gbps);
+            printf(" %9.1f %7.2f %7.2f", r->us[1], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+            for (size_t v = 0; v < N_VARIANTS; v++)
+                if (variants[v].tok != 0) {
+                    if (r->us_v[v] > 0)
+                        printf(" %9.1f %7.2f", r->us_v[v], r->us_v[v] / r->us[0]);
+                    else
+                        printf(" %9s %7s", "-", "-");
+                }
+            printf("\n");
             fflush(stdout);
         }
 
@@ -389,10 +408,15 @@ int main(void)
                dtype_name(r->type), r->bytes, r->us[0], gbps, gbps / copy_gbps, r->us[1],
                r->us[2], r->us[1] / r->us[0], r->us[2] / r->us[0]);
         for (size_t v = 0; v < N_VARIANTS; v++)
-            if (r->us_v[v] > 0)
-                printf(", \"us_1_%s\": %.2f, \"frac_of_copy_1_%s\": %.4f", variants[v],
-                       r->us_v[v], variants[v],
+            if (r->us_v[v] > 0 && variants[v].tok == 0)
+                printf(", \"us_1_%s\": %.2f, \"frac_of_copy_1_%s\": %.4f", variants[v].name,
+                       r->us_v[v], variants[v].name,
                        (double)r->bytes / (r->us_v[v] * 1e-6) / 1e9 / copy_gbps);
+            else if (r->us_v[v] > 0)
+                printf(", \"us_%lld_%s\": %.2f, \"ratio_%lld_%s\": %.3f",
+                       (long long)toks[variants[v].tok], variants[v].name, r->us_v[v],
+                       (long long)toks[variants[v].tok], variants[v].name,
+                       r->us_v[v] / r->us[0]);
         printf("}");
     }
     printf("\n]}\n");

@@ -4,8 +4,9 @@
  * on; for quantised types a single token runs on the bulk-copy kernel on sm_90 (the
  * default there), elsewhere on the tensor-core kernel, or on the dp4a single-token kernel for
  * the 33000-row Q4_K matrix, so this also proves the kernels' arithmetic identical); single
- * tokens under TANDEM_MMD=bulk, =mma and =regs (child processes of this program) byte for
- * byte against each other on sm_90, on the 27B target's shapes among others;
+ * tokens under TANDEM_MMD=bulk, =mma and =regs and batches under TANDEM_MMQ=bulk (child
+ * processes of this program) byte for byte against each other on sm_90, on the 27B target's
+ * shapes among others;
  * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
  * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.
@@ -526,15 +527,22 @@ static void test_matmul_rejects_bad_weights(void **state)
     free(wf);
 }
 
-/* ---- single tokens on every kernel: the bulk-copy kernel against the others -------------- */
+/* ---- every kernel on the same inputs: the bulk-copy kernels against the others ----------- */
 
-/* The single-token kernel is picked once per process (TANDEM_MMD), so each variant runs in a
- * child process of this program ("--single-tokens FILE" with TANDEM_MMD set): the child
- * computes BULK_TOK tokens of every bulk_shapes matrix one token at a time, checks each
- * against the same tokens as one batch (the tensor-core kernel) bit for bit and, for
- * "bulk", against cpu_matmul, and writes the single-token outputs to FILE; the parent then
- * compares the files of "bulk", "mma" (tensor cores) and "regs" (dp4a) byte for byte. */
-#define BULK_TOK 3
+/* The kernels are picked once per process (TANDEM_MMD for single tokens, TANDEM_MMQ for
+ * several), so each variant runs in a child process of this program ("--single-tokens FILE"
+ * with them set): for every bulk_shapes matrix the child computes BULK_TOK tokens one token
+ * at a time and batches of every bulk_batches size, checks the single tokens against the
+ * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
+ * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
+ * (tensor cores), =regs (dp4a) and TANDEM_MMQ=bulk (batches on the tensor-core kernel staged
+ * by bulk copies) byte for byte. */
+#define BULK_TOK 3  /* single tokens per matrix */
+#define BULK_XTOK 32 /* inputs per matrix: the largest batch */
+
+/* 2..8 tokens: one n-tile; 9 and 16: two (16- or 32-row tiles, by rows per SM); 31, 32:
+ * four. */
+static const int64_t bulk_batches[] = {2, 5, 8, 9, 16, 31, 32};
 
 typedef struct bulk_shape {
     td_dtype type;
@@ -579,19 +587,28 @@ static void single_tokens_child(void **state)
         rng_seed(31 + k); /* the same weights and inputs in every child */
         test_weight tw;
         weight_init(&tw, b->type, b->rows, b->cols);
-        float *x = rng_floats(BULK_TOK * b->cols, 2.0f);
-        for (int64_t t = 0; t < BULK_TOK; t++)
+        float *x = rng_floats(BULK_XTOK * b->cols, 2.0f);
+        for (int64_t t = 0; t < BULK_XTOK; t++)
             x[t * b->cols + (t * 7919) % b->cols] *= 16.0f;
-        float *dx = dput(x, (size_t)(BULK_TOK * b->cols) * sizeof(float));
-        float *batch = gpu_matmul(&tw, dx, BULK_TOK);
+        float *dx = dput(x, (size_t)(BULK_XTOK * b->cols) * sizeof(float));
         float *alone = malloc((size_t)(BULK_TOK * b->rows) * sizeof(float));
         for (int64_t t = 0; t < BULK_TOK; t++) {
             float *y = gpu_matmul(&tw, dx + t * b->cols, 1);
             memcpy(alone + t * b->rows, y, (size_t)b->rows * sizeof(float));
             free(y);
         }
-        assert_true(check_same_bits(what, alone, batch,
-                                    (size_t)(BULK_TOK * b->rows) * sizeof(float)));
+        for (size_t j = 0; j < sizeof bulk_batches / sizeof *bulk_batches; j++) {
+            const int64_t n = bulk_batches[j];
+            float *batch = gpu_matmul(&tw, dx, n);
+            char at[160];
+            snprintf(at, sizeof at, "%s: n_tok %lld vs alone", what, (long long)n);
+            const int64_t k_tok = n < BULK_TOK ? n : BULK_TOK;
+            assert_true(
+                check_same_bits(at, batch, alone, (size_t)(k_tok * b->rows) * sizeof(float)));
+            assert_int_equal(fwrite(batch, sizeof(float), (size_t)(n * b->rows), f),
+                             (size_t)(n * b->rows));
+            free(batch);
+        }
         if (check_cpu) {
             expect e;
             expect_init(&e, &tw, x, BULK_TOK);
@@ -601,7 +618,6 @@ static void single_tokens_child(void **state)
         assert_int_equal(fwrite(alone, sizeof(float), (size_t)(BULK_TOK * b->rows), f),
                          (size_t)(BULK_TOK * b->rows));
         free(alone);
-        free(batch);
         cuda_mem_free(dx);
         free(x);
         weight_free(&tw);
@@ -609,22 +625,27 @@ static void single_tokens_child(void **state)
     assert_int_equal(fclose(f), 0);
 }
 
-/* Runs this program as a child with TANDEM_MMD=variant writing to out; its exit status. */
-static int run_single_tokens(const char *variant, const char *out)
+/* Runs this program as a child with TANDEM_MMD=mmd and (unless NULL) TANDEM_MMQ=mmq writing
+ * to out; its exit status. */
+static int run_single_tokens(const char *mmd, const char *mmq, const char *out)
 {
     extern char **environ;
-    char env_mmd[64];
-    snprintf(env_mmd, sizeof env_mmd, "TANDEM_MMD=%s", variant);
+    char env_mmd[64], env_mmq[64];
+    snprintf(env_mmd, sizeof env_mmd, "TANDEM_MMD=%s", mmd);
+    snprintf(env_mmq, sizeof env_mmq, "TANDEM_MMQ=%s", mmq ? mmq : "");
     size_t n = 0;
     while (environ[n])
         n++;
-    char **envp = calloc(n + 2, sizeof *envp);
+    char **envp = calloc(n + 3, sizeof *envp);
     assert_non_null(envp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0)
+        if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0 &&
+            strncmp(environ[i], "TANDEM_MMQ=", 11) != 0)
             envp[m++] = environ[i];
     envp[m++] = env_mmd;
+    if (mmq)
+        envp[m++] = env_mmq;
     char exe[] = "/proc/self/exe", flag[] = "--single-tokens";
     char *argv[] = {exe, flag, (char *)out, NULL};
     pid_t pid = 0;
@@ -670,10 +691,12 @@ static int64_t bulk_smem(const bulk_shape *b)
 }
 
 /* On an sm_90 device, single tokens under TANDEM_MMD=bulk (the bulk-copy kernel), =mma (the
- * tensor-core kernel) and =regs (the dp4a kernel) give the same bytes for every bulk_shapes
- * matrix, and each equals its batch-of-3 result and (bulk) cpu_matmul within the bounds of
- * check_outputs. Skipped below sm_90, where the bulk kernel does not exist. */
-static void test_matmul_bulk_single_tokens_match_tensor_core_and_dp4a_bits(void **state)
+ * tensor-core kernel) and =regs (the dp4a kernel), and batches of 2..32 tokens on the
+ * tensor-core kernel with cp.async staging and (TANDEM_MMQ=bulk) with bulk copies, give the
+ * same bytes for every bulk_shapes matrix; each single token equals its batches' and (bulk)
+ * cpu_matmul within the bounds of check_outputs. Skipped below sm_90, where the bulk kernels
+ * do not exist. */
+static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **state)
 {
     (void)state;
     int dev = 0, major = 0, optin = 0;
@@ -689,26 +712,29 @@ static void test_matmul_bulk_single_tokens_match_tensor_core_and_dp4a_bits(void 
     }
     for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
-    static const char *variants[] = {"bulk", "mma", "regs"};
-    char path[3][64];
-    uint8_t *data[3];
-    size_t len[3];
-    for (int v = 0; v < 3; v++) {
-        snprintf(path[v], sizeof path[v], "/tmp/tandem_single_%d_%s.bin", (int)getpid(),
-                 variants[v]);
-        const int rc = run_single_tokens(variants[v], path[v]);
+    static const char *mmd[] = {"bulk", "mma", "regs", "bulk"};
+    static const char *mmq[] = {NULL, NULL, NULL, "bulk"};
+    enum { NV = 4 };
+    char path[NV][64];
+    uint8_t *data[NV];
+    size_t len[NV];
+    for (int v = 0; v < NV; v++) {
+        snprintf(path[v], sizeof path[v], "/tmp/tandem_single_%d_%d.bin", (int)getpid(), v);
+        const int rc = run_single_tokens(mmd[v], mmq[v], path[v]);
         if (rc != 0)
-            fail_msg("TANDEM_MMD=%s child exited with %d", variants[v], rc);
+            fail_msg("TANDEM_MMD=%s TANDEM_MMQ=%s child exited with %d", mmd[v],
+                     mmq[v] ? mmq[v] : "(unset)", rc);
         data[v] = slurp(path[v], &len[v]);
         remove(path[v]);
     }
-    for (int v = 1; v < 3; v++) {
-        char what[64];
-        snprintf(what, sizeof what, "single tokens: bulk vs %s", variants[v]);
+    for (int v = 1; v < NV; v++) {
+        char what[96];
+        snprintf(what, sizeof what, "TANDEM_MMD=bulk vs TANDEM_MMD=%s TANDEM_MMQ=%s", mmd[v],
+                 mmq[v] ? mmq[v] : "(unset)");
         assert_int_equal(len[v], len[0]);
         assert_true(check_same_bits(what, data[0], data[v], len[0]));
     }
-    for (int v = 0; v < 3; v++)
+    for (int v = 0; v < NV; v++)
         free(data[v]);
 }
 
@@ -817,7 +843,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),
-        cmocka_unit_test(test_matmul_bulk_single_tokens_match_tensor_core_and_dp4a_bits),
+        cmocka_unit_test(test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits),
         cmocka_unit_test(test_dequantize_row_matches_cpu_bits),
         cmocka_unit_test(test_get_rows_matches_cpu_and_bad_ids_give_nan),
     };

@@ -233,24 +233,42 @@ int mmd_choice(void)
     return c;
 }
 
+/* Whether chunks of several tokens run on the tensor-core kernel with bulk-copy staging
+ * (matmul_bulk_mma.cu) where mmqb_supported: TANDEM_MMQ=bulk, read once. The same bits as
+ * the tensor-core kernel; not the default until measured. */
+int g_mmq_bulk; /* 0: not read yet, 1: no, 2: yes */
+
+bool mmq_bulk_chosen(void)
+{
+    int c = __atomic_load_n(&g_mmq_bulk, __ATOMIC_RELAXED);
+    if (c == 0) {
+        const char *e = getenv("TANDEM_MMQ");
+        c = e && strcmp(e, "bulk") == 0 ? 2 : 1;
+        __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
  * activations that kernel reads. */
 struct mm_plan {
-    bool decode; /* the single-token kernel (matmul_decode.cu), else the tensor-core kernel */
-    bool bulk;   /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
-    bool fused;  /* ... which rounds x itself (mmb_fused): no rounding launch */
-    int unit;    /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
-    bool placed; /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
+    bool decode;   /* the single-token kernel (matmul_decode.cu), else the tensor cores */
+    bool bulk;     /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
+    bool fused;    /* ... which rounds x itself (mmb_fused): no rounding launch */
+    bool mmq_bulk; /* several tokens: the tensor-core kernel staged by bulk copies */
+    int unit;      /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
+    bool placed;   /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };
 
-/* The single-token choice for w on a chunk of nc tokens. */
+/* The kernel for w on a chunk of nc tokens. */
 mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
 {
     const int choice = mmd_choice();
     const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_unit(w->type),
+    const bool mmq_bulk = nc > 1 && mmq_bulk_chosen() && mmqb_supported(w);
+    return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_bulk, mmq_unit(w->type),
                    decode && mmd_placed(w->type)};
 }
 
@@ -280,9 +298,10 @@ td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const
 td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const mm_plan &p,
                      const mm_device *dev, cudaStream_t st)
 {
-    TD_TRY(p.bulk     ? mmb_launch(yc, NULL, q, w, dev, st)
-           : p.decode ? mmd_launch(yc, q, w, dev, st)
-                      : mmq_launch(yc, q, w, dev, st));
+    TD_TRY(p.bulk       ? mmb_launch(yc, NULL, q, w, dev, st)
+           : p.decode   ? mmd_launch(yc, q, w, dev, st)
+           : p.mmq_bulk ? mmqb_launch(yc, q, w, dev, st)
+                        : mmq_launch(yc, q, w, dev, st));
     cuda_launch_note(1);
     return TD_OK;
 }

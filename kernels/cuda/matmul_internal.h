@@ -115,6 +115,15 @@ bool mmb_fused(const ops_weight *w);
 td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
                   const mm_device *dev, cudaStream_t st);
 
+/* Whether several tokens on w can run on the bulk-copy tensor-core kernel
+ * (matmul_bulk_mma.cu): an sm_90+ device, a quantised type, 16-byte aligned data. */
+bool mmqb_supported(const ops_weight *w);
+
+/* mmq_launch with the weights staged by bulk copies (matmul_bulk_mma.cu): the same tiles,
+ * fragments and reduction, so the same bits. */
+td_err mmqb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                   cudaStream_t st);
+
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
  * kernel launch now; wait until the kernels this one depends on have finished and their
  * writes are visible. */
