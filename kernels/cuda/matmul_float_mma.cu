@@ -45,6 +45,13 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_internal.h"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MMB_SM90 1
+#else
+#define MMB_SM90 0
+#endif
+#include "kernels/cuda/matmul_bulk_copy.cuh"
+
 namespace {
 
 constexpr int WARPS = 4;      /* warps per CTA, splitting the tile's k-blocks */
@@ -268,78 +275,7 @@ __device__ __forceinline__ int brow_off(int r)
     return (r >> 1) * BPAIR + (r & 1) * (BROW + 64);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void bar_init(uint64_t *bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
-                 : "memory");
-}
-
-/* Makes the initialised barriers visible to the copy engine (the async proxy). */
-__device__ __forceinline__ void bar_init_fence()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-/* The phase's one arrival, announcing the bytes its copies will bring. */
-__device__ __forceinline__ void bar_arrive_tx(uint64_t *bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(
-                     smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity)
-{
-    uint32_t done;
-    asm volatile("{\n .reg .pred p;\n"
-                 " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-                 " selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
-
-/* Waits for the phase of the given parity to complete; traps after 2^24 sleeps of >= 256 ns
- * (seconds): only a wrong byte count or a lost copy gets there. */
-__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
-{
-    if (bar_try(bar, parity))
-        return;
-    for (uint32_t n = 0; !bar_try(bar, parity); n++) {
-        if (n >= (1u << 24))
-            __trap();
-        if (n >= 16)
-            __nanosleep(256);
-    }
-}
-
-/* An L2 policy for data read once: evict it first. */
-__device__ __forceinline__ uint64_t evict_first_policy()
-{
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-/* bytes (a multiple of 16) from global src to shared dst, both 16-byte aligned, completing
- * on bar. */
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
-                                          uint64_t *bar, uint64_t policy)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;" ::"r"(smem_addr(dst)),
-                 "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_addr(bar)),
-                 "l"(policy)
-                 : "memory");
-}
+/* barriers, waits and bulk copies: kernels/cuda/matmul_bulk_copy.cuh */
 #endif
 
 /* --- the matmul kernel ---------------------------------------------------------------------- */
