@@ -231,7 +231,6 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     /* the weights are on their way; xq comes from the kernel before this one */
     mm_wait_dependencies();
     float *red = (float *)(smem + ring_bytes<T, MT>()); /* [KSPLIT][ROWS][NTOK * NT] */
-    constexpr int TOKS = NTOK * NT;
     int ci = 0; /* items consumed so far: the next one is in slot ci % S */
     for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         const int64_t r0 = tile * ROWS;
@@ -254,36 +253,13 @@ __global__ void __launch_bounds__(KSPLIT * 32)
             const int kb = warp + KSPLIT * i;
             const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
             const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
-            if constexpr (T == TD_Q4_K || T == TD_Q5_K)
-                kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
-            else if constexpr (T == TD_Q6_K)
-                kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
-            else
-                kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, kb_bytes(kb) / 34, x, l);
+            kblock_any<T, MT, NT>(acc, slot, kbase, row_bytes,
+                                  T == TD_Q8_0 ? kb_bytes(kb) / 34 : 0, x, l);
             __syncwarp(); /* every lane is done with the slot before it is refilled */
         }
 
         /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
-                p[0] = acc[mt][nt][0];
-                p[1] = acc[mt][nt][1];
-                p[8 * TOKS] = acc[mt][nt][2];
-                p[8 * TOKS + 1] = acc[mt][nt][3];
-            }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < n_rows * xq.n_tok; idx += KSPLIT * 32) {
-            const int rl = idx % n_rows, tk = idx / n_rows;
-            float v = red[rl * TOKS + tk];
-#pragma unroll
-            for (int k = 1; k < KSPLIT; k++)
-                v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
-            y[(size_t)tk * rows + r0 + rl] = v;
-        }
-        __syncthreads(); /* the next tile writes red again */
+        tile_reduce<MT, NT>(y, red, acc, warp, l, n_rows, xq.n_tok, rows, r0);
     }
     cp_async_wait<0>();
 }

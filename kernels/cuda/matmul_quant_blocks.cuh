@@ -495,6 +495,52 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
     }
 }
 
+/* One staged k-block of a tile through the type's MMAs (n_blk: the k-block's Q8_0 blocks).
+ * The one dispatch of the tensor-core kernels, whichever way their weights were staged. */
+template <int T, int MT, int NT>
+__device__ __forceinline__ void kblock_any(float (&acc)[MT][NT][4], const uint8_t *slot,
+                                           const uint8_t *kbase, uint32_t row_bytes, int n_blk,
+                                           const xview &x, lane_pos l)
+{
+    if constexpr (T == TD_Q4_K || T == TD_Q5_K)
+        kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
+    else if constexpr (T == TD_Q6_K)
+        kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
+    else
+        kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, n_blk, x, l);
+}
+
+/* A tile's result: y = ((p0 + p1) + p2) + p3 over the KSPLIT warps' partials acc, met in red
+ * [KSPLIT][MROWS * MT][NTOK * NT]; rows n_rows of the tile at row r0 of y [n_tok][rows].
+ * Called by every thread of the CTA; red is free again when it returns. */
+template <int MT, int NT>
+__device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&acc)[MT][NT][4],
+                                            int warp, lane_pos l, int n_rows, int n_tok,
+                                            int64_t rows, int64_t r0)
+{
+    constexpr int ROWS = MROWS * MT, TOKS = NTOK * NT;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
+            p[0] = acc[mt][nt][0];
+            p[1] = acc[mt][nt][1];
+            p[8 * TOKS] = acc[mt][nt][2];
+            p[8 * TOKS + 1] = acc[mt][nt][3];
+        }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n_rows * n_tok; idx += KSPLIT * 32) {
+        const int rl = idx % n_rows, tk = idx / n_rows;
+        float v = red[rl * TOKS + tk];
+#pragma unroll
+        for (int k = 1; k < KSPLIT; k++)
+            v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
+        y[(size_t)tk * rows + r0 + rl] = v;
+    }
+    __syncthreads(); /* the next tile writes red again */
+}
+
 } /* namespace */
 
 #endif
