@@ -267,26 +267,6 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 /* Set when a launch with programmatic dependent launch was refused. */
 int g_pdl_refused;
 
-/* CTAs for n_tiles tiles with occ resident per SM: all tiles at once if they fit, else
- * resident CTAs only, between occ/2 and occ per SM, the count whose last round of tiles is
- * fullest (within 2%: the most CTAs). */
-int64_t tiles_grid(int64_t n_tiles, int n_sm, int occ)
-{
-    if (n_tiles <= (int64_t)n_sm * occ)
-        return n_tiles;
-    double eff[65] = {0}, top = 0.0;
-    for (int c = (occ + 1) / 2; c <= occ && c <= 64; c++) {
-        const int64_t slots = (int64_t)n_sm * c;
-        const int64_t rounds = (n_tiles + slots - 1) / slots;
-        eff[c] = (double)n_tiles / (double)(rounds * slots);
-        top = eff[c] > top ? eff[c] : top;
-    }
-    int best = (occ + 1) / 2;
-    for (int c = best; c <= occ && c <= 64; c++)
-        if (eff[c] >= top - 0.02)
-            best = c;
-    return (int64_t)n_sm * best;
-}
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
 template <int T, int MT, int NT>
@@ -319,7 +299,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
      * rate, ahead of the single-token kernel for most shapes). 9+ tokens: one CTA per tile,
      * the schedule measured before (the looping grid fell to 1 CTA per SM where the
      * registers allow 2: 16 tokens 63 us instead of 47 on 5120 -> 17408 Q4_K). */
-    const int64_t grid = NT == 1 ? tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
+    const int64_t grid = NT == 1 ? mmq_tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);

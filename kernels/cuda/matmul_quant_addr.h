@@ -99,4 +99,25 @@ MMQ_HD bool mmq_stage_exact(bool aligned, int64_t r0, int rows_cta, int64_t rows
     return !aligned && r0 + rows_cta + MMQ_TAIL_ROWS > rows && kb == nkb - 1;
 }
 
+/* CTAs for n_tiles tiles with occ resident per SM: all tiles at once if they fit, else
+ * resident CTAs only, between occ/2 and occ per SM, the count whose last round of tiles is
+ * fullest (within 2%: the most CTAs). Host code of the tensor-core kernels' launches. */
+static inline int64_t mmq_tiles_grid(int64_t n_tiles, int n_sm, int occ)
+{
+    if (n_tiles <= (int64_t)n_sm * occ)
+        return n_tiles;
+    double eff[65] = {0}, top = 0.0;
+    for (int c = (occ + 1) / 2; c <= occ && c <= 64; c++) {
+        const int64_t slots = (int64_t)n_sm * c;
+        const int64_t rounds = (n_tiles + slots - 1) / slots;
+        eff[c] = (double)n_tiles / (double)(rounds * slots);
+        top = eff[c] > top ? eff[c] : top;
+    }
+    int best = (occ + 1) / 2;
+    for (int c = best; c <= occ && c <= 64; c++)
+        if (eff[c] >= top - 0.02)
+            best = c;
+    return (int64_t)n_sm * best;
+}
+
 #endif
