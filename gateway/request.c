@@ -538,8 +538,9 @@ static td_err req_common(gw_request *r, api_error *e)
     int64_t seed = 0;
     TD_TRY(req_int(r->root, "seed", INT64_MIN, INT64_MAX, &seed, &s->has_seed, e));
     s->seed = (uint64_t)seed;
-    /* Penalties are checked as OpenAI checks them but not applied: the lossless speculative
-     * step needs target and drafter to share one distribution (DESIGN section 4). */
+    /* Penalties are checked as OpenAI checks them but not applied yet: in a verify block
+     * each position's penalised distribution needs the token counts up to that position,
+     * which neither backend's sampler takes today (README, HTTP API). */
     double unused = 0;
     TD_TRY(req_number(r->root, "presence_penalty", -2, false, 2, &unused, e));
     TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &unused, e));
