@@ -195,8 +195,6 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 #endif
 }
 
-/* Set when a launch with programmatic dependent launch was refused. */
-int g_pdl_refused;
 
 
 template <int T, int MT, int NT>
@@ -222,33 +220,8 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
     }
     const int64_t n_tiles = (w->rows + (int64_t)MROWS * MT - 1) / ((int64_t)MROWS * MT);
     const int64_t grid = NT == 1 ? mmq_tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
-    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
-        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
-                       (long long)w->rows, (long long)w->cols);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(KSPLIT * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmqb_kernel<T, MT, NT>,
-                                       y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
-                                       w->rows, w->cols, *xq);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        (void)cudaGetLastError(); /* plain launches from now on */
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmqb_kernel<T, MT, NT>, y, (const uint8_t *)w->data,
-                               (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
-    }
-    if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "cuda_matmul: %s bulk tensor-core kernel launch (%lld rows): %s",
-                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
-    return TD_OK;
+    return mmq_launch_grid(mmqb_kernel<T, MT, NT>, grid, smem, y, xq, w, dev, st,
+                           "bulk tensor-core kernel");
 }
 
 /* The tile as matmul_quant.cu's launch_type picks it (results never depend on it). */

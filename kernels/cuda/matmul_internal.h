@@ -77,6 +77,16 @@ typedef struct mm_device {
 td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                   cudaStream_t st);
 
+/* A tensor-core quantised kernel's signature (mmq_kernel in matmul_quant.cu, mmqb_kernel in
+ * matmul_bulk_mma.cu), and their one launch: grid CTAs of MMQ_KSPLIT warps with smem bytes
+ * of dynamic shared memory, as a programmatic dependent with dev->pdl (plain launches from
+ * the first refusal on); what names the kernel in errors. */
+typedef void (*mmq_kernel_fn)(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows,
+                              int64_t cols, mm_xquant xq);
+td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int smem, float *y, const mm_xquant *xq,
+                       const ops_weight *w, const mm_device *dev, cudaStream_t st,
+                       const char *what);
+
 /* Whether one token (n_tok == 1) on type takes the single-token kernel (matmul_decode.cu)
  * instead of mmq_launch; its activations are then laid out by mm_decode_unit_pos. */
 bool mmd_supported(td_dtype type);

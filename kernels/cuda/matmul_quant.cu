@@ -264,8 +264,6 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     cp_async_wait<0>();
 }
 
-/* Set when a launch with programmatic dependent launch was refused. */
-int g_pdl_refused;
 
 
 /* Launches one instantiation; the shared-memory opt-in above 48 KiB is set once per device. */
@@ -300,34 +298,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
      * the schedule measured before (the looping grid fell to 1 CTA per SM where the
      * registers allow 2: 16 tokens 63 us instead of 47 on 5120 -> 17408 Q4_K). */
     const int64_t grid = NT == 1 ? mmq_tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
-    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
-        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
-                       (long long)w->rows, (long long)w->cols);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(KSPLIT * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT>,
-                                       y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
-                                       w->rows, w->cols, *xq);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        /* a setup that refuses the attribute gets plain launches from now on */
-        (void)cudaGetLastError();
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmq_kernel<T, MT, NT>, y, (const uint8_t *)w->data,
-                               (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
-    }
-    if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "cuda_matmul: %s kernel launch (%lld rows): %s",
-                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
-    return TD_OK;
+    return mmq_launch_grid(mmq_kernel<T, MT, NT>, grid, smem, y, xq, w, dev, st, "kernel");
 }
 
 /* Picks the tile: one MMA row tile per weight fragment while the activations are one n-tile
@@ -353,6 +324,42 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 }
 
 } /* namespace */
+
+/* Set when a launch with programmatic dependent launch was refused. */
+static int g_pdl_refused;
+
+td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int smem, float *y, const mm_xquant *xq,
+                       const ops_weight *w, const mm_device *dev, cudaStream_t st,
+                       const char *what)
+{
+    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(KSPLIT * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, y, (const uint8_t *)w->data,
+                                       (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        /* a setup that refuses the attribute gets plain launches from now on */
+        (void)cudaGetLastError();
+        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, k, y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
+                               w->rows, w->cols, *xq);
+    }
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s %s launch (%lld rows): %s",
+                       dtype_name(w->type), what, (long long)w->rows, cudaGetErrorString(e));
+    return TD_OK;
+}
 
 int mmq_unit(td_dtype type)
 {
