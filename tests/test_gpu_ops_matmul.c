@@ -43,28 +43,13 @@
 
 #ifndef TANDEM_HAVE_CUDA
 
-int main(void)
-{
-    printf("skipped: this build has no CUDA\n");
-    return SKIP_EXIT;
-}
+GPU_CHECK_SKIP_MAIN
 
 #else
 
 #include <cuda_runtime_api.h>
 
-/* Sanitizer builds: the driver keeps process-lifetime allocations that LeakSanitizer would
- * report, and maps memory where ASan's shadow gap would be. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libcuda.so\n";
-}
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-    return "protect_shadow_gap=0";
-}
+GPU_CHECK_SANITIZER_OPTIONS
 
 #define MAX_TOK 70
 #define XBLOCK 256   /* inputs per activation scale (MM_XBLOCK) */

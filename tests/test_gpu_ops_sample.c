@@ -22,24 +22,11 @@
 
 #ifndef TANDEM_HAVE_CUDA
 
-int main(void)
-{
-    printf("skipped: this build has no CUDA\n");
-    return SKIP_EXIT;
-}
+GPU_CHECK_SKIP_MAIN
 
 #else
 
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libcuda.so\n";
-}
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-    return "protect_shadow_gap=0";
-}
+GPU_CHECK_SANITIZER_OPTIONS
 
 #define VOCAB 248320 /* qwen35 */
 #define HEAD 12      /* HEAD kind: tokens well above the rest */

@@ -29,16 +29,7 @@ int main(void)
 
 #else
 
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libcuda.so\n";
-}
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-    return "protect_shadow_gap=0";
-}
+GPU_CHECK_SANITIZER_OPTIONS
 
 #define CHAIN 300 /* add + scale pairs per chain */
 

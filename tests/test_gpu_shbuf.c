@@ -16,6 +16,7 @@
 #include "common/cudrv.h"
 #include "common/fdpass.h"
 #include "common/shbuf.h"
+#include "tests/support/gpu_check.h"
 #include "tests/support/shbuf_wire.h"
 #include "tests/support/spawn.h"
 
@@ -23,26 +24,11 @@
 
 #ifndef TANDEM_HAVE_CUDA
 
-int main(void)
-{
-    printf("skipped: this build has no CUDA\n");
-    return SKIP_EXIT;
-}
+GPU_CHECK_SKIP_MAIN
 
 #else
 
-/* Sanitizer builds: the driver keeps process-lifetime allocations that LeakSanitizer would
- * report, and it maps memory in the range ASan protects by default (cuInit then fails). */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
-{
-    return "leak:libcuda.so\n";
-}
-const char *__asan_default_options(void);
-const char *__asan_default_options(void)
-{
-    return "protect_shadow_gap=0";
-}
+GPU_CHECK_SANITIZER_OPTIONS
 
 #define TIMEOUT_MS 60000
 /* Not a multiple of the allocation granularity: the exact size must survive. */

@@ -5,6 +5,14 @@
 #ifndef TANDEM_TESTS_SUPPORT_GPU_CHECK_H
 #define TANDEM_TESTS_SUPPORT_GPU_CHECK_H
 
+/* The main of a GPU test in a build without CUDA: skipped (exit 77). */
+#define GPU_CHECK_SKIP_MAIN                                                                  \
+    int main(void)                                                                           \
+    {                                                                                        \
+        printf("skipped: this build has no CUDA\n");                                        \
+        return 77;                                                                           \
+    }
+
 #ifdef TANDEM_HAVE_CUDA
 
 #include <stdbool.h>
@@ -21,6 +29,21 @@
         if (gpu_ok_e_ != TD_OK)                                                              \
             fail_msg("%s: %s: %s", #expr, err_name(gpu_ok_e_), err_msg());                   \
     } while (0)
+
+/* Sanitizer builds of a GPU test: the driver keeps process-lifetime allocations that
+ * LeakSanitizer would report, and maps memory where ASan's shadow gap would be. Once per
+ * test program, at file scope. */
+#define GPU_CHECK_SANITIZER_OPTIONS                                                          \
+    const char *__lsan_default_suppressions(void);                                          \
+    const char *__lsan_default_suppressions(void)                                           \
+    {                                                                                        \
+        return "leak:libcuda.so\n";                                                         \
+    }                                                                                        \
+    const char *__asan_default_options(void);                                               \
+    const char *__asan_default_options(void)                                                \
+    {                                                                                        \
+        return "protect_shadow_gap=0";                                                       \
+    }
 
 /* The stream every helper and test uses (created by gpu_check_init). */
 extern ops_stream gpu_st;
