@@ -248,9 +248,19 @@ td_err pl_status(pipeline *p, msg_status *out)
     return e;
 }
 
+static long long pl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 td_err pl_wait_ready(pipeline *p, bool want_draft, int timeout_ms)
 {
-    for (int waited = 0; waited < timeout_ms; waited += 20) {
+    /* a wall-clock deadline: a status call that times out takes seconds, not the 20 ms of
+     * the pause between calls */
+    const long long until = pl_now_ms() + timeout_ms;
+    while (pl_now_ms() < until) {
         msg_status st;
         if (pl_status(p, &st) == TD_OK && st.ready && (!want_draft || st.draft_attached))
             return TD_OK;
@@ -352,12 +362,6 @@ static bool pl_pump(pipeline *p, int timeout_ms)
     return true;
 }
 
-static long long pl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 pl_result *pl_wait_tokens(pipeline *p, uint64_t seq_id, uint32_t n, int timeout_ms)
 {
