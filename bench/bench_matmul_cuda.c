@@ -13,14 +13,17 @@
  * The kernels are chosen once per process (TANDEM_MMD for one token, TANDEM_MMQ for more),
  * so before anything else the program measures one token under each of TANDEM_MMD=bulk (the
  * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 tokens under
- * TANDEM_MMQ=bulk (the tensor-core kernel staged by bulk copies), in a child process each, one
- * after the other (the GPU is never shared), and prints those as extra columns beside the
- * default choice's.
- * No arguments; runs in about a minute on an H100/H200-class GPU. */
+ * TANDEM_MMQ=mmq (the tensor-core kernel, where 9-16 tokens default to the window kernel),
+ * in a child process each, one after the other (the GPU is never shared), and prints those
+ * as extra columns beside the default choice's.
+ * Runs in about a minute on an H100/H200-class GPU. Options narrow it down, e.g. to put one
+ * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
+ * (e.g. Q4_K), --no-variants (no child processes: the default kernels only). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,7 +75,7 @@ typedef struct variant {
 static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0},
                                    {"regs", "TANDEM_MMD", "regs", 0},
                                    {"mma", "TANDEM_MMD", "mma", 0},
-                                   {"mmqb16", "TANDEM_MMQ", "bulk", 1}};
+                                   {"mmq16", "TANDEM_MMQ", "mmq", 1}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 typedef struct result {
@@ -223,9 +226,16 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
         cuda_mem_free(w[c]);
 }
 
-/* The (shape, type) pairs in table order: the LM head only in the type the 27B file uses. */
+static const char *only_shape, *only_type; /* --shape, --type: NULL for all */
+
+/* The (shape, type) pairs in table order: the LM head only in the type the 27B file uses,
+ * and only those --shape and --type name. */
 static bool measured(size_t i, size_t k)
 {
+    if (only_shape && strcmp(only_shape, shapes[i].name) != 0)
+        return false;
+    if (only_type && strcasecmp(only_type, dtype_name(types[k])) != 0)
+        return false;
     return !shapes[i].lm_head || types[k] == TD_Q6_K;
 }
 
@@ -327,14 +337,42 @@ static void print_frac(size_t bytes, double us, double copy_gbps)
         printf(" %7s", "-");
 }
 
-int main(void)
+static int usage(void)
 {
+    fprintf(stderr, "usage: bench_matmul_cuda [--shape NAME] [--type T] [--no-variants]\n"
+                    "shapes:");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+        fprintf(stderr, " %s", shapes[i].name);
+    fprintf(stderr, "\ntypes:");
+    for (size_t k = 0; k < sizeof types / sizeof *types; k++)
+        fprintf(stderr, " %s", dtype_name(types[k]));
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    bool variants_wanted = true;
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--shape") == 0 && a + 1 < argc)
+            only_shape = argv[++a];
+        else if (strcmp(argv[a], "--type") == 0 && a + 1 < argc)
+            only_type = argv[++a];
+        else if (strcmp(argv[a], "--no-variants") == 0)
+            variants_wanted = false;
+        else
+            return usage();
+    }
     int n_res = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++)
             n_res += measured(i, k);
+    if (n_res == 0) {
+        fprintf(stderr, "bench_matmul_cuda: no shape and type match --shape/--type\n");
+        return usage();
+    }
     static double us_v[N_VARIANTS][MAX_RES];
-    for (size_t v = 0; v < N_VARIANTS; v++)
+    for (size_t v = 0; v < N_VARIANTS && variants_wanted; v++)
         if (!measure_variant(v, us_v[v], n_res)) {
             fprintf(stderr, "bench_matmul_cuda: the %s=%s pass failed\n", variants[v].env,
                     variants[v].value);
@@ -358,7 +396,7 @@ int main(void)
            prop.l2CacheSize >> 20);
     printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
     printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
-           "TANDEM_MMD set so;\nmmqb16: 16 tokens with TANDEM_MMQ=bulk (us, and /us(1))\n\n");
+           "TANDEM_MMD set so;\nmmq16: 16 tokens with TANDEM_MMQ=mmq (us, and /us(1))\n\n");
 
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
@@ -367,7 +405,7 @@ int main(void)
     n_res = 0;
     printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %9s %7s\n", "shape",
            "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
-           "us(16)", "16/1", "32/1", "mmqb16", "/1");
+           "us(16)", "16/1", "32/1", "mmq16", "/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
             if (!measured(i, k))

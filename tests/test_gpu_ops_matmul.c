@@ -520,8 +520,9 @@ static void test_matmul_rejects_bad_weights(void **state)
  * at a time and batches of every bulk_batches size, checks the single tokens against the
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
- * (tensor cores) and =regs (dp4a) with TANDEM_MMQ=bulk (batches on the tensor-core kernel
- * staged by bulk copies) byte for byte. */
+ * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
+ * (dp4a) with TANDEM_MMQ=bulk (9-16 tokens on the window kernel wherever it exists) byte for
+ * byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -677,8 +678,8 @@ static int64_t bulk_smem(const bulk_shape *b)
 
 /* On an sm_90 device, single tokens under TANDEM_MMD=bulk (the bulk-copy kernel), =mma (the
  * tensor-core kernel) and =regs (the dp4a kernel), and batches of 2..32 tokens on the
- * tensor-core kernel with cp.async staging and (TANDEM_MMQ=bulk) with bulk copies, give the
- * same bytes for every bulk_shapes matrix; each single token equals its batches' and (bulk)
+ * tensor-core kernel and (9-16 tokens) on the window kernel, give the same bytes for every
+ * bulk_shapes matrix; each single token equals its batches' and (bulk)
  * cpu_matmul within the bounds of check_outputs. Skipped below sm_90, where the bulk kernels
  * do not exist. */
 static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **state)
@@ -697,10 +698,12 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
     }
     for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
-    /* the dp4a child also runs its batches on the bulk-staged tensor-core kernel: three
-     * children cover the four kernels (and the test's time) */
+    /* batches: the default child (9-16 tokens of Q4_K/Q6_K on the window kernel), the mma
+     * child on the tensor-core kernel only (TANDEM_MMQ=mmq), the dp4a child on the window
+     * kernel wherever it exists (TANDEM_MMQ=bulk, Q5_K too): three children cover the five
+     * kernels (and the test's time) */
     static const char *mmd[] = {"bulk", "mma", "regs"};
-    static const char *mmq[] = {NULL, NULL, "bulk"};
+    static const char *mmq[] = {NULL, "mmq", "bulk"};
     enum { NV = 3 };
     char path[NV][64];
     uint8_t *data[NV];

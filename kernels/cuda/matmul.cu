@@ -233,20 +233,33 @@ int mmd_choice(void)
     return c;
 }
 
-/* Whether chunks of several tokens run on the tensor-core kernel with bulk-copy staging
- * (matmul_bulk_mma.cu) where mmqb_supported: TANDEM_MMQ=bulk, read once. The same bits as
- * the tensor-core kernel; not the default until measured. */
-int g_mmq_bulk; /* 0: not read yet, 1: no, 2: yes */
+/* Which kernel chunks of 9-16 tokens take where mmqb_supported (sm_90): the window kernel
+ * (matmul_bulk_mma.cu) for Q4_K and Q6_K, the tensor-core kernel (matmul_quant.cu) for the
+ * rest (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=bulk takes the window kernel wherever
+ * it exists, =mmq never. Read once; the same bits either way. */
+enum { MMQB_AUTO = 1, MMQB_ALWAYS, MMQB_NEVER };
+int g_mmq_bulk; /* 0: not read yet */
 
-bool mmq_bulk_chosen(void)
+static int mmqb_choice(void)
 {
     int c = __atomic_load_n(&g_mmq_bulk, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_MMQ");
-        c = e && strcmp(e, "bulk") == 0 ? 2 : 1;
+        c = e && strcmp(e, "bulk") == 0  ? MMQB_ALWAYS
+            : e && strcmp(e, "mmq") == 0 ? MMQB_NEVER
+                                         : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
-    return c == 2;
+    return c;
+}
+
+/* Whether a chunk of nc tokens on w runs on the window kernel. */
+static bool mmqb_chosen(const ops_weight *w, int nc)
+{
+    if (nc < 2 || !mmqb_supported(w, pad_tokens(nc)))
+        return false;
+    const int c = mmqb_choice();
+    return c == MMQB_ALWAYS || (c == MMQB_AUTO && (w->type == TD_Q4_K || w->type == TD_Q6_K));
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
@@ -255,7 +268,7 @@ struct mm_plan {
     bool decode;   /* the single-token kernel (matmul_decode.cu), else the tensor cores */
     bool bulk;     /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
     bool fused;    /* ... which rounds x itself (mmb_fused): no rounding launch */
-    bool mmq_bulk; /* several tokens: the tensor-core kernel staged by bulk copies */
+    bool mmq_bulk; /* 9-16 tokens: the window kernel (matmul_bulk_mma.cu) */
     int unit;      /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed;   /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };
@@ -267,7 +280,7 @@ mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
     const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    const bool mmq_bulk = nc > 1 && mmq_bulk_chosen() && mmqb_supported(w);
+    const bool mmq_bulk = mmqb_chosen(w, nc);
     return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_bulk, mmq_unit(w->type),
                    decode && mmd_placed(w->type)};
 }

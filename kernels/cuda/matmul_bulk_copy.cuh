@@ -69,16 +69,17 @@ __device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity)
     return done != 0;
 }
 
-/* Waits for the phase of the given parity to complete; traps after 2^24 sleeps of >= 256 ns
- * (seconds): only a wrong byte count or a lost copy gets there. */
-__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
+/* Waits for the phase of the given parity to complete, sleeping >= 256 ns between polls
+ * after SPIN polls (a sleep may last twice that: ring waits of a microsecond or less spin);
+ * traps after 2^24 polls (seconds): only a wrong byte count or a lost copy gets there. */
+template <unsigned SPIN = 16> __device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity)
 {
     if (bar_try(bar, parity))
         return;
     for (uint32_t n = 0; !bar_try(bar, parity); n++) {
         if (n >= (1u << 24))
             __trap();
-        if (n >= 16)
+        if (n >= SPIN)
             __nanosleep(256);
     }
 }
@@ -97,6 +98,14 @@ __device__ __forceinline__ uint64_t evict_first_policy()
 {
     uint64_t p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+/* An L2 policy for data other CTAs read too: keep it. */
+__device__ __forceinline__ uint64_t evict_last_policy()
+{
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 

@@ -1,16 +1,45 @@
-/* y = x . W^T for 2..64 tokens on sm_90: the tensor-core kernel of matmul_quant.cu with its
- * weight staging done by bulk copies (cp.async.bulk, one per row window of a k-block, issued
- * by one lane) completing on one mbarrier per ring stage, instead of 16-byte cp.async copies
- * by every lane waited for in order. TANDEM_MMQ=bulk selects it (not the default yet).
+/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel.
+ * The arithmetic is matmul_quant.cu's (the fragment code of matmul_quant_blocks.cuh, chain
+ * k of a (row, token) = k-blocks k, k + 4, ... in order, y = ((p0 + p1) + p2) + p3), so
+ * every (row, token) is bit-identical to mmq_launch and to the single-token kernels
+ * (tested); what differs is where the operands come from and who waits for them.
  *
- * Everything else is matmul_quant.cu's: the tiles (CTA = KSPLIT warps over 16*MT rows),
- * warp w's k-blocks w, w+4, ... in order, the staged layout (row i's window at slot + i *
- * STRIDE, from the 16-byte boundary at or below its block), the fragment code of
- * matmul_quant_blocks.cuh (kblock_kq, kblock_q6k, kblock_q80) and the reduction over the
- * warps, so every (row, token) is bit-identical to mmq_launch's (tested). Rows past the
- * tile's last are not copied (their results are never stored). A window that would run past
- * the matrix (Q6_K/Q8_0, the matrix's last k-blocks) stops at its last 16-byte boundary and
- * the block's bytes after it are 16-bit loads, stored before the stage's arrival. */
+ * Why: at 16 tokens the tensor-core kernel of matmul_quant.cu reads each token's activations
+ * from L2 once per 16-row tile (3.6 bytes of activations per weight byte) with __ldg right
+ * before the MMA that needs them. Nsight Compute on the H200 (5120 -> 17408 Q4_K, 16
+ * tokens) showed 23% of the issue slots used, 2 warps per scheduler, 6.4 cycles between
+ * issues, 46% of them waiting on L1TEX.
+ *
+ * How: one CTA per SM owns an even share of the 16-row tiles and takes TT of them at a time
+ * (a round); warp tau * 4 + c works on tile tau of the round, chain c. The k-blocks go by in
+ * steps of four (a window: k-blocks 4s..4s+3, one per chain). Two rings in shared memory:
+ * weight stages hold every tile's rows for one step (each row's four k-blocks are one
+ * contiguous run, one bulk copy), activation stages the window's hi/lo digits of every
+ * token (one run per token), its 256-input sums and scales (one run each), copied once and
+ * read by all TT tiles. Every warp issues a share of each stage's copies (cp.async.bulk)
+ * and arrives on the stage's full barrier announcing their bytes; it waits for the stage,
+ * runs kblock_any on its k-block from shared memory, arrives on the stage's empty barrier
+ * and then refills the stages of the item before (whose empty barriers have then most
+ * likely completed) with the items WS and XS after it. At the end of a round the four
+ * chains of each tile meet in shared memory (red_put / red_sum).
+ *
+ * Weights copied per step: TT x 16 runs of 576 (Q4_K), 704 (Q5_K) or 840 (Q6_K) bytes; Q6_K
+ * runs start at any even offset, so their copies are the 16-byte window around the run (the
+ * kernel reads it `(run & 15)` bytes in, as kblock_q6k does for staged rows), and only the
+ * matrix's last run can have a window past the matrix: there the copy stops at the last
+ * 16-byte boundary and the bytes after it are 16-bit loads, stored before the arrival. Rows
+ * and tiles past the matrix are not copied (their results are never stored); tokens past
+ * n_tok are not copied either (their fragments are zeros, as in mmq).
+ *
+ * Measured on the H200 (bench_matmul_cuda, 16 tokens, microseconds, this kernel / mmq):
+ * Q4_K 36.1 / 42.7 (5120 -> 17408), 38.8 / 45.3 (17408 -> 5120), 23.9 / 27.2 (5120 ->
+ * 10240), 15.7 / 18.3 (6144 -> 5120); Q6_K 58.4 / 70.6, 68.2 / 77.3, 36.0 / 46.2, LM head
+ * 688 / 884; Q5_K 51.8 / 48.0, 61.7 / 51.5, 23.7 / 20.4 (6144 -> 5120), so Q5_K stays on
+ * mmq by default (matmul.cu). A first version with one producer warp issuing every copy
+ * (elect loops of ~10 instructions per copy, 66 copies per step) took ~4 us per step: 60 us
+ * on the first shape. Two activation stages instead of three: Q4_K 43.1 us there. 32 tokens
+ * (one tile per round, the activations of 32 tokens filling the shared memory) measured
+ * 6.6x a token's time against mmq's 4.6x, so n_pad 32 stays on mmq. */
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -26,69 +55,72 @@
 
 namespace {
 
-/* Ring depth per warp, as matmul_quant.cu's (the same shared memory, so the same CTAs per
- * SM), plus one mbarrier per stage. */
-template <int MT> __host__ __device__ constexpr int stages()
+constexpr int WIN = KSPLIT; /* k-blocks per step: one per chain */
+constexpr int XS = 3;       /* stages of the activation ring */
+constexpr int SMEM_MAX = 227 * 1024;
+
+/* Bytes between staged rows (a run of WIN k-blocks, Q6_K with its window slack): rows
+ * 32 or 96 mod 128 bytes apart put the 4 rows a half-warp's 8-byte loads touch in distinct
+ * banks (Q4_K/Q5_K); Q6_K's 4-byte loads over 8 rows want 16-byte steps (880 = 112 mod 128). */
+template <int T> __host__ __device__ constexpr int run_pitch()
 {
-    return MT == 1 ? 4 : 3;
+    return T == TD_Q4_K ? 608 : T == TD_Q5_K ? 736 : 880;
 }
 
-template <int T, int MT> __host__ __device__ constexpr int ring_bytes()
+/* Bytes between tokens' digit runs (WIN * 256 inputs * 2 bytes, padded): 64 mod 128 for the
+ * 16-byte loads of Q4_K/Q5_K (two tokens per quarter-warp), 32 mod 128 for Q6_K's 8-byte ones
+ * (four tokens per half-warp). */
+template <int T> __host__ __device__ constexpr int tok_pitch()
 {
-    return KSPLIT * stages<MT>() * MROWS * MT * qt<T>::STRIDE;
+    return WIN * MM_XBLOCK * 2 + (T == TD_Q6_K ? 32 : 64);
 }
 
-template <int T, int MT, int NT> __host__ __device__ constexpr int red_bytes()
-{
-    return KSPLIT * MROWS * MT * NTOK * NT * (int)sizeof(float);
-}
-
-template <int T, int MT, int NT> __host__ __device__ constexpr int smem_bytes()
-{
-    return ring_bytes<T, MT>() + red_bytes<T, MT, NT>() + 8 * KSPLIT * stages<MT>();
-}
+/* Shared memory: WS weight stages of [TT tiles x 16 rows][run_pitch], XS activation stages
+ * of [tokens][tok_pitch] digits, [WIN][tokens][MM_XSUM_BYTES] sums and [WIN][tokens]
+ * scales, the reduction area [TT][KSPLIT][16][tokens], then the barriers: full and empty
+ * per weight stage, full and empty per activation stage. WS: as many weight stages as fit,
+ * at most 4. */
+template <int T, int NT, int TT> struct layout {
+    enum : int {
+        TOKS = NTOK * NT,
+        W_STAGE = TT * MROWS * run_pitch<T>(),
+        S_OFF = TOKS * tok_pitch<T>(), /* within an activation stage */
+        D_OFF = S_OFF + WIN * TOKS * MM_XSUM_BYTES,
+        X_STAGE = D_OFF + WIN * TOKS * (int)sizeof(float),
+        RED = TT * KSPLIT * MROWS * TOKS * (int)sizeof(float),
+        WS_FIT = (SMEM_MAX - XS * X_STAGE - RED - 2 * (4 + XS) * 8) / W_STAGE,
+        WS = WS_FIT < 4 ? WS_FIT : 4,
+        X_OFF = WS * W_STAGE,
+        RED_OFF = X_OFF + XS * X_STAGE,
+        BAR_OFF = RED_OFF + RED,
+        SMEM = BAR_OFF + 2 * (WS + XS) * 8,
+    };
+};
 
 #if MMB_SM90
-
-/* One item (k-block kb of a tile's rows 0..n_rows-1, row i's block at kbase + i *
- * row_bytes) into slot, by one thread: row i's window of SEG bytes from the 16-byte boundary
- * at or below its block (mmq_piece_rel), one bulk copy each. Windows past wend (the matrix's
- * end; only its last k-blocks, `tail`) stop at its last 16-byte boundary and the block's
- * bytes after it are copied with 16-bit loads. Each copy's bytes are announced before it,
- * the stage's one arrival comes last (and releases the 16-bit stores). */
-template <int T, int ROWS>
-__device__ __forceinline__ void item_issue(uint8_t *slot, uint64_t *bar, const uint8_t *kbase,
-                                           const uint8_t *wend, uint32_t row_bytes,
-                                           int n_rows, int kb_bytes, bool tail,
-                                           uint64_t policy)
+/* A warp's one arrival on a stage's full barrier, after its lanes have issued their copies
+ * (bytes: this lane's) and made their stores, announcing all their bytes at once. Copies
+ * that land before it drive the barrier's byte count below zero, which is allowed; the
+ * phase cannot complete before every warp's arrival. */
+__device__ __forceinline__ void arrive_all(uint64_t *bar, uint32_t bytes, int lane)
 {
-    using Q = qt<T>;
-    const uint32_t kb_lo = (uint32_t)(uintptr_t)kbase;
-    for (int i = 0; i < n_rows; i++) {
-        const uint8_t *src = kbase + mmq_piece_rel(kb_lo, row_bytes, i, 0, Q::ALIGNED);
-        uint8_t *dst = slot + i * Q::STRIDE;
-        uint32_t bytes = Q::SEG;
-        if (!Q::ALIGNED && tail && src + Q::SEG > wend) {
-            const uint8_t *lim = wend - ((uintptr_t)wend & 15); /* the matrix is 16-aligned */
-            const uint8_t *end = kbase + (size_t)i * row_bytes + kb_bytes; /* <= wend */
-            bytes = (uint32_t)(lim - src);
-            for (const uint8_t *p = lim; p < end; p += 2) /* even offsets and sizes */
-                *(uint16_t *)(dst + (p - src)) = *(const uint16_t *)p;
-        }
-        if (bytes) {
-            bar_expect_tx(bar, bytes);
-            bulk_copy(dst, src, bytes, bar, policy);
-        }
-    }
-    bar_arrive(bar);
+    const uint32_t total = __reduce_add_sync(0xffffffffu, bytes);
+    __syncwarp(); /* orders the lanes' stores before lane 0's release */
+    if (lane == 0)
+        bar_arrive_tx(bar, total);
+}
+#endif
+
+template <int T, int NT, int TT> constexpr int threads_of()
+{
+    return KSPLIT * TT * 32;
 }
 
-#endif /* MMB_SM90 */
-
-/* grid: as mmq_kernel (resident CTAs looping over the 16*MT-row tiles for 1 n-tile, one CTA
- * per tile otherwise); block: KSPLIT warps; dynamic shared memory smem_bytes(). */
-template <int T, int MT, int NT>
-__global__ void __launch_bounds__(KSPLIT * 32)
+/* grid: CTA b owns tiles [n_tiles * b / grid, n_tiles * (b + 1) / grid), TT per round;
+ * block: threads_of() (warp tau * 4 + c: tile tau of the round, chain c); dynamic shared
+ * memory layout::SMEM. cols is a multiple of 256 (K-quants). */
+template <int T, int NT, int TT>
+__global__ void __launch_bounds__(threads_of<T, NT, TT>(), 1)
     mmqb_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
                 mm_xquant xq)
 {
@@ -97,155 +129,234 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     mm_launch_dependents();
 #if MMB_SM90
     using Q = qt<T>;
-    constexpr int ROWS = MROWS * MT;
-    constexpr int S = stages<MT>();
-    constexpr int STAGE_BYTES = ROWS * Q::STRIDE;
+    using L = layout<T, NT, TT>;
+    constexpr int CONS = KSPLIT * TT; /* warps */
+    constexpr int PITCH = run_pitch<T>();
+    constexpr int WS = L::WS;
+    static_assert(WS >= 2, "two weight stages at least");
+    constexpr unsigned SPIN = 1024; /* polls of a ring barrier before sleeping between them */
     extern __shared__ __align__(16) uint8_t smem[];
-
+    uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
+    uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const lane_pos l = {lane >> 2, lane & 3};
-    const int64_t n_tiles = (rows + ROWS - 1) / ROWS;
-    const int nkb = (int)((cols + Q::KB_W - 1) / Q::KB_W);
-    const int nk = mmq_warp_kblocks(nkb, warp); /* my k-blocks per tile */
-    uint8_t *ring = smem + warp * S * STAGE_BYTES;
-    uint64_t *bars = (uint64_t *)(smem + ring_bytes<T, MT>() + red_bytes<T, MT, NT>());
-    uint64_t *wbar = bars + warp * S;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < KSPLIT * S; i++)
-            bar_init(&bars[i], 1);
+        for (int i = 0; i < WS; i++) {
+            bar_init(&wfull[i], CONS);
+            bar_init(&wempty[i], CONS);
+        }
+        for (int i = 0; i < XS; i++) {
+            bar_init(&xfull[i], CONS);
+            bar_init(&xempty[i], CONS);
+        }
         bar_init_fence();
     }
     __syncthreads();
+
+    const int64_t n_tiles = (rows + MROWS - 1) / MROWS;
+    const int nkb = (int)(cols / Q::KB_W);
+    const int nsteps = (nkb + WIN - 1) / WIN;
+    const int64_t t_begin = n_tiles * blockIdx.x / gridDim.x;
+    const int64_t t_end = n_tiles * (blockIdx.x + 1) / gridDim.x;
+    const int rounds = (int)((t_end - t_begin + TT - 1) / TT);
+    const int items = rounds * nsteps; /* (round, step) pairs, in order */
+    const int tau = warp / KSPLIT, c = warp % KSPLIT;
+
+    /* Copies: every warp issues a share of each item (lanes 0..3: rows 4c..4c+3 of tile
+     * tau; lane k: copy warp + CONS * k of the activations' n_tok + 2) and arrives once on the
+     * stage's full barrier announcing its bytes, so a stage is full when all CONS shares have
+     * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
+     * copy, 66 copies per stage) held each stage ~4 us on the H200. */
+    const uint64_t once = evict_first_policy(), shared = evict_last_policy();
+    const uint8_t *wend = w + (size_t)rows * row_bytes; /* one past the matrix */
+    auto weights = [&](int it) { /* into weight stage it % WS */
+        const int stage = it % WS, round = it / nsteps, s = it % nsteps;
+        const int nw = nkb - WIN * s < WIN ? nkb - WIN * s : WIN;
+        const int64_t tile = t_begin + (int64_t)round * TT + tau;
+        const int i = c * (MROWS / KSPLIT) + lane; /* row of the tile */
+        const int64_t r = tile * MROWS + i;
+        uint32_t bytes = 0;
+        if (lane < MROWS / KSPLIT && tile < t_end && r < rows) {
+            const uint8_t *run = w + (size_t)r * row_bytes + (size_t)s * WIN * Q::KB_BYTES;
+            const uint8_t *end = run + nw * Q::KB_BYTES;
+            const uint8_t *src = run - ((uintptr_t)run & 15); /* the matrix is 16-aligned */
+            const uint8_t *src_end = end + ((16 - ((uintptr_t)end & 15)) & 15);
+            uint8_t *dst = smem + stage * L::W_STAGE + (tau * MROWS + i) * PITCH;
+            if (src_end > wend) { /* Q6_K, the matrix's last run */
+                const uint8_t *lim = wend - ((uintptr_t)wend & 15);
+                for (const uint8_t *p = lim; p < end; p += 2) /* even offsets and sizes */
+                    *(uint16_t *)(dst + (p - src)) = *(const uint16_t *)p;
+                src_end = lim;
+            }
+            bytes = (uint32_t)(src_end - src);
+            if (bytes)
+                bulk_copy(dst, src, bytes, &wfull[stage], once);
+        }
+        arrive_all(&wfull[stage], bytes, lane);
+    };
+    auto acts = [&](int it) { /* into activation stage it % XS */
+        const int stage = it % XS, s = it % nsteps;
+        const int nw = nkb - WIN * s < WIN ? nkb - WIN * s : WIN;
+        uint8_t *st = smem + L::X_OFF + stage * L::X_STAGE;
+        const int j = warp + CONS * lane;
+        uint32_t bytes = 0;
+        if (j < xq.n_tok + 2) {
+            const uint8_t *src;
+            uint8_t *dst;
+            if (j < xq.n_tok) { /* token j's digits of the window */
+                src = (const uint8_t *)xq.xq + (size_t)j * 2 * cols +
+                      (size_t)s * WIN * MM_XBLOCK * 2;
+                dst = st + j * tok_pitch<T>();
+                bytes = (uint32_t)nw * MM_XBLOCK * 2;
+            } else if (j == xq.n_tok) { /* the sums of the window's x blocks */
+                src = (const uint8_t *)xq.xsum + (size_t)s * WIN * L::TOKS * MM_XSUM_BYTES;
+                dst = st + L::S_OFF;
+                bytes = (uint32_t)nw * L::TOKS * MM_XSUM_BYTES;
+            } else { /* their scales */
+                src = (const uint8_t *)(xq.xd + (size_t)s * WIN * L::TOKS);
+                dst = st + L::D_OFF;
+                bytes = (uint32_t)nw * L::TOKS * (uint32_t)sizeof(float);
+            }
+            bulk_copy(dst, src, bytes, &xfull[stage], shared);
+        }
+        arrive_all(&xfull[stage], bytes, lane);
+    };
+    for (int it = 0; it < items && it < WS; it++)
+        weights(it);
+    mm_wait_dependencies(); /* xq comes from the kernel before this one */
+    for (int it = 0; it < items && it < XS; it++)
+        acts(it);
+
+    const lane_pos l = {lane >> 2, lane & 3};
     unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
         valid |= (unsigned)(nt * NTOK + l.g < xq.n_tok) << nt;
-
-    const int n_blk32 = (int)(cols / 32); /* Q8_0 blocks per row */
-    auto kb_bytes = [&](int kb) { return mmq_kb_bytes(T == TD_Q8_0, Q::KB_BYTES, n_blk32, kb); };
-    const uint8_t *wend = w + (size_t)rows * row_bytes; /* one past the matrix */
-    const uint64_t policy = evict_first_policy();
-    /* producer: the next item is step ps of tile pt, k-block kb = warp + KSPLIT * ps at pk;
-     * per tile its rows and whether its windows may pass the matrix's end (mmq's p_tail) */
-    int64_t pt = blockIdx.x;
-    int ps = 0, p_rows = 0;
-    bool p_tail = false;
-    const uint8_t *pk = w;
-    auto p_tile = [&]() {
-        if (pt < n_tiles) {
-            const int64_t r0 = pt * ROWS;
-            p_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-            p_tail = mmq_stage_exact(Q::ALIGNED, r0, ROWS, rows, nkb - 1, nkb);
-            pk = w + (size_t)r0 * row_bytes + (size_t)warp * Q::KB_BYTES;
-        }
-    };
-    p_tile();
-    auto issue_next = [&](int slot_i) { /* into ring slot slot_i */
-        if (pt < n_tiles && ps < nk) {
-            const int kb = warp + KSPLIT * ps;
-            if (elect_one())
-                item_issue<T, ROWS>(ring + slot_i * STAGE_BYTES, &wbar[slot_i], pk, wend,
-                                    row_bytes, p_rows, kb_bytes(kb), p_tail && kb == nkb - 1,
-                                    policy);
-        }
-        pk += KSPLIT * Q::KB_BYTES;
-        if (++ps >= nk) {
-            ps = 0;
-            pt += gridDim.x;
-            p_tile();
-        }
-    };
-
+    float *red = (float *)(smem + L::RED_OFF);
+    int it = 0;
+    for (int round = 0; round < rounds; round++) {
+        const int64_t tile = t_begin + (int64_t)round * TT + tau;
+        const bool have = tile < t_end;
+        const uint8_t *wrow = w + (size_t)(have ? tile : 0) * MROWS * row_bytes;
+        float acc[1][NT][4];
 #pragma unroll
-    for (int s = 0; s < S - 1; s++)
-        issue_next(s);
-    /* the weights are on their way; xq comes from the kernel before this one */
-    mm_wait_dependencies();
-    float *red = (float *)(smem + ring_bytes<T, MT>()); /* [KSPLIT][ROWS][NTOK * NT] */
-    int ci = 0; /* items consumed so far: the next one is in slot ci % S */
-    for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const int64_t r0 = tile * ROWS;
-        const int n_rows = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-        const uint8_t *wrow = w + (size_t)r0 * row_bytes;
-        float acc[MT][NT][4];
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc[mt][nt][i] = 0.0f;
-        for (int i = 0; i < nk; i++, ci++) {
-            issue_next((ci + S - 1) % S); /* the slot consumed last, released below */
-            bar_wait(&wbar[ci % S], (uint32_t)(ci / S) & 1);
-            const uint8_t *slot = ring + (ci % S) * STAGE_BYTES;
-            const int kb = warp + KSPLIT * i;
-            const uint8_t *kbase = wrow + (size_t)kb * Q::KB_BYTES;
-            const xview x = xview_at(xq, cols, (int64_t)kb * Q::KB_W, valid, l);
-            kblock_any<T, MT, NT>(acc, slot, kbase, row_bytes,
-                                  T == TD_Q8_0 ? kb_bytes(kb) / 34 : 0, x, l);
-            __syncwarp(); /* every lane is done with the slot before it is refilled */
+            for (int i = 0; i < 4; i++)
+                acc[0][nt][i] = 0.0f;
+        for (int s = 0; s < nsteps; s++, it++) {
+            bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
+            bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
+            if (have && WIN * s + c < nkb) {
+                /* row i's run at (tau * 16 + i) * PITCH of the weight stage, (run & 15)
+                 * bytes in for Q6_K: kbase (row 0's run) gives kblock_any that offset */
+                const uint8_t *slot =
+                    smem + (it % WS) * L::W_STAGE + tau * MROWS * PITCH + c * Q::KB_BYTES;
+                const uint8_t *kbase = wrow + (size_t)s * WIN * Q::KB_BYTES;
+                const uint8_t *st = smem + L::X_OFF + (it % XS) * L::X_STAGE;
+                const xview_s x = {
+                    (const int8_t *)(st + l.g * tok_pitch<T>() + c * MM_XBLOCK * 2),
+                    (const int8_t *)(st + L::S_OFF + (c * L::TOKS + l.g) * MM_XSUM_BYTES),
+                    (const float *)(st + L::D_OFF) + c * L::TOKS + 2 * l.t,
+                    (size_t)NTOK * tok_pitch<T>(), valid};
+                kblock_any<T, 1, NT, PITCH>(acc, slot, kbase, row_bytes, 0, x, l);
+            }
+            __syncwarp(); /* every lane is done with both stages */
+            if (lane == 0) {
+                bar_arrive(&wempty[it % WS]);
+                bar_arrive(&xempty[it % XS]);
+            }
+            /* refill the stages of the item before this one (every warp is most likely
+             * done with it by now) with the items WS and XS after it */
+            const int done = it - 1;
+            if (done >= 0 && done + WS < items) {
+                bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
+                weights(done + WS);
+            }
+            if (done >= 0 && done + XS < items) {
+                bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
+                acts(done + XS);
+            }
         }
-
-        /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
-        tile_reduce<MT, NT>(y, red, acc, warp, l, n_rows, xq.n_tok, rows, r0);
+        /* y = ((p0 + p1) + p2) + p3 per tile */
+        red_put<1, NT>(red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l);
+        __syncthreads();
+        const int n_tok = xq.n_tok;
+        for (int idx = threadIdx.x; idx < TT * MROWS * n_tok; idx += CONS * 32) {
+            const int tt = idx / (MROWS * n_tok), rem = idx % (MROWS * n_tok);
+            const int rl = rem % MROWS, tk = rem / MROWS;
+            const int64_t t2 = t_begin + (int64_t)round * TT + tt, r = t2 * MROWS + rl;
+            if (t2 < t_end && r < rows)
+                y[(size_t)tk * rows + r] =
+                    red_sum<1, NT>(red + tt * KSPLIT * MROWS * L::TOKS, rl, tk);
+        }
+        __syncthreads(); /* red is free again */
     }
 #else
     (void)y, (void)w, (void)row_bytes, (void)rows, (void)cols, (void)xq;
 #endif
 }
 
-
-
-template <int T, int MT, int NT>
+template <int T, int NT, int TT>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-              cudaStream_t st)
+              int64_t grid, cudaStream_t st)
 {
-    constexpr int smem = smem_bytes<T, MT, NT>();
-    static int occ_of[64]; /* resident CTAs per SM, per device ordinal (0: not set up yet) */
+    constexpr int smem = layout<T, NT, TT>::SMEM;
+    static_assert(smem <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
+    static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
-    int occ = __atomic_load_n(&occ_of[ordinal & 63], __ATOMIC_RELAXED);
-    if (occ == 0) {
-        if (smem > 48 * 1024)
-            CUDA_TRY(cudaFuncSetAttribute(mmqb_kernel<T, MT, NT>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        CUDA_TRY(cudaFuncSetAttribute(mmqb_kernel<T, MT, NT>,
-                                      cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared));
-        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mmqb_kernel<T, MT, NT>,
-                                                               KSPLIT * 32, smem));
-        occ = occ < 1 ? 1 : occ;
-        __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
+        CUDA_TRY(cudaFuncSetAttribute(mmqb_kernel<T, NT, TT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    const int64_t n_tiles = (w->rows + (int64_t)MROWS * MT - 1) / ((int64_t)MROWS * MT);
-    const int64_t grid = NT == 1 ? mmq_tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
-    return mmq_launch_grid(mmqb_kernel<T, MT, NT>, grid, smem, y, xq, w, dev, st,
-                           "bulk tensor-core kernel");
+    return mmq_launch_grid(mmqb_kernel<T, NT, TT>, grid, threads_of<T, NT, TT>(), smem, y, xq,
+                           w, dev, st, "window kernel");
 }
 
-/* The tile as matmul_quant.cu's launch_type picks it (results never depend on it). */
+/* Tiles per round: one CTA per SM (or per tile, if fewer), each with an even share of q or
+ * q - 1 tiles, done in the fewest rounds of at most TTMAX (the most that leaves room for 3
+ * weight stages), as evenly as they go: 1088 tiles on 132 SMs: 3 rounds of 3; 320: one
+ * round of 3. */
+template <int T, int NT>
+td_err launch_nt(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                 cudaStream_t st)
+{
+    constexpr int TTMAX = layout<T, NT, 4>::WS >= 3   ? 4
+                          : layout<T, NT, 3>::WS >= 3 ? 3
+                          : layout<T, NT, 2>::WS >= 3 ? 2
+                                                      : 1;
+    const int64_t n_tiles = (w->rows + MROWS - 1) / MROWS;
+    const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
+    const int64_t q = (n_tiles + grid - 1) / grid;
+    const int64_t rounds = (q + TTMAX - 1) / TTMAX;
+    const int tt = (int)((q + rounds - 1) / rounds);
+    if (tt <= 1)
+        return launch<T, NT, 1>(y, xq, w, dev, grid, st);
+    if constexpr (TTMAX >= 2) {
+        if (tt == 2 || TTMAX == 2)
+            return launch<T, NT, 2>(y, xq, w, dev, grid, st);
+    }
+    if constexpr (TTMAX >= 3) {
+        if (tt == 3 || TTMAX == 3)
+            return launch<T, NT, 3>(y, xq, w, dev, grid, st);
+    }
+    if constexpr (TTMAX >= 4)
+        return launch<T, NT, 4>(y, xq, w, dev, grid, st);
+    return err_set(TD_EINVAL, "cuda_matmul: no window kernel for %d tiles per round", tt);
+}
+
 template <int T>
 td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    const bool two = w->rows >= (int64_t)2 * MROWS * 4 * dev->n_sm;
-    switch (xq->n_pad) {
-    case 8:
-        return launch<T, 1, 1>(y, xq, w, dev, st);
-    case 16:
-        return two ? launch<T, 2, 2>(y, xq, w, dev, st) : launch<T, 1, 2>(y, xq, w, dev, st);
-    case 32:
-        return launch<T, 1, 4>(y, xq, w, dev, st);
-    default:
-        TD_ASSERT(xq->n_pad == 64);
-        return launch<T, 1, 8>(y, xq, w, dev, st);
-    }
+    TD_ASSERT(xq->n_pad == 16);
+    return launch_nt<T, 2>(y, xq, w, dev, st);
 }
 
 } /* namespace */
 
-bool mmqb_supported(const ops_weight *w)
+bool mmqb_supported(const ops_weight *w, int n_pad)
 {
     int ordinal = 0, major = 0;
     if (cudaGetDevice(&ordinal) != cudaSuccess ||
@@ -254,19 +365,17 @@ bool mmqb_supported(const ops_weight *w)
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9 && ((uintptr_t)w->data & 15) == 0 &&
-           (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K ||
-            w->type == TD_Q8_0);
+    return major >= 9 && ((uintptr_t)w->data & 15) == 0 && n_pad == 16 &&
+           w->cols % MM_XBLOCK == 0 &&
+           (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
 }
 
 td_err mmqb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad && xq->n_pad <= MM_CHUNK);
-    TD_ASSERT(mmqb_supported(w));
+    TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad);
+    TD_ASSERT(mmqb_supported(w, xq->n_pad));
     switch (w->type) {
-    case TD_Q8_0:
-        return launch_type<TD_Q8_0>(y, xq, w, dev, st);
     case TD_Q5_K:
         return launch_type<TD_Q5_K>(y, xq, w, dev, st);
     case TD_Q6_K:

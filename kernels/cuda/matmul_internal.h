@@ -78,14 +78,14 @@ td_err mmq_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_d
                   cudaStream_t st);
 
 /* A tensor-core quantised kernel's signature (mmq_kernel in matmul_quant.cu, mmqb_kernel in
- * matmul_bulk_mma.cu), and their one launch: grid CTAs of MMQ_KSPLIT warps with smem bytes
+ * matmul_bulk_mma.cu), and their one launch: grid CTAs of `threads` threads with smem bytes
  * of dynamic shared memory, as a programmatic dependent with dev->pdl (plain launches from
  * the first refusal on); what names the kernel in errors. */
 typedef void (*mmq_kernel_fn)(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows,
                               int64_t cols, mm_xquant xq);
-td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int smem, float *y, const mm_xquant *xq,
-                       const ops_weight *w, const mm_device *dev, cudaStream_t st,
-                       const char *what);
+td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int threads, int smem, float *y,
+                       const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                       cudaStream_t st, const char *what);
 
 /* Whether one token (n_tok == 1) on type takes the single-token kernel (matmul_decode.cu)
  * instead of mmq_launch; its activations are then laid out by mm_decode_unit_pos. */
@@ -125,12 +125,13 @@ bool mmb_fused(const ops_weight *w);
 td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
                   const mm_device *dev, cudaStream_t st);
 
-/* Whether several tokens on w can run on the bulk-copy tensor-core kernel
- * (matmul_bulk_mma.cu): an sm_90+ device, a quantised type, 16-byte aligned data. */
-bool mmqb_supported(const ops_weight *w);
+/* Whether a chunk of n_pad tokens on w can run on the window kernel (matmul_bulk_mma.cu):
+ * an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte aligned data, n_pad 16 or 32. */
+bool mmqb_supported(const ops_weight *w, int n_pad);
 
-/* mmq_launch with the weights staged by bulk copies (matmul_bulk_mma.cu): the same tiles,
- * fragments and reduction, so the same bits. */
+/* mmq_launch on the window kernel (matmul_bulk_mma.cu): weights and activations of four
+ * k-blocks at a time staged by bulk copies, the activations shared by the CTA's tiles; the
+ * same fragments, chains and reduction, so the same bits. */
 td_err mmqb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st);
 

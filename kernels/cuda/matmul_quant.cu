@@ -282,7 +282,8 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
             CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         /* as much shared memory as the SM has: more CTAs, more weight bytes in flight (L1
-         * only serves the activations, a few KiB per token) */
+         * only serves the activations, a few KiB per token; a larger L1 measured the same
+         * at 16 tokens on the H200) */
         CUDA_TRY(cudaFuncSetAttribute(mmq_kernel<T, MT, NT>,
                                       cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared));
@@ -298,18 +299,20 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
      * the schedule measured before (the looping grid fell to 1 CTA per SM where the
      * registers allow 2: 16 tokens 63 us instead of 47 on 5120 -> 17408 Q4_K). */
     const int64_t grid = NT == 1 ? mmq_tiles_grid(n_tiles, dev->n_sm, occ) : n_tiles;
-    return mmq_launch_grid(mmq_kernel<T, MT, NT>, grid, smem, y, xq, w, dev, st, "kernel");
+    return mmq_launch_grid(mmq_kernel<T, MT, NT>, grid, KSPLIT * 32, smem, y, xq, w, dev, st,
+                           "kernel");
 }
 
-/* Picks the tile: one MMA row tile per weight fragment while the activations are one n-tile
- * (8 tokens); with 9..16 tokens two row tiles share each activation fragment (half the
- * activation traffic from L2), but only where the matrix still gives every SM several CTAs.
- * More tokens keep one row tile: two would not fit the registers (ptxas spills). */
+/* Picks the tile: one 16-row MMA tile per warp, except Q8_0 at 9-16 tokens on matrices that
+ * give every SM several CTAs of two tiles: a warp's two row tiles share each activation
+ * fragment. (On the H200, 5120 -> 17408 at 16 tokens: Q4_K 47.9 us with two tiles, 42.7 with
+ * one (177 registers against 103: 2 CTAs per SM against 4), Q6_K 84.6 and 70.6, Q8_0 76.0
+ * and 95.1.) */
 template <int T>
 td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                    cudaStream_t st)
 {
-    const bool two = w->rows >= (int64_t)2 * MROWS * 4 * dev->n_sm;
+    const bool two = T == TD_Q8_0 && w->rows >= (int64_t)2 * MROWS * 4 * dev->n_sm;
     switch (xq->n_pad) {
     case 8: /* 2..8 tokens (one token goes to matmul_decode.cu, but would work here too) */
         return launch<T, 1, 1>(y, xq, w, dev, st);
@@ -328,16 +331,16 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 /* Set when a launch with programmatic dependent launch was refused. */
 static int g_pdl_refused;
 
-td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int smem, float *y, const mm_xquant *xq,
-                       const ops_weight *w, const mm_device *dev, cudaStream_t st,
-                       const char *what)
+td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int threads, int smem, float *y,
+                       const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+                       cudaStream_t st, const char *what)
 {
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(KSPLIT * 32);
+    cfg.blockDim = dim3((unsigned)threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr[1];

@@ -172,6 +172,42 @@ __device__ __forceinline__ float2 load_dx(const xview &v, int nt)
     return __ldg((const float2 *)(v.d + nt * NTOK));
 }
 
+/* The same view of activations staged in shared memory (matmul_bulk_mma.cu copies a window
+ * of k-blocks there): plain loads instead of __ldg, the same layout within a token's row,
+ * token rows q_tile / 8 bytes apart. */
+struct xview_s {
+    const int8_t *q, *s;
+    const float *d;
+    size_t q_tile;
+    unsigned valid;
+};
+
+__device__ __forceinline__ uint4 load_b16(const xview_s &v, int nt, int in)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint4(0, 0, 0, 0);
+    return *(const uint4 *)(v.q + nt * v.q_tile + 2 * in);
+}
+
+__device__ __forceinline__ uint2 load_b8(const xview_s &v, int nt, int in)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint2(0, 0);
+    return *(const uint2 *)(v.q + nt * v.q_tile + 2 * in);
+}
+
+__device__ __forceinline__ uint4 load_sums(const xview_s &v, int nt, int off)
+{
+    if (!((v.valid >> nt) & 1))
+        return make_uint4(0, 0, 0, 0);
+    return *(const uint4 *)(v.s + nt * NTOK * MM_XSUM_BYTES + off);
+}
+
+__device__ __forceinline__ float2 load_dx(const xview_s &v, int nt)
+{
+    return *(const float2 *)(v.d + nt * NTOK);
+}
+
 /* The three digit MMAs of a sum term: A (rows g, g+8) against s0, s1, s2, recombined
  * exactly as D0 + 256 D1 + 65536 D2 (every operand fits, see MM_XSUM_BYTES). */
 __device__ __forceinline__ void mma_digits(int (&out)[4], uint32_t a0, uint32_t a1, uint4 s)
@@ -201,11 +237,10 @@ template <int NT> __host__ __device__ constexpr int pass_tiles()
  * 8t..8t+7 of that sub-block. The mins enter through three k16 MMAs per k-block
  * (mma_digits): A = the 8 six-bit mins of a row in k slots 0..7 (lanes t = 0, 1), B = the
  * digits of the token's 32-input sums (mm_xquant). */
-template <bool Q5, int MT, int NT>
+template <bool Q5, int MT, int NT, int STRIDE, class XV>
 __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t *slot,
-                                          const xview &x, lane_pos l)
+                                          const XV &x, lane_pos l)
 {
-    constexpr int STRIDE = Q5 ? qt<TD_Q5_K>::STRIDE : qt<TD_Q4_K>::STRIDE;
     constexpr int QS = Q5 ? 48 : 16; /* offset of qs[128] in the block */
     /* header of rows g (h = 0) and g+8 (h = 1): d, dmin, 8 six-bit scales and mins */
     float d[MT][2], dmin[MT][2];
@@ -326,12 +361,11 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
  * -32 * sum_k sc_k * sum16_k, three k16 MMAs (mma_digits) with A = the 16 int8 scales of a
  * row (lane t: scales 4t..4t+3, the word at 192 + 4t) and B = the digits of the token's
  * 16-input sums. */
-template <int MT, int NT>
+template <int MT, int NT, int STRIDE, class XV>
 __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes,
-                                           const xview &x, lane_pos l)
+                                           const XV &x, lane_pos l)
 {
-    constexpr int STRIDE = qt<TD_Q6_K>::STRIDE;
     srow ql[MT][2]; /* this lane's column (bytes 4t..) of ql/qh */
     float d[MT][2];
     uint32_t scw[MT][2][4]; /* the 16 int8 scales */
@@ -436,12 +470,11 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
 /* Q8_0: a k-block is up to 4 blocks of 34 bytes (f16 d, int8 q[32]) at any even offset (the
  * last k-block of a row may hold fewer). Lane (g, t) takes q[8t..8t+7] of rows g and g+8.
  * Two k-blocks share one x block (256 inputs). */
-template <int MT, int NT>
+template <int MT, int NT, int STRIDE, class XV>
 __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes, int n_blk,
-                                           const xview &x, lane_pos l)
+                                           const XV &x, lane_pos l)
 {
-    constexpr int STRIDE = qt<TD_Q8_0>::STRIDE;
     const uint8_t *row[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -496,47 +529,67 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
 }
 
 /* One staged k-block of a tile through the type's MMAs (n_blk: the k-block's Q8_0 blocks).
- * The one dispatch of the tensor-core kernels, whichever way their weights were staged. */
-template <int T, int MT, int NT>
+ * The one dispatch of the tensor-core kernels, whichever way their weights and activations
+ * were staged: staged rows STRIDE bytes apart (the type's qt<T>::STRIDE unless given), row
+ * i's block at slot + i * STRIDE (Q6_K/Q8_0: plus the misalignment of kbase + i * row_bytes),
+ * activations through x (xview: global memory, xview_s: shared). */
+template <int T, int MT, int NT, int STRIDE = qt<T>::STRIDE, class XV>
 __device__ __forceinline__ void kblock_any(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes, int n_blk,
-                                           const xview &x, lane_pos l)
+                                           const XV &x, lane_pos l)
 {
     if constexpr (T == TD_Q4_K || T == TD_Q5_K)
-        kblock_kq<T == TD_Q5_K, MT, NT>(acc, slot, x, l);
+        kblock_kq<T == TD_Q5_K, MT, NT, STRIDE>(acc, slot, x, l);
     else if constexpr (T == TD_Q6_K)
-        kblock_q6k<MT, NT>(acc, slot, kbase, row_bytes, x, l);
+        kblock_q6k<MT, NT, STRIDE>(acc, slot, kbase, row_bytes, x, l);
     else
-        kblock_q80<MT, NT>(acc, slot, kbase, row_bytes, n_blk, x, l);
+        kblock_q80<MT, NT, STRIDE>(acc, slot, kbase, row_bytes, n_blk, x, l);
 }
 
-/* A tile's result: y = ((p0 + p1) + p2) + p3 over the KSPLIT warps' partials acc, met in red
- * [KSPLIT][MROWS * MT][NTOK * NT]; rows n_rows of the tile at row r0 of y [n_tok][rows].
- * Called by every thread of the CTA; red is free again when it returns. */
+/* The reduction over the KSPLIT warps of a tile, in two halves so that kernels with other
+ * barriers share it: red_put stores warp k's partials acc at red [KSPLIT][MROWS * MT][NTOK *
+ * NT] (k = 0..KSPLIT-1), red_sum gives ((p0 + p1) + p2) + p3 for (row rl, token tk). */
 template <int MT, int NT>
-__device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&acc)[MT][NT][4],
-                                            int warp, lane_pos l, int n_rows, int n_tok,
-                                            int64_t rows, int64_t r0)
+__device__ __forceinline__ void red_put(float *red, const float (&acc)[MT][NT][4], int k,
+                                        lane_pos l)
 {
     constexpr int ROWS = MROWS * MT, TOKS = NTOK * NT;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            float *p = red + (warp * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
+            float *p = red + (k * ROWS + mt * MROWS + l.g) * TOKS + nt * NTOK + 2 * l.t;
             p[0] = acc[mt][nt][0];
             p[1] = acc[mt][nt][1];
             p[8 * TOKS] = acc[mt][nt][2];
             p[8 * TOKS + 1] = acc[mt][nt][3];
         }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ float red_sum(const float *red, int rl, int tk)
+{
+    constexpr int ROWS = MROWS * MT, TOKS = NTOK * NT;
+    float v = red[rl * TOKS + tk];
+#pragma unroll
+    for (int k = 1; k < KSPLIT; k++)
+        v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
+    return v;
+}
+
+/* A tile's result: y = ((p0 + p1) + p2) + p3 over the KSPLIT warps' partials acc, met in red;
+ * rows n_rows of the tile at row r0 of y [n_tok][rows]. Called by every thread of the CTA;
+ * red is free again when it returns. */
+template <int MT, int NT>
+__device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&acc)[MT][NT][4],
+                                            int warp, lane_pos l, int n_rows, int n_tok,
+                                            int64_t rows, int64_t r0)
+{
+    red_put<MT, NT>(red, acc, warp, l);
     __syncthreads();
     for (int idx = threadIdx.x; idx < n_rows * n_tok; idx += KSPLIT * 32) {
         const int rl = idx % n_rows, tk = idx / n_rows;
-        float v = red[rl * TOKS + tk];
-#pragma unroll
-        for (int k = 1; k < KSPLIT; k++)
-            v = __fadd_rn(v, red[(k * ROWS + rl) * TOKS + tk]);
-        y[(size_t)tk * rows + r0 + rl] = v;
+        y[(size_t)tk * rows + r0 + rl] = red_sum<MT, NT>(red, rl, tk);
     }
     __syncthreads(); /* the next tile writes red again */
 }
