@@ -25,6 +25,16 @@
 #define BUS_RECONNECT_MIN_MS 10
 #define BUS_RECONNECT_MAX_MS 250
 
+/* A client with no connection for this long replaces its dialer. NNG 1.5's dialer stops for
+ * good when an attempt fails with NNG_ECLOSED, and its ipc transport reports that when the
+ * peer closed the new connection before the client wrote its SP header (EPIPE): a daemon
+ * killed with the connection in its listen queue, or just after accepting it. A working
+ * dialer tries at least every BUS_RECONNECT_MAX_MS, so the bound replaces only a dead one, or
+ * one facing an absent server (where a fresh dialer costs a few more attempts). */
+#define BUS_REDIAL_AFTER_MS 1000
+/* How often a call waiting for a connection checks that bound. */
+#define BUS_REDIAL_CHECK_MS 250
+
 void bus_opts_default(bus_opts *o)
 {
     TD_ASSERT(o);
@@ -377,13 +387,17 @@ void bus_server_free(bus_server *s)
 struct bus_client {
     nng_socket sock;
     bus_opts opts;
-    pthread_mutex_t lock; /* guards n_pipes */
-    int n_pipes;          /* open connections (a dialer has at most one) */
+    pthread_mutex_t lock;   /* guards n_pipes and no_pipe_since; taken by pipe callbacks */
+    int n_pipes;            /* open connections (a dialer has at most one) */
+    nng_time no_pipe_since; /* ms, nng_clock: n_pipes last became 0, or the dialer started */
+    pthread_mutex_t dial_lock; /* guards dialer; held across nng_dialer_close, which may wait
+                                * for pipe callbacks, so those never take it */
+    nng_dialer dialer;
     char url[BUS_URL_MAX];
 };
 
 /* Connection events, on an NNG thread: counted so a timeout can say whether a server was
- * there at all. */
+ * there at all, and so a dialer that gave up is noticed (client_redial_if_stale). */
 static void client_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
     (void)p;
@@ -391,9 +405,33 @@ static void client_pipe_event(nng_pipe p, nng_pipe_ev ev, void *arg)
     pthread_mutex_lock(&c->lock);
     if (ev == NNG_PIPE_EV_ADD_POST)
         c->n_pipes++;
-    else if (ev == NNG_PIPE_EV_REM_POST && c->n_pipes > 0)
-        c->n_pipes--;
+    else if (ev == NNG_PIPE_EV_REM_POST && c->n_pipes > 0 && --c->n_pipes == 0)
+        c->no_pipe_since = nng_clock();
     pthread_mutex_unlock(&c->lock);
+}
+
+/* Replaces the dialer when the client has had no connection for BUS_REDIAL_AFTER_MS (see
+ * there why). A failure only logs: the next check tries again. */
+static void client_redial_if_stale(bus_client *c)
+{
+    pthread_mutex_lock(&c->dial_lock);
+    pthread_mutex_lock(&c->lock);
+    nng_time now = nng_clock();
+    bool stale = c->n_pipes == 0 && now - c->no_pipe_since >= BUS_REDIAL_AFTER_MS;
+    if (stale)
+        c->no_pipe_since = now;
+    pthread_mutex_unlock(&c->lock);
+    if (stale) {
+        LOG_DEBUG("%s: no connection for %d ms: dialing afresh", c->url, BUS_REDIAL_AFTER_MS);
+        nng_dialer_close(c->dialer);
+        nng_dialer d;
+        int rv = nng_dial(c->sock, c->url, &d, NNG_FLAG_NONBLOCK);
+        if (rv == 0)
+            c->dialer = d;
+        else
+            LOG_WARN("%s: cannot dial again: %s", c->url, nng_strerror(rv));
+    }
+    pthread_mutex_unlock(&c->dial_lock);
 }
 
 td_err bus_client_init(bus_client **out, const char *url, const bus_opts *opts)
@@ -408,8 +446,11 @@ td_err bus_client_init(bus_client **out, const char *url, const bus_opts *opts)
     opts_resolve(&c->opts, opts);
     strcpy(c->url, url);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->dial_lock, NULL);
+    c->no_pipe_since = nng_clock();
     int rv;
     if ((rv = nng_req0_open(&c->sock)) != 0) {
+        pthread_mutex_destroy(&c->dial_lock);
         pthread_mutex_destroy(&c->lock);
         free(c);
         return nng_fail(rv, "%s: opening a request socket", url);
@@ -424,10 +465,11 @@ td_err bus_client_init(bus_client **out, const char *url, const bus_opts *opts)
         e = nng_fail(rv, "%s: setting socket options", url);
     /* Non-blocking: the first attempt runs in the background and retries until a server
      * appears, so daemons can start in any order. */
-    if (e == TD_OK && (rv = nng_dial(c->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0)
+    if (e == TD_OK && (rv = nng_dial(c->sock, url, &c->dialer, NNG_FLAG_NONBLOCK)) != 0)
         e = nng_fail(rv, "cannot connect to %s", url);
     if (e != TD_OK) {
         nng_close(c->sock);
+        pthread_mutex_destroy(&c->dial_lock);
         pthread_mutex_destroy(&c->lock);
         free(c);
         return e;
@@ -476,9 +518,10 @@ static void call_done(void *arg)
 
 /* Waits for the aio's operation, at most until deadline (+ grace): then it is cancelled
  * explicitly, because NNG 1.5's timer can miss an expiry (a call was seen waiting forever
- * on a send after its server was killed). Returns the operation's result, NNG_ETIMEDOUT
- * when it had to be cancelled. */
-static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline)
+ * on a send after its server was killed). With redial set (a send, which waits for a
+ * connection), checks every BUS_REDIAL_CHECK_MS that the client's dialer has not given up.
+ * Returns the operation's result, NNG_ETIMEDOUT when it had to be cancelled. */
+static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline, bus_client *redial)
 {
     bool cancelled = false;
     pthread_mutex_lock(&w->mu);
@@ -492,12 +535,19 @@ static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline)
             cancelled = true;
             break;
         }
+        if (redial && until > now + BUS_REDIAL_CHECK_MS)
+            until = now + BUS_REDIAL_CHECK_MS;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(until - now) * 1000000u;
         ts.tv_sec += (time_t)(ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        if (redial && !w->done) {
+            pthread_mutex_unlock(&w->mu);
+            client_redial_if_stale(redial);
+            pthread_mutex_lock(&w->mu);
+        }
     }
     w->done = false;
     pthread_mutex_unlock(&w->mu);
@@ -522,6 +572,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     pthread_mutex_init(&w.mu, NULL);
     int rv;
     td_err e = TD_OK;
+    client_redial_if_stale(c);
     if ((rv = nng_ctx_open(&ctx, c->sock)) != 0) {
         e = nng_fail(rv, "%s: opening a request context", c->url);
         goto done;
@@ -541,7 +592,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_aio_set_msg(aio, m);
     nng_aio_set_timeout(aio, timeout_ms);
     nng_ctx_send(ctx, aio);
-    if ((rv = call_wait_aio(&w, aio, deadline)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline, c)) != 0) {
         nng_msg_free(nng_aio_get_msg(aio)); /* a failed send hands the message back */
         e = call_fail(c, rv, timeout_ms);
         goto out;
@@ -551,7 +602,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_time now = nng_clock();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
-    if ((rv = call_wait_aio(&w, aio, deadline)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline, NULL)) != 0) {
         e = call_fail(c, rv, timeout_ms);
         goto out;
     }
@@ -574,6 +625,7 @@ void bus_client_free(bus_client *c)
         return;
     /* nng_close returns after the pipes' notifications ran: none can touch c afterwards. */
     nng_close(c->sock);
+    pthread_mutex_destroy(&c->dial_lock);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }

@@ -75,7 +75,11 @@ void bus_server_free(bus_server *s);
 typedef struct bus_client bus_client;
 
 /* Connects in the background (and reconnects after a drop): init succeeds before a server
- * exists; calls then wait for it up to their timeout. */
+ * exists; calls then wait for it up to their timeout. A client that has had no connection
+ * for a second starts a fresh dialer, at its next call or while a call waits, because NNG
+ * 1.5's dialer can stop retrying for good after a failed handshake (a server killed while
+ * a connection was being made): a call reaches a restarted server within about a second
+ * of it listening. */
 td_err bus_client_init(bus_client **out, const char *url, const bus_opts *opts);
 
 /* Sends one request and waits up to timeout_ms (> 0) in total for its reply, which replaces
