@@ -602,6 +602,34 @@ static void test_bulk_unclipped_window_is_caught(void **state)
     assert_true(check_bulk_copies(&bgeoms[0], 37, 768, copy_unclipped));
 }
 
+/* The window kernel (matmul_bulk_mma.cu) copies runs of MMQB_WIN k-blocks per row by the same
+ * rule into rows MMQB_*_PITCH bytes apart; chain c reads k-block c of the run (as lane chain
+ * j of check_bulk_copies). Its activations are whole 256-input blocks of the rounding
+ * scratch, not checked here. */
+static const bgeom wgeoms[] = {
+    {TD_Q4_K, MMB_Q4_K_KB, MMQB_WIN, MMQB_Q4_K_PITCH, 0, 0, 256, 144},
+    {TD_Q5_K, MMB_Q5_K_KB, MMQB_WIN, MMQB_Q5_K_PITCH, 0, 0, 256, 176},
+    {TD_Q6_K, MMB_Q6_K_KB, MMQB_WIN, MMQB_Q6_K_PITCH, 0, 0, 256, 210},
+};
+
+static void test_window_copies_and_reads_stay_inside_their_allocations(void **state)
+{
+    (void)state;
+    static const shape extra[] = {{3, 256}, {7001, 1280}, {10240, 5120}, {5120, 6144},
+                                  {37, 768}, {33000, 5120}, {248320, 5120}};
+    for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
+        for (size_t s = 0; s < sizeof kq_shapes / sizeof *kq_shapes; s++)
+            if (!check_bulk_copies(&wgeoms[k], kq_shapes[s].rows, kq_shapes[s].cols,
+                                   copy_kernel))
+                fail_msg("%s", g_why);
+        for (size_t s = 0; s < sizeof extra / sizeof *extra; s++)
+            if (!check_bulk_copies(&wgeoms[k], extra[s].rows, extra[s].cols, copy_kernel))
+                fail_msg("%s", g_why);
+    }
+    /* the check bites here too: Q6_K 37 x 768 copied whole past the matrix */
+    assert_false(check_bulk_copies(&wgeoms[2], 37, 768, copy_unclipped));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -612,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_unsigned_staging_offset_is_caught),
         cmocka_unit_test(test_bulk_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
+        cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

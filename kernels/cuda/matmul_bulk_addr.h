@@ -130,6 +130,15 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
  * run is its window (mis = tail = 0), mmb_run_bytes long from row * row_bytes + k0 * kb_bytes,
  * so the kernel copies runs without the window arithmetic. */
 
+/* The window kernel (matmul_bulk_mma.cu, 9-16 tokens) stages each row's runs of MMQB_WIN
+ * k-blocks with the same rule (mmb_copy_of with kc = MMQB_WIN) into rows PITCH bytes apart:
+ * 32 or 96 mod 128 for the 8-byte loads of Q4_K/Q5_K, 16-byte steps mod 128 for Q6_K's 4-byte
+ * ones, and room for the largest window (Q6_K: 840-byte run + up to 14 before + rounding). */
+#define MMQB_WIN 4
+#define MMQB_Q4_K_PITCH 608
+#define MMQB_Q5_K_PITCH 736
+#define MMQB_Q6_K_PITCH 880
+
 /* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
  * rings. */
 MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)

@@ -49,22 +49,22 @@
 #endif
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/matmul_bulk_addr.h"
 #include "kernels/cuda/matmul_bulk_copy.cuh"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
 
 namespace {
 
-constexpr int WIN = KSPLIT; /* k-blocks per step: one per chain */
+constexpr int WIN = MMQB_WIN; /* k-blocks per step: one per chain */
+static_assert(MMQB_WIN == KSPLIT, "a step holds one k-block per chain");
 constexpr int XS = 3;       /* stages of the activation ring */
 constexpr int SMEM_MAX = 227 * 1024;
 
-/* Bytes between staged rows (a run of WIN k-blocks, Q6_K with its window slack): rows
- * 32 or 96 mod 128 bytes apart put the 4 rows a half-warp's 8-byte loads touch in distinct
- * banks (Q4_K/Q5_K); Q6_K's 4-byte loads over 8 rows want 16-byte steps (880 = 112 mod 128). */
+/* Bytes between staged rows (matmul_bulk_addr.h). */
 template <int T> __host__ __device__ constexpr int run_pitch()
 {
-    return T == TD_Q4_K ? 608 : T == TD_Q5_K ? 736 : 880;
+    return T == TD_Q4_K ? MMQB_Q4_K_PITCH : T == TD_Q5_K ? MMQB_Q5_K_PITCH : MMQB_Q6_K_PITCH;
 }
 
 /* Bytes between tokens' digit runs (WIN * 256 inputs * 2 bytes, padded): 64 mod 128 for the
@@ -167,29 +167,22 @@ __global__ void __launch_bounds__(threads_of<T, NT, TT>(), 1)
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
     const uint64_t once = evict_first_policy(), shared = evict_last_policy();
-    const uint8_t *wend = w + (size_t)rows * row_bytes; /* one past the matrix */
     auto weights = [&](int it) { /* into weight stage it % WS */
         const int stage = it % WS, round = it / nsteps, s = it % nsteps;
-        const int nw = nkb - WIN * s < WIN ? nkb - WIN * s : WIN;
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
         const int i = c * (MROWS / KSPLIT) + lane; /* row of the tile */
         const int64_t r = tile * MROWS + i;
         uint32_t bytes = 0;
         if (lane < MROWS / KSPLIT && tile < t_end && r < rows) {
-            const uint8_t *run = w + (size_t)r * row_bytes + (size_t)s * WIN * Q::KB_BYTES;
-            const uint8_t *end = run + nw * Q::KB_BYTES;
-            const uint8_t *src = run - ((uintptr_t)run & 15); /* the matrix is 16-aligned */
-            const uint8_t *src_end = end + ((16 - ((uintptr_t)end & 15)) & 15);
+            /* the 16-byte window around the run (tests/test_cuda_matmul_addresses.c walks
+             * every one); the matrix's last may end with 16-bit loads */
+            const mmb_copy cp = mmb_copy_of(row_bytes, rows, Q::KB_BYTES, WIN, r, WIN * s);
             uint8_t *dst = smem + stage * L::W_STAGE + (tau * MROWS + i) * PITCH;
-            if (src_end > wend) { /* Q6_K, the matrix's last run */
-                const uint8_t *lim = wend - ((uintptr_t)wend & 15);
-                for (const uint8_t *p = lim; p < end; p += 2) /* even offsets and sizes */
-                    *(uint16_t *)(dst + (p - src)) = *(const uint16_t *)p;
-                src_end = lim;
-            }
-            bytes = (uint32_t)(src_end - src);
+            for (uint32_t p = cp.bulk; p < cp.bulk + cp.tail; p += 2)
+                *(uint16_t *)(dst + p) = *(const uint16_t *)(w + cp.src + p);
+            bytes = cp.bulk;
             if (bytes)
-                bulk_copy(dst, src, bytes, &wfull[stage], once);
+                bulk_copy(dst, w + cp.src, bytes, &wfull[stage], once);
         }
         arrive_all(&wfull[stage], bytes, lane);
     };
