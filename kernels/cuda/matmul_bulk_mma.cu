@@ -58,7 +58,7 @@ namespace {
 
 constexpr int WIN = MMQB_WIN; /* k-blocks per step: one per chain */
 static_assert(MMQB_WIN == KSPLIT, "a step holds one k-block per chain");
-constexpr int XS = 3;       /* stages of the activation ring */
+constexpr int XS = 3; /* stages of the activation ring */
 constexpr int SMEM_MAX = 227 * 1024;
 
 /* Bytes between staged rows (matmul_bulk_addr.h). */
