@@ -20,6 +20,7 @@
 
 #include "common/bus.h"
 #include "common/msg.h"
+#include "tests/support/clock.h"
 #include "tests/support/spawn.h"
 
 /* The server child reads its URL from here (it inherits the parent's environment). */
@@ -27,19 +28,6 @@
 
 static char base_dir[256]; /* mkdtemp folder holding every runtime dir of this run */
 static char run_dir[300];  /* base_dir/rt: TANDEM_RUNTIME_DIR of the bus tests */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* --- the server child ---------------------------------------------------------------------- */
 

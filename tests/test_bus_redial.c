@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/bus.h"
+#include "tests/support/clock.h"
 
 /* ms a call may take once the new server listens: the client's redial bound plus room for
  * a loaded machine. */
@@ -28,19 +29,6 @@
 static char base_dir[256]; /* mkdtemp folder, TANDEM_RUNTIME_DIR of this run */
 static unsigned seed;      /* the run's seed; TANDEM_TEST_SEED replays a run */
 static unsigned rng;       /* rand_r state, starts at seed */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* 0..max_ms from the run's seed. */
 static int gap_ms(int max_ms)

@@ -25,6 +25,7 @@
 #include "common/gguf.h"
 #include "gateway/gateway.h"
 #include "gateway/http.h"
+#include "tests/support/clock.h"
 #include "tests/support/fake_verifyd.h"
 
 #define MODEL "tests/data/models/qwen35-tiny-f32.gguf"
@@ -36,12 +37,6 @@ static gw_state g;
 static http_server *srv;
 static fake_verifyd *fake;
 static uint16_t port;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* --- a small HTTP/1.0 client: the server closes the connection after each reply ------------- */
 
