@@ -7,6 +7,7 @@
  * across OpenMP threads. */
 #include <string.h>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
 #define MM_TILE 256   /* columns per tile: one K-quant super-block, 8 Q8_0 blocks */
@@ -45,11 +46,10 @@ static inline __attribute__((always_inline)) void tile_dots(double acc[][MM_BATC
 }
 
 /* y[t][r0 + j] for n_rows <= MM_ROWS weight rows from r0 and n_tok <= MM_BATCH inputs.
- * Cloned for AVX2 (arch=haswell: 8-wide products) and picked at load time; plain
- * x86-64 keeps SSE2. */
-__attribute__((target_clones("arch=haswell", "default")))
-static void matmul_rows(float *y, const float *x, const ops_weight *w, int64_t r0,
-                        int64_t n_rows, int64_t n_tok)
+ * Compiled for AVX2 (8-wide products) and for plain x86-64 (SSE2), see kernels/cpu/simd.h. */
+static inline __attribute__((always_inline)) void rows_body(float *y, const float *x,
+                                                            const ops_weight *w, int64_t r0,
+                                                            int64_t n_rows, int64_t n_tok)
 {
     const dtype_info *info = dtype_get(w->type);
     double acc[MM_ROWS][MM_BATCH];
@@ -76,6 +76,26 @@ static void matmul_rows(float *y, const float *x, const ops_weight *w, int64_t r
     for (int64_t j = 0; j < n_rows; j++)
         for (int64_t t = 0; t < n_tok; t++)
             y[t * w->rows + r0 + j] = (float)acc[j][t];
+}
+
+#if defined(__x86_64__)
+CPU_AVX2_TARGET static void rows_avx2(float *y, const float *x, const ops_weight *w, int64_t r0,
+                                      int64_t n_rows, int64_t n_tok)
+{
+    rows_body(y, x, w, r0, n_rows, n_tok);
+}
+#endif
+
+static void matmul_rows(float *y, const float *x, const ops_weight *w, int64_t r0,
+                        int64_t n_rows, int64_t n_tok)
+{
+#if defined(__x86_64__)
+    if (cpu_has_avx2_fma()) {
+        rows_avx2(y, x, w, r0, n_rows, n_tok);
+        return;
+    }
+#endif
+    rows_body(y, x, w, r0, n_rows, n_tok);
 }
 
 /* One pass over the weights for n_tok <= MM_BATCH input rows. */

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
 #define QK8_0 32   /* weights per Q8_0 block */
@@ -302,11 +303,12 @@ static bool have_f16c(void)
 }
 #endif
 
-/* Cloned for AVX2 and picked at load time: the block loops above are written to vectorise,
- * and 8-wide vectors roughly double the matmul's dequantisation rate. ("arch=haswell", as
- * GCC 12's "arch=x86-64-v3" clone keeps 128-bit vectors.) */
-__attribute__((target_clones("arch=haswell", "default")))
-td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n)
+/* The body of cpu_dequantize_row, compiled for AVX2 and for plain x86-64 (kernels/cpu/simd.h):
+ * the block loops above are written to vectorise, and 8-wide vectors roughly double the
+ * matmul's dequantisation rate. */
+static inline __attribute__((always_inline)) td_err dequantize_row(td_dtype type,
+                                                                   const void *src, float *dst,
+                                                                   int64_t n)
 {
     TD_TRY(check_row(type, n));
     const uint8_t *b = src;
@@ -350,6 +352,23 @@ td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n)
         TD_ASSERT(!"check_row let an unsupported type through");
     }
     return TD_OK;
+}
+
+#if defined(__x86_64__)
+CPU_AVX2_TARGET static td_err dequantize_row_avx2(td_dtype type, const void *src, float *dst,
+                                                  int64_t n)
+{
+    return dequantize_row(type, src, dst, n);
+}
+#endif
+
+td_err cpu_dequantize_row(td_dtype type, const void *src, float *dst, int64_t n)
+{
+#if defined(__x86_64__)
+    if (cpu_has_avx2_fma())
+        return dequantize_row_avx2(type, src, dst, n);
+#endif
+    return dequantize_row(type, src, dst, n);
 }
 
 /* --- quantisation, one block at a time ------------------------------------------------- */
