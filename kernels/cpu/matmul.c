@@ -86,15 +86,9 @@ CPU_AVX2_TARGET static void rows_avx2(float *y, const float *x, const ops_weight
 }
 #endif
 
-static void matmul_rows(float *y, const float *x, const ops_weight *w, int64_t r0,
-                        int64_t n_rows, int64_t n_tok)
+static void rows_plain(float *y, const float *x, const ops_weight *w, int64_t r0,
+                       int64_t n_rows, int64_t n_tok)
 {
-#if defined(__x86_64__)
-    if (cpu_has_avx2_fma()) {
-        rows_avx2(y, x, w, r0, n_rows, n_tok);
-        return;
-    }
-#endif
     rows_body(y, x, w, r0, n_rows, n_tok);
 }
 
@@ -104,11 +98,17 @@ static void matmul_batch(float *y, const float *x, const ops_weight *w, int64_t 
     const int64_t n_blocks = (w->rows + MM_ROWS - 1) / MM_ROWS;
     /* Small products are not worth waking the thread team. */
     const int parallel = w->rows * w->cols * n_tok >= (1 << 16);
+    void (*rows)(float *, const float *, const ops_weight *, int64_t, int64_t, int64_t) =
+        rows_plain;
+#if defined(__x86_64__)
+    if (cpu_has_avx2_fma())
+        rows = rows_avx2;
+#endif
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t b = 0; b < n_blocks; b++) {
         int64_t r0 = b * MM_ROWS;
         int64_t nr = w->rows - r0 < MM_ROWS ? w->rows - r0 : MM_ROWS;
-        matmul_rows(y, x, w, r0, nr, n_tok);
+        rows(y, x, w, r0, nr, n_tok);
     }
 }
 

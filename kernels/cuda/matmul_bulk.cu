@@ -270,26 +270,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
 int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
 
-/* Per device ordinal: compute capability major, opt-in shared memory per block (0: not
- * asked yet). */
-int g_major[64], g_smem_optin[64];
-
-td_err device_caps(int *major, int *optin)
-{
-    int ordinal = 0;
-    CUDA_TRY(cudaGetDevice(&ordinal));
-    const int i = ordinal & 63;
-    *major = __atomic_load_n(&g_major[i], __ATOMIC_RELAXED);
-    *optin = __atomic_load_n(&g_smem_optin[i], __ATOMIC_RELAXED);
-    if (*optin == 0) {
-        CUDA_TRY(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, ordinal));
-        CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
-        __atomic_store_n(&g_major[i], *major, __ATOMIC_RELAXED);
-        __atomic_store_n(&g_smem_optin[i], *optin, __ATOMIC_RELAXED);
-    }
-    return TD_OK;
-}
-
 /* Blocks per row (super-blocks, or Q8_0's blocks of 32) and k-blocks per row. */
 template <int T> int64_t blocks_of(const ops_weight *w)
 {
@@ -378,6 +358,26 @@ td_err launch_type(float *y, const float *x, const mm_xquant *xq, const ops_weig
 }
 
 } /* namespace */
+
+/* Per device ordinal: compute capability major, opt-in shared memory per block (0: not
+ * asked yet). */
+static int g_major[64], g_smem_optin[64];
+
+td_err device_caps(int *major, int *optin)
+{
+    int ordinal = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    const int i = ordinal & 63;
+    *major = __atomic_load_n(&g_major[i], __ATOMIC_RELAXED);
+    *optin = __atomic_load_n(&g_smem_optin[i], __ATOMIC_RELAXED);
+    if (*optin == 0) {
+        CUDA_TRY(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, ordinal));
+        CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
+        __atomic_store_n(&g_major[i], *major, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_smem_optin[i], *optin, __ATOMIC_RELAXED);
+    }
+    return TD_OK;
+}
 
 bool mmb_supported(const ops_weight *w)
 {

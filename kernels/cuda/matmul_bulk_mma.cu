@@ -111,7 +111,7 @@ __device__ __forceinline__ void arrive_all(uint64_t *bar, uint32_t bytes, int la
 }
 #endif
 
-template <int T, int NT, int TT> constexpr int threads_of()
+template <int TT> constexpr int threads_of()
 {
     return KSPLIT * TT * 32;
 }
@@ -120,7 +120,7 @@ template <int T, int NT, int TT> constexpr int threads_of()
  * block: threads_of() (warp tau * 4 + c: tile tau of the round, chain c); dynamic shared
  * memory layout::SMEM. cols is a multiple of 256 (K-quants). */
 template <int T, int NT, int TT>
-__global__ void __launch_bounds__(threads_of<T, NT, TT>(), 1)
+__global__ void __launch_bounds__(threads_of<TT>(), 1)
     mmqb_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
                 mm_xquant xq)
 {
@@ -303,7 +303,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    return mmq_launch_grid(mmqb_kernel<T, NT, TT>, grid, threads_of<T, NT, TT>(), smem, y, xq,
+    return mmq_launch_grid(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem, y, xq,
                            w, dev, st, "window kernel");
 }
 
@@ -327,11 +327,11 @@ td_err launch_nt(float *y, const mm_xquant *xq, const ops_weight *w, const mm_de
     if (tt <= 1)
         return launch<T, NT, 1>(y, xq, w, dev, grid, st);
     if constexpr (TTMAX >= 2) {
-        if (tt == 2 || TTMAX == 2)
+        if (tt == 2)
             return launch<T, NT, 2>(y, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 3) {
-        if (tt == 3 || TTMAX == 3)
+        if (tt == 3)
             return launch<T, NT, 3>(y, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 4)
@@ -351,10 +351,8 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 
 bool mmqb_supported(const ops_weight *w, int n_pad)
 {
-    int ordinal = 0, major = 0;
-    if (cudaGetDevice(&ordinal) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) !=
-            cudaSuccess) {
+    int major = 0, optin = 0;
+    if (device_caps(&major, &optin) != TD_OK) {
         (void)cudaGetLastError();
         return false;
     }

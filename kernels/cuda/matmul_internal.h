@@ -125,6 +125,10 @@ bool mmb_fused(const ops_weight *w);
 td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
                   const mm_device *dev, cudaStream_t st);
 
+/* The current device's compute capability major and opt-in shared memory per block, asked
+ * once per device (matmul_bulk.cu). */
+td_err device_caps(int *major, int *optin);
+
 /* Whether a chunk of n_pad tokens on w can run on the window kernel (matmul_bulk_mma.cu):
  * an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte aligned data, n_pad 16 or 32. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
