@@ -4,7 +4,9 @@
  * that one token runs on the dp4a single-token kernel beside a small Q4_K on the tensor-core
  * kernel, so one group needs two roundings of one type: below sm_90, or on sm_90 under
  * TANDEM_MMD=regs) at n_tok 1, 5, 16, 33, 65 (two
- * chunks) and 70; and within the quantisation bound of cpu_matmul, so the group and the
+ * chunks) and 70, members of one type that run in one launch (sets of up to 4 on the bulk-copy,
+ * window and F32 kernels, rows ending inside a unit); and within the quantisation bound of
+ * cpu_matmul, so the group and the
  * separate calls cannot agree on a wrong answer. Groups queued back to back without a wait
  * (the next rounding overwrites the scratch the previous group's kernels read) give the same
  * bits. The profiler counts a group's launches (roundings + kernels) exactly; a recorded
@@ -161,6 +163,14 @@ static const group groups[] = {
      {{TD_Q4_K, 33000}, {TD_Q4_K, 200}, {TD_Q4_K, 33000}}},
     {"f32 f32 (no quantised member)", 256, 2, {{TD_F32, 12}, {TD_F32, 3}}},
     {"q8_0 alone", 1024, 1, {{TD_Q8_0, 77}}},
+    /* five members of one type: one launch of four and one of one where the kernel takes
+     * sets (the bulk-copy and window kernels, F32); rows that end inside a unit of 8 rows or
+     * a tile of 16, and a 1-row member */
+    {"five q6k", 512, 5,
+     {{TD_Q6_K, 40}, {TD_Q6_K, 9}, {TD_Q6_K, 1}, {TD_Q6_K, 300}, {TD_Q6_K, 17}}},
+    {"three q4k + five f32 (6144 inputs: rounded by the bulk-copy kernel)", 6144, 8,
+     {{TD_Q4_K, 24}, {TD_F32, 3}, {TD_Q4_K, 7}, {TD_F32, 5}, {TD_F32, 1}, {TD_F32, 8},
+      {TD_F32, 2}, {TD_Q4_K, 33}}},
 };
 
 typedef struct group_run {
@@ -345,6 +355,74 @@ static void test_matmul_multi_launches_are_counted(void **state)
     ops_backend_cuda_free(gpu);
 }
 
+/* The launches of one group call, counted by the profiler. */
+static int64_t group_launches(const ops_backend *be, const ops_mm_out *out, int n,
+                              const float *dx, int64_t n_tok)
+{
+    ops_prof_reset(be);
+    GPU_OK(be->matmul_multi(be, dx, out, n, n_tok));
+    GPU_OK(be->sync(be));
+    ops_prof_table t;
+    GPU_OK(ops_prof_snapshot(be, &t));
+    for (int i = 0; i < t.n_rows; i++)
+        if (!strcmp(t.rows[i].op, "matmul_multi"))
+            return t.rows[i].launches;
+    fail_msg("no matmul_multi row in the profile");
+    return -1;
+}
+
+/* Members of one type run in one launch (up to 4) where the kernel takes sets: the sm_90
+ * bulk-copy kernel for one token, the window kernel for 9-16 tokens of Q4_K/Q6_K, the F32
+ * kernel at any batch; the tensor-core kernel (2-8 tokens here) keeps one launch per member.
+ * The bits are the separate calls' (test above). */
+static void test_matmul_multi_joins_members_of_one_type(void **state)
+{
+    (void)state;
+    unsetenv("TANDEM_PROFILE");
+    unsetenv("TANDEM_MMD");
+    unsetenv("TANDEM_MMQ");
+    ops_backend *gpu = NULL, *be = NULL;
+    GPU_OK(ops_backend_cuda_init(&gpu, 0));
+    GPU_OK(ops_prof_wrap(&be, gpu));
+    const bool sm90 = gpu_check_one_token_launches() == 1;
+    const group *q6 = &groups[6], *mix = &groups[7];
+    assert_int_equal(q6->n, 5);
+    assert_int_equal(mix->n, 8);
+    rng_seed(15);
+    group_run a, b;
+    run_init(&a, q6);
+    run_init(&b, mix);
+    float *xa = make_x(q6->cols, 21), *xb = make_x(mix->cols, 22);
+    float *dxa = dput(xa, (size_t)(MAX_TOK * q6->cols) * sizeof(float));
+    float *dxb = dput(xb, (size_t)(MAX_TOK * mix->cols) * sizeof(float));
+    GPU_OK(gpu->matmul_multi(gpu, dxa, a.out, q6->n, 65)); /* scratch growth */
+    GPU_OK(gpu->matmul_multi(gpu, dxb, b.out, mix->n, 65));
+    GPU_OK(gpu->sync(gpu));
+    /* five Q6_K at 512 inputs, one token: the bulk-copy kernel rounds x itself, 4 + 1
+     * members on sm_90; elsewhere a rounding and a kernel per member */
+    assert_int_equal(group_launches(be, a.out, q6->n, dxa, 1), sm90 ? 2 : 1 + 5);
+    /* 16 tokens: rounding, then the window kernel on sm_90 (4 + 1), else mmq per member */
+    assert_int_equal(group_launches(be, a.out, q6->n, dxa, 16), sm90 ? 1 + 2 : 1 + 5);
+    assert_int_equal(group_launches(be, a.out, q6->n, dxa, 5), 1 + 5);
+    /* three Q4_K at 6144 inputs round x themselves on sm_90: one launch; the five F32
+     * members: 4 + 1 */
+    assert_int_equal(group_launches(be, b.out, mix->n, dxb, 1), (sm90 ? 1 : 1 + 3) + 2);
+    assert_int_equal(group_launches(be, b.out, mix->n, dxb, 5), 1 + 3 + 2);
+    /* what the counted calls wrote is what separate calls write */
+    for (int i = 0; i < mix->n; i++)
+        GPU_OK(cuda_matmul(b.sep[i], dxb, &b.w[i].dev, 5, be->stream));
+    GPU_OK(be->sync(be));
+    expect_group("counted", &b, mix, xb, 5, false);
+    cuda_mem_free(dxa);
+    cuda_mem_free(dxb);
+    free(xa);
+    free(xb);
+    run_free(&a, q6);
+    run_free(&b, mix);
+    ops_prof_free(be);
+    ops_backend_cuda_free(gpu);
+}
+
 /* A group recorded in a CUDA graph (the target forward's path) replays on new inputs with
  * the bits a direct call gives on them. */
 static void test_matmul_multi_replays_from_a_graph(void **state)
@@ -429,6 +507,7 @@ int main(void)
         cmocka_unit_test(test_matmul_multi_equals_separate_matmuls_bit_for_bit),
         cmocka_unit_test(test_matmul_multi_back_to_back_groups_keep_their_inputs),
         cmocka_unit_test(test_matmul_multi_launches_are_counted),
+        cmocka_unit_test(test_matmul_multi_joins_members_of_one_type),
         cmocka_unit_test(test_matmul_multi_replays_from_a_graph),
         cmocka_unit_test(test_matmul_multi_bad_member_fails_before_any_launch),
     };

@@ -97,3 +97,8 @@ void pdl_refuse(void)
 {
     __atomic_store_n(&g_mode, 2, __ATOMIC_RELAXED);
 }
+
+bool pdl_enabled(void)
+{
+    return pdl_on();
+}

@@ -73,6 +73,9 @@ pdl_plan pdl_plan_get(const void *fn, uint64_t blocks, unsigned threads, size_t 
  * launches from now on. */
 void pdl_refuse(void);
 
+/* Whether launches take the attribute: not switched off by TANDEM_PDL and never refused. */
+bool pdl_enabled(void);
+
 /* One occupancy cache per kernel. */
 template <auto K> uint64_t *pdl_occ_cache(void)
 {

@@ -78,9 +78,6 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
     }
 }
 
-/* Set when a launch with programmatic dependent launch was refused. */
-int g_pdl_refused;
-
 /* Launches the rounding kernel; with pdl (sm_90, and the kernel before it on st is a
  * quantised matmul, which lets its dependents launch at once) as a programmatic dependent:
  * the rounding and then the next matmul's CTAs are ready when the last CTAs of that matmul
@@ -90,24 +87,8 @@ template <int UNIT, bool DECODE>
 td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsum,
                      const float *x, int64_t cols, int n_tok, int n_pad, cudaStream_t st)
 {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(256);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, xquant_kernel<UNIT, DECODE>, xq, xd, xsum, x, cols,
-                                       n_tok, n_pad);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        (void)cudaGetLastError(); /* plain launches from now on */
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, xquant_kernel<UNIT, DECODE>, xq, xd, xsum, x, cols, n_tok,
-                               n_pad);
-    }
+    const cudaError_t e = mm_launch(xquant_kernel<UNIT, DECODE>, grid, 256, 0, pdl, st, xq, xd,
+                                    xsum, x, cols, n_tok, n_pad);
     cuda_launch_note(1);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: activation rounding launch: %s",
@@ -291,6 +272,15 @@ bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
     return a.unit == b.unit && a.placed == b.placed && !a.fused && !b.fused;
 }
 
+/* Whether members of weights wa and wb (of one group, so of one width) with plans a and b
+ * run in one launch: both on the bulk-copy kernel (rounding x themselves or not) or both on
+ * the window kernel, with one type. */
+bool plan_joins(const mm_plan &a, const ops_weight *wa, const mm_plan &b, const ops_weight *wb)
+{
+    return (a.bulk || a.mmq_bulk) && a.bulk == b.bulk && a.mmq_bulk == b.mmq_bulk &&
+           a.fused == b.fused && wa->type == wb->type;
+}
+
 /* Rounds the chunk xc[q.n_tok][cols] into q's buffers in the layout p's kernel reads. */
 td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const float *xc,
                     int64_t cols, int nc, int n_pad, bool pdl, cudaStream_t st)
@@ -307,16 +297,37 @@ td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const
     return xquant_launch<8, false>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
 }
 
-/* The matmul kernel p picked, over one rounded chunk; counted as one launch. */
-td_err kernel_launch(float *yc, const mm_xquant *q, const ops_weight *w, const mm_plan &p,
-                     const mm_device *dev, cudaStream_t st)
+/* The kernel p picked for the n members set[] of one type, over one chunk (rounded in q, or
+ * xc for a kernel that rounds it itself); counted as one launch. Only the bulk-copy and
+ * window kernels take several members. */
+td_err kernel_launch(const ops_mm_out *set, int n, const float *xc, const mm_xquant *q,
+                     const mm_plan &p, const mm_device *dev, cudaStream_t st)
 {
-    TD_TRY(p.bulk       ? mmb_launch(yc, NULL, q, w, dev, st)
-           : p.decode   ? mmd_launch(yc, q, w, dev, st)
-           : p.mmq_bulk ? mmqb_launch(yc, q, w, dev, st)
-                        : mmq_launch(yc, q, w, dev, st));
+    TD_ASSERT(n == 1 || p.bulk || p.mmq_bulk);
+    TD_TRY(p.bulk       ? mmb_launch(set, n, p.fused ? xc : NULL, p.fused ? NULL : q, dev, st)
+           : p.decode   ? mmd_launch(set[0].y, q, set[0].w, dev, st)
+           : p.mmq_bulk ? mmqb_launch(set, n, q, dev, st)
+                        : mmq_launch(set[0].y, q, set[0].w, dev, st));
     cuda_launch_note(1);
     return TD_OK;
+}
+
+/* Member i of a chunk starting at token t0 and every later member not done yet that joins
+ * it (plan_joins), at most MM_SET_MAX, in one launch; marks them done. */
+td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const mm_plan *plan,
+                     bool *done, int64_t t0, const float *xc, const mm_xquant *q,
+                     const mm_device *dev, cudaStream_t st)
+{
+    ops_mm_out set[MM_SET_MAX];
+    int n = 0;
+    for (int j = i; j < nq && n < MM_SET_MAX; j++) {
+        const ops_weight *w = mm[qi[j]].w;
+        if (done[j] || (j > i && !plan_joins(plan[i], mm[qi[i]].w, plan[j], w)))
+            continue;
+        set[n++] = ops_mm_out{mm[qi[j]].y + (size_t)t0 * w->rows, w};
+        done[j] = true;
+    }
+    return kernel_launch(set, n, xc, q, plan[i], dev, st);
 }
 
 /* The quantised members qi[nq] of a group over x[n_tok][cols]: per chunk, one rounding per
@@ -363,31 +374,22 @@ td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, i
         bool done[OPS_MM_GROUP_MAX] = {};
         for (int i = 0; i < nq; i++)
             plan[i] = plan_of(mm[qi[i]].w, nc, &dev);
+        const float *xc = x + (size_t)t0 * cols;
         for (int i = 0; i < nq; i++) {
             if (done[i])
                 continue;
             if (plan[i].fused) { /* rounds x itself: reads neither the scratch nor a rounding */
-                const ops_weight *w = mm[qi[i]].w;
-                TD_TRY(mmb_launch(mm[qi[i]].y + (size_t)t0 * w->rows, x + (size_t)t0 * cols,
-                                  NULL, w, &dev, st));
-                cuda_launch_note(1);
-                done[i] = true;
+                TD_TRY(launch_joined(mm, qi, nq, i, plan, done, t0, xc, &q, &dev, st));
                 slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
                 continue;
             }
             /* only right after this stream's previous quantised matmul kernel (mm_mark) */
             const bool pdl_x =
                 dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
-            TD_TRY(round_launch(plan[i], xq, xd, xsum, x + (size_t)t0 * cols, cols, nc, n_pad,
-                                pdl_x, st));
-            for (int j = i; j < nq; j++) {
-                if (done[j] || !plan_shares_rounding(plan[i], plan[j]))
-                    continue;
-                const ops_weight *w = mm[qi[j]].w;
-                TD_TRY(kernel_launch(mm[qi[j]].y + (size_t)t0 * w->rows, &q, w, plan[j], &dev,
-                                     st));
-                done[j] = true;
-            }
+            TD_TRY(round_launch(plan[i], xq, xd, xsum, xc, cols, nc, n_pad, pdl_x, st));
+            for (int j = i; j < nq; j++)
+                if (!done[j] && plan_shares_rounding(plan[i], plan[j]))
+                    TD_TRY(launch_joined(mm, qi, nq, j, plan, done, t0, xc, &q, &dev, st));
             slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
         }
     }
@@ -399,16 +401,32 @@ bool is_float_type(td_dtype t)
     return t == TD_F32 || t == TD_F16 || t == TD_BF16;
 }
 
-/* F32/F16/BF16 weights meet x as it is, 64 tokens per launch. */
-td_err matmul_float(float *y, const float *x, const ops_weight *w, int64_t n_tok,
-                    cudaStream_t st)
+/* The float members fi[nf] of a group meet x as it is, 64 tokens per launch: F16/BF16 one
+ * launch each, F32 up to MM_SET_MAX per launch. */
+td_err matmul_float(const ops_mm_out *mm, const int *fi, int nf, const float *x,
+                    int64_t n_tok, cudaStream_t st)
 {
+    const int64_t cols = mm[fi[0]].w->cols;
     for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
         const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
-        float *yc = y + (size_t)t0 * w->rows;
-        const float *xc = x + (size_t)t0 * w->cols;
-        TD_TRY(w->type == TD_F32 ? mmf_launch(yc, xc, w, nc, st)
-                                 : mmh_launch(yc, xc, w, nc, st));
+        const float *xc = x + (size_t)t0 * cols;
+        ops_mm_out f32[MM_SET_MAX];
+        int n32 = 0;
+        for (int i = 0; i < nf; i++) {
+            const ops_weight *w = mm[fi[i]].w;
+            const ops_mm_out out = {mm[fi[i]].y + (size_t)t0 * w->rows, w};
+            if (w->type != TD_F32) {
+                TD_TRY(mmh_launch(out.y, xc, w, nc, st));
+                continue;
+            }
+            f32[n32++] = out;
+            if (n32 == MM_SET_MAX) {
+                TD_TRY(mmf_launch(f32, n32, xc, nc, st));
+                n32 = 0;
+            }
+        }
+        if (n32)
+            TD_TRY(mmf_launch(f32, n32, xc, nc, st));
     }
     return TD_OK;
 }
@@ -421,6 +439,22 @@ bool spans_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
 }
 
 } /* namespace */
+
+mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
+{
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX && unit_rows >= 1);
+    mm_set s = {};
+    s.n = n;
+    for (int i = 0; i < n; i++) {
+        s.y[i] = mm[i].y;
+        s.w[i] = (const uint8_t *)mm[i].w->data;
+        s.rows[i] = mm[i].w->rows;
+        s.first[i + 1] = s.first[i] + (s.rows[i] + unit_rows - 1) / unit_rows;
+    }
+    for (int i = n + 1; i <= MM_SET_MAX; i++)
+        s.first[i] = s.first[n];
+    return s;
+}
 
 td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
                          ops_stream st)
@@ -455,9 +489,12 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
         TD_TRY(matmul_quant_group(x, mm, qi, nq, n_tok, cs));
+    int fi[OPS_MM_GROUP_MAX], nf = 0;
     for (int i = 0; i < n; i++)
         if (is_float_type(mm[i].w->type))
-            TD_TRY(matmul_float(mm[i].y, x, mm[i].w, n_tok, cs));
+            fi[nf++] = i;
+    if (nf)
+        TD_TRY(matmul_float(mm, fi, nf, x, n_tok, cs));
     return TD_OK;
 }
 

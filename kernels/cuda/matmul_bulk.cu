@@ -133,15 +133,15 @@ __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 /* --- the kernel --------------------------------------------------------------------------- */
 
 /* grid: one CTA per SM (at most one per unit), MMB_WARPS warps, mmb_smem_bytes of dynamic
- * shared memory. CTA b owns units [units * b / grid, units * (b + 1) / grid); its warps take
- * them one at a time. nblk: blocks per row (super-blocks, or Q8_0's blocks of 32). FUSED:
+ * shared memory. The units of the set's members are numbered one member after the other
+ * (a unit never spans two members); CTA b owns units [units * b / grid, units * (b + 1) /
+ * grid) and its warps take them one at a time. nblk: blocks per row (super-blocks, or Q8_0's blocks of 32). FUSED:
  * the token's inputs x are rounded here (round_x), else read rounded from the rounding
  * kernel's xq, xd, xs (stage_x). */
 template <int T, bool FUSED>
 __global__ void __launch_bounds__(WARPS * 32, 1)
-    mmb_kernel(float *y, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t cols,
-               int nblk, int64_t units, const float *x, const int8_t *xq, const float *xd,
-               const int8_t *xs, int n_pad)
+    mmb_kernel(mm_set set, int64_t row_bytes, int64_t cols, int nblk, const float *x,
+               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
     mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
 #if MMB_SM90
@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     uint8_t *ring = xsm + (((int64_t)nkb * B::XKB + 127) & ~(int64_t)127);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = lane >> 2, q = lane & 3; /* row of the unit, chain */
+    const int64_t units = set.first[set.n];
     const int64_t u0 = units * blockIdx.x / gridDim.x;
     const int n_local = (int)(units * (blockIdx.x + 1) / gridDim.x - u0);
     if (threadIdx.x == 0) {
@@ -175,17 +176,18 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     int *wown = owner + warp * sd;
     const uint64_t policy = evict_first_policy();
     const int nst = (nkb + B::KC - 1) / B::KC; /* stages per unit */
-    const int64_t total = rows * row_bytes;    /* bytes of the matrix */
-    /* the next stage to issue: unit p_unit (CTA-local, -1: none left), its stage p_st; its
-     * rows p_row0 .. + p_nr - 1 start at p_src */
-    int p_unit = unit_take(counter, n_local, true), p_st = 0, p_nr = 0;
+    /* the next stage to issue: unit p_unit (CTA-local, -1: none left) of member p_m, its
+     * stage p_st; its rows p_row0 .. + p_nr - 1 of the member start at p_src */
+    int p_unit = unit_take(counter, n_local, true), p_st = 0, p_nr = 0, p_m = 0;
     int64_t p_row0 = 0;
-    const uint8_t *p_src = w;
+    const uint8_t *p_src = set.w[0];
     auto unit_start = [&]() {
         if (p_unit >= 0) {
-            p_row0 = (u0 + p_unit) * UROWS;
-            p_nr = mmb_unit_rows(u0 + p_unit, rows);
-            p_src = w + p_row0 * row_bytes;
+            p_m = mm_set_member(set, u0 + p_unit);
+            const int64_t lu = u0 + p_unit - set.first[p_m]; /* unit of the member */
+            p_row0 = lu * UROWS;
+            p_nr = mmb_unit_rows(lu, set.rows[p_m]);
+            p_src = set.w[p_m] + p_row0 * row_bytes;
         }
     };
     unit_start();
@@ -194,8 +196,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         if (lane == 0)
             wown[s] = p_unit;
         if (elect_one())
-            stage_issue<T>(wring + s * UROWS * B::SLOT, &wbar[s], w, p_src, row_bytes, rows,
-                           total, p_row0, p_nr, p_st * B::KC, policy);
+            stage_issue<T>(wring + s * UROWS * B::SLOT, &wbar[s], set.w[p_m], p_src, row_bytes,
+                           set.rows[p_m], set.rows[p_m] * row_bytes, p_row0, p_nr,
+                           p_st * B::KC, policy);
         if (++p_st == nst) {
             p_st = 0;
             p_unit = unit_take(counter, n_local, false);
@@ -217,13 +220,17 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     float acc = 0.0f; /* chain q of row r */
     int c_st = 0, s = 0, nr = 0, rr = 0;
     int64_t row0 = 0;
+    float *y = set.y[0];
     uint32_t phase = 0;
     for (int c = 0; c < issued; c++) {
         bar_wait(&wbar[s], phase);
         if (c_st == 0) { /* a new unit */
-            row0 = (u0 + wown[s]) * UROWS;
-            nr = mmb_unit_rows(u0 + wown[s], rows);
+            const int m = mm_set_member(set, u0 + wown[s]);
+            const int64_t lu = u0 + wown[s] - set.first[m];
+            row0 = lu * UROWS;
+            nr = mmb_unit_rows(lu, set.rows[m]);
             rr = r < nr ? r : nr - 1; /* rows past the matrix read the last real one */
+            y = set.y[m];
         }
         const int k0 = c_st * B::KC;
         const uint8_t *slot = wring + (s * UROWS + rr) * B::SLOT;
@@ -261,14 +268,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
     }
 #else
-    (void)y, (void)w, (void)row_bytes, (void)rows, (void)cols, (void)nblk, (void)units,
-        (void)x, (void)xq, (void)xd, (void)xs, (void)n_pad;
+    (void)set, (void)row_bytes, (void)cols, (void)nblk, (void)x, (void)xq, (void)xd, (void)xs,
+        (void)n_pad;
 #endif
 }
 
 /* --- launch ------------------------------------------------------------------------------- */
-
-int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
 
 /* Blocks per row (super-blocks, or Q8_0's blocks of 32) and k-blocks per row. */
 template <int T> int64_t blocks_of(const ops_weight *w)
@@ -304,11 +309,12 @@ int64_t smem_of(const ops_weight *w)
 }
 
 template <int T, bool FUSED>
-td_err launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
               const mm_device *dev, cudaStream_t st)
 {
-    const int nblk = (int)blocks_of<T>(w);
-    const int64_t units = (w->rows + UROWS - 1) / UROWS;
+    const ops_weight *w = mm[0].w;
+    const mm_set set = mm_set_of(mm, n, UROWS);
+    const int64_t units = set.first[n];
     static int attr_done[64]; /* per device ordinal: the shared-memory opt-in was set */
     int ordinal = 0, major = 0, optin = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
@@ -319,42 +325,22 @@ td_err launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w
         __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
     }
     const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.dynamicSmemBytes = (size_t)smem_for<T>(w);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    const uint8_t *wd = (const uint8_t *)w->data;
-    const int64_t rb = (int64_t)w->row_bytes;
-    const int8_t *q = xq ? xq->xq : NULL, *s = xq ? xq->xsum : NULL;
-    const float *d = xq ? xq->xd : NULL;
-    const int n_pad = xq ? xq->n_pad : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmb_kernel<T, FUSED>, y, wd, rb, w->rows, w->cols,
-                                       nblk, units, x, q, d, s, n_pad);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        (void)cudaGetLastError(); /* plain launches from now on */
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmb_kernel<T, FUSED>, y, wd, rb, w->rows, w->cols, nblk,
-                               units, x, q, d, s, n_pad);
-    }
+    const cudaError_t e = mm_launch(
+        mmb_kernel<T, FUSED>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
+        (int64_t)w->row_bytes, w->cols, (int)blocks_of<T>(w), x, xq ? xq->xq : NULL,
+        xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0);
     if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%lld rows): %s",
-                       dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));
+        return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%d members, %lld units): %s",
+                       dtype_name(w->type), n, (long long)units, cudaGetErrorString(e));
     return TD_OK;
 }
 
 template <int T>
-td_err launch_type(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+td_err launch_type(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                    const mm_device *dev, cudaStream_t st)
 {
-    return mmb_fused(w) ? launch<T, true>(y, x, NULL, w, dev, st)
-                        : launch<T, false>(y, NULL, xq, w, dev, st);
+    return mmb_fused(mm[0].w) ? launch<T, true>(mm, n, x, NULL, dev, st)
+                              : launch<T, false>(mm, n, NULL, xq, dev, st);
 }
 
 } /* namespace */
@@ -396,19 +382,23 @@ bool mmb_fused(const ops_weight *w)
     return w->cols <= MMB_FUSE_COLS;
 }
 
-td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st)
 {
-    TD_ASSERT(mmb_supported(w));
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX);
+    const ops_weight *w = mm[0].w;
+    for (int i = 0; i < n; i++)
+        TD_ASSERT(mmb_supported(mm[i].w) && mm[i].w->type == w->type &&
+                  mm[i].w->cols == w->cols);
     TD_ASSERT(mmb_fused(w) ? x != NULL : xq != NULL && xq->n_tok == 1);
     switch (w->type) {
     case TD_Q8_0:
-        return launch_type<TD_Q8_0>(y, x, xq, w, dev, st);
+        return launch_type<TD_Q8_0>(mm, n, x, xq, dev, st);
     case TD_Q6_K:
-        return launch_type<TD_Q6_K>(y, x, xq, w, dev, st);
+        return launch_type<TD_Q6_K>(mm, n, x, xq, dev, st);
     case TD_Q5_K:
-        return launch_type<TD_Q5_K>(y, x, xq, w, dev, st);
+        return launch_type<TD_Q5_K>(mm, n, x, xq, dev, st);
     default:
-        return launch_type<TD_Q4_K>(y, x, xq, w, dev, st);
+        return launch_type<TD_Q4_K>(mm, n, x, xq, dev, st);
     }
 }

@@ -116,13 +116,14 @@ template <int TT> constexpr int threads_of()
     return KSPLIT * TT * 32;
 }
 
-/* grid: CTA b owns tiles [n_tiles * b / grid, n_tiles * (b + 1) / grid), TT per round;
- * block: threads_of() (warp tau * 4 + c: tile tau of the round, chain c); dynamic shared
- * memory layout::SMEM. cols is a multiple of 256 (K-quants). */
+/* grid: the 16-row tiles of the set's members numbered one member after the other (a tile
+ * never spans two members); CTA b owns tiles [n_tiles * b / grid, n_tiles * (b + 1) / grid),
+ * TT per round (a round may span members); block: threads_of() (warp tau * 4 + c: tile tau
+ * of the round, chain c); dynamic shared memory layout::SMEM. cols is a multiple of 256
+ * (K-quants). */
 template <int T, int NT, int TT>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
-    mmqb_kernel(float *y, const uint8_t *w, uint32_t row_bytes, int64_t rows, int64_t cols,
-                mm_xquant xq)
+    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
      * before it touches anything (see matmul.cu) */
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     }
     __syncthreads();
 
-    const int64_t n_tiles = (rows + MROWS - 1) / MROWS;
+    const int64_t n_tiles = set.first[set.n];
     const int nkb = (int)(cols / Q::KB_W);
     const int nsteps = (nkb + WIN - 1) / WIN;
     const int64_t t_begin = n_tiles * blockIdx.x / gridDim.x;
@@ -170,8 +171,10 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     auto weights = [&](int it) { /* into weight stage it % WS */
         const int stage = it % WS, round = it / nsteps, s = it % nsteps;
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
+        const int m = mm_set_member(set, tile);
         const int i = c * (MROWS / KSPLIT) + lane; /* row of the tile */
-        const int64_t r = tile * MROWS + i;
+        const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
+        const uint8_t *w = set.w[m];
         uint32_t bytes = 0;
         if (lane < MROWS / KSPLIT && tile < t_end && r < rows) {
             /* the 16-byte window around the run (tests/test_cuda_matmul_addresses.c walks
@@ -229,7 +232,9 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     for (int round = 0; round < rounds; round++) {
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
         const bool have = tile < t_end;
-        const uint8_t *wrow = w + (size_t)(have ? tile : 0) * MROWS * row_bytes;
+        const int m = mm_set_member(set, have ? tile : 0);
+        const uint8_t *wrow =
+            set.w[m] + (size_t)(have ? tile - set.first[m] : 0) * MROWS * row_bytes;
         float acc[1][NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -277,21 +282,23 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
         for (int idx = threadIdx.x; idx < TT * MROWS * n_tok; idx += CONS * 32) {
             const int tt = idx / (MROWS * n_tok), rem = idx % (MROWS * n_tok);
             const int rl = rem % MROWS, tk = rem / MROWS;
-            const int64_t t2 = t_begin + (int64_t)round * TT + tt, r = t2 * MROWS + rl;
+            const int64_t t2 = t_begin + (int64_t)round * TT + tt;
+            const int m = mm_set_member(set, t2);
+            const int64_t r = (t2 - set.first[m]) * MROWS + rl, rows = set.rows[m];
             if (t2 < t_end && r < rows)
-                y[(size_t)tk * rows + r] =
+                set.y[m][(size_t)tk * rows + r] =
                     red_sum<1, NT>(red + tt * KSPLIT * MROWS * L::TOKS, rl, tk);
         }
         __syncthreads(); /* red is free again */
     }
 #else
-    (void)y, (void)w, (void)row_bytes, (void)rows, (void)cols, (void)xq;
+    (void)set, (void)row_bytes, (void)cols, (void)xq;
 #endif
 }
 
 template <int T, int NT, int TT>
-td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
-              int64_t grid, cudaStream_t st)
+td_err launch(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
+              const mm_device *dev, int64_t grid, cudaStream_t st)
 {
     constexpr int smem = layout<T, NT, TT>::SMEM;
     static_assert(smem <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
@@ -303,8 +310,13 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    return mmq_launch_grid(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem, y, xq,
-                           w, dev, st, "window kernel");
+    const cudaError_t e = mm_launch(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem,
+                                    dev->pdl, st, set, (uint32_t)w->row_bytes, w->cols, *xq);
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s window kernel launch (%d members, %lld "
+                       "tiles): %s", dtype_name(w->type), set.n, (long long)set.first[set.n],
+                       cudaGetErrorString(e));
+    return TD_OK;
 }
 
 /* Tiles per round: one CTA per SM (or per tile, if fewer), each with an even share of q or
@@ -312,39 +324,44 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
  * weight stages), as evenly as they go: 1088 tiles on 132 SMs: 3 rounds of 3; 320: one
  * round of 3. */
 template <int T, int NT>
-td_err launch_nt(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+td_err launch_nt(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                  cudaStream_t st)
 {
     constexpr int TTMAX = layout<T, NT, 4>::WS >= 3   ? 4
                           : layout<T, NT, 3>::WS >= 3 ? 3
                           : layout<T, NT, 2>::WS >= 3 ? 2
                                                       : 1;
-    const int64_t n_tiles = (w->rows + MROWS - 1) / MROWS;
+    const mm_set set = mm_set_of(mm, n, MROWS);
+    const ops_weight *w = mm[0].w;
+    const int64_t n_tiles = set.first[n];
     const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
     const int64_t q = (n_tiles + grid - 1) / grid;
     const int64_t rounds = (q + TTMAX - 1) / TTMAX;
     const int tt = (int)((q + rounds - 1) / rounds);
+    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
     if (tt <= 1)
-        return launch<T, NT, 1>(y, xq, w, dev, grid, st);
+        return launch<T, NT, 1>(set, xq, w, dev, grid, st);
     if constexpr (TTMAX >= 2) {
         if (tt == 2)
-            return launch<T, NT, 2>(y, xq, w, dev, grid, st);
+            return launch<T, NT, 2>(set, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 3) {
         if (tt == 3)
-            return launch<T, NT, 3>(y, xq, w, dev, grid, st);
+            return launch<T, NT, 3>(set, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 4)
-        return launch<T, NT, 4>(y, xq, w, dev, grid, st);
+        return launch<T, NT, 4>(set, xq, w, dev, grid, st);
     return err_set(TD_EINVAL, "cuda_matmul: no window kernel for %d tiles per round", tt);
 }
 
 template <int T>
-td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
     TD_ASSERT(xq->n_pad == 16);
-    return launch_nt<T, 2>(y, xq, w, dev, st);
+    return launch_nt<T, 2>(mm, n, xq, dev, st);
 }
 
 } /* namespace */
@@ -361,17 +378,21 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
            (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
 }
 
-td_err mmqb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
     TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad);
-    TD_ASSERT(mmqb_supported(w, xq->n_pad));
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX);
+    const ops_weight *w = mm[0].w;
+    for (int i = 0; i < n; i++)
+        TD_ASSERT(mmqb_supported(mm[i].w, xq->n_pad) && mm[i].w->type == w->type &&
+                  mm[i].w->cols == w->cols);
     switch (w->type) {
     case TD_Q5_K:
-        return launch_type<TD_Q5_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q5_K>(mm, n, xq, dev, st);
     case TD_Q6_K:
-        return launch_type<TD_Q6_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q6_K>(mm, n, xq, dev, st);
     default:
-        return launch_type<TD_Q4_K>(y, xq, w, dev, st);
+        return launch_type<TD_Q4_K>(mm, n, xq, dev, st);
     }
 }

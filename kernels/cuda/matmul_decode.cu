@@ -553,8 +553,6 @@ int64_t grid_for(int64_t units, int n_sm, int occ)
     return best < need ? best : need;
 }
 
-int g_pdl_refused; /* set when a launch with programmatic dependent launch was refused */
-
 template <int T, int R>
 td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
               cudaStream_t st)
@@ -575,26 +573,9 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
     }
     const int64_t grid = grid_for((w->rows + 2 * R - 1) / (2 * R), dev->n_sm, occ);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(WARPS * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    const uint8_t *wd = (const uint8_t *)w->data;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                                       w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        (void)cudaGetLastError(); /* plain launches from now on */
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, mmd_kernel<T, R>, y, wd, (uint32_t)w->row_bytes,
-                               w->rows, (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
-    }
+    const cudaError_t e = mm_launch(mmd_kernel<T, R>, grid, WARPS * 32, 0, dev->pdl, st, y,
+                                    (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows,
+                                    (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s decode kernel launch (%lld rows): %s",
                        dtype_name(w->type), (long long)w->rows, cudaGetErrorString(e));

@@ -58,17 +58,22 @@ __device__ __forceinline__ void load_x8(float (&v)[LANE_W], const float *xt, int
     }
 }
 
-/* grid: ceil(rows / RW) * n_ttiles CTAs, token tile fastest (CTAs sharing rows run together
- * and share the weights through L2); block: KSPLIT warps. */
+/* grid: the set's units of RW rows (member after member) times n_ttiles token tiles, token
+ * tile fastest (CTAs sharing rows run together and share the weights through L2); block:
+ * KSPLIT warps. */
 template <int TT>
 __global__ void __launch_bounds__(KSPLIT * 32)
-    mmf_kernel(bool early, float *y, const uint8_t *w, size_t row_bytes, int64_t rows,
-               int64_t cols, const float *x, int n_tok, int n_ttiles, bool vec)
+    mmf_kernel(bool early, mm_set set, size_t row_bytes, int64_t cols, const float *x,
+               int n_tok, int n_ttiles, bool vec)
 {
     pdl_enter(early);
     __shared__ float red[KSPLIT][RW][TT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t r0 = (int64_t)(blockIdx.x / n_ttiles) * RW;
+    const int64_t u = blockIdx.x / n_ttiles;
+    const int m = mm_set_member(set, u);
+    const int64_t r0 = (u - set.first[m]) * RW, rows = set.rows[m];
+    const uint8_t *w = set.w[m];
+    float *y = set.y[m];
     const int t0 = (int)(blockIdx.x % n_ttiles) * TT;
 
     float acc[RW][TT];
@@ -132,38 +137,40 @@ __global__ void __launch_bounds__(KSPLIT * 32)
 }
 
 template <int TT>
-td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
+td_err launch(const mm_set &set, const ops_weight *w, const float *x, int n_tok, bool vec,
               cudaStream_t st)
 {
     const int n_ttiles = (n_tok + TT - 1) / TT;
-    const int64_t n_cta = (w->rows + RW - 1) / RW * n_ttiles;
+    const int64_t n_cta = set.first[set.n] * n_ttiles;
     if (n_cta > 0x7fffffff)
         return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
-                       (long long)w->rows);
+                       (long long)(set.first[set.n] * RW));
     return pdl_launch<mmf_kernel<TT>>("F32 matmul", dim3((unsigned)n_cta), dim3(KSPLIT * 32), 0,
-                                      st, y, (const uint8_t *)w->data, w->row_bytes, w->rows,
-                                      w->cols, x, n_tok, n_ttiles, vec);
+                                      st, set, w->row_bytes, w->cols, x, n_tok, n_ttiles, vec);
 }
 
-td_err launch_tok(float *y, const float *x, const ops_weight *w, int n_tok, bool vec,
+td_err launch_tok(const mm_set &set, const ops_weight *w, const float *x, int n_tok, bool vec,
                   cudaStream_t st)
 {
     if (n_tok == 1)
-        return launch<1>(y, x, w, n_tok, vec, st);
+        return launch<1>(set, w, x, n_tok, vec, st);
     if (n_tok == 2)
-        return launch<2>(y, x, w, n_tok, vec, st);
+        return launch<2>(set, w, x, n_tok, vec, st);
     if (n_tok <= 4)
-        return launch<4>(y, x, w, n_tok, vec, st);
-    return launch<8>(y, x, w, n_tok, vec, st);
+        return launch<4>(set, w, x, n_tok, vec, st);
+    return launch<8>(set, w, x, n_tok, vec, st);
 }
 
 } /* namespace */
 
-td_err mmf_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
+td_err mmf_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st)
 {
-    TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK);
-    const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
-                     ((uintptr_t)x & 15) == 0 && w->cols % LANE_W == 0;
-    TD_ASSERT(w->type == TD_F32);
-    return launch_tok(y, x, w, n_tok, vec, st);
+    TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK && n >= 1 && n <= MM_SET_MAX);
+    const ops_weight *w = mm[0].w;
+    bool vec = ((uintptr_t)x & 15) == 0 && (w->row_bytes & 15) == 0 && w->cols % LANE_W == 0;
+    for (int i = 0; i < n; i++) {
+        TD_ASSERT(mm[i].w->type == TD_F32 && mm[i].w->cols == w->cols);
+        vec = vec && ((uintptr_t)mm[i].w->data & 15) == 0;
+    }
+    return launch_tok(mm_set_of(mm, n, RW), w, x, n_tok, vec, st);
 }

@@ -5,6 +5,7 @@
 #define TANDEM_KERNELS_CUDA_MATMUL_INTERNAL_H
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 
 /* Tokens per launch: one pass over the weights serves this many tokens; cuda_matmul loops
  * over larger n_tok. */
@@ -70,6 +71,66 @@ typedef struct mm_device {
                 * activation rounding before it still runs, streaming weights meanwhile */
 } mm_device;
 
+/* Matrices of one type and width that read the same activations, launched together: one
+ * kernel, one ramp-up and one tail for all of them, and the activations staged (or rounded)
+ * once per CTA. A kernel cuts each member into units (its row groups: 8 rows for the
+ * single-token bulk kernel, 16-row tiles for the window kernel, RW rows for F32) and numbers
+ * them member after member; every (row, token) is computed as it is alone. */
+#define MM_SET_MAX 4
+
+typedef struct mm_set {
+    int n;                         /* members, 1..MM_SET_MAX */
+    float *y[MM_SET_MAX];          /* member m's output [n_tok][rows[m]] */
+    const uint8_t *w[MM_SET_MAX];  /* its weights (every row row_bytes long) */
+    int64_t rows[MM_SET_MAX];
+    int64_t first[MM_SET_MAX + 1]; /* its units are first[m] .. first[m + 1] - 1 */
+} mm_set;
+
+/* The set of the n (1..MM_SET_MAX) members mm[], of one type and width, in units of
+ * unit_rows rows. */
+mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows);
+
+/* The member that unit u belongs to. */
+__device__ __forceinline__ int mm_set_member(const mm_set &s, int64_t u)
+{
+    int m = 0;
+#pragma unroll
+    for (int i = 1; i < MM_SET_MAX; i++)
+        m += i < s.n && u >= s.first[i];
+    return m;
+}
+
+/* Launches k(args...) on st: grid CTAs of `threads` threads with smem bytes of dynamic shared
+ * memory, as a programmatic dependent of the kernel before it when pdl and pdl_enabled();
+ * where the runtime refuses the attribute, plainly, and plainly from then on. Not counted
+ * (the caller notes its launches). */
+template <typename... P, typename... A>
+cudaError_t mm_launch(void (*k)(P...), int64_t grid, int threads, size_t smem, bool pdl,
+                      cudaStream_t st, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    if (e != cudaSuccess && cfg.numAttrs) {
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, k, args...);
+        if (e == cudaSuccess) /* the attribute was what failed */
+            pdl_refuse();
+    }
+    if (e != cudaSuccess)
+        (void)cudaGetLastError(); /* reported by the caller, not again by the next launch */
+    return e;
+}
+
 /* y[n_tok][w->rows] = xq . W^T for Q8_0, Q4_K, Q5_K, Q6_K (matmul_quant.cu). w->data is
  * 16-byte aligned (cuda_matmul checks). With dev->pdl the kernel is launched as a
  * programmatic dependent of the kernel before it on st (which wrote xq) and waits for it
@@ -117,12 +178,13 @@ bool mmb_supported(const ops_weight *w);
 /* Whether the bulk-copy kernel for w rounds x itself (w->cols <= MMB_FUSE_COLS). */
 bool mmb_fused(const ops_weight *w);
 
-/* y[0][w->rows] = x[0][w->cols] . W^T for one token where mmb_supported(w), with the
- * arithmetic of mmq_launch (so the same bits): from x, rounded in the kernel by the rounding
- * kernel's code (matmul_round.cuh), when mmb_fused(w) (xq may be NULL), else from xq (plain
- * layout, xq->n_tok == 1; x may be NULL). Launched as a programmatic dependent of the kernel
- * before it on st (with dev->pdl), it waits for that one before reading x or xq. */
-td_err mmb_launch(float *y, const float *x, const mm_xquant *xq, const ops_weight *w,
+/* mm[i].y[0][rows] = x[0][cols] . mm[i].w^T for one token and n (1..MM_SET_MAX) members of
+ * one type and width where mmb_supported, in one launch, with the arithmetic of mmq_launch
+ * (so the same bits): from x, rounded in the kernel by the rounding kernel's code
+ * (matmul_round.cuh), when mmb_fused (xq may be NULL), else from xq (plain layout,
+ * xq->n_tok == 1; x may be NULL). Launched as a programmatic dependent of the kernel before
+ * it on st (with dev->pdl), it waits for that one before reading x or xq. */
+td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st);
 
 /* The current device's compute capability major and opt-in shared memory per block, asked
@@ -133,10 +195,11 @@ td_err device_caps(int *major, int *optin);
  * an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte aligned data, n_pad 16 or 32. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
 
-/* mmq_launch on the window kernel (matmul_bulk_mma.cu): weights and activations of four
- * k-blocks at a time staged by bulk copies, the activations shared by the CTA's tiles; the
- * same fragments, chains and reduction, so the same bits. */
-td_err mmqb_launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
+/* mmq_launch for n (1..MM_SET_MAX) members of one type and width, in one launch, on the
+ * window kernel (matmul_bulk_mma.cu): weights and activations of four k-blocks at a time
+ * staged by bulk copies, the activations shared by the CTA's tiles; the same fragments,
+ * chains and reduction, so the same bits. */
+td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st);
 
 /* Programmatic dependent launch, device side (no-ops before sm_90): let the dependent
@@ -156,9 +219,9 @@ __device__ __forceinline__ void mm_wait_dependencies(void)
 #endif
 }
 
-/* y[n_tok][w->rows] = x[n_tok][w->cols] . W^T for F32 (matmul_float.cu),
- * 1 <= n_tok <= MM_CHUNK. */
-td_err mmf_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
+/* mm[i].y[n_tok][rows] = x[n_tok][cols] . mm[i].w^T for n (1..MM_SET_MAX) F32 members of
+ * one width, in one launch (matmul_float.cu), 1 <= n_tok <= MM_CHUNK. */
+td_err mmf_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st);
 
 /* The same for F16 and BF16 on the tensor cores, activations split exactly into bf16 pieces
  * (matmul_float_mma.cu), 1 <= n_tok <= MM_CHUNK. */

@@ -328,9 +328,6 @@ td_err launch_type(float *y, const mm_xquant *xq, const ops_weight *w, const mm_
 
 } /* namespace */
 
-/* Set when a launch with programmatic dependent launch was refused. */
-static int g_pdl_refused;
-
 td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int threads, int smem, float *y,
                        const mm_xquant *xq, const ops_weight *w, const mm_device *dev,
                        cudaStream_t st, const char *what)
@@ -338,26 +335,9 @@ td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int threads, int smem, flo
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = dev->pdl && !__atomic_load_n(&g_pdl_refused, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k, y, (const uint8_t *)w->data,
-                                       (uint32_t)w->row_bytes, w->rows, w->cols, *xq);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        /* a setup that refuses the attribute gets plain launches from now on */
-        (void)cudaGetLastError();
-        __atomic_store_n(&g_pdl_refused, 1, __ATOMIC_RELAXED);
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k, y, (const uint8_t *)w->data, (uint32_t)w->row_bytes,
-                               w->rows, w->cols, *xq);
-    }
+    const cudaError_t e = mm_launch(k, grid, threads, smem, dev->pdl, st, y,
+                                    (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows,
+                                    w->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s %s launch (%lld rows): %s",
                        dtype_name(w->type), what, (long long)w->rows, cudaGetErrorString(e));
