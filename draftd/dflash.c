@@ -480,12 +480,10 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     };
     TD_TRY(be->attention(be, &at));
     TD_TRY(be->matmul(be, w->h, w->a, &L->wo, B));
-    TD_TRY(be->add(be, w->x, w->x, w->h, B * H));
-    TD_TRY(be->rmsnorm(be, w->h, w->x, L->post_norm, B, H, H, eps));
+    TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->post_norm, B, H, eps));
     const ops_mm_out gate_up[] = {{w->q, &L->gate}, {w->f, &L->up}};
     TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, B));
-    TD_TRY(be->swiglu(be, w->q, w->q, w->f, B * c->ffn));
-    TD_TRY(be->matmul(be, w->h, w->q, &L->down, B));
+    TD_TRY(be->swiglu_matmul(be, w->h, w->q, w->f, &L->down, B));
     return be->add(be, w->x, w->x, w->h, B * H);
 }
 

@@ -83,6 +83,11 @@ struct ops_backend {
                           const float *w, int64_t n_rows, int64_t dim, float eps);
     td_err (*rmsnorm_silu)(const ops_backend *be, float *out, const float *x, const float *w,
                            const float *z, int64_t n_rows, int64_t dim, float eps);
+    td_err (*conv1d_silu)(const ops_backend *be, float *out, float *state, float *state_all,
+                          const float *x, int64_t x_stride, const float *w, int64_t n_tok,
+                          int64_t n_ch, int64_t k);
+    td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
+                            const ops_weight *w, int64_t n_tok);
     td_err (*delta_prep)(const ops_backend *be, float *gb, float *qkv, const float *alpha,
                          const float *beta, const float *dt_bias, const float *ssm_a,
                          int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,

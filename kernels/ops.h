@@ -116,6 +116,12 @@ typedef struct ops_mm_out {
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                    ops_stream st);
 
+/* cpu_swiglu_matmul: a quantised weight's activation rounding computes gate = silu(gate) * up
+ * as cuda_swiglu does (and stores it), one launch less; other weights run cuda_swiglu, then
+ * cuda_matmul. y bit for bit what that pair gives. */
+td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
+                          int64_t n_tok, ops_stream st);
+
 /* cuda_matmul_multi: mm[i].y = x . mm[i].w^T for i < n (1 <= n <= OPS_MM_GROUP_MAX), all
  * reading x[n_tok][cols]. Each y is bit for bit what cuda_matmul gives; the quantised members
  * share one activation rounding per layout their kernels read (one per group when they share
@@ -305,6 +311,17 @@ void cpu_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64
 void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
                       int64_t n_rows, int64_t dim, float eps);
 
+/* Gated DeltaNet's short convolution and its activation: cpu_conv1d_causal, then
+ * cpu_silu(out, out, n_tok * n_ch). */
+void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
+                     int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int64_t k);
+
+/* The FFN's activation and down projection: gate = silu(gate) * up in place, both
+ * [n_tok][w->cols] (cpu_swiglu), then y[n_tok][w->rows] = gate . W^T (cpu_matmul). y shares
+ * no memory with gate or up. */
+void cpu_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
+                       int64_t n_tok);
+
 /* Gated DeltaNet's recurrence inputs for n_tok tokens at once (DESIGN section 5):
  * gb [n_tok][2][n_v_head]: g = softplus(alpha + dt_bias) * ssm_a, then beta' = sigmoid(beta);
  * alpha, beta [n_tok][n_v_head] (the ssm_alpha, ssm_beta projections); dt_bias, ssm_a
@@ -414,10 +431,13 @@ td_err cuda_rope_neox(float *x, int64_t n_tok, int64_t n_head, int64_t tok_strid
 /* cpu_attention with a's pointers on the device. head_dim <= 256 (TD_ENOTSUP above). */
 td_err cuda_attention(const ops_attn *a, ops_stream st);
 
-/* cpu_conv1d_causal; k <= 16 (TD_ENOTSUP above). */
+/* cpu_conv1d_causal and cpu_conv1d_silu (one launch); k <= 16 (TD_ENOTSUP above). */
 td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const float *x,
                           int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch,
                           int64_t k, ops_stream st);
+td_err cuda_conv1d_silu(float *out, float *state, float *state_all, const float *x,
+                        int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch,
+                        int64_t k, ops_stream st);
 
 /* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
 td_err cuda_delta_rule(const ops_delta *d, ops_stream st);

@@ -1,4 +1,5 @@
-/* The fused CUDA ops (kernels/cuda/fused.cu) against their CPU twins on random data and odd
+/* The fused CUDA ops (kernels/cuda/fused.cu, conv1d_silu, swiglu_matmul) against their CPU
+ * twins or the launches they replace, on random data and odd
  * shapes, each row or token bit-identical alone and inside a block (what greedy speculative
  * decoding on the GPU relies on), the delta rule's strided g/beta and state-before output
  * against its dense form bit for bit, the 2D device copy, the f16 store of the KV cache and
@@ -188,6 +189,100 @@ static void test_delta_rule_strided_gates_and_state_before(void **state)
 }
 
 /* rows of width bytes between pitches, as the taps are copied: exact, the gaps untouched */
+/* One launch for the convolution and its silu: the bits of cuda_conv1d_causal then cuda_silu
+ * (output, carried state, state after every token), and the CPU's chain within 1e-6. */
+static void test_conv1d_silu_equals_conv_then_silu(void **state)
+{
+    (void)state;
+    static const int64_t cs[][3] = {{10240, 4, 1}, {77, 4, 16}, {130, 1, 3}};
+    rng_seed(31);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t n_ch = cs[c][0], k = cs[c][1], n_tok = cs[c][2];
+        const int64_t stride = n_ch + 5, sn = (k - 1) * n_ch, n = n_tok * n_ch;
+        const size_t sb = (size_t)(sn ? sn : 1) * 4, ab = (size_t)(n_tok * sn + 1) * 4;
+        float *x = rng_floats(n_tok * stride, 2), *w = rng_floats(n_ch * k, 1);
+        float *st0 = rng_floats(sn ? sn : 1, 2);
+        float *ref = malloc((size_t)n * 4), *rst = malloc(sb), *rall = malloc(ab);
+        memcpy(rst, st0, sb);
+        cpu_conv1d_silu(ref, rst, rall, x, stride, w, n_tok, n_ch, k);
+        float *dx = dput(x, (size_t)(n_tok * stride) * 4), *dw = dput(w, (size_t)(n_ch * k) * 4);
+        float *sa = dput(st0, sb), *sb2 = dput(st0, sb);
+        float *oa = dpoison((size_t)n * 4), *ob = dpoison((size_t)n * 4);
+        float *aa = dpoison(ab), *ba = dpoison(ab);
+        GPU_OK(cuda_conv1d_causal(oa, k > 1 ? sa : NULL, aa, dx, stride, dw, n_tok, n_ch, k,
+                                  gpu_st));
+        GPU_OK(cuda_silu(oa, oa, n, gpu_st));
+        GPU_OK(cuda_conv1d_silu(ob, k > 1 ? sb2 : NULL, ba, dx, stride, dw, n_tok, n_ch, k,
+                                gpu_st));
+        float *ga = dget(oa, (size_t)n * 4), *gb = dget(ob, (size_t)n * 4);
+        float *gsa = dget(sa, sb), *gsb = dget(sb2, sb);
+        float *gaa = dget(aa, (size_t)(n_tok * sn) * 4 + 4), *gba = dget(ba, (size_t)(n_tok * sn) * 4 + 4);
+        assert_true(check_same_bits("conv1d_silu out", gb, ga, (size_t)n * 4));
+        assert_true(check_same_bits("conv1d_silu state", gsb, gsa, sb));
+        assert_true(check_same_bits("conv1d_silu state_all", gba, gaa, (size_t)(n_tok * sn) * 4));
+        assert_true(check_close("conv1d_silu vs cpu", gb, ref, n, 1e-6f, 1e-6f));
+        free(x), free(w), free(st0), free(ref), free(rst), free(rall);
+        free(ga), free(gb), free(gsa), free(gsb), free(gaa), free(gba);
+        cuda_mem_free(dx), cuda_mem_free(dw), cuda_mem_free(sa), cuda_mem_free(sb2);
+        cuda_mem_free(oa), cuda_mem_free(ob), cuda_mem_free(aa), cuda_mem_free(ba);
+    }
+}
+
+/* The gate applied inside the activation rounding (quantised weights) or by cuda_swiglu
+ * (float weights): y and the stored gate are the bits of cuda_swiglu then cuda_matmul, for
+ * one token (6144 inputs: the pair's single-token kernel rounds x itself), a verify block,
+ * 33 and 70 tokens (two chunks); the gate is the CPU's within expf's error. */
+static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
+{
+    (void)state;
+    static const struct {
+        td_dtype type;
+        int64_t rows, cols;
+    } ws[] = {{TD_Q4_K, 40, 17408}, {TD_Q4_K, 33, 6144}, {TD_Q6_K, 17, 768},
+              {TD_Q5_K, 24, 512},   {TD_Q8_0, 9, 1024},  {TD_BF16, 12, 512},
+              {TD_F32, 5, 256}};
+    static const int64_t toks[] = {1, 16, 33, 70};
+    rng_seed(32);
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) {
+        const int64_t rows = ws[i].rows, cols = ws[i].cols;
+        uint64_t rb = 0;
+        assert_int_equal(dtype_bytes(ws[i].type, (uint64_t)cols, &rb), TD_OK);
+        float *wf = rng_floats(rows * cols, 1);
+        uint8_t *q = malloc((size_t)(rows * (int64_t)rb));
+        for (int64_t r = 0; r < rows; r++)
+            assert_int_equal(cpu_quantize_row(ws[i].type, wf + r * cols, q + r * rb, cols),
+                             TD_OK);
+        ops_weight w;
+        assert_int_equal(ops_weight_init(&w, ws[i].type, rows, cols, q), TD_OK);
+        w.data = dput(q, (size_t)(rows * (int64_t)rb));
+        for (size_t j = 0; j < sizeof toks / sizeof *toks; j++) {
+            const int64_t n = toks[j], nx = n * cols, ny = n * rows;
+            float *g = rng_floats(nx, 4), *u = rng_floats(nx, 2);
+            float *ref = malloc((size_t)nx * 4);
+            cpu_swiglu(ref, g, u, nx);
+            float *ga = dput(g, (size_t)nx * 4), *gb = dput(g, (size_t)nx * 4);
+            float *du = dput(u, (size_t)nx * 4);
+            float *ya = dpoison((size_t)ny * 4), *yb = dpoison((size_t)ny * 4);
+            GPU_OK(cuda_swiglu(ga, ga, du, nx, gpu_st));
+            GPU_OK(cuda_matmul(ya, ga, &w, n, gpu_st));
+            GPU_OK(cuda_swiglu_matmul(yb, gb, du, &w, n, gpu_st));
+            float *hga = dget(ga, (size_t)nx * 4), *hgb = dget(gb, (size_t)nx * 4);
+            float *hya = dget(ya, (size_t)ny * 4), *hyb = dget(yb, (size_t)ny * 4);
+            char what[96];
+            snprintf(what, sizeof what, "swiglu_matmul %s %lldx%lld n_tok %lld",
+                     dtype_name(ws[i].type), (long long)rows, (long long)cols, (long long)n);
+            assert_true(check_same_bits(what, hgb, hga, (size_t)nx * 4));
+            assert_true(check_same_bits(what, hyb, hya, (size_t)ny * 4));
+            assert_true(check_close(what, hgb, ref, nx, 1e-6f, 1e-6f));
+            free(g), free(u), free(ref), free(hga), free(hgb), free(hya), free(hyb);
+            cuda_mem_free(ga), cuda_mem_free(gb), cuda_mem_free(du);
+            cuda_mem_free(ya), cuda_mem_free(yb);
+        }
+        cuda_mem_free((void *)w.data);
+        free(wf), free(q);
+    }
+}
+
 static void test_copy2d_moves_rows_between_pitches(void **state)
 {
     (void)state;
@@ -293,6 +388,8 @@ int main(void)
         cmocka_unit_test(test_rmsnorm_silu_matches_cpu),
         cmocka_unit_test(test_delta_prep_matches_cpu_and_tokens_are_independent),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
+        cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
+        cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),
         cmocka_unit_test(test_attention_device_key_count_equals_exact_call),

@@ -118,6 +118,64 @@ static void test_delta_prep_equals_the_per_token_chain(void **state)
     }
 }
 
+static void test_conv1d_silu_equals_conv_then_silu(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {{1, 5, 4}, {7, 33, 4}, {16, 96, 3}, {3, 10, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        const int64_t n_tok = shapes[s][0], n_ch = shapes[s][1], k = shapes[s][2];
+        const int64_t stride = n_ch + 3, ns = (k - 1) * n_ch;
+        float *x = rnd(n_tok * stride, 3), *w = rnd(n_ch * k, 1), *st = rnd(ns, 2);
+        float *sa = dup(st, ns), *sb = dup(st, ns);
+        float *oa = malloc((size_t)(n_tok * n_ch) * sizeof(float));
+        float *ob = malloc((size_t)(n_tok * n_ch) * sizeof(float));
+        float *alla = malloc((size_t)(n_tok * ns + 1) * sizeof(float));
+        float *allb = malloc((size_t)(n_tok * ns + 1) * sizeof(float));
+        cpu_conv1d_causal(oa, sa, alla, x, stride, w, n_tok, n_ch, k);
+        cpu_silu(oa, oa, n_tok * n_ch);
+        cpu_conv1d_silu(ob, sb, allb, x, stride, w, n_tok, n_ch, k);
+        assert_memory_equal(oa, ob, (size_t)(n_tok * n_ch) * sizeof(float));
+        assert_memory_equal(sa, sb, (size_t)ns * sizeof(float));
+        assert_memory_equal(alla, allb, (size_t)(n_tok * ns) * sizeof(float));
+        /* silu really applied: an output that differs from the plain convolution */
+        cpu_conv1d_causal(ob, st, NULL, x, stride, w, n_tok, n_ch, k);
+        assert_true(memcmp(oa, ob, (size_t)(n_tok * n_ch) * sizeof(float)) != 0);
+        free(x), free(w), free(st), free(sa), free(sb), free(oa), free(ob), free(alla),
+            free(allb);
+    }
+}
+
+/* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */
+static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
+{
+    (void)state;
+    static const td_dtype types[] = {TD_F32, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q6_K};
+    const int64_t rows = 19, cols = 512;
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        uint64_t rb = 0;
+        assert_int_equal(dtype_bytes(types[t], (uint64_t)cols, &rb), TD_OK);
+        float *wf = rnd(rows * cols, 1);
+        uint8_t *q = malloc((size_t)(rows * (int64_t)rb));
+        for (int64_t r = 0; r < rows; r++)
+            assert_int_equal(cpu_quantize_row(types[t], wf + r * cols, q + r * rb, cols), TD_OK);
+        ops_weight w;
+        assert_int_equal(ops_weight_init(&w, types[t], rows, cols, q), TD_OK);
+        for (int64_t n_tok = 1; n_tok <= 17; n_tok += 8) {
+            float *g = rnd(n_tok * cols, 4), *u = rnd(n_tok * cols, 2);
+            float *ga = dup(g, n_tok * cols), *gb = dup(g, n_tok * cols);
+            float *ya = malloc((size_t)(n_tok * rows) * sizeof(float));
+            float *yb = malloc((size_t)(n_tok * rows) * sizeof(float));
+            cpu_swiglu(ga, ga, u, n_tok * cols);
+            cpu_matmul(ya, ga, &w, n_tok);
+            cpu_swiglu_matmul(yb, gb, u, &w, n_tok);
+            assert_memory_equal(ga, gb, (size_t)(n_tok * cols) * sizeof(float));
+            assert_memory_equal(ya, yb, (size_t)(n_tok * rows) * sizeof(float));
+            free(g), free(u), free(ga), free(gb), free(ya), free(yb);
+        }
+        free(wf), free(q);
+    }
+}
+
 static void test_delta_rule_strided_gates_and_state_before(void **state)
 {
     (void)state;
@@ -186,6 +244,8 @@ int main(void)
         cmocka_unit_test(test_add_rmsnorm_equals_add_then_rmsnorm),
         cmocka_unit_test(test_rmsnorm_silu_equals_rmsnorm_silu_mul),
         cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
+        cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
+        cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_attention_key_count_from_memory),
     };

@@ -441,8 +441,7 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
     const ops_mm_out proj[] = {
         {raw, &L->wqkv}, {z, &L->wz}, {alpha, &L->walpha}, {beta, &L->wbeta}};
     TD_TRY(be->matmul_multi(be, w->h, proj, 4, n_tok));
-    TD_TRY(be->conv1d_causal(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
-    TD_TRY(be->silu(be, qkv, qkv, n_tok * ch));
+    TD_TRY(be->conv1d_silu(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
     TD_TRY(be->delta_prep(be, gb, qkv, alpha, beta, L->dt_bias, L->ssm_a, n_tok, nv,
                           hp->n_k_head, hp->d_k, ch, hp->eps));
 
@@ -487,8 +486,7 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
         TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps));
         const ops_mm_out gate_up[] = {{w->ff1, &L->ffn_gate}, {w->ff2, &L->ffn_up}};
         TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, n_tok));
-        TD_TRY(be->swiglu(be, w->ff1, w->ff1, w->ff2, n_tok * hp->n_ff));
-        TD_TRY(be->matmul(be, w->h, w->ff1, &L->ffn_down, n_tok));
+        TD_TRY(be->swiglu_matmul(be, w->h, w->ff1, w->ff2, &L->ffn_down, n_tok));
         if (il + 1 < hp->n_layer)
             TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].attn_norm, n_tok, D,
                                    hp->eps));

@@ -164,6 +164,23 @@ static td_err be_cpu_conv1d_causal(const ops_backend *be, float *out, float *sta
     return TD_OK;
 }
 
+static td_err be_cpu_conv1d_silu(const ops_backend *be, float *out, float *state,
+                                 float *state_all, const float *x, int64_t x_stride,
+                                 const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
+{
+    (void)be;
+    cpu_conv1d_silu(out, state, state_all, x, x_stride, w, n_tok, n_ch, k);
+    return TD_OK;
+}
+
+static td_err be_cpu_swiglu_matmul(const ops_backend *be, float *y, float *gate,
+                                   const float *up, const ops_weight *w, int64_t n_tok)
+{
+    (void)be;
+    cpu_swiglu_matmul(y, gate, up, w, n_tok);
+    return TD_OK;
+}
+
 static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
 {
     (void)be;
@@ -288,6 +305,8 @@ static const ops_backend be_cpu = {
     .to_f16 = be_cpu_to_f16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
     .rmsnorm_silu = be_cpu_rmsnorm_silu,
+    .conv1d_silu = be_cpu_conv1d_silu,
+    .swiglu_matmul = be_cpu_swiglu_matmul,
     .delta_prep = be_cpu_delta_prep,
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,

@@ -40,6 +40,21 @@ void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z
     }
 }
 
+void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
+                     int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
+{
+    cpu_conv1d_causal(out, state, state_all, x, x_stride, w, n_tok, n_ch, k);
+    cpu_silu(out, out, n_tok * n_ch);
+}
+
+void cpu_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
+                       int64_t n_tok)
+{
+    TD_ASSERT(y != NULL && gate != NULL && up != NULL && w != NULL && n_tok >= 0);
+    cpu_swiglu(gate, gate, up, n_tok * w->cols);
+    cpu_matmul(y, gate, w, n_tok);
+}
+
 void cpu_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
                     const float *dt_bias, const float *ssm_a, int64_t n_tok, int64_t n_v_head,
                     int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps)

@@ -39,7 +39,7 @@ act_kernel(bool early, float *out, const float *a, const float *b, float s, int6
             r = x * s;
             break;
         case ACT_SILU:
-            r = x * dev_sigmoid(x);
+            r = dev_silu(x);
             break;
         case ACT_SIGMOID:
             r = dev_sigmoid(x);
@@ -51,7 +51,7 @@ act_kernel(bool early, float *out, const float *a, const float *b, float s, int6
             r = s * tanhf(x / s);
             break;
         default: /* ACT_SWIGLU: a = gate, b = up */
-            r = x * dev_sigmoid(x) * b[i];
+            r = dev_swiglu(x, b[i]);
             break;
         }
         out[i] = r;

@@ -180,6 +180,19 @@ static td_err be_cuda_rmsnorm_silu(const ops_backend *be, float *out, const floa
     return cuda_rmsnorm_silu(out, x, w, z, n_rows, dim, eps, be->stream);
 }
 
+static td_err be_cuda_conv1d_silu(const ops_backend *be, float *out, float *state,
+                                  float *state_all, const float *x, int64_t x_stride,
+                                  const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
+{
+    return cuda_conv1d_silu(out, state, state_all, x, x_stride, w, n_tok, n_ch, k, be->stream);
+}
+
+static td_err be_cuda_swiglu_matmul(const ops_backend *be, float *y, float *gate,
+                                    const float *up, const ops_weight *w, int64_t n_tok)
+{
+    return cuda_swiglu_matmul(y, gate, up, w, n_tok, be->stream);
+}
+
 static td_err be_cuda_delta_prep(const ops_backend *be, float *gb, float *qkv,
                                  const float *alpha, const float *beta, const float *dt_bias,
                                  const float *ssm_a, int64_t n_tok, int64_t n_v_head,
@@ -269,6 +282,8 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->graph_free = be_cuda_graph_free;
     be->add_rmsnorm = be_cuda_add_rmsnorm;
     be->rmsnorm_silu = be_cuda_rmsnorm_silu;
+    be->conv1d_silu = be_cuda_conv1d_silu;
+    be->swiglu_matmul = be_cuda_swiglu_matmul;
     be->delta_prep = be_cuda_delta_prep;
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;

@@ -20,6 +20,7 @@ __device__ __forceinline__ float conv_in(const float *state, const float *x, int
     return tau < 0 ? state[(k - 1 + tau) * n_ch + c] : x[tau * x_stride + c];
 }
 
+template <bool SILU>
 __global__ void __launch_bounds__(CONV_CH *CONV_TLANES)
 conv_kernel(bool early, float *out, float *state, float *state_all, const float *x,
             int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int k)
@@ -39,7 +40,7 @@ conv_kernel(bool early, float *out, float *state, float *state_all, const float 
             if (i < k)
                 s = __fadd_rn(s, __fmul_rn(wc[i], conv_in(state, x, x_stride, n_ch, k,
                                                           t - k + 1 + i, c)));
-        out[t * n_ch + c] = s;
+        out[t * n_ch + c] = SILU ? dev_silu(s) : s; /* cpu_conv1d_silu: then cpu_silu */
         if (state_all) {
             float *sa = state_all + t * (int64_t)(k - 1) * n_ch;
             for (int j = 0; j < k - 1; j++)
@@ -61,9 +62,10 @@ conv_kernel(bool early, float *out, float *state, float *state_all, const float 
             state[j * n_ch + c] = win[j];
 }
 
-extern "C" td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const float *x,
-                                     int64_t x_stride, const float *w, int64_t n_tok,
-                                     int64_t n_ch, int64_t k, ops_stream st)
+template <bool SILU>
+static td_err conv_launch(float *out, float *state, float *state_all, const float *x,
+                          int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch,
+                          int64_t k, ops_stream st)
 {
     TD_ASSERT(out != NULL && x != NULL && w != NULL && k >= 1 && n_ch >= 1 && n_tok >= 0);
     TD_ASSERT(x_stride >= n_ch && (k == 1 || state != NULL));
@@ -74,7 +76,22 @@ extern "C" td_err cuda_conv1d_causal(float *out, float *state, float *state_all,
         return err_set(TD_ENOTSUP, "conv1d over %lld channels", (long long)n_ch);
     if (n_tok == 0)
         return TD_OK;
-    return pdl_launch<conv_kernel>("conv1d", dim3(cuda_blocks(n_ch, CONV_CH)),
-                                   dim3(CONV_CH * CONV_TLANES), 0, st, out, state, state_all, x,
-                                   x_stride, w, n_tok, n_ch, (int)k);
+    return pdl_launch<conv_kernel<SILU>>(SILU ? "conv1d_silu" : "conv1d",
+                                         dim3(cuda_blocks(n_ch, CONV_CH)),
+                                         dim3(CONV_CH * CONV_TLANES), 0, st, out, state,
+                                         state_all, x, x_stride, w, n_tok, n_ch, (int)k);
+}
+
+extern "C" td_err cuda_conv1d_causal(float *out, float *state, float *state_all, const float *x,
+                                     int64_t x_stride, const float *w, int64_t n_tok,
+                                     int64_t n_ch, int64_t k, ops_stream st)
+{
+    return conv_launch<false>(out, state, state_all, x, x_stride, w, n_tok, n_ch, k, st);
+}
+
+extern "C" td_err cuda_conv1d_silu(float *out, float *state, float *state_all, const float *x,
+                                   int64_t x_stride, const float *w, int64_t n_tok,
+                                   int64_t n_ch, int64_t k, ops_stream st)
+{
+    return conv_launch<true>(out, state, state_all, x, x_stride, w, n_tok, n_ch, k, st);
 }

@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_round.cuh"
+#include "kernels/cuda/ops_dev.cuh"
 
 namespace {
 
@@ -25,10 +26,11 @@ namespace {
  * mm_round_block (matmul_round.cuh): the hi/lo digits interleaved per UNIT (8 or 4 inputs),
  * the sums of q per 32 and per 16 inputs as digits (layout in mm_xquant) and d. Tokens
  * n_tok..n_pad-1 are written as zeros. Nothing here looks at another token, so a token's
- * rounding never depends on the batch. */
-template <int UNIT, bool DECODE>
+ * rounding never depends on the batch. GLU (cuda_swiglu_matmul): x is the gate, the inputs
+ * are dev_swiglu(x, up), stored back into x (xw, the same memory) as cuda_swiglu would. */
+template <int UNIT, bool DECODE, bool GLU>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
-                              int64_t cols, int n_tok, int n_pad)
+                              const float *up, float *xw, int64_t cols, int n_tok, int n_pad)
 {
     mm_launch_dependents(); /* the matmul may start streaming its weights */
     /* Launched as a programmatic dependent of the kernel before it (often the previous
@@ -49,6 +51,13 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
 #pragma unroll
         for (int e = 0; e < 8; e++)
             v[e] = mine ? x[(size_t)tok * cols + at + e] : 0.0f;
+        if (GLU && mine) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                v[e] = dev_swiglu(v[e], up[(size_t)tok * cols + at + e]);
+                xw[(size_t)tok * cols + at + e] = v[e];
+            }
+        }
         const mm_round r = mm_round_block<UNIT>(v);
         if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
             if (DECODE) /* the single-token kernel's placement (mm_decode_unit_pos) */
@@ -83,12 +92,14 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
  * the rounding and then the next matmul's CTAs are ready when the last CTAs of that matmul
  * finish, and the next matmul's first weight copies overlap its tail. Both wait
  * (griddepcontrol.wait) before touching anything the earlier kernel uses. */
-template <int UNIT, bool DECODE>
+template <int UNIT, bool DECODE, bool GLU>
 td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsum,
-                     const float *x, int64_t cols, int n_tok, int n_pad, cudaStream_t st)
+                     const float *x, const float *up, int64_t cols, int n_tok, int n_pad,
+                     cudaStream_t st)
 {
-    const cudaError_t e = mm_launch(xquant_kernel<UNIT, DECODE>, grid, 256, 0, pdl, st, xq, xd,
-                                    xsum, x, cols, n_tok, n_pad);
+    const cudaError_t e =
+        mm_launch(xquant_kernel<UNIT, DECODE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
+                  (float *)x, cols, n_tok, n_pad);
     cuda_launch_note(1);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: activation rounding launch: %s",
@@ -281,20 +292,32 @@ bool plan_joins(const mm_plan &a, const ops_weight *wa, const mm_plan &b, const 
            a.fused == b.fused && wa->type == wb->type;
 }
 
-/* Rounds the chunk xc[q.n_tok][cols] into q's buffers in the layout p's kernel reads. */
+/* The rounding launch for the layout p's kernel reads, with or without the gate. */
+template <bool GLU>
+td_err round_glu(const mm_plan &p, unsigned grid, bool pdl, int8_t *xq, float *xd,
+                 int8_t *xsum, const float *xc, const float *up, int64_t cols, int nc,
+                 int n_pad, cudaStream_t st)
+{
+    if (p.unit == 4 && p.placed)
+        return xquant_launch<4, true, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+    if (p.unit == 4)
+        return xquant_launch<4, false, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+    if (p.placed)
+        return xquant_launch<8, true, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+    return xquant_launch<8, false, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+}
+
+/* Rounds the chunk xc[q.n_tok][cols] (with upc: dev_swiglu(xc, upc), stored into xc) into
+ * q's buffers in the layout p's kernel reads. */
 td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const float *xc,
-                    int64_t cols, int nc, int n_pad, bool pdl, cudaStream_t st)
+                    const float *upc, int64_t cols, int nc, int n_pad, bool pdl,
+                    cudaStream_t st)
 {
     const int64_t warps = (int64_t)n_pad * ((cols + MM_XBLOCK - 1) / MM_XBLOCK);
     const int64_t blocks = (warps + 7) / 8;
     const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);
-    if (p.unit == 4 && p.placed)
-        return xquant_launch<4, true>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
-    if (p.unit == 4)
-        return xquant_launch<4, false>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
-    if (p.placed)
-        return xquant_launch<8, true>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
-    return xquant_launch<8, false>(grid, pdl, xq, xd, xsum, xc, cols, nc, n_pad, st);
+    return upc ? round_glu<true>(p, grid, pdl, xq, xd, xsum, xc, upc, cols, nc, n_pad, st)
+               : round_glu<false>(p, grid, pdl, xq, xd, xsum, xc, NULL, cols, nc, n_pad, st);
 }
 
 /* The kernel p picked for the n members set[] of one type, over one chunk (rounded in q, or
@@ -334,7 +357,8 @@ td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const m
  * layout the members' kernels read, each followed by the kernels of every member that reads
  * it, and the bulk-copy kernels that round x themselves (mmb_fused, after waiting for the
  * kernel before them) without one (in group order otherwise; no result depends on the
- * order).
+ * order). With up (cuda_swiglu_matmul, one member): x is the gate, every chunk goes through
+ * the rounding kernel, which applies the gate and stores it back into x.
  *
  * Why one scratch buffer is enough although the next rounding on this stream may be launched
  * early (a programmatic dependent) and overwrites what several kernels read: completion is
@@ -348,9 +372,10 @@ td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const m
  * before it reads). Between two kernels of a group the wait costs nothing it did not cost
  * before: each was launched early and streams its first weights during its predecessor's
  * tail. */
-td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, int nq,
-                          int64_t n_tok, cudaStream_t st)
+td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm, const int *qi,
+                          int nq, int64_t n_tok, cudaStream_t st)
 {
+    TD_ASSERT(!up || nq == 1); /* a second rounding would read the gated x */
     int ordinal = 0, major = 0;
     mm_device dev = {0, false};
     CUDA_TRY(cudaGetDevice(&ordinal));
@@ -372,9 +397,11 @@ td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, i
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
         mm_plan plan[OPS_MM_GROUP_MAX];
         bool done[OPS_MM_GROUP_MAX] = {};
-        for (int i = 0; i < nq; i++)
+        for (int i = 0; i < nq; i++) {
             plan[i] = plan_of(mm[qi[i]].w, nc, &dev);
-        const float *xc = x + (size_t)t0 * cols;
+            plan[i].fused = plan[i].fused && !up; /* the gate goes through the rounding */
+        }
+        const float *xc = x + (size_t)t0 * cols, *upc = up ? up + (size_t)t0 * cols : NULL;
         for (int i = 0; i < nq; i++) {
             if (done[i])
                 continue;
@@ -386,7 +413,7 @@ td_err matmul_quant_group(const float *x, const ops_mm_out *mm, const int *qi, i
             /* only right after this stream's previous quantised matmul kernel (mm_mark) */
             const bool pdl_x =
                 dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
-            TD_TRY(round_launch(plan[i], xq, xd, xsum, xc, cols, nc, n_pad, pdl_x, st));
+            TD_TRY(round_launch(plan[i], xq, xd, xsum, xc, upc, cols, nc, n_pad, pdl_x, st));
             for (int j = i; j < nq; j++)
                 if (!done[j] && plan_shares_rounding(plan[i], plan[j]))
                     TD_TRY(launch_joined(mm, qi, nq, j, plan, done, t0, xc, &q, &dev, st));
@@ -488,7 +515,7 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     }
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
-        TD_TRY(matmul_quant_group(x, mm, qi, nq, n_tok, cs));
+        TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
     int fi[OPS_MM_GROUP_MAX], nf = 0;
     for (int i = 0; i < n; i++)
         if (is_float_type(mm[i].w->type))
@@ -504,4 +531,22 @@ td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
     TD_ASSERT(y != NULL && w != NULL);
     const ops_mm_out one = {y, w};
     return cuda_matmul_multi(x, &one, 1, n_tok, st);
+}
+
+td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
+                          int64_t n_tok, ops_stream st)
+{
+    TD_ASSERT(y != NULL && gate != NULL && up != NULL && w != NULL && n_tok >= 1);
+    const size_t yb = (size_t)n_tok * (size_t)w->rows * sizeof(float);
+    const size_t xb = (size_t)n_tok * (size_t)w->cols * sizeof(float);
+    TD_ASSERT(!spans_overlap(y, yb, gate, xb) && !spans_overlap(y, yb, up, xb));
+    if (is_float_type(w->type) || !ops_type_supported(w->type) || ((uintptr_t)w->data & 15)) {
+        /* nothing to fuse into (or an error cuda_matmul reports): the pair */
+        TD_TRY(cuda_swiglu(gate, gate, up, n_tok * w->cols, st));
+        return cuda_matmul(y, gate, w, n_tok, st);
+    }
+    TD_ASSERT(w->data != NULL && w->rows >= 1 && w->cols % dtype_get(w->type)->block == 0);
+    const ops_mm_out one = {y, w};
+    const int qi = 0;
+    return matmul_quant_group(gate, up, &one, &qi, 1, n_tok, (cudaStream_t)st);
 }

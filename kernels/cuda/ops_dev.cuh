@@ -23,6 +23,18 @@ __device__ __forceinline__ float dev_sigmoid(float x)
     return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
+/* x * sigmoid(x) and silu(gate) * up, as cpu_silu and cpu_swiglu (one definition for every
+ * kernel that applies them, so fused and plain launches give the same bits). */
+__device__ __forceinline__ float dev_silu(float x)
+{
+    return x * dev_sigmoid(x);
+}
+
+__device__ __forceinline__ float dev_swiglu(float gate, float up)
+{
+    return gate * dev_sigmoid(gate) * up;
+}
+
 __device__ __forceinline__ float dev_warp_sum(float v)
 {
     for (int off = 16; off > 0; off >>= 1)
