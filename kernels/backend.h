@@ -88,8 +88,6 @@ struct ops_backend {
                           int64_t n_ch, int64_t k);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
-    td_err (*add_rmsnorm_matmul)(const ops_backend *be, float *x, float *h, const float *w,
-                                 float eps, const ops_mm_out *mm, int n, int64_t n_tok);
     td_err (*delta_prep)(const ops_backend *be, float *gb, float *qkv, const float *alpha,
                          const float *beta, const float *dt_bias, const float *ssm_a,
                          int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,

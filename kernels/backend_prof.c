@@ -15,8 +15,7 @@ typedef enum pf_op {
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
-    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL,
-    PF_ADD_RMSNORM_MATMUL, PF_N_OPS
+    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -24,7 +23,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "conv1d_silu", "swiglu_matmul", "add_rmsnorm_matmul",
+    "conv1d_silu", "swiglu_matmul",
 };
 
 typedef struct pf_stat {
@@ -330,12 +329,6 @@ static td_err pf_swiglu_matmul(const ops_backend *be, float *y, float *gate, con
     PF_TIMED(PF_SWIGLU_MATMUL, in->swiglu_matmul(in, y, gate, up, w, n_tok));
 }
 
-static td_err pf_add_rmsnorm_matmul(const ops_backend *be, float *x, float *h, const float *w,
-                                    float eps, const ops_mm_out *mm, int n, int64_t n_tok)
-{
-    PF_TIMED(PF_ADD_RMSNORM_MATMUL, in->add_rmsnorm_matmul(in, x, h, w, eps, mm, n, n_tok));
-}
-
 static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
 {
     PF_TIMED(PF_DELTA_RULE, in->delta_rule(in, d));
@@ -476,7 +469,6 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->conv1d_causal = pf_conv1d_causal;
     b->conv1d_silu = pf_conv1d_silu;
     b->swiglu_matmul = pf_swiglu_matmul;
-    b->add_rmsnorm_matmul = pf_add_rmsnorm_matmul;
     b->delta_rule = pf_delta_rule;
     b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;

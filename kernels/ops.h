@@ -116,14 +116,6 @@ typedef struct ops_mm_out {
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
                    ops_stream st);
 
-/* cpu_add_rmsnorm_matmul: for one token whose first quantised member runs on the sm_90
- * bulk-copy kernel with its own rounding, that kernel makes the norm (in cuda_add_rmsnorm's
- * order) for itself and the members joining it, one launch less; otherwise cuda_add_rmsnorm,
- * then cuda_matmul_multi. x, h and every y bit for bit what that pair gives; errors of a
- * member as cuda_matmul_multi's, before anything is enqueued. */
-td_err cuda_add_rmsnorm_matmul(float *x, float *h, const float *w, float eps,
-                               const ops_mm_out *mm, int n, int64_t n_tok, ops_stream st);
-
 /* cpu_swiglu_matmul: a quantised weight's activation rounding computes gate = silu(gate) * up
  * as cuda_swiglu does (and stores it), one launch less; other weights run cuda_swiglu, then
  * cuda_matmul. y bit for bit what that pair gives. */
@@ -323,12 +315,6 @@ void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z
  * cpu_silu(out, out, n_tok * n_ch). */
 void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
                      int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int64_t k);
-
-/* A residual add, the next norm and the products that read it: cpu_add_rmsnorm(x, h, h, w,
- * n_tok, dim, eps) with dim = mm[0].w->cols, then cpu_matmul of each mm[i] on h (1 <= n <=
- * OPS_MM_GROUP_MAX, the outputs share no memory with x, h or each other). */
-void cpu_add_rmsnorm_matmul(float *x, float *h, const float *w, float eps, const ops_mm_out *mm,
-                            int n, int64_t n_tok);
 
 /* The FFN's activation and down projection: gate = silu(gate) * up in place, both
  * [n_tok][w->cols] (cpu_swiglu), then y[n_tok][w->rows] = gate . W^T (cpu_matmul). y shares

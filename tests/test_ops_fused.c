@@ -145,47 +145,6 @@ static void test_conv1d_silu_equals_conv_then_silu(void **state)
     }
 }
 
-/* x += h; h = rmsnorm(x) * w; then every member's product of h: the chain's bits. */
-static void test_add_rmsnorm_matmul_equals_the_chain(void **state)
-{
-    (void)state;
-    const int64_t dim = 512, n_tok = 3, rows[] = {7, 20};
-    const td_dtype types[] = {TD_Q4_K, TD_F32};
-    ops_weight w[2];
-    uint8_t *q[2];
-    for (int i = 0; i < 2; i++) {
-        uint64_t rb = 0;
-        assert_int_equal(dtype_bytes(types[i], (uint64_t)dim, &rb), TD_OK);
-        float *wf = rnd(rows[i] * dim, 1);
-        q[i] = malloc((size_t)(rows[i] * (int64_t)rb));
-        for (int64_t r = 0; r < rows[i]; r++)
-            assert_int_equal(cpu_quantize_row(types[i], wf + r * dim, q[i] + r * rb, dim), TD_OK);
-        assert_int_equal(ops_weight_init(&w[i], types[i], rows[i], dim, q[i]), TD_OK);
-        free(wf);
-    }
-    float *x = rnd(n_tok * dim, 3), *h = rnd(n_tok * dim, 1), *nw = rnd(dim, 1.5f);
-    float *xa = dup(x, n_tok * dim), *ha = dup(h, n_tok * dim);
-    float *xb = dup(x, n_tok * dim), *hb = dup(h, n_tok * dim);
-    float *ya[2], *yb[2];
-    ops_mm_out mm[2];
-    for (int i = 0; i < 2; i++) {
-        ya[i] = malloc((size_t)(n_tok * rows[i]) * sizeof(float));
-        yb[i] = malloc((size_t)(n_tok * rows[i]) * sizeof(float));
-        mm[i] = (ops_mm_out){yb[i], &w[i]};
-    }
-    cpu_add_rmsnorm(xa, ha, ha, nw, n_tok, dim, 1e-6f);
-    for (int i = 0; i < 2; i++)
-        cpu_matmul(ya[i], ha, &w[i], n_tok);
-    cpu_add_rmsnorm_matmul(xb, hb, nw, 1e-6f, mm, 2, n_tok);
-    assert_memory_equal(xa, xb, (size_t)(n_tok * dim) * sizeof(float));
-    assert_memory_equal(ha, hb, (size_t)(n_tok * dim) * sizeof(float));
-    for (int i = 0; i < 2; i++) {
-        assert_memory_equal(ya[i], yb[i], (size_t)(n_tok * rows[i]) * sizeof(float));
-        free(ya[i]), free(yb[i]), free(q[i]);
-    }
-    free(x), free(h), free(nw), free(xa), free(ha), free(xb), free(hb);
-}
-
 /* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */
 static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
 {
@@ -287,7 +246,6 @@ int main(void)
         cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
-        cmocka_unit_test(test_add_rmsnorm_matmul_equals_the_chain),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_attention_key_count_from_memory),
     };

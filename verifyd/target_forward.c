@@ -384,22 +384,11 @@ td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
 
 /* --- mixers ----------------------------------------------------------------------------- */
 
-/* A mixer's projections of w->h; with norm (the layer's attn_norm) the residual add and that
- * norm come first (x += h; h = rmsnorm(x) * norm), in one call with them. */
-static td_err tgt_mixer_in(const tgt_model *m, tgt_work *w, const float *norm,
-                           const ops_mm_out *mm, int n)
-{
-    const ops_backend *be = m->be;
-    if (norm)
-        return be->add_rmsnorm_matmul(be, w->x, w->h, norm, m->hp.eps, mm, n, w->n_tok);
-    return be->matmul_multi(be, w->h, mm, n, w->n_tok);
-}
-
-/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] (made first as tgt_mixer_in says
- * with norm) at positions w->step_pos; writes this block's K/V into the cache (kv_type) at
- * those rows and the mixer output (before attn_output) into w->o. */
+/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions w->step_pos; writes
+ * this block's K/V into the cache (kv_type) at those rows and the mixer output (before
+ * attn_output) into w->o. */
 static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_state *s,
-                            int64_t ia, tgt_work *w, const float *norm)
+                            int64_t ia, tgt_work *w)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
@@ -408,7 +397,7 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
     float *q = w->a, *k = w->b, *v = w->c;
     const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
-    TD_TRY(tgt_mixer_in(m, w, norm, qkv, 3));
+    TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
     TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
     TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
@@ -437,8 +426,8 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
  * recurrence inputs are produced straight into it (no copies) and rec_ssm0 receives the
  * recurrent state before the block. */
 static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
-                           int64_t n_tok, tgt_work *w, const float *norm, float *rec_ssm0,
-                           float *rec_xconv, float *rec_qkv, float *rec_gb)
+                           int64_t n_tok, tgt_work *w, float *rec_ssm0, float *rec_xconv,
+                           float *rec_qkv, float *rec_gb)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
@@ -451,7 +440,7 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
     /* the four projections of h in one call: the GPU rounds h once for the quantised ones */
     const ops_mm_out proj[] = {
         {raw, &L->wqkv}, {z, &L->wz}, {alpha, &L->walpha}, {beta, &L->wbeta}};
-    TD_TRY(tgt_mixer_in(m, w, norm, proj, 4));
+    TD_TRY(be->matmul_multi(be, w->h, proj, 4, n_tok));
     TD_TRY(be->conv1d_silu(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
     TD_TRY(be->delta_prep(be, gb, qkv, alpha, beta, L->dt_bias, L->ssm_a, n_tok, nv,
                           hp->n_k_head, hp->d_k, ch, hp->eps));
@@ -477,38 +466,31 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
     const ops_backend *be = m->be;
     tgt_work *w = m->work;
     int64_t D = hp->n_embd, ia = 0, id = 0;
-    /* Each residual add is fused with the norm that follows it (the next sublayer's), and
-     * with the products that read that norm: norm is the attn_norm the next mixer applies
-     * after adding h into x (NULL: h is its input as it is). */
-    const float *norm = NULL;
+    /* Each residual add is fused with the norm that follows it (the next sublayer's). */
     TD_TRY(be->rmsnorm(be, w->h, w->x, m->layers[0].attn_norm, n_tok, D, D, hp->eps));
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const tgt_layer *L = &m->layers[il];
         if (L->kind == TGT_LAYER_ATTN) {
-            TD_TRY(tgt_attention(m, L, s, ia, w, norm));
+            TD_TRY(tgt_attention(m, L, s, ia, w));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
             if (record)
                 TD_TRY(be->copy(be, s->rec_conv0[id], s->conv[id], tgt_conv_floats(hp) * sizeof(float)));
-            TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w, norm,
+            TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w,
                                 record ? s->rec_ssm0[id] : NULL, record ? s->rec_xconv[id] : NULL,
                                 record ? s->rec_qkv[id] : NULL, record ? s->rec_gb[id] : NULL));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wssm_out, n_tok));
             id++;
         }
+        TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps));
         const ops_mm_out gate_up[] = {{w->ff1, &L->ffn_gate}, {w->ff2, &L->ffn_up}};
-        TD_TRY(be->add_rmsnorm_matmul(be, w->x, w->h, L->ffn_norm, hp->eps, gate_up, 2, n_tok));
+        TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, n_tok));
         TD_TRY(be->swiglu_matmul(be, w->h, w->ff1, w->ff2, &L->ffn_down, n_tok));
-        /* a tapped layer's x is copied out below, so its add happens here */
-        bool tapped = false;
-        for (int64_t j = 0; out && j < out->n_taps; j++)
-            tapped = tapped || out->taps[j] == il;
-        norm = il + 1 < hp->n_layer && !tapped ? m->layers[il + 1].attn_norm : NULL;
-        if (il + 1 < hp->n_layer && tapped)
+        if (il + 1 < hp->n_layer)
             TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].attn_norm, n_tok, D,
                                    hp->eps));
-        else if (il + 1 == hp->n_layer)
+        else
             TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
 
         /* tap j of token t at tap_out[t][j]: one strided copy per tap */

@@ -181,15 +181,6 @@ static td_err be_cpu_swiglu_matmul(const ops_backend *be, float *y, float *gate,
     return TD_OK;
 }
 
-static td_err be_cpu_add_rmsnorm_matmul(const ops_backend *be, float *x, float *h,
-                                        const float *w, float eps, const ops_mm_out *mm, int n,
-                                        int64_t n_tok)
-{
-    (void)be;
-    cpu_add_rmsnorm_matmul(x, h, w, eps, mm, n, n_tok);
-    return TD_OK;
-}
-
 static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
 {
     (void)be;
@@ -316,7 +307,6 @@ static const ops_backend be_cpu = {
     .rmsnorm_silu = be_cpu_rmsnorm_silu,
     .conv1d_silu = be_cpu_conv1d_silu,
     .swiglu_matmul = be_cpu_swiglu_matmul,
-    .add_rmsnorm_matmul = be_cpu_add_rmsnorm_matmul,
     .delta_prep = be_cpu_delta_prep,
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,

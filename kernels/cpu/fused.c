@@ -47,15 +47,6 @@ void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
     cpu_silu(out, out, n_tok * n_ch);
 }
 
-void cpu_add_rmsnorm_matmul(float *x, float *h, const float *w, float eps, const ops_mm_out *mm,
-                            int n, int64_t n_tok)
-{
-    TD_ASSERT(mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 0);
-    cpu_add_rmsnorm(x, h, h, w, n_tok, mm[0].w->cols, eps);
-    for (int i = 0; i < n; i++)
-        cpu_matmul(mm[i].y, h, mm[i].w, n_tok);
-}
-
 void cpu_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
                        int64_t n_tok)
 {

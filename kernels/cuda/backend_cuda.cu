@@ -193,13 +193,6 @@ static td_err be_cuda_swiglu_matmul(const ops_backend *be, float *y, float *gate
     return cuda_swiglu_matmul(y, gate, up, w, n_tok, be->stream);
 }
 
-static td_err be_cuda_add_rmsnorm_matmul(const ops_backend *be, float *x, float *h,
-                                         const float *w, float eps, const ops_mm_out *mm, int n,
-                                         int64_t n_tok)
-{
-    return cuda_add_rmsnorm_matmul(x, h, w, eps, mm, n, n_tok, be->stream);
-}
-
 static td_err be_cuda_delta_prep(const ops_backend *be, float *gb, float *qkv,
                                  const float *alpha, const float *beta, const float *dt_bias,
                                  const float *ssm_a, int64_t n_tok, int64_t n_v_head,
@@ -291,7 +284,6 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->rmsnorm_silu = be_cuda_rmsnorm_silu;
     be->conv1d_silu = be_cuda_conv1d_silu;
     be->swiglu_matmul = be_cuda_swiglu_matmul;
-    be->add_rmsnorm_matmul = be_cuda_add_rmsnorm_matmul;
     be->delta_prep = be_cuda_delta_prep;
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;

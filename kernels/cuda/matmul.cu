@@ -134,7 +134,6 @@ typedef struct mm_scratch {
      * stream), so the kernel before that rounding is this matmul kernel, which lets its
      * dependents launch early */
     unsigned long long mm_mark;
-    unsigned *ticket; /* device counter of mm_norm, 0 between launches */
 } mm_scratch;
 
 mm_scratch g_scratch[MM_SCRATCH_SLOTS];
@@ -152,26 +151,12 @@ td_err scratch_get(cudaStream_t st, size_t need, void **out, mm_scratch **slot)
     for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
         if (!g_scratch[i].used) {
             s = &g_scratch[i];
-            *s = mm_scratch{dev, st, NULL, 0, true, ~0ull, NULL};
+            *s = mm_scratch{dev, st, NULL, 0, true, ~0ull};
         }
     if (!s) {
         pthread_mutex_unlock(&g_scratch_lock);
         return err_set(TD_ENOMEM, "cuda_matmul: scratch for more than %d streams",
                        MM_SCRATCH_SLOTS);
-    }
-    if (!s->ticket) {
-        void *t = NULL;
-        cudaError_t e = cudaMalloc(&t, 256);
-        if (e == cudaSuccess)
-            e = cudaMemset(t, 0, 256);
-        if (e != cudaSuccess) {
-            if (t)
-                cudaFree(t);
-            pthread_mutex_unlock(&g_scratch_lock);
-            return err_set(TD_ENOMEM, "cuda_matmul: a launch counter: %s",
-                           cudaGetErrorString(e));
-        }
-        s->ticket = (unsigned *)t;
     }
     if (s->cap < need) {
         const size_t cap = (need + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
@@ -368,17 +353,6 @@ td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const m
     return kernel_launch(set, n, xc, q, plan[i], dev, st);
 }
 
-/* The current device as the launchers need it. */
-td_err device_of(mm_device *dev)
-{
-    int ordinal = 0, major = 0;
-    CUDA_TRY(cudaGetDevice(&ordinal));
-    CUDA_TRY(cudaDeviceGetAttribute(&dev->n_sm, cudaDevAttrMultiProcessorCount, ordinal));
-    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
-    dev->pdl = major >= 9;
-    return TD_OK;
-}
-
 /* The quantised members qi[nq] of a group over x[n_tok][cols]: per chunk, one rounding per
  * layout the members' kernels read, each followed by the kernels of every member that reads
  * it, and the bulk-copy kernels that round x themselves (mmb_fused, after waiting for the
@@ -402,8 +376,12 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
                           int nq, int64_t n_tok, cudaStream_t st)
 {
     TD_ASSERT(!up || nq == 1); /* a second rounding would read the gated x */
-    mm_device dev;
-    TD_TRY(device_of(&dev));
+    int ordinal = 0, major = 0;
+    mm_device dev = {0, false};
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    CUDA_TRY(cudaDeviceGetAttribute(&dev.n_sm, cudaDevAttrMultiProcessorCount, ordinal));
+    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+    dev.pdl = major >= 9;
     const int64_t cols = mm[qi[0]].w->cols;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;
@@ -505,14 +483,12 @@ mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
     return s;
 }
 
-/* The checks of cuda_matmul_multi, before anything is enqueued: qi[*nq] = the quantised
- * members. */
-static td_err group_check(const float *x, const ops_mm_out *mm, int n, int64_t n_tok, int *qi,
-                          int *nq)
+td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
+                         ops_stream st)
 {
     TD_ASSERT(x != NULL && mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 1);
     const int64_t cols = mm[0].w ? mm[0].w->cols : 0;
-    *nq = 0;
+    int qi[OPS_MM_GROUP_MAX], nq = 0;
     for (int i = 0; i < n; i++) {
         const ops_weight *w = mm[i].w;
         TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
@@ -526,7 +502,7 @@ static td_err group_check(const float *x, const ops_mm_out *mm, int n, int64_t n
         if (((uintptr_t)w->data & 15) != 0)
             return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
                            dtype_name(w->type), w->data);
-        qi[(*nq)++] = i;
+        qi[nq++] = i;
     }
     /* a y inside x, or two ys sharing memory, would make the group differ from separate
      * calls (x is rounded once, before any y is written) */
@@ -537,14 +513,6 @@ static td_err group_check(const float *x, const ops_mm_out *mm, int n, int64_t n
             TD_ASSERT(!spans_overlap(mm[i].y, yb, mm[j].y,
                                      (size_t)n_tok * (size_t)mm[j].w->rows * sizeof(float)));
     }
-    return TD_OK;
-}
-
-td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
-                         ops_stream st)
-{
-    int qi[OPS_MM_GROUP_MAX], nq = 0;
-    TD_TRY(group_check(x, mm, n, n_tok, qi, &nq));
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
         TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
@@ -555,63 +523,6 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     if (nf)
         TD_TRY(matmul_float(mm, fi, nf, x, n_tok, cs));
     return TD_OK;
-}
-
-/* Whether cuda_add_rmsnorm_matmul may make the norm in the bulk-copy kernel (TANDEM_MMN=off:
- * never, to measure the pair; read once; the same bits either way). */
-static bool mmn_allowed(void)
-{
-    static int v; /* 0: not read, 1: on, 2: off */
-    int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
-    if (c == 0) {
-        const char *e = getenv("TANDEM_MMN");
-        c = e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
-        __atomic_store_n(&v, c, __ATOMIC_RELAXED);
-    }
-    return c == 1;
-}
-
-td_err cuda_add_rmsnorm_matmul(float *x, float *h, const float *w, float eps,
-                               const ops_mm_out *mm, int n, int64_t n_tok, ops_stream st)
-{
-    int qi[OPS_MM_GROUP_MAX], nq = 0;
-    TD_TRY(group_check(h, mm, n, n_tok, qi, &nq));
-    const int64_t dim = mm[0].w->cols;
-    TD_ASSERT(x != NULL && !spans_overlap(x, (size_t)n_tok * dim * 4, h, (size_t)n_tok * dim * 4));
-    cudaStream_t cs = (cudaStream_t)st;
-    mm_device dev;
-    TD_TRY(device_of(&dev));
-    /* one token whose first quantised member rounds its input itself: that member and the
-     * members joining it make the norm too */
-    mm_plan p0 = {};
-    int i0 = -1;
-    if (n_tok == 1 && nq > 0 && mmn_allowed()) {
-        p0 = plan_of(mm[qi[0]].w, 1, &dev);
-        i0 = p0.fused ? qi[0] : -1;
-    }
-    if (i0 < 0) {
-        TD_TRY(cuda_add_rmsnorm(x, h, h, w, n_tok, dim, eps, st));
-        return cuda_matmul_multi(h, mm, n, n_tok, st);
-    }
-    void *buf = NULL;
-    mm_scratch *slot = NULL;
-    TD_TRY(scratch_get(cs, xq_layout_of(dim, 8).bytes, &buf, &slot));
-    ops_mm_out set[MM_SET_MAX], rest[OPS_MM_GROUP_MAX];
-    int ns = 0, nr = 0;
-    for (int i = 0; i < n; i++) {
-        const bool joins = i == i0 || (ns < MM_SET_MAX && !is_float_type(mm[i].w->type) &&
-                                       plan_joins(p0, mm[i0].w, plan_of(mm[i].w, 1, &dev),
-                                                  mm[i].w));
-        if (joins)
-            set[ns++] = mm[i];
-        else
-            rest[nr++] = mm[i];
-    }
-    const mm_norm nrm = {x, h, h, w, eps, slot->ticket};
-    TD_TRY(mmb_launch_norm(set, ns, &nrm, &dev, cs));
-    cuda_launch_note(1);
-    slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
-    return nr ? cuda_matmul_multi(h, rest, nr, n_tok, st) : TD_OK;
 }
 
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,

@@ -47,16 +47,11 @@
 #include "kernels/cuda/matmul_bulk_blocks.cuh"
 #include "kernels/cuda/matmul_bulk_copy.cuh"
 #include "kernels/cuda/matmul_internal.h"
-#include "kernels/cuda/ops_dev.cuh"
 
 namespace {
 
 constexpr int WARPS = MMB_WARPS;
 constexpr int UROWS = MMB_UROWS;
-
-/* Where the token's input comes from: rounded by the rounding kernel (stage_x), x rounded
- * here (round_x), or cuda_add_rmsnorm's output made and rounded here (mm_norm). */
-enum { MMB_STAGED, MMB_ROUND, MMB_NORM };
 
 #if MMB_SM90
 
@@ -133,66 +128,6 @@ __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
     return u < n_local ? u : -1;
 }
 
-/* The residual row as add_rmsnorm_kernel's FUSED_ROW_THREADS threads hold it: warp w of
- * this CTA plays their warps w, w + WARPS, ... (p = 0..NORM_PW-1), value j of virtual
- * thread t is input t + j * FUSED_ROW_THREADS. */
-constexpr int NORM_PW = FUSED_ROW_THREADS / 32 / WARPS;
-constexpr int NORM_PER = (MMB_FUSE_COLS + FUSED_ROW_THREADS - 1) / FUSED_ROW_THREADS;
-
-__device__ __forceinline__ int64_t norm_at(int p, int j)
-{
-    return (int64_t)((threadIdx.x >> 5) + p * WARPS) * 32 + (threadIdx.x & 31) +
-           (int64_t)j * FUSED_ROW_THREADS;
-}
-
-/* v = x + h over dim <= MMB_FUSE_COLS inputs (this lane's share, norm_at) and 1 / sqrt(mean(
- * v^2) + eps) in add_rmsnorm_kernel's exact order: each of its threads sums fmaf(v, v) over
- * its inputs in f32, then the f64 xor butterfly runs within each warp of them and again over
- * the warp sums. All loads are issued before the first sum (one latency, not one per input);
- * red: 33 doubles of shared memory. */
-__device__ __forceinline__ float norm_inv(const float *x, const float *h, int64_t dim,
-                                          float eps, double *red,
-                                          float (&v)[NORM_PW][NORM_PER])
-{
-    constexpr int VW = FUSED_ROW_THREADS / 32, PW = NORM_PW, PER = NORM_PER;
-    static_assert(VW <= 32 && VW % WARPS == 0, "one warp gathers the warp sums");
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int p = 0; p < PW; p++)
-#pragma unroll
-        for (int j = 0; j < PER; j++) {
-            const int64_t i = norm_at(p, j);
-            v[p][j] = i < dim ? __fadd_rn(x[i], h[i]) : 0.0f;
-        }
-#pragma unroll
-    for (int p = 0; p < PW; p++) {
-        float part = 0.0f;
-#pragma unroll
-        for (int j = 0; j < PER; j++)
-            if (norm_at(p, j) < dim)
-                part = fmaf(v[p][j], v[p][j], part);
-        const double s = dev_warp_sum((double)part);
-        if (lane == 0)
-            red[warp + p * WARPS] = s;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const double s = dev_warp_sum(lane < VW ? red[lane] : 0.0);
-        if (lane == 0)
-            red[32] = s;
-    }
-    __syncthreads();
-    const double ss = red[32];
-    __syncthreads(); /* red is free again */
-    return (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-}
-
-/* add_rmsnorm's output value of input i. */
-__device__ __forceinline__ float norm_out(float v, float inv, const float *w, int64_t i)
-{
-    return w ? __fmul_rn(__fmul_rn(v, inv), w[i]) : __fmul_rn(v, inv);
-}
-
 #endif /* MMB_SM90 */
 
 /* --- the kernel --------------------------------------------------------------------------- */
@@ -201,13 +136,12 @@ __device__ __forceinline__ float norm_out(float v, float inv, const float *w, in
  * shared memory. The units of the set's members are numbered one member after the other
  * (a unit never spans two members); CTA b owns units [units * b / grid, units * (b + 1) /
  * grid) and its warps take them one at a time. nblk: blocks per row (super-blocks, or
- * Q8_0's blocks of 32). MODE: the token's inputs read rounded from the rounding kernel's xq,
- * xd, xs (stage_x), x rounded here (round_x), or the output of add_rmsnorm(nrm) made and
- * rounded here. */
-template <int T, int MODE>
+ * Q8_0's blocks of 32). FUSED: the token's inputs x are rounded here (round_x), else read
+ * rounded from the rounding kernel's xq, xd, xs (stage_x). */
+template <int T, bool FUSED>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     mmb_kernel(mm_set set, int64_t row_bytes, int64_t cols, int nblk, const float *x,
-               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad, mm_norm nrm)
+               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
     mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
 #if MMB_SM90
@@ -219,7 +153,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     uint64_t *bars = (uint64_t *)smem;     /* [NS], one arrival each */
     int *owner = (int *)(bars + NS);       /* [NS] unit in the stage */
     int *counter = owner + NS;             /* units taken in this CTA */
-    int *last = counter + 1;               /* MMB_NORM: this CTA stores x and out */
     uint8_t *xsm = smem + MMB_HDR;                  /* [nkb][XKB] activations */
     uint8_t *ring = xsm + (((int64_t)nkb * B::XKB + 127) & ~(int64_t)127);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -278,26 +211,10 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         issue(s);
 
     mm_wait_dependencies(); /* x, or xq, xd, xs, come from the kernel before this one */
-    float inv = 0.0f, nv[NORM_PW][NORM_PER]; /* MMB_NORM: the residual row, this lane's share */
-    if constexpr (MODE == MMB_NORM) {
-        /* the activation area is not written yet: it holds the sums */
-        inv = norm_inv(nrm.x, nrm.h, cols, nrm.eps, (double *)xsm, nv);
-        round_x<T>(
-            xsm,
-            [&](int64_t i) {
-                return norm_out(__fadd_rn(nrm.x[i], nrm.h[i]), inv, nrm.w, i);
-            },
-            cols, nkb);
-        __syncthreads(); /* every read of x and h in this CTA is done */
-        if (threadIdx.x == 0) {
-            __threadfence();
-            *last = atomicAdd(nrm.ticket, 1u) == gridDim.x - 1;
-        }
-    } else if constexpr (MODE == MMB_ROUND) {
-        round_x<T>(xsm, [&](int64_t i) { return x[i]; }, cols, nkb);
-    } else {
+    if constexpr (FUSED)
+        round_x<T>(xsm, x, cols, nkb);
+    else
         stage_x<T>(xsm, xq, xd, xs, cols, nkb, n_pad);
-    }
     __syncthreads();
 
     float acc = 0.0f; /* chain q of row r */
@@ -350,26 +267,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             phase ^= 1;
         }
     }
-    if constexpr (MODE == MMB_NORM) {
-        /* every CTA has read x and h: the last one stores add_rmsnorm's results */
-        if (*last) {
-#pragma unroll
-            for (int p = 0; p < NORM_PW; p++)
-#pragma unroll
-                for (int j = 0; j < NORM_PER; j++) {
-                    const int64_t i = norm_at(p, j);
-                    if (i < cols) {
-                        nrm.x[i] = nv[p][j];
-                        nrm.out[i] = norm_out(nv[p][j], inv, nrm.w, i);
-                    }
-                }
-            if (threadIdx.x == 0)
-                *nrm.ticket = 0u;
-        }
-    }
 #else
     (void)set, (void)row_bytes, (void)cols, (void)nblk, (void)x, (void)xq, (void)xd, (void)xs,
-        (void)n_pad, (void)nrm;
+        (void)n_pad;
 #endif
 }
 
@@ -408,9 +308,9 @@ int64_t smem_of(const ops_weight *w)
     }
 }
 
-template <int T, int MODE>
+template <int T, bool FUSED>
 td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
-              const mm_norm *nrm, const mm_device *dev, cudaStream_t st)
+              const mm_device *dev, cudaStream_t st)
 {
     const ops_weight *w = mm[0].w;
     const mm_set set = mm_set_of(mm, n, UROWS);
@@ -420,16 +320,15 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
     CUDA_TRY(cudaGetDevice(&ordinal));
     TD_TRY(device_caps(&major, &optin));
     if (!__atomic_load_n(&attr_done[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, MODE>,
+        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, FUSED>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
     }
     const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
-    const mm_norm none = {NULL, NULL, NULL, NULL, 0.0f, NULL};
     const cudaError_t e = mm_launch(
-        mmb_kernel<T, MODE>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
+        mmb_kernel<T, FUSED>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
         (int64_t)w->row_bytes, w->cols, (int)blocks_of<T>(w), x, xq ? xq->xq : NULL,
-        xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0, nrm ? *nrm : none);
+        xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%d members, %lld units): %s",
                        dtype_name(w->type), n, (long long)units, cudaGetErrorString(e));
@@ -438,33 +337,10 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
 
 template <int T>
 td_err launch_type(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
-                   const mm_norm *nrm, const mm_device *dev, cudaStream_t st)
+                   const mm_device *dev, cudaStream_t st)
 {
-    if (nrm)
-        return launch<T, MMB_NORM>(mm, n, NULL, NULL, nrm, dev, st);
-    return x ? launch<T, MMB_ROUND>(mm, n, x, NULL, NULL, dev, st)
-             : launch<T, MMB_STAGED>(mm, n, NULL, xq, NULL, dev, st);
-}
-
-/* The launch for the members' type. */
-td_err launch_any(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
-                  const mm_norm *nrm, const mm_device *dev, cudaStream_t st)
-{
-    TD_ASSERT(n >= 1 && n <= MM_SET_MAX);
-    const ops_weight *w = mm[0].w;
-    for (int i = 0; i < n; i++)
-        TD_ASSERT(mmb_supported(mm[i].w) && mm[i].w->type == w->type &&
-                  mm[i].w->cols == w->cols);
-    switch (w->type) {
-    case TD_Q8_0:
-        return launch_type<TD_Q8_0>(mm, n, x, xq, nrm, dev, st);
-    case TD_Q6_K:
-        return launch_type<TD_Q6_K>(mm, n, x, xq, nrm, dev, st);
-    case TD_Q5_K:
-        return launch_type<TD_Q5_K>(mm, n, x, xq, nrm, dev, st);
-    default:
-        return launch_type<TD_Q4_K>(mm, n, x, xq, nrm, dev, st);
-    }
+    return x ? launch<T, true>(mm, n, x, NULL, dev, st)
+             : launch<T, false>(mm, n, NULL, xq, dev, st);
 }
 
 } /* namespace */
@@ -509,13 +385,20 @@ bool mmb_fused(const ops_weight *w)
 td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st)
 {
-    TD_ASSERT(x ? mmb_fused(mm[0].w) && !xq : xq != NULL && xq->n_tok == 1);
-    return launch_any(mm, n, x, xq, NULL, dev, st);
-}
-
-td_err mmb_launch_norm(const ops_mm_out *mm, int n, const mm_norm *nrm, const mm_device *dev,
-                       cudaStream_t st)
-{
-    TD_ASSERT(nrm != NULL && nrm->x && nrm->h && nrm->out && nrm->ticket && mmb_fused(mm[0].w));
-    return launch_any(mm, n, NULL, NULL, nrm, dev, st);
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX);
+    const ops_weight *w = mm[0].w;
+    for (int i = 0; i < n; i++)
+        TD_ASSERT(mmb_supported(mm[i].w) && mm[i].w->type == w->type &&
+                  mm[i].w->cols == w->cols);
+    TD_ASSERT(x ? mmb_fused(w) && !xq : xq != NULL && xq->n_tok == 1);
+    switch (w->type) {
+    case TD_Q8_0:
+        return launch_type<TD_Q8_0>(mm, n, x, xq, dev, st);
+    case TD_Q6_K:
+        return launch_type<TD_Q6_K>(mm, n, x, xq, dev, st);
+    case TD_Q5_K:
+        return launch_type<TD_Q5_K>(mm, n, x, xq, dev, st);
+    default:
+        return launch_type<TD_Q4_K>(mm, n, x, xq, dev, st);
+    }
 }

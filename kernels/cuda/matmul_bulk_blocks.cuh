@@ -110,12 +110,11 @@ __device__ __forceinline__ uint32_t srow_word(srow r, int k)
  * kernel's code, so the same digits, sums and d), with each k-block's aux bytes: Q4_K/Q5_K
  * the digits of the 32-input sums j = 0..3 with dx in the fourth word, then j = 4..7; Q6_K
  * the four 16-byte groups of the 16-input sums (k = 4u .. 4u+3), dx in the first one's
- * fourth word; Q8_0 dx alone (two k-blocks per 256-input block). x(i) gives input i. Warp
- * w takes blocks w,
+ * fourth word; Q8_0 dx alone (two k-blocks per 256-input block). Warp w takes blocks w,
  * w + warps, ...: all its loads of up to 3 blocks are issued before it rounds them, about one
  * latency for rows up to MMB_FUSE_COLS inputs at 8 warps. */
-template <int T, typename LOAD>
-__device__ __forceinline__ void round_x(uint8_t *xsm, LOAD x, int64_t cols, int nkb)
+template <int T>
+__device__ __forceinline__ void round_x(uint8_t *xsm, const float *x, int64_t cols, int nkb)
 {
     constexpr int XKB = bq<T>::XKB, UNIT = T == TD_Q6_K ? 4 : 8, BATCH = 3;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -128,7 +127,7 @@ __device__ __forceinline__ void round_x(uint8_t *xsm, LOAD x, int64_t cols, int 
             const bool mine = b0 + j * nw < nb && at < cols; /* cols: a multiple of 32 */
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                v[j][e] = mine ? x(at + e) : 0.0f;
+                v[j][e] = mine ? x[at + e] : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < BATCH; j++) {

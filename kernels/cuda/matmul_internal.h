@@ -178,19 +178,6 @@ bool mmb_supported(const ops_weight *w);
 /* Whether the bulk-copy kernel for w rounds x itself (w->cols <= MMB_FUSE_COLS). */
 bool mmb_fused(const ops_weight *w);
 
-/* add_rmsnorm ahead of a single-token bulk-copy kernel (cuda_add_rmsnorm_matmul): every CTA
- * computes v = x + h and out = rmsnorm(v) * w in cuda_add_rmsnorm's order and rounds out as
- * its input; the last CTA to have read x and h (counted in *ticket, which it leaves at 0)
- * stores v into x and the normed row into out (which may be h) after its matrix work. */
-typedef struct mm_norm {
-    float *x;
-    const float *h;
-    float *out;
-    const float *w; /* may be NULL */
-    float eps;
-    unsigned *ticket;
-} mm_norm;
-
 /* mm[i].y[0][rows] = x[0][cols] . mm[i].w^T for one token and n (1..MM_SET_MAX) members of
  * one type and width where mmb_supported, in one launch, with the arithmetic of mmq_launch
  * (so the same bits): from x (only where mmb_fused; xq NULL), rounded in the kernel by the
@@ -199,11 +186,6 @@ typedef struct mm_norm {
  * it on st (with dev->pdl), it waits for that one before reading x or xq. */
 td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st);
-
-/* mmb_launch for members where mmb_fused, their input made by the kernel from nrm (x and xq
- * unused): one launch for cuda_add_rmsnorm and the members' products. */
-td_err mmb_launch_norm(const ops_mm_out *mm, int n, const mm_norm *nrm, const mm_device *dev,
-                       cudaStream_t st);
 
 /* The current device's compute capability major and opt-in shared memory per block, asked
  * once per device (matmul_bulk.cu). */

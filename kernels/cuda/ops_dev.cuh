@@ -16,12 +16,6 @@
 
 #define DEV_FULL_MASK 0xffffffffu
 
-/* Threads of add_rmsnorm's block (fused.cu), whose order of summing a residual row (5120
- * wide on the 27B) the single-token matmul that fuses it reproduces (matmul_bulk.cu): at
- * decode this one block is the whole launch, so it takes all the threads a block can have
- * (256 measured 15.7 us per call on an H200). */
-#define FUSED_ROW_THREADS 1024
-
 /* 1 / (1 + e^-x) without overflow, as cpu_sigmoid. */
 __device__ __forceinline__ float dev_sigmoid(float x)
 {
