@@ -88,6 +88,10 @@ struct ops_backend {
                           int64_t n_ch, int64_t k);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
+    td_err (*qk_norm_rope)(const ops_backend *be, float *q, float *k, const float *q_norm,
+                           const float *k_norm, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
+                           int64_t head_dim, int64_t q_head, int64_t n_rot, const int32_t *pos,
+                           float theta, float eps);
     td_err (*delta_prep)(const ops_backend *be, float *gb, float *qkv, const float *alpha,
                          const float *beta, const float *dt_bias, const float *ssm_a,
                          int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,

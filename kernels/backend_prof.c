@@ -15,7 +15,8 @@ typedef enum pf_op {
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
-    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL, PF_N_OPS
+    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL,
+    PF_QK_NORM_ROPE, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -23,7 +24,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "conv1d_silu", "swiglu_matmul",
+    "conv1d_silu", "swiglu_matmul", "qk_norm_rope",
 };
 
 typedef struct pf_stat {
@@ -329,6 +330,15 @@ static td_err pf_swiglu_matmul(const ops_backend *be, float *y, float *gate, con
     PF_TIMED(PF_SWIGLU_MATMUL, in->swiglu_matmul(in, y, gate, up, w, n_tok));
 }
 
+static td_err pf_qk_norm_rope(const ops_backend *be, float *q, float *k, const float *q_norm,
+                              const float *k_norm, int64_t n_tok, int64_t n_head,
+                              int64_t n_head_kv, int64_t head_dim, int64_t q_head, int64_t n_rot,
+                              const int32_t *pos, float theta, float eps)
+{
+    PF_TIMED(PF_QK_NORM_ROPE, in->qk_norm_rope(in, q, k, q_norm, k_norm, n_tok, n_head, n_head_kv,
+                                               head_dim, q_head, n_rot, pos, theta, eps));
+}
+
 static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
 {
     PF_TIMED(PF_DELTA_RULE, in->delta_rule(in, d));
@@ -469,6 +479,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->conv1d_causal = pf_conv1d_causal;
     b->conv1d_silu = pf_conv1d_silu;
     b->swiglu_matmul = pf_swiglu_matmul;
+    b->qk_norm_rope = pf_qk_norm_rope;
     b->delta_rule = pf_delta_rule;
     b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;

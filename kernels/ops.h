@@ -316,6 +316,16 @@ void cpu_rmsnorm_silu(float *out, const float *x, const float *w, const float *z
 void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
                      int64_t x_stride, const float *w, int64_t n_tok, int64_t n_ch, int64_t k);
 
+/* Attention's per-head norms and rotary embedding of q and k: cpu_rmsnorm(q, q, q_norm,
+ * n_tok * n_head, head_dim, q_head, eps) and cpu_rmsnorm(k, k, k_norm, n_tok * n_head_kv,
+ * head_dim, head_dim, eps), then cpu_rope_neox(q, n_tok, n_head, n_head * q_head, q_head,
+ * n_rot, pos, theta) and cpu_rope_neox(k, n_tok, n_head_kv, n_head_kv * head_dim, head_dim,
+ * ...): q's token t, head h at q + (t * n_head + h) * q_head, k's at k + (t * n_head_kv + h)
+ * * head_dim. */
+void cpu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
+                      int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                      int64_t q_head, int64_t n_rot, const int32_t *pos, float theta, float eps);
+
 /* The FFN's activation and down projection: gate = silu(gate) * up in place, both
  * [n_tok][w->cols] (cpu_swiglu), then y[n_tok][w->rows] = gate . W^T (cpu_matmul). y shares
  * no memory with gate or up. */
@@ -455,6 +465,12 @@ td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k
  * and batch invariant. cuda_delta_prep: d_k <= 1024. */
 td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
                         int64_t dim, float eps, ops_stream st);
+/* cpu_qk_norm_rope in one launch, each head the bits of cuda_rmsnorm then cuda_rope_neox;
+ * head_dim <= 1024. */
+td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
+                         int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                         int64_t q_head, int64_t n_rot, const int32_t *pos, float theta,
+                         float eps, ops_stream st);
 td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
                          int64_t n_rows, int64_t dim, float eps, ops_stream st);
 td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,

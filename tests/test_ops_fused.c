@@ -145,6 +145,25 @@ static void test_conv1d_silu_equals_conv_then_silu(void **state)
     }
 }
 
+/* Gated q heads (norm over the query half), plain k heads, partial rotation: the chain. */
+static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
+{
+    (void)state;
+    const int64_t n = 3, nh = 4, nkv = 2, hd = 64, q_head = 128, n_rot = 32;
+    const int32_t pos[3] = {0, 7, 123456};
+    float *q = rnd(n * nh * q_head, 3), *k = rnd(n * nkv * hd, 3);
+    float *qn = rnd(hd, 1.5f), *kn = rnd(hd, 1.5f);
+    float *qa = dup(q, n * nh * q_head), *ka = dup(k, n * nkv * hd);
+    cpu_rmsnorm(qa, qa, qn, n * nh, hd, q_head, 1e-6f);
+    cpu_rmsnorm(ka, ka, kn, n * nkv, hd, hd, 1e-6f);
+    cpu_rope_neox(qa, n, nh, nh * q_head, q_head, n_rot, pos, 1e6f);
+    cpu_rope_neox(ka, n, nkv, nkv * hd, hd, n_rot, pos, 1e6f);
+    cpu_qk_norm_rope(q, k, qn, kn, n, nh, nkv, hd, q_head, n_rot, pos, 1e6f, 1e-6f);
+    assert_memory_equal(q, qa, (size_t)(n * nh * q_head) * sizeof(float));
+    assert_memory_equal(k, ka, (size_t)(n * nkv * hd) * sizeof(float));
+    free(q), free(k), free(qn), free(kn), free(qa), free(ka);
+}
+
 /* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */
 static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
 {
@@ -246,6 +265,7 @@ int main(void)
         cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
+        cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_attention_key_count_from_memory),
     };

@@ -399,11 +399,9 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
     TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
     /* q_norm covers the query half of each head, never the gate. */
-    TD_TRY(be->rmsnorm(be, q, q, L->q_norm, n_tok * hp->n_head, hd, q_head, hp->eps));
-    TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n_tok * hp->n_head_kv, hd, hd, hp->eps));
     const int32_t *pos = w->step_pos + 1;
-    TD_TRY(be->rope_neox(be, q, n_tok, hp->n_head, q_tok, q_head, hp->n_rot, pos, hp->rope_theta));
-    TD_TRY(be->rope_neox(be, k, n_tok, hp->n_head_kv, kv_tok, hd, hp->n_rot, pos, hp->rope_theta));
+    TD_TRY(be->qk_norm_rope(be, q, k, L->q_norm, L->k_norm, n_tok, hp->n_head, hp->n_head_kv, hd,
+                            q_head, hp->n_rot, pos, hp->rope_theta, hp->eps));
     /* rows given on the device: a recording stays valid as n_past moves; an f16 cache
      * rounds each key and value once, here */
     TD_TRY(be->kv_store(be, s->k[ia], s->v[ia], s->kv_type, k, v, pos, n_tok, kv_tok));

@@ -181,6 +181,17 @@ static td_err be_cpu_swiglu_matmul(const ops_backend *be, float *y, float *gate,
     return TD_OK;
 }
 
+static td_err be_cpu_qk_norm_rope(const ops_backend *be, float *q, float *k, const float *q_norm,
+                                  const float *k_norm, int64_t n_tok, int64_t n_head,
+                                  int64_t n_head_kv, int64_t head_dim, int64_t q_head,
+                                  int64_t n_rot, const int32_t *pos, float theta, float eps)
+{
+    (void)be;
+    cpu_qk_norm_rope(q, k, q_norm, k_norm, n_tok, n_head, n_head_kv, head_dim, q_head, n_rot,
+                     pos, theta, eps);
+    return TD_OK;
+}
+
 static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
 {
     (void)be;
@@ -307,6 +318,7 @@ static const ops_backend be_cpu = {
     .rmsnorm_silu = be_cpu_rmsnorm_silu,
     .conv1d_silu = be_cpu_conv1d_silu,
     .swiglu_matmul = be_cpu_swiglu_matmul,
+    .qk_norm_rope = be_cpu_qk_norm_rope,
     .delta_prep = be_cpu_delta_prep,
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,

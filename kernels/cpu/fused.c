@@ -47,6 +47,17 @@ void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
     cpu_silu(out, out, n_tok * n_ch);
 }
 
+void cpu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
+                      int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                      int64_t q_head, int64_t n_rot, const int32_t *pos, float theta, float eps)
+{
+    TD_ASSERT(q != NULL && k != NULL && q_head >= head_dim && n_tok >= 0);
+    cpu_rmsnorm(q, q, q_norm, n_tok * n_head, head_dim, q_head, eps);
+    cpu_rmsnorm(k, k, k_norm, n_tok * n_head_kv, head_dim, head_dim, eps);
+    cpu_rope_neox(q, n_tok, n_head, n_head * q_head, q_head, n_rot, pos, theta);
+    cpu_rope_neox(k, n_tok, n_head_kv, n_head_kv * head_dim, head_dim, n_rot, pos, theta);
+}
+
 void cpu_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight *w,
                        int64_t n_tok)
 {

@@ -193,6 +193,16 @@ static td_err be_cuda_swiglu_matmul(const ops_backend *be, float *y, float *gate
     return cuda_swiglu_matmul(y, gate, up, w, n_tok, be->stream);
 }
 
+static td_err be_cuda_qk_norm_rope(const ops_backend *be, float *q, float *k,
+                                   const float *q_norm, const float *k_norm, int64_t n_tok,
+                                   int64_t n_head, int64_t n_head_kv, int64_t head_dim,
+                                   int64_t q_head, int64_t n_rot, const int32_t *pos,
+                                   float theta, float eps)
+{
+    return cuda_qk_norm_rope(q, k, q_norm, k_norm, n_tok, n_head, n_head_kv, head_dim, q_head,
+                             n_rot, pos, theta, eps, be->stream);
+}
+
 static td_err be_cuda_delta_prep(const ops_backend *be, float *gb, float *qkv,
                                  const float *alpha, const float *beta, const float *dt_bias,
                                  const float *ssm_a, int64_t n_tok, int64_t n_v_head,
@@ -284,6 +294,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->rmsnorm_silu = be_cuda_rmsnorm_silu;
     be->conv1d_silu = be_cuda_conv1d_silu;
     be->swiglu_matmul = be_cuda_swiglu_matmul;
+    be->qk_norm_rope = be_cuda_qk_norm_rope;
     be->delta_prep = be_cuda_delta_prep;
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;

@@ -10,6 +10,7 @@
                                 * block can have (256 measured 15.7 us per call on an H200) */
 #define FUSED_HEAD_THREADS 128 /* a head of 128 values */
 #define FUSED_MAX_DK 1024
+#define FUSED_MAX_HD 1024 /* qk_norm_rope: a head in shared memory */
 
 __device__ __forceinline__ float fused_softplus(float x)
 {
@@ -103,6 +104,45 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
     }
 }
 
+/* Block b = (token b / (n_head + n_kv), head b % (n_head + n_kv)): a q head (head < n_head)
+ * or a k head, normed in norm.cu's order with its formula (DEV_NORM_THREADS threads), then
+ * rotated with rope.cu's angles and roundings: the bits of cuda_rmsnorm then
+ * cuda_rope_neox on it. */
+__global__ void __launch_bounds__(DEV_NORM_THREADS)
+qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const float *k_norm,
+                    int64_t n_head, int64_t n_kv, int64_t hd, int64_t q_head, int64_t n_rot,
+                    const int32_t *pos, float theta, float eps)
+{
+    pdl_enter(early);
+    __shared__ double sh[33];
+    __shared__ float v[FUSED_MAX_HD];
+    const int64_t t = blockIdx.x / (n_head + n_kv), h = blockIdx.x % (n_head + n_kv);
+    const bool is_q = h < n_head;
+    float *x = is_q ? q + (t * n_head + h) * q_head : k + (t * n_kv + h - n_head) * hd;
+    const float *w = is_q ? q_norm : k_norm;
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
+        part = fmaf(x[i], x[i], part);
+    const double ss = dev_block_sum((double)part, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
+        v[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+    __syncthreads();
+    const int64_t half = n_rot / 2;
+    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS) {
+        float r = v[i];
+        if (i < 2 * half) {
+            const int64_t j = i < half ? i : i - half;
+            const double freq = pow((double)theta, -2.0 * (double)j / (double)n_rot);
+            const double ang = (double)pos[t] * freq;
+            const float c = (float)cos(ang), s = (float)sin(ang), a = v[j], b = v[j + half];
+            r = i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))
+                         : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        }
+        x[i] = r;
+    }
+}
+
 /* grid (n_tok, 2*n_k_head + 1): blocks y < 2*n_k_head normalise one q or k head of token x;
  * the last block of each token makes its g and beta */
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
@@ -176,4 +216,22 @@ extern "C" td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, con
     return pdl_launch<delta_prep_kernel>("delta_prep", grid, dim3(FUSED_HEAD_THREADS), 0, st, gb,
                                          qkv, alpha, beta, dt_bias, ssm_a, n_v_head, n_k_head,
                                          d_k, qkv_stride, eps, q_scale);
+}
+
+extern "C" td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
+                                    int64_t n_tok, int64_t n_head, int64_t n_head_kv,
+                                    int64_t head_dim, int64_t q_head, int64_t n_rot,
+                                    const int32_t *pos, float theta, float eps, ops_stream st)
+{
+    TD_ASSERT(q != NULL && k != NULL && pos != NULL && n_tok >= 0 && n_head >= 1);
+    TD_ASSERT(n_head_kv >= 1 && head_dim >= 1 && q_head >= head_dim && theta > 0);
+    TD_ASSERT(n_rot >= 2 && n_rot % 2 == 0 && n_rot <= head_dim);
+    if (head_dim > FUSED_MAX_HD || n_tok * (n_head + n_head_kv) > INT32_MAX)
+        return err_set(TD_ENOTSUP, "q/k norm and RoPE: %lld tokens of %lld heads of %lld",
+                       (long long)n_tok, (long long)(n_head + n_head_kv), (long long)head_dim);
+    if (n_tok == 0)
+        return TD_OK;
+    return pdl_launch<qk_norm_rope_kernel>(
+        "qk_norm_rope", dim3((unsigned)(n_tok * (n_head + n_head_kv))), dim3(DEV_NORM_THREADS), 0,
+        st, q, k, q_norm, k_norm, n_head, n_head_kv, head_dim, q_head, n_rot, pos, theta, eps);
 }

@@ -6,7 +6,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
-#define NORM_THREADS 256
+#define NORM_THREADS DEV_NORM_THREADS
 
 /* mode 0: RMS norm (mean of squares), 1: L2 norm (sum of squares) */
 __global__ void __launch_bounds__(NORM_THREADS)

@@ -16,6 +16,10 @@
 
 #define DEV_FULL_MASK 0xffffffffu
 
+/* Threads of a row norm's block (norm.cu); a kernel that norms rows itself uses as many, so
+ * its sums meet in the same order (fused.cu's qk_norm_rope). */
+#define DEV_NORM_THREADS 256
+
 /* 1 / (1 + e^-x) without overflow, as cpu_sigmoid. */
 __device__ __forceinline__ float dev_sigmoid(float x)
 {
