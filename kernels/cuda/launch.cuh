@@ -83,16 +83,15 @@ template <auto K> uint64_t *pdl_occ_cache(void)
     return occ;
 }
 
-/* Launches K<<<grid, block, smem, st>>>(early, args...) as a programmatic dependent where it
- * can (see the top of this file), counted as one launch. what names the kernel in the
- * error message. */
-template <auto K, typename... A>
-td_err pdl_launch(const char *what, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                  A... args)
+/* Launches k(args...) on st with smem bytes of dynamic shared memory, as a programmatic
+ * dependent of the kernel before it when pdl and pdl_enabled(); where the runtime refuses
+ * the attribute, plainly, and plainly from then on (pdl_refuse). Not counted; an error is
+ * cleared from the runtime (reported by the caller, not again by the next launch) and
+ * returned. */
+template <typename... P, typename... A>
+cudaError_t launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, bool pdl,
+                      cudaStream_t st, A... args)
 {
-    const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
-    const pdl_plan p = pdl_plan_get((const void *)K, blocks, block.x * block.y * block.z,
-                                    smem, pdl_occ_cache<K>());
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -102,22 +101,37 @@ td_err pdl_launch(const char *what, dim3 grid, dim3 block, size_t smem, cudaStre
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = p.pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, K, p.early, args...);
-    if (e != cudaSuccess && p.pdl) {
+    cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+    if (e != cudaSuccess && cfg.numAttrs) {
         (void)cudaGetLastError();
         cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, K, false, args...);
+        e = cudaLaunchKernelEx(&cfg, k, args...);
         if (e == cudaSuccess) /* the attribute was what failed */
             pdl_refuse();
     }
+    if (e != cudaSuccess)
+        (void)cudaGetLastError();
+    return e;
+}
+
+/* Launches K<<<grid, block, smem, st>>>(early, args...) as a programmatic dependent where it
+ * can (see the top of this file), counted as one launch. what names the kernel in the
+ * error message. (A kernel that falls back to a plain launch keeps its early: its
+ * launch_dependents is then a no-op.) */
+template <auto K, typename... A>
+td_err pdl_launch(const char *what, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                  A... args)
+{
+    const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+    const pdl_plan p = pdl_plan_get((const void *)K, blocks, block.x * block.y * block.z,
+                                    smem, pdl_occ_cache<K>());
+    const cudaError_t e = launch_ex(K, grid, block, smem, p.pdl, st, p.early, args...);
     cuda_launch_note(1);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* reported here, not again by the next launch */
+    if (e != cudaSuccess)
         return err_set(TD_ECUDA, "%s launch (%llu CTAs of %u threads): %s", what,
                        (unsigned long long)blocks, block.x * block.y * block.z,
                        cudaGetErrorString(e));
-    }
     return TD_OK;
 }
 

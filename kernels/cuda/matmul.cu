@@ -98,7 +98,7 @@ td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsu
                      cudaStream_t st)
 {
     const cudaError_t e =
-        mm_launch(xquant_kernel<UNIT, DECODE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
+        launch_ex(xquant_kernel<UNIT, DECODE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
                   (float *)x, cols, n_tok, n_pad);
     cuda_launch_note(1);
     if (e != cudaSuccess)

@@ -325,7 +325,7 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
         __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
     }
     const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
-    const cudaError_t e = mm_launch(
+    const cudaError_t e = launch_ex(
         mmb_kernel<T, FUSED>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
         (int64_t)w->row_bytes, w->cols, (int)blocks_of<T>(w), x, xq ? xq->xq : NULL,
         xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0);

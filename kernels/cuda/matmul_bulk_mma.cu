@@ -310,7 +310,7 @@ td_err launch(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    const cudaError_t e = mm_launch(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem,
+    const cudaError_t e = launch_ex(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem,
                                     dev->pdl, st, set, (uint32_t)w->row_bytes, w->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s window kernel launch (%d members, %lld "

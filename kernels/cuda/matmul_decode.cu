@@ -573,7 +573,7 @@ td_err launch(float *y, const mm_xquant *xq, const ops_weight *w, const mm_devic
         __atomic_store_n(&occ_of[ordinal & 63], occ, __ATOMIC_RELAXED);
     }
     const int64_t grid = grid_for((w->rows + 2 * R - 1) / (2 * R), dev->n_sm, occ);
-    const cudaError_t e = mm_launch(mmd_kernel<T, R>, grid, WARPS * 32, 0, dev->pdl, st, y,
+    const cudaError_t e = launch_ex(mmd_kernel<T, R>, grid, WARPS * 32, 0, dev->pdl, st, y,
                                     (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows,
                                     (int)nblk, xq->xq, xq->xd, xq->xsum, xq->n_pad);
     if (e != cudaSuccess)

@@ -100,37 +100,6 @@ __device__ __forceinline__ int mm_set_member(const mm_set &s, int64_t u)
     return m;
 }
 
-/* Launches k(args...) on st: grid CTAs of `threads` threads with smem bytes of dynamic shared
- * memory, as a programmatic dependent of the kernel before it when pdl and pdl_enabled();
- * where the runtime refuses the attribute, plainly, and plainly from then on. Not counted
- * (the caller notes its launches). */
-template <typename... P, typename... A>
-cudaError_t mm_launch(void (*k)(P...), int64_t grid, int threads, size_t smem, bool pdl,
-                      cudaStream_t st, A... args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
-    if (e != cudaSuccess && cfg.numAttrs) {
-        (void)cudaGetLastError();
-        cfg.numAttrs = 0;
-        e = cudaLaunchKernelEx(&cfg, k, args...);
-        if (e == cudaSuccess) /* the attribute was what failed */
-            pdl_refuse();
-    }
-    if (e != cudaSuccess)
-        (void)cudaGetLastError(); /* reported by the caller, not again by the next launch */
-    return e;
-}
-
 /* y[n_tok][w->rows] = xq . W^T for Q8_0, Q4_K, Q5_K, Q6_K (matmul_quant.cu). w->data is
  * 16-byte aligned (cuda_matmul checks). With dev->pdl the kernel is launched as a
  * programmatic dependent of the kernel before it on st (which wrote xq) and waits for it

@@ -335,7 +335,7 @@ td_err mmq_launch_grid(mmq_kernel_fn k, int64_t grid, int threads, int smem, flo
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
-    const cudaError_t e = mm_launch(k, grid, threads, smem, dev->pdl, st, y,
+    const cudaError_t e = launch_ex(k, grid, threads, smem, dev->pdl, st, y,
                                     (const uint8_t *)w->data, (uint32_t)w->row_bytes, w->rows,
                                     w->cols, *xq);
     if (e != cudaSuccess)
