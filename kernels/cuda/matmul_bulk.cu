@@ -12,9 +12,11 @@
  * stage's barrier, and a warp waits only on the stage it is about to read.
  *
  * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps, each
- * with its own ring of STAGES stages. A warp takes units of MMB_UROWS = 8 consecutive rows
- * (handed out by a counter in shared memory among the CTA's contiguous share of the units, so
- * the SM's warps finish together; a CTA with fewer units than warps gives warp w unit w and
+ * with its own ring of STAGES stages, over the rows of up to four matrices of one type and
+ * width that read the same token (an mm_set: one ramp-up and one tail for all of them). A
+ * warp takes units of MMB_UROWS = 8 consecutive rows of one matrix (handed out by a counter in
+ * shared memory among the CTA's contiguous share of the units, so the SM's warps finish
+ * together; a CTA with fewer units than warps gives warp w unit w and
  * the idle warps' ring buffers to the busy ones, so matrices of few rows per SM still have
  * every buffer in flight) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane
  * 4r + q owns row r and accumulation chain q, i.e. k-blocks k0 + q, k0 + q + 4, ... of every

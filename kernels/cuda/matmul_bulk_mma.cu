@@ -10,7 +10,8 @@
  * tokens) showed 23% of the issue slots used, 2 warps per scheduler, 6.4 cycles between
  * issues, 46% of them waiting on L1TEX.
  *
- * How: one CTA per SM owns an even share of the 16-row tiles and takes TT of them at a time
+ * How: one CTA per SM owns an even share of the 16-row tiles (of up to four matrices of one
+ * type and width that read the same activations, an mm_set) and takes TT of them at a time
  * (a round); warp tau * 4 + c works on tile tau of the round, chain c. The k-blocks go by in
  * steps of four (a window: k-blocks 4s..4s+3, one per chain). Two rings in shared memory:
  * weight stages hold every tile's rows for one step (each row's four k-blocks are one
