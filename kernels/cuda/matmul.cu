@@ -97,9 +97,10 @@ td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsu
                      const float *x, const float *up, int64_t cols, int n_tok, int n_pad,
                      cudaStream_t st)
 {
+    /* with GLU, x is cuda_swiglu_matmul's gate, writable memory the kernel stores into */
     const cudaError_t e =
         launch_ex(xquant_kernel<UNIT, DECODE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
-                  (float *)x, cols, n_tok, n_pad);
+                  GLU ? (float *)x : NULL, cols, n_tok, n_pad);
     cuda_launch_note(1);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: activation rounding launch: %s",
