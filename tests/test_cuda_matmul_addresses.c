@@ -13,7 +13,12 @@
  * The bulk-copy single-token kernel (matmul_bulk.cu) likewise: every row run of every stage
  * through the kernel's own mmb_copy_of / mmb_run_bytes (kernels/cuda/matmul_bulk_addr.h),
  * the tail loads, the slot each lane reads, its rounding's reads of x and stores into the
- * activation layout, and the CTA's shared memory. */
+ * activation layout, and the CTA's shared memory.
+ *
+ * Sets of matrices launched together (mm_set, matmul_bulk_addr.h): the numbering of their
+ * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
+ * of that member, and the CTAs' even shares of the units cover each exactly once. */
+#include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -630,6 +635,71 @@ static void test_window_copies_and_reads_stay_inside_their_allocations(void **st
     assert_false(check_bulk_copies(&wgeoms[2], 37, 768, copy_unclipped));
 }
 
+/* Sets of the 27B model's groups and odd ones, in the units of the three kernels that take
+ * sets (8 rows, 16-row tiles, 4 rows), shared among CTAs as the kernels share them. */
+static void test_set_units_cover_every_row_once(void **state)
+{
+    (void)state;
+    static const struct {
+        int n;
+        int64_t rows[MM_SET_MAX];
+    } sets[] = {{2, {17408, 17408}}, {2, {10240, 6144}}, {3, {12288, 1024, 1024}},
+                {2, {48, 48}},       {4, {40, 9, 1, 300}}, {1, {1}},
+                {4, {7, 8, 9, 16}},  {4, {248320, 5, 17, 33}}};
+    static const int64_t unit_rows[] = {MMB_UROWS, 16, 4};
+    static const int64_t n_sms[] = {132, 114, 7, 1};
+    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++)
+        for (size_t ur = 0; ur < sizeof unit_rows / sizeof *unit_rows; ur++) {
+            mm_set s;
+            memset(&s, 0, sizeof s);
+            s.n = sets[k].n;
+            int64_t want = 0, total_rows = 0;
+            for (int m = 0; m < s.n; m++) {
+                s.rows[m] = sets[k].rows[m];
+                want += (s.rows[m] + unit_rows[ur] - 1) / unit_rows[ur];
+                total_rows += s.rows[m];
+            }
+            mm_set_number(&s, unit_rows[ur]);
+            const int64_t units = s.first[s.n];
+            assert_int_equal(units, want);
+            for (int i = s.n; i <= MM_SET_MAX; i++)
+                assert_int_equal(s.first[i], units);
+            /* each unit: one member, rows of it that no other unit has */
+            uint8_t *seen = calloc((size_t)total_rows, 1);
+            assert_non_null(seen);
+            int64_t base[MM_SET_MAX] = {0};
+            for (int m = 1; m < s.n; m++)
+                base[m] = base[m - 1] + s.rows[m - 1];
+            for (int64_t u = 0; u < units; u++) {
+                const int m = mm_set_member(&s, u);
+                assert_true(m >= 0 && m < s.n);
+                assert_true(s.first[m] <= u && u < s.first[m + 1]);
+                const int64_t r0 = (u - s.first[m]) * unit_rows[ur];
+                const int64_t r1 = r0 + unit_rows[ur] < s.rows[m] ? r0 + unit_rows[ur] : s.rows[m];
+                assert_true(r0 < r1);
+                for (int64_t r = r0; r < r1; r++)
+                    seen[base[m] + r]++;
+            }
+            for (int64_t r = 0; r < total_rows; r++)
+                if (seen[r] != 1)
+                    fail_msg("set %zu, units of %lld rows: row %lld of the set in %d units", k,
+                             (long long)unit_rows[ur], (long long)r, seen[r]);
+            free(seen);
+            /* CTA b of grid owns [units * b / grid, units * (b + 1) / grid): all, once */
+            for (size_t g = 0; g < sizeof n_sms / sizeof *n_sms; g++) {
+                const int64_t grid = units < n_sms[g] ? units : n_sms[g];
+                int64_t next = 0;
+                for (int64_t b = 0; b < grid; b++) {
+                    const int64_t u0 = units * b / grid, u1 = units * (b + 1) / grid;
+                    assert_int_equal(u0, next);
+                    assert_true(u1 > u0);
+                    next = u1;
+                }
+                assert_int_equal(next, units);
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -641,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_bulk_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
+        cmocka_unit_test(test_set_units_cover_every_row_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

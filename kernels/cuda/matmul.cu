@@ -477,10 +477,8 @@ mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
         s.y[i] = mm[i].y;
         s.w[i] = (const uint8_t *)mm[i].w->data;
         s.rows[i] = mm[i].w->rows;
-        s.first[i + 1] = s.first[i] + (s.rows[i] + unit_rows - 1) / unit_rows;
     }
-    for (int i = n + 1; i <= MM_SET_MAX; i++)
-        s.first[i] = s.first[n];
+    mm_set_number(&s, unit_rows);
     return s;
 }
 

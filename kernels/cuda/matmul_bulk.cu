@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const uint8_t *p_src = set.w[0];
     auto unit_start = [&]() {
         if (p_unit >= 0) {
-            p_m = mm_set_member(set, u0 + p_unit);
+            p_m = mm_set_member(&set, u0 + p_unit);
             const int64_t lu = u0 + p_unit - set.first[p_m]; /* unit of the member */
             p_row0 = lu * UROWS;
             p_nr = mmb_unit_rows(lu, set.rows[p_m]);
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     for (int c = 0; c < issued; c++) {
         bar_wait(&wbar[s], phase);
         if (c_st == 0) { /* a new unit */
-            const int m = mm_set_member(set, u0 + wown[s]);
+            const int m = mm_set_member(&set, u0 + wown[s]);
             const int64_t lu = u0 + wown[s] - set.first[m];
             row0 = lu * UROWS;
             nr = mmb_unit_rows(lu, set.rows[m]);

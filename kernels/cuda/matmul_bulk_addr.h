@@ -139,6 +139,40 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
 #define MMQB_Q5_K_PITCH 736
 #define MMQB_Q6_K_PITCH 880
 
+/* Matrices of one type and width that read the same activations, launched together
+ * (matmul.cu's cuda_matmul_multi): one kernel, one ramp-up and one tail for all of them, and
+ * the activations staged (or rounded) once per CTA. A kernel cuts each member into units
+ * (its row groups: 8 rows for the single-token bulk kernel, 16-row tiles for the window
+ * kernel, 4 rows for F32) and numbers them member after member, so no unit spans two
+ * members and every (row, token) is computed as it is alone. */
+#define MM_SET_MAX 4
+
+typedef struct mm_set {
+    int n;                         /* members, 1..MM_SET_MAX */
+    float *y[MM_SET_MAX];          /* member m's output [n_tok][rows[m]] */
+    const uint8_t *w[MM_SET_MAX];  /* its weights (every row row_bytes long) */
+    int64_t rows[MM_SET_MAX];
+    int64_t first[MM_SET_MAX + 1]; /* its units are first[m] .. first[m + 1] - 1; first[n] and
+                                    * past it: all units */
+} mm_set;
+
+/* Numbers the units of s's n members (rows[] set) in units of unit_rows rows. */
+MMB_HD void mm_set_number(mm_set *s, int64_t unit_rows)
+{
+    s->first[0] = 0;
+    for (int i = 0; i < MM_SET_MAX; i++)
+        s->first[i + 1] = s->first[i] + (i < s->n ? (s->rows[i] + unit_rows - 1) / unit_rows : 0);
+}
+
+/* The member that unit u (< first[n]) belongs to. */
+MMB_HD int mm_set_member(const mm_set *s, int64_t u)
+{
+    int m = 0;
+    for (int i = 1; i < MM_SET_MAX; i++)
+        m += i < s->n && u >= s->first[i];
+    return m;
+}
+
 /* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
  * rings. */
 MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     auto weights = [&](int it) { /* into weight stage it % WS */
         const int stage = it % WS, round = it / nsteps, s = it % nsteps;
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
-        const int m = mm_set_member(set, tile);
+        const int m = mm_set_member(&set, tile);
         const int i = c * (MROWS / KSPLIT) + lane; /* row of the tile */
         const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
         const uint8_t *w = set.w[m];
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     for (int round = 0; round < rounds; round++) {
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
         const bool have = tile < t_end;
-        const int m = mm_set_member(set, have ? tile : 0);
+        const int m = mm_set_member(&set, have ? tile : 0);
         const uint8_t *wrow =
             set.w[m] + (size_t)(have ? tile - set.first[m] : 0) * MROWS * row_bytes;
         float acc[1][NT][4];
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
             const int tt = idx / (MROWS * n_tok), rem = idx % (MROWS * n_tok);
             const int rl = rem % MROWS, tk = rem / MROWS;
             const int64_t t2 = t_begin + (int64_t)round * TT + tt;
-            const int m = mm_set_member(set, t2);
+            const int m = mm_set_member(&set, t2);
             const int64_t r = (t2 - set.first[m]) * MROWS + rl, rows = set.rows[m];
             if (t2 < t_end && r < rows)
                 set.y[m][(size_t)tk * rows + r] =

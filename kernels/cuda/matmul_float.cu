@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
     __shared__ float red[KSPLIT][RW][TT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t u = blockIdx.x / n_ttiles;
-    const int m = mm_set_member(set, u);
+    const int m = mm_set_member(&set, u);
     const int64_t r0 = (u - set.first[m]) * RW, rows = set.rows[m];
     const uint8_t *w = set.w[m];
     float *y = set.y[m];

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/matmul_bulk_addr.h"
 
 /* Tokens per launch: one pass over the weights serves this many tokens; cuda_matmul loops
  * over larger n_tok. */
@@ -71,34 +72,9 @@ typedef struct mm_device {
                 * activation rounding before it still runs, streaming weights meanwhile */
 } mm_device;
 
-/* Matrices of one type and width that read the same activations, launched together: one
- * kernel, one ramp-up and one tail for all of them, and the activations staged (or rounded)
- * once per CTA. A kernel cuts each member into units (its row groups: 8 rows for the
- * single-token bulk kernel, 16-row tiles for the window kernel, RW rows for F32) and numbers
- * them member after member; every (row, token) is computed as it is alone. */
-#define MM_SET_MAX 4
-
-typedef struct mm_set {
-    int n;                         /* members, 1..MM_SET_MAX */
-    float *y[MM_SET_MAX];          /* member m's output [n_tok][rows[m]] */
-    const uint8_t *w[MM_SET_MAX];  /* its weights (every row row_bytes long) */
-    int64_t rows[MM_SET_MAX];
-    int64_t first[MM_SET_MAX + 1]; /* its units are first[m] .. first[m + 1] - 1 */
-} mm_set;
-
 /* The set of the n (1..MM_SET_MAX) members mm[], of one type and width, in units of
- * unit_rows rows. */
+ * unit_rows rows (mm_set, matmul_bulk_addr.h). */
 mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows);
-
-/* The member that unit u belongs to. */
-__device__ __forceinline__ int mm_set_member(const mm_set &s, int64_t u)
-{
-    int m = 0;
-#pragma unroll
-    for (int i = 1; i < MM_SET_MAX; i++)
-        m += i < s.n && u >= s.first[i];
-    return m;
-}
 
 /* y[n_tok][w->rows] = xq . W^T for Q8_0, Q4_K, Q5_K, Q6_K (matmul_quant.cu). w->data is
  * 16-byte aligned (cuda_matmul checks). With dev->pdl the kernel is launched as a
