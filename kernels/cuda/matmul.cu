@@ -1,12 +1,15 @@
-/* cuda_matmul and cuda_matmul_multi: pick the kernel for each weight type and feed it chunks
- * of up to 64 tokens.
+/* cuda_matmul, cuda_matmul_multi and cuda_swiglu_matmul: pick the kernel for each weight
+ * type and feed it chunks of up to 64 tokens.
  *
  * Quantised weights (matmul_quant.cu, matmul_decode.cu) take 16-bit integer activations:
  * this file rounds each token's inputs per 256 values (mm_xquant) into a per-stream scratch
  * buffer, then launches the matmul kernel; matrices of a group that read the same x share
- * one rounding per layout. The sm_90 single-token kernel (matmul_bulk.cu) rounds rows of up
- * to 6144 inputs itself with the same code (matmul_round.cuh), one launch instead of two. F32 weights
- * (matmul_float.cu) and F16/BF16 weights (matmul_float_mma.cu) take x as it is. */
+ * one rounding per layout, and those of one type whose kernel takes sets (mm_set: the sm_90
+ * bulk-copy and window kernels, F32) share one launch. The sm_90 single-token kernel
+ * (matmul_bulk.cu) rounds rows of up to 6144 inputs itself with the same code
+ * (matmul_round.cuh), one launch instead of two. The rounding kernel can apply the FFN gate
+ * first (cuda_swiglu_matmul). F32 weights (matmul_float.cu) and F16/BF16 weights
+ * (matmul_float_mma.cu) take x as it is. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
