@@ -283,6 +283,29 @@ static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
     }
 }
 
+/* A weight cuda_matmul refuses (a type it does not take, quantised data off 16-byte
+ * alignment): the same error from cuda_swiglu_matmul, before the gate is touched. */
+static void test_swiglu_matmul_refuses_before_touching_the_gate(void **state)
+{
+    (void)state;
+    const int64_t cols = 512, rows = 4;
+    float *g = rng_floats(cols, 2), *u = rng_floats(cols, 2);
+    float *dg = dput(g, (size_t)cols * 4), *du = dput(u, (size_t)cols * 4);
+    float *dy = dpoison((size_t)rows * 4);
+    uint8_t *raw = dpoison((size_t)rows * 2 * 144 + 64);
+    ops_weight bad;
+    assert_int_equal(ops_weight_init(&bad, TD_Q4_K, rows, cols, raw + 8), TD_OK);
+    assert_int_equal(cuda_swiglu_matmul(dy, dg, du, &bad, 1, gpu_st), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "aligned"));
+    ops_weight q40 = {.type = TD_Q4_0, .rows = rows, .cols = cols, .row_bytes = 288,
+                      .data = raw};
+    assert_int_equal(cuda_swiglu_matmul(dy, dg, du, &q40, 1, gpu_st), TD_ENOTSUP);
+    float *back = dget(dg, (size_t)cols * 4);
+    assert_true(check_same_bits("gate after refusals", back, g, (size_t)cols * 4));
+    free(g), free(u), free(back);
+    cuda_mem_free(dg), cuda_mem_free(du), cuda_mem_free(dy), cuda_mem_free(raw);
+}
+
 /* q/k head norms and RoPE in one launch: q and k bit for bit two cuda_rmsnorm and two
  * cuda_rope_neox launches, for gated q heads (the query half of 2 x head_dim normed, the
  * gate untouched), plain heads, partial rotation, positions far apart, 1 and 16 tokens; and
@@ -436,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
+        cmocka_unit_test(test_swiglu_matmul_refuses_before_touching_the_gate),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),

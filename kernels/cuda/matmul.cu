@@ -542,8 +542,14 @@ td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weig
     const size_t yb = (size_t)n_tok * (size_t)w->rows * sizeof(float);
     const size_t xb = (size_t)n_tok * (size_t)w->cols * sizeof(float);
     TD_ASSERT(!spans_overlap(y, yb, gate, xb) && !spans_overlap(y, yb, up, xb));
-    if (is_float_type(w->type) || !ops_type_supported(w->type) || ((uintptr_t)w->data & 15)) {
-        /* nothing to fuse into (or an error cuda_matmul reports): the pair */
+    /* cuda_matmul's errors, before the gate is touched */
+    if (!ops_type_supported(w->type))
+        return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
+                       dtype_name(w->type), (int)w->type);
+    if (!is_float_type(w->type) && ((uintptr_t)w->data & 15) != 0)
+        return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
+                       dtype_name(w->type), w->data);
+    if (is_float_type(w->type)) { /* no rounding to apply the gate in: the pair */
         TD_TRY(cuda_swiglu(gate, gate, up, n_tok * w->cols, st));
         return cuda_matmul(y, gate, w, n_tok, st);
     }
