@@ -5,7 +5,8 @@
  * kernel, so one group needs two roundings of one type: below sm_90, or on sm_90 under
  * TANDEM_MMD=regs) at n_tok 1, 5, 16, 33, 65 (two
  * chunks) and 70, members of one type that run in one launch (sets of up to 4 on the bulk-copy,
- * window and F32 kernels, rows ending inside a unit); and within the quantisation bound of
+ * window and F32 kernels, rows ending inside a unit; F16/BF16 members sharing one activation
+ * split); and within the quantisation bound of
  * cpu_matmul, so the group and the
  * separate calls cannot agree on a wrong answer. Groups queued back to back without a wait
  * (the next rounding overwrites the scratch the previous group's kernels read) give the same
@@ -299,8 +300,8 @@ static void test_matmul_multi_back_to_back_groups_keep_their_inputs(void **state
 
 /* The profiler's count for a group: one rounding per layout and chunk, one kernel per
  * quantised member and chunk (a single-token chunk: the single-token path's launches per
- * member), two per F16/BF16 member and chunk (activation split, kernel), one per F32 member
- * and chunk; a separate quantised matmul is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5
+ * member), per chunk one activation split for all F16/BF16 members and a kernel each, one
+ * per F32 set of up to 4 members and chunk; a separate quantised matmul is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5
  * tokens: a rounding for each of Q4_K and Q6_K (their digits interleave differently), two
  * quantised kernels, the BF16 split and kernel, the F32 kernel. */
 static void test_matmul_multi_launches_are_counted(void **state)
@@ -408,6 +409,21 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
      * members: 4 + 1 */
     assert_int_equal(group_launches(be, b.out, mix->n, dxb, 1), (sm90 ? 1 : 1 + 3) + 2);
     assert_int_equal(group_launches(be, b.out, mix->n, dxb, 5), 1 + 3 + 2);
+    /* BF16 + F16 (one activation split, a kernel each) beside Q6_K, Q6_K (one rounding) and
+     * Q4_K, Q8_0, Q5_K (another), five tokens on the tensor-core kernel: 2 + 5 + 1 + 2 */
+    {
+        const group *g2 = &groups[2];
+        group_run c;
+        run_init(&c, g2);
+        float *xc = make_x(g2->cols, 23);
+        float *dxc = dput(xc, (size_t)(MAX_TOK * g2->cols) * sizeof(float));
+        GPU_OK(gpu->matmul_multi(gpu, dxc, c.out, g2->n, 65)); /* scratch growth */
+        GPU_OK(gpu->sync(gpu));
+        assert_int_equal(group_launches(be, c.out, g2->n, dxc, 5), 2 + 5 + 1 + 2);
+        cuda_mem_free(dxc);
+        free(xc);
+        run_free(&c, g2);
+    }
     /* what the counted calls wrote is what separate calls write */
     for (int i = 0; i < mix->n; i++)
         GPU_OK(cuda_matmul(b.sep[i], dxb, &b.w[i].dev, 5, be->stream));

@@ -432,8 +432,9 @@ bool is_float_type(td_dtype t)
     return t == TD_F32 || t == TD_F16 || t == TD_BF16;
 }
 
-/* The float members fi[nf] of a group meet x as it is, 64 tokens per launch: F16/BF16 one
- * launch each, F32 up to MM_SET_MAX per launch. */
+/* The float members fi[nf] of a group meet x as it is, 64 tokens per launch: the F16/BF16
+ * ones share one activation split and launch a kernel each, F32 up to MM_SET_MAX per
+ * launch. */
 td_err matmul_float(const ops_mm_out *mm, const int *fi, int nf, const float *x,
                     int64_t n_tok, cudaStream_t st)
 {
@@ -441,13 +442,13 @@ td_err matmul_float(const ops_mm_out *mm, const int *fi, int nf, const float *x,
     for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
         const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
         const float *xc = x + (size_t)t0 * cols;
-        ops_mm_out f32[MM_SET_MAX];
-        int n32 = 0;
+        ops_mm_out f32[MM_SET_MAX], h16[OPS_MM_GROUP_MAX];
+        int n32 = 0, nh = 0;
         for (int i = 0; i < nf; i++) {
             const ops_weight *w = mm[fi[i]].w;
             const ops_mm_out out = {mm[fi[i]].y + (size_t)t0 * w->rows, w};
             if (w->type != TD_F32) {
-                TD_TRY(mmh_launch(out.y, xc, w, nc, st));
+                h16[nh++] = out;
                 continue;
             }
             f32[n32++] = out;
@@ -458,6 +459,8 @@ td_err matmul_float(const ops_mm_out *mm, const int *fi, int nf, const float *x,
         }
         if (n32)
             TD_TRY(mmf_launch(f32, n32, xc, nc, st));
+        if (nh)
+            TD_TRY(mmh_launch(h16, nh, xc, nc, st));
     }
     return TD_OK;
 }

@@ -700,22 +700,28 @@ td_err launch_type(float *y, const uint4 *xs, const ops_weight *w, int n_tok, bo
 
 } /* namespace */
 
-td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
+td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st)
 {
-    TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK);
-    if (w->cols > INT32_MAX - 2 * KBLOCK * WARPS)
+    TD_ASSERT(n_tok >= 1 && n_tok <= MM_CHUNK && n >= 1);
+    const int64_t cols = mm[0].w->cols;
+    if (cols > INT32_MAX - 2 * KBLOCK * WARPS)
         return err_set(TD_ENOTSUP, "matmul of %lld columns: more than the kernel indexes",
-                       (long long)w->cols);
-    TD_ASSERT(w->type == TD_F16 || w->type == TD_BF16);
+                       (long long)cols);
+    for (int i = 0; i < n; i++)
+        TD_ASSERT((mm[i].w->type == TD_F16 || mm[i].w->type == TD_BF16) &&
+                  mm[i].w->cols == cols);
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
     uint4 *xs = nullptr;
-    TD_TRY(xs_get(st, mmh_split_bytes(n_tok, w->cols), &xs));
-    TD_TRY(split_launch(xs, x, (int)w->cols, n_tok, st));
-    /* x's alignment no longer matters: the kernel reads the split pieces */
-    const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
-                     w->cols % 8 == 0;
-    if (w->type == TD_F16)
-        return launch_type<TD_F16>(y, xs, w, n_tok, vec, dev, st);
-    return launch_type<TD_BF16>(y, xs, w, n_tok, vec, dev, st);
+    TD_TRY(xs_get(st, mmh_split_bytes(n_tok, cols), &xs));
+    TD_TRY(split_launch(xs, x, (int)cols, n_tok, st)); /* one split serves every member */
+    for (int i = 0; i < n; i++) {
+        const ops_weight *w = mm[i].w;
+        /* x's alignment no longer matters: the kernel reads the split pieces */
+        const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
+                         w->cols % 8 == 0;
+        TD_TRY(w->type == TD_F16 ? launch_type<TD_F16>(mm[i].y, xs, w, n_tok, vec, dev, st)
+                                 : launch_type<TD_BF16>(mm[i].y, xs, w, n_tok, vec, dev, st));
+    }
+    return TD_OK;
 }

@@ -168,8 +168,9 @@ __device__ __forceinline__ void mm_wait_dependencies(void)
  * one width, in one launch (matmul_float.cu), 1 <= n_tok <= MM_CHUNK. */
 td_err mmf_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st);
 
-/* The same for F16 and BF16 on the tensor cores, activations split exactly into bf16 pieces
- * (matmul_float_mma.cu), 1 <= n_tok <= MM_CHUNK. */
-td_err mmh_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
+/* The same for n >= 1 F16/BF16 members of one width on the tensor cores, the activations
+ * split exactly into bf16 pieces once for all of them (matmul_float_mma.cu), then one
+ * kernel per member; 1 <= n_tok <= MM_CHUNK. */
+td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st);
 
 #endif
