@@ -398,8 +398,8 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     float *q = w->a, *k = w->b, *v = w->c;
     const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
     TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
-    /* q_norm covers the query half of each head, never the gate. */
     const int32_t *pos = w->step_pos + 1;
+    /* q_norm covers the query half of each head, never the gate. */
     TD_TRY(be->qk_norm_rope(be, q, k, L->q_norm, L->k_norm, n_tok, hp->n_head, hp->n_head_kv, hd,
                             q_head, hp->n_rot, pos, hp->rope_theta, hp->eps));
     /* rows given on the device: a recording stays valid as n_past moves; an f16 cache
