@@ -472,6 +472,20 @@ bool spans_overlap(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
     return pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
+/* What cuda_matmul refuses of a weight: a type it does not take (TD_ENOTSUP), quantised data
+ * off 16-byte alignment (TD_EINVAL). */
+td_err weight_check(const ops_weight *w)
+{
+    if (!ops_type_supported(w->type))
+        return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
+                       dtype_name(w->type), (int)w->type);
+    TD_ASSERT(w->cols % dtype_get(w->type)->block == 0); /* ops_weight_init checked */
+    if (!is_float_type(w->type) && ((uintptr_t)w->data & 15) != 0)
+        return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
+                       dtype_name(w->type), w->data);
+    return TD_OK;
+}
+
 } /* namespace */
 
 mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
@@ -498,16 +512,9 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
         const ops_weight *w = mm[i].w;
         TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
         TD_ASSERT(w->rows >= 1 && w->cols >= 1 && w->cols == cols);
-        if (!ops_type_supported(w->type))
-            return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
-                           dtype_name(w->type), (int)w->type);
-        TD_ASSERT(w->cols % dtype_get(w->type)->block == 0); /* ops_weight_init checked */
-        if (is_float_type(w->type))
-            continue;
-        if (((uintptr_t)w->data & 15) != 0)
-            return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
-                           dtype_name(w->type), w->data);
-        qi[nq++] = i;
+        TD_TRY(weight_check(w));
+        if (!is_float_type(w->type))
+            qi[nq++] = i;
     }
     /* a y inside x, or two ys sharing memory, would make the group differ from separate
      * calls (x is rounded once, before any y is written) */
@@ -545,18 +552,12 @@ td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weig
     const size_t yb = (size_t)n_tok * (size_t)w->rows * sizeof(float);
     const size_t xb = (size_t)n_tok * (size_t)w->cols * sizeof(float);
     TD_ASSERT(!spans_overlap(y, yb, gate, xb) && !spans_overlap(y, yb, up, xb));
-    /* cuda_matmul's errors, before the gate is touched */
-    if (!ops_type_supported(w->type))
-        return err_set(TD_ENOTSUP, "cuda_matmul: type %s (%d) is not supported",
-                       dtype_name(w->type), (int)w->type);
-    if (!is_float_type(w->type) && ((uintptr_t)w->data & 15) != 0)
-        return err_set(TD_EINVAL, "cuda_matmul: %s weight data at %p is not 16-byte aligned",
-                       dtype_name(w->type), w->data);
+    TD_TRY(weight_check(w)); /* cuda_matmul's errors, before the gate is touched */
     if (is_float_type(w->type)) { /* no rounding to apply the gate in: the pair */
         TD_TRY(cuda_swiglu(gate, gate, up, n_tok * w->cols, st));
         return cuda_matmul(y, gate, w, n_tok, st);
     }
-    TD_ASSERT(w->data != NULL && w->rows >= 1 && w->cols % dtype_get(w->type)->block == 0);
+    TD_ASSERT(w->data != NULL && w->rows >= 1);
     const ops_mm_out one = {y, w};
     const int qi = 0;
     return matmul_quant_group(gate, up, &one, &qi, 1, n_tok, (cudaStream_t)st);
