@@ -107,10 +107,10 @@ typedef struct bench_tgt {
     const ops_backend *be;
     tgt_state st;
     float *logits;      /* backend [32][n_vocab] */
-    float *tap_out;     /* backend [32][n_taps][n_embd], or NULL */
+    float *tap_out;     /* backend [BENCH_PREFILL_CHUNK][n_taps][n_embd], or NULL */
     const int32_t *taps;
     int64_t n_taps;
-    int32_t tokens[32]; /* host: ids of a block */
+    int32_t tokens[BENCH_PREFILL_CHUNK]; /* host: ids of a block or a prompt chunk */
     double *s;          /* [iters] seconds */
 } bench_tgt;
 
@@ -235,13 +235,61 @@ static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_ti
     free(r);
 }
 
+/* One prompt of BENCH_PROMPT tokens from position 0, in chunks of BENCH_PREFILL_CHUNK as
+ * verifyd prefills (taps of every position, logits of the last), synced at the end. */
+static td_err bench_prompt(bench_tgt *b)
+{
+    b->st.n_past = 0;
+    for (int64_t at = 0; at < BENCH_PROMPT; at += BENCH_PREFILL_CHUNK) {
+        tgt_out out = {.logits = b->logits, .last_only = true, .taps = b->taps,
+                       .n_taps = b->n_taps, .tap_out = b->tap_out};
+        TD_TRY(tgt_forward(b->m, &b->st, b->tokens, BENCH_PREFILL_CHUNK, false, &out));
+        if (ops_prof_active(b->be))
+            ops_prof_step(b->be); /* the profile's rows are per chunk */
+    }
+    return b->be->sync(b->be);
+}
+
+/* The prompt iters times (fewer where a run is long: at most ~20 s in all), then profiled. */
+static void bench_prefill(bench_tgt *b, int iters, bench_time *t)
+{
+    td_err e = bench_prompt(b); /* warm-up: scratch growth, graph recordings */
+    int n = 0;
+    double spent = 0;
+    while (e == TD_OK && n < iters && (n < 3 || spent < 20)) {
+        double t0 = bench_now();
+        e = bench_prompt(b);
+        b->s[n] = bench_now() - t0;
+        spent += b->s[n++];
+    }
+    if (e != TD_OK) {
+        bench_fail(t, "%s", err_msg());
+        return;
+    }
+    bench_done(t, b->s, n);
+    if (!ops_prof_active(b->be))
+        return;
+    ops_prof_reset(b->be);
+    ops_prof_enable(b->be, true);
+    double t0 = bench_now();
+    e = bench_prompt(b);
+    double s = bench_now() - t0;
+    ops_prof_enable(b->be, false);
+    if (e == TD_OK)
+        e = ops_prof_snapshot(b->be, &t->prof);
+    if (e == TD_OK)
+        t->prof_ms = s * 1e3 / (BENCH_PROMPT / BENCH_PREFILL_CHUNK);
+    else
+        memset(&t->prof, 0, sizeof t->prof);
+}
+
 void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
                   bench_target_times *out)
 {
     memset(out, 0, sizeof *out);
     bench_tgt b = {.m = m, .be = m->be, .taps = taps, .n_taps = n_taps};
     const tgt_hparams *hp = &m->hp;
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < BENCH_PREFILL_CHUNK; i++)
         b.tokens[i] = (int32_t)((1000 + 7919 * i) % hp->n_vocab);
     b.s = malloc((size_t)iters * sizeof *b.s);
     td_err e = b.s ? TD_OK : err_set(TD_ENOMEM, "out of memory");
@@ -249,7 +297,7 @@ void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int i
         e = b.be->alloc(b.be, (void **)&b.logits, (size_t)(32 * hp->n_vocab) * sizeof(float));
     if (e == TD_OK && n_taps)
         e = b.be->alloc(b.be, (void **)&b.tap_out,
-                        (size_t)(32 * n_taps * hp->n_embd) * sizeof(float));
+                        (size_t)(BENCH_PREFILL_CHUNK * n_taps * hp->n_embd) * sizeof(float));
     /* Room for the long context plus a block. */
     if (e == TD_OK)
         e = tgt_state_init(&b.st, m, BENCH_CTX_LONG + 64);
@@ -263,11 +311,13 @@ void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int i
         bench_fail(&out->verify16, "%s", why);
         bench_fail(&out->verify32, "%s", why);
         bench_fail(&out->rollback, "%s", why);
+        bench_fail(&out->prefill, "%s", why);
     } else {
         bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
         bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
         bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
         bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
+        bench_prefill(&b, iters, &out->prefill);
     }
     if (b.st.be)
         tgt_state_free(&b.st);

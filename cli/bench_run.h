@@ -17,6 +17,8 @@
 #define BENCH_CTX_LONG 32768  /* "32K context" */
 #define BENCH_KEEP 8          /* tokens kept of a 16-token verify when timing the rollback */
 #define BENCH_PROF_ITERS 5    /* profiled runs per measurement (after the timed ones) */
+#define BENCH_PROMPT 1024     /* tokens of the timed prompt */
+#define BENCH_PREFILL_CHUNK 64 /* tokens per prefill forward pass, as verifyd runs them */
 
 typedef struct bench_time {
     bool ok;            /* measured */
@@ -35,6 +37,8 @@ typedef struct bench_target_times {
     bench_time verify16;      /* 16 tokens recorded for rollback, every position's logits */
     bench_time verify32;      /* the same with 32 tokens */
     bench_time rollback;      /* tgt_state_keep of BENCH_KEEP after a 16-token verify */
+    bench_time prefill;       /* a BENCH_PROMPT-token prompt from position 0 (profile: per
+                               * chunk) */
 } bench_target_times;
 
 /* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */

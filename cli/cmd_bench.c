@@ -102,14 +102,15 @@ static void bench_row_time(const char *what, const bench_time *t, const char *ex
 /* The phases that were profiled, in print order. */
 static int bench_profiled(const bench_report *r, const bench_time **t, const char **name)
 {
-    const bench_time *all[5] = {&r->tgt.decode_short, &r->tgt.decode_long, &r->tgt.verify16,
-                                &r->tgt.verify32, &r->draft};
-    static const char *const names[5] = {"decode, 1K context", "decode, 32K context",
+    const bench_time *all[6] = {&r->tgt.decode_short, &r->tgt.decode_long, &r->tgt.verify16,
+                                &r->tgt.verify32, &r->tgt.prefill, &r->draft};
+    static const char *const names[6] = {"decode, 1K context", "decode, 32K context",
                                          "verify 16 tokens (1K context)",
                                          "verify 32 tokens (1K context)",
+                                         "prefill, one 64-token chunk of a 1K prompt",
                                          "draft step (16 positions + propose)"};
     int n = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (!all[i]->ok || all[i]->prof.steps == 0)
             continue;
         t[n] = all[i];
@@ -120,8 +121,8 @@ static int bench_profiled(const bench_report *r, const bench_time **t, const cha
 
 static void bench_print_profiles(const bench_report *r)
 {
-    const bench_time *t[5];
-    const char *name[5];
+    const bench_time *t[6];
+    const char *name[6];
     int n = bench_profiled(r, t, name);
     for (int i = 0; i < n; i++) {
         printf("\nprofile: ");
@@ -166,6 +167,10 @@ static void bench_print(const bench_report *r)
     snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
     bench_row_time("verify 32 tokens (1K context)", &t->verify32, x);
     bench_row_time("rollback (keep 8 of 16)", &t->rollback, "");
+    snprintf(x, sizeof x, "%7.1f tok/s  (%d chunks of %d tokens from position 0)",
+             t->prefill.ok ? BENCH_PROMPT * 1e3 / t->prefill.ms : 0,
+             BENCH_PROMPT / BENCH_PREFILL_CHUNK, BENCH_PREFILL_CHUNK);
+    bench_row_time("prefill, 1K-token prompt", &t->prefill, x);
     snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
              d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
@@ -295,6 +300,12 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(ver, "32", bench_json_time(&t->verify32, d1));
     json_object_set_new(j, "verify", ver);
     json_object_set_new(j, "rollback", bench_json_time(&t->rollback, d1));
+    json_t *pf = bench_json_time(&t->prefill, 0);
+    json_object_set_new(pf, "tokens", json_integer(BENCH_PROMPT));
+    json_object_set_new(pf, "chunk", json_integer(BENCH_PREFILL_CHUNK));
+    json_object_set_new(pf, "tok_s", t->prefill.ok ? json_real(BENCH_PROMPT * 1e3 / t->prefill.ms)
+                                                   : json_null());
+    json_object_set_new(j, "prefill", pf);
     json_t *dr = bench_json_time(&r->draft, d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
     json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));

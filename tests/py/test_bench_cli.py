@@ -37,7 +37,7 @@ def test_table_lists_every_measurement(bench):
     out = bench["stdout"]
     for row in ("copy bandwidth", "weight bytes per decode token", "decode, 1K context",
                 "decode, 32K context", "verify 16 tokens", "verify 32 tokens", "rollback",
-                "draft step", "process split, no MPS", "process split, MPS",
+                "prefill, 1K-token prompt", "draft step", "process split, no MPS", "process split, MPS",
                 "projected speculative, no MPS"):
         assert row in out, row
 
@@ -89,6 +89,9 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     for n in ("16", "32"):
         assert close(j["verify"][n]["ratio_to_decode"], j["verify"][n]["ms"] / d1)
     assert close(j["draft"]["ratio_to_decode"], j["draft"]["ms"] / d1)
+    pf = j["prefill"]
+    assert pf["tokens"] == 1024 and pf["chunk"] == 64 and 3 <= pf["iters"] <= 3
+    assert pf["ms"] > 0 and close(pf["tok_s"], 1024e3 / pf["ms"])
     assert j["draft"]["backend"] == "cpu"
 
     sp = j["split"]["no_mps"]
