@@ -451,7 +451,7 @@ static bool check_bulk_copies(const bgeom *g, int64_t rows, int64_t cols, copy_f
     const int n_blk32 = (int)(cols / 32);
     const int nkb = g->type == TD_Q8_0 ? (n_blk32 + 3) / 4 : (int)(cols / 256);
     const bool aligned = g->type == TD_Q4_K || g->type == TD_Q5_K;
-    if (g->slot % 16 || g->kc % 4)
+    if (g->slot % 16 || (g->kc % 4 && 4 % g->kc)) /* whole turns of the chains, or parts */
         return violation("%s: slot %d, %d k-blocks per stage", dtype_name(g->type), g->slot,
                          g->kc);
     for (int64_t row = 0; row < rows; row++)
@@ -617,11 +617,33 @@ static const bgeom wgeoms[] = {
     {TD_Q6_K, MMB_Q6_K_KB, MMQB_WIN, MMQB_Q6_K_PITCH, 0, 0, 256, 210},
 };
 
+/* The wide kernel (the same file, 17-64 tokens): runs of MMQW_KS k-blocks (1 or 2), rows
+ * MMQW_*_PITCH apart; both step sizes are checked. */
+static const bgeom wide_geoms[] = {
+    {TD_Q4_K, MMB_Q4_K_KB, 1, MMQW_Q4_K_PITCH(1), 0, 0, 256, 144},
+    {TD_Q5_K, MMB_Q5_K_KB, 1, MMQW_Q5_K_PITCH(1), 0, 0, 256, 176},
+    {TD_Q6_K, MMB_Q6_K_KB, 1, MMQW_Q6_K_PITCH(1), 0, 0, 256, 210},
+    {TD_Q4_K, MMB_Q4_K_KB, 2, MMQW_Q4_K_PITCH(2), 0, 0, 256, 144},
+    {TD_Q5_K, MMB_Q5_K_KB, 2, MMQW_Q5_K_PITCH(2), 0, 0, 256, 176},
+    {TD_Q6_K, MMB_Q6_K_KB, 2, MMQW_Q6_K_PITCH(2), 0, 0, 256, 210},
+};
+
 static void test_window_copies_and_reads_stay_inside_their_allocations(void **state)
 {
     (void)state;
     static const shape extra[] = {{3, 256}, {7001, 1280}, {10240, 5120}, {5120, 6144},
-                                  {37, 768}, {33000, 5120}, {248320, 5120}};
+                                  {37, 768}, {33000, 5120}, {248320, 5120}, {9, 768}};
+    assert_int_equal(MMQW_KS, wide_geoms[3].kc); /* the step size built is among them */
+    for (size_t k = 0; k < sizeof wide_geoms / sizeof *wide_geoms; k++) {
+        for (size_t s = 0; s < sizeof kq_shapes / sizeof *kq_shapes; s++)
+            if (!check_bulk_copies(&wide_geoms[k], kq_shapes[s].rows, kq_shapes[s].cols,
+                                   copy_kernel))
+                fail_msg("%s", g_why);
+        for (size_t s = 0; s < sizeof extra / sizeof *extra; s++)
+            if (!check_bulk_copies(&wide_geoms[k], extra[s].rows, extra[s].cols, copy_kernel))
+                fail_msg("%s", g_why);
+    }
+    assert_false(check_bulk_copies(&wide_geoms[2], 37, 768, copy_unclipped));
     for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
         for (size_t s = 0; s < sizeof kq_shapes / sizeof *kq_shapes; s++)
             if (!check_bulk_copies(&wgeoms[k], kq_shapes[s].rows, kq_shapes[s].cols,

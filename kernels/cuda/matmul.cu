@@ -229,10 +229,11 @@ int mmd_choice(void)
     return c;
 }
 
-/* Which kernel chunks of 9-16 tokens take where mmqb_supported (sm_90): the window kernel
- * (matmul_bulk_mma.cu) for Q4_K and Q6_K, the tensor-core kernel (matmul_quant.cu) for the
- * rest (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=bulk takes the window kernel wherever
- * it exists, =mmq never. Read once; the same bits either way. */
+/* Which kernel chunks of 9-64 tokens take where mmqb_supported (sm_90): at 9-16 tokens the
+ * window kernel (matmul_bulk_mma.cu) for Q4_K and Q6_K, the tensor-core kernel
+ * (matmul_quant.cu) for Q5_K; at 17-64 the wide kernel (the same file) for all three
+ * (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=bulk takes the bulk-copy kernels wherever
+ * they exist, =mmq never. Read once; the same bits either way. */
 enum { MMQB_AUTO = 1, MMQB_ALWAYS, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
@@ -255,7 +256,8 @@ static bool mmqb_chosen(const ops_weight *w, int nc)
     if (nc < 2 || !mmqb_supported(w, pad_tokens(nc)))
         return false;
     const int c = mmqb_choice();
-    return c == MMQB_ALWAYS || (c == MMQB_AUTO && (w->type == TD_Q4_K || w->type == TD_Q6_K));
+    return c == MMQB_ALWAYS ||
+           (c == MMQB_AUTO && (nc > 16 || w->type == TD_Q4_K || w->type == TD_Q6_K));
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
@@ -264,7 +266,7 @@ struct mm_plan {
     bool decode;   /* the single-token kernel (matmul_decode.cu), else the tensor cores */
     bool bulk;     /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
     bool fused;    /* ... which rounds x itself (mmb_fused): no rounding launch */
-    bool mmq_bulk; /* 9-16 tokens: the window kernel (matmul_bulk_mma.cu) */
+    bool mmq_bulk; /* 9-64 tokens: the window or wide kernel (matmul_bulk_mma.cu) */
     int unit;      /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed;   /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };

@@ -139,6 +139,14 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
 #define MMQB_Q5_K_PITCH 736
 #define MMQB_Q6_K_PITCH 880
 
+/* The wide kernel (the same file, 17-64 tokens) stages runs of MMQW_KS k-blocks per row by the
+ * same rule, rows MMQW_*_PITCH(MMQW_KS) bytes apart (the same residues mod 128, room for the
+ * largest window: Q6_K 2 x 210 bytes + up to 14 before, rounded, and the word after it). */
+#define MMQW_KS 2
+#define MMQW_Q4_K_PITCH(ks) ((ks) == 1 ? 160 : 352)
+#define MMQW_Q5_K_PITCH(ks) ((ks) == 1 ? 224 : 352)
+#define MMQW_Q6_K_PITCH(ks) ((ks) == 1 ? 240 : 496)
+
 /* Matrices of one type and width that read the same activations, launched together
  * (matmul.cu's cuda_matmul_multi): one kernel, one ramp-up and one tail for all of them, and
  * the activations staged (or rounded) once per CTA. A kernel cuts each member into units

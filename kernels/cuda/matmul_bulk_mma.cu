@@ -357,12 +357,325 @@ td_err launch_nt(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_devi
     return err_set(TD_EINVAL, "cuda_matmul: no window kernel for %d tiles per round", tt);
 }
 
+/* --- 17-64 tokens: the wide kernel ---------------------------------------------------------
+ *
+ * Why: at 32 and 64 tokens the tensor-core kernel (matmul_quant.cu) reads every token's
+ * activations from L2 once per 16-row tile, 7-14 bytes of activations per weight byte; a
+ * 64-token prefill chunk of the 27B spent 49.5 of its 58.6 ms in matrix products on the
+ * H200 (tandem bench --profile), ~70 T int8 MACs/s.
+ *
+ * How: the window kernel's rings, with the warps cut the other way. One CTA per SM owns an
+ * even share of the set's 16-row tiles and works on TT at a time; warp tau * G + q takes
+ * tile tau of the round and tokens 16q..16q+15 (G = n_pad / 16 token groups), and runs all
+ * four chains itself, one accumulator per chain: k-block kb goes to chain kb % 4 in
+ * increasing kb, so every (row, token) sees mmq's chain sequence, and the lane adds
+ * ((p0 + p1) + p2) + p3 in its registers (no reduction through shared memory). A step is
+ * KS consecutive k-blocks: weight stages hold every tile's rows of the step (one run per
+ * row), activation stages every token's digits of the step (one run per token), their sums
+ * and scales, copied once and read by the TT tiles; each weight fragment serves the G warps
+ * of its tile from shared memory. */
+constexpr int WKS = MMQW_KS; /* k-blocks per step */
+static_assert(KSPLIT % MMQW_KS == 0, "a step's k-blocks fall in distinct chains");
+
+template <int T> __host__ __device__ constexpr int wide_pitch()
+{
+    return T == TD_Q4_K   ? MMQW_Q4_K_PITCH(WKS)
+           : T == TD_Q5_K ? MMQW_Q5_K_PITCH(WKS)
+                          : MMQW_Q6_K_PITCH(WKS);
+}
+
+/* Bytes between tokens' digit runs: the window kernel's residues mod 128. */
+template <int T> __host__ __device__ constexpr int wide_tok_pitch()
+{
+    return WKS * MM_XBLOCK * 2 + (T == TD_Q6_K ? 32 : 64);
+}
+
+/* Shared memory: WS weight stages [TT tiles x 16 rows][wide_pitch], XS activation stages
+ * [tokens][wide_tok_pitch] digits, [WKS][tokens][MM_XSUM_BYTES] sums, [WKS][tokens] scales,
+ * then full and empty barriers per stage. XS = 3 where 3 weight stages still fit, else 2;
+ * WS as many as fit, at most 4. */
+template <int T, int G, int TT> struct wlayout {
+    enum : int {
+        TOKS = 2 * NTOK * G,
+        W_STAGE = TT * MROWS * wide_pitch<T>(),
+        S_OFF = TOKS * wide_tok_pitch<T>(),
+        D_OFF = S_OFF + WKS * TOKS * MM_XSUM_BYTES,
+        X_STAGE = D_OFF + WKS * TOKS * (int)sizeof(float),
+        XS = SMEM_MAX - 3 * X_STAGE - 2 * (4 + 3) * 8 >= 3 * W_STAGE ? 3 : 2,
+        WS_FIT = (SMEM_MAX - XS * X_STAGE - 2 * (4 + XS) * 8) / W_STAGE,
+        WS = WS_FIT < 4 ? WS_FIT : 4,
+        X_OFF = WS * W_STAGE,
+        BAR_OFF = X_OFF + XS * X_STAGE,
+        SMEM = BAR_OFF + 2 * (WS + XS) * 8,
+    };
+};
+
+template <int G, int TT> constexpr int wide_threads()
+{
+    return G * TT * 32;
+}
+
+/* grid, tiles and rounds as mmqb_kernel's; block: wide_threads() (warp tau * G + q: tile tau
+ * of the round, tokens 16q..16q+15); dynamic shared memory wlayout::SMEM. cols is a multiple
+ * of 256 (K-quants). */
+template <int T, int G, int TT>
+__global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
+    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
+{
+    mm_launch_dependents(); /* as mmqb_kernel */
+#if MMB_SM90
+    using Q = qt<T>;
+    using L = wlayout<T, G, TT>;
+    constexpr int NW = G * TT; /* warps */
+    constexpr int PITCH = wide_pitch<T>();
+    constexpr int TP = wide_tok_pitch<T>();
+    constexpr int WS = L::WS, XS = L::XS;
+    static_assert(WS >= 2, "two weight stages at least");
+    constexpr int SPG = KSPLIT / WKS; /* steps per turn of the four chains */
+    constexpr unsigned SPIN = 1024;
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
+    uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < WS; i++) {
+            bar_init(&wfull[i], NW);
+            bar_init(&wempty[i], NW);
+        }
+        for (int i = 0; i < XS; i++) {
+            bar_init(&xfull[i], NW);
+            bar_init(&xempty[i], NW);
+        }
+        bar_init_fence();
+    }
+    __syncthreads();
+
+    const int64_t n_tiles = set.first[set.n];
+    const int nkb = (int)(cols / Q::KB_W);
+    const int nsteps = (nkb + WKS - 1) / WKS;
+    const int64_t t_begin = n_tiles * blockIdx.x / gridDim.x;
+    const int64_t t_end = n_tiles * (blockIdx.x + 1) / gridDim.x;
+    const int rounds = (int)((t_end - t_begin + TT - 1) / TT);
+    const int items = rounds * nsteps; /* (round, step) pairs, in order */
+    const int tau = warp / G, q = warp % G;
+
+    /* Copies: warp (tau, q) issues rows q * 16 / G .. of tile tau (one lane each) and the
+     * activation runs warp + NW * lane (n_tok digit runs, the sums, the scales), then
+     * arrives once on the stage's full barrier announcing its bytes. */
+    const uint64_t once = evict_first_policy(), shared = evict_last_policy();
+    auto weights = [&](int it) { /* into weight stage it % WS */
+        const int stage = it % WS, round = it / nsteps, s = it % nsteps;
+        const int64_t tile = t_begin + (int64_t)round * TT + tau;
+        const int m = mm_set_member(&set, tile < t_end ? tile : t_begin);
+        const int i = q * (MROWS / G) + lane; /* row of the tile */
+        const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
+        const uint8_t *w = set.w[m];
+        uint32_t bytes = 0;
+        if (lane < MROWS / G && tile < t_end && r < rows) {
+            const mmb_copy cp = mmb_copy_of(row_bytes, rows, Q::KB_BYTES, WKS, r, WKS * s);
+            uint8_t *dst = smem + stage * L::W_STAGE + (tau * MROWS + i) * PITCH;
+            for (uint32_t p = cp.bulk; p < cp.bulk + cp.tail; p += 2)
+                *(uint16_t *)(dst + p) = *(const uint16_t *)(w + cp.src + p);
+            bytes = cp.bulk;
+            if (bytes)
+                bulk_copy(dst, w + cp.src, bytes, &wfull[stage], once);
+        }
+        arrive_all(&wfull[stage], bytes, lane);
+    };
+    auto acts = [&](int it) { /* into activation stage it % XS */
+        const int stage = it % XS, s = it % nsteps;
+        const int nw = nkb - WKS * s < WKS ? nkb - WKS * s : WKS;
+        uint8_t *st = smem + L::X_OFF + stage * L::X_STAGE;
+        const int j = warp + NW * lane;
+        uint32_t bytes = 0;
+        if (j < xq.n_tok + 2) {
+            const uint8_t *src;
+            uint8_t *dst;
+            if (j < xq.n_tok) { /* token j's digits of the step */
+                src = (const uint8_t *)xq.xq + (size_t)j * 2 * cols +
+                      (size_t)s * WKS * MM_XBLOCK * 2;
+                dst = st + j * TP;
+                bytes = (uint32_t)nw * MM_XBLOCK * 2;
+            } else if (j == xq.n_tok) { /* the sums of the step's x blocks */
+                src = (const uint8_t *)xq.xsum + (size_t)s * WKS * L::TOKS * MM_XSUM_BYTES;
+                dst = st + L::S_OFF;
+                bytes = (uint32_t)nw * L::TOKS * MM_XSUM_BYTES;
+            } else { /* their scales */
+                src = (const uint8_t *)(xq.xd + (size_t)s * WKS * L::TOKS);
+                dst = st + L::D_OFF;
+                bytes = (uint32_t)nw * L::TOKS * (uint32_t)sizeof(float);
+            }
+            bulk_copy(dst, src, bytes, &xfull[stage], shared);
+        }
+        arrive_all(&xfull[stage], bytes, lane);
+    };
+    for (int it = 0; it < items && it < WS; it++)
+        weights(it);
+    mm_wait_dependencies(); /* xq comes from the kernel before this one */
+    for (int it = 0; it < items && it < XS; it++)
+        acts(it);
+
+    const lane_pos l = {lane >> 2, lane & 3};
+    const int tok0 = 2 * NTOK * q; /* this warp's first token */
+    unsigned valid = 0; /* bit nt: this lane's token tok0 + 8nt + g exists */
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+        valid |= (unsigned)(tok0 + nt * NTOK + l.g < xq.n_tok) << nt;
+    int it = 0;
+    for (int round = 0; round < rounds; round++) {
+        const int64_t tile = t_begin + (int64_t)round * TT + tau;
+        /* uniform in the warp: every lane takes part in the MMAs (a lane whose tokens are
+         * all absent multiplies zeros) */
+        const bool have = tile < t_end && tok0 < xq.n_tok;
+        const int m = mm_set_member(&set, tile < t_end ? tile : t_begin);
+        const int64_t tr0 = (tile < t_end ? tile - set.first[m] : 0) * MROWS;
+        const uint8_t *wrow = set.w[m] + (size_t)tr0 * row_bytes;
+        float acc[KSPLIT][1][2][4]; /* chain c's partial sums */
+#pragma unroll
+        for (int c = 0; c < KSPLIT; c++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[c][0][nt][i] = 0.0f;
+        for (int s0 = 0; s0 < nsteps; s0 += SPG) {
+#pragma unroll
+            for (int u = 0; u < SPG; u++) {
+                const int s = s0 + u;
+                if (s >= nsteps)
+                    break;
+                bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
+                bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
+                const uint8_t *wst = smem + (it % WS) * L::W_STAGE + tau * MROWS * PITCH;
+                const uint8_t *st = smem + L::X_OFF + (it % XS) * L::X_STAGE;
+                const uint8_t *kbase = wrow + (size_t)s * WKS * Q::KB_BYTES;
+#pragma unroll
+                for (int j = 0; j < WKS; j++) {
+                    /* k-block WKS * s + j = chain u * WKS + j of this turn */
+                    if (have && WKS * s + j < nkb) {
+                        const xview_s x = {
+                            (const int8_t *)(st + (tok0 + l.g) * TP + j * MM_XBLOCK * 2),
+                            (const int8_t *)(st + L::S_OFF +
+                                             (j * L::TOKS + tok0 + l.g) * MM_XSUM_BYTES),
+                            (const float *)(st + L::D_OFF) + j * L::TOKS + tok0 + 2 * l.t,
+                            (size_t)NTOK * TP, valid};
+                        kblock_any<T, 1, 2, PITCH>(acc[u * WKS + j], wst + j * Q::KB_BYTES,
+                                                   kbase, row_bytes, 0, x, l);
+                    }
+                }
+                __syncwarp(); /* every lane is done with both stages */
+                if (lane == 0) {
+                    bar_arrive(&wempty[it % WS]);
+                    bar_arrive(&xempty[it % XS]);
+                }
+                /* refill the stages of the item before this one with the items WS and XS
+                 * after it */
+                const int done = it - 1;
+                if (done >= 0 && done + WS < items) {
+                    bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
+                    weights(done + WS);
+                }
+                if (done >= 0 && done + XS < items) {
+                    bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
+                    acts(done + XS);
+                }
+                it++;
+            }
+        }
+        /* y = ((p0 + p1) + p2) + p3: rows g, g + 8 of the tile, tokens 8nt + 2t, + 1 */
+        if (have) {
+            const int64_t rows = set.rows[m];
+            float *y = set.y[m];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int64_t r = tr0 + l.g + 8 * (i >> 1);
+                    const int tk = tok0 + nt * NTOK + 2 * l.t + (i & 1);
+                    const float v = __fadd_rn(__fadd_rn(__fadd_rn(acc[0][0][nt][i],
+                                                                  acc[1][0][nt][i]),
+                                                        acc[2][0][nt][i]),
+                                              acc[3][0][nt][i]);
+                    if (r < rows && tk < xq.n_tok)
+                        y[(size_t)tk * rows + r] = v;
+                }
+        }
+    }
+#else
+    (void)set, (void)row_bytes, (void)cols, (void)xq;
+#endif
+}
+
+template <int T, int G, int TT>
+td_err wide_launch(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
+                   const mm_device *dev, int64_t grid, cudaStream_t st)
+{
+    constexpr int smem = wlayout<T, G, TT>::SMEM;
+    static_assert(smem <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
+    static bool set_up[64]; /* per device ordinal */
+    int ordinal = 0;
+    CUDA_TRY(cudaGetDevice(&ordinal));
+    if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
+        CUDA_TRY(cudaFuncSetAttribute(mmqw_kernel<T, G, TT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
+    }
+    const cudaError_t e = launch_ex(mmqw_kernel<T, G, TT>, grid, wide_threads<G, TT>(), smem,
+                                    dev->pdl, st, set, (uint32_t)w->row_bytes, w->cols, *xq);
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s wide kernel launch (%d members, %lld "
+                       "tiles): %s", dtype_name(w->type), set.n, (long long)set.first[set.n],
+                       cudaGetErrorString(e));
+    return TD_OK;
+}
+
+/* Tiles per round as launch_nt's, with up to 4 tiles where 3 weight stages fit. */
+template <int T, int G>
+td_err wide_launch_g(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
+                     cudaStream_t st)
+{
+    constexpr int TTMAX = wlayout<T, G, 4>::WS >= 3   ? 4
+                          : wlayout<T, G, 3>::WS >= 3 ? 3
+                          : wlayout<T, G, 2>::WS >= 3 ? 2
+                                                      : 1;
+    const mm_set set = mm_set_of(mm, n, MROWS);
+    const ops_weight *w = mm[0].w;
+    const int64_t n_tiles = set.first[n];
+    const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
+    const int64_t per = (n_tiles + grid - 1) / grid;
+    const int64_t rounds = (per + TTMAX - 1) / TTMAX;
+    const int tt = (int)((per + rounds - 1) / rounds);
+    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
+        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
+                       (long long)w->rows, (long long)w->cols);
+    if (tt <= 1)
+        return wide_launch<T, G, 1>(set, xq, w, dev, grid, st);
+    if constexpr (TTMAX >= 2) {
+        if (tt == 2)
+            return wide_launch<T, G, 2>(set, xq, w, dev, grid, st);
+    }
+    if constexpr (TTMAX >= 3) {
+        if (tt == 3)
+            return wide_launch<T, G, 3>(set, xq, w, dev, grid, st);
+    }
+    if constexpr (TTMAX >= 4)
+        return wide_launch<T, G, 4>(set, xq, w, dev, grid, st);
+    return err_set(TD_EINVAL, "cuda_matmul: no wide kernel for %d tiles per round", tt);
+}
+
 template <int T>
 td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
-    TD_ASSERT(xq->n_pad == 16);
-    return launch_nt<T, 2>(mm, n, xq, dev, st);
+    switch (xq->n_pad) {
+    case 16:
+        return launch_nt<T, 2>(mm, n, xq, dev, st);
+    case 32:
+        return wide_launch_g<T, 2>(mm, n, xq, dev, st);
+    default:
+        TD_ASSERT(xq->n_pad == 64);
+        return wide_launch_g<T, 4>(mm, n, xq, dev, st);
+    }
 }
 
 } /* namespace */
@@ -374,7 +687,8 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9 && ((uintptr_t)w->data & 15) == 0 && n_pad == 16 &&
+    return major >= 9 && ((uintptr_t)w->data & 15) == 0 &&
+           (n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
            (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
 }

@@ -136,14 +136,15 @@ td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *
  * once per device (matmul_bulk.cu). */
 td_err device_caps(int *major, int *optin);
 
-/* Whether a chunk of n_pad tokens on w can run on the window kernel (matmul_bulk_mma.cu):
- * an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte aligned data, n_pad 16 or 32. */
+/* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 16) or the wide
+ * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte
+ * aligned data, cols a multiple of 256. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
 
 /* mmq_launch for n (1..MM_SET_MAX) members of one type and width, in one launch, on the
- * window kernel (matmul_bulk_mma.cu): weights and activations of four k-blocks at a time
- * staged by bulk copies, the activations shared by the CTA's tiles; the same fragments,
- * chains and reduction, so the same bits. */
+ * window kernel (n_pad 16) or the wide kernel (32, 64) of matmul_bulk_mma.cu: weights and
+ * activations of a few k-blocks at a time staged by bulk copies, the activations shared by
+ * the CTA's tiles; the same fragments, chains and reduction, so the same bits. */
 td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st);
 
