@@ -72,6 +72,8 @@ struct ops_backend {
                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
                             int64_t n_ch, int64_t k);
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
+    /* cpu_delta_rule_many: n recurrences that share no memory, as few launches as may be */
+    td_err (*delta_rule_many)(const ops_backend *be, const ops_delta *d, int64_t n);
     /* cpu_kv_store: a block's K/V rows into a cache at rows given in backend memory */
     td_err (*kv_store)(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
                        const float *k, const float *v, const int32_t *rows, int64_t n_tok,

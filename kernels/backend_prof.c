@@ -16,7 +16,7 @@ typedef enum pf_op {
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL,
-    PF_QK_NORM_ROPE, PF_N_OPS
+    PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -24,7 +24,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "conv1d_silu", "swiglu_matmul", "qk_norm_rope",
+    "conv1d_silu", "swiglu_matmul", "qk_norm_rope", "delta_rule_many",
 };
 
 typedef struct pf_stat {
@@ -344,6 +344,11 @@ static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)
     PF_TIMED(PF_DELTA_RULE, in->delta_rule(in, d));
 }
 
+static td_err pf_delta_rule_many(const ops_backend *be, const ops_delta *d, int64_t n)
+{
+    PF_TIMED(PF_DELTA_RULE_MANY, in->delta_rule_many(in, d, n));
+}
+
 static td_err pf_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
                           const float *k, const float *v, const int32_t *rows, int64_t n_tok,
                           int64_t row)
@@ -481,6 +486,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->swiglu_matmul = pf_swiglu_matmul;
     b->qk_norm_rope = pf_qk_norm_rope;
     b->delta_rule = pf_delta_rule;
+    b->delta_rule_many = pf_delta_rule_many;
     b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;
     b->rmsnorm_silu = pf_rmsnorm_silu;

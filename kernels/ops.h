@@ -287,13 +287,17 @@ typedef struct ops_delta {
     float *state_prev;  /* NULL, or [n_v_head][d_k][d_v] receiving the state before the first
                          * token (a rollback point, without a separate copy) */
     float *state_all;   /* NULL, or [n_tok][n_v_head][d_k][d_v]: state after every token */
-    float *out;         /* [n_tok][n_v_head][d_v], contiguous */
+    float *out;         /* [n_tok][n_v_head][d_v], contiguous; NULL: not written (a replay
+                         * that only wants the state) */
 } ops_delta;
 
 /* Gated delta rule, per token and value head h with S = state[h]:
  * S = exp(g) S; kv = S^T k; S += k (x) (beta (v - kv)); o = S^T q. q, k are used as given
  * (normalise and scale them first). */
 void cpu_delta_rule(const ops_delta *d);
+/* d[0..n-1], recurrences that share no memory (a rollback's replay of every layer): each as
+ * cpu_delta_rule. */
+void cpu_delta_rule_many(const ops_delta *d, int64_t n);
 
 /* ---------------------------------------------------------------------------------------
  * Fused chains (kernels/cpu/fused.c): one pass (one GPU launch) for what a layer did as
@@ -451,6 +455,8 @@ td_err cuda_conv1d_silu(float *out, float *state, float *state_all, const float 
 
 /* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
 td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
+/* cpu_delta_rule_many on the device: recurrences of one shape share a launch (up to 16). */
+td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream st);
 
 /* cpu_to_f16 (kernels/cuda/convert.cu): round to nearest even, bit-identical. */
 td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stream st);

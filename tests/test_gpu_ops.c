@@ -419,6 +419,57 @@ static void test_delta_rule_matches_cpu_and_is_token_invariant(void **state)
     }
 }
 
+/* cuda_delta_rule_many (the rollback's replay of every layer): each recurrence gets the bits
+ * it gets alone. 20 recurrences: 17 of one shape (a launch of 16, then one), one of another
+ * shape between them (its own launch), two more of the first; each reads its own tokens and
+ * starting state; outputs are wanted only from the odd shape. */
+static void test_delta_rule_many_equals_one_at_a_time(void **state)
+{
+    (void)state;
+    enum { N = 20, ODD = 17, NK = 2, NV = 6, DK = 128, DV = 128, T = 5, T_ODD = 3 };
+    const int64_t qs = NK * DK + 3, vs = NV * DV + 1, ns = NV * DK * DV, tok = T + N;
+    rng_seed(9);
+    float *q = rng_floats(tok * qs, 0.1f), *k = rng_floats(tok * qs, 0.1f);
+    float *v = rng_floats(tok * vs, 1), *g = rng_floats(tok * 2 * NV, 1);
+    for (int64_t t = 0; t < tok; t++)
+        for (int64_t h = 0; h < NV; h++) { /* g <= 0, beta in (0, 1): [t][2][NV] */
+            g[t * 2 * NV + h] = -fabsf(g[t * 2 * NV + h]) * 0.3f;
+            g[t * 2 * NV + NV + h] = 0.5f + 0.5f * g[t * 2 * NV + NV + h];
+        }
+    float *s0 = rng_floats(N * ns, 0.5f);
+    float *dq = dput(q, (size_t)(tok * qs) * 4), *dk = dput(k, (size_t)(tok * qs) * 4);
+    float *dv = dput(v, (size_t)(tok * vs) * 4), *dg = dput(g, (size_t)(tok * 2 * NV) * 4);
+    float *ds0 = dput(s0, (size_t)(N * ns) * 4);
+    float *alone = dpoison((size_t)(N * ns) * 4), *many = dpoison((size_t)(N * ns) * 4);
+    float *out1 = dpoison((size_t)(T_ODD * NV * DV) * 4), *outm = dpoison((size_t)(T_ODD * NV * DV) * 4);
+    ops_delta d[N];
+    for (int i = 0; i < N; i++) {
+        d[i] = (ops_delta){.n_tok = i == ODD ? T_ODD : T, .n_k_head = NK, .n_v_head = NV,
+                           .d_k = DK, .d_v = DV, .q = dq + i * qs, .k = dk + i * qs + 1,
+                           .v = dv + i * vs, .q_tok_stride = qs, .k_tok_stride = qs,
+                           .v_tok_stride = vs, .g = dg + i * 2 * NV, .beta = dg + i * 2 * NV + NV,
+                           .gb_tok_stride = 2 * NV, .state = alone + i * ns,
+                           .state_in = ds0 + i * ns, .out = i == ODD ? out1 : NULL};
+        GPU_OK(cuda_delta_rule(&d[i], gpu_st));
+        d[i].state = many + i * ns;
+        if (i == ODD)
+            d[i].out = outm;
+    }
+    GPU_OK(cuda_delta_rule_many(d, N, gpu_st));
+    float *ga = dget(alone, (size_t)(N * ns) * 4), *gm = dget(many, (size_t)(N * ns) * 4);
+    float *go1 = dget(out1, (size_t)(T_ODD * NV * DV) * 4), *gom = dget(outm, (size_t)(T_ODD * NV * DV) * 4);
+    assert_true(check_same_bits("delta many states", gm, ga, (size_t)(N * ns) * 4));
+    assert_true(check_same_bits("delta many output", gom, go1, (size_t)(T_ODD * NV * DV) * 4));
+    /* the states moved: a launch that did nothing would leave the poison in both */
+    for (int i = 0; i < N; i++)
+        assert_true(isfinite(gm[i * ns]) && gm[i * ns] != s0[i * ns]);
+    free(ga), free(gm), free(go1), free(gom);
+    cuda_mem_free(dq), cuda_mem_free(dk), cuda_mem_free(dv), cuda_mem_free(dg);
+    cuda_mem_free(ds0), cuda_mem_free(alone), cuda_mem_free(many);
+    cuda_mem_free(out1), cuda_mem_free(outm);
+    free(q), free(k), free(v), free(g), free(s0);
+}
+
 /* ---- unsupported shapes and memory errors ---------------------------------------------- */
 
 static void test_unsupported_shapes_and_oom_are_errors(void **state)
@@ -472,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_rope_matches_cpu),
         cmocka_unit_test(test_conv1d_matches_cpu_and_is_token_invariant),
         cmocka_unit_test(test_delta_rule_matches_cpu_and_is_token_invariant),
+        cmocka_unit_test(test_delta_rule_many_equals_one_at_a_time),
         cmocka_unit_test(test_unsupported_shapes_and_oom_are_errors),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

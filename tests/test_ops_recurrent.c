@@ -161,6 +161,30 @@ static void test_delta_rule_saved_state_equals_running_k_tokens_alone(void **s)
     }
 }
 
+/* Several recurrences in one call (a rollback's replay): each as alone; without outputs
+ * the state is the same. */
+static void test_delta_rule_many_equals_each_alone_and_out_is_optional(void **s)
+{
+    (void)s;
+    float state[D_S], out[D_T * D_NV * D_DV];
+    ops_delta d = delta_golden(state, NULL, out);
+    cpu_delta_rule(&d);
+    float st[3][D_S], o1[D_T * D_NV * D_DV];
+    ops_delta many[3] = {delta_golden(st[0], NULL, NULL), delta_golden(st[1], NULL, o1),
+                         delta_golden(st[2], NULL, NULL)};
+    many[2].n_tok = 2; /* another length */
+    cpu_delta_rule_many(many, 3);
+    assert_memory_equal(st[0], state, sizeof state);
+    assert_memory_equal(st[1], state, sizeof state);
+    assert_memory_equal(o1, out, sizeof out);
+    float st2[D_S], out2[D_T * D_NV * D_DV];
+    ops_delta two = delta_golden(st2, NULL, out2);
+    two.n_tok = 2;
+    cpu_delta_rule(&two);
+    assert_memory_equal(st[2], st2, sizeof st2);
+    assert_memory_not_equal(st[2], state, sizeof state);
+}
+
 static void test_delta_rule_one_token_by_hand(void **s)
 {
     (void)s;
@@ -184,6 +208,7 @@ int main(void)
         cmocka_unit_test(test_conv1d_reads_strided_input),
         cmocka_unit_test(test_delta_rule_matches_numpy_f64_loop),
         cmocka_unit_test(test_delta_rule_saved_state_equals_running_k_tokens_alone),
+        cmocka_unit_test(test_delta_rule_many_equals_each_alone_and_out_is_optional),
         cmocka_unit_test(test_delta_rule_one_token_by_hand),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -565,30 +565,37 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
         return TD_OK;
     int64_t ch = hp->conv_ch, nv = hp->n_v_head, km1 = hp->conv_k - 1;
     int64_t qk = hp->n_k_head * hp->d_k;
-    /* the replay's output uses the forward scratch, which holds n >= keep tokens */
-    tgt_work *w = m->work;
+    /* every layer's replay in one call (they share no memory): a few launches on a GPU */
+    ops_delta *rep = keep ? calloc((size_t)s->n_delta, sizeof *rep) : NULL;
+    if (keep && s->n_delta && !rep)
+        return err_set(TD_ENOMEM, "rollback: out of memory");
     /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs], which is the
      * tail of rec_conv0 from row keep, then the head of rec_xconv */
     int64_t n0 = keep < km1 ? km1 - keep : 0;
     size_t row = (size_t)ch * sizeof(float);
-    for (int64_t i = 0; i < s->n_delta; i++) {
-        TD_TRY(be->copy(be, s->conv[i], s->rec_conv0[i] + keep * ch, (size_t)n0 * row));
-        TD_TRY(be->copy(be, s->conv[i] + n0 * ch, s->rec_xconv[i] + (keep + n0 - km1) * ch,
-                        (size_t)(km1 - n0) * row));
-        if (keep == 0) {
-            TD_TRY(be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float)));
+    td_err e = TD_OK;
+    for (int64_t i = 0; e == TD_OK && i < s->n_delta; i++) {
+        e = be->copy(be, s->conv[i], s->rec_conv0[i] + keep * ch, (size_t)n0 * row);
+        if (e == TD_OK)
+            e = be->copy(be, s->conv[i] + n0 * ch, s->rec_xconv[i] + (keep + n0 - km1) * ch,
+                         (size_t)(km1 - n0) * row);
+        if (e == TD_OK && keep == 0)
+            e = be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float));
+        if (keep == 0)
             continue;
-        }
-        /* the replay starts from the state before the block and writes the kept state */
+        /* the replay starts from the state before the block and writes the kept state; its
+         * outputs are not wanted */
         const float *qkv = s->rec_qkv[i];
-        ops_delta d = {
+        rep[i] = (ops_delta){
             .n_tok = keep, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
             .d_v = hp->d_v, .q = qkv, .k = qkv + qk, .v = qkv + 2 * qk, .q_tok_stride = ch,
             .k_tok_stride = ch, .v_tok_stride = ch, .g = s->rec_gb[i], .beta = s->rec_gb[i] + nv,
             .gb_tok_stride = 2 * nv, .state = s->ssm[i], .state_in = s->rec_ssm0[i],
-            .state_prev = NULL, .state_all = NULL, .out = w->o,
+            .state_prev = NULL, .state_all = NULL, .out = NULL,
         };
-        TD_TRY(be->delta_rule(be, &d));
     }
-    return TD_OK;
+    if (e == TD_OK && keep)
+        e = be->delta_rule_many(be, rep, s->n_delta);
+    free(rep);
+    return e;
 }

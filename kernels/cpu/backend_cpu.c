@@ -199,6 +199,13 @@ static td_err be_cpu_delta_rule(const ops_backend *be, const ops_delta *d)
     return TD_OK;
 }
 
+static td_err be_cpu_delta_rule_many(const ops_backend *be, const ops_delta *d, int64_t n)
+{
+    (void)be;
+    cpu_delta_rule_many(d, n);
+    return TD_OK;
+}
+
 static td_err be_cpu_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
                               const float *k, const float *v, const int32_t *rows, int64_t n_tok,
                               int64_t row)
@@ -312,6 +319,7 @@ static const ops_backend be_cpu = {
     .attention = be_cpu_attention,
     .conv1d_causal = be_cpu_conv1d_causal,
     .delta_rule = be_cpu_delta_rule,
+    .delta_rule_many = be_cpu_delta_rule_many,
     .kv_store = be_cpu_kv_store,
     .to_f16 = be_cpu_to_f16,
     .add_rmsnorm = be_cpu_add_rmsnorm,

@@ -10,7 +10,7 @@
 
 void cpu_delta_rule(const ops_delta *d)
 {
-    TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state && d->out);
+    TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state);
     TD_ASSERT(d->n_k_head >= 1 && d->n_v_head % d->n_k_head == 0);
     TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->d_v <= DELTA_MAX_DV && d->n_tok >= 0);
     const int64_t dk = d->d_k, dv = d->d_v, nv = d->n_v_head;
@@ -44,19 +44,25 @@ void cpu_delta_rule(const ops_delta *d)
             }
             for (int64_t j = 0; j < dv; j++)
                 u[j] = beta * (v[j] - u[j]);
-            /* S += k (x) u, then o = S^T q */
-            float *o = d->out + (t * nv + h) * dv;
-            for (int64_t j = 0; j < dv; j++)
+            /* S += k (x) u, then o = S^T q (not wanted: the state alone) */
+            float *o = d->out ? d->out + (t * nv + h) * dv : NULL;
+            for (int64_t j = 0; o && j < dv; j++)
                 o[j] = 0;
             for (int64_t i = 0; i < dk; i++) {
                 float *Si = S + i * dv;
-                for (int64_t j = 0; j < dv; j++) {
+                for (int64_t j = 0; j < dv; j++)
                     Si[j] += k[i] * u[j];
+                for (int64_t j = 0; o && j < dv; j++)
                     o[j] += Si[j] * q[i];
-                }
             }
             if (d->state_all)
                 memcpy(d->state_all + (t * nv + h) * dk * dv, S, (size_t)(dk * dv) * sizeof(float));
         }
     }
+}
+
+void cpu_delta_rule_many(const ops_delta *d, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        cpu_delta_rule(&d[i]);
 }

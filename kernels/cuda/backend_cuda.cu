@@ -131,6 +131,11 @@ static td_err be_cuda_delta_rule(const ops_backend *be, const ops_delta *d)
     return cuda_delta_rule(d, be->stream);
 }
 
+static td_err be_cuda_delta_rule_many(const ops_backend *be, const ops_delta *d, int64_t n)
+{
+    return cuda_delta_rule_many(d, n, be->stream);
+}
+
 static td_err be_cuda_kv_store(const ops_backend *be, void *k_cache, void *v_cache,
                                td_dtype type, const float *k, const float *v,
                                const int32_t *rows, int64_t n_tok, int64_t row)
@@ -284,6 +289,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->attention = be_cuda_attention;
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
+    be->delta_rule_many = be_cuda_delta_rule_many;
     be->kv_store = be_cuda_kv_store;
     be->to_f16 = be_cuda_to_f16;
     be->graph_begin = be_cuda_graph_begin;

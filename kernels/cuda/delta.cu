@@ -20,9 +20,9 @@
 #define DELTA_MAX_DK 128 /* rows of a column held in registers across the warps */
 #define DELTA_RS (DELTA_MAX_DK / DELTA_RG) /* rows per warp */
 
-__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early, ops_delta d)
+/* One recurrence's columns blockIdx.x * DELTA_COLS.. of value head blockIdx.y. */
+__device__ __forceinline__ void delta_run(const ops_delta &d)
 {
-    pdl_enter(early);
     __shared__ float qs[DELTA_MAX_DK], ks[DELTA_MAX_DK];
     __shared__ float red[DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
     const int64_t dk = d.d_k, dv = d.d_v, nv = d.n_v_head;
@@ -45,17 +45,33 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early,
             if (i0 + r < dk)
                 P[(int64_t)(i0 + r) * dv] = s[r];
     }
-    for (int64_t t = 0; t < d.n_tok; t++) {
-        const float *q = d.q + t * d.q_tok_stride + kh * dk;
-        const float *k = d.k + t * d.k_tok_stride + kh * dk;
-        __syncthreads(); /* the previous token is done with qs, ks and red */
-        for (int64_t i = threadIdx.x; i < dk; i += DELTA_COLS * DELTA_RG) {
-            qs[i] = q[i];
-            ks[i] = k[i];
+    /* Token t's inputs are loaded while token t - 1 runs (one q and one k value per thread),
+     * so no memory latency sits between two tokens' chains. */
+    static_assert(DELTA_COLS * DELTA_RG >= DELTA_MAX_DK, "one q and one k value per thread");
+    const int tid = threadIdx.x;
+    float nq = 0, nk = 0, ng = 0, nb = 0, nvj = 0;
+    auto fetch = [&](int64_t t) {
+        if (tid < dk) {
+            nq = d.q[t * d.q_tok_stride + kh * dk + tid];
+            nk = d.k[t * d.k_tok_stride + kh * dk + tid];
         }
+        ng = d.g[t * gbs + h];
+        nb = d.beta[t * gbs + h];
+        nvj = live ? d.v[t * d.v_tok_stride + h * dv + j] : 0.0f;
+    };
+    if (d.n_tok > 0)
+        fetch(0);
+    for (int64_t t = 0; t < d.n_tok; t++) {
+        __syncthreads(); /* the previous token is done with qs, ks and red */
+        if (tid < dk) {
+            qs[tid] = nq;
+            ks[tid] = nk;
+        }
+        const float decay = expf(ng);
+        const float beta = nb, vj = nvj;
+        if (t + 1 < d.n_tok)
+            fetch(t + 1);
         __syncthreads();
-        const float decay = expf(d.g[t * gbs + h]);
-        const float beta = d.beta[t * gbs + h];
         /* S = exp(g) S and this warp's part of kv = S^T k in one sweep */
         float kv = 0;
 #pragma unroll
@@ -70,7 +86,6 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early,
 #pragma unroll
         for (int g = 1; g < DELTA_RG; g++)
             kv += red[g][lane];
-        const float vj = live ? d.v[t * d.v_tok_stride + h * dv + j] : 0.0f;
         const float u = beta * (vj - kv);
         /* S += k (x) u, then this warp's part of o = S^T q */
         float o = 0;
@@ -83,7 +98,7 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early,
         __syncthreads(); /* every warp has read red */
         red[w][lane] = o;
         __syncthreads();
-        if (w == 0 && live) {
+        if (w == 0 && live && d.out) {
             float sum = red[0][lane];
 #pragma unroll
             for (int g = 1; g < DELTA_RG; g++)
@@ -106,9 +121,39 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early,
     }
 }
 
-extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
+__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early, ops_delta d)
 {
-    TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state && d->out);
+    pdl_enter(early);
+    delta_run(d);
+}
+
+/* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
+ * pointers of each, the rest from d. */
+#define DELTA_BATCH 16
+struct delta_ptrs {
+    const float *q, *k, *v, *g, *beta, *state_in;
+    float *state, *state_prev, *state_all, *out;
+};
+struct delta_batch {
+    ops_delta d;
+    delta_ptrs p[DELTA_BATCH];
+};
+
+__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_many_kernel(bool early,
+                                                                          delta_batch b)
+{
+    pdl_enter(early);
+    ops_delta d = b.d;
+    const delta_ptrs &p = b.p[blockIdx.z];
+    d.q = p.q, d.k = p.k, d.v = p.v, d.g = p.g, d.beta = p.beta, d.state_in = p.state_in;
+    d.state = p.state, d.state_prev = p.state_prev, d.state_all = p.state_all, d.out = p.out;
+    delta_run(d);
+}
+
+/* What the GPU cannot run, or TD_OK; *none: there is nothing to do. */
+static td_err delta_check(const ops_delta *d, bool *none)
+{
+    TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state);
     TD_ASSERT(d->n_k_head >= 1 && d->n_v_head % d->n_k_head == 0);
     TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->n_tok >= 0);
     if (d->d_k > DELTA_MAX_DK)
@@ -117,8 +162,57 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     if (d->n_v_head > 65535 || d->d_v / DELTA_COLS >= INT32_MAX)
         return err_set(TD_ENOTSUP, "delta rule with %lld value heads of %lld",
                        (long long)d->n_v_head, (long long)d->d_v);
-    if (d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev && !d->state_in))
+    *none = d->n_v_head == 0 || (d->n_tok == 0 && !d->state_prev && !d->state_in);
+    return TD_OK;
+}
+
+static dim3 delta_grid(const ops_delta *d, unsigned n)
+{
+    return dim3(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head, n);
+}
+
+extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
+{
+    bool none = false;
+    TD_TRY(delta_check(d, &none));
+    if (none)
         return TD_OK;
-    dim3 grid(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head);
-    return pdl_launch<delta_kernel>("delta rule", grid, dim3(DELTA_COLS * DELTA_RG), 0, st, *d);
+    return pdl_launch<delta_kernel>("delta rule", delta_grid(d, 1), dim3(DELTA_COLS * DELTA_RG),
+                                    0, st, *d);
+}
+
+/* Whether a and b can share one launch: the same shapes, strides and optional outputs. */
+static bool delta_same_shape(const ops_delta *a, const ops_delta *b)
+{
+    return a->n_tok == b->n_tok && a->n_k_head == b->n_k_head && a->n_v_head == b->n_v_head &&
+           a->d_k == b->d_k && a->d_v == b->d_v && a->q_tok_stride == b->q_tok_stride &&
+           a->k_tok_stride == b->k_tok_stride && a->v_tok_stride == b->v_tok_stride &&
+           a->gb_tok_stride == b->gb_tok_stride && !a->state_in == !b->state_in &&
+           !a->state_prev == !b->state_prev && !a->state_all == !b->state_all &&
+           !a->out == !b->out;
+}
+
+extern "C" td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream st)
+{
+    TD_ASSERT(n >= 0 && (n == 0 || d != NULL));
+    for (int64_t i = 0; i < n;) {
+        /* a batch: d[i] and the next ones of its shape, at most DELTA_BATCH */
+        bool none = false;
+        TD_TRY(delta_check(&d[i], &none));
+        delta_batch b;
+        b.d = d[i];
+        unsigned m = 0;
+        for (; m < DELTA_BATCH && i + m < n && delta_same_shape(&d[i], &d[i + m]); m++) {
+            const ops_delta *e = &d[i + m];
+            if (m)
+                TD_TRY(delta_check(e, &none));
+            b.p[m] = delta_ptrs{e->q,     e->k,          e->v,          e->g,  e->beta,
+                                e->state_in, e->state, e->state_prev, e->state_all, e->out};
+        }
+        if (!none)
+            TD_TRY(pdl_launch<delta_many_kernel>("delta rule batch", delta_grid(&d[i], m),
+                                                 dim3(DELTA_COLS * DELTA_RG), 0, st, b));
+        i += m;
+    }
+    return TD_OK;
 }

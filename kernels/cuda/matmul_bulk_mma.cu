@@ -1,4 +1,5 @@
-/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel.
+/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel;
+ * 17..64 tokens (n_pad 32, 64): the wide kernel further down.
  * The arithmetic is matmul_quant.cu's (the fragment code of matmul_quant_blocks.cuh, chain
  * k of a (row, token) = k-blocks k, k + 4, ... in order, y = ((p0 + p1) + p2) + p3), so
  * every (row, token) is bit-identical to mmq_launch and to the single-token kernels
@@ -40,7 +41,7 @@
  * (elect loops of ~10 instructions per copy, 66 copies per step) took ~4 us per step: 60 us
  * on the first shape. Two activation stages instead of three: Q4_K 43.1 us there. 32 tokens
  * (one tile per round, the activations of 32 tokens filling the shared memory) measured
- * 6.6x a token's time against mmq's 4.6x, so n_pad 32 stays on mmq. */
+ * 6.6x a token's time against mmq's 4.6x, so n_pad 32 takes the wide kernel instead. */
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
