@@ -298,66 +298,6 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
 #endif
 }
 
-template <int T, int NT, int TT>
-td_err launch(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
-              const mm_device *dev, int64_t grid, cudaStream_t st)
-{
-    constexpr int smem = layout<T, NT, TT>::SMEM;
-    static_assert(smem <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
-    static bool set_up[64]; /* per device ordinal */
-    int ordinal = 0;
-    CUDA_TRY(cudaGetDevice(&ordinal));
-    if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(mmqb_kernel<T, NT, TT>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
-    }
-    const cudaError_t e = launch_ex(mmqb_kernel<T, NT, TT>, grid, threads_of<TT>(), smem,
-                                    dev->pdl, st, set, (uint32_t)w->row_bytes, w->cols, *xq);
-    if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "cuda_matmul: %s window kernel launch (%d members, %lld "
-                       "tiles): %s", dtype_name(w->type), set.n, (long long)set.first[set.n],
-                       cudaGetErrorString(e));
-    return TD_OK;
-}
-
-/* Tiles per round: one CTA per SM (or per tile, if fewer), each with an even share of q or
- * q - 1 tiles, done in the fewest rounds of at most TTMAX (the most that leaves room for 3
- * weight stages), as evenly as they go: 1088 tiles on 132 SMs: 3 rounds of 3; 320: one
- * round of 3. */
-template <int T, int NT>
-td_err launch_nt(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
-                 cudaStream_t st)
-{
-    constexpr int TTMAX = layout<T, NT, 4>::WS >= 3   ? 4
-                          : layout<T, NT, 3>::WS >= 3 ? 3
-                          : layout<T, NT, 2>::WS >= 3 ? 2
-                                                      : 1;
-    const mm_set set = mm_set_of(mm, n, MROWS);
-    const ops_weight *w = mm[0].w;
-    const int64_t n_tiles = set.first[n];
-    const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
-    const int64_t q = (n_tiles + grid - 1) / grid;
-    const int64_t rounds = (q + TTMAX - 1) / TTMAX;
-    const int tt = (int)((q + rounds - 1) / rounds);
-    if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
-        return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
-                       (long long)w->rows, (long long)w->cols);
-    if (tt <= 1)
-        return launch<T, NT, 1>(set, xq, w, dev, grid, st);
-    if constexpr (TTMAX >= 2) {
-        if (tt == 2)
-            return launch<T, NT, 2>(set, xq, w, dev, grid, st);
-    }
-    if constexpr (TTMAX >= 3) {
-        if (tt == 3)
-            return launch<T, NT, 3>(set, xq, w, dev, grid, st);
-    }
-    if constexpr (TTMAX >= 4)
-        return launch<T, NT, 4>(set, xq, w, dev, grid, st);
-    return err_set(TD_EINVAL, "cuda_matmul: no window kernel for %d tiles per round", tt);
-}
-
 /* --- 17-64 tokens: the wide kernel ---------------------------------------------------------
  *
  * Why: at 32 and 64 tokens the tensor-core kernel (matmul_quant.cu) reads every token's
@@ -607,61 +547,79 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
 #endif
 }
 
-template <int T, int G, int TT>
-td_err wide_launch(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
-                   const mm_device *dev, int64_t grid, cudaStream_t st)
+/* The two kernels as launch_rounds sees them: P is NT (window) or G (wide). */
+template <int T, int NT, int TT> struct window_kernel {
+    static auto fn() { return mmqb_kernel<T, NT, TT>; }
+    enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
+                 THREADS = threads_of<TT>() };
+    static const char *name() { return "window"; }
+};
+template <int T, int G, int TT> struct wide_kernel {
+    static auto fn() { return mmqw_kernel<T, G, TT>; }
+    enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
+                 THREADS = wide_threads<G, TT>() };
+    static const char *name() { return "wide"; }
+};
+
+/* One launch of kernel K; the shared-memory opt-in is set once per device. */
+template <class K>
+td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
+                const mm_device *dev, int64_t grid, cudaStream_t st)
 {
-    constexpr int smem = wlayout<T, G, TT>::SMEM;
-    static_assert(smem <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
+    static_assert(K::SMEM <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
     static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(mmqw_kernel<T, G, TT>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_TRY(cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)K::SMEM));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    const cudaError_t e = launch_ex(mmqw_kernel<T, G, TT>, grid, wide_threads<G, TT>(), smem,
-                                    dev->pdl, st, set, (uint32_t)w->row_bytes, w->cols, *xq);
+    const cudaError_t e = launch_ex(K::fn(), grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st,
+                                    set, (uint32_t)w->row_bytes, w->cols, *xq);
     if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "cuda_matmul: %s wide kernel launch (%d members, %lld "
-                       "tiles): %s", dtype_name(w->type), set.n, (long long)set.first[set.n],
-                       cudaGetErrorString(e));
+        return err_set(TD_ECUDA, "cuda_matmul: %s %s kernel launch (%d members, %lld "
+                       "tiles): %s", dtype_name(w->type), K::name(), set.n,
+                       (long long)set.first[set.n], cudaGetErrorString(e));
     return TD_OK;
 }
 
-/* Tiles per round as launch_nt's, with up to 4 tiles where 3 weight stages fit. */
-template <int T, int G>
-td_err wide_launch_g(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
+/* Tiles per round: one CTA per SM (or per tile, if fewer), each with an even share of q or
+ * q - 1 tiles, done in the fewest rounds of at most TTMAX (the most that leaves room for 3
+ * weight stages), as evenly as they go: 1088 tiles on 132 SMs: 3 rounds of 3; 320: one
+ * round of 3. */
+template <template <int, int, int> class K, int T, int P>
+td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                      cudaStream_t st)
 {
-    constexpr int TTMAX = wlayout<T, G, 4>::WS >= 3   ? 4
-                          : wlayout<T, G, 3>::WS >= 3 ? 3
-                          : wlayout<T, G, 2>::WS >= 3 ? 2
-                                                      : 1;
+    constexpr int TTMAX = K<T, P, 4>::WS >= 3   ? 4
+                          : K<T, P, 3>::WS >= 3 ? 3
+                          : K<T, P, 2>::WS >= 3 ? 2
+                                                : 1;
     const mm_set set = mm_set_of(mm, n, MROWS);
     const ops_weight *w = mm[0].w;
     const int64_t n_tiles = set.first[n];
     const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
-    const int64_t per = (n_tiles + grid - 1) / grid;
-    const int64_t rounds = (per + TTMAX - 1) / TTMAX;
-    const int tt = (int)((per + rounds - 1) / rounds);
+    const int64_t q = (n_tiles + grid - 1) / grid;
+    const int64_t rounds = (q + TTMAX - 1) / TTMAX;
+    const int tt = (int)((q + rounds - 1) / rounds);
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
     if (tt <= 1)
-        return wide_launch<T, G, 1>(set, xq, w, dev, grid, st);
+        return launch_k<K<T, P, 1>>(set, xq, w, dev, grid, st);
     if constexpr (TTMAX >= 2) {
         if (tt == 2)
-            return wide_launch<T, G, 2>(set, xq, w, dev, grid, st);
+            return launch_k<K<T, P, 2>>(set, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 3) {
         if (tt == 3)
-            return wide_launch<T, G, 3>(set, xq, w, dev, grid, st);
+            return launch_k<K<T, P, 3>>(set, xq, w, dev, grid, st);
     }
     if constexpr (TTMAX >= 4)
-        return wide_launch<T, G, 4>(set, xq, w, dev, grid, st);
-    return err_set(TD_EINVAL, "cuda_matmul: no wide kernel for %d tiles per round", tt);
+        return launch_k<K<T, P, 4>>(set, xq, w, dev, grid, st);
+    return err_set(TD_EINVAL, "cuda_matmul: no %s kernel for %d tiles per round",
+                   K<T, P, 1>::name(), tt);
 }
 
 template <int T>
@@ -670,12 +628,12 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
 {
     switch (xq->n_pad) {
     case 16:
-        return launch_nt<T, 2>(mm, n, xq, dev, st);
+        return launch_rounds<window_kernel, T, 2>(mm, n, xq, dev, st);
     case 32:
-        return wide_launch_g<T, 2>(mm, n, xq, dev, st);
+        return launch_rounds<wide_kernel, T, 2>(mm, n, xq, dev, st);
     default:
         TD_ASSERT(xq->n_pad == 64);
-        return wide_launch_g<T, 4>(mm, n, xq, dev, st);
+        return launch_rounds<wide_kernel, T, 4>(mm, n, xq, dev, st);
     }
 }
 
