@@ -646,7 +646,9 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9 && ((uintptr_t)w->data & 15) == 0 &&
+    /* the layouts fill up to SMEM_MAX (an H100/H200 block's opt-in); a device that offers a
+     * block less (sm_120: 99 KiB) keeps the tensor-core kernel */
+    return major >= 9 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
            (n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
            (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
