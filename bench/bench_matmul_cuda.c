@@ -1,22 +1,23 @@
 /* bench_matmul_cuda: how close cuda_matmul comes to the GPU's memory bandwidth on the 27B
  * target's shapes (hidden 5120, FFN 17408, DeltaNet qkv 10240, attention q 12288, value
- * heads 6144, LM head 248320), per weight type, for 1 token (decode) and 16 / 32 tokens
- * (a speculative verify block).
+ * heads 6144, LM head 248320), per weight type, for 1 token (decode), 16 / 32 tokens
+ * (a speculative verify block) and 64 (a prefill chunk).
  *
  * First it measures the copy bandwidth (device-to-device cudaMemcpy of 4 GiB, counting the
  * bytes read plus the bytes written), the practical ceiling of a kernel that only streams.
  * Then for each (shape, type): the time per call (CUDA events around back-to-back calls,
  * median of several runs, rotating over enough copies of the weights that L2 cannot keep
  * them), the weight bytes per second, that as a fraction of the copy bandwidth, and the
- * times of 16 and 32 tokens relative to 1. Prints a table, then the same numbers as JSON.
+ * times of 16, 32 and 64 tokens relative to 1. Prints a table, then the same numbers as JSON.
  *
  * The kernels are chosen once per process (TANDEM_MMD for one token, TANDEM_MMQ for more),
  * so before anything else the program measures one token under each of TANDEM_MMD=bulk (the
- * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 tokens under
- * TANDEM_MMQ=mmq (the tensor-core kernel, where 9-16 tokens default to the window kernel),
+ * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 and 64 tokens under
+ * TANDEM_MMQ=mmq (the tensor-core kernel, where on sm_90 9-16 tokens default to the window
+ * kernel and 17-64 to the wide kernel),
  * in a child process each, one after the other (the GPU is never shared), and prints those
  * as extra columns beside the default choice's.
- * Runs in about a minute on an H100/H200-class GPU. Options narrow it down, e.g. to put one
+ * Runs in about two minutes on an H100/H200-class GPU. Options narrow it down, e.g. to put one
  * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
  * (e.g. Q4_K), --no-variants (no child processes: the default kernels only). */
 #include <stdint.h>
@@ -48,7 +49,7 @@ int main(void)
 #define MAX_COPIES 16
 #define RUNS 7                          /* timed runs, median taken */
 #define CALLS 24                        /* calls per timed run */
-#define MAX_TOK 32
+#define MAX_TOK 64
 
 typedef struct shape {
     const char *name;
@@ -63,7 +64,7 @@ static const shape shapes[] = {
 };
 
 static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q5_K, TD_Q6_K};
-static const int64_t toks[] = {1, 16, 32};
+static const int64_t toks[] = {1, 16, 32, 64};
 #define N_TOKS (sizeof toks / sizeof toks[0])
 
 /* The kernels measured in child processes: column name, the variable that picks the
@@ -75,7 +76,8 @@ typedef struct variant {
 static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0},
                                    {"regs", "TANDEM_MMD", "regs", 0},
                                    {"mma", "TANDEM_MMD", "mma", 0},
-                                   {"mmq16", "TANDEM_MMQ", "mmq", 1}};
+                                   {"mmq16", "TANDEM_MMQ", "mmq", 1},
+                                   {"mmq64", "TANDEM_MMQ", "mmq", 3}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 typedef struct result {
@@ -396,16 +398,17 @@ int main(int argc, char **argv)
            prop.l2CacheSize >> 20);
     printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
     printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
-           "TANDEM_MMD set so;\nmmq16: 16 tokens with TANDEM_MMQ=mmq (us, and /us(1))\n\n");
+           "TANDEM_MMD set so;\nmmq16, mmq64: 16 and 64 tokens with TANDEM_MMQ=mmq (us, and "
+           "/us(1))\n\n");
 
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
 
     result res[MAX_RES];
     n_res = 0;
-    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %9s %7s\n", "shape",
-           "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
-           "us(16)", "16/1", "32/1", "mmq16", "/1");
+    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %7s %9s %7s %9s %7s\n",
+           "shape", "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
+           "us(16)", "16/1", "32/1", "64/1", "mmq16", "/1", "mmq64", "/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
             if (!measured(i, k))
@@ -423,7 +426,8 @@ int main(int argc, char **argv)
             for (size_t v = 0; v < N_VARIANTS; v++)
                 if (variants[v].tok == 0)
                     print_frac(r->bytes, r->us_v[v], copy_gbps);
-            printf(" %9.1f %7.2f %7.2f", r->us[1], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+            printf(" %9.1f %7.2f %7.2f %7.2f", r->us[1], r->us[1] / r->us[0],
+                   r->us[2] / r->us[0], r->us[3] / r->us[0]);
             for (size_t v = 0; v < N_VARIANTS; v++)
                 if (variants[v].tok != 0) {
                     if (r->us_v[v] > 0)
@@ -441,10 +445,12 @@ int main(int argc, char **argv)
         const double gbps = (double)r->bytes / (r->us[0] * 1e-6) / 1e9;
         printf("%s\n  {\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"type\": \"%s\", "
                "\"bytes\": %zu, \"us_1\": %.2f, \"gbps_1\": %.1f, \"frac_of_copy_1\": %.4f, "
-               "\"us_16\": %.2f, \"us_32\": %.2f, \"ratio_16\": %.3f, \"ratio_32\": %.3f",
+               "\"us_16\": %.2f, \"us_32\": %.2f, \"us_64\": %.2f, \"ratio_16\": %.3f, "
+               "\"ratio_32\": %.3f, \"ratio_64\": %.3f",
                i ? "," : "", r->s->name, (long long)r->s->cols, (long long)r->s->rows,
                dtype_name(r->type), r->bytes, r->us[0], gbps, gbps / copy_gbps, r->us[1],
-               r->us[2], r->us[1] / r->us[0], r->us[2] / r->us[0]);
+               r->us[2], r->us[3], r->us[1] / r->us[0], r->us[2] / r->us[0],
+               r->us[3] / r->us[0]);
         for (size_t v = 0; v < N_VARIANTS; v++)
             if (r->us_v[v] > 0 && variants[v].tok == 0)
                 printf(", \"us_1_%s\": %.2f, \"frac_of_copy_1_%s\": %.4f", variants[v].name,
