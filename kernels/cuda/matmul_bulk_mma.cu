@@ -111,6 +111,100 @@ __device__ __forceinline__ void arrive_all(uint64_t *bar, uint32_t bytes, int la
     if (lane == 0)
         bar_arrive_tx(bar, total);
 }
+
+/* A warp's share of a weight stage (both kernels): lane k < n copies row i = i0 + k of tile
+ * `tile` (member m; nothing where the tile is past the CTA's, !in, or the row past the
+ * matrix), the run of KC k-blocks from k-block KC * s, to row tau * 16 + i of the stage
+ * (rows PITCH apart); then the warp's one arrival on full. */
+template <int T, int KC, int PITCH>
+__device__ __forceinline__ void warp_weights(uint8_t *stage, const mm_set &set, int m,
+                                             int64_t tile, bool in, int tau, int i0, int n,
+                                             uint32_t row_bytes, int s, uint64_t *full,
+                                             uint64_t policy, int lane)
+{
+    const int i = i0 + lane; /* row of the tile */
+    const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
+    const uint8_t *w = set.w[m];
+    uint32_t bytes = 0;
+    if (lane < n && in && r < rows) {
+        /* the 16-byte window around the run (tests/test_cuda_matmul_addresses.c walks every
+         * one); the matrix's last may end with 16-bit loads */
+        const mmb_copy cp = mmb_copy_of(row_bytes, rows, qt<T>::KB_BYTES, KC, r, KC * s);
+        uint8_t *dst = stage + (tau * MROWS + i) * PITCH;
+        for (uint32_t p = cp.bulk; p < cp.bulk + cp.tail; p += 2)
+            *(uint16_t *)(dst + p) = *(const uint16_t *)(w + cp.src + p);
+        bytes = cp.bulk;
+        if (bytes)
+            bulk_copy(dst, w + cp.src, bytes, full, policy);
+    }
+    arrive_all(full, bytes, lane);
+}
+
+/* A warp's share of an activation stage (both kernels) at st: copy j (one per lane) of the
+ * step's n_tok + 2 runs of KC k-blocks from k-block KC * s: token j's digits (tokens TP
+ * bytes apart), then the TOKS tokens' sums at S_OFF, then their scales at D_OFF; then the
+ * warp's one arrival on full. */
+template <int KC, int TP, int TOKS, int S_OFF, int D_OFF>
+__device__ __forceinline__ void warp_acts(uint8_t *st, const mm_xquant &xq, int64_t cols,
+                                          int nkb, int s, int j, uint64_t *full,
+                                          uint64_t policy, int lane)
+{
+    const int nw = nkb - KC * s < KC ? nkb - KC * s : KC;
+    uint32_t bytes = 0;
+    if (j < xq.n_tok + 2) {
+        const uint8_t *src;
+        uint8_t *dst;
+        if (j < xq.n_tok) { /* token j's digits of the step */
+            src = (const uint8_t *)xq.xq + (size_t)j * 2 * cols + (size_t)s * KC * MM_XBLOCK * 2;
+            dst = st + j * TP;
+            bytes = (uint32_t)nw * MM_XBLOCK * 2;
+        } else if (j == xq.n_tok) { /* the sums of the step's x blocks */
+            src = (const uint8_t *)xq.xsum + (size_t)s * KC * TOKS * MM_XSUM_BYTES;
+            dst = st + S_OFF;
+            bytes = (uint32_t)nw * TOKS * MM_XSUM_BYTES;
+        } else { /* their scales */
+            src = (const uint8_t *)(xq.xd + (size_t)s * KC * TOKS);
+            dst = st + D_OFF;
+            bytes = (uint32_t)nw * TOKS * (uint32_t)sizeof(float);
+        }
+        bulk_copy(dst, src, bytes, full, policy);
+    }
+    arrive_all(full, bytes, lane);
+}
+
+/* The full and empty barriers of ws weight and xs activation stages, contiguous at bars
+ * (weights full, weights empty, activations full, activations empty), each phase completed by
+ * `count` warps' arrivals; every thread of the CTA returns once they are set up. */
+__device__ __forceinline__ void rings_init(uint64_t *bars, int ws, int xs, unsigned count)
+{
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2 * (ws + xs); i++)
+            bar_init(&bars[i], count);
+        bar_init_fence();
+    }
+    __syncthreads();
+}
+
+/* A CTA's share of a launch over a set's 16-row tiles (both kernels): tiles [t_begin, t_end)
+ * in rounds of TT, each round in steps of kc k-blocks; items = (round, step) pairs. */
+struct cta_share {
+    int64_t t_begin, t_end;
+    int nkb, nsteps, rounds, items;
+};
+
+__device__ __forceinline__ cta_share cta_share_of(const mm_set &set, int64_t cols, int kb_w,
+                                                  int kc, int tt)
+{
+    cta_share c;
+    const int64_t n_tiles = set.first[set.n];
+    c.nkb = (int)(cols / kb_w);
+    c.nsteps = (c.nkb + kc - 1) / kc;
+    c.t_begin = n_tiles * blockIdx.x / gridDim.x;
+    c.t_end = n_tiles * (blockIdx.x + 1) / gridDim.x;
+    c.rounds = (int)((c.t_end - c.t_begin + tt - 1) / tt);
+    c.items = c.rounds * c.nsteps;
+    return c;
+}
 #endif
 
 template <int TT> constexpr int threads_of()
@@ -142,26 +236,11 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
     uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < WS; i++) {
-            bar_init(&wfull[i], CONS);
-            bar_init(&wempty[i], CONS);
-        }
-        for (int i = 0; i < XS; i++) {
-            bar_init(&xfull[i], CONS);
-            bar_init(&xempty[i], CONS);
-        }
-        bar_init_fence();
-    }
-    __syncthreads();
+    rings_init(wfull, WS, XS, CONS);
 
-    const int64_t n_tiles = set.first[set.n];
-    const int nkb = (int)(cols / Q::KB_W);
-    const int nsteps = (nkb + WIN - 1) / WIN;
-    const int64_t t_begin = n_tiles * blockIdx.x / gridDim.x;
-    const int64_t t_end = n_tiles * (blockIdx.x + 1) / gridDim.x;
-    const int rounds = (int)((t_end - t_begin + TT - 1) / TT);
-    const int items = rounds * nsteps; /* (round, step) pairs, in order */
+    const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
+    const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
+    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds, items = sh.items;
     const int tau = warp / KSPLIT, c = warp % KSPLIT;
 
     /* Copies: every warp issues a share of each item (lanes 0..3: rows 4c..4c+3 of tile
@@ -173,50 +252,15 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     auto weights = [&](int it) { /* into weight stage it % WS */
         const int stage = it % WS, round = it / nsteps, s = it % nsteps;
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
-        const int m = mm_set_member(&set, tile);
-        const int i = c * (MROWS / KSPLIT) + lane; /* row of the tile */
-        const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
-        const uint8_t *w = set.w[m];
-        uint32_t bytes = 0;
-        if (lane < MROWS / KSPLIT && tile < t_end && r < rows) {
-            /* the 16-byte window around the run (tests/test_cuda_matmul_addresses.c walks
-             * every one); the matrix's last may end with 16-bit loads */
-            const mmb_copy cp = mmb_copy_of(row_bytes, rows, Q::KB_BYTES, WIN, r, WIN * s);
-            uint8_t *dst = smem + stage * L::W_STAGE + (tau * MROWS + i) * PITCH;
-            for (uint32_t p = cp.bulk; p < cp.bulk + cp.tail; p += 2)
-                *(uint16_t *)(dst + p) = *(const uint16_t *)(w + cp.src + p);
-            bytes = cp.bulk;
-            if (bytes)
-                bulk_copy(dst, w + cp.src, bytes, &wfull[stage], once);
-        }
-        arrive_all(&wfull[stage], bytes, lane);
+        warp_weights<T, WIN, PITCH>(smem + stage * L::W_STAGE, set, mm_set_member(&set, tile),
+                                    tile, tile < t_end, tau, c * (MROWS / KSPLIT),
+                                    MROWS / KSPLIT, row_bytes, s, &wfull[stage], once, lane);
     };
     auto acts = [&](int it) { /* into activation stage it % XS */
-        const int stage = it % XS, s = it % nsteps;
-        const int nw = nkb - WIN * s < WIN ? nkb - WIN * s : WIN;
-        uint8_t *st = smem + L::X_OFF + stage * L::X_STAGE;
-        const int j = warp + CONS * lane;
-        uint32_t bytes = 0;
-        if (j < xq.n_tok + 2) {
-            const uint8_t *src;
-            uint8_t *dst;
-            if (j < xq.n_tok) { /* token j's digits of the window */
-                src = (const uint8_t *)xq.xq + (size_t)j * 2 * cols +
-                      (size_t)s * WIN * MM_XBLOCK * 2;
-                dst = st + j * tok_pitch<T>();
-                bytes = (uint32_t)nw * MM_XBLOCK * 2;
-            } else if (j == xq.n_tok) { /* the sums of the window's x blocks */
-                src = (const uint8_t *)xq.xsum + (size_t)s * WIN * L::TOKS * MM_XSUM_BYTES;
-                dst = st + L::S_OFF;
-                bytes = (uint32_t)nw * L::TOKS * MM_XSUM_BYTES;
-            } else { /* their scales */
-                src = (const uint8_t *)(xq.xd + (size_t)s * WIN * L::TOKS);
-                dst = st + L::D_OFF;
-                bytes = (uint32_t)nw * L::TOKS * (uint32_t)sizeof(float);
-            }
-            bulk_copy(dst, src, bytes, &xfull[stage], shared);
-        }
-        arrive_all(&xfull[stage], bytes, lane);
+        const int stage = it % XS;
+        warp_acts<WIN, tok_pitch<T>(), L::TOKS, L::S_OFF, L::D_OFF>(
+            smem + L::X_OFF + stage * L::X_STAGE, xq, cols, nkb, it % nsteps, warp + CONS * lane,
+            &xfull[stage], shared, lane);
     };
     for (int it = 0; it < items && it < WS; it++)
         weights(it);
@@ -378,26 +422,11 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
     uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < WS; i++) {
-            bar_init(&wfull[i], NW);
-            bar_init(&wempty[i], NW);
-        }
-        for (int i = 0; i < XS; i++) {
-            bar_init(&xfull[i], NW);
-            bar_init(&xempty[i], NW);
-        }
-        bar_init_fence();
-    }
-    __syncthreads();
+    rings_init(wfull, WS, XS, NW);
 
-    const int64_t n_tiles = set.first[set.n];
-    const int nkb = (int)(cols / Q::KB_W);
-    const int nsteps = (nkb + WKS - 1) / WKS;
-    const int64_t t_begin = n_tiles * blockIdx.x / gridDim.x;
-    const int64_t t_end = n_tiles * (blockIdx.x + 1) / gridDim.x;
-    const int rounds = (int)((t_end - t_begin + TT - 1) / TT);
-    const int items = rounds * nsteps; /* (round, step) pairs, in order */
+    const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
+    const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
+    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds, items = sh.items;
     const int tau = warp / G, q = warp % G;
 
     /* Copies: warp (tau, q) issues rows q * 16 / G .. of tile tau (one lane each) and the
@@ -407,48 +436,16 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     auto weights = [&](int it) { /* into weight stage it % WS */
         const int stage = it % WS, round = it / nsteps, s = it % nsteps;
         const int64_t tile = t_begin + (int64_t)round * TT + tau;
-        const int m = mm_set_member(&set, tile < t_end ? tile : t_begin);
-        const int i = q * (MROWS / G) + lane; /* row of the tile */
-        const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
-        const uint8_t *w = set.w[m];
-        uint32_t bytes = 0;
-        if (lane < MROWS / G && tile < t_end && r < rows) {
-            const mmb_copy cp = mmb_copy_of(row_bytes, rows, Q::KB_BYTES, WKS, r, WKS * s);
-            uint8_t *dst = smem + stage * L::W_STAGE + (tau * MROWS + i) * PITCH;
-            for (uint32_t p = cp.bulk; p < cp.bulk + cp.tail; p += 2)
-                *(uint16_t *)(dst + p) = *(const uint16_t *)(w + cp.src + p);
-            bytes = cp.bulk;
-            if (bytes)
-                bulk_copy(dst, w + cp.src, bytes, &wfull[stage], once);
-        }
-        arrive_all(&wfull[stage], bytes, lane);
+        warp_weights<T, WKS, PITCH>(smem + stage * L::W_STAGE, set,
+                                    mm_set_member(&set, tile < t_end ? tile : t_begin), tile,
+                                    tile < t_end, tau, q * (MROWS / G), MROWS / G, row_bytes, s,
+                                    &wfull[stage], once, lane);
     };
     auto acts = [&](int it) { /* into activation stage it % XS */
-        const int stage = it % XS, s = it % nsteps;
-        const int nw = nkb - WKS * s < WKS ? nkb - WKS * s : WKS;
-        uint8_t *st = smem + L::X_OFF + stage * L::X_STAGE;
-        const int j = warp + NW * lane;
-        uint32_t bytes = 0;
-        if (j < xq.n_tok + 2) {
-            const uint8_t *src;
-            uint8_t *dst;
-            if (j < xq.n_tok) { /* token j's digits of the step */
-                src = (const uint8_t *)xq.xq + (size_t)j * 2 * cols +
-                      (size_t)s * WKS * MM_XBLOCK * 2;
-                dst = st + j * TP;
-                bytes = (uint32_t)nw * MM_XBLOCK * 2;
-            } else if (j == xq.n_tok) { /* the sums of the step's x blocks */
-                src = (const uint8_t *)xq.xsum + (size_t)s * WKS * L::TOKS * MM_XSUM_BYTES;
-                dst = st + L::S_OFF;
-                bytes = (uint32_t)nw * L::TOKS * MM_XSUM_BYTES;
-            } else { /* their scales */
-                src = (const uint8_t *)(xq.xd + (size_t)s * WKS * L::TOKS);
-                dst = st + L::D_OFF;
-                bytes = (uint32_t)nw * L::TOKS * (uint32_t)sizeof(float);
-            }
-            bulk_copy(dst, src, bytes, &xfull[stage], shared);
-        }
-        arrive_all(&xfull[stage], bytes, lane);
+        const int stage = it % XS;
+        warp_acts<WKS, TP, L::TOKS, L::S_OFF, L::D_OFF>(smem + L::X_OFF + stage * L::X_STAGE, xq,
+                                                        cols, nkb, it % nsteps, warp + NW * lane,
+                                                        &xfull[stage], shared, lane);
     };
     for (int it = 0; it < items && it < WS; it++)
         weights(it);
