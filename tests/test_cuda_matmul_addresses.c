@@ -644,6 +644,37 @@ static void test_window_copies_and_reads_stay_inside_their_allocations(void **st
     }
 }
 
+/* The window and wide kernels' tiles per round: the 27B shapes' counts as measured, and for
+ * any count every CTA's share fits its rounds (the kernels loop over ceil(share / tt) rounds
+ * and take tile t_begin + round * tt + tau, which must stay below t_end or be skipped). */
+static void test_tiles_per_round(void **state)
+{
+    (void)state;
+    int64_t grid = 0;
+    assert_int_equal(mmqb_tiles_per_round(1088, 132, 4, &grid), 3); /* ffn_gate */
+    assert_int_equal(grid, 132);
+    assert_int_equal(mmqb_tiles_per_round(320, 132, 4, &grid), 3); /* 5120 rows: one round */
+    assert_int_equal(mmqb_tiles_per_round(1088, 132, 3, &grid), 3);
+    assert_int_equal(mmqb_tiles_per_round(5, 132, 4, &grid), 1);
+    assert_int_equal(grid, 5);
+    assert_int_equal(mmqb_tiles_per_round(15520, 132, 2, &grid), 2); /* LM head: 59 rounds */
+    for (int64_t n_tiles = 1; n_tiles <= 3000; n_tiles += n_tiles < 300 ? 1 : 37)
+        for (int ttmax = 1; ttmax <= 4; ttmax++) {
+            const int64_t n_sms[] = {132, 114, 82, 7};
+            for (size_t k = 0; k < sizeof n_sms / sizeof *n_sms; k++) {
+                const int tt = mmqb_tiles_per_round(n_tiles, n_sms[k], ttmax, &grid);
+                assert_true(tt >= 1 && tt <= ttmax && grid >= 1 && grid <= n_sms[k]);
+                const int64_t q = (n_tiles + grid - 1) / grid;
+                for (int64_t b = 0; b < grid; b++) {
+                    const int64_t share = n_tiles * (b + 1) / grid - n_tiles * b / grid;
+                    assert_true(share >= 1 && share <= q);
+                }
+                /* no more rounds than needed at ttmax */
+                assert_int_equal((q + tt - 1) / tt, (q + ttmax - 1) / ttmax);
+            }
+        }
+}
+
 /* Sets of the 27B model's groups and odd ones, in the units of the three kernels that take
  * sets (8 rows, 16-row tiles, 4 rows), shared among CTAs as the kernels share them. */
 static void test_set_units_cover_every_row_once(void **state)
@@ -721,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_set_units_cover_every_row_once),
+        cmocka_unit_test(test_tiles_per_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

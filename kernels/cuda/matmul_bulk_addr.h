@@ -181,6 +181,19 @@ MMB_HD int mm_set_member(const mm_set *s, int64_t u)
     return m;
 }
 
+/* How the window and wide kernels (matmul_bulk_mma.cu) spread n_tiles 16-row tiles: *grid
+ * CTAs (one per SM, or per tile if fewer), CTA b owning tiles [n_tiles * b / grid, n_tiles *
+ * (b + 1) / grid) (at most q of them), done in rounds of the returned tt tiles at a time
+ * (at most ttmax), the fewest rounds, as even as they go: 1088 tiles on 132 SMs with ttmax 3
+ * or 4 give 3 rounds of 3. A CTA's rounds, ceil(share / tt), never exceed ceil(q / tt). */
+MMB_HD int mmqb_tiles_per_round(int64_t n_tiles, int64_t n_sm, int ttmax, int64_t *grid)
+{
+    *grid = n_tiles < n_sm ? n_tiles : n_sm;
+    const int64_t q = (n_tiles + *grid - 1) / *grid;
+    const int64_t rounds = (q + ttmax - 1) / ttmax;
+    return (int)((q + rounds - 1) / rounds);
+}
+
 /* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
  * rings. */
 MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)

@@ -581,10 +581,8 @@ td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
     return TD_OK;
 }
 
-/* Tiles per round: one CTA per SM (or per tile, if fewer), each with an even share of q or
- * q - 1 tiles, done in the fewest rounds of at most TTMAX (the most that leaves room for 3
- * weight stages), as evenly as they go: 1088 tiles on 132 SMs: 3 rounds of 3; 320: one
- * round of 3. */
+/* Tiles per round (mmqb_tiles_per_round) of at most TTMAX, the most that leaves room for 3
+ * weight stages. */
 template <template <int, int, int> class K, int T, int P>
 td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                      cudaStream_t st)
@@ -595,11 +593,8 @@ td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_
                                                 : 1;
     const mm_set set = mm_set_of(mm, n, MROWS);
     const ops_weight *w = mm[0].w;
-    const int64_t n_tiles = set.first[n];
-    const int64_t grid = n_tiles < dev->n_sm ? n_tiles : dev->n_sm;
-    const int64_t q = (n_tiles + grid - 1) / grid;
-    const int64_t rounds = (q + TTMAX - 1) / TTMAX;
-    const int tt = (int)((q + rounds - 1) / rounds);
+    int64_t grid = 0;
+    const int tt = mmqb_tiles_per_round(set.first[n], dev->n_sm, TTMAX, &grid);
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
