@@ -521,8 +521,8 @@ static void test_matmul_rejects_bad_weights(void **state)
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
- * (dp4a) with TANDEM_MMQ=bulk (9-16 tokens on the window kernel wherever it exists) byte for
- * byte. */
+ * (dp4a) with TANDEM_MMQ=bulk (9-16 tokens on the window kernel, 17-64 on the wide kernel,
+ * wherever they exist) byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
