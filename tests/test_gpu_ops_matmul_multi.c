@@ -98,6 +98,13 @@ static float *make_x(int64_t cols, uint64_t seed)
     return x;
 }
 
+/* make_x's activations on the device; *host keeps them for the references. */
+static float *make_dx(int64_t cols, uint64_t seed, float **host)
+{
+    *host = make_x(cols, seed);
+    return dput(*host, (size_t)(MAX_TOK * cols) * sizeof(float));
+}
+
 /* y [n][rows] of the GPU against cpu_matmul: a quantised weight meets x rounded per 256
  * inputs to d = max|x| / XQMAX, so an output moves by at most sum_b d_b / 2 * sum_{k in b}
  * |w_k|; f32 summation in either order adds at most 1e-5 of sum |w x| here (cols <= 1024). */
@@ -233,8 +240,7 @@ static void test_matmul_multi_equals_separate_matmuls_bit_for_bit(void **state)
         rng_seed(100 + k);
         group_run g;
         run_init(&g, gr);
-        float *x = make_x(gr->cols, 7 + k);
-        float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+        float *x = NULL, *dx = make_dx(gr->cols, 7 + k, &x);
         for (size_t j = 0; j < sizeof n_toks / sizeof *n_toks; j++) {
             const int64_t n = n_toks[j];
             poison_outputs(&g, gr);
@@ -263,9 +269,8 @@ static void test_matmul_multi_back_to_back_groups_keep_their_inputs(void **state
     group_run a, b;
     run_init(&a, ga);
     run_init(&b, gb);
-    float *xa = make_x(ga->cols, 3), *xb = make_x(gb->cols, 4);
-    float *dxa = dput(xa, (size_t)(MAX_TOK * ga->cols) * sizeof(float));
-    float *dxb = dput(xb, (size_t)(MAX_TOK * gb->cols) * sizeof(float));
+    float *xa = NULL, *xb = NULL;
+    float *dxa = make_dx(ga->cols, 3, &xa), *dxb = make_dx(gb->cols, 4, &xb);
     for (size_t j = 0; j < sizeof n_toks / sizeof *n_toks; j++) {
         const int64_t n = n_toks[j];
         for (int i = 0; i < ga->n; i++)
@@ -315,8 +320,7 @@ static void test_matmul_multi_launches_are_counted(void **state)
     rng_seed(5);
     group_run g;
     run_init(&g, gr);
-    float *x = make_x(gr->cols, 9);
-    float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+    float *x = NULL, *dx = make_dx(gr->cols, 9, &x);
     GPU_OK(cuda_stream_sync(gpu_st));
     GPU_OK(gpu->matmul_multi(gpu, dx, g.out, gr->n, 65)); /* scratch growth, uncounted */
     GPU_OK(gpu->sync(gpu));
@@ -393,9 +397,8 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
     group_run a, b;
     run_init(&a, q6);
     run_init(&b, mix);
-    float *xa = make_x(q6->cols, 21), *xb = make_x(mix->cols, 22);
-    float *dxa = dput(xa, (size_t)(MAX_TOK * q6->cols) * sizeof(float));
-    float *dxb = dput(xb, (size_t)(MAX_TOK * mix->cols) * sizeof(float));
+    float *xa = NULL, *xb = NULL;
+    float *dxa = make_dx(q6->cols, 21, &xa), *dxb = make_dx(mix->cols, 22, &xb);
     GPU_OK(gpu->matmul_multi(gpu, dxa, a.out, q6->n, 65)); /* scratch growth */
     GPU_OK(gpu->matmul_multi(gpu, dxb, b.out, mix->n, 65));
     GPU_OK(gpu->sync(gpu));
@@ -415,8 +418,7 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
         const group *g2 = &groups[2];
         group_run c;
         run_init(&c, g2);
-        float *xc = make_x(g2->cols, 23);
-        float *dxc = dput(xc, (size_t)(MAX_TOK * g2->cols) * sizeof(float));
+        float *xc = NULL, *dxc = make_dx(g2->cols, 23, &xc);
         GPU_OK(gpu->matmul_multi(gpu, dxc, c.out, g2->n, 65)); /* scratch growth */
         GPU_OK(gpu->sync(gpu));
         assert_int_equal(group_launches(be, c.out, g2->n, dxc, 5), 2 + 5 + 1 + 2);
@@ -489,8 +491,7 @@ static void test_matmul_multi_bad_member_fails_before_any_launch(void **state)
     rng_seed(9);
     group_run g;
     run_init(&g, gr);
-    float *x = make_x(gr->cols, 11);
-    float *dx = dput(x, (size_t)(MAX_TOK * gr->cols) * sizeof(float));
+    float *x = NULL, *dx = make_dx(gr->cols, 11, &x);
     uint8_t *raw = dpoison(40 * 2 * 144 + 64);
     ops_weight bad;
     assert_int_equal(ops_weight_init(&bad, TD_Q4_K, 40, 512, raw + 8), TD_OK);
