@@ -35,6 +35,8 @@ typedef struct tgt_work {
     int64_t n_kv;     /* keys attention is launched for: n_past + n_tok, or n_ctx for a
                        * recording (which then reads the count from step_pos[0]) */
     uint64_t gen;     /* changes whenever a buffer above moves (recordings hold addresses) */
+    ops_delta *replay; /* host [cap_replay]: a rollback's per-layer replays (grown once) */
+    int64_t cap_replay;
 } tgt_work;
 
 static int64_t tgt_mixer_width(const tgt_hparams *hp)
@@ -85,6 +87,7 @@ void tgt_work_free(const tgt_model *m)
     if (!m->work)
         return;
     tgt_work_release(m->be, m->work);
+    free(m->work->replay);
     free(m->work);
 }
 
@@ -559,16 +562,23 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
     const ops_backend *be = m->be;
     int64_t n = s->rec_n_tok;
     TD_ASSERT(n > 0 && keep >= 0 && keep <= n && s->n_past == s->rec_pos0 + n);
+    /* every layer's replay in one call (they share no memory): a few launches on a GPU; its
+     * array is had before anything changes */
+    tgt_work *w = m->work;
+    if (keep && keep < n && s->n_delta > w->cap_replay) {
+        ops_delta *grown = realloc(w->replay, (size_t)s->n_delta * sizeof *grown);
+        if (!grown)
+            return err_set(TD_ENOMEM, "rollback: out of memory");
+        w->replay = grown;
+        w->cap_replay = s->n_delta;
+    }
+    ops_delta *rep = w->replay;
     s->n_past = s->rec_pos0 + keep;
     s->rec_n_tok = 0;
     if (keep == n)
         return TD_OK;
     int64_t ch = hp->conv_ch, nv = hp->n_v_head, km1 = hp->conv_k - 1;
     int64_t qk = hp->n_k_head * hp->d_k;
-    /* every layer's replay in one call (they share no memory): a few launches on a GPU */
-    ops_delta *rep = keep ? calloc((size_t)s->n_delta, sizeof *rep) : NULL;
-    if (keep && s->n_delta && !rep)
-        return err_set(TD_ENOMEM, "rollback: out of memory");
     /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs], which is the
      * tail of rec_conv0 from row keep, then the head of rec_xconv */
     int64_t n0 = keep < km1 ? km1 - keep : 0;
@@ -596,6 +606,5 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
     }
     if (e == TD_OK && keep)
         e = be->delta_rule_many(be, rep, s->n_delta);
-    free(rep);
     return e;
 }
