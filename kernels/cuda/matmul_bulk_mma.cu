@@ -112,16 +112,51 @@ __device__ __forceinline__ void arrive_all(uint64_t *bar, uint32_t bytes, int la
         bar_arrive_tx(bar, total);
 }
 
-/* A warp's share of a weight stage (both kernels): lane k < n copies row i = i0 + k of tile
- * `tile` (member m; nothing where the tile is past the CTA's, !in, or the row past the
- * matrix), the run of KC k-blocks from k-block KC * s, to row tau * 16 + i of the stage
- * (rows PITCH apart); then the warp's one arrival on full. */
-template <int T, int KC, int PITCH>
-__device__ __forceinline__ void warp_weights(uint8_t *stage, const mm_set &set, int m,
-                                             int64_t tile, bool in, int tau, int i0, int n,
-                                             uint32_t row_bytes, int s, uint64_t *full,
+/* A CTA's share of a launch over a set's 16-row tiles (both kernels): tiles [t_begin, t_end)
+ * in rounds of TT, each round in steps of kc k-blocks; items = (round, step) pairs. */
+struct cta_share {
+    int64_t t_begin, t_end;
+    int nkb, nsteps, rounds, items;
+};
+
+/* The next item a warp issues into a ring (its number, round and step). Items are issued in
+ * order, so these follow by counting, without a division per step; the member of the
+ * round's tile is looked up once per round. */
+struct ring_cursor {
+    int n, round, s;
+    int m_round, m; /* the round whose tile's member m is (weights) */
+};
+
+__device__ __forceinline__ void cursor_next(ring_cursor &c, int nsteps)
+{
+    c.n++;
+    if (++c.s == nsteps) {
+        c.s = 0;
+        c.round++;
+    }
+}
+
+/* A warp's share of weight item c (both kernels) into stage c.n % WS of `stages` (W_STAGE
+ * bytes apart): lane k < n copies row i = i0 + k of the round's tile tau (nothing where the
+ * tile is past the CTA's or the row past the matrix), the run of KC k-blocks from k-block
+ * KC * c.s, to row tau * 16 + i of the stage (rows PITCH apart); then the warp's one arrival
+ * on the stage's full barrier; c moves to the next item. */
+template <int T, int KC, int PITCH, int WS, int W_STAGE>
+__device__ __forceinline__ void warp_weights(ring_cursor &c, uint8_t *stages, const mm_set &set,
+                                             const cta_share &sh, int tt, int tau, int i0,
+                                             int n, uint32_t row_bytes, uint64_t *full,
                                              uint64_t policy, int lane)
 {
+    const int64_t tile = sh.t_begin + (int64_t)c.round * tt + tau;
+    const bool in = tile < sh.t_end;
+    if (c.round != c.m_round) {
+        c.m_round = c.round;
+        c.m = mm_set_member(&set, in ? tile : sh.t_begin);
+    }
+    const int m = c.m, s = c.s, stage_i = c.n % WS;
+    uint8_t *stage = stages + stage_i * W_STAGE;
+    full += stage_i;
+    cursor_next(c, sh.nsteps);
     const int i = i0 + lane; /* row of the tile */
     const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
     const uint8_t *w = set.w[m];
@@ -140,15 +175,20 @@ __device__ __forceinline__ void warp_weights(uint8_t *stage, const mm_set &set, 
     arrive_all(full, bytes, lane);
 }
 
-/* A warp's share of an activation stage (both kernels) at st: copy j (one per lane) of the
- * step's n_tok + 2 runs of KC k-blocks from k-block KC * s: token j's digits (tokens TP
- * bytes apart), then the TOKS tokens' sums at S_OFF, then their scales at D_OFF; then the
- * warp's one arrival on full. */
-template <int KC, int TP, int TOKS, int S_OFF, int D_OFF>
-__device__ __forceinline__ void warp_acts(uint8_t *st, const mm_xquant &xq, int64_t cols,
-                                          int nkb, int s, int j, uint64_t *full,
-                                          uint64_t policy, int lane)
+/* A warp's share of activation item c (both kernels) into stage c.n % XS of `stages`
+ * (X_STAGE bytes apart): copy j (one per lane) of the step's n_tok + 2 runs of KC k-blocks
+ * from k-block KC * c.s: token j's digits (tokens TP bytes apart), then the TOKS tokens' sums
+ * at S_OFF, then their scales at D_OFF; then the warp's one arrival on the stage's full
+ * barrier; c moves to the next item. */
+template <int KC, int TP, int TOKS, int S_OFF, int D_OFF, int XS, int X_STAGE>
+__device__ __forceinline__ void warp_acts(ring_cursor &c, uint8_t *stages, const mm_xquant &xq,
+                                          int64_t cols, const cta_share &sh, int j,
+                                          uint64_t *full, uint64_t policy, int lane)
 {
+    const int s = c.s, nkb = sh.nkb, stage_i = c.n % XS;
+    uint8_t *st = stages + stage_i * X_STAGE;
+    full += stage_i;
+    cursor_next(c, sh.nsteps);
     const int nw = nkb - KC * s < KC ? nkb - KC * s : KC;
     uint32_t bytes = 0;
     if (j < xq.n_tok + 2) {
@@ -184,13 +224,6 @@ __device__ __forceinline__ void rings_init(uint64_t *bars, int ws, int xs, unsig
     }
     __syncthreads();
 }
-
-/* A CTA's share of a launch over a set's 16-row tiles (both kernels): tiles [t_begin, t_end)
- * in rounds of TT, each round in steps of kc k-blocks; items = (round, step) pairs. */
-struct cta_share {
-    int64_t t_begin, t_end;
-    int nkb, nsteps, rounds, items;
-};
 
 __device__ __forceinline__ cta_share cta_share_of(const mm_set &set, int64_t cols, int kb_w,
                                                   int kc, int tt)
@@ -249,24 +282,21 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
     const uint64_t once = evict_first_policy(), shared = evict_last_policy();
-    auto weights = [&](int it) { /* into weight stage it % WS */
-        const int stage = it % WS, round = it / nsteps, s = it % nsteps;
-        const int64_t tile = t_begin + (int64_t)round * TT + tau;
-        warp_weights<T, WIN, PITCH>(smem + stage * L::W_STAGE, set, mm_set_member(&set, tile),
-                                    tile, tile < t_end, tau, c * (MROWS / KSPLIT),
-                                    MROWS / KSPLIT, row_bytes, s, &wfull[stage], once, lane);
+    ring_cursor wc = {0, 0, 0, -1, 0}, xc = {0, 0, 0, -1, 0};
+    auto weights = [&]() {
+        warp_weights<T, WIN, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, TT, tau,
+                                                    c * (MROWS / KSPLIT), MROWS / KSPLIT,
+                                                    row_bytes, wfull, once, lane);
     };
-    auto acts = [&](int it) { /* into activation stage it % XS */
-        const int stage = it % XS;
-        warp_acts<WIN, tok_pitch<T>(), L::TOKS, L::S_OFF, L::D_OFF>(
-            smem + L::X_OFF + stage * L::X_STAGE, xq, cols, nkb, it % nsteps, warp + CONS * lane,
-            &xfull[stage], shared, lane);
+    auto acts = [&]() {
+        warp_acts<WIN, tok_pitch<T>(), L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
+            xc, smem + L::X_OFF, xq, cols, sh, warp + CONS * lane, xfull, shared, lane);
     };
-    for (int it = 0; it < items && it < WS; it++)
-        weights(it);
+    while (wc.n < items && wc.n < WS)
+        weights();
     mm_wait_dependencies(); /* xq comes from the kernel before this one */
-    for (int it = 0; it < items && it < XS; it++)
-        acts(it);
+    while (xc.n < items && xc.n < XS)
+        acts();
 
     const lane_pos l = {lane >> 2, lane & 3};
     unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
@@ -310,32 +340,23 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
                 bar_arrive(&xempty[it % XS]);
             }
             /* refill the stages of the item before this one (every warp is most likely
-             * done with it by now) with the items WS and XS after it */
+             * done with it by now) with the items WS and XS after it (the cursors' next) */
             const int done = it - 1;
-            if (done >= 0 && done + WS < items) {
+            if (done >= 0 && wc.n < items) {
                 bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
-                weights(done + WS);
+                weights();
             }
-            if (done >= 0 && done + XS < items) {
+            if (done >= 0 && xc.n < items) {
                 bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
-                acts(done + XS);
+                acts();
             }
         }
-        /* y = ((p0 + p1) + p2) + p3 per tile */
-        red_put<1, NT>(red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l);
-        __syncthreads();
-        const int n_tok = xq.n_tok;
-        for (int idx = threadIdx.x; idx < TT * MROWS * n_tok; idx += CONS * 32) {
-            const int tt = idx / (MROWS * n_tok), rem = idx % (MROWS * n_tok);
-            const int rl = rem % MROWS, tk = rem / MROWS;
-            const int64_t t2 = t_begin + (int64_t)round * TT + tt;
-            const int m = mm_set_member(&set, t2);
-            const int64_t r = (t2 - set.first[m]) * MROWS + rl, rows = set.rows[m];
-            if (t2 < t_end && r < rows)
-                set.y[m][(size_t)tk * rows + r] =
-                    red_sum<1, NT>(red + tt * KSPLIT * MROWS * L::TOKS, rl, tk);
-        }
-        __syncthreads(); /* red is free again */
+        /* y = ((p0 + p1) + p2) + p3: the tile's four warps meet at named barrier 1 + tau
+         * (not the whole CTA) */
+        const int64_t r0 = have ? (tile - set.first[m]) * MROWS : 0, rows = set.rows[m];
+        const int n_rows = !have ? 0 : rows - r0 < MROWS ? (int)(rows - r0) : MROWS;
+        tile_reduce<1, NT>(set.y[m], red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l, 1 + tau,
+                           n_rows, xq.n_tok, rows, r0);
     }
 #else
     (void)set, (void)row_bytes, (void)cols, (void)xq;
@@ -433,25 +454,20 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
      * activation runs warp + NW * lane (n_tok digit runs, the sums, the scales), then
      * arrives once on the stage's full barrier announcing its bytes. */
     const uint64_t once = evict_first_policy(), shared = evict_last_policy();
-    auto weights = [&](int it) { /* into weight stage it % WS */
-        const int stage = it % WS, round = it / nsteps, s = it % nsteps;
-        const int64_t tile = t_begin + (int64_t)round * TT + tau;
-        warp_weights<T, WKS, PITCH>(smem + stage * L::W_STAGE, set,
-                                    mm_set_member(&set, tile < t_end ? tile : t_begin), tile,
-                                    tile < t_end, tau, q * (MROWS / G), MROWS / G, row_bytes, s,
-                                    &wfull[stage], once, lane);
+    ring_cursor wc = {0, 0, 0, -1, 0}, xc = {0, 0, 0, -1, 0};
+    auto weights = [&]() {
+        warp_weights<T, WKS, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, TT, tau, q * (MROWS / G),
+                                                    MROWS / G, row_bytes, wfull, once, lane);
     };
-    auto acts = [&](int it) { /* into activation stage it % XS */
-        const int stage = it % XS;
-        warp_acts<WKS, TP, L::TOKS, L::S_OFF, L::D_OFF>(smem + L::X_OFF + stage * L::X_STAGE, xq,
-                                                        cols, nkb, it % nsteps, warp + NW * lane,
-                                                        &xfull[stage], shared, lane);
+    auto acts = [&]() {
+        warp_acts<WKS, TP, L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
+            xc, smem + L::X_OFF, xq, cols, sh, warp + NW * lane, xfull, shared, lane);
     };
-    for (int it = 0; it < items && it < WS; it++)
-        weights(it);
+    while (wc.n < items && wc.n < WS)
+        weights();
     mm_wait_dependencies(); /* xq comes from the kernel before this one */
-    for (int it = 0; it < items && it < XS; it++)
-        acts(it);
+    while (xc.n < items && xc.n < XS)
+        acts();
 
     const lane_pos l = {lane >> 2, lane & 3};
     const int tok0 = 2 * NTOK * q; /* this warp's first token */
@@ -507,15 +523,15 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
                     bar_arrive(&xempty[it % XS]);
                 }
                 /* refill the stages of the item before this one with the items WS and XS
-                 * after it */
+                 * after it (the cursors' next) */
                 const int done = it - 1;
-                if (done >= 0 && done + WS < items) {
+                if (done >= 0 && wc.n < items) {
                     bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
-                    weights(done + WS);
+                    weights();
                 }
-                if (done >= 0 && done + XS < items) {
+                if (done >= 0 && xc.n < items) {
                     bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
-                    acts(done + XS);
+                    acts();
                 }
                 it++;
             }

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(KSPLIT * 32)
         }
 
         /* y = ((p0 + p1) + p2) + p3 over the warps, through shared memory */
-        tile_reduce<MT, NT>(y, red, acc, warp, l, n_rows, xq.n_tok, rows, r0);
+        tile_reduce<MT, NT>(y, red, acc, warp, l, 0, n_rows, xq.n_tok, rows, r0);
     }
     cp_async_wait<0>();
 }

@@ -577,21 +577,30 @@ __device__ __forceinline__ float red_sum(const float *red, int rl, int tk)
     return v;
 }
 
+/* Waits for the KSPLIT warps of barrier `group` (0: a CTA of exactly those warps). */
+__device__ __forceinline__ void group_sync(int group)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(group), "n"(KSPLIT * 32) : "memory");
+}
+
 /* A tile's result: y = ((p0 + p1) + p2) + p3 over the KSPLIT warps' partials acc, met in red;
- * rows n_rows of the tile at row r0 of y [n_tok][rows]. Called by every thread of the CTA;
- * red is free again when it returns. */
+ * rows n_rows (0: none) of the tile at row r0 of y [n_tok][rows]. Called by every thread of
+ * the tile's KSPLIT warps (chain k = warp), which meet at named barrier `group`; red is free
+ * again when it returns. */
 template <int MT, int NT>
 __device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&acc)[MT][NT][4],
-                                            int warp, lane_pos l, int n_rows, int n_tok,
-                                            int64_t rows, int64_t r0)
+                                            int k, lane_pos l, int group, int n_rows,
+                                            int n_tok, int64_t rows, int64_t r0)
 {
-    red_put<MT, NT>(red, acc, warp, l);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < n_rows * n_tok; idx += KSPLIT * 32) {
-        const int rl = idx % n_rows, tk = idx / n_rows;
-        y[(size_t)tk * rows + r0 + rl] = red_sum<MT, NT>(red, rl, tk);
+    constexpr int ROWS = MROWS * MT;
+    red_put<MT, NT>(red, acc, k, l);
+    group_sync(group);
+    for (int idx = k * 32 + (int)(threadIdx.x & 31); idx < ROWS * n_tok; idx += KSPLIT * 32) {
+        const int rl = idx % ROWS, tk = idx / ROWS;
+        if (rl < n_rows)
+            y[(size_t)tk * rows + r0 + rl] = red_sum<MT, NT>(red, rl, tk);
     }
-    __syncthreads(); /* the next tile writes red again */
+    group_sync(group); /* the next tile writes red again */
 }
 
 } /* namespace */
