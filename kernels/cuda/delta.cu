@@ -20,29 +20,35 @@
 #define DELTA_MAX_DK 128 /* rows of a column held in registers across the warps */
 #define DELTA_RS (DELTA_MAX_DK / DELTA_RG) /* rows per warp */
 
-/* One recurrence's columns blockIdx.x * DELTA_COLS.. of value head blockIdx.y. */
-__device__ __forceinline__ void delta_run(const ops_delta &d)
+/* One recurrence's columns blockIdx.x * DELTA_COLS.. of value head blockIdx.y. FULL: d_k is
+ * DELTA_MAX_DK, so every row of every warp exists and the row tests vanish at compile time
+ * (the H200 profile of a 16-token verify, d_k 128: ~600 instructions per token and warp, most
+ * of them 64-bit row tests kept in a register of spilled predicates, each shared-memory load
+ * of k and q issued alone, 25 us per layer). The arithmetic is the same either way. */
+template <bool FULL> __device__ __forceinline__ void delta_run(const ops_delta &d)
 {
     __shared__ float qs[DELTA_MAX_DK], ks[DELTA_MAX_DK];
     __shared__ float red[DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
-    const int64_t dk = d.d_k, dv = d.d_v, nv = d.n_v_head;
+    const int64_t dk = FULL ? DELTA_MAX_DK : d.d_k, dv = d.d_v, nv = d.n_v_head;
     const int64_t gbs = d.gb_tok_stride ? d.gb_tok_stride : nv;
     const int64_t h = blockIdx.y, kh = h % d.n_k_head;
     const int lane = threadIdx.x % DELTA_COLS, w = threadIdx.x / DELTA_COLS;
     const int64_t j = (int64_t)blockIdx.x * DELTA_COLS + lane;
     const int i0 = w * DELTA_RS; /* this warp's first row */
+    const int dk_rows = FULL ? DELTA_MAX_DK : (int)dk; /* d_k <= DELTA_MAX_DK (delta_check) */
+    auto row = [&](int r) { return FULL || i0 + r < dk_rows; }; /* row i0 + r exists */
     const bool live = j < dv;
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
     const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
     float s[DELTA_RS];
 #pragma unroll
     for (int r = 0; r < DELTA_RS; r++)
-        s[r] = live && i0 + r < dk ? S0[(int64_t)(i0 + r) * dv] : 0.0f;
+        s[r] = live && row(r) ? S0[(int64_t)(i0 + r) * dv] : 0.0f;
     if (live && d.state_prev) {
         float *P = d.state_prev + h * dk * dv + j;
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
-            if (i0 + r < dk)
+            if (row(r))
                 P[(int64_t)(i0 + r) * dv] = s[r];
     }
     /* Token t's inputs are loaded while token t - 1 runs (one q and one k value per thread),
@@ -51,7 +57,7 @@ __device__ __forceinline__ void delta_run(const ops_delta &d)
     const int tid = threadIdx.x;
     float nq = 0, nk = 0, ng = 0, nb = 0, nvj = 0;
     auto fetch = [&](int64_t t) {
-        if (tid < dk) {
+        if (tid < dk_rows) {
             nq = d.q[t * d.q_tok_stride + kh * dk + tid];
             nk = d.k[t * d.k_tok_stride + kh * dk + tid];
         }
@@ -63,7 +69,7 @@ __device__ __forceinline__ void delta_run(const ops_delta &d)
         fetch(0);
     for (int64_t t = 0; t < d.n_tok; t++) {
         __syncthreads(); /* the previous token is done with qs, ks and red */
-        if (tid < dk) {
+        if (tid < dk_rows) {
             qs[tid] = nq;
             ks[tid] = nk;
         }
@@ -76,7 +82,7 @@ __device__ __forceinline__ void delta_run(const ops_delta &d)
         float kv = 0;
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
-            if (i0 + r < dk) {
+            if (row(r)) {
                 s[r] *= decay;
                 kv = fmaf(s[r], ks[i0 + r], kv);
             }
@@ -91,7 +97,7 @@ __device__ __forceinline__ void delta_run(const ops_delta &d)
         float o = 0;
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
-            if (i0 + r < dk) {
+            if (row(r)) {
                 s[r] = fmaf(ks[i0 + r], u, s[r]);
                 o = fmaf(s[r], qs[i0 + r], o);
             }
@@ -109,22 +115,23 @@ __device__ __forceinline__ void delta_run(const ops_delta &d)
             float *sa = d.state_all + (t * nv + h) * dk * dv + j;
 #pragma unroll
             for (int r = 0; r < DELTA_RS; r++)
-                if (i0 + r < dk)
+                if (row(r))
                     sa[(int64_t)(i0 + r) * dv] = s[r];
         }
     }
     if (live) {
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
-            if (i0 + r < dk)
+            if (row(r))
                 S[(int64_t)(i0 + r) * dv] = s[r];
     }
 }
 
+template <bool FULL>
 __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early, ops_delta d)
 {
     pdl_enter(early);
-    delta_run(d);
+    delta_run<FULL>(d);
 }
 
 /* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
@@ -139,6 +146,7 @@ struct delta_batch {
     delta_ptrs p[DELTA_BATCH];
 };
 
+template <bool FULL>
 __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_many_kernel(bool early,
                                                                           delta_batch b)
 {
@@ -147,7 +155,7 @@ __global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_many_kernel(bool e
     const delta_ptrs &p = b.p[blockIdx.z];
     d.q = p.q, d.k = p.k, d.v = p.v, d.g = p.g, d.beta = p.beta, d.state_in = p.state_in;
     d.state = p.state, d.state_prev = p.state_prev, d.state_all = p.state_all, d.out = p.out;
-    delta_run(d);
+    delta_run<FULL>(d);
 }
 
 /* What the GPU cannot run, or TD_OK; *none: there is nothing to do. */
@@ -177,8 +185,10 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     TD_TRY(delta_check(d, &none));
     if (none)
         return TD_OK;
-    return pdl_launch<delta_kernel>("delta rule", delta_grid(d, 1), dim3(DELTA_COLS * DELTA_RG),
-                                    0, st, *d);
+    const dim3 grid = delta_grid(d, 1), block(DELTA_COLS * DELTA_RG);
+    return d->d_k == DELTA_MAX_DK
+               ? pdl_launch<delta_kernel<true>>("delta rule", grid, block, 0, st, *d)
+               : pdl_launch<delta_kernel<false>>("delta rule", grid, block, 0, st, *d);
 }
 
 /* Whether a and b can share one launch: the same shapes, strides and optional outputs. */
@@ -209,9 +219,12 @@ extern "C" td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream
             b.p[m] = delta_ptrs{e->q,     e->k,          e->v,          e->g,  e->beta,
                                 e->state_in, e->state, e->state_prev, e->state_all, e->out};
         }
-        if (!none)
-            TD_TRY(pdl_launch<delta_many_kernel>("delta rule batch", delta_grid(&d[i], m),
-                                                 dim3(DELTA_COLS * DELTA_RG), 0, st, b));
+        const dim3 grid = delta_grid(&d[i], m), block(DELTA_COLS * DELTA_RG);
+        if (!none && d[i].d_k == DELTA_MAX_DK)
+            TD_TRY(pdl_launch<delta_many_kernel<true>>("delta rule batch", grid, block, 0, st, b));
+        else if (!none)
+            TD_TRY(pdl_launch<delta_many_kernel<false>>("delta rule batch", grid, block, 0, st,
+                                                        b));
         i += m;
     }
     return TD_OK;
