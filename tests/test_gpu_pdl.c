@@ -1,7 +1,8 @@
 /* Programmatic dependent launch (kernels/cuda/launch.cuh): long chains of kernels where each
  * reads what the one before it wrote (an embedding row, then adds and scales in place), at
  * one block, one wave and many waves, run directly and replayed from a CUDA graph whose
- * recording also holds a fill and a copy between kernels. On sm_90 each kernel is scheduled while the one before it still runs; a kernel
+ * recording also holds a fill and a copy between kernels, and chains through copies made
+ * as kernels (cuda_mem_copy_chained). On sm_90 each kernel is scheduled while the one before it still runs; a kernel
  * that touched memory before its griddepcontrol.wait would read a stale value and lose an
  * increment, so the sums below are exact only if every wait is in place. Skipped (77)
  * without CUDA or a device. */
@@ -134,6 +135,50 @@ static void test_pdl_graph_replay_keeps_order_across_fill_and_copy(void **state)
     }
 }
 
+/* cuda_mem_copy_chained inside a chain: x += 1, y = x, y += 1, x = y, 50 times, each copy a
+ * programmatic dependent kernel (4-byte pieces for one float, 16-byte ones otherwise); a copy
+ * that read before its wait, or a kernel that read before the copy finished, loses a step.
+ * Then a copy the kernel cannot take (1-byte aligned, odd length) goes through
+ * cudaMemcpyAsync and still gives the bytes. */
+static void test_pdl_chained_copies_keep_order(void **state)
+{
+    (void)state;
+    enum { STEPS = 50 };
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        const int64_t n = sizes[s];
+        const size_t bytes = (size_t)n * sizeof(float);
+        float *x = dev_ones(n), *one = dev_ones(n), *y = dpoison(bytes);
+        const uint64_t before = cuda_launch_count();
+        for (int i = 0; i < STEPS; i++) {
+            GPU_OK(cuda_add(x, x, one, n, gpu_st));
+            GPU_OK(cuda_mem_copy_chained(y, x, bytes, gpu_st));
+            GPU_OK(cuda_add(y, y, one, n, gpu_st));
+            GPU_OK(cuda_mem_copy_chained(x, y, bytes, gpu_st));
+        }
+        assert_int_equal(cuda_launch_count() - before, 4 * STEPS); /* the copies are kernels */
+        char what[64];
+        snprintf(what, sizeof what, "chained copies of %lld, x", (long long)n);
+        expect_all(what, x, n, 1.0f + 2 * STEPS);
+        snprintf(what, sizeof what, "chained copies of %lld, y", (long long)n);
+        expect_all(what, y, n, 1.0f + 2 * STEPS);
+        cuda_mem_free(x);
+        cuda_mem_free(y);
+        cuda_mem_free(one);
+    }
+    unsigned char h[1001];
+    for (size_t i = 0; i < sizeof h; i++)
+        h[i] = (unsigned char)(i * 7 + 3);
+    unsigned char *src = dput(h, sizeof h), *dst = dpoison(sizeof h);
+    const uint64_t before = cuda_launch_count();
+    GPU_OK(cuda_mem_copy_chained(dst + 1, src + 1, sizeof h - 2, gpu_st));
+    assert_int_equal(cuda_launch_count() - before, 0); /* not a kernel of ours */
+    unsigned char *got = dget(dst, sizeof h);
+    assert_memory_equal(got + 1, h + 1, sizeof h - 2);
+    free(got);
+    cuda_mem_free(src);
+    cuda_mem_free(dst);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -141,6 +186,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
         cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
+        cmocka_unit_test(test_pdl_chained_copies_keep_order),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -33,7 +33,7 @@ static td_err be_cuda_to_host(const ops_backend *be, void *dst, const void *src,
 
 static td_err be_cuda_copy(const ops_backend *be, void *dst, const void *src, size_t bytes)
 {
-    return cuda_mem_copy(dst, src, bytes, be->stream);
+    return cuda_mem_copy_chained(dst, src, bytes, be->stream);
 }
 
 static td_err be_cuda_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,

@@ -1,5 +1,6 @@
 /* Device memory, copies and streams as td_err calls (kernels/cuda_mem.h). */
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 
 extern "C" {
 #include "kernels/cuda_mem.h"
@@ -77,6 +78,39 @@ extern "C" td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_st
     TD_ASSERT(dst != NULL && src != NULL);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st);
     return e == cudaSuccess ? TD_OK : mem_fail(e, "device copy", bytes);
+}
+
+/* The copy as a kernel: UNIT-byte pieces (16: uint4, 4: uint32), grid-strided. */
+template <typename UNIT>
+__global__ void __launch_bounds__(256) copy_kernel(bool early, UNIT *dst, const UNIT *src,
+                                                   size_t n)
+{
+    pdl_enter(early);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+#define COPY_KERNEL_MAX ((size_t)64 << 20) /* larger copies: cudaMemcpyAsync */
+
+extern "C" td_err cuda_mem_copy_chained(void *dst, const void *src, size_t bytes, ops_stream st)
+{
+    if (bytes == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL);
+    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
+    if (bytes > COPY_KERNEL_MAX || (a & 3) != 0)
+        return cuda_mem_copy(dst, src, bytes, st);
+    int dev = 0, n_sm = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    const size_t unit = (a & 15) == 0 ? 16 : 4, n = bytes / unit;
+    const unsigned grid = (unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm);
+    if (unit == 16)
+        return pdl_launch<copy_kernel<uint4>>("device copy", dim3(grid), dim3(256), 0, st,
+                                              (uint4 *)dst, (const uint4 *)src, n);
+    return pdl_launch<copy_kernel<uint32_t>>("device copy", dim3(grid), dim3(256), 0, st,
+                                             (uint32_t *)dst, (const uint32_t *)src, n);
 }
 
 extern "C" td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
