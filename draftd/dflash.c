@@ -390,19 +390,23 @@ void dfl_state_reset(dfl_state *s)
 
 /* K = RoPE(k_norm(k_proj(x))), V = v_proj(x) for n rows of x at positions pos, written to
  * the slots starting at slot (rows stay contiguous; the caller handles ring wrap). With q_out
- * also q_proj(x) [n][n_heads * head_dim] as it comes out of the projection, in the same call
- * (one activation rounding on the GPU). */
+ * also Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], the three projections in one call
+ * (one activation rounding on the GPU) and both norms and rotations in one (qk_norm_rope:
+ * the same chain, one launch). */
 static td_err dfl_kv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
                      const int32_t *pos, float *q_out, float *k_out, float *v_out)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
     int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
+    float eps = (float)c->rms_eps, theta = (float)c->rope_theta;
     const ops_mm_out proj[] = {{k_out, &L->wk}, {v_out, &L->wv}, {q_out, &L->wq}};
     TD_TRY(be->matmul_multi(be, x, proj, q_out ? 3 : 2, n));
-    TD_TRY(be->rmsnorm(be, k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd,
-                       (float)c->rms_eps));
-    return be->rope_neox(be, k_out, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
+    if (q_out)
+        return be->qk_norm_rope(be, q_out, k_out, L->q_norm, L->k_norm, n, c->n_heads,
+                                c->n_kv_heads, hd, hd, hd, pos, theta, eps);
+    TD_TRY(be->rmsnorm(be, k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd, eps));
+    return be->rope_neox(be, k_out, n, c->n_kv_heads, kvw, hd, hd, pos, theta);
 }
 
 /* Copies rows src[n][width] of new positions n_ctx.. into their ring slots of dst (a run of
@@ -468,8 +472,6 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
     TD_TRY(dfl_kv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
                   s->v[il] + n_valid * kvw));
-    TD_TRY(be->rmsnorm(be, w->q, w->q, L->q_norm, B * c->n_heads, hd, hd, eps));
-    TD_TRY(be->rope_neox(be, w->q, B, c->n_heads, qw, hd, hd, bpos, (float)c->rope_theta));
     ops_attn at = {
         .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,
