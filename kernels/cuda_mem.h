@@ -32,8 +32,8 @@ td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st);
 td_err cuda_mem_download(void *dst, const void *src, size_t bytes, ops_stream st);
 /* Device -> device, queued on st. */
 td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_stream st);
-/* Device -> device, queued on st as a kernel that is a programmatic dependent of the kernel
- * before it (launch.cuh) where the bytes allow (4-byte aligned, up to 64 MiB; else as
+/* Device -> device (the ranges do not overlap), queued on st as a kernel that is a
+ * programmatic dependent of the kernel before it (launch.cuh) where the bytes allow (4-byte aligned, up to 64 MiB; else as
  * cuda_mem_copy): a copy node or cudaMemcpyAsync between two kernels of a forward pass makes
  * the second wait for the first to drain before it can even launch. */
 td_err cuda_mem_copy_chained(void *dst, const void *src, size_t bytes, ops_stream st);
