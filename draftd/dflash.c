@@ -457,7 +457,9 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
 }
 
 /* One layer of the block pass over x[B][H], the block's K/V going to the slots after the
- * n_valid ring entries. */
+ * n_valid ring entries. The first layer normalises x into h itself; every layer but the last
+ * ends with its residual add fused with the next layer's input norm (add_rmsnorm: the same
+ * chain, one launch), so h holds that norm when the next layer starts. */
 static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int64_t n_valid)
 {
     const dflash_config *c = &m->cfg;
@@ -469,7 +471,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     int64_t qw = (int64_t)c->n_heads * hd, kvw = (int64_t)c->n_kv_heads * hd;
     float eps = (float)c->rms_eps;
     const int32_t *bpos = s->pos + n_valid;
-    TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
+    if (il == 0)
+        TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
     TD_TRY(dfl_kv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
                   s->v[il] + n_valid * kvw));
     ops_attn at = {
@@ -486,6 +489,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     const ops_mm_out gate_up[] = {{w->q, &L->gate}, {w->f, &L->up}};
     TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, B));
     TD_TRY(be->swiglu_matmul(be, w->h, w->q, w->f, &L->down, B));
+    if (il + 1 < c->n_layers)
+        return be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].in_norm, B, H, eps);
     return be->add(be, w->x, w->x, w->h, B * H);
 }
 
