@@ -238,6 +238,90 @@ __device__ __forceinline__ cta_share cta_share_of(const mm_set &set, int64_t col
     c.items = c.rounds * c.nsteps;
     return c;
 }
+
+/* A warp's view of its CTA's two rings (both kernels): WS weight stages of L::W_STAGE bytes
+ * at smem and XS activation stages of L::X_STAGE bytes at smem + L::X_OFF, their full and
+ * empty barriers at smem + L::BAR_OFF, the warp's cursors and its share of every item's
+ * copies (weight rows i0 .. i0 + n - 1 of its tile tau, activation copy j of each lane).
+ * Item it sits in weight stage it % WS and activation stage it % XS. */
+template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct rings {
+    static constexpr unsigned SPIN = 1024; /* polls of a barrier before sleeping between them */
+    uint8_t *smem;                             /* the CTA's dynamic shared memory */
+    uint64_t *wfull, *wempty, *xfull, *xempty; /* [WS], [WS], [XS], [XS] stage barriers */
+    const mm_set &set;                         /* the matrices */
+    const mm_xquant &xq;                       /* the rounded activations */
+    const cta_share &sh;                       /* the CTA's tiles, rounds and steps */
+    int64_t cols;                              /* inputs per row */
+    uint32_t row_bytes;                        /* bytes per weight row */
+    int tt, tau, i0, n, j, lane; /* tiles per round; this warp's tile, rows, copy, lane */
+    uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
+    ring_cursor wc, xc;    /* the next weight and activation items this warp issues */
+
+    __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
+                                     const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
+                                     int tt_, int tau_, int i0_, int n_, int j_, int lane_)
+        : smem(smem_), wfull((uint64_t *)(smem_ + L::BAR_OFF)), wempty(wfull + WS),
+          xfull(wempty + WS), xempty(xfull + XS), set(set_), xq(xq_), sh(sh_), cols(cols_),
+          row_bytes(row_bytes_), tt(tt_), tau(tau_), i0(i0_), n(n_), j(j_), lane(lane_),
+          once(evict_first_policy()), shared(evict_last_policy()), wc{0, 0, 0, -1, 0},
+          xc{0, 0, 0, -1, 0}
+    {
+    }
+    __device__ __forceinline__ void weights()
+    {
+        warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n, row_bytes,
+                                                   wfull, once, lane);
+    }
+    __device__ __forceinline__ void acts()
+    {
+        warp_acts<KC, TP, L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
+            xc, smem + L::X_OFF, xq, cols, sh, j, xfull, shared, lane);
+    }
+    /* The first WS weight items (they do not depend on the kernel before this one), then,
+     * once that kernel is done, the first XS activation items. */
+    __device__ __forceinline__ void fill()
+    {
+        while (wc.n < sh.items && wc.n < WS)
+            weights();
+        mm_wait_dependencies(); /* xq comes from the kernel before this one */
+        while (xc.n < sh.items && xc.n < XS)
+            acts();
+    }
+    /* Returns once both stages of item it have landed. */
+    __device__ __forceinline__ void wait(int it)
+    {
+        bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
+        bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
+    }
+    __device__ __forceinline__ const uint8_t *wstage(int it) const
+    {
+        return smem + (it % WS) * L::W_STAGE;
+    }
+    __device__ __forceinline__ const uint8_t *xstage(int it) const
+    {
+        return smem + L::X_OFF + (it % XS) * L::X_STAGE;
+    }
+    /* After item it: the warp is done with both its stages; then it refills the stages of
+     * the item before (every warp is most likely done with it by now) with the items WS and
+     * XS after that one (the cursors' next). */
+    __device__ __forceinline__ void done(int it)
+    {
+        __syncwarp(); /* every lane is done with both stages */
+        if (lane == 0) {
+            bar_arrive(&wempty[it % WS]);
+            bar_arrive(&xempty[it % XS]);
+        }
+        const int prev = it - 1;
+        if (prev >= 0 && wc.n < sh.items) {
+            bar_wait<SPIN>(&wempty[prev % WS], (uint32_t)(prev / WS) & 1);
+            weights();
+        }
+        if (prev >= 0 && xc.n < sh.items) {
+            bar_wait<SPIN>(&xempty[prev % XS], (uint32_t)(prev / XS) & 1);
+            acts();
+        }
+    }
+};
 #endif
 
 template <int TT> constexpr int threads_of()
@@ -264,16 +348,13 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     constexpr int PITCH = run_pitch<T>();
     constexpr int WS = L::WS;
     static_assert(WS >= 2, "two weight stages at least");
-    constexpr unsigned SPIN = 1024; /* polls of a ring barrier before sleeping between them */
     extern __shared__ __align__(16) uint8_t smem[];
-    uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
-    uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    rings_init(wfull, WS, XS, CONS);
+    rings_init((uint64_t *)(smem + L::BAR_OFF), WS, XS, CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
-    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds, items = sh.items;
+    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds;
     const int tau = warp / KSPLIT, c = warp % KSPLIT;
 
     /* Copies: every warp issues a share of each item (lanes 0..3: rows 4c..4c+3 of tile
@@ -281,22 +362,10 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
      * stage's full barrier announcing its bytes, so a stage is full when all CONS shares have
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
-    const uint64_t once = evict_first_policy(), shared = evict_last_policy();
-    ring_cursor wc = {0, 0, 0, -1, 0}, xc = {0, 0, 0, -1, 0};
-    auto weights = [&]() {
-        warp_weights<T, WIN, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, TT, tau,
-                                                    c * (MROWS / KSPLIT), MROWS / KSPLIT,
-                                                    row_bytes, wfull, once, lane);
-    };
-    auto acts = [&]() {
-        warp_acts<WIN, tok_pitch<T>(), L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
-            xc, smem + L::X_OFF, xq, cols, sh, warp + CONS * lane, xfull, shared, lane);
-    };
-    while (wc.n < items && wc.n < WS)
-        weights();
-    mm_wait_dependencies(); /* xq comes from the kernel before this one */
-    while (xc.n < items && xc.n < XS)
-        acts();
+    rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
+                                                      c * (MROWS / KSPLIT), MROWS / KSPLIT,
+                                                      warp + CONS * lane, lane);
+    r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
     unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
@@ -318,15 +387,13 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
             for (int i = 0; i < 4; i++)
                 acc[0][nt][i] = 0.0f;
         for (int s = 0; s < nsteps; s++, it++) {
-            bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
-            bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
+            r.wait(it);
             if (have && WIN * s + c < nkb) {
                 /* row i's run at (tau * 16 + i) * PITCH of the weight stage, (run & 15)
                  * bytes in for Q6_K: kbase (row 0's run) gives kblock_any that offset */
-                const uint8_t *slot =
-                    smem + (it % WS) * L::W_STAGE + tau * MROWS * PITCH + c * Q::KB_BYTES;
+                const uint8_t *slot = r.wstage(it) + tau * MROWS * PITCH + c * Q::KB_BYTES;
                 const uint8_t *kbase = wrow + (size_t)s * WIN * Q::KB_BYTES;
-                const uint8_t *st = smem + L::X_OFF + (it % XS) * L::X_STAGE;
+                const uint8_t *st = r.xstage(it);
                 const xview_s x = {
                     (const int8_t *)(st + l.g * tok_pitch<T>() + c * MM_XBLOCK * 2),
                     (const int8_t *)(st + L::S_OFF + (c * L::TOKS + l.g) * MM_XSUM_BYTES),
@@ -334,22 +401,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
                     (size_t)NTOK * tok_pitch<T>(), valid};
                 kblock_any<T, 1, NT, PITCH>(acc, slot, kbase, row_bytes, 0, x, l);
             }
-            __syncwarp(); /* every lane is done with both stages */
-            if (lane == 0) {
-                bar_arrive(&wempty[it % WS]);
-                bar_arrive(&xempty[it % XS]);
-            }
-            /* refill the stages of the item before this one (every warp is most likely
-             * done with it by now) with the items WS and XS after it (the cursors' next) */
-            const int done = it - 1;
-            if (done >= 0 && wc.n < items) {
-                bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
-                weights();
-            }
-            if (done >= 0 && xc.n < items) {
-                bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
-                acts();
-            }
+            r.done(it);
         }
         /* y = ((p0 + p1) + p2) + p3: the tile's four warps meet at named barrier 1 + tau
          * (not the whole CTA) */
@@ -438,36 +490,21 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     constexpr int WS = L::WS, XS = L::XS;
     static_assert(WS >= 2, "two weight stages at least");
     constexpr int SPG = KSPLIT / WKS; /* steps per turn of the four chains */
-    constexpr unsigned SPIN = 1024;
     extern __shared__ __align__(16) uint8_t smem[];
-    uint64_t *wfull = (uint64_t *)(smem + L::BAR_OFF), *wempty = wfull + WS;
-    uint64_t *xfull = wempty + WS, *xempty = xfull + XS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    rings_init(wfull, WS, XS, NW);
+    rings_init((uint64_t *)(smem + L::BAR_OFF), WS, XS, NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
-    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds, items = sh.items;
+    const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds;
     const int tau = warp / G, q = warp % G;
 
     /* Copies: warp (tau, q) issues rows q * 16 / G .. of tile tau (one lane each) and the
      * activation runs warp + NW * lane (n_tok digit runs, the sums, the scales), then
      * arrives once on the stage's full barrier announcing its bytes. */
-    const uint64_t once = evict_first_policy(), shared = evict_last_policy();
-    ring_cursor wc = {0, 0, 0, -1, 0}, xc = {0, 0, 0, -1, 0};
-    auto weights = [&]() {
-        warp_weights<T, WKS, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, TT, tau, q * (MROWS / G),
-                                                    MROWS / G, row_bytes, wfull, once, lane);
-    };
-    auto acts = [&]() {
-        warp_acts<WKS, TP, L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
-            xc, smem + L::X_OFF, xq, cols, sh, warp + NW * lane, xfull, shared, lane);
-    };
-    while (wc.n < items && wc.n < WS)
-        weights();
-    mm_wait_dependencies(); /* xq comes from the kernel before this one */
-    while (xc.n < items && xc.n < XS)
-        acts();
+    rings<T, WKS, PITCH, TP, WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
+                                          q * (MROWS / G), MROWS / G, warp + NW * lane, lane);
+    r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
     const int tok0 = 2 * NTOK * q; /* this warp's first token */
@@ -498,10 +535,9 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
                 const int s = s0 + u;
                 if (s >= nsteps)
                     break;
-                bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
-                bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
-                const uint8_t *wst = smem + (it % WS) * L::W_STAGE + tau * MROWS * PITCH;
-                const uint8_t *st = smem + L::X_OFF + (it % XS) * L::X_STAGE;
+                r.wait(it);
+                const uint8_t *wst = r.wstage(it) + tau * MROWS * PITCH;
+                const uint8_t *st = r.xstage(it);
                 const uint8_t *kbase = wrow + (size_t)s * WKS * Q::KB_BYTES;
 #pragma unroll
                 for (int j = 0; j < WKS; j++) {
@@ -517,22 +553,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
                                                    kbase, row_bytes, 0, x, l);
                     }
                 }
-                __syncwarp(); /* every lane is done with both stages */
-                if (lane == 0) {
-                    bar_arrive(&wempty[it % WS]);
-                    bar_arrive(&xempty[it % XS]);
-                }
-                /* refill the stages of the item before this one with the items WS and XS
-                 * after it (the cursors' next) */
-                const int done = it - 1;
-                if (done >= 0 && wc.n < items) {
-                    bar_wait<SPIN>(&wempty[done % WS], (uint32_t)(done / WS) & 1);
-                    weights();
-                }
-                if (done >= 0 && xc.n < items) {
-                    bar_wait<SPIN>(&xempty[done % XS], (uint32_t)(done / XS) & 1);
-                    acts();
-                }
+                r.done(it);
                 it++;
             }
         }
