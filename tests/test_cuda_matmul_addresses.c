@@ -675,6 +675,26 @@ static void test_tiles_per_round(void **state)
         }
 }
 
+/* The window and wide kernels place each issued item by counting (mmqb_cursor_next) where
+ * they divided before: item n must be step n % nsteps of round n / nsteps, for step counts of
+ * one k-block row (1) to the LM head's and past them. */
+static void test_ring_cursor_counts_as_the_division(void **state)
+{
+    (void)state;
+    const int nsteps_list[] = {1, 2, 3, 5, 10, 20, 34, 68, 157};
+    for (size_t k = 0; k < sizeof nsteps_list / sizeof *nsteps_list; k++) {
+        const int nsteps = nsteps_list[k];
+        mmqb_cursor c = {0, 0, 0, -1, 0};
+        for (int n = 0; n < 5000; n++) {
+            if (c.n != n || c.round != n / nsteps || c.s != n % nsteps)
+                fail_msg("%d steps: item %d at (%d, round %d, step %d)", nsteps, n, c.n,
+                         c.round, c.s);
+            mmqb_cursor_next(&c, nsteps);
+        }
+        assert_int_equal(c.m_round, -1); /* the member lookup is the kernel's, not counting's */
+    }
+}
+
 /* Sets of the 27B model's groups and odd ones, in the units of the three kernels that take
  * sets (8 rows, 16-row tiles, 4 rows), shared among CTAs as the kernels share them. */
 static void test_set_units_cover_every_row_once(void **state)
@@ -743,6 +763,7 @@ static void test_set_units_cover_every_row_once(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_cursor_counts_as_the_division),
         cmocka_unit_test(test_q4_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q5_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q6_k_addresses_stay_inside_their_allocations),

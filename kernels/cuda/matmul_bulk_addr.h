@@ -194,6 +194,24 @@ MMB_HD int mmqb_tiles_per_round(int64_t n_tiles, int64_t n_sm, int ttmax, int64_
     return (int)((q + rounds - 1) / rounds);
 }
 
+/* The next item a warp of the window or wide kernel issues into one of its rings: its
+ * number n, round and step s (item n is step n % nsteps of round n / nsteps). Items are
+ * issued in order, so mmqb_cursor_next keeps round and step by counting, without a division
+ * per step; m is the set member of the round m_round's tile (-1: none looked up yet). */
+typedef struct mmqb_cursor {
+    int n, round, s;
+    int m_round, m;
+} mmqb_cursor;
+
+MMB_HD void mmqb_cursor_next(mmqb_cursor *c, int nsteps)
+{
+    c->n++;
+    if (++c->s == nsteps) {
+        c->s = 0;
+        c->round++;
+    }
+}
+
 /* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
  * rings. */
 MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)

@@ -119,30 +119,13 @@ struct cta_share {
     int nkb, nsteps, rounds, items;
 };
 
-/* The next item a warp issues into a ring (its number, round and step). Items are issued in
- * order, so these follow by counting, without a division per step; the member of the
- * round's tile is looked up once per round. */
-struct ring_cursor {
-    int n, round, s;
-    int m_round, m; /* the round whose tile's member m is (weights) */
-};
-
-__device__ __forceinline__ void cursor_next(ring_cursor &c, int nsteps)
-{
-    c.n++;
-    if (++c.s == nsteps) {
-        c.s = 0;
-        c.round++;
-    }
-}
-
 /* A warp's share of weight item c (both kernels) into stage c.n % WS of `stages` (W_STAGE
  * bytes apart): lane k < n copies row i = i0 + k of the round's tile tau (nothing where the
  * tile is past the CTA's or the row past the matrix), the run of KC k-blocks from k-block
  * KC * c.s, to row tau * 16 + i of the stage (rows PITCH apart); then the warp's one arrival
  * on the stage's full barrier; c moves to the next item. */
 template <int T, int KC, int PITCH, int WS, int W_STAGE>
-__device__ __forceinline__ void warp_weights(ring_cursor &c, uint8_t *stages, const mm_set &set,
+__device__ __forceinline__ void warp_weights(mmqb_cursor &c, uint8_t *stages, const mm_set &set,
                                              const cta_share &sh, int tt, int tau, int i0,
                                              int n, uint32_t row_bytes, uint64_t *full,
                                              uint64_t policy, int lane)
@@ -156,7 +139,7 @@ __device__ __forceinline__ void warp_weights(ring_cursor &c, uint8_t *stages, co
     const int m = c.m, s = c.s, stage_i = c.n % WS;
     uint8_t *stage = stages + stage_i * W_STAGE;
     full += stage_i;
-    cursor_next(c, sh.nsteps);
+    mmqb_cursor_next(&c, sh.nsteps);
     const int i = i0 + lane; /* row of the tile */
     const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
     const uint8_t *w = set.w[m];
@@ -181,14 +164,14 @@ __device__ __forceinline__ void warp_weights(ring_cursor &c, uint8_t *stages, co
  * at S_OFF, then their scales at D_OFF; then the warp's one arrival on the stage's full
  * barrier; c moves to the next item. */
 template <int KC, int TP, int TOKS, int S_OFF, int D_OFF, int XS, int X_STAGE>
-__device__ __forceinline__ void warp_acts(ring_cursor &c, uint8_t *stages, const mm_xquant &xq,
+__device__ __forceinline__ void warp_acts(mmqb_cursor &c, uint8_t *stages, const mm_xquant &xq,
                                           int64_t cols, const cta_share &sh, int j,
                                           uint64_t *full, uint64_t policy, int lane)
 {
     const int s = c.s, nkb = sh.nkb, stage_i = c.n % XS;
     uint8_t *st = stages + stage_i * X_STAGE;
     full += stage_i;
-    cursor_next(c, sh.nsteps);
+    mmqb_cursor_next(&c, sh.nsteps);
     const int nw = nkb - KC * s < KC ? nkb - KC * s : KC;
     uint32_t bytes = 0;
     if (j < xq.n_tok + 2) {
@@ -255,7 +238,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     uint32_t row_bytes;                        /* bytes per weight row */
     int tt, tau, i0, n, j, lane; /* tiles per round; this warp's tile, rows, copy, lane */
     uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
-    ring_cursor wc, xc;    /* the next weight and activation items this warp issues */
+    mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
                                      const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
