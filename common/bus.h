@@ -36,7 +36,7 @@
 typedef struct bus_opts {
     size_t recv_max;         /* bytes: largest message accepted; 0 = BUS_RECV_MAX_DEFAULT */
     int32_t send_timeout_ms; /* ms a send may wait (for a connection or a full queue) */
-    int32_t recv_timeout_ms; /* ms a socket-level receive may wait; servers poll at this rate */
+    int32_t recv_timeout_ms; /* ms a socket-level receive may wait */
     int workers;             /* server: requests handled at the same time (threads) */
 } bus_opts;
 
