@@ -280,7 +280,7 @@ static void *worker_main(void *arg)
         nng_ctx_recv(w->ctx, w->aio);
         nng_aio_wait(w->aio);
         int rv = nng_aio_result(w->aio);
-        if (rv == NNG_ETIMEDOUT || rv == NNG_ECANCELED)
+        if (rv == NNG_ECANCELED)
             continue; /* bus_server_free woke us */
         if (rv == NNG_ECLOSED)
             break; /* the socket is gone: nothing more will arrive */
