@@ -207,8 +207,6 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
     ops_weight wt[MAX_COPIES];
     for (int c = 0; c < copies; c++)
         TRY(ops_weight_init(&wt[c], type, s->rows, s->cols, w[c]));
-    for (int c = 0; c < copies; c++) /* the calls below take the copies in turn */
-        wt[c].next[0] = &wt[(c + 1) % copies];
     res->s = s;
     res->type = type;
     res->bytes = bytes;

@@ -29,19 +29,12 @@ typedef struct CUstream_st *ops_stream;
 
 /* A weight matrix as GGUF stores it: rows of cols elements (GGUF ne[0] = cols, ne[1] = rows).
  * y = x . W^T maps cols inputs to rows outputs. */
-#define OPS_NEXT_MAX 4 /* members of the largest product a model launches at once */
-
 typedef struct ops_weight {
     td_dtype type;     /* one of the types ops_type_supported() accepts */
     int64_t rows;      /* output features (GGUF ne[1]) */
     int64_t cols;      /* input features (GGUF ne[0]); a multiple of the type's block size */
     size_t row_bytes;  /* bytes of one row: cols / block * block bytes */
     const void *data;  /* [rows][row_bytes], rows packed back to back */
-    /* The weights of the product that follows this one in a model step (NULL-terminated,
-     * set by the model after loading; ops_weight_init clears them). Only a hint: the CUDA
-     * single-token kernel requests them into L2 as its own product ends, so the memory
-     * stays busy across the kernels between the two; no result depends on it. */
-    const struct ops_weight *next[OPS_NEXT_MAX];
 } ops_weight;
 
 /* True for the types the ops read and write: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K. */

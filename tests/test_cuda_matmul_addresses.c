@@ -695,53 +695,6 @@ static void test_ring_cursor_counts_as_the_division(void **state)
     }
 }
 
-/* The next product's weights as the kernels request them into L2: CTA parts split among
- * warps, each piece mapped onto the ranges, tile every range once, in 16-byte pieces. */
-static void test_prefetch_pieces_cover_each_range_once(void **state)
-{
-    (void)state;
-    static const struct {
-        int n;
-        int64_t bytes[MM_SET_MAX];
-    } sets[] = {{2, {25165824, 25165824}}, {1, {21626880}}, {4, {47185920, 5242880, 48, 16}},
-                {3, {16, 0, 32}}, {1, {16}}, {2, {0, 0}}};
-    static const int64_t grids[] = {132, 7, 1};
-    static const int64_t subs_list[] = {8, 12, 3, 1};
-    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) {
-        mm_prefetch pf;
-        memset(&pf, 0, sizeof pf);
-        pf.n = sets[k].n;
-        int64_t total = 0;
-        for (int i = 0; i < pf.n; i++)
-            total += pf.bytes[i] = sets[k].bytes[i];
-        for (size_t g = 0; g < sizeof grids / sizeof *grids; g++)
-            for (size_t sb = 0; sb < sizeof subs_list / sizeof *subs_list; sb++) {
-                int64_t next = 0, covered[MM_SET_MAX] = {0};
-                for (int64_t part = 0; part < grids[g]; part++)
-                    for (int64_t sub = 0; sub < subs_list[sb]; sub++) {
-                        int64_t a, b, off = 0;
-                        mm_prefetch_piece(&pf, part, grids[g], sub, subs_list[sb], &a, &b);
-                        assert_int_equal(a, next);
-                        assert_true(b >= a && a % 16 == 0 && b % 16 == 0);
-                        next = b;
-                        for (int i = 0; i < pf.n; i++) {
-                            int64_t lo, hi;
-                            mm_prefetch_in_range(&pf, i, off, a, b, &lo, &hi);
-                            if (lo < hi) { /* in order, inside the range, 16-byte pieces */
-                                assert_int_equal(lo, covered[i]);
-                                assert_true(hi <= pf.bytes[i] && lo % 16 == 0 && hi % 16 == 0);
-                                covered[i] = hi;
-                            }
-                            off += pf.bytes[i];
-                        }
-                    }
-                assert_int_equal(next, total);
-                for (int i = 0; i < pf.n; i++)
-                    assert_int_equal(covered[i], pf.bytes[i]);
-            }
-    }
-}
-
 /* Sets of the 27B model's groups and odd ones, in the units of the three kernels that take
  * sets (8 rows, 16-row tiles, 4 rows), shared among CTAs as the kernels share them. */
 static void test_set_units_cover_every_row_once(void **state)
@@ -811,7 +764,6 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_cursor_counts_as_the_division),
-        cmocka_unit_test(test_prefetch_pieces_cover_each_range_once),
         cmocka_unit_test(test_q4_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q5_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q6_k_addresses_stay_inside_their_allocations),

@@ -273,64 +273,6 @@ static void test_target_load_names_missing_or_misshaped_tensor(void **ctx)
     unlink(path);
 }
 
-/* Every product's weights name the next product's (ops_weight.next), in the order a step
- * runs them, the LM head naming layer 0's first; members of one product name the same. */
-static void expect_next(const ops_weight *const *from, int n_from, const ops_weight *a,
-                        const ops_weight *b, const ops_weight *c, const ops_weight *d)
-{
-    const ops_weight *want[OPS_NEXT_MAX] = {a, b, c, d};
-    for (int i = 0; i < n_from; i++)
-        for (int j = 0; j < OPS_NEXT_MAX; j++)
-            assert_ptr_equal(from[i]->next[j], want[j]);
-}
-
-static void test_target_products_link_in_step_order(void **ctx)
-{
-    (void)ctx;
-    static const char *const names[] = {"qwen35-tiny-f32", "qwen3-tiny-f32", "qwen3-tied-q4_k"};
-    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
-        char path[512];
-        snprintf(path, sizeof path, "tests/data/models/%s.gguf", names[k]);
-        tgt_model *m = NULL;
-        if (tgt_load(&m, path) != TD_OK)
-            fail_msg("%s: %s", path, err_msg());
-        int n_delta = 0;
-        for (int64_t il = 0; il < m->hp.n_layer; il++) {
-            tgt_layer *L = &m->layers[il];
-            const ops_weight *ffn[] = {&L->ffn_gate, &L->ffn_up}, *down[] = {&L->ffn_down};
-            if (L->kind == TGT_LAYER_ATTN) {
-                const ops_weight *qkv[] = {&L->wq, &L->wk, &L->wv}, *o[] = {&L->wo};
-                expect_next(qkv, 3, &L->wo, NULL, NULL, NULL);
-                expect_next(o, 1, &L->ffn_gate, &L->ffn_up, NULL, NULL);
-            } else {
-                const ops_weight *in[] = {&L->wqkv, &L->wz, &L->walpha, &L->wbeta};
-                const ops_weight *o[] = {&L->wssm_out};
-                expect_next(in, 4, &L->wssm_out, NULL, NULL, NULL);
-                expect_next(o, 1, &L->ffn_gate, &L->ffn_up, NULL, NULL);
-                n_delta++;
-            }
-            expect_next(ffn, 2, &L->ffn_down, NULL, NULL, NULL);
-            if (il + 1 < m->hp.n_layer) {
-                tgt_layer *N = &m->layers[il + 1];
-                if (N->kind == TGT_LAYER_ATTN)
-                    expect_next(down, 1, &N->wq, &N->wk, &N->wv, NULL);
-                else
-                    expect_next(down, 1, &N->wqkv, &N->wz, &N->walpha, &N->wbeta);
-            } else {
-                expect_next(down, 1, &m->output, NULL, NULL, NULL);
-            }
-        }
-        assert_int_equal(n_delta > 0, k == 0); /* both kinds of layer were walked */
-        const ops_weight *head[] = {&m->output};
-        tgt_layer *F = &m->layers[0];
-        if (F->kind == TGT_LAYER_ATTN)
-            expect_next(head, 1, &F->wq, &F->wk, &F->wv, NULL);
-        else
-            expect_next(head, 1, &F->wqkv, &F->wz, &F->walpha, &F->wbeta);
-        tgt_free(m);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -339,7 +281,6 @@ int main(void)
         cmocka_unit_test(test_target_keep_after_block_equals_running_fewer_tokens),
         cmocka_unit_test(test_target_rejects_bad_tokens_and_full_context),
         cmocka_unit_test(test_target_load_names_missing_or_misshaped_tensor),
-        cmocka_unit_test(test_target_products_link_in_step_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -222,50 +222,6 @@ static size_t tgt_owned_bound(const tgt_hparams *hp)
     return per_layer * (size_t)hp->n_layer + (size_t)hp->n_embd;
 }
 
-/* The product whose weights come last: each product's weights are linked to the next's. */
-typedef struct tgt_chain {
-    ops_weight *last[OPS_NEXT_MAX]; /* the previous product's weights */
-    int n;
-} tgt_chain;
-
-static void tgt_chain_add(tgt_chain *c, int n, ops_weight *a, ops_weight *b, ops_weight *cc,
-                          ops_weight *d)
-{
-    ops_weight *g[OPS_NEXT_MAX] = {a, b, cc, d};
-    for (int i = 0; i < c->n; i++)
-        for (int j = 0; j < n; j++)
-            c->last[i]->next[j] = g[j];
-    memcpy(c->last, g, sizeof g);
-    c->n = n;
-}
-
-/* ops_weight.next in the order tgt_layers runs the products; the LM head's next is layer 0's
- * first product, where the next step starts. */
-static void tgt_link_products(tgt_model *m)
-{
-    tgt_chain c = {.n = 0};
-    for (int64_t il = 0; il < m->hp.n_layer; il++) {
-        tgt_layer *L = &m->layers[il];
-        if (L->kind == TGT_LAYER_ATTN) {
-            tgt_chain_add(&c, 3, &L->wq, &L->wk, &L->wv, NULL);
-            tgt_chain_add(&c, 1, &L->wo, NULL, NULL, NULL);
-        } else {
-            tgt_chain_add(&c, 4, &L->wqkv, &L->wz, &L->walpha, &L->wbeta);
-            tgt_chain_add(&c, 1, &L->wssm_out, NULL, NULL, NULL);
-        }
-        tgt_chain_add(&c, 2, &L->ffn_gate, &L->ffn_up, NULL, NULL);
-        tgt_chain_add(&c, 1, &L->ffn_down, NULL, NULL, NULL);
-    }
-    tgt_chain_add(&c, 1, &m->output, NULL, NULL, NULL);
-    if (m->hp.n_layer > 0) {
-        tgt_layer *L = &m->layers[0];
-        if (L->kind == TGT_LAYER_ATTN)
-            tgt_chain_add(&c, 3, &L->wq, &L->wk, &L->wv, NULL);
-        else
-            tgt_chain_add(&c, 4, &L->wqkv, &L->wz, &L->walpha, &L->wbeta);
-    }
-}
-
 td_err tgt_load_gguf(tgt_model **out, gguf_file *file)
 {
     *out = NULL;
@@ -318,7 +274,6 @@ td_err tgt_load_gguf(tgt_model **out, gguf_file *file)
         tgt_free(m);
         return e;
     }
-    tgt_link_products(m);
     *out = m;
     return TD_OK;
 }

@@ -490,34 +490,6 @@ td_err weight_check(const ops_weight *w)
 
 } /* namespace */
 
-static int64_t g_prefetch_budget = -1; /* bytes; -1: TANDEM_MMPF not read yet */
-
-mm_prefetch mm_prefetch_of(const ops_weight *w)
-{
-    int64_t budget = __atomic_load_n(&g_prefetch_budget, __ATOMIC_RELAXED);
-    if (budget < 0) {
-        const char *e = getenv("TANDEM_MMPF");
-        char *end = NULL;
-        const long mib = e ? strtol(e, &end, 10) : MM_PREFETCH_MIB;
-        budget = e && (end == e || *end != '\0' || mib < 0 || mib > 4096) ? MM_PREFETCH_MIB
-                                                                          : mib;
-        budget <<= 20;
-        __atomic_store_n(&g_prefetch_budget, budget, __ATOMIC_RELAXED);
-    }
-    mm_prefetch pf = {};
-    for (int i = 0; i < OPS_NEXT_MAX && i < MM_SET_MAX && w->next[i] && budget > 0; i++) {
-        const ops_weight *n = w->next[i];
-        if (((uintptr_t)n->data & 15) != 0)
-            continue;
-        int64_t bytes = (int64_t)(n->row_bytes * (size_t)n->rows) & ~(int64_t)15;
-        bytes = bytes < budget ? bytes : budget & ~(int64_t)15;
-        pf.p[pf.n] = (const uint8_t *)n->data;
-        pf.bytes[pf.n++] = bytes;
-        budget -= bytes;
-    }
-    return pf;
-}
-
 mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
 {
     TD_ASSERT(n >= 1 && n <= MM_SET_MAX && unit_rows >= 1);

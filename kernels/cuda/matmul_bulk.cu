@@ -143,7 +143,7 @@ __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 template <int T, bool FUSED>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     mmb_kernel(mm_set set, int64_t row_bytes, int64_t cols, int nblk, const float *x,
-               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad, mm_prefetch pf)
+               const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
     mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
 #if MMB_SM90
@@ -205,10 +205,6 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             p_st = 0;
             p_unit = unit_take(counter, n_local, false);
             unit_start();
-            /* the warp's last stage is out: its piece of the CTA's part of the next
-             * product's weights goes to L2 while the rest of this product lands */
-            if (p_unit < 0 && pf.n > 0 && elect_one())
-                prefetch_piece(pf, blockIdx.x, gridDim.x, warp, n_local < WARPS ? n_local : WARPS);
         }
         issued++;
     };
@@ -275,7 +271,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 #else
     (void)set, (void)row_bytes, (void)cols, (void)nblk, (void)x, (void)xq, (void)xd, (void)xs,
-        (void)n_pad, (void)pf;
+        (void)n_pad;
 #endif
 }
 
@@ -334,7 +330,7 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
     const cudaError_t e = launch_ex(
         mmb_kernel<T, FUSED>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
         (int64_t)w->row_bytes, w->cols, (int)blocks_of<T>(w), x, xq ? xq->xq : NULL,
-        xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0, mm_prefetch_of(w));
+        xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s bulk kernel launch (%d members, %lld units): %s",
                        dtype_name(w->type), n, (long long)units, cudaGetErrorString(e));

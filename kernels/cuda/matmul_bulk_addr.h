@@ -164,38 +164,6 @@ typedef struct mm_set {
                                     * past it: all units */
 } mm_set;
 
-/* What a kernel requests into L2 as it ends (the next product's weights, ops_weight.next):
- * n ranges, each 16-byte aligned and a multiple of 16 bytes long. */
-typedef struct mm_prefetch {
-    int n;                        /* ranges, 0..MM_SET_MAX */
-    const uint8_t *p[MM_SET_MAX]; /* range i starts here */
-    int64_t bytes[MM_SET_MAX];    /* and is this long */
-} mm_prefetch;
-
-/* Piece `sub` of `subs` of part `part` of `parts` of the ranges laid end to end (a CTA's
- * part, a warp's piece of it): bytes [*a, *b) of the whole, both multiples of 16; the pieces
- * of the parts tile the whole. */
-MMB_HD void mm_prefetch_piece(const mm_prefetch *pf, int64_t part, int64_t parts, int64_t sub,
-                              int64_t subs, int64_t *a, int64_t *b)
-{
-    int64_t total = 0;
-    for (int i = 0; i < pf->n; i++)
-        total += pf->bytes[i];
-    total >>= 4; /* in 16-byte pieces */
-    const int64_t p0 = total * part / parts, p1 = total * (part + 1) / parts;
-    *a = (p0 + (p1 - p0) * sub / subs) * 16;
-    *b = (p0 + (p1 - p0) * (sub + 1) / subs) * 16;
-}
-
-/* Where bytes [a, b) of the whole (a piece) fall in range i, which starts at byte off of the
- * whole: its bytes [*lo, *hi) (none when *lo >= *hi). */
-MMB_HD void mm_prefetch_in_range(const mm_prefetch *pf, int i, int64_t off, int64_t a, int64_t b,
-                                 int64_t *lo, int64_t *hi)
-{
-    *lo = a > off ? a - off : 0;
-    *hi = b - off < pf->bytes[i] ? b - off : pf->bytes[i];
-}
-
 /* Numbers the units of s's n members (rows[] set) in units of unit_rows rows. */
 MMB_HD void mm_set_number(mm_set *s, int64_t unit_rows)
 {

@@ -9,8 +9,6 @@
 
 #include <stdint.h>
 
-#include "kernels/cuda/matmul_bulk_addr.h"
-
 namespace {
 
 #if MMB_SM90
@@ -121,30 +119,6 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_addr(bar)),
                  "l"(policy)
                  : "memory");
-}
-
-/* Requests bytes (a multiple of 16) at src (16-byte aligned) into L2; nothing waits for it. */
-__device__ __forceinline__ void prefetch_l2(const void *src, uint32_t bytes)
-{
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
-                     __cvta_generic_to_global(src)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-/* A piece of pf (mm_prefetch_piece) into L2, in requests of at most 32 KB. */
-__device__ __forceinline__ void prefetch_piece(const mm_prefetch &pf, int64_t part, int64_t parts,
-                                               int64_t sub, int64_t subs)
-{
-    int64_t a, b, off = 0;
-    mm_prefetch_piece(&pf, part, parts, sub, subs, &a, &b);
-    for (int i = 0; i < pf.n && a < b; i++) {
-        int64_t lo, hi;
-        mm_prefetch_in_range(&pf, i, off, a, b, &lo, &hi);
-        for (int64_t s = lo; s < hi; s += 32768)
-            prefetch_l2(pf.p[i] + s, (uint32_t)(hi - s < 32768 ? hi - s : 32768));
-        off += pf.bytes[i];
-    }
 }
 
 #endif /* MMB_SM90 */

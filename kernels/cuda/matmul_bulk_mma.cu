@@ -234,7 +234,6 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     const mm_set &set;                         /* the matrices */
     const mm_xquant &xq;                       /* the rounded activations */
     const cta_share &sh;                       /* the CTA's tiles, rounds and steps */
-    const mm_prefetch &pf;                     /* the next product's weights */
     int64_t cols;                              /* inputs per row */
     uint32_t row_bytes;                        /* bytes per weight row */
     int tt, tau, i0, n, j, lane; /* tiles per round; this warp's tile, rows, copy, lane */
@@ -242,12 +241,10 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
-                                     const cta_share &sh_, const mm_prefetch &pf_,
-                                     int64_t cols_, uint32_t row_bytes_, int tt_, int tau_,
-                                     int i0_, int n_, int j_, int lane_)
+                                     const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
+                                     int tt_, int tau_, int i0_, int n_, int j_, int lane_)
         : smem(smem_), wfull((uint64_t *)(smem_ + L::BAR_OFF)), wempty(wfull + WS),
-          xfull(wempty + WS), xempty(xfull + XS), set(set_), xq(xq_), sh(sh_), pf(pf_),
-          cols(cols_),
+          xfull(wempty + WS), xempty(xfull + XS), set(set_), xq(xq_), sh(sh_), cols(cols_),
           row_bytes(row_bytes_), tt(tt_), tau(tau_), i0(i0_), n(n_), j(j_), lane(lane_),
           once(evict_first_policy()), shared(evict_last_policy()), wc{0, 0, 0, -1, 0},
           xc{0, 0, 0, -1, 0}
@@ -257,10 +254,6 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     {
         warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n, row_bytes,
                                                    wfull, once, lane);
-        /* the warp's last weight item is out: its piece of the CTA's part of the next
-         * product's weights goes to L2 while the rest of this product lands */
-        if (wc.n == sh.items && pf.n > 0 && lane == 0)
-            prefetch_piece(pf, blockIdx.x, gridDim.x, threadIdx.x >> 5, blockDim.x >> 5);
     }
     __device__ __forceinline__ void acts()
     {
@@ -326,7 +319,7 @@ template <int TT> constexpr int threads_of()
  * (K-quants). */
 template <int T, int NT, int TT>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
-    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, mm_prefetch pf)
+    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
      * before it touches anything (see matmul.cu) */
@@ -352,9 +345,9 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
      * stage's full barrier announcing its bytes, so a stage is full when all CONS shares have
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
-    rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L> r(smem, set, xq, sh, pf, cols, row_bytes,
-                                                      TT, tau, c * (MROWS / KSPLIT),
-                                                      MROWS / KSPLIT, warp + CONS * lane, lane);
+    rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
+                                                      c * (MROWS / KSPLIT), MROWS / KSPLIT,
+                                                      warp + CONS * lane, lane);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -401,7 +394,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
                            n_rows, xq.n_tok, rows, r0);
     }
 #else
-    (void)set, (void)row_bytes, (void)cols, (void)xq, (void)pf;
+    (void)set, (void)row_bytes, (void)cols, (void)xq;
 #endif
 }
 
@@ -468,7 +461,7 @@ template <int G, int TT> constexpr int wide_threads()
  * of 256 (K-quants). */
 template <int T, int G, int TT>
 __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
-    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, mm_prefetch pf)
+    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
 {
     mm_launch_dependents(); /* as mmqb_kernel */
 #if MMB_SM90
@@ -492,7 +485,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     /* Copies: warp (tau, q) issues rows q * 16 / G .. of tile tau (one lane each) and the
      * activation runs warp + NW * lane (n_tok digit runs, the sums, the scales), then
      * arrives once on the stage's full barrier announcing its bytes. */
-    rings<T, WKS, PITCH, TP, WS, XS, L> r(smem, set, xq, sh, pf, cols, row_bytes, TT, tau,
+    rings<T, WKS, PITCH, TP, WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
                                           q * (MROWS / G), MROWS / G, warp + NW * lane, lane);
     r.fill();
 
@@ -567,7 +560,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
         }
     }
 #else
-    (void)set, (void)row_bytes, (void)cols, (void)xq, (void)pf;
+    (void)set, (void)row_bytes, (void)cols, (void)xq;
 #endif
 }
 
@@ -600,8 +593,7 @@ td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
     const cudaError_t e = launch_ex(K::fn(), grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st,
-                                    set, (uint32_t)w->row_bytes, w->cols, *xq,
-                                    mm_prefetch_of(w));
+                                    set, (uint32_t)w->row_bytes, w->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s %s kernel launch (%d members, %lld "
                        "tiles): %s", dtype_name(w->type), K::name(), set.n,

@@ -72,12 +72,6 @@ typedef struct mm_device {
                 * activation rounding before it still runs, streaming weights meanwhile */
 } mm_device;
 
-/* What a product of w requests into L2 as it ends: w->next's weights (16-byte aligned ones,
- * each rounded down to 16 bytes) in order, at most TANDEM_MMPF MiB in all (read once;
- * default MM_PREFETCH_MIB, 0: none). */
-#define MM_PREFETCH_MIB 24
-mm_prefetch mm_prefetch_of(const ops_weight *w);
-
 /* The set of the n (1..MM_SET_MAX) members mm[], of one type and width, in units of
  * unit_rows rows (mm_set, matmul_bulk_addr.h). */
 mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows);
