@@ -250,6 +250,12 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
           xc{0, 0, 0, -1, 0}
     {
     }
+    /* Sets up the CTA's ring barriers, each phase completed by `warps` arrivals; every
+     * thread of the CTA calls it, and returns once they are set up. */
+    static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps)
+    {
+        rings_init((uint64_t *)(smem_ + L::BAR_OFF), WS, XS, warps);
+    }
     __device__ __forceinline__ void weights()
     {
         warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n, row_bytes,
@@ -331,9 +337,10 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     constexpr int PITCH = run_pitch<T>();
     constexpr int WS = L::WS;
     static_assert(WS >= 2, "two weight stages at least");
+    using R = rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    rings_init((uint64_t *)(smem + L::BAR_OFF), WS, XS, CONS);
+    R::init(smem, CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -345,9 +352,8 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
      * stage's full barrier announcing its bytes, so a stage is full when all CONS shares have
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
-    rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
-                                                      c * (MROWS / KSPLIT), MROWS / KSPLIT,
-                                                      warp + CONS * lane, lane);
+    R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
+        warp + CONS * lane, lane);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -473,9 +479,10 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     constexpr int WS = L::WS, XS = L::XS;
     static_assert(WS >= 2, "two weight stages at least");
     constexpr int SPG = KSPLIT / WKS; /* steps per turn of the four chains */
+    using R = rings<T, WKS, PITCH, TP, WS, XS, L>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    rings_init((uint64_t *)(smem + L::BAR_OFF), WS, XS, NW);
+    R::init(smem, NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -485,8 +492,8 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     /* Copies: warp (tau, q) issues rows q * 16 / G .. of tile tau (one lane each) and the
      * activation runs warp + NW * lane (n_tok digit runs, the sums, the scales), then
      * arrives once on the stage's full barrier announcing its bytes. */
-    rings<T, WKS, PITCH, TP, WS, XS, L> r(smem, set, xq, sh, cols, row_bytes, TT, tau,
-                                          q * (MROWS / G), MROWS / G, warp + NW * lane, lane);
+    R r(smem, set, xq, sh, cols, row_bytes, TT, tau, q * (MROWS / G), MROWS / G,
+        warp + NW * lane, lane);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
