@@ -19,7 +19,9 @@
  * folding in registers (prefill: rows give the parallelism, no scratch). */
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
+#include "kernels/cuda/stream_buf.cuh"
 
 #define ATT_SPLIT 128   /* keys per split: the unit of the fixed order */
 #define ATT_KT 16       /* keys per shared-memory tile */
@@ -143,8 +145,10 @@ __device__ __forceinline__ void att_write(const ops_attn &a, int64_t t, int64_t 
  * HD: head_dim known at compile time (0: read from p), so the element index arithmetic
  * (e / D, e % D on every load and output value) is shifts instead of 64-bit divisions; the
  * floating-point arithmetic is the same for every HD. */
-template <int HD> __global__ void __launch_bounds__(ATT_THREADS) att_kernel(att_args p)
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS) att_kernel(bool early, att_args p)
 {
+    pdl_enter(early);
     const ops_attn &a = p.a;
     __shared__ float qs[ATT_ROWS][ATT_MAX_DIM];     /* this block's query rows */
     __shared__ float kv[ATT_KT][ATT_MAX_DIM + 1];   /* a K or V tile; +1 spreads the banks */
@@ -445,8 +449,9 @@ template <typename KT, int N> __device__ __forceinline__ void ats_get(float *out
  * Two blocks per SM: registers capped at 128 (uncapped the kernel took 200, one block per
  * SM, and a 5000-key decode ran 1.2 waves: 39 us); the split variant has no fold registers. */
 template <int HD, typename KT, bool FOLD, int ROWS>
-__global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_sep)
+__global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_args p, int kv_sep)
 {
+    pdl_enter(early);
     typedef ats_geo<HD, KT> G;
     static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ROWS * HD * 4,
                   "the key buffer holds the four chunk sums of the value phase");
@@ -726,8 +731,9 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(att_args p, int kv_
 
 /* Folds the partials of one (query, head) row in split order: block x = t * n_head + h,
  * thread d. Every thread folds the same (max, sum) the in-block path would. */
-__global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
+__global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(bool early, att_args p)
 {
+    pdl_enter(early);
     const ops_attn &a = p.a;
     const int64_t D = a.head_dim, row = blockIdx.x, d = threadIdx.x;
     const int64_t t = row / a.n_head, h = row % a.n_head;
@@ -758,7 +764,7 @@ __global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(att_args p)
     att_write(a, t, h, d, A, L);
 }
 
-typedef void (*ats_fn)(att_args, int);
+typedef void (*ats_fn)(bool, att_args, int);
 
 /* Which staged kernel runs a call, with how much shared memory, and whether keys and values
  * get buffers of their own (copies overlap the scores) or share one (more blocks per SM).
@@ -768,6 +774,7 @@ typedef struct ats_plan {
     size_t smem;  /* dynamic shared memory bytes */
     int kv_sep;   /* 1: separate key and value buffers */
     int rows;     /* (query, head) rows per block: 8 when a kv head has at most 8 */
+    uint64_t *occ; /* fn's occupancy cache (pdl_plan_get) */
 } ats_plan;
 
 template <int HD, typename KT, int ROWS>
@@ -784,7 +791,9 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool
         return TD_OK;
     pl->kv_sep = two <= room && (2 * (two + 2048) <= (size_t)per_sm || blocks < sms);
     pl->smem = pl->kv_sep ? two : one;
+    static uint64_t occ[2][PDL_MAX_DEV];
     pl->fn = fold ? ats_kernel<HD, KT, true, ROWS> : ats_kernel<HD, KT, false, ROWS>;
+    pl->occ = occ[fold ? 0 : 1];
     pl->rows = ROWS;
     if (dev >= 0 && dev < 64 && !opted[dev]) {
         const ats_fn fns[2] = {ats_kernel<HD, KT, true, ROWS>, ats_kernel<HD, KT, false, ROWS>};
@@ -811,6 +820,7 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
                            bool fold, bool few)
 {
     pl->fn = NULL;
+    pl->occ = NULL;
     pl->smem = 0;
     pl->kv_sep = 0;
     pl->rows = ATT_ROWS;
@@ -832,6 +842,26 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     default:
         return TD_OK;
     }
+}
+
+/* The split path's partials, one buffer per (device, stream) (stream_buf.cuh), so a
+ * recorded step has no allocation and free nodes around its attention (either would make the
+ * launches next to it plain ones). While the stream is captured and its buffer is too small
+ * (it grows only outside a capture), the partials come from the stream's pool instead. */
+static stream_bufs g_part = STREAM_BUFS_INIT("attention: split partials");
+
+static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream_t st)
+{
+    *pooled = NULL;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_TRY(cudaStreamIsCapturing(st, &cs));
+    TD_TRY(stream_buf_get(&g_part, st, bytes, cs == cudaStreamCaptureStatusNone, (void **)part,
+                          NULL));
+    if (*part)
+        return TD_OK;
+    TD_TRY(dev_scratch_alloc(pooled, bytes, st, "attention"));
+    *part = (float *)*pooled;
+    return TD_OK;
 }
 
 extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
@@ -879,39 +909,46 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
         z = 1;
     ats_plan plan;
     TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z, !split, p.n_rows <= 8));
+    void *pooled = NULL;
     if (split)
-        TD_TRY(dev_scratch_alloc((void **)&p.part, part_bytes, st, "attention"));
+        TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
+    td_err r = TD_OK;
     if (plan.fn) {
-        dim3 grid((unsigned)((p.n_rows + plan.rows - 1) / plan.rows), (unsigned)a->n_head_kv,
-                  (unsigned)z);
-        plan.fn<<<grid, ATS_THREADS, plan.smem, st>>>(p, plan.kv_sep);
+        const dim3 grid((unsigned)((p.n_rows + plan.rows - 1) / plan.rows),
+                        (unsigned)a->n_head_kv, (unsigned)z);
+        const pdl_plan pp = pdl_plan_get((const void *)plan.fn,
+                                         (uint64_t)grid.x * grid.y * grid.z, ATS_THREADS,
+                                         plan.smem, plan.occ);
+        const cudaError_t e = launch_ex(plan.fn, grid, dim3(ATS_THREADS), plan.smem, pp.pdl, st,
+                                        pp.early, p, plan.kv_sep);
+        cuda_launch_note(1);
+        if (e != cudaSuccess)
+            r = err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
     } else {
-        dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv, split ? (unsigned)p.n_split : 1u);
+        const dim3 grid((unsigned)tiles, (unsigned)a->n_head_kv,
+                        split ? (unsigned)p.n_split : 1u);
+        const dim3 block(ATT_THREADS);
         switch (a->head_dim) {
         case 256:
-            att_kernel<256><<<grid, ATT_THREADS, 0, st>>>(p);
+            r = pdl_launch<att_kernel<256>>("attention", grid, block, 0, st, p);
             break;
         case 128:
-            att_kernel<128><<<grid, ATT_THREADS, 0, st>>>(p);
+            r = pdl_launch<att_kernel<128>>("attention", grid, block, 0, st, p);
             break;
         case 64:
-            att_kernel<64><<<grid, ATT_THREADS, 0, st>>>(p);
+            r = pdl_launch<att_kernel<64>>("attention", grid, block, 0, st, p);
             break;
         default:
-            att_kernel<0><<<grid, ATT_THREADS, 0, st>>>(p);
+            r = pdl_launch<att_kernel<0>>("attention", grid, block, 0, st, p);
             break;
         }
     }
-    cuda_launch_note(1);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && split) {
-        unsigned threads = (unsigned)((a->head_dim + 31) / 32 * 32);
-        att_combine_kernel<<<(unsigned)(a->n_q * a->n_head), threads, 0, st>>>(p);
-        cuda_launch_note(1);
-        e = cudaGetLastError();
+    if (r == TD_OK && split) {
+        const unsigned threads = (unsigned)((a->head_dim + 31) / 32 * 32);
+        r = pdl_launch<att_combine_kernel>("attention combine",
+                                           dim3((unsigned)(a->n_q * a->n_head)), dim3(threads),
+                                           0, st, p);
     }
-    dev_scratch_free(p.part, st);
-    if (e != cudaSuccess)
-        return err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
-    return TD_OK;
+    dev_scratch_free(pooled, st);
+    return r;
 }

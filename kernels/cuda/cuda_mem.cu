@@ -1,6 +1,7 @@
 /* Device memory, copies and streams as td_err calls (kernels/cuda_mem.h). */
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/stream_buf.cuh"
 
 extern "C" {
 #include "kernels/cuda_mem.h"
@@ -159,5 +160,53 @@ extern "C" td_err cuda_stream_sync(ops_stream st)
         (void)cudaGetLastError();
         return err_set(TD_ECUDA, "work on the stream failed: %s", cudaGetErrorString(e));
     }
+    return TD_OK;
+}
+
+td_err stream_buf_get(stream_bufs *t, cudaStream_t st, size_t need, bool grow, void **out,
+                      stream_buf **slot)
+{
+    *out = NULL;
+    if (slot)
+        *slot = NULL;
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    pthread_mutex_lock(&t->lock);
+    stream_buf *s = NULL;
+    for (int i = 0; i < STREAM_BUF_SLOTS && !s; i++)
+        if (t->slot[i].used && t->slot[i].dev == dev && t->slot[i].st == st)
+            s = &t->slot[i];
+    for (int i = 0; i < STREAM_BUF_SLOTS && !s; i++)
+        if (!t->slot[i].used) {
+            s = &t->slot[i];
+            *s = stream_buf{dev, st, NULL, 0, true, ~0ull};
+        }
+    if (!s) {
+        pthread_mutex_unlock(&t->lock);
+        return err_set(TD_ENOMEM, "%s: buffers for more than %d streams", t->what,
+                       STREAM_BUF_SLOTS);
+    }
+    if (s->cap < need && grow) {
+        const size_t cap = (need + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+        if (s->buf)
+            (void)cudaFree(s->buf); /* an error here would be a fault of earlier work; the
+                                     * allocation below reports what matters */
+        s->buf = NULL;
+        s->cap = 0;
+        const cudaError_t e = cudaMalloc(&s->buf, cap);
+        if (e != cudaSuccess) {
+            s->buf = NULL;
+            (void)cudaGetLastError();
+            pthread_mutex_unlock(&t->lock);
+            return err_set(TD_ENOMEM, "%s: %zu bytes of device memory: %s", t->what, cap,
+                           cudaGetErrorString(e));
+        }
+        s->cap = cap;
+    }
+    if (s->cap >= need)
+        *out = s->buf;
+    if (slot)
+        *slot = s;
+    pthread_mutex_unlock(&t->lock);
     return TD_OK;
 }

@@ -23,7 +23,7 @@
  *    then sit in wait beside that wave holding SM slots that other streams (or the other
  *    process under MPS) could use, to save one launch latency against several waves of
  *    work.
- * A kernel launched without the attribute before it (attention, sampling), or a copy, fill,
+ * A kernel launched without the attribute before it (sampling), or a copy, fill,
  * event or graph launch before it, orders it as a plain launch would: programmatic
  * serialization only relaxes the dependency on a preceding kernel. Under stream capture
  * the attribute becomes a programmatic edge between the two kernel nodes

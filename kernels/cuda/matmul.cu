@@ -11,7 +11,6 @@
  * first (cuda_swiglu_matmul). F32 weights (matmul_float.cu) and F16/BF16 weights
  * (matmul_float_mma.cu) take x as it is. */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_round.cuh"
 #include "kernels/cuda/ops_dev.cuh"
+#include "kernels/cuda/stream_buf.cuh"
 
 namespace {
 
@@ -120,69 +120,12 @@ int pad_tokens(int n)
 
 /* --- scratch ------------------------------------------------------------------------------ */
 
-/* One buffer per (device, stream), grown on demand and kept for the process: work on one
- * stream is ordered, so a rounding never overwrites it while a matmul still reads it (the
- * argument for programmatic launches is at matmul_quant_group), and streams running side by
- * side never share one. Growing frees the old buffer (cudaFree waits for the device),
- * so warm up before capturing a CUDA graph. */
-#define MM_SCRATCH_SLOTS 64
-
-typedef struct mm_scratch {
-    int dev;          /* device ordinal */
-    cudaStream_t st;  /* stream the buffer serves */
-    void *buf;        /* device memory */
-    size_t cap;       /* bytes */
-    bool used;
-    /* cuda_launches right after this stream's last quantised matmul kernel launch: still
-     * equal at the next rounding means no counted kernel was launched in between (on any
-     * stream), so the kernel before that rounding is this matmul kernel, which lets its
-     * dependents launch early */
-    unsigned long long mm_mark;
-} mm_scratch;
-
-mm_scratch g_scratch[MM_SCRATCH_SLOTS];
-pthread_mutex_t g_scratch_lock = PTHREAD_MUTEX_INITIALIZER;
-
-td_err scratch_get(cudaStream_t st, size_t need, void **out, mm_scratch **slot)
-{
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    pthread_mutex_lock(&g_scratch_lock);
-    mm_scratch *s = NULL;
-    for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
-        if (g_scratch[i].used && g_scratch[i].dev == dev && g_scratch[i].st == st)
-            s = &g_scratch[i];
-    for (int i = 0; i < MM_SCRATCH_SLOTS && !s; i++)
-        if (!g_scratch[i].used) {
-            s = &g_scratch[i];
-            *s = mm_scratch{dev, st, NULL, 0, true, ~0ull};
-        }
-    if (!s) {
-        pthread_mutex_unlock(&g_scratch_lock);
-        return err_set(TD_ENOMEM, "cuda_matmul: scratch for more than %d streams",
-                       MM_SCRATCH_SLOTS);
-    }
-    if (s->cap < need) {
-        const size_t cap = (need + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-        if (s->buf)
-            cudaFree(s->buf); /* an error here would be a fault of earlier work; the
-                               * allocation below reports what matters */
-        s->buf = NULL;
-        s->cap = 0;
-        cudaError_t e = cudaMalloc(&s->buf, cap);
-        if (e != cudaSuccess) {
-            s->buf = NULL;
-            pthread_mutex_unlock(&g_scratch_lock);
-            return err_set(TD_ENOMEM, "cuda_matmul: %zu bytes of activation scratch: %s", cap,
-                           cudaGetErrorString(e));
-        }
-        s->cap = cap;
-    }
-    *out = s->buf;
-    *slot = s;
-    pthread_mutex_unlock(&g_scratch_lock);
-    return TD_OK;
-}
+/* The rounded activations, one buffer per (device, stream) (stream_buf.cuh). A slot's mark
+ * is mm_mark: cuda_launches right after this stream's last quantised matmul kernel launch;
+ * still equal at the next rounding means no counted kernel was launched in between (on any
+ * stream), so the kernel before that rounding is this matmul kernel, which lets its
+ * dependents launch early. */
+stream_bufs g_scratch = STREAM_BUFS_INIT("cuda_matmul: activation scratch");
 
 size_t align16(size_t n)
 {
@@ -391,8 +334,8 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
     const int64_t cols = mm[qi[0]].w->cols;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;
-    mm_scratch *slot = NULL;
-    TD_TRY(scratch_get(st, xq_layout_of(cols, pad_max).bytes, &buf, &slot));
+    stream_buf *slot = NULL;
+    TD_TRY(stream_buf_get(&g_scratch, st, xq_layout_of(cols, pad_max).bytes, true, &buf, &slot));
     for (int64_t t0 = 0; t0 < n_tok; t0 += MM_CHUNK) {
         const int nc = (int)(n_tok - t0 < MM_CHUNK ? n_tok - t0 : MM_CHUNK);
         const int n_pad = pad_tokens(nc);
@@ -413,17 +356,17 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
                 continue;
             if (plan[i].fused) { /* rounds x itself: reads neither the scratch nor a rounding */
                 TD_TRY(launch_joined(mm, qi, nq, i, plan, done, t0, xc, &q, &dev, st));
-                slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
+                slot->mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
                 continue;
             }
             /* only right after this stream's previous quantised matmul kernel (mm_mark) */
             const bool pdl_x =
-                dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mm_mark;
+                dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mark;
             TD_TRY(round_launch(plan[i], xq, xd, xsum, xc, upc, cols, nc, n_pad, pdl_x, st));
             for (int j = i; j < nq; j++)
                 if (!done[j] && plan_shares_rounding(plan[i], plan[j]))
                     TD_TRY(launch_joined(mm, qi, nq, j, plan, done, t0, xc, &q, &dev, st));
-            slot->mm_mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
+            slot->mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
         }
     }
     return TD_OK;
