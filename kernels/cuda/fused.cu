@@ -19,9 +19,12 @@ __device__ __forceinline__ float fused_softplus(float x)
 
 /* x += h; out = rmsnorm(x) * w; block = one row of dim. A thread's values stay in registers
  * between the two passes (up to FUSED_ROW_VALS each, dim <= 8192; wider rows read x back),
- * and all its loads are issued before its first store: x, h and out may alias as far as the
- * compiler knows, so a load after a store would wait a full round trip each (15.7 us per
- * call on the H200 with 256 threads and loads behind stores). */
+ * and its loads of x and h are issued before its first store: x, h and out may alias as far
+ * as the compiler knows, so a load after a store would wait a full round trip each (15.7 us
+ * per call on the H200 with 256 threads and loads behind stores). w is read while the block
+ * sums (w cannot alias x: it is a weight), not after: a load behind the sum adds a round trip
+ * to every norm (with all three sets of loads up front the kernel spills at its 32
+ * registers). */
 #define FUSED_ROW_VALS 8
 
 __global__ void __launch_bounds__(FUSED_ROW_THREADS)
@@ -34,7 +37,7 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
     const float *hr = h + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     const bool cached = dim <= (int64_t)FUSED_ROW_THREADS * FUSED_ROW_VALS;
-    float v[FUSED_ROW_VALS];
+    float v[FUSED_ROW_VALS], wv[FUSED_ROW_VALS];
     float part = 0;
     if (cached) {
         float a[FUSED_ROW_VALS], b[FUSED_ROW_VALS];
@@ -53,6 +56,11 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
                 part = fmaf(v[j], v[j], part);
             }
         }
+#pragma unroll
+        for (int j = 0; j < FUSED_ROW_VALS; j++) { /* in flight during the block's sum */
+            const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
+            wv[j] = w && i < dim ? w[i] : 1.0f;
+        }
     } else {
         for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS) {
             const float t = __fadd_rn(xr[i], hr[i]);
@@ -63,12 +71,6 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
     const double ss = dev_block_sum((double)part, sh);
     const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
     if (cached) {
-        float wv[FUSED_ROW_VALS];
-#pragma unroll
-        for (int j = 0; j < FUSED_ROW_VALS; j++) {
-            const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
-            wv[j] = w && i < dim ? w[i] : 1.0f;
-        }
 #pragma unroll
         for (int j = 0; j < FUSED_ROW_VALS; j++) {
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
@@ -83,7 +85,17 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
         o[i] = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
 }
 
-/* out = rmsnorm(x) * w * silu(z); block = one row of dim */
+/* out = rmsnorm(x) * w * silu(z); block = one row of dim. Rows of up to FUSED_HEAD_THREADS *
+ * FUSED_HEAD_VALS values are read once, x, z and w together before the block's sum (the gate
+ * silu(z) is made meanwhile); longer rows read them again after it. */
+#define FUSED_HEAD_VALS 4
+
+__device__ __forceinline__ float rmsnorm_silu_one(float x, float inv, const float *w, float wi,
+                                                  float g)
+{
+    return __fmul_rn(w ? __fmul_rn(__fmul_rn(x, inv), wi) : __fmul_rn(x, inv), g);
+}
+
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
 rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, const float *z,
                     int64_t dim, float eps)
@@ -93,15 +105,39 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
     const float *xr = x + (int64_t)blockIdx.x * dim, *zr = z + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     float part = 0;
+    if (dim <= (int64_t)FUSED_HEAD_THREADS * FUSED_HEAD_VALS) {
+        float xv[FUSED_HEAD_VALS], zv[FUSED_HEAD_VALS], wv[FUSED_HEAD_VALS];
+#pragma unroll
+        for (int j = 0; j < FUSED_HEAD_VALS; j++) {
+            const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
+            xv[j] = i < dim ? xr[i] : 0.0f;
+            zv[j] = i < dim ? zr[i] : 0.0f;
+            wv[j] = w && i < dim ? w[i] : 1.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < FUSED_HEAD_VALS; j++) {
+            const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
+            if (i < dim)
+                part = fmaf(xv[j], xv[j], part);
+            zv[j] = __fmul_rn(zv[j], dev_sigmoid(zv[j])); /* the gate */
+        }
+        const double ss = dev_block_sum((double)part, sh); /* every x read before out is written */
+        const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+#pragma unroll
+        for (int j = 0; j < FUSED_HEAD_VALS; j++) {
+            const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
+            if (i < dim)
+                o[i] = rmsnorm_silu_one(xv[j], inv, w, wv[j], zv[j]);
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
         part = fmaf(xr[i], xr[i], part);
     const double ss = dev_block_sum((double)part, sh); /* every x read before out is written */
     const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-    for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS) {
-        const float n = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
-        const float g = __fmul_rn(zr[i], dev_sigmoid(zr[i]));
-        o[i] = __fmul_rn(n, g);
-    }
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
+        o[i] = rmsnorm_silu_one(xr[i], inv, w, w ? w[i] : 1.0f,
+                                __fmul_rn(zr[i], dev_sigmoid(zr[i])));
 }
 
 /* Block b = (token b / (n_head + n_kv), head b % (n_head + n_kv)): a q head (head < n_head)
@@ -120,22 +156,50 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
     const bool is_q = h < n_head;
     float *x = is_q ? q + (t * n_head + h) * q_head : k + (t * n_kv + h - n_head) * hd;
     const float *w = is_q ? q_norm : k_norm;
-    float part = 0;
-    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
-        part = fmaf(x[i], x[i], part);
-    const double ss = dev_block_sum((double)part, sh);
-    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
-    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
-        v[i] = w ? x[i] * inv * w[i] : x[i] * inv;
-    __syncthreads();
+    /* a thread's values, its weights, the position and its angles are all in hand before the
+     * block's sum, so no load or cos/sin waits behind it */
+    constexpr int NV = FUSED_MAX_HD / DEV_NORM_THREADS;
     const int64_t half = n_rot / 2;
-    for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS) {
-        float r = v[i];
+    const double pt = (double)pos[t];
+    float xv[NV], wv[NV], cv[NV], sv[NV];
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int64_t i = threadIdx.x + (int64_t)u * DEV_NORM_THREADS;
+        xv[u] = i < hd ? x[i] : 0.0f;
+        wv[u] = w && i < hd ? w[i] : 1.0f;
+    }
+    float part = 0;
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int64_t i = threadIdx.x + (int64_t)u * DEV_NORM_THREADS;
+        if (i < hd)
+            part = fmaf(xv[u], xv[u], part);
+        cv[u] = 1.0f, sv[u] = 0.0f;
         if (i < 2 * half) {
             const int64_t j = i < half ? i : i - half;
             const double freq = pow((double)theta, -2.0 * (double)j / (double)n_rot);
-            const double ang = (double)pos[t] * freq;
-            const float c = (float)cos(ang), s = (float)sin(ang), a = v[j], b = v[j + half];
+            const double ang = pt * freq;
+            cv[u] = (float)cos(ang), sv[u] = (float)sin(ang);
+        }
+    }
+    const double ss = dev_block_sum((double)part, sh);
+    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int64_t i = threadIdx.x + (int64_t)u * DEV_NORM_THREADS;
+        if (i < hd)
+            v[i] = w ? xv[u] * inv * wv[u] : xv[u] * inv;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < NV; u++) {
+        const int64_t i = threadIdx.x + (int64_t)u * DEV_NORM_THREADS;
+        if (i >= hd)
+            break;
+        float r = v[i];
+        if (i < 2 * half) {
+            const int64_t j = i < half ? i : i - half;
+            const float c = cv[u], s = sv[u], a = v[j], b = v[j + half];
             r = i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s))
                          : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
         }

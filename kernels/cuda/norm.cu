@@ -8,6 +8,15 @@
 
 #define NORM_THREADS DEV_NORM_THREADS
 
+#define NORM_VALS 20 /* values per thread a row keeps in registers (5120 wide rows) */
+
+/* 1 / the norm of a row of dim whose sum of squares is ss */
+__device__ __forceinline__ float norm_inv(double ss, int64_t dim, float eps, int mode)
+{
+    return mode == 0 ? (float)(1.0 / sqrt(ss / (double)dim + (double)eps))
+                     : (float)(1.0 / sqrt(ss + (double)eps));
+}
+
 /* mode 0: RMS norm (mean of squares), 1: L2 norm (sum of squares) */
 __global__ void __launch_bounds__(NORM_THREADS)
 norm_kernel(bool early, float *out, const float *x, const float *w, int64_t dim, int64_t stride,
@@ -18,11 +27,32 @@ norm_kernel(bool early, float *out, const float *x, const float *w, int64_t dim,
     const float *xr = x + (int64_t)blockIdx.x * stride;
     float *o = out + (int64_t)blockIdx.x * stride;
     float part = 0;
+    if (dim <= (int64_t)NORM_THREADS * NORM_VALS) {
+        /* the row and the weights read once, before the block's sum */
+        float xv[NORM_VALS], wv[NORM_VALS];
+#pragma unroll
+        for (int u = 0; u < NORM_VALS; u++) {
+            const int64_t i = threadIdx.x + (int64_t)u * NORM_THREADS;
+            xv[u] = i < dim ? xr[i] : 0.0f;
+            wv[u] = w && i < dim ? w[i] : 1.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_VALS; u++)
+            if (threadIdx.x + (int64_t)u * NORM_THREADS < dim)
+                part = fmaf(xv[u], xv[u], part);
+        const float inv = norm_inv(dev_block_sum((double)part, sh), dim, eps, mode);
+#pragma unroll
+        for (int u = 0; u < NORM_VALS; u++) {
+            const int64_t i = threadIdx.x + (int64_t)u * NORM_THREADS;
+            if (i < dim)
+                o[i] = w ? xv[u] * inv * wv[u] : xv[u] * inv;
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
         part = fmaf(xr[i], xr[i], part);
-    double ss = dev_block_sum((double)part, sh); /* every x is read before any write */
-    float inv = mode == 0 ? (float)(1.0 / sqrt(ss / (double)dim + (double)eps))
-                          : (float)(1.0 / sqrt(ss + (double)eps));
+    /* every x is read before any write */
+    const float inv = norm_inv(dev_block_sum((double)part, sh), dim, eps, mode);
     for (int64_t i = threadIdx.x; i < dim; i += NORM_THREADS)
         o[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
 }
