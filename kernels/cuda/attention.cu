@@ -844,21 +844,27 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     }
 }
 
-/* The split path's partials, one buffer per (device, stream) (stream_buf.cuh), so a
- * recorded step has no allocation and free nodes around its attention (either would make the
- * launches next to it plain ones). While the stream is captured and its buffer is too small
- * (it grows only outside a capture), the partials come from the stream's pool instead. */
+/* The split path's partials: up to ATT_PART_KEEP bytes in one buffer per (device, stream)
+ * (stream_buf.cuh), so a recorded decode or verify step has no allocation and free nodes
+ * around its attention (either would make the launches next to it plain ones); more, or
+ * while the stream is captured before its buffer exists, from the stream's pool as one
+ * allocation per call. The buffer is made at its full size and never grows: growing frees
+ * the old buffer, which a recorded step may still name. */
+#define ATT_PART_KEEP ((size_t)16 << 20) /* a 32K-key decode of 24 heads of 256: 6.3 MB */
 static stream_bufs g_part = STREAM_BUFS_INIT("attention: split partials");
 
 static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream_t st)
 {
+    *part = NULL;
     *pooled = NULL;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    CUDA_TRY(cudaStreamIsCapturing(st, &cs));
-    TD_TRY(stream_buf_get(&g_part, st, bytes, cs == cudaStreamCaptureStatusNone, (void **)part,
-                          NULL));
-    if (*part)
-        return TD_OK;
+    if (bytes <= ATT_PART_KEEP) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_TRY(cudaStreamIsCapturing(st, &cs));
+        TD_TRY(stream_buf_get(&g_part, st, ATT_PART_KEEP, cs == cudaStreamCaptureStatusNone,
+                              (void **)part, NULL));
+        if (*part)
+            return TD_OK;
+    }
     TD_TRY(dev_scratch_alloc(pooled, bytes, st, "attention"));
     *part = (float *)*pooled;
     return TD_OK;

@@ -7,8 +7,9 @@
  * the one before it, launch.cuh), so a kernel never overwrites what an earlier one on the
  * stream still reads, and streams running side by side never share a buffer. A buffer grows
  * on demand and is kept for the process; growing frees the old one (cudaFree waits for the
- * device) and cannot happen while a stream is captured, so a recording must find its buffers
- * grown already (cuda_graph_prepare). */
+ * device) and cannot happen while a stream is captured, nor after a recording that names the
+ * buffer: the matmul buffers are grown to their largest before every capture
+ * (cuda_graph_prepare), attention's is made at its full size once and never grows. */
 #ifndef TANDEM_KERNELS_CUDA_STREAM_BUF_CUH
 #define TANDEM_KERNELS_CUDA_STREAM_BUF_CUH
 
