@@ -858,12 +858,15 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
     *part = NULL;
     *pooled = NULL;
     if (bytes <= ATT_PART_KEEP) {
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        CUDA_TRY(cudaStreamIsCapturing(st, &cs));
-        TD_TRY(stream_buf_get(&g_part, st, ATT_PART_KEEP, cs == cudaStreamCaptureStatusNone,
-                              (void **)part, NULL));
+        TD_TRY(stream_buf_get(&g_part, st, ATT_PART_KEEP, false, (void **)part, NULL));
         if (*part)
             return TD_OK;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone; /* the first call only */
+        CUDA_TRY(cudaStreamIsCapturing(st, &cs));
+        if (cs == cudaStreamCaptureStatusNone) {
+            TD_TRY(stream_buf_get(&g_part, st, ATT_PART_KEEP, true, (void **)part, NULL));
+            return TD_OK;
+        }
     }
     TD_TRY(dev_scratch_alloc(pooled, bytes, st, "attention"));
     *part = (float *)*pooled;

@@ -68,8 +68,7 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
             part = fmaf(t, t, part);
         }
     }
-    const double ss = dev_block_sum((double)part, sh);
-    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
     if (cached) {
 #pragma unroll
         for (int j = 0; j < FUSED_ROW_VALS; j++) {
@@ -121,8 +120,8 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
                 part = fmaf(xv[j], xv[j], part);
             zv[j] = __fmul_rn(zv[j], dev_sigmoid(zv[j])); /* the gate */
         }
-        const double ss = dev_block_sum((double)part, sh); /* every x read before out is written */
-        const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        /* every x read before out is written */
+        const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
 #pragma unroll
         for (int j = 0; j < FUSED_HEAD_VALS; j++) {
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
@@ -133,8 +132,8 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
     }
     for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
         part = fmaf(xr[i], xr[i], part);
-    const double ss = dev_block_sum((double)part, sh); /* every x read before out is written */
-    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    /* every x read before out is written */
+    const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
     for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
         o[i] = rmsnorm_silu_one(xr[i], inv, w, w ? w[i] : 1.0f,
                                 __fmul_rn(zr[i], dev_sigmoid(zr[i])));
@@ -182,8 +181,7 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
             cv[u] = (float)cos(ang), sv[u] = (float)sin(ang);
         }
     }
-    const double ss = dev_block_sum((double)part, sh);
-    const float inv = (float)(1.0 / sqrt(ss / (double)hd + (double)eps));
+    const float inv = dev_rms_inv(dev_block_sum((double)part, sh), hd, eps);
 #pragma unroll
     for (int u = 0; u < NV; u++) {
         const int64_t i = threadIdx.x + (int64_t)u * DEV_NORM_THREADS;
@@ -229,8 +227,7 @@ delta_prep_kernel(bool early, float *gb, float *qkv, const float *alpha, const f
     float part = 0;
     for (int64_t i = threadIdx.x; i < dk; i += FUSED_HEAD_THREADS)
         part = fmaf(x[i], x[i], part);
-    const double ss = dev_block_sum((double)part, sh);
-    const float inv = (float)(1.0 / sqrt(ss + (double)eps));
+    const float inv = dev_l2_inv(dev_block_sum((double)part, sh), eps);
     const bool is_q = head < nk;
     for (int64_t i = threadIdx.x; i < dk; i += FUSED_HEAD_THREADS) {
         const float v = __fmul_rn(x[i], inv);

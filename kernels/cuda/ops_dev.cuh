@@ -81,6 +81,17 @@ template <typename T> __device__ T dev_block_sum(T v, T *sh)
     return sh[32];
 }
 
+/* The scale of an RMS norm over n values whose sum of squares is ss, and of an L2 norm: in
+ * f64 until the end, as the CPU's. */
+__device__ __forceinline__ float dev_rms_inv(double ss, int64_t n, float eps)
+{
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+}
+__device__ __forceinline__ float dev_l2_inv(double ss, float eps)
+{
+    return (float)(1.0 / sqrt(ss + (double)eps));
+}
+
 /* Max of v over the block (NaN ignored unless every value is NaN), as dev_block_sum. */
 __device__ __forceinline__ float dev_block_max(float v, float *sh)
 {
