@@ -42,7 +42,8 @@ int main(void)
 
 #else
 
-#include <cuda_runtime_api.h>
+#define BENCH_NAME "bench_matmul_cuda"
+#include "bench/bench_cuda.h"
 
 #define COPY_BYTES ((size_t)4 << 30)   /* copied per bandwidth run */
 #define ROTATE_BYTES ((size_t)512 << 20) /* weight copies per shape: ~10x an H100/H200 L2 */
@@ -87,55 +88,6 @@ typedef struct result {
     double us[N_TOKS];        /* median time per call, microseconds */
     double us_v[N_VARIANTS];  /* the time of variants[i]; 0: not measured */
 } result;
-
-#define TRY(expr)                                                                            \
-    do {                                                                                     \
-        td_err try_e_ = (expr);                                                              \
-        if (try_e_ != TD_OK) {                                                               \
-            fprintf(stderr, "bench_matmul_cuda: %s: %s\n", #expr, err_msg());                \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
-
-#define CU(expr)                                                                             \
-    do {                                                                                     \
-        cudaError_t cu_e_ = (expr);                                                          \
-        if (cu_e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "bench_matmul_cuda: %s: %s\n", #expr, cudaGetErrorString(cu_e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
-
-static ops_stream st;
-static cudaEvent_t ev0, ev1;
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float rnd(void) /* uniform in [-1, 1) */
-{
-    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
-    return (float)((double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
-/* Elapsed milliseconds between ev0 and ev1 after both were recorded on st. */
-static double elapsed_ms(void)
-{
-    float ms = 0;
-    CU(cudaEventSynchronize(ev1));
-    CU(cudaEventElapsedTime(&ms, ev0, ev1));
-    return ms;
-}
 
 /* Device-to-device copy bandwidth in GB/s (bytes read + bytes written). */
 static double copy_bandwidth(void)

@@ -4,7 +4,7 @@
  * padded cache rows, sliding windows, bidirectional blocks, the output gate, queries that
  * see no key; and the batch invariance greedy speculative decoding needs: a query's output
  * is bit-identical alone (decode), in a verify block, in a long prefill chunk, and under a
- * chain-shaped tree mask. Skips (77) without CUDA or a device. */
+ * chain-shaped tree mask, whatever rows per block the kernel takes. Skips (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -314,6 +314,68 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
     att_host_free(&h);
 }
 
+/* The staged kernel's rows per block (TANDEM_ATT_ROWS=2, 4, 8, 16; by default chosen from
+ * the grid) only share out the work: decode, verify, tree, drafter and folding prefill
+ * calls give the same bits under every size, and agree with the CPU. */
+static void test_attention_rows_per_block_change_no_bit(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        {"decode 1000 qwen35", 1, 24, 4, 256, 999, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0,
+         0},
+        {"verify 16 qwen35", 16, 24, 4, 256, 700, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0, 0},
+        {"drafter 16", 16, 32, 8, 128, 400, OPS_MASK_BIDIRECTIONAL, 0, TD_F32, false, true, 0,
+         0},
+        {"tree 16 f32 256", 16, 8, 2, 256, 300, OPS_MASK_TREE, 0, TD_F32, true, false, 0, 0},
+        {"decode head_dim 64, 3 rows", 1, 3, 1, 64, 900, OPS_MASK_CAUSAL, 0, TD_F32, false,
+         false, 0, 0},
+        /* 512 blocks of 16 rows: each folds its splits itself */
+        {"prefill 256 folding", 256, 32, 8, 64, 200, OPS_MASK_CAUSAL, 0, TD_F16, true, false,
+         0, 0},
+    };
+    static const char *const rows[] = {NULL, "2", "4", "8", "16"};
+    const char *saved = getenv("TANDEM_ATT_ROWS");
+    char *keep = saved ? strdup(saved) : NULL;
+    rng_seed(15);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const att_case *c = &cs[i];
+        att_host h;
+        att_build(c, &h);
+        const int64_t n_out = c->n_q * c->n_head * c->head_dim;
+        float *ref = malloc((size_t)(n_out + 1) * 4);
+        h.a.out = ref;
+        cpu_attention(&h.a);
+        ops_attn d = att_upload(&h);
+        float *first = NULL;
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            if (rows[k])
+                setenv("TANDEM_ATT_ROWS", rows[k], 1);
+            else
+                unsetenv("TANDEM_ATT_ROWS");
+            float *got = att_run(d);
+            char what[96];
+            snprintf(what, sizeof what, "%s, rows %s", c->name, rows[k] ? rows[k] : "auto");
+            if (!first) {
+                if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
+                    fail_msg("attention case %s differs from the CPU", what);
+                first = got;
+            } else {
+                assert_true(check_same_bits(what, got, first, (size_t)n_out * 4));
+                free(got);
+            }
+        }
+        free(first);
+        free(ref);
+        att_dev_free(&d);
+        att_host_free(&h);
+    }
+    if (keep)
+        setenv("TANDEM_ATT_ROWS", keep, 1);
+    else
+        unsetenv("TANDEM_ATT_ROWS");
+    free(keep);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -323,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_attention_verify_blocks_causal_and_tree),
         cmocka_unit_test(test_attention_prefill_windows_and_bidirectional),
         cmocka_unit_test(test_attention_query_is_bit_identical_alone_in_block_and_in_chunk),
+        cmocka_unit_test(test_attention_rows_per_block_change_no_bit),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

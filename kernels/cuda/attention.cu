@@ -107,11 +107,12 @@ __device__ __forceinline__ float att_apply(float A, float acc, float fa, float f
     return fmaf(acc, fb, __fmul_rn(A, fa));
 }
 
-/* One row of a split (a warp): its exact max, p = exp(score - max) in place of the scores
- * (an invisible key's -inf gives 0), and the sum of p in a fixed tree; lane 0 stores max and
- * sum. The one definition of a split's softmax. */
-__device__ __forceinline__ void att_row_softmax(float *row, int nk, int lane, float *m_out,
-                                                float *l_out)
+/* One row of a split (a warp): its exact max, p = exp(score - max) of key c into
+ * p_out[c * p_stride] (in place of the scores with row, 1; an invisible key's -inf gives 0),
+ * and the sum of p in a fixed tree; lane 0 stores max and sum. The one definition of a
+ * split's softmax. */
+__device__ __forceinline__ void att_row_softmax(const float *row, int nk, int lane, float *m_out,
+                                                float *l_out, float *p_out, int p_stride)
 {
     float m = -INFINITY;
     for (int c = lane; c < nk; c += 32)
@@ -121,7 +122,7 @@ __device__ __forceinline__ void att_row_softmax(float *row, int nk, int lane, fl
     for (int c = lane; c < nk; c += 32) {
         const float x = row[c];
         const float pv = x == -INFINITY ? 0.0f : expf(x - m);
-        row[c] = pv;
+        p_out[c * p_stride] = pv;
         l += pv;
     }
     l = dev_warp_sum(l);
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(ATT_THREADS) att_kernel(bool early, att_args p
         __syncthreads();
 
         for (int r = warp; r < nr; r += ATT_THREADS / 32)
-            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r);
+            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r, sc[r], 1);
         __syncthreads();
 
         /* the split's values: each (row, d) sums p * v over the keys in order; a tile whose
@@ -367,12 +368,18 @@ template <int HD, typename KT> struct ats_geo {
     static constexpr int EL = HD / 32;          /* values per lane in the value phase */
 };
 
+/* f32 values per key in the value phase's copy of p: the block's rows, padded so that a
+ * row group's values are 16-byte aligned and a softmax warp's stores spread the banks */
+template <int ROWS> __host__ __device__ constexpr int ats_pt() { return ROWS + 4; }
+
 /* Dynamic shared memory: qs [ROWS][HD] f32 query rows, sc [ROWS][ATT_SPLIT] f32
- * (second-half dot products, then scores, then p), kb [ATT_SPLIT][ROWB] keys, vb values
- * (kb itself when the layout has no room for both: keys are dead once scored). */
+ * (second-half dot products, then scores), pt [ATT_SPLIT][ats_pt] p by key, kb
+ * [ATT_SPLIT][ROWB] keys, vb values (kb itself when the layout has no room for both: keys
+ * are dead once scored). */
 template <int HD, int ROWS> __host__ __device__ constexpr size_t ats_fixed_bytes()
 {
-    return (size_t)ROWS * HD * 4 + (size_t)ROWS * ATT_SPLIT * 4;
+    return (size_t)ROWS * HD * 4 + (size_t)ROWS * ATT_SPLIT * 4 +
+           (size_t)ATT_SPLIT * ats_pt<ROWS>() * 4;
 }
 template <int HD, typename KT> __host__ __device__ constexpr size_t ats_kv_bytes()
 {
@@ -455,12 +462,15 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
     typedef ats_geo<HD, KT> G;
     static_assert(ats_kv_bytes<HD, KT>() >= (size_t)4 * ROWS * HD * 4,
                   "the key buffer holds the four chunk sums of the value phase");
-    static_assert(ATT_SPLIT == 128 && (ROWS == 8 || ROWS == 16) && ROWS <= ATT_ROWS,
+    static_assert(ATT_SPLIT == 128 && (ROWS == 2 || ROWS == 4 || ROWS == 8 || ROWS == 16) &&
+                      ROWS <= ATT_ROWS,
                   "the value phase is 4 key chunks x (2 row groups, or 2 halves of d)");
     const ops_attn &a = p.a;
     extern __shared__ __align__(16) unsigned char ats_smem[];
     float (*qs)[HD] = (float (*)[HD])ats_smem;
     float (*sc)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(ats_smem + (size_t)ROWS * HD * 4);
+    constexpr int PT = ats_pt<ROWS>();
+    float *pt = (float *)(ats_smem + (size_t)ROWS * HD * 4 + (size_t)ROWS * ATT_SPLIT * 4);
     unsigned char *kb = ats_smem + ats_fixed_bytes<HD, ROWS>();
     unsigned char *vb = kv_sep ? kb + ats_kv_bytes<HD, KT>() : kb;
     __shared__ uint32_t vis[ATT_SPLIT];                /* bit r: row r sees the key */
@@ -524,7 +534,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
             ats_stage<HD, KT>(vb, a, a.v, g, k0, nk);
         if (!q_in) {
             /* all loads of a thread issued before any is stored: one round trip */
-            constexpr int QN = ROWS * HD / ATS_THREADS;
+            constexpr int QN = (ROWS * HD + ATS_THREADS - 1) / ATS_THREADS;
             float qv[QN];
 #pragma unroll
             for (int u = 0; u < QN; u++) {
@@ -536,7 +546,8 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
 #pragma unroll
             for (int u = 0; u < QN; u++) {
                 const int e = tid + u * ATS_THREADS;
-                qs[e / HD][e % HD] = qv[u];
+                if (ROWS * HD % ATS_THREADS == 0 || e < ROWS * HD)
+                    qs[e / HD][e % HD] = qv[u];
             }
             q_in = true;
         }
@@ -546,102 +557,146 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
             ats_wait<0>();
         __syncthreads(); /* the keys (and on the first split the query rows) are in */
 
-        /* scores: thread (half hh, key kk) sums q . k over its half of d in order */
+        /* scores: thread (row group rg, half hh, keys kt + j * NKT) sums q . k over its half
+         * of d in order, for RT rows and KP keys (ROWS 16: 2 keys x 8 rows, each query
+         * value loaded serves two keys; else 1 key x ROWS); a warp has one row group and
+         * half, its lanes consecutive keys */
         {
-            const int kk = tid & (ATT_SPLIT - 1), hh = tid / ATT_SPLIT;
-            const uint32_t m = kk < nk ? vis[kk] : 0;
-            float dot[ROWS];
+            constexpr int KP = ROWS == 16 ? 2 : 1;     /* keys per thread */
+            constexpr int RT = ROWS / KP;              /* rows per thread */
+            constexpr int NKT = ATT_SPLIT / KP;        /* threads per (row group, half) */
+            constexpr int PE = 16 / G::EB;             /* values per 16-byte piece */
+            static_assert(2 * NKT * (ROWS / RT) == ATS_THREADS, "one thread per share");
+            const int kt = tid % NKT, hh = (tid / NKT) & 1, rb = tid / (2 * NKT) * RT;
+            uint32_t m[KP];
+            bool live = false;
 #pragma unroll
-            for (int r = 0; r < ROWS; r++)
-                dot[r] = 0;
-            if (m) {
-                constexpr int PE = 16 / G::EB; /* values per 16-byte piece */
-                const unsigned char *krow = kb + kk * G::ROWB + hh * (HD / 2) * G::EB;
+            for (int j = 0; j < KP; j++) {
+                const int kk = kt + j * NKT;
+                m[j] = kk < nk ? vis[kk] >> rb & ((1u << RT) - 1) : 0; /* this thread's rows */
+                live |= m[j] != 0;
+            }
+            float dot[RT][KP];
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+#pragma unroll
+                for (int j = 0; j < KP; j++)
+                    dot[r][j] = 0;
+            if (live) {
+                const unsigned char *krow = kb + kt * G::ROWB + hh * (HD / 2) * G::EB;
 #pragma unroll 2
                 for (int c = 0; c < HD / 2; c += PE) {
-                    float kv8[PE];
-                    ats_get<KT, PE>(kv8, krow + c * G::EB);
+                    float kv[KP][PE];
+#pragma unroll
+                    for (int j = 0; j < KP; j++)
+                        ats_get<KT, PE>(kv[j], krow + j * NKT * G::ROWB + c * G::EB);
                     const int dd = hh * (HD / 2) + c;
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++) {
-                        if (r < nr) {
+                    for (int r = 0; r < RT; r++) {
+                        if (rb + r < nr) {
                             float qv[PE]; /* the row's PE query values: 16-byte loads */
 #pragma unroll
                             for (int i = 0; i < PE; i += 4) {
-                                const float4 q4 = *(const float4 *)&qs[r][dd + i];
+                                const float4 q4 = *(const float4 *)&qs[rb + r][dd + i];
                                 qv[i] = q4.x, qv[i + 1] = q4.y, qv[i + 2] = q4.z, qv[i + 3] = q4.w;
                             }
-                            float d = dot[r];
 #pragma unroll
-                            for (int i = 0; i < PE; i++)
-                                d = fmaf(qv[i], kv8[i], d);
-                            dot[r] = d;
+                            for (int j = 0; j < KP; j++) {
+                                float d = dot[r][j];
+#pragma unroll
+                                for (int i = 0; i < PE; i++)
+                                    d = fmaf(qv[i], kv[j][i], d);
+                                dot[r][j] = d;
+                            }
                         }
                     }
                 }
             }
             if (hh == 1)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    if (r < nr)
-                        sc[r][kk] = dot[r];
+                for (int r = 0; r < RT; r++)
+                    if (rb + r < nr)
+#pragma unroll
+                        for (int j = 0; j < KP; j++)
+                            sc[rb + r][kt + j * NKT] = dot[r][j];
             __syncthreads();
             if (hh == 0)
 #pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    if (r < nr)
-                        sc[r][kk] = (m >> r) & 1 ? __fmul_rn(a.scale, dot[r] + sc[r][kk])
-                                                 : -INFINITY;
+                for (int r = 0; r < RT; r++)
+                    if (rb + r < nr)
+#pragma unroll
+                        for (int j = 0; j < KP; j++) {
+                            float *x = &sc[rb + r][kt + j * NKT];
+                            *x = (m[j] >> r) & 1 ? __fmul_rn(a.scale, dot[r][j] + *x) : -INFINITY;
+                        }
         }
         __syncthreads();
         if (!kv_sep)
             ats_stage<HD, KT>(vb, a, a.v, g, k0, nk); /* into the keys' buffer */
 
         for (int r = warp; r < nr; r += ATS_THREADS / 32)
-            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r);
+            att_row_softmax(sc[r], nk, lane, row_m + r, row_l + r, pt + r, PT);
         ats_wait<0>();
         __syncthreads(); /* p, the split's max and sum and the values are in */
 
         /* values: warp (kc, sub) sums p * v over keys kc*32 .. kc*32+31 in order, for rows
-         * sub*8 .. sub*8+7 and all of d (ROWS 16), or for rows 0..7 and half sub of d (ROWS
-         * 8); then each (row, d) adds the four chunk sums in chunk order. Either way a value
-         * is the same sum: the work split does not change it. */
+         * sub*8 .. sub*8+7 and all of d (ROWS 16), or for rows 0..ROWS-1 and half sub of d
+         * (ROWS 2, 4, 8); then each (row, d) adds the four chunk sums in chunk order. Either
+         * way a value is the same sum: the work split does not change it. */
         {
+            constexpr int RV = ROWS < 8 ? ROWS : 8;              /* rows per warp */
             constexpr int DL = ROWS == 16 ? G::EL : G::EL / 2; /* values of d per lane */
             const int kc = warp & 3, sub = warp >> 2;
             const int rb = ROWS == 16 ? sub * 8 : 0;
             const int dv = ROWS == 16 ? d0 : sub * (HD / 2) + lane * DL;
             const bool on = rb < nr;
-            float c[8][DL];
+            float c[RV][DL];
 #pragma unroll
-            for (int i = 0; i < 8; i++)
+            for (int i = 0; i < RV; i++)
 #pragma unroll
                 for (int j = 0; j < DL; j++)
                     c[i][j] = 0;
             const int ke = nk < kc * 32 + 32 ? nk : kc * 32 + 32;
             if (on) {
-                for (int kk = kc * 32; kk < ke; kk++) {
-                    float pr[8];
-                    bool any = false, all = true;
+                /* lane l finds which of the warp's rows have p != 0 for key kc*32 + l: some
+                 * (the key adds something) and all (no row needs the zero test) */
+                bool any = false, all = true;
+                if (kc * 32 + lane < nk)
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        pr[i] = rb + i < nr ? sc[rb + i][kk] : 0.0f;
-                        any |= pr[i] != 0.0f;
-                        all &= rb + i >= nr || pr[i] != 0.0f;
+                    for (int i = 0; i < RV; i++) {
+                        const bool nz = rb + i < nr && pt[(kc * 32 + lane) * PT + rb + i] != 0.0f;
+                        any |= nz;
+                        all &= rb + i >= nr || nz;
                     }
-                    if (!any) /* an invisible key adds nothing */
+                const uint32_t any_m = __ballot_sync(0xffffffffu, any);
+                const uint32_t all_m = __ballot_sync(0xffffffffu, all);
+                for (int kk = kc * 32; kk < ke; kk++) {
+                    const uint32_t bit = 1u << (kk - kc * 32);
+                    if (!(any_m & bit)) /* an invisible key adds nothing */
                         continue;
+                    float pr[RV]; /* rows past nr: never stored, never used */
+                    const float *pk = pt + kk * PT + rb;
+                    if constexpr (RV % 4 == 0) {
+#pragma unroll
+                        for (int i = 0; i < RV; i += 4) {
+                            const float4 p4 = *(const float4 *)(pk + i);
+                            pr[i] = p4.x, pr[i + 1] = p4.y, pr[i + 2] = p4.z, pr[i + 3] = p4.w;
+                        }
+                    } else {
+                        const float2 p2 = *(const float2 *)pk;
+                        pr[0] = p2.x, pr[1] = p2.y;
+                    }
                     float v[DL];
                     ats_get<KT, DL>(v, vb + kk * G::ROWB + dv * G::EB);
-                    if (all) { /* every row of the warp sees the key (rows past nr: unused) */
+                    if (all_m & bit) { /* every row of the warp sees the key */
 #pragma unroll
-                        for (int i = 0; i < 8; i++)
+                        for (int i = 0; i < RV; i++)
 #pragma unroll
                             for (int j = 0; j < DL; j++)
                                 c[i][j] = fmaf(pr[i], v[j], c[i][j]);
                     } else {
 #pragma unroll
-                        for (int i = 0; i < 8; i++)
+                        for (int i = 0; i < RV; i++)
 #pragma unroll
                             for (int j = 0; j < DL; j++)
                                 c[i][j] = pr[i] != 0.0f ? fmaf(pr[i], v[j], c[i][j]) : c[i][j];
@@ -652,7 +707,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
             float *cs = (float *)kb; /* [4][ROWS][HD] */
             if (on)
 #pragma unroll
-                for (int i = 0; i < 8; i++)
+                for (int i = 0; i < RV; i++)
                     if (rb + i < nr)
 #pragma unroll
                         for (int j = 0; j < DL; j++)
@@ -773,7 +828,6 @@ typedef struct ats_plan {
     ats_fn fn;
     size_t smem;  /* dynamic shared memory bytes */
     int kv_sep;   /* 1: separate key and value buffers */
-    int rows;     /* (query, head) rows per block: 8 when a kv head has at most 8 */
     uint64_t *occ; /* fn's occupancy cache (pdl_plan_get) */
 } ats_plan;
 
@@ -794,7 +848,6 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool
     static uint64_t occ[2][PDL_MAX_DEV];
     pl->fn = fold ? ats_kernel<HD, KT, true, ROWS> : ats_kernel<HD, KT, false, ROWS>;
     pl->occ = occ[fold ? 0 : 1];
-    pl->rows = ROWS;
     if (dev >= 0 && dev < 64 && !opted[dev]) {
         const ats_fn fns[2] = {ats_kernel<HD, KT, true, ROWS>, ats_kernel<HD, KT, false, ROWS>};
         for (int i = 0; i < 2; i++) {
@@ -810,20 +863,28 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool
 }
 
 template <int HD, typename KT>
-static td_err ats_plan_rows(ats_plan *pl, int dev, int sms, long long blocks, bool fold, bool few)
+static td_err ats_plan_rows(ats_plan *pl, int dev, int sms, long long blocks, bool fold, int rows)
 {
-    return few ? ats_plan_of<HD, KT, 8>(pl, dev, sms, blocks, fold)
-               : ats_plan_of<HD, KT, 16>(pl, dev, sms, blocks, fold);
+    switch (rows) {
+    case 2:
+        return ats_plan_of<HD, KT, 2>(pl, dev, sms, blocks, fold);
+    case 4:
+        return ats_plan_of<HD, KT, 4>(pl, dev, sms, blocks, fold);
+    case 8:
+        return ats_plan_of<HD, KT, 8>(pl, dev, sms, blocks, fold);
+    default:
+        return ats_plan_of<HD, KT, 16>(pl, dev, sms, blocks, fold);
+    }
 }
 
+/* rows: (query, head) rows per block, 2, 4, 8 or 16 */
 static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, long long blocks,
-                           bool fold, bool few)
+                           bool fold, int rows)
 {
     pl->fn = NULL;
     pl->occ = NULL;
     pl->smem = 0;
     pl->kv_sep = 0;
-    pl->rows = ATT_ROWS;
     const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
     if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
         a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
@@ -831,17 +892,48 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     const bool f16 = a->kv_type == TD_F16;
     switch (a->head_dim) {
     case 256:
-        return f16 ? ats_plan_rows<256, __half>(pl, dev, sms, blocks, fold, few)
-                   : ats_plan_rows<256, float>(pl, dev, sms, blocks, fold, few);
+        return f16 ? ats_plan_rows<256, __half>(pl, dev, sms, blocks, fold, rows)
+                   : ats_plan_rows<256, float>(pl, dev, sms, blocks, fold, rows);
     case 128:
-        return f16 ? ats_plan_rows<128, __half>(pl, dev, sms, blocks, fold, few)
-                   : ats_plan_rows<128, float>(pl, dev, sms, blocks, fold, few);
+        return f16 ? ats_plan_rows<128, __half>(pl, dev, sms, blocks, fold, rows)
+                   : ats_plan_rows<128, float>(pl, dev, sms, blocks, fold, rows);
     case 64:
-        return f16 ? ats_plan_rows<64, __half>(pl, dev, sms, blocks, fold, few)
-                   : ats_plan_rows<64, float>(pl, dev, sms, blocks, fold, few);
+        return f16 ? ats_plan_rows<64, __half>(pl, dev, sms, blocks, fold, rows)
+                   : ats_plan_rows<64, float>(pl, dev, sms, blocks, fold, rows);
     default:
         return TD_OK;
     }
+}
+
+/* The staged kernel's grid z for row_blocks blocks of rows: one when the block folds all
+ * splits itself, else about four blocks per SM, at most one per split. */
+static long long ats_z(long long row_blocks, int64_t n_split, bool split, int sms)
+{
+    long long z = split ? (4LL * sms + row_blocks - 1) / row_blocks : 1;
+    if (z > n_split)
+        z = n_split;
+    return z < 1 ? 1 : z;
+}
+
+/* (query, head) rows per block of the staged kernel: 16, or 8 when a kv head has no more;
+ * with split partials, halved (down to 2) while the grid would leave SMs without a block
+ * (a 1K-key decode of 6 rows per kv head: 4 x 8 blocks of 8 rows, 96 of 2, each a third of
+ * the work and the same copies from L2). TANDEM_ATT_ROWS=2|4|8|16 forces a size, to
+ * measure and to test (read on every call). The rows of a block never change a result. */
+static int ats_rows(int64_t n_rows, int64_t n_head_kv, int64_t n_split, bool split, int sms)
+{
+    const char *e = getenv("TANDEM_ATT_ROWS");
+    const int forced = e ? atoi(e) : 0;
+    if (forced == 2 || forced == 4 || forced == 8 || forced == 16)
+        return forced;
+    int rows = n_rows <= 8 ? 8 : 16;
+    while (split && rows > 2) {
+        const long long rb = (n_rows + rows - 1) / rows * n_head_kv;
+        if (rb * ats_z(rb, n_split, split, sms) >= sms)
+            break;
+        rows /= 2;
+    }
+    return rows;
 }
 
 /* The split path's partials: up to ATT_PART_KEEP bytes in one buffer per (device, stream)
@@ -910,21 +1002,20 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     const size_t part_bytes =
         (size_t)p.n_split * (size_t)(a->n_q * a->n_head) * (size_t)(a->head_dim + 2) * sizeof(float);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
-    /* staged kernel: splits beyond the grid's z are taken by its blocks in turn */
-    long long z = split ? (4LL * sms + row_blocks - 1) / row_blocks : 1;
-    if (z > p.n_split)
-        z = p.n_split;
-    if (z < 1)
-        z = 1;
+    /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
+     * turn */
+    const int rows = ats_rows(p.n_rows, a->n_head_kv, p.n_split, split, sms);
+    const long long ats_row_blocks = (p.n_rows + rows - 1) / rows * a->n_head_kv;
+    const long long z = ats_z(ats_row_blocks, p.n_split, split, sms);
     ats_plan plan;
-    TD_TRY(ats_plan_for(&plan, a, dev, sms, row_blocks * z, !split, p.n_rows <= 8));
+    TD_TRY(ats_plan_for(&plan, a, dev, sms, ats_row_blocks * z, !split, rows));
     void *pooled = NULL;
     if (split)
         TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
     td_err r = TD_OK;
     if (plan.fn) {
-        const dim3 grid((unsigned)((p.n_rows + plan.rows - 1) / plan.rows),
-                        (unsigned)a->n_head_kv, (unsigned)z);
+        const dim3 grid((unsigned)((p.n_rows + rows - 1) / rows), (unsigned)a->n_head_kv,
+                        (unsigned)z);
         const pdl_plan pp = pdl_plan_get((const void *)plan.fn,
                                          (uint64_t)grid.x * grid.y * grid.z, ATS_THREADS,
                                          plan.smem, plan.occ);

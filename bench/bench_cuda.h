@@ -1,0 +1,69 @@
+/* What the CUDA benchmarks share: error exits naming the program (BENCH_NAME), a
+ * reproducible random source, the median of runs and CUDA event timing on one stream.
+ * Included by one source file per program (static definitions). */
+#ifndef TANDEM_BENCH_CUDA_H
+#define TANDEM_BENCH_CUDA_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#include "common/err.h"
+#include "kernels/ops.h"
+
+#ifndef BENCH_NAME
+#error "define BENCH_NAME (the program's name, for error messages) before bench_cuda.h"
+#endif
+
+#define TRY(expr)                                                                            \
+    do {                                                                                     \
+        td_err try_e_ = (expr);                                                              \
+        if (try_e_ != TD_OK) {                                                               \
+            fprintf(stderr, BENCH_NAME ": %s: %s\n", #expr, err_msg());                      \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#define CU(expr)                                                                             \
+    do {                                                                                     \
+        cudaError_t cu_e_ = (expr);                                                          \
+        if (cu_e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, BENCH_NAME ": %s: %s\n", #expr, cudaGetErrorString(cu_e_));      \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static ops_stream st;
+static cudaEvent_t ev0, ev1;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float rnd(void) /* uniform in [-1, 1) */
+{
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return (float)((double)((rng * 0x2545F4914F6CDD1Dull) >> 11) * 0x1p-52 - 1.0);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Elapsed milliseconds between ev0 and ev1 after both were recorded on st. */
+static double elapsed_ms(void)
+{
+    float ms = 0;
+    CU(cudaEventSynchronize(ev1));
+    CU(cudaEventElapsedTime(&ms, ev0, ev1));
+    return ms;
+}
+
+#endif
