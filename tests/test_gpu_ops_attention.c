@@ -168,14 +168,23 @@ static float *att_run(ops_attn d)
  * masking, scaling or indexing mistake, which moves outputs by ~1e-2 or more. */
 #define ATT_ATOL 2e-5f
 
+/* Builds case c into h and returns the CPU's output for it (n_out values). */
+static float *att_reference(const att_case *c, att_host *h, int64_t *n_out)
+{
+    att_build(c, h);
+    *n_out = c->n_q * c->n_head * c->head_dim;
+    float *ref = malloc((size_t)(*n_out + 1) * 4);
+    assert_non_null(ref);
+    h->a.out = ref;
+    cpu_attention(&h->a);
+    return ref;
+}
+
 static void att_check(const att_case *c)
 {
     att_host h;
-    att_build(c, &h);
-    const int64_t n_out = c->n_q * c->n_head * c->head_dim;
-    float *ref = malloc((size_t)(n_out + 1) * 4);
-    h.a.out = ref;
-    cpu_attention(&h.a);
+    int64_t n_out = 0;
+    float *ref = att_reference(c, &h, &n_out);
     ops_attn d = att_upload(&h);
     float *got = att_run(d);
     if (!check_close(c->name, got, ref, n_out, 0, ATT_ATOL))
@@ -340,11 +349,8 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const att_case *c = &cs[i];
         att_host h;
-        att_build(c, &h);
-        const int64_t n_out = c->n_q * c->n_head * c->head_dim;
-        float *ref = malloc((size_t)(n_out + 1) * 4);
-        h.a.out = ref;
-        cpu_attention(&h.a);
+        int64_t n_out = 0;
+        float *ref = att_reference(c, &h, &n_out);
         ops_attn d = att_upload(&h);
         float *first = NULL;
         for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
