@@ -403,12 +403,17 @@ __device__ __forceinline__ void ats_stage(unsigned char *buf, const ops_attn &a,
                                           int64_t g, int64_t k0, int nk)
 {
     typedef ats_geo<HD, KT> G;
-    const unsigned char *src = (const unsigned char *)base;
-    for (int e = threadIdx.x; e < nk * G::CH; e += ATS_THREADS) {
-        const int kk = e / G::CH, c = e % G::CH;
-        ats_cp16(buf + kk * G::ROWB + c * 16,
-                 src + ((k0 + kk) * a.kv_tok_stride + g * a.kv_head_stride) * G::EB + c * 16);
-    }
+    static_assert(ATS_THREADS % G::CH == 0, "a thread copies the same piece of every row it copies");
+    /* thread t copies piece t % CH of keys t / CH, t / CH + KS, ...: one address step each */
+    constexpr int KS = ATS_THREADS / G::CH;
+    const int c = threadIdx.x % G::CH;
+    int kk = threadIdx.x / G::CH;
+    const int64_t step = (int64_t)KS * a.kv_tok_stride * G::EB;
+    const unsigned char *src = (const unsigned char *)base +
+                               ((k0 + kk) * a.kv_tok_stride + g * a.kv_head_stride) * G::EB + c * 16;
+    unsigned char *dst = buf + kk * G::ROWB + c * 16;
+    for (; kk < nk; kk += KS, src += step, dst += KS * G::ROWB)
+        ats_cp16(dst, src);
     ats_commit();
 }
 
@@ -584,20 +589,20 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
                     dot[r][j] = 0;
             if (live) {
                 const unsigned char *krow = kb + kt * G::ROWB + hh * (HD / 2) * G::EB;
+                const float *qrow = &qs[rb][hh * (HD / 2)]; /* row rb + r at qrow + r * HD */
 #pragma unroll 2
                 for (int c = 0; c < HD / 2; c += PE) {
                     float kv[KP][PE];
 #pragma unroll
                     for (int j = 0; j < KP; j++)
                         ats_get<KT, PE>(kv[j], krow + j * NKT * G::ROWB + c * G::EB);
-                    const int dd = hh * (HD / 2) + c;
 #pragma unroll
                     for (int r = 0; r < RT; r++) {
                         if (rb + r < nr) {
                             float qv[PE]; /* the row's PE query values: 16-byte loads */
 #pragma unroll
                             for (int i = 0; i < PE; i += 4) {
-                                const float4 q4 = *(const float4 *)&qs[rb + r][dd + i];
+                                const float4 q4 = *(const float4 *)(qrow + r * HD + c + i);
                                 qv[i] = q4.x, qv[i + 1] = q4.y, qv[i + 2] = q4.z, qv[i + 3] = q4.w;
                             }
 #pragma unroll
