@@ -1010,7 +1010,8 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
      * turn */
     const int rows = ats_rows(p.n_rows, a->n_head_kv, p.n_split, split, sms);
-    const long long ats_row_blocks = (p.n_rows + rows - 1) / rows * a->n_head_kv;
+    const long long ats_tiles = (p.n_rows + rows - 1) / rows;
+    const long long ats_row_blocks = ats_tiles * a->n_head_kv;
     const long long z = ats_z(ats_row_blocks, p.n_split, split, sms);
     ats_plan plan;
     TD_TRY(ats_plan_for(&plan, a, dev, sms, ats_row_blocks * z, !split, rows));
@@ -1019,8 +1020,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
         TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
     td_err r = TD_OK;
     if (plan.fn) {
-        const dim3 grid((unsigned)((p.n_rows + rows - 1) / rows), (unsigned)a->n_head_kv,
-                        (unsigned)z);
+        const dim3 grid((unsigned)ats_tiles, (unsigned)a->n_head_kv, (unsigned)z);
         const pdl_plan pp = pdl_plan_get((const void *)plan.fn,
                                          (uint64_t)grid.x * grid.y * grid.z, ATS_THREADS,
                                          plan.smem, plan.occ);
