@@ -57,11 +57,7 @@ static const att_case cases[] = {
 static void *rand_dev(td_dtype t, size_t n)
 {
     const size_t eb = t == TD_F16 ? 2 : 4;
-    void *h = malloc(n * eb), *d = NULL;
-    if (!h) {
-        fprintf(stderr, BENCH_NAME ": out of host memory\n");
-        exit(1);
-    }
+    void *h = bench_alloc(n * eb), *d = NULL;
     for (size_t i = 0; i < n; i++) {
         const float x = rnd();
         if (t == TD_F16)
@@ -92,11 +88,7 @@ static double bench_case(const att_case *c, int calls, double *bytes)
         k[i] = rand_dev(c->kv_type, (size_t)(c->n_kv * kvw));
         v[i] = rand_dev(c->kv_type, (size_t)(c->n_kv * kvw));
     }
-    int32_t *hpos = malloc((size_t)c->n_kv * sizeof *hpos);
-    if (!hpos) {
-        fprintf(stderr, BENCH_NAME ": out of host memory\n");
-        exit(1);
-    }
+    int32_t *hpos = bench_alloc((size_t)c->n_kv * sizeof *hpos);
     for (int64_t i = 0; i < c->n_kv; i++)
         hpos[i] = (int32_t)i;
     int32_t *kpos = NULL;

@@ -1,6 +1,7 @@
 /* What the CUDA benchmarks share: error exits naming the program (BENCH_NAME), a
- * reproducible random source, the median of runs and CUDA event timing on one stream.
- * Included by one source file per program (static definitions). */
+ * reproducible random source, host allocation that exits when memory runs out, the median of
+ * runs and CUDA event timing on one stream. Included by one source file per program (static
+ * definitions). */
 #ifndef TANDEM_BENCH_CUDA_H
 #define TANDEM_BENCH_CUDA_H
 
@@ -34,6 +35,17 @@
             exit(1);                                                                         \
         }                                                                                    \
     } while (0)
+
+/* malloc that exits with a message when the host is out of memory */
+static void *bench_alloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, BENCH_NAME ": out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
 
 static ops_stream st;
 static cudaEvent_t ev0, ev1;

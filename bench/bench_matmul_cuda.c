@@ -129,12 +129,8 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
 
     /* 16 random rows, quantised on the host */
     enum { TILE = 16 };
-    float *f = malloc((size_t)s->cols * sizeof(float));
-    uint8_t *tile = malloc(TILE * rb);
-    if (!f || !tile) {
-        fprintf(stderr, "bench_matmul_cuda: out of host memory\n");
-        exit(1);
-    }
+    float *f = bench_alloc((size_t)s->cols * sizeof(float));
+    uint8_t *tile = bench_alloc(TILE * rb);
     for (int r = 0; r < TILE; r++) {
         for (int64_t i = 0; i < s->cols; i++)
             f[i] = rnd();
@@ -209,11 +205,7 @@ static void io_init(float **dx, float **dy)
         max_cols = shapes[i].cols > max_cols ? shapes[i].cols : max_cols;
         max_rows = shapes[i].rows > max_rows ? shapes[i].rows : max_rows;
     }
-    float *hx = malloc((size_t)(MAX_TOK * max_cols) * sizeof(float));
-    if (!hx) {
-        fprintf(stderr, "bench_matmul_cuda: out of host memory\n");
-        exit(1);
-    }
+    float *hx = bench_alloc((size_t)(MAX_TOK * max_cols) * sizeof(float));
     for (int64_t i = 0; i < MAX_TOK * max_cols; i++)
         hx[i] = rnd();
     TRY(cuda_mem_alloc((void **)dx, (size_t)(MAX_TOK * max_cols) * sizeof(float)));
