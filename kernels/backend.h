@@ -94,10 +94,7 @@ struct ops_backend {
                            const float *k_norm, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
                            int64_t head_dim, int64_t q_head, int64_t n_rot, const int32_t *pos,
                            float theta, float eps);
-    td_err (*delta_prep)(const ops_backend *be, float *gb, float *qkv, const float *alpha,
-                         const float *beta, const float *dt_bias, const float *ssm_a,
-                         int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
-                         int64_t qkv_stride, float eps);
+    td_err (*deltanet_in)(const ops_backend *be, const ops_dn_in *p);
     td_err (*softcap)(const ops_backend *be, float *out, const float *x, float cap, int64_t n);
     /* idx[n_rows] = cpu_argmax of each row of x[n_rows][n] */
     td_err (*argmax)(const ops_backend *be, int32_t *idx, const float *x, int64_t n_rows,

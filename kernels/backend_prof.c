@@ -14,7 +14,7 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTA_PREP, PF_TO_F16, PF_KV_STORE,
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_N_OPS
 } pf_op;
@@ -23,7 +23,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "delta_prep", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
+    "rmsnorm_silu", "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
     "conv1d_silu", "swiglu_matmul", "qk_norm_rope", "delta_rule_many",
 };
 
@@ -373,14 +373,9 @@ static td_err pf_rmsnorm_silu(const ops_backend *be, float *out, const float *x,
     PF_TIMED(PF_RMSNORM_SILU, in->rmsnorm_silu(in, out, x, w, z, n_rows, dim, eps));
 }
 
-static td_err pf_delta_prep(const ops_backend *be, float *gb, float *qkv, const float *alpha,
-                            const float *beta, const float *dt_bias, const float *ssm_a,
-                            int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
-                            int64_t qkv_stride, float eps)
+static td_err pf_deltanet_in(const ops_backend *be, const ops_dn_in *p)
 {
-    PF_TIMED(PF_DELTA_PREP,
-             in->delta_prep(in, gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head,
-                            d_k, qkv_stride, eps));
+    PF_TIMED(PF_DELTANET_IN, in->deltanet_in(in, p));
 }
 
 static td_err pf_softcap(const ops_backend *be, float *out, const float *x, float cap, int64_t n)
@@ -490,7 +485,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;
     b->rmsnorm_silu = pf_rmsnorm_silu;
-    b->delta_prep = pf_delta_prep;
+    b->deltanet_in = pf_deltanet_in;
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;
     b->accept_greedy = pf_accept_greedy;

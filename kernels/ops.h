@@ -289,11 +289,18 @@ typedef struct ops_delta {
     float *state_all;   /* NULL, or [n_tok][n_v_head][d_k][d_v]: state after every token */
     float *out;         /* [n_tok][n_v_head][d_v], contiguous; NULL: not written (a replay
                          * that only wants the state) */
+
+    /* Optional gated RMSNorm of the output (Gated DeltaNet's y), one launch with the
+     * recurrence on the GPU: with norm_z set, out ends as cpu_rmsnorm_silu(out, out, norm_w,
+     * norm_z, n_tok * n_v_head, d_v, norm_eps) makes it; out must then be set. */
+    const float *norm_w; /* [d_v] or NULL (no weight) */
+    const float *norm_z; /* [n_tok][n_v_head][d_v] contiguous, the gate's input; NULL: no norm */
+    float norm_eps;
 } ops_delta;
 
 /* Gated delta rule, per token and value head h with S = state[h]:
  * S = exp(g) S; kv = S^T k; S += k (x) (beta (v - kv)); o = S^T q. q, k are used as given
- * (normalise and scale them first). */
+ * (normalise and scale them first). Then the gated norm when d->norm_z is set. */
 void cpu_delta_rule(const ops_delta *d);
 /* d[0..n-1], recurrences that share no memory (a rollback's replay of every layer): each as
  * cpu_delta_rule. */
@@ -345,6 +352,33 @@ void cpu_swiglu_matmul(float *y, float *gate, const float *up, const ops_weight 
 void cpu_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
                     const float *dt_bias, const float *ssm_a, int64_t n_tok, int64_t n_v_head,
                     int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps);
+
+/* Gated DeltaNet's recurrence inputs from its projections, in one pass (one launch on the
+ * GPU): alpha = h . w_alpha^T and beta = h . w_beta^T (cpu_matmul, F32 weights), qkv =
+ * conv1d_silu(raw) with the carried window (cpu_conv1d_silu, no state_all), then
+ * cpu_delta_prep(gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head, d_k, n_ch,
+ * eps). */
+typedef struct ops_dn_in {
+    int64_t n_tok;
+    const float *h;             /* [n_tok][w_alpha->cols] the layer's normed input */
+    const ops_weight *w_alpha;  /* [n_v_head][cols] (ssm_alpha), any weight type */
+    const ops_weight *w_beta;   /* [n_v_head][cols] (ssm_beta), as w_alpha */
+    float *alpha, *beta;        /* [n_tok][n_v_head] each: the projections (the CPU's scratch;
+                                 * the GPU may leave them unwritten) */
+    const float *raw;           /* token t at raw + t*raw_stride, [n_ch]: the conv input */
+    int64_t raw_stride;         /* elements */
+    const float *conv_w;        /* [n_ch][conv_k] */
+    float *conv_state;          /* [conv_k - 1][n_ch], advanced by n_tok */
+    int64_t n_ch, conv_k;       /* channels (q, k, v of every head), taps */
+    float *qkv;                 /* [n_tok][n_ch] out: q and k normed (q scaled), v */
+    float *gb;                  /* [n_tok][2][n_v_head] out: g, then beta (cpu_delta_prep) */
+    const float *dt_bias;       /* [n_v_head] */
+    const float *ssm_a;         /* [n_v_head] */
+    int64_t n_v_head, n_k_head, d_k; /* heads; values per q/k head (q, k: channels 0..2*n_k_head*d_k) */
+    float eps;
+} ops_dn_in;
+
+void cpu_deltanet_in(const ops_dn_in *p);
 
 /* ---------------------------------------------------------------------------------------
  * Sampling (kernels/cpu/sample.c)
@@ -479,6 +513,10 @@ td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k
                          float eps, ops_stream st);
 td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
                          int64_t n_rows, int64_t dim, float eps, ops_stream st);
+/* cpu_deltanet_in: one launch where conv_k is 4, d_k <= 128, n_tok <= 64 and both
+ * projections are F32 of one shape (else the matmul, conv1d_silu and delta_prep launches; the
+ * same bits either way). */
+td_err cuda_deltanet_in(const ops_dn_in *p, ops_stream st);
 td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta,
                        const float *dt_bias, const float *ssm_a, int64_t n_tok,
                        int64_t n_v_head, int64_t n_k_head, int64_t d_k, int64_t qkv_stride,

@@ -419,6 +419,65 @@ static void test_delta_rule_matches_cpu_and_is_token_invariant(void **state)
     }
 }
 
+/* The delta rule with its gated norm (ops_delta.norm_z): the bits of cuda_delta_rule then
+ * cuda_rmsnorm_silu, whether one launch runs both (one token, a head that fits a block: d_k
+ * 128 and a generic d_k, with and without a weight) or not (several tokens, d_v 200), and
+ * cpu_delta_rule's result within the plain rule's tolerance. */
+static void test_delta_rule_with_norm_is_the_rule_then_the_norm(void **state)
+{
+    (void)state;
+    static const int64_t cs[][6] = {{2, 6, 128, 128, 9, 1}, {1, 3, 16, 40, 1, 0},
+                                    {16, 48, 128, 128, 1, 1}, {1, 2, 16, 200, 1, 1},
+                                    {2, 4, 128, 96, 1, 0}, {1, 3, 16, 40, 4, 1}};
+    rng_seed(8);
+    for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        const int64_t nk = cs[c][0], nv = cs[c][1], dk = cs[c][2], dv = cs[c][3], T = cs[c][4];
+        const int64_t qs = nk * dk, vs = nv * dv, ns = nv * dk * dv;
+        float *q = rng_floats(T * qs, 0.1f), *k = rng_floats(T * qs, 0.1f);
+        float *v = rng_floats(T * vs, 1), *g = rng_floats(T * nv, 1), *b = rng_floats(T * nv, 1);
+        float *z = rng_floats(T * vs, 2), *w = rng_floats(dv, 1), *s0 = rng_floats(ns, 0.5f);
+        for (int64_t i = 0; i < T * nv; i++)
+            g[i] = -fabsf(g[i]) * 0.3f, b[i] = 0.5f + 0.5f * b[i];
+        ops_delta d = {.n_tok = T, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv,
+                       .q_tok_stride = qs, .k_tok_stride = qs, .v_tok_stride = vs,
+                       .norm_eps = 1e-6f};
+        ops_delta r = d;
+        float *rst = malloc((size_t)ns * 4), *rout = malloc((size_t)(T * vs) * 4);
+        memcpy(rst, s0, (size_t)ns * 4);
+        r.q = q, r.k = k, r.v = v, r.g = g, r.beta = b, r.state = rst, r.out = rout;
+        r.norm_z = z, r.norm_w = cs[c][5] ? w : NULL;
+        cpu_delta_rule(&r);
+
+        ops_delta gd = d;
+        gd.q = dput(q, (size_t)(T * qs) * 4), gd.k = dput(k, (size_t)(T * qs) * 4);
+        gd.v = dput(v, (size_t)(T * vs) * 4), gd.g = dput(g, (size_t)(T * nv) * 4);
+        gd.beta = dput(b, (size_t)(T * nv) * 4);
+        float *dz = dput(z, (size_t)(T * vs) * 4), *dw = dput(w, (size_t)dv * 4);
+        float *st2 = dput(s0, (size_t)ns * 4), *out2 = dpoison((size_t)(T * vs) * 4);
+        gd.state = dput(s0, (size_t)ns * 4), gd.out = dpoison((size_t)(T * vs) * 4);
+        gd.norm_z = dz, gd.norm_w = cs[c][5] ? dw : NULL;
+        GPU_OK(cuda_delta_rule(&gd, gpu_st));
+        ops_delta two = gd; /* the rule, then the norm */
+        two.norm_z = NULL, two.state = st2, two.out = out2;
+        GPU_OK(cuda_delta_rule(&two, gpu_st));
+        GPU_OK(cuda_rmsnorm_silu(out2, out2, gd.norm_w, dz, T * nv, dv, 1e-6f, gpu_st));
+        float *gout = dget(gd.out, (size_t)(T * vs) * 4), *gout2 = dget(out2, (size_t)(T * vs) * 4);
+        float *gst = dget(gd.state, (size_t)ns * 4), *gst2 = dget(st2, (size_t)ns * 4);
+        assert_true(check_same_bits("delta+norm out", gout, gout2, (size_t)(T * vs) * 4));
+        assert_true(check_same_bits("delta+norm state", gst, gst2, (size_t)ns * 4));
+        const float tol = 2e-6f * (float)(dk / 16 + 1) * (float)T;
+        assert_true(check_close("delta+norm state vs cpu", gst, rst, ns, 1e-5f, tol));
+        /* the norm scales by ~1/rms of the row: the rule's error grows by that much */
+        assert_true(check_close("delta+norm out vs cpu", gout, rout, T * vs, 1e-4f, 1e-4f));
+        free(gout), free(gout2), free(gst), free(gst2);
+        cuda_mem_free((void *)gd.q), cuda_mem_free((void *)gd.k), cuda_mem_free((void *)gd.v);
+        cuda_mem_free((void *)gd.g), cuda_mem_free((void *)gd.beta), cuda_mem_free(dz);
+        cuda_mem_free(dw), cuda_mem_free(st2), cuda_mem_free(out2), cuda_mem_free(gd.state);
+        cuda_mem_free(gd.out);
+        free(q), free(k), free(v), free(g), free(b), free(z), free(w), free(s0), free(rst), free(rout);
+    }
+}
+
 /* cuda_delta_rule_many (the rollback's replay of every layer): each recurrence gets the bits
  * it gets alone. 20 recurrences: 17 of one shape (a launch of 16, then one), one of another
  * shape between them (its own launch), two more of the first; each reads its own tokens and
@@ -523,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_rope_matches_cpu),
         cmocka_unit_test(test_conv1d_matches_cpu_and_is_token_invariant),
         cmocka_unit_test(test_delta_rule_matches_cpu_and_is_token_invariant),
+        cmocka_unit_test(test_delta_rule_with_norm_is_the_rule_then_the_norm),
         cmocka_unit_test(test_delta_rule_many_equals_one_at_a_time),
         cmocka_unit_test(test_unsupported_shapes_and_oom_are_errors),
     };

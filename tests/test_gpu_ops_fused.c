@@ -1,7 +1,7 @@
-/* The fused CUDA ops (kernels/cuda/fused.cu, conv1d_silu, swiglu_matmul) against their CPU
- * twins or the launches they replace, on random data and odd
- * shapes, each row or token bit-identical alone and inside a block (what greedy speculative
- * decoding on the GPU relies on), the delta rule's strided g/beta and state-before output
+/* The fused CUDA ops (kernels/cuda/fused.cu, deltanet_in.cu, conv1d_silu, swiglu_matmul)
+ * against their CPU twins or the launches they replace, on random data and odd shapes, each
+ * row or token bit-identical alone and inside a block (what greedy speculative decoding on
+ * the GPU relies on), the delta rule's strided g/beta and state-before output
  * against its dense form bit for bit, the 2D device copy, the f16 store of the KV cache and
  * attention reading its key count from the device. Outputs start as NaN, so an
  * element never written fails. Skipped (77) without CUDA or a device. */
@@ -127,6 +127,103 @@ static void test_delta_prep_matches_cpu_and_tokens_are_independent(void **state)
         cuda_mem_free(dq), cuda_mem_free(dal), cuda_mem_free(dbe), cuda_mem_free(ddt);
         cuda_mem_free(da), cuda_mem_free(dgb), cuda_mem_free(dq1), cuda_mem_free(dal1);
         cuda_mem_free(dbe1), cuda_mem_free(dgb1);
+    }
+}
+
+/* cuda_deltanet_in: the bits of the three launches it replaces (F32 matmul of alpha and beta,
+ * conv1d_silu, delta_prep), and of itself run token by token (the window carried through
+ * the state); cpu_deltanet_in within delta_prep's tolerance. Shapes: the 27B's (one token, a
+ * verify block, a prefill chunk), a small one with an odd token count and a channel count
+ * that leaves the last value block part empty, and two that take the three launches
+ * (d_k 200; 3 taps). */
+static void test_deltanet_in_is_the_three_launches(void **state)
+{
+    (void)state;
+    /* n_tok, nv, nk, dk, dv, cols, taps */
+    static const int64_t cs[][7] = {{1, 48, 16, 128, 128, 5120, 4},  {16, 48, 16, 128, 128, 5120, 4},
+                                    {64, 48, 16, 128, 128, 5120, 4}, {11, 6, 2, 16, 20, 72, 4},
+                                    {3, 4, 2, 200, 8, 40, 4},        {5, 4, 2, 16, 8, 40, 3}};
+    rng_seed(29);
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        const int64_t T = cs[c][0], nv = cs[c][1], nk = cs[c][2], dk = cs[c][3], dv = cs[c][4];
+        const int64_t cols = cs[c][5], K = cs[c][6], ch = 2 * nk * dk + nv * dv, rs = ch + 3;
+        const int64_t sn = (K - 1) * ch;
+        float *h = rng_floats(T * cols, 1), *wa = rng_floats(nv * cols, 0.05f);
+        float *wb = rng_floats(nv * cols, 0.05f), *raw = rng_floats(T * rs, 2);
+        float *cw = rng_floats(ch * K, 1), *st0 = rng_floats(sn, 2), *dt = rng_floats(nv, 1);
+        float *sa = rng_floats(nv, 1);
+        ops_weight hwa, hwb;
+        assert_int_equal(ops_weight_init(&hwa, TD_F32, nv, cols, wa), TD_OK);
+        assert_int_equal(ops_weight_init(&hwb, TD_F32, nv, cols, wb), TD_OK);
+        float *ral = malloc((size_t)(T * nv) * 4), *rbe = malloc((size_t)(T * nv) * 4);
+        float *rq = malloc((size_t)(T * ch) * 4), *rgb = malloc((size_t)(T * 2 * nv) * 4);
+        float *rst = malloc((size_t)sn * 4);
+        memcpy(rst, st0, (size_t)sn * 4);
+        ops_dn_in r = {.n_tok = T, .h = h, .w_alpha = &hwa, .w_beta = &hwb, .alpha = ral,
+                       .beta = rbe, .raw = raw, .raw_stride = rs, .conv_w = cw, .conv_state = rst,
+                       .n_ch = ch, .conv_k = K, .qkv = rq, .gb = rgb, .dt_bias = dt, .ssm_a = sa,
+                       .n_v_head = nv, .n_k_head = nk, .d_k = dk, .eps = 1e-6f};
+        cpu_deltanet_in(&r);
+
+        ops_weight gwa, gwb;
+        assert_int_equal(ops_weight_init(&gwa, TD_F32, nv, cols, dput(wa, (size_t)(nv * cols) * 4)), TD_OK);
+        assert_int_equal(ops_weight_init(&gwb, TD_F32, nv, cols, dput(wb, (size_t)(nv * cols) * 4)), TD_OK);
+        ops_dn_in g = r;
+        g.h = dput(h, (size_t)(T * cols) * 4), g.w_alpha = &gwa, g.w_beta = &gwb;
+        g.alpha = dpoison((size_t)(T * nv) * 4), g.beta = dpoison((size_t)(T * nv) * 4);
+        g.raw = dput(raw, (size_t)(T * rs) * 4), g.conv_w = dput(cw, (size_t)(ch * K) * 4);
+        g.conv_state = dput(st0, (size_t)sn * 4), g.qkv = dpoison((size_t)(T * ch) * 4);
+        g.gb = dpoison((size_t)(T * 2 * nv) * 4), g.dt_bias = dput(dt, (size_t)nv * 4);
+        g.ssm_a = dput(sa, (size_t)nv * 4);
+        GPU_OK(cuda_deltanet_in(&g, gpu_st));
+        float *gq = dget(g.qkv, (size_t)(T * ch) * 4), *ggb = dget(g.gb, (size_t)(T * 2 * nv) * 4);
+        float *gst = dget(g.conv_state, (size_t)sn * 4);
+
+        /* the three launches */
+        float *st2 = dput(st0, (size_t)sn * 4), *q2 = dpoison((size_t)(T * ch) * 4);
+        float *gb2 = dpoison((size_t)(T * 2 * nv) * 4);
+        const ops_mm_out ab[] = {{g.alpha, &gwa}, {g.beta, &gwb}};
+        GPU_OK(cuda_matmul_multi(g.h, ab, 2, T, gpu_st));
+        GPU_OK(cuda_conv1d_silu(q2, st2, NULL, g.raw, rs, g.conv_w, T, ch, K, gpu_st));
+        GPU_OK(cuda_delta_prep(gb2, q2, g.alpha, g.beta, g.dt_bias, g.ssm_a, T, nv, nk, dk, ch,
+                               1e-6f, gpu_st));
+        float *gq2 = dget(q2, (size_t)(T * ch) * 4), *ggb2 = dget(gb2, (size_t)(T * 2 * nv) * 4);
+        float *gst2 = dget(st2, (size_t)sn * 4);
+        assert_true(check_same_bits("deltanet_in qkv", gq, gq2, (size_t)(T * ch) * 4));
+        assert_true(check_same_bits("deltanet_in g, beta", ggb, ggb2, (size_t)(T * 2 * nv) * 4));
+        assert_true(check_same_bits("deltanet_in conv state", gst, gst2, (size_t)sn * 4));
+        assert_true(check_same_bits("deltanet_in conv state vs cpu", gst, rst, (size_t)sn * 4));
+        /* conv 1e-6 then delta_prep's 3e-6; the F32 sums of 5120 products: 2e-5 of the row */
+        assert_true(check_close("deltanet_in qkv vs cpu", gq, rq, T * ch, 4e-6f, 1e-30f));
+        assert_true(check_close("deltanet_in gates vs cpu", ggb, rgb, T * 2 * nv, 2e-5f, 1e-6f));
+
+        /* token by token: the same bits */
+        ops_dn_in one = g;
+        GPU_OK(cuda_mem_upload(g.conv_state, st0, (size_t)sn * 4, gpu_st));
+        float *q1 = dpoison((size_t)(T * ch) * 4), *gb1 = dpoison((size_t)(T * 2 * nv) * 4);
+        one.n_tok = 1;
+        for (int64_t t = 0; t < T; t++) {
+            one.h = g.h + t * cols, one.raw = g.raw + t * rs;
+            one.qkv = q1 + t * ch, one.gb = gb1 + t * 2 * nv;
+            GPU_OK(cuda_deltanet_in(&one, gpu_st));
+        }
+        float *gq1 = dget(q1, (size_t)(T * ch) * 4), *ggb1 = dget(gb1, (size_t)(T * 2 * nv) * 4);
+        float *gst1 = dget(g.conv_state, (size_t)sn * 4);
+        assert_true(check_same_bits("deltanet_in qkv token by token", gq1, gq, (size_t)(T * ch) * 4));
+        assert_true(check_same_bits("deltanet_in gates token by token", ggb1, ggb,
+                                    (size_t)(T * 2 * nv) * 4));
+        assert_true(check_same_bits("deltanet_in state token by token", gst1, gst, (size_t)sn * 4));
+
+        free(gq), free(ggb), free(gst), free(gq2), free(ggb2), free(gst2), free(gq1), free(ggb1);
+        free(gst1);
+        cuda_mem_free((void *)g.h), cuda_mem_free((void *)gwa.data), cuda_mem_free((void *)gwb.data);
+        cuda_mem_free(g.alpha), cuda_mem_free(g.beta), cuda_mem_free((void *)g.raw);
+        cuda_mem_free((void *)g.conv_w), cuda_mem_free(g.conv_state), cuda_mem_free(g.qkv);
+        cuda_mem_free(g.gb), cuda_mem_free((void *)g.dt_bias), cuda_mem_free((void *)g.ssm_a);
+        cuda_mem_free(st2), cuda_mem_free(q2), cuda_mem_free(gb2), cuda_mem_free(q1);
+        cuda_mem_free(gb1);
+        free(h), free(wa), free(wb), free(raw), free(cw), free(st0), free(dt), free(sa);
+        free(ral), free(rbe), free(rq), free(rgb), free(rst);
     }
 }
 
@@ -456,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_add_rmsnorm_matches_cpu_and_rows_are_independent),
         cmocka_unit_test(test_rmsnorm_silu_matches_cpu),
         cmocka_unit_test(test_delta_prep_matches_cpu_and_tokens_are_independent),
+        cmocka_unit_test(test_deltanet_in_is_the_three_launches),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),

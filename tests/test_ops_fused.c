@@ -118,6 +118,40 @@ static void test_delta_prep_equals_the_per_token_chain(void **state)
     }
 }
 
+/* cpu_deltanet_in is its chain: two matmuls, conv1d_silu, delta_prep. */
+static void test_deltanet_in_equals_its_chain(void **state)
+{
+    (void)state;
+    enum { T = 3, NV = 4, NK = 2, DK = 8, DV = 6, COLS = 24, K = 4 };
+    const int64_t ch = 2 * NK * DK + NV * DV, sn = (K - 1) * ch;
+    float *h = rnd(T * COLS, 1), *wa = rnd(NV * COLS, 1), *wb = rnd(NV * COLS, 1);
+    float *raw = rnd(T * ch, 2), *cw = rnd(ch * K, 1), *st = rnd(sn, 2), *dt = rnd(NV, 1);
+    float *a = rnd(NV, 1), *st2 = dup(st, sn);
+    ops_weight owa, owb;
+    assert_int_equal(ops_weight_init(&owa, TD_F32, NV, COLS, wa), TD_OK);
+    assert_int_equal(ops_weight_init(&owb, TD_F32, NV, COLS, wb), TD_OK);
+    float al[T * NV], be[T * NV], qkv[T * ch], gb[T * 2 * NV];
+    ops_dn_in p = {.n_tok = T, .h = h, .w_alpha = &owa, .w_beta = &owb, .alpha = al,
+                   .beta = be, .raw = raw, .raw_stride = ch, .conv_w = cw, .conv_state = st,
+                   .n_ch = ch, .conv_k = K, .qkv = qkv, .gb = gb, .dt_bias = dt, .ssm_a = a,
+                   .n_v_head = NV, .n_k_head = NK, .d_k = DK, .eps = 1e-6f};
+    cpu_deltanet_in(&p);
+    float al2[T * NV], be2[T * NV], qkv2[T * ch], gb2[T * 2 * NV];
+    cpu_matmul(al2, h, &owa, T);
+    cpu_matmul(be2, h, &owb, T);
+    cpu_conv1d_silu(qkv2, st2, NULL, raw, ch, cw, T, ch, K);
+    cpu_delta_prep(gb2, qkv2, al2, be2, dt, a, T, NV, NK, DK, ch, 1e-6f);
+    assert_memory_equal(qkv, qkv2, sizeof qkv);
+    assert_memory_equal(gb, gb2, sizeof gb);
+    assert_memory_equal(st, st2, (size_t)sn * sizeof(float));
+    /* k came out unit length, v did not */
+    float ss = 0;
+    for (int i = 0; i < DK; i++)
+        ss += qkv[NK * DK + i] * qkv[NK * DK + i];
+    assert_true(fabsf(ss - 1.0f) < 1e-5f && fabsf(qkv[2 * NK * DK]) > 0);
+    free(h), free(wa), free(wb), free(raw), free(cw), free(st), free(dt), free(a), free(st2);
+}
+
 static void test_conv1d_silu_equals_conv_then_silu(void **state)
 {
     (void)state;
@@ -263,6 +297,7 @@ int main(void)
         cmocka_unit_test(test_add_rmsnorm_equals_add_then_rmsnorm),
         cmocka_unit_test(test_rmsnorm_silu_equals_rmsnorm_silu_mul),
         cmocka_unit_test(test_delta_prep_equals_the_per_token_chain),
+        cmocka_unit_test(test_deltanet_in_equals_its_chain),
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),

@@ -128,6 +128,29 @@ static void test_delta_rule_matches_numpy_f64_loop(void **s)
     assert_memory_equal(state, all + (D_T - 1) * D_S, sizeof state);
 }
 
+/* With norm_z the output is then normed in place: exactly cpu_rmsnorm_silu of the plain
+ * output (and a norm that changed nothing would fail: the rows are not unit-RMS). */
+static void test_delta_rule_with_norm_is_the_rule_then_rmsnorm_silu(void **s)
+{
+    (void)s;
+    float state[D_S], out[D_T * D_NV * D_DV], st2[D_S], out2[D_T * D_NV * D_DV];
+    float z[D_T * D_NV * D_DV], w[D_DV];
+    for (int i = 0; i < D_T * D_NV * D_DV; i++)
+        z[i] = 0.37f * (float)(i % 11) - 1.5f;
+    for (int i = 0; i < D_DV; i++)
+        w[i] = 0.5f + 0.25f * (float)i;
+    ops_delta d = delta_golden(state, NULL, out);
+    cpu_delta_rule(&d);
+    cpu_rmsnorm_silu(out, out, w, z, D_T * D_NV, D_DV, 1e-6f);
+    ops_delta n = delta_golden(st2, NULL, out2);
+    n.norm_w = w, n.norm_z = z, n.norm_eps = 1e-6f;
+    cpu_delta_rule(&n);
+    assert_memory_equal(out2, out, sizeof out);
+    assert_memory_equal(st2, state, sizeof state);
+    const float *plain = golden_tensor(G, "delta.ref", TD_F32, D_T * D_NV * D_DV);
+    assert_true(fabsf(out2[0] - plain[0]) > 1e-3f);
+}
+
 static void test_delta_rule_saved_state_equals_running_k_tokens_alone(void **s)
 {
     (void)s;
@@ -207,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_conv1d_in_chunks_equals_at_once),
         cmocka_unit_test(test_conv1d_reads_strided_input),
         cmocka_unit_test(test_delta_rule_matches_numpy_f64_loop),
+        cmocka_unit_test(test_delta_rule_with_norm_is_the_rule_then_rmsnorm_silu),
         cmocka_unit_test(test_delta_rule_saved_state_equals_running_k_tokens_alone),
         cmocka_unit_test(test_delta_rule_many_equals_each_alone_and_out_is_optional),
         cmocka_unit_test(test_delta_rule_one_token_by_hand),

@@ -438,13 +438,18 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
     float *alpha = w->gb, *beta = w->gb + n_tok * nv;
     float *gb = rec_gb ? rec_gb : w->gb + 2 * n_tok * nv; /* [n_tok][2][nv] */
 
-    /* the four projections of h in one call: the GPU rounds h once for the quantised ones */
-    const ops_mm_out proj[] = {
-        {raw, &L->wqkv}, {z, &L->wz}, {alpha, &L->walpha}, {beta, &L->wbeta}};
-    TD_TRY(be->matmul_multi(be, w->h, proj, 4, n_tok));
-    TD_TRY(be->conv1d_silu(be, qkv, conv, NULL, raw, ch, L->conv_w, n_tok, ch, hp->conv_k));
-    TD_TRY(be->delta_prep(be, gb, qkv, alpha, beta, L->dt_bias, L->ssm_a, n_tok, nv,
-                          hp->n_k_head, hp->d_k, ch, hp->eps));
+    /* the two wide projections of h in one call (the GPU rounds h once), then alpha, beta,
+     * the convolution and the recurrence's inputs in one more (one launch on the GPU) */
+    const ops_mm_out proj[] = {{raw, &L->wqkv}, {z, &L->wz}};
+    TD_TRY(be->matmul_multi(be, w->h, proj, 2, n_tok));
+    const ops_dn_in in = {
+        .n_tok = n_tok, .h = w->h, .w_alpha = &L->walpha, .w_beta = &L->wbeta,
+        .alpha = alpha, .beta = beta, .raw = raw, .raw_stride = ch, .conv_w = L->conv_w,
+        .conv_state = conv, .n_ch = ch, .conv_k = hp->conv_k, .qkv = qkv, .gb = gb,
+        .dt_bias = L->dt_bias, .ssm_a = L->ssm_a, .n_v_head = nv, .n_k_head = hp->n_k_head,
+        .d_k = hp->d_k, .eps = hp->eps,
+    };
+    TD_TRY(be->deltanet_in(be, &in));
 
     ops_delta d = {
         .n_tok = n_tok, .n_k_head = hp->n_k_head, .n_v_head = nv, .d_k = hp->d_k,
@@ -452,10 +457,10 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
         .k_tok_stride = ch, .v_tok_stride = ch, .g = gb, .beta = gb + nv,
         .gb_tok_stride = 2 * nv, .state = ssm, .state_prev = rec_ssm0, .state_all = NULL,
         .out = w->o,
+        /* y = RMSNorm_dv(o) * ssm_norm * silu(z), in the same launch on the GPU */
+        .norm_w = L->ssm_norm, .norm_z = z, .norm_eps = hp->eps,
     };
-    TD_TRY(be->delta_rule(be, &d));
-    /* y = RMSNorm_dv(o) * ssm_norm * silu(z) */
-    return be->rmsnorm_silu(be, w->o, w->o, L->ssm_norm, z, n_tok * nv, hp->d_v, hp->eps);
+    return be->delta_rule(be, &d);
 }
 
 /* --- forward ---------------------------------------------------------------------------- */

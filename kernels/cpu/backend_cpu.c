@@ -239,14 +239,10 @@ static td_err be_cpu_rmsnorm_silu(const ops_backend *be, float *out, const float
     return TD_OK;
 }
 
-static td_err be_cpu_delta_prep(const ops_backend *be, float *gb, float *qkv, const float *alpha,
-                                const float *beta, const float *dt_bias, const float *ssm_a,
-                                int64_t n_tok, int64_t n_v_head, int64_t n_k_head, int64_t d_k,
-                                int64_t qkv_stride, float eps)
+static td_err be_cpu_deltanet_in(const ops_backend *be, const ops_dn_in *p)
 {
     (void)be;
-    cpu_delta_prep(gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head, d_k,
-                   qkv_stride, eps);
+    cpu_deltanet_in(p);
     return TD_OK;
 }
 
@@ -327,7 +323,7 @@ static const ops_backend be_cpu = {
     .conv1d_silu = be_cpu_conv1d_silu,
     .swiglu_matmul = be_cpu_swiglu_matmul,
     .qk_norm_rope = be_cpu_qk_norm_rope,
-    .delta_prep = be_cpu_delta_prep,
+    .deltanet_in = be_cpu_deltanet_in,
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,
     .accept_greedy = be_cpu_accept_greedy,

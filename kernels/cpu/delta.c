@@ -13,6 +13,7 @@ void cpu_delta_rule(const ops_delta *d)
     TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state);
     TD_ASSERT(d->n_k_head >= 1 && d->n_v_head % d->n_k_head == 0);
     TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->d_v <= DELTA_MAX_DV && d->n_tok >= 0);
+    TD_ASSERT(!d->norm_z || d->out);
     const int64_t dk = d->d_k, dv = d->d_v, nv = d->n_v_head;
     const int64_t gbs = d->gb_tok_stride ? d->gb_tok_stride : nv;
 
@@ -59,6 +60,8 @@ void cpu_delta_rule(const ops_delta *d)
                 memcpy(d->state_all + (t * nv + h) * dk * dv, S, (size_t)(dk * dv) * sizeof(float));
         }
     }
+    if (d->norm_z)
+        cpu_rmsnorm_silu(d->out, d->out, d->norm_w, d->norm_z, d->n_tok * nv, dv, d->norm_eps);
 }
 
 void cpu_delta_rule_many(const ops_delta *d, int64_t n)

@@ -85,3 +85,14 @@ void cpu_delta_prep(float *gb, float *qkv, const float *alpha, const float *beta
         cpu_scale(row, row, q_scale, qk);
     }
 }
+
+void cpu_deltanet_in(const ops_dn_in *p)
+{
+    TD_ASSERT(p != NULL && p->w_alpha != NULL && p->w_beta != NULL && p->alpha && p->beta);
+    cpu_matmul(p->alpha, p->h, p->w_alpha, p->n_tok);
+    cpu_matmul(p->beta, p->h, p->w_beta, p->n_tok);
+    cpu_conv1d_silu(p->qkv, p->conv_state, NULL, p->raw, p->raw_stride, p->conv_w, p->n_tok,
+                    p->n_ch, p->conv_k);
+    cpu_delta_prep(p->gb, p->qkv, p->alpha, p->beta, p->dt_bias, p->ssm_a, p->n_tok,
+                   p->n_v_head, p->n_k_head, p->d_k, p->n_ch, p->eps);
+}

@@ -208,13 +208,9 @@ static td_err be_cuda_qk_norm_rope(const ops_backend *be, float *q, float *k,
                              n_rot, pos, theta, eps, be->stream);
 }
 
-static td_err be_cuda_delta_prep(const ops_backend *be, float *gb, float *qkv,
-                                 const float *alpha, const float *beta, const float *dt_bias,
-                                 const float *ssm_a, int64_t n_tok, int64_t n_v_head,
-                                 int64_t n_k_head, int64_t d_k, int64_t qkv_stride, float eps)
+static td_err be_cuda_deltanet_in(const ops_backend *be, const ops_dn_in *p)
 {
-    return cuda_delta_prep(gb, qkv, alpha, beta, dt_bias, ssm_a, n_tok, n_v_head, n_k_head, d_k,
-                           qkv_stride, eps, be->stream);
+    return cuda_deltanet_in(p, be->stream);
 }
 
 static td_err be_cuda_softcap(const ops_backend *be, float *out, const float *x, float cap,
@@ -301,7 +297,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->conv1d_silu = be_cuda_conv1d_silu;
     be->swiglu_matmul = be_cuda_swiglu_matmul;
     be->qk_norm_rope = be_cuda_qk_norm_rope;
-    be->delta_prep = be_cuda_delta_prep;
+    be->deltanet_in = be_cuda_deltanet_in;
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;

@@ -11,32 +11,46 @@
  * decode step with 192 warps on the GPU and each token behind two 128-long dependent FMA
  * chains (the H200 profile: 32 us per layer for 6 MB of state traffic, 166 us for a 16-token
  * verify); four warps cut the chains to 32 and give four times the loads in flight.
- * The state stays f32 in memory between calls. */
+ * The state stays f32 in memory between calls. With the gated norm (ops_delta.norm_z) and one
+ * token a block holds a whole head as four such column groups and norms the head's output at
+ * the end: one launch instead of the recurrence's and rmsnorm_silu's, 48 per 27B decode step. */
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
-#define DELTA_COLS 32    /* columns (lanes) per block */
-#define DELTA_RG 4       /* warps per block, each over a quarter of the rows */
+#define DELTA_COLS 32    /* columns (lanes) per column group */
+#define DELTA_RG 4       /* warps per column group, each over a quarter of the rows */
 #define DELTA_MAX_DK 128 /* rows of a column held in registers across the warps */
 #define DELTA_RS (DELTA_MAX_DK / DELTA_RG) /* rows per warp */
+#define DELTA_GT (DELTA_COLS * DELTA_RG)   /* threads per column group */
+#define DELTA_NORM_NG 4  /* column groups per block with the gated norm: a head of <= 128 */
+static_assert(DELTA_GT == 128, "a column group's threads are one FUSED_HEAD_THREADS row of the norm");
 
-/* One recurrence's columns blockIdx.x * DELTA_COLS.. of value head blockIdx.y. FULL: d_k is
- * DELTA_MAX_DK, so every row of every warp exists and the row tests vanish at compile time
- * (the H200 profile of a 16-token verify, d_k 128: ~600 instructions per token and warp, most
- * of them 64-bit row tests kept in a register of spilled predicates, each shared-memory load
- * of k and q issued alone, 25 us per layer). The arithmetic is the same either way. */
-template <bool FULL> __device__ __forceinline__ void delta_run(const ops_delta &d)
+/* One recurrence's columns of value head blockIdx.y: column group cg of the block's NG owns
+ * columns (blockIdx.x * NG + cg) * DELTA_COLS.. and meets at its own barrier, so NG groups
+ * run as NG blocks of one group would (bit for bit: the same chains). NG > 1 only with the
+ * gated norm, where one block holds the head's every column; after the recurrence each
+ * group norms every NG-th token's row of the head with rmsnorm_silu_kernel's tree (a row of
+ * 128 threads, f32 squares, f64 across its four warps), so the fused launch gives the bits
+ * of the two. FULL: d_k is DELTA_MAX_DK, so every row of every warp exists and the row tests
+ * vanish at compile time (the H200 profile of a 16-token verify, d_k 128: ~600 instructions
+ * per token and warp, most of them 64-bit row tests kept in a register of spilled
+ * predicates, each shared-memory load of k and q issued alone, 25 us per layer). The
+ * arithmetic is the same either way. */
+template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops_delta &d)
 {
-    __shared__ float qs[DELTA_MAX_DK], ks[DELTA_MAX_DK];
-    __shared__ float red[DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
+    __shared__ float qs[NG][DELTA_MAX_DK], ks[NG][DELTA_MAX_DK];
+    __shared__ float red[NG][DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
     const int64_t dk = FULL ? DELTA_MAX_DK : d.d_k, dv = d.d_v, nv = d.n_v_head;
     const int64_t gbs = d.gb_tok_stride ? d.gb_tok_stride : nv;
     const int64_t h = blockIdx.y, kh = h % d.n_k_head;
-    const int lane = threadIdx.x % DELTA_COLS, w = threadIdx.x / DELTA_COLS;
-    const int64_t j = (int64_t)blockIdx.x * DELTA_COLS + lane;
+    const int cg = NG > 1 ? (int)threadIdx.x / DELTA_GT : 0, tid = (int)threadIdx.x % DELTA_GT;
+    const int bar = NG > 1 ? 1 + cg : 0; /* the group's barrier (0: the block is the group) */
+    const int lane = tid % DELTA_COLS, w = tid / DELTA_COLS;
+    const int64_t j = ((int64_t)blockIdx.x * NG + cg) * DELTA_COLS + lane;
     const int i0 = w * DELTA_RS; /* this warp's first row */
     const int dk_rows = FULL ? DELTA_MAX_DK : (int)dk; /* d_k <= DELTA_MAX_DK (delta_check) */
     auto row = [&](int r) { return FULL || i0 + r < dk_rows; }; /* row i0 + r exists */
+    auto sync = [&]() { dev_bar(bar, DELTA_GT); };
     const bool live = j < dv;
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
     const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
@@ -53,8 +67,7 @@ template <bool FULL> __device__ __forceinline__ void delta_run(const ops_delta &
     }
     /* Token t's inputs are loaded while token t - 1 runs (one q and one k value per thread),
      * so no memory latency sits between two tokens' chains. */
-    static_assert(DELTA_COLS * DELTA_RG >= DELTA_MAX_DK, "one q and one k value per thread");
-    const int tid = threadIdx.x;
+    static_assert(DELTA_GT >= DELTA_MAX_DK, "one q and one k value per thread");
     float nq = 0, nk = 0, ng = 0, nb = 0, nvj = 0;
     auto fetch = [&](int64_t t) {
         if (tid < dk_rows) {
@@ -68,47 +81,47 @@ template <bool FULL> __device__ __forceinline__ void delta_run(const ops_delta &
     if (d.n_tok > 0)
         fetch(0);
     for (int64_t t = 0; t < d.n_tok; t++) {
-        __syncthreads(); /* the previous token is done with qs, ks and red */
+        sync(); /* the previous token is done with qs, ks and red */
         if (tid < dk_rows) {
-            qs[tid] = nq;
-            ks[tid] = nk;
+            qs[cg][tid] = nq;
+            ks[cg][tid] = nk;
         }
         const float decay = expf(ng);
         const float beta = nb, vj = nvj;
         if (t + 1 < d.n_tok)
             fetch(t + 1);
-        __syncthreads();
+        sync();
         /* S = exp(g) S and this warp's part of kv = S^T k in one sweep */
         float kv = 0;
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
             if (row(r)) {
                 s[r] *= decay;
-                kv = fmaf(s[r], ks[i0 + r], kv);
+                kv = fmaf(s[r], ks[cg][i0 + r], kv);
             }
-        red[w][lane] = kv;
-        __syncthreads();
-        kv = red[0][lane];
+        red[cg][w][lane] = kv;
+        sync();
+        kv = red[cg][0][lane];
 #pragma unroll
         for (int g = 1; g < DELTA_RG; g++)
-            kv += red[g][lane];
+            kv += red[cg][g][lane];
         const float u = beta * (vj - kv);
         /* S += k (x) u, then this warp's part of o = S^T q */
         float o = 0;
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
             if (row(r)) {
-                s[r] = fmaf(ks[i0 + r], u, s[r]);
-                o = fmaf(s[r], qs[i0 + r], o);
+                s[r] = fmaf(ks[cg][i0 + r], u, s[r]);
+                o = fmaf(s[r], qs[cg][i0 + r], o);
             }
-        __syncthreads(); /* every warp has read red */
-        red[w][lane] = o;
-        __syncthreads();
+        sync(); /* every warp has read red */
+        red[cg][w][lane] = o;
+        sync();
         if (w == 0 && live && d.out) {
-            float sum = red[0][lane];
+            float sum = red[cg][0][lane];
 #pragma unroll
             for (int g = 1; g < DELTA_RG; g++)
-                sum += red[g][lane];
+                sum += red[cg][g][lane];
             d.out[(t * nv + h) * dv + j] = sum;
         }
         if (live && d.state_all) {
@@ -125,13 +138,32 @@ template <bool FULL> __device__ __forceinline__ void delta_run(const ops_delta &
             if (row(r))
                 S[(int64_t)(i0 + r) * dv] = s[r];
     }
+    if (NG == 1)
+        return;
+    /* The gated norm of every token's row: group cg takes tokens cg, cg + NG, ...; thread tid
+     * value tid of the row (d_v <= DELTA_GT), as rmsnorm_silu_kernel's thread tid. */
+    __shared__ double nsh[NG][33];
+    __syncthreads(); /* every group's outputs are written (and visible to the block) */
+    for (int64_t t = cg; t < d.n_tok; t += NG) {
+        float *o = d.out + (t * nv + h) * dv;
+        const float *z = d.norm_z + (t * nv + h) * dv;
+        const bool in = tid < dv;
+        const float x = in ? o[tid] : 0.0f, zt = in ? z[tid] : 0.0f;
+        const float wi = d.norm_w && in ? d.norm_w[tid] : 1.0f;
+        const float part = in ? fmaf(x, x, 0.0f) : 0.0f;
+        const float gate = dev_gate(zt);
+        const float inv = dev_rms_inv(
+            dev_group_sum((double)part, nsh[cg], cg * DELTA_GT, DELTA_GT, bar), dv, d.norm_eps);
+        if (in)
+            o[tid] = dev_rmsnorm_silu_one(x, inv, d.norm_w, wi, gate);
+    }
 }
 
-template <bool FULL>
-__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_kernel(bool early, ops_delta d)
+template <bool FULL, int NG>
+__global__ void __launch_bounds__(DELTA_GT *NG) delta_kernel(bool early, ops_delta d)
 {
     pdl_enter(early);
-    delta_run<FULL>(d);
+    delta_run<FULL, NG>(d);
 }
 
 /* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
@@ -147,15 +179,14 @@ struct delta_batch {
 };
 
 template <bool FULL>
-__global__ void __launch_bounds__(DELTA_COLS *DELTA_RG) delta_many_kernel(bool early,
-                                                                          delta_batch b)
+__global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_batch b)
 {
     pdl_enter(early);
     ops_delta d = b.d;
     const delta_ptrs &p = b.p[blockIdx.z];
     d.q = p.q, d.k = p.k, d.v = p.v, d.g = p.g, d.beta = p.beta, d.state_in = p.state_in;
     d.state = p.state, d.state_prev = p.state_prev, d.state_all = p.state_all, d.out = p.out;
-    delta_run<FULL>(d);
+    delta_run<FULL, 1>(d);
 }
 
 /* What the GPU cannot run, or TD_OK; *none: there is nothing to do. */
@@ -163,7 +194,7 @@ static td_err delta_check(const ops_delta *d, bool *none)
 {
     TD_ASSERT(d != NULL && d->q && d->k && d->v && d->g && d->beta && d->state);
     TD_ASSERT(d->n_k_head >= 1 && d->n_v_head % d->n_k_head == 0);
-    TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->n_tok >= 0);
+    TD_ASSERT(d->d_k >= 1 && d->d_v >= 1 && d->n_tok >= 0 && (!d->norm_z || d->out));
     if (d->d_k > DELTA_MAX_DK)
         return err_set(TD_ENOTSUP, "delta rule with d_k %lld: the GPU handles up to %d",
                        (long long)d->d_k, DELTA_MAX_DK);
@@ -174,9 +205,9 @@ static td_err delta_check(const ops_delta *d, bool *none)
     return TD_OK;
 }
 
-static dim3 delta_grid(const ops_delta *d, unsigned n)
+static dim3 delta_grid(const ops_delta *d, unsigned n, int ng)
 {
-    return dim3(cuda_blocks(d->d_v, DELTA_COLS), (unsigned)d->n_v_head, n);
+    return dim3(cuda_blocks(d->d_v, DELTA_COLS * ng), (unsigned)d->n_v_head, n);
 }
 
 extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
@@ -185,10 +216,28 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     TD_TRY(delta_check(d, &none));
     if (none)
         return TD_OK;
-    const dim3 grid = delta_grid(d, 1), block(DELTA_COLS * DELTA_RG);
-    return d->d_k == DELTA_MAX_DK
-               ? pdl_launch<delta_kernel<true>>("delta rule", grid, block, 0, st, *d)
-               : pdl_launch<delta_kernel<false>>("delta rule", grid, block, 0, st, *d);
+    const bool full = d->d_k == DELTA_MAX_DK;
+    if (d->norm_z && d->n_tok == 1 && d->d_v <= DELTA_COLS * DELTA_NORM_NG) {
+        /* a head per block, the norm after the recurrence: one launch. Only for one token:
+         * the four groups of a block share one SM's issue slots, so a block of tokens runs
+         * its chains slower than on four SMs (H200, 27B verify of 16 tokens: 15.89 ms
+         * against 15.42 with the plain blocks), where a decode step saves the launch (7.36
+         * against 7.42 ms) */
+        const dim3 grid = delta_grid(d, 1, DELTA_NORM_NG), block(DELTA_GT * DELTA_NORM_NG);
+        return full ? pdl_launch<delta_kernel<true, DELTA_NORM_NG>>("delta rule + norm", grid,
+                                                                     block, 0, st, *d)
+                    : pdl_launch<delta_kernel<false, DELTA_NORM_NG>>("delta rule + norm", grid,
+                                                                      block, 0, st, *d);
+    }
+    const dim3 grid = delta_grid(d, 1, 1), block(DELTA_GT);
+    const td_err e = full ? pdl_launch<delta_kernel<true, 1>>("delta rule", grid, block, 0, st, *d)
+                          : pdl_launch<delta_kernel<false, 1>>("delta rule", grid, block, 0, st, *d);
+    TD_TRY(e);
+    if (!d->norm_z || d->n_tok == 0)
+        return TD_OK;
+    /* several tokens, or heads wider than a block's groups: the norm as its own launch */
+    return cuda_rmsnorm_silu(d->out, d->out, d->norm_w, d->norm_z, d->n_tok * d->n_v_head,
+                             d->d_v, d->norm_eps, st);
 }
 
 /* Whether a and b can share one launch: the same shapes, strides and optional outputs. */
@@ -199,13 +248,18 @@ static bool delta_same_shape(const ops_delta *a, const ops_delta *b)
            a->k_tok_stride == b->k_tok_stride && a->v_tok_stride == b->v_tok_stride &&
            a->gb_tok_stride == b->gb_tok_stride && !a->state_in == !b->state_in &&
            !a->state_prev == !b->state_prev && !a->state_all == !b->state_all &&
-           !a->out == !b->out;
+           !a->out == !b->out && !a->norm_z && !b->norm_z;
 }
 
 extern "C" td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream st)
 {
     TD_ASSERT(n >= 0 && (n == 0 || d != NULL));
     for (int64_t i = 0; i < n;) {
+        if (d[i].norm_z) { /* with the norm: alone */
+            TD_TRY(cuda_delta_rule(&d[i], st));
+            i++;
+            continue;
+        }
         /* a batch: d[i] and the next ones of its shape, at most DELTA_BATCH */
         bool none = false;
         TD_TRY(delta_check(&d[i], &none));
@@ -219,7 +273,7 @@ extern "C" td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream
             b.p[m] = delta_ptrs{e->q,     e->k,          e->v,          e->g,  e->beta,
                                 e->state_in, e->state, e->state_prev, e->state_all, e->out};
         }
-        const dim3 grid = delta_grid(&d[i], m), block(DELTA_COLS * DELTA_RG);
+        const dim3 grid = delta_grid(&d[i], m, 1), block(DELTA_GT);
         if (!none && d[i].d_k == DELTA_MAX_DK)
             TD_TRY(pdl_launch<delta_many_kernel<true>>("delta rule batch", grid, block, 0, st, b));
         else if (!none)

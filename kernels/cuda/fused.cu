@@ -12,10 +12,6 @@
 #define FUSED_MAX_DK 1024
 #define FUSED_MAX_HD 1024 /* qk_norm_rope: a head in shared memory */
 
-__device__ __forceinline__ float fused_softplus(float x)
-{
-    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
-}
 
 /* x += h; out = rmsnorm(x) * w; block = one row of dim. A thread's values stay in registers
  * between the two passes (up to FUSED_ROW_VALS each, dim <= 8192; wider rows read x back),
@@ -89,11 +85,6 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
  * silu(z) is made meanwhile); longer rows read them again after it. */
 #define FUSED_HEAD_VALS 4
 
-__device__ __forceinline__ float rmsnorm_silu_one(float x, float inv, const float *w, float wi,
-                                                  float g)
-{
-    return __fmul_rn(w ? __fmul_rn(__fmul_rn(x, inv), wi) : __fmul_rn(x, inv), g);
-}
 
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
 rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, const float *z,
@@ -118,7 +109,7 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
             if (i < dim)
                 part = fmaf(xv[j], xv[j], part);
-            zv[j] = __fmul_rn(zv[j], dev_sigmoid(zv[j])); /* the gate */
+            zv[j] = dev_gate(zv[j]);
         }
         /* every x read before out is written */
         const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
@@ -126,7 +117,7 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
         for (int j = 0; j < FUSED_HEAD_VALS; j++) {
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_HEAD_THREADS;
             if (i < dim)
-                o[i] = rmsnorm_silu_one(xv[j], inv, w, wv[j], zv[j]);
+                o[i] = dev_rmsnorm_silu_one(xv[j], inv, w, wv[j], zv[j]);
         }
         return;
     }
@@ -135,8 +126,8 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
     /* every x read before out is written */
     const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
     for (int64_t i = threadIdx.x; i < dim; i += FUSED_HEAD_THREADS)
-        o[i] = rmsnorm_silu_one(xr[i], inv, w, w ? w[i] : 1.0f,
-                                __fmul_rn(zr[i], dev_sigmoid(zr[i])));
+        o[i] = dev_rmsnorm_silu_one(xr[i], inv, w, w ? w[i] : 1.0f,
+                                dev_gate(zr[i]));
 }
 
 /* Block b = (token b / (n_head + n_kv), head b % (n_head + n_kv)): a q head (head < n_head)
@@ -219,7 +210,7 @@ delta_prep_kernel(bool early, float *gb, float *qkv, const float *alpha, const f
         float *g = gb + t * 2 * nv, *b = g + nv;
         for (int64_t i = threadIdx.x; i < nv; i += FUSED_HEAD_THREADS) {
             b[i] = dev_sigmoid(beta[t * nv + i]);
-            g[i] = __fmul_rn(fused_softplus(__fadd_rn(alpha[t * nv + i], dt_bias[i])), ssm_a[i]);
+            g[i] = __fmul_rn(dev_softplus(__fadd_rn(alpha[t * nv + i], dt_bias[i])), ssm_a[i]);
         }
         return;
     }

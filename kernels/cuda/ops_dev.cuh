@@ -27,6 +27,12 @@ __device__ __forceinline__ float dev_sigmoid(float x)
     return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
 }
 
+/* log(1 + e^x) without overflow, as cpu_softplus. */
+__device__ __forceinline__ float dev_softplus(float x)
+{
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+
 /* x * sigmoid(x) and silu(gate) * up, as cpu_silu and cpu_swiglu (one definition for every
  * kernel that applies them, so fused and plain launches give the same bits). */
 __device__ __forceinline__ float dev_silu(float x)
@@ -61,24 +67,42 @@ __device__ __forceinline__ float dev_warp_max(float v)
     return v;
 }
 
-/* Sum of v over the block, returned to every thread. sh: 33 elements of shared memory, free
- * for reuse when the call returns. Every thread of the block must call it. */
-template <typename T> __device__ T dev_block_sum(T v, T *sh)
+/* Waits at barrier id for n threads of the block (whole warps); id 0 is __syncthreads, for
+ * the whole block. */
+__device__ __forceinline__ void dev_bar(int id, int n)
 {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (id == 0)
+        __syncthreads();
+    else
+        asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Sum of v over the n threads from thread first (whole warps, meeting at barrier bar),
+ * returned to each of them; the same tree as dev_block_sum over a block of n threads. sh: 33
+ * elements of shared memory of this group, free for reuse when the call returns. */
+template <typename T> __device__ T dev_group_sum(T v, T *sh, int first, int n, int bar)
+{
+    const int t = (int)threadIdx.x - first, lane = t & 31, w = t >> 5, nw = (n + 31) >> 5;
     v = dev_warp_sum(v);
-    __syncthreads(); /* sh may still be read by the previous call */
+    dev_bar(bar, n); /* sh may still be read by the previous call */
     if (lane == 0)
         sh[w] = v;
-    __syncthreads();
+    dev_bar(bar, n);
     if (w == 0) {
         v = lane < nw ? sh[lane] : (T)0;
         v = dev_warp_sum(v);
         if (lane == 0)
             sh[32] = v;
     }
-    __syncthreads();
+    dev_bar(bar, n);
     return sh[32];
+}
+
+/* Sum of v over the block, returned to every thread. sh: 33 elements of shared memory, free
+ * for reuse when the call returns. Every thread of the block must call it. */
+template <typename T> __device__ T dev_block_sum(T v, T *sh)
+{
+    return dev_group_sum(v, sh, 0, (int)blockDim.x, 0);
 }
 
 /* The scale of an RMS norm over n values whose sum of squares is ss, and of an L2 norm: in
@@ -87,6 +111,18 @@ __device__ __forceinline__ float dev_rms_inv(double ss, int64_t n, float eps)
 {
     return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 }
+/* One value of the gated RMSNorm (cpu_rmsnorm_silu): rmsnorm(x) * w * g with g = dev_gate(z),
+ * inv from dev_rms_inv; w NULL: no weight (wi unused). */
+__device__ __forceinline__ float dev_gate(float z)
+{
+    return __fmul_rn(z, dev_sigmoid(z));
+}
+__device__ __forceinline__ float dev_rmsnorm_silu_one(float x, float inv, const float *w, float wi,
+                                                      float g)
+{
+    return __fmul_rn(w ? __fmul_rn(__fmul_rn(x, inv), wi) : __fmul_rn(x, inv), g);
+}
+
 __device__ __forceinline__ float dev_l2_inv(double ss, float eps)
 {
     return (float)(1.0 / sqrt(ss + (double)eps));
