@@ -369,6 +369,8 @@ typedef struct ops_dn_in {
     int64_t raw_stride;         /* elements */
     const float *conv_w;        /* [n_ch][conv_k] */
     float *conv_state;          /* [conv_k - 1][n_ch], advanced by n_tok */
+    float *conv_prev;           /* NULL, or [conv_k - 1][n_ch] receiving conv_state as it was
+                                 * before the first token (a rollback point, no separate copy) */
     int64_t n_ch, conv_k;       /* channels (q, k, v of every head), taps */
     float *qkv;                 /* [n_tok][n_ch] out: q and k normed (q scaled), v */
     float *gb;                  /* [n_tok][2][n_v_head] out: g, then beta (cpu_delta_prep) */

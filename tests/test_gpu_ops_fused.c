@@ -132,7 +132,7 @@ static void test_delta_prep_matches_cpu_and_tokens_are_independent(void **state)
 
 /* cuda_deltanet_in: the bits of the three launches it replaces (F32 matmul of alpha and beta,
  * conv1d_silu, delta_prep), and of itself run token by token (the window carried through
- * the state); cpu_deltanet_in within delta_prep's tolerance. Shapes: the 27B's (one token, a
+ * the state), the window before the block kept where asked; cpu_deltanet_in within delta_prep's tolerance. Shapes: the 27B's (one token, a
  * verify block, a prefill chunk), a small one with an odd token count and a channel count
  * that leaves the last value block part empty, and two that take the three launches
  * (d_k 200; 3 taps). */
@@ -174,8 +174,10 @@ static void test_deltanet_in_is_the_three_launches(void **state)
         g.raw = dput(raw, (size_t)(T * rs) * 4), g.conv_w = dput(cw, (size_t)(ch * K) * 4);
         g.conv_state = dput(st0, (size_t)sn * 4), g.qkv = dpoison((size_t)(T * ch) * 4);
         g.gb = dpoison((size_t)(T * 2 * nv) * 4), g.dt_bias = dput(dt, (size_t)nv * 4);
-        g.ssm_a = dput(sa, (size_t)nv * 4);
+        g.ssm_a = dput(sa, (size_t)nv * 4), g.conv_prev = dpoison((size_t)sn * 4);
         GPU_OK(cuda_deltanet_in(&g, gpu_st));
+        float *gprev = dget(g.conv_prev, (size_t)sn * 4);
+        assert_true(check_same_bits("deltanet_in conv window before", gprev, st0, (size_t)sn * 4));
         float *gq = dget(g.qkv, (size_t)(T * ch) * 4), *ggb = dget(g.gb, (size_t)(T * 2 * nv) * 4);
         float *gst = dget(g.conv_state, (size_t)sn * 4);
 
@@ -201,7 +203,7 @@ static void test_deltanet_in_is_the_three_launches(void **state)
         ops_dn_in one = g;
         GPU_OK(cuda_mem_upload(g.conv_state, st0, (size_t)sn * 4, gpu_st));
         float *q1 = dpoison((size_t)(T * ch) * 4), *gb1 = dpoison((size_t)(T * 2 * nv) * 4);
-        one.n_tok = 1;
+        one.n_tok = 1, one.conv_prev = NULL;
         for (int64_t t = 0; t < T; t++) {
             one.h = g.h + t * cols, one.raw = g.raw + t * rs;
             one.qkv = q1 + t * ch, one.gb = gb1 + t * 2 * nv;
@@ -215,8 +217,8 @@ static void test_deltanet_in_is_the_three_launches(void **state)
         assert_true(check_same_bits("deltanet_in state token by token", gst1, gst, (size_t)sn * 4));
 
         free(gq), free(ggb), free(gst), free(gq2), free(ggb2), free(gst2), free(gq1), free(ggb1);
-        free(gst1);
-        cuda_mem_free((void *)g.h), cuda_mem_free((void *)gwa.data), cuda_mem_free((void *)gwb.data);
+        free(gst1), free(gprev);
+        cuda_mem_free(g.conv_prev), cuda_mem_free((void *)g.h), cuda_mem_free((void *)gwa.data), cuda_mem_free((void *)gwb.data);
         cuda_mem_free(g.alpha), cuda_mem_free(g.beta), cuda_mem_free((void *)g.raw);
         cuda_mem_free((void *)g.conv_w), cuda_mem_free(g.conv_state), cuda_mem_free(g.qkv);
         cuda_mem_free(g.gb), cuda_mem_free((void *)g.dt_bias), cuda_mem_free((void *)g.ssm_a);

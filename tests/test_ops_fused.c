@@ -118,7 +118,8 @@ static void test_delta_prep_equals_the_per_token_chain(void **state)
     }
 }
 
-/* cpu_deltanet_in is its chain: two matmuls, conv1d_silu, delta_prep. */
+/* cpu_deltanet_in is its chain: two matmuls, conv1d_silu, delta_prep; the window before it
+ * kept where asked. */
 static void test_deltanet_in_equals_its_chain(void **state)
 {
     (void)state;
@@ -130,12 +131,14 @@ static void test_deltanet_in_equals_its_chain(void **state)
     ops_weight owa, owb;
     assert_int_equal(ops_weight_init(&owa, TD_F32, NV, COLS, wa), TD_OK);
     assert_int_equal(ops_weight_init(&owb, TD_F32, NV, COLS, wb), TD_OK);
-    float al[T * NV], be[T * NV], qkv[T * ch], gb[T * 2 * NV];
+    float al[T * NV], be[T * NV], qkv[T * ch], gb[T * 2 * NV], prev[(K - 1) * ch];
     ops_dn_in p = {.n_tok = T, .h = h, .w_alpha = &owa, .w_beta = &owb, .alpha = al,
                    .beta = be, .raw = raw, .raw_stride = ch, .conv_w = cw, .conv_state = st,
+                   .conv_prev = prev,
                    .n_ch = ch, .conv_k = K, .qkv = qkv, .gb = gb, .dt_bias = dt, .ssm_a = a,
                    .n_v_head = NV, .n_k_head = NK, .d_k = DK, .eps = 1e-6f};
     cpu_deltanet_in(&p);
+    assert_memory_equal(prev, st2, sizeof prev); /* the window before the block */
     float al2[T * NV], be2[T * NV], qkv2[T * ch], gb2[T * 2 * NV];
     cpu_matmul(al2, h, &owa, T);
     cpu_matmul(be2, h, &owb, T);

@@ -424,11 +424,11 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
 
 /* Gated DeltaNet over h[n_tok]: conv state and recurrent state advance by n_tok; the
  * output (before ssm_out) goes to w->o. With a rollback record (rec_* non-NULL) the
- * recurrence inputs are produced straight into it (no copies) and rec_ssm0 receives the
- * recurrent state before the block. */
+ * recurrence inputs are produced straight into it (no copies), and rec_ssm0 and rec_conv0
+ * receive the recurrent state and the conv window before the block. */
 static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
-                           int64_t n_tok, tgt_work *w, float *rec_ssm0, float *rec_xconv,
-                           float *rec_qkv, float *rec_gb)
+                           int64_t n_tok, tgt_work *w, float *rec_ssm0, float *rec_conv0,
+                           float *rec_xconv, float *rec_qkv, float *rec_gb)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
@@ -445,7 +445,7 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
     const ops_dn_in in = {
         .n_tok = n_tok, .h = w->h, .w_alpha = &L->walpha, .w_beta = &L->wbeta,
         .alpha = alpha, .beta = beta, .raw = raw, .raw_stride = ch, .conv_w = L->conv_w,
-        .conv_state = conv, .n_ch = ch, .conv_k = hp->conv_k, .qkv = qkv, .gb = gb,
+        .conv_state = conv, .conv_prev = rec_conv0, .n_ch = ch, .conv_k = hp->conv_k, .qkv = qkv, .gb = gb,
         .dt_bias = L->dt_bias, .ssm_a = L->ssm_a, .n_v_head = nv, .n_k_head = hp->n_k_head,
         .d_k = hp->d_k, .eps = hp->eps,
     };
@@ -481,11 +481,10 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
             TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
-            if (record)
-                TD_TRY(be->copy(be, s->rec_conv0[id], s->conv[id], tgt_conv_floats(hp) * sizeof(float)));
             TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w,
-                                record ? s->rec_ssm0[id] : NULL, record ? s->rec_xconv[id] : NULL,
-                                record ? s->rec_qkv[id] : NULL, record ? s->rec_gb[id] : NULL));
+                                record ? s->rec_ssm0[id] : NULL, record ? s->rec_conv0[id] : NULL,
+                                record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
+                                record ? s->rec_gb[id] : NULL));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wssm_out, n_tok));
             id++;
         }

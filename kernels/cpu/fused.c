@@ -2,6 +2,7 @@
  * intermediate rounded to f32 where the chain stored it), so the result is bit for bit the
  * chain's. The point is the GPU twin: one launch and one pass over memory instead of several. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/ops.h"
 
@@ -91,6 +92,8 @@ void cpu_deltanet_in(const ops_dn_in *p)
     TD_ASSERT(p != NULL && p->w_alpha != NULL && p->w_beta != NULL && p->alpha && p->beta);
     cpu_matmul(p->alpha, p->h, p->w_alpha, p->n_tok);
     cpu_matmul(p->beta, p->h, p->w_beta, p->n_tok);
+    if (p->conv_prev && p->conv_k > 1)
+        memcpy(p->conv_prev, p->conv_state, (size_t)((p->conv_k - 1) * p->n_ch) * sizeof(float));
     cpu_conv1d_silu(p->qkv, p->conv_state, NULL, p->raw, p->raw_stride, p->conv_w, p->n_tok,
                     p->n_ch, p->conv_k);
     cpu_delta_prep(p->gb, p->qkv, p->alpha, p->beta, p->dt_bias, p->ssm_a, p->n_tok,

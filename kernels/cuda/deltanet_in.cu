@@ -9,12 +9,16 @@
  *    (token, channel) in conv_kernel's order and roundings, SiLU, and for a q or k head (one
  *    block each, d_k <= 128) the L2 norm through delta_prep's block of 128 threads (the same
  *    sum tree), q scaled after. A thread keeps its channel's window in registers and writes
- *    it back after the last token: no other thread reads that channel's state.
+ *    it back after the last token (and the old one to conv_prev, a rollback point): no other
+ *    thread reads that channel's state.
  * The tokens' inputs are loaded DNI_TB at a time ahead of their sums, so a block of tokens
  * waits one round trip per DNI_TB tokens, not one per token. */
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_float.cuh"
 #include "kernels/cuda/ops_dev.cuh"
+extern "C" {
+#include "kernels/cuda_mem.h"
+}
 
 #define DNI_THREADS 128 /* a block: the F32 matmul's CTA, delta_prep's head of d_k <= 128 */
 #define DNI_K 4         /* conv taps of the one-launch path */
@@ -32,6 +36,7 @@ struct dni_args {
     int64_t raw_stride;
     const float *conv_w;  /* [n_ch][DNI_K] */
     float *state;         /* [DNI_K - 1][n_ch] */
+    float *prev;          /* NULL, or [DNI_K - 1][n_ch]: the state before the first token */
     int64_t n_ch;
     float *qkv;           /* [n_tok][n_ch] */
     float *gb;            /* [n_tok][2][nv] */
@@ -71,6 +76,11 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
 #pragma unroll
     for (int i = 0; i < DNI_K - 1; i++)
         win[i] = live ? a.state[i * a.n_ch + c] : 0.0f;
+    if (live && a.prev) {
+#pragma unroll
+        for (int i = 0; i < DNI_K - 1; i++)
+            a.prev[i * a.n_ch + c] = win[i];
+    }
     for (int t0 = 0; t0 < a.n_tok; t0 += DNI_TB) {
         float in[DNI_TB];
 #pragma unroll
@@ -113,6 +123,9 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
 static td_err dni_apart(const ops_dn_in *p, ops_stream st)
 {
     const ops_mm_out ab[] = {{p->alpha, p->w_alpha}, {p->beta, p->w_beta}};
+    if (p->conv_prev && p->conv_k > 1)
+        TD_TRY(cuda_mem_copy_chained(p->conv_prev, p->conv_state,
+                                     (size_t)((p->conv_k - 1) * p->n_ch) * sizeof(float), st));
     TD_TRY(cuda_matmul_multi(p->h, ab, 2, p->n_tok, st));
     TD_TRY(cuda_conv1d_silu(p->qkv, p->conv_state, NULL, p->raw, p->raw_stride, p->conv_w,
                             p->n_tok, p->n_ch, p->conv_k, st));
@@ -149,6 +162,7 @@ extern "C" td_err cuda_deltanet_in(const ops_dn_in *p, ops_stream st)
     a.ab = mm_set_of(ab, 2, mmf::RW);
     a.row_bytes = wa->row_bytes, a.cols = wa->cols, a.h = p->h, a.vec = mmf::vec_ok(ab, 2, p->h);
     a.raw = p->raw, a.raw_stride = p->raw_stride, a.conv_w = p->conv_w, a.state = p->conv_state;
+    a.prev = p->conv_prev;
     a.n_ch = p->n_ch, a.qkv = p->qkv, a.gb = p->gb, a.dt_bias = p->dt_bias, a.ssm_a = p->ssm_a;
     a.nv = (int)p->n_v_head, a.nk = (int)p->n_k_head, a.dk = (int)p->d_k, a.n_tok = (int)p->n_tok;
     a.qk_blocks = 2 * a.nk;
