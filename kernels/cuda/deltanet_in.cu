@@ -5,14 +5,17 @@
  *  - alpha/beta blocks are the F32 matmul's CTAs (matmul_float.cuh: the same loads, order and
  *    reduction), storing g = softplus(alpha + dt_bias) * ssm_a and beta' = sigmoid(beta) in
  *    place of the raw projections, with delta_prep's expressions;
- *  - every other block owns 128 channels for all tokens, one per thread: the conv sum of each
- *    (token, channel) in conv_kernel's order and roundings, SiLU, and for a q or k head (one
- *    block each, d_k <= 128) the L2 norm through delta_prep's block of 128 threads (the same
- *    sum tree), q scaled after. A thread keeps its channel's window in registers and writes
- *    it back after the last token (and the old one to conv_prev, a rollback point): no other
- *    thread reads that channel's state.
- * The tokens' inputs are loaded DNI_TB at a time ahead of their sums, so a block of tokens
- * waits one round trip per DNI_TB tokens, not one per token. */
+ *  - every other block owns 128 channels (one per thread) for a contiguous group of tokens:
+ *    the conv sum of each (token, channel) in conv_kernel's order and roundings, SiLU, and
+ *    for a q or k head (d_k <= 128) the L2 norm through delta_prep's block of 128 threads
+ *    (the same sum tree), q scaled after. A thread keeps its channel's window in registers.
+ *    A block of n tokens is cut into up to DNI_GROUPS groups of >= 3 tokens, so each head's
+ *    chain of block sums is n / groups long; group 0 alone reads the carried window (the
+ *    others start from the raw inputs before their tokens), keeps it in conv_prev where asked
+ *    (a rollback point) and writes the new one, the last 3 raw inputs, at its end: no other
+ *    block touches the channel's state.
+ * The tokens' inputs are loaded DNI_TB at a time ahead of their sums, so a group waits one
+ * round trip per DNI_TB tokens, not one per token. */
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_float.cuh"
 #include "kernels/cuda/ops_dev.cuh"
@@ -23,6 +26,7 @@ extern "C" {
 #define DNI_THREADS 128 /* a block: the F32 matmul's CTA, delta_prep's head of d_k <= 128 */
 #define DNI_K 4         /* conv taps of the one-launch path */
 #define DNI_TB 8        /* tokens whose inputs are loaded together */
+#define DNI_GROUPS 8    /* most token groups per channel block */
 static_assert(DNI_THREADS == mmf::KSPLIT * 32, "the F32 CTA's threads");
 
 struct dni_args {
@@ -42,7 +46,9 @@ struct dni_args {
     float *gb;            /* [n_tok][2][nv] */
     const float *dt_bias, *ssm_a; /* [nv] */
     int nv, nk, dk, n_tok;
-    int qk_blocks, v_blocks; /* 2 * nk head blocks, then the value channels' blocks */
+    int groups;              /* token groups per channel block (each >= DNI_K - 1 tokens) */
+    int qk_blocks, v_blocks; /* 2 * nk head blocks, then the value channels' blocks, each
+                              * times groups */
     float eps, q_scale;
 };
 
@@ -65,30 +71,37 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
                      });
         return;
     }
-    const bool head = b < a.qk_blocks, is_q = b < a.nk;
-    const int64_t c = head ? (int64_t)b * a.dk + tid
-                           : 2 * (int64_t)a.nk * a.dk + (int64_t)(b - a.qk_blocks) * DNI_THREADS + tid;
+    /* channel block cb, token group g: tokens [t_begin, t_end) */
+    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
+    const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
+    const int t_begin = g * a.n_tok / a.groups, t_end = (g + 1) * a.n_tok / a.groups;
+    const int64_t c = head ? (int64_t)cb * a.dk + tid
+                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
     const bool live = head ? tid < a.dk : c < a.n_ch;
     float wc[DNI_K], win[DNI_K - 1]; /* taps; raw inputs of the last DNI_K - 1 times, oldest first */
 #pragma unroll
     for (int i = 0; i < DNI_K; i++)
         wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
+    /* group 0 starts from the carried window; the others (t_begin >= DNI_K - 1) from the
+     * raw inputs before their first token, so only group 0 touches the state */
 #pragma unroll
     for (int i = 0; i < DNI_K - 1; i++)
-        win[i] = live ? a.state[i * a.n_ch + c] : 0.0f;
-    if (live && a.prev) {
+        win[i] = !live ? 0.0f
+                 : g == 0 ? a.state[i * a.n_ch + c]
+                          : a.raw[(int64_t)(t_begin - (DNI_K - 1) + i) * a.raw_stride + c];
+    if (live && g == 0 && a.prev) {
 #pragma unroll
         for (int i = 0; i < DNI_K - 1; i++)
             a.prev[i * a.n_ch + c] = win[i];
     }
-    for (int t0 = 0; t0 < a.n_tok; t0 += DNI_TB) {
+    for (int t0 = t_begin; t0 < t_end; t0 += DNI_TB) {
         float in[DNI_TB];
 #pragma unroll
         for (int j = 0; j < DNI_TB; j++)
-            in[j] = live && t0 + j < a.n_tok ? a.raw[(int64_t)(t0 + j) * a.raw_stride + c] : 0.0f;
+            in[j] = live && t0 + j < t_end ? a.raw[(int64_t)(t0 + j) * a.raw_stride + c] : 0.0f;
 #pragma unroll
         for (int j = 0; j < DNI_TB; j++) {
-            if (t0 + j >= a.n_tok) /* the same for every thread of the block */
+            if (t0 + j >= t_end) /* the same for every thread of the block */
                 break;
             /* conv_kernel's sum: taps in order, tap DNI_K - 1 the current input */
             float s = 0;
@@ -112,10 +125,12 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
                 a.qkv[(int64_t)(t0 + j) * a.n_ch + c] = y;
         }
     }
-    if (live) {
+    if (live && g == 0) { /* the new window: the last DNI_K - 1 inputs of the block */
 #pragma unroll
         for (int i = 0; i < DNI_K - 1; i++)
-            a.state[i * a.n_ch + c] = win[i];
+            a.state[i * a.n_ch + c] =
+                a.groups == 1 ? win[i]
+                              : a.raw[(int64_t)(a.n_tok - (DNI_K - 1) + i) * a.raw_stride + c];
     }
 }
 
@@ -165,8 +180,10 @@ extern "C" td_err cuda_deltanet_in(const ops_dn_in *p, ops_stream st)
     a.prev = p->conv_prev;
     a.n_ch = p->n_ch, a.qkv = p->qkv, a.gb = p->gb, a.dt_bias = p->dt_bias, a.ssm_a = p->ssm_a;
     a.nv = (int)p->n_v_head, a.nk = (int)p->n_k_head, a.dk = (int)p->d_k, a.n_tok = (int)p->n_tok;
-    a.qk_blocks = 2 * a.nk;
-    a.v_blocks = (int)cuda_blocks(p->n_ch - 2 * p->n_k_head * p->d_k, DNI_THREADS);
+    a.groups = a.n_tok / (DNI_K - 1) < DNI_GROUPS ? a.n_tok / (DNI_K - 1) : DNI_GROUPS;
+    a.groups = a.groups < 1 ? 1 : a.groups;
+    a.qk_blocks = 2 * a.nk * a.groups;
+    a.v_blocks = (int)cuda_blocks(p->n_ch - 2 * p->n_k_head * p->d_k, DNI_THREADS) * a.groups;
     a.eps = p->eps, a.q_scale = 1.0f / sqrtf((float)p->d_k);
     if (a.n_tok == 1)
         return dni_launch<1>(a, st);
