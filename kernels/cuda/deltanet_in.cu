@@ -185,11 +185,8 @@ extern "C" td_err cuda_deltanet_in(const ops_dn_in *p, ops_stream st)
     a.qk_blocks = 2 * a.nk * a.groups;
     a.v_blocks = (int)cuda_blocks(p->n_ch - 2 * p->n_k_head * p->d_k, DNI_THREADS) * a.groups;
     a.eps = p->eps, a.q_scale = 1.0f / sqrtf((float)p->d_k);
-    if (a.n_tok == 1)
-        return dni_launch<1>(a, st);
-    if (a.n_tok == 2)
-        return dni_launch<2>(a, st);
-    if (a.n_tok <= 4)
-        return dni_launch<4>(a, st);
-    return dni_launch<8>(a, st);
+    /* two tokens per F32 CTA at most: the F32 matmul's 8 would leave a 16-token block's 96
+     * rows to 48 CTAs of 8 tokens, the kernel's longest blocks (verify 16, profiled: 925 us of
+     * deltanet_in per step with token groups and 8 tokens per CTA) */
+    return a.n_tok == 1 ? dni_launch<1>(a, st) : dni_launch<2>(a, st);
 }
