@@ -83,11 +83,6 @@ struct ops_backend {
     /* the fused chains of kernels/ops.h */
     td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
                           const float *w, int64_t n_rows, int64_t dim, float eps);
-    td_err (*rmsnorm_silu)(const ops_backend *be, float *out, const float *x, const float *w,
-                           const float *z, int64_t n_rows, int64_t dim, float eps);
-    td_err (*conv1d_silu)(const ops_backend *be, float *out, float *state, float *state_all,
-                          const float *x, int64_t x_stride, const float *w, int64_t n_tok,
-                          int64_t n_ch, int64_t k);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
     td_err (*qk_norm_rope)(const ops_backend *be, float *q, float *k, const float *q_norm,

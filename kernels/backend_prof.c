@@ -14,8 +14,8 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_RMSNORM_SILU, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
-    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_CONV1D_SILU, PF_SWIGLU_MATMUL,
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
+    PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_N_OPS
 } pf_op;
 
@@ -23,8 +23,8 @@ static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "rmsnorm_silu", "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "conv1d_silu", "swiglu_matmul", "qk_norm_rope", "delta_rule_many",
+    "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
+    "swiglu_matmul", "qk_norm_rope", "delta_rule_many",
 };
 
 typedef struct pf_stat {
@@ -316,14 +316,6 @@ static td_err pf_conv1d_causal(const ops_backend *be, float *out, float *state, 
              in->conv1d_causal(in, out, state, state_all, x, x_stride, w, n_tok, n_ch, k));
 }
 
-static td_err pf_conv1d_silu(const ops_backend *be, float *out, float *state, float *state_all,
-                             const float *x, int64_t x_stride, const float *w, int64_t n_tok,
-                             int64_t n_ch, int64_t k)
-{
-    PF_TIMED(PF_CONV1D_SILU,
-             in->conv1d_silu(in, out, state, state_all, x, x_stride, w, n_tok, n_ch, k));
-}
-
 static td_err pf_swiglu_matmul(const ops_backend *be, float *y, float *gate, const float *up,
                                const ops_weight *w, int64_t n_tok)
 {
@@ -365,12 +357,6 @@ static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, fl
                              const float *w, int64_t n_rows, int64_t dim, float eps)
 {
     PF_TIMED(PF_ADD_RMSNORM, in->add_rmsnorm(in, x, h, out, w, n_rows, dim, eps));
-}
-
-static td_err pf_rmsnorm_silu(const ops_backend *be, float *out, const float *x, const float *w,
-                              const float *z, int64_t n_rows, int64_t dim, float eps)
-{
-    PF_TIMED(PF_RMSNORM_SILU, in->rmsnorm_silu(in, out, x, w, z, n_rows, dim, eps));
 }
 
 static td_err pf_deltanet_in(const ops_backend *be, const ops_dn_in *p)
@@ -477,14 +463,12 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->rope_neox = pf_rope_neox;
     b->attention = pf_attention;
     b->conv1d_causal = pf_conv1d_causal;
-    b->conv1d_silu = pf_conv1d_silu;
     b->swiglu_matmul = pf_swiglu_matmul;
     b->qk_norm_rope = pf_qk_norm_rope;
     b->delta_rule = pf_delta_rule;
     b->delta_rule_many = pf_delta_rule_many;
     b->to_f16 = pf_to_f16;
     b->add_rmsnorm = pf_add_rmsnorm;
-    b->rmsnorm_silu = pf_rmsnorm_silu;
     b->deltanet_in = pf_deltanet_in;
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;

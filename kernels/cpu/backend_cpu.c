@@ -164,15 +164,6 @@ static td_err be_cpu_conv1d_causal(const ops_backend *be, float *out, float *sta
     return TD_OK;
 }
 
-static td_err be_cpu_conv1d_silu(const ops_backend *be, float *out, float *state,
-                                 float *state_all, const float *x, int64_t x_stride,
-                                 const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
-{
-    (void)be;
-    cpu_conv1d_silu(out, state, state_all, x, x_stride, w, n_tok, n_ch, k);
-    return TD_OK;
-}
-
 static td_err be_cpu_swiglu_matmul(const ops_backend *be, float *y, float *gate,
                                    const float *up, const ops_weight *w, int64_t n_tok)
 {
@@ -227,15 +218,6 @@ static td_err be_cpu_add_rmsnorm(const ops_backend *be, float *x, const float *h
 {
     (void)be;
     cpu_add_rmsnorm(x, h, out, w, n_rows, dim, eps);
-    return TD_OK;
-}
-
-static td_err be_cpu_rmsnorm_silu(const ops_backend *be, float *out, const float *x,
-                                  const float *w, const float *z, int64_t n_rows, int64_t dim,
-                                  float eps)
-{
-    (void)be;
-    cpu_rmsnorm_silu(out, x, w, z, n_rows, dim, eps);
     return TD_OK;
 }
 
@@ -319,8 +301,6 @@ static const ops_backend be_cpu = {
     .kv_store = be_cpu_kv_store,
     .to_f16 = be_cpu_to_f16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
-    .rmsnorm_silu = be_cpu_rmsnorm_silu,
-    .conv1d_silu = be_cpu_conv1d_silu,
     .swiglu_matmul = be_cpu_swiglu_matmul,
     .qk_norm_rope = be_cpu_qk_norm_rope,
     .deltanet_in = be_cpu_deltanet_in,

@@ -178,20 +178,6 @@ static td_err be_cuda_add_rmsnorm(const ops_backend *be, float *x, const float *
     return cuda_add_rmsnorm(x, h, out, w, n_rows, dim, eps, be->stream);
 }
 
-static td_err be_cuda_rmsnorm_silu(const ops_backend *be, float *out, const float *x,
-                                   const float *w, const float *z, int64_t n_rows, int64_t dim,
-                                   float eps)
-{
-    return cuda_rmsnorm_silu(out, x, w, z, n_rows, dim, eps, be->stream);
-}
-
-static td_err be_cuda_conv1d_silu(const ops_backend *be, float *out, float *state,
-                                  float *state_all, const float *x, int64_t x_stride,
-                                  const float *w, int64_t n_tok, int64_t n_ch, int64_t k)
-{
-    return cuda_conv1d_silu(out, state, state_all, x, x_stride, w, n_tok, n_ch, k, be->stream);
-}
-
 static td_err be_cuda_swiglu_matmul(const ops_backend *be, float *y, float *gate,
                                     const float *up, const ops_weight *w, int64_t n_tok)
 {
@@ -293,8 +279,6 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->graph_launch = be_cuda_graph_launch;
     be->graph_free = be_cuda_graph_free;
     be->add_rmsnorm = be_cuda_add_rmsnorm;
-    be->rmsnorm_silu = be_cuda_rmsnorm_silu;
-    be->conv1d_silu = be_cuda_conv1d_silu;
     be->swiglu_matmul = be_cuda_swiglu_matmul;
     be->qk_norm_rope = be_cuda_qk_norm_rope;
     be->deltanet_in = be_cuda_deltanet_in;

@@ -12,7 +12,6 @@
 #define FUSED_MAX_DK 1024
 #define FUSED_MAX_HD 1024 /* qk_norm_rope: a head in shared memory */
 
-
 /* x += h; out = rmsnorm(x) * w; block = one row of dim. A thread's values stay in registers
  * between the two passes (up to FUSED_ROW_VALS each, dim <= 8192; wider rows read x back),
  * and its loads of x and h are issued before its first store: x, h and out may alias as far
@@ -84,7 +83,6 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
  * FUSED_HEAD_VALS values are read once, x, z and w together before the block's sum (the gate
  * silu(z) is made meanwhile); longer rows read them again after it. */
 #define FUSED_HEAD_VALS 4
-
 
 __global__ void __launch_bounds__(FUSED_HEAD_THREADS)
 rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, const float *z,
