@@ -18,6 +18,13 @@ double bench_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Whether the runs are followed by profiled ones: a profiler that skips ops (--skip-ops) only
+ * times what is left. */
+static bool bench_profiling(const ops_backend *be)
+{
+    return ops_prof_active(be) && !ops_prof_skipping(be);
+}
+
 static int bench_cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -225,7 +232,7 @@ static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_ti
         bench_done(t, b->s, iters);
         if (keep)
             bench_done(rb, r, iters);
-        if (ops_prof_active(b->be))
+        if (bench_profiling(b->be))
             bench_step_profile(b, ctx, n, t, keep);
     } else {
         bench_fail(t, "%s", err_msg());
@@ -244,7 +251,7 @@ static td_err bench_prompt(bench_tgt *b)
         tgt_out out = {.logits = b->logits, .last_only = true, .taps = b->taps,
                        .n_taps = b->n_taps, .tap_out = b->tap_out};
         TD_TRY(tgt_forward(b->m, &b->st, b->tokens, BENCH_PREFILL_CHUNK, false, &out));
-        if (ops_prof_active(b->be))
+        if (bench_profiling(b->be))
             ops_prof_step(b->be); /* the profile's rows are per chunk */
     }
     return b->be->sync(b->be);
@@ -267,7 +274,7 @@ static void bench_prefill(bench_tgt *b, int iters, bench_time *t)
         return;
     }
     bench_done(t, b->s, n);
-    if (!ops_prof_active(b->be))
+    if (!bench_profiling(b->be))
         return;
     ops_prof_reset(b->be);
     ops_prof_enable(b->be, true);
@@ -370,7 +377,7 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
     if (e == TD_OK)
         e = be->sync(be);
     /* the timed runs, then (with a profiling backend) BENCH_PROF_ITERS profiled ones */
-    bool prof = ops_prof_active(be);
+    bool prof = bench_profiling(be);
     int n_prof = prof ? BENCH_PROF_ITERS : 0;
     double ps[BENCH_PROF_ITERS];
     for (int i = -BENCH_WARMUP; e == TD_OK && i < iters + n_prof; i++) {

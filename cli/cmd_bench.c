@@ -422,7 +422,7 @@ static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
 
 static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
                       const char *save, const char *save_draft, int device, int iters,
-                      const char *json_path, bool profile)
+                      const char *json_path, bool profile, const char *skip_ops)
 {
     bench_report r = {.iters = iters, .shape = model ? NULL : shape->name};
     double t_start = bench_now();
@@ -445,14 +445,25 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     bench_device_name(&r, be);
     /* Profiling: only the profiled runs of each phase are timed op by op. */
     ops_backend *prof = NULL;
-    if ((profile || ops_prof_wanted()) && !ops_prof_active(be)) {
+    if ((profile || skip_ops || ops_prof_wanted()) && !ops_prof_active(be)) {
         if (ops_prof_wrap(&prof, be) == TD_OK)
             be = prof;
         else
             bench_note(&r, "no profile: %s", err_msg());
     }
+    if (skip_ops) {
+        if (!ops_prof_active(be) || ops_prof_skip(be, skip_ops) != TD_OK) {
+            int rc = bench_fail("--skip-ops");
+            ops_prof_free(prof);
+            if (cuda)
+                ops_backend_cuda_free(cuda);
+            return rc;
+        }
+        bench_note(&r, "--skip-ops %s: those ops did not run, so the results are wrong and the "
+                   "times are what the rest of each step costs", skip_ops);
+    }
     ops_prof_enable(be, false);
-    if (ops_prof_active(be))
+    if (ops_prof_active(be) && !skip_ops)
         bench_note(&r, "profiled: %d more runs per phase after the timed ones, each op bracketed "
                    "by CUDA events (the profile tables' wall times include that cost)",
                    BENCH_PROF_ITERS);
@@ -579,7 +590,7 @@ static int bench_build_only(const bmodel_shape *shape, const char *save, const c
 int cmd_bench(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
-    const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL;
+    const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL, *skip_ops = NULL;
     int64_t device = 0, iters = 10, split_block = 16;
     bool help = false, build_only = false, profile = false;
     char shape_help[96];
@@ -595,6 +606,7 @@ int cmd_bench(int argc, char **argv)
         {"json", ARGS_STRING, &json, NULL, "also write the results as JSON to this file", 0, 0, 0},
         {"iters", ARGS_INT, &iters, NULL, "timed runs per measurement (the median is reported)", 1, 100000, 'n'},
         {"profile", ARGS_FLAG, &profile, NULL, "also time every backend op of each phase (as TANDEM_PROFILE=1)", 0, 0, 0},
+        {"skip-ops", ARGS_STRING, &skip_ops, NULL, "ops (the profile's names, comma-separated) that do not run: times what the rest costs, results wrong; no profile", 0, 0, 0},
         /* the two ends of the process-split measurement (the benchmark starts them itself) */
         {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
         {"split-client", ARGS_STRING, &split_client, NULL, "(internal) verifyd end at this URL", 0, 0, 0},
@@ -602,7 +614,7 @@ int cmd_bench(int argc, char **argv)
         ARGS_END,
     };
     const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
-                        "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile]";
+                        "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile] [--skip-ops LIST]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err_msg());
         args_usage(usage, opts);
@@ -642,5 +654,5 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json,
-                      profile);
+                      profile, skip_ops);
 }

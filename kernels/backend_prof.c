@@ -44,6 +44,7 @@ typedef struct ops_prof {
     const ops_backend *inner; /* the backend that does the work */
     bool on;                  /* timing and counting (false: pass through) */
     bool device;              /* device time from CUDA events */
+    bool skip[PF_N_OPS];      /* ops whose calls return at once (ops_prof_skip) */
     pf_stat stat[PF_N_OPS];
     uint64_t steps;           /* ops_prof_step marks since the reset */
     uint64_t lost;            /* calls whose device time could not be read */
@@ -183,6 +184,8 @@ static void pf_end(const ops_backend *be, pf_mark *m, td_err e)
 #define PF_TIMED(op, call)                                                                   \
     do {                                                                                     \
         const ops_backend *in = PF_IN(be);                                                   \
+        if (be->prof->skip[op])                                                              \
+            return TD_OK;                                                                    \
         pf_mark pf_m_;                                                                       \
         pf_begin(be, op, &pf_m_);                                                            \
         td_err pf_e_ = (call);                                                               \
@@ -483,6 +486,42 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->graph_free = inner->graph_free ? pf_graph_free : NULL;
     *out = b;
     return TD_OK;
+}
+
+td_err ops_prof_skip(const ops_backend *be, const char *list)
+{
+    ops_prof *p = be->prof;
+    TD_ASSERT(p != NULL && list != NULL);
+    bool skip[PF_N_OPS] = {false};
+    const char *s = list;
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        int op = -1;
+        for (int i = 0; i < PF_N_OPS; i++)
+            if (strlen(pf_names[i]) == n && strncmp(pf_names[i], s, n) == 0)
+                op = i;
+        if (op < 0)
+            return err_set(TD_EINVAL, "no op named '%.*s' to skip (the profile table's names)",
+                           (int)n, s);
+        /* the data movement is what the caller's host side relies on */
+        if (op == PF_TO_DEVICE || op == PF_TO_HOST || op == PF_COPY || op == PF_COPY2D ||
+            op == PF_ZERO)
+            return err_set(TD_EINVAL, "'%s' moves data and cannot be skipped", pf_names[op]);
+        skip[op] = true;
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    memcpy(p->skip, skip, sizeof skip);
+    return TD_OK;
+}
+
+bool ops_prof_skipping(const ops_backend *be)
+{
+    for (int i = 0; be->prof && i < PF_N_OPS; i++)
+        if (be->prof->skip[i])
+            return true;
+    return false;
 }
 
 const ops_backend *ops_prof_inner(const ops_backend *be)

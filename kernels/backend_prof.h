@@ -46,6 +46,14 @@ bool ops_prof_wanted(void);
 /* *out = a table running inner's ops, timed (profiling starts enabled). inner must outlive
  * it. TD_ENOMEM, or TD_ECUDA when CUDA events cannot be made. */
 td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner);
+/* Makes the ops named in list (comma-separated, the profile table's names; empty: none)
+ * return TD_OK at once without running, for what is left of a step to be timed: results
+ * are then wrong. Replaces the previous list. Ops that move data (to_device, to_host, copy,
+ * copy2d, zero) cannot be skipped. TD_EINVAL for those and for unknown names (the list in
+ * force stays). */
+td_err ops_prof_skip(const ops_backend *be, const char *list);
+/* Whether be is a profiler with ops to skip. */
+bool ops_prof_skipping(const ops_backend *be);
 /* The backend a profiler wraps (be itself when be is not a profiler). */
 const ops_backend *ops_prof_inner(const ops_backend *be);
 /* Frees a table made by ops_prof_wrap (not the inner backend). NULL is fine. */

@@ -121,6 +121,43 @@ static void test_prof_calls_on_a_plain_backend_do_nothing(void **state)
     assert_null(cpu->prof);
 }
 
+/* Skipped ops return at once and leave their outputs alone; others still run; bad lists are
+ * refused and leave the list in force. */
+static void test_prof_skip_ops(void **state)
+{
+    (void)state;
+    ops_backend *be;
+    assert_int_equal(ops_prof_wrap(&be, ops_backend_cpu()), TD_OK);
+    enum { N = 8 };
+    float a[N], b[N], got[N], want[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)i - 2.5f;
+        b[i] = 0.5f * (float)i;
+    }
+    assert_int_equal(ops_prof_skip(be, "silu,add"), TD_OK);
+    for (int i = 0; i < N; i++)
+        got[i] = 42.0f;
+    assert_int_equal(be->add(be, got, a, b, N), TD_OK);
+    assert_int_equal(be->silu(be, got, a, N), TD_OK);
+    for (int i = 0; i < N; i++)
+        assert_true(got[i] == 42.0f);
+    assert_int_equal(be->mul(be, got, a, b, N), TD_OK);
+    cpu_mul(want, a, b, N);
+    assert_memory_equal(got, want, sizeof got);
+
+    assert_int_equal(ops_prof_skip(be, "add,sigmoidx"), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "'sigmoidx'"));
+    assert_int_equal(ops_prof_skip(be, "copy"), TD_EINVAL);
+    assert_int_equal(be->silu(be, got, a, N), TD_OK); /* silu is still skipped */
+    assert_memory_equal(got, want, sizeof got);
+
+    assert_int_equal(ops_prof_skip(be, ""), TD_OK);
+    assert_int_equal(be->add(be, got, a, b, N), TD_OK);
+    cpu_add(want, a, b, N);
+    assert_memory_equal(got, want, sizeof got);
+    ops_prof_free(be);
+}
+
 static void test_prof_environment_switch(void **state)
 {
     (void)state;
@@ -142,6 +179,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prof_counts_each_call_and_keeps_results),
         cmocka_unit_test(test_prof_calls_on_a_plain_backend_do_nothing),
+        cmocka_unit_test(test_prof_skip_ops),
         cmocka_unit_test(test_prof_environment_switch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
