@@ -34,6 +34,7 @@ typedef enum att_keys {
     KEYS_CTX_THEN_BLOCK, /* ctx context keys at 0..ctx-1, then the queries' own keys */
     KEYS_NONE,           /* n_kv = 0 */
     KEYS_AFTER_QUERIES,  /* every key later than every query: causal sees nothing */
+    KEYS_LATER_MASKED,   /* keys at 0..n_kv-1, queries from ctx/2: causal masks the rest */
 } att_keys;
 
 typedef struct att_case {
@@ -99,12 +100,16 @@ static void att_build(const att_case *c, att_host *h)
         q_pos[j] = (int32_t)c->ctx + off;
         if (c->keys == KEYS_AFTER_QUERIES)
             q_pos[j] = off;
+        if (c->keys == KEYS_LATER_MASKED)
+            q_pos[j] = (int32_t)(c->ctx / 2) + off;
     }
     for (int64_t i = 0; i < a->n_kv; i++) {
         const int64_t j = i - c->ctx;
         k_pos[i] = j < 0 ? (int32_t)i : q_pos[j];
         if (c->keys == KEYS_AFTER_QUERIES)
             k_pos[i] = (int32_t)(c->n_q + 10 + i);
+        if (c->keys == KEYS_LATER_MASKED)
+            k_pos[i] = (int32_t)i;
     }
     a->q_pos = q_pos, a->k_pos = k_pos;
     a->mask = c->mask;
@@ -189,7 +194,7 @@ static void att_check(const att_case *c)
     float *got = att_run(d);
     if (!check_close(c->name, got, ref, n_out, 0, ATT_ATOL))
         fail_msg("attention case %s differs from the CPU", c->name);
-    if (c->keys != KEYS_CTX_THEN_BLOCK)
+    if (c->keys == KEYS_NONE || c->keys == KEYS_AFTER_QUERIES)
         for (int64_t i = 0; i < n_out; i++)
             assert_true(got[i] == 0.0f); /* a query that sees no key gets zeros */
     free(got);
@@ -341,6 +346,9 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
         /* 512 blocks of 16 rows: each folds its splits itself */
         {"prefill 256 folding", 256, 32, 8, 64, 200, OPS_MASK_CAUSAL, 0, TD_F16, true, false,
          0, 0},
+        /* 32 splits, the last 16 masked for every row: their partials are empty */
+        {"decode, later keys masked", 1, 24, 4, 256, 4000, OPS_MASK_CAUSAL, 0, TD_F16, true,
+         false, KEYS_LATER_MASKED, 0},
     };
     static const char *const rows[] = {NULL, "2", "4", "8", "16"};
     const char *saved = getenv("TANDEM_ATT_ROWS");
