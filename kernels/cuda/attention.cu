@@ -30,7 +30,8 @@
 #define ATT_THREADS 128
 #define ATT_NE (ATT_ROWS * ATT_MAX_DIM / ATT_THREADS) /* output values per thread */
 #define ATT_SCRATCH_MAX ((size_t)256 << 20) /* above this many bytes of partials: fold in blocks */
-#define ATT_COMBINE_BATCH 32 /* partials the combine kernel loads at once */
+#define ATT_COMBINE_D 64       /* head values per combine block (one per thread) */
+#define ATT_COMBINE_ROUND 512  /* splits the combine stages in shared memory at once */
 
 typedef struct att_args {
     ops_attn a;       /* the caller's description, device pointers */
@@ -789,39 +790,121 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
     }
 }
 
+/* One 4-byte cp.async (the combine's values; partial rows are only 8-byte aligned). */
+__device__ __forceinline__ void att_cp4(float *dst, const float *src)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+}
+
 /* Folds the partials of one (query, head) row in split order: block x = t * n_head + h,
- * thread d. Every thread folds the same (max, sum) the in-block path would. */
-__global__ void __launch_bounds__(ATT_MAX_DIM) att_combine_kernel(bool early, att_args p)
+ * y = a run of ATT_COMBINE_D head values, one per thread. The same operations in the same
+ * order as att_fold and att_apply split by split, so the same bits, but not one round trip
+ * per batch of splits and one exp chain per split: per round of up to ATT_COMBINE_ROUND
+ * splits, every value of the round is copied into shared memory at once (cp.async), the
+ * running max after each split (a max is exact in any order: a scan) gives every split's
+ * factors fa and fb side by side, and each thread then runs only the multiply-adds of its
+ * value and of the sum. (One thread walking 257 splits of a 32K decode in batches of 32
+ * took ~25 us per layer.) */
+__global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
+    extern __shared__ float csm[];
+    __shared__ float wmax[ATT_COMBINE_D / 32];
     const ops_attn &a = p.a;
-    const int64_t D = a.head_dim, row = blockIdx.x, d = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t D = a.head_dim, row = blockIdx.x;
+    const int64_t d = (int64_t)blockIdx.y * ATT_COMBINE_D + tid;
     const int64_t t = row / a.n_head, h = row % a.n_head;
-    if (d >= D)
-        return;
-    float M = -INFINITY, L = 0, A = 0;
     const int64_t n_split = att_n_split(p, att_n_kv(a));
-    /* ATT_COMBINE_BATCH partials loaded before any is folded: the fold order is the same,
-     * but the loads overlap (one round trip per split made a 32K decode's 257 splits cost
-     * ~70 us per layer; 8 at a time still left 32 round trips) */
-    for (int64_t s0 = 0; s0 < n_split; s0 += ATT_COMBINE_BATCH) {
-        float pm[ATT_COMBINE_BATCH], pl[ATT_COMBINE_BATCH], pv[ATT_COMBINE_BATCH];
-#pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++) {
-            const float *pr = p.part + ((s0 + u) * a.n_q * a.n_head + row) * (D + 2);
-            const bool in = s0 + u < n_split;
-            pm[u] = in ? pr[D] : -INFINITY;
-            pl[u] = in ? pr[D + 1] : 0.0f;
-            pv[u] = in ? pr[d] : 0.0f; /* read even when unused below: never folded then */
+    const int R = (int)(p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND);
+    float *sv = csm;                              /* [R][ATT_COMBINE_D] the values */
+    float *sfa = sv + (size_t)R * ATT_COMBINE_D; /* [R] att_fold's fa */
+    float *sfb = sfa + R;                         /* [R] fb; -1: a split that folds nothing */
+    float *sl = sfb + R;                          /* [R] the splits' sums */
+    const int64_t stride = a.n_q * a.n_head * (D + 2); /* one split's partials to the next */
+    const float *base = p.part + row * (D + 2);
+    float M = -INFINITY, L = 0, A = 0;
+    for (int64_t s0 = 0; s0 < n_split; s0 += R) {
+        const int nr = (int)(n_split - s0 < R ? n_split - s0 : R);
+        __syncthreads(); /* the previous round is folded: its arrays are free */
+        if (d < D)
+            for (int i = 0; i < nr; i++)
+                att_cp4(sv + (size_t)i * ATT_COMBINE_D + tid, base + (s0 + i) * stride + d);
+        ats_commit();
+        /* thread tid takes splits i0 .. i1 - 1 of the round: their max and sum, the max of
+         * all splits before them (a scan of the threads' maxima), then their factors */
+        const int per = (nr + ATT_COMBINE_D - 1) / ATT_COMBINE_D;
+        const int i0 = tid * per < nr ? tid * per : nr, i1 = i0 + per < nr ? i0 + per : nr;
+        float mine = -INFINITY;
+        for (int i = i0; i < i1; i++) {
+            const float *pr = base + (s0 + i) * stride;
+            sfa[i] = pr[D]; /* the split's max, until its factor replaces it */
+            sl[i] = pr[D + 1];
+            mine = fmaxf(mine, sfa[i]);
         }
-#pragma unroll
-        for (int u = 0; u < ATT_COMBINE_BATCH; u++) {
-            float fa, fb;
-            if (att_fold(M, L, pm[u], pl[u], fa, fb))
-                A = att_apply(A, pv[u], fa, fb);
+        float incl = mine; /* max over threads 0 .. tid */
+        for (int o = 1; o < 32; o <<= 1) {
+            const float u = __shfl_up_sync(DEV_FULL_MASK, incl, o);
+            if (lane >= o)
+                incl = fmaxf(incl, u);
+        }
+        if (lane == 31)
+            wmax[warp] = incl;
+        __syncthreads();
+        float before = __shfl_up_sync(DEV_FULL_MASK, incl, 1); /* over threads 0 .. tid-1 */
+        if (lane == 0)
+            before = -INFINITY;
+        for (int w = 0; w < warp; w++)
+            before = fmaxf(before, wmax[w]);
+        float Mi = fmaxf(M, before); /* att_fold's M before split i0 */
+        for (int i = i0; i < i1; i++) {
+            const float ms = sfa[i];
+            if (ms == -INFINITY) { /* att_fold: nothing to fold, M unchanged */
+                sfb[i] = -1.0f;
+                continue;
+            }
+            const float Mn = fmaxf(Mi, ms);
+            sfa[i] = Mi == -INFINITY ? 0.0f : expf(Mi - Mn);
+            sfb[i] = expf(ms - Mn);
+            Mi = Mn;
+        }
+        for (int w = 0; w < ATT_COMBINE_D / 32; w++)
+            M = fmaxf(M, wmax[w]); /* after the round */
+        ats_wait<0>();
+        __syncthreads();
+        for (int i = 0; i < nr; i++) {
+            const float fb = sfb[i];
+            if (fb == -1.0f)
+                continue;
+            const float fa = sfa[i];
+            L = fmaf(sl[i], fb, __fmul_rn(L, fa));
+            A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
         }
     }
-    att_write(a, t, h, d, A, L);
+    if (d < D)
+        att_write(a, t, h, d, A, L);
+}
+
+/* The combine kernel over p's partials: its shared memory holds a round of splits. */
+static td_err att_combine_launch(const att_args &p, cudaStream_t st)
+{
+    const int64_t R = p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND;
+    const size_t smem = (size_t)R * (ATT_COMBINE_D + 3) * sizeof(float);
+    static int opted[64]; /* per device: the dynamic shared memory limit was raised */
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (smem > 48 * 1024 && !__atomic_load_n(&opted[dev & 63], __ATOMIC_RELAXED)) {
+        CUDA_TRY(cudaFuncSetAttribute(att_combine_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)((size_t)ATT_COMBINE_ROUND * (ATT_COMBINE_D + 3) *
+                                            sizeof(float))));
+        __atomic_store_n(&opted[dev & 63], 1, __ATOMIC_RELAXED);
+    }
+    const unsigned chunks = (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D);
+    return pdl_launch<att_combine_kernel>("attention combine",
+                                          dim3((unsigned)(p.a.n_q * p.a.n_head), chunks),
+                                          dim3(ATT_COMBINE_D), smem, st, p);
 }
 
 typedef void (*ats_fn)(bool, att_args, int);
@@ -1048,12 +1131,8 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
             break;
         }
     }
-    if (r == TD_OK && split) {
-        const unsigned threads = (unsigned)((a->head_dim + 31) / 32 * 32);
-        r = pdl_launch<att_combine_kernel>("attention combine",
-                                           dim3((unsigned)(a->n_q * a->n_head)), dim3(threads),
-                                           0, st, p);
-    }
+    if (r == TD_OK && split)
+        r = att_combine_launch(p, st);
     dev_scratch_free(pooled, st);
     return r;
 }
