@@ -80,6 +80,14 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
     };
     if (d.n_tok > 0)
         fetch(0);
+    /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
+     * state loads, not behind the recurrence; its output row stays in shared memory */
+    __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
+    float z0 = 0.0f, w0 = 1.0f;
+    if (NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
+        z0 = d.norm_z[h * dv + tid];
+        w0 = d.norm_w ? d.norm_w[tid] : 1.0f;
+    }
     for (int64_t t = 0; t < d.n_tok; t++) {
         sync(); /* the previous token is done with qs, ks and red */
         if (tid < dk_rows) {
@@ -123,6 +131,8 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
             for (int g = 1; g < DELTA_RG; g++)
                 sum += red[cg][g][lane];
             d.out[(t * nv + h) * dv + j] = sum;
+            if (NG > 1)
+                orow[cg * DELTA_COLS + lane] = sum;
         }
         if (live && d.state_all) {
             float *sa = d.state_all + (t * nv + h) * dk * dv + j;
@@ -147,9 +157,10 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
     for (int64_t t = cg; t < d.n_tok; t += NG) {
         float *o = d.out + (t * nv + h) * dv;
         const float *z = d.norm_z + (t * nv + h) * dv;
-        const bool in = tid < dv;
-        const float x = in ? o[tid] : 0.0f, zt = in ? z[tid] : 0.0f;
-        const float wi = d.norm_w && in ? d.norm_w[tid] : 1.0f;
+        const bool in = tid < dv, one = d.n_tok == 1; /* one: the row, z and w are at hand */
+        const float x = in ? (one ? orow[tid] : o[tid]) : 0.0f;
+        const float zt = in ? (one ? z0 : z[tid]) : 0.0f;
+        const float wi = d.norm_w && in ? (one ? w0 : d.norm_w[tid]) : 1.0f;
         const float part = in ? fmaf(x, x, 0.0f) : 0.0f;
         const float gate = dev_gate(zt);
         const float inv = dev_rms_inv(
