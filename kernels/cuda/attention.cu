@@ -87,25 +87,37 @@ __device__ __forceinline__ float att_load(const ops_attn &a, const void *base, i
     return __ldg((const float *)base + off);
 }
 
-/* Folds a split (max ms, sum ls) into the running (M, L) and gives the factors for the
- * running values (fa) and the split's values (fb): values = values*fa + split*fb. False for
- * a split with no visible key: it changes nothing. The one definition of the fold order. */
-__device__ __forceinline__ bool att_fold(float &M, float &L, float ms, float ls, float &fa,
-                                         float &fb)
+/* A running value (or sum) A with a split's acc folded in: A*fa + acc*fb. */
+__device__ __forceinline__ float att_apply(float A, float acc, float fa, float fb)
+{
+    return fmaf(acc, fb, __fmul_rn(A, fa));
+}
+
+/* The factors that fold a split of max ms into the running max M: fa for the running values,
+ * fb for the split's; M becomes the new max. False for a split with no visible key: it
+ * changes nothing. */
+__device__ __forceinline__ bool att_factors(float &M, float ms, float &fa, float &fb)
 {
     if (ms == -INFINITY)
         return false;
     const float Mn = fmaxf(M, ms);
     fa = M == -INFINITY ? 0.0f : expf(M - Mn);
     fb = expf(ms - Mn);
-    L = fmaf(ls, fb, __fmul_rn(L, fa));
     M = Mn;
     return true;
 }
 
-__device__ __forceinline__ float att_apply(float A, float acc, float fa, float fb)
+/* Folds a split (max ms, sum ls) into the running (M, L) and gives the factors for the
+ * running values (fa) and the split's values (fb): values = values*fa + split*fb. False for
+ * a split with no visible key: it changes nothing. With att_factors and att_apply, the one
+ * definition of the fold order (the combine kernel computes the same factors apart). */
+__device__ __forceinline__ bool att_fold(float &M, float &L, float ms, float ls, float &fa,
+                                         float &fb)
 {
-    return fmaf(acc, fb, __fmul_rn(A, fa));
+    if (!att_factors(M, ms, fa, fb))
+        return false;
+    L = att_apply(L, ls, fa, fb);
+    return true;
 }
 
 /* One row of a split (a warp): its exact max, p = exp(score - max) of key c into
@@ -859,15 +871,10 @@ __global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, 
             before = fmaxf(before, wmax[w]);
         float Mi = fmaxf(M, before); /* att_fold's M before split i0 */
         for (int i = i0; i < i1; i++) {
-            const float ms = sfa[i];
-            if (ms == -INFINITY) { /* att_fold: nothing to fold, M unchanged */
-                sfb[i] = -1.0f;
-                continue;
-            }
-            const float Mn = fmaxf(Mi, ms);
-            sfa[i] = Mi == -INFINITY ? 0.0f : expf(Mi - Mn);
-            sfb[i] = expf(ms - Mn);
-            Mi = Mn;
+            float fa = 0.0f, fb = -1.0f; /* -1: nothing to fold, M unchanged */
+            att_factors(Mi, sfa[i], fa, fb);
+            sfa[i] = fa;
+            sfb[i] = fb;
         }
         for (int w = 0; w < ATT_COMBINE_D / 32; w++)
             M = fmaxf(M, wmax[w]); /* after the round */
@@ -878,7 +885,7 @@ __global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, 
             if (fb == -1.0f)
                 continue;
             const float fa = sfa[i];
-            L = fmaf(sl[i], fb, __fmul_rn(L, fa));
+            L = att_apply(L, sl[i], fa, fb);
             A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
         }
     }
