@@ -893,20 +893,21 @@ __global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, 
         att_write(a, t, h, d, A, L);
 }
 
+/* Shared memory of the combine kernel for rounds of R splits: values, fa, fb, sums. */
+static size_t att_combine_bytes(int64_t R)
+{
+    return (size_t)R * (ATT_COMBINE_D + 3) * sizeof(float);
+}
+
 /* The combine kernel over p's partials: its shared memory holds a round of splits. */
 static td_err att_combine_launch(const att_args &p, cudaStream_t st)
 {
     const int64_t R = p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND;
-    const size_t smem = (size_t)R * (ATT_COMBINE_D + 3) * sizeof(float);
-    static int opted[64]; /* per device: the dynamic shared memory limit was raised */
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    if (smem > 48 * 1024 && !__atomic_load_n(&opted[dev & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(att_combine_kernel,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)((size_t)ATT_COMBINE_ROUND * (ATT_COMBINE_D + 3) *
-                                            sizeof(float))));
-        __atomic_store_n(&opted[dev & 63], 1, __ATOMIC_RELAXED);
+    const size_t smem = att_combine_bytes(R);
+    if (smem > 48 * 1024) {
+        int dev = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        TD_TRY(smem_optin<att_combine_kernel>(dev, att_combine_bytes(ATT_COMBINE_ROUND)));
     }
     const unsigned chunks = (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D);
     return pdl_launch<att_combine_kernel>("attention combine",

@@ -115,6 +115,20 @@ cudaError_t launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, bool 
     return e;
 }
 
+/* Lets kernel K have up to bytes of dynamic shared memory (more than the 48 KB a launch gets
+ * without opting in), once per device ordinal dev; every call for K passes the same bytes. */
+template <auto K> td_err smem_optin(int dev, size_t bytes)
+{
+    static int done[PDL_MAX_DEV];
+    if (dev >= 0 && dev < PDL_MAX_DEV && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE))
+        return TD_OK;
+    CUDA_TRY(cudaFuncSetAttribute((const void *)K, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)bytes));
+    if (dev >= 0 && dev < PDL_MAX_DEV)
+        __atomic_store_n(&done[dev], 1, __ATOMIC_RELEASE);
+    return TD_OK;
+}
+
 /* Launches K<<<grid, block, smem, st>>>(early, args...) as a programmatic dependent where it
  * can (see the top of this file), counted as one launch. what names the kernel in the
  * error message. (A kernel that falls back to a plain launch keeps its early: its

@@ -565,20 +565,6 @@ td_err split_launch(uint4 *xs, const float *x, int cols, int n_tok, cudaStream_t
 
 /* --- launches -------------------------------------------------------------------------------- */
 
-/* Lets kernel K have BSMEM bytes of dynamic shared memory (more than the 48 KB a launch gets
- * without opting in), once per device. */
-template <auto K> td_err bulk_optin(int dev)
-{
-    static int done[PDL_MAX_DEV];
-    if (dev < PDL_MAX_DEV && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE))
-        return TD_OK;
-    CUDA_TRY(cudaFuncSetAttribute((const void *)K, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  BSMEM));
-    if (dev < PDL_MAX_DEV)
-        __atomic_store_n(&done[dev], 1, __ATOMIC_RELEASE);
-    return TD_OK;
-}
-
 template <int T, int NT, int P>
 td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev,
               cudaStream_t st)
@@ -594,7 +580,7 @@ td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev
     const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
     const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
     if constexpr (P == W_BULK) {
-        const td_err e = bulk_optin<mmh_kernel<T, NT, P>>(dev);
+        const td_err e = smem_optin<mmh_kernel<T, NT, P>>(dev, BSMEM);
         if (e != TD_OK)
             return e;
     }
