@@ -537,18 +537,21 @@ uint64_t dfl_rng_ctr(int64_t pos, int role)
     return (uint64_t)pos * DFL_RNG_ROLES + (uint64_t)role;
 }
 
-td_err dfl_draft_tokens(const ops_sampler *smp, const float *logits, int64_t B, int64_t V,
-                        int64_t L, int32_t *block, float *q)
+td_err dfl_draft_tokens(const ops_backend *be, const ops_sampler *smp, const float *logits,
+                        int64_t B, int64_t V, int64_t L, int32_t *ids, int32_t *block, float *q)
 {
-    for (int64_t i = 1; i < B; i++) {
-        const float *lg = logits + (i - 1) * V;
-        if (smp->temperature == 0.0f) {
-            block[i] = (int32_t)cpu_argmax(lg, V);
-            continue;
-        }
-        float *qi = q + (i - 1) * V;
-        TD_TRY(cpu_sample_probs(qi, lg, V, smp));
-        block[i] = cpu_sample_draw(qi, V, smp->seed, dfl_rng_ctr(L + i, DFL_RNG_DRAFT));
-    }
+    int64_t n = B - 1;
+    if (n < 1)
+        return TD_OK;
+    if (smp->temperature == 0.0f)
+        TD_TRY(be->argmax(be, ids, logits, n, V));
+    else
+        TD_TRY(be->sample_rows(be, ids, q, logits, n, V, smp, dfl_rng_ctr(L + 1, DFL_RNG_DRAFT),
+                               DFL_RNG_ROLES));
+    TD_TRY(be->to_host(be, block + 1, ids, (size_t)n * sizeof(int32_t)));
+    for (int64_t i = 1; i < B; i++)
+        if (block[i] < 0 || block[i] >= V)
+            return err_set(TD_EINVAL, "no finite drafter logit for position %lld",
+                           (long long)(L + i));
     return TD_OK;
 }

@@ -94,12 +94,15 @@ enum { DFL_RNG_TARGET = 0, DFL_RNG_ACCEPT = 1, DFL_RNG_DRAFT = 2, DFL_RNG_ROLES 
 /* The counter of the stream of role at position pos (for ops_rand_uniform, cpu_sample_draw). */
 uint64_t dfl_rng_ctr(int64_t pos, int role);
 
-/* Drafter logits [B-1][n_vocab] (dfl_propose) -> drafts block[1..B-1]: the argmax when greedy,
- * else draws from the filtered distributions, written to q [B-1][n_vocab], each with the
- * DFL_RNG_DRAFT stream of its position L + i. The one drafting rule of the in-process loop
- * and of draftd, so both draft the same tokens. */
-td_err dfl_draft_tokens(const ops_sampler *smp, const float *logits, int64_t B, int64_t n_vocab,
-                        int64_t L, int32_t *block, float *q);
+/* Drafter logits [B-1][n_vocab] (dfl_propose) -> drafts block[1..B-1] (host memory): the
+ * argmax of each row when greedy, else a draw from each row's filtered distribution, written
+ * to q [B-1][n_vocab], with the DFL_RNG_DRAFT stream of its position L + i. Runs on be next to
+ * the logits (logits, q and the scratch ids [B-1] are backend memory): only the B - 1 token
+ * ids come to the host. TD_EINVAL when a row has no finite logit. The one drafting rule of
+ * the in-process loop and of draftd, so both draft the same tokens. */
+td_err dfl_draft_tokens(const ops_backend *be, const ops_sampler *smp, const float *logits,
+                        int64_t B, int64_t n_vocab, int64_t L, int32_t *ids, int32_t *block,
+                        float *q);
 
 /* Adds n newly committed positions n_ctx..n_ctx+n-1 from their target features
  * feat[n][n_taps][target_hidden] (tap-layer outputs in target_layer_ids order; backend

@@ -21,17 +21,17 @@ td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
     const ops_backend *be = dm->be;
     td_err e = be->alloc(be, (void **)&d->dlogits, n * sizeof *d->dlogits);
     if (e == TD_OK)
+        e = be->alloc(be, (void **)&d->dq, n * sizeof *d->dq);
+    if (e == TD_OK)
         e = be->alloc(be, (void **)&d->ids, (size_t)(B - 1) * sizeof *d->ids);
     if (e != TD_OK) {
         drf_free(d);
         return err_wrap(e, "drafter logits");
     }
-    if (be->kind != OPS_BACKEND_CPU)
-        d->hlogits = malloc(n * sizeof *d->hlogits);
     d->q = malloc(n * sizeof *d->q);
     d->q_ids = malloc(n * sizeof *d->q_ids);
     d->q_p = malloc(n * sizeof *d->q_p);
-    if (!d->q || !d->q_ids || !d->q_p || (be->kind != OPS_BACKEND_CPU && !d->hlogits)) {
+    if (!d->q || !d->q_ids || !d->q_p) {
         drf_free(d);
         return err_set(TD_ENOMEM, "out of memory for the drafter's scratch");
     }
@@ -42,9 +42,9 @@ void drf_free(drf *d)
 {
     if (d->dm) {
         d->dm->be->release(d->dm->be, d->dlogits);
+        d->dm->be->release(d->dm->be, d->dq);
         d->dm->be->release(d->dm->be, d->ids);
     }
-    free(d->hlogits);
     free(d->q);
     free(d->q_ids);
     free(d->q_p);
@@ -121,24 +121,6 @@ static td_err drf_add(drf *d, const kvl_layout *lay, const float *ring, dfl_stat
     return TD_OK;
 }
 
-/* The drafts of one block from the drafter logits: on the backend for greedy (the row
- * argmax, dfl_draft_tokens' greedy rule), else dfl_draft_tokens over a host copy. */
-static td_err drf_draft(drf *d, const ops_sampler *smp, int64_t B, int64_t L, int32_t *block)
-{
-    const ops_backend *be = d->dm->be;
-    int64_t V = d->n_vocab;
-    if (smp->temperature == 0.0f) {
-        TD_TRY(be->argmax(be, d->ids, d->dlogits, B - 1, V));
-        return be->to_host(be, block + 1, d->ids, (size_t)(B - 1) * sizeof(int32_t));
-    }
-    const float *lg = d->dlogits;
-    if (be->kind != OPS_BACKEND_CPU) {
-        TD_TRY(be->to_host(be, d->hlogits, d->dlogits, (size_t)((B - 1) * V) * sizeof(float)));
-        lg = d->hlogits;
-    }
-    return dfl_draft_tokens(smp, lg, B, V, L, block, d->q);
-}
-
 td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t *dslot,
                    uint8_t *qpool, uint64_t q_gen, const msg_propose *req, msg_proposal *out)
 {
@@ -191,10 +173,13 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
         .top_k = req->sampler.top_k > INT32_MAX ? INT32_MAX : (int32_t)req->sampler.top_k,
         .top_p = req->sampler.top_p, .min_p = req->sampler.min_p, .seed = req->sampler.seed,
     };
+    /* drafted next to the logits; sampled distributions straight into the pool when there
+     * is one, else to the host for the message */
     if (e == TD_OK)
-        e = drf_draft(d, &smp, B, L, block);
-    if (e == TD_OK && smp.temperature != 0.0f && qpool)
-        e = be->to_device(be, qpool, d->q, (size_t)((B - 1) * V) * sizeof(float));
+        e = dfl_draft_tokens(be, &smp, d->dlogits, B, V, L, d->ids, block,
+                             qpool ? (float *)qpool : d->dq);
+    if (e == TD_OK && smp.temperature != 0.0f && !qpool)
+        e = be->to_host(be, d->q, d->dq, (size_t)((B - 1) * V) * sizeof(float));
     /* verifyd (another process) reads the context rows, header and distributions next */
     if (e == TD_OK)
         e = be->sync(be);

@@ -27,9 +27,9 @@ typedef struct drf {
     int64_t n_vocab;      /* tokens */
     float *dlogits;       /* [block-1][n_vocab] drafter logits (backend memory) */
     int32_t *ids;         /* [block-1] row argmaxes (backend memory) */
-    float *hlogits;       /* [block-1][n_vocab] host copy of dlogits (sampling; NULL on the
-                           * CPU backend, whose logits are host memory already) */
-    float *q;             /* [block-1][n_vocab] filtered draft distributions (sampling) */
+    float *dq;            /* [block-1][n_vocab] filtered draft distributions (backend memory;
+                           * sampling without a proposal pool) */
+    float *q;             /* [block-1][n_vocab] host copy of dq (sampling without a pool) */
     uint32_t *q_ids;      /* [block-1][n_vocab] sparse q: ids of the non-zero entries */
     float *q_p;           /* [block-1][n_vocab] sparse q: their probabilities */
     msg_draft_q rows[MSG_DRAFT_MAX]; /* [block-1] views into q_ids / q_p */

@@ -100,6 +100,13 @@ struct ops_backend {
     td_err (*accept_greedy)(const ops_backend *be, int32_t *argmax, int32_t *result,
                             const float *logits, const int32_t *draft, int64_t n,
                             int64_t n_vocab);
+    /* One draw from each of n rows of logits [n][n_vocab] (cpu_sample_rows, cuda_sample_rows):
+     * q [n][n_vocab] the filtered distributions, tok [n] the tokens, counters ctr + i *
+     * ctr_step; s a host struct, every pointer backend memory. Only tok needs to come to the
+     * host; on the GPU tok -1 says a row had no finite logit (the CPU returns TD_EINVAL). */
+    td_err (*sample_rows)(const ops_backend *be, int32_t *tok, float *q, const float *logits,
+                          int64_t n, int64_t n_vocab, const ops_sampler *s, uint64_t ctr,
+                          uint64_t ctr_step);
     /* Sampled acceptance of a verified block (cpu_accept_sampled, cuda_accept_sampled):
      * result [2] = {accepted drafts a, next token} from logits [n][n_vocab], the drafts'
      * distributions q [n-1][n_vocab] and draft [n-1] (q, draft NULL when n == 1), with p

@@ -16,7 +16,7 @@ typedef enum pf_op {
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
-    PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_N_OPS
+    PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -24,7 +24,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "swiglu_matmul", "qk_norm_rope", "delta_rule_many",
+    "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows",
 };
 
 typedef struct pf_stat {
@@ -386,6 +386,13 @@ static td_err pf_accept_greedy(const ops_backend *be, int32_t *argmax, int32_t *
              in->accept_greedy(in, argmax, result, logits, draft, n, n_vocab));
 }
 
+static td_err pf_sample_rows(const ops_backend *be, int32_t *tok, float *q, const float *logits,
+                             int64_t n, int64_t n_vocab, const ops_sampler *s, uint64_t ctr,
+                             uint64_t ctr_step)
+{
+    PF_TIMED(PF_SAMPLE_ROWS, in->sample_rows(in, tok, q, logits, n, n_vocab, s, ctr, ctr_step));
+}
+
 static td_err pf_accept_sampled(const ops_backend *be, int32_t *result, float *p,
                                 const float *logits, const float *q, const int32_t *draft,
                                 int64_t n, int64_t n_vocab, const ops_sampler *s,
@@ -476,6 +483,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;
     b->accept_greedy = pf_accept_greedy;
+    b->sample_rows = pf_sample_rows;
     b->accept_sampled = pf_accept_sampled;
     b->kv_store = pf_kv_store;
     /* graphs pass through; callers do not record or replay while profiling is on

@@ -415,6 +415,12 @@ double ops_rand_uniform(uint64_t seed, uint64_t counter);
  * sum exceeds u * sum(p). */
 int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t step);
 
+/* Draws one token from each of n rows of logits [n][n_vocab] (a drafter's block): in row
+ * order, q [i] = cpu_sample_probs(row i) and tok [i] = cpu_sample_draw(q [i], s->seed,
+ * ctr + i * ctr_step). Errors as cpu_sample_probs (the rows before a failing one are done). */
+td_err cpu_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
+                       const ops_sampler *s, uint64_t ctr, uint64_t ctr_step);
+
 /* The counters of a block's acceptance draws (ops_rand_uniform with the sampler's seed): the
  * test of draft i (1 <= i < n) uses accept + i * step; the draw after rejecting draft i, or
  * the bonus draw after all n - 1 drafts were accepted (i = n), uses target + i * step. */
@@ -533,6 +539,13 @@ td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab, const o
  * entry. The same Philox numbers as ops_rand_uniform. */
 td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
                         uint64_t step, ops_stream st);
+
+/* cpu_sample_rows on the device: cuda_sample_probs of each row into q, then one block per
+ * row draws with cuda_sample_draw's rule, so only tok [n] needs to come to the host (no
+ * logits or distributions do). All pointers device memory, s a host struct. Settings are
+ * checked as on the CPU; a row with no finite logit gives tok -1 (the CPU: TD_EINVAL). */
+td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
+                        const ops_sampler *s, uint64_t ctr, uint64_t ctr_step, ops_stream st);
 
 /* Greedy acceptance of a verified block without copying logits to the host (DESIGN 4.3).
  * logits [n][n_vocab]: target logits p0..p(n-1) of the block [b, d1..d(n-1)];

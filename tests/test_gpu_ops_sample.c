@@ -1,8 +1,9 @@
 /* The sampler on the device against the CPU's (kernels/cpu/sample.c): every path of
  * cuda_sample_probs (greedy, small top-k with top-p and min_p, the sorted path for top-p and
  * large top-k, the dense path), ties, NaN and -inf logits, a row with no finite logit;
- * cuda_sample_draw returning the CPU's token for the same p, seed and step; and greedy
- * acceptance of a verified block on the device. Skips (77) without CUDA or a device. */
+ * cuda_sample_draw returning the CPU's token for the same p, seed and step; a drafter's block
+ * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); and greedy acceptance of
+ * a verified block on the device. Skips (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -234,6 +235,84 @@ static void test_sample_draw_matches_cpu_token_for_token(void **state)
     free(logits);
 }
 
+/* cuda_sample_rows on 15 rows of the 27B vocabulary (a drafter's block; random, headed and
+ * tied logits in turn) under each path of cuda_sample_probs: every row's q keeps the CPU's
+ * set within the paths' tolerance, every token is the CPU's draw from the GPU's q with counter
+ * ctr + i * step, and equals the CPU's own token (cpu_sample_rows) for these seeds. A row
+ * without a finite logit gives -1 there and leaves the other rows as they were. */
+static void test_sample_rows_match_cpu_row_for_row(void **state)
+{
+    (void)state;
+    enum { N = 15 };
+    rng_seed(23);
+    const int64_t V = VOCAB;
+    float *logits = malloc((size_t)(N * V) * 4);
+    for (int i = 0; i < N; i++) {
+        float *row = make_logits(V, i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD
+                                                                          : LOGITS_TIES);
+        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
+        free(row);
+    }
+    const struct {
+        ops_sampler s;
+        float rtol;
+    } cases[] = {
+        {{.temperature = 0.8f, .top_p = 1, .seed = 31}, RTOL_F32},                 /* dense */
+        {{.temperature = 1.0f, .top_k = 40, .top_p = 0.9f, .seed = 32}, RTOL_TOPK}, /* top-k */
+        {{.temperature = 1.2f, .top_p = 0.95f, .seed = 33}, RTOL_F32},             /* sorted */
+        {{.temperature = 0.6f, .top_p = 1, .min_p = 0.05f, .seed = 34}, RTOL_F32}, /* min_p */
+    };
+    const uint64_t ctr = ((uint64_t)1 << 33) + 6, step = 4;
+    float *dl = dput(logits, (size_t)(N * V) * 4), *dq = dpoison((size_t)(N * V) * 4);
+    int32_t *dt = dpoison(N * 4);
+    float *want_q = malloc((size_t)(N * V) * 4);
+    int32_t want[N];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const ops_sampler *s = &cases[c].s;
+        GPU_OK(cuda_sample_rows(dt, dq, dl, N, V, s, ctr, step, gpu_st));
+        GPU_OK(cpu_sample_rows(want, want_q, logits, N, V, s, ctr, step));
+        int32_t *tok = dget(dt, N * 4);
+        float *q = dget(dq, (size_t)(N * V) * 4);
+        for (int i = 0; i < N; i++) {
+            const float *qi = q + (size_t)i * V, *wi = want_q + (size_t)i * V;
+            char what[64];
+            snprintf(what, sizeof what, "case %zu row %d", c, i);
+            for (int64_t j = 0; j < V; j++)
+                if ((qi[j] > 0) != (wi[j] > 0))
+                    fail_msg("%s: token %lld kept %s on the GPU, %s on the CPU", what,
+                             (long long)j, qi[j] > 0 ? "yes" : "no", wi[j] > 0 ? "yes" : "no");
+            assert_true(check_close(what, qi, wi, V, cases[c].rtol, 1e-30f));
+            const int32_t from_gpu_q = cpu_sample_draw(qi, V, s->seed, ctr + (uint64_t)i * step);
+            if (tok[i] != from_gpu_q || tok[i] != want[i])
+                fail_msg("%s: GPU token %d, CPU draw from the GPU's q %d, CPU %d", what, tok[i],
+                         from_gpu_q, want[i]);
+        }
+        free(q);
+        free(tok);
+    }
+    /* row 4 without a finite logit */
+    for (int64_t j = 0; j < V; j++)
+        logits[4 * V + j] = j % 2 ? -INFINITY : NAN;
+    cuda_mem_free(dl);
+    dl = dput(logits, (size_t)(N * V) * 4);
+    GPU_OK(cuda_sample_rows(dt, dq, dl, N, V, &cases[0].s, ctr, step, gpu_st));
+    int32_t *tok = dget(dt, N * 4);
+    assert_int_equal(tok[4], -1);
+    for (int i = 0; i < N; i++) {
+        if (i == 4)
+            continue;
+        GPU_OK(cpu_sample_probs(want_q, logits + (size_t)i * V, V, &cases[0].s));
+        assert_int_equal(tok[i], cpu_sample_draw(want_q, V, cases[0].s.seed,
+                                                 ctr + (uint64_t)i * step));
+    }
+    free(tok);
+    free(want_q);
+    free(logits);
+    cuda_mem_free(dl);
+    cuda_mem_free(dq);
+    cuda_mem_free(dt);
+}
+
 /* Greedy acceptance: a = drafted tokens matching the argmax of the previous row, next =
  * argmax of row a; ties go to the lower id as cpu_argmax. */
 static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state)
@@ -295,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_sample_probs_match_cpu_on_every_path),
         cmocka_unit_test(test_sample_without_finite_logit_gives_zeros_and_no_token),
         cmocka_unit_test(test_sample_draw_matches_cpu_token_for_token),
+        cmocka_unit_test(test_sample_rows_match_cpu_row_for_row),
         cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

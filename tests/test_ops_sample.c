@@ -1,7 +1,8 @@
 /* The sampler: Philox4x32-10 against Random123's known answers; filtered distributions and
  * exact token ids for fixed seeds against an independent numpy/Python reference (golden
  * file); top-k / top-p / min-p keep exactly the expected sets; 20k draws follow p
- * (chi-square); bad settings are errors. */
+ * (chi-square); a block's rows drawn at once (cpu_sample_rows) with their own counters; bad
+ * settings are errors. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -239,6 +240,45 @@ static void test_draws_follow_p_chi_square(void **s)
     assert_true(same < 150);
 }
 
+/* cpu_sample_rows: row i's q is cpu_sample_probs of row i and its token the draw with counter
+ * ctr + i * step. Rows 0 and 2 have p = {1/4, 3/4} exactly (logits 0 and ln 3), so their tokens
+ * follow from u alone; row 1 keeps one token (the other logit is -inf). A row with no finite logit is TD_EINVAL after the rows before it. */
+static void test_sample_rows_draw_each_row_with_its_counter(void **s)
+{
+    (void)s;
+    enum { V = 2, N = 3 };
+    const float l3 = logf(3.0f);
+    const float logits[N * V] = {0.0f, l3, 5.0f, -INFINITY, 0.0f, l3};
+    const ops_sampler sp = {.temperature = 1, .top_p = 1, .seed = 4242};
+    const uint64_t ctr = 1000, step = 4;
+    float q[N * V];
+    int32_t tok[N];
+    assert_int_equal(cpu_sample_rows(tok, q, logits, N, V, &sp, ctr, step), TD_OK);
+    for (int i = 0; i < N; i++) {
+        float want[V];
+        assert_int_equal(cpu_sample_probs(want, logits + i * V, V, &sp), TD_OK);
+        assert_memory_equal(q + i * V, want, sizeof want);
+        assert_int_equal(tok[i], cpu_sample_draw(want, V, sp.seed, ctr + (uint64_t)i * step));
+    }
+    assert_true(fabsf(q[0] - 0.25f) < 1e-7f && fabsf(q[1] - 0.75f) < 1e-7f);
+    assert_true(q[2] == 1.0f && q[3] == 0.0f);
+    assert_int_equal(tok[0], ops_rand_uniform(sp.seed, ctr) < q[0] ? 0 : 1);
+    assert_int_equal(tok[1], 0);
+    assert_int_equal(tok[2], ops_rand_uniform(sp.seed, ctr + 2 * step) < q[4] ? 0 : 1);
+    /* the counters differ per row: over 64 blocks rows 0 and 2 disagree at least once */
+    int differ = 0;
+    for (uint64_t c = 0; c < 64 * step; c += step) {
+        assert_int_equal(cpu_sample_rows(tok, q, logits, N, V, &sp, c, step), TD_OK);
+        differ += tok[0] != tok[2];
+    }
+    assert_true(differ > 0);
+    const float bad[N * V] = {0.0f, l3, NAN, -INFINITY, 0.0f, l3};
+    tok[0] = tok[1] = -7;
+    assert_int_equal(cpu_sample_rows(tok, q, bad, N, V, &sp, ctr, step), TD_EINVAL);
+    assert_int_equal(tok[0], ops_rand_uniform(sp.seed, ctr) < 0.25 ? 0 : 1);
+    assert_int_equal(tok[1], -7);
+}
+
 static void test_bad_settings_and_logits_are_errors(void **s)
 {
     (void)s;
@@ -284,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_filters_keep_exactly_the_expected_sets),
         cmocka_unit_test(test_top_p_over_a_long_flat_tail),
         cmocka_unit_test(test_draws_follow_p_chi_square),
+        cmocka_unit_test(test_sample_rows_draw_each_row_with_its_counter),
         cmocka_unit_test(test_bad_settings_and_logits_are_errors),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

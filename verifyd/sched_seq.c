@@ -165,10 +165,11 @@ static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bo
         sched_seq_finish(s, seq, finish, TD_OK);
 }
 
-/* Copies the B - 1 distributions of a proposal out of kvd's proposal pool into sp->q (host
- * memory: sampled acceptance runs on the host). draftd made them visible before replying
- * and writes nothing more until the next proposal. */
-static td_err seq_pool_q(sched *s, sched_seq *seq, const msg_proposal *p, int64_t B)
+/* The B - 1 distributions of a proposal where they lie in kvd's proposal pool (*q): the
+ * acceptance reads them there, on the backend (the pool is backend memory). draftd made them
+ * visible before replying and writes nothing more until the next proposal, which this
+ * scheduler asks for only after the verify. */
+static td_err seq_pool_q(sched *s, const msg_proposal *p, int64_t B, const float **q)
 {
     const kvc *kv = &s->kv;
     int64_t V = s->cfg.tm->hp.n_vocab;
@@ -180,13 +181,17 @@ static td_err seq_pool_q(sched *s, sched_seq *seq, const msg_proposal *p, int64_
         return err_set(TD_EPROTO, "%llu bytes at offset %llu of a proposal pool of %llu",
                        (unsigned long long)bytes, (unsigned long long)p->q_offset,
                        (unsigned long long)shbuf_size(kv->q));
-    const ops_backend *be = s->cfg.tm->be;
-    return be->to_host(be, seq->spec.q, kvc_base(kv->q) + p->q_offset, bytes);
+    if (p->q_offset % sizeof(float) != 0)
+        return err_set(TD_EPROTO, "a proposal pool offset of %llu bytes",
+                       (unsigned long long)p->q_offset);
+    *q = (const float *)(kvc_base(kv->q) + p->q_offset);
+    return TD_OK;
 }
 
-/* Asks draftd for B - 1 tokens; fills block[1..B) and (sampling) the dense q rows. Returns
- * the block size to verify: B, or 1 when the proposal failed. */
-static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
+/* Asks draftd for B - 1 tokens; fills block[1..B) and (sampling) points *q at the dense q
+ * rows in backend memory (kvd's proposal pool, or sp->dq for rows that came in the message).
+ * Returns the block size to verify: B, or 1 when the proposal failed. */
+static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B, const float **q)
 {
     spec_seq *sp = &seq->spec;
     const msg_gen_start *gs = &seq->req->gs;
@@ -221,7 +226,7 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
         msg_free_proposal(&p);
         return 1;
     }
-    if (!greedy && in_pool && seq_pool_q(s, seq, &p, B) != TD_OK) {
+    if (!greedy && in_pool && seq_pool_q(s, &p, B, q) != TD_OK) {
         LOG_WARN("draftd's distributions: %s", err_msg());
         msg_free_proposal(&p);
         return 1;
@@ -233,20 +238,27 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B)
             ok = 1;
         if (greedy || in_pool || ok != B)
             continue;
-        float *q = sp->q + (i - 1) * V;
-        memset(q, 0, (size_t)V * sizeof *q);
+        float *row = sp->q + (i - 1) * V;
+        memset(row, 0, (size_t)V * sizeof *row);
         const msg_draft_q *dq = &p.q[i - 1];
         for (uint32_t j = 0; j < dq->n; j++) {
             if (dq->ids[j] >= (uint32_t)V) {
                 ok = 1;
                 break;
             }
-            q[dq->ids[j]] = dq->p[j];
+            row[dq->ids[j]] = dq->p[j];
         }
     }
     if (ok != B)
         LOG_WARN("draftd proposed a token outside the vocabulary of %lld", (long long)V);
     msg_free_proposal(&p);
+    if (ok == B && !greedy && !in_pool) { /* the rows came in the message, to the host */
+        if (be->to_device(be, sp->dq, sp->q, (size_t)((B - 1) * V) * sizeof(float)) != TD_OK) {
+            LOG_WARN("draftd's distributions to the backend: %s", err_msg());
+            return 1;
+        }
+        *q = sp->dq;
+    }
     return ok;
 }
 
@@ -259,12 +271,12 @@ static void seq_step(sched *s, sched_seq *seq)
     block[0] = sp->pending;
     if (B > 1 && (!s->draft || !dlink_up(s->draft)))
         B = 1;
+    const float *q = NULL;
     if (B > 1)
-        B = seq_draft(s, seq, block, B);
+        B = seq_draft(s, seq, block, B, &q);
     double t0 = seq_now();
     int64_t n = 0;
-    bool greedy = seq->req->gs.sampler.temperature == 0.0f;
-    td_err e = spec_verify(sp, block, B, greedy ? NULL : sp->q, out, &n);
+    td_err e = spec_verify(sp, block, B, B > 1 ? q : NULL, out, &n);
     double dt = seq_now() - t0;
     if (e != TD_OK) {
         sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);

@@ -69,10 +69,10 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->ids, (size_t)(2 * s->block + 2) * sizeof(int32_t));
     /* Sampling compares distributions next to the logits: p for every row of a block, and
-     * the drafts' q copied there when the backend's memory is not the host's. */
+     * the drafts' q. */
     if (e == TD_OK && !spec_greedy(s))
         e = be->alloc(be, (void **)&s->dp, lbytes);
-    if (e == TD_OK && !spec_greedy(s) && s->block > 1 && be->kind != OPS_BACKEND_CPU)
+    if (e == TD_OK && !spec_greedy(s) && s->block > 1)
         e = be->alloc(be, (void **)&s->dq, lbytes - (size_t)V * sizeof(float));
     s->q = malloc(lbytes);
     if (be->kind != OPS_BACKEND_CPU)
@@ -110,20 +110,6 @@ int64_t spec_room(const spec_seq *s)
     return s->ts.n_ctx - s->ts.n_past;
 }
 
-/* rows rows of backend logits as host memory: the same memory on the CPU, else a download
- * into s->hlogits (drafting by dfl_draft_tokens needs whole distributions on the host). */
-static td_err spec_host_logits(spec_seq *s, const float *logits, int64_t rows, const float **host)
-{
-    const ops_backend *be = s->tm->be;
-    if (be->kind == OPS_BACKEND_CPU) {
-        *host = logits;
-        return TD_OK;
-    }
-    TD_TRY(be->to_host(be, s->hlogits, logits, (size_t)(rows * s->tm->hp.n_vocab) * sizeof(float)));
-    *host = s->hlogits;
-    return TD_OK;
-}
-
 /* Argmax of each of rows rows of backend logits into host ids: only the ids cross. */
 static td_err spec_argmax(spec_seq *s, const float *logits, int64_t rows, int32_t *ids)
 {
@@ -133,7 +119,7 @@ static td_err spec_argmax(spec_seq *s, const float *logits, int64_t rows, int32_
 }
 
 /* Lossless speculative sampling of the block [block[0], d1..d(B-1)] whose target logits are
- * s->logits, block[0] at position L, drafts drawn from q [B-1][n_vocab] (host memory): accept
+ * s->logits, block[0] at position L, drafts drawn from q [B-1][n_vocab] (backend memory): accept
  * d_i with probability min(1, p(d_i) / q(d_i)); on the first rejection draw from
  * normalize(max(p - q, 0)) (p when that is all zero); after a full accept draw the bonus
  * token from the last p. Runs on the backend next to the logits (be->accept_sampled): only
@@ -144,21 +130,13 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
     const ops_backend *be = s->tm->be;
     int64_t V = s->tm->hp.n_vocab;
     int32_t *result = s->ids + s->block, *draft = result + 2, r[2];
-    const float *dq = q;
-    if (B > 1) {
+    if (B > 1)
         TD_TRY(be->to_device(be, draft, block + 1, (size_t)(B - 1) * sizeof(int32_t)));
-        if (s->dq) {
-            /* q comes in host memory (verifyd downloads it from kvd's proposal pool, the
-             * in-process drafter filters on the host): it goes next to the logits */
-            TD_TRY(be->to_device(be, s->dq, q, (size_t)((B - 1) * V) * sizeof(float)));
-            dq = s->dq;
-        }
-    }
     ops_accept_rng rng = {
         .accept = dfl_rng_ctr(L, DFL_RNG_ACCEPT), .target = dfl_rng_ctr(L, DFL_RNG_TARGET),
         .step = dfl_rng_ctr(L + 1, DFL_RNG_TARGET) - dfl_rng_ctr(L, DFL_RNG_TARGET),
     };
-    TD_TRY(be->accept_sampled(be, result, s->dp, s->logits, B > 1 ? dq : NULL,
+    TD_TRY(be->accept_sampled(be, result, s->dp, s->logits, B > 1 ? q : NULL,
                               B > 1 ? draft : NULL, B, V, &s->sampler, &rng));
     TD_TRY(be->to_host(be, r, result, sizeof r));
     if (r[1] < 0 || r[1] >= V)
@@ -343,15 +321,9 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     double t0 = spec_now();
     if (B > 1) {
         TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
-        if (spec_greedy(s)) {
-            /* dfl_draft_tokens' greedy rule (the row argmax), on the backend. */
-            TD_TRY(spec_argmax(s, s->dlogits, B - 1, block + 1));
-        } else {
-            const float *dl;
-            TD_TRY(spec_host_logits(s, s->dlogits, B - 1, &dl));
-            TD_TRY(dfl_draft_tokens(&s->sampler, dl, B, s->tm->hp.n_vocab, L, block, s->q));
-        }
+        TD_TRY(dfl_draft_tokens(s->tm->be, &s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L,
+                                s->ids, block, s->dq));
     }
     s->stats.t_draft += spec_now() - t0;
-    return spec_verify(s, block, B, s->q, out, n_out);
+    return spec_verify(s, block, B, s->dq, out, n_out);
 }

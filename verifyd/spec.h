@@ -54,13 +54,14 @@ typedef struct spec_seq {
     float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory) */
     int32_t *ids;             /* [2*block+2] backend: row argmaxes [block], accept result [2],
                                * drafts [block] */
-    float *hlogits;           /* [block][n_vocab] host copy of logits for sampling (NULL on
-                               * the CPU backend, whose logits are host memory already) */
-    float *q;                 /* [block-1][n_vocab] drafter distributions (sampling) */
+    float *hlogits;           /* [block][n_vocab] host copy of logits (log-probabilities; NULL
+                               * on the CPU backend, whose logits are host memory already) */
+    float *q;                 /* [block-1][n_vocab] host room for drafter distributions that
+                               * arrive in host memory (sampling) */
     float *dp;                /* [block][n_vocab] backend scratch: the block's filtered target
                                * distributions (sampling only, else NULL) */
-    float *dq;                /* [block-1][n_vocab] backend copy of q (sampling on a backend
-                               * other than the CPU with block > 1, else NULL) */
+    float *dq;                /* [block-1][n_vocab] backend: the drafts' distributions
+                               * (sampling with block > 1, else NULL) */
     int64_t prefill_chunk;    /* tokens per prefill forward pass */
     const int32_t *prompt;    /* [n_prompt] the prompt being prefilled (the caller's) */
     int64_t n_prompt;
@@ -109,7 +110,7 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first);
 td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
 
 /* One step with a block drafted elsewhere: block[0] is the pending token, block[1..B) the
- * drafts, q [B-1][n_vocab] their distributions in host memory (sampling; NULL when greedy,
+ * drafts, q [B-1][n_vocab] their distributions in backend memory (sampling; NULL when greedy,
  * or B = 1 for a plain step). Runs the target over the block, accepts (the one acceptance rule, whoever
  * drafted: dfl_draft_tokens draws the drafts in every process), rolls back, keeps the committed features; out as spec_step. Target logits of the
  * block stay in s->logits (backend memory): out[i] was chosen from row i. TD_ERANGE when B exceeds the block

@@ -259,6 +259,14 @@ static td_err be_cpu_accept_greedy(const ops_backend *be, int32_t *argmax, int32
     return TD_OK;
 }
 
+static td_err be_cpu_sample_rows(const ops_backend *be, int32_t *tok, float *q,
+                                 const float *logits, int64_t n, int64_t n_vocab,
+                                 const ops_sampler *s, uint64_t ctr, uint64_t ctr_step)
+{
+    (void)be;
+    return cpu_sample_rows(tok, q, logits, n, n_vocab, s, ctr, ctr_step);
+}
+
 static td_err be_cpu_accept_sampled(const ops_backend *be, int32_t *result, float *p,
                                     const float *logits, const float *q, const int32_t *draft,
                                     int64_t n, int64_t n_vocab, const ops_sampler *s,
@@ -307,6 +315,7 @@ static const ops_backend be_cpu = {
     .softcap = be_cpu_softcap,
     .argmax = be_cpu_argmax,
     .accept_greedy = be_cpu_accept_greedy,
+    .sample_rows = be_cpu_sample_rows,
     .accept_sampled = be_cpu_accept_sampled,
 };
 

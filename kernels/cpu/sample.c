@@ -205,6 +205,18 @@ td_err cpu_sample_probs(float *p, const float *logits, int64_t n_vocab, const op
     return TD_OK;
 }
 
+td_err cpu_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
+                       const ops_sampler *s, uint64_t ctr, uint64_t ctr_step)
+{
+    TD_ASSERT(tok != NULL && q != NULL && logits != NULL && n >= 0);
+    for (int64_t i = 0; i < n; i++) {
+        float *qi = q + i * n_vocab;
+        TD_TRY(cpu_sample_probs(qi, logits + i * n_vocab, n_vocab, s));
+        tok[i] = cpu_sample_draw(qi, n_vocab, s->seed, ctr + (uint64_t)i * ctr_step);
+    }
+    return TD_OK;
+}
+
 /* --- speculative acceptance ------------------------------------------------------------- */
 
 td_err cpu_accept_sampled(int32_t *result, float *p, const float *logits, const float *q,

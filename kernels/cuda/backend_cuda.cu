@@ -218,6 +218,13 @@ static td_err be_cuda_accept_greedy(const ops_backend *be, int32_t *argmax, int3
     return cuda_accept_greedy(argmax, result, logits, draft, n, n_vocab, be->stream);
 }
 
+static td_err be_cuda_sample_rows(const ops_backend *be, int32_t *tok, float *q,
+                                  const float *logits, int64_t n, int64_t n_vocab,
+                                  const ops_sampler *s, uint64_t ctr, uint64_t ctr_step)
+{
+    return cuda_sample_rows(tok, q, logits, n, n_vocab, s, ctr, ctr_step, be->stream);
+}
+
 static td_err be_cuda_accept_sampled(const ops_backend *be, int32_t *result, float *p,
                                      const float *logits, const float *q, const int32_t *draft,
                                      int64_t n, int64_t n_vocab, const ops_sampler *s,
@@ -285,6 +292,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;
+    be->sample_rows = be_cuda_sample_rows;
     be->accept_sampled = be_cuda_accept_sampled;
     *out = be;
     return TD_OK;

@@ -385,6 +385,33 @@ extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab
     return TD_OK;
 }
 
+/* Block i draws row i of p [n][n_vocab] with counter ctr + i * ctr_step. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_draw_rows_kernel(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed, uint64_t ctr,
+                     uint64_t ctr_step)
+{
+    const int64_t i = blockIdx.x;
+    const int32_t t = smp_draw_block(p + i * n_vocab, NULL, n_vocab, seed, ctr + (uint64_t)i * ctr_step);
+    if (threadIdx.x == 0)
+        tok[i] = t;
+}
+
+extern "C" td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n,
+                                   int64_t n_vocab, const ops_sampler *s, uint64_t ctr,
+                                   uint64_t ctr_step, ops_stream st)
+{
+    TD_ASSERT(tok != NULL && q != NULL && logits != NULL && s != NULL && n >= 0);
+    TD_ASSERT(n_vocab >= 1 && n_vocab <= INT32_MAX && n <= INT32_MAX);
+    if (n == 0)
+        return TD_OK;
+    for (int64_t r = 0; r < n; r++)
+        TD_TRY(cuda_sample_probs(q + r * n_vocab, logits + r * n_vocab, n_vocab, s, st));
+    smp_draw_rows_kernel<<<(unsigned)n, SAMPLE_THREADS, 0, st>>>(tok, q, n_vocab, s->seed, ctr,
+                                                                 ctr_step);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
 /* --- speculative acceptance ------------------------------------------------------------ */
 
 /* cpu_accept_sampled's walk over p [n][n_vocab]: thread 0 runs the tests in order (one f64
