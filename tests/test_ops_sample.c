@@ -242,7 +242,8 @@ static void test_draws_follow_p_chi_square(void **s)
 
 /* cpu_sample_rows: row i's q is cpu_sample_probs of row i and its token the draw with counter
  * ctr + i * step. Rows 0 and 2 have p = {1/4, 3/4} exactly (logits 0 and ln 3), so their tokens
- * follow from u alone; row 1 keeps one token (the other logit is -inf). A row with no finite logit is TD_EINVAL after the rows before it. */
+ * follow from u alone; row 1 keeps one token (the other logit is -inf). A row with no finite
+ * logit is TD_EINVAL after the rows before it. */
 static void test_sample_rows_draw_each_row_with_its_counter(void **s)
 {
     (void)s;

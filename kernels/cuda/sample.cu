@@ -82,10 +82,12 @@ __device__ int64_t smp_block_min(int64_t v, int64_t *sh)
 /* --- greedy and dense paths ------------------------------------------------------------ */
 
 /* temperature 0: one-hot argmax; min_p_on: the dense path (no order needed). A row with no
- * finite logit gives zeros. */
+ * finite logit gives zeros. Block b: row b of p and logits [grid][n]. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float min_p, int greedy)
 {
+    p += (size_t)blockIdx.x * (size_t)n;
+    logits += (size_t)blockIdx.x * (size_t)n;
     __shared__ float sh_v[33];
     __shared__ int64_t sh_i[33];
     __shared__ double sh_d[33];
@@ -113,10 +115,13 @@ smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float mi
 
 /* --- small top-k path ------------------------------------------------------------------ */
 
+/* Block b: row b of p and logits [grid][n]. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, double top_p,
                 double min_p)
 {
+    p += (size_t)blockIdx.x * (size_t)n;
+    logits += (size_t)blockIdx.x * (size_t)n;
     __shared__ sel_smem sm;
     __shared__ uint64_t keys[TOPK_MAX];
     __shared__ double e[TOPK_MAX];
@@ -271,10 +276,13 @@ static td_err smp_sorted(float *p, const float *logits, int64_t n, int64_t kc, f
     return TD_OK;
 }
 
-extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab,
-                                    const ops_sampler *s, ops_stream st)
+/* cuda_sample_probs of rows rows of logits [rows][n_vocab] into p: the dense and small top-k
+ * paths in one launch (a block per row, rows side by side), the sorted path row by row. */
+static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_t n_vocab,
+                             const ops_sampler *s, ops_stream st)
 {
     TD_ASSERT(p != NULL && logits != NULL && s != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    TD_ASSERT(rows >= 1 && rows <= INT32_MAX);
     if (!(s->temperature >= 0) || isinf(s->temperature))
         return err_set(TD_EINVAL, "temperature %g: must be finite and >= 0", s->temperature);
     if (!(s->top_p >= 0))
@@ -287,20 +295,29 @@ extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_voc
     if (s->temperature == 0 || (!use_k && !use_p)) {
         const bool greedy = s->temperature == 0;
         const float inv_t = greedy ? 0.0f : (float)(1.0 / (double)s->temperature);
-        smp_dense_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, n_vocab, inv_t, s->min_p,
-                                                        greedy);
+        smp_dense_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(p, logits, n_vocab, inv_t,
+                                                                    s->min_p, greedy);
         CUDA_TRY_LAUNCH();
         return TD_OK;
     }
     if (use_k && s->top_k <= TOPK_MAX) {
-        smp_topk_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, n_vocab, s->top_k,
-                                                       1.0 / (double)s->temperature,
-                                                       (double)s->top_p, (double)s->min_p);
+        smp_topk_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
+            p, logits, n_vocab, s->top_k, 1.0 / (double)s->temperature, (double)s->top_p,
+            (double)s->min_p);
         CUDA_TRY_LAUNCH();
         return TD_OK;
     }
-    return smp_sorted(p, logits, n_vocab, use_k ? s->top_k : n_vocab,
-                      (float)(1.0 / (double)s->temperature), (double)s->top_p, s->min_p, st);
+    for (int64_t r = 0; r < rows; r++)
+        TD_TRY(smp_sorted(p + r * n_vocab, logits + r * n_vocab, n_vocab,
+                          use_k ? s->top_k : n_vocab, (float)(1.0 / (double)s->temperature),
+                          (double)s->top_p, s->min_p, st));
+    return TD_OK;
+}
+
+extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab,
+                                    const ops_sampler *s, ops_stream st)
+{
+    return smp_probs_rows(p, logits, 1, n_vocab, s, st);
 }
 
 /* --- draw ------------------------------------------------------------------------------ */
@@ -391,7 +408,8 @@ smp_draw_rows_kernel(int32_t *tok, const float *p, int64_t n_vocab, uint64_t see
                      uint64_t ctr_step)
 {
     const int64_t i = blockIdx.x;
-    const int32_t t = smp_draw_block(p + i * n_vocab, NULL, n_vocab, seed, ctr + (uint64_t)i * ctr_step);
+    const int32_t t =
+        smp_draw_block(p + i * n_vocab, NULL, n_vocab, seed, ctr + (uint64_t)i * ctr_step);
     if (threadIdx.x == 0)
         tok[i] = t;
 }
@@ -404,8 +422,7 @@ extern "C" td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, 
     TD_ASSERT(n_vocab >= 1 && n_vocab <= INT32_MAX && n <= INT32_MAX);
     if (n == 0)
         return TD_OK;
-    for (int64_t r = 0; r < n; r++)
-        TD_TRY(cuda_sample_probs(q + r * n_vocab, logits + r * n_vocab, n_vocab, s, st));
+    TD_TRY(smp_probs_rows(q, logits, n, n_vocab, s, st));
     smp_draw_rows_kernel<<<(unsigned)n, SAMPLE_THREADS, 0, st>>>(tok, q, n_vocab, s->seed, ctr,
                                                                  ctr_step);
     CUDA_TRY_LAUNCH();
@@ -464,8 +481,7 @@ extern "C" td_err cuda_accept_sampled(int32_t *result, float *p, const float *lo
     TD_ASSERT(n >= 1 && n_vocab >= 1 && n_vocab <= INT32_MAX);
     TD_ASSERT(n == 1 || (q != NULL && draft != NULL));
     /* every row: which ones the walk reads is only known on the device */
-    for (int64_t r = 0; r < n; r++)
-        TD_TRY(cuda_sample_probs(p + r * n_vocab, logits + r * n_vocab, n_vocab, s, st));
+    TD_TRY(smp_probs_rows(p, logits, n, n_vocab, s, st));
     smp_accept_kernel<<<1, SAMPLE_THREADS, 0, st>>>(result, p, q, draft, n, n_vocab, s->seed,
                                                      rng->accept, rng->target, rng->step);
     CUDA_TRY_LAUNCH();
