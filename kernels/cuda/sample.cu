@@ -20,6 +20,7 @@
 #include "kernels/cuda/select.cuh"
 
 #define SAMPLE_THREADS 1024
+#define SORT_ROWS 4 /* rows per radix sort of the sorted path (24 bytes of scratch per entry) */
 
 /* exp((l - max) / temperature) as cpu's cand_e, in f32: 1 for the max itself (also +inf),
  * 0 for NaN. */
@@ -177,22 +178,30 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
 
 /* --- sorted path ----------------------------------------------------------------------- */
 
-/* The upper word of sel_key: larger for a better logit, NaN lowest, -0 as +0. A stable
- * descending sort on it keeps lower ids first among equal logits: cpu_topk's order. */
-__global__ void smp_keys_kernel(uint32_t *keys, int32_t *ids, const float *logits, int64_t n)
+/* Keys of rows rows of logits [rows][n]: the upper word of sel_key (larger for a better logit,
+ * NaN lowest, -0 as +0) under rows - 1 - r in the bits above, so a stable descending sort of
+ * all rows at once leaves each row's entries together, row 0 first, with lower ids first
+ * among equal logits: cpu_topk's order per row. ids: the index within the row. */
+__global__ void smp_keys_kernel(uint64_t *keys, int32_t *ids, const float *logits, int64_t rows,
+                                int64_t n)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
+    if (i >= rows * n)
         return;
-    keys[i] = (uint32_t)(sel_key(logits[i], 0) >> 32);
-    ids[i] = (int32_t)i;
+    const int64_t r = i / n;
+    keys[i] = ((uint64_t)(rows - 1 - r) << 32) | (sel_key(logits[i], 0) >> 32);
+    ids[i] = (int32_t)(i - r * n);
 }
 
-/* Walks the sorted row: total of the first kc, top-p prefix by a block scan in f64, min_p. */
+/* Walks the sorted row: total of the first kc, top-p prefix by a block scan in f64, min_p.
+ * Block b: row b of p, logits and ids [grid][n]. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_sorted_kernel(float *p, const float *logits, const int32_t *ids, int64_t n, int64_t kc,
                   float inv_t, double top_p, float min_p)
 {
+    p += (size_t)blockIdx.x * (size_t)n;
+    logits += (size_t)blockIdx.x * (size_t)n;
+    ids += (size_t)blockIdx.x * (size_t)n;
     __shared__ double scan[SAMPLE_THREADS];
     __shared__ double sh_d[33];
     __shared__ int64_t sh_i[33];
@@ -245,27 +254,38 @@ static size_t smp_align(size_t x)
     return (x + 255) & ~(size_t)255;
 }
 
-static td_err smp_sorted(float *p, const float *logits, int64_t n, int64_t kc, float inv_t,
-                         double top_p, float min_p, cudaStream_t st)
+/* The sorted path for rows rows of logits [rows][n]: one radix sort of every row's keys
+ * (smp_keys_kernel), then a block per row walks its sorted entries. */
+static td_err smp_sorted(float *p, const float *logits, int64_t rows, int64_t n, int64_t kc,
+                         float inv_t, double top_p, float min_p, cudaStream_t st)
 {
-    const size_t arr = smp_align((size_t)n * 4);
+    const int64_t items = rows * n;
+    if (items > INT32_MAX)
+        return err_set(TD_ENOTSUP, "sampler over %lld rows of %lld tokens: more than one sort "
+                       "takes", (long long)rows, (long long)n);
+    int end_bit = 32; /* the key bits that differ: the logit word and the row number */
+    while (end_bit < 64 && (uint64_t)(rows - 1) >> (end_bit - 32))
+        end_bit++;
+    const size_t karr = smp_align((size_t)items * 8), iarr = smp_align((size_t)items * 4);
     size_t temp = 0;
     CUDA_TRY(cub::DeviceRadixSort::SortPairsDescending(
-        NULL, temp, (const uint32_t *)NULL, (uint32_t *)NULL, (const int32_t *)NULL,
-        (int32_t *)NULL, (int)n, 0, 32, st));
+        NULL, temp, (const uint64_t *)NULL, (uint64_t *)NULL, (const int32_t *)NULL,
+        (int32_t *)NULL, (int)items, 0, end_bit, st));
     char *ws = NULL;
-    TD_TRY(dev_scratch_alloc((void **)&ws, 4 * arr + smp_align(temp), st, "sampler sort"));
-    uint32_t *keys_in = (uint32_t *)ws, *keys_out = (uint32_t *)(ws + arr);
-    int32_t *ids_in = (int32_t *)(ws + 2 * arr), *ids_out = (int32_t *)(ws + 3 * arr);
-    smp_keys_kernel<<<cuda_blocks(n, 256), 256, 0, st>>>(keys_in, ids_in, logits, n);
+    TD_TRY(dev_scratch_alloc((void **)&ws, 2 * karr + 2 * iarr + smp_align(temp), st,
+                             "sampler sort"));
+    uint64_t *keys_in = (uint64_t *)ws, *keys_out = (uint64_t *)(ws + karr);
+    int32_t *ids_in = (int32_t *)(ws + 2 * karr), *ids_out = (int32_t *)(ws + 2 * karr + iarr);
+    smp_keys_kernel<<<cuda_blocks(items, 256), 256, 0, st>>>(keys_in, ids_in, logits, rows, n);
     cuda_launch_note(1);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess)
-        e = cub::DeviceRadixSort::SortPairsDescending(ws + 4 * arr, temp, keys_in, keys_out,
-                                                      ids_in, ids_out, (int)n, 0, 32, st);
+        e = cub::DeviceRadixSort::SortPairsDescending(ws + 2 * karr + 2 * iarr, temp, keys_in,
+                                                      keys_out, ids_in, ids_out, (int)items, 0,
+                                                      end_bit, st);
     if (e == cudaSuccess) {
-        smp_sorted_kernel<<<1, SAMPLE_THREADS, 0, st>>>(p, logits, ids_out, n, kc, inv_t,
-                                                        top_p, min_p);
+        smp_sorted_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(p, logits, ids_out, n, kc,
+                                                                     inv_t, top_p, min_p);
         cuda_launch_note(1); /* the radix sort's own launches are not counted */
         e = cudaGetLastError();
     }
@@ -307,8 +327,10 @@ static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_
         CUDA_TRY_LAUNCH();
         return TD_OK;
     }
-    for (int64_t r = 0; r < rows; r++)
-        TD_TRY(smp_sorted(p + r * n_vocab, logits + r * n_vocab, n_vocab,
+    /* the sort's scratch is 24 bytes per entry: at most SORT_ROWS rows per sort */
+    for (int64_t r = 0; r < rows; r += SORT_ROWS)
+        TD_TRY(smp_sorted(p + r * n_vocab, logits + r * n_vocab,
+                          rows - r < SORT_ROWS ? rows - r : SORT_ROWS, n_vocab,
                           use_k ? s->top_k : n_vocab, (float)(1.0 / (double)s->temperature),
                           (double)s->top_p, s->min_p, st));
     return TD_OK;
