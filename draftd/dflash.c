@@ -393,20 +393,29 @@ void dfl_state_reset(dfl_state *s)
  * also Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], the three projections in one call
  * (one activation rounding on the GPU) and both norms and rotations in one (qk_norm_rope:
  * the same chain, one launch). */
-static td_err dfl_kv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
-                     const int32_t *pos, float *q_out, float *k_out, float *v_out)
+/* The k rows of layer L after its projection: the k norm, then RoPE at pos. */
+static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *L, float *k, int64_t n,
+                           const int32_t *pos)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
     int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
-    float eps = (float)c->rms_eps, theta = (float)c->rope_theta;
+    TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n * c->n_kv_heads, hd, hd, (float)c->rms_eps));
+    return be->rope_neox(be, k, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
+}
+
+/* Layer L's q (normed, RoPE), k (normed, RoPE) and v of the block rows x[n]. */
+static td_err dfl_qkv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
+                      const int32_t *pos, float *q_out, float *k_out, float *v_out)
+{
+    const dflash_config *c = &m->cfg;
+    const ops_backend *be = m->be;
+    int64_t hd = c->head_dim;
     const ops_mm_out proj[] = {{k_out, &L->wk}, {v_out, &L->wv}, {q_out, &L->wq}};
-    TD_TRY(be->matmul_multi(be, x, proj, q_out ? 3 : 2, n));
-    if (q_out)
-        return be->qk_norm_rope(be, q_out, k_out, L->q_norm, L->k_norm, n, c->n_heads,
-                                c->n_kv_heads, hd, hd, hd, pos, theta, eps);
-    TD_TRY(be->rmsnorm(be, k_out, k_out, L->k_norm, n * c->n_kv_heads, hd, hd, eps));
-    return be->rope_neox(be, k_out, n, c->n_kv_heads, kvw, hd, hd, pos, theta);
+    TD_TRY(be->matmul_multi(be, x, proj, 3, n));
+    return be->qk_norm_rope(be, q_out, k_out, L->q_norm, L->k_norm, n, c->n_heads,
+                            c->n_kv_heads, hd, hd, hd, pos, (float)c->rope_theta,
+                            (float)c->rms_eps);
 }
 
 /* Copies rows src[n][width] of new positions n_ctx.. into their ring slots of dst (a run of
@@ -437,7 +446,7 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     TD_TRY(err_wrap(dfl_work_reserve(m, n), "adding %lld drafter context positions",
                     (long long)n));
     dfl_work *w = m->work;
-    float *h = w->h, *kb = w->q, *vb = w->a;
+    float *h = w->h;
     int32_t *pos = w->ids;
     for (int64_t i = 0; i < n; i++)
         w->host[i] = (int32_t)(s->n_ctx + i);
@@ -445,11 +454,28 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     /* H_t = hidden_norm(fc(concat of tap features)); it enters k_proj/v_proj as it is. */
     TD_TRY(be->matmul(be, h, feat, &m->fc, n));
     TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
+    /* Every layer's k and v read the same H: one matmul_multi for up to G layers at a time
+     * (the matrices of one type then share launches), layer l's rows at l * n * kvw of the
+     * scratch w->q (k) and w->a (v), which hold n rows of dfl_wide >= kvw floats. */
     size_t row = (size_t)kvw * sizeof(float);
-    for (uint32_t il = 0; il < c->n_layers; il++) {
-        TD_TRY(dfl_kv(m, &m->layers[il], h, n, pos, NULL, kb, vb));
-        TD_TRY(dfl_ring_put(be, s, s->k[il], kb, n, row, false));
-        TD_TRY(dfl_ring_put(be, s, s->v[il], vb, n, row, false));
+    int64_t G = dfl_wide(c) / kvw;
+    if (G > OPS_MM_GROUP_MAX / 2)
+        G = OPS_MM_GROUP_MAX / 2;
+    for (uint32_t l0 = 0; l0 < c->n_layers; l0 += (uint32_t)G) {
+        int64_t g = (int64_t)c->n_layers - l0 < G ? (int64_t)c->n_layers - l0 : G;
+        ops_mm_out proj[OPS_MM_GROUP_MAX];
+        for (int64_t i = 0; i < g; i++) {
+            proj[2 * i] = (ops_mm_out){w->q + i * n * kvw, &m->layers[l0 + i].wk};
+            proj[2 * i + 1] = (ops_mm_out){w->a + i * n * kvw, &m->layers[l0 + i].wv};
+        }
+        TD_TRY(be->matmul_multi(be, h, proj, (int)(2 * g), n));
+        for (int64_t i = 0; i < g; i++) {
+            uint32_t il = l0 + (uint32_t)i;
+            float *kb = w->q + i * n * kvw, *vb = w->a + i * n * kvw;
+            TD_TRY(dfl_k_finish(m, &m->layers[il], kb, n, pos));
+            TD_TRY(dfl_ring_put(be, s, s->k[il], kb, n, row, false));
+            TD_TRY(dfl_ring_put(be, s, s->v[il], vb, n, row, false));
+        }
     }
     TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t), true));
     s->n_ctx += n;
@@ -473,8 +499,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     const int32_t *bpos = s->pos + n_valid;
     if (il == 0)
         TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
-    TD_TRY(dfl_kv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
-                  s->v[il] + n_valid * kvw));
+    TD_TRY(dfl_qkv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
+                   s->v[il] + n_valid * kvw));
     ops_attn at = {
         .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,

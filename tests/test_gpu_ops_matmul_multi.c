@@ -5,8 +5,8 @@
  * kernel, so one group needs two roundings of one type: below sm_90, or on sm_90 under
  * TANDEM_MMD=regs) at n_tok 1, 5, 16, 33, 65 (two
  * chunks) and 70, members of one type that run in one launch (sets of up to 4 on the bulk-copy,
- * window and F32 kernels, rows ending inside a unit; F16/BF16 members sharing one activation
- * split); and within the quantisation bound of
+ * window, F32 and F16/BF16 kernels, rows ending inside a unit; F16/BF16 members sharing one
+ * activation split); and within the quantisation bound of
  * cpu_matmul, so the group and the
  * separate calls cannot agree on a wrong answer. Groups queued back to back without a wait
  * (the next rounding overwrites the scratch the previous group's kernels read) give the same
@@ -179,6 +179,10 @@ static const group groups[] = {
     {"three q4k + five f32 (6144 inputs: rounded by the bulk-copy kernel)", 6144, 8,
      {{TD_Q4_K, 24}, {TD_F32, 3}, {TD_Q4_K, 7}, {TD_F32, 5}, {TD_F32, 1}, {TD_F32, 8},
       {TD_F32, 2}, {TD_Q4_K, 33}}},
+    /* a drafter's q/k/v and more BF16 beside an F16: BF16 sets of 4 + 1 (tiles of 16 rows,
+     * members ending inside one), the F16 alone */
+    {"five bf16 + f16 (drafter projections)", 640, 6,
+     {{TD_BF16, 64}, {TD_BF16, 16}, {TD_BF16, 9}, {TD_F16, 24}, {TD_BF16, 33}, {TD_BF16, 1}}},
 };
 
 typedef struct group_run {
@@ -305,8 +309,8 @@ static void test_matmul_multi_back_to_back_groups_keep_their_inputs(void **state
 
 /* The profiler's count for a group: one rounding per layout and chunk, one kernel per
  * quantised member and chunk (a single-token chunk: the single-token path's launches per
- * member), per chunk one activation split for all F16/BF16 members and a kernel each, one
- * per F32 set of up to 4 members and chunk; a separate quantised matmul is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5
+ * member), per chunk one activation split for all F16/BF16 members and a kernel per set of
+ * up to 4 of one type, one per F32 set of up to 4 members and chunk; a separate quantised matmul is two per chunk. Q4_K + Q6_K + BF16 + F32 at 5
  * tokens: a rounding for each of Q4_K and Q6_K (their digits interleave differently), two
  * quantised kernels, the BF16 split and kernel, the F32 kernel. */
 static void test_matmul_multi_launches_are_counted(void **state)
@@ -377,8 +381,9 @@ static int64_t group_launches(const ops_backend *be, const ops_mm_out *out, int 
 }
 
 /* Members of one type run in one launch (up to 4) where the kernel takes sets: the sm_90
- * bulk-copy kernel for one token, the window kernel for 9-16 tokens of Q4_K/Q6_K, the F32
- * kernel at any batch; the tensor-core kernel (2-8 tokens here) keeps one launch per member.
+ * bulk-copy kernel for one token, the window kernel for 9-16 tokens of Q4_K/Q6_K, the F32 and
+ * F16/BF16 kernels at any batch; the tensor-core kernel (2-8 tokens here) keeps one launch
+ * per member.
  * The bits are the separate calls' (test above). */
 static void test_matmul_multi_joins_members_of_one_type(void **state)
 {
@@ -425,6 +430,21 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
         cuda_mem_free(dxc);
         free(xc);
         run_free(&c, g2);
+    }
+    /* five BF16 and an F16: the split, BF16 sets of 4 and 1, the F16, at every batch size */
+    {
+        const group *g3 = &groups[8];
+        group_run c;
+        run_init(&c, g3);
+        float *xc = NULL, *dxc = make_dx(g3->cols, 24, &xc);
+        GPU_OK(gpu->matmul_multi(gpu, dxc, c.out, g3->n, 65)); /* scratch growth */
+        GPU_OK(gpu->sync(gpu));
+        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 1), 1 + 2 + 1);
+        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 16), 1 + 2 + 1);
+        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 33), 1 + 2 + 1);
+        cuda_mem_free(dxc);
+        free(xc);
+        run_free(&c, g3);
     }
     /* what the counted calls wrote is what separate calls write */
     for (int i = 0; i < mix->n; i++)

@@ -294,7 +294,10 @@ template <int P> constexpr int min_ctas()
 }
 
 /* grid: (row tiles x token groups of NT * 8), token group fastest so the CTAs sharing a
- * tile's weights run together; block: WARPS warps, warp kw on k-blocks kw, kw + WARPS, ...
+ * tile's weights run together; the tiles are the set's members' 16-row tiles numbered one
+ * member after the other (mm_set: a tile never spans two members, so every (row, token) is
+ * computed as in a launch of its member alone); block: WARPS warps, warp kw on k-blocks kw,
+ * kw + WARPS, ...
  * xs: the activations split by split_kernel (layout at mmh_split_bytes), nch chunks per
  * n-tile. W_RING: each lane copies its own 16-byte pieces of a k-block into its warp's ring
  * (cp.async, one group per k-block) and reads back only what it copied, so no barrier is
@@ -308,13 +311,17 @@ template <int P> constexpr int min_ctas()
  * for the warp partials at the end, else the partials. */
 template <int T, int NT, int P>
 __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
-    mmh_kernel(bool early, float *y, const uint8_t *w, size_t row_bytes, int64_t rows, int cols,
-               const uint4 *xs, int nch, int n_tok, int n_groups)
+    mmh_kernel(bool early, mm_set set, size_t row_bytes, int cols, const uint4 *xs, int nch,
+               int n_tok, int n_groups)
 {
     pdl_enter(early);
     extern __shared__ uint4 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (int64_t)(blockIdx.x / n_groups) * TILE;
+    const int64_t tile = (int64_t)(blockIdx.x / n_groups);
+    const int mem = mm_set_member(&set, tile);
+    float *y = set.y[mem];
+    const uint8_t *w = set.w[mem];
+    const int64_t rows = set.rows[mem], r0 = (tile - set.first[mem]) * TILE;
     const int tok0 = (int)(blockIdx.x % n_groups) * NT * 8;
     const int nkb = (cols + KBLOCK - 1) / KBLOCK;
     const int n_mine = nkb > warp ? (nkb - warp + WARPS - 1) / WARPS : 0; /* my k-blocks */
@@ -565,15 +572,16 @@ td_err split_launch(uint4 *xs, const float *x, int cols, int n_tok, cudaStream_t
 
 /* --- launches -------------------------------------------------------------------------------- */
 
+/* One launch over the set's members (one type, width and row length; w: the first). */
 template <int T, int NT, int P>
-td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev,
+td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok, int dev,
               cudaStream_t st)
 {
     const int n_groups = (n_tok + NT * 8 - 1) / (NT * 8);
-    const int64_t n_cta = (w->rows + TILE - 1) / TILE * n_groups;
+    const int64_t n_cta = set.first[set.n] * n_groups;
     if (n_cta > 0x7fffffff)
-        return err_set(TD_ENOTSUP, "matmul of %lld rows needs more CTAs than a grid holds",
-                       (long long)w->rows);
+        return err_set(TD_ENOTSUP, "matmul of %lld row tiles needs more CTAs than a grid holds",
+                       (long long)set.first[set.n]);
     const int nch = (int)((w->cols + KBLOCK - 1) / KBLOCK * CHUNKS);
     /* 48 KB for the cp.async rings (the most a launch gets without opting in), BSMEM for the
      * bulk rings, else the partials */
@@ -587,8 +595,8 @@ td_err launch(float *y, const uint4 *xs, const ops_weight *w, int n_tok, int dev
     (void)dev;
     return pdl_launch<mmh_kernel<T, NT, P>>(
         "F16/BF16 matmul", dim3((unsigned)n_cta), dim3(WARPS * 32),
-        P == W_RING ? ring : P == W_BULK ? (size_t)BSMEM : red, st, y,
-        (const uint8_t *)w->data, w->row_bytes, w->rows, (int)w->cols, xs, nch, n_tok, n_groups);
+        P == W_RING ? ring : P == W_BULK ? (size_t)BSMEM : red, st, set, w->row_bytes,
+        (int)w->cols, xs, nch, n_tok, n_groups);
 }
 
 /* Whether 9-16 tokens take the bulk rings: on sm_90+ with TANDEM_MMH=bulk (read at each
@@ -612,22 +620,22 @@ bool bulk_wanted(int dev)
  * with the cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x
  * against 4.3-6.0x). */
 template <int T>
-td_err launch_type(float *y, const uint4 *xs, const ops_weight *w, int n_tok, bool vec,
-                   int dev, cudaStream_t st)
+td_err launch_type(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok,
+                   bool vec, int dev, cudaStream_t st)
 {
     if (!vec) {
         if (n_tok <= 8)
-            return launch<T, 1, W_SCALAR>(y, xs, w, n_tok, dev, st);
+            return launch<T, 1, W_SCALAR>(set, xs, w, n_tok, dev, st);
         if (n_tok <= 16)
-            return launch<T, 2, W_SCALAR>(y, xs, w, n_tok, dev, st);
-        return launch<T, MAX_NT, W_SCALAR>(y, xs, w, n_tok, dev, st);
+            return launch<T, 2, W_SCALAR>(set, xs, w, n_tok, dev, st);
+        return launch<T, MAX_NT, W_SCALAR>(set, xs, w, n_tok, dev, st);
     }
     if (n_tok <= 8)
-        return launch<T, 1, W_RING>(y, xs, w, n_tok, dev, st);
+        return launch<T, 1, W_RING>(set, xs, w, n_tok, dev, st);
     if (n_tok <= 16)
-        return bulk_wanted(dev) ? launch<T, 2, W_BULK>(y, xs, w, n_tok, dev, st)
-                                : launch<T, 2, W_REGS>(y, xs, w, n_tok, dev, st);
-    return launch<T, MAX_NT, W_REGS>(y, xs, w, n_tok, dev, st);
+        return bulk_wanted(dev) ? launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st)
+                                : launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
+    return launch<T, MAX_NT, W_REGS>(set, xs, w, n_tok, dev, st);
 }
 
 } /* namespace */
@@ -647,13 +655,31 @@ td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaSt
     uint4 *xs = nullptr;
     TD_TRY(stream_buf_get(&g_xs, st, mmh_split_bytes(n_tok, cols), true, (void **)&xs, NULL));
     TD_TRY(split_launch(xs, x, (int)cols, n_tok, st)); /* one split serves every member */
+    /* members of one type, row length and load path run in one launch, up to MM_SET_MAX at
+     * a time, in order (x's alignment no longer matters: the kernel reads the split pieces) */
+    auto vec_of = [](const ops_weight *w) {
+        return ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 && w->cols % 8 == 0;
+    };
+    bool done[OPS_MM_GROUP_MAX] = {};
+    TD_ASSERT(n <= OPS_MM_GROUP_MAX);
     for (int i = 0; i < n; i++) {
+        if (done[i])
+            continue;
         const ops_weight *w = mm[i].w;
-        /* x's alignment no longer matters: the kernel reads the split pieces */
-        const bool vec = ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 &&
-                         w->cols % 8 == 0;
-        TD_TRY(w->type == TD_F16 ? launch_type<TD_F16>(mm[i].y, xs, w, n_tok, vec, dev, st)
-                                 : launch_type<TD_BF16>(mm[i].y, xs, w, n_tok, vec, dev, st));
+        const bool vec = vec_of(w);
+        ops_mm_out set_mm[MM_SET_MAX];
+        int k = 0;
+        for (int j = i; j < n && k < MM_SET_MAX; j++) {
+            const ops_weight *o = mm[j].w;
+            if (!done[j] && o->type == w->type && o->row_bytes == w->row_bytes &&
+                vec_of(o) == vec) {
+                set_mm[k++] = mm[j];
+                done[j] = true;
+            }
+        }
+        const mm_set set = mm_set_of(set_mm, k, TILE);
+        TD_TRY(w->type == TD_F16 ? launch_type<TD_F16>(set, xs, w, n_tok, vec, dev, st)
+                                 : launch_type<TD_BF16>(set, xs, w, n_tok, vec, dev, st));
     }
     return TD_OK;
 }
