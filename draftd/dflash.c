@@ -393,15 +393,15 @@ void dfl_state_reset(dfl_state *s)
  * also Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], the three projections in one call
  * (one activation rounding on the GPU) and both norms and rotations in one (qk_norm_rope:
  * the same chain, one launch). */
-/* The k rows of layer L after its projection: the k norm, then RoPE at pos. */
+/* The k rows of layer L after its projection: the k norm, then RoPE at pos (one launch). */
 static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *L, float *k, int64_t n,
                            const int32_t *pos)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
-    int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
-    TD_TRY(be->rmsnorm(be, k, k, L->k_norm, n * c->n_kv_heads, hd, hd, (float)c->rms_eps));
-    return be->rope_neox(be, k, n, c->n_kv_heads, kvw, hd, hd, pos, (float)c->rope_theta);
+    int64_t hd = c->head_dim;
+    return be->qk_norm_rope(be, NULL, k, NULL, L->k_norm, n, 0, c->n_kv_heads, hd, hd, hd, pos,
+                            (float)c->rope_theta, (float)c->rms_eps);
 }
 
 /* Layer L's q (normed, RoPE), k (normed, RoPE) and v of the block rows x[n]. */
@@ -455,9 +455,12 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     TD_TRY(be->matmul(be, h, feat, &m->fc, n));
     TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
     /* Every layer's k and v read the same H: one matmul_multi for up to G layers at a time
-     * (the matrices of one type then share launches), layer l's rows at l * n * kvw of the
-     * scratch w->q (k) and w->a (v), which hold n rows of dfl_wide >= kvw floats. */
+     * (the matrices of one type then share launches). They land in the rings' slots of the
+     * new positions when those do not wrap, else in the scratch w->q (k) and w->a (v), layer
+     * l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each), and are copied. */
     size_t row = (size_t)kvw * sizeof(float);
+    int64_t slot = s->n_ctx % s->cap;
+    bool direct = slot + n <= s->cap;
     int64_t G = dfl_wide(c) / kvw;
     if (G > OPS_MM_GROUP_MAX / 2)
         G = OPS_MM_GROUP_MAX / 2;
@@ -465,16 +468,20 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
         int64_t g = (int64_t)c->n_layers - l0 < G ? (int64_t)c->n_layers - l0 : G;
         ops_mm_out proj[OPS_MM_GROUP_MAX];
         for (int64_t i = 0; i < g; i++) {
-            proj[2 * i] = (ops_mm_out){w->q + i * n * kvw, &m->layers[l0 + i].wk};
-            proj[2 * i + 1] = (ops_mm_out){w->a + i * n * kvw, &m->layers[l0 + i].wv};
+            uint32_t il = l0 + (uint32_t)i;
+            proj[2 * i] = (ops_mm_out){direct ? s->k[il] + slot * kvw : w->q + i * n * kvw,
+                                       &m->layers[il].wk};
+            proj[2 * i + 1] = (ops_mm_out){direct ? s->v[il] + slot * kvw : w->a + i * n * kvw,
+                                           &m->layers[il].wv};
         }
         TD_TRY(be->matmul_multi(be, h, proj, (int)(2 * g), n));
         for (int64_t i = 0; i < g; i++) {
             uint32_t il = l0 + (uint32_t)i;
-            float *kb = w->q + i * n * kvw, *vb = w->a + i * n * kvw;
-            TD_TRY(dfl_k_finish(m, &m->layers[il], kb, n, pos));
-            TD_TRY(dfl_ring_put(be, s, s->k[il], kb, n, row, false));
-            TD_TRY(dfl_ring_put(be, s, s->v[il], vb, n, row, false));
+            TD_TRY(dfl_k_finish(m, &m->layers[il], proj[2 * i].y, n, pos));
+            if (direct)
+                continue;
+            TD_TRY(dfl_ring_put(be, s, s->k[il], proj[2 * i].y, n, row, false));
+            TD_TRY(dfl_ring_put(be, s, s->v[il], proj[2 * i + 1].y, n, row, false));
         }
     }
     TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t), true));

@@ -332,7 +332,7 @@ void cpu_conv1d_silu(float *out, float *state, float *state_all, const float *x,
  * head_dim, head_dim, eps), then cpu_rope_neox(q, n_tok, n_head, n_head * q_head, q_head,
  * n_rot, pos, theta) and cpu_rope_neox(k, n_tok, n_head_kv, n_head_kv * head_dim, head_dim,
  * ...): q's token t, head h at q + (t * n_head + h) * q_head, k's at k + (t * n_head_kv + h)
- * * head_dim. */
+ * * head_dim. n_head 0 (q NULL): k only. */
 void cpu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
                       int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                       int64_t q_head, int64_t n_rot, const int32_t *pos, float theta, float eps);
@@ -514,7 +514,7 @@ td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k
 td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
                         int64_t dim, float eps, ops_stream st);
 /* cpu_qk_norm_rope in one launch, each head the bits of cuda_rmsnorm then cuda_rope_neox;
- * head_dim <= 1024. */
+ * head_dim <= 1024; n_head 0 (q NULL): k only. */
 td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
                          int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                          int64_t q_head, int64_t n_rot, const int32_t *pos, float theta,

@@ -407,42 +407,48 @@ static void test_swiglu_matmul_refuses_before_touching_the_gate(void **state)
 
 /* q/k head norms and RoPE in one launch: q and k bit for bit two cuda_rmsnorm and two
  * cuda_rope_neox launches, for gated q heads (the query half of 2 x head_dim normed, the
- * gate untouched), plain heads, partial rotation, positions far apart, 1 and 16 tokens; and
- * the CPU's chain within 1e-5. */
+ * gate untouched), plain heads, partial rotation, positions far apart, 1 and 16 tokens, k
+ * heads alone (no q: the drafter's context keys); and the CPU's chain within 1e-5. */
 static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
 {
     (void)state;
     static const struct {
         int64_t n_head, n_kv, hd, q_head, n_rot;
-    } cs[] = {{24, 4, 256, 512, 64}, {4, 2, 64, 64, 64}, {3, 1, 96, 192, 32}};
+    } cs[] = {{24, 4, 256, 512, 64},
+              {4, 2, 64, 64, 64},
+              {3, 1, 96, 192, 32},
+              {0, 8, 128, 128, 128}};
     static const int64_t toks[] = {1, 16};
     rng_seed(34);
     for (size_t c = 0; c < sizeof cs / sizeof *cs; c++)
         for (size_t j = 0; j < sizeof toks / sizeof *toks; j++) {
             const int64_t n = toks[j], hd = cs[c].hd, nh = cs[c].n_head, nkv = cs[c].n_kv;
             const int64_t nq = n * nh * cs[c].q_head, nk = n * nkv * hd;
-            float *q = rng_floats(nq, 3), *k = rng_floats(nk, 3);
+            const int64_t qa_n = nq ? nq : 1; /* buffers of at least one value */
+            float *q = rng_floats(qa_n, 3), *k = rng_floats(nk, 3);
             float *qn = rng_floats(hd, 1.5f), *kn = rng_floats(hd, 1.5f);
             int32_t pos[16];
             for (int64_t t = 0; t < n; t++)
                 pos[t] = (int32_t)(t * 977 + 5 + 40000 * (int32_t)c);
-            float *qa = dput(q, (size_t)nq * 4), *ka = dput(k, (size_t)nk * 4);
-            float *qb = dput(q, (size_t)nq * 4), *kb = dput(k, (size_t)nk * 4);
+            float *qa = dput(q, (size_t)qa_n * 4), *ka = dput(k, (size_t)nk * 4);
+            float *qb = dput(q, (size_t)qa_n * 4), *kb = dput(k, (size_t)nk * 4);
             float *dqn = dput(qn, (size_t)hd * 4), *dkn = dput(kn, (size_t)hd * 4);
             int32_t *dpos = dput(pos, (size_t)n * 4);
-            GPU_OK(cuda_rmsnorm(qa, qa, dqn, n * nh, hd, cs[c].q_head, 1e-6f, gpu_st));
+            if (nh)
+                GPU_OK(cuda_rmsnorm(qa, qa, dqn, n * nh, hd, cs[c].q_head, 1e-6f, gpu_st));
             GPU_OK(cuda_rmsnorm(ka, ka, dkn, n * nkv, hd, hd, 1e-6f, gpu_st));
-            GPU_OK(cuda_rope_neox(qa, n, nh, nh * cs[c].q_head, cs[c].q_head, cs[c].n_rot, dpos,
-                                  1e7f, gpu_st));
+            if (nh)
+                GPU_OK(cuda_rope_neox(qa, n, nh, nh * cs[c].q_head, cs[c].q_head, cs[c].n_rot,
+                                      dpos, 1e7f, gpu_st));
             GPU_OK(cuda_rope_neox(ka, n, nkv, nkv * hd, hd, cs[c].n_rot, dpos, 1e7f, gpu_st));
-            GPU_OK(cuda_qk_norm_rope(qb, kb, dqn, dkn, n, nh, nkv, hd, cs[c].q_head, cs[c].n_rot,
-                                     dpos, 1e7f, 1e-6f, gpu_st));
-            float *gqa = dget(qa, (size_t)nq * 4), *gqb = dget(qb, (size_t)nq * 4);
+            GPU_OK(cuda_qk_norm_rope(nh ? qb : NULL, kb, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
+                                     cs[c].n_rot, dpos, 1e7f, 1e-6f, gpu_st));
+            float *gqa = dget(qa, (size_t)qa_n * 4), *gqb = dget(qb, (size_t)qa_n * 4);
             float *gka = dget(ka, (size_t)nk * 4), *gkb = dget(kb, (size_t)nk * 4);
             assert_true(check_same_bits("qk_norm_rope q", gqb, gqa, (size_t)nq * 4));
             assert_true(check_same_bits("qk_norm_rope k", gkb, gka, (size_t)nk * 4));
-            cpu_qk_norm_rope(q, k, qn, kn, n, nh, nkv, hd, cs[c].q_head, cs[c].n_rot, pos, 1e7f,
-                             1e-6f);
+            cpu_qk_norm_rope(nh ? q : NULL, k, qn, kn, n, nh, nkv, hd, cs[c].q_head, cs[c].n_rot,
+                             pos, 1e7f, 1e-6f);
             assert_true(check_close("qk_norm_rope q vs cpu", gqb, q, nq, 1e-5f, 1e-5f));
             assert_true(check_close("qk_norm_rope k vs cpu", gkb, k, nk, 1e-5f, 1e-5f));
             free(q), free(k), free(qn), free(kn), free(gqa), free(gqb), free(gka), free(gkb);

@@ -198,7 +198,13 @@ static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
     cpu_qk_norm_rope(q, k, qn, kn, n, nh, nkv, hd, q_head, n_rot, pos, 1e6f, 1e-6f);
     assert_memory_equal(q, qa, (size_t)(n * nh * q_head) * sizeof(float));
     assert_memory_equal(k, ka, (size_t)(n * nkv * hd) * sizeof(float));
-    free(q), free(k), free(qn), free(kn), free(qa), free(ka);
+    /* k heads alone (no q): the same k chain */
+    float *k2 = rnd(n * nkv * hd, 3), *kb = dup(k2, n * nkv * hd);
+    cpu_rmsnorm(kb, kb, kn, n * nkv, hd, hd, 1e-6f);
+    cpu_rope_neox(kb, n, nkv, nkv * hd, hd, n_rot, pos, 1e6f);
+    cpu_qk_norm_rope(NULL, k2, NULL, kn, n, 0, nkv, hd, hd, n_rot, pos, 1e6f, 1e-6f);
+    assert_memory_equal(k2, kb, (size_t)(n * nkv * hd) * sizeof(float));
+    free(q), free(k), free(qn), free(kn), free(qa), free(ka), free(k2), free(kb);
 }
 
 /* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */

@@ -52,10 +52,12 @@ void cpu_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_no
                       int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                       int64_t q_head, int64_t n_rot, const int32_t *pos, float theta, float eps)
 {
-    TD_ASSERT(q != NULL && k != NULL && q_head >= head_dim && n_tok >= 0);
-    cpu_rmsnorm(q, q, q_norm, n_tok * n_head, head_dim, q_head, eps);
+    TD_ASSERT((q != NULL || n_head == 0) && k != NULL && q_head >= head_dim && n_tok >= 0);
+    if (n_head)
+        cpu_rmsnorm(q, q, q_norm, n_tok * n_head, head_dim, q_head, eps);
     cpu_rmsnorm(k, k, k_norm, n_tok * n_head_kv, head_dim, head_dim, eps);
-    cpu_rope_neox(q, n_tok, n_head, n_head * q_head, q_head, n_rot, pos, theta);
+    if (n_head)
+        cpu_rope_neox(q, n_tok, n_head, n_head * q_head, q_head, n_rot, pos, theta);
     cpu_rope_neox(k, n_tok, n_head_kv, n_head_kv * head_dim, head_dim, n_rot, pos, theta);
 }
 

@@ -273,7 +273,8 @@ extern "C" td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, con
                                     int64_t head_dim, int64_t q_head, int64_t n_rot,
                                     const int32_t *pos, float theta, float eps, ops_stream st)
 {
-    TD_ASSERT(q != NULL && k != NULL && pos != NULL && n_tok >= 0 && n_head >= 1);
+    TD_ASSERT((q != NULL || n_head == 0) && k != NULL && pos != NULL && n_tok >= 0);
+    TD_ASSERT(n_head >= 0);
     TD_ASSERT(n_head_kv >= 1 && head_dim >= 1 && q_head >= head_dim && theta > 0);
     TD_ASSERT(n_rot >= 2 && n_rot % 2 == 0 && n_rot <= head_dim);
     if (head_dim > FUSED_MAX_HD || n_tok * (n_head + n_head_kv) > INT32_MAX)
