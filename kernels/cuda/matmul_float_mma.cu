@@ -599,30 +599,24 @@ td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok
         (int)w->cols, xs, nch, n_tok, n_groups);
 }
 
-/* Whether 9-16 tokens take the bulk rings: on sm_90+ for a launch of at most 4 CTAs per SM
- * (n_tiles 16-row tiles), where each warp needs more than one k-block in flight; more
- * tiles keep the register path (the 27B draft step: 4.04 ms with the rings everywhere
- * against 3.51 ms without). TANDEM_MMH=bulk or =regs forces either (read at each call, so a
- * test can compare them; both give the same bits). */
-bool bulk_wanted(int dev, int64_t n_tiles)
+/* Whether 9-16 tokens take the bulk rings: on sm_90+ with TANDEM_MMH=bulk (read at each
+ * call, so a test can compare both paths; both give the same bits). Not the default: on the
+ * H200 the 27B draft step took 4.04 ms with them against 3.51 ms with register loads. */
+bool bulk_wanted(int dev)
 {
-    int major = 0, n_sm = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
     const char *e = getenv("TANDEM_MMH");
-    if (major < 9 || (e && strcmp(e, "regs") == 0))
-        return false;
-    return (e && strcmp(e, "bulk") == 0) || n_tiles <= 4 * (int64_t)n_sm;
+    return major >= 9 && e && strcmp(e, "bulk") == 0;
 }
 
 /* Aligned weights: up to 8 tokens through the cp.async ring (H200, BF16 at one token: 59-79%
  * of the copy rate, register loads 56-69%); 9-16 on sm_90 through the bulk rings (several
- * k-blocks in flight per warp, no register prefetch on one scoreboard) where bulk_wanted
- * says so, else and from 17 with register loads, whose CTAs leave L1 to the activations
- * (16 tokens: 1.9-2.1x one token,
+ * k-blocks in flight per warp, no register prefetch on one scoreboard) with TANDEM_MMH=bulk, else and from 17 with
+ * register loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token,
  * with the cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x
  * against 4.3-6.0x). */
 template <int T>
@@ -639,9 +633,8 @@ td_err launch_type(const mm_set &set, const uint4 *xs, const ops_weight *w, int 
     if (n_tok <= 8)
         return launch<T, 1, W_RING>(set, xs, w, n_tok, dev, st);
     if (n_tok <= 16)
-        return bulk_wanted(dev, set.first[set.n])
-                   ? launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st)
-                   : launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
+        return bulk_wanted(dev) ? launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st)
+                                : launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
     return launch<T, MAX_NT, W_REGS>(set, xs, w, n_tok, dev, st);
 }
 
