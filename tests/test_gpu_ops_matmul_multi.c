@@ -380,6 +380,22 @@ static int64_t group_launches(const ops_backend *be, const ops_mm_out *out, int 
     return -1;
 }
 
+/* Group gr on new weights and inputs (seed): its launches at n_tok[i] are want[i]. */
+static void expect_launches(const ops_backend *gpu, const ops_backend *be, const group *gr,
+                            uint64_t seed, const int64_t *n_tok, const int64_t *want, int n)
+{
+    group_run c;
+    run_init(&c, gr);
+    float *x = NULL, *dx = make_dx(gr->cols, seed, &x);
+    GPU_OK(gpu->matmul_multi(gpu, dx, c.out, gr->n, 65)); /* scratch growth */
+    GPU_OK(gpu->sync(gpu));
+    for (int i = 0; i < n; i++)
+        assert_int_equal(group_launches(be, c.out, gr->n, dx, n_tok[i]), want[i]);
+    cuda_mem_free(dx);
+    free(x);
+    run_free(&c, gr);
+}
+
 /* Members of one type run in one launch (up to 4) where the kernel takes sets: the sm_90
  * bulk-copy kernel for one token, the window kernel for 9-16 tokens of Q4_K/Q6_K, the F32 and
  * F16/BF16 kernels at any batch; the tensor-core kernel (2-8 tokens here) keeps one launch
@@ -419,33 +435,11 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
     assert_int_equal(group_launches(be, b.out, mix->n, dxb, 5), 1 + 3 + 2);
     /* BF16 + F16 (one activation split, a kernel each) beside Q6_K, Q6_K (one rounding) and
      * Q4_K, Q8_0, Q5_K (another), five tokens on the tensor-core kernel: 2 + 5 + 1 + 2 */
-    {
-        const group *g2 = &groups[2];
-        group_run c;
-        run_init(&c, g2);
-        float *xc = NULL, *dxc = make_dx(g2->cols, 23, &xc);
-        GPU_OK(gpu->matmul_multi(gpu, dxc, c.out, g2->n, 65)); /* scratch growth */
-        GPU_OK(gpu->sync(gpu));
-        assert_int_equal(group_launches(be, c.out, g2->n, dxc, 5), 2 + 5 + 1 + 2);
-        cuda_mem_free(dxc);
-        free(xc);
-        run_free(&c, g2);
-    }
+    const int64_t five[] = {5}, mixed[] = {2 + 5 + 1 + 2};
+    expect_launches(gpu, be, &groups[2], 23, five, mixed, 1);
     /* five BF16 and an F16: the split, BF16 sets of 4 and 1, the F16, at every batch size */
-    {
-        const group *g3 = &groups[8];
-        group_run c;
-        run_init(&c, g3);
-        float *xc = NULL, *dxc = make_dx(g3->cols, 24, &xc);
-        GPU_OK(gpu->matmul_multi(gpu, dxc, c.out, g3->n, 65)); /* scratch growth */
-        GPU_OK(gpu->sync(gpu));
-        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 1), 1 + 2 + 1);
-        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 16), 1 + 2 + 1);
-        assert_int_equal(group_launches(be, c.out, g3->n, dxc, 33), 1 + 2 + 1);
-        cuda_mem_free(dxc);
-        free(xc);
-        run_free(&c, g3);
-    }
+    const int64_t toks[] = {1, 16, 33}, halves[] = {1 + 2 + 1, 1 + 2 + 1, 1 + 2 + 1};
+    expect_launches(gpu, be, &groups[8], 24, toks, halves, 3);
     /* what the counted calls wrote is what separate calls write */
     for (int i = 0; i < mix->n; i++)
         GPU_OK(cuda_matmul(b.sep[i], dxb, &b.w[i].dev, 5, be->stream));
