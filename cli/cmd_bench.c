@@ -46,6 +46,8 @@ typedef struct bench_report {
     double copy_gbps;          /* (read + written) / time */
     bench_target_times tgt;
     bench_time draft;
+    bench_time samp_draw[BENCH_SAMPLERS];   /* sampling a block's drafts (sample_rows) */
+    bench_time samp_accept[BENCH_SAMPLERS]; /* sampled acceptance of a 16-token block */
     bsplit_result split, split_mps;
     int iters;
     char notes[BENCH_NOTES][320];
@@ -179,6 +181,13 @@ static void bench_print(const bench_report *r)
         printf("  %-36s %10.3f ms  %.2fx decode  (%.3f GB: drafter weights + LM head, read once)\n",
                "draft step at the bandwidth limit", dlim, d1 > 0 ? dlim / d1 : 0.0,
                (double)r->draft_bytes / 1e9);
+    static const char *const srow[BENCH_SAMPLERS][2] = {
+        {"sampling: 15 drafts, temp 0.8", "sampling: accept 16, temp 0.8"},
+        {"sampling: 15 drafts, + top_p 0.95", "sampling: accept 16, + top_p 0.95"}};
+    for (int k = 0; k < BENCH_SAMPLERS; k++) {
+        bench_row_time(srow[k][0], &r->samp_draw[k], "");
+        bench_row_time(srow[k][1], &r->samp_accept[k], "");
+    }
     const bsplit_result *sp[2] = {&r->split, &r->split_mps};
     const char *sname[2] = {"process split, no MPS", "process split, MPS"};
     for (int i = 0; i < 2; i++) {
@@ -312,6 +321,15 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(dr, "limit_ms", bench_draft_limit_ms(r) > 0 ? json_real(bench_draft_limit_ms(r))
                                                                   : json_null());
     json_object_set_new(j, "draft", dr);
+    json_t *smp = json_array();
+    for (int k = 0; k < BENCH_SAMPLERS; k++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "sampler", json_string(bench_sampler_names[k]));
+        json_object_set_new(o, "draw", bench_json_time(&r->samp_draw[k], d1));
+        json_object_set_new(o, "accept", bench_json_time(&r->samp_accept[k], d1));
+        json_array_append_new(smp, o);
+    }
+    json_object_set_new(j, "sampling", smp);
     json_t *sp = json_object();
     json_object_set_new(sp, "no_mps", bench_json_split(r, &r->split));
     json_object_set_new(sp, "mps", bench_json_split(r, &r->split_mps));
@@ -548,6 +566,8 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
                    r.draft_backend, draft_iters, be->name);
     if (!draft && !save_draft)
         r.draft_dir = "synthetic, in a temporary folder (removed)";
+    /* what sampling adds to a step: the drafts of a block and the acceptance of 16 tokens */
+    bench_sampling(be, m->hp.n_vocab, 16, draft_iters, r.samp_draw, r.samp_accept);
     bench_note(&r, "total %.1f s", bench_now() - t_start);
     bench_print(&r);
     if (json_path && bench_json_write(&r, json_path) != TD_OK)

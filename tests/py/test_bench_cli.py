@@ -38,7 +38,9 @@ def test_table_lists_every_measurement(bench):
     for row in ("copy bandwidth", "weight bytes per decode token", "decode, 1K context",
                 "decode, 32K context", "verify 16 tokens", "verify 32 tokens", "rollback",
                 "prefill, 1K-token prompt", "draft step", "process split, no MPS", "process split, MPS",
-                "projected speculative, no MPS"):
+                "projected speculative, no MPS", "sampling: 15 drafts, temp 0.8",
+                "sampling: accept 16, temp 0.8", "sampling: 15 drafts, + top_p 0.95",
+                "sampling: accept 16, + top_p 0.95"):
         assert row in out, row
 
 
@@ -93,6 +95,12 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert pf["tokens"] == 1024 and pf["chunk"] == 64 and 3 <= pf["iters"] <= 3
     assert pf["ms"] > 0 and close(pf["tok_s"], 1024e3 / pf["ms"])
     assert j["draft"]["backend"] == "cpu"
+    smp = j["sampling"]
+    assert [s["sampler"] for s in smp] == ["temperature 0.8", "temperature 0.8, top_p 0.95"]
+    for s in smp:
+        for part in ("draw", "accept"):
+            assert s[part]["ms"] > 0 and s[part]["iters"] == 3, s
+            assert close(s[part]["ratio_to_decode"], s[part]["ms"] / d1)
 
     sp = j["split"]["no_mps"]
     assert sp["measured"], sp
