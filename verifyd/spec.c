@@ -64,7 +64,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         e = be->alloc(be, (void **)&s->feat, fbytes);
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->logits, lbytes);
-    if (e == TD_OK)
+    if (e == TD_OK && dm)
         e = be->alloc(be, (void **)&s->dlogits, lbytes);
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->ids, (size_t)(2 * s->block + 2) * sizeof(int32_t));
@@ -74,11 +74,16 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         e = be->alloc(be, (void **)&s->dp, lbytes);
     if (e == TD_OK && !spec_greedy(s) && s->block > 1)
         e = be->alloc(be, (void **)&s->dq, lbytes - (size_t)V * sizeof(float));
-    s->q = malloc(lbytes);
-    if (be->kind != OPS_BACKEND_CPU)
+    /* Host rooms for a sequence whose blocks are drafted elsewhere (verifyd): drafts'
+     * distributions that arrive in a message, and logits downloaded for log-probabilities
+     * (the backend's own memory on the CPU). The in-process loop needs neither. */
+    const bool host_q = !dm && !spec_greedy(s) && s->block > 1;
+    const bool host_l = !dm && be->kind != OPS_BACKEND_CPU;
+    if (host_q)
+        s->q = malloc(lbytes);
+    if (host_l)
         s->hlogits = malloc(lbytes);
-    if (e == TD_OK && (!s->q || (s->n_taps && !s->taps) ||
-                       (be->kind != OPS_BACKEND_CPU && !s->hlogits)))
+    if (e == TD_OK && ((host_q && !s->q) || (s->n_taps && !s->taps) || (host_l && !s->hlogits)))
         e = err_set(TD_ENOMEM, "out of memory for a sequence");
     if (e != TD_OK)
         spec_free(s);

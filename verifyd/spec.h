@@ -51,13 +51,16 @@ typedef struct spec_seq {
                                * backend memory) */
     int64_t ring_rows;
     float *logits;            /* [block][n_vocab] target logits of a verify pass (backend) */
-    float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory) */
+    float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory; with the
+                               * in-process drafter only, else NULL) */
     int32_t *ids;             /* [2*block+2] backend: row argmaxes [block], accept result [2],
                                * drafts [block] */
-    float *hlogits;           /* [block][n_vocab] host copy of logits (log-probabilities; NULL
-                               * on the CPU backend, whose logits are host memory already) */
+    float *hlogits;           /* [block][n_vocab] host copy of logits (log-probabilities; blocks
+                               * drafted elsewhere on a GPU, else NULL: the CPU backend's logits
+                               * are host memory already) */
     float *q;                 /* [block-1][n_vocab] host room for drafter distributions that
-                               * arrive in host memory (sampling) */
+                               * arrive in a message (sampling, blocks drafted elsewhere, else
+                               * NULL) */
     float *dp;                /* [block][n_vocab] backend scratch: the block's filtered target
                                * distributions (sampling only, else NULL) */
     float *dq;                /* [block-1][n_vocab] backend: the drafts' distributions
