@@ -297,7 +297,8 @@ static td_err smp_sorted(float *p, const float *logits, int64_t rows, int64_t n,
 }
 
 /* cuda_sample_probs of rows rows of logits [rows][n_vocab] into p: the dense and small top-k
- * paths in one launch (a block per row, rows side by side), the sorted path row by row. */
+ * paths in one launch (a block per row, rows side by side), the sorted path in sorts of up
+ * to SORT_ROWS rows. */
 static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_t n_vocab,
                              const ops_sampler *s, ops_stream st)
 {
@@ -407,23 +408,6 @@ __device__ int32_t smp_draw_block(const float *p, const float *q, int64_t n, uin
     return sh_tok;
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_draw_kernel(int32_t *tok, const float *p, int64_t n, uint64_t seed, uint64_t step)
-{
-    const int32_t t = smp_draw_block(p, NULL, n, seed, step);
-    if (threadIdx.x == 0)
-        *tok = t;
-}
-
-extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
-                                   uint64_t step, ops_stream st)
-{
-    TD_ASSERT(tok != NULL && p != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
-    smp_draw_kernel<<<1, SAMPLE_THREADS, 0, st>>>(tok, p, n_vocab, seed, step);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
-}
-
 /* Block i draws row i of p [n][n_vocab] with counter ctr + i * ctr_step. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_draw_rows_kernel(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed, uint64_t ctr,
@@ -434,6 +418,15 @@ smp_draw_rows_kernel(int32_t *tok, const float *p, int64_t n_vocab, uint64_t see
         smp_draw_block(p + i * n_vocab, NULL, n_vocab, seed, ctr + (uint64_t)i * ctr_step);
     if (threadIdx.x == 0)
         tok[i] = t;
+}
+
+extern "C" td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t seed,
+                                   uint64_t step, ops_stream st)
+{
+    TD_ASSERT(tok != NULL && p != NULL && n_vocab >= 1 && n_vocab <= INT32_MAX);
+    smp_draw_rows_kernel<<<1, SAMPLE_THREADS, 0, st>>>(tok, p, n_vocab, seed, step, 0);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
 }
 
 extern "C" td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n,
