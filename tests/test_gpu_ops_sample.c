@@ -1,6 +1,7 @@
 /* The sampler on the device against the CPU's (kernels/cpu/sample.c): every path of
- * cuda_sample_probs (greedy, small top-k with top-p and min_p, the sorted path for top-p and
- * large top-k, the dense path), ties, NaN and -inf logits, a row with no finite logit;
+ * cuda_sample_probs (greedy, small top-k with top-p and min_p, top-p alone within a row's
+ * best 1024 entries and past them, the sorted path for a large top-k, the dense path), ties,
+ * NaN and -inf logits, a row with no finite logit;
  * cuda_sample_draw returning the CPU's token for the same p, seed and step; a drafter's block
  * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); and greedy acceptance of
  * a verified block on the device. Skips (77) without CUDA or a device. */
@@ -37,7 +38,10 @@ typedef enum logit_kind {
     LOGITS_HEAD,   /* uniform in [-6, 0) with HEAD tokens at 10, 9, ... 10-HEAD+1 */
     LOGITS_TIES,   /* steps of 0.25 in [-6, 0]: every value shared by many tokens */
     LOGITS_NAN,    /* random, every 7th NaN, every 11th -inf */
+    LOGITS_WIDE,   /* WIDE tokens (every 49th id) at 0.3 - 0.3 * j / WIDE, the rest at -20 */
 } logit_kind;
+
+#define WIDE 5000 /* LOGITS_WIDE: more nearly equal tokens than one block's top-k holds */
 
 static int32_t head_ids[HEAD]; /* where LOGITS_HEAD put its head, best first */
 
@@ -50,6 +54,9 @@ static float *make_logits(int64_t n, logit_kind kind)
         case LOGITS_HEAD: x[i] = 3 * x[i] - 3; break;
         case LOGITS_TIES: x[i] = roundf((3 * x[i] - 3) * 4) / 4; break;
         case LOGITS_NAN: x[i] = i % 7 == 3 ? NAN : i % 11 == 5 ? -INFINITY : 8 * x[i]; break;
+        case LOGITS_WIDE:
+            x[i] = i % 49 == 0 && i / 49 < WIDE ? 0.3f - 0.3f * (float)(i / 49) / WIDE : -20;
+            break;
         }
     }
     if (kind == LOGITS_HEAD)
@@ -128,8 +135,21 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
     float *p = malloc((size_t)VOCAB * 4);
     GPU_OK(cpu_sample_probs(p, head, VOCAB, &(ops_sampler){.temperature = 1, .top_p = 1}));
     const float mid = (p[head_ids[0]] + p[head_ids[1]] + p[head_ids[2]] / 2);
-    check_probs("top_p (sorted)", head, VOCAB,
-                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_F32);
+    check_probs("top_p (within the best 1024)", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_TOPK);
+    /* the same settings on a flat row: the kept set (1700 of WIDE tokens, the cut half a
+     * token's mass inside the 1701st) reaches past the best 1024, so the row is sorted */
+    float *wide = make_logits(VOCAB, LOGITS_WIDE);
+    GPU_OK(cpu_sample_probs(p, wide, VOCAB, &(ops_sampler){.temperature = 1, .top_p = 1}));
+    double cum = 0;
+    for (int64_t j = 0; j < 1700; j++)
+        cum += p[j * 49];
+    const float mid_w = (float)(cum + p[1700 * 49] / 2);
+    check_probs("top_p past the best 1024 (sorted)", wide, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid_w}, RTOL_F32);
+    check_probs("top_p past the best 1024, min_p (sorted)", wide, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid_w, .min_p = 0.95f}, RTOL_F32);
+    free(wide);
     const float mp = 0.5f * (expf(-2) + expf(-3)); /* between e^-2 and e^-3 of the max */
     check_probs("min_p (dense)", head, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = 1, .min_p = mp}, RTOL_F32);
@@ -144,8 +164,8 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
     for (int64_t i = 0; i < VOCAB; i++) /* NaN and -inf in the tail: never kept */
         if (head[i] < 0 && i % 5 == 0)
             head[i] = i % 2 ? NAN : -INFINITY;
-    check_probs("top_p over NaN and -inf (sorted)", head, VOCAB,
-                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_F32);
+    check_probs("top_p over NaN and -inf", head, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_TOPK);
 
     float one = 3.0f;
     check_probs("one token", &one, 1, &(ops_sampler){.temperature = 1, .top_k = 5, .top_p = 0.5f},
@@ -314,6 +334,62 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
     cuda_mem_free(dt);
 }
 
+/* top_p alone over a block whose rows take both of its paths: headed rows keep a set inside
+ * their best 1024 entries, flat rows (LOGITS_WIDE) are sorted, alone (rows 1, 5) and in a run
+ * longer than one sort takes (rows 9..14). The cut (0.35) lies inside head token 1 (p 0.29 ->
+ * 0.40) and inside the ~1750th of the flat rows' tokens (~2e-4 each), away from rounding. */
+static void test_sample_rows_top_p_alone_takes_both_paths(void **state)
+{
+    (void)state;
+    enum { N = 15 };
+    rng_seed(24);
+    const int64_t V = VOCAB;
+    float *logits = malloc((size_t)(N * V) * 4);
+    for (int i = 0; i < N; i++) {
+        float *row = make_logits(V, i % 4 == 1 || i >= 9 ? LOGITS_WIDE : LOGITS_HEAD);
+        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
+        free(row);
+    }
+    const ops_sampler s = {.temperature = 1, .top_p = 0.35f, .seed = 35};
+    const uint64_t ctr = 12, step = 4;
+    float *dl = dput(logits, (size_t)(N * V) * 4), *dq = dpoison((size_t)(N * V) * 4);
+    int32_t *dt = dpoison(N * 4);
+    float *want_q = malloc((size_t)(N * V) * 4);
+    int32_t want[N];
+    GPU_OK(cuda_sample_rows(dt, dq, dl, N, V, &s, ctr, step, gpu_st));
+    GPU_OK(cpu_sample_rows(want, want_q, logits, N, V, &s, ctr, step));
+    int32_t *tok = dget(dt, N * 4);
+    float *q = dget(dq, (size_t)(N * V) * 4);
+    for (int i = 0; i < N; i++) {
+        const float *qi = q + (size_t)i * V, *wi = want_q + (size_t)i * V;
+        char what[64];
+        snprintf(what, sizeof what, "row %d", i);
+        int64_t kept = 0;
+        for (int64_t j = 0; j < V; j++) {
+            if ((qi[j] > 0) != (wi[j] > 0))
+                fail_msg("%s: token %lld kept %s on the GPU, %s on the CPU", what, (long long)j,
+                         qi[j] > 0 ? "yes" : "no", wi[j] > 0 ? "yes" : "no");
+            kept += qi[j] > 0;
+        }
+        const bool wide = i % 4 == 1 || i >= 9;
+        if (wide ? kept <= 1024 : kept != 2)
+            fail_msg("%s: %lld tokens kept", what, (long long)kept);
+        assert_true(check_close(what, qi, wi, V, wide ? RTOL_F32 : RTOL_TOPK, 1e-30f));
+        /* the CPU's draw from the GPU's q; from its own q on the headed rows (within 2 ulp) */
+        const int32_t from_gpu_q = cpu_sample_draw(qi, V, s.seed, ctr + (uint64_t)i * step);
+        if (tok[i] != from_gpu_q || (!wide && tok[i] != want[i]))
+            fail_msg("%s: GPU token %d, CPU draw from the GPU's q %d, CPU %d", what, tok[i],
+                     from_gpu_q, want[i]);
+    }
+    free(q);
+    free(tok);
+    free(want_q);
+    free(logits);
+    cuda_mem_free(dl);
+    cuda_mem_free(dq);
+    cuda_mem_free(dt);
+}
+
 /* Greedy acceptance: a = drafted tokens matching the argmax of the previous row, next =
  * argmax of row a; ties go to the lower id as cpu_argmax. */
 static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state)
@@ -376,6 +452,7 @@ int main(void)
         cmocka_unit_test(test_sample_without_finite_logit_gives_zeros_and_no_token),
         cmocka_unit_test(test_sample_draw_matches_cpu_token_for_token),
         cmocka_unit_test(test_sample_rows_match_cpu_row_for_row),
+        cmocka_unit_test(test_sample_rows_top_p_alone_takes_both_paths),
         cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

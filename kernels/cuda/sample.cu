@@ -1,13 +1,16 @@
 /* The sampler on the device (twins of cpu_sample_probs and cpu_sample_draw): the filtered
  * distribution p and a reproducible draw from it, without the logits leaving the GPU.
  *
- * cuda_sample_probs picks one of four paths by the settings; each gives the CPU's kept set
+ * cuda_sample_probs picks one of five paths by the settings; each gives the CPU's kept set
  * (up to rounding at a top-p boundary) and p within float rounding of the CPU's:
  * - greedy (temperature 0): one-hot argmax;
  * - top_k <= TOPK_MAX: radix-select the k candidates in one block (select.cuh), then one
  *   thread walks them in the CPU's order and precision (f64, k small);
- * - top_p (or a top_k above TOPK_MAX): a stable radix sort of the whole row (CUB) gives the
- *   CPU's walk order, then one block scans the sorted mass in f64 in a fixed order;
+ * - top_p alone: the same walk over the row's best TOPK_MAX entries against the whole row's
+ *   mass; where the kept set reaches further (a flat distribution), the next path;
+ * - a top_k above TOPK_MAX (or that flat top_p row): a stable radix sort of the whole row
+ *   (CUB) gives the CPU's walk order, then one block scans the sorted mass in f64 in a fixed
+ *   order;
  * - otherwise (temperature, min_p): no order needed, one block normalises.
  * Per-token work in the last two runs in f32 (f64 is slow on consumer GPUs), sums meet in
  * f64 in a fixed tree: p is deterministic and within ~1e-6 relative of the CPU's.
@@ -114,24 +117,39 @@ smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float mi
     }
 }
 
-/* --- small top-k path ------------------------------------------------------------------ */
+/* --- small top-k and nucleus paths ---------------------------------------------------- */
 
-/* Block b: row b of p and logits [grid][n]. */
+/* Block b: row b of p and logits [grid][n]; the k best candidates walked as the CPU walks
+ * them. fallback NULL (top_k <= TOPK_MAX): the total is the candidates' mass. fallback set
+ * (top_p alone): the candidates are the row's first k in the CPU's order and the total is
+ * the whole row's mass, summed as the sorted path sums it; the kept set is a prefix of that
+ * order, so when the candidates reach top_p of the total it lies among them and the walk is
+ * the CPU's, else fallback[b] = 1 and p is left to the sorted path (fallback[b] = 0 when
+ * the row is done here). */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, double top_p,
-                double min_p)
+                double min_p, int32_t *fallback)
 {
     p += (size_t)blockIdx.x * (size_t)n;
     logits += (size_t)blockIdx.x * (size_t)n;
     __shared__ sel_smem sm;
     __shared__ uint64_t keys[TOPK_MAX];
     __shared__ double e[TOPK_MAX];
+    __shared__ double sh_d[33];
     __shared__ double kept_sum;
     __shared__ int keep;
     sel_topk_block(logits, n, k, &sm, keys);
     const uint32_t best = sel_key_index(keys[0]);
     const float mx = logits[best];
     const bool bad = smp_bad_max(mx);
+    double whole = 0;
+    if (fallback && !bad) {
+        const float inv_tf = (float)inv_t;
+        float part = 0;
+        for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
+            part += smp_e(logits[i], mx, inv_tf);
+        whole = dev_block_sum((double)part, sh_d);
+    }
     if (!bad) {
         for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
             const float l = logits[sel_key_index(keys[j])];
@@ -141,10 +159,11 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
     __syncthreads();
     if (threadIdx.x == 0 && !bad) {
         /* the CPU's walk, in its order and precision: top-k order, top-p prefix, min_p */
-        double total = 0;
-        for (int j = 0; j < k; j++)
-            total += e[j];
-        int m = k;
+        double total = whole;
+        if (!fallback)
+            for (int j = 0; j < k; j++)
+                total += e[j];
+        int m = fallback ? -1 : k;
         if (top_p < 1) {
             double cum = 0;
             for (int j = 0; j < k; j++) {
@@ -166,6 +185,11 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
         keep = m;
         kept_sum = kept;
     }
+    if (threadIdx.x == 0 && fallback)
+        fallback[blockIdx.x] = !bad && keep < 0;
+    __syncthreads();
+    if (!bad && keep < 0)
+        return; /* the sorted path writes this row */
     for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
         p[i] = 0;
     __syncthreads();
@@ -296,9 +320,64 @@ static td_err smp_sorted(float *p, const float *logits, int64_t rows, int64_t n,
     return TD_OK;
 }
 
+/* The sorted path for rows rows, kc candidates each, in sorts of up to SORT_ROWS rows (the
+ * sort's scratch is 24 bytes per entry). */
+static td_err smp_sorted_rows(float *p, const float *logits, int64_t rows, int64_t n_vocab,
+                              int64_t kc, const ops_sampler *s, cudaStream_t st)
+{
+    for (int64_t r = 0; r < rows; r += SORT_ROWS)
+        TD_TRY(smp_sorted(p + r * n_vocab, logits + r * n_vocab,
+                          rows - r < SORT_ROWS ? rows - r : SORT_ROWS, n_vocab, kc,
+                          (float)(1.0 / (double)s->temperature), (double)s->top_p, s->min_p,
+                          st));
+    return TD_OK;
+}
+
+/* top_p without top_k: every row first walks its best TOPK_MAX entries (smp_topk_kernel with
+ * the whole row's total), which holds the kept set of a peaked distribution; the rows whose
+ * set reaches further are sorted whole. Which rows those are is read back before the sorts
+ * are launched: a wait of the host on the stream (never inside a graph recording). */
+static td_err smp_nucleus(float *p, const float *logits, int64_t rows, int64_t n_vocab,
+                          const ops_sampler *s, cudaStream_t st)
+{
+    int32_t *dflag = NULL, *flag = (int32_t *)malloc((size_t)rows * sizeof *flag);
+    if (!flag)
+        return err_set(TD_ENOMEM, "sampler flags for %lld rows", (long long)rows);
+    td_err e = dev_scratch_alloc((void **)&dflag, (size_t)rows * sizeof *dflag, st, "sampler");
+    if (e == TD_OK) {
+        const int k = n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX;
+        smp_topk_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
+            p, logits, n_vocab, k, 1.0 / (double)s->temperature, (double)s->top_p,
+            (double)s->min_p, dflag);
+        cuda_launch_note(1);
+        cudaError_t ce = cudaGetLastError();
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(flag, dflag, (size_t)rows * sizeof *flag,
+                                 cudaMemcpyDeviceToHost, st);
+        if (ce == cudaSuccess)
+            ce = cudaStreamSynchronize(st);
+        if (ce != cudaSuccess)
+            e = err_set(TD_ECUDA, "sampler over %lld rows: %s", (long long)rows,
+                        cudaGetErrorString(ce));
+        dev_scratch_free(dflag, st);
+    }
+    /* runs of consecutive rows left to the sort, sorted together */
+    for (int64_t r = 0; e == TD_OK && r < rows;) {
+        int64_t end = r;
+        while (end < rows && flag[end])
+            end++;
+        if (end > r)
+            e = smp_sorted_rows(p + r * n_vocab, logits + r * n_vocab, end - r, n_vocab,
+                                n_vocab, s, st);
+        r = end + 1;
+    }
+    free(flag);
+    return e;
+}
+
 /* cuda_sample_probs of rows rows of logits [rows][n_vocab] into p: the dense and small top-k
- * paths in one launch (a block per row, rows side by side), the sorted path in sorts of up
- * to SORT_ROWS rows. */
+ * paths in one launch (a block per row, rows side by side), top-p alone in one launch plus
+ * sorts of the rows that need them, a large top-k in sorts of up to SORT_ROWS rows. */
 static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_t n_vocab,
                              const ops_sampler *s, ops_stream st)
 {
@@ -324,17 +403,13 @@ static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_
     if (use_k && s->top_k <= TOPK_MAX) {
         smp_topk_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
             p, logits, n_vocab, s->top_k, 1.0 / (double)s->temperature, (double)s->top_p,
-            (double)s->min_p);
+            (double)s->min_p, NULL);
         CUDA_TRY_LAUNCH();
         return TD_OK;
     }
-    /* the sort's scratch is 24 bytes per entry: at most SORT_ROWS rows per sort */
-    for (int64_t r = 0; r < rows; r += SORT_ROWS)
-        TD_TRY(smp_sorted(p + r * n_vocab, logits + r * n_vocab,
-                          rows - r < SORT_ROWS ? rows - r : SORT_ROWS, n_vocab,
-                          use_k ? s->top_k : n_vocab, (float)(1.0 / (double)s->temperature),
-                          (double)s->top_p, s->min_p, st));
-    return TD_OK;
+    if (!use_k)
+        return smp_nucleus(p, logits, rows, n_vocab, s, st);
+    return smp_sorted_rows(p, logits, rows, n_vocab, s->top_k, s, st);
 }
 
 extern "C" td_err cuda_sample_probs(float *p, const float *logits, int64_t n_vocab,

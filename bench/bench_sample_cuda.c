@@ -1,0 +1,132 @@
+/* bench_sample_cuda: the time of the sampler on a drafter's block on the GPU: one
+ * cuda_sample_rows call over 15 rows of the 27B vocabulary (248320 logits each) per setting
+ * (temperature alone, top_k 40 with top_p 0.95, top_p 0.95 alone, top_k 1500) on two kinds of
+ * rows: peaked (uniform in [-6, 0) with a dozen tokens at 10, 9, ...: the kept set of a
+ * top-p walk is a few tokens, as after a confident model) and flat (uniform in [-8, 8): the
+ * kept set of top_p 0.95 is most of the vocabulary, as the random weights of `tandem bench`
+ * give).
+ *
+ * Times back-to-back calls with CUDA events (median of several runs) and prints milliseconds
+ * per call. Options: --rows N (default 15), --calls N. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "kernels/cuda_mem.h"
+#include "kernels/ops.h"
+
+#ifndef TANDEM_HAVE_CUDA
+
+int main(void)
+{
+    printf("bench_sample_cuda: this build has no CUDA\n");
+    return 1;
+}
+
+#else
+
+#define BENCH_NAME "bench_sample_cuda"
+#include "bench/bench_cuda.h"
+
+#define VOCAB 248320
+#define RUNS 7
+
+static const struct {
+    const char *name;
+    ops_sampler s;
+} settings[] = {
+    {"temp 0.8", {.temperature = 0.8f, .top_p = 1, .seed = 1}},
+    {"top_k 40 top_p 0.95", {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 1}},
+    {"top_p 0.95", {.temperature = 0.8f, .top_p = 0.95f, .seed = 1}},
+    {"top_k 1500", {.temperature = 0.8f, .top_k = 1500, .top_p = 1, .seed = 1}},
+};
+#define N_SETTINGS (sizeof settings / sizeof settings[0])
+
+/* rows rows of logits on the device: peaked or flat (see the top of the file) */
+static float *make_rows(int rows, int peaked)
+{
+    const size_t n = (size_t)rows * VOCAB;
+    float *h = bench_alloc(n * sizeof *h), *d = NULL;
+    for (size_t i = 0; i < n; i++)
+        h[i] = peaked ? 3 * rnd() - 3 : 8 * rnd();
+    if (peaked)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < 12; j++)
+                h[(size_t)r * VOCAB + (size_t)(j * 20011 + r * 7) % VOCAB] = 10.0f - (float)j;
+    TRY(cuda_mem_alloc((void **)&d, n * sizeof *d));
+    TRY(cuda_mem_upload(d, h, n * sizeof *d, st));
+    free(h);
+    return d;
+}
+
+/* Milliseconds per cuda_sample_rows call over rows rows of logits. */
+static double bench_one(const float *logits, float *q, int32_t *tok, int rows,
+                        const ops_sampler *s, int calls)
+{
+    TRY(cuda_sample_rows(tok, q, logits, rows, VOCAB, s, 0, 1, st)); /* scratch, first touches */
+    double ms[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        CU(cudaEventRecord(ev0, (cudaStream_t)st));
+        for (int i = 0; i < calls; i++)
+            TRY(cuda_sample_rows(tok, q, logits, rows, VOCAB, s, (uint64_t)i * 64, 4, st));
+        CU(cudaEventRecord(ev1, (cudaStream_t)st));
+        ms[r] = elapsed_ms() / calls;
+    }
+    TRY(cuda_stream_sync(st));
+    return median(ms, RUNS);
+}
+
+int main(int argc, char **argv)
+{
+    int rows = 15, calls = 20;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--rows") == 0 && i + 1 < argc) {
+            rows = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
+            calls = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: bench_sample_cuda [--rows N] [--calls N]\n");
+            return 2;
+        }
+    }
+    if (rows < 1 || rows > 64 || calls < 1 || calls > 10000) {
+        fprintf(stderr, BENCH_NAME ": --rows must be 1..64, --calls 1..10000\n");
+        return 2;
+    }
+    if (!cuda_available()) {
+        printf(BENCH_NAME ": no usable CUDA device\n");
+        return 1;
+    }
+    TRY(cuda_stream_create(&st));
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    struct cudaDeviceProp prop;
+    int dev = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+    printf("bench_sample_cuda on %s: cuda_sample_rows over %d rows of %d logits, %d calls per "
+           "run, median of %d runs\n\n", prop.name, rows, VOCAB, calls, RUNS);
+    printf("%-22s %12s %12s\n", "setting", "peaked ms", "flat ms");
+    float *peaked = make_rows(rows, 1), *flat = make_rows(rows, 0), *q = NULL;
+    int32_t *tok = NULL;
+    TRY(cuda_mem_alloc((void **)&q, (size_t)rows * VOCAB * sizeof *q));
+    TRY(cuda_mem_alloc((void **)&tok, (size_t)rows * sizeof *tok));
+    for (size_t i = 0; i < N_SETTINGS; i++) {
+        const double a = bench_one(peaked, q, tok, rows, &settings[i].s, calls);
+        const double b = bench_one(flat, q, tok, rows, &settings[i].s, calls);
+        printf("%-22s %12.3f %12.3f\n", settings[i].name, a, b);
+        fflush(stdout);
+    }
+    cuda_mem_free(peaked);
+    cuda_mem_free(flat);
+    cuda_mem_free(q);
+    cuda_mem_free(tok);
+    cudaEventDestroy(ev0);
+    cudaEventDestroy(ev1);
+    cuda_stream_free(st);
+    return 0;
+}
+
+#endif
