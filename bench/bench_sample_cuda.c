@@ -1,13 +1,17 @@
 /* bench_sample_cuda: the time of the sampler on a drafter's block on the GPU: one
  * cuda_sample_rows call over 15 rows of the 27B vocabulary (248320 logits each) per setting
  * (temperature alone, top_k 40 with top_p 0.95, top_p 0.95 alone, top_k 1500) on two kinds of
- * rows: peaked (uniform in [-6, 0) with a dozen tokens at 10, 9, ...: the kept set of a
- * top-p walk is a few tokens, as after a confident model) and flat (uniform in [-8, 8): the
- * kept set of top_p 0.95 is most of the vocabulary, as the random weights of `tandem bench`
- * give).
+ * rows: peaked (uniform in [-6, 0) with a dozen tokens at 20, 19, ...: top_p 0.95 keeps 3
+ * tokens, as after a confident model) and flat (uniform in [-8, 8): the kept set of top_p
+ * 0.95 is most of the vocabulary, as the random weights of `tandem bench` give).
  *
  * Times back-to-back calls with CUDA events (median of several runs) and prints milliseconds
- * per call. Options: --rows N (default 15), --calls N. */
+ * per call. Then the log probabilities of a verified block (16 rows, 20 alternatives each):
+ * cuda_logprob_rows with its download of the records, against downloading the rows and
+ * running cpu_logprob_rows on the host.
+ * Options: --rows N (default 15), --calls N. */
+#include <time.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +58,7 @@ static float *make_rows(int rows, int peaked)
     if (peaked)
         for (int r = 0; r < rows; r++)
             for (int j = 0; j < 12; j++)
-                h[(size_t)r * VOCAB + (size_t)(j * 20011 + r * 7) % VOCAB] = 10.0f - (float)j;
+                h[(size_t)r * VOCAB + (size_t)(j * 20011 + r * 7) % VOCAB] = 20.0f - (float)j;
     TRY(cuda_mem_alloc((void **)&d, n * sizeof *d));
     TRY(cuda_mem_upload(d, h, n * sizeof *d, st));
     free(h);
@@ -76,6 +80,46 @@ static double bench_one(const float *logits, float *q, int32_t *tok, int rows,
     }
     TRY(cuda_stream_sync(st));
     return median(ms, RUNS);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Milliseconds for the log probabilities of rows rows of logits, on the device (with) or on
+ * the host after a download (without), records on the host at the end; median of runs. */
+static double bench_logprobs(const float *logits, int rows, bool on_device)
+{
+    int32_t *htok = bench_alloc((size_t)rows * sizeof *htok), *tok = NULL;
+    for (int i = 0; i < rows; i++)
+        htok[i] = i * 1009;
+    ops_logprob *out = NULL, *hout = bench_alloc((size_t)rows * sizeof *hout);
+    float *hl = on_device ? NULL : bench_alloc((size_t)rows * VOCAB * sizeof *hl);
+    TRY(cuda_mem_alloc((void **)&tok, (size_t)rows * sizeof *tok));
+    TRY(cuda_mem_upload(tok, htok, (size_t)rows * sizeof *tok, st));
+    TRY(cuda_mem_alloc((void **)&out, (size_t)rows * sizeof *out));
+    double ms[RUNS + 1];
+    for (int r = 0; r <= RUNS; r++) { /* run 0 warms up */
+        TRY(cuda_stream_sync(st));
+        const double t0 = now_ms();
+        if (on_device) {
+            TRY(cuda_logprob_rows(out, logits, tok, rows, VOCAB, OPS_TOP_LOGPROBS_MAX, st));
+            TRY(cuda_mem_download(hout, out, (size_t)rows * sizeof *hout, st));
+        } else {
+            TRY(cuda_mem_download(hl, logits, (size_t)rows * VOCAB * sizeof *hl, st));
+            cpu_logprob_rows(hout, hl, htok, rows, VOCAB, OPS_TOP_LOGPROBS_MAX);
+        }
+        ms[r] = now_ms() - t0;
+    }
+    cuda_mem_free(tok);
+    cuda_mem_free(out);
+    free(htok);
+    free(hout);
+    free(hl);
+    return median(ms + 1, RUNS);
 }
 
 int main(int argc, char **argv)
@@ -119,6 +163,14 @@ int main(int argc, char **argv)
         printf("%-22s %12.3f %12.3f\n", settings[i].name, a, b);
         fflush(stdout);
     }
+    float *block = make_rows(16, 1);
+    printf("\nlog probabilities of 16 rows, %d alternatives each, records on the host:\n",
+           OPS_TOP_LOGPROBS_MAX);
+    printf("  cuda_logprob_rows + download of the records   %8.3f ms\n",
+           bench_logprobs(block, 16, true));
+    printf("  download of the rows + cpu_logprob_rows       %8.3f ms\n",
+           bench_logprobs(block, 16, false));
+    cuda_mem_free(block);
     cuda_mem_free(peaked);
     cuda_mem_free(flat);
     cuda_mem_free(q);

@@ -117,6 +117,11 @@ struct ops_backend {
                              const float *logits, const float *q, const int32_t *draft,
                              int64_t n, int64_t n_vocab, const ops_sampler *s,
                              const ops_accept_rng *rng);
+    /* Log probabilities of tok [n] under the rows of logits [n][n_vocab] with the n_top most
+     * likely tokens of each row (cpu_logprob_rows, cuda_logprob_rows): out [n]; every
+     * pointer backend memory. Only out needs to come to the host. */
+    td_err (*logprob_rows)(const ops_backend *be, ops_logprob *out, const float *logits,
+                           const int32_t *tok, int64_t n, int64_t n_vocab, int n_top);
 
     /* Recording a sequence of calls once and replaying it (CUDA graphs); NULL where the
      * backend has none (the CPU, a profiler). Between graph_begin and graph_end the calls

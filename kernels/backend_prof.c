@@ -16,7 +16,7 @@ typedef enum pf_op {
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
-    PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_N_OPS
+    PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_LOGPROB_ROWS, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -24,7 +24,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
-    "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows",
+    "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows", "logprob_rows",
 };
 
 typedef struct pf_stat {
@@ -402,6 +402,12 @@ static td_err pf_accept_sampled(const ops_backend *be, int32_t *result, float *p
              in->accept_sampled(in, result, p, logits, q, draft, n, n_vocab, s, rng));
 }
 
+static td_err pf_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
+                              const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
+{
+    PF_TIMED(PF_LOGPROB_ROWS, in->logprob_rows(in, out, logits, tok, n, n_vocab, n_top));
+}
+
 static td_err pf_graph_begin(const ops_backend *be)
 {
     return PF_IN(be)->graph_begin(PF_IN(be));
@@ -485,6 +491,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->accept_greedy = pf_accept_greedy;
     b->sample_rows = pf_sample_rows;
     b->accept_sampled = pf_accept_sampled;
+    b->logprob_rows = pf_logprob_rows;
     b->kv_store = pf_kv_store;
     /* graphs pass through; callers do not record or replay while profiling is on
      * (ops_prof_on), since a replay would hide the ops and a recording would hold events */

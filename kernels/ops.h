@@ -421,6 +421,24 @@ int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t
 td_err cpu_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
                        const ops_sampler *s, uint64_t ctr, uint64_t ctr_step);
 
+#define OPS_TOP_LOGPROBS_MAX 20 /* most likely alternatives an ops_logprob holds */
+
+/* A token's log probability under a row of logits, and the row's most likely tokens. */
+typedef struct ops_logprob {
+    float logprob;                           /* <= 0 */
+    int32_t n_top;
+    int32_t top_id[OPS_TOP_LOGPROBS_MAX];    /* [n_top] best first (cpu_topk's order) */
+    float top_logprob[OPS_TOP_LOGPROBS_MAX]; /* [n_top] */
+} ops_logprob;
+
+/* For each of n rows of logits [n][n_vocab]: out[i].logprob = logits[i][tok[i]] - lse(row i)
+ * with lse = max + log(sum of exp(l - max)) summed in f64, and the min(n_top, n_vocab) best
+ * tokens of the row (cpu_topk) with theirs; every value is capped at 0 (rounding must not
+ * give a positive log probability). A token outside the vocabulary gets -inf.
+ * 0 <= n_top <= OPS_TOP_LOGPROBS_MAX. */
+void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,
+                      int64_t n_vocab, int n_top);
+
 /* The counters of a block's acceptance draws (ops_rand_uniform with the sampler's seed): the
  * test of draft i (1 <= i < n) uses accept + i * step; the draw after rejecting draft i, or
  * the bonus draw after all n - 1 drafts were accepted (i = n), uses target + i * step. */
@@ -546,6 +564,12 @@ td_err cuda_sample_draw(int32_t *tok, const float *p, int64_t n_vocab, uint64_t 
  * checked as on the CPU; a row with no finite logit gives tok -1 (the CPU: TD_EINVAL). */
 td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
                         const ops_sampler *s, uint64_t ctr, uint64_t ctr_step, ops_stream st);
+
+/* cpu_logprob_rows on the device, a block per row, so that only out [n] comes to the host:
+ * the exponentials in f32 with f64 partial sums (within ~1e-6 of the CPU's log
+ * probabilities), the same best tokens in the same order. All pointers device memory. */
+td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,
+                         int64_t n_vocab, int n_top, ops_stream st);
 
 /* Greedy acceptance of a verified block without copying logits to the host (DESIGN 4.3).
  * logits [n][n_vocab]: target logits p0..p(n-1) of the block [b, d1..d(n-1)];

@@ -3,8 +3,9 @@
  * best 1024 entries and past them, the sorted path for a large top-k, the dense path), ties,
  * NaN and -inf logits, a row with no finite logit;
  * cuda_sample_draw returning the CPU's token for the same p, seed and step; a drafter's block
- * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); and greedy acceptance of
- * a verified block on the device. Skips (77) without CUDA or a device. */
+ * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); log probabilities
+ * (cuda_logprob_rows against cpu_logprob_rows); and greedy acceptance of a verified block on
+ * the device. Skips (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -390,6 +391,66 @@ static void test_sample_rows_top_p_alone_takes_both_paths(void **state)
     cuda_mem_free(dt);
 }
 
+/* cuda_logprob_rows against cpu_logprob_rows on 16 rows of the 27B vocabulary (random,
+ * headed, tied logits; a token outside the vocabulary in row 5): the same best tokens in the
+ * same order, log probabilities within 1e-5 (f32 exponentials, f64 sums); and with no
+ * alternatives asked, and over a short row. */
+static void check_logprobs(const float *logits, const int32_t *tok, int64_t n, int64_t V,
+                           int n_top)
+{
+    ops_logprob *want = malloc((size_t)n * sizeof *want);
+    cpu_logprob_rows(want, logits, tok, n, V, n_top);
+    float *dl = dput(logits, (size_t)(n * V) * 4);
+    int32_t *dt = dput(tok, (size_t)n * 4);
+    ops_logprob *dout = dpoison((size_t)n * sizeof *dout);
+    GPU_OK(cuda_logprob_rows(dout, dl, dt, n, V, n_top, gpu_st));
+    ops_logprob *got = dget(dout, (size_t)n * sizeof *got);
+    for (int64_t i = 0; i < n; i++) {
+        const ops_logprob *g = &got[i], *w = &want[i];
+        const bool same_inf = isinf(w->logprob) && g->logprob == w->logprob;
+        if (!(fabsf(g->logprob - w->logprob) <= 1e-5f || same_inf))
+            fail_msg("row %lld (V %lld): log probability %.9g, CPU %.9g", (long long)i,
+                     (long long)V, g->logprob, w->logprob);
+        assert_int_equal(g->n_top, w->n_top);
+        for (int j = 0; j < w->n_top; j++) {
+            if (g->top_id[j] != w->top_id[j])
+                fail_msg("row %lld: alternative %d is %d, CPU %d", (long long)i, j, g->top_id[j],
+                         w->top_id[j]);
+            if (!(fabsf(g->top_logprob[j] - w->top_logprob[j]) <= 1e-5f))
+                fail_msg("row %lld: alternative %d log probability %.9g, CPU %.9g",
+                         (long long)i, j, g->top_logprob[j], w->top_logprob[j]);
+        }
+    }
+    free(got);
+    free(want);
+    cuda_mem_free(dl);
+    cuda_mem_free(dt);
+    cuda_mem_free(dout);
+}
+
+static void test_logprob_rows_match_cpu(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    rng_seed(25);
+    const int64_t V = VOCAB;
+    float *logits = malloc((size_t)(N * V) * 4);
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) {
+        float *row = make_logits(V, i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD
+                                                                          : LOGITS_TIES);
+        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
+        free(row);
+        tok[i] = i == 5 ? (int32_t)V : (int32_t)(rng_u64() % (uint64_t)V);
+    }
+    tok[1] = head_ids[0];
+    check_logprobs(logits, tok, N, V, OPS_TOP_LOGPROBS_MAX);
+    check_logprobs(logits, tok, N, V, 0);
+    const int32_t short_tok[3] = {3, 6, 0};
+    check_logprobs(logits, short_tok, 3, 7, 5); /* the first 21 logits as 3 rows of 7 */
+    free(logits);
+}
+
 /* Greedy acceptance: a = drafted tokens matching the argmax of the previous row, next =
  * argmax of row a; ties go to the lower id as cpu_argmax. */
 static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state)
@@ -453,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_sample_draw_matches_cpu_token_for_token),
         cmocka_unit_test(test_sample_rows_match_cpu_row_for_row),
         cmocka_unit_test(test_sample_rows_top_p_alone_takes_both_paths),
+        cmocka_unit_test(test_logprob_rows_match_cpu),
         cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,8 +6,9 @@
  * mid-generation leaves the text unchanged and a restarted draftd speculates again; sampled
  * output with a seed equals the single-process GPU speculative loop with the same seed (the
  * random streams belong to positions, not processes, DESIGN section 4 / dflash.h), with the
- * distributions travelling through kvd's proposal pool; verifyd's weights on the GPU hold the
- * embedding and LM head once (in the shared buffers, not also in its own arena). Skipped (77) without a CUDA device or
+ * distributions travelling through kvd's proposal pool; log probabilities computed on the
+ * GPU equal the target's log-softmax; verifyd's weights on the GPU hold the embedding and LM
+ * head once (in the shared buffers, not also in its own arena). Skipped (77) without a CUDA device or
  * without the daemons built. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -200,6 +202,61 @@ static void test_gpu_pipeline_greedy_equals_single_process_plain_greedy(void **c
            (unsigned long long)(s1.steps - s0.steps));
 }
 
+/* Log probabilities through the GPU pipeline (computed in verifyd beside the logits, only
+ * the records leaving the GPU): each emitted token's and its 5 best alternatives' equal the
+ * log-softmax of a one-process GPU forward pass over prompt + output, within 1e-4, the same
+ * alternatives in the same order. */
+static void test_gpu_pipeline_logprobs_are_the_targets_log_softmax(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 12, TOP = 5 };
+    uint32_t prompt[32];
+    int32_t ip[32 + GEN];
+    const int64_t np = make_prompt(3, prompt, ip);
+    msg_gen_start g = {.seq_id = next_seq++, .prompt = prompt, .n_prompt = (uint32_t)np,
+                       .max_tokens = GEN, .sampler = {.top_p = 1.0f}, .ignore_eos = true,
+                       .logprobs = true, .top_logprobs = TOP};
+    if (pl_gen(&pl, &g) != TD_OK)
+        fail_msg("gen_start: %s", err_msg());
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->n_tokens, GEN);
+    assert_int_equal(r->n_logprobs, GEN);
+    memcpy(ip + np, r->tokens, GEN * sizeof(int32_t));
+    const int64_t V = tm->hp.n_vocab, T = np + GEN - 1;
+    float *dlg = NULL, *lg = malloc((size_t)(T * V) * sizeof(float));
+    assert_int_equal(gpu->alloc(gpu, (void **)&dlg, (size_t)(T * V) * sizeof(float)), TD_OK);
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, N_CTX), TD_OK);
+    tgt_out o = {.logits = dlg};
+    assert_int_equal(tgt_forward(tm, &st, ip, T, false, &o), TD_OK);
+    assert_int_equal(gpu->to_host(gpu, lg, dlg, (size_t)(T * V) * sizeof(float)), TD_OK);
+    for (int i = 0; i < GEN; i++) {
+        const float *row = lg + (np - 1 + i) * V;
+        double mx = row[0], sum = 0;
+        for (int64_t t = 1; t < V; t++)
+            mx = row[t] > mx ? row[t] : mx;
+        for (int64_t t = 0; t < V; t++)
+            sum += exp(row[t] - mx);
+        const double lse = mx + log(sum);
+        const msg_logprob *lp = &r->logprobs[i];
+        if (!(fabs(lp->logprob - (row[r->tokens[i]] - lse)) < 1e-4))
+            fail_msg("token %d: log probability %.7g, forward pass %.7g", i, lp->logprob,
+                     row[r->tokens[i]] - lse);
+        assert_int_equal(lp->n_top, TOP);
+        int32_t idx[TOP];
+        float val[TOP];
+        cpu_topk(idx, val, row, V, TOP);
+        for (int j = 0; j < TOP; j++) {
+            assert_int_equal(lp->top_id[j], idx[j]);
+            assert_true(fabs(lp->top_logprob[j] - (val[j] - lse)) < 1e-4);
+        }
+        assert_int_equal(lp->top_id[0], r->tokens[i]); /* greedy picks the most likely */
+    }
+    tgt_state_free(&st);
+    gpu->release(gpu, dlg);
+    free(lg);
+}
+
 /* kill -9 draftd in the middle of a generation: verifyd decodes plainly with the same tokens;
  * a restarted draftd maps the pools and heads again and speculates with identical output. */
 static void test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text(void **ctx)
@@ -273,6 +330,7 @@ int main(void)
             cmocka_unit_test(test_gpu_pipeline_verifyd_holds_embedding_and_head_once),
             cmocka_unit_test(test_gpu_pipeline_greedy_equals_single_process_plain_greedy),
             cmocka_unit_test(test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop),
+            cmocka_unit_test(test_gpu_pipeline_logprobs_are_the_targets_log_softmax),
             cmocka_unit_test(test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);

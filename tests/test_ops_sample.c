@@ -2,7 +2,7 @@
  * exact token ids for fixed seeds against an independent numpy/Python reference (golden
  * file); top-k / top-p / min-p keep exactly the expected sets; 20k draws follow p
  * (chi-square); a block's rows drawn at once (cpu_sample_rows) with their own counters; bad
- * settings are errors. */
+ * settings are errors; log probabilities with the best tokens of each row (cpu_logprob_rows). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -310,6 +310,48 @@ static void test_bad_settings_and_logits_are_errors(void **s)
     assert_true(p[0] == 0 && p[1] == 1 && p[2] == 0);
 }
 
+/* Rows with known log-softmax values: {0, ln 3} (lse ln 4), four equal logits (ties go to the
+ * lower id), a token outside the vocabulary, fewer tokens than alternatives asked. */
+static void test_logprob_rows_known_values(void **s)
+{
+    (void)s;
+    const float ln3 = (float)log(3.0);
+    const float logits[3][4] = {
+        {0, ln3, -INFINITY, -INFINITY},
+        {2, 2, 2, 2},
+        {5, -1, 7, 0},
+    };
+    const int32_t tok[3] = {1, 3, 4};
+    ops_logprob out[3];
+    cpu_logprob_rows(out, &logits[0][0], tok, 3, 4, 3);
+    const double ln4 = log(4.0);
+    assert_float_equal(out[0].logprob, (float)((double)ln3 - ln4), 0);
+    assert_int_equal(out[0].n_top, 3);
+    assert_int_equal(out[0].top_id[0], 1);
+    assert_int_equal(out[0].top_id[1], 0);
+    assert_int_equal(out[0].top_id[2], 2);
+    assert_float_equal(out[0].top_logprob[1], (float)-ln4, 0);
+    assert_true(out[0].top_logprob[2] == -INFINITY);
+    assert_float_equal(out[1].logprob, (float)(2.0 - (2.0 + ln4)), 0);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(out[1].top_id[j], j);
+        assert_float_equal(out[1].top_logprob[j], (float)-ln4, 0);
+    }
+    assert_true(out[2].logprob == -INFINITY);
+    const double lse = 7 + log(exp(-2.0) + exp(-8.0) + 1 + exp(-7.0));
+    assert_float_equal(out[2].top_logprob[0], (float)(7 - lse), 0);
+    assert_float_equal(out[2].top_logprob[1], (float)(5 - lse), 0);
+    assert_int_equal(out[2].top_id[2], 3);
+    /* no alternatives; more asked than the row has */
+    cpu_logprob_rows(out, &logits[2][0], &tok[0], 1, 4, 0);
+    assert_int_equal(out[0].n_top, 0);
+    assert_float_equal(out[0].logprob, (float)(-1 - lse), 0);
+    cpu_logprob_rows(out, &logits[2][0], &tok[0], 1, 2, OPS_TOP_LOGPROBS_MAX);
+    assert_int_equal(out[0].n_top, 2);
+    assert_int_equal(out[0].top_id[0], 0);
+    assert_float_equal(out[0].top_logprob[0], (float)(5 - (5 + log(1 + exp(-6.0)))), 0);
+}
+
 int main(void)
 {
     G = golden_open();
@@ -327,6 +369,7 @@ int main(void)
         cmocka_unit_test(test_draws_follow_p_chi_square),
         cmocka_unit_test(test_sample_rows_draw_each_row_with_its_counter),
         cmocka_unit_test(test_bad_settings_and_logits_are_errors),
+        cmocka_unit_test(test_logprob_rows_known_values),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gguf_close(G);

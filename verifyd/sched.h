@@ -120,8 +120,4 @@ void sched_seq_unit(sched *s, sched_seq *seq);
  * returns its slot to kvd (kept for the prefix cache unless its state may be broken). */
 void sched_seq_finish(sched *s, sched_seq *seq, msg_finish finish, td_err code);
 
-/* Log probability of token under logits[n_vocab] and the n_top most likely alternatives. */
-void sched_logprob(const float *logits, int64_t n_vocab, int32_t token, uint32_t n_top,
-                   msg_logprob *out);
-
 #endif

@@ -16,32 +16,6 @@ static double seq_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void sched_logprob(const float *logits, int64_t V, int32_t token, uint32_t n_top,
-                   msg_logprob *out)
-{
-    double mx = logits[cpu_argmax(logits, V)], sum = 0;
-    for (int64_t i = 0; i < V; i++)
-        sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
-    memset(out, 0, sizeof *out);
-    /* Rounded towards zero at most: a log probability above 0 would be refused on the wire. */
-    out->logprob = (float)fmin(0.0, (double)logits[token] - lse);
-    if (n_top > MSG_TOP_LOGPROBS_MAX)
-        n_top = MSG_TOP_LOGPROBS_MAX;
-    if ((int64_t)n_top > V)
-        n_top = (uint32_t)V;
-    if (n_top == 0)
-        return;
-    int32_t idx[MSG_TOP_LOGPROBS_MAX];
-    float val[MSG_TOP_LOGPROBS_MAX];
-    cpu_topk(idx, val, logits, V, n_top);
-    for (uint32_t j = 0; j < n_top; j++) {
-        out->top_id[j] = (uint32_t)idx[j];
-        out->top_logprob[j] = (float)fmin(0.0, (double)val[j] - lse);
-    }
-    out->n_top = n_top;
-}
-
 static msg_usage seq_usage(const sched_seq *seq)
 {
     return (msg_usage){
@@ -103,29 +77,40 @@ static bool seq_is_stop(const sched *s, const msg_gen_start *gs, int32_t tok)
     return !gs->ignore_eos && s->cfg.eog && s->cfg.eog[tok];
 }
 
-/* The first rows rows of the last pass's logits as host memory: the backend's own on the
- * CPU; on a GPU a download of just those rows (log probabilities need whole rows). */
-static td_err seq_host_logits(sched_seq *seq, int64_t rows, const float **out)
+_Static_assert(MSG_TOP_LOGPROBS_MAX == OPS_TOP_LOGPROBS_MAX, "one limit of alternatives");
+
+/* lps[n]: the log probabilities of out[n] under rows 0..n-1 of the last pass's logits with
+ * n_top alternatives each, computed on the backend beside the logits (only the n small
+ * records come to the host). */
+static td_err seq_logprobs(sched_seq *seq, const int32_t *out, int64_t n, uint32_t n_top,
+                           msg_logprob *lps)
 {
     spec_seq *sp = &seq->spec;
     const ops_backend *be = sp->tm->be;
-    if (be->kind == OPS_BACKEND_CPU) {
-        *out = sp->logits;
-        return TD_OK;
+    ops_logprob h[SPEC_MAX_BLOCK];
+    TD_ASSERT(n >= 1 && n <= SPEC_MAX_BLOCK && n <= sp->block && n_top <= OPS_TOP_LOGPROBS_MAX);
+    TD_TRY(be->to_device(be, sp->lp_tok, out, (size_t)n * sizeof *out));
+    TD_TRY(be->logprob_rows(be, sp->lp, sp->logits, sp->lp_tok, n, sp->tm->hp.n_vocab,
+                            (int)n_top));
+    TD_TRY(be->to_host(be, h, sp->lp, (size_t)n * sizeof *h));
+    for (int64_t i = 0; i < n; i++) {
+        memset(&lps[i], 0, sizeof lps[i]);
+        lps[i].logprob = h[i].logprob;
+        lps[i].n_top = (uint32_t)h[i].n_top;
+        for (int32_t j = 0; j < h[i].n_top; j++) {
+            lps[i].top_id[j] = (uint32_t)h[i].top_id[j];
+            lps[i].top_logprob[j] = h[i].top_logprob[j];
+        }
     }
-    TD_TRY(be->to_host(be, sp->hlogits, sp->logits,
-                       (size_t)(rows * sp->tm->hp.n_vocab) * sizeof(float)));
-    *out = sp->hlogits;
     return TD_OK;
 }
 
-/* Emits out[n] (token i chosen from logits row rows[i] of spec.logits): stops at a stop
- * token (kept) or at max_tokens, drops what follows, then ends the sequence when it is
- * done or the context is full. */
-static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bool row_per_token)
+/* Emits out[n] (token i chosen from row i of spec.logits): stops at a stop token (kept) or
+ * at max_tokens, drops what follows, then ends the sequence when it is done or the context
+ * is full. */
+static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n)
 {
     const msg_gen_start *gs = &seq->req->gs;
-    int64_t V = s->cfg.tm->hp.n_vocab;
     msg_finish finish = MSG_FINISH_NONE;
     int64_t keep = 0;
     while (keep < n && finish == MSG_FINISH_NONE) {
@@ -143,18 +128,13 @@ static void seq_emit(sched *s, sched_seq *seq, const int32_t *out, int64_t n, bo
     pthread_mutex_unlock(&s->lock);
     msg_logprob lps[SPEC_MAX_BLOCK];
     uint32_t tokens[SPEC_MAX_BLOCK];
-    const float *lg = NULL;
-    td_err le = gs->logprobs ? seq_host_logits(seq, row_per_token ? keep : 1, &lg) : TD_OK;
+    td_err le = gs->logprobs ? seq_logprobs(seq, out, keep, gs->top_logprobs, lps) : TD_OK;
     if (le != TD_OK) {
         sched_seq_finish(s, seq, MSG_FINISH_ERROR, le);
         return;
     }
-    for (int64_t i = 0; i < keep; i++) {
+    for (int64_t i = 0; i < keep; i++)
         tokens[i] = (uint32_t)out[i];
-        if (gs->logprobs)
-            sched_logprob(lg + (row_per_token ? i : 0) * V, V, out[i], gs->top_logprobs,
-                          &lps[i]);
-    }
     msg_gen_event ev = {
         .seq_id = gs->seq_id, .kind = MSG_EVENT_TOKEN, .tokens = tokens,
         .n_tokens = (uint32_t)keep, .logprobs = gs->logprobs ? lps : NULL,
@@ -292,7 +272,7 @@ static void seq_step(sched *s, sched_seq *seq)
     pthread_mutex_unlock(&s->lock);
     for (int64_t i = 0; i < n; i++)
         seq->hist[seq->n_hist++] = out[i];
-    seq_emit(s, seq, out, n, true);
+    seq_emit(s, seq, out, n);
 }
 
 static void seq_prefill(sched *s, sched_seq *seq)
@@ -312,7 +292,7 @@ static void seq_prefill(sched *s, sched_seq *seq)
         return;
     seq->prefilling = false;
     seq->hist[seq->n_hist++] = first;
-    seq_emit(s, seq, &first, 1, false);
+    seq_emit(s, seq, &first, 1);
 }
 
 void sched_seq_unit(sched *s, sched_seq *seq)

@@ -74,16 +74,17 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         e = be->alloc(be, (void **)&s->dp, lbytes);
     if (e == TD_OK && !spec_greedy(s) && s->block > 1)
         e = be->alloc(be, (void **)&s->dq, lbytes - (size_t)V * sizeof(float));
-    /* Host rooms for a sequence whose blocks are drafted elsewhere (verifyd): drafts'
-     * distributions that arrive in a message, and logits downloaded for log-probabilities
-     * (the backend's own memory on the CPU). The in-process loop needs neither. */
+    /* For a sequence whose blocks are drafted elsewhere (verifyd): host room for drafts'
+     * distributions that arrive in a message, and backend room for the log probabilities of
+     * emitted tokens. The in-process loop needs neither. */
     const bool host_q = !dm && !spec_greedy(s) && s->block > 1;
-    const bool host_l = !dm && be->kind != OPS_BACKEND_CPU;
+    if (e == TD_OK && !dm)
+        e = be->alloc(be, (void **)&s->lp_tok, (size_t)s->block * sizeof *s->lp_tok);
+    if (e == TD_OK && !dm)
+        e = be->alloc(be, (void **)&s->lp, (size_t)s->block * sizeof *s->lp);
     if (host_q)
         s->q = malloc(lbytes);
-    if (host_l)
-        s->hlogits = malloc(lbytes);
-    if (e == TD_OK && ((host_q && !s->q) || (s->n_taps && !s->taps) || (host_l && !s->hlogits)))
+    if (e == TD_OK && ((host_q && !s->q) || (s->n_taps && !s->taps)))
         e = err_set(TD_ENOMEM, "out of memory for a sequence");
     if (e != TD_OK)
         spec_free(s);
@@ -103,9 +104,10 @@ void spec_free(spec_seq *s)
         be->release(be, s->ids);
         be->release(be, s->dp);
         be->release(be, s->dq);
+        be->release(be, s->lp_tok);
+        be->release(be, s->lp);
     }
     free(s->taps);
-    free(s->hlogits);
     free(s->q);
     memset(s, 0, sizeof *s);
 }

@@ -55,9 +55,9 @@ typedef struct spec_seq {
                                * in-process drafter only, else NULL) */
     int32_t *ids;             /* [2*block+2] backend: row argmaxes [block], accept result [2],
                                * drafts [block] */
-    float *hlogits;           /* [block][n_vocab] host copy of logits (log-probabilities; blocks
-                               * drafted elsewhere on a GPU, else NULL: the CPU backend's logits
-                               * are host memory already) */
+    int32_t *lp_tok;          /* [block] backend: tokens whose log probabilities a client
+                               * asked for (blocks drafted elsewhere: verifyd, else NULL) */
+    ops_logprob *lp;          /* [block] backend: theirs, computed beside the logits */
     float *q;                 /* [block-1][n_vocab] host room for drafter distributions that
                                * arrive in a message (sampling, blocks drafted elsewhere, else
                                * NULL) */

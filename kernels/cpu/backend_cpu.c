@@ -276,6 +276,14 @@ static td_err be_cpu_accept_sampled(const ops_backend *be, int32_t *result, floa
     return cpu_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng);
 }
 
+static td_err be_cpu_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
+                                  const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
+{
+    (void)be;
+    cpu_logprob_rows(out, logits, tok, n, n_vocab, n_top);
+    return TD_OK;
+}
+
 static const ops_backend be_cpu = {
     .kind = OPS_BACKEND_CPU,
     .name = "cpu",
@@ -317,6 +325,7 @@ static const ops_backend be_cpu = {
     .accept_greedy = be_cpu_accept_greedy,
     .sample_rows = be_cpu_sample_rows,
     .accept_sampled = be_cpu_accept_sampled,
+    .logprob_rows = be_cpu_logprob_rows,
 };
 
 const ops_backend *ops_backend_cpu(void)

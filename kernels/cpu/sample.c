@@ -3,9 +3,12 @@
  *
  * The draw uses a counter-based RNG (Philox4x32-10): the number for (seed, step) does not
  * depend on what was drawn before, so a verifier, a restarted process and the CUDA side all
- * reproduce the same token. */
+ * reproduce the same token.
+ *
+ * Also the log probabilities a client may ask for with each token (cpu_logprob_rows). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/ops.h"
 
@@ -253,4 +256,34 @@ td_err cpu_accept_sampled(int32_t *result, float *p, const float *logits, const 
     result[0] = (int32_t)(n - 1);
     result[1] = cpu_sample_draw(pl, V, s->seed, rng->target + (uint64_t)n * rng->step);
     return TD_OK;
+}
+
+/* --- log probabilities ------------------------------------------------------------------ */
+
+void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,
+                      int64_t n_vocab, int n_top)
+{
+    TD_ASSERT(out != NULL && logits != NULL && tok != NULL && n >= 0 && n_vocab >= 1);
+    TD_ASSERT(n_top >= 0 && n_top <= OPS_TOP_LOGPROBS_MAX);
+    if (n_top > n_vocab)
+        n_top = (int)n_vocab;
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = logits + r * n_vocab;
+        ops_logprob *o = &out[r];
+        const double mx = x[cpu_argmax(x, n_vocab)];
+        double sum = 0;
+        for (int64_t i = 0; i < n_vocab; i++)
+            sum += exp((double)x[i] - mx);
+        const double lse = mx + log(sum);
+        memset(o, 0, sizeof *o);
+        o->logprob = tok[r] >= 0 && tok[r] < n_vocab ? (float)fmin(0.0, (double)x[tok[r]] - lse)
+                                                     : -INFINITY;
+        if (n_top == 0)
+            continue;
+        float val[OPS_TOP_LOGPROBS_MAX];
+        cpu_topk(o->top_id, val, x, n_vocab, n_top);
+        for (int j = 0; j < n_top; j++)
+            o->top_logprob[j] = (float)fmin(0.0, (double)val[j] - lse);
+        o->n_top = n_top;
+    }
 }

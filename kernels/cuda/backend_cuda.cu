@@ -233,6 +233,12 @@ static td_err be_cuda_accept_sampled(const ops_backend *be, int32_t *result, flo
     return cuda_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng, be->stream);
 }
 
+static td_err be_cuda_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
+                                   const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
+{
+    return cuda_logprob_rows(out, logits, tok, n, n_vocab, n_top, be->stream);
+}
+
 extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
 {
     *out = NULL;
@@ -294,6 +300,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->accept_greedy = be_cuda_accept_greedy;
     be->sample_rows = be_cuda_sample_rows;
     be->accept_sampled = be_cuda_accept_sampled;
+    be->logprob_rows = be_cuda_logprob_rows;
     *out = be;
     return TD_OK;
 }

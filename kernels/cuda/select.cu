@@ -1,5 +1,6 @@
-/* Argmax and top-k per row (twins of cpu_argmax and cpu_topk), and greedy acceptance of a
- * verified block on the device. One block per row: a vocabulary row (248320 logits, 1 MB)
+/* Argmax and top-k per row (twins of cpu_argmax and cpu_topk), log probabilities with the
+ * best tokens of a row (cpu_logprob_rows), and greedy acceptance of a verified block on the
+ * device. One block per row: a vocabulary row (248320 logits, 1 MB)
  * is streamed by 1024 threads; the results are exact, so no order question arises. */
 #include "kernels/cuda/select.cuh"
 
@@ -55,6 +56,52 @@ extern "C" td_err cuda_topk(int32_t *idx, float *val, const float *x, int64_t n_
     if (n_rows == 0)
         return TD_OK;
     topk_kernel<<<(unsigned)n_rows, SEL_THREADS, 0, st>>>(idx, val, x, n, (int)k);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
+/* Block b: row b of logits [grid][n] and out, token tok[b]. */
+__global__ void __launch_bounds__(SEL_THREADS)
+logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n, int n_top)
+{
+    __shared__ float sh_v[33];
+    __shared__ int64_t sh_i[33];
+    __shared__ double sh_d[33];
+    __shared__ sel_smem sm;
+    __shared__ uint64_t keys[OPS_TOP_LOGPROBS_MAX];
+    const float *x = logits + (int64_t)blockIdx.x * n;
+    const float mx = x[sel_argmax_block(x, n, sh_v, sh_i)];
+    float part = 0;
+    for (int64_t i = threadIdx.x; i < n; i += SEL_THREADS)
+        part += expf(x[i] - mx);
+    const double lse = (double)mx + log(dev_block_sum((double)part, sh_d));
+    if (n_top > 0)
+        sel_topk_block(x, n, n_top, &sm, keys);
+    if (threadIdx.x != 0)
+        return;
+    ops_logprob o;
+    const int32_t t = tok[blockIdx.x];
+    o.logprob = t >= 0 && t < n ? (float)fmin(0.0, (double)x[t] - lse) : -INFINITY;
+    o.n_top = n_top;
+    for (int j = 0; j < OPS_TOP_LOGPROBS_MAX; j++) {
+        const uint32_t id = j < n_top ? sel_key_index(keys[j]) : 0;
+        o.top_id[j] = (int32_t)id;
+        o.top_logprob[j] = j < n_top ? (float)fmin(0.0, (double)x[id] - lse) : 0.0f;
+    }
+    out[blockIdx.x] = o;
+}
+
+extern "C" td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok,
+                                    int64_t n, int64_t n_vocab, int n_top, ops_stream st)
+{
+    TD_ASSERT(out != NULL && logits != NULL && tok != NULL && n >= 0 && n_vocab >= 1);
+    TD_ASSERT(n_top >= 0 && n_top <= OPS_TOP_LOGPROBS_MAX && n_vocab <= INT32_MAX);
+    if (n > INT32_MAX)
+        return err_set(TD_ENOTSUP, "log probabilities of %lld rows", (long long)n);
+    if (n == 0)
+        return TD_OK;
+    logprob_kernel<<<(unsigned)n, SEL_THREADS, 0, st>>>(out, logits, tok, n_vocab,
+                                                         n_top < n_vocab ? n_top : (int)n_vocab);
     CUDA_TRY_LAUNCH();
     return TD_OK;
 }

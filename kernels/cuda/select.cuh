@@ -92,13 +92,13 @@ typedef struct sel_smem {
 
 /* The k largest keys of x[n] (cpu_topk's order), largest first, into out[k] (shared or
  * global memory, not sm). 1 <= k <= min(n, TOPK_MAX), n <= INT32_MAX. Every thread of the
- * block must call it.
+ * block must call it; blockDim.x a multiple of 32.
  *
  * Radix select on the distinct keys, 8 bits per pass from the top: count the keys of the
  * current bucket per digit, keep the digit where the k-th largest falls, stop once the whole
  * bucket is taken (after 4 passes unless values tie). The counts use shared-memory integer
- * atomics: counts, and so the selected set, do not depend on their order; the set is then
- * sorted by rank, so the result is exact and deterministic. */
+ * atomics (one per warp and digit): counts, and so the selected set, do not depend on their
+ * order; the set is then sorted by rank, so the result is exact and deterministic. */
 __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k, sel_smem *sm,
                                                uint64_t *out)
 {
@@ -115,10 +115,21 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
             sm->hist[d] = 0;
         __syncthreads();
         const uint64_t prefix = sm->prefix, mask = sm->mask;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            uint64_t key = sel_key(x[i], (uint32_t)i);
-            if ((key & mask) == prefix)
-                atomicAdd(&sm->hist[(key >> shift) & 255], 1u);
+        /* Most keys of a row share their top digits: the lanes of a warp with one digit add
+         * their count in one atomic (else they would queue on one counter). The loop runs
+         * whole warps (blockDim.x is a multiple of 32); 256 + lane marks "not counted". */
+        const unsigned lane = threadIdx.x & 31;
+        for (int64_t base = 0; base < n; base += blockDim.x) {
+            const int64_t i = base + threadIdx.x;
+            unsigned d = 256 + lane;
+            if (i < n) {
+                const uint64_t key = sel_key(x[i], (uint32_t)i);
+                if ((key & mask) == prefix)
+                    d = (unsigned)(key >> shift) & 255u;
+            }
+            const unsigned peers = __match_any_sync(DEV_FULL_MASK, d);
+            if (d < 256 && lane == (unsigned)__ffs(peers) - 1)
+                atomicAdd(&sm->hist[d], (unsigned)__popc(peers));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
