@@ -152,17 +152,7 @@ int main(int argc, char **argv)
         fprintf(stderr, BENCH_NAME ": --calls must be 1..100000\n");
         return 2;
     }
-    if (!cuda_available()) {
-        printf(BENCH_NAME ": no usable CUDA device\n");
-        return 1;
-    }
-    TRY(cuda_stream_create(&st));
-    CU(cudaEventCreate(&ev0));
-    CU(cudaEventCreate(&ev1));
-    struct cudaDeviceProp prop;
-    int dev = 0;
-    CU(cudaGetDevice(&dev));
-    CU(cudaGetDeviceProperties(&prop, dev));
+    const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_attention_cuda on %s (%d SMs), %d calls per run, median of %d runs\n\n",
            prop.name, prop.multiProcessorCount, calls, RUNS);
     printf("%-10s %4s %9s %5s %6s  %10s %10s\n", "case", "n_q", "heads", "dim", "n_kv",
@@ -185,9 +175,7 @@ int main(int argc, char **argv)
         fprintf(stderr, BENCH_NAME ": no case named %s\n", only);
         return 2;
     }
-    cudaEventDestroy(ev0);
-    cudaEventDestroy(ev1);
-    cuda_stream_free(st);
+    bench_cuda_end();
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* What the CUDA benchmarks share: error exits naming the program (BENCH_NAME), a
  * reproducible random source, host allocation that exits when memory runs out, the median of
- * runs and CUDA event timing on one stream. Included by one source file per program (static
+ * runs, the device's start and end, and CUDA event timing on one stream. Included by one source file per program (static
  * definitions). */
 #ifndef TANDEM_BENCH_CUDA_H
 #define TANDEM_BENCH_CUDA_H
@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/err.h"
+#include "kernels/cuda_mem.h"
 #include "kernels/ops.h"
 
 #ifndef BENCH_NAME
@@ -67,6 +68,31 @@ static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return v[n / 2];
+}
+
+/* Makes st, ev0 and ev1 and returns the device's properties; exits 1 with a message when
+ * there is no usable CUDA device. */
+static struct cudaDeviceProp bench_cuda_start(void)
+{
+    if (!cuda_available()) {
+        printf(BENCH_NAME ": no usable CUDA device\n");
+        exit(1);
+    }
+    TRY(cuda_stream_create(&st));
+    CU(cudaEventCreate(&ev0));
+    CU(cudaEventCreate(&ev1));
+    struct cudaDeviceProp prop;
+    int dev = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+    return prop;
+}
+
+static void bench_cuda_end(void)
+{
+    CU(cudaEventDestroy(ev0));
+    CU(cudaEventDestroy(ev1));
+    cuda_stream_free(st);
 }
 
 /* Elapsed milliseconds between ev0 and ev1 after both were recorded on st. */

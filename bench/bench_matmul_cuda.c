@@ -325,17 +325,7 @@ int main(int argc, char **argv)
             memset(us_v[v], 0, sizeof us_v[v]);
         }
 
-    if (!cuda_available()) {
-        printf("bench_matmul_cuda: no usable CUDA device\n");
-        return 1;
-    }
-    TRY(cuda_stream_create(&st));
-    CU(cudaEventCreate(&ev0));
-    CU(cudaEventCreate(&ev1));
-    int dev = 0;
-    struct cudaDeviceProp prop;
-    CU(cudaGetDevice(&dev));
-    CU(cudaGetDeviceProperties(&prop, dev));
+    const struct cudaDeviceProp prop = bench_cuda_start();
 
     const double copy_gbps = copy_bandwidth();
     printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
@@ -411,9 +401,7 @@ int main(int argc, char **argv)
 
     cuda_mem_free(dx);
     cuda_mem_free(dy);
-    CU(cudaEventDestroy(ev0));
-    CU(cudaEventDestroy(ev1));
-    cuda_stream_free(st);
+    bench_cuda_end();
     return 0;
 }
 

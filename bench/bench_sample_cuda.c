@@ -139,17 +139,7 @@ int main(int argc, char **argv)
         fprintf(stderr, BENCH_NAME ": --rows must be 1..64, --calls 1..10000\n");
         return 2;
     }
-    if (!cuda_available()) {
-        printf(BENCH_NAME ": no usable CUDA device\n");
-        return 1;
-    }
-    TRY(cuda_stream_create(&st));
-    CU(cudaEventCreate(&ev0));
-    CU(cudaEventCreate(&ev1));
-    struct cudaDeviceProp prop;
-    int dev = 0;
-    CU(cudaGetDevice(&dev));
-    CU(cudaGetDeviceProperties(&prop, dev));
+    const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_sample_cuda on %s: cuda_sample_rows over %d rows of %d logits, %d calls per "
            "run, median of %d runs\n\n", prop.name, rows, VOCAB, calls, RUNS);
     printf("%-22s %12s %12s\n", "setting", "peaked ms", "flat ms");
@@ -175,9 +165,7 @@ int main(int argc, char **argv)
     cuda_mem_free(flat);
     cuda_mem_free(q);
     cuda_mem_free(tok);
-    cudaEventDestroy(ev0);
-    cudaEventDestroy(ev1);
-    cuda_stream_free(st);
+    bench_cuda_end();
     return 0;
 }
 

@@ -76,6 +76,23 @@ static float *make_logits(int64_t n, logit_kind kind)
     return x;
 }
 
+/* n rows of V logits, row i of the kind kind_of(i) */
+static float *make_block(int n, int64_t V, logit_kind (*kind_of)(int))
+{
+    float *x = malloc((size_t)(n * V) * 4);
+    for (int i = 0; i < n; i++) {
+        float *row = make_logits(V, kind_of(i));
+        memcpy(x + (size_t)i * V, row, (size_t)V * 4);
+        free(row);
+    }
+    return x;
+}
+
+static logit_kind random_head_ties(int i)
+{
+    return i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD : LOGITS_TIES;
+}
+
 /* p of the CPU and of the GPU for the same logits and settings: the kept sets are equal
  * and the values within rtol. */
 static void check_probs(const char *what, const float *logits, int64_t n, const ops_sampler *s,
@@ -268,13 +285,7 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
     enum { N = 15 };
     rng_seed(23);
     const int64_t V = VOCAB;
-    float *logits = malloc((size_t)(N * V) * 4);
-    for (int i = 0; i < N; i++) {
-        float *row = make_logits(V, i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD
-                                                                          : LOGITS_TIES);
-        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
-        free(row);
-    }
+    float *logits = make_block(N, V, random_head_ties);
     const struct {
         ops_sampler s;
         float rtol;
@@ -339,18 +350,18 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
  * their best 1024 entries, flat rows (LOGITS_WIDE) are sorted, alone (rows 1, 5) and in a run
  * longer than one sort takes (rows 9..14). The cut (0.35) lies inside head token 1 (p 0.29 ->
  * 0.40) and inside the ~1750th of the flat rows' tokens (~2e-4 each), away from rounding. */
+static logit_kind head_or_wide(int i)
+{
+    return i % 4 == 1 || i >= 9 ? LOGITS_WIDE : LOGITS_HEAD;
+}
+
 static void test_sample_rows_top_p_alone_takes_both_paths(void **state)
 {
     (void)state;
     enum { N = 15 };
     rng_seed(24);
     const int64_t V = VOCAB;
-    float *logits = malloc((size_t)(N * V) * 4);
-    for (int i = 0; i < N; i++) {
-        float *row = make_logits(V, i % 4 == 1 || i >= 9 ? LOGITS_WIDE : LOGITS_HEAD);
-        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
-        free(row);
-    }
+    float *logits = make_block(N, V, head_or_wide);
     const ops_sampler s = {.temperature = 1, .top_p = 0.35f, .seed = 35};
     const uint64_t ctr = 12, step = 4;
     float *dl = dput(logits, (size_t)(N * V) * 4), *dq = dpoison((size_t)(N * V) * 4);
@@ -434,15 +445,10 @@ static void test_logprob_rows_match_cpu(void **state)
     enum { N = 16 };
     rng_seed(25);
     const int64_t V = VOCAB;
-    float *logits = malloc((size_t)(N * V) * 4);
+    float *logits = make_block(N, V, random_head_ties);
     int32_t tok[N];
-    for (int i = 0; i < N; i++) {
-        float *row = make_logits(V, i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD
-                                                                          : LOGITS_TIES);
-        memcpy(logits + (size_t)i * V, row, (size_t)V * 4);
-        free(row);
+    for (int i = 0; i < N; i++)
         tok[i] = i == 5 ? (int32_t)V : (int32_t)(rng_u64() % (uint64_t)V);
-    }
     tok[1] = head_ids[0];
     check_logprobs(logits, tok, N, V, OPS_TOP_LOGPROBS_MAX);
     check_logprobs(logits, tok, N, V, 0);

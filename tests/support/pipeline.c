@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/kvclient.h"
+#include "kernels/ops.h"
 
 static const char *const pl_names[PL_SVC_N] = {"kvd", "verifyd", "draftd"};
 
@@ -418,4 +420,42 @@ td_err pl_start_all(pipeline *p, const char *const *kvd, const char *const *vd,
         pl_dump_logs(p);
     }
     return e;
+}
+
+bool pl_logprobs_match(const pl_result *r, const float *rows, int64_t n_vocab, uint32_t n_top,
+                       double tol)
+{
+    if (r->n_logprobs != r->n_tokens || n_top > OPS_TOP_LOGPROBS_MAX) {
+        fprintf(stderr, "%u log probabilities for %u tokens\n", r->n_logprobs, r->n_tokens);
+        return false;
+    }
+    for (uint32_t i = 0; i < r->n_tokens; i++) {
+        const float *row = rows + (int64_t)i * n_vocab;
+        double mx = row[0], sum = 0;
+        for (int64_t t = 1; t < n_vocab; t++)
+            mx = row[t] > mx ? row[t] : mx;
+        for (int64_t t = 0; t < n_vocab; t++)
+            sum += exp(row[t] - mx);
+        const double lse = mx + log(sum);
+        const msg_logprob *lp = &r->logprobs[i];
+        if (!(fabs(lp->logprob - (row[r->tokens[i]] - lse)) < tol) || lp->n_top != n_top) {
+            fprintf(stderr, "token %u: log probability %.7g with %u alternatives, the logits "
+                    "give %.7g with %u\n", i, lp->logprob, lp->n_top, row[r->tokens[i]] - lse,
+                    n_top);
+            return false;
+        }
+        int32_t idx[OPS_TOP_LOGPROBS_MAX];
+        float val[OPS_TOP_LOGPROBS_MAX];
+        if (n_top > 0)
+            cpu_topk(idx, val, row, n_vocab, n_top);
+        for (uint32_t j = 0; j < n_top; j++)
+            if ((int32_t)lp->top_id[j] != idx[j] ||
+                !(fabs(lp->top_logprob[j] - (val[j] - lse)) < tol)) {
+                fprintf(stderr, "token %u: alternative %u is %u (%.7g), the logits give %d "
+                        "(%.7g)\n", i, j, lp->top_id[j], lp->top_logprob[j], idx[j],
+                        val[j] - lse);
+                return false;
+            }
+    }
+    return true;
 }

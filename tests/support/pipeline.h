@@ -46,6 +46,12 @@ typedef struct pipeline {
     uint64_t next_rid;             /* request ids */
 } pipeline;
 
+/* Whether r's log probabilities are the log-softmax of rows [n_tokens][n_vocab] (row i for
+ * token i) within tol, each with the n_top best tokens of its row in cpu_topk's order and
+ * theirs; the first difference goes to stderr. */
+bool pl_logprobs_match(const pl_result *r, const float *rows, int64_t n_vocab, uint32_t n_top,
+                       double tol);
+
 /* Creates the directory and the event socket. Returns 0, or 77 (skip) when the daemons are
  * not built, or -1. */
 int pl_setup(pipeline *p);
