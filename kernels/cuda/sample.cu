@@ -105,16 +105,16 @@ smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float mi
     }
     /* kept: every token, or with min_p those with e >= min_p (the best has e = 1) */
     float part = 0;
-    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
-        float e = smp_e(logits[i], mx, inv_t);
+    sel_for_each(logits, n, [&](int64_t i, float l) {
+        const float e = smp_e(l, mx, inv_t);
         if (e >= min_p || i == best)
             part += e;
-    }
+    });
     const double kept = dev_block_sum((double)part, sh_d);
-    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
-        float e = smp_e(logits[i], mx, inv_t);
+    sel_for_each(logits, n, [&](int64_t i, float l) {
+        const float e = smp_e(l, mx, inv_t);
         p[i] = e >= min_p || i == best ? (float)((double)e / kept) : 0.0f;
-    }
+    });
 }
 
 /* --- small top-k and nucleus paths ---------------------------------------------------- */
@@ -146,8 +146,7 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
     if (fallback && !bad) {
         const float inv_tf = (float)inv_t;
         float part = 0;
-        for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
-            part += smp_e(logits[i], mx, inv_tf);
+        sel_for_each(logits, n, [&](int64_t, float l) { part += smp_e(l, mx, inv_tf); });
         whole = dev_block_sum((double)part, sh_d);
     }
     if (!bad) {

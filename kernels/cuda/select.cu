@@ -72,8 +72,7 @@ logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_
     const float *x = logits + (int64_t)blockIdx.x * n;
     const float mx = x[sel_argmax_block(x, n, sh_v, sh_i)];
     float part = 0;
-    for (int64_t i = threadIdx.x; i < n; i += SEL_THREADS)
-        part += expf(x[i] - mx);
+    sel_for_each(x, n, [&](int64_t, float v) { part += expf(v - mx); });
     const double lse = (double)mx + log(dev_block_sum((double)part, sh_d));
     if (n_top > 0)
         sel_topk_block(x, n, n_top, &sm, keys);

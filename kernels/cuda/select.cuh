@@ -9,6 +9,27 @@
 
 #define TOPK_MAX 1024 /* largest k one block selects (candidates live in shared memory) */
 
+#define SEL_UNROLL 4 /* loads in flight per thread in sel_for_each */
+
+/* Calls f(i, x[i]) for i = threadIdx.x, threadIdx.x + blockDim.x, ... < n in that order (each
+ * thread sees what a plain strided loop gives it), with SEL_UNROLL loads issued before the
+ * first is used: a block streaming a row one load per thread at a time waits a memory
+ * latency per entry. */
+template <typename F> __device__ __forceinline__ void sel_for_each(const float *x, int64_t n, F f)
+{
+    const int64_t step = blockDim.x;
+    for (int64_t i0 = threadIdx.x; i0 < n; i0 += SEL_UNROLL * step) {
+        float v[SEL_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; u++)
+            v[u] = i0 + u * step < n ? x[i0 + u * step] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; u++)
+            if (i0 + u * step < n)
+                f(i0 + u * step, v[u]);
+    }
+}
+
 /* (va, ia) ranks above (vb, ib) in cpu_argmax's order. */
 __device__ __forceinline__ bool sel_better(float va, int64_t ia, float vb, int64_t ib)
 {
@@ -27,11 +48,10 @@ __device__ __forceinline__ int64_t sel_argmax_block(const float *x, int64_t n, f
 {
     float bv = NAN;
     int64_t bi = INT64_MAX; /* loses to every real entry */
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = x[i];
+    sel_for_each(x, n, [&](int64_t i, float v) {
         if (sel_better(v, i, bv, bi))
             bv = v, bi = i;
-    }
+    });
     for (int off = 16; off > 0; off >>= 1) {
         float ov = __shfl_xor_sync(DEV_FULL_MASK, bv, off);
         int64_t oi = __shfl_xor_sync(DEV_FULL_MASK, bi, off);
@@ -92,13 +112,13 @@ typedef struct sel_smem {
 
 /* The k largest keys of x[n] (cpu_topk's order), largest first, into out[k] (shared or
  * global memory, not sm). 1 <= k <= min(n, TOPK_MAX), n <= INT32_MAX. Every thread of the
- * block must call it; blockDim.x a multiple of 32.
+ * block must call it.
  *
  * Radix select on the distinct keys, 8 bits per pass from the top: count the keys of the
  * current bucket per digit, keep the digit where the k-th largest falls, stop once the whole
  * bucket is taken (after 4 passes unless values tie). The counts use shared-memory integer
- * atomics (one per warp and digit): counts, and so the selected set, do not depend on their
- * order; the set is then sorted by rank, so the result is exact and deterministic. */
+ * atomics: counts, and so the selected set, do not depend on their order; the set is then
+ * sorted by rank, so the result is exact and deterministic. */
 __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k, sel_smem *sm,
                                                uint64_t *out)
 {
@@ -115,22 +135,11 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
             sm->hist[d] = 0;
         __syncthreads();
         const uint64_t prefix = sm->prefix, mask = sm->mask;
-        /* Most keys of a row share their top digits: the lanes of a warp with one digit add
-         * their count in one atomic (else they would queue on one counter). The loop runs
-         * whole warps (blockDim.x is a multiple of 32); 256 + lane marks "not counted". */
-        const unsigned lane = threadIdx.x & 31;
-        for (int64_t base = 0; base < n; base += blockDim.x) {
-            const int64_t i = base + threadIdx.x;
-            unsigned d = 256 + lane;
-            if (i < n) {
-                const uint64_t key = sel_key(x[i], (uint32_t)i);
-                if ((key & mask) == prefix)
-                    d = (unsigned)(key >> shift) & 255u;
-            }
-            const unsigned peers = __match_any_sync(DEV_FULL_MASK, d);
-            if (d < 256 && lane == (unsigned)__ffs(peers) - 1)
-                atomicAdd(&sm->hist[d], (unsigned)__popc(peers));
-        }
+        sel_for_each(x, n, [&](int64_t i, float v) {
+            const uint64_t key = sel_key(v, (uint32_t)i);
+            if ((key & mask) == prefix)
+                atomicAdd(&sm->hist[(key >> shift) & 255], 1u);
+        });
         __syncthreads();
         if (threadIdx.x == 0) {
             /* the digit d with above < need <= above + hist[d], above = keys of larger digits */
@@ -156,14 +165,14 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
             break;
     }
     const uint64_t thresh = sm->thresh;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        uint64_t key = sel_key(x[i], (uint32_t)i);
+    sel_for_each(x, n, [&](int64_t i, float v) {
+        const uint64_t key = sel_key(v, (uint32_t)i);
         if (key >= thresh) {
             unsigned pos = atomicAdd(&sm->cnt, 1u);
             if (pos < TOPK_MAX)
                 sm->cand[pos] = key;
         }
-    }
+    });
     __syncthreads();
     /* distinct keys: each one's rank is the number of larger ones */
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
