@@ -16,7 +16,7 @@
  * f64 in a fixed tree: p is deterministic and within ~1e-6 relative of the CPU's.
  *
  * cuda_sample_draw uses the CPU's Philox number and cumulative rule with f64 partial sums of
- * contiguous ranges (a warp each, read in coalesced chunks), so it returns the CPU's token unless u * sum(p) lies within f64
+ * contiguous slices, so it returns the CPU's token unless u * sum(p) lies within f64
  * rounding (~1e-16 relative) of a boundary between two tokens. */
 #include <cub/device/device_radix_sort.cuh>
 
@@ -429,96 +429,54 @@ __device__ __forceinline__ float smp_entry(const float *p, const float *q, int64
     return r > 0 ? r : 0.0f;
 }
 
-#define DRAW_UNROLL 4 /* chunks whose loads are issued together in smp_draw_block */
-
-/* The positive part of entry i of a warp's chunk (0 past hi), and whether it is positive. */
-__device__ __forceinline__ float smp_pos(const float *p, const float *q, int64_t i, int64_t hi)
-{
-    const float v = i < hi ? smp_entry(p, q, i) : 0.0f;
-    return v > 0 ? v : 0.0f;
-}
-
-/* cpu_sample_draw over the entries smp_entry(p, q, .) of one row, by the whole block. Warp w
- * owns a contiguous range of the row and reads it in chunks of 32 (lane l entry base + l, so
- * every load is coalesced): the chunk's positive entries summed by a warp tree in f64 (the
- * same bits in every lane), the chunk sums added in order. Every thread then adds the warps'
- * sums in order (the range starts and the total); the warp whose range first passes u *
- * total reads its chunks again with the same sums, and inside the chunk that passes, an
- * inclusive warp scan finds the first entry whose running sum exceeds the target. Every
- * thread gets the token (-1: no positive entry); every thread must call it, blockDim.x a
- * multiple of 32. Deterministic; the CPU's token unless u * sum lies within f64 rounding of
- * a boundary between two tokens. */
+/* cpu_sample_draw over the entries smp_entry(p, q, .) of one row, by the whole block: thread
+ * t sums the positive entries of its contiguous slice in f64 in index order; a block scan
+ * gives each slice's start; the slice where the running sum first passes u * total walks its
+ * entries as the CPU does. Every thread gets the token (-1: no positive entry). Every thread
+ * must call it. */
 __device__ int32_t smp_draw_block(const float *p, const float *q, int64_t n, uint64_t seed,
                                   uint64_t step)
 {
-    __shared__ double wsum[32];
+    __shared__ double scan[SAMPLE_THREADS];
     __shared__ int64_t sh_i[33];
     __shared__ int32_t sh_tok;
-    const int lane = (int)(threadIdx.x & 31), w = (int)(threadIdx.x >> 5);
-    const int nw = (int)(blockDim.x >> 5);
-    const int64_t range = ((n + nw - 1) / nw + 31) & ~(int64_t)31;
-    const int64_t lo = (int64_t)w * range, hi = lo + range < n ? lo + range : n;
+    const int64_t per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int64_t lo = (int64_t)threadIdx.x * per;
+    const int64_t hi = lo + per < n ? lo + per : n;
     double part = 0;
-    int64_t last = -1; /* this lane's last positive entry */
-    for (int64_t base = lo; base < hi; base += DRAW_UNROLL * 32) {
-        float v[DRAW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < DRAW_UNROLL; u++)
-            v[u] = smp_pos(p, q, base + u * 32 + lane, hi);
-#pragma unroll
-        for (int u = 0; u < DRAW_UNROLL; u++) {
-            if (v[u] > 0)
-                last = base + u * 32 + lane;
-            part += dev_warp_sum((double)v[u]);
+    int64_t last = -1; /* last positive entry of the slice */
+    for (int64_t i = lo; i < hi; i++) {
+        const float v = smp_entry(p, q, i);
+        if (v > 0) {
+            part += v;
+            last = i;
         }
     }
-    if (lane == 0)
-        wsum[w] = part;
-    const int64_t last_all = -smp_block_min(-last, sh_i); /* its barriers publish wsum */
+    const double incl = smp_block_scan(part, scan);
+    const double total = scan[SAMPLE_THREADS - 1];
+    const double start = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.0; /* slice start */
+    /* the last positive entry overall: the answer when rounding leaves the target on top */
+    const int64_t last_all = -smp_block_min(-last, sh_i);
     if (last_all < 0)
         return -1;
-    double total = 0;
-    for (int k = 0; k < nw; k++)
-        total += wsum[k];
     const double target = dev_rand_uniform(seed, step) * total;
-    /* the first warp whose range passes the target: start + its sum, as summed above */
-    int wf = -1;
-    double start = 0, wstart = 0;
-    for (int k = 0; k < nw && wf < 0; k++) {
-        if (start + wsum[k] > target)
-            wf = k, wstart = start;
-        start += wsum[k];
-    }
-    if (wf < 0)
-        return (int32_t)last_all; /* rounding left the target at the very top */
-    if (w == wf) {
-        int32_t tok = -1;
-        double run = 0; /* the chunk sums so far, added as in the first walk */
-        for (int64_t base = lo; base < hi && tok < 0; base += 32) {
-            const float v = smp_pos(p, q, base + lane, hi);
-            const double chunk = dev_warp_sum((double)v);
-            if (wstart + (run + chunk) > target || base + 32 >= hi) {
-                /* the chunk that passes: the first lane whose running sum exceeds the target,
-                 * else (rounding inside the chunk) its last positive entry */
-                double incl = v;
-                for (int off = 1; off < 32; off <<= 1) {
-                    const double o = __shfl_up_sync(DEV_FULL_MASK, incl, off);
-                    if (lane >= off)
-                        incl += o;
-                }
-                const unsigned pass = __ballot_sync(DEV_FULL_MASK, wstart + (run + incl) > target);
-                const unsigned posm = __ballot_sync(DEV_FULL_MASK, v > 0);
-                if (pass)
-                    tok = (int32_t)(base + __ffs(pass) - 1);
-                else if (posm)
-                    tok = (int32_t)(base + 31 - __clz(posm));
-                if (tok < 0 && base + 32 >= hi)
-                    tok = (int32_t)last_all; /* nothing positive left in the range */
+    const int64_t first = smp_block_min(incl > target ? (int64_t)threadIdx.x : INT64_MAX, sh_i);
+    if (first == INT64_MAX)
+        return (int32_t)last_all;
+    if ((int64_t)threadIdx.x == first) {
+        int32_t tok = (int32_t)last; /* rounding: the target sits at this slice's very end */
+        double cum = start;
+        for (int64_t i = lo; i < hi; i++) {
+            const float v = smp_entry(p, q, i);
+            if (!(v > 0))
+                continue;
+            cum += v;
+            if (cum > target) {
+                tok = (int32_t)i;
+                break;
             }
-            run += chunk;
         }
-        if (lane == 0)
-            sh_tok = tok;
+        sh_tok = tok;
     }
     __syncthreads();
     return sh_tok;
