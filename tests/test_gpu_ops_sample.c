@@ -165,6 +165,14 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
     const float mid_w = (float)(cum + p[1700 * 49] / 2);
     check_probs("top_p past the best 1024 (sorted)", wide, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid_w}, RTOL_F32);
+    /* kept set of 1031: top_p of the mass is below 1024 of the best's, so the walk over the
+     * best 1024 runs and falls short before the sort */
+    cum = 0;
+    for (int64_t j = 0; j < 1030; j++)
+        cum += p[j * 49];
+    const float mid_w2 = (float)(cum + p[1030 * 49] / 2);
+    check_probs("top_p just past the best 1024 (walked, then sorted)", wide, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid_w2}, RTOL_F32);
     check_probs("top_p past the best 1024, min_p (sorted)", wide, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid_w, .min_p = 0.95f}, RTOL_F32);
     free(wide);

@@ -138,17 +138,29 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
     __shared__ double sh_d[33];
     __shared__ double kept_sum;
     __shared__ int keep;
+    __shared__ float sh_v[33];
+    __shared__ int64_t sh_i[33];
+    double whole = 0;
+    if (fallback) {
+        /* the whole row's mass first: every e is at most 1, so when top_p of it exceeds k the
+         * walk cannot reach it and the row goes to the sort without a selection */
+        const float mx0 = logits[sel_argmax_block(logits, n, sh_v, sh_i)];
+        if (!smp_bad_max(mx0)) {
+            const float inv_tf = (float)inv_t;
+            float part = 0;
+            sel_for_each(logits, n, [&](int64_t, float l) { part += smp_e(l, mx0, inv_tf); });
+            whole = dev_block_sum((double)part, sh_d);
+            if (top_p * whole > (double)k) {
+                if (threadIdx.x == 0)
+                    fallback[blockIdx.x] = 1;
+                return; /* whole is the same in every thread: the block leaves together */
+            }
+        }
+    }
     sel_topk_block(logits, n, k, &sm, keys);
     const uint32_t best = sel_key_index(keys[0]);
     const float mx = logits[best];
     const bool bad = smp_bad_max(mx);
-    double whole = 0;
-    if (fallback && !bad) {
-        const float inv_tf = (float)inv_t;
-        float part = 0;
-        sel_for_each(logits, n, [&](int64_t, float l) { part += smp_e(l, mx, inv_tf); });
-        whole = dev_block_sum((double)part, sh_d);
-    }
     if (!bad) {
         for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
             const float l = logits[sel_key_index(keys[j])];
