@@ -93,6 +93,23 @@ static logit_kind random_head_ties(int i)
     return i % 3 == 0 ? LOGITS_RANDOM : i % 3 == 1 ? LOGITS_HEAD : LOGITS_TIES;
 }
 
+/* Fails unless the GPU's distribution got [n] keeps the tokens the CPU's ref keeps, with
+ * values within rtol; returns how many tokens are kept. */
+static int64_t expect_same_dist(const char *what, const float *got, const float *ref, int64_t n,
+                                float rtol)
+{
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if ((got[i] > 0) != (ref[i] > 0))
+            fail_msg("%s: token %lld kept %s on the GPU (p %.9g), %s on the CPU (p %.9g)", what,
+                     (long long)i, got[i] > 0 ? "yes" : "no", got[i], ref[i] > 0 ? "yes" : "no",
+                     ref[i]);
+        kept += got[i] > 0;
+    }
+    assert_true(check_close(what, got, ref, n, rtol, 1e-30f));
+    return kept;
+}
+
 /* p of the CPU and of the GPU for the same logits and settings: the kept sets are equal
  * and the values within rtol. */
 static void check_probs(const char *what, const float *logits, int64_t n, const ops_sampler *s,
@@ -103,12 +120,7 @@ static void check_probs(const char *what, const float *logits, int64_t n, const 
     float *dl = dput(logits, (size_t)n * 4), *dp = dpoison((size_t)n * 4);
     GPU_OK(cuda_sample_probs(dp, dl, n, s, gpu_st));
     float *got = dget(dp, (size_t)n * 4);
-    for (int64_t i = 0; i < n; i++)
-        if ((got[i] > 0) != (ref[i] > 0))
-            fail_msg("%s: token %lld kept %s on the GPU (p %.9g), %s on the CPU (p %.9g)", what,
-                     (long long)i, got[i] > 0 ? "yes" : "no", got[i], ref[i] > 0 ? "yes" : "no",
-                     ref[i]);
-    assert_true(check_close(what, got, ref, n, rtol, 1e-30f));
+    expect_same_dist(what, got, ref, n, rtol);
     free(got);
     free(ref);
     cuda_mem_free(dl);
@@ -318,11 +330,7 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
             const float *qi = q + (size_t)i * V, *wi = want_q + (size_t)i * V;
             char what[64];
             snprintf(what, sizeof what, "case %zu row %d", c, i);
-            for (int64_t j = 0; j < V; j++)
-                if ((qi[j] > 0) != (wi[j] > 0))
-                    fail_msg("%s: token %lld kept %s on the GPU, %s on the CPU", what,
-                             (long long)j, qi[j] > 0 ? "yes" : "no", wi[j] > 0 ? "yes" : "no");
-            assert_true(check_close(what, qi, wi, V, cases[c].rtol, 1e-30f));
+            expect_same_dist(what, qi, wi, V, cases[c].rtol);
             const int32_t from_gpu_q = cpu_sample_draw(qi, V, s->seed, ctr + (uint64_t)i * step);
             if (tok[i] != from_gpu_q || tok[i] != want[i])
                 fail_msg("%s: GPU token %d, CPU draw from the GPU's q %d, CPU %d", what, tok[i],
@@ -384,17 +392,10 @@ static void test_sample_rows_top_p_alone_takes_both_paths(void **state)
         const float *qi = q + (size_t)i * V, *wi = want_q + (size_t)i * V;
         char what[64];
         snprintf(what, sizeof what, "row %d", i);
-        int64_t kept = 0;
-        for (int64_t j = 0; j < V; j++) {
-            if ((qi[j] > 0) != (wi[j] > 0))
-                fail_msg("%s: token %lld kept %s on the GPU, %s on the CPU", what, (long long)j,
-                         qi[j] > 0 ? "yes" : "no", wi[j] > 0 ? "yes" : "no");
-            kept += qi[j] > 0;
-        }
         const bool wide = i % 4 == 1 || i >= 9;
+        const int64_t kept = expect_same_dist(what, qi, wi, V, wide ? RTOL_F32 : RTOL_TOPK);
         if (wide ? kept <= 1024 : kept != 2)
             fail_msg("%s: %lld tokens kept", what, (long long)kept);
-        assert_true(check_close(what, qi, wi, V, wide ? RTOL_F32 : RTOL_TOPK, 1e-30f));
         /* the CPU's draw from the GPU's q; from its own q on the headed rows (within 2 ulp) */
         const int32_t from_gpu_q = cpu_sample_draw(qi, V, s.seed, ctr + (uint64_t)i * step);
         if (tok[i] != from_gpu_q || (!wide && tok[i] != want[i]))

@@ -1,6 +1,5 @@
 /* One sequence's units of work inside verifyd's scheduler: a prefill chunk or a speculative
  * step (block from draftd, or a plain step), stop conditions, log probabilities, events. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
