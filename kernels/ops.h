@@ -296,11 +296,28 @@ typedef struct ops_delta {
     const float *norm_w; /* [d_v] or NULL (no weight) */
     const float *norm_z; /* [n_tok][n_v_head][d_v] contiguous, the gate's input; NULL: no norm */
     float norm_eps;
+
+    /* Chunked form (prefill): chunk > 0 runs the same recurrence a chunk of positions at a
+     * time as matrix products (the state only at chunk ends; the outputs from the state at the
+     * chunk's start and the chunk's own tokens, through a triangular solve), up to
+     * OPS_DELTA_CHUNK_MAX positions per chunk. The sums differ from the token-by-token form's
+     * in order (close, not the same bits). Chunks end where the absolute position is a
+     * multiple of chunk: token t is at position *pos0 + t (pos0: backend memory, so a
+     * recorded pass reads it at replay; NULL = 0), so a run cut anywhere at chunk ends gives
+     * the bits of the run whole. Needs state_all NULL (no per-token states), d_k <=
+     * OPS_DELTA_CHUNK_DK and d_v <= OPS_DELTA_CHUNK_DV. */
+    int64_t chunk;
+    const int32_t *pos0;
 } ops_delta;
+
+#define OPS_DELTA_CHUNK_MAX 64  /* positions per chunk of the chunked form */
+#define OPS_DELTA_CHUNK_DK 128  /* largest d_k of the chunked form */
+#define OPS_DELTA_CHUNK_DV 256  /* largest d_v of the chunked form */
 
 /* Gated delta rule, per token and value head h with S = state[h]:
  * S = exp(g) S; kv = S^T k; S += k (x) (beta (v - kv)); o = S^T q. q, k are used as given
- * (normalise and scale them first). Then the gated norm when d->norm_z is set. */
+ * (normalise and scale them first). Then the gated norm when d->norm_z is set. With
+ * d->chunk, the chunked form of the same (ops_delta.chunk). */
 void cpu_delta_rule(const ops_delta *d);
 /* d[0..n-1], recurrences that share no memory (a rollback's replay of every layer): each as
  * cpu_delta_rule. */

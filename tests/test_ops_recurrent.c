@@ -222,6 +222,99 @@ static void test_delta_rule_one_token_by_hand(void **s)
     assert_true(fabsf(S - 2.0f) < 1e-6f && fabsf(o - 4.0f) < 1e-6f);
 }
 
+/* --- the chunked form ---------------------------------------------------------------- */
+
+/* Every chunk length and alignment gives the numpy loop's outputs and final state. */
+static void test_delta_rule_chunked_matches_numpy_f64_loop(void **s)
+{
+    (void)s;
+    const float *ref = golden_tensor(G, "delta.ref", TD_F32, D_T * D_NV * D_DV);
+    const float *ref_states = golden_tensor(G, "delta.ref_states", TD_F32, D_T * D_S);
+    const int64_t chunks[] = {1, 2, 3, 7, OPS_DELTA_CHUNK_MAX};
+    const int32_t starts[] = {0, 1, 5, 64};
+    for (int c = 0; c < 5; c++)
+        for (int p = 0; p < 4; p++) {
+            float state[D_S], out[D_T * D_NV * D_DV];
+            ops_delta d = delta_golden(state, NULL, out);
+            d.chunk = chunks[c];
+            d.pos0 = &starts[p];
+            cpu_delta_rule(&d);
+            assert_close(out, ref, D_T * D_NV * D_DV, 1e-5f, "chunked delta out");
+            assert_close(state, ref_states + (D_T - 1) * D_S, D_S, 1e-5f, "chunked delta state");
+        }
+}
+
+/* A run cut where a chunk ends, the second part told its position, gives the bits of the run
+ * whole (what a prompt resumed at a chunk end relies on); state_prev and the gated norm as
+ * with the token-by-token form. */
+static void test_delta_rule_chunked_cut_at_chunk_ends_equals_whole(void **s)
+{
+    (void)s;
+    const int32_t p0 = 1; /* chunks of 3 end after positions 2, 5, 8: tokens 0-1, 2-4, 5-6 */
+    float state[D_S], out[D_T * D_NV * D_DV], prev[D_S];
+    ops_delta d = delta_golden(state, NULL, out);
+    d.chunk = 3, d.pos0 = &p0, d.state_prev = prev;
+    cpu_delta_rule(&d);
+    assert_memory_equal(prev, golden_tensor(G, "delta.state", TD_F32, D_S), sizeof prev);
+    const int cuts[] = {2, 5};
+    for (int c = 0; c < 2; c++) {
+        const int k = cuts[c];
+        const int32_t p1 = p0 + k;
+        float st[D_S], o[D_T * D_NV * D_DV];
+        ops_delta a = delta_golden(st, NULL, o);
+        a.chunk = 3, a.pos0 = &p0, a.n_tok = k;
+        cpu_delta_rule(&a);
+        ops_delta b = a;
+        b.pos0 = &p1, b.n_tok = D_T - k, b.out = o + k * D_NV * D_DV;
+        b.q += k * D_NK * D_DK, b.k += k * D_NK * D_DK, b.v += k * D_NV * D_DV;
+        b.g += k * D_NV, b.beta += k * D_NV;
+        cpu_delta_rule(&b);
+        assert_memory_equal(o, out, sizeof out);
+        assert_memory_equal(st, state, sizeof state);
+    }
+}
+
+/* Longer runs with the model's chunk of 64 (cut by the alignment into 24 + 64 + 62 tokens)
+ * and wider heads: within rounding of the token-by-token form, outputs normed alike. */
+static void test_delta_rule_chunked_long_run_matches_token_by_token(void **s)
+{
+    (void)s;
+    enum { T = 150, NK = 2, NV = 4, DK = 32, DV = 24 };
+    static float q[T * NK * DK], k[T * NK * DK], v[T * NV * DV], gb[T * 2 * NV], z[T * NV * DV];
+    static float st0[NV * DK * DV], st1[NV * DK * DV], o0[T * NV * DV], o1[T * NV * DV];
+    uint32_t x = 12345;
+    for (int i = 0; i < T * NK * DK; i++) {
+        x = x * 1664525u + 1013904223u;
+        q[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 0.35f;
+        x = x * 1664525u + 1013904223u;
+        k[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 0.35f; /* |k| near 1 */
+    }
+    for (int i = 0; i < T * NV * DV; i++) {
+        x = x * 1664525u + 1013904223u;
+        v[i] = (float)(x >> 8) / 16777216.0f * 2.0f - 1.0f;
+        z[i] = 0.25f * (float)(i % 9) - 1.0f;
+    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < NV; h++) {
+            gb[t * 2 * NV + h] = -0.02f - 0.3f * (float)((t * 7 + h) % 5) / 5.0f;
+            gb[t * 2 * NV + NV + h] = 0.1f + 0.8f * (float)((t * 3 + h) % 7) / 7.0f;
+        }
+    for (int i = 0; i < NV * DK * DV; i++)
+        st0[i] = st1[i] = 0.01f * (float)(i % 17) - 0.08f;
+    const int32_t p0 = 40;
+    ops_delta d = {.n_tok = T, .n_k_head = NK, .n_v_head = NV, .d_k = DK, .d_v = DV, .q = q,
+                   .k = k, .v = v, .q_tok_stride = NK * DK, .k_tok_stride = NK * DK,
+                   .v_tok_stride = NV * DV, .g = gb, .beta = gb + NV, .gb_tok_stride = 2 * NV,
+                   .state = st0, .out = o0, .norm_z = z, .norm_eps = 1e-6f};
+    cpu_delta_rule(&d);
+    ops_delta c = d;
+    c.state = st1, c.out = o1, c.chunk = OPS_DELTA_CHUNK_MAX, c.pos0 = &p0;
+    cpu_delta_rule(&c);
+    assert_close(o1, o0, T * NV * DV, 1e-4f, "chunked long out");
+    assert_close(st1, st0, NV * DK * DV, 1e-4f, "chunked long state");
+    assert_memory_not_equal(st1, st0, sizeof st0); /* the chunked form did run */
+}
+
 int main(void)
 {
     G = golden_open();
@@ -234,6 +327,9 @@ int main(void)
         cmocka_unit_test(test_delta_rule_saved_state_equals_running_k_tokens_alone),
         cmocka_unit_test(test_delta_rule_many_equals_each_alone_and_out_is_optional),
         cmocka_unit_test(test_delta_rule_one_token_by_hand),
+        cmocka_unit_test(test_delta_rule_chunked_matches_numpy_f64_loop),
+        cmocka_unit_test(test_delta_rule_chunked_cut_at_chunk_ends_equals_whole),
+        cmocka_unit_test(test_delta_rule_chunked_long_run_matches_token_by_token),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gguf_close(G);
