@@ -200,6 +200,272 @@ __global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_
     delta_run<FULL, 1>(d);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The chunked form (ops_delta.chunk; the math at delta_chunk_head in kernels/cpu/delta.c).
+ * A block owns DC_COLS columns of one value head (qwen35: 48 x 2 = 96 blocks, one wave) and
+ * keeps them in shared memory; per chunk of c tokens it stages the chunk's keys and queries,
+ * then
+ *   1. the lower triangles of K K^T and Q K^T with their decays (A, P): tiles of 4 x 4, two
+ *      threads per tile over alternate runs of 4 rows of d_k, added in the same order,
+ *   2. W = K S and Q S from the chunk's starting state: thread (column, tq) for tokens
+ *      tq, tq + 4, ...; the right-hand sides beta (v - e^G W) go to U, e^G Q S stays in
+ *      registers,
+ *   3. the forward substitution U_t -= sum_(s<t) A_ts U_s: one thread per column, its own
+ *      chain (four partial sums in s mod 4, added in order),
+ *   4. the outputs e^G Q S + sum_(s<=t) P_ts U_s and the state at the chunk's end
+ *      e^G_last S + sum_s e^(G_last - G_s) k_s U_s (thread (column, tq): rows of quarter tq).
+ * Every sum has one fixed order, so a result depends only on the chunk's inputs and where
+ * its ends lie. The gated norm is a launch of its own after it. */
+#define DC_COLS 64
+#define DC_THREADS 256
+#define DC_TQ (DC_THREADS / DC_COLS)              /* threads per column */
+#define DC_TOK (OPS_DELTA_CHUNK_MAX / DC_TQ)      /* tokens of a chunk per thread */
+#define DC_ROWS (OPS_DELTA_CHUNK_DK / DC_TQ)      /* state rows per thread */
+static_assert(DC_TOK * DC_TQ == OPS_DELTA_CHUNK_MAX && DC_ROWS * DC_TQ == OPS_DELTA_CHUNK_DK,
+              "the chunk and d_k split evenly over a column's threads");
+
+/* Shared memory: K, Q [C][ks], A, P [C][C+1], S [dk4][DC_COLS], U [C][DC_COLS], G, e^G,
+ * beta, e^(G_last - G) [C]; dk4 = d_k rounded up to 4, ks = dk4 + 4 (16-byte rows). */
+struct dc_layout {
+    int C, dk4, ks, cp;
+    size_t k, q, a, p, s, u, g, eg, beta, ds, floats;
+};
+
+__host__ __device__ static inline dc_layout dc_layout_of(int C, int dk)
+{
+    dc_layout l;
+    l.C = C, l.dk4 = (dk + 3) / 4 * 4, l.ks = l.dk4 + 4, l.cp = C + 1;
+    l.k = 0, l.q = l.k + (size_t)C * l.ks, l.a = l.q + (size_t)C * l.ks;
+    l.p = l.a + (size_t)C * l.cp, l.s = l.p + (size_t)C * l.cp;
+    l.u = l.s + (size_t)l.dk4 * DC_COLS, l.g = l.u + (size_t)C * DC_COLS;
+    l.eg = l.g + C, l.beta = l.eg + C, l.ds = l.beta + C, l.floats = l.ds + C;
+    return l;
+}
+
+/* Tile index -> (row block tb, column block sb <= tb) of the lower triangle, row by row. */
+__device__ __forceinline__ void dc_tile(int tile, int &tb, int &sb)
+{
+    tb = (int)((sqrtf(8.0f * (float)tile + 1.0f) - 1.0f) * 0.5f);
+    while (tb * (tb + 1) / 2 > tile)
+        tb--;
+    while ((tb + 1) * (tb + 2) / 2 <= tile)
+        tb++;
+    sb = tile - tb * (tb + 1) / 2;
+}
+
+__global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops_delta d)
+{
+    pdl_enter(early);
+    extern __shared__ float4 dc_mem[];
+    float *sm = (float *)dc_mem;
+    const int dk = (int)d.d_k;
+    const dc_layout L = dc_layout_of((int)d.chunk, dk);
+    float *K = sm + L.k, *Q = sm + L.q, *A = sm + L.a, *P = sm + L.p, *S = sm + L.s;
+    float *U = sm + L.u, *G = sm + L.g, *EG = sm + L.eg, *B = sm + L.beta, *DS = sm + L.ds;
+    const int64_t dv = d.d_v, nv = d.n_v_head, h = blockIdx.y, kh = h % d.n_k_head;
+    const int64_t gbs = d.gb_tok_stride ? d.gb_tok_stride : nv;
+    const int tid = (int)threadIdx.x, col = tid % DC_COLS, tq = tid / DC_COLS;
+    const int64_t j = (int64_t)blockIdx.x * DC_COLS + col;
+    const bool live = j < dv;
+    const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
+    for (int i = tq; i < L.dk4; i += DC_TQ) {
+        const float x = live && i < dk ? S0[(int64_t)i * dv] : 0.0f;
+        S[i * DC_COLS + col] = x;
+        if (live && i < dk && d.state_prev)
+            d.state_prev[h * dk * dv + (int64_t)i * dv + j] = x;
+    }
+    const int64_t p0 = d.pos0 ? *d.pos0 : 0;
+    for (int64_t a = 0, c; a < d.n_tok; a += c) {
+        c = L.C - (p0 + a) % L.C;
+        if (c > d.n_tok - a)
+            c = d.n_tok - a;
+        const int cn = (int)c;
+        __syncthreads(); /* the chunk before is done with everything */
+        for (int x = tid; x < cn * L.dk4; x += DC_THREADS) {
+            const int t = x / L.dk4, i = x % L.dk4;
+            const bool in = i < dk;
+            K[t * L.ks + i] = in ? d.k[(a + t) * d.k_tok_stride + kh * dk + i] : 0.0f;
+            Q[t * L.ks + i] = in ? d.q[(a + t) * d.q_tok_stride + kh * dk + i] : 0.0f;
+        }
+        if (tid < cn) {
+            G[tid] = d.g[(a + tid) * gbs + h];
+            B[tid] = d.beta[(a + tid) * gbs + h];
+        }
+        __syncthreads();
+        if (tid == 0) { /* G_t = g_0 + ... + g_t in order */
+            float sum = 0;
+            for (int t = 0; t < cn; t++)
+                G[t] = sum += G[t];
+        }
+        __syncthreads();
+        if (tid < cn) {
+            EG[tid] = expf(G[tid]);
+            DS[tid] = expf(G[cn - 1] - G[tid]);
+        }
+        /* 1. A_ts = beta_t e^(G_t - G_s) k_t . k_s (s < t), P_ts = e^(G_t - G_s) q_t . k_s
+         * (s <= t) */
+        const int nb = (cn + 3) / 4, ntile = nb * (nb + 1) / 2;
+        for (int x = tid; x < 2 * ntile; x += DC_THREADS) {
+            int tb, sb;
+            dc_tile(x >> 1, tb, sb);
+            const int half = x & 1;
+            float kk[4][4] = {}, qk[4][4] = {};
+            int tr[4], sr[4]; /* rows past the chunk read its last row; their sums are unused */
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                tr[r] = min(4 * tb + r, cn - 1);
+                sr[r] = min(4 * sb + r, cn - 1);
+            }
+            for (int i = 4 * half; i < L.dk4; i += 8) {
+                float4 kt[4], qt[4], ksr[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    kt[r] = *(const float4 *)&K[tr[r] * L.ks + i];
+                    qt[r] = *(const float4 *)&Q[tr[r] * L.ks + i];
+                    ksr[r] = *(const float4 *)&K[sr[r] * L.ks + i];
+                }
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        kk[r][e] = fmaf(kt[r].x, ksr[e].x, kk[r][e]);
+                        kk[r][e] = fmaf(kt[r].y, ksr[e].y, kk[r][e]);
+                        kk[r][e] = fmaf(kt[r].z, ksr[e].z, kk[r][e]);
+                        kk[r][e] = fmaf(kt[r].w, ksr[e].w, kk[r][e]);
+                        qk[r][e] = fmaf(qt[r].x, ksr[e].x, qk[r][e]);
+                        qk[r][e] = fmaf(qt[r].y, ksr[e].y, qk[r][e]);
+                        qk[r][e] = fmaf(qt[r].z, ksr[e].z, qk[r][e]);
+                        qk[r][e] = fmaf(qt[r].w, ksr[e].w, qk[r][e]);
+                    }
+            }
+            /* the pair's halves, added as half 0 + half 1 by both; the lanes in this round
+             * are the first ones of the warp */
+            const int in_round = 2 * ntile - (x - (tid & 31));
+            const unsigned pair = in_round >= 32 ? 0xffffffffu : (1u << in_round) - 1;
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float ok = __shfl_xor_sync(pair, kk[r][e], 1);
+                    const float oq = __shfl_xor_sync(pair, qk[r][e], 1);
+                    kk[r][e] = half ? ok + kk[r][e] : kk[r][e] + ok;
+                    qk[r][e] = half ? oq + qk[r][e] : qk[r][e] + oq;
+                }
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int t = 4 * tb + r, s = 4 * sb + e;
+                    if (t >= cn || s > t)
+                        continue;
+                    const float decay = expf(G[t] - G[s]);
+                    if (half == 0 && s < t)
+                        A[t * L.cp + s] = B[t] * decay * kk[r][e];
+                    if (half == 1)
+                        P[t * L.cp + s] = decay * qk[r][e];
+                }
+        }
+        /* 2. W = K S, Q S for tokens tq, tq + 4, ... of column col */
+        float w[DC_TOK] = {}, o[DC_TOK] = {};
+        for (int i = 0; i < L.dk4; i += 4) {
+            const float s0 = S[(i + 0) * DC_COLS + col], s1 = S[(i + 1) * DC_COLS + col];
+            const float s2 = S[(i + 2) * DC_COLS + col], s3 = S[(i + 3) * DC_COLS + col];
+#pragma unroll
+            for (int m = 0; m < DC_TOK; m++) {
+                const int t = tq + DC_TQ * m;
+                if (t >= cn)
+                    break;
+                const float4 kt = *(const float4 *)&K[t * L.ks + i];
+                const float4 qt = *(const float4 *)&Q[t * L.ks + i];
+                w[m] = fmaf(kt.w, s3, fmaf(kt.z, s2, fmaf(kt.y, s1, fmaf(kt.x, s0, w[m]))));
+                o[m] = fmaf(qt.w, s3, fmaf(qt.z, s2, fmaf(qt.y, s1, fmaf(qt.x, s0, o[m]))));
+            }
+        }
+        __syncthreads(); /* G, EG, B, A, P are written */
+#pragma unroll
+        for (int m = 0; m < DC_TOK; m++) {
+            const int t = tq + DC_TQ * m;
+            if (t >= cn)
+                break;
+            const float vj = live ? d.v[(a + t) * d.v_tok_stride + h * dv + j] : 0.0f;
+            U[t * DC_COLS + col] = B[t] * (vj - EG[t] * w[m]);
+            o[m] *= EG[t];
+        }
+        __syncthreads();
+        /* 3. U_t -= sum_(s<t) A_ts U_s, column by column */
+        if (tq == 0)
+            for (int t = 1; t < cn; t++) {
+                const float *At = A + t * L.cp;
+                float p[4] = {};
+                for (int s = 0; s < t; s += 4) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (s + e < t)
+                            p[e] = fmaf(At[s + e], U[(s + e) * DC_COLS + col], p[e]);
+                }
+                U[t * DC_COLS + col] -= (p[0] + p[1]) + (p[2] + p[3]);
+            }
+        __syncthreads();
+        /* 4. outputs, and the state at the chunk's end */
+#pragma unroll
+        for (int m = 0; m < DC_TOK; m++) {
+            const int t = tq + DC_TQ * m;
+            if (t >= cn)
+                break;
+            float x = o[m];
+            for (int s = 0; s <= t; s++)
+                x = fmaf(P[t * L.cp + s], U[s * DC_COLS + col], x);
+            if (live && d.out)
+                d.out[((a + t) * nv + h) * dv + j] = x;
+        }
+        const float egl = EG[cn - 1];
+        float st[DC_ROWS];
+        const int nr = L.dk4 / DC_TQ, r0 = tq * nr; /* this thread's rows */
+#pragma unroll
+        for (int r = 0; r < DC_ROWS; r++)
+            st[r] = r < nr ? egl * S[(r0 + r) * DC_COLS + col] : 0.0f;
+        for (int s = 0; s < cn; s++) {
+            const float us = DS[s] * U[s * DC_COLS + col];
+            const float *ks = K + s * L.ks + r0;
+#pragma unroll
+            for (int r = 0; r < DC_ROWS; r++)
+                if (r < nr)
+                    st[r] = fmaf(ks[r], us, st[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < DC_ROWS; r++)
+            if (r < nr)
+                S[(r0 + r) * DC_COLS + col] = st[r];
+    }
+    __syncthreads();
+    if (live)
+        for (int i = tq; i < dk; i += DC_TQ)
+            d.state[h * dk * dv + (int64_t)i * dv + j] = S[i * DC_COLS + col];
+}
+
+/* The chunked form's launch: a block per DC_COLS columns of a head; then the norm. */
+static td_err delta_chunk_launch(const ops_delta *d, ops_stream st)
+{
+    if (d->chunk > OPS_DELTA_CHUNK_MAX || d->state_all || d->d_k > OPS_DELTA_CHUNK_DK)
+        return err_set(TD_ENOTSUP, "chunked delta rule: chunk %lld, d_k %lld%s (at most %d, %d, "
+                       "no per-token states)", (long long)d->chunk, (long long)d->d_k,
+                       d->state_all ? ", per-token states" : "", OPS_DELTA_CHUNK_MAX,
+                       OPS_DELTA_CHUNK_DK);
+    const size_t smem = dc_layout_of((int)d->chunk, (int)d->d_k).floats * sizeof(float);
+    if (smem > 48 * 1024) {
+        int dev = 0;
+        CUDA_TRY(cudaGetDevice(&dev));
+        TD_TRY(smem_optin<delta_chunk_kernel>(
+            dev, dc_layout_of(OPS_DELTA_CHUNK_MAX, OPS_DELTA_CHUNK_DK).floats * sizeof(float)));
+    }
+    const dim3 grid(cuda_blocks(d->d_v, DC_COLS), (unsigned)d->n_v_head), block(DC_THREADS);
+    TD_TRY(pdl_launch<delta_chunk_kernel>("chunked delta rule", grid, block, smem, st, *d));
+    if (!d->norm_z || d->n_tok == 0)
+        return TD_OK;
+    return cuda_rmsnorm_silu(d->out, d->out, d->norm_w, d->norm_z, d->n_tok * d->n_v_head,
+                             d->d_v, d->norm_eps, st);
+}
+
 /* What the GPU cannot run, or TD_OK; *none: there is nothing to do. */
 static td_err delta_check(const ops_delta *d, bool *none)
 {
@@ -227,6 +493,8 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     TD_TRY(delta_check(d, &none));
     if (none)
         return TD_OK;
+    if (d->chunk)
+        return delta_chunk_launch(d, st);
     const bool full = d->d_k == DELTA_MAX_DK;
     if (d->norm_z && d->n_tok == 1 && d->d_v <= DELTA_COLS * DELTA_NORM_NG) {
         /* a head per block, the norm after the recurrence: one launch. Only for one token:
