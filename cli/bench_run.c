@@ -290,10 +290,11 @@ static void bench_prefill(bench_tgt *b, int iters, bench_time *t)
         memset(&t->prof, 0, sizeof t->prof);
 }
 
-void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, int64_t chunk,
                   bench_target_times *out)
 {
     memset(out, 0, sizeof *out);
+    out->chunk = chunk;
     bench_tgt b = {.m = m, .be = m->be, .taps = taps, .n_taps = n_taps};
     const tgt_hparams *hp = &m->hp;
     for (int i = 0; i < BENCH_PREFILL_CHUNK; i++)
@@ -319,12 +320,21 @@ void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int i
         bench_fail(&out->verify32, "%s", why);
         bench_fail(&out->rollback, "%s", why);
         bench_fail(&out->prefill, "%s", why);
+        bench_fail(&out->prefill_chunked, "%s", why);
     } else {
         bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
         bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
         bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
         bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
-        bench_prefill(&b, iters, &out->prefill);
+        if (tgt_set_delta_chunk(m, 0) == TD_OK)
+            bench_prefill(&b, iters, &out->prefill);
+        else
+            bench_fail(&out->prefill, "%s", err_msg());
+        if (tgt_set_delta_chunk(m, chunk) == TD_OK)
+            bench_prefill(&b, iters, &out->prefill_chunked);
+        else
+            bench_fail(&out->prefill_chunked, "%s", err_msg());
+        m->delta_chunk = 0;
     }
     if (b.st.be)
         tgt_state_free(&b.st);

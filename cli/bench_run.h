@@ -31,6 +31,8 @@ typedef struct bench_time {
     double prof_ms;     /* mean milliseconds of a profiled run */
 } bench_time;
 
+#define BENCH_PHASES 7 /* phases that may be profiled: the target's six and the draft step */
+
 typedef struct bench_target_times {
     bench_time decode_short;  /* one token at BENCH_CTX_SHORT */
     bench_time decode_long;   /* one token at BENCH_CTX_LONG */
@@ -38,18 +40,21 @@ typedef struct bench_target_times {
     bench_time verify32;      /* the same with 32 tokens */
     bench_time rollback;      /* tgt_state_keep of BENCH_KEEP after a 16-token verify */
     bench_time prefill;       /* a BENCH_PROMPT-token prompt from position 0 (profile: per
-                               * chunk) */
+                               * chunk), the DeltaNet recurrence token by token */
+    bench_time prefill_chunked; /* the same with the chunked recurrence (chunk below) */
+    int64_t chunk;            /* positions per chunk of prefill_chunked */
 } bench_target_times;
 
 /* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */
 void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps);
 
 /* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (profiled too when m's backend is
- * a profiler, ops_prof_active). The state's KV cache and
+ * a profiler, ops_prof_active), the prompt both ways (m->delta_chunk 0, then chunk; left at
+ * 0). The state's KV cache and
  * recurrent state are filled with random finite values and n_past is set, instead of
  * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
  * speculative loop does). */
-void bench_target(const tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, int64_t chunk,
                   bench_target_times *out);
 
 /* The drafter's step: its context takes 16 newly committed positions, then it proposes one

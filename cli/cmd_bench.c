@@ -104,15 +104,16 @@ static void bench_row_time(const char *what, const bench_time *t, const char *ex
 /* The phases that were profiled, in print order. */
 static int bench_profiled(const bench_report *r, const bench_time **t, const char **name)
 {
-    const bench_time *all[6] = {&r->tgt.decode_short, &r->tgt.decode_long, &r->tgt.verify16,
-                                &r->tgt.verify32, &r->tgt.prefill, &r->draft};
-    static const char *const names[6] = {"decode, 1K context", "decode, 32K context",
-                                         "verify 16 tokens (1K context)",
-                                         "verify 32 tokens (1K context)",
-                                         "prefill, one 64-token chunk of a 1K prompt",
-                                         "draft step (16 positions + propose)"};
+    const bench_time *all[BENCH_PHASES] = {&r->tgt.decode_short, &r->tgt.decode_long,
+                                           &r->tgt.verify16,     &r->tgt.verify32,
+                                           &r->tgt.prefill,      &r->tgt.prefill_chunked,
+                                           &r->draft};
+    static const char *const names[BENCH_PHASES] = {
+        "decode, 1K context", "decode, 32K context", "verify 16 tokens (1K context)",
+        "verify 32 tokens (1K context)", "prefill, one 64-token chunk of a 1K prompt",
+        "prefill, one 64-token chunk, chunked delta rule", "draft step (16 positions + propose)"};
     int n = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < BENCH_PHASES; i++) {
         if (!all[i]->ok || all[i]->prof.steps == 0)
             continue;
         t[n] = all[i];
@@ -123,8 +124,8 @@ static int bench_profiled(const bench_report *r, const bench_time **t, const cha
 
 static void bench_print_profiles(const bench_report *r)
 {
-    const bench_time *t[6];
-    const char *name[6];
+    const bench_time *t[BENCH_PHASES];
+    const char *name[BENCH_PHASES];
     int n = bench_profiled(r, t, name);
     for (int i = 0; i < n; i++) {
         printf("\nprofile: ");
@@ -173,6 +174,10 @@ static void bench_print(const bench_report *r)
              t->prefill.ok ? BENCH_PROMPT * 1e3 / t->prefill.ms : 0,
              BENCH_PROMPT / BENCH_PREFILL_CHUNK, BENCH_PREFILL_CHUNK);
     bench_row_time("prefill, 1K-token prompt", &t->prefill, x);
+    snprintf(x, sizeof x, "%7.1f tok/s  (the DeltaNet recurrence in chunks of %lld)",
+             t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
+             (long long)t->chunk);
+    bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
     snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
              d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
@@ -315,6 +320,12 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(pf, "tok_s", t->prefill.ok ? json_real(BENCH_PROMPT * 1e3 / t->prefill.ms)
                                                    : json_null());
     json_object_set_new(j, "prefill", pf);
+    json_t *pc = bench_json_time(&t->prefill_chunked, 0);
+    json_object_set_new(pc, "delta_chunk", json_integer(t->chunk));
+    json_object_set_new(pc, "tok_s", t->prefill_chunked.ok
+                                         ? json_real(BENCH_PROMPT * 1e3 / t->prefill_chunked.ms)
+                                         : json_null());
+    json_object_set_new(j, "prefill_chunked", pc);
     json_t *dr = bench_json_time(&r->draft, d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
     json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));
@@ -440,7 +451,8 @@ static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
 
 static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
                       const char *save, const char *save_draft, int device, int iters,
-                      const char *json_path, bool profile, const char *skip_ops)
+                      const char *json_path, bool profile, const char *skip_ops,
+                      int64_t delta_chunk)
 {
     bench_report r = {.iters = iters, .shape = model ? NULL : shape->name};
     double t_start = bench_now();
@@ -544,7 +556,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     r.weight_bytes = bench_weight_bytes(m);
     r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
     r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
-    bench_target(m, taps, n_taps, iters, &r.tgt);
+    bench_target(m, taps, n_taps, iters, delta_chunk, &r.tgt);
     uint64_t g_rec = 0, g_rep = 0;
     tgt_graph_stats(m, &g_rec, &g_rep);
     if (g_rep)
@@ -611,7 +623,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
     const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL, *skip_ops = NULL;
-    int64_t device = 0, iters = 10, split_block = 16;
+    int64_t device = 0, iters = 10, split_block = 16, delta_chunk = OPS_DELTA_CHUNK_MAX;
     bool help = false, build_only = false, profile = false;
     char shape_help[96];
     snprintf(shape_help, sizeof shape_help, "synthetic model shape (%s)", bmodel_shape_names());
@@ -626,6 +638,7 @@ int cmd_bench(int argc, char **argv)
         {"json", ARGS_STRING, &json, NULL, "also write the results as JSON to this file", 0, 0, 0},
         {"iters", ARGS_INT, &iters, NULL, "timed runs per measurement (the median is reported)", 1, 100000, 'n'},
         {"profile", ARGS_FLAG, &profile, NULL, "also time every backend op of each phase (as TANDEM_PROFILE=1)", 0, 0, 0},
+        {"delta-chunk", ARGS_INT, &delta_chunk, NULL, "positions per chunk of the chunked-recurrence prefill row", 1, OPS_DELTA_CHUNK_MAX, 0},
         {"skip-ops", ARGS_STRING, &skip_ops, NULL, "ops (the profile's names, comma-separated) that do not run: times what the rest costs, results wrong; no profile", 0, 0, 0},
         /* the two ends of the process-split measurement (the benchmark starts them itself) */
         {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
@@ -634,7 +647,8 @@ int cmd_bench(int argc, char **argv)
         ARGS_END,
     };
     const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
-                        "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile] [--skip-ops LIST]";
+                        "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile] [--skip-ops LIST] "
+                        "[--delta-chunk N]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err_msg());
         args_usage(usage, opts);
@@ -674,5 +688,5 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json,
-                      profile, skip_ops);
+                      profile, skip_ops, delta_chunk);
 }

@@ -28,6 +28,7 @@
 #include "common/daemon.h"
 #include "common/devarg.h"
 #include "common/log.h"
+#include "kernels/ops.h"
 
 #define SV_BACKOFF_MIN_MS 1000
 #define SV_BACKOFF_MAX_MS 30000
@@ -55,7 +56,7 @@ typedef struct sv_opts {
     char model[PATH_MAX];
     char draft[PATH_MAX];   /* "" without a drafter */
     char host[256];
-    int64_t port, ctx, slots;
+    int64_t port, ctx, slots, delta_chunk;
     char dir[PATH_MAX];     /* runtime directory */
     const char *log_level;
     bool foreground;
@@ -91,10 +92,12 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = "--log-level";
         argv[n++] = o->log_level;
     }
-    char *ctx = num, *slots = num + num_cap / 3, *port = num + 2 * (num_cap / 3);
-    snprintf(ctx, num_cap / 3, "%lld", (long long)o->ctx);
-    snprintf(slots, num_cap / 3, "%lld", (long long)o->slots);
-    snprintf(port, num_cap / 3, "%lld", (long long)o->port);
+    const size_t w = num_cap / 4;
+    char *ctx = num, *slots = num + w, *port = num + 2 * w, *chunk = num + 3 * w;
+    snprintf(ctx, w, "%lld", (long long)o->ctx);
+    snprintf(slots, w, "%lld", (long long)o->slots);
+    snprintf(port, w, "%lld", (long long)o->port);
+    snprintf(chunk, w, "%lld", (long long)o->delta_chunk);
     if (i != SV_GATEWAY) {
         argv[n++] = "--device";
         argv[n++] = o->device;
@@ -109,6 +112,8 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = o->model;
         argv[n++] = "--ctx";
         argv[n++] = ctx;
+        argv[n++] = "--delta-chunk";
+        argv[n++] = chunk;
         if (o->draft[0]) {
             argv[n++] = "--draft";
             argv[n++] = o->draft;
@@ -409,7 +414,7 @@ int cmd_serve(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *host = "127.0.0.1", *runtime_dir = NULL;
     const char *log_level = NULL, *device = "cpu";
-    int64_t port = 8080, ctx = 4096, slots = 16;
+    int64_t port = 8080, ctx = 4096, slots = 16, delta_chunk = 0;
     bool foreground = false, no_gateway = false, no_mps = false, help = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (default: the demo model)", 0, 0, 'm'},
@@ -423,6 +428,7 @@ int cmd_serve(int argc, char **argv)
         {"foreground", ARGS_FLAG, &foreground, NULL, "services log to stderr instead of their log files", 0, 0, 0},
         {"no-gateway", ARGS_FLAG, &no_gateway, NULL, "run the backend only (kvd, verifyd, draftd)", 0, 0, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where kvd, verifyd and draftd run: cpu, cuda or cuda:N", 0, 0, 0},
+        {"delta-chunk", ARGS_INT, &delta_chunk, "TANDEM_DELTA_CHUNK", "verifyd's prefill runs the DeltaNet recurrence in chunks of N positions (0: token by token)", 0, OPS_DELTA_CHUNK_MAX, 0},
         {"no-mps", ARGS_FLAG, &no_mps, NULL, "with a GPU: do not start an MPS control daemon (each draft/verify round trip then pays a context switch)", 0, 0, 0},
         ARGS_END,
     };
@@ -487,6 +493,7 @@ int cmd_serve(int argc, char **argv)
     o->port = port;
     o->ctx = ctx;
     o->slots = slots;
+    o->delta_chunk = delta_chunk;
     o->log_level = log_level;
     o->foreground = foreground;
     if (gpu) /* the canonical spelling: the services and tandem status show the same */

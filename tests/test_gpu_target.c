@@ -74,13 +74,14 @@ static void expect_close(const char *what, const float *got, const float *want, 
  * keeps by default, whose rounding alone moves the tiny models' logits by up to 5.1e-4 of
  * the range (measured on the CPU, test_target_kv16): 1e-3 for float weights, 3e-3 with the
  * quantised weights' activation rounding on top. */
-static void gpu_target_golden(const char *name, td_dtype kv_type)
+static void gpu_target_golden(const char *name, td_dtype kv_type, int64_t delta_chunk)
 {
     const char *const models[] = {name};
     for (size_t k = 0; k < 1; k++) {
         tgt_model *m = load_gpu(models[k]);
         assert_int_equal(m->kv_type, TD_F16); /* the GPU's default */
         m->kv_type = kv_type;
+        assert_int_equal(tgt_set_delta_chunk(m, delta_chunk), TD_OK);
         char path[256];
         snprintf(path, sizeof path, "tests/data/golden/%s.gguf", models[k]);
         gguf_file *g = golden_open_path(path);
@@ -98,7 +99,8 @@ static void gpu_target_golden(const char *name, td_dtype kv_type)
             fail_msg("%s: %s", models[k], err_msg());
         float *logits = download(dl, T * V), *hid = download(dh, T * L * D);
         char what[128];
-        snprintf(what, sizeof what, "%s logits (%s KV)", models[k], dtype_name(kv_type));
+        snprintf(what, sizeof what, "%s logits (%s KV, delta chunk %lld)", models[k],
+                 dtype_name(kv_type), (long long)delta_chunk);
         const gguf_tensor *wq = gguf_find_tensor(m->file, "blk.0.ffn_down.weight");
         bool fw = wq && (wq->type == TD_F32 || wq->type == TD_F16 || wq->type == TD_BF16);
         double tol = kv_type == TD_F32 ? (fw ? 1e-4 : 2e-3) : (fw ? 1e-3 : 3e-3);
@@ -127,8 +129,9 @@ static void test_gpu_target_matches_transformers(void **ctx)
 {
     (void)ctx;
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
-        gpu_target_golden(models[k], TD_F32);
-        gpu_target_golden(models[k], TD_F16);
+        gpu_target_golden(models[k], TD_F32, 0);
+        gpu_target_golden(models[k], TD_F16, 0);
+        gpu_target_golden(models[k], TD_F32, 4); /* the chunked recurrence: the same bounds */
     }
 }
 

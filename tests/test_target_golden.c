@@ -70,12 +70,25 @@ static void expect_close(const char *what, const float *got, const float *want, 
                  r, (long long)at, got[at], want[at], tol);
 }
 
+/* The prompts of these tests prefill token by token and with the chunked DeltaNet recurrence
+ * (chunks of 4 from position 0: several per prompt, one cut short at its end). */
+static const int64_t delta_chunks[] = {0, 4};
+#define N_RUNS (sizeof golden_models / sizeof *golden_models * 2)
+
+/* Run r: model r / 2, chunk delta_chunks[r % 2]. */
+static void model_open_run(golden *gd, size_t r)
+{
+    model_open(gd, golden_models[r / 2]);
+    assert_int_equal(tgt_set_delta_chunk(gd->m, delta_chunks[r % 2]), TD_OK);
+}
+
 static void test_target_logits_and_hidden_match_transformers(void **ctx)
 {
     (void)ctx;
-    for (size_t k = 0; k < sizeof golden_models / sizeof *golden_models; k++) {
+    for (size_t r = 0; r < N_RUNS; r++) {
+        const size_t k = r / 2;
         golden gd;
-        model_open(&gd, golden_models[k]);
+        model_open_run(&gd, r);
         const tgt_hparams *hp = &gd.m->hp;
         int64_t T = gd.n_tok, V = hp->n_vocab, D = hp->n_embd, L = hp->n_layer;
         int32_t taps[64];
@@ -112,9 +125,10 @@ static void test_target_logits_and_hidden_match_transformers(void **ctx)
 static void test_target_two_chunks_match_cached_state(void **ctx)
 {
     (void)ctx;
-    for (size_t k = 0; k < sizeof golden_models / sizeof *golden_models; k++) {
+    for (size_t r = 0; r < N_RUNS; r++) {
+        const size_t k = r / 2;
         golden gd;
-        model_open(&gd, golden_models[k]);
+        model_open_run(&gd, r);
         const tgt_hparams *hp = &gd.m->hp;
         int64_t T = gd.n_tok, P = gd.n_prefix, V = hp->n_vocab;
         tgt_state st;
@@ -209,6 +223,42 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
     model_close(&gd);
 }
 
+/* With the chunked recurrence, a prompt cut where a chunk ends (the second part knowing its
+ * position) gives the bits of the prompt whole: state and logits; token by token that holds
+ * for any cut, so the chunked form keeps it at chunk ends. An out-of-range chunk is refused. */
+static void test_target_chunked_prefill_cut_at_chunk_end_equals_whole(void **ctx)
+{
+    (void)ctx;
+    golden gd;
+    model_open(&gd, "qwen35-tiny-f32");
+    const tgt_model *m = gd.m;
+    assert_int_equal(tgt_set_delta_chunk(gd.m, OPS_DELTA_CHUNK_MAX + 1), TD_EINVAL);
+    assert_int_equal(tgt_set_delta_chunk(gd.m, -1), TD_EINVAL);
+    assert_int_equal(tgt_set_delta_chunk(gd.m, 4), TD_OK);
+    const int64_t T = gd.n_tok, V = m->hp.n_vocab, cut = 8;
+    assert_true(T > cut + 4);
+    float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
+    tgt_state a, b;
+    assert_int_equal(tgt_state_init(&a, m, T), TD_OK);
+    assert_int_equal(tgt_state_init(&b, m, T), TD_OK);
+    tgt_out oa = {.logits = la, .last_only = true}, ob = {.logits = lb, .last_only = true};
+    assert_int_equal(tgt_forward(m, &a, gd.tokens, T, false, &oa), TD_OK);
+    assert_int_equal(tgt_forward(m, &b, gd.tokens, cut, false, NULL), TD_OK);
+    assert_int_equal(tgt_forward(m, &b, gd.tokens + cut, T - cut, false, &ob), TD_OK);
+    expect_states_equal(m, &a, &b);
+    assert_memory_equal(la, lb, (size_t)V * sizeof(float));
+    /* and the chunked form did run: token by token the state's bits differ */
+    tgt_state c;
+    assert_int_equal(tgt_set_delta_chunk(gd.m, 0), TD_OK);
+    assert_int_equal(tgt_state_init(&c, m, T), TD_OK);
+    assert_int_equal(tgt_forward(m, &c, gd.tokens, T, false, NULL), TD_OK);
+    size_t ns = (size_t)(m->hp.n_v_head * m->hp.d_k * m->hp.d_v) * sizeof(float);
+    assert_memory_not_equal(a.ssm[0], c.ssm[0], ns);
+    tgt_state_free(&a), tgt_state_free(&b), tgt_state_free(&c);
+    free(la), free(lb);
+    model_close(&gd);
+}
+
 static void test_target_rejects_bad_tokens_and_full_context(void **ctx)
 {
     (void)ctx;
@@ -279,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_target_logits_and_hidden_match_transformers),
         cmocka_unit_test(test_target_two_chunks_match_cached_state),
         cmocka_unit_test(test_target_keep_after_block_equals_running_fewer_tokens),
+        cmocka_unit_test(test_target_chunked_prefill_cut_at_chunk_end_equals_whole),
         cmocka_unit_test(test_target_rejects_bad_tokens_and_full_context),
         cmocka_unit_test(test_target_load_names_missing_or_misshaped_tensor),
     };

@@ -125,6 +125,7 @@ int main(int argc, char **argv)
     const char *endpoint = NULL, *events = NULL, *draftd = NULL, *kvd = NULL, *kvd_fd = NULL;
     const char *device = "cpu";
     int64_t n_ctx = 4096, ring = 4096, max_queue = 64, draft_timeout = 100, workers = 4;
+    int64_t delta_chunk = 0;
     bool help = false, no_draft = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
@@ -143,6 +144,7 @@ int main(int argc, char **argv)
         {"kvd-fd-socket", ARGS_STRING, &kvd_fd, "TANDEM_KVD_FD_SOCKET", "kvd's fd socket", 0, 0, 0},
         {"workers", ARGS_INT, &workers, NULL, "bus requests served at once", 1, 64, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where the target runs: cpu, cuda or cuda:N (kvd's pools must be there too)", 0, 0, 0},
+        {"delta-chunk", ARGS_INT, &delta_chunk, "TANDEM_DELTA_CHUNK", "prefill runs the DeltaNet recurrence in chunks of N positions (0: token by token, whose bits a prompt resumed from the prefix cache keeps)", 0, OPS_DELTA_CHUNK_MAX, 0},
         ARGS_END,
     };
     static const char usage[] =
@@ -192,6 +194,10 @@ int main(int argc, char **argv)
     };
     if (verifyd_load(&tm, model, cuda_be ? cuda_be : ops_backend_cpu(), &cfg, heads) != TD_OK) {
         LOG_ERROR("cannot load %s on %s: %s", model, device, err_msg());
+        goto out;
+    }
+    if (tgt_set_delta_chunk(tm, delta_chunk) != TD_OK) {
+        LOG_ERROR("--delta-chunk: %s", err_msg());
         goto out;
     }
     cfg.tm = tm;

@@ -102,6 +102,11 @@ typedef struct tgt_model {
                                * target_graph.c): on when the backend has graphs, unless
                                * TANDEM_GRAPHS=0; cleared by itself if recording fails */
     struct tgt_graphs *graphs; /* the recorded forward passes */
+    int64_t delta_chunk;      /* a prefill of several tokens runs the DeltaNet recurrence in
+                               * chunks of this many positions (ops_delta.chunk, chunk ends at
+                               * multiples of it); 0: token by token. A verify block and a
+                               * single token are always token by token. Set by
+                               * tgt_set_delta_chunk */
 } tgt_model;
 
 /* Loads a qwen3 or qwen35 GGUF file. Every tensor's presence, type and shape is checked
@@ -128,6 +133,12 @@ td_err tgt_load_placed(tgt_model **out, const char *path, const ops_backend *be,
                        const tgt_place_hook *hook);
 td_err tgt_load_gguf(tgt_model **out, gguf_file *file); /* takes ownership of file on success */
 void tgt_free(tgt_model *m);
+
+/* Sets m->delta_chunk to n (0 .. OPS_DELTA_CHUNK_MAX). The chunked form gives outputs within
+ * rounding of the token-by-token form, not its bits: a prompt resumed from the prefix cache
+ * (its state made by decoding) then differs in the last bits from the same prompt prefilled
+ * whole. TD_EINVAL out of range; TD_ENOTSUP where the heads are wider than it handles. */
+td_err tgt_set_delta_chunk(tgt_model *m, int64_t n);
 
 /* One sequence's memory: the attention KV cache and the DeltaNet recurrent and conv state,
  * plus what a partial accept needs to roll back without re-running the model. The arrays are

@@ -460,7 +460,25 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
         /* y = RMSNorm_dv(o) * ssm_norm * silu(z), in the same launch on the GPU */
         .norm_w = L->ssm_norm, .norm_z = z, .norm_eps = hp->eps,
     };
+    if (m->delta_chunk && !rec_ssm0 && n_tok > 1) { /* a prefill: the chunked form */
+        d.chunk = m->delta_chunk;
+        d.pos0 = w->step_pos + 1; /* token 0's position, read where the pass runs */
+    }
     return be->delta_rule(be, &d);
+}
+
+td_err tgt_set_delta_chunk(tgt_model *m, int64_t n)
+{
+    const tgt_hparams *hp = &m->hp;
+    if (n < 0 || n > OPS_DELTA_CHUNK_MAX)
+        return err_set(TD_EINVAL, "delta rule chunk %lld: give 0 (token by token) to %d",
+                       (long long)n, OPS_DELTA_CHUNK_MAX);
+    if (n && m->n_delta_layers && (hp->d_k > OPS_DELTA_CHUNK_DK || hp->d_v > OPS_DELTA_CHUNK_DV))
+        return err_set(TD_ENOTSUP, "the chunked delta rule handles heads of d_k <= %d and d_v <= "
+                       "%d, this model's are %lld and %lld", OPS_DELTA_CHUNK_DK,
+                       OPS_DELTA_CHUNK_DV, (long long)hp->d_k, (long long)hp->d_v);
+    m->delta_chunk = n;
+    return TD_OK;
 }
 
 /* --- forward ---------------------------------------------------------------------------- */

@@ -16,7 +16,7 @@
 
 typedef struct tgt_graph_key {
     uint64_t state_gen, work_gen;
-    int64_t n_tok;
+    int64_t n_tok, delta_chunk;
     bool record, last_only;
     const float *logits, *tap_out;
     int64_t n_taps;
@@ -82,7 +82,8 @@ void tgt_graph_stats(const tgt_model *m, uint64_t *recorded, uint64_t *replayed)
 static bool tgt_key_eq(const tgt_graph_key *a, const tgt_graph_key *b)
 {
     return a->state_gen == b->state_gen && a->work_gen == b->work_gen && a->n_tok == b->n_tok &&
-           a->record == b->record && a->last_only == b->last_only && a->logits == b->logits &&
+           a->delta_chunk == b->delta_chunk && a->record == b->record &&
+           a->last_only == b->last_only && a->logits == b->logits &&
            a->tap_out == b->tap_out && a->n_taps == b->n_taps && a->taps_hash == b->taps_hash;
 }
 
@@ -111,7 +112,8 @@ td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool recor
     struct tgt_graphs *G = m->graphs;
     const ops_backend *be = m->be;
     tgt_graph_key key = {
-        .state_gen = s->gen, .work_gen = tgt_work_gen(m), .n_tok = n_tok, .record = record,
+        .state_gen = s->gen, .work_gen = tgt_work_gen(m), .n_tok = n_tok,
+        .delta_chunk = m->delta_chunk, .record = record,
         .last_only = out && out->last_only, .logits = out ? out->logits : NULL,
         .tap_out = out && out->n_taps ? out->tap_out : NULL, .n_taps = out ? out->n_taps : 0,
         .taps_hash = 1469598103934665603ull,
