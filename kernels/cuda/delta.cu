@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_
  *   2. W = K S and Q S from the chunk's starting state: thread (column, tq) for tokens
  *      tq, tq + 4, ...; the right-hand sides beta (v - e^G W) go to U, e^G Q S stays in
  *      registers,
- *   3. the forward substitution U_t -= sum_(s<t) A_ts U_s: one thread per column, its own
- *      chain (four partial sums in s mod 4, added in order),
+ *   3. the forward substitution U_t -= sum_(s<t) A_ts U_s in s order: one thread per column,
+ *      its chunk of U in registers,
  *   4. the outputs e^G Q S + sum_(s<=t) P_ts U_s and the state at the chunk's end
  *      e^G_last S + sum_s e^(G_last - G_s) k_s U_s (thread (column, tq): rows of quarter tq).
  * Every sum has one fixed order, so a result depends only on the chunk's inputs and where
@@ -223,21 +223,23 @@ __global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_
 #define DC_ROWS (OPS_DELTA_CHUNK_DK / DC_TQ)      /* state rows per thread */
 static_assert(DC_TOK * DC_TQ == OPS_DELTA_CHUNK_MAX && DC_ROWS * DC_TQ == OPS_DELTA_CHUNK_DK,
               "the chunk and d_k split evenly over a column's threads");
+static_assert(OPS_DELTA_CHUNK_MAX <= 64, "the prefix of g is a scan of two values per lane");
 
-/* Shared memory: K, Q [C][ks], A, P [C][C+1], S [dk4][DC_COLS], U [C][DC_COLS], G, e^G,
- * beta, e^(G_last - G) [C]; dk4 = d_k rounded up to 4, ks = dk4 + 4 (16-byte rows). */
+/* Shared memory: K, Q [C][ks], A, P [C][C+1], S [dk16][DC_COLS], U [C][DC_COLS], G, e^G,
+ * beta, e^(G_last - G) [C]; dk16 = d_k rounded up to 16 (rows past d_k hold zeros, so each
+ * thread's quarter of the rows is whole float4s), ks = dk16 + 4 (16-byte rows). */
 struct dc_layout {
-    int C, dk4, ks, cp;
+    int C, dk16, ks, cp;
     size_t k, q, a, p, s, u, g, eg, beta, ds, floats;
 };
 
 __host__ __device__ static inline dc_layout dc_layout_of(int C, int dk)
 {
     dc_layout l;
-    l.C = C, l.dk4 = (dk + 3) / 4 * 4, l.ks = l.dk4 + 4, l.cp = C + 1;
+    l.C = C, l.dk16 = (dk + 15) / 16 * 16, l.ks = l.dk16 + 4, l.cp = C + 1;
     l.k = 0, l.q = l.k + (size_t)C * l.ks, l.a = l.q + (size_t)C * l.ks;
     l.p = l.a + (size_t)C * l.cp, l.s = l.p + (size_t)C * l.cp;
-    l.u = l.s + (size_t)l.dk4 * DC_COLS, l.g = l.u + (size_t)C * DC_COLS;
+    l.u = l.s + (size_t)l.dk16 * DC_COLS, l.g = l.u + (size_t)C * DC_COLS;
     l.eg = l.g + C, l.beta = l.eg + C, l.ds = l.beta + C, l.floats = l.ds + C;
     return l;
 }
@@ -251,6 +253,29 @@ __device__ __forceinline__ void dc_tile(int tile, int &tb, int &sb)
     while ((tb + 1) * (tb + 2) / 2 <= tile)
         tb++;
     sb = tile - tb * (tb + 1) / 2;
+}
+
+/* The chunk's rows of q or k (d_k values from src + t * stride) into X [c][ks], zeros past
+ * d_k; float4 loads where every row is 16-byte aligned. */
+__device__ __forceinline__ void dc_stage(float *X, const float *src, int64_t stride, int cn,
+                                         int dk, const dc_layout &L, int tid)
+{
+    if (dk % 4 == 0 && stride % 4 == 0 && ((uintptr_t)src & 15) == 0) {
+        const int n4 = L.dk16 / 4, dk4 = dk / 4;
+#pragma unroll 4
+        for (int x = tid; x < cn * n4; x += DC_THREADS) {
+            const int t = x / n4, i4 = x % n4;
+            const float4 v = i4 < dk4 ? *(const float4 *)(src + t * stride + 4 * i4)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            *(float4 *)&X[t * L.ks + 4 * i4] = v;
+        }
+        return;
+    }
+#pragma unroll 4
+    for (int x = tid; x < cn * L.dk16; x += DC_THREADS) {
+        const int t = x / L.dk16, i = x % L.dk16;
+        X[t * L.ks + i] = i < dk ? src[t * stride + i] : 0.0f;
+    }
 }
 
 __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops_delta d)
@@ -268,34 +293,40 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops
     const int64_t j = (int64_t)blockIdx.x * DC_COLS + col;
     const bool live = j < dv;
     const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
-    for (int i = tq; i < L.dk4; i += DC_TQ) {
+    for (int i = tq; i < L.dk16; i += DC_TQ) {
         const float x = live && i < dk ? S0[(int64_t)i * dv] : 0.0f;
         S[i * DC_COLS + col] = x;
         if (live && i < dk && d.state_prev)
             d.state_prev[h * dk * dv + (int64_t)i * dv + j] = x;
     }
     const int64_t p0 = d.pos0 ? *d.pos0 : 0;
+    const int nr = L.dk16 / DC_TQ, r0 = tq * nr; /* this thread's rows of the state */
     for (int64_t a = 0, c; a < d.n_tok; a += c) {
         c = L.C - (p0 + a) % L.C;
         if (c > d.n_tok - a)
             c = d.n_tok - a;
         const int cn = (int)c;
         __syncthreads(); /* the chunk before is done with everything */
-        for (int x = tid; x < cn * L.dk4; x += DC_THREADS) {
-            const int t = x / L.dk4, i = x % L.dk4;
-            const bool in = i < dk;
-            K[t * L.ks + i] = in ? d.k[(a + t) * d.k_tok_stride + kh * dk + i] : 0.0f;
-            Q[t * L.ks + i] = in ? d.q[(a + t) * d.q_tok_stride + kh * dk + i] : 0.0f;
-        }
-        if (tid < cn) {
-            G[tid] = d.g[(a + tid) * gbs + h];
-            B[tid] = d.beta[(a + tid) * gbs + h];
-        }
-        __syncthreads();
-        if (tid == 0) { /* G_t = g_0 + ... + g_t in order */
-            float sum = 0;
-            for (int t = 0; t < cn; t++)
-                G[t] = sum += G[t];
+        dc_stage(K, d.k + a * d.k_tok_stride + kh * dk, d.k_tok_stride, cn, dk, L, tid);
+        dc_stage(Q, d.q + a * d.q_tok_stride + kh * dk, d.q_tok_stride, cn, dk, L, tid);
+        if (tid < 32) { /* G_t = g_0 + ... + g_t: a scan over the lanes (tokens t, t + 32) */
+            const int t0 = tid, t1 = tid + 32;
+            float g0 = t0 < cn ? d.g[(a + t0) * gbs + h] : 0.0f;
+            float g1 = t1 < cn ? d.g[(a + t1) * gbs + h] : 0.0f;
+            const float b0 = t0 < cn ? d.beta[(a + t0) * gbs + h] : 0.0f;
+            const float b1 = t1 < cn ? d.beta[(a + t1) * gbs + h] : 0.0f;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y0 = __shfl_up_sync(0xffffffffu, g0, o);
+                const float y1 = __shfl_up_sync(0xffffffffu, g1, o);
+                if (tid >= o)
+                    g0 += y0, g1 += y1;
+            }
+            g1 += __shfl_sync(0xffffffffu, g0, 31);
+            if (t0 < cn)
+                G[t0] = g0, B[t0] = b0;
+            if (t1 < cn)
+                G[t1] = g1, B[t1] = b1;
         }
         __syncthreads();
         if (tid < cn) {
@@ -316,7 +347,7 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops
                 tr[r] = min(4 * tb + r, cn - 1);
                 sr[r] = min(4 * sb + r, cn - 1);
             }
-            for (int i = 4 * half; i < L.dk4; i += 8) {
+            for (int i = 4 * half; i < L.dk16; i += 8) {
                 float4 kt[4], qt[4], ksr[4];
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
@@ -365,9 +396,14 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops
                         P[t * L.cp + s] = decay * qk[r][e];
                 }
         }
-        /* 2. W = K S, Q S for tokens tq, tq + 4, ... of column col */
-        float w[DC_TOK] = {}, o[DC_TOK] = {};
-        for (int i = 0; i < L.dk4; i += 4) {
+        /* 2. W = K S, Q S for tokens tq, tq + 4, ... of column col (their v loads first) */
+        float vv[DC_TOK], w[DC_TOK] = {}, o[DC_TOK] = {};
+#pragma unroll
+        for (int m = 0; m < DC_TOK; m++) {
+            const int t = tq + DC_TQ * m;
+            vv[m] = live && t < cn ? d.v[(a + t) * d.v_tok_stride + h * dv + j] : 0.0f;
+        }
+        for (int i = 0; i < L.dk16; i += 4) {
             const float s0 = S[(i + 0) * DC_COLS + col], s1 = S[(i + 1) * DC_COLS + col];
             const float s2 = S[(i + 2) * DC_COLS + col], s3 = S[(i + 3) * DC_COLS + col];
 #pragma unroll
@@ -381,57 +417,74 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops
                 o[m] = fmaf(qt.w, s3, fmaf(qt.z, s2, fmaf(qt.y, s1, fmaf(qt.x, s0, o[m]))));
             }
         }
-        __syncthreads(); /* G, EG, B, A, P are written */
+        __syncthreads(); /* EG, A and P are written */
 #pragma unroll
         for (int m = 0; m < DC_TOK; m++) {
             const int t = tq + DC_TQ * m;
             if (t >= cn)
                 break;
-            const float vj = live ? d.v[(a + t) * d.v_tok_stride + h * dv + j] : 0.0f;
-            U[t * DC_COLS + col] = B[t] * (vj - EG[t] * w[m]);
+            U[t * DC_COLS + col] = B[t] * (vv[m] - EG[t] * w[m]);
             o[m] *= EG[t];
         }
         __syncthreads();
-        /* 3. U_t -= sum_(s<t) A_ts U_s, column by column */
-        if (tq == 0)
-            for (int t = 1; t < cn; t++) {
-                const float *At = A + t * L.cp;
-                float p[4] = {};
-                for (int s = 0; s < t; s += 4) {
+        /* 3. U_t -= A_ts U_s for s = 0, 1, ... in order, each column in one thread's
+         * registers */
+        if (tq == 0) {
+            float u[OPS_DELTA_CHUNK_MAX];
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (s + e < t)
-                            p[e] = fmaf(At[s + e], U[(s + e) * DC_COLS + col], p[e]);
-                }
-                U[t * DC_COLS + col] -= (p[0] + p[1]) + (p[2] + p[3]);
+            for (int t = 0; t < OPS_DELTA_CHUNK_MAX; t++)
+                u[t] = t < cn ? U[t * DC_COLS + col] : 0.0f;
+#pragma unroll
+            for (int s = 0; s < OPS_DELTA_CHUNK_MAX - 1; s++) {
+                if (s + 1 >= cn)
+                    break;
+#pragma unroll
+                for (int t = s + 1; t < OPS_DELTA_CHUNK_MAX; t++)
+                    if (t < cn)
+                        u[t] = fmaf(-A[t * L.cp + s], u[s], u[t]);
             }
+#pragma unroll
+            for (int t = 0; t < OPS_DELTA_CHUNK_MAX; t++)
+                if (t < cn)
+                    U[t * DC_COLS + col] = u[t];
+        }
         __syncthreads();
-        /* 4. outputs, and the state at the chunk's end */
+        /* 4. the outputs (s by s, the thread's tokens side by side) */
+        for (int s = 0; s < cn; s++) {
+            const float us = U[s * DC_COLS + col];
+#pragma unroll
+            for (int m = 0; m < DC_TOK; m++) {
+                const int t = tq + DC_TQ * m;
+                if (t >= s && t < cn)
+                    o[m] = fmaf(P[t * L.cp + s], us, o[m]);
+            }
+        }
 #pragma unroll
         for (int m = 0; m < DC_TOK; m++) {
             const int t = tq + DC_TQ * m;
-            if (t >= cn)
-                break;
-            float x = o[m];
-            for (int s = 0; s <= t; s++)
-                x = fmaf(P[t * L.cp + s], U[s * DC_COLS + col], x);
-            if (live && d.out)
-                d.out[((a + t) * nv + h) * dv + j] = x;
+            if (live && d.out && t < cn)
+                d.out[((a + t) * nv + h) * dv + j] = o[m];
         }
+        /* and the state at the chunk's end, rows r0 .. r0 + nr - 1 */
         const float egl = EG[cn - 1];
         float st[DC_ROWS];
-        const int nr = L.dk4 / DC_TQ, r0 = tq * nr; /* this thread's rows */
 #pragma unroll
         for (int r = 0; r < DC_ROWS; r++)
             st[r] = r < nr ? egl * S[(r0 + r) * DC_COLS + col] : 0.0f;
         for (int s = 0; s < cn; s++) {
             const float us = DS[s] * U[s * DC_COLS + col];
-            const float *ks = K + s * L.ks + r0;
+            const float4 *ks = (const float4 *)(K + s * L.ks + r0);
 #pragma unroll
-            for (int r = 0; r < DC_ROWS; r++)
-                if (r < nr)
-                    st[r] = fmaf(ks[r], us, st[r]);
+            for (int r4 = 0; r4 < DC_ROWS / 4; r4++)
+                if (4 * r4 < nr) {
+                    const float4 kv = ks[r4];
+                    st[4 * r4 + 0] = fmaf(kv.x, us, st[4 * r4 + 0]);
+                    st[4 * r4 + 1] = fmaf(kv.y, us, st[4 * r4 + 1]);
+                    st[4 * r4 + 2] = fmaf(kv.z, us, st[4 * r4 + 2]);
+                    st[4 * r4 + 3] = fmaf(kv.w, us, st[4 * r4 + 3]);
+                }
         }
+        /* (every thread's reads of S, in step 2, were before the barriers above) */
 #pragma unroll
         for (int r = 0; r < DC_ROWS; r++)
             if (r < nr)
