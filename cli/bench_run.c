@@ -114,10 +114,11 @@ typedef struct bench_tgt {
     const ops_backend *be;
     tgt_state st;
     float *logits;      /* backend [32][n_vocab] */
-    float *tap_out;     /* backend [BENCH_PREFILL_CHUNK][n_taps][n_embd], or NULL */
+    float *tap_out;     /* backend [pass][n_taps][n_embd], or NULL */
     const int32_t *taps;
     int64_t n_taps;
-    int32_t tokens[BENCH_PREFILL_CHUNK]; /* host: ids of a block or a prompt chunk */
+    int64_t pass;       /* tokens per prefill forward pass */
+    int32_t tokens[BENCH_PREFILL_MAX]; /* host: ids of a block or a prompt chunk */
     double *s;          /* [iters] seconds */
 } bench_tgt;
 
@@ -242,15 +243,15 @@ static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_ti
     free(r);
 }
 
-/* One prompt of BENCH_PROMPT tokens from position 0, in chunks of BENCH_PREFILL_CHUNK as
- * verifyd prefills (taps of every position, logits of the last), synced at the end. */
+/* One prompt of BENCH_PROMPT tokens from position 0, in chunks of b->pass as verifyd
+ * prefills (taps of every position, logits of the last), synced at the end. */
 static td_err bench_prompt(bench_tgt *b)
 {
     b->st.n_past = 0;
-    for (int64_t at = 0; at < BENCH_PROMPT; at += BENCH_PREFILL_CHUNK) {
+    for (int64_t at = 0; at < BENCH_PROMPT; at += b->pass) {
         tgt_out out = {.logits = b->logits, .last_only = true, .taps = b->taps,
                        .n_taps = b->n_taps, .tap_out = b->tap_out};
-        TD_TRY(tgt_forward(b->m, &b->st, b->tokens, BENCH_PREFILL_CHUNK, false, &out));
+        TD_TRY(tgt_forward(b->m, &b->st, b->tokens, b->pass, false, &out));
         if (bench_profiling(b->be))
             ops_prof_step(b->be); /* the profile's rows are per chunk */
     }
@@ -285,19 +286,19 @@ static void bench_prefill(bench_tgt *b, int iters, bench_time *t)
     if (e == TD_OK)
         e = ops_prof_snapshot(b->be, &t->prof);
     if (e == TD_OK)
-        t->prof_ms = s * 1e3 / (BENCH_PROMPT / BENCH_PREFILL_CHUNK);
+        t->prof_ms = s * 1e3 / (double)(BENCH_PROMPT / b->pass);
     else
         memset(&t->prof, 0, sizeof t->prof);
 }
 
-void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, int64_t chunk,
-                  bench_target_times *out)
+void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+                  const bench_prefill_cfg *pf, bench_target_times *out)
 {
     memset(out, 0, sizeof *out);
-    out->chunk = chunk;
-    bench_tgt b = {.m = m, .be = m->be, .taps = taps, .n_taps = n_taps};
+    TD_ASSERT(pf->pass >= 1 && pf->pass <= BENCH_PREFILL_MAX && BENCH_PROMPT % pf->pass == 0);
+    bench_tgt b = {.m = m, .be = m->be, .taps = taps, .n_taps = n_taps, .pass = pf->pass};
     const tgt_hparams *hp = &m->hp;
-    for (int i = 0; i < BENCH_PREFILL_CHUNK; i++)
+    for (int i = 0; i < BENCH_PREFILL_MAX; i++)
         b.tokens[i] = (int32_t)((1000 + 7919 * i) % hp->n_vocab);
     b.s = malloc((size_t)iters * sizeof *b.s);
     td_err e = b.s ? TD_OK : err_set(TD_ENOMEM, "out of memory");
@@ -305,7 +306,7 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, 
         e = b.be->alloc(b.be, (void **)&b.logits, (size_t)(32 * hp->n_vocab) * sizeof(float));
     if (e == TD_OK && n_taps)
         e = b.be->alloc(b.be, (void **)&b.tap_out,
-                        (size_t)(BENCH_PREFILL_CHUNK * n_taps * hp->n_embd) * sizeof(float));
+                        (size_t)(b.pass * n_taps * hp->n_embd) * sizeof(float));
     /* Room for the long context plus a block. */
     if (e == TD_OK)
         e = tgt_state_init(&b.st, m, BENCH_CTX_LONG + 64);
@@ -330,7 +331,7 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, 
             bench_prefill(&b, iters, &out->prefill);
         else
             bench_fail(&out->prefill, "%s", err_msg());
-        if (tgt_set_delta_chunk(m, chunk) == TD_OK)
+        if (tgt_set_delta_chunk(m, pf->delta_chunk) == TD_OK)
             bench_prefill(&b, iters, &out->prefill_chunked);
         else
             bench_fail(&out->prefill_chunked, "%s", err_msg());

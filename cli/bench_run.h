@@ -19,6 +19,7 @@
 #define BENCH_PROF_ITERS 5    /* profiled runs per measurement (after the timed ones) */
 #define BENCH_PROMPT 1024     /* tokens of the timed prompt */
 #define BENCH_PREFILL_CHUNK 64 /* tokens per prefill forward pass, as verifyd runs them */
+#define BENCH_PREFILL_MAX 512  /* the most tokens per prefill forward pass --prefill-chunk takes */
 
 typedef struct bench_time {
     bool ok;            /* measured */
@@ -41,21 +42,27 @@ typedef struct bench_target_times {
     bench_time rollback;      /* tgt_state_keep of BENCH_KEEP after a 16-token verify */
     bench_time prefill;       /* a BENCH_PROMPT-token prompt from position 0 (profile: per
                                * chunk), the DeltaNet recurrence token by token */
-    bench_time prefill_chunked; /* the same with the chunked recurrence (chunk below) */
-    int64_t chunk;            /* positions per chunk of prefill_chunked */
+    bench_time prefill_chunked; /* the same with the chunked recurrence */
 } bench_target_times;
+
+/* How the prompt is prefilled. */
+typedef struct bench_prefill_cfg {
+    int64_t pass;        /* tokens per forward pass (1 .. BENCH_PREFILL_MAX, dividing
+                          * BENCH_PROMPT) */
+    int64_t delta_chunk; /* positions per chunk of prefill_chunked's recurrence */
+} bench_prefill_cfg;
 
 /* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */
 void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps);
 
 /* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (profiled too when m's backend is
- * a profiler, ops_prof_active), the prompt both ways (m->delta_chunk 0, then chunk; left at
- * 0). The state's KV cache and
+ * a profiler, ops_prof_active), the prompt both ways (m->delta_chunk 0, then pf->delta_chunk;
+ * left at 0). The state's KV cache and
  * recurrent state are filled with random finite values and n_past is set, instead of
  * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
  * speculative loop does). */
-void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters, int64_t chunk,
-                  bench_target_times *out);
+void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
+                  const bench_prefill_cfg *pf, bench_target_times *out);
 
 /* The drafter's step: its context takes 16 newly committed positions, then it proposes one
  * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the model's

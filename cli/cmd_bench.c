@@ -45,6 +45,7 @@ typedef struct bench_report {
     bench_time copy;
     double copy_gbps;          /* (read + written) / time */
     bench_target_times tgt;
+    bench_prefill_cfg prefill; /* how the prompt rows prefill */
     bench_time draft;
     bench_time samp_draw[BENCH_SAMPLERS];   /* sampling a block's drafts (sample_rows) */
     bench_time samp_accept[BENCH_SAMPLERS]; /* sampled acceptance of a 16-token block */
@@ -110,8 +111,8 @@ static int bench_profiled(const bench_report *r, const bench_time **t, const cha
                                            &r->draft};
     static const char *const names[BENCH_PHASES] = {
         "decode, 1K context", "decode, 32K context", "verify 16 tokens (1K context)",
-        "verify 32 tokens (1K context)", "prefill, one 64-token chunk of a 1K prompt",
-        "prefill, one 64-token chunk, chunked delta rule", "draft step (16 positions + propose)"};
+        "verify 32 tokens (1K context)", "prefill, one forward pass of a 1K prompt",
+        "prefill, one forward pass, chunked delta rule", "draft step (16 positions + propose)"};
     int n = 0;
     for (int i = 0; i < BENCH_PHASES; i++) {
         if (!all[i]->ok || all[i]->prof.steps == 0)
@@ -170,13 +171,13 @@ static void bench_print(const bench_report *r)
     snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
     bench_row_time("verify 32 tokens (1K context)", &t->verify32, x);
     bench_row_time("rollback (keep 8 of 16)", &t->rollback, "");
-    snprintf(x, sizeof x, "%7.1f tok/s  (%d chunks of %d tokens from position 0)",
+    snprintf(x, sizeof x, "%7.1f tok/s  (%lld passes of %lld tokens from position 0)",
              t->prefill.ok ? BENCH_PROMPT * 1e3 / t->prefill.ms : 0,
-             BENCH_PROMPT / BENCH_PREFILL_CHUNK, BENCH_PREFILL_CHUNK);
+             (long long)(BENCH_PROMPT / r->prefill.pass), (long long)r->prefill.pass);
     bench_row_time("prefill, 1K-token prompt", &t->prefill, x);
     snprintf(x, sizeof x, "%7.1f tok/s  (the DeltaNet recurrence in chunks of %lld)",
              t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
-             (long long)t->chunk);
+             (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
     snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
              d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
@@ -316,12 +317,13 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "rollback", bench_json_time(&t->rollback, d1));
     json_t *pf = bench_json_time(&t->prefill, 0);
     json_object_set_new(pf, "tokens", json_integer(BENCH_PROMPT));
-    json_object_set_new(pf, "chunk", json_integer(BENCH_PREFILL_CHUNK));
+    json_object_set_new(pf, "chunk", json_integer(r->prefill.pass));
     json_object_set_new(pf, "tok_s", t->prefill.ok ? json_real(BENCH_PROMPT * 1e3 / t->prefill.ms)
                                                    : json_null());
     json_object_set_new(j, "prefill", pf);
     json_t *pc = bench_json_time(&t->prefill_chunked, 0);
-    json_object_set_new(pc, "delta_chunk", json_integer(t->chunk));
+    json_object_set_new(pc, "chunk", json_integer(r->prefill.pass));
+    json_object_set_new(pc, "delta_chunk", json_integer(r->prefill.delta_chunk));
     json_object_set_new(pc, "tok_s", t->prefill_chunked.ok
                                          ? json_real(BENCH_PROMPT * 1e3 / t->prefill_chunked.ms)
                                          : json_null());
@@ -452,9 +454,9 @@ static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
 static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
                       const char *save, const char *save_draft, int device, int iters,
                       const char *json_path, bool profile, const char *skip_ops,
-                      int64_t delta_chunk)
+                      const bench_prefill_cfg *pf)
 {
-    bench_report r = {.iters = iters, .shape = model ? NULL : shape->name};
+    bench_report r = {.iters = iters, .shape = model ? NULL : shape->name, .prefill = *pf};
     double t_start = bench_now();
 
     /* The two-process pair first: under MPS both ends must be the MPS server's clients, which
@@ -556,7 +558,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     r.weight_bytes = bench_weight_bytes(m);
     r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
     r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
-    bench_target(m, taps, n_taps, iters, delta_chunk, &r.tgt);
+    bench_target(m, taps, n_taps, iters, &r.prefill, &r.tgt);
     uint64_t g_rec = 0, g_rep = 0;
     tgt_graph_stats(m, &g_rec, &g_rep);
     if (g_rep)
@@ -624,6 +626,7 @@ int cmd_bench(int argc, char **argv)
     const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
     const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL, *skip_ops = NULL;
     int64_t device = 0, iters = 10, split_block = 16, delta_chunk = OPS_DELTA_CHUNK_MAX;
+    int64_t pass = BENCH_PREFILL_CHUNK;
     bool help = false, build_only = false, profile = false;
     char shape_help[96];
     snprintf(shape_help, sizeof shape_help, "synthetic model shape (%s)", bmodel_shape_names());
@@ -639,6 +642,7 @@ int cmd_bench(int argc, char **argv)
         {"iters", ARGS_INT, &iters, NULL, "timed runs per measurement (the median is reported)", 1, 100000, 'n'},
         {"profile", ARGS_FLAG, &profile, NULL, "also time every backend op of each phase (as TANDEM_PROFILE=1)", 0, 0, 0},
         {"delta-chunk", ARGS_INT, &delta_chunk, NULL, "positions per chunk of the chunked-recurrence prefill row", 1, OPS_DELTA_CHUNK_MAX, 0},
+        {"prefill-chunk", ARGS_INT, &pass, NULL, "tokens per prefill forward pass of the 1K prompt (a power of two)", 1, BENCH_PREFILL_MAX, 0},
         {"skip-ops", ARGS_STRING, &skip_ops, NULL, "ops (the profile's names, comma-separated) that do not run: times what the rest costs, results wrong; no profile", 0, 0, 0},
         /* the two ends of the process-split measurement (the benchmark starts them itself) */
         {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
@@ -648,7 +652,7 @@ int cmd_bench(int argc, char **argv)
     };
     const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
                         "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile] [--skip-ops LIST] "
-                        "[--delta-chunk N]";
+                        "[--delta-chunk N] [--prefill-chunk N]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err_msg());
         args_usage(usage, opts);
@@ -662,6 +666,12 @@ int cmd_bench(int argc, char **argv)
         return bsplit_serve(split_serve, (int)device);
     if (split_client)
         return bsplit_client(split_client, (int)device, (int)iters, (int)split_block);
+    if (BENCH_PROMPT % pass) {
+        fprintf(stderr, "tandem bench: --prefill-chunk %lld does not divide the %d-token prompt\n",
+                (long long)pass, BENCH_PROMPT);
+        return 2;
+    }
+    const bench_prefill_cfg pf = {.pass = pass, .delta_chunk = delta_chunk};
     const bmodel_shape *shape = bmodel_shape_find(shape_name);
     if (!shape) {
         fprintf(stderr, "tandem bench: unknown --shape '%s' (%s)\n", shape_name,
@@ -688,5 +698,5 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json,
-                      profile, skip_ops, delta_chunk);
+                      profile, skip_ops, &pf);
 }
