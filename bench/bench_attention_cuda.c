@@ -138,20 +138,8 @@ int main(int argc, char **argv)
 {
     const char *only = NULL;
     int calls = 64;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
-            only = argv[++i];
-        } else if (strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
-            calls = atoi(argv[++i]);
-        } else {
-            fprintf(stderr, "usage: bench_attention_cuda [--case NAME] [--calls N]\n");
-            return 2;
-        }
-    }
-    if (calls < 1 || calls > 100000) {
-        fprintf(stderr, BENCH_NAME ": --calls must be 1..100000\n");
+    if (!bench_case_args(argc, argv, &only, &calls))
         return 2;
-    }
     const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_attention_cuda on %s (%d SMs), %d calls per run, median of %d runs\n\n",
            prop.name, prop.multiProcessorCount, calls, RUNS);

@@ -5,9 +5,11 @@
 #ifndef TANDEM_BENCH_CUDA_H
 #define TANDEM_BENCH_CUDA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime_api.h>
 
@@ -102,6 +104,28 @@ static double elapsed_ms(void)
     CU(cudaEventSynchronize(ev1));
     CU(cudaEventElapsedTime(&ms, ev0, ev1));
     return ms;
+}
+
+/* The options of a benchmark that times a table of cases: --case NAME (only that one) and
+ * --calls N (1..100000, calls per timed run). Returns false after printing the usage for
+ * anything else. */
+static inline bool bench_case_args(int argc, char **argv, const char **only, int *calls)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
+            *only = argv[++i];
+        } else if (strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
+            *calls = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: " BENCH_NAME " [--case NAME] [--calls N]\n");
+            return false;
+        }
+    }
+    if (*calls < 1 || *calls > 100000) {
+        fprintf(stderr, BENCH_NAME ": --calls must be 1..100000\n");
+        return false;
+    }
+    return true;
 }
 
 #endif

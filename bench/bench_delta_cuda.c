@@ -135,20 +135,8 @@ int main(int argc, char **argv)
 {
     const char *only = NULL;
     int calls = 48;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
-            only = argv[++i];
-        } else if (strcmp(argv[i], "--calls") == 0 && i + 1 < argc) {
-            calls = atoi(argv[++i]);
-        } else {
-            fprintf(stderr, "usage: bench_delta_cuda [--case NAME] [--calls N]\n");
-            return 2;
-        }
-    }
-    if (calls < 1 || calls > 100000) {
-        fprintf(stderr, BENCH_NAME ": --calls must be 1..100000\n");
+    if (!bench_case_args(argc, argv, &only, &calls))
         return 2;
-    }
     const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_delta_cuda on %s (%d SMs), %d calls per run, median of %d runs\n"
            "one layer: %d key heads, %d value heads, d_k %d, d_v %d, gated norm\n\n",

@@ -419,6 +419,45 @@ static void test_delta_rule_matches_cpu_and_is_token_invariant(void **state)
     }
 }
 
+/* Random inputs of a recurrence of T tokens, rows dense: q, k [T][nk * dk] (~0.1), v, z
+ * [T][nv * dv], g <= 0 and beta in (0.5, 1) [T][nv], a starting state [nv][dk][dv]. */
+typedef struct delta_rand {
+    float *q, *k, *v, *g, *b, *z, *s0;
+} delta_rand;
+
+static delta_rand delta_rand_make(int64_t T, int64_t nk, int64_t nv, int64_t dk, int64_t dv)
+{
+    const int64_t qs = nk * dk, vs = nv * dv;
+    delta_rand x = {rng_floats(T * qs, 0.1f), rng_floats(T * qs, 0.1f), rng_floats(T * vs, 1),
+                    rng_floats(T * nv, 1),    rng_floats(T * nv, 1),    rng_floats(T * vs, 2),
+                    rng_floats(nv * dk * dv, 0.5f)};
+    for (int64_t i = 0; i < T * nv; i++)
+        x.g[i] = -fabsf(x.g[i]) * 0.3f, x.b[i] = 0.5f + 0.5f * x.b[i];
+    return x;
+}
+
+static void delta_rand_free(delta_rand *x)
+{
+    free(x->q), free(x->k), free(x->v), free(x->g), free(x->b), free(x->z), free(x->s0);
+}
+
+/* d with x's q, k, v, g and beta uploaded to the device (T = d->n_tok). */
+static ops_delta delta_rand_put(const ops_delta *d, const delta_rand *x)
+{
+    const int64_t T = d->n_tok, qs = d->q_tok_stride, vs = d->v_tok_stride, nv = d->n_v_head;
+    ops_delta gd = *d;
+    gd.q = dput(x->q, (size_t)(T * qs) * 4), gd.k = dput(x->k, (size_t)(T * qs) * 4);
+    gd.v = dput(x->v, (size_t)(T * vs) * 4), gd.g = dput(x->g, (size_t)(T * nv) * 4);
+    gd.beta = dput(x->b, (size_t)(T * nv) * 4);
+    return gd;
+}
+
+static void delta_put_free(const ops_delta *gd)
+{
+    cuda_mem_free((void *)gd->q), cuda_mem_free((void *)gd->k), cuda_mem_free((void *)gd->v);
+    cuda_mem_free((void *)gd->g), cuda_mem_free((void *)gd->beta);
+}
+
 /* The delta rule with its gated norm (ops_delta.norm_z): the bits of cuda_delta_rule then
  * cuda_rmsnorm_silu, whether one launch runs both (one token, a head that fits a block: d_k
  * 128 and a generic d_k, with and without a weight) or not (several tokens, d_v 200), and
@@ -433,25 +472,19 @@ static void test_delta_rule_with_norm_is_the_rule_then_the_norm(void **state)
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         const int64_t nk = cs[c][0], nv = cs[c][1], dk = cs[c][2], dv = cs[c][3], T = cs[c][4];
         const int64_t qs = nk * dk, vs = nv * dv, ns = nv * dk * dv;
-        float *q = rng_floats(T * qs, 0.1f), *k = rng_floats(T * qs, 0.1f);
-        float *v = rng_floats(T * vs, 1), *g = rng_floats(T * nv, 1), *b = rng_floats(T * nv, 1);
-        float *z = rng_floats(T * vs, 2), *w = rng_floats(dv, 1), *s0 = rng_floats(ns, 0.5f);
-        for (int64_t i = 0; i < T * nv; i++)
-            g[i] = -fabsf(g[i]) * 0.3f, b[i] = 0.5f + 0.5f * b[i];
+        delta_rand x = delta_rand_make(T, nk, nv, dk, dv);
+        float *z = x.z, *s0 = x.s0, *w = rng_floats(dv, 1);
         ops_delta d = {.n_tok = T, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv,
                        .q_tok_stride = qs, .k_tok_stride = qs, .v_tok_stride = vs,
                        .norm_eps = 1e-6f};
         ops_delta r = d;
         float *rst = malloc((size_t)ns * 4), *rout = malloc((size_t)(T * vs) * 4);
         memcpy(rst, s0, (size_t)ns * 4);
-        r.q = q, r.k = k, r.v = v, r.g = g, r.beta = b, r.state = rst, r.out = rout;
+        r.q = x.q, r.k = x.k, r.v = x.v, r.g = x.g, r.beta = x.b, r.state = rst, r.out = rout;
         r.norm_z = z, r.norm_w = cs[c][5] ? w : NULL;
         cpu_delta_rule(&r);
 
-        ops_delta gd = d;
-        gd.q = dput(q, (size_t)(T * qs) * 4), gd.k = dput(k, (size_t)(T * qs) * 4);
-        gd.v = dput(v, (size_t)(T * vs) * 4), gd.g = dput(g, (size_t)(T * nv) * 4);
-        gd.beta = dput(b, (size_t)(T * nv) * 4);
+        ops_delta gd = delta_rand_put(&d, &x);
         float *dz = dput(z, (size_t)(T * vs) * 4), *dw = dput(w, (size_t)dv * 4);
         float *st2 = dput(s0, (size_t)ns * 4), *out2 = dpoison((size_t)(T * vs) * 4);
         gd.state = dput(s0, (size_t)ns * 4), gd.out = dpoison((size_t)(T * vs) * 4);
@@ -470,11 +503,10 @@ static void test_delta_rule_with_norm_is_the_rule_then_the_norm(void **state)
         /* the norm scales by ~1/rms of the row: the rule's error grows by that much */
         assert_true(check_close("delta+norm out vs cpu", gout, rout, T * vs, 1e-4f, 1e-4f));
         free(gout), free(gout2), free(gst), free(gst2);
-        cuda_mem_free((void *)gd.q), cuda_mem_free((void *)gd.k), cuda_mem_free((void *)gd.v);
-        cuda_mem_free((void *)gd.g), cuda_mem_free((void *)gd.beta), cuda_mem_free(dz);
+        delta_put_free(&gd), cuda_mem_free(dz);
         cuda_mem_free(dw), cuda_mem_free(st2), cuda_mem_free(out2), cuda_mem_free(gd.state);
         cuda_mem_free(gd.out);
-        free(q), free(k), free(v), free(g), free(b), free(z), free(w), free(s0), free(rst), free(rout);
+        delta_rand_free(&x), free(w), free(rst), free(rout);
     }
 }
 
@@ -497,11 +529,8 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
         const int64_t nk = cs[c][0], nv = cs[c][1], dk = cs[c][2], dv = cs[c][3], T = cs[c][4];
         const int64_t qs = nk * dk, vs = nv * dv, ns = nv * dk * dv;
         const int32_t p0 = (int32_t)cs[c][6];
-        float *q = rng_floats(T * qs, 0.1f), *k = rng_floats(T * qs, 0.1f);
-        float *v = rng_floats(T * vs, 1), *g = rng_floats(T * nv, 1), *b = rng_floats(T * nv, 1);
-        float *z = rng_floats(T * vs, 2), *s0 = rng_floats(ns, 0.5f);
-        for (int64_t i = 0; i < T * nv; i++)
-            g[i] = -fabsf(g[i]) * 0.3f, b[i] = 0.5f + 0.5f * b[i];
+        delta_rand x = delta_rand_make(T, nk, nv, dk, dv);
+        float *z = x.z, *s0 = x.s0;
         ops_delta d = {.n_tok = T, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv,
                        .q_tok_stride = qs, .k_tok_stride = qs, .v_tok_stride = vs,
                        .norm_eps = 1e-6f, .chunk = cs[c][5]};
@@ -510,16 +539,13 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
         float *rst1 = malloc((size_t)ns * 4), *rout1 = malloc((size_t)(T * vs) * 4);
         memcpy(rst, s0, (size_t)ns * 4);
         memcpy(rst1, s0, (size_t)ns * 4);
-        r.q = q, r.k = k, r.v = v, r.g = g, r.beta = b, r.state = rst, r.out = rout;
+        r.q = x.q, r.k = x.k, r.v = x.v, r.g = x.g, r.beta = x.b, r.state = rst, r.out = rout;
         r.norm_z = cs[c][7] ? z : NULL, r.pos0 = &p0;
         cpu_delta_rule(&r);
         r1 = r, r1.chunk = 0, r1.state = rst1, r1.out = rout1; /* token by token */
         cpu_delta_rule(&r1);
 
-        ops_delta gd = d;
-        gd.q = dput(q, (size_t)(T * qs) * 4), gd.k = dput(k, (size_t)(T * qs) * 4);
-        gd.v = dput(v, (size_t)(T * vs) * 4), gd.g = dput(g, (size_t)(T * nv) * 4);
-        gd.beta = dput(b, (size_t)(T * nv) * 4);
+        ops_delta gd = delta_rand_put(&d, &x);
         float *dz = dput(z, (size_t)(T * vs) * 4), *din = dput(s0, (size_t)ns * 4);
         gd.state = cs[c][8] ? dpoison((size_t)ns * 4) : dput(s0, (size_t)ns * 4);
         gd.state_in = cs[c][8] ? din : NULL;
@@ -555,12 +581,10 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
             cuda_mem_free(a.out), cuda_mem_free(a.state), cuda_mem_free((void *)b2.pos0);
         }
         free(gout), free(gst), free(gprev);
-        cuda_mem_free((void *)gd.q), cuda_mem_free((void *)gd.k), cuda_mem_free((void *)gd.v);
-        cuda_mem_free((void *)gd.g), cuda_mem_free((void *)gd.beta), cuda_mem_free(dz);
+        delta_put_free(&gd), cuda_mem_free(dz);
         cuda_mem_free(din), cuda_mem_free(gd.state), cuda_mem_free(gd.state_prev);
         cuda_mem_free(gd.out), cuda_mem_free((void *)gd.pos0);
-        free(q), free(k), free(v), free(g), free(b), free(z), free(s0);
-        free(rst), free(rout), free(rst1), free(rout1);
+        delta_rand_free(&x), free(rst), free(rout), free(rst1), free(rout1);
     }
 }
 
