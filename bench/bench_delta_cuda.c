@@ -1,8 +1,9 @@
 /* bench_delta_cuda: the time of one cuda_delta_rule call (one Gated DeltaNet layer's
  * recurrence) on the 27B target's shape (16 key heads, 48 value heads, d_k = d_v = 128):
- * a decode token, a 16-token verify block (the state after every token kept), and a 64-token
- * prefill chunk token by token and in the chunked form (chunks of 64, 32 and 16 positions),
- * each with the gated output norm as the model runs it.
+ * a decode token, a 16-token verify block (keeping the state before it, the rollback point),
+ * the same keeping the state after every token, and a 64-token prefill chunk token by token
+ * and in the chunked form (chunks of 64, 32 and 16 positions), each with the gated output
+ * norm as the model runs it.
  *
  * Back-to-back calls rotate over 8 copies of the inputs and states (one layer's recurrent
  * state is 3 MB; the 27B has 48 such layers), timed with CUDA events, median of several
@@ -40,13 +41,14 @@ int main(void)
 typedef struct delta_case {
     const char *name;
     int64_t n_tok, chunk;
-    bool state_all;
+    bool state_prev, state_all; /* the rollback point (as verify keeps it); every state */
 } delta_case;
 
 static const delta_case cases[] = {
-    {"decode", 1, 0, false},          {"verify16", 16, 0, true},
-    {"prefill64", 64, 0, false},      {"chunked64", 64, 64, false},
-    {"chunked32", 64, 32, false},     {"chunked16", 64, 16, false},
+    {"decode", 1, 0, false, false},      {"verify16", 16, 0, true, false},
+    {"states16", 16, 0, false, true},    {"prefill64", 64, 0, false, false},
+    {"chunked64", 64, 64, false, false}, {"chunked32", 64, 32, false, false},
+    {"chunked16", 64, 16, false, false},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -83,7 +85,7 @@ static double bench_case(const delta_case *c, int calls)
     const int64_t T = c->n_tok, ch = 2 * NK * DK + NV * DV; /* the model's qkv row */
     const size_t ns = (size_t)NV * DK * DV;
     float *qkv[COPIES], *gb[COPIES], *state[COPIES], *out[COPIES], *z[COPIES];
-    float *all = NULL, *w = dev_floats(DV, 0.2f, 1.0f);
+    float *all = NULL, *prev = NULL, *w = dev_floats(DV, 0.2f, 1.0f);
     int32_t *pos = NULL, p0 = 0;
     for (int i = 0; i < COPIES; i++) {
         /* q and k of size ~1 per head, as after their norms; g <= 0, beta in (0, 1) */
@@ -95,12 +97,14 @@ static double bench_case(const delta_case *c, int calls)
     }
     if (c->state_all)
         TRY(cuda_mem_alloc((void **)&all, (size_t)T * ns * sizeof(float)));
+    if (c->state_prev)
+        TRY(cuda_mem_alloc((void **)&prev, ns * sizeof(float)));
     TRY(cuda_mem_alloc((void **)&pos, sizeof p0));
     TRY(cuda_mem_upload(pos, &p0, sizeof p0, st));
     ops_delta d = {
         .n_tok = T, .n_k_head = NK, .n_v_head = NV, .d_k = DK, .d_v = DV,
         .q_tok_stride = ch, .k_tok_stride = ch, .v_tok_stride = ch, .gb_tok_stride = 2 * NV,
-        .state_all = all, .norm_w = w, .norm_eps = 1e-6f, .chunk = c->chunk,
+        .state_all = all, .state_prev = prev, .norm_w = w, .norm_eps = 1e-6f, .chunk = c->chunk,
         .pos0 = c->chunk ? pos : NULL,
     };
     double us[RUNS];
@@ -126,6 +130,8 @@ static double bench_case(const delta_case *c, int calls)
     }
     if (all)
         cuda_mem_free(all);
+    if (prev)
+        cuda_mem_free(prev);
     cuda_mem_free(pos);
     cuda_mem_free(w);
     return median(us, RUNS);
