@@ -29,22 +29,39 @@ static tgt_model *tm;
 static dfl_model *dm;
 static uint64_t next_seq = 1;
 
-static int setup(void **ctx)
+/* The daemons with verifyd's prefill in DeltaNet chunks of delta_chunk (0: token by token);
+ * the in-process references use the same. */
+static int setup_with(int64_t delta_chunk)
 {
-    (void)ctx;
     int rc = pl_setup(&pl);
     if (rc != 0)
         return rc == 77 ? (exit(77), -1) : -1;
     char model[PL_PATH_MAX], draft[PL_PATH_MAX];
     mf_drafter silent = {16, 3, true, PL_REPEAT_TOKEN, false};
     if (pl_write_pair(&pl, 3.0f, &silent, 9, "silent", model, draft, &tm) != TD_OK ||
-        dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+        dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK ||
+        tgt_set_delta_chunk(tm, delta_chunk) != TD_OK)
         return -1;
+    char chunk[24];
+    snprintf(chunk, sizeof chunk, "%lld", (long long)delta_chunk);
     const char *kvd_args[] = {"--slots", "16", "--log-level", "info", NULL};
     const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
-                             "--draft-timeout-ms", "30000", "--log-level", "info", NULL};
+                             "--draft-timeout-ms", "30000", "--delta-chunk", chunk,
+                             "--log-level", "info", NULL};
     const char *dd_args[] = {"--model", model, "--draft", draft, "--log-level", "info", NULL};
     return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK ? 0 : -1;
+}
+
+static int setup(void **ctx)
+{
+    (void)ctx;
+    return setup_with(0);
+}
+
+static int setup_chunked(void **ctx)
+{
+    (void)ctx;
+    return setup_with(4);
 }
 
 static int teardown(void **ctx)
@@ -336,6 +353,69 @@ static void test_bad_requests_get_errors_with_the_numbers(void **ctx)
     assert_int_equal(r->n_tokens, 200);
 }
 
+/* verifyd --delta-chunk 4: prompts of several prefill passes (the chunks cut where the
+ * passes are not) give the tokens of the in-process loop prefilling the same way, and
+ * speculative decoding gives plain decoding's. */
+static void test_chunked_prefill_equals_the_in_process_loop(void **ctx)
+{
+    (void)ctx;
+    enum { N = 3, GEN = 24 };
+    const int64_t np[N] = {5, 70, 143};
+    uint32_t prompts[N][160];
+    int32_t iprompts[N][160];
+    uint64_t ids[N];
+    for (int k = 0; k < N; k++) {
+        make_prompt(prompts[k], iprompts[k], np[k], 30 + k);
+        msg_gen_start g = gen(prompts[k], (uint32_t)np[k], GEN);
+        ids[k] = g.seq_id;
+        assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    }
+    ops_sampler greedy = {0};
+    for (int k = 0; k < N; k++) {
+        int32_t spec[GEN], plain[GEN];
+        reference(dm, iprompts[k], np[k], GEN, &greedy, spec);
+        reference(NULL, iprompts[k], np[k], GEN, &greedy, plain);
+        assert_memory_equal(spec, plain, sizeof spec);
+        pl_result *r = wait_done(ids[k]);
+        assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+        assert_int_equal(r->n_tokens, GEN);
+        assert_memory_equal(r->tokens, spec, sizeof spec);
+    }
+    /* verifyd did prefill in chunks: the first token's log probability has the bits of the
+     * in-process chunked prefill (64-token passes, as verifyd runs them), which differ from a
+     * token-by-token prefill's */
+    const int64_t n = np[N - 1], V = tm->hp.n_vocab;
+    msg_gen_start g = gen(prompts[N - 1], (uint32_t)n, 1);
+    g.logprobs = true;
+    g.top_logprobs = 3;
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    float *row[2] = {malloc((size_t)V * sizeof(float)), malloc((size_t)V * sizeof(float))};
+    for (int c = 0; c < 2; c++) {
+        assert_int_equal(tgt_set_delta_chunk(tm, c ? 0 : 4), TD_OK);
+        tgt_state st;
+        assert_int_equal(tgt_state_init(&st, tm, N_CTX), TD_OK);
+        tgt_out o = {.logits = row[c], .last_only = true};
+        for (int64_t at = 0; at < n; at += 64)
+            assert_int_equal(tgt_forward(tm, &st, iprompts[N - 1] + at, n - at < 64 ? n - at : 64,
+                                         false, at + 64 >= n ? &o : NULL),
+                             TD_OK);
+        tgt_state_free(&st);
+    }
+    assert_int_equal(tgt_set_delta_chunk(tm, 4), TD_OK);
+    assert_memory_not_equal(row[0], row[1], (size_t)V * sizeof(float));
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->n_logprobs, 1);
+    for (int c = 0; c < 2; c++) {
+        ops_logprob lp;
+        cpu_logprob_rows(&lp, row[c], &r->tokens[0], 1, V, 3);
+        if (c == 0)
+            assert_true(lp.logprob == r->logprobs[0].logprob);
+        else
+            assert_true(lp.logprob != r->logprobs[0].logprob);
+    }
+    free(row[0]), free(row[1]);
+}
+
 int main(void)
 {
     /* One thread per process: three daemons and this test share CI's two cores. */
@@ -349,5 +429,9 @@ int main(void)
         cmocka_unit_test(test_cancel_ends_a_generation_with_finish_cancel),
         cmocka_unit_test(test_bad_requests_get_errors_with_the_numbers),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest chunked[] = {
+        cmocka_unit_test(test_chunked_prefill_equals_the_in_process_loop),
+    };
+    return rc | cmocka_run_group_tests(chunked, setup_chunked, teardown);
 }
