@@ -28,6 +28,9 @@ struct ops_backend {
     const char *name;   /* "cpu", "cuda" */
     ops_stream stream;  /* CUDA: the stream every op runs on; CPU: NULL */
     int device;         /* CUDA device ordinal; CPU: -1 */
+    int64_t delta_chunk_max; /* the largest ops_delta.chunk delta_rule runs (for d_k up to
+                              * OPS_DELTA_CHUNK_DK): OPS_DELTA_CHUNK_MAX, or on a GPU what
+                              * its shared memory per block holds */
     struct ops_prof *prof; /* the profiler this table is (kernels/backend_prof.h), or NULL */
 
     /* memory (bytes); free and release accept NULL */

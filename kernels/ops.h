@@ -532,6 +532,10 @@ td_err cuda_conv1d_silu(float *out, float *state, float *state_all, const float 
 
 /* cpu_delta_rule with d's pointers on the device; d_k <= 128 (TD_ENOTSUP above). */
 td_err cuda_delta_rule(const ops_delta *d, ops_stream st);
+/* The largest ops_delta.chunk cuda_delta_rule runs on device dev (for d_k up to
+ * OPS_DELTA_CHUNK_DK): what its shared memory per block holds, at most OPS_DELTA_CHUNK_MAX;
+ * 0 where the device cannot be asked. */
+int64_t cuda_delta_chunk_max(int dev);
 /* cpu_delta_rule_many on the device: recurrences of one shape share a launch (up to 16). */
 td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream st);
 

@@ -524,16 +524,20 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
                                     {1, 3, 98, 72, 37, 7, 3, 0, 1},
                                     {1, 2, 16, 40, 5, 64, 62, 1, 0},
                                     {2, 4, 64, 64, 33, 32, 0, 0, 0}};
+    /* every supported GPU holds chunks of 32 (sm_86: 99 KB per block); sm_90 all 64 */
+    const int64_t most = cuda_delta_chunk_max(0);
+    assert_true(most >= 32 && most <= OPS_DELTA_CHUNK_MAX);
     rng_seed(9);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         const int64_t nk = cs[c][0], nv = cs[c][1], dk = cs[c][2], dv = cs[c][3], T = cs[c][4];
         const int64_t qs = nk * dk, vs = nv * dv, ns = nv * dk * dv;
+        const int64_t C = cs[c][5] < most ? cs[c][5] : most;
         const int32_t p0 = (int32_t)cs[c][6];
         delta_rand x = delta_rand_make(T, nk, nv, dk, dv);
         float *z = x.z, *s0 = x.s0;
         ops_delta d = {.n_tok = T, .n_k_head = nk, .n_v_head = nv, .d_k = dk, .d_v = dv,
                        .q_tok_stride = qs, .k_tok_stride = qs, .v_tok_stride = vs,
-                       .norm_eps = 1e-6f, .chunk = cs[c][5]};
+                       .norm_eps = 1e-6f, .chunk = C};
         ops_delta r = d, r1 = d;
         float *rst = malloc((size_t)ns * 4), *rout = malloc((size_t)(T * vs) * 4);
         float *rst1 = malloc((size_t)ns * 4), *rout1 = malloc((size_t)(T * vs) * 4);
@@ -551,6 +555,11 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
         gd.state_in = cs[c][8] ? din : NULL;
         gd.state_prev = dpoison((size_t)ns * 4), gd.out = dpoison((size_t)(T * vs) * 4);
         gd.norm_z = cs[c][7] ? dz : NULL, gd.pos0 = dput(&p0, 4);
+        if (dk == OPS_DELTA_CHUNK_DK && most < OPS_DELTA_CHUNK_MAX) { /* one past what fits */
+            ops_delta big = gd;
+            big.chunk = most + 1;
+            assert_int_equal(cuda_delta_rule(&big, gpu_st), TD_ENOTSUP);
+        }
         GPU_OK(cuda_delta_rule(&gd, gpu_st));
         float *gout = dget(gd.out, (size_t)(T * vs) * 4), *gst = dget(gd.state, (size_t)ns * 4);
         float *gprev = dget(gd.state_prev, (size_t)ns * 4);
@@ -562,7 +571,7 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
         assert_true(check_close("chunked state vs token by token", gst, rst1, ns, 1e-4f, 2e-5f));
 
         /* cut at the first chunk end: the same bits */
-        const int64_t cut = cs[c][5] - p0 % cs[c][5];
+        const int64_t cut = C - p0 % C;
         if (cut < T) {
             const int32_t p1 = (int32_t)(p0 + cut);
             ops_delta a = gd, b2 = gd;

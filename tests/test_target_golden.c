@@ -225,7 +225,8 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
 
 /* With the chunked recurrence, a prompt cut where a chunk ends (the second part knowing its
  * position) gives the bits of the prompt whole: state and logits; token by token that holds
- * for any cut, so the chunked form keeps it at chunk ends. An out-of-range chunk is refused. */
+ * for any cut, so the chunked form keeps it at chunk ends. An out-of-range chunk, or one
+ * larger than the backend holds, is refused. */
 static void test_target_chunked_prefill_cut_at_chunk_end_equals_whole(void **ctx)
 {
     (void)ctx;
@@ -234,6 +235,14 @@ static void test_target_chunked_prefill_cut_at_chunk_end_equals_whole(void **ctx
     const tgt_model *m = gd.m;
     assert_int_equal(tgt_set_delta_chunk(gd.m, OPS_DELTA_CHUNK_MAX + 1), TD_EINVAL);
     assert_int_equal(tgt_set_delta_chunk(gd.m, -1), TD_EINVAL);
+    /* a backend that holds smaller chunks (a GPU's shared memory) refuses larger ones */
+    ops_backend small = *gd.m->be;
+    small.delta_chunk_max = 8;
+    const ops_backend *be = gd.m->be;
+    gd.m->be = &small;
+    assert_int_equal(tgt_set_delta_chunk(gd.m, 9), TD_ENOTSUP);
+    assert_int_equal(tgt_set_delta_chunk(gd.m, 8), TD_OK);
+    gd.m->be = be;
     assert_int_equal(tgt_set_delta_chunk(gd.m, 4), TD_OK);
     const int64_t T = gd.n_tok, V = m->hp.n_vocab, cut = 8;
     assert_true(T > cut + 4);

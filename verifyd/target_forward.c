@@ -477,6 +477,10 @@ td_err tgt_set_delta_chunk(tgt_model *m, int64_t n)
         return err_set(TD_ENOTSUP, "the chunked delta rule handles heads of d_k <= %d and d_v <= "
                        "%d, this model's are %lld and %lld", OPS_DELTA_CHUNK_DK,
                        OPS_DELTA_CHUNK_DV, (long long)hp->d_k, (long long)hp->d_v);
+    if (n && m->n_delta_layers && n > m->be->delta_chunk_max)
+        return err_set(TD_ENOTSUP, "the %s backend runs the chunked delta rule in chunks of at "
+                       "most %lld positions (its shared memory per block), not %lld",
+                       m->be->name, (long long)m->be->delta_chunk_max, (long long)n);
     m->delta_chunk = n;
     return TD_OK;
 }

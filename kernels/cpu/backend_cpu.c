@@ -289,6 +289,7 @@ static const ops_backend be_cpu = {
     .name = "cpu",
     .stream = NULL,
     .device = -1,
+    .delta_chunk_max = OPS_DELTA_CHUNK_MAX,
     .alloc = be_cpu_alloc,
     .release = be_cpu_release,
     .to_device = be_cpu_copy,

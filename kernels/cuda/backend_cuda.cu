@@ -260,6 +260,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->kind = OPS_BACKEND_CUDA;
     be->name = "cuda";
     be->device = dev;
+    be->delta_chunk_max = cuda_delta_chunk_max(dev);
     be->alloc = be_cuda_alloc;
     be->release = be_cuda_release;
     be->to_device = be_cuda_to_device;

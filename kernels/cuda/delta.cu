@@ -496,6 +496,32 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunk_kernel(bool early, ops
             d.state[h * dk * dv + (int64_t)i * dv + j] = S[i * DC_COLS + col];
 }
 
+static size_t dc_bytes(int64_t chunk, int64_t d_k)
+{
+    return dc_layout_of((int)chunk, (int)d_k).floats * sizeof(float);
+}
+
+/* The shared memory a block may opt in to on dev, or 0. */
+static size_t dc_optin(int dev)
+{
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (size_t)optin;
+}
+
+extern "C" int64_t cuda_delta_chunk_max(int dev)
+{
+    const size_t optin = dc_optin(dev);
+    int64_t c = OPS_DELTA_CHUNK_MAX;
+    while (c > 0 && dc_bytes(c, OPS_DELTA_CHUNK_DK) > optin)
+        c--;
+    return c;
+}
+
 /* The chunked form's launch: a block per DC_COLS columns of a head; then the norm. */
 static td_err delta_chunk_launch(const ops_delta *d, ops_stream st)
 {
@@ -504,12 +530,18 @@ static td_err delta_chunk_launch(const ops_delta *d, ops_stream st)
                        "no per-token states)", (long long)d->chunk, (long long)d->d_k,
                        d->state_all ? ", per-token states" : "", OPS_DELTA_CHUNK_MAX,
                        OPS_DELTA_CHUNK_DK);
-    const size_t smem = dc_layout_of((int)d->chunk, (int)d->d_k).floats * sizeof(float);
+    const size_t smem = dc_bytes(d->chunk, d->d_k);
     if (smem > 48 * 1024) {
         int dev = 0;
         CUDA_TRY(cudaGetDevice(&dev));
-        TD_TRY(smem_optin<delta_chunk_kernel>(
-            dev, dc_layout_of(OPS_DELTA_CHUNK_MAX, OPS_DELTA_CHUNK_DK).floats * sizeof(float)));
+        const size_t optin = dc_optin(dev), most = dc_bytes(OPS_DELTA_CHUNK_MAX,
+                                                            OPS_DELTA_CHUNK_DK);
+        if (smem > optin)
+            return err_set(TD_ENOTSUP, "chunked delta rule: a chunk of %lld at d_k %lld needs "
+                           "%zu bytes of shared memory per block, this GPU gives %zu (chunks of "
+                           "at most %lld)", (long long)d->chunk, (long long)d->d_k, smem, optin,
+                           (long long)cuda_delta_chunk_max(dev));
+        TD_TRY(smem_optin<delta_chunk_kernel>(dev, most < optin ? most : optin));
     }
     const dim3 grid(cuda_blocks(d->d_v, DC_COLS), (unsigned)d->n_v_head), block(DC_THREADS);
     TD_TRY(pdl_launch<delta_chunk_kernel>("chunked delta rule", grid, block, smem, st, *d));
