@@ -327,6 +327,7 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
         bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
         bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
+        const int64_t was = m->delta_chunk;
         if (tgt_set_delta_chunk(m, 0) == TD_OK)
             bench_prefill(&b, iters, &out->prefill);
         else
@@ -335,7 +336,7 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
             bench_prefill(&b, iters, &out->prefill_chunked);
         else
             bench_fail(&out->prefill_chunked, "%s", err_msg());
-        m->delta_chunk = 0;
+        m->delta_chunk = was;
     }
     if (b.st.be)
         tgt_state_free(&b.st);

@@ -57,7 +57,7 @@ void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t
 
 /* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (profiled too when m's backend is
  * a profiler, ops_prof_active), the prompt both ways (m->delta_chunk 0, then pf->delta_chunk;
- * left at 0). The state's KV cache and
+ * m's own value restored after). The state's KV cache and
  * recurrent state are filled with random finite values and n_past is set, instead of
  * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
  * speculative loop does). */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
 #define ATT_CHUNK 128     /* keys scored per chunk */
@@ -20,15 +21,6 @@ static const float *kv_row(const ops_attn *a, const void *base, int64_t off, flo
     td_err e = cpu_dequantize_row(TD_F16, (const uint16_t *)base + off, buf, a->head_dim);
     TD_ASSERT(e == TD_OK);
     return buf;
-}
-
-static float dot_f32(const float *a, const float *b, int64_t n)
-{
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
 }
 
 /* Whether query t (at position qp) sees key i. */
@@ -100,7 +92,7 @@ void cpu_attention(const ops_attn *a)
                         continue;
                     }
                     int64_t off = i * a->kv_tok_stride + g * a->kv_head_stride;
-                    sc[c] = a->scale * dot_f32(q, kv_row(a, a->k, off, row), D);
+                    sc[c] = a->scale * cpu_dot_f32(q, kv_row(a, a->k, off, row), D);
                     cm = fmaxf(cm, sc[c]);
                 }
                 if (cm == -INFINITY)

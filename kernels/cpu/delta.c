@@ -4,17 +4,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 
 #define DELTA_MAX_DV 1024 /* largest d_v (stack scratch) */
-
-static float delta_dot(const float *a, const float *b, int64_t n)
-{
-    float s = 0;
-    for (int64_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
 
 /* The chunked form for value head h over tokens [a, a + c) (c <= OPS_DELTA_CHUNK_MAX):
  * S [d_k][d_v] holds the state before the chunk and ends as the state after it. With
@@ -52,7 +45,7 @@ static void delta_chunk_head(const ops_delta *d, int64_t h, float *S, int64_t a,
         for (int64_t j = 0; j < dv; j++)
             u[j] = beta * (v[j] - eg * u[j]);
         for (int64_t s = 0; s < t; s++) {
-            const float w = beta * expf(G[t] - G[s]) * delta_dot(k, k0 + s * kst, dk);
+            const float w = beta * expf(G[t] - G[s]) * cpu_dot_f32(k, k0 + s * kst, dk);
             for (int64_t j = 0; j < dv; j++)
                 u[j] -= w * U[s][j];
         }
@@ -62,7 +55,7 @@ static void delta_chunk_head(const ops_delta *d, int64_t h, float *S, int64_t a,
         for (int64_t j = 0; j < dv; j++)
             out[j] = eg * o[j];
         for (int64_t s = 0; s <= t; s++) {
-            const float w = expf(G[t] - G[s]) * delta_dot(q, k0 + s * kst, dk);
+            const float w = expf(G[t] - G[s]) * cpu_dot_f32(q, k0 + s * kst, dk);
             for (int64_t j = 0; j < dv; j++)
                 out[j] += w * U[s][j];
         }

@@ -8,6 +8,7 @@
 #define TANDEM_KERNELS_CPU_SIMD_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #if defined(__x86_64__)
 #define CPU_AVX2_TARGET __attribute__((target("avx2,fma")))
@@ -18,5 +19,15 @@ static inline bool cpu_has_avx2_fma(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
+
+/* sum of a[i] * b[i] in f32, vectorised (the order the compiler's reduction takes) */
+static inline float cpu_dot_f32(const float *a, const float *b, int64_t n)
+{
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
 
 #endif
