@@ -25,7 +25,10 @@ td_err cuda_mem_alloc(void **p, size_t bytes);
 /* Frees what cuda_mem_alloc gave (NULL is fine). Waits for work using it on any stream. */
 void cuda_mem_free(void *p);
 
-/* Host -> device, queued on st; src may be reused when the call returns. */
+/* Host -> device, queued on st; src may be reused when the call returns. Up to
+ * CUDA_UPLOAD_INLINE bytes go as a kernel carrying them in its parameters, a programmatic
+ * dependent of the kernel before it (launch.cuh); more by cudaMemcpyAsync. */
+#define CUDA_UPLOAD_INLINE 1024
 td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st);
 /* Device -> host; returns when the bytes are in dst (waits for st, so it also reports a
  * fault in earlier work on st). */

@@ -1,11 +1,11 @@
 /* Programmatic dependent launch (kernels/cuda/launch.cuh): long chains of kernels where each
  * reads what the one before it wrote (an embedding row, then adds and scales in place), at
  * one block, one wave and many waves, run directly and replayed from a CUDA graph whose
- * recording also holds a fill and a copy between kernels, and chains through copies made
- * as kernels (cuda_mem_copy_chained). On sm_90 each kernel is scheduled while the one before it still runs; a kernel
- * that touched memory before its griddepcontrol.wait would read a stale value and lose an
- * increment, so the sums below are exact only if every wait is in place. Skipped (77)
- * without CUDA or a device. */
+ * recording also holds a fill and a copy between kernels, and chains through copies and
+ * small uploads made as kernels (cuda_mem_copy_chained, cuda_mem_upload). On sm_90 each
+ * kernel is scheduled while the one before it still runs; a kernel that touched memory
+ * before its griddepcontrol.wait would read a stale value and lose an increment, so the sums
+ * below are exact only if every wait is in place. Skipped (77) without CUDA or a device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -179,6 +179,75 @@ static void test_pdl_chained_copies_keep_order(void **state)
     cuda_mem_free(dst);
 }
 
+/* Small uploads (cuda_mem_upload up to CUDA_UPLOAD_INLINE bytes) are kernels of the chain:
+ * each step uploads x = i (the same host buffer, rewritten right after the call), adds one
+ * and copies x into row i of ys, so row i holds i + 1 only if the upload waited for the
+ * copy before it and the add for the upload. Then the bytes themselves: every size around
+ * the kernel's classes at offsets 0, 1, 2 and 4 (word and byte paths), the host buffer
+ * scribbled on right after each call, one launch each up to the limit and none beyond. */
+static void test_pdl_small_uploads_keep_order_and_bytes(void **state)
+{
+    (void)state;
+    enum { STEPS = 40, W = CUDA_UPLOAD_INLINE / 4 };
+    static const int64_t widths[] = {1, 3, 64, W};
+    for (size_t s = 0; s < sizeof widths / sizeof *widths; s++) {
+        const int64_t n = widths[s];
+        const size_t bytes = (size_t)n * sizeof(float);
+        float *x = dpoison(bytes), *one = dev_ones(n), *ys = dpoison(STEPS * bytes);
+        float *h = malloc(bytes);
+        const uint64_t before = cuda_launch_count();
+        for (int i = 0; i < STEPS; i++) {
+            for (int64_t j = 0; j < n; j++)
+                h[j] = (float)i;
+            GPU_OK(cuda_mem_upload(x, h, bytes, gpu_st));
+            for (int64_t j = 0; j < n; j++)
+                h[j] = -1.0f; /* taken when the call was made */
+            GPU_OK(cuda_add(x, x, one, n, gpu_st));
+            GPU_OK(cuda_mem_copy_chained(ys + i * n, x, bytes, gpu_st));
+        }
+        assert_int_equal(cuda_launch_count() - before, 3 * STEPS); /* the uploads are kernels */
+        float *got = dget(ys, STEPS * bytes);
+        for (int i = 0; i < STEPS; i++)
+            for (int64_t j = 0; j < n; j++)
+                if (got[i * n + j] != (float)(i + 1))
+                    fail_msg("uploads of %lld floats: step %d element %lld is %.9g, want %d",
+                             (long long)n, i, (long long)j, got[i * n + j], i + 1);
+        free(got);
+        free(h);
+        cuda_mem_free(x);
+        cuda_mem_free(one);
+        cuda_mem_free(ys);
+    }
+    static const size_t sizes_b[] = {1, 2, 3, 4, 5, 63, 64, 65, 255, 256, 257, 1000,
+                                     CUDA_UPLOAD_INLINE - 1, CUDA_UPLOAD_INLINE,
+                                     CUDA_UPLOAD_INLINE + 1, 5000};
+    static const size_t offs[] = {0, 1, 2, 4};
+    unsigned char want[5000], h[5000];
+    for (size_t i = 0; i < sizeof want; i++)
+        want[i] = (unsigned char)(i * 37 + 11);
+    for (size_t a = 0; a < sizeof sizes_b / sizeof *sizes_b; a++) {
+        for (size_t o = 0; o < sizeof offs / sizeof *offs; o++) {
+            const size_t n = sizes_b[a], off = offs[o], total = n + 16;
+            unsigned char *d = dpoison(total);
+            unsigned char *before_bytes = dget(d, total);
+            memcpy(h, want, n);
+            const uint64_t before = cuda_launch_count();
+            GPU_OK(cuda_mem_upload(d + off, h, n, gpu_st));
+            assert_int_equal(cuda_launch_count() - before, n <= CUDA_UPLOAD_INLINE ? 1 : 0);
+            memset(h, 0xA5, n);
+            unsigned char *got = dget(d, total);
+            if (memcmp(got + off, want, n) != 0)
+                fail_msg("upload of %zu bytes at offset %zu: bytes differ", n, off);
+            if (memcmp(got, before_bytes, off) != 0 ||
+                memcmp(got + off + n, before_bytes + off + n, total - off - n) != 0)
+                fail_msg("upload of %zu bytes at offset %zu wrote outside its range", n, off);
+            free(got);
+            free(before_bytes);
+            cuda_mem_free(d);
+        }
+    }
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -187,6 +256,7 @@ int main(void)
         cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
         cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
         cmocka_unit_test(test_pdl_chained_copies_keep_order),
+        cmocka_unit_test(test_pdl_small_uploads_keep_order_and_bytes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -1,4 +1,6 @@
 /* Device memory, copies and streams as td_err calls (kernels/cuda_mem.h). */
+#include <string.h>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/stream_buf.cuh"
@@ -52,11 +54,51 @@ extern "C" void cuda_mem_free(void *p)
         (void)cudaFree(p);
 }
 
+/* The bytes of a small upload, carried in the launch's parameters. */
+template <size_t N> struct upload_bytes {
+    uint32_t w[N / 4];
+};
+
+/* Writes the first n bytes of b to dst: 4-byte words where dst and n allow, else bytes. */
+template <size_t N>
+__global__ void __launch_bounds__(256) upload_kernel(bool early, uint8_t *dst,
+                                                     const upload_bytes<N> b, uint32_t n)
+{
+    pdl_enter(early);
+    const uint32_t t = threadIdx.x;
+    if ((((uintptr_t)dst | n) & 3) == 0) {
+        for (uint32_t i = t; i < n / 4; i += blockDim.x)
+            ((uint32_t *)dst)[i] = b.w[i];
+        return;
+    }
+    for (uint32_t i = t; i < n; i += blockDim.x)
+        dst[i] = (uint8_t)(b.w[i / 4] >> (8 * (i % 4)));
+}
+
+template <size_t N> static td_err upload_small(void *dst, const void *src, size_t bytes,
+                                               ops_stream st)
+{
+    upload_bytes<N> b;
+    memset(&b, 0, sizeof b);
+    memcpy(&b, src, bytes); /* little-endian words: byte i is bits 8 (i % 4) of word i / 4 */
+    return pdl_launch<upload_kernel<N>>("upload to the device", dim3(1), dim3(256), 0, st,
+                                        (uint8_t *)dst, b, (uint32_t)bytes);
+}
+
 extern "C" td_err cuda_mem_upload(void *dst, const void *src, size_t bytes, ops_stream st)
 {
     if (bytes == 0)
         return TD_OK;
     TD_ASSERT(dst != NULL && src != NULL);
+    /* Up to CUDA_UPLOAD_INLINE bytes travel in a kernel's parameters: a link of the
+     * programmatic chain, taken from src when the call is made, and never a wait of the host
+     * for the stream, which cudaMemcpyAsync from pageable memory may be. */
+    if (bytes <= 64)
+        return upload_small<64>(dst, src, bytes, st);
+    if (bytes <= 256)
+        return upload_small<256>(dst, src, bytes, st);
+    if (bytes <= CUDA_UPLOAD_INLINE)
+        return upload_small<CUDA_UPLOAD_INLINE>(dst, src, bytes, st);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st);
     return e == cudaSuccess ? TD_OK : mem_fail(e, "upload to the device", bytes);
 }
