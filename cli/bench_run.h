@@ -30,6 +30,7 @@ typedef struct bench_time {
      * so the median above stays unprofiled) */
     ops_prof_table prof; /* per-op counts of the profiled runs (prof.steps of them) */
     double prof_ms;     /* mean milliseconds of a profiled run */
+    double host_ms;     /* median milliseconds the host took to queue a run (0: not taken) */
 } bench_time;
 
 #define BENCH_PHASES 7 /* phases that may be profiled: the target's six and the draft step */

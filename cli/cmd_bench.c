@@ -179,8 +179,8 @@ static void bench_print(const bench_report *r)
              t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
              (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
-    snprintf(x, sizeof x, "%.2fx decode  [%s backend]",
-             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend);
+    snprintf(x, sizeof x, "%.2fx decode  [%s backend; queued by the host in %.3f ms]",
+             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend, r->draft.host_ms);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
     double dlim = bench_draft_limit_ms(r);
     if (dlim > 0)
@@ -331,6 +331,7 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_t *dr = bench_json_time(&r->draft, d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
     json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));
+    json_object_set_new(dr, "host_ms", r->draft.ok ? json_real(r->draft.host_ms) : json_null());
     json_object_set_new(dr, "limit_ms", bench_draft_limit_ms(r) > 0 ? json_real(bench_draft_limit_ms(r))
                                                                   : json_null());
     json_object_set_new(j, "draft", dr);
