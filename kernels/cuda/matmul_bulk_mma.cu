@@ -43,8 +43,6 @@
  * (one tile per round, the activations of 32 tokens filling the shared memory) measured
  * 6.6x a token's time against mmq's 4.6x, so n_pad 32 takes the wide kernel instead. */
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MMB_SM90 1 /* device code exists for sm_90 only; the sm_86 kernel is an empty stub */
@@ -315,32 +313,27 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
 };
 #endif
 
-template <int TT, int H = 1> constexpr int threads_of()
+template <int TT> constexpr int threads_of()
 {
-    return KSPLIT * TT * H * 32;
+    return KSPLIT * TT * 32;
 }
 
 /* grid: the 16-row tiles of the set's members numbered one member after the other (a tile
  * never spans two members); CTA b owns tiles [n_tiles * b / grid, n_tiles * (b + 1) / grid),
- * TT per round (a round may span members); block: threads_of() (warp (tau * H + h) * 4 + c:
- * tile tau of the round, the h-th of H equal groups of its n-tiles, chain c); dynamic shared
- * memory layout::SMEM. With H = 2 two warps share each (tile, chain) and each multiplies
- * the weights by half of the tokens: each unpacks the weights itself, so a k-block costs
- * more instructions in all, but twice the warps hide each other's latency. cols is a
- * multiple of 256 (K-quants). */
-template <int T, int NT, int TT, int H = 1>
-__global__ void __launch_bounds__(threads_of<TT, H>(), 1)
+ * TT per round (a round may span members); block: threads_of() (warp tau * 4 + c: tile tau
+ * of the round, chain c); dynamic shared memory layout::SMEM. cols is a multiple of 256
+ * (K-quants). */
+template <int T, int NT, int TT>
+__global__ void __launch_bounds__(threads_of<TT>(), 1)
     mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
      * before it touches anything (see matmul.cu) */
     mm_launch_dependents();
 #if MMB_SM90
-    static_assert(NT % H == 0 && TT * H + 1 <= 16, "n-tile groups; one named barrier each");
     using Q = qt<T>;
     using L = layout<T, NT, TT>;
-    constexpr int CONS = KSPLIT * TT * H; /* warps */
-    constexpr int NH = NT / H;           /* n-tiles of a warp */
+    constexpr int CONS = KSPLIT * TT; /* warps */
     constexpr int PITCH = run_pitch<T>();
     constexpr int WS = L::WS;
     static_assert(WS >= 2, "two weight stages at least");
@@ -352,26 +345,22 @@ __global__ void __launch_bounds__(threads_of<TT, H>(), 1)
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
     const int nkb = sh.nkb, nsteps = sh.nsteps, rounds = sh.rounds;
-    const int grp = warp / KSPLIT, tau = grp / H, h = grp % H, c = warp % KSPLIT;
+    const int tau = warp / KSPLIT, c = warp % KSPLIT;
 
-    /* Copies: every warp issues a share of each item (lanes 0..4/H-1: rows 4c+4h/H.. of tile
+    /* Copies: every warp issues a share of each item (lanes 0..3: rows 4c..4c+3 of tile
      * tau; lane k: copy warp + CONS * k of the activations' n_tok + 2) and arrives once on the
      * stage's full barrier announcing its bytes, so a stage is full when all CONS shares have
      * landed. A single producer warp issuing them all (elect loops of ~10 instructions per
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
-    constexpr int RW = MROWS / KSPLIT / H; /* weight rows a warp copies */
-    R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT) + h * RW, RW,
+    R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
         warp + CONS * lane, lane);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
-    unsigned valid = 0; /* bit nt: this lane's token 8 (h NH + nt) + g exists */
+    unsigned valid = 0; /* bit nt: this lane's token 8nt+g exists */
 #pragma unroll
-    for (int nt = 0; nt < NH; nt++)
-        valid |= (unsigned)((h * NH + nt) * NTOK + l.g < xq.n_tok) << nt;
-    const int tok0 = h * NH * NTOK; /* the warp's first token */
-    const int n_tok = xq.n_tok - tok0 < 0 ? 0 : xq.n_tok - tok0 < NH * NTOK ? xq.n_tok - tok0
-                                                                           : NH * NTOK;
+    for (int nt = 0; nt < NT; nt++)
+        valid |= (unsigned)(nt * NTOK + l.g < xq.n_tok) << nt;
     float *red = (float *)(smem + L::RED_OFF);
     int it = 0;
     for (int round = 0; round < rounds; round++) {
@@ -380,37 +369,35 @@ __global__ void __launch_bounds__(threads_of<TT, H>(), 1)
         const int m = mm_set_member(&set, have ? tile : 0);
         const uint8_t *wrow =
             set.w[m] + (size_t)(have ? tile - set.first[m] : 0) * MROWS * row_bytes;
-        float acc[1][NH][4];
+        float acc[1][NT][4];
 #pragma unroll
-        for (int nt = 0; nt < NH; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 acc[0][nt][i] = 0.0f;
         for (int s = 0; s < nsteps; s++, it++) {
             r.wait(it);
-            if (have && WIN * s + c < nkb && n_tok > 0) {
+            if (have && WIN * s + c < nkb) {
                 /* row i's run at (tau * 16 + i) * PITCH of the weight stage, (run & 15)
                  * bytes in for Q6_K: kbase (row 0's run) gives kblock_any that offset */
                 const uint8_t *slot = r.wstage(it) + tau * MROWS * PITCH + c * Q::KB_BYTES;
                 const uint8_t *kbase = wrow + (size_t)s * WIN * Q::KB_BYTES;
                 const uint8_t *st = r.xstage(it);
                 const xview_s x = {
-                    (const int8_t *)(st + (tok0 + l.g) * tok_pitch<T>() + c * MM_XBLOCK * 2),
-                    (const int8_t *)(st + L::S_OFF +
-                                     (c * L::TOKS + tok0 + l.g) * MM_XSUM_BYTES),
-                    (const float *)(st + L::D_OFF) + c * L::TOKS + tok0 + 2 * l.t,
+                    (const int8_t *)(st + l.g * tok_pitch<T>() + c * MM_XBLOCK * 2),
+                    (const int8_t *)(st + L::S_OFF + (c * L::TOKS + l.g) * MM_XSUM_BYTES),
+                    (const float *)(st + L::D_OFF) + c * L::TOKS + 2 * l.t,
                     (size_t)NTOK * tok_pitch<T>(), valid};
-                kblock_any<T, 1, NH, PITCH>(acc, slot, kbase, row_bytes, 0, x, l);
+                kblock_any<T, 1, NT, PITCH>(acc, slot, kbase, row_bytes, 0, x, l);
             }
             r.done(it);
         }
-        /* y = ((p0 + p1) + p2) + p3: the four chain warps of a (tile, token group) meet at
-         * named barrier 1 + grp (not the whole CTA) */
+        /* y = ((p0 + p1) + p2) + p3: the tile's four warps meet at named barrier 1 + tau
+         * (not the whole CTA) */
         const int64_t r0 = have ? (tile - set.first[m]) * MROWS : 0, rows = set.rows[m];
         const int n_rows = !have ? 0 : rows - r0 < MROWS ? (int)(rows - r0) : MROWS;
-        tile_reduce<1, NH>(set.y[m] + (size_t)tok0 * rows,
-                           red + grp * KSPLIT * MROWS * NH * NTOK, acc, c, l, 1 + grp, n_rows,
-                           n_tok, rows, r0);
+        tile_reduce<1, NT>(set.y[m], red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l, 1 + tau,
+                           n_rows, xq.n_tok, rows, r0);
     }
 #else
     (void)set, (void)row_bytes, (void)cols, (void)xq;
@@ -584,20 +571,12 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
 #endif
 }
 
-/* The kernels as launch_rounds sees them: P is NT (window) or G (wide). The window kernel
- * with its tokens split over two warp groups (H = 2) takes at most 2 tiles per round: 16
- * warps, up to 128 registers each. */
+/* The two kernels as launch_rounds sees them: P is NT (window) or G (wide). */
 template <int T, int NT, int TT> struct window_kernel {
     static auto fn() { return mmqb_kernel<T, NT, TT>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
                  THREADS = threads_of<TT>() };
     static const char *name() { return "window"; }
-};
-template <int T, int NT, int TT> struct window2_kernel {
-    static auto fn() { return mmqb_kernel<T, NT, TT, 2>; }
-    enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = TT <= 2 ? layout<T, NT, TT>::WS : 0,
-                 THREADS = threads_of<TT, 2>() };
-    static const char *name() { return "window (tokens in two groups)"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
     static auto fn() { return mmqw_kernel<T, G, TT>; }
@@ -662,32 +641,12 @@ td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_
                    K<T, P, 1>::name(), tt);
 }
 
-/* Token groups of the window kernel (1 or 2) for type T: TANDEM_MMQB_GROUPS=1|2 (read
- * once) forces one for every type, to measure and to test; the same bits either way. */
-int g_mmqb_groups; /* 0: not read yet; else 1, 2, or 3 for the default */
-
-int mmqb_token_groups(int type)
-{
-    int g = __atomic_load_n(&g_mmqb_groups, __ATOMIC_RELAXED);
-    if (g == 0) {
-        const char *e = getenv("TANDEM_MMQB_GROUPS");
-        g = e && strcmp(e, "1") == 0 ? 1 : e && strcmp(e, "2") == 0 ? 2 : 3;
-        __atomic_store_n(&g_mmqb_groups, g, __ATOMIC_RELAXED);
-    }
-    if (g != 3)
-        return g;
-    (void)type;
-    return 1;
-}
-
 template <int T>
 td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
     switch (xq->n_pad) {
     case 16:
-        if (mmqb_token_groups(T) == 2)
-            return launch_rounds<window2_kernel, T, 2>(mm, n, xq, dev, st);
         return launch_rounds<window_kernel, T, 2>(mm, n, xq, dev, st);
     case 32:
         return launch_rounds<wide_kernel, T, 2>(mm, n, xq, dev, st);
