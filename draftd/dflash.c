@@ -393,15 +393,20 @@ void dfl_state_reset(dfl_state *s)
  * also Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], the three projections in one call
  * (one activation rounding on the GPU) and both norms and rotations in one (qk_norm_rope:
  * the same chain, one launch). */
-/* The k rows of layer L after its projection: the k norm, then RoPE at pos (one launch). */
-static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *L, float *k, int64_t n,
-                           const int32_t *pos)
+/* The k rows of layers A and B (B NULL: A only) after their projections: each layer's k norm,
+ * then RoPE at pos, in one launch. Layer A's rows go through the op's q side, whose heads
+ * (n_kv_heads of head_dim, rows kvw apart) get the very operations of the k side. */
+static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *A, float *ka,
+                           const dfl_layer *B, float *kb, int64_t n, const int32_t *pos)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
     int64_t hd = c->head_dim;
-    return be->qk_norm_rope(be, NULL, k, NULL, L->k_norm, n, 0, c->n_kv_heads, hd, hd, hd, pos,
-                            (float)c->rope_theta, (float)c->rms_eps);
+    if (!B)
+        return be->qk_norm_rope(be, NULL, ka, NULL, A->k_norm, n, 0, c->n_kv_heads, hd, hd,
+                                hd, pos, (float)c->rope_theta, (float)c->rms_eps);
+    return be->qk_norm_rope(be, ka, kb, A->k_norm, B->k_norm, n, c->n_kv_heads, c->n_kv_heads,
+                            hd, hd, hd, pos, (float)c->rope_theta, (float)c->rms_eps);
 }
 
 /* Layer L's q (normed, RoPE), k (normed, RoPE) and v of the block rows x[n]. */
@@ -475,11 +480,15 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
                                            &m->layers[il].wv};
         }
         TD_TRY(be->matmul_multi(be, h, proj, (int)(2 * g), n));
-        for (int64_t i = 0; i < g; i++) {
+        for (int64_t i = 0; i < g; i += 2) { /* two layers' k norms per launch */
             uint32_t il = l0 + (uint32_t)i;
-            TD_TRY(dfl_k_finish(m, &m->layers[il], proj[2 * i].y, n, pos));
-            if (direct)
-                continue;
+            bool pair = i + 1 < g;
+            TD_TRY(dfl_k_finish(m, &m->layers[il], proj[2 * i].y,
+                                pair ? &m->layers[il + 1] : NULL,
+                                pair ? proj[2 * i + 2].y : NULL, n, pos));
+        }
+        for (int64_t i = 0; i < g && !direct; i++) {
+            uint32_t il = l0 + (uint32_t)i;
             TD_TRY(dfl_ring_put(be, s, s->k[il], proj[2 * i].y, n, row, false));
             TD_TRY(dfl_ring_put(be, s, s->v[il], proj[2 * i + 1].y, n, row, false));
         }
@@ -490,9 +499,9 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
 }
 
 /* One layer of the block pass over x[B][H], the block's K/V going to the slots after the
- * n_valid ring entries. The first layer normalises x into h itself; every layer but the last
- * ends with its residual add fused with the next layer's input norm (add_rmsnorm: the same
- * chain, one launch), so h holds that norm when the next layer starts. */
+ * n_valid ring entries. The first layer normalises x into h itself; every layer ends with its
+ * residual add fused with the next norm (add_rmsnorm: the same chain, one launch): the next
+ * layer's input norm, after the last layer the output norm, so h holds that norm next. */
 static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int64_t n_valid)
 {
     const dflash_config *c = &m->cfg;
@@ -522,9 +531,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     const ops_mm_out gate_up[] = {{w->q, &L->gate}, {w->f, &L->up}};
     TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, B));
     TD_TRY(be->swiglu_matmul(be, w->h, w->q, w->f, &L->down, B));
-    if (il + 1 < c->n_layers)
-        return be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].in_norm, B, H, eps);
-    return be->add(be, w->x, w->x, w->h, B * H);
+    const float *next = il + 1 < c->n_layers ? m->layers[il + 1].in_norm : m->norm;
+    return be->add_rmsnorm(be, w->x, w->h, w->h, next, B, H, eps);
 }
 
 td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits)
@@ -552,9 +560,8 @@ td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *log
 
     for (uint32_t il = 0; il < c->n_layers; il++)
         TD_TRY(dfl_block_layer(m, s, il, n_valid));
-    /* Slot k (1..B-1) proposes the token at position n_ctx + k. */
-    TD_TRY(be->rmsnorm(be, w->h, w->x + H, m->norm, B - 1, H, H, (float)c->rms_eps));
-    TD_TRY(be->matmul(be, logits, w->h, &m->lm_head, B - 1));
+    /* Slot k (1..B-1) proposes the token at position n_ctx + k; h holds the output norm. */
+    TD_TRY(be->matmul(be, logits, w->h + H, &m->lm_head, B - 1));
     int64_t nl = (B - 1) * m->lm_head.rows;
     if (c->output_multiplier != 1.0)
         TD_TRY(be->scale(be, logits, logits, (float)c->output_multiplier, nl));
