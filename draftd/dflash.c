@@ -388,11 +388,6 @@ void dfl_state_reset(dfl_state *s)
 
 /* --- compute ---------------------------------------------------------------------------- */
 
-/* K = RoPE(k_norm(k_proj(x))), V = v_proj(x) for n rows of x at positions pos, written to
- * the slots starting at slot (rows stay contiguous; the caller handles ring wrap). With q_out
- * also Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], the three projections in one call
- * (one activation rounding on the GPU) and both norms and rotations in one (qk_norm_rope:
- * the same chain, one launch). */
 /* The k rows of layers A and B (B NULL: A only) after their projections: each layer's k norm,
  * then RoPE at pos, in one launch. Layer A's rows go through the op's q side, whose heads
  * (n_kv_heads of head_dim, rows kvw apart) get the very operations of the k side. */
@@ -409,7 +404,9 @@ static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *A, float *ka,
                             hd, hd, hd, pos, (float)c->rope_theta, (float)c->rms_eps);
 }
 
-/* Layer L's q (normed, RoPE), k (normed, RoPE) and v of the block rows x[n]. */
+/* Layer L's Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], K = RoPE(k_norm(k_proj(x)))
+ * and V = v_proj(x) [n][n_kv_heads * head_dim] of the block rows x[n]: the three projections
+ * in one call (one activation split on the GPU), both norms and rotations in one launch. */
 static td_err dfl_qkv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
                       const int32_t *pos, float *q_out, float *k_out, float *v_out)
 {
