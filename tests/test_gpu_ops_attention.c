@@ -4,7 +4,9 @@
  * padded cache rows, sliding windows, bidirectional blocks, the output gate, queries that
  * see no key; and the batch invariance greedy speculative decoding needs: a query's output
  * is bit-identical alone (decode), in a verify block, in a long prefill chunk, and under a
- * chain-shaped tree mask, whatever rows per block the kernel takes. Skips (77) without CUDA or a device. */
+ * chain-shaped tree mask, whatever rows per block the kernel takes; the tensor-core kernel
+ * of the drafter's blocks against the CPU and the staged kernel. Skips (77) without CUDA or a
+ * device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -399,6 +401,87 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
     free(keep);
 }
 
+/* Runs d with TANDEM_ATT_MMA set to val (NULL: unset), then restores the variable. */
+static float *att_run_mma(ops_attn d, const char *val)
+{
+    const char *saved = getenv("TANDEM_ATT_MMA");
+    char *keep = saved ? strdup(saved) : NULL;
+    if (val)
+        setenv("TANDEM_ATT_MMA", val, 1);
+    else
+        unsetenv("TANDEM_ATT_MMA");
+    float *got = att_run(d);
+    if (keep)
+        setenv("TANDEM_ATT_MMA", keep, 1);
+    else
+        unsetenv("TANDEM_ATT_MMA");
+    free(keep);
+    return got;
+}
+
+/* The tensor-core kernel (bidirectional blocks over an f32 cache, head_dim 64 and 128: the
+ * DFlash drafter) against the CPU and against the staged kernel it replaces there
+ * (TANDEM_ATT_MMA=0), over 16, 32 and 64 rows per block, partial row tiles, splits of 1, 16
+ * and 128 keys, windows that hide whole splits, padded cache rows and the output gate; and a
+ * query gives the same bits alone as in its block. */
+static void test_attention_tensor_core_kernel(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        /* the 27B drafter: 64 rows per kv head, 1040 keys (the last split holds 16) */
+        {"drafter 16 x 32/8 x 128 over 1040", 16, 32, 8, 128, 1024, OPS_MASK_BIDIRECTIONAL, 0,
+         TD_F32, false, false, 0, 0},
+        {"5 queries x 4 heads of 64 over 305", 5, 8, 2, 64, 300, OPS_MASK_BIDIRECTIONAL, 0,
+         TD_F32, false, false, 0, 0},
+        {"40 queries, no GQA, 3 tiles", 40, 8, 8, 128, 90, OPS_MASK_BIDIRECTIONAL, 0, TD_F32,
+         false, false, 0, 0},
+        {"1 query, 1 key", 1, 4, 4, 64, 0, OPS_MASK_BIDIRECTIONAL, 0, TD_F32, false, false, 0,
+         0},
+        {"exactly 128 keys", 16, 4, 1, 128, 112, OPS_MASK_BIDIRECTIONAL, 0, TD_F32, false,
+         false, 0, 0},
+        {"window 100, padded rows", 16, 8, 2, 128, 500, OPS_MASK_BIDIRECTIONAL, 100, TD_F32,
+         false, true, 0, 0},
+        {"gated, head_dim 64", 16, 8, 2, 64, 129, OPS_MASK_BIDIRECTIONAL, 0, TD_F32, true,
+         false, 0, 0},
+    };
+    rng_seed(16);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const att_case *c = &cs[i];
+        att_host h;
+        int64_t n_out = 0;
+        float *ref = att_reference(c, &h, &n_out);
+        ops_attn d = att_upload(&h);
+        float *got = att_run_mma(d, NULL), *staged = att_run_mma(d, "0");
+        char what[128];
+        snprintf(what, sizeof what, "%s: tensor cores vs CPU", c->name);
+        if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
+            fail_msg("attention case %s differs from the CPU", what);
+        snprintf(what, sizeof what, "%s: staged vs CPU", c->name);
+        if (!check_close(what, staged, ref, n_out, 0, ATT_ATOL))
+            fail_msg("attention case %s differs from the CPU", what);
+        if (i == 0) /* different sums: the switch really changes the kernel */
+            assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
+        const int64_t row = c->n_head * c->head_dim;
+        for (int64_t t = 0; t < c->n_q; t += c->n_q > 8 ? 7 : 1) {
+            ops_attn one = d;
+            one.n_q = 1;
+            one.q = d.q + t * d.q_tok_stride;
+            one.gate = d.gate ? d.gate + t * d.gate_tok_stride : NULL;
+            one.q_pos = d.q_pos + t;
+            float *alone = att_run_mma(one, NULL);
+            snprintf(what, sizeof what, "%s: query %lld alone vs in the block", c->name,
+                     (long long)t);
+            assert_true(check_same_bits(what, alone, got + t * row, (size_t)row * 4));
+            free(alone);
+        }
+        free(got);
+        free(staged);
+        free(ref);
+        att_dev_free(&d);
+        att_host_free(&h);
+    }
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -409,6 +492,7 @@ int main(void)
         cmocka_unit_test(test_attention_prefill_windows_and_bidirectional),
         cmocka_unit_test(test_attention_query_is_bit_identical_alone_in_block_and_in_chunk),
         cmocka_unit_test(test_attention_rows_per_block_change_no_bit),
+        cmocka_unit_test(test_attention_tensor_core_kernel),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

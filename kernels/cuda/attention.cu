@@ -915,6 +915,330 @@ static td_err att_combine_launch(const att_args &p, cudaStream_t st)
                                           dim3(ATT_COMBINE_D), smem, st, p);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Tensor-core kernel (f32 cache, head_dim 64 or 128, bidirectional mask: the DFlash
+ * drafter's block over its context, where 16 queries x a GQA group share every key). A
+ * block takes one kv head, 16, 32 or 64 (query, head) rows and one split of ATT_SPLIT keys,
+ * and hands its partial to the combine kernel. Scores (q . k over d) and values (p . v over
+ * the split's keys) are m16n8k8 TF32 tensor-core products with each f32 operand x split
+ * into hi = tf32(x) and lo = x - hi (atm_split): a product is lo*hi + hi*lo + hi*hi, within
+ * about 2^-21 of the f32 product (lo*lo and lo's bits below TF32 are dropped), summed by
+ * the tensor core over 8 terms at a time. The split's softmax is att_row_softmax, the fold the combine kernel's. A row's
+ * result depends only on its own query and visible keys (a product's output element reads
+ * one row of each operand), so a query still gives the same bits alone or in any block; the
+ * kernel is chosen by the mask kind, cache type and head_dim alone (and TANDEM_ATT_MMA=0,
+ * read on every call, turns it off to measure and to test the staged kernel on these calls).
+ * The scalar staged kernel took ~36 us for the 27B drafter's block over 1K keys (H200):
+ * each 16-row block re-read its split from L2 and ran ~38K warp instructions.
+ * ------------------------------------------------------------------------------------- */
+
+#define ATM_WARPS 8
+#define ATM_THREADS (32 * ATM_WARPS)
+#define ATM_KW (ATT_SPLIT / ATM_WARPS) /* keys a warp scores */
+#define ATM_SS (ATT_SPLIT + 4)       /* floats per score row: (8 rows x 4 keys) on 32 banks */
+
+/* Shared memory: the A operands (query rows, then p), split into hi and lo words, each in
+ * fragment order (atm_aidx: a lane's four words of a tile side by side, one 16-byte load);
+ * key rows HD + 4 floats apart (a B fragment's (g, t) reads bank 4g + t), value rows HD + 8
+ * (bank 8t + g). The scores (f32, rows ATM_SS apart) take the key buffer once the keys are
+ * scored. */
+template <int HD> struct atm_geo {
+    static constexpr int KS = HD + 4;
+    static constexpr int VS = HD + 8;
+    static constexpr int AW = HD > ATT_SPLIT ? HD : ATT_SPLIT; /* words per row of the A region */
+};
+
+/* Dynamic shared memory: [2][ROWS * AW] words (hi, lo), [ATT_SPLIT][KS] keys (then
+ * [ROWS][ATM_SS] scores), [ATT_SPLIT][VS] values. */
+template <int HD, int MT> __host__ __device__ constexpr size_t atm_kbuf_floats()
+{
+    typedef atm_geo<HD> G;
+    return (size_t)ATT_SPLIT * G::KS > (size_t)16 * MT * ATM_SS ? (size_t)ATT_SPLIT * G::KS
+                                                                 : (size_t)16 * MT * ATM_SS;
+}
+template <int HD, int MT> __host__ __device__ constexpr size_t atm_smem_bytes()
+{
+    typedef atm_geo<HD> G;
+    return (size_t)16 * MT * G::AW * 8 +
+           (atm_kbuf_floats<HD, MT>() + (size_t)ATT_SPLIT * G::VS) * 4;
+}
+
+/* x (finite) as a TF32 pair: hi = x rounded to the nearest TF32 (ties away from zero: the
+ * magnitude's bits plus half a TF32 unit, cut), lo = x - hi (exact in f32), of which the
+ * tensor core reads the TF32 bits. Two integer operations where cvt.rna.tf32.f32 takes a
+ * dozen on sm_90. */
+__device__ __forceinline__ void atm_split(float x, uint32_t &hi, uint32_t &lo)
+{
+    hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void atm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* c[m][j] += a[m] * b[j] for every pair from the split operands, the small terms first; each
+ * round runs all pairs, so consecutive products are independent (an in-order warp waits out
+ * a product's latency only when the next one needs its result). */
+template <int M, int N>
+__device__ __forceinline__ void atm_mma3(float (&c)[M][N][4], const uint32_t (&ah)[M][4],
+                                         const uint32_t (&al)[M][4], const uint32_t (&bh)[N][2],
+                                         const uint32_t (&bl)[N][2])
+{
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            atm_mma(c[m][j], al[m], bh[j]);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            atm_mma(c[m][j], ah[m], bl[j]);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            atm_mma(c[m][j], ah[m], bh[j]);
+}
+
+/* Where element (r, c) of an A operand W columns wide sits in fragment order: tile (r / 16,
+ * c / 8), then lane (g, t) = ((r % 8), (c % 4)), then its slot in the lane's A fragment
+ * (16 x 8, row-major: rows g and g + 8 at columns t and t + 4, in that order). */
+__device__ __forceinline__ int atm_aidx(int r, int c, int W)
+{
+    const int rr = r & 15, cc = c & 7;
+    return ((((r >> 4) * (W / 8) + (c >> 3)) * 32 + (rr & 7) * 4 + (cc & 3)) << 2) + (rr >> 3) +
+           ((cc >> 2) << 1);
+}
+
+/* Stores x at element (r, c) of the split A operand (hi words at h, lo at l). */
+__device__ __forceinline__ void atm_aput(uint32_t *h, uint32_t *l, int r, int c, int W, float x)
+{
+    const int i = atm_aidx(r, c, W);
+    atm_split(x, h[i], l[i]);
+}
+
+/* The A fragment of tile (m, k-step kk / 8) of a split A operand W columns wide. */
+__device__ __forceinline__ void atm_frag_a(const uint32_t *h, const uint32_t *l, int m, int kk,
+                                           int W, int lane, uint32_t (&hi)[4], uint32_t (&lo)[4])
+{
+    const int i = ((m * (W / 8) + kk / 8) * 32 + lane) * 4;
+    const uint4 u = *(const uint4 *)(h + i), v = *(const uint4 *)(l + i);
+    hi[0] = u.x, hi[1] = u.y, hi[2] = u.z, hi[3] = u.w;
+    lo[0] = v.x, lo[1] = v.y, lo[2] = v.z, lo[3] = v.w;
+}
+
+/* The B fragment (8 x 8, k by n: lane (g, t) holds k = t and t + 4 at n = g) of the tile
+ * whose (k, n) element is x[k * sk + n * sn]. */
+__device__ __forceinline__ void atm_frag_b(const float *x, int sk, int sn, int g, int t,
+                                           uint32_t (&hi)[2], uint32_t (&lo)[2])
+{
+    atm_split(x[t * sk + g * sn], hi[0], lo[0]);
+    atm_split(x[(t + 4) * sk + g * sn], hi[1], lo[1]);
+}
+
+/* grid: x = tile of 16 * MT rows, y = kv head, z = split. Warp w scores keys ATM_KW w ..
+ * ATM_KW (w + 1) - 1 of every row and sums the values of d tiles w, w + ATM_WARPS, ... (8
+ * values each) of every row. The A operands, which every warp reads, are split once into
+ * shared memory; each warp splits the B operands it alone reads. */
+template <int HD, int MT>
+__global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p)
+{
+    pdl_enter(early);
+    typedef atm_geo<HD> G;
+    constexpr int ROWS = 16 * MT, CH = HD / 4, NJ = ATM_KW / 8, ND = HD / 8 / ATM_WARPS;
+    static_assert(ATM_KW % 8 == 0 && HD % (8 * ATM_WARPS) == 0,
+                  "whole key tiles per warp, the same number of d tiles per warp");
+    const ops_attn &a = p.a;
+    extern __shared__ __align__(16) float atm_smem[];
+    uint32_t *ah = (uint32_t *)atm_smem;         /* A operand hi words: query rows, then p */
+    uint32_t *al = ah + (size_t)ROWS * G::AW;     /* lo words */
+    float *ks = atm_smem + (size_t)ROWS * G::AW * 2; /* keys, then scores (ATM_SS apart) */
+    float *vs = ks + atm_kbuf_floats<HD, MT>();
+    __shared__ float row_m[ROWS], row_l[ROWS];
+    __shared__ int64_t row_t[ROWS], row_h[ROWS];
+    __shared__ int32_t row_qp[ROWS];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
+    const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS, k0 = s * ATT_SPLIT;
+    const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
+    const int nk = (int)(n_kv - k0 < ATT_SPLIT ? (n_kv > k0 ? n_kv - k0 : 0) : ATT_SPLIT);
+
+    /* keys (one copy group), values (another), meanwhile the query rows as pairs */
+    const float *kbase = (const float *)a.k + (k0 * a.kv_tok_stride + g * a.kv_head_stride);
+    const float *vbase = (const float *)a.v + (k0 * a.kv_tok_stride + g * a.kv_head_stride);
+    for (int e = tid; e < nk * CH; e += ATM_THREADS)
+        ats_cp16(ks + (e / CH) * G::KS + (e % CH) * 4, kbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
+    ats_commit();
+    const int kend = (nk + 7) & ~7; /* the value products run over whole 8-key steps */
+    for (int e = tid; e < nk * CH; e += ATM_THREADS)
+        ats_cp16(vs + (e / CH) * G::VS + (e % CH) * 4, vbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
+    ats_commit();
+    for (int e = nk * CH + tid; e < kend * CH; e += ATM_THREADS) /* p is 0 there: v must be finite */
+        *(float4 *)(vs + (e / CH) * G::VS + (e % CH) * 4) = make_float4(0, 0, 0, 0);
+    for (int r = tid; r < ROWS; r += ATM_THREADS) {
+        const int64_t rf = r0 + (r < nr ? r : 0);
+        row_t[r] = rf / p.group;
+        row_h[r] = g * p.group + rf % p.group;
+        row_qp[r] = a.q_pos[row_t[r]];
+    }
+    __syncthreads();
+    for (int e = tid; e < ROWS * CH; e += ATM_THREADS) {
+        const int r = e / CH, c = e % CH;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (r < nr)
+            v = __ldg((const float4 *)(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride) + c);
+        atm_aput(ah, al, r, 4 * c, HD, v.x);
+        atm_aput(ah, al, r, 4 * c + 1, HD, v.y);
+        atm_aput(ah, al, r, 4 * c + 2, HD, v.z);
+        atm_aput(ah, al, r, 4 * c + 3, HD, v.w);
+    }
+    ats_wait<1>();
+    __syncthreads(); /* the query pairs and keys are in */
+
+    /* scores of keys ATM_KW w .. ATM_KW (w + 1) - 1: MT x NJ tiles */
+    float sc[MT][NJ][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[m][j][e] = 0;
+    if (ATM_KW * warp < nk) {
+#pragma unroll 2
+        for (int kk = 0; kk < HD; kk += 8) {
+            uint32_t fh[MT][4], fl[MT][4], bh[NJ][2], bl[NJ][2];
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+                atm_frag_b(ks + (ATM_KW * warp + 8 * j) * G::KS + kk, 1, G::KS, gi, ti, bh[j], bl[j]);
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                atm_frag_a(ah, al, m, kk, HD, lane, fh[m], fl[m]);
+            atm_mma3(sc, fh, fl, bh, bl);
+        }
+    }
+    __syncthreads(); /* every warp is done with the keys: the buffer takes the scores */
+    float *ss = ks;
+    const bool every = a.window <= 0; /* bidirectional: no window, every key in the cache */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * m + gi + (e >> 1) * 8, c = ATM_KW * warp + 8 * j + 2 * ti + (e & 1);
+                bool vis = r < nr && c < nk;
+                if (vis && !every)
+                    vis = llabs((int64_t)row_qp[r] - __ldg(a.k_pos + k0 + c)) < a.window;
+                ss[r * ATM_SS + c] = vis ? __fmul_rn(a.scale, sc[m][j][e]) : -INFINITY;
+            }
+    __syncthreads();
+    for (int r = warp; r < ROWS; r += ATM_WARPS) {
+        float *row = ss + r * ATM_SS;
+        att_row_softmax(row, ATT_SPLIT, lane, &row_m[r], &row_l[r], row, 1);
+        __syncwarp();
+        for (int c = lane; c < ATT_SPLIT; c += 32)
+            atm_aput(ah, al, r, c, ATT_SPLIT, row[c]);
+    }
+    ats_wait<0>();
+    __syncthreads(); /* p and the values are in */
+
+    /* values of d tiles w, w + ATM_WARPS, ...: MT x ND tiles over the split's keys */
+    float o[MT][ND][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                o[m][j][e] = 0;
+#pragma unroll 2
+    for (int kk = 0; kk < kend; kk += 8) {
+        uint32_t fh[MT][4], fl[MT][4], bh[ND][2], bl[ND][2];
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+            atm_frag_b(vs + kk * G::VS + 8 * (warp + ATM_WARPS * j), G::VS, 1, gi, ti, bh[j], bl[j]);
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            atm_frag_a(ah, al, m, kk, ATT_SPLIT, lane, fh[m], fl[m]);
+        atm_mma3(o, fh, fl, bh, bl);
+    }
+
+    /* the split's partial: values, then max and sum */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = 16 * m + gi + 8 * hf;
+            if (r >= nr)
+                continue;
+            float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+#pragma unroll
+            for (int j = 0; j < ND; j++)
+                *(float2 *)(pr + 8 * (warp + ATM_WARPS * j) + 2 * ti) =
+                    make_float2(o[m][j][2 * hf], o[m][j][2 * hf + 1]);
+        }
+    for (int r = tid; r < nr; r += ATM_THREADS) {
+        float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+        pr[HD] = row_m[r];
+        pr[HD + 1] = row_l[r];
+    }
+}
+
+typedef void (*atm_fn)(bool, att_args);
+
+template <int HD, int MT> static atm_fn atm_pick(int dev, size_t *smem, uint64_t **occ)
+{
+    *smem = atm_smem_bytes<HD, MT>();
+    *occ = pdl_occ_cache<atm_kernel<HD, MT>>();
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        *smem + 4096 > (size_t)optin)
+        return NULL;
+    if (smem_optin<atm_kernel<HD, MT>>(dev, *smem) != TD_OK)
+        return NULL;
+    return atm_kernel<HD, MT>;
+}
+
+template <int HD>
+static atm_fn atm_pick_rows(int dev, int64_t n_rows, int *mt, size_t *smem, uint64_t **occ)
+{
+    *mt = n_rows <= 16 ? 1 : n_rows <= 32 ? 2 : 4;
+    return *mt == 1   ? atm_pick<HD, 1>(dev, smem, occ)
+           : *mt == 2 ? atm_pick<HD, 2>(dev, smem, occ)
+                      : atm_pick<HD, 4>(dev, smem, occ);
+}
+
+/* The tensor-core kernel for a call, or NULL (other masks, caches or head sizes, rows not
+ * 16-byte aligned, too little shared memory, TANDEM_ATT_MMA=0); *mt: its rows / 16, *smem
+ * its dynamic shared memory, *occ its occupancy cache. */
+static atm_fn atm_plan(const ops_attn *a, int dev, int64_t n_rows, int *mt, size_t *smem,
+                       uint64_t **occ)
+{
+    const char *e = getenv("TANDEM_ATT_MMA");
+    if ((e && strcmp(e, "0") == 0) || a->kv_type != TD_F32 ||
+        a->mask != OPS_MASK_BIDIRECTIONAL || a->n_kv_dev || a->n_kv == 0 ||
+        (uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 || (uintptr_t)a->q % 16 != 0 ||
+        a->kv_tok_stride % 4 != 0 || a->kv_head_stride % 4 != 0 || a->q_tok_stride % 4 != 0 ||
+        a->q_head_stride % 4 != 0 || dev < 0 || dev >= PDL_MAX_DEV)
+        return NULL;
+    switch (a->head_dim) {
+    case 128:
+        return atm_pick_rows<128>(dev, n_rows, mt, smem, occ);
+    case 64:
+        return atm_pick_rows<64>(dev, n_rows, mt, smem, occ);
+    default:
+        return NULL;
+    }
+}
+
 typedef void (*ats_fn)(bool, att_args, int);
 
 /* Which staged kernel runs a call, with how much shared memory, and whether keys and values
@@ -1097,6 +1421,28 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     const long long row_blocks = tiles * a->n_head_kv;
     const size_t part_bytes =
         (size_t)p.n_split * (size_t)(a->n_q * a->n_head) * (size_t)(a->head_dim + 2) * sizeof(float);
+    int mt = 0;
+    size_t atm_bytes = 0;
+    uint64_t *atm_occ = NULL;
+    const atm_fn atm = part_bytes <= ATT_SCRATCH_MAX
+                           ? atm_plan(a, dev, p.n_rows, &mt, &atm_bytes, &atm_occ)
+                           : NULL;
+    if (atm) {
+        void *pooled = NULL;
+        TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
+        const dim3 grid((unsigned)((p.n_rows + 16 * mt - 1) / (16 * mt)), (unsigned)a->n_head_kv,
+                        (unsigned)p.n_split);
+        const pdl_plan pp = pdl_plan_get((const void *)atm, (uint64_t)grid.x * grid.y * grid.z,
+                                         ATM_THREADS, atm_bytes, atm_occ);
+        const cudaError_t e = launch_ex(atm, grid, dim3(ATM_THREADS), atm_bytes, pp.pdl, st,
+                                        pp.early, p);
+        cuda_launch_note(1);
+        td_err r = e == cudaSuccess
+                       ? att_combine_launch(p, st)
+                       : err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
+        dev_scratch_free(pooled, st);
+        return r;
+    }
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
     /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
      * turn */
