@@ -339,6 +339,28 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
     bit_identity(40, 70000, false);
 }
 
+/* Sets variable name to val (NULL: unsets it); returns its old value for env_restore. */
+static char *env_swap(const char *name, const char *val)
+{
+    const char *saved = getenv(name);
+    char *keep = saved ? strdup(saved) : NULL;
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+    return keep;
+}
+
+/* Gives name back the value env_swap returned (and frees it). */
+static void env_restore(const char *name, char *keep)
+{
+    if (keep)
+        setenv(name, keep, 1);
+    else
+        unsetenv(name);
+    free(keep);
+}
+
 /* The staged kernel's rows per block (TANDEM_ATT_ROWS=2, 4, 8, 16; by default chosen from
  * the grid) only share out the work: decode, verify, tree, drafter and folding prefill
  * calls give the same bits under every size, and agree with the CPU. */
@@ -362,8 +384,7 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
          false, KEYS_LATER_MASKED, 0},
     };
     static const char *const rows[] = {NULL, "2", "4", "8", "16"};
-    const char *saved = getenv("TANDEM_ATT_ROWS");
-    char *keep = saved ? strdup(saved) : NULL;
+    char *keep = env_swap("TANDEM_ATT_ROWS", NULL);
     rng_seed(15);
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const att_case *c = &cs[i];
@@ -373,10 +394,7 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
         ops_attn d = att_upload(&h);
         float *first = NULL;
         for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
-            if (rows[k])
-                setenv("TANDEM_ATT_ROWS", rows[k], 1);
-            else
-                unsetenv("TANDEM_ATT_ROWS");
+            free(env_swap("TANDEM_ATT_ROWS", rows[k]));
             float *got = att_run(d);
             char what[96];
             snprintf(what, sizeof what, "%s, rows %s", c->name, rows[k] ? rows[k] : "auto");
@@ -394,28 +412,15 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
         att_dev_free(&d);
         att_host_free(&h);
     }
-    if (keep)
-        setenv("TANDEM_ATT_ROWS", keep, 1);
-    else
-        unsetenv("TANDEM_ATT_ROWS");
-    free(keep);
+    env_restore("TANDEM_ATT_ROWS", keep);
 }
 
 /* Runs d with TANDEM_ATT_MMA set to val (NULL: unset), then restores the variable. */
 static float *att_run_mma(ops_attn d, const char *val)
 {
-    const char *saved = getenv("TANDEM_ATT_MMA");
-    char *keep = saved ? strdup(saved) : NULL;
-    if (val)
-        setenv("TANDEM_ATT_MMA", val, 1);
-    else
-        unsetenv("TANDEM_ATT_MMA");
+    char *keep = env_swap("TANDEM_ATT_MMA", val);
     float *got = att_run(d);
-    if (keep)
-        setenv("TANDEM_ATT_MMA", keep, 1);
-    else
-        unsetenv("TANDEM_ATT_MMA");
-    free(keep);
+    env_restore("TANDEM_ATT_MMA", keep);
     return got;
 }
 

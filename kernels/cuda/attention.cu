@@ -921,7 +921,7 @@ static td_err att_combine_launch(const att_args &p, cudaStream_t st)
  * block takes one kv head, 16, 32 or 64 (query, head) rows and one split of ATT_SPLIT keys,
  * and hands its partial to the combine kernel. Scores (q . k over d) and values (p . v over
  * the split's keys) are m16n8k8 TF32 tensor-core products with each f32 operand x split
- * into hi = tf32(x) and lo = x - hi (atm_split): a product is lo*hi + hi*lo + hi*hi, within
+ * into hi = tf32(x) and lo = x - hi (atm_split): a product is hi*hi + (lo*hi + hi*lo), within
  * about 2^-21 of the f32 product (lo*lo and lo's bits below TF32 are dropped), summed by
  * the tensor core over 8 terms at a time. The split's softmax is att_row_softmax, the fold the combine kernel's. A row's
  * result depends only on its own query and visible keys (a product's output element reads
@@ -981,29 +981,44 @@ __device__ __forceinline__ void atm_mma(float (&c)[4], const uint32_t (&a)[4], c
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/* c[m][j] += a[m] * b[j] for every pair from the split operands, the small terms first; each
- * round runs all pairs, so consecutive products are independent (an in-order warp waits out
- * a product's latency only when the next one needs its result). */
+/* For every pair (m, j): the products of a[m] and b[j] from the split operands, hi*hi into
+ * c[m][j] and the small terms lo*hi + hi*lo into d[m][j] (added to c at the end: two chains
+ * per tile, neither waiting on the other); each round runs all pairs, so consecutive
+ * products are independent (an in-order warp waits out a product's latency only when the
+ * next one needs its result). */
 template <int M, int N>
-__device__ __forceinline__ void atm_mma3(float (&c)[M][N][4], const uint32_t (&ah)[M][4],
-                                         const uint32_t (&al)[M][4], const uint32_t (&bh)[N][2],
-                                         const uint32_t (&bl)[N][2])
+__device__ __forceinline__ void atm_mma3(float (&c)[M][N][4], float (&d)[M][N][4],
+                                         const uint32_t (&ah)[M][4], const uint32_t (&al)[M][4],
+                                         const uint32_t (&bh)[N][2], const uint32_t (&bl)[N][2])
 {
 #pragma unroll
     for (int m = 0; m < M; m++)
 #pragma unroll
         for (int j = 0; j < N; j++)
-            atm_mma(c[m][j], al[m], bh[j]);
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int j = 0; j < N; j++)
-            atm_mma(c[m][j], ah[m], bl[j]);
+            atm_mma(d[m][j], al[m], bh[j]);
 #pragma unroll
     for (int m = 0; m < M; m++)
 #pragma unroll
         for (int j = 0; j < N; j++)
             atm_mma(c[m][j], ah[m], bh[j]);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            atm_mma(d[m][j], ah[m], bl[j]);
+}
+
+/* c += d, tile by tile. */
+template <int M, int N>
+__device__ __forceinline__ void atm_add(float (&c)[M][N][4], const float (&d)[M][N][4])
+{
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < N; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                c[m][j][e] += d[m][j][e];
 }
 
 /* Where element (r, c) of an A operand W columns wide sits in fragment order: tile (r / 16,
@@ -1089,30 +1104,33 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
         row_qp[r] = a.q_pos[row_t[r]];
     }
     __syncthreads();
-    for (int e = tid; e < ROWS * CH; e += ATM_THREADS) {
-        const int r = e / CH, c = e % CH;
-        float4 v = make_float4(0, 0, 0, 0);
-        if (r < nr)
-            v = __ldg((const float4 *)(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride) + c);
-        atm_aput(ah, al, r, 4 * c, HD, v.x);
-        atm_aput(ah, al, r, 4 * c + 1, HD, v.y);
-        atm_aput(ah, al, r, 4 * c + 2, HD, v.z);
-        atm_aput(ah, al, r, 4 * c + 3, HD, v.w);
+    constexpr int QN = (ROWS * CH + ATM_THREADS - 1) / ATM_THREADS; /* query pieces a thread splits */
+    float4 qv[QN];
+#pragma unroll
+    for (int u = 0; u < QN; u++) { /* every load out before any is split */
+        const int e = tid + u * ATM_THREADS, r = e / CH, c = e % CH;
+        qv[u] = make_float4(0, 0, 0, 0);
+        if (r < nr && e < ROWS * CH)
+            qv[u] = __ldg((const float4 *)(a.q + row_t[r] * a.q_tok_stride +
+                                           row_h[r] * a.q_head_stride) + c);
+    }
+#pragma unroll
+    for (int u = 0; u < QN; u++) {
+        const int e = tid + u * ATM_THREADS, r = e / CH, c = e % CH;
+        if (e >= ROWS * CH)
+            break;
+        atm_aput(ah, al, r, 4 * c, HD, qv[u].x);
+        atm_aput(ah, al, r, 4 * c + 1, HD, qv[u].y);
+        atm_aput(ah, al, r, 4 * c + 2, HD, qv[u].z);
+        atm_aput(ah, al, r, 4 * c + 3, HD, qv[u].w);
     }
     ats_wait<1>();
     __syncthreads(); /* the query pairs and keys are in */
 
     /* scores of keys ATM_KW w .. ATM_KW (w + 1) - 1: MT x NJ tiles */
-    float sc[MT][NJ][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sc[m][j][e] = 0;
+    float sc[MT][NJ][4] = {}, sd[MT][NJ][4] = {};
     if (ATM_KW * warp < nk) {
-#pragma unroll 2
+#pragma unroll
         for (int kk = 0; kk < HD; kk += 8) {
             uint32_t fh[MT][4], fl[MT][4], bh[NJ][2], bl[NJ][2];
 #pragma unroll
@@ -1121,8 +1139,9 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
 #pragma unroll
             for (int m = 0; m < MT; m++)
                 atm_frag_a(ah, al, m, kk, HD, lane, fh[m], fl[m]);
-            atm_mma3(sc, fh, fl, bh, bl);
+            atm_mma3(sc, sd, fh, fl, bh, bl);
         }
+        atm_add(sc, sd);
     }
     __syncthreads(); /* every warp is done with the keys: the buffer takes the scores */
     float *ss = ks;
@@ -1151,16 +1170,11 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
     __syncthreads(); /* p and the values are in */
 
     /* values of d tiles w, w + ATM_WARPS, ...: MT x ND tiles over the split's keys */
-    float o[MT][ND][4];
+    float o[MT][ND][4] = {}, od[MT][ND][4] = {};
 #pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                o[m][j][e] = 0;
-#pragma unroll 2
-    for (int kk = 0; kk < kend; kk += 8) {
+    for (int kk = 0; kk < ATT_SPLIT; kk += 8) {
+        if (kk >= kend)
+            break;
         uint32_t fh[MT][4], fl[MT][4], bh[ND][2], bl[ND][2];
 #pragma unroll
         for (int j = 0; j < ND; j++)
@@ -1168,8 +1182,9 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
 #pragma unroll
         for (int m = 0; m < MT; m++)
             atm_frag_a(ah, al, m, kk, ATT_SPLIT, lane, fh[m], fl[m]);
-        atm_mma3(o, fh, fl, bh, bl);
+        atm_mma3(o, od, fh, fl, bh, bl);
     }
+    atm_add(o, od);
 
     /* the split's partial: values, then max and sum */
 #pragma unroll
