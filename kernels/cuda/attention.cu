@@ -921,15 +921,16 @@ static td_err att_combine_launch(const att_args &p, cudaStream_t st)
  * block takes one kv head, 16, 32 or 64 (query, head) rows and one split of ATT_SPLIT keys,
  * and hands its partial to the combine kernel. Scores (q . k over d) and values (p . v over
  * the split's keys) are m16n8k8 TF32 tensor-core products with each f32 operand x split
- * into hi = tf32(x) and lo = x - hi (atm_split): a product is hi*hi + (lo*hi + hi*lo), within
- * about 2^-21 of the f32 product (lo*lo and lo's bits below TF32 are dropped), summed by
- * the tensor core over 8 terms at a time. The split's softmax is att_row_softmax, the fold the combine kernel's. A row's
- * result depends only on its own query and visible keys (a product's output element reads
- * one row of each operand), so a query still gives the same bits alone or in any block; the
- * kernel is chosen by the mask kind, cache type and head_dim alone (and TANDEM_ATT_MMA=0,
- * read on every call, turns it off to measure and to test the staged kernel on these calls).
- * The scalar staged kernel took ~36 us for the 27B drafter's block over 1K keys (H200):
- * each 16-row block re-read its split from L2 and ran ~38K warp instructions.
+ * into hi = tf32(x) and lo = x - hi (atm_split): a product is hi*hi + (lo*hi + hi*lo),
+ * within about 2^-21 of the f32 product (lo*lo and lo's bits below TF32 are dropped), summed
+ * by the tensor core over 8 terms at a time. The split's softmax is att_row_softmax, the fold
+ * the combine kernel's. A row's result depends only on its own query and visible keys (a
+ * product's output element reads one row of each operand), so a query still gives the same
+ * bits alone or in any block; the kernel is chosen by the mask kind, cache type and head_dim
+ * alone (and TANDEM_ATT_MMA=0, read on every call, turns it off to measure and to test the
+ * staged kernel on these calls). The scalar staged kernel took ~36 us for the 27B drafter's
+ * block over 1K keys (H200): each 16-row block re-read its split from L2 and ran ~38K warp
+ * instructions; this one takes ~25 us (kernels/cuda/NOTES.md).
  * ------------------------------------------------------------------------------------- */
 
 #define ATM_WARPS 8
@@ -973,7 +974,8 @@ __device__ __forceinline__ void atm_split(float x, uint32_t &hi, uint32_t &lo)
     lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
-__device__ __forceinline__ void atm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
+__device__ __forceinline__ void atm_mma(float (&c)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[2])
 {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
@@ -1089,13 +1091,16 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
     const float *kbase = (const float *)a.k + (k0 * a.kv_tok_stride + g * a.kv_head_stride);
     const float *vbase = (const float *)a.v + (k0 * a.kv_tok_stride + g * a.kv_head_stride);
     for (int e = tid; e < nk * CH; e += ATM_THREADS)
-        ats_cp16(ks + (e / CH) * G::KS + (e % CH) * 4, kbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
+        ats_cp16(ks + (e / CH) * G::KS + (e % CH) * 4,
+                 kbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
     ats_commit();
     const int kend = (nk + 7) & ~7; /* the value products run over whole 8-key steps */
     for (int e = tid; e < nk * CH; e += ATM_THREADS)
-        ats_cp16(vs + (e / CH) * G::VS + (e % CH) * 4, vbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
+        ats_cp16(vs + (e / CH) * G::VS + (e % CH) * 4,
+                 vbase + (e / CH) * a.kv_tok_stride + (e % CH) * 4);
     ats_commit();
-    for (int e = nk * CH + tid; e < kend * CH; e += ATM_THREADS) /* p is 0 there: v must be finite */
+    /* p is 0 past the keys: the values there must be finite */
+    for (int e = nk * CH + tid; e < kend * CH; e += ATM_THREADS)
         *(float4 *)(vs + (e / CH) * G::VS + (e % CH) * 4) = make_float4(0, 0, 0, 0);
     for (int r = tid; r < ROWS; r += ATM_THREADS) {
         const int64_t rf = r0 + (r < nr ? r : 0);
@@ -1104,7 +1109,7 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
         row_qp[r] = a.q_pos[row_t[r]];
     }
     __syncthreads();
-    constexpr int QN = (ROWS * CH + ATM_THREADS - 1) / ATM_THREADS; /* query pieces a thread splits */
+    constexpr int QN = (ROWS * CH + ATM_THREADS - 1) / ATM_THREADS; /* a thread's query pieces */
     float4 qv[QN];
 #pragma unroll
     for (int u = 0; u < QN; u++) { /* every load out before any is split */
@@ -1135,7 +1140,8 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
             uint32_t fh[MT][4], fl[MT][4], bh[NJ][2], bl[NJ][2];
 #pragma unroll
             for (int j = 0; j < NJ; j++)
-                atm_frag_b(ks + (ATM_KW * warp + 8 * j) * G::KS + kk, 1, G::KS, gi, ti, bh[j], bl[j]);
+                atm_frag_b(ks + (ATM_KW * warp + 8 * j) * G::KS + kk, 1, G::KS, gi, ti, bh[j],
+                           bl[j]);
 #pragma unroll
             for (int m = 0; m < MT; m++)
                 atm_frag_a(ah, al, m, kk, HD, lane, fh[m], fl[m]);
@@ -1152,7 +1158,8 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
         for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = 16 * m + gi + (e >> 1) * 8, c = ATM_KW * warp + 8 * j + 2 * ti + (e & 1);
+                const int r = 16 * m + gi + (e >> 1) * 8;
+                const int c = ATM_KW * warp + 8 * j + 2 * ti + (e & 1);
                 bool vis = r < nr && c < nk;
                 if (vis && !every)
                     vis = llabs((int64_t)row_qp[r] - __ldg(a.k_pos + k0 + c)) < a.window;
@@ -1178,7 +1185,8 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
         uint32_t fh[MT][4], fl[MT][4], bh[ND][2], bl[ND][2];
 #pragma unroll
         for (int j = 0; j < ND; j++)
-            atm_frag_b(vs + kk * G::VS + 8 * (warp + ATM_WARPS * j), G::VS, 1, gi, ti, bh[j], bl[j]);
+            atm_frag_b(vs + kk * G::VS + 8 * (warp + ATM_WARPS * j), G::VS, 1, gi, ti, bh[j],
+                       bl[j]);
 #pragma unroll
         for (int m = 0; m < MT; m++)
             atm_frag_a(ah, al, m, kk, ATT_SPLIT, lane, fh[m], fl[m]);
@@ -1214,8 +1222,9 @@ template <int HD, int MT> static atm_fn atm_pick(int dev, size_t *smem, uint64_t
     *smem = atm_smem_bytes<HD, MT>();
     *occ = pdl_occ_cache<atm_kernel<HD, MT>>();
     int optin = 0;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        *smem + 4096 > (size_t)optin)
+    const cudaError_t e =
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess || *smem + 4096 > (size_t)optin) /* room for the static arrays */
         return NULL;
     if (smem_optin<atm_kernel<HD, MT>>(dev, *smem) != TD_OK)
         return NULL;
