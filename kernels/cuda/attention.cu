@@ -1059,6 +1059,24 @@ __device__ __forceinline__ void atm_frag_b(const float *x, int sk, int sn, int g
     atm_split(x[(t + 4) * sk + g * sn], hi[1], lo[1]);
 }
 
+/* One k-step (8 columns from kk) of the products c (hi*hi) and d (lo*hi + hi*lo) for M row
+ * tiles of a split A operand W columns wide and N B tiles: tile j's (k, n) element is
+ * b[j * bstep + k * sk + n * sn]. */
+template <int M, int N>
+__device__ __forceinline__ void atm_step(float (&c)[M][N][4], float (&d)[M][N][4],
+                                         const uint32_t *ah, const uint32_t *al, int W, int kk,
+                                         const float *b, int bstep, int sk, int sn, int lane)
+{
+    uint32_t fh[M][4], fl[M][4], bh[N][2], bl[N][2];
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        atm_frag_b(b + j * bstep, sk, sn, lane >> 2, lane & 3, bh[j], bl[j]);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        atm_frag_a(ah, al, m, kk, W, lane, fh[m], fl[m]);
+    atm_mma3(c, d, fh, fl, bh, bl);
+}
+
 /* grid: x = tile of 16 * MT rows, y = kv head, z = split. Warp w scores keys ATM_KW w ..
  * ATM_KW (w + 1) - 1 of every row and sums the values of d tiles w, w + ATM_WARPS, ... (8
  * values each) of every row. The A operands, which every warp reads, are split once into
@@ -1136,17 +1154,9 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
     float sc[MT][NJ][4] = {}, sd[MT][NJ][4] = {};
     if (ATM_KW * warp < nk) {
 #pragma unroll
-        for (int kk = 0; kk < HD; kk += 8) {
-            uint32_t fh[MT][4], fl[MT][4], bh[NJ][2], bl[NJ][2];
-#pragma unroll
-            for (int j = 0; j < NJ; j++)
-                atm_frag_b(ks + (ATM_KW * warp + 8 * j) * G::KS + kk, 1, G::KS, gi, ti, bh[j],
-                           bl[j]);
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-                atm_frag_a(ah, al, m, kk, HD, lane, fh[m], fl[m]);
-            atm_mma3(sc, sd, fh, fl, bh, bl);
-        }
+        for (int kk = 0; kk < HD; kk += 8)
+            atm_step(sc, sd, ah, al, HD, kk, ks + ATM_KW * warp * G::KS + kk, 8 * G::KS, 1,
+                     G::KS, lane);
         atm_add(sc, sd);
     }
     __syncthreads(); /* every warp is done with the keys: the buffer takes the scores */
@@ -1182,15 +1192,8 @@ __global__ void __launch_bounds__(ATM_THREADS) atm_kernel(bool early, att_args p
     for (int kk = 0; kk < ATT_SPLIT; kk += 8) {
         if (kk >= kend)
             break;
-        uint32_t fh[MT][4], fl[MT][4], bh[ND][2], bl[ND][2];
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-            atm_frag_b(vs + kk * G::VS + 8 * (warp + ATM_WARPS * j), G::VS, 1, gi, ti, bh[j],
-                       bl[j]);
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-            atm_frag_a(ah, al, m, kk, ATT_SPLIT, lane, fh[m], fl[m]);
-        atm_mma3(o, od, fh, fl, bh, bl);
+        atm_step(o, od, ah, al, ATT_SPLIT, kk, vs + kk * G::VS + 8 * warp, 8 * ATM_WARPS, G::VS,
+                 1, lane);
     }
     atm_add(o, od);
 
