@@ -936,7 +936,7 @@ static td_err att_combine_launch(const att_args &p, cudaStream_t st)
 #define ATM_WARPS 8
 #define ATM_THREADS (32 * ATM_WARPS)
 #define ATM_KW (ATT_SPLIT / ATM_WARPS) /* keys a warp scores */
-#define ATM_SS (ATT_SPLIT + 4)       /* floats per score row: (8 rows x 4 keys) on 32 banks */
+#define ATM_SS (ATT_SPLIT + 4)       /* floats per score row (rows start 4 banks apart) */
 
 /* Shared memory: the A operands (query rows, then p), split into hi and lo words, each in
  * fragment order (atm_aidx: a lane's four words of a tile side by side, one 16-byte load);
