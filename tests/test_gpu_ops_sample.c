@@ -127,6 +127,37 @@ static void check_probs(const char *what, const float *logits, int64_t n, const 
     cuda_mem_free(dp);
 }
 
+static const float *order_of; /* the logits order_cmp ranks */
+
+/* cpu_topk's order: larger logit first, lower id first on ties (no NaN here) */
+static int order_cmp(const void *a, const void *b)
+{
+    const int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+    const float x = order_of[i], y = order_of[j];
+    return x > y ? -1 : x < y ? 1 : (i > j) - (i < j);
+}
+
+/* A top_p whose cut keeps the first m + 1 entries of cpu_topk's order of logits[n] at
+ * temperature t: the mass of the first m (the CPU's p) and half of the next, so the cut
+ * lies half a token's mass away from any boundary. */
+static float mid_of_order(const float *logits, int64_t n, float t, int64_t m)
+{
+    float *p = malloc((size_t)n * 4);
+    int64_t *ids = malloc((size_t)n * sizeof *ids);
+    GPU_OK(cpu_sample_probs(p, logits, n, &(ops_sampler){.temperature = t, .top_p = 1}));
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = i;
+    order_of = logits;
+    qsort(ids, (size_t)n, sizeof *ids, order_cmp);
+    double cum = 0;
+    for (int64_t j = 0; j < m; j++)
+        cum += p[ids[j]];
+    const float mid = (float)(cum + p[ids[m]] / 2);
+    free(ids);
+    free(p);
+    return mid;
+}
+
 /* The top-k path walks k candidates in f64 in the CPU's order: p within 2 ulp. The dense
  * and sorted paths compute exp in f32 from an f32 (logit - max) / temperature: |z| <= 30
  * here, so e is within 30 * 2^-24 + 2 ulp, and the f32-then-f64 sums add ~1e-6: 1e-5. */
@@ -168,26 +199,37 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
     check_probs("top_p (within the best 1024)", head, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid}, RTOL_TOPK);
     /* the same settings on a flat row: the kept set (1700 of WIDE tokens, the cut half a
-     * token's mass inside the 1701st) reaches past the best 1024, so the row is sorted */
+     * token's mass inside the 1701st) reaches past the best 1024, so the row is cut by mass */
     float *wide = make_logits(VOCAB, LOGITS_WIDE);
     GPU_OK(cpu_sample_probs(p, wide, VOCAB, &(ops_sampler){.temperature = 1, .top_p = 1}));
     double cum = 0;
     for (int64_t j = 0; j < 1700; j++)
         cum += p[j * 49];
     const float mid_w = (float)(cum + p[1700 * 49] / 2);
-    check_probs("top_p past the best 1024 (sorted)", wide, VOCAB,
+    check_probs("top_p past the best 1024 (cut by mass)", wide, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid_w}, RTOL_F32);
     /* kept set of 1031: top_p of the mass is below 1024 of the best's, so the walk over the
-     * best 1024 runs and falls short before the sort */
+     * best 1024 runs and falls short before the cut by mass */
     cum = 0;
     for (int64_t j = 0; j < 1030; j++)
         cum += p[j * 49];
     const float mid_w2 = (float)(cum + p[1030 * 49] / 2);
-    check_probs("top_p just past the best 1024 (walked, then sorted)", wide, VOCAB,
+    check_probs("top_p just past the best 1024 (walked, then cut by mass)", wide, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid_w2}, RTOL_F32);
-    check_probs("top_p past the best 1024, min_p (sorted)", wide, VOCAB,
+    check_probs("top_p past the best 1024, min_p (cut by mass)", wide, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = mid_w, .min_p = 0.95f}, RTOL_F32);
     free(wide);
+    /* a cut inside a run of equal logits past the best 1024: the run keeps its lowest ids
+     * (cpu_topk's order), here 3001 of the ~5000 tokens at the top value */
+    float *flat = make_logits(VOCAB, LOGITS_TIES);
+    check_probs("top_p inside a run of ties (cut by mass)", flat, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid_of_order(flat, VOCAB, 1, 3000)},
+                RTOL_F32);
+    /* a flat row (uniform logits), 1501 kept */
+    check_probs("top_p of a flat row (cut by mass)", rnd, VOCAB,
+                &(ops_sampler){.temperature = 1.5f, .top_p = mid_of_order(rnd, VOCAB, 1.5f, 1500)},
+                RTOL_F32);
+    free(flat);
     const float mp = 0.5f * (expf(-2) + expf(-3)); /* between e^-2 and e^-3 of the max */
     check_probs("min_p (dense)", head, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = 1, .min_p = mp}, RTOL_F32);

@@ -7,10 +7,11 @@
  * - top_k <= TOPK_MAX: radix-select the k candidates in one block (select.cuh), then one
  *   thread walks them in the CPU's order and precision (f64, k small);
  * - top_p alone: the same walk over the row's best TOPK_MAX entries against the whole row's
- *   mass; where the kept set reaches further (a flat distribution), the next path;
- * - a top_k above TOPK_MAX (or that flat top_p row): a stable radix sort of the whole row
- *   (CUB) gives the CPU's walk order, then one block scans the sorted mass in f64 in a fixed
- *   order;
+ *   mass; where the kept set reaches further (a flat distribution), the same block finds
+ *   the cut by a radix select on the mass (smp_mass_cut: integer masses, no sort, no wait of
+ *   the host);
+ * - a top_k above TOPK_MAX: a stable radix sort of the whole row (CUB) gives the CPU's walk
+ *   order, then one block scans the sorted mass in f64 in a fixed order;
  * - otherwise (temperature, min_p): no order needed, one block normalises.
  * Per-token work in the last two runs in f32 (f64 is slow on consumer GPUs), sums meet in
  * f64 in a fixed tree: p is deterministic and within ~1e-6 relative of the CPU's.
@@ -83,6 +84,27 @@ __device__ int64_t smp_block_min(int64_t v, int64_t *sh)
     return sh[32];
 }
 
+/* Smallest v over the block (exact in any order); sh: 33 elements. */
+__device__ float smp_block_min(float v, float *sh)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v = fminf(v, __shfl_xor_sync(DEV_FULL_MASK, v, off));
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sh[lane] : INFINITY;
+        for (int off = 16; off > 0; off >>= 1)
+            v = fminf(v, __shfl_xor_sync(DEV_FULL_MASK, v, off));
+        if (lane == 0)
+            sh[32] = v;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
 /* --- greedy and dense paths ------------------------------------------------------------ */
 
 /* temperature 0: one-hot argmax; min_p_on: the dense path (no order needed). A row with no
@@ -117,43 +139,309 @@ smp_dense_kernel(float *p, const float *logits, int64_t n, float inv_t, float mi
     });
 }
 
+/* --- nucleus cut by mass ---------------------------------------------------------------- */
+
+/* Shared memory of smp_mass_cut. */
+typedef struct smp_cut_smem {
+    unsigned long long mass[256]; /* integer mass of the bucket's entries per digit (the sum
+                                     of the warps' own tables, SMP_CUT_WMASS) */
+    unsigned cnt[256];            /* entries per digit */
+    unsigned long long need;      /* mass still to take from the bucket */
+    uint64_t prefix, mask;        /* the bucket: entries of value bin `bin` whose keys have
+                                     (key & mask) == prefix */
+    unsigned ncand;
+    int bin, done;
+} smp_cut_smem;
+
+/* Dynamic shared memory of a block that may cut by mass: a table of masses per digit for
+ * each warp. A 64-bit shared-memory atomic is a compare-and-swap loop, which 32 warps adding
+ * to a few digits turn into a queue; a warp's own table needs no atomic at all. */
+#define SMP_CUT_WMASS ((SAMPLE_THREADS / 32) * 256 * sizeof(unsigned long long))
+static_assert((SAMPLE_THREADS / 32) * 256 * sizeof(unsigned short) <= 2 * TOPK_MAX * 8,
+              "the warps' counts fit the candidates' shared memory");
+static_assert((SAMPLE_THREADS / 32) * 256 <= sizeof(((sel_smem *)0)->cand),
+              "the warps' owner bytes fit the selection's candidates");
+
+/* wc[d] + c, saturating at 65535 (which still answers "none", "one" and "at most TOPK_MAX"
+ * right once the warps' counts are added) */
+__device__ __forceinline__ unsigned short smp_count_add(unsigned short w, unsigned c)
+{
+    const unsigned t = w + c;
+    return (unsigned short)(t < 65535u ? t : 65535u);
+}
+
+/* Adds every lane's mass fx (< 2^46) to digit d (none: d < 0) of the warp's tables: wm the
+ * masses, wc the counts; wo: the warp's 256 bytes of scratch. Shared-memory atomics queue
+ * 32 warps on the few entries a pass fills (a 64-bit one is a compare-and-swap loop), and
+ * __match_any_sync is slow, so: every lane writes its id to its digit's scratch byte, the
+ * lane whose id stays adds its own mass; the rest (digits shared within the warp) go by
+ * digit, their masses summed (two 23-bit halves, __reduce_add_sync) and added by one lane.
+ * Every lane of the warp must call it. */
+__device__ __forceinline__ void smp_hist_add(unsigned long long *wm, unsigned short *wc,
+                                             unsigned char *wo, int d, unsigned long long fx)
+{
+    bool pend = d >= 0;
+    if (!__ballot_sync(DEV_FULL_MASK, pend))
+        return; /* most steps of a pass past the first: no entry of the bucket */
+    const unsigned lane = threadIdx.x & 31;
+    if (pend)
+        wo[d] = (unsigned char)lane;
+    __syncwarp();
+    if (pend && wo[d] == lane) {
+        wm[d] += fx;
+        wc[d] = smp_count_add(wc[d], 1);
+        pend = false;
+    }
+    __syncwarp();
+    unsigned rem = __ballot_sync(DEV_FULL_MASK, pend);
+    while (rem) {
+        const int src = __ffs(rem) - 1;
+        const int dl = __shfl_sync(DEV_FULL_MASK, d, src);
+        const bool mine = pend && d == dl;
+        const unsigned grp = __ballot_sync(DEV_FULL_MASK, mine);
+        if (mine) {
+            const unsigned lo = __reduce_add_sync(grp, (unsigned)(fx & 0x7fffffu));
+            const unsigned hi = __reduce_add_sync(grp, (unsigned)(fx >> 23));
+            if ((int)lane == src) {
+                wm[dl] += ((unsigned long long)hi << 23) + lo;
+                wc[dl] = smp_count_add(wc[dl], (unsigned)__popc(grp));
+            }
+        }
+        rem &= ~grp;
+        __syncwarp();
+    }
+}
+
+/* Value bin (0..255) of a logit over [lo, mx] at 256 / (mx - lo) = inv_w per unit: never
+ * smaller for a larger logit (a float subtraction, a product by a positive constant and a
+ * truncation are monotonic), 0 for NaN, -inf and lo itself, so a bin is a range of sel_key. */
+__device__ __forceinline__ int smp_bin(float l, float lo, float inv_w)
+{
+    if (!(l > lo))
+        return 0;
+    const float x = (l - lo) * inv_w;
+    return x < 255.0f ? (int)x : 255;
+}
+
+/* The top-p cut of a row without sorting it: the kept set is every entry whose sel_key is
+ * >= the returned key, i.e. the shortest prefix of cpu_topk's order whose mass reaches
+ * top_p of the row's. Masses are integers, e (<= 1, f32 as the sorted path computes it)
+ * scaled by 2^s and truncated, with n * 2^s < 2^62 and s <= 45: every sum is exact, so the
+ * cut does not depend on the order in which the block adds them; it differs from the CPU's
+ * f64 walk only where the mass before an entry lies within ~n 2^-s + f32 rounding of top_p
+ * of the total. lo: the row's smallest finite logit (or mx).
+ * A select on the mass: the first pass puts the entries in 256 bins of value between lo
+ * and mx and takes the bin where the running mass (from the top) reaches top_p of the
+ * total; a bin of at most TOPK_MAX entries is gathered into shared memory (ck, cf: keys
+ * and masses, TOPK_MAX each), ranked and walked; a larger one (near-equal logits) is
+ * narrowed by a radix select on its distinct 64-bit keys, 8 bits per pass from the top,
+ * until one key is left. ck and cf (2 * TOPK_MAX * 8 bytes) also hold the warps' counts
+ * during the passes (32 x 256 x 2 bytes); owner: 32 x 256 bytes. Every thread must call it. */
+__device__ uint64_t smp_mass_cut(const float *logits, int64_t n, float mx, float lo, float inv_t,
+                                 double top_p, smp_cut_smem *sm, unsigned long long *wmass,
+                                 uint64_t *ck, unsigned long long *cf, unsigned char *owner)
+{
+    unsigned char *wo = owner + (threadIdx.x >> 5) * 256;
+    const int nw = (int)(blockDim.x >> 5);
+    unsigned long long *wm = wmass + (threadIdx.x >> 5) * 256;
+    unsigned short *wcount = (unsigned short *)ck; /* the warps' counts, before the gather */
+    unsigned short *wc = wcount + (threadIdx.x >> 5) * 256;
+    const int lg = 64 - __clzll((unsigned long long)n);
+    const float scale = ldexpf(1.0f, 62 - lg < 45 ? 62 - lg : 45); /* e * scale < 2^46 */
+    const float w = 256.0f / (mx - lo);
+    const float inv_w = w < 3.0e38f ? w : 0.0f; /* one bin for a row of equal logits */
+    __syncthreads(); /* sm may still be read by a previous call */
+    if (threadIdx.x == 0) {
+        sm->prefix = 0;
+        sm->mask = 0;
+        sm->done = 0;
+        sm->ncand = 0;
+        sm->bin = 0;
+    }
+    /* pass -1: value bins; then passes over the key bits of the chosen bin */
+    for (int shift = 64;; shift -= 8) {
+        for (int j = threadIdx.x; j < nw * 256; j += blockDim.x)
+            wmass[j] = 0, wcount[j] = 0;
+        __syncthreads();
+        const uint64_t prefix = sm->prefix, mask = sm->mask;
+        const int bin = sm->bin;
+        sel_for_each_all(logits, n, [&](int64_t i, float l, bool in) {
+            int d = -1;
+            unsigned long long fx = 0;
+            if (in) {
+                const int b = smp_bin(l, lo, inv_w);
+                if (shift == 64) {
+                    d = b;
+                } else {
+                    const uint64_t key = sel_key(l, (uint32_t)i);
+                    if (b == bin && (key & mask) == prefix)
+                        d = (int)(key >> shift) & 255;
+                }
+                if (d >= 0)
+                    fx = __float2ull_rz(smp_e(l, mx, inv_t) * scale);
+            }
+            smp_hist_add(wm, wc, wo, d, fx);
+        });
+        __syncthreads();
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+            unsigned long long m = 0;
+            unsigned c = 0;
+            for (int w2 = 0; w2 < nw; w2++)
+                m += wmass[w2 * 256 + d], c += wcount[w2 * 256 + d];
+            sm->mass[d] = m;
+            sm->cnt[d] = c;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (shift == 64) {
+                unsigned long long total = 0;
+                for (int d = 0; d < 256; d++)
+                    total += sm->mass[d];
+                /* mass >= top_p * total for an integer mass: >= its ceiling */
+                const double want = ceil(top_p * (double)total);
+                sm->need = want < (double)total ? (unsigned long long)want : total;
+            }
+            /* the largest digit d with cnt[d] > 0 and above + mass[d] >= need, above = the
+             * mass of the larger digits (the lowest non-empty digit if none: a guard) */
+            const unsigned long long need = sm->need;
+            unsigned long long above = 0;
+            int d = 255, low = -1;
+            for (; d >= 0; d--) {
+                if (!sm->cnt[d])
+                    continue;
+                low = d;
+                if (above + sm->mass[d] >= need)
+                    break;
+                above += sm->mass[d];
+            }
+            if (d < 0)
+                d = low, above = 0;
+            sm->need = need - above;
+            if (shift == 64) {
+                sm->bin = d;
+                sm->done = sm->cnt[d] <= TOPK_MAX ? 2 : 0; /* 2: gather the bin */
+            } else {
+                sm->prefix |= (uint64_t)d << shift;
+                sm->mask |= (uint64_t)255 << shift;
+                sm->done = sm->cnt[d] <= 1 || shift == 0; /* keys are distinct */
+            }
+        }
+        __syncthreads();
+        if (sm->done)
+            break;
+    }
+    if (sm->done == 1)
+        return sm->prefix; /* the bucket's one key is >= it, every key below the bucket < it */
+
+    /* the bin's entries into shared memory, ranked by key (distinct: the rank of a key is
+     * the number of larger ones), then walked in that order by one thread */
+    const int bin = sm->bin;
+    sel_for_each(logits, n, [&](int64_t i, float l) {
+        if (smp_bin(l, lo, inv_w) == bin) {
+            const unsigned pos = atomicAdd(&sm->ncand, 1u);
+            ck[pos] = sel_key(l, (uint32_t)i);
+            cf[pos] = __float2ull_rz(smp_e(l, mx, inv_t) * scale);
+        }
+    });
+    __syncthreads();
+    const int c = (int)sm->ncand;
+    uint64_t *rk = (uint64_t *)wmass;                /* ranked keys */
+    unsigned long long *rm = wmass + TOPK_MAX;       /* their masses */
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        const uint64_t kj = ck[j];
+        int r = 0;
+        for (int m = 0; m < c; m++)
+            r += ck[m] > kj;
+        rk[r] = kj;
+        rm[r] = cf[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned long long need = sm->need;
+        unsigned long long cum = 0;
+        int j = 0;
+        for (; j < c - 1; j++) {
+            cum += rm[j];
+            if (cum >= need)
+                break;
+        }
+        sm->prefix = rk[j];
+    }
+    __syncthreads();
+    return sm->prefix;
+}
+
+/* p of a row cut by smp_mass_cut: kept entries (and, with min_p, those with e >= min_p or
+ * the best) get e / their mass, the rest 0; the block's f32-then-f64 sums as the sorted
+ * path's. ck, cf: TOPK_MAX keys and masses of shared memory; owner: 8 KB of it. */
+__device__ void smp_cut_write(float *p, const float *logits, int64_t n, int64_t best, float mx,
+                              float lo, float inv_t, double top_p, double min_p,
+                              smp_cut_smem *cut, unsigned long long *wmass, uint64_t *ck,
+                              unsigned long long *cf, unsigned char *owner, double *sh_d)
+{
+    const uint64_t thresh = smp_mass_cut(logits, n, mx, lo, inv_t, top_p, cut, wmass, ck, cf,
+                                         owner);
+    float part = 0;
+    sel_for_each(logits, n, [&](int64_t i, float l) {
+        const float e = smp_e(l, mx, inv_t);
+        if (sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best))
+            part += e;
+    });
+    const double kept = dev_block_sum((double)part, sh_d);
+    sel_for_each(logits, n, [&](int64_t i, float l) {
+        const float e = smp_e(l, mx, inv_t);
+        const bool in = sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best);
+        p[i] = in ? (float)((double)e / kept) : 0.0f;
+    });
+}
+
 /* --- small top-k and nucleus paths ---------------------------------------------------- */
 
 /* Block b: row b of p and logits [grid][n]; the k best candidates walked as the CPU walks
- * them. fallback NULL (top_k <= TOPK_MAX): the total is the candidates' mass. fallback set
- * (top_p alone): the candidates are the row's first k in the CPU's order and the total is
- * the whole row's mass, summed as the sorted path sums it; the kept set is a prefix of that
- * order, so when the candidates reach top_p of the total it lies among them and the walk is
- * the CPU's, else fallback[b] = 1 and p is left to the sorted path (fallback[b] = 0 when
- * the row is done here). */
+ * them. NUCLEUS false (top_k <= TOPK_MAX): the total is the candidates' mass. NUCLEUS (top_p
+ * alone): the candidates are the row's first k in the CPU's order and the total is the
+ * whole row's mass; the kept set is a prefix of that order, so when the candidates reach
+ * top_p of the total it lies among them and the walk is the CPU's; else (a flat row) the
+ * block cuts the row by mass (smp_cut_write). */
+template <bool NUCLEUS>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, double top_p,
-                double min_p, int32_t *fallback)
+                double min_p)
 {
+    extern __shared__ unsigned long long smp_wmass[]; /* NUCLEUS: SMP_CUT_WMASS bytes */
     p += (size_t)blockIdx.x * (size_t)n;
     logits += (size_t)blockIdx.x * (size_t)n;
     __shared__ sel_smem sm;
-    __shared__ uint64_t keys[TOPK_MAX];
-    __shared__ double e[TOPK_MAX];
+    __shared__ smp_cut_smem cut;
+    __shared__ uint64_t ke[2 * TOPK_MAX]; /* keys and e; the cut's counts and candidates */
+    uint64_t *keys = ke;
+    double *e = (double *)(ke + TOPK_MAX);
     __shared__ double sh_d[33];
     __shared__ double kept_sum;
     __shared__ int keep;
     __shared__ float sh_v[33];
     __shared__ int64_t sh_i[33];
     double whole = 0;
-    if (fallback) {
+    float lo = 0; /* NUCLEUS: the smallest finite logit */
+    if (NUCLEUS) {
         /* the whole row's mass first: every e is at most 1, so when top_p of it exceeds k the
-         * walk cannot reach it and the row goes to the sort without a selection */
-        const float mx0 = logits[sel_argmax_block(logits, n, sh_v, sh_i)];
+         * walk cannot reach it and the row is cut by mass without a selection */
+        const int64_t b0 = sel_argmax_block(logits, n, sh_v, sh_i);
+        const float mx0 = logits[b0];
         if (!smp_bad_max(mx0)) {
             const float inv_tf = (float)inv_t;
-            float part = 0;
-            sel_for_each(logits, n, [&](int64_t, float l) { part += smp_e(l, mx0, inv_tf); });
+            float part = 0, low = mx0;
+            sel_for_each(logits, n, [&](int64_t, float l) {
+                part += smp_e(l, mx0, inv_tf);
+                low = isfinite(l) && l < low ? l : low;
+            });
             whole = dev_block_sum((double)part, sh_d);
+            lo = smp_block_min(low, sh_v);
             if (top_p * whole > (double)k) {
-                if (threadIdx.x == 0)
-                    fallback[blockIdx.x] = 1;
-                return; /* whole is the same in every thread: the block leaves together */
+                /* whole is the same in every thread: the block goes together */
+                smp_cut_write(p, logits, n, b0, mx0, lo, inv_tf, top_p, min_p, &cut, smp_wmass,
+                              keys, (unsigned long long *)e, (unsigned char *)sm.cand, sh_d);
+                return;
             }
         }
     }
@@ -171,10 +459,10 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
     if (threadIdx.x == 0 && !bad) {
         /* the CPU's walk, in its order and precision: top-k order, top-p prefix, min_p */
         double total = whole;
-        if (!fallback)
+        if (!NUCLEUS)
             for (int j = 0; j < k; j++)
                 total += e[j];
-        int m = fallback ? -1 : k;
+        int m = NUCLEUS ? -1 : k;
         if (top_p < 1) {
             double cum = 0;
             for (int j = 0; j < k; j++) {
@@ -196,11 +484,12 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
         keep = m;
         kept_sum = kept;
     }
-    if (threadIdx.x == 0 && fallback)
-        fallback[blockIdx.x] = !bad && keep < 0;
     __syncthreads();
-    if (!bad && keep < 0)
-        return; /* the sorted path writes this row */
+    if (NUCLEUS && !bad && keep < 0) { /* the walk fell short of top_p of the whole row */
+        smp_cut_write(p, logits, n, best, mx, lo, (float)inv_t, top_p, min_p, &cut, smp_wmass,
+                      keys, (unsigned long long *)e, (unsigned char *)sm.cand, sh_d);
+        return;
+    }
     for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
         p[i] = 0;
     __syncthreads();
@@ -344,51 +633,26 @@ static td_err smp_sorted_rows(float *p, const float *logits, int64_t rows, int64
     return TD_OK;
 }
 
-/* top_p without top_k: every row first walks its best TOPK_MAX entries (smp_topk_kernel with
- * the whole row's total), which holds the kept set of a peaked distribution; the rows whose
- * set reaches further are sorted whole. Which rows those are is read back before the sorts
- * are launched: a wait of the host on the stream (never inside a graph recording). */
+/* top_p without top_k: every row walks its best TOPK_MAX entries (smp_topk_kernel with the
+ * whole row's total), which holds the kept set of a peaked distribution; a row whose set
+ * reaches further is cut by mass in the same block. One launch, no wait of the host. */
 static td_err smp_nucleus(float *p, const float *logits, int64_t rows, int64_t n_vocab,
                           const ops_sampler *s, cudaStream_t st)
 {
-    int32_t *dflag = NULL, *flag = (int32_t *)malloc((size_t)rows * sizeof *flag);
-    if (!flag)
-        return err_set(TD_ENOMEM, "sampler flags for %lld rows", (long long)rows);
-    td_err e = dev_scratch_alloc((void **)&dflag, (size_t)rows * sizeof *dflag, st, "sampler");
-    if (e == TD_OK) {
-        const int k = n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX;
-        smp_topk_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
-            p, logits, n_vocab, k, 1.0 / (double)s->temperature, (double)s->top_p,
-            (double)s->min_p, dflag);
-        cuda_launch_note(1);
-        cudaError_t ce = cudaGetLastError();
-        if (ce == cudaSuccess)
-            ce = cudaMemcpyAsync(flag, dflag, (size_t)rows * sizeof *flag,
-                                 cudaMemcpyDeviceToHost, st);
-        if (ce == cudaSuccess)
-            ce = cudaStreamSynchronize(st);
-        if (ce != cudaSuccess)
-            e = err_set(TD_ECUDA, "sampler over %lld rows: %s", (long long)rows,
-                        cudaGetErrorString(ce));
-        dev_scratch_free(dflag, st);
-    }
-    /* runs of consecutive rows left to the sort, sorted together */
-    for (int64_t r = 0; e == TD_OK && r < rows;) {
-        int64_t end = r;
-        while (end < rows && flag[end])
-            end++;
-        if (end > r)
-            e = smp_sorted_rows(p + r * n_vocab, logits + r * n_vocab, end - r, n_vocab,
-                                n_vocab, s, st);
-        r = end + 1;
-    }
-    free(flag);
-    return e;
+    const int k = n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX;
+    CUDA_TRY(cudaFuncSetAttribute(smp_topk_kernel<true>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)SMP_CUT_WMASS));
+    smp_topk_kernel<true><<<(unsigned)rows, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+        p, logits, n_vocab, k, 1.0 / (double)s->temperature, (double)s->top_p,
+        (double)s->min_p);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
 }
 
 /* cuda_sample_probs of rows rows of logits [rows][n_vocab] into p: the dense and small top-k
- * paths in one launch (a block per row, rows side by side), top-p alone in one launch plus
- * sorts of the rows that need them, a large top-k in sorts of up to SORT_ROWS rows. */
+ * paths in one launch (a block per row, rows side by side), top-p alone in one launch too,
+ * a large top-k in sorts of up to SORT_ROWS rows. */
 static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_t n_vocab,
                              const ops_sampler *s, ops_stream st)
 {
@@ -412,9 +676,9 @@ static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_
         return TD_OK;
     }
     if (use_k && s->top_k <= TOPK_MAX) {
-        smp_topk_kernel<<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
+        smp_topk_kernel<false><<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
             p, logits, n_vocab, s->top_k, 1.0 / (double)s->temperature, (double)s->top_p,
-            (double)s->min_p, NULL);
+            (double)s->min_p);
         CUDA_TRY_LAUNCH();
         return TD_OK;
     }

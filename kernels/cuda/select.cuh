@@ -9,25 +9,52 @@
 
 #define TOPK_MAX 1024 /* largest k one block selects (candidates live in shared memory) */
 
-#define SEL_UNROLL 4 /* loads in flight per thread in sel_for_each */
+#define SEL_UNROLL 4 /* 16-byte loads in flight per thread in sel_for_each */
 
-/* Calls f(i, x[i]) for i = threadIdx.x, threadIdx.x + blockDim.x, ... < n in that order (each
- * thread sees what a plain strided loop gives it), with SEL_UNROLL loads issued before the
- * first is used: a block streaming a row one load per thread at a time waits a memory
- * latency per entry. */
+/* Calls f(i, x[i], true) once for every i < n, and f(i, 0, false) where a thread has no entry
+ * at that step, so that every thread of the block makes the same number of calls (warp-wide
+ * operations inside f are safe). Each thread sees a fixed set of entries in a fixed order
+ * (its sums are reproducible): four consecutive entries per 16-byte load, SEL_UNROLL loads
+ * issued before the first is used, the entries before x's first 16-byte boundary and after
+ * its last one (at most 3 each) by threads 0..2. One block streaming a row is bound by the
+ * bytes it has in flight: 4-byte loads, four per thread, held a 1024-thread block to ~15
+ * GB/s. x is 4-byte aligned; blockDim.x >= 4. */
+template <typename F> __device__ __forceinline__ void sel_for_each_all(const float *x, int64_t n, F f)
+{
+    const int64_t t = threadIdx.x, step = blockDim.x;
+    int64_t head = (int64_t)((16 - ((uintptr_t)x & 15)) & 15) >> 2;
+    head = head < n ? head : n;
+    f(t, t < head ? x[t] : 0.0f, t < head);
+    const float4 *x4 = (const float4 *)(x + head);
+    const int64_t n4 = (n - head) >> 2;
+    for (int64_t j0 = 0; j0 < n4; j0 += SEL_UNROLL * step) {
+        float4 v[SEL_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; u++) {
+            const int64_t j = j0 + u * step + t;
+            v[u] = j < n4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; u++) {
+            const int64_t j = j0 + u * step + t, i = head + 4 * j;
+            const bool in = j < n4;
+            f(i, v[u].x, in);
+            f(i + 1, v[u].y, in);
+            f(i + 2, v[u].z, in);
+            f(i + 3, v[u].w, in);
+        }
+    }
+    const int64_t i = head + 4 * n4 + t;
+    f(i, i < n ? x[i] : 0.0f, i < n);
+}
+
+/* Calls f(i, x[i]) once for every i < n (sel_for_each_all's entries and order). */
 template <typename F> __device__ __forceinline__ void sel_for_each(const float *x, int64_t n, F f)
 {
-    const int64_t step = blockDim.x;
-    for (int64_t i0 = threadIdx.x; i0 < n; i0 += SEL_UNROLL * step) {
-        float v[SEL_UNROLL];
-#pragma unroll
-        for (int u = 0; u < SEL_UNROLL; u++)
-            v[u] = i0 + u * step < n ? x[i0 + u * step] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < SEL_UNROLL; u++)
-            if (i0 + u * step < n)
-                f(i0 + u * step, v[u]);
-    }
+    sel_for_each_all(x, n, [&](int64_t i, float v, bool in) {
+        if (in)
+            f(i, v);
+    });
 }
 
 /* (va, ia) ranks above (vb, ib) in cpu_argmax's order. */
