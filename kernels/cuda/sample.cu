@@ -8,13 +8,15 @@
  *   thread walks them in the CPU's order and precision (f64, k small);
  * - top_p alone: the same walk over the row's best TOPK_MAX entries against the whole row's
  *   mass; where the kept set reaches further (a flat distribution), the same block finds
- *   the cut by a radix select on the mass (smp_mass_cut: integer masses, no sort, no wait of
- *   the host);
+ *   the cut by a select on the mass (smp_mass_cut: value bins, then the chosen bin's entries
+ *   ranked in shared memory or a radix select on their keys; integer masses, so the cut
+ *   does not depend on the order of the sums; no sort, no wait of the host);
  * - a top_k above TOPK_MAX: a stable radix sort of the whole row (CUB) gives the CPU's walk
  *   order, then one block scans the sorted mass in f64 in a fixed order;
  * - otherwise (temperature, min_p): no order needed, one block normalises.
- * Per-token work in the last two runs in f32 (f64 is slow on consumer GPUs), sums meet in
- * f64 in a fixed tree: p is deterministic and within ~1e-6 relative of the CPU's.
+ * Per-token work in the cut, the sort and the dense path runs in f32 (f64 is slow on consumer
+ * GPUs), sums meet in f64 in a fixed tree: p is deterministic and within ~1e-6 relative of
+ * the CPU's.
  *
  * cuda_sample_draw uses the CPU's Philox number and cumulative rule with f64 partial sums of
  * contiguous slices, so it returns the CPU's token unless u * sum(p) lies within f64
