@@ -1,7 +1,8 @@
 /* bench_bus: what one message costs between two real processes.
  * Prints the round-trip latency of a small request (ping -> pong over ipc://, through
  * bus_client_call and a bus server) in microseconds: median, p99 and mean over N calls after
- * a warm-up; and the CPU cost of packing + unpacking a ping and a gen_start (512-token prompt).
+ * a warm-up, with the caller sleeping until the reply and polling for it (verifyd's link to
+ * draftd on a GPU, DLINK_SPIN_US); and the CPU cost of packing + unpacking a ping and a gen_start (512-token prompt).
  * Usage: bench_bus [calls] [ping data bytes] (defaults 20000, 16). The program starts itself
  * (fork + exec) as the server, in the runtime directory bus_runtime_dir picks. */
 #include <pthread.h>
@@ -16,6 +17,7 @@
 
 #include "common/bus.h"
 #include "common/msg.h"
+#include "verifyd/dlink.h"
 
 #define SERVER_FLAG "--bench-server"
 #define WARMUP 1000
@@ -63,11 +65,14 @@ static int server_main(const char *url)
     return 0;
 }
 
-/* Round-trip latency through the bus, one call at a time. */
-static int bench_round_trip(const char *url, int calls, uint32_t data_len)
+/* Round-trip latency through the bus, one call at a time; spin_us: bus_opts.spin_us. */
+static int bench_round_trip(const char *url, int calls, uint32_t data_len, int32_t spin_us)
 {
     bus_client *c;
-    if (bus_client_init(&c, url, NULL) != TD_OK) {
+    bus_opts o;
+    bus_opts_default(&o);
+    o.spin_us = spin_us;
+    if (bus_client_init(&c, url, &o) != TD_OK) {
         fprintf(stderr, "bench_bus: %s\n", err_msg());
         return 1;
     }
@@ -98,9 +103,12 @@ static int bench_round_trip(const char *url, int calls, uint32_t data_len)
         for (int i = 0; i < calls; i++)
             sum += us[i];
         qsort(us, (size_t)calls, sizeof us[0], cmp_double);
-        printf("bus round trip (ping/pong, %u data bytes, %d calls after %d warm-up): "
+        char how[48] = "sleeping";
+        if (spin_us > 0)
+            snprintf(how, sizeof how, "polling up to %d us", (int)spin_us);
+        printf("bus round trip (ping/pong, %u data bytes, %d calls after %d warm-up, %s): "
                "median %.1f us, p99 %.1f us, mean %.1f us\n",
-               data_len, calls, WARMUP, us[calls / 2], us[(size_t)(calls - 1) * 99 / 100],
+               data_len, calls, WARMUP, how, us[calls / 2], us[(size_t)(calls - 1) * 99 / 100],
                sum / calls);
     }
     msg_buf_free(&req);
@@ -178,7 +186,9 @@ int main(int argc, char **argv)
         execl("/proc/self/exe", argv[0], SERVER_FLAG, url, (char *)NULL);
         _exit(127);
     }
-    int rc = bench_round_trip(url, calls, (uint32_t)data_len);
+    int rc = bench_round_trip(url, calls, (uint32_t)data_len, 0);
+    if (rc == 0)
+        rc = bench_round_trip(url, calls, (uint32_t)data_len, DLINK_SPIN_US);
     kill(pid, SIGTERM);
     int status = 0;
     waitpid(pid, &status, 0);

@@ -17,6 +17,7 @@
 #include "common/bus.h"
 #include "common/msg.h"
 #include "kernels/backend.h"
+#include "verifyd/dlink.h"
 
 #define BS_TIMEOUT_MS 10000   /* one call */
 #define BS_DEADLINE_MS 120000 /* a whole pair, CUDA start-up included */
@@ -132,8 +133,11 @@ int bsplit_client(const char *url, int device, int calls, int block)
     msg_buf_init(&req);
     msg_buf_init(&rep);
     td_err e = t ? bs_gpu_init(&g, device) : err_set(TD_ENOMEM, "out of memory");
+    bus_opts o;
+    bus_opts_default(&o);
+    o.spin_us = e == TD_OK && g.cuda ? DLINK_SPIN_US : 0; /* as verifyd's link to draftd */
     if (e == TD_OK)
-        e = bus_client_init(&c, url, NULL);
+        e = bus_client_init(&c, url, &o);
     double local = 0, step = 0;
     /* The same two kernels in one process: what the step costs without the split. */
     for (int i = -BS_WARMUP; e == TD_OK && i < calls; i++) {

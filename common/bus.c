@@ -42,6 +42,7 @@ void bus_opts_default(bus_opts *o)
     o->send_timeout_ms = 5000;
     o->recv_timeout_ms = 5000;
     o->workers = 4;
+    o->spin_us = 0;
 }
 
 /* An NNG result as a td_err whose message ends with NNG's own text. */
@@ -511,6 +512,7 @@ typedef struct call_wait {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* on CLOCK_MONOTONIC */
     bool done;
+    int ready; /* done, for a caller polling without the lock (atomic) */
 } call_wait;
 
 static void call_done(void *arg)
@@ -518,8 +520,27 @@ static void call_done(void *arg)
     call_wait *w = arg;
     pthread_mutex_lock(&w->mu);
     w->done = true;
+    __atomic_store_n(&w->ready, 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+}
+
+/* Polls w for at most spin_us: true once the operation is done. */
+static bool call_spin(call_wait *w, int32_t spin_us)
+{
+    if (spin_us <= 0)
+        return false;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int64_t limit_ns = (int64_t)spin_us * 1000;
+    for (;;) {
+        for (int i = 0; i < 64; i++)
+            if (__atomic_load_n(&w->ready, __ATOMIC_ACQUIRE))
+                return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((int64_t)(t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec) > limit_ns)
+            return false;
+    }
 }
 
 /* Grace after a call's deadline before it is cancelled by hand. */
@@ -530,9 +551,11 @@ static void call_done(void *arg)
  * on a send after its server was killed). With redial set (a send, which waits for a
  * connection), checks every BUS_REDIAL_CHECK_MS that the client's dialer has not given up.
  * Returns the operation's result, NNG_ETIMEDOUT when it had to be cancelled. */
-static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline, bus_client *redial)
+static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline, bus_client *redial,
+                         int32_t spin_us)
 {
     bool cancelled = false;
+    call_spin(w, spin_us); /* then the lock finds done set, or sleeps as without it */
     pthread_mutex_lock(&w->mu);
     while (!w->done) {
         nng_time now = nng_clock(), until = deadline + BUS_CALL_GRACE_MS;
@@ -559,6 +582,7 @@ static int call_wait_aio(call_wait *w, nng_aio *aio, nng_time deadline, bus_clie
         }
     }
     w->done = false;
+    __atomic_store_n(&w->ready, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&w->mu);
     nng_aio_wait(aio); /* the callback has returned */
     int rv = nng_aio_result(aio);
@@ -601,7 +625,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_aio_set_msg(aio, m);
     nng_aio_set_timeout(aio, timeout_ms);
     nng_ctx_send(ctx, aio);
-    if ((rv = call_wait_aio(&w, aio, deadline, c)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline, c, c->opts.spin_us)) != 0) {
         nng_msg_free(nng_aio_get_msg(aio)); /* a failed send hands the message back */
         e = call_fail(c, rv, timeout_ms);
         goto out;
@@ -611,7 +635,7 @@ td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *
     nng_time now = nng_clock();
     nng_aio_set_timeout(aio, now < deadline ? (nng_duration)(deadline - now) : 1);
     nng_ctx_recv(ctx, aio);
-    if ((rv = call_wait_aio(&w, aio, deadline, NULL)) != 0) {
+    if ((rv = call_wait_aio(&w, aio, deadline, NULL, c->opts.spin_us)) != 0) {
         e = call_fail(c, rv, timeout_ms);
         goto out;
     }

@@ -38,13 +38,16 @@ typedef struct bus_opts {
     int32_t send_timeout_ms; /* ms a send may wait (for a connection or a full queue) */
     int32_t recv_timeout_ms; /* ms a socket-level receive may wait */
     int workers;             /* server: requests handled at the same time (threads) */
+    int32_t spin_us;         /* client: us a call polls for its reply before it sleeps (a
+                                thread woken from a sleep starts tens of us late; polling
+                                holds a core meanwhile); 0 = sleep at once */
 } bus_opts;
 
 /* 8 MiB: a gen_start with the longest prompt (MSG_PROMPT_MAX tokens, <= 5 bytes each) is
  * 1.3 MiB. */
 #define BUS_RECV_MAX_DEFAULT ((size_t)8 << 20)
 
-/* recv_max 8 MiB, send and receive timeouts 5 s, 4 workers. */
+/* recv_max 8 MiB, send and receive timeouts 5 s, 4 workers, no polling. */
 void bus_opts_default(bus_opts *o);
 
 /* The private runtime directory: $TANDEM_RUNTIME_DIR, else $XDG_RUNTIME_DIR/tandem, else

@@ -131,14 +131,20 @@ static void endpoint(char *url, const char *service)
     assert_int_equal(bus_endpoint(url, BUS_URL_MAX, service), TD_OK);
 }
 
-static bus_client *client_open(const char *url, size_t recv_max)
+static bus_client *client_open_spin(const char *url, size_t recv_max, int32_t spin_us)
 {
     bus_opts o;
     bus_opts_default(&o);
     o.recv_max = recv_max;
+    o.spin_us = spin_us;
     bus_client *c;
     assert_int_equal(bus_client_init(&c, url, &o), TD_OK);
     return c;
+}
+
+static bus_client *client_open(const char *url, size_t recv_max)
+{
+    return client_open_spin(url, recv_max, 0);
 }
 
 /* --- tests --------------------------------------------------------------------------------- */
@@ -191,6 +197,64 @@ static void test_call_to_absent_server_times_out_within_its_timeout(void **state
     assert_true(dt < 300.0 + 500.0);
     assert_non_null(strstr(err_msg(), "no server reachable within 300 ms"));
     assert_non_null(strstr(err_msg(), "nobody-here.ipc"));
+    msg_buf_free(&reply);
+    bus_client_free(c);
+}
+
+/* A ping with data "sleep:<ms>" through c: the pong echoes nonce and data. */
+static void ping_sleeping(bus_client *c, uint64_t nonce, int ms)
+{
+    char data[16];
+    const int n = snprintf(data, sizeof data, "sleep:%d", ms);
+    msg_ping p = {.nonce = nonce, .data = (const uint8_t *)data, .data_len = (uint32_t)n}, got;
+    msg_buf req, reply;
+    msg_buf_init(&req);
+    msg_buf_init(&reply);
+    uint64_t rid = 0;
+    assert_int_equal(msg_pack_ping(&req, 1000 + nonce, &p), TD_OK);
+    assert_int_equal(bus_client_call(c, req.data, req.len, &reply, 5000), TD_OK);
+    assert_int_equal(msg_unpack_pong(reply.data, reply.len, &rid, &got), TD_OK);
+    assert_int_equal(rid, 1000 + nonce);
+    assert_int_equal(got.nonce, nonce);
+    assert_int_equal(got.data_len, (uint32_t)n);
+    assert_memory_equal(got.data, data, (size_t)n);
+    msg_buf_free(&req);
+    msg_buf_free(&reply);
+}
+
+static void test_polling_client_gets_fast_and_slow_replies_and_times_out(void **state)
+{
+    (void)state;
+    char url[BUS_URL_MAX];
+    endpoint(url, "polling");
+    server_proc srv = server_start(url);
+    bus_client *c = client_open_spin(url, 0, 2000);
+    for (uint64_t i = 0; i < 50; i++)
+        ping_sleeping(c, i, 0); /* answered while the caller polls */
+    double t0 = now_ms();
+    ping_sleeping(c, 50, 30); /* past the 2 ms of polling: the caller sleeps, then wakes */
+    const double dt = now_ms() - t0;
+    assert_true(dt >= 29.0);
+    assert_true(dt < 1000.0);
+    ping_sleeping(c, 51, 1);
+    /* raw bytes too */
+    msg_buf reply;
+    msg_buf_init(&reply);
+    assert_int_equal(bus_client_call(c, "abc", 3, &reply, 5000), TD_OK);
+    assert_int_equal(reply.len, 4);
+    assert_memory_equal(reply.data, "cba!", 4);
+    bus_client_free(c);
+    server_stop(&srv);
+
+    /* nobody there: the deadline holds as without polling */
+    endpoint(url, "polling-nobody");
+    c = client_open_spin(url, 0, 2000);
+    t0 = now_ms();
+    assert_int_equal(bus_client_call(c, "hi", 2, &reply, 300), TD_ETIMEOUT);
+    const double dt2 = now_ms() - t0;
+    assert_true(dt2 >= 290.0);
+    assert_true(dt2 < 300.0 + 500.0);
+    assert_non_null(strstr(err_msg(), "no server reachable within 300 ms"));
     msg_buf_free(&reply);
     bus_client_free(c);
 }
@@ -599,6 +663,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_reply_between_two_processes_has_exact_bytes),
         cmocka_unit_test(test_call_to_absent_server_times_out_within_its_timeout),
+        cmocka_unit_test(test_polling_client_gets_fast_and_slow_replies_and_times_out),
         cmocka_unit_test(test_reply_larger_than_the_receive_limit_is_refused),
         cmocka_unit_test(test_concurrent_client_threads_get_their_own_answers),
         cmocka_unit_test(test_server_handles_requests_on_several_contexts_at_once),

@@ -56,7 +56,7 @@ static void *dlink_probe_main(void *arg)
     return NULL;
 }
 
-td_err dlink_open(dlink **out, const char *url)
+td_err dlink_open(dlink **out, const char *url, int32_t spin_us)
 {
     *out = NULL;
     dlink *d = calloc(1, sizeof *d);
@@ -67,6 +67,7 @@ td_err dlink_open(dlink **out, const char *url)
     bus_opts o;
     bus_opts_default(&o);
     o.recv_max = (size_t)64 << 20; /* a sampling proposal over a full vocabulary is large */
+    o.spin_us = spin_us;
     td_err e = bus_client_init(&d->bus, url, &o);
     if (e == TD_OK && pthread_create(&d->probe, NULL, dlink_probe_main, d) != 0)
         e = err_set(TD_EIO, "cannot start the draftd probe thread");

@@ -14,10 +14,16 @@
 #include "common/msg.h"
 
 #define DLINK_PROBE_MS 100 /* how often a down link says hello to draftd */
+/* How long a propose call polls for its reply before it sleeps, where the target runs on a
+ * GPU: a 27B draft step is ~2.5 ms, and a reply that wakes a sleeping thread lands tens of
+ * us later (bench_bus: a round trip of ~190 us sleeping, ~130 polling, on one machine). The
+ * scheduler has nothing else to do meanwhile; a CPU target leaves the cores to draftd. */
+#define DLINK_SPIN_US 5000
 
 typedef struct dlink dlink;
 
-td_err dlink_open(dlink **out, const char *url);
+/* spin_us: bus_opts.spin_us of the link's calls (DLINK_SPIN_US or 0). */
+td_err dlink_open(dlink **out, const char *url, int32_t spin_us);
 void dlink_close(dlink *d);
 
 /* True while draftd answers. */

@@ -377,7 +377,8 @@ td_err sched_start(sched **out, const sched_cfg *cfg)
     if (e == TD_OK)
         e = events_open(&s->ev, cfg->events_url, 250);
     if (e == TD_OK && cfg->draftd_url && cfg->block > 1)
-        e = dlink_open(&s->draft, cfg->draftd_url);
+        e = dlink_open(&s->draft, cfg->draftd_url,
+                       cfg->tm->be->kind == OPS_BACKEND_CUDA ? DLINK_SPIN_US : 0);
     if (e == TD_OK && pthread_create(&s->thread, NULL, sched_main, s) != 0)
         e = err_set(TD_EIO, "cannot start the scheduler thread");
     if (e != TD_OK) {
