@@ -61,11 +61,12 @@ __device__ double smp_block_scan(double v, double *sh)
     return v;
 }
 
-/* Smallest v over the block (integers: exact in any order); sh: 33 elements. */
-__device__ int64_t smp_block_min(int64_t v, int64_t *sh)
+/* Smallest v over the block (exact in any order; no NaN), none where a lane has no value;
+ * sh: 33 elements. Every thread must call it. */
+template <typename T> __device__ T smp_block_min(T v, T *sh, T none)
 {
     for (int off = 16; off > 0; off >>= 1) {
-        int64_t o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
+        const T o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
         v = o < v ? o : v;
     }
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -74,32 +75,11 @@ __device__ int64_t smp_block_min(int64_t v, int64_t *sh)
         sh[w] = v;
     __syncthreads();
     if (w == 0) {
-        v = lane < nw ? sh[lane] : INT64_MAX;
+        v = lane < nw ? sh[lane] : none;
         for (int off = 16; off > 0; off >>= 1) {
-            int64_t o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
+            const T o = __shfl_xor_sync(DEV_FULL_MASK, v, off);
             v = o < v ? o : v;
         }
-        if (lane == 0)
-            sh[32] = v;
-    }
-    __syncthreads();
-    return sh[32];
-}
-
-/* Smallest v over the block (exact in any order); sh: 33 elements. */
-__device__ float smp_block_min(float v, float *sh)
-{
-    for (int off = 16; off > 0; off >>= 1)
-        v = fminf(v, __shfl_xor_sync(DEV_FULL_MASK, v, off));
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0)
-        sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = lane < nw ? sh[lane] : INFINITY;
-        for (int off = 16; off > 0; off >>= 1)
-            v = fminf(v, __shfl_xor_sync(DEV_FULL_MASK, v, off));
         if (lane == 0)
             sh[32] = v;
     }
@@ -438,7 +418,7 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
                 low = isfinite(l) && l < low ? l : low;
             });
             whole = dev_block_sum((double)part, sh_d);
-            lo = smp_block_min(low, sh_v);
+            lo = smp_block_min(low, sh_v, INFINITY);
             if (top_p * whole > (double)k) {
                 /* whole is the same in every thread: the block goes together */
                 smp_cut_write(p, logits, n, b0, mx0, lo, inv_tf, top_p, min_p, &cut, smp_wmass,
@@ -553,7 +533,7 @@ smp_sorted_kernel(float *p, const float *logits, const int32_t *ids, int64_t n, 
             const double incl = smp_block_scan(v, scan);
             const double chunk = scan[SAMPLE_THREADS - 1];
             const int64_t hit = smp_block_min(j < kc && carry + incl >= target ? j : INT64_MAX,
-                                              sh_i);
+                                              sh_i, INT64_MAX);
             if (hit != INT64_MAX) {
                 keep = hit + 1;
                 break;
@@ -734,11 +714,12 @@ __device__ int32_t smp_draw_block(const float *p, const float *q, int64_t n, uin
     const double total = scan[SAMPLE_THREADS - 1];
     const double start = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.0; /* slice start */
     /* the last positive entry overall: the answer when rounding leaves the target on top */
-    const int64_t last_all = -smp_block_min(-last, sh_i);
+    const int64_t last_all = -smp_block_min(-last, sh_i, INT64_MAX);
     if (last_all < 0)
         return -1;
     const double target = dev_rand_uniform(seed, step) * total;
-    const int64_t first = smp_block_min(incl > target ? (int64_t)threadIdx.x : INT64_MAX, sh_i);
+    const int64_t first = smp_block_min(incl > target ? (int64_t)threadIdx.x : INT64_MAX, sh_i,
+                                        INT64_MAX);
     if (first == INT64_MAX)
         return (int32_t)last_all;
     if ((int64_t)threadIdx.x == first) {
