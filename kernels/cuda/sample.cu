@@ -23,6 +23,7 @@
  * rounding (~1e-16 relative) of a boundary between two tokens. */
 #include <cub/device/device_radix_sort.cuh>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/select.cuh"
 
 #define SAMPLE_THREADS 1024
@@ -622,9 +623,9 @@ static td_err smp_nucleus(float *p, const float *logits, int64_t rows, int64_t n
                           const ops_sampler *s, cudaStream_t st)
 {
     const int k = n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX;
-    CUDA_TRY(cudaFuncSetAttribute(smp_topk_kernel<true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)SMP_CUT_WMASS));
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    TD_TRY(smem_optin<smp_topk_kernel<true>>(dev, SMP_CUT_WMASS));
     smp_topk_kernel<true><<<(unsigned)rows, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
         p, logits, n_vocab, k, 1.0 / (double)s->temperature, (double)s->top_p,
         (double)s->min_p);
