@@ -19,7 +19,9 @@
  * as extra columns beside the default choice's.
  * Runs in about two minutes on an H100/H200-class GPU. Options narrow it down, e.g. to put one
  * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
- * (e.g. Q4_K), --no-variants (no child processes: the default kernels only). */
+ * (e.g. Q4_K), --no-variants (no child processes: the default kernels only), --resident (one
+ * copy of the weights, so that those smaller than L2 are read from it after the first call:
+ * how fast the kernels go when their weights need not come from memory). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +120,8 @@ static double copy_bandwidth(void)
 
 /* One (shape, type): fills `copies` device copies of a random weight (16 quantised random
  * rows repeated), then times each of the first n_toks token counts. */
+static bool resident; /* --resident: one copy of the weights */
+
 static void bench_one(result *res, const shape *s, td_dtype type, const float *dx, float *dy,
                       size_t n_toks)
 {
@@ -126,6 +130,8 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
     const size_t rb = (size_t)rb64, bytes = rb * (size_t)s->rows;
     int copies = (int)((ROTATE_BYTES + bytes - 1) / bytes);
     copies = copies < 2 ? 2 : copies > MAX_COPIES ? MAX_COPIES : copies;
+    if (resident)
+        copies = 1;
 
     /* 16 random rows, quantised on the host */
     enum { TILE = 16 };
@@ -285,7 +291,8 @@ static void print_frac(size_t bytes, double us, double copy_gbps)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: bench_matmul_cuda [--shape NAME] [--type T] [--no-variants]\n"
+    fprintf(stderr, "usage: bench_matmul_cuda [--shape NAME] [--type T] [--no-variants] "
+                    "[--resident]\n"
                     "shapes:");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -304,6 +311,8 @@ int main(int argc, char **argv)
             only_shape = argv[++a];
         else if (strcmp(argv[a], "--type") == 0 && a + 1 < argc)
             only_type = argv[++a];
+        else if (strcmp(argv[a], "--resident") == 0)
+            resident = true;
         else if (strcmp(argv[a], "--no-variants") == 0)
             variants_wanted = false;
         else

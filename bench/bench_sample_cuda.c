@@ -8,7 +8,9 @@
  * Times back-to-back calls with CUDA events (median of several runs) and prints milliseconds
  * per call. Then the log probabilities of a verified block (16 rows, 20 alternatives each):
  * cuda_logprob_rows with its download of the records, against downloading the rows and
- * running cpu_logprob_rows on the host.
+ * running cpu_logprob_rows on the host. Last, the selections of a speculative step on peaked
+ * rows: cuda_argmax of one row (greedy decoding) and of 16, greedy acceptance of a 16-token
+ * block, and sampled acceptance (temperature 0.8) of one with the drafts of 15 rows.
  * Options: --rows N (default 15), --calls N. */
 #include <time.h>
 #include <stdbool.h>
@@ -80,6 +82,47 @@ static double bench_one(const float *logits, float *q, int32_t *tok, int rows,
     }
     TRY(cuda_stream_sync(st));
     return median(ms, RUNS);
+}
+
+/* Milliseconds per call of f(a) back to back, median of runs (the first call warms up). */
+typedef struct sel_args {
+    const float *logits, *q;
+    float *p;
+    int32_t *ids, *res;
+    int rows;
+} sel_args;
+
+static double bench_calls(void (*f)(const sel_args *), const sel_args *a, int calls)
+{
+    f(a);
+    double ms[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        CU(cudaEventRecord(ev0, (cudaStream_t)st));
+        for (int i = 0; i < calls; i++)
+            f(a);
+        CU(cudaEventRecord(ev1, (cudaStream_t)st));
+        ms[r] = elapsed_ms() / calls;
+    }
+    TRY(cuda_stream_sync(st));
+    return median(ms, RUNS);
+}
+
+static void call_argmax(const sel_args *a)
+{
+    TRY(cuda_argmax(a->ids, a->logits, a->rows, VOCAB, st));
+}
+
+static void call_accept_greedy(const sel_args *a)
+{
+    TRY(cuda_accept_greedy(a->ids, a->res, a->logits, a->ids + 16, a->rows, VOCAB, st));
+}
+
+static void call_accept_sampled(const sel_args *a)
+{
+    static const ops_sampler s = {.temperature = 0.8f, .top_p = 1, .seed = 1};
+    static const ops_accept_rng rng = {.accept = 1, .target = 0, .step = 4};
+    TRY(cuda_accept_sampled(a->res, a->p, a->logits, a->q, a->ids + 16, a->rows, VOCAB, &s,
+                            &rng, st));
 }
 
 static double now_ms(void)
@@ -160,6 +203,27 @@ int main(int argc, char **argv)
            bench_logprobs(block, 16, true));
     printf("  download of the rows + cpu_logprob_rows       %8.3f ms\n",
            bench_logprobs(block, 16, false));
+    /* drafts: the sampled tokens of 15 of the block's rows, so that some are accepted */
+    float *p = NULL;
+    int32_t *ids = NULL, *res = NULL;
+    TRY(cuda_mem_alloc((void **)&p, (size_t)16 * VOCAB * sizeof *p));
+    TRY(cuda_mem_alloc((void **)&ids, 32 * sizeof *ids));
+    TRY(cuda_mem_alloc((void **)&res, 2 * sizeof *res));
+    TRY(cuda_sample_rows(ids + 16, q, block, 15, VOCAB, &settings[0].s, 0, 1, st));
+    sel_args a = {.logits = block, .q = q, .p = p, .ids = ids, .res = res, .rows = 1};
+    printf("\nselections of a speculative step (peaked rows):\n");
+    printf("  cuda_argmax, 1 row                            %8.3f ms\n",
+           bench_calls(call_argmax, &a, calls));
+    a.rows = 16;
+    printf("  cuda_argmax, 16 rows                          %8.3f ms\n",
+           bench_calls(call_argmax, &a, calls));
+    printf("  cuda_accept_greedy, 16 rows                   %8.3f ms\n",
+           bench_calls(call_accept_greedy, &a, calls));
+    printf("  cuda_accept_sampled, 16 rows, temp 0.8        %8.3f ms\n",
+           bench_calls(call_accept_sampled, &a, calls));
+    cuda_mem_free(p);
+    cuda_mem_free(ids);
+    cuda_mem_free(res);
     cuda_mem_free(block);
     cuda_mem_free(peaked);
     cuda_mem_free(flat);

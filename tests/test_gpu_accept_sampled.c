@@ -30,7 +30,7 @@ GPU_CHECK_SKIP_MAIN
 GPU_CHECK_SANITIZER_OPTIONS
 
 #define VOCAB 248320 /* qwen35 */
-#define BMAX 16
+#define BMAX 40 /* blocks of up to 40 tokens: the walk's lanes go past one warp */
 #define ROLES 4 /* counters per position, as draftd's dfl_rng_ctr */
 
 static ops_accept_rng rng_at(int64_t L)
@@ -115,6 +115,14 @@ static void test_accept_sampled_matches_cpu_on_random_blocks(void **state)
                 snprintf(what, sizeof what, "settings %zu trial %d", c, k);
                 check_random(what, 1000, blocks[b], &s, noises[k % 3], 5 + 11 * k, hist);
             }
+    /* 40 tokens: drafts past the first 32 (the walk tests 32 at a time), near-copies of the
+     * target so that some blocks get there; an odd vocabulary split between two blocks */
+    for (int k = 0; k < 8; k++) {
+        ops_sampler s = smps[0];
+        s.seed = 500 + (uint64_t)k;
+        check_random("40 tokens", 1000, 40, &s, 0.02f, 7 + k, hist);
+        check_random("odd vocabulary of 2 slices", 40001, 40, &s, 0.02f * k, 9 + k, hist);
+    }
     /* the qwen35 vocabulary once per path */
     for (size_t c = 0; c < 3; c++) {
         ops_sampler s = smps[c];
@@ -124,7 +132,10 @@ static void test_accept_sampled_matches_cpu_on_random_blocks(void **state)
     int early = hist[0], later = 0;
     for (int a = 1; a <= BMAX; a++)
         later += hist[a];
-    assert_true(early > 0 && later > 0 && hist[15] + hist[7] > 0);
+    int deep = 0; /* accepted past the walk's first 32 drafts */
+    for (int a = 33; a <= BMAX; a++)
+        deep += hist[a];
+    assert_true(early > 0 && later > 0 && hist[15] + hist[7] > 0 && deep > 0);
 }
 
 /* Drafts certain to pass (q one-hot where p is), then one with p(d) = 0: a = k - 1 and next

@@ -178,7 +178,7 @@ static void fill_row(float *x, int64_t n, int kind)
 static void test_argmax_and_topk_match_cpu_exactly(void **state)
 {
     (void)state;
-    static const int64_t ns[] = {1, 5, 1000, 248320};
+    static const int64_t ns[] = {1, 5, 1000, 65537, 248320}; /* 65537: 4 slices, odd rows */
     static const int64_t ks[] = {1, 7, 64, 1024};
     rng_seed(4);
     for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {

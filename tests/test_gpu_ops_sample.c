@@ -262,7 +262,7 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
 static void test_sample_without_finite_logit_gives_zeros_and_no_token(void **state)
 {
     (void)state;
-    const int64_t n = 3000;
+    const int64_t n = 40003; /* two slices of a split row (select.cuh) */
     float *x = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++)
         x[i] = i % 2 ? -INFINITY : NAN;
@@ -331,6 +331,17 @@ static void test_sample_draw_matches_cpu_token_for_token(void **state)
     for (int64_t i = 0; i < 777; i++)
         p[i] = i == 776 ? 0.25f : 0.0f;
     check_draws("only the last token", p, 777, 10);
+    /* rows split between blocks (select.cuh): zero runs across slice and chunk boundaries,
+     * a single positive entry in the last and in the first chunk of an odd-length row */
+    for (int64_t i = 0; i < 100003; i++)
+        p[i] = (i / 7000) % 2 == 1 ? 0.0f : 2.5f * (float)(rng_u64() % 1000) / 1000.0f;
+    check_draws("unnormalised with zero runs, 6 slices", p, 100003, 60);
+    for (int64_t i = 0; i < 70001; i++)
+        p[i] = i == 70000 ? 1e-30f : 0.0f;
+    check_draws("only the last token of 70001", p, 70001, 10);
+    for (int64_t i = 0; i < 70001; i++)
+        p[i] = i == 3 ? 0.5f : 0.0f;
+    check_draws("only token 3 of 70001", p, 70001, 10);
     free(p);
     free(logits);
 }

@@ -1,31 +1,94 @@
 /* Argmax and top-k per row (twins of cpu_argmax and cpu_topk), log probabilities with the
  * best tokens of a row (cpu_logprob_rows), and greedy acceptance of a verified block on the
- * device. One block per row: a vocabulary row (248320 logits, 1 MB)
- * is streamed by 1024 threads; the results are exact, so no order question arises. */
+ * device. Argmax splits each row between blocks (select.cuh: split passes); the others run
+ * one block per row: a vocabulary row (248320 logits, 1 MB) is streamed by 1024 threads. The
+ * results are exact, so no order question arises. */
 #include "kernels/cuda/select.cuh"
+#include "kernels/cuda/stream_buf.cuh"
 
 #define SEL_THREADS 1024
 
-__global__ void __launch_bounds__(SEL_THREADS)
-argmax_kernel(int32_t *idx, const float *x, int64_t n)
+/* --- split passes (select.cuh) -------------------------------------------------------- */
+
+static stream_bufs g_rows = STREAM_BUFS_INIT("split row passes");
+
+td_err rs_scratch(cudaStream_t st, size_t bytes, unsigned **count, void **part)
+{
+    const size_t head = RS_ROWS_MAX * sizeof(unsigned);
+    void *buf = NULL;
+    stream_buf *slot = NULL;
+    TD_TRY(stream_buf_get(&g_rows, st, head + bytes, false, &buf, &slot));
+    if (!buf) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        CUDA_TRY(cudaStreamIsCapturing(st, &cs));
+        if (cs != cudaStreamCaptureStatusNone)
+            return err_set(TD_ENOTSUP, "split row passes: %zu bytes of scratch, more than "
+                                       "the stream had before its recording began",
+                           head + bytes);
+        TD_TRY(stream_buf_get(&g_rows, st, head + bytes, true, &buf, &slot));
+    }
+    if (slot->mark != slot->cap) { /* new or grown: the counters start at zero */
+        CUDA_TRY(cudaMemsetAsync(buf, 0, slot->cap, st));
+        slot->mark = slot->cap;
+    }
+    *count = (unsigned *)buf;
+    *part = (char *)buf + head;
+    return TD_OK;
+}
+
+/* Block b: slice b % S of row b / S. The row's last block combines the slices in order. */
+__global__ void __launch_bounds__(RS_THREADS)
+rs_argmax_kernel(rs_best *best, int32_t *idx, const float *x, int64_t n, int S, rs_best *part,
+                 unsigned *count)
 {
     __shared__ float sh_v[33];
     __shared__ int64_t sh_i[33];
-    int64_t best = sel_argmax_block(x + (int64_t)blockIdx.x * n, n, sh_v, sh_i);
+    const int64_t r = blockIdx.x / S;
+    const int s = (int)(blockIdx.x % S);
+    int64_t lo, hi;
+    rs_slice(n, S, s, &lo, &hi);
+    const float *xr = x + r * n;
+    const int64_t b = sel_argmax_block(xr + lo, hi - lo, sh_v, sh_i);
     if (threadIdx.x == 0)
-        idx[blockIdx.x] = (int32_t)best;
+        part[blockIdx.x] = b == INT64_MAX ? rs_best{NAN, INT64_MAX} : rs_best{xr[lo + b], lo + b};
+    if (!rs_last(&count[r], S) || threadIdx.x != 0)
+        return;
+    rs_best w = {NAN, INT64_MAX};
+    for (int j = 0; j < S; j++) {
+        const rs_best o = {__ldcg(&part[r * S + j].v), __ldcg(&part[r * S + j].i)};
+        if (sel_better(o.v, o.i, w.v, w.i))
+            w = o;
+    }
+    if (best)
+        best[r] = w;
+    if (idx)
+        idx[r] = (int32_t)w.i;
+}
+
+td_err rs_argmax_launch(rs_best *best, int32_t *idx, const float *x, int64_t rows, int64_t n,
+                        rs_best *part, unsigned *count, cudaStream_t st)
+{
+    TD_ASSERT(rows >= 1 && rows <= RS_ROWS_MAX && n >= 1 && n <= INT32_MAX);
+    const int S = rs_slices(n);
+    rs_argmax_kernel<<<(unsigned)(rows * S), RS_THREADS, 0, st>>>(best, idx, x, n, S, part,
+                                                                   count);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
 }
 
 extern "C" td_err cuda_argmax(int32_t *idx, const float *x, int64_t n_rows, int64_t n,
                               ops_stream st)
 {
     TD_ASSERT(idx != NULL && x != NULL && n >= 1 && n <= INT32_MAX && n_rows >= 0);
-    if (n_rows > INT32_MAX)
-        return err_set(TD_ENOTSUP, "argmax over %lld rows", (long long)n_rows);
-    if (n_rows == 0)
-        return TD_OK;
-    argmax_kernel<<<(unsigned)n_rows, SEL_THREADS, 0, st>>>(idx, x, n);
-    CUDA_TRY_LAUNCH();
+    const cudaStream_t cs = (cudaStream_t)st;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += RS_ROWS_MAX) {
+        const int64_t rows = n_rows - r0 < RS_ROWS_MAX ? n_rows - r0 : RS_ROWS_MAX;
+        unsigned *count = NULL;
+        void *part = NULL;
+        TD_TRY(rs_scratch(cs, (size_t)(rows * rs_slices(n)) * sizeof(rs_best), &count, &part));
+        TD_TRY(rs_argmax_launch(NULL, idx + r0, x + r0 * n, rows, n, (rs_best *)part, count,
+                                cs));
+    }
     return TD_OK;
 }
 

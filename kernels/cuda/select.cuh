@@ -212,4 +212,72 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
     __syncthreads();
 }
 
+/* --- passes over a row split between blocks ---------------------------------------------- */
+
+/* One block streams a row at ~20 GB/s (bound by the loads it has in flight), so a pass over
+ * the rows of a block of drafts on one block per row used 15 of an H200's 132 SMs. A split
+ * pass gives each row RS_SLICES(n) blocks, each over a contiguous slice; the last block of
+ * a row to finish (rs_last) combines the slices' partials in slice order. The number of
+ * slices depends on the row length only, so a row's sums have one order whatever else is in
+ * the launch. Slices are whole RS_CHUNK-entry chunks (the draw's unit), the last one
+ * shorter. */
+#define RS_THREADS 1024
+#define RS_CHUNK 128           /* entries per chunk: a warp's four entries per lane */
+#define RS_SLICE_MIN 16384     /* fewer entries per slice: fewer slices */
+#define RS_SLICES_MAX 8        /* 16 rows of 8 slices fill an H200's 132 SMs once */
+#define RS_ROWS_MAX 16384      /* rows per launch: the counters at the buffer's start */
+
+__host__ __device__ __forceinline__ int rs_slices(int64_t n)
+{
+    const int64_t s = n / RS_SLICE_MIN;
+    return s < 1 ? 1 : s > RS_SLICES_MAX ? RS_SLICES_MAX : (int)s;
+}
+
+/* Slice s of S of a row of n entries: [*lo, *hi), possibly empty. */
+__host__ __device__ __forceinline__ void rs_slice(int64_t n, int S, int s, int64_t *lo,
+                                                  int64_t *hi)
+{
+    const int64_t chunks = (n + RS_CHUNK - 1) / RS_CHUNK, per = (chunks + S - 1) / S;
+    const int64_t a = (int64_t)s * per * RS_CHUNK, b = a + per * RS_CHUNK;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+/* True in the last of a row's S blocks to get here (every thread of every block of the row
+ * must call it once); *count is the row's counter, zero before the first block arrives and
+ * zero again when the last one returns. What any thread of the row's blocks wrote before the
+ * call is visible to the last block after it (read it with __ldcg: L1 is not coherent). */
+__device__ __forceinline__ bool rs_last(unsigned *count, int S)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1u) == (unsigned)S - 1;
+        if (last)
+            *count = 0;
+    }
+    __syncthreads();
+    if (last)
+        __threadfence();
+    return last;
+}
+
+/* A slice's best entry (cpu_argmax's order); i = INT64_MAX for an empty slice. */
+typedef struct rs_best {
+    float v;
+    int64_t i;
+} rs_best;
+
+/* The buffer of the split passes on st: the counters of RS_ROWS_MAX rows (*count), then at
+ * least bytes of room for partials (*part, 16-byte aligned). One per stream, zero when made;
+ * grows on demand, so not for a stream being captured. */
+td_err rs_scratch(cudaStream_t st, size_t bytes, unsigned **count, void **part);
+
+/* Launches the split argmax of rows (<= RS_ROWS_MAX) rows of x [rows][n]: the best entry of
+ * each row (cpu_argmax) into best[rows] and, when idx is not NULL, its index into idx[rows].
+ * part: room for rows * rs_slices(n) entries; count: the rows' counters (rs_scratch). */
+td_err rs_argmax_launch(rs_best *best, int32_t *idx, const float *x, int64_t rows, int64_t n,
+                        rs_best *part, unsigned *count, cudaStream_t st);
+
 #endif
