@@ -190,6 +190,25 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
     /* larger k: the sorted path; ties are cut by id as in cpu_topk */
     check_probs("top_k 1500 through ties", ties, 5000,
                 &(ops_sampler){.temperature = 1, .top_k = 1500, .top_p = 1}, RTOL_F32);
+    /* rows split between blocks (select.cuh): each slice's best merged by rank. Ties across
+     * all 6 slices (the lowest ids win, all in the first), the best 1024 all in the last
+     * slice, and a top-p walk of 500 tokens through ties */
+    {
+        const int64_t n = 100003;
+        float *wt = make_logits(n, LOGITS_TIES);
+        check_probs("top_k 20 through ties across slices", wt, n,
+                    &(ops_sampler){.temperature = 1, .top_k = 20, .top_p = 1}, RTOL_TOPK);
+        check_probs("top_k 1024 through ties across slices", wt, n,
+                    &(ops_sampler){.temperature = 1, .top_k = 1024, .top_p = 1}, RTOL_TOPK);
+        const float tp = mid_of_order(wt, n, 1.0f, 499);
+        check_probs("top_p walk of 500 through ties across slices", wt, n,
+                    &(ops_sampler){.temperature = 1, .top_p = tp}, RTOL_TOPK);
+        for (int64_t i = 0; i < n; i++)
+            wt[i] = i >= n - 2000 ? wt[i] + 6.5f : wt[i] - 4.0f;
+        check_probs("top_k 1024 all in the last slice", wt, n,
+                    &(ops_sampler){.temperature = 0.5f, .top_k = 1024, .top_p = 1}, RTOL_TOPK);
+        free(wt);
+    }
 
     /* top_p and min_p keep head tokens 0, 1, 2: the cut lies half a token's mass away from
      * any boundary, far from rounding questions (values from the CPU's own distribution) */

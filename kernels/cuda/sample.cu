@@ -438,68 +438,118 @@ __device__ void smp_cut_write(float *p, const float *logits, int64_t n, int64_t 
     });
 }
 
-/* --- small top-k and nucleus paths ---------------------------------------------------- */
+/* --- small top-k and nucleus paths (split between blocks: select.cuh) ------------------ */
 
-/* Block b: row b of p and logits [grid][n]; the k best candidates walked as the CPU walks
- * them. NUCLEUS false (top_k <= TOPK_MAX): the total is the candidates' mass. NUCLEUS (top_p
- * alone): the candidates are the row's first k in the CPU's order and the total is the
- * whole row's mass; the kept set is a prefix of that order, so when the candidates reach
- * top_p of the total it lies among them and the walk is the CPU's; else (a flat row) the
- * block cuts the row by mass (smp_cut_write). */
+/* A row of the nucleus path that its walk could not finish: smp_cut_kernel cuts it by mass. */
+typedef struct smp_row {
+    double whole; /* the row's mass */
+    float mx, lo; /* its best and smallest finite logits */
+    int64_t best; /* the best entry */
+    int cut;      /* 1: cut by mass */
+} smp_row;
+
+/* The keys of a list sorted largest first (k of them) that are larger than key. */
+__device__ __forceinline__ int smp_count_above(const uint64_t *list, int k, uint64_t key)
+{
+    int a = 0, b = k;
+    while (a < b) {
+        const int m = (a + b) >> 1;
+        if (list[m] > key)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+/* Block b: slice b % S of row b / S of p and logits [rows][n]. Each block zeroes its slice
+ * of p and selects the slice's k best keys (the row's k best are among the S slices' k
+ * best) into cand; with NUCLEUS (top_p alone: k = TOPK_MAX or n, the best entry in rbest)
+ * it also sums the slice's mass and finds its smallest finite logit. The row's last block
+ * ranks the S * k keys in their union (keys are distinct: a key's rank is the number of
+ * larger ones, counted by a binary search of every other slice's list, held in dynamic
+ * shared memory) and walks the row's k best as the CPU walks them. NUCLEUS false: the total
+ * is the candidates' mass. NUCLEUS: the total is the whole row's mass (the slices' sums in
+ * order); the kept set is a prefix of the CPU's order, so when the candidates reach top_p of
+ * the total it lies among them and the walk is the CPU's; else (a flat row), or when top_p
+ * of the total exceeds k (every e is at most 1, so the walk cannot reach it), info[row]
+ * asks smp_cut_kernel to cut the row by mass. */
 template <bool NUCLEUS>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, double top_p,
-                double min_p)
+smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double inv_t,
+                double top_p, double min_p, const rs_best *rbest, uint64_t *cand, double *mpart,
+                float *lpart, smp_row *info, unsigned *count)
 {
-    extern __shared__ unsigned long long smp_wmass[]; /* NUCLEUS: SMP_CUT_WMASS bytes */
-    p += (size_t)blockIdx.x * (size_t)n;
-    logits += (size_t)blockIdx.x * (size_t)n;
+    extern __shared__ uint64_t smp_lists[]; /* the last block: the S slices' keys */
     __shared__ sel_smem sm;
-    __shared__ smp_cut_smem cut;
-    __shared__ uint64_t ke[2 * TOPK_MAX]; /* keys and e; the cut's counts and candidates */
-    uint64_t *keys = ke;
-    double *e = (double *)(ke + TOPK_MAX);
+    __shared__ uint64_t keys[TOPK_MAX];
+    __shared__ double e[TOPK_MAX];
     __shared__ double sh_d[33];
+    __shared__ float sh_v[33];
     __shared__ double kept_sum;
     __shared__ int keep;
-    __shared__ float sh_v[33];
-    __shared__ int64_t sh_i[33];
-    double whole = 0;
-    float lo = 0; /* NUCLEUS: the smallest finite logit */
-    if (NUCLEUS) {
-        /* the whole row's mass first: every e is at most 1, so when top_p of it exceeds k the
-         * walk cannot reach it and the row is cut by mass without a selection */
-        const int64_t b0 = sel_argmax_block(logits, n, sh_v, sh_i);
-        const float mx0 = logits[b0];
-        if (!smp_bad_max(mx0)) {
-            const float inv_tf = (float)inv_t;
-            float part = 0, low = mx0;
-            sel_for_each(logits, n, [&](int64_t, float l) {
-                part += smp_e(l, mx0, inv_tf);
-                low = isfinite(l) && l < low ? l : low;
-            });
-            whole = dev_block_sum((double)part, sh_d);
-            lo = smp_block_min(low, sh_v, INFINITY);
-            if (top_p * whole > (double)k) {
-                /* whole is the same in every thread: the block goes together */
-                smp_cut_write(p, logits, n, b0, mx0, lo, inv_tf, top_p, min_p, &cut, smp_wmass,
-                              keys, (unsigned long long *)e, (unsigned char *)sm.cand, sh_d);
-                return;
-            }
+    const int64_t r = blockIdx.x / S;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const float *lr = logits + r * n;
+    float *pr = p + r * n;
+    const rs_best b0 = NUCLEUS ? rbest[r] : rs_best{0.0f, 0};
+    if (NUCLEUS && !smp_bad_max(b0.v)) { /* the same for every block of the row */
+        const float inv_tf = (float)inv_t;
+        float part = 0, low = b0.v;
+        sel_for_each(lr + lo, hi - lo, [&](int64_t, float l) {
+            part += smp_e(l, b0.v, inv_tf);
+            low = isfinite(l) && l < low ? l : low;
+        });
+        const double m = dev_block_sum((double)part, sh_d);
+        const float lw = smp_block_min(low, sh_v, INFINITY);
+        if (threadIdx.x == 0) {
+            mpart[blockIdx.x] = m;
+            lpart[blockIdx.x] = lw;
         }
     }
-    sel_topk_block(logits, n, k, &sm, keys);
-    const uint32_t best = sel_key_index(keys[0]);
-    const float mx = logits[best];
-    const bool bad = smp_bad_max(mx);
-    if (!bad) {
-        for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
-            const float l = logits[sel_key_index(keys[j])];
-            e[j] = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
-        }
+    for (int64_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS)
+        pr[i] = 0;
+    sel_topk_block(lr + lo, hi - lo, k, &sm, keys, (uint32_t)lo);
+    for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS)
+        cand[(size_t)blockIdx.x * (size_t)k + (size_t)j] = keys[j];
+    if (!rs_last(&count[r], S))
+        return;
+
+    const int nk = S * k;
+    for (int j = threadIdx.x; j < nk; j += SAMPLE_THREADS)
+        smp_lists[j] = __ldcg(&cand[(size_t)r * (size_t)nk + (size_t)j]);
+    __syncthreads();
+    for (int j = threadIdx.x; j < nk; j += SAMPLE_THREADS) {
+        const int own = j / k;
+        const uint64_t key = smp_lists[j];
+        int rank = j - own * k;
+        for (int o = 0; o < S && rank < k; o++)
+            if (o != own)
+                rank += smp_count_above(smp_lists + o * k, k, key);
+        if (rank < k)
+            keys[rank] = key;
     }
     __syncthreads();
-    if (threadIdx.x == 0 && !bad) {
+    double whole = 0;
+    float low = INFINITY;
+    if (NUCLEUS && !smp_bad_max(b0.v))
+        for (int j = 0; j < S; j++) {
+            whole += __ldcg(&mpart[r * S + j]);
+            const float l = __ldcg(&lpart[r * S + j]);
+            low = l < low ? l : low;
+        }
+    const uint32_t best = sel_key_index(keys[0]);
+    const float mx = lr[best];
+    const bool bad = smp_bad_max(mx);
+    const bool cut = NUCLEUS && !bad && top_p * whole > (double)k;
+    if (!bad && !cut)
+        for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
+            const float l = lr[sel_key_index(keys[j])];
+            e[j] = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
+        }
+    __syncthreads();
+    if (threadIdx.x == 0 && !bad && !cut) {
         /* the CPU's walk, in its order and precision: top-k order, top-p prefix, min_p */
         double total = whole;
         if (!NUCLEUS)
@@ -528,19 +578,87 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int k, double inv_t, d
         kept_sum = kept;
     }
     __syncthreads();
-    if (NUCLEUS && !bad && keep < 0) { /* the walk fell short of top_p of the whole row */
-        smp_cut_write(p, logits, n, best, mx, lo, (float)inv_t, top_p, min_p, &cut, smp_wmass,
-                      keys, (unsigned long long *)e, (unsigned char *)sm.cand, sh_d);
-        return;
-    }
-    for (int64_t i = threadIdx.x; i < n; i += SAMPLE_THREADS)
-        p[i] = 0;
-    __syncthreads();
-    if (bad)
+    const bool to_cut = NUCLEUS && !bad && (cut || keep < 0);
+    if (NUCLEUS && threadIdx.x == 0)
+        info[r] = smp_row{whole, mx, low, (int64_t)best, to_cut ? 1 : 0};
+    if (bad || to_cut) /* p is zeros, or smp_cut_kernel writes it */
         return;
     for (int j = threadIdx.x; j < keep; j += SAMPLE_THREADS)
         if (e[j] >= 0)
-            p[sel_key_index(keys[j])] = (float)(e[j] / kept_sum);
+            pr[sel_key_index(keys[j])] = (float)(e[j] / kept_sum);
+}
+
+/* Block b: row b, when smp_topk_kernel<true> left it to be cut by mass (smp_cut_write). */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_cut_kernel(float *p, const float *logits, int64_t n, float inv_t, double top_p, double min_p,
+               const smp_row *info)
+{
+    extern __shared__ unsigned long long smp_wmass[]; /* SMP_CUT_WMASS bytes */
+    __shared__ sel_smem sm;
+    __shared__ smp_cut_smem cut;
+    __shared__ uint64_t ke[2 * TOPK_MAX]; /* the cut's counts and candidates */
+    __shared__ double sh_d[33];
+    const smp_row ri = info[blockIdx.x];
+    if (!ri.cut)
+        return;
+    const size_t off = (size_t)blockIdx.x * (size_t)n;
+    smp_cut_write(p + off, logits + off, n, ri.best, ri.mx, ri.lo, inv_t, top_p, min_p, &cut,
+                  smp_wmass, ke, (unsigned long long *)(ke + TOPK_MAX),
+                  (unsigned char *)sm.cand, sh_d);
+}
+
+#define SMP_TOPK_ROWS 64 /* rows per launch of the split top-k (8 KB of candidates per slice) */
+#define SMP_LISTS ((size_t)RS_SLICES_MAX * TOPK_MAX * sizeof(uint64_t))
+
+/* The small top-k path (k = top_k <= TOPK_MAX) or, nucleus, top_p alone (k = the best
+ * TOPK_MAX): rows rows of logits [rows][n] into p, SMP_TOPK_ROWS rows per launch. No wait
+ * of the host. */
+static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t n, int k,
+                            bool nucleus, const ops_sampler *s, cudaStream_t st)
+{
+    const int S = rs_slices(n);
+    const double inv_t = 1.0 / (double)s->temperature;
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    if (nucleus) {
+        TD_TRY(smem_optin<smp_topk_kernel<true>>(dev, SMP_LISTS));
+        TD_TRY(smem_optin<smp_cut_kernel>(dev, SMP_CUT_WMASS));
+    } else {
+        TD_TRY(smem_optin<smp_topk_kernel<false>>(dev, SMP_LISTS));
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += SMP_TOPK_ROWS) {
+        const int64_t m = rows - r0 < SMP_TOPK_ROWS ? rows - r0 : SMP_TOPK_ROWS;
+        const size_t nb = (size_t)(m * S);
+        unsigned *count = NULL;
+        void *buf = NULL;
+        TD_TRY(rs_scratch(st,
+                          (nb + (size_t)m) * sizeof(rs_best) + nb * (sizeof(double) + sizeof(float)) +
+                              (size_t)m * sizeof(smp_row) + nb * (size_t)k * sizeof(uint64_t) + 64,
+                          &count, &buf));
+        rs_best *apart = (rs_best *)buf, *best = apart + nb;
+        uint64_t *cand = (uint64_t *)(best + m);
+        double *mpart = (double *)(cand + nb * (size_t)k);
+        smp_row *info = (smp_row *)(mpart + nb);
+        float *lpart = (float *)(info + m);
+        const float *lr = logits + r0 * n;
+        float *pr = p + r0 * n;
+        const size_t lists = nb * (size_t)k * sizeof(uint64_t) / (size_t)m;
+        if (nucleus) {
+            TD_TRY(rs_argmax_launch(best, NULL, lr, m, n, apart, count, st));
+            smp_topk_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
+                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, best, cand, mpart,
+                lpart, info, count);
+            CUDA_TRY_LAUNCH();
+            smp_cut_kernel<<<(unsigned)m, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+                pr, lr, n, (float)inv_t, (double)s->top_p, (double)s->min_p, info);
+        } else {
+            smp_topk_kernel<false><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
+                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, NULL, cand, NULL,
+                NULL, NULL, count);
+        }
+        CUDA_TRY_LAUNCH();
+    }
+    return TD_OK;
 }
 
 /* --- sorted path ----------------------------------------------------------------------- */
@@ -676,23 +794,6 @@ static td_err smp_sorted_rows(float *p, const float *logits, int64_t rows, int64
     return TD_OK;
 }
 
-/* top_p without top_k: every row walks its best TOPK_MAX entries (smp_topk_kernel with the
- * whole row's total), which holds the kept set of a peaked distribution; a row whose set
- * reaches further is cut by mass in the same block. One launch, no wait of the host. */
-static td_err smp_nucleus(float *p, const float *logits, int64_t rows, int64_t n_vocab,
-                          const ops_sampler *s, cudaStream_t st)
-{
-    const int k = n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX;
-    int dev = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    TD_TRY(smem_optin<smp_topk_kernel<true>>(dev, SMP_CUT_WMASS));
-    smp_topk_kernel<true><<<(unsigned)rows, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
-        p, logits, n_vocab, k, 1.0 / (double)s->temperature, (double)s->top_p,
-        (double)s->min_p);
-    CUDA_TRY_LAUNCH();
-    return TD_OK;
-}
-
 /* cuda_sample_probs of rows rows of logits [rows][n_vocab] into p: the dense and small top-k
  * paths in one launch (a block per row, rows side by side), top-p alone in one launch too,
  * a large top-k in sorts of up to SORT_ROWS rows. */
@@ -715,15 +816,11 @@ static td_err smp_probs_rows(float *p, const float *logits, int64_t rows, int64_
         const float inv_t = greedy ? 0.0f : (float)(1.0 / (double)s->temperature);
         return smp_dense_rows(p, logits, rows, n_vocab, inv_t, s->min_p, greedy, st);
     }
-    if (use_k && s->top_k <= TOPK_MAX) {
-        smp_topk_kernel<false><<<(unsigned)rows, SAMPLE_THREADS, 0, st>>>(
-            p, logits, n_vocab, s->top_k, 1.0 / (double)s->temperature, (double)s->top_p,
-            (double)s->min_p);
-        CUDA_TRY_LAUNCH();
-        return TD_OK;
-    }
-    if (!use_k)
-        return smp_nucleus(p, logits, rows, n_vocab, s, st);
+    if (use_k && s->top_k <= TOPK_MAX)
+        return smp_topk_rows(p, logits, rows, n_vocab, s->top_k, false, s, st);
+    if (!use_k) /* the best TOPK_MAX walked, or a cut by mass */
+        return smp_topk_rows(p, logits, rows, n_vocab,
+                             n_vocab < TOPK_MAX ? (int)n_vocab : TOPK_MAX, true, s, st);
     return smp_sorted_rows(p, logits, rows, n_vocab, s->top_k, s, st);
 }
 

@@ -98,7 +98,7 @@ topk_kernel(int32_t *idx, float *val, const float *x, int64_t n, int k)
     __shared__ sel_smem sm;
     __shared__ uint64_t keys[TOPK_MAX];
     const float *xr = x + (int64_t)blockIdx.x * n;
-    sel_topk_block(xr, n, k, &sm, keys);
+    sel_topk_block(xr, n, k, &sm, keys, 0);
     for (int j = threadIdx.x; j < k; j += SEL_THREADS) {
         uint32_t i = sel_key_index(keys[j]);
         idx[(int64_t)blockIdx.x * k + j] = (int32_t)i;
@@ -138,7 +138,7 @@ logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_
     sel_for_each(x, n, [&](int64_t, float v) { part += expf(v - mx); });
     const double lse = (double)mx + log(dev_block_sum((double)part, sh_d));
     if (n_top > 0)
-        sel_topk_block(x, n, n_top, &sm, keys);
+        sel_topk_block(x, n, n_top, &sm, keys, 0);
     if (threadIdx.x != 0)
         return;
     ops_logprob o;

@@ -138,8 +138,8 @@ typedef struct sel_smem {
 } sel_smem;
 
 /* The k largest keys of x[n] (cpu_topk's order), largest first, into out[k] (shared or
- * global memory, not sm). 1 <= k <= min(n, TOPK_MAX), n <= INT32_MAX. Every thread of the
- * block must call it.
+ * global memory, not sm); x[i] is entry base + i of its row (the keys hold that index).
+ * 1 <= k <= min(n, TOPK_MAX), base + n <= INT32_MAX. Every thread of the block must call it.
  *
  * Radix select on the distinct keys, 8 bits per pass from the top: count the keys of the
  * current bucket per digit, keep the digit where the k-th largest falls, stop once the whole
@@ -147,7 +147,7 @@ typedef struct sel_smem {
  * atomics: counts, and so the selected set, do not depend on their order; the set is then
  * sorted by rank, so the result is exact and deterministic. */
 __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k, sel_smem *sm,
-                                               uint64_t *out)
+                                               uint64_t *out, uint32_t base)
 {
     __syncthreads(); /* sm may still be read by a previous call */
     if (threadIdx.x == 0) {
@@ -163,7 +163,7 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
         __syncthreads();
         const uint64_t prefix = sm->prefix, mask = sm->mask;
         sel_for_each(x, n, [&](int64_t i, float v) {
-            const uint64_t key = sel_key(v, (uint32_t)i);
+            const uint64_t key = sel_key(v, base + (uint32_t)i);
             if ((key & mask) == prefix)
                 atomicAdd(&sm->hist[(key >> shift) & 255], 1u);
         });
@@ -193,7 +193,7 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
     }
     const uint64_t thresh = sm->thresh;
     sel_for_each(x, n, [&](int64_t i, float v) {
-        const uint64_t key = sel_key(v, (uint32_t)i);
+        const uint64_t key = sel_key(v, base + (uint32_t)i);
         if (key >= thresh) {
             unsigned pos = atomicAdd(&sm->cnt, 1u);
             if (pos < TOPK_MAX)
