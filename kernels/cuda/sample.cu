@@ -440,7 +440,7 @@ __device__ void smp_cut_write(float *p, const float *logits, int64_t n, int64_t 
 
 /* --- small top-k and nucleus paths (split between blocks: select.cuh) ------------------ */
 
-/* A row of the nucleus path that its walk could not finish: smp_cut_kernel cuts it by mass. */
+/* A row of the nucleus path (top_p alone): its mass, and whether smp_cut_kernel cuts it. */
 typedef struct smp_row {
     double whole; /* the row's mass */
     float mx, lo; /* its best and smallest finite logits */
@@ -462,52 +462,78 @@ __device__ __forceinline__ int smp_count_above(const uint64_t *list, int k, uint
     return a;
 }
 
+/* top_p alone, before the selection: block b sums the mass of slice b % S of row b / S (its
+ * best entry in rbest) and finds its smallest finite logit; the row's last block puts the
+ * row's mass (the slices' sums in order), smallest logit and best entry in info[row], and
+ * marks the row to be cut by mass when top_p of its mass exceeds k: every e is at most 1, so
+ * a walk over the k best cannot reach it (a flat row skips the selection). */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_mass_kernel(const float *logits, int64_t n, int S, int k, float inv_t, double top_p,
+                const rs_best *rbest, double *mpart, float *lpart, smp_row *info,
+                unsigned *count)
+{
+    __shared__ double sh_d[33];
+    __shared__ float sh_v[33];
+    const int64_t r = blockIdx.x / S;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const rs_best b0 = rbest[r];
+    if (smp_bad_max(b0.v)) { /* the same for every block of the row: p is zeros */
+        if (blockIdx.x % S == 0 && threadIdx.x == 0)
+            info[r] = smp_row{0.0, b0.v, 0.0f, b0.i, 0};
+        return;
+    }
+    float part = 0, low = b0.v;
+    sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t, float l) {
+        part += smp_e(l, b0.v, inv_t);
+        low = isfinite(l) && l < low ? l : low;
+    });
+    const double m = dev_block_sum((double)part, sh_d);
+    const float lw = smp_block_min(low, sh_v, INFINITY);
+    if (threadIdx.x == 0) {
+        mpart[blockIdx.x] = m;
+        lpart[blockIdx.x] = lw;
+    }
+    if (!rs_last(&count[r], S) || threadIdx.x != 0)
+        return;
+    double whole = 0;
+    float lowest = INFINITY;
+    for (int j = 0; j < S; j++) {
+        whole += __ldcg(&mpart[r * S + j]);
+        const float l = __ldcg(&lpart[r * S + j]);
+        lowest = l < lowest ? l : lowest;
+    }
+    info[r] = smp_row{whole, b0.v, lowest, b0.i, top_p * whole > (double)k ? 1 : 0};
+}
+
 /* Block b: slice b % S of row b / S of p and logits [rows][n]. Each block zeroes its slice
  * of p and selects the slice's k best keys (the row's k best are among the S slices' k
- * best) into cand; with NUCLEUS (top_p alone: k = TOPK_MAX or n, the best entry in rbest)
- * it also sums the slice's mass and finds its smallest finite logit. The row's last block
- * ranks the S * k keys in their union (keys are distinct: a key's rank is the number of
- * larger ones, counted by a binary search of every other slice's list, held in dynamic
- * shared memory) and walks the row's k best as the CPU walks them. NUCLEUS false: the total
- * is the candidates' mass. NUCLEUS: the total is the whole row's mass (the slices' sums in
- * order); the kept set is a prefix of the CPU's order, so when the candidates reach top_p of
- * the total it lies among them and the walk is the CPU's; else (a flat row), or when top_p
- * of the total exceeds k (every e is at most 1, so the walk cannot reach it), info[row]
- * asks smp_cut_kernel to cut the row by mass. */
+ * best) into cand. The row's last block ranks the S * k keys in their union (keys are
+ * distinct: a key's rank is the number of larger ones, counted by a binary search of every
+ * other slice's list, held in dynamic shared memory) and walks the row's k best as the CPU
+ * walks them. NUCLEUS false: the total is the candidates' mass. NUCLEUS (top_p alone, k =
+ * TOPK_MAX or n, after smp_mass_kernel): a row info marks to be cut returns at once; else
+ * the total is the row's mass in info; the kept set is a prefix of the CPU's order, so when
+ * the candidates reach top_p of the total it lies among them and the walk is the CPU's;
+ * else (a flat row) info asks smp_cut_kernel to cut the row by mass. */
 template <bool NUCLEUS>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double inv_t,
-                double top_p, double min_p, const rs_best *rbest, uint64_t *cand, double *mpart,
-                float *lpart, smp_row *info, unsigned *count)
+                double top_p, double min_p, uint64_t *cand, smp_row *info, unsigned *count)
 {
     extern __shared__ uint64_t smp_lists[]; /* the last block: the S slices' keys */
     __shared__ sel_smem sm;
     __shared__ uint64_t keys[TOPK_MAX];
     __shared__ double e[TOPK_MAX];
-    __shared__ double sh_d[33];
-    __shared__ float sh_v[33];
     __shared__ double kept_sum;
     __shared__ int keep;
     const int64_t r = blockIdx.x / S;
+    if (NUCLEUS && info[r].cut) /* the same for every block of the row */
+        return;
     int64_t lo, hi;
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const float *lr = logits + r * n;
     float *pr = p + r * n;
-    const rs_best b0 = NUCLEUS ? rbest[r] : rs_best{0.0f, 0};
-    if (NUCLEUS && !smp_bad_max(b0.v)) { /* the same for every block of the row */
-        const float inv_tf = (float)inv_t;
-        float part = 0, low = b0.v;
-        sel_for_each(lr + lo, hi - lo, [&](int64_t, float l) {
-            part += smp_e(l, b0.v, inv_tf);
-            low = isfinite(l) && l < low ? l : low;
-        });
-        const double m = dev_block_sum((double)part, sh_d);
-        const float lw = smp_block_min(low, sh_v, INFINITY);
-        if (threadIdx.x == 0) {
-            mpart[blockIdx.x] = m;
-            lpart[blockIdx.x] = lw;
-        }
-    }
     for (int64_t i = lo + threadIdx.x; i < hi; i += SAMPLE_THREADS)
         pr[i] = 0;
     sel_topk_block(lr + lo, hi - lo, k, &sm, keys, (uint32_t)lo);
@@ -531,25 +557,17 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double i
             keys[rank] = key;
     }
     __syncthreads();
-    double whole = 0;
-    float low = INFINITY;
-    if (NUCLEUS && !smp_bad_max(b0.v))
-        for (int j = 0; j < S; j++) {
-            whole += __ldcg(&mpart[r * S + j]);
-            const float l = __ldcg(&lpart[r * S + j]);
-            low = l < low ? l : low;
-        }
+    const double whole = NUCLEUS ? info[r].whole : 0.0;
     const uint32_t best = sel_key_index(keys[0]);
     const float mx = lr[best];
     const bool bad = smp_bad_max(mx);
-    const bool cut = NUCLEUS && !bad && top_p * whole > (double)k;
-    if (!bad && !cut)
+    if (!bad)
         for (int j = threadIdx.x; j < k; j += SAMPLE_THREADS) {
             const float l = lr[sel_key_index(keys[j])];
             e[j] = l == mx ? 1.0 : isnan(l) ? 0.0 : exp(((double)l - mx) * inv_t);
         }
     __syncthreads();
-    if (threadIdx.x == 0 && !bad && !cut) {
+    if (threadIdx.x == 0 && !bad) {
         /* the CPU's walk, in its order and precision: top-k order, top-p prefix, min_p */
         double total = whole;
         if (!NUCLEUS)
@@ -578,10 +596,12 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double i
         kept_sum = kept;
     }
     __syncthreads();
-    const bool to_cut = NUCLEUS && !bad && (cut || keep < 0);
-    if (NUCLEUS && threadIdx.x == 0)
-        info[r] = smp_row{whole, mx, low, (int64_t)best, to_cut ? 1 : 0};
-    if (bad || to_cut) /* p is zeros, or smp_cut_kernel writes it */
+    if (NUCLEUS && !bad && keep < 0) { /* the walk fell short of top_p of the whole row */
+        if (threadIdx.x == 0)
+            info[r].cut = 1;
+        return;
+    }
+    if (bad) /* p is zeros */
         return;
     for (int j = threadIdx.x; j < keep; j += SAMPLE_THREADS)
         if (e[j] >= 0)
@@ -645,16 +665,17 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
         const size_t lists = nb * (size_t)k * sizeof(uint64_t) / (size_t)m;
         if (nucleus) {
             TD_TRY(rs_argmax_launch(best, NULL, lr, m, n, apart, count, st));
+            smp_mass_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(
+                lr, n, S, k, (float)inv_t, (double)s->top_p, best, mpart, lpart, info, count);
+            CUDA_TRY_LAUNCH();
             smp_topk_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
-                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, best, cand, mpart,
-                lpart, info, count);
+                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, cand, info, count);
             CUDA_TRY_LAUNCH();
             smp_cut_kernel<<<(unsigned)m, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
                 pr, lr, n, (float)inv_t, (double)s->top_p, (double)s->min_p, info);
         } else {
             smp_topk_kernel<false><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
-                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, NULL, cand, NULL,
-                NULL, NULL, count);
+                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, cand, NULL, count);
         }
         CUDA_TRY_LAUNCH();
     }
