@@ -266,6 +266,74 @@ __device__ __forceinline__ int smp_bin(float l, float lo, float inv_w)
     return x < 255.0f ? (int)x : 255;
 }
 
+/* The cut's integer mass of one entry is e * smp_cut_scale(n) truncated: n * 2^s < 2^62 and
+ * s <= 45, so e * scale < 2^46 and the row's sum fits 62 bits. */
+__device__ __forceinline__ float smp_cut_scale(int64_t n)
+{
+    const int lg = 64 - __clzll((unsigned long long)n);
+    return ldexpf(1.0f, 62 - lg < 45 ? 62 - lg : 45);
+}
+
+/* smp_bin's inv_w for logits in [lo, mx]: one bin for a row of equal logits. */
+__device__ __forceinline__ float smp_cut_inv_w(float mx, float lo)
+{
+    const float w = 256.0f / (mx - lo);
+    return w < 3.0e38f ? w : 0.0f;
+}
+
+/* The largest digit d with cnt[d] > 0 and above + mass[d] >= need, above = the mass of the
+ * larger digits (the lowest non-empty digit and above = 0 if none: a guard); *need becomes
+ * need - above. */
+__device__ __forceinline__ int smp_pick_digit(const unsigned long long *mass, const unsigned *cnt,
+                                              unsigned long long *need)
+{
+    unsigned long long above = 0;
+    int d = 255, low = -1;
+    for (; d >= 0; d--) {
+        if (!cnt[d])
+            continue;
+        low = d;
+        if (above + mass[d] >= *need)
+            break;
+        above += mass[d];
+    }
+    if (d < 0)
+        d = low, above = 0;
+    *need -= above;
+    return d;
+}
+
+/* The key where the running mass of c candidates (keys ck, masses cf; c <= TOPK_MAX, keys
+ * distinct), taken in key order from the largest, first reaches need (the last key if it
+ * never does): ranked into rk, rm (the rank of a key is the number of larger ones), walked
+ * by thread 0, returned to every thread. out: a shared word. Every thread must call it. */
+__device__ uint64_t smp_rank_walk(const uint64_t *ck, const unsigned long long *cf, int c,
+                                  unsigned long long need, uint64_t *rk, unsigned long long *rm,
+                                  uint64_t *out)
+{
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+        const uint64_t kj = ck[j];
+        int r = 0;
+        for (int m = 0; m < c; m++)
+            r += ck[m] > kj;
+        rk[r] = kj;
+        rm[r] = cf[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long cum = 0;
+        int j = 0;
+        for (; j < c - 1; j++) {
+            cum += rm[j];
+            if (cum >= need)
+                break;
+        }
+        *out = rk[j];
+    }
+    __syncthreads();
+    return *out;
+}
+
 /* The top-p cut of a row without sorting it: the kept set is every entry whose sel_key is
  * >= the returned key, i.e. the shortest prefix of cpu_topk's order whose mass reaches
  * top_p of the row's. Masses are integers, e (<= 1, f32 as the sorted path computes it)
@@ -289,10 +357,7 @@ __device__ uint64_t smp_mass_cut(const float *logits, int64_t n, float mx, float
     unsigned long long *wm = wmass + (threadIdx.x >> 5) * 256;
     unsigned short *wcount = (unsigned short *)ck; /* the warps' counts, before the gather */
     unsigned short *wc = wcount + (threadIdx.x >> 5) * 256;
-    const int lg = 64 - __clzll((unsigned long long)n);
-    const float scale = ldexpf(1.0f, 62 - lg < 45 ? 62 - lg : 45); /* e * scale < 2^46 */
-    const float w = 256.0f / (mx - lo);
-    const float inv_w = w < 3.0e38f ? w : 0.0f; /* one bin for a row of equal logits */
+    const float scale = smp_cut_scale(n), inv_w = smp_cut_inv_w(mx, lo);
     __syncthreads(); /* sm may still be read by a previous call */
     if (threadIdx.x == 0) {
         sm->prefix = 0;
@@ -344,22 +409,9 @@ __device__ uint64_t smp_mass_cut(const float *logits, int64_t n, float mx, float
                 const double want = ceil(top_p * (double)total);
                 sm->need = want < (double)total ? (unsigned long long)want : total;
             }
-            /* the largest digit d with cnt[d] > 0 and above + mass[d] >= need, above = the
-             * mass of the larger digits (the lowest non-empty digit if none: a guard) */
-            const unsigned long long need = sm->need;
-            unsigned long long above = 0;
-            int d = 255, low = -1;
-            for (; d >= 0; d--) {
-                if (!sm->cnt[d])
-                    continue;
-                low = d;
-                if (above + sm->mass[d] >= need)
-                    break;
-                above += sm->mass[d];
-            }
-            if (d < 0)
-                d = low, above = 0;
-            sm->need = need - above;
+            unsigned long long need = sm->need;
+            const int d = smp_pick_digit(sm->mass, sm->cnt, &need);
+            sm->need = need;
             if (shift == 64) {
                 sm->bin = d;
                 sm->done = sm->cnt[d] <= TOPK_MAX ? 2 : 0; /* 2: gather the bin */
@@ -387,55 +439,8 @@ __device__ uint64_t smp_mass_cut(const float *logits, int64_t n, float mx, float
         }
     });
     __syncthreads();
-    const int c = (int)sm->ncand;
-    uint64_t *rk = (uint64_t *)wmass;                /* ranked keys */
-    unsigned long long *rm = wmass + TOPK_MAX;       /* their masses */
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
-        const uint64_t kj = ck[j];
-        int r = 0;
-        for (int m = 0; m < c; m++)
-            r += ck[m] > kj;
-        rk[r] = kj;
-        rm[r] = cf[j];
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned long long need = sm->need;
-        unsigned long long cum = 0;
-        int j = 0;
-        for (; j < c - 1; j++) {
-            cum += rm[j];
-            if (cum >= need)
-                break;
-        }
-        sm->prefix = rk[j];
-    }
-    __syncthreads();
-    return sm->prefix;
-}
-
-/* p of a row cut by smp_mass_cut: kept entries (and, with min_p, those with e >= min_p or
- * the best) get e / their mass, the rest 0; the block's f32-then-f64 sums as the sorted
- * path's. ck, cf: TOPK_MAX keys and masses of shared memory; owner: 8 KB of it. */
-__device__ void smp_cut_write(float *p, const float *logits, int64_t n, int64_t best, float mx,
-                              float lo, float inv_t, double top_p, double min_p,
-                              smp_cut_smem *cut, unsigned long long *wmass, uint64_t *ck,
-                              unsigned long long *cf, unsigned char *owner, double *sh_d)
-{
-    const uint64_t thresh = smp_mass_cut(logits, n, mx, lo, inv_t, top_p, cut, wmass, ck, cf,
-                                         owner);
-    float part = 0;
-    sel_for_each(logits, n, [&](int64_t i, float l) {
-        const float e = smp_e(l, mx, inv_t);
-        if (sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best))
-            part += e;
-    });
-    const double kept = dev_block_sum((double)part, sh_d);
-    sel_for_each(logits, n, [&](int64_t i, float l) {
-        const float e = smp_e(l, mx, inv_t);
-        const bool in = sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best);
-        p[i] = in ? (float)((double)e / kept) : 0.0f;
-    });
+    return smp_rank_walk(ck, cf, (int)sm->ncand, sm->need, (uint64_t *)wmass, wmass + TOPK_MAX,
+                         &sm->prefix);
 }
 
 /* --- small top-k and nucleus paths (split between blocks: select.cuh) ------------------ */
@@ -608,23 +613,211 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double i
             pr[sel_key_index(keys[j])] = (float)(e[j] / kept_sum);
 }
 
-/* Block b: row b, when smp_topk_kernel<true> left it to be cut by mass (smp_cut_write). */
+/* The cut by mass of the rows info marks (top_p alone, flat rows), split between blocks
+ * like the rest: the value-bin pass of smp_mass_cut per slice (its integer masses make the
+ * slices' tables add up exactly, in any order), then, when the chosen bin holds at most
+ * TOPK_MAX entries, their gathering from every slice (positions by a global atomic: the
+ * order is undone by the ranking) and one block's rank and walk; a larger bin (near-equal
+ * logits) is narrowed by one block running smp_mass_cut over the row. Then the kept mass
+ * and p per slice. */
+typedef struct smp_cutrow {
+    unsigned long long need; /* mass still to take from the bin */
+    uint64_t thresh;         /* the kept set: keys >= thresh */
+    double kept;             /* its mass */
+    unsigned ncand;          /* the bin's entries gathered so far */
+    int bin;
+    int gather;              /* 1: the bin is gathered, 0: smp_radix_cut_kernel */
+} smp_cutrow;
+
+/* Block b: the value bins of slice b % S of row b / S, per-warp tables summed into the
+ * block's tmass / tcnt [blocks][256]; the row's last block sums the slices' tables, takes
+ * top_p of the row's integer mass and picks the bin (smp_mass_cut's pass -1). */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_cut_kernel(float *p, const float *logits, int64_t n, float inv_t, double top_p, double min_p,
-               const smp_row *info)
+smp_bins_kernel(const float *logits, int64_t n, int S, float inv_t, double top_p,
+                const smp_row *info, unsigned long long *tmass, unsigned *tcnt,
+                smp_cutrow *crow, unsigned *count)
+{
+    extern __shared__ unsigned long long smp_wmass[]; /* SMP_CUT_WMASS bytes */
+    __shared__ unsigned short wcount[(SAMPLE_THREADS / 32) * 256];
+    __shared__ unsigned char owner[(SAMPLE_THREADS / 32) * 256];
+    __shared__ unsigned long long mass[256];
+    __shared__ unsigned cnt[256];
+    const int64_t r = blockIdx.x / S;
+    const smp_row ri = info[r];
+    if (!ri.cut) /* the same for every block of the row */
+        return;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const float scale = smp_cut_scale(n), inv_w = smp_cut_inv_w(ri.mx, ri.lo);
+    const float mx = ri.mx, low = ri.lo;
+    const int nw = SAMPLE_THREADS / 32;
+    unsigned long long *wm = smp_wmass + (threadIdx.x >> 5) * 256;
+    unsigned short *wc = wcount + (threadIdx.x >> 5) * 256;
+    unsigned char *wo = owner + (threadIdx.x >> 5) * 256;
+    for (int j = threadIdx.x; j < nw * 256; j += SAMPLE_THREADS)
+        smp_wmass[j] = 0, wcount[j] = 0;
+    __syncthreads();
+    sel_for_each_all(logits + r * n + lo, hi - lo, [&](int64_t, float l, bool in) {
+        int d = -1;
+        unsigned long long fx = 0;
+        if (in) {
+            d = smp_bin(l, low, inv_w);
+            fx = __float2ull_rz(smp_e(l, mx, inv_t) * scale);
+        }
+        smp_hist_add(wm, wc, wo, d, fx);
+    });
+    __syncthreads();
+    for (int d = threadIdx.x; d < 256; d += SAMPLE_THREADS) {
+        unsigned long long m = 0;
+        unsigned c = 0;
+        for (int w2 = 0; w2 < nw; w2++)
+            m += smp_wmass[w2 * 256 + d], c += wcount[w2 * 256 + d];
+        tmass[(size_t)blockIdx.x * 256 + d] = m;
+        tcnt[(size_t)blockIdx.x * 256 + d] = c;
+    }
+    if (!rs_last(&count[r], S))
+        return;
+    for (int d = threadIdx.x; d < 256; d += SAMPLE_THREADS) {
+        unsigned long long m = 0;
+        unsigned c = 0;
+        for (int j = 0; j < S; j++) {
+            m += __ldcg(&tmass[(size_t)(r * S + j) * 256 + d]);
+            c += __ldcg(&tcnt[(size_t)(r * S + j) * 256 + d]);
+        }
+        mass[d] = m;
+        cnt[d] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long total = 0;
+#pragma unroll 1
+        for (int d = 0; d < 256; d++)
+            total += mass[d];
+        /* mass >= top_p * total for an integer mass: >= its ceiling */
+        const double want = ceil(top_p * (double)total);
+        unsigned long long need = want < (double)total ? (unsigned long long)want : total;
+        const int d = smp_pick_digit(mass, cnt, &need);
+        crow[r] = smp_cutrow{need, 0, 0.0, 0u, d, cnt[d] <= TOPK_MAX ? 1 : 0};
+    }
+}
+
+/* Block b: the entries of the chosen bin in slice b % S of row b / S into the row's TOPK_MAX
+ * keys and masses (ckeys, cmass); the row's last block ranks and walks them into the row's
+ * threshold. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_gather_kernel(const float *logits, int64_t n, int S, float inv_t, const smp_row *info,
+                  smp_cutrow *crow, uint64_t *ckeys, unsigned long long *cmass,
+                  unsigned *count)
+{
+    __shared__ uint64_t ck[TOPK_MAX], rk[TOPK_MAX];
+    __shared__ unsigned long long cf[TOPK_MAX], rm[TOPK_MAX];
+    __shared__ uint64_t out;
+    const int64_t r = blockIdx.x / S;
+    const smp_row ri = info[r];
+    if (!ri.cut || !crow[r].gather) /* the same for every block of the row */
+        return;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const float scale = smp_cut_scale(n), inv_w = smp_cut_inv_w(ri.mx, ri.lo);
+    const int bin = crow[r].bin;
+    uint64_t *keys = ckeys + (size_t)r * TOPK_MAX;
+    unsigned long long *masses = cmass + (size_t)r * TOPK_MAX;
+    sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
+        if (smp_bin(l, ri.lo, inv_w) == bin) {
+            const unsigned pos = atomicAdd(&crow[r].ncand, 1u);
+            keys[pos] = sel_key(l, (uint32_t)(lo + i));
+            masses[pos] = __float2ull_rz(smp_e(l, ri.mx, inv_t) * scale);
+        }
+    });
+    if (!rs_last(&count[r], S))
+        return;
+    const int c = (int)__ldcg(&crow[r].ncand);
+    for (int j = threadIdx.x; j < c; j += SAMPLE_THREADS)
+        ck[j] = __ldcg(&keys[j]), cf[j] = __ldcg(&masses[j]);
+    __syncthreads();
+    const uint64_t t = smp_rank_walk(ck, cf, c, crow[r].need, rk, rm, &out);
+    if (threadIdx.x == 0)
+        crow[r].thresh = t;
+}
+
+/* Block b: row b, when its bin was too large to gather: smp_mass_cut over the whole row. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_radix_cut_kernel(const float *logits, int64_t n, float inv_t, double top_p,
+                     const smp_row *info, smp_cutrow *crow)
 {
     extern __shared__ unsigned long long smp_wmass[]; /* SMP_CUT_WMASS bytes */
     __shared__ sel_smem sm;
     __shared__ smp_cut_smem cut;
     __shared__ uint64_t ke[2 * TOPK_MAX]; /* the cut's counts and candidates */
-    __shared__ double sh_d[33];
     const smp_row ri = info[blockIdx.x];
+    if (!ri.cut || crow[blockIdx.x].gather)
+        return;
+    const uint64_t t = smp_mass_cut(logits + (size_t)blockIdx.x * (size_t)n, n, ri.mx, ri.lo,
+                                    inv_t, top_p, &cut, smp_wmass, ke,
+                                    (unsigned long long *)(ke + TOPK_MAX),
+                                    (unsigned char *)sm.cand);
+    if (threadIdx.x == 0)
+        crow[blockIdx.x].thresh = t;
+}
+
+/* An entry a cut row keeps: key at or above the threshold and, with min_p, e >= min_p or
+ * the best. */
+__device__ __forceinline__ bool smp_cut_keeps(float l, int64_t i, float e, uint64_t thresh,
+                                              double min_p, int64_t best)
+{
+    return sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best);
+}
+
+/* Block b: the kept mass of slice b % S of a cut row b / S (f32 per thread, the block's f64
+ * tree); the row's last block sums the slices in order. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_cut_sum_kernel(const float *logits, int64_t n, int S, float inv_t, double min_p,
+                   const smp_row *info, smp_cutrow *crow, double *part, unsigned *count)
+{
+    __shared__ double sh_d[33];
+    const int64_t r = blockIdx.x / S;
+    const smp_row ri = info[r];
     if (!ri.cut)
         return;
-    const size_t off = (size_t)blockIdx.x * (size_t)n;
-    smp_cut_write(p + off, logits + off, n, ri.best, ri.mx, ri.lo, inv_t, top_p, min_p, &cut,
-                  smp_wmass, ke, (unsigned long long *)(ke + TOPK_MAX),
-                  (unsigned char *)sm.cand, sh_d);
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const uint64_t thresh = crow[r].thresh;
+    float acc = 0;
+    sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
+        const float e = smp_e(l, ri.mx, inv_t);
+        if (smp_cut_keeps(l, lo + i, e, thresh, min_p, ri.best))
+            acc += e;
+    });
+    const double sum = dev_block_sum((double)acc, sh_d);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = sum;
+    if (!rs_last(&count[r], S) || threadIdx.x != 0)
+        return;
+    double k = 0;
+    for (int j = 0; j < S; j++)
+        k += __ldcg(&part[r * S + j]);
+    crow[r].kept = k;
+}
+
+/* Block b: p of slice b % S of a cut row b / S: kept entries e / kept, the rest 0. */
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+smp_cut_write_kernel(float *p, const float *logits, int64_t n, int S, float inv_t, double min_p,
+                     const smp_row *info, const smp_cutrow *crow)
+{
+    const int64_t r = blockIdx.x / S;
+    const smp_row ri = info[r];
+    if (!ri.cut)
+        return;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const uint64_t thresh = crow[r].thresh;
+    const double kept = crow[r].kept;
+    float *pr = p + r * n + lo;
+    sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
+        const float e = smp_e(l, ri.mx, inv_t);
+        pr[i] = smp_cut_keeps(l, lo + i, e, thresh, min_p, ri.best) ? (float)((double)e / kept)
+                                                                     : 0.0f;
+    });
 }
 
 #define SMP_TOPK_ROWS 64 /* rows per launch of the split top-k (8 KB of candidates per slice) */
@@ -638,45 +831,69 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
 {
     const int S = rs_slices(n);
     const double inv_t = 1.0 / (double)s->temperature;
+    const float inv_tf = (float)inv_t;
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
     if (nucleus) {
         TD_TRY(smem_optin<smp_topk_kernel<true>>(dev, SMP_LISTS));
-        TD_TRY(smem_optin<smp_cut_kernel>(dev, SMP_CUT_WMASS));
+        TD_TRY(smem_optin<smp_bins_kernel>(dev, SMP_CUT_WMASS));
+        TD_TRY(smem_optin<smp_radix_cut_kernel>(dev, SMP_CUT_WMASS));
     } else {
         TD_TRY(smem_optin<smp_topk_kernel<false>>(dev, SMP_LISTS));
     }
     for (int64_t r0 = 0; r0 < rows; r0 += SMP_TOPK_ROWS) {
         const int64_t m = rows - r0 < SMP_TOPK_ROWS ? rows - r0 : SMP_TOPK_ROWS;
-        const size_t nb = (size_t)(m * S);
+        const size_t nb = (size_t)(m * S), mr = (size_t)m;
+        /* scratch: argmax partials and rows, candidate lists, mass and bin tables per block,
+         * the cut's candidates per row, the rows' records, the smallest logits */
+        const size_t bytes = (nb + mr) * sizeof(rs_best) + nb * (size_t)k * sizeof(uint64_t) +
+                             nb * sizeof(double) + nb * 256 * (sizeof(unsigned long long) + 4) +
+                             mr * TOPK_MAX * 16 + mr * (sizeof(smp_row) + sizeof(smp_cutrow)) +
+                             nb * sizeof(float);
         unsigned *count = NULL;
         void *buf = NULL;
-        TD_TRY(rs_scratch(st,
-                          (nb + (size_t)m) * sizeof(rs_best) + nb * (sizeof(double) + sizeof(float)) +
-                              (size_t)m * sizeof(smp_row) + nb * (size_t)k * sizeof(uint64_t) + 64,
-                          &count, &buf));
+        TD_TRY(rs_scratch(st, bytes, &count, &buf));
         rs_best *apart = (rs_best *)buf, *best = apart + nb;
         uint64_t *cand = (uint64_t *)(best + m);
         double *mpart = (double *)(cand + nb * (size_t)k);
-        smp_row *info = (smp_row *)(mpart + nb);
-        float *lpart = (float *)(info + m);
+        unsigned long long *tmass = (unsigned long long *)(mpart + nb);
+        uint64_t *ckeys = (uint64_t *)(tmass + nb * 256);
+        unsigned long long *cmass = (unsigned long long *)(ckeys + mr * TOPK_MAX);
+        smp_row *info = (smp_row *)(cmass + mr * TOPK_MAX);
+        smp_cutrow *crow = (smp_cutrow *)(info + m);
+        unsigned *tcnt = (unsigned *)(crow + m);
+        float *lpart = (float *)(tcnt + nb * 256);
         const float *lr = logits + r0 * n;
         float *pr = p + r0 * n;
-        const size_t lists = nb * (size_t)k * sizeof(uint64_t) / (size_t)m;
-        if (nucleus) {
-            TD_TRY(rs_argmax_launch(best, NULL, lr, m, n, apart, count, st));
-            smp_mass_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(
-                lr, n, S, k, (float)inv_t, (double)s->top_p, best, mpart, lpart, info, count);
-            CUDA_TRY_LAUNCH();
-            smp_topk_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
-                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, cand, info, count);
-            CUDA_TRY_LAUNCH();
-            smp_cut_kernel<<<(unsigned)m, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
-                pr, lr, n, (float)inv_t, (double)s->top_p, (double)s->min_p, info);
-        } else {
+        const size_t lists = (size_t)S * (size_t)k * sizeof(uint64_t);
+        const double top_p = (double)s->top_p, min_p = (double)s->min_p;
+        if (!nucleus) {
             smp_topk_kernel<false><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
-                pr, lr, n, S, k, inv_t, (double)s->top_p, (double)s->min_p, cand, NULL, count);
+                pr, lr, n, S, k, inv_t, top_p, min_p, cand, NULL, count);
+            CUDA_TRY_LAUNCH();
+            continue;
         }
+        TD_TRY(rs_argmax_launch(best, NULL, lr, m, n, apart, count, st));
+        smp_mass_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(lr, n, S, k, inv_tf, top_p, best,
+                                                                 mpart, lpart, info, count);
+        CUDA_TRY_LAUNCH();
+        smp_topk_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
+            pr, lr, n, S, k, inv_t, top_p, min_p, cand, info, count);
+        CUDA_TRY_LAUNCH();
+        smp_bins_kernel<<<(unsigned)nb, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+            lr, n, S, inv_tf, top_p, info, tmass, tcnt, crow, count);
+        CUDA_TRY_LAUNCH();
+        smp_gather_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(lr, n, S, inv_tf, info, crow,
+                                                                   ckeys, cmass, count);
+        CUDA_TRY_LAUNCH();
+        smp_radix_cut_kernel<<<(unsigned)m, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+            lr, n, inv_tf, top_p, info, crow);
+        CUDA_TRY_LAUNCH();
+        smp_cut_sum_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(lr, n, S, inv_tf, min_p, info,
+                                                                    crow, mpart, count);
+        CUDA_TRY_LAUNCH();
+        smp_cut_write_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(pr, lr, n, S, inv_tf, min_p,
+                                                                      info, crow);
         CUDA_TRY_LAUNCH();
     }
     return TD_OK;
