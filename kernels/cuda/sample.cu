@@ -453,20 +453,6 @@ typedef struct smp_row {
     int cut;      /* 1: cut by mass */
 } smp_row;
 
-/* The keys of a list sorted largest first (k of them) that are larger than key. */
-__device__ __forceinline__ int smp_count_above(const uint64_t *list, int k, uint64_t key)
-{
-    int a = 0, b = k;
-    while (a < b) {
-        const int m = (a + b) >> 1;
-        if (list[m] > key)
-            a = m + 1;
-        else
-            b = m;
-    }
-    return a;
-}
-
 /* top_p alone, before the selection: block b sums the mass of slice b % S of row b / S (its
  * best entry in rbest) and finds its smallest finite logit; the row's last block puts the
  * row's mass (the slices' sums in order), smallest logit and best entry in info[row], and
@@ -551,17 +537,7 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double i
     for (int j = threadIdx.x; j < nk; j += SAMPLE_THREADS)
         smp_lists[j] = __ldcg(&cand[(size_t)r * (size_t)nk + (size_t)j]);
     __syncthreads();
-    for (int j = threadIdx.x; j < nk; j += SAMPLE_THREADS) {
-        const int own = j / k;
-        const uint64_t key = smp_lists[j];
-        int rank = j - own * k;
-        for (int o = 0; o < S && rank < k; o++)
-            if (o != own)
-                rank += smp_count_above(smp_lists + o * k, k, key);
-        if (rank < k)
-            keys[rank] = key;
-    }
-    __syncthreads();
+    rs_merge_top(smp_lists, S, k, keys);
     const double whole = NUCLEUS ? info[r].whole : 0.0;
     const uint32_t best = sel_key_index(keys[0]);
     const float mx = lr[best];

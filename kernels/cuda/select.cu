@@ -1,8 +1,9 @@
 /* Argmax and top-k per row (twins of cpu_argmax and cpu_topk), log probabilities with the
  * best tokens of a row (cpu_logprob_rows), and greedy acceptance of a verified block on the
- * device. Argmax splits each row between blocks (select.cuh: split passes); the others run
- * one block per row: a vocabulary row (248320 logits, 1 MB) is streamed by 1024 threads. The
- * results are exact, so no order question arises. */
+ * device. Argmax and the log probabilities split each row between blocks (select.cuh: split
+ * passes); top-k runs one block per row: a vocabulary row (248320 logits, 1 MB) streamed by
+ * 1024 threads. Selections are exact, so no order question arises; the log probabilities'
+ * sum has one order per row length. */
 #include "kernels/cuda/select.cuh"
 #include "kernels/cuda/stream_buf.cuh"
 
@@ -123,26 +124,47 @@ extern "C" td_err cuda_topk(int32_t *idx, float *val, const float *x, int64_t n_
     return TD_OK;
 }
 
-/* Block b: row b of logits [grid][n] and out, token tok[b]. */
+/* Block b: slice b % S of row b / S of logits [rows][n] (its best entry in best[]): the
+ * slice's sum of exp(l - max) (f32 terms, the block's f64 tree) into part and its n_top best
+ * keys into cand; the row's last block adds the slices' sums in order, merges their lists
+ * and writes the row's record with token tok[row]. */
 __global__ void __launch_bounds__(SEL_THREADS)
-logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n, int n_top)
+logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n, int S,
+               int n_top, const rs_best *best, double *part, uint64_t *cand, unsigned *count)
 {
-    __shared__ float sh_v[33];
-    __shared__ int64_t sh_i[33];
     __shared__ double sh_d[33];
     __shared__ sel_smem sm;
     __shared__ uint64_t keys[OPS_TOP_LOGPROBS_MAX];
-    const float *x = logits + (int64_t)blockIdx.x * n;
-    const float mx = x[sel_argmax_block(x, n, sh_v, sh_i)];
-    float part = 0;
-    sel_for_each(x, n, [&](int64_t, float v) { part += expf(v - mx); });
-    const double lse = (double)mx + log(dev_block_sum((double)part, sh_d));
-    if (n_top > 0)
-        sel_topk_block(x, n, n_top, &sm, keys, 0);
+    __shared__ uint64_t lists[RS_SLICES_MAX * OPS_TOP_LOGPROBS_MAX];
+    const int64_t r = blockIdx.x / S;
+    int64_t lo, hi;
+    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
+    const float *x = logits + r * n;
+    const float mx = best[r].v;
+    float acc = 0;
+    sel_for_each(x + lo, hi - lo, [&](int64_t, float v) { acc += expf(v - mx); });
+    const double sum = dev_block_sum((double)acc, sh_d);
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = sum;
+    if (n_top > 0) {
+        sel_topk_block(x + lo, hi - lo, n_top, &sm, keys, (uint32_t)lo);
+        for (int j = threadIdx.x; j < n_top; j += SEL_THREADS)
+            cand[(size_t)blockIdx.x * (size_t)n_top + (size_t)j] = keys[j];
+    }
+    if (!rs_last(&count[r], S))
+        return;
+    for (int j = threadIdx.x; j < S * n_top; j += SEL_THREADS)
+        lists[j] = __ldcg(&cand[(size_t)r * (size_t)(S * n_top) + (size_t)j]);
+    __syncthreads();
+    rs_merge_top(lists, S, n_top, keys);
     if (threadIdx.x != 0)
         return;
+    double total = 0;
+    for (int j = 0; j < S; j++)
+        total += __ldcg(&part[r * S + j]);
+    const double lse = (double)mx + log(total);
     ops_logprob o;
-    const int32_t t = tok[blockIdx.x];
+    const int32_t t = tok[r];
     o.logprob = t >= 0 && t < n ? (float)fmin(0.0, (double)x[t] - lse) : -INFINITY;
     o.n_top = n_top;
     for (int j = 0; j < OPS_TOP_LOGPROBS_MAX; j++) {
@@ -150,7 +172,7 @@ logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_
         o.top_id[j] = (int32_t)id;
         o.top_logprob[j] = j < n_top ? (float)fmin(0.0, (double)x[id] - lse) : 0.0f;
     }
-    out[blockIdx.x] = o;
+    out[r] = o;
 }
 
 extern "C" td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok,
@@ -158,13 +180,25 @@ extern "C" td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const
 {
     TD_ASSERT(out != NULL && logits != NULL && tok != NULL && n >= 0 && n_vocab >= 1);
     TD_ASSERT(n_top >= 0 && n_top <= OPS_TOP_LOGPROBS_MAX && n_vocab <= INT32_MAX);
-    if (n > INT32_MAX)
-        return err_set(TD_ENOTSUP, "log probabilities of %lld rows", (long long)n);
-    if (n == 0)
-        return TD_OK;
-    logprob_kernel<<<(unsigned)n, SEL_THREADS, 0, st>>>(out, logits, tok, n_vocab,
-                                                         n_top < n_vocab ? n_top : (int)n_vocab);
-    CUDA_TRY_LAUNCH();
+    const cudaStream_t cs = (cudaStream_t)st;
+    const int S = rs_slices(n_vocab), k = n_top < n_vocab ? n_top : (int)n_vocab;
+    for (int64_t r0 = 0; r0 < n; r0 += RS_ROWS_MAX) {
+        const int64_t m = n - r0 < RS_ROWS_MAX ? n - r0 : RS_ROWS_MAX;
+        const size_t nb = (size_t)(m * S);
+        unsigned *count = NULL;
+        void *buf = NULL;
+        TD_TRY(rs_scratch(cs, (nb + (size_t)m) * sizeof(rs_best) +
+                                  nb * (sizeof(double) + (size_t)k * sizeof(uint64_t)),
+                          &count, &buf));
+        rs_best *apart = (rs_best *)buf, *best = apart + nb;
+        double *part = (double *)(best + m);
+        uint64_t *cand = (uint64_t *)(part + nb);
+        const float *lr = logits + r0 * n_vocab;
+        TD_TRY(rs_argmax_launch(best, NULL, lr, m, n_vocab, apart, count, cs));
+        logprob_kernel<<<(unsigned)nb, SEL_THREADS, 0, cs>>>(out + r0, lr, tok + r0, n_vocab, S,
+                                                              k, best, part, cand, count);
+        CUDA_TRY_LAUNCH();
+    }
     return TD_OK;
 }
 

@@ -269,6 +269,39 @@ typedef struct rs_best {
     int64_t i;
 } rs_best;
 
+/* The keys of a list sorted largest first (k of them) that are larger than key. */
+__device__ __forceinline__ int rs_count_above(const uint64_t *list, int k, uint64_t key)
+{
+    int a = 0, b = k;
+    while (a < b) {
+        const int m = (a + b) >> 1;
+        if (list[m] > key)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a;
+}
+
+/* The k largest of S lists of k distinct keys each, every list sorted largest first (lists:
+ * S * k keys, in shared memory), largest first into out[k]: a key's rank in the union is
+ * its place in its own list plus the keys above it in every other list (binary searches).
+ * Every thread of the block must call it. */
+__device__ __forceinline__ void rs_merge_top(const uint64_t *lists, int S, int k, uint64_t *out)
+{
+    for (int j = threadIdx.x; j < S * k; j += blockDim.x) {
+        const int own = j / k;
+        const uint64_t key = lists[j];
+        int rank = j - own * k;
+        for (int o = 0; o < S && rank < k; o++)
+            if (o != own)
+                rank += rs_count_above(lists + o * k, k, key);
+        if (rank < k)
+            out[rank] = key;
+    }
+    __syncthreads();
+}
+
 /* The buffer of the split passes on st: the counters of RS_ROWS_MAX rows (*count), then at
  * least bytes of room for partials (*part, 16-byte aligned). One per stream, zero when made;
  * grows on demand, so not for a stream being captured. */
