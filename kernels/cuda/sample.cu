@@ -4,22 +4,24 @@
  * cuda_sample_probs picks one of five paths by the settings; each gives the CPU's kept set
  * (up to rounding at a top-p boundary) and p within float rounding of the CPU's:
  * - greedy (temperature 0): one-hot argmax;
- * - top_k <= TOPK_MAX: radix-select the k candidates in one block (select.cuh), then one
- *   thread walks them in the CPU's order and precision (f64, k small);
+ * - top_k <= TOPK_MAX: radix-select the k candidates of each slice of the row, rank their
+ *   union (select.cuh), then one thread walks them in the CPU's order and precision (f64,
+ *   k small);
  * - top_p alone: the same walk over the row's best TOPK_MAX entries against the whole row's
- *   mass; where the kept set reaches further (a flat distribution), the same block finds
- *   the cut by a select on the mass (smp_mass_cut: value bins, then the chosen bin's entries
- *   ranked in shared memory or a radix select on their keys; integer masses, so the cut
+ *   mass; where the kept set reaches further (a flat distribution), the row is cut by a
+ *   select on the mass (value bins per slice, then the chosen bin's entries ranked in
+ *   shared memory, or smp_mass_cut's radix select on their keys; integer masses, so the cut
  *   does not depend on the order of the sums; no sort, no wait of the host);
  * - a top_k above TOPK_MAX: a stable radix sort of the whole row (CUB) gives the CPU's walk
  *   order, then one block scans the sorted mass in f64 in a fixed order;
- * - otherwise (temperature, min_p): no order needed, one block normalises.
+ * - otherwise (temperature, min_p): no order needed, the slices' sums in slice order.
+ * Every pass but the sorted path's splits a row between blocks (select.cuh: split passes).
  * Per-token work in the cut, the sort and the dense path runs in f32 (f64 is slow on consumer
  * GPUs), sums meet in f64 in a fixed tree: p is deterministic and within ~1e-6 relative of
  * the CPU's.
  *
- * cuda_sample_draw uses the CPU's Philox number and cumulative rule with f64 partial sums of
- * contiguous slices, so it returns the CPU's token unless u * sum(p) lies within f64
+ * cuda_sample_draw uses the CPU's Philox number and cumulative rule with f64 sums of
+ * 128-entry chunks, so it returns the CPU's token unless u * sum(p) lies within f64
  * rounding (~1e-16 relative) of a boundary between two tokens. */
 #include <cub/device/device_radix_sort.cuh>
 
