@@ -121,15 +121,9 @@ smp_dense_sum_kernel(float *p, const float *logits, int64_t n, int S, float inv_
         if (e >= min_p || lo + i == b.i)
             acc += e;
     });
-    const double sum = dev_block_sum((double)acc, sh_d);
-    if (threadIdx.x == 0)
-        part[blockIdx.x] = sum;
-    if (!rs_last(&count[r], S) || threadIdx.x != 0)
-        return;
-    double k = 0;
-    for (int j = 0; j < S; j++)
-        k += __ldcg(&part[r * S + j]);
-    kept[r] = k;
+    double k;
+    if (rs_row_sum(dev_block_sum((double)acc, sh_d), part, count, S, &k))
+        kept[r] = k;
 }
 
 /* The kept entries' e / kept[row], the rest 0, over slice b % S of row b / S. */
@@ -746,11 +740,13 @@ __device__ __forceinline__ bool smp_cut_keeps(float l, int64_t i, float e, uint6
     return sel_key(l, (uint32_t)i) >= thresh && ((double)e >= min_p || i == best);
 }
 
-/* Block b: the kept mass of slice b % S of a cut row b / S (f32 per thread, the block's f64
- * tree); the row's last block sums the slices in order. */
+/* Block b: slice b % S of a cut row b / S. WRITE false: its kept mass (f32 per thread, the
+ * block's f64 tree), the row's last block adding the slices in order; WRITE: its p, kept
+ * entries e / kept and the rest 0. */
+template <bool WRITE>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_cut_sum_kernel(const float *logits, int64_t n, int S, float inv_t, double min_p,
-                   const smp_row *info, smp_cutrow *crow, double *part, unsigned *count)
+smp_cut_pass_kernel(float *p, const float *logits, int64_t n, int S, float inv_t, double min_p,
+                    const smp_row *info, smp_cutrow *crow, double *part, unsigned *count)
 {
     __shared__ double sh_d[33];
     const int64_t r = blockIdx.x / S;
@@ -760,42 +756,20 @@ smp_cut_sum_kernel(const float *logits, int64_t n, int S, float inv_t, double mi
     int64_t lo, hi;
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const uint64_t thresh = crow[r].thresh;
+    const double kept = WRITE ? crow[r].kept : 1.0;
+    float *pr = p + r * n + lo;
     float acc = 0;
     sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
         const float e = smp_e(l, ri.mx, inv_t);
-        if (smp_cut_keeps(l, lo + i, e, thresh, min_p, ri.best))
+        const bool in = smp_cut_keeps(l, lo + i, e, thresh, min_p, ri.best);
+        if (WRITE)
+            pr[i] = in ? (float)((double)e / kept) : 0.0f;
+        else if (in)
             acc += e;
     });
-    const double sum = dev_block_sum((double)acc, sh_d);
-    if (threadIdx.x == 0)
-        part[blockIdx.x] = sum;
-    if (!rs_last(&count[r], S) || threadIdx.x != 0)
-        return;
-    double k = 0;
-    for (int j = 0; j < S; j++)
-        k += __ldcg(&part[r * S + j]);
-    crow[r].kept = k;
-}
-
-/* Block b: p of slice b % S of a cut row b / S: kept entries e / kept, the rest 0. */
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-smp_cut_write_kernel(float *p, const float *logits, int64_t n, int S, float inv_t, double min_p,
-                     const smp_row *info, const smp_cutrow *crow)
-{
-    const int64_t r = blockIdx.x / S;
-    const smp_row ri = info[r];
-    if (!ri.cut)
-        return;
-    int64_t lo, hi;
-    rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
-    const uint64_t thresh = crow[r].thresh;
-    const double kept = crow[r].kept;
-    float *pr = p + r * n + lo;
-    sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
-        const float e = smp_e(l, ri.mx, inv_t);
-        pr[i] = smp_cut_keeps(l, lo + i, e, thresh, min_p, ri.best) ? (float)((double)e / kept)
-                                                                     : 0.0f;
-    });
+    double k;
+    if (!WRITE && rs_row_sum(dev_block_sum((double)acc, sh_d), part, count, S, &k))
+        crow[r].kept = k;
 }
 
 #define SMP_TOPK_ROWS 64 /* rows per launch of the split top-k (8 KB of candidates per slice) */
@@ -867,11 +841,11 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
         smp_radix_cut_kernel<<<(unsigned)m, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
             lr, n, inv_tf, top_p, info, crow);
         CUDA_TRY_LAUNCH();
-        smp_cut_sum_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(lr, n, S, inv_tf, min_p, info,
-                                                                    crow, mpart, count);
+        smp_cut_pass_kernel<false><<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(
+            pr, lr, n, S, inv_tf, min_p, info, crow, mpart, count);
         CUDA_TRY_LAUNCH();
-        smp_cut_write_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(pr, lr, n, S, inv_tf, min_p,
-                                                                      info, crow);
+        smp_cut_pass_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(
+            pr, lr, n, S, inv_tf, min_p, info, crow, mpart, count);
         CUDA_TRY_LAUNCH();
     }
     return TD_OK;

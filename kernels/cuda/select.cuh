@@ -263,6 +263,24 @@ __device__ __forceinline__ bool rs_last(unsigned *count, int S)
     return last;
 }
 
+/* The row's total of one f64 per block (v: the same in every thread of the block), the
+ * slices' values added in slice order: true in thread 0 of the row's last block, with the
+ * total in *total; part: a slot per block. Every thread must call it. */
+__device__ __forceinline__ bool rs_row_sum(double v, double *part, unsigned *count, int S,
+                                           double *total)
+{
+    const int64_t r = blockIdx.x / S;
+    if (threadIdx.x == 0)
+        part[blockIdx.x] = v;
+    if (!rs_last(&count[r], S) || threadIdx.x != 0)
+        return false;
+    double t = 0;
+    for (int j = 0; j < S; j++)
+        t += __ldcg(&part[r * S + j]);
+    *total = t;
+    return true;
+}
+
 /* A slice's best entry (cpu_argmax's order); i = INT64_MAX for an empty slice. */
 typedef struct rs_best {
     float v;
