@@ -1,9 +1,11 @@
 /* bench_sample_cuda: the time of the sampler on a drafter's block on the GPU: one
  * cuda_sample_rows call over 15 rows of the 27B vocabulary (248320 logits each) per setting
- * (temperature alone, top_k 40 with top_p 0.95, top_p 0.95 alone, top_k 1500) on two kinds of
- * rows: peaked (uniform in [-6, 0) with a dozen tokens at 20, 19, ...: top_p 0.95 keeps 3
- * tokens, as after a confident model) and flat (uniform in [-8, 8): the kept set of top_p
- * 0.95 is most of the vocabulary, as the random weights of `tandem bench` give).
+ * (temperature alone, top_k 40 with top_p 0.95, top_p 0.95 alone, top_k 1500) on three kinds
+ * of rows: peaked (uniform in [-6, 0) with a dozen tokens at 20, 19, ...: top_p 0.95 keeps 3
+ * tokens, as after a confident model), flat (uniform in [-8, 8): the kept set of top_p 0.95
+ * is most of the vocabulary) and normal (sums of four uniforms in [-0.5, 0.5): near-normal
+ * with a small spread, as a model with random weights gives; top_p's cut lands where
+ * thousands of logits share a value bin).
  *
  * Times back-to-back calls with CUDA events (median of several runs) and prints milliseconds
  * per call. Then the log probabilities of a verified block (16 rows, 20 alternatives each):
@@ -50,14 +52,18 @@ static const struct {
 };
 #define N_SETTINGS (sizeof settings / sizeof settings[0])
 
-/* rows rows of logits on the device: peaked or flat (see the top of the file) */
-static float *make_rows(int rows, int peaked)
+enum { PEAKED, FLAT, NORMAL };
+
+/* rows rows of logits on the device of a kind (see the top of the file) */
+static float *make_rows(int rows, int kind)
 {
     const size_t n = (size_t)rows * VOCAB;
     float *h = bench_alloc(n * sizeof *h), *d = NULL;
     for (size_t i = 0; i < n; i++)
-        h[i] = peaked ? 3 * rnd() - 3 : 8 * rnd();
-    if (peaked)
+        h[i] = kind == PEAKED ? 3 * rnd() - 3
+               : kind == FLAT ? 8 * rnd()
+                              : 0.5f * (rnd() + rnd() + rnd() + rnd());
+    if (kind == PEAKED)
         for (int r = 0; r < rows; r++)
             for (int j = 0; j < 12; j++)
                 h[(size_t)r * VOCAB + (size_t)(j * 20011 + r * 7) % VOCAB] = 20.0f - (float)j;
@@ -185,18 +191,20 @@ int main(int argc, char **argv)
     const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_sample_cuda on %s: cuda_sample_rows over %d rows of %d logits, %d calls per "
            "run, median of %d runs\n\n", prop.name, rows, VOCAB, calls, RUNS);
-    printf("%-22s %12s %12s\n", "setting", "peaked ms", "flat ms");
-    float *peaked = make_rows(rows, 1), *flat = make_rows(rows, 0), *q = NULL;
+    printf("%-22s %12s %12s %12s\n", "setting", "peaked ms", "flat ms", "normal ms");
+    float *peaked = make_rows(rows, PEAKED), *flat = make_rows(rows, FLAT);
+    float *normal = make_rows(rows, NORMAL), *q = NULL;
     int32_t *tok = NULL;
     TRY(cuda_mem_alloc((void **)&q, (size_t)rows * VOCAB * sizeof *q));
     TRY(cuda_mem_alloc((void **)&tok, (size_t)rows * sizeof *tok));
     for (size_t i = 0; i < N_SETTINGS; i++) {
         const double a = bench_one(peaked, q, tok, rows, &settings[i].s, calls);
         const double b = bench_one(flat, q, tok, rows, &settings[i].s, calls);
-        printf("%-22s %12.3f %12.3f\n", settings[i].name, a, b);
+        const double c = bench_one(normal, q, tok, rows, &settings[i].s, calls);
+        printf("%-22s %12.3f %12.3f %12.3f\n", settings[i].name, a, b, c);
         fflush(stdout);
     }
-    float *block = make_rows(16, 1);
+    float *block = make_rows(16, PEAKED);
     printf("\nlog probabilities of 16 rows, %d alternatives each, records on the host:\n",
            OPS_TOP_LOGPROBS_MAX);
     printf("  cuda_logprob_rows + download of the records   %8.3f ms\n",
@@ -227,6 +235,7 @@ int main(int argc, char **argv)
     cuda_mem_free(block);
     cuda_mem_free(peaked);
     cuda_mem_free(flat);
+    cuda_mem_free(normal);
     cuda_mem_free(q);
     cuda_mem_free(tok);
     bench_cuda_end();

@@ -249,6 +249,32 @@ static void test_sample_probs_match_cpu_on_every_path(void **state)
                 &(ops_sampler){.temperature = 1.5f, .top_p = mid_of_order(rnd, VOCAB, 1.5f, 1500)},
                 RTOL_F32);
     free(flat);
+    /* near-normal logits (sums of four uniforms), 150001 kept: the value bin of the cut holds
+     * thousands of entries (checked here with the kernel's binning), so the cut goes on in
+     * that bin's 256 sub-bins */
+    float *bell = malloc((size_t)VOCAB * 4);
+    float blo = INFINITY, bhi = -INFINITY;
+    for (int64_t i = 0; i < VOCAB; i++) {
+        bell[i] = 0.5f * (rng_f() + rng_f() + rng_f() + rng_f());
+        blo = fminf(blo, bell[i]);
+        bhi = fmaxf(bhi, bell[i]);
+    }
+    const float binv = 256.0f / (bhi - blo);
+    int64_t *bord = malloc((size_t)VOCAB * sizeof *bord);
+    for (int64_t i = 0; i < VOCAB; i++)
+        bord[i] = i;
+    order_of = bell;
+    qsort(bord, (size_t)VOCAB, sizeof *bord, order_cmp);
+    const int cut_bin = (int)fminf((bell[bord[150000]] - blo) * binv, 255.0f);
+    int64_t in_bin = 0;
+    for (int64_t i = 0; i < VOCAB; i++)
+        in_bin += bell[i] > blo && (int)fminf((bell[i] - blo) * binv, 255.0f) == cut_bin;
+    assert_true(in_bin > 1024);
+    check_probs("top_p of near-normal logits (sub-bins)", bell, VOCAB,
+                &(ops_sampler){.temperature = 1, .top_p = mid_of_order(bell, VOCAB, 1, 150000)},
+                RTOL_F32);
+    free(bord);
+    free(bell);
     const float mp = 0.5f * (expf(-2) + expf(-3)); /* between e^-2 and e^-3 of the max */
     check_probs("min_p (dense)", head, VOCAB,
                 &(ops_sampler){.temperature = 1, .top_p = 1, .min_p = mp}, RTOL_F32);

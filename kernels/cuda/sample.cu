@@ -587,23 +587,45 @@ smp_topk_kernel(float *p, const float *logits, int64_t n, int S, int k, double i
 
 /* The cut by mass of the rows info marks (top_p alone, flat rows), split between blocks
  * like the rest: the value-bin pass of smp_mass_cut per slice (its integer masses make the
- * slices' tables add up exactly, in any order), then, when the chosen bin holds at most
- * TOPK_MAX entries, their gathering from every slice (positions by a global atomic: the
- * order is undone by the ranking) and one block's rank and walk; a larger bin (near-equal
- * logits) is narrowed by one block running smp_mass_cut over the row. Then the kept mass
- * and p per slice. */
+ * slices' tables add up exactly, in any order); when the chosen bin holds more than
+ * TOPK_MAX entries (a row of near-normal logits puts thousands in its middle bins) a second
+ * pass cuts that bin's value range into 256 (smp_bin2); then the entries of the chosen
+ * (sub-)bin are gathered from every slice (positions by a global atomic: the order is
+ * undone by the ranking) and one block ranks and walks them. A sub-bin still too large
+ * (near-equal logits) is narrowed by one block running smp_mass_cut over the row. Then the
+ * kept mass and p per slice. */
 typedef struct smp_cutrow {
-    unsigned long long need; /* mass still to take from the bin */
+    unsigned long long need; /* mass still to take from the (sub-)bin */
     uint64_t thresh;         /* the kept set: keys >= thresh */
     double kept;             /* its mass */
-    unsigned ncand;          /* the bin's entries gathered so far */
-    int bin;
-    int gather;              /* 1: the bin is gathered, 0: smp_radix_cut_kernel */
+    unsigned ncand;          /* the (sub-)bin's entries gathered so far */
+    int bin, bin1;           /* the chosen bin and sub-bin */
+    int stage;               /* SMP_GATHER, SMP_SUBBIN, SMP_GATHER2 or SMP_RADIX */
 } smp_cutrow;
 
-/* Block b: the value bins of slice b % S of row b / S, per-warp tables summed into the
- * block's tmass / tcnt [blocks][256]; the row's last block sums the slices' tables, takes
- * top_p of the row's integer mass and picks the bin (smp_mass_cut's pass -1). */
+enum {
+    SMP_GATHER,  /* gather the bin */
+    SMP_SUBBIN,  /* the bin is too large: its sub-bins */
+    SMP_GATHER2, /* gather the sub-bin */
+    SMP_RADIX,   /* the sub-bin is too large: smp_radix_cut_kernel */
+};
+
+/* The sub-bin (0..255) of a logit of value bin d0 (smp_bin(l, lo, inv_w) == d0): the bin's
+ * range cut into 256, never smaller for a larger logit, as smp_bin. */
+__device__ __forceinline__ int smp_bin2(float l, float lo, float inv_w, int d0)
+{
+    if (!(l > lo))
+        return 0;
+    const float x = ((l - lo) * inv_w - (float)d0) * 256.0f;
+    return x <= 0.0f ? 0 : x < 255.0f ? (int)x : 255;
+}
+
+/* Block b: slice b % S of row b / S. SUB false: the value bins of the slice; SUB (rows whose
+ * bin was too large): the sub-bins of the chosen bin's entries. Per-warp tables summed into
+ * the block's tmass / tcnt [blocks][256]; the row's last block sums the slices' tables and
+ * picks the (sub-)bin where the mass from the top reaches top_p of the row's integer mass
+ * (smp_mass_cut's pass -1, then one more level). */
+template <bool SUB>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_bins_kernel(const float *logits, int64_t n, int S, float inv_t, double top_p,
                 const smp_row *info, unsigned long long *tmass, unsigned *tcnt,
@@ -616,12 +638,13 @@ smp_bins_kernel(const float *logits, int64_t n, int S, float inv_t, double top_p
     __shared__ unsigned cnt[256];
     const int64_t r = blockIdx.x / S;
     const smp_row ri = info[r];
-    if (!ri.cut) /* the same for every block of the row */
+    if (!ri.cut || (SUB && crow[r].stage != SMP_SUBBIN)) /* the same for the row's blocks */
         return;
     int64_t lo, hi;
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const float scale = smp_cut_scale(n), inv_w = smp_cut_inv_w(ri.mx, ri.lo);
     const float mx = ri.mx, low = ri.lo;
+    const int bin = SUB ? crow[r].bin : 0;
     const int nw = SAMPLE_THREADS / 32;
     unsigned long long *wm = smp_wmass + (threadIdx.x >> 5) * 256;
     unsigned short *wc = wcount + (threadIdx.x >> 5) * 256;
@@ -634,7 +657,10 @@ smp_bins_kernel(const float *logits, int64_t n, int S, float inv_t, double top_p
         unsigned long long fx = 0;
         if (in) {
             d = smp_bin(l, low, inv_w);
-            fx = __float2ull_rz(smp_e(l, mx, inv_t) * scale);
+            if (SUB)
+                d = d == bin ? smp_bin2(l, low, inv_w, bin) : -1;
+            if (d >= 0)
+                fx = __float2ull_rz(smp_e(l, mx, inv_t) * scale);
         }
         smp_hist_add(wm, wc, wo, d, fx);
     });
@@ -660,17 +686,25 @@ smp_bins_kernel(const float *logits, int64_t n, int S, float inv_t, double top_p
         cnt[d] = c;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long total = 0;
-#pragma unroll 1
-        for (int d = 0; d < 256; d++)
-            total += mass[d];
-        /* mass >= top_p * total for an integer mass: >= its ceiling */
-        const double want = ceil(top_p * (double)total);
-        unsigned long long need = want < (double)total ? (unsigned long long)want : total;
+    if (threadIdx.x != 0)
+        return;
+    if (SUB) {
+        unsigned long long need = crow[r].need;
         const int d = smp_pick_digit(mass, cnt, &need);
-        crow[r] = smp_cutrow{need, 0, 0.0, 0u, d, cnt[d] <= TOPK_MAX ? 1 : 0};
+        crow[r].need = need;
+        crow[r].bin1 = d;
+        crow[r].stage = cnt[d] <= TOPK_MAX ? SMP_GATHER2 : SMP_RADIX;
+        return;
     }
+    unsigned long long total = 0;
+#pragma unroll 1
+    for (int d = 0; d < 256; d++)
+        total += mass[d];
+    /* mass >= top_p * total for an integer mass: >= its ceiling */
+    const double want = ceil(top_p * (double)total);
+    unsigned long long need = want < (double)total ? (unsigned long long)want : total;
+    const int d = smp_pick_digit(mass, cnt, &need);
+    crow[r] = smp_cutrow{need, 0, 0.0, 0u, d, 0, cnt[d] <= TOPK_MAX ? SMP_GATHER : SMP_SUBBIN};
 }
 
 /* Block b: the entries of the chosen bin in slice b % S of row b / S into the row's TOPK_MAX
@@ -686,16 +720,18 @@ smp_gather_kernel(const float *logits, int64_t n, int S, float inv_t, const smp_
     __shared__ uint64_t out;
     const int64_t r = blockIdx.x / S;
     const smp_row ri = info[r];
-    if (!ri.cut || !crow[r].gather) /* the same for every block of the row */
+    const int stage = crow[r].stage;
+    if (!ri.cut || (stage != SMP_GATHER && stage != SMP_GATHER2)) /* the same for the row */
         return;
     int64_t lo, hi;
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const float scale = smp_cut_scale(n), inv_w = smp_cut_inv_w(ri.mx, ri.lo);
-    const int bin = crow[r].bin;
+    const int bin = crow[r].bin, bin1 = stage == SMP_GATHER2 ? crow[r].bin1 : -1;
     uint64_t *keys = ckeys + (size_t)r * TOPK_MAX;
     unsigned long long *masses = cmass + (size_t)r * TOPK_MAX;
     sel_for_each(logits + r * n + lo, hi - lo, [&](int64_t i, float l) {
-        if (smp_bin(l, ri.lo, inv_w) == bin) {
+        if (smp_bin(l, ri.lo, inv_w) == bin &&
+            (bin1 < 0 || smp_bin2(l, ri.lo, inv_w, bin) == bin1)) {
             const unsigned pos = atomicAdd(&crow[r].ncand, 1u);
             keys[pos] = sel_key(l, (uint32_t)(lo + i));
             masses[pos] = __float2ull_rz(smp_e(l, ri.mx, inv_t) * scale);
@@ -712,7 +748,7 @@ smp_gather_kernel(const float *logits, int64_t n, int S, float inv_t, const smp_
         crow[r].thresh = t;
 }
 
-/* Block b: row b, when its bin was too large to gather: smp_mass_cut over the whole row. */
+/* Block b: row b, when its sub-bin was too large to gather: smp_mass_cut over the row. */
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 smp_radix_cut_kernel(const float *logits, int64_t n, float inv_t, double top_p,
                      const smp_row *info, smp_cutrow *crow)
@@ -722,7 +758,7 @@ smp_radix_cut_kernel(const float *logits, int64_t n, float inv_t, double top_p,
     __shared__ smp_cut_smem cut;
     __shared__ uint64_t ke[2 * TOPK_MAX]; /* the cut's counts and candidates */
     const smp_row ri = info[blockIdx.x];
-    if (!ri.cut || crow[blockIdx.x].gather)
+    if (!ri.cut || crow[blockIdx.x].stage != SMP_RADIX)
         return;
     const uint64_t t = smp_mass_cut(logits + (size_t)blockIdx.x * (size_t)n, n, ri.mx, ri.lo,
                                     inv_t, top_p, &cut, smp_wmass, ke,
@@ -788,7 +824,8 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
     CUDA_TRY(cudaGetDevice(&dev));
     if (nucleus) {
         TD_TRY(smem_optin<smp_topk_kernel<true>>(dev, SMP_LISTS));
-        TD_TRY(smem_optin<smp_bins_kernel>(dev, SMP_CUT_WMASS));
+        TD_TRY(smem_optin<smp_bins_kernel<false>>(dev, SMP_CUT_WMASS));
+        TD_TRY(smem_optin<smp_bins_kernel<true>>(dev, SMP_CUT_WMASS));
         TD_TRY(smem_optin<smp_radix_cut_kernel>(dev, SMP_CUT_WMASS));
     } else {
         TD_TRY(smem_optin<smp_topk_kernel<false>>(dev, SMP_LISTS));
@@ -832,7 +869,10 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
         smp_topk_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, lists, st>>>(
             pr, lr, n, S, k, inv_t, top_p, min_p, cand, info, count);
         CUDA_TRY_LAUNCH();
-        smp_bins_kernel<<<(unsigned)nb, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+        smp_bins_kernel<false><<<(unsigned)nb, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
+            lr, n, S, inv_tf, top_p, info, tmass, tcnt, crow, count);
+        CUDA_TRY_LAUNCH();
+        smp_bins_kernel<true><<<(unsigned)nb, SAMPLE_THREADS, SMP_CUT_WMASS, st>>>(
             lr, n, S, inv_tf, top_p, info, tmass, tcnt, crow, count);
         CUDA_TRY_LAUNCH();
         smp_gather_kernel<<<(unsigned)nb, SAMPLE_THREADS, 0, st>>>(lr, n, S, inv_tf, info, crow,
