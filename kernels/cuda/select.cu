@@ -16,17 +16,18 @@ static stream_bufs g_rows = STREAM_BUFS_INIT("split row passes");
 td_err rs_scratch(cudaStream_t st, size_t bytes, unsigned **count, void **part)
 {
     const size_t head = RS_ROWS_MAX * sizeof(unsigned);
+    bytes = head + (bytes > RS_SCRATCH_MIN ? bytes : RS_SCRATCH_MIN);
     void *buf = NULL;
     stream_buf *slot = NULL;
-    TD_TRY(stream_buf_get(&g_rows, st, head + bytes, false, &buf, &slot));
+    TD_TRY(stream_buf_get(&g_rows, st, bytes, false, &buf, &slot));
     if (!buf) {
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         CUDA_TRY(cudaStreamIsCapturing(st, &cs));
         if (cs != cudaStreamCaptureStatusNone)
             return err_set(TD_ENOTSUP, "split row passes: %zu bytes of scratch, more than "
                                        "the stream had before its recording began",
-                           head + bytes);
-        TD_TRY(stream_buf_get(&g_rows, st, head + bytes, true, &buf, &slot));
+                           bytes);
+        TD_TRY(stream_buf_get(&g_rows, st, bytes, true, &buf, &slot));
     }
     if (slot->mark != slot->cap) { /* new or grown: the counters start at zero */
         CUDA_TRY(cudaMemsetAsync(buf, 0, slot->cap, st));

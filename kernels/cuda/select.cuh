@@ -321,8 +321,11 @@ __device__ __forceinline__ void rs_merge_top(const uint64_t *lists, int S, int k
 }
 
 /* The buffer of the split passes on st: the counters of RS_ROWS_MAX rows (*count), then at
- * least bytes of room for partials (*part, 16-byte aligned). One per stream, zero when made;
- * grows on demand, so not for a stream being captured. */
+ * least bytes of room for partials (*part, 16-byte aligned). One per stream, zero when made,
+ * at least RS_SCRATCH_MIN; grows on demand, so not for a stream being captured. Kernels that
+ * use the counters must not overlap on the stream (plain launches, not programmatic ones):
+ * each leaves them at zero for the next. */
+#define RS_SCRATCH_MIN ((size_t)8 << 20) /* the sampler's largest use at 64 rows: ~7 MB */
 td_err rs_scratch(cudaStream_t st, size_t bytes, unsigned **count, void **part);
 
 /* Launches the split argmax of rows (<= RS_ROWS_MAX) rows of x [rows][n]: the best entry of
