@@ -229,6 +229,23 @@ static void test_argmax_and_topk_match_cpu_exactly(void **state)
         cuda_mem_free(dx);
         free(x);
     }
+    /* more rows than one split launch takes (RS_ROWS_MAX = 16384): argmax in two launches */
+    const int64_t rows = 16390, n = 7;
+    float *x = malloc((size_t)(rows * n) * sizeof *x);
+    for (int64_t r = 0; r < rows; r++)
+        fill_row(x + r * n, n, (int)(r % 6));
+    float *dx = dput(x, (size_t)(rows * n) * 4);
+    int32_t *didx = dpoison((size_t)rows * 4);
+    GPU_OK(cuda_argmax(didx, dx, rows, n, gpu_st));
+    int32_t *am = dget(didx, (size_t)rows * 4);
+    for (int64_t r = 0; r < rows; r++)
+        if (am[r] != cpu_argmax(x + r * n, n))
+            fail_msg("argmax row %lld of %lld: %d, CPU %lld", (long long)r, (long long)rows,
+                     am[r], (long long)cpu_argmax(x + r * n, n));
+    free(am);
+    free(x);
+    cuda_mem_free(dx);
+    cuda_mem_free(didx);
 }
 
 /* ---- RoPE -------------------------------------------------------------------------------- */

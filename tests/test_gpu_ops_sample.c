@@ -392,17 +392,15 @@ static void test_sample_draw_matches_cpu_token_for_token(void **state)
 }
 
 /* cuda_sample_rows on 15 rows of the 27B vocabulary (a drafter's block; random, headed and
- * tied logits in turn) under each path of cuda_sample_probs (cuts that rounding cannot move:
- * a top-p cut inside arbitrary logits can, see above): every row's q keeps the CPU's
- * set within the paths' tolerance, every token is the CPU's draw from the GPU's q with counter
- * ctr + i * step, and equals the CPU's own token (cpu_sample_rows) for these seeds. A row
- * without a finite logit gives -1 there and leaves the other rows as they were. */
-static void test_sample_rows_match_cpu_row_for_row(void **state)
+ * tied logits in turn), and on 70 rows of 40001, under each path of cuda_sample_probs (cuts
+ * that rounding cannot move: a top-p cut inside arbitrary logits can, see above): every
+ * row's q keeps the CPU's set within the paths' tolerance, every token is the CPU's draw
+ * from the GPU's q with counter ctr + i * step, and equals the CPU's own token
+ * (cpu_sample_rows) for these seeds. A row without a finite logit gives -1 there and leaves
+ * the other rows as they were. */
+/* cuda_sample_rows of N rows of V against the CPU under each path (see above). */
+static void check_sample_rows(int N, int64_t V)
 {
-    (void)state;
-    enum { N = 15 };
-    rng_seed(23);
-    const int64_t V = VOCAB;
     float *logits = make_block(N, V, random_head_ties);
     const struct {
         ops_sampler s;
@@ -415,19 +413,19 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
     };
     const uint64_t ctr = ((uint64_t)1 << 33) + 6, step = 4;
     float *dl = dput(logits, (size_t)(N * V) * 4), *dq = dpoison((size_t)(N * V) * 4);
-    int32_t *dt = dpoison(N * 4);
+    int32_t *dt = dpoison((size_t)N * 4);
     float *want_q = malloc((size_t)(N * V) * 4);
-    int32_t want[N];
+    int32_t *want = malloc((size_t)N * sizeof *want);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const ops_sampler *s = &cases[c].s;
         GPU_OK(cuda_sample_rows(dt, dq, dl, N, V, s, ctr, step, gpu_st));
         GPU_OK(cpu_sample_rows(want, want_q, logits, N, V, s, ctr, step));
-        int32_t *tok = dget(dt, N * 4);
+        int32_t *tok = dget(dt, (size_t)N * 4);
         float *q = dget(dq, (size_t)(N * V) * 4);
         for (int i = 0; i < N; i++) {
             const float *qi = q + (size_t)i * V, *wi = want_q + (size_t)i * V;
             char what[64];
-            snprintf(what, sizeof what, "case %zu row %d", c, i);
+            snprintf(what, sizeof what, "V %lld case %zu row %d", (long long)V, c, i);
             expect_same_dist(what, qi, wi, V, cases[c].rtol);
             const int32_t from_gpu_q = cpu_sample_draw(qi, V, s->seed, ctr + (uint64_t)i * step);
             if (tok[i] != from_gpu_q || tok[i] != want[i])
@@ -443,7 +441,7 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
     cuda_mem_free(dl);
     dl = dput(logits, (size_t)(N * V) * 4);
     GPU_OK(cuda_sample_rows(dt, dq, dl, N, V, &cases[0].s, ctr, step, gpu_st));
-    int32_t *tok = dget(dt, N * 4);
+    int32_t *tok = dget(dt, (size_t)N * 4);
     assert_int_equal(tok[4], -1);
     for (int i = 0; i < N; i++) {
         if (i == 4)
@@ -453,11 +451,21 @@ static void test_sample_rows_match_cpu_row_for_row(void **state)
                                                  ctr + (uint64_t)i * step));
     }
     free(tok);
+    free(want);
     free(want_q);
     free(logits);
     cuda_mem_free(dl);
     cuda_mem_free(dq);
     cuda_mem_free(dt);
+}
+
+static void test_sample_rows_match_cpu_row_for_row(void **state)
+{
+    (void)state;
+    rng_seed(23);
+    check_sample_rows(15, VOCAB);
+    /* more rows than one launch of the split passes takes (RS_ROWS_WIDE), 2 slices each */
+    check_sample_rows(70, 40001);
 }
 
 /* top_p alone over a block whose rows take both of its paths: headed rows keep a set inside
@@ -562,6 +570,14 @@ static void test_logprob_rows_match_cpu(void **state)
     const int32_t short_tok[3] = {3, 6, 0};
     check_logprobs(logits, short_tok, 3, 7, 5); /* the first 21 logits as 3 rows of 7 */
     free(logits);
+    /* more rows than one launch of the split passes takes (RS_ROWS_WIDE), 2 slices each */
+    enum { M = 70, W = 40001 };
+    float *many = make_block(M, W, random_head_ties);
+    int32_t mtok[M];
+    for (int i = 0; i < M; i++)
+        mtok[i] = (int32_t)(rng_u64() % W);
+    check_logprobs(many, mtok, M, W, OPS_TOP_LOGPROBS_MAX);
+    free(many);
 }
 
 /* Greedy acceptance: a = drafted tokens matching the argmax of the previous row, next =

@@ -808,11 +808,10 @@ smp_cut_pass_kernel(float *p, const float *logits, int64_t n, int S, float inv_t
         crow[r].kept = k;
 }
 
-#define SMP_TOPK_ROWS 64 /* rows per launch of the split top-k (8 KB of candidates per slice) */
 #define SMP_LISTS ((size_t)RS_SLICES_MAX * TOPK_MAX * sizeof(uint64_t))
 
 /* The small top-k path (k = top_k <= TOPK_MAX) or, nucleus, top_p alone (k = the best
- * TOPK_MAX): rows rows of logits [rows][n] into p, SMP_TOPK_ROWS rows per launch. No wait
+ * TOPK_MAX): rows rows of logits [rows][n] into p, RS_ROWS_WIDE rows per launch. No wait
  * of the host. */
 static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t n, int k,
                             bool nucleus, const ops_sampler *s, cudaStream_t st)
@@ -830,8 +829,8 @@ static td_err smp_topk_rows(float *p, const float *logits, int64_t rows, int64_t
     } else {
         TD_TRY(smem_optin<smp_topk_kernel<false>>(dev, SMP_LISTS));
     }
-    for (int64_t r0 = 0; r0 < rows; r0 += SMP_TOPK_ROWS) {
-        const int64_t m = rows - r0 < SMP_TOPK_ROWS ? rows - r0 : SMP_TOPK_ROWS;
+    for (int64_t r0 = 0; r0 < rows; r0 += RS_ROWS_WIDE) {
+        const int64_t m = rows - r0 < RS_ROWS_WIDE ? rows - r0 : RS_ROWS_WIDE;
         const size_t nb = (size_t)(m * S), mr = (size_t)m;
         /* scratch: argmax partials and rows, candidate lists, mass and bin tables per block,
          * the cut's candidates per row, the rows' records, the smallest logits */
@@ -1248,8 +1247,8 @@ static td_err smp_draw_rows(int32_t *tok, const float *p, int64_t rows, int64_t 
 {
     const int S = rs_slices(n_vocab);
     const int64_t nc = (n_vocab + RS_CHUNK - 1) / RS_CHUNK;
-    for (int64_t r0 = 0; r0 < rows; r0 += RS_ROWS_MAX) {
-        const int64_t m = rows - r0 < RS_ROWS_MAX ? rows - r0 : RS_ROWS_MAX;
+    for (int64_t r0 = 0; r0 < rows; r0 += RS_ROWS_WIDE) {
+        const int64_t m = rows - r0 < RS_ROWS_WIDE ? rows - r0 : RS_ROWS_WIDE;
         unsigned *count = NULL;
         void *csum = NULL;
         TD_TRY(rs_scratch(st, (size_t)(m * nc) * sizeof(double), &count, &csum));

@@ -183,8 +183,8 @@ extern "C" td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const
     TD_ASSERT(n_top >= 0 && n_top <= OPS_TOP_LOGPROBS_MAX && n_vocab <= INT32_MAX);
     const cudaStream_t cs = (cudaStream_t)st;
     const int S = rs_slices(n_vocab), k = n_top < n_vocab ? n_top : (int)n_vocab;
-    for (int64_t r0 = 0; r0 < n; r0 += RS_ROWS_MAX) {
-        const int64_t m = n - r0 < RS_ROWS_MAX ? n - r0 : RS_ROWS_MAX;
+    for (int64_t r0 = 0; r0 < n; r0 += RS_ROWS_WIDE) {
+        const int64_t m = n - r0 < RS_ROWS_WIDE ? n - r0 : RS_ROWS_WIDE;
         const size_t nb = (size_t)(m * S);
         unsigned *count = NULL;
         void *buf = NULL;
