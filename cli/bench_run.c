@@ -436,7 +436,7 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
 /* --- sampling ------------------------------------------------------------------------------ */
 
 const char *const bench_sampler_names[BENCH_SAMPLERS] = {"temperature 0.8",
-                                                         "temperature 0.8, top_p 0.95"};
+                                                         "temperature 0.8, top_p 0.95", "greedy"};
 
 void bench_sampling(const ops_backend *be, int64_t V, int64_t B, int iters, bench_time *draw,
                     bench_time *accept)
@@ -444,12 +444,13 @@ void bench_sampling(const ops_backend *be, int64_t V, int64_t B, int iters, benc
     static const ops_sampler smp[BENCH_SAMPLERS] = {
         {.temperature = 0.8f, .top_p = 1.0f, .seed = 42},
         {.temperature = 0.8f, .top_p = 0.95f, .seed = 42},
+        {.temperature = 0.0f, .top_p = 1.0f, .seed = 42},
     };
     memset(draw, 0, BENCH_SAMPLERS * sizeof *draw);
     memset(accept, 0, BENCH_SAMPLERS * sizeof *accept);
     const size_t n = (size_t)B * (size_t)V;
     float *logits = NULL, *p = NULL, *q = NULL;
-    int32_t *ids = NULL; /* [B - 1] drafts, then the acceptance result [2] */
+    int32_t *ids = NULL; /* [B - 1] drafts, the acceptance result [2], greedy's argmax [B] */
     double *sd = malloc((size_t)iters * sizeof *sd), *sa = malloc((size_t)iters * sizeof *sa);
     float *host = bench_random(n, 13);
     td_err e = sd && sa && host && B >= 2 ? TD_OK : err_set(TD_ENOMEM, "out of memory");
@@ -463,16 +464,20 @@ void bench_sampling(const ops_backend *be, int64_t V, int64_t B, int iters, benc
     if (e == TD_OK)
         e = be->alloc(be, (void **)&q, (n - (size_t)V) * sizeof *q);
     if (e == TD_OK)
-        e = be->alloc(be, (void **)&ids, (size_t)(B + 1) * sizeof *ids);
+        e = be->alloc(be, (void **)&ids, (size_t)(2 * B + 1) * sizeof *ids);
     const ops_accept_rng rng = {.accept = 1, .target = 0, .step = 4};
     for (int k = 0; k < BENCH_SAMPLERS; k++) {
         for (int i = -BENCH_WARMUP; e == TD_OK && i < iters; i++) {
+            const bool greedy = smp[k].temperature == 0;
             double t0 = bench_now();
-            e = be->sample_rows(be, ids, q, logits + V, B - 1, V, &smp[k], 2, 4);
+            e = greedy ? be->argmax(be, ids, logits + V, B - 1, V)
+                       : be->sample_rows(be, ids, q, logits + V, B - 1, V, &smp[k], 2, 4);
             if (e == TD_OK)
                 e = be->sync(be);
             double t1 = bench_now();
-            if (e == TD_OK)
+            if (e == TD_OK && greedy)
+                e = be->accept_greedy(be, ids + B + 1, ids + B - 1, logits, ids, B, V);
+            else if (e == TD_OK)
                 e = be->accept_sampled(be, ids + B - 1, p, logits, q, ids, B, V, &smp[k], &rng);
             if (e == TD_OK)
                 e = be->sync(be);

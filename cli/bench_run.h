@@ -72,14 +72,15 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
 void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
                  const char **backend);
 
-#define BENCH_SAMPLERS 2 /* sampler settings bench_sampling times */
+#define BENCH_SAMPLERS 3 /* sampler settings bench_sampling times */
 extern const char *const bench_sampler_names[BENCH_SAMPLERS];
 
-/* What sampling adds to a speculative step on be, for n_vocab tokens and blocks of block
- * tokens, under each of BENCH_SAMPLERS settings (temperature 0.8; and with top_p 0.95): draw[k]
- * the drafts of one block drawn from block - 1 rows of logits (sample_rows), accept[k] the
- * sampled acceptance of a verified block of block rows (accept_sampled), on random logits in
- * [-8, 8), each call timed up to a sync. */
+/* What choosing tokens adds to a speculative step on be, for n_vocab tokens and blocks of
+ * block tokens, under each of BENCH_SAMPLERS settings (temperature 0.8; with top_p 0.95;
+ * greedy): draw[k] the drafts of one block from block - 1 rows of logits (sample_rows, or
+ * argmax when greedy), accept[k] the acceptance of a verified block of block rows
+ * (accept_sampled, or accept_greedy), on random logits in [-8, 8), each call timed up to a
+ * sync. */
 void bench_sampling(const ops_backend *be, int64_t n_vocab, int64_t block, int iters,
                     bench_time *draw, bench_time *accept);
 

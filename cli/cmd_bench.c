@@ -47,8 +47,8 @@ typedef struct bench_report {
     bench_target_times tgt;
     bench_prefill_cfg prefill; /* how the prompt rows prefill */
     bench_time draft;
-    bench_time samp_draw[BENCH_SAMPLERS];   /* sampling a block's drafts (sample_rows) */
-    bench_time samp_accept[BENCH_SAMPLERS]; /* sampled acceptance of a 16-token block */
+    bench_time samp_draw[BENCH_SAMPLERS];   /* a block's drafts (sample_rows or argmax) */
+    bench_time samp_accept[BENCH_SAMPLERS]; /* acceptance of a 16-token block */
     bsplit_result split, split_mps;
     int iters;
     char notes[BENCH_NOTES][320];
@@ -189,7 +189,8 @@ static void bench_print(const bench_report *r)
                (double)r->draft_bytes / 1e9);
     static const char *const srow[BENCH_SAMPLERS][2] = {
         {"sampling: 15 drafts, temp 0.8", "sampling: accept 16, temp 0.8"},
-        {"sampling: 15 drafts, + top_p 0.95", "sampling: accept 16, + top_p 0.95"}};
+        {"sampling: 15 drafts, + top_p 0.95", "sampling: accept 16, + top_p 0.95"},
+        {"greedy: 15 drafts (argmax)", "greedy: accept 16"}};
     for (int k = 0; k < BENCH_SAMPLERS; k++) {
         bench_row_time(srow[k][0], &r->samp_draw[k], "");
         bench_row_time(srow[k][1], &r->samp_accept[k], "");
