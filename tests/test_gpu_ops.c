@@ -175,6 +175,22 @@ static void fill_row(float *x, int64_t n, int kind)
     }
 }
 
+/* cuda_argmax of rows rows of x [rows][n] (dx: a device copy) equals cpu_argmax row by row;
+ * row r is of kind r % 6. */
+static void check_argmax(const float *x, const float *dx, int64_t rows, int64_t n)
+{
+    int32_t *didx = dpoison((size_t)rows * 4);
+    GPU_OK(cuda_argmax(didx, dx, rows, n, gpu_st));
+    int32_t *am = dget(didx, (size_t)rows * 4);
+    for (int64_t r = 0; r < rows; r++)
+        if (am[r] != cpu_argmax(x + r * n, n))
+            fail_msg("argmax n %lld row %lld (kind %d) of %lld: %d, CPU %lld", (long long)n,
+                     (long long)r, (int)(r % 6), (long long)rows, am[r],
+                     (long long)cpu_argmax(x + r * n, n));
+    free(am);
+    cuda_mem_free(didx);
+}
+
 static void test_argmax_and_topk_match_cpu_exactly(void **state)
 {
     (void)state;
@@ -187,15 +203,7 @@ static void test_argmax_and_topk_match_cpu_exactly(void **state)
         for (int r = 0; r < rows; r++)
             fill_row(x + r * n, n, r);
         float *dx = dput(x, (size_t)(rows * n) * 4);
-        int32_t *didx = dpoison((size_t)rows * 4);
-        GPU_OK(cuda_argmax(didx, dx, rows, n, gpu_st));
-        int32_t *am = dget(didx, (size_t)rows * 4);
-        for (int r = 0; r < rows; r++)
-            if (am[r] != cpu_argmax(x + r * n, n))
-                fail_msg("argmax n %lld row kind %d: %d, CPU %lld", (long long)n, r, am[r],
-                         (long long)cpu_argmax(x + r * n, n));
-        free(am);
-        cuda_mem_free(didx);
+        check_argmax(x, dx, rows, n);
 
         for (size_t b = 0; b <= sizeof ks / sizeof ks[0]; b++) {
             const int64_t k = b < sizeof ks / sizeof ks[0] ? ks[b] : n; /* also k = n */
@@ -235,17 +243,9 @@ static void test_argmax_and_topk_match_cpu_exactly(void **state)
     for (int64_t r = 0; r < rows; r++)
         fill_row(x + r * n, n, (int)(r % 6));
     float *dx = dput(x, (size_t)(rows * n) * 4);
-    int32_t *didx = dpoison((size_t)rows * 4);
-    GPU_OK(cuda_argmax(didx, dx, rows, n, gpu_st));
-    int32_t *am = dget(didx, (size_t)rows * 4);
-    for (int64_t r = 0; r < rows; r++)
-        if (am[r] != cpu_argmax(x + r * n, n))
-            fail_msg("argmax row %lld of %lld: %d, CPU %lld", (long long)r, (long long)rows,
-                     am[r], (long long)cpu_argmax(x + r * n, n));
-    free(am);
+    check_argmax(x, dx, rows, n);
     free(x);
     cuda_mem_free(dx);
-    cuda_mem_free(didx);
 }
 
 /* ---- RoPE -------------------------------------------------------------------------------- */

@@ -98,7 +98,8 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert pf["ms"] > 0 and close(pf["tok_s"], 1024e3 / pf["ms"])
     assert j["draft"]["backend"] == "cpu"
     smp = j["sampling"]
-    assert [s["sampler"] for s in smp] == ["temperature 0.8", "temperature 0.8, top_p 0.95"]
+    assert [s["sampler"] for s in smp] == ["temperature 0.8", "temperature 0.8, top_p 0.95",
+                                           "greedy"]
     for s in smp:
         for part in ("draw", "accept"):
             assert s[part]["ms"] > 0 and s[part]["iters"] == 3, s
