@@ -223,7 +223,7 @@ __device__ __forceinline__ void sel_topk_block(const float *x, int64_t n, int k,
  * shorter. */
 #define RS_THREADS 1024
 #define RS_CHUNK 128           /* entries per chunk: a warp's four entries per lane */
-#define RS_SLICE_MIN 16384     /* fewer entries per slice: fewer slices */
+#define RS_SLICE_MIN 16384     /* entries per slice at least: a shorter row is one slice */
 #define RS_SLICES_MAX 8        /* 16 rows of 8 slices fill an H200's 132 SMs once */
 #define RS_ROWS_MAX 16384      /* rows per launch: the counters at the buffer's start */
 #define RS_ROWS_WIDE 64        /* rows per launch of a pass whose scratch grows with the row
