@@ -23,13 +23,24 @@ __device__ __forceinline__ float smp_entry(const float *p, const float *q, int64
  * store the sums of their slices' chunks, and the row's last block finds the chunk where the
  * running sum first passes u * total and walks it as the CPU does. */
 
+/* Inclusive scan of v over the lanes of the warp, in a fixed order. */
+__device__ __forceinline__ double smp_lane_scan(double v)
+{
+    const int lane = threadIdx.x & 31;
+    for (int off = 1; off < 32; off <<= 1) {
+        const double o = __shfl_up_sync(DEV_FULL_MASK, v, off);
+        if (lane >= off)
+            v += o;
+    }
+    return v;
+}
+
 /* Inclusive scan over the lanes of chunk c's lane sums (*own: this lane's). Every lane of
  * the warp must call it. */
 __device__ double smp_chunk_scan(const float *p, const float *q, int64_t n, int64_t c,
                                  double *own)
 {
-    const int lane = threadIdx.x & 31;
-    const int64_t i0 = c * RS_CHUNK + 4 * lane;
+    const int64_t i0 = c * RS_CHUNK + 4 * (threadIdx.x & 31);
     double v = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -38,26 +49,66 @@ __device__ double smp_chunk_scan(const float *p, const float *q, int64_t n, int6
             v += e;
     }
     *own = v;
-    double inc = v;
-    for (int off = 1; off < 32; off <<= 1) {
-        const double o = __shfl_up_sync(DEV_FULL_MASK, inc, off);
-        if (lane >= off)
-            inc += o;
-    }
-    return inc;
+    return smp_lane_scan(v);
 }
 
-/* The sums of the chunks of slice [lo, hi) (whole chunks but the row's last) into csum. */
+/* A lane's four entries of chunk c of p (and of q where q is given); zeros past n. */
+struct smp_lane4 {
+    float p[4], q[4];
+};
+
+__device__ __forceinline__ smp_lane4 smp_lane_load(const float *p, const float *q, int64_t n,
+                                                   int64_t c)
+{
+    const int64_t i0 = c * RS_CHUNK + 4 * (threadIdx.x & 31);
+    smp_lane4 e;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        e.p[j] = i0 + j < n ? p[i0 + j] : 0.0f;
+        e.q[j] = q && i0 + j < n ? q[i0 + j] : 0.0f;
+    }
+    return e;
+}
+
+/* Chunk c's sums from its loaded entries, as smp_chunk_scan adds them: of p into psum[c]
+ * and, with q, of the residual into rsum[c]. */
+__device__ __forceinline__ void smp_lane_store(const smp_lane4 &e, bool with_q, int64_t c,
+                                               double *psum, double *rsum)
+{
+    double a = 0, b = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (e.p[j] > 0)
+            a += e.p[j];
+        const float r = e.p[j] - e.q[j]; /* smp_entry's residual */
+        if (with_q && r > 0)
+            b += r;
+    }
+    a = smp_lane_scan(a);
+    if (with_q)
+        b = smp_lane_scan(b);
+    if ((threadIdx.x & 31) == 31) {
+        psum[c] = a;
+        if (with_q)
+            rsum[c] = b;
+    }
+}
+
+/* The sums of the chunks of slice [lo, hi) (whole chunks but the row's last) of p into psum
+ * and, with q, of the residual max(p - q, 0) into rsum: one read of p and q, two chunks per
+ * warp in flight. */
 __device__ void smp_chunk_sums(const float *p, const float *q, int64_t n, int64_t lo, int64_t hi,
-                               double *csum)
+                               double *psum, double *rsum)
 {
     const int64_t c0 = lo / RS_CHUNK, c1 = (hi + RS_CHUNK - 1) / RS_CHUNK;
     const int warps = blockDim.x >> 5, w = threadIdx.x >> 5;
-    for (int64_t c = c0 + w; c < c1; c += warps) {
-        double own;
-        const double inc = smp_chunk_scan(p, q, n, c, &own);
-        if ((threadIdx.x & 31) == 31)
-            csum[c] = inc;
+    for (int64_t c = c0 + w; c < c1; c += 2 * warps) {
+        const int64_t c2 = c + warps;
+        const smp_lane4 e1 = smp_lane_load(p, q, n, c);
+        const smp_lane4 e2 = smp_lane_load(p, q, c2 < c1 ? n : 0, c2);
+        smp_lane_store(e1, q != NULL, c, psum, rsum);
+        if (c2 < c1)
+            smp_lane_store(e2, q != NULL, c2, psum, rsum);
     }
 }
 
@@ -178,7 +229,7 @@ smp_draw_split_kernel(int32_t *tok, const float *p, int64_t n, int S, uint64_t s
     int64_t lo, hi;
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const float *pr = p + r * n;
-    smp_chunk_sums(pr, NULL, n, lo, hi, csum + r * nc);
+    smp_chunk_sums(pr, NULL, n, lo, hi, csum + r * nc, NULL);
     if (!rs_last(&count[r], S))
         return;
     const int32_t t = smp_draw_chunks(pr, NULL, n, csum + r * nc,
@@ -230,8 +281,8 @@ extern "C" td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, 
 /* cpu_accept_sampled's walk over p [n][n_vocab], then its draw, split between S blocks: each
  * block finds the first rejected draft itself (warp 0, a lane per draft: the CPU's f64 test
  * u * q(d) < p(d) with the same counters), then stores the chunk sums of its slice of the
- * row to draw from: the rejected row's residual max(p - q, 0) (as the CPU's f32 difference)
- * and its p, or the last row's p after a full accept. The last block draws from the residual
+ * row to draw from, both in one read of the row: the rejected row's residual max(p - q, 0)
+ * (as the CPU's f32 difference) and its p, or the last row's p after a full accept. The last block draws from the residual
  * or, when it has no positive entry (the CPU's sum <= 0: a sum of non-negative floats in f64
  * is positive exactly when one of them is), from p. Only {a, next} cross. csum: two rows of
  * chunk sums. */
@@ -267,9 +318,7 @@ smp_accept_kernel(int32_t *result, const float *p, const float *q, const int32_t
     const float *qr = i < n ? q + (i - 1) * n_vocab : NULL;
     int64_t lo, hi;
     rs_slice(n_vocab, S, (int)blockIdx.x, &lo, &hi);
-    smp_chunk_sums(pr, NULL, n_vocab, lo, hi, csum);
-    if (qr)
-        smp_chunk_sums(pr, qr, n_vocab, lo, hi, csum + nc);
+    smp_chunk_sums(pr, qr, n_vocab, lo, hi, csum, csum + nc);
     if (!rs_last(count, S))
         return;
     const double u = dev_rand_uniform(seed, ctr_target + (uint64_t)i * ctr_step);
