@@ -382,18 +382,26 @@ static void test_unsigned_staging_offset_is_caught(void **state)
 
 /* ---- the bulk-copy single-token kernel (matmul_bulk.cu) ------------------------------- */
 
-/* One type's bulk geometry, as bq<T> has it. */
+/* One bulk geometry, as bring<T, W> has it. */
 typedef struct bgeom {
     td_dtype type;
     int kb, kc, slot, stages, xkb; /* k-block bytes, per stage, slot, ring depth, x bytes */
     int blk_w, blk_bytes;          /* the type's block */
+    int warps;                     /* of the CTA */
+    int64_t max_cols;              /* the widest row this CTA runs (0: any) */
 } bgeom;
 
 static const bgeom bgeoms[] = {
-    {TD_Q4_K, MMB_Q4_K_KB, MMB_Q4_K_KC, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES, MMB_XKB_K, 256, 144},
-    {TD_Q5_K, MMB_Q5_K_KB, MMB_Q5_K_KC, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES, MMB_XKB_K, 256, 176},
-    {TD_Q6_K, MMB_Q6_K_KB, MMB_Q6_K_KC, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_XKB_K, 256, 210},
-    {TD_Q8_0, MMB_Q8_0_KB, MMB_Q8_0_KC, MMB_Q8_0_SLOT, MMB_Q8_0_STAGES, MMB_XKB_Q8, 32, 34},
+    {TD_Q4_K, MMB_Q4_K_KB, MMB_Q4_K_KC, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES, MMB_XKB_K, 256, 144,
+     MMB_WARPS, 0},
+    {TD_Q4_K, MMB_Q4_K_KB, MMB_Q4_K_WIDE_KC, MMB_Q4_K_WIDE_SLOT, MMB_Q4_K_WIDE_STAGES,
+     MMB_XKB_K, 256, 144, MMB_WIDE_WARPS, MMB_FUSE_COLS},
+    {TD_Q5_K, MMB_Q5_K_KB, MMB_Q5_K_KC, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES, MMB_XKB_K, 256, 176,
+     MMB_WARPS, 0},
+    {TD_Q6_K, MMB_Q6_K_KB, MMB_Q6_K_KC, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_XKB_K, 256, 210,
+     MMB_WARPS, 0},
+    {TD_Q8_0, MMB_Q8_0_KB, MMB_Q8_0_KC, MMB_Q8_0_SLOT, MMB_Q8_0_STAGES, MMB_XKB_Q8, 32, 34,
+     MMB_WARPS, 0},
 };
 
 /* The copy rule under test (mmb_copy_of, or a broken one to show the check bites). */
@@ -519,10 +527,13 @@ static bool check_bulk_activations(const bgeom *g, int64_t cols)
     }
     if (MMB_XAUX_AT + aux > g->xkb)
         return violation("aux past the k-block");
-    if (cols <= 17408 && mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages) > 227 * 1024)
-        return violation("%s %lld cols: %lld shared bytes", dtype_name(g->type),
-                         (long long)cols,
-                         (long long)mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages));
+    const int64_t smem = mmb_smem_bytes(nkb, g->xkb, g->slot, g->stages, g->warps);
+    if (cols <= 17408 && (g->max_cols == 0 || cols <= g->max_cols) && smem > 227 * 1024)
+        return violation("%s %lld cols, %d warps: %lld shared bytes", dtype_name(g->type),
+                         (long long)cols, g->warps, (long long)smem);
+    if (MMB_HDR < g->warps * g->stages * (8 + 4) + 4) /* barriers, stage owners, counter */
+        return violation("%s, %d warps: header of %d bytes", dtype_name(g->type), g->warps,
+                         MMB_HDR);
     for (int64_t jb = 0; jb < nb; jb++)
         for (int lane = 0; lane < 32; lane++) {
             const int64_t at = jb * MM_XBLOCK + 8 * lane;
@@ -601,9 +612,9 @@ static void test_bulk_copies_and_reads_stay_inside_their_allocations(void **stat
 static void test_bulk_unclipped_window_is_caught(void **state)
 {
     (void)state;
-    assert_false(check_bulk_copies(&bgeoms[2], 37, 768, copy_unclipped));
+    assert_false(check_bulk_copies(&bgeoms[3], 37, 768, copy_unclipped));
     assert_non_null(strstr(g_why, "row 36 k0 0: bytes 22672..+640 outside 23310"));
-    assert_false(check_bulk_copies(&bgeoms[3], 37, 96, copy_unclipped));
+    assert_false(check_bulk_copies(&bgeoms[4], 37, 96, copy_unclipped));
     assert_true(check_bulk_copies(&bgeoms[0], 37, 768, copy_unclipped));
 }
 
@@ -613,15 +624,15 @@ static void test_bulk_unclipped_window_is_caught(void **state)
  * MMQW_KS k-blocks (1 or 2: both are checked) into rows MMQW_*_PITCH apart. Their
  * activations are whole 256-input blocks of the rounding scratch, not checked here. */
 static const bgeom wgeoms[] = {
-    {TD_Q4_K, MMB_Q4_K_KB, MMQB_WIN, MMQB_Q4_K_PITCH, 0, 0, 256, 144},
-    {TD_Q5_K, MMB_Q5_K_KB, MMQB_WIN, MMQB_Q5_K_PITCH, 0, 0, 256, 176},
-    {TD_Q6_K, MMB_Q6_K_KB, MMQB_WIN, MMQB_Q6_K_PITCH, 0, 0, 256, 210},
-    {TD_Q4_K, MMB_Q4_K_KB, 1, MMQW_Q4_K_PITCH(1), 0, 0, 256, 144},
-    {TD_Q5_K, MMB_Q5_K_KB, 1, MMQW_Q5_K_PITCH(1), 0, 0, 256, 176},
-    {TD_Q6_K, MMB_Q6_K_KB, 1, MMQW_Q6_K_PITCH(1), 0, 0, 256, 210},
-    {TD_Q4_K, MMB_Q4_K_KB, 2, MMQW_Q4_K_PITCH(2), 0, 0, 256, 144},
-    {TD_Q5_K, MMB_Q5_K_KB, 2, MMQW_Q5_K_PITCH(2), 0, 0, 256, 176},
-    {TD_Q6_K, MMB_Q6_K_KB, 2, MMQW_Q6_K_PITCH(2), 0, 0, 256, 210},
+    {TD_Q4_K, MMB_Q4_K_KB, MMQB_WIN, MMQB_Q4_K_PITCH, 0, 0, 256, 144, 0, 0},
+    {TD_Q5_K, MMB_Q5_K_KB, MMQB_WIN, MMQB_Q5_K_PITCH, 0, 0, 256, 176, 0, 0},
+    {TD_Q6_K, MMB_Q6_K_KB, MMQB_WIN, MMQB_Q6_K_PITCH, 0, 0, 256, 210, 0, 0},
+    {TD_Q4_K, MMB_Q4_K_KB, 1, MMQW_Q4_K_PITCH(1), 0, 0, 256, 144, 0, 0},
+    {TD_Q5_K, MMB_Q5_K_KB, 1, MMQW_Q5_K_PITCH(1), 0, 0, 256, 176, 0, 0},
+    {TD_Q6_K, MMB_Q6_K_KB, 1, MMQW_Q6_K_PITCH(1), 0, 0, 256, 210, 0, 0},
+    {TD_Q4_K, MMB_Q4_K_KB, 2, MMQW_Q4_K_PITCH(2), 0, 0, 256, 144, 0, 0},
+    {TD_Q5_K, MMB_Q5_K_KB, 2, MMQW_Q5_K_PITCH(2), 0, 0, 256, 176, 0, 0},
+    {TD_Q6_K, MMB_Q6_K_KB, 2, MMQW_Q6_K_PITCH(2), 0, 0, 256, 210, 0, 0},
 };
 
 static void test_window_copies_and_reads_stay_inside_their_allocations(void **state)

@@ -659,20 +659,26 @@ static uint8_t *slurp(const char *path, size_t *n)
     return buf;
 }
 
-/* Shared bytes the bulk kernel's CTA needs for a matrix (matmul_bulk.cu's smem_for), so the
- * test knows every bulk_shapes matrix really takes that kernel under TANDEM_MMD=bulk. */
+/* Shared bytes the bulk kernel's CTA needs for a matrix (matmul_bulk.cu's smem_for: Q4_K the
+ * larger of its 8- and 16-warp CTAs), so the test knows every bulk_shapes matrix really takes
+ * that kernel under TANDEM_MMD=bulk. */
 static int64_t bulk_smem(const bulk_shape *b)
 {
+    const int64_t nkb = b->cols / 256;
     switch (b->type) {
-    case TD_Q4_K:
-        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES);
+    case TD_Q4_K: {
+        const int64_t a = mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q4_K_SLOT, MMB_Q4_K_STAGES, MMB_WARPS);
+        const int64_t w = mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q4_K_WIDE_SLOT,
+                                         MMB_Q4_K_WIDE_STAGES, MMB_WIDE_WARPS);
+        return a > w ? a : w;
+    }
     case TD_Q5_K:
-        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES);
+        return mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES, MMB_WARPS);
     case TD_Q6_K:
-        return mmb_smem_bytes(b->cols / 256, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES);
+        return mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_WARPS);
     default:
         return mmb_smem_bytes((b->cols / 32 + 3) / 4, MMB_XKB_Q8, MMB_Q8_0_SLOT,
-                              MMB_Q8_0_STAGES);
+                              MMB_Q8_0_STAGES, MMB_WARPS);
     }
 }
 

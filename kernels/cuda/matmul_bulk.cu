@@ -11,7 +11,8 @@
  * instruction per row run of ~850-1400 bytes, its completion is counted in bytes on the
  * stage's barrier, and a warp waits only on the stage it is about to read.
  *
- * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps, each
+ * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps (Q4_K
+ * rows rounded in the kernel: MMB_WIDE_WARPS, each ring stage half as deep), each
  * with its own ring of STAGES stages, over the rows of up to four matrices of one type and
  * width that read the same token (an mm_set: one ramp-up and one tail for all of them). A
  * warp takes units of MMB_UROWS = 8 consecutive rows of one matrix (handed out by a counter in
@@ -52,7 +53,6 @@
 
 namespace {
 
-constexpr int WARPS = MMB_WARPS;
 constexpr int UROWS = MMB_UROWS;
 
 #if MMB_SM90
@@ -63,13 +63,13 @@ constexpr int UROWS = MMB_UROWS;
  * all their bytes, then the copies. Q6_K/Q8_0: each copy's bytes announced before it, the
  * tail of the matrix's last run loaded with 16-bit loads, then the arrival (which releases
  * those stores). Either way the phase cannot complete before its last copy has landed. */
-template <int T>
+template <int T, int W>
 __device__ __forceinline__ void stage_issue(uint8_t *dst, uint64_t *bar, const uint8_t *w,
                                             const uint8_t *unit, int64_t row_bytes,
                                             int64_t rows, int64_t total, int64_t row0, int nr,
                                             int k0, uint64_t policy)
 {
-    using B = bq<T>;
+    using B = bring<T, W>;
     const uint32_t run = mmb_run_bytes(row_bytes, B::KB, B::KC, k0);
     if constexpr (B::ALIGNED) {
         (void)w, (void)rows, (void)total, (void)row0;
@@ -119,9 +119,9 @@ __device__ __forceinline__ void stage_issue(uint8_t *dst, uint64_t *bar, const u
 /* Lane 0 takes the CTA's next unit (CTA-local index), -1 when none is left; the whole warp
  * gets the answer. With no more units than warps, warp w has unit w and no other (its ring
  * is sized for that: see the kernel). */
-__device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
+template <int W> __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 {
-    if (n_local <= WARPS)
+    if (n_local <= W)
         return first && (int)(threadIdx.x >> 5) < n_local ? (int)(threadIdx.x >> 5) : -1;
     int u = 0;
     if ((threadIdx.x & 31) == 0)
@@ -134,24 +134,24 @@ __device__ __forceinline__ int unit_take(int *counter, int n_local, bool first)
 
 /* --- the kernel --------------------------------------------------------------------------- */
 
-/* grid: one CTA per SM (at most one per unit), MMB_WARPS warps, mmb_smem_bytes of dynamic
+/* grid: one CTA per SM (at most one per unit), W warps, mmb_smem_bytes of dynamic
  * shared memory. The units of the set's members are numbered one member after the other
  * (a unit never spans two members); CTA b owns units [units * b / grid, units * (b + 1) /
  * grid) and its warps take them one at a time. nblk: blocks per row (super-blocks, or
  * Q8_0's blocks of 32). FUSED: the token's inputs x are rounded here (round_x), else read
  * rounded from the rounding kernel's xq, xd, xs (stage_x). */
-template <int T, bool FUSED>
-__global__ void __launch_bounds__(WARPS * 32, 1)
+template <int T, bool FUSED, int W>
+__global__ void __launch_bounds__(W * 32, 1)
     mmb_kernel(mm_set set, int64_t row_bytes, int64_t cols, int nblk, const float *x,
                const int8_t *xq, const float *xd, const int8_t *xs, int n_pad)
 {
     mm_launch_dependents(); /* the next rounding kernel waits for this grid (matmul.cu) */
 #if MMB_SM90
-    using B = bq<T>;
+    using B = bring<T, W>;
     constexpr int KM = B::KC / 4; /* k-blocks per chain and stage */
     const int nkb = T == TD_Q8_0 ? (nblk + 3) / 4 : nblk;
     extern __shared__ __align__(128) uint8_t smem[];
-    constexpr int NS = WARPS * B::STAGES;  /* stage buffers of the CTA */
+    constexpr int NS = W * B::STAGES;      /* stage buffers of the CTA */
     uint64_t *bars = (uint64_t *)smem;     /* [NS], one arrival each */
     int *owner = (int *)(bars + NS);       /* [NS] unit in the stage */
     int *counter = owner + NS;             /* units taken in this CTA */
@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     /* The warp's ring: STAGES buffers, or with fewer units than warps (matrices of few rows
      * per SM) the buffers of the idle warps too, so the CTA still has them all in flight. */
-    const int sd = n_local < WARPS ? NS / (n_local > 0 ? n_local : 1) : B::STAGES;
+    const int sd = n_local < W ? NS / (n_local > 0 ? n_local : 1) : B::STAGES;
     uint8_t *wring = ring + (size_t)warp * sd * UROWS * B::SLOT; /* [sd][UROWS][SLOT] */
     uint64_t *wbar = bars + warp * sd;
     int *wown = owner + warp * sd;
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     const int nst = (nkb + B::KC - 1) / B::KC; /* stages per unit */
     /* the next stage to issue: unit p_unit (CTA-local, -1: none left) of member p_m, its
      * stage p_st; its rows p_row0 .. + p_nr - 1 of the member start at p_src */
-    int p_unit = unit_take(counter, n_local, true), p_st = 0, p_nr = 0, p_m = 0;
+    int p_unit = unit_take<W>(counter, n_local, true), p_st = 0, p_nr = 0, p_m = 0;
     int64_t p_row0 = 0;
     const uint8_t *p_src = set.w[0];
     auto unit_start = [&]() {
@@ -198,12 +198,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         if (lane == 0)
             wown[s] = p_unit;
         if (elect_one())
-            stage_issue<T>(wring + s * UROWS * B::SLOT, &wbar[s], set.w[p_m], p_src, row_bytes,
+            stage_issue<T, W>(wring + s * UROWS * B::SLOT, &wbar[s], set.w[p_m], p_src, row_bytes,
                            set.rows[p_m], set.rows[p_m] * row_bytes, p_row0, p_nr,
                            p_st * B::KC, policy);
         if (++p_st == nst) {
             p_st = 0;
-            p_unit = unit_take(counter, n_local, false);
+            p_unit = unit_take<W>(counter, n_local, false);
             unit_start();
         }
         issued++;
@@ -287,10 +287,27 @@ template <int T> int64_t kblocks_of(const ops_weight *w)
     return T == TD_Q8_0 ? (blocks_of<T>(w) + 3) / 4 : blocks_of<T>(w);
 }
 
+/* Warps of the CTA for w: Q4_K rows rounded in the kernel take the wide CTA (16 warps, 4
+ * k-blocks per stage), the rest 8 warps. Measured on the H200 (bench_matmul_cuda, Q4_K, one
+ * token, 8 -> 16 warps): 5120 -> 10240 14.0 -> 11.7 us, 5120 -> 12288 14.5 -> 12.7, 6144 ->
+ * 5120 10.1 -> 9.8, 5120 -> 17408 18.7 either way; 17408 -> 5120 (rounded by the rounding
+ * kernel) 17.9 -> 19.2 us, so rows that long keep 8. */
+template <int T> constexpr int warps_for(bool fused)
+{
+    return T == TD_Q4_K && fused ? MMB_WIDE_WARPS : MMB_WARPS;
+}
+
+template <int T, int W> int64_t smem_for(const ops_weight *w)
+{
+    using B = bring<T, W>;
+    return mmb_smem_bytes(kblocks_of<T>(w), B::XKB, B::SLOT, B::STAGES, W);
+}
+
+/* The larger of the two CTAs' needs (which one runs depends on who rounds the inputs). */
 template <int T> int64_t smem_for(const ops_weight *w)
 {
-    using B = bq<T>;
-    return mmb_smem_bytes(kblocks_of<T>(w), B::XKB, B::SLOT, B::STAGES);
+    const int64_t a = smem_for<T, warps_for<T>(true)>(w), b = smem_for<T, warps_for<T>(false)>(w);
+    return a > b ? a : b;
 }
 
 /* Shared bytes the kernel for w needs, -1 for a type it does not cover. */
@@ -314,6 +331,7 @@ template <int T, bool FUSED>
 td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
               const mm_device *dev, cudaStream_t st)
 {
+    constexpr int W = warps_for<T>(FUSED);
     const ops_weight *w = mm[0].w;
     const mm_set set = mm_set_of(mm, n, UROWS);
     const int64_t units = set.first[n];
@@ -322,13 +340,13 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
     CUDA_TRY(cudaGetDevice(&ordinal));
     TD_TRY(device_caps(&major, &optin));
     if (!__atomic_load_n(&attr_done[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, FUSED>,
+        CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, FUSED, W>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         __atomic_store_n(&attr_done[ordinal & 63], 1, __ATOMIC_RELAXED);
     }
     const int64_t grid = units < dev->n_sm ? units : dev->n_sm;
     const cudaError_t e = launch_ex(
-        mmb_kernel<T, FUSED>, grid, WARPS * 32, (size_t)smem_for<T>(w), dev->pdl, st, set,
+        mmb_kernel<T, FUSED, W>, grid, W * 32, (size_t)smem_for<T, W>(w), dev->pdl, st, set,
         (int64_t)w->row_bytes, w->cols, (int)blocks_of<T>(w), x, xq ? xq->xq : NULL,
         xq ? xq->xd : NULL, xq ? xq->xsum : NULL, xq ? xq->n_pad : 0);
     if (e != cudaSuccess)

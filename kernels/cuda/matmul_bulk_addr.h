@@ -26,6 +26,11 @@
 #endif
 
 #define MMB_WARPS 8 /* warps per CTA, each with its own ring of stages */
+#define MMB_WIDE_WARPS 16 /* Q4_K rows rounded in the kernel (<= MMB_FUSE_COLS inputs) */
+/* Rows of at most this many inputs are rounded by the bulk-copy kernel itself (8 or 16 warps
+ * per CTA, about 3 or 2 blocks of 256 inputs each, about as long as reading them rounded);
+ * longer ones by the rounding kernel, whose many CTAs split the work. */
+#define MMB_FUSE_COLS 6144
 #define MMB_UROWS 8 /* rows per unit: lane = 4 * row + chain */
 #define MMB_HDR 512 /* shared bytes before the activations: barriers, stage owners, counter */
 
@@ -38,6 +43,9 @@
 #define MMB_Q4_K_KC 8
 #define MMB_Q4_K_SLOT 1216 /* 1152-byte run + 64 */
 #define MMB_Q4_K_STAGES 2
+#define MMB_Q4_K_WIDE_KC 4 /* the wide CTA: twice the warps, half the k-blocks per stage */
+#define MMB_Q4_K_WIDE_SLOT 576 /* 576-byte run: 16 x 36, 36 = 4 mod 8 */
+#define MMB_Q4_K_WIDE_STAGES 2
 #define MMB_Q5_K_KB 176
 #define MMB_Q5_K_KC 8
 #define MMB_Q5_K_SLOT 1472 /* 1408-byte run + 64 */
@@ -212,12 +220,12 @@ MMB_HD void mmqb_cursor_next(mmqb_cursor *c, int nsteps)
     }
 }
 
-/* Shared bytes of one CTA for nkb k-blocks per row: header, activations (128-byte aligned),
- * rings. */
-MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages)
+/* Shared bytes of one CTA of `warps` warps for nkb k-blocks per row: header, activations
+ * (128-byte aligned), rings. */
+MMB_HD int64_t mmb_smem_bytes(int64_t nkb, int xkb, int slot, int stages, int warps)
 {
     const int64_t xs = (nkb * xkb + 127) & ~(int64_t)127;
-    return MMB_HDR + xs + (int64_t)MMB_WARPS * stages * MMB_UROWS * slot;
+    return MMB_HDR + xs + (int64_t)warps * stages * MMB_UROWS * slot;
 }
 
 #endif

@@ -46,6 +46,14 @@ template <> struct bq<TD_Q8_0> {
     static constexpr bool ALIGNED = false;
 };
 
+/* The rings of a CTA of W warps: bq<T>'s, or for Q4_K at MMB_WIDE_WARPS warps half the
+ * k-blocks per stage (one per chain), so twice the warps fit the same shared memory. */
+template <int T, int W> struct bring : bq<T> {};
+template <> struct bring<TD_Q4_K, MMB_WIDE_WARPS> : bq<TD_Q4_K> {
+    static constexpr int KC = MMB_Q4_K_WIDE_KC, SLOT = MMB_Q4_K_WIDE_SLOT,
+                         STAGES = MMB_Q4_K_WIDE_STAGES;
+};
+
 #if MMB_SM90
 
 __device__ __forceinline__ float f16f(uint32_t bits16)

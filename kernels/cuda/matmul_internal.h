@@ -115,11 +115,6 @@ bool mmd_preferred(const ops_weight *w, const mm_device *dev);
  * enough that the token's activations and the rings fit one CTA's shared memory. */
 bool mmb_supported(const ops_weight *w);
 
-/* Rows of at most this many inputs are rounded by the bulk-copy kernel itself (8 warps per
- * CTA, about 3 blocks of 256 inputs each, about as long as reading them rounded); longer
- * ones by the rounding kernel, whose many CTAs split the work. */
-#define MMB_FUSE_COLS 6144
-
 /* Whether the bulk-copy kernel for w rounds x itself (w->cols <= MMB_FUSE_COLS). */
 bool mmb_fused(const ops_weight *w);
 
