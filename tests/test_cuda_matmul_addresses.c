@@ -400,6 +400,8 @@ static const bgeom bgeoms[] = {
      MMB_WARPS, 0},
     {TD_Q6_K, MMB_Q6_K_KB, MMB_Q6_K_KC, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_XKB_K, 256, 210,
      MMB_WARPS, 0},
+    {TD_Q6_K, MMB_Q6_K_KB, MMB_Q6_K_KC, MMB_Q6_K_SLOT, MMB_Q6_K_WIDE_STAGES, MMB_XKB_K, 256,
+     210, MMB_Q6_K_WIDE_WARPS, MMB_FUSE_COLS},
     {TD_Q8_0, MMB_Q8_0_KB, MMB_Q8_0_KC, MMB_Q8_0_SLOT, MMB_Q8_0_STAGES, MMB_XKB_Q8, 32, 34,
      MMB_WARPS, 0},
 };
@@ -614,7 +616,7 @@ static void test_bulk_unclipped_window_is_caught(void **state)
     (void)state;
     assert_false(check_bulk_copies(&bgeoms[3], 37, 768, copy_unclipped));
     assert_non_null(strstr(g_why, "row 36 k0 0: bytes 22672..+640 outside 23310"));
-    assert_false(check_bulk_copies(&bgeoms[4], 37, 96, copy_unclipped));
+    assert_false(check_bulk_copies(&bgeoms[5], 37, 96, copy_unclipped));
     assert_true(check_bulk_copies(&bgeoms[0], 37, 768, copy_unclipped));
 }
 

@@ -659,8 +659,8 @@ static uint8_t *slurp(const char *path, size_t *n)
     return buf;
 }
 
-/* Shared bytes the bulk kernel's CTA needs for a matrix (matmul_bulk.cu's smem_for: Q4_K the
- * larger of its 8- and 16-warp CTAs), so the test knows every bulk_shapes matrix really takes
+/* Shared bytes the bulk kernel's CTA needs for a matrix (matmul_bulk.cu's smem_for: Q4_K and
+ * Q6_K the larger of their two CTAs), so the test knows every bulk_shapes matrix really takes
  * that kernel under TANDEM_MMD=bulk. */
 static int64_t bulk_smem(const bulk_shape *b)
 {
@@ -674,8 +674,12 @@ static int64_t bulk_smem(const bulk_shape *b)
     }
     case TD_Q5_K:
         return mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q5_K_SLOT, MMB_Q5_K_STAGES, MMB_WARPS);
-    case TD_Q6_K:
-        return mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_WARPS);
+    case TD_Q6_K: {
+        const int64_t a = mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_STAGES, MMB_WARPS);
+        const int64_t w = mmb_smem_bytes(nkb, MMB_XKB_K, MMB_Q6_K_SLOT, MMB_Q6_K_WIDE_STAGES,
+                                         MMB_Q6_K_WIDE_WARPS);
+        return a > w ? a : w;
+    }
     default:
         return mmb_smem_bytes((b->cols / 32 + 3) / 4, MMB_XKB_Q8, MMB_Q8_0_SLOT,
                               MMB_Q8_0_STAGES, MMB_WARPS);

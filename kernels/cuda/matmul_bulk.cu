@@ -294,7 +294,8 @@ template <int T> int64_t kblocks_of(const ops_weight *w)
  * kernel) 17.9 -> 19.2 us, so rows that long keep 8. */
 template <int T> constexpr int warps_for(bool fused)
 {
-    return T == TD_Q4_K && fused ? MMB_WIDE_WARPS : MMB_WARPS;
+    return !fused ? MMB_WARPS
+                  : T == TD_Q4_K ? MMB_WIDE_WARPS : T == TD_Q6_K ? MMB_Q6_K_WIDE_WARPS : MMB_WARPS;
 }
 
 template <int T, int W> int64_t smem_for(const ops_weight *w)

@@ -27,6 +27,7 @@
 
 #define MMB_WARPS 8 /* warps per CTA, each with its own ring of stages */
 #define MMB_WIDE_WARPS 16 /* Q4_K rows rounded in the kernel (<= MMB_FUSE_COLS inputs) */
+#define MMB_Q6_K_WIDE_WARPS 12 /* Q6_K rows rounded in the kernel */
 /* Rows of at most this many inputs are rounded by the bulk-copy kernel itself (8 or 16 warps
  * per CTA, about 3 or 2 blocks of 256 inputs each, about as long as reading them rounded);
  * longer ones by the rounding kernel, whose many CTAs split the work. */
@@ -54,6 +55,7 @@
 #define MMB_Q6_K_KC 4
 #define MMB_Q6_K_SLOT 864 /* 840-byte run + up to 14 before + rounding: <= 864 */
 #define MMB_Q6_K_STAGES 3
+#define MMB_Q6_K_WIDE_STAGES 2 /* 12 warps x 2 stages: the buffers of 8 x 3 */
 #define MMB_Q8_0_KB 136
 #define MMB_Q8_0_KC 8
 #define MMB_Q8_0_SLOT 1104 /* 1088-byte run + up to 14 before + rounding: <= 1104 */

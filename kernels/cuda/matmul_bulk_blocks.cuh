@@ -47,11 +47,15 @@ template <> struct bq<TD_Q8_0> {
 };
 
 /* The rings of a CTA of W warps: bq<T>'s, or for Q4_K at MMB_WIDE_WARPS warps half the
- * k-blocks per stage (one per chain), so twice the warps fit the same shared memory. */
+ * k-blocks per stage (one per chain), so twice the warps fit the same shared memory, and for
+ * Q6_K at MMB_Q6_K_WIDE_WARPS two stages per warp instead of three (as many buffers). */
 template <int T, int W> struct bring : bq<T> {};
 template <> struct bring<TD_Q4_K, MMB_WIDE_WARPS> : bq<TD_Q4_K> {
     static constexpr int KC = MMB_Q4_K_WIDE_KC, SLOT = MMB_Q4_K_WIDE_SLOT,
                          STAGES = MMB_Q4_K_WIDE_STAGES;
+};
+template <> struct bring<TD_Q6_K, MMB_Q6_K_WIDE_WARPS> : bq<TD_Q6_K> {
+    static constexpr int STAGES = MMB_Q6_K_WIDE_STAGES;
 };
 
 #if MMB_SM90
