@@ -11,9 +11,9 @@
  * instruction per row run of ~850-1400 bytes, its completion is counted in bytes on the
  * stage's barrier, and a warp waits only on the stage it is about to read.
  *
- * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps (Q4_K
- * rows rounded in the kernel: MMB_WIDE_WARPS, each ring stage half as deep), each
- * with its own ring of STAGES stages, over the rows of up to four matrices of one type and
+ * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps (rows
+ * rounded in the kernel: Q4_K MMB_WIDE_WARPS with stages half as deep, Q6_K
+ * MMB_Q6_K_WIDE_WARPS with 2 stages instead of 3), each with its own ring of STAGES stages, over the rows of up to four matrices of one type and
  * width that read the same token (an mm_set: one ramp-up and one tail for all of them). A
  * warp takes units of MMB_UROWS = 8 consecutive rows of one matrix (handed out by a counter in
  * shared memory among the CTA's contiguous share of the units, so the SM's warps finish
@@ -287,11 +287,13 @@ template <int T> int64_t kblocks_of(const ops_weight *w)
     return T == TD_Q8_0 ? (blocks_of<T>(w) + 3) / 4 : blocks_of<T>(w);
 }
 
-/* Warps of the CTA for w: Q4_K rows rounded in the kernel take the wide CTA (16 warps, 4
- * k-blocks per stage), the rest 8 warps. Measured on the H200 (bench_matmul_cuda, Q4_K, one
- * token, 8 -> 16 warps): 5120 -> 10240 14.0 -> 11.7 us, 5120 -> 12288 14.5 -> 12.7, 6144 ->
- * 5120 10.1 -> 9.8, 5120 -> 17408 18.7 either way; 17408 -> 5120 (rounded by the rounding
- * kernel) 17.9 -> 19.2 us, so rows that long keep 8. */
+/* Warps of the CTA: rows rounded in the kernel take a wider CTA, Q4_K 16 warps (4 k-blocks
+ * per stage) and Q6_K 12 (2 stages each), in the same shared memory, so a matrix of ~10 units
+ * per SM runs one round of units instead of two; the rest 8 warps. Measured on the H200
+ * (bench_matmul_cuda, one token): Q4_K 8 -> 16 warps 5120 -> 10240 14.0 -> 11.7 us, 5120 ->
+ * 12288 14.5 -> 12.7, 6144 -> 5120 10.1 -> 9.8, 5120 -> 17408 18.7 either way, but 17408 ->
+ * 5120 (rounded by the rounding kernel) 17.9 -> 19.2 us, so rows that long keep 8; Q6_K on
+ * 12 warps 5120 -> 10240 at 65% of the copy rate against 51-52% on 8 (NOTES.md, round 3). */
 template <int T> constexpr int warps_for(bool fused)
 {
     return !fused ? MMB_WARPS
