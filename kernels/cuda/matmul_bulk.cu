@@ -12,22 +12,22 @@
  * stage's barrier, and a warp waits only on the stage it is about to read.
  *
  * Layout: one CTA per SM (the rings fill most of its shared memory), MMB_WARPS warps (rows
- * rounded in the kernel: Q4_K MMB_WIDE_WARPS with stages half as deep, Q6_K
- * MMB_Q6_K_WIDE_WARPS with 2 stages instead of 3), each with its own ring of STAGES stages, over the rows of up to four matrices of one type and
- * width that read the same token (an mm_set: one ramp-up and one tail for all of them). A
- * warp takes units of MMB_UROWS = 8 consecutive rows of one matrix (handed out by a counter in
- * shared memory among the CTA's contiguous share of the units, so the SM's warps finish
- * together; a CTA with fewer units than warps gives warp w unit w and
- * the idle warps' ring buffers to the busy ones, so matrices of few rows per SM still have
- * every buffer in flight) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane
- * 4r + q owns row r and accumulation chain q, i.e. k-blocks k0 + q, k0 + q + 4, ... of every
- * stage, and decodes each alone (no butterfly: that is what keeps the count near 0.07-0.11
- * instructions per weight byte). One elected lane issues the stage's 8 row copies; the
- * stage's barrier expects that lane's one arrival, made after (Q4_K/Q5_K: with) the
- * announcement of every copy's bytes, so no phase can complete before its last copy lands.
- * The activations of the token (2 bytes per input, digits hi/lo) are copied once per CTA
- * into shared memory, with the scale and sum digits each k-block needs beside them; every
- * lane of a warp reads the same unit of 4 k-blocks at a time (broadcast, 4 bank groups).
+ * rounded in the kernel: Q4_K MMB_WIDE_WARPS with stages half as deep, Q6_K MMB_Q6_K_WIDE_WARPS
+ * with 2 stages instead of 3), each with its own ring of STAGES stages, over the rows of up to
+ * four matrices of one type and width that read the same token (an mm_set: one ramp-up and one
+ * tail for all of them). A warp takes units of MMB_UROWS = 8 consecutive rows of one matrix
+ * (handed out by a counter in shared memory among the CTA's contiguous share of the units, so
+ * the SM's warps finish together; a CTA with fewer units than warps gives warp w unit w and the
+ * idle warps' ring buffers to the busy ones, so matrices of few rows per SM still have every
+ * buffer in flight) and walks a unit's k-blocks KC per stage (8; Q6_K 4): lane 4r + q owns row
+ * r and accumulation chain q, i.e. k-blocks k0 + q, k0 + q + 4, ... of every stage, and decodes
+ * each alone (no butterfly: that is what keeps the count near 0.07-0.11 instructions per weight
+ * byte). One elected lane issues the stage's 8 row copies; the stage's barrier expects that
+ * lane's one arrival, made after (Q4_K/Q5_K: with) the announcement of every copy's bytes, so
+ * no phase can complete before its last copy lands. The activations of the token (2 bytes per
+ * input, digits hi/lo) are copied once per CTA into shared memory, with the scale and sum
+ * digits each k-block needs beside them; every lane of a warp reads the same unit of 4 k-blocks
+ * at a time (broadcast, 4 bank groups).
  *
  * Arithmetic (matmul_quant.cu's header comment, exactly): per (row, k-block) the integers H,
  * L, M (Q4_K/Q5_K) or C (Q6_K) or per Q8_0 block 256 dot_hi + dot_lo, then the same f32 steps

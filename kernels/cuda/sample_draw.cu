@@ -282,10 +282,10 @@ extern "C" td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, 
  * block finds the first rejected draft itself (warp 0, a lane per draft: the CPU's f64 test
  * u * q(d) < p(d) with the same counters), then stores the chunk sums of its slice of the
  * row to draw from, both in one read of the row: the rejected row's residual max(p - q, 0)
- * (as the CPU's f32 difference) and its p, or the last row's p after a full accept. The last block draws from the residual
- * or, when it has no positive entry (the CPU's sum <= 0: a sum of non-negative floats in f64
- * is positive exactly when one of them is), from p. Only {a, next} cross. csum: two rows of
- * chunk sums. */
+ * (as the CPU's f32 difference) and its p, or the last row's p after a full accept. The
+ * last block draws from the residual or, when it has no positive entry (the CPU's sum <= 0:
+ * a sum of non-negative floats in f64 is positive exactly when one of them is), from p.
+ * Only {a, next} cross. csum: two rows of chunk sums. */
 __global__ void __launch_bounds__(RS_THREADS)
 smp_accept_kernel(int32_t *result, const float *p, const float *q, const int32_t *draft,
                   int64_t n, int64_t n_vocab, int S, uint64_t seed, uint64_t ctr_accept,
