@@ -35,23 +35,6 @@ __device__ __forceinline__ double smp_lane_scan(double v)
     return v;
 }
 
-/* Inclusive scan over the lanes of chunk c's lane sums (*own: this lane's). Every lane of
- * the warp must call it. */
-__device__ double smp_chunk_scan(const float *p, const float *q, int64_t n, int64_t c,
-                                 double *own)
-{
-    const int64_t i0 = c * RS_CHUNK + 4 * (threadIdx.x & 31);
-    double v = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float e = i0 + j < n ? smp_entry(p, q, i0 + j) : 0.0f;
-        if (e > 0)
-            v += e;
-    }
-    *own = v;
-    return smp_lane_scan(v);
-}
-
 /* A lane's four entries of chunk c of p (and of q where q is given); zeros past n. */
 struct smp_lane4 {
     float p[4], q[4];
@@ -70,23 +53,38 @@ __device__ __forceinline__ smp_lane4 smp_lane_load(const float *p, const float *
     return e;
 }
 
-/* Chunk c's sums from its loaded entries, as smp_chunk_scan adds them: of p into psum[c]
- * and, with q, of the residual into rsum[c]. */
+/* The lane's sum in f64 of its positive entries in order: of p, or with residual of
+ * smp_entry's max(p - q, 0). The one definition the chunk sums and the draw's walk share, so
+ * the walk meets the sums it was sent to. */
+__device__ __forceinline__ double smp_lane_sum(const smp_lane4 &e, bool residual)
+{
+    double v = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float x = residual ? e.p[j] - e.q[j] : e.p[j];
+        if (x > 0)
+            v += x;
+    }
+    return v;
+}
+
+/* Inclusive scan over the lanes of chunk c's lane sums (*own: this lane's). Every lane of
+ * the warp must call it. */
+__device__ double smp_chunk_scan(const float *p, const float *q, int64_t n, int64_t c,
+                                 double *own)
+{
+    const double v = smp_lane_sum(smp_lane_load(p, q, n, c), q != NULL);
+    *own = v;
+    return smp_lane_scan(v);
+}
+
+/* Chunk c's sums from its loaded entries: of p into psum[c] and, with q, of the residual
+ * into rsum[c]. */
 __device__ __forceinline__ void smp_lane_store(const smp_lane4 &e, bool with_q, int64_t c,
                                                double *psum, double *rsum)
 {
-    double a = 0, b = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (e.p[j] > 0)
-            a += e.p[j];
-        const float r = e.p[j] - e.q[j]; /* smp_entry's residual */
-        if (with_q && r > 0)
-            b += r;
-    }
-    a = smp_lane_scan(a);
-    if (with_q)
-        b = smp_lane_scan(b);
+    const double a = smp_lane_scan(smp_lane_sum(e, false));
+    const double b = with_q ? smp_lane_scan(smp_lane_sum(e, true)) : 0.0;
     if ((threadIdx.x & 31) == 31) {
         psum[c] = a;
         if (with_q)
