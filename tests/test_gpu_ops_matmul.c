@@ -338,16 +338,19 @@ static void test_matmul_float_types_match_cpu_at_every_batch_size(void **state)
 
 /* F16/BF16 at the DFlash drafter's step sizes on a 27B-wide row (5120 columns, 40 k-blocks,
  * 10 per warp) and odd shapes: 1000 rows (a partial last 16-row tile), 5384 columns (a
- * partial last k-block of 8 columns, which the sm_90 bulk rings leave to register loads)
- * and 5122 columns (cols % 8 != 0: the scalar path). 9, 15, 16 tokens take the 9-16 token
- * kernel (register loads), 17 and 32 the 4-n-tile one, 1 the cp.async ring. Every
- * batch must equal each token alone bit for bit and stay within the f64 bound; on sm_90 the
- * same again under TANDEM_MMH=bulk (bulk-copy rings for 9-16 tokens), so both 9-16 token
- * paths give the single token's bits. */
+ * partial last k-block of 8 columns, which the sm_90 bulk rings leave to register loads),
+ * 9000 x 1160 (563 row tiles: on an H100/H200 enough CTAs for 9-16 tokens to load their
+ * activations ahead by default) and 5122 columns (cols % 8 != 0: the scalar path). 9, 15,
+ * 16 tokens take a 9-16 token kernel, 17 and 32 the 4-n-tile one, 1 the cp.async ring.
+ * Every batch must equal each token alone bit for bit and stay within the f64 bound; then
+ * the same under TANDEM_MMH=ahead (activations loaded ahead for every grid) and on sm_90
+ * under TANDEM_MMH=bulk (bulk-copy rings), so every 9-16 token path gives the single
+ * token's bits. */
 static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1000, 5120}, {203, 5384}, {45, 5122}};
+    static const int64_t shapes[][2] = {{1000, 5120}, {203, 5384}, {9000, 1160}, {45, 5122}};
+    static const char *const paths[] = {NULL, "ahead", "bulk"};
     static const int64_t ns[] = {1, 9, 15, 16, 17, 32};
     static const td_dtype types[] = {TD_BF16, TD_F16};
     int dev = 0, major = 0;
@@ -356,11 +359,11 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
                      cudaSuccess);
     const char *saved = getenv("TANDEM_MMH");
     char *keep = saved ? strdup(saved) : NULL;
-    for (int pass = 0; pass < (major >= 9 ? 2 : 1); pass++) {
-        if (pass == 0)
-            unsetenv("TANDEM_MMH");
+    for (int pass = 0; pass < (major >= 9 ? 3 : 2); pass++) {
+        if (paths[pass])
+            setenv("TANDEM_MMH", paths[pass], 1);
         else
-            setenv("TANDEM_MMH", "bulk", 1);
+            unsetenv("TANDEM_MMH");
         rng_seed(17);
         for (size_t t = 0; t < sizeof types / sizeof *types; t++)
             for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)

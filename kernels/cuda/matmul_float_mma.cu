@@ -257,6 +257,53 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
             tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
 }
 
+/* xp = the pieces of chunks j0 and j0 + 1 of k-block kb, for the live n-tiles (xs as in
+ * kblock_mma). */
+template <int NT>
+__device__ __forceinline__ void load_pair(uint4 (&xp)[2][NT][3], const uint4 *xs, size_t xs_tile,
+                                          int kb, int j0, int nt_live)
+{
+#pragma unroll
+    for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            if (nt < nt_live)
+                load_xs(xp[jj][nt], xs + nt * xs_tile + (size_t)(kb * CHUNKS + j0 + jj) *
+                                                                   XS_CHUNK);
+}
+
+/* kblock_mma<T, 2, 2> with the activation loads moved ahead (W_AHEAD): xa holds chunks 0 and 1
+ * of k-block kb (loaded while the k-block before multiplied its chunks 2 and 3); chunks 2 and 3
+ * load while 0 and 1 multiply, and then, when `more`, xa takes chunks 0 and 1 of k-block
+ * kb + WARPS. The MMAs and adds are kblock_mma's, in its order. */
+template <int T>
+__device__ __forceinline__ void kblock_mma_ahead(float (&tot)[2][4], const uint4 (&wv)[CHUNKS][2],
+                                                 uint4 (&xa)[2][2][3], const uint4 *xs,
+                                                 size_t xs_tile, int kb, bool more, int nt_live)
+{
+    float blk[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            blk[nt][e] = 0.0f;
+    uint4 xb[2][2][3];
+    load_pair(xb, xs, xs_tile, kb, 2, nt_live);
+#pragma unroll
+    for (int jj = 0; jj < 2; jj++)
+        chunk_mma<T, 2>(blk, make_frag<T>(wv[jj]), xa[jj], nt_live);
+    if (more)
+        load_pair(xa, xs, xs_tile, kb + WARPS, 0, nt_live);
+#pragma unroll
+    for (int jj = 0; jj < 2; jj++)
+        chunk_mma<T, 2>(blk, make_frag<T>(wv[2 + jj]), xb[jj], nt_live);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
+}
+
 /* --- sm_90 bulk copies into per-warp rings (9-16 tokens) ---------------------------------- */
 
 constexpr int BSTAGES = 3;                     /* k-blocks in a warp's bulk ring */
@@ -281,9 +328,9 @@ __device__ __forceinline__ int brow_off(int r)
 /* --- the matmul kernel ---------------------------------------------------------------------- */
 
 /* How a CTA's weights arrive: scalar loads (misaligned rows or cols % 8 != 0), 16-byte
- * register loads one k-block ahead, a per-warp cp.async ring, or (sm_90) a per-warp ring fed
- * by bulk copies. */
-enum wpath { W_SCALAR, W_REGS, W_RING, W_BULK };
+ * register loads one k-block ahead (W_AHEAD, 9-16 tokens: the activations too, half a k-block
+ * ahead), a per-warp cp.async ring, or (sm_90) a per-warp ring fed by bulk copies. */
+enum wpath { W_SCALAR, W_REGS, W_RING, W_BULK, W_AHEAD };
 
 /* CTAs per SM the registers must allow: with rings 4, as many as the 48 KB cp.async rings
  * (55 KB bulk rings) fit on an H100/H200; otherwise no limit (the register path was measured
@@ -438,13 +485,19 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #else
         __trap(); /* the host launches W_BULK on sm_90+ only */
 #endif
-    } else if constexpr (P == W_REGS) {
+    } else if constexpr (P == W_REGS || P == W_AHEAD) {
         uint4 cur[CHUNKS][2];
 #pragma unroll
         for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
             for (int rr = 0; rr < 2; rr++)
                 cur[j][rr] = load_w_vec(wrow[rr], warp * KBLOCK + 32 * j + 8 * t, cols);
+        uint4 xa[2][NT][3]; /* W_AHEAD: chunks 0 and 1 of the next k-block */
+        if constexpr (P == W_AHEAD) {
+            static_assert(NT == 2, "W_AHEAD serves 9-16 tokens");
+            if (warp < nkb)
+                load_pair(xa, xl, xs_tile, warp, 0, nt_live);
+        }
         for (int kb = warp; kb < nkb; kb += WARPS) {
             uint4 nxt[CHUNKS][2];
 #pragma unroll
@@ -454,8 +507,12 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
                     nxt[j][rr] =
                         load_w_vec(wrow[rr], (kb + WARPS) * KBLOCK + 32 * j + 8 * t, cols);
             /* 9-16 tokens: two chunks' activations loaded together (5120x17408 BF16 at 16
-             * tokens 79.3 -> 75.0 us on an H200); 17-64 tokens have no registers to spare */
-            kblock_mma<T, NT, NT == 2 ? 2 : 1>(tot, cur, xl, xs_tile, kb, nt_live);
+             * tokens 79.3 -> 75.0 us on an H200), or ahead; 17-64 tokens have no registers to
+             * spare */
+            if constexpr (P == W_AHEAD)
+                kblock_mma_ahead<T>(tot, cur, xa, xl, xs_tile, kb, kb + WARPS < nkb, nt_live);
+            else
+                kblock_mma<T, NT, NT == 2 ? 2 : 1>(tot, cur, xl, xs_tile, kb, nt_live);
 #pragma unroll
             for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
@@ -599,26 +656,40 @@ td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok
         (int)w->cols, xs, nch, n_tok, n_groups);
 }
 
-/* Whether 9-16 tokens take the bulk rings: on sm_90+ with TANDEM_MMH=bulk (read at each
- * call, so a test can compare both paths; both give the same bits). Not the default: on the
- * H200 the 27B draft step took 4.04 ms with them against 3.51 ms with register loads. */
-bool bulk_wanted(int dev)
+/* How 9-16 tokens of aligned weights arrive: with TANDEM_MMH=bulk (sm_90+) the bulk rings,
+ * with =ahead or =regs that path (read at each call, so a test can compare the paths; all
+ * give the same bits); by default W_AHEAD for a grid of at least AHEAD_CTAS CTAs per SM,
+ * else W_REGS. W_AHEAD needs 202 registers (2 CTAs per SM, W_REGS 3), so it wins only where
+ * the grid is large enough for that not to cost a wave: on the H200 at 16 tokens, BF16 5120 ->
+ * 10240 50.0 -> 45.3 us, 5120 -> 12288 52.1 -> 46.7, 5120 -> 17408 75.0 -> 72.5 (640, 768,
+ * 1088 CTAs), but 17408 -> 5120 80.4 -> 88.7 and 6144 -> 5120 31.0 -> 35.5 (320 CTAs). The
+ * bulk rings are not the default: the 27B draft step took 4.04 ms with them against 3.51 ms
+ * with register loads. */
+constexpr int AHEAD_CTAS = 4;
+
+wpath mid_path(int dev, int64_t n_cta)
 {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    int major = 0, sms = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         (void)cudaGetLastError();
-        return false;
+        return W_REGS;
     }
     const char *e = getenv("TANDEM_MMH");
-    return major >= 9 && e && strcmp(e, "bulk") == 0;
+    if (e && strcmp(e, "bulk") == 0 && major >= 9)
+        return W_BULK;
+    if (e && strcmp(e, "ahead") == 0)
+        return W_AHEAD;
+    if (e && strcmp(e, "regs") == 0)
+        return W_REGS;
+    return n_cta >= (int64_t)AHEAD_CTAS * sms ? W_AHEAD : W_REGS;
 }
 
 /* Aligned weights: up to 8 tokens through the cp.async ring (H200, BF16 at one token: 59-79%
- * of the copy rate, register loads 56-69%); 9-16 on sm_90 through the bulk rings (several
- * k-blocks in flight per warp, no register prefetch on one scoreboard) with TANDEM_MMH=bulk, else and from 17 with
- * register loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token,
- * with the cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x
- * against 4.3-6.0x). */
+ * of the copy rate, register loads 56-69%); 9-16 as mid_path says, and from 17 with register
+ * loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token, with the
+ * cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x against
+ * 4.3-6.0x). */
 template <int T>
 td_err launch_type(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok,
                    bool vec, int dev, cudaStream_t st)
@@ -633,8 +704,14 @@ td_err launch_type(const mm_set &set, const uint4 *xs, const ops_weight *w, int 
     if (n_tok <= 8)
         return launch<T, 1, W_RING>(set, xs, w, n_tok, dev, st);
     if (n_tok <= 16)
-        return bulk_wanted(dev) ? launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st)
-                                : launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
+        switch (mid_path(dev, set.first[set.n])) {
+        case W_BULK:
+            return launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st);
+        case W_AHEAD:
+            return launch<T, 2, W_AHEAD>(set, xs, w, n_tok, dev, st);
+        default:
+            return launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
+        }
     return launch<T, MAX_NT, W_REGS>(set, xs, w, n_tok, dev, st);
 }
 
