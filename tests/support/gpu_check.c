@@ -5,9 +5,13 @@
 
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 ops_stream gpu_st;
 
@@ -21,6 +25,9 @@ static void must(td_err e, const char *what)
 
 bool gpu_check_init(void)
 {
+    const char *filter = getenv("TANDEM_TEST_FILTER"); /* only the tests it names (* and ?) */
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
     if (!cuda_available()) {
         printf("skipped: no usable CUDA device\n");
         return false;

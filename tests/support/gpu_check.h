@@ -48,7 +48,9 @@
 /* The stream every helper and test uses (created by gpu_check_init). */
 extern ops_stream gpu_st;
 
-/* Creates gpu_st; false (with a message printed) when there is no usable device. */
+/* Creates gpu_st; false (with a message printed) when there is no usable device. With
+ * TANDEM_TEST_FILTER set, the cmocka groups run after it run only the tests whose names
+ * match it (cmocka's pattern: * and ?). */
 bool gpu_check_init(void);
 void gpu_check_free(void);
 
