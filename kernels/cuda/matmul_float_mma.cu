@@ -659,12 +659,12 @@ td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok
 /* How 9-16 tokens of aligned weights arrive: with TANDEM_MMH=bulk (sm_90+) the bulk rings,
  * with =ahead or =regs that path (read at each call, so a test can compare the paths; all
  * give the same bits); by default W_AHEAD for a grid of at least AHEAD_CTAS CTAs per SM,
- * else W_REGS. W_AHEAD needs 202 registers (2 CTAs per SM, W_REGS 3), so it wins only where
- * the grid is large enough for that not to cost a wave: on the H200 at 16 tokens, BF16 5120 ->
- * 10240 50.0 -> 45.3 us, 5120 -> 12288 52.1 -> 46.7, 5120 -> 17408 75.0 -> 72.5 (640, 768,
- * 1088 CTAs), but 17408 -> 5120 80.4 -> 88.7 and 6144 -> 5120 31.0 -> 35.5 (320 CTAs). The
- * bulk rings are not the default: the 27B draft step took 4.04 ms with them against 3.51 ms
- * with register loads. */
+ * else W_REGS. W_AHEAD needs 202 registers (F16 208), so 2 CTAs per SM against W_REGS' 3:
+ * it wins where the grid is large enough for that not to cost a wave. H200, BF16 at 16
+ * tokens: 5120 -> 10240 50.0 -> 45.3 us, 5120 -> 12288 52.1 -> 46.7, 5120 -> 17408 75.0 ->
+ * 72.5 (640, 768, 1088 CTAs), but 17408 -> 5120 80.4 -> 88.7 and 6144 -> 5120 31.0 -> 35.5
+ * (320 CTAs). The bulk rings are not the default: the 27B draft step took 4.04 ms with them
+ * against 3.51 ms with register loads. */
 constexpr int AHEAD_CTAS = 4;
 
 wpath mid_path(int dev, int64_t n_cta)
