@@ -14,9 +14,10 @@
  * so before anything else the program measures one token under each of TANDEM_MMD=bulk (the
  * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 and 64 tokens under
  * TANDEM_MMQ=mmq (the tensor-core kernel, where on sm_90 9-16 tokens default to the window
- * kernel and 17-64 to the wide kernel),
- * in a child process each, one after the other (the GPU is never shared), and prints those
- * as extra columns beside the default choice's.
+ * kernel and 17-64 to the wide kernel), and F16/BF16 at 16 tokens under TANDEM_MMH=regs (the
+ * register path, where large grids default to loading the activations ahead), in a child
+ * process each, one after the other (the GPU is never shared), and prints those as extra
+ * columns beside the default choice's.
  * Runs in about two minutes on an H100/H200-class GPU. Options narrow it down, e.g. to put one
  * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
  * (e.g. Q4_K), --no-variants (no child processes: the default kernels only), --resident (one
@@ -71,16 +72,19 @@ static const int64_t toks[] = {1, 16, 32, 64};
 #define N_TOKS (sizeof toks / sizeof toks[0])
 
 /* The kernels measured in child processes: column name, the variable that picks the
- * kernel and its value, and which token count (toks[]) is timed. */
+ * kernel and its value, which token count (toks[]) is timed, and whether it picks among
+ * the F16/BF16 kernels (else the quantised ones). */
 typedef struct variant {
     const char *name, *env, *value;
     size_t tok; /* index into toks */
+    bool half;
 } variant;
-static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0},
-                                   {"regs", "TANDEM_MMD", "regs", 0},
-                                   {"mma", "TANDEM_MMD", "mma", 0},
-                                   {"mmq16", "TANDEM_MMQ", "mmq", 1},
-                                   {"mmq64", "TANDEM_MMQ", "mmq", 3}};
+static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0, false},
+                                   {"regs", "TANDEM_MMD", "regs", 0, false},
+                                   {"mma", "TANDEM_MMD", "mma", 0, false},
+                                   {"mmq16", "TANDEM_MMQ", "mmq", 1, false},
+                                   {"mmq64", "TANDEM_MMQ", "mmq", 3, false},
+                                   {"regs16", "TANDEM_MMH", "regs", 1, true}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 typedef struct result {
@@ -220,9 +224,9 @@ static void io_init(float **dx, float **dy)
     free(hx);
 }
 
-/* A child's part: v's token count of every quantised (shape, type) under the kernel choice
- * it was given, the times (0 for float types, and for the bulk kernels below sm_90) written
- * to fd in table order. */
+/* A child's part: v's token count of every quantised (v->half: F16/BF16) (shape, type) under
+ * the kernel choice it was given, the times (0 for the other types, and for the bulk kernels
+ * below sm_90) written to fd in table order. */
 static int child_main(int fd, const variant *v)
 {
     if (!cuda_available())
@@ -241,7 +245,8 @@ static int child_main(int fd, const variant *v)
             if (!measured(i, k))
                 continue;
             result r = {0};
-            if (is_quant(types[k]) && !none)
+            const bool half = types[k] == TD_F16 || types[k] == TD_BF16;
+            if ((v->half ? half : is_quant(types[k])) && !none)
                 bench_one(&r, &shapes[i], types[k], dx, dy, v->tok + 1);
             if (write(fd, &r.us[v->tok], sizeof r.us[0]) != (ssize_t)sizeof r.us[0])
                 return 1;
@@ -341,17 +346,18 @@ int main(int argc, char **argv)
            prop.l2CacheSize >> 20);
     printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
     printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
-           "TANDEM_MMD set so;\nmmq16, mmq64: 16 and 64 tokens with TANDEM_MMQ=mmq (us, and "
-           "/us(1))\n\n");
+           "TANDEM_MMD set so;\nmmq16, mmq64: 16 and 64 tokens with TANDEM_MMQ=mmq; regs16: "
+           "F16/BF16 at 16 tokens with TANDEM_MMH=regs\n(us, and /us(1))\n\n");
 
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
 
     result res[MAX_RES];
     n_res = 0;
-    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %7s %9s %7s %9s %7s\n",
+    printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %7s %9s %7s %9s %7s %9s "
+           "%7s\n",
            "shape", "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
-           "us(16)", "16/1", "32/1", "64/1", "mmq16", "/1", "mmq64", "/1");
+           "us(16)", "16/1", "32/1", "64/1", "mmq16", "/1", "mmq64", "/1", "regs16", "/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
             if (!measured(i, k))
