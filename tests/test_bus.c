@@ -22,6 +22,7 @@
 #include "common/msg.h"
 #include "tests/support/clock.h"
 #include "tests/support/spawn.h"
+#include "tests/support/watchdog.h"
 
 /* The server child reads its URL from here (it inherits the parent's environment). */
 #define URL_ENV "TANDEM_TEST_BUS_URL"
@@ -658,6 +659,7 @@ int main(int argc, char **argv)
             return child_serve(sock);
         return 2;
     }
+    test_watchdog("test_bus", 300); /* ~3 s normally, ~40 s under sanitizers and load */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_request_reply_between_two_processes_has_exact_bytes),
         cmocka_unit_test(test_call_to_absent_server_times_out_within_its_timeout),

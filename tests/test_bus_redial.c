@@ -21,6 +21,7 @@
 
 #include "common/bus.h"
 #include "tests/support/clock.h"
+#include "tests/support/watchdog.h"
 
 /* ms a call may take once the new server listens: the client's redial bound plus room for
  * a loaded machine. */
@@ -148,6 +149,7 @@ static int group_teardown(void **state)
 
 int main(void)
 {
+    test_watchdog("test_bus_redial", 300); /* ~40 s under sanitizers */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_client_reconnects_after_every_kind_of_restart_window),
     };
