@@ -220,36 +220,34 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
     }
 }
 
-/* tot[nt] += one k-block (weights wv of chunks 0..3, k-block kb): a zeroed accumulator takes
- * the chunks in order, then one f32 add. xs points at this lane's pieces of chunk 0 of the
- * CTA's first n-tile (mmh_split layout: chunk stride XS_CHUNK, n-tile stride xs_tile uint4).
- * The pieces of JG chunks are loaded before the first of them is used, so their latencies
- * overlap. */
-template <int T, int NT, int JG>
-__device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv)[CHUNKS][2],
-                                           const uint4 *xs, size_t xs_tile, int kb,
-                                           int nt_live)
+/* xp = the pieces of chunks j0 .. j0 + J - 1 of k-block kb, for the live n-tiles. xs points at
+ * this lane's pieces of chunk 0 of the CTA's first n-tile (mmh_split layout: chunk stride
+ * XS_CHUNK, n-tile stride xs_tile uint4). */
+template <int J, int NT>
+__device__ __forceinline__ void load_chunks(uint4 (&xp)[J][NT][3], const uint4 *xs,
+                                            size_t xs_tile, int kb, int j0, int nt_live)
 {
-    float blk[NT][4];
+#pragma unroll
+    for (int jj = 0; jj < J; jj++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            if (nt < nt_live)
+                load_xs(xp[jj][nt], xs + nt * xs_tile + (size_t)(kb * CHUNKS + j0 + jj) *
+                                                            XS_CHUNK);
+}
+
+/* A k-block's accumulator, zeroed; added to the warp's total in f32 once the k-block is done. */
+template <int NT> __device__ __forceinline__ void blk_zero(float (&blk)[NT][4])
+{
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             blk[nt][e] = 0.0f;
-#pragma unroll
-    for (int jg = 0; jg < CHUNKS; jg += JG) {
-        uint4 xp[JG][NT][3];
-#pragma unroll
-        for (int jj = 0; jj < JG; jj++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                if (nt < nt_live)
-                    load_xs(xp[jj][nt],
-                            xs + nt * xs_tile + (size_t)(kb * CHUNKS + jg + jj) * XS_CHUNK);
-#pragma unroll
-        for (int jj = 0; jj < JG; jj++)
-            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xp[jj], nt_live);
-    }
+}
+template <int NT>
+__device__ __forceinline__ void blk_fold(float (&tot)[NT][4], const float (&blk)[NT][4])
+{
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -257,19 +255,25 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
             tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
 }
 
-/* xp = the pieces of chunks j0 and j0 + 1 of k-block kb, for the live n-tiles (xs as in
- * kblock_mma). */
-template <int NT>
-__device__ __forceinline__ void load_pair(uint4 (&xp)[2][NT][3], const uint4 *xs, size_t xs_tile,
-                                          int kb, int j0, int nt_live)
+/* tot[nt] += one k-block (weights wv of chunks 0..3, k-block kb): a zeroed accumulator takes
+ * the chunks in order, then one f32 add (xs as in load_chunks). The pieces of JG chunks are
+ * loaded before the first of them is used, so their latencies overlap. */
+template <int T, int NT, int JG>
+__device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv)[CHUNKS][2],
+                                           const uint4 *xs, size_t xs_tile, int kb,
+                                           int nt_live)
 {
+    float blk[NT][4];
+    blk_zero(blk);
 #pragma unroll
-    for (int jj = 0; jj < 2; jj++)
+    for (int jg = 0; jg < CHUNKS; jg += JG) {
+        uint4 xp[JG][NT][3];
+        load_chunks(xp, xs, xs_tile, kb, jg, nt_live);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            if (nt < nt_live)
-                load_xs(xp[jj][nt], xs + nt * xs_tile + (size_t)(kb * CHUNKS + j0 + jj) *
-                                                                   XS_CHUNK);
+        for (int jj = 0; jj < JG; jj++)
+            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xp[jj], nt_live);
+    }
+    blk_fold(tot, blk);
 }
 
 /* kblock_mma<T, 2, 2> with the activation loads moved ahead (W_AHEAD): xa holds chunks 0 and 1
@@ -282,26 +286,18 @@ __device__ __forceinline__ void kblock_mma_ahead(float (&tot)[2][4], const uint4
                                                  size_t xs_tile, int kb, bool more, int nt_live)
 {
     float blk[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            blk[nt][e] = 0.0f;
+    blk_zero(blk);
     uint4 xb[2][2][3];
-    load_pair(xb, xs, xs_tile, kb, 2, nt_live);
+    load_chunks(xb, xs, xs_tile, kb, 2, nt_live);
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
         chunk_mma<T, 2>(blk, make_frag<T>(wv[jj]), xa[jj], nt_live);
     if (more)
-        load_pair(xa, xs, xs_tile, kb + WARPS, 0, nt_live);
+        load_chunks(xa, xs, xs_tile, kb + WARPS, 0, nt_live);
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
         chunk_mma<T, 2>(blk, make_frag<T>(wv[2 + jj]), xb[jj], nt_live);
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            tot[nt][e] = __fadd_rn(tot[nt][e], blk[nt][e]);
+    blk_fold(tot, blk);
 }
 
 /* --- sm_90 bulk copies into per-warp rings (9-16 tokens) ---------------------------------- */
@@ -496,7 +492,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
         if constexpr (P == W_AHEAD) {
             static_assert(NT == 2, "W_AHEAD serves 9-16 tokens");
             if (warp < nkb)
-                load_pair(xa, xl, xs_tile, warp, 0, nt_live);
+                load_chunks(xa, xl, xs_tile, warp, 0, nt_live);
         }
         for (int kb = warp; kb < nkb; kb += WARPS) {
             uint4 nxt[CHUNKS][2];
