@@ -571,17 +571,18 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
 #endif
 }
 
-/* The two kernels as launch_rounds sees them: P is NT (window) or G (wide). */
+/* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
+ * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
 template <int T, int NT, int TT> struct window_kernel {
     static auto fn() { return mmqb_kernel<T, NT, TT>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
-                 THREADS = threads_of<TT>() };
+                 THREADS = threads_of<TT>(), SHARE3 = 1 };
     static const char *name() { return "window"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
     static auto fn() { return mmqw_kernel<T, G, TT>; }
     enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
-                 THREADS = wide_threads<G, TT>() };
+                 THREADS = wide_threads<G, TT>(), SHARE3 = 0 };
     static const char *name() { return "wide"; }
 };
 
@@ -609,7 +610,12 @@ td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
 }
 
 /* Tiles per round (mmqb_tiles_per_round) of at most TTMAX, the most that leaves room for 3
- * weight stages. */
+ * weight stages; but where that is 2 and a CTA's share is 3 tiles, the window kernel takes
+ * them in one round of 3 on the 2 weight stages that leave room for (Q6_K, Q5_K). Q6_K at
+ * 16 tokens on the H200 (bench_matmul_cuda, us): 17408 -> 5120 (320 tiles, 3 per CTA) 67.8
+ * -> 62.2, 6144 -> 5120 26.7 -> 23.3; with rounds of 3 wherever they make fewer rounds,
+ * 5120 -> 12288 (6 per CTA) went 37.9 -> 39.2 and the LM head (118) 659 -> 674: over
+ * several rounds the third weight stage's lookahead is worth more than a round less. */
 template <template <int, int, int> class K, int T, int P>
 td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                      cudaStream_t st)
@@ -618,10 +624,13 @@ td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_
                           : K<T, P, 3>::WS >= 3 ? 3
                           : K<T, P, 2>::WS >= 3 ? 2
                                                 : 1;
+    constexpr bool SHARE3 = TTMAX == 2 && K<T, P, 3>::SHARE3 && K<T, P, 3>::WS >= 2;
     const mm_set set = mm_set_of(mm, n, MROWS);
     const ops_weight *w = mm[0].w;
     int64_t grid = 0;
-    const int tt = mmqb_tiles_per_round(set.first[n], dev->n_sm, TTMAX, &grid);
+    int tt = mmqb_tiles_per_round(set.first[n], dev->n_sm, TTMAX, &grid);
+    if (SHARE3 && (set.first[n] + grid - 1) / grid == 3)
+        tt = 3;
     if (grid > 0x7fffffff || w->row_bytes > ((size_t)1 << 26)) /* 32-bit row offsets */
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
@@ -631,7 +640,7 @@ td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_
         if (tt == 2)
             return launch_k<K<T, P, 2>>(set, xq, w, dev, grid, st);
     }
-    if constexpr (TTMAX >= 3) {
+    if constexpr (TTMAX >= 3 || SHARE3) {
         if (tt == 3)
             return launch_k<K<T, P, 3>>(set, xq, w, dev, grid, st);
     }

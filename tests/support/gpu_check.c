@@ -25,9 +25,15 @@ static void must(td_err e, const char *what)
 
 bool gpu_check_init(void)
 {
-    const char *filter = getenv("TANDEM_TEST_FILTER"); /* only the tests it names (* and ?) */
-    if (filter && *filter)
+    /* only the tests it names (* and ?); kept here and taken out of the environment, so a
+     * test's child processes (test_gpu_ops_matmul's variants) run their own tests */
+    static char filter[256];
+    const char *f = getenv("TANDEM_TEST_FILTER");
+    if (f && *f) {
+        snprintf(filter, sizeof filter, "%s", f);
         cmocka_set_test_filter(filter);
+    }
+    unsetenv("TANDEM_TEST_FILTER");
     if (!cuda_available()) {
         printf("skipped: no usable CUDA device\n");
         return false;

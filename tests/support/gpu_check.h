@@ -50,7 +50,8 @@ extern ops_stream gpu_st;
 
 /* Creates gpu_st; false (with a message printed) when there is no usable device. With
  * TANDEM_TEST_FILTER set, the cmocka groups run after it run only the tests whose names
- * match it (cmocka's pattern: * and ?). */
+ * match it (cmocka's pattern: * and ?); the variable is then removed from the environment,
+ * so child processes started by a test do not inherit it. */
 bool gpu_check_init(void);
 void gpu_check_free(void);
 
