@@ -525,7 +525,7 @@ static void test_matmul_rejects_bad_weights(void **state)
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
  * (dp4a) with TANDEM_MMQ=bulk (9-16 tokens on the window kernel, 17-64 on the wide kernel,
- * wherever they exist) byte for byte. */
+ * as by default) byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -711,10 +711,9 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
     }
     for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
-    /* batches: the default child (9-16 tokens of Q4_K/Q6_K on the window kernel), the mma
-     * child on the tensor-core kernel only (TANDEM_MMQ=mmq), the dp4a child on the window
-     * kernel wherever it exists (TANDEM_MMQ=bulk, Q5_K too): three children cover the five
-     * kernels (and the test's time) */
+    /* batches: the bulk and dp4a children on the window and wide kernels (the default;
+     * TANDEM_MMQ=bulk), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq): three
+     * children cover the five kernels (and the test's time) */
     static const char *mmd[] = {"bulk", "mma", "regs"};
     static const char *mmq[] = {NULL, "mmq", "bulk"};
     enum { NV = 3 };

@@ -172,12 +172,12 @@ int mmd_choice(void)
     return c;
 }
 
-/* Which kernel chunks of 9-64 tokens take where mmqb_supported (sm_90): at 9-16 tokens the
- * window kernel (matmul_bulk_mma.cu) for Q4_K and Q6_K, the tensor-core kernel
- * (matmul_quant.cu) for Q5_K; at 17-64 the wide kernel (the same file) for all three
- * (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=bulk takes the bulk-copy kernels wherever
- * they exist, =mmq never. Read once; the same bits either way. */
-enum { MMQB_AUTO = 1, MMQB_ALWAYS, MMQB_NEVER };
+/* Which kernel chunks of 9-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
+ * the window kernel (matmul_bulk_mma.cu) at 9-16 tokens, the wide kernel (the same file) at
+ * 17-64 (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=mmq the tensor-core kernel
+ * (matmul_quant.cu) instead, =bulk (or unset) the default. Read once; the same bits either
+ * way. */
+enum { MMQB_AUTO = 1, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
 static int mmqb_choice(void)
@@ -185,9 +185,7 @@ static int mmqb_choice(void)
     int c = __atomic_load_n(&g_mmq_bulk, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_MMQ");
-        c = e && strcmp(e, "bulk") == 0  ? MMQB_ALWAYS
-            : e && strcmp(e, "mmq") == 0 ? MMQB_NEVER
-                                         : MMQB_AUTO;
+        c = e && strcmp(e, "mmq") == 0 ? MMQB_NEVER : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
     return c;
@@ -196,11 +194,7 @@ static int mmqb_choice(void)
 /* Whether a chunk of nc tokens on w runs on the window kernel. */
 static bool mmqb_chosen(const ops_weight *w, int nc)
 {
-    if (nc < 2 || !mmqb_supported(w, pad_tokens(nc)))
-        return false;
-    const int c = mmqb_choice();
-    return c == MMQB_ALWAYS ||
-           (c == MMQB_AUTO && (nc > 16 || w->type == TD_Q4_K || w->type == TD_Q6_K));
+    return nc >= 2 && mmqb_choice() == MMQB_AUTO && mmqb_supported(w, pad_tokens(nc));
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
