@@ -65,21 +65,26 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
             if (row(r))
                 P[(int64_t)(i0 + r) * dv] = s[r];
     }
-    /* Token t's inputs are loaded while token t - 1 runs (one q and one k value per thread),
-     * so no memory latency sits between two tokens' chains. */
+    /* Token t's inputs are loaded while tokens t - 2 and t - 1 run (one q and one k value
+     * per thread), so no memory latency sits between two tokens' chains. */
     static_assert(DELTA_GT >= DELTA_MAX_DK, "one q and one k value per thread");
-    float nq = 0, nk = 0, ng = 0, nb = 0, nvj = 0;
-    auto fetch = [&](int64_t t) {
+    struct tok_in {
+        float q, k, g, b, v;
+    };
+    tok_in n1 = {0, 0, 0, 0, 0}, n2 = n1; /* tokens t and t + 1 at the top of token t */
+    auto fetch = [&](int64_t t, tok_in &n) {
         if (tid < dk_rows) {
-            nq = d.q[t * d.q_tok_stride + kh * dk + tid];
-            nk = d.k[t * d.k_tok_stride + kh * dk + tid];
+            n.q = d.q[t * d.q_tok_stride + kh * dk + tid];
+            n.k = d.k[t * d.k_tok_stride + kh * dk + tid];
         }
-        ng = d.g[t * gbs + h];
-        nb = d.beta[t * gbs + h];
-        nvj = live ? d.v[t * d.v_tok_stride + h * dv + j] : 0.0f;
+        n.g = d.g[t * gbs + h];
+        n.b = d.beta[t * gbs + h];
+        n.v = live ? d.v[t * d.v_tok_stride + h * dv + j] : 0.0f;
     };
     if (d.n_tok > 0)
-        fetch(0);
+        fetch(0, n1);
+    if (d.n_tok > 1)
+        fetch(1, n2);
     /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
      * state loads, not behind the recurrence; its output row stays in shared memory */
     __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
@@ -91,13 +96,14 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
     for (int64_t t = 0; t < d.n_tok; t++) {
         sync(); /* the previous token is done with qs, ks and red */
         if (tid < dk_rows) {
-            qs[cg][tid] = nq;
-            ks[cg][tid] = nk;
+            qs[cg][tid] = n1.q;
+            ks[cg][tid] = n1.k;
         }
-        const float decay = expf(ng);
-        const float beta = nb, vj = nvj;
-        if (t + 1 < d.n_tok)
-            fetch(t + 1);
+        const float decay = expf(n1.g);
+        const float beta = n1.b, vj = n1.v;
+        n1 = n2;
+        if (t + 2 < d.n_tok)
+            fetch(t + 2, n2);
         sync();
         /* S = exp(g) S and this warp's part of kv = S^T k in one sweep */
         float kv = 0;
