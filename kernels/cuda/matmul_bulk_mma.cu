@@ -38,9 +38,9 @@
  * 10240), 15.7 / 18.3 (6144 -> 5120); Q6_K 58.4 / 70.6, 68.2 / 77.3, 36.0 / 46.2, LM head
  * 688 / 884; Q5_K 51.8 / 48.0, 61.7 / 51.5, 23.7 / 20.4 (6144 -> 5120), so Q5_K stayed on
  * mmq until later changes (a share of 3 tiles in one round, the per-step bookkeeping cut)
- * made it 45.4 / 47.4, 47.1 / 53.6, 17.8 / 21.0 (kernels/cuda/NOTES.md). A first version with one producer warp issuing every copy
- * (elect loops of ~10 instructions per copy, 66 copies per step) took ~4 us per step: 60 us
- * on the first shape. Two activation stages instead of three: Q4_K 43.1 us there. 32 tokens
+ * made it 45.4 / 47.4, 47.1 / 53.6, 17.8 / 21.0 (kernels/cuda/NOTES.md). A first version
+ * with one producer warp issuing every copy (elect loops of ~10 instructions per copy, 66
+ * copies per step) took ~4 us per step: 60 us on the first shape. Two activation stages instead of three: Q4_K 43.1 us there. 32 tokens
  * (one tile per round, the activations of 32 tokens filling the shared memory) measured
  * 6.6x a token's time against mmq's 4.6x, so n_pad 32 takes the wide kernel instead. */
 #include <stdint.h>
