@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -296,10 +297,26 @@ static void f16_row_f16c(const uint8_t *b, float *dst, int64_t n)
         dst[i] = f16_to_f32(ld_u16(b + 2 * i));
 }
 
+/* F16C and AVX with the AVX state saved by the OS (CPUID leaf 1: ECX's F16C, AVX and OSXSAVE
+ * bits; XCR0's SSE and AVX bits), read once. (__builtin_cpu_supports knows no "f16c" in
+ * clang 14, the fuzz build's compiler.) */
 static bool have_f16c(void)
 {
-    /* reads the CPU model libgcc filled in at start-up: a load and a bit test */
-    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    static int known; /* 0: not read yet, 1: no, 2: yes */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k == 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        bool ok = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && (c & bit_AVX) &&
+                  (c & bit_OSXSAVE);
+        if (ok) {
+            unsigned lo = 0, hi = 0;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            ok = (lo & 6) == 6;
+        }
+        k = ok ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
 }
 #endif
 
