@@ -106,6 +106,28 @@ static double elapsed_ms(void)
     return ms;
 }
 
+/* Instantiates the recorded graph g, replays it `warm` times on st, then times `reps`
+ * replays one at a time and returns the fastest in milliseconds; destroys g. */
+static inline double bench_graph_best_ms(cudaGraph_t g, int warm, int reps)
+{
+    cudaStream_t s = (cudaStream_t)st;
+    cudaGraphExec_t ge;
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    for (int w = 0; w < warm; w++)
+        CU(cudaGraphLaunch(ge, s));
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        CU(cudaEventRecord(ev0, s));
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaEventRecord(ev1, s));
+        const double ms = elapsed_ms();
+        best = ms < best ? ms : best;
+    }
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    return best;
+}
+
 /* The options of a benchmark that times a table of cases: --case NAME (only that one) and
  * --calls N (1..100000, calls per timed run). Returns false after printing the usage for
  * anything else. */

@@ -121,7 +121,6 @@ static double chain_us(link_fn fn, int blocks, bool programmatic, float *buf[2],
 {
     cudaStream_t s = (cudaStream_t)st;
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     CU(cudaMemsetAsync(done, 0, LINKS * sizeof(unsigned), s));
     for (int i = 0; i < LINKS; i++) {
@@ -139,20 +138,7 @@ static double chain_us(link_fn fn, int blocks, bool programmatic, float *buf[2],
         CU(cudaLaunchKernelEx(&cfg, fn, in, out, done, i));
     }
     CU(cudaStreamEndCapture(s, &g));
-    CU(cudaGraphInstantiate(&ge, g, 0));
-    for (int w = 0; w < 3; w++)
-        CU(cudaGraphLaunch(ge, s));
-    double best = 1e30;
-    for (int r = 0; r < 10; r++) {
-        CU(cudaEventRecord(ev0, s));
-        CU(cudaGraphLaunch(ge, s));
-        CU(cudaEventRecord(ev1, s));
-        const double ms = elapsed_ms();
-        best = ms < best ? ms : best;
-    }
-    CU(cudaGraphExecDestroy(ge));
-    CU(cudaGraphDestroy(g));
-    return best * 1e3 / LINKS;
+    return bench_graph_best_ms(g, 3, 10) * 1e3 / LINKS;
 }
 
 int main(int argc, char **argv)

@@ -258,7 +258,6 @@ static double run_us(int mode, const chain &c, int work, unsigned *done, int sms
 {
     cudaStream_t s = (cudaStream_t)st;
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     CU(cudaMemsetAsync(done, 0, (1 + (size_t)MAX_PHASES * MAX_KB) * sizeof(unsigned), s));
     cudaLaunchConfig_t cfg = {};
@@ -283,20 +282,7 @@ static double run_us(int mode, const chain &c, int work, unsigned *done, int sms
         CU(cudaLaunchKernelEx(&cfg, stream_kernel<M_STREAMING>, c, 0, c.n, work, done));
     }
     CU(cudaStreamEndCapture(s, &g));
-    CU(cudaGraphInstantiate(&ge, g, 0));
-    for (int w = 0; w < 3; w++)
-        CU(cudaGraphLaunch(ge, s));
-    double best = 1e30;
-    for (int rep = 0; rep < 10; rep++) {
-        CU(cudaEventRecord(ev0, s));
-        CU(cudaGraphLaunch(ge, s));
-        CU(cudaEventRecord(ev1, s));
-        const double ms = elapsed_ms();
-        best = ms < best ? ms : best;
-    }
-    CU(cudaGraphExecDestroy(ge));
-    CU(cudaGraphDestroy(g));
-    return best * 1e3;
+    return bench_graph_best_ms(g, 3, 10) * 1e3;
 }
 
 int main(int argc, char **argv)
