@@ -70,10 +70,10 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
             if (row(r))
                 P[(int64_t)(i0 + r) * dv] = v[r];
     };
-    if (NG == 1) {
+    if constexpr (NG == 1) {
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
-            s0[NG == 1 ? r : 0] = s[r];
+            s0[r] = s[r];
     } else if (live && d.state_prev) {
         store_prev(s);
     }
@@ -160,8 +160,9 @@ template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops
                     sa[(int64_t)(i0 + r) * dv] = s[r];
         }
     }
-    if (NG == 1 && live && d.state_prev)
-        store_prev(s0);
+    if constexpr (NG == 1)
+        if (live && d.state_prev)
+            store_prev(s0);
     if (live) {
 #pragma unroll
         for (int r = 0; r < DELTA_RS; r++)
