@@ -106,6 +106,21 @@ static double elapsed_ms(void)
     return ms;
 }
 
+#ifdef __CUDACC__
+/* An acquire load of a counter other blocks raise with release adds (device code of the
+ * .cu benchmarks). */
+__device__ __forceinline__ unsigned load_acquire(const unsigned *p)
+{
+    unsigned v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = *(volatile const unsigned *)p;
+#endif
+    return v;
+}
+#endif
+
 /* Instantiates the recorded graph g, replays it `warm` times on st, then times `reps`
  * replays one at a time and returns the fastest in milliseconds; destroys g. */
 static inline double bench_graph_best_ms(cudaGraph_t g, int warm, int reps)

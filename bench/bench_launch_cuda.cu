@@ -42,17 +42,6 @@ enum link { L_PDL, L_PLAIN, L_FLAGS, N_LINK };
 static const char *work_name[N_WORK] = {"none", "load", "row", "row-dep"};
 static const char *link_name[N_LINK] = {"pdl", "plain", "flags"};
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned *p)
-{
-    unsigned v = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-#else
-    v = *(volatile const unsigned *)p;
-#endif
-    return v;
-}
-
 /* Link i of a chain: waits for link i - 1 as LINK says, reads its output as WORK says and
  * writes one value per thread. done[i]: the blocks of link i that finished (flags). */
 template <int WORK, int LINK>

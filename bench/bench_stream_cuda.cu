@@ -68,7 +68,7 @@ extern "C" { /* the C headers bench_cuda.h includes, with C linkage */
 /* barriers, stage owners and unit counters before the activations and the ring */
 #define HDR (((WARPS * STAGES * (8 + 12) + MAX_PHASES * 4) + 127) / 128 * 128)
 
-enum mode { M_LAUNCHES, M_PERSISTENT, M_FLAGS, M_STREAMING };
+enum mode { M_LAUNCHES, M_PERSISTENT, M_FLAGS, M_STREAMING, N_MODES };
 #define MAX_KB 80 /* 256-row blocks of a product's output (17408 rows: 68) */
 
 struct phase {
@@ -82,17 +82,10 @@ struct chain {
     int n;
 };
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned *p)
-{
-    unsigned v = 0;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* Phases p0 .. p1 - 1; MODE as above. done: the CTAs that finished each phase. CTA b owns
- * units [U b / G, U (b + 1) / G) of a phase (8 rows each) and its warps take them one at a
- * time from a shared counter, as the bulk kernel's do; a warp that finds a phase's units gone
- * goes on to the next phase's, so its ring runs on while the others finish. */
+ * units b, b + G, ... of a phase (UROWS rows each) and its warps take them one at a time from
+ * a shared counter, as the bulk kernel's do; a warp that finds a phase's units gone goes on
+ * to the next phase's, so its ring runs on while the others finish. */
 template <int MODE>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     stream_kernel(const __grid_constant__ chain c, int p0, int p1, int work, unsigned *done)
@@ -196,9 +189,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             for (int e = q; e < KC && k0 + e < nkb; e += 4) {
                 float xv;
                 if (MODE == M_FLAGS) { /* block k0 + e of the product before: all its rows */
-                    const unsigned *rd = ready + (p > 0 ? p - 1 : c.n - 1) * MAX_KB + k0 + e;
                     if (p > p0)
-                        while (load_acquire(rd) < 256u)
+                        while (load_acquire(ready + (p - 1) * MAX_KB + k0 + e) < 256u)
                             ;
                     xv = __ldcg(ph.x + (k0 + e) * 256);
                 } else {
@@ -254,6 +246,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
 static const size_t SMEM = HDR + MAX_COLS * sizeof(float) + (size_t)WARPS * STAGES * UROWS * SLOT;
 
+/* The kernel of each mode, indexed by enum mode. */
+typedef void (*stream_fn)(chain, int, int, int, unsigned *);
+static const stream_fn kernels[N_MODES] = {stream_kernel<M_LAUNCHES>, stream_kernel<M_PERSISTENT>,
+                                           stream_kernel<M_FLAGS>, stream_kernel<M_STREAMING>};
+
 static double run_us(int mode, const chain &c, int work, unsigned *done, int sms)
 {
     cudaStream_t s = (cudaStream_t)st;
@@ -272,14 +269,10 @@ static double run_us(int mode, const chain &c, int work, unsigned *done, int sms
         for (int p = 0; p < c.n; p++) {
             cfg.attrs = &at;
             cfg.numAttrs = p > 0 ? 1 : 0; /* the first follows the memset */
-            CU(cudaLaunchKernelEx(&cfg, stream_kernel<M_LAUNCHES>, c, p, p + 1, work, done));
+            CU(cudaLaunchKernelEx(&cfg, kernels[mode], c, p, p + 1, work, done));
         }
-    } else if (mode == M_PERSISTENT) {
-        CU(cudaLaunchKernelEx(&cfg, stream_kernel<M_PERSISTENT>, c, 0, c.n, work, done));
-    } else if (mode == M_FLAGS) {
-        CU(cudaLaunchKernelEx(&cfg, stream_kernel<M_FLAGS>, c, 0, c.n, work, done));
     } else {
-        CU(cudaLaunchKernelEx(&cfg, stream_kernel<M_STREAMING>, c, 0, c.n, work, done));
+        CU(cudaLaunchKernelEx(&cfg, kernels[mode], c, 0, c.n, work, done));
     }
     CU(cudaStreamEndCapture(s, &g));
     return bench_graph_best_ms(g, 3, 10) * 1e3;
@@ -310,14 +303,9 @@ int main(int argc, char **argv)
         return 0;
     }
     const int sms = prop.multiProcessorCount;
-    CU(cudaFuncSetAttribute(stream_kernel<M_LAUNCHES>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-    CU(cudaFuncSetAttribute(stream_kernel<M_PERSISTENT>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-    CU(cudaFuncSetAttribute(stream_kernel<M_FLAGS>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
-    CU(cudaFuncSetAttribute(stream_kernel<M_STREAMING>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    for (int m = 0; m < N_MODES; m++)
+        CU(cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)SMEM));
     const int shape[2][2] = {{6144, 5120}, {5120, 17408}}; /* cols, rows: A, B */
     uint8_t *w[2][COPIES];
     float *y[2];
@@ -346,7 +334,7 @@ int main(int argc, char **argv)
            prop.name, sms, c.n, wbytes[0] / 1e6, wbytes[1] / 1e6, work);
     printf("%-11s %12s %10s\n", "mode", "us per A+B", "GB/s");
     const char *names[] = {"launches", "persistent", "flags", "streaming"};
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < N_MODES; m++) {
         const double us = run_us(m, c, work, done, sms);
         printf("%-11s %12.2f %10.1f\n", names[m], us / pairs, bytes / (us * 1e-6) / 1e9);
     }
