@@ -159,14 +159,29 @@ static size_t tgt_conv_floats(const tgt_hparams *hp)
     return (size_t)((hp->conv_k - 1) * hp->conv_ch);
 }
 
-/* Frees a per-layer list; its arrays too unless they live in caller memory (n = 0). */
+/* Frees a per-layer list; its arrays too (one allocation, tgt_alloc_list) unless they live
+ * in caller memory (n = 0). */
 static void tgt_free_list(const ops_backend *be, float **list, int64_t n)
 {
     if (!list)
         return;
-    for (int64_t i = 0; i < n; i++)
-        be->release(be, list[i]);
+    if (n > 0)
+        be->release(be, list[0]);
     free(list);
+}
+
+/* The distance in floats between consecutive arrays of a per-layer list of arrays of floats
+ * each (tgt_alloc_list and tgt_view_list place them at one stride in one block), so that one
+ * 2D copy moves a slice of every layer; floats for a list of one. */
+static size_t tgt_list_stride(float *const *list, int64_t n, size_t floats)
+{
+    if (n < 2)
+        return floats;
+    const size_t d = (size_t)(list[1] - list[0]);
+    for (int64_t i = 2; i < n; i++)
+        TD_ASSERT((size_t)(list[i] - list[i - 1]) == d);
+    TD_ASSERT(list[1] > list[0] && d >= floats);
+    return d;
 }
 
 /* Bytes of one element of the KV cache. */
@@ -221,7 +236,8 @@ static float **tgt_view_list(int64_t n, float *base, size_t floats)
     return list;
 }
 
-/* n zeroed backend arrays of floats each; NULL (message set) when memory runs out. */
+/* n zeroed backend arrays of floats each, in one allocation at a stride of floats rounded up
+ * to 64 (256 bytes); NULL (message set) when memory runs out. */
 static float **tgt_alloc_list(const ops_backend *be, int64_t n, size_t floats)
 {
     float **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
@@ -229,14 +245,22 @@ static float **tgt_alloc_list(const ops_backend *be, int64_t n, size_t floats)
         err_set(TD_ENOMEM, "out of memory");
         return NULL;
     }
-    for (int64_t i = 0; i < n; i++) {
-        size_t bytes = (floats ? floats : 1) * sizeof(float);
-        if (be->alloc(be, (void **)&list[i], bytes) != TD_OK ||
-            be->zero(be, list[i], bytes) != TD_OK) {
-            tgt_free_list(be, list, n);
-            return NULL;
-        }
+    if (n == 0)
+        return list;
+    const size_t stride = ((floats ? floats : 1) + 63) & ~(size_t)63;
+    const size_t bytes = (size_t)n * stride * sizeof(float);
+    float *base = NULL;
+    if (be->alloc(be, (void **)&base, bytes) != TD_OK) {
+        free(list);
+        return NULL;
     }
+    if (be->zero(be, base, bytes) != TD_OK) {
+        be->release(be, base);
+        free(list);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++)
+        list[i] = base + (size_t)i * stride;
     return list;
 }
 
@@ -606,19 +630,29 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
     int64_t ch = hp->conv_ch, nv = hp->n_v_head, km1 = hp->conv_k - 1;
     int64_t qk = hp->n_k_head * hp->d_k;
     /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs], which is the
-     * tail of rec_conv0 from row keep, then the head of rec_xconv */
+     * tail of rec_conv0 from row keep, then the head of rec_xconv; each one 2D copy over
+     * every layer (the lists are strided arrays: a copy per layer and part cost ~3 us of
+     * stream time each, most of a rollback) */
     int64_t n0 = keep < km1 ? km1 - keep : 0;
-    size_t row = (size_t)ch * sizeof(float);
+    size_t row = (size_t)ch * sizeof(float), f = sizeof(float);
+    const int64_t nd = s->n_delta;
     td_err e = TD_OK;
-    for (int64_t i = 0; e == TD_OK && i < s->n_delta; i++) {
-        e = be->copy(be, s->conv[i], s->rec_conv0[i] + keep * ch, (size_t)n0 * row);
-        if (e == TD_OK)
-            e = be->copy(be, s->conv[i] + n0 * ch, s->rec_xconv[i] + (keep + n0 - km1) * ch,
-                         (size_t)(km1 - n0) * row);
+    if (nd > 0) {
+        const size_t conv = tgt_conv_floats(hp), ssm = tgt_ssm_floats(hp);
+        const size_t dp = tgt_list_stride(s->conv, nd, conv) * f;
+        if (n0 > 0)
+            e = be->copy2d(be, s->conv[0], dp, s->rec_conv0[0] + keep * ch,
+                           tgt_list_stride(s->rec_conv0, nd, conv) * f, (size_t)n0 * row,
+                           (size_t)nd);
+        if (e == TD_OK && km1 > n0)
+            e = be->copy2d(be, s->conv[0] + n0 * ch, dp, s->rec_xconv[0] + (keep + n0 - km1) * ch,
+                           tgt_list_stride(s->rec_xconv, nd, (size_t)(s->rec_cap * ch)) * f,
+                           (size_t)(km1 - n0) * row, (size_t)nd);
         if (e == TD_OK && keep == 0)
-            e = be->copy(be, s->ssm[i], s->rec_ssm0[i], tgt_ssm_floats(hp) * sizeof(float));
-        if (keep == 0)
-            continue;
+            e = be->copy2d(be, s->ssm[0], tgt_list_stride(s->ssm, nd, ssm) * f, s->rec_ssm0[0],
+                           tgt_list_stride(s->rec_ssm0, nd, ssm) * f, ssm * f, (size_t)nd);
+    }
+    for (int64_t i = 0; e == TD_OK && keep > 0 && i < nd; i++) {
         /* the replay starts from the state before the block and writes the kept state; its
          * outputs are not wanted */
         const float *qkv = s->rec_qkv[i];
