@@ -615,13 +615,13 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
 }
 
 /* cuda_delta_rule_many (the rollback's replay of every layer): each recurrence gets the bits
- * it gets alone. 20 recurrences: 17 of one shape (a launch of 16, then one), one of another
- * shape between them (its own launch), two more of the first; each reads its own tokens and
- * starting state; outputs are wanted only from the odd shape. */
+ * it gets alone. 70 recurrences: 67 of one shape (a launch of 64, then one of 3), one of
+ * another shape between them (its own launch), two more of the first; each reads its own
+ * tokens and starting state; outputs are wanted only from the odd shape. */
 static void test_delta_rule_many_equals_one_at_a_time(void **state)
 {
     (void)state;
-    enum { N = 20, ODD = 17, NK = 2, NV = 6, DK = 128, DV = 128, T = 5, T_ODD = 3 };
+    enum { N = 70, ODD = 67, NK = 2, NV = 6, DK = 128, DV = 128, T = 5, T_ODD = 3 };
     const int64_t qs = NK * DK + 3, vs = NV * DV + 1, ns = NV * DK * DV, tok = T + N;
     rng_seed(9);
     float *q = rng_floats(tok * qs, 0.1f), *k = rng_floats(tok * qs, 0.1f);

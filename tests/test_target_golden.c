@@ -223,6 +223,35 @@ static void test_target_keep_after_block_equals_running_fewer_tokens(void **ctx)
     model_close(&gd);
 }
 
+/* A reset after a recorded block (every layer's recurrent and conv state moved) gives a
+ * fresh state's arrays and then a fresh state's logits. */
+static void test_target_reset_equals_fresh_state(void **ctx)
+{
+    (void)ctx;
+    golden gd;
+    model_open(&gd, "qwen35-tiny-f32");
+    const tgt_model *m = gd.m;
+    assert_true(m->n_delta_layers >= 2);
+    const int64_t V = m->hp.n_vocab;
+    const size_t lbytes = (size_t)(4 * V) * sizeof(float); /* logits of 4 tokens */
+    float *la = malloc(lbytes), *lb = malloc(lbytes);
+    tgt_state a, b;
+    assert_int_equal(tgt_state_init(&a, m, 32), TD_OK);
+    assert_int_equal(tgt_state_init(&b, m, 32), TD_OK);
+    assert_int_equal(tgt_forward(m, &a, gd.tokens, 6, true, NULL), TD_OK);
+    assert_int_equal(tgt_state_reset(m, &a), TD_OK);
+    expect_states_equal(m, &a, &b);
+    tgt_out oa = {.logits = la}, ob = {.logits = lb};
+    assert_int_equal(tgt_forward(m, &a, gd.tokens + 3, 4, false, &oa), TD_OK);
+    assert_int_equal(tgt_forward(m, &b, gd.tokens + 3, 4, false, &ob), TD_OK);
+    assert_memory_equal(la, lb, lbytes);
+    tgt_state_free(&a);
+    tgt_state_free(&b);
+    free(la);
+    free(lb);
+    model_close(&gd);
+}
+
 /* With the chunked recurrence, a prompt cut where a chunk ends (the second part knowing its
  * position) gives the bits of the prompt whole: state and logits; token by token that holds
  * for any cut, so the chunked form keeps it at chunk ends. An out-of-range chunk, or one
@@ -338,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_target_logits_and_hidden_match_transformers),
         cmocka_unit_test(test_target_two_chunks_match_cached_state),
         cmocka_unit_test(test_target_keep_after_block_equals_running_fewer_tokens),
+        cmocka_unit_test(test_target_reset_equals_fresh_state),
         cmocka_unit_test(test_target_chunked_prefill_cut_at_chunk_end_equals_whole),
         cmocka_unit_test(test_target_rejects_bad_tokens_and_full_context),
         cmocka_unit_test(test_target_load_names_missing_or_misshaped_tensor),

@@ -196,8 +196,6 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
 void tgt_state_free(tgt_state *s);
 /* Forgets every position (a new sequence). */
 td_err tgt_state_reset(const tgt_model *m, tgt_state *s);
-/* Copies src into dst (same model and n_ctx); the rollback record is not copied. */
-td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src);
 
 /* What a forward pass returns besides the new state. logits and tap_out are memory of the
  * model's backend (device memory on a GPU); the token ids and taps lists are host memory. */

@@ -379,33 +379,15 @@ td_err tgt_state_reset(const tgt_model *m, tgt_state *s)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = s->be;
-    for (int64_t i = 0; i < s->n_delta; i++) {
-        TD_TRY(be->zero(be, s->ssm[i], tgt_ssm_floats(hp) * sizeof(float)));
-        TD_TRY(be->zero(be, s->conv[i], tgt_conv_floats(hp) * sizeof(float)));
+    const int64_t nd = s->n_delta;
+    if (nd > 0) { /* every layer's array and the padding between them: one fill per list */
+        const size_t ns = tgt_ssm_floats(hp), nc = tgt_conv_floats(hp), f = sizeof(float);
+        const size_t ss = tgt_list_stride(s->ssm, nd, ns), sc = tgt_list_stride(s->conv, nd, nc);
+        TD_TRY(be->zero(be, s->ssm[0], ((size_t)(nd - 1) * ss + ns) * f));
+        TD_TRY(be->zero(be, s->conv[0], ((size_t)(nd - 1) * sc + nc) * f));
     }
     s->n_past = 0;
     s->rec_n_tok = 0;
-    return TD_OK;
-}
-
-td_err tgt_state_copy(const tgt_model *m, tgt_state *dst, const tgt_state *src)
-{
-    const tgt_hparams *hp = &m->hp;
-    const ops_backend *be = src->be;
-    TD_ASSERT(dst->n_ctx == src->n_ctx && dst->n_attn == src->n_attn &&
-              dst->n_delta == src->n_delta && dst->be == src->be &&
-              dst->kv_type == src->kv_type);
-    size_t kv = (size_t)(src->n_past * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(src->kv_type);
-    for (int64_t i = 0; i < src->n_attn; i++) {
-        TD_TRY(be->copy(be, dst->k[i], src->k[i], kv));
-        TD_TRY(be->copy(be, dst->v[i], src->v[i], kv));
-    }
-    for (int64_t i = 0; i < src->n_delta; i++) {
-        TD_TRY(be->copy(be, dst->ssm[i], src->ssm[i], tgt_ssm_floats(hp) * sizeof(float)));
-        TD_TRY(be->copy(be, dst->conv[i], src->conv[i], tgt_conv_floats(hp) * sizeof(float)));
-    }
-    dst->n_past = src->n_past;
-    dst->rec_n_tok = 0;
     return TD_OK;
 }
 
