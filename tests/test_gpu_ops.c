@@ -615,8 +615,8 @@ static void test_delta_rule_chunked_matches_cpu(void **state)
 }
 
 /* cuda_delta_rule_many (the rollback's replay of every layer): each recurrence gets the bits
- * it gets alone. 70 recurrences: 67 of one shape (a launch of 64, then one of 3), one of
- * another shape between them (its own launch), two more of the first; each reads its own
+ * it gets alone. 70 recurrences: 67 of one shape (four launches of 16, then one of 3), one
+ * of another shape between them (its own launch), two more of the first; each reads its own
  * tokens and starting state; outputs are wanted only from the odd shape. */
 static void test_delta_rule_many_equals_one_at_a_time(void **state)
 {

@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(DELTA_GT *NG) delta_kernel(bool early, ops_del
 }
 
 /* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
- * pointers of each, the rest from d. 64: a 27B rollback's 48 layers in one launch, ~5.3 KB
- * of kernel parameters (CUDA 12.1+ takes up to 32 KB). */
-#define DELTA_BATCH 64
+ * pointers of each, the rest from d. (64, a 27B rollback's 48 layers in one launch, measured
+ * no faster on the H200: rollback 0.194-0.247 ms against 0.194-0.232 with three launches.) */
+#define DELTA_BATCH 16
 struct delta_ptrs {
     const float *q, *k, *v, *g, *beta, *state_in;
     float *state, *state_prev, *state_all, *out;
