@@ -613,8 +613,8 @@ td_err tgt_state_keep(const tgt_model *m, tgt_state *s, int64_t keep)
     int64_t qk = hp->n_k_head * hp->d_k;
     /* conv: the last k-1 raw inputs of [state before ; the kept tokens' inputs], which is the
      * tail of rec_conv0 from row keep, then the head of rec_xconv; each one 2D copy over
-     * every layer (the lists are strided arrays: a copy per layer and part cost ~3 us of
-     * stream time each, most of a rollback) */
+     * every layer, the lists being strided arrays (a copy per layer and part, 96 on the 27B,
+     * took ~0.15 ms of a 0.34 ms rollback on an H200) */
     int64_t n0 = keep < km1 ? km1 - keep : 0;
     size_t row = (size_t)ch * sizeof(float), f = sizeof(float);
     const int64_t nd = s->n_delta;
