@@ -44,6 +44,11 @@ td_err cuda_mem_copy_chained(void *dst, const void *src, size_t bytes, ops_strea
  * queued on st as one call. */
 td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                        size_t rows, ops_stream st);
+/* The same (no row overlapping another's source) as one kernel, a programmatic dependent of
+ * the kernel before it, where the bytes allow (addresses, pitches and width 4-byte aligned,
+ * up to 64 MiB in all; else as cuda_mem_copy2d), for the reason of cuda_mem_copy_chained. */
+td_err cuda_mem_copy2d_chained(void *dst, size_t dpitch, const void *src, size_t spitch,
+                               size_t width, size_t rows, ops_stream st);
 /* Sets bytes of device memory to byte value, queued on st. */
 td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st);
 

@@ -2,7 +2,8 @@
  * reads what the one before it wrote (an embedding row, then adds and scales in place), at
  * one block, one wave and many waves, run directly and replayed from a CUDA graph whose
  * recording also holds a fill and a copy between kernels, and chains through copies and
- * small uploads made as kernels (cuda_mem_copy_chained, cuda_mem_upload). On sm_90 each
+ * small uploads made as kernels (cuda_mem_copy_chained, cuda_mem_copy2d_chained,
+ * cuda_mem_upload). On sm_90 each
  * kernel is scheduled while the one before it still runs; a kernel that touched memory
  * before its griddepcontrol.wait would read a stale value and lose an increment, so the sums
  * below are exact only if every wait is in place. Skipped (77) without CUDA or a device. */
@@ -179,6 +180,59 @@ static void test_pdl_chained_copies_keep_order(void **state)
     cuda_mem_free(dst);
 }
 
+/* cuda_mem_copy2d_chained inside a chain (x += 1, y = x row by row, y += 1, x = y, 50 times,
+ * rows of 48 x 3072 floats, each copy a programmatic dependent kernel); then the bytes
+ * between different pitches with 16- and 4-byte pieces and with more rows than a grid has in
+ * y (70000), nothing written between the rows, and a copy the kernel cannot take (an odd
+ * width) through cudaMemcpy2DAsync, not a kernel of ours. */
+static void test_pdl_chained_2d_copies_keep_order_and_bytes(void **state)
+{
+    (void)state;
+    enum { STEPS = 50, ROWS = 48, W = 3072 };
+    const int64_t n = (int64_t)ROWS * W;
+    const size_t row = W * sizeof(float);
+    float *x = dev_ones(n), *one = dev_ones(n), *y = dpoison((size_t)n * sizeof(float));
+    uint64_t before = cuda_launch_count();
+    for (int i = 0; i < STEPS; i++) {
+        GPU_OK(cuda_add(x, x, one, n, gpu_st));
+        GPU_OK(cuda_mem_copy2d_chained(y, row, x, row, row, ROWS, gpu_st));
+        GPU_OK(cuda_add(y, y, one, n, gpu_st));
+        GPU_OK(cuda_mem_copy2d_chained(x, row, y, row, row, ROWS, gpu_st));
+    }
+    assert_int_equal(cuda_launch_count() - before, 4 * STEPS);
+    expect_all("chained 2D copies, x", x, n, 1.0f + 2 * STEPS);
+    expect_all("chained 2D copies, y", y, n, 1.0f + 2 * STEPS);
+    cuda_mem_free(x);
+    cuda_mem_free(y);
+    cuda_mem_free(one);
+    static const struct {
+        size_t dp, sp, width, rows;
+        uint64_t launches;
+    } cases[] = {{80, 48, 32, 7, 1}, {60, 24, 20, 7, 1}, {8, 4, 4, 70000, 1}, {61, 24, 21, 7, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const size_t dp = cases[c].dp, sp = cases[c].sp, w = cases[c].width, r = cases[c].rows;
+        unsigned char *h = malloc(r * sp);
+        for (size_t i = 0; i < r * sp; i++)
+            h[i] = (unsigned char)(i * 7 + 3 + c);
+        unsigned char *src = dput(h, r * sp), *dst = dpoison(r * dp);
+        unsigned char *want = dget(dst, r * dp);
+        for (size_t i = 0; i < r; i++)
+            memcpy(want + i * dp, h + i * sp, w);
+        before = cuda_launch_count();
+        GPU_OK(cuda_mem_copy2d_chained(dst, dp, src, sp, w, r, gpu_st));
+        assert_int_equal(cuda_launch_count() - before, cases[c].launches);
+        unsigned char *got = dget(dst, r * dp);
+        if (memcmp(got, want, r * dp) != 0)
+            fail_msg("2D copy of %zu rows of %zu bytes, pitches %zu <- %zu: bytes differ", r, w,
+                     dp, sp);
+        free(got);
+        free(want);
+        free(h);
+        cuda_mem_free(src);
+        cuda_mem_free(dst);
+    }
+}
+
 /* Small uploads (cuda_mem_upload up to CUDA_UPLOAD_INLINE bytes) are kernels of the chain:
  * each step uploads x = i (the same host buffer, rewritten right after the call), adds one
  * and copies x into row i of ys, so row i holds i + 1 only if the upload waited for the
@@ -256,6 +310,7 @@ int main(void)
         cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
         cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
         cmocka_unit_test(test_pdl_chained_copies_keep_order),
+        cmocka_unit_test(test_pdl_chained_2d_copies_keep_order_and_bytes),
         cmocka_unit_test(test_pdl_small_uploads_keep_order_and_bytes),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,7 +39,7 @@ static td_err be_cuda_copy(const ops_backend *be, void *dst, const void *src, si
 static td_err be_cuda_copy2d(const ops_backend *be, void *dst, size_t dpitch, const void *src,
                              size_t spitch, size_t width, size_t rows)
 {
-    return cuda_mem_copy2d(dst, dpitch, src, spitch, width, rows, be->stream);
+    return cuda_mem_copy2d_chained(dst, dpitch, src, spitch, width, rows, be->stream);
 }
 
 static td_err be_cuda_zero(const ops_backend *be, void *p, size_t bytes)

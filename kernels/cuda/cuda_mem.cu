@@ -167,6 +167,46 @@ extern "C" td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, siz
     return e == cudaSuccess ? TD_OK : mem_fail(e, "device 2D copy", width * rows);
 }
 
+/* The 2D copy as a kernel: rows of n UNIT pieces, row r from src + r * sp to dst + r * dp
+ * (pitches in pieces); x strides over a row's pieces, y over the rows. */
+template <typename UNIT>
+__global__ void __launch_bounds__(256) copy2d_kernel(bool early, UNIT *dst, size_t dp,
+                                                     const UNIT *src, size_t sp, size_t n,
+                                                     size_t rows)
+{
+    pdl_enter(early);
+    for (size_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (size_t)gridDim.x * blockDim.x)
+            dst[r * dp + i] = src[r * sp + i];
+}
+
+extern "C" td_err cuda_mem_copy2d_chained(void *dst, size_t dpitch, const void *src,
+                                           size_t spitch, size_t width, size_t rows,
+                                           ops_stream st)
+{
+    if (width == 0 || rows == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL && dpitch >= width && spitch >= width);
+    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)dpitch |
+                        (uintptr_t)spitch | (uintptr_t)width;
+    if (width > COPY_KERNEL_MAX / rows || (a & 3) != 0)
+        return cuda_mem_copy2d(dst, dpitch, src, spitch, width, rows, st);
+    int dev = 0, n_sm = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    const size_t unit = (a & 15) == 0 ? 16 : 4, n = width / unit;
+    const dim3 grid((unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm),
+                    (unsigned)(rows < 65535 ? rows : 65535));
+    if (unit == 16)
+        return pdl_launch<copy2d_kernel<uint4>>("device 2D copy", grid, dim3(256), 0, st,
+                                                (uint4 *)dst, dpitch / 16, (const uint4 *)src,
+                                                spitch / 16, n, rows);
+    return pdl_launch<copy2d_kernel<uint32_t>>("device 2D copy", grid, dim3(256), 0, st,
+                                               (uint32_t *)dst, dpitch / 4,
+                                               (const uint32_t *)src, spitch / 4, n, rows);
+}
+
 extern "C" td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st)
 {
     if (bytes == 0)
