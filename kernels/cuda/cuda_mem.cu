@@ -123,39 +123,6 @@ extern "C" td_err cuda_mem_copy(void *dst, const void *src, size_t bytes, ops_st
     return e == cudaSuccess ? TD_OK : mem_fail(e, "device copy", bytes);
 }
 
-/* The copy as a kernel: UNIT-byte pieces (16: uint4, 4: uint32), grid-strided. */
-template <typename UNIT>
-__global__ void __launch_bounds__(256) copy_kernel(bool early, UNIT *dst, const UNIT *src,
-                                                   size_t n)
-{
-    pdl_enter(early);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-
-#define COPY_KERNEL_MAX ((size_t)64 << 20) /* larger copies: cudaMemcpyAsync */
-
-extern "C" td_err cuda_mem_copy_chained(void *dst, const void *src, size_t bytes, ops_stream st)
-{
-    if (bytes == 0)
-        return TD_OK;
-    TD_ASSERT(dst != NULL && src != NULL);
-    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)bytes;
-    if (bytes > COPY_KERNEL_MAX || (a & 3) != 0)
-        return cuda_mem_copy(dst, src, bytes, st);
-    int dev = 0, n_sm = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    const size_t unit = (a & 15) == 0 ? 16 : 4, n = bytes / unit;
-    const unsigned grid = (unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm);
-    if (unit == 16)
-        return pdl_launch<copy_kernel<uint4>>("device copy", dim3(grid), dim3(256), 0, st,
-                                              (uint4 *)dst, (const uint4 *)src, n);
-    return pdl_launch<copy_kernel<uint32_t>>("device copy", dim3(grid), dim3(256), 0, st,
-                                             (uint32_t *)dst, (const uint32_t *)src, n);
-}
-
 extern "C" td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
                                    size_t width, size_t rows, ops_stream st)
 {
@@ -167,18 +134,61 @@ extern "C" td_err cuda_mem_copy2d(void *dst, size_t dpitch, const void *src, siz
     return e == cudaSuccess ? TD_OK : mem_fail(e, "device 2D copy", width * rows);
 }
 
-/* The 2D copy as a kernel: rows of n UNIT pieces, row r from src + r * sp to dst + r * dp
- * (pitches in pieces); x strides over a row's pieces, y over the rows. */
+/* A copy as a kernel: rows of n UNIT pieces (16: uint4, 4: uint32), row r from src + r * sp
+ * to dst + r * dp (pitches in pieces); x strides over a row's pieces, y over the rows. */
 template <typename UNIT>
-__global__ void __launch_bounds__(256) copy2d_kernel(bool early, UNIT *dst, size_t dp,
-                                                     const UNIT *src, size_t sp, size_t n,
-                                                     size_t rows)
+__global__ void __launch_bounds__(256) copy_kernel(bool early, UNIT *dst, size_t dp,
+                                                   const UNIT *src, size_t sp, size_t n,
+                                                   size_t rows)
 {
     pdl_enter(early);
     for (size_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
              i += (size_t)gridDim.x * blockDim.x)
             dst[r * dp + i] = src[r * sp + i];
+}
+
+#define COPY_KERNEL_MAX ((size_t)64 << 20) /* larger copies: the copy engine */
+
+/* The pieces copy_launch moves rows of width bytes at dst, src with these pitches in: 16
+ * bytes where all of them are 16-byte aligned, 4 where 4-byte aligned; 0 (the copy engine's
+ * work) otherwise or past COPY_KERNEL_MAX in all. */
+static size_t copy_unit(const void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows)
+{
+    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)dpitch |
+                        (uintptr_t)spitch | (uintptr_t)width;
+    return width > COPY_KERNEL_MAX / rows || (a & 3) != 0 ? 0 : (a & 15) == 0 ? 16 : 4;
+}
+
+/* That copy as a programmatic dependent kernel of unit-byte pieces (copy_unit). */
+static td_err copy_launch(void *dst, size_t dpitch, const void *src, size_t spitch,
+                          size_t width, size_t rows, size_t unit, ops_stream st)
+{
+    int dev = 0, n_sm = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    const size_t n = width / unit;
+    const dim3 grid((unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm),
+                    (unsigned)(rows < 65535 ? rows : 65535));
+    const char *what = rows > 1 ? "device 2D copy" : "device copy";
+    if (unit == 16)
+        return pdl_launch<copy_kernel<uint4>>(what, grid, dim3(256), 0, st, (uint4 *)dst,
+                                              dpitch / 16, (const uint4 *)src, spitch / 16, n,
+                                              rows);
+    return pdl_launch<copy_kernel<uint32_t>>(what, grid, dim3(256), 0, st, (uint32_t *)dst,
+                                             dpitch / 4, (const uint32_t *)src, spitch / 4, n,
+                                             rows);
+}
+
+extern "C" td_err cuda_mem_copy_chained(void *dst, const void *src, size_t bytes, ops_stream st)
+{
+    if (bytes == 0)
+        return TD_OK;
+    TD_ASSERT(dst != NULL && src != NULL);
+    const size_t unit = copy_unit(dst, bytes, src, bytes, bytes, 1);
+    return unit ? copy_launch(dst, bytes, src, bytes, bytes, 1, unit, st)
+                : cuda_mem_copy(dst, src, bytes, st);
 }
 
 extern "C" td_err cuda_mem_copy2d_chained(void *dst, size_t dpitch, const void *src,
@@ -188,23 +198,9 @@ extern "C" td_err cuda_mem_copy2d_chained(void *dst, size_t dpitch, const void *
     if (width == 0 || rows == 0)
         return TD_OK;
     TD_ASSERT(dst != NULL && src != NULL && dpitch >= width && spitch >= width);
-    const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)dpitch |
-                        (uintptr_t)spitch | (uintptr_t)width;
-    if (width > COPY_KERNEL_MAX / rows || (a & 3) != 0)
-        return cuda_mem_copy2d(dst, dpitch, src, spitch, width, rows, st);
-    int dev = 0, n_sm = 0;
-    CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    const size_t unit = (a & 15) == 0 ? 16 : 4, n = width / unit;
-    const dim3 grid((unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm),
-                    (unsigned)(rows < 65535 ? rows : 65535));
-    if (unit == 16)
-        return pdl_launch<copy2d_kernel<uint4>>("device 2D copy", grid, dim3(256), 0, st,
-                                                (uint4 *)dst, dpitch / 16, (const uint4 *)src,
-                                                spitch / 16, n, rows);
-    return pdl_launch<copy2d_kernel<uint32_t>>("device 2D copy", grid, dim3(256), 0, st,
-                                               (uint32_t *)dst, dpitch / 4,
-                                               (const uint32_t *)src, spitch / 4, n, rows);
+    const size_t unit = copy_unit(dst, dpitch, src, spitch, width, rows);
+    return unit ? copy_launch(dst, dpitch, src, spitch, width, rows, unit, st)
+                : cuda_mem_copy2d(dst, dpitch, src, spitch, width, rows, st);
 }
 
 extern "C" td_err cuda_mem_fill(void *p, int value, size_t bytes, ops_stream st)
