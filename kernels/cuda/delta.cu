@@ -35,12 +35,8 @@ static_assert(DELTA_GT == 128, "a column group's threads are one FUSED_HEAD_THRE
  * vanish at compile time (the H200 profile of a 16-token verify, d_k 128: ~600 instructions
  * per token and warp, most of them 64-bit row tests kept in a register of spilled
  * predicates, each shared-memory load of k and q issued alone, 25 us per layer). The
- * arithmetic is the same either way. wait() is pdl_enter: before any write and any read
- * of the inputs the kernel before it may write, after the state's and the norm's reads when
- * the caller says the work before does not write those (ops_delta.settled: they then load
- * while it runs). */
-template <bool FULL, int NG, class Wait>
-__device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
+ * arithmetic is the same either way. */
+template <bool FULL, int NG> __device__ __forceinline__ void delta_run(const ops_delta &d)
 {
     __shared__ float qs[NG][DELTA_MAX_DK], ks[NG][DELTA_MAX_DK];
     __shared__ float red[NG][DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
@@ -56,24 +52,12 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
     auto row = [&](int r) { return FULL || i0 + r < dk_rows; }; /* row i0 + r exists */
     auto sync = [&]() { dev_bar(bar, DELTA_GT); };
     const bool live = j < dv;
-    if (!d.settled)
-        wait();
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
     const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
     float s[DELTA_RS];
 #pragma unroll
     for (int r = 0; r < DELTA_RS; r++)
         s[r] = live && row(r) ? S0[(int64_t)(i0 + r) * dv] : 0.0f;
-    /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
-     * state loads, not behind the recurrence; its output row stays in shared memory */
-    __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
-    float z0 = 0.0f, w0 = 1.0f;
-    if (NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
-        z0 = d.norm_z[h * dv + tid];
-        w0 = d.norm_w ? d.norm_w[tid] : 1.0f;
-    }
-    if (d.settled)
-        wait();
     /* the state before the block (the rollback point): with one column group per block it
      * waits in registers and is stored after the tokens (H200, a 16-token verify layer:
      * 13.6 us against 14.0 with its 3 MB of stores issued before the tokens' chains); the
@@ -113,6 +97,14 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
         fetch(0, n1);
     if (d.n_tok > 1)
         fetch(1, n2);
+    /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
+     * state loads, not behind the recurrence; its output row stays in shared memory */
+    __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
+    float z0 = 0.0f, w0 = 1.0f;
+    if (NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
+        z0 = d.norm_z[h * dv + tid];
+        w0 = d.norm_w ? d.norm_w[tid] : 1.0f;
+    }
     for (int64_t t = 0; t < d.n_tok; t++) {
         sync(); /* the previous token is done with qs, ks and red */
         if (tid < dk_rows) {
@@ -202,7 +194,8 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
 template <bool FULL, int NG>
 __global__ void __launch_bounds__(DELTA_GT *NG) delta_kernel(bool early, ops_delta d)
 {
-    delta_run<FULL, NG>(d, [&]() { pdl_enter(early); });
+    pdl_enter(early);
+    delta_run<FULL, NG>(d);
 }
 
 /* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
@@ -221,12 +214,12 @@ struct delta_batch {
 template <bool FULL>
 __global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_batch b)
 {
+    pdl_enter(early);
     ops_delta d = b.d;
     const delta_ptrs &p = b.p[blockIdx.z];
     d.q = p.q, d.k = p.k, d.v = p.v, d.g = p.g, d.beta = p.beta, d.state_in = p.state_in;
     d.state = p.state, d.state_prev = p.state_prev, d.state_all = p.state_all, d.out = p.out;
-    d.settled = false; /* a rollback's copies may come right before: read after the wait */
-    delta_run<FULL, 1>(d, [&]() { pdl_enter(early); });
+    delta_run<FULL, 1>(d);
 }
 
 /* ---------------------------------------------------------------------------------------

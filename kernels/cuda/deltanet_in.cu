@@ -54,22 +54,11 @@ struct dni_args {
 
 template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool early, dni_args a)
 {
+    pdl_enter(early);
     __shared__ mmf::cta_red<TT> red;
     __shared__ double sh[33];
     const int b = (int)blockIdx.x, tid = (int)threadIdx.x;
-    const bool f32 = b >= a.qk_blocks + a.v_blocks;
-    /* channel block cb, token group g: tokens [t_begin, t_end) */
-    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
-    const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
-    const int64_t c = head ? (int64_t)cb * a.dk + tid
-                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
-    const bool live = !f32 && (head ? tid < a.dk : c < a.n_ch);
-    float wc[DNI_K]; /* taps: weights, so read while the kernel before still runs */
-#pragma unroll
-    for (int i = 0; i < DNI_K; i++)
-        wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
-    pdl_enter(early);
-    if (f32) { /* alpha and beta rows, stored as their gates */
+    if (b >= a.qk_blocks + a.v_blocks) { /* alpha and beta rows, stored as their gates */
         const int f = b - a.qk_blocks - a.v_blocks;
         mmf::cta<TT>(a.ab, f / a.n_ttiles, (f % a.n_ttiles) * TT, a.row_bytes, a.cols, a.h,
                      a.n_tok, a.vec, red, [&](int m, int64_t row, int tok, float v) {
@@ -82,8 +71,17 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
                      });
         return;
     }
+    /* channel block cb, token group g: tokens [t_begin, t_end) */
+    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
+    const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
     const int t_begin = g * a.n_tok / a.groups, t_end = (g + 1) * a.n_tok / a.groups;
-    float win[DNI_K - 1]; /* raw inputs of the last DNI_K - 1 times, oldest first */
+    const int64_t c = head ? (int64_t)cb * a.dk + tid
+                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
+    const bool live = head ? tid < a.dk : c < a.n_ch;
+    float wc[DNI_K], win[DNI_K - 1]; /* taps; raw inputs of the last DNI_K - 1 times, oldest first */
+#pragma unroll
+    for (int i = 0; i < DNI_K; i++)
+        wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
     /* group 0 starts from the carried window; the others (t_begin >= DNI_K - 1) from the
      * raw inputs before their first token, so only group 0 touches the state */
 #pragma unroll
