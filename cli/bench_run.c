@@ -59,6 +59,45 @@ static void bench_fail(bench_time *t, const char *fmt, ...)
     t->ok = false;
 }
 
+static const char *const bench_parts[] = {"decode", "decode32k", "verify16", "verify32",
+                                          "prefill", "prefill-chunked", "draft", "sampling",
+                                          "split"};
+
+const char *bench_part_names(void)
+{
+    static char names[160];
+    if (!names[0])
+        for (size_t i = 0, at = 0; i < sizeof bench_parts / sizeof bench_parts[0]; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                   bench_parts[i]);
+    return names;
+}
+
+td_err bench_parts_parse(const char *list, unsigned *parts)
+{
+    *parts = 0;
+    for (const char *p = list;; p++) {
+        const char *e = strchr(p, ',');
+        const size_t n = e ? (size_t)(e - p) : strlen(p);
+        unsigned bit = 0;
+        for (size_t i = 0; i < sizeof bench_parts / sizeof bench_parts[0] && !bit; i++)
+            if (strlen(bench_parts[i]) == n && strncmp(bench_parts[i], p, n) == 0)
+                bit = 1u << i;
+        if (!bit)
+            return err_set(TD_EINVAL, "no part named '%.*s' (the parts: %s)", (int)n, p,
+                           bench_part_names());
+        *parts |= bit;
+        if (!e)
+            return TD_OK;
+        p = e;
+    }
+}
+
+void bench_skip(bench_time *t)
+{
+    bench_fail(t, "not measured: --only left it out");
+}
+
 /* Uniform values in [-1, 1): finite stand-ins for keys, values and recurrent state. */
 static float *bench_random(size_t n, uint64_t seed)
 {
@@ -292,7 +331,7 @@ static void bench_prefill(bench_tgt *b, int iters, bench_time *t)
 }
 
 void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
-                  const bench_prefill_cfg *pf, bench_target_times *out)
+                  const bench_prefill_cfg *pf, unsigned parts, bench_target_times *out)
 {
     memset(out, 0, sizeof *out);
     TD_ASSERT(pf->pass >= 1 && pf->pass <= BENCH_PREFILL_MAX && BENCH_PROMPT % pf->pass == 0);
@@ -323,16 +362,34 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_fail(&out->prefill, "%s", why);
         bench_fail(&out->prefill_chunked, "%s", why);
     } else {
-        bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
-        bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
-        bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
-        bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
+        if (parts & BENCH_PART_DECODE)
+            bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
+        else
+            bench_skip(&out->decode_short);
+        if (parts & BENCH_PART_DECODE32K)
+            bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
+        else
+            bench_skip(&out->decode_long);
+        if (parts & BENCH_PART_VERIFY16) {
+            bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
+        } else {
+            bench_skip(&out->verify16);
+            bench_skip(&out->rollback);
+        }
+        if (parts & BENCH_PART_VERIFY32)
+            bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
+        else
+            bench_skip(&out->verify32);
         const int64_t was = m->delta_chunk;
-        if (tgt_set_delta_chunk(m, 0) == TD_OK)
+        if (!(parts & BENCH_PART_PREFILL))
+            bench_skip(&out->prefill);
+        else if (tgt_set_delta_chunk(m, 0) == TD_OK)
             bench_prefill(&b, iters, &out->prefill);
         else
             bench_fail(&out->prefill, "%s", err_msg());
-        if (tgt_set_delta_chunk(m, pf->delta_chunk) == TD_OK)
+        if (!(parts & BENCH_PART_PREFILL_CHUNKED))
+            bench_skip(&out->prefill_chunked);
+        else if (tgt_set_delta_chunk(m, pf->delta_chunk) == TD_OK)
             bench_prefill(&b, iters, &out->prefill_chunked);
         else
             bench_fail(&out->prefill_chunked, "%s", err_msg());

@@ -46,6 +46,31 @@ typedef struct bench_target_times {
     bench_time prefill_chunked; /* the same with the chunked recurrence */
 } bench_target_times;
 
+/* The parts `tandem bench --only` picks from (all by default); the copy bandwidth and the
+ * model's load always run. */
+enum {
+    BENCH_PART_DECODE = 1u << 0,          /* decode_short */
+    BENCH_PART_DECODE32K = 1u << 1,       /* decode_long */
+    BENCH_PART_VERIFY16 = 1u << 2,        /* verify16 and the rollback after it */
+    BENCH_PART_VERIFY32 = 1u << 3,        /* verify32 */
+    BENCH_PART_PREFILL = 1u << 4,         /* prefill */
+    BENCH_PART_PREFILL_CHUNKED = 1u << 5, /* prefill_chunked */
+    BENCH_PART_DRAFT = 1u << 6,           /* the draft step */
+    BENCH_PART_SAMPLING = 1u << 7,        /* bench_sampling */
+    BENCH_PART_SPLIT = 1u << 8,           /* the process split, without and with MPS */
+    BENCH_PART_ALL = (1u << 9) - 1,
+};
+
+/* *parts from a comma-separated list of part names (bench_part_names()); TD_EINVAL naming
+ * the first unknown or empty one. */
+td_err bench_parts_parse(const char *list, unsigned *parts);
+
+/* The part names, comma-separated, in the order of the BENCH_PART_* bits. */
+const char *bench_part_names(void);
+
+/* Marks t as not measured because --only left its part out. */
+void bench_skip(bench_time *t);
+
 /* How the prompt is prefilled. */
 typedef struct bench_prefill_cfg {
     int64_t pass;        /* tokens per forward pass (1 .. BENCH_PREFILL_MAX, dividing
@@ -56,14 +81,15 @@ typedef struct bench_prefill_cfg {
 /* Device-to-device copy of bytes, timed iters times: bandwidth counts bytes read + written. */
 void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t, double *gbps);
 
-/* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (profiled too when m's backend is
+/* The target's steps at BENCH_CTX_SHORT and BENCH_CTX_LONG (those of parts; the others
+ * bench_skip) (profiled too when m's backend is
  * a profiler, ops_prof_active), the prompt both ways (m->delta_chunk 0, then pf->delta_chunk;
  * m's own value restored after). The state's KV cache and
  * recurrent state are filled with random finite values and n_past is set, instead of
  * prefilling 32K tokens. taps: the drafter's tap layers (copied out by verify, as the
  * speculative loop does). */
 void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
-                  const bench_prefill_cfg *pf, bench_target_times *out);
+                  const bench_prefill_cfg *pf, unsigned parts, bench_target_times *out);
 
 /* The drafter's step: its context takes 16 newly committed positions, then it proposes one
  * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the model's

@@ -456,14 +456,21 @@ static int64_t bench_taps(const char *dir, const tgt_model *m, int32_t *taps)
 static int bench_main(const bmodel_shape *shape, const char *model, const char *draft,
                       const char *save, const char *save_draft, int device, int iters,
                       const char *json_path, bool profile, const char *skip_ops,
-                      const bench_prefill_cfg *pf)
+                      const bench_prefill_cfg *pf, unsigned parts)
 {
     bench_report r = {.iters = iters, .shape = model ? NULL : shape->name, .prefill = *pf};
     double t_start = bench_now();
 
     /* The two-process pair first: under MPS both ends must be the MPS server's clients, which
      * works best before this process holds a CUDA context of its own. */
-    bsplit_measure(device, BENCH_SPLIT_CALLS, (int)shape->d_block, &r.split, &r.split_mps);
+    if (parts & BENCH_PART_SPLIT) {
+        bsplit_measure(device, BENCH_SPLIT_CALLS, (int)shape->d_block, &r.split, &r.split_mps);
+    } else {
+        snprintf(r.split.why, sizeof r.split.why, "not measured: --only left it out");
+        snprintf(r.split_mps.why, sizeof r.split_mps.why, "%s", r.split.why);
+    }
+    if (parts != BENCH_PART_ALL)
+        bench_note(&r, "--only: the parts left out were not measured");
 
     ops_backend *cuda = NULL;
     const ops_backend *be;
@@ -560,7 +567,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     r.weight_bytes = bench_weight_bytes(m);
     r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
     r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
-    bench_target(m, taps, n_taps, iters, &r.prefill, &r.tgt);
+    bench_target(m, taps, n_taps, iters, &r.prefill, parts, &r.tgt);
     uint64_t g_rec = 0, g_rep = 0;
     tgt_graph_stats(m, &g_rec, &g_rep);
     if (g_rep)
@@ -569,12 +576,18 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
                    (unsigned long long)g_rep);
     else if (r.on_gpu)
         bench_note(&r, "target steps ran op by op (no CUDA graphs)");
-    bench_note(&r, "32K context: the KV cache and recurrent state hold random finite values "
-               "and n_past is set; no 32K-token prefill ran");
+    if (parts & BENCH_PART_DECODE32K)
+        bench_note(&r, "32K context: the KV cache and recurrent state hold random finite values "
+                   "and n_past is set; no 32K-token prefill ran");
 
     /* The drafter runs on the target's backend; a few runs where that is the CPU. */
     int draft_iters = r.on_gpu ? iters : (iters > 3 ? 3 : iters);
-    bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend);
+    if (parts & BENCH_PART_DRAFT) {
+        bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend);
+    } else {
+        bench_skip(&r.draft);
+        r.draft_backend = be->name;
+    }
     r.draft_elsewhere = strcmp(r.draft_backend, be->name) != 0;
     r.draft_bytes = bench_draft_bytes(m, ddir);
     if (r.draft_elsewhere)
@@ -583,7 +596,14 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     if (!draft && !save_draft)
         r.draft_dir = "synthetic, in a temporary folder (removed)";
     /* what sampling adds to a step: the drafts of a block and the acceptance of 16 tokens */
-    bench_sampling(be, m->hp.n_vocab, 16, draft_iters, r.samp_draw, r.samp_accept);
+    if (parts & BENCH_PART_SAMPLING) {
+        bench_sampling(be, m->hp.n_vocab, 16, draft_iters, r.samp_draw, r.samp_accept);
+    } else {
+        for (int k = 0; k < BENCH_SAMPLERS; k++) {
+            bench_skip(&r.samp_draw[k]);
+            bench_skip(&r.samp_accept[k]);
+        }
+    }
     bench_note(&r, "total %.1f s", bench_now() - t_start);
     bench_print(&r);
     if (json_path && bench_json_write(&r, json_path) != TD_OK)
@@ -627,11 +647,16 @@ int cmd_bench(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *save = NULL, *save_draft = NULL, *json = NULL;
     const char *shape_name = "27b", *split_serve = NULL, *split_client = NULL, *skip_ops = NULL;
+    const char *only = NULL;
     int64_t device = 0, iters = 10, split_block = 16, delta_chunk = OPS_DELTA_CHUNK_MAX;
     int64_t pass = BENCH_PREFILL_CHUNK;
     bool help = false, build_only = false, profile = false;
     char shape_help[96];
     snprintf(shape_help, sizeof shape_help, "synthetic model shape (%s)", bmodel_shape_names());
+    char only_help[256];
+    snprintf(only_help, sizeof only_help,
+             "measure only these parts (comma-separated: %s); the others are reported as not "
+             "measured", bench_part_names());
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, NULL, "time this qwen35 GGUF instead of a synthetic one", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, NULL, "DFlash drafter folder (default: a synthetic one)", 0, 0, 0},
@@ -646,6 +671,7 @@ int cmd_bench(int argc, char **argv)
         {"delta-chunk", ARGS_INT, &delta_chunk, NULL, "positions per chunk of the chunked-recurrence prefill row", 1, OPS_DELTA_CHUNK_MAX, 0},
         {"prefill-chunk", ARGS_INT, &pass, NULL, "tokens per prefill forward pass of the 1K prompt (a power of two)", 1, BENCH_PREFILL_MAX, 0},
         {"skip-ops", ARGS_STRING, &skip_ops, NULL, "ops (the profile's names, comma-separated) that do not run: times what the rest costs, results wrong; no profile", 0, 0, 0},
+        {"only", ARGS_STRING, &only, NULL, only_help, 0, 0, 0},
         /* the two ends of the process-split measurement (the benchmark starts them itself) */
         {"split-serve", ARGS_STRING, &split_serve, NULL, "(internal) draftd end at this URL", 0, 0, 0},
         {"split-client", ARGS_STRING, &split_client, NULL, "(internal) verifyd end at this URL", 0, 0, 0},
@@ -654,7 +680,7 @@ int cmd_bench(int argc, char **argv)
     };
     const char *usage = "tandem bench [--model FILE] [--draft DIR] [--save FILE] [--device N] "
                         "[--shape 27b|tiny] [--json FILE] [--iters N] [--profile] [--skip-ops LIST] "
-                        "[--delta-chunk N] [--prefill-chunk N]";
+                        "[--only PARTS] [--delta-chunk N] [--prefill-chunk N]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err_msg());
         args_usage(usage, opts);
@@ -671,6 +697,11 @@ int cmd_bench(int argc, char **argv)
     if (BENCH_PROMPT % pass) {
         fprintf(stderr, "tandem bench: --prefill-chunk %lld does not divide the %d-token prompt\n",
                 (long long)pass, BENCH_PROMPT);
+        return 2;
+    }
+    unsigned parts = BENCH_PART_ALL;
+    if (only && bench_parts_parse(only, &parts) != TD_OK) {
+        fprintf(stderr, "tandem bench: --only: %s\n", err_msg());
         return 2;
     }
     const bench_prefill_cfg pf = {.pass = pass, .delta_chunk = delta_chunk};
@@ -700,5 +731,5 @@ int cmd_bench(int argc, char **argv)
         return 1;
     }
     return bench_main(shape, model, draft, save, save_draft, (int)device, (int)iters, json,
-                      profile, skip_ops, &pf);
+                      profile, skip_ops, &pf, parts);
 }

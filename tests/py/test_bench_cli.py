@@ -131,3 +131,39 @@ def test_saved_file_is_readable_by_gguf_py(bench):
     assert r.fields["tokenizer.ggml.pre"].contents() == "qwen35"
     with open(os.path.join(SRC, "tests/data/chat/Qwen3.5-4B.jinja"), encoding="utf-8") as f:
         assert r.fields["tokenizer.chat_template"].contents() == f.read()
+
+
+def test_only_measures_the_parts_asked_for(tmp_path):
+    if not os.access(TANDEM, os.X_OK):
+        pytest.skip(f"{TANDEM} is not built")
+    report = tmp_path / "only.json"
+    p = subprocess.run(
+        [TANDEM, "bench", "--shape", "tiny", "--iters", "2", "--only", "decode,verify16",
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    with open(report) as f:
+        j = json.load(f)
+    skipped = "not measured: --only left it out"
+    assert j["decode"]["1k"]["ms"] > 0 and j["decode"]["1k"]["iters"] == 2
+    assert j["verify"]["16"]["ms"] > 0 and j["rollback"]["ms"] > 0
+    for row in (j["decode"]["32k"], j["verify"]["32"], j["prefill"], j["prefill_chunked"],
+                j["draft"], j["sampling"][0]["draw"], j["sampling"][2]["accept"]):
+        assert row["ms"] is None and row["why"] == skipped, row
+    for end in ("no_mps", "mps"):
+        assert j["split"][end] == {"measured": False, "why": skipped}
+    assert "--only: the parts left out were not measured" in j["notes"]
+    assert p.stdout.count("(" + skipped + ")") == 13, p.stdout  # 32K, verify 32, 2 prefills,
+    # the draft step, 6 sampling rows, 2 split rows
+
+
+def test_only_refuses_an_unknown_part():
+    if not os.access(TANDEM, os.X_OK):
+        pytest.skip(f"{TANDEM} is not built")
+    for only in ("decode,bogus", "decode,,verify16", ""):
+        p = subprocess.run([TANDEM, "bench", "--shape", "tiny", "--only", only],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2, (only, p.stdout, p.stderr)
+        assert "(the parts: decode, decode32k, verify16, verify32, prefill, prefill-chunked, " \
+            "draft, sampling, split)" in p.stderr, p.stderr
+        assert p.stdout == ""
