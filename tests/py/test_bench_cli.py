@@ -1,10 +1,12 @@
 """tandem bench, the whole flow on the tiny shape: it runs end to end (on the CPU backend
 without a GPU), saves a GGUF that gguf-py reads, and every derived number of its JSON report
-agrees with what gguf-py finds in that file and with the report's own measured times."""
+agrees with what gguf-py finds in that file and with the report's own measured times;
+--only measures just the parts named, and scripts/bench_compare.py pairs two sides' rows."""
 import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 from gguf import GGUFReader
@@ -167,3 +169,40 @@ def test_only_refuses_an_unknown_part():
         assert "(the parts: decode, decode32k, verify16, verify32, prefill, prefill-chunked, " \
             "draft, sampling, split)" in p.stderr, p.stderr
         assert p.stdout == ""
+
+
+COMPARE = os.path.join(SRC, "scripts", "bench_compare.py")
+
+
+def test_bench_compare_pairs_the_rows_of_both_sides():
+    if not os.access(TANDEM, os.X_OK):
+        pytest.skip(f"{TANDEM} is not built")
+    p = subprocess.run(
+        [sys.executable, COMPARE, "--a", TANDEM, "--env-b", "TANDEM_PDL=off", "--rounds", "2",
+         "--", "--shape", "tiny", "--iters", "1", "--only", "decode,verify16"],
+        capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"a: {TANDEM}" and lines[1] == f"b: {TANDEM} TANDEM_PDL=off"
+    rows = {ln[:16].strip(): ln[16:].split() for ln in lines[4:]}
+    assert sorted(rows) == ["decode 1K", "rollback", "verify 16"]  # only what was measured
+    for label, cells in rows.items():
+        a, b, ma, mb, d = [float(c) for c in cells[:2]], [float(c) for c in cells[2:4]], \
+            float(cells[4]), float(cells[5]), float(cells[6])
+        assert all(v > 0 for v in a + b), label
+        assert math.isclose(ma, sum(a) / 2, abs_tol=2e-3) and math.isclose(mb, sum(b) / 2, abs_tol=2e-3)
+        assert math.isclose(d, ((b[0] - a[0]) + (b[1] - a[1])) / 2, abs_tol=2e-3), label
+
+
+def test_bench_compare_reports_a_failed_run():
+    if not os.access(TANDEM, os.X_OK):
+        pytest.skip(f"{TANDEM} is not built")
+    p = subprocess.run(
+        [sys.executable, COMPARE, "--a", TANDEM, "--rounds", "1", "--",
+         "--shape", "tiny", "--only", "bogus"],
+        capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert "exited 2" in p.stderr and "no part named 'bogus'" in p.stderr
+    p = subprocess.run([sys.executable, COMPARE, "--a", TANDEM, "--", "--json", "x.json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--json is added here" in p.stderr
