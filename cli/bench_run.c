@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "cli/bench_run.h"
+#include "common/args.h"
 #include "draftd/dflash.h"
 
 #define BENCH_WARMUP 2
@@ -75,27 +76,20 @@ const char *bench_part_names(void)
 
 td_err bench_parts_parse(const char *list, unsigned *parts)
 {
-    *parts = 0;
-    for (const char *p = list;; p++) {
-        const char *e = strchr(p, ',');
-        const size_t n = e ? (size_t)(e - p) : strlen(p);
-        unsigned bit = 0;
-        for (size_t i = 0; i < sizeof bench_parts / sizeof bench_parts[0] && !bit; i++)
-            if (strlen(bench_parts[i]) == n && strncmp(bench_parts[i], p, n) == 0)
-                bit = 1u << i;
-        if (!bit)
-            return err_set(TD_EINVAL, "no part named '%.*s' (the parts: %s)", (int)n, p,
-                           bench_part_names());
-        *parts |= bit;
-        if (!e)
-            return TD_OK;
-        p = e;
-    }
+    const int n = (int)(sizeof bench_parts / sizeof bench_parts[0]);
+    char hint[200];
+    snprintf(hint, sizeof hint, "the parts: %s", bench_part_names());
+    uint64_t mask = 0;
+    TD_TRY(args_names(list, bench_parts, n, &mask, "part", hint));
+    if (!mask)
+        return err_set(TD_EINVAL, "the list names no part (%s)", hint);
+    *parts = (unsigned)mask;
+    return TD_OK;
 }
 
 void bench_skip(bench_time *t)
 {
-    bench_fail(t, "not measured: --only left it out");
+    bench_fail(t, "%s", BENCH_SKIPPED);
 }
 
 /* Uniform values in [-1, 1): finite stand-ins for keys, values and recurrent state. */

@@ -62,13 +62,14 @@ enum {
 };
 
 /* *parts from a comma-separated list of part names (bench_part_names()); TD_EINVAL naming
- * the first unknown or empty one. */
+ * the first unknown or empty one, or for a list naming none. */
 td_err bench_parts_parse(const char *list, unsigned *parts);
 
 /* The part names, comma-separated, in the order of the BENCH_PART_* bits. */
 const char *bench_part_names(void);
 
-/* Marks t as not measured because --only left its part out. */
+/* Marks t as not measured because --only left its part out (why: BENCH_SKIPPED). */
+#define BENCH_SKIPPED "not measured: --only left it out"
 void bench_skip(bench_time *t);
 
 /* How the prompt is prefilled. */

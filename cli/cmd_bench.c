@@ -466,7 +466,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     if (parts & BENCH_PART_SPLIT) {
         bsplit_measure(device, BENCH_SPLIT_CALLS, (int)shape->d_block, &r.split, &r.split_mps);
     } else {
-        snprintf(r.split.why, sizeof r.split.why, "not measured: --only left it out");
+        snprintf(r.split.why, sizeof r.split.why, "%s", BENCH_SKIPPED);
         snprintf(r.split_mps.why, sizeof r.split_mps.why, "%s", r.split.why);
     }
     if (parts != BENCH_PART_ALL)

@@ -160,3 +160,23 @@ void args_usage(const char *usage, const args_opt *opts)
         printf("\n");
     }
 }
+
+td_err args_names(const char *list, const char *const *names, int n, uint64_t *mask,
+                  const char *what, const char *hint)
+{
+    TD_ASSERT(n >= 0 && n <= 64);
+    *mask = 0;
+    for (const char *s = list; *s;) {
+        const size_t len = strcspn(s, ",");
+        int i = 0;
+        while (i < n && !(strlen(names[i]) == len && strncmp(names[i], s, len) == 0))
+            i++;
+        if (i == n)
+            return err_set(TD_EINVAL, "no %s named '%.*s' (%s)", what, (int)len, s, hint);
+        *mask |= (uint64_t)1 << i;
+        s += len;
+        if (*s == ',' && !*++s) /* a trailing comma: an empty last item */
+            return err_set(TD_EINVAL, "no %s named '' (%s)", what, hint);
+    }
+    return TD_OK;
+}

@@ -40,4 +40,10 @@ td_err args_parse(int argc, char **argv, int first, const args_opt *opts,
 /* Prints "usage: <usage>" and one line per option with its default and environment name. */
 void args_usage(const char *usage, const args_opt *opts);
 
+/* The names of a comma-separated list as bits: names[i] (i < n <= 64) sets bit i of *mask;
+ * an empty list is no name. TD_EINVAL "no <what> named '<item>' (<hint>)" for the first item,
+ * empty ones included, that is none of them. */
+td_err args_names(const char *list, const char *const *names, int n, uint64_t *mask,
+                  const char *what, const char *hint);
+
 #endif

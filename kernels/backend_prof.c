@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/args.h"
 #include "kernels/backend_prof.h"
 #include "kernels/cuda_mem.h"
 
@@ -507,25 +508,18 @@ td_err ops_prof_skip(const ops_backend *be, const char *list)
 {
     ops_prof *p = be->prof;
     TD_ASSERT(p != NULL && list != NULL);
+    _Static_assert(PF_N_OPS <= 64, "the op names fit a mask");
+    uint64_t mask = 0;
+    TD_TRY(args_names(list, pf_names, PF_N_OPS, &mask, "op", "to skip: the profile table's names"));
     bool skip[PF_N_OPS] = {false};
-    const char *s = list;
-    while (*s) {
-        size_t n = strcspn(s, ",");
-        int op = -1;
-        for (int i = 0; i < PF_N_OPS; i++)
-            if (strlen(pf_names[i]) == n && strncmp(pf_names[i], s, n) == 0)
-                op = i;
-        if (op < 0)
-            return err_set(TD_EINVAL, "no op named '%.*s' to skip (the profile table's names)",
-                           (int)n, s);
+    for (int op = 0; op < PF_N_OPS; op++) {
+        if (!(mask >> op & 1))
+            continue;
         /* the data movement is what the caller's host side relies on */
         if (op == PF_TO_DEVICE || op == PF_TO_HOST || op == PF_COPY || op == PF_COPY2D ||
             op == PF_ZERO)
             return err_set(TD_EINVAL, "'%s' moves data and cannot be skipped", pf_names[op]);
         skip[op] = true;
-        s += n;
-        if (*s == ',')
-            s++;
     }
     memcpy(p->skip, skip, sizeof skip);
     return TD_OK;

@@ -148,6 +148,9 @@ static void test_prof_skip_ops(void **state)
     assert_int_equal(ops_prof_skip(be, "add,sigmoidx"), TD_EINVAL);
     assert_non_null(strstr(err_msg(), "'sigmoidx'"));
     assert_int_equal(ops_prof_skip(be, "copy"), TD_EINVAL);
+    assert_int_equal(ops_prof_skip(be, "mul,,add"), TD_EINVAL); /* empty items name nothing */
+    assert_non_null(strstr(err_msg(), "no op named ''"));
+    assert_int_equal(ops_prof_skip(be, "mul,"), TD_EINVAL);
     assert_int_equal(be->silu(be, got, a, N), TD_OK); /* silu is still skipped */
     assert_memory_equal(got, want, sizeof got);
 
