@@ -166,7 +166,9 @@ td_err args_names(const char *list, const char *const *names, int n, uint64_t *m
 {
     TD_ASSERT(n >= 0 && n <= 64);
     *mask = 0;
-    for (const char *s = list; *s;) {
+    if (!*list)
+        return TD_OK;
+    for (const char *s = list;; s++) { /* each item, an empty one after a trailing comma too */
         const size_t len = strcspn(s, ",");
         int i = 0;
         while (i < n && !(strlen(names[i]) == len && strncmp(names[i], s, len) == 0))
@@ -175,8 +177,7 @@ td_err args_names(const char *list, const char *const *names, int n, uint64_t *m
             return err_set(TD_EINVAL, "no %s named '%.*s' (%s)", what, (int)len, s, hint);
         *mask |= (uint64_t)1 << i;
         s += len;
-        if (*s == ',' && !*++s) /* a trailing comma: an empty last item */
-            return err_set(TD_EINVAL, "no %s named '' (%s)", what, hint);
+        if (!*s)
+            return TD_OK;
     }
-    return TD_OK;
 }
