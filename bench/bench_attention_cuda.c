@@ -1,6 +1,8 @@
 /* bench_attention_cuda: the time of one cuda_attention call on the shapes the 27B target and
  * its DFlash drafter run: decode (1 query) at 1K and 32K keys, verify blocks of 16 and 32
- * queries and a 64-query prefill chunk over 1K keys (24 query heads, 4 kv heads, head_dim
+ * queries and a 64-query prefill chunk over 1K keys, a 1K decode and a 16-query verify in a
+ * cache of 32K keys (the launch sized for the cache, the keys in use read from the device, as
+ * a recorded step runs), a 16-query verify over 32K keys (24 query heads, 4 kv heads, head_dim
  * 256, f16 cache, causal, sigmoid output gate), and the drafter's 16-query block (32 / 8
  * heads, head_dim 128, f32 cache, bidirectional) over 1K of context.
  *
@@ -41,15 +43,20 @@ typedef struct att_case {
     td_dtype kv_type;
     ops_mask_kind mask;
     bool gate;
+    int64_t cap; /* 0, or the keys the cache holds and the call is launched for, n_kv of them
+                  * in use, read from the device (as a recorded decode step runs) */
 } att_case;
 
 static const att_case cases[] = {
-    {"decode1k", 1, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true},
-    {"decode32k", 1, 24, 4, 256, 32768, TD_F16, OPS_MASK_CAUSAL, true},
-    {"verify16", 16, 24, 4, 256, 1040, TD_F16, OPS_MASK_CAUSAL, true},
-    {"verify32", 32, 24, 4, 256, 1056, TD_F16, OPS_MASK_CAUSAL, true},
-    {"prefill64", 64, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true},
-    {"draft16", 16, 32, 8, 128, 1040, TD_F32, OPS_MASK_BIDIRECTIONAL, false},
+    {"decode1k", 1, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"decode32k", 1, 24, 4, 256, 32768, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"decode1k-of-32k", 1, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true, 32832},
+    {"verify16", 16, 24, 4, 256, 1040, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"verify32", 32, 24, 4, 256, 1056, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"verify16-of-32k", 16, 24, 4, 256, 1040, TD_F16, OPS_MASK_CAUSAL, true, 32832},
+    {"verify16-32k", 16, 24, 4, 256, 32784, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"prefill64", 64, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true, 0},
+    {"draft16", 16, 32, 8, 128, 1040, TD_F32, OPS_MASK_BIDIRECTIONAL, false, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -82,19 +89,23 @@ static double bench_case(const att_case *c, int calls, double *bytes)
     copies = copies < 2 ? 2 : copies > MAX_COPIES ? MAX_COPIES : copies;
     *bytes = 2.0 * (double)cache;
 
+    const int64_t n_alloc = c->cap ? c->cap : c->n_kv;
     float *q = rand_dev(TD_F32, (size_t)(c->n_q * qw));
     void *k[MAX_COPIES], *v[MAX_COPIES];
     for (int i = 0; i < copies; i++) {
-        k[i] = rand_dev(c->kv_type, (size_t)(c->n_kv * kvw));
-        v[i] = rand_dev(c->kv_type, (size_t)(c->n_kv * kvw));
+        k[i] = rand_dev(c->kv_type, (size_t)(n_alloc * kvw));
+        v[i] = rand_dev(c->kv_type, (size_t)(n_alloc * kvw));
     }
-    int32_t *hpos = bench_alloc((size_t)c->n_kv * sizeof *hpos);
-    for (int64_t i = 0; i < c->n_kv; i++)
+    int32_t *hpos = bench_alloc((size_t)n_alloc * sizeof *hpos);
+    for (int64_t i = 0; i < n_alloc; i++)
         hpos[i] = (int32_t)i;
-    int32_t *kpos = NULL;
+    int32_t *kpos = NULL, *n_kv_dev = NULL;
+    const int32_t n_use = (int32_t)c->n_kv;
     float *out = NULL;
-    TRY(cuda_mem_alloc((void **)&kpos, (size_t)c->n_kv * sizeof *kpos));
-    TRY(cuda_mem_upload(kpos, hpos, (size_t)c->n_kv * sizeof *kpos, st));
+    TRY(cuda_mem_alloc((void **)&kpos, (size_t)n_alloc * sizeof *kpos));
+    TRY(cuda_mem_upload(kpos, hpos, (size_t)n_alloc * sizeof *kpos, st));
+    TRY(cuda_mem_alloc((void **)&n_kv_dev, sizeof n_use));
+    TRY(cuda_mem_upload(n_kv_dev, &n_use, sizeof n_use, st));
     TRY(cuda_mem_alloc((void **)&out, (size_t)(c->n_q * c->n_head * c->head_dim) * sizeof(float)));
     free(hpos);
 
@@ -104,7 +115,7 @@ static double bench_case(const att_case *c, int calls, double *bytes)
         .q_head_stride = c->head_dim * (c->gate ? 2 : 1),
         .q_pos = kpos + (c->n_kv - c->n_q), /* the queries are the last keys */
         .kv_type = c->kv_type, .kv_tok_stride = kvw, .kv_head_stride = c->head_dim,
-        .k_pos = kpos, .n_kv = c->n_kv, .mask = c->mask,
+        .k_pos = kpos, .n_kv = n_alloc, .n_kv_dev = c->cap ? n_kv_dev : NULL, .mask = c->mask,
         .gate = c->gate ? q + c->head_dim : NULL, .gate_tok_stride = qw,
         .gate_head_stride = c->head_dim * 2, .out = out,
     };
@@ -130,6 +141,7 @@ static double bench_case(const att_case *c, int calls, double *bytes)
     }
     cuda_mem_free(q);
     cuda_mem_free(kpos);
+    cuda_mem_free(n_kv_dev);
     cuda_mem_free(out);
     return median(us, RUNS);
 }
@@ -143,7 +155,7 @@ int main(int argc, char **argv)
     const struct cudaDeviceProp prop = bench_cuda_start();
     printf("bench_attention_cuda on %s (%d SMs), %d calls per run, median of %d runs\n\n",
            prop.name, prop.multiProcessorCount, calls, RUNS);
-    printf("%-10s %4s %9s %5s %6s  %10s %10s\n", "case", "n_q", "heads", "dim", "n_kv",
+    printf("%-16s %4s %9s %5s %6s  %10s %10s\n", "case", "n_q", "heads", "dim", "n_kv",
            "us/call", "K+V GB/s");
     int done = 0;
     for (size_t i = 0; i < N_CASES; i++) {
@@ -154,7 +166,7 @@ int main(int argc, char **argv)
         const double us = bench_case(c, calls, &bytes);
         char heads[16];
         snprintf(heads, sizeof heads, "%lld/%lld", (long long)c->n_head, (long long)c->n_head_kv);
-        printf("%-10s %4lld %9s %5lld %6lld  %10.2f %10.1f\n", c->name, (long long)c->n_q,
+        printf("%-16s %4lld %9s %5lld %6lld  %10.2f %10.1f\n", c->name, (long long)c->n_q,
                heads, (long long)c->head_dim, (long long)c->n_kv, us, bytes / (us * 1e-6) / 1e9);
         fflush(stdout);
         done++;

@@ -415,13 +415,100 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
     env_restore("TANDEM_ATT_ROWS", keep);
 }
 
-/* Runs d with TANDEM_ATT_MMA set to val (NULL: unset), then restores the variable. */
+/* Runs d with variable name set to val (NULL: unset), then restores the variable. */
+static float *att_run_env(ops_attn d, const char *name, const char *val)
+{
+    char *keep = env_swap(name, val);
+    float *got = att_run(d);
+    env_restore(name, keep);
+    return got;
+}
+
 static float *att_run_mma(ops_attn d, const char *val)
 {
-    char *keep = env_swap("TANDEM_ATT_MMA", val);
-    float *got = att_run(d);
-    env_restore("TANDEM_ATT_MMA", keep);
-    return got;
+    return att_run_env(d, "TANDEM_ATT_MMA", val);
+}
+
+/* The streaming kernel (split partials over long contexts, TANDEM_ATT_RING=1 forcing it
+ * wherever it fits) hands the combine kernel the staged kernel's partials: the same bits
+ * under every rows-per-block size, over splits whose last chunk is partial, splits no row
+ * sees (later keys masked, a window), f32 and f16 caches of head_dim 64, 128 and 256, GQA
+ * groups of 1 to 8, trees and verify blocks, padded cache rows; and with the key count read
+ * from the device (a recorded step's launch sized for the whole cache), the bits of the
+ * call launched for exactly those keys. */
+static void test_attention_streaming_kernel_gives_the_staged_bits(void **state)
+{
+    (void)state;
+    static const att_case cs[] = {
+        /* 40 splits, the last of 8 keys */
+        {"decode 5000 qwen35", 1, 24, 4, 256, 4999, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0,
+         0},
+        {"decode, later keys masked", 1, 24, 4, 256, 4000, OPS_MASK_CAUSAL, 0, TD_F16, true,
+         false, KEYS_LATER_MASKED, 0},
+        {"verify 16 over 3000", 16, 24, 4, 256, 3000, OPS_MASK_CAUSAL, 0, TD_F16, true, false,
+         0, 0},
+        {"tree 16 f32 256", 16, 8, 2, 256, 1000, OPS_MASK_TREE, 0, TD_F32, true, false, 0, 0},
+        {"decode head_dim 64, 3 rows, padded", 1, 3, 1, 64, 2000, OPS_MASK_CAUSAL, 0, TD_F32,
+         false, true, 0, 0},
+        {"decode head_dim 128, half a split", 1, 16, 2, 128, 1087, OPS_MASK_CAUSAL, 0, TD_F16,
+         false, false, 0, 0},
+        {"decode, window 300", 1, 24, 4, 256, 3000, OPS_MASK_CAUSAL, 300, TD_F16, true, false,
+         0, 0},
+        {"verify 16 over 200", 16, 24, 4, 256, 200, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0, 0},
+    };
+    static const char *const rows[] = {NULL, "2", "4", "8", "16"};
+    char *keep = env_swap("TANDEM_ATT_ROWS", NULL);
+    rng_seed(17);
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const att_case *c = &cs[i];
+        att_host h;
+        int64_t n_out = 0;
+        float *ref = att_reference(c, &h, &n_out);
+        ops_attn d = att_upload(&h);
+        char what[128];
+        float *staged = att_run_env(d, "TANDEM_ATT_RING", "0");
+        snprintf(what, sizeof what, "%s: staged vs CPU", c->name);
+        if (!check_close(what, staged, ref, n_out, 0, ATT_ATOL))
+            fail_msg("attention case %s differs from the CPU", what);
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            free(env_swap("TANDEM_ATT_ROWS", rows[k]));
+            float *got = att_run_env(d, "TANDEM_ATT_RING", "1");
+            snprintf(what, sizeof what, "%s: streaming, rows %s", c->name, rows[k] ? rows[k] : "auto");
+            assert_true(check_same_bits(what, got, staged, (size_t)n_out * 4));
+            free(got);
+        }
+        free(env_swap("TANDEM_ATT_ROWS", NULL));
+        /* 4300 of the 5000 keys, their count on the device; and 300 (3 splits: the blocks
+         * past them share the rows of those) */
+        static const int32_t uses[] = {4300, 300};
+        for (size_t u = 0; i == 0 && u < sizeof uses / sizeof uses[0]; u++) {
+            const int32_t n_use = uses[u];
+            ops_attn dev = d, exact = d;
+            dev.n_kv_dev = dput(&n_use, sizeof n_use);
+            exact.n_kv = n_use;
+            exact.q_pos = dev.k_pos + n_use - 1; /* the last key in use is the query's own */
+            dev.q_pos = exact.q_pos;
+            float *want = att_run_env(exact, "TANDEM_ATT_RING", "0");
+            float *a = att_run_env(dev, "TANDEM_ATT_RING", "1");
+            float *b = att_run_env(dev, "TANDEM_ATT_RING", "0");
+            float *e = att_run_env(exact, "TANDEM_ATT_RING", "1");
+            snprintf(what, sizeof what, "%d keys on the device: streaming", (int)n_use);
+            assert_true(check_same_bits(what, a, want, (size_t)n_out * 4));
+            snprintf(what, sizeof what, "%d keys on the device: staged", (int)n_use);
+            assert_true(check_same_bits(what, b, want, (size_t)n_out * 4));
+            snprintf(what, sizeof what, "%d keys: streaming", (int)n_use);
+            assert_true(check_same_bits(what, e, want, (size_t)n_out * 4));
+            /* the count matters: the call over all 5000 keys differs */
+            assert_true(memcmp(want, staged, (size_t)n_out * 4) != 0);
+            free(want), free(a), free(b), free(e);
+            cuda_mem_free((void *)dev.n_kv_dev);
+        }
+        free(staged);
+        free(ref);
+        att_dev_free(&d);
+        att_host_free(&h);
+    }
+    env_restore("TANDEM_ATT_ROWS", keep);
 }
 
 /* The tensor-core kernel (bidirectional blocks over an f32 cache, head_dim 64 and 128: the
@@ -498,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_attention_query_is_bit_identical_alone_in_block_and_in_chunk),
         cmocka_unit_test(test_attention_rows_per_block_change_no_bit),
         cmocka_unit_test(test_attention_tensor_core_kernel),
+        cmocka_unit_test(test_attention_streaming_kernel_gives_the_staged_bits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

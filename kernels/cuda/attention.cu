@@ -802,6 +802,300 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
     }
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The streaming kernel (atr_kernel): split partials over long contexts. The staged kernel
+ * copies a split's keys, scores them, then copies its values (into the keys' buffer when two
+ * blocks share an SM), so a block's copies wait for its arithmetic and its arithmetic for
+ * its copies: the 32K decode of the 27B read its cache at about a third of the DRAM rate.
+ * Here a block walks its splits (z, z + gridDim.z, ...) as one stream of ATR_CK-key chunks:
+ * a split's keys chunk by chunk, then its values, then the next split's keys; the chunks
+ * pass through a ring of NS buffers with NS - 1 of them always being copied (16-byte
+ * cp.async by every thread, one commit group per chunk), so the copies never wait for the
+ * arithmetic. Each (row, key) is scored as the staged kernel scores it (each half of d in
+ * order, the halves added, times the scale), a split's softmax is att_row_softmax, a value
+ * sums p * v over each 32-key chunk in order (keys with p == 0 add nothing) and adds the
+ * four chunk sums in chunk order, as the staged kernel's value phase: the same partials,
+ * bit for bit, for the same combine kernel. Splits no row sees are streamed like the others
+ * (their partials fold nothing), so the planner keeps windows on the staged kernel.
+ * ------------------------------------------------------------------------------------- */
+
+#define ATR_CK 32   /* keys per chunk: the staged kernel's value chunk */
+#define ATR_STAGES 4
+
+template <int HD, typename KT, int ROWS> struct atr_geo {
+    typedef ats_geo<HD, KT> G;
+    static constexpr int PT = ats_pt<ROWS>();
+    static constexpr int RG = ROWS >= 4 ? 4 : ROWS; /* row groups of the score phase */
+    static constexpr int RT = ROWS / RG;            /* rows per scoring thread */
+    static constexpr int DL = HD / 64;              /* values of d per thread (value phase) */
+    static constexpr int RV = ROWS >= 4 ? ROWS / 4 : 1; /* rows per thread (value phase) */
+    static constexpr size_t CHUNK = (size_t)ATR_CK * G::ROWB;
+    /* qs [ROWS][HD], s0 and s1 [ROWS][ATT_SPLIT] (the halves' dot products), pt
+     * [ATT_SPLIT][PT], then the ring */
+    static constexpr size_t FIXED = (size_t)ROWS * HD * 4 + 2 * (size_t)ROWS * ATT_SPLIT * 4 +
+                                    (size_t)ATT_SPLIT * PT * 4;
+    static constexpr size_t BYTES = FIXED + ATR_STAGES * CHUNK;
+};
+
+/* Where a block is in its stream of chunks: split s (then s + step), keys or values, chunk j
+ * of the split. */
+typedef struct atr_cursor {
+    int64_t s, step;
+    int kind, j;
+} atr_cursor;
+
+/* Copies the chunk at c into buf (one commit group, empty past the stream's end) and
+ * advances c. */
+template <int HD, typename KT>
+__device__ __forceinline__ void atr_issue(unsigned char *buf, const ops_attn &a, int64_t g,
+                                          int64_t n_kv, int64_t n_split, atr_cursor &c)
+{
+    if (c.s >= n_split) {
+        ats_commit();
+        return;
+    }
+    const int64_t k0 = c.s * ATT_SPLIT + (int64_t)c.j * ATR_CK;
+    const int64_t left = n_kv - k0;
+    ats_stage<HD, KT>(buf, a, c.kind ? a.v : a.k, g, k0, (int)(left < ATR_CK ? left : ATR_CK));
+    const int64_t nk = n_kv - c.s * ATT_SPLIT;
+    const int nch = (int)((nk < ATT_SPLIT ? nk : ATT_SPLIT) + ATR_CK - 1) / ATR_CK;
+    if (++c.j == nch) {
+        c.j = 0;
+        if (++c.kind == 2) {
+            c.kind = 0;
+            c.s += c.step;
+        }
+    }
+}
+
+/* grid: x = row tile, y = kv head, z = the first of the block's splits (then every
+ * gridDim.z-th, or a share of the rows of one split: below); one partial per split into
+ * p.part. */
+template <int HD, typename KT, int ROWS>
+__global__ void __launch_bounds__(ATS_THREADS, 2) atr_kernel(bool early, att_args p)
+{
+    pdl_enter(early);
+    typedef ats_geo<HD, KT> G;
+    typedef atr_geo<HD, KT, ROWS> R;
+    static_assert(ATT_SPLIT == 4 * ATR_CK && ATS_THREADS == 256 && HD % 64 == 0,
+                  "four chunks per split; 8 warps: (row group, half) to score, 64 d-groups x "
+                  "4 row groups to sum values");
+    const ops_attn &a = p.a;
+    extern __shared__ __align__(16) unsigned char atr_smem[];
+    float (*qs)[HD] = (float (*)[HD])atr_smem;
+    float (*s0)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(atr_smem + (size_t)ROWS * HD * 4);
+    float (*s1)[ATT_SPLIT] = s0 + ROWS;
+    float *pt = (float *)(s1 + ROWS);
+    unsigned char *ring = atr_smem + R::FIXED;
+    __shared__ uint32_t vis[ATT_SPLIT];
+    __shared__ float row_m[ROWS], row_l[ROWS];
+    __shared__ int64_t row_t[ROWS], row_h[ROWS];
+    __shared__ int32_t row_qp[ROWS];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t g = blockIdx.y, n_kv = att_n_kv(a);
+    int64_t r0 = (int64_t)blockIdx.x * ROWS;
+    int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
+    const int64_t n_split = att_n_split(p, n_kv);
+    /* A launch sized for more splits than the keys in use fill (a recorded step's launch
+     * covers the whole cache, its key count read here): the blocks past the splits take a
+     * share of the tile's rows each, so a short context still spreads over the SMs. */
+    int64_t s_first = blockIdx.z, s_step = gridDim.z;
+    if (n_split > 0 && (int64_t)gridDim.z >= 2 * n_split) {
+        const int64_t q = (int64_t)gridDim.z / n_split;
+        const int parts = (int)(q < nr ? q : nr), part = (int)(blockIdx.z / n_split);
+        if (part >= parts)
+            return;
+        const int lo = part * nr / parts, hi = (part + 1) * nr / parts;
+        s_first = blockIdx.z % n_split, s_step = n_split;
+        r0 += lo, nr = hi - lo;
+    }
+
+    atr_cursor prod = {s_first, s_step, 0, 0};
+#pragma unroll
+    for (int u = 0; u < ATR_STAGES - 1; u++)
+        atr_issue<HD, KT>(ring + u * R::CHUNK, a, g, n_kv, n_split, prod);
+    if (tid < ROWS) {
+        const int64_t rf = r0 + (tid < nr ? tid : 0);
+        row_t[tid] = rf / p.group;
+        row_h[tid] = g * p.group + rf % p.group;
+        row_qp[tid] = a.q_pos[row_t[tid]];
+    }
+    {
+        /* the query rows, while the first chunks are copied; all loads before any store */
+        constexpr int QN = (ROWS * HD + ATS_THREADS - 1) / ATS_THREADS;
+        float qv[QN];
+#pragma unroll
+        for (int u = 0; u < QN; u++) {
+            const int e = tid + u * ATS_THREADS, r = e / HD, d = e % HD;
+            int64_t t = 0, h = 0;
+            if (r < nr) {
+                const int64_t rf = r0 + r;
+                t = rf / p.group, h = g * p.group + rf % p.group;
+            }
+            qv[u] = r < nr ? __ldg(a.q + t * a.q_tok_stride + h * a.q_head_stride + d) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < QN; u++) {
+            const int e = tid + u * ATS_THREADS;
+            if (ROWS * HD % ATS_THREADS == 0 || e < ROWS * HD)
+                qs[e / HD][e % HD] = qv[u];
+        }
+    }
+    __syncthreads(); /* row_t, row_qp */
+
+    /* score phase: warp (row group rg, half hh), lane = key of the chunk */
+    const int hh = warp & 1, rg = warp >> 1, rb = rg * R::RT;
+    /* value phase: thread (row group vg, d-group dg) */
+    const int dg = tid % 64, vg = tid / 64, rv0 = vg * R::RV, dv = dg * R::DL;
+    int stage = 0;
+    for (int64_t s = s_first; s < n_split; s += s_step) {
+        const int64_t k0 = s * ATT_SPLIT;
+        const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
+        const int nch = (nk + ATR_CK - 1) / ATR_CK;
+        if (tid < ATT_SPLIT) { /* the last reader of the previous split's bits is behind a barrier */
+            uint32_t m = 0;
+            if (tid < nk)
+                for (int r = 0; r < nr; r++)
+                    m |= (uint32_t)att_visible(a, row_t[r], row_qp[r], k0 + tid) << r;
+            vis[tid] = m;
+        }
+        float acc[R::RV][R::DL] = {};
+        for (int kind = 0; kind < 2; kind++) {
+            for (int j = 0; j < nch; j++) {
+                ats_wait<ATR_STAGES - 2>();
+                __syncthreads(); /* chunk j is in; the buffer read last is free */
+                atr_issue<HD, KT>(ring + ((stage + ATR_STAGES - 1) % ATR_STAGES) * R::CHUNK, a, g,
+                                  n_kv, n_split, prod);
+                const unsigned char *buf = ring + stage * R::CHUNK;
+                stage = (stage + 1) % ATR_STAGES;
+                const int kc0 = j * ATR_CK, nkc = nk - kc0 < ATR_CK ? nk - kc0 : ATR_CK;
+                if (kind == 0) {
+                    if (rg >= R::RG || lane >= nkc || rb >= nr)
+                        continue;
+                    const uint32_t m = vis[kc0 + lane] >> rb & ((1u << R::RT) - 1);
+                    float dot[R::RT];
+#pragma unroll
+                    for (int r = 0; r < R::RT; r++)
+                        dot[r] = 0;
+                    if (m) {
+                        constexpr int PE = 16 / G::EB;
+                        const unsigned char *krow = buf + lane * G::ROWB + hh * (HD / 2) * G::EB;
+                        const float *qrow = &qs[rb][hh * (HD / 2)];
+#pragma unroll 2
+                        for (int c = 0; c < HD / 2; c += PE) {
+                            float kv[PE];
+                            ats_get<KT, PE>(kv, krow + c * G::EB);
+#pragma unroll
+                            for (int r = 0; r < R::RT; r++) {
+                                if (rb + r < nr) {
+                                    float qv[PE];
+#pragma unroll
+                                    for (int i = 0; i < PE; i += 4) {
+                                        const float4 q4 = *(const float4 *)(qrow + r * HD + c + i);
+                                        qv[i] = q4.x, qv[i + 1] = q4.y, qv[i + 2] = q4.z,
+                                        qv[i + 3] = q4.w;
+                                    }
+                                    float d = dot[r];
+#pragma unroll
+                                    for (int i = 0; i < PE; i++)
+                                        d = fmaf(qv[i], kv[i], d);
+                                    dot[r] = d;
+                                }
+                            }
+                        }
+                    }
+                    float (*sh)[ATT_SPLIT] = hh ? s1 : s0;
+#pragma unroll
+                    for (int r = 0; r < R::RT; r++)
+                        if (rb + r < nr)
+                            sh[rb + r][kc0 + lane] = dot[r];
+                    continue;
+                }
+                if (j == 0) {
+                    /* the split's scores (the staged kernel's expression), softmax, p by key */
+                    for (int r = warp; r < nr; r += ATS_THREADS / 32) {
+                        for (int c = lane; c < nk; c += 32)
+                            s0[r][c] = (vis[c] >> r) & 1 ? __fmul_rn(a.scale, s0[r][c] + s1[r][c])
+                                                         : -INFINITY;
+                        __syncwarp();
+                        att_row_softmax(s0[r], nk, lane, row_m + r, row_l + r, pt + r, R::PT);
+                    }
+                    __syncthreads();
+                }
+                /* this chunk's sums of p * v, in key order, added to the chunks before */
+                float c[R::RV][R::DL];
+#pragma unroll
+                for (int i = 0; i < R::RV; i++)
+#pragma unroll
+                    for (int e = 0; e < R::DL; e++)
+                        c[i][e] = 0;
+                if (rv0 < nr) {
+                    for (int kk = 0; kk < nkc; kk++) {
+                        float pr[R::RV];
+                        const float *pk = pt + (kc0 + kk) * R::PT + rv0;
+                        if constexpr (R::RV == 4) {
+                            const float4 p4 = *(const float4 *)pk;
+                            pr[0] = p4.x, pr[1] = p4.y, pr[2] = p4.z, pr[3] = p4.w;
+                        } else if constexpr (R::RV == 2) {
+                            const float2 p2 = *(const float2 *)pk;
+                            pr[0] = p2.x, pr[1] = p2.y;
+                        } else {
+                            pr[0] = *pk;
+                        }
+                        bool all = true;
+#pragma unroll
+                        for (int i = 0; i < R::RV; i++)
+                            all &= pr[i] != 0.0f;
+                        float v[R::DL];
+                        ats_get<KT, R::DL>(v, buf + kk * G::ROWB + dv * G::EB);
+                        if (all) {
+#pragma unroll
+                            for (int i = 0; i < R::RV; i++)
+#pragma unroll
+                                for (int e = 0; e < R::DL; e++)
+                                    c[i][e] = fmaf(pr[i], v[e], c[i][e]);
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < R::RV; i++)
+#pragma unroll
+                                for (int e = 0; e < R::DL; e++)
+                                    c[i][e] = pr[i] != 0.0f ? fmaf(pr[i], v[e], c[i][e]) : c[i][e];
+                        }
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < R::RV; i++)
+#pragma unroll
+                    for (int e = 0; e < R::DL; e++)
+                        acc[i][e] = j == 0 ? c[i][e] : __fadd_rn(acc[i][e], c[i][e]);
+            }
+        }
+        /* chunks past the split's keys add their zero sums, as in the staged kernel */
+        for (int j = nch; j < ATT_SPLIT / ATR_CK; j++)
+#pragma unroll
+            for (int i = 0; i < R::RV; i++)
+#pragma unroll
+                for (int e = 0; e < R::DL; e++)
+                    acc[i][e] = __fadd_rn(acc[i][e], 0.0f);
+#pragma unroll
+        for (int i = 0; i < R::RV; i++) {
+            const int r = rv0 + i;
+            if (r >= nr)
+                continue;
+            float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+#pragma unroll
+            for (int e = 0; e < R::DL; e++)
+                pr[dv + e] = acc[i][e];
+            if (dg == 0) {
+                pr[HD] = row_m[r];
+                pr[HD + 1] = row_l[r];
+            }
+        }
+    }
+    ats_wait<0>(); /* no copy outlives the block */
+}
+
 /* One 4-byte cp.async (the combine's values; partial rows are only 8-byte aligned). */
 __device__ __forceinline__ void att_cp4(float *dst, const float *src)
 {
@@ -1383,6 +1677,96 @@ static int ats_rows(int64_t n_rows, int64_t n_head_kv, int64_t n_split, bool spl
     return rows;
 }
 
+/* Which streaming kernel runs a call and with how much shared memory; fn NULL: none fits
+ * (other head sizes, unaligned rows, too little shared memory). */
+typedef void (*atr_fn)(bool, att_args);
+typedef struct atr_plan {
+    atr_fn fn;
+    size_t smem;
+    uint64_t *occ;
+} atr_plan;
+
+template <int HD, typename KT, int ROWS> static td_err atr_plan_of(atr_plan *pl, int dev)
+{
+    static int opted[64];
+    int optin = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const size_t bytes = atr_geo<HD, KT, ROWS>::BYTES;
+    if (bytes + 2048 > (size_t)optin)
+        return TD_OK;
+    const atr_fn fn = atr_kernel<HD, KT, ROWS>;
+    if (!opted[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        opted[dev] = 1;
+    }
+    static uint64_t occ[PDL_MAX_DEV];
+    pl->fn = fn;
+    pl->smem = bytes;
+    pl->occ = occ;
+    return TD_OK;
+}
+
+template <int HD, typename KT> static td_err atr_plan_rows(atr_plan *pl, int dev, int rows)
+{
+    switch (rows) {
+    case 2:
+        return atr_plan_of<HD, KT, 2>(pl, dev);
+    case 4:
+        return atr_plan_of<HD, KT, 4>(pl, dev);
+    case 8:
+        return atr_plan_of<HD, KT, 8>(pl, dev);
+    default:
+        return atr_plan_of<HD, KT, 16>(pl, dev);
+    }
+}
+
+/* The streaming kernel for a split call of rows (2, 4, 8, 16) rows per block, where one
+ * fits: the staged kernel's conditions (16-byte aligned rows, head_dim 64, 128 or 256). */
+static td_err atr_plan_for(atr_plan *pl, const ops_attn *a, int dev, int rows)
+{
+    pl->fn = NULL;
+    pl->smem = 0;
+    pl->occ = NULL;
+    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
+    if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
+        a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
+        return TD_OK;
+    const bool f16 = a->kv_type == TD_F16;
+    switch (a->head_dim) {
+    case 256:
+        return f16 ? atr_plan_rows<256, __half>(pl, dev, rows) : atr_plan_rows<256, float>(pl, dev, rows);
+    case 128:
+        return f16 ? atr_plan_rows<128, __half>(pl, dev, rows) : atr_plan_rows<128, float>(pl, dev, rows);
+    case 64:
+        return f16 ? atr_plan_rows<64, __half>(pl, dev, rows) : atr_plan_rows<64, float>(pl, dev, rows);
+    default:
+        return TD_OK;
+    }
+}
+
+/* The streaming kernel's grid z for row_blocks blocks of rows: about two blocks per SM (what
+ * fits one), each walking every z-th split. */
+static long long atr_z(long long row_blocks, int64_t n_split, int sms)
+{
+    long long z = (2LL * sms + row_blocks - 1) / row_blocks;
+    if (z > n_split)
+        z = n_split;
+    return z < 1 ? 1 : z;
+}
+
+/* Whether a split call takes the streaming kernel: where its blocks walk two splits or more
+ * (long contexts: a stream to keep going) and no window hides splits it would copy in vain.
+ * TANDEM_ATT_RING=0|1 (read on every call) forces it off or on wherever it fits, to measure
+ * and to test; it never changes a result. */
+static bool atr_wanted(const ops_attn *a, int64_t n_split, long long z)
+{
+    const char *e = getenv("TANDEM_ATT_RING");
+    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0)
+        return e[0] == '1';
+    return a->window <= 0 && n_split >= 2 * z;
+}
+
 /* The split path's partials: up to ATT_PART_KEEP bytes in one buffer per (device, stream)
  * (stream_buf.cuh), so a recorded decode or verify step has no allocation and free nodes
  * around its attention (either would make the launches next to it plain ones); more, or
@@ -1410,6 +1794,24 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
     TD_TRY(dev_scratch_alloc(pooled, bytes, st, "attention"));
     *part = (float *)*pooled;
     return TD_OK;
+}
+
+/* A kernel fn that hands one partial per split to the combine kernel, then the combine:
+ * the partials in att_part_get's buffer. */
+static td_err att_split_launch(void (*fn)(bool, att_args), dim3 grid, unsigned threads,
+                               size_t smem, uint64_t *occ, att_args p, size_t part_bytes,
+                               cudaStream_t st)
+{
+    void *pooled = NULL;
+    TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
+    const pdl_plan pp = pdl_plan_get((const void *)fn, (uint64_t)grid.x * grid.y * grid.z,
+                                     threads, smem, occ);
+    const cudaError_t e = launch_ex(fn, grid, dim3(threads), smem, pp.pdl, st, pp.early, p);
+    cuda_launch_note(1);
+    td_err r = e == cudaSuccess ? att_combine_launch(p, st)
+                                : err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
+    dev_scratch_free(pooled, st);
+    return r;
 }
 
 extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
@@ -1455,20 +1857,9 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
                            ? atm_plan(a, dev, p.n_rows, &mt, &atm_bytes, &atm_occ)
                            : NULL;
     if (atm) {
-        void *pooled = NULL;
-        TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
         const dim3 grid((unsigned)((p.n_rows + 16 * mt - 1) / (16 * mt)), (unsigned)a->n_head_kv,
                         (unsigned)p.n_split);
-        const pdl_plan pp = pdl_plan_get((const void *)atm, (uint64_t)grid.x * grid.y * grid.z,
-                                         ATM_THREADS, atm_bytes, atm_occ);
-        const cudaError_t e = launch_ex(atm, grid, dim3(ATM_THREADS), atm_bytes, pp.pdl, st,
-                                        pp.early, p);
-        cuda_launch_note(1);
-        td_err r = e == cudaSuccess
-                       ? att_combine_launch(p, st)
-                       : err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
-        dev_scratch_free(pooled, st);
-        return r;
+        return att_split_launch(atm, grid, ATM_THREADS, atm_bytes, atm_occ, p, part_bytes, st);
     }
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
     /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
@@ -1476,6 +1867,15 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     const int rows = ats_rows(p.n_rows, a->n_head_kv, p.n_split, split, sms);
     const long long ats_tiles = (p.n_rows + rows - 1) / rows;
     const long long ats_row_blocks = ats_tiles * a->n_head_kv;
+    if (split) {
+        atr_plan rp;
+        TD_TRY(atr_plan_for(&rp, a, dev, rows));
+        const long long zr = atr_z(ats_row_blocks, p.n_split, sms);
+        if (rp.fn && atr_wanted(a, p.n_split, zr))
+            return att_split_launch(rp.fn, dim3((unsigned)ats_tiles, (unsigned)a->n_head_kv,
+                                                (unsigned)zr),
+                                    ATS_THREADS, rp.smem, rp.occ, p, part_bytes, st);
+    }
     const long long z = ats_z(ats_row_blocks, p.n_split, split, sms);
     ats_plan plan;
     TD_TRY(ats_plan_for(&plan, a, dev, sms, ats_row_blocks * z, !split, rows));
