@@ -336,6 +336,7 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
     (void)state;
     rng_seed(14);
     bit_identity(128, 1000, true);
+    bit_identity(256, 600, true);
     bit_identity(40, 70000, false);
 }
 
@@ -429,14 +430,16 @@ static float *att_run_mma(ops_attn d, const char *val)
     return att_run_env(d, "TANDEM_ATT_MMA", val);
 }
 
-/* The streaming kernel (split partials over long contexts, TANDEM_ATT_RING=1 forcing it
- * wherever it fits) hands the combine kernel the staged kernel's partials: the same bits
- * under every rows-per-block size, over splits whose last chunk is partial, splits no row
- * sees (later keys masked, a window), f32 and f16 caches of head_dim 64, 128 and 256, GQA
- * groups of 1 to 8, trees and verify blocks, padded cache rows; and with the key count read
- * from the device (a recorded step's launch sized for the whole cache), the bits of the
- * call launched for exactly those keys. */
-static void test_attention_streaming_kernel_gives_the_staged_bits(void **state)
+/* The tensor-core kernel of f16 caches (head_dim 128 and 256: every call of such a model)
+ * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
+ * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16, 32), with keys and
+ * values sharing a buffer or not (TANDEM_ATT_KVSEP), or when a call whose partials would be
+ * too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX lowered); with
+ * the key count read from the device (a recorded step's launch sized for the whole cache),
+ * they are the bits of the call launched for exactly those keys. Cases: splits whose last
+ * 16-key step is partial, splits no row sees (later keys masked, a window), GQA groups of
+ * 1 to 8, trees and verify blocks, padded cache rows, large and tiny queries. */
+static void test_attention_f16_tensor_core_kernel(void **state)
 {
     (void)state;
     static const att_case cs[] = {
@@ -447,39 +450,70 @@ static void test_attention_streaming_kernel_gives_the_staged_bits(void **state)
          false, KEYS_LATER_MASKED, 0},
         {"verify 16 over 3000", 16, 24, 4, 256, 3000, OPS_MASK_CAUSAL, 0, TD_F16, true, false,
          0, 0},
-        {"tree 16 f32 256", 16, 8, 2, 256, 1000, OPS_MASK_TREE, 0, TD_F32, true, false, 0, 0},
-        {"decode head_dim 64, 3 rows, padded", 1, 3, 1, 64, 2000, OPS_MASK_CAUSAL, 0, TD_F32,
+        {"tree 16, head_dim 256", 16, 8, 2, 256, 1000, OPS_MASK_TREE, 0, TD_F16, true, false, 0,
+         0},
+        {"decode head_dim 128, no GQA, padded", 1, 3, 3, 128, 2000, OPS_MASK_CAUSAL, 0, TD_F16,
          false, true, 0, 0},
         {"decode head_dim 128, half a split", 1, 16, 2, 128, 1087, OPS_MASK_CAUSAL, 0, TD_F16,
          false, false, 0, 0},
         {"decode, window 300", 1, 24, 4, 256, 3000, OPS_MASK_CAUSAL, 300, TD_F16, true, false,
          0, 0},
-        {"verify 16 over 200", 16, 24, 4, 256, 200, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0, 0},
+        {"prefill 64 over 200", 64, 24, 4, 256, 200, OPS_MASK_CAUSAL, 0, TD_F16, true, false, 0,
+         0},
+        {"bidirectional 16, window 100", 16, 8, 2, 128, 500, OPS_MASK_BIDIRECTIONAL, 100, TD_F16,
+         false, false, 0, 0},
     };
-    static const char *const rows[] = {NULL, "2", "4", "8", "16"};
-    char *keep = env_swap("TANDEM_ATT_ROWS", NULL);
+    static const char *const rows[] = {"8", "16", "32"};
+    char *keep_rows = env_swap("TANDEM_ATT_ROWS", NULL);
+    char *keep_sep = env_swap("TANDEM_ATT_KVSEP", NULL);
     rng_seed(17);
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const att_case *c = &cs[i];
         att_host h;
         int64_t n_out = 0;
         float *ref = att_reference(c, &h, &n_out);
+        if (i == 1) { /* heads 0 and 1 of the query scaled by 2^17 (past f16's range) and
+                       * 2^-20: each row is split at its own scale */
+            float *q = (float *)h.a.q;
+            for (int64_t k = 0; k < c->head_dim; k++) {
+                q[k] *= 131072.0f;
+                q[h.a.q_head_stride + k] *= 0x1p-20f;
+            }
+            h.a.out = ref;
+            cpu_attention(&h.a);
+        }
         ops_attn d = att_upload(&h);
         char what[128];
-        float *staged = att_run_env(d, "TANDEM_ATT_RING", "0");
+        float *got = att_run_mma(d, NULL), *staged = att_run_mma(d, "0");
+        snprintf(what, sizeof what, "%s: tensor cores vs CPU", c->name);
+        if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
+            fail_msg("attention case %s differs from the CPU", what);
         snprintf(what, sizeof what, "%s: staged vs CPU", c->name);
         if (!check_close(what, staged, ref, n_out, 0, ATT_ATOL))
             fail_msg("attention case %s differs from the CPU", what);
-        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
-            free(env_swap("TANDEM_ATT_ROWS", rows[k]));
-            float *got = att_run_env(d, "TANDEM_ATT_RING", "1");
-            snprintf(what, sizeof what, "%s: streaming, rows %s", c->name, rows[k] ? rows[k] : "auto");
-            assert_true(check_same_bits(what, got, staged, (size_t)n_out * 4));
-            free(got);
-        }
+        if (i == 0) /* different sums: the switch really changes the kernel */
+            assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+            for (int sep = 0; sep < 2; sep++) {
+                free(env_swap("TANDEM_ATT_ROWS", rows[k]));
+                free(env_swap("TANDEM_ATT_KVSEP", sep ? "1" : "0"));
+                float *o = att_run(d);
+                snprintf(what, sizeof what, "%s: rows %s, kv_sep %d", c->name, rows[k], sep);
+                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+                free(o);
+            }
         free(env_swap("TANDEM_ATT_ROWS", NULL));
-        /* 4300 of the 5000 keys, their count on the device; and 300 (3 splits: the blocks
-         * past them share the rows of those) */
+        free(env_swap("TANDEM_ATT_KVSEP", NULL));
+        { /* partials for 3 queries (or 1) at a time: several calls */
+            const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
+            char cap[32];
+            snprintf(cap, sizeof cap, "%lld", (long long)(3 * per_q + 5));
+            float *o = att_run_env(d, "TANDEM_ATT_SCRATCH_MAX", cap);
+            snprintf(what, sizeof what, "%s: queries in ranges", c->name);
+            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            free(o);
+        }
+        /* 4300 of the 5000 keys, their count on the device; and 300 */
         static const int32_t uses[] = {4300, 300};
         for (size_t u = 0; i == 0 && u < sizeof uses / sizeof uses[0]; u++) {
             const int32_t n_use = uses[u];
@@ -488,27 +522,22 @@ static void test_attention_streaming_kernel_gives_the_staged_bits(void **state)
             exact.n_kv = n_use;
             exact.q_pos = dev.k_pos + n_use - 1; /* the last key in use is the query's own */
             dev.q_pos = exact.q_pos;
-            float *want = att_run_env(exact, "TANDEM_ATT_RING", "0");
-            float *a = att_run_env(dev, "TANDEM_ATT_RING", "1");
-            float *b = att_run_env(dev, "TANDEM_ATT_RING", "0");
-            float *e = att_run_env(exact, "TANDEM_ATT_RING", "1");
-            snprintf(what, sizeof what, "%d keys on the device: streaming", (int)n_use);
-            assert_true(check_same_bits(what, a, want, (size_t)n_out * 4));
-            snprintf(what, sizeof what, "%d keys on the device: staged", (int)n_use);
-            assert_true(check_same_bits(what, b, want, (size_t)n_out * 4));
-            snprintf(what, sizeof what, "%d keys: streaming", (int)n_use);
-            assert_true(check_same_bits(what, e, want, (size_t)n_out * 4));
+            float *want = att_run(exact), *o = att_run(dev);
+            snprintf(what, sizeof what, "%d keys on the device", (int)n_use);
+            assert_true(check_same_bits(what, o, want, (size_t)n_out * 4));
             /* the count matters: the call over all 5000 keys differs */
-            assert_true(memcmp(want, staged, (size_t)n_out * 4) != 0);
-            free(want), free(a), free(b), free(e);
+            assert_true(memcmp(want, got, (size_t)n_out * 4) != 0);
+            free(want), free(o);
             cuda_mem_free((void *)dev.n_kv_dev);
         }
+        free(got);
         free(staged);
         free(ref);
         att_dev_free(&d);
         att_host_free(&h);
     }
-    env_restore("TANDEM_ATT_ROWS", keep);
+    env_restore("TANDEM_ATT_ROWS", keep_rows);
+    env_restore("TANDEM_ATT_KVSEP", keep_sep);
 }
 
 /* The tensor-core kernel (bidirectional blocks over an f32 cache, head_dim 64 and 128: the
@@ -585,7 +614,7 @@ int main(void)
         cmocka_unit_test(test_attention_query_is_bit_identical_alone_in_block_and_in_chunk),
         cmocka_unit_test(test_attention_rows_per_block_change_no_bit),
         cmocka_unit_test(test_attention_tensor_core_kernel),
-        cmocka_unit_test(test_attention_streaming_kernel_gives_the_staged_bits),
+        cmocka_unit_test(test_attention_f16_tensor_core_kernel),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -803,298 +803,237 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
 }
 
 /* ---------------------------------------------------------------------------------------
- * The streaming kernel (atr_kernel): split partials over long contexts. The staged kernel
- * copies a split's keys, scores them, then copies its values (into the keys' buffer when two
- * blocks share an SM), so a block's copies wait for its arithmetic and its arithmetic for
- * its copies: the 32K decode of the 27B read its cache at about a third of the DRAM rate.
- * Here a block walks its splits (z, z + gridDim.z, ...) as one stream of ATR_CK-key chunks:
- * a split's keys chunk by chunk, then its values, then the next split's keys; the chunks
- * pass through a ring of NS buffers with NS - 1 of them always being copied (16-byte
- * cp.async by every thread, one commit group per chunk), so the copies never wait for the
- * arithmetic. Each (row, key) is scored as the staged kernel scores it (each half of d in
- * order, the halves added, times the scale), a split's softmax is att_row_softmax, a value
- * sums p * v over each 32-key chunk in order (keys with p == 0 add nothing) and adds the
- * four chunk sums in chunk order, as the staged kernel's value phase: the same partials,
- * bit for bit, for the same combine kernel. Splits no row sees are streamed like the others
- * (their partials fold nothing), so the planner keeps windows on the staged kernel.
+ * Tensor-core kernel for f16 caches (ath_kernel; head_dim 128 or 256): every attention call
+ * of a target with an f16 cache (decode, verify blocks, trees, prefill chunks). The staged
+ * kernel's scalar dot products and value sums (~36K warp instructions per kv head and split
+ * at decode, 33% of the DRAM rate at 32K keys) become m16n8k16 f16 products with f32
+ * accumulation. Keys sit in M (16 per tile), the (query, head) rows in N (8 per tile), so a
+ * decode's 6 rows per kv head waste 2 of 8 columns. K and V are f16 already, exact
+ * operands; the other side is split into two f16 words: a query row q scaled by 2^-e (e
+ * from the row's largest |q|, so the row's values lie below 2^15) as hi = f16(q') and lo =
+ * f16(q' - hi); p scaled by 2^14 likewise. A score is (K.hi + K.lo) 2^e (two accumulator
+ * chains, added), a value (V.hi + V.lo) 2^-14: within ~2^-21 of the f32 products, and
+ * every output element of a product reads one key (or d) row and one query row, so a
+ * query's result does not depend on the other rows of its call, or on which column of a
+ * tile it takes: decode, verify, trees and prefill chunks agree bit for bit (the GPU test
+ * checks it). A block takes one kv head, 8, 16 or 32 rows and one split of 128 keys; the
+ * split's softmax is att_row_softmax, the fold the combine kernel's.
  * ------------------------------------------------------------------------------------- */
 
-#define ATR_CK 32   /* keys per chunk: the staged kernel's value chunk */
-#define ATR_STAGES 4
+#define ATH_WARPS 8
+#define ATH_THREADS (32 * ATH_WARPS)
+#define ATH_SS (ATT_SPLIT + 4) /* floats per score row */
+#define ATH_PS (ATT_SPLIT + 8) /* halves per row of p (rows 4 banks apart) */
+#define ATH_PEXP 14            /* p is scaled by 2^14 before its split */
 
-template <int HD, typename KT, int ROWS> struct atr_geo {
-    typedef ats_geo<HD, KT> G;
-    static constexpr int PT = ats_pt<ROWS>();
-    static constexpr int RG = ROWS >= 4 ? 4 : ROWS; /* row groups of the score phase */
-    static constexpr int RT = ROWS / RG;            /* rows per scoring thread */
-    static constexpr int DL = HD / 64;              /* values of d per thread (value phase) */
-    static constexpr int RV = ROWS >= 4 ? ROWS / 4 : 1; /* rows per thread (value phase) */
-    static constexpr size_t CHUNK = (size_t)ATR_CK * G::ROWB;
-    /* qs [ROWS][HD], s0 and s1 [ROWS][ATT_SPLIT] (the halves' dot products), pt
-     * [ATT_SPLIT][PT], then the ring */
-    static constexpr size_t FIXED = (size_t)ROWS * HD * 4 + 2 * (size_t)ROWS * ATT_SPLIT * 4 +
-                                    (size_t)ATT_SPLIT * PT * 4;
-    static constexpr size_t BYTES = FIXED + ATR_STAGES * CHUNK;
+template <int HD, int ROWS> struct ath_geo {
+    static constexpr int QS = HD + 8;                              /* halves per query row */
+    static constexpr int KROW = ats_geo<HD, __half>::ROWB;         /* bytes per key row */
+    static constexpr size_t KV = (size_t)ATT_SPLIT * KROW;
+    static constexpr size_t Q = (size_t)2 * ROWS * QS * 2;         /* hi and lo rows */
+    static constexpr size_t S = (size_t)ROWS * ATH_SS * 4;
+    static constexpr size_t P = (size_t)2 * ROWS * ATH_PS * 2;
+    static constexpr size_t FIXED = Q + S + P;
 };
 
-/* Where a block is in its stream of chunks: split s (then s + step), keys or values, chunk j
- * of the split. */
-typedef struct atr_cursor {
-    int64_t s, step;
-    int kind, j;
-} atr_cursor;
-
-/* Copies the chunk at c into buf (one commit group, empty past the stream's end) and
- * advances c. */
-template <int HD, typename KT>
-__device__ __forceinline__ void atr_issue(unsigned char *buf, const ops_attn &a, int64_t g,
-                                          int64_t n_kv, int64_t n_split, atr_cursor &c)
+__device__ __forceinline__ void ath_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1)
 {
-    if (c.s >= n_split) {
-        ats_commit();
-        return;
-    }
-    const int64_t k0 = c.s * ATT_SPLIT + (int64_t)c.j * ATR_CK;
-    const int64_t left = n_kv - k0;
-    ats_stage<HD, KT>(buf, a, c.kind ? a.v : a.k, g, k0, (int)(left < ATR_CK ? left : ATR_CK));
-    const int64_t nk = n_kv - c.s * ATT_SPLIT;
-    const int nch = (int)((nk < ATT_SPLIT ? nk : ATT_SPLIT) + ATR_CK - 1) / ATR_CK;
-    if (++c.j == nch) {
-        c.j = 0;
-        if (++c.kind == 2) {
-            c.kind = 0;
-            c.s += c.step;
-        }
-    }
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* grid: x = row tile, y = kv head, z = the first of the block's splits (then every
- * gridDim.z-th, or a share of the rows of one split: below); one partial per split into
- * p.part. */
-template <int HD, typename KT, int ROWS>
-__global__ void __launch_bounds__(ATS_THREADS, 2) atr_kernel(bool early, att_args p)
+/* The A fragment of a 16 x 16 f16 tile from shared memory: rows at row (this lane's row
+ * address); trans: the tile is the transpose of what the rows hold. */
+template <bool TRANS> __device__ __forceinline__ void ath_ldm(uint32_t (&a)[4], const void *row)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                     : "r"(s));
+}
+
+/* x as two f16 words hi + lo (hi = x rounded to f16, lo = the rest rounded) */
+__device__ __forceinline__ void ath_split(float x, __half &hi, __half &lo)
+{
+    hi = __float2half_rn(x);
+    lo = __float2half_rn(x - __half2float(hi));
+}
+
+/* The exponent e of a query row whose largest |q| has the bits big: the row is split as q
+ * 2^-e, whose values lie below 2^15 (e = 0 for a row of zeros, inf or NaN). */
+__device__ __forceinline__ int ath_exp(unsigned big)
+{
+    const float x = __uint_as_float(big);
+    return x > 0.0f && isfinite(x) ? ilogbf(x) - 14 : 0;
+}
+
+/* grid: x = tile of ROWS rows, y = kv head, z = split. Scores: warp w takes keys 16w ..
+ * 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16 values
+ * each) of every row. */
+template <int HD, int ROWS>
+__global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p, int kv_sep)
 {
     pdl_enter(early);
-    typedef ats_geo<HD, KT> G;
-    typedef atr_geo<HD, KT, ROWS> R;
-    static_assert(ATT_SPLIT == 4 * ATR_CK && ATS_THREADS == 256 && HD % 64 == 0,
-                  "four chunks per split; 8 warps: (row group, half) to score, 64 d-groups x "
-                  "4 row groups to sum values");
+    typedef ath_geo<HD, ROWS> G;
+    constexpr int NT = ROWS / 8, DT = HD / 16 / ATH_WARPS, QS = G::QS;
+    static_assert(ATT_SPLIT == 16 * ATH_WARPS && HD % (16 * ATH_WARPS) == 0 && ROWS % 8 == 0,
+                  "a 16-key tile per warp; whole d tiles per warp");
     const ops_attn &a = p.a;
-    extern __shared__ __align__(16) unsigned char atr_smem[];
-    float (*qs)[HD] = (float (*)[HD])atr_smem;
-    float (*s0)[ATT_SPLIT] = (float (*)[ATT_SPLIT])(atr_smem + (size_t)ROWS * HD * 4);
-    float (*s1)[ATT_SPLIT] = s0 + ROWS;
-    float *pt = (float *)(s1 + ROWS);
-    unsigned char *ring = atr_smem + R::FIXED;
-    __shared__ uint32_t vis[ATT_SPLIT];
+    extern __shared__ __align__(16) unsigned char ath_smem[];
+    __half *qh = (__half *)ath_smem, *ql = qh + ROWS * QS;
+    float *ss = (float *)(ath_smem + G::Q);
+    __half *ph = (__half *)(ath_smem + G::Q + G::S), *pl = ph + ROWS * ATH_PS;
+    unsigned char *kb = ath_smem + G::FIXED;
+    unsigned char *vb = kv_sep ? kb + G::KV : kb;
     __shared__ float row_m[ROWS], row_l[ROWS];
     __shared__ int64_t row_t[ROWS], row_h[ROWS];
     __shared__ int32_t row_qp[ROWS];
+    __shared__ unsigned row_big[ROWS]; /* the row's largest |q| (its bits) */
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t g = blockIdx.y, n_kv = att_n_kv(a);
-    int64_t r0 = (int64_t)blockIdx.x * ROWS;
-    int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
-    const int64_t n_split = att_n_split(p, n_kv);
-    /* A launch sized for more splits than the keys in use fill (a recorded step's launch
-     * covers the whole cache, its key count read here): the blocks past the splits take a
-     * share of the tile's rows each, so a short context still spreads over the SMs. */
-    int64_t s_first = blockIdx.z, s_step = gridDim.z;
-    if (n_split > 0 && (int64_t)gridDim.z >= 2 * n_split) {
-        const int64_t q = (int64_t)gridDim.z / n_split;
-        const int parts = (int)(q < nr ? q : nr), part = (int)(blockIdx.z / n_split);
-        if (part >= parts)
-            return;
-        const int lo = part * nr / parts, hi = (part + 1) * nr / parts;
-        s_first = blockIdx.z % n_split, s_step = n_split;
-        r0 += lo, nr = hi - lo;
-    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
+    const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS, k0 = s * ATT_SPLIT;
+    if (k0 >= n_kv)
+        return; /* past the keys in use: the combine reads no partial of it */
+    const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
+    const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
+    const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
 
-    atr_cursor prod = {s_first, s_step, 0, 0};
-#pragma unroll
-    for (int u = 0; u < ATR_STAGES - 1; u++)
-        atr_issue<HD, KT>(ring + u * R::CHUNK, a, g, n_kv, n_split, prod);
+    ats_stage<HD, __half>(kb, a, a.k, g, k0, nk);
+    if (kv_sep)
+        ats_stage<HD, __half>(vb, a, a.v, g, k0, nk);
     if (tid < ROWS) {
         const int64_t rf = r0 + (tid < nr ? tid : 0);
         row_t[tid] = rf / p.group;
         row_h[tid] = g * p.group + rf % p.group;
         row_qp[tid] = a.q_pos[row_t[tid]];
+        row_big[tid] = 0;
     }
-    {
-        /* the query rows, while the first chunks are copied; all loads before any store */
-        constexpr int QN = (ROWS * HD + ATS_THREADS - 1) / ATS_THREADS;
-        float qv[QN];
+    __syncthreads();
+    /* the query rows: every load out first; a warp's 32 values lie in one row */
+    constexpr int QN = ROWS * HD / ATH_THREADS;
+    float qv[QN];
 #pragma unroll
-        for (int u = 0; u < QN; u++) {
-            const int e = tid + u * ATS_THREADS, r = e / HD, d = e % HD;
-            int64_t t = 0, h = 0;
-            if (r < nr) {
-                const int64_t rf = r0 + r;
-                t = rf / p.group, h = g * p.group + rf % p.group;
-            }
-            qv[u] = r < nr ? __ldg(a.q + t * a.q_tok_stride + h * a.q_head_stride + d) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < QN; u++) {
-            const int e = tid + u * ATS_THREADS;
-            if (ROWS * HD % ATS_THREADS == 0 || e < ROWS * HD)
-                qs[e / HD][e % HD] = qv[u];
-        }
+    for (int u = 0; u < QN; u++) {
+        const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
+        qv[u] = r < nr ? __ldg(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d)
+                       : 0.0f;
     }
-    __syncthreads(); /* row_t, row_qp */
+#pragma unroll
+    for (int u = 0; u < QN; u++) {
+        unsigned big = __float_as_uint(fabsf(qv[u]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            big = max(big, __shfl_xor_sync(DEV_FULL_MASK, big, o));
+        if (lane == 0)
+            atomicMax(&row_big[(tid + u * ATH_THREADS) / HD], big);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < QN; u++) {
+        const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
+        const int ex = ath_exp(row_big[r]);
+        ath_split(ldexpf(qv[u], -ex), qh[r * QS + d], ql[r * QS + d]);
+    }
+    if (kv_sep)
+        ats_wait<1>();
+    else
+        ats_wait<0>();
+    __syncthreads(); /* the split query rows and the keys are in */
 
-    /* score phase: warp (row group rg, half hh), lane = key of the chunk */
-    const int hh = warp & 1, rg = warp >> 1, rb = rg * R::RT;
-    /* value phase: thread (row group vg, d-group dg) */
-    const int dg = tid % 64, vg = tid / 64, rv0 = vg * R::RV, dv = dg * R::DL;
-    int stage = 0;
-    for (int64_t s = s_first; s < n_split; s += s_step) {
-        const int64_t k0 = s * ATT_SPLIT;
-        const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
-        const int nch = (nk + ATR_CK - 1) / ATR_CK;
-        if (tid < ATT_SPLIT) { /* the last reader of the previous split's bits is behind a barrier */
-            uint32_t m = 0;
-            if (tid < nk)
-                for (int r = 0; r < nr; r++)
-                    m |= (uint32_t)att_visible(a, row_t[r], row_qp[r], k0 + tid) << r;
-            vis[tid] = m;
-        }
-        float acc[R::RV][R::DL] = {};
-        for (int kind = 0; kind < 2; kind++) {
-            for (int j = 0; j < nch; j++) {
-                ats_wait<ATR_STAGES - 2>();
-                __syncthreads(); /* chunk j is in; the buffer read last is free */
-                atr_issue<HD, KT>(ring + ((stage + ATR_STAGES - 1) % ATR_STAGES) * R::CHUNK, a, g,
-                                  n_kv, n_split, prod);
-                const unsigned char *buf = ring + stage * R::CHUNK;
-                stage = (stage + 1) % ATR_STAGES;
-                const int kc0 = j * ATR_CK, nkc = nk - kc0 < ATR_CK ? nk - kc0 : ATR_CK;
-                if (kind == 0) {
-                    if (rg >= R::RG || lane >= nkc || rb >= nr)
-                        continue;
-                    const uint32_t m = vis[kc0 + lane] >> rb & ((1u << R::RT) - 1);
-                    float dot[R::RT];
+    /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
+    float sh[NT][4] = {}, sl[NT][4] = {};
+    if (16 * warp < nk) {
+        const unsigned char *krow = kb + (16 * warp + (lane & 15)) * G::KROW + (lane >> 4) * 16;
+#pragma unroll 4
+        for (int kk = 0; kk < HD; kk += 16) {
+            uint32_t af[4];
+            ath_ldm<false>(af, krow + kk * 2);
 #pragma unroll
-                    for (int r = 0; r < R::RT; r++)
-                        dot[r] = 0;
-                    if (m) {
-                        constexpr int PE = 16 / G::EB;
-                        const unsigned char *krow = buf + lane * G::ROWB + hh * (HD / 2) * G::EB;
-                        const float *qrow = &qs[rb][hh * (HD / 2)];
-#pragma unroll 2
-                        for (int c = 0; c < HD / 2; c += PE) {
-                            float kv[PE];
-                            ats_get<KT, PE>(kv, krow + c * G::EB);
-#pragma unroll
-                            for (int r = 0; r < R::RT; r++) {
-                                if (rb + r < nr) {
-                                    float qv[PE];
-#pragma unroll
-                                    for (int i = 0; i < PE; i += 4) {
-                                        const float4 q4 = *(const float4 *)(qrow + r * HD + c + i);
-                                        qv[i] = q4.x, qv[i + 1] = q4.y, qv[i + 2] = q4.z,
-                                        qv[i + 3] = q4.w;
-                                    }
-                                    float d = dot[r];
-#pragma unroll
-                                    for (int i = 0; i < PE; i++)
-                                        d = fmaf(qv[i], kv[i], d);
-                                    dot[r] = d;
-                                }
-                            }
-                        }
-                    }
-                    float (*sh)[ATT_SPLIT] = hh ? s1 : s0;
-#pragma unroll
-                    for (int r = 0; r < R::RT; r++)
-                        if (rb + r < nr)
-                            sh[rb + r][kc0 + lane] = dot[r];
-                    continue;
-                }
-                if (j == 0) {
-                    /* the split's scores (the staged kernel's expression), softmax, p by key */
-                    for (int r = warp; r < nr; r += ATS_THREADS / 32) {
-                        for (int c = lane; c < nk; c += 32)
-                            s0[r][c] = (vis[c] >> r) & 1 ? __fmul_rn(a.scale, s0[r][c] + s1[r][c])
-                                                         : -INFINITY;
-                        __syncwarp();
-                        att_row_softmax(s0[r], nk, lane, row_m + r, row_l + r, pt + r, R::PT);
-                    }
-                    __syncthreads();
-                }
-                /* this chunk's sums of p * v, in key order, added to the chunks before */
-                float c[R::RV][R::DL];
-#pragma unroll
-                for (int i = 0; i < R::RV; i++)
-#pragma unroll
-                    for (int e = 0; e < R::DL; e++)
-                        c[i][e] = 0;
-                if (rv0 < nr) {
-                    for (int kk = 0; kk < nkc; kk++) {
-                        float pr[R::RV];
-                        const float *pk = pt + (kc0 + kk) * R::PT + rv0;
-                        if constexpr (R::RV == 4) {
-                            const float4 p4 = *(const float4 *)pk;
-                            pr[0] = p4.x, pr[1] = p4.y, pr[2] = p4.z, pr[3] = p4.w;
-                        } else if constexpr (R::RV == 2) {
-                            const float2 p2 = *(const float2 *)pk;
-                            pr[0] = p2.x, pr[1] = p2.y;
-                        } else {
-                            pr[0] = *pk;
-                        }
-                        bool all = true;
-#pragma unroll
-                        for (int i = 0; i < R::RV; i++)
-                            all &= pr[i] != 0.0f;
-                        float v[R::DL];
-                        ats_get<KT, R::DL>(v, buf + kk * G::ROWB + dv * G::EB);
-                        if (all) {
-#pragma unroll
-                            for (int i = 0; i < R::RV; i++)
-#pragma unroll
-                                for (int e = 0; e < R::DL; e++)
-                                    c[i][e] = fmaf(pr[i], v[e], c[i][e]);
-                        } else {
-#pragma unroll
-                            for (int i = 0; i < R::RV; i++)
-#pragma unroll
-                                for (int e = 0; e < R::DL; e++)
-                                    c[i][e] = pr[i] != 0.0f ? fmaf(pr[i], v[e], c[i][e]) : c[i][e];
-                        }
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < R::RV; i++)
-#pragma unroll
-                    for (int e = 0; e < R::DL; e++)
-                        acc[i][e] = j == 0 ? c[i][e] : __fadd_rn(acc[i][e], c[i][e]);
+            for (int n = 0; n < NT; n++) {
+                const int q = (8 * n + gi) * QS + kk + 2 * ti;
+                ath_mma(sh[n], af, *(const uint32_t *)(qh + q), *(const uint32_t *)(qh + q + 8));
+                ath_mma(sl[n], af, *(const uint32_t *)(ql + q), *(const uint32_t *)(ql + q + 8));
             }
         }
-        /* chunks past the split's keys add their zero sums, as in the staged kernel */
-        for (int j = nch; j < ATT_SPLIT / ATR_CK; j++)
 #pragma unroll
-            for (int i = 0; i < R::RV; i++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int e = 0; e < R::DL; e++)
-                    acc[i][e] = __fadd_rn(acc[i][e], 0.0f);
+            for (int e = 0; e < 4; e++) {
+                const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
+                if (r >= nr || key >= nk)
+                    continue;
+                const int ex = ath_exp(row_big[r]);
+                const bool vis = att_visible(a, row_t[r], row_qp[r], k0 + key);
+                ss[r * ATH_SS + key] =
+                    vis ? __fmul_rn(a.scale, ldexpf(sh[n][e] + sl[n][e], ex)) : -INFINITY;
+            }
+    }
+    __syncthreads(); /* every warp is done with the keys */
+    if (!kv_sep)
+        ats_stage<HD, __half>(vb, a, a.v, g, k0, nk); /* into the keys' buffer */
+    for (int r = warp; r < nr; r += ATH_WARPS) {
+        float *row = ss + r * ATH_SS;
+        att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
+        __syncwarp();
+        for (int c = lane; c < kend; c += 32)
+            ath_split(c < nk ? ldexpf(row[c], ATH_PEXP) : 0.0f, ph[r * ATH_PS + c],
+                      pl[r * ATH_PS + c]);
+    }
+    ats_wait<0>();
+    /* p is 0 past the keys: the values there must be finite */
+    for (int e = nk * (HD / 8) + tid; e < kend * (HD / 8); e += ATH_THREADS)
+        *(uint4 *)(vb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
+    __syncthreads(); /* p and the values are in */
+
+    /* values: d tiles w + ATH_WARPS j (M) x every row tile (N), over the keys */
+    float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
+    const unsigned char *vrow = vb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
+                                ((lane >> 3) & 1) * 16;
+    for (int kk = 0; kk < kend; kk += 16) {
 #pragma unroll
-        for (int i = 0; i < R::RV; i++) {
-            const int r = rv0 + i;
-            if (r >= nr)
-                continue;
-            float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+        for (int j = 0; j < DT; j++) {
+            uint32_t af[4];
+            ath_ldm<true>(af, vrow + kk * G::KROW + (warp + ATH_WARPS * j) * 32);
 #pragma unroll
-            for (int e = 0; e < R::DL; e++)
-                pr[dv + e] = acc[i][e];
-            if (dg == 0) {
-                pr[HD] = row_m[r];
-                pr[HD + 1] = row_l[r];
+            for (int n = 0; n < NT; n++) {
+                const int q = (8 * n + gi) * ATH_PS + kk + 2 * ti;
+                ath_mma(oh[j][n], af, *(const uint32_t *)(ph + q), *(const uint32_t *)(ph + q + 8));
+                ath_mma(ol[j][n], af, *(const uint32_t *)(pl + q), *(const uint32_t *)(pl + q + 8));
             }
         }
     }
-    ats_wait<0>(); /* no copy outlives the block */
+
+    /* the split's partial: values, then max and sum */
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int d = 16 * (warp + ATH_WARPS * j) + gi + (e >> 1) * 8;
+                const int r = 8 * n + 2 * ti + (e & 1);
+                if (r >= nr)
+                    continue;
+                float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+                pr[d] = ldexpf(oh[j][n][e] + ol[j][n][e], -ATH_PEXP);
+            }
+    for (int r = tid; r < nr; r += ATH_THREADS) {
+        float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+        pr[HD] = row_m[r];
+        pr[HD + 1] = row_l[r];
+    }
 }
+
+typedef void (*ath_fn)(bool, att_args, int);
 
 /* One 4-byte cp.async (the combine's values; partial rows are only 8-byte aligned). */
 __device__ __forceinline__ void att_cp4(float *dst, const float *src)
@@ -1677,96 +1616,6 @@ static int ats_rows(int64_t n_rows, int64_t n_head_kv, int64_t n_split, bool spl
     return rows;
 }
 
-/* Which streaming kernel runs a call and with how much shared memory; fn NULL: none fits
- * (other head sizes, unaligned rows, too little shared memory). */
-typedef void (*atr_fn)(bool, att_args);
-typedef struct atr_plan {
-    atr_fn fn;
-    size_t smem;
-    uint64_t *occ;
-} atr_plan;
-
-template <int HD, typename KT, int ROWS> static td_err atr_plan_of(atr_plan *pl, int dev)
-{
-    static int opted[64];
-    int optin = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    const size_t bytes = atr_geo<HD, KT, ROWS>::BYTES;
-    if (bytes + 2048 > (size_t)optin)
-        return TD_OK;
-    const atr_fn fn = atr_kernel<HD, KT, ROWS>;
-    if (!opted[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        opted[dev] = 1;
-    }
-    static uint64_t occ[PDL_MAX_DEV];
-    pl->fn = fn;
-    pl->smem = bytes;
-    pl->occ = occ;
-    return TD_OK;
-}
-
-template <int HD, typename KT> static td_err atr_plan_rows(atr_plan *pl, int dev, int rows)
-{
-    switch (rows) {
-    case 2:
-        return atr_plan_of<HD, KT, 2>(pl, dev);
-    case 4:
-        return atr_plan_of<HD, KT, 4>(pl, dev);
-    case 8:
-        return atr_plan_of<HD, KT, 8>(pl, dev);
-    default:
-        return atr_plan_of<HD, KT, 16>(pl, dev);
-    }
-}
-
-/* The streaming kernel for a split call of rows (2, 4, 8, 16) rows per block, where one
- * fits: the staged kernel's conditions (16-byte aligned rows, head_dim 64, 128 or 256). */
-static td_err atr_plan_for(atr_plan *pl, const ops_attn *a, int dev, int rows)
-{
-    pl->fn = NULL;
-    pl->smem = 0;
-    pl->occ = NULL;
-    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
-    if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
-        a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
-        return TD_OK;
-    const bool f16 = a->kv_type == TD_F16;
-    switch (a->head_dim) {
-    case 256:
-        return f16 ? atr_plan_rows<256, __half>(pl, dev, rows) : atr_plan_rows<256, float>(pl, dev, rows);
-    case 128:
-        return f16 ? atr_plan_rows<128, __half>(pl, dev, rows) : atr_plan_rows<128, float>(pl, dev, rows);
-    case 64:
-        return f16 ? atr_plan_rows<64, __half>(pl, dev, rows) : atr_plan_rows<64, float>(pl, dev, rows);
-    default:
-        return TD_OK;
-    }
-}
-
-/* The streaming kernel's grid z for row_blocks blocks of rows: about two blocks per SM (what
- * fits one), each walking every z-th split. */
-static long long atr_z(long long row_blocks, int64_t n_split, int sms)
-{
-    long long z = (2LL * sms + row_blocks - 1) / row_blocks;
-    if (z > n_split)
-        z = n_split;
-    return z < 1 ? 1 : z;
-}
-
-/* Whether a split call takes the streaming kernel: where its blocks walk two splits or more
- * (long contexts: a stream to keep going) and no window hides splits it would copy in vain.
- * TANDEM_ATT_RING=0|1 (read on every call) forces it off or on wherever it fits, to measure
- * and to test; it never changes a result. */
-static bool atr_wanted(const ops_attn *a, int64_t n_split, long long z)
-{
-    const char *e = getenv("TANDEM_ATT_RING");
-    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0)
-        return e[0] == '1';
-    return a->window <= 0 && n_split >= 2 * z;
-}
-
 /* The split path's partials: up to ATT_PART_KEEP bytes in one buffer per (device, stream)
  * (stream_buf.cuh), so a recorded decode or verify step has no allocation and free nodes
  * around its attention (either would make the launches next to it plain ones); more, or
@@ -1796,22 +1645,155 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
     return TD_OK;
 }
 
+/* The tensor-core kernel for an f16 cache of head_dim 128 or 256 with 16-byte aligned rows
+ * (and TANDEM_ATT_MMA not 0), where the device has the shared memory: its (query, head) rows
+ * per block (8, 16 or 32; TANDEM_ATT_ROWS=8|16|32 forces one, as for the staged kernel) and
+ * whether keys and values get buffers of their own (values copied while keys are scored) or
+ * share one (two blocks per SM): their own where the grid fits the SMs at one block each.
+ * The kernel depends only on head_dim, the cache type and layout and the device, so a
+ * model's decode, verify and prefill calls all take it. */
+typedef struct ath_plan {
+    ath_fn fn;
+    int rows, kv_sep;
+    size_t smem;
+    uint64_t *occ;
+} ath_plan;
+
+template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev, int sms, long long blocks)
+{
+    static int opted[64];
+    int optin = 0, per_sm = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    typedef ath_geo<HD, ROWS> G;
+    const size_t one = G::FIXED + G::KV, two = G::FIXED + 2 * G::KV, room = (size_t)optin - 2048;
+    if (one > room)
+        return TD_OK;
+    const char *e = getenv("TANDEM_ATT_KVSEP"); /* 0|1: forced, to measure */
+    const bool twice = 2 * (one + 2048) <= (size_t)per_sm;
+    pl->kv_sep = two <= room && (blocks <= sms || !twice);
+    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0)
+        pl->kv_sep = e[0] == '1' && two <= room;
+    pl->smem = pl->kv_sep ? two : one;
+    pl->fn = ath_kernel<HD, ROWS>;
+    pl->rows = ROWS;
+    static uint64_t occ[PDL_MAX_DEV];
+    pl->occ = occ;
+    if (!opted[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
+        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        opted[dev] = 1;
+    }
+    return TD_OK;
+}
+
+template <int HD>
+static td_err ath_plan_rows(ath_plan *pl, int dev, int sms, int64_t n_rows, int64_t n_head_kv,
+                            int64_t n_split)
+{
+    const char *e = getenv("TANDEM_ATT_ROWS");
+    const int forced = e ? atoi(e) : 0;
+    const int rows = forced == 8 || forced == 16 || forced == 32 ? forced
+                     : n_rows <= 8                                 ? 8
+                     : n_rows <= 16                                ? 16
+                                                                   : 32;
+    /* fewer rows where the shared memory is short (sm_86: 16 rows of 256 do not fit): 8
+     * rows fitting is what decides the kernel, for every call alike */
+    for (int r = rows; r >= 8 && !pl->fn; r /= 2) {
+        const long long blocks = (n_rows + r - 1) / r * n_head_kv * n_split;
+        const td_err err = r == 32 ? ath_plan_of<HD, 32>(pl, dev, sms, blocks)
+                         : r == 16 ? ath_plan_of<HD, 16>(pl, dev, sms, blocks)
+                                   : ath_plan_of<HD, 8>(pl, dev, sms, blocks);
+        if (err != TD_OK)
+            return err;
+    }
+    return TD_OK;
+}
+
+static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev, int sms)
+{
+    memset(pl, 0, sizeof *pl);
+    const char *e = getenv("TANDEM_ATT_MMA");
+    if ((e && strcmp(e, "0") == 0) || a->kv_type != TD_F16 || dev >= 64 ||
+        (uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
+        a->kv_tok_stride * 2 % 16 != 0 || a->kv_head_stride * 2 % 16 != 0)
+        return TD_OK;
+    switch (a->head_dim) {
+    case 256:
+        return ath_plan_rows<256>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split);
+    case 128:
+        return ath_plan_rows<128>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split);
+    default:
+        return TD_OK;
+    }
+}
+
+/* The partials' bytes one split call may have (TANDEM_ATT_SCRATCH_MAX, bytes, lowers it:
+ * to test the cut below); above it a call runs as several, each for a range of queries. */
+static size_t att_scratch_max(void)
+{
+    const char *e = getenv("TANDEM_ATT_SCRATCH_MAX");
+    const long long v = e ? atoll(e) : 0;
+    return v > 0 && (size_t)v < ATT_SCRATCH_MAX ? (size_t)v : ATT_SCRATCH_MAX;
+}
+
+/* Queries t0 .. t0 + n - 1 of a as a call of their own: their rows of q, the gate, positions,
+ * tree bits and outputs (each query's result depends on nothing else). */
+static ops_attn att_queries(const ops_attn *a, int64_t t0, int64_t n)
+{
+    ops_attn s = *a;
+    s.n_q = n;
+    s.q = a->q + t0 * a->q_tok_stride;
+    if (a->gate)
+        s.gate = a->gate + t0 * a->gate_tok_stride;
+    s.q_pos = a->q_pos + t0;
+    if (a->mask == OPS_MASK_TREE)
+        s.tree_bits = a->tree_bits + t0 * ((a->n_tree + 63) / 64);
+    s.out = a->out + t0 * a->n_head * a->head_dim;
+    return s;
+}
+
 /* A kernel fn that hands one partial per split to the combine kernel, then the combine:
  * the partials in att_part_get's buffer. */
-static td_err att_split_launch(void (*fn)(bool, att_args), dim3 grid, unsigned threads,
+template <typename... X>
+static td_err att_split_launch(void (*fn)(bool, att_args, X...), dim3 grid, unsigned threads,
                                size_t smem, uint64_t *occ, att_args p, size_t part_bytes,
-                               cudaStream_t st)
+                               cudaStream_t st, X... extra)
 {
     void *pooled = NULL;
     TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
     const pdl_plan pp = pdl_plan_get((const void *)fn, (uint64_t)grid.x * grid.y * grid.z,
                                      threads, smem, occ);
-    const cudaError_t e = launch_ex(fn, grid, dim3(threads), smem, pp.pdl, st, pp.early, p);
+    const cudaError_t e = launch_ex(fn, grid, dim3(threads), smem, pp.pdl, st, pp.early, p,
+                                    extra...);
     cuda_launch_note(1);
     td_err r = e == cudaSuccess ? att_combine_launch(p, st)
                                 : err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
     dev_scratch_free(pooled, st);
     return r;
+}
+
+/* The tensor-core kernel for f16 caches, as several calls over ranges of queries where one
+ * call's partials would pass att_scratch_max. */
+static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, cudaStream_t st)
+{
+    const ops_attn *a = &p.a;
+    const size_t per_q = part_bytes / (size_t)a->n_q;
+    const size_t cap = att_scratch_max();
+    const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
+                             ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
+                             : a->n_q;
+    for (int64_t t0 = 0; t0 < a->n_q; t0 += step) {
+        const int64_t n = a->n_q - t0 < step ? a->n_q - t0 : step;
+        att_args ps = p;
+        ps.a = att_queries(a, t0, n);
+        ps.n_rows = n * p.group;
+        const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
+                        (unsigned)p.n_split);
+        TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
+                                st, hp.kv_sep));
+    }
+    return TD_OK;
 }
 
 extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
@@ -1861,21 +1843,16 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
                         (unsigned)p.n_split);
         return att_split_launch(atm, grid, ATM_THREADS, atm_bytes, atm_occ, p, part_bytes, st);
     }
+    ath_plan hp;
+    TD_TRY(ath_plan_for(&hp, a, p, dev, sms));
+    if (hp.fn)
+        return ath_run(hp, p, part_bytes, st);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
     /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
      * turn */
     const int rows = ats_rows(p.n_rows, a->n_head_kv, p.n_split, split, sms);
     const long long ats_tiles = (p.n_rows + rows - 1) / rows;
     const long long ats_row_blocks = ats_tiles * a->n_head_kv;
-    if (split) {
-        atr_plan rp;
-        TD_TRY(atr_plan_for(&rp, a, dev, rows));
-        const long long zr = atr_z(ats_row_blocks, p.n_split, sms);
-        if (rp.fn && atr_wanted(a, p.n_split, zr))
-            return att_split_launch(rp.fn, dim3((unsigned)ats_tiles, (unsigned)a->n_head_kv,
-                                                (unsigned)zr),
-                                    ATS_THREADS, rp.smem, rp.occ, p, part_bytes, st);
-    }
     const long long z = ats_z(ats_row_blocks, p.n_split, split, sms);
     ats_plan plan;
     TD_TRY(ats_plan_for(&plan, a, dev, sms, ats_row_blocks * z, !split, rows));
