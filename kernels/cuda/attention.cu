@@ -58,10 +58,11 @@ __device__ __forceinline__ int64_t att_n_split(const att_args &p, int64_t n_kv)
     return n < p.n_split ? n : p.n_split;
 }
 
-/* Whether query t at position qp sees key i (cpu_attention's key_visible). */
-__device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_t qp, int64_t i)
+/* Whether query t at position qp sees key i at position kp (cpu_attention's key_visible). */
+__device__ __forceinline__ bool att_visible_at(const ops_attn &a, int64_t t, int32_t qp,
+                                               int64_t i, int32_t kp)
 {
-    const int64_t d = (int64_t)qp - __ldg(a.k_pos + i);
+    const int64_t d = (int64_t)qp - kp;
     if (a.mask == OPS_MASK_BIDIRECTIONAL)
         return a.window <= 0 || llabs(d) < a.window;
     if (a.mask == OPS_MASK_TREE) {
@@ -74,6 +75,12 @@ __device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_
         }
     }
     return d >= 0 && (a.window <= 0 || d < a.window);
+}
+
+/* The same, the key's position read from a.k_pos. */
+__device__ __forceinline__ bool att_visible(const ops_attn &a, int64_t t, int32_t qp, int64_t i)
+{
+    return att_visible_at(a, t, qp, i, __ldg(a.k_pos + i));
 }
 
 /* K, V, q, positions and the gate are only read while the kernel runs: they load through the
@@ -824,7 +831,8 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
 #define ATH_THREADS (32 * ATH_WARPS)
 #define ATH_SS (ATT_SPLIT + 4) /* floats per score row */
 #define ATH_PS (ATT_SPLIT + 8) /* halves per row of p (rows 4 banks apart) */
-#define ATH_PEXP 14            /* p is scaled by 2^14 before its split */
+#define ATH_PUP 0x1p14f        /* p is scaled by 2^14 before its split */
+#define ATH_PDOWN 0x1p-14f     /* and the values back */
 
 template <int HD, int ROWS> struct ath_geo {
     static constexpr int QS = HD + 8;                              /* halves per query row */
@@ -867,12 +875,15 @@ __device__ __forceinline__ void ath_split(float x, __half &hi, __half &lo)
     lo = __float2half_rn(x - __half2float(hi));
 }
 
-/* The exponent e of a query row whose largest |q| has the bits big: the row is split as q
- * 2^-e, whose values lie below 2^15 (e = 0 for a row of zeros, inf or NaN). */
-__device__ __forceinline__ int ath_exp(unsigned big)
+/* 2^e for a query row whose largest |q| has the bits big: the row is split as q 2^-e, whose
+ * values then lie below 2^15 (e = 0 for a row of zeros, inf or NaN; e within +-100, so both
+ * 2^e and 2^-e are normal floats and multiplying by them is exact). */
+__device__ __forceinline__ float ath_pow2(unsigned big)
 {
     const float x = __uint_as_float(big);
-    return x > 0.0f && isfinite(x) ? ilogbf(x) - 14 : 0;
+    int e = x > 0.0f && isfinite(x) ? ilogbf(x) - 14 : 0;
+    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    return __int_as_float((127 + e) << 23);
 }
 
 /* grid: x = tile of ROWS rows, y = kv head, z = split. Scores: warp w takes keys 16w ..
@@ -897,6 +908,9 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __shared__ int64_t row_t[ROWS], row_h[ROWS];
     __shared__ int32_t row_qp[ROWS];
     __shared__ unsigned row_big[ROWS]; /* the row's largest |q| (its bits) */
+    __shared__ float row_up[ROWS], row_down[ROWS]; /* 2^e and 2^-e of the row's split */
+    __shared__ int64_t row_po[ROWS];                /* the row's partial in a split's */
+    __shared__ int32_t kpos[ATT_SPLIT];             /* the split's key positions */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
     const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
@@ -915,8 +929,11 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         row_t[tid] = rf / p.group;
         row_h[tid] = g * p.group + rf % p.group;
         row_qp[tid] = a.q_pos[row_t[tid]];
+        row_po[tid] = (row_t[tid] * a.n_head + row_h[tid]) * (HD + 2);
         row_big[tid] = 0;
     }
+    if (tid < nk)
+        kpos[tid] = __ldg(a.k_pos + k0 + tid);
     __syncthreads();
     /* the query rows: every load out first; a warp's 32 values lie in one row */
     constexpr int QN = ROWS * HD / ATH_THREADS;
@@ -937,11 +954,15 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             atomicMax(&row_big[(tid + u * ATH_THREADS) / HD], big);
     }
     __syncthreads();
+    if (tid < ROWS) {
+        row_up[tid] = ath_pow2(row_big[tid]);
+        row_down[tid] = 1.0f / row_up[tid];
+    }
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < QN; u++) {
         const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
-        const int ex = ath_exp(row_big[r]);
-        ath_split(ldexpf(qv[u], -ex), qh[r * QS + d], ql[r * QS + d]);
+        ath_split(qv[u] * row_down[r], qh[r * QS + d], ql[r * QS + d]);
     }
     if (kv_sep)
         ats_wait<1>();
@@ -971,10 +992,9 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
                 const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
                 if (r >= nr || key >= nk)
                     continue;
-                const int ex = ath_exp(row_big[r]);
-                const bool vis = att_visible(a, row_t[r], row_qp[r], k0 + key);
+                const bool vis = att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
                 ss[r * ATH_SS + key] =
-                    vis ? __fmul_rn(a.scale, ldexpf(sh[n][e] + sl[n][e], ex)) : -INFINITY;
+                    vis ? __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]) : -INFINITY;
             }
     }
     __syncthreads(); /* every warp is done with the keys */
@@ -985,8 +1005,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
         __syncwarp();
         for (int c = lane; c < kend; c += 32)
-            ath_split(c < nk ? ldexpf(row[c], ATH_PEXP) : 0.0f, ph[r * ATH_PS + c],
-                      pl[r * ATH_PS + c]);
+            ath_split(c < nk ? row[c] * ATH_PUP : 0.0f, ph[r * ATH_PS + c], pl[r * ATH_PS + c]);
     }
     ats_wait<0>();
     /* p is 0 past the keys: the values there must be finite */
@@ -1013,6 +1032,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     }
 
     /* the split's partial: values, then max and sum */
+    float *part = p.part + s * a.n_q * a.n_head * (HD + 2);
 #pragma unroll
     for (int j = 0; j < DT; j++)
 #pragma unroll
@@ -1021,13 +1041,11 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             for (int e = 0; e < 4; e++) {
                 const int d = 16 * (warp + ATH_WARPS * j) + gi + (e >> 1) * 8;
                 const int r = 8 * n + 2 * ti + (e & 1);
-                if (r >= nr)
-                    continue;
-                float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
-                pr[d] = ldexpf(oh[j][n][e] + ol[j][n][e], -ATH_PEXP);
+                if (r < nr)
+                    part[row_po[r] + d] = (oh[j][n][e] + ol[j][n][e]) * ATH_PDOWN;
             }
     for (int r = tid; r < nr; r += ATH_THREADS) {
-        float *pr = p.part + ((s * a.n_q + row_t[r]) * a.n_head + row_h[r]) * (HD + 2);
+        float *pr = part + row_po[r];
         pr[HD] = row_m[r];
         pr[HD + 1] = row_l[r];
     }
@@ -1525,9 +1543,9 @@ static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool
         return TD_OK;
     pl->kv_sep = two <= room && (2 * (two + 2048) <= (size_t)per_sm || blocks < sms);
     pl->smem = pl->kv_sep ? two : one;
-    static uint64_t occ[2][PDL_MAX_DEV];
+    static uint64_t occ[2][2][PDL_MAX_DEV]; /* per variant and layout (shared memory) */
     pl->fn = fold ? ats_kernel<HD, KT, true, ROWS> : ats_kernel<HD, KT, false, ROWS>;
-    pl->occ = occ[fold ? 0 : 1];
+    pl->occ = occ[fold ? 0 : 1][pl->kv_sep];
     if (dev >= 0 && dev < 64 && !opted[dev]) {
         const ats_fn fns[2] = {ats_kernel<HD, KT, true, ROWS>, ats_kernel<HD, KT, false, ROWS>};
         for (int i = 0; i < 2; i++) {
@@ -1677,8 +1695,8 @@ template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev, int
     pl->smem = pl->kv_sep ? two : one;
     pl->fn = ath_kernel<HD, ROWS>;
     pl->rows = ROWS;
-    static uint64_t occ[PDL_MAX_DEV];
-    pl->occ = occ;
+    static uint64_t occ[2][PDL_MAX_DEV]; /* per layout: they differ in shared memory */
+    pl->occ = occ[pl->kv_sep];
     if (!opted[dev]) {
         CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
         CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
