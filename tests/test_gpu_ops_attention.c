@@ -432,9 +432,9 @@ static float *att_run_mma(ops_attn d, const char *val)
 
 /* The tensor-core kernel of f16 caches (head_dim 128 and 256: every call of such a model)
  * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
- * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16, 32), with keys and
- * values sharing a buffer or not (TANDEM_ATT_KVSEP), or when a call whose partials would be
- * too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX lowered); with
+ * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), or when a call whose
+ * partials would be too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX
+ * lowered); with
  * the key count read from the device (a recorded step's launch sized for the whole cache),
  * they are the bits of the call launched for exactly those keys. Cases: splits whose last
  * 16-key step is partial, splits no row sees (later keys masked, a window), GQA groups of
@@ -463,9 +463,8 @@ static void test_attention_f16_tensor_core_kernel(void **state)
         {"bidirectional 16, window 100", 16, 8, 2, 128, 500, OPS_MASK_BIDIRECTIONAL, 100, TD_F16,
          false, false, 0, 0},
     };
-    static const char *const rows[] = {"8", "16", "32"};
+    static const char *const rows[] = {"8", "16"};
     char *keep_rows = env_swap("TANDEM_ATT_ROWS", NULL);
-    char *keep_sep = env_swap("TANDEM_ATT_KVSEP", NULL);
     rng_seed(17);
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         const att_case *c = &cs[i];
@@ -493,17 +492,12 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             fail_msg("attention case %s differs from the CPU", what);
         if (i == 0) /* different sums: the switch really changes the kernel */
             assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
-        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
-            for (int sep = 0; sep < 2; sep++) {
-                free(env_swap("TANDEM_ATT_ROWS", rows[k]));
-                free(env_swap("TANDEM_ATT_KVSEP", sep ? "1" : "0"));
-                float *o = att_run(d);
-                snprintf(what, sizeof what, "%s: rows %s, kv_sep %d", c->name, rows[k], sep);
-                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
-                free(o);
-            }
-        free(env_swap("TANDEM_ATT_ROWS", NULL));
-        free(env_swap("TANDEM_ATT_KVSEP", NULL));
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            float *o = att_run_env(d, "TANDEM_ATT_ROWS", rows[k]);
+            snprintf(what, sizeof what, "%s: rows %s", c->name, rows[k]);
+            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            free(o);
+        }
         { /* partials for 3 queries (or 1) at a time: several calls */
             const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
             char cap[32];
@@ -537,7 +531,6 @@ static void test_attention_f16_tensor_core_kernel(void **state)
         att_host_free(&h);
     }
     env_restore("TANDEM_ATT_ROWS", keep_rows);
-    env_restore("TANDEM_ATT_KVSEP", keep_sep);
 }
 
 /* The tensor-core kernel (bidirectional blocks over an f32 cache, head_dim 64 and 128: the

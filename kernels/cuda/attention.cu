@@ -823,8 +823,9 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * every output element of a product reads one key (or d) row and one query row, so a
  * query's result does not depend on the other rows of its call, or on which column of a
  * tile it takes: decode, verify, trees and prefill chunks agree bit for bit (the GPU test
- * checks it). A block takes one kv head, 8, 16 or 32 rows and one split of 128 keys; the
- * split's softmax is att_row_softmax, the fold the combine kernel's.
+ * checks it). A block takes one kv head, 8 or 16 rows and one split of 128 keys (its keys,
+ * then its values in the same buffer); the split's softmax is att_row_softmax, the fold the
+ * combine kernel's.
  * ------------------------------------------------------------------------------------- */
 
 #define ATH_WARPS 8
@@ -890,7 +891,7 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
  * 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16 values
  * each) of every row. */
 template <int HD, int ROWS>
-__global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p, int kv_sep)
+__global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p)
 {
     pdl_enter(early);
     typedef ath_geo<HD, ROWS> G;
@@ -902,8 +903,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __half *qh = (__half *)ath_smem, *ql = qh + ROWS * QS;
     float *ss = (float *)(ath_smem + G::Q);
     __half *ph = (__half *)(ath_smem + G::Q + G::S), *pl = ph + ROWS * ATH_PS;
-    unsigned char *kb = ath_smem + G::FIXED;
-    unsigned char *vb = kv_sep ? kb + G::KV : kb;
+    unsigned char *kb = ath_smem + G::FIXED; /* keys, then values */
     __shared__ float row_m[ROWS], row_l[ROWS];
     __shared__ int64_t row_t[ROWS], row_h[ROWS];
     __shared__ int32_t row_qp[ROWS];
@@ -922,8 +922,6 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
 
     ats_stage<HD, __half>(kb, a, a.k, g, k0, nk);
-    if (kv_sep)
-        ats_stage<HD, __half>(vb, a, a.v, g, k0, nk);
     if (tid < ROWS) {
         const int64_t rf = r0 + (tid < nr ? tid : 0);
         row_t[tid] = rf / p.group;
@@ -964,10 +962,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
         ath_split(qv[u] * row_down[r], qh[r * QS + d], ql[r * QS + d]);
     }
-    if (kv_sep)
-        ats_wait<1>();
-    else
-        ats_wait<0>();
+    ats_wait<0>();
     __syncthreads(); /* the split query rows and the keys are in */
 
     /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
@@ -998,8 +993,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             }
     }
     __syncthreads(); /* every warp is done with the keys */
-    if (!kv_sep)
-        ats_stage<HD, __half>(vb, a, a.v, g, k0, nk); /* into the keys' buffer */
+    ats_stage<HD, __half>(kb, a, a.v, g, k0, nk);
     for (int r = warp; r < nr; r += ATH_WARPS) {
         float *row = ss + r * ATH_SS;
         att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
@@ -1010,12 +1004,12 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     ats_wait<0>();
     /* p is 0 past the keys: the values there must be finite */
     for (int e = nk * (HD / 8) + tid; e < kend * (HD / 8); e += ATH_THREADS)
-        *(uint4 *)(vb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
+        *(uint4 *)(kb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
     __syncthreads(); /* p and the values are in */
 
     /* values: d tiles w + ATH_WARPS j (M) x every row tile (N), over the keys */
     float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
-    const unsigned char *vrow = vb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
+    const unsigned char *vrow = kb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
                                 ((lane >> 3) & 1) * 16;
     for (int kk = 0; kk < kend; kk += 16) {
 #pragma unroll
@@ -1051,7 +1045,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     }
 }
 
-typedef void (*ath_fn)(bool, att_args, int);
+typedef void (*ath_fn)(bool, att_args);
 
 /* One 4-byte cp.async (the combine's values; partial rows are only 8-byte aligned). */
 __device__ __forceinline__ void att_cp4(float *dst, const float *src)
@@ -1664,71 +1658,54 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
 }
 
 /* The tensor-core kernel for an f16 cache of head_dim 128 or 256 with 16-byte aligned rows
- * (and TANDEM_ATT_MMA not 0), where the device has the shared memory: its (query, head) rows
- * per block (8, 16 or 32; TANDEM_ATT_ROWS=8|16|32 forces one, as for the staged kernel) and
- * whether keys and values get buffers of their own (values copied while keys are scored) or
- * share one (two blocks per SM): their own where the grid fits the SMs at one block each.
- * The kernel depends only on head_dim, the cache type and layout and the device, so a
- * model's decode, verify and prefill calls all take it. */
+ * (and TANDEM_ATT_MMA not 0), where the device has the shared memory for 8 rows per block:
+ * 8 (query, head) rows per block for a call of at most 8 rows per kv head (decode), else 16
+ * (fewer where the shared memory is short; TANDEM_ATT_ROWS=8|16 forces one, as for the
+ * staged kernel). Keys and values take one buffer in turn, so that two blocks share an SM
+ * (H200, bench_attention_cuda: every case as fast or faster than with a buffer each, e.g.
+ * a 32K decode 64 us against 98). The kernel depends only on head_dim, the cache type and
+ * layout and the device, so a model's decode, verify and prefill calls all take it. */
 typedef struct ath_plan {
     ath_fn fn;
-    int rows, kv_sep;
+    int rows;
     size_t smem;
     uint64_t *occ;
 } ath_plan;
 
-template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev, int sms, long long blocks)
+template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
 {
     static int opted[64];
-    int optin = 0, per_sm = 0;
+    int optin = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    typedef ath_geo<HD, ROWS> G;
-    const size_t one = G::FIXED + G::KV, two = G::FIXED + 2 * G::KV, room = (size_t)optin - 2048;
-    if (one > room)
+    const size_t bytes = ath_geo<HD, ROWS>::FIXED + ath_geo<HD, ROWS>::KV;
+    if (bytes + 2048 > (size_t)optin)
         return TD_OK;
-    const char *e = getenv("TANDEM_ATT_KVSEP"); /* 0|1: forced, to measure */
-    const bool twice = 2 * (one + 2048) <= (size_t)per_sm;
-    pl->kv_sep = two <= room && (blocks <= sms || !twice);
-    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0)
-        pl->kv_sep = e[0] == '1' && two <= room;
-    pl->smem = pl->kv_sep ? two : one;
     pl->fn = ath_kernel<HD, ROWS>;
     pl->rows = ROWS;
-    static uint64_t occ[2][PDL_MAX_DEV]; /* per layout: they differ in shared memory */
-    pl->occ = occ[pl->kv_sep];
+    pl->smem = bytes;
+    static uint64_t occ[PDL_MAX_DEV];
+    pl->occ = occ;
     if (!opted[dev]) {
-        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)room));
+        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         opted[dev] = 1;
     }
     return TD_OK;
 }
 
-template <int HD>
-static td_err ath_plan_rows(ath_plan *pl, int dev, int sms, int64_t n_rows, int64_t n_head_kv,
-                            int64_t n_split)
+template <int HD> static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_rows_kv)
 {
     const char *e = getenv("TANDEM_ATT_ROWS");
     const int forced = e ? atoi(e) : 0;
-    const int rows = forced == 8 || forced == 16 || forced == 32 ? forced
-                     : n_rows <= 8                                 ? 8
-                     : n_rows <= 16                                ? 16
-                                                                   : 32;
-    /* fewer rows where the shared memory is short (sm_86: 16 rows of 256 do not fit): 8
-     * rows fitting is what decides the kernel, for every call alike */
-    for (int r = rows; r >= 8 && !pl->fn; r /= 2) {
-        const long long blocks = (n_rows + r - 1) / r * n_head_kv * n_split;
-        const td_err err = r == 32 ? ath_plan_of<HD, 32>(pl, dev, sms, blocks)
-                         : r == 16 ? ath_plan_of<HD, 16>(pl, dev, sms, blocks)
-                                   : ath_plan_of<HD, 8>(pl, dev, sms, blocks);
-        if (err != TD_OK)
+    if (forced == 16 || (forced != 8 && n_rows_kv > 8)) {
+        const td_err err = ath_plan_of<HD, 16>(pl, dev);
+        if (err != TD_OK || pl->fn)
             return err;
     }
-    return TD_OK;
+    return ath_plan_of<HD, 8>(pl, dev);
 }
 
-static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev, int sms)
+static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev)
 {
     memset(pl, 0, sizeof *pl);
     const char *e = getenv("TANDEM_ATT_MMA");
@@ -1738,9 +1715,9 @@ static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, i
         return TD_OK;
     switch (a->head_dim) {
     case 256:
-        return ath_plan_rows<256>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split);
+        return ath_plan_rows<256>(pl, dev, p.n_rows);
     case 128:
-        return ath_plan_rows<128>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split);
+        return ath_plan_rows<128>(pl, dev, p.n_rows);
     default:
         return TD_OK;
     }
@@ -1809,7 +1786,7 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
                         (unsigned)p.n_split);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
-                                st, hp.kv_sep));
+                                st));
     }
     return TD_OK;
 }
@@ -1862,7 +1839,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
         return att_split_launch(atm, grid, ATM_THREADS, atm_bytes, atm_occ, p, part_bytes, st);
     }
     ath_plan hp;
-    TD_TRY(ath_plan_for(&hp, a, p, dev, sms));
+    TD_TRY(ath_plan_for(&hp, a, p, dev));
     if (hp.fn)
         return ath_run(hp, p, part_bytes, st);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
