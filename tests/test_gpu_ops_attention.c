@@ -432,8 +432,7 @@ static float *att_run_mma(ops_attn d, const char *val)
 
 /* The tensor-core kernel of f16 caches (head_dim 128 and 256: every call of such a model)
  * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
- * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), with blocks walking
- * several splits through two buffers or not (TANDEM_ATT_PIPE=1, 0), or when a call whose
+ * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), or when a call whose
  * partials would be too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX
  * lowered); with
  * the key count read from the device (a recorded step's launch sized for the whole cache),
@@ -493,15 +492,12 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             fail_msg("attention case %s differs from the CPU", what);
         if (i == 0) /* different sums: the switch really changes the kernel */
             assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
-        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
-            for (int pipe = 0; pipe < 2; pipe++) {
-                free(env_swap("TANDEM_ATT_ROWS", rows[k]));
-                float *o = att_run_env(d, "TANDEM_ATT_PIPE", pipe ? "1" : "0");
-                snprintf(what, sizeof what, "%s: rows %s, pipelined %d", c->name, rows[k], pipe);
-                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
-                free(o);
-            }
-        free(env_swap("TANDEM_ATT_ROWS", NULL));
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+            float *o = att_run_env(d, "TANDEM_ATT_ROWS", rows[k]);
+            snprintf(what, sizeof what, "%s: rows %s", c->name, rows[k]);
+            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            free(o);
+        }
         { /* partials for 3 queries (or 1) at a time: several calls */
             const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
             char cap[32];
@@ -521,12 +517,8 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             exact.q_pos = dev.k_pos + n_use - 1; /* the last key in use is the query's own */
             dev.q_pos = exact.q_pos;
             float *want = att_run(exact), *o = att_run(dev);
-            float *op = att_run_env(dev, "TANDEM_ATT_PIPE", "1");
             snprintf(what, sizeof what, "%d keys on the device", (int)n_use);
             assert_true(check_same_bits(what, o, want, (size_t)n_out * 4));
-            snprintf(what, sizeof what, "%d keys on the device, pipelined", (int)n_use);
-            assert_true(check_same_bits(what, op, want, (size_t)n_out * 4));
-            free(op);
             /* the count matters: the call over all 5000 keys differs */
             assert_true(memcmp(want, got, (size_t)n_out * 4) != 0);
             free(want), free(o);

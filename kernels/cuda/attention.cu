@@ -887,13 +887,10 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
     return __int_as_float((127 + e) << 23);
 }
 
-/* grid: x = tile of ROWS rows, y = kv head, z = split; PIPE: z = the block's first split,
- * then every gridDim.z-th, keys and values in buffers of their own, the next split's keys
- * copied while this one's values are summed and its values while the next keys are scored.
- * Scores: warp w takes keys 16w .. 16w + 15 of every row; values: warp w takes d tiles w,
- * w + ATH_WARPS, ... (16 values each) of every row. Either way each split's partial is the
- * same, bit for bit. */
-template <int HD, int ROWS, bool PIPE>
+/* grid: x = tile of ROWS rows, y = kv head, z = split. Scores: warp w takes keys 16w ..
+ * 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16 values
+ * each) of every row. */
+template <int HD, int ROWS>
 __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p)
 {
     pdl_enter(early);
@@ -906,8 +903,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __half *qh = (__half *)ath_smem, *ql = qh + ROWS * QS;
     float *ss = (float *)(ath_smem + G::Q);
     __half *ph = (__half *)(ath_smem + G::Q + G::S), *pl = ph + ROWS * ATH_PS;
-    unsigned char *kb = ath_smem + G::FIXED; /* keys (and then values, but with PIPE) */
-    unsigned char *vb = PIPE ? kb + G::KV : kb;
+    unsigned char *kb = ath_smem + G::FIXED; /* keys, then values */
     __shared__ float row_m[ROWS], row_l[ROWS];
     __shared__ int64_t row_t[ROWS], row_h[ROWS];
     __shared__ int32_t row_qp[ROWS];
@@ -917,19 +913,15 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __shared__ int32_t kpos[ATT_SPLIT];             /* the split's key positions */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
-    const int64_t g = blockIdx.y, n_kv = att_n_kv(a), n_split = att_n_split(p, n_kv);
-    const int64_t r0 = (int64_t)blockIdx.x * ROWS, s_step = PIPE ? gridDim.z : n_split;
-    int64_t s = blockIdx.z;
-    if (s >= n_split)
+    const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS, k0 = s * ATT_SPLIT;
+    if (k0 >= n_kv)
         return; /* past the keys in use: the combine reads no partial of it */
     const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
-    auto keys_of = [&](int64_t sp) {
-        return (int)(n_kv - sp * ATT_SPLIT < ATT_SPLIT ? n_kv - sp * ATT_SPLIT : ATT_SPLIT);
-    };
+    const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
+    const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
 
-    ats_stage<HD, __half>(kb, a, a.k, g, s * ATT_SPLIT, keys_of(s));
-    if (PIPE)
-        ats_stage<HD, __half>(vb, a, a.v, g, s * ATT_SPLIT, keys_of(s));
+    ats_stage<HD, __half>(kb, a, a.k, g, k0, nk);
     if (tid < ROWS) {
         const int64_t rf = r0 + (tid < nr ? tid : 0);
         row_t[tid] = rf / p.group;
@@ -938,6 +930,8 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         row_po[tid] = (row_t[tid] * a.n_head + row_h[tid]) * (HD + 2);
         row_big[tid] = 0;
     }
+    if (tid < nk)
+        kpos[tid] = __ldg(a.k_pos + k0 + tid);
     __syncthreads();
     /* the query rows: every load out first; a warp's 32 values lie in one row */
     constexpr int QN = ROWS * HD / ATH_THREADS;
@@ -968,18 +962,8 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
         ath_split(qv[u] * row_down[r], qh[r * QS + d], ql[r * QS + d]);
     }
-
-    for (; s < n_split; s += s_step) {
-    const int64_t k0 = s * ATT_SPLIT;
-    const int nk = keys_of(s);
-    const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
-    if (tid < nk)
-        kpos[tid] = __ldg(a.k_pos + k0 + tid);
-    if (PIPE)
-        ats_wait<1>(); /* all but the values */
-    else
-        ats_wait<0>();
-    __syncthreads(); /* the split query rows, the key positions and the keys are in */
+    ats_wait<0>();
+    __syncthreads(); /* the split query rows and the keys are in */
 
     /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
     float sh[NT][4] = {}, sl[NT][4] = {};
@@ -1009,13 +993,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             }
     }
     __syncthreads(); /* every warp is done with the keys */
-    const int64_t sn = s + s_step;
-    if (!PIPE)
-        ats_stage<HD, __half>(kb, a, a.v, g, k0, nk); /* into the keys' buffer */
-    else if (sn < n_split)
-        ats_stage<HD, __half>(kb, a, a.k, g, sn * ATT_SPLIT, keys_of(sn));
-    else
-        ats_commit();
+    ats_stage<HD, __half>(kb, a, a.v, g, k0, nk);
     for (int r = warp; r < nr; r += ATH_WARPS) {
         float *row = ss + r * ATH_SS;
         att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
@@ -1023,18 +1001,15 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         for (int c = lane; c < kend; c += 32)
             ath_split(c < nk ? row[c] * ATH_PUP : 0.0f, ph[r * ATH_PS + c], pl[r * ATH_PS + c]);
     }
-    if (PIPE)
-        ats_wait<1>(); /* all but the next keys */
-    else
-        ats_wait<0>();
+    ats_wait<0>();
     /* p is 0 past the keys: the values there must be finite */
     for (int e = nk * (HD / 8) + tid; e < kend * (HD / 8); e += ATH_THREADS)
-        *(uint4 *)(vb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
+        *(uint4 *)(kb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
     __syncthreads(); /* p and the values are in */
 
     /* values: d tiles w + ATH_WARPS j (M) x every row tile (N), over the keys */
     float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
-    const unsigned char *vrow = vb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
+    const unsigned char *vrow = kb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
                                 ((lane >> 3) & 1) * 16;
     for (int kk = 0; kk < kend; kk += 16) {
 #pragma unroll
@@ -1048,14 +1023,6 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
                 ath_mma(ol[j][n], af, *(const uint32_t *)(pl + q), *(const uint32_t *)(pl + q + 8));
             }
         }
-    }
-
-    if (PIPE) {
-        __syncthreads(); /* every warp is done with the values */
-        if (sn < n_split)
-            ats_stage<HD, __half>(vb, a, a.v, g, sn * ATT_SPLIT, keys_of(sn));
-        else
-            ats_commit();
     }
 
     /* the split's partial: values, then max and sum */
@@ -1076,8 +1043,6 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         pr[HD] = row_m[r];
         pr[HD + 1] = row_l[r];
     }
-    }
-    ats_wait<0>(); /* no copy outlives the block */
 }
 
 typedef void (*ath_fn)(bool, att_args);
@@ -1703,75 +1668,44 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
 typedef struct ath_plan {
     ath_fn fn;
     int rows;
-    long long z; /* grid z: the splits, or with the pipelined variant fewer, each block
-                  * walking every z-th */
     size_t smem;
     uint64_t *occ;
 } ath_plan;
 
-/* Makes kernel fn take bytes of dynamic shared memory, once per device. */
-static td_err ath_optin(ath_fn fn, int dev, size_t bytes, int *opted)
+template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
 {
-    if (opted[dev])
+    static int opted[64];
+    int optin = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const size_t bytes = ath_geo<HD, ROWS>::FIXED + ath_geo<HD, ROWS>::KV;
+    if (bytes + 2048 > (size_t)optin)
         return TD_OK;
-    CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    opted[dev] = 1;
+    pl->fn = ath_kernel<HD, ROWS>;
+    pl->rows = ROWS;
+    pl->smem = bytes;
+    static uint64_t occ[PDL_MAX_DEV];
+    pl->occ = occ;
+    if (!opted[dev]) {
+        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        opted[dev] = 1;
+    }
     return TD_OK;
 }
 
-/* ROWS rows per block where they fit: the pipelined variant (one block per SM, keys and
- * values in buffers of their own) where its blocks walk two splits or more (long contexts),
- * else a block per split with keys and values in one buffer in turn (two blocks per SM).
- * A call whose key count is read on the device (dev_count: a recorded step, launched for
- * the whole cache) may use far fewer splits than launched: there only decode's 8-row blocks
- * take the pipelined variant (a short context's few blocks copy keys and values at once
- * either way), since a verify block's rows would leave half the blocks of a short context
- * waiting. TANDEM_ATT_PIPE=0|1 forces the variant where it fits. */
-template <int HD, int ROWS>
-static td_err ath_plan_of(ath_plan *pl, int dev, int sms, int64_t n_rows_kv, int64_t n_head_kv,
-                          int64_t n_split, bool dev_count)
-{
-    static int opted[2][64];
-    static uint64_t occ[2][PDL_MAX_DEV];
-    int optin = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    typedef ath_geo<HD, ROWS> G;
-    const size_t one = G::FIXED + G::KV, two = G::FIXED + 2 * G::KV;
-    if (one + 2048 > (size_t)optin)
-        return TD_OK;
-    const long long row_blocks = (n_rows_kv + ROWS - 1) / ROWS * n_head_kv;
-    long long z = sms / row_blocks;
-    z = z < 1 ? 1 : z > n_split ? n_split : z;
-    const char *e = getenv("TANDEM_ATT_PIPE");
-    bool pipe = n_split >= 2 * z && (ROWS == 8 || !dev_count);
-    if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0)
-        pipe = e[0] == '1';
-    pipe = pipe && two + 2048 <= (size_t)optin;
-    pl->fn = pipe ? ath_kernel<HD, ROWS, true> : ath_kernel<HD, ROWS, false>;
-    pl->rows = ROWS;
-    pl->z = pipe ? z : n_split;
-    pl->smem = pipe ? two : one;
-    pl->occ = occ[pipe];
-    return ath_optin(pl->fn, dev, pl->smem, opted[pipe]);
-}
-
-template <int HD>
-static td_err ath_plan_rows(ath_plan *pl, int dev, int sms, int64_t n_rows_kv, int64_t n_head_kv,
-                            int64_t n_split, bool dev_count)
+template <int HD> static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_rows_kv)
 {
     const char *e = getenv("TANDEM_ATT_ROWS");
     const int forced = e ? atoi(e) : 0;
     if (forced == 16 || (forced != 8 && n_rows_kv > 8)) {
-        const td_err err =
-            ath_plan_of<HD, 16>(pl, dev, sms, n_rows_kv, n_head_kv, n_split, dev_count);
+        const td_err err = ath_plan_of<HD, 16>(pl, dev);
         if (err != TD_OK || pl->fn)
             return err;
     }
-    return ath_plan_of<HD, 8>(pl, dev, sms, n_rows_kv, n_head_kv, n_split, dev_count);
+    return ath_plan_of<HD, 8>(pl, dev);
 }
 
-static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev, int sms)
+static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev)
 {
     memset(pl, 0, sizeof *pl);
     const char *e = getenv("TANDEM_ATT_MMA");
@@ -1781,11 +1715,9 @@ static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, i
         return TD_OK;
     switch (a->head_dim) {
     case 256:
-        return ath_plan_rows<256>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split,
-                                  a->n_kv_dev != NULL);
+        return ath_plan_rows<256>(pl, dev, p.n_rows);
     case 128:
-        return ath_plan_rows<128>(pl, dev, sms, p.n_rows, a->n_head_kv, p.n_split,
-                                  a->n_kv_dev != NULL);
+        return ath_plan_rows<128>(pl, dev, p.n_rows);
     default:
         return TD_OK;
     }
@@ -1852,7 +1784,7 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
-                        (unsigned)hp.z);
+                        (unsigned)p.n_split);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
                                 st));
     }
@@ -1907,7 +1839,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
         return att_split_launch(atm, grid, ATM_THREADS, atm_bytes, atm_occ, p, part_bytes, st);
     }
     ath_plan hp;
-    TD_TRY(ath_plan_for(&hp, a, p, dev, sms));
+    TD_TRY(ath_plan_for(&hp, a, p, dev));
     if (hp.fn)
         return ath_run(hp, p, part_bytes, st);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
