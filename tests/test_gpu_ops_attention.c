@@ -430,6 +430,25 @@ static float *att_run_mma(ops_attn d, const char *val)
     return att_run_env(d, "TANDEM_ATT_MMA", val);
 }
 
+/* Runs d on a tensor-core kernel (*got) and on the staged kernel (*staged,
+ * TANDEM_ATT_MMA=0), both held to the CPU's ref; differ: and the two sums differ, so the
+ * switch really changes the kernel. */
+static void att_run_both(const char *name, ops_attn d, const float *ref, int64_t n_out,
+                         bool differ, float **got, float **staged)
+{
+    char what[128];
+    *got = att_run_mma(d, NULL);
+    *staged = att_run_mma(d, "0");
+    snprintf(what, sizeof what, "%s: tensor cores vs CPU", name);
+    if (!check_close(what, *got, ref, n_out, 0, ATT_ATOL))
+        fail_msg("attention case %s differs from the CPU", what);
+    snprintf(what, sizeof what, "%s: staged vs CPU", name);
+    if (!check_close(what, *staged, ref, n_out, 0, ATT_ATOL))
+        fail_msg("attention case %s differs from the CPU", what);
+    if (differ)
+        assert_true(memcmp(*got, *staged, (size_t)n_out * 4) != 0);
+}
+
 /* The tensor-core kernel of f16 caches (head_dim 128 and 256: every call of such a model)
  * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
  * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), or when a call whose
@@ -483,15 +502,8 @@ static void test_attention_f16_tensor_core_kernel(void **state)
         }
         ops_attn d = att_upload(&h);
         char what[128];
-        float *got = att_run_mma(d, NULL), *staged = att_run_mma(d, "0");
-        snprintf(what, sizeof what, "%s: tensor cores vs CPU", c->name);
-        if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
-            fail_msg("attention case %s differs from the CPU", what);
-        snprintf(what, sizeof what, "%s: staged vs CPU", c->name);
-        if (!check_close(what, staged, ref, n_out, 0, ATT_ATOL))
-            fail_msg("attention case %s differs from the CPU", what);
-        if (i == 0) /* different sums: the switch really changes the kernel */
-            assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
+        float *got = NULL, *staged = NULL;
+        att_run_both(c->name, d, ref, n_out, i == 0, &got, &staged);
         for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
             float *o = att_run_env(d, "TANDEM_ATT_ROWS", rows[k]);
             snprintf(what, sizeof what, "%s: rows %s", c->name, rows[k]);
@@ -565,16 +577,9 @@ static void test_attention_tensor_core_kernel(void **state)
         int64_t n_out = 0;
         float *ref = att_reference(c, &h, &n_out);
         ops_attn d = att_upload(&h);
-        float *got = att_run_mma(d, NULL), *staged = att_run_mma(d, "0");
+        float *got = NULL, *staged = NULL;
+        att_run_both(c->name, d, ref, n_out, i == 0, &got, &staged);
         char what[128];
-        snprintf(what, sizeof what, "%s: tensor cores vs CPU", c->name);
-        if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
-            fail_msg("attention case %s differs from the CPU", what);
-        snprintf(what, sizeof what, "%s: staged vs CPU", c->name);
-        if (!check_close(what, staged, ref, n_out, 0, ATT_ATOL))
-            fail_msg("attention case %s differs from the CPU", what);
-        if (i == 0) /* different sums: the switch really changes the kernel */
-            assert_true(memcmp(got, staged, (size_t)n_out * 4) != 0);
         const int64_t row = c->n_head * c->head_dim;
         for (int64_t t = 0; t < c->n_q; t += c->n_q > 8 ? 7 : 1) {
             ops_attn one = d;
