@@ -16,7 +16,14 @@
  * (query, head) rows of that kv head (GQA: the group's heads share each K/V tile), and
  * either one split, writing a partial that a combine kernel folds (decode and verify: few
  * rows, so splits give the parallelism, flash-decoding style), or every split in order,
- * folding in registers (prefill: rows give the parallelism, no scratch). */
+ * folding in registers (prefill: rows give the parallelism, no scratch).
+ *
+ * Which kernel runs a call depends only on head_dim, the cache type and layout and the
+ * device, so every call of a model takes the same one: an f16 cache of head_dim 128 or 256
+ * (the 27B target's) the tensor-core kernel ath_kernel, which keeps the split structure and
+ * the fold but sums the dot products and values on the tensor cores in another fixed order;
+ * bidirectional blocks over an f32 cache (the DFlash drafter's) atm_kernel; the rest the
+ * staged kernel ats_kernel, or the generic att_kernel. */
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/launch.cuh"
@@ -1750,17 +1757,15 @@ static ops_attn att_queries(const ops_attn *a, int64_t t0, int64_t n)
 
 /* A kernel fn that hands one partial per split to the combine kernel, then the combine:
  * the partials in att_part_get's buffer. */
-template <typename... X>
-static td_err att_split_launch(void (*fn)(bool, att_args, X...), dim3 grid, unsigned threads,
+static td_err att_split_launch(void (*fn)(bool, att_args), dim3 grid, unsigned threads,
                                size_t smem, uint64_t *occ, att_args p, size_t part_bytes,
-                               cudaStream_t st, X... extra)
+                               cudaStream_t st)
 {
     void *pooled = NULL;
     TD_TRY(att_part_get(&p.part, &pooled, part_bytes, st));
     const pdl_plan pp = pdl_plan_get((const void *)fn, (uint64_t)grid.x * grid.y * grid.z,
                                      threads, smem, occ);
-    const cudaError_t e = launch_ex(fn, grid, dim3(threads), smem, pp.pdl, st, pp.early, p,
-                                    extra...);
+    const cudaError_t e = launch_ex(fn, grid, dim3(threads), smem, pp.pdl, st, pp.early, p);
     cuda_launch_note(1);
     td_err r = e == cudaSuccess ? att_combine_launch(p, st)
                                 : err_set(TD_ECUDA, "attention launch: %s", cudaGetErrorString(e));
