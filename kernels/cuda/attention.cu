@@ -1495,14 +1495,29 @@ static atm_fn atm_pick_rows(int dev, int64_t n_rows, int *mt, size_t *smem, uint
                       : atm_pick<HD, 4>(dev, smem, occ);
 }
 
+/* Whether the tensor-core kernels may run (TANDEM_ATT_MMA=0, read on every call, turns them
+ * off: the staged kernel then takes their calls, to measure and to test). */
+static bool att_mma_on(void)
+{
+    const char *e = getenv("TANDEM_ATT_MMA");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+/* Whether every cache row of a starts 16-byte aligned (the staged copies' condition). */
+static bool att_rows_aligned(const ops_attn *a)
+{
+    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
+    return (uintptr_t)a->k % 16 == 0 && (uintptr_t)a->v % 16 == 0 &&
+           a->kv_tok_stride * eb % 16 == 0 && a->kv_head_stride * eb % 16 == 0;
+}
+
 /* The tensor-core kernel for a call, or NULL (other masks, caches or head sizes, rows not
  * 16-byte aligned, too little shared memory, TANDEM_ATT_MMA=0); *mt: its rows / 16, *smem
  * its dynamic shared memory, *occ its occupancy cache. */
 static atm_fn atm_plan(const ops_attn *a, int dev, int64_t n_rows, int *mt, size_t *smem,
                        uint64_t **occ)
 {
-    const char *e = getenv("TANDEM_ATT_MMA");
-    if ((e && strcmp(e, "0") == 0) || a->kv_type != TD_F32 ||
+    if (!att_mma_on() || a->kv_type != TD_F32 ||
         a->mask != OPS_MASK_BIDIRECTIONAL || a->n_kv_dev || a->n_kv == 0 ||
         (uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 || (uintptr_t)a->q % 16 != 0 ||
         a->kv_tok_stride % 4 != 0 || a->kv_head_stride % 4 != 0 || a->q_tok_stride % 4 != 0 ||
@@ -1584,9 +1599,7 @@ static td_err ats_plan_for(ats_plan *pl, const ops_attn *a, int dev, int sms, lo
     pl->occ = NULL;
     pl->smem = 0;
     pl->kv_sep = 0;
-    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
-    if ((uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
-        a->kv_tok_stride * eb % 16 != 0 || a->kv_head_stride * eb % 16 != 0 || dev >= 64)
+    if (!att_rows_aligned(a) || dev >= 64)
         return TD_OK;
     const bool f16 = a->kv_type == TD_F16;
     switch (a->head_dim) {
@@ -1715,10 +1728,7 @@ template <int HD> static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_r
 static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev)
 {
     memset(pl, 0, sizeof *pl);
-    const char *e = getenv("TANDEM_ATT_MMA");
-    if ((e && strcmp(e, "0") == 0) || a->kv_type != TD_F16 || dev >= 64 ||
-        (uintptr_t)a->k % 16 != 0 || (uintptr_t)a->v % 16 != 0 ||
-        a->kv_tok_stride * 2 % 16 != 0 || a->kv_head_stride * 2 % 16 != 0)
+    if (!att_mma_on() || a->kv_type != TD_F16 || dev >= 64 || !att_rows_aligned(a))
         return TD_OK;
     switch (a->head_dim) {
     case 256:
