@@ -371,7 +371,7 @@ jv jbuf_str(jbuf *b);
 size_t utf8_len(const char *p, size_t n);             /* code points */
 size_t utf8_next(const char *p, size_t n, size_t i);  /* byte offset after the code point at i */
 uint32_t utf8_decode(const char *p, size_t n, size_t i, size_t *next);
-size_t utf8_encode(uint32_t cp, char out[4]);
+size_t jinja_utf8_encode(uint32_t cp, char out[4]);
 size_t utf8_offset(const char *p, size_t n, size_t k); /* byte offset of code point k (n if past) */
 bool py_isspace(uint32_t cp);                          /* Python str.isspace */
 

@@ -319,7 +319,7 @@ static td_err decode_string(const char *s, size_t n, char *out, size_t *out_n, i
         if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
             return err_set(TD_ENOTSUP, "template line %d: string escape U+%04X is not a Unicode scalar", line, cp);
         char enc[4];
-        size_t m = utf8_encode(cp, enc);
+        size_t m = jinja_utf8_encode(cp, enc);
         memcpy(out + k, enc, m);
         k += m;
     }

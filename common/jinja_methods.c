@@ -79,7 +79,7 @@ jv jstr_case(jev *ev, jv s, char mode)
         prev_cased = is_cased(cp);
         first = false;
         char enc[4];
-        jbuf_put(ev, &b, enc, utf8_encode((uint32_t)o, enc));
+        jbuf_put(ev, &b, enc, jinja_utf8_encode((uint32_t)o, enc));
         i = next;
     }
     jv r = jbuf_str(&b);

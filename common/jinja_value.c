@@ -146,7 +146,7 @@ size_t utf8_offset(const char *p, size_t n, size_t k)
     return i;
 }
 
-size_t utf8_encode(uint32_t cp, char out[4])
+size_t jinja_utf8_encode(uint32_t cp, char out[4])
 {
     if (cp < 0x80) {
         out[0] = (char)cp;
