@@ -37,7 +37,8 @@
 #define ATT_THREADS 128
 #define ATT_NE (ATT_ROWS * ATT_MAX_DIM / ATT_THREADS) /* output values per thread */
 #define ATT_SCRATCH_MAX ((size_t)256 << 20) /* above this many bytes of partials: fold in blocks */
-#define ATT_COMBINE_D 64       /* head values per combine block (one per thread) */
+#define ATT_COMBINE_D 64       /* head values per combine block (one per folding thread) */
+#define ATT_COMBINE_T 256      /* threads per combine block (all copy, ATT_COMBINE_D fold) */
 #define ATT_COMBINE_ROUND 512  /* splits the combine stages in shared memory at once */
 
 typedef struct att_args {
@@ -876,6 +877,15 @@ template <bool TRANS> __device__ __forceinline__ void ath_ldm(uint32_t (&a)[4], 
                      : "r"(s));
 }
 
+/* This lane's row address for ath_ldm of the B fragments of n tile 0 at k 0 from rows of
+ * hi and lo words (stride halves apart): matrices 0, 1 the hi words of k 0..7 and 8..15
+ * (b0, b1 of the hi product), 2, 3 the lo words'. */
+__device__ __forceinline__ const __half *ath_brow(const __half *hi, const __half *lo, int stride,
+                                                  int lane)
+{
+    return (lane >> 4 ? lo : hi) + (lane & 7) * stride + ((lane >> 3) & 1) * 8;
+}
+
 /* x as two f16 words hi + lo (hi = x rounded to f16, lo = the rest rounded) */
 __device__ __forceinline__ void ath_split(float x, __half &hi, __half &lo)
 {
@@ -914,10 +924,9 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __shared__ float row_m[ROWS], row_l[ROWS];
     __shared__ int64_t row_t[ROWS], row_h[ROWS];
     __shared__ int32_t row_qp[ROWS];
-    __shared__ unsigned row_big[ROWS]; /* the row's largest |q| (its bits) */
-    __shared__ float row_up[ROWS], row_down[ROWS]; /* 2^e and 2^-e of the row's split */
-    __shared__ int64_t row_po[ROWS];                /* the row's partial in a split's */
-    __shared__ int32_t kpos[ATT_SPLIT];             /* the split's key positions */
+    __shared__ float row_up[ROWS];   /* 2^e of the row's split */
+    __shared__ int64_t row_po[ROWS]; /* the row's partial in a split's */
+    __shared__ int32_t kpos[ATT_SPLIT]; /* the split's key positions */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
     const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
@@ -930,61 +939,66 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
 
     ats_stage<HD, __half>(kb, a, a.k, g, k0, nk);
     if (tid < ROWS) {
-        const int64_t rf = r0 + (tid < nr ? tid : 0);
-        row_t[tid] = rf / p.group;
-        row_h[tid] = g * p.group + rf % p.group;
-        row_qp[tid] = a.q_pos[row_t[tid]];
-        row_po[tid] = (row_t[tid] * a.n_head + row_h[tid]) * (HD + 2);
-        row_big[tid] = 0;
+        /* rows of a call number below 2^31 (cuda_attention checks n_q * n_head) */
+        const unsigned rf = (unsigned)(r0 + (tid < nr ? tid : 0)), grp = (unsigned)p.group;
+        const unsigned t = rf / grp;
+        row_t[tid] = t;
+        row_h[tid] = g * grp + (rf - t * grp);
+        row_qp[tid] = a.q_pos[t];
+        row_po[tid] = ((int64_t)t * a.n_head + row_h[tid]) * (HD + 2);
     }
     if (tid < nk)
         kpos[tid] = __ldg(a.k_pos + k0 + tid);
     __syncthreads();
-    /* the query rows: every load out first; a warp's 32 values lie in one row */
-    constexpr int QN = ROWS * HD / ATH_THREADS;
-    float qv[QN];
+    /* the query rows: warp w splits rows w, w + ATH_WARPS, ... (all its loads out first; lane
+     * l holds d = l + 32 j), each by 2^-e from its largest |q| (a warp max) */
+    constexpr int RW = ROWS / ATH_WARPS, QL = HD / 32;
+    static_assert(ROWS % ATH_WARPS == 0, "whole rows per warp");
+    float qv[RW][QL];
 #pragma unroll
-    for (int u = 0; u < QN; u++) {
-        const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
-        qv[u] = r < nr ? __ldg(a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + d)
-                       : 0.0f;
+    for (int i = 0; i < RW; i++) {
+        const int r = warp + ATH_WARPS * i;
+        const float *qr = a.q + row_t[r] * a.q_tok_stride + row_h[r] * a.q_head_stride + lane;
+#pragma unroll
+        for (int j = 0; j < QL; j++)
+            qv[i][j] = r < nr ? __ldg(qr + 32 * j) : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < QN; u++) {
-        unsigned big = __float_as_uint(fabsf(qv[u]));
+    for (int i = 0; i < RW; i++) {
+        const int r = warp + ATH_WARPS * i;
+        unsigned big = 0;
+#pragma unroll
+        for (int j = 0; j < QL; j++)
+            big = max(big, __float_as_uint(fabsf(qv[i][j])));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             big = max(big, __shfl_xor_sync(DEV_FULL_MASK, big, o));
+        const float up = ath_pow2(big), down = 1.0f / up;
         if (lane == 0)
-            atomicMax(&row_big[(tid + u * ATH_THREADS) / HD], big);
-    }
-    __syncthreads();
-    if (tid < ROWS) {
-        row_up[tid] = ath_pow2(row_big[tid]);
-        row_down[tid] = 1.0f / row_up[tid];
-    }
-    __syncthreads();
+            row_up[r] = up;
 #pragma unroll
-    for (int u = 0; u < QN; u++) {
-        const int e = tid + u * ATH_THREADS, r = e / HD, d = e % HD;
-        ath_split(qv[u] * row_down[r], qh[r * QS + d], ql[r * QS + d]);
+        for (int j = 0; j < QL; j++)
+            ath_split(qv[i][j] * down, qh[r * QS + lane + 32 * j], ql[r * QS + lane + 32 * j]);
     }
     ats_wait<0>();
     __syncthreads(); /* the split query rows and the keys are in */
 
     /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
+    const bool causal = a.mask == OPS_MASK_CAUSAL && a.window <= 0; /* att_visible_at's */
     float sh[NT][4] = {}, sl[NT][4] = {};
     if (16 * warp < nk) {
         const unsigned char *krow = kb + (16 * warp + (lane & 15)) * G::KROW + (lane >> 4) * 16;
+        const __half *qrow = ath_brow(qh, ql, QS, lane);
 #pragma unroll 4
         for (int kk = 0; kk < HD; kk += 16) {
             uint32_t af[4];
             ath_ldm<false>(af, krow + kk * 2);
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                const int q = (8 * n + gi) * QS + kk + 2 * ti;
-                ath_mma(sh[n], af, *(const uint32_t *)(qh + q), *(const uint32_t *)(qh + q + 8));
-                ath_mma(sl[n], af, *(const uint32_t *)(ql + q), *(const uint32_t *)(ql + q + 8));
+                uint32_t bf[4];
+                ath_ldm<false>(bf, qrow + 8 * n * QS + kk);
+                ath_mma(sh[n], af, bf[0], bf[1]);
+                ath_mma(sl[n], af, bf[2], bf[3]);
             }
         }
 #pragma unroll
@@ -994,7 +1008,8 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
                 const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
                 if (r >= nr || key >= nk)
                     continue;
-                const bool vis = att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
+                const bool vis = causal ? kpos[key] <= row_qp[r]
+                                        : att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
                 ss[r * ATH_SS + key] =
                     vis ? __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]) : -INFINITY;
             }
@@ -1018,16 +1033,20 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
     const unsigned char *vrow = kb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
                                 ((lane >> 3) & 1) * 16;
+    const __half *prow = ath_brow(ph, pl, ATH_PS, lane);
     for (int kk = 0; kk < kend; kk += 16) {
+        uint32_t bf[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            ath_ldm<false>(bf[n], prow + 8 * n * ATH_PS + kk);
 #pragma unroll
         for (int j = 0; j < DT; j++) {
             uint32_t af[4];
             ath_ldm<true>(af, vrow + kk * G::KROW + (warp + ATH_WARPS * j) * 32);
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                const int q = (8 * n + gi) * ATH_PS + kk + 2 * ti;
-                ath_mma(oh[j][n], af, *(const uint32_t *)(ph + q), *(const uint32_t *)(ph + q + 8));
-                ath_mma(ol[j][n], af, *(const uint32_t *)(pl + q), *(const uint32_t *)(pl + q + 8));
+                ath_mma(oh[j][n], af, bf[n][0], bf[n][1]);
+                ath_mma(ol[j][n], af, bf[n][2], bf[n][3]);
             }
         }
     }
@@ -1062,23 +1081,26 @@ __device__ __forceinline__ void att_cp4(float *dst, const float *src)
 }
 
 /* Folds the partials of one (query, head) row in split order: block x = t * n_head + h,
- * y = a run of ATT_COMBINE_D head values, one per thread. The same operations in the same
- * order as att_fold and att_apply split by split, so the same bits, but not one round trip
- * per batch of splits and one exp chain per split: per round of up to ATT_COMBINE_ROUND
- * splits, every value of the round is copied into shared memory at once (cp.async), the
- * running max after each split (a max is exact in any order: a scan) gives every split's
- * factors fa and fb side by side, and each thread then runs only the multiply-adds of its
- * value and of the sum. (One thread walking 257 splits of a 32K decode in batches of 32
- * took ~25 us per layer.) */
-__global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, att_args p)
+ * y = a run of ATT_COMBINE_D head values, each folded by one thread (threads below
+ * ATT_COMBINE_D). The same operations in the same order as att_fold and att_apply split by
+ * split, so the same bits, but not one round trip per batch of splits and one exp chain per
+ * split: per round of up to ATT_COMBINE_ROUND splits, every value of the round is copied into
+ * shared memory at once (cp.async, the copies shared by all ATT_COMBINE_T threads), the
+ * running max after each split (a max is exact in any order: a scan over the threads) gives
+ * every split's factors fa and fb side by side, and each folding thread then runs only the
+ * multiply-adds of its value and of the sum. (One thread walking 257 splits of a 32K decode
+ * in batches of 32 took ~25 us per layer; 64 threads each issuing the copies of their own
+ * value, ~15 us.) */
+__global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
     extern __shared__ float csm[];
-    __shared__ float wmax[ATT_COMBINE_D / 32];
+    __shared__ float wmax[ATT_COMBINE_T / 32];
     const ops_attn &a = p.a;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t D = a.head_dim, row = blockIdx.x;
-    const int64_t d = (int64_t)blockIdx.y * ATT_COMBINE_D + tid;
+    const int64_t d0 = (int64_t)blockIdx.y * ATT_COMBINE_D, d = d0 + tid;
+    const int nd = (int)(D - d0 < ATT_COMBINE_D ? D - d0 : ATT_COMBINE_D); /* values here */
     const int64_t t = row / a.n_head, h = row % a.n_head;
     const int64_t n_split = att_n_split(p, att_n_kv(a));
     const int R = (int)(p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND);
@@ -1092,13 +1114,15 @@ __global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, 
     for (int64_t s0 = 0; s0 < n_split; s0 += R) {
         const int nr = (int)(n_split - s0 < R ? n_split - s0 : R);
         __syncthreads(); /* the previous round is folded: its arrays are free */
-        if (d < D)
-            for (int i = 0; i < nr; i++)
-                att_cp4(sv + (size_t)i * ATT_COMBINE_D + tid, base + (s0 + i) * stride + d);
+        for (int e = tid; e < nr * ATT_COMBINE_D; e += ATT_COMBINE_T) {
+            const int i = e / ATT_COMBINE_D, c = e % ATT_COMBINE_D;
+            if (c < nd)
+                att_cp4(sv + e, base + (s0 + i) * stride + d0 + c);
+        }
         ats_commit();
         /* thread tid takes splits i0 .. i1 - 1 of the round: their max and sum, the max of
          * all splits before them (a scan of the threads' maxima), then their factors */
-        const int per = (nr + ATT_COMBINE_D - 1) / ATT_COMBINE_D;
+        const int per = (nr + ATT_COMBINE_T - 1) / ATT_COMBINE_T;
         const int i0 = tid * per < nr ? tid * per : nr, i1 = i0 + per < nr ? i0 + per : nr;
         float mine = -INFINITY;
         for (int i = i0; i < i1; i++) {
@@ -1128,20 +1152,21 @@ __global__ void __launch_bounds__(ATT_COMBINE_D) att_combine_kernel(bool early, 
             sfa[i] = fa;
             sfb[i] = fb;
         }
-        for (int w = 0; w < ATT_COMBINE_D / 32; w++)
+        for (int w = 0; w < ATT_COMBINE_T / 32; w++)
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
-        for (int i = 0; i < nr; i++) {
-            const float fb = sfb[i];
-            if (fb == -1.0f)
-                continue;
-            const float fa = sfa[i];
-            L = att_apply(L, sl[i], fa, fb);
-            A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
-        }
+        if (tid < nd)
+            for (int i = 0; i < nr; i++) {
+                const float fb = sfb[i];
+                if (fb == -1.0f)
+                    continue;
+                const float fa = sfa[i];
+                L = att_apply(L, sl[i], fa, fb);
+                A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+            }
     }
-    if (d < D)
+    if (tid < nd)
         att_write(a, t, h, d, A, L);
 }
 
@@ -1164,7 +1189,7 @@ static td_err att_combine_launch(const att_args &p, cudaStream_t st)
     const unsigned chunks = (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D);
     return pdl_launch<att_combine_kernel>("attention combine",
                                           dim3((unsigned)(p.a.n_q * p.a.n_head), chunks),
-                                          dim3(ATT_COMBINE_D), smem, st, p);
+                                          dim3(ATT_COMBINE_T), smem, st, p);
 }
 
 /* ---------------------------------------------------------------------------------------
