@@ -399,9 +399,9 @@ static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *A, float *ka,
     int64_t hd = c->head_dim;
     if (!B)
         return be->qk_norm_rope(be, NULL, ka, NULL, A->k_norm, n, 0, c->n_kv_heads, hd, hd,
-                                hd, pos, (float)c->rope_theta, (float)c->rms_eps);
+                                hd, pos, (float)c->rope_theta, (float)c->rms_eps, NULL);
     return be->qk_norm_rope(be, ka, kb, A->k_norm, B->k_norm, n, c->n_kv_heads, c->n_kv_heads,
-                            hd, hd, hd, pos, (float)c->rope_theta, (float)c->rms_eps);
+                            hd, hd, hd, pos, (float)c->rope_theta, (float)c->rms_eps, NULL);
 }
 
 /* Layer L's Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], K = RoPE(k_norm(k_proj(x)))
@@ -417,7 +417,7 @@ static td_err dfl_qkv(const dfl_model *m, const dfl_layer *L, const float *x, in
     TD_TRY(be->matmul_multi(be, x, proj, 3, n));
     return be->qk_norm_rope(be, q_out, k_out, L->q_norm, L->k_norm, n, c->n_heads,
                             c->n_kv_heads, hd, hd, hd, pos, (float)c->rope_theta,
-                            (float)c->rms_eps);
+                            (float)c->rms_eps, NULL);
 }
 
 /* Copies rows src[n][width] of new positions n_ctx.. into their ring slots of dst (a run of

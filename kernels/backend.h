@@ -88,10 +88,11 @@ struct ops_backend {
                           const float *w, int64_t n_rows, int64_t dim, float eps);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
+    /* cpu_qk_norm_rope, then (kv not NULL) cpu_kv_store of the keys and kv->v */
     td_err (*qk_norm_rope)(const ops_backend *be, float *q, float *k, const float *q_norm,
                            const float *k_norm, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
                            int64_t head_dim, int64_t q_head, int64_t n_rot, const int32_t *pos,
-                           float theta, float eps);
+                           float theta, float eps, const ops_kv_dst *kv);
     td_err (*deltanet_in)(const ops_backend *be, const ops_dn_in *p);
     td_err (*softcap)(const ops_backend *be, float *out, const float *x, float cap, int64_t n);
     /* idx[n_rows] = cpu_argmax of each row of x[n_rows][n] */

@@ -329,10 +329,10 @@ static td_err pf_swiglu_matmul(const ops_backend *be, float *y, float *gate, con
 static td_err pf_qk_norm_rope(const ops_backend *be, float *q, float *k, const float *q_norm,
                               const float *k_norm, int64_t n_tok, int64_t n_head,
                               int64_t n_head_kv, int64_t head_dim, int64_t q_head, int64_t n_rot,
-                              const int32_t *pos, float theta, float eps)
+                              const int32_t *pos, float theta, float eps, const ops_kv_dst *kv)
 {
     PF_TIMED(PF_QK_NORM_ROPE, in->qk_norm_rope(in, q, k, q_norm, k_norm, n_tok, n_head, n_head_kv,
-                                               head_dim, q_head, n_rot, pos, theta, eps));
+                                               head_dim, q_head, n_rot, pos, theta, eps, kv));
 }
 
 static td_err pf_delta_rule(const ops_backend *be, const ops_delta *d)

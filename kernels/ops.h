@@ -64,6 +64,16 @@ void cpu_to_f16(uint16_t *out, const float *x, int64_t n);
 void cpu_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k, const float *v,
                   const int32_t *rows, int64_t n_tok, int64_t row);
 
+/* cpu_kv_store's arguments but the keys: where qk_norm_rope stores the keys it finishes and
+ * the values beside them (row = n_head_kv * head_dim). */
+typedef struct ops_kv_dst {
+    void *k_cache, *v_cache;
+    td_dtype type;
+    const float *v;       /* [n_tok][row] */
+    const int32_t *rows;  /* [n_tok] cache rows, memory of the caller's backend */
+    int64_t row;
+} ops_kv_dst;
+
 /* ---------------------------------------------------------------------------------------
  * Quantisation (kernels/cpu/quant.c: the one place that knows each block layout)
  * ------------------------------------------------------------------------------------- */
@@ -553,11 +563,12 @@ td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k
 td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
                         int64_t dim, float eps, ops_stream st);
 /* cpu_qk_norm_rope in one launch, each head the bits of cuda_rmsnorm then cuda_rope_neox;
- * head_dim <= 1024; n_head 0 (q NULL): k only. */
+ * head_dim <= 1024; n_head 0 (q NULL): k only. kv (or NULL): then cpu_kv_store of the
+ * finished keys and kv->v, in the same launch (the bits of cuda_kv_store after it). */
 td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
                          int64_t n_tok, int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                          int64_t q_head, int64_t n_rot, const int32_t *pos, float theta,
-                         float eps, ops_stream st);
+                         float eps, const ops_kv_dst *kv, ops_stream st);
 td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
                          int64_t n_rows, int64_t dim, float eps, ops_stream st);
 /* cpu_deltanet_in: one launch where conv_k is 4, d_k <= 128, n_tok <= 64 and both

@@ -442,7 +442,7 @@ static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
                                       dpos, 1e7f, gpu_st));
             GPU_OK(cuda_rope_neox(ka, n, nkv, nkv * hd, hd, cs[c].n_rot, dpos, 1e7f, gpu_st));
             GPU_OK(cuda_qk_norm_rope(nh ? qb : NULL, kb, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
-                                     cs[c].n_rot, dpos, 1e7f, 1e-6f, gpu_st));
+                                     cs[c].n_rot, dpos, 1e7f, 1e-6f, NULL, gpu_st));
             float *gqa = dget(qa, (size_t)qa_n * 4), *gqb = dget(qb, (size_t)qa_n * 4);
             float *gka = dget(ka, (size_t)nk * 4), *gkb = dget(kb, (size_t)nk * 4);
             assert_true(check_same_bits("qk_norm_rope q", gqb, gqa, (size_t)nq * 4));
@@ -455,6 +455,64 @@ static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
             cuda_mem_free(qa), cuda_mem_free(ka), cuda_mem_free(qb), cuda_mem_free(kb);
             cuda_mem_free(dqn), cuda_mem_free(dkn), cuda_mem_free(dpos);
         }
+}
+
+/* qk_norm_rope with a cache destination: q, k and both caches (f32 and f16, rows given on
+ * the device, scattered, the rows not named untouched) bit for bit cuda_qk_norm_rope then
+ * cuda_kv_store, at 1 and 16 tokens. */
+static void test_qk_norm_rope_stores_kv(void **state)
+{
+    (void)state;
+    enum { CAP = 40 };
+    static const struct {
+        int64_t n_head, n_kv, hd, q_head, n_rot;
+    } cs[] = {{24, 4, 256, 512, 64}, {3, 1, 96, 192, 32}};
+    static const int64_t toks[] = {1, 16};
+    static const td_dtype types[] = {TD_F32, TD_F16};
+    rng_seed(35);
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++)
+        for (size_t j = 0; j < sizeof toks / sizeof *toks; j++)
+            for (size_t y = 0; y < 2; y++) {
+                const int64_t n = toks[j], hd = cs[c].hd, nh = cs[c].n_head, nkv = cs[c].n_kv;
+                const int64_t nq = n * nh * cs[c].q_head, nk = n * nkv * hd, row = nkv * hd;
+                const size_t cache = (size_t)CAP * (size_t)row * (types[y] == TD_F16 ? 2 : 4);
+                float *q = rng_floats(nq, 3), *k = rng_floats(nk, 3), *v = rng_floats(nk, 3);
+                float *qn = rng_floats(hd, 1.5f), *kn = rng_floats(hd, 1.5f);
+                int32_t pos[16], rows[16];
+                for (int64_t t = 0; t < n; t++) {
+                    pos[t] = (int32_t)(t * 977 + 5);
+                    rows[t] = (int32_t)((t * 7 + 3) % CAP);
+                }
+                float *qa = dput(q, (size_t)nq * 4), *ka = dput(k, (size_t)nk * 4);
+                float *qb = dput(q, (size_t)nq * 4), *kb = dput(k, (size_t)nk * 4);
+                float *dv = dput(v, (size_t)nk * 4);
+                float *dqn = dput(qn, (size_t)hd * 4), *dkn = dput(kn, (size_t)hd * 4);
+                int32_t *dpos = dput(pos, (size_t)n * 4), *drows = dput(rows, (size_t)n * 4);
+                void *kca = dpoison(cache), *vca = dpoison(cache);
+                void *kcb = dpoison(cache), *vcb = dpoison(cache);
+                GPU_OK(cuda_qk_norm_rope(qa, ka, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
+                                         cs[c].n_rot, dpos, 1e7f, 1e-6f, NULL, gpu_st));
+                GPU_OK(cuda_kv_store(kca, vca, types[y], ka, dv, drows, n, row, gpu_st));
+                const ops_kv_dst kv = {.k_cache = kcb, .v_cache = vcb, .type = types[y],
+                                       .v = dv, .rows = drows, .row = row};
+                GPU_OK(cuda_qk_norm_rope(qb, kb, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
+                                         cs[c].n_rot, dpos, 1e7f, 1e-6f, &kv, gpu_st));
+                float *gqa = dget(qa, (size_t)nq * 4), *gqb = dget(qb, (size_t)nq * 4);
+                float *gka = dget(ka, (size_t)nk * 4), *gkb = dget(kb, (size_t)nk * 4);
+                uint8_t *gkca = dget(kca, cache), *gvca = dget(vca, cache);
+                uint8_t *gkcb = dget(kcb, cache), *gvcb = dget(vcb, cache);
+                assert_true(check_same_bits("qk_norm_rope+store q", gqb, gqa, (size_t)nq * 4));
+                assert_true(check_same_bits("qk_norm_rope+store k", gkb, gka, (size_t)nk * 4));
+                assert_memory_equal(gkcb, gkca, cache);
+                assert_memory_equal(gvcb, gvca, cache);
+                free(q), free(k), free(v), free(qn), free(kn);
+                free(gqa), free(gqb), free(gka), free(gkb), free(gkca), free(gvca), free(gkcb),
+                    free(gvcb);
+                cuda_mem_free(qa), cuda_mem_free(ka), cuda_mem_free(qb), cuda_mem_free(kb);
+                cuda_mem_free(dv), cuda_mem_free(dqn), cuda_mem_free(dkn), cuda_mem_free(dpos);
+                cuda_mem_free(drows), cuda_mem_free(kca), cuda_mem_free(vca), cuda_mem_free(kcb);
+                cuda_mem_free(vcb);
+            }
 }
 
 static void test_copy2d_moves_rows_between_pitches(void **state)
@@ -567,6 +625,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_swiglu_matmul_refuses_before_touching_the_gate),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
+        cmocka_unit_test(test_qk_norm_rope_stores_kv),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),
         cmocka_unit_test(test_attention_device_key_count_equals_exact_call),

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -207,6 +208,43 @@ static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
     free(q), free(k), free(qn), free(kn), free(qa), free(ka), free(k2), free(kb);
 }
 
+/* The CPU backend's qk_norm_rope with a cache destination: cpu_qk_norm_rope, then
+ * cpu_kv_store of the finished keys (f32 and f16 caches, scattered rows, the rest of the
+ * cache untouched). */
+static void test_qk_norm_rope_op_stores_kv(void **state)
+{
+    (void)state;
+    const int64_t n = 3, nh = 4, nkv = 2, hd = 64, q_head = 128, n_rot = 32, row = nkv * hd;
+    const int32_t pos[3] = {0, 7, 123456}, rows[3] = {5, 0, 3};
+    const ops_backend *be = ops_backend_cpu();
+    static const td_dtype types[] = {TD_F32, TD_F16};
+    for (int y = 0; y < 2; y++) {
+        const size_t cache = (size_t)(6 * row) * (types[y] == TD_F16 ? 2 : 4);
+        float *q = rnd(n * nh * q_head, 3), *k = rnd(n * nkv * hd, 3), *v = rnd(n * row, 3);
+        float *qn = rnd(hd, 1.5f), *kn = rnd(hd, 1.5f);
+        float *qa = dup(q, n * nh * q_head), *ka = dup(k, n * nkv * hd);
+        unsigned char *kc = malloc(cache), *vc = malloc(cache), *kc2 = malloc(cache),
+                      *vc2 = malloc(cache);
+        memset(kc, 0xA5, cache), memset(vc, 0xA5, cache);
+        memset(kc2, 0xA5, cache), memset(vc2, 0xA5, cache);
+        cpu_qk_norm_rope(qa, ka, qn, kn, n, nh, nkv, hd, q_head, n_rot, pos, 1e6f, 1e-6f);
+        cpu_kv_store(kc, vc, types[y], ka, v, rows, n, row);
+        const ops_kv_dst kv = {.k_cache = kc2, .v_cache = vc2, .type = types[y], .v = v,
+                               .rows = rows, .row = row};
+        assert_int_equal(be->qk_norm_rope(be, q, k, qn, kn, n, nh, nkv, hd, q_head, n_rot, pos,
+                                          1e6f, 1e-6f, &kv),
+                         TD_OK);
+        assert_memory_equal(q, qa, (size_t)(n * nh * q_head) * sizeof(float));
+        assert_memory_equal(k, ka, (size_t)(n * nkv * hd) * sizeof(float));
+        assert_memory_equal(kc2, kc, cache);
+        assert_memory_equal(vc2, vc, cache);
+        /* a row not named keeps its bytes */
+        assert_int_equal(kc2[(size_t)row * (types[y] == TD_F16 ? 2 : 4)], 0xA5);
+        free(q), free(k), free(v), free(qn), free(kn), free(qa), free(ka);
+        free(kc), free(vc), free(kc2), free(vc2);
+    }
+}
+
 /* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */
 static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
 {
@@ -310,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_conv1d_silu_equals_conv_then_silu),
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
+        cmocka_unit_test(test_qk_norm_rope_op_stores_kv),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_attention_key_count_from_memory),
     };

@@ -408,12 +408,13 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_st
     const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
     TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
     const int32_t *pos = w->step_pos + 1;
-    /* q_norm covers the query half of each head, never the gate. */
+    /* q_norm covers the query half of each head, never the gate. The finished keys and the
+     * values go to the cache in the same call, at rows given on the device (a recording
+     * stays valid as n_past moves); an f16 cache rounds each key and value once, here. */
+    const ops_kv_dst kv = {.k_cache = s->k[ia], .v_cache = s->v[ia], .type = s->kv_type,
+                           .v = v, .rows = pos, .row = kv_tok};
     TD_TRY(be->qk_norm_rope(be, q, k, L->q_norm, L->k_norm, n_tok, hp->n_head, hp->n_head_kv, hd,
-                            q_head, hp->n_rot, pos, hp->rope_theta, hp->eps));
-    /* rows given on the device: a recording stays valid as n_past moves; an f16 cache
-     * rounds each key and value once, here */
-    TD_TRY(be->kv_store(be, s->k[ia], s->v[ia], s->kv_type, k, v, pos, n_tok, kv_tok));
+                            q_head, hp->n_rot, pos, hp->rope_theta, hp->eps, &kv));
 
     ops_attn a = {
         .n_q = n_tok, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hd,

@@ -175,11 +175,14 @@ static td_err be_cpu_swiglu_matmul(const ops_backend *be, float *y, float *gate,
 static td_err be_cpu_qk_norm_rope(const ops_backend *be, float *q, float *k, const float *q_norm,
                                   const float *k_norm, int64_t n_tok, int64_t n_head,
                                   int64_t n_head_kv, int64_t head_dim, int64_t q_head,
-                                  int64_t n_rot, const int32_t *pos, float theta, float eps)
+                                  int64_t n_rot, const int32_t *pos, float theta, float eps,
+                                  const ops_kv_dst *kv)
 {
     (void)be;
     cpu_qk_norm_rope(q, k, q_norm, k_norm, n_tok, n_head, n_head_kv, head_dim, q_head, n_rot,
                      pos, theta, eps);
+    if (kv)
+        cpu_kv_store(kv->k_cache, kv->v_cache, kv->type, k, kv->v, kv->rows, n_tok, kv->row);
     return TD_OK;
 }
 

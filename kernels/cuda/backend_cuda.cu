@@ -188,10 +188,10 @@ static td_err be_cuda_qk_norm_rope(const ops_backend *be, float *q, float *k,
                                    const float *q_norm, const float *k_norm, int64_t n_tok,
                                    int64_t n_head, int64_t n_head_kv, int64_t head_dim,
                                    int64_t q_head, int64_t n_rot, const int32_t *pos,
-                                   float theta, float eps)
+                                   float theta, float eps, const ops_kv_dst *kv)
 {
     return cuda_qk_norm_rope(q, k, q_norm, k_norm, n_tok, n_head, n_head_kv, head_dim, q_head,
-                             n_rot, pos, theta, eps, be->stream);
+                             n_rot, pos, theta, eps, kv, be->stream);
 }
 
 static td_err be_cuda_deltanet_in(const ops_backend *be, const ops_dn_in *p)

@@ -2,6 +2,8 @@
  * Norms keep norm.cu's order: f32 partial sums of squares per thread over a strided slice,
  * f64 across the block in a fixed tree; one block per row (per head for the DeltaNet
  * inputs), so a row's result never depends on the other rows of the call. */
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
@@ -128,19 +130,38 @@ rmsnorm_silu_kernel(bool early, float *out, const float *x, const float *w, cons
                                 dev_gate(zr[i]));
 }
 
-/* Block b = (token b / (n_head + n_kv), head b % (n_head + n_kv)): a q head (head < n_head)
- * or a k head, normed in norm.cu's order with its formula (DEV_NORM_THREADS threads), then
- * rotated with rope.cu's angles and roundings: the bits of cuda_rmsnorm then
- * cuda_rope_neox on it. */
+/* One value of a K/V cache row: f32, or rounded to f16 as kv_store_kernel does. */
+__device__ __forceinline__ void fused_cache_put(void *cache, bool f16, int64_t at, float x)
+{
+    if (f16)
+        ((uint16_t *)cache)[at] = __half_as_ushort(__float2half_rn(x));
+    else
+        ((float *)cache)[at] = x;
+}
+
+/* Block b = (token b / nb, head b % nb), nb = n_head + n_kv (+ n_kv with store): a q head
+ * (head < n_head) or a k head, normed in norm.cu's order with its formula (DEV_NORM_THREADS
+ * threads), then rotated with rope.cu's angles and roundings: the bits of cuda_rmsnorm then
+ * cuda_rope_neox on it. With store, a k head also goes to kv's cache row, and the last n_kv
+ * blocks of a token copy its value heads there: the bits of kv_store_kernel after it. */
 __global__ void __launch_bounds__(DEV_NORM_THREADS)
 qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const float *k_norm,
                     int64_t n_head, int64_t n_kv, int64_t hd, int64_t q_head, int64_t n_rot,
-                    const int32_t *pos, float theta, float eps)
+                    const int32_t *pos, float theta, float eps, bool store, ops_kv_dst kv)
 {
     pdl_enter(early);
     __shared__ double sh[33];
     __shared__ float v[FUSED_MAX_HD];
-    const int64_t t = blockIdx.x / (n_head + n_kv), h = blockIdx.x % (n_head + n_kv);
+    const int64_t nb = n_head + (store ? 2 : 1) * n_kv;
+    const int64_t t = blockIdx.x / nb, h = blockIdx.x % nb;
+    const bool f16 = kv.type == TD_F16;
+    if (h >= n_head + n_kv) { /* a value head: to the cache as it is */
+        const int64_t hv = h - n_head - n_kv, at = (int64_t)kv.rows[t] * kv.row + hv * hd;
+        const float *src = kv.v + t * kv.row + hv * hd;
+        for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
+            fused_cache_put(kv.v_cache, f16, at + i, src[i]);
+        return;
+    }
     const bool is_q = h < n_head;
     float *x = is_q ? q + (t * n_head + h) * q_head : k + (t * n_kv + h - n_head) * hd;
     const float *w = is_q ? q_norm : k_norm;
@@ -191,6 +212,8 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
                          : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
         }
         x[i] = r;
+        if (store && !is_q)
+            fused_cache_put(kv.k_cache, f16, (int64_t)kv.rows[t] * kv.row + (h - n_head) * hd + i, r);
     }
 }
 
@@ -271,18 +294,25 @@ extern "C" td_err cuda_delta_prep(float *gb, float *qkv, const float *alpha, con
 extern "C" td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, const float *k_norm,
                                     int64_t n_tok, int64_t n_head, int64_t n_head_kv,
                                     int64_t head_dim, int64_t q_head, int64_t n_rot,
-                                    const int32_t *pos, float theta, float eps, ops_stream st)
+                                    const int32_t *pos, float theta, float eps,
+                                    const ops_kv_dst *kv, ops_stream st)
 {
     TD_ASSERT((q != NULL || n_head == 0) && k != NULL && pos != NULL && n_tok >= 0);
     TD_ASSERT(n_head >= 0);
     TD_ASSERT(n_head_kv >= 1 && head_dim >= 1 && q_head >= head_dim && theta > 0);
     TD_ASSERT(n_rot >= 2 && n_rot % 2 == 0 && n_rot <= head_dim);
-    if (head_dim > FUSED_MAX_HD || n_tok * (n_head + n_head_kv) > INT32_MAX)
+    TD_ASSERT(kv == NULL || (kv->k_cache && kv->v_cache && kv->v && kv->rows &&
+                             (kv->type == TD_F32 || kv->type == TD_F16) &&
+                             kv->row == n_head_kv * head_dim));
+    const int64_t heads = n_head + (kv ? 2 : 1) * n_head_kv;
+    if (head_dim > FUSED_MAX_HD || n_tok * heads > INT32_MAX)
         return err_set(TD_ENOTSUP, "q/k norm and RoPE: %lld tokens of %lld heads of %lld",
-                       (long long)n_tok, (long long)(n_head + n_head_kv), (long long)head_dim);
+                       (long long)n_tok, (long long)heads, (long long)head_dim);
     if (n_tok == 0)
         return TD_OK;
+    const ops_kv_dst none = {};
     return pdl_launch<qk_norm_rope_kernel>(
-        "qk_norm_rope", dim3((unsigned)(n_tok * (n_head + n_head_kv))), dim3(DEV_NORM_THREADS), 0,
-        st, q, k, q_norm, k_norm, n_head, n_head_kv, head_dim, q_head, n_rot, pos, theta, eps);
+        "qk_norm_rope", dim3((unsigned)(n_tok * heads)), dim3(DEV_NORM_THREADS), 0, st, q, k,
+        q_norm, k_norm, n_head, n_head_kv, head_dim, q_head, n_rot, pos, theta, eps, kv != NULL,
+        kv ? *kv : none);
 }
