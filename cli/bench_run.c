@@ -62,7 +62,7 @@ static void bench_fail(bench_time *t, const char *fmt, ...)
 
 static const char *const bench_parts[] = {"decode", "decode32k", "verify16", "verify32",
                                           "prefill", "prefill-chunked", "draft", "sampling",
-                                          "split"};
+                                          "split", "verify16-32k"};
 
 const char *bench_part_names(void)
 {
@@ -352,6 +352,7 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_fail(&out->decode_long, "%s", why);
         bench_fail(&out->verify16, "%s", why);
         bench_fail(&out->verify32, "%s", why);
+        bench_fail(&out->verify16_long, "%s", why);
         bench_fail(&out->rollback, "%s", why);
         bench_fail(&out->prefill, "%s", why);
         bench_fail(&out->prefill_chunked, "%s", why);
@@ -374,6 +375,10 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
             bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
         else
             bench_skip(&out->verify32);
+        if (parts & BENCH_PART_VERIFY16_32K)
+            bench_step(&b, BENCH_CTX_LONG, 16, iters, &out->verify16_long, 0, NULL);
+        else
+            bench_skip(&out->verify16_long);
         const int64_t was = m->delta_chunk;
         if (!(parts & BENCH_PART_PREFILL))
             bench_skip(&out->prefill);

@@ -105,13 +105,14 @@ static void bench_row_time(const char *what, const bench_time *t, const char *ex
 /* The phases that were profiled, in print order. */
 static int bench_profiled(const bench_report *r, const bench_time **t, const char **name)
 {
-    const bench_time *all[BENCH_PHASES] = {&r->tgt.decode_short, &r->tgt.decode_long,
-                                           &r->tgt.verify16,     &r->tgt.verify32,
-                                           &r->tgt.prefill,      &r->tgt.prefill_chunked,
-                                           &r->draft};
+    const bench_time *all[BENCH_PHASES] = {&r->tgt.decode_short,  &r->tgt.decode_long,
+                                           &r->tgt.verify16,      &r->tgt.verify32,
+                                           &r->tgt.verify16_long, &r->tgt.prefill,
+                                           &r->tgt.prefill_chunked, &r->draft};
     static const char *const names[BENCH_PHASES] = {
         "decode, 1K context", "decode, 32K context", "verify 16 tokens (1K context)",
-        "verify 32 tokens (1K context)", "prefill, one forward pass of a 1K prompt",
+        "verify 32 tokens (1K context)", "verify 16 tokens (32K context)",
+        "prefill, one forward pass of a 1K prompt",
         "prefill, one forward pass, chunked delta rule", "draft step (16 positions + propose)"};
     int n = 0;
     for (int i = 0; i < BENCH_PHASES; i++) {
@@ -170,6 +171,10 @@ static void bench_print(const bench_report *r)
     bench_row_time("verify 16 tokens (1K context)", &t->verify16, x);
     snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
     bench_row_time("verify 32 tokens (1K context)", &t->verify32, x);
+    const double dl = t->decode_long.ok ? t->decode_long.ms : 0;
+    snprintf(x, sizeof x, "%.2fx decode at 32K",
+             dl > 0 && t->verify16_long.ok ? t->verify16_long.ms / dl : 0);
+    bench_row_time("verify 16 tokens (32K context)", &t->verify16_long, x);
     bench_row_time("rollback (keep 8 of 16)", &t->rollback, "");
     snprintf(x, sizeof x, "%7.1f tok/s  (%lld passes of %lld tokens from position 0)",
              t->prefill.ok ? BENCH_PROMPT * 1e3 / t->prefill.ms : 0,
@@ -314,6 +319,9 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_t *ver = json_object();
     json_object_set_new(ver, "16", bench_json_time(&t->verify16, d1));
     json_object_set_new(ver, "32", bench_json_time(&t->verify32, d1));
+    /* at 32K, against the decode step at 32K */
+    json_object_set_new(ver, "16_32k", bench_json_time(&t->verify16_long,
+                                                       t->decode_long.ok ? t->decode_long.ms : 0));
     json_object_set_new(j, "verify", ver);
     json_object_set_new(j, "rollback", bench_json_time(&t->rollback, d1));
     json_t *pf = bench_json_time(&t->prefill, 0);

@@ -23,6 +23,7 @@ ROWS = [
     ("decode 32K", ("decode", "32k", "ms")),
     ("verify 16", ("verify", "16", "ms")),
     ("verify 32", ("verify", "32", "ms")),
+    ("verify 16 @32K", ("verify", "16_32k", "ms")),
     ("rollback", ("rollback", "ms")),
     ("prefill 1K", ("prefill", "ms")),
     ("prefill chunked", ("prefill_chunked", "ms")),
