@@ -77,10 +77,6 @@ struct ops_backend {
     td_err (*delta_rule)(const ops_backend *be, const ops_delta *d);
     /* cpu_delta_rule_many: n recurrences that share no memory, as few launches as may be */
     td_err (*delta_rule_many)(const ops_backend *be, const ops_delta *d, int64_t n);
-    /* cpu_kv_store: a block's K/V rows into a cache at rows given in backend memory */
-    td_err (*kv_store)(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
-                       const float *k, const float *v, const int32_t *rows, int64_t n_tok,
-                       int64_t row);
     /* out[n] = x[n] as binary16 (cpu_to_f16): storing an f16 KV cache */
     td_err (*to_f16)(const ops_backend *be, uint16_t *out, const float *x, int64_t n);
     /* the fused chains of kernels/ops.h */
@@ -88,7 +84,8 @@ struct ops_backend {
                           const float *w, int64_t n_rows, int64_t dim, float eps);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
-    /* cpu_qk_norm_rope, then (kv not NULL) cpu_kv_store of the keys and kv->v */
+    /* cpu_qk_norm_rope, then (kv not NULL) cpu_kv_store of the keys and kv->v: a block's K/V
+     * rows into a cache at rows given in backend memory */
     td_err (*qk_norm_rope)(const ops_backend *be, float *q, float *k, const float *q_norm,
                            const float *k_norm, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
                            int64_t head_dim, int64_t q_head, int64_t n_rot, const int32_t *pos,

@@ -15,7 +15,7 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_KV_STORE,
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_LOGPROB_ROWS, PF_N_OPS
 } pf_op;
@@ -24,7 +24,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "deltanet_in", "to_f16", "kv_store", "matmul_multi", "accept_sampled",
+    "deltanet_in", "to_f16", "matmul_multi", "accept_sampled",
     "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows", "logprob_rows",
 };
 
@@ -345,13 +345,6 @@ static td_err pf_delta_rule_many(const ops_backend *be, const ops_delta *d, int6
     PF_TIMED(PF_DELTA_RULE_MANY, in->delta_rule_many(in, d, n));
 }
 
-static td_err pf_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
-                          const float *k, const float *v, const int32_t *rows, int64_t n_tok,
-                          int64_t row)
-{
-    PF_TIMED(PF_KV_STORE, in->kv_store(in, k_cache, v_cache, type, k, v, rows, n_tok, row));
-}
-
 static td_err pf_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
 {
     PF_TIMED(PF_TO_F16, in->to_f16(in, out, x, n));
@@ -493,7 +486,6 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->sample_rows = pf_sample_rows;
     b->accept_sampled = pf_accept_sampled;
     b->logprob_rows = pf_logprob_rows;
-    b->kv_store = pf_kv_store;
     /* graphs pass through; callers do not record or replay while profiling is on
      * (ops_prof_on), since a replay would hide the ops and a recording would hold events */
     b->graph_begin = inner->graph_begin ? pf_graph_begin : NULL;

@@ -200,15 +200,6 @@ static td_err be_cpu_delta_rule_many(const ops_backend *be, const ops_delta *d, 
     return TD_OK;
 }
 
-static td_err be_cpu_kv_store(const ops_backend *be, void *k_cache, void *v_cache, td_dtype type,
-                              const float *k, const float *v, const int32_t *rows, int64_t n_tok,
-                              int64_t row)
-{
-    (void)be;
-    cpu_kv_store(k_cache, v_cache, type, k, v, rows, n_tok, row);
-    return TD_OK;
-}
-
 static td_err be_cpu_to_f16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
 {
     (void)be;
@@ -318,7 +309,6 @@ static const ops_backend be_cpu = {
     .conv1d_causal = be_cpu_conv1d_causal,
     .delta_rule = be_cpu_delta_rule,
     .delta_rule_many = be_cpu_delta_rule_many,
-    .kv_store = be_cpu_kv_store,
     .to_f16 = be_cpu_to_f16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
     .swiglu_matmul = be_cpu_swiglu_matmul,

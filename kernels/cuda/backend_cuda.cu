@@ -136,13 +136,6 @@ static td_err be_cuda_delta_rule_many(const ops_backend *be, const ops_delta *d,
     return cuda_delta_rule_many(d, n, be->stream);
 }
 
-static td_err be_cuda_kv_store(const ops_backend *be, void *k_cache, void *v_cache,
-                               td_dtype type, const float *k, const float *v,
-                               const int32_t *rows, int64_t n_tok, int64_t row)
-{
-    return cuda_kv_store(k_cache, v_cache, type, k, v, rows, n_tok, row, be->stream);
-}
-
 /* Before each recording the matmul scratch is made as large as it will ever need to be, so
  * no later growth frees a buffer a recording holds. */
 static td_err be_cuda_graph_begin(const ops_backend *be)
@@ -286,7 +279,6 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->conv1d_causal = be_cuda_conv1d_causal;
     be->delta_rule = be_cuda_delta_rule;
     be->delta_rule_many = be_cuda_delta_rule_many;
-    be->kv_store = be_cuda_kv_store;
     be->to_f16 = be_cuda_to_f16;
     be->graph_begin = be_cuda_graph_begin;
     be->graph_end = be_cuda_graph_end;
