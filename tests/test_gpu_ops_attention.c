@@ -453,7 +453,7 @@ static void att_run_both(const char *name, ops_attn d, const float *ref, int64_t
  * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
  * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), or when a call whose
  * partials would be too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX
- * lowered); with
+ * lowered), or when each block walks several splits (TANDEM_ATT_SPLIT_Z=1, 3); with
  * the key count read from the device (a recorded step's launch sized for the whole cache),
  * they are the bits of the call launched for exactly those keys. Cases: splits whose last
  * 16-key step is partial, splits no row sees (later keys masked, a window), GQA groups of
@@ -510,6 +510,13 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
             free(o);
         }
+        static const char *const zs[] = {"1", "3"};
+        for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
+            float *o = att_run_env(d, "TANDEM_ATT_SPLIT_Z", zs[k]);
+            snprintf(what, sizeof what, "%s: %s blocks along the splits", c->name, zs[k]);
+            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            free(o);
+        }
         { /* partials for 3 queries (or 1) at a time: several calls */
             const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
             char cap[32];
@@ -531,6 +538,10 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             float *want = att_run(exact), *o = att_run(dev);
             snprintf(what, sizeof what, "%d keys on the device", (int)n_use);
             assert_true(check_same_bits(what, o, want, (size_t)n_out * 4));
+            float *oz = att_run_env(dev, "TANDEM_ATT_SPLIT_Z", "3"); /* walking past the count */
+            snprintf(what, sizeof what, "%d keys on the device, 3 blocks along", (int)n_use);
+            assert_true(check_same_bits(what, oz, want, (size_t)n_out * 4));
+            free(oz);
             /* the count matters: the call over all 5000 keys differs */
             assert_true(memcmp(want, got, (size_t)n_out * 4) != 0);
             free(want), free(o);

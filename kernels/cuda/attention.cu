@@ -831,9 +831,10 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * every output element of a product reads one key (or d) row and one query row, so a
  * query's result does not depend on the other rows of its call, or on which column of a
  * tile it takes: decode, verify, trees and prefill chunks agree bit for bit (the GPU test
- * checks it). A block takes one kv head, 8 or 16 rows and one split of 128 keys (its keys,
- * then its values in the same buffer); the split's softmax is att_row_softmax, the fold the
- * combine kernel's.
+ * checks it). A block takes one kv head, 8 or 16 rows and every z-th split of 128 keys from
+ * its own (its query rows split once; per split its keys, then its values in the same
+ * buffer; the grid at most a wave where the splits allow); the split's softmax is
+ * att_row_softmax, the fold the combine kernel's.
  * ------------------------------------------------------------------------------------- */
 
 #define ATH_WARPS 8
@@ -904,9 +905,10 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
     return __int_as_float((127 + e) << 23);
 }
 
-/* grid: x = tile of ROWS rows, y = kv head, z = split. Scores: warp w takes keys 16w ..
- * 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16 values
- * each) of every row. */
+/* grid: x = tile of ROWS rows, y = kv head, z: the block takes splits z, z + gridDim.z, ...
+ * of the keys in use (its query rows split once for all of them). Scores: warp w takes keys
+ * 16w .. 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16
+ * values each) of every row. */
 template <int HD, int ROWS>
 __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p)
 {
@@ -929,15 +931,18 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     __shared__ int32_t kpos[ATT_SPLIT]; /* the split's key positions */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
-    const int64_t g = blockIdx.y, s = blockIdx.z, n_kv = att_n_kv(a);
-    const int64_t r0 = (int64_t)blockIdx.x * ROWS, k0 = s * ATT_SPLIT;
-    if (k0 >= n_kv)
+    const int64_t g = blockIdx.y, n_kv = att_n_kv(a), n_split = att_n_split(p, n_kv);
+    const int64_t r0 = (int64_t)blockIdx.x * ROWS;
+    int64_t s = blockIdx.z;
+    if (s >= n_split)
         return; /* past the keys in use: the combine reads no partial of it */
     const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
-    const int nk = (int)(n_kv - k0 < ATT_SPLIT ? n_kv - k0 : ATT_SPLIT);
-    const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
-
-    ats_stage<HD, __half>(kb, a, a.k, g, k0, nk);
+    /* the keys in use of split sp */
+    auto split_keys = [&](int64_t sp) {
+        const int64_t k = sp * ATT_SPLIT;
+        return (int)(n_kv - k < ATT_SPLIT ? n_kv - k : ATT_SPLIT);
+    };
+    ats_stage<HD, __half>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
     if (tid < ROWS) {
         /* rows of a call number below 2^31 (cuda_attention checks n_q * n_head) */
         const unsigned rf = (unsigned)(r0 + (tid < nr ? tid : 0)), grp = (unsigned)p.group;
@@ -947,8 +952,6 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         row_qp[tid] = a.q_pos[t];
         row_po[tid] = ((int64_t)t * a.n_head + row_h[tid]) * (HD + 2);
     }
-    if (tid < nk)
-        kpos[tid] = __ldg(a.k_pos + k0 + tid);
     __syncthreads();
     /* the query rows: warp w splits rows w, w + ATH_WARPS, ... (all its loads out first; lane
      * l holds d = l + 32 j), each by 2^-e from its largest |q| (a warp max) */
@@ -980,94 +983,110 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         for (int j = 0; j < QL; j++)
             ath_split(qv[i][j] * down, qh[r * QS + lane + 32 * j], ql[r * QS + lane + 32 * j]);
     }
-    ats_wait<0>();
-    __syncthreads(); /* the split query rows and the keys are in */
-
-    /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
     const bool causal = a.mask == OPS_MASK_CAUSAL && a.window <= 0; /* att_visible_at's */
-    float sh[NT][4] = {}, sl[NT][4] = {};
-    if (16 * warp < nk) {
-        const unsigned char *krow = kb + (16 * warp + (lane & 15)) * G::KROW + (lane >> 4) * 16;
-        const __half *qrow = ath_brow(qh, ql, QS, lane);
+    for (;;) {
+        const int64_t k0 = s * ATT_SPLIT;
+        const int nk = split_keys(s);
+        const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
+        if (tid < nk)
+            kpos[tid] = __ldg(a.k_pos + k0 + tid);
+        ats_wait<0>();
+        __syncthreads(); /* the split query rows, the key positions and the keys are in */
+
+        /* scores: keys 16w .. 16w + 15 (M) x every row tile (N), over d */
+        float sh[NT][4] = {}, sl[NT][4] = {};
+        if (16 * warp < nk) {
+            const unsigned char *krow =
+                kb + (16 * warp + (lane & 15)) * G::KROW + (lane >> 4) * 16;
+            const __half *qrow = ath_brow(qh, ql, QS, lane);
 #pragma unroll 4
-        for (int kk = 0; kk < HD; kk += 16) {
-            uint32_t af[4];
-            ath_ldm<false>(af, krow + kk * 2);
+            for (int kk = 0; kk < HD; kk += 16) {
+                uint32_t af[4];
+                ath_ldm<false>(af, krow + kk * 2);
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                uint32_t bf[4];
-                ath_ldm<false>(bf, qrow + 8 * n * QS + kk);
-                ath_mma(sh[n], af, bf[0], bf[1]);
-                ath_mma(sl[n], af, bf[2], bf[3]);
+                for (int n = 0; n < NT; n++) {
+                    uint32_t bf[4];
+                    ath_ldm<false>(bf, qrow + 8 * n * QS + kk);
+                    ath_mma(sh[n], af, bf[0], bf[1]);
+                    ath_mma(sl[n], af, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
+                    if (r >= nr || key >= nk)
+                        continue;
+                    const bool vis =
+                        causal ? kpos[key] <= row_qp[r]
+                               : att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
+                    ss[r * ATH_SS + key] =
+                        vis ? __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]) : -INFINITY;
+                }
+        }
+        __syncthreads(); /* every warp is done with the keys */
+        ats_stage<HD, __half>(kb, a, a.v, g, k0, nk);
+        for (int r = warp; r < nr; r += ATH_WARPS) {
+            float *row = ss + r * ATH_SS;
+            att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
+            __syncwarp();
+            for (int c = lane; c < kend; c += 32)
+                ath_split(c < nk ? row[c] * ATH_PUP : 0.0f, ph[r * ATH_PS + c],
+                          pl[r * ATH_PS + c]);
+        }
+        ats_wait<0>();
+        /* p is 0 past the keys: the values there must be finite */
+        for (int e = nk * (HD / 8) + tid; e < kend * (HD / 8); e += ATH_THREADS)
+            *(uint4 *)(kb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) =
+                make_uint4(0, 0, 0, 0);
+        __syncthreads(); /* p and the values are in */
+
+        /* values: d tiles w + ATH_WARPS j (M) x every row tile (N), over the keys */
+        float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
+        const unsigned char *vrow = kb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
+                                    ((lane >> 3) & 1) * 16;
+        const __half *prow = ath_brow(ph, pl, ATH_PS, lane);
+        for (int kk = 0; kk < kend; kk += 16) {
+            uint32_t bf[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                ath_ldm<false>(bf[n], prow + 8 * n * ATH_PS + kk);
+#pragma unroll
+            for (int j = 0; j < DT; j++) {
+                uint32_t af[4];
+                ath_ldm<true>(af, vrow + kk * G::KROW + (warp + ATH_WARPS * j) * 32);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    ath_mma(oh[j][n], af, bf[n][0], bf[n][1]);
+                    ath_mma(ol[j][n], af, bf[n][2], bf[n][3]);
+                }
             }
         }
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
-                if (r >= nr || key >= nk)
-                    continue;
-                const bool vis = causal ? kpos[key] <= row_qp[r]
-                                        : att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
-                ss[r * ATH_SS + key] =
-                    vis ? __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]) : -INFINITY;
-            }
-    }
-    __syncthreads(); /* every warp is done with the keys */
-    ats_stage<HD, __half>(kb, a, a.v, g, k0, nk);
-    for (int r = warp; r < nr; r += ATH_WARPS) {
-        float *row = ss + r * ATH_SS;
-        att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
-        __syncwarp();
-        for (int c = lane; c < kend; c += 32)
-            ath_split(c < nk ? row[c] * ATH_PUP : 0.0f, ph[r * ATH_PS + c], pl[r * ATH_PS + c]);
-    }
-    ats_wait<0>();
-    /* p is 0 past the keys: the values there must be finite */
-    for (int e = nk * (HD / 8) + tid; e < kend * (HD / 8); e += ATH_THREADS)
-        *(uint4 *)(kb + (e / (HD / 8)) * G::KROW + (e % (HD / 8)) * 16) = make_uint4(0, 0, 0, 0);
-    __syncthreads(); /* p and the values are in */
 
-    /* values: d tiles w + ATH_WARPS j (M) x every row tile (N), over the keys */
-    float oh[DT][NT][4] = {}, ol[DT][NT][4] = {};
-    const unsigned char *vrow = kb + ((lane & 7) + ((lane >> 4) & 1) * 8) * G::KROW +
-                                ((lane >> 3) & 1) * 16;
-    const __half *prow = ath_brow(ph, pl, ATH_PS, lane);
-    for (int kk = 0; kk < kend; kk += 16) {
-        uint32_t bf[NT][4];
+        /* the split's partial: values, then max and sum */
+        float *part = p.part + s * a.n_q * a.n_head * (HD + 2);
 #pragma unroll
-        for (int n = 0; n < NT; n++)
-            ath_ldm<false>(bf[n], prow + 8 * n * ATH_PS + kk);
+        for (int j = 0; j < DT; j++)
 #pragma unroll
-        for (int j = 0; j < DT; j++) {
-            uint32_t af[4];
-            ath_ldm<true>(af, vrow + kk * G::KROW + (warp + ATH_WARPS * j) * 32);
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                ath_mma(oh[j][n], af, bf[n][0], bf[n][1]);
-                ath_mma(ol[j][n], af, bf[n][2], bf[n][3]);
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int d = 16 * (warp + ATH_WARPS * j) + gi + (e >> 1) * 8;
+                    const int r = 8 * n + 2 * ti + (e & 1);
+                    if (r < nr)
+                        part[row_po[r] + d] = (oh[j][n][e] + ol[j][n][e]) * ATH_PDOWN;
+                }
+        for (int r = tid; r < nr; r += ATH_THREADS) {
+            float *pr = part + row_po[r];
+            pr[HD] = row_m[r];
+            pr[HD + 1] = row_l[r];
         }
-    }
-
-    /* the split's partial: values, then max and sum */
-    float *part = p.part + s * a.n_q * a.n_head * (HD + 2);
-#pragma unroll
-    for (int j = 0; j < DT; j++)
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int d = 16 * (warp + ATH_WARPS * j) + gi + (e >> 1) * 8;
-                const int r = 8 * n + 2 * ti + (e & 1);
-                if (r < nr)
-                    part[row_po[r] + d] = (oh[j][n][e] + ol[j][n][e]) * ATH_PDOWN;
-            }
-    for (int r = tid; r < nr; r += ATH_THREADS) {
-        float *pr = part + row_po[r];
-        pr[HD] = row_m[r];
-        pr[HD + 1] = row_l[r];
+        s += gridDim.z;
+        if (s >= n_split)
+            break;
+        __syncthreads(); /* every warp is done with this split's values, p, maxima and sums */
+        ats_stage<HD, __half>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
     }
 }
 
@@ -1715,11 +1734,12 @@ typedef struct ath_plan {
     int rows;
     size_t smem;
     uint64_t *occ;
+    int per_sm; /* blocks an SM holds at once */
 } ath_plan;
 
 template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
 {
-    static int opted[64];
+    static int opted[64], per_sm[64];
     int optin = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const size_t bytes = ath_geo<HD, ROWS>::FIXED + ath_geo<HD, ROWS>::KV;
@@ -1733,8 +1753,11 @@ template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
     if (!opted[dev]) {
         CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
         CUDA_TRY(cudaFuncSetAttribute(pl->fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[dev], pl->fn, ATH_THREADS,
+                                                               bytes));
         opted[dev] = 1;
     }
+    pl->per_sm = per_sm[dev] > 0 ? per_sm[dev] : 1;
     return TD_OK;
 }
 
@@ -1809,12 +1832,21 @@ static td_err att_split_launch(void (*fn)(bool, att_args), dim3 grid, unsigned t
 }
 
 /* The tensor-core kernel for f16 caches, as several calls over ranges of queries where one
- * call's partials would pass att_scratch_max. */
-static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, cudaStream_t st)
+ * call's partials would pass att_scratch_max. A call's grid is at most one wave of blocks
+ * where its splits allow: each block walks every z-th split (of the keys in use), so a call
+ * launched for a long cache but reading few keys (a recorded step early in a sequence) has
+ * no thousands of blocks that return at once (H200, bench_attention_cuda: a 16-query verify
+ * of 1K keys launched for a 32K cache took 34.5 us against 23.4 launched for its keys), and
+ * a block splits its query rows once for all its splits. TANDEM_ATT_SPLIT_Z=N sets the
+ * blocks along the splits (at most one per split), to test the walk. */
+static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, cudaStream_t st,
+                      int sms)
 {
     const ops_attn *a = &p.a;
     const size_t per_q = part_bytes / (size_t)a->n_q;
     const size_t cap = att_scratch_max();
+    const char *ez = getenv("TANDEM_ATT_SPLIT_Z");
+    const long long forced_z = ez ? atoll(ez) : 0;
     const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
                              ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
                              : a->n_q;
@@ -1823,8 +1855,12 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         att_args ps = p;
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
+        const int64_t row_blocks = (ps.n_rows + hp.rows - 1) / hp.rows * a->n_head_kv;
+        const int64_t wave = (int64_t)hp.per_sm * sms / row_blocks;
+        const int64_t want = forced_z > 0 ? (int64_t)forced_z : wave < 1 ? 1 : wave;
+        const int64_t z = want < p.n_split ? want : p.n_split;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
-                        (unsigned)p.n_split);
+                        (unsigned)z);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
                                 st));
     }
@@ -1881,7 +1917,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     ath_plan hp;
     TD_TRY(ath_plan_for(&hp, a, p, dev));
     if (hp.fn)
-        return ath_run(hp, p, part_bytes, st);
+        return ath_run(hp, p, part_bytes, st, sms);
     const bool split = p.n_split > 1 && row_blocks < 2LL * sms && part_bytes <= ATT_SCRATCH_MAX;
     /* staged kernel: rows per block, and splits beyond the grid's z taken by its blocks in
      * turn */
