@@ -833,7 +833,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * tile it takes: decode, verify, trees and prefill chunks agree bit for bit (the GPU test
  * checks it). A block takes one kv head, 8 or 16 rows and every z-th split of 128 keys from
  * its own (its query rows split once; per split its keys, then its values in the same
- * buffer; the grid at most a wave where the splits allow); the split's softmax is
+ * buffer; the grid about four waves where the splits allow); the split's softmax is
  * att_row_softmax, the fold the combine kernel's.
  * ------------------------------------------------------------------------------------- */
 
@@ -843,6 +843,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
 #define ATH_PS (ATT_SPLIT + 8) /* halves per row of p (rows 4 banks apart) */
 #define ATH_PUP 0x1p14f        /* p is scaled by 2^14 before its split */
 #define ATH_PDOWN 0x1p-14f     /* and the values back */
+#define ATH_WAVES 4            /* waves of blocks a call's splits are walked in (ath_run) */
 
 template <int HD, int ROWS> struct ath_geo {
     static constexpr int QS = HD + 8;                              /* halves per query row */
@@ -1832,13 +1833,16 @@ static td_err att_split_launch(void (*fn)(bool, att_args), dim3 grid, unsigned t
 }
 
 /* The tensor-core kernel for f16 caches, as several calls over ranges of queries where one
- * call's partials would pass att_scratch_max. A call's grid is at most one wave of blocks
- * where its splits allow: each block walks every z-th split (of the keys in use), so a call
- * launched for a long cache but reading few keys (a recorded step early in a sequence) has
- * no thousands of blocks that return at once (H200, bench_attention_cuda: a 16-query verify
- * of 1K keys launched for a 32K cache took 34.5 us against 23.4 launched for its keys), and
- * a block splits its query rows once for all its splits. TANDEM_ATT_SPLIT_Z=N sets the
- * blocks along the splits (at most one per split), to test the walk. */
+ * call's partials would pass att_scratch_max. A call's grid is about ATH_WAVES waves of
+ * blocks where its splits allow (one block per split where they do not): each block walks
+ * every z-th split (of the keys in use), so a call launched for a long cache but reading few
+ * keys (a recorded step early in a sequence) has no thousands of blocks that return at once
+ * (H200, bench_attention_cuda: a 16-query verify of 1K keys launched for a 32K cache took
+ * 34.5 us against 23.4 launched for its keys), and a block splits its query rows once for
+ * all its splits. Several waves, not one: a grid of one wave leaves SMs idle wherever the
+ * row blocks do not divide it (a 64-query chunk's 96 row blocks: 192 of 264 slots), for the
+ * whole of every block's walk. TANDEM_ATT_SPLIT_Z=N sets the blocks along the splits (at
+ * most one per split), to test the walk. */
 static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, cudaStream_t st,
                       int sms)
 {
@@ -1856,8 +1860,8 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
         const int64_t row_blocks = (ps.n_rows + hp.rows - 1) / hp.rows * a->n_head_kv;
-        const int64_t wave = (int64_t)hp.per_sm * sms / row_blocks;
-        const int64_t want = forced_z > 0 ? (int64_t)forced_z : wave < 1 ? 1 : wave;
+        const int64_t waves = ((int64_t)ATH_WAVES * hp.per_sm * sms + row_blocks / 2) / row_blocks;
+        const int64_t want = forced_z > 0 ? (int64_t)forced_z : waves < 1 ? 1 : waves;
         const int64_t z = want < p.n_split ? want : p.n_split;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
                         (unsigned)z);
