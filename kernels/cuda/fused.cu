@@ -170,6 +170,8 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
     constexpr int NV = FUSED_MAX_HD / DEV_NORM_THREADS;
     const int64_t half = n_rot / 2;
     const double pt = (double)pos[t];
+    /* a k head's place in the cache, read with the rest before the block's sum */
+    const int64_t kat = store && !is_q ? (int64_t)kv.rows[t] * kv.row + (h - n_head) * hd : 0;
     float xv[NV], wv[NV], cv[NV], sv[NV];
 #pragma unroll
     for (int u = 0; u < NV; u++) {
@@ -213,7 +215,7 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
         }
         x[i] = r;
         if (store && !is_q)
-            fused_cache_put(kv.k_cache, f16, (int64_t)kv.rows[t] * kv.row + (h - n_head) * hd + i, r);
+            fused_cache_put(kv.k_cache, f16, kat + i, r);
     }
 }
 
