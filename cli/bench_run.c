@@ -276,6 +276,16 @@ static void bench_step(bench_tgt *b, int64_t ctx, int64_t n, int iters, bench_ti
     free(r);
 }
 
+/* bench_step without a rollback where the part is wanted, else marks t as skipped. */
+static void bench_part(bench_tgt *b, unsigned wanted, int64_t ctx, int64_t n, int iters,
+                       bench_time *t)
+{
+    if (wanted)
+        bench_step(b, ctx, n, iters, t, 0, NULL);
+    else
+        bench_skip(t);
+}
+
 /* One prompt of BENCH_PROMPT tokens from position 0, in chunks of b->pass as verifyd
  * prefills (taps of every position, logits of the last), synced at the end. */
 static td_err bench_prompt(bench_tgt *b)
@@ -357,28 +367,17 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_fail(&out->prefill, "%s", why);
         bench_fail(&out->prefill_chunked, "%s", why);
     } else {
-        if (parts & BENCH_PART_DECODE)
-            bench_step(&b, BENCH_CTX_SHORT, 1, iters, &out->decode_short, 0, NULL);
-        else
-            bench_skip(&out->decode_short);
-        if (parts & BENCH_PART_DECODE32K)
-            bench_step(&b, BENCH_CTX_LONG, 1, iters, &out->decode_long, 0, NULL);
-        else
-            bench_skip(&out->decode_long);
+        bench_part(&b, parts & BENCH_PART_DECODE, BENCH_CTX_SHORT, 1, iters, &out->decode_short);
+        bench_part(&b, parts & BENCH_PART_DECODE32K, BENCH_CTX_LONG, 1, iters, &out->decode_long);
         if (parts & BENCH_PART_VERIFY16) {
             bench_step(&b, BENCH_CTX_SHORT, 16, iters, &out->verify16, BENCH_KEEP, &out->rollback);
         } else {
             bench_skip(&out->verify16);
             bench_skip(&out->rollback);
         }
-        if (parts & BENCH_PART_VERIFY32)
-            bench_step(&b, BENCH_CTX_SHORT, 32, iters, &out->verify32, 0, NULL);
-        else
-            bench_skip(&out->verify32);
-        if (parts & BENCH_PART_VERIFY16_32K)
-            bench_step(&b, BENCH_CTX_LONG, 16, iters, &out->verify16_long, 0, NULL);
-        else
-            bench_skip(&out->verify16_long);
+        bench_part(&b, parts & BENCH_PART_VERIFY32, BENCH_CTX_SHORT, 32, iters, &out->verify32);
+        bench_part(&b, parts & BENCH_PART_VERIFY16_32K, BENCH_CTX_LONG, 16, iters,
+                   &out->verify16_long);
         const int64_t was = m->delta_chunk;
         if (!(parts & BENCH_PART_PREFILL))
             bench_skip(&out->prefill);
