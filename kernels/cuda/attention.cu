@@ -135,12 +135,12 @@ __device__ __forceinline__ bool att_fold(float &M, float &L, float ms, float ls,
     return true;
 }
 
-/* One row of a split (a warp): its exact max, p = exp(score - max) of key c into
- * p_out[c * p_stride] (in place of the scores with row, 1; an invisible key's -inf gives 0),
- * and the sum of p in a fixed tree; lane 0 stores max and sum. The one definition of a
- * split's softmax. */
-__device__ __forceinline__ void att_row_softmax(const float *row, int nk, int lane, float *m_out,
-                                                float *l_out, float *p_out, int p_stride)
+/* One row of a split (a warp): its exact max, p = exp(score - max) of key c handed to
+ * put(c, p) (an invisible key's -inf gives 0), and the sum of p in a fixed tree; lane 0
+ * stores max and sum. The one definition of a split's softmax. */
+template <typename Put>
+__device__ __forceinline__ void att_row_softmax_put(const float *row, int nk, int lane,
+                                                    float *m_out, float *l_out, Put put)
 {
     float m = -INFINITY;
     for (int c = lane; c < nk; c += 32)
@@ -150,7 +150,7 @@ __device__ __forceinline__ void att_row_softmax(const float *row, int nk, int la
     for (int c = lane; c < nk; c += 32) {
         const float x = row[c];
         const float pv = x == -INFINITY ? 0.0f : expf(x - m);
-        p_out[c * p_stride] = pv;
+        put(c, pv);
         l += pv;
     }
     l = dev_warp_sum(l);
@@ -158,6 +158,15 @@ __device__ __forceinline__ void att_row_softmax(const float *row, int nk, int la
         *m_out = m;
         *l_out = l;
     }
+}
+
+/* The same with p of key c stored at p_out[c * p_stride] (in place of the scores with row,
+ * 1). */
+__device__ __forceinline__ void att_row_softmax(const float *row, int nk, int lane, float *m_out,
+                                                float *l_out, float *p_out, int p_stride)
+{
+    att_row_softmax_put(row, nk, lane, m_out, l_out,
+                        [=](int c, float pv) { p_out[c * p_stride] = pv; });
 }
 
 /* out value from the folded values and sum, with the output gate. */
@@ -425,8 +434,10 @@ template <int N> __device__ __forceinline__ void ats_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* Copies keys k0 .. k0+nk-1 of kv head g of cache base into buf (one commit group). */
-template <int HD, typename KT>
+/* Copies keys k0 .. k0+nk-1 of kv head g of cache base into buf (one commit group);
+ * WHOLE: a whole split's copies unrolled (immediate offsets; registers the staged kernel has
+ * not to spare). */
+template <int HD, typename KT, bool WHOLE = false>
 __device__ __forceinline__ void ats_stage(unsigned char *buf, const ops_attn &a, const void *base,
                                           int64_t g, int64_t k0, int nk)
 {
@@ -440,8 +451,15 @@ __device__ __forceinline__ void ats_stage(unsigned char *buf, const ops_attn &a,
     const unsigned char *src = (const unsigned char *)base +
                                ((k0 + kk) * a.kv_tok_stride + g * a.kv_head_stride) * G::EB + c * 16;
     unsigned char *dst = buf + kk * G::ROWB + c * 16;
-    for (; kk < nk; kk += KS, src += step, dst += KS * G::ROWB)
-        ats_cp16(dst, src);
+    static_assert(ATT_SPLIT % KS == 0, "a whole split: the same copies in every thread");
+    if (WHOLE && nk == ATT_SPLIT) {
+#pragma unroll
+        for (int i = 0; i < ATT_SPLIT / KS; i++)
+            ats_cp16(dst + i * KS * G::ROWB, src + i * step);
+    } else {
+        for (; kk < nk; kk += KS, src += step, dst += KS * G::ROWB)
+            ats_cp16(dst, src);
+    }
     ats_commit();
 }
 
@@ -916,8 +934,9 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     pdl_enter(early);
     typedef ath_geo<HD, ROWS> G;
     constexpr int NT = ROWS / 8, DT = HD / 16 / ATH_WARPS, QS = G::QS;
-    static_assert(ATT_SPLIT == 16 * ATH_WARPS && HD % (16 * ATH_WARPS) == 0 && ROWS % 8 == 0,
-                  "a 16-key tile per warp; whole d tiles per warp");
+    static_assert(ATT_SPLIT == 16 * ATH_WARPS && HD % (16 * ATH_WARPS) == 0 && ROWS % 8 == 0 &&
+                      ROWS <= ATH_THREADS,
+                  "a 16-key tile per warp; whole d tiles per warp; a thread per row");
     const ops_attn &a = p.a;
     extern __shared__ __align__(16) unsigned char ath_smem[];
     __half *qh = (__half *)ath_smem, *ql = qh + ROWS * QS;
@@ -943,7 +962,7 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         const int64_t k = sp * ATT_SPLIT;
         return (int)(n_kv - k < ATT_SPLIT ? n_kv - k : ATT_SPLIT);
     };
-    ats_stage<HD, __half>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
+    ats_stage<HD, __half, true>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
     if (tid < ROWS) {
         /* rows of a call number below 2^31 (cuda_attention checks n_q * n_head) */
         const unsigned rf = (unsigned)(r0 + (tid < nr ? tid : 0)), grp = (unsigned)p.group;
@@ -989,8 +1008,8 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
         const int64_t k0 = s * ATT_SPLIT;
         const int nk = split_keys(s);
         const int kend = (nk + 15) & ~15; /* the value products run over whole 16-key steps */
-        if (tid < nk)
-            kpos[tid] = __ldg(a.k_pos + k0 + tid);
+        if (tid < ATT_SPLIT) /* past the keys: a position no causal row sees */
+            kpos[tid] = tid < nk ? __ldg(a.k_pos + k0 + tid) : INT32_MAX;
         ats_wait<0>();
         __syncthreads(); /* the split query rows, the key positions and the keys are in */
 
@@ -1012,29 +1031,31 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
                     ath_mma(sl[n], af, bf[2], bf[3]);
                 }
             }
+            /* element e of n tile n: row 8n + 2ti + (e & 1), key 16w + gi + 8 (e >> 1); a
+             * causal row's score is stored unguarded: past nr or past nk (the position
+             * INT32_MAX) nothing reads it */
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = 16 * warp + gi + (e >> 1) * 8, r = 8 * n + 2 * ti + (e & 1);
-                    if (r >= nr || key >= nk)
-                        continue;
-                    const bool vis =
-                        causal ? kpos[key] <= row_qp[r]
-                               : att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]);
-                    ss[r * ATH_SS + key] =
-                        vis ? __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]) : -INFINITY;
+                    const float x = __fmul_rn(a.scale, (sh[n][e] + sl[n][e]) * row_up[r]);
+                    if (causal)
+                        ss[r * ATH_SS + key] = kpos[key] <= row_qp[r] ? x : -INFINITY;
+                    else if (r < nr && key < nk)
+                        ss[r * ATH_SS + key] =
+                            att_visible_at(a, row_t[r], row_qp[r], k0 + key, kpos[key]) ? x
+                                                                                     : -INFINITY;
                 }
         }
         __syncthreads(); /* every warp is done with the keys */
-        ats_stage<HD, __half>(kb, a, a.v, g, k0, nk);
+        ats_stage<HD, __half, true>(kb, a, a.v, g, k0, nk);
         for (int r = warp; r < nr; r += ATH_WARPS) {
-            float *row = ss + r * ATH_SS;
-            att_row_softmax(row, nk, lane, &row_m[r], &row_l[r], row, 1);
-            __syncwarp();
-            for (int c = lane; c < kend; c += 32)
-                ath_split(c < nk ? row[c] * ATH_PUP : 0.0f, ph[r * ATH_PS + c],
-                          pl[r * ATH_PS + c]);
+            __half *rh = ph + r * ATH_PS, *rl = pl + r * ATH_PS;
+            att_row_softmax_put(ss + r * ATH_SS, nk, lane, &row_m[r], &row_l[r],
+                                [=](int c, float pv) { ath_split(pv * ATH_PUP, rh[c], rl[c]); });
+            for (int c = nk + lane; c < kend; c += 32)
+                ath_split(0.0f, rh[c], rl[c]);
         }
         ats_wait<0>();
         /* p is 0 past the keys: the values there must be finite */
@@ -1065,29 +1086,35 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             }
         }
 
-        /* the split's partial: values, then max and sum */
+        /* the split's partial: values, then max and sum. Element e = 2h + i of d tile
+         * w + ATH_WARPS j and n tile n: row 8n + 2ti + i, value 16w + gi + 16 ATH_WARPS j + 8h
+         * (one address per row, the rest immediate offsets) */
         float *part = p.part + s * a.n_q * a.n_head * (HD + 2);
 #pragma unroll
-        for (int j = 0; j < DT; j++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+            for (int i = 0; i < 2; i++) {
+                const int r = 8 * n + 2 * ti + i;
+                if (r >= nr)
+                    continue;
+                float *pr = part + row_po[r] + 16 * warp + gi;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int d = 16 * (warp + ATH_WARPS * j) + gi + (e >> 1) * 8;
-                    const int r = 8 * n + 2 * ti + (e & 1);
-                    if (r < nr)
-                        part[row_po[r] + d] = (oh[j][n][e] + ol[j][n][e]) * ATH_PDOWN;
-                }
-        for (int r = tid; r < nr; r += ATH_THREADS) {
-            float *pr = part + row_po[r];
-            pr[HD] = row_m[r];
-            pr[HD + 1] = row_l[r];
+                for (int j = 0; j < DT; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        pr[16 * ATH_WARPS * j + 8 * h] =
+                            (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN;
+            }
+        if (tid < nr) { /* ROWS <= ATH_THREADS */
+            float *pr = part + row_po[tid];
+            pr[HD] = row_m[tid];
+            pr[HD + 1] = row_l[tid];
         }
         s += gridDim.z;
         if (s >= n_split)
             break;
         __syncthreads(); /* every warp is done with this split's values, p, maxima and sums */
-        ats_stage<HD, __half>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
+        ats_stage<HD, __half, true>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
     }
 }
 
