@@ -1,6 +1,8 @@
 /* tandem generate: text generation in one process, with the speculative loop when a drafter
  * is given; tandem logits: the target's top tokens per position (a check for people). */
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,34 @@ static td_err gen_parse_ids(const char *text, int32_t **ids, int64_t *n)
     }
     *ids = v.ids;
     *n = (int64_t)v.n;
+    return TD_OK;
+}
+
+#define GEN_BIAS_MAX 1024
+
+/* --logit-bias "ID=BIAS,ID=BIAS,...": token ids and their biases (each in [-100, 100]). */
+static td_err gen_parse_bias(const char *text, int32_t *tok, float *bias, int32_t *n)
+{
+    *n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        const long id = strtol(p, &end, 10);
+        if (end == p || *end != '=' || errno || id < 0 || id > INT32_MAX)
+            return err_set(TD_EINVAL, "--logit-bias: expected ID=BIAS at \"%.20s\"", p);
+        p = end + 1;
+        const double v = strtod(p, &end);
+        if (end == p || (*end && *end != ',') || !(v >= -100 && v <= 100))
+            return err_set(TD_EINVAL, "--logit-bias: token %ld: expected a bias from -100 to 100 "
+                           "at \"%.20s\"", id, p);
+        if (*n == GEN_BIAS_MAX)
+            return err_set(TD_EINVAL, "--logit-bias: at most %d entries", GEN_BIAS_MAX);
+        tok[*n] = (int32_t)id;
+        bias[*n] = (float)v;
+        (*n)++;
+        p = *end ? end + 1 : end;
+    }
     return TD_OK;
 }
 
@@ -84,7 +114,8 @@ int cmd_generate(int argc, char **argv)
     const char *model = NULL, *draft = NULL, *prompt = NULL, *prompt_ids = NULL;
     const char *device = "cpu";
     int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
-    double temp = 0.0, top_p = 1.0, min_p = 0.0;
+    double temp = 0.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
+    const char *logit_bias = NULL;
     bool ids = false, ignore_eos = false, help = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (" GEN_DEMO_MODEL " when it exists)", 0, 0, 'm'},
@@ -99,6 +130,9 @@ int cmd_generate(int argc, char **argv)
         {"top-p", ARGS_DOUBLE, &top_p, NULL, "nucleus mass (1 = off)", 0, 0, 0},
         {"min-p", ARGS_DOUBLE, &min_p, NULL, "minimum probability relative to the best (0 = off)", 0, 0, 0},
         {"seed", ARGS_INT, &seed, NULL, "sampling seed", 0, INT64_MAX, 0},
+        {"presence-penalty", ARGS_DOUBLE, &presence, NULL, "subtracted from the logit of a token generated before (-2..2)", 0, 0, 0},
+        {"frequency-penalty", ARGS_DOUBLE, &frequency, NULL, "and this much per time it was generated (-2..2)", 0, 0, 0},
+        {"logit-bias", ARGS_STRING, &logit_bias, NULL, "biases added to token logits: ID=BIAS,ID=BIAS,... (-100..100)", 0, 0, 0},
         {"ids", ARGS_FLAG, &ids, NULL, "print generated token ids instead of text", 0, 0, 0},
         {"ignore-eos", ARGS_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0, 0, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where target, drafter and acceptance run: cpu, cuda or cuda:N", 0, 0, 0},
@@ -106,7 +140,8 @@ int cmd_generate(int argc, char **argv)
     };
     static const char usage[] =
         "tandem generate [--model M.gguf] [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
-        "[-n N] [--temp T --seed S] [--device cpu|cuda[:N]]";
+        "[-n N] [--temp T --seed S] [--presence-penalty P] [--frequency-penalty F] "
+        "[--logit-bias ID=B,...] [--device cpu|cuda[:N]]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem generate: %s\n", err_msg());
         args_usage(usage, opts);
@@ -136,6 +171,18 @@ int cmd_generate(int argc, char **argv)
     }
     if (temp < 0 || top_p < 0 || min_p < 0) {
         fprintf(stderr, "tandem generate: --temp, --top-p and --min-p must not be negative\n");
+        return 2;
+    }
+    if (!(fabs(presence) <= 2) || !(fabs(frequency) <= 2)) {
+        fprintf(stderr, "tandem generate: --presence-penalty and --frequency-penalty must be "
+                        "from -2 to 2\n");
+        return 2;
+    }
+    static int32_t bias_tok[GEN_BIAS_MAX];
+    static float bias[GEN_BIAS_MAX];
+    int32_t n_bias = 0;
+    if (logit_bias && gen_parse_bias(logit_bias, bias_tok, bias, &n_bias) != TD_OK) {
+        fprintf(stderr, "tandem generate: %s\n", err_msg());
         return 2;
     }
 
@@ -184,7 +231,12 @@ int cmd_generate(int argc, char **argv)
         .temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
         .min_p = (float)min_p, .seed = (uint64_t)seed,
     };
-    if (spec_init(&seq, tm, dm, n_ctx, ring, &sampler) != TD_OK) {
+    const spec_cfg cfg = {
+        .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .sampler = sampler,
+        .pen = {.presence = (float)presence, .frequency = (float)frequency,
+                .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias},
+    };
+    if (spec_init_cfg(&seq, tm, &cfg) != TD_OK) {
         rc = gen_fail("generate", "cannot set up the sequence");
         goto out;
     }

@@ -309,16 +309,29 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
                        MSG_TOP_LOGPROBS_MAX);
     if (m->top_logprobs > 0 && !m->logprobs)
         return err_set(code, "gen_start: top_logprobs %u without logprobs", m->top_logprobs);
+    if (!(fabsf(m->presence_penalty) <= MSG_PENALTY_MAX) ||
+        !(fabsf(m->frequency_penalty) <= MSG_PENALTY_MAX))
+        return err_set(code, "gen_start: presence penalty %g / frequency penalty %g, allowed "
+                       "-%g..%g", (double)m->presence_penalty, (double)m->frequency_penalty,
+                       (double)MSG_PENALTY_MAX, (double)MSG_PENALTY_MAX);
+    if (m->n_bias > MSG_BIAS_MAX)
+        return err_set(code, "gen_start: %u logit bias entries, allowed at most %u", m->n_bias,
+                       MSG_BIAS_MAX);
+    for (uint32_t i = 0; i < m->n_bias; i++)
+        if (!(fabsf(m->bias[i]) <= MSG_BIAS_VALUE_MAX))
+            return err_set(code, "gen_start: logit bias %g for token %u, allowed -%g..%g",
+                           (double)m->bias[i], m->bias_tok[i], (double)MSG_BIAS_VALUE_MAX,
+                           (double)MSG_BIAS_VALUE_MAX);
     return msg_check_sampler("gen_start", &m->sampler, code);
 }
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m)
 {
-    TD_ASSERT(out && m);
+    TD_ASSERT(out && m && (m->n_bias == 0 || (m->bias_tok && m->bias)));
     TD_TRY(check_gen_start(m, TD_EINVAL));
     TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 8);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 12);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -327,6 +340,10 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_bool(&w, m->logprobs);
     msg_write_uint(&w, m->top_logprobs);
     msg_write_bool(&w, m->ignore_eos);
+    msg_write_f32(&w, m->presence_penalty);
+    msg_write_f32(&w, m->frequency_penalty);
+    msg_write_u32_array(&w, m->bias_tok, m->n_bias);
+    msg_write_f32_bin(&w, m->bias, m->n_bias);
     return msg_write_end(&w);
 }
 
@@ -338,10 +355,11 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     msg_reader r;
     msg_header h;
     uint64_t max_tokens = 0, top_logprobs = 0;
-    uint32_t *prompt = NULL, *stop = NULL;
+    uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL;
+    float *bias = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 8, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 12, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -350,10 +368,16 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_bool(&r, "logprobs", &out->logprobs)) ||
         (e = msg_read_uint(&r, "top_logprobs", MSG_TOP_LOGPROBS_MAX, &top_logprobs)) ||
         (e = msg_read_bool(&r, "ignore_eos", &out->ignore_eos)) ||
+        (e = msg_read_f32(&r, "presence_penalty", &out->presence_penalty)) ||
+        (e = msg_read_f32(&r, "frequency_penalty", &out->frequency_penalty)) ||
+        (e = msg_read_u32_array(&r, "bias_tok", 0, MSG_BIAS_MAX, &bias_tok, &out->n_bias)) ||
+        (e = msg_read_f32_bin(&r, "bias", out->n_bias, &bias)) ||
         (e = msg_read_end(&r)))
         goto fail;
     out->prompt = prompt;
     out->stop = stop;
+    out->bias_tok = bias_tok;
+    out->bias = bias;
     out->max_tokens = (uint32_t)max_tokens;
     out->top_logprobs = (uint32_t)top_logprobs;
     if ((e = check_gen_start(out, TD_EFORMAT)))
@@ -363,6 +387,8 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
 fail:
     free(prompt);
     free(stop);
+    free(bias_tok);
+    free(bias);
     memset(out, 0, sizeof *out);
     return e;
 }
@@ -373,8 +399,11 @@ void msg_free_gen_start(msg_gen_start *m)
         return;
     free((void *)m->prompt);
     free((void *)m->stop);
-    m->prompt = m->stop = NULL;
-    m->n_prompt = m->n_stop = 0;
+    free((void *)m->bias_tok);
+    free((void *)m->bias);
+    m->prompt = m->stop = m->bias_tok = NULL;
+    m->bias = NULL;
+    m->n_prompt = m->n_stop = m->n_bias = 0;
 }
 
 /* --- gen_event --------------------------------------------------------------------------- */

@@ -45,6 +45,9 @@
 #define MSG_UUID_MAX 63              /* device UUID string, "GPU-8f3c...-..." is 40 */
 #define MSG_PROMPT_MAX (1u << 18)    /* gen_start prompt tokens (262144: the models' context) */
 #define MSG_STOP_MAX 64              /* gen_start stop token ids */
+#define MSG_BIAS_MAX 1024            /* gen_start logit bias entries */
+#define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
+#define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
 #define MSG_EVENT_TOKENS_MAX 256     /* gen_event tokens (a step commits at most 16) */
 #define MSG_TOP_LOGPROBS_MAX 20      /* gen_start.top_logprobs, alternatives per token (OpenAI) */
 #define MSG_MODEL_NAME_MAX 255       /* status.model */
@@ -200,6 +203,13 @@ typedef struct msg_gen_start {
                              * (non-zero only with logprobs) */
     bool ignore_eos;        /* the model's end-of-generation tokens do not stop it (stop ids
                              * still do) */
+    float presence_penalty; /* -MSG_PENALTY_MAX..MSG_PENALTY_MAX: subtracted from the logit of
+                             * a token generated before */
+    float frequency_penalty; /* the same range: and this much per time it was generated */
+    const uint32_t *bias_tok; /* [n_bias] token ids whose logits get bias (verifyd checks them
+                               * against the vocabulary) */
+    const float *bias;      /* [n_bias] -MSG_BIAS_VALUE_MAX..MSG_BIAS_VALUE_MAX */
+    uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);

@@ -222,6 +222,8 @@ static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
 
 /* --- starting -------------------------------------------------------------------------------- */
 
+_Static_assert(REQ_BIAS_MAX <= MSG_BIAS_MAX, "a request's logit bias fits one message");
+
 static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
 {
     gw_state *g = s->g;
@@ -232,6 +234,13 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
     if (!st.ready)
         return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
 
+    const uint32_t n_vocab = tok_n_vocab(g->tok);
+    for (size_t i = 0; i < s->req.n_bias; i++)
+        if (s->req.bias_tok[i] >= n_vocab)
+            return apierr_set(e, 400, "invalid_value", "logit_bias",
+                              "Invalid key in 'logit_bias': token id %u is outside the "
+                              "vocabulary (0 to %u).",
+                              s->req.bias_tok[i], n_vocab - 1);
     uint32_t prompt_n = (uint32_t)s->n_prompt;
     uint32_t stop[2];
     uint32_t n_stop = 0;
@@ -255,6 +264,11 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
         .logprobs = s->req.logprobs,
         .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
         .ignore_eos = s->req.ignore_eos,
+        .presence_penalty = (float)s->req.sampling.presence_penalty,
+        .frequency_penalty = (float)s->req.sampling.frequency_penalty,
+        .bias_tok = s->req.bias_tok,
+        .bias = s->req.bias,
+        .n_bias = (uint32_t)s->req.n_bias,
     };
     if (link_gen_open(g->link, &s->lg) != TD_OK)
         return apierr_set(e, 500, NULL, NULL, "%s", err_msg());

@@ -499,6 +499,61 @@ static td_err req_stop(gw_request *r, api_error *e)
     return TD_OK;
 }
 
+/* logit_bias: {"token id": bias, ...}, a bias in [-100, 100], at most REQ_BIAS_MAX entries;
+ * keys are decimal token ids (checked against the vocabulary when the prompt is made), and
+ * one id written twice ("7", "07") is refused. */
+static td_err req_logit_bias(gw_request *r, api_error *e)
+{
+    const json_t *lb = req_field(r->root, "logit_bias");
+    if (!lb)
+        return TD_OK;
+    if (!json_is_object(lb))
+        return req_bad_type(e, "logit_bias", "an object", lb);
+    const size_t n = json_object_size(lb);
+    if (n > REQ_BIAS_MAX)
+        return apierr_set(e, 400, "invalid_value", "logit_bias",
+                          "Invalid value for 'logit_bias': at most %d entries, but got %zu.",
+                          REQ_BIAS_MAX, n);
+    if (n == 0)
+        return TD_OK;
+    r->bias_tok = malloc(n * sizeof *r->bias_tok);
+    r->bias = malloc(n * sizeof *r->bias);
+    if (!r->bias_tok || !r->bias)
+        return apierr_set(e, 500, NULL, NULL, "out of memory for 'logit_bias'");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)lb, key, v) {
+        uint64_t id = 0;
+        size_t len = strlen(key);
+        bool ok = len >= 1 && len <= 10;
+        for (size_t i = 0; ok && i < len; i++) {
+            ok = key[i] >= '0' && key[i] <= '9';
+            id = id * 10 + (uint64_t)(key[i] - '0');
+        }
+        if (!ok || id > UINT32_MAX)
+            return apierr_set(e, 400, "invalid_value", "logit_bias",
+                              "Invalid key in 'logit_bias': keys must be token ids (decimal "
+                              "integers).");
+        if (!json_is_number(v))
+            return req_bad_type(e, "logit_bias", "numbers as values", v);
+        const double x = json_number_value(v);
+        if (!(x >= -100 && x <= 100))
+            return apierr_set(e, 400, "invalid_value", "logit_bias",
+                              "Invalid value for 'logit_bias': the bias of token %llu must be "
+                              "from -100 to 100, but got %g instead.",
+                              (unsigned long long)id, x);
+        for (size_t j = 0; j < r->n_bias; j++)
+            if (r->bias_tok[j] == id)
+                return apierr_set(e, 400, "invalid_value", "logit_bias",
+                                  "Invalid value for 'logit_bias': token %llu appears twice.",
+                                  (unsigned long long)id);
+        r->bias_tok[r->n_bias] = (uint32_t)id;
+        r->bias[r->n_bias] = (float)x;
+        r->n_bias++;
+    }
+    return TD_OK;
+}
+
 static td_err req_common(gw_request *r, api_error *e)
 {
     const json_t *model = req_field(r->root, "model");
@@ -538,12 +593,9 @@ static td_err req_common(gw_request *r, api_error *e)
     int64_t seed = 0;
     TD_TRY(req_int(r->root, "seed", INT64_MIN, INT64_MAX, &seed, &s->has_seed, e));
     s->seed = (uint64_t)seed;
-    /* Penalties are checked as OpenAI checks them but not applied yet: in a verify block
-     * each position's penalised distribution needs the token counts up to that position,
-     * which neither backend's sampler takes today (README, HTTP API). */
-    double unused = 0;
-    TD_TRY(req_number(r->root, "presence_penalty", -2, false, 2, &unused, e));
-    TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &unused, e));
+    TD_TRY(req_number(r->root, "presence_penalty", -2, false, 2, &s->presence_penalty, e));
+    TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e));
+    TD_TRY(req_logit_bias(r, e));
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     return req_stop(r, e);
 }
@@ -568,6 +620,8 @@ void req_free(gw_request *r)
     json_decref(r->messages);
     json_decref(r->root);
     free(r->prompt_ids);
+    free(r->bias_tok);
+    free(r->bias);
     memset(r, 0, sizeof *r);
 }
 

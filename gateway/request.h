@@ -23,6 +23,7 @@
 #define REQ_STOP_MAX 16           /* stop strings per request */
 #define REQ_STOP_LEN_MAX 1024     /* bytes per stop string */
 #define REQ_TOP_LOGPROBS_MAX 20   /* alternatives per token, as OpenAI allows */
+#define REQ_BIAS_MAX 1024         /* logit_bias entries */
 
 typedef enum req_kind {
     REQ_CHAT = 1,   /* /v1/chat/completions */
@@ -36,6 +37,8 @@ typedef struct req_sampling {
     double min_p;       /* in [0, 1]; 0 = off */
     bool has_seed;      /* the client gave a seed */
     uint64_t seed;      /* sampling seed when has_seed */
+    double presence_penalty;  /* in [-2, 2]: minus this for a token generated before */
+    double frequency_penalty; /* in [-2, 2]: and this much per time it was generated */
 } req_sampling;
 
 typedef struct gw_request {
@@ -63,6 +66,9 @@ typedef struct gw_request {
     bool include_usage;    /* stream_options.include_usage */
     int64_t max_tokens;    /* tokens, >= 1; -1 when the client gave none */
     req_sampling sampling;
+    uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */
+    float *bias;           /* owned: [n_bias] their biases, each in [-100, 100] */
+    size_t n_bias;
     const char *stop[REQ_STOP_MAX]; /* stop strings (in root), each 1..REQ_STOP_LEN_MAX bytes */
     size_t stop_len[REQ_STOP_MAX];  /* bytes of each */
     size_t n_stop;

@@ -118,6 +118,10 @@ struct ops_backend {
                              const float *logits, const float *q, const int32_t *draft,
                              int64_t n, int64_t n_vocab, const ops_sampler *s,
                              const ops_accept_rng *rng);
+    /* Sparse additions to rows of logits [n][n_vocab] (cpu_logit_add, cuda_logit_add): off
+     * [n + 1] and add [off[n]], every pointer backend memory. */
+    td_err (*logit_add)(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                        const int32_t *off, const ops_logit_add *add);
     /* Log probabilities of tok [n] under the rows of logits [n][n_vocab] with the n_top most
      * likely tokens of each row (cpu_logprob_rows, cuda_logprob_rows): out [n]; every
      * pointer backend memory. Only out needs to come to the host. */

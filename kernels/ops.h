@@ -448,6 +448,18 @@ int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t
 td_err cpu_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
                        const ops_sampler *s, uint64_t ctr, uint64_t ctr_step);
 
+/* One sparse addition to a row of logits (a logit bias or a penalty). */
+typedef struct ops_logit_add {
+    int32_t tok;  /* 0 <= tok < n_vocab */
+    float delta;  /* added to the token's logit */
+} ops_logit_add;
+
+/* Rows of logits [n][n_vocab] get sparse additions: row i adds add[j].delta to its logit of
+ * add[j].tok for j in off[i] .. off[i+1] - 1 (off [n + 1], off[0] = 0; a token at most once
+ * per row). One f32 add per entry, so the result does not depend on the order. */
+void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
+                   const ops_logit_add *add);
+
 #define OPS_TOP_LOGPROBS_MAX 20 /* most likely alternatives an ops_logprob holds */
 
 /* A token's log probability under a row of logits, and the row's most likely tokens. */
@@ -602,6 +614,11 @@ td_err cuda_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, 
  * probabilities), the same best tokens in the same order. All pointers device memory. */
 td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,
                          int64_t n_vocab, int n_top, ops_stream st);
+
+/* cpu_logit_add on the device (kernels/cuda/sample.cu): a block per row. All pointers device
+ * memory. */
+td_err cuda_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
+                      const ops_logit_add *add, ops_stream st);
 
 /* Greedy acceptance of a verified block without copying logits to the host (DESIGN 4.3).
  * logits [n][n_vocab]: target logits p0..p(n-1) of the block [b, d1..d(n-1)];

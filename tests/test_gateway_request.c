@@ -43,7 +43,9 @@ static void chat_body_gives_exact_values(void **state)
         "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
         "\"logprobs\": true, \"top_logprobs\": 3, \"n\": 1, \"ignore_eos\": true,"
         "\"chat_template_kwargs\": {\"enable_thinking\": false},"
-        "\"frequency_penalty\": 0, \"some_future_field\": {\"x\": [1]}}";
+        "\"presence_penalty\": 1.5, \"frequency_penalty\": -0.5,"
+        "\"logit_bias\": {\"11\": -100, \"0\": 2.5, \"248319\": 100},"
+        "\"some_future_field\": {\"x\": [1]}}";
     gw_request r;
     api_error e;
     assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
@@ -76,6 +78,15 @@ static void chat_body_gives_exact_values(void **state)
     assert_true(r.add_generation_prompt);
     assert_null(r.tools);
     assert_false(r.parse_tools);
+    assert_true(r.sampling.presence_penalty == 1.5);
+    assert_true(r.sampling.frequency_penalty == -0.5);
+    assert_int_equal(r.n_bias, 3);
+    assert_int_equal(r.bias_tok[0], 11);
+    assert_true(r.bias[0] == -100.0f);
+    assert_int_equal(r.bias_tok[1], 0);
+    assert_true(r.bias[1] == 2.5f);
+    assert_int_equal(r.bias_tok[2], 248319);
+    assert_true(r.bias[2] == 100.0f);
     req_free(&r);
 }
 
@@ -99,6 +110,9 @@ static void chat_defaults_when_fields_are_absent(void **state)
     assert_int_equal(r.enable_thinking, CHAT_THINK_UNSET);
     assert_non_null(r.tools);
     assert_true(r.parse_tools);
+    assert_true(r.sampling.presence_penalty == 0.0 && r.sampling.frequency_penalty == 0.0);
+    assert_int_equal(r.n_bias, 0);
+    assert_null(r.bias_tok);
     req_free(&r);
     const char *none = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
                        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
@@ -107,6 +121,71 @@ static void chat_defaults_when_fields_are_absent(void **state)
     assert_null(r.tools);
     assert_false(r.parse_tools);
     req_free(&r);
+}
+
+/* The error body of a bad logit_bias (param logit_bias, code invalid_value). */
+static void expect_bias_error(const char *bias, const char *message)
+{
+    char body[32768], want[1024];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logit_bias\": %s}",
+             bias);
+    snprintf(want, sizeof want,
+             "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\",\"param\":"
+             "\"logit_bias\",\"code\":\"%s\"}}",
+             message, strncmp(message, "Invalid type", 12) == 0 ? "invalid_type" : "invalid_value");
+    expect_error(REQ_CHAT, body, 400, want);
+}
+
+static void bad_logit_bias_and_penalties_are_400(void **state)
+{
+    (void)state;
+    const char *keys = "Invalid key in 'logit_bias': keys must be token ids (decimal integers).";
+    expect_bias_error("[1, 2]", "Invalid type for 'logit_bias': expected an object, but got an "
+                                "array instead.");
+    expect_bias_error("{\"abc\": 1}", keys);
+    expect_bias_error("{\"-1\": 1}", keys);
+    expect_bias_error("{\"\": 1}", keys);
+    expect_bias_error("{\"1.5\": 1}", keys);
+    expect_bias_error("{\"12345678901\": 1}", keys);
+    expect_bias_error("{\"4294967296\": 1}", keys);
+    expect_bias_error("{\"5\": \"high\"}", "Invalid type for 'logit_bias': expected numbers as "
+                                           "values, but got a string instead.");
+    expect_bias_error("{\"5\": 100.5}", "Invalid value for 'logit_bias': the bias of token 5 "
+                                        "must be from -100 to 100, but got 100.5 instead.");
+    expect_bias_error("{\"5\": -101}", "Invalid value for 'logit_bias': the bias of token 5 "
+                                       "must be from -100 to 100, but got -101 instead.");
+    expect_bias_error("{\"7\": 1, \"07\": 2}",
+                      "Invalid value for 'logit_bias': token 7 appears twice.");
+    /* one entry over the limit */
+    char big[16 * 1100] = "{";
+    size_t at = 1;
+    for (int i = 0; i <= REQ_BIAS_MAX; i++)
+        at += (size_t)snprintf(big + at, sizeof big - at, "%s\"%d\": 1", i ? ", " : "", i);
+    snprintf(big + at, sizeof big - at, "}");
+    expect_bias_error(big, "Invalid value for 'logit_bias': at most 1024 entries, but got 1025.");
+    /* exactly the limit, and an empty object, are fine */
+    big[at - 11] = '}'; /* drop ', "1024": 1' */
+    big[at - 10] = '\0';
+    char body[16 * 1100 + 128];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logit_bias\": %s}", big);
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+    assert_int_equal(r.n_bias, REQ_BIAS_MAX);
+    assert_int_equal(r.bias_tok[REQ_BIAS_MAX - 1], REQ_BIAS_MAX - 1);
+    req_free(&r);
+    const char *empty = "{\"prompt\": \"x\", \"logit_bias\": {}, \"presence_penalty\": -2, "
+                        "\"frequency_penalty\": 2}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, empty, strlen(empty), &e), TD_OK);
+    assert_int_equal(r.n_bias, 0);
+    assert_true(r.sampling.presence_penalty == -2.0 && r.sampling.frequency_penalty == 2.0);
+    req_free(&r);
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'presence_penalty': expected a "
+                 "number in [-2, 2], but got 2.5 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"presence_penalty\",\"code\":\"invalid_value\"}}");
 }
 
 static void malformed_json_is_400(void **state)
@@ -371,6 +450,7 @@ int main(void)
         cmocka_unit_test(chat_body_gives_exact_values),
         cmocka_unit_test(chat_defaults_when_fields_are_absent),
         cmocka_unit_test(malformed_json_is_400),
+        cmocka_unit_test(bad_logit_bias_and_penalties_are_400),
         cmocka_unit_test(invalid_utf8_in_a_string_is_400),
         cmocka_unit_test(wrong_types_name_the_field),
         cmocka_unit_test(empty_or_missing_messages_are_400),

@@ -4,8 +4,9 @@
  * NaN and -inf logits, a row with no finite logit;
  * cuda_sample_draw returning the CPU's token for the same p, seed and step; a drafter's block
  * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); log probabilities
- * (cuda_logprob_rows against cpu_logprob_rows); and greedy acceptance of a verified block on
- * the device. Skips (77) without CUDA or a device. */
+ * (cuda_logprob_rows against cpu_logprob_rows); sparse additions to rows of logits
+ * (cuda_logit_add against cpu_logit_add); and greedy acceptance of a verified block on the
+ * device. Skips (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -633,6 +634,47 @@ static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state
     }
 }
 
+/* cuda_logit_add against cpu_logit_add: rows of a verify block with many entries, some rows
+ * empty, at the edges of the vocabulary; the same bits. */
+static void test_logit_add_matches_cpu(void **state)
+{
+    (void)state;
+    rng_seed(31);
+    const int64_t V = VOCAB, B = 16;
+    float *x = make_logits(B * V, LOGITS_RANDOM);
+    int32_t off[17];
+    const int32_t per_row = 3000;
+    ops_logit_add *add = malloc((size_t)(B * per_row) * sizeof *add);
+    float *d = rng_floats(B * per_row, 2.0f);
+    int32_t m = 0;
+    for (int64_t r = 0; r < B; r++) {
+        off[r] = m;
+        const int32_t k = r % 5 == 2 ? 0 : r == 0 ? per_row : 1 + (int32_t)(r * 97 % per_row);
+        for (int32_t j = 0; j < k; j++) /* distinct tokens: j spread over the vocabulary */
+            add[m + j] = (ops_logit_add){(int32_t)(((int64_t)j * 82 + r) % V), d[m + j]};
+        if (k > 1) {
+            add[m] = (ops_logit_add){0, d[m]};
+            add[m + 1] = (ops_logit_add){(int32_t)V - 1, d[m + 1]};
+        }
+        m += k;
+    }
+    off[B] = m;
+    float *dl = dput(x, (size_t)(B * V) * 4);
+    int32_t *doff = dput(off, sizeof off);
+    ops_logit_add *dadd = dput(add, (size_t)m * sizeof *add);
+    GPU_OK(cuda_logit_add(dl, B, V, doff, dadd, gpu_st));
+    cpu_logit_add(x, B, V, off, add);
+    float *got = dget(dl, (size_t)(B * V) * 4);
+    assert_true(check_same_bits("logits plus additions", got, x, (size_t)(B * V) * 4));
+    free(got);
+    cuda_mem_free(dl);
+    cuda_mem_free(doff);
+    cuda_mem_free(dadd);
+    free(add);
+    free(d);
+    free(x);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -645,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_sample_rows_top_p_alone_takes_both_paths),
         cmocka_unit_test(test_logprob_rows_match_cpu),
         cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
+        cmocka_unit_test(test_logit_add_matches_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -1,6 +1,7 @@
 /* Message pack/unpack: exact wire bytes written by hand from the msgpack specification,
  * round trips of every type with exact values, every truncation of every message, and the
  * limits pack enforces. Hostile inputs are in test_msg_hostile.c. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -343,6 +344,53 @@ static void test_gen_start_carries_logprobs_and_ignore_eos(void **state)
     assert_int_equal(out.top_logprobs, 0);
     assert_false(out.ignore_eos);
     msg_free_gen_start(&out);
+    msg_buf_free(&b);
+}
+
+static void test_gen_start_carries_penalties_and_logit_bias(void **state)
+{
+    (void)state;
+    msg_buf b;
+    msg_buf_init(&b);
+    msg_gen_start in = msg_fixture_gen_start(), out;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_true(out.presence_penalty == 0.5f);
+    assert_true(out.frequency_penalty == -1.75f);
+    assert_int_equal(out.n_bias, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(out.bias_tok[i], msg_fixture_bias_tok[i]);
+        assert_true(out.bias[i] == msg_fixture_bias[i]);
+    }
+    msg_free_gen_start(&out);
+    assert_null(out.bias_tok);
+    /* none of them */
+    in.presence_penalty = in.frequency_penalty = 0;
+    in.n_bias = 0;
+    in.bias_tok = NULL;
+    in.bias = NULL;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.n_bias, 0);
+    assert_null(out.bias_tok);
+    assert_true(out.presence_penalty == 0.0f && out.frequency_penalty == 0.0f);
+    msg_free_gen_start(&out);
+    /* out of range: refused when packing */
+    in = msg_fixture_gen_start();
+    in.presence_penalty = 2.5f;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "presence penalty"));
+    in = msg_fixture_gen_start();
+    in.frequency_penalty = NAN;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_EINVAL);
+    in = msg_fixture_gen_start();
+    const float big[3] = {0, 100.5f, 0};
+    in.bias = big;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "logit bias 100.5 for token 248319"));
+    in = msg_fixture_gen_start();
+    in.n_bias = MSG_BIAS_MAX + 1;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &in), TD_EINVAL);
     msg_buf_free(&b);
 }
 
@@ -706,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_proposal_probabilities_travel_as_little_endian_f32),
         cmocka_unit_test(test_proposal_in_the_pool_carries_only_generation_offset_and_rows),
         cmocka_unit_test(test_gen_start_carries_logprobs_and_ignore_eos),
+        cmocka_unit_test(test_gen_start_carries_penalties_and_logit_bias),
         cmocka_unit_test(test_gen_event_logprobs_and_cached_tokens_round_trip),
         cmocka_unit_test(test_control_messages_round_trip),
         cmocka_unit_test(test_propose_and_proposal_round_trip),

@@ -40,12 +40,19 @@ static void hostile_str(hostile *h, const char *s, size_t n)
     msgpack_pack_str_body(&h->pk, s, n);
 }
 
-/* The gen_start fields after the stop ids: logprobs off, no alternatives, eos stops. */
+#define GEN_START_FIELDS 12
+
+/* The gen_start fields after the stop ids: logprobs off, no alternatives, eos stops, no
+ * penalties, no logit bias. */
 static void hostile_gen_start_tail(hostile *h)
 {
     msgpack_pack_false(&h->pk);
     msgpack_pack_uint32(&h->pk, 0);
     msgpack_pack_false(&h->pk);
+    msgpack_pack_float(&h->pk, 0);
+    msgpack_pack_float(&h->pk, 0);
+    msgpack_pack_array(&h->pk, 0);
+    msgpack_pack_bin(&h->pk, 0);
 }
 
 /* Unpacks the built bytes (exact-size copy) as type and returns the code. */
@@ -135,16 +142,16 @@ static void test_huge_array_counts_without_data_are_refused_before_allocating(vo
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
 
     /* the prompt array: 2^32-1 tokens announced, none present */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, UINT32_MAX);
-    for (int i = 0; i < 4; i++) /* enough bytes for the payload's 8 fields to be plausible */
+    for (int i = 0; i < 8; i++) /* enough bytes for the payload's 12 fields to be plausible */
         msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "prompt"));
 
     /* one more prompt token than the limit, with every token present */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, MSG_PROMPT_MAX + 1);
     for (uint32_t i = 0; i < MSG_PROMPT_MAX + 1; i++)
@@ -174,7 +181,7 @@ static void test_wrong_field_types_are_format_errors_naming_the_field(void **sta
     assert_non_null(strstr(err_msg(), "string"));
 
     /* temperature as an integer */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -240,7 +247,7 @@ static void test_signed_and_wide_encodings_of_valid_values_are_accepted(void **s
 
     /* sampler floats as float64 */
     hostile h;
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -305,7 +312,7 @@ static void test_trailing_bytes_and_extra_fields_are_refused(void **state)
     msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_PING), TD_EFORMAT);
     /* a sampler with a sixth setting */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -397,7 +404,7 @@ static void test_out_of_range_values_are_refused(void **state)
     const float bad[][3] = {{NAN, 1, 0}, {-0.5f, 1, 0}, {INFINITY, 1, 0},
                             {1, 0, 0},   {1, 1.5f, 0},  {1, 1, 2}};
     for (size_t k = 0; k <= sizeof bad / sizeof bad[0]; k++) {
-        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+        hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
         msgpack_pack_uint64(&h.pk, 1);
         msgpack_pack_array(&h.pk, 1);
         msgpack_pack_uint64(&h.pk, k < 6 ? 3 : 1ull << 32);
@@ -413,7 +420,7 @@ static void test_out_of_range_values_are_refused(void **state)
         assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     }
     /* float64 too large for an f32 */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -547,6 +554,94 @@ static void test_proposal_distributions_are_checked(void **state)
     assert_int_equal(hostile_unpack(&h, MSG_PROPOSAL), TD_EFORMAT);
 }
 
+/* A gen_start up to its logit bias: one prompt token, greedy, no stop ids, then the tail's
+ * first three fields and the penalties. */
+static void hostile_gen_start_to_bias(hostile *h, float presence, float frequency)
+{
+    hostile_begin(h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
+    msgpack_pack_uint64(&h->pk, 1);
+    msgpack_pack_array(&h->pk, 1);
+    msgpack_pack_uint32(&h->pk, 3);
+    msgpack_pack_uint32(&h->pk, 10);
+    msgpack_pack_array(&h->pk, 5);
+    msgpack_pack_float(&h->pk, 0);
+    msgpack_pack_uint32(&h->pk, 0);
+    msgpack_pack_float(&h->pk, 1);
+    msgpack_pack_float(&h->pk, 0);
+    msgpack_pack_uint64(&h->pk, 0);
+    msgpack_pack_array(&h->pk, 0);
+    msgpack_pack_false(&h->pk);
+    msgpack_pack_uint32(&h->pk, 0);
+    msgpack_pack_false(&h->pk);
+    msgpack_pack_float(&h->pk, presence);
+    msgpack_pack_float(&h->pk, frequency);
+}
+
+/* n bias token ids (all 5), then a bin of n_val floats (all v). */
+static void hostile_bias(hostile *h, uint32_t n, uint32_t n_val, float v)
+{
+    msgpack_pack_array(&h->pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_uint32(&h->pk, 5);
+    msgpack_pack_bin(&h->pk, 4 * n_val);
+    for (uint32_t i = 0; i < n_val; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        const uint8_t le[4] = {(uint8_t)bits, (uint8_t)(bits >> 8), (uint8_t)(bits >> 16),
+                               (uint8_t)(bits >> 24)};
+        msgpack_pack_bin_body(&h->pk, le, 4);
+    }
+}
+
+static void test_gen_start_penalties_and_logit_bias_are_checked(void **state)
+{
+    (void)state;
+    hostile h;
+    /* a valid one: read back */
+    hostile_gen_start_to_bias(&h, -2, 2);
+    hostile_bias(&h, 2, 2, -100);
+    uint8_t *b = msg_fixture_copy(h.sb.data, h.sb.size);
+    msg_gen_start gs;
+    assert_int_equal(msg_unpack_gen_start(b, h.sb.size, NULL, &gs), TD_OK);
+    assert_true(gs.presence_penalty == -2.0f && gs.frequency_penalty == 2.0f);
+    assert_int_equal(gs.n_bias, 2);
+    assert_int_equal(gs.bias_tok[1], 5);
+    assert_true(gs.bias[1] == -100.0f);
+    msg_free_gen_start(&gs);
+    free(b);
+    msgpack_sbuffer_destroy(&h.sb);
+    /* penalties beyond +-2 or not finite */
+    const float pen[][2] = {{2.5f, 0}, {0, -2.01f}, {NAN, 0}, {0, INFINITY}};
+    const char *const why[] = {"presence penalty", "presence penalty", "presence_penalty",
+                               "frequency_penalty"};
+    for (size_t k = 0; k < 4; k++) {
+        hostile_gen_start_to_bias(&h, pen[k][0], pen[k][1]);
+        hostile_bias(&h, 0, 0, 0);
+        assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+        assert_non_null(strstr(err_msg(), why[k]));
+    }
+    /* fewer or more values than ids */
+    for (uint32_t n_val = 1; n_val <= 3; n_val += 2) {
+        hostile_gen_start_to_bias(&h, 0, 0);
+        hostile_bias(&h, 2, n_val, 1);
+        assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+        assert_non_null(strstr(err_msg(), "bias"));
+    }
+    /* a bias beyond +-100, a NaN bias */
+    hostile_gen_start_to_bias(&h, 0, 0);
+    hostile_bias(&h, 1, 1, 100.5f);
+    assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "logit bias 100.5"));
+    hostile_gen_start_to_bias(&h, 0, 0);
+    hostile_bias(&h, 1, 1, NAN);
+    assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+    /* one entry over the limit */
+    hostile_gen_start_to_bias(&h, 0, 0);
+    hostile_bias(&h, MSG_BIAS_MAX + 1, MSG_BIAS_MAX + 1, 1);
+    assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+    assert_non_null(strstr(err_msg(), "bias_tok"));
+}
+
 static void test_new_messages_refuse_values_that_break_their_rules(void **state)
 {
     (void)state;
@@ -577,7 +672,7 @@ static void test_new_messages_refuse_values_that_break_their_rules(void **state)
         assert_int_equal(hostile_unpack(&h, MSG_GEN_EVENT), TD_EFORMAT);
     }
     /* gen_start: logprobs as an integer instead of a bool */
-    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, 8);
+    hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, 1);
     msgpack_pack_uint32(&h.pk, 3);
@@ -658,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_gen_event_kind_must_agree_with_its_fields),
         cmocka_unit_test(test_proposal_distributions_are_checked),
         cmocka_unit_test(test_new_messages_refuse_values_that_break_their_rules),
+        cmocka_unit_test(test_gen_start_penalties_and_logit_bias_are_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * exact token ids for fixed seeds against an independent numpy/Python reference (golden
  * file); top-k / top-p / min-p keep exactly the expected sets; 20k draws follow p
  * (chi-square); a block's rows drawn at once (cpu_sample_rows) with their own counters; bad
- * settings are errors; log probabilities with the best tokens of each row (cpu_logprob_rows). */
+ * settings are errors; log probabilities with the best tokens of each row (cpu_logprob_rows);
+ * sparse additions to rows of logits (cpu_logit_add). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -352,6 +353,23 @@ static void test_logprob_rows_known_values(void **s)
     assert_float_equal(out[0].top_logprob[0], (float)(5 - (5 + log(1 + exp(-6.0)))), 0);
 }
 
+static void test_logit_add_adds_each_rows_entries(void **state)
+{
+    (void)state;
+    float x[3][5] = {{0, 1, 2, 3, 4}, {-1, -2, -3, -4, -5}, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f}};
+    const int32_t off[4] = {0, 2, 2, 5};
+    const ops_logit_add add[5] = {{4, -0.25f}, {0, 100}, {1, 1.5f}, {3, -100}, {0, 0.125f}};
+    cpu_logit_add(&x[0][0], 3, 5, off, add);
+    const float want[3][5] = {{100, 1, 2, 3, 3.75f},
+                              {-1, -2, -3, -4, -5},
+                              {0.625f, 2.0f, 0.5f, -99.5f, 0.5f}};
+    assert_memory_equal(x, want, sizeof want);
+    /* no rows, no entries */
+    const int32_t none[1] = {0};
+    cpu_logit_add(&x[0][0], 0, 5, none, NULL);
+    assert_memory_equal(x, want, sizeof want);
+}
+
 int main(void)
 {
     G = golden_open();
@@ -370,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_sample_rows_draw_each_row_with_its_counter),
         cmocka_unit_test(test_bad_settings_and_logits_are_errors),
         cmocka_unit_test(test_logprob_rows_known_values),
+        cmocka_unit_test(test_logit_add_adds_each_rows_entries),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gguf_close(G);

@@ -197,6 +197,9 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
         .n_taps = s->cfg.n_taps, .state = &mem,
         .feat_ring = s->cfg.n_taps ? (float *)(base + lay->feat) : NULL,
         .ring_rows = s->cfg.ring, .sampler = sched_sampler(&gs->sampler),
+        .pen = {.presence = gs->presence_penalty, .frequency = gs->frequency_penalty,
+                .bias_tok = (const int32_t *)gs->bias_tok, .bias = gs->bias,
+                .n_bias = (int32_t)gs->n_bias},
     };
     if (e == TD_OK && (e = spec_init_cfg(&seq->spec, s->cfg.tm, &cfg)) == TD_OK)
         seq->spec_ok = true;

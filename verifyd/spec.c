@@ -38,11 +38,13 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
                        SPEC_MAX_BLOCK);
     TD_ASSERT(!cfg->feat_ring || cfg->ring_rows > 0);
     int64_t V = tm->hp.n_vocab, D = tm->hp.n_embd;
-    if (cfg->state)
-        TD_TRY(tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state));
-    else
-        TD_TRY(tgt_state_init(&s->ts, tm, cfg->n_ctx));
-    td_err e = TD_OK;
+    TD_TRY(pen_init(&s->pen, &cfg->pen, V));
+    td_err e = cfg->state ? tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state)
+                          : tgt_state_init(&s->ts, tm, cfg->n_ctx);
+    if (e != TD_OK) {
+        pen_free(&s->pen, NULL);
+        return e;
+    }
     if (dm) {
         e = dfl_state_init(&s->ds, dm, cfg->ring > 0 ? cfg->ring : 4096);
         s->n_taps = dm->cfg.n_taps;
@@ -93,6 +95,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
 
 void spec_free(spec_seq *s)
 {
+    pen_free(&s->pen, s->tm ? s->tm->be : NULL);
     tgt_state_free(&s->ts);
     if (s->dm)
         dfl_state_free(&s->ds);
@@ -158,6 +161,7 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
  * draw; both on the backend. */
 static td_err spec_pick(spec_seq *s, int64_t pos, int32_t *tok)
 {
+    TD_TRY(pen_apply(&s->pen, s->tm->be, s->logits, NULL, 1));
     if (spec_greedy(s))
         return spec_argmax(s, s->logits, 1, tok);
     int64_t a;
@@ -219,6 +223,7 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
     if (s->dm)
         dfl_state_reset(&s->ds);
     memset(&s->stats, 0, sizeof s->stats);
+    pen_reset(&s->pen);
     s->prompt = prompt;
     s->n_prompt = n;
     s->prompt_at = n_cached;
@@ -238,6 +243,7 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
     s->prompt_at += m;
     if (s->prompt_at == n) {
         TD_TRY(spec_pick(s, n, first));
+        TD_TRY(pen_emit(&s->pen, first, 1));
         s->pending = *first;
         s->has_pending = true;
         s->stats.generated = 1;
@@ -287,6 +293,7 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
                        "positions left", (long long)B, (long long)s->block, (long long)room);
     double t1 = spec_now();
     TD_TRY(spec_run(s, block, B, B > 1, B > 1));
+    TD_TRY(pen_apply(&s->pen, s->tm->be, s->logits, block + 1, B));
     int64_t a = 0;
     int32_t next;
     if (spec_greedy(s)) {
@@ -304,6 +311,7 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
         out[i - 1] = block[i];
     out[a] = next;
     *n_out = a + 1;
+    TD_TRY(pen_emit(&s->pen, out, a + 1));
     s->pending = next;
     s->stats.steps++;
     s->stats.generated += a + 1;

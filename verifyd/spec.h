@@ -18,6 +18,7 @@
 
 #include "draftd/dflash.h"
 #include "kernels/ops.h"
+#include "verifyd/penalty.h"
 #include "verifyd/target.h"
 
 #define SPEC_MAX_BLOCK 64 /* tokens per verify block (block_size of the drafter) */
@@ -39,6 +40,7 @@ typedef struct spec_seq {
     tgt_state ts;
     dfl_state ds;
     ops_sampler sampler;
+    pen_state pen;            /* logit bias and penalties of the generation */
     int64_t block;            /* tokens per verify block: drafter block_size, or 1 */
     int32_t pending;          /* b: the last emitted token, not yet run through the target */
     bool has_pending;
@@ -86,6 +88,7 @@ typedef struct spec_cfg {
                                  * of the target's backend, like state) */
     int64_t ring_rows;
     ops_sampler sampler;
+    pen_cfg pen;                /* logit bias and penalties (zero: none) */
 } spec_cfg;
 
 /* dm may be NULL. n_ctx bounds prompt + generated tokens; ring is the drafter's context

@@ -270,6 +270,14 @@ static td_err be_cpu_accept_sampled(const ops_backend *be, int32_t *result, floa
     return cpu_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng);
 }
 
+static td_err be_cpu_logit_add(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                               const int32_t *off, const ops_logit_add *add)
+{
+    (void)be;
+    cpu_logit_add(logits, n, n_vocab, off, add);
+    return TD_OK;
+}
+
 static td_err be_cpu_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
                                   const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
 {
@@ -320,6 +328,7 @@ static const ops_backend be_cpu = {
     .sample_rows = be_cpu_sample_rows,
     .accept_sampled = be_cpu_accept_sampled,
     .logprob_rows = be_cpu_logprob_rows,
+    .logit_add = be_cpu_logit_add,
 };
 
 const ops_backend *ops_backend_cpu(void)

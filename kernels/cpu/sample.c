@@ -258,6 +258,21 @@ td_err cpu_accept_sampled(int32_t *result, float *p, const float *logits, const 
     return TD_OK;
 }
 
+/* --- sparse additions (logit bias, penalties) ---------------------------------------------- */
+
+void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
+                   const ops_logit_add *add)
+{
+    TD_ASSERT(n >= 0 && n_vocab >= 1 && off && off[0] == 0 && (add || off[n] == 0));
+    for (int64_t i = 0; i < n; i++) {
+        TD_ASSERT(off[i + 1] >= off[i]);
+        for (int32_t j = off[i]; j < off[i + 1]; j++) {
+            TD_ASSERT(add[j].tok >= 0 && add[j].tok < n_vocab);
+            logits[i * n_vocab + add[j].tok] += add[j].delta;
+        }
+    }
+}
+
 /* --- log probabilities ------------------------------------------------------------------ */
 
 void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,

@@ -226,6 +226,12 @@ static td_err be_cuda_accept_sampled(const ops_backend *be, int32_t *result, flo
     return cuda_accept_sampled(result, p, logits, q, draft, n, n_vocab, s, rng, be->stream);
 }
 
+static td_err be_cuda_logit_add(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                                const int32_t *off, const ops_logit_add *add)
+{
+    return cuda_logit_add(logits, n, n_vocab, off, add, be->stream);
+}
+
 static td_err be_cuda_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
                                    const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
 {
@@ -291,6 +297,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->softcap = be_cuda_softcap;
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;
+    be->logit_add = be_cuda_logit_add;
     be->sample_rows = be_cuda_sample_rows;
     be->accept_sampled = be_cuda_accept_sampled;
     be->logprob_rows = be_cuda_logprob_rows;

@@ -1,6 +1,6 @@
 /* Argmax and top-k per row (twins of cpu_argmax and cpu_topk), log probabilities with the
- * best tokens of a row (cpu_logprob_rows), and greedy acceptance of a verified block on the
- * device. Argmax and the log probabilities split each row between blocks (select.cuh: split
+ * best tokens of a row (cpu_logprob_rows), sparse additions to rows of logits
+ * (cpu_logit_add), and greedy acceptance of a verified block on the device. Argmax and the log probabilities split each row between blocks (select.cuh: split
  * passes); top-k runs one block per row: a vocabulary row (248320 logits, 1 MB) streamed by
  * 1024 threads. Selections are exact, so no order question arises; the log probabilities'
  * sum has one order per row length. */
@@ -213,6 +213,32 @@ __global__ void accept_kernel(int32_t *result, const int32_t *argmax, const int3
         a++;
     result[0] = (int32_t)a;
     result[1] = argmax[a];
+}
+
+/* Block i adds row i's entries (a token at most once per row: no two threads add to one
+ * logit). */
+__global__ void logit_add_kernel(float *logits, int64_t n_vocab, const int32_t *off,
+                                 const ops_logit_add *add)
+{
+    float *row = logits + (int64_t)blockIdx.x * n_vocab;
+    for (int32_t j = off[blockIdx.x] + (int32_t)threadIdx.x; j < off[blockIdx.x + 1];
+         j += (int32_t)blockDim.x) {
+        const ops_logit_add e = add[j];
+        if (e.tok >= 0 && e.tok < n_vocab)
+            row[e.tok] = __fadd_rn(row[e.tok], e.delta);
+    }
+}
+
+extern "C" td_err cuda_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
+                                 const ops_logit_add *add, ops_stream st)
+{
+    TD_ASSERT(n >= 0 && n <= INT32_MAX && n_vocab >= 1 && off != NULL);
+    if (n == 0)
+        return TD_OK;
+    TD_ASSERT(logits != NULL && add != NULL);
+    logit_add_kernel<<<(unsigned)n, 128, 0, st>>>(logits, n_vocab, off, add);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
 }
 
 extern "C" td_err cuda_accept_greedy(int32_t *argmax, int32_t *result, const float *logits,

@@ -149,11 +149,17 @@ def server():
     assert not bad, bad
 
 
-def _reference(prompt, n):
-    """Greedy text of plain decoding in one process, special tokens skipped as the API does."""
-    ids = subprocess.run(
+def _reference_ids(prompt, n, *extra):
+    """Greedy token ids of plain decoding in one process (comma-separated)."""
+    return subprocess.run(
         [str(TANDEM), "generate", "--model", str(MODEL), "--draft", "", "--prompt", prompt, "-n",
-         str(n), "--ignore-eos", "--ids"], capture_output=True, text=True, check=True).stdout.strip()
+         str(n), "--ignore-eos", "--ids", *extra], capture_output=True, text=True,
+        check=True).stdout.strip()
+
+
+def _reference(prompt, n, *extra):
+    """Greedy text of plain decoding in one process, special tokens skipped as the API does."""
+    ids = _reference_ids(prompt, n, *extra)
     return subprocess.run(
         [str(TANDEM), "detokenize", "--model", str(MODEL), ids, "--skip-special"],
         capture_output=True, text=True, check=True).stdout.rstrip("\n")
@@ -263,6 +269,23 @@ def test_stop_string_cuts_the_greedy_text(server):
         assert finish == "stop"
 
 
+def test_penalties_and_logit_bias_equal_plain_decoding_with_them(server):
+    prompt = "The quick brown fox"
+    args = dict(model=server["model"], prompt=prompt, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True})
+    plain = server["client"].completions.create(**args).choices[0].text
+    r = server["client"].completions.create(presence_penalty=0.5, frequency_penalty=1.5,
+                                            logit_bias={"11": 3, "279": -5}, **args)
+    want = _reference(prompt, 24, "--presence-penalty", "0.5", "--frequency-penalty", "1.5",
+                      "--logit-bias", "11=3,279=-5")
+    assert r.choices[0].text == want
+    assert want != plain  # the penalties changed the answer
+    # a bias of 100 makes the answer one token over and over
+    assert set(_reference_ids(prompt, 24, "--logit-bias", "279=100").split(",")) == {"279"}
+    forced = server["client"].completions.create(logit_bias={"279": 100}, **args)
+    assert forced.choices[0].text == _reference(prompt, 24, "--logit-bias", "279=100")
+
+
 def test_logprobs_are_greedy_consistent(server):
     r = server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": "Count"}], max_tokens=6,
@@ -322,6 +345,14 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
     _error(*_post(p, chat, json.dumps({"model": "nope", "messages": msgs}).encode()), 400,
            "model_not_found")
     _error(*_post(p, chat, json.dumps({"messages": msgs, "n": 2}).encode()), 400)
+    err = _error(*_post(p, chat, json.dumps({"messages": msgs,
+                                              "logit_bias": {"99999999": 1}}).encode()), 400,
+                 "invalid_value")
+    assert err["param"] == "logit_bias" and "outside the vocabulary" in err["message"]
+    _error(*_post(p, chat, json.dumps({"messages": msgs, "logit_bias": {"5": 101}}).encode()),
+           400, "invalid_value")
+    _error(*_post(p, chat, json.dumps({"messages": msgs, "frequency_penalty": -3}).encode()),
+           400, "invalid_value")
     _error(*_get(p, "/v1/nothing"), 404, "not_found")
     status, body = _post(p, chat, json.dumps({"messages": msgs, "max_tokens": 2,
                                              "some_new_field": {"x": 1}}).encode())

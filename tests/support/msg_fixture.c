@@ -6,6 +6,8 @@
 
 const uint32_t msg_fixture_prompt[7] = {151644, 872, 198, 9707, 0, 248319, 4294967295u};
 const uint32_t msg_fixture_stop[2] = {151645, 248046};
+const uint32_t msg_fixture_bias_tok[3] = {7, 248319, 0};
+const float msg_fixture_bias[3] = {-100.0f, 2.5f, 100.0f};
 const uint32_t msg_fixture_tokens[4] = {17, 0, 248070, 65536};
 const uint32_t msg_fixture_taps[3] = {1, 3, 6};
 
@@ -53,6 +55,11 @@ msg_gen_start msg_fixture_gen_start(void)
         .logprobs = true,
         .top_logprobs = 5,
         .ignore_eos = true,
+        .presence_penalty = 0.5f,
+        .frequency_penalty = -1.75f,
+        .bias_tok = msg_fixture_bias_tok,
+        .bias = msg_fixture_bias,
+        .n_bias = 3,
     };
     return m;
 }

@@ -1,0 +1,317 @@
+/* Logit bias and presence/frequency penalties (verifyd/penalty.h): the exact additions a
+ * verify block's rows get (the drafts before a row count as emitted), and generation with
+ * them: greedy output with a DFlash drafter equals plain decoding with the penalties applied
+ * by hand to the target's logits, a bias of +100 forces its token, and the penalties change
+ * what is generated. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tests/support/model_fixture.h"
+#include "verifyd/penalty.h"
+#include "verifyd/spec.h"
+
+#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
+
+/* --- the additions themselves ------------------------------------------------------------ */
+
+#define V 10
+
+static void expect_row(const float *row, const float *want, int r)
+{
+    for (int t = 0; t < V; t++)
+        if (row[t] != want[t])
+            fail_msg("row %d token %d: %.9g, expected %.9g", r, t, (double)row[t],
+                     (double)want[t]);
+}
+
+static void test_rows_count_the_drafts_before_them(void **ctx)
+{
+    (void)ctx;
+    const ops_backend *be = ops_backend_cpu();
+    const int32_t bias_tok[] = {3, 7, 3};
+    const float bias[] = {9.0f, -2.0f, 1.5f}; /* token 3 given twice: the last counts */
+    pen_cfg cfg = {.presence = 0.5f, .frequency = 0.25f, .bias_tok = bias_tok, .bias = bias,
+                   .n_bias = 3};
+    pen_state p;
+    assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
+    const int32_t emitted[] = {3, 3, 5, -1, V};
+    assert_int_equal(pen_emit(&p, emitted, 5), TD_OK);
+    float lg[5 * V];
+    for (int i = 0; i < 5 * V; i++)
+        lg[i] = 0.125f * (float)i;
+    float want[5][V];
+    for (int r = 0; r < 5; r++)
+        for (int t = 0; t < V; t++)
+            want[r][t] = lg[r * V + t];
+    /* row 0: 3 twice (1.5 - (0.5 + 2 * 0.25)), 5 once (-(0.5 + 0.25)), 7 biased; row 1 after
+     * draft 5: 5 twice; row 2 after draft 9; row 3 after an id outside the vocabulary (it
+     * counts as nothing); row 4 after draft 5 again: three times */
+    const float add5[5] = {-0.75f, -1.0f, -1.0f, -1.0f, -1.25f};
+    for (int r = 0; r < 5; r++) {
+        want[r][3] += 0.5f;
+        want[r][5] += add5[r];
+        want[r][7] += -2.0f;
+        if (r >= 2)
+            want[r][9] += -0.75f;
+    }
+    const int32_t drafts[] = {5, 9, V + 3, 5};
+    assert_int_equal(pen_apply(&p, be, lg, drafts, 5), TD_OK);
+    for (int r = 0; r < 5; r++)
+        expect_row(lg + r * V, want[r], r);
+
+    /* the drafts were only for those rows: one row now gets row 0's additions again */
+    float one[V] = {0}, want1[V] = {0};
+    want1[3] = 0.5f;
+    want1[5] = -0.75f;
+    want1[7] = -2.0f;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+
+    /* emitting 9 makes it count; a reset forgets every emission but keeps the bias */
+    const int32_t nine = 9;
+    assert_int_equal(pen_emit(&p, &nine, 1), TD_OK);
+    memset(one, 0, sizeof one);
+    want1[9] = -0.75f;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_reset(&p);
+    memset(one, 0, sizeof one);
+    memset(want1, 0, sizeof want1);
+    want1[3] = 1.5f;
+    want1[7] = -2.0f;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_free(&p, be);
+
+    /* a penalty that cancels a bias exactly adds nothing; a negative penalty raises */
+    const int32_t t2[] = {2};
+    const float b2[] = {0.75f};
+    cfg = (pen_cfg){.presence = 0.5f, .frequency = 0.25f, .bias_tok = t2, .bias = b2,
+                    .n_bias = 1};
+    assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
+    assert_int_equal(pen_emit(&p, t2, 1), TD_OK);
+    memset(one, 0, sizeof one);
+    memset(want1, 0, sizeof want1);
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_free(&p, be);
+    cfg = (pen_cfg){.presence = -1.0f, .frequency = -0.5f};
+    assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
+    assert_int_equal(pen_emit(&p, t2, 1), TD_OK);
+    assert_int_equal(pen_emit(&p, t2, 1), TD_OK);
+    want1[2] = 2.0f;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_free(&p, be);
+}
+
+static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **ctx)
+{
+    (void)ctx;
+    const ops_backend *be = ops_backend_cpu();
+    pen_cfg none = {0};
+    pen_state p;
+    assert_int_equal(pen_init(&p, &none, V), TD_OK);
+    assert_false(p.on);
+    const int32_t tok[] = {1, 2, 3};
+    assert_int_equal(pen_emit(&p, tok, 3), TD_OK);
+    float lg[V] = {0};
+    assert_int_equal(pen_apply(&p, be, lg, NULL, 1), TD_OK);
+    for (int t = 0; t < V; t++)
+        assert_true(lg[t] == 0.0f);
+    assert_null(p.dev);
+    pen_free(&p, be);
+
+    const int32_t out_of_vocab[] = {V};
+    const float one[] = {1.0f}, nan[] = {NAN};
+    pen_cfg bad = {.bias_tok = out_of_vocab, .bias = one, .n_bias = 1};
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "outside the vocabulary"));
+    const int32_t negative[] = {-1};
+    bad.bias_tok = negative;
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    bad.bias_tok = tok;
+    bad.bias = nan;
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    bad = (pen_cfg){.presence = INFINITY};
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+}
+
+#undef V
+
+/* --- generation ----------------------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static int setup_dir(void **ctx)
+{
+    (void)ctx;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-pen-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int remove_dir(void **ctx)
+{
+    (void)ctx;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* n tokens after prompt through spec (with the drafter dm, or plain when NULL). */
+static void generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
+                     int64_t n_prompt, int64_t n, const ops_sampler *smp, const pen_cfg *pen,
+                     int32_t *out)
+{
+    spec_seq s;
+    spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1, .sampler = *smp, .pen = *pen};
+    if (spec_init_cfg(&s, tm, &cfg) != TD_OK)
+        fail_msg("spec_init_cfg: %s", err_msg());
+    assert_int_equal(spec_prefill(&s, prompt, n_prompt, &out[0]), TD_OK);
+    int64_t got = 1;
+    int32_t step[SPEC_MAX_BLOCK];
+    while (got < n) {
+        int64_t k;
+        assert_int_equal(spec_step(&s, step, &k), TD_OK);
+        for (int64_t i = 0; i < k && got < n; i++)
+            out[got++] = step[i];
+    }
+    spec_free(&s);
+}
+
+/* Plain greedy decoding with the penalties added by hand to each row of target logits:
+ * bias - (presence + frequency * count) for a generated token, computed as fmaf. */
+static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prompt, int64_t n,
+                      const pen_cfg *pen, int32_t *out)
+{
+    const int64_t nv = tm->hp.n_vocab;
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, 256), TD_OK);
+    float *lg = malloc((size_t)nv * sizeof *lg), *bias = calloc((size_t)nv, sizeof *bias);
+    int *count = calloc((size_t)nv, sizeof *count);
+    assert_non_null(lg);
+    assert_non_null(bias);
+    assert_non_null(count);
+    for (int32_t i = 0; i < pen->n_bias; i++)
+        bias[pen->bias_tok[i]] = pen->bias[i];
+    tgt_out o = {.logits = lg, .last_only = true};
+    assert_int_equal(tgt_forward(tm, &st, prompt, n_prompt, false, &o), TD_OK);
+    for (int64_t k = 0; k < n; k++) {
+        for (int64_t t = 0; t < nv; t++) {
+            const float add = count[t] ? bias[t] - fmaf(pen->frequency, (float)count[t],
+                                                         pen->presence)
+                                       : bias[t];
+            if (add != 0.0f)
+                lg[t] += add;
+        }
+        out[k] = (int32_t)cpu_argmax(lg, nv);
+        count[out[k]]++;
+        assert_int_equal(tgt_forward(tm, &st, &out[k], 1, false, &o), TD_OK);
+    }
+    tgt_state_free(&st);
+    free(lg);
+    free(bias);
+    free(count);
+}
+
+static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
+    const mf_drafter shapes[] = {{8, 1, false, 7, false}, {16, 2, false, 5, true}};
+    dfl_model *dm[2];
+    for (int k = 0; k < 2; k++) {
+        char dir[128];
+        snprintf(dir, sizeof dir, "%s/d%d", tmpdir, k);
+        if (mf_drafter_write(dir, tm, &shapes[k], 300 + (uint64_t)k) != TD_OK)
+            fail_msg("%s: %s", dir, err_msg());
+        if (dfl_load(&dm[k], dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+            fail_msg("dfl_load: %s", err_msg());
+    }
+    const int32_t bias_tok[] = {11, 279, 42};
+    const float bias[] = {3.5f, -4.0f, 1.25f};
+    const pen_cfg pens[] = {
+        {.presence = 1.5f, .frequency = 0.5f},
+        {.frequency = 2.0f, .bias_tok = bias_tok, .bias = bias, .n_bias = 3},
+        {.presence = -0.75f, .frequency = 0.25f, .bias_tok = bias_tok, .bias = bias,
+         .n_bias = 2},
+    };
+    const pen_cfg none = {0};
+    ops_sampler greedy = {0};
+    const int64_t n = 40;
+    int changed = 0;
+    for (int p = 0; p < 4; p++) {
+        const int32_t prompt[5] = {10 + 7 * p, 20, 279, 40 + p, 279};
+        int32_t plain[64], spec[64], ref[64], unpen[64];
+        generate(tm, NULL, prompt, 5, n, &greedy, &none, unpen);
+        for (size_t c = 0; c < sizeof pens / sizeof *pens; c++) {
+            reference(tm, prompt, 5, n, &pens[c], ref);
+            generate(tm, NULL, prompt, 5, n, &greedy, &pens[c], plain);
+            for (int k = 0; k < 2; k++) {
+                generate(tm, dm[k], prompt, 5, n, &greedy, &pens[c], spec);
+                for (int64_t i = 0; i < n; i++)
+                    if (ref[i] != plain[i] || ref[i] != spec[i])
+                        fail_msg("prompt %d penalties %zu drafter %d: token %lld: by hand %d, "
+                                 "plain %d, speculative %d",
+                                 p, c, k, (long long)i, ref[i], plain[i], spec[i]);
+            }
+            changed += memcmp(ref, unpen, (size_t)n * sizeof *ref) != 0;
+        }
+    }
+    /* the penalties must matter on these prompts (the tiny model repeats itself) */
+    assert_true(changed >= 6);
+    for (int k = 0; k < 2; k++)
+        dfl_free(dm[k]);
+    tgt_free(tm);
+}
+
+static void test_a_bias_of_100_forces_its_token_greedy_and_sampled(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
+    mf_drafter ds = {8, 1, false, 9, false};
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/force", tmpdir);
+    if (mf_drafter_write(dir, tm, &ds, 77) != TD_OK)
+        fail_msg("%s: %s", dir, err_msg());
+    dfl_model *dm;
+    assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output),
+                     TD_OK);
+    const int32_t tok[] = {123};
+    const float up[] = {100.0f};
+    const pen_cfg force = {.bias_tok = tok, .bias = up, .n_bias = 1};
+    const int32_t prompt[3] = {5, 6, 7};
+    const ops_sampler smps[] = {{0}, {.temperature = 1.0f, .top_p = 1.0f, .seed = 99}};
+    for (int s = 0; s < 2; s++)
+        for (int with = 0; with < 2; with++) {
+            int32_t out[24];
+            generate(tm, with ? dm : NULL, prompt, 3, 24, &smps[s], &force, out);
+            for (int i = 0; i < 24; i++)
+                if (out[i] != 123)
+                    fail_msg("%s, %s drafter: token %d is %d, not the forced 123",
+                             s ? "sampled" : "greedy", with ? "with" : "without", i, out[i]);
+        }
+    dfl_free(dm);
+    tgt_free(tm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows_count_the_drafts_before_them),
+        cmocka_unit_test(test_nothing_asked_adds_nothing_and_bad_settings_are_refused),
+        cmocka_unit_test(test_speculative_greedy_with_penalties_equals_plain_decoding),
+        cmocka_unit_test(test_a_bias_of_100_forces_its_token_greedy_and_sampled),
+    };
+    return cmocka_run_group_tests(tests, setup_dir, remove_dir);
+}

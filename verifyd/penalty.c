@@ -1,0 +1,212 @@
+/* A generation's logit bias and penalties: sparse rows built on the host, added on the
+ * backend (verifyd/penalty.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "verifyd/penalty.h"
+
+td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
+{
+    memset(p, 0, sizeof *p);
+    TD_ASSERT(cfg && n_vocab >= 1 && n_vocab <= INT32_MAX && cfg->n_bias >= 0);
+    TD_ASSERT(cfg->n_bias == 0 || (cfg->bias_tok && cfg->bias));
+    if (!isfinite(cfg->presence) || !isfinite(cfg->frequency))
+        return err_set(TD_EINVAL, "presence penalty %g / frequency penalty %g: not finite",
+                       (double)cfg->presence, (double)cfg->frequency);
+    for (int32_t i = 0; i < cfg->n_bias; i++) {
+        if (cfg->bias_tok[i] < 0 || cfg->bias_tok[i] >= n_vocab)
+            return err_set(TD_EINVAL, "logit bias for token %d: outside the vocabulary of %lld",
+                           cfg->bias_tok[i], (long long)n_vocab);
+        if (!isfinite(cfg->bias[i]))
+            return err_set(TD_EINVAL, "logit bias for token %d: %g is not finite",
+                           cfg->bias_tok[i], (double)cfg->bias[i]);
+    }
+    p->presence = cfg->presence;
+    p->frequency = cfg->frequency;
+    p->n_vocab = n_vocab;
+    const bool counted = cfg->presence != 0.0f || cfg->frequency != 0.0f;
+    p->on = counted || cfg->n_bias > 0;
+    if (!p->on)
+        return TD_OK;
+    p->mark = calloc((size_t)n_vocab, sizeof *p->mark);
+    bool ok = p->mark != NULL;
+    if (ok && counted)
+        ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
+    if (ok && cfg->n_bias > 0) {
+        p->bias = calloc((size_t)n_vocab, sizeof *p->bias);
+        p->bias_tok = malloc((size_t)cfg->n_bias * sizeof *p->bias_tok);
+        ok = p->bias && p->bias_tok;
+        for (int32_t i = 0; ok && i < cfg->n_bias; i++) {
+            p->bias[cfg->bias_tok[i]] = cfg->bias[i];
+            p->bias_tok[i] = cfg->bias_tok[i];
+        }
+        p->n_bias = cfg->n_bias;
+    }
+    if (!ok) {
+        pen_free(p, NULL);
+        return err_set(TD_ENOMEM, "out of memory for the logit bias and penalties");
+    }
+    return TD_OK;
+}
+
+void pen_free(pen_state *p, const ops_backend *be)
+{
+    if (be && p->dev)
+        be->release(be, p->dev);
+    free(p->bias);
+    free(p->bias_tok);
+    free(p->count);
+    free(p->seen);
+    free(p->mark);
+    free(p->host);
+    memset(p, 0, sizeof *p);
+}
+
+void pen_reset(pen_state *p)
+{
+    for (int64_t i = 0; p->count && i < p->n_seen; i++)
+        p->count[p->seen[i]] = 0;
+    p->n_seen = 0;
+}
+
+/* One more emission of t (a valid id, p->count set). */
+static td_err pen_count_up(pen_state *p, int32_t t)
+{
+    if (p->count[t]++ > 0)
+        return TD_OK;
+    if (p->n_seen == p->seen_cap) {
+        int64_t cap = p->seen_cap ? 2 * p->seen_cap : 256;
+        int32_t *s = realloc(p->seen, (size_t)cap * sizeof *s);
+        if (!s) {
+            p->count[t]--;
+            return err_set(TD_ENOMEM, "out of memory for the penalties' token counts");
+        }
+        p->seen = s;
+        p->seen_cap = cap;
+    }
+    p->seen[p->n_seen++] = t;
+    return TD_OK;
+}
+
+/* Undoes the last pen_count_up of t. */
+static void pen_count_down(pen_state *p, int32_t t)
+{
+    if (--p->count[t] == 0)
+        p->n_seen--; /* t was the last one seen: count-ups are undone in reverse */
+}
+
+td_err pen_emit(pen_state *p, const int32_t *tok, int64_t n)
+{
+    for (int64_t i = 0; p->count && i < n; i++)
+        if (tok[i] >= 0 && tok[i] < p->n_vocab)
+            TD_TRY(pen_count_up(p, tok[i]));
+    return TD_OK;
+}
+
+/* What a token's logit gets with c emissions before it: the one definition of the value. */
+static float pen_value(const pen_state *p, int32_t t, uint32_t c)
+{
+    const float b = p->bias ? p->bias[t] : 0.0f;
+    return c ? b - fmaf(p->frequency, (float)c, p->presence) : b;
+}
+
+/* The next row's stamp (marks start at 0, so a stamp is never 0). */
+static int32_t pen_next_stamp(pen_state *p)
+{
+    if (p->stamp == INT32_MAX) {
+        memset(p->mark, 0, (size_t)p->n_vocab * sizeof *p->mark);
+        p->stamp = 0;
+    }
+    return ++p->stamp;
+}
+
+/* Host staging of at least bytes. */
+static td_err pen_host_room(pen_state *p, size_t bytes)
+{
+    if (bytes <= p->host_cap)
+        return TD_OK;
+    size_t cap = p->host_cap ? p->host_cap : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    unsigned char *h = realloc(p->host, cap);
+    if (!h)
+        return err_set(TD_ENOMEM, "out of memory for the logit bias and penalties");
+    p->host = h;
+    p->host_cap = cap;
+    return TD_OK;
+}
+
+/* Builds rows 0..n-1 into p->host; the entry count goes to *m, the header's bytes to *hdr. */
+static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *hdr, int32_t *m)
+{
+    const size_t per_row = (size_t)(p->n_seen + p->n_bias + n);
+    *hdr = ((size_t)(n + 1) * sizeof(int32_t) + 7) & ~(size_t)7;
+    TD_TRY(pen_host_room(p, *hdr + (size_t)n * per_row * sizeof(ops_logit_add)));
+    int32_t *off = (int32_t *)p->host;
+    ops_logit_add *e = (ops_logit_add *)(p->host + *hdr);
+    int32_t k = 0;
+    int64_t counted = 0; /* drafts [0, counted) are in the counts for now */
+    td_err err = TD_OK;
+    for (int64_t i = 0; i < n; i++) {
+        if (i > 0 && p->count) {
+            const int32_t d = drafts[i - 1];
+            if (d >= 0 && d < p->n_vocab && (err = pen_count_up(p, d)) != TD_OK)
+                break;
+            counted = i;
+        }
+        off[i] = k;
+        const int32_t stamp = pen_next_stamp(p);
+        for (int64_t j = 0; p->count && j < p->n_seen; j++) {
+            const int32_t t = p->seen[j];
+            const float v = pen_value(p, t, p->count[t]);
+            p->mark[t] = stamp;
+            if (v != 0.0f)
+                e[k++] = (ops_logit_add){t, v};
+        }
+        for (int32_t j = 0; j < p->n_bias; j++) {
+            const int32_t t = p->bias_tok[j];
+            if (p->mark[t] == stamp)
+                continue;
+            p->mark[t] = stamp;
+            if (p->bias[t] != 0.0f)
+                e[k++] = (ops_logit_add){t, p->bias[t]};
+        }
+    }
+    off[n] = k;
+    for (int64_t i = counted; i >= 1; i--) {
+        const int32_t d = drafts[i - 1];
+        if (d >= 0 && d < p->n_vocab)
+            pen_count_down(p, d);
+    }
+    *m = k;
+    return err;
+}
+
+td_err pen_apply(pen_state *p, const ops_backend *be, float *logits, const int32_t *drafts,
+                 int64_t n)
+{
+    if (!p->on || n <= 0)
+        return TD_OK;
+    TD_ASSERT(n == 1 || drafts != NULL);
+    size_t hdr = 0;
+    int32_t m = 0;
+    TD_TRY(pen_build(p, drafts, n, &hdr, &m));
+    if (m == 0)
+        return TD_OK;
+    const size_t bytes = hdr + (size_t)m * sizeof(ops_logit_add);
+    if (bytes > p->dev_cap) {
+        size_t cap = p->dev_cap ? p->dev_cap : 4096;
+        while (cap < bytes)
+            cap *= 2;
+        void *d = NULL;
+        TD_TRY(be->alloc(be, &d, cap));
+        if (p->dev)
+            be->release(be, p->dev);
+        p->dev = d;
+        p->dev_cap = cap;
+    }
+    TD_TRY(be->to_device(be, p->dev, p->host, bytes));
+    return be->logit_add(be, logits, n, p->n_vocab, (const int32_t *)p->dev,
+                         (const ops_logit_add *)((unsigned char *)p->dev + hdr));
+}
