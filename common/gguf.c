@@ -457,6 +457,9 @@ static td_err read_alignment(gguf_file *g)
     TD_TRY(gguf_get_u32(g, "general.alignment", &a));
     if (a == 0 || (a & (a - 1)))
         return err_set(TD_EFORMAT, "general.alignment = %u is not a power of two", a);
+    if (a > GGUF_MAX_ALIGNMENT)
+        return err_set(TD_EFORMAT, "general.alignment = %u is more than %u", a,
+                       GGUF_MAX_ALIGNMENT);
     g->alignment = a;
     return TD_OK;
 }

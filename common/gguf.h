@@ -39,6 +39,8 @@ typedef enum gguf_type {
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_ALIGNMENT (1u << 20) /* a larger general.alignment is refused: padding up to it
+                                       * costs that many bytes in every file written */
 #define GGUF_MAX_NAME 255   /* bytes of a tensor name (llama.cpp itself allows 63) */
 #define GGUF_MAX_NESTING 8  /* array levels: an array of arrays of u8 is 2 */
 

@@ -412,8 +412,10 @@ static td_err writer_alignment(const gguf_writer *w, uint32_t *alignment)
         if (strcmp(w->kv[i].key, "general.alignment"))
             continue;
         const gguf_value *v = &w->kv[i].value;
-        if (v->type != GGUF_TYPE_UINT32 || v->u64 == 0 || (v->u64 & (v->u64 - 1)))
-            return err_set(TD_EINVAL, "general.alignment must be a UINT32 power of two");
+        if (v->type != GGUF_TYPE_UINT32 || v->u64 == 0 || (v->u64 & (v->u64 - 1)) ||
+            v->u64 > GGUF_MAX_ALIGNMENT)
+            return err_set(TD_EINVAL, "general.alignment must be a UINT32 power of two, at most "
+                           "%u", GGUF_MAX_ALIGNMENT);
         *alignment = (uint32_t)v->u64;
     }
     return TD_OK;

@@ -605,6 +605,9 @@ static void test_writer_refuses_bad_tensors_and_values(void **state)
     uint64_t size;
     assert_int_equal(gguf_writer_write_mem(w, &image, &size), TD_EINVAL);
     assert_non_null(strstr(err_msg(), "power of two"));
+    gguf_writer_set_u32(w, "general.alignment", GGUF_MAX_ALIGNMENT * 2);
+    assert_int_equal(gguf_writer_write_mem(w, &image, &size), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "at most 1048576"));
     gguf_writer_set_u32(w, "general.alignment", 64); /* replaces the value */
     assert_int_equal(gguf_writer_write_mem(w, &image, &size), TD_OK);
     /* header 24, key 33, tensor info 33: data at 128, 16 bytes padded to 64 */

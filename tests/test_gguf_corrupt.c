@@ -299,6 +299,17 @@ static void test_bad_alignment_is_refused(void **state)
         snprintf(want, sizeof want, "general.alignment = %u", bad[k]);
         expect_refused(&x, TD_EFORMAT, want, "not a power of two");
     }
+    /* powers of two past GGUF_MAX_ALIGNMENT: a file rewritten with them would be padded by
+     * up to that many bytes */
+    static const uint32_t huge[] = {GGUF_MAX_ALIGNMENT * 2, 0x80000000u};
+    for (size_t k = 0; k < 2; k++) {
+        bytes x = {0};
+        put_header(&x, 3, 0, 1);
+        put_kv_u32(&x, "general.alignment", huge[k]);
+        char want[64];
+        snprintf(want, sizeof want, "general.alignment = %u", huge[k]);
+        expect_refused(&x, TD_EFORMAT, want, "is more than 1048576");
+    }
     bytes s = {0};
     put_header(&s, 3, 0, 1);
     put_str(&s, "general.alignment");
