@@ -26,6 +26,7 @@
 #include "draftd/dflash.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_mem.h"
+#include "tests/support/model_fixture.h"
 #include "tests/support/pipeline.h"
 #include "verifyd/spec.h"
 #include "verifyd/target.h"
@@ -66,20 +67,11 @@ static bool start_all(void)
 static spec_stats reference(const dfl_model *drafter, const int32_t *prompt, int64_t np,
                             int64_t n, const ops_sampler *smp, int32_t *out)
 {
-    spec_seq s;
-    if (spec_init(&s, tm, drafter, N_CTX, N_CTX, smp) != TD_OK)
-        fail_msg("spec_init: %s", err_msg());
-    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
-    int64_t got = 1, k;
-    int32_t step[SPEC_MAX_BLOCK];
-    while (got < n) {
-        if (spec_step(&s, step, &k) != TD_OK)
-            fail_msg("spec_step: %s", err_msg());
-        for (int64_t i = 0; i < k && got < n; i++)
-            out[got++] = step[i];
-    }
-    spec_stats st = s.stats;
-    spec_free(&s);
+    const spec_cfg cfg = {.dm = drafter, .n_ctx = N_CTX, .ring = N_CTX, .block = 1,
+                          .sampler = *smp};
+    spec_stats st;
+    if (mf_generate(tm, &cfg, prompt, np, n, out, &st) != TD_OK)
+        fail_msg("reference: %s", err_msg());
     return st;
 }
 

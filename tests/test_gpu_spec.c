@@ -18,6 +18,7 @@
 #include "draftd/dflash.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_mem.h"
+#include "tests/support/model_fixture.h"
 #include "tests/support/ops_golden.h"
 #include "verifyd/spec.h"
 #include "verifyd/target.h"
@@ -115,23 +116,10 @@ static void test_gpu_dflash_two_steps_match_reference(void **ctx)
 static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
                            int64_t n_prompt, int32_t *out)
 {
-    spec_seq s;
-    ops_sampler greedy = {0};
-    if (spec_init(&s, tm, dm, 256, 0, &greedy) != TD_OK)
-        fail_msg("spec_init: %s", err_msg());
-    assert_int_equal(spec_prefill(&s, prompt, n_prompt, &out[0]), TD_OK);
-    int64_t got = 1;
-    int32_t step[SPEC_MAX_BLOCK];
-    while (got < N_GEN) {
-        int64_t k;
-        if (spec_step(&s, step, &k) != TD_OK)
-            fail_msg("spec_step: %s", err_msg());
-        assert_true(k >= 1 && k <= s.block);
-        for (int64_t i = 0; i < k && got < N_GEN; i++)
-            out[got++] = step[i];
-    }
-    spec_stats st = s.stats;
-    spec_free(&s);
+    const spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1};
+    spec_stats st;
+    if (mf_generate(tm, &cfg, prompt, n_prompt, N_GEN, out, &st) != TD_OK)
+        fail_msg("generate: %s", err_msg());
     return st;
 }
 

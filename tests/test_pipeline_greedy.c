@@ -76,18 +76,11 @@ static int teardown(void **ctx)
 static spec_stats reference(const dfl_model *drafter, const int32_t *prompt, int64_t np,
                             int64_t n, const ops_sampler *smp, int32_t *out)
 {
-    spec_seq s;
-    assert_int_equal(spec_init(&s, tm, drafter, N_CTX, N_CTX, smp), TD_OK);
-    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
-    int64_t got = 1, k;
-    int32_t step[SPEC_MAX_BLOCK];
-    while (got < n) {
-        assert_int_equal(spec_step(&s, step, &k), TD_OK);
-        for (int64_t i = 0; i < k && got < n; i++)
-            out[got++] = step[i];
-    }
-    spec_stats st = s.stats;
-    spec_free(&s);
+    const spec_cfg cfg = {.dm = drafter, .n_ctx = N_CTX, .ring = N_CTX, .block = 1,
+                          .sampler = *smp};
+    spec_stats st;
+    if (mf_generate(tm, &cfg, prompt, np, n, out, &st) != TD_OK)
+        fail_msg("reference: %s", err_msg());
     return st;
 }
 

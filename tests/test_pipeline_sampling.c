@@ -95,21 +95,18 @@ static void test_sampled_tokens_equal_the_in_process_loop_for_each_seed(void **c
     }
     int64_t accepted = 0;
     for (int k = 0; k < SEEDS; k++) {
-        spec_seq s;
-        int32_t want[GEN], step[SPEC_MAX_BLOCK];
-        assert_int_equal(spec_init(&s, tm, dm, N_CTX, N_CTX, &smp[k]), TD_OK);
-        assert_int_equal(spec_prefill(&s, ip, 6, &want[0]), TD_OK);
-        for (int64_t got = 1, n; got < GEN; got += n) {
-            assert_int_equal(spec_step(&s, step, &n), TD_OK);
-            memcpy(want + got, step, (size_t)(got + n > GEN ? GEN - got : n) * sizeof *step);
-        }
+        int32_t want[GEN];
+        const spec_cfg cfg = {.dm = dm, .n_ctx = N_CTX, .ring = N_CTX, .block = 1,
+                              .sampler = smp[k]};
+        spec_stats st;
+        if (mf_generate(tm, &cfg, ip, 6, GEN, want, &st) != TD_OK)
+            fail_msg("seed %d: in-process loop: %s", k, err_msg());
         pl_result *r = wait_done(ids[k]);
         assert_int_equal(r->n_tokens, GEN);
         if (memcmp(r->tokens, want, sizeof want) != 0)
             fail_msg("seed %d: the pipeline drew other tokens than the in-process loop", k);
-        assert_int_equal(r->usage.steps, s.stats.steps);
-        accepted += s.stats.accepted;
-        spec_free(&s);
+        assert_int_equal(r->usage.steps, st.steps);
+        accepted += st.accepted;
     }
     assert_true(accepted > 0); /* some draws were accepted drafts, not only resamples */
 }

@@ -59,13 +59,9 @@ static int teardown(void **ctx)
 
 static void plain(const int32_t *prompt, int64_t np, int64_t n, int32_t *out)
 {
-    ops_sampler greedy = {0};
-    spec_seq s;
-    assert_int_equal(spec_init(&s, tm, NULL, N_CTX, 0, &greedy), TD_OK);
-    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
-    for (int64_t got = 1, k; got < n; got += k)
-        assert_int_equal(spec_step(&s, out + got, &k), TD_OK);
-    spec_free(&s);
+    const spec_cfg cfg = {.n_ctx = N_CTX, .block = 1};
+    if (mf_generate(tm, &cfg, prompt, np, n, out, NULL) != TD_OK)
+        fail_msg("plain decoding: %s", err_msg());
 }
 
 static uint64_t start(const uint32_t *prompt, uint32_t n, uint32_t max_tokens)

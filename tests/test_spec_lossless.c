@@ -39,20 +39,10 @@ static void drafter_write(const char *dir, const tgt_model *tm, const mf_drafter
 static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
                            int64_t n_prompt, int64_t n, const ops_sampler *smp, int32_t *out)
 {
-    spec_seq s;
-    if (spec_init(&s, tm, dm, 256, 0, smp) != TD_OK)
-        fail_msg("spec_init: %s", err_msg());
-    assert_int_equal(spec_prefill(&s, prompt, n_prompt, &out[0]), TD_OK);
-    int64_t got = 1;
-    int32_t step[SPEC_MAX_BLOCK];
-    while (got < n) {
-        int64_t k;
-        assert_int_equal(spec_step(&s, step, &k), TD_OK);
-        for (int64_t i = 0; i < k && got < n; i++)
-            out[got++] = step[i];
-    }
-    spec_stats st = s.stats;
-    spec_free(&s);
+    const spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1, .sampler = *smp};
+    spec_stats st;
+    if (mf_generate(tm, &cfg, prompt, n_prompt, n, out, &st) != TD_OK)
+        fail_msg("generate: %s", err_msg());
     return st;
 }
 

@@ -162,18 +162,11 @@ static void split_step(spec_seq *s, slot_mem *m, drf *d, uint64_t slot_gen, int3
 static spec_stats run_inproc(const dfl_model *drafter, int64_t ring, const int32_t *prompt,
                              int64_t np, int64_t n, const ops_sampler *smp, int32_t *out)
 {
-    spec_seq s;
-    assert_int_equal(spec_init(&s, tm, drafter, N_CTX, ring, smp), TD_OK);
-    assert_int_equal(spec_prefill(&s, prompt, np, &out[0]), TD_OK);
-    int64_t got = 1, k;
-    int32_t step[SPEC_MAX_BLOCK];
-    while (got < n) {
-        assert_int_equal(spec_step(&s, step, &k), TD_OK);
-        for (int64_t i = 0; i < k && got < n; i++)
-            out[got++] = step[i];
-    }
-    spec_stats st = s.stats;
-    spec_free(&s);
+    const spec_cfg cfg = {.dm = drafter, .n_ctx = N_CTX, .ring = ring, .block = 1,
+                          .sampler = *smp};
+    spec_stats st;
+    if (mf_generate(tm, &cfg, prompt, np, n, out, &st) != TD_OK)
+        fail_msg("in-process loop: %s", err_msg());
     return st;
 }
 

@@ -174,3 +174,31 @@ td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, floa
     gguf_close(g);
     return e;
 }
+
+td_err mf_spec_run(spec_seq *s, const int32_t *prompt, int64_t n_prompt, int64_t n, int32_t *out)
+{
+    TD_TRY(spec_prefill(s, prompt, n_prompt, &out[0]));
+    int32_t step[SPEC_MAX_BLOCK];
+    for (int64_t got = 1; got < n;) {
+        int64_t k = 0;
+        TD_TRY(spec_step(s, step, &k));
+        if (k < 1 || k > s->block)
+            return err_set(TD_EINVAL, "a step emitted %lld tokens with a block of %lld",
+                           (long long)k, (long long)s->block);
+        for (int64_t i = 0; i < k && got < n; i++)
+            out[got++] = step[i];
+    }
+    return TD_OK;
+}
+
+td_err mf_generate(const tgt_model *tm, const spec_cfg *cfg, const int32_t *prompt,
+                   int64_t n_prompt, int64_t n, int32_t *out, spec_stats *stats)
+{
+    spec_seq s;
+    TD_TRY(spec_init_cfg(&s, tm, cfg));
+    td_err e = mf_spec_run(&s, prompt, n_prompt, n, out);
+    if (stats)
+        *stats = s.stats;
+    spec_free(&s);
+    return e;
+}

@@ -1,7 +1,7 @@
 /* Models for speculative-decoding tests, written as real files: a DFlash drafter checkpoint
  * for a target (random bf16 weights, or "silent" ones whose every slot proposes one token),
  * and a copy of a target GGUF that repeats one token more readily (so steps accept nothing,
- * part of a block, or all of it). */
+ * part of a block, or all of it); and the generation loop the tests compare against. */
 #ifndef TANDEM_TESTS_SUPPORT_MODEL_FIXTURE_H
 #define TANDEM_TESTS_SUPPORT_MODEL_FIXTURE_H
 
@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "verifyd/spec.h"
 #include "verifyd/target.h"
 
 typedef struct mf_drafter {
@@ -25,5 +26,14 @@ td_err mf_drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *
 /* Copies the f32 GGUF src to path with token x's embedding and output rows set to s times its
  * embedding: the larger s, the more the target keeps repeating x once it appears. */
 td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, float s);
+
+/* The first n tokens after prompt from s (set up, nothing run yet): its prefill, then steps;
+ * tokens a last step emits past n are dropped. An error of spec, or TD_EINVAL for a step that
+ * emits no token or more than a block. */
+td_err mf_spec_run(spec_seq *s, const int32_t *prompt, int64_t n_prompt, int64_t n, int32_t *out);
+
+/* The same in a sequence of its own set up by cfg; its stats go to *stats (may be NULL). */
+td_err mf_generate(const tgt_model *tm, const spec_cfg *cfg, const int32_t *prompt,
+                   int64_t n_prompt, int64_t n, int32_t *out, spec_stats *stats);
 
 #endif
