@@ -290,25 +290,24 @@ static void test_empty_and_duplicate_keys_are_refused(void **state)
 static void test_bad_alignment_is_refused(void **state)
 {
     (void)state;
-    static const uint32_t bad[] = {0, 3, 48, 0x80000001u};
-    for (size_t k = 0; k < 4; k++) {
+    /* not powers of two, and powers of two past GGUF_MAX_ALIGNMENT (a file rewritten with
+     * them would be padded by up to that many bytes) */
+    static const struct {
+        uint32_t a;
+        const char *why;
+    } bad[] = {{0, "not a power of two"},
+               {3, "not a power of two"},
+               {48, "not a power of two"},
+               {0x80000001u, "not a power of two"},
+               {GGUF_MAX_ALIGNMENT * 2, "is more than 1048576"},
+               {0x80000000u, "is more than 1048576"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         bytes x = {0};
         put_header(&x, 3, 0, 1);
-        put_kv_u32(&x, "general.alignment", bad[k]);
+        put_kv_u32(&x, "general.alignment", bad[k].a);
         char want[64];
-        snprintf(want, sizeof want, "general.alignment = %u", bad[k]);
-        expect_refused(&x, TD_EFORMAT, want, "not a power of two");
-    }
-    /* powers of two past GGUF_MAX_ALIGNMENT: a file rewritten with them would be padded by
-     * up to that many bytes */
-    static const uint32_t huge[] = {GGUF_MAX_ALIGNMENT * 2, 0x80000000u};
-    for (size_t k = 0; k < 2; k++) {
-        bytes x = {0};
-        put_header(&x, 3, 0, 1);
-        put_kv_u32(&x, "general.alignment", huge[k]);
-        char want[64];
-        snprintf(want, sizeof want, "general.alignment = %u", huge[k]);
-        expect_refused(&x, TD_EFORMAT, want, "is more than 1048576");
+        snprintf(want, sizeof want, "general.alignment = %u", bad[k].a);
+        expect_refused(&x, TD_EFORMAT, want, bad[k].why);
     }
     bytes s = {0};
     put_header(&s, 3, 0, 1);
