@@ -554,6 +554,26 @@ static td_err req_logit_bias(gw_request *r, api_error *e)
     return TD_OK;
 }
 
+/* response_format: plain text only; a request for structured output (json_object,
+ * json_schema) is refused rather than answered with unconstrained text. */
+static td_err req_response_format(const gw_request *r, api_error *e)
+{
+    const json_t *rf = req_field(r->root, "response_format");
+    if (!rf)
+        return TD_OK;
+    if (!json_is_object(rf))
+        return req_bad_type(e, "response_format", "an object", rf);
+    const json_t *type = json_object_get(rf, "type");
+    if (!json_is_string(type))
+        return apierr_set(e, 400, "invalid_value", "response_format.type",
+                          "Invalid value for 'response_format.type': expected a string.");
+    if (strcmp(json_string_value(type), "text") != 0)
+        return apierr_set(e, 400, "unsupported_value", "response_format.type",
+                          "Unsupported value for 'response_format.type': only 'text' is "
+                          "supported; structured output is not.");
+    return TD_OK;
+}
+
 static td_err req_common(gw_request *r, api_error *e)
 {
     const json_t *model = req_field(r->root, "model");
@@ -596,6 +616,7 @@ static td_err req_common(gw_request *r, api_error *e)
     TD_TRY(req_number(r->root, "presence_penalty", -2, false, 2, &s->presence_penalty, e));
     TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e));
     TD_TRY(req_logit_bias(r, e));
+    TD_TRY(req_response_format(r, e));
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     return req_stop(r, e);
 }

@@ -182,6 +182,25 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
     assert_int_equal(r.n_bias, 0);
     assert_true(r.sampling.presence_penalty == -2.0 && r.sampling.frequency_penalty == 2.0);
     req_free(&r);
+    /* response_format: text, or refused */
+    const char *text = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);
+    req_free(&r);
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                 "\"response_format\": {\"type\": \"json_object\"}}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'response_format.type': only "
+                 "'text' is supported; structured output is not.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"response_format.type\",\"code\":"
+                 "\"unsupported_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                 "\"response_format\": \"json\"}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'response_format': expected an "
+                 "object, but got a string instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"response_format\",\"code\":\"invalid_type\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'presence_penalty': expected a "
                  "number in [-2, 2], but got 2.5 instead.\",\"type\":\"invalid_request_error\","
