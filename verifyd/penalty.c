@@ -6,6 +6,12 @@
 
 #include "verifyd/penalty.h"
 
+static int pen_by_tok(const void *a, const void *b)
+{
+    const int32_t x = ((const ops_logit_add *)a)->tok, y = ((const ops_logit_add *)b)->tok;
+    return (x > y) - (x < y);
+}
+
 td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
 {
     memset(p, 0, sizeof *p);
@@ -29,19 +35,30 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     p->on = counted || cfg->n_bias > 0;
     if (!p->on)
         return TD_OK;
-    p->mark = calloc((size_t)n_vocab, sizeof *p->mark);
-    bool ok = p->mark != NULL;
-    if (ok && counted)
+    bool ok = true;
+    if (counted)
         ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
     if (ok && cfg->n_bias > 0) {
-        p->bias = calloc((size_t)n_vocab, sizeof *p->bias);
-        p->bias_tok = malloc((size_t)cfg->n_bias * sizeof *p->bias_tok);
-        ok = p->bias && p->bias_tok;
-        for (int32_t i = 0; ok && i < cfg->n_bias; i++) {
-            p->bias[cfg->bias_tok[i]] = cfg->bias[i];
-            p->bias_tok[i] = cfg->bias_tok[i];
+        /* by id, each once: a token given twice keeps its last bias */
+        ok = (p->bias = malloc((size_t)cfg->n_bias * sizeof *p->bias)) != NULL;
+        for (int32_t i = 0; ok && i < cfg->n_bias; i++)
+            p->bias[i] = (ops_logit_add){cfg->bias_tok[i], cfg->bias[i]};
+        if (ok) {
+            /* a stable order for equal ids: the later entry after the earlier */
+            for (int32_t i = 1; i < cfg->n_bias; i++)
+                for (int32_t j = i; j > 0 && pen_by_tok(&p->bias[j - 1], &p->bias[j]) > 0; j--) {
+                    const ops_logit_add t = p->bias[j];
+                    p->bias[j] = p->bias[j - 1];
+                    p->bias[j - 1] = t;
+                }
+            int32_t n = 0;
+            for (int32_t i = 0; i < cfg->n_bias; i++) {
+                if (n > 0 && p->bias[n - 1].tok == p->bias[i].tok)
+                    n--;
+                p->bias[n++] = p->bias[i];
+            }
+            p->n_bias = n;
         }
-        p->n_bias = cfg->n_bias;
     }
     if (!ok) {
         pen_free(p, NULL);
@@ -55,10 +72,8 @@ void pen_free(pen_state *p, const ops_backend *be)
     if (be && p->dev)
         be->release(be, p->dev);
     free(p->bias);
-    free(p->bias_tok);
     free(p->count);
     free(p->seen);
-    free(p->mark);
     free(p->host);
     memset(p, 0, sizeof *p);
 }
@@ -104,21 +119,20 @@ td_err pen_emit(pen_state *p, const int32_t *tok, int64_t n)
     return TD_OK;
 }
 
+/* Token t's bias (0 when it has none). */
+static float pen_bias(const pen_state *p, int32_t t)
+{
+    const ops_logit_add key = {t, 0.0f};
+    const ops_logit_add *b =
+        p->n_bias ? bsearch(&key, p->bias, (size_t)p->n_bias, sizeof key, pen_by_tok) : NULL;
+    return b ? b->delta : 0.0f;
+}
+
 /* What a token's logit gets with c emissions before it: the one definition of the value. */
 static float pen_value(const pen_state *p, int32_t t, uint32_t c)
 {
-    const float b = p->bias ? p->bias[t] : 0.0f;
+    const float b = pen_bias(p, t);
     return c ? b - fmaf(p->frequency, (float)c, p->presence) : b;
-}
-
-/* The next row's stamp (marks start at 0, so a stamp is never 0). */
-static int32_t pen_next_stamp(pen_state *p)
-{
-    if (p->stamp == INT32_MAX) {
-        memset(p->mark, 0, (size_t)p->n_vocab * sizeof *p->mark);
-        p->stamp = 0;
-    }
-    return ++p->stamp;
 }
 
 /* Host staging of at least bytes. */
@@ -156,21 +170,17 @@ static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *
             counted = i;
         }
         off[i] = k;
-        const int32_t stamp = pen_next_stamp(p);
+        /* the tokens with a count (seen holds exactly those), then the biased ones without */
         for (int64_t j = 0; p->count && j < p->n_seen; j++) {
             const int32_t t = p->seen[j];
             const float v = pen_value(p, t, p->count[t]);
-            p->mark[t] = stamp;
             if (v != 0.0f)
                 e[k++] = (ops_logit_add){t, v};
         }
         for (int32_t j = 0; j < p->n_bias; j++) {
-            const int32_t t = p->bias_tok[j];
-            if (p->mark[t] == stamp)
-                continue;
-            p->mark[t] = stamp;
-            if (p->bias[t] != 0.0f)
-                e[k++] = (ops_logit_add){t, p->bias[t]};
+            const ops_logit_add b = p->bias[j];
+            if ((!p->count || p->count[b.tok] == 0) && b.delta != 0.0f)
+                e[k++] = b;
         }
     }
     off[n] = k;

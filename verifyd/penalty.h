@@ -32,14 +32,11 @@ typedef struct pen_state {
     bool on;              /* anything to add at all */
     float presence, frequency;
     int64_t n_vocab;
-    float *bias;          /* [n_vocab] dense bias, or NULL without one */
-    int32_t *bias_tok;    /* [n_bias] the biased tokens */
+    ops_logit_add *bias;  /* [n_bias] the biased tokens by id, each once */
     int32_t n_bias;
     uint32_t *count;      /* [n_vocab] emissions so far, or NULL without penalties */
-    int32_t *seen;        /* [n_seen] tokens with a count, first emission first */
+    int32_t *seen;        /* [n_seen] the tokens with a count, first emission first */
     int64_t n_seen, seen_cap;
-    int32_t *mark;        /* [n_vocab] the last row a token got its entry in */
-    int32_t stamp;
     unsigned char *host;  /* staging: off [rows + 1] (padded to 8 bytes), then the entries */
     size_t host_cap;
     void *dev;            /* the same on the backend */
