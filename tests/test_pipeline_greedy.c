@@ -335,6 +335,15 @@ static void test_bad_requests_get_errors_with_the_numbers(void **ctx)
     g = gen(bad, 3, 10);
     assert_int_equal(pl_gen(&pl, &g), TD_ERANGE);
     assert_non_null(strstr(err_msg(), "vocabulary of 512"));
+    /* a logit bias for a token outside the vocabulary */
+    const uint32_t bias_tok[2] = {7, 512};
+    const float bias[2] = {1.0f, -1.0f};
+    g = gen(bad, 1, 10);
+    g.bias_tok = bias_tok;
+    g.bias = bias;
+    g.n_bias = 2;
+    assert_int_equal(pl_gen(&pl, &g), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "logit bias for token 512: outside the vocabulary of 512"));
     /* a second generation under a running sequence's id */
     uint32_t p[4] = {5, 6, 7, 8};
     g = gen(p, 4, 200);

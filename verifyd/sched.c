@@ -453,6 +453,10 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         if (gs->prompt[i] >= (uint64_t)V)
             e = err_set(TD_ERANGE, "prompt token %u (id %u) is outside the vocabulary of %lld",
                         i, gs->prompt[i], (long long)V);
+    for (uint32_t i = 0; e == TD_OK && i < gs->n_bias; i++)
+        if (gs->bias_tok[i] >= (uint64_t)V)
+            e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
+                        gs->bias_tok[i], (long long)V);
     bool again = false;
     if (e == TD_OK) {
         pthread_mutex_lock(&s->lock);
