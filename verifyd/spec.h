@@ -120,7 +120,8 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
  * or B = 1 for a plain step). Runs the target over the block, accepts (the one acceptance
  * rule, whoever drafted: dfl_draft_tokens draws the drafts in every process), rolls back,
  * keeps the committed features; out as spec_step. Target logits of the block stay in
- * s->logits (backend memory): out[i] was chosen from row i. TD_ERANGE when B exceeds the
+ * s->logits (backend memory, with the logit bias and penalties added): out[i] was chosen from
+ * row i. TD_ERANGE when B exceeds the
  * block size or the room left. */
 td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
                    int64_t *n_out);
