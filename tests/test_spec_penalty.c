@@ -36,10 +36,10 @@ static void test_rows_count_the_drafts_before_them(void **ctx)
 {
     (void)ctx;
     const ops_backend *be = ops_backend_cpu();
-    const int32_t bias_tok[] = {3, 7, 3};
-    const float bias[] = {9.0f, -2.0f, 1.5f}; /* token 3 given twice: the last counts */
+    const int32_t bias_tok[] = {7, 3};
+    const float bias[] = {-2.0f, 1.5f};
     pen_cfg cfg = {.presence = 0.5f, .frequency = 0.25f, .bias_tok = bias_tok, .bias = bias,
-                   .n_bias = 3};
+                   .n_bias = 2};
     pen_state p;
     assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
     const int32_t emitted[] = {3, 3, 5, -1, V};
@@ -143,6 +143,11 @@ static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **
     assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
     bad = (pen_cfg){.presence = INFINITY};
     assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    const int32_t twice[] = {4, 2, 4};
+    const float three[] = {1.0f, 2.0f, 3.0f};
+    bad = (pen_cfg){.bias_tok = twice, .bias = three, .n_bias = 3};
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "token 4: given twice"));
 }
 
 #undef V

@@ -39,26 +39,18 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     if (counted)
         ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
     if (ok && cfg->n_bias > 0) {
-        /* by id, each once: a token given twice keeps its last bias */
         ok = (p->bias = malloc((size_t)cfg->n_bias * sizeof *p->bias)) != NULL;
         for (int32_t i = 0; ok && i < cfg->n_bias; i++)
             p->bias[i] = (ops_logit_add){cfg->bias_tok[i], cfg->bias[i]};
-        if (ok) {
-            /* a stable order for equal ids: the later entry after the earlier */
-            for (int32_t i = 1; i < cfg->n_bias; i++)
-                for (int32_t j = i; j > 0 && pen_by_tok(&p->bias[j - 1], &p->bias[j]) > 0; j--) {
-                    const ops_logit_add t = p->bias[j];
-                    p->bias[j] = p->bias[j - 1];
-                    p->bias[j - 1] = t;
-                }
-            int32_t n = 0;
-            for (int32_t i = 0; i < cfg->n_bias; i++) {
-                if (n > 0 && p->bias[n - 1].tok == p->bias[i].tok)
-                    n--;
-                p->bias[n++] = p->bias[i];
+        p->n_bias = ok ? cfg->n_bias : 0;
+        if (ok)
+            qsort(p->bias, (size_t)p->n_bias, sizeof *p->bias, pen_by_tok);
+        for (int32_t i = 1; i < p->n_bias; i++)
+            if (p->bias[i].tok == p->bias[i - 1].tok) {
+                const int32_t t = p->bias[i].tok;
+                pen_free(p, NULL);
+                return err_set(TD_EINVAL, "logit bias for token %d: given twice", t);
             }
-            p->n_bias = n;
-        }
     }
     if (!ok) {
         pen_free(p, NULL);
@@ -135,14 +127,21 @@ static float pen_value(const pen_state *p, int32_t t, uint32_t c)
     return c ? b - fmaf(p->frequency, (float)c, p->presence) : b;
 }
 
+/* A buffer's new capacity for at least bytes: doubled from cap (4 KiB at first). */
+static size_t pen_grown(size_t cap, size_t bytes)
+{
+    cap = cap ? cap : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    return cap;
+}
+
 /* Host staging of at least bytes. */
 static td_err pen_host_room(pen_state *p, size_t bytes)
 {
     if (bytes <= p->host_cap)
         return TD_OK;
-    size_t cap = p->host_cap ? p->host_cap : 4096;
-    while (cap < bytes)
-        cap *= 2;
+    const size_t cap = pen_grown(p->host_cap, bytes);
     unsigned char *h = realloc(p->host, cap);
     if (!h)
         return err_set(TD_ENOMEM, "out of memory for the logit bias and penalties");
@@ -206,9 +205,7 @@ td_err pen_apply(pen_state *p, const ops_backend *be, float *logits, const int32
         return TD_OK;
     const size_t bytes = hdr + (size_t)m * sizeof(ops_logit_add);
     if (bytes > p->dev_cap) {
-        size_t cap = p->dev_cap ? p->dev_cap : 4096;
-        while (cap < bytes)
-            cap *= 2;
+        const size_t cap = pen_grown(p->dev_cap, bytes);
         void *d = NULL;
         TD_TRY(be->alloc(be, &d, cap));
         if (p->dev)

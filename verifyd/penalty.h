@@ -23,8 +23,8 @@
 typedef struct pen_cfg {
     float presence;          /* subtracted once from a token emitted before (-2..2 in the API) */
     float frequency;         /* and this much per emission (-2..2 in the API) */
-    const int32_t *bias_tok; /* [n_bias] token ids in 0..n_vocab-1 */
-    const float *bias;       /* [n_bias] added to their logits (a token given twice: the last) */
+    const int32_t *bias_tok; /* [n_bias] distinct token ids in 0..n_vocab-1 */
+    const float *bias;       /* [n_bias] added to their logits */
     int32_t n_bias;
 } pen_cfg;
 
@@ -43,8 +43,8 @@ typedef struct pen_state {
     size_t dev_cap;
 } pen_state;
 
-/* TD_EINVAL for a biased token outside the vocabulary or a value that is not finite;
- * TD_ENOMEM. */
+/* TD_EINVAL for a biased token outside the vocabulary or given twice, or a value that is not
+ * finite; TD_ENOMEM. */
 td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab);
 /* be: the backend that holds p->dev (may be NULL when nothing was applied yet). */
 void pen_free(pen_state *p, const ops_backend *be);
