@@ -189,7 +189,8 @@ static td_err tc_parse_json(const char *s, size_t n, tool_call *out)
     }
     out->name = tc_strndup(json_string_value(name), json_string_length(name));
     size_t vs, ve;
-    if (!args || json_is_null(args))
+    /* none, null or "": no arguments */
+    if (!args || json_is_null(args) || (json_is_string(args) && json_string_length(args) == 0))
         out->arguments = tc_strndup("{}", 2);
     else if (json_is_string(args)) /* arguments already given as JSON text */
         out->arguments = tc_strndup(json_string_value(args), json_string_length(args));

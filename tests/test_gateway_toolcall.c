@@ -43,6 +43,14 @@ static void json_form_with_string_arguments_or_none(void **state)
     assert_string_equal(c.name, "now");
     assert_string_equal(c.arguments, "{}");
     tool_call_free(&c);
+    /* arguments null or an empty string: none, "{}" (a call never has empty arguments) */
+    const char *empty[] = {"{\"name\": \"now\", \"arguments\": \"\"}",
+                           "{\"name\": \"now\", \"arguments\": null}"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tool_parse(empty[i], strlen(empty[i]), NULL, &c), TD_OK);
+        assert_string_equal(c.arguments, "{}");
+        tool_call_free(&c);
+    }
 }
 
 static void json_form_without_a_name_is_refused(void **state)
