@@ -1,7 +1,8 @@
 /* The drafter and the speculative loop on the CUDA backend: the DFlash drafter's two draft
  * steps against the PyTorch reference (the same golden files and bound as the CPU test), and
  * greedy speculative generation with target, drafter and acceptance on the GPU equal token
- * for token to plain greedy decoding on the GPU, for several prompts and block sizes. How
+ * for token to plain greedy decoding on the GPU, for several prompts and block sizes, also
+ * with presence/frequency penalties and a logit bias. How
  * often the GPU's tokens equal the CPU's is printed, not required: logits that differ in the
  * last bits may pick another token where two are nearly tied. Skipped (77) without a CUDA
  * device. */
@@ -176,6 +177,47 @@ static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
     tgt_free(tg);
 }
 
+/* With presence/frequency penalties and a logit bias (added on the device, cuda_logit_add):
+ * speculative greedy on the GPU still equals plain greedy on the GPU, and the penalties change
+ * what is generated. */
+static void test_gpu_spec_greedy_with_penalties_equals_plain_greedy(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tg = load_target(gpu);
+    const int64_t V = tg->hp.n_vocab;
+    const int32_t bias_tok[] = {11, 279, 42};
+    const float bias[] = {3.5f, -4.0f, 1.25f};
+    const spec_cfg base = {.n_ctx = 256, .block = 1,
+                           .pen = {.presence = 0.5f, .frequency = 1.5f, .bias_tok = bias_tok,
+                                   .bias = bias, .n_bias = 3}};
+    int changed = 0;
+    for (size_t k = 0; k < 2; k++) {
+        dfl_model *dm = load_drafter(tg, drafters[k]);
+        for (int p = 0; p < N_PROMPTS; p++) {
+            int32_t prompt[32], plain[N_GEN], spec[N_GEN], unpen[N_GEN];
+            int64_t np;
+            make_prompt(p, V, prompt, &np);
+            spec_cfg cfg = base;
+            if (mf_generate(tg, &cfg, prompt, np, N_GEN, plain, NULL) != TD_OK)
+                fail_msg("plain: %s", err_msg());
+            cfg.dm = dm;
+            if (mf_generate(tg, &cfg, prompt, np, N_GEN, spec, NULL) != TD_OK)
+                fail_msg("speculative: %s", err_msg());
+            for (int64_t i = 0; i < N_GEN; i++)
+                if (plain[i] != spec[i])
+                    fail_msg("%s prompt %d: token %lld differs (plain %d, speculative %d)",
+                             drafters[k], p, (long long)i, plain[i], spec[i]);
+            if (k == 0) {
+                generate(tg, NULL, prompt, np, unpen);
+                changed += memcmp(plain, unpen, sizeof plain) != 0;
+            }
+        }
+        dfl_free(dm);
+    }
+    assert_true(changed >= 1);
+    tgt_free(tg);
+}
+
 int main(void)
 {
     if (!cuda_available() || ops_backend_cuda_init(&gpu, 0) != TD_OK) {
@@ -185,6 +227,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_dflash_two_steps_match_reference),
         cmocka_unit_test(test_gpu_spec_greedy_equals_plain_greedy),
+        cmocka_unit_test(test_gpu_spec_greedy_with_penalties_equals_plain_greedy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_backend_cuda_free(gpu);
