@@ -21,6 +21,7 @@
 #include "common/gguf.h"
 #include "common/tokenizer.h"
 #include "draftd/dflash.h"
+#include "tests/support/tmp_dir.h"
 #include "verifyd/target.h"
 
 static char bt_tandem[1024];
@@ -39,8 +40,7 @@ static int bt_run(const char *args)
 static int bt_setup(void **state)
 {
     (void)state;
-    snprintf(bt_dir, sizeof bt_dir, "/tmp/tbm-XXXXXX");
-    if (!mkdtemp(bt_dir))
+    if (!tmp_dir_make(bt_dir, sizeof bt_dir, "tbm"))
         return -1;
     snprintf(bt_model, sizeof bt_model, "%s/tiny.gguf", bt_dir);
     snprintf(bt_draft, sizeof bt_draft, "%s/draft", bt_dir);
@@ -53,9 +53,7 @@ static int bt_setup(void **state)
 static int bt_teardown(void **state)
 {
     (void)state;
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", bt_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(bt_dir) ? 0 : -1;
 }
 
 /* --- the target -------------------------------------------------------------------------- */

@@ -22,6 +22,7 @@
 #include "common/msg.h"
 #include "tests/support/clock.h"
 #include "tests/support/spawn.h"
+#include "tests/support/tmp_dir.h"
 #include "tests/support/watchdog.h"
 
 /* The server child reads its URL from here (it inherits the parent's environment). */
@@ -629,8 +630,7 @@ static void test_endpoint_names_are_checked(void **state)
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(base_dir, sizeof base_dir, "/tmp/tandem-test-bus-XXXXXX");
-    if (!mkdtemp(base_dir))
+    if (!tmp_dir_make(base_dir, sizeof base_dir, "tandem-test-bus"))
         return -1;
     snprintf(run_dir, sizeof run_dir, "%s/rt", base_dir);
     setenv("TANDEM_RUNTIME_DIR", run_dir, 1);
@@ -645,9 +645,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(base_dir) ? 0 : -1;
 }
 
 int main(int argc, char **argv)

@@ -21,6 +21,7 @@
 
 #include "common/bus.h"
 #include "tests/support/clock.h"
+#include "tests/support/tmp_dir.h"
 #include "tests/support/watchdog.h"
 
 /* ms a call may take once the new server listens: the client's redial bound plus room for
@@ -132,8 +133,7 @@ static int group_setup(void **state)
     const char *env = getenv("TANDEM_TEST_SEED");
     seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL);
     rng = seed;
-    snprintf(base_dir, sizeof base_dir, "/tmp/tandem-test-redial-XXXXXX");
-    if (!mkdtemp(base_dir))
+    if (!tmp_dir_make(base_dir, sizeof base_dir, "tandem-test-redial"))
         return -1;
     setenv("TANDEM_RUNTIME_DIR", base_dir, 1);
     return 0;
@@ -142,9 +142,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(base_dir) ? 0 : -1;
 }
 
 int main(void)

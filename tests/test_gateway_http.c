@@ -27,6 +27,7 @@
 #include "gateway/http.h"
 #include "tests/support/clock.h"
 #include "tests/support/fake_verifyd.h"
+#include "tests/support/tmp_dir.h"
 
 #define MODEL "tests/data/models/qwen35-tiny-f32.gguf"
 #define N_CTX 1024 /* positions: room for the tools' system prompt, not for 60 words + 1000 */
@@ -172,10 +173,8 @@ static void wait_health(int want)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(run_dir, sizeof run_dir, "/tmp/tandem-gwtest-XXXXXX");
-    if (!mkdtemp(run_dir))
+    if (!tmp_dir_make(run_dir, sizeof run_dir, "tandem-gwtest"))
         return -1;
-    chmod(run_dir, 0700);
     setenv("TANDEM_RUNTIME_DIR", run_dir, 1);
     if (bus_endpoint(verifyd_url, sizeof verifyd_url, "verifyd") != TD_OK ||
         bus_endpoint(events_url, sizeof events_url, "gateway-events") != TD_OK)
@@ -201,9 +200,7 @@ static int teardown(void **state)
     link_free(g.link);
     fake_verifyd_stop(fake);
     gw_free(&g);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", run_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(run_dir) ? 0 : -1;
 }
 
 static const char HI[] = "[{\"role\":\"user\",\"content\":\"hi\"}]";

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "tests/support/model_fixture.h"
+#include "tests/support/tmp_dir.h"
 #include "verifyd/spec.h"
 
 #define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
@@ -51,16 +52,13 @@ static char tmpdir[64];
 static int setup_dir(void **ctx)
 {
     (void)ctx;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-spec-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tmp_dir_make(tmpdir, sizeof tmpdir, "tandem-spec") ? 0 : -1;
 }
 
 static int remove_dir(void **ctx)
 {
     (void)ctx;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(tmpdir) ? 0 : -1;
 }
 
 static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx)

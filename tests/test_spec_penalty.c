@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "tests/support/model_fixture.h"
+#include "tests/support/tmp_dir.h"
 #include "verifyd/penalty.h"
 #include "verifyd/spec.h"
 
@@ -159,16 +160,13 @@ static char tmpdir[64];
 static int setup_dir(void **ctx)
 {
     (void)ctx;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-pen-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tmp_dir_make(tmpdir, sizeof tmpdir, "tandem-pen") ? 0 : -1;
 }
 
 static int remove_dir(void **ctx)
 {
     (void)ctx;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(tmpdir) ? 0 : -1;
 }
 
 /* n tokens after prompt through spec (with the drafter dm, or plain when NULL). */

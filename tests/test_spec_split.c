@@ -20,6 +20,7 @@
 #include "common/kvlayout.h"
 #include "draftd/propose.h"
 #include "tests/support/model_fixture.h"
+#include "tests/support/tmp_dir.h"
 #include "verifyd/spec.h"
 
 #define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
@@ -33,8 +34,7 @@ static dfl_model *dm_rnd; /* a random drafter (rarely right) */
 static int setup(void **ctx)
 {
     (void)ctx;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/tandem-split-XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (!tmp_dir_make(tmpdir, sizeof tmpdir, "tandem-split"))
         return -1;
     char path[160], dir[160];
     snprintf(path, sizeof path, "%s/scaled.gguf", tmpdir);
@@ -58,9 +58,7 @@ static int teardown(void **ctx)
     dfl_free(dm);
     dfl_free(dm_rnd);
     tgt_free(tm);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tmp_dir_remove(tmpdir) ? 0 : -1;
 }
 
 /* One slot's memory in both pools. */

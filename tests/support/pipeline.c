@@ -17,6 +17,7 @@
 
 #include "common/kvclient.h"
 #include "kernels/ops.h"
+#include "tests/support/tmp_dir.h"
 
 static const char *const pl_names[PL_SVC_N] = {"kvd", "verifyd", "draftd"};
 
@@ -36,8 +37,7 @@ int pl_setup(pipeline *p)
             return 77;
         }
     }
-    snprintf(p->dir, sizeof p->dir, "/tmp/tdp-XXXXXX");
-    if (!mkdtemp(p->dir))
+    if (!tmp_dir_make(p->dir, sizeof p->dir, "tdp"))
         return -1;
     setenv("TANDEM_RUNTIME_DIR", p->dir, 1);
     char url[BUS_URL_MAX];
@@ -204,12 +204,8 @@ int pl_teardown(pipeline *p)
         free(p->res[i]->logprobs);
         free(p->res[i]);
     }
-    if (p->dir[0]) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", p->dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "pipeline: cannot remove %s\n", p->dir);
-    }
+    if (p->dir[0] && !tmp_dir_remove(p->dir))
+        fprintf(stderr, "pipeline: cannot remove %s\n", p->dir);
     memset(p, 0, sizeof *p);
     return bad;
 }
