@@ -178,6 +178,19 @@ static td_err gen_prompt_completion(api_stream *s, api_error *e)
 }
 
 /* The context every request must fit: --ctx, else verifyd's, else the model's. */
+/* logit_bias ids against the vocabulary (the request parser knows only their form). */
+static td_err gen_check_bias(const api_stream *s, api_error *e)
+{
+    const uint32_t n_vocab = tok_n_vocab(s->g->tok);
+    for (size_t i = 0; i < s->req.n_bias; i++)
+        if (s->req.bias_tok[i] >= n_vocab)
+            return apierr_set(e, 400, "invalid_value", "logit_bias",
+                              "Invalid key in 'logit_bias': token id %u is outside the "
+                              "vocabulary (0 to %u).",
+                              s->req.bias_tok[i], n_vocab - 1);
+    return TD_OK;
+}
+
 static uint32_t gen_ctx(gw_state *g)
 {
     if (g->cfg.ctx > 0)
@@ -234,13 +247,6 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
     if (!st.ready)
         return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
 
-    const uint32_t n_vocab = tok_n_vocab(g->tok);
-    for (size_t i = 0; i < s->req.n_bias; i++)
-        if (s->req.bias_tok[i] >= n_vocab)
-            return apierr_set(e, 400, "invalid_value", "logit_bias",
-                              "Invalid key in 'logit_bias': token id %u is outside the "
-                              "vocabulary (0 to %u).",
-                              s->req.bias_tok[i], n_vocab - 1);
     uint32_t prompt_n = (uint32_t)s->n_prompt;
     uint32_t stop[2];
     uint32_t n_stop = 0;
@@ -635,6 +641,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     bool in_think = false;
     uint32_t max_tokens = 0;
     td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &in_think, &e) : gen_prompt_completion(s, &e);
+    if (err == TD_OK)
+        err = gen_check_bias(s, &e);
     if (err == TD_OK)
         err = gen_budget(s, &max_tokens, &e);
     output_opts oo = {
