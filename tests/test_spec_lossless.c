@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "tests/support/chi_square.h"
 #include "tests/support/model_fixture.h"
 #include "tests/support/tmp_dir.h"
 #include "verifyd/spec.h"
@@ -149,30 +150,6 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
 /* Sampling at temperature 0.7 with top-k 12: the token after the first one, over many seeds,
  * follows the target's own distribution p(t2 | prompt, t1) whether or not a drafter is used
  * (chi-square, p > 1e-4 for both, on the most frequent t1). */
-static double chi_square_p(const int *obs, const double *expect, int64_t V, int total)
-{
-    double chi = 0, df = -1, lump_o = 0, lump_e = 0;
-    for (int64_t i = 0; i < V; i++) {
-        double e = expect[i] * total;
-        if (e < 5) {
-            lump_o += obs[i];
-            lump_e += e;
-            if (obs[i] > 0 && expect[i] == 0)
-                return 0; /* drawn where the target has zero mass */
-            continue;
-        }
-        chi += (obs[i] - e) * (obs[i] - e) / e;
-        df++;
-    }
-    if (lump_e > 0) {
-        chi += (lump_o - lump_e) * (lump_o - lump_e) / lump_e;
-        df++;
-    }
-    /* Wilson-Hilferty approximation of the chi-square upper tail */
-    double z = (pow(chi / df, 1.0 / 3) - (1 - 2 / (9 * df))) / sqrt(2 / (9 * df));
-    return 0.5 * erfc(z / sqrt(2.0));
-}
-
 static void test_spec_sampling_keeps_target_distribution(void **ctx)
 {
     (void)ctx;

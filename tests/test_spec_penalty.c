@@ -1,8 +1,8 @@
 /* Logit bias and presence/frequency penalties (verifyd/penalty.h): the exact additions a
  * verify block's rows get (the drafts before a row count as emitted), and generation with
  * them: greedy output with a DFlash drafter equals plain decoding with the penalties applied
- * by hand to the target's logits, a bias of +100 forces its token, and the penalties change
- * what is generated. */
+ * by hand to the target's logits, a bias of +100 forces its token, the penalties change what
+ * is generated, and sampled output follows the target's penalised distribution. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,10 +14,13 @@
 
 #include <cmocka.h>
 
+#include "tests/support/chi_square.h"
 #include "tests/support/model_fixture.h"
 #include "tests/support/tmp_dir.h"
 #include "verifyd/penalty.h"
 #include "verifyd/spec.h"
+
+
 
 #define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
 
@@ -179,8 +182,21 @@ static void generate(const tgt_model *tm, const dfl_model *dm, const int32_t *pr
         fail_msg("generate: %s", err_msg());
 }
 
-/* Plain greedy decoding with the penalties added by hand to each row of target logits:
- * bias - (presence + frequency * count) for a generated token, computed as fmaf. */
+/* The penalties added by hand to a row of logits lg [nv]: bias - (presence + frequency *
+ * count) for a generated token (computed as fmaf), the bias for the others. */
+static void add_by_hand(float *lg, int64_t nv, const float *bias, const int *count,
+                        const pen_cfg *pen)
+{
+    for (int64_t t = 0; t < nv; t++) {
+        const float add = count[t] ? bias[t] - fmaf(pen->frequency, (float)count[t],
+                                                     pen->presence)
+                                   : bias[t];
+        if (add != 0.0f)
+            lg[t] += add;
+    }
+}
+
+/* Plain greedy decoding with the penalties added by hand to each row of target logits. */
 static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prompt, int64_t n,
                       const pen_cfg *pen, int32_t *out)
 {
@@ -197,13 +213,7 @@ static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prom
     tgt_out o = {.logits = lg, .last_only = true};
     assert_int_equal(tgt_forward(tm, &st, prompt, n_prompt, false, &o), TD_OK);
     for (int64_t k = 0; k < n; k++) {
-        for (int64_t t = 0; t < nv; t++) {
-            const float add = count[t] ? bias[t] - fmaf(pen->frequency, (float)count[t],
-                                                         pen->presence)
-                                       : bias[t];
-            if (add != 0.0f)
-                lg[t] += add;
-        }
+        add_by_hand(lg, nv, bias, count, pen);
         out[k] = (int32_t)cpu_argmax(lg, nv);
         count[out[k]]++;
         assert_int_equal(tgt_forward(tm, &st, &out[k], 1, false, &o), TD_OK);
@@ -297,6 +307,97 @@ static void test_a_bias_of_100_forces_its_token_greedy_and_sampled(void **ctx)
     tgt_free(tm);
 }
 
+/* The target's penalised p(t3 | prompt, t1, t2) under smp, into p [nv]. */
+static void penalised_p(const tgt_model *tm, const int32_t *prompt, int32_t t1, int32_t t2,
+                        const float *bias, const pen_cfg *pen, const ops_sampler *smp,
+                        double *p)
+{
+    const int64_t nv = tm->hp.n_vocab;
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, 8), TD_OK);
+    const int32_t ctx5[5] = {prompt[0], prompt[1], prompt[2], t1, t2};
+    float *lg = malloc((size_t)nv * sizeof *lg), *pf = malloc((size_t)nv * sizeof *pf);
+    int *count = calloc((size_t)nv, sizeof *count);
+    assert_non_null(lg);
+    assert_non_null(pf);
+    assert_non_null(count);
+    tgt_out o = {.logits = lg, .last_only = true};
+    assert_int_equal(tgt_forward(tm, &st, ctx5, 5, false, &o), TD_OK);
+    count[t1]++;
+    count[t2]++;
+    add_by_hand(lg, nv, bias, count, pen);
+    assert_int_equal(cpu_sample_probs(pf, lg, nv, smp), TD_OK);
+    for (int64_t i = 0; i < nv; i++)
+        p[i] = pf[i];
+    tgt_state_free(&st);
+    free(lg), free(pf), free(count);
+}
+
+/* Sampling at temperature 0.7 with top-k 12 and penalties, with a drafter that always
+ * proposes 279 against a target that repeats 279 readily: where the second token is 279 it
+ * was an accepted draft, and the third token came from the row after it in the same block
+ * (the draft counted as generated). Over many seeds those third tokens follow the target's
+ * penalised p(t3 | prompt, t1, 279), averaged over the runs' t1 (chi-square, p > 1e-4). */
+static void test_sampling_with_penalties_keeps_the_penalised_distribution(void **ctx)
+{
+    (void)ctx;
+    char path[160], dir[160];
+    snprintf(path, sizeof path, "%s/scaled.gguf", tmpdir);
+    if (mf_target_write_scaled(path, MODEL_PATH, 279, 5.0f) != TD_OK)
+        fail_msg("%s: %s", path, err_msg());
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, path), TD_OK);
+    const int64_t nv = tm->hp.n_vocab;
+    mf_drafter ds = {4, 1, true, 279, false};
+    snprintf(dir, sizeof dir, "%s/sampling", tmpdir);
+    if (mf_drafter_write(dir, tm, &ds, 4242) != TD_OK)
+        fail_msg("%s: %s", dir, err_msg());
+    dfl_model *dm;
+    assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output),
+                     TD_OK);
+    const int32_t bias_tok[] = {300, 301};
+    const float bias[] = {1.5f, -0.5f};
+    const pen_cfg pen = {.presence = 0.75f, .frequency = 1.25f, .bias_tok = bias_tok,
+                         .bias = bias, .n_bias = 2};
+    const ops_sampler smp = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f};
+    const int32_t prompt[3] = {100, 279, 300};
+    const int runs = 2000;
+    int *by_t1 = calloc((size_t)nv, sizeof *by_t1), *c3 = calloc((size_t)nv, sizeof *c3);
+    double *expect = calloc((size_t)nv, sizeof *expect), *p = malloc((size_t)nv * sizeof *p);
+    float *bias_all = calloc((size_t)nv, sizeof *bias_all);
+    assert_true(by_t1 && c3 && expect && p && bias_all);
+    int total = 0;
+    for (int r = 0; r < runs; r++) {
+        spec_cfg cfg = {.dm = dm, .n_ctx = 64, .block = 1, .sampler = smp, .pen = pen};
+        cfg.sampler.seed = (uint64_t)r * 7919 + 3;
+        int32_t t[3];
+        if (mf_generate(tm, &cfg, prompt, 3, 3, t, NULL) != TD_OK)
+            fail_msg("run %d: %s", r, err_msg());
+        if (t[1] != 279)
+            continue;
+        by_t1[t[0]]++;
+        c3[t[2]]++;
+        total++;
+    }
+    assert_true(total >= 200);
+    bias_all[300] = 1.5f;
+    bias_all[301] = -0.5f;
+    for (int32_t t1 = 0; t1 < nv; t1++) {
+        if (!by_t1[t1])
+            continue;
+        penalised_p(tm, prompt, t1, 279, bias_all, &pen, &smp, p);
+        for (int64_t i = 0; i < nv; i++)
+            expect[i] += p[i] * by_t1[t1] / total;
+    }
+    const double pv = chi_square_p(c3, expect, nv, total);
+    if (!(pv > 1e-4))
+        fail_msg("p-value %.3g for the third token after an accepted draft over %d runs", pv,
+                 total);
+    free(by_t1), free(c3), free(expect), free(p), free(bias_all);
+    dfl_free(dm);
+    tgt_free(tm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_nothing_asked_adds_nothing_and_bad_settings_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_penalties_equals_plain_decoding),
         cmocka_unit_test(test_a_bias_of_100_forces_its_token_greedy_and_sampled),
+        cmocka_unit_test(test_sampling_with_penalties_keeps_the_penalised_distribution),
     };
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);
 }
