@@ -178,16 +178,17 @@ static td_err gen_prompt_completion(api_stream *s, api_error *e)
 }
 
 /* The context every request must fit: --ctx, else verifyd's, else the model's. */
-/* logit_bias ids against the vocabulary (the request parser knows only their form). */
-static td_err gen_check_bias(const api_stream *s, api_error *e)
+/* n token ids of param against the vocabulary (the request parser knows only their form). */
+static td_err gen_check_ids(const api_stream *s, const char *param, const uint32_t *ids,
+                            size_t n, api_error *e)
 {
     const uint32_t n_vocab = tok_n_vocab(s->g->tok);
-    for (size_t i = 0; i < s->req.n_bias; i++)
-        if (s->req.bias_tok[i] >= n_vocab)
-            return apierr_set(e, 400, "invalid_value", "logit_bias",
-                              "Invalid key in 'logit_bias': token id %u is outside the "
-                              "vocabulary (0 to %u).",
-                              s->req.bias_tok[i], n_vocab - 1);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= n_vocab)
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Invalid value for '%s': token id %u is outside the vocabulary "
+                              "(0 to %u).",
+                              param, ids[i], n_vocab - 1);
     return TD_OK;
 }
 
@@ -236,6 +237,7 @@ static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
 /* --- starting -------------------------------------------------------------------------------- */
 
 _Static_assert(REQ_BIAS_MAX <= MSG_BIAS_MAX, "a request's logit bias fits one message");
+_Static_assert(2 + REQ_STOP_IDS_MAX <= MSG_STOP_MAX, "a request's stop ids fit one message");
 
 static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
 {
@@ -248,11 +250,13 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
         return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
 
     uint32_t prompt_n = (uint32_t)s->n_prompt;
-    uint32_t stop[2];
+    uint32_t stop[2 + REQ_STOP_IDS_MAX];
     uint32_t n_stop = 0;
     for (int i = 0; i < 2 && !s->req.ignore_eos; i++)
         if (g->stop_ids[i] >= 0 && (i == 0 || g->stop_ids[1] != g->stop_ids[0]))
             stop[n_stop++] = (uint32_t)g->stop_ids[i];
+    for (size_t i = 0; i < s->req.n_stop_ids; i++) /* the client's, with ignore_eos too */
+        stop[n_stop++] = s->req.stop_ids[i];
     uint64_t seed = s->req.sampling.seed;
     if (!s->req.sampling.has_seed && getrandom(&seed, sizeof seed, 0) != sizeof seed)
         seed = (uint64_t)gen_now_ms();
@@ -642,7 +646,9 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     uint32_t max_tokens = 0;
     td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &in_think, &e) : gen_prompt_completion(s, &e);
     if (err == TD_OK)
-        err = gen_check_bias(s, &e);
+        err = gen_check_ids(s, "logit_bias", s->req.bias_tok, s->req.n_bias, &e);
+    if (err == TD_OK)
+        err = gen_check_ids(s, "stop_token_ids", s->req.stop_ids, s->req.n_stop_ids, &e);
     if (err == TD_OK)
         err = gen_budget(s, &max_tokens, &e);
     output_opts oo = {

@@ -554,6 +554,32 @@ static td_err req_logit_bias(gw_request *r, api_error *e)
     return TD_OK;
 }
 
+/* stop_token_ids: at most REQ_STOP_IDS_MAX token ids (checked against the vocabulary when the
+ * prompt is made). */
+static td_err req_stop_ids(gw_request *r, api_error *e)
+{
+    const json_t *a = req_field(r->root, "stop_token_ids");
+    if (!a)
+        return TD_OK;
+    if (!json_is_array(a))
+        return req_bad_type(e, "stop_token_ids", "an array", a);
+    if (json_array_size(a) > REQ_STOP_IDS_MAX)
+        return apierr_set(e, 400, "invalid_value", "stop_token_ids",
+                          "Invalid value for 'stop_token_ids': at most %d token ids, but got %zu.",
+                          REQ_STOP_IDS_MAX, json_array_size(a));
+    size_t i;
+    const json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) > UINT32_MAX)
+            return apierr_set(e, 400, "invalid_value", "stop_token_ids",
+                              "Invalid value for 'stop_token_ids': item %zu is not a token id.",
+                              i);
+        r->stop_ids[r->n_stop_ids++] = (uint32_t)json_integer_value(v);
+    }
+    return TD_OK;
+}
+
 /* response_format: plain text only; a request for structured output (json_object,
  * json_schema) is refused rather than answered with unconstrained text. */
 static td_err req_response_format(const gw_request *r, api_error *e)
@@ -617,6 +643,7 @@ static td_err req_common(gw_request *r, api_error *e)
     TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e));
     TD_TRY(req_logit_bias(r, e));
     TD_TRY(req_response_format(r, e));
+    TD_TRY(req_stop_ids(r, e));
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     return req_stop(r, e);
 }

@@ -24,6 +24,7 @@
 #define REQ_STOP_LEN_MAX 1024     /* bytes per stop string */
 #define REQ_TOP_LOGPROBS_MAX 20   /* alternatives per token, as OpenAI allows */
 #define REQ_BIAS_MAX 1024         /* logit_bias entries */
+#define REQ_STOP_IDS_MAX 32       /* stop_token_ids entries */
 
 typedef enum req_kind {
     REQ_CHAT = 1,   /* /v1/chat/completions */
@@ -69,6 +70,10 @@ typedef struct gw_request {
     uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */
     float *bias;           /* owned: [n_bias] their biases, each in [-100, 100] */
     size_t n_bias;
+    uint32_t stop_ids[REQ_STOP_IDS_MAX]; /* stop_token_ids: tokens that end the generation
+                                          * (kept in the output, as the end-of-generation
+                                          * tokens are) */
+    size_t n_stop_ids;
     const char *stop[REQ_STOP_MAX]; /* stop strings (in root), each 1..REQ_STOP_LEN_MAX bytes */
     size_t stop_len[REQ_STOP_MAX];  /* bytes of each */
     size_t n_stop;

@@ -45,6 +45,7 @@ static void chat_body_gives_exact_values(void **state)
         "\"chat_template_kwargs\": {\"enable_thinking\": false},"
         "\"presence_penalty\": 1.5, \"frequency_penalty\": -0.5,"
         "\"logit_bias\": {\"11\": -100, \"0\": 2.5, \"248319\": 100},"
+        "\"stop_token_ids\": [5, 248046],"
         "\"some_future_field\": {\"x\": [1]}}";
     gw_request r;
     api_error e;
@@ -87,6 +88,9 @@ static void chat_body_gives_exact_values(void **state)
     assert_true(r.bias[1] == 2.5f);
     assert_int_equal(r.bias_tok[2], 248319);
     assert_true(r.bias[2] == 100.0f);
+    assert_int_equal(r.n_stop_ids, 2);
+    assert_int_equal(r.stop_ids[0], 5);
+    assert_int_equal(r.stop_ids[1], 248046);
     req_free(&r);
 }
 
@@ -182,6 +186,30 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
     assert_int_equal(r.n_bias, 0);
     assert_true(r.sampling.presence_penalty == -2.0 && r.sampling.frequency_penalty == 2.0);
     req_free(&r);
+    /* stop_token_ids: an array of at most 32 ids */
+    const char *ids_bad[][2] = {
+        {"5", "Invalid type for 'stop_token_ids': expected an array, but got an integer "
+              "instead.\",\"type\":\"invalid_request_error\",\"param\":\"stop_token_ids\","
+              "\"code\":\"invalid_type\"}}"},
+        {"[1, -2]", "Invalid value for 'stop_token_ids': item 1 is not a token id.\",\"type\":"
+                    "\"invalid_request_error\",\"param\":\"stop_token_ids\",\"code\":"
+                    "\"invalid_value\"}}"},
+        {"[1.5]", "Invalid value for 'stop_token_ids': item 0 is not a token id.\",\"type\":"
+                  "\"invalid_request_error\",\"param\":\"stop_token_ids\",\"code\":"
+                  "\"invalid_value\"}}"},
+        {"[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,"
+         "32]",
+         "Invalid value for 'stop_token_ids': at most 32 token ids, but got 33.\",\"type\":"
+         "\"invalid_request_error\",\"param\":\"stop_token_ids\",\"code\":"
+         "\"invalid_value\"}}"},
+    };
+    for (size_t k = 0; k < sizeof ids_bad / sizeof ids_bad[0]; k++) {
+        char body[512], want[512];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"stop_token_ids\": %s}",
+                 ids_bad[k][0]);
+        snprintf(want, sizeof want, "{\"error\":{\"message\":\"%s", ids_bad[k][1]);
+        expect_error(REQ_COMPLETION, body, 400, want);
+    }
     /* response_format: text, or refused */
     const char *text = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}";
     assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);

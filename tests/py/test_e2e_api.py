@@ -286,6 +286,28 @@ def test_penalties_and_logit_bias_equal_plain_decoding_with_them(server):
     assert forced.choices[0].text == _reference(prompt, 24, "--logit-bias", "279=100")
 
 
+def test_stop_token_ids_end_the_generation_at_that_token(server):
+    prompt = "The quick brown fox"
+    ids = [int(x) for x in _reference_ids(prompt, 16).split(",")]
+    stop = ids[5]
+    cut = ids.index(stop) + 1  # its first occurrence, kept as the end-of-generation tokens are
+    args = dict(model=server["model"], prompt=prompt, max_tokens=16, temperature=0,
+                extra_body={"ignore_eos": True, "stop_token_ids": [stop]})
+    r = server["client"].completions.create(**args)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == cut
+    want = subprocess.run([str(TANDEM), "detokenize", "--model", str(MODEL),
+                           ",".join(map(str, ids[:cut])), "--skip-special"],
+                          capture_output=True, text=True, check=True).stdout.rstrip("\n")
+    assert r.choices[0].text == want
+    chunks = list(server["client"].completions.create(stream=True, **args))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    err = _error(*_post(server["port"], "/v1/completions",
+                        json.dumps({"prompt": "x", "stop_token_ids": [99999999]}).encode()),
+                 400, "invalid_value")
+    assert err["param"] == "stop_token_ids"
+
+
 def test_logprobs_are_greedy_consistent(server):
     r = server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": "Count"}], max_tokens=6,
