@@ -112,6 +112,15 @@ static td_err req_number(const json_t *obj, const char *key, double lo, bool lo_
     return TD_OK;
 }
 
+/* A JSON integer in [0, max] (a token id), into *out. */
+static bool req_token_id(const json_t *v, json_int_t max, uint32_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
+        return false;
+    *out = (uint32_t)json_integer_value(v);
+    return true;
+}
+
 /* --- chat messages -------------------------------------------------------------------------- */
 
 static bool req_role_known(const char *role)
@@ -383,8 +392,8 @@ static td_err req_prompt_ids(gw_request *r, const json_t *arr, const char *param
     size_t i;
     const json_t *v;
     json_array_foreach(arr, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > INT32_MAX) {
+        uint32_t id;
+        if (!req_token_id(v, INT32_MAX, &id)) {
             char p[APIERR_PARAM_MAX];
             snprintf(p, sizeof p, "%s[%zu]", param, i);
             return apierr_set(e, 400, "invalid_value", p,
@@ -392,7 +401,7 @@ static td_err req_prompt_ids(gw_request *r, const json_t *arr, const char *param
                               "integer).",
                               p);
         }
-        r->prompt_ids[i] = (int32_t)json_integer_value(v);
+        r->prompt_ids[i] = (int32_t)id;
     }
     r->n_prompt_ids = n;
     return TD_OK;
@@ -570,12 +579,11 @@ static td_err req_stop_ids(gw_request *r, api_error *e)
     size_t i;
     const json_t *v;
     json_array_foreach(a, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > UINT32_MAX)
+        if (!req_token_id(v, UINT32_MAX, &r->stop_ids[r->n_stop_ids]))
             return apierr_set(e, 400, "invalid_value", "stop_token_ids",
                               "Invalid value for 'stop_token_ids': item %zu is not a token id.",
                               i);
-        r->stop_ids[r->n_stop_ids++] = (uint32_t)json_integer_value(v);
+        r->n_stop_ids++;
     }
     return TD_OK;
 }
@@ -724,8 +732,8 @@ td_err req_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int3
     const json_t *x;
     if (r == TD_OK) {
         json_array_foreach(t, i, x) {
-            if (!json_is_integer(x) || json_integer_value(x) < 0 ||
-                json_integer_value(x) >= (json_int_t)n_vocab) {
+            uint32_t id;
+            if (!req_token_id(x, (json_int_t)n_vocab - 1, &id)) {
                 char param[APIERR_PARAM_MAX];
                 snprintf(param, sizeof param, "tokens[%zu]", i);
                 r = apierr_set(e, 400, "invalid_value", param,
@@ -733,7 +741,7 @@ td_err req_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int3
                                n_vocab - 1);
                 break;
             }
-            v[i] = (int32_t)json_integer_value(x);
+            v[i] = (int32_t)id;
         }
     }
     if (r == TD_OK) {

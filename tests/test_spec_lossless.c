@@ -30,11 +30,18 @@ static float rng_uniform(void)
     return (float)((rng_state >> 40) & 0xffffff) / (float)0x1000000;
 }
 
-static void drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *ds,
-                          uint64_t seed)
+static char tmpdir[64];
+
+/* A drafter for tm written to tmpdir/name and loaded. */
+static dfl_model *make_drafter(const tgt_model *tm, const char *name, const mf_drafter *ds,
+                               uint64_t seed)
 {
-    if (mf_drafter_write(dir, tm, ds, seed) != TD_OK)
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    dfl_model *dm = NULL;
+    if (mf_drafter_make(&dm, dir, tm, ds, seed) != TD_OK)
         fail_msg("%s: %s", dir, err_msg());
+    return dm;
 }
 
 /* Generates n tokens after prompt; returns the stats. */
@@ -47,8 +54,6 @@ static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32
         fail_msg("generate: %s", err_msg());
     return st;
 }
-
-static char tmpdir[64];
 
 static int setup_dir(void **ctx)
 {
@@ -74,12 +79,9 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
     ops_sampler greedy = {0};
     int64_t n = 48, total_acc = 0, runs = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
-        char dir[128];
-        snprintf(dir, sizeof dir, "%s/d%zu", tmpdir, k);
-        drafter_write(dir, tm, &shapes[k], 1000 + k);
-        dfl_model *dm;
-        if (dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
-            fail_msg("dfl_load: %s", err_msg());
+        char name[32];
+        snprintf(name, sizeof name, "d%zu", k);
+        dfl_model *dm = make_drafter(tm, name, &shapes[k], 1000 + k);
         for (int p = 0; p < 6; p++) {
             int32_t prompt[32], a[64], b[64];
             int64_t np = 2 + (p * 5) % 19;
@@ -113,7 +115,7 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
     int64_t hist[9] = {0}, n = 60;
     ops_sampler greedy = {0};
     for (size_t k = 0; k < sizeof scales / sizeof *scales; k++) {
-        char path[160], dir[160];
+        char path[160];
         snprintf(path, sizeof path, "%s/scaled%zu.gguf", tmpdir, k);
         if (mf_target_write_scaled(path, MODEL_PATH, x, scales[k]) != TD_OK)
             fail_msg("%s: %s", path, err_msg());
@@ -121,10 +123,9 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
         if (tgt_load(&tm, path) != TD_OK)
             fail_msg("%s: %s", path, err_msg());
         mf_drafter ds = {8, 1, true, (uint32_t)x, false};
-        snprintf(dir, sizeof dir, "%s/silent%zu", tmpdir, k);
-        drafter_write(dir, tm, &ds, 9);
-        dfl_model *dm;
-        assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output), TD_OK);
+        char name[32];
+        snprintf(name, sizeof name, "silent%zu", k);
+        dfl_model *dm = make_drafter(tm, name, &ds, 9);
         for (int p = 0; p < 3; p++) {
             int32_t prompt[4] = {10 + p, 20, x, 40 + p}, plain[64], spec[64];
             generate(tm, NULL, prompt, 4, n, &greedy, plain);
@@ -157,11 +158,7 @@ static void test_spec_sampling_keeps_target_distribution(void **ctx)
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
     int64_t V = tm->hp.n_vocab;
     mf_drafter ds = {4, 1, false, 5, false};
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/sampling", tmpdir);
-    drafter_write(dir, tm, &ds, 4242);
-    dfl_model *dm;
-    assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output), TD_OK);
+    dfl_model *dm = make_drafter(tm, "sampling", &ds, 4242);
     int32_t prompt[3] = {100, 200, 300};
     const int runs = 2000;
     int *t1 = calloc((size_t)runs, sizeof *t1), *t2 = calloc((size_t)runs, sizeof *t2);

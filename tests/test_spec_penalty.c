@@ -160,6 +160,18 @@ static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **
 
 static char tmpdir[64];
 
+/* A drafter for tm written to tmpdir/name and loaded. */
+static dfl_model *make_drafter(const tgt_model *tm, const char *name, const mf_drafter *ds,
+                               uint64_t seed)
+{
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    dfl_model *dm = NULL;
+    if (mf_drafter_make(&dm, dir, tm, ds, seed) != TD_OK)
+        fail_msg("%s: %s", dir, err_msg());
+    return dm;
+}
+
 static int setup_dir(void **ctx)
 {
     (void)ctx;
@@ -232,12 +244,9 @@ static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **
     const mf_drafter shapes[] = {{8, 1, false, 7, false}, {16, 2, false, 5, true}};
     dfl_model *dm[2];
     for (int k = 0; k < 2; k++) {
-        char dir[128];
-        snprintf(dir, sizeof dir, "%s/d%d", tmpdir, k);
-        if (mf_drafter_write(dir, tm, &shapes[k], 300 + (uint64_t)k) != TD_OK)
-            fail_msg("%s: %s", dir, err_msg());
-        if (dfl_load(&dm[k], dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
-            fail_msg("dfl_load: %s", err_msg());
+        char name[32];
+        snprintf(name, sizeof name, "d%d", k);
+        dm[k] = make_drafter(tm, name, &shapes[k], 300 + (uint64_t)k);
     }
     const int32_t bias_tok[] = {11, 279, 42};
     const float bias[] = {3.5f, -4.0f, 1.25f};
@@ -282,13 +291,7 @@ static void test_a_bias_of_100_forces_its_token_greedy_and_sampled(void **ctx)
     tgt_model *tm;
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
     mf_drafter ds = {8, 1, false, 9, false};
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/force", tmpdir);
-    if (mf_drafter_write(dir, tm, &ds, 77) != TD_OK)
-        fail_msg("%s: %s", dir, err_msg());
-    dfl_model *dm;
-    assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output),
-                     TD_OK);
+    dfl_model *dm = make_drafter(tm, "force", &ds, 77);
     const int32_t tok[] = {123};
     const float up[] = {100.0f};
     const pen_cfg force = {.bias_tok = tok, .bias = up, .n_bias = 1};
@@ -341,7 +344,7 @@ static void penalised_p(const tgt_model *tm, const int32_t *prompt, int32_t t1, 
 static void test_sampling_with_penalties_keeps_the_penalised_distribution(void **ctx)
 {
     (void)ctx;
-    char path[160], dir[160];
+    char path[160];
     snprintf(path, sizeof path, "%s/scaled.gguf", tmpdir);
     if (mf_target_write_scaled(path, MODEL_PATH, 279, 5.0f) != TD_OK)
         fail_msg("%s: %s", path, err_msg());
@@ -349,12 +352,7 @@ static void test_sampling_with_penalties_keeps_the_penalised_distribution(void *
     assert_int_equal(tgt_load(&tm, path), TD_OK);
     const int64_t nv = tm->hp.n_vocab;
     mf_drafter ds = {4, 1, true, 279, false};
-    snprintf(dir, sizeof dir, "%s/sampling", tmpdir);
-    if (mf_drafter_write(dir, tm, &ds, 4242) != TD_OK)
-        fail_msg("%s: %s", dir, err_msg());
-    dfl_model *dm;
-    assert_int_equal(dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output),
-                     TD_OK);
+    dfl_model *dm = make_drafter(tm, "sampling", &ds, 4242);
     const int32_t bias_tok[] = {300, 301};
     const float bias[] = {1.5f, -0.5f};
     const pen_cfg pen = {.presence = 0.75f, .frequency = 1.25f, .bias_tok = bias_tok,

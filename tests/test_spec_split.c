@@ -42,12 +42,10 @@ static int setup(void **ctx)
         return -1;
     mf_drafter silent = {16, 3, true, 279, false}, rnd = {16, 2, false, 5, false};
     snprintf(dir, sizeof dir, "%s/silent", tmpdir);
-    if (mf_drafter_write(dir, tm, &silent, 9) != TD_OK ||
-        dfl_load(&dm, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+    if (mf_drafter_make(&dm, dir, tm, &silent, 9) != TD_OK)
         return -1;
     snprintf(dir, sizeof dir, "%s/random", tmpdir);
-    if (mf_drafter_write(dir, tm, &rnd, 77) != TD_OK ||
-        dfl_load(&dm_rnd, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK)
+    if (mf_drafter_make(&dm_rnd, dir, tm, &rnd, 77) != TD_OK)
         return -1;
     return 0;
 }

@@ -175,6 +175,13 @@ td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, floa
     return e;
 }
 
+td_err mf_drafter_make(dfl_model **out, const char *dir, const tgt_model *tm,
+                       const mf_drafter *ds, uint64_t seed)
+{
+    TD_TRY(mf_drafter_write(dir, tm, ds, seed));
+    return dfl_load(out, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output);
+}
+
 td_err mf_spec_run(spec_seq *s, const int32_t *prompt, int64_t n_prompt, int64_t n, int32_t *out)
 {
     TD_TRY(spec_prefill(s, prompt, n_prompt, &out[0]));

@@ -23,6 +23,10 @@ typedef struct mf_drafter {
 /* Writes dir/config.json and dir/model.safetensors of a drafter for tm. */
 td_err mf_drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *ds, uint64_t seed);
 
+/* mf_drafter_write, then the drafter loaded for tm (sharing its embedding and LM head). */
+td_err mf_drafter_make(dfl_model **out, const char *dir, const tgt_model *tm,
+                       const mf_drafter *ds, uint64_t seed);
+
 /* Copies the f32 GGUF src to path with token x's embedding and output rows set to s times its
  * embedding: the larger s, the more the target keeps repeating x once it appears. */
 td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, float s);
