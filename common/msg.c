@@ -322,6 +322,16 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
             return err_set(code, "gen_start: logit bias %g for token %u, allowed -%g..%g",
                            (double)m->bias[i], m->bias_tok[i], (double)MSG_BIAS_VALUE_MAX,
                            (double)MSG_BIAS_VALUE_MAX);
+    if ((uint32_t)m->format >= MSG_FORMAT_END)
+        return err_set(code, "gen_start: format %u unknown", (unsigned)m->format);
+    if ((m->format == MSG_FORMAT_JSON_SCHEMA) != (m->n_schema > 0) ||
+        m->n_schema > MSG_SCHEMA_MAX)
+        return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema "
+                       "format needs 1..%u bytes, others none)", m->n_schema,
+                       (unsigned)m->format, MSG_SCHEMA_MAX);
+    if (m->format != MSG_FORMAT_TEXT && m->think_end == MSG_TOKEN_NONE &&
+        (m->think_open || m->think_start != MSG_TOKEN_NONE))
+        return err_set(code, "gen_start: a reasoning block with no token to end it");
     return msg_check_sampler("gen_start", &m->sampler, code);
 }
 
@@ -329,9 +339,9 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
 {
     TD_ASSERT(out && m && (m->n_bias == 0 || (m->bias_tok && m->bias)));
     TD_TRY(check_gen_start(m, TD_EINVAL));
-    TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0));
+    TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 12);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 17);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -344,6 +354,11 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_f32(&w, m->frequency_penalty);
     msg_write_u32_array(&w, m->bias_tok, m->n_bias);
     msg_write_f32_bin(&w, m->bias, m->n_bias);
+    msg_write_uint(&w, (uint64_t)m->format);
+    msg_write_bin(&w, (const uint8_t *)m->schema, m->n_schema);
+    msg_write_bool(&w, m->think_open);
+    msg_write_uint(&w, m->think_start);
+    msg_write_uint(&w, m->think_end);
     return msg_write_end(&w);
 }
 
@@ -354,12 +369,14 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     memset(out, 0, sizeof *out);
     msg_reader r;
     msg_header h;
-    uint64_t max_tokens = 0, top_logprobs = 0;
+    uint64_t max_tokens = 0, top_logprobs = 0, format = 0, think_start = 0, think_end = 0;
     uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL;
     float *bias = NULL;
+    char *schema = NULL;
+    const uint8_t *schema_in = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 12, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 17, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -372,8 +389,26 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_f32(&r, "frequency_penalty", &out->frequency_penalty)) ||
         (e = msg_read_u32_array(&r, "bias_tok", 0, MSG_BIAS_MAX, &bias_tok, &out->n_bias)) ||
         (e = msg_read_f32_bin(&r, "bias", out->n_bias, &bias)) ||
+        (e = msg_read_uint(&r, "format", MSG_FORMAT_END - 1, &format)) ||
+        (e = msg_read_bin(&r, "schema", MSG_SCHEMA_MAX, &schema_in, &out->n_schema)) ||
+        (e = msg_read_bool(&r, "think_open", &out->think_open)) ||
+        (e = msg_read_uint(&r, "think_start", MSG_TOKEN_NONE, &think_start)) ||
+        (e = msg_read_uint(&r, "think_end", MSG_TOKEN_NONE, &think_end)) ||
         (e = msg_read_end(&r)))
         goto fail;
+    if (out->n_schema > 0) {
+        if (!(schema = malloc(out->n_schema + 1))) {
+            e = err_set(TD_ENOMEM, "gen_start: out of memory for a schema of %u bytes",
+                        out->n_schema);
+            goto fail;
+        }
+        memcpy(schema, schema_in, out->n_schema);
+        schema[out->n_schema] = 0;
+    }
+    out->schema = schema;
+    out->format = (msg_format)format;
+    out->think_start = (uint32_t)think_start;
+    out->think_end = (uint32_t)think_end;
     out->prompt = prompt;
     out->stop = stop;
     out->bias_tok = bias_tok;
@@ -389,6 +424,7 @@ fail:
     free(stop);
     free(bias_tok);
     free(bias);
+    free(schema);
     memset(out, 0, sizeof *out);
     return e;
 }
@@ -401,9 +437,11 @@ void msg_free_gen_start(msg_gen_start *m)
     free((void *)m->stop);
     free((void *)m->bias_tok);
     free((void *)m->bias);
+    free((void *)m->schema);
     m->prompt = m->stop = m->bias_tok = NULL;
     m->bias = NULL;
-    m->n_prompt = m->n_stop = m->n_bias = 0;
+    m->schema = NULL;
+    m->n_prompt = m->n_stop = m->n_bias = m->n_schema = 0;
 }
 
 /* --- gen_event --------------------------------------------------------------------------- */

@@ -48,6 +48,8 @@
 #define MSG_BIAS_MAX 1024            /* gen_start logit bias entries */
 #define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
 #define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
+#define MSG_SCHEMA_MAX (256u << 10)  /* gen_start JSON Schema text (bytes) */
+#define MSG_TOKEN_NONE UINT32_MAX    /* a token id field that names no token */
 #define MSG_EVENT_TOKENS_MAX 256     /* gen_event tokens (a step commits at most 16) */
 #define MSG_TOP_LOGPROBS_MAX 20      /* gen_start.top_logprobs, alternatives per token (OpenAI) */
 #define MSG_MODEL_NAME_MAX 255       /* status.model */
@@ -190,6 +192,14 @@ typedef struct msg_sampler {
     uint64_t seed;     /* sampling RNG seed */
 } msg_sampler;
 
+/* Structured output of a generation (OpenAI response_format). */
+typedef enum msg_format {
+    MSG_FORMAT_TEXT = 0,        /* anything */
+    MSG_FORMAT_JSON_OBJECT = 1, /* one JSON object (json_object mode) */
+    MSG_FORMAT_JSON_SCHEMA = 2, /* one JSON value valid under msg_gen_start.schema */
+    MSG_FORMAT_END
+} msg_format;
+
 typedef struct msg_gen_start {
     uint64_t seq_id;        /* sequence this generation runs in */
     const uint32_t *prompt; /* [n_prompt] token ids */
@@ -210,6 +220,17 @@ typedef struct msg_gen_start {
                                * against the vocabulary) */
     const float *bias;      /* [n_bias] -MSG_BIAS_VALUE_MAX..MSG_BIAS_VALUE_MAX */
     uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
+    msg_format format;      /* structured output: what the text must be */
+    const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), kept
+                             * NUL-terminated by unpack; NULL otherwise */
+    uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema, else 0 */
+    /* With a format other than text: */
+    bool think_open;        /* the prompt leaves a reasoning block open: the format applies
+                             * after think_end */
+    uint32_t think_start;   /* the token that opens a reasoning block (the output may begin with
+                             * one, then the format applies after think_end), or MSG_TOKEN_NONE */
+    uint32_t think_end;     /* the token that closes it, or MSG_TOKEN_NONE (then a reasoning
+                             * block never ends and think_open/think_start must not be used) */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);

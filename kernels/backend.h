@@ -122,6 +122,10 @@ struct ops_backend {
      * [n + 1] and add [off[n]], every pointer backend memory. */
     td_err (*logit_add)(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
                         const int32_t *off, const ops_logit_add *add);
+    /* Token masks on rows of logits [n][n_vocab] (cpu_logit_mask, cuda_logit_mask): allow
+     * [n][OPS_MASK_WORDS(n_vocab)], every pointer backend memory. */
+    td_err (*logit_mask)(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                         const uint32_t *allow);
     /* Log probabilities of tok [n] under the rows of logits [n][n_vocab] with the n_top most
      * likely tokens of each row (cpu_logprob_rows, cuda_logprob_rows): out [n]; every
      * pointer backend memory. Only out needs to come to the host. */

@@ -18,7 +18,7 @@ typedef enum pf_op {
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_LOGPROB_ROWS, PF_LOGIT_ADD,
-    PF_N_OPS
+    PF_LOGIT_MASK, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -27,7 +27,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "deltanet_in", "to_f16", "matmul_multi", "accept_sampled",
     "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows", "logprob_rows",
-    "logit_add",
+    "logit_add", "logit_mask",
 };
 
 typedef struct pf_stat {
@@ -404,6 +404,12 @@ static td_err pf_logit_add(const ops_backend *be, float *logits, int64_t n, int6
     PF_TIMED(PF_LOGIT_ADD, in->logit_add(in, logits, n, n_vocab, off, add));
 }
 
+static td_err pf_logit_mask(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                            const uint32_t *allow)
+{
+    PF_TIMED(PF_LOGIT_MASK, in->logit_mask(in, logits, n, n_vocab, allow));
+}
+
 static td_err pf_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
                               const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
 {
@@ -495,6 +501,7 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->accept_sampled = pf_accept_sampled;
     b->logprob_rows = pf_logprob_rows;
     b->logit_add = pf_logit_add;
+    b->logit_mask = pf_logit_mask;
     /* graphs pass through; callers do not record or replay while profiling is on
      * (ops_prof_on), since a replay would hide the ops and a recording would hold events */
     b->graph_begin = inner->graph_begin ? pf_graph_begin : NULL;

@@ -460,6 +460,14 @@ typedef struct ops_logit_add {
 void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
                    const ops_logit_add *add);
 
+/* 32-bit words of one row of a token mask: bit t % 32 of word t / 32 is token t. */
+#define OPS_MASK_WORDS(n_vocab) (((n_vocab) + 31) / 32)
+
+/* Rows of logits [n][n_vocab] keep the tokens their row of allow [n][OPS_MASK_WORDS(n_vocab)]
+ * has set; every other logit becomes -inf (structured output: tokens that would break the
+ * document). Bits past n_vocab are ignored. */
+void cpu_logit_mask(float *logits, int64_t n, int64_t n_vocab, const uint32_t *allow);
+
 #define OPS_TOP_LOGPROBS_MAX 20 /* most likely alternatives an ops_logprob holds */
 
 /* A token's log probability under a row of logits, and the row's most likely tokens. */
@@ -619,6 +627,10 @@ td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const int32_t *t
  * memory. */
 td_err cuda_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
                       const ops_logit_add *add, ops_stream st);
+
+/* cpu_logit_mask on the device (kernels/cuda/select.cu). All pointers device memory. */
+td_err cuda_logit_mask(float *logits, int64_t n, int64_t n_vocab, const uint32_t *allow,
+                       ops_stream st);
 
 /* Greedy acceptance of a verified block without copying logits to the host (DESIGN 4.3).
  * logits [n][n_vocab]: target logits p0..p(n-1) of the block [b, d1..d(n-1)];

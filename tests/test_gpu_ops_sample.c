@@ -5,7 +5,7 @@
  * cuda_sample_draw returning the CPU's token for the same p, seed and step; a drafter's block
  * of rows drawn at once (cuda_sample_rows against cpu_sample_rows); log probabilities
  * (cuda_logprob_rows against cpu_logprob_rows); sparse additions to rows of logits
- * (cuda_logit_add against cpu_logit_add); and greedy acceptance of a verified block on the
+ * (cuda_logit_add against cpu_logit_add), token masks (cuda_logit_mask); and greedy acceptance of a verified block on the
  * device. Skips (77) without CUDA or a device. */
 #include <math.h>
 #include <setjmp.h>
@@ -675,6 +675,36 @@ static void test_logit_add_matches_cpu(void **state)
     free(x);
 }
 
+/* cuda_logit_mask against cpu_logit_mask: rows that allow everything, nothing, one token,
+ * the last word's partial bits (a vocabulary not a multiple of 32), and random halves. */
+static void test_logit_mask_matches_cpu(void **state)
+{
+    (void)state;
+    rng_seed(37);
+    const int64_t V = VOCAB + 7, B = 6, W = OPS_MASK_WORDS(V);
+    float *x = make_logits(B * V, LOGITS_RANDOM);
+    uint32_t *allow = calloc((size_t)(B * W), sizeof *allow);
+    for (int64_t w = 0; w < W; w++) {
+        allow[0 * W + w] = 0xffffffffu;
+        allow[3 * W + w] = (uint32_t)rng_u64();
+        allow[4 * W + w] = w % 3 ? 0xffffffffu : 0x5a5a5a5au;
+    }
+    allow[2 * W + (V - 1) / 32] = 1u << ((V - 1) % 32);
+    allow[5 * W + W - 1] = 0xffffffffu; /* bits past V set: ignored */
+    float *dl = dput(x, (size_t)(B * V) * 4);
+    uint32_t *da = dput(allow, (size_t)(B * W) * 4);
+    GPU_OK(cuda_logit_mask(dl, B, V, da, gpu_st));
+    cpu_logit_mask(x, B, V, allow);
+    assert_true(x[2 * V + V - 1] != -INFINITY && x[2 * V] == -INFINITY && x[V + 5] == -INFINITY);
+    float *got = dget(dl, (size_t)(B * V) * 4);
+    assert_true(check_same_bits("masked logits", got, x, (size_t)(B * V) * 4));
+    free(got);
+    cuda_mem_free(dl);
+    cuda_mem_free(da);
+    free(allow);
+    free(x);
+}
+
 int main(void)
 {
     if (!gpu_check_init())
@@ -688,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_logprob_rows_match_cpu),
         cmocka_unit_test(test_accept_greedy_finds_accepted_prefix_and_next_token),
         cmocka_unit_test(test_logit_add_matches_cpu),
+        cmocka_unit_test(test_logit_mask_matches_cpu),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

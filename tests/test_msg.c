@@ -165,8 +165,31 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(out.sampler.seed, 18446744073709551615ull);
     assert_int_equal(out.n_stop, 2);
     assert_memory_equal(out.stop, msg_fixture_stop, sizeof msg_fixture_stop);
+    assert_int_equal(out.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_int_equal(out.n_schema, strlen(msg_fixture_schema));
+    assert_string_equal(out.schema, msg_fixture_schema);
+    assert_true(out.think_open);
+    assert_int_equal(out.think_start, 151667);
+    assert_int_equal(out.think_end, 151668);
     msg_free_gen_start(&out);
     assert_null(out.prompt);
+    assert_null(out.schema);
+
+    /* a schema needs the schema format and the format needs one; a reasoning block needs
+     * its end token */
+    msg_gen_start bad = in;
+    bad.format = MSG_FORMAT_JSON_OBJECT;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    bad.schema = NULL;
+    bad.n_schema = 0;
+    bad.think_end = MSG_TOKEN_NONE;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    bad.think_end = 7;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_OK);
+    bad.format = MSG_FORMAT_JSON_SCHEMA;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    bad.format = MSG_FORMAT_END;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
 
     /* no stop tokens; the longest prompt */
     uint32_t *big = malloc(MSG_PROMPT_MAX * sizeof *big);

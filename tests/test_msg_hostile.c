@@ -40,11 +40,11 @@ static void hostile_str(hostile *h, const char *s, size_t n)
     msgpack_pack_str_body(&h->pk, s, n);
 }
 
-#define GEN_START_FIELDS 12
+#define GEN_START_FIELDS 17
 
-/* The gen_start fields after the stop ids: logprobs off, no alternatives, eos stops, no
- * penalties, no logit bias. */
-static void hostile_gen_start_tail(hostile *h)
+/* The gen_start fields after the stop ids up to the format: logprobs off, no alternatives,
+ * eos stops, no penalties, no logit bias. */
+static void hostile_gen_start_mid(hostile *h)
 {
     msgpack_pack_false(&h->pk);
     msgpack_pack_uint32(&h->pk, 0);
@@ -53,6 +53,30 @@ static void hostile_gen_start_tail(hostile *h)
     msgpack_pack_float(&h->pk, 0);
     msgpack_pack_array(&h->pk, 0);
     msgpack_pack_bin(&h->pk, 0);
+}
+
+/* The structured-output fields: format, schema (n bytes of '{'), think_open, think_start,
+ * think_end. */
+static void hostile_format(hostile *h, uint32_t format, uint32_t n, bool open, uint32_t start,
+                           uint32_t end)
+{
+    msgpack_pack_uint32(&h->pk, format);
+    msgpack_pack_bin(&h->pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_bin_body(&h->pk, "{", 1);
+    if (open)
+        msgpack_pack_true(&h->pk);
+    else
+        msgpack_pack_false(&h->pk);
+    msgpack_pack_uint32(&h->pk, start);
+    msgpack_pack_uint32(&h->pk, end);
+}
+
+/* And the rest: plain text. */
+static void hostile_gen_start_tail(hostile *h)
+{
+    hostile_gen_start_mid(h);
+    hostile_format(h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
 }
 
 /* Unpacks the built bytes (exact-size copy) as type and returns the code. */
@@ -145,7 +169,7 @@ static void test_huge_array_counts_without_data_are_refused_before_allocating(vo
     hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, UINT32_MAX);
-    for (int i = 0; i < 8; i++) /* enough bytes for the payload's 12 fields to be plausible */
+    for (int i = 0; i < 16; i++) /* enough bytes for the payload's 17 fields to be plausible */
         msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "prompt"));
@@ -318,7 +342,7 @@ static void test_trailing_bytes_and_extra_fields_are_refused(void **state)
     msgpack_pack_uint32(&h.pk, 3);
     msgpack_pack_uint32(&h.pk, 10);
     msgpack_pack_array(&h.pk, 6);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 16; i++)
         msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "sampler"));
@@ -600,6 +624,7 @@ static void test_gen_start_penalties_and_logit_bias_are_checked(void **state)
     /* a valid one: read back */
     hostile_gen_start_to_bias(&h, -2, 2);
     hostile_bias(&h, 2, 2, -100);
+    hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
     uint8_t *b = msg_fixture_copy(h.sb.data, h.sb.size);
     msg_gen_start gs;
     assert_int_equal(msg_unpack_gen_start(b, h.sb.size, NULL, &gs), TD_OK);
@@ -617,6 +642,7 @@ static void test_gen_start_penalties_and_logit_bias_are_checked(void **state)
     for (size_t k = 0; k < 4; k++) {
         hostile_gen_start_to_bias(&h, pen[k][0], pen[k][1]);
         hostile_bias(&h, 0, 0, 0);
+        hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
         assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
         assert_non_null(strstr(err_msg(), why[k]));
     }
@@ -624,22 +650,68 @@ static void test_gen_start_penalties_and_logit_bias_are_checked(void **state)
     for (uint32_t n_val = 1; n_val <= 3; n_val += 2) {
         hostile_gen_start_to_bias(&h, 0, 0);
         hostile_bias(&h, 2, n_val, 1);
+        hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
         assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
         assert_non_null(strstr(err_msg(), "bias"));
     }
     /* a bias beyond +-100, a NaN bias */
     hostile_gen_start_to_bias(&h, 0, 0);
     hostile_bias(&h, 1, 1, 100.5f);
+    hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "logit bias 100.5"));
     hostile_gen_start_to_bias(&h, 0, 0);
     hostile_bias(&h, 1, 1, NAN);
+    hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     /* one entry over the limit */
     hostile_gen_start_to_bias(&h, 0, 0);
     hostile_bias(&h, MSG_BIAS_MAX + 1, MSG_BIAS_MAX + 1, 1);
+    hostile_format(&h, MSG_FORMAT_TEXT, 0, false, MSG_TOKEN_NONE, MSG_TOKEN_NONE);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "bias_tok"));
+}
+
+static void test_gen_start_format_fields_are_checked(void **state)
+{
+    (void)state;
+    hostile h;
+    /* a schema of the largest size, read back NUL-terminated */
+    hostile_gen_start_to_bias(&h, 0, 0);
+    hostile_bias(&h, 0, 0, 0);
+    hostile_format(&h, MSG_FORMAT_JSON_SCHEMA, MSG_SCHEMA_MAX, true, 4, 5);
+    uint8_t *b = msg_fixture_copy(h.sb.data, h.sb.size);
+    msg_gen_start gs;
+    assert_int_equal(msg_unpack_gen_start(b, h.sb.size, NULL, &gs), TD_OK);
+    assert_int_equal(gs.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_int_equal(gs.n_schema, MSG_SCHEMA_MAX);
+    assert_int_equal(gs.schema[0], '{');
+    assert_int_equal(gs.schema[MSG_SCHEMA_MAX], 0);
+    assert_true(gs.think_open && gs.think_start == 4 && gs.think_end == 5);
+    msg_free_gen_start(&gs);
+    free(b);
+    msgpack_sbuffer_destroy(&h.sb);
+    /* one byte over; a schema without its format; the format without a schema; an unknown
+     * format; a reasoning block that cannot end */
+    const struct {
+        uint32_t format, n;
+        bool open;
+        uint32_t end;
+        const char *why;
+    } bad[] = {
+        {MSG_FORMAT_JSON_SCHEMA, MSG_SCHEMA_MAX + 1, false, 5, "schema"},
+        {MSG_FORMAT_JSON_OBJECT, 3, false, 5, "schema of 3 bytes"},
+        {MSG_FORMAT_JSON_SCHEMA, 0, false, 5, "schema of 0 bytes"},
+        {MSG_FORMAT_END, 0, false, 5, "format"},
+        {MSG_FORMAT_JSON_OBJECT, 0, true, MSG_TOKEN_NONE, "reasoning block"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        hostile_gen_start_to_bias(&h, 0, 0);
+        hostile_bias(&h, 0, 0, 0);
+        hostile_format(&h, bad[k].format, bad[k].n, bad[k].open, MSG_TOKEN_NONE, bad[k].end);
+        assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
+        assert_non_null(strstr(err_msg(), bad[k].why));
+    }
 }
 
 static void test_new_messages_refuse_values_that_break_their_rules(void **state)
@@ -754,6 +826,7 @@ int main(void)
         cmocka_unit_test(test_proposal_distributions_are_checked),
         cmocka_unit_test(test_new_messages_refuse_values_that_break_their_rules),
         cmocka_unit_test(test_gen_start_penalties_and_logit_bias_are_checked),
+        cmocka_unit_test(test_gen_start_format_fields_are_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

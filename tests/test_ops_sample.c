@@ -3,7 +3,7 @@
  * file); top-k / top-p / min-p keep exactly the expected sets; 20k draws follow p
  * (chi-square); a block's rows drawn at once (cpu_sample_rows) with their own counters; bad
  * settings are errors; log probabilities with the best tokens of each row (cpu_logprob_rows);
- * sparse additions to rows of logits (cpu_logit_add). */
+ * sparse additions to rows of logits (cpu_logit_add); token masks (cpu_logit_mask). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -370,6 +370,26 @@ static void test_logit_add_adds_each_rows_entries(void **state)
     assert_memory_equal(x, want, sizeof want);
 }
 
+/* A mask keeps exactly its set bits' logits; bits past the vocabulary are ignored. */
+static void test_logit_mask_keeps_the_set_bits(void **state)
+{
+    (void)state;
+    enum { V = 70, W = OPS_MASK_WORDS(V) };
+    float x[2 * V];
+    for (int i = 0; i < 2 * V; i++)
+        x[i] = 0.25f * (float)(i % 11) - 1.0f;
+    uint32_t allow[2 * W] = {0x80000001u, 0, 0xffffffe0u | 1u << 5, /* row 1: 33, 69 */
+                             0, 1u << 1, 1u << 5};
+    cpu_logit_mask(x, 2, V, allow);
+    for (int t = 0; t < V; t++) {
+        const bool keep0 = t == 0 || t == 31 || t == 69;
+        const bool keep1 = t == 33 || t == 69;
+        assert_true(keep0 ? x[t] == 0.25f * (float)(t % 11) - 1.0f : x[t] == -INFINITY);
+        assert_true(keep1 ? x[V + t] == 0.25f * (float)((V + t) % 11) - 1.0f
+                          : x[V + t] == -INFINITY);
+    }
+}
+
 int main(void)
 {
     G = golden_open();
@@ -389,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_bad_settings_and_logits_are_errors),
         cmocka_unit_test(test_logprob_rows_known_values),
         cmocka_unit_test(test_logit_add_adds_each_rows_entries),
+        cmocka_unit_test(test_logit_mask_keeps_the_set_bits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gguf_close(G);

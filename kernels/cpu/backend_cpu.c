@@ -278,6 +278,14 @@ static td_err be_cpu_logit_add(const ops_backend *be, float *logits, int64_t n, 
     return TD_OK;
 }
 
+static td_err be_cpu_logit_mask(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                                const uint32_t *allow)
+{
+    (void)be;
+    cpu_logit_mask(logits, n, n_vocab, allow);
+    return TD_OK;
+}
+
 static td_err be_cpu_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
                                   const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
 {
@@ -329,6 +337,7 @@ static const ops_backend be_cpu = {
     .accept_sampled = be_cpu_accept_sampled,
     .logprob_rows = be_cpu_logprob_rows,
     .logit_add = be_cpu_logit_add,
+    .logit_mask = be_cpu_logit_mask,
 };
 
 const ops_backend *ops_backend_cpu(void)

@@ -273,6 +273,16 @@ void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off
     }
 }
 
+void cpu_logit_mask(float *logits, int64_t n, int64_t n_vocab, const uint32_t *allow)
+{
+    TD_ASSERT(n >= 0 && n_vocab >= 1 && (allow || n == 0));
+    const int64_t W = OPS_MASK_WORDS(n_vocab);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < n_vocab; t++)
+            if (!(allow[i * W + t / 32] >> (t % 32) & 1u))
+                logits[i * n_vocab + t] = -INFINITY;
+}
+
 /* --- log probabilities ------------------------------------------------------------------ */
 
 void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,

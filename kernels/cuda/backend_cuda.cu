@@ -232,6 +232,12 @@ static td_err be_cuda_logit_add(const ops_backend *be, float *logits, int64_t n,
     return cuda_logit_add(logits, n, n_vocab, off, add, be->stream);
 }
 
+static td_err be_cuda_logit_mask(const ops_backend *be, float *logits, int64_t n, int64_t n_vocab,
+                                 const uint32_t *allow)
+{
+    return cuda_logit_mask(logits, n, n_vocab, allow, be->stream);
+}
+
 static td_err be_cuda_logprob_rows(const ops_backend *be, ops_logprob *out, const float *logits,
                                    const int32_t *tok, int64_t n, int64_t n_vocab, int n_top)
 {
@@ -298,6 +304,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->argmax = be_cuda_argmax;
     be->accept_greedy = be_cuda_accept_greedy;
     be->logit_add = be_cuda_logit_add;
+    be->logit_mask = be_cuda_logit_mask;
     be->sample_rows = be_cuda_sample_rows;
     be->accept_sampled = be_cuda_accept_sampled;
     be->logprob_rows = be_cuda_logprob_rows;

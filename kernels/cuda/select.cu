@@ -241,6 +241,38 @@ extern "C" td_err cuda_logit_add(float *logits, int64_t n, int64_t n_vocab, cons
     return TD_OK;
 }
 
+/* Grid-stride over a row's words: thread j owns 32 tokens, so each logit has one writer. */
+__global__ void logit_mask_kernel(float *logits, int64_t n_vocab, const uint32_t *allow)
+{
+    const int64_t W = OPS_MASK_WORDS(n_vocab);
+    float *row = logits + (int64_t)blockIdx.y * n_vocab;
+    const uint32_t *bits = allow + (int64_t)blockIdx.y * W;
+    for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < W;
+         w += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t m = bits[w];
+        if (m == 0xffffffffu)
+            continue;
+        const int64_t t0 = w * 32, t1 = t0 + 32 < n_vocab ? t0 + 32 : n_vocab;
+        for (int64_t t = t0; t < t1; t++)
+            if (!(m >> (t - t0) & 1u))
+                row[t] = -INFINITY;
+    }
+}
+
+extern "C" td_err cuda_logit_mask(float *logits, int64_t n, int64_t n_vocab, const uint32_t *allow,
+                                  ops_stream st)
+{
+    TD_ASSERT(n >= 0 && n <= 65535 && n_vocab >= 1);
+    if (n == 0)
+        return TD_OK;
+    TD_ASSERT(logits != NULL && allow != NULL);
+    const int64_t W = OPS_MASK_WORDS(n_vocab);
+    const unsigned bx = (unsigned)((W + 255) / 256 < 32 ? (W + 255) / 256 : 32);
+    logit_mask_kernel<<<dim3(bx, (unsigned)n), 256, 0, st>>>(logits, n_vocab, allow);
+    CUDA_TRY_LAUNCH();
+    return TD_OK;
+}
+
 extern "C" td_err cuda_accept_greedy(int32_t *argmax, int32_t *result, const float *logits,
                                      const int32_t *draft, int64_t n, int64_t n_vocab,
                                      ops_stream st)

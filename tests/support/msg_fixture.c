@@ -8,6 +8,7 @@ const uint32_t msg_fixture_prompt[7] = {151644, 872, 198, 9707, 0, 248319, 42949
 const uint32_t msg_fixture_stop[2] = {151645, 248046};
 const uint32_t msg_fixture_bias_tok[3] = {7, 248319, 0};
 const float msg_fixture_bias[3] = {-100.0f, 2.5f, 100.0f};
+const char msg_fixture_schema[] = "{\"type\":\"object\",\"required\":[\"a\"]}";
 const uint32_t msg_fixture_tokens[4] = {17, 0, 248070, 65536};
 const uint32_t msg_fixture_taps[3] = {1, 3, 6};
 
@@ -60,6 +61,12 @@ msg_gen_start msg_fixture_gen_start(void)
         .bias_tok = msg_fixture_bias_tok,
         .bias = msg_fixture_bias,
         .n_bias = 3,
+        .format = MSG_FORMAT_JSON_SCHEMA,
+        .schema = msg_fixture_schema,
+        .n_schema = sizeof msg_fixture_schema - 1,
+        .think_open = true,
+        .think_start = 151667,
+        .think_end = 151668,
     };
     return m;
 }

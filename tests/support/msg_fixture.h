@@ -12,6 +12,7 @@ extern const uint32_t msg_fixture_prompt[7]; /* gen_start prompt token ids */
 extern const uint32_t msg_fixture_stop[2];   /* gen_start stop token ids */
 extern const uint32_t msg_fixture_bias_tok[3]; /* gen_start logit bias: token ids */
 extern const float msg_fixture_bias[3];        /* and their biases */
+extern const char msg_fixture_schema[];        /* gen_start's JSON Schema */
 extern const uint32_t msg_fixture_tokens[4]; /* gen_event token ids */
 extern const uint32_t msg_fixture_taps[3];   /* kv_attach tap layer ids */
 
