@@ -19,56 +19,17 @@
 
 #include <jansson.h>
 
+#include "cli/cli_file.h"
 #include "cli/cmd.h"
 #include "common/args.h"
 #include "common/chat.h"
 #include "common/gguf.h"
 
-#define CT_MAX_INPUT ((size_t)256 << 20) /* bytes of one input file */
 
 static int ct_fail(const char *msg)
 {
     fprintf(stderr, "tandem chat-template: %s\n", msg);
     return 1;
-}
-
-/* A whole file (or stdin for "-") in a malloc'd NUL-terminated buffer. */
-static td_err ct_read(const char *path, char **out, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f)
-        return err_set(TD_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    td_err e = TD_OK;
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1)
-            break;
-        if (cap >= CT_MAX_INPUT) {
-            e = err_set(TD_ERANGE, "%s: larger than %zu bytes", path, CT_MAX_INPUT);
-            break;
-        }
-        char *b = realloc(buf, cap * 2);
-        if (!b)
-            break;
-        buf = b;
-        cap *= 2;
-    }
-    if (!buf && e == TD_OK)
-        e = err_set(TD_ENOMEM, "%s: out of memory", path);
-    if (e == TD_OK && ferror(f))
-        e = err_set(TD_EIO, "%s: read error", path);
-    if (f != stdin)
-        fclose(f);
-    if (e != TD_OK) {
-        free(buf);
-        return e;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return TD_OK;
 }
 
 static td_err ct_parse_json(const char *what, const char *text, size_t len, json_t **out)
@@ -84,7 +45,7 @@ static td_err ct_read_json(const char *path, json_t **out)
 {
     char *text;
     size_t len;
-    TD_TRY(ct_read(path, &text, &len));
+    TD_TRY(cli_read_file(path, &text, &len));
     td_err e = ct_parse_json(path, text, len, out);
     free(text);
     return e;
@@ -149,7 +110,7 @@ int cmd_chat_template(int argc, char **argv)
     json_t *messages = NULL, *tools = NULL, *kwargs = NULL;
     char *out = NULL;
     size_t out_len = 0;
-    td_err e = template_path ? ct_read(template_path, &in.template_text, &in.template_len)
+    td_err e = template_path ? cli_read_file(template_path, &in.template_text, &in.template_len)
                              : ct_load_model(model, &in);
     if (e == TD_OK)
         e = ct_read_json(messages_path, &messages);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli/cli_file.h"
 #include "cli/cli_ids.h"
 #include "cli/cmd.h"
 #include "common/args.h"
@@ -115,8 +116,8 @@ int cmd_generate(int argc, char **argv)
     const char *device = "cpu";
     int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
     double temp = 0.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
-    const char *logit_bias = NULL;
-    bool ids = false, ignore_eos = false, help = false;
+    const char *logit_bias = NULL, *json_schema = NULL;
+    bool ids = false, ignore_eos = false, help = false, json = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (" GEN_DEMO_MODEL " when it exists)", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder, speculative decoding (" GEN_DEMO_DRAFT " with that model; \"\" for none)", 0, 0, 0},
@@ -133,6 +134,8 @@ int cmd_generate(int argc, char **argv)
         {"presence-penalty", ARGS_DOUBLE, &presence, NULL, "subtracted from the logit of a token generated before (-2..2)", 0, 0, 0},
         {"frequency-penalty", ARGS_DOUBLE, &frequency, NULL, "and this much per time it was generated (-2..2)", 0, 0, 0},
         {"logit-bias", ARGS_STRING, &logit_bias, NULL, "biases added to token logits: ID=BIAS,ID=BIAS,... (-100..100)", 0, 0, 0},
+        {"json", ARGS_FLAG, &json, NULL, "the output is one JSON object (response_format json_object)", 0, 0, 0},
+        {"json-schema", ARGS_STRING, &json_schema, NULL, "the output is one JSON value valid under the JSON Schema in this file", 0, 0, 0},
         {"ids", ARGS_FLAG, &ids, NULL, "print generated token ids instead of text", 0, 0, 0},
         {"ignore-eos", ARGS_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0, 0, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where target, drafter and acceptance run: cpu, cuda or cuda:N", 0, 0, 0},
@@ -141,7 +144,7 @@ int cmd_generate(int argc, char **argv)
     static const char usage[] =
         "tandem generate [--model M.gguf] [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
         "[-n N] [--temp T --seed S] [--presence-penalty P] [--frequency-penalty F] "
-        "[--logit-bias ID=B,...] [--device cpu|cuda[:N]]";
+        "[--logit-bias ID=B,...] [--json | --json-schema FILE] [--device cpu|cuda[:N]]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem generate: %s\n", err_msg());
         args_usage(usage, opts);
@@ -189,6 +192,9 @@ int cmd_generate(int argc, char **argv)
     tgt_model *tm = NULL;
     dfl_model *dm = NULL;
     tokenizer *tok = NULL;
+    cst_vocab vocab = {0};
+    char *schema = NULL;
+    size_t n_schema = 0;
     int32_t *pids = NULL;
     int64_t n_prompt = 0;
     int rc = 1;
@@ -206,6 +212,14 @@ int cmd_generate(int argc, char **argv)
     }
     if (tok_load_gguf(&tok, tm->file) != TD_OK) {
         rc = gen_fail("generate", "cannot load the tokenizer");
+        goto out;
+    }
+    if (json_schema && cli_read_file(json_schema, &schema, &n_schema) != TD_OK) {
+        rc = gen_fail("generate", "cannot read --json-schema");
+        goto out;
+    }
+    if ((json || json_schema) && cst_vocab_init(&vocab, tok, tm->hp.n_vocab) != TD_OK) {
+        rc = gen_fail("generate", "cannot prepare the vocabulary for --json");
         goto out;
     }
     if (draft && dfl_load_on(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output,
@@ -235,6 +249,11 @@ int cmd_generate(int argc, char **argv)
         .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .sampler = sampler,
         .pen = {.presence = (float)presence, .frequency = (float)frequency,
                 .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias},
+        .cst = {.format = json_schema ? MSG_FORMAT_JSON_SCHEMA
+                          : json      ? MSG_FORMAT_JSON_OBJECT
+                                      : MSG_FORMAT_TEXT,
+                .schema = schema, .n_schema = n_schema, .think_start = -1, .think_end = -1},
+        .vocab = &vocab,
     };
     if (spec_init_cfg(&seq, tm, &cfg) != TD_OK) {
         rc = gen_fail("generate", "cannot set up the sequence");
@@ -295,6 +314,8 @@ out:
     if (seq_ok)
         spec_free(&seq);
     free(pids);
+    free(schema);
+    cst_vocab_free(&vocab);
     tok_free(tok);
     dfl_free(dm);
     tgt_free(tm);

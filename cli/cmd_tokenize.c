@@ -18,46 +18,20 @@
 #include <string.h>
 
 #include "cli/cli_ids.h"
+#include "cli/cli_file.h"
 #include "cli/cmd.h"
 #include "common/args.h"
 #include "common/tokenizer.h"
 
 /* --- helpers ------------------------------------------------------------------------------ */
 
-/* The whole file in a malloc'd buffer (NUL-terminated for convenience). */
+/* The whole file in a malloc'd buffer (NUL-terminated for convenience); 1 after a message. */
 static int tokcli_read_file(const char *path, char **out, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "tandem: %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1)
-            break;
-        char *b = realloc(buf, cap * 2);
-        if (!b) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = b;
-        cap *= 2;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        fprintf(stderr, "tandem: %s: %s\n", path, buf ? "read error" : "out of memory");
-        free(buf);
-        return 1;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
+    if (cli_read_file(path, out, len) == TD_OK)
+        return 0;
+    fprintf(stderr, "tandem: %s\n", err_msg());
+    return 1;
 }
 
 static int tokcli_hex(char c)

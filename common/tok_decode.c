@@ -224,6 +224,12 @@ td_err tok_stream_push(tok_stream *s, const int32_t *ids, size_t n, tok_bytes *o
     return TD_OK;
 }
 
+tok_str tok_bytes_of(const tokenizer *t, int32_t id)
+{
+    TD_ASSERT(t && id >= 0 && (uint32_t)id < t->n_vocab);
+    return (tok_str){(const char *)t->out + t->out_off[id], t->out_off[id + 1] - t->out_off[id]};
+}
+
 td_err tok_stream_flush(tok_stream *s, tok_bytes *out)
 {
     TD_ASSERT(s && out);

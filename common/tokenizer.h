@@ -145,6 +145,9 @@ int32_t tok_id_of(const tokenizer *t, const char *text, size_t len);
 /* The vocabulary string of id (byte-level alphabet for normal tokens); id must be valid. */
 tok_str tok_text_of(const tokenizer *t, int32_t id);
 tok_type tok_type_of(const tokenizer *t, int32_t id);
+/* The bytes id decodes to, as they are (a normal token may hold part of a character: no
+ * U+FFFD repair); id must be valid. Valid while t lives. */
+tok_str tok_bytes_of(const tokenizer *t, int32_t id);
 const tok_specials *tok_specials_of(const tokenizer *t);
 /* True for eos and eot: generation stops there. */
 bool tok_is_eog(const tokenizer *t, int32_t id);

@@ -239,7 +239,20 @@ static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
 _Static_assert(REQ_BIAS_MAX <= MSG_BIAS_MAX, "a request's logit bias fits one message");
 _Static_assert(2 + REQ_STOP_IDS_MAX <= MSG_STOP_MAX, "a request's stop ids fit one message");
 
-static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
+/* A response format's reasoning block in a chat: the model's "<think>" / "</think>" tokens
+ * (MSG_TOKEN_NONE where the vocabulary has no such pair), so that its reasoning stays free and
+ * the format applies to the answer. A completion's text is all answer. */
+static void gen_think_tokens(const api_stream *s, bool chat, bool in_think, msg_gen_start *m)
+{
+    const int32_t open = tok_id_of(s->g->tok, "<think>", 7);
+    const int32_t close = tok_id_of(s->g->tok, "</think>", 8);
+    const bool pair = chat && open >= 0 && close >= 0;
+    m->think_open = pair && in_think;
+    m->think_start = pair ? (uint32_t)open : MSG_TOKEN_NONE;
+    m->think_end = pair ? (uint32_t)close : MSG_TOKEN_NONE;
+}
+
+static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_error *e)
 {
     gw_state *g = s->g;
     msg_status st;
@@ -279,7 +292,11 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, api_error *e)
         .bias_tok = s->req.bias_tok,
         .bias = s->req.bias,
         .n_bias = (uint32_t)s->req.n_bias,
+        .format = s->req.format,
+        .schema = s->req.schema,
+        .n_schema = (uint32_t)s->req.n_schema,
     };
+    gen_think_tokens(s, s->req.kind == REQ_CHAT, in_think, &m);
     if (link_gen_open(g->link, &s->lg) != TD_OK)
         return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
     int64_t deadline = gen_now_ms() + g->cfg.timeout_s * 1000;
@@ -662,7 +679,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &oo);
         s->out_ready = true;
-        err = gen_start(s, max_tokens, &e);
+        err = gen_start(s, max_tokens, in_think, &e);
     }
     if (err != TD_OK) {
         gen_reply_error(r, &e);

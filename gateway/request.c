@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/jsonc.h"
+
 const char *req_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -588,10 +590,14 @@ static td_err req_stop_ids(gw_request *r, api_error *e)
     return TD_OK;
 }
 
-/* response_format: plain text only; a request for structured output (json_object,
- * json_schema) is refused rather than answered with unconstrained text. */
-static td_err req_response_format(const gw_request *r, api_error *e)
+/* response_format: {"type": "text"}, {"type": "json_object"} (one JSON object), or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} (one
+ * JSON value valid under the schema; without "schema", any JSON value). The schema is compiled
+ * here so that what the matcher cannot enforce is this request's 400, not a failed
+ * generation. */
+static td_err req_response_format(gw_request *r, api_error *e)
 {
+    r->format = MSG_FORMAT_TEXT;
     const json_t *rf = req_field(r->root, "response_format");
     if (!rf)
         return TD_OK;
@@ -601,10 +607,60 @@ static td_err req_response_format(const gw_request *r, api_error *e)
     if (!json_is_string(type))
         return apierr_set(e, 400, "invalid_value", "response_format.type",
                           "Invalid value for 'response_format.type': expected a string.");
-    if (strcmp(json_string_value(type), "text") != 0)
+    const char *t = json_string_value(type);
+    if (strcmp(t, "text") == 0)
+        return TD_OK;
+    if (strcmp(t, "json_object") == 0) {
+        r->format = MSG_FORMAT_JSON_OBJECT;
+        return TD_OK;
+    }
+    if (strcmp(t, "json_schema") != 0)
         return apierr_set(e, 400, "unsupported_value", "response_format.type",
-                          "Unsupported value for 'response_format.type': only 'text' is "
-                          "supported; structured output is not.");
+                          "Unsupported value for 'response_format.type': '%s'; supported are "
+                          "'text', 'json_object' and 'json_schema'.", t);
+    const json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return apierr_set(e, 400, "invalid_value", "response_format.json_schema",
+                          "Invalid value for 'response_format.json_schema': expected an object.");
+    const json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+    if (name && !json_is_string(name))
+        return apierr_set(e, 400, "invalid_type", "response_format.json_schema.name",
+                          "Invalid type for 'response_format.json_schema.name': expected a "
+                          "string.");
+    if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+        return apierr_set(e, 400, "invalid_type", "response_format.json_schema.strict",
+                          "Invalid type for 'response_format.json_schema.strict': expected a "
+                          "boolean.");
+    const json_t *schema = json_object_get(js, "schema");
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema))
+        return apierr_set(e, 400, "invalid_type", "response_format.json_schema.schema",
+                          "Invalid type for 'response_format.json_schema.schema': expected an "
+                          "object.");
+    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("true");
+    if (!text)
+        return apierr_set(e, 500, NULL, NULL, "out of memory for the response format's schema");
+    const size_t n = strlen(text);
+    if (n > MSG_SCHEMA_MAX) {
+        free(text);
+        return apierr_set(e, 400, "invalid_value", "response_format.json_schema.schema",
+                          "Invalid value for 'response_format.json_schema.schema': %zu bytes "
+                          "as compact JSON, at most %u are supported.", n, MSG_SCHEMA_MAX);
+    }
+    jc_schema *compiled = NULL;
+    const td_err c = jc_compile(text, n, &compiled);
+    jc_schema_free(compiled);
+    if (c != TD_OK) {
+        free(text);
+        if (c == TD_ENOMEM)
+            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
+        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value",
+                          "response_format.json_schema.schema",
+                          "Invalid value for 'response_format.json_schema.schema': %s",
+                          err_msg());
+    }
+    r->format = MSG_FORMAT_JSON_SCHEMA;
+    r->schema = text;
+    r->n_schema = n;
     return TD_OK;
 }
 
@@ -678,6 +734,7 @@ void req_free(gw_request *r)
     free(r->prompt_ids);
     free(r->bias_tok);
     free(r->bias);
+    free(r->schema);
     memset(r, 0, sizeof *r);
 }
 

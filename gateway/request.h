@@ -18,6 +18,7 @@
 
 #include "common/chat.h"
 #include "common/err.h"
+#include "common/msg.h"
 #include "gateway/apierr.h"
 
 #define REQ_STOP_MAX 16           /* stop strings per request */
@@ -80,6 +81,10 @@ typedef struct gw_request {
     bool logprobs;         /* return the chosen tokens' log probabilities */
     uint32_t top_logprobs; /* alternatives per token, 0..REQ_TOP_LOGPROBS_MAX */
     bool ignore_eos;       /* keep generating past end-of-generation tokens */
+    msg_format format;     /* response_format: text, json_object or json_schema */
+    char *schema;          /* owned: [n_schema] json_schema.schema as compact JSON text (a
+                            * schema jsonc compiles), or NULL */
+    size_t n_schema;       /* bytes */
 } gw_request;
 
 /* Parses a chat or completion body of len bytes. On failure *e says why (400) and r holds

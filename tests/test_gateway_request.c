@@ -210,18 +210,6 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
         snprintf(want, sizeof want, "{\"error\":{\"message\":\"%s", ids_bad[k][1]);
         expect_error(REQ_COMPLETION, body, 400, want);
     }
-    /* response_format: text, or refused */
-    const char *text = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}";
-    assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);
-    req_free(&r);
-    expect_error(REQ_CHAT,
-                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-                 "\"response_format\": {\"type\": \"json_object\"}}",
-                 400,
-                 "{\"error\":{\"message\":\"Unsupported value for 'response_format.type': only "
-                 "'text' is supported; structured output is not.\",\"type\":"
-                 "\"invalid_request_error\",\"param\":\"response_format.type\",\"code\":"
-                 "\"unsupported_value\"}}");
     expect_error(REQ_CHAT,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
                  "\"response_format\": \"json\"}",
@@ -233,6 +221,90 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
                  "{\"error\":{\"message\":\"Invalid value for 'presence_penalty': expected a "
                  "number in [-2, 2], but got 2.5 instead.\",\"type\":\"invalid_request_error\","
                  "\"param\":\"presence_penalty\",\"code\":\"invalid_value\"}}");
+}
+
+static void response_format_is_parsed_and_checked(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    /* response_format: text, json_object, json_schema (compact, compiled), or refused */
+    const char *text = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_TEXT);
+    assert_null(r.schema);
+    req_free(&r);
+    const char *obj = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, obj, strlen(obj), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_OBJECT);
+    assert_null(r.schema);
+    req_free(&r);
+    const char *sch = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+                      "\"json_schema\": {\"name\": \"p\", \"strict\": true, \"schema\": "
+                      "{\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, \"\u00e9\"]}}, "
+                      "\"required\": [\"a\"]}}}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, sch, strlen(sch), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_string_equal(r.schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[1,"
+                                  "\"\xc3\xa9\"]}},\"required\":[\"a\"]}");
+    assert_int_equal(r.n_schema, strlen(r.schema));
+    req_free(&r);
+    const char *any = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_schema\", "
+                      "\"json_schema\": {\"name\": \"any\"}}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, any, strlen(any), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_string_equal(r.schema, "true");
+    req_free(&r);
+    const char *rf_bad[][2] = {
+        {"{\"type\": \"yaml\"}",
+         "Unsupported value for 'response_format.type': 'yaml'; supported are 'text', "
+         "'json_object' and 'json_schema'.\",\"type\":\"invalid_request_error\",\"param\":"
+         "\"response_format.type\",\"code\":\"unsupported_value\"}}"},
+        {"{\"type\": \"json_schema\"}",
+         "Invalid value for 'response_format.json_schema': expected an object.\",\"type\":"
+         "\"invalid_request_error\",\"param\":\"response_format.json_schema\",\"code\":"
+         "\"invalid_value\"}}"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": 3}}",
+         "Invalid type for 'response_format.json_schema.name': expected a string.\",\"type\":"
+         "\"invalid_request_error\",\"param\":\"response_format.json_schema.name\",\"code\":"
+         "\"invalid_type\"}}"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"schema\": [1]}}",
+         "Invalid type for 'response_format.json_schema.schema': expected an object.\","
+         "\"type\":\"invalid_request_error\",\"param\":\"response_format.json_schema."
+         "schema\",\"code\":\"invalid_type\"}}"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"type\": \"strin\"}}}",
+         "Invalid value for 'response_format.json_schema.schema': "},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"pattern\": \"a+\"}}}",
+         "Invalid value for 'response_format.json_schema.schema': "},
+    };
+    for (size_t k = 0; k < sizeof rf_bad / sizeof rf_bad[0]; k++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"response_format\": %s}", rf_bad[k][0]);
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, body, strlen(body), &e), TD_EINVAL);
+        assert_int_equal(e.status, 400);
+        char *got = apierr_render(&e);
+        assert_non_null(got);
+        if (!strstr(got, rf_bad[k][1]))
+            fail_msg("%s: %s", body, got);
+        if (k == 4)
+            assert_non_null(strstr(got, "strin"));
+        if (k == 5)
+            assert_non_null(strstr(got, "pattern") && strstr(got, "unsupported_value"));
+        free(got);
+    }
+    /* a schema past the message's limit */
+    const size_t huge = MSG_SCHEMA_MAX + 64;
+    char *hb = malloc(huge + 256);
+    assert_non_null(hb);
+    int at = snprintf(hb, 256, "{\"prompt\": \"x\", \"response_format\": {\"type\": "
+                      "\"json_schema\", \"json_schema\": {\"schema\": {\"description\": \"");
+    memset(hb + at, 'd', huge);
+    strcpy(hb + at + huge, "\"}}}}");
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, hb, strlen(hb), &e), TD_EINVAL);
+    char *got = apierr_render(&e);
+    assert_non_null(strstr(got, "as compact JSON, at most 262144 are supported"));
+    free(got);
+    free(hb);
 }
 
 static void malformed_json_is_400(void **state)
@@ -498,6 +570,7 @@ int main(void)
         cmocka_unit_test(chat_defaults_when_fields_are_absent),
         cmocka_unit_test(malformed_json_is_400),
         cmocka_unit_test(bad_logit_bias_and_penalties_are_400),
+        cmocka_unit_test(response_format_is_parsed_and_checked),
         cmocka_unit_test(invalid_utf8_in_a_string_is_400),
         cmocka_unit_test(wrong_types_name_the_field),
         cmocka_unit_test(empty_or_missing_messages_are_400),

@@ -25,20 +25,30 @@
 #include "common/tokenizer.h"
 #include "verifyd/sched.h"
 
-/* The target's end-of-generation ids as a [n_vocab] table; NULL when the file has no
- * tokenizer (then only the request's stop ids end a generation). */
-static uint8_t *verifyd_eog_table(const tgt_model *tm)
+/* What verifyd reads from the model's tokenizer: the end-of-generation ids as a [n_vocab]
+ * table and the vocabulary for response formats. Both stay NULL when the file has no
+ * tokenizer (then only the request's stop ids end a generation and formats are refused). */
+static void verifyd_vocab(const tgt_model *tm, uint8_t **eog, cst_vocab **vocab)
 {
+    *eog = NULL;
+    *vocab = NULL;
     tokenizer *tok = NULL;
     if (tok_load_gguf(&tok, tm->file) != TD_OK) {
-        LOG_WARN("no tokenizer in the model (%s): only stop ids end generations", err_msg());
-        return NULL;
+        LOG_WARN("no tokenizer in the model (%s): only stop ids end generations, response "
+                 "formats are refused", err_msg());
+        return;
     }
-    uint8_t *eog = calloc((size_t)tm->hp.n_vocab, 1);
-    for (int64_t i = 0; eog && i < tm->hp.n_vocab; i++)
-        eog[i] = tok_is_eog(tok, (int32_t)i);
+    *eog = calloc((size_t)tm->hp.n_vocab, 1);
+    for (int64_t i = 0; *eog && i < tm->hp.n_vocab; i++)
+        (*eog)[i] = i < (int64_t)tok_n_vocab(tok) && tok_is_eog(tok, (int32_t)i);
+    cst_vocab *v = calloc(1, sizeof *v);
+    if (v && cst_vocab_init(v, tok, tm->hp.n_vocab) == TD_OK) {
+        *vocab = v;
+    } else {
+        LOG_WARN("response formats are refused: %s", v ? err_msg() : "out of memory");
+        free(v);
+    }
     tok_free(tok);
-    return eog;
 }
 
 static void verifyd_model_name(const tgt_model *tm, const char *path, char *out, size_t cap)
@@ -177,6 +187,7 @@ int main(int argc, char **argv)
 
     tgt_model *tm = NULL;
     uint8_t *eog = NULL;
+    cst_vocab *vocab = NULL;
     sched *sc = NULL;
     bus_server *srv = NULL;
     ops_backend *cuda_be = NULL;
@@ -207,7 +218,9 @@ int main(int argc, char **argv)
         goto out;
     }
     cfg.ring = cfg.n_taps ? (ring < n_ctx ? ring : n_ctx) : 0;
-    cfg.eog = eog = verifyd_eog_table(tm);
+    verifyd_vocab(tm, &eog, &vocab);
+    cfg.eog = eog;
+    cfg.vocab = vocab;
     if (sched_start(&sc, &cfg) != TD_OK) {
         LOG_ERROR("%s", err_msg());
         goto out;
@@ -233,6 +246,9 @@ out:
     bus_server_free(srv);
     sched_stop(sc);
     free(eog);
+    if (vocab)
+        cst_vocab_free(vocab);
+    free(vocab);
     tgt_free(tm); /* before the shared buffers its embedding and LM head live in */
     for (int i = 0; i < MSG_HEADS_MAX; i++)
         shbuf_release(heads[i]);

@@ -164,6 +164,18 @@ static ops_sampler sched_sampler(const msg_sampler *m)
 }
 
 /* A sequence for r in slot g (the slot is closed again on failure). */
+/* A request's response format as its sequence applies it. */
+static cst_cfg sched_cst_cfg(const msg_gen_start *gs)
+{
+    const bool think = gs->format != MSG_FORMAT_TEXT;
+    return (cst_cfg){
+        .format = gs->format, .schema = gs->schema, .n_schema = gs->n_schema,
+        .think_open = think && gs->think_open,
+        .think_start = think && gs->think_start != MSG_TOKEN_NONE ? (int32_t)gs->think_start : -1,
+        .think_end = think && gs->think_end != MSG_TOKEN_NONE ? (int32_t)gs->think_end : -1,
+    };
+}
+
 static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_seq **out)
 {
     const msg_gen_start *gs = &r->gs;
@@ -200,6 +212,8 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
         .pen = {.presence = gs->presence_penalty, .frequency = gs->frequency_penalty,
                 .bias_tok = (const int32_t *)gs->bias_tok, .bias = gs->bias,
                 .n_bias = (int32_t)gs->n_bias},
+        .cst = sched_cst_cfg(gs),
+        .vocab = s->cfg.vocab,
     };
     if (e == TD_OK && (e = spec_init_cfg(&seq->spec, s->cfg.tm, &cfg)) == TD_OK)
         seq->spec_ok = true;
@@ -457,6 +471,14 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         if (gs->bias_tok[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
                         gs->bias_tok[i], (long long)V);
+    if (e == TD_OK && gs->format != MSG_FORMAT_TEXT) {
+        /* the schema and the reasoning tokens are checked here, so that a bad one is this
+         * request's error rather than its sequence's */
+        cst_state c;
+        const cst_cfg cc = sched_cst_cfg(gs);
+        if ((e = cst_init(&c, &cc, s->cfg.vocab, 1)) == TD_OK)
+            cst_free(&c, NULL);
+    }
     bool again = false;
     if (e == TD_OK) {
         pthread_mutex_lock(&s->lock);

@@ -34,6 +34,8 @@ typedef struct sched_cfg {
     int32_t taps[MSG_TAPS_MAX]; /* [n_taps] target layers whose features draftd reads */
     int64_t n_taps;
     const uint8_t *eog;         /* [n_vocab] 1 for the model's end-of-generation ids, or NULL */
+    const cst_vocab *vocab;     /* the vocabulary for response formats, or NULL (no tokenizer:
+                                 * formats are refused) */
     uint32_t max_queue;         /* requests waiting for a slot at most */
     int draft_timeout_ms;       /* a proposal may take at least this long (ms) */
     const char *kvd_url;        /* kvd's bus endpoint */

@@ -39,10 +39,16 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     TD_ASSERT(!cfg->feat_ring || cfg->ring_rows > 0);
     int64_t V = tm->hp.n_vocab, D = tm->hp.n_embd;
     TD_TRY(pen_init(&s->pen, &cfg->pen, V));
-    td_err e = cfg->state ? tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state)
+    td_err e = cst_init(&s->cst, &cfg->cst, cfg->vocab, s->block);
+    if (e != TD_OK) {
+        pen_free(&s->pen, NULL);
+        return e;
+    }
+    e = cfg->state ? tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state)
                           : tgt_state_init(&s->ts, tm, cfg->n_ctx);
     if (e != TD_OK) {
         pen_free(&s->pen, NULL);
+        cst_free(&s->cst, NULL);
         return e;
     }
     if (dm) {
@@ -96,6 +102,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
 void spec_free(spec_seq *s)
 {
     pen_free(&s->pen, s->tm ? s->tm->be : NULL);
+    cst_free(&s->cst, s->tm ? s->tm->be : NULL);
     tgt_state_free(&s->ts);
     if (s->dm)
         dfl_state_free(&s->ds);
@@ -162,6 +169,7 @@ static td_err spec_accept_sampled(spec_seq *s, const int32_t *block, int64_t B, 
 static td_err spec_pick(spec_seq *s, int64_t pos, int32_t *tok)
 {
     TD_TRY(pen_apply(&s->pen, s->tm->be, s->logits, NULL, 1));
+    TD_TRY(cst_apply(&s->cst, s->tm->be, s->logits, NULL, 1));
     if (spec_greedy(s))
         return spec_argmax(s, s->logits, 1, tok);
     int64_t a;
@@ -224,6 +232,7 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
         dfl_state_reset(&s->ds);
     memset(&s->stats, 0, sizeof s->stats);
     pen_reset(&s->pen);
+    cst_reset(&s->cst);
     s->prompt = prompt;
     s->n_prompt = n;
     s->prompt_at = n_cached;
@@ -244,6 +253,7 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
     if (s->prompt_at == n) {
         TD_TRY(spec_pick(s, n, first));
         TD_TRY(pen_emit(&s->pen, first, 1));
+        TD_TRY(cst_emit(&s->cst, first, 1));
         s->pending = *first;
         s->has_pending = true;
         s->stats.generated = 1;
@@ -291,9 +301,11 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
     if (B > s->block || B > room)
         return err_set(TD_ERANGE, "a block of %lld tokens with block size %lld and %lld "
                        "positions left", (long long)B, (long long)s->block, (long long)room);
+    B = 1 + cst_allowed(&s->cst, block + 1, B - 1);
     double t1 = spec_now();
     TD_TRY(spec_run(s, block, B, B > 1, B > 1));
     TD_TRY(pen_apply(&s->pen, s->tm->be, s->logits, block + 1, B));
+    TD_TRY(cst_apply(&s->cst, s->tm->be, s->logits, block + 1, B));
     int64_t a = 0;
     int32_t next;
     if (spec_greedy(s)) {
@@ -312,6 +324,7 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
     out[a] = next;
     *n_out = a + 1;
     TD_TRY(pen_emit(&s->pen, out, a + 1));
+    TD_TRY(cst_emit(&s->cst, out, a + 1));
     s->pending = next;
     s->stats.steps++;
     s->stats.generated += a + 1;

@@ -18,6 +18,7 @@
 
 #include "draftd/dflash.h"
 #include "kernels/ops.h"
+#include "verifyd/constrain.h"
 #include "verifyd/penalty.h"
 #include "verifyd/target.h"
 
@@ -41,6 +42,7 @@ typedef struct spec_seq {
     dfl_state ds;
     ops_sampler sampler;
     pen_state pen;            /* logit bias and penalties of the generation */
+    cst_state cst;            /* its response format */
     int64_t block;            /* tokens per verify block: drafter block_size, or 1 */
     int32_t pending;          /* b: the last emitted token, not yet run through the target */
     bool has_pending;
@@ -89,6 +91,8 @@ typedef struct spec_cfg {
     int64_t ring_rows;
     ops_sampler sampler;
     pen_cfg pen;                /* logit bias and penalties (zero: none) */
+    cst_cfg cst;                /* response format (zero: text) */
+    const cst_vocab *vocab;     /* the target's vocabulary for a format (NULL: none) */
 } spec_cfg;
 
 /* dm may be NULL. n_ctx bounds prompt + generated tokens; ring is the drafter's context
@@ -120,9 +124,10 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out);
  * or B = 1 for a plain step). Runs the target over the block, accepts (the one acceptance
  * rule, whoever drafted: dfl_draft_tokens draws the drafts in every process), rolls back,
  * keeps the committed features; out as spec_step. Target logits of the block stay in
- * s->logits (backend memory, with the logit bias and penalties added): out[i] was chosen from
- * row i. TD_ERANGE when B exceeds the
- * block size or the room left. */
+ * s->logits (backend memory, with the logit bias and penalties added and the response
+ * format's mask applied): out[i] was chosen from row i. A response format cuts the block
+ * before its first draft the format refuses. TD_ERANGE when B exceeds the block size or the
+ * room left. */
 td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q, int32_t *out,
                    int64_t *n_out);
 

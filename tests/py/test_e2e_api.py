@@ -286,6 +286,64 @@ def test_penalties_and_logit_bias_equal_plain_decoding_with_them(server):
     assert forced.choices[0].text == _reference(prompt, 24, "--logit-bias", "279=100")
 
 
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,
+                                                              "items": {"enum": ["a", "bc"]}}}}
+
+
+def _format_reference(prompt, n, *extra):
+    """Greedy text of plain decoding in one process with a response format, stopping at the end
+    of generation as the server does."""
+    ids = subprocess.run(
+        [str(TANDEM), "generate", "--model", str(MODEL), "--draft", "", "--prompt", prompt, "-n",
+         str(n), "--ids", *extra], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [str(TANDEM), "detokenize", "--model", str(MODEL), ids, "--skip-special"],
+        capture_output=True, check=True).stdout  # bytes: a "\r" must stay one
+    return out.decode("utf-8").removesuffix("\n")
+
+
+def _check_person(value):
+    assert set(value) <= {"name", "age", "tags"} and {"name", "age"} <= set(value)
+    assert isinstance(value["name"], str) and len(value["name"]) <= 12
+    assert isinstance(value["age"], int)
+    assert all(t in ("a", "bc") for t in value.get("tags", []))
+
+
+def test_response_format_equals_plain_decoding_with_it(server, tmp_path):
+    schema_file = tmp_path / "person.json"
+    schema_file.write_text(json.dumps(PERSON))
+    c, m = server["client"], server["model"]
+    for prompt in ("The quick brown fox", "Once upon a time"):
+        for fmt, extra in (({"type": "json_object"}, ("--json",)),
+                           ({"type": "json_schema", "json_schema": {
+                               "name": "person", "strict": True, "schema": PERSON}},
+                            ("--json-schema", str(schema_file)))):
+            r = c.completions.create(model=m, prompt=prompt, max_tokens=48, temperature=0,
+                                     extra_body={"response_format": fmt})
+            text = r.choices[0].text
+            assert text == _format_reference(prompt, 48, *extra)
+            if r.choices[0].finish_reason == "stop":
+                value = json.loads(text)
+                assert isinstance(value, dict)
+                if fmt["type"] == "json_schema":
+                    _check_person(value)
+            # streamed: the same text
+            pieces = c.completions.create(model=m, prompt=prompt, max_tokens=48, temperature=0,
+                                          stream=True, extra_body={"response_format": fmt})
+            assert "".join(p.choices[0].text for p in pieces if p.choices) == text
+    # chat, sampled: whatever is drawn stays a document of the schema
+    for seed in range(4):
+        r = c.chat.completions.create(
+            model=m, messages=[{"role": "user", "content": "Who are you?"}], max_tokens=64,
+            temperature=1.0, seed=seed, response_format={
+                "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+            extra_body=NO_THINK)
+        if r.choices[0].finish_reason == "stop":
+            _check_person(json.loads(r.choices[0].message.content))
+
+
 def test_stop_token_ids_end_the_generation_at_that_token(server):
     prompt = "The quick brown fox"
     ids = [int(x) for x in _reference_ids(prompt, 16).split(",")]
@@ -375,6 +433,13 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
            400, "invalid_value")
     _error(*_post(p, chat, json.dumps({"messages": msgs, "frequency_penalty": -3}).encode()),
            400, "invalid_value")
+    err = _error(*_post(p, chat, json.dumps({"messages": msgs, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "string", "pattern": "^a+$"}}}}).encode()), 400, "unsupported_value")
+    assert "pattern" in err["message"]
+    _error(*_post(p, chat, json.dumps({"messages": msgs, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "objekt"}}}}).encode()), 400, "invalid_value")
     _error(*_get(p, "/v1/nothing"), 404, "not_found")
     status, body = _post(p, chat, json.dumps({"messages": msgs, "max_tokens": 2,
                                              "some_new_field": {"x": 1}}).encode())

@@ -1,0 +1,70 @@
+/* Inside the JSON constraint: the compiled schema, built by jsonc_compile.c and jsonc_pack.c
+ * and walked by the matcher in jsonc.c. Every node is final: type restrictions are pushed into
+ * the branches, unions are flattened to their leaves, and whatever has an empty language is
+ * pruned. */
+#ifndef TANDEM_COMMON_JSONC_INT_H
+#define TANDEM_COMMON_JSONC_INT_H
+
+#include "common/jsonc.h"
+
+/* Value types, one bit each; JSON Schema's "number" is JT_INT | JT_FRAC. */
+enum {
+    JT_NULL = 1,
+    JT_BOOL = 2,
+    JT_INT = 4,  /* numbers of the integer grammar */
+    JT_FRAC = 8, /* numbers with a fraction or an exponent */
+    JT_STR = 16,
+    JT_ARR = 32,
+    JT_OBJ = 64,
+    JT_ALL = 127
+};
+
+enum {
+    JN_LEAF,  /* a value of one of `types`, with the constraints of its type */
+    JN_UNION, /* any of leaves[first..first+n) */
+    JN_LIT    /* one of the literals lits[first..first+n), sorted by bytes */
+};
+
+/* Node 0 matches nothing, node 1 anything. */
+enum { JC_NODE_NONE = 0, JC_NODE_ANY = 1 };
+
+typedef struct jc_node {
+    uint8_t kind;        /* JN_* */
+    uint8_t types;       /* JT_* bits of the values this node has (non-empty ones only) */
+    uint8_t has_len;     /* string: min_len / max_len restrict it */
+    uint8_t pad;
+    uint16_t addl;       /* object: node of undeclared keys' values; JC_NODE_NONE: none allowed */
+    uint16_t items;      /* array: node of the items after the prefix */
+    uint32_t min_len;    /* string: code points */
+    uint32_t max_len;    /* string: code points */
+    uint32_t min_items;  /* array: items */
+    uint32_t max_items;  /* array: items, lowered to where an item can no longer exist */
+    uint32_t first, n;   /* LEAF: props (names/prop_nodes); UNION: leaves; LIT: lits */
+    uint32_t pfirst, pn; /* LEAF: prefix items, nodes prefix[pfirst..pfirst+pn) */
+    uint64_t required;   /* LEAF: bit i set when property first+i must appear */
+    uint64_t usable;     /* LEAF: bit i set when property first+i has a value that can exist */
+} jc_node;
+
+typedef struct jc_str {
+    uint32_t off, len; /* bytes in jc_schema.pool */
+} jc_str;
+
+struct jc_schema {
+    jc_node *nodes;       /* [n_nodes] */
+    uint32_t n_nodes;
+    uint16_t root;        /* node of the document */
+    uint16_t max_alts;    /* 1 when no union can fork, else JC_ALT_MAX */
+    jc_str *names;        /* [n_props] declared names (decoded), sorted per object node */
+    uint16_t *prop_nodes; /* [n_props] node of each declared name's value */
+    uint32_t n_props;
+    jc_str *lits;         /* [n_lits] compact serialisations of enum / const values */
+    uint32_t n_lits;
+    uint16_t *leaves;     /* [n_leaves] branches of the unions, none a union */
+    uint32_t n_leaves;
+    uint16_t *prefix;     /* [n_prefix] prefixItems nodes */
+    uint32_t n_prefix;
+    uint8_t *pool;        /* [pool_len] bytes of names and literals */
+    size_t pool_len;
+};
+
+#endif

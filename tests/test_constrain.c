@@ -1,0 +1,471 @@
+/* Structured output in verifyd (verifyd/constrain.h): the masks built by walking the
+ * vocabulary's trie (and the plain-string shortcut) equal a token-by-token check of every
+ * token against the matcher; a block's rows are masked after the drafts before them and a
+ * block is cut at its first refused draft; the reasoning phases; and generation: speculative
+ * greedy output with two drafters equals plain decoding with the masks applied by hand, and
+ * every output (greedy or sampled) is a viable prefix of a valid document, complete when it
+ * ends with an end-of-generation token. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tests/support/model_fixture.h"
+#include "tests/support/tmp_dir.h"
+#include "verifyd/constrain.h"
+#include "verifyd/spec.h"
+
+#define MODEL_PATH "tests/data/models/qwen35-tiny-f32.gguf"
+
+static tokenizer *TOK;
+static tgt_model *TM;
+static cst_vocab VOC;
+static char tmpdir[64];
+
+static const char SCHEMA[] =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bc\","
+    "null]},\"maxItems\":3},\"note\":{\"type\":\"string\"}},\"required\":[\"name\",\"age\"],"
+    "\"additionalProperties\":false}";
+
+static int setup(void **ctx)
+{
+    (void)ctx;
+    if (tgt_load(&TM, MODEL_PATH) != TD_OK || tok_load_gguf(&TOK, TM->file) != TD_OK)
+        return -1;
+    if (cst_vocab_init(&VOC, TOK, TM->hp.n_vocab) != TD_OK)
+        return -1;
+    return tmp_dir_make(tmpdir, sizeof tmpdir, "tandem-cst") ? 0 : -1;
+}
+
+static int teardown(void **ctx)
+{
+    (void)ctx;
+    cst_vocab_free(&VOC);
+    tok_free(TOK);
+    tgt_free(TM);
+    return tmp_dir_remove(tmpdir) ? 0 : -1;
+}
+
+static bool bit(const uint32_t *m, int64_t t)
+{
+    return m[t / 32] >> (t % 32) & 1u;
+}
+
+/* The id of a token whose bytes are exactly s, or -1. */
+static int32_t id_of_bytes(const char *s)
+{
+    for (int64_t t = 0; t < VOC.n_vocab; t++) {
+        const tok_str b = t < tok_n_vocab(TOK) ? tok_bytes_of(TOK, (int32_t)t) : (tok_str){0};
+        if (tok_type_of(TOK, (int32_t)t) == TOK_TYPE_NORMAL && b.len == strlen(s) &&
+            memcmp(b.ptr, s, b.len) == 0)
+            return (int32_t)t;
+    }
+    return -1;
+}
+
+/* Token ids spelling text, one single-byte token per byte. */
+static int64_t spell(const char *text, int32_t *ids)
+{
+    int64_t n = 0;
+    for (const char *p = text; *p; p++) {
+        const char one[2] = {*p, 0};
+        ids[n] = id_of_bytes(one);
+        assert_true(ids[n] >= 0);
+        n++;
+    }
+    return n;
+}
+
+/* What the mask must be after text in (schema sc): every token checked on its own. */
+static void mask_by_hand(const jc_schema *sc, const void *st, uint32_t *want)
+{
+    memset(want, 0, (size_t)VOC.words * sizeof *want);
+    const size_t size = jc_state_size(sc);
+    void *tmp = malloc(size);
+    assert_non_null(tmp);
+    for (int64_t t = 0; t < VOC.n_vocab; t++) {
+        bool ok;
+        if (bit(VOC.eog, t)) {
+            ok = jc_done(sc, st);
+        } else if (t >= tok_n_vocab(TOK) || tok_type_of(TOK, (int32_t)t) != TOK_TYPE_NORMAL) {
+            ok = false;
+        } else {
+            const tok_str b = tok_bytes_of(TOK, (int32_t)t);
+            jc_state_copy(sc, tmp, st);
+            ok = b.len > 0 && jc_feed(sc, tmp, (const uint8_t *)b.ptr, b.len);
+        }
+        if (ok)
+            want[t / 32] |= 1u << (t % 32);
+    }
+    free(tmp);
+}
+
+static void expect_same_mask(const uint32_t *got, const uint32_t *want, const char *what)
+{
+    for (int64_t t = 0; t < VOC.n_vocab; t++)
+        if (bit(got, t) != bit(want, t))
+            fail_msg("%s: token %lld is %s, expected %s", what, (long long)t,
+                     bit(got, t) ? "allowed" : "refused", bit(want, t) ? "allowed" : "refused");
+}
+
+/* The state's mask against the by-hand one after each prefix of texts. */
+static void check_masks(msg_format format, const char *schema, const char *const *texts,
+                        size_t n_texts)
+{
+    cst_cfg cfg = {.format = format, .schema = schema, .n_schema = schema ? strlen(schema) : 0,
+                   .think_start = -1, .think_end = -1};
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    int allowed_min = 1 << 30;
+    for (size_t k = 0; k < n_texts; k++) {
+        cst_state c;
+        assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+        int32_t ids[256];
+        const int64_t n = spell(texts[k], ids);
+        assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        mask_by_hand(c.schema, c.cur, want);
+        expect_same_mask(got, want, texts[k]);
+        /* twice: the second comes from the memo */
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        expect_same_mask(got, want, texts[k]);
+        int allowed = 0;
+        for (int64_t t = 0; t < VOC.n_vocab; t++)
+            allowed += bit(want, t);
+        allowed_min = allowed < allowed_min ? allowed : allowed_min;
+        cst_free(&c, NULL);
+    }
+    assert_true(allowed_min >= 1);
+    free(got);
+    free(want);
+}
+
+static void test_masks_equal_a_check_of_every_token(void **ctx)
+{
+    (void)ctx;
+    const char *const obj[] = {"", " ", "{", "{\"", "{\"ke", "{\"key\":", "{\"key\": \"va",
+                               "{\"key\": \"va\\", "{\"key\": \"v\\u00", "{\"k\":[1, -0.",
+                               "{\"k\":{}", "{\"k\":{}}", "{\"k\":tr", "{\"k\":{\"a\":[\"x\"]"};
+    check_masks(MSG_FORMAT_JSON_OBJECT, NULL, obj, sizeof obj / sizeof *obj);
+    const char *const sch[] = {"", "{", "{\"", "{\"n", "{\"name\"", "{\"name\": \"ab",
+                               "{\"name\": \"abcdefghijk", "{\"name\": \"x\", \"", "{\"age\": 4",
+                               "{\"age\": 4, \"name\": \"\", \"tags\": [", "{\"age\": 4, \"name\": "
+                               "\"\", \"tags\": [\"a\", nu", "{\"age\":1,\"name\":\"\"}",
+                               "{\"name\":\"\",\"age\":1,\"note\":\"", "{\"name\":\"\",\"age\":1,"
+                               "\"note\":\"\xe4\xbd"};
+    check_masks(MSG_FORMAT_JSON_SCHEMA, SCHEMA, sch, sizeof sch / sizeof *sch);
+}
+
+static void test_block_rows_follow_their_drafts_and_stop_at_a_refused_one(void **ctx)
+{
+    (void)ctx;
+    cst_cfg cfg = {.format = MSG_FORMAT_JSON_OBJECT, .think_start = -1, .think_end = -1};
+    cst_state c;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 8), TD_OK);
+    int32_t ids[16];
+    const int64_t n = spell("{\"a\":}", ids);
+    /* '{' '"' 'a' '"' ':' are fine, '}' right after ':' is not */
+    assert_int_equal(cst_allowed(&c, ids, n), 5);
+    assert_int_equal(cst_allowed(&c, ids, 3), 3);
+    int32_t bad = id_of_bytes("x");
+    assert_int_equal(cst_allowed(&c, &bad, 1), 0);
+    /* rows 0..4 masked after drafts 0..i-1, on the backend, against one state at a time */
+    const int64_t V = VOC.n_vocab, W = VOC.words;
+    float *lg = malloc((size_t)(5 * V) * sizeof *lg);
+    for (int64_t i = 0; i < 5 * V; i++)
+        lg[i] = 0.5f;
+    assert_int_equal(cst_apply(&c, ops_backend_cpu(), lg, ids, 5), TD_OK);
+    uint32_t *want = malloc((size_t)W * 4);
+    for (int64_t r = 0; r < 5; r++) {
+        cst_state one;
+        assert_int_equal(cst_init(&one, &cfg, &VOC, 1), TD_OK);
+        assert_int_equal(cst_emit(&one, ids, r), TD_OK);
+        assert_int_equal(cst_mask(&one, want), TD_OK);
+        for (int64_t t = 0; t < V; t++)
+            if ((lg[r * V + t] == 0.5f) != bit(want, t))
+                fail_msg("row %lld token %lld", (long long)r, (long long)t);
+        cst_free(&one, NULL);
+    }
+    /* emitting a refused token is an error and changes nothing */
+    assert_int_equal(cst_emit(&c, ids, 5), TD_OK);
+    assert_int_equal(cst_emit(&c, &ids[5], 1), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "does not continue the response format"));
+    int32_t one = id_of_bytes("1");
+    assert_int_equal(cst_allowed(&c, &one, 1), 1);
+    free(want);
+    free(lg);
+    cst_free(&c, ops_backend_cpu());
+}
+
+static void test_reasoning_stays_free_until_its_end_token(void **ctx)
+{
+    (void)ctx;
+    const int32_t open = id_of_bytes("a"), close = id_of_bytes("b"); /* stand-ins */
+    const int32_t brace = id_of_bytes("{"), x = id_of_bytes("x");
+    int32_t eog = -1;
+    for (int64_t t = 0; t < VOC.n_vocab && eog < 0; t++)
+        if (bit(VOC.eog, t))
+            eog = (int32_t)t;
+    assert_true(eog >= 0);
+    const size_t W = (size_t)VOC.words;
+    uint32_t *m = malloc(W * 4);
+    /* the prompt left the block open: anything but the end of generation, then the document */
+    cst_cfg cfg = {.format = MSG_FORMAT_JSON_OBJECT, .think_open = true, .think_start = open,
+                   .think_end = close};
+    cst_state c;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    assert_true(bit(m, x) && bit(m, brace) && bit(m, close) && !bit(m, eog));
+    const int32_t think[] = {x, x, close};
+    assert_int_equal(cst_allowed(&c, think, 3), 3);
+    assert_int_equal(cst_emit(&c, think, 3), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    assert_true(!bit(m, x) && bit(m, brace) && !bit(m, close));
+    cst_free(&c, NULL);
+    /* the output may open one itself, first */
+    cfg.think_open = false;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    assert_true(bit(m, open) && bit(m, brace) && !bit(m, x) && !bit(m, close));
+    const int32_t late[] = {brace, open};
+    assert_int_equal(cst_allowed(&c, late, 2), 1);
+    const int32_t early[] = {open, x, close, brace};
+    assert_int_equal(cst_allowed(&c, early, 4), 4);
+    cst_free(&c, NULL);
+    /* a complete document: only the end of generation (and whitespace) */
+    cfg = (cst_cfg){.format = MSG_FORMAT_JSON_OBJECT, .think_start = -1, .think_end = -1};
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+    int32_t ids[8];
+    const int64_t n = spell("{}", ids);
+    assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    assert_true(bit(m, eog) && !bit(m, brace) && bit(m, id_of_bytes(" ")));
+    assert_int_equal(cst_emit(&c, &eog, 1), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    for (int64_t t = 0; t < VOC.n_vocab; t++)
+        assert_int_equal(bit(m, t), bit(VOC.eog, t));
+    cst_free(&c, NULL);
+    free(m);
+}
+
+static void test_bad_formats_are_refused(void **ctx)
+{
+    (void)ctx;
+    cst_state c;
+    cst_cfg cfg = {.format = MSG_FORMAT_JSON_SCHEMA, .schema = "{\"type\":\"strin\"}",
+                   .n_schema = 16, .think_start = -1, .think_end = -1};
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "strin"));
+    cfg = (cst_cfg){.format = MSG_FORMAT_JSON_OBJECT, .think_start = -1, .think_end = -1};
+    assert_int_equal(cst_init(&c, &cfg, NULL, 4), TD_ENOTSUP);
+    assert_non_null(strstr(err_msg(), "tokenizer"));
+    cfg.think_end = (int32_t)VOC.n_vocab;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_EINVAL);
+    cfg.think_end = -1;
+    cfg.think_open = true;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_EINVAL);
+    /* text: nothing to do, no vocabulary needed */
+    cfg = (cst_cfg){.format = MSG_FORMAT_TEXT};
+    assert_int_equal(cst_init(&c, &cfg, NULL, 4), TD_OK);
+    assert_false(c.on);
+    assert_int_equal(cst_allowed(&c, NULL, 3), 3);
+    cst_free(&c, NULL);
+}
+
+/* --- generation ----------------------------------------------------------------------------- */
+
+/* Plain greedy decoding with each row masked by hand (a token-by-token check). */
+static void reference(const cst_cfg *cfg, const int32_t *prompt, int64_t n_prompt, int64_t n,
+                      int32_t *out)
+{
+    const int64_t nv = TM->hp.n_vocab;
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, TM, 256), TD_OK);
+    float *lg = malloc((size_t)nv * sizeof *lg);
+    uint32_t *m = malloc((size_t)VOC.words * 4);
+    cst_state c;
+    assert_int_equal(cst_init(&c, cfg, &VOC, 1), TD_OK);
+    tgt_out o = {.logits = lg, .last_only = true};
+    assert_int_equal(tgt_forward(TM, &st, prompt, n_prompt, false, &o), TD_OK);
+    for (int64_t k = 0; k < n; k++) {
+        if (c.phase == CST_DOC || c.phase == CST_OPEN)
+            mask_by_hand(c.schema, c.cur, m);
+        else
+            assert_int_equal(cst_mask(&c, m), TD_OK);
+        for (int64_t t = 0; t < nv; t++)
+            if (!bit(m, t))
+                lg[t] = -INFINITY;
+        out[k] = (int32_t)cpu_argmax(lg, nv);
+        if (cst_emit(&c, &out[k], 1) != TD_OK)
+            fail_msg("token %lld: %d: %s", (long long)k, out[k], err_msg());
+        assert_int_equal(tgt_forward(TM, &st, &out[k], 1, false, &o), TD_OK);
+    }
+    cst_free(&c, NULL);
+    tgt_state_free(&st);
+    free(m);
+    free(lg);
+}
+
+/* out [n] is a viable prefix (complete when an end-of-generation token came; nothing after). */
+static void expect_viable(const cst_cfg *cfg, const int32_t *out, int64_t n, const char *what)
+{
+    jc_schema *sc;
+    assert_int_equal(jc_compile(cfg->schema, cfg->n_schema, &sc), TD_OK);
+    void *st = malloc(jc_state_size(sc));
+    jc_state_init(sc, st);
+    for (int64_t i = 0; i < n; i++) {
+        if (bit(VOC.eog, out[i])) {
+            if (!jc_done(sc, st))
+                fail_msg("%s: ended at token %lld before the document was complete", what,
+                         (long long)i);
+            for (int64_t j = i + 1; j < n; j++)
+                assert_true(bit(VOC.eog, out[j]));
+            break;
+        }
+        const tok_str b = tok_bytes_of(TOK, out[i]);
+        if (!jc_feed(sc, st, (const uint8_t *)b.ptr, b.len))
+            fail_msg("%s: token %lld (%d) breaks the document", what, (long long)i, out[i]);
+    }
+    free(st);
+    jc_schema_free(sc);
+}
+
+static void test_speculative_greedy_with_a_format_equals_plain_decoding(void **ctx)
+{
+    (void)ctx;
+    const mf_drafter shapes[] = {{8, 1, false, 7, false}, {16, 2, false, 5, true}};
+    dfl_model *dm[2];
+    for (int k = 0; k < 2; k++) {
+        char dir[160];
+        snprintf(dir, sizeof dir, "%s/d%d", tmpdir, k);
+        assert_int_equal(mf_drafter_make(&dm[k], dir, TM, &shapes[k], 700 + (uint64_t)k), TD_OK);
+    }
+    const cst_cfg fmts[] = {
+        {.format = MSG_FORMAT_JSON_OBJECT, .think_start = -1, .think_end = -1},
+        {.format = MSG_FORMAT_JSON_SCHEMA, .schema = SCHEMA, .n_schema = sizeof SCHEMA - 1,
+         .think_start = -1, .think_end = -1},
+    };
+    const int64_t n = 40;
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (int p = 0; p < 3; p++) {
+            const int32_t prompt[5] = {10 + 7 * p, 20, 279, 40 + p, 279};
+            int32_t ref[64], plain[64], spec[64];
+            reference(&fmts[f], prompt, 5, n, ref);
+            expect_viable(&fmts[f], ref, n, "reference");
+            spec_cfg cfg = {.n_ctx = 256, .block = 1, .cst = fmts[f], .vocab = &VOC};
+            assert_int_equal(mf_generate(TM, &cfg, prompt, 5, n, plain, NULL), TD_OK);
+            for (int k = 0; k < 2; k++) {
+                cfg.dm = dm[k];
+                assert_int_equal(mf_generate(TM, &cfg, prompt, 5, n, spec, NULL), TD_OK);
+                for (int64_t i = 0; i < n; i++)
+                    if (ref[i] != plain[i] || ref[i] != spec[i])
+                        fail_msg("format %zu prompt %d drafter %d token %lld: by hand %d, plain "
+                                 "%d, speculative %d", f, p, k, (long long)i, ref[i], plain[i],
+                                 spec[i]);
+            }
+            cfg.dm = NULL;
+        }
+    for (int k = 0; k < 2; k++)
+        dfl_free(dm[k]);
+}
+
+/* Blocks drafted elsewhere (spec_verify): drafts equal to the masked greedy answer are all
+ * accepted, a wrong draft the format allows stops acceptance there, and a draft the format
+ * refuses cuts the block before it (it is never run through the target). */
+static void test_verify_blocks_through_the_masks(void **ctx)
+{
+    (void)ctx;
+    const cst_cfg fmt = {.format = MSG_FORMAT_JSON_SCHEMA, .schema = SCHEMA,
+                         .n_schema = sizeof SCHEMA - 1, .think_start = -1, .think_end = -1};
+    const int32_t prompt[4] = {12, 279, 33, 20};
+    int32_t ref[48];
+    reference(&fmt, prompt, 4, 48, ref);
+    spec_cfg cfg = {.n_ctx = 256, .block = 6, .cst = fmt, .vocab = &VOC};
+    spec_seq s;
+    assert_int_equal(spec_init_cfg(&s, TM, &cfg), TD_OK);
+    int32_t first;
+    assert_int_equal(spec_prefill(&s, prompt, 4, &first), TD_OK);
+    assert_int_equal(first, ref[0]);
+    const int32_t refused = id_of_bytes("\x01"), wrong_ok = id_of_bytes(" ");
+    assert_true(refused >= 0 && wrong_ok >= 0);
+    int cut_by_wrong = 0, cut_by_format = 0;
+    int64_t at = 1; /* ref[0..at) are emitted, ref[at - 1] pending */
+    int32_t block[6], out[6];
+    for (int round = 0; at + 6 < 48; round++) {
+        block[0] = ref[at - 1];
+        for (int i = 1; i < 6; i++)
+            block[i] = ref[at - 1 + i];
+        const int kind = round % 3; /* 0: right drafts, 1: a wrong allowed one, 2: a refused one */
+        int j = 3;
+        if (kind == 1 && wrong_ok != ref[at - 1 + j]) {
+            block[j] = wrong_ok;
+            /* only a wrong draft the format allows after the right ones is a test of it */
+            cst_state c;
+            assert_int_equal(cst_init(&c, &fmt, &VOC, 1), TD_OK);
+            assert_int_equal(cst_emit(&c, ref, at - 1 + j), TD_OK);
+            if (cst_allowed(&c, &wrong_ok, 1) != 1)
+                block[j] = ref[at - 1 + j];
+            cst_free(&c, NULL);
+        }
+        if (kind == 2)
+            block[j] = refused;
+        const int64_t drafted = s.stats.drafted;
+        int64_t n_out;
+        assert_int_equal(spec_verify(&s, block, 6, NULL, out, &n_out), TD_OK);
+        const bool wrong = block[j] != ref[at - 1 + j];
+        assert_int_equal(n_out, wrong ? j : 6);
+        assert_int_equal(s.stats.drafted - drafted, kind == 2 ? j - 1 : 5);
+        for (int64_t i = 0; i < n_out; i++)
+            assert_int_equal(out[i], ref[at + i]);
+        cut_by_wrong += kind == 1 && wrong;
+        cut_by_format += kind == 2;
+        at += n_out;
+    }
+    assert_true(cut_by_wrong >= 2 && cut_by_format >= 2);
+    spec_free(&s);
+}
+
+static void test_sampled_output_keeps_the_format(void **ctx)
+{
+    (void)ctx;
+    const mf_drafter shape = {16, 2, false, 5, true};
+    dfl_model *dm;
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/s", tmpdir);
+    assert_int_equal(mf_drafter_make(&dm, dir, TM, &shape, 900), TD_OK);
+    const cst_cfg fmt = {.format = MSG_FORMAT_JSON_SCHEMA, .schema = SCHEMA,
+                         .n_schema = sizeof SCHEMA - 1, .think_start = -1, .think_end = -1};
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        const int32_t prompt[3] = {(int32_t)(30 + seed), 279, 20};
+        spec_cfg cfg = {.dm = seed % 2 ? dm : NULL, .n_ctx = 256, .block = 1,
+                        .sampler = {.temperature = 1.0f, .seed = seed}, .cst = fmt,
+                        .vocab = &VOC};
+        int32_t out[64];
+        if (mf_generate(TM, &cfg, prompt, 3, 48, out, NULL) != TD_OK)
+            fail_msg("seed %llu: %s", (unsigned long long)seed, err_msg());
+        char what[32];
+        snprintf(what, sizeof what, "seed %llu", (unsigned long long)seed);
+        expect_viable(&fmt, out, 48, what);
+    }
+    dfl_free(dm);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_masks_equal_a_check_of_every_token),
+        cmocka_unit_test(test_block_rows_follow_their_drafts_and_stop_at_a_refused_one),
+        cmocka_unit_test(test_reasoning_stays_free_until_its_end_token),
+        cmocka_unit_test(test_bad_formats_are_refused),
+        cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
+        cmocka_unit_test(test_verify_blocks_through_the_masks),
+        cmocka_unit_test(test_sampled_output_keeps_the_format),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

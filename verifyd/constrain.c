@@ -1,0 +1,475 @@
+/* Structured output: token masks from a JSON matcher (verifyd/constrain.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "verifyd/constrain.h"
+
+static inline bool cst_bit(const uint32_t *set, int64_t t)
+{
+    return set[t / 32] >> (t % 32) & 1u;
+}
+
+static inline void cst_set(uint32_t *set, int64_t t)
+{
+    set[t / 32] |= 1u << (t % 32);
+}
+
+/* --- the vocabulary ----------------------------------------------------------------------- */
+
+/* Whole UTF-8 characters (Unicode's well-formed sequences), every byte >= 0x20, no '"' or
+ * '\\': what jc_free_string promises to accept without a change. */
+static bool cst_plain_bytes(const uint8_t *b, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        const uint8_t c = b[i];
+        if (c < 0x20 || c == '"' || c == '\\')
+            return false;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        uint8_t lo = 0x80, hi = 0xbf; /* the second byte's range */
+        if (c >= 0xc2 && c <= 0xdf)
+            k = 2;
+        else if (c >= 0xe0 && c <= 0xef) {
+            k = 3;
+            lo = c == 0xe0 ? 0xa0 : 0x80;
+            hi = c == 0xed ? 0x9f : 0xbf;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            k = 4;
+            lo = c == 0xf0 ? 0x90 : 0x80;
+            hi = c == 0xf4 ? 0x8f : 0xbf;
+        } else
+            return false;
+        if (n - i < k || b[i + 1] < lo || b[i + 1] > hi)
+            return false;
+        for (size_t j = 2; j < k; j++)
+            if (b[i + j] < 0x80 || b[i + j] > 0xbf)
+                return false;
+        i += k;
+    }
+    return true;
+}
+
+typedef struct cst_entry {
+    const uint8_t *p;
+    uint32_t n;
+    int32_t id;
+} cst_entry;
+
+/* Byte order, a prefix before what extends it, then ids: the order a trie is built in. */
+static int cst_entry_cmp(const void *a, const void *b)
+{
+    const cst_entry *x = a, *y = b;
+    const uint32_t m = x->n < y->n ? x->n : y->n;
+    const int c = m ? memcmp(x->p, y->p, m) : 0;
+    if (c)
+        return c;
+    if (x->n != y->n)
+        return x->n < y->n ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static void cst_trie_free(cst_trie *tr)
+{
+    free(tr->byte);
+    free(tr->child);
+    free(tr->sibling);
+    free(tr->tok);
+    memset(tr, 0, sizeof *tr);
+}
+
+/* The trie of e [n] (sorted by cst_entry_cmp). With chain, tokens of equal bytes are linked
+ * in same_next (the first one is the node's token either way). */
+static td_err cst_trie_build(cst_trie *tr, const cst_entry *e, int32_t n, int32_t *same_next,
+                             bool chain)
+{
+    memset(tr, 0, sizeof *tr);
+    size_t cap = 1, depth = 0;
+    for (int32_t i = 0; i < n; i++) {
+        cap += e[i].n;
+        depth = e[i].n > depth ? e[i].n : depth;
+    }
+    if (cap > INT32_MAX)
+        return err_set(TD_ENOTSUP, "a vocabulary of %zu token bytes", cap);
+    tr->byte = malloc(cap);
+    tr->child = malloc(cap * sizeof(int32_t));
+    tr->sibling = malloc(cap * sizeof(int32_t));
+    tr->tok = malloc(cap * sizeof(int32_t));
+    int32_t *path = malloc((depth + 1) * sizeof(int32_t)); /* node at each depth of e[i - 1] */
+    if (!tr->byte || !tr->child || !tr->sibling || !tr->tok || !path) {
+        free(path);
+        cst_trie_free(tr);
+        return err_set(TD_ENOMEM, "out of memory for a vocabulary trie of %zu nodes", cap);
+    }
+    int32_t nn = 1;
+    tr->byte[0] = 0;
+    tr->child[0] = tr->sibling[0] = tr->tok[0] = -1;
+    path[0] = 0;
+    int32_t last_end = -1; /* node where e[i - 1] ended */
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t common = 0, prev_n = i ? e[i - 1].n : 0;
+        while (i && common < prev_n && common < e[i].n && e[i - 1].p[common] == e[i].p[common])
+            common++;
+        for (uint32_t d = common; d < e[i].n; d++) {
+            const int32_t node = nn++;
+            tr->byte[node] = e[i].p[d];
+            tr->child[node] = tr->sibling[node] = tr->tok[node] = -1;
+            /* Sorted input: a new child of path[d] comes after all its children so far, and the
+             * last of them is on e[i - 1]'s path (when e[i - 1] went below path[d]). */
+            if (d == common && d < prev_n)
+                tr->sibling[path[d + 1]] = node;
+            else
+                tr->child[path[d]] = node;
+            path[d + 1] = node;
+        }
+        const int32_t end = path[e[i].n];
+        if (tr->tok[end] < 0) {
+            tr->tok[end] = e[i].id;
+        } else if (chain) {
+            TD_ASSERT(end == last_end);
+            same_next[e[i - 1].id] = e[i].id;
+        }
+        last_end = end;
+    }
+    free(path);
+    tr->n_nodes = nn;
+    tr->depth = (int32_t)depth;
+    return TD_OK;
+}
+
+void cst_vocab_free(cst_vocab *v)
+{
+    free(v->bytes);
+    free(v->off);
+    free(v->same_next);
+    free(v->normal);
+    free(v->plain);
+    free(v->eog);
+    cst_trie_free(&v->all);
+    cst_trie_free(&v->other);
+    memset(v, 0, sizeof *v);
+}
+
+td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
+{
+    memset(v, 0, sizeof *v);
+    TD_ASSERT(t && n_vocab >= 1 && n_vocab < INT32_MAX);
+    const int64_t nt = (int64_t)tok_n_vocab(t) < n_vocab ? (int64_t)tok_n_vocab(t) : n_vocab;
+    size_t total = 0;
+    for (int64_t i = 0; i < nt; i++)
+        total += tok_bytes_of(t, (int32_t)i).len;
+    if (total > UINT32_MAX)
+        return err_set(TD_ENOTSUP, "a vocabulary of %zu token bytes", total);
+    v->n_vocab = n_vocab;
+    v->words = OPS_MASK_WORDS(n_vocab);
+    v->bytes = malloc(total ? total : 1);
+    v->off = malloc((size_t)(n_vocab + 1) * sizeof *v->off);
+    v->same_next = malloc((size_t)n_vocab * sizeof *v->same_next);
+    v->normal = calloc((size_t)v->words, sizeof *v->normal);
+    v->plain = calloc((size_t)v->words, sizeof *v->plain);
+    v->eog = calloc((size_t)v->words, sizeof *v->eog);
+    cst_entry *all = malloc((size_t)(nt ? nt : 1) * sizeof *all);
+    cst_entry *other = malloc((size_t)(nt ? nt : 1) * sizeof *other);
+    if (!v->bytes || !v->off || !v->same_next || !v->normal || !v->plain || !v->eog || !all ||
+        !other) {
+        free(all);
+        free(other);
+        cst_vocab_free(v);
+        return err_set(TD_ENOMEM, "out of memory for the vocabulary's structured-output tables");
+    }
+    size_t at = 0;
+    int32_t n_all = 0, n_other = 0;
+    for (int64_t i = 0; i < n_vocab; i++) {
+        v->off[i] = (uint32_t)at;
+        v->same_next[i] = -1;
+        if (i >= nt)
+            continue;
+        const tok_str s = tok_bytes_of(t, (int32_t)i);
+        memcpy(v->bytes + at, s.ptr, s.len);
+        const cst_entry e = {v->bytes + at, (uint32_t)s.len, (int32_t)i};
+        at += s.len;
+        if (tok_is_eog(t, (int32_t)i))
+            cst_set(v->eog, i);
+        if (tok_type_of(t, (int32_t)i) != TOK_TYPE_NORMAL || s.len == 0)
+            continue;
+        cst_set(v->normal, i);
+        all[n_all++] = e;
+        if (cst_plain_bytes(e.p, e.n))
+            cst_set(v->plain, i);
+        else
+            other[n_other++] = e;
+    }
+    v->off[n_vocab] = (uint32_t)at;
+    qsort(all, (size_t)n_all, sizeof *all, cst_entry_cmp);
+    qsort(other, (size_t)n_other, sizeof *other, cst_entry_cmp);
+    td_err e = cst_trie_build(&v->all, all, n_all, v->same_next, true);
+    if (e == TD_OK)
+        e = cst_trie_build(&v->other, other, n_other, v->same_next, false);
+    free(all);
+    free(other);
+    if (e != TD_OK)
+        cst_vocab_free(v);
+    return e;
+}
+
+/* --- one generation ----------------------------------------------------------------------- */
+
+td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block)
+{
+    memset(c, 0, sizeof *c);
+    TD_ASSERT(cfg && block >= 1);
+    if (cfg->format == MSG_FORMAT_TEXT)
+        return TD_OK;
+    if (!v)
+        return err_set(TD_ENOTSUP, "structured output needs the model's tokenizer, which its "
+                       "file does not have");
+    const int32_t ids[2] = {cfg->think_start, cfg->think_end};
+    for (int k = 0; k < 2; k++)
+        if (ids[k] < -1 || ids[k] >= v->n_vocab)
+            return err_set(TD_EINVAL, "reasoning token %d: outside the vocabulary of %lld",
+                           ids[k], (long long)v->n_vocab);
+    if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
+        return err_set(TD_EINVAL, "a reasoning block with no token to end it");
+    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA
+                   ? jc_compile(cfg->schema, cfg->n_schema, &c->schema)
+                   : jc_compile(NULL, 0, &c->schema);
+    if (e != TD_OK) {
+        c->schema = NULL;
+        return e;
+    }
+    c->on = true;
+    c->v = v;
+    c->block = block;
+    c->size = (jc_state_size(c->schema) + 7) & ~(size_t)7; /* states stay aligned in arrays */
+    c->think_start = cfg->think_start;
+    c->think_end = cfg->think_end;
+    c->think_open = cfg->think_open;
+    const int32_t depth = v->all.depth;
+    c->cur = malloc(c->size);
+    c->rows = malloc((size_t)block * c->size);
+    c->row_phase = malloc((size_t)block * sizeof *c->row_phase);
+    c->walk = malloc((size_t)(depth + 2) * c->size); /* also the memo key's scratch */
+    c->walk_node = malloc((size_t)(depth + 1) * sizeof *c->walk_node);
+    c->host = malloc((size_t)(block * v->words) * sizeof *c->host);
+    bool ok = c->cur && c->rows && c->row_phase && c->walk && c->walk_node && c->host;
+    for (int i = 0; ok && i < CST_MEMO; i++) {
+        c->memo[i].key = malloc(1 + c->size);
+        c->memo[i].mask = malloc((size_t)v->words * sizeof(uint32_t));
+        ok = c->memo[i].key && c->memo[i].mask;
+    }
+    if (!ok) {
+        cst_free(c, NULL);
+        return err_set(TD_ENOMEM, "out of memory for a structured-output state");
+    }
+    cst_reset(c);
+    return TD_OK;
+}
+
+void cst_free(cst_state *c, const ops_backend *be)
+{
+    if (be && c->dev)
+        be->release(be, c->dev);
+    jc_schema_free(c->schema);
+    free(c->cur);
+    free(c->rows);
+    free(c->row_phase);
+    free(c->walk);
+    free(c->walk_node);
+    free(c->host);
+    for (int i = 0; i < CST_MEMO; i++) {
+        free(c->memo[i].key);
+        free(c->memo[i].mask);
+    }
+    memset(c, 0, sizeof *c);
+}
+
+void cst_reset(cst_state *c)
+{
+    if (!c->on)
+        return;
+    jc_state_init(c->schema, c->cur);
+    c->phase = c->think_open ? CST_THINK : c->think_start >= 0 ? CST_OPEN : CST_DOC;
+}
+
+/* One token after (phase, st), in place; false when the format does not allow it (then
+ * both are unspecified). */
+static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32_t tok)
+{
+    const cst_vocab *v = c->v;
+    if (tok < 0 || tok >= v->n_vocab)
+        return false;
+    switch (*phase) {
+    case CST_THINK:
+        if (tok == c->think_end)
+            *phase = CST_DOC;
+        return !cst_bit(v->eog, tok);
+    case CST_END:
+        return cst_bit(v->eog, tok);
+    case CST_OPEN:
+        if (tok == c->think_start) {
+            *phase = CST_THINK;
+            return true;
+        }
+        *phase = CST_DOC;
+        break;
+    case CST_DOC:
+        break;
+    }
+    if (cst_bit(v->eog, tok)) {
+        *phase = CST_END;
+        return jc_done(c->schema, st);
+    }
+    return cst_bit(v->normal, tok) &&
+           jc_feed(c->schema, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
+}
+
+/* The tokens of trie tr whose bytes st accepts, into mask. */
+static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
+{
+    const jc_schema *sc = c->schema;
+    const size_t sz = c->size;
+    uint8_t *S = c->walk; /* S + d * sz: the state after the path's first d bytes */
+    jc_state_copy(sc, S, st);
+    int32_t d = 0, node = tr->child[0];
+    for (;;) {
+        if (node < 0) {
+            if (d == 0)
+                return;
+            node = tr->sibling[c->walk_node[--d]];
+            continue;
+        }
+        uint8_t *next = S + (size_t)(d + 1) * sz;
+        jc_state_copy(sc, next, S + (size_t)d * sz);
+        if (jc_feed(sc, next, &tr->byte[node], 1)) {
+            for (int32_t t = tr->tok[node]; t >= 0; t = c->v->same_next[t])
+                cst_set(mask, t);
+            if (tr->child[node] >= 0) {
+                c->walk_node[d++] = node;
+                node = tr->child[node];
+                continue;
+            }
+        }
+        node = tr->sibling[node];
+    }
+}
+
+static uint64_t cst_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+/* The allowed set after (phase, st) into mask [words]. */
+static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32_t *mask)
+{
+    const cst_vocab *v = c->v;
+    const size_t W = (size_t)v->words;
+    if (phase == CST_END) {
+        memcpy(mask, v->eog, W * sizeof *mask);
+        return;
+    }
+    if (phase == CST_THINK) {
+        for (size_t w = 0; w < W; w++)
+            mask[w] = ~v->eog[w];
+        return;
+    }
+    /* the key: the state's bytes as jc_state_copy leaves them, then the phase */
+    uint8_t *key = c->walk;
+    memset(key, 0, c->size);
+    jc_state_copy(c->schema, key, st);
+    key[c->size] = (uint8_t)phase;
+    const uint64_t h = cst_hash(key, 1 + c->size);
+    struct cst_memo *slot = &c->memo[0];
+    for (int i = 0; i < CST_MEMO; i++) {
+        struct cst_memo *m = &c->memo[i];
+        if (m->hash == h && memcmp(m->key, key, 1 + c->size) == 0) {
+            m->used = ++c->clock;
+            memcpy(mask, m->mask, W * sizeof *mask);
+            return;
+        }
+        if (m->used < slot->used)
+            slot = m;
+    }
+    memcpy(slot->key, key, 1 + c->size);
+    if (jc_free_string(c->schema, st)) {
+        memcpy(mask, v->plain, W * sizeof *mask);
+        cst_walk(c, &v->other, st, mask);
+    } else {
+        memset(mask, 0, W * sizeof *mask);
+        cst_walk(c, &v->all, st, mask);
+    }
+    if (jc_done(c->schema, st))
+        for (size_t w = 0; w < W; w++)
+            mask[w] |= v->eog[w];
+    if (phase == CST_OPEN && c->think_start >= 0)
+        cst_set(mask, c->think_start);
+    slot->hash = h;
+    slot->used = ++c->clock;
+    memcpy(slot->mask, mask, W * sizeof *mask);
+}
+
+int64_t cst_allowed(cst_state *c, const int32_t *drafts, int64_t n)
+{
+    if (!c->on || n <= 0)
+        return n > 0 ? n : 0;
+    uint8_t *st = c->rows;
+    cst_phase ph = c->phase;
+    jc_state_copy(c->schema, st, c->cur);
+    for (int64_t i = 0; i < n; i++)
+        if (!cst_advance(c, &ph, st, drafts[i]))
+            return i;
+    return n;
+}
+
+td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32_t *drafts,
+                 int64_t n)
+{
+    if (!c->on || n <= 0)
+        return TD_OK;
+    TD_ASSERT(n <= c->block && (n == 1 || drafts));
+    const cst_vocab *v = c->v;
+    const size_t sz = c->size, W = (size_t)v->words;
+    jc_state_copy(c->schema, c->rows, c->cur);
+    c->row_phase[0] = c->phase;
+    for (int64_t i = 1; i < n; i++) {
+        c->row_phase[i] = c->row_phase[i - 1];
+        jc_state_copy(c->schema, c->rows + (size_t)i * sz, c->rows + (size_t)(i - 1) * sz);
+        const bool ok = cst_advance(c, &c->row_phase[i], c->rows + (size_t)i * sz, drafts[i - 1]);
+        TD_ASSERT(ok); /* the caller cut the block at cst_allowed */
+    }
+    for (int64_t i = 0; i < n; i++)
+        cst_mask_of(c, c->row_phase[i], c->rows + (size_t)i * sz, c->host + (size_t)i * W);
+    if (!c->dev)
+        TD_TRY(be->alloc(be, &c->dev, (size_t)c->block * W * sizeof(uint32_t)));
+    TD_TRY(be->to_device(be, c->dev, c->host, (size_t)n * W * sizeof(uint32_t)));
+    return be->logit_mask(be, logits, n, v->n_vocab, (const uint32_t *)c->dev);
+}
+
+td_err cst_emit(cst_state *c, const int32_t *tok, int64_t n)
+{
+    if (!c->on)
+        return TD_OK;
+    uint8_t *st = c->rows;
+    cst_phase ph = c->phase;
+    jc_state_copy(c->schema, st, c->cur);
+    for (int64_t i = 0; i < n; i++)
+        if (!cst_advance(c, &ph, st, tok[i]))
+            return err_set(TD_EINVAL, "token %d does not continue the response format (no "
+                           "token it allows had a finite logit)", tok[i]);
+    jc_state_copy(c->schema, c->cur, st);
+    c->phase = ph;
+    return TD_OK;
+}
+
+td_err cst_mask(cst_state *c, uint32_t *mask)
+{
+    TD_ASSERT(c->on);
+    cst_mask_of(c, c->phase, c->cur, mask);
+    return TD_OK;
+}

@@ -1,0 +1,134 @@
+/* Structured output (OpenAI response_format json_object / json_schema): which tokens keep a
+ * generation's text a viable prefix of a valid document, as a mask on every row of target
+ * logits a token is chosen from.
+ *
+ * The text is matched byte by byte by common/jsonc; a token is allowed at a row when all of
+ * its bytes are accepted after the text so far. Rows are masked like the logit bias is added
+ * (verifyd/penalty.h): row i of a verify block is masked as if the drafts before it had been
+ * emitted, so speculative output stays equal to plain decoding with the same format, and a
+ * block is cut before its first draft the format refuses (that draft could never be
+ * accepted). Masks are built on the host by walking a byte trie of the vocabulary from the
+ * matcher's state (every token sharing a prefix shares the walk), and applied beside the
+ * logits on the backend (ops_backend.logit_mask): no logits cross. Inside a string whose
+ * content is free, the tokens made only of plain characters are allowed as a precomputed set
+ * and only the others are walked.
+ *
+ * A thinking model's reasoning block is left free: when the prompt leaves one open, the
+ * format applies from the token after its end token; when the output may open one itself,
+ * its start token is allowed first. Once the document is complete only the end-of-generation
+ * tokens (and trailing whitespace) are allowed. A state that no token of the vocabulary
+ * continues gets an empty mask: the generation then fails with a clear error rather than
+ * ending with a broken document. */
+#ifndef TANDEM_VERIFYD_CONSTRAIN_H
+#define TANDEM_VERIFYD_CONSTRAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/jsonc.h"
+#include "common/msg.h"
+#include "common/tokenizer.h"
+#include "kernels/backend.h"
+
+/* A byte trie of tokens: node 0 is the root (no byte); children in increasing byte order. */
+typedef struct cst_trie {
+    uint8_t *byte;        /* [n_nodes] the byte leading to the node */
+    int32_t *child;       /* [n_nodes] first child, or -1 */
+    int32_t *sibling;     /* [n_nodes] next sibling, or -1 */
+    int32_t *tok;         /* [n_nodes] first token whose bytes end here, or -1 */
+    int32_t n_nodes;
+    int32_t depth;        /* longest token, bytes */
+} cst_trie;
+
+/* What a model's vocabulary is to the matcher: built once per model, read-only after. */
+typedef struct cst_vocab {
+    int64_t n_vocab;      /* rows of the model's logits (may exceed the tokenizer's) */
+    int64_t words;        /* OPS_MASK_WORDS(n_vocab) */
+    uint8_t *bytes;       /* every token's bytes back to back */
+    uint32_t *off;        /* [n_vocab + 1] token i is bytes [off[i], off[i + 1]) */
+    int32_t *same_next;   /* [n_vocab] next token with the same bytes, or -1 */
+    uint32_t *normal;     /* [words] tokens that can be document text (normal, with bytes) */
+    uint32_t *plain;      /* [words] those of plain string characters only (see the top) */
+    uint32_t *eog;        /* [words] end-of-generation tokens */
+    cst_trie all;         /* every normal token with bytes */
+    cst_trie other;       /* those not in plain */
+} cst_vocab;
+
+td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab);
+void cst_vocab_free(cst_vocab *v);
+
+/* What a generation asks for (msg_gen_start's fields). */
+typedef struct cst_cfg {
+    msg_format format;    /* MSG_FORMAT_TEXT: nothing to do */
+    const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA) */
+    size_t n_schema;
+    bool think_open;      /* the prompt leaves a reasoning block open */
+    int32_t think_start;  /* the token that opens one, or -1 */
+    int32_t think_end;    /* the token that closes it, or -1 */
+} cst_cfg;
+
+#define CST_MEMO 8 /* masks remembered per generation */
+
+typedef enum cst_phase {
+    CST_OPEN = 0,  /* output start: a reasoning block may open, else the document begins */
+    CST_THINK,     /* inside a reasoning block: anything */
+    CST_DOC,       /* the document */
+    CST_END,       /* an end-of-generation token was emitted: only those */
+} cst_phase;
+
+typedef struct cst_state {
+    bool on;              /* a format applies */
+    const cst_vocab *v;
+    jc_schema *schema;
+    size_t size;          /* bytes of a matcher state */
+    cst_phase phase;
+    int32_t think_start, think_end;
+    bool think_open;
+    uint8_t *cur;         /* [size] the matcher after the emitted text */
+    int64_t block;        /* rows of a block at most */
+    uint8_t *rows;        /* [block][size] states along a block's drafts */
+    cst_phase *row_phase; /* [block] */
+    uint8_t *walk;        /* [trie depth + 2][size] the trie walk's states */
+    int32_t *walk_node;   /* [trie depth + 1] */
+    uint32_t *host;       /* [block][words] masks being built */
+    void *dev;            /* [block][words] the same on the backend, or NULL until used */
+    /* Masks of recent states (a string's content leaves its state as it was, so the rows
+     * of a block inside one string share one mask): key = state bytes + phase. */
+    struct cst_memo {
+        uint64_t hash;    /* 0: empty */
+        uint8_t *key;     /* [size + 1] */
+        uint32_t *mask;   /* [words] */
+        uint64_t used;    /* last use (c->clock) */
+    } memo[CST_MEMO];
+    uint64_t clock;
+} cst_state;
+
+/* TD_EINVAL / TD_ENOTSUP for a schema jsonc refuses (its message), TD_ENOTSUP for a format
+ * without a vocabulary (a model file without a tokenizer), TD_EINVAL for reasoning tokens
+ * outside it; TD_ENOMEM. v may be NULL for MSG_FORMAT_TEXT. block: rows of a verify block
+ * at most. */
+td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block);
+/* be: the backend that holds c->dev (may be NULL when nothing was applied yet). */
+void cst_free(cst_state *c, const ops_backend *be);
+
+/* A new generation: nothing emitted. */
+void cst_reset(cst_state *c);
+
+/* How many of drafts [n] the format lets through in order (each allowed after the ones
+ * before it); n when it is off. */
+int64_t cst_allowed(cst_state *c, const int32_t *drafts, int64_t n);
+
+/* Masks rows 0..n-1 of logits [n][n_vocab] (backend memory of be): row i after drafts
+ * [0..i-1] (NULL when n == 1), which must be allowed (cst_allowed). A no-op when off. */
+td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32_t *drafts,
+                 int64_t n);
+
+/* tok [n] were emitted. TD_EINVAL when one was not allowed (the logits gave no allowed
+ * token a finite value); the state is then unchanged. */
+td_err cst_emit(cst_state *c, const int32_t *tok, int64_t n);
+
+/* The allowed set of the current state into mask [words] (tests and tools). */
+td_err cst_mask(cst_state *c, uint32_t *mask);
+
+#endif
