@@ -95,6 +95,15 @@ size_t toki_put_cp(char *p, uint32_t cp)
     return 2;
 }
 
+td_err tok_alphabet_of(const uint8_t *b, size_t n, tok_bytes *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c[2];
+        TD_TRY(toki_bytes_append(out, c, toki_put_cp(c, toki_byte_cp(b[i]))));
+    }
+    return TD_OK;
+}
+
 /* --- UTF-8 ------------------------------------------------------------------------------ */
 
 int toki_utf8_next(const uint8_t *s, size_t n, size_t *len)

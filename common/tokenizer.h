@@ -145,6 +145,10 @@ int32_t tok_id_of(const tokenizer *t, const char *text, size_t len);
 /* The vocabulary string of id (byte-level alphabet for normal tokens); id must be valid. */
 tok_str tok_text_of(const tokenizer *t, int32_t id);
 tok_type tok_type_of(const tokenizer *t, int32_t id);
+/* Appends the vocabulary string of raw bytes b[0..n) (each byte as its GPT-2 byte-level
+ * alphabet character): what a normal token that decodes to those bytes is spelled as. */
+td_err tok_alphabet_of(const uint8_t *b, size_t n, tok_bytes *out);
+
 /* The bytes id decodes to, as they are (a normal token may hold part of a character: no
  * U+FFFD repair); id must be valid. Valid while t lives. */
 tok_str tok_bytes_of(const tokenizer *t, int32_t id);
