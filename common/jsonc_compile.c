@@ -256,7 +256,7 @@ static td_err jcc_object(jcc *c, json_t *j, jc_node *n, int depth)
         if (len > JCC_NAME_MAX)
             return err_set(TD_ENOTSUP, "schema %s/properties: a name longer than %d bytes",
                            c->path, JCC_NAME_MAX);
-        uint16_t node;
+        uint16_t node = 0;
         size_t old = jcc_path_push(c, "properties", 10);
         td_err e = jcc_child_at(c, v, name, len, depth, &node);
         jcc_path_pop(c, old);
@@ -306,7 +306,7 @@ static td_err jcc_schema_list(jcc *c, json_t *list, const char *key, int depth, 
     c->n_br += (uint32_t)n;
     size_t old = jcc_path_push(c, key, strlen(key));
     for (size_t i = 0; i < n; i++) {
-        uint16_t node;
+        uint16_t node = 0;
         char num[24];
         td_err e = jcc_child_at(c, json_array_get(list, i), num,
                                (size_t)snprintf(num, sizeof num, "%zu", i), depth, &node);
@@ -523,7 +523,7 @@ static td_err jcc_run(jcc *c, const char *schema, size_t len, jc_schema *s)
     c->memo = calloc(JCC_MEMO_SLOTS, sizeof *c->memo);
     if (!c->nodes || !c->queue || !c->memo)
         return jcc_nomem();
-    uint16_t none, any, root;
+    uint16_t none = 0, any = 0, root = 0;
     TD_TRY(jcc_node_new(c, "#", &none));
     TD_TRY(jcc_node_new(c, "#", &any));
     c->nodes[none].n.types = 0;

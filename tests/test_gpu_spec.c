@@ -2,7 +2,8 @@
  * steps against the PyTorch reference (the same golden files and bound as the CPU test), and
  * greedy speculative generation with target, drafter and acceptance on the GPU equal token
  * for token to plain greedy decoding on the GPU, for several prompts and block sizes, also
- * with presence/frequency penalties and a logit bias. How
+ * with presence/frequency penalties and a logit bias, and with a response format (masks on the
+ * device, cuda_logit_mask; every output a viable prefix of a valid document). How
  * often the GPU's tokens equal the CPU's is printed, not required: logits that differ in the
  * last bits may pick another token where two are nearly tied. Skipped (77) without a CUDA
  * device. */
@@ -218,6 +219,70 @@ static void test_gpu_spec_greedy_with_penalties_equals_plain_greedy(void **ctx)
     tgt_free(tg);
 }
 
+/* out [n] is a viable prefix of a document of sc (complete where an end-of-generation token
+ * came). */
+static void expect_viable(const cst_vocab *voc, const tokenizer *tok, const jc_schema *sc,
+                          const int32_t *out, int64_t n)
+{
+    void *st = malloc(jc_state_size(sc));
+    jc_state_init(sc, st);
+    for (int64_t i = 0; i < n; i++) {
+        if (voc->eog[out[i] / 32] >> (out[i] % 32) & 1u) {
+            assert_true(jc_done(sc, st));
+            break;
+        }
+        const tok_str b = tok_bytes_of(tok, out[i]);
+        if (!jc_feed(sc, st, (const uint8_t *)b.ptr, b.len))
+            fail_msg("token %lld (%d) breaks the document", (long long)i, out[i]);
+    }
+    free(st);
+}
+
+/* A response format (masks applied on the device): speculative greedy on the GPU equals plain
+ * greedy on the GPU, and both are documents of the schema. */
+static void test_gpu_spec_greedy_with_a_format_equals_plain_greedy(void **ctx)
+{
+    (void)ctx;
+    static const char schema[] =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":"
+        "{\"type\":\"integer\"}},\"required\":[\"name\",\"n\"],\"additionalProperties\":false}";
+    tgt_model *tg = load_target(gpu);
+    tokenizer *tok = NULL;
+    cst_vocab voc;
+    jc_schema *sc = NULL;
+    if (tok_load_gguf(&tok, tg->file) != TD_OK || cst_vocab_init(&voc, tok, tg->hp.n_vocab) != TD_OK ||
+        jc_compile(schema, sizeof schema - 1, &sc) != TD_OK)
+        fail_msg("%s", err_msg());
+    const spec_cfg base = {.n_ctx = 256, .block = 1, .vocab = &voc,
+                           .cst = {.format = MSG_FORMAT_JSON_SCHEMA, .schema = schema,
+                                   .n_schema = sizeof schema - 1, .think_start = -1,
+                                   .think_end = -1}};
+    for (size_t k = 0; k < 2; k++) {
+        dfl_model *dm = load_drafter(tg, drafters[k]);
+        for (int p = 0; p < N_PROMPTS; p++) {
+            int32_t prompt[32], plain[N_GEN], spec[N_GEN];
+            int64_t np;
+            make_prompt(p, tg->hp.n_vocab, prompt, &np);
+            spec_cfg cfg = base;
+            if (mf_generate(tg, &cfg, prompt, np, N_GEN, plain, NULL) != TD_OK)
+                fail_msg("plain: %s", err_msg());
+            cfg.dm = dm;
+            if (mf_generate(tg, &cfg, prompt, np, N_GEN, spec, NULL) != TD_OK)
+                fail_msg("speculative: %s", err_msg());
+            for (int64_t i = 0; i < N_GEN; i++)
+                if (plain[i] != spec[i])
+                    fail_msg("%s prompt %d: token %lld differs (plain %d, speculative %d)",
+                             drafters[k], p, (long long)i, plain[i], spec[i]);
+            expect_viable(&voc, tok, sc, plain, N_GEN);
+        }
+        dfl_free(dm);
+    }
+    jc_schema_free(sc);
+    cst_vocab_free(&voc);
+    tok_free(tok);
+    tgt_free(tg);
+}
+
 int main(void)
 {
     if (!cuda_available() || ops_backend_cuda_init(&gpu, 0) != TD_OK) {
@@ -228,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_gpu_dflash_two_steps_match_reference),
         cmocka_unit_test(test_gpu_spec_greedy_equals_plain_greedy),
         cmocka_unit_test(test_gpu_spec_greedy_with_penalties_equals_plain_greedy),
+        cmocka_unit_test(test_gpu_spec_greedy_with_a_format_equals_plain_greedy),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_backend_cuda_free(gpu);
