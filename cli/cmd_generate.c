@@ -116,6 +116,8 @@ int cmd_generate(int argc, char **argv)
     const char *device = "cpu";
     int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
     double temp = 0.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
+    double repetition = 1.0;
+    int64_t min_tokens = 0;
     const char *logit_bias = NULL, *json_schema = NULL;
     bool ids = false, ignore_eos = false, help = false, json = false;
     const args_opt opts[] = {
@@ -133,6 +135,8 @@ int cmd_generate(int argc, char **argv)
         {"seed", ARGS_INT, &seed, NULL, "sampling seed", 0, INT64_MAX, 0},
         {"presence-penalty", ARGS_DOUBLE, &presence, NULL, "subtracted from the logit of a token generated before (-2..2)", 0, 0, 0},
         {"frequency-penalty", ARGS_DOUBLE, &frequency, NULL, "and this much per time it was generated (-2..2)", 0, 0, 0},
+        {"repetition-penalty", ARGS_DOUBLE, &repetition, NULL, "divides a positive logit of a prompt or generated token, multiplies a negative one (1 = off, up to 10)", 0, 0, 0},
+        {"min-tokens", ARGS_INT, &min_tokens, NULL, "no end-of-generation token before this many tokens", 0, INT32_MAX, 0},
         {"logit-bias", ARGS_STRING, &logit_bias, NULL, "biases added to token logits: ID=BIAS,ID=BIAS,... (-100..100)", 0, 0, 0},
         {"json", ARGS_FLAG, &json, NULL, "the output is one JSON object (response_format json_object)", 0, 0, 0},
         {"json-schema", ARGS_STRING, &json_schema, NULL, "the output is one JSON value valid under the JSON Schema in this file", 0, 0, 0},
@@ -144,7 +148,8 @@ int cmd_generate(int argc, char **argv)
     static const char usage[] =
         "tandem generate [--model M.gguf] [--draft DIR] (--prompt TEXT | --prompt-ids 1,2,3) "
         "[-n N] [--temp T --seed S] [--presence-penalty P] [--frequency-penalty F] "
-        "[--logit-bias ID=B,...] [--json | --json-schema FILE] [--device cpu|cuda[:N]]";
+        "[--repetition-penalty R] [--min-tokens N] [--logit-bias ID=B,...] "
+        "[--json | --json-schema FILE] [--device cpu|cuda[:N]]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem generate: %s\n", err_msg());
         args_usage(usage, opts);
@@ -174,6 +179,10 @@ int cmd_generate(int argc, char **argv)
     }
     if (temp < 0 || top_p < 0 || min_p < 0) {
         fprintf(stderr, "tandem generate: --temp, --top-p and --min-p must not be negative\n");
+        return 2;
+    }
+    if (!(repetition > 0 && repetition <= 10)) {
+        fprintf(stderr, "tandem generate: --repetition-penalty must be in (0, 10]\n");
         return 2;
     }
     if (!(fabs(presence) <= 2) || !(fabs(frequency) <= 2)) {
@@ -241,6 +250,8 @@ int cmd_generate(int argc, char **argv)
         pids = v.ids;
         n_prompt = (int64_t)v.n;
     }
+    const tok_specials *sp = tok_specials_of(tok);
+    const int32_t eog[2] = {sp->eos, sp->eot}; /* what ends the generation below */
     ops_sampler sampler = {
         .temperature = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
         .min_p = (float)min_p, .seed = (uint64_t)seed,
@@ -248,7 +259,9 @@ int cmd_generate(int argc, char **argv)
     const spec_cfg cfg = {
         .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .sampler = sampler,
         .pen = {.presence = (float)presence, .frequency = (float)frequency,
-                .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias},
+                .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias,
+                .repetition = (float)repetition, .min_tokens = (int32_t)min_tokens,
+                .stop = eog, .n_stop = ignore_eos ? 0 : 2},
         .cst = {.format = json_schema ? MSG_FORMAT_JSON_SCHEMA
                           : json      ? MSG_FORMAT_JSON_OBJECT
                                       : MSG_FORMAT_TEXT,

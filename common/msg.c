@@ -329,6 +329,9 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
         return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema "
                        "format needs 1..%u bytes, others none)", m->n_schema,
                        (unsigned)m->format, MSG_SCHEMA_MAX);
+    if (!(m->repetition_penalty >= 0 && m->repetition_penalty <= MSG_REPETITION_MAX))
+        return err_set(code, "gen_start: repetition penalty %g, allowed 0 (none) or up to %g",
+                       (double)m->repetition_penalty, (double)MSG_REPETITION_MAX);
     if (m->format != MSG_FORMAT_TEXT && m->think_end == MSG_TOKEN_NONE &&
         (m->think_open || m->think_start != MSG_TOKEN_NONE))
         return err_set(code, "gen_start: a reasoning block with no token to end it");
@@ -341,7 +344,7 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     TD_TRY(check_gen_start(m, TD_EINVAL));
     TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 17);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 19);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -359,6 +362,8 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_bool(&w, m->think_open);
     msg_write_uint(&w, m->think_start);
     msg_write_uint(&w, m->think_end);
+    msg_write_f32(&w, m->repetition_penalty);
+    msg_write_uint(&w, m->min_tokens);
     return msg_write_end(&w);
 }
 
@@ -370,13 +375,14 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     msg_reader r;
     msg_header h;
     uint64_t max_tokens = 0, top_logprobs = 0, format = 0, think_start = 0, think_end = 0;
+    uint64_t min_tokens = 0;
     uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL;
     float *bias = NULL;
     char *schema = NULL;
     const uint8_t *schema_in = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 17, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 19, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -394,6 +400,8 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_bool(&r, "think_open", &out->think_open)) ||
         (e = msg_read_uint(&r, "think_start", MSG_TOKEN_NONE, &think_start)) ||
         (e = msg_read_uint(&r, "think_end", MSG_TOKEN_NONE, &think_end)) ||
+        (e = msg_read_f32(&r, "repetition_penalty", &out->repetition_penalty)) ||
+        (e = msg_read_uint(&r, "min_tokens", UINT32_MAX, &min_tokens)) ||
         (e = msg_read_end(&r)))
         goto fail;
     if (out->n_schema > 0) {
@@ -409,6 +417,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     out->format = (msg_format)format;
     out->think_start = (uint32_t)think_start;
     out->think_end = (uint32_t)think_end;
+    out->min_tokens = (uint32_t)min_tokens;
     out->prompt = prompt;
     out->stop = stop;
     out->bias_tok = bias_tok;

@@ -49,6 +49,7 @@
 #define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
 #define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
 #define MSG_SCHEMA_MAX (256u << 10)  /* gen_start JSON Schema text (bytes) */
+#define MSG_REPETITION_MAX 10.0f     /* gen_start repetition penalty (above 0) */
 #define MSG_TOKEN_NONE UINT32_MAX    /* a token id field that names no token */
 #define MSG_EVENT_TOKENS_MAX 256     /* gen_event tokens (a step commits at most 16) */
 #define MSG_TOP_LOGPROBS_MAX 20      /* gen_start.top_logprobs, alternatives per token (OpenAI) */
@@ -231,6 +232,10 @@ typedef struct msg_gen_start {
                              * one, then the format applies after think_end), or MSG_TOKEN_NONE */
     uint32_t think_end;     /* the token that closes it, or MSG_TOKEN_NONE (then a reasoning
                              * block never ends and think_open/think_start must not be used) */
+    float repetition_penalty; /* 0 (none) or in (0, MSG_REPETITION_MAX]: a prompt or generated
+                               * token's positive logit is divided by it, a negative one
+                               * multiplied */
+    uint32_t min_tokens;    /* the stop tokens are refused before this many were generated */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);

@@ -292,6 +292,8 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_e
         .bias_tok = s->req.bias_tok,
         .bias = s->req.bias,
         .n_bias = (uint32_t)s->req.n_bias,
+        .repetition_penalty = (float)s->req.sampling.repetition_penalty,
+        .min_tokens = (uint32_t)s->req.sampling.min_tokens,
         .format = s->req.format,
         .schema = s->req.schema,
         .n_schema = (uint32_t)s->req.n_schema,

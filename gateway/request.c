@@ -705,6 +705,14 @@ static td_err req_common(gw_request *r, api_error *e)
     s->seed = (uint64_t)seed;
     TD_TRY(req_number(r->root, "presence_penalty", -2, false, 2, &s->presence_penalty, e));
     TD_TRY(req_number(r->root, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e));
+    s->repetition_penalty = 1.0;
+    TD_TRY(req_number(r->root, "repetition_penalty", 0, true, MSG_REPETITION_MAX,
+                      &s->repetition_penalty, e));
+    TD_TRY(req_int(r->root, "min_tokens", 0, UINT32_MAX, &s->min_tokens, NULL, e));
+    if (r->max_tokens >= 0 && s->min_tokens > r->max_tokens)
+        return apierr_set(e, 400, "invalid_value", "min_tokens",
+                          "Invalid value for 'min_tokens': %lld is more than max_tokens (%lld).",
+                          (long long)s->min_tokens, (long long)r->max_tokens);
     TD_TRY(req_logit_bias(r, e));
     TD_TRY(req_response_format(r, e));
     TD_TRY(req_stop_ids(r, e));

@@ -41,6 +41,10 @@ typedef struct req_sampling {
     uint64_t seed;      /* sampling seed when has_seed */
     double presence_penalty;  /* in [-2, 2]: minus this for a token generated before */
     double frequency_penalty; /* in [-2, 2]: and this much per time it was generated */
+    double repetition_penalty; /* in (0, MSG_REPETITION_MAX]; 1 = off (vLLM's): a prompt or
+                                * generated token's positive logit is divided by it, a
+                                * negative one multiplied */
+    int64_t min_tokens;       /* >= 0 (vLLM's): no stop token before this many tokens */
 } req_sampling;
 
 typedef struct gw_request {

@@ -448,15 +448,18 @@ int32_t cpu_sample_draw(const float *p, int64_t n_vocab, uint64_t seed, uint64_t
 td_err cpu_sample_rows(int32_t *tok, float *q, const float *logits, int64_t n, int64_t n_vocab,
                        const ops_sampler *s, uint64_t ctr, uint64_t ctr_step);
 
-/* One sparse addition to a row of logits (a logit bias or a penalty). */
+/* One sparse change to a row of logits (a logit bias, penalties). */
 typedef struct ops_logit_add {
     int32_t tok;  /* 0 <= tok < n_vocab */
-    float delta;  /* added to the token's logit */
+    float rep;    /* a repetition penalty: a positive logit is divided by it, a negative one
+                   * multiplied (1: none) */
+    float delta;  /* then added to the token's logit */
 } ops_logit_add;
 
-/* Rows of logits [n][n_vocab] get sparse additions: row i adds add[j].delta to its logit of
- * add[j].tok for j in off[i] .. off[i+1] - 1 (off [n + 1], off[0] = 0; a token at most once
- * per row). One f32 add per entry, so the result does not depend on the order. */
+/* Rows of logits [n][n_vocab] get sparse changes: row i's logit l of add[j].tok becomes
+ * (rep == 1 ? l : l > 0 ? l / rep : l * rep) + delta for j in off[i] .. off[i+1] - 1 (off
+ * [n + 1], off[0] = 0; a token at most once per row). f32 operations, one entry per logit, so
+ * the result does not depend on the order. */
 void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off,
                    const ops_logit_add *add);
 

@@ -223,6 +223,35 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
                  "\"param\":\"presence_penalty\",\"code\":\"invalid_value\"}}");
 }
 
+static void repetition_penalty_and_min_tokens_are_checked(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *ok = "{\"prompt\": \"x\", \"max_tokens\": 9, \"repetition_penalty\": 1.25, "
+                     "\"min_tokens\": 9}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, ok, strlen(ok), &e), TD_OK);
+    assert_true(r.sampling.repetition_penalty == 1.25);
+    assert_int_equal(r.sampling.min_tokens, 9);
+    req_free(&r);
+    const char *none = "{\"prompt\": \"x\"}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, none, strlen(none), &e), TD_OK);
+    assert_true(r.sampling.repetition_penalty == 1.0);
+    assert_int_equal(r.sampling.min_tokens, 0);
+    req_free(&r);
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"repetition_penalty\": 0}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'repetition_penalty': expected a "
+                 "number in (0, 10], but got 0 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"repetition_penalty\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                 "\"max_completion_tokens\": 4, \"min_tokens\": 5}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'min_tokens': 5 is more than "
+                 "max_tokens (4).\",\"type\":\"invalid_request_error\",\"param\":\"min_tokens\","
+                 "\"code\":\"invalid_value\"}}");
+}
+
 static void response_format_is_parsed_and_checked(void **state)
 {
     (void)state;
@@ -571,6 +600,7 @@ int main(void)
         cmocka_unit_test(malformed_json_is_400),
         cmocka_unit_test(bad_logit_bias_and_penalties_are_400),
         cmocka_unit_test(response_format_is_parsed_and_checked),
+        cmocka_unit_test(repetition_penalty_and_min_tokens_are_checked),
         cmocka_unit_test(invalid_utf8_in_a_string_is_400),
         cmocka_unit_test(wrong_types_name_the_field),
         cmocka_unit_test(empty_or_missing_messages_are_400),

@@ -634,8 +634,8 @@ static void test_accept_greedy_finds_accepted_prefix_and_next_token(void **state
     }
 }
 
-/* cuda_logit_add against cpu_logit_add: rows of a verify block with many entries, some rows
- * empty, at the edges of the vocabulary; the same bits. */
+/* cuda_logit_add against cpu_logit_add (repetition factors on some entries): rows of a verify
+ * block with many entries, some rows empty, at the edges of the vocabulary; the same bits. */
 static void test_logit_add_matches_cpu(void **state)
 {
     (void)state;
@@ -651,10 +651,11 @@ static void test_logit_add_matches_cpu(void **state)
         off[r] = m;
         const int32_t k = r % 5 == 2 ? 0 : r == 0 ? per_row : 1 + (int32_t)(r * 97 % per_row);
         for (int32_t j = 0; j < k; j++) /* distinct tokens: j spread over the vocabulary */
-            add[m + j] = (ops_logit_add){(int32_t)(((int64_t)j * 82 + r) % V), d[m + j]};
+            add[m + j] = (ops_logit_add){(int32_t)(((int64_t)j * 82 + r) % V),
+                                         j % 3 == 0 ? 1.3f : j % 5 == 1 ? 0.7f : 1.0f, d[m + j]};
         if (k > 1) {
-            add[m] = (ops_logit_add){0, d[m]};
-            add[m + 1] = (ops_logit_add){(int32_t)V - 1, d[m + 1]};
+            add[m] = (ops_logit_add){0, 1.0f, d[m]};
+            add[m + 1] = (ops_logit_add){(int32_t)V - 1, 1.15f, d[m + 1]};
         }
         m += k;
     }

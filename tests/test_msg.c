@@ -171,6 +171,8 @@ static void test_gen_start_round_trip(void **state)
     assert_true(out.think_open);
     assert_int_equal(out.think_start, 151667);
     assert_int_equal(out.think_end, 151668);
+    assert_true(out.repetition_penalty == 1.125f);
+    assert_int_equal(out.min_tokens, 9);
     msg_free_gen_start(&out);
     assert_null(out.prompt);
     assert_null(out.schema);

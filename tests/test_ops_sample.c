@@ -357,12 +357,15 @@ static void test_logit_add_adds_each_rows_entries(void **state)
 {
     (void)state;
     float x[3][5] = {{0, 1, 2, 3, 4}, {-1, -2, -3, -4, -5}, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f}};
-    const int32_t off[4] = {0, 2, 2, 5};
-    const ops_logit_add add[5] = {{4, -0.25f}, {0, 100}, {1, 1.5f}, {3, -100}, {0, 0.125f}};
+    const int32_t off[4] = {0, 3, 3, 7};
+    /* row 0: 4 / 2 - 0.25, 0 (not positive: times 2) + 100, 2 / 0.5; row 2 adds, and divides
+     * 0.5 by 4 */
+    const ops_logit_add add[7] = {{4, 2.0f, -0.25f}, {0, 2.0f, 100}, {2, 0.5f, 0},
+                                  {1, 1, 1.5f}, {3, 1, -100}, {0, 1, 0.125f}, {4, 4.0f, 0}};
     cpu_logit_add(&x[0][0], 3, 5, off, add);
-    const float want[3][5] = {{100, 1, 2, 3, 3.75f},
+    const float want[3][5] = {{100, 1, 4, 3, 1.75f},
                               {-1, -2, -3, -4, -5},
-                              {0.625f, 2.0f, 0.5f, -99.5f, 0.5f}};
+                              {0.625f, 2.0f, 0.5f, -99.5f, 0.125f}};
     assert_memory_equal(x, want, sizeof want);
     /* no rows, no entries */
     const int32_t none[1] = {0};

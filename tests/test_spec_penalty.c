@@ -86,7 +86,7 @@ static void test_rows_count_the_drafts_before_them(void **ctx)
     want1[9] = -0.75f;
     assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
     expect_row(one, want1, 0);
-    pen_reset(&p);
+    assert_int_equal(pen_start(&p, NULL, 0), TD_OK);
     memset(one, 0, sizeof one);
     memset(want1, 0, sizeof want1);
     want1[3] = 1.5f;
@@ -112,6 +112,61 @@ static void test_rows_count_the_drafts_before_them(void **ctx)
     assert_int_equal(pen_emit(&p, t2, 1), TD_OK);
     assert_int_equal(pen_emit(&p, t2, 1), TD_OK);
     want1[2] = 2.0f;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_free(&p, be);
+}
+
+/* The repetition penalty scales the logits of the prompt's and the emitted tokens (divides a
+ * positive one, multiplies a negative one) before the bias and the count penalties; the stop
+ * tokens get -inf in every row before min_tokens were emitted, the drafts before a row
+ * counting. */
+static void test_repetition_and_min_tokens_rows(void **ctx)
+{
+    (void)ctx;
+    const ops_backend *be = ops_backend_cpu();
+    const int32_t bias_tok[] = {6, 1};
+    const float bias[] = {1.5f, 0.25f};
+    const int32_t stop[] = {9, 4, 9, -1, V};
+    pen_cfg cfg = {.presence = 0.5f, .bias_tok = bias_tok, .bias = bias, .n_bias = 2,
+                   .repetition = 2.0f, .min_tokens = 3, .stop = stop, .n_stop = 5};
+    pen_state p;
+    assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
+    const int32_t prompt[] = {1, 2, 2, -3, V + 1};
+    assert_int_equal(pen_start(&p, prompt, 5), TD_OK);
+    const int32_t five = 5;
+    assert_int_equal(pen_emit(&p, &five, 1), TD_OK); /* one emitted: rows 0, 1 are short */
+    float lg[3 * V], want[3][V];
+    for (int r = 0; r < 3; r++)
+        for (int t = 0; t < V; t++)
+            lg[r * V + t] = want[r][t] = (t % 2 ? 1.0f : -1.0f) * (0.5f + (float)t);
+    for (int r = 0; r < 3; r++) {
+        /* prompt tokens 1 (biased) and 2 scaled; 5 emitted: scaled and penalised; 6 biased */
+        want[r][1] = want[r][1] / 2.0f + 0.25f;
+        want[r][2] = want[r][2] * 2.0f;
+        want[r][5] = want[r][5] / 2.0f - 0.5f;
+        want[r][6] += 1.5f;
+        if (r < 2)
+            want[r][4] = want[r][9] = -INFINITY;
+    }
+    want[1][8] *= 2.0f; /* draft 8 before row 1: scaled and penalised, then 0 before row 2 */
+    want[1][8] -= 0.5f;
+    want[2][8] = want[2][8] * 2.0f - 0.5f;
+    want[2][0] = want[2][0] * 2.0f - 0.5f;
+    const int32_t drafts[] = {8, 0};
+    assert_int_equal(pen_apply(&p, be, lg, drafts, 3), TD_OK);
+    for (int r = 0; r < 3; r++)
+        expect_row(lg + r * V, want[r], r);
+    /* a new prompt: the old one no longer scales */
+    const int32_t prompt2[] = {3};
+    assert_int_equal(pen_start(&p, prompt2, 1), TD_OK);
+    float one[V], want1[V];
+    for (int t = 0; t < V; t++)
+        one[t] = want1[t] = 3.0f;
+    want1[3] = 1.5f;
+    want1[1] = 3.25f;
+    want1[6] = 4.5f;
+    want1[4] = want1[9] = -INFINITY; /* nothing emitted again */
     assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
     expect_row(one, want1, 0);
     pen_free(&p, be);
@@ -194,21 +249,28 @@ static void generate(const tgt_model *tm, const dfl_model *dm, const int32_t *pr
         fail_msg("generate: %s", err_msg());
 }
 
-/* The penalties added by hand to a row of logits lg [nv]: bias - (presence + frequency *
- * count) for a generated token (computed as fmaf), the bias for the others. */
+/* The penalties applied by hand to a row of logits lg [nv]: the repetition penalty to the
+ * prompt's and the generated tokens (in_prompt, count), then bias - (presence + frequency *
+ * count) for a generated token (computed as fmaf), the bias for the others; -inf for the stop
+ * tokens while fewer than min_tokens were generated. */
 static void add_by_hand(float *lg, int64_t nv, const float *bias, const int *count,
-                        const pen_cfg *pen)
+                        const uint8_t *in_prompt, int64_t generated, const pen_cfg *pen)
 {
     for (int64_t t = 0; t < nv; t++) {
         const float add = count[t] ? bias[t] - fmaf(pen->frequency, (float)count[t],
                                                      pen->presence)
                                    : bias[t];
+        const float rep = pen->repetition == 0.0f ? 1.0f : pen->repetition;
+        if (rep != 1.0f && (count[t] || in_prompt[t]))
+            lg[t] = lg[t] > 0 ? lg[t] / rep : lg[t] * rep;
         if (add != 0.0f)
             lg[t] += add;
     }
+    for (int32_t i = 0; generated < pen->min_tokens && i < pen->n_stop; i++)
+        lg[pen->stop[i]] = -INFINITY;
 }
 
-/* Plain greedy decoding with the penalties added by hand to each row of target logits. */
+/* Plain greedy decoding with the penalties applied by hand to each row of target logits. */
 static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prompt, int64_t n,
                       const pen_cfg *pen, int32_t *out)
 {
@@ -217,15 +279,19 @@ static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prom
     assert_int_equal(tgt_state_init(&st, tm, 256), TD_OK);
     float *lg = malloc((size_t)nv * sizeof *lg), *bias = calloc((size_t)nv, sizeof *bias);
     int *count = calloc((size_t)nv, sizeof *count);
+    uint8_t *in_prompt = calloc((size_t)nv, 1);
     assert_non_null(lg);
     assert_non_null(bias);
     assert_non_null(count);
+    assert_non_null(in_prompt);
     for (int32_t i = 0; i < pen->n_bias; i++)
         bias[pen->bias_tok[i]] = pen->bias[i];
+    for (int64_t i = 0; i < n_prompt; i++)
+        in_prompt[prompt[i]] = 1;
     tgt_out o = {.logits = lg, .last_only = true};
     assert_int_equal(tgt_forward(tm, &st, prompt, n_prompt, false, &o), TD_OK);
     for (int64_t k = 0; k < n; k++) {
-        add_by_hand(lg, nv, bias, count, pen);
+        add_by_hand(lg, nv, bias, count, in_prompt, k, pen);
         out[k] = (int32_t)cpu_argmax(lg, nv);
         count[out[k]]++;
         assert_int_equal(tgt_forward(tm, &st, &out[k], 1, false, &o), TD_OK);
@@ -234,6 +300,7 @@ static void reference(const tgt_model *tm, const int32_t *prompt, int64_t n_prom
     free(lg);
     free(bias);
     free(count);
+    free(in_prompt);
 }
 
 static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **ctx)
@@ -250,16 +317,20 @@ static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **
     }
     const int32_t bias_tok[] = {11, 279, 42};
     const float bias[] = {3.5f, -4.0f, 1.25f};
+    const int32_t stop[] = {279, 20};
     const pen_cfg pens[] = {
         {.presence = 1.5f, .frequency = 0.5f},
         {.frequency = 2.0f, .bias_tok = bias_tok, .bias = bias, .n_bias = 3},
         {.presence = -0.75f, .frequency = 0.25f, .bias_tok = bias_tok, .bias = bias,
          .n_bias = 2},
+        {.repetition = 1.8f},
+        {.repetition = 0.7f, .presence = 0.5f, .bias_tok = bias_tok, .bias = bias, .n_bias = 3},
+        {.min_tokens = 20, .stop = stop, .n_stop = 2},
     };
     const pen_cfg none = {0};
     ops_sampler greedy = {0};
     const int64_t n = 32;
-    int changed = 0;
+    int changed[sizeof pens / sizeof *pens] = {0};
     for (int p = 0; p < 3; p++) {
         const int32_t prompt[5] = {10 + 7 * p, 20, 279, 40 + p, 279};
         int32_t plain[64], spec[64], ref[64], unpen[64];
@@ -275,11 +346,13 @@ static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **
                                  "plain %d, speculative %d",
                                  p, c, k, (long long)i, ref[i], plain[i], spec[i]);
             }
-            changed += memcmp(ref, unpen, (size_t)n * sizeof *ref) != 0;
+            changed[c] += memcmp(ref, unpen, (size_t)n * sizeof *ref) != 0;
         }
     }
     /* the penalties must matter on these prompts (the tiny model repeats itself) */
-    assert_true(changed >= 6);
+    for (size_t c = 0; c < sizeof pens / sizeof *pens; c++)
+        if (changed[c] == 0)
+            fail_msg("penalties %zu changed nothing on any prompt", c);
     for (int k = 0; k < 2; k++)
         dfl_free(dm[k]);
     tgt_free(tm);
@@ -328,7 +401,12 @@ static void penalised_p(const tgt_model *tm, const int32_t *prompt, int32_t t1, 
     assert_int_equal(tgt_forward(tm, &st, ctx5, 5, false, &o), TD_OK);
     count[t1]++;
     count[t2]++;
-    add_by_hand(lg, nv, bias, count, pen);
+    uint8_t *in_prompt = calloc((size_t)nv, 1);
+    assert_non_null(in_prompt);
+    for (int i = 0; i < 3; i++)
+        in_prompt[prompt[i]] = 1;
+    add_by_hand(lg, nv, bias, count, in_prompt, 2, pen);
+    free(in_prompt);
     assert_int_equal(cpu_sample_probs(pf, lg, nv, smp), TD_OK);
     for (int64_t i = 0; i < nv; i++)
         p[i] = pf[i];
@@ -400,6 +478,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_count_the_drafts_before_them),
+        cmocka_unit_test(test_repetition_and_min_tokens_rows),
         cmocka_unit_test(test_nothing_asked_adds_nothing_and_bad_settings_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_penalties_equals_plain_decoding),
         cmocka_unit_test(test_a_bias_of_100_forces_its_token_greedy_and_sampled),

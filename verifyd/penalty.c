@@ -17,9 +17,15 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     memset(p, 0, sizeof *p);
     TD_ASSERT(cfg && n_vocab >= 1 && n_vocab <= INT32_MAX && cfg->n_bias >= 0);
     TD_ASSERT(cfg->n_bias == 0 || (cfg->bias_tok && cfg->bias));
+    TD_ASSERT(cfg->n_stop >= 0 && (cfg->n_stop == 0 || cfg->stop));
     if (!isfinite(cfg->presence) || !isfinite(cfg->frequency))
         return err_set(TD_EINVAL, "presence penalty %g / frequency penalty %g: not finite",
                        (double)cfg->presence, (double)cfg->frequency);
+    if (!(cfg->repetition >= 0) || !isfinite(cfg->repetition))
+        return err_set(TD_EINVAL, "repetition penalty %g: must be positive",
+                       (double)cfg->repetition);
+    if (cfg->min_tokens < 0)
+        return err_set(TD_EINVAL, "min_tokens %d: negative", cfg->min_tokens);
     for (int32_t i = 0; i < cfg->n_bias; i++) {
         if (cfg->bias_tok[i] < 0 || cfg->bias_tok[i] >= n_vocab)
             return err_set(TD_EINVAL, "logit bias for token %d: outside the vocabulary of %lld",
@@ -30,18 +36,38 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     }
     p->presence = cfg->presence;
     p->frequency = cfg->frequency;
+    p->rep = cfg->repetition == 0.0f ? 1.0f : cfg->repetition;
     p->n_vocab = n_vocab;
-    const bool counted = cfg->presence != 0.0f || cfg->frequency != 0.0f;
-    p->on = counted || cfg->n_bias > 0;
+    const bool counted = cfg->presence != 0.0f || cfg->frequency != 0.0f || p->rep != 1.0f;
+    const bool least = cfg->min_tokens > 0 && cfg->n_stop > 0;
+    p->on = counted || cfg->n_bias > 0 || least;
     if (!p->on)
         return TD_OK;
     bool ok = true;
     if (counted)
         ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
+    if (ok && p->rep != 1.0f)
+        ok = (p->in_prompt = calloc((size_t)n_vocab, 1)) != NULL;
+    if (ok && least) {
+        ok = (p->stop = malloc((size_t)cfg->n_stop * sizeof *p->stop)) != NULL &&
+             (p->where = malloc((size_t)n_vocab * sizeof *p->where)) != NULL;
+        for (int64_t t = 0; ok && t < n_vocab; t++)
+            p->where[t] = -1;
+        for (int32_t i = 0; ok && i < cfg->n_stop; i++) {
+            const int32_t t = cfg->stop[i];
+            if (t < 0 || t >= n_vocab || p->where[t] == 0)
+                continue;
+            p->where[t] = 0; /* marks the ones taken; reset below */
+            p->stop[p->n_stop++] = t;
+        }
+        for (int32_t i = 0; ok && i < p->n_stop; i++)
+            p->where[p->stop[i]] = -1;
+        p->min_tokens = cfg->min_tokens;
+    }
     if (ok && cfg->n_bias > 0) {
         ok = (p->bias = malloc((size_t)cfg->n_bias * sizeof *p->bias)) != NULL;
         for (int32_t i = 0; ok && i < cfg->n_bias; i++)
-            p->bias[i] = (ops_logit_add){cfg->bias_tok[i], cfg->bias[i]};
+            p->bias[i] = (ops_logit_add){cfg->bias_tok[i], 1.0f, cfg->bias[i]};
         p->n_bias = ok ? cfg->n_bias : 0;
         if (ok)
             qsort(p->bias, (size_t)p->n_bias, sizeof *p->bias, pen_by_tok);
@@ -66,15 +92,39 @@ void pen_free(pen_state *p, const ops_backend *be)
     free(p->bias);
     free(p->count);
     free(p->seen);
+    free(p->in_prompt);
+    free(p->ptok);
+    free(p->stop);
+    free(p->where);
     free(p->host);
     memset(p, 0, sizeof *p);
 }
 
-void pen_reset(pen_state *p)
+td_err pen_start(pen_state *p, const int32_t *prompt, int64_t n_prompt)
 {
     for (int64_t i = 0; p->count && i < p->n_seen; i++)
         p->count[p->seen[i]] = 0;
     p->n_seen = 0;
+    p->n_emitted = 0;
+    if (!p->in_prompt)
+        return TD_OK;
+    for (int64_t i = 0; i < p->n_ptok; i++)
+        p->in_prompt[p->ptok[i]] = 0;
+    p->n_ptok = 0;
+    free(p->ptok);
+    p->ptok = NULL;
+    if (n_prompt <= 0)
+        return TD_OK;
+    if (!(p->ptok = malloc((size_t)n_prompt * sizeof *p->ptok)))
+        return err_set(TD_ENOMEM, "out of memory for the repetition penalty's prompt tokens");
+    for (int64_t i = 0; i < n_prompt; i++) {
+        const int32_t t = prompt[i];
+        if (t >= 0 && t < p->n_vocab && !p->in_prompt[t]) {
+            p->in_prompt[t] = 1;
+            p->ptok[p->n_ptok++] = t;
+        }
+    }
+    return TD_OK;
 }
 
 /* One more emission of t (a valid id, p->count set). */
@@ -105,6 +155,7 @@ static void pen_count_down(pen_state *p, int32_t t)
 
 td_err pen_emit(pen_state *p, const int32_t *tok, int64_t n)
 {
+    p->n_emitted += n;
     for (int64_t i = 0; p->count && i < n; i++)
         if (tok[i] >= 0 && tok[i] < p->n_vocab)
             TD_TRY(pen_count_up(p, tok[i]));
@@ -114,7 +165,7 @@ td_err pen_emit(pen_state *p, const int32_t *tok, int64_t n)
 /* Token t's bias (0 when it has none). */
 static float pen_bias(const pen_state *p, int32_t t)
 {
-    const ops_logit_add key = {t, 0.0f};
+    const ops_logit_add key = {t, 1.0f, 0.0f};
     const ops_logit_add *b =
         p->n_bias ? bsearch(&key, p->bias, (size_t)p->n_bias, sizeof key, pen_by_tok) : NULL;
     return b ? b->delta : 0.0f;
@@ -153,7 +204,7 @@ static td_err pen_host_room(pen_state *p, size_t bytes)
 /* Builds rows 0..n-1 into p->host; the entry count goes to *m, the header's bytes to *hdr. */
 static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *hdr, int32_t *m)
 {
-    const size_t per_row = (size_t)(p->n_seen + p->n_bias + n);
+    const size_t per_row = (size_t)(p->n_seen + p->n_ptok + p->n_bias + p->n_stop + n);
     *hdr = ((size_t)(n + 1) * sizeof(int32_t) + 7) & ~(size_t)7;
     TD_TRY(pen_host_room(p, *hdr + (size_t)n * per_row * sizeof(ops_logit_add)));
     int32_t *off = (int32_t *)p->host;
@@ -169,17 +220,39 @@ static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *
             counted = i;
         }
         off[i] = k;
-        /* the tokens with a count (seen holds exactly those), then the biased ones without */
+        /* the tokens with a count (seen holds exactly those), the prompt's others, then the
+         * biased ones in neither */
         for (int64_t j = 0; p->count && j < p->n_seen; j++) {
             const int32_t t = p->seen[j];
             const float v = pen_value(p, t, p->count[t]);
-            if (v != 0.0f)
-                e[k++] = (ops_logit_add){t, v};
+            if (v != 0.0f || p->rep != 1.0f)
+                e[k++] = (ops_logit_add){t, p->rep, v};
+        }
+        for (int64_t j = 0; j < p->n_ptok; j++) {
+            const int32_t t = p->ptok[j];
+            if (p->count[t] == 0)
+                e[k++] = (ops_logit_add){t, p->rep, pen_bias(p, t)};
         }
         for (int32_t j = 0; j < p->n_bias; j++) {
             const ops_logit_add b = p->bias[j];
-            if ((!p->count || p->count[b.tok] == 0) && b.delta != 0.0f)
+            const bool listed = p->count && (p->count[b.tok] > 0 ||
+                                             (p->in_prompt && p->in_prompt[b.tok]));
+            if (!listed && b.delta != 0.0f)
                 e[k++] = b;
+        }
+        /* too few tokens yet: the stop tokens' logits become -inf, each once in the row */
+        if (p->n_emitted + i < p->min_tokens) {
+            for (int32_t j = off[i]; j < k; j++)
+                p->where[e[j].tok] = j;
+            for (int32_t j = 0; j < p->n_stop; j++) {
+                const int32_t t = p->stop[j];
+                if (p->where[t] >= 0)
+                    e[p->where[t]].delta = -INFINITY;
+                else
+                    e[k++] = (ops_logit_add){t, 1.0f, -INFINITY};
+            }
+            for (int32_t j = off[i]; j < k; j++)
+                p->where[e[j].tok] = -1;
         }
     }
     off[n] = k;

@@ -211,7 +211,9 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
         .ring_rows = s->cfg.ring, .sampler = sched_sampler(&gs->sampler),
         .pen = {.presence = gs->presence_penalty, .frequency = gs->frequency_penalty,
                 .bias_tok = (const int32_t *)gs->bias_tok, .bias = gs->bias,
-                .n_bias = (int32_t)gs->n_bias},
+                .n_bias = (int32_t)gs->n_bias, .repetition = gs->repetition_penalty,
+                .min_tokens = gs->min_tokens > INT32_MAX ? INT32_MAX : (int32_t)gs->min_tokens,
+                .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop},
         .cst = sched_cst_cfg(gs),
         .vocab = s->cfg.vocab,
     };

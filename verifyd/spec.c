@@ -231,7 +231,7 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
     if (s->dm)
         dfl_state_reset(&s->ds);
     memset(&s->stats, 0, sizeof s->stats);
-    pen_reset(&s->pen);
+    TD_TRY(pen_start(&s->pen, prompt, n));
     cst_reset(&s->cst);
     s->prompt = prompt;
     s->n_prompt = n;

@@ -268,7 +268,10 @@ void cpu_logit_add(float *logits, int64_t n, int64_t n_vocab, const int32_t *off
         TD_ASSERT(off[i + 1] >= off[i]);
         for (int32_t j = off[i]; j < off[i + 1]; j++) {
             TD_ASSERT(add[j].tok >= 0 && add[j].tok < n_vocab);
-            logits[i * n_vocab + add[j].tok] += add[j].delta;
+            float *l = &logits[i * n_vocab + add[j].tok];
+            if (add[j].rep != 1.0f)
+                *l = *l > 0 ? *l / add[j].rep : *l * add[j].rep;
+            *l += add[j].delta;
         }
     }
 }

@@ -224,8 +224,12 @@ __global__ void logit_add_kernel(float *logits, int64_t n_vocab, const int32_t *
     for (int32_t j = off[blockIdx.x] + (int32_t)threadIdx.x; j < off[blockIdx.x + 1];
          j += (int32_t)blockDim.x) {
         const ops_logit_add e = add[j];
-        if (e.tok >= 0 && e.tok < n_vocab)
-            row[e.tok] = __fadd_rn(row[e.tok], e.delta);
+        if (e.tok < 0 || e.tok >= n_vocab)
+            continue;
+        float l = row[e.tok];
+        if (e.rep != 1.0f)
+            l = l > 0 ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
+        row[e.tok] = __fadd_rn(l, e.delta);
     }
 }
 

@@ -284,6 +284,26 @@ def test_penalties_and_logit_bias_equal_plain_decoding_with_them(server):
     assert set(_reference_ids(prompt, 24, "--logit-bias", "279=100").split(",")) == {"279"}
     forced = server["client"].completions.create(logit_bias={"279": 100}, **args)
     assert forced.choices[0].text == _reference(prompt, 24, "--logit-bias", "279=100")
+    # vLLM's repetition penalty and min_tokens
+    rep = server["client"].completions.create(
+        **dict(args, extra_body={"ignore_eos": True, "repetition_penalty": 1.6}))
+    want = _reference(prompt, 24, "--repetition-penalty", "1.6")
+    assert rep.choices[0].text == want and want != plain
+
+
+def test_min_tokens_holds_off_the_end_of_generation(server):
+    prompt = "def f():"  # the tiny model ends this one after 23 tokens
+    ids = subprocess.run(
+        [str(TANDEM), "generate", "--model", str(MODEL), "--draft", "", "--prompt", prompt, "-n",
+         "40", "--ids"], capture_output=True, text=True, check=True).stdout.strip().split(",")
+    assert len(ids) < 40
+    args = dict(model=server["model"], prompt=prompt, max_tokens=40, temperature=0)
+    r = server["client"].completions.create(**args)
+    assert r.usage.completion_tokens == len(ids) and r.choices[0].finish_reason == "stop"
+    least = len(ids) + 5
+    r = server["client"].completions.create(**dict(args, extra_body={"min_tokens": least}))
+    assert r.usage.completion_tokens >= least
+    assert r.choices[0].text == _format_reference(prompt, 40, "--min-tokens", str(least))
 
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],

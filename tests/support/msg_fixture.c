@@ -67,6 +67,8 @@ msg_gen_start msg_fixture_gen_start(void)
         .think_open = true,
         .think_start = 151667,
         .think_end = 151668,
+        .repetition_penalty = 1.125f,
+        .min_tokens = 9,
     };
     return m;
 }
