@@ -178,6 +178,25 @@ static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
     tgt_free(tg);
 }
 
+/* N_GEN tokens after prompt under base, plainly (into plain) and with the drafter dm: the
+ * same tokens. */
+static void plain_equals_speculative(const tgt_model *tg, const spec_cfg *base,
+                                     const dfl_model *dm, const char *name, int p,
+                                     const int32_t *prompt, int64_t np, int32_t *plain)
+{
+    int32_t spec[N_GEN];
+    spec_cfg cfg = *base;
+    if (mf_generate(tg, &cfg, prompt, np, N_GEN, plain, NULL) != TD_OK)
+        fail_msg("plain: %s", err_msg());
+    cfg.dm = dm;
+    if (mf_generate(tg, &cfg, prompt, np, N_GEN, spec, NULL) != TD_OK)
+        fail_msg("speculative: %s", err_msg());
+    for (int64_t i = 0; i < N_GEN; i++)
+        if (plain[i] != spec[i])
+            fail_msg("%s prompt %d: token %lld differs (plain %d, speculative %d)", name, p,
+                     (long long)i, plain[i], spec[i]);
+}
+
 /* With presence/frequency penalties and a logit bias (added on the device, cuda_logit_add):
  * speculative greedy on the GPU still equals plain greedy on the GPU, and the penalties change
  * what is generated. */
@@ -195,19 +214,10 @@ static void test_gpu_spec_greedy_with_penalties_equals_plain_greedy(void **ctx)
     for (size_t k = 0; k < 2; k++) {
         dfl_model *dm = load_drafter(tg, drafters[k]);
         for (int p = 0; p < N_PROMPTS; p++) {
-            int32_t prompt[32], plain[N_GEN], spec[N_GEN], unpen[N_GEN];
+            int32_t prompt[32], plain[N_GEN], unpen[N_GEN];
             int64_t np;
             make_prompt(p, V, prompt, &np);
-            spec_cfg cfg = base;
-            if (mf_generate(tg, &cfg, prompt, np, N_GEN, plain, NULL) != TD_OK)
-                fail_msg("plain: %s", err_msg());
-            cfg.dm = dm;
-            if (mf_generate(tg, &cfg, prompt, np, N_GEN, spec, NULL) != TD_OK)
-                fail_msg("speculative: %s", err_msg());
-            for (int64_t i = 0; i < N_GEN; i++)
-                if (plain[i] != spec[i])
-                    fail_msg("%s prompt %d: token %lld differs (plain %d, speculative %d)",
-                             drafters[k], p, (long long)i, plain[i], spec[i]);
+            plain_equals_speculative(tg, &base, dm, drafters[k], p, prompt, np, plain);
             if (k == 0) {
                 generate(tg, NULL, prompt, np, unpen);
                 changed += memcmp(plain, unpen, sizeof plain) != 0;
@@ -260,19 +270,10 @@ static void test_gpu_spec_greedy_with_a_format_equals_plain_greedy(void **ctx)
     for (size_t k = 0; k < 2; k++) {
         dfl_model *dm = load_drafter(tg, drafters[k]);
         for (int p = 0; p < N_PROMPTS; p++) {
-            int32_t prompt[32], plain[N_GEN], spec[N_GEN];
+            int32_t prompt[32], plain[N_GEN];
             int64_t np;
             make_prompt(p, tg->hp.n_vocab, prompt, &np);
-            spec_cfg cfg = base;
-            if (mf_generate(tg, &cfg, prompt, np, N_GEN, plain, NULL) != TD_OK)
-                fail_msg("plain: %s", err_msg());
-            cfg.dm = dm;
-            if (mf_generate(tg, &cfg, prompt, np, N_GEN, spec, NULL) != TD_OK)
-                fail_msg("speculative: %s", err_msg());
-            for (int64_t i = 0; i < N_GEN; i++)
-                if (plain[i] != spec[i])
-                    fail_msg("%s prompt %d: token %lld differs (plain %d, speculative %d)",
-                             drafters[k], p, (long long)i, plain[i], spec[i]);
+            plain_equals_speculative(tg, &base, dm, drafters[k], p, prompt, np, plain);
             expect_viable(&voc, tok, sc, plain, N_GEN);
         }
         dfl_free(dm);
