@@ -163,7 +163,6 @@ static ops_sampler sched_sampler(const msg_sampler *m)
     };
 }
 
-/* A sequence for r in slot g (the slot is closed again on failure). */
 /* A request's response format as its sequence applies it. */
 static cst_cfg sched_cst_cfg(const msg_gen_start *gs)
 {
@@ -176,6 +175,7 @@ static cst_cfg sched_cst_cfg(const msg_gen_start *gs)
     };
 }
 
+/* A sequence for r in slot g (the slot is closed again on failure). */
 static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_seq **out)
 {
     const msg_gen_start *gs = &r->gs;

@@ -45,7 +45,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         return e;
     }
     e = cfg->state ? tgt_state_bind(&s->ts, tm, cfg->n_ctx, cfg->state)
-                          : tgt_state_init(&s->ts, tm, cfg->n_ctx);
+                   : tgt_state_init(&s->ts, tm, cfg->n_ctx);
     if (e != TD_OK) {
         pen_free(&s->pen, NULL);
         cst_free(&s->cst, NULL);
