@@ -1055,6 +1055,63 @@ static void random_documents_are_viable_at_every_byte_and_done_at_the_end(void *
     free(g.buf);
 }
 
+/* Random walks, each byte drawn among those the state accepts: a state that accepted its text
+ * always accepts some next byte or is done (no viable prefix without a completion), short of
+ * the nesting limit. */
+static void random_walks_never_reach_a_dead_end(void **state)
+{
+    (void)state;
+    static const char keys[] = "{\"properties\":{\"q\\\"t\":{\"enum\":[\"ab\",\"abc\",12,1.5,null]},"
+                               "\"\\u00e9\\ud83d\\ude00\":{\"type\":\"integer\"},\"qz\":{\"maxLength\":2}},"
+                               "\"required\":[\"qz\"],\"additionalProperties\":false}";
+    static const char *const schemas[] = {"{}", pydantic, tree_schema, openai_strict, keys, NULL};
+    gen g = {.rng = 0x9E3779B97F4A7C15ull};
+    for (size_t k = 0; k < N_OF(schemas); k++) {
+        jc_schema *s = compile_ok(schemas[k]);
+        const size_t size = jc_state_size(s);
+        uint8_t *st = malloc(size), *tmp = malloc(size);
+        assert_non_null(st);
+        assert_non_null(tmp);
+        for (int walk = 0; walk < 300; walk++) {
+            char text[256];
+            int n = 0, open = 0;
+            jc_state_init(s, st);
+            for (; n < 200; n++) {
+                uint8_t ok[256];
+                int n_ok = 0;
+                for (int b = 0; b < 256; b++) {
+                    jc_state_copy(s, tmp, st);
+                    const uint8_t byte = (uint8_t)b;
+                    if (jc_feed(s, tmp, &byte, 1))
+                        ok[n_ok++] = byte;
+                }
+                if (n_ok == 0) {
+                    if (!jc_done(s, st) && open < JC_DEPTH_MAX)
+                        fail_msg("schema %zu: nothing continues \"%.*s\"", k, n, text);
+                    break;
+                }
+                if (jc_done(s, st) && gen_rand(&g, 8) == 0)
+                    break;
+                /* half the draws among the bytes that steer the grammar, so that escapes,
+                 * surrogates, keys and numbers are walked into, not just string content */
+                uint8_t steer[256];
+                int n_steer = 0;
+                for (int i = 0; i < n_ok; i++)
+                    if (ok[i] < 0x80 && strchr("{}[]\",:\\udDcCbB0123456789eE.-+tfnqz", ok[i]))
+                        steer[n_steer++] = ok[i];
+                const uint8_t b = n_steer && gen_rand(&g, 2) ? steer[gen_rand(&g, (uint32_t)n_steer)]
+                                                             : ok[gen_rand(&g, (uint32_t)n_ok)];
+                open += b == '{' || b == '[';
+                text[n] = (char)b;
+                assert_true(jc_feed(s, st, &b, 1));
+            }
+        }
+        free(st);
+        free(tmp);
+        jc_schema_free(s);
+    }
+}
+
 static void random_mutations_never_crash_and_done_texts_parse(void **state)
 {
     (void)state;
@@ -1144,6 +1201,7 @@ int main(void)
         cmocka_unit_test(pydantic_schema_with_defs_refs_and_optional_fields),
         cmocka_unit_test(openai_strict_mode_schema),
         cmocka_unit_test(random_documents_are_viable_at_every_byte_and_done_at_the_end),
+        cmocka_unit_test(random_walks_never_reach_a_dead_end),
         cmocka_unit_test(random_mutations_never_crash_and_done_texts_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
