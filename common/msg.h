@@ -198,6 +198,8 @@ typedef enum msg_format {
     MSG_FORMAT_TEXT = 0,        /* anything */
     MSG_FORMAT_JSON_OBJECT = 1, /* one JSON object (json_object mode) */
     MSG_FORMAT_JSON_SCHEMA = 2, /* one JSON value valid under msg_gen_start.schema */
+    MSG_FORMAT_TOOL_CALL = 3,   /* the answer opens with a tool call (<tool_call> ...
+                                 * </tool_call>, tool_choice "required") */
     MSG_FORMAT_END
 } msg_format;
 

@@ -293,6 +293,35 @@ static td_err req_message(const json_t *m, size_t mi, json_t *out_list, api_erro
     return TD_OK;
 }
 
+
+/* tool_choice {"type": "function", "function": {"name": N}}: the model is told about N alone
+ * and must call it (a required call with one tool). */
+static td_err req_named_tool(gw_request *r, const json_t *choice, api_error *e)
+{
+    const json_t *fn = json_object_get(choice, "function");
+    const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+    if (!json_is_string(name))
+        return apierr_set(e, 400, "invalid_value", "tool_choice",
+                          "Invalid value for 'tool_choice': expected {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}.");
+    size_t i;
+    const json_t *t;
+    json_array_foreach(r->tools, i, t) {
+        const json_t *tn = json_object_get(json_object_get(t, "function"), "name");
+        if (json_equal(tn, name)) {
+            json_decref(r->named_tools);
+            r->named_tools = json_array();
+            if (!r->named_tools || json_array_append(r->named_tools, (json_t *)t) != 0)
+                return apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
+            r->tools = r->named_tools;
+            r->force_call = true;
+            return TD_OK;
+        }
+    }
+    return apierr_set(e, 400, "invalid_value", "tool_choice",
+                      "Invalid value for 'tool_choice': no tool named '%s' in 'tools'.",
+                      json_string_value(name));
+}
 static td_err req_chat(gw_request *r, api_error *e)
 {
     const json_t *msgs = json_object_get(r->root, "messages");
@@ -342,9 +371,16 @@ static td_err req_chat(gw_request *r, api_error *e)
                                   "'none', 'auto', 'required' or a function object.",
                                   c);
             choice_none = strcmp(c, "none") == 0;
-        } else if (!json_is_object(choice)) {
+            r->force_call = strcmp(c, "required") == 0;
+        } else if (json_is_object(choice)) {
+            TD_TRY(req_named_tool(r, choice, e));
+        } else {
             return req_bad_type(e, "tool_choice", "a string or an object", choice);
         }
+        if (r->force_call && !r->tools)
+            return apierr_set(e, 400, "invalid_value", "tool_choice",
+                              "Invalid value for 'tool_choice': a tool call is required but no "
+                              "'tools' were given.");
     }
     /* tool_choice "none": the model is not told about the tools and nothing is parsed. */
     if (choice_none)
@@ -715,6 +751,12 @@ static td_err req_common(gw_request *r, api_error *e)
                           (long long)s->min_tokens, (long long)r->max_tokens);
     TD_TRY(req_logit_bias(r, e));
     TD_TRY(req_response_format(r, e));
+    if (r->force_call && r->format != MSG_FORMAT_TEXT)
+        return apierr_set(e, 400, "invalid_value", "response_format",
+                          "Invalid value for 'response_format': a required tool call "
+                          "('tool_choice') and a structured answer cannot both be asked for.");
+    if (r->force_call)
+        r->format = MSG_FORMAT_TOOL_CALL;
     TD_TRY(req_stop_ids(r, e));
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     return req_stop(r, e);
@@ -743,6 +785,7 @@ void req_free(gw_request *r)
     free(r->bias_tok);
     free(r->bias);
     free(r->schema);
+    json_decref(r->named_tools);
     memset(r, 0, sizeof *r);
 }
 

@@ -57,6 +57,9 @@ typedef struct gw_request {
                             -> system, text parts joined, tool-call arguments as objects) */
     const json_t *tools; /* the tool schemas (array in root), or NULL */
     bool parse_tools;    /* tools given and tool_choice is not "none" */
+    bool force_call;     /* tool_choice "required" or a named function: the answer opens with
+                            a tool call (format MSG_FORMAT_TOOL_CALL) */
+    json_t *named_tools; /* owned: [the named function's tool] (tools points here), or NULL */
     bool add_generation_prompt;   /* default true */
     chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
     const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */
@@ -85,7 +88,8 @@ typedef struct gw_request {
     bool logprobs;         /* return the chosen tokens' log probabilities */
     uint32_t top_logprobs; /* alternatives per token, 0..REQ_TOP_LOGPROBS_MAX */
     bool ignore_eos;       /* keep generating past end-of-generation tokens */
-    msg_format format;     /* response_format: text, json_object or json_schema */
+    msg_format format;     /* response_format: text, json_object or json_schema; tool_call for
+                            * a required tool call */
     char *schema;          /* owned: [n_schema] json_schema.schema as compact JSON text (a
                             * schema jsonc compiles), or NULL */
     size_t n_schema;       /* bytes */

@@ -254,6 +254,74 @@ static void test_reasoning_stays_free_until_its_end_token(void **ctx)
     free(m);
 }
 
+/* The tool-call format: the answer opens with <tool_call> (after a reasoning block), the end
+ * of generation waits for </tool_call>, then anything goes; speculative greedy equals plain. */
+static void test_a_required_tool_call_opens_the_answer(void **ctx)
+{
+    (void)ctx;
+    const int32_t open = tok_id_of(TOK, "<tool_call>", 11), close = tok_id_of(TOK, "</tool_call>", 12);
+    const int32_t think = tok_id_of(TOK, "<think>", 7), unthink = tok_id_of(TOK, "</think>", 8);
+    const int32_t x = id_of_bytes("x");
+    int32_t eog = -1;
+    for (int64_t t = 0; t < VOC.n_vocab && eog < 0; t++)
+        if (bit(VOC.eog, t))
+            eog = (int32_t)t;
+    assert_true(open >= 0 && close >= 0 && think >= 0 && unthink >= 0 && eog >= 0);
+    assert_int_equal(VOC.call_open, open);
+    assert_int_equal(VOC.call_close, close);
+    const size_t W = (size_t)VOC.words;
+    uint32_t *m = malloc(W * 4);
+    cst_cfg cfg = {.format = MSG_FORMAT_TOOL_CALL, .think_start = think, .think_end = unthink};
+    cst_state c;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    int n_set = 0;
+    for (int64_t t = 0; t < VOC.n_vocab; t++)
+        n_set += bit(m, t);
+    assert_true(n_set == 2 && bit(m, open) && bit(m, think));
+    const int32_t direct[] = {open, x, eog};
+    assert_int_equal(cst_allowed(&c, direct, 3), 2);
+    const int32_t thought[] = {think, x, eog};
+    assert_int_equal(cst_allowed(&c, thought, 3), 2);
+    const int32_t full[] = {think, x, unthink, open, x, close, x, eog};
+    assert_int_equal(cst_allowed(&c, full, 8), 8);
+    assert_int_equal(cst_allowed(&c, &x, 1), 0);
+    assert_int_equal(cst_emit(&c, full, 4), TD_OK); /* inside the call */
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    for (int64_t t = 0; t < VOC.n_vocab; t++)
+        assert_int_equal(bit(m, t), !bit(VOC.eog, t));
+    assert_int_equal(cst_emit(&c, full + 4, 2), TD_OK); /* after it */
+    assert_int_equal(cst_mask(&c, m), TD_OK);
+    for (int64_t t = 0; t < VOC.n_vocab; t++)
+        assert_true(bit(m, t));
+    cst_free(&c, NULL);
+    free(m);
+
+    /* generation: the first token is the opener, speculative equals plain */
+    cfg.think_start = cfg.think_end = -1;
+    dfl_model *dm;
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/t", tmpdir);
+    assert_int_equal(mf_drafter_make(&dm, dir, TM, &(mf_drafter){16, 2, false, 5, true}, 901),
+                     TD_OK);
+    for (int p = 0; p < 3; p++) {
+        const int32_t prompt[4] = {15 + p, 279, 20, 33};
+        int32_t plain[32], spec[32];
+        spec_cfg sc = {.n_ctx = 256, .block = 1, .cst = cfg, .vocab = &VOC};
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, 32, plain, NULL), TD_OK);
+        sc.dm = dm;
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, 32, spec, NULL), TD_OK);
+        assert_int_equal(plain[0], open);
+        assert_memory_equal(plain, spec, sizeof plain);
+        bool closed = false;
+        for (int i = 1; i < 32; i++) {
+            assert_true(closed || !bit(VOC.eog, plain[i]));
+            closed = closed || plain[i] == close;
+        }
+    }
+    dfl_free(dm);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -462,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_masks_equal_a_check_of_every_token),
         cmocka_unit_test(test_block_rows_follow_their_drafts_and_stop_at_a_refused_one),
         cmocka_unit_test(test_reasoning_stays_free_until_its_end_token),
+        cmocka_unit_test(test_a_required_tool_call_opens_the_answer),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

@@ -124,7 +124,62 @@ static void chat_defaults_when_fields_are_absent(void **state)
     assert_int_equal(req_parse(&r, REQ_CHAT, none, strlen(none), &e), TD_OK);
     assert_null(r.tools);
     assert_false(r.parse_tools);
+    assert_false(r.force_call);
+    assert_int_equal(r.format, MSG_FORMAT_TEXT);
     req_free(&r);
+}
+
+/* tool_choice "required" and a named function make the answer open with a tool call (the
+ * named one alone is shown to the model); without tools, for a missing name or with a
+ * response_format, they are refused. */
+static void a_required_tool_call_sets_the_tool_call_format(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, "
+                        "{\"type\": \"function\", \"function\": {\"name\": \"g\"}}]";
+    char body[512];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": \"required\"}", tools);
+    assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+    assert_true(r.force_call && r.parse_tools);
+    assert_int_equal(r.format, MSG_FORMAT_TOOL_CALL);
+    assert_int_equal(json_array_size(r.tools), 2);
+    req_free(&r);
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}",
+             tools);
+    assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_TOOL_CALL);
+    assert_int_equal(json_array_size(r.tools), 1);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(json_array_get(r.tools, 0), "function"),
+                                          "name")),
+        "g");
+    req_free(&r);
+    expect_error(REQ_CHAT,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                 "\"tool_choice\": \"required\"}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'tool_choice': a tool call is "
+                 "required but no 'tools' were given.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"tool_choice\",\"code\":\"invalid_value\"}}");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"h\"}}}",
+             tools);
+    expect_error(REQ_CHAT, body, 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'tool_choice': no tool named 'h' "
+                 "in 'tools'.\",\"type\":\"invalid_request_error\",\"param\":\"tool_choice\","
+                 "\"code\":\"invalid_value\"}}");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": \"required\", \"response_format\": {\"type\": "
+             "\"json_object\"}}", tools);
+    expect_error(REQ_CHAT, body, 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'response_format': a required "
+                 "tool call ('tool_choice') and a structured answer cannot both be asked for.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"response_format\",\"code\":"
+                 "\"invalid_value\"}}");
 }
 
 /* The error body of a bad logit_bias (param logit_bias, code invalid_value). */
@@ -600,6 +655,7 @@ int main(void)
         cmocka_unit_test(malformed_json_is_400),
         cmocka_unit_test(bad_logit_bias_and_penalties_are_400),
         cmocka_unit_test(response_format_is_parsed_and_checked),
+        cmocka_unit_test(a_required_tool_call_sets_the_tool_call_format),
         cmocka_unit_test(repetition_penalty_and_min_tokens_are_checked),
         cmocka_unit_test(invalid_utf8_in_a_string_is_400),
         cmocka_unit_test(wrong_types_name_the_field),

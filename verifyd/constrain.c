@@ -204,6 +204,8 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
             other[n_other++] = e;
     }
     v->off[n_vocab] = (uint32_t)at;
+    v->call_open = tok_id_of(t, "<tool_call>", 11);
+    v->call_close = tok_id_of(t, "</tool_call>", 12);
     qsort(all, (size_t)n_all, sizeof *all, cst_entry_cmp);
     qsort(other, (size_t)n_other, sizeof *other, cst_entry_cmp);
     td_err e = cst_trie_build(&v->all, all, n_all, v->same_next, true);
@@ -217,6 +219,13 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
 }
 
 /* --- one generation ----------------------------------------------------------------------- */
+
+/* A matcher state's copy (nothing to copy without a schema). */
+static void cst_copy(const cst_state *c, uint8_t *dst, const uint8_t *src)
+{
+    if (c->schema)
+        jc_state_copy(c->schema, dst, src);
+}
 
 td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block)
 {
@@ -234,7 +243,12 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
-    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA
+    const bool call = cfg->format == MSG_FORMAT_TOOL_CALL;
+    if (call && (v->call_open < 0 || v->call_close < 0))
+        return err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
+                       "</tool_call> tokens, which its vocabulary does not have");
+    td_err e = call ? TD_OK
+               : cfg->format == MSG_FORMAT_JSON_SCHEMA
                    ? jc_compile(cfg->schema, cfg->n_schema, &c->schema)
                    : jc_compile(NULL, 0, &c->schema);
     if (e != TD_OK) {
@@ -244,7 +258,9 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     c->on = true;
     c->v = v;
     c->block = block;
-    c->size = (jc_state_size(c->schema) + 7) & ~(size_t)7; /* states stay aligned in arrays */
+    c->answer = call ? CST_CALL : CST_DOC;
+    /* states stay aligned in arrays; a byte for the memo key's phase without a schema */
+    c->size = call ? 8 : (jc_state_size(c->schema) + 7) & ~(size_t)7;
     c->think_start = cfg->think_start;
     c->think_end = cfg->think_end;
     c->think_open = cfg->think_open;
@@ -291,8 +307,9 @@ void cst_reset(cst_state *c)
 {
     if (!c->on)
         return;
-    jc_state_init(c->schema, c->cur);
-    c->phase = c->think_open ? CST_THINK : c->think_start >= 0 ? CST_OPEN : CST_DOC;
+    if (c->schema)
+        jc_state_init(c->schema, c->cur);
+    c->phase = c->think_open ? CST_THINK : c->think_start >= 0 ? CST_OPEN : c->answer;
 }
 
 /* One token after (phase, st), in place; false when the format does not allow it (then
@@ -305,7 +322,7 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
     switch (*phase) {
     case CST_THINK:
         if (tok == c->think_end)
-            *phase = CST_DOC;
+            *phase = c->answer;
         return !cst_bit(v->eog, tok);
     case CST_END:
         return cst_bit(v->eog, tok);
@@ -314,8 +331,19 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
             *phase = CST_THINK;
             return true;
         }
-        *phase = CST_DOC;
+        *phase = c->answer;
+        if (c->answer == CST_CALL)
+            return cst_advance(c, phase, st, tok);
         break;
+    case CST_CALL:
+        *phase = CST_IN_CALL;
+        return tok == v->call_open;
+    case CST_IN_CALL:
+        if (tok == v->call_close)
+            *phase = CST_FREE;
+        return !cst_bit(v->eog, tok);
+    case CST_FREE:
+        return true;
     case CST_DOC:
         break;
     }
@@ -374,9 +402,16 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
         memcpy(mask, v->eog, W * sizeof *mask);
         return;
     }
-    if (phase == CST_THINK) {
+    if (phase == CST_THINK || phase == CST_IN_CALL || phase == CST_FREE) {
         for (size_t w = 0; w < W; w++)
-            mask[w] = ~v->eog[w];
+            mask[w] = phase == CST_FREE ? ~0u : ~v->eog[w];
+        return;
+    }
+    if (c->answer == CST_CALL) { /* CST_CALL, or CST_OPEN before it */
+        memset(mask, 0, W * sizeof *mask);
+        cst_set(mask, v->call_open);
+        if (phase == CST_OPEN && c->think_start >= 0)
+            cst_set(mask, c->think_start);
         return;
     }
     /* the key: the state's bytes as jc_state_copy leaves them, then the phase */
@@ -420,7 +455,7 @@ int64_t cst_allowed(cst_state *c, const int32_t *drafts, int64_t n)
         return n > 0 ? n : 0;
     uint8_t *st = c->rows;
     cst_phase ph = c->phase;
-    jc_state_copy(c->schema, st, c->cur);
+    cst_copy(c, st, c->cur);
     for (int64_t i = 0; i < n; i++)
         if (!cst_advance(c, &ph, st, drafts[i]))
             return i;
@@ -435,11 +470,11 @@ td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32
     TD_ASSERT(n <= c->block && (n == 1 || drafts));
     const cst_vocab *v = c->v;
     const size_t sz = c->size, W = (size_t)v->words;
-    jc_state_copy(c->schema, c->rows, c->cur);
+    cst_copy(c, c->rows, c->cur);
     c->row_phase[0] = c->phase;
     for (int64_t i = 1; i < n; i++) {
         c->row_phase[i] = c->row_phase[i - 1];
-        jc_state_copy(c->schema, c->rows + (size_t)i * sz, c->rows + (size_t)(i - 1) * sz);
+        cst_copy(c, c->rows + (size_t)i * sz, c->rows + (size_t)(i - 1) * sz);
         const bool ok = cst_advance(c, &c->row_phase[i], c->rows + (size_t)i * sz, drafts[i - 1]);
         TD_ASSERT(ok); /* the caller cut the block at cst_allowed */
     }
@@ -457,12 +492,12 @@ td_err cst_emit(cst_state *c, const int32_t *tok, int64_t n)
         return TD_OK;
     uint8_t *st = c->rows;
     cst_phase ph = c->phase;
-    jc_state_copy(c->schema, st, c->cur);
+    cst_copy(c, st, c->cur);
     for (int64_t i = 0; i < n; i++)
         if (!cst_advance(c, &ph, st, tok[i]))
             return err_set(TD_EINVAL, "token %d does not continue the response format (no "
                            "token it allows had a finite logit)", tok[i]);
-    jc_state_copy(c->schema, c->cur, st);
+    cst_copy(c, c->cur, st);
     c->phase = ph;
     return TD_OK;
 }

@@ -13,6 +13,10 @@
  * content is free, the tokens made only of plain characters are allowed as a precomputed set
  * and only the others are walked.
  *
+ * The tool-call format (tool_choice "required") needs no matcher: the answer's first token
+ * is the model's "<tool_call>", and the end of generation is refused until its "</tool_call>"
+ * came; what the call says is the model's (the gateway parses it).
+ *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
  * its start token is allowed first. Once the document is complete only the end-of-generation
@@ -51,6 +55,8 @@ typedef struct cst_vocab {
     uint32_t *normal;     /* [words] tokens that can be document text (normal, with bytes) */
     uint32_t *plain;      /* [words] those of plain string characters only (see the top) */
     uint32_t *eog;        /* [words] end-of-generation tokens */
+    int32_t call_open;    /* "<tool_call>", or -1 */
+    int32_t call_close;   /* "</tool_call>", or -1 */
     cst_trie all;         /* every normal token with bytes */
     cst_trie other;       /* those not in plain */
 } cst_vocab;
@@ -71,18 +77,22 @@ typedef struct cst_cfg {
 #define CST_MEMO 8 /* masks remembered per generation */
 
 typedef enum cst_phase {
-    CST_OPEN = 0,  /* output start: a reasoning block may open, else the document begins */
-    CST_THINK,     /* inside a reasoning block: anything */
-    CST_DOC,       /* the document */
+    CST_OPEN = 0,  /* output start: a reasoning block may open, else the answer begins */
+    CST_THINK,     /* inside a reasoning block: anything but the end of generation */
+    CST_DOC,       /* the document (JSON formats) */
     CST_END,       /* an end-of-generation token was emitted: only those */
+    CST_CALL,      /* the answer's first token: the tool-call opener (tool-call format) */
+    CST_IN_CALL,   /* inside that call: anything but the end of generation */
+    CST_FREE,      /* after it: anything */
 } cst_phase;
 
 typedef struct cst_state {
     bool on;              /* a format applies */
     const cst_vocab *v;
-    jc_schema *schema;
-    size_t size;          /* bytes of a matcher state */
+    jc_schema *schema;    /* JSON formats; NULL for the tool-call format */
+    size_t size;          /* bytes of a matcher state (0 without a schema) */
     cst_phase phase;
+    cst_phase answer;     /* the answer's first phase: CST_DOC or CST_CALL */
     int32_t think_start, think_end;
     bool think_open;
     uint8_t *cur;         /* [size] the matcher after the emitted text */
@@ -105,7 +115,8 @@ typedef struct cst_state {
 } cst_state;
 
 /* TD_EINVAL / TD_ENOTSUP for a schema jsonc refuses (its message), TD_ENOTSUP for a format
- * without a vocabulary (a model file without a tokenizer), TD_EINVAL for reasoning tokens
+ * without a vocabulary (a model file without a tokenizer) or a tool-call format for a
+ * vocabulary without the tool-call tokens, TD_EINVAL for reasoning tokens
  * outside it; TD_ENOMEM. v may be NULL for MSG_FORMAT_TEXT. block: rows of a verify block
  * at most. */
 td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block);

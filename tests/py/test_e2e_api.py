@@ -412,6 +412,21 @@ def test_tools_are_rendered_and_answered(server):
         model=server["model"], messages=[{"role": "user", "content": "Weather in Paris?"}],
         tools=tools, max_tokens=8, temperature=0, extra_body=NO_THINK)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # a required call: the answer opens with the model's <tool_call> (the random model then
+    # writes no parsable call, so the block comes back as content text); the stream agrees
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        args = dict(model=server["model"], tools=tools, tool_choice=choice, max_tokens=12,
+                    temperature=0, extra_body=NO_THINK,
+                    messages=[{"role": "user", "content": "Weather in Paris?"}])
+        r = server["client"].chat.completions.create(**args)
+        m = r.choices[0].message
+        assert m.tool_calls or m.content.startswith("<tool_call>"), m
+        if not m.tool_calls:
+            assert r.choices[0].finish_reason == "length"  # no end before </tool_call>
+            text = "".join(c.choices[0].delta.content or "" for c in
+                           server["client"].chat.completions.create(stream=True, **args)
+                           if c.choices)
+            assert text == m.content
 
 
 # --- errors ---------------------------------------------------------------------------------------
