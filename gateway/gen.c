@@ -388,6 +388,8 @@ static void gen_take_pieces(api_stream *s)
     gw_output *o = &s->out;
     for (size_t i = 0; i < o->n_pieces; i++) {
         const out_piece *p = &o->pieces[i];
+        if (s->any_call && !s->req.parallel_calls)
+            break; /* one call asked for: nothing after it is the answer */
         if (p->kind == OUT_TOOL_CALL)
             s->any_call = true;
         if (s->stream) {
@@ -548,7 +550,7 @@ static void gen_step(api_stream *s, int32_t wait_ms)
     msg_finish fin = ev.finish;
     msg_event_kind kind = ev.kind;
     link_event_free(&ev);
-    if (s->out.stopped)
+    if (s->out.stopped || (s->any_call && !s->req.parallel_calls))
         gen_finish(s, "stop");
     else if (kind == MSG_EVENT_DONE)
         gen_finish(s, fin == MSG_FINISH_LENGTH ? "length" : "stop");

@@ -382,6 +382,9 @@ static td_err req_chat(gw_request *r, api_error *e)
                               "Invalid value for 'tool_choice': a tool call is required but no "
                               "'tools' were given.");
     }
+    r->parallel_calls = true;
+    TD_TRY(req_bool(r->root, "parallel_tool_calls", "parallel_tool_calls", &r->parallel_calls,
+                    e));
     /* tool_choice "none": the model is not told about the tools and nothing is parsed. */
     if (choice_none)
         r->tools = NULL;

@@ -60,6 +60,8 @@ typedef struct gw_request {
     bool force_call;     /* tool_choice "required" or a named function: the answer opens with
                             a tool call (format MSG_FORMAT_TOOL_CALL) */
     json_t *named_tools; /* owned: [the named function's tool] (tools points here), or NULL */
+    bool parallel_calls; /* parallel_tool_calls (default true); false: the answer ends with its
+                            first tool call */
     bool add_generation_prompt;   /* default true */
     chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
     const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */

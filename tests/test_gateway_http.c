@@ -364,6 +364,41 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
     free(reply);
 }
 
+/* parallel_tool_calls false: the answer ends with its first call (verifyd is told to stop), the
+ * second call and the text after it are not sent. */
+static void one_tool_call_when_parallel_calls_are_off(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 3};
+    encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+           "</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+           "Rome\n</parameter>\n</function>\n</tool_call>\nDone, thanks for asking, and more "
+           "text after the calls.",
+           &s);
+    const char *req =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
+        "{\"enable_thinking\":false},\"parallel_tool_calls\":false,\"tools\":[{\"type\":"
+        "\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]%s}";
+    char body_req[1024];
+    for (int stream = 0; stream < 2; stream++) {
+        fake_verifyd_script(fake, &s);
+        const int cancels = fake_verifyd_cancels(fake);
+        snprintf(body_req, sizeof body_req, req, stream ? ",\"stream\":true" : "");
+        char *reply, *body;
+        int st = request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body);
+        if (st != 200)
+            fail_msg("%d %s", st, body);
+        normalize(body);
+        assert_non_null(strstr(body, "Paris"));
+        assert_null(strstr(body, "Rome"));
+        assert_null(strstr(body, "Done"));
+        assert_non_null(strstr(body, "\"finish_reason\":\"tool_calls\""));
+        assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
+        free(reply);
+    }
+}
+
 static void reasoning_opened_by_the_prompt_is_split_off(void **state)
 {
     (void)state;
@@ -784,6 +819,7 @@ int main(void)
         cmocka_unit_test(chat_stream_sends_exact_chunks),
         cmocka_unit_test(stop_string_ends_the_text_and_cancels_verifyd),
         cmocka_unit_test(tool_call_in_the_output_becomes_tool_calls),
+        cmocka_unit_test(one_tool_call_when_parallel_calls_are_off),
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),
         cmocka_unit_test(logprobs_of_each_token_with_alternatives),
         cmocka_unit_test(completions_stream_with_usage),
