@@ -227,10 +227,10 @@ static void cst_copy(const cst_state *c, uint8_t *dst, const uint8_t *src)
         jc_state_copy(c->schema, dst, src);
 }
 
-td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block)
+td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, jc_schema **out)
 {
-    memset(c, 0, sizeof *c);
-    TD_ASSERT(cfg && block >= 1);
+    TD_ASSERT(cfg && out);
+    *out = NULL;
     if (cfg->format == MSG_FORMAT_TEXT)
         return TD_OK;
     if (!v)
@@ -243,17 +243,30 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
+    if (cfg->format == MSG_FORMAT_TOOL_CALL)
+        return v->call_open < 0 || v->call_close < 0
+                   ? err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
+                             "</tool_call> tokens, which its vocabulary does not have")
+                   : TD_OK;
+    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA ? jc_compile(cfg->schema, cfg->n_schema, out)
+                                                     : jc_compile(NULL, 0, out);
+    if (e != TD_OK)
+        *out = NULL;
+    return e;
+}
+
+td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t block)
+{
+    memset(c, 0, sizeof *c);
+    TD_ASSERT(cfg && block >= 1);
+    if (cfg->format == MSG_FORMAT_TEXT)
+        return TD_OK;
     const bool call = cfg->format == MSG_FORMAT_TOOL_CALL;
-    if (call && (v->call_open < 0 || v->call_close < 0))
-        return err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
-                       "</tool_call> tokens, which its vocabulary does not have");
-    td_err e = call ? TD_OK
-               : cfg->format == MSG_FORMAT_JSON_SCHEMA
-                   ? jc_compile(cfg->schema, cfg->n_schema, &c->schema)
-                   : jc_compile(NULL, 0, &c->schema);
-    if (e != TD_OK) {
-        c->schema = NULL;
-        return e;
+    if (cfg->compiled) {
+        c->schema = (jc_schema *)cfg->compiled; /* the caller's: cst_free leaves it */
+    } else {
+        TD_TRY(cst_compile(cfg, v, &c->schema));
+        c->own_schema = true;
     }
     c->on = true;
     c->v = v;
@@ -289,7 +302,8 @@ void cst_free(cst_state *c, const ops_backend *be)
 {
     if (be && c->dev)
         be->release(be, c->dev);
-    jc_schema_free(c->schema);
+    if (c->own_schema)
+        jc_schema_free(c->schema);
     free(c->cur);
     free(c->rows);
     free(c->row_phase);

@@ -72,6 +72,8 @@ typedef struct cst_cfg {
     bool think_open;      /* the prompt leaves a reasoning block open */
     int32_t think_start;  /* the token that opens one, or -1 */
     int32_t think_end;    /* the token that closes it, or -1 */
+    const jc_schema *compiled; /* the format already checked and compiled (cst_compile; kept
+                                * by the caller until cst_free), or NULL */
 } cst_cfg;
 
 #define CST_MEMO 8 /* masks remembered per generation */
@@ -90,6 +92,7 @@ typedef struct cst_state {
     bool on;              /* a format applies */
     const cst_vocab *v;
     jc_schema *schema;    /* JSON formats; NULL for the tool-call format */
+    bool own_schema;      /* compiled by cst_init (else cfg->compiled) */
     size_t size;          /* bytes of a matcher state (0 without a schema) */
     cst_phase phase;
     cst_phase answer;     /* the answer's first phase: CST_DOC or CST_CALL */
@@ -113,6 +116,10 @@ typedef struct cst_state {
     } memo[CST_MEMO];
     uint64_t clock;
 } cst_state;
+
+/* Checks cfg against the vocabulary and compiles its schema into *out (NULL for text and the
+ * tool-call format; the caller frees it with jc_schema_free). Errors as cst_init's. */
+td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, jc_schema **out);
 
 /* TD_EINVAL / TD_ENOTSUP for a schema jsonc refuses (its message), TD_ENOTSUP for a format
  * without a vocabulary (a model file without a tokenizer) or a tool-call format for a

@@ -26,6 +26,7 @@ static void sched_req_free(sched_req *r)
     if (!r)
         return;
     msg_free_gen_start(&r->gs);
+    jc_schema_free(r->schema);
     free(r);
 }
 
@@ -164,11 +165,13 @@ static ops_sampler sched_sampler(const msg_sampler *m)
 }
 
 /* A request's response format as its sequence applies it. */
-static cst_cfg sched_cst_cfg(const msg_gen_start *gs)
+static cst_cfg sched_cst_cfg(const sched_req *r)
 {
+    const msg_gen_start *gs = &r->gs;
     const bool think = gs->format != MSG_FORMAT_TEXT;
     return (cst_cfg){
         .format = gs->format, .schema = gs->schema, .n_schema = gs->n_schema,
+        .compiled = r->schema,
         .think_open = think && gs->think_open,
         .think_start = think && gs->think_start != MSG_TOKEN_NONE ? (int32_t)gs->think_start : -1,
         .think_end = think && gs->think_end != MSG_TOKEN_NONE ? (int32_t)gs->think_end : -1,
@@ -214,7 +217,7 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
                 .n_bias = (int32_t)gs->n_bias, .repetition = gs->repetition_penalty,
                 .min_tokens = gs->min_tokens > INT32_MAX ? INT32_MAX : (int32_t)gs->min_tokens,
                 .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop},
-        .cst = sched_cst_cfg(gs),
+        .cst = sched_cst_cfg(r),
         .vocab = s->cfg.vocab,
     };
     if (e == TD_OK && (e = spec_init_cfg(&seq->spec, s->cfg.tm, &cfg)) == TD_OK)
@@ -473,13 +476,11 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         if (gs->bias_tok[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
                         gs->bias_tok[i], (long long)V);
-    if (e == TD_OK && gs->format != MSG_FORMAT_TEXT) {
-        /* the schema and the reasoning tokens are checked here, so that a bad one is this
-         * request's error rather than its sequence's */
-        cst_state c;
-        const cst_cfg cc = sched_cst_cfg(gs);
-        if ((e = cst_init(&c, &cc, s->cfg.vocab, 1)) == TD_OK)
-            cst_free(&c, NULL);
+    if (e == TD_OK) {
+        /* the format is checked and compiled here, once, so that a bad one is this request's
+         * error rather than its sequence's */
+        const cst_cfg cc = sched_cst_cfg(r);
+        e = cst_compile(&cc, s->cfg.vocab, &r->schema);
     }
     bool again = false;
     if (e == TD_OK) {
