@@ -66,7 +66,9 @@ typedef struct jc_alt {
             uint8_t neg;   /* NUM: after '-' */
             uint8_t cmp;   /* NUM: integer digits against the int64 limit's: CMP_* */
             uint8_t eneg;  /* NUM: after "e-" */
-            uint8_t pad;
+            uint8_t bound; /* NUM of a node with an integer range: the digits against the
+                            * range's least and greatest magnitude of this sign, CMP_* in
+                            * bits 0-1 and 2-3 */
         };
     };
 } jc_alt;
@@ -433,6 +435,88 @@ static int str_byte(const jc_schema *s, jc_alt *a, uint8_t b)
  * below 308, so it cannot overflow a double (a bound that refuses a few reals near DBL_MAX). */
 enum { CMP_EQUAL, CMP_LESS, CMP_GREATER, INT64_DIGITS = 19, REAL_MAGNITUDE_MAX = 308 };
 
+/* --- integer ranges (jc_node.has_range) --------------------------------------------------------
+ * A number of sign neg is a magnitude m; the range leaves it the magnitudes [*lo, *hi], and
+ * false when this sign has none ("-0" is 0, so the negative side starts at 0 where 0 is in the
+ * range). The digits so far are a prefix P of k digits (a lone "0" is N_ZERO, k = 0); `bound`
+ * keeps P against the first k digits of *lo and of *hi, so a range check needs no value. */
+static bool int_mags(const jc_node *n, bool neg, uint64_t *lo, uint64_t *hi)
+{
+    if (!neg) {
+        if (n->int_max < 0)
+            return false;
+        *lo = n->int_min > 0 ? (uint64_t)n->int_min : 0;
+        *hi = (uint64_t)n->int_max;
+    } else {
+        if (n->int_min > 0)
+            return false;
+        /* -x for x < 0 without overflow at INT64_MIN */
+        *lo = n->int_max < 0 ? (uint64_t)(-(n->int_max + 1)) + 1 : 0;
+        *hi = n->int_min < 0 ? (uint64_t)(-(n->int_min + 1)) + 1 : 0;
+    }
+    return true;
+}
+
+static int dec_len(uint64_t v)
+{
+    int n = 1;
+    while (v >= 10)
+        v /= 10, n++;
+    return n;
+}
+
+/* Digit i (0: the most significant) of v, which has len digits. */
+static uint8_t dec_digit(uint64_t v, int len, int i)
+{
+    for (int k = len - 1 - i; k > 0; k--)
+        v /= 10;
+    return (uint8_t)('0' + v % 10);
+}
+
+/* Whether some integer of the range begins with the number so far (it may be the number). */
+static bool num_range_viable(const jc_schema *s, const jc_alt *a)
+{
+    const jc_node *n = &s->nodes[a->node];
+    uint64_t lo, hi;
+    if (!n->has_range)
+        return true;
+    if (!int_mags(n, a->neg, &lo, &hi))
+        return false;
+    if (a->sub == N_MINUS)
+        return true; /* lo <= hi: some magnitude of this sign is left */
+    if (a->sub == N_ZERO)
+        return lo == 0;
+    const int k = a->digits, llo = dec_len(lo), lhi = dec_len(hi);
+    const int clo = a->bound & 3, chi = a->bound >> 2 & 3;
+    if (hi == 0)
+        return false; /* P begins with 1-9 */
+    /* a completion of L >= k digits: P's smallest of that length <= hi, its largest >= lo */
+    for (int L = k; L <= lhi; L++) {
+        bool below = L < lhi || chi != CMP_GREATER;
+        bool above = lo == 0 || L > llo || (L == llo && (k > llo || clo != CMP_LESS));
+        if (below && above)
+            return true;
+    }
+    return false;
+}
+
+/* Whether the number so far is inside the range. */
+static bool num_range_in(const jc_schema *s, const jc_alt *a)
+{
+    const jc_node *n = &s->nodes[a->node];
+    uint64_t lo, hi;
+    if (!n->has_range)
+        return true;
+    if (!int_mags(n, a->neg, &lo, &hi))
+        return false;
+    if (a->sub == N_ZERO)
+        return lo == 0;
+    const int k = a->digits, llo = dec_len(lo), lhi = dec_len(hi);
+    const int clo = a->bound & 3, chi = a->bound >> 2 & 3;
+    return hi > 0 && (lo == 0 || k > llo || (k == llo && clo != CMP_LESS)) &&
+           (k < lhi || (k == lhi && chi != CMP_GREATER));
+}
+
 static bool num_int_fits(const jc_alt *a)
 {
     return a->digits < INT64_DIGITS || (a->digits == INT64_DIGITS && a->cmp != CMP_GREATER);
@@ -443,11 +527,11 @@ static bool num_real_fits(const jc_alt *a)
     return a->eneg || (a->digits ? a->digits - 1 : 0) + a->exp < REAL_MAGNITUDE_MAX;
 }
 
-static bool num_can_end(const jc_alt *a)
+static bool num_can_end(const jc_schema *s, const jc_alt *a)
 {
     switch (a->sub) {
     case N_ZERO:
-    case N_INT: return num_int_fits(a);
+    case N_INT: return num_int_fits(a) && num_range_in(s, a);
     case N_FRAC:
     case N_EXP: return num_real_fits(a);
     default: return false;
@@ -466,17 +550,28 @@ static uint32_t num_need(const jc_alt *a)
     }
 }
 
-static void num_digit(jc_alt *a, uint8_t b)
+static void num_digit(const jc_schema *s, jc_alt *a, uint8_t b)
 {
     static const char limit[2][INT64_DIGITS + 1] = {"9223372036854775807", "9223372036854775808"};
     if (a->digits < INT64_DIGITS && a->cmp == CMP_EQUAL) {
         char l = limit[a->neg][a->digits];
         a->cmp = b < l ? CMP_LESS : b > l ? CMP_GREATER : CMP_EQUAL;
     }
+    const jc_node *n = &s->nodes[a->node];
+    uint64_t m[2];
+    if (n->has_range && int_mags(n, a->neg, &m[0], &m[1])) {
+        for (int i = 0; i < 2; i++) {
+            const int len = dec_len(m[i]), c = a->bound >> 2 * i & 3;
+            if (a->digits < len && c == CMP_EQUAL) {
+                const uint8_t d = dec_digit(m[i], len, a->digits);
+                a->bound |= (uint8_t)((b < d ? CMP_LESS : b > d ? CMP_GREATER : CMP_EQUAL) << 2 * i);
+            }
+        }
+    }
     a->digits++;
 }
 
-static int num_byte(jc_alt *a, uint8_t b)
+static int num_byte(const jc_schema *s, jc_alt *a, uint8_t b)
 {
     bool digit = b >= '0' && b <= '9', dot = b == '.' && !a->intonly;
     bool e = (b == 'e' || b == 'E') && !a->intonly;
@@ -487,19 +582,19 @@ static int num_byte(jc_alt *a, uint8_t b)
             return ST_REJECT;
         next = b == '0' ? N_ZERO : N_INT;
         if (b != '0')
-            num_digit(a, b);
+            num_digit(s, a, b);
         break;
     case N_ZERO:
     case N_INT:
         if (digit && a->sub == N_INT) {
             next = N_INT;
-            num_digit(a, b);
+            num_digit(s, a, b);
             if (a->intonly && !num_int_fits(a))
                 return ST_REJECT;
         } else if (dot || e) {
             next = dot ? N_DOT : N_E;
         } else {
-            return num_can_end(a) ? ST_END : ST_REJECT;
+            return num_can_end(s, a) ? ST_END : ST_REJECT;
         }
         break;
     case N_DOT:
@@ -509,7 +604,7 @@ static int num_byte(jc_alt *a, uint8_t b)
         break;
     case N_FRAC:
         if (!digit && !e)
-            return num_can_end(a) ? ST_END : ST_REJECT;
+            return num_can_end(s, a) ? ST_END : ST_REJECT;
         next = digit ? N_FRAC : N_E;
         break;
     case N_E:
@@ -528,7 +623,7 @@ static int num_byte(jc_alt *a, uint8_t b)
         break;
     default: /* N_EXP */
         if (!digit)
-            return num_can_end(a) ? ST_END : ST_REJECT;
+            return num_can_end(s, a) ? ST_END : ST_REJECT;
         next = N_EXP;
         break;
     }
@@ -539,6 +634,8 @@ static int num_byte(jc_alt *a, uint8_t b)
             return ST_REJECT; /* more exponent digits only make it larger */
     }
     a->sub = next;
+    if (!num_range_viable(s, a))
+        return ST_REJECT;
     return ++a->pos + num_need(a) > JC_NUMBER_MAX ? ST_REJECT : ST_OK;
 }
 
@@ -634,9 +731,9 @@ static int value_start(const jc_schema *s, jc_alt *a, uint8_t b)
         a->neg = b == '-';
         a->sub = b == '-' ? N_MINUS : b == '0' ? N_ZERO : N_INT;
         if (a->sub == N_INT)
-            num_digit(a, b);
+            num_digit(s, a, b);
         a->pos = 1;
-        return ST_OK;
+        return num_range_viable(s, a) ? ST_OK : ST_REJECT;
     }
 }
 
@@ -705,7 +802,7 @@ static int alt_step(const jc_schema *s, jc_alt *a, uint8_t b)
         case LX_WORD:
             return word_byte(a, b);
         case LX_NUM:
-            r = num_byte(a, b);
+            r = num_byte(s, a, b);
             break;
         case LX_LIT:
             r = lit_byte(s, a, b);
@@ -843,7 +940,7 @@ bool jc_done(const jc_schema *s, const void *st)
     const uint8_t *p = (const uint8_t *)(h + 1);
     for (uint32_t k = 0; k < h->n_alts; k++) {
         const jc_alt *a = (const jc_alt *)p;
-        if (a->depth == 0 && (a->kind == LX_NONE || (a->kind == LX_NUM && num_can_end(a)) ||
+        if (a->depth == 0 && (a->kind == LX_NONE || (a->kind == LX_NUM && num_can_end(s, a)) ||
                               (a->kind == LX_LIT && lit_can_end(s, a))))
             return true;
         p += alt_size(a);

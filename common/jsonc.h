@@ -25,7 +25,11 @@
  * other keys' values), items (a schema; false: nothing past prefixItems; the draft-4 array form
  * is read as prefixItems, with additionalItems for the rest), prefixItems, minItems, maxItems,
  * minLength and maxLength (code points of the decoded string: an escape, or a surrogate pair,
- * is one), enum and const, anyOf and oneOf (both as a union: oneOf's "exactly one" is not
+ * is one), minimum, maximum, exclusiveMinimum and exclusiveMaximum (draft 4's boolean forms
+ * too) where the schema admits integers but no other numbers (type "integer": a number is
+ * rejected at the first byte after which no integer of the range can follow, e.g. "13" then
+ * "0" under maximum 120; "-0" is 0; reals as bounds are rounded inward; an empty range drops
+ * the integers; beside other types they bind only the integers), enum and const, anyOf and oneOf (both as a union: oneOf's "exactly one" is not
  * enforced), allOf with one subschema, $ref to "#", "#/$defs/<name>" or
  * "#/definitions/<name>" (~0 and ~1 decoded), $defs / definitions, and the boolean schemas true
  * and false. Keywords combine as JSON Schema says (type object + properties: both apply);
@@ -47,7 +51,8 @@
  * deprecated, readOnly, writeOnly, contentEncoding, contentMediaType, discriminator, nullable
  * and any other unknown keyword. Refused with TD_ENOTSUP (they would constrain the value in
  * ways not enforced): pattern, patternProperties, propertyNames, minimum, maximum,
- * exclusiveMinimum, exclusiveMaximum, multipleOf, uniqueItems, minProperties, maxProperties,
+ * exclusiveMinimum and exclusiveMaximum where reals are admitted (type "number", or no type),
+ * multipleOf, uniqueItems, minProperties, maxProperties,
  * contains, minContains, maxContains, not, if, then, else, dependencies, dependentRequired,
  * dependentSchemas, unevaluatedProperties, unevaluatedItems, $dynamicRef, $recursiveRef
  * ("uniqueItems": false asserts nothing and is accepted).

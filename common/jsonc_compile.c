@@ -83,6 +83,8 @@ static void jcc_leaf_any(jc_node *n)
     n->items = JC_NODE_ANY;
     n->max_len = UINT32_MAX;
     n->max_items = UINT32_MAX;
+    n->int_min = INT64_MIN;
+    n->int_max = INT64_MAX;
 }
 
 td_err jcc_node_new(jcc *c, const char *ptr, uint16_t *out)
@@ -344,17 +346,90 @@ static td_err jcc_array(jcc *c, json_t *j, jc_node *n, int depth)
 }
 
 static const char *const jcc_refused[] = {
-    "pattern", "patternProperties", "propertyNames", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+    "pattern", "patternProperties", "propertyNames", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
     "contains", "minContains", "maxContains", "not", "if", "then", "else", "dependencies",
     "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef",
 };
 static const char *const jcc_local[] = {
     "properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems",
-    "minItems", "maxItems", "minLength", "maxLength",
+    "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum",
 };
 static const char *const jcc_combinators[] = {"anyOf", "oneOf", "allOf", "$ref"};
+
+/* A bound keyword's number as the integer bound it makes: the least integer >= v (up: a lower
+ * bound), else the greatest <= v, one further inward when exclusive. *out saturates at the
+ * int64 ends; *empty when no int64 is on the right side of it. */
+static void jcc_int_bound(const json_t *v, bool up, bool exclusive, int64_t *out, bool *empty)
+{
+    if (json_is_integer(v)) {
+        json_int_t i = json_integer_value(v);
+        if (exclusive && i == (up ? INT64_MAX : INT64_MIN))
+            *empty = true;
+        *out = exclusive ? (up ? i + (i != INT64_MAX) : i - (i != INT64_MIN)) : i;
+        return;
+    }
+    const double d = json_real_value(v), r = up ? ceil(d) : floor(d);
+    const double b = exclusive && r == d ? (up ? r + 1 : r - 1) : r;
+    /* 2^63 is the first double past INT64_MAX; -2^63 is INT64_MIN itself */
+    if (b >= 9223372036854775808.0) {
+        *empty = *empty || up;
+        *out = INT64_MAX;
+    } else if (b < -9223372036854775808.0) {
+        *empty = *empty || !up;
+        *out = INT64_MIN;
+    } else {
+        *out = (int64_t)b;
+    }
+}
+
+/* minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers; draft 4's boolean
+ * exclusiveMinimum / exclusiveMaximum make minimum / maximum strict). They bind only numbers:
+ * with no number type in mask they assert nothing; enforced on integers only, so a mask that
+ * admits reals is refused. An empty range takes "integer" out of *mask. */
+static td_err jcc_bounds(jcc *c, json_t *j, jc_node *n, uint8_t *mask)
+{
+    static const char *const kw[] = {"minimum", "maximum", "exclusiveMinimum",
+                                     "exclusiveMaximum"};
+    json_t *v[4];
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        v[i] = json_object_get(j, kw[i]);
+        if (v[i] && !json_is_number(v[i]) && !(i >= 2 && json_is_boolean(v[i])))
+            return err_set(TD_EINVAL, "schema %s/%s: must be a number", c->path, kw[i]);
+        any = any || (v[i] && json_is_number(v[i]));
+    }
+    if (!any || !(*mask & (JT_INT | JT_FRAC)))
+        return TD_OK;
+    if (*mask & JT_FRAC) {
+        for (int i = 0; i < 4; i++)
+            if (v[i] && json_is_number(v[i]))
+                return err_set(TD_ENOTSUP, "schema %s/%s: '%s' is enforced on integers only "
+                               "(type \"integer\"), not on numbers that may have a fraction",
+                               c->path, kw[i], kw[i]);
+    }
+    int64_t lo = INT64_MIN, hi = INT64_MAX, b;
+    bool empty = false;
+    for (int i = 0; i < 4; i++) {
+        if (!v[i] || !json_is_number(v[i]))
+            continue;
+        const bool up = i % 2 == 0; /* minimum, exclusiveMinimum: a lower bound */
+        const bool exclusive = i >= 2 || json_is_true(v[i + 2]);
+        jcc_int_bound(v[i], up, exclusive, &b, &empty);
+        if (up && b > lo)
+            lo = b;
+        if (!up && b < hi)
+            hi = b;
+    }
+    if (empty || lo > hi) {
+        *mask &= (uint8_t)~JT_INT;
+        return TD_OK;
+    }
+    n->int_min = lo, n->int_max = hi;
+    n->has_range = lo != INT64_MIN || hi != INT64_MAX;
+    return TD_OK;
+}
 
 /* "#", "#/$defs/<name>", "#/definitions/<name>": the target's node, queued when new. */
 static td_err jcc_ref(jcc *c, json_t *ref, uint16_t *out)
@@ -506,6 +581,7 @@ static td_err jcc_schema(jcc *c, json_t *j, uint16_t idx, int depth)
         x->mask = mask;
         return jcc_union(c, j, comb, x, depth);
     }
+    TD_TRY(jcc_bounds(c, j, &x->n, &mask));
     x->n.types = mask;
     TD_TRY(jcc_count(c, j, "minLength", &x->n.min_len));
     TD_TRY(jcc_count(c, j, "maxLength", &x->n.max_len));

@@ -32,7 +32,7 @@ typedef struct jc_node {
     uint8_t kind;        /* JN_* */
     uint8_t types;       /* JT_* bits of the values this node has (non-empty ones only) */
     uint8_t has_len;     /* string: min_len / max_len restrict it */
-    uint8_t pad;
+    uint8_t has_range;   /* integer: int_min / int_max restrict it (no JT_FRAC then) */
     uint16_t addl;       /* object: node of undeclared keys' values; JC_NODE_NONE: none allowed */
     uint16_t items;      /* array: node of the items after the prefix */
     uint32_t min_len;    /* string: code points */
@@ -43,6 +43,8 @@ typedef struct jc_node {
     uint32_t pfirst, pn; /* LEAF: prefix items, nodes prefix[pfirst..pfirst+pn) */
     uint64_t required;   /* LEAF: bit i set when property first+i must appear */
     uint64_t usable;     /* LEAF: bit i set when property first+i has a value that can exist */
+    int64_t int_min;     /* integer: smallest value (INT64_MIN: none) */
+    int64_t int_max;     /* integer: largest value (INT64_MAX: none); >= int_min with JT_INT */
 } jc_node;
 
 typedef struct jc_str {

@@ -29,7 +29,7 @@ static char tmpdir[64];
 
 static const char SCHEMA[] =
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
-    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bc\","
+    "\"age\":{\"type\":\"integer\",\"minimum\":-3,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bc\","
     "null]},\"maxItems\":3},\"note\":{\"type\":\"string\"}},\"required\":[\"name\",\"age\"],"
     "\"additionalProperties\":false}";
 
@@ -155,6 +155,7 @@ static void test_masks_equal_a_check_of_every_token(void **ctx)
     check_masks(MSG_FORMAT_JSON_OBJECT, NULL, obj, sizeof obj / sizeof *obj);
     const char *const sch[] = {"", "{", "{\"", "{\"n", "{\"name\"", "{\"name\": \"ab",
                                "{\"name\": \"abcdefghijk", "{\"name\": \"x\", \"", "{\"age\": 4",
+                               "{\"age\": -", "{\"age\": 1", "{\"age\": 15", "{\"age\": 0",
                                "{\"age\": 4, \"name\": \"\", \"tags\": [", "{\"age\": 4, \"name\": "
                                "\"\", \"tags\": [\"a\", nu", "{\"age\":1,\"name\":\"\"}",
                                "{\"name\":\"\",\"age\":1,\"note\":\"", "{\"name\":\"\",\"age\":1,"

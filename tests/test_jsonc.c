@@ -181,6 +181,142 @@ static void integer_type_accepts_only_the_integer_grammar(void **state)
     check_cases("{\"type\":\"number\"}", number, N_OF(number));
 }
 
+/* minimum / maximum and their exclusive forms on integers: a number is rejected at the first
+ * byte after which no integer of the range can be completed, and done only inside the range. */
+static void integer_ranges_reject_at_the_first_byte_no_member_follows(void **state)
+{
+    (void)state;
+    static const jc_case small[] = {
+        DONE("-5"), DONE("0"), DONE("-0"), DONE("120"), DONE("7"), DONE("-1"), DONE("13 "),
+        VIABLE("-"), REJECT("-", "6"), REJECT("-5", "0"), REJECT("12", "1"), REJECT("13", "0"),
+        REJECT("99", "9"), REJECT("", "\"1\""), REJECT("1", ".0"),
+    };
+    check_cases("{\"type\":\"integer\",\"minimum\":-5,\"maximum\":120}", small, N_OF(small));
+    static const jc_case teens[] = {
+        VIABLE("1"), DONE("10"), DONE("20"), REJECT("", "3"), REJECT("2", "1"), REJECT("", "-"),
+        REJECT("", "0"), REJECT("1", " "),
+    };
+    check_cases("{\"type\":\"integer\",\"minimum\":10,\"maximum\":20}", teens, N_OF(teens));
+    static const jc_case positive[] = {DONE("1"), DONE("99999999999"), REJECT("", "0"),
+                                       REJECT("", "-")};
+    check_cases("{\"type\":\"integer\",\"exclusiveMinimum\":0}", positive, N_OF(positive));
+    check_cases("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true}", positive,
+                N_OF(positive));
+    check_cases("{\"type\":\"integer\",\"minimum\":0.5}", positive, N_OF(positive));
+    static const jc_case halves[] = {DONE("1"), DONE("2"), REJECT("", "0"), REJECT("", "3"),
+                                     REJECT("2", "0")};
+    check_cases("{\"type\":\"integer\",\"exclusiveMinimum\":0.5,\"exclusiveMaximum\":2.5}", halves,
+                N_OF(halves));
+    check_cases("{\"type\":\"integer\",\"minimum\":1,\"maximum\":3,\"exclusiveMaximum\":true}",
+                halves, N_OF(halves));
+    static const jc_case bottom[] = {
+        DONE("-9223372036854775808"), DONE("-9223372036854775800"), VIABLE("-922337203685477580"),
+        REJECT("-922337203685477580", "9"), REJECT("-9", "1"), REJECT("", "1"),
+        REJECT("-9223372036854775", "7"), VIABLE("-9223372036854775"),
+    };
+    check_cases("{\"type\":\"integer\",\"minimum\":-9223372036854775808,"
+                "\"maximum\":-9223372036854775800}", bottom, N_OF(bottom));
+    static const jc_case top[] = {DONE("9223372036854775807"), DONE("0"), DONE("-0"),
+                                  REJECT("922337203685477580", "8"), REJECT("-", "1")};
+    check_cases("{\"type\":\"integer\",\"minimum\":0,\"maximum\":1e300}", top, N_OF(top));
+    /* another type beside the integers keeps its values; an empty range drops the integers */
+    static const jc_case mixed[] = {DONE("\"x\""), DONE("4"), REJECT("", "5"), REJECT("-", "1")};
+    check_cases("{\"type\":[\"integer\",\"string\"],\"minimum\":0,\"maximum\":4}", mixed,
+                N_OF(mixed));
+    static const jc_case none[] = {DONE("\"x\""), REJECT("", "4")};
+    check_cases("{\"type\":[\"integer\",\"string\"],\"minimum\":5,\"maximum\":4}", none, N_OF(none));
+    /* bounds assert nothing on other types; enum values outside the range are dropped */
+    static const jc_case str[] = {DONE("\"ab\""), REJECT("", "1")};
+    check_cases("{\"type\":\"string\",\"minimum\":3}", str, N_OF(str));
+    static const jc_case en[] = {DONE("2"), DONE("3"), REJECT("", "1")};
+    check_cases("{\"type\":\"integer\",\"minimum\":2,\"enum\":[1,2,3,\"a\"]}", en, N_OF(en));
+}
+
+/* Every text of up to 7 bytes of "-0123456789" under a range within +-999999, walked as a tree
+ * (a rejected text's extensions are not fed): accepted exactly when it begins the decimal
+ * form of a member ("-0" being 0), done exactly when it is one. */
+static uint8_t *range_marks; /* [12^7]: bit 0 a prefix of a member's text, bit 1 a member's */
+
+static uint32_t range_code(const char *t, size_t n)
+{
+    uint32_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c = c * 12 + (t[i] == '-' ? 1u : (uint32_t)(t[i] - '0') + 2);
+    return c;
+}
+
+static void range_mark(const char *t)
+{
+    size_t n = strlen(t);
+    for (size_t i = 1; i <= n; i++)
+        range_marks[range_code(t, i)] |= 1;
+    range_marks[range_code(t, n)] |= 2;
+}
+
+static void range_walk(const jc_schema *s, const uint8_t *st, char *t, size_t n, uint64_t *fed)
+{
+    static const char alphabet[] = "-0123456789";
+    const size_t size = jc_state_size(s);
+    uint8_t *next = malloc(size);
+    assert_non_null(next);
+    for (size_t i = 0; i < sizeof alphabet - 1; i++) {
+        t[n] = alphabet[i];
+        jc_state_copy(s, next, st);
+        const uint8_t b = (uint8_t)t[n];
+        const bool ok = jc_feed(s, next, &b, 1), want = range_marks[range_code(t, n + 1)] & 1;
+        (*fed)++;
+        if (ok != want)
+            fail_msg("text %.*s: accepted %d, expected %d", (int)n + 1, t, ok, want);
+        if (!ok)
+            continue;
+        if (jc_done(s, next) != ((range_marks[range_code(t, n + 1)] & 2) != 0))
+            fail_msg("text %.*s: done %d, expected %d", (int)n + 1, t, !jc_done(s, next),
+                     jc_done(s, next));
+        if (n + 1 < 7)
+            range_walk(s, next, t, n + 1, fed);
+    }
+    free(next);
+}
+
+static void integer_ranges_accept_exactly_the_prefixes_of_their_members(void **state)
+{
+    (void)state;
+    static const int64_t ranges[][2] = {{-5, 120},  {10, 20},    {0, 0},         {-7, -3},
+                                        {100, 100}, {1, 999999}, {-999999, -1},  {37, 4210},
+                                        {-4210, -37}, {0, 9},    {-1, 1},        {-999999, 999999},
+                                        {-20, -10}, {5, 50000},  {-6543, 98}};
+    range_marks = malloc(35831808); /* 12^7 */
+    assert_non_null(range_marks);
+    for (size_t r = 0; r < N_OF(ranges); r++) {
+        const int64_t lo = ranges[r][0], hi = ranges[r][1];
+        memset(range_marks, 0, 35831808);
+        char t[16], schema[128];
+        for (int64_t v = lo; v <= hi; v++) {
+            snprintf(t, sizeof t, "%lld", (long long)v);
+            range_mark(t);
+        }
+        if (lo <= 0 && hi >= 0)
+            range_mark("-0");
+        /* the two ends written as the other bound forms say the same range */
+        const char *forms[] = {"{\"type\":\"integer\",\"minimum\":%lld,\"maximum\":%lld}",
+                               "{\"type\":\"integer\",\"exclusiveMinimum\":%lld,"
+                               "\"exclusiveMaximum\":%lld}"};
+        for (int f = 0; f < 2; f++) {
+            snprintf(schema, sizeof schema, forms[f], (long long)(lo - f), (long long)(hi + f));
+            jc_schema *s = compile_ok(schema);
+            uint8_t *st = malloc(jc_state_size(s));
+            assert_non_null(st);
+            jc_state_init(s, st);
+            uint64_t fed = 0;
+            range_walk(s, st, t, 0, &fed);
+            assert_true(fed >= 11);
+            free(st);
+            jc_schema_free(s);
+        }
+    }
+    free(range_marks);
+}
+
 static void string_escapes_and_surrogate_pairs(void **state)
 {
     (void)state;
@@ -636,7 +772,16 @@ static void compile_errors_name_the_pointer_and_keyword(void **state)
          "schema #/$defs/a/type: unknown type 'nope'"},
         {"{\"pattern\":\"x\"}", TD_ENOTSUP, "schema #/pattern: keyword 'pattern' is not enforced"},
         {"{\"items\":{\"minimum\":0}}", TD_ENOTSUP,
-         "schema #/items/minimum: keyword 'minimum' is not enforced"},
+         "schema #/items/minimum: 'minimum' is enforced on integers only (type \"integer\"), not "
+         "on numbers that may have a fraction"},
+        {"{\"type\":[\"integer\",\"number\"],\"exclusiveMaximum\":1}", TD_ENOTSUP,
+         "schema #/exclusiveMaximum: 'exclusiveMaximum' is enforced on integers only (type "
+         "\"integer\"), not on numbers that may have a fraction"},
+        {"{\"type\":\"integer\",\"maximum\":\"3\"}", TD_EINVAL, "schema #/maximum: must be a number"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", TD_EINVAL,
+         "schema #: no JSON document satisfies it"},
+        {"{\"anyOf\":[{\"type\":\"integer\"}],\"minimum\":1}", TD_ENOTSUP,
+         "schema #: 'minimum' beside 'anyOf' is not supported"},
         {"{\"uniqueItems\":true}", TD_ENOTSUP,
          "schema #/uniqueItems: keyword 'uniqueItems' is not enforced"},
         {"{\"not\":{}}", TD_ENOTSUP, "schema #/not: keyword 'not' is not enforced"},
@@ -1062,6 +1207,7 @@ static void random_walks_never_reach_a_dead_end(void **state)
 {
     (void)state;
     static const char keys[] = "{\"properties\":{\"q\\\"t\":{\"enum\":[\"ab\",\"abc\",12,1.5,null]},"
+                               "\"r\":{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1234},"
                                "\"\\u00e9\\ud83d\\ude00\":{\"type\":\"integer\"},\"qz\":{\"maxLength\":2}},"
                                "\"required\":[\"qz\"],\"additionalProperties\":false}";
     static const char *const schemas[] = {"{}", pydantic, tree_schema, openai_strict, keys, NULL};
@@ -1097,7 +1243,7 @@ static void random_walks_never_reach_a_dead_end(void **state)
                 uint8_t steer[256];
                 int n_steer = 0;
                 for (int i = 0; i < n_ok; i++)
-                    if (ok[i] < 0x80 && strchr("{}[]\",:\\udDcCbB0123456789eE.-+tfnqz", ok[i]))
+                    if (ok[i] < 0x80 && strchr("{}[]\",:\\udDcCbB0123456789eE.-+tfnqzr", ok[i]))
                         steer[n_steer++] = ok[i];
                 const uint8_t b = n_steer && gen_rand(&g, 2) ? steer[gen_rand(&g, (uint32_t)n_steer)]
                                                              : ok[gen_rand(&g, (uint32_t)n_ok)];
@@ -1173,6 +1319,8 @@ int main(void)
         cmocka_unit_test(numbers_end_where_they_cannot_continue_and_are_at_most_64_bytes),
         cmocka_unit_test(numbers_end_only_where_jansson_can_read_them),
         cmocka_unit_test(integer_type_accepts_only_the_integer_grammar),
+        cmocka_unit_test(integer_ranges_reject_at_the_first_byte_no_member_follows),
+        cmocka_unit_test(integer_ranges_accept_exactly_the_prefixes_of_their_members),
         cmocka_unit_test(string_escapes_and_surrogate_pairs),
         cmocka_unit_test(raw_utf8_must_be_valid),
         cmocka_unit_test(a_character_may_be_split_across_feeds),

@@ -308,8 +308,9 @@ def test_min_tokens_holds_off_the_end_of_generation(server):
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,
-                                                              "items": {"enum": ["a", "bc"]}}}}
+                         "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                         "tags": {"type": "array", "maxItems": 2,
+                                  "items": {"enum": ["a", "bc"]}}}}
 
 
 def _format_reference(prompt, n, *extra):
@@ -327,7 +328,7 @@ def _format_reference(prompt, n, *extra):
 def _check_person(value):
     assert set(value) <= {"name", "age", "tags"} and {"name", "age"} <= set(value)
     assert isinstance(value["name"], str) and len(value["name"]) <= 12
-    assert isinstance(value["age"], int)
+    assert isinstance(value["age"], int) and 0 <= value["age"] <= 130
     assert all(t in ("a", "bc") for t in value.get("tags", []))
 
 
