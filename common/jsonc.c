@@ -435,86 +435,133 @@ static int str_byte(const jc_schema *s, jc_alt *a, uint8_t b)
  * below 308, so it cannot overflow a double (a bound that refuses a few reals near DBL_MAX). */
 enum { CMP_EQUAL, CMP_LESS, CMP_GREATER, INT64_DIGITS = 19, REAL_MAGNITUDE_MAX = 308 };
 
-/* --- integer ranges (jc_node.has_range) --------------------------------------------------------
- * A number of sign neg is a magnitude m; the range leaves it the magnitudes [*lo, *hi], and
- * false when this sign has none ("-0" is 0, so the negative side starts at 0 where 0 is in the
- * range). The digits so far are a prefix P of k digits (a lone "0" is N_ZERO, k = 0); `bound`
- * keeps P against the first k digits of *lo and of *hi, so a range check needs no value. */
-static bool int_mags(const jc_node *n, bool neg, uint64_t *lo, uint64_t *hi)
+/* --- number ranges (jc_node.has_range) ---------------------------------------------------------
+ * A number's magnitude is compared digit by digit with the least and greatest magnitude of its
+ * sign (jc_side). `bound` keeps the two comparisons, CMP_* in bits 0-1 (lo) and 2-3 (hi): in the
+ * integer part, of its digits so far with as many leading digits of the bound's integer part;
+ * from the '.' on, of the whole number so far with the bound cut after as many fraction digits
+ * (integer parts compared by length first). A ranged number has no exponent. */
+enum { B_LO, B_HI };
+
+static const jc_side *num_side(const jc_schema *s, const jc_alt *a)
 {
-    if (!neg) {
-        if (n->int_max < 0)
-            return false;
-        *lo = n->int_min > 0 ? (uint64_t)n->int_min : 0;
-        *hi = (uint64_t)n->int_max;
-    } else {
-        if (n->int_min > 0)
-            return false;
-        /* -x for x < 0 without overflow at INT64_MIN */
-        *lo = n->int_max < 0 ? (uint64_t)(-(n->int_max + 1)) + 1 : 0;
-        *hi = n->int_min < 0 ? (uint64_t)(-(n->int_min + 1)) + 1 : 0;
+    return &s->nodes[a->node].sides[a->neg];
+}
+
+static const jc_dec *side_dec(const jc_side *sd, int w)
+{
+    return w == B_LO ? &sd->lo : &sd->hi;
+}
+
+static int bound_get(const jc_alt *a, int w)
+{
+    return a->bound >> 2 * w & 3;
+}
+
+static void bound_set(jc_alt *a, int w, int c)
+{
+    a->bound = (uint8_t)((a->bound & ~(3u << 2 * w)) | (unsigned)c << 2 * w);
+}
+
+static int cmp_byte(uint8_t x, uint8_t y)
+{
+    return x < y ? CMP_LESS : x > y ? CMP_GREATER : CMP_EQUAL;
+}
+
+/* Fraction digits so far (while a byte is being read: the index of a fraction digit in it). */
+static int num_frac_digits(const jc_alt *a)
+{
+    return (int)a->pos - a->neg - (a->digits ? a->digits : 1) - 1;
+}
+
+/* The integer part so far (all of it) against the bound's, given c for equal lengths. */
+static int int_rel(const jc_alt *a, const jc_dec *d, int c)
+{
+    return a->digits < d->n_int ? CMP_LESS : a->digits > d->n_int ? CMP_GREATER : c;
+}
+
+/* The number so far, as it is, against bound w (a bound with more digits is larger). */
+static int num_rel(const jc_schema *s, const jc_alt *a, int w)
+{
+    const jc_dec *d = side_dec(num_side(s, a), w);
+    if (a->sub == N_FRAC) {
+        const int c = bound_get(a, w);
+        return c == CMP_EQUAL && d->n_frac > num_frac_digits(a) ? CMP_LESS : c;
     }
-    return true;
-}
-
-static int dec_len(uint64_t v)
-{
-    int n = 1;
-    while (v >= 10)
-        v /= 10, n++;
-    return n;
-}
-
-/* Digit i (0: the most significant) of v, which has len digits. */
-static uint8_t dec_digit(uint64_t v, int len, int i)
-{
-    for (int k = len - 1 - i; k > 0; k--)
-        v /= 10;
-    return (uint8_t)('0' + v % 10);
-}
-
-/* Whether some integer of the range begins with the number so far (it may be the number). */
-static bool num_range_viable(const jc_schema *s, const jc_alt *a)
-{
-    const jc_node *n = &s->nodes[a->node];
-    uint64_t lo, hi;
-    if (!n->has_range)
-        return true;
-    if (!int_mags(n, a->neg, &lo, &hi))
-        return false;
-    if (a->sub == N_MINUS)
-        return true; /* lo <= hi: some magnitude of this sign is left */
-    if (a->sub == N_ZERO)
-        return lo == 0;
-    const int k = a->digits, llo = dec_len(lo), lhi = dec_len(hi);
-    const int clo = a->bound & 3, chi = a->bound >> 2 & 3;
-    if (hi == 0)
-        return false; /* P begins with 1-9 */
-    /* a completion of L >= k digits: P's smallest of that length <= hi, its largest >= lo */
-    for (int L = k; L <= lhi; L++) {
-        bool below = L < lhi || chi != CMP_GREATER;
-        bool above = lo == 0 || L > llo || (L == llo && (k > llo || clo != CMP_LESS));
-        if (below && above)
-            return true;
-    }
-    return false;
+    const int c = int_rel(a, d, bound_get(a, w));
+    return c == CMP_EQUAL && d->n_frac > 0 ? CMP_LESS : c;
 }
 
 /* Whether the number so far is inside the range. */
 static bool num_range_in(const jc_schema *s, const jc_alt *a)
 {
-    const jc_node *n = &s->nodes[a->node];
-    uint64_t lo, hi;
-    if (!n->has_range)
+    if (!s->nodes[a->node].has_range)
         return true;
-    if (!int_mags(n, a->neg, &lo, &hi))
+    const jc_side *sd = num_side(s, a);
+    if (!sd->ok || (a->sub != N_ZERO && a->sub != N_INT && a->sub != N_FRAC))
         return false;
-    if (a->sub == N_ZERO)
-        return lo == 0;
-    const int k = a->digits, llo = dec_len(lo), lhi = dec_len(hi);
-    const int clo = a->bound & 3, chi = a->bound >> 2 & 3;
-    return hi > 0 && (lo == 0 || k > llo || (k == llo && clo != CMP_LESS)) &&
-           (k < lhi || (k == lhi && chi != CMP_GREATER));
+    return num_rel(s, a, B_LO) != CMP_LESS && (sd->inf || num_rel(s, a, B_HI) != CMP_GREATER);
+}
+
+/* Whether some number of the range begins with the number so far (it may be the number). */
+static bool num_range_viable(const jc_schema *s, const jc_alt *a)
+{
+    if (!s->nodes[a->node].has_range)
+        return true;
+    const jc_side *sd = num_side(s, a);
+    if (!sd->ok)
+        return false;
+    const int clo = bound_get(a, B_LO), chi = bound_get(a, B_HI);
+    switch (a->sub) {
+    case N_MINUS: return true;
+    case N_ZERO: /* 0, or 0.x with a fraction: [0, 1) */
+        return a->intonly ? num_range_in(s, a) : sd->lo.n_int == 0;
+    case N_INT: {
+        /* a completion of L >= k integer digits: P's least of that length <= hi, its greatest
+         * (with a fraction where allowed) >= lo */
+        const int k = a->digits, most = JC_NUMBER_MAX - a->neg;
+        const int last = sd->inf || sd->hi.n_int > most ? most : sd->hi.n_int;
+        for (int L = k; L <= last; L++) {
+            const bool below = sd->inf || L < sd->hi.n_int || chi != CMP_GREATER;
+            const bool above = L > sd->lo.n_int || (L == sd->lo.n_int && clo != CMP_LESS);
+            if (below && above)
+                return true;
+        }
+        return false;
+    }
+    case N_DOT:
+    case N_FRAC: /* the completions fill [v, v + 10^-j): lo and hi compared at j digits */
+        return clo != CMP_LESS && (sd->inf || chi != CMP_GREATER);
+    default: return false;
+    }
+}
+
+/* Bound comparisons after an integer digit b, a fraction digit b, or the '.'. */
+static void num_range_digit(const jc_schema *s, jc_alt *a, uint8_t b, bool frac)
+{
+    const jc_side *sd = num_side(s, a);
+    if (!s->nodes[a->node].has_range || !sd->ok)
+        return;
+    for (int w = B_LO; w <= (sd->inf ? B_LO : B_HI); w++) {
+        const jc_dec *d = side_dec(sd, w);
+        if (bound_get(a, w) != CMP_EQUAL)
+            continue;
+        if (!frac && a->digits < d->n_int)
+            bound_set(a, w, cmp_byte(b, s->pool[d->off + a->digits]));
+        if (frac) {
+            const int j = num_frac_digits(a);
+            bound_set(a, w, cmp_byte(b, j < d->n_frac ? s->pool[d->off + d->n_int + j] : '0'));
+        }
+    }
+}
+
+static void num_range_dot(const jc_schema *s, jc_alt *a)
+{
+    const jc_side *sd = num_side(s, a);
+    if (!s->nodes[a->node].has_range || !sd->ok)
+        return;
+    for (int w = B_LO; w <= B_HI; w++)
+        bound_set(a, w, int_rel(a, side_dec(sd, w), bound_get(a, w)));
 }
 
 static bool num_int_fits(const jc_alt *a)
@@ -532,19 +579,21 @@ static bool num_can_end(const jc_schema *s, const jc_alt *a)
     switch (a->sub) {
     case N_ZERO:
     case N_INT: return num_int_fits(a) && num_range_in(s, a);
-    case N_FRAC:
+    case N_FRAC: return num_real_fits(a) && num_range_in(s, a);
     case N_EXP: return num_real_fits(a);
     default: return false;
     }
 }
 
 /* Bytes still needed before the number can end: a prefix is viable only if they fit. */
-static uint32_t num_need(const jc_alt *a)
+static uint32_t num_need(const jc_schema *s, const jc_alt *a)
 {
+    /* a number outside its range so far needs one more digit at least */
+    const uint32_t range = num_range_in(s, a) ? 0 : 1;
     switch (a->sub) {
     case N_ZERO:
-    case N_INT: return num_int_fits(a) ? 0 : 2; /* ".0" */
-    case N_FRAC:
+    case N_INT: return num_int_fits(a) ? range : 2; /* ".0" */
+    case N_FRAC: return range;
     case N_EXP: return 0;
     default: return 1;
     }
@@ -557,24 +606,15 @@ static void num_digit(const jc_schema *s, jc_alt *a, uint8_t b)
         char l = limit[a->neg][a->digits];
         a->cmp = b < l ? CMP_LESS : b > l ? CMP_GREATER : CMP_EQUAL;
     }
-    const jc_node *n = &s->nodes[a->node];
-    uint64_t m[2];
-    if (n->has_range && int_mags(n, a->neg, &m[0], &m[1])) {
-        for (int i = 0; i < 2; i++) {
-            const int len = dec_len(m[i]), c = a->bound >> 2 * i & 3;
-            if (a->digits < len && c == CMP_EQUAL) {
-                const uint8_t d = dec_digit(m[i], len, a->digits);
-                a->bound |= (uint8_t)((b < d ? CMP_LESS : b > d ? CMP_GREATER : CMP_EQUAL) << 2 * i);
-            }
-        }
-    }
+    num_range_digit(s, a, b, false);
     a->digits++;
 }
 
 static int num_byte(const jc_schema *s, jc_alt *a, uint8_t b)
 {
+    const bool ranged = s->nodes[a->node].has_range;
     bool digit = b >= '0' && b <= '9', dot = b == '.' && !a->intonly;
-    bool e = (b == 'e' || b == 'E') && !a->intonly;
+    bool e = (b == 'e' || b == 'E') && !a->intonly && !ranged;
     uint8_t next;
     switch (a->sub) {
     case N_MINUS:
@@ -593,6 +633,8 @@ static int num_byte(const jc_schema *s, jc_alt *a, uint8_t b)
                 return ST_REJECT;
         } else if (dot || e) {
             next = dot ? N_DOT : N_E;
+            if (dot)
+                num_range_dot(s, a);
         } else {
             return num_can_end(s, a) ? ST_END : ST_REJECT;
         }
@@ -601,11 +643,14 @@ static int num_byte(const jc_schema *s, jc_alt *a, uint8_t b)
         if (!digit)
             return ST_REJECT;
         next = N_FRAC;
+        num_range_digit(s, a, b, true);
         break;
     case N_FRAC:
         if (!digit && !e)
             return num_can_end(s, a) ? ST_END : ST_REJECT;
         next = digit ? N_FRAC : N_E;
+        if (digit)
+            num_range_digit(s, a, b, true);
         break;
     case N_E:
         if (b == '+' || b == '-')
@@ -636,7 +681,7 @@ static int num_byte(const jc_schema *s, jc_alt *a, uint8_t b)
     a->sub = next;
     if (!num_range_viable(s, a))
         return ST_REJECT;
-    return ++a->pos + num_need(a) > JC_NUMBER_MAX ? ST_REJECT : ST_OK;
+    return ++a->pos + num_need(s, a) > JC_NUMBER_MAX ? ST_REJECT : ST_OK;
 }
 
 static bool lit_can_end(const jc_schema *s, const jc_alt *a)

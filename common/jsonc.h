@@ -26,10 +26,13 @@
  * is read as prefixItems, with additionalItems for the rest), prefixItems, minItems, maxItems,
  * minLength and maxLength (code points of the decoded string: an escape, or a surrogate pair,
  * is one), minimum, maximum, exclusiveMinimum and exclusiveMaximum (draft 4's boolean forms
- * too) where the schema admits integers but no other numbers (type "integer": a number is
- * rejected at the first byte after which no integer of the range can follow, e.g. "13" then
- * "0" under maximum 120; "-0" is 0; reals as bounds are rounded inward; an empty range drops
- * the integers; beside other types they bind only the integers), enum and const, anyOf and oneOf (both as a union: oneOf's "exactly one" is not
+ * too; they bind numbers only): a number is rejected at the first byte after which no number
+ * of the range can follow ("13" then "0" under maximum 120), and may end only inside it. Type
+ * "integer": exact int64 ends (a real bound rounded inward; "-0" is 0). Reals: the value is
+ * what strtod reads (the nearest double, ties to even), as a reader compares it, so "0.1"
+ * meets minimum 0.1 and "0.10000000000000001" maximum 0.1; a ranged number has no exponent,
+ * and its ends are rounded inward to the fraction digits a JC_NUMBER_MAX-byte number there can
+ * hold (which loses no such number). An empty range drops the numbers, enum and const, anyOf and oneOf (both as a union: oneOf's "exactly one" is not
  * enforced), allOf with one subschema, $ref to "#", "#/$defs/<name>" or
  * "#/definitions/<name>" (~0 and ~1 decoded), $defs / definitions, and the boolean schemas true
  * and false. Keywords combine as JSON Schema says (type object + properties: both apply);
@@ -50,9 +53,8 @@
  * Ignored: title, description, default, examples, $schema, $id, $anchor, $comment, format,
  * deprecated, readOnly, writeOnly, contentEncoding, contentMediaType, discriminator, nullable
  * and any other unknown keyword. Refused with TD_ENOTSUP (they would constrain the value in
- * ways not enforced): pattern, patternProperties, propertyNames, minimum, maximum,
- * exclusiveMinimum and exclusiveMaximum where reals are admitted (type "number", or no type),
- * multipleOf, uniqueItems, minProperties, maxProperties,
+ * ways not enforced): pattern, patternProperties, propertyNames, multipleOf, uniqueItems,
+ * minProperties, maxProperties,
  * contains, minContains, maxContains, not, if, then, else, dependencies, dependentRequired,
  * dependentSchemas, unevaluatedProperties, unevaluatedItems, $dynamicRef, $recursiveRef
  * ("uniqueItems": false asserts nothing and is accepted).

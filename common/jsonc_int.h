@@ -28,11 +28,27 @@ enum {
 /* Node 0 matches nothing, node 1 anything. */
 enum { JC_NODE_NONE = 0, JC_NODE_ANY = 1 };
 
+/* A non-negative decimal bound: the digits of its integer part (none below 1), then of its
+ * fraction (the last one non-zero), at pool[off..off+n_int+n_frac). */
+typedef struct jc_dec {
+    uint32_t off;
+    uint16_t n_int, n_frac;
+} jc_dec;
+
+/* The magnitudes a number of one sign may have under a range, both ends included, each written
+ * with at most as many fraction digits as a JC_NUMBER_MAX-byte number near it can have. */
+typedef struct jc_side {
+    uint8_t ok;   /* some number of this sign is in the range */
+    uint8_t inf;  /* no greatest magnitude (hi unused) */
+    uint16_t pad;
+    jc_dec lo, hi;
+} jc_side;
+
 typedef struct jc_node {
     uint8_t kind;        /* JN_* */
     uint8_t types;       /* JT_* bits of the values this node has (non-empty ones only) */
     uint8_t has_len;     /* string: min_len / max_len restrict it */
-    uint8_t has_range;   /* integer: int_min / int_max restrict it (no JT_FRAC then) */
+    uint8_t has_range;   /* number: minimum / maximum restrict it (sides) */
     uint16_t addl;       /* object: node of undeclared keys' values; JC_NODE_NONE: none allowed */
     uint16_t items;      /* array: node of the items after the prefix */
     uint32_t min_len;    /* string: code points */
@@ -43,8 +59,11 @@ typedef struct jc_node {
     uint32_t pfirst, pn; /* LEAF: prefix items, nodes prefix[pfirst..pfirst+pn) */
     uint64_t required;   /* LEAF: bit i set when property first+i must appear */
     uint64_t usable;     /* LEAF: bit i set when property first+i has a value that can exist */
-    int64_t int_min;     /* integer: smallest value (INT64_MIN: none) */
-    int64_t int_max;     /* integer: largest value (INT64_MAX: none); >= int_min with JT_INT */
+    int64_t int_min;     /* integers only (no JT_FRAC): smallest value (INT64_MIN: none) */
+    int64_t int_max;     /* largest value (INT64_MAX: none) */
+    double num_min;      /* with JT_FRAC: the least double a number may read as (-inf: none) */
+    double num_max;      /* the greatest (inf: none) */
+    jc_side sides[2];    /* has_range: magnitudes of numbers without and with a '-' */
 } jc_node;
 
 typedef struct jc_str {

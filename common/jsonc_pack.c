@@ -88,10 +88,13 @@ static bool jcc_valid(jcc *c, uint16_t idx, json_t *v)
     }
     if (!(jcc_vtype(v) & n->types))
         return false;
-    if (n->has_range && json_is_integer(v))
-        return json_integer_value(v) >= n->int_min && json_integer_value(v) <= n->int_max;
-    if (n->has_range && json_is_real(v)) /* an integral real: the node takes no fractions */
-        return json_real_value(v) >= (double)n->int_min && json_real_value(v) <= (double)n->int_max;
+    if (n->has_range && json_is_number(v)) { /* exactly, as a reader compares the two */
+        const long double x = json_is_integer(v) ? (long double)json_integer_value(v)
+                                                 : (long double)json_real_value(v);
+        if (!(n->types & JT_FRAC))
+            return x >= (long double)n->int_min && x <= (long double)n->int_max;
+        return x >= (long double)n->num_min && x <= (long double)n->num_max;
+    }
     if (json_is_string(v)) {
         uint32_t len = jcc_code_points(v);
         return len >= n->min_len && len <= n->max_len;

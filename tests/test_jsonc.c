@@ -317,6 +317,154 @@ static void integer_ranges_accept_exactly_the_prefixes_of_their_members(void **s
     free(range_marks);
 }
 
+/* Bounds where reals are allowed: a number is what strtod reads (the nearest double), so 0.1
+ * meets minimum 0.1 and so does any text that reads as that double; no exponent. */
+static void number_ranges_compare_what_the_text_reads_as(void **state)
+{
+    (void)state;
+    static const jc_case unit[] = {
+        DONE("0"), DONE("1"), DONE("0.5"), DONE("1.0"), DONE("1.000"), DONE("-0"), DONE("-0.0"),
+        DONE("0.999"), VIABLE("0."), VIABLE("-0."), VIABLE("-"), REJECT("1.0", "1"),
+        REJECT("1", "1"), REJECT("", "2"), REJECT("-0.", "1"), REJECT("-", "1"),
+        REJECT("0.5", "e"), REJECT("1", "e"),
+    };
+    check_cases("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", unit, N_OF(unit));
+    /* 0.1 is 0.1000000000000000055511151231257827...; texts from the midpoint with the double
+     * below (0.09999999999999999861...) read as it */
+    static const jc_case tenth[] = {
+        DONE("0.1"), DONE("0.10000"), DONE("7"), DONE("0.09999999999999999862"),
+        VIABLE("0.0999999999999999986"), REJECT("0.0", "8"),
+        REJECT("0.09999999999999999", "7"), REJECT("", "-"),
+    };
+    check_cases("{\"type\":\"number\",\"minimum\":0.1}", tenth, N_OF(tenth));
+    static const jc_case open[] = {DONE("0.5"), DONE("0.0001"), REJECT("", "1"), REJECT("0", " "),
+                                   REJECT("", "-"), VIABLE("0.000")};
+    check_cases("{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}", open,
+                N_OF(open));
+    static const jc_case neg[] = {DONE("-2.5"), DONE("13.25"), DONE("-0.0"), DONE("13"),
+                                  REJECT("-2.5", "1"), REJECT("13.2", "6"), REJECT("2", "0"),
+                                  REJECT("-", "3")};
+    check_cases("{\"type\":[\"number\",\"null\"],\"minimum\":-2.5,\"maximum\":13.25}", neg,
+                N_OF(neg));
+}
+
+/* Every valid number text of up to two integer and three fraction digits under eight ranges:
+ * accepted whole and done exactly when strtod reads it inside the range; and every text of up
+ * to 6 bytes of "-0123456789." that the matcher accepts is the beginning of such a number. */
+typedef struct real_range {
+    const char *schema;
+    double lo, hi;         /* what the text may read as */
+    bool lo_open, hi_open; /* ends excluded */
+} real_range;
+
+static bool real_in(const real_range *r, double x)
+{
+    return (r->lo_open ? x > r->lo : x >= r->lo) && (r->hi_open ? x < r->hi : x <= r->hi);
+}
+
+static bool real_done_text(const jc_schema *s, uint8_t *st, const char *t)
+{
+    jc_state_init(s, st);
+    return jc_feed(s, st, (const uint8_t *)t, strlen(t)) && jc_done(s, st);
+}
+
+/* Whether text[0..n) (accepted) extends to a done number that strtod reads inside r, trying at
+ * each byte the greatest and the least digit the matcher takes and '.', within *budget steps. */
+static bool real_complete(const jc_schema *s, const real_range *r, char *text, int n, int *budget)
+{
+    uint8_t st[512];
+    assert_true(jc_state_size(s) <= sizeof st);
+    text[n] = 0;
+    if (real_done_text(s, st, text))
+        return real_in(r, strtod(text, NULL));
+    if (n >= JC_NUMBER_MAX || --*budget < 0)
+        return false;
+    char tries[3];
+    int n_try = 0;
+    for (int hi = 1; hi >= 0; hi--)
+        for (int k = 0; k < 10; k++) {
+            const char d = (char)(hi ? '9' - k : '0' + k);
+            text[n] = d;
+            text[n + 1] = 0;
+            jc_state_init(s, st);
+            if (jc_feed(s, st, (const uint8_t *)text, (size_t)n + 1)) {
+                if (n_try == 0 || tries[n_try - 1] != d)
+                    tries[n_try++] = d;
+                break;
+            }
+        }
+    tries[n_try++] = '.';
+    for (int i = 0; i < n_try; i++) {
+        text[n] = tries[i];
+        text[n + 1] = 0;
+        jc_state_init(s, st);
+        if (jc_feed(s, st, (const uint8_t *)text, (size_t)n + 1) &&
+            real_complete(s, r, text, n + 1, budget))
+            return true;
+    }
+    return false;
+}
+
+static void number_ranges_accept_exactly_the_numbers_that_read_inside(void **state)
+{
+    (void)state;
+    static const real_range ranges[] = {
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", 0, 1, false, false},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.3}", 0.1, 0.3, false, false},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}", 0, 1, true, true},
+        {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":13.25}", -2.5, 13.25, false, false},
+        {"{\"type\":\"number\",\"minimum\":-0.001,\"maximum\":0.001}", -0.001, 0.001, false, false},
+        {"{\"type\":\"number\",\"minimum\":10,\"exclusiveMaximum\":10.5}", 10, 10.5, false, true},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-7.125,\"maximum\":-0.5}", -7.125, -0.5, true,
+         false},
+        {"{\"type\":\"number\",\"minimum\":0.7,\"maximum\":0.7}", 0.7, 0.7, false, false},
+    };
+    for (size_t r = 0; r < N_OF(ranges); r++) {
+        jc_schema *s = compile_ok(ranges[r].schema);
+        uint8_t *st = malloc(jc_state_size(s));
+        assert_non_null(st);
+        char t[16];
+        int members = 0;
+        for (int neg = 0; neg < 2; neg++)
+            for (int ip = 0; ip < 100; ip++)
+                for (int fd = 0; fd <= 3; fd++)
+                    for (int f = 0; f < (fd ? (fd == 1 ? 10 : fd == 2 ? 100 : 1000) : 1); f++) {
+                        if (fd)
+                            snprintf(t, sizeof t, "%s%d.%0*d", neg ? "-" : "", ip, fd, f);
+                        else
+                            snprintf(t, sizeof t, "%s%d", neg ? "-" : "", ip);
+                        const bool in = real_in(&ranges[r], strtod(t, NULL));
+                        members += in;
+                        if (real_done_text(s, st, t) != in)
+                            fail_msg("%s, %s: done %d, reads inside %d", ranges[r].schema, t, !in,
+                                     in);
+                    }
+        assert_true(members >= 1);
+        /* the matcher's accepted texts of up to 6 bytes each begin a member it accepts */
+        static const char alphabet[] = "-0123456789.";
+        for (uint32_t code = 0; code < 12u * 12 * 12 * 12 * 12 * 12; code++) {
+            int n = 0;
+            for (uint32_t c = code; n < 6; c /= 12)
+                t[n++] = alphabet[c % 12];
+            t[n] = 0;
+            jc_state_init(s, st);
+            if (!jc_feed(s, st, (const uint8_t *)t, 6))
+                continue;
+            /* a completion the matcher steers (the greatest or least digit it takes, or a
+             * '.'), which strtod must read inside the range */
+            char done[80];
+            memcpy(done, t, 7);
+            int budget = 20000;
+            const bool found = real_complete(s, &ranges[r], done, 6, &budget);
+            if (!found)
+                fail_msg("%s: \"%s\" accepted but no number inside the range begins with it",
+                         ranges[r].schema, t);
+        }
+        free(st);
+        jc_schema_free(s);
+    }
+}
+
 static void string_escapes_and_surrogate_pairs(void **state)
 {
     (void)state;
@@ -771,12 +919,9 @@ static void compile_errors_name_the_pointer_and_keyword(void **state)
         {"{\"$defs\":{\"a\":{\"type\":\"nope\"}}}", TD_EINVAL,
          "schema #/$defs/a/type: unknown type 'nope'"},
         {"{\"pattern\":\"x\"}", TD_ENOTSUP, "schema #/pattern: keyword 'pattern' is not enforced"},
-        {"{\"items\":{\"minimum\":0}}", TD_ENOTSUP,
-         "schema #/items/minimum: 'minimum' is enforced on integers only (type \"integer\"), not "
-         "on numbers that may have a fraction"},
-        {"{\"type\":[\"integer\",\"number\"],\"exclusiveMaximum\":1}", TD_ENOTSUP,
-         "schema #/exclusiveMaximum: 'exclusiveMaximum' is enforced on integers only (type "
-         "\"integer\"), not on numbers that may have a fraction"},
+        {"{\"items\":{\"minimum\":[0]}}", TD_EINVAL, "schema #/items/minimum: must be a number"},
+        {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMaximum\":1}", TD_EINVAL,
+         "schema #: no JSON document satisfies it"},
         {"{\"type\":\"integer\",\"maximum\":\"3\"}", TD_EINVAL, "schema #/maximum: must be a number"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", TD_EINVAL,
          "schema #: no JSON document satisfies it"},
@@ -1208,6 +1353,7 @@ static void random_walks_never_reach_a_dead_end(void **state)
     (void)state;
     static const char keys[] = "{\"properties\":{\"q\\\"t\":{\"enum\":[\"ab\",\"abc\",12,1.5,null]},"
                                "\"r\":{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1234},"
+                               "\"rr\":{\"type\":\"number\",\"minimum\":0.1,\"exclusiveMaximum\":7.25},"
                                "\"\\u00e9\\ud83d\\ude00\":{\"type\":\"integer\"},\"qz\":{\"maxLength\":2}},"
                                "\"required\":[\"qz\"],\"additionalProperties\":false}";
     static const char *const schemas[] = {"{}", pydantic, tree_schema, openai_strict, keys, NULL};
@@ -1321,6 +1467,8 @@ int main(void)
         cmocka_unit_test(integer_type_accepts_only_the_integer_grammar),
         cmocka_unit_test(integer_ranges_reject_at_the_first_byte_no_member_follows),
         cmocka_unit_test(integer_ranges_accept_exactly_the_prefixes_of_their_members),
+        cmocka_unit_test(number_ranges_compare_what_the_text_reads_as),
+        cmocka_unit_test(number_ranges_accept_exactly_the_numbers_that_read_inside),
         cmocka_unit_test(string_escapes_and_surrogate_pairs),
         cmocka_unit_test(raw_utf8_must_be_valid),
         cmocka_unit_test(a_character_may_be_split_across_feeds),

@@ -309,6 +309,7 @@ def test_min_tokens_holds_off_the_end_of_generation(server):
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},
                          "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                         "score": {"type": "number", "minimum": 0.1, "exclusiveMaximum": 1},
                          "tags": {"type": "array", "maxItems": 2,
                                   "items": {"enum": ["a", "bc"]}}}}
 
@@ -326,7 +327,8 @@ def _format_reference(prompt, n, *extra):
 
 
 def _check_person(value):
-    assert set(value) <= {"name", "age", "tags"} and {"name", "age"} <= set(value)
+    assert set(value) <= {"name", "age", "score", "tags"} and {"name", "age"} <= set(value)
+    assert "score" not in value or 0.1 <= value["score"] < 1
     assert isinstance(value["name"], str) and len(value["name"]) <= 12
     assert isinstance(value["age"], int) and 0 <= value["age"] <= 130
     assert all(t in ("a", "bc") for t in value.get("tags", []))
