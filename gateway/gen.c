@@ -38,24 +38,31 @@ static bool gen_buf_put(gen_buf *b, const char *s, size_t n)
     return true;
 }
 
+/* A request's n choices are generated one after the other; the fields from lg to the end of
+ * the streams' part are those of the choice being generated, reset for the next one. */
 struct api_stream {
     gw_state *g;
     gw_request req;
     int32_t *prompt;     /* [n_prompt] token ids */
     size_t n_prompt;
+    uint32_t max_tokens; /* per choice */
+    bool in_think;       /* the prompt leaves a reasoning block open */
+    output_opts oo;      /* how each choice's tokens become its output */
+    render_ctx rc;       /* rc.index: the choice */
+    char id[48];         /* "chatcmpl-<24 hex>" */
+    int client_fd;       /* the client's socket, polled to notice it leaving; -1 unknown */
+    bool done;           /* every choice ended, or the request failed: nothing more comes */
+    bool client_gone;    /* the client left (or the gateway stops): nothing more is sent */
+    bool failed;         /* the request ended with err */
+    api_error err;
+    gw_usage total;      /* of the choices so far: prompt once, completions summed */
+    json_t *choices;     /* whole replies: the finished choices' objects */
+
     link_gen *lg;        /* the generation at verifyd; NULL once closed */
     gw_output out;       /* tokens -> content, reasoning, tool calls */
     bool out_ready;      /* out was initialised (and must be freed) */
-    render_ctx rc;
-    char id[48];         /* "chatcmpl-<24 hex>" */
     char call_ids[24];   /* hex: tool-call ids */
-    int client_fd;       /* the client's socket, polled to notice it leaving; -1 unknown */
     int64_t last_event_ms; /* monotonic ms of verifyd's last event (silence timeout) */
-
-    bool done;           /* the generation ended: nothing more will be produced */
-    bool client_gone;    /* the client left (or the gateway stops): nothing more is sent */
-    bool failed;         /* the generation ended with err */
-    api_error err;
     const char *finish;  /* "stop", "length", "tool_calls" */
     gw_usage usage;
     bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
@@ -270,9 +277,10 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_e
             stop[n_stop++] = (uint32_t)g->stop_ids[i];
     for (size_t i = 0; i < s->req.n_stop_ids; i++) /* the client's, with ignore_eos too */
         stop[n_stop++] = s->req.stop_ids[i];
-    uint64_t seed = s->req.sampling.seed;
+    /* choice i of a seeded request: seed + i, so the choices differ and repeat */
+    uint64_t seed = s->req.sampling.seed + s->rc.index;
     if (!s->req.sampling.has_seed && getrandom(&seed, sizeof seed, 0) != sizeof seed)
-        seed = (uint64_t)gen_now_ms();
+        seed = (uint64_t)gen_now_ms() + s->rc.index;
     msg_gen_start m = {
         .prompt = (const uint32_t *)s->prompt,
         .n_prompt = prompt_n,
@@ -450,13 +458,65 @@ static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
         gen_oom(s);
 }
 
-/* The generation ended (or failed): final chunks, or the whole body is ready to render. */
+/* The choice's object of a whole reply, into s->choices. */
+static void gen_keep_choice(api_stream *s)
+{
+    json_t *lp = s->lp, *ch;
+    s->lp = NULL;
+    if (s->req.kind == REQ_CHAT) {
+        if (lp)
+            lp = lp_chat_object(lp);
+        /* With tool calls and nothing else said, content is null as OpenAI has it. */
+        bool null_content = s->any_call && s->content.len == 0;
+        ch = render_chat_choice(&s->rc, null_content ? NULL : s->content.p ? s->content.p : "",
+                                s->content.len, s->has_reasoning ? s->reasoning.p : NULL,
+                                s->reasoning.len, s->calls, s->finish, lp);
+        s->calls = NULL;
+    } else {
+        ch = render_completion_choice(&s->rc, s->content.p, s->content.len, s->finish, lp);
+    }
+    if (!s->choices)
+        s->choices = json_array();
+    if (!ch || !s->choices || json_array_append_new(s->choices, ch) != 0)
+        gen_oom(s);
+}
+
+/* The next choice's fresh state (the last one's lg is closed). */
+static void gen_choice_reset(api_stream *s)
+{
+    output_free(&s->out);
+    output_init(&s->out, s->g->tok, &s->oo);
+    s->content.len = s->reasoning.len = 0;
+    s->has_reasoning = s->any_call = s->sent_role = false;
+    json_decref(s->calls);
+    json_decref(s->lp);
+    json_decref(s->lp_pending);
+    s->calls = s->lp = s->lp_pending = NULL;
+    s->text_offset = 0;
+    s->finish = NULL;
+    s->usage = (gw_usage){.prompt_tokens = s->usage.prompt_tokens};
+    gen_hex(s->call_ids, 8);
+    s->rc.index++;
+}
+
+/* The request failed: a stream ends with the error event. */
+static void gen_end_failed(api_stream *s)
+{
+    s->done = true;
+    metrics_addu(&s->g->metrics.generation_errors, 1);
+    if (s->stream) {
+        gen_sse_put(s, render_sse_error(&s->err));
+        gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
+    }
+}
+
+/* The choice's generation ended (or failed): its final chunk or its object of the whole reply,
+ * then the next choice, or the end of the request. */
 static void gen_finish(api_stream *s, const char *finish)
 {
     gw_state *g = s->g;
     if (s->done)
         return;
-    s->done = true;
     if (s->lg) {
         /* A stop string, a client gone or an error: verifyd may still be generating. */
         link_gen_close(g->link, s->lg, true);
@@ -466,28 +526,43 @@ static void gen_finish(api_stream *s, const char *finish)
     metrics_addu(&g->metrics.generations, 1);
     metrics_addu(&g->metrics.cached_tokens, s->usage.cached_tokens);
     if (s->failed) {
-        metrics_addu(&g->metrics.generation_errors, 1);
-        if (s->stream) {
-            gen_sse_put(s, render_sse_error(&s->err));
-            gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
-        }
+        gen_end_failed(s);
         return;
     }
     if (output_finish(&s->out) != TD_OK)
         gen_oom(s);
     gen_take_pieces(s);
     s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
+    s->total.completion_tokens += s->usage.completion_tokens;
+    s->total.steps += s->usage.steps;
+    if (s->rc.index == 0) /* the later choices find the prompt cached by the first */
+        s->total.cached_tokens = s->usage.cached_tokens;
+    if (!s->stream)
+        gen_keep_choice(s);
+    else if (s->req.kind == REQ_CHAT)
+        gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
+    else
+        gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
+    if (!s->client_gone && !s->failed && s->rc.index + 1 < s->req.n) {
+        gen_choice_reset(s);
+        if (gen_start(s, s->max_tokens, s->in_think, &s->err) != TD_OK) {
+            s->failed = true;
+            gen_end_failed(s);
+            return;
+        }
+        gen_role_chunk(s);
+        return;
+    }
+    s->done = true;
+    if (s->failed) {
+        gen_end_failed(s);
+        return;
+    }
     if (!s->stream)
         return;
-    if (s->req.kind == REQ_CHAT) {
-        gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
-        if (s->req.include_usage)
-            gen_sse_put(s, render_chat_usage_chunk(&s->rc, &s->usage));
-    } else {
-        gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
-        if (s->req.include_usage)
-            gen_sse_put(s, render_completion_usage_chunk(&s->rc, &s->usage));
-    }
+    if (s->req.include_usage)
+        gen_sse_put(s, s->req.kind == REQ_CHAT ? render_chat_usage_chunk(&s->rc, &s->total)
+                                               : render_completion_usage_chunk(&s->rc, &s->total));
     if (!gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE)))
         gen_oom(s);
 }
@@ -569,21 +644,9 @@ static void gen_reply_body(api_stream *s, api_reply *r)
         gen_reply_error(r, &s->err);
         return;
     }
-    json_t *lp = s->lp;
-    s->lp = NULL;
-    if (s->req.kind == REQ_CHAT) {
-        if (lp)
-            lp = lp_chat_object(lp);
-        /* With tool calls and nothing else said, content is null as OpenAI has it. */
-        bool null_content = s->any_call && s->content.len == 0;
-        r->body = render_chat_response(&s->rc, null_content ? NULL : s->content.p ? s->content.p : "",
-                                       s->content.len, s->has_reasoning ? s->reasoning.p : NULL,
-                                       s->reasoning.len, s->calls, s->finish, lp, &s->usage);
-        s->calls = NULL;
-    } else {
-        r->body = render_completion_response(&s->rc, s->content.p, s->content.len, s->finish, lp,
-                                             &s->usage);
-    }
+    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, s->choices, &s->total)
+                                      : render_completion_response(&s->rc, s->choices, &s->total);
+    s->choices = NULL;
     if (!r->body) {
         apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
         gen_reply_error(r, &s->err);
@@ -614,6 +677,7 @@ void api_stream_free(api_stream *s)
     json_decref(s->calls);
     json_decref(s->lp);
     json_decref(s->lp_pending);
+    json_decref(s->choices);
     free(s);
 }
 
@@ -666,13 +730,15 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     bool in_think = false;
     uint32_t max_tokens = 0;
     td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &in_think, &e) : gen_prompt_completion(s, &e);
+    s->in_think = in_think;
     if (err == TD_OK)
         err = gen_check_ids(s, "logit_bias", s->req.bias_tok, s->req.n_bias, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "stop_token_ids", s->req.stop_ids, s->req.n_stop_ids, &e);
     if (err == TD_OK)
         err = gen_budget(s, &max_tokens, &e);
-    output_opts oo = {
+    s->max_tokens = max_tokens;
+    s->oo = (output_opts){
         .stops = s->req.stop,
         .stop_lens = s->req.stop_len,
         .n_stops = s->req.n_stop,
@@ -681,7 +747,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
     if (err == TD_OK) {
-        output_init(&s->out, g->tok, &oo);
+        output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;
         err = gen_start(s, max_tokens, in_think, &e);
     }
@@ -696,7 +762,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,
                          .usage_null = s->req.stream && s->req.include_usage,
                          .call_ids = s->call_ids};
-    s->usage.prompt_tokens = (uint32_t)s->n_prompt;
+    s->usage.prompt_tokens = s->total.prompt_tokens = (uint32_t)s->n_prompt;
     s->stream = s->req.stream;
     if (s->stream) {
         r->status = 200;

@@ -116,7 +116,7 @@ char *render_chat_chunk(const render_ctx *c, json_t *delta, const char *finish, 
 {
     json_t *o = render_envelope(c, "chat.completion.chunk");
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(c->index));
     json_object_set_new(choice, "delta", delta ? delta : json_object());
     json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
     json_object_set_new(choice, "finish_reason", render_finish(finish));
@@ -136,11 +136,10 @@ char *render_chat_usage_chunk(const render_ctx *c, const gw_usage *u)
     return render_sse(o);
 }
 
-char *render_chat_response(const render_ctx *c, const char *content, size_t content_len,
+json_t *render_chat_choice(const render_ctx *c, const char *content, size_t content_len,
                            const char *reasoning, size_t reasoning_len, json_t *tool_calls,
-                           const char *finish, json_t *logprobs, const gw_usage *u)
+                           const char *finish, json_t *logprobs)
 {
-    json_t *o = render_envelope(c, "chat.completion");
     json_t *msg = json_object();
     json_object_set_new(msg, "role", json_string("assistant"));
     json_object_set_new(msg, "content", content ? render_text(content, content_len) : json_null());
@@ -150,35 +149,47 @@ char *render_chat_response(const render_ctx *c, const char *content, size_t cont
         json_object_set(msg, "tool_calls", tool_calls);
     json_decref(tool_calls);
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(c->index));
     json_object_set_new(choice, "message", msg);
     json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
     json_object_set_new(choice, "finish_reason", render_finish(finish));
-    json_t *choices = json_array();
-    json_array_append_new(choices, choice);
+    return choice;
+}
+
+static char *render_response(const render_ctx *c, const char *object, json_t *choices,
+                             const gw_usage *u)
+{
+    if (!choices)
+        return NULL;
+    json_t *o = render_envelope(c, object);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", render_usage(u));
     return render_body(o);
 }
 
-static json_t *render_completion_choice(const char *text, size_t len, const char *finish,
-                                        json_t *logprobs)
+char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u)
+{
+    return render_response(c, "chat.completion", choices, u);
+}
+
+json_t *render_completion_choice(const render_ctx *c, const char *text, size_t len,
+                                 const char *finish, json_t *logprobs)
 {
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    json_object_set_new(choice, "index", json_integer(c->index));
     json_object_set_new(choice, "text", render_text(text, len));
     json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
     json_object_set_new(choice, "finish_reason", render_finish(finish));
-    json_t *choices = json_array();
-    json_array_append_new(choices, choice);
-    return choices;
+    return choice;
 }
 
 char *render_completion_chunk(const render_ctx *c, const char *text, size_t len,
                               const char *finish, json_t *logprobs)
 {
     json_t *o = render_envelope(c, "text_completion");
-    json_object_set_new(o, "choices", render_completion_choice(text, len, finish, logprobs));
+    json_t *choices = json_array();
+    json_array_append_new(choices, render_completion_choice(c, text, len, finish, logprobs));
+    json_object_set_new(o, "choices", choices);
     if (c->usage_null)
         json_object_set_new(o, "usage", json_null());
     return render_sse(o);
@@ -192,13 +203,9 @@ char *render_completion_usage_chunk(const render_ctx *c, const gw_usage *u)
     return render_sse(o);
 }
 
-char *render_completion_response(const render_ctx *c, const char *text, size_t len,
-                                 const char *finish, json_t *logprobs, const gw_usage *u)
+char *render_completion_response(const render_ctx *c, json_t *choices, const gw_usage *u)
 {
-    json_t *o = render_envelope(c, "text_completion");
-    json_object_set_new(o, "choices", render_completion_choice(text, len, finish, logprobs));
-    json_object_set_new(o, "usage", render_usage(u));
-    return render_body(o);
+    return render_response(c, "text_completion", choices, u);
 }
 
 char *render_models(const char *model, int64_t created, int64_t max_model_len)

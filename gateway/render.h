@@ -30,6 +30,7 @@ typedef struct render_ctx {
     const char *model;    /* the model name the client sees */
     bool usage_null;      /* streamed with include_usage: "usage":null on choice chunks */
     const char *call_ids; /* tool-call ids are "call_<call_ids>_<index>" */
+    uint32_t index;       /* the choice that chunks and choice objects are of */
 } render_ctx;
 
 typedef struct gw_usage {
@@ -48,19 +49,22 @@ json_t *render_usage(const gw_usage *u);
  * {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":..}}]}. */
 json_t *render_delta(const render_ctx *c, const out_piece *p);
 
-/* "data: {chat.completion.chunk}\n\n" with one choice: delta (reference taken; NULL = {}),
- * finish (NULL = null) and logprobs (reference taken; NULL = null). */
+/* "data: {chat.completion.chunk}\n\n" with one choice (c->index): delta (reference taken;
+ * NULL = {}), finish (NULL = null) and logprobs (reference taken; NULL = null). */
 char *render_chat_chunk(const render_ctx *c, json_t *delta, const char *finish, json_t *logprobs);
 
 /* The final usage chunk: empty choices, the usage. */
 char *render_chat_usage_chunk(const render_ctx *c, const gw_usage *u);
 
-/* A whole chat.completion. content NULL gives "content":null; reasoning NULL leaves out
- * "reasoning_content"; tool_calls (reference taken) NULL or empty leaves out "tool_calls";
- * logprobs (reference taken) NULL gives null. */
-char *render_chat_response(const render_ctx *c, const char *content, size_t content_len,
+/* One choice (c->index) of a whole chat.completion. content NULL gives "content":null;
+ * reasoning NULL leaves out "reasoning_content"; tool_calls (reference taken) NULL or empty
+ * leaves out "tool_calls"; logprobs (reference taken) NULL gives null. */
+json_t *render_chat_choice(const render_ctx *c, const char *content, size_t content_len,
                            const char *reasoning, size_t reasoning_len, json_t *tool_calls,
-                           const char *finish, json_t *logprobs, const gw_usage *u);
+                           const char *finish, json_t *logprobs);
+
+/* A whole chat.completion of choices (an array of render_chat_choice's; reference taken). */
+char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u);
 
 /* A tool call as an element of a message's "tool_calls" (no "index"). */
 json_t *render_tool_call(const render_ctx *c, const out_piece *p);
@@ -69,8 +73,12 @@ json_t *render_tool_call(const render_ctx *c, const out_piece *p);
 char *render_completion_chunk(const render_ctx *c, const char *text, size_t len,
                               const char *finish, json_t *logprobs);
 char *render_completion_usage_chunk(const render_ctx *c, const gw_usage *u);
-char *render_completion_response(const render_ctx *c, const char *text, size_t len,
-                                 const char *finish, json_t *logprobs, const gw_usage *u);
+/* One choice (c->index) of a whole text_completion; logprobs (reference taken) NULL gives
+ * null. */
+json_t *render_completion_choice(const render_ctx *c, const char *text, size_t len,
+                                 const char *finish, json_t *logprobs);
+/* A whole text_completion of choices (render_completion_choice's; reference taken). */
+char *render_completion_response(const render_ctx *c, json_t *choices, const gw_usage *u);
 
 /* {"object":"list","data":[{"id":model,"object":"model","created":..,"owned_by":"tandem"}]} */
 char *render_models(const char *model, int64_t created, int64_t max_model_len);

@@ -723,12 +723,8 @@ static td_err req_common(gw_request *r, api_error *e)
                         e));
     }
     int64_t n = 1;
-    TD_TRY(req_int(r->root, "n", 1, 128, &n, NULL, e));
-    if (n != 1)
-        return apierr_set(e, 400, "unsupported_value", "n",
-                          "Unsupported value for 'n': only one choice per request is supported, "
-                          "got %lld.",
-                          (long long)n);
+    TD_TRY(req_int(r->root, "n", 1, REQ_N_MAX, &n, NULL, e));
+    r->n = (uint32_t)n;
 
     req_sampling *s = &r->sampling;
     s->temperature = 1.0;

@@ -26,6 +26,7 @@
 #define REQ_TOP_LOGPROBS_MAX 20   /* alternatives per token, as OpenAI allows */
 #define REQ_BIAS_MAX 1024         /* logit_bias entries */
 #define REQ_STOP_IDS_MAX 32       /* stop_token_ids entries */
+#define REQ_N_MAX 128             /* choices per request (OpenAI's limit) */
 
 typedef enum req_kind {
     REQ_CHAT = 1,   /* /v1/chat/completions */
@@ -73,6 +74,7 @@ typedef struct gw_request {
     size_t n_prompt_ids;   /* tokens */
 
     /* both */
+    uint32_t n;            /* choices, 1..REQ_N_MAX, generated one after the other */
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
     int64_t max_tokens;    /* tokens, >= 1; -1 when the client gave none */

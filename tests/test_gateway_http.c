@@ -474,6 +474,78 @@ static void completions_stream_with_usage(void **state)
     free(reply);
 }
 
+/* n choices run one after the other, each a generation of its own (seed + i when seeded):
+ * whole, the choices with their indexes and the usage summed (the prompt once, cached tokens of
+ * the first); streamed, each choice's chunks under its index with its own role and finish
+ * chunks, then one usage chunk and one [DONE]. */
+static void n_choices_are_generated_one_after_the_other(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .cached = 1};
+    encode("Paris.", &s); /* 4 tokens */
+    fake_verifyd_script(fake, &s);
+    const int starts = fake_verifyd_starts(fake);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[39,68],\"max_tokens\":3,\"n\":3,\"seed\":11}", &reply,
+                             &body),
+                     200);
+    normalize(body);
+    char expect[2048];
+    snprintf(expect, sizeof expect,
+             "{\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,\"model\":"
+             "\"qwen35-tiny\",\"choices\":[{\"index\":0,\"text\":\"Paris\",\"logprobs\":null,"
+             "\"finish_reason\":\"length\"},{\"index\":1,\"text\":\"Paris\",\"logprobs\":null,"
+             "\"finish_reason\":\"length\"},{\"index\":2,\"text\":\"Paris\",\"logprobs\":null,"
+             "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":"
+             "9,\"total_tokens\":11,\"prompt_tokens_details\":{\"cached_tokens\":1},"
+             "\"acceptance_length\":1.5}}");
+    assert_string_equal(body, expect);
+    free(reply);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 3);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_true(m.sampler.seed == 13); /* the third choice: 11 + 2 */
+
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL,
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2,"
+                             "\"max_tokens\":3,\"stream\":true,\"stream_options\":"
+                             "{\"include_usage\":true},\"chat_template_kwargs\":"
+                             "{\"enable_thinking\":false}}",
+                             &reply, &body),
+                     200);
+    normalize(body);
+    const char *head = "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\","
+                       "\"created\":0,\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":";
+    char one[1024];
+    snprintf(one, sizeof one,
+             "%s%%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,"
+             "\"finish_reason\":null}],\"usage\":null}\n\n"
+             "%s%%d,\"delta\":{\"content\":\"Par\"},\"logprobs\":null,\"finish_reason\":null}],"
+             "\"usage\":null}\n\n"
+             "%s%%d,\"delta\":{\"content\":\"is\"},\"logprobs\":null,\"finish_reason\":null}],"
+             "\"usage\":null}\n\n"
+             "%s%%d,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}],"
+             "\"usage\":null}\n\n",
+             head, head, head, head);
+    char c0[1024], c1[1024], tail[4096];
+    snprintf(c0, sizeof c0, one, 0, 0, 0, 0);
+    snprintf(c1, sizeof c1, one, 1, 1, 1, 1);
+    snprintf(tail, sizeof tail,
+             "%s%sdata: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\",\"created\":0,"
+             "\"model\":\"qwen35-tiny\",\"choices\":[],\"usage\":{\"prompt_tokens\":%%d,"
+             "\"completion_tokens\":6,\"total_tokens\":%%d,\"prompt_tokens_details\":"
+             "{\"cached_tokens\":1},\"acceptance_length\":1.5}}\n\ndata: [DONE]\n\n",
+             c0, c1);
+    uint32_t want[256];
+    const int n_prompt = (int)expected_prompt(HI, true, want);
+    char full[4096];
+    snprintf(full, sizeof full, tail, n_prompt, n_prompt + 6);
+    assert_string_equal(body, full);
+    free(reply);
+}
+
 static void completions_stream_logprobs_ride_on_their_text(void **state)
 {
     (void)state;
@@ -823,6 +895,7 @@ int main(void)
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),
         cmocka_unit_test(logprobs_of_each_token_with_alternatives),
         cmocka_unit_test(completions_stream_with_usage),
+        cmocka_unit_test(n_choices_are_generated_one_after_the_other),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
         cmocka_unit_test(busy_verifyd_is_waited_for),

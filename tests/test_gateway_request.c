@@ -41,7 +41,7 @@ static void chat_body_gives_exact_values(void **state)
         "\"temperature\": 0, \"top_p\": 0.5, \"top_k\": -1, \"min_p\": 0.05, \"seed\": -7,"
         "\"max_tokens\": 10, \"max_completion_tokens\": 20, \"stop\": [\"\", \"END\", \"\\n\\n\"],"
         "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
-        "\"logprobs\": true, \"top_logprobs\": 3, \"n\": 1, \"ignore_eos\": true,"
+        "\"logprobs\": true, \"top_logprobs\": 3, \"n\": 3, \"ignore_eos\": true,"
         "\"chat_template_kwargs\": {\"enable_thinking\": false},"
         "\"presence_penalty\": 1.5, \"frequency_penalty\": -0.5,"
         "\"logit_bias\": {\"11\": -100, \"0\": 2.5, \"248319\": 100},"
@@ -67,6 +67,7 @@ static void chat_body_gives_exact_values(void **state)
     assert_true(r.sampling.has_seed);
     assert_true(r.sampling.seed == (uint64_t)-7);
     assert_int_equal(r.max_tokens, 20); /* max_completion_tokens wins */
+    assert_int_equal(r.n, 3);
     assert_int_equal(r.n_stop, 2);      /* the empty stop string is dropped */
     assert_string_equal(r.stop[0], "END");
     assert_int_equal(r.stop_len[1], 2);
@@ -240,6 +241,7 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
     assert_int_equal(req_parse(&r, REQ_COMPLETION, empty, strlen(empty), &e), TD_OK);
     assert_int_equal(r.n_bias, 0);
     assert_true(r.sampling.presence_penalty == -2.0 && r.sampling.frequency_penalty == 2.0);
+    assert_int_equal(r.n, 1); /* one choice unless n says more */
     req_free(&r);
     /* stop_token_ids: an array of at most 32 ids */
     const char *ids_bad[][2] = {
@@ -504,11 +506,15 @@ static void bad_values_are_400(void **state)
                  "messages[0].content[0] has type 'image_url'.\",\"type\":"
                  "\"invalid_request_error\",\"param\":\"messages[0].content[0]\",\"code\":"
                  "\"invalid_value\"}}");
-    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 2}",
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 129}",
                  400,
-                 "{\"error\":{\"message\":\"Unsupported value for 'n': only one choice per "
-                 "request is supported, got 2.\",\"type\":\"invalid_request_error\",\"param\":"
-                 "\"n\",\"code\":\"unsupported_value\"}}");
+                 "{\"error\":{\"message\":\"Invalid value for 'n': expected an integer from 1 to "
+                 "128, but got 129 instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"n\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'n': expected an integer from 1 to "
+                 "128, but got 0 instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"n\",\"code\":\"invalid_value\"}}");
     expect_error(REQ_CHAT,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 2.5}",
                  400,

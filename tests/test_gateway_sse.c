@@ -26,6 +26,15 @@ static void expect(char *got, const char *want)
     free(got);
 }
 
+/* A choices array of one (reference taken). */
+static json_t *one(json_t *choice)
+{
+    json_t *a = json_array();
+    assert_non_null(a);
+    assert_int_equal(json_array_append_new(a, choice), 0);
+    return a;
+}
+
 static void first_chunk_carries_the_role(void **state)
 {
     (void)state;
@@ -99,7 +108,9 @@ static void whole_chat_response_with_tool_calls(void **state)
     json_t *calls = json_array();
     json_array_append_new(calls, render_tool_call(&CTX, &call));
     gw_usage u = {.prompt_tokens = 5, .completion_tokens = 9};
-    expect(render_chat_response(&CTX, NULL, 0, "why", 3, calls, "tool_calls", NULL, &u),
+    expect(render_chat_response(&CTX, one(render_chat_choice(&CTX, NULL, 0, "why", 3, calls,
+                                                             "tool_calls", NULL)),
+                                &u),
            "{\"id\":\"chatcmpl-0123456789abcdef01234567\",\"object\":\"chat.completion\","
            "\"created\":1700000000,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"message\":"
            "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"why\",\"tool_calls\":"
@@ -107,12 +118,23 @@ static void whole_chat_response_with_tool_calls(void **state)
            "\"arguments\":\"{}\"}}]},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}],"
            "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9,\"total_tokens\":14,"
            "\"prompt_tokens_details\":{\"cached_tokens\":0}}}");
-    expect(render_chat_response(&CTX, "Hi", 2, NULL, 0, NULL, "length", NULL, &u),
+    /* n choices: each object and chunk carries its index */
+    render_ctx second = CTX;
+    second.index = 1;
+    json_t *two = one(render_chat_choice(&CTX, "Hi", 2, NULL, 0, NULL, "length", NULL));
+    json_array_append_new(two, render_chat_choice(&second, "Yo", 2, NULL, 0, NULL, "stop", NULL));
+    expect(render_chat_response(&CTX, two, &u),
            "{\"id\":\"chatcmpl-0123456789abcdef01234567\",\"object\":\"chat.completion\","
            "\"created\":1700000000,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"message\":"
            "{\"role\":\"assistant\",\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":"
-           "\"length\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9,\"total_tokens\":"
-           "14,\"prompt_tokens_details\":{\"cached_tokens\":0}}}");
+           "\"length\"},{\"index\":1,\"message\":{\"role\":\"assistant\",\"content\":\"Yo\"},"
+           "\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,"
+           "\"completion_tokens\":9,\"total_tokens\":14,\"prompt_tokens_details\":"
+           "{\"cached_tokens\":0}}}");
+    expect(render_chat_chunk(&second, NULL, "stop", NULL),
+           "data: {\"id\":\"chatcmpl-0123456789abcdef01234567\",\"object\":"
+           "\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"tiny\",\"choices\":"
+           "[{\"index\":1,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\n");
 }
 
 static void completion_chunks_and_response(void **state)
@@ -125,7 +147,8 @@ static void completion_chunks_and_response(void **state)
            "\"model\":\"tiny\",\"choices\":[{\"index\":0,\"text\":\" upon\",\"logprobs\":null,"
            "\"finish_reason\":null}]}\n\n");
     gw_usage u = {.prompt_tokens = 2, .completion_tokens = 16, .steps = 4};
-    expect(render_completion_response(&c, " upon a time", 12, "length", NULL, &u),
+    expect(render_completion_response(
+               &c, one(render_completion_choice(&c, " upon a time", 12, "length", NULL)), &u),
            "{\"id\":\"cmpl-42\",\"object\":\"text_completion\",\"created\":1700000000,\"model\":"
            "\"tiny\",\"choices\":[{\"index\":0,\"text\":\" upon a time\",\"logprobs\":null,"
            "\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":"

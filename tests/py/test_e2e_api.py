@@ -205,6 +205,31 @@ def test_completion_stream_equals_whole(server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
 
 
+def test_n_choices_each_equal_a_request_of_their_own(server):
+    """Choice i of a seeded request with n is the one choice of the same request seeded
+    seed + i; greedy choices are all the greedy text; streamed, each choice's pieces come under
+    its index."""
+    c, m = server["client"], server["model"]
+    prompt = "Once upon a time"
+    greedy = c.completions.create(model=m, prompt=prompt, max_tokens=12, temperature=0, n=3,
+                                  extra_body={"ignore_eos": True})
+    assert [ch.index for ch in greedy.choices] == [0, 1, 2]
+    assert {ch.text for ch in greedy.choices} == {_reference(prompt, 12)}
+    assert greedy.usage.completion_tokens == 36
+    args = dict(model=m, messages=[{"role": "user", "content": "Tell me a story."}],
+                max_tokens=16, temperature=1.0, extra_body=NO_THINK)
+    many = c.chat.completions.create(n=3, seed=40, **args)
+    texts = [ch.message.content for ch in many.choices]
+    for i in range(3):
+        assert c.chat.completions.create(seed=40 + i, **args).choices[0].message.content == texts[i]
+    assert len(set(texts)) > 1  # different seeds, different draws
+    streamed = ["", "", ""]
+    for chunk in c.chat.completions.create(n=3, seed=40, stream=True, **args):
+        for ch in chunk.choices:
+            streamed[ch.index] += ch.delta.content or ""
+    assert streamed == texts
+
+
 def test_chat_usage_and_max_tokens(server):
     r = server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": "Hello!"}], max_tokens=8,
