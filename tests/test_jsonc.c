@@ -10,7 +10,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,11 +357,23 @@ typedef struct real_range {
     const char *schema;
     double lo, hi;         /* what the text may read as */
     bool lo_open, hi_open; /* ends excluded */
+    bool integer;          /* type "integer": ilo..ihi exactly instead */
+    int64_t ilo, ihi;
 } real_range;
 
 static bool real_in(const real_range *r, double x)
 {
     return (r->lo_open ? x > r->lo : x >= r->lo) && (r->hi_open ? x < r->hi : x <= r->hi);
+}
+
+/* Whether a done text is inside r as a reader takes it: strtod, or an exact int64. */
+static bool real_text_in(const real_range *r, const char *t)
+{
+    errno = 0;
+    const long long v = strtoll(t, NULL, 10);
+    if (!r->integer) /* an integer's text must fit int64 for jansson, a real's need not */
+        return (strchr(t, '.') || errno == 0) && real_in(r, strtod(t, NULL));
+    return errno == 0 && v >= r->ilo && v <= r->ihi;
 }
 
 static bool real_done_text(const jc_schema *s, uint8_t *st, const char *t)
@@ -376,7 +390,7 @@ static bool real_complete(const jc_schema *s, const real_range *r, char *text, i
     assert_true(jc_state_size(s) <= sizeof st);
     text[n] = 0;
     if (real_done_text(s, st, text))
-        return real_in(r, strtod(text, NULL));
+        return real_text_in(r, text);
     if (n >= JC_NUMBER_MAX || --*budget < 0)
         return false;
     char tries[3];
@@ -409,15 +423,22 @@ static void number_ranges_accept_exactly_the_numbers_that_read_inside(void **sta
 {
     (void)state;
     static const real_range ranges[] = {
-        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", 0, 1, false, false},
-        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.3}", 0.1, 0.3, false, false},
-        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}", 0, 1, true, true},
-        {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":13.25}", -2.5, 13.25, false, false},
-        {"{\"type\":\"number\",\"minimum\":-0.001,\"maximum\":0.001}", -0.001, 0.001, false, false},
-        {"{\"type\":\"number\",\"minimum\":10,\"exclusiveMaximum\":10.5}", 10, 10.5, false, true},
-        {"{\"type\":\"number\",\"exclusiveMinimum\":-7.125,\"maximum\":-0.5}", -7.125, -0.5, true,
-         false},
-        {"{\"type\":\"number\",\"minimum\":0.7,\"maximum\":0.7}", 0.7, 0.7, false, false},
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+         0, 1, false, false, false, 0, 0},
+        {"{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.3}",
+         0.1, 0.3, false, false, false, 0, 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}",
+         0, 1, true, true, false, 0, 0},
+        {"{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":13.25}",
+         -2.5, 13.25, false, false, false, 0, 0},
+        {"{\"type\":\"number\",\"minimum\":-0.001,\"maximum\":0.001}",
+         -0.001, 0.001, false, false, false, 0, 0},
+        {"{\"type\":\"number\",\"minimum\":10,\"exclusiveMaximum\":10.5}",
+         10, 10.5, false, true, false, 0, 0},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-7.125,\"maximum\":-0.5}",
+         -7.125, -0.5, true, false, false, 0, 0},
+        {"{\"type\":\"number\",\"minimum\":0.7,\"maximum\":0.7}",
+         0.7, 0.7, false, false, false, 0, 0},
     };
     for (size_t r = 0; r < N_OF(ranges); r++) {
         jc_schema *s = compile_ok(ranges[r].schema);
@@ -1404,6 +1425,128 @@ static void random_walks_never_reach_a_dead_end(void **state)
     }
 }
 
+/* Random ranges of integers and reals (ends near powers of ten from 1e-9 to 1e18, spans from
+ * nothing to huge, open or closed, either end absent) against numbers written near their ends:
+ * a text is done exactly when a reader takes it inside (strtod, or the exact integer), and a
+ * text cut short by the matcher was cut where some number of the range still began. */
+static double rand_near(gen *g, int e)
+{
+    const double m = (double)(gen_rand(g, 1u << 30) + 1) / (double)(1u << 30);
+    return (gen_rand(g, 2) ? -1 : 1) * m * pow(10.0, e);
+}
+
+static void random_ranges_agree_with_what_readers_read(void **state)
+{
+    (void)state;
+    gen g = {.rng = 0x2545F4914F6CDD1Dull};
+    for (int trial = 0; trial < 400; trial++) {
+        const bool integer = gen_rand(&g, 3) == 0;
+        const int e = integer ? (int)gen_rand(&g, 19) : (int)gen_rand(&g, 28) - 9;
+        double lo = rand_near(&g, e), hi;
+        switch (gen_rand(&g, 4)) {
+        case 0: hi = lo; break;
+        case 1: hi = nextafter(nextafter(lo, INFINITY), INFINITY); break;
+        case 2: hi = lo + fabs(rand_near(&g, e - (int)gen_rand(&g, 4))); break;
+        default: hi = lo + fabs(rand_near(&g, e + (int)gen_rand(&g, 3))); break;
+        }
+        if (integer) {
+            lo = trunc(lo), hi = trunc(hi);
+            if (fabs(lo) > 9e18 || fabs(hi) > 9e18)
+                continue;
+        }
+        const bool lo_open = gen_rand(&g, 3) == 0, hi_open = gen_rand(&g, 3) == 0;
+        const bool has_lo = gen_rand(&g, 6) != 0, has_hi = gen_rand(&g, 6) != 0;
+        char schema[256], a[64] = "", b[64] = "";
+        if (has_lo) {
+            if (integer)
+                snprintf(a, sizeof a, ",\"%s\":%lld", lo_open ? "exclusiveMinimum" : "minimum",
+                         (long long)lo);
+            else
+                snprintf(a, sizeof a, ",\"%s\":%.17g", lo_open ? "exclusiveMinimum" : "minimum",
+                         lo);
+        }
+        if (has_hi) {
+            if (integer)
+                snprintf(b, sizeof b, ",\"%s\":%lld", hi_open ? "exclusiveMaximum" : "maximum",
+                         (long long)hi);
+            else
+                snprintf(b, sizeof b, ",\"%s\":%.17g", hi_open ? "exclusiveMaximum" : "maximum",
+                         hi);
+        }
+        snprintf(schema, sizeof schema, "{\"type\":\"%s\"%s%s}", integer ? "integer" : "number",
+                 a, b);
+        real_range r = {schema, has_lo ? lo : -INFINITY, has_hi ? hi : INFINITY,
+                        has_lo && lo_open, has_hi && hi_open, integer,
+                        has_lo ? (int64_t)lo + (lo_open ? 1 : 0) : INT64_MIN,
+                        has_hi ? (int64_t)hi - (hi_open ? 1 : 0) : INT64_MAX};
+        const bool empty = integer ? r.ilo > r.ihi
+                                   : (lo_open || hi_open ? !(r.lo < r.hi) : !(r.lo <= r.hi)) &&
+                                         has_lo && has_hi;
+        jc_schema *s = NULL;
+        const td_err err = jc_compile(schema, strlen(schema), &s);
+        if (empty) {
+            if (err == TD_OK) /* an open range of adjacent doubles may still hold nothing */
+                jc_schema_free(s);
+            continue;
+        }
+        if (err != TD_OK)
+            fail_msg("%s: %s", schema, err_msg());
+        uint8_t *st = malloc(jc_state_size(s));
+        assert_non_null(st);
+        for (int k = 0; k < 120; k++) {
+            /* a number near an end: the end's neighbours written with 1..20 significant digits,
+             * or an integer next to it */
+            const double at = gen_rand(&g, 2) ? r.lo : r.hi;
+            if (!isfinite(at))
+                continue;
+            double x = at;
+            for (int m = (int)gen_rand(&g, 7) - 3; m != 0; m += m < 0 ? 1 : -1)
+                x = nextafter(x, m < 0 ? -INFINITY : INFINITY);
+            char t[1200];
+            if (integer) {
+                snprintf(t, sizeof t, "%lld", (long long)trunc(x) + (long long)gen_rand(&g, 5) - 2);
+            } else if (gen_rand(&g, 3) == 0) {
+                /* the exact midpoint between x and a neighbour, where strtod's tie goes to the
+                 * even one, or a unit of its last digit off it */
+                const double y = nextafter(x, gen_rand(&g, 2) ? INFINITY : -INFINITY);
+                snprintf(t, sizeof t, "%.1100Lf", ((long double)x + (long double)y) / 2);
+                size_t n = strlen(t);
+                while (t[n - 1] == '0')
+                    t[--n] = 0;
+                if (t[n - 1] == '.') /* an integer midpoint: no fraction */
+                    t[--n] = 0;
+                const int nudge = (int)gen_rand(&g, 3) - 1; /* -1, 0, +1 in the last digit */
+                if (nudge && t[n - 1] != '.' && t[n - 1] + nudge >= '0' && t[n - 1] + nudge <= '9')
+                    t[n - 1] = (char)(t[n - 1] + nudge);
+            } else {
+                snprintf(t, sizeof t, "%.*f", (int)gen_rand(&g, 21),
+                         x); /* fixed notation: a ranged number has no exponent */
+            }
+            if (strlen(t) > JC_NUMBER_MAX)
+                continue;
+            jc_state_init(s, st);
+            const size_t n = strlen(t);
+            size_t ok = 0;
+            for (; ok < n; ok++)
+                if (!jc_feed(s, st, (const uint8_t *)t + ok, 1))
+                    break;
+            const bool done = ok == n && jc_done(s, st);
+            if (done != real_text_in(&r, t))
+                fail_msg("%s, %s: done %d, inside %d", schema, t, done, !done);
+            if (ok < n && ok > 0) { /* cut at byte ok: what it accepted still begins a member */
+                char text[JC_NUMBER_MAX + 16];
+                memcpy(text, t, ok);
+                int budget = 20000;
+                if (!real_complete(s, &r, text, (int)ok, &budget))
+                    fail_msg("%s: \"%.*s\" accepted, but no number inside begins with it",
+                             schema, (int)ok, t);
+            }
+        }
+        free(st);
+        jc_schema_free(s);
+    }
+}
+
 static void random_mutations_never_crash_and_done_texts_parse(void **state)
 {
     (void)state;
@@ -1469,6 +1612,7 @@ int main(void)
         cmocka_unit_test(integer_ranges_accept_exactly_the_prefixes_of_their_members),
         cmocka_unit_test(number_ranges_compare_what_the_text_reads_as),
         cmocka_unit_test(number_ranges_accept_exactly_the_numbers_that_read_inside),
+        cmocka_unit_test(random_ranges_agree_with_what_readers_read),
         cmocka_unit_test(string_escapes_and_surrogate_pairs),
         cmocka_unit_test(raw_utf8_must_be_valid),
         cmocka_unit_test(a_character_may_be_split_across_feeds),
