@@ -1476,9 +1476,11 @@ static void random_ranges_agree_with_what_readers_read(void **state)
         snprintf(schema, sizeof schema, "{\"type\":\"%s\"%s%s}", integer ? "integer" : "number",
                  a, b);
         real_range r = {schema, has_lo ? lo : -INFINITY, has_hi ? hi : INFINITY,
-                        has_lo && lo_open, has_hi && hi_open, integer,
-                        has_lo ? (int64_t)lo + (lo_open ? 1 : 0) : INT64_MIN,
-                        has_hi ? (int64_t)hi - (hi_open ? 1 : 0) : INT64_MAX};
+                        has_lo && lo_open, has_hi && hi_open, integer, INT64_MIN, INT64_MAX};
+        if (integer && has_lo) /* |lo|, |hi| <= 9e18 here */
+            r.ilo = (int64_t)lo + (lo_open ? 1 : 0);
+        if (integer && has_hi)
+            r.ihi = (int64_t)hi - (hi_open ? 1 : 0);
         const bool empty = integer ? r.ilo > r.ihi
                                    : (lo_open || hi_open ? !(r.lo < r.hi) : !(r.lo <= r.hi)) &&
                                          has_lo && has_hi;
