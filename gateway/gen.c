@@ -1,5 +1,6 @@
 #include "gateway/gen.h"
 
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ struct api_stream {
     api_error err;
     gw_usage total;      /* of the choices so far: prompt once, completions summed */
     json_t *choices;     /* whole replies: the finished choices' objects */
+    double *scores;      /* best_of > n: [best_of] each choice's log probability per token */
 
     link_gen *lg;        /* the generation at verifyd; NULL once closed */
     gw_output out;       /* tokens -> content, reasoning, tool calls */
@@ -66,6 +68,7 @@ struct api_stream {
     const char *finish;  /* "stop", "length", "tool_calls" */
     gw_usage usage;
     bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
+    double lp_sum;       /* best_of > n: the log probabilities of the choice's tokens, summed */
 
     /* whole replies */
     gen_buf content, reasoning; /* the text of every piece of each kind */
@@ -292,7 +295,7 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_e
                     .seed = seed},
         .stop = stop,
         .n_stop = n_stop,
-        .logprobs = s->req.logprobs,
+        .logprobs = s->req.logprobs || s->req.best_of > s->req.n, /* best_of ranks by them */
         .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
         .ignore_eos = s->req.ignore_eos,
         .presence_penalty = (float)s->req.sampling.presence_penalty,
@@ -479,6 +482,36 @@ static void gen_keep_choice(api_stream *s)
         s->choices = json_array();
     if (!ch || !s->choices || json_array_append_new(s->choices, ch) != 0)
         gen_oom(s);
+    if (s->scores) /* no token: ranked last */
+        s->scores[s->rc.index] = s->usage.completion_tokens
+                                     ? s->lp_sum / s->usage.completion_tokens
+                                     : -INFINITY;
+}
+
+/* best_of > n: the n candidates of the highest log probability per token, best first (the
+ * earlier of two equal ones), numbered 0..n-1. */
+static json_t *gen_best(api_stream *s)
+{
+    const uint32_t n = s->req.n, m = (uint32_t)json_array_size(s->choices);
+    json_t *best = json_array();
+    bool *taken = calloc(m ? m : 1, 1);
+    for (uint32_t k = 0; best && taken && k < n && k < m; k++) {
+        uint32_t pick = m;
+        for (uint32_t i = 0; i < m; i++)
+            if (!taken[i] && (pick == m || s->scores[i] > s->scores[pick]))
+                pick = i;
+        taken[pick] = true;
+        json_t *ch = json_array_get(s->choices, pick);
+        if (json_object_set_new(ch, "index", json_integer(k)) != 0 ||
+            json_array_append(best, ch) != 0) {
+            json_decref(best);
+            best = NULL;
+        }
+    }
+    free(taken);
+    json_decref(s->choices);
+    s->choices = NULL;
+    return best;
 }
 
 /* The next choice's fresh state (the last one's lg is closed). */
@@ -494,6 +527,7 @@ static void gen_choice_reset(api_stream *s)
     s->calls = s->lp = s->lp_pending = NULL;
     s->text_offset = 0;
     s->finish = NULL;
+    s->lp_sum = 0;
     s->usage = (gw_usage){.prompt_tokens = s->usage.prompt_tokens};
     gen_hex(s->call_ids, 8);
     s->rc.index++;
@@ -543,7 +577,7 @@ static void gen_finish(api_stream *s, const char *finish)
         gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
     else
         gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
-    if (!s->client_gone && !s->failed && s->rc.index + 1 < s->req.n) {
+    if (!s->client_gone && !s->failed && s->rc.index + 1 < s->req.best_of) {
         gen_choice_reset(s);
         if (gen_start(s, s->max_tokens, s->in_think, &s->err) != TD_OK) {
             s->failed = true;
@@ -619,6 +653,8 @@ static void gen_step(api_stream *s, int32_t wait_ms)
         }
         s->usage.completion_tokens += (uint32_t)used;
         metrics_tokens(&g->metrics, used);
+        for (size_t i = 0; s->scores && ev.n_logprobs == ev.n_tokens && i < used; i++)
+            s->lp_sum += ev.logprobs[i].logprob;
         gen_logprobs(s, &ev, used);
         gen_take_pieces(s);
     }
@@ -644,9 +680,10 @@ static void gen_reply_body(api_stream *s, api_reply *r)
         gen_reply_error(r, &s->err);
         return;
     }
-    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, s->choices, &s->total)
-                                      : render_completion_response(&s->rc, s->choices, &s->total);
+    json_t *choices = s->scores ? gen_best(s) : s->choices;
     s->choices = NULL;
+    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, choices, &s->total)
+                                      : render_completion_response(&s->rc, choices, &s->total);
     if (!r->body) {
         apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
         gen_reply_error(r, &s->err);
@@ -678,6 +715,7 @@ void api_stream_free(api_stream *s)
     json_decref(s->lp);
     json_decref(s->lp_pending);
     json_decref(s->choices);
+    free(s->scores);
     free(s);
 }
 
@@ -746,6 +784,9 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .in_think = in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
+    if (err == TD_OK && s->req.best_of > s->req.n &&
+        !(s->scores = calloc(s->req.best_of, sizeof *s->scores)))
+        err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;

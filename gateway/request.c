@@ -493,12 +493,27 @@ static td_err req_completion(gw_request *r, api_error *e)
     if (suffix && (!json_is_string(suffix) || json_string_length(suffix) > 0))
         return apierr_set(e, 400, "unsupported_value", "suffix",
                           "Unsupported value for 'suffix': insertion is not supported.");
-    int64_t best_of = 1;
-    TD_TRY(req_int(r->root, "best_of", 1, INT32_MAX, &best_of, NULL, e));
-    if (best_of != 1)
-        return apierr_set(e, 400, "unsupported_value", "best_of",
-                          "Unsupported value for 'best_of': only 1 is supported, got %lld.",
-                          (long long)best_of);
+    int64_t best_of = 0;
+    TD_TRY(req_int(r->root, "best_of", 1, REQ_N_MAX, &best_of, NULL, e));
+    r->best_of = (uint32_t)best_of;
+    return TD_OK;
+}
+
+/* best_of against n and stream, once both are read: at least n candidates (n when absent),
+ * and a stream cannot show candidates that are only ranked at the end. */
+static td_err req_best_of(gw_request *r, api_error *e)
+{
+    if (r->best_of == 0)
+        r->best_of = r->n;
+    if (r->best_of < r->n)
+        return apierr_set(e, 400, "invalid_value", "best_of",
+                          "Invalid value for 'best_of': it must be at least n (%u), but got %u.",
+                          r->n, r->best_of);
+    if (r->stream && r->best_of > r->n)
+        return apierr_set(e, 400, "invalid_value", "best_of",
+                          "Invalid value for 'best_of': a stream cannot rank %u candidates to "
+                          "send %u; stream with best_of equal to n.",
+                          r->best_of, r->n);
     return TD_OK;
 }
 
@@ -771,6 +786,8 @@ td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api
         err = kind == REQ_CHAT ? req_chat(r, e) : req_completion(r, e);
     if (err == TD_OK)
         err = req_common(r, e);
+    if (err == TD_OK)
+        err = req_best_of(r, e);
     if (err != TD_OK)
         req_free(r);
     return err;

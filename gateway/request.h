@@ -75,6 +75,8 @@ typedef struct gw_request {
 
     /* both */
     uint32_t n;            /* choices, 1..REQ_N_MAX, generated one after the other */
+    uint32_t best_of;      /* completions: candidates generated, n..REQ_N_MAX, the n with the
+                            * highest log probability per token returned (chat: n) */
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
     int64_t max_tokens;    /* tokens, >= 1; -1 when the client gave none */

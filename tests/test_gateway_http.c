@@ -546,6 +546,44 @@ static void n_choices_are_generated_one_after_the_other(void **state)
     free(reply);
 }
 
+/* best_of: that many candidates, the n of the highest log probability per token returned, best
+ * first (the fake lowers a generation's log probabilities less for a larger seed: 11, 12, 13
+ * here, so the third candidate ranks first); verifyd is asked for log probabilities even when
+ * the client wants none, and they are not shown then. */
+static void best_of_returns_the_likeliest_candidates(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .lp_per_seed = 0.5f};
+    encode("Paris.", &s); /* 4 tokens */
+    fake_verifyd_script(fake, &s);
+    const int starts = fake_verifyd_starts(fake);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[39,68],\"max_tokens\":1,\"n\":2,\"best_of\":3,"
+                             "\"seed\":11,\"logprobs\":0}",
+                             &reply, &body),
+                     200);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 3);
+    /* token 0's log probability -0.25, lowered by 0.5 (15 - seed): -1.25 (seed 13), -1.75 (12) */
+    assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"P\",\"logprobs\":"
+                                 "{\"tokens\":[\"P\"],\"token_logprobs\":[-1.25]"));
+    assert_non_null(strstr(body, "{\"index\":1,\"text\":\"P\",\"logprobs\":{\"tokens\":"
+                                 "[\"P\"],\"token_logprobs\":[-1.75]"));
+    assert_null(strstr(body, "\"index\":2"));
+    assert_non_null(strstr(body, "\"completion_tokens\":3,")); /* every candidate counts */
+    free(reply);
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[39,68],\"max_tokens\":1,\"best_of\":2,\"seed\":3}",
+                             &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"P\",\"logprobs\":null,"));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_true(m.logprobs && m.top_logprobs == 0 && m.sampler.seed == 4);
+}
+
 static void completions_stream_logprobs_ride_on_their_text(void **state)
 {
     (void)state;
@@ -896,6 +934,7 @@ int main(void)
         cmocka_unit_test(logprobs_of_each_token_with_alternatives),
         cmocka_unit_test(completions_stream_with_usage),
         cmocka_unit_test(n_choices_are_generated_one_after_the_other),
+        cmocka_unit_test(best_of_returns_the_likeliest_candidates),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
         cmocka_unit_test(busy_verifyd_is_waited_for),

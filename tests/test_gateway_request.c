@@ -242,6 +242,7 @@ static void bad_logit_bias_and_penalties_are_400(void **state)
     assert_int_equal(r.n_bias, 0);
     assert_true(r.sampling.presence_penalty == -2.0 && r.sampling.frequency_penalty == 2.0);
     assert_int_equal(r.n, 1); /* one choice unless n says more */
+    assert_int_equal(r.best_of, 1); /* as many candidates as choices unless best_of says more */
     req_free(&r);
     /* stop_token_ids: an array of at most 32 ids */
     const char *ids_bad[][2] = {
@@ -511,6 +512,14 @@ static void bad_values_are_400(void **state)
                  "{\"error\":{\"message\":\"Invalid value for 'n': expected an integer from 1 to "
                  "128, but got 129 instead.\",\"type\":\"invalid_request_error\",\"param\":"
                  "\"n\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"n\": 3, \"best_of\": 2}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'best_of': it must be at least n "
+                 "(3), but got 2.\",\"type\":\"invalid_request_error\",\"param\":\"best_of\","
+                 "\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"best_of\": 2, \"stream\": true}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'best_of': a stream cannot rank 2 "
+                 "candidates to send 1; stream with best_of equal to n.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"best_of\",\"code\":\"invalid_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'n': expected an integer from 1 to "
                  "128, but got 0 instead.\",\"type\":\"invalid_request_error\",\"param\":"

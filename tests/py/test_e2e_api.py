@@ -223,6 +223,14 @@ def test_n_choices_each_equal_a_request_of_their_own(server):
     for i in range(3):
         assert c.chat.completions.create(seed=40 + i, **args).choices[0].message.content == texts[i]
     assert len(set(texts)) > 1  # different seeds, different draws
+    # best_of: the returned candidate is one of the draws, the likeliest per token of them
+    best = c.completions.create(model=m, prompt=prompt, max_tokens=8, temperature=1.0, seed=5,
+                                best_of=3, logprobs=0)
+    draws = [c.completions.create(model=m, prompt=prompt, max_tokens=8, temperature=1.0,
+                                  seed=5 + i, logprobs=0).choices[0] for i in range(3)]
+    per_token = [sum(d.logprobs.token_logprobs) / len(d.logprobs.token_logprobs) for d in draws]
+    assert best.choices[0].text == draws[per_token.index(max(per_token))].text
+    assert best.usage.completion_tokens == sum(len(d.logprobs.tokens) for d in draws)
     streamed = ["", "", ""]
     for chunk in c.chat.completions.create(n=3, seed=40, stream=True, **args):
         for ch in chunk.choices:

@@ -39,6 +39,7 @@ typedef struct fake_gen {
     uint32_t n_prompt, max_tokens;
     bool logprobs;
     uint32_t top;
+    float lp_shift; /* -lp_per_seed * (15 - seed % 16) */
 } fake_gen;
 
 float fake_logprob(uint32_t i, uint32_t k)
@@ -92,11 +93,11 @@ static void *fake_gen_main(void *arg)
         uint32_t k = n - sent < g->s.step ? n - sent : g->s.step;
         for (uint32_t i = 0; g->logprobs && i < k && i < 64; i++) {
             memset(&lps[i], 0, sizeof lps[i]);
-            lps[i].logprob = fake_logprob(sent + i, 0);
+            lps[i].logprob = fake_logprob(sent + i, 0) + g->lp_shift;
             lps[i].n_top = g->top;
             for (uint32_t t = 0; t < g->top; t++) {
                 lps[i].top_id[t] = g->s.tokens[sent + i] + t;
-                lps[i].top_logprob[t] = fake_logprob(sent + i, t);
+                lps[i].top_logprob[t] = fake_logprob(sent + i, t) + g->lp_shift;
             }
         }
         steps++;
@@ -189,6 +190,7 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
             g->max_tokens = m.max_tokens;
             g->logprobs = m.logprobs;
             g->top = m.top_logprobs;
+            g->lp_shift = -f->script.lp_per_seed * (float)(15 - m.sampler.seed % 16);
         }
         pthread_mutex_unlock(&f->mu);
         uint64_t seq = m.seq_id;

@@ -24,6 +24,9 @@ typedef struct fake_script {
     int busy;               /* answer this many gen_start calls with TD_EBUSY first */
     td_err start_error;     /* answer gen_start with this error instead (TD_OK: ack) */
     uint32_t cached;        /* cached prompt tokens to report */
+    float lp_per_seed;      /* every log probability reported lowered by this times
+                               15 - the generation's seed % 16 (fake_logprob's values
+                               otherwise), so a larger seed reports likelier tokens */
 } fake_script;
 
 typedef struct fake_verifyd fake_verifyd;
