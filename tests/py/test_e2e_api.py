@@ -495,7 +495,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server):
     assert f"maximum context length is {CTX} tokens" in err["message"]
     _error(*_post(p, chat, json.dumps({"model": "nope", "messages": msgs}).encode()), 400,
            "model_not_found")
-    _error(*_post(p, chat, json.dumps({"messages": msgs, "n": 2}).encode()), 400)
+    _error(*_post(p, chat, json.dumps({"messages": msgs, "n": 129}).encode()), 400, "invalid_value")
     err = _error(*_post(p, chat, json.dumps({"messages": msgs,
                                               "logit_bias": {"99999999": 1}}).encode()), 400,
                  "invalid_value")
