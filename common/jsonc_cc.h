@@ -63,6 +63,11 @@ td_err jcc_pool_add(jcc *c, const void *bytes, size_t n, uint32_t *off);
 /* A new node matching anything, with ptr (copied) for messages. */
 td_err jcc_node_new(jcc *c, const char *ptr, uint16_t *out);
 
+/* minimum, maximum, exclusiveMinimum, exclusiveMaximum of schema object j (draft 4's boolean
+ * exclusive forms too) into n's range (jsonc_range.c); a range with no number takes the number
+ * types out of *mask. TD_EINVAL for a bound that is not a number. */
+td_err jcc_bounds(jcc *c, json_t *j, jc_node *n, uint8_t *mask);
+
 /* After the whole schema is read: resolves the graph from root and fills s. */
 td_err jcc_finish(jcc *c, uint16_t root, jc_schema *s);
 
