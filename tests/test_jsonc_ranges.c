@@ -339,6 +339,15 @@ static double rand_near(uint64_t *g, int e)
     return (rng_below(g, 2) ? -1 : 1) * m * pow(10.0, e);
 }
 
+/* ,"kw":v with v an integer or the double's 17 significant digits */
+static void bound_kw(char *out, size_t cap, const char *kw, double v, bool integer)
+{
+    if (integer)
+        snprintf(out, cap, ",\"%s\":%lld", kw, (long long)v);
+    else
+        snprintf(out, cap, ",\"%s\":%.17g", kw, v);
+}
+
 static void random_ranges_agree_with_what_readers_read(void **state)
 {
     (void)state;
@@ -361,22 +370,10 @@ static void random_ranges_agree_with_what_readers_read(void **state)
         const bool lo_open = rng_below(&g, 3) == 0, hi_open = rng_below(&g, 3) == 0;
         const bool has_lo = rng_below(&g, 6) != 0, has_hi = rng_below(&g, 6) != 0;
         char schema[256], a[64] = "", b[64] = "";
-        if (has_lo) {
-            if (integer)
-                snprintf(a, sizeof a, ",\"%s\":%lld", lo_open ? "exclusiveMinimum" : "minimum",
-                         (long long)lo);
-            else
-                snprintf(a, sizeof a, ",\"%s\":%.17g", lo_open ? "exclusiveMinimum" : "minimum",
-                         lo);
-        }
-        if (has_hi) {
-            if (integer)
-                snprintf(b, sizeof b, ",\"%s\":%lld", hi_open ? "exclusiveMaximum" : "maximum",
-                         (long long)hi);
-            else
-                snprintf(b, sizeof b, ",\"%s\":%.17g", hi_open ? "exclusiveMaximum" : "maximum",
-                         hi);
-        }
+        if (has_lo)
+            bound_kw(a, sizeof a, lo_open ? "exclusiveMinimum" : "minimum", lo, integer);
+        if (has_hi)
+            bound_kw(b, sizeof b, hi_open ? "exclusiveMaximum" : "maximum", hi, integer);
         snprintf(schema, sizeof schema, "{\"type\":\"%s\"%s%s}", integer ? "integer" : "number",
                  a, b);
         real_range r = {schema, has_lo ? lo : -INFINITY, has_hi ? hi : INFINITY,
