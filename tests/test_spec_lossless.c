@@ -32,18 +32,6 @@ static float rng_uniform(void)
 
 static char tmpdir[64];
 
-/* A drafter for tm written to tmpdir/name and loaded. */
-static dfl_model *make_drafter(const tgt_model *tm, const char *name, const mf_drafter *ds,
-                               uint64_t seed)
-{
-    char dir[160];
-    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
-    dfl_model *dm = NULL;
-    if (mf_drafter_make(&dm, dir, tm, ds, seed) != TD_OK)
-        fail_msg("%s: %s", dir, err_msg());
-    return dm;
-}
-
 /* Generates n tokens after prompt; returns the stats. */
 static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
                            int64_t n_prompt, int64_t n, const ops_sampler *smp, int32_t *out)
@@ -81,7 +69,7 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         char name[32];
         snprintf(name, sizeof name, "d%zu", k);
-        dfl_model *dm = make_drafter(tm, name, &shapes[k], 1000 + k);
+        dfl_model *dm = mf_drafter_in(tmpdir, name, tm, &shapes[k], 1000 + k);
         for (int p = 0; p < 6; p++) {
             int32_t prompt[32], a[64], b[64];
             int64_t np = 2 + (p * 5) % 19;
@@ -125,7 +113,7 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
         mf_drafter ds = {8, 1, true, (uint32_t)x, false};
         char name[32];
         snprintf(name, sizeof name, "silent%zu", k);
-        dfl_model *dm = make_drafter(tm, name, &ds, 9);
+        dfl_model *dm = mf_drafter_in(tmpdir, name, tm, &ds, 9);
         for (int p = 0; p < 3; p++) {
             int32_t prompt[4] = {10 + p, 20, x, 40 + p}, plain[64], spec[64];
             generate(tm, NULL, prompt, 4, n, &greedy, plain);
@@ -158,7 +146,7 @@ static void test_spec_sampling_keeps_target_distribution(void **ctx)
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
     int64_t V = tm->hp.n_vocab;
     mf_drafter ds = {4, 1, false, 5, false};
-    dfl_model *dm = make_drafter(tm, "sampling", &ds, 4242);
+    dfl_model *dm = mf_drafter_in(tmpdir, "sampling", tm, &ds, 4242);
     int32_t prompt[3] = {100, 200, 300};
     const int runs = 2000;
     int *t1 = calloc((size_t)runs, sizeof *t1), *t2 = calloc((size_t)runs, sizeof *t2);

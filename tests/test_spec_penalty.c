@@ -215,18 +215,6 @@ static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **
 
 static char tmpdir[64];
 
-/* A drafter for tm written to tmpdir/name and loaded. */
-static dfl_model *make_drafter(const tgt_model *tm, const char *name, const mf_drafter *ds,
-                               uint64_t seed)
-{
-    char dir[160];
-    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
-    dfl_model *dm = NULL;
-    if (mf_drafter_make(&dm, dir, tm, ds, seed) != TD_OK)
-        fail_msg("%s: %s", dir, err_msg());
-    return dm;
-}
-
 static int setup_dir(void **ctx)
 {
     (void)ctx;
@@ -313,7 +301,7 @@ static void test_speculative_greedy_with_penalties_equals_plain_decoding(void **
     for (int k = 0; k < 2; k++) {
         char name[32];
         snprintf(name, sizeof name, "d%d", k);
-        dm[k] = make_drafter(tm, name, &shapes[k], 300 + (uint64_t)k);
+        dm[k] = mf_drafter_in(tmpdir, name, tm, &shapes[k], 300 + (uint64_t)k);
     }
     const int32_t bias_tok[] = {11, 279, 42};
     const float bias[] = {3.5f, -4.0f, 1.25f};
@@ -364,7 +352,7 @@ static void test_a_bias_of_100_forces_its_token_greedy_and_sampled(void **ctx)
     tgt_model *tm;
     assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
     mf_drafter ds = {8, 1, false, 9, false};
-    dfl_model *dm = make_drafter(tm, "force", &ds, 77);
+    dfl_model *dm = mf_drafter_in(tmpdir, "force", tm, &ds, 77);
     const int32_t tok[] = {123};
     const float up[] = {100.0f};
     const pen_cfg force = {.bias_tok = tok, .bias = up, .n_bias = 1};
@@ -430,7 +418,7 @@ static void test_sampling_with_penalties_keeps_the_penalised_distribution(void *
     assert_int_equal(tgt_load(&tm, path), TD_OK);
     const int64_t nv = tm->hp.n_vocab;
     mf_drafter ds = {4, 1, true, 279, false};
-    dfl_model *dm = make_drafter(tm, "sampling", &ds, 4242);
+    dfl_model *dm = mf_drafter_in(tmpdir, "sampling", tm, &ds, 4242);
     const int32_t bias_tok[] = {300, 301};
     const float bias[] = {1.5f, -0.5f};
     const pen_cfg pen = {.presence = 0.75f, .frequency = 1.25f, .bias_tok = bias_tok,

@@ -1,10 +1,16 @@
 /* Drafter checkpoints and scaled targets for tests (see model_fixture.h). */
 #include "tests/support/model_fixture.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include <cmocka.h>
 
 #include "common/gguf.h"
 #include "common/safetensors.h"
@@ -180,6 +186,17 @@ td_err mf_drafter_make(dfl_model **out, const char *dir, const tgt_model *tm,
 {
     TD_TRY(mf_drafter_write(dir, tm, ds, seed));
     return dfl_load(out, dir, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output);
+}
+
+dfl_model *mf_drafter_in(const char *root, const char *name, const tgt_model *tm,
+                         const mf_drafter *ds, uint64_t seed)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", root, name);
+    dfl_model *dm = NULL;
+    if (mf_drafter_make(&dm, dir, tm, ds, seed) != TD_OK)
+        fail_msg("%s: %s", dir, err_msg());
+    return dm;
 }
 
 td_err mf_spec_run(spec_seq *s, const int32_t *prompt, int64_t n_prompt, int64_t n, int32_t *out)

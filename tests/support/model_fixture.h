@@ -27,6 +27,10 @@ td_err mf_drafter_write(const char *dir, const tgt_model *tm, const mf_drafter *
 td_err mf_drafter_make(dfl_model **out, const char *dir, const tgt_model *tm,
                        const mf_drafter *ds, uint64_t seed);
 
+/* mf_drafter_make into root/name; the running (cmocka) test fails where it cannot. */
+dfl_model *mf_drafter_in(const char *root, const char *name, const tgt_model *tm,
+                         const mf_drafter *ds, uint64_t seed);
+
 /* Copies the f32 GGUF src to path with token x's embedding and output rows set to s times its
  * embedding: the larger s, the more the target keeps repeating x once it appears. */
 td_err mf_target_write_scaled(const char *path, const char *src, int32_t x, float s);
