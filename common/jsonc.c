@@ -66,9 +66,9 @@ typedef struct jc_alt {
             uint8_t neg;   /* NUM: after '-' */
             uint8_t cmp;   /* NUM: integer digits against the int64 limit's: CMP_* */
             uint8_t eneg;  /* NUM: after "e-" */
-            uint8_t bound; /* NUM of a node with an integer range: the digits against the
-                            * range's least and greatest magnitude of this sign, CMP_* in
-                            * bits 0-1 and 2-3 */
+            uint8_t bound; /* NUM of a node with a range: the digits against the range's
+                            * least and greatest magnitude of this sign, CMP_* in bits 0-1
+                            * and 2-3 */
         };
     };
 } jc_alt;

@@ -66,7 +66,7 @@ struct api_stream {
     char call_ids[24];   /* hex: tool-call ids */
     int64_t last_event_ms; /* monotonic ms of verifyd's last event (silence timeout) */
     const char *finish;  /* "stop", "length", "tool_calls" */
-    gw_usage usage;
+    gw_usage usage;      /* the choice's completion, steps and cached tokens (the prompt: total) */
     bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
     double lp_sum;       /* best_of > n: the log probabilities of the choice's tokens, summed */
 
@@ -252,17 +252,18 @@ _Static_assert(2 + REQ_STOP_IDS_MAX <= MSG_STOP_MAX, "a request's stop ids fit o
 /* A response format's reasoning block in a chat: the model's "<think>" / "</think>" tokens
  * (MSG_TOKEN_NONE where the vocabulary has no such pair), so that its reasoning stays free and
  * the format applies to the answer. A completion's text is all answer. */
-static void gen_think_tokens(const api_stream *s, bool chat, bool in_think, msg_gen_start *m)
+static void gen_think_tokens(const api_stream *s, bool chat, msg_gen_start *m)
 {
     const int32_t open = tok_id_of(s->g->tok, "<think>", 7);
     const int32_t close = tok_id_of(s->g->tok, "</think>", 8);
     const bool pair = chat && open >= 0 && close >= 0;
-    m->think_open = pair && in_think;
+    m->think_open = pair && s->in_think;
     m->think_start = pair ? (uint32_t)open : MSG_TOKEN_NONE;
     m->think_end = pair ? (uint32_t)close : MSG_TOKEN_NONE;
 }
 
-static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_error *e)
+/* Starts the choice s->rc.index at verifyd. */
+static td_err gen_start(api_stream *s, api_error *e)
 {
     gw_state *g = s->g;
     msg_status st;
@@ -287,7 +288,7 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_e
     msg_gen_start m = {
         .prompt = (const uint32_t *)s->prompt,
         .n_prompt = prompt_n,
-        .max_tokens = max_tokens,
+        .max_tokens = s->max_tokens,
         .sampler = {.temperature = (float)s->req.sampling.temperature,
                     .top_k = (uint32_t)s->req.sampling.top_k,
                     .top_p = (float)s->req.sampling.top_p,
@@ -309,7 +310,7 @@ static td_err gen_start(api_stream *s, uint32_t max_tokens, bool in_think, api_e
         .schema = s->req.schema,
         .n_schema = (uint32_t)s->req.n_schema,
     };
-    gen_think_tokens(s, s->req.kind == REQ_CHAT, in_think, &m);
+    gen_think_tokens(s, s->req.kind == REQ_CHAT, &m);
     if (link_gen_open(g->link, &s->lg) != TD_OK)
         return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
     int64_t deadline = gen_now_ms() + g->cfg.timeout_s * 1000;
@@ -528,7 +529,7 @@ static void gen_choice_reset(api_stream *s)
     s->text_offset = 0;
     s->finish = NULL;
     s->lp_sum = 0;
-    s->usage = (gw_usage){.prompt_tokens = s->usage.prompt_tokens};
+    s->usage = (gw_usage){0};
     gen_hex(s->call_ids, 8);
     s->rc.index++;
 }
@@ -579,7 +580,7 @@ static void gen_finish(api_stream *s, const char *finish)
         gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
     if (!s->client_gone && !s->failed && s->rc.index + 1 < s->req.best_of) {
         gen_choice_reset(s);
-        if (gen_start(s, s->max_tokens, s->in_think, &s->err) != TD_OK) {
+        if (gen_start(s, &s->err) != TD_OK) {
             s->failed = true;
             gen_end_failed(s);
             return;
@@ -765,23 +766,20 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         api_stream_free(s);
         return;
     }
-    bool in_think = false;
-    uint32_t max_tokens = 0;
-    td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &in_think, &e) : gen_prompt_completion(s, &e);
-    s->in_think = in_think;
+    td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &s->in_think, &e)
+                                  : gen_prompt_completion(s, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "logit_bias", s->req.bias_tok, s->req.n_bias, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "stop_token_ids", s->req.stop_ids, s->req.n_stop_ids, &e);
     if (err == TD_OK)
-        err = gen_budget(s, &max_tokens, &e);
-    s->max_tokens = max_tokens;
+        err = gen_budget(s, &s->max_tokens, &e);
     s->oo = (output_opts){
         .stops = s->req.stop,
         .stop_lens = s->req.stop_len,
         .n_stops = s->req.n_stop,
         .reasoning = kind == REQ_CHAT,
-        .in_think = in_think,
+        .in_think = s->in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
     if (err == TD_OK && s->req.best_of > s->req.n &&
@@ -790,7 +788,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;
-        err = gen_start(s, max_tokens, in_think, &e);
+        err = gen_start(s, &e);
     }
     if (err != TD_OK) {
         gen_reply_error(r, &e);
@@ -803,7 +801,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,
                          .usage_null = s->req.stream && s->req.include_usage,
                          .call_ids = s->call_ids};
-    s->usage.prompt_tokens = s->total.prompt_tokens = (uint32_t)s->n_prompt;
+    s->total.prompt_tokens = (uint32_t)s->n_prompt;
     s->stream = s->req.stream;
     if (s->stream) {
         r->status = 200;
