@@ -299,8 +299,6 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if (m->n_prompt < 1 || m->n_prompt > MSG_PROMPT_MAX)
         return err_set(code, "gen_start: %u prompt tokens, allowed 1..%u", m->n_prompt,
                        MSG_PROMPT_MAX);
-    if (m->max_tokens < 1)
-        return err_set(code, "gen_start: max_tokens 0");
     if (m->n_stop > MSG_STOP_MAX)
         return err_set(code, "gen_start: %u stop tokens, allowed at most %u", m->n_stop,
                        MSG_STOP_MAX);
@@ -344,7 +342,7 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     TD_TRY(check_gen_start(m, TD_EINVAL));
     TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 19);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 20);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -364,6 +362,7 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_uint(&w, m->think_end);
     msg_write_f32(&w, m->repetition_penalty);
     msg_write_uint(&w, m->min_tokens);
+    msg_write_bool(&w, m->prompt_logprobs);
     return msg_write_end(&w);
 }
 
@@ -382,7 +381,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     const uint8_t *schema_in = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 19, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 20, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -402,6 +401,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_uint(&r, "think_end", MSG_TOKEN_NONE, &think_end)) ||
         (e = msg_read_f32(&r, "repetition_penalty", &out->repetition_penalty)) ||
         (e = msg_read_uint(&r, "min_tokens", UINT32_MAX, &min_tokens)) ||
+        (e = msg_read_bool(&r, "prompt_logprobs", &out->prompt_logprobs)) ||
         (e = msg_read_end(&r)))
         goto fail;
     if (out->n_schema > 0) {
@@ -467,10 +467,10 @@ static td_err check_gen_event(const msg_gen_event *m, td_err code)
         return err_set(code, "gen_event: %u tokens, allowed at most %u", m->n_tokens,
                        MSG_EVENT_TOKENS_MAX);
     bool is_error = m->kind == MSG_EVENT_ERROR;
-    bool finish_ok = m->kind == MSG_EVENT_TOKEN  ? m->finish == MSG_FINISH_NONE
-                     : m->kind == MSG_EVENT_DONE ? (m->finish != MSG_FINISH_NONE &&
-                                                    m->finish != MSG_FINISH_ERROR)
-                                                 : m->finish == MSG_FINISH_ERROR;
+    bool finish_ok = m->kind == MSG_EVENT_DONE    ? (m->finish != MSG_FINISH_NONE &&
+                                                       m->finish != MSG_FINISH_ERROR)
+                     : m->kind == MSG_EVENT_ERROR ? m->finish == MSG_FINISH_ERROR
+                                                  : m->finish == MSG_FINISH_NONE;
     if (!finish_ok)
         return err_set(code, "gen_event: finish reason %d does not fit event kind %d",
                        (int)m->finish, (int)m->kind);
@@ -482,7 +482,7 @@ static td_err check_gen_event(const msg_gen_event *m, td_err code)
     if (m->usage.cached_tokens > m->usage.prompt_tokens)
         return err_set(code, "gen_event: %u cached tokens of a %u-token prompt",
                        m->usage.cached_tokens, m->usage.prompt_tokens);
-    if (m->n_logprobs != 0 && m->n_logprobs != m->n_tokens)
+    if ((m->n_logprobs != 0 || m->kind == MSG_EVENT_PROMPT) && m->n_logprobs != m->n_tokens)
         return err_set(code, "gen_event: %u logprobs for %u tokens", m->n_logprobs,
                        m->n_tokens);
     for (uint32_t i = 0; i < m->n_logprobs; i++) {

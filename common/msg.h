@@ -207,7 +207,9 @@ typedef struct msg_gen_start {
     uint64_t seq_id;        /* sequence this generation runs in */
     const uint32_t *prompt; /* [n_prompt] token ids */
     uint32_t n_prompt;      /* tokens, 1..MSG_PROMPT_MAX */
-    uint32_t max_tokens;    /* new tokens at most, >= 1 */
+    uint32_t max_tokens;    /* new tokens at most; 0: the prompt only (its state is kept for
+                             * the prefix cache, and its PROMPT events come with
+                             * prompt_logprobs) */
     msg_sampler sampler;
     const uint32_t *stop;   /* [n_stop] token ids that end the generation */
     uint32_t n_stop;        /* tokens, 0..MSG_STOP_MAX */
@@ -238,6 +240,10 @@ typedef struct msg_gen_start {
                                * token's positive logit is divided by it, a negative one
                                * multiplied */
     uint32_t min_tokens;    /* the stop tokens are refused before this many were generated */
+    bool prompt_logprobs;   /* send the log probability of every prompt token after the first
+                             * (PROMPT events, before any TOKEN event; top_logprobs
+                             * alternatives each with logprobs): the whole prompt runs, the
+                             * prefix cache is not read */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);
@@ -250,6 +256,9 @@ typedef enum msg_event_kind {
     MSG_EVENT_TOKEN = 1, /* newly committed tokens; more follow */
     MSG_EVENT_DONE = 2,  /* last event: finish reason and usage */
     MSG_EVENT_ERROR = 3, /* last event: the generation failed (code, message) */
+    MSG_EVENT_PROMPT = 4, /* prompt tokens with their log probabilities (prompt_logprobs): the
+                           * prompt from its second token on, in order, over as many events as
+                           * it takes */
     MSG_EVENT_KIND_END
 } msg_event_kind;
 
@@ -278,8 +287,15 @@ typedef struct msg_logprob {
     float top_logprob[MSG_TOP_LOGPROBS_MAX]; /* [n_top] their log probabilities */
 } msg_logprob;
 
-/* Kind and fields agree: TOKEN has finish NONE; DONE has STOP, LENGTH or CANCEL; ERROR has
- * finish ERROR and a code other than TD_OK; only ERROR carries a code and message. */
+/* Whether an event of this kind is a generation's last (DONE, ERROR). */
+static inline bool msg_event_last(msg_event_kind kind)
+{
+    return kind == MSG_EVENT_DONE || kind == MSG_EVENT_ERROR;
+}
+
+/* Kind and fields agree: TOKEN and PROMPT have finish NONE (PROMPT one logprob per token);
+ * DONE has STOP, LENGTH or CANCEL; ERROR has finish ERROR and a code other than TD_OK; only
+ * ERROR carries a code and message. */
 typedef struct msg_gen_event {
     uint64_t seq_id;
     msg_event_kind kind;

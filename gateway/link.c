@@ -102,7 +102,7 @@ static void link_queue(link_gen *g, link_event *ev)
     }
     g->queue[(g->head + g->n) % g->cap] = *ev;
     g->n++;
-    if (ev->kind != MSG_EVENT_TOKEN)
+    if (msg_event_last(ev->kind))
         g->ended = true;
     pthread_cond_broadcast(&g->cv);
 }

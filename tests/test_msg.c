@@ -173,6 +173,7 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(out.think_end, 151668);
     assert_true(out.repetition_penalty == 1.125f);
     assert_int_equal(out.min_tokens, 9);
+    assert_true(out.prompt_logprobs);
     msg_free_gen_start(&out);
     assert_null(out.prompt);
     assert_null(out.schema);
@@ -192,6 +193,16 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
     bad.format = MSG_FORMAT_END;
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+
+    /* the prompt only: max_tokens 0 */
+    msg_gen_start only = in;
+    only.max_tokens = 0;
+    only.prompt_logprobs = false;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &only), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.max_tokens, 0);
+    assert_false(out.prompt_logprobs);
+    msg_free_gen_start(&out);
 
     /* no stop tokens; the longest prompt */
     uint32_t *big = malloc(MSG_PROMPT_MAX * sizeof *big);
@@ -256,6 +267,27 @@ static void test_gen_event_round_trip_for_each_kind(void **state)
     assert_int_equal(out.n_tokens, 0);
     assert_null(out.tokens);
     msg_free_gen_event(&out);
+
+    /* prompt tokens come with one log probability each, and nothing ends with them */
+    msg_gen_event prompt = msg_fixture_gen_event_logprobs();
+    prompt.kind = MSG_EVENT_PROMPT;
+    assert_int_equal(msg_pack_gen_event(&b, 24, &prompt), TD_OK);
+    assert_int_equal(msg_unpack_gen_event(b.data, b.len, &rid, &out), TD_OK);
+    assert_int_equal(out.kind, MSG_EVENT_PROMPT);
+    assert_int_equal(out.n_tokens, 4);
+    assert_int_equal(out.n_logprobs, 4);
+    assert_true(out.logprobs[3].logprob == prompt.logprobs[3].logprob);
+    assert_false(msg_event_last(out.kind));
+    msg_free_gen_event(&out);
+    prompt.n_logprobs = 0;
+    prompt.logprobs = NULL;
+    assert_int_equal(msg_pack_gen_event(&b, 25, &prompt), TD_EINVAL);
+    prompt = msg_fixture_gen_event_logprobs();
+    prompt.kind = MSG_EVENT_PROMPT;
+    prompt.finish = MSG_FINISH_STOP;
+    assert_int_equal(msg_pack_gen_event(&b, 26, &prompt), TD_EINVAL);
+    assert_true(msg_event_last(MSG_EVENT_DONE) && msg_event_last(MSG_EVENT_ERROR));
+    assert_false(msg_event_last(MSG_EVENT_TOKEN));
     msg_buf_free(&b);
 }
 

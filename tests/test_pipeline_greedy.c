@@ -255,6 +255,88 @@ static void test_logprobs_are_the_targets_log_softmax(void **ctx)
     free(lg);
 }
 
+/* Prompt log probabilities: prompts of 1, 16, 17 and 37 tokens with max_tokens 0 end with
+ * DONE (length) and no token after PROMPT events holding tokens 1.. of the prompt, each with
+ * the bits of cpu_logprob_rows on the rows of 16-token passes with every row's logits (as
+ * verifyd runs them) and within 1e-4 of one whole pass; asked again with generated tokens,
+ * the prompt was cached by the first request yet is not reused, the values repeat with the
+ * new alternatives, every PROMPT event precedes the tokens, and the tokens are greedy's. */
+static void test_prompt_logprobs_are_the_targets_log_softmax(void **ctx)
+{
+    (void)ctx;
+    enum { TOP = 4, GEN = 5 };
+    const int64_t lens[] = {1, 16, 17, 37};
+    const int64_t V = tm->hp.n_vocab;
+    for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+        const int64_t n = lens[c];
+        uint32_t p[37];
+        int32_t ip[37];
+        make_prompt(p, ip, n, 11);
+        float *lg = malloc((size_t)(n * V) * sizeof(float));
+        float *whole = malloc((size_t)(n * V) * sizeof(float));
+        tgt_state st;
+        assert_int_equal(tgt_state_init(&st, tm, 64), TD_OK);
+        for (int64_t at = 0; at < n; at += 16) {
+            tgt_out o = {.logits = lg + at * V};
+            assert_int_equal(tgt_forward(tm, &st, ip + at, n - at < 16 ? n - at : 16, false, &o),
+                             TD_OK);
+        }
+        assert_int_equal(tgt_state_reset(tm, &st), TD_OK);
+        tgt_out o = {.logits = whole};
+        assert_int_equal(tgt_forward(tm, &st, ip, n, false, &o), TD_OK);
+        tgt_state_free(&st);
+        ops_logprob want[36];
+        if (n > 1)
+            cpu_logprob_rows(want, lg, ip + 1, n - 1, V, TOP);
+
+        for (int round = 0; round < 2; round++) {
+            msg_gen_start g = gen(p, (uint32_t)n, round ? GEN : 0);
+            g.prompt_logprobs = true;
+            g.logprobs = true;
+            g.top_logprobs = round ? 2 : TOP;
+            assert_int_equal(pl_gen(&pl, &g), TD_OK);
+            pl_result *r = wait_done(g.seq_id);
+            assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+            assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+            assert_int_equal(r->n_prompt, n - 1);
+            assert_false(r->prompt_late);
+            assert_int_equal(r->usage.cached_tokens, 0);
+            assert_int_equal(r->usage.prompt_tokens, n);
+            for (int64_t i = 0; i + 1 < n; i++) {
+                assert_int_equal(r->prompt[i], ip[i + 1]);
+                assert_true(r->prompt_lp[i].logprob == want[i].logprob);
+                assert_int_equal(r->prompt_lp[i].n_top, round ? 2 : TOP);
+                for (uint32_t k = 0; k < r->prompt_lp[i].n_top; k++) {
+                    assert_int_equal(r->prompt_lp[i].top_id[k], want[i].top_id[k]);
+                    assert_true(r->prompt_lp[i].top_logprob[k] == want[i].top_logprob[k]);
+                }
+                const float *row = whole + i * V;
+                float mx = row[0];
+                double sum = 0;
+                for (int64_t v = 1; v < V; v++)
+                    mx = row[v] > mx ? row[v] : mx;
+                for (int64_t v = 0; v < V; v++)
+                    sum += exp((double)(row[v] - mx));
+                double lp = (double)(row[ip[i + 1]] - mx) - log(sum);
+                assert_true(fabs(lp - (double)r->prompt_lp[i].logprob) < 1e-4);
+            }
+            if (round == 0) {
+                assert_int_equal(r->n_tokens, 0);
+                assert_int_equal(r->usage.completion_tokens, 0);
+            } else {
+                int32_t plain[GEN];
+                ops_sampler greedy = {0};
+                reference(NULL, ip, n, GEN, &greedy, plain);
+                assert_int_equal(r->n_tokens, GEN);
+                assert_memory_equal(r->tokens, plain, sizeof plain);
+                assert_int_equal(r->n_logprobs, GEN);
+            }
+        }
+        free(lg);
+        free(whole);
+    }
+}
+
 static void test_stop_ids_max_tokens_and_the_context_end(void **ctx)
 {
     (void)ctx;
@@ -427,6 +509,7 @@ int main(void)
         cmocka_unit_test(test_sixteen_concurrent_sequences_equal_each_run_alone),
         cmocka_unit_test(test_prefix_cache_serves_a_longer_prompt_like_a_fresh_prefill),
         cmocka_unit_test(test_logprobs_are_the_targets_log_softmax),
+        cmocka_unit_test(test_prompt_logprobs_are_the_targets_log_softmax),
         cmocka_unit_test(test_stop_ids_max_tokens_and_the_context_end),
         cmocka_unit_test(test_cancel_ends_a_generation_with_finish_cancel),
         cmocka_unit_test(test_bad_requests_get_errors_with_the_numbers),

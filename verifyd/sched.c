@@ -189,7 +189,8 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
     seq->req = r;
     seq->slot = g->slot;
     seq->slot_gen = g->slot_gen;
-    seq->n_cached = g->n_cached;
+    /* prompt log probabilities need every prompt position's logits: nothing is reused */
+    seq->n_cached = gs->prompt_logprobs ? 0 : g->n_cached;
     seq->prefilling = true;
     seq->prompt = malloc((size_t)gs->n_prompt * sizeof *seq->prompt);
     seq->hist = malloc((size_t)(s->cfg.n_ctx + 1) * sizeof *seq->hist);
@@ -219,11 +220,13 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
                 .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop},
         .cst = sched_cst_cfg(r),
         .vocab = s->cfg.vocab,
+        .prompt_logprobs = gs->prompt_logprobs,
+        .prompt_top = (int32_t)gs->top_logprobs,
     };
     if (e == TD_OK && (e = spec_init_cfg(&seq->spec, s->cfg.tm, &cfg)) == TD_OK)
         seq->spec_ok = true;
     if (e == TD_OK)
-        e = spec_prefill_begin(&seq->spec, seq->prompt, gs->n_prompt, g->n_cached);
+        e = spec_prefill_begin(&seq->spec, seq->prompt, gs->n_prompt, seq->n_cached);
     if (e != TD_OK) {
         msg_kv_close c = {.slot = g->slot, .slot_gen = g->slot_gen};
         char why[MSG_ERROR_MAX + 1];
@@ -303,7 +306,7 @@ static void sched_admit(sched *s)
             s->running_req[s->n_running++] = r;
             s->stats.requests++;
             s->stats.prompt_tokens += r->gs.n_prompt;
-            s->stats.cached_tokens += g.n_cached;
+            s->stats.cached_tokens += seq->n_cached;
         }
         pthread_mutex_unlock(&s->lock);
         if (e != TD_OK) {
@@ -311,7 +314,7 @@ static void sched_admit(sched *s)
             sched_req_free(r);
         } else {
             LOG_DEBUG("sequence %llu: slot %u, %u of %u prompt tokens cached",
-                      (unsigned long long)r->gs.seq_id, g.slot, g.n_cached, r->gs.n_prompt);
+                      (unsigned long long)r->gs.seq_id, g.slot, seq->n_cached, r->gs.n_prompt);
         }
     }
 }

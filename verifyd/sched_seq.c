@@ -81,6 +81,19 @@ _Static_assert(MSG_TOP_LOGPROBS_MAX == OPS_TOP_LOGPROBS_MAX, "one limit of alter
 /* lps[n]: the log probabilities of out[n] under rows 0..n-1 of the last pass's logits with
  * n_top alternatives each, computed on the backend beside the logits (only the n small
  * records come to the host). */
+static void seq_lp_msg(const ops_logprob *h, int64_t n, msg_logprob *lps)
+{
+    for (int64_t i = 0; i < n; i++) {
+        memset(&lps[i], 0, sizeof lps[i]);
+        lps[i].logprob = h[i].logprob;
+        lps[i].n_top = (uint32_t)h[i].n_top;
+        for (int32_t j = 0; j < h[i].n_top; j++) {
+            lps[i].top_id[j] = (uint32_t)h[i].top_id[j];
+            lps[i].top_logprob[j] = h[i].top_logprob[j];
+        }
+    }
+}
+
 static td_err seq_logprobs(sched_seq *seq, const int32_t *out, int64_t n, uint32_t n_top,
                            msg_logprob *lps)
 {
@@ -92,16 +105,27 @@ static td_err seq_logprobs(sched_seq *seq, const int32_t *out, int64_t n, uint32
     TD_TRY(be->logprob_rows(be, sp->lp, sp->logits, sp->lp_tok, n, sp->tm->hp.n_vocab,
                             (int)n_top));
     TD_TRY(be->to_host(be, h, sp->lp, (size_t)n * sizeof *h));
-    for (int64_t i = 0; i < n; i++) {
-        memset(&lps[i], 0, sizeof lps[i]);
-        lps[i].logprob = h[i].logprob;
-        lps[i].n_top = (uint32_t)h[i].n_top;
-        for (int32_t j = 0; j < h[i].n_top; j++) {
-            lps[i].top_id[j] = (uint32_t)h[i].top_id[j];
-            lps[i].top_logprob[j] = h[i].top_logprob[j];
-        }
-    }
+    seq_lp_msg(h, n, lps);
     return TD_OK;
+}
+
+/* The prompt tokens' log probabilities of the last prefill pass, as a PROMPT event. */
+static void seq_prompt_event(sched *s, sched_seq *seq)
+{
+    const spec_seq *sp = &seq->spec;
+    msg_logprob lps[SPEC_PROMPT_LP_ROWS];
+    uint32_t tokens[SPEC_PROMPT_LP_ROWS];
+    if (sp->n_plp == 0)
+        return;
+    seq_lp_msg(sp->plp, sp->n_plp, lps);
+    for (int64_t i = 0; i < sp->n_plp; i++)
+        tokens[i] = (uint32_t)seq->prompt[sp->plp_first + i];
+    msg_gen_event ev = {
+        .seq_id = seq->req->gs.seq_id, .kind = MSG_EVENT_PROMPT, .tokens = tokens,
+        .n_tokens = (uint32_t)sp->n_plp, .logprobs = lps, .n_logprobs = (uint32_t)sp->n_plp,
+        .usage = seq_usage(seq),
+    };
+    events_send(s->ev, &ev);
 }
 
 /* Emits out[n] (token i chosen from row i of spec.logits): stops at a stop token (kept) or
@@ -287,9 +311,15 @@ static void seq_prefill(sched *s, sched_seq *seq)
         sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);
         return;
     }
+    if (seq->req->gs.prompt_logprobs)
+        seq_prompt_event(s, seq);
     if (!done)
         return;
     seq->prefilling = false;
+    if (seq->req->gs.max_tokens == 0) { /* the prompt only */
+        sched_seq_finish(s, seq, MSG_FINISH_LENGTH, TD_OK);
+        return;
+    }
     seq->hist[seq->n_hist++] = first;
     seq_emit(s, seq, &first, 1);
 }

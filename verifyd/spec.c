@@ -36,6 +36,17 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     if (s->block < 1 || s->block > SPEC_MAX_BLOCK)
         return err_set(TD_ENOTSUP, "block size %lld is outside 1..%d", (long long)s->block,
                        SPEC_MAX_BLOCK);
+    s->lp_rows = s->block;
+    if (cfg->prompt_logprobs) {
+        if (dm)
+            return err_set(TD_ENOTSUP, "prompt log probabilities with an in-process drafter");
+        TD_ASSERT(cfg->prompt_top >= 0 && cfg->prompt_top <= OPS_TOP_LOGPROBS_MAX);
+        s->prompt_lp = true;
+        s->prompt_top = cfg->prompt_top;
+        s->prefill_chunk = SPEC_PROMPT_LP_ROWS;
+        if (s->lp_rows < SPEC_PROMPT_LP_ROWS)
+            s->lp_rows = SPEC_PROMPT_LP_ROWS;
+    }
     TD_ASSERT(!cfg->feat_ring || cfg->ring_rows > 0);
     int64_t V = tm->hp.n_vocab, D = tm->hp.n_embd;
     TD_TRY(pen_init(&s->pen, &cfg->pen, V));
@@ -71,7 +82,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->feat, fbytes);
     if (e == TD_OK)
-        e = be->alloc(be, (void **)&s->logits, lbytes);
+        e = be->alloc(be, (void **)&s->logits, (size_t)(s->lp_rows * V) * sizeof(float));
     if (e == TD_OK && dm)
         e = be->alloc(be, (void **)&s->dlogits, lbytes);
     if (e == TD_OK)
@@ -87,9 +98,9 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
      * emitted tokens. The in-process loop needs neither. */
     const bool host_q = !dm && !spec_greedy(s) && s->block > 1;
     if (e == TD_OK && !dm)
-        e = be->alloc(be, (void **)&s->lp_tok, (size_t)s->block * sizeof *s->lp_tok);
+        e = be->alloc(be, (void **)&s->lp_tok, (size_t)s->lp_rows * sizeof *s->lp_tok);
     if (e == TD_OK && !dm)
-        e = be->alloc(be, (void **)&s->lp, (size_t)s->block * sizeof *s->lp);
+        e = be->alloc(be, (void **)&s->lp, (size_t)s->lp_rows * sizeof *s->lp);
     if (host_q)
         s->q = malloc(lbytes);
     if (e == TD_OK && ((host_q && !s->q) || (s->n_taps && !s->taps)))
@@ -221,7 +232,8 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
         if (prompt[i] < 0 || prompt[i] >= s->tm->hp.n_vocab)
             return err_set(TD_ERANGE, "prompt token %lld (id %d) is outside the vocabulary of %lld",
                            (long long)i, prompt[i], (long long)s->tm->hp.n_vocab);
-    TD_ASSERT(n_cached >= 0 && n_cached < n && (n_cached == 0 || (!s->dm && s->ts.bound)));
+    TD_ASSERT(n_cached >= 0 && n_cached < n &&
+              (n_cached == 0 || (!s->dm && !s->prompt_lp && s->ts.bound)));
     if (n_cached == 0) {
         TD_TRY(tgt_state_reset(s->tm, &s->ts));
     } else {
@@ -236,7 +248,29 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
     s->prompt = prompt;
     s->n_prompt = n;
     s->prompt_at = n_cached;
+    s->n_plp = 0;
     s->has_pending = false;
+    return TD_OK;
+}
+
+/* The log probabilities of the prompt tokens that the m rows of a prefill pass from prompt
+ * position at predict (row i: token at + i + 1, while there is one), into s->plp; then,
+ * when the pass ends the prompt, its last row goes to row 0, where the first token is picked. */
+static td_err spec_prompt_logprobs(spec_seq *s, int64_t at, int64_t m)
+{
+    const ops_backend *be = s->tm->be;
+    const int64_t V = s->tm->hp.n_vocab;
+    const int64_t k = at + m < s->n_prompt ? m : m - 1;
+    TD_ASSERT(m <= SPEC_PROMPT_LP_ROWS && m <= s->lp_rows);
+    s->plp_first = at + 1;
+    s->n_plp = k;
+    if (k > 0) {
+        TD_TRY(be->to_device(be, s->lp_tok, s->prompt + at + 1, (size_t)k * sizeof(int32_t)));
+        TD_TRY(be->logprob_rows(be, s->lp, s->logits, s->lp_tok, k, V, s->prompt_top));
+        TD_TRY(be->to_host(be, s->plp, s->lp, (size_t)k * sizeof *s->lp));
+    }
+    if (k < m && m > 1)
+        TD_TRY(be->copy(be, s->logits, s->logits + (m - 1) * V, (size_t)V * sizeof(float)));
     return TD_OK;
 }
 
@@ -247,8 +281,10 @@ td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first)
     double t0 = spec_now();
     int64_t at = s->prompt_at, n = s->n_prompt;
     int64_t m = n - at < s->prefill_chunk ? n - at : s->prefill_chunk;
-    TD_TRY(spec_run(s, s->prompt + at, m, false, false));
+    TD_TRY(spec_run(s, s->prompt + at, m, false, s->prompt_lp));
     TD_TRY(spec_keep_features(s, at, m));
+    if (s->prompt_lp)
+        TD_TRY(spec_prompt_logprobs(s, at, m));
     s->prompt_at += m;
     if (s->prompt_at == n) {
         TD_TRY(spec_pick(s, n, first));

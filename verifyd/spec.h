@@ -23,6 +23,7 @@
 #include "verifyd/target.h"
 
 #define SPEC_MAX_BLOCK 64 /* tokens per verify block (block_size of the drafter) */
+#define SPEC_PROMPT_LP_ROWS 16 /* prompt tokens per prefill pass with prompt log probabilities */
 
 typedef struct spec_stats {
     int64_t steps;            /* speculative (or plain) steps after prefill */
@@ -70,6 +71,15 @@ typedef struct spec_seq {
     float *dq;                /* [block-1][n_vocab] backend: the drafts' distributions
                                * (sampling with block > 1, else NULL) */
     int64_t prefill_chunk;    /* tokens per prefill forward pass */
+    int64_t lp_rows;          /* rows of logits, lp_tok and lp: block, or SPEC_PROMPT_LP_ROWS
+                               * when larger and prompt log probabilities are wanted */
+    bool prompt_lp;           /* each prefill pass gives its prompt tokens' log probabilities
+                               * (prefill_chunk is then lp_rows) */
+    int32_t prompt_top;       /* with prompt_lp: alternatives per prompt token */
+    ops_logprob plp[SPEC_PROMPT_LP_ROWS]; /* [n_plp] of the last prefill pass: those of
+                               * prompt tokens plp_first.. (host) */
+    int64_t n_plp;
+    int64_t plp_first;
     const int32_t *prompt;    /* [n_prompt] the prompt being prefilled (the caller's) */
     int64_t n_prompt;
     int64_t prompt_at;        /* prompt tokens in the state so far */
@@ -93,6 +103,9 @@ typedef struct spec_cfg {
     pen_cfg pen;                /* logit bias and penalties (zero: none) */
     cst_cfg cst;                /* response format (zero: text) */
     const cst_vocab *vocab;     /* the target's vocabulary for a format (NULL: none) */
+    bool prompt_logprobs;       /* without dm: the prompt tokens' log probabilities under the
+                                 * raw logits, prefill pass by pass (spec_seq.plp) */
+    int32_t prompt_top;         /* and this many alternatives each, 0..OPS_TOP_LOGPROBS_MAX */
 } spec_cfg;
 
 /* dm may be NULL. n_ctx bounds prompt + generated tokens; ring is the drafter's context
@@ -110,8 +123,10 @@ td_err spec_prefill(spec_seq *s, const int32_t *prompt, int64_t n, int32_t *firs
 /* The same, one chunk at a time (a scheduler interleaves sequences): begin checks the
  * prompt (kept by the caller until the prefill ends) and sets the state up; n_cached > 0
  * says the bound state already holds the first n_cached prompt positions (a prefix-cache
- * hit; n_cached < n, no in-process drafter). Each next runs at most prefill_chunk tokens;
- * when the prompt has run, *done is set and *first is the sampled first token. */
+ * hit; n_cached < n, no in-process drafter, no prompt log probabilities). Each next runs at
+ * most prefill_chunk tokens; when the prompt has run, *done is set and *first is the sampled
+ * first token. With prompt log probabilities, each next leaves in plp[0..n_plp) those of the
+ * prompt tokens plp_first.. that its pass predicts (the first token has none). */
 td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t n_cached);
 td_err spec_prefill_next(spec_seq *s, bool *done, int32_t *first);
 

@@ -69,6 +69,7 @@ msg_gen_start msg_fixture_gen_start(void)
         .think_end = 151668,
         .repetition_penalty = 1.125f,
         .min_tokens = 9,
+        .prompt_logprobs = true,
     };
     return m;
 }

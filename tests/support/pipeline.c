@@ -202,6 +202,7 @@ int pl_teardown(pipeline *p)
     }
     for (int i = 0; i < p->n_res; i++) {
         free(p->res[i]->logprobs);
+        free(p->res[i]->prompt_lp);
         free(p->res[i]);
     }
     if (p->dir[0] && !tmp_dir_remove(p->dir))
@@ -337,18 +338,25 @@ static bool pl_pump(pipeline *p, int timeout_ms)
     pl_result *r = pl_find(p, ev.seq_id);
     if (r) {
         r->n_events++;
+        const bool prompt = ev.kind == MSG_EVENT_PROMPT;
+        msg_logprob **lps = prompt ? &r->prompt_lp : &r->logprobs;
+        uint32_t *n_lps = prompt ? &r->n_prompt : &r->n_logprobs;
+        r->prompt_late = r->prompt_late || (prompt && r->n_tokens > 0);
         if (ev.n_logprobs) {
-            msg_logprob *lp = realloc(r->logprobs, (r->n_logprobs + ev.n_logprobs) * sizeof *lp);
+            msg_logprob *lp = realloc(*lps, (*n_lps + ev.n_logprobs) * sizeof *lp);
             if (lp) {
-                memcpy(lp + r->n_logprobs, ev.logprobs, ev.n_logprobs * sizeof *lp);
-                r->logprobs = lp;
-                r->n_logprobs += ev.n_logprobs;
+                memcpy(lp + *n_lps, ev.logprobs, ev.n_logprobs * sizeof *lp);
+                *lps = lp;
+                if (!prompt)
+                    r->n_logprobs += ev.n_logprobs;
             }
         }
-        for (uint32_t i = 0; i < ev.n_tokens && r->n_tokens < PL_TOKENS_MAX; i++)
-            r->tokens[r->n_tokens++] = (int32_t)ev.tokens[i];
+        int32_t *toks = prompt ? r->prompt : r->tokens;
+        uint32_t *n_toks = prompt ? &r->n_prompt : &r->n_tokens;
+        for (uint32_t i = 0; i < ev.n_tokens && *n_toks < PL_TOKENS_MAX; i++)
+            toks[(*n_toks)++] = (int32_t)ev.tokens[i];
         r->usage = ev.usage;
-        if (ev.kind != MSG_EVENT_TOKEN) {
+        if (msg_event_last(ev.kind)) {
             r->done = true;
             r->last_kind = ev.kind;
             r->finish = ev.finish;

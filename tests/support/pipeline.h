@@ -25,6 +25,10 @@ typedef struct pl_result {
     uint32_t n_tokens;
     msg_logprob *logprobs;         /* [n_tokens] when logprobs were asked (malloc'd) */
     uint32_t n_logprobs;
+    int32_t prompt[PL_TOKENS_MAX]; /* [n_prompt] the tokens of PROMPT events, in order */
+    uint32_t n_prompt;
+    msg_logprob *prompt_lp;        /* [n_prompt] theirs (malloc'd) */
+    bool prompt_late;              /* a PROMPT event came after a TOKEN event */
     uint32_t n_events;
     bool done;                     /* a DONE or ERROR event arrived */
     msg_event_kind last_kind;      /* DONE or ERROR */
