@@ -59,6 +59,12 @@ struct api_stream {
     gw_usage total;      /* of the choices so far: prompt once, completions summed */
     json_t *choices;     /* whole replies: the finished choices' objects */
     double *scores;      /* best_of > n: [best_of] each choice's log probability per token */
+    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded */
+    size_t echo_len;     /* bytes */
+    char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
+    lp_token *plp;       /* echo with logprobs: [n_prompt] the prompt tokens', from the first
+                          * choice's PROMPT events (entry 0 has none) */
+    size_t n_plp;        /* entries filled */
 
     link_gen *lg;        /* the generation at verifyd; NULL once closed */
     gw_output out;       /* tokens -> content, reasoning, tool calls */
@@ -69,6 +75,7 @@ struct api_stream {
     gw_usage usage;      /* the choice's completion, steps and cached tokens (the prompt: total) */
     bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
     double lp_sum;       /* best_of > n: the log probabilities of the choice's tokens, summed */
+    bool echoed;         /* the prompt opened the choice's text */
 
     /* whole replies */
     gen_buf content, reasoning; /* the text of every piece of each kind */
@@ -235,12 +242,38 @@ static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
                               (unsigned long long)ctx, (unsigned long long)(s->n_prompt + want),
                               s->n_prompt, where, (unsigned long long)want, where);
     }
-    uint64_t n = s->req.max_tokens > 0 ? (uint64_t)s->req.max_tokens
+    uint64_t n = s->req.max_tokens >= 0 ? (uint64_t)s->req.max_tokens
                  : ctx > 0                ? ctx - s->n_prompt
                                           : 4096;
     if (s->req.max_tokens <= 0 && limit > 0 && n > (uint64_t)limit)
         n = (uint64_t)limit;
     *max_tokens = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    return TD_OK;
+}
+
+/* echo: the prompt's text (the client's, or the decoding of its ids) and, with logprobs,
+ * room for its tokens' log probabilities (the first token has none). */
+static td_err gen_echo_setup(api_stream *s, api_error *e)
+{
+    if (s->req.prompt) {
+        s->echo = s->req.prompt;
+        s->echo_len = s->req.prompt_len;
+    } else {
+        tok_bytes t = {0};
+        if (tok_decode(s->g->tok, s->prompt, s->n_prompt, 0, &t) != TD_OK) {
+            tok_bytes_free(&t);
+            return apierr_set(e, 500, NULL, NULL, "decoding the prompt failed: %s", err_msg());
+        }
+        s->echo_owned = t.ptr; /* NULL for an empty text */
+        s->echo = t.ptr ? t.ptr : "";
+        s->echo_len = t.len;
+    }
+    if (!s->req.logprobs)
+        return TD_OK;
+    if (!(s->plp = calloc(s->n_prompt, sizeof *s->plp)))
+        return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+    s->plp[0] = (lp_token){.id = s->prompt[0], .none = true};
+    s->n_plp = 1;
     return TD_OK;
 }
 
@@ -298,6 +331,7 @@ static td_err gen_start(api_stream *s, api_error *e)
         .n_stop = n_stop,
         .logprobs = s->req.logprobs || s->req.best_of > s->req.n, /* best_of ranks by them */
         .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
+        .prompt_logprobs = s->plp && s->n_plp < s->n_prompt, /* once: later choices reuse them */
         .ignore_eos = s->req.ignore_eos,
         .presence_penalty = (float)s->req.sampling.presence_penalty,
         .frequency_penalty = (float)s->req.sampling.frequency_penalty,
@@ -430,6 +464,71 @@ static void gen_take_pieces(api_stream *s)
     output_clear(o);
 }
 
+/* Token id's log probability from verifyd, with the alternatives the client asked for. */
+static void gen_lp_token(const api_stream *s, uint32_t id, const msg_logprob *m, lp_token *t)
+{
+    memset(t, 0, sizeof *t);
+    t->id = (int32_t)id;
+    t->logprob = m->logprob;
+    t->n_top = m->n_top < s->req.top_logprobs ? m->n_top : s->req.top_logprobs;
+    for (uint32_t k = 0; k < t->n_top; k++) {
+        t->top[k].id = (int32_t)m->top_id[k];
+        t->top[k].logprob = m->top_logprob[k];
+    }
+}
+
+static void gen_fail(api_stream *s, int status, const char *code, const char *fmt,
+                     const char *msg);
+
+/* A PROMPT event: the next prompt tokens' log probabilities, kept for every choice's echo. */
+static void gen_prompt_logprobs(api_stream *s, const link_event *ev)
+{
+    if (!s->plp || ev->n_logprobs != ev->n_tokens)
+        return;
+    for (uint32_t i = 0; i < ev->n_tokens; i++) {
+        if (s->n_plp >= s->n_prompt || ev->tokens[i] != (uint32_t)s->prompt[s->n_plp]) {
+            gen_fail(s, 500, "internal_error", "%s",
+                     "The model server's prompt log probabilities do not follow the prompt.");
+            return;
+        }
+        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &s->plp[s->n_plp++]);
+    }
+}
+
+/* echo: the prompt opens the choice's text (a stream's first chunk), with its tokens' log
+ * probabilities when asked for. False when the request failed. */
+static bool gen_echo(api_stream *s)
+{
+    if (!s->req.echo || s->echoed)
+        return !s->failed;
+    s->echoed = true;
+    json_t *lp = NULL;
+    if (s->plp) {
+        if (s->n_plp != s->n_prompt) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "The model server sent the log probabilities of %zu of "
+                     "the prompt's %zu tokens.", s->n_plp - 1, s->n_prompt - 1);
+            gen_fail(s, 500, "internal_error", "%s", msg);
+            return false;
+        }
+        lp = lp_completion_object();
+        if (!lp || lp_append_completion(lp, s->g->tok, s->plp, s->n_prompt, &s->text_offset) !=
+                       TD_OK) {
+            json_decref(lp);
+            gen_oom(s);
+            return false;
+        }
+    }
+    if (s->stream) {
+        gen_sse_put(s, render_completion_chunk(&s->rc, s->echo, s->echo_len, NULL, lp));
+    } else {
+        s->lp = lp;
+        if (!gen_buf_put(&s->content, s->echo, s->echo_len))
+            gen_oom(s);
+    }
+    return !s->failed;
+}
+
 static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
 {
     if (!s->req.logprobs || ev->n_logprobs != ev->n_tokens || used == 0)
@@ -439,16 +538,8 @@ static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
         gen_oom(s);
         return;
     }
-    for (size_t i = 0; i < used; i++) {
-        t[i].id = (int32_t)ev->tokens[i];
-        t[i].logprob = ev->logprobs[i].logprob;
-        t[i].n_top = ev->logprobs[i].n_top < s->req.top_logprobs ? ev->logprobs[i].n_top
-                                                                   : s->req.top_logprobs;
-        for (uint32_t k = 0; k < t[i].n_top; k++) {
-            t[i].top[k].id = (int32_t)ev->logprobs[i].top_id[k];
-            t[i].top[k].logprob = ev->logprobs[i].top_logprob[k];
-        }
-    }
+    for (size_t i = 0; i < used; i++)
+        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &t[i]);
     /* Streams keep them for the next chunk; whole replies gather them all. */
     json_t **dst = s->stream ? &s->lp_pending : &s->lp;
     if (!*dst)
@@ -529,6 +620,7 @@ static void gen_choice_reset(api_stream *s)
     s->text_offset = 0;
     s->finish = NULL;
     s->lp_sum = 0;
+    s->echoed = false;
     s->usage = (gw_usage){0};
     gen_hex(s->call_ids, 8);
     s->rc.index++;
@@ -642,6 +734,12 @@ static void gen_step(api_stream *s, int32_t wait_ms)
         link_event_free(&ev);
         return;
     }
+    if (ev.kind == MSG_EVENT_PROMPT || !gen_echo(s)) {
+        if (ev.kind == MSG_EVENT_PROMPT)
+            gen_prompt_logprobs(s, &ev);
+        link_event_free(&ev);
+        return;
+    }
     size_t used = 0;
     if (ev.n_tokens) {
         /* Token ids travel as u32; the tokenizer refuses any outside its vocabulary. */
@@ -717,6 +815,8 @@ void api_stream_free(api_stream *s)
     json_decref(s->lp_pending);
     json_decref(s->choices);
     free(s->scores);
+    free(s->echo_owned);
+    free(s->plp);
     free(s);
 }
 
@@ -785,6 +885,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->req.best_of, sizeof *s->scores)))
         err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");
+    if (err == TD_OK && s->req.echo)
+        err = gen_echo_setup(s, &e);
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;

@@ -128,6 +128,11 @@ td_err lp_append_completion(json_t *obj, const tokenizer *tok, const lp_token *t
         json_array_append_new(offs, json_integer((json_int_t)*text_offset));
         *text_offset += lp_chars(json_string_value(text), json_string_length(text));
         json_array_append_new(toks, text);
+        if (tokens[i].none) {
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
+        }
         json_array_append_new(lps, json_real(lp_value(tokens[i].logprob)));
         json_t *top = json_object();
         for (uint32_t k = 0; k < tokens[i].n_top; k++) {

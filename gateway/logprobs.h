@@ -4,7 +4,7 @@
  *                            "top_logprobs":[{"token":"Hi","logprob":-0.25,"bytes":[72,105]}, ...]}],
  *               "refusal":null}
  * completions: {"tokens":["Hi"],"token_logprobs":[-0.25],"top_logprobs":[{"Hi":-0.25, ...}],
- *               "text_offset":[0]}
+ *               "text_offset":[0]}  (an echoed prompt's first token: null and null)
  *
  * A token's text is its own decoding (special tokens included); a token that holds only part
  * of a UTF-8 character shows U+FFFD in "token", and its "bytes" keep the bytes of an unfinished
@@ -13,6 +13,7 @@
 #ifndef TANDEM_GATEWAY_LOGPROBS_H
 #define TANDEM_GATEWAY_LOGPROBS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,7 +29,9 @@ typedef struct lp_alt {
 } lp_alt;
 
 typedef struct lp_token {
-    int32_t id;                       /* the generated token */
+    int32_t id;                       /* the generated (or echoed prompt) token */
+    bool none;                        /* a prompt's first token: no log probability (null, and
+                                       * null alternatives, in a completions object) */
     float logprob;                    /* its log probability under the target */
     uint32_t n_top;                   /* alternatives, 0..REQ_TOP_LOGPROBS_MAX */
     lp_alt top[REQ_TOP_LOGPROBS_MAX]; /* [n_top] most likely first */

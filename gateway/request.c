@@ -476,19 +476,16 @@ static td_err req_completion(gw_request *r, api_error *e)
         return apierr_set(e, 400, "invalid_value", "prompt",
                           "Invalid value for 'prompt': the prompt is empty.");
 
-    /* The legacy completions API generates 16 tokens unless told otherwise. */
+    TD_TRY(req_bool(r->root, "echo", "echo", &r->echo, e));
+    /* The legacy completions API generates 16 tokens unless told otherwise; with echo, 0
+     * scores the prompt alone. */
     r->max_tokens = 16;
-    TD_TRY(req_int(r->root, "max_tokens", 1, INT32_MAX, &r->max_tokens, NULL, e));
+    TD_TRY(req_int(r->root, "max_tokens", r->echo ? 0 : 1, INT32_MAX, &r->max_tokens, NULL, e));
     int64_t lp = 0;
     bool given = false;
     TD_TRY(req_int(r->root, "logprobs", 0, REQ_TOP_LOGPROBS_MAX, &lp, &given, e));
     r->logprobs = given;
     r->top_logprobs = (uint32_t)lp;
-    bool echo = false;
-    TD_TRY(req_bool(r->root, "echo", "echo", &echo, e));
-    if (echo)
-        return apierr_set(e, 400, "unsupported_value", "echo",
-                          "Unsupported value for 'echo': echoing the prompt is not supported.");
     const json_t *suffix = req_field(r->root, "suffix");
     if (suffix && (!json_is_string(suffix) || json_string_length(suffix) > 0))
         return apierr_set(e, 400, "unsupported_value", "suffix",

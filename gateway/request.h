@@ -1,8 +1,8 @@
 /* OpenAI requests: the JSON bodies of /v1/chat/completions, /v1/completions, /tokenize and
  * /detokenize, parsed and checked before anything reaches the backend.
  *
- * Checks follow the OpenAI API: each known field must have its type and range, `n` must be 1
- * (one choice per request), `top_logprobs` needs `logprobs`, `stream_options` needs `stream`;
+ * Checks follow the OpenAI API: each known field must have its type and range, `n` is
+ * 1..REQ_N_MAX, `top_logprobs` needs `logprobs`, `stream_options` needs `stream`;
  * unknown fields are ignored, since clients send extras. A failure fills an api_error whose
  * message names the field (param) and says what was expected, e.g.
  * "Invalid type for 'max_tokens': expected an integer, but got a string instead."
@@ -72,6 +72,9 @@ typedef struct gw_request {
     size_t prompt_len;     /* bytes */
     int32_t *prompt_ids;   /* owned: [n_prompt_ids] when given as ids, else NULL */
     size_t n_prompt_ids;   /* tokens */
+    bool echo;             /* each choice's text opens with the prompt (and its tokens' log
+                            * probabilities with logprobs, the first one null); max_tokens may
+                            * then be 0 */
 
     /* both */
     uint32_t n;            /* choices, 1..REQ_N_MAX, generated one after the other */
@@ -79,7 +82,7 @@ typedef struct gw_request {
                             * highest log probability per token returned (chat: n) */
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
-    int64_t max_tokens;    /* tokens, >= 1; -1 when the client gave none */
+    int64_t max_tokens;    /* tokens, >= 1 (>= 0 with echo); -1 when the client gave none */
     req_sampling sampling;
     uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */
     float *bias;           /* owned: [n_bias] their biases, each in [-100, 100] */

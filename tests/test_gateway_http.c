@@ -610,6 +610,99 @@ static void completions_stream_logprobs_ride_on_their_text(void **state)
     free(reply);
 }
 
+/* echo with logprobs: the text opens with the prompt ("a" " pattern" as ids), its tokens open
+ * the log probabilities (the first null, the next from verifyd's PROMPT events), and the
+ * offsets run on into the completion; verifyd is asked for the prompt's log probabilities. */
+static void echo_opens_the_text_and_the_logprobs_with_the_prompt(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64, 493}, .n_tokens = 2};
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":1,\"max_tokens\":1}",
+                             &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"a patterna\",\"logprobs\":"
+                                 "{\"tokens\":[\"a\",\" pattern\",\"a\"],\"token_logprobs\":[null,"
+                                 "-0.5,-0.25],\"top_logprobs\":[null,{\" pattern\":-0.5},{\"a\":"
+                                 "-0.25}],\"text_offset\":[0,1,9]},\"finish_reason\":\"length\"}]"));
+    assert_non_null(strstr(body, "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,"));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_true(m.prompt_logprobs && m.logprobs && m.top_logprobs == 1 && m.max_tokens == 1);
+
+    /* max_tokens 0: the prompt alone, given as text (kept as the client wrote it) */
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"Hello\",\"echo\":true,\"max_tokens\":0}", &reply,
+                             &body),
+                     200);
+    assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"Hello\",\"logprobs\":null,"
+                                 "\"finish_reason\":\"length\"}]"));
+    assert_non_null(strstr(body, "\"completion_tokens\":0,"));
+    free(reply);
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_true(!m.prompt_logprobs && !m.logprobs && m.max_tokens == 0);
+}
+
+/* Streamed with n = 2: each choice's first chunk is the prompt with its log probabilities;
+ * verifyd computes them for the first choice only. */
+static void echo_streams_the_prompt_first_in_each_choice(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64, 493}, .n_tokens = 2};
+    fake_verifyd_script(fake, &s);
+    const int starts = fake_verifyd_starts(fake);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":0,\"max_tokens\":1,"
+                             "\"n\":2,\"stream\":true}",
+                             &reply, &body),
+                     200);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 2);
+    normalize(body);
+    const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
+                       "\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":";
+    char expect[4096], one[1024];
+    expect[0] = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(one, sizeof one,
+                 "%s%d,\"text\":\"a pattern\",\"logprobs\":{\"tokens\":[\"a\",\" pattern\"],"
+                 "\"token_logprobs\":[null,-0.5],\"top_logprobs\":[null,{}],\"text_offset\":[0,1]},"
+                 "\"finish_reason\":null}]}\n\n"
+                 "%s%d,\"text\":\"a\",\"logprobs\":{\"tokens\":[\"a\"],\"token_logprobs\":[-0.25],"
+                 "\"top_logprobs\":[{}],\"text_offset\":[9]},\"finish_reason\":null}]}\n\n"
+                 "%s%d,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}]}\n\n",
+                 head, i, head, i, head, i);
+        strcat(expect, one);
+    }
+    strcat(expect, "data: [DONE]\n\n");
+    assert_string_equal(body, expect);
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_false(m.prompt_logprobs); /* the second choice reused the first's */
+}
+
+/* A verifyd whose prompt log probabilities stop short fails the request with a 500 saying so. */
+static void echo_with_missing_prompt_logprobs_is_an_error(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1, .prompt_lp_drop = 1};
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[64,493,64],\"echo\":true,\"logprobs\":0}", &reply,
+                             &body),
+                     500);
+    assert_non_null(strstr(body, "The model server sent the log probabilities of 1 of the "
+                                 "prompt's 2 tokens."));
+    free(reply);
+}
+
 /* --- failures ----------------------------------------------------------------------------------- */
 
 static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
@@ -936,6 +1029,9 @@ int main(void)
         cmocka_unit_test(n_choices_are_generated_one_after_the_other),
         cmocka_unit_test(best_of_returns_the_likeliest_candidates),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
+        cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
+        cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
+        cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),

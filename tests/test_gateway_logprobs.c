@@ -99,6 +99,26 @@ static void completion_logprobs_with_character_offsets(void **state)
     json_decref(obj);
 }
 
+/* An echoed prompt: its first token has no log probability (null, null alternatives), the
+ * next ones do, and the offsets run on into the completion. */
+static void echoed_prompt_opens_with_a_null_entry(void **state)
+{
+    (void)state;
+    json_t *obj = lp_completion_object();
+    lp_token p[2] = {
+        {.id = 64, .none = true, .logprob = -7.0f, .n_top = 1, .top = {{64, -7.0f}}},
+        {.id = 493, .logprob = -2.25f, .n_top = 1, .top = {{64, -0.5f}}},
+    };
+    size_t offset = 0;
+    assert_int_equal(lp_append_completion(obj, tok, p, 2, &offset), TD_OK);
+    assert_int_equal(offset, 9);
+    char *s = render_dump(obj);
+    assert_string_equal(s, "{\"tokens\":[\"a\",\" pattern\"],\"token_logprobs\":[null,-2.25],"
+                           "\"top_logprobs\":[null,{\"a\":-0.5}],\"text_offset\":[0,1]}");
+    free(s);
+    json_decref(obj);
+}
+
 static void token_outside_the_vocabulary_is_an_error(void **state)
 {
     (void)state;
@@ -115,6 +135,7 @@ int main(void)
         cmocka_unit_test(chat_logprobs_with_alternatives),
         cmocka_unit_test(special_token_shows_its_text),
         cmocka_unit_test(completion_logprobs_with_character_offsets),
+        cmocka_unit_test(echoed_prompt_opens_with_a_null_entry),
         cmocka_unit_test(token_outside_the_vocabulary_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -613,10 +613,22 @@ static void completion_bad_prompts_are_400(void **state)
                  "{\"error\":{\"message\":\"Invalid value for 'prompt': the prompt is empty.\","
                  "\"type\":\"invalid_request_error\",\"param\":\"prompt\",\"code\":"
                  "\"invalid_value\"}}");
-    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400,
-                 "{\"error\":{\"message\":\"Unsupported value for 'echo': echoing the prompt is "
-                 "not supported.\",\"type\":\"invalid_request_error\",\"param\":\"echo\","
-                 "\"code\":\"unsupported_value\"}}");
+    /* max_tokens 0 scores an echoed prompt; without echo it asks for nothing */
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'max_tokens': expected an integer "
+                 "from 1 to 2147483647, but got 0 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"max_tokens\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"echo\": 1}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'echo': expected a boolean, but got "
+                 "an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"echo\","
+                 "\"code\":\"invalid_type\"}}");
+    gw_request r;
+    api_error e;
+    const char *echo = "{\"prompt\": \"x\", \"echo\": true, \"max_tokens\": 0, \"logprobs\": 0}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, echo, strlen(echo), &e), TD_OK);
+    assert_true(r.echo && r.logprobs);
+    assert_int_equal(r.max_tokens, 0);
+    req_free(&r);
     expect_error(REQ_COMPLETION, "{\"max_tokens\": 5}", 400,
                  "{\"error\":{\"message\":\"Missing required parameter: 'prompt'.\",\"type\":"
                  "\"invalid_request_error\",\"param\":\"prompt\",\"code\":"

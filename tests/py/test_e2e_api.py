@@ -437,6 +437,39 @@ def test_logprobs_are_greedy_consistent(server):
         assert e.token == tops[0].token and e.logprob == pytest.approx(tops[0].logprob)
 
 
+def test_echo_scores_the_prompt_as_the_generation_does(server):
+    """echo with max_tokens 0 scores a prompt: the prompt's tokens with their log
+    probabilities (the first null), those of a greedy continuation within 1e-3 of what the
+    generation reported for the same tokens, each of them its position's most likely token."""
+    c, m = server["client"], server["model"]
+    prompt = "The quick brown fox"
+    status, body = _post(server["port"], "/tokenize", json.dumps({"prompt": prompt}).encode())
+    assert status == 200
+    ids = json.loads(body)["tokens"]
+    gen = [int(x) for x in _reference_ids(prompt, 4).split(",")]
+    r = c.completions.create(model=m, prompt=ids, max_tokens=4, temperature=0, logprobs=2,
+                             extra_body={"ignore_eos": True})
+    e = c.completions.create(model=m, prompt=ids + gen, max_tokens=0, echo=True, logprobs=2)
+    ch, lp = e.choices[0], e.choices[0].logprobs
+    assert ch.finish_reason == "length" and e.usage.completion_tokens == 0
+    assert len(lp.tokens) == len(ids) + 4 == e.usage.prompt_tokens
+    assert ch.text == "".join(lp.tokens) and ch.text.endswith(r.choices[0].text)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert lp.token_logprobs[-4:] == pytest.approx(r.choices[0].logprobs.token_logprobs, abs=1e-3)
+    for tok, top in zip(lp.tokens[-4:], lp.top_logprobs[-4:]):
+        assert len(top) == 2 and max(top, key=top.get) == tok
+    # a text prompt comes back as written, the greedy continuation after it; streamed alike
+    args = dict(model=m, prompt=prompt, max_tokens=5, temperature=0, echo=True,
+                extra_body={"ignore_eos": True})
+    whole = c.completions.create(**args)
+    assert whole.choices[0].text == prompt + _reference(prompt, 5)
+    chunks = [ch.choices[0].text for ch in c.completions.create(stream=True, **args)
+              if ch.choices]
+    assert chunks[0] == prompt and "".join(chunks) == whole.choices[0].text
+
+
 def test_tools_are_rendered_and_answered(server):
     """The random model does not call tools; the call parsing is pinned by test_gateway_http.
     Here a request with tools must go through the template and the pipeline."""

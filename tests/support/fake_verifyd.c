@@ -37,6 +37,8 @@ typedef struct fake_gen {
     uint64_t seq;
     fake_script s;
     uint32_t n_prompt, max_tokens;
+    uint32_t *prompt;  /* [n_prompt] with prompt_lp, else NULL */
+    bool prompt_lp;
     bool logprobs;
     uint32_t top;
     float lp_shift; /* -lp_per_seed * (15 - seed % 16) */
@@ -45,6 +47,11 @@ typedef struct fake_gen {
 float fake_logprob(uint32_t i, uint32_t k)
 {
     return -0.25f * (float)(i + 1) - 1.0f * (float)k;
+}
+
+float fake_prompt_logprob(uint32_t i, uint32_t k)
+{
+    return -0.5f * (float)i - 2.0f * (float)k;
 }
 
 static void fake_sleep(int ms)
@@ -79,6 +86,27 @@ static void *fake_gen_main(void *arg)
     uint32_t n = g->s.n_tokens < g->max_tokens ? g->s.n_tokens : g->max_tokens;
     uint32_t sent = 0, steps = 0;
     msg_logprob lps[64];
+    /* the prompt's tokens from the second on, 16 per PROMPT event */
+    uint32_t n_plp = g->prompt_lp && g->n_prompt > 1 + g->s.prompt_lp_drop
+                         ? g->n_prompt - 1 - g->s.prompt_lp_drop
+                         : 0;
+    for (uint32_t at = 0; at < n_plp; at += 16) {
+        uint32_t k = n_plp - at < 16 ? n_plp - at : 16;
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t pos = 1 + at + i;
+            memset(&lps[i], 0, sizeof lps[i]);
+            lps[i].logprob = fake_prompt_logprob(pos, 0);
+            lps[i].n_top = g->top;
+            for (uint32_t t = 0; t < g->top; t++) {
+                lps[i].top_id[t] = g->prompt[pos] + t;
+                lps[i].top_logprob[t] = fake_prompt_logprob(pos, t);
+            }
+        }
+        msg_gen_event ev = {.seq_id = g->seq, .kind = MSG_EVENT_PROMPT,
+                            .tokens = g->prompt + 1 + at, .n_tokens = k, .logprobs = lps,
+                            .n_logprobs = k, .usage = {.prompt_tokens = g->n_prompt}};
+        fake_push(f, &ev);
+    }
     while (sent < n) {
         fake_sleep(g->s.delay_ms);
         if (fake_is_cancelled(f, g->seq))
@@ -125,6 +153,7 @@ out:
     pthread_mutex_lock(&f->mu);
     f->running--;
     pthread_mutex_unlock(&f->mu);
+    free(g->prompt);
     free(g);
     return NULL;
 }
@@ -188,6 +217,9 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
             g->s = f->script;
             g->n_prompt = m.n_prompt;
             g->max_tokens = m.max_tokens;
+            if (m.prompt_logprobs && (g->prompt = malloc(m.n_prompt * sizeof *g->prompt)))
+                memcpy(g->prompt, m.prompt, m.n_prompt * sizeof *g->prompt);
+            g->prompt_lp = g->prompt != NULL;
             g->logprobs = m.logprobs;
             g->top = m.top_logprobs;
             g->lp_shift = -f->script.lp_per_seed * (float)(15 - m.sampler.seed % 16);

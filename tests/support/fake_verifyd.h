@@ -27,6 +27,8 @@ typedef struct fake_script {
     float lp_per_seed;      /* every log probability reported lowered by this times
                                15 - the generation's seed % 16 (fake_logprob's values
                                otherwise), so a larger seed reports likelier tokens */
+    uint32_t prompt_lp_drop; /* asked for prompt log probabilities: leave out the last this
+                                many (a broken verifyd) */
 } fake_script;
 
 typedef struct fake_verifyd fake_verifyd;
@@ -53,5 +55,8 @@ int fake_verifyd_starts(fake_verifyd *f);
 /* The log probability the fake reports for the i-th token of a generation, and for its k-th
  * alternative (alternative 0 is the token itself, k > 0 is token id + k). */
 float fake_logprob(uint32_t i, uint32_t k);
+/* And for prompt token i (>= 1) and its k-th alternative (prompt token id + k), sent in
+ * PROMPT events of 16 tokens when prompt_logprobs is asked for. */
+float fake_prompt_logprob(uint32_t i, uint32_t k);
 
 #endif
