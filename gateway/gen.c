@@ -39,14 +39,29 @@ static bool gen_buf_put(gen_buf *b, const char *s, size_t n)
     return true;
 }
 
-/* A request's n choices are generated one after the other; the fields from lg to the end of
- * the streams' part are those of the choice being generated, reset for the next one. */
+/* A prompt of the request and what its choices share. */
+typedef struct gen_prompt {
+    int32_t *ids;        /* [n] token ids (owned) */
+    size_t n;
+    uint32_t max_tokens; /* per choice */
+    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded */
+    size_t echo_len;     /* bytes */
+    char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
+    lp_token *plp;       /* echo with logprobs: [n] the prompt tokens', from the PROMPT events
+                          * of its first choice (entry 0 has none) */
+    size_t n_plp;        /* entries filled */
+} gen_prompt;
+
+/* A request's generations (best_of for each prompt, prompt by prompt) run one after the
+ * other; generation i is prompt i / best_of's candidate i % best_of, and its choice index
+ * while streamed or unranked. The fields from lg to the end of the streams' part are those of
+ * the generation running, reset for the next one. */
 struct api_stream {
     gw_state *g;
     gw_request req;
-    int32_t *prompt;     /* [n_prompt] token ids */
-    size_t n_prompt;
-    uint32_t max_tokens; /* per choice */
+    gen_prompt *prompts; /* [n_prompts]: completions' prompts, or the chat's rendered one */
+    size_t n_prompts;
+    uint32_t n_gens;     /* n_prompts * best_of */
     bool in_think;       /* the prompt leaves a reasoning block open */
     output_opts oo;      /* how each choice's tokens become its output */
     render_ctx rc;       /* rc.index: the choice */
@@ -58,13 +73,7 @@ struct api_stream {
     api_error err;
     gw_usage total;      /* of the choices so far: prompt once, completions summed */
     json_t *choices;     /* whole replies: the finished choices' objects */
-    double *scores;      /* best_of > n: [best_of] each choice's log probability per token */
-    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded */
-    size_t echo_len;     /* bytes */
-    char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
-    lp_token *plp;       /* echo with logprobs: [n_prompt] the prompt tokens', from the first
-                          * choice's PROMPT events (entry 0 has none) */
-    size_t n_plp;        /* entries filled */
+    double *scores;      /* best_of > n: [n_gens] each one's log probability per token */
 
     link_gen *lg;        /* the generation at verifyd; NULL once closed */
     gw_output out;       /* tokens -> content, reasoning, tool calls */
@@ -92,6 +101,12 @@ struct api_stream {
     gen_buf sse;         /* rendered events not yet read */
     size_t sse_off;      /* bytes of sse already read */
 };
+
+/* The prompt of the generation running. */
+static gen_prompt *gen_cur(const api_stream *s)
+{
+    return &s->prompts[s->rc.index / s->req.best_of];
+}
 
 static int64_t gen_now_ms(void)
 {
@@ -160,41 +175,46 @@ static td_err gen_prompt_chat(api_stream *s, bool *in_think, api_error *e)
         tok_ids_free(&ids);
         return apierr_set(e, 500, NULL, NULL, "tokenizing the prompt failed: %s", err_msg());
     }
-    s->prompt = ids.ids;
-    s->n_prompt = ids.n;
+    s->prompts[0].ids = ids.ids;
+    s->prompts[0].n = ids.n;
     return TD_OK;
 }
 
-static td_err gen_prompt_completion(api_stream *s, api_error *e)
+/* Completions prompt i (a batch's prompts are named prompt[i] in errors). */
+static td_err gen_prompt_completion(api_stream *s, size_t i, api_error *e)
 {
     gw_state *g = s->g;
-    if (s->req.prompt_ids) {
+    req_prompt *rp = &s->req.prompts[i];
+    gen_prompt *gp = &s->prompts[i];
+    if (rp->ids) {
         uint32_t n_vocab = tok_n_vocab(g->tok);
-        for (size_t i = 0; i < s->req.n_prompt_ids; i++)
-            if ((uint32_t)s->req.prompt_ids[i] >= n_vocab) {
-                char param[32];
-                snprintf(param, sizeof param, "prompt[%zu]", i);
+        for (size_t k = 0; k < rp->n_ids; k++)
+            if ((uint32_t)rp->ids[k] >= n_vocab) {
+                char param[64];
+                if (s->n_prompts > 1)
+                    snprintf(param, sizeof param, "prompt[%zu][%zu]", i, k);
+                else
+                    snprintf(param, sizeof param, "prompt[%zu]", k);
                 return apierr_set(e, 400, "invalid_value", param,
                                   "Invalid value for '%s': token id %d is outside the "
                                   "vocabulary (0 to %u).",
-                                  param, s->req.prompt_ids[i], n_vocab - 1);
+                                  param, rp->ids[k], n_vocab - 1);
             }
-        s->prompt = s->req.prompt_ids;
-        s->n_prompt = s->req.n_prompt_ids;
-        s->req.prompt_ids = NULL;
+        gp->ids = rp->ids;
+        gp->n = rp->n_ids;
+        rp->ids = NULL;
         return TD_OK;
     }
     tok_ids ids = {0};
-    if (tok_encode(g->tok, s->req.prompt, s->req.prompt_len, TOK_ENC_ADD_SPECIAL, &ids) != TD_OK) {
+    if (tok_encode(g->tok, rp->text, rp->len, TOK_ENC_ADD_SPECIAL, &ids) != TD_OK) {
         tok_ids_free(&ids);
         return apierr_set(e, 500, NULL, NULL, "tokenizing the prompt failed: %s", err_msg());
     }
-    s->prompt = ids.ids;
-    s->n_prompt = ids.n;
+    gp->ids = ids.ids;
+    gp->n = ids.n;
     return TD_OK;
 }
 
-/* The context every request must fit: --ctx, else verifyd's, else the model's. */
 /* n token ids of param against the vocabulary (the request parser knows only their form). */
 static td_err gen_check_ids(const api_stream *s, const char *param, const uint32_t *ids,
                             size_t n, api_error *e)
@@ -209,6 +229,7 @@ static td_err gen_check_ids(const api_stream *s, const char *param, const uint32
     return TD_OK;
 }
 
+/* The context every request must fit: --ctx, else verifyd's, else the model's. */
 static uint32_t gen_ctx(gw_state *g)
 {
     if (g->cfg.ctx > 0)
@@ -219,61 +240,82 @@ static uint32_t gen_ctx(gw_state *g)
     return g->model_ctx;
 }
 
-static td_err gen_budget(api_stream *s, uint32_t *max_tokens, api_error *e)
+/* Prompt gp's tokens per choice, against the context and the server's limit. */
+static td_err gen_budget(api_stream *s, gen_prompt *gp, api_error *e)
 {
     gw_state *g = s->g;
     uint64_t ctx = gen_ctx(g);
     const char *where = s->req.kind == REQ_CHAT ? "messages" : "prompt";
+    const size_t n_prompt = gp->n;
     int64_t limit = g->cfg.max_tokens_limit;
     if (s->req.max_tokens > 0 && limit > 0 && s->req.max_tokens > limit)
         return apierr_set(e, 400, "invalid_value", "max_tokens",
                           "Invalid value for 'max_tokens': this server generates at most %lld "
                           "tokens per request, but %lld were requested.",
                           (long long)limit, (long long)s->req.max_tokens);
-    if (s->n_prompt == 0)
+    if (n_prompt == 0)
         return apierr_set(e, 400, "invalid_value", where, "The prompt has no tokens.");
     if (ctx > 0) {
         uint64_t want = s->req.max_tokens > 0 ? (uint64_t)s->req.max_tokens : 1;
-        if (s->n_prompt + want > ctx)
+        if (n_prompt + want > ctx)
             return apierr_set(e, 400, "context_length_exceeded", where,
                               "This model's maximum context length is %llu tokens. However, you "
                               "requested %llu tokens (%zu in the %s, %llu in the completion). "
                               "Please reduce the length of the %s or completion.",
-                              (unsigned long long)ctx, (unsigned long long)(s->n_prompt + want),
-                              s->n_prompt, where, (unsigned long long)want, where);
+                              (unsigned long long)ctx, (unsigned long long)(n_prompt + want),
+                              n_prompt, where, (unsigned long long)want, where);
     }
     uint64_t n = s->req.max_tokens >= 0 ? (uint64_t)s->req.max_tokens
-                 : ctx > 0                ? ctx - s->n_prompt
+                 : ctx > 0                ? ctx - n_prompt
                                           : 4096;
     if (s->req.max_tokens <= 0 && limit > 0 && n > (uint64_t)limit)
         n = (uint64_t)limit;
-    *max_tokens = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    gp->max_tokens = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
     return TD_OK;
 }
 
 /* echo: the prompt's text (the client's, or the decoding of its ids) and, with logprobs,
  * room for its tokens' log probabilities (the first token has none). */
-static td_err gen_echo_setup(api_stream *s, api_error *e)
+static td_err gen_echo_setup(api_stream *s, size_t i, api_error *e)
 {
-    if (s->req.prompt) {
-        s->echo = s->req.prompt;
-        s->echo_len = s->req.prompt_len;
+    const req_prompt *rp = &s->req.prompts[i];
+    gen_prompt *gp = &s->prompts[i];
+    if (rp->text) {
+        gp->echo = rp->text;
+        gp->echo_len = rp->len;
     } else {
         tok_bytes t = {0};
-        if (tok_decode(s->g->tok, s->prompt, s->n_prompt, 0, &t) != TD_OK) {
+        if (tok_decode(s->g->tok, gp->ids, gp->n, 0, &t) != TD_OK) {
             tok_bytes_free(&t);
             return apierr_set(e, 500, NULL, NULL, "decoding the prompt failed: %s", err_msg());
         }
-        s->echo_owned = t.ptr; /* NULL for an empty text */
-        s->echo = t.ptr ? t.ptr : "";
-        s->echo_len = t.len;
+        gp->echo_owned = t.ptr; /* NULL for an empty text */
+        gp->echo = t.ptr ? t.ptr : "";
+        gp->echo_len = t.len;
     }
     if (!s->req.logprobs)
         return TD_OK;
-    if (!(s->plp = calloc(s->n_prompt, sizeof *s->plp)))
+    if (!(gp->plp = calloc(gp->n, sizeof *gp->plp)))
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
-    s->plp[0] = (lp_token){.id = s->prompt[0], .none = true};
-    s->n_plp = 1;
+    gp->plp[0] = (lp_token){.id = gp->ids[0], .none = true};
+    gp->n_plp = 1;
+    return TD_OK;
+}
+
+/* The request's prompts as token ids, each with its budget (and its echo). */
+static td_err gen_prompts(api_stream *s, api_error *e)
+{
+    const bool chat = s->req.kind == REQ_CHAT;
+    s->n_prompts = chat ? 1 : s->req.n_prompts;
+    s->n_gens = (uint32_t)s->n_prompts * s->req.best_of;
+    if (!(s->prompts = calloc(s->n_prompts, sizeof *s->prompts)))
+        return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+    for (size_t i = 0; i < s->n_prompts; i++) {
+        TD_TRY(chat ? gen_prompt_chat(s, &s->in_think, e) : gen_prompt_completion(s, i, e));
+        TD_TRY(gen_budget(s, &s->prompts[i], e));
+        if (s->req.echo)
+            TD_TRY(gen_echo_setup(s, i, e));
+    }
     return TD_OK;
 }
 
@@ -306,7 +348,7 @@ static td_err gen_start(api_stream *s, api_error *e)
     if (!st.ready)
         return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
 
-    uint32_t prompt_n = (uint32_t)s->n_prompt;
+    const gen_prompt *gp = gen_cur(s);
     uint32_t stop[2 + REQ_STOP_IDS_MAX];
     uint32_t n_stop = 0;
     for (int i = 0; i < 2 && !s->req.ignore_eos; i++)
@@ -314,14 +356,16 @@ static td_err gen_start(api_stream *s, api_error *e)
             stop[n_stop++] = (uint32_t)g->stop_ids[i];
     for (size_t i = 0; i < s->req.n_stop_ids; i++) /* the client's, with ignore_eos too */
         stop[n_stop++] = s->req.stop_ids[i];
-    /* choice i of a seeded request: seed + i, so the choices differ and repeat */
-    uint64_t seed = s->req.sampling.seed + s->rc.index;
+    /* candidate i of a prompt of a seeded request: seed + i, so the candidates differ and
+     * repeat */
+    const uint32_t cand = s->rc.index % s->req.best_of;
+    uint64_t seed = s->req.sampling.seed + cand;
     if (!s->req.sampling.has_seed && getrandom(&seed, sizeof seed, 0) != sizeof seed)
         seed = (uint64_t)gen_now_ms() + s->rc.index;
     msg_gen_start m = {
-        .prompt = (const uint32_t *)s->prompt,
-        .n_prompt = prompt_n,
-        .max_tokens = s->max_tokens,
+        .prompt = (const uint32_t *)gp->ids,
+        .n_prompt = (uint32_t)gp->n,
+        .max_tokens = gp->max_tokens,
         .sampler = {.temperature = (float)s->req.sampling.temperature,
                     .top_k = (uint32_t)s->req.sampling.top_k,
                     .top_p = (float)s->req.sampling.top_p,
@@ -331,7 +375,7 @@ static td_err gen_start(api_stream *s, api_error *e)
         .n_stop = n_stop,
         .logprobs = s->req.logprobs || s->req.best_of > s->req.n, /* best_of ranks by them */
         .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
-        .prompt_logprobs = s->plp && s->n_plp < s->n_prompt, /* once: later choices reuse them */
+        .prompt_logprobs = gp->plp && gp->n_plp < gp->n, /* once: later choices reuse them */
         .ignore_eos = s->req.ignore_eos,
         .presence_penalty = (float)s->req.sampling.presence_penalty,
         .frequency_penalty = (float)s->req.sampling.frequency_penalty,
@@ -364,7 +408,7 @@ static td_err gen_start(api_stream *s, api_error *e)
     metrics_add(&g->metrics.waiting, -1);
     if (err == TD_OK) {
         s->last_event_ms = gen_now_ms();
-        metrics_addu(&g->metrics.prompt_tokens, s->n_prompt);
+        metrics_addu(&g->metrics.prompt_tokens, gp->n);
         metrics_add(&g->metrics.in_flight, 1);
         return TD_OK;
     }
@@ -483,15 +527,16 @@ static void gen_fail(api_stream *s, int status, const char *code, const char *fm
 /* A PROMPT event: the next prompt tokens' log probabilities, kept for every choice's echo. */
 static void gen_prompt_logprobs(api_stream *s, const link_event *ev)
 {
-    if (!s->plp || ev->n_logprobs != ev->n_tokens)
+    gen_prompt *gp = gen_cur(s);
+    if (!gp->plp || ev->n_logprobs != ev->n_tokens)
         return;
     for (uint32_t i = 0; i < ev->n_tokens; i++) {
-        if (s->n_plp >= s->n_prompt || ev->tokens[i] != (uint32_t)s->prompt[s->n_plp]) {
+        if (gp->n_plp >= gp->n || ev->tokens[i] != (uint32_t)gp->ids[gp->n_plp]) {
             gen_fail(s, 500, "internal_error", "%s",
                      "The model server's prompt log probabilities do not follow the prompt.");
             return;
         }
-        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &s->plp[s->n_plp++]);
+        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &gp->plp[gp->n_plp++]);
     }
 }
 
@@ -502,17 +547,18 @@ static bool gen_echo(api_stream *s)
     if (!s->req.echo || s->echoed)
         return !s->failed;
     s->echoed = true;
+    const gen_prompt *gp = gen_cur(s);
     json_t *lp = NULL;
-    if (s->plp) {
-        if (s->n_plp != s->n_prompt) {
+    if (gp->plp) {
+        if (gp->n_plp != gp->n) {
             char msg[160];
             snprintf(msg, sizeof msg, "The model server sent the log probabilities of %zu of "
-                     "the prompt's %zu tokens.", s->n_plp - 1, s->n_prompt - 1);
+                     "the prompt's %zu tokens.", gp->n_plp - 1, gp->n - 1);
             gen_fail(s, 500, "internal_error", "%s", msg);
             return false;
         }
         lp = lp_completion_object();
-        if (!lp || lp_append_completion(lp, s->g->tok, s->plp, s->n_prompt, &s->text_offset) !=
+        if (!lp || lp_append_completion(lp, s->g->tok, gp->plp, gp->n, &s->text_offset) !=
                        TD_OK) {
             json_decref(lp);
             gen_oom(s);
@@ -520,10 +566,10 @@ static bool gen_echo(api_stream *s)
         }
     }
     if (s->stream) {
-        gen_sse_put(s, render_completion_chunk(&s->rc, s->echo, s->echo_len, NULL, lp));
+        gen_sse_put(s, render_completion_chunk(&s->rc, gp->echo, gp->echo_len, NULL, lp));
     } else {
         s->lp = lp;
-        if (!gen_buf_put(&s->content, s->echo, s->echo_len))
+        if (!gen_buf_put(&s->content, gp->echo, gp->echo_len))
             gen_oom(s);
     }
     return !s->failed;
@@ -580,24 +626,27 @@ static void gen_keep_choice(api_stream *s)
                                      : -INFINITY;
 }
 
-/* best_of > n: the n candidates of the highest log probability per token, best first (the
- * earlier of two equal ones), numbered 0..n-1. */
+/* best_of > n: of each prompt's best_of candidates, the n of the highest log probability per
+ * token, best first (the earlier of two equal ones), numbered prompt by prompt. */
 static json_t *gen_best(api_stream *s)
 {
-    const uint32_t n = s->req.n, m = (uint32_t)json_array_size(s->choices);
+    const uint32_t n = s->req.n, b = s->req.best_of, m = (uint32_t)json_array_size(s->choices);
     json_t *best = json_array();
     bool *taken = calloc(m ? m : 1, 1);
-    for (uint32_t k = 0; best && taken && k < n && k < m; k++) {
-        uint32_t pick = m;
-        for (uint32_t i = 0; i < m; i++)
-            if (!taken[i] && (pick == m || s->scores[i] > s->scores[pick]))
-                pick = i;
-        taken[pick] = true;
-        json_t *ch = json_array_get(s->choices, pick);
-        if (json_object_set_new(ch, "index", json_integer(k)) != 0 ||
-            json_array_append(best, ch) != 0) {
-            json_decref(best);
-            best = NULL;
+    for (uint32_t p = 0; best && taken && p * b < m; p++) {
+        const uint32_t lo = p * b, hi = lo + b < m ? lo + b : m;
+        for (uint32_t k = 0; best && k < n && lo + k < hi; k++) {
+            uint32_t pick = hi;
+            for (uint32_t i = lo; i < hi; i++)
+                if (!taken[i] && (pick == hi || s->scores[i] > s->scores[pick]))
+                    pick = i;
+            taken[pick] = true;
+            json_t *ch = json_array_get(s->choices, pick);
+            if (json_object_set_new(ch, "index", json_integer(p * n + k)) != 0 ||
+                json_array_append(best, ch) != 0) {
+                json_decref(best);
+                best = NULL;
+            }
         }
     }
     free(taken);
@@ -662,15 +711,15 @@ static void gen_finish(api_stream *s, const char *finish)
     s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
     s->total.completion_tokens += s->usage.completion_tokens;
     s->total.steps += s->usage.steps;
-    if (s->rc.index == 0) /* the later choices find the prompt cached by the first */
-        s->total.cached_tokens = s->usage.cached_tokens;
+    if (s->rc.index % s->req.best_of == 0) /* a prompt's later candidates find it cached */
+        s->total.cached_tokens += s->usage.cached_tokens;
     if (!s->stream)
         gen_keep_choice(s);
     else if (s->req.kind == REQ_CHAT)
         gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
     else
         gen_sse_put(s, render_completion_chunk(&s->rc, "", 0, s->finish, gen_take_lp(s)));
-    if (!s->client_gone && !s->failed && s->rc.index + 1 < s->req.best_of) {
+    if (!s->client_gone && !s->failed && s->rc.index + 1 < s->n_gens) {
         gen_choice_reset(s);
         if (gen_start(s, &s->err) != TD_OK) {
             s->failed = true;
@@ -805,7 +854,12 @@ void api_stream_free(api_stream *s)
     }
     if (s->out_ready)
         output_free(&s->out);
-    free(s->prompt);
+    for (size_t i = 0; s->prompts && i < s->n_prompts; i++) {
+        free(s->prompts[i].ids);
+        free(s->prompts[i].echo_owned);
+        free(s->prompts[i].plp);
+    }
+    free(s->prompts);
     req_free(&s->req);
     free(s->content.p);
     free(s->reasoning.p);
@@ -815,8 +869,6 @@ void api_stream_free(api_stream *s)
     json_decref(s->lp_pending);
     json_decref(s->choices);
     free(s->scores);
-    free(s->echo_owned);
-    free(s->plp);
     free(s);
 }
 
@@ -866,14 +918,11 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         api_stream_free(s);
         return;
     }
-    td_err err = kind == REQ_CHAT ? gen_prompt_chat(s, &s->in_think, &e)
-                                  : gen_prompt_completion(s, &e);
+    td_err err = gen_prompts(s, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "logit_bias", s->req.bias_tok, s->req.n_bias, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "stop_token_ids", s->req.stop_ids, s->req.n_stop_ids, &e);
-    if (err == TD_OK)
-        err = gen_budget(s, &s->max_tokens, &e);
     s->oo = (output_opts){
         .stops = s->req.stop,
         .stop_lens = s->req.stop_len,
@@ -883,10 +932,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
     if (err == TD_OK && s->req.best_of > s->req.n &&
-        !(s->scores = calloc(s->req.best_of, sizeof *s->scores)))
+        !(s->scores = calloc(s->n_gens, sizeof *s->scores)))
         err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");
-    if (err == TD_OK && s->req.echo)
-        err = gen_echo_setup(s, &e);
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;
@@ -903,7 +950,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,
                          .usage_null = s->req.stream && s->req.include_usage,
                          .call_ids = s->call_ids};
-    s->total.prompt_tokens = (uint32_t)s->n_prompt;
+    for (size_t i = 0; i < s->n_prompts; i++)
+        s->total.prompt_tokens += (uint32_t)s->prompts[i].n;
     s->stream = s->req.stream;
     if (s->stream) {
         r->status = 200;

@@ -424,11 +424,11 @@ static td_err req_chat(gw_request *r, api_error *e)
 
 /* --- completions ---------------------------------------------------------------------------- */
 
-static td_err req_prompt_ids(gw_request *r, const json_t *arr, const char *param, api_error *e)
+static td_err req_prompt_ids(req_prompt *pr, const json_t *arr, const char *param, api_error *e)
 {
     size_t n = json_array_size(arr);
-    r->prompt_ids = malloc((n ? n : 1) * sizeof *r->prompt_ids);
-    if (!r->prompt_ids)
+    pr->ids = malloc((n ? n : 1) * sizeof *pr->ids);
+    if (!pr->ids)
         return apierr_set(e, 500, NULL, NULL, "out of memory");
     size_t i;
     const json_t *v;
@@ -442,9 +442,26 @@ static td_err req_prompt_ids(gw_request *r, const json_t *arr, const char *param
                               "integer).",
                               p);
         }
-        r->prompt_ids[i] = (int32_t)id;
+        pr->ids[i] = (int32_t)id;
     }
-    r->n_prompt_ids = n;
+    pr->n_ids = n;
+    return TD_OK;
+}
+
+/* One prompt: a string or an array of token ids (param names it in errors). */
+static td_err req_one_prompt(req_prompt *pr, const json_t *p, const char *param, api_error *e)
+{
+    if (json_is_string(p)) {
+        pr->text = json_string_value(p);
+        pr->len = json_string_length(p);
+    } else if (json_is_array(p)) {
+        TD_TRY(req_prompt_ids(pr, p, param, e));
+    } else {
+        return req_bad_type(e, param, "a string or an array of token ids", p);
+    }
+    if (pr->text ? pr->len == 0 : pr->n_ids == 0)
+        return apierr_set(e, 400, "invalid_value", param,
+                          "Invalid value for '%s': the prompt is empty.", param);
     return TD_OK;
 }
 
@@ -454,27 +471,24 @@ static td_err req_completion(gw_request *r, api_error *e)
     if (!p || json_is_null(p))
         return apierr_set(e, 400, "missing_required_parameter", "prompt",
                           "Missing required parameter: 'prompt'.");
-    /* One prompt per request: a string, a list of token ids, or a list holding one of them. */
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0);
-    if (json_is_string(p)) {
-        r->prompt = json_string_value(p);
-        r->prompt_len = json_string_length(p);
-    } else if (json_is_array(p)) {
-        const json_t *first = json_array_get(p, 0);
-        if (json_is_string(first) || json_is_array(first))
-            return apierr_set(e, 400, "invalid_value", "prompt",
-                              "Invalid value for 'prompt': only one prompt per request is "
-                              "supported, got %zu.",
-                              json_array_size(p));
-        TD_TRY(req_prompt_ids(r, p, "prompt", e));
-    } else {
-        return req_bad_type(e, "prompt", "a string or an array of token ids", p);
-    }
-    if (r->prompt ? r->prompt_len == 0 : r->n_prompt_ids == 0)
+    /* A string, an array of token ids, or a batch: an array of strings and id arrays. */
+    const json_t *first = json_array_get(p, 0);
+    const bool batch = json_is_array(p) && (json_is_string(first) || json_is_array(first));
+    size_t n = batch ? json_array_size(p) : 1;
+    if (n > REQ_PROMPTS_MAX)
         return apierr_set(e, 400, "invalid_value", "prompt",
-                          "Invalid value for 'prompt': the prompt is empty.");
+                          "Invalid value for 'prompt': at most %d prompts per request are "
+                          "supported, got %zu.",
+                          REQ_PROMPTS_MAX, n);
+    if (!(r->prompts = calloc(n, sizeof *r->prompts)))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    r->n_prompts = n;
+    for (size_t i = 0; i < n; i++) {
+        char param[APIERR_PARAM_MAX] = "prompt";
+        if (batch)
+            snprintf(param, sizeof param, "prompt[%zu]", i);
+        TD_TRY(req_one_prompt(&r->prompts[i], batch ? json_array_get(p, i) : p, param, e));
+    }
 
     TD_TRY(req_bool(r->root, "echo", "echo", &r->echo, e));
     /* The legacy completions API generates 16 tokens unless told otherwise; with echo, 0
@@ -506,6 +520,11 @@ static td_err req_best_of(gw_request *r, api_error *e)
         return apierr_set(e, 400, "invalid_value", "best_of",
                           "Invalid value for 'best_of': it must be at least n (%u), but got %u.",
                           r->n, r->best_of);
+    if (r->n_prompts * r->best_of > REQ_GENERATIONS_MAX)
+        return apierr_set(e, 400, "invalid_value", "prompt",
+                          "Invalid value for 'prompt': %zu prompts of %u candidates each make "
+                          "more than the %d generations a request may have.",
+                          r->n_prompts, r->best_of, REQ_GENERATIONS_MAX);
     if (r->stream && r->best_of > r->n)
         return apierr_set(e, 400, "invalid_value", "best_of",
                           "Invalid value for 'best_of': a stream cannot rank %u candidates to "
@@ -794,7 +813,9 @@ void req_free(gw_request *r)
 {
     json_decref(r->messages);
     json_decref(r->root);
-    free(r->prompt_ids);
+    for (size_t i = 0; i < r->n_prompts; i++)
+        free(r->prompts[i].ids);
+    free(r->prompts);
     free(r->bias_tok);
     free(r->bias);
     free(r->schema);

@@ -27,6 +27,8 @@
 #define REQ_BIAS_MAX 1024         /* logit_bias entries */
 #define REQ_STOP_IDS_MAX 32       /* stop_token_ids entries */
 #define REQ_N_MAX 128             /* choices per request (OpenAI's limit) */
+#define REQ_PROMPTS_MAX 128       /* prompts of a completions batch */
+#define REQ_GENERATIONS_MAX 1024  /* prompts x best_of (or n) per request */
 
 typedef enum req_kind {
     REQ_CHAT = 1,   /* /v1/chat/completions */
@@ -48,6 +50,14 @@ typedef struct req_sampling {
     int64_t min_tokens;       /* >= 0 (vLLM's): no stop token before this many tokens */
 } req_sampling;
 
+/* One completions prompt: text or token ids. */
+typedef struct req_prompt {
+    const char *text;    /* UTF-8 text in root, or NULL when given as ids */
+    size_t len;          /* bytes, >= 1 */
+    int32_t *ids;        /* owned: [n_ids] when given as ids, else NULL */
+    size_t n_ids;        /* tokens, >= 1 */
+} req_prompt;
+
 typedef struct gw_request {
     req_kind kind;
     json_t *root;        /* the parsed body; owns every string below */
@@ -67,11 +77,10 @@ typedef struct gw_request {
     chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
     const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */
 
-    /* completion: the prompt as text, or as token ids */
-    const char *prompt;    /* UTF-8 text in root, or NULL when given as ids */
-    size_t prompt_len;     /* bytes */
-    int32_t *prompt_ids;   /* owned: [n_prompt_ids] when given as ids, else NULL */
-    size_t n_prompt_ids;   /* tokens */
+    /* completion: the prompts, 1..REQ_PROMPTS_MAX; each gets n choices (best_of candidates),
+     * numbered prompt by prompt */
+    req_prompt *prompts;   /* owned: [n_prompts] */
+    size_t n_prompts;
     bool echo;             /* each choice's text opens with the prompt (and its tokens' log
                             * probabilities with logprobs, the first one null); max_tokens may
                             * then be 0 */

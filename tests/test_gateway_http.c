@@ -584,6 +584,62 @@ static void best_of_returns_the_likeliest_candidates(void **state)
     assert_true(m.logprobs && m.top_logprobs == 0 && m.sampler.seed == 4);
 }
 
+/* A batch of prompts: each prompt's candidates are generated in turn (seed + i for candidate
+ * i of every prompt), best_of ranks within a prompt, the choices are numbered prompt by
+ * prompt, and usage sums the prompts (each one's cached tokens counted once). */
+static void prompt_batches_number_the_choices_prompt_by_prompt(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .lp_per_seed = 0.5f, .cached = 1};
+    encode("Paris.", &s);
+    fake_verifyd_script(fake, &s);
+    const int starts = fake_verifyd_starts(fake);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[[39,68],[39]],\"max_tokens\":1,\"best_of\":2,"
+                             "\"seed\":11,\"logprobs\":0}",
+                             &reply, &body),
+                     200);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 4);
+    /* seed 12 is each prompt's likelier candidate: -0.25 - 0.5 * (15 - 12) */
+    assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"P\",\"logprobs\":"
+                                 "{\"tokens\":[\"P\"],\"token_logprobs\":[-1.75]"));
+    assert_non_null(strstr(body, "{\"index\":1,\"text\":\"P\",\"logprobs\":{\"tokens\":"
+                                 "[\"P\"],\"token_logprobs\":[-1.75]"));
+    assert_null(strstr(body, "\"index\":2"));
+    assert_non_null(strstr(body, "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,"));
+    assert_non_null(strstr(body, "\"cached_tokens\":2}"));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.n_prompt, 1);
+    assert_int_equal(p[0], 39);
+    assert_int_equal(m.sampler.seed, 12);
+
+    /* streamed, n = 2: choices 0, 1 of the first prompt, then 2, 3 of the second */
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[\"Hello\",[39]],\"max_tokens\":1,\"n\":2,"
+                             "\"stream\":true}",
+                             &reply, &body),
+                     200);
+    normalize(body);
+    const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
+                       "\"model\":\"qwen35-tiny\",\"choices\":[{\"index\":";
+    char expect[4096], one[512];
+    expect[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        snprintf(one, sizeof one,
+                 "%s%d,\"text\":\"P\",\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+                 "%s%d,\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"length\"}]}\n\n",
+                 head, i, head, i);
+        strcat(expect, one);
+    }
+    strcat(expect, "data: [DONE]\n\n");
+    assert_string_equal(body, expect);
+    free(reply);
+}
+
 static void completions_stream_logprobs_ride_on_their_text(void **state)
 {
     (void)state;
@@ -1029,6 +1085,7 @@ int main(void)
         cmocka_unit_test(n_choices_are_generated_one_after_the_other),
         cmocka_unit_test(best_of_returns_the_likeliest_candidates),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
+        cmocka_unit_test(prompt_batches_number_the_choices_prompt_by_prompt),
         cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
         cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),

@@ -577,34 +577,65 @@ static void completion_prompt_forms(void **state)
     api_error e;
     const char *text = "{\"prompt\": \"Once upon\", \"logprobs\": 2}";
     assert_int_equal(req_parse(&r, REQ_COMPLETION, text, strlen(text), &e), TD_OK);
-    assert_int_equal(r.prompt_len, 9);
-    assert_memory_equal(r.prompt, "Once upon", 9);
+    assert_int_equal(r.n_prompts, 1);
+    assert_int_equal(r.prompts[0].len, 9);
+    assert_memory_equal(r.prompts[0].text, "Once upon", 9);
     assert_int_equal(r.max_tokens, 16); /* the completions API default */
     assert_true(r.logprobs);
     assert_int_equal(r.top_logprobs, 2);
     req_free(&r);
     const char *ids = "{\"prompt\": [[5, 0, 511]], \"max_tokens\": 3}";
     assert_int_equal(req_parse(&r, REQ_COMPLETION, ids, strlen(ids), &e), TD_OK);
-    assert_null(r.prompt);
-    assert_int_equal(r.n_prompt_ids, 3);
-    assert_int_equal(r.prompt_ids[0], 5);
-    assert_int_equal(r.prompt_ids[2], 511);
+    assert_int_equal(r.n_prompts, 1);
+    assert_null(r.prompts[0].text);
+    assert_int_equal(r.prompts[0].n_ids, 3);
+    assert_int_equal(r.prompts[0].ids[0], 5);
+    assert_int_equal(r.prompts[0].ids[2], 511);
     assert_int_equal(r.max_tokens, 3);
     assert_false(r.logprobs);
     req_free(&r);
     const char *one = "{\"prompt\": [\"x\"]}";
     assert_int_equal(req_parse(&r, REQ_COMPLETION, one, strlen(one), &e), TD_OK);
-    assert_memory_equal(r.prompt, "x", 1);
+    assert_int_equal(r.n_prompts, 1);
+    assert_memory_equal(r.prompts[0].text, "x", 1);
+    req_free(&r);
+    /* a batch: texts and id lists mixed, in order */
+    const char *batch = "{\"prompt\": [\"ab\", [7, 8], \"c\"], \"n\": 2}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, batch, strlen(batch), &e), TD_OK);
+    assert_int_equal(r.n_prompts, 3);
+    assert_memory_equal(r.prompts[0].text, "ab", 2);
+    assert_int_equal(r.prompts[1].n_ids, 2);
+    assert_int_equal(r.prompts[1].ids[1], 8);
+    assert_int_equal(r.prompts[2].len, 1);
+    assert_int_equal(r.n, 2);
     req_free(&r);
 }
 
 static void completion_bad_prompts_are_400(void **state)
 {
     (void)state;
-    expect_error(REQ_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", 400,
-                 "{\"error\":{\"message\":\"Invalid value for 'prompt': only one prompt per "
-                 "request is supported, got 2.\",\"type\":\"invalid_request_error\",\"param\":"
-                 "\"prompt\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [\"a\", \"\"]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt[1]': the prompt is "
+                 "empty.\",\"type\":\"invalid_request_error\",\"param\":\"prompt[1]\","
+                 "\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [[1], 2]}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'prompt[1]': expected a string or "
+                 "an array of token ids, but got an integer instead.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"prompt[1]\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [[1], [2, -1]]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt[1][1]': expected a token "
+                 "id (a non-negative integer).\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"prompt[1][1]\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\"], \"best_of\": 400}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'best_of': expected an integer "
+                 "from 1 to 128, but got 400 instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"best_of\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", "
+                 "\"g\", \"h\", \"i\"], \"best_of\": 128}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'prompt': 9 prompts of 128 "
+                 "candidates each make more than the 1024 generations a request may have.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"prompt\",\"code\":"
+                 "\"invalid_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": [1, -2]}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'prompt[1]': expected a token id (a "
                  "non-negative integer).\",\"type\":\"invalid_request_error\",\"param\":"

@@ -437,6 +437,20 @@ def test_logprobs_are_greedy_consistent(server):
         assert e.token == tops[0].token and e.logprob == pytest.approx(tops[0].logprob)
 
 
+def test_a_batch_of_prompts_answers_each_as_alone(server):
+    """A list of prompts: the choices come prompt by prompt, n each, each the greedy answer of
+    its prompt; usage sums the prompts."""
+    c, m = server["client"], server["model"]
+    prompts = ["The quick brown fox", "Once upon a time"]
+    r = c.completions.create(model=m, prompt=prompts, max_tokens=8, temperature=0, n=2,
+                             extra_body={"ignore_eos": True})
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert [ch.text for ch in r.choices] == [_reference(p, 8) for p in prompts for _ in (0, 1)]
+    alone = [c.completions.create(model=m, prompt=p, max_tokens=1).usage.prompt_tokens
+             for p in prompts]
+    assert r.usage.prompt_tokens == sum(alone) and r.usage.completion_tokens == 32
+
+
 def test_echo_scores_the_prompt_as_the_generation_does(server):
     """echo with max_tokens 0 scores a prompt: the prompt's tokens with their log
     probabilities (the first null), those of a greedy continuation within 1e-3 of what the
