@@ -1,0 +1,66 @@
+/* Tool-call matcher: decides, byte by byte, whether a text is still the beginning of a tool
+ * call's body (what a model writes between its <tool_call> and </tool_call> tokens) that
+ * names one of the request's functions with arguments valid under that function's
+ * parameters, and whether it already is a whole one. A required tool call (tool_choice
+ * "required" or a named function) keeps only the tokens whose bytes pass, as
+ * verifyd/constrain.h does for response formats.
+ *
+ * The body has the form the chat template teaches, read back as gateway/toolcall.h reads it:
+ *
+ *   XML (Qwen3-Coder, Qwen3.5):  <function=NAME>                 between the tags: up to 8
+ *                                <parameter=PARAM>                spaces, tabs or newlines
+ *                                VALUE                            (the template writes one
+ *                                </parameter>                     newline); names exactly
+ *                                ...                              as declared
+ *                                </function>
+ *     A function's parameters are its `properties`: each at most once, in any order, every
+ *     `required` one before </function> (a function without `properties` takes any names
+ *     with free values). A value is everything up to the first "</parameter>", less one
+ *     newline at each end. A parameter whose schema's (first non-null) type is "string" has
+ *     its raw text as the string: it is matched as that JSON string under the parameter's
+ *     schema (enum, const, minLength, maxLength hold); any other type (or a schema that
+ *     constrains without a type) has JSON text matched under the schema, with no whitespace
+ *     before or after it; a schema that says nothing takes any text.
+ *   JSON (Qwen3):                {"name": NAME, "arguments": {...}}
+ *     One JSON object, matched by common/jsonc under the union over the functions of
+ *     {"name": const NAME, "arguments": its parameters}.
+ *
+ * Parameter schemas are JSON Schemas as jsonc enforces them ($ref into the parameters' own
+ * $defs / definitions works); what jsonc refuses is refused here with its message. */
+#ifndef TANDEM_VERIFYD_CALLM_H
+#define TANDEM_VERIFYD_CALLM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define CM_FUNCTIONS_MAX 128 /* functions of one request */
+#define CM_PARAMS_MAX 64     /* declared parameters of one function */
+#define CM_NAME_MAX 1024     /* bytes of a function or parameter name */
+#define CM_WS_MAX 8          /* whitespace bytes between two tags */
+
+typedef struct cm_grammar cm_grammar;
+
+/* spec[0..len): {"form": "xml" | "json", "tools": [{"name": "...", "parameters": {...}}, ...]}
+ * (1..CM_FUNCTIONS_MAX distinct names, parameters optional). TD_EINVAL for a malformed spec
+ * or schema, TD_ENOTSUP for what cannot be enforced (a name with '<', '>' or a newline, more
+ * than CM_PARAMS_MAX parameters, jsonc's refusals), TD_ENOMEM. */
+td_err cm_compile(const char *spec, size_t len, cm_grammar **out);
+void cm_free(cm_grammar *g);
+
+/* A state is a plain byte blob of cm_state_size(g) bytes (8-byte aligned, no pointers). */
+size_t cm_state_size(const cm_grammar *g);
+void cm_state_init(const cm_grammar *g, void *st);
+/* Copies what decides the future (the rest of dst is left as it was). */
+void cm_state_copy(const cm_grammar *g, void *dst, const void *src);
+
+/* Feeds bytes[0..n); false when some byte makes the text no longer a viable prefix (*st is
+ * then unspecified). */
+bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n);
+
+/* True when the bytes so far are a whole call (trailing whitespace allowed). */
+bool cm_done(const cm_grammar *g, const void *st);
+
+#endif
