@@ -226,9 +226,12 @@ typedef struct msg_gen_start {
     const float *bias;      /* [n_bias] -MSG_BIAS_VALUE_MAX..MSG_BIAS_VALUE_MAX */
     uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
     msg_format format;      /* structured output: what the text must be */
-    const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), kept
+    const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the
+                             * tool spec of MSG_FORMAT_TOOL_CALL (verifyd/callm.h: the call's
+                             * body is matched against it; none: a free body), kept
                              * NUL-terminated by unpack; NULL otherwise */
-    uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema, else 0 */
+    uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema (optional for a tool
+                             * call), else 0 */
     /* With a format other than text: */
     bool think_open;        /* the prompt leaves a reasoning block open: the format applies
                              * after think_end */

@@ -17,6 +17,7 @@
 
 #include "tests/support/model_fixture.h"
 #include "tests/support/tmp_dir.h"
+#include "gateway/toolcall.h"
 #include "verifyd/constrain.h"
 #include "verifyd/spec.h"
 
@@ -323,6 +324,129 @@ static void test_a_required_tool_call_opens_the_answer(void **ctx)
     dfl_free(dm);
 }
 
+static const char TOOLS[] =
+    "{\"form\":\"xml\",\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"enum\":[\"Paris\",\"Rome\"]},\"days\":"
+    "{\"type\":\"integer\",\"minimum\":1,\"maximum\":14}},\"required\":[\"city\"]}},"
+    "{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}]}";
+
+/* What the mask must be inside a call body (matcher state st): every token checked alone. */
+static void call_mask_by_hand(const cm_grammar *g, const void *st, uint32_t *want)
+{
+    memset(want, 0, (size_t)VOC.words * sizeof *want);
+    void *tmp = malloc(cm_state_size(g));
+    assert_non_null(tmp);
+    for (int64_t t = 0; t < VOC.n_vocab; t++) {
+        bool ok = false;
+        if (t == VOC.call_close) {
+            ok = cm_done(g, st);
+        } else if (t < tok_n_vocab(TOK) && tok_type_of(TOK, (int32_t)t) == TOK_TYPE_NORMAL) {
+            const tok_str b = tok_bytes_of(TOK, (int32_t)t);
+            cm_state_copy(g, tmp, st);
+            ok = b.len > 0 && cm_feed(g, tmp, (const uint8_t *)b.ptr, b.len);
+        }
+        if (ok)
+            want[t / 32] |= 1u << (t % 32);
+    }
+    free(tmp);
+}
+
+/* A tool spec: inside the call only what continues a call of a declared function with valid
+ * arguments (each mask equal to a check of every token), "</tool_call>" once the body is
+ * whole; generations (speculative equal to plain) write calls the gateway parses into a
+ * declared function with arguments its schema accepts. */
+static void test_a_tool_spec_makes_the_call_valid(void **ctx)
+{
+    (void)ctx;
+    const int32_t open = VOC.call_open, close = VOC.call_close, x = id_of_bytes("x");
+    cst_cfg cfg = {.format = MSG_FORMAT_TOOL_CALL, .schema = TOOLS, .n_schema = strlen(TOOLS),
+                   .think_start = -1, .think_end = -1};
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    static const char *const bodies[] = {
+        "", "\n<function=get_", "\n<function=get_weather>\n<parameter=city>\nPa",
+        "\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=days>\n1",
+        "\n<function=get_time>\n</function>\n",
+    };
+    for (size_t k = 0; k < sizeof bodies / sizeof bodies[0]; k++) {
+        cst_state c;
+        assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+        int32_t ids[256];
+        ids[0] = open;
+        const int64_t n = 1 + spell(bodies[k], ids + 1);
+        assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        expect_same_mask(got, want, bodies[k]);
+        assert_int_equal(bit(got, close), k == 4);
+        assert_int_equal(cst_mask(&c, got), TD_OK); /* from the memo */
+        expect_same_mask(got, want, bodies[k]);
+        /* a block stops at the first refused draft */
+        int32_t more[3] = {x, x, x};
+        if (k == 2) {
+            spell("rX", more);
+            assert_int_equal(cst_allowed(&c, more, 2), 1);
+        } else if (k == 4) {
+            more[0] = close;
+            assert_int_equal(cst_allowed(&c, more, 3), 3); /* free after the call */
+        }
+        cst_free(&c, NULL);
+    }
+    free(got);
+    free(want);
+
+    dfl_model *dm;
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/c", tmpdir);
+    assert_int_equal(mf_drafter_make(&dm, dir, TM, &(mf_drafter){16, 2, false, 5, true}, 902),
+                     TD_OK);
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":"
+        "\"integer\"}}}}}]", 0, NULL);
+    int calls = 0, weather = 0;
+    for (int p = 0; p < 4; p++) {
+        enum { N = 96 };
+        const int32_t prompt[4] = {15 + p, 279, 20, 33};
+        int32_t plain[N], spec[N];
+        spec_cfg sc = {.n_ctx = 256, .block = 1, .cst = cfg, .vocab = &VOC};
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, plain, NULL), TD_OK);
+        sc.dm = dm;
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, spec, NULL), TD_OK);
+        assert_memory_equal(plain, spec, sizeof plain);
+        assert_int_equal(plain[0], open);
+        int end = 1;
+        while (end < N && plain[end] != close)
+            end++;
+        if (end == N)
+            continue; /* still inside the call: every token was checked by the masks */
+        tok_bytes text = {0};
+        assert_int_equal(tok_decode(TOK, plain + 1, (size_t)(end - 1), 0, &text), TD_OK);
+        tool_call call;
+        assert_int_equal(tool_parse(text.ptr, text.len, tools, &call), TD_OK);
+        json_t *args = json_loads(call.arguments, 0, NULL);
+        assert_non_null(args);
+        if (strcmp(call.name, "get_weather") == 0) {
+            const char *city = json_string_value(json_object_get(args, "city"));
+            assert_true(city && (strcmp(city, "Paris") == 0 || strcmp(city, "Rome") == 0));
+            const json_t *days = json_object_get(args, "days");
+            assert_true(!days || (json_is_integer(days) && json_integer_value(days) >= 1 &&
+                                  json_integer_value(days) <= 14));
+            weather++;
+        } else {
+            assert_string_equal(call.name, "get_time");
+            assert_int_equal(json_object_size(args), 0);
+        }
+        json_decref(args);
+        tool_call_free(&call);
+        tok_bytes_free(&text);
+        calls++;
+    }
+    assert_true(calls >= 3 && weather >= 1);
+    json_decref(tools);
+    dfl_free(dm);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -532,6 +656,7 @@ int main(void)
         cmocka_unit_test(test_block_rows_follow_their_drafts_and_stop_at_a_refused_one),
         cmocka_unit_test(test_reasoning_stays_free_until_its_end_token),
         cmocka_unit_test(test_a_required_tool_call_opens_the_answer),
+        cmocka_unit_test(test_a_tool_spec_makes_the_call_valid),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

@@ -220,17 +220,37 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
 
 /* --- one generation ----------------------------------------------------------------------- */
 
-/* A matcher state's copy (nothing to copy without a schema). */
+/* The matcher of the generation: the JSON schema's, the tool call's, or none. */
 static void cst_copy(const cst_state *c, uint8_t *dst, const uint8_t *src)
 {
     if (c->schema)
         jc_state_copy(c->schema, dst, src);
+    else if (c->call)
+        cm_state_copy(c->call, dst, src);
 }
 
-td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, jc_schema **out)
+static bool cst_feed(const cst_state *c, uint8_t *st, const uint8_t *bytes, size_t n)
+{
+    return c->schema ? jc_feed(c->schema, st, bytes, n) : cm_feed(c->call, st, bytes, n);
+}
+
+static bool cst_done(const cst_state *c, const uint8_t *st)
+{
+    return c->schema ? jc_done(c->schema, st) : cm_done(c->call, st);
+}
+
+void cst_compiled_free(cst_compiled *f)
+{
+    jc_schema_free(f->schema);
+    cm_free(f->call);
+    f->schema = NULL;
+    f->call = NULL;
+}
+
+td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
 {
     TD_ASSERT(cfg && out);
-    *out = NULL;
+    memset(out, 0, sizeof *out);
     if (cfg->format == MSG_FORMAT_TEXT)
         return TD_OK;
     if (!v)
@@ -243,15 +263,20 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, jc_schema **out)
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
-    if (cfg->format == MSG_FORMAT_TOOL_CALL)
-        return v->call_open < 0 || v->call_close < 0
-                   ? err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
-                             "</tool_call> tokens, which its vocabulary does not have")
-                   : TD_OK;
-    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA ? jc_compile(cfg->schema, cfg->n_schema, out)
-                                                     : jc_compile(NULL, 0, out);
+    if (cfg->format == MSG_FORMAT_TOOL_CALL) {
+        if (v->call_open < 0 || v->call_close < 0)
+            return err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
+                           "</tool_call> tokens, which its vocabulary does not have");
+        td_err e = cfg->n_schema ? cm_compile(cfg->schema, cfg->n_schema, &out->call) : TD_OK;
+        if (e != TD_OK)
+            out->call = NULL;
+        return e;
+    }
+    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA
+                   ? jc_compile(cfg->schema, cfg->n_schema, &out->schema)
+                   : jc_compile(NULL, 0, &out->schema);
     if (e != TD_OK)
-        *out = NULL;
+        out->schema = NULL;
     return e;
 }
 
@@ -262,10 +287,14 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     if (cfg->format == MSG_FORMAT_TEXT)
         return TD_OK;
     const bool call = cfg->format == MSG_FORMAT_TOOL_CALL;
-    if (cfg->compiled) {
-        c->schema = (jc_schema *)cfg->compiled; /* the caller's: cst_free leaves it */
+    if (cfg->compiled) { /* the caller's: cst_free leaves it */
+        c->schema = cfg->compiled->schema;
+        c->call = cfg->compiled->call;
     } else {
-        TD_TRY(cst_compile(cfg, v, &c->schema));
+        cst_compiled f;
+        TD_TRY(cst_compile(cfg, v, &f));
+        c->schema = f.schema;
+        c->call = f.call;
         c->own_schema = true;
     }
     c->on = true;
@@ -273,7 +302,9 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     c->block = block;
     c->answer = call ? CST_CALL : CST_DOC;
     /* states stay aligned in arrays; a byte for the memo key's phase without a schema */
-    c->size = call ? 8 : (jc_state_size(c->schema) + 7) & ~(size_t)7;
+    c->size = c->call     ? cm_state_size(c->call)
+              : call      ? 8
+                          : (jc_state_size(c->schema) + 7) & ~(size_t)7;
     c->think_start = cfg->think_start;
     c->think_end = cfg->think_end;
     c->think_open = cfg->think_open;
@@ -302,8 +333,10 @@ void cst_free(cst_state *c, const ops_backend *be)
 {
     if (be && c->dev)
         be->release(be, c->dev);
-    if (c->own_schema)
+    if (c->own_schema) {
         jc_schema_free(c->schema);
+        cm_free(c->call);
+    }
     free(c->cur);
     free(c->rows);
     free(c->row_phase);
@@ -323,6 +356,8 @@ void cst_reset(cst_state *c)
         return;
     if (c->schema)
         jc_state_init(c->schema, c->cur);
+    else if (c->call)
+        cm_state_init(c->call, c->cur);
     c->phase = c->think_open ? CST_THINK : c->think_start >= 0 ? CST_OPEN : c->answer;
 }
 
@@ -353,9 +388,14 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
         *phase = CST_IN_CALL;
         return tok == v->call_open;
     case CST_IN_CALL:
-        if (tok == v->call_close)
+        if (tok == v->call_close) {
             *phase = CST_FREE;
-        return !cst_bit(v->eog, tok);
+            return !c->call || cm_done(c->call, st);
+        }
+        if (!c->call)
+            return !cst_bit(v->eog, tok);
+        return cst_bit(v->normal, tok) &&
+               cm_feed(c->call, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
     case CST_FREE:
         return true;
     case CST_DOC:
@@ -366,16 +406,15 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
         return jc_done(c->schema, st);
     }
     return cst_bit(v->normal, tok) &&
-           jc_feed(c->schema, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
+           cst_feed(c, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
 }
 
 /* The tokens of trie tr whose bytes st accepts, into mask. */
 static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
 {
-    const jc_schema *sc = c->schema;
     const size_t sz = c->size;
     uint8_t *S = c->walk; /* S + d * sz: the state after the path's first d bytes */
-    jc_state_copy(sc, S, st);
+    cst_copy(c, S, st);
     int32_t d = 0, node = tr->child[0];
     for (;;) {
         if (node < 0) {
@@ -385,8 +424,8 @@ static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32
             continue;
         }
         uint8_t *next = S + (size_t)(d + 1) * sz;
-        jc_state_copy(sc, next, S + (size_t)d * sz);
-        if (jc_feed(sc, next, &tr->byte[node], 1)) {
+        cst_copy(c, next, S + (size_t)d * sz);
+        if (cst_feed(c, next, &tr->byte[node], 1)) {
             for (int32_t t = tr->tok[node]; t >= 0; t = c->v->same_next[t])
                 cst_set(mask, t);
             if (tr->child[node] >= 0) {
@@ -416,22 +455,22 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
         memcpy(mask, v->eog, W * sizeof *mask);
         return;
     }
-    if (phase == CST_THINK || phase == CST_IN_CALL || phase == CST_FREE) {
+    if (phase == CST_THINK || (phase == CST_IN_CALL && !c->call) || phase == CST_FREE) {
         for (size_t w = 0; w < W; w++)
             mask[w] = phase == CST_FREE ? ~0u : ~v->eog[w];
         return;
     }
-    if (c->answer == CST_CALL) { /* CST_CALL, or CST_OPEN before it */
+    if (c->answer == CST_CALL && phase != CST_IN_CALL) { /* CST_CALL, or CST_OPEN before it */
         memset(mask, 0, W * sizeof *mask);
         cst_set(mask, v->call_open);
         if (phase == CST_OPEN && c->think_start >= 0)
             cst_set(mask, c->think_start);
         return;
     }
-    /* the key: the state's bytes as jc_state_copy leaves them, then the phase */
+    /* the key: the state's bytes as the matcher's copy leaves them, then the phase */
     uint8_t *key = c->walk;
     memset(key, 0, c->size);
-    jc_state_copy(c->schema, key, st);
+    cst_copy(c, key, st);
     key[c->size] = (uint8_t)phase;
     const uint64_t h = cst_hash(key, 1 + c->size);
     struct cst_memo *slot = &c->memo[0];
@@ -446,16 +485,20 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
             slot = m;
     }
     memcpy(slot->key, key, 1 + c->size);
-    if (jc_free_string(c->schema, st)) {
+    if (c->schema && jc_free_string(c->schema, st)) {
         memcpy(mask, v->plain, W * sizeof *mask);
         cst_walk(c, &v->other, st, mask);
     } else {
         memset(mask, 0, W * sizeof *mask);
         cst_walk(c, &v->all, st, mask);
     }
-    if (jc_done(c->schema, st))
+    if (phase == CST_IN_CALL) { /* the call's body: its end token once whole */
+        if (cst_done(c, st))
+            cst_set(mask, v->call_close);
+    } else if (cst_done(c, st)) {
         for (size_t w = 0; w < W; w++)
             mask[w] |= v->eog[w];
+    }
     if (phase == CST_OPEN && c->think_start >= 0)
         cst_set(mask, c->think_start);
     slot->hash = h;

@@ -13,9 +13,11 @@
  * content is free, the tokens made only of plain characters are allowed as a precomputed set
  * and only the others are walked.
  *
- * The tool-call format (tool_choice "required") needs no matcher: the answer's first token
- * is the model's "<tool_call>", and the end of generation is refused until its "</tool_call>"
- * came; what the call says is the model's (the gateway parses it).
+ * The tool-call format (tool_choice "required" or a named function): the answer's first token
+ * is the model's "<tool_call>"; the call's body is matched by verifyd/callm (a function of the
+ * request with arguments valid under its parameters' schemas) and "</tool_call>" is allowed
+ * once the body is whole; after it the text is free. Without a tool spec the body is free and
+ * only the end of generation is refused until "</tool_call>".
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
@@ -34,6 +36,7 @@
 #include "common/msg.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
+#include "verifyd/callm.h"
 
 /* A byte trie of tokens: node 0 is the root (no byte); children in increasing byte order. */
 typedef struct cst_trie {
@@ -64,16 +67,25 @@ typedef struct cst_vocab {
 td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab);
 void cst_vocab_free(cst_vocab *v);
 
+/* A format checked and compiled (cst_compile). */
+typedef struct cst_compiled {
+    jc_schema *schema;    /* JSON formats */
+    cm_grammar *call;     /* the tool-call format with a tool spec */
+} cst_compiled;
+
+void cst_compiled_free(cst_compiled *f);
+
 /* What a generation asks for (msg_gen_start's fields). */
 typedef struct cst_cfg {
     msg_format format;    /* MSG_FORMAT_TEXT: nothing to do */
-    const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA) */
+    const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the tool
+                           * spec (MSG_FORMAT_TOOL_CALL, cm_compile's; none: a free body) */
     size_t n_schema;
     bool think_open;      /* the prompt leaves a reasoning block open */
     int32_t think_start;  /* the token that opens one, or -1 */
     int32_t think_end;    /* the token that closes it, or -1 */
-    const jc_schema *compiled; /* the format already checked and compiled (cst_compile; kept
-                                * by the caller until cst_free), or NULL */
+    const cst_compiled *compiled; /* the format already checked and compiled (cst_compile;
+                                   * kept by the caller until cst_free), or NULL */
 } cst_cfg;
 
 #define CST_MEMO 8 /* masks remembered per generation */
@@ -84,7 +96,8 @@ typedef enum cst_phase {
     CST_DOC,       /* the document (JSON formats) */
     CST_END,       /* an end-of-generation token was emitted: only those */
     CST_CALL,      /* the answer's first token: the tool-call opener (tool-call format) */
-    CST_IN_CALL,   /* inside that call: anything but the end of generation */
+    CST_IN_CALL,   /* inside that call: its body (anything but the end of generation without
+                    * a tool spec), then "</tool_call>" */
     CST_FREE,      /* after it: anything */
 } cst_phase;
 
@@ -92,8 +105,9 @@ typedef struct cst_state {
     bool on;              /* a format applies */
     const cst_vocab *v;
     jc_schema *schema;    /* JSON formats; NULL for the tool-call format */
-    bool own_schema;      /* compiled by cst_init (else cfg->compiled) */
-    size_t size;          /* bytes of a matcher state (0 without a schema) */
+    cm_grammar *call;     /* the tool-call format with a tool spec, else NULL */
+    bool own_schema;      /* schema and call compiled by cst_init (else cfg->compiled) */
+    size_t size;          /* bytes of a matcher state (8 without a matcher) */
     cst_phase phase;
     cst_phase answer;     /* the answer's first phase: CST_DOC or CST_CALL */
     int32_t think_start, think_end;
@@ -117,11 +131,12 @@ typedef struct cst_state {
     uint64_t clock;
 } cst_state;
 
-/* Checks cfg against the vocabulary and compiles its schema into *out (NULL for text and the
- * tool-call format; the caller frees it with jc_schema_free). Errors as cst_init's. */
-td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, jc_schema **out);
+/* Checks cfg against the vocabulary and compiles its schema or tool spec into *out (nothing
+ * for text; the caller frees it with cst_compiled_free). Errors as cst_init's. */
+td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out);
 
-/* TD_EINVAL / TD_ENOTSUP for a schema jsonc refuses (its message), TD_ENOTSUP for a format
+/* TD_EINVAL / TD_ENOTSUP for a schema jsonc or a tool spec callm refuses (its message),
+ * TD_ENOTSUP for a format
  * without a vocabulary (a model file without a tokenizer) or a tool-call format for a
  * vocabulary without the tool-call tokens, TD_EINVAL for reasoning tokens
  * outside it; TD_ENOMEM. v may be NULL for MSG_FORMAT_TEXT. block: rows of a verify block

@@ -26,7 +26,7 @@ static void sched_req_free(sched_req *r)
     if (!r)
         return;
     msg_free_gen_start(&r->gs);
-    jc_schema_free(r->schema);
+    cst_compiled_free(&r->format);
     free(r);
 }
 
@@ -171,7 +171,7 @@ static cst_cfg sched_cst_cfg(const sched_req *r)
     const bool think = gs->format != MSG_FORMAT_TEXT;
     return (cst_cfg){
         .format = gs->format, .schema = gs->schema, .n_schema = gs->n_schema,
-        .compiled = r->schema,
+        .compiled = &r->format,
         .think_open = think && gs->think_open,
         .think_start = think && gs->think_start != MSG_TOKEN_NONE ? (int32_t)gs->think_start : -1,
         .think_end = think && gs->think_end != MSG_TOKEN_NONE ? (int32_t)gs->think_end : -1,
@@ -483,7 +483,7 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         /* the format is checked and compiled here, once, so that a bad one is this request's
          * error rather than its sequence's */
         const cst_cfg cc = sched_cst_cfg(r);
-        e = cst_compile(&cc, s->cfg.vocab, &r->schema);
+        e = cst_compile(&cc, s->cfg.vocab, &r->format);
     }
     bool again = false;
     if (e == TD_OK) {

@@ -52,8 +52,8 @@ typedef struct sched_cfg {
 /* A generation, from gen_start to its last event. */
 typedef struct sched_req {
     msg_gen_start gs;        /* the request (owns prompt and stop) */
-    jc_schema *schema;       /* its response format's schema, compiled once at gen_start (NULL
-                              * for text and tool calls); outlives the sequence's spec */
+    cst_compiled format;     /* its response format's schema or tool spec, compiled once at
+                              * gen_start; outlives the sequence's spec */
     uint64_t request_id;     /* of the gen_start, so a retried one is answered the same */
     bool cancel;             /* gen_cancel arrived (guarded by the scheduler's lock) */
     struct sched_req *next;  /* waiting queue */
