@@ -227,7 +227,7 @@ typedef struct msg_gen_start {
     uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
     msg_format format;      /* structured output: what the text must be */
     const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the
-                             * tool spec of MSG_FORMAT_TOOL_CALL (verifyd/callm.h: the call's
+                             * tool spec of MSG_FORMAT_TOOL_CALL (common/callm.h: the call's
                              * body is matched against it; none: a free body), kept
                              * NUL-terminated by unpack; NULL otherwise */
     uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema (optional for a tool

@@ -8,6 +8,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/callm.h"
 #include "common/log.h"
 #include "gateway/logprobs.h"
 #include "gateway/output.h"
@@ -63,6 +64,8 @@ struct api_stream {
     size_t n_prompts;
     uint32_t n_gens;     /* n_prompts * best_of */
     bool in_think;       /* the prompt leaves a reasoning block open */
+    char *tool_spec;     /* a required tool call: the tools as verifyd matches the call against
+                          * them (common/callm.h), or NULL */
     output_opts oo;      /* how each choice's tokens become its output */
     render_ctx rc;       /* rc.index: the choice */
     char id[48];         /* "chatcmpl-<24 hex>" */
@@ -337,6 +340,49 @@ static void gen_think_tokens(const api_stream *s, bool chat, msg_gen_start *m)
     m->think_end = pair ? (uint32_t)close : MSG_TOKEN_NONE;
 }
 
+/* A required tool call: {"form": "xml" | "json", "tools": [{"name", "parameters"}]}, the form
+ * the chat template teaches (its text shows "<function=" for the XML one). */
+static td_err gen_tool_spec(api_stream *s, api_error *e)
+{
+    const chat_model *ci = &s->g->chat;
+    const bool xml = ci->template_text && strstr(ci->template_text, "<function=");
+    json_t *tools = json_array();
+    size_t i;
+    const json_t *t;
+    json_array_foreach(s->req.tools, i, t) {
+        const json_t *f = json_object_get(t, "function");
+        json_t *one = json_pack("{s:O}", "name", json_object_get(f, "name"));
+        const json_t *params = json_object_get(f, "parameters");
+        if (one && params)
+            json_object_set(one, "parameters", (json_t *)params);
+        if (!tools || !one || json_array_append_new(tools, one) != 0) {
+            json_decref(tools);
+            return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+        }
+    }
+    json_t *spec = json_pack("{s:s,s:o}", "form", xml ? "xml" : "json", "tools", tools);
+    s->tool_spec = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+    json_decref(spec);
+    if (!s->tool_spec)
+        return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+    if (strlen(s->tool_spec) > MSG_SCHEMA_MAX)
+        return apierr_set(e, 400, "invalid_value", "tools",
+                          "Invalid value for 'tools': a required call's tools may take at most "
+                          "%u bytes as JSON, these take %zu.",
+                          MSG_SCHEMA_MAX, strlen(s->tool_spec));
+    /* checked here as verifyd will: what cannot be enforced is this request's 400 */
+    cm_grammar *g = NULL;
+    td_err err = cm_compile(s->tool_spec, strlen(s->tool_spec), &g);
+    cm_free(g);
+    if (err == TD_ENOMEM)
+        return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+    if (err != TD_OK)
+        return apierr_set(e, 400, err == TD_ENOTSUP ? "unsupported_value" : "invalid_value",
+                          "tools", "The tools cannot be enforced for a required call: %s",
+                          err_msg());
+    return TD_OK;
+}
+
 /* Starts the choice s->rc.index at verifyd. */
 static td_err gen_start(api_stream *s, api_error *e)
 {
@@ -385,8 +431,8 @@ static td_err gen_start(api_stream *s, api_error *e)
         .repetition_penalty = (float)s->req.sampling.repetition_penalty,
         .min_tokens = (uint32_t)s->req.sampling.min_tokens,
         .format = s->req.format,
-        .schema = s->req.schema,
-        .n_schema = (uint32_t)s->req.n_schema,
+        .schema = s->tool_spec ? s->tool_spec : s->req.schema,
+        .n_schema = (uint32_t)(s->tool_spec ? strlen(s->tool_spec) : s->req.n_schema),
     };
     gen_think_tokens(s, s->req.kind == REQ_CHAT, &m);
     if (link_gen_open(g->link, &s->lg) != TD_OK)
@@ -869,6 +915,7 @@ void api_stream_free(api_stream *s)
     json_decref(s->lp_pending);
     json_decref(s->choices);
     free(s->scores);
+    free(s->tool_spec);
     free(s);
 }
 
@@ -931,6 +978,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .in_think = s->in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
+    if (err == TD_OK && s->req.format == MSG_FORMAT_TOOL_CALL)
+        err = gen_tool_spec(s, &e);
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->n_gens, sizeof *s->scores)))
         err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");

@@ -1,4 +1,4 @@
-/* The tool-call matcher (verifyd/callm.h): texts of the XML and JSON forms cut at the exact byte
+/* The tool-call matcher (common/callm.h): texts of the XML and JSON forms cut at the exact byte
  * the functions' schemas refuse (names, required and repeated parameters, enum strings,
  * integer ranges, whitespace around JSON values, "</parameter>" inside values), whole calls
  * recognised, compile errors with their messages, and random walks that never reach a state
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "verifyd/callm.h"
+#include "common/callm.h"
 
 static const char XML[] =
     "{\"form\":\"xml\",\"tools\":["

@@ -364,6 +364,49 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
     free(reply);
 }
 
+/* A required call (named here) goes to verifyd with the tool spec it matches the call
+ * against: the model's template teaches the XML form, and only the named function is in it;
+ * tools whose schemas cannot be enforced are this request's 400, before verifyd is asked. */
+static void required_call_sends_the_tool_spec(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 4};
+    encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+           "</function>\n</tool_call>",
+           &s);
+    fake_verifyd_script(fake, &s);
+    const char *req =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
+        "{\"enable_thinking\":false},\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+        "\"get_time\"}},{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"description\":\"d\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+        "{\"type\":\"string\"%s}}}}}],\"tool_choice\":{\"type\":\"function\",\"function\":"
+        "{\"name\":\"get_weather\"}}}";
+    char body_req[1024];
+    snprintf(body_req, sizeof body_req, req, "");
+    char *reply, *body;
+    const int starts = fake_verifyd_starts(fake);
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    assert_non_null(strstr(body, "\"finish_reason\":\"tool_calls\""));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.format, MSG_FORMAT_TOOL_CALL);
+    const char *spec = "{\"form\":\"xml\",\"tools\":[{\"name\":\"get_weather\",\"parameters\":"
+                       "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]}";
+    assert_int_equal(m.n_schema, strlen(spec));
+    assert_string_equal(m.schema, spec);
+    snprintf(body_req, sizeof body_req, req, ",\"pattern\":\"^[A-Z]\"");
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 400);
+    assert_non_null(strstr(body, "\"message\":\"The tools cannot be enforced for a required "
+                                 "call: tool call: function 'get_weather' parameter 'city': "));
+    assert_non_null(strstr(body, "pattern"));
+    assert_non_null(strstr(body, "\"param\":\"tools\",\"code\":\"unsupported_value\""));
+    free(reply);
+    assert_int_equal(fake_verifyd_starts(fake), starts + 1);
+}
+
 /* parallel_tool_calls false: the answer ends with its first call (verifyd is told to stop), the
  * second call and the text after it are not sent. */
 static void one_tool_call_when_parallel_calls_are_off(void **state)
@@ -1078,6 +1121,7 @@ int main(void)
         cmocka_unit_test(chat_stream_sends_exact_chunks),
         cmocka_unit_test(stop_string_ends_the_text_and_cancels_verifyd),
         cmocka_unit_test(tool_call_in_the_output_becomes_tool_calls),
+        cmocka_unit_test(required_call_sends_the_tool_spec),
         cmocka_unit_test(one_tool_call_when_parallel_calls_are_off),
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),
         cmocka_unit_test(logprobs_of_each_token_with_alternatives),

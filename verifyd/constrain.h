@@ -14,7 +14,7 @@
  * and only the others are walked.
  *
  * The tool-call format (tool_choice "required" or a named function): the answer's first token
- * is the model's "<tool_call>"; the call's body is matched by verifyd/callm (a function of the
+ * is the model's "<tool_call>"; the call's body is matched by common/callm (a function of the
  * request with arguments valid under its parameters' schemas) and "</tool_call>" is allowed
  * once the body is whole; after it the text is free. Without a tool spec the body is free and
  * only the end of generation is refused until "</tool_call>".
@@ -36,7 +36,7 @@
 #include "common/msg.h"
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
-#include "verifyd/callm.h"
+#include "common/callm.h"
 
 /* A byte trie of tokens: node 0 is the root (no byte); children in increasing byte order. */
 typedef struct cst_trie {

@@ -4,8 +4,11 @@
  *   4 one tool-call block (tool_parse, with a tools schema)
  *   5 model output through the stop filter, reasoning and tool-call splits in pieces whose
  *     sizes come from the input itself
+ *   6 a tool spec (cm_compile, what a request's tools become), then calls matched against it
+ *   7 a call body matched against the tools' spec (cm_feed)
  * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
- * and an error always comes with a status and a message. */
+ * an error always comes with a status and a message, and a body the matcher takes whole
+ * parses into a call of the declared function with declared parameters only. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +16,7 @@
 #include "gateway/reasoning.h"
 #include "gateway/request.h"
 #include "gateway/stopstr.h"
+#include "common/callm.h"
 #include "gateway/toolcall.h"
 
 static const char TOOLS[] =
@@ -78,6 +82,67 @@ static void split_output(const uint8_t *data, size_t size)
     json_decref(tools);
 }
 
+/* A spec from the input; when it compiles, a few bodies go through it. */
+static void spec_then_calls(const char *spec, size_t len)
+{
+    static const char *const bodies[] = {
+        "<function=f>\n<parameter=s>\nx\n</parameter>\n</function>",
+        "{\"name\": \"f\", \"arguments\": {}}",
+        "<function=a>\n</function>\n",
+    };
+    cm_grammar *g = NULL;
+    if (cm_compile(spec, len, &g) != TD_OK)
+        return;
+    uint8_t *st = malloc(cm_state_size(g));
+    for (size_t i = 0; st && i < sizeof bodies / sizeof bodies[0]; i++) {
+        cm_state_init(g, st);
+        if (cm_feed(g, st, (const uint8_t *)bodies[i], strlen(bodies[i])))
+            (void)cm_done(g, st);
+    }
+    free(st);
+    cm_free(g);
+}
+
+/* The body against TOOLS as an XML spec: taken whole, the gateway reads it as a call of f with
+ * f's parameters only, its arguments a JSON object. */
+static void call_against_spec(const uint8_t *body, size_t len)
+{
+    static const char spec[] =
+        "{\"form\":\"xml\",\"tools\":[{\"name\":\"f\",\"parameters\":{\"properties\":{"
+        "\"s\":{\"type\":\"string\"},\"i\":{\"type\":\"integer\"},\"b\":{\"type\":\"boolean\"},"
+        "\"o\":{\"type\":\"object\"},\"a\":{\"type\":[\"array\",\"null\"]}}}}]}";
+    static cm_grammar *g; /* TOOLS' function, compiled once for the whole run */
+    if (!g && cm_compile(spec, strlen(spec), &g) != TD_OK)
+        abort();
+    uint8_t *st = malloc(cm_state_size(g));
+    if (!st)
+        return;
+    cm_state_init(g, st);
+    const bool whole = cm_feed(g, st, body, len) && cm_done(g, st);
+    free(st);
+    if (!whole)
+        return;
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    tool_call c;
+    if (tool_parse((const char *)body, len, tools, &c) != TD_OK || strcmp(c.name, "f") != 0)
+        abort();
+    json_t *args = json_loads(c.arguments, JSON_ALLOW_NUL, NULL);
+    const char *k;
+    json_t *v;
+    if (!json_is_object(args))
+        abort();
+    json_object_foreach(args, k, v) {
+        if (strlen(k) != 1 || !strchr("sibao", k[0]))
+            abort();
+        if ((k[0] == 'i' && !json_is_integer(v)) || (k[0] == 'b' && !json_is_boolean(v)) ||
+            (k[0] == 'o' && !json_is_object(v)) || (k[0] == 's' && !json_is_string(v)))
+            abort();
+    }
+    json_decref(args);
+    tool_call_free(&c);
+    json_decref(tools);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
@@ -85,11 +150,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     api_error err;
-    switch (data[0] % 6) {
+    switch (data[0] % 8) {
     case 0:
     case 1: {
         gw_request r;
-        td_err e = req_parse(&r, data[0] % 6 == 0 ? REQ_CHAT : REQ_COMPLETION, body, len, &err);
+        td_err e = req_parse(&r, data[0] % 8 == 0 ? REQ_CHAT : REQ_COMPLETION, body, len, &err);
         check_error(e, &err);
         if (e == TD_OK)
             req_free(&r);
@@ -139,6 +204,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(tools);
         break;
     }
+    case 6:
+        spec_then_calls(body, len);
+        break;
+    case 7:
+        call_against_spec(data + 1, len);
+        break;
     default:
         split_output(data + 1, len);
         break;

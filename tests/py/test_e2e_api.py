@@ -485,31 +485,42 @@ def test_echo_scores_the_prompt_as_the_generation_does(server):
 
 
 def test_tools_are_rendered_and_answered(server):
-    """The random model does not call tools; the call parsing is pinned by test_gateway_http.
-    Here a request with tools must go through the template and the pipeline."""
+    """The random model does not call tools on its own; the call parsing is pinned by
+    test_gateway_http. Here a request with tools must go through the template and the
+    pipeline, and a required call must come back as a valid call of a declared function."""
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather of a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}}]
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Paris", "Rome"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC"]}},
+            "required": ["zone"]}}}]
     r = server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": "Weather in Paris?"}],
         tools=tools, max_tokens=8, temperature=0, extra_body=NO_THINK)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    # a required call: the answer opens with the model's <tool_call> (the random model then
-    # writes no parsable call, so the block comes back as content text); the stream agrees
+    # a required call: the answer opens with the model's <tool_call> and verifyd lets through
+    # only a call of a declared function with arguments its schema accepts (the random model
+    # writes on after it: one call asked for); the stream agrees
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        args = dict(model=server["model"], tools=tools, tool_choice=choice, max_tokens=12,
-                    temperature=0, extra_body=NO_THINK,
+        args = dict(model=server["model"], tools=tools, tool_choice=choice, max_tokens=180,
+                    temperature=0, extra_body=NO_THINK, parallel_tool_calls=False,
                     messages=[{"role": "user", "content": "Weather in Paris?"}])
         r = server["client"].chat.completions.create(**args)
         m = r.choices[0].message
-        assert m.tool_calls or m.content.startswith("<tool_call>"), m
-        if not m.tool_calls:
-            assert r.choices[0].finish_reason == "length"  # no end before </tool_call>
-            text = "".join(c.choices[0].delta.content or "" for c in
-                           server["client"].chat.completions.create(stream=True, **args)
-                           if c.choices)
-            assert text == m.content
+        assert r.choices[0].finish_reason == "tool_calls", m
+        call = m.tool_calls[0].function
+        got = json.loads(call.arguments)
+        if choice == "required" and call.name == "get_time":
+            assert got == {"zone": "UTC"}
+        else:
+            assert call.name == "get_weather" and got["city"] in ("Paris", "Rome")
+            assert set(got) <= {"city", "days"} and 1 <= got.get("days", 1) <= 7
+        streamed = [d.function for c in server["client"].chat.completions.create(
+            stream=True, **args) if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+        assert [(f.name, json.loads(f.arguments)) for f in streamed[:1]] == [(call.name, got)]
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ struct fake_verifyd {
     msg_gen_start last;                /* arrays below */
     uint32_t last_prompt[MSG_PROMPT_MAX > 4096 ? 4096 : MSG_PROMPT_MAX];
     uint32_t last_stop[MSG_STOP_MAX];
+    char last_schema[4096];            /* the schema, cut to fit */
     int running;                       /* generation threads alive */
     bool stopping;
 };
@@ -200,6 +201,8 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
         memcpy(f->last_stop, m.stop, m.n_stop * sizeof *m.stop);
         f->last.prompt = f->last_prompt;
         f->last.stop = f->last_stop;
+        snprintf(f->last_schema, sizeof f->last_schema, "%s", m.schema ? m.schema : "");
+        f->last.schema = f->last_schema;
         td_err refuse = TD_OK;
         if (f->busy_left > 0) {
             f->busy_left--;

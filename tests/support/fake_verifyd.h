@@ -42,7 +42,8 @@ void fake_verifyd_stop(fake_verifyd *f);
 void fake_verifyd_script(fake_verifyd *f, const fake_script *s);
 
 /* The last gen_start received: its fields (arrays copied into prompt / stop, capacities in
- * items). False when none came. */
+ * items; schema points to the fake's copy, its first 4095 bytes, until the next start). False
+ * when none came. */
 bool fake_verifyd_last_start(fake_verifyd *f, msg_gen_start *m, uint32_t *prompt,
                              uint32_t prompt_cap, uint32_t *stop, uint32_t stop_cap);
 

@@ -1,6 +1,6 @@
 /* The tool-call matcher (callm.h): a fixed-size state per position of the XML grammar, with
  * a jsonc state for the value being written, or one jsonc state for the JSON form. */
-#include "verifyd/callm.h"
+#include "common/callm.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -27,8 +27,8 @@
  *
  * Parameter schemas are JSON Schemas as jsonc enforces them ($ref into the parameters' own
  * $defs / definitions works); what jsonc refuses is refused here with its message. */
-#ifndef TANDEM_VERIFYD_CALLM_H
-#define TANDEM_VERIFYD_CALLM_H
+#ifndef TANDEM_COMMON_CALLM_H
+#define TANDEM_COMMON_CALLM_H
 
 #include <stdbool.h>
 #include <stddef.h>
