@@ -2,7 +2,6 @@
  * a jsonc state for the value being written, or one jsonc state for the JSON form. */
 #include "common/callm.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,8 +435,7 @@ static bool cm_annotation(const char *k)
     return false;
 }
 
-/* The schema's (first non-null) type name, or NULL. */
-static const char *cm_first_type(const json_t *schema)
+const char *cm_value_type(const json_t *schema)
 {
     const json_t *t = json_object_get(schema, "type");
     if (json_is_string(t))
@@ -478,7 +476,7 @@ static td_err cm_param_of(cm_param *p, const char *fname, const json_t *schema,
     if (!json_is_object(schema) && !json_is_true(schema))
         return err_set(TD_EINVAL, "tool call: function '%s' parameter '%s': a schema must be an "
                        "object or true", fname, p->name.s);
-    const char *type = cm_first_type(schema);
+    const char *type = cm_value_type(schema);
     bool says = false;
     const char *k;
     const json_t *v;

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "common/err.h"
 
 #define CM_FUNCTIONS_MAX 128 /* functions of one request */
@@ -53,6 +55,11 @@ void cm_free(cm_grammar *g);
 /* A state is a plain byte blob of cm_state_size(g) bytes (8-byte aligned, no pointers). */
 size_t cm_state_size(const cm_grammar *g);
 void cm_state_init(const cm_grammar *g, void *st);
+/* The type a parameter's value is read as: the schema's "type", or the first of its types
+ * that is not "null" (["integer", "null"]: "integer"), or NULL. The gateway reads a call's
+ * XML values by it too (gateway/toolcall.h). */
+const char *cm_value_type(const json_t *schema);
+
 /* Copies what decides the future (the rest of dst is left as it was). */
 void cm_state_copy(const cm_grammar *g, void *dst, const void *src);
 

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/callm.h"
+
 static const char CALL_OPEN[] = "<tool_call>";
 static const char CALL_CLOSE[] = "</tool_call>";
 #define CALL_OPEN_LEN (sizeof CALL_OPEN - 1)
@@ -219,18 +221,7 @@ static const char *tc_param_type(const json_t *tools, const char *fn, const char
         if (!json_is_string(name) || strcmp(json_string_value(name), fn) != 0)
             continue;
         const json_t *props = json_object_get(json_object_get(f, "parameters"), "properties");
-        const json_t *type = json_object_get(json_object_get(props, param), "type");
-        if (json_is_string(type))
-            return json_string_value(type);
-        if (json_is_array(type)) { /* ["integer", "null"]: the first type that is not null */
-            size_t k;
-            const json_t *x;
-            json_array_foreach(type, k, x) {
-                if (json_is_string(x) && strcmp(json_string_value(x), "null") != 0)
-                    return json_string_value(x);
-            }
-        }
-        return NULL;
+        return cm_value_type(json_object_get(props, param));
     }
     return NULL;
 }
@@ -252,6 +243,8 @@ static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
             tc_puts(b, "true");
         else if (tc_text_is(v, n, "false") || tc_text_is(v, n, "False"))
             tc_puts(b, "false");
+        else if (tc_text_is(v, n, "null"))
+            tc_puts(b, "null");
         else
             tc_put_json_string(b, v, n);
         return;
@@ -265,7 +258,7 @@ static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
     tc_trim(&s, &m);
     json_t *j = m ? json_loadb(s, m, JSON_DECODE_ANY, NULL) : NULL;
     bool ok = j != NULL;
-    if (ok && type) {
+    if (ok && type && !json_is_null(j)) { /* null: the value left out, as the schema may allow */
         if (strcmp(type, "integer") == 0 || strcmp(type, "number") == 0)
             ok = json_is_number(j);
         else if (strcmp(type, "object") == 0)

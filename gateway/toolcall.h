@@ -18,8 +18,8 @@
  * arguments are the model's own JSON text (validated, not re-printed). XML parameter values are
  * plain text (the template prints strings as they are and other values as JSON); each becomes
  * the JSON type the tool's schema gives the parameter (string, integer, number, boolean,
- * object, array), and without a schema a value that parses as JSON is taken as JSON, anything
- * else as a string. The arguments object is printed as Python's json.dumps prints it
+ * object, array; the JSON null for any of them but string), and without a schema a value
+ * that parses as JSON is taken as JSON, anything else as a string. The arguments object is printed as Python's json.dumps prints it
  * ({"a": 1, "b": "x"}), as the templates' tojson does.
  *
  * tool_split separates streamed content text from tool-call blocks: text before, between and

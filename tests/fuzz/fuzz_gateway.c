@@ -135,7 +135,8 @@ static void call_against_spec(const uint8_t *body, size_t len)
         if (strlen(k) != 1 || !strchr("sibao", k[0]))
             abort();
         if ((k[0] == 'i' && !json_is_integer(v)) || (k[0] == 'b' && !json_is_boolean(v)) ||
-            (k[0] == 'o' && !json_is_object(v)) || (k[0] == 's' && !json_is_string(v)))
+            (k[0] == 'o' && !json_is_object(v)) || (k[0] == 's' && !json_is_string(v)) ||
+            (k[0] == 'a' && !json_is_array(v) && !json_is_null(v)))
             abort();
     }
     json_decref(args);
