@@ -110,11 +110,15 @@ static tokenizer *make_vocab(uint32_t n_vocab)
         default: vb_add(&v, buf, n + 1); break;
         }
     }
-    /* the end of text and of a turn: printable ASCII is its own alphabet spelling */
-    v.cap += 2;
+    /* a tool call's markers, the end of text and of a turn: printable ASCII is its own
+     * alphabet spelling */
+    v.cap += 4;
+    vb_add_str(&v, "<tool_call>");
+    vb_add_str(&v, "</tool_call>");
     vb_add_str(&v, "<|endoftext|>");
     vb_add_str(&v, "<|im_end|>");
-    v.types[v.n - 2] = v.types[v.n - 1] = TOK_TYPE_CONTROL;
+    for (uint32_t i = v.n - 4; i < v.n; i++)
+        v.types[i] = TOK_TYPE_CONTROL;
     v.off[v.n] = v.text.len;
     for (uint32_t i = 0; i < v.n; i++)
         v.tok[i] = (tok_str){v.text.ptr + v.off[i], v.off[i + 1] - v.off[i]};
@@ -139,6 +143,12 @@ static const char SCHEMA[] =
     "\"email\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},\"tags\":{\"type\":"
     "\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]}}}}";
 
+static const char TOOLS[] =
+    "{\"form\":\"xml\",\"tools\":[{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"enum\":[\"Paris\",\"Rome\",\"Tokyo\"]},"
+    "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":14},\"note\":{\"type\":"
+    "\"string\"}},\"required\":[\"city\"]}},{\"name\":\"get_time\"}]}";
+
 /* The state after text, fed as single-byte tokens (id = byte). */
 static void emit_text(cst_state *c, const char *text)
 {
@@ -157,13 +167,18 @@ static void forget(cst_state *c)
         c->memo[i].hash = 0;
 }
 
-static void time_masks(const cst_vocab *voc, const cst_cfg *cfg, const char *name,
+/* The mask after each text (after the token first, when >= 0), best of repeats. */
+static void time_masks(const cst_vocab *voc, const cst_cfg *cfg, const char *name, int32_t first,
                        const char *const *texts, size_t n_texts, int repeats)
 {
     uint32_t *m = malloc((size_t)voc->words * sizeof *m);
     for (size_t k = 0; k < n_texts; k++) {
         cst_state c;
         if (cst_init(&c, cfg, voc, 16) != TD_OK) {
+            fprintf(stderr, "bench_constrain: %s\n", err_msg());
+            exit(1);
+        }
+        if (first >= 0 && cst_emit(&c, &first, 1) != TD_OK) {
             fprintf(stderr, "bench_constrain: %s\n", err_msg());
             exit(1);
         }
@@ -179,8 +194,13 @@ static void time_masks(const cst_vocab *voc, const cst_cfg *cfg, const char *nam
         int allowed = 0;
         for (int64_t t = 0; t < voc->n_vocab; t++)
             allowed += (int)(m[t / 32] >> (t % 32) & 1u);
-        printf("%-12s %-34s %8.3f ms  %7d tokens allowed\n", name, texts[k], best * 1e3,
-               allowed);
+        char shown[40]; /* the text's end, newlines as \n */
+        const size_t len = strlen(texts[k]);
+        const char *p = texts[k] + (len > 30 ? len - 30 : 0);
+        size_t n = (size_t)snprintf(shown, sizeof shown, "%s", len > 30 ? "..." : "");
+        for (; *p && n + 3 < sizeof shown; p++)
+            n += (size_t)snprintf(shown + n, sizeof shown - n, *p == '\n' ? "\\n" : "%c", *p);
+        printf("%-12s %-34s %8.3f ms  %7d tokens allowed\n", name, shown, best * 1e3, allowed);
         cst_free(&c, NULL);
     }
     free(m);
@@ -211,13 +231,22 @@ int main(int argc, char **argv)
                                "{\"key\": \"val\\", "{\"key\": 12", "{\"key\": [1, ",
                                "{\"key\": tr", "{\"key\": {}}"};
     const cst_cfg json = {.format = MSG_FORMAT_JSON_OBJECT, .think_start = -1, .think_end = -1};
-    time_masks(&voc, &json, "json_object", obj, sizeof obj / sizeof *obj, repeats);
+    time_masks(&voc, &json, "json_object", -1, obj, sizeof obj / sizeof *obj, repeats);
     const char *const sch[] = {"{", "{\"", "{\"na", "{\"name\": \"Al", "{\"name\": \"Al\", ",
                                "{\"age\": 4", "{\"email\": ", "{\"email\": \"a@",
                                "{\"tags\": [\"re", "{\"tags\": [], \"age\": 1, \"name\": \"\"}"};
     const cst_cfg schema = {.format = MSG_FORMAT_JSON_SCHEMA, .schema = SCHEMA,
                             .n_schema = sizeof SCHEMA - 1, .think_start = -1, .think_end = -1};
-    time_masks(&voc, &schema, "json_schema", sch, sizeof sch / sizeof *sch, repeats);
+    time_masks(&voc, &schema, "json_schema", -1, sch, sizeof sch / sizeof *sch, repeats);
+    /* a required tool call's body (Qwen3.5's XML form), after its <tool_call> */
+    const char *const call[] = {"", "\n<function=", "\n<function=get_weather>\n",
+                                "\n<function=get_weather>\n<parameter=city>\nPa",
+                                "\n<function=get_weather>\n<parameter=note>\nsome text",
+                                "\n<function=get_weather>\n<parameter=days>\n1"};
+    const cst_cfg tool = {.format = MSG_FORMAT_TOOL_CALL, .schema = TOOLS,
+                          .n_schema = sizeof TOOLS - 1, .think_start = -1, .think_end = -1};
+    time_masks(&voc, &tool, "tool_call", voc.call_open, call, sizeof call / sizeof *call,
+               repeats);
 
     /* A generation's verify blocks: 16 rows after 15 single-byte drafts along a document, the
      * memo kept between blocks; masks only (the backend op is the CPU's, not timed apart). */
