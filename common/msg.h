@@ -200,6 +200,8 @@ typedef enum msg_format {
     MSG_FORMAT_JSON_SCHEMA = 2, /* one JSON value valid under msg_gen_start.schema */
     MSG_FORMAT_TOOL_CALL = 3,   /* the answer opens with a tool call (<tool_call> ...
                                  * </tool_call>, tool_choice "required") */
+    MSG_FORMAT_TOOLS = 4,       /* anything, but each tool call the model opens is matched
+                                 * against the tool spec (tool_choice "auto") */
     MSG_FORMAT_END
 } msg_format;
 
@@ -227,11 +229,12 @@ typedef struct msg_gen_start {
     uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
     msg_format format;      /* structured output: what the text must be */
     const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the
-                             * tool spec of MSG_FORMAT_TOOL_CALL (common/callm.h: the call's
-                             * body is matched against it; none: a free body), kept
+                             * tool spec of MSG_FORMAT_TOOL_CALL / MSG_FORMAT_TOOLS
+                             * (common/callm.h: a call's body is matched against it; a
+                             * required call without one has a free body), kept
                              * NUL-terminated by unpack; NULL otherwise */
-    uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema (optional for a tool
-                             * call), else 0 */
+    uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema (optional for a required
+                             * tool call), else 0 */
     /* With a format other than text: */
     bool think_open;        /* the prompt leaves a reasoning block open: the format applies
                              * after think_end */

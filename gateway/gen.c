@@ -64,8 +64,10 @@ struct api_stream {
     size_t n_prompts;
     uint32_t n_gens;     /* n_prompts * best_of */
     bool in_think;       /* the prompt leaves a reasoning block open */
-    char *tool_spec;     /* a required tool call: the tools as verifyd matches the call against
-                          * them (common/callm.h), or NULL */
+    msg_format format;   /* what verifyd enforces: the request's format, or the tools format */
+    char *tool_spec;     /* the tools as verifyd matches calls against them (common/callm.h):
+                          * a required call's, or those of tool_choice "auto" when they can be
+                          * enforced; else NULL */
     output_opts oo;      /* how each choice's tokens become its output */
     render_ctx rc;       /* rc.index: the choice */
     char id[48];         /* "chatcmpl-<24 hex>" */
@@ -340,10 +342,18 @@ static void gen_think_tokens(const api_stream *s, bool chat, msg_gen_start *m)
     m->think_end = pair ? (uint32_t)close : MSG_TOKEN_NONE;
 }
 
-/* A required tool call: {"form": "xml" | "json", "tools": [{"name", "parameters"}]}, the form
- * the chat template teaches (its text shows "<function=" for the XML one). */
+/* The tool spec, {"form": "xml" | "json", "tools": [{"name", "parameters"}]}, in the form the
+ * chat template teaches (its text shows "<function=" for the XML one), for a required call
+ * (tools that cannot be enforced are the request's 400) or for tool_choice "auto" (then the
+ * calls are left free instead, as they are for a model without the call tokens). */
 static td_err gen_tool_spec(api_stream *s, api_error *e)
 {
+    s->format = s->req.format;
+    const bool required = s->req.format == MSG_FORMAT_TOOL_CALL;
+    if (!required && (s->req.format != MSG_FORMAT_TEXT || !s->req.parse_tools ||
+                      tok_id_of(s->g->tok, "<tool_call>", 11) < 0 ||
+                      tok_id_of(s->g->tok, "</tool_call>", 12) < 0))
+        return TD_OK;
     const chat_model *ci = &s->g->chat;
     const bool xml = ci->template_text && strstr(ci->template_text, "<function=");
     json_t *tools = json_array();
@@ -365,21 +375,27 @@ static td_err gen_tool_spec(api_stream *s, api_error *e)
     json_decref(spec);
     if (!s->tool_spec)
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
-    if (strlen(s->tool_spec) > MSG_SCHEMA_MAX)
-        return apierr_set(e, 400, "invalid_value", "tools",
-                          "Invalid value for 'tools': a required call's tools may take at most "
-                          "%u bytes as JSON, these take %zu.",
-                          MSG_SCHEMA_MAX, strlen(s->tool_spec));
-    /* checked here as verifyd will: what cannot be enforced is this request's 400 */
+    /* checked here as verifyd will */
     cm_grammar *g = NULL;
-    td_err err = cm_compile(s->tool_spec, strlen(s->tool_spec), &g);
+    td_err err = strlen(s->tool_spec) > MSG_SCHEMA_MAX
+                     ? err_set(TD_ENOTSUP, "the tools take %zu bytes as JSON, at most %u are "
+                               "matched", strlen(s->tool_spec), MSG_SCHEMA_MAX)
+                     : cm_compile(s->tool_spec, strlen(s->tool_spec), &g);
     cm_free(g);
     if (err == TD_ENOMEM)
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
-    if (err != TD_OK)
+    if (err != TD_OK && required)
         return apierr_set(e, 400, err == TD_ENOTSUP ? "unsupported_value" : "invalid_value",
                           "tools", "The tools cannot be enforced for a required call: %s",
                           err_msg());
+    if (err != TD_OK) {
+        LOG_INFO("tool calls are left unmatched: %s", err_msg());
+        free(s->tool_spec);
+        s->tool_spec = NULL;
+        return TD_OK;
+    }
+    if (!required)
+        s->format = MSG_FORMAT_TOOLS;
     return TD_OK;
 }
 
@@ -430,7 +446,7 @@ static td_err gen_start(api_stream *s, api_error *e)
         .n_bias = (uint32_t)s->req.n_bias,
         .repetition_penalty = (float)s->req.sampling.repetition_penalty,
         .min_tokens = (uint32_t)s->req.sampling.min_tokens,
-        .format = s->req.format,
+        .format = s->format,
         .schema = s->tool_spec ? s->tool_spec : s->req.schema,
         .n_schema = (uint32_t)(s->tool_spec ? strlen(s->tool_spec) : s->req.n_schema),
     };
@@ -978,8 +994,9 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .in_think = s->in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
     };
-    if (err == TD_OK && s->req.format == MSG_FORMAT_TOOL_CALL)
+    if (err == TD_OK)
         err = gen_tool_spec(s, &e);
+    s->oo.calls_matched = s->tool_spec != NULL;
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->n_gens, sizeof *s->scores)))
         err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");

@@ -96,6 +96,7 @@ td_err output_init(gw_output *o, const tokenizer *tok, const output_opts *opts)
     o->tools = opts->tools != NULL;
     think_init(&o->think, opts->reasoning && opts->in_think, out_from_think, o);
     tool_split_init(&o->tool, opts->tools, out_from_tools, o);
+    o->tool.closed_only = opts->calls_matched;
     return TD_OK;
 }
 

@@ -46,6 +46,7 @@ typedef struct output_opts {
     bool reasoning;           /* split <think> blocks off as reasoning (chat) */
     bool in_think;            /* the prompt opened a <think> block (think_prompt_open) */
     const json_t *tools;      /* parse tool calls with these schemas, or NULL: no parsing */
+    bool calls_matched;       /* verifyd matched the calls: one the output ends inside is text */
 } output_opts;
 
 typedef struct gw_output {

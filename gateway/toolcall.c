@@ -503,7 +503,10 @@ td_err tool_split_flush(tool_split *s)
     s->hold_len = 0;
     if (s->state == TOOL_IN) {
         s->state = TOOL_TEXT;
-        return tool_block(s, s->hold, n, false);
+        if (!s->closed_only)
+            return tool_block(s, s->hold, n, false);
+        TD_TRY(s->emit(s->ctx, CALL_OPEN, CALL_OPEN_LEN, NULL));
+        return n > 0 ? s->emit(s->ctx, s->hold, n, NULL) : TD_OK;
     }
     /* What is held is whitespace (and maybe a cut-off "<tool_c"); right after a block the
      * whitespace goes. */

@@ -58,6 +58,8 @@ typedef struct tool_split {
     tool_state state;
     const json_t *tools; /* borrowed: the request's tools, for parameter types */
     bool called;         /* at least one call was passed on */
+    bool closed_only;    /* the calls were matched as they were generated: a block the output
+                          * ends inside is cut off, passed on as text, not parsed */
     bool after_call;     /* no content since the last block: leading whitespace is dropped */
     char *hold;          /* [hold_len] undecided text, or the open block's body */
     size_t hold_len;     /* bytes */
@@ -71,7 +73,8 @@ typedef struct tool_split {
 void tool_split_init(tool_split *s, const json_t *tools, tool_emit emit, void *ctx);
 void tool_split_free(tool_split *s);
 td_err tool_split_push(tool_split *s, const char *text, size_t len);
-/* The end of the output: an unterminated block is parsed as if it were closed. */
+/* The end of the output: an unterminated block is parsed as if it were closed (a model may
+ * end without "</tool_call>"), or with closed_only passed on as the text it was. */
 td_err tool_split_flush(tool_split *s);
 
 #endif

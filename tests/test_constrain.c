@@ -447,6 +447,109 @@ static void test_a_tool_spec_makes_the_call_valid(void **ctx)
     dfl_free(dm);
 }
 
+/* The tools format (tool_choice "auto"): no mask outside calls (the logits untouched), each
+ * call the model opens matched from its start, again after the previous one closed; forced
+ * into calls by a logit bias, generations (speculative equal to plain) write only calls the
+ * gateway parses into declared functions with valid arguments. */
+static void test_calls_the_model_opens_are_matched(void **ctx)
+{
+    (void)ctx;
+    const int32_t open = VOC.call_open, close = VOC.call_close, x = id_of_bytes("x");
+    cst_cfg cfg = {.format = MSG_FORMAT_TOOLS, .schema = TOOLS, .n_schema = strlen(TOOLS),
+                   .think_start = -1, .think_end = -1};
+    const size_t W = (size_t)VOC.words;
+    const int64_t V = VOC.n_vocab;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    float *lg = malloc((size_t)(2 * V) * sizeof *lg);
+    const ops_backend *be = ops_backend_cpu();
+    cst_state c;
+    assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+    for (int64_t i = 0; i < 2 * V; i++)
+        lg[i] = 1.0f;
+    const int32_t text[2] = {x, x};
+    assert_int_equal(cst_apply(&c, be, lg, text, 2), TD_OK);
+    for (int64_t i = 0; i < 2 * V; i++)
+        assert_true(lg[i] == 1.0f);
+    assert_int_equal(cst_emit(&c, text, 2), TD_OK);
+    for (int round = 0; round < 2; round++) {
+        int32_t ids[256];
+        ids[0] = open;
+        const int64_t n = 1 + spell("\n<function=get_weather>\n<parameter=city>\nRo", ids + 1);
+        assert_int_equal(cst_emit(&c, ids, 1), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        expect_same_mask(got, want, "a call's start");
+        assert_int_equal(cst_emit(&c, ids + 1, n - 1), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        expect_same_mask(got, want, "a call's city");
+        const int32_t bad = id_of_bytes("X");
+        assert_int_equal(cst_allowed(&c, &bad, 1), 0);
+        const int64_t m = spell("me\n</parameter>\n</function>\n", ids);
+        ids[m] = close;
+        ids[m + 1] = x;
+        assert_int_equal(cst_emit(&c, ids, m + 2), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        for (int64_t t = 0; t < V; t++)
+            assert_true(bit(got, t));
+    }
+    cst_free(&c, be);
+
+    dfl_model *dm;
+    char dir[160];
+    snprintf(dir, sizeof dir, "%s/a", tmpdir);
+    assert_int_equal(mf_drafter_make(&dm, dir, TM, &(mf_drafter){16, 2, false, 5, true}, 903),
+                     TD_OK);
+    json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                               "\"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"},"
+                               "\"days\":{\"type\":\"integer\"}}}}}]",
+                               0, NULL);
+    const float push = 30.0f; /* the model opens calls wherever it may */
+    int calls = 0;
+    for (int p = 0; p < 3; p++) {
+        enum { N = 160 };
+        const int32_t prompt[4] = {40 + p, 279, 20, 33};
+        int32_t plain[N], spec[N];
+        spec_cfg sc = {.n_ctx = 256, .block = 1, .cst = cfg, .vocab = &VOC,
+                       .pen = {.bias_tok = &open, .bias = &push, .n_bias = 1}};
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, plain, NULL), TD_OK);
+        sc.dm = dm;
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, spec, NULL), TD_OK);
+        assert_memory_equal(plain, spec, sizeof plain);
+        for (int at = 0; at < N;) {
+            assert_int_equal(plain[at], open);
+            int end = at + 1;
+            while (end < N && plain[end] != close)
+                end++;
+            if (end == N)
+                break;
+            tok_bytes body = {0};
+            assert_int_equal(tok_decode(TOK, plain + at + 1, (size_t)(end - at - 1), 0, &body),
+                             TD_OK);
+            tool_call call;
+            assert_int_equal(tool_parse(body.ptr, body.len, tools, &call), TD_OK);
+            json_t *args = json_loads(call.arguments, 0, NULL);
+            if (strcmp(call.name, "get_weather") == 0) {
+                const char *city = json_string_value(json_object_get(args, "city"));
+                assert_true(city && (strcmp(city, "Paris") == 0 || strcmp(city, "Rome") == 0));
+            } else {
+                assert_string_equal(call.name, "get_time");
+            }
+            json_decref(args);
+            tool_call_free(&call);
+            tok_bytes_free(&body);
+            calls++;
+            at = end + 1;
+        }
+    }
+    assert_true(calls >= 4);
+    json_decref(tools);
+    dfl_free(dm);
+    free(got);
+    free(want);
+    free(lg);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -657,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_reasoning_stays_free_until_its_end_token),
         cmocka_unit_test(test_a_required_tool_call_opens_the_answer),
         cmocka_unit_test(test_a_tool_spec_makes_the_call_valid),
+        cmocka_unit_test(test_calls_the_model_opens_are_matched),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

@@ -366,7 +366,8 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
 
 /* A required call (named here) goes to verifyd with the tool spec it matches the call
  * against: the model's template teaches the XML form, and only the named function is in it;
- * tools whose schemas cannot be enforced are this request's 400, before verifyd is asked. */
+ * tools whose schemas cannot be enforced are this request's 400, before verifyd is asked.
+ * With tool_choice "auto" every tool is in the spec, or calls stay free. */
 static void required_call_sends_the_tool_spec(void **state)
 {
     (void)state;
@@ -405,6 +406,27 @@ static void required_call_sends_the_tool_spec(void **state)
     assert_non_null(strstr(body, "\"param\":\"tools\",\"code\":\"unsupported_value\""));
     free(reply);
     assert_int_equal(fake_verifyd_starts(fake), starts + 1);
+
+    /* tool_choice "auto": the calls the model opens are matched against every tool; with a
+     * schema that cannot be enforced they are left free instead (no error) */
+    const char *auto_req =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"tools\":[{\"type\":"
+        "\"function\",\"function\":{\"name\":\"get_time\"}},{\"type\":\"function\",\"function\":"
+        "{\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{%s}}}}}]}";
+    snprintf(body_req, sizeof body_req, auto_req, "\"type\":\"string\"");
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    free(reply);
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.format, MSG_FORMAT_TOOLS);
+    assert_string_equal(m.schema, "{\"form\":\"xml\",\"tools\":[{\"name\":\"get_time\"},{\"name\":"
+                                  "\"get_weather\",\"parameters\":{\"properties\":{\"city\":{"
+                                  "\"type\":\"string\"}}}}]}");
+    snprintf(body_req, sizeof body_req, auto_req, "\"pattern\":\"x\"");
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    free(reply);
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.format, MSG_FORMAT_TEXT);
+    assert_int_equal(m.n_schema, 0);
 }
 
 /* parallel_tool_calls false: the answer ends with its first call (verifyd is told to stop), the

@@ -154,12 +154,14 @@ static td_err sink_tool(void *ctx, const char *text, size_t len, const tool_call
     return TD_OK;
 }
 
-/* Runs text through a tool split in pieces of `step` bytes (0: one piece). */
-static void split_tools(const char *text, size_t step, sink *s)
+/* Runs text through a tool split in pieces of `step` bytes (0: one piece), with closed_only
+ * when matched. */
+static void split_tools_as(const char *text, size_t step, bool matched, sink *s)
 {
     memset(s, 0, sizeof *s);
     tool_split t;
     tool_split_init(&t, NULL, sink_tool, s);
+    t.closed_only = matched;
     size_t n = strlen(text);
     if (step == 0)
         step = n;
@@ -167,6 +169,11 @@ static void split_tools(const char *text, size_t step, sink *s)
         assert_int_equal(tool_split_push(&t, text + i, i + step <= n ? step : n - i), TD_OK);
     assert_int_equal(tool_split_flush(&t), TD_OK);
     tool_split_free(&t);
+}
+
+static void split_tools(const char *text, size_t step, sink *s)
+{
+    split_tools_as(text, step, false, s);
 }
 
 static void tool_split_content_then_two_calls(void **state)
@@ -211,6 +218,12 @@ static void tool_split_unterminated_block_is_parsed_at_the_end(void **state)
     sink s;
     split_tools("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"k\": true}}\n", 4, &s);
     assert_string_equal(s.log, "T(f|{\"k\": true})");
+    /* calls matched as generated: one the output ends inside was cut off, and is text */
+    split_tools_as("<tool_call>\n<function=f>\n<parameter=k>\nPar</tool_call>\n<tool_call>\n"
+                   "<function=g>\n<parameter=k>\nPar",
+                   5, true, &s);
+    assert_string_equal(s.log, "T(f|{\"k\": \"Par\"})C(<tool_call>)"
+                               "C(\n<function=g>\n<parameter=k>\nPar)");
 }
 
 /* --- reasoning ------------------------------------------------------------------------------- */

@@ -263,10 +263,12 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
-    if (cfg->format == MSG_FORMAT_TOOL_CALL) {
+    if (cfg->format == MSG_FORMAT_TOOL_CALL || cfg->format == MSG_FORMAT_TOOLS) {
         if (v->call_open < 0 || v->call_close < 0)
-            return err_set(TD_ENOTSUP, "a required tool call needs the model's <tool_call> and "
+            return err_set(TD_ENOTSUP, "matching tool calls needs the model's <tool_call> and "
                            "</tool_call> tokens, which its vocabulary does not have");
+        if (cfg->format == MSG_FORMAT_TOOLS && cfg->n_schema == 0)
+            return err_set(TD_EINVAL, "the tools format needs a tool spec");
         td_err e = cfg->n_schema ? cm_compile(cfg->schema, cfg->n_schema, &out->call) : TD_OK;
         if (e != TD_OK)
             out->call = NULL;
@@ -286,7 +288,7 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     TD_ASSERT(cfg && block >= 1);
     if (cfg->format == MSG_FORMAT_TEXT)
         return TD_OK;
-    const bool call = cfg->format == MSG_FORMAT_TOOL_CALL;
+    const bool call = cfg->format == MSG_FORMAT_TOOL_CALL || cfg->format == MSG_FORMAT_TOOLS;
     if (cfg->compiled) { /* the caller's: cst_free leaves it */
         c->schema = cfg->compiled->schema;
         c->call = cfg->compiled->call;
@@ -300,7 +302,7 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     c->on = true;
     c->v = v;
     c->block = block;
-    c->answer = call ? CST_CALL : CST_DOC;
+    c->answer = cfg->format == MSG_FORMAT_TOOLS ? CST_FREE : call ? CST_CALL : CST_DOC;
     /* states stay aligned in arrays; a byte for the memo key's phase without a schema */
     c->size = c->call     ? cm_state_size(c->call)
               : call      ? 8
@@ -358,7 +360,10 @@ void cst_reset(cst_state *c)
         jc_state_init(c->schema, c->cur);
     else if (c->call)
         cm_state_init(c->call, c->cur);
-    c->phase = c->think_open ? CST_THINK : c->think_start >= 0 ? CST_OPEN : c->answer;
+    c->phase = c->answer == CST_FREE  ? CST_FREE /* calls anywhere, the rest untouched */
+               : c->think_open        ? CST_THINK
+               : c->think_start >= 0  ? CST_OPEN
+                                      : c->answer;
 }
 
 /* One token after (phase, st), in place; false when the format does not allow it (then
@@ -397,6 +402,10 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
         return cst_bit(v->normal, tok) &&
                cm_feed(c->call, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
     case CST_FREE:
+        if (c->call && tok == v->call_open) { /* a call opens: its body is matched */
+            *phase = CST_IN_CALL;
+            cm_state_init(c->call, st);
+        }
         return true;
     case CST_DOC:
         break;
@@ -535,6 +544,11 @@ td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32
         const bool ok = cst_advance(c, &c->row_phase[i], c->rows + (size_t)i * sz, drafts[i - 1]);
         TD_ASSERT(ok); /* the caller cut the block at cst_allowed */
     }
+    bool all_free = true; /* outside any call (the tools format): nothing to mask */
+    for (int64_t i = 0; i < n; i++)
+        all_free = all_free && c->row_phase[i] == CST_FREE;
+    if (all_free)
+        return TD_OK;
     for (int64_t i = 0; i < n; i++)
         cst_mask_of(c, c->row_phase[i], c->rows + (size_t)i * sz, c->host + (size_t)i * W);
     if (!c->dev)

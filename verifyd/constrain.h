@@ -16,8 +16,11 @@
  * The tool-call format (tool_choice "required" or a named function): the answer's first token
  * is the model's "<tool_call>"; the call's body is matched by common/callm (a function of the
  * request with arguments valid under its parameters' schemas) and "</tool_call>" is allowed
- * once the body is whole; after it the text is free. Without a tool spec the body is free and
- * only the end of generation is refused until "</tool_call>".
+ * once the body is whole; after it the text is free, and each further call is matched the
+ * same way. Without a tool spec the body is free and only the end of generation is refused
+ * until "</tool_call>". The tools format (tool_choice "auto") leaves the text alone (no mask
+ * at all) and matches the body of every call the model opens. Reasoning blocks are not
+ * looked at by it.
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
@@ -98,7 +101,8 @@ typedef enum cst_phase {
     CST_CALL,      /* the answer's first token: the tool-call opener (tool-call format) */
     CST_IN_CALL,   /* inside that call: its body (anything but the end of generation without
                     * a tool spec), then "</tool_call>" */
-    CST_FREE,      /* after it: anything */
+    CST_FREE,      /* after it: anything; "<tool_call>" opens a call matched again (with a
+                    * tool spec) */
 } cst_phase;
 
 typedef struct cst_state {

@@ -521,6 +521,24 @@ def test_tools_are_rendered_and_answered(server):
         streamed = [d.function for c in server["client"].chat.completions.create(
             stream=True, **args) if c.choices for d in (c.choices[0].delta.tool_calls or [])]
         assert [(f.name, json.loads(f.arguments)) for f in streamed[:1]] == [(call.name, got)]
+    # tool_choice "auto": the model (pushed to open calls by a bias on <tool_call>) writes
+    # only calls of declared functions with valid arguments
+    status, body = _post(server["port"], "/tokenize", json.dumps({"content": "<tool_call>"})
+                         .encode())
+    opener = json.loads(body)["tokens"]
+    assert status == 200 and len(opener) == 1
+    r = server["client"].chat.completions.create(
+        model=server["model"], messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=tools, max_tokens=160, temperature=0, logit_bias={str(opener[0]): 100},
+        extra_body=NO_THINK)
+    calls = r.choices[0].message.tool_calls or []
+    assert calls
+    for c in calls:
+        got = json.loads(c.function.arguments)
+        if c.function.name == "get_time":
+            assert got == {"zone": "UTC"}, calls
+        else:
+            assert c.function.name == "get_weather" and got["city"] in ("Paris", "Rome"), calls
 
 
 # --- errors ---------------------------------------------------------------------------------------
