@@ -74,13 +74,7 @@ static bool api_key_ok(const char *key, const char *header)
 
 static void api_models(gw_state *g, api_reply *r)
 {
-    msg_status st;
-    int64_t ctx = g->cfg.ctx > 0 ? g->cfg.ctx : 0;
-    if (!ctx && g->link && link_status(g->link, &st) && st.n_ctx)
-        ctx = st.n_ctx;
-    if (!ctx)
-        ctx = g->model_ctx;
-    api_json(r, 200, render_models(g->model_name, g->started, ctx));
+    api_json(r, 200, render_models(g->model_name, g->started, gen_ctx(g)));
 }
 
 static void api_model(gw_state *g, const char *name, api_reply *r)
@@ -122,25 +116,48 @@ static void api_metrics(gw_state *g, api_reply *r)
     r->body_len = strlen(r->body);
 }
 
+/* {"content": text} (or "prompt"), or a chat's {"messages": [...]} with the fields that shape
+ * its prompt (tools, chat_template_kwargs, add_generation_prompt) -> the tokens, their count
+ * and the context they must fit. */
 static void api_tokenize(gw_state *g, const api_call *c, api_reply *r)
 {
     api_error e;
-    json_t *root = NULL;
-    const char *text;
-    size_t len;
-    bool add_special;
-    if (req_parse_tokenize(c->body, c->body_len, &root, &text, &len, &add_special, &e) != TD_OK) {
+    tok_ids ids = {0};
+    json_t *probe = json_loadb(c->body, c->body_len, 0, NULL);
+    const bool chat = json_is_object(probe) && json_object_get(probe, "messages");
+    json_decref(probe);
+    td_err err;
+    if (chat) {
+        gw_request req;
+        bool in_think;
+        err = req_parse(&req, REQ_CHAT, c->body, c->body_len, &e);
+        if (err == TD_OK) {
+            err = gen_chat_prompt(g, &req, &ids, &in_think, &e);
+            req_free(&req);
+        }
+    } else {
+        json_t *root = NULL;
+        const char *text;
+        size_t len;
+        bool add_special;
+        err = req_parse_tokenize(c->body, c->body_len, &root, &text, &len, &add_special, &e);
+        if (err == TD_OK &&
+            tok_encode(g->tok, text, len, add_special ? TOK_ENC_ADD_SPECIAL : 0, &ids) != TD_OK)
+            err = apierr_set(&e, 500, NULL, NULL, "tokenizing failed: %s", err_msg());
+        json_decref(root);
+    }
+    if (err != TD_OK) {
+        tok_ids_free(&ids);
         gen_reply_error(r, &e);
         return;
     }
-    tok_ids ids = {0};
-    td_err err = tok_encode(g->tok, text, len, add_special ? TOK_ENC_ADD_SPECIAL : 0, &ids);
-    json_decref(root);
-    json_t *arr = err == TD_OK ? json_array() : NULL;
+    json_t *arr = json_array();
     for (size_t i = 0; arr && i < ids.n; i++)
         json_array_append_new(arr, json_integer(ids.ids[i]));
+    json_t *o = arr ? json_pack("{s:I,s:I,s:o}", "count", (json_int_t)ids.n, "max_model_len",
+                                (json_int_t)gen_ctx(g), "tokens", arr)
+                    : NULL;
     tok_ids_free(&ids);
-    json_t *o = arr ? json_pack("{s:o}", "tokens", arr) : NULL;
     char *body = o ? render_dump(o) : NULL;
     json_decref(o);
     api_json(r, 200, body);

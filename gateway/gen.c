@@ -153,33 +153,39 @@ static bool gen_client_gone(int fd)
 
 /* --- the prompt ---------------------------------------------------------------------------- */
 
-static td_err gen_prompt_chat(api_stream *s, bool *in_think, api_error *e)
+td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *in_think,
+                       api_error *e)
 {
-    gw_state *g = s->g;
     if (!g->tmpl)
         return apierr_set(e, 400, "no_chat_template", NULL,
                           "The model file has no chat template; use /v1/completions.");
     chat_opts o = {
-        .tools = s->req.tools,
-        .add_generation_prompt = s->req.add_generation_prompt,
-        .enable_thinking = s->req.enable_thinking,
-        .kwargs = s->req.template_kwargs,
+        .tools = req->tools,
+        .add_generation_prompt = req->add_generation_prompt,
+        .enable_thinking = req->enable_thinking,
+        .kwargs = req->template_kwargs,
         .bos_token = g->chat.bos_token,
         .eos_token = g->chat.eos_token,
     };
     char *text = NULL;
     size_t len = 0;
-    if (chat_template_render(g->tmpl, s->req.messages, &o, &text, &len) != TD_OK)
+    if (chat_template_render(g->tmpl, req->messages, &o, &text, &len) != TD_OK)
         return apierr_set(e, 400, "invalid_messages", "messages",
                           "The chat template cannot render these messages: %s", err_msg());
     *in_think = think_prompt_open(text, len);
-    tok_ids ids = {0};
-    td_err err = tok_encode(g->tok, text, len, 0, &ids);
+    td_err err = tok_encode(g->tok, text, len, 0, ids);
     free(text);
     if (err != TD_OK) {
-        tok_ids_free(&ids);
+        tok_ids_free(ids);
         return apierr_set(e, 500, NULL, NULL, "tokenizing the prompt failed: %s", err_msg());
     }
+    return TD_OK;
+}
+
+static td_err gen_prompt_chat(api_stream *s, api_error *e)
+{
+    tok_ids ids = {0};
+    TD_TRY(gen_chat_prompt(s->g, &s->req, &ids, &s->in_think, e));
     s->prompts[0].ids = ids.ids;
     s->prompts[0].n = ids.n;
     return TD_OK;
@@ -234,8 +240,7 @@ static td_err gen_check_ids(const api_stream *s, const char *param, const uint32
     return TD_OK;
 }
 
-/* The context every request must fit: --ctx, else verifyd's, else the model's. */
-static uint32_t gen_ctx(gw_state *g)
+uint32_t gen_ctx(gw_state *g)
 {
     if (g->cfg.ctx > 0)
         return (uint32_t)g->cfg.ctx;
@@ -316,7 +321,7 @@ static td_err gen_prompts(api_stream *s, api_error *e)
     if (!(s->prompts = calloc(s->n_prompts, sizeof *s->prompts)))
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
     for (size_t i = 0; i < s->n_prompts; i++) {
-        TD_TRY(chat ? gen_prompt_chat(s, &s->in_think, e) : gen_prompt_completion(s, i, e));
+        TD_TRY(chat ? gen_prompt_chat(s, e) : gen_prompt_completion(s, i, e));
         TD_TRY(gen_budget(s, &s->prompts[i], e));
         if (s->req.echo)
             TD_TRY(gen_echo_setup(s, i, e));

@@ -1034,7 +1034,29 @@ static void tokenize_and_detokenize_round_trip(void **state)
     assert_int_equal(request("POST", "/tokenize", NULL, "{\"content\":\"Hello world\"}", &reply,
                              &body),
                      200);
-    assert_string_equal(body, "{\"tokens\":[39,68,317,78,281,274,75,67]}");
+    assert_string_equal(body, "{\"count\":8,\"max_model_len\":1024,\"tokens\":[39,68,317,78,281,"
+                              "274,75,67]}");
+    free(reply);
+    /* a chat's messages: the prompt a chat request sends verifyd, as the template makes it */
+    const char *msgs = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                       "\"chat_template_kwargs\":{\"enable_thinking\":false}}";
+    assert_int_equal(request("POST", "/v1/chat/completions", NULL, msgs, &reply, &body), 200);
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    assert_int_equal(request("POST", "/tokenize", NULL, msgs, &reply, &body), 200);
+    json_t *j = json_loads(body, 0, NULL);
+    const json_t *toks = json_object_get(j, "tokens");
+    assert_int_equal(json_array_size(toks), m.n_prompt);
+    assert_int_equal(json_integer_value(json_object_get(j, "count")), m.n_prompt);
+    for (uint32_t i = 0; i < m.n_prompt; i++)
+        assert_int_equal(json_integer_value(json_array_get(toks, i)), p[i]);
+    json_decref(j);
+    free(reply);
+    assert_int_equal(request("POST", "/tokenize", NULL, "{\"messages\":[{\"role\":\"x\"}]}",
+                             &reply, &body),
+                     400);
     free(reply);
     assert_int_equal(request("POST", "/detokenize", NULL,
                              "{\"tokens\":[505,39,68,317,78,281,274,75,67]}", &reply, &body),
