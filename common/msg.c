@@ -302,6 +302,9 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if (m->n_stop > MSG_STOP_MAX)
         return err_set(code, "gen_start: %u stop tokens, allowed at most %u", m->n_stop,
                        MSG_STOP_MAX);
+    if (m->n_predict > MSG_PREDICT_MAX)
+        return err_set(code, "gen_start: a prediction of %u tokens, allowed at most %u",
+                       m->n_predict, MSG_PREDICT_MAX);
     if (m->top_logprobs > MSG_TOP_LOGPROBS_MAX)
         return err_set(code, "gen_start: top_logprobs %u, allowed at most %u", m->top_logprobs,
                        MSG_TOP_LOGPROBS_MAX);
@@ -344,9 +347,10 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
 {
     TD_ASSERT(out && m && (m->n_bias == 0 || (m->bias_tok && m->bias)));
     TD_TRY(check_gen_start(m, TD_EINVAL));
-    TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0));
+    TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0) &&
+              (m->predict || m->n_predict == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 20);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 21);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -367,6 +371,7 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_f32(&w, m->repetition_penalty);
     msg_write_uint(&w, m->min_tokens);
     msg_write_bool(&w, m->prompt_logprobs);
+    msg_write_u32_array(&w, m->predict, m->n_predict);
     return msg_write_end(&w);
 }
 
@@ -379,13 +384,13 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     msg_header h;
     uint64_t max_tokens = 0, top_logprobs = 0, format = 0, think_start = 0, think_end = 0;
     uint64_t min_tokens = 0;
-    uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL;
+    uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL, *predict = NULL;
     float *bias = NULL;
     char *schema = NULL;
     const uint8_t *schema_in = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 20, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 21, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -406,6 +411,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_f32(&r, "repetition_penalty", &out->repetition_penalty)) ||
         (e = msg_read_uint(&r, "min_tokens", UINT32_MAX, &min_tokens)) ||
         (e = msg_read_bool(&r, "prompt_logprobs", &out->prompt_logprobs)) ||
+        (e = msg_read_u32_array(&r, "predict", 0, MSG_PREDICT_MAX, &predict, &out->n_predict)) ||
         (e = msg_read_end(&r)))
         goto fail;
     if (out->n_schema > 0) {
@@ -423,6 +429,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     out->think_end = (uint32_t)think_end;
     out->min_tokens = (uint32_t)min_tokens;
     out->prompt = prompt;
+    out->predict = predict;
     out->stop = stop;
     out->bias_tok = bias_tok;
     out->bias = bias;
@@ -434,6 +441,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     return TD_OK;
 fail:
     free(prompt);
+    free(predict);
     free(stop);
     free(bias_tok);
     free(bias);
@@ -447,14 +455,15 @@ void msg_free_gen_start(msg_gen_start *m)
     if (!m)
         return;
     free((void *)m->prompt);
+    free((void *)m->predict);
     free((void *)m->stop);
     free((void *)m->bias_tok);
     free((void *)m->bias);
     free((void *)m->schema);
-    m->prompt = m->stop = m->bias_tok = NULL;
+    m->prompt = m->stop = m->bias_tok = m->predict = NULL;
     m->bias = NULL;
     m->schema = NULL;
-    m->n_prompt = m->n_stop = m->n_bias = m->n_schema = 0;
+    m->n_prompt = m->n_stop = m->n_bias = m->n_schema = m->n_predict = 0;
 }
 
 /* --- gen_event --------------------------------------------------------------------------- */
@@ -556,11 +565,12 @@ td_err msg_pack_gen_event(msg_buf *out, uint64_t request_id, const msg_gen_event
         msg_write_f32_array(&w, lp->top_logprob, lp->n_top);
     }
     msg_write_uint(&w, (uint64_t)m->finish);
-    msg_write_array(&w, 4);
+    msg_write_array(&w, 5);
     msg_write_uint(&w, m->usage.prompt_tokens);
     msg_write_uint(&w, m->usage.completion_tokens);
     msg_write_uint(&w, m->usage.steps);
     msg_write_uint(&w, m->usage.cached_tokens);
+    msg_write_uint(&w, m->usage.predicted_tokens);
     msg_write_uint(&w, (uint64_t)m->code);
     msg_write_str(&w, m->message);
     return msg_write_end(&w);
@@ -574,7 +584,7 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
     msg_reader r;
     msg_header h;
     uint64_t kind = 0, finish = 0, code = 0;
-    uint64_t prompt_tokens = 0, completion_tokens = 0, steps = 0, cached = 0;
+    uint64_t prompt_tokens = 0, completion_tokens = 0, steps = 0, cached = 0, predicted = 0;
     uint32_t *tokens = NULL;
     msg_logprob *lps = NULL;
     td_err e;
@@ -586,11 +596,12 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
                                 &out->n_tokens)) ||
         (e = read_logprobs(&r, out, &lps)) ||
         (e = msg_read_uint(&r, "finish", MSG_FINISH_END - 1, &finish)) ||
-        (e = msg_read_array(&r, "usage", 4)) ||
+        (e = msg_read_array(&r, "usage", 5)) ||
         (e = msg_read_uint(&r, "usage.prompt_tokens", UINT32_MAX, &prompt_tokens)) ||
         (e = msg_read_uint(&r, "usage.completion_tokens", UINT32_MAX, &completion_tokens)) ||
         (e = msg_read_uint(&r, "usage.steps", UINT32_MAX, &steps)) ||
         (e = msg_read_uint(&r, "usage.cached_tokens", UINT32_MAX, &cached)) ||
+        (e = msg_read_uint(&r, "usage.predicted_tokens", UINT32_MAX, &predicted)) ||
         (e = msg_read_uint(&r, "code", TD_ERR_COUNT - 1, &code)) ||
         (e = msg_read_str(&r, "message", out->message, sizeof out->message)) ||
         (e = msg_read_end(&r)))
@@ -602,6 +613,7 @@ td_err msg_unpack_gen_event(const void *buf, size_t len, uint64_t *request_id,
     out->usage.completion_tokens = (uint32_t)completion_tokens;
     out->usage.steps = (uint32_t)steps;
     out->usage.cached_tokens = (uint32_t)cached;
+    out->usage.predicted_tokens = (uint32_t)predicted;
     out->logprobs = lps;
     out->code = (td_err)code;
     if ((e = check_gen_event(out, TD_EFORMAT)))

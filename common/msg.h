@@ -45,6 +45,7 @@
 #define MSG_UUID_MAX 63              /* device UUID string, "GPU-8f3c...-..." is 40 */
 #define MSG_PROMPT_MAX (1u << 18)    /* gen_start prompt tokens (262144: the models' context) */
 #define MSG_STOP_MAX 64              /* gen_start stop token ids */
+#define MSG_PREDICT_MAX (1u << 16)   /* gen_start prediction tokens */
 #define MSG_BIAS_MAX 1024            /* gen_start logit bias entries */
 #define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
 #define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
@@ -250,6 +251,10 @@ typedef struct msg_gen_start {
                              * (PROMPT events, before any TOKEN event; top_logprobs
                              * alternatives each with logprobs): the whole prompt runs, the
                              * prefix cache is not read */
+    const uint32_t *predict; /* [n_predict] what the output is expected to be much like
+                              * (OpenAI's predicted outputs): where the output follows it, its
+                              * next tokens are the drafts; the output is the same either way */
+    uint32_t n_predict;     /* tokens, 0..MSG_PREDICT_MAX */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);
@@ -282,6 +287,7 @@ typedef struct msg_usage {
     uint32_t completion_tokens; /* tokens emitted */
     uint32_t steps;             /* target verify passes while decoding; tau = tokens / steps */
     uint32_t cached_tokens;     /* prompt tokens reused from the prefix cache, <= prompt_tokens */
+    uint32_t predicted_tokens;  /* drafts taken from the prediction and accepted */
 } msg_usage;
 
 /* Log probabilities of one emitted token under the target (log-softmax of its raw logits, no

@@ -174,7 +174,10 @@ static void test_gen_start_round_trip(void **state)
     assert_true(out.repetition_penalty == 1.125f);
     assert_int_equal(out.min_tokens, 9);
     assert_true(out.prompt_logprobs);
+    assert_int_equal(out.n_predict, 3);
+    assert_int_equal(out.predict[2], 151643);
     msg_free_gen_start(&out);
+    assert_null(out.predict);
     assert_null(out.prompt);
     assert_null(out.schema);
 
@@ -460,6 +463,7 @@ static void test_gen_event_logprobs_and_cached_tokens_round_trip(void **state)
     assert_int_equal(msg_pack_gen_event(&b, 5, &in), TD_OK);
     assert_int_equal(msg_unpack_gen_event(b.data, b.len, NULL, &out), TD_OK);
     assert_int_equal(out.usage.cached_tokens, 5);
+    assert_int_equal(out.usage.predicted_tokens, 11);
     assert_int_equal(out.n_logprobs, 4);
     assert_true(out.logprobs[0].logprob == -0.25f);
     assert_int_equal(out.logprobs[0].n_top, 2);

@@ -40,7 +40,7 @@ static void hostile_str(hostile *h, const char *s, size_t n)
     msgpack_pack_str_body(&h->pk, s, n);
 }
 
-#define GEN_START_FIELDS 20
+#define GEN_START_FIELDS 21
 
 /* The gen_start fields after the stop ids up to the format: logprobs off, no alternatives,
  * eos stops, no penalties, no logit bias. */
@@ -56,7 +56,8 @@ static void hostile_gen_start_mid(hostile *h)
 }
 
 /* The structured-output fields: format, schema (n bytes of '{'), think_open, think_start,
- * think_end; then no repetition penalty, no min_tokens, no prompt log probabilities. */
+ * think_end; then no repetition penalty, no min_tokens, no prompt log probabilities, no
+ * prediction. */
 static void hostile_format(hostile *h, uint32_t format, uint32_t n, bool open, uint32_t start,
                            uint32_t end)
 {
@@ -73,6 +74,7 @@ static void hostile_format(hostile *h, uint32_t format, uint32_t n, bool open, u
     msgpack_pack_float(&h->pk, 0);
     msgpack_pack_uint32(&h->pk, 0);
     msgpack_pack_false(&h->pk);
+    msgpack_pack_array(&h->pk, 0);
 }
 
 /* And the rest: plain text. */
@@ -172,7 +174,7 @@ static void test_huge_array_counts_without_data_are_refused_before_allocating(vo
     hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, UINT32_MAX);
-    for (int i = 0; i < 19; i++) /* enough bytes for the payload's 20 fields to be plausible */
+    for (int i = 0; i < 20; i++) /* enough bytes for the payload's 21 fields to be plausible */
         msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "prompt"));
@@ -491,10 +493,11 @@ static void test_gen_event_kind_must_agree_with_its_fields(void **state)
         msgpack_pack_uint32(&h.pk, 42);
         msgpack_pack_array(&h.pk, 0); /* no logprobs */
         msgpack_pack_uint64(&h.pk, cases[i].finish);
-        msgpack_pack_array(&h.pk, 4);
+        msgpack_pack_array(&h.pk, 5);
         msgpack_pack_uint32(&h.pk, 1);
         msgpack_pack_uint32(&h.pk, 2);
         msgpack_pack_uint32(&h.pk, 3);
+        msgpack_pack_uint32(&h.pk, 0);
         msgpack_pack_uint32(&h.pk, 0);
         msgpack_pack_uint64(&h.pk, cases[i].code);
         hostile_str(&h, cases[i].message, strlen(cases[i].message));
@@ -741,8 +744,8 @@ static void test_new_messages_refuse_values_that_break_their_rules(void **state)
         if (k == 1)
             msgpack_pack_float(&h.pk, -2.0f);
         msgpack_pack_uint64(&h.pk, MSG_FINISH_NONE);
-        msgpack_pack_array(&h.pk, 4);
-        for (int i = 0; i < 4; i++)
+        msgpack_pack_array(&h.pk, 5);
+        for (int i = 0; i < 5; i++)
             msgpack_pack_uint32(&h.pk, 1);
         msgpack_pack_uint64(&h.pk, TD_OK);
         hostile_str(&h, "", 0);

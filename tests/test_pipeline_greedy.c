@@ -337,6 +337,50 @@ static void test_prompt_logprobs_are_the_targets_log_softmax(void **ctx)
     }
 }
 
+/* A prediction (OpenAI's predicted outputs) never changes the output: the greedy tokens come
+ * back whether it is the output itself (most steps then commit whole blocks of it), the
+ * output with every seventh token wrong, the output after three wrong tokens (followed again
+ * once four generated tokens are found in it), or nothing like it. */
+static void test_a_prediction_drafts_where_the_output_follows_it(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 48, NP = 20 };
+    uint32_t p[NP];
+    int32_t ip[NP], want[GEN];
+    make_prompt(p, ip, NP, 13);
+    ops_sampler greedy = {0};
+    reference(NULL, ip, NP, GEN, &greedy, want);
+    uint32_t pred[4][GEN + 3];
+    uint32_t n_pred[4] = {GEN, GEN, GEN + 3 - 10, 40};
+    for (int i = 0; i < GEN; i++) {
+        pred[0][i] = (uint32_t)want[i];
+        pred[1][i] = i % 7 == 6 ? (uint32_t)(want[i] + 1) % (uint32_t)tm->hp.n_vocab
+                                : (uint32_t)want[i];
+    }
+    pred[2][0] = pred[2][1] = pred[2][2] = (uint32_t)(want[0] + 2) % (uint32_t)tm->hp.n_vocab;
+    for (int i = 10; i < GEN; i++)
+        pred[2][i - 7] = (uint32_t)want[i];
+    for (int i = 0; i < 40; i++)
+        pred[3][i] = (uint32_t)(5 + i);
+    uint32_t got[4];
+    for (int k = 0; k < 4; k++) {
+        msg_gen_start g = gen(p, NP, GEN);
+        g.predict = pred[k];
+        g.n_predict = n_pred[k];
+        assert_int_equal(pl_gen(&pl, &g), TD_OK);
+        pl_result *r = wait_done(g.seq_id);
+        assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+        assert_int_equal(r->n_tokens, GEN);
+        assert_memory_equal(r->tokens, want, sizeof want);
+        got[k] = r->usage.predicted_tokens;
+        if (k == 0) /* after the prefill's token, three steps of 15 drafts and a bonus token */
+            assert_int_equal(r->usage.steps, 3);
+    }
+    assert_int_equal(got[0], 45);
+    assert_true(got[1] > 0 && got[1] < got[0]);
+    assert_true(got[2] > 0 && got[2] < got[0]);
+}
+
 static void test_stop_ids_max_tokens_and_the_context_end(void **ctx)
 {
     (void)ctx;
@@ -510,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_prefix_cache_serves_a_longer_prompt_like_a_fresh_prefill),
         cmocka_unit_test(test_logprobs_are_the_targets_log_softmax),
         cmocka_unit_test(test_prompt_logprobs_are_the_targets_log_softmax),
+        cmocka_unit_test(test_a_prediction_drafts_where_the_output_follows_it),
         cmocka_unit_test(test_stop_ids_max_tokens_and_the_context_end),
         cmocka_unit_test(test_cancel_ends_a_generation_with_finish_cancel),
         cmocka_unit_test(test_bad_requests_get_errors_with_the_numbers),

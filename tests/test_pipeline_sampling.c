@@ -112,57 +112,88 @@ static void test_sampled_tokens_equal_the_in_process_loop_for_each_seed(void **c
     assert_true(accepted > 0); /* some draws were accepted drafts, not only resamples */
 }
 
-static void test_the_second_token_follows_the_targets_distribution(void **ctx)
+/* The target's distribution of the token after ctx[n] under s, into pd [n_vocab]. */
+static void target_probs(const int32_t *ctx, int64_t n, const ops_sampler *s, double *pd)
 {
-    (void)ctx;
+    const int64_t V = tm->hp.n_vocab;
+    tgt_state st;
+    assert_int_equal(tgt_state_init(&st, tm, 8), TD_OK);
+    float *lg = malloc((size_t)V * sizeof(float)), *pf = malloc((size_t)V * sizeof(float));
+    tgt_out o = {.logits = lg, .last_only = true};
+    assert_int_equal(tgt_forward(tm, &st, ctx, n, false, &o), TD_OK);
+    assert_int_equal(cpu_sample_probs(pf, lg, V, s), TD_OK);
+    for (int64_t i = 0; i < V; i++)
+        pd[i] = pf[i];
+    tgt_state_free(&st);
+    free(lg), free(pf);
+}
+
+/* 640 seeded runs of two tokens at temperature 0.7, top_k 12 (with the prediction {first
+ * token's mode, the second's mode} when predicted): the second token, where the first is the
+ * mode, follows the target's distribution. With the prediction that second token is a draft
+ * the target accepts with its probability (one-hot proposal) or replaces from the rest. */
+static void second_token_follows_the_target(bool predicted)
+{
     enum { RUNS = 640, BATCH = 32 };
-    int64_t V = tm->hp.n_vocab;
+    const int64_t V = tm->hp.n_vocab;
     uint32_t p[3] = {100, 200, 300};
-    int *t1 = calloc(RUNS, sizeof *t1), *t2 = calloc(RUNS, sizeof *t2);
-    int *c1 = calloc((size_t)V, sizeof *c1), *c2 = calloc((size_t)V, sizeof *c2);
+    const ops_sampler smp = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f};
+    double *p1 = malloc((size_t)V * sizeof(double)), *p2 = malloc((size_t)V * sizeof(double));
+    int32_t ctx4[4] = {100, 200, 300, 0};
+    target_probs(ctx4, 3, &smp, p1);
+    for (int64_t i = 0; i < V; i++)
+        ctx4[3] = p1[i] > p1[ctx4[3]] ? (int32_t)i : ctx4[3];
+    const int32_t best = ctx4[3];
+    target_probs(ctx4, 4, &smp, p2);
+    uint32_t pred[2] = {(uint32_t)best, 0};
+    for (int64_t i = 0; i < V; i++)
+        pred[1] = p2[i] > p2[pred[1]] ? (uint32_t)i : pred[1];
+    int *c2 = calloc((size_t)V, sizeof *c2);
+    int total = 0, taken = 0;
     for (int at = 0; at < RUNS; at += BATCH) {
         uint64_t ids[BATCH];
         for (int r = 0; r < BATCH; r++) {
-            ops_sampler s = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f,
-                             .seed = (uint64_t)(at + r) * 7919 + 1};
-            ids[r] = start(p, 3, 2, &s);
+            ops_sampler s = smp;
+            s.seed = (uint64_t)(at + r) * 7919 + 1;
+            msg_gen_start g = {.seq_id = next_seq++, .prompt = p, .n_prompt = 3, .max_tokens = 2,
+                               .sampler = to_msg(&s), .ignore_eos = true,
+                               .predict = predicted ? pred : NULL, .n_predict = predicted ? 2 : 0};
+            if (pl_gen(&pl, &g) != TD_OK)
+                fail_msg("gen_start: %s", err_msg());
+            ids[r] = g.seq_id;
         }
         for (int r = 0; r < BATCH; r++) {
             pl_result *res = wait_done(ids[r]);
             assert_int_equal(res->n_tokens, 2);
-            t1[at + r] = res->tokens[0];
-            t2[at + r] = res->tokens[1];
-            c1[res->tokens[0]]++;
+            if (res->usage.predicted_tokens) { /* the draft was the second token */
+                assert_int_equal(res->tokens[0], best);
+                assert_int_equal(res->tokens[1], pred[1]);
+                taken++;
+            }
+            if (res->tokens[0] == best) {
+                c2[res->tokens[1]]++;
+                total++;
+            }
         }
     }
-    int32_t best = 0;
-    for (int64_t i = 0; i < V; i++)
-        if (c1[i] > c1[best])
-            best = (int32_t)i;
-    /* the target's p(t2 | prompt, best) under the same settings */
-    tgt_state st;
-    assert_int_equal(tgt_state_init(&st, tm, 8), TD_OK);
-    int32_t ctx4[4] = {100, 200, 300, best};
-    float *lg = malloc((size_t)V * sizeof(float)), *pf = malloc((size_t)V * sizeof(float));
-    double *pd = malloc((size_t)V * sizeof(double));
-    tgt_out o = {.logits = lg, .last_only = true};
-    assert_int_equal(tgt_forward(tm, &st, ctx4, 4, false, &o), TD_OK);
-    ops_sampler s = {.temperature = 0.7f, .top_k = 12, .top_p = 1.0f};
-    assert_int_equal(cpu_sample_probs(pf, lg, V, &s), TD_OK);
-    int total = 0;
-    for (int64_t i = 0; i < V; i++)
-        pd[i] = pf[i];
-    for (int r = 0; r < RUNS; r++)
-        if (t1[r] == best) {
-            c2[t2[r]]++;
-            total++;
-        }
     assert_true(total >= 100);
-    double pv = chi_square_p(c2, pd, V, total);
+    assert_true(predicted ? taken > 0 && taken < total : taken == 0);
+    double pv = chi_square_p(c2, p2, V, total);
     if (!(pv > 1e-4))
         fail_msg("p-value %.3g for the second token over %d runs", pv, total);
-    tgt_state_free(&st);
-    free(lg), free(pf), free(pd), free(t1), free(t2), free(c1), free(c2);
+    free(p1), free(p2), free(c2);
+}
+
+static void test_the_second_token_follows_the_targets_distribution(void **ctx)
+{
+    (void)ctx;
+    second_token_follows_the_target(false);
+}
+
+static void test_a_predicted_second_token_keeps_the_targets_distribution(void **ctx)
+{
+    (void)ctx;
+    second_token_follows_the_target(true);
 }
 
 int main(void)
@@ -172,6 +203,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampled_tokens_equal_the_in_process_loop_for_each_seed),
         cmocka_unit_test(test_the_second_token_follows_the_targets_distribution),
+        cmocka_unit_test(test_a_predicted_second_token_keeps_the_targets_distribution),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

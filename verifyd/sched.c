@@ -200,6 +200,7 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
     for (uint32_t i = 0; e == TD_OK && i < gs->n_prompt; i++)
         seq->prompt[i] = seq->hist[i] = (int32_t)gs->prompt[i];
     seq->n_hist = gs->n_prompt;
+    seq->pred_at = gs->n_predict ? 0 : -1; /* the output is expected to open as predicted */
     uint8_t *base = kvc_target_slot(&s->kv, g->slot);
     tgt_state_mem mem = {
         .k = (float *)(base + lay->k), .v = (float *)(base + lay->v),
@@ -479,6 +480,10 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         if (gs->bias_tok[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
                         gs->bias_tok[i], (long long)V);
+    for (uint32_t i = 0; e == TD_OK && i < gs->n_predict; i++)
+        if (gs->predict[i] >= (uint64_t)V)
+            e = err_set(TD_EINVAL, "prediction token %u (id %u) is outside the vocabulary of %lld",
+                        i, gs->predict[i], (long long)V);
     if (e == TD_OK) {
         /* the format is checked and compiled here, once, so that a bad one is this request's
          * error rather than its sequence's */

@@ -9,7 +9,9 @@
  * state never leaves the device. Sampled proposals' distributions arrive in kvd's proposal
  * pool.
  * Blocks come from draftd over the draft link; without it (absent, slow, erroring) a step is
- * a plain one and the output is unchanged. */
+ * a plain one and the output is unchanged. Where the output follows the request's prediction
+ * (OpenAI's predicted outputs), the prediction's next tokens are the block's drafts instead,
+ * verified the same way (deterministic proposals: q is one-hot). */
 #ifndef TANDEM_VERIFYD_SCHED_H
 #define TANDEM_VERIFYD_SCHED_H
 
@@ -70,6 +72,9 @@ typedef struct sched_seq {
     int32_t *hist;           /* [n_ctx + 1] prompt, committed tokens, then the pending one */
     int64_t n_hist;          /* == spec.ts.n_past + 1 once the prompt has run */
     uint32_t n_cached;       /* prompt tokens the slot already held */
+    int64_t pred_at;         /* the prediction's token the output is expected to go on with,
+                              * or -1 while the output does not follow it */
+    uint32_t predicted;      /* drafts taken from the prediction and accepted */
     uint32_t completion;     /* tokens emitted */
     bool prefilling;
     bool done;               /* finished: to be removed after this round */

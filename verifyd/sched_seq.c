@@ -20,6 +20,7 @@ static msg_usage seq_usage(const sched_seq *seq)
     return (msg_usage){
         .prompt_tokens = seq->req->gs.n_prompt, .completion_tokens = seq->completion,
         .steps = (uint32_t)seq->spec.stats.steps, .cached_tokens = seq->n_cached,
+        .predicted_tokens = seq->predicted < seq->completion ? seq->predicted : seq->completion,
     };
 }
 
@@ -265,6 +266,67 @@ static int64_t seq_draft(sched *s, sched_seq *seq, int32_t *block, int64_t B, co
     return ok;
 }
 
+#define SEQ_PRED_SYNC 4 /* generated tokens that place the output in the prediction again */
+
+/* out[n] were emitted (and are in hist): where the output now stands in the prediction. Off
+ * it, the last SEQ_PRED_SYNC generated tokens are looked for in the prediction, and the
+ * output follows it again after their first occurrence. */
+static void seq_pred_follow(sched_seq *seq, const int32_t *out, int64_t n)
+{
+    const msg_gen_start *gs = &seq->req->gs;
+    const int64_t np = gs->n_predict;
+    if (np == 0)
+        return;
+    for (int64_t i = 0; i < n; i++)
+        seq->pred_at = seq->pred_at >= 0 && seq->pred_at < np &&
+                               gs->predict[seq->pred_at] == (uint32_t)out[i]
+                           ? seq->pred_at + 1
+                           : -1;
+    if (seq->pred_at >= 0)
+        return;
+    const int64_t gen = seq->n_hist - gs->n_prompt;
+    const int64_t k = gen < SEQ_PRED_SYNC ? gen : SEQ_PRED_SYNC;
+    const int32_t *tail = seq->hist + seq->n_hist - k;
+    for (int64_t j = k; k > 0 && j <= np; j++) {
+        int64_t m = 0;
+        while (m < k && gs->predict[j - k + m] == (uint32_t)tail[m])
+            m++;
+        if (m == k) {
+            seq->pred_at = j;
+            return;
+        }
+    }
+}
+
+/* The prediction's next tokens as block[1..): the block's size (1 when the output does not
+ * follow the prediction). Sampling compares them with the target as proposals drawn with
+ * certainty: their rows of *q are one-hot, in sp->dq. */
+static int64_t seq_predict(sched *s, sched_seq *seq, int32_t *block, int64_t B, const float **q)
+{
+    const msg_gen_start *gs = &seq->req->gs;
+    spec_seq *sp = &seq->spec;
+    const int64_t left = seq->pred_at >= 0 ? (int64_t)gs->n_predict - seq->pred_at : 0;
+    const int64_t k = left < B - 1 ? left : B - 1;
+    if (k <= 0)
+        return 1;
+    for (int64_t i = 0; i < k; i++)
+        block[1 + i] = (int32_t)gs->predict[seq->pred_at + i];
+    if (gs->sampler.temperature == 0.0f)
+        return 1 + k;
+    const ops_backend *be = s->cfg.tm->be;
+    const int64_t V = s->cfg.tm->hp.n_vocab;
+    static const float one = 1.0f;
+    td_err e = be->zero(be, sp->dq, (size_t)(k * V) * sizeof(float));
+    for (int64_t i = 0; e == TD_OK && i < k; i++)
+        e = be->to_device(be, sp->dq + i * V + block[1 + i], &one, sizeof one);
+    if (e != TD_OK) {
+        LOG_WARN("the prediction's proposals: %s", err_msg());
+        return 1;
+    }
+    *q = sp->dq;
+    return 1 + k;
+}
+
 static void seq_step(sched *s, sched_seq *seq)
 {
     spec_seq *sp = &seq->spec;
@@ -272,10 +334,13 @@ static void seq_step(sched *s, sched_seq *seq)
     int64_t B = s->cfg.block < room ? s->cfg.block : room;
     int32_t block[SPEC_MAX_BLOCK], out[SPEC_MAX_BLOCK];
     block[0] = sp->pending;
-    if (B > 1 && (!s->draft || !dlink_up(s->draft)))
-        B = 1;
     const float *q = NULL;
-    if (B > 1)
+    const int64_t predicted = B > 1 ? seq_predict(s, seq, block, B, &q) : 1;
+    if (predicted > 1)
+        B = predicted;
+    else if (B > 1 && (!s->draft || !dlink_up(s->draft)))
+        B = 1;
+    else if (B > 1)
         B = seq_draft(s, seq, block, B, &q);
     double t0 = seq_now();
     int64_t n = 0;
@@ -293,8 +358,11 @@ static void seq_step(sched *s, sched_seq *seq)
     s->stats.accept_hist[n]++;
     s->stats.verify_us += (uint64_t)(dt * 1e6);
     pthread_mutex_unlock(&s->lock);
+    if (predicted > 1)
+        seq->predicted += (uint32_t)(n - 1);
     for (int64_t i = 0; i < n; i++)
         seq->hist[seq->n_hist++] = out[i];
+    seq_pred_follow(seq, out, n);
     seq_emit(s, seq, out, n);
 }
 
@@ -321,6 +389,7 @@ static void seq_prefill(sched *s, sched_seq *seq)
         return;
     }
     seq->hist[seq->n_hist++] = first;
+    seq_pred_follow(seq, &first, 1);
     seq_emit(s, seq, &first, 1);
 }
 

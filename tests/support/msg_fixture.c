@@ -42,6 +42,8 @@ msg_shbuf_announce msg_fixture_shbuf(void)
     return m;
 }
 
+static const uint32_t fixture_predict[3] = {7, 8, 151643};
+
 msg_gen_start msg_fixture_gen_start(void)
 {
     msg_gen_start m = {
@@ -70,6 +72,8 @@ msg_gen_start msg_fixture_gen_start(void)
         .repetition_penalty = 1.125f,
         .min_tokens = 9,
         .prompt_logprobs = true,
+        .predict = fixture_predict,
+        .n_predict = 3,
     };
     return m;
 }
@@ -96,6 +100,7 @@ msg_gen_event msg_fixture_gen_event_logprobs(void)
     m.logprobs = fixture_logprobs;
     m.n_logprobs = 4;
     m.usage.cached_tokens = 5;
+    m.usage.predicted_tokens = 11;
     return m;
 }
 

@@ -15,7 +15,7 @@
 
 enum { PL_KVD, PL_VERIFYD, PL_DRAFTD, PL_SVC_N };
 
-#define PL_SEQ_MAX 1024   /* generations one pipeline follows */
+#define PL_SEQ_MAX 4096   /* generations one pipeline follows */
 #define PL_TOKENS_MAX 4096 /* tokens kept per generation */
 
 /* Everything the events of one generation said. */
