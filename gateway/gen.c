@@ -65,6 +65,7 @@ struct api_stream {
     uint32_t n_gens;     /* n_prompts * best_of */
     bool in_think;       /* the prompt leaves a reasoning block open */
     msg_format format;   /* what verifyd enforces: the request's format, or the tools format */
+    tok_ids predict;     /* the prediction's tokens (none without one) */
     char *tool_spec;     /* the tools as verifyd matches calls against them (common/callm.h):
                           * a required call's, or those of tool_choice "auto" when they can be
                           * enforced; else NULL */
@@ -404,6 +405,20 @@ static td_err gen_tool_spec(api_stream *s, api_error *e)
     return TD_OK;
 }
 
+/* The prediction's tokens (its text as plain text: no special tokens). */
+static td_err gen_prediction(api_stream *s, api_error *e)
+{
+    if (tok_encode(s->g->tok, s->req.prediction, s->req.prediction_len, TOK_ENC_SPLIT_SPECIAL,
+                   &s->predict) != TD_OK)
+        return apierr_set(e, 500, NULL, NULL, "tokenizing the prediction failed: %s", err_msg());
+    if (s->predict.n > MSG_PREDICT_MAX)
+        return apierr_set(e, 400, "invalid_value", "prediction",
+                          "Invalid value for 'prediction': at most %u tokens are supported, got "
+                          "%zu.",
+                          MSG_PREDICT_MAX, s->predict.n);
+    return TD_OK;
+}
+
 /* Starts the choice s->rc.index at verifyd. */
 static td_err gen_start(api_stream *s, api_error *e)
 {
@@ -452,6 +467,8 @@ static td_err gen_start(api_stream *s, api_error *e)
         .repetition_penalty = (float)s->req.sampling.repetition_penalty,
         .min_tokens = (uint32_t)s->req.sampling.min_tokens,
         .format = s->format,
+        .predict = (const uint32_t *)s->predict.ids,
+        .n_predict = (uint32_t)s->predict.n,
         .schema = s->tool_spec ? s->tool_spec : s->req.schema,
         .n_schema = (uint32_t)(s->tool_spec ? strlen(s->tool_spec) : s->req.n_schema),
     };
@@ -778,6 +795,9 @@ static void gen_finish(api_stream *s, const char *finish)
     s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
     s->total.completion_tokens += s->usage.completion_tokens;
     s->total.steps += s->usage.steps;
+    s->total.accepted_prediction += s->usage.accepted_prediction;
+    if (s->predict.n > s->usage.accepted_prediction) /* what did not become the output */
+        s->total.rejected_prediction += (uint32_t)s->predict.n - s->usage.accepted_prediction;
     if (s->rc.index % s->req.best_of == 0) /* a prompt's later candidates find it cached */
         s->total.cached_tokens += s->usage.cached_tokens;
     if (!s->stream)
@@ -840,6 +860,7 @@ static void gen_step(api_stream *s, int32_t wait_ms)
     s->last_event_ms = gen_now_ms();
     s->usage.cached_tokens = ev.usage.cached_tokens;
     s->usage.steps = ev.usage.steps;
+    s->usage.accepted_prediction = ev.usage.predicted_tokens;
     if (ev.kind == MSG_EVENT_ERROR) {
         int status = ev.code == TD_ECLOSED || ev.code == TD_EBUSY ? 503
                      : ev.code == TD_ERANGE || ev.code == TD_EINVAL ? 400
@@ -937,6 +958,7 @@ void api_stream_free(api_stream *s)
     json_decref(s->choices);
     free(s->scores);
     free(s->tool_spec);
+    tok_ids_free(&s->predict);
     free(s);
 }
 
@@ -1001,6 +1023,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     };
     if (err == TD_OK)
         err = gen_tool_spec(s, &e);
+    if (err == TD_OK && s->req.prediction)
+        err = gen_prediction(s, &e);
     s->oo.calls_matched = s->tool_spec != NULL;
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->n_gens, sizeof *s->scores)))
@@ -1023,6 +1047,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
                          .call_ids = s->call_ids};
     for (size_t i = 0; i < s->n_prompts; i++)
         s->total.prompt_tokens += (uint32_t)s->prompts[i].n;
+    s->total.predicted = s->req.prediction != NULL;
     s->stream = s->req.stream;
     if (s->stream) {
         r->status = 200;

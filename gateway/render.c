@@ -49,6 +49,12 @@ json_t *render_usage(const gw_usage *u)
                         json_integer((json_int_t)u->prompt_tokens + u->completion_tokens));
     json_object_set_new(details, "cached_tokens", json_integer(u->cached_tokens));
     json_object_set_new(o, "prompt_tokens_details", details);
+    if (u->predicted)
+        json_object_set_new(o, "completion_tokens_details",
+                            json_pack("{s:I,s:I}", "accepted_prediction_tokens",
+                                      (json_int_t)u->accepted_prediction,
+                                      "rejected_prediction_tokens",
+                                      (json_int_t)u->rejected_prediction));
     if (u->steps > 0) {
         /* Rounded to 1/1000: a figure for people, not bits. */
         double tau = (double)(long long)((double)u->completion_tokens / u->steps * 1000 + 0.5) /

@@ -38,11 +38,16 @@ typedef struct gw_usage {
     uint32_t completion_tokens; /* tokens generated (up to a stop string's end) */
     uint32_t cached_tokens;     /* prompt tokens reused from the prefix cache */
     uint32_t steps;             /* verify passes while decoding: acceptance = tokens / steps */
+    bool predicted;             /* the request had a prediction */
+    uint32_t accepted_prediction; /* its tokens taken into the completion as accepted drafts */
+    uint32_t rejected_prediction; /* and those that were not */
 } gw_usage;
 
 /* {"prompt_tokens":..,"completion_tokens":..,"total_tokens":..,
  *  "prompt_tokens_details":{"cached_tokens":..},"acceptance_length":..} where the acceptance
- * length (tokens committed per target pass) is omitted while no step was made. */
+ * length (tokens committed per target pass) is omitted while no step was made; with a
+ * prediction also "completion_tokens_details":{"accepted_prediction_tokens":..,
+ * "rejected_prediction_tokens":..}. */
 json_t *render_usage(const gw_usage *u);
 
 /* The delta of one piece: {"content":..}, {"reasoning_content":..} or

@@ -734,6 +734,61 @@ static td_err req_response_format(gw_request *r, api_error *e)
     return TD_OK;
 }
 
+/* prediction: {"type": "content", "content": text or [{"type": "text", "text": ...}, ...]},
+ * the parts joined. */
+static td_err req_prediction(gw_request *r, api_error *e)
+{
+    const json_t *p = req_field(r->root, "prediction");
+    if (!p)
+        return TD_OK;
+    if (!json_is_object(p))
+        return req_bad_type(e, "prediction", "an object", p);
+    const json_t *type = json_object_get(p, "type");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "content") != 0)
+        return apierr_set(e, 400, "invalid_value", "prediction.type",
+                          "Invalid value for 'prediction.type': supported value is 'content'.");
+    const json_t *c = json_object_get(p, "content");
+    if (!c)
+        return apierr_set(e, 400, "missing_required_parameter", "prediction.content",
+                          "Missing required parameter: 'prediction.content'.");
+    size_t len = 0, i;
+    const json_t *part;
+    if (json_is_string(c)) {
+        len = json_string_length(c);
+    } else if (json_is_array(c)) {
+        json_array_foreach(c, i, part) {
+            char param[APIERR_PARAM_MAX];
+            snprintf(param, sizeof param, "prediction.content[%zu]", i);
+            const json_t *t = json_object_get(part, "text");
+            const json_t *pt = json_object_get(part, "type");
+            if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") != 0 ||
+                !json_is_string(t))
+                return apierr_set(e, 400, "invalid_value", param,
+                                  "Invalid value for '%s': expected {\"type\": \"text\", "
+                                  "\"text\": ...}.",
+                                  param);
+            len += json_string_length(t);
+        }
+    } else {
+        return req_bad_type(e, "prediction.content", "a string or an array of text parts", c);
+    }
+    if (!(r->prediction = malloc(len + 1)))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    if (json_is_string(c)) {
+        memcpy(r->prediction, json_string_value(c), len);
+    } else {
+        size_t at = 0;
+        json_array_foreach(c, i, part) {
+            const json_t *t = json_object_get(part, "text");
+            memcpy(r->prediction + at, json_string_value(t), json_string_length(t));
+            at += json_string_length(t);
+        }
+    }
+    r->prediction[len] = 0;
+    r->prediction_len = len;
+    return TD_OK;
+}
+
 static td_err req_common(gw_request *r, api_error *e)
 {
     const json_t *model = req_field(r->root, "model");
@@ -742,6 +797,7 @@ static td_err req_common(gw_request *r, api_error *e)
     r->model = model ? json_string_value(model) : NULL;
 
     TD_TRY(req_bool(r->root, "stream", "stream", &r->stream, e));
+    TD_TRY(req_prediction(r, e));
     const json_t *so = req_field(r->root, "stream_options");
     if (so) {
         if (!json_is_object(so))
@@ -819,6 +875,7 @@ void req_free(gw_request *r)
     free(r->bias_tok);
     free(r->bias);
     free(r->schema);
+    free(r->prediction);
     json_decref(r->named_tools);
     memset(r, 0, sizeof *r);
 }

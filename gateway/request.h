@@ -111,6 +111,9 @@ typedef struct gw_request {
     char *schema;          /* owned: [n_schema] json_schema.schema as compact JSON text (a
                             * schema jsonc compiles), or NULL */
     size_t n_schema;       /* bytes */
+    char *prediction;      /* owned: [prediction_len] prediction.content (its text parts
+                            * joined), NUL-terminated, or NULL */
+    size_t prediction_len; /* bytes */
 } gw_request;
 
 /* Parses a chat or completion body of len bytes. On failure *e says why (400) and r holds

@@ -130,6 +130,19 @@ static void encode(const char *text, fake_script *s)
     tok_ids_free(&ids);
 }
 
+/* text's tokens with flags (TOK_ENC_*), into out [cap]. */
+static size_t expected_tokens(const char *text, unsigned flags, uint32_t *out, size_t cap)
+{
+    tok_ids ids = {0};
+    assert_int_equal(tok_encode(g.tok, text, strlen(text), flags, &ids), TD_OK);
+    assert_true(ids.n <= cap);
+    for (size_t i = 0; i < ids.n; i++)
+        out[i] = (uint32_t)ids.ids[i];
+    size_t n = ids.n;
+    tok_ids_free(&ids);
+    return n;
+}
+
 /* The prompt tokens of one user message, rendered independently of the gateway's code. */
 static size_t expected_prompt(const char *messages_json, bool think_off, uint32_t *out)
 {
@@ -824,6 +837,58 @@ static void echo_with_missing_prompt_logprobs_is_an_error(void **state)
     free(reply);
 }
 
+/* A prediction goes to verifyd as plain-text tokens (its text parts joined); usage tells
+ * the tokens taken (as verifyd reports them) and the rest, summed over the choices. */
+static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 2, .predicted = 3};
+    encode("Paris.", &s);
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"x\",\"n\":2,\"prediction\":{\"type\":\"content\","
+                             "\"content\":[{\"type\":\"text\",\"text\":\"a pat\"},{\"type\":"
+                             "\"text\",\"text\":\"tern<|im_end|>\"}]}}",
+                             &reply, &body),
+                     200);
+    msg_gen_start m;
+    uint32_t p[256], stop[8], want[64];
+    assert_true(fake_verifyd_last_start(fake, &m, p, 256, stop, 8));
+    const size_t n = expected_tokens("a pattern<|im_end|>", TOK_ENC_SPLIT_SPECIAL, want, 64);
+    assert_int_equal(m.n_predict, n);
+    assert_memory_equal(m.predict, want, n * sizeof *want);
+    uint32_t special[64]; /* the end-of-turn text is text, not the end-of-turn token */
+    assert_true(expected_tokens("a pattern<|im_end|>", 0, special, 64) < n && n > 3);
+    char details[160];
+    snprintf(details, sizeof details, "\"completion_tokens_details\":{"
+             "\"accepted_prediction_tokens\":6,\"rejected_prediction_tokens\":%zu}", 2 * (n - 3));
+    assert_non_null(strstr(body, details));
+    free(reply);
+    /* without one, no details */
+    assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+                     200);
+    assert_null(strstr(body, "completion_tokens_details"));
+    free(reply);
+    static const char *const bad[][2] = {
+        {"{\"prompt\":\"x\",\"prediction\":\"text\"}", "Invalid type for 'prediction'"},
+        {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"diff\",\"content\":\"\"}}",
+         "'prediction.type': supported value is 'content'"},
+        {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\",\"content\":[{\"text\":\"a\"}]}}",
+         "'prediction.content[0]'"},
+        {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\"}}",
+         "Missing required parameter: 'prediction.content'"},
+        {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\",\"content\":7}}",
+         "Invalid type for 'prediction.content'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(request("POST", "/v1/completions", NULL, bad[i][0], &reply, &body), 400);
+        if (!strstr(body, bad[i][1]))
+            fail_msg("%s: %s", bad[i][0], body);
+        free(reply);
+    }
+}
+
 /* --- failures ----------------------------------------------------------------------------------- */
 
 static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
@@ -1174,6 +1239,7 @@ int main(void)
         cmocka_unit_test(best_of_returns_the_likeliest_candidates),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(prompt_batches_number_the_choices_prompt_by_prompt),
+        cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
         cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
         cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),

@@ -451,6 +451,38 @@ def test_a_batch_of_prompts_answers_each_as_alone(server):
     assert r.usage.prompt_tokens == sum(alone) and r.usage.completion_tokens == 32
 
 
+def test_a_prediction_leaves_the_answer_and_is_counted(server):
+    """A prediction never changes the answer: the greedy text comes back whether the prediction
+    is that text (its tokens then taken as drafts, whole blocks at a time) or unrelated; usage
+    says how many of its tokens were taken. A logit bias makes the answer a word repeated, a
+    text that tokenizes back to the same tokens (the random model's own text does not)."""
+    c, m = server["client"], server["model"]
+    status, body = _post(server["port"], "/tokenize",
+                         json.dumps({"content": " the", "add_special": False}).encode())
+    word = json.loads(body)["tokens"]
+    assert status == 200 and len(word) == 1
+    args = dict(model=m, prompt="Once upon a time", max_tokens=40, temperature=0,
+                logit_bias={str(word[0]): 100})
+    want = c.completions.create(extra_body={"ignore_eos": True}, **args).choices[0].text
+    assert want == " the" * 40
+    for text in (want, "nothing like it at all " * 3):
+        r = c.completions.create(**args, extra_body={
+            "ignore_eos": True, "prediction": {"type": "content", "content": text}})
+        assert r.choices[0].text == want
+        d = r.usage.completion_tokens_details
+        if text == want:  # after the prefill's token: 15 + 15 + the 7 left
+            assert (d.accepted_prediction_tokens, d.rejected_prediction_tokens) == (37, 3)
+        else:
+            assert d.accepted_prediction_tokens < 5
+    chat = dict(model=m, messages=[{"role": "user", "content": "Tell me a story."}],
+                max_tokens=24, temperature=0, logit_bias={str(word[0]): 100},
+                extra_body=NO_THINK)
+    plain = c.chat.completions.create(**chat).choices[0].message.content
+    again = c.chat.completions.create(prediction={"type": "content", "content": plain}, **chat)
+    assert again.choices[0].message.content == plain
+    assert again.usage.completion_tokens_details.accepted_prediction_tokens > 15
+
+
 def test_echo_scores_the_prompt_as_the_generation_does(server):
     """echo with max_tokens 0 scores a prompt: the prompt's tokens with their log
     probabilities (the first null), those of a greedy continuation within 1e-3 of what the

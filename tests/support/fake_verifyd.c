@@ -28,6 +28,7 @@ struct fake_verifyd {
     msg_gen_start last;                /* arrays below */
     uint32_t last_prompt[MSG_PROMPT_MAX > 4096 ? 4096 : MSG_PROMPT_MAX];
     uint32_t last_stop[MSG_STOP_MAX];
+    uint32_t last_predict[256];        /* the prediction, cut to fit */
     char last_schema[4096];            /* the schema, cut to fit */
     int running;                       /* generation threads alive */
     bool stopping;
@@ -136,7 +137,8 @@ static void *fake_gen_main(void *arg)
                             .usage = {.prompt_tokens = g->n_prompt,
                                       .completion_tokens = sent + k,
                                       .steps = steps,
-                                      .cached_tokens = g->s.cached}};
+                                      .cached_tokens = g->s.cached,
+                                      .predicted_tokens = g->s.predicted}};
         fake_push(f, &ev);
         sent += k;
     }
@@ -147,7 +149,8 @@ static void *fake_gen_main(void *arg)
                           .finish = g->s.n_tokens > g->max_tokens ? MSG_FINISH_LENGTH
                                                                    : MSG_FINISH_STOP,
                           .usage = {.prompt_tokens = g->n_prompt, .completion_tokens = sent,
-                                    .steps = steps, .cached_tokens = g->s.cached}};
+                                    .steps = steps, .cached_tokens = g->s.cached,
+                                      .predicted_tokens = g->s.predicted}};
     if (!fake_is_cancelled(f, g->seq))
         fake_push(f, &done);
 out:
@@ -203,6 +206,9 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
         f->last.stop = f->last_stop;
         snprintf(f->last_schema, sizeof f->last_schema, "%s", m.schema ? m.schema : "");
         f->last.schema = f->last_schema;
+        f->last.n_predict = m.n_predict < 256 ? m.n_predict : 256;
+        memcpy(f->last_predict, m.predict, f->last.n_predict * sizeof *m.predict);
+        f->last.predict = f->last_predict;
         td_err refuse = TD_OK;
         if (f->busy_left > 0) {
             f->busy_left--;

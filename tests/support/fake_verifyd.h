@@ -29,6 +29,7 @@ typedef struct fake_script {
                                otherwise), so a larger seed reports likelier tokens */
     uint32_t prompt_lp_drop; /* asked for prompt log probabilities: leave out the last this
                                 many (a broken verifyd) */
+    uint32_t predicted;     /* accepted prediction tokens to report */
 } fake_script;
 
 typedef struct fake_verifyd fake_verifyd;
@@ -42,8 +43,8 @@ void fake_verifyd_stop(fake_verifyd *f);
 void fake_verifyd_script(fake_verifyd *f, const fake_script *s);
 
 /* The last gen_start received: its fields (arrays copied into prompt / stop, capacities in
- * items; schema points to the fake's copy, its first 4095 bytes, until the next start). False
- * when none came. */
+ * items; schema and predict point to the fake's copies, their first 4095 bytes and 256
+ * tokens, until the next start). False when none came. */
 bool fake_verifyd_last_start(fake_verifyd *f, msg_gen_start *m, uint32_t *prompt,
                              uint32_t prompt_cap, uint32_t *stop, uint32_t stop_cap);
 
