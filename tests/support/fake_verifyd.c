@@ -201,13 +201,15 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
         f->last = m;
         uint32_t np = m.n_prompt < 4096 ? m.n_prompt : 4096;
         memcpy(f->last_prompt, m.prompt, np * sizeof *m.prompt);
-        memcpy(f->last_stop, m.stop, m.n_stop * sizeof *m.stop);
+        if (m.n_stop)
+            memcpy(f->last_stop, m.stop, m.n_stop * sizeof *m.stop);
         f->last.prompt = f->last_prompt;
         f->last.stop = f->last_stop;
         snprintf(f->last_schema, sizeof f->last_schema, "%s", m.schema ? m.schema : "");
         f->last.schema = f->last_schema;
         f->last.n_predict = m.n_predict < 256 ? m.n_predict : 256;
-        memcpy(f->last_predict, m.predict, f->last.n_predict * sizeof *m.predict);
+        if (f->last.n_predict)
+            memcpy(f->last_predict, m.predict, f->last.n_predict * sizeof *m.predict);
         f->last.predict = f->last_predict;
         td_err refuse = TD_OK;
         if (f->busy_left > 0) {
