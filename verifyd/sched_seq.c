@@ -79,9 +79,7 @@ static bool seq_is_stop(const sched *s, const msg_gen_start *gs, int32_t tok)
 
 _Static_assert(MSG_TOP_LOGPROBS_MAX == OPS_TOP_LOGPROBS_MAX, "one limit of alternatives");
 
-/* lps[n]: the log probabilities of out[n] under rows 0..n-1 of the last pass's logits with
- * n_top alternatives each, computed on the backend beside the logits (only the n small
- * records come to the host). */
+/* The backend's records h[n] as the message's. */
 static void seq_lp_msg(const ops_logprob *h, int64_t n, msg_logprob *lps)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -95,6 +93,9 @@ static void seq_lp_msg(const ops_logprob *h, int64_t n, msg_logprob *lps)
     }
 }
 
+/* lps[n]: the log probabilities of out[n] under rows 0..n-1 of the last pass's logits with
+ * n_top alternatives each, computed on the backend beside the logits (only the n small
+ * records come to the host). */
 static td_err seq_logprobs(sched_seq *seq, const int32_t *out, int64_t n, uint32_t n_top,
                            msg_logprob *lps)
 {
