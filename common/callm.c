@@ -35,6 +35,7 @@ typedef struct cm_fn {
 
 struct cm_grammar {
     jc_schema *doc;  /* the JSON form's schema; NULL for the XML form */
+    bool choice;     /* a choice: fn[].name are the strings */
     cm_fn *fn;       /* [n_fn] sorted by name */
     uint32_t n_fn;
     size_t jc_size;  /* the largest jsonc state */
@@ -52,6 +53,7 @@ enum {
     CM_VAL,     /* the value; k bytes of "</parameter>" held (after a held newline, nl) */
     CM_POST,    /* after "</function>": whitespace only */
     CM_DOC,     /* the JSON form */
+    CM_CHOICE,  /* a choice: len bytes of the strings [lo, hi) so far */
 };
 
 enum { LIT_FN, LIT_PAR, LIT_FEND };
@@ -98,7 +100,10 @@ void cm_state_init(const cm_grammar *g, void *st)
 {
     cm_head *h = st;
     memset(h, 0, sizeof *h);
-    if (g->doc) {
+    if (g->choice) {
+        h->at = CM_CHOICE;
+        h->hi = (uint16_t)g->n_fn;
+    } else if (g->doc) {
         h->at = CM_DOC;
         jc_state_init(g->doc, CM_JC(st));
     }
@@ -180,7 +185,30 @@ static bool cm_hold_ok(const cm_grammar *g, const cm_head *h, const uint8_t *jst
 /* Name i of the functions (at CM_FNAME) or of the function's parameters. */
 static const cm_name *cm_name_at(const cm_grammar *g, const cm_head *h, uint32_t i)
 {
-    return h->at == CM_FNAME ? &g->fn[i].name : &g->fn[h->fn].par[i].name;
+    return h->at == CM_PNAME ? &g->fn[h->fn].par[i].name : &g->fn[i].name;
+}
+
+/* Narrows [lo, hi) to the names that go on with b: false when none does (or, for a
+ * parameter, none not written yet). */
+static bool cm_narrow(const cm_grammar *g, cm_head *h, uint8_t b)
+{
+    uint32_t lo = h->hi, hi = h->hi;
+    bool open = h->at != CM_PNAME;
+    for (uint32_t i = h->lo; i < h->hi; i++) {
+        const cm_name *n = cm_name_at(g, h, i);
+        if (n->len > h->len && (uint8_t)n->s[h->len] == b) {
+            if (lo == h->hi)
+                lo = i;
+            hi = i + 1;
+            open = open || !(h->seen >> i & 1);
+        }
+    }
+    if (lo == hi || !open)
+        return false;
+    h->lo = (uint16_t)lo;
+    h->hi = (uint16_t)hi;
+    h->len++;
+    return true;
 }
 
 /* A name byte: narrows [lo, hi) to the names that go on with b (a parameter must be one not
@@ -219,23 +247,7 @@ static bool cm_name_byte(const cm_grammar *g, cm_head *h, uint8_t b)
         h->len = 0;
         return true;
     }
-    uint32_t lo = h->hi, hi = h->hi;
-    bool open = fn;
-    for (uint32_t i = h->lo; i < h->hi; i++) {
-        const cm_name *n = cm_name_at(g, h, i);
-        if (n->len > h->len && (uint8_t)n->s[h->len] == b) {
-            if (lo == h->hi)
-                lo = i;
-            hi = i + 1;
-            open = open || !(h->seen >> i & 1);
-        }
-    }
-    if (lo == hi || !open)
-        return false;
-    h->lo = (uint16_t)lo;
-    h->hi = (uint16_t)hi;
-    h->len++;
-    return true;
+    return cm_narrow(g, h, b);
 }
 
 /* The value begins: its jsonc state (a string's opening quote fed). */
@@ -301,6 +313,8 @@ static bool cm_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b)
     switch (h->at) {
     case CM_DOC:
         return jc_feed(g->doc, jst, &b, 1);
+    case CM_CHOICE:
+        return cm_narrow(g, h, b);
     case CM_PRE:
     case CM_SEP:
     case CM_POST:
@@ -382,6 +396,8 @@ bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n)
 bool cm_done(const cm_grammar *g, const void *st)
 {
     const cm_head *h = st;
+    if (h->at == CM_CHOICE) /* the exact string sorts first of those it begins */
+        return h->lo < h->hi && g->fn[h->lo].name.len == h->len;
     return h->at == CM_POST || (h->at == CM_DOC && jc_done(g->doc, CM_JC(st)));
 }
 
@@ -626,6 +642,42 @@ void cm_free(cm_grammar *g)
     free(g);
 }
 
+/* A choice's strings as g's names, sorted, each once. */
+static td_err cm_choices(cm_grammar *g, const json_t *choices)
+{
+    const size_t n = json_array_size(choices);
+    if (!json_is_array(choices) || n == 0)
+        return err_set(TD_EINVAL, "choice: choices must be a non-empty array of strings");
+    if (n > CM_CHOICES_MAX)
+        return err_set(TD_ENOTSUP, "choice: %zu strings, at most %d are supported", n,
+                       CM_CHOICES_MAX);
+    if (!(g->fn = calloc(n, sizeof *g->fn)))
+        return err_set(TD_ENOMEM, "choice: out of memory");
+    g->choice = true;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *c = json_array_get(choices, i);
+        const size_t m = json_string_length(c);
+        if (!json_is_string(c) || m == 0 || m > CM_NAME_MAX)
+            return err_set(TD_EINVAL, "choice: choices[%zu] must be a string of 1..%d bytes", i,
+                           CM_NAME_MAX);
+        cm_name *nm = &g->fn[g->n_fn++].name;
+        if (!(nm->s = malloc(m + 1)))
+            return err_set(TD_ENOMEM, "choice: out of memory");
+        memcpy(nm->s, json_string_value(c), m + 1);
+        nm->len = m;
+    }
+    qsort(g->fn, g->n_fn, sizeof *g->fn, cm_fn_cmp);
+    uint32_t k = 1; /* repeats are one */
+    for (uint32_t i = 1; i < g->n_fn; i++) {
+        if (cm_name_cmp(&g->fn[k - 1].name, &g->fn[i].name) == 0)
+            free(g->fn[i].name.s);
+        else
+            g->fn[k++] = g->fn[i];
+    }
+    g->n_fn = k;
+    return TD_OK;
+}
+
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
 {
     *out = NULL;
@@ -635,12 +687,24 @@ td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
         return err_set(TD_EINVAL, "tool call: the spec is not JSON: %s (line %d, column %d)",
                        je.text, je.line, je.column);
     const json_t *form = json_object_get(root, "form");
+    if (json_is_string(form) && strcmp(json_string_value(form), "choice") == 0) {
+        cm_grammar *g = calloc(1, sizeof *g);
+        td_err e = g ? cm_choices(g, json_object_get(root, "choices"))
+                     : err_set(TD_ENOMEM, "choice: out of memory");
+        json_decref(root);
+        if (e != TD_OK) {
+            cm_free(g);
+            return e;
+        }
+        *out = g;
+        return TD_OK;
+    }
     const json_t *tools = json_object_get(root, "tools");
     const bool xml = json_is_string(form) && strcmp(json_string_value(form), "xml") == 0;
     const bool js = json_is_string(form) && strcmp(json_string_value(form), "json") == 0;
     td_err e = TD_OK;
     if (!xml && !js)
-        e = err_set(TD_EINVAL, "tool call: form must be \"xml\" or \"json\"");
+        e = err_set(TD_EINVAL, "tool call: form must be \"xml\", \"json\" or \"choice\"");
     else if (!json_is_array(tools) || json_array_size(tools) == 0)
         e = err_set(TD_EINVAL, "tool call: tools must be a non-empty array");
     else if (json_array_size(tools) > CM_FUNCTIONS_MAX)

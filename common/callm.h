@@ -26,7 +26,10 @@
  *     {"name": const NAME, "arguments": its parameters}.
  *
  * Parameter schemas are JSON Schemas as jsonc enforces them ($ref into the parameters' own
- * $defs / definitions works); what jsonc refuses is refused here with its message. */
+ * $defs / definitions works); what jsonc refuses is refused here with its message.
+ *
+ * The same matcher takes a choice (vLLM's guided_choice): the text is exactly one of a list
+ * of strings, byte for byte. */
 #ifndef TANDEM_COMMON_CALLM_H
 #define TANDEM_COMMON_CALLM_H
 
@@ -42,11 +45,14 @@
 #define CM_PARAMS_MAX 64     /* declared parameters of one function */
 #define CM_NAME_MAX 1024     /* bytes of a function or parameter name */
 #define CM_WS_MAX 8          /* whitespace bytes between two tags */
+#define CM_CHOICES_MAX 1024  /* strings of a choice */
 
 typedef struct cm_grammar cm_grammar;
 
 /* spec[0..len): {"form": "xml" | "json", "tools": [{"name": "...", "parameters": {...}}, ...]}
- * (1..CM_FUNCTIONS_MAX distinct names, parameters optional). TD_EINVAL for a malformed spec
+ * (1..CM_FUNCTIONS_MAX distinct names, parameters optional), or {"form": "choice",
+ * "choices": ["...", ...]} (1..CM_CHOICES_MAX strings of 1..CM_NAME_MAX bytes, any bytes;
+ * repeats are one). TD_EINVAL for a malformed spec
  * or schema, TD_ENOTSUP for what cannot be enforced (a name with '<', '>' or a newline, more
  * than CM_PARAMS_MAX parameters, jsonc's refusals), TD_ENOMEM. */
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out);
@@ -67,7 +73,8 @@ void cm_state_copy(const cm_grammar *g, void *dst, const void *src);
  * then unspecified). */
 bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n);
 
-/* True when the bytes so far are a whole call (trailing whitespace allowed). */
+/* True when the bytes so far are a whole call (trailing whitespace allowed), or one of the
+ * choices (a longer one may still follow). */
 bool cm_done(const cm_grammar *g, const void *st);
 
 #endif

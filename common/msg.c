@@ -325,15 +325,16 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
                            (double)MSG_BIAS_VALUE_MAX);
     if ((uint32_t)m->format >= MSG_FORMAT_END)
         return err_set(code, "gen_start: format %u unknown", (unsigned)m->format);
-    if (((m->format == MSG_FORMAT_JSON_SCHEMA || m->format == MSG_FORMAT_TOOLS) &&
+    if (((m->format == MSG_FORMAT_JSON_SCHEMA || m->format == MSG_FORMAT_TOOLS ||
+          m->format == MSG_FORMAT_CHOICE) &&
          m->n_schema == 0) ||
-        (m->n_schema > 0 && m->format != MSG_FORMAT_JSON_SCHEMA &&
-         m->format != MSG_FORMAT_TOOL_CALL && m->format != MSG_FORMAT_TOOLS) ||
+        (m->n_schema > 0 && (m->format == MSG_FORMAT_TEXT ||
+                             m->format == MSG_FORMAT_JSON_OBJECT)) ||
         m->n_schema > MSG_SCHEMA_MAX)
-        return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema "
-                       "or the tools format needs 1..%u bytes, a required tool call may have "
-                       "a tool spec, others none)", m->n_schema, (unsigned)m->format,
-                       MSG_SCHEMA_MAX);
+        return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema, "
+                       "the tools format or a choice needs 1..%u bytes, a required tool call "
+                       "may have a tool spec, text and JSON objects none)", m->n_schema,
+                       (unsigned)m->format, MSG_SCHEMA_MAX);
     if (!(m->repetition_penalty >= 0 && m->repetition_penalty <= MSG_REPETITION_MAX))
         return err_set(code, "gen_start: repetition penalty %g, allowed 0 (none) or up to %g",
                        (double)m->repetition_penalty, (double)MSG_REPETITION_MAX);

@@ -203,6 +203,8 @@ typedef enum msg_format {
                                  * </tool_call>, tool_choice "required") */
     MSG_FORMAT_TOOLS = 4,       /* anything, but each tool call the model opens is matched
                                  * against the tool spec (tool_choice "auto") */
+    MSG_FORMAT_CHOICE = 5,      /* exactly one of the strings of the choice spec in schema
+                                 * (common/callm.h) */
     MSG_FORMAT_END
 } msg_format;
 

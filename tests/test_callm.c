@@ -166,6 +166,35 @@ static void json_form_is_one_object_per_function(void **s)
     cm_free(g);
 }
 
+/* A choice: exactly one of the strings (any bytes), a prefix of a longer one done already,
+ * repeats one. */
+static void a_choice_is_one_of_its_strings(void **s)
+{
+    (void)s;
+    cm_grammar *g = compile("{\"form\":\"choice\",\"choices\":[\"yes\",\"no\",\"yes!\",\"<a>\\n\","
+                            "\"no\"]}");
+    whole(g, "yes");
+    whole(g, "yes!");
+    whole(g, "no");
+    whole(g, "<a>\n");
+    refused_at_end(g, "yes!!");
+    refused_at_end(g, "nop");
+    refused_at_end(g, "Y");
+    bool done = true;
+    assert_int_equal(taken(g, "ye", &done), 2);
+    assert_false(done);
+    cm_free(g);
+    const char *bad[] = {"{\"form\":\"choice\",\"choices\":[]}",
+                         "{\"form\":\"choice\",\"choices\":[\"a\",\"\"]}",
+                         "{\"form\":\"choice\",\"choices\":[\"a\",1]}"};
+    for (size_t i = 0; i < 3; i++) {
+        cm_grammar *x = NULL;
+        assert_int_equal(cm_compile(bad[i], strlen(bad[i]), &x), TD_EINVAL);
+        assert_non_null(strstr(err_msg(), "choice"));
+        assert_null(x);
+    }
+}
+
 static void compile_errors_say_why(void **s)
 {
     (void)s;
@@ -210,8 +239,9 @@ static void random_walks_never_get_stuck(void **s)
     static const char alpha[] = "<>/=\n \"\\{}:,0123456789.-trufalsn"
                                 "functionparameterget_weathercitydaysnoteunitsflagsmetric"
                                 "ParisRome";
-    const char *specs[] = {XML, JSONF};
-    for (int k = 0; k < 2; k++) {
+    const char *specs[] = {XML, JSONF, "{\"form\":\"choice\",\"choices\":[\"Paris\",\"Pa\","
+                                       "\"Rome\",\"ParisX\"]}"};
+    for (int k = 0; k < 3; k++) {
         cm_grammar *g = compile(specs[k]);
         const size_t sz = cm_state_size(g);
         uint8_t *st = malloc(sz), *t = malloc(sz);
@@ -258,6 +288,7 @@ int main(void)
         cmocka_unit_test(xml_refuses_what_the_schemas_refuse),
         cmocka_unit_test(state_copies_go_on_alike),
         cmocka_unit_test(json_form_is_one_object_per_function),
+        cmocka_unit_test(a_choice_is_one_of_its_strings),
         cmocka_unit_test(compile_errors_say_why),
         cmocka_unit_test(random_walks_never_get_stuck),
     };

@@ -550,6 +550,57 @@ static void test_calls_the_model_opens_are_matched(void **ctx)
     free(lg);
 }
 
+/* A choice: the masks allow what goes on with one of the strings (the end of generation
+ * once one is whole); generations write exactly one of them and end. */
+static void test_a_choice_is_one_of_its_strings(void **ctx)
+{
+    (void)ctx;
+    static const char SPEC[] = "{\"form\":\"choice\",\"choices\":[\"Paris\",\"Rome\",\"Par\","
+                               "\"New York\"]}";
+    cst_cfg cfg = {.format = MSG_FORMAT_CHOICE, .schema = SPEC, .n_schema = sizeof SPEC - 1,
+                   .think_start = -1, .think_end = -1};
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    static const char *const texts[] = {"", "Pa", "Par", "Paris", "New "};
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        cst_state c;
+        assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+        int32_t ids[64];
+        const int64_t n = spell(texts[k], ids);
+        assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        want[VOC.call_close / 32] &= ~(1u << (VOC.call_close % 32)); /* not a call: the end */
+        if (cm_done(c.call, c.cur))                                  /* of generation instead */
+            for (size_t w = 0; w < W; w++)
+                want[w] |= VOC.eog[w];
+        expect_same_mask(got, want, texts[k]);
+        cst_free(&c, NULL);
+    }
+    free(got);
+    free(want);
+    int ends = 0;
+    for (int p = 0; p < 4; p++) {
+        enum { N = 24 };
+        const int32_t prompt[4] = {60 + p, 279, 20, 33};
+        int32_t out[N];
+        spec_cfg sc = {.n_ctx = 256, .block = 1, .cst = cfg, .vocab = &VOC};
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, out, NULL), TD_OK);
+        int end = 0;
+        while (end < N && !bit(VOC.eog, out[end]))
+            end++;
+        tok_bytes text = {0};
+        assert_int_equal(tok_decode(TOK, out, (size_t)end, 0, &text), TD_OK);
+        const char *t = text.ptr ? text.ptr : "";
+        assert_true(end < N);
+        assert_true(strcmp(t, "Paris") == 0 || strcmp(t, "Rome") == 0 || strcmp(t, "Par") == 0 ||
+                    strcmp(t, "New York") == 0);
+        tok_bytes_free(&text);
+        ends++;
+    }
+    assert_int_equal(ends, 4);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -761,6 +812,7 @@ int main(void)
         cmocka_unit_test(test_a_required_tool_call_opens_the_answer),
         cmocka_unit_test(test_a_tool_spec_makes_the_call_valid),
         cmocka_unit_test(test_calls_the_model_opens_are_matched),
+        cmocka_unit_test(test_a_choice_is_one_of_its_strings),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

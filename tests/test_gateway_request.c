@@ -666,6 +666,57 @@ static void completion_bad_prompts_are_400(void **state)
                  "\"missing_required_parameter\"}}");
 }
 
+/* vLLM's guided decoding: guided_choice and structured_outputs.choice become the choice
+ * format with its spec, guided_json (an object or its text) and structured_outputs.json the
+ * JSON schema format; two ways at once, an unknown kind or a bad choice list are 400. */
+static void guided_decoding_fields(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    static const char *const choice[] = {
+        "{\"prompt\": \"x\", \"guided_choice\": [\"yes\", \"no\"]}",
+        "{\"prompt\": \"x\", \"structured_outputs\": {\"choice\": [\"yes\", \"no\"]}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, choice[i], strlen(choice[i]), &e), TD_OK);
+        assert_int_equal(r.format, MSG_FORMAT_CHOICE);
+        assert_string_equal(r.schema, "{\"form\":\"choice\",\"choices\":[\"yes\",\"no\"]}");
+        req_free(&r);
+    }
+    static const char *const json[] = {
+        "{\"prompt\": \"x\", \"guided_json\": {\"type\": \"integer\"}}",
+        "{\"prompt\": \"x\", \"guided_json\": \"{\\\"type\\\": \\\"integer\\\"}\"}",
+        "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {\"type\": \"integer\"}}}",
+    };
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, json[i], strlen(json[i]), &e), TD_OK);
+        assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
+        assert_string_equal(r.schema, "{\"type\":\"integer\"}");
+        req_free(&r);
+    }
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"guided_choice\": [\"a\"], \"guided_json\": {}}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_json': ask for one "
+                 "structured output only (response_format, guided_json, guided_choice, "
+                 "structured_outputs).\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"guided_json\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a+\"}}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'structured_outputs': 'regex'; "
+                 "supported are 'json' and 'choice'.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"structured_outputs\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"\"]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_choice': choice: "
+                 "choices[1] must be a string of 1..1024 bytes\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"guided_choice\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_json\": \"{no\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_json': the text is not "
+                 "JSON.\",\"type\":\"invalid_request_error\",\"param\":\"guided_json\",\"code\":"
+                 "\"invalid_value\"}}");
+}
+
 static void tokenize_and_detokenize_bodies(void **state)
 {
     (void)state;
@@ -721,6 +772,7 @@ int main(void)
         cmocka_unit_test(bad_values_are_400),
         cmocka_unit_test(completion_prompt_forms),
         cmocka_unit_test(completion_bad_prompts_are_400),
+        cmocka_unit_test(guided_decoding_fields),
         cmocka_unit_test(tokenize_and_detokenize_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

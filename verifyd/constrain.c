@@ -263,6 +263,12 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
+    if (cfg->format == MSG_FORMAT_CHOICE) {
+        td_err e = cm_compile(cfg->schema, cfg->n_schema, &out->call);
+        if (e != TD_OK)
+            out->call = NULL;
+        return e;
+    }
     if (cfg->format == MSG_FORMAT_TOOL_CALL || cfg->format == MSG_FORMAT_TOOLS) {
         if (v->call_open < 0 || v->call_close < 0)
             return err_set(TD_ENOTSUP, "matching tool calls needs the model's <tool_call> and "
@@ -412,7 +418,7 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
     }
     if (cst_bit(v->eog, tok)) {
         *phase = CST_END;
-        return jc_done(c->schema, st);
+        return cst_done(c, st);
     }
     return cst_bit(v->normal, tok) &&
            cst_feed(c, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);

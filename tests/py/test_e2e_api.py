@@ -483,6 +483,24 @@ def test_a_prediction_leaves_the_answer_and_is_counted(server):
     assert again.usage.completion_tokens_details.accepted_prediction_tokens > 15
 
 
+def test_guided_choice_answers_with_one_of_the_strings(server):
+    """vLLM's guided_choice / structured_outputs.choice: the answer is exactly one of the
+    strings, then the end (the random model, sampled, writes nothing else); guided_json is a
+    schema."""
+    c, m = server["client"], server["model"]
+    choices = ["positive", "negative", "neutral", "negative!"]
+    for seed in range(4):
+        for extra in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+            r = c.completions.create(model=m, prompt="The review was", max_tokens=16,
+                                     temperature=1.0, seed=seed, extra_body=extra)
+            assert r.choices[0].text in choices and r.choices[0].finish_reason == "stop"
+    r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "How old?"}],
+                                  max_tokens=40, temperature=0,
+                                  extra_body=dict(NO_THINK, guided_json={
+                                      "type": "integer", "minimum": 3, "maximum": 9}))
+    assert 3 <= json.loads(r.choices[0].message.content) <= 9
+
+
 def test_echo_scores_the_prompt_as_the_generation_does(server):
     """echo with max_tokens 0 scores a prompt: the prompt's tokens with their log
     probabilities (the first null), those of a greedy continuation within 1e-3 of what the
