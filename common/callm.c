@@ -393,6 +393,15 @@ bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n)
     return true;
 }
 
+bool cm_free_text(const cm_grammar *g, const void *st)
+{
+    const cm_head *h = st;
+    if (h->at != CM_VAL || h->k || h->nl)
+        return false;
+    const cm_param *p = cm_cur(g, h);
+    return !p || (p->kind == CM_STRING && jc_free_string(p->sc, CM_JC(st)));
+}
+
 bool cm_done(const cm_grammar *g, const void *st)
 {
     const cm_head *h = st;

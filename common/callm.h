@@ -73,6 +73,12 @@ void cm_state_copy(const cm_grammar *g, void *dst, const void *src);
  * then unspecified). */
 bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n);
 
+/* True inside a parameter's value where every byte string of whole UTF-8 characters, each
+ * byte >= 0x20 and none '"', a backslash or '<', is accepted and leaves the state exactly as
+ * it was (free text, or a string whose content jsonc leaves free), so such a token may be
+ * kept without feeding it. */
+bool cm_free_text(const cm_grammar *g, const void *st);
+
 /* True when the bytes so far are a whole call (trailing whitespace allowed), or one of the
  * choices (a longer one may still follow). */
 bool cm_done(const cm_grammar *g, const void *st);

@@ -330,6 +330,13 @@ static const char TOOLS[] =
     "{\"type\":\"integer\",\"minimum\":1,\"maximum\":14}},\"required\":[\"city\"]}},"
     "{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}]}";
 
+/* Free text inside calls: a string parameter, and any parameter of a function without
+ * properties. */
+static const char FREE_TOOLS[] =
+    "{\"form\":\"xml\",\"tools\":[{\"name\":\"note\",\"parameters\":{\"properties\":{"
+    "\"text\":{\"type\":\"string\"},\"short\":{\"type\":\"string\",\"maxLength\":3}}}},"
+    "{\"name\":\"echo\"}]}";
+
 /* What the mask must be inside a call body (matcher state st): every token checked alone. */
 static void call_mask_by_hand(const cm_grammar *g, const void *st, uint32_t *want)
 {
@@ -390,6 +397,30 @@ static void test_a_tool_spec_makes_the_call_valid(void **ctx)
             more[0] = close;
             assert_int_equal(cst_allowed(&c, more, 3), 3); /* free after the call */
         }
+        cst_free(&c, NULL);
+    }
+    /* free text: the plain tokens without '<' are taken without a walk, and the masks are
+     * still the check of every token (also after a held newline or '<', and where a
+     * maxLength counts) */
+    cst_cfg free_cfg = cfg;
+    free_cfg.schema = FREE_TOOLS;
+    free_cfg.n_schema = strlen(FREE_TOOLS);
+    static const char *const free_bodies[] = {
+        "<function=note>\n<parameter=text>\nsome words", "<function=note>\n<parameter=text>\na\n",
+        "<function=note>\n<parameter=text>\na </par", "<function=note>\n<parameter=short>\nab",
+        "<function=echo>\n<parameter=anything>\nfree \"text\"",
+    };
+    for (size_t k = 0; k < sizeof free_bodies / sizeof free_bodies[0]; k++) {
+        cst_state c;
+        assert_int_equal(cst_init(&c, &free_cfg, &VOC, 4), TD_OK);
+        int32_t ids[256];
+        ids[0] = open;
+        const int64_t n = 1 + spell(free_bodies[k], ids + 1);
+        assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+        assert_int_equal(cm_free_text(c.call, c.cur), k == 0 || k == 4);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        expect_same_mask(got, want, free_bodies[k]);
         cst_free(&c, NULL);
     }
     free(got);

@@ -148,9 +148,11 @@ void cst_vocab_free(cst_vocab *v)
     free(v->same_next);
     free(v->normal);
     free(v->plain);
+    free(v->plain_nolt);
     free(v->eog);
     cst_trie_free(&v->all);
     cst_trie_free(&v->other);
+    cst_trie_free(&v->plain_lt);
     memset(v, 0, sizeof *v);
 }
 
@@ -171,18 +173,21 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
     v->same_next = malloc((size_t)n_vocab * sizeof *v->same_next);
     v->normal = calloc((size_t)v->words, sizeof *v->normal);
     v->plain = calloc((size_t)v->words, sizeof *v->plain);
+    v->plain_nolt = calloc((size_t)v->words, sizeof *v->plain_nolt);
     v->eog = calloc((size_t)v->words, sizeof *v->eog);
     cst_entry *all = malloc((size_t)(nt ? nt : 1) * sizeof *all);
     cst_entry *other = malloc((size_t)(nt ? nt : 1) * sizeof *other);
-    if (!v->bytes || !v->off || !v->same_next || !v->normal || !v->plain || !v->eog || !all ||
-        !other) {
+    cst_entry *lt = malloc((size_t)(nt ? nt : 1) * sizeof *lt);
+    if (!v->bytes || !v->off || !v->same_next || !v->normal || !v->plain || !v->plain_nolt ||
+        !v->eog || !all || !other || !lt) {
         free(all);
         free(other);
+        free(lt);
         cst_vocab_free(v);
         return err_set(TD_ENOMEM, "out of memory for the vocabulary's structured-output tables");
     }
     size_t at = 0;
-    int32_t n_all = 0, n_other = 0;
+    int32_t n_all = 0, n_other = 0, n_lt = 0;
     for (int64_t i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)at;
         v->same_next[i] = -1;
@@ -198,21 +203,30 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
             continue;
         cst_set(v->normal, i);
         all[n_all++] = e;
-        if (cst_plain_bytes(e.p, e.n))
-            cst_set(v->plain, i);
-        else
+        if (!cst_plain_bytes(e.p, e.n)) {
             other[n_other++] = e;
+            continue;
+        }
+        cst_set(v->plain, i);
+        if (memchr(e.p, '<', e.n))
+            lt[n_lt++] = e;
+        else
+            cst_set(v->plain_nolt, i);
     }
     v->off[n_vocab] = (uint32_t)at;
     v->call_open = tok_id_of(t, "<tool_call>", 11);
     v->call_close = tok_id_of(t, "</tool_call>", 12);
     qsort(all, (size_t)n_all, sizeof *all, cst_entry_cmp);
     qsort(other, (size_t)n_other, sizeof *other, cst_entry_cmp);
+    qsort(lt, (size_t)n_lt, sizeof *lt, cst_entry_cmp);
     td_err e = cst_trie_build(&v->all, all, n_all, v->same_next, true);
     if (e == TD_OK)
         e = cst_trie_build(&v->other, other, n_other, v->same_next, false);
+    if (e == TD_OK)
+        e = cst_trie_build(&v->plain_lt, lt, n_lt, v->same_next, false);
     free(all);
     free(other);
+    free(lt);
     if (e != TD_OK)
         cst_vocab_free(v);
     return e;
@@ -503,6 +517,10 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
     if (c->schema && jc_free_string(c->schema, st)) {
         memcpy(mask, v->plain, W * sizeof *mask);
         cst_walk(c, &v->other, st, mask);
+    } else if (c->call && cm_free_text(c->call, st)) {
+        memcpy(mask, v->plain_nolt, W * sizeof *mask);
+        cst_walk(c, &v->other, st, mask);
+        cst_walk(c, &v->plain_lt, st, mask);
     } else {
         memset(mask, 0, W * sizeof *mask);
         cst_walk(c, &v->all, st, mask);

@@ -60,11 +60,13 @@ typedef struct cst_vocab {
     int32_t *same_next;   /* [n_vocab] next token with the same bytes, or -1 */
     uint32_t *normal;     /* [words] tokens that can be document text (normal, with bytes) */
     uint32_t *plain;      /* [words] those of plain string characters only (see the top) */
+    uint32_t *plain_nolt; /* [words] those without '<' (free text inside a tool call) */
     uint32_t *eog;        /* [words] end-of-generation tokens */
     int32_t call_open;    /* "<tool_call>", or -1 */
     int32_t call_close;   /* "</tool_call>", or -1 */
     cst_trie all;         /* every normal token with bytes */
     cst_trie other;       /* those not in plain */
+    cst_trie plain_lt;    /* the plain ones with a '<' */
 } cst_vocab;
 
 td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab);
