@@ -564,8 +564,10 @@ static void gen_take_pieces(api_stream *s)
         const out_piece *p = &o->pieces[i];
         if (s->any_call && !s->req.parallel_calls)
             break; /* one call asked for: nothing after it is the answer */
-        if (p->kind == OUT_TOOL_CALL)
+        if (p->kind == OUT_TOOL_CALL) {
             s->any_call = true;
+            metrics_addu(&s->g->metrics.tool_calls, 1);
+        }
         if (s->stream) {
             /* A step's logprobs ride on its first text chunk. */
             json_t *lp = p->kind != OUT_TOOL_CALL ? gen_take_lp(s) : NULL;
@@ -795,9 +797,13 @@ static void gen_finish(api_stream *s, const char *finish)
     s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
     s->total.completion_tokens += s->usage.completion_tokens;
     s->total.steps += s->usage.steps;
+    const uint32_t rejected = s->predict.n > s->usage.accepted_prediction /* not the output */
+                                  ? (uint32_t)s->predict.n - s->usage.accepted_prediction
+                                  : 0;
     s->total.accepted_prediction += s->usage.accepted_prediction;
-    if (s->predict.n > s->usage.accepted_prediction) /* what did not become the output */
-        s->total.rejected_prediction += (uint32_t)s->predict.n - s->usage.accepted_prediction;
+    s->total.rejected_prediction += rejected;
+    metrics_addu(&g->metrics.prediction_accepted, s->usage.accepted_prediction);
+    metrics_addu(&g->metrics.prediction_rejected, rejected);
     if (s->rc.index % s->req.best_of == 0) /* a prompt's later candidates find it cached */
         s->total.cached_tokens += s->usage.cached_tokens;
     if (!s->stream)
@@ -860,7 +866,7 @@ static void gen_step(api_stream *s, int32_t wait_ms)
     s->last_event_ms = gen_now_ms();
     s->usage.cached_tokens = ev.usage.cached_tokens;
     s->usage.steps = ev.usage.steps;
-    s->usage.accepted_prediction = ev.usage.predicted_tokens;
+    s->usage.accepted_prediction = s->predict.n ? ev.usage.predicted_tokens : 0;
     if (ev.kind == MSG_EVENT_ERROR) {
         int status = ev.code == TD_ECLOSED || ev.code == TD_EBUSY ? 503
                      : ev.code == TD_ERANGE || ev.code == TD_EINVAL ? 400

@@ -126,6 +126,14 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
     met_head(&b, "tandem_generated_tokens_total", "counter", "Tokens generated for clients.");
     met_printf(&b, "tandem_generated_tokens_total %llu\n",
                (unsigned long long)met_load(&m->generated_tokens));
+    met_head(&b, "tandem_prediction_tokens_total", "counter",
+             "Tokens of requests' predictions, accepted as drafts or not.");
+    met_printf(&b, "tandem_prediction_tokens_total{outcome=\"accepted\"} %llu\n",
+               (unsigned long long)met_load(&m->prediction_accepted));
+    met_printf(&b, "tandem_prediction_tokens_total{outcome=\"rejected\"} %llu\n",
+               (unsigned long long)met_load(&m->prediction_rejected));
+    met_head(&b, "tandem_tool_calls_total", "counter", "Tool calls returned to clients.");
+    met_printf(&b, "tandem_tool_calls_total %llu\n", (unsigned long long)met_load(&m->tool_calls));
 
     uint64_t now = (uint64_t)time(NULL), recent = 0;
     for (int i = 0; i < MET_RATE_WINDOW; i++) {

@@ -34,6 +34,9 @@ typedef struct gw_metrics {
     uint64_t prompt_tokens;     /* tokens of prompts sent to verifyd */
     uint64_t cached_tokens;     /* prompt tokens verifyd reused from its prefix cache */
     uint64_t generated_tokens;  /* tokens returned to clients */
+    uint64_t prediction_accepted; /* prediction tokens verifyd took as accepted drafts */
+    uint64_t prediction_rejected; /* and those it did not */
+    uint64_t tool_calls;        /* tool calls returned to clients */
     uint64_t generations;       /* generations finished (any finish reason) */
     uint64_t generation_errors; /* generations that ended with an error */
     uint64_t cancelled;         /* generations cancelled because the client went away */

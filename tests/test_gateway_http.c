@@ -846,6 +846,11 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
     encode("Paris.", &s);
     fake_verifyd_script(fake, &s);
     char *reply, *body;
+    assert_int_equal(request("GET", "/metrics", NULL, NULL, &reply, &body), 200);
+    const char *at = strstr(body, "tandem_prediction_tokens_total{outcome=\"accepted\"} ");
+    assert_non_null(at);
+    const int accepted_before = atoi(strchr(at, '}') + 2);
+    free(reply);
     assert_int_equal(request("POST", "/v1/completions", NULL,
                              "{\"prompt\":\"x\",\"n\":2,\"prediction\":{\"type\":\"content\","
                              "\"content\":[{\"type\":\"text\",\"text\":\"a pat\"},{\"type\":"
@@ -864,6 +869,12 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
     snprintf(details, sizeof details, "\"completion_tokens_details\":{"
              "\"accepted_prediction_tokens\":6,\"rejected_prediction_tokens\":%zu}", 2 * (n - 3));
     assert_non_null(strstr(body, details));
+    free(reply);
+    char line[96]; /* and the counter, the two choices' 3 each */
+    assert_int_equal(request("GET", "/metrics", NULL, NULL, &reply, &body), 200);
+    snprintf(line, sizeof line, "\ntandem_prediction_tokens_total{outcome=\"accepted\"} %d\n",
+             accepted_before + 6);
+    assert_non_null(strstr(body, line));
     free(reply);
     /* without one, no details */
     assert_int_equal(request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
@@ -1153,6 +1164,8 @@ static void metrics_show_gateway_and_verifyd_numbers(void **state)
         "\ntandem_draftd_restarts_total 1\n",
         "\ntandem_queue_depth 1\n",
         "\ntandem_requests_running 0\n",
+        "\ntandem_prediction_tokens_total{outcome=\"accepted\"} ",
+        "\ntandem_tool_calls_total ",
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
         if (!strstr(body, lines[i]))
