@@ -20,7 +20,8 @@
  * same way. Without a tool spec the body is free and only the end of generation is refused
  * until "</tool_call>". The tools format (tool_choice "auto") leaves the text alone (no mask
  * at all) and matches the body of every call the model opens. Reasoning blocks are not
- * looked at by it.
+ * looked at by it. A choice (guided_choice) is a document matched by callm as well: one of
+ * its strings, then the end of generation.
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
@@ -75,7 +76,7 @@ void cst_vocab_free(cst_vocab *v);
 /* A format checked and compiled (cst_compile). */
 typedef struct cst_compiled {
     jc_schema *schema;    /* JSON formats */
-    cm_grammar *call;     /* the tool-call format with a tool spec */
+    cm_grammar *call;     /* the tool-call formats with a tool spec, a choice */
 } cst_compiled;
 
 void cst_compiled_free(cst_compiled *f);
@@ -84,7 +85,9 @@ void cst_compiled_free(cst_compiled *f);
 typedef struct cst_cfg {
     msg_format format;    /* MSG_FORMAT_TEXT: nothing to do */
     const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the tool
-                           * spec (MSG_FORMAT_TOOL_CALL, cm_compile's; none: a free body) */
+                           * spec (MSG_FORMAT_TOOL_CALL, _TOOLS) or choice spec
+                           * (MSG_FORMAT_CHOICE), cm_compile's (a required call without one:
+                           * a free body) */
     size_t n_schema;
     bool think_open;      /* the prompt leaves a reasoning block open */
     int32_t think_start;  /* the token that opens one, or -1 */
@@ -111,7 +114,7 @@ typedef struct cst_state {
     bool on;              /* a format applies */
     const cst_vocab *v;
     jc_schema *schema;    /* JSON formats; NULL for the tool-call format */
-    cm_grammar *call;     /* the tool-call format with a tool spec, else NULL */
+    cm_grammar *call;     /* the tool-call formats with a tool spec, a choice; else NULL */
     bool own_schema;      /* schema and call compiled by cst_init (else cfg->compiled) */
     size_t size;          /* bytes of a matcher state (8 without a matcher) */
     cst_phase phase;
