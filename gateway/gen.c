@@ -78,6 +78,7 @@ struct api_stream {
     bool failed;         /* the request ended with err */
     api_error err;
     gw_usage total;      /* of the choices so far: prompt once, completions summed */
+    gw_usage live;       /* continuous_usage_stats: total with the running choice's so far */
     json_t *choices;     /* whole replies: the finished choices' objects */
     double *scores;      /* best_of > n: [n_gens] each one's log probability per token */
 
@@ -91,6 +92,7 @@ struct api_stream {
     bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
     double lp_sum;       /* best_of > n: the log probabilities of the choice's tokens, summed */
     bool echoed;         /* the prompt opened the choice's text */
+    bool counted;        /* the choice's usage is in total */
 
     /* whole replies */
     gen_buf content, reasoning; /* the text of every piece of each kind */
@@ -538,11 +540,24 @@ static void gen_sse_put(api_stream *s, char *chunk)
     free(chunk);
 }
 
+/* The usage so far for continuous_usage_stats: the finished choices' and the running one's. */
+static void gen_live(api_stream *s)
+{
+    s->live = s->total;
+    if (s->counted)
+        return;
+    s->live.completion_tokens += s->usage.completion_tokens;
+    s->live.steps += s->usage.steps;
+    if (s->rc.index % s->req.best_of == 0)
+        s->live.cached_tokens += s->usage.cached_tokens;
+}
+
 static void gen_role_chunk(api_stream *s)
 {
     if (s->sent_role || s->req.kind != REQ_CHAT)
         return;
     s->sent_role = true;
+    gen_live(s);
     gen_sse_put(s, render_chat_chunk(&s->rc,
                                      json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
                                      NULL, NULL));
@@ -560,6 +575,7 @@ static json_t *gen_take_lp(api_stream *s)
 static void gen_take_pieces(api_stream *s)
 {
     gw_output *o = &s->out;
+    gen_live(s);
     for (size_t i = 0; i < o->n_pieces; i++) {
         const out_piece *p = &o->pieces[i];
         if (s->any_call && !s->req.parallel_calls)
@@ -652,6 +668,7 @@ static bool gen_echo(api_stream *s)
         }
     }
     if (s->stream) {
+        gen_live(s);
         gen_sse_put(s, render_completion_chunk(&s->rc, gp->echo, gp->echo_len, NULL, lp));
     } else {
         s->lp = lp;
@@ -755,7 +772,7 @@ static void gen_choice_reset(api_stream *s)
     s->text_offset = 0;
     s->finish = NULL;
     s->lp_sum = 0;
-    s->echoed = false;
+    s->echoed = s->counted = false;
     s->usage = (gw_usage){0};
     gen_hex(s->call_ids, 8);
     s->rc.index++;
@@ -806,6 +823,8 @@ static void gen_finish(api_stream *s, const char *finish)
     metrics_addu(&g->metrics.prediction_rejected, rejected);
     if (s->rc.index % s->req.best_of == 0) /* a prompt's later candidates find it cached */
         s->total.cached_tokens += s->usage.cached_tokens;
+    s->counted = true;
+    gen_live(s);
     if (!s->stream)
         gen_keep_choice(s);
     else if (s->req.kind == REQ_CHAT)
@@ -1050,6 +1069,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     gen_hex(s->call_ids, 8);
     s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,
                          .usage_null = s->req.stream && s->req.include_usage,
+                         .live_usage = s->req.continuous_usage ? &s->live : NULL,
                          .call_ids = s->call_ids};
     for (size_t i = 0; i < s->n_prompts; i++)
         s->total.prompt_tokens += (uint32_t)s->prompts[i].n;

@@ -118,6 +118,15 @@ static json_t *render_finish(const char *finish)
     return finish ? json_string(finish) : json_null();
 }
 
+/* A choice chunk's usage: the running one (continuous_usage_stats), or null (include_usage). */
+static void render_chunk_usage(const render_ctx *c, json_t *o)
+{
+    if (c->live_usage)
+        json_object_set_new(o, "usage", render_usage(c->live_usage));
+    else if (c->usage_null)
+        json_object_set_new(o, "usage", json_null());
+}
+
 char *render_chat_chunk(const render_ctx *c, json_t *delta, const char *finish, json_t *logprobs)
 {
     json_t *o = render_envelope(c, "chat.completion.chunk");
@@ -129,8 +138,7 @@ char *render_chat_chunk(const render_ctx *c, json_t *delta, const char *finish, 
     json_t *choices = json_array();
     json_array_append_new(choices, choice);
     json_object_set_new(o, "choices", choices);
-    if (c->usage_null)
-        json_object_set_new(o, "usage", json_null());
+    render_chunk_usage(c, o);
     return render_sse(o);
 }
 
@@ -196,8 +204,7 @@ char *render_completion_chunk(const render_ctx *c, const char *text, size_t len,
     json_t *choices = json_array();
     json_array_append_new(choices, render_completion_choice(c, text, len, finish, logprobs));
     json_object_set_new(o, "choices", choices);
-    if (c->usage_null)
-        json_object_set_new(o, "usage", json_null());
+    render_chunk_usage(c, o);
     return render_sse(o);
 }
 

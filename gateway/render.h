@@ -23,16 +23,7 @@
 
 #define RENDER_SSE_DONE "data: [DONE]\n\n"
 
-/* What every chunk or response of one request shares. */
-typedef struct render_ctx {
-    const char *id;       /* "chatcmpl-..." or "cmpl-..." */
-    int64_t created;      /* Unix time, seconds */
-    const char *model;    /* the model name the client sees */
-    bool usage_null;      /* streamed with include_usage: "usage":null on choice chunks */
-    const char *call_ids; /* tool-call ids are "call_<call_ids>_<index>" */
-    uint32_t index;       /* the choice that chunks and choice objects are of */
-} render_ctx;
-
+/* A response's token counts. */
 typedef struct gw_usage {
     uint32_t prompt_tokens;     /* tokens of the prompt */
     uint32_t completion_tokens; /* tokens generated (up to a stop string's end) */
@@ -42,6 +33,18 @@ typedef struct gw_usage {
     uint32_t accepted_prediction; /* its tokens taken into the completion as accepted drafts */
     uint32_t rejected_prediction; /* and those that were not */
 } gw_usage;
+
+/* What every chunk or response of one request shares. */
+typedef struct render_ctx {
+    const char *id;       /* "chatcmpl-..." or "cmpl-..." */
+    int64_t created;      /* Unix time, seconds */
+    const char *model;    /* the model name the client sees */
+    bool usage_null;      /* streamed with include_usage: "usage":null on choice chunks */
+    const gw_usage *live_usage; /* continuous_usage_stats: this usage on every choice chunk
+                                 * (instead of null), or NULL */
+    const char *call_ids; /* tool-call ids are "call_<call_ids>_<index>" */
+    uint32_t index;       /* the choice that chunks and choice objects are of */
+} render_ctx;
 
 /* {"prompt_tokens":..,"completion_tokens":..,"total_tokens":..,
  *  "prompt_tokens_details":{"cached_tokens":..},"acceptance_length":..} where the acceptance

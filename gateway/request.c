@@ -887,6 +887,8 @@ static td_err req_common(gw_request *r, api_error *e)
                               "true.");
         TD_TRY(req_bool(so, "include_usage", "stream_options.include_usage", &r->include_usage,
                         e));
+        TD_TRY(req_bool(so, "continuous_usage_stats", "stream_options.continuous_usage_stats",
+                        &r->continuous_usage, e));
     }
     int64_t n = 1;
     TD_TRY(req_int(r->root, "n", 1, REQ_N_MAX, &n, NULL, e));

@@ -91,6 +91,8 @@ typedef struct gw_request {
                             * highest log probability per token returned (chat: n) */
     bool stream;
     bool include_usage;    /* stream_options.include_usage */
+    bool continuous_usage; /* stream_options.continuous_usage_stats (vLLM's): the usage so far
+                            * on every chunk */
     int64_t max_tokens;    /* tokens, >= 1 (>= 0 with echo); -1 when the client gave none */
     req_sampling sampling;
     uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */

@@ -900,6 +900,38 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
     }
 }
 
+/* stream_options.continuous_usage_stats: every choice chunk carries the usage so far (the
+ * prompt, the tokens up to that chunk), the finish chunk the whole. */
+static void continuous_usage_rides_on_every_chunk(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1};
+    encode("Paris.", &s); /* 4 tokens */
+    fake_verifyd_script(fake, &s);
+    char *reply, *body;
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":[39,68],\"stream\":true,\"stream_options\":{"
+                             "\"include_usage\":true,\"continuous_usage_stats\":true}}",
+                             &reply, &body),
+                     200);
+    uint32_t seen[8], n = 0;
+    for (char *line = strstr(body, "data: {"); line; line = strstr(line + 1, "data: {")) {
+        json_t *j = json_loadb(line + 6, strcspn(line + 6, "\n"), 0, NULL);
+        assert_non_null(j);
+        const json_t *u = json_object_get(j, "usage");
+        assert_true(json_is_object(u));
+        assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 2);
+        assert_true(n < 8);
+        seen[n++] = (uint32_t)json_integer_value(json_object_get(u, "completion_tokens"));
+        json_decref(j);
+    }
+    /* 4 text chunks, the finish chunk and the usage chunk */
+    assert_int_equal(n, 6);
+    const uint32_t want[6] = {1, 2, 3, 4, 4, 4};
+    assert_memory_equal(seen, want, sizeof want);
+    free(reply);
+}
+
 /* --- failures ----------------------------------------------------------------------------------- */
 
 static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
@@ -1253,6 +1285,7 @@ int main(void)
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(prompt_batches_number_the_choices_prompt_by_prompt),
         cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
+        cmocka_unit_test(continuous_usage_rides_on_every_chunk),
         cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
         cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
