@@ -135,22 +135,23 @@ static bool req_role_known(const char *role)
     return false;
 }
 
-/* Content as the templates want it: a string. An array of text parts is joined with "\n"
- * (other part types are images and audio, which a text model cannot read). */
-static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e)
+/* Text given as a string or as an array of text parts ({"type": "text", "text": ...}; other
+ * part types are images and audio, which a text model cannot read), the parts joined with
+ * sep; base names the field in errors. */
+static td_err req_text_parts(const json_t *c, const char *base, const char *sep, json_t **out,
+                             api_error *e)
 {
     char param[APIERR_PARAM_MAX];
-    snprintf(param, sizeof param, "messages[%zu].content", mi);
     if (json_is_string(c)) {
         *out = json_incref((json_t *)c);
         return TD_OK;
     }
     if (!json_is_array(c))
-        return req_bad_type(e, param, "a string or an array of content parts", c);
+        return req_bad_type(e, base, "a string or an array of content parts", c);
     size_t total = 0, i;
     const json_t *part;
     json_array_foreach(c, i, part) {
-        snprintf(param, sizeof param, "messages[%zu].content[%zu]", mi, i);
+        snprintf(param, sizeof param, "%s[%zu]", base, i);
         if (!json_is_object(part))
             return req_bad_type(e, param, "an object", part);
         const json_t *type = json_object_get(part, "type");
@@ -160,10 +161,10 @@ static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e
                               "Only text content parts are supported; %s has type '%s'.", param,
                               json_is_string(type) ? json_string_value(type) : "(none)");
         if (!json_is_string(text)) {
-            snprintf(param, sizeof param, "messages[%zu].content[%zu].text", mi, i);
+            snprintf(param, sizeof param, "%s[%zu].text", base, i);
             return req_bad_type(e, param, "a string", text ? text : json_null());
         }
-        total += json_string_length(text) + 1;
+        total += json_string_length(text) + strlen(sep);
     }
     char *joined = malloc(total + 1);
     if (!joined)
@@ -171,8 +172,10 @@ static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e
     size_t n = 0;
     json_array_foreach(c, i, part) {
         const json_t *text = json_object_get(part, "text");
-        if (i > 0)
-            joined[n++] = '\n';
+        if (i > 0) {
+            memcpy(joined + n, sep, strlen(sep));
+            n += strlen(sep);
+        }
         memcpy(joined + n, json_string_value(text), json_string_length(text));
         n += json_string_length(text);
     }
@@ -181,6 +184,14 @@ static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e
     if (!*out)
         return apierr_set(e, 500, NULL, NULL, "out of memory");
     return TD_OK;
+}
+
+/* Content as the templates want it: a string, text parts joined with "\n". */
+static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e)
+{
+    char base[APIERR_PARAM_MAX];
+    snprintf(base, sizeof base, "messages[%zu].content", mi);
+    return req_text_parts(c, base, "\n", out, e);
 }
 
 /* An assistant message's tool calls, with string arguments that hold a JSON object turned into
@@ -830,42 +841,16 @@ static td_err req_prediction(gw_request *r, api_error *e)
     if (!c)
         return apierr_set(e, 400, "missing_required_parameter", "prediction.content",
                           "Missing required parameter: 'prediction.content'.");
-    size_t len = 0, i;
-    const json_t *part;
-    if (json_is_string(c)) {
-        len = json_string_length(c);
-    } else if (json_is_array(c)) {
-        json_array_foreach(c, i, part) {
-            char param[APIERR_PARAM_MAX];
-            snprintf(param, sizeof param, "prediction.content[%zu]", i);
-            const json_t *t = json_object_get(part, "text");
-            const json_t *pt = json_object_get(part, "type");
-            if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") != 0 ||
-                !json_is_string(t))
-                return apierr_set(e, 400, "invalid_value", param,
-                                  "Invalid value for '%s': expected {\"type\": \"text\", "
-                                  "\"text\": ...}.",
-                                  param);
-            len += json_string_length(t);
-        }
-    } else {
-        return req_bad_type(e, "prediction.content", "a string or an array of text parts", c);
+    json_t *text;
+    TD_TRY(req_text_parts(c, "prediction.content", "", &text, e));
+    r->prediction_len = json_string_length(text);
+    r->prediction = malloc(r->prediction_len + 1);
+    if (r->prediction) {
+        memcpy(r->prediction, json_string_value(text), r->prediction_len);
+        r->prediction[r->prediction_len] = 0;
     }
-    if (!(r->prediction = malloc(len + 1)))
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    if (json_is_string(c)) {
-        memcpy(r->prediction, json_string_value(c), len);
-    } else {
-        size_t at = 0;
-        json_array_foreach(c, i, part) {
-            const json_t *t = json_object_get(part, "text");
-            memcpy(r->prediction + at, json_string_value(t), json_string_length(t));
-            at += json_string_length(t);
-        }
-    }
-    r->prediction[len] = 0;
-    r->prediction_len = len;
-    return TD_OK;
+    json_decref(text);
+    return r->prediction ? TD_OK : apierr_set(e, 500, NULL, NULL, "out of memory");
 }
 
 static td_err req_common(gw_request *r, api_error *e)

@@ -886,7 +886,7 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
         {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"diff\",\"content\":\"\"}}",
          "'prediction.type': supported value is 'content'"},
         {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\",\"content\":[{\"text\":\"a\"}]}}",
-         "'prediction.content[0]'"},
+         "Only text content parts are supported; prediction.content[0] has type '(none)'."},
         {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\"}}",
          "Missing required parameter: 'prediction.content'"},
         {"{\"prompt\":\"x\",\"prediction\":{\"type\":\"content\",\"content\":7}}",
