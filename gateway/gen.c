@@ -1045,6 +1045,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .reasoning = kind == REQ_CHAT,
         .in_think = s->in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
+        .keep_stop = s->req.keep_stop,
     };
     if (err == TD_OK)
         err = gen_tool_spec(s, &e);

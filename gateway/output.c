@@ -92,6 +92,7 @@ td_err output_init(gw_output *o, const tokenizer *tok, const output_opts *opts)
     o->tok = tok;
     tok_stream_init(&o->ts, tok, TOK_DEC_SKIP_SPECIAL);
     stop_init(&o->stop, opts->stops, opts->stop_lens, opts->n_stops);
+    o->stop.keep_stop = opts->keep_stop;
     o->reasoning = opts->reasoning;
     o->tools = opts->tools != NULL;
     think_init(&o->think, opts->reasoning && opts->in_think, out_from_think, o);

@@ -47,6 +47,7 @@ typedef struct output_opts {
     bool in_think;            /* the prompt opened a <think> block (think_prompt_open) */
     const json_t *tools;      /* parse tool calls with these schemas, or NULL: no parsing */
     bool calls_matched;       /* verifyd matched the calls: one the output ends inside is text */
+    bool keep_stop;           /* the stop string that ends the text is part of it */
 } output_opts;
 
 typedef struct gw_output {

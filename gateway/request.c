@@ -912,6 +912,8 @@ static td_err req_common(gw_request *r, api_error *e)
         r->format = MSG_FORMAT_TOOL_CALL;
     TD_TRY(req_stop_ids(r, e));
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
+    TD_TRY(req_bool(r->root, "include_stop_str_in_output", "include_stop_str_in_output",
+                    &r->keep_stop, e));
     return req_stop(r, e);
 }
 

@@ -79,7 +79,9 @@ td_err stop_push(stop_filter *f, const char *text, size_t len, const char **out,
         f->hold_len = keep;
     }
     *out = f->out;
-    *out_len = f->stopped ? cut : n - keep;
+    *out_len = !f->stopped   ? n - keep
+               : f->keep_stop ? cut + f->stop_lens[f->stop_index]
+                              : cut;
     return TD_OK;
 }
 

@@ -1,5 +1,6 @@
 /* Stop strings: generated text is cut before the first occurrence of any of them, and the
- * stop string itself is never sent.
+ * stop string itself is not sent (with keep_stop, vLLM's include_stop_str_in_output, the
+ * text is cut after it instead).
  *
  * Text arrives in pieces (one per decoded step), and a stop string may straddle two pieces.
  * So the filter holds back the longest tail of the text that is the beginning of some stop
@@ -24,6 +25,7 @@ typedef struct stop_filter {
     size_t hold_cap;          /* bytes allocated */
     char *out;                /* [out_cap] held text + the new piece; what push returns */
     size_t out_cap;           /* bytes allocated */
+    bool keep_stop;           /* the stop string found ends the text sent (set after init) */
     bool stopped;             /* a stop string was found: everything after it is dropped */
     size_t stop_index;        /* which stop string, when stopped */
 } stop_filter;

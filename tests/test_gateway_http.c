@@ -336,6 +336,14 @@ static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
     json_decref(j);
     free(reply);
     assert_int_equal(fake_verifyd_cancels(fake), cancels + 1);
+    /* include_stop_str_in_output: the text ends with the stop string */
+    assert_int_equal(request("POST", "/v1/completions", NULL,
+                             "{\"prompt\":\"x\",\"stop\":\"END\",\"include_stop_str_in_output\":true}",
+                             &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"text\":\"hello END\",\"logprobs\":null,\"finish_reason\":"
+                                 "\"stop\""));
+    free(reply);
 }
 
 static void tool_call_in_the_output_becomes_tool_calls(void **state)

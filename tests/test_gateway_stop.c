@@ -14,14 +14,15 @@
 
 /* Pushes pieces (NULL-terminated) and writes what came out of each as "[a][b]...", then the
  * flush as "|rest", into out. */
-static void run(const char *const *stops, size_t n_stops, const char *const *pieces, char *out,
-                size_t cap, bool *stopped)
+static void run_as(const char *const *stops, size_t n_stops, const char *const *pieces,
+                   bool keep_stop, char *out, size_t cap, bool *stopped)
 {
     size_t lens[8] = {0};
     for (size_t i = 0; i < n_stops; i++)
         lens[i] = strlen(stops[i]);
     stop_filter f;
     stop_init(&f, stops, lens, n_stops);
+    f.keep_stop = keep_stop;
     size_t n = 0;
     out[0] = 0;
     for (size_t i = 0; pieces[i]; i++) {
@@ -36,6 +37,29 @@ static void run(const char *const *stops, size_t n_stops, const char *const *pie
     snprintf(out + n, cap - n, "|%.*s", (int)len, p);
     *stopped = f.stopped;
     stop_free(&f);
+}
+
+static void run(const char *const *stops, size_t n_stops, const char *const *pieces, char *out,
+                size_t cap, bool *stopped)
+{
+    run_as(stops, n_stops, pieces, false, out, cap, stopped);
+}
+
+/* include_stop_str_in_output: the text ends with the stop string, in one piece or across
+ * pieces (held, then sent with the rest of the match). */
+static void kept_stop_string_ends_the_text(void **state)
+{
+    (void)state;
+    const char *stops[] = {"END", "world"};
+    const char *one[] = {"abcENDdef", "more", NULL};
+    const char *across[] = {"Hello, wo", "r", "ld!", NULL};
+    char out[256];
+    bool stopped;
+    run_as(stops, 2, one, true, out, sizeof out, &stopped);
+    assert_string_equal(out, "[abcEND][]|");
+    run_as(stops, 2, across, true, out, sizeof out, &stopped);
+    assert_string_equal(out, "[Hello, ][][world]|");
+    assert_true(stopped);
 }
 
 static void stop_string_inside_one_piece_cuts_before_it(void **state)
@@ -151,6 +175,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stop_string_inside_one_piece_cuts_before_it),
+        cmocka_unit_test(kept_stop_string_ends_the_text),
         cmocka_unit_test(stop_string_across_pieces_is_held_then_dropped),
         cmocka_unit_test(held_prefix_is_released_when_the_match_fails),
         cmocka_unit_test(held_prefix_is_flushed_at_the_end),
