@@ -4,8 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/callm.h"
-#include "common/jsonc.h"
+#include "gateway/request_int.h"
 
 const char *req_type_name(const json_t *v)
 {
@@ -22,7 +21,7 @@ const char *req_type_name(const json_t *v)
     return "an unknown value";
 }
 
-static td_err req_bad_type(api_error *e, const char *param, const char *expected, const json_t *v)
+td_err req_bad_type(api_error *e, const char *param, const char *expected, const json_t *v)
 {
     return apierr_set(e, 400, "invalid_type", param,
                       "Invalid type for '%s': expected %s, but got %s instead.", param, expected,
@@ -51,14 +50,14 @@ td_err req_load_json(const char *body, size_t len, json_t **root, api_error *e)
 
 /* --- typed fields: absent or null keeps the default -------------------------------------- */
 
-static const json_t *req_field(const json_t *obj, const char *key)
+const json_t *req_field(const json_t *obj, const char *key)
 {
     const json_t *v = json_object_get(obj, key);
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static td_err req_bool(const json_t *obj, const char *key, const char *param, bool *out,
-                       api_error *e)
+td_err req_bool(const json_t *obj, const char *key, const char *param, bool *out,
+                api_error *e)
 {
     const json_t *v = req_field(obj, key);
     if (!v)
@@ -70,8 +69,8 @@ static td_err req_bool(const json_t *obj, const char *key, const char *param, bo
 }
 
 /* Integers, and numbers with an integral value (2.0) as JavaScript clients send them. */
-static td_err req_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                      bool *given, api_error *e)
+td_err req_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+               bool *given, api_error *e)
 {
     const json_t *v = req_field(obj, key);
     if (given)
@@ -97,8 +96,8 @@ static td_err req_int(const json_t *obj, const char *key, int64_t lo, int64_t hi
 }
 
 /* A number in [lo, hi], or in (lo, hi] when lo_open. */
-static td_err req_number(const json_t *obj, const char *key, double lo, bool lo_open, double hi,
-                         double *out, api_error *e)
+td_err req_number(const json_t *obj, const char *key, double lo, bool lo_open, double hi,
+                  double *out, api_error *e)
 {
     const json_t *v = req_field(obj, key);
     if (!v)
@@ -116,322 +115,12 @@ static td_err req_number(const json_t *obj, const char *key, double lo, bool lo_
 }
 
 /* A JSON integer in [0, max] (a token id), into *out. */
-static bool req_token_id(const json_t *v, json_int_t max, uint32_t *out)
+bool req_token_id(const json_t *v, json_int_t max, uint32_t *out)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
         return false;
     *out = (uint32_t)json_integer_value(v);
     return true;
-}
-
-/* --- chat messages -------------------------------------------------------------------------- */
-
-static bool req_role_known(const char *role)
-{
-    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
-    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
-        if (strcmp(role, roles[i]) == 0)
-            return true;
-    return false;
-}
-
-/* Text given as a string or as an array of text parts ({"type": "text", "text": ...}; other
- * part types are images and audio, which a text model cannot read), the parts joined with
- * sep; base names the field in errors. */
-static td_err req_text_parts(const json_t *c, const char *base, const char *sep, json_t **out,
-                             api_error *e)
-{
-    char param[APIERR_PARAM_MAX];
-    if (json_is_string(c)) {
-        *out = json_incref((json_t *)c);
-        return TD_OK;
-    }
-    if (!json_is_array(c))
-        return req_bad_type(e, base, "a string or an array of content parts", c);
-    size_t total = 0, i;
-    const json_t *part;
-    json_array_foreach(c, i, part) {
-        snprintf(param, sizeof param, "%s[%zu]", base, i);
-        if (!json_is_object(part))
-            return req_bad_type(e, param, "an object", part);
-        const json_t *type = json_object_get(part, "type");
-        const json_t *text = json_object_get(part, "text");
-        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
-            return apierr_set(e, 400, "invalid_value", param,
-                              "Only text content parts are supported; %s has type '%s'.", param,
-                              json_is_string(type) ? json_string_value(type) : "(none)");
-        if (!json_is_string(text)) {
-            snprintf(param, sizeof param, "%s[%zu].text", base, i);
-            return req_bad_type(e, param, "a string", text ? text : json_null());
-        }
-        total += json_string_length(text) + strlen(sep);
-    }
-    char *joined = malloc(total + 1);
-    if (!joined)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    size_t n = 0;
-    json_array_foreach(c, i, part) {
-        const json_t *text = json_object_get(part, "text");
-        if (i > 0) {
-            memcpy(joined + n, sep, strlen(sep));
-            n += strlen(sep);
-        }
-        memcpy(joined + n, json_string_value(text), json_string_length(text));
-        n += json_string_length(text);
-    }
-    *out = json_stringn(joined, n);
-    free(joined);
-    if (!*out)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    return TD_OK;
-}
-
-/* Content as the templates want it: a string, text parts joined with "\n". */
-static td_err req_content(const json_t *c, size_t mi, json_t **out, api_error *e)
-{
-    char base[APIERR_PARAM_MAX];
-    snprintf(base, sizeof base, "messages[%zu].content", mi);
-    return req_text_parts(c, base, "\n", out, e);
-}
-
-/* An assistant message's tool calls, with string arguments that hold a JSON object turned into
- * that object: the Qwen templates iterate the arguments as a mapping. */
-static td_err req_tool_calls(const json_t *calls, size_t mi, json_t **out, api_error *e)
-{
-    char param[APIERR_PARAM_MAX];
-    snprintf(param, sizeof param, "messages[%zu].tool_calls", mi);
-    if (!json_is_array(calls))
-        return req_bad_type(e, param, "an array", calls);
-    json_t *copy = json_array();
-    size_t i;
-    const json_t *call;
-    json_array_foreach(calls, i, call) {
-        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu]", mi, i);
-        const json_t *fn = json_is_object(call) ? json_object_get(call, "function") : NULL;
-        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
-        const json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
-        if (!json_is_object(call)) {
-            json_decref(copy);
-            return req_bad_type(e, param, "an object", call);
-        }
-        if (!json_is_object(fn) || !json_is_string(name)) {
-            json_decref(copy);
-            return apierr_set(e, 400, "invalid_value", param,
-                              "Invalid value for '%s': expected a function with a string name.",
-                              param);
-        }
-        if (args && !json_is_string(args) && !json_is_object(args) && !json_is_null(args)) {
-            json_decref(copy);
-            snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu].function.arguments",
-                     mi, i);
-            return req_bad_type(e, param, "a string", args);
-        }
-        json_t *fn2 = json_copy((json_t *)fn);
-        if (json_is_string(args)) {
-            json_t *parsed = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
-            if (json_is_object(parsed))
-                json_object_set(fn2, "arguments", parsed);
-            json_decref(parsed);
-        } else if (!args || json_is_null(args)) {
-            json_object_set_new(fn2, "arguments", json_object());
-        }
-        json_t *call2 = json_copy((json_t *)call);
-        json_object_set_new(call2, "function", fn2);
-        json_array_append_new(copy, call2);
-    }
-    *out = copy;
-    return TD_OK;
-}
-
-static td_err req_message(const json_t *m, size_t mi, json_t *out_list, api_error *e)
-{
-    char param[APIERR_PARAM_MAX];
-    snprintf(param, sizeof param, "messages[%zu]", mi);
-    if (!json_is_object(m))
-        return req_bad_type(e, param, "an object", m);
-    snprintf(param, sizeof param, "messages[%zu].role", mi);
-    const json_t *role = json_object_get(m, "role");
-    if (!role)
-        return apierr_set(e, 400, "missing_required_parameter", param,
-                          "Missing required parameter: '%s'.", param);
-    if (!json_is_string(role))
-        return req_bad_type(e, param, "a string", role);
-    if (!req_role_known(json_string_value(role)))
-        return apierr_set(e, 400, "invalid_value", param,
-                          "Invalid value for '%s': '%s'. Supported values are: 'system', "
-                          "'developer', 'user', 'assistant' and 'tool'.",
-                          param, json_string_value(role));
-    bool assistant = strcmp(json_string_value(role), "assistant") == 0;
-
-    json_t *msg = json_copy((json_t *)m);
-    if (!msg)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    /* The Qwen templates know system, user, assistant and tool. */
-    if (strcmp(json_string_value(role), "developer") == 0)
-        json_object_set_new(msg, "role", json_string("system"));
-
-    const json_t *content = req_field(m, "content");
-    td_err r = TD_OK;
-    if (content) {
-        json_t *c = NULL;
-        r = req_content(content, mi, &c, e);
-        if (r == TD_OK)
-            json_object_set_new(msg, "content", c);
-    } else if (!assistant) {
-        snprintf(param, sizeof param, "messages[%zu].content", mi);
-        r = apierr_set(e, 400, "missing_required_parameter", param,
-                       "Missing required parameter: '%s'.", param);
-    }
-    static const char *const text_fields[] = {"name", "tool_call_id", "reasoning_content"};
-    for (size_t k = 0; r == TD_OK && k < sizeof text_fields / sizeof text_fields[0]; k++) {
-        const json_t *v = req_field(m, text_fields[k]);
-        if (v && !json_is_string(v)) {
-            snprintf(param, sizeof param, "messages[%zu].%s", mi, text_fields[k]);
-            r = req_bad_type(e, param, "a string", v);
-        }
-    }
-    const json_t *calls = req_field(m, "tool_calls");
-    if (r == TD_OK && calls) {
-        json_t *c = NULL;
-        r = req_tool_calls(calls, mi, &c, e);
-        if (r == TD_OK)
-            json_object_set_new(msg, "tool_calls", c);
-    }
-    if (r != TD_OK) {
-        json_decref(msg);
-        return r;
-    }
-    json_array_append_new(out_list, msg);
-    return TD_OK;
-}
-
-
-/* tool_choice {"type": "function", "function": {"name": N}}: the model is told about N alone
- * and must call it (a required call with one tool). */
-static td_err req_named_tool(gw_request *r, const json_t *choice, api_error *e)
-{
-    const json_t *fn = json_object_get(choice, "function");
-    const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
-    if (!json_is_string(name))
-        return apierr_set(e, 400, "invalid_value", "tool_choice",
-                          "Invalid value for 'tool_choice': expected {\"type\": \"function\", "
-                          "\"function\": {\"name\": ...}}.");
-    size_t i;
-    const json_t *t;
-    json_array_foreach(r->tools, i, t) {
-        const json_t *tn = json_object_get(json_object_get(t, "function"), "name");
-        if (json_equal(tn, name)) {
-            json_decref(r->named_tools);
-            r->named_tools = json_array();
-            if (!r->named_tools || json_array_append(r->named_tools, (json_t *)t) != 0)
-                return apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
-            r->tools = r->named_tools;
-            r->force_call = true;
-            return TD_OK;
-        }
-    }
-    return apierr_set(e, 400, "invalid_value", "tool_choice",
-                      "Invalid value for 'tool_choice': no tool named '%s' in 'tools'.",
-                      json_string_value(name));
-}
-static td_err req_chat(gw_request *r, api_error *e)
-{
-    const json_t *msgs = json_object_get(r->root, "messages");
-    if (!msgs)
-        return apierr_set(e, 400, "missing_required_parameter", "messages",
-                          "Missing required parameter: 'messages'.");
-    if (!json_is_array(msgs))
-        return req_bad_type(e, "messages", "an array", msgs);
-    if (json_array_size(msgs) == 0)
-        return apierr_set(e, 400, "empty_array", "messages",
-                          "Invalid 'messages': empty array. Expected an array with minimum "
-                          "length 1, but got an empty array instead.");
-    r->messages = json_array();
-    if (!r->messages)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    size_t i;
-    const json_t *m;
-    json_array_foreach(msgs, i, m) TD_TRY(req_message(m, i, r->messages, e));
-
-    const json_t *tools = req_field(r->root, "tools");
-    if (tools) {
-        if (!json_is_array(tools))
-            return req_bad_type(e, "tools", "an array", tools);
-        const json_t *t;
-        json_array_foreach(tools, i, t) {
-            char param[APIERR_PARAM_MAX];
-            snprintf(param, sizeof param, "tools[%zu]", i);
-            const json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
-            const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
-            if (!json_is_string(name))
-                return apierr_set(e, 400, "invalid_value", param,
-                                  "Invalid value for '%s': expected {\"type\": \"function\", "
-                                  "\"function\": {\"name\": ...}}.",
-                                  param);
-        }
-        if (json_array_size(tools) > 0)
-            r->tools = tools;
-    }
-    const json_t *choice = req_field(r->root, "tool_choice");
-    bool choice_none = false;
-    if (choice) {
-        if (json_is_string(choice)) {
-            const char *c = json_string_value(choice);
-            if (strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required"))
-                return apierr_set(e, 400, "invalid_value", "tool_choice",
-                                  "Invalid value for 'tool_choice': '%s'. Supported values are: "
-                                  "'none', 'auto', 'required' or a function object.",
-                                  c);
-            choice_none = strcmp(c, "none") == 0;
-            r->force_call = strcmp(c, "required") == 0;
-        } else if (json_is_object(choice)) {
-            TD_TRY(req_named_tool(r, choice, e));
-        } else {
-            return req_bad_type(e, "tool_choice", "a string or an object", choice);
-        }
-        if (r->force_call && !r->tools)
-            return apierr_set(e, 400, "invalid_value", "tool_choice",
-                              "Invalid value for 'tool_choice': a tool call is required but no "
-                              "'tools' were given.");
-    }
-    r->parallel_calls = true;
-    TD_TRY(req_bool(r->root, "parallel_tool_calls", "parallel_tool_calls", &r->parallel_calls,
-                    e));
-    /* tool_choice "none": the model is not told about the tools and nothing is parsed. */
-    if (choice_none)
-        r->tools = NULL;
-    r->parse_tools = r->tools != NULL;
-
-    r->add_generation_prompt = true;
-    TD_TRY(req_bool(r->root, "add_generation_prompt", "add_generation_prompt",
-                    &r->add_generation_prompt, e));
-    const json_t *kw = req_field(r->root, "chat_template_kwargs");
-    if (kw) {
-        if (!json_is_object(kw))
-            return req_bad_type(e, "chat_template_kwargs", "an object", kw);
-        r->template_kwargs = kw;
-        const json_t *think = req_field(kw, "enable_thinking");
-        if (think) {
-            if (!json_is_boolean(think))
-                return req_bad_type(e, "chat_template_kwargs.enable_thinking", "a boolean", think);
-            r->enable_thinking = json_is_true(think) ? CHAT_THINK_ON : CHAT_THINK_OFF;
-        }
-    }
-
-    bool given = false;
-    int64_t top = 0;
-    TD_TRY(req_bool(r->root, "logprobs", "logprobs", &r->logprobs, e));
-    TD_TRY(req_int(r->root, "top_logprobs", 0, REQ_TOP_LOGPROBS_MAX, &top, &given, e));
-    if (given && !r->logprobs)
-        return apierr_set(e, 400, "invalid_value", "top_logprobs",
-                          "Invalid value for 'top_logprobs': 'logprobs' must be set to true "
-                          "when 'top_logprobs' is used.");
-    r->top_logprobs = (uint32_t)top;
-
-    /* max_completion_tokens replaces the deprecated max_tokens when both are given. */
-    TD_TRY(req_int(r->root, "max_tokens", 1, INT32_MAX, &r->max_tokens, NULL, e));
-    TD_TRY(req_int(r->root, "max_completion_tokens", 1, INT32_MAX, &r->max_tokens, NULL, e));
-    return TD_OK;
 }
 
 /* --- completions ---------------------------------------------------------------------------- */
@@ -669,158 +358,6 @@ static td_err req_stop_ids(gw_request *r, api_error *e)
                               i);
         r->n_stop_ids++;
     }
-    return TD_OK;
-}
-
-/* response_format: {"type": "text"}, {"type": "json_object"} (one JSON object), or
- * {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} (one
- * JSON value valid under the schema; without "schema", any JSON value). The schema is compiled
- * here so that what the matcher cannot enforce is this request's 400, not a failed
- * generation. */
-/* A JSON Schema (schema, named param in errors; NULL: any JSON value) as the format, compiled
- * here so that what the matcher cannot enforce is this request's 400. */
-static td_err req_json_schema(gw_request *r, const json_t *schema, const char *param,
-                              api_error *e)
-{
-    if (schema && !json_is_object(schema) && !json_is_boolean(schema))
-        return apierr_set(e, 400, "invalid_type", param,
-                          "Invalid type for '%s': expected an object.", param);
-    char *text = schema ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("true");
-    if (!text)
-        return apierr_set(e, 500, NULL, NULL, "out of memory for the response format's schema");
-    const size_t n = strlen(text);
-    if (n > MSG_SCHEMA_MAX) {
-        free(text);
-        return apierr_set(e, 400, "invalid_value", param,
-                          "Invalid value for '%s': %zu bytes as compact JSON, at most %u are "
-                          "supported.",
-                          param, n, MSG_SCHEMA_MAX);
-    }
-    jc_schema *compiled = NULL;
-    const td_err c = jc_compile(text, n, &compiled);
-    jc_schema_free(compiled);
-    if (c != TD_OK) {
-        free(text);
-        if (c == TD_ENOMEM)
-            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
-        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value", param,
-                          "Invalid value for '%s': %s", param, err_msg());
-    }
-    r->format = MSG_FORMAT_JSON_SCHEMA;
-    r->schema = text;
-    r->n_schema = n;
-    return TD_OK;
-}
-
-static td_err req_response_format(gw_request *r, api_error *e)
-{
-    r->format = MSG_FORMAT_TEXT;
-    const json_t *rf = req_field(r->root, "response_format");
-    if (!rf)
-        return TD_OK;
-    if (!json_is_object(rf))
-        return req_bad_type(e, "response_format", "an object", rf);
-    const json_t *type = json_object_get(rf, "type");
-    if (!json_is_string(type))
-        return apierr_set(e, 400, "invalid_value", "response_format.type",
-                          "Invalid value for 'response_format.type': expected a string.");
-    const char *t = json_string_value(type);
-    if (strcmp(t, "text") == 0)
-        return TD_OK;
-    if (strcmp(t, "json_object") == 0) {
-        r->format = MSG_FORMAT_JSON_OBJECT;
-        return TD_OK;
-    }
-    if (strcmp(t, "json_schema") != 0)
-        return apierr_set(e, 400, "unsupported_value", "response_format.type",
-                          "Unsupported value for 'response_format.type': '%s'; supported are "
-                          "'text', 'json_object' and 'json_schema'.", t);
-    const json_t *js = json_object_get(rf, "json_schema");
-    if (!json_is_object(js))
-        return apierr_set(e, 400, "invalid_value", "response_format.json_schema",
-                          "Invalid value for 'response_format.json_schema': expected an object.");
-    const json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
-    if (name && !json_is_string(name))
-        return apierr_set(e, 400, "invalid_type", "response_format.json_schema.name",
-                          "Invalid type for 'response_format.json_schema.name': expected a "
-                          "string.");
-    if (strict && !json_is_boolean(strict) && !json_is_null(strict))
-        return apierr_set(e, 400, "invalid_type", "response_format.json_schema.strict",
-                          "Invalid type for 'response_format.json_schema.strict': expected a "
-                          "boolean.");
-    return req_json_schema(r, json_object_get(js, "schema"), "response_format.json_schema.schema",
-                           e);
-}
-
-/* vLLM's guided decoding: guided_json (a schema, or its JSON text), guided_choice (strings),
- * or structured_outputs {"json": ...} / {"choice": [...]}; one way of asking at most. */
-static td_err req_guided(gw_request *r, api_error *e)
-{
-    const json_t *gj = req_field(r->root, "guided_json");
-    const json_t *gc = req_field(r->root, "guided_choice");
-    const json_t *so = req_field(r->root, "structured_outputs");
-    const char *param = gj ? "guided_json" : gc ? "guided_choice" : "structured_outputs";
-    if (!gj && !gc && !so)
-        return TD_OK;
-    if ((gj != NULL) + (gc != NULL) + (so != NULL) > 1 || r->format != MSG_FORMAT_TEXT)
-        return apierr_set(e, 400, "invalid_value", param,
-                          "Invalid value for '%s': ask for one structured output only "
-                          "(response_format, guided_json, guided_choice, structured_outputs).",
-                          param);
-    if (so) {
-        if (!json_is_object(so))
-            return req_bad_type(e, "structured_outputs", "an object", so);
-        gj = json_object_get(so, "json");
-        gc = json_object_get(so, "choice");
-        const char *k;
-        const json_t *v;
-        json_object_foreach((json_t *)so, k, v) {
-            if (strcmp(k, "json") != 0 && strcmp(k, "choice") != 0)
-                return apierr_set(e, 400, "unsupported_value", "structured_outputs",
-                                  "Unsupported value for 'structured_outputs': '%s'; supported "
-                                  "are 'json' and 'choice'.",
-                                  k);
-        }
-        if ((gj != NULL) == (gc != NULL))
-            return apierr_set(e, 400, "invalid_value", "structured_outputs",
-                              "Invalid value for 'structured_outputs': give one of 'json' and "
-                              "'choice'.");
-        param = gj ? "structured_outputs.json" : "structured_outputs.choice";
-    }
-    if (gj && json_is_string(gj)) { /* the schema as JSON text */
-        json_t *parsed = json_loads(json_string_value(gj), 0, NULL);
-        if (!parsed)
-            return apierr_set(e, 400, "invalid_value", param,
-                              "Invalid value for '%s': the text is not JSON.", param);
-        td_err err = req_json_schema(r, parsed, param, e);
-        json_decref(parsed);
-        return err;
-    }
-    if (gj)
-        return req_json_schema(r, gj, param, e);
-    if (!json_is_array(gc))
-        return req_bad_type(e, param, "an array of strings", gc);
-    json_t *spec = json_pack("{s:s,s:O}", "form", "choice", "choices", gc);
-    char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
-    json_decref(spec);
-    if (!text)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    cm_grammar *g = NULL;
-    td_err c = strlen(text) > MSG_SCHEMA_MAX
-                   ? err_set(TD_ENOTSUP, "%zu bytes as JSON, at most %u are supported",
-                             strlen(text), MSG_SCHEMA_MAX)
-                   : cm_compile(text, strlen(text), &g);
-    cm_free(g);
-    if (c != TD_OK) {
-        free(text);
-        if (c == TD_ENOMEM)
-            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
-        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value", param,
-                          "Invalid value for '%s': %s", param, err_msg());
-    }
-    r->format = MSG_FORMAT_CHOICE;
-    r->schema = text;
-    r->n_schema = strlen(text);
     return TD_OK;
 }
 

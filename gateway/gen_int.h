@@ -1,0 +1,113 @@
+/* What gen.c and gen_prompt.c share: one request's state (api_stream) and the steps of
+ * building its prompts. Private to the two files. */
+#ifndef TANDEM_GATEWAY_GEN_INT_H
+#define TANDEM_GATEWAY_GEN_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gateway/gen.h"
+#include "gateway/link.h"
+#include "gateway/logprobs.h"
+#include "gateway/output.h"
+#include "gateway/render.h"
+
+/* A growable byte string. */
+typedef struct gen_buf {
+    char *p;    /* [cap] bytes, NUL-terminated at len */
+    size_t len; /* bytes used */
+    size_t cap; /* bytes allocated */
+} gen_buf;
+
+
+/* A prompt of the request and what its choices share. */
+typedef struct gen_prompt {
+    int32_t *ids;        /* [n] token ids (owned) */
+    size_t n;
+    uint32_t max_tokens; /* per choice */
+    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded */
+    size_t echo_len;     /* bytes */
+    char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
+    lp_token *plp;       /* echo with logprobs: [n] the prompt tokens', from the PROMPT events
+                          * of its first choice (entry 0 has none) */
+    size_t n_plp;        /* entries filled */
+} gen_prompt;
+
+/* A request's generations (best_of for each prompt, prompt by prompt) run one after the
+ * other; generation i is prompt i / best_of's candidate i % best_of, and its choice index
+ * while streamed or unranked. The fields from lg to the end of the streams' part are those of
+ * the generation running, reset for the next one. */
+struct api_stream {
+    gw_state *g;
+    gw_request req;
+    gen_prompt *prompts; /* [n_prompts]: completions' prompts, or the chat's rendered one */
+    size_t n_prompts;
+    uint32_t n_gens;     /* n_prompts * best_of */
+    bool in_think;       /* the prompt leaves a reasoning block open */
+    msg_format format;   /* what verifyd enforces: the request's format, or the tools format */
+    tok_ids predict;     /* the prediction's tokens (none without one) */
+    char *tool_spec;     /* the tools as verifyd matches calls against them (common/callm.h):
+                          * a required call's, or those of tool_choice "auto" when they can be
+                          * enforced; else NULL */
+    output_opts oo;      /* how each choice's tokens become its output */
+    render_ctx rc;       /* rc.index: the choice */
+    char id[48];         /* "chatcmpl-<24 hex>" */
+    int client_fd;       /* the client's socket, polled to notice it leaving; -1 unknown */
+    bool done;           /* every choice ended, or the request failed: nothing more comes */
+    bool client_gone;    /* the client left (or the gateway stops): nothing more is sent */
+    bool failed;         /* the request ended with err */
+    api_error err;
+    gw_usage total;      /* of the choices so far: prompt once, completions summed */
+    gw_usage live;       /* continuous_usage_stats: total with the running choice's so far */
+    json_t *choices;     /* whole replies: the finished choices' objects */
+    double *scores;      /* best_of > n: [n_gens] each one's log probability per token */
+
+    link_gen *lg;        /* the generation at verifyd; NULL once closed */
+    gw_output out;       /* tokens -> content, reasoning, tool calls */
+    bool out_ready;      /* out was initialised (and must be freed) */
+    char call_ids[24];   /* hex: tool-call ids */
+    int64_t last_event_ms; /* monotonic ms of verifyd's last event (silence timeout) */
+    const char *finish;  /* "stop", "length", "tool_calls" */
+    gw_usage usage;      /* the choice's completion, steps and cached tokens (the prompt: total) */
+    bool any_call;       /* a tool call was produced: finish "stop" becomes "tool_calls" */
+    double lp_sum;       /* best_of > n: the log probabilities of the choice's tokens, summed */
+    bool echoed;         /* the prompt opened the choice's text */
+    bool counted;        /* the choice's usage is in total */
+
+    /* whole replies */
+    gen_buf content, reasoning; /* the text of every piece of each kind */
+    bool has_reasoning;  /* reasoning came (the message gets "reasoning_content") */
+    json_t *calls;       /* tool calls (message form) */
+    json_t *lp;          /* chat: logprobs content array; completions: the logprobs object */
+    size_t text_offset;  /* completions: characters sent so far (logprobs text_offset) */
+
+    /* streams */
+    bool stream;         /* the client asked for SSE */
+    bool sent_role;      /* the first chunk (the role) went out */
+    json_t *lp_pending;  /* streams: logprobs waiting for the next chunk (chat: the content
+                            array; completions: the logprobs object) */
+    gen_buf sse;         /* rendered events not yet read */
+    size_t sse_off;      /* bytes of sse already read */
+};
+
+/* The prompt of the generation running. */
+static inline gen_prompt *gen_cur(const api_stream *s)
+{
+    return &s->prompts[s->rc.index / s->req.best_of];
+}
+
+/* The request's prompts as token ids, each with its budget (and its echo). */
+td_err gen_prompts(api_stream *s, api_error *e);
+
+/* n token ids of param against the vocabulary (the request parser knows only their form). */
+td_err gen_check_ids(const api_stream *s, const char *param, const uint32_t *ids, size_t n,
+                     api_error *e);
+
+/* The tool spec verifyd matches calls against (s->tool_spec, s->format). */
+td_err gen_tool_spec(api_stream *s, api_error *e);
+
+/* The prediction's tokens (s->predict). */
+td_err gen_prediction(api_stream *s, api_error *e);
+
+#endif
