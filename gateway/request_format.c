@@ -9,6 +9,24 @@
 #include "common/jsonc.h"
 #include "gateway/request_int.h"
 
+/* The format's text (owned, freed on an error) once compiling it gave c: r's format, or the
+ * request's error (400 naming param; 500 out of memory). */
+static td_err req_format_set(gw_request *r, msg_format format, char *text, td_err c,
+                             const char *param, api_error *e)
+{
+    if (c != TD_OK) {
+        free(text);
+        if (c == TD_ENOMEM)
+            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
+        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value", param,
+                          "Invalid value for '%s': %s", param, err_msg());
+    }
+    r->format = format;
+    r->schema = text;
+    r->n_schema = strlen(text);
+    return TD_OK;
+}
+
 /* A JSON Schema (schema, named param in errors; NULL: any JSON value) as the format, compiled
  * here so that what the matcher cannot enforce is this request's 400. */
 static td_err req_json_schema(gw_request *r, const json_t *schema, const char *param,
@@ -31,17 +49,7 @@ static td_err req_json_schema(gw_request *r, const json_t *schema, const char *p
     jc_schema *compiled = NULL;
     const td_err c = jc_compile(text, n, &compiled);
     jc_schema_free(compiled);
-    if (c != TD_OK) {
-        free(text);
-        if (c == TD_ENOMEM)
-            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
-        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value", param,
-                          "Invalid value for '%s': %s", param, err_msg());
-    }
-    r->format = MSG_FORMAT_JSON_SCHEMA;
-    r->schema = text;
-    r->n_schema = n;
-    return TD_OK;
+    return req_format_set(r, MSG_FORMAT_JSON_SCHEMA, text, c, param, e);
 }
 
 /* response_format: {"type": "text"}, {"type": "json_object"} (one JSON object), or
@@ -148,15 +156,5 @@ td_err req_guided(gw_request *r, api_error *e)
                              strlen(text), MSG_SCHEMA_MAX)
                    : cm_compile(text, strlen(text), &g);
     cm_free(g);
-    if (c != TD_OK) {
-        free(text);
-        if (c == TD_ENOMEM)
-            return apierr_set(e, 500, NULL, NULL, "%s", err_msg());
-        return apierr_set(e, 400, c == TD_ENOTSUP ? "unsupported_value" : "invalid_value", param,
-                          "Invalid value for '%s': %s", param, err_msg());
-    }
-    r->format = MSG_FORMAT_CHOICE;
-    r->schema = text;
-    r->n_schema = strlen(text);
-    return TD_OK;
+    return req_format_set(r, MSG_FORMAT_CHOICE, text, c, param, e);
 }

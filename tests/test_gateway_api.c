@@ -29,8 +29,9 @@ static void n_choices_are_generated_one_after_the_other(void **state)
     const int starts = fake_verifyd_starts(gwh_fake);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[39,68],\"max_tokens\":3,\"n\":3,\"seed\":11}", &reply,
-                             &body),
+                                 "{\"prompt\":[39,68],\"max_tokens\":3,\"n\":3,\"seed\":11}"
+                                 "", &reply,
+                                 &body),
                      200);
     gwh_normalize(body);
     char expect[2048];
@@ -51,11 +52,11 @@ static void n_choices_are_generated_one_after_the_other(void **state)
     assert_true(m.sampler.seed == 13); /* the third choice: 11 + 2 */
 
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2,"
-                             "\"max_tokens\":3,\"stream\":true,\"stream_options\":"
-                             "{\"include_usage\":true},\"chat_template_kwargs\":"
-                             "{\"enable_thinking\":false}}",
-                             &reply, &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2,"
+                                 "\"max_tokens\":3,\"stream\":true,\"stream_options\":"
+                                 "{\"include_usage\":true},\"chat_template_kwargs\":"
+                                 "{\"enable_thinking\":false}}",
+                                 &reply, &body),
                      200);
     gwh_normalize(body);
     const char *head = "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\","
@@ -89,7 +90,7 @@ static void n_choices_are_generated_one_after_the_other(void **state)
 }
 
 /* best_of: that many candidates, the n of the highest log probability per token returned, best
- * first (the gwh_fake lowers a generation's log probabilities less for a larger seed: 11, 12, 13
+ * first (the fake lowers a generation's log probabilities less for a larger seed: 11, 12, 13
  * here, so the third candidate ranks first); verifyd is asked for log probabilities even when
  * the client wants none, and they are not shown then. */
 static void best_of_returns_the_likeliest_candidates(void **state)
@@ -101,9 +102,9 @@ static void best_of_returns_the_likeliest_candidates(void **state)
     const int starts = fake_verifyd_starts(gwh_fake);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[39,68],\"max_tokens\":1,\"n\":2,\"best_of\":3,"
-                             "\"seed\":11,\"logprobs\":0}",
-                             &reply, &body),
+                                 "{\"prompt\":[39,68],\"max_tokens\":1,\"n\":2,\"best_of\":3,"
+                                 "\"seed\":11,\"logprobs\":0}",
+                                 &reply, &body),
                      200);
     assert_int_equal(fake_verifyd_starts(gwh_fake), starts + 3);
     /* token 0's log probability -0.25, lowered by 0.5 (15 - seed): -1.25 (seed 13), -1.75 (12) */
@@ -115,8 +116,8 @@ static void best_of_returns_the_likeliest_candidates(void **state)
     assert_non_null(strstr(body, "\"completion_tokens\":3,")); /* every candidate counts */
     free(reply);
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[39,68],\"max_tokens\":1,\"best_of\":2,\"seed\":3}",
-                             &reply, &body),
+                                 "{\"prompt\":[39,68],\"max_tokens\":1,\"best_of\":2,\"seed\":3}",
+                                 &reply, &body),
                      200);
     assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"P\",\"logprobs\":null,"));
     free(reply);
@@ -138,9 +139,9 @@ static void prompt_batches_number_the_choices_prompt_by_prompt(void **state)
     const int starts = fake_verifyd_starts(gwh_fake);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[[39,68],[39]],\"max_tokens\":1,\"best_of\":2,"
-                             "\"seed\":11,\"logprobs\":0}",
-                             &reply, &body),
+                                 "{\"prompt\":[[39,68],[39]],\"max_tokens\":1,\"best_of\":2,"
+                                 "\"seed\":11,\"logprobs\":0}",
+                                 &reply, &body),
                      200);
     assert_int_equal(fake_verifyd_starts(gwh_fake), starts + 4);
     /* seed 12 is each prompt's likelier candidate: -0.25 - 0.5 * (15 - 12) */
@@ -161,9 +162,9 @@ static void prompt_batches_number_the_choices_prompt_by_prompt(void **state)
 
     /* streamed, n = 2: choices 0, 1 of the first prompt, then 2, 3 of the second */
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[\"Hello\",[39]],\"max_tokens\":1,\"n\":2,"
-                             "\"stream\":true}",
-                             &reply, &body),
+                                 "{\"prompt\":[\"Hello\",[39]],\"max_tokens\":1,\"n\":2,"
+                                 "\"stream\":true}",
+                                 &reply, &body),
                      200);
     gwh_normalize(body);
     const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
@@ -192,13 +193,15 @@ static void echo_opens_the_text_and_the_logprobs_with_the_prompt(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":1,\"max_tokens\":1}",
-                             &reply, &body),
+                                 "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":1,\"max_tokens\":"
+                                 "1}",
+                                 &reply, &body),
                      200);
     assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"a patterna\",\"logprobs\":"
                                  "{\"tokens\":[\"a\",\" pattern\",\"a\"],\"token_logprobs\":[null,"
                                  "-0.5,-0.25],\"top_logprobs\":[null,{\" pattern\":-0.5},{\"a\":"
-                                 "-0.25}],\"text_offset\":[0,1,9]},\"finish_reason\":\"length\"}]"));
+                                 "-0.25}],\"text_offset\":[0,1,9]},\"finish_reason\":\"length\"}]"
+                                 ""));
     assert_non_null(strstr(body, "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":1,"));
     free(reply);
     msg_gen_start m;
@@ -208,8 +211,8 @@ static void echo_opens_the_text_and_the_logprobs_with_the_prompt(void **state)
 
     /* max_tokens 0: the prompt alone, given as text (kept as the client wrote it) */
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"Hello\",\"echo\":true,\"max_tokens\":0}", &reply,
-                             &body),
+                                 "{\"prompt\":\"Hello\",\"echo\":true,\"max_tokens\":0}", &reply,
+                                 &body),
                      200);
     assert_non_null(strstr(body, "\"choices\":[{\"index\":0,\"text\":\"Hello\",\"logprobs\":null,"
                                  "\"finish_reason\":\"length\"}]"));
@@ -229,9 +232,10 @@ static void echo_streams_the_prompt_first_in_each_choice(void **state)
     const int starts = fake_verifyd_starts(gwh_fake);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":0,\"max_tokens\":1,"
-                             "\"n\":2,\"stream\":true}",
-                             &reply, &body),
+                                 "{\"prompt\":[64,493],\"echo\":true,\"logprobs\":0,\"max_tokens\":"
+                                 "1,"
+                                 "\"n\":2,\"stream\":true}",
+                                 &reply, &body),
                      200);
     assert_int_equal(fake_verifyd_starts(gwh_fake), starts + 2);
     gwh_normalize(body);
@@ -267,8 +271,8 @@ static void echo_with_missing_prompt_logprobs_is_an_error(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[64,493,64],\"echo\":true,\"logprobs\":0}", &reply,
-                             &body),
+                                 "{\"prompt\":[64,493,64],\"echo\":true,\"logprobs\":0}", &reply,
+                                 &body),
                      500);
     assert_non_null(strstr(body, "The model server sent the log probabilities of 1 of the "
                                  "prompt's 2 tokens."));
@@ -290,10 +294,10 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
     const int accepted_before = atoi(strchr(at, '}') + 2);
     free(reply);
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"x\",\"n\":2,\"prediction\":{\"type\":\"content\","
-                             "\"content\":[{\"type\":\"text\",\"text\":\"a pat\"},{\"type\":"
-                             "\"text\",\"text\":\"tern<|im_end|>\"}]}}",
-                             &reply, &body),
+                                 "{\"prompt\":\"x\",\"n\":2,\"prediction\":{\"type\":\"content\","
+                                 "\"content\":[{\"type\":\"text\",\"text\":\"a pat\"},{\"type\":"
+                                 "\"text\",\"text\":\"tern<|im_end|>\"}]}}",
+                                 &reply, &body),
                      200);
     msg_gen_start m;
     uint32_t p[256], stop[8], want[64];
@@ -315,7 +319,8 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
     assert_non_null(strstr(body, line));
     free(reply);
     /* without one, no details */
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      200);
     assert_null(strstr(body, "completion_tokens_details"));
     free(reply);
@@ -331,7 +336,8 @@ static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
          "Invalid type for 'prediction.content'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        assert_int_equal(gwh_request("POST", "/v1/completions", NULL, bad[i][0], &reply, &body), 400);
+        assert_int_equal(gwh_request("POST", "/v1/completions", NULL, bad[i][0], &reply, &body),
+                                     400);
         if (!strstr(body, bad[i][1]))
             fail_msg("%s: %s", bad[i][0], body);
         free(reply);
@@ -348,9 +354,9 @@ static void continuous_usage_rides_on_every_chunk(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[39,68],\"stream\":true,\"stream_options\":{"
-                             "\"include_usage\":true,\"continuous_usage_stats\":true}}",
-                             &reply, &body),
+                                 "{\"prompt\":[39,68],\"stream\":true,\"stream_options\":{"
+                                 "\"include_usage\":true,\"continuous_usage_stats\":true}}",
+                                 &reply, &body),
                      200);
     uint32_t seen[8], n = 0;
     for (char *line = strstr(body, "data: {"); line; line = strstr(line + 1, "data: {")) {
@@ -379,8 +385,8 @@ static void required_call_sends_the_tool_spec(void **state)
     (void)state;
     fake_script s = {.step = 4};
     gwh_encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-           "</function>\n</tool_call>",
-           &s);
+               "</function>\n</tool_call>",
+               &s);
     fake_verifyd_script(gwh_fake, &s);
     const char *req =
         "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
@@ -393,7 +399,8 @@ static void required_call_sends_the_tool_spec(void **state)
     snprintf(body_req, sizeof body_req, req, "");
     char *reply, *body;
     const int starts = fake_verifyd_starts(gwh_fake);
-    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
+                                 200);
     assert_non_null(strstr(body, "\"finish_reason\":\"tool_calls\""));
     free(reply);
     msg_gen_start m;
@@ -405,7 +412,8 @@ static void required_call_sends_the_tool_spec(void **state)
     assert_int_equal(m.n_schema, strlen(spec));
     assert_string_equal(m.schema, spec);
     snprintf(body_req, sizeof body_req, req, ",\"pattern\":\"^[A-Z]\"");
-    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 400);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
+                                 400);
     assert_non_null(strstr(body, "\"message\":\"The tools cannot be enforced for a required "
                                  "call: tool call: function 'get_weather' parameter 'city': "));
     assert_non_null(strstr(body, "pattern"));
@@ -420,7 +428,8 @@ static void required_call_sends_the_tool_spec(void **state)
         "\"function\",\"function\":{\"name\":\"get_time\"}},{\"type\":\"function\",\"function\":"
         "{\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{%s}}}}}]}";
     snprintf(body_req, sizeof body_req, auto_req, "\"type\":\"string\"");
-    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
+                                 200);
     free(reply);
     assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
     assert_int_equal(m.format, MSG_FORMAT_TOOLS);
@@ -428,7 +437,8 @@ static void required_call_sends_the_tool_spec(void **state)
                                   "\"get_weather\",\"parameters\":{\"properties\":{\"city\":{"
                                   "\"type\":\"string\"}}}}]}");
     snprintf(body_req, sizeof body_req, auto_req, "\"pattern\":\"x\"");
-    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
+                                 200);
     free(reply);
     assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
     assert_int_equal(m.format, MSG_FORMAT_TEXT);
@@ -440,7 +450,7 @@ static void tokenize_and_detokenize_round_trip(void **state)
     (void)state;
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/tokenize", NULL, "{\"content\":\"Hello world\"}", &reply,
-                             &body),
+                                 &body),
                      200);
     assert_string_equal(body, "{\"count\":8,\"max_model_len\":1024,\"tokens\":[39,68,317,78,281,"
                               "274,75,67]}");
@@ -463,11 +473,11 @@ static void tokenize_and_detokenize_round_trip(void **state)
     json_decref(j);
     free(reply);
     assert_int_equal(gwh_request("POST", "/tokenize", NULL, "{\"messages\":[{\"role\":\"x\"}]}",
-                             &reply, &body),
+                                 &reply, &body),
                      400);
     free(reply);
     assert_int_equal(gwh_request("POST", "/detokenize", NULL,
-                             "{\"tokens\":[505,39,68,317,78,281,274,75,67]}", &reply, &body),
+                                 "{\"tokens\":[505,39,68,317,78,281,274,75,67]}", &reply, &body),
                      200);
     assert_string_equal(body, "{\"content\":\"<|im_start|>Hello world\"}");
     free(reply);

@@ -31,10 +31,10 @@ static void chat_whole_response_and_what_verifyd_receives(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     int st = gwh_request("POST", "/v1/chat/completions", NULL,
-                     "{\"model\":\"qwen35-tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
-                     "\"hi\"}],\"max_tokens\":10,\"temperature\":0,\"seed\":5,"
-                     "\"chat_template_kwargs\":{\"enable_thinking\":false},\"unknown\":1}",
-                     &reply, &body);
+                         "{\"model\":\"qwen35-tiny\",\"messages\":[{\"role\":\"user\",\"content\":"
+                         "\"hi\"}],\"max_tokens\":10,\"temperature\":0,\"seed\":5,"
+                         "\"chat_template_kwargs\":{\"enable_thinking\":false},\"unknown\":1}",
+                         &reply, &body);
     assert_int_equal(st, 200);
     gwh_normalize(body);
     uint32_t want[256], got[256], stop[8];
@@ -71,10 +71,10 @@ static void chat_stream_sends_exact_chunks(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     int st = gwh_request("POST", "/v1/chat/completions", NULL,
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,"
-                     "\"stream_options\":{\"include_usage\":true},\"chat_template_kwargs\":"
-                     "{\"enable_thinking\":false}}",
-                     &reply, &body);
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,"
+                         "\"stream_options\":{\"include_usage\":true},\"chat_template_kwargs\":"
+                         "{\"enable_thinking\":false}}",
+                         &reply, &body);
     assert_int_equal(st, 200);
     assert_non_null(strstr(reply, "Content-Type: text/event-stream"));
     gwh_normalize(body);
@@ -122,9 +122,10 @@ static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
     int cancels = fake_verifyd_cancels(gwh_fake);
     char *reply, *body;
     int st = gwh_request("POST", "/v1/chat/completions", NULL,
-                     "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"END\"],"
-                     "\"chat_template_kwargs\":{\"enable_thinking\":false}}",
-                     &reply, &body);
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[\"END\"]"
+                         ","
+                         "\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                         &reply, &body);
     assert_int_equal(st, 200);
     json_t *j = json_loads(body, 0, NULL);
     json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
@@ -141,8 +142,9 @@ static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
     assert_int_equal(fake_verifyd_cancels(gwh_fake), cancels + 1);
     /* include_stop_str_in_output: the text ends with the stop string */
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"x\",\"stop\":\"END\",\"include_stop_str_in_output\":true}",
-                             &reply, &body),
+                                 "{\"prompt\":\"x\",\"stop\":\"END\",\"include_stop_str_in_output\""
+                                 ":true}",
+                                 &reply, &body),
                      200);
     assert_non_null(strstr(body, "\"text\":\"hello END\",\"logprobs\":null,\"finish_reason\":"
                                  "\"stop\""));
@@ -154,8 +156,8 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
     (void)state;
     fake_script s = {.step = 4};
     gwh_encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-           "</function>\n</tool_call>",
-           &s);
+               "</function>\n</tool_call>",
+               &s);
     fake_verifyd_script(gwh_fake, &s);
     const char *req =
         "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
@@ -176,7 +178,8 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
                                  "\"finish_reason\":\"tool_calls\"}"));
     free(reply);
     snprintf(body_req, sizeof body_req, req, ",\"stream\":true");
-    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body), 200);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
+                                 200);
     gwh_normalize(body);
     assert_non_null(strstr(body, "\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_X_0\","
                                  "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
@@ -195,10 +198,10 @@ static void one_tool_call_when_parallel_calls_are_off(void **state)
     (void)state;
     fake_script s = {.step = 3};
     gwh_encode("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-           "</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
-           "Rome\n</parameter>\n</function>\n</tool_call>\nDone, thanks for asking, and more "
-           "text after the calls.",
-           &s);
+               "</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+               "Rome\n</parameter>\n</function>\n</tool_call>\nDone, thanks for asking, and more "
+               "text after the calls.",
+               &s);
     const char *req =
         "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"chat_template_kwargs\":"
         "{\"enable_thinking\":false},\"parallel_tool_calls\":false,\"tools\":[{\"type\":"
@@ -231,8 +234,8 @@ static void reasoning_opened_by_the_prompt_is_split_off(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"capital?\"}]}",
-                             &reply, &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"capital?\"}]}",
+                                 &reply, &body),
                      200);
     assert_non_null(strstr(body, "\"message\":{\"role\":\"assistant\",\"content\":\"Paris.\","
                                  "\"reasoning_content\":\"Let me see.\"}"));
@@ -246,12 +249,13 @@ static void logprobs_of_each_token_with_alternatives(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":"
-                             "true,\"top_logprobs\":2,\"chat_template_kwargs\":"
-                             "{\"enable_thinking\":false}}",
-                             &reply, &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs"
+                                 "\":"
+                                 "true,\"top_logprobs\":2,\"chat_template_kwargs\":"
+                                 "{\"enable_thinking\":false}}",
+                                 &reply, &body),
                      200);
-    /* The gwh_fake gives token i log probability -0.25 (i + 1), alternative k (id + k) 1 less per k;
+    /* The fake gives token i log probability -0.25 (i + 1), alternative k (id + k) 1 less per k;
      * 65 is "b", 494 is "ON". */
     assert_non_null(strstr(
         body, "\"logprobs\":{\"content\":[{\"token\":\"a\",\"logprob\":-0.25,\"bytes\":[97],"
@@ -276,9 +280,9 @@ static void completions_stream_with_usage(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":[39,68],\"max_tokens\":3,\"stream\":true,"
-                             "\"stream_options\":{\"include_usage\":true}}",
-                             &reply, &body),
+                                 "{\"prompt\":[39,68],\"max_tokens\":3,\"stream\":true,"
+                                 "\"stream_options\":{\"include_usage\":true}}",
+                                 &reply, &body),
                      200);
     gwh_normalize(body);
     const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
@@ -305,7 +309,8 @@ static void completions_stream_logprobs_ride_on_their_text(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
-                             "{\"prompt\":\"x\",\"logprobs\":1,\"stream\":true}", &reply, &body),
+                                 "{\"prompt\":\"x\",\"logprobs\":1,\"stream\":true}"
+                                 "", &reply, &body),
                      200);
     gwh_normalize(body);
     const char *head = "data: {\"id\":\"cmpl-X\",\"object\":\"text_completion\",\"created\":0,"
@@ -333,9 +338,10 @@ static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
     fake_verifyd_script(gwh_fake, &s);
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":"
-                             "true,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
-                             &reply, &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\""
+                                 ":"
+                                 "true,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+                                 &reply, &body),
                      200);
     gwh_normalize(body);
     const char *head = "data: {\"id\":\"chatcmpl-X\",\"object\":\"chat.completion.chunk\","
@@ -353,8 +359,8 @@ static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
     free(reply);
     /* The same failure without streaming is a 500 with the error body. */
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &reply,
-                             &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &reply,
+                                 &body),
                      500);
     assert_string_equal(body, "{\"error\":{\"message\":\"The generation failed: scripted failure\","
                               "\"type\":\"server_error\",\"param\":null,\"code\":"
@@ -369,7 +375,8 @@ static void busy_verifyd_is_waited_for(void **state)
     fake_verifyd_script(gwh_fake, &s);
     int starts = fake_verifyd_starts(gwh_fake);
     char *reply, *body;
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      200);
     assert_non_null(strstr(body, "\"text\":\"a\""));
     free(reply);
@@ -404,7 +411,8 @@ static void prompt_longer_than_the_context_is_400_with_the_numbers(void **state)
     /* verifyd refusing a start for its context is the same kind of error. */
     fake_script s = {.start_error = TD_ERANGE};
     fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      400);
     assert_string_equal(body, "{\"error\":{\"message\":\"prompt of too many tokens for the "
                               "context\",\"type\":\"invalid_request_error\",\"param\":\"prompt\","
@@ -464,13 +472,15 @@ static void api_key_is_required_when_set(void **state)
                               "Bearer <key>'.\",\"type\":\"authentication_error\",\"param\":null,"
                               "\"code\":\"invalid_api_key\"}}");
     free(reply);
-    assert_int_equal(gwh_request("GET", "/v1/models", "Authorization: Bearer sekreT\r\n", NULL, &reply,
-                             &body),
+    assert_int_equal(gwh_request("GET", "/v1/models", "Authorization: Bearer sekreT\r\n", NULL,
+                                 &reply,
+                                 &body),
                      401);
     assert_non_null(strstr(body, "Incorrect API key provided."));
     free(reply);
-    assert_int_equal(gwh_request("GET", "/v1/models", "Authorization: Bearer sekret\r\n", NULL, &reply,
-                             &body),
+    assert_int_equal(gwh_request("GET", "/v1/models", "Authorization: Bearer sekret\r\n", NULL,
+                                 &reply,
+                                 &body),
                      200);
     free(reply);
     assert_int_equal(gwh_request("GET", "/health", NULL, NULL, &reply, &body), 200);
@@ -500,20 +510,22 @@ static void http_errors_have_openai_bodies(void **state)
                               "\"param\":null,\"code\":\"request_too_large\"}}");
     free(reply);
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, "{\"messages\":", &reply,
-                             &body),
+                                 &body),
                      400);
     assert_non_null(strstr(body, "\"code\":\"invalid_json\""));
     free(reply);
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", &reply,
-                             &body),
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}"
+                                 "", &reply,
+                                 &body),
                      400);
     assert_non_null(strstr(body, "\"code\":\"invalid_json\""));
     free(reply);
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
-                             "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\":"
-                             "\"x\"}]}",
-                             &reply, &body),
+                                 "{\"model\":\"gpt-4\",\"messages\":[{\"role\":\"user\",\"content\""
+                                 ":"
+                                 "\"x\"}]}",
+                                 &reply, &body),
                      400);
     assert_string_equal(body, "{\"error\":{\"message\":\"The model 'gpt-4' does not exist; this "
                               "server serves 'qwen35-tiny'.\",\"type\":\"invalid_request_error\","
@@ -522,7 +534,8 @@ static void http_errors_have_openai_bodies(void **state)
     /* The server is unharmed: a good request still works. */
     fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
     fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      200);
     free(reply);
 }
@@ -539,7 +552,7 @@ static void metrics_show_gateway_and_verifyd_numbers(void **state)
         "\ntandem_requests_total{endpoint=\"other\",status=\"404\"} 1\n",
         "\ntandem_verifyd_up 1\n",
         "\ntandem_verifyd_ready 1\n",
-        /* the gwh_fake's histogram: 5 steps of 1 token, 2 of 2 */
+        /* the fake's histogram: 5 steps of 1 token, 2 of 2 */
         "\ntandem_acceptance_length_bucket{le=\"1\"} 5\n",
         "\ntandem_acceptance_length_bucket{le=\"2\"} 7\n",
         "\ntandem_acceptance_length_bucket{le=\"+Inf\"} 7\n",
@@ -587,7 +600,7 @@ static void verifyd_restart_between_polls_ends_open_streams(void **state)
     free(reply);
 }
 
-/* Last: stops the gwh_fake. A verifyd that dies ends open streams at once (its event connection
+/* Last: stops the fake. A verifyd that dies ends open streams at once (its event connection
  * closes), /health says 503, requests get 503, and all is well once it is back. */
 static void verifyd_gone_ends_open_streams_at_once(void **state)
 {
@@ -609,7 +622,8 @@ static void verifyd_gone_ends_open_streams_at_once(void **state)
                                  "\"backend_unavailable\"}}\n\ndata: [DONE]\n\n"));
     free(reply);
     gwh_wait_health(503);
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      503);
     assert_non_null(strstr(body, "\"code\":\"backend_unavailable\""));
     free(reply);
@@ -617,7 +631,8 @@ static void verifyd_gone_ends_open_streams_at_once(void **state)
     gwh_wait_health(200);
     fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
     fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply, &body),
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
                      200);
     free(reply);
 }
