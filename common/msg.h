@@ -46,6 +46,7 @@
 #define MSG_PROMPT_MAX (1u << 18)    /* gen_start prompt tokens (262144: the models' context) */
 #define MSG_STOP_MAX 64              /* gen_start stop token ids */
 #define MSG_PREDICT_MAX (1u << 16)   /* gen_start prediction tokens */
+#define MSG_ALLOWED_MAX (1u << 16)   /* gen_start allowed tokens */
 #define MSG_BIAS_MAX 1024            /* gen_start logit bias entries */
 #define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
 #define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
@@ -257,6 +258,9 @@ typedef struct msg_gen_start {
                               * (OpenAI's predicted outputs): where the output follows it, its
                               * next tokens are the drafts; the output is the same either way */
     uint32_t n_predict;     /* tokens, 0..MSG_PREDICT_MAX */
+    const uint32_t *allowed; /* [n_allowed] the only tokens that may be chosen (vLLM's
+                              * allowed_token_ids), or none: all */
+    uint32_t n_allowed;     /* tokens, 0..MSG_ALLOWED_MAX */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);

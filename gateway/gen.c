@@ -136,6 +136,8 @@ static td_err gen_start(api_stream *s, api_error *e)
         .format = s->format,
         .predict = (const uint32_t *)s->predict.ids,
         .n_predict = (uint32_t)s->predict.n,
+        .allowed = s->req.allowed,
+        .n_allowed = (uint32_t)s->req.n_allowed,
         .schema = s->tool_spec ? s->tool_spec : s->req.schema,
         .n_schema = (uint32_t)(s->tool_spec ? strlen(s->tool_spec) : s->req.n_schema),
     };
@@ -703,6 +705,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         err = gen_check_ids(s, "logit_bias", s->req.bias_tok, s->req.n_bias, &e);
     if (err == TD_OK)
         err = gen_check_ids(s, "stop_token_ids", s->req.stop_ids, s->req.n_stop_ids, &e);
+    if (err == TD_OK)
+        err = gen_check_ids(s, "allowed_token_ids", s->req.allowed, s->req.n_allowed, &e);
     s->oo = (output_opts){
         .stops = s->req.stop,
         .stop_lens = s->req.stop_len,

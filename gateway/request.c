@@ -390,6 +390,35 @@ static td_err req_prediction(gw_request *r, api_error *e)
     return r->prediction ? TD_OK : apierr_set(e, 500, NULL, NULL, "out of memory");
 }
 
+/* allowed_token_ids: 1..MSG_ALLOWED_MAX token ids (checked against the vocabulary when the
+ * prompt is made). */
+static td_err req_allowed(gw_request *r, api_error *e)
+{
+    const json_t *a = req_field(r->root, "allowed_token_ids");
+    if (!a)
+        return TD_OK;
+    if (!json_is_array(a))
+        return req_bad_type(e, "allowed_token_ids", "an array of token ids", a);
+    const size_t n = json_array_size(a);
+    if (n == 0 || n > MSG_ALLOWED_MAX)
+        return apierr_set(e, 400, "invalid_value", "allowed_token_ids",
+                          "Invalid value for 'allowed_token_ids': 1 to %u token ids, got %zu.",
+                          MSG_ALLOWED_MAX, n);
+    if (!(r->allowed = malloc(n * sizeof *r->allowed)))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!req_token_id(v, INT32_MAX, &r->allowed[i]))
+            return apierr_set(e, 400, "invalid_value", "allowed_token_ids",
+                              "Invalid value for 'allowed_token_ids': item %zu is not a token "
+                              "id.",
+                              i);
+    }
+    r->n_allowed = n;
+    return TD_OK;
+}
+
 static td_err req_common(gw_request *r, api_error *e)
 {
     const json_t *model = req_field(r->root, "model");
@@ -451,6 +480,7 @@ static td_err req_common(gw_request *r, api_error *e)
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     TD_TRY(req_bool(r->root, "include_stop_str_in_output", "include_stop_str_in_output",
                     &r->keep_stop, e));
+    TD_TRY(req_allowed(r, e));
     return req_stop(r, e);
 }
 
@@ -482,6 +512,7 @@ void req_free(gw_request *r)
     free(r->bias);
     free(r->schema);
     free(r->prediction);
+    free(r->allowed);
     json_decref(r->named_tools);
     memset(r, 0, sizeof *r);
 }

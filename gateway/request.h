@@ -98,6 +98,9 @@ typedef struct gw_request {
     uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */
     float *bias;           /* owned: [n_bias] their biases, each in [-100, 100] */
     size_t n_bias;
+    uint32_t *allowed;     /* owned: [n_allowed] allowed_token_ids (vLLM's): the only tokens
+                            * that may be chosen, or NULL: all */
+    size_t n_allowed;
     uint32_t stop_ids[REQ_STOP_IDS_MAX]; /* stop_token_ids: tokens that end the generation
                                           * (kept in the output, as the end-of-generation
                                           * tokens are) */

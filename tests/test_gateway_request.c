@@ -717,6 +717,27 @@ static void guided_decoding_fields(void **state)
                  "\"invalid_value\"}}");
 }
 
+/* allowed_token_ids (vLLM's): a list of token ids, 1..65536 of them. */
+static void allowed_token_ids_field(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *ok = "{\"prompt\": \"x\", \"allowed_token_ids\": [3, 0, 511]}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, ok, strlen(ok), &e), TD_OK);
+    assert_int_equal(r.n_allowed, 3);
+    assert_int_equal(r.allowed[2], 511);
+    req_free(&r);
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"allowed_token_ids\": []}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'allowed_token_ids': 1 to 65536 "
+                 "token ids, got 0.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"allowed_token_ids\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"allowed_token_ids\": [1, \"2\"]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'allowed_token_ids': item 1 is not "
+                 "a token id.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"allowed_token_ids\",\"code\":\"invalid_value\"}}");
+}
+
 static void tokenize_and_detokenize_bodies(void **state)
 {
     (void)state;
@@ -773,6 +794,7 @@ int main(void)
         cmocka_unit_test(completion_prompt_forms),
         cmocka_unit_test(completion_bad_prompts_are_400),
         cmocka_unit_test(guided_decoding_fields),
+        cmocka_unit_test(allowed_token_ids_field),
         cmocka_unit_test(tokenize_and_detokenize_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -176,8 +176,11 @@ static void test_gen_start_round_trip(void **state)
     assert_true(out.prompt_logprobs);
     assert_int_equal(out.n_predict, 3);
     assert_int_equal(out.predict[2], 151643);
+    assert_int_equal(out.n_allowed, 2);
+    assert_int_equal(out.allowed[1], 151645);
     msg_free_gen_start(&out);
     assert_null(out.predict);
+    assert_null(out.allowed);
     assert_null(out.prompt);
     assert_null(out.schema);
 

@@ -207,6 +207,30 @@ static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **
     bad = (pen_cfg){.bias_tok = twice, .bias = three, .n_bias = 3};
     assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
     assert_non_null(strstr(err_msg(), "token 4: given twice"));
+    bad = (pen_cfg){.allowed = out_of_vocab, .n_allowed = 1};
+    assert_int_equal(pen_init(&p, &bad, V), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "allowed token 10: outside the vocabulary"));
+
+    /* an allowed set: every other token of every row gets -inf, the biases still add */
+    const int32_t allowed[] = {2, 7, 2};
+    const int32_t seven[] = {7};
+    const float half[] = {0.5f};
+    pen_cfg only = {.allowed = allowed, .n_allowed = 3, .bias_tok = seven, .bias = half,
+                    .n_bias = 1};
+    assert_int_equal(pen_init(&p, &only, V), TD_OK);
+    assert_true(p.on);
+    float rows[2][V];
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < V; t++)
+            rows[r][t] = (float)t;
+    const int32_t drafts[] = {2};
+    assert_int_equal(pen_apply(&p, be, &rows[0][0], drafts, 2), TD_OK);
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < V; t++)
+            assert_true(t == 2   ? rows[r][t] == 2.0f
+                        : t == 7 ? rows[r][t] == 7.5f
+                                 : rows[r][t] == -INFINITY);
+    pen_free(&p, be);
 }
 
 #undef V
@@ -371,6 +395,35 @@ static void test_a_bias_of_100_forces_its_token_greedy_and_sampled(void **ctx)
     tgt_free(tm);
 }
 
+/* allowed_token_ids: greedy and sampled, with and without the drafter, every token is one of
+ * the set; greedy speculative output equals plain. */
+static void test_allowed_tokens_are_the_only_ones_chosen(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
+    mf_drafter ds = {8, 1, false, 9, false};
+    dfl_model *dm = mf_drafter_in(tmpdir, "allow", tm, &ds, 78);
+    const int32_t allowed[] = {11, 279, 300, 4};
+    const pen_cfg only = {.allowed = allowed, .n_allowed = 4};
+    const int32_t prompt[3] = {5, 6, 7};
+    const ops_sampler smps[] = {{0}, {.temperature = 1.0f, .top_p = 1.0f, .seed = 99}};
+    for (int s = 0; s < 2; s++) {
+        int32_t out[2][24];
+        for (int with = 0; with < 2; with++) {
+            generate(tm, with ? dm : NULL, prompt, 3, 24, &smps[s], &only, out[with]);
+            for (int i = 0; i < 24; i++)
+                if (out[with][i] != 11 && out[with][i] != 279 && out[with][i] != 300 &&
+                    out[with][i] != 4)
+                    fail_msg("token %d is %d, not an allowed one", i, out[with][i]);
+        }
+        if (s == 0)
+            assert_memory_equal(out[0], out[1], sizeof out[0]);
+    }
+    dfl_free(dm);
+    tgt_free(tm);
+}
+
 /* The target's penalised p(t3 | prompt, t1, t2) under smp, into p [nv]. */
 static void penalised_p(const tgt_model *tm, const int32_t *prompt, int32_t t1, int32_t t2,
                         const float *bias, const pen_cfg *pen, const ops_sampler *smp,
@@ -470,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_nothing_asked_adds_nothing_and_bad_settings_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_penalties_equals_plain_decoding),
         cmocka_unit_test(test_a_bias_of_100_forces_its_token_greedy_and_sampled),
+        cmocka_unit_test(test_allowed_tokens_are_the_only_ones_chosen),
         cmocka_unit_test(test_sampling_with_penalties_keeps_the_penalised_distribution),
     };
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);

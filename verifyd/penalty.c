@@ -40,10 +40,22 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     p->n_vocab = n_vocab;
     const bool counted = cfg->presence != 0.0f || cfg->frequency != 0.0f || p->rep != 1.0f;
     const bool least = cfg->min_tokens > 0 && cfg->n_stop > 0;
-    p->on = counted || cfg->n_bias > 0 || least;
+    p->on = counted || cfg->n_bias > 0 || least || cfg->n_allowed > 0;
     if (!p->on)
         return TD_OK;
     bool ok = true;
+    if (cfg->n_allowed > 0) {
+        ok = (p->allow = calloc((size_t)OPS_MASK_WORDS(n_vocab), sizeof *p->allow)) != NULL;
+        for (int32_t i = 0; ok && i < cfg->n_allowed; i++) {
+            const int32_t t = cfg->allowed[i];
+            if (t < 0 || t >= n_vocab) {
+                pen_free(p, NULL);
+                return err_set(TD_EINVAL, "allowed token %d: outside the vocabulary of %lld", t,
+                               (long long)n_vocab);
+            }
+            p->allow[t / 32] |= 1u << (t % 32);
+        }
+    }
     if (counted)
         ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
     if (ok && p->rep != 1.0f)
@@ -89,6 +101,9 @@ void pen_free(pen_state *p, const ops_backend *be)
 {
     if (be && p->dev)
         be->release(be, p->dev);
+    if (be && p->allow_dev)
+        be->release(be, p->allow_dev);
+    free(p->allow);
     free(p->bias);
     free(p->count);
     free(p->seen);
@@ -265,12 +280,41 @@ static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *
     return err;
 }
 
+/* The allowed set on rows 0..n-1 (the mask copied to the backend once per block size). */
+static td_err pen_allow(pen_state *p, const ops_backend *be, float *logits, int64_t n)
+{
+    const size_t W = (size_t)OPS_MASK_WORDS(p->n_vocab);
+    if (n > p->allow_rows) {
+        uint32_t *rows = malloc((size_t)n * W * sizeof *rows);
+        void *d = NULL;
+        td_err e = rows ? be->alloc(be, &d, (size_t)n * W * sizeof *rows)
+                        : err_set(TD_ENOMEM, "out of memory for the allowed tokens");
+        for (int64_t i = 0; e == TD_OK && i < n; i++)
+            memcpy(rows + (size_t)i * W, p->allow, W * sizeof *rows);
+        if (e == TD_OK)
+            e = be->to_device(be, d, rows, (size_t)n * W * sizeof *rows);
+        free(rows);
+        if (e != TD_OK) {
+            if (d)
+                be->release(be, d);
+            return e;
+        }
+        if (p->allow_dev)
+            be->release(be, p->allow_dev);
+        p->allow_dev = d;
+        p->allow_rows = n;
+    }
+    return be->logit_mask(be, logits, n, p->n_vocab, (const uint32_t *)p->allow_dev);
+}
+
 td_err pen_apply(pen_state *p, const ops_backend *be, float *logits, const int32_t *drafts,
                  int64_t n)
 {
     if (!p->on || n <= 0)
         return TD_OK;
     TD_ASSERT(n == 1 || drafts != NULL);
+    if (p->allow)
+        TD_TRY(pen_allow(p, be, logits, n));
     size_t hdr = 0;
     int32_t m = 0;
     TD_TRY(pen_build(p, drafts, n, &hdr, &m));

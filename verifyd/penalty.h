@@ -8,7 +8,8 @@
  *
  * where rep(l) = l / repetition for l > 0 and l * repetition otherwise when t is in the prompt
  * or was emitted, else l; and the stop tokens get -inf while fewer than min_tokens tokens were
- * emitted. Applied before acceptance, sampling and log probabilities. The counts are of
+ * emitted; with an allowed set (vLLM's allowed_token_ids) every other token gets -inf.
+ * Applied before acceptance, sampling and log probabilities. The counts are of
  * generated tokens only (the prompt's do not count), and a verify block's row i counts the
  * drafts before it as emitted, so that a row gets exactly what plain decoding would give it
  * at that position: speculative output stays equal to plain output. The changes are built on
@@ -34,6 +35,8 @@ typedef struct pen_cfg {
     const int32_t *stop;     /* [n_stop] the generation's stop tokens (ids outside the
                               * vocabulary are ignored) */
     int32_t n_stop;
+    const int32_t *allowed;  /* [n_allowed] the only tokens that may be chosen (0: all) */
+    int32_t n_allowed;
 } pen_cfg;
 
 typedef struct pen_state {
@@ -59,10 +62,14 @@ typedef struct pen_state {
     size_t host_cap;
     void *dev;            /* the same on the backend */
     size_t dev_cap;
+    uint32_t *allow;      /* [OPS_MASK_WORDS(n_vocab)] the allowed set, or NULL: all */
+    void *allow_dev;      /* [allow_rows][words] the same for each row of a block (backend) */
+    int64_t allow_rows;
 } pen_state;
 
-/* TD_EINVAL for a biased token outside the vocabulary or given twice, a value that is not
- * finite, a repetition penalty that is not positive, a negative min_tokens; TD_ENOMEM. */
+/* TD_EINVAL for a biased or allowed token outside the vocabulary, a biased one given twice, a
+ * value that is not finite, a repetition penalty that is not positive, a negative
+ * min_tokens; TD_ENOMEM. */
 td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab);
 /* be: the backend that holds p->dev (may be NULL when nothing was applied yet). */
 void pen_free(pen_state *p, const ops_backend *be);

@@ -218,7 +218,8 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
                 .bias_tok = (const int32_t *)gs->bias_tok, .bias = gs->bias,
                 .n_bias = (int32_t)gs->n_bias, .repetition = gs->repetition_penalty,
                 .min_tokens = gs->min_tokens > INT32_MAX ? INT32_MAX : (int32_t)gs->min_tokens,
-                .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop},
+                .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop,
+                .allowed = (const int32_t *)gs->allowed, .n_allowed = (int32_t)gs->n_allowed},
         .cst = sched_cst_cfg(r),
         .vocab = s->cfg.vocab,
         .prompt_logprobs = gs->prompt_logprobs,
@@ -480,6 +481,10 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         if (gs->bias_tok[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
                         gs->bias_tok[i], (long long)V);
+    for (uint32_t i = 0; e == TD_OK && i < gs->n_allowed; i++)
+        if (gs->allowed[i] >= (uint64_t)V)
+            e = err_set(TD_EINVAL, "allowed token %u (id %u) is outside the vocabulary of %lld",
+                        i, gs->allowed[i], (long long)V);
     for (uint32_t i = 0; e == TD_OK && i < gs->n_predict; i++)
         if (gs->predict[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "prediction token %u (id %u) is outside the vocabulary of %lld",

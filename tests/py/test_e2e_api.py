@@ -501,6 +501,27 @@ def test_guided_choice_answers_with_one_of_the_strings(server):
     assert 3 <= json.loads(r.choices[0].message.content) <= 9
 
 
+def test_allowed_token_ids_are_the_only_tokens(server):
+    """vLLM's allowed_token_ids: every generated token is one of them, sampled too; an id
+    outside the vocabulary is a 400."""
+    c, m = server["client"], server["model"]
+    ids = []
+    for word in (" the", " a"):
+        status, body = _post(server["port"], "/tokenize",
+                             json.dumps({"content": word, "add_special": False}).encode())
+        ids += json.loads(body)["tokens"]
+    assert len(ids) == 2
+    for temperature in (0, 1.0):
+        r = c.completions.create(model=m, prompt="Once upon a time", max_tokens=12,
+                                 temperature=temperature, seed=3,
+                                 extra_body={"allowed_token_ids": ids, "ignore_eos": True})
+        text = r.choices[0].text
+        assert r.usage.completion_tokens == 12 and text.replace(" the", "").replace(" a", "") == ""
+    err = _error(*_post(server["port"], "/v1/completions", json.dumps(
+        {"prompt": "x", "allowed_token_ids": [1, 99999999]}).encode()), 400, "invalid_value")
+    assert err["param"] == "allowed_token_ids"
+
+
 def test_echo_scores_the_prompt_as_the_generation_does(server):
     """echo with max_tokens 0 scores a prompt: the prompt's tokens with their log
     probabilities (the first null), those of a greedy continuation within 1e-3 of what the

@@ -43,6 +43,7 @@ msg_shbuf_announce msg_fixture_shbuf(void)
 }
 
 static const uint32_t fixture_predict[3] = {7, 8, 151643};
+static const uint32_t fixture_allowed[2] = {3, 151645};
 
 msg_gen_start msg_fixture_gen_start(void)
 {
@@ -74,6 +75,8 @@ msg_gen_start msg_fixture_gen_start(void)
         .prompt_logprobs = true,
         .predict = fixture_predict,
         .n_predict = 3,
+        .allowed = fixture_allowed,
+        .n_allowed = 2,
     };
     return m;
 }
