@@ -165,8 +165,11 @@ static bool cm_hold_ok(const cm_grammar *g, const cm_head *h, const uint8_t *jst
     const cm_param *p = cm_cur(g, h);
     if (!p)
         return true;
+    /* on the stack when it fits (a schema without forks: ~400 bytes); this runs for every '<'
+     * and newline of a trie walk */
+    _Alignas(8) uint8_t small[1024];
     const size_t sz = jc_state_size(p->sc);
-    uint8_t *a = malloc(sz);
+    uint8_t *a = sz <= sizeof small ? small : malloc(sz);
     if (!a)
         return false;
     cm_head c = *h;
@@ -178,7 +181,8 @@ static bool cm_hold_ok(const cm_grammar *g, const cm_head *h, const uint8_t *jst
         for (uint8_t i = 0; ok && i < h->k; i++)
             ok = cm_put(p, &c, a, (uint8_t)CM_PEND[i]);
     }
-    free(a);
+    if (a != small)
+        free(a);
     return ok;
 }
 

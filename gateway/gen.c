@@ -208,15 +208,21 @@ static void gen_sse_put(api_stream *s, char *chunk)
 }
 
 /* The usage so far for continuous_usage_stats: the finished choices' and the running one's. */
+/* The running choice's tokens, steps and (for a prompt's first candidate: the later ones find
+ * the prompt cached by it) cached tokens, added to u. */
+static void gen_add_counts(const api_stream *s, gw_usage *u)
+{
+    u->completion_tokens += s->usage.completion_tokens;
+    u->steps += s->usage.steps;
+    if (s->rc.index % s->req.best_of == 0)
+        u->cached_tokens += s->usage.cached_tokens;
+}
+
 static void gen_live(api_stream *s)
 {
     s->live = s->total;
-    if (s->counted)
-        return;
-    s->live.completion_tokens += s->usage.completion_tokens;
-    s->live.steps += s->usage.steps;
-    if (s->rc.index % s->req.best_of == 0)
-        s->live.cached_tokens += s->usage.cached_tokens;
+    if (!s->counted)
+        gen_add_counts(s, &s->live);
 }
 
 static void gen_role_chunk(api_stream *s)
@@ -479,8 +485,7 @@ static void gen_finish(api_stream *s, const char *finish)
         gen_oom(s);
     gen_take_pieces(s);
     s->finish = s->any_call && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
-    s->total.completion_tokens += s->usage.completion_tokens;
-    s->total.steps += s->usage.steps;
+    gen_add_counts(s, &s->total);
     const uint32_t rejected = s->predict.n > s->usage.accepted_prediction /* not the output */
                                   ? (uint32_t)s->predict.n - s->usage.accepted_prediction
                                   : 0;
@@ -488,8 +493,6 @@ static void gen_finish(api_stream *s, const char *finish)
     s->total.rejected_prediction += rejected;
     metrics_addu(&g->metrics.prediction_accepted, s->usage.accepted_prediction);
     metrics_addu(&g->metrics.prediction_rejected, rejected);
-    if (s->rc.index % s->req.best_of == 0) /* a prompt's later candidates find it cached */
-        s->total.cached_tokens += s->usage.cached_tokens;
     s->counted = true;
     gen_live(s);
     if (!s->stream)

@@ -338,6 +338,20 @@ static td_err req_logit_bias(gw_request *r, api_error *e)
 
 /* stop_token_ids: at most REQ_STOP_IDS_MAX token ids (checked against the vocabulary when the
  * prompt is made). */
+/* The items of array a as token ids in [0, max] into out [size of a]; param names a. */
+static td_err req_id_items(const json_t *a, const char *param, json_int_t max, uint32_t *out,
+                           api_error *e)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(a, i, v) {
+        if (!req_token_id(v, max, &out[i]))
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Invalid value for '%s': item %zu is not a token id.", param, i);
+    }
+    return TD_OK;
+}
+
 static td_err req_stop_ids(gw_request *r, api_error *e)
 {
     const json_t *a = req_field(r->root, "stop_token_ids");
@@ -349,15 +363,8 @@ static td_err req_stop_ids(gw_request *r, api_error *e)
         return apierr_set(e, 400, "invalid_value", "stop_token_ids",
                           "Invalid value for 'stop_token_ids': at most %d token ids, but got %zu.",
                           REQ_STOP_IDS_MAX, json_array_size(a));
-    size_t i;
-    const json_t *v;
-    json_array_foreach(a, i, v) {
-        if (!req_token_id(v, UINT32_MAX, &r->stop_ids[r->n_stop_ids]))
-            return apierr_set(e, 400, "invalid_value", "stop_token_ids",
-                              "Invalid value for 'stop_token_ids': item %zu is not a token id.",
-                              i);
-        r->n_stop_ids++;
-    }
+    TD_TRY(req_id_items(a, "stop_token_ids", UINT32_MAX, r->stop_ids, e));
+    r->n_stop_ids = json_array_size(a);
     return TD_OK;
 }
 
@@ -406,15 +413,7 @@ static td_err req_allowed(gw_request *r, api_error *e)
                           MSG_ALLOWED_MAX, n);
     if (!(r->allowed = malloc(n * sizeof *r->allowed)))
         return apierr_set(e, 500, NULL, NULL, "out of memory");
-    size_t i;
-    const json_t *v;
-    json_array_foreach(a, i, v) {
-        if (!req_token_id(v, INT32_MAX, &r->allowed[i]))
-            return apierr_set(e, 400, "invalid_value", "allowed_token_ids",
-                              "Invalid value for 'allowed_token_ids': item %zu is not a token "
-                              "id.",
-                              i);
-    }
+    TD_TRY(req_id_items(a, "allowed_token_ids", INT32_MAX, r->allowed, e));
     r->n_allowed = n;
     return TD_OK;
 }

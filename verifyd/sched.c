@@ -455,6 +455,18 @@ static sched_req *sched_find(sched *s, uint64_t seq_id)
     return NULL;
 }
 
+/* ids [n] of a gen_start field (what) against the vocabulary of V: code naming the first id
+ * outside it. */
+static td_err sched_ids_in_vocab(const uint32_t *ids, uint32_t n, int64_t V, td_err code,
+                                 const char *what)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] >= (uint64_t)V)
+            return err_set(code, "%s token %u (id %u) is outside the vocabulary of %lld", what, i,
+                           ids[i], (long long)V);
+    return TD_OK;
+}
+
 static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t len,
                               msg_buf *reply)
 {
@@ -473,22 +485,16 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
         e = err_set(TD_ERANGE, "a prompt of %u tokens does not fit the context of %lld positions "
                     "(room is needed for at least one generated token)",
                     gs->n_prompt, (long long)s->cfg.n_ctx);
-    for (uint32_t i = 0; e == TD_OK && i < gs->n_prompt; i++)
-        if (gs->prompt[i] >= (uint64_t)V)
-            e = err_set(TD_ERANGE, "prompt token %u (id %u) is outside the vocabulary of %lld",
-                        i, gs->prompt[i], (long long)V);
+    if (e == TD_OK)
+        e = sched_ids_in_vocab(gs->prompt, gs->n_prompt, V, TD_ERANGE, "prompt");
     for (uint32_t i = 0; e == TD_OK && i < gs->n_bias; i++)
         if (gs->bias_tok[i] >= (uint64_t)V)
             e = err_set(TD_EINVAL, "logit bias for token %u: outside the vocabulary of %lld",
                         gs->bias_tok[i], (long long)V);
-    for (uint32_t i = 0; e == TD_OK && i < gs->n_allowed; i++)
-        if (gs->allowed[i] >= (uint64_t)V)
-            e = err_set(TD_EINVAL, "allowed token %u (id %u) is outside the vocabulary of %lld",
-                        i, gs->allowed[i], (long long)V);
-    for (uint32_t i = 0; e == TD_OK && i < gs->n_predict; i++)
-        if (gs->predict[i] >= (uint64_t)V)
-            e = err_set(TD_EINVAL, "prediction token %u (id %u) is outside the vocabulary of %lld",
-                        i, gs->predict[i], (long long)V);
+    if (e == TD_OK)
+        e = sched_ids_in_vocab(gs->allowed, gs->n_allowed, V, TD_EINVAL, "allowed");
+    if (e == TD_OK)
+        e = sched_ids_in_vocab(gs->predict, gs->n_predict, V, TD_EINVAL, "prediction");
     if (e == TD_OK) {
         /* the format is checked and compiled here, once, so that a bad one is this request's
          * error rather than its sequence's */
