@@ -1,15 +1,16 @@
 /* The pipeline on the GPU with real processes: kvd (pools of the cuda kind), verifyd (target
  * on the GPU, state in kvd's pools, its embedding and LM head shared with draftd) and draftd
- * (drafter on the GPU over those shared buffers) all with --device cuda, on the committed
- * tiny models. Checks, with exact token ids: greedy output through the pipeline equals plain
- * greedy decoding on the GPU in one process, for several prompts at once; kill -9 of draftd
+ * (drafter on the GPU over those shared buffers) all with --device cuda, on the committed tiny
+ * models. Checks, with exact token ids: greedy output through the pipeline equals plain greedy
+ * decoding on the GPU in one process, for several prompts at once; kill -9 of draftd
  * mid-generation leaves the text unchanged and a restarted draftd speculates again; sampled
  * output with a seed equals the single-process GPU speculative loop with the same seed (the
  * random streams belong to positions, not processes, DESIGN section 4 / dflash.h), with the
- * distributions travelling through kvd's proposal pool; log probabilities computed on the
- * GPU equal the target's log-softmax; verifyd's weights on the GPU hold the embedding and LM
- * head once (in the shared buffers, not also in its own arena). Skipped (77) without a CUDA device or
- * without the daemons built. */
+ * distributions travelling through kvd's proposal pool; log probabilities computed on the GPU
+ * equal the target's log-softmax, the prompt's too (with the bits of the same rows in one
+ * process); a prediction drafts whole blocks of the output and changes no token; verifyd's
+ * weights on the GPU hold the embedding and LM head once (in the shared buffers, not also in
+ * its own arena). Skipped (77) without a CUDA device or without the daemons built. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -230,6 +231,143 @@ static void test_gpu_pipeline_logprobs_are_the_targets_log_softmax(void **ctx)
     free(lg);
 }
 
+/* Prompt log probabilities through the GPU pipeline (max_tokens 0, then with 5 generated
+ * tokens), prompts of 1, 16, 17 and 37 tokens: each PROMPT event's record has the bits of
+ * cuda_logprob_rows on the rows of a one-process GPU prefill in 16-token passes keeping every
+ * row's logits (as verifyd runs it), and is within 1e-4 of the log-softmax of one whole GPU
+ * pass; the generated tokens are plain greedy decoding's. */
+static void test_gpu_pipeline_prompt_logprobs_are_the_targets_log_softmax(void **ctx)
+{
+    (void)ctx;
+    enum { TOP = 4, GEN = 5 };
+    const int64_t lens[] = {1, 16, 17, 37};
+    const int64_t V = tm->hp.n_vocab;
+    for (size_t c = 0; c < sizeof lens / sizeof lens[0]; c++) {
+        const int64_t n = lens[c];
+        uint32_t p[64];
+        int32_t ip[64];
+        int64_t got = 0;
+        for (int salt = 30; got < n; salt++) { /* make_prompt's ids, n of them */
+            uint32_t u[32];
+            int32_t i32[32];
+            int64_t m = make_prompt(salt, u, i32);
+            for (int64_t i = 0; i < m && got < n; i++, got++)
+                p[got] = u[i], ip[got] = i32[i];
+        }
+        const size_t bytes = (size_t)(n * V) * sizeof(float);
+        float *dlg = NULL, *dwhole = NULL, *whole = malloc(bytes);
+        int32_t *dtok = NULL;
+        ops_logprob *dlp = NULL, want[64];
+        assert_int_equal(gpu->alloc(gpu, (void **)&dlg, bytes), TD_OK);
+        assert_int_equal(gpu->alloc(gpu, (void **)&dwhole, bytes), TD_OK);
+        assert_int_equal(gpu->alloc(gpu, (void **)&dtok, 64 * sizeof(int32_t)), TD_OK);
+        assert_int_equal(gpu->alloc(gpu, (void **)&dlp, 64 * sizeof(ops_logprob)), TD_OK);
+        tgt_state st;
+        assert_int_equal(tgt_state_init(&st, tm, N_CTX), TD_OK);
+        for (int64_t at = 0; at < n; at += 16) {
+            tgt_out o = {.logits = dlg + at * V};
+            assert_int_equal(tgt_forward(tm, &st, ip + at, n - at < 16 ? n - at : 16, false, &o),
+                             TD_OK);
+        }
+        assert_int_equal(tgt_state_reset(tm, &st), TD_OK);
+        tgt_out o = {.logits = dwhole};
+        assert_int_equal(tgt_forward(tm, &st, ip, n, false, &o), TD_OK);
+        assert_int_equal(gpu->to_host(gpu, whole, dwhole, bytes), TD_OK);
+        tgt_state_free(&st);
+        if (n > 1) {
+            assert_int_equal(gpu->to_device(gpu, dtok, ip + 1, (size_t)(n - 1) * sizeof(int32_t)),
+                             TD_OK);
+            assert_int_equal(gpu->logprob_rows(gpu, dlp, dlg, dtok, n - 1, V, TOP), TD_OK);
+            assert_int_equal(gpu->to_host(gpu, want, dlp, (size_t)(n - 1) * sizeof *want), TD_OK);
+        }
+        for (int round = 0; round < 2; round++) {
+            msg_gen_start g = {.seq_id = next_seq++, .prompt = p, .n_prompt = (uint32_t)n,
+                               .max_tokens = round ? GEN : 0, .sampler = {.top_p = 1.0f},
+                               .ignore_eos = true, .logprobs = true, .top_logprobs = TOP,
+                               .prompt_logprobs = true};
+            if (pl_gen(&pl, &g) != TD_OK)
+                fail_msg("gen_start: %s", err_msg());
+            pl_result *r = wait_done(g.seq_id);
+            assert_int_equal(r->finish, MSG_FINISH_LENGTH);
+            assert_int_equal(r->n_prompt, n - 1);
+            assert_false(r->prompt_late);
+            assert_int_equal(r->usage.prompt_tokens, n);
+            assert_int_equal(r->usage.cached_tokens, 0);
+            for (int64_t i = 0; i + 1 < n; i++) {
+                const msg_logprob *lp = &r->prompt_lp[i];
+                assert_int_equal(r->prompt[i], ip[i + 1]);
+                if (!(lp->logprob == want[i].logprob) || lp->n_top != TOP)
+                    fail_msg("prompt of %lld, token %lld: %.9g with %u alternatives, the "
+                             "reference rows %.9g", (long long)n, (long long)i + 1,
+                             lp->logprob, lp->n_top, want[i].logprob);
+                for (int k = 0; k < TOP; k++) {
+                    assert_int_equal(lp->top_id[k], want[i].top_id[k]);
+                    assert_true(lp->top_logprob[k] == want[i].top_logprob[k]);
+                }
+                const float *row = whole + i * V;
+                double mx = row[0], sum = 0;
+                for (int64_t v = 1; v < V; v++)
+                    mx = row[v] > mx ? row[v] : mx;
+                for (int64_t v = 0; v < V; v++)
+                    sum += exp(row[v] - mx);
+                const double lse = mx + log(sum);
+                if (!(fabs(row[ip[i + 1]] - lse - lp->logprob) < 1e-4))
+                    fail_msg("prompt of %lld, token %lld: %.9g, one whole pass gives %.9g",
+                             (long long)n, (long long)i + 1, lp->logprob, row[ip[i + 1]] - lse);
+            }
+            if (round == 0) {
+                assert_int_equal(r->n_tokens, 0);
+            } else {
+                int32_t plain[GEN];
+                ops_sampler g0 = {0};
+                reference(NULL, ip, n, GEN, &g0, plain);
+                expect_tokens("greedy after prompt log probabilities", r, plain, GEN);
+            }
+        }
+        gpu->release(gpu, dlp);
+        gpu->release(gpu, dtok);
+        gpu->release(gpu, dwhole);
+        gpu->release(gpu, dlg);
+        free(whole);
+    }
+}
+
+/* A prediction equal to the output (OpenAI's predicted outputs) drafts the blocks: the greedy
+ * tokens of plain decoding on the GPU in 3 steps with 45 predicted tokens accepted (after the
+ * prefill's token, three blocks of 15 and a bonus token each); one wrong every seventh token
+ * still gives the same tokens with fewer accepted. */
+static void test_gpu_pipeline_a_prediction_drafts_the_output(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 48 };
+    uint32_t p[32], pred[2][GEN];
+    int32_t ip[32], want[GEN];
+    const int64_t n = make_prompt(17, p, ip);
+    ops_sampler g0 = {0};
+    reference(NULL, ip, n, GEN, &g0, want);
+    for (int i = 0; i < GEN; i++) {
+        pred[0][i] = (uint32_t)want[i];
+        pred[1][i] = i % 7 == 6 ? (uint32_t)(want[i] + 1) % (uint32_t)tm->hp.n_vocab
+                                : (uint32_t)want[i];
+    }
+    uint32_t accepted[2];
+    for (int k = 0; k < 2; k++) {
+        msg_gen_start g = {.seq_id = next_seq++, .prompt = p, .n_prompt = (uint32_t)n,
+                           .max_tokens = GEN, .sampler = {.top_p = 1.0f}, .ignore_eos = true,
+                           .predict = pred[k], .n_predict = GEN};
+        if (pl_gen(&pl, &g) != TD_OK)
+            fail_msg("gen_start: %s", err_msg());
+        pl_result *r = wait_done(g.seq_id);
+        expect_tokens(k ? "greedy with a prediction partly wrong" : "greedy with its prediction",
+                      r, want, GEN);
+        accepted[k] = r->usage.predicted_tokens;
+        if (k == 0)
+            assert_int_equal(r->usage.steps, 3);
+    }
+    assert_int_equal(accepted[0], 45);
+    assert_true(accepted[1] > 0 && accepted[1] < accepted[0]);
+}
+
 /* kill -9 draftd in the middle of a generation: verifyd decodes plainly with the same tokens;
  * a restarted draftd maps the pools and heads again and speculates with identical output. */
 static void test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text(void **ctx)
@@ -304,6 +442,8 @@ int main(void)
             cmocka_unit_test(test_gpu_pipeline_greedy_equals_single_process_plain_greedy),
             cmocka_unit_test(test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop),
             cmocka_unit_test(test_gpu_pipeline_logprobs_are_the_targets_log_softmax),
+            cmocka_unit_test(test_gpu_pipeline_prompt_logprobs_are_the_targets_log_softmax),
+            cmocka_unit_test(test_gpu_pipeline_a_prediction_drafts_the_output),
             cmocka_unit_test(test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
