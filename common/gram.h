@@ -1,0 +1,66 @@
+/* Grammar matcher: decides, byte by byte, whether a text is still the beginning of a sentence
+ * of a context-free grammar over Unicode code points, and whether it already is a whole one.
+ * Structured output by a grammar (llama.cpp's "grammar", vLLM's guided_grammar) or a regular
+ * expression (vLLM's guided_regex) keeps only the tokens whose bytes pass, as
+ * verifyd/constrain.h does for JSON schemas.
+ *
+ * Grammars are GBNF, llama.cpp's notation: rules `name ::= alternatives` (names of letters,
+ * digits, '-' and '_'; a newline ends a rule except inside parentheses or after '|'), "root"
+ * the sentence; literals "..." and character classes [...] / [^...] with ranges, escapes \n
+ * \r \t \\ \" \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH; '.' any character; groups ( ); '|';
+ * the quantifiers ? * + {m} {m,} {m,n} on the item before them; rule references; # comments.
+ * Refused with TD_EINVAL: syntax errors, a rule defined twice, an undefined rule, no root,
+ * and left recursion (a rule that can reach itself before any character, which includes an
+ * open repetition of an item that can be empty). Token references (<[id]>, <name>) are
+ * TD_ENOTSUP.
+ *
+ * Regular expressions (the text must match whole): literals, '.' (any character but \n),
+ * classes [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_],
+ * [ \t\n\r\f\v] and their complements) inside and outside them, groups ( ), (?: ), (?P<n> )
+ * and (?<n> ), '|', the quantifiers ? * + {m} {m,} {m,n} (a lazy '?' after them changes
+ * nothing for a whole match), escapes as in GBNF plus \f \v \0 and any escaped punctuation,
+ * '^' at the start and '$' at the end. TD_ENOTSUP for what a grammar cannot say or this
+ * does not take: backreferences, lookaround, \b \B \A \Z, possessive quantifiers, inline
+ * flags.
+ *
+ * Text: the bytes must be UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF);
+ * a character may be split across feeds, and its first bytes are refused when no character
+ * they can begin is allowed there. Limits: GM_ELEMENTS_MAX grammar elements after the
+ * quantifiers are written out (a quantifier's bounds at most GM_REPEAT_MAX), and a state of
+ * GM_STATE_BYTES: the parse stacks of an ambiguous or deeply nested text that no longer fit
+ * make its next character refused (the text stays a valid prefix). */
+#ifndef TANDEM_COMMON_GRAM_H
+#define TANDEM_COMMON_GRAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define GM_ELEMENTS_MAX 65000 /* elements of a compiled grammar (positions are 16-bit) */
+#define GM_REPEAT_MAX 1000    /* bounds of {m,n} */
+#define GM_STATE_BYTES 4096   /* bytes of a matcher state */
+#define GM_DEPTH_MAX 256      /* positions on one parse stack */
+
+typedef struct gm_grammar gm_grammar;
+
+/* text[0..len): a GBNF grammar. TD_EINVAL (the message names the line and column),
+ * TD_ENOTSUP, TD_ENOMEM. */
+td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out);
+/* re[0..len): a regular expression (see the top). TD_EINVAL, TD_ENOTSUP, TD_ENOMEM. */
+td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out);
+void gm_free(gm_grammar *g);
+
+/* A state is a plain byte blob of gm_state_size(g) bytes (8-byte aligned, no pointers). */
+size_t gm_state_size(const gm_grammar *g);
+void gm_state_init(const gm_grammar *g, void *st);
+/* Copies the bytes in use (the rest of dst is left as it was). */
+void gm_state_copy(const gm_grammar *g, void *dst, const void *src);
+/* Feeds bytes[0..n); false when some byte makes the text no longer a viable prefix (*st is
+ * then unspecified). */
+bool gm_feed(const gm_grammar *g, void *st, const uint8_t *bytes, size_t n);
+/* True when the text so far is a whole sentence (a longer one may still follow). */
+bool gm_done(const gm_grammar *g, const void *st);
+
+#endif

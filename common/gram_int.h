@@ -1,0 +1,51 @@
+/* What the grammar parsers (gram_parse.c) hand the matcher (gram.c). */
+#ifndef TANDEM_COMMON_GRAM_INT_H
+#define TANDEM_COMMON_GRAM_INT_H
+
+#include "common/gram.h"
+
+/* A rule's body: alternatives separated by GM_ALT, closed by GM_END. A character set is a
+ * GM_CHAR or GM_CHAR_NOT element (its first range) followed by GM_CHAR_ALT elements (the
+ * others); the set holds a code point inside any range (GM_CHAR) or inside none
+ * (GM_CHAR_NOT). */
+typedef enum gm_kind {
+    GM_END = 0,  /* end of the rule (and of its last alternative) */
+    GM_ALT,      /* end of an alternative, the next one follows */
+    GM_REF,      /* the rule lo */
+    GM_CHAR,     /* a set's first range [lo, hi] */
+    GM_CHAR_NOT, /* the same, the set negated */
+    GM_CHAR_ALT, /* a further range [lo, hi] of the set before */
+} gm_kind;
+
+typedef struct gm_el {
+    uint32_t kind; /* gm_kind */
+    uint32_t lo, hi;
+} gm_el;
+
+typedef struct gm_seq {
+    gm_el *el;     /* [n] */
+    size_t n, cap;
+} gm_seq;
+
+/* Rules as the parsers write them; rule ids index every array. */
+typedef struct gm_build {
+    gm_seq *body;     /* [n_rules] */
+    char **name;      /* [n_rules] the rule's name, or NULL for one a group or quantifier made */
+    int32_t *owner;   /* [n_rules] the named rule whose text made it (itself when named) */
+    bool *defined;    /* [n_rules] */
+    int32_t n_rules, cap_rules;
+    size_t total;     /* elements in all bodies */
+} gm_build;
+
+td_err gb_push(gm_build *b, gm_seq *s, uint32_t kind, uint32_t lo, uint32_t hi);
+/* A new rule (name: NULL, or name[0..len) for a named one), its id in *id. */
+td_err gb_rule(gm_build *b, const char *name, size_t len, int32_t owner, int32_t *id);
+/* Replaces the item s->el[start..n) by itself min..max times (max -1: no maximum). */
+td_err gb_repeat(gm_build *b, int32_t rule, size_t start, long min, long max);
+void gb_free(gm_build *b);
+
+/* The grammar of b from rule root, checked and ready to match; b is freed. what: "grammar"
+ * or "regular expression", for messages. */
+td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out);
+
+#endif

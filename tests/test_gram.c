@@ -1,0 +1,414 @@
+/* The grammar matcher (common/gram.h): GBNF grammars and regular expressions cut texts at the
+ * exact byte no sentence can follow, whole sentences recognised, UTF-8 split across feeds and
+ * its first bytes refused where no character they begin fits, compile errors with their
+ * messages; regular expressions against PCRE2 on every string of a small alphabet (whole
+ * match, and viable prefix as PCRE2's hard partial match says). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gram.h"
+
+static gm_grammar *gbnf(const char *text)
+{
+    gm_grammar *g = NULL;
+    if (gm_compile_gbnf(text, strlen(text), &g) != TD_OK)
+        fail_msg("compile: %s", err_msg());
+    return g;
+}
+
+static gm_grammar *regex(const char *re)
+{
+    gm_grammar *g = NULL;
+    if (gm_compile_regex(re, strlen(re), &g) != TD_OK)
+        fail_msg("compile /%s/: %s", re, err_msg());
+    return g;
+}
+
+/* How many bytes of text[0..n) the matcher takes one by one (n when all), and whether all of
+ * it is a whole sentence. */
+static size_t taken_n(const gm_grammar *g, const char *text, size_t n, bool *done)
+{
+    uint8_t *st = malloc(gm_state_size(g));
+    assert_non_null(st);
+    gm_state_init(g, st);
+    size_t i = 0;
+    while (i < n && gm_feed(g, st, (const uint8_t *)text + i, 1))
+        i++;
+    if (done)
+        *done = i == n && gm_done(g, st);
+    free(st);
+    return i;
+}
+
+static size_t taken(const gm_grammar *g, const char *text, bool *done)
+{
+    return taken_n(g, text, strlen(text), done);
+}
+
+static void whole(const gm_grammar *g, const char *text)
+{
+    bool done;
+    const size_t n = taken(g, text, &done);
+    if (n != strlen(text) || !done)
+        fail_msg("\"%s\": %zu of %zu bytes taken, whole %d", text, n, strlen(text), done);
+}
+
+static void cut_at(const gm_grammar *g, const char *text, size_t at)
+{
+    bool done;
+    const size_t n = taken(g, text, &done);
+    if (n != at)
+        fail_msg("\"%s\": refused at byte %zu, want %zu", text, n, at);
+}
+
+static void refused(td_err (*compile)(const char *, size_t, gm_grammar **), const char *text,
+                    td_err code, const char *msg)
+{
+    gm_grammar *g = NULL;
+    const td_err e = compile(text, strlen(text), &g);
+    if (e != code || strcmp(err_msg(), msg) != 0)
+        fail_msg("\"%s\": %s \"%s\", want %s \"%s\"", text, err_name(e), err_msg(),
+                 err_name(code), msg);
+    assert_null(g);
+}
+
+static void test_gbnf_arithmetic_is_cut_where_no_expression_follows(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("# expressions\n"
+                         "root ::= expr\n"
+                         "expr ::= term ((\"+\" | \"-\") term)*   # sums\n"
+                         "term ::= num | \"(\" ws expr ws \")\"\n"
+                         "num  ::= [0-9]+\n"
+                         "ws   ::= [ \\t]*\n");
+    whole(g, "1");
+    whole(g, "12+(3-4)");
+    whole(g, "((7))");
+    whole(g, "( 1+2\t)-30");
+    cut_at(g, "1+)", 2);
+    cut_at(g, "(1))", 3);
+    cut_at(g, "1 +2", 1);
+    cut_at(g, "a", 0);
+    bool done;
+    assert_int_equal(taken(g, "12+(3", &done), 5);
+    assert_false(done);
+    assert_int_equal(taken(g, "", &done), 0);
+    assert_false(done);
+    gm_free(g);
+}
+
+static void test_gbnf_alternatives_span_lines_after_a_bar_and_inside_groups(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= \"yes\" |\n"
+                         "   \"no\" | (\n"
+                         "  \"may\"\n"
+                         "  \"be\" )\n"
+                         "\n"
+                         "unused ::= \"x\"");
+    whole(g, "yes");
+    whole(g, "no");
+    whole(g, "maybe");
+    cut_at(g, "mayo", 3);
+    cut_at(g, "yess", 3);
+    gm_free(g);
+}
+
+static void test_gbnf_repetition_bounds_are_exact(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= \"a\"{2,4} \"b\"? [xy]{3} ([0-9] \"-\"){0,2} \"!\"{1,}");
+    whole(g, "aaxyx!");
+    whole(g, "aaaabyyy1-2-!!!");
+    cut_at(g, "ab", 1);
+    cut_at(g, "aaaaa", 4);
+    cut_at(g, "aaxy!", 4);
+    cut_at(g, "aaxxx1-2-3", 9);
+    bool done;
+    assert_int_equal(taken(g, "aaxxx", &done), 5);
+    assert_false(done);
+    gm_free(g);
+    g = gbnf("root ::= \"ab\"+ | \"c\"{3}");
+    whole(g, "ababab");
+    whole(g, "ccc");
+    cut_at(g, "aba", 3);
+    cut_at(g, "abb", 2);
+    cut_at(g, "cccc", 3);
+    gm_free(g);
+}
+
+/* Code points split across feeds: a first byte passes when some allowed character starts
+ * with it; U+20AC's E2 does not start any of [α-ω], CE B1 is α. */
+static void test_gbnf_utf8_is_matched_by_code_point(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= [α-ω]+ \"!\" [^a-z]");
+    whole(g, "αβω!€");
+    whole(g, "λ!A");
+    cut_at(g, "α€", 2);
+    cut_at(g, "αA", 2);
+    cut_at(g, "λ!b", 3);
+    cut_at(g, "\xce\xb1\xce", 3);   /* a viable first byte, then the text ends */
+    cut_at(g, "\xce\xb1\xce\x41", 3); /* not a continuation byte */
+    cut_at(g, "\xc0\x80", 0);       /* overlong */
+    cut_at(g, "\xce\xb1!\xed\xa0\x80", 4); /* a surrogate */
+    bool done;
+    assert_int_equal(taken(g, "α!\xe2\x82", &done), 5);
+    assert_false(done);
+    gm_free(g);
+    g = gbnf("root ::= \"\\u00e9\\x41\\U0001F600\" . [\\]\\-\\\\]");
+    whole(g, "éA😀z]");
+    whole(g, "éA😀\n-");
+    whole(g, "éA😀😀\\");
+    cut_at(g, "éA😀zz", 8);
+    gm_free(g);
+}
+
+/* Right recursion and repetition keep the stacks short; nesting deepens them until a state
+ * no longer holds them, where the next character is refused. */
+static void test_gbnf_nesting_is_bounded_by_the_state(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= \"(\" root \")\" | \"x\"\n");
+    char text[2 * GM_DEPTH_MAX + 8];
+    for (int depth = 1; depth <= 300; depth++) {
+        size_t n = 0;
+        for (int i = 0; i < depth; i++)
+            text[n++] = '(';
+        text[n++] = 'x';
+        for (int i = 0; i < depth; i++)
+            text[n++] = ')';
+        bool done;
+        const size_t got = taken_n(g, text, n, &done);
+        if (depth < GM_DEPTH_MAX) {
+            if (got != n || !done)
+                fail_msg("depth %d: %zu of %zu bytes", depth, got, n);
+        } else {
+            assert_int_equal(got, GM_DEPTH_MAX - 1);
+        }
+    }
+    gm_free(g);
+    g = gbnf("root ::= [a-z]* \".\"");
+    char long_text[5001];
+    memset(long_text, 'q', 5000);
+    long_text[4999] = '.';
+    long_text[5000] = 0;
+    whole(g, long_text);
+    gm_free(g);
+}
+
+/* Ambiguity: "a"* "a"* has as many parses as split points, but the stacks are distinct
+ * only by position, so the state stays small. */
+static void test_gbnf_ambiguous_grammars_keep_distinct_parses_once(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= x* x* \"b\"\nx ::= \"a\" | \"aa\"\n");
+    char text[3002];
+    memset(text, 'a', 3000);
+    text[3000] = 'b';
+    text[3001] = 0;
+    whole(g, text);
+    gm_free(g);
+}
+
+#define TEN "abcdefghij"
+#define SEVENTY TEN TEN TEN TEN TEN TEN TEN
+
+static void test_gbnf_errors_name_the_place(void **ctx)
+{
+    (void)ctx;
+    refused(gm_compile_gbnf, "root ::= foo", TD_EINVAL,
+            "grammar: the rule 'foo' is used but not defined");
+    refused(gm_compile_gbnf, "a ::= \"x\"\na ::= \"y\"\nroot ::= a", TD_EINVAL,
+            "grammar, line 2, column 1: the rule is defined twice");
+    refused(gm_compile_gbnf, "start ::= \"x\"", TD_EINVAL, "grammar: no rule 'root'");
+    refused(gm_compile_gbnf, "root ::= root \"a\" | \"a\"", TD_EINVAL,
+            "grammar: left recursion through the rule 'root' (it can reach itself before any "
+            "character; so does an open repetition of what can be empty)");
+    refused(gm_compile_gbnf, "root ::= (\"a\"?)*", TD_EINVAL,
+            "grammar: left recursion through a group or repetition in 'root' (it can reach "
+            "itself before any character; so does an open repetition of what can be empty)");
+    refused(gm_compile_gbnf, "root ::= e\ne ::= s e \"x\" | \"y\"\ns ::= \"\"", TD_EINVAL,
+            "grammar: left recursion through the rule 'e' (it can reach itself before any "
+            "character; so does an open repetition of what can be empty)");
+    refused(gm_compile_gbnf, "root ::= \"a\n\nx", TD_EINVAL,
+            "grammar, line 3, column 2: a literal is not closed");
+    refused(gm_compile_gbnf, "root ::= ( \"a\" ", TD_EINVAL,
+            "grammar, line 1, column 16: expected ')'");
+    refused(gm_compile_gbnf, "root ::= \"a\" )", TD_EINVAL,
+            "grammar, line 1, column 14: unbalanced ')'");
+    refused(gm_compile_gbnf, "root ::= * \"a\"", TD_EINVAL,
+            "grammar, line 1, column 10: a quantifier with nothing before it to repeat");
+    refused(gm_compile_gbnf, "root ::= [z-a]", TD_EINVAL,
+            "grammar, line 1, column 14: a character range goes backwards");
+    refused(gm_compile_gbnf, "root ::= \"\\q\"", TD_EINVAL,
+            "grammar, line 1, column 11: unknown escape");
+    refused(gm_compile_gbnf, "root ::= \"a\" b ::= \"c\"", TD_EINVAL,
+            "grammar, line 1, column 14: a rule begins before the line of the one before "
+            "ends");
+    refused(gm_compile_gbnf, "root = \"a\"", TD_EINVAL,
+            "grammar, line 1, column 6: expected '::='");
+    refused(gm_compile_gbnf, "root ::= \"a\"{1001}", TD_ENOTSUP,
+            "a repetition bound above 1000");
+    refused(gm_compile_gbnf, "root ::= <think> \"a\"", TD_ENOTSUP,
+            "grammar: token references (<...>) are not supported");
+    refused(gm_compile_gbnf, "root ::= \"\xff\"", TD_EINVAL,
+            "grammar, line 1, column 11: the text is not UTF-8");
+    refused(gm_compile_gbnf, "root ::= (\"a\"{1000}){1000} \"" SEVENTY "\"{1000}", TD_ENOTSUP,
+            "the grammar needs more than 65000 elements (quantifiers are written out)");
+}
+
+static void test_regex_matches_whole_texts(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = regex("^\\d{3}-\\d{4}$");
+    whole(g, "555-1234");
+    cut_at(g, "55-1234", 2);
+    cut_at(g, "555-12345", 8);
+    gm_free(g);
+    g = regex("(?:cat|dog)s?|(?P<b>bird)");
+    whole(g, "cat");
+    whole(g, "dogs");
+    whole(g, "bird");
+    cut_at(g, "cats!", 4);
+    cut_at(g, "cow", 1);
+    gm_free(g);
+    g = regex("[^\\n]*\\n.+");
+    whole(g, "any thing\nmore");
+    cut_at(g, "a\n\n", 2);
+    gm_free(g);
+    g = regex("[\\w.-]+@[^\\W_]+\\.(com|org)");
+    whole(g, "first.last-x@example.org");
+    cut_at(g, "a@b_c.com", 3);
+    gm_free(g);
+    g = regex("a{2,}?b{,2}[]x]\\D\\S\\s");
+    whole(g, "aaab]-x\t");
+    whole(g, "aax%x\n");
+    cut_at(g, "aabbbx", 4);
+    cut_at(g, "aax1", 3);
+    gm_free(g);
+}
+
+static void test_regex_refusals_say_what(void **ctx)
+{
+    (void)ctx;
+    refused(gm_compile_regex, "(a)\\1", TD_ENOTSUP,
+            "regular expression, at byte 3: \\1 is not supported");
+    refused(gm_compile_regex, "a(?=b)", TD_ENOTSUP,
+            "regular expression, at byte 2: lookaround, inline flags and other (? groups are "
+            "not supported");
+    refused(gm_compile_regex, "a**", TD_EINVAL, "regular expression, at byte 2: multiple repeat");
+    refused(gm_compile_regex, "*a", TD_EINVAL, "regular expression, at byte 0: nothing to repeat");
+    refused(gm_compile_regex, "(ab", TD_EINVAL, "regular expression, at byte 3: missing ')'");
+    refused(gm_compile_regex, "ab)", TD_EINVAL, "regular expression, at byte 2: unbalanced ')'");
+    refused(gm_compile_regex, "a^b", TD_ENOTSUP,
+            "regular expression, at byte 1: '^' is only supported at the start");
+    refused(gm_compile_regex, "a++", TD_ENOTSUP,
+            "regular expression: possessive quantifiers are not supported");
+    refused(gm_compile_regex, "[b-a]", TD_EINVAL,
+            "regular expression, at byte 4: a character range goes backwards");
+    refused(gm_compile_regex, "(a*)*", TD_EINVAL,
+            "regular expression: left recursion through a group or repetition in 'root' (it "
+            "can reach itself before any character; so does an open repetition of what can be "
+            "empty)");
+}
+
+/* Every string of up to 6 characters over "ab1-\n" against PCRE2: the whole text matches iff
+ * PCRE2 matches it whole, and each prefix is taken iff PCRE2's hard partial match finds it
+ * viable (a partial match, or a whole one). */
+static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
+{
+    (void)ctx;
+    static const char *const res[] = {
+        "a*b", "(ab|a)*1", "[ab]{2,3}-?", "a?b?1*", "(a|b)+\\d", ".*-", "[^a]+a",
+        "(?:a-|b1){1,2}\\n?", "\\w\\W?", "a{0,2}(b|1-)*", "(a(b(1)?)?)?-", "",
+    };
+    static const char alpha[] = "ab1-\n";
+    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+    assert_non_null(md);
+    for (size_t k = 0; k < sizeof res / sizeof res[0]; k++) {
+        gm_grammar *g = regex(res[k]);
+        int errc;
+        PCRE2_SIZE erroff;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)res[k], PCRE2_ZERO_TERMINATED, PCRE2_UTF,
+                                       &errc, &erroff, NULL);
+        assert_non_null(re);
+        char s[8];
+        long checked = 0;
+        for (int len = 0; len <= 6; len++) {
+            long count = 1;
+            for (int i = 0; i < len; i++)
+                count *= 5;
+            for (long v = 0; v < count; v++) {
+                long x = v;
+                for (int i = 0; i < len; i++, x /= 5)
+                    s[i] = alpha[x % 5];
+                s[len] = 0;
+                const int full = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)len, 0,
+                                             PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
+                /* hard partial matching: the subject's end reached by a match attempt that
+                 * needs more; none is reported for an empty subject */
+                const int part = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)len, 0,
+                                             PCRE2_ANCHORED | PCRE2_PARTIAL_HARD, md, NULL);
+                const bool viable = len == 0 || full >= 0 || part == PCRE2_ERROR_PARTIAL;
+                bool done;
+                const size_t n = taken_n(g, s, (size_t)len, &done);
+                if ((n == (size_t)len) != viable || (n == (size_t)len && done != (full >= 0)))
+                    fail_msg("/%s/ on \"%s\": %zu bytes taken, whole %d; PCRE2: viable %d, "
+                             "whole %d", res[k], s, n, done, viable, full >= 0);
+                checked++;
+            }
+        }
+        assert_int_equal(checked, 19531);
+        pcre2_code_free(re);
+        gm_free(g);
+    }
+    pcre2_match_data_free(md);
+}
+
+/* A copy carries the state on: feeding the rest into a copy gives what feeding it whole does. */
+static void test_a_copied_state_goes_on_like_the_original(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf("root ::= (\"ab\" | \"a\" \"c\"*)+ \";\"");
+    uint8_t *a = malloc(gm_state_size(g)), *b = malloc(gm_state_size(g));
+    assert_non_null(a);
+    assert_non_null(b);
+    gm_state_init(g, a);
+    assert_true(gm_feed(g, a, (const uint8_t *)"abacc", 5));
+    memset(b, 0xa5, gm_state_size(g));
+    gm_state_copy(g, b, a);
+    assert_true(gm_feed(g, b, (const uint8_t *)"ab;", 3));
+    assert_true(gm_done(g, b));
+    assert_false(gm_feed(g, a, (const uint8_t *)"b", 1));
+    free(a);
+    free(b);
+    gm_free(g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gbnf_arithmetic_is_cut_where_no_expression_follows),
+        cmocka_unit_test(test_gbnf_alternatives_span_lines_after_a_bar_and_inside_groups),
+        cmocka_unit_test(test_gbnf_repetition_bounds_are_exact),
+        cmocka_unit_test(test_gbnf_utf8_is_matched_by_code_point),
+        cmocka_unit_test(test_gbnf_nesting_is_bounded_by_the_state),
+        cmocka_unit_test(test_gbnf_ambiguous_grammars_keep_distinct_parses_once),
+        cmocka_unit_test(test_gbnf_errors_name_the_place),
+        cmocka_unit_test(test_regex_matches_whole_texts),
+        cmocka_unit_test(test_regex_refusals_say_what),
+        cmocka_unit_test(test_regex_agrees_with_pcre2_on_every_short_string),
+        cmocka_unit_test(test_a_copied_state_goes_on_like_the_original),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
