@@ -329,13 +329,15 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if ((uint32_t)m->format >= MSG_FORMAT_END)
         return err_set(code, "gen_start: format %u unknown", (unsigned)m->format);
     if (((m->format == MSG_FORMAT_JSON_SCHEMA || m->format == MSG_FORMAT_TOOLS ||
-          m->format == MSG_FORMAT_CHOICE) &&
+          m->format == MSG_FORMAT_CHOICE || m->format == MSG_FORMAT_GRAMMAR ||
+          m->format == MSG_FORMAT_REGEX) &&
          m->n_schema == 0) ||
         (m->n_schema > 0 && (m->format == MSG_FORMAT_TEXT ||
                              m->format == MSG_FORMAT_JSON_OBJECT)) ||
         m->n_schema > MSG_SCHEMA_MAX)
         return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema, "
-                       "the tools format or a choice needs 1..%u bytes, a required tool call "
+                       "the tools format, a choice, a grammar or a regular expression needs "
+                       "1..%u bytes, a required tool call "
                        "may have a tool spec, text and JSON objects none)", m->n_schema,
                        (unsigned)m->format, MSG_SCHEMA_MAX);
     if (!(m->repetition_penalty >= 0 && m->repetition_penalty <= MSG_REPETITION_MAX))

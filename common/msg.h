@@ -206,6 +206,8 @@ typedef enum msg_format {
                                  * against the tool spec (tool_choice "auto") */
     MSG_FORMAT_CHOICE = 5,      /* exactly one of the strings of the choice spec in schema
                                  * (common/callm.h) */
+    MSG_FORMAT_GRAMMAR = 6,     /* a sentence of the GBNF grammar in schema (common/gram.h) */
+    MSG_FORMAT_REGEX = 7,       /* a text the regular expression in schema matches whole */
     MSG_FORMAT_END
 } msg_format;
 
@@ -232,10 +234,11 @@ typedef struct msg_gen_start {
     const float *bias;      /* [n_bias] -MSG_BIAS_VALUE_MAX..MSG_BIAS_VALUE_MAX */
     uint32_t n_bias;        /* 0..MSG_BIAS_MAX */
     msg_format format;      /* structured output: what the text must be */
-    const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the
+    const char *schema;     /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), the
                              * tool spec of MSG_FORMAT_TOOL_CALL / MSG_FORMAT_TOOLS
                              * (common/callm.h: a call's body is matched against it; a
-                             * required call without one has a free body), kept
+                             * required call without one has a free body), the choice spec,
+                             * the grammar or the regular expression, kept
                              * NUL-terminated by unpack; NULL otherwise */
     uint32_t n_schema;      /* bytes, 1..MSG_SCHEMA_MAX with a schema (optional for a required
                              * tool call), else 0 */

@@ -1,11 +1,12 @@
-/* Structured output fields of a request (request.h): response_format, and vLLM's
- * guided_json / guided_choice / structured_outputs; each checked by compiling what verifyd will
- * enforce. */
+/* Structured output fields of a request (request.h): response_format, vLLM's guided_json /
+ * guided_choice / guided_regex / guided_grammar / structured_outputs and llama.cpp's
+ * json_schema / grammar; each checked by compiling what verifyd will enforce. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/callm.h"
+#include "common/gram.h"
 #include "common/jsonc.h"
 #include "gateway/request_int.h"
 
@@ -97,43 +98,103 @@ td_err req_response_format(gw_request *r, api_error *e)
                            e);
 }
 
-/* vLLM's guided decoding: guided_json (a schema, or its JSON text), guided_choice (strings),
- * or structured_outputs {"json": ...} / {"choice": [...]}; one way of asking at most. */
+/* A grammar (GBNF) or a regular expression as the format, compiled here so that what the
+ * matcher refuses is this request's 400. */
+static td_err req_grammar(gw_request *r, const json_t *v, bool regex, const char *param,
+                          api_error *e)
+{
+    if (!json_is_string(v))
+        return req_bad_type(e, param, "a string", v);
+    const size_t n = json_string_length(v);
+    if (n == 0)
+        return apierr_set(e, 400, "invalid_value", param,
+                          "Invalid value for '%s': it is empty.", param);
+    if (n > MSG_SCHEMA_MAX)
+        return apierr_set(e, 400, "invalid_value", param,
+                          "Invalid value for '%s': %zu bytes, at most %u are supported.", param,
+                          n, MSG_SCHEMA_MAX);
+    char *text = malloc(n + 1);
+    if (!text)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    memcpy(text, json_string_value(v), n + 1);
+    if (memchr(text, 0, n)) {
+        free(text);
+        return apierr_set(e, 400, "invalid_value", param,
+                          "Invalid value for '%s': it holds a NUL character.", param);
+    }
+    gm_grammar *g = NULL;
+    const td_err c = regex ? gm_compile_regex(text, n, &g) : gm_compile_gbnf(text, n, &g);
+    gm_free(g);
+    return req_format_set(r, regex ? MSG_FORMAT_REGEX : MSG_FORMAT_GRAMMAR, text, c, param, e);
+}
+
+/* Guided decoding beside response_format, one way of asking at most: vLLM's guided_json (a
+ * schema, or its JSON text), guided_choice (strings), guided_regex, guided_grammar (GBNF), or
+ * structured_outputs with one of json / choice / regex / grammar; llama.cpp's json_schema and
+ * grammar. */
 td_err req_guided(gw_request *r, api_error *e)
 {
-    const json_t *gj = req_field(r->root, "guided_json");
-    const json_t *gc = req_field(r->root, "guided_choice");
-    const json_t *so = req_field(r->root, "structured_outputs");
-    const char *param = gj ? "guided_json" : gc ? "guided_choice" : "structured_outputs";
-    if (!gj && !gc && !so)
+    static const struct {
+        const char *field, *kind;
+    } fields[] = {{"guided_json", "json"},   {"guided_choice", "choice"},
+                  {"guided_regex", "regex"}, {"guided_grammar", "grammar"},
+                  {"json_schema", "json"},   {"grammar", "grammar"},
+                  {"structured_outputs", NULL}};
+    const json_t *v = NULL;
+    const char *param = NULL, *kind = NULL;
+    int asked = 0;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const json_t *f = req_field(r->root, fields[i].field);
+        if (f && asked++ == 0) {
+            v = f;
+            param = fields[i].field;
+            kind = fields[i].kind;
+        }
+    }
+    if (asked == 0)
         return TD_OK;
-    if ((gj != NULL) + (gc != NULL) + (so != NULL) > 1 || r->format != MSG_FORMAT_TEXT)
+    if (asked > 1 || r->format != MSG_FORMAT_TEXT)
         return apierr_set(e, 400, "invalid_value", param,
                           "Invalid value for '%s': ask for one structured output only "
-                          "(response_format, guided_json, guided_choice, structured_outputs).",
+                          "(response_format, guided_json, guided_choice, guided_regex, "
+                          "guided_grammar, structured_outputs, json_schema, grammar).",
                           param);
-    if (so) {
-        if (!json_is_object(so))
-            return req_bad_type(e, "structured_outputs", "an object", so);
-        gj = json_object_get(so, "json");
-        gc = json_object_get(so, "choice");
+    if (!kind) { /* structured_outputs */
+        if (!json_is_object(v))
+            return req_bad_type(e, "structured_outputs", "an object", v);
+        static const char *const kinds[] = {"json", "choice", "regex", "grammar"};
+        static const char *const params[] = {"structured_outputs.json",
+                                             "structured_outputs.choice",
+                                             "structured_outputs.regex",
+                                             "structured_outputs.grammar"};
+        const json_t *so = v;
+        int found = 0;
         const char *k;
-        const json_t *v;
-        json_object_foreach((json_t *)so, k, v) {
-            if (strcmp(k, "json") != 0 && strcmp(k, "choice") != 0)
+        const json_t *x;
+        json_object_foreach((json_t *)so, k, x) {
+            size_t i = 0;
+            while (i < 4 && strcmp(k, kinds[i]) != 0)
+                i++;
+            if (i == 4)
                 return apierr_set(e, 400, "unsupported_value", "structured_outputs",
                                   "Unsupported value for 'structured_outputs': '%s'; supported "
-                                  "are 'json' and 'choice'.",
+                                  "are 'json', 'choice', 'regex' and 'grammar'.",
                                   k);
+            if (found++ == 0) {
+                v = x;
+                kind = kinds[i];
+                param = params[i];
+            }
         }
-        if ((gj != NULL) == (gc != NULL))
+        if (found != 1)
             return apierr_set(e, 400, "invalid_value", "structured_outputs",
-                              "Invalid value for 'structured_outputs': give one of 'json' and "
-                              "'choice'.");
-        param = gj ? "structured_outputs.json" : "structured_outputs.choice";
+                              "Invalid value for 'structured_outputs': give one of 'json', "
+                              "'choice', 'regex' and 'grammar'.");
     }
-    if (gj && json_is_string(gj)) { /* the schema as JSON text */
-        json_t *parsed = json_loads(json_string_value(gj), 0, NULL);
+    if (strcmp(kind, "regex") == 0 || strcmp(kind, "grammar") == 0)
+        return req_grammar(r, v, kind[0] == 'r', param, e);
+    if (strcmp(kind, "json") == 0 && json_is_string(v)) { /* the schema as JSON text */
+        json_t *parsed = json_loads(json_string_value(v), 0, NULL);
         if (!parsed)
             return apierr_set(e, 400, "invalid_value", param,
                               "Invalid value for '%s': the text is not JSON.", param);
@@ -141,11 +202,11 @@ td_err req_guided(gw_request *r, api_error *e)
         json_decref(parsed);
         return err;
     }
-    if (gj)
-        return req_json_schema(r, gj, param, e);
-    if (!json_is_array(gc))
-        return req_bad_type(e, param, "an array of strings", gc);
-    json_t *spec = json_pack("{s:s,s:O}", "form", "choice", "choices", gc);
+    if (strcmp(kind, "json") == 0)
+        return req_json_schema(r, v, param, e);
+    if (!json_is_array(v))
+        return req_bad_type(e, param, "an array of strings", v);
+    json_t *spec = json_pack("{s:s,s:O}", "form", "choice", "choices", v);
     char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     if (!text)

@@ -654,6 +654,118 @@ static void test_a_choice_is_one_of_its_strings(void **ctx)
     assert_int_equal(ends, 4);
 }
 
+/* What the mask must be after a grammar's text: every token checked on its own. */
+static void gram_mask_by_hand(const gm_grammar *g, const void *st, uint32_t *want)
+{
+    memset(want, 0, (size_t)VOC.words * sizeof *want);
+    void *tmp = malloc(gm_state_size(g));
+    assert_non_null(tmp);
+    for (int64_t t = 0; t < VOC.n_vocab; t++) {
+        bool ok;
+        if (bit(VOC.eog, t)) {
+            ok = gm_done(g, st);
+        } else if (t >= tok_n_vocab(TOK) || tok_type_of(TOK, (int32_t)t) != TOK_TYPE_NORMAL) {
+            ok = false;
+        } else {
+            const tok_str b = tok_bytes_of(TOK, (int32_t)t);
+            gm_state_copy(g, tmp, st);
+            ok = b.len > 0 && gm_feed(g, tmp, (const uint8_t *)b.ptr, b.len);
+        }
+        if (ok)
+            want[t / 32] |= 1u << (t % 32);
+    }
+    free(tmp);
+}
+
+/* A GBNF grammar and a regular expression: the masks after prefixes equal a check of every
+ * token (the end of generation once the text is whole); greedy generations with and without
+ * drafters are equal, and each is a viable prefix of a sentence, whole where it ended (every
+ * one of the grammar's, whose sentences are short). */
+static void test_a_grammar_or_a_regex_shapes_the_text(void **ctx)
+{
+    (void)ctx;
+    static const char GBNF[] = "root ::= (\"yes\" | \"no\") (\" \" word){0,3} \".\"\n"
+                               "word ::= [a-z]{1,5} | [0-9]{1,3}\n";
+    static const char RE[] = "[A-Z][a-z]{2,6}( [0-9]+)?!";
+    const cst_cfg fmts[2] = {
+        {.format = MSG_FORMAT_GRAMMAR, .schema = GBNF, .n_schema = sizeof GBNF - 1,
+         .think_start = -1, .think_end = -1},
+        {.format = MSG_FORMAT_REGEX, .schema = RE, .n_schema = sizeof RE - 1, .think_start = -1,
+         .think_end = -1},
+    };
+    static const char *const texts[2][5] = {{"", "y", "yes", "yes ab 12", "no x."},
+                                            {"", "A", "Abc", "Abc 1", "Abcdefg 12!"}};
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    const mf_drafter shapes[] = {{8, 1, false, 7, false}, {16, 2, false, 5, true}};
+    dfl_model *dm[2];
+    for (int k = 0; k < 2; k++) {
+        char dir[160];
+        snprintf(dir, sizeof dir, "%s/g%d", tmpdir, k);
+        assert_int_equal(mf_drafter_make(&dm[k], dir, TM, &shapes[k], 710 + (uint64_t)k), TD_OK);
+    }
+    int ended[2] = {0, 0};
+    for (int f = 0; f < 2; f++) {
+        for (int k = 0; k < 5; k++) {
+            cst_state c;
+            assert_int_equal(cst_init(&c, &fmts[f], &VOC, 4), TD_OK);
+            int32_t ids[64];
+            const int64_t n = spell(texts[f][k], ids);
+            assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+            assert_int_equal(cst_mask(&c, got), TD_OK);
+            gram_mask_by_hand(c.gram, c.cur, want);
+            expect_same_mask(got, want, texts[f][k]);
+            int eog = 0, allowed = 0;
+            for (int64_t t = 0; t < VOC.n_vocab; t++) {
+                eog += bit(got, t) && bit(VOC.eog, t);
+                allowed += bit(got, t);
+            }
+            assert_int_equal(eog > 0, k == 4); /* only the whole text may end */
+            assert_true(allowed > 0);
+            cst_free(&c, NULL);
+        }
+        for (int p = 0; p < 3; p++) {
+            enum { N = 40 };
+            const int32_t prompt[4] = {50 + 3 * p, 279, 20 + f, 33};
+            int32_t plain[N], spec[N];
+            spec_cfg cfg = {.n_ctx = 256, .block = 1, .cst = fmts[f], .vocab = &VOC};
+            assert_int_equal(mf_generate(TM, &cfg, prompt, 4, N, plain, NULL), TD_OK);
+            for (int k = 0; k < 2; k++) {
+                cfg.dm = dm[k];
+                assert_int_equal(mf_generate(TM, &cfg, prompt, 4, N, spec, NULL), TD_OK);
+                if (memcmp(plain, spec, sizeof plain) != 0)
+                    fail_msg("format %d prompt %d drafter %d: speculative differs from plain",
+                             f, p, k);
+            }
+            cst_state c;
+            assert_int_equal(cst_init(&c, &fmts[f], &VOC, 1), TD_OK);
+            int64_t end = 0;
+            while (end < N && !bit(VOC.eog, plain[end]))
+                end++;
+            for (int64_t i = 0; i < end; i++) {
+                const tok_str b = tok_bytes_of(TOK, plain[i]);
+                if (!gm_feed(c.gram, c.cur, (const uint8_t *)b.ptr, b.len))
+                    fail_msg("format %d prompt %d: token %lld (%d) leaves the language", f, p,
+                             (long long)i, plain[i]);
+            }
+            if (end < N) {
+                assert_true(gm_done(c.gram, c.cur));
+                ended[f]++;
+            }
+            cst_free(&c, NULL);
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        dfl_free(dm[k]);
+    free(got);
+    free(want);
+    printf("generations ending with a whole text: grammar %d of 3, regex %d of 3\n", ended[0],
+           ended[1]);
+    /* the grammar's sentences have at most 22 bytes: after them only the end is allowed */
+    assert_int_equal(ended[0], 3);
+    assert_true(ended[1] > 0);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -866,6 +978,7 @@ int main(void)
         cmocka_unit_test(test_a_tool_spec_makes_the_call_valid),
         cmocka_unit_test(test_calls_the_model_opens_are_matched),
         cmocka_unit_test(test_a_choice_is_one_of_its_strings),
+        cmocka_unit_test(test_a_grammar_or_a_regex_shapes_the_text),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

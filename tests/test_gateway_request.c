@@ -666,9 +666,12 @@ static void completion_bad_prompts_are_400(void **state)
                  "\"missing_required_parameter\"}}");
 }
 
-/* vLLM's guided decoding: guided_choice and structured_outputs.choice become the choice
- * format with its spec, guided_json (an object or its text) and structured_outputs.json the
- * JSON schema format; two ways at once, an unknown kind or a bad choice list are 400. */
+/* Guided decoding: vLLM's guided_choice and structured_outputs.choice become the choice
+ * format with its spec, guided_json (an object or its text), structured_outputs.json and
+ * llama.cpp's json_schema the JSON schema format, guided_regex and structured_outputs.regex
+ * the regex format, guided_grammar, structured_outputs.grammar and llama.cpp's grammar the
+ * grammar format, each with its text; two ways at once, an unknown kind, a bad choice list, a
+ * regex or grammar the matcher refuses are 400. */
 static void guided_decoding_fields(void **state)
 {
     (void)state;
@@ -688,24 +691,78 @@ static void guided_decoding_fields(void **state)
         "{\"prompt\": \"x\", \"guided_json\": {\"type\": \"integer\"}}",
         "{\"prompt\": \"x\", \"guided_json\": \"{\\\"type\\\": \\\"integer\\\"}\"}",
         "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {\"type\": \"integer\"}}}",
+        "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"integer\"}}",
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         assert_int_equal(req_parse(&r, REQ_COMPLETION, json[i], strlen(json[i]), &e), TD_OK);
         assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
         assert_string_equal(r.schema, "{\"type\":\"integer\"}");
+        req_free(&r);
+    }
+    static const struct {
+        const char *body;
+        msg_format format;
+        const char *text;
+    } gram[] = {
+        {"{\"prompt\": \"x\", \"guided_regex\": \"[a-z]+\\\\d\"}", MSG_FORMAT_REGEX, "[a-z]+\\d"},
+        {"{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a|b\"}}", MSG_FORMAT_REGEX,
+         "a|b"},
+        {"{\"prompt\": \"x\", \"guided_grammar\": \"root ::= \\\"a\\\"+\"}", MSG_FORMAT_GRAMMAR,
+         "root ::= \"a\"+"},
+        {"{\"prompt\": \"x\", \"structured_outputs\": {\"grammar\": \"root ::= [0-9]\"}}",
+         MSG_FORMAT_GRAMMAR, "root ::= [0-9]"},
+        {"{\"prompt\": \"x\", \"grammar\": \"root ::= x\\nx ::= \\\"y\\\"\"}", MSG_FORMAT_GRAMMAR,
+         "root ::= x\nx ::= \"y\""},
+    };
+    for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++) {
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, gram[i].body, strlen(gram[i].body), &e),
+                         TD_OK);
+        assert_int_equal(r.format, gram[i].format);
+        assert_string_equal(r.schema, gram[i].text);
+        assert_int_equal(r.n_schema, strlen(gram[i].text));
         req_free(&r);
     }
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"guided_choice\": [\"a\"], \"guided_json\": {}}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_json': ask for one "
                  "structured output only (response_format, guided_json, guided_choice, "
-                 "structured_outputs).\",\"type\":\"invalid_request_error\",\"param\":"
-                 "\"guided_json\",\"code\":\"invalid_value\"}}");
-    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a+\"}}",
+                 "guided_regex, guided_grammar, structured_outputs, json_schema, grammar).\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"guided_json\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a+\", \"choice\": "
+                 "[\"a\"]}}",
                  400,
-                 "{\"error\":{\"message\":\"Unsupported value for 'structured_outputs': 'regex'; "
-                 "supported are 'json' and 'choice'.\",\"type\":\"invalid_request_error\","
-                 "\"param\":\"structured_outputs\",\"code\":\"unsupported_value\"}}");
+                 "{\"error\":{\"message\":\"Invalid value for 'structured_outputs': give one of "
+                 "'json', 'choice', 'regex' and 'grammar'.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"structured_outputs\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": \"a\"}}", 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'structured_outputs': "
+                 "'structural_tag'; supported are 'json', 'choice', 'regex' and 'grammar'.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"structured_outputs\",\"code\":"
+                 "\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(a\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
+                 "expression, at byte 2: missing ')'\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"guided_regex\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(?=a)\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
+                 "expression, at byte 1: lookaround, inline flags and other (? groups are not "
+                 "supported\",\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
+                 "\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= nope\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'grammar': grammar: the rule "
+                 "'nope' is used but not defined\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"grammar\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_grammar\": \"\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_grammar': it is empty.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"guided_grammar\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": 5}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'guided_regex': expected a string, "
+                 "but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"guided_regex\",\"code\":\"invalid_type\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"\"]}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_choice': choice: "
                  "choices[1] must be a string of 1..1024 bytes\",\"type\":"

@@ -234,31 +234,36 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
 
 /* --- one generation ----------------------------------------------------------------------- */
 
-/* The matcher of the generation: the JSON schema's, the tool call's, or none. */
+/* The matcher of the generation: the JSON schema's, the tool call's, the grammar's, or none. */
 static void cst_copy(const cst_state *c, uint8_t *dst, const uint8_t *src)
 {
     if (c->schema)
         jc_state_copy(c->schema, dst, src);
     else if (c->call)
         cm_state_copy(c->call, dst, src);
+    else if (c->gram)
+        gm_state_copy(c->gram, dst, src);
 }
 
 static bool cst_feed(const cst_state *c, uint8_t *st, const uint8_t *bytes, size_t n)
 {
-    return c->schema ? jc_feed(c->schema, st, bytes, n) : cm_feed(c->call, st, bytes, n);
+    return c->schema ? jc_feed(c->schema, st, bytes, n)
+           : c->call ? cm_feed(c->call, st, bytes, n)
+                     : gm_feed(c->gram, st, bytes, n);
 }
 
 static bool cst_done(const cst_state *c, const uint8_t *st)
 {
-    return c->schema ? jc_done(c->schema, st) : cm_done(c->call, st);
+    return c->schema ? jc_done(c->schema, st) : c->call ? cm_done(c->call, st)
+                                                        : gm_done(c->gram, st);
 }
 
 void cst_compiled_free(cst_compiled *f)
 {
     jc_schema_free(f->schema);
     cm_free(f->call);
-    f->schema = NULL;
-    f->call = NULL;
+    gm_free(f->gram);
+    memset(f, 0, sizeof *f);
 }
 
 td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
@@ -281,6 +286,14 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
         td_err e = cm_compile(cfg->schema, cfg->n_schema, &out->call);
         if (e != TD_OK)
             out->call = NULL;
+        return e;
+    }
+    if (cfg->format == MSG_FORMAT_GRAMMAR || cfg->format == MSG_FORMAT_REGEX) {
+        td_err e = cfg->format == MSG_FORMAT_GRAMMAR
+                       ? gm_compile_gbnf(cfg->schema, cfg->n_schema, &out->gram)
+                       : gm_compile_regex(cfg->schema, cfg->n_schema, &out->gram);
+        if (e != TD_OK)
+            out->gram = NULL;
         return e;
     }
     if (cfg->format == MSG_FORMAT_TOOL_CALL || cfg->format == MSG_FORMAT_TOOLS) {
@@ -312,11 +325,13 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     if (cfg->compiled) { /* the caller's: cst_free leaves it */
         c->schema = cfg->compiled->schema;
         c->call = cfg->compiled->call;
+        c->gram = cfg->compiled->gram;
     } else {
         cst_compiled f;
         TD_TRY(cst_compile(cfg, v, &f));
         c->schema = f.schema;
         c->call = f.call;
+        c->gram = f.gram;
         c->own_schema = true;
     }
     c->on = true;
@@ -325,6 +340,7 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
     c->answer = cfg->format == MSG_FORMAT_TOOLS ? CST_FREE : call ? CST_CALL : CST_DOC;
     /* states stay aligned in arrays; a byte for the memo key's phase without a schema */
     c->size = c->call     ? cm_state_size(c->call)
+              : c->gram   ? gm_state_size(c->gram)
               : call      ? 8
                           : (jc_state_size(c->schema) + 7) & ~(size_t)7;
     c->think_start = cfg->think_start;
@@ -358,6 +374,7 @@ void cst_free(cst_state *c, const ops_backend *be)
     if (c->own_schema) {
         jc_schema_free(c->schema);
         cm_free(c->call);
+        gm_free(c->gram);
     }
     free(c->cur);
     free(c->rows);
@@ -380,6 +397,8 @@ void cst_reset(cst_state *c)
         jc_state_init(c->schema, c->cur);
     else if (c->call)
         cm_state_init(c->call, c->cur);
+    else if (c->gram)
+        gm_state_init(c->gram, c->cur);
     c->phase = c->answer == CST_FREE  ? CST_FREE /* calls anywhere, the rest untouched */
                : c->think_open        ? CST_THINK
                : c->think_start >= 0  ? CST_OPEN

@@ -21,7 +21,8 @@
  * until "</tool_call>". The tools format (tool_choice "auto") leaves the text alone (no mask
  * at all) and matches the body of every call the model opens. Reasoning blocks are not
  * looked at by it. A choice (guided_choice) is a document matched by callm as well: one of
- * its strings, then the end of generation.
+ * its strings, then the end of generation. A grammar (GBNF) or a regular expression is a
+ * document matched by common/gram: a sentence of it, then the end of generation.
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
@@ -41,6 +42,7 @@
 #include "common/tokenizer.h"
 #include "kernels/backend.h"
 #include "common/callm.h"
+#include "common/gram.h"
 
 /* A byte trie of tokens: node 0 is the root (no byte); children in increasing byte order. */
 typedef struct cst_trie {
@@ -77,6 +79,7 @@ void cst_vocab_free(cst_vocab *v);
 typedef struct cst_compiled {
     jc_schema *schema;    /* JSON formats */
     cm_grammar *call;     /* the tool-call formats with a tool spec, a choice */
+    gm_grammar *gram;     /* a grammar or a regular expression */
 } cst_compiled;
 
 void cst_compiled_free(cst_compiled *f);
@@ -87,7 +90,8 @@ typedef struct cst_cfg {
     const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the tool
                            * spec (MSG_FORMAT_TOOL_CALL, _TOOLS) or choice spec
                            * (MSG_FORMAT_CHOICE), cm_compile's (a required call without one:
-                           * a free body) */
+                           * a free body), a GBNF grammar (MSG_FORMAT_GRAMMAR) or a regular
+                           * expression (MSG_FORMAT_REGEX), common/gram.h's */
     size_t n_schema;
     bool think_open;      /* the prompt leaves a reasoning block open */
     int32_t think_start;  /* the token that opens one, or -1 */
@@ -115,6 +119,7 @@ typedef struct cst_state {
     const cst_vocab *v;
     jc_schema *schema;    /* JSON formats; NULL for the tool-call format */
     cm_grammar *call;     /* the tool-call formats with a tool spec, a choice; else NULL */
+    gm_grammar *gram;     /* a grammar or a regular expression; else NULL */
     bool own_schema;      /* schema and call compiled by cst_init (else cfg->compiled) */
     size_t size;          /* bytes of a matcher state (8 without a matcher) */
     cst_phase phase;
@@ -144,7 +149,8 @@ typedef struct cst_state {
  * for text; the caller frees it with cst_compiled_free). Errors as cst_init's. */
 td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out);
 
-/* TD_EINVAL / TD_ENOTSUP for a schema jsonc or a tool spec callm refuses (its message),
+/* TD_EINVAL / TD_ENOTSUP for a schema jsonc, a tool spec callm or a grammar gram refuses (its
+ * message),
  * TD_ENOTSUP for a format
  * without a vocabulary (a model file without a tokenizer) or a tool-call format for a
  * vocabulary without the tool-call tokens, TD_EINVAL for reasoning tokens
