@@ -143,35 +143,82 @@ static bool gm_set_meets(const gm_grammar *g, uint32_t pos, uint32_t lo, uint32_
 
 /* --- compiling ----------------------------------------------------------------------------- */
 
-/* Left recursion: rule r reaches itself before any character. nullable[r]: r can match no
- * text. Colours: 0 unseen, 1 on the path, 2 done. */
-static bool gm_left_cycle(const gm_grammar *g, const bool *nullable, uint8_t *colour, int32_t r,
-                          int32_t *at)
+/* The rules that rule r can enter before any character (nullable[s]: rule s can match no
+ * text), into to [] from *n on. */
+static void gm_left_edges(const gm_grammar *g, const bool *nullable, int32_t r, int32_t *to,
+                          uint32_t *n)
 {
-    colour[r] = 1;
     for (uint32_t p = g->start[r];; p++) {
         bool go = true; /* still at the alternative's left edge */
         for (; !gm_seq_end(g, p); p++) {
             const gm_el *e = &g->el[p];
             if (!go || e->kind == GM_CHAR_ALT)
                 continue;
-            if (e->kind != GM_REF) {
-                go = false;
-                continue;
-            }
-            const int32_t s = (int32_t)e->lo;
-            if (colour[s] == 1 || (colour[s] == 0 && gm_left_cycle(g, nullable, colour, s, at))) {
-                if (*at < 0)
-                    *at = s;
-                return true;
-            }
-            go = nullable[s];
+            go = e->kind == GM_REF && nullable[e->lo];
+            if (e->kind == GM_REF)
+                to[(*n)++] = (int32_t)e->lo;
         }
         if (g->el[p].kind == GM_END)
             break;
     }
-    colour[r] = 2;
-    return false;
+}
+
+/* Left recursion: a rule that reaches itself before any character, into *at (-1: none).
+ * Rules that reach no such cycle are peeled off as the graph's sinks; from what is left, a
+ * walk along its edges ends up on a cycle. No recursion: grammars may chain thousands of
+ * rules. */
+static td_err gm_left_cycle(const gm_grammar *g, const bool *nullable, int32_t *at)
+{
+    const size_t R = (size_t)g->n_rules, E = (size_t)g->n_el + 1;
+    uint32_t *first = calloc(R + 1, sizeof *first); /* out-edges of r: to [first[r], first[r+1]) */
+    uint32_t *in_first = calloc(R + 1, sizeof *in_first); /* in-edges of r: from [...] */
+    uint32_t *out = calloc(R, sizeof *out);   /* out-edges not yet peeled */
+    uint32_t *fill = calloc(R, sizeof *fill);
+    int32_t *to = malloc(E * sizeof *to), *from = malloc(E * sizeof *from);
+    int32_t *queue = malloc(R * sizeof *queue);
+    *at = -1;
+    if (!first || !in_first || !out || !fill || !to || !from || !queue) {
+        free(first), free(in_first), free(out), free(fill), free(to), free(from), free(queue);
+        return err_set(TD_ENOMEM, "out of memory for a grammar");
+    }
+    uint32_t n = 0;
+    for (size_t r = 0; r < R; r++) {
+        first[r] = n;
+        gm_left_edges(g, nullable, (int32_t)r, to, &n);
+        out[r] = n - first[r];
+    }
+    first[R] = n;
+    for (uint32_t k = 0; k < n; k++)
+        in_first[to[k] + 1]++;
+    for (size_t r = 0; r < R; r++)
+        in_first[r + 1] += in_first[r];
+    for (size_t r = 0; r < R; r++)
+        for (uint32_t k = first[r]; k < first[r + 1]; k++)
+            from[in_first[to[k]] + fill[to[k]]++] = (int32_t)r;
+    size_t head = 0, tail = 0;
+    for (size_t r = 0; r < R; r++)
+        if (out[r] == 0)
+            queue[tail++] = (int32_t)r;
+    while (head < tail) {
+        const int32_t s = queue[head++];
+        for (uint32_t k = in_first[s]; k < in_first[s + 1]; k++)
+            if (--out[from[k]] == 0)
+                queue[tail++] = from[k];
+    }
+    for (size_t r = 0; r < R && *at < 0; r++) {
+        if (out[r] == 0)
+            continue;
+        int32_t x = (int32_t)r; /* each step stays among the unpeeled; R steps reach a cycle */
+        for (size_t step = 0; step < R; step++) {
+            uint32_t k = first[x];
+            while (out[to[k]] == 0)
+                k++;
+            x = to[k];
+        }
+        *at = x;
+    }
+    free(first), free(in_first), free(out), free(fill), free(to), free(from), free(queue);
+    return TD_OK;
 }
 
 void gm_free(gm_grammar *g)
@@ -188,14 +235,12 @@ td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out)
     *out = NULL;
     gm_grammar *g = calloc(1, sizeof *g);
     bool *nullable = calloc((size_t)b->n_rules, sizeof *nullable);
-    uint8_t *colour = calloc((size_t)b->n_rules, 1);
     if (g) {
         g->el = malloc((b->total ? b->total : 1) * sizeof *g->el);
         g->start = malloc((size_t)b->n_rules * sizeof *g->start);
     }
-    if (!g || !nullable || !colour || !g->el || !g->start) {
+    if (!g || !nullable || !g->el || !g->start) {
         free(nullable);
-        free(colour);
         gm_free(g);
         gb_free(b);
         return err_set(TD_ENOMEM, "out of memory for a grammar");
@@ -230,19 +275,16 @@ td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out)
             }
         }
     }
-    td_err err = TD_OK;
-    for (int32_t r = 0; r < g->n_rules && err == TD_OK; r++) {
-        int32_t at = -1;
-        if (colour[r] == 0 && gm_left_cycle(g, nullable, colour, r, &at)) {
-            const char *name = b->name[b->owner[at]];
-            err = err_set(TD_EINVAL, "%s: left recursion through %s'%s' (it can reach itself "
-                          "before any character; so does an open repetition of what can be "
-                          "empty)", what, b->name[at] ? "the rule " : "a group or repetition "
-                          "in ", name ? name : "root");
-        }
+    int32_t at;
+    td_err err = gm_left_cycle(g, nullable, &at);
+    if (err == TD_OK && at >= 0) {
+        const char *name = b->name[b->owner[at]];
+        err = err_set(TD_EINVAL, "%s: left recursion through %s'%s' (it can reach itself "
+                      "before any character; so does an open repetition of what can be "
+                      "empty)", what, b->name[at] ? "the rule " : "a group or repetition in ",
+                      name ? name : "root");
     }
     free(nullable);
-    free(colour);
     if (err == TD_OK) {
         gm_out o = {g->init, sizeof(gm_hdr), 0, false};
         for (uint32_t a = g->start[root];; a++) { /* every alternative of root */

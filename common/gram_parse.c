@@ -5,6 +5,7 @@
 #include "common/gram_int.h"
 
 #define GM_CP_MAX 0x10ffffu
+#define GM_NEST_MAX 100 /* groups inside groups (the parsers recurse per group) */
 
 /* --- building rules ----------------------------------------------------------------------- */
 
@@ -500,6 +501,8 @@ static td_err gbnf_sequence(gm_src *x, int32_t rule, int depth)
             x->p++;
             TD_TRY(gb_push(b, &b->body[rule], GM_CHAR, 0, GM_CP_MAX));
         } else if (c == '(') {
+            if (depth >= GM_NEST_MAX)
+                return err_set(TD_ENOTSUP, "groups nested deeper than %d", GM_NEST_MAX);
             x->p++;
             int32_t g;
             TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &g));
@@ -627,6 +630,8 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
             continue;
         }
         if (c == '(') {
+            if (depth >= GM_NEST_MAX)
+                return err_set(TD_ENOTSUP, "groups nested deeper than %d", GM_NEST_MAX);
             x->p++;
             if (x->p < x->end && *x->p == '?') {
                 const char *q = x->p + 1;

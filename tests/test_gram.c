@@ -25,6 +25,14 @@ static gm_grammar *gbnf(const char *text)
     return g;
 }
 
+static void regex_ok(const char *re)
+{
+    gm_grammar *g = NULL;
+    if (gm_compile_regex(re, strlen(re), &g) != TD_OK)
+        fail_msg("compile /%s/: %s", re, err_msg());
+    gm_free(g);
+}
+
 static gm_grammar *regex(const char *re)
 {
     gm_grammar *g = NULL;
@@ -301,6 +309,13 @@ static void test_regex_matches_whole_texts(void **ctx)
 static void test_regex_refusals_say_what(void **ctx)
 {
     (void)ctx;
+    char deep[256];
+    memset(deep, '(', 101);
+    memset(deep + 101, ')', 101);
+    deep[202] = 0;
+    refused(gm_compile_regex, deep, TD_ENOTSUP, "groups nested deeper than 100");
+    deep[0] = ' ', deep[201] = ' '; /* 100 deep */
+    regex_ok(deep + 1);
     refused(gm_compile_regex, "(a)\\1", TD_ENOTSUP,
             "regular expression, at byte 3: \\1 is not supported");
     refused(gm_compile_regex, "a(?=b)", TD_ENOTSUP,

@@ -12,6 +12,7 @@ code 5) while they are not built."""
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -499,6 +500,37 @@ def test_guided_choice_answers_with_one_of_the_strings(server):
                                   extra_body=dict(NO_THINK, guided_json={
                                       "type": "integer", "minimum": 3, "maximum": 9}))
     assert 3 <= json.loads(r.choices[0].message.content) <= 9
+
+
+def test_a_grammar_or_a_regex_shapes_the_answer(server):
+    """llama.cpp's grammar (GBNF), vLLM's guided_grammar / guided_regex and
+    structured_outputs.grammar / .regex: the answer is a whole sentence, then the end (the
+    random model, sampled, writes nothing else; the grammar's sentences are short enough to
+    finish within max_tokens); a grammar the matcher refuses is a 400 that says why."""
+    c, m = server["client"], server["model"]
+    gbnf = 'root ::= ("yes" | "no") (", " [a-z]{1,4}){0,2} "."\n'
+    regex = r"[A-Z][a-z]{1,3}-\d{2}"
+    sentence = re.compile(r"(yes|no)(, [a-z]{1,4}){0,2}\.")
+    serial = re.compile(r"[A-Z][a-z]{1,3}-[0-9]{2}")
+    for seed in range(3):
+        for extra, want in (({"grammar": gbnf}, sentence), ({"guided_grammar": gbnf}, sentence),
+                            ({"structured_outputs": {"grammar": gbnf}}, sentence),
+                            ({"guided_regex": regex}, serial),
+                            ({"structured_outputs": {"regex": regex}}, serial)):
+            r = c.completions.create(model=m, prompt="Answer:", max_tokens=32, temperature=1.0,
+                                     seed=seed, extra_body=extra)
+            text = r.choices[0].text
+            assert want.fullmatch(text) and r.choices[0].finish_reason == "stop", (extra, text)
+    r = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Code?"}],
+                                  max_tokens=32, temperature=0,
+                                  extra_body=dict(NO_THINK, guided_regex=regex))
+    assert serial.fullmatch(r.choices[0].message.content)
+    err = _error(*_post(server["port"], "/v1/completions", json.dumps(
+        {"model": m, "prompt": "x", "grammar": "root ::= root \"a\""}).encode()),
+        400, "invalid_value")
+    assert err["param"] == "grammar" and err["message"] == (
+        "Invalid value for 'grammar': grammar: left recursion through the rule 'root' (it can "
+        "reach itself before any character; so does an open repetition of what can be empty)")
 
 
 def test_allowed_token_ids_are_the_only_tokens(server):
