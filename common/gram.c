@@ -329,6 +329,11 @@ void gm_state_init(const gm_grammar *g, void *st)
     memcpy(st, g->init, gm_head(g->init).used);
 }
 
+size_t gm_state_used(const void *st)
+{
+    return gm_head(st).used;
+}
+
 void gm_state_copy(const gm_grammar *g, void *dst, const void *src)
 {
     (void)g;

@@ -57,6 +57,9 @@ size_t gm_state_size(const gm_grammar *g);
 void gm_state_init(const gm_grammar *g, void *st);
 /* Copies the bytes in use (the rest of dst is left as it was). */
 void gm_state_copy(const gm_grammar *g, void *dst, const void *src);
+/* The bytes in use, from the start: what decides the future, all of it determined (equal
+ * bytes, equal futures). */
+size_t gm_state_used(const void *st);
 /* Feeds bytes[0..n); false when some byte makes the text no longer a viable prefix (*st is
  * then unspecified). */
 bool gm_feed(const gm_grammar *g, void *st, const uint8_t *bytes, size_t n);

@@ -766,6 +766,69 @@ static void test_a_grammar_or_a_regex_shapes_the_text(void **ctx)
     assert_true(ended[1] > 0);
 }
 
+/* Masks along whole texts, token by token, equal a check of every token, with the transition
+ * cache as large as served and as small as 3 states (emptied again and again, most walks
+ * finished byte by byte), for a JSON schema, a tool call's free text and a grammar. */
+static void test_masks_stay_right_when_the_transition_cache_fills(void **ctx)
+{
+    (void)ctx;
+    static const char GBNF[] = "root ::= [a-z ]{0,30} \"=\" [0-9]{1,12} \".\"";
+    static const char XML[] = "{\"form\":\"xml\",\"tools\":[{\"name\":\"say\",\"parameters\":"
+                              "{\"type\":\"object\",\"properties\":{\"text\":{\"type\":"
+                              "\"string\"}}}}]}";
+    const struct {
+        cst_cfg cfg;
+        const char *text;
+    } cases[] = {
+        {{.format = MSG_FORMAT_JSON_SCHEMA, .schema = SCHEMA, .n_schema = sizeof SCHEMA - 1,
+          .think_start = -1, .think_end = -1},
+         "{\"name\": \"Al Li\", \"age\": 7, \"tags\": [\"a\", \"bc\"]}"},
+        {{.format = MSG_FORMAT_GRAMMAR, .schema = GBNF, .n_schema = sizeof GBNF - 1,
+          .think_start = -1, .think_end = -1},
+         "the sum of it all =1234567."},
+        {{.format = MSG_FORMAT_TOOL_CALL, .schema = XML, .n_schema = sizeof XML - 1,
+          .think_start = -1, .think_end = -1},
+         "\n<function=say>\n<parameter=text>\nsome words here\n</parameter>\n</function>\n"},
+    };
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int small = 0; small < 2; small++) {
+            cst_state c;
+            assert_int_equal(cst_init(&c, &cases[k].cfg, &VOC, 4), TD_OK);
+            if (small)
+                c.dfa.cap = 3;
+            if (cases[k].cfg.format == MSG_FORMAT_TOOL_CALL)
+                assert_int_equal(cst_emit(&c, &VOC.call_open, 1), TD_OK);
+            int32_t ids[256];
+            const int64_t n = spell(cases[k].text, ids);
+            for (int64_t i = 0; i <= n; i++) {
+                assert_int_equal(cst_mask(&c, got), TD_OK);
+                if (c.schema)
+                    mask_by_hand(c.schema, c.cur, want);
+                else if (c.gram)
+                    gram_mask_by_hand(c.gram, c.cur, want);
+                else
+                    call_mask_by_hand(c.call, c.cur, want);
+                char what[80];
+                snprintf(what, sizeof what, "case %zu, cache %s, after %lld bytes", k,
+                         small ? "small" : "served", (long long)i);
+                if (cases[k].cfg.format == MSG_FORMAT_TOOL_CALL) /* the call's end, by hand */
+                    want[VOC.call_close / 32] = (want[VOC.call_close / 32] &
+                                                 ~(1u << (VOC.call_close % 32))) |
+                                                (uint32_t)bit(got, VOC.call_close)
+                                                    << (VOC.call_close % 32);
+                expect_same_mask(got, want, what);
+                if (i < n && cst_emit(&c, &ids[i], 1) != TD_OK)
+                    fail_msg("%s: %s", what, err_msg());
+            }
+            assert_true(small ? c.dfa.n <= 3 : c.dfa.n > 3);
+            cst_free(&c, NULL);
+        }
+    free(got);
+    free(want);
+}
+
 static void test_bad_formats_are_refused(void **ctx)
 {
     (void)ctx;
@@ -979,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_calls_the_model_opens_are_matched),
         cmocka_unit_test(test_a_choice_is_one_of_its_strings),
         cmocka_unit_test(test_a_grammar_or_a_regex_shapes_the_text),
+        cmocka_unit_test(test_masks_stay_right_when_the_transition_cache_fills),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

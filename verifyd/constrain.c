@@ -234,6 +234,8 @@ td_err cst_vocab_init(cst_vocab *v, const tokenizer *t, int64_t n_vocab)
 
 /* --- one generation ----------------------------------------------------------------------- */
 
+static void cst_dfa_free(struct cst_dfa *f);
+
 /* The matcher of the generation: the JSON schema's, the tool call's, the grammar's, or none. */
 static void cst_copy(const cst_state *c, uint8_t *dst, const uint8_t *src)
 {
@@ -363,6 +365,7 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
         cst_free(c, NULL);
         return err_set(TD_ENOMEM, "out of memory for a structured-output state");
     }
+    c->dfa.cap = CST_DFA_STATES;
     cst_reset(c);
     return TD_OK;
 }
@@ -381,6 +384,7 @@ void cst_free(cst_state *c, const ops_backend *be)
     free(c->row_phase);
     free(c->walk);
     free(c->walk_node);
+    cst_dfa_free(&c->dfa);
     free(c->host);
     for (int i = 0; i < CST_MEMO; i++) {
         free(c->memo[i].key);
@@ -457,8 +461,17 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
            cst_feed(c, st, v->bytes + v->off[tok], v->off[tok + 1] - v->off[tok]);
 }
 
-/* The tokens of trie tr whose bytes st accepts, into mask. */
-static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
+static uint64_t cst_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h | 1;
+}
+
+/* The tokens of trie tr whose bytes st accepts, into mask: state by state, each byte fed to
+ * a copy (what the transition cache falls back on). */
+static void cst_walk_bytes(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
 {
     const size_t sz = c->size;
     uint8_t *S = c->walk; /* S + d * sz: the state after the path's first d bytes */
@@ -486,12 +499,148 @@ static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32
     }
 }
 
-static uint64_t cst_hash(const uint8_t *p, size_t n)
+enum { CST_DFA_UNKNOWN = -1, CST_DFA_REFUSED = -2, CST_DFA_FULL = -3 };
+
+/* st's canonical bytes into key (equal futures where equal bytes): the matcher's live bytes
+ * (JSON, grammar), or for a tool call the whole state after a copy into zeros; their count. */
+static size_t cst_canon(const cst_state *c, uint8_t *key, const uint8_t *st)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h | 1;
+    if (c->schema) {
+        jc_state_copy(c->schema, key, st);
+        return jc_state_used(key);
+    }
+    if (c->gram) {
+        gm_state_copy(c->gram, key, st);
+        return gm_state_used(key);
+    }
+    memset(key, 0, c->size);
+    cst_copy(c, key, st);
+    return c->size;
+}
+
+static void cst_dfa_free(struct cst_dfa *f)
+{
+    const int32_t cap = f->cap;
+    free(f->blob);
+    free(f->off);
+    free(f->len);
+    free(f->hash);
+    free(f->next);
+    free(f->slot);
+    free(f->key);
+    free(f->ids);
+    memset(f, 0, sizeof *f);
+    f->cap = cap;
+}
+
+static void cst_dfa_clear(struct cst_dfa *f)
+{
+    f->n = 0;
+    f->blob_used = 0;
+    memset(f->slot, 0xff, 2 * CST_DFA_STATES * sizeof *f->slot);
+}
+
+/* The id of state st (added when new); CST_DFA_FULL when the cache has no room. */
+static int32_t cst_dfa_intern(cst_state *c, const uint8_t *st)
+{
+    struct cst_dfa *f = &c->dfa;
+    const size_t len = cst_canon(c, f->key, st);
+    const uint64_t h = cst_hash(f->key, len);
+    uint32_t i = (uint32_t)h & (2 * CST_DFA_STATES - 1);
+    for (; f->slot[i] >= 0; i = (i + 1) & (2 * CST_DFA_STATES - 1)) {
+        const int32_t k = f->slot[i];
+        if (f->hash[k] == h && f->len[k] == len && memcmp(f->blob + f->off[k], f->key, len) == 0)
+            return k;
+    }
+    if (f->n >= f->cap || f->blob_used + len > CST_DFA_BYTES)
+        return CST_DFA_FULL;
+    const int32_t k = f->n++;
+    memcpy(f->blob + f->blob_used, f->key, len);
+    f->off[k] = (uint32_t)f->blob_used;
+    f->len[k] = (uint32_t)len;
+    f->hash[k] = h;
+    f->blob_used += len;
+    memset(f->next + (size_t)k * 256, 0xff, 256 * sizeof *f->next); /* all CST_DFA_UNKNOWN */
+    f->slot[i] = k;
+    return k;
+}
+
+/* The state after byte b from state k: a state, CST_DFA_REFUSED or CST_DFA_FULL. */
+static int32_t cst_dfa_step(cst_state *c, int32_t k, uint8_t b)
+{
+    struct cst_dfa *f = &c->dfa;
+    int32_t *t = &f->next[(size_t)k * 256 + b];
+    if (*t != CST_DFA_UNKNOWN)
+        return *t;
+    uint8_t *S = c->walk; /* the byte walk's rows are free while the cache walks */
+    memcpy(S, f->blob + f->off[k], f->len[k]);
+    if (!cst_feed(c, S, &b, 1))
+        return *t = CST_DFA_REFUSED;
+    const int32_t n = cst_dfa_intern(c, S);
+    if (n != CST_DFA_FULL)
+        *t = n;
+    return n;
+}
+
+/* cst_walk_bytes by the transition cache; false when the cache filled up (mask then holds a
+ * part of the tokens). */
+static bool cst_walk_dfa(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
+{
+    struct cst_dfa *f = &c->dfa;
+    if (!f->next) {
+        f->blob = malloc(CST_DFA_BYTES);
+        f->off = malloc(CST_DFA_STATES * sizeof *f->off);
+        f->len = malloc(CST_DFA_STATES * sizeof *f->len);
+        f->hash = malloc(CST_DFA_STATES * sizeof *f->hash);
+        f->slot = malloc(2 * CST_DFA_STATES * sizeof *f->slot);
+        f->key = malloc(c->size);
+        f->ids = malloc((size_t)(c->v->all.depth + 1) * sizeof *f->ids);
+        f->next = malloc((size_t)CST_DFA_STATES * 256 * sizeof *f->next);
+        if (!f->blob || !f->off || !f->len || !f->hash || !f->slot || !f->key || !f->ids ||
+            !f->next) {
+            cst_dfa_free(f);
+            return false;
+        }
+        cst_dfa_clear(f);
+    }
+    int32_t *ids = f->ids;
+    ids[0] = cst_dfa_intern(c, st);
+    if (ids[0] < 0)
+        return false;
+    int32_t d = 0, node = tr->child[0];
+    for (;;) {
+        if (node < 0) {
+            if (d == 0)
+                return true;
+            node = tr->sibling[c->walk_node[--d]];
+            continue;
+        }
+        const int32_t k = cst_dfa_step(c, ids[d], tr->byte[node]);
+        if (k == CST_DFA_FULL)
+            return false;
+        if (k >= 0) {
+            for (int32_t t = tr->tok[node]; t >= 0; t = c->v->same_next[t])
+                cst_set(mask, t);
+            if (tr->child[node] >= 0) {
+                c->walk_node[d++] = node;
+                ids[d] = k;
+                node = tr->child[node];
+                continue;
+            }
+        }
+        node = tr->sibling[node];
+    }
+}
+
+/* The tokens of trie tr whose bytes st accepts, into mask: through the transition cache,
+ * emptied and walked byte by byte when it fills up (or cannot be had). */
+static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
+{
+    if (cst_walk_dfa(c, tr, st, mask))
+        return;
+    if (c->dfa.next)
+        cst_dfa_clear(&c->dfa);
+    cst_walk_bytes(c, tr, st, mask);
 }
 
 /* The allowed set after (phase, st) into mask [words]. */

@@ -100,7 +100,9 @@ typedef struct cst_cfg {
                                    * kept by the caller until cst_free), or NULL */
 } cst_cfg;
 
-#define CST_MEMO 8 /* masks remembered per generation */
+#define CST_MEMO 8           /* masks remembered per generation */
+#define CST_DFA_STATES 2048  /* matcher states a generation's transition cache holds */
+#define CST_DFA_BYTES (8u << 20) /* and their bytes at most */
 
 typedef enum cst_phase {
     CST_OPEN = 0,  /* output start: a reasoning block may open, else the answer begins */
@@ -132,6 +134,23 @@ typedef struct cst_state {
     cst_phase *row_phase; /* [block] */
     uint8_t *walk;        /* [trie depth + 2][size] the trie walk's states */
     int32_t *walk_node;   /* [trie depth + 1] */
+    /* Transitions between the matcher states the trie walks meet (a lazy DFA, built as
+     * walks go and kept across masks: a walk then costs a table lookup per trie node once
+     * its states were seen). State k is bytes [off[k], off[k] + len[k]) of blob (its
+     * canonical bytes: cst_canon); next[k * 256 + b] is the state after byte b, or
+     * CST_DFA_UNKNOWN / CST_DFA_REFUSED. Emptied when full. */
+    struct cst_dfa {
+        uint8_t *blob;
+        size_t blob_used;
+        uint32_t *off, *len;  /* [CST_DFA_STATES] */
+        uint64_t *hash;       /* [CST_DFA_STATES] */
+        int32_t *next;        /* [CST_DFA_STATES][256] */
+        int32_t *slot;        /* [2 * CST_DFA_STATES] open addressing, -1 empty */
+        int32_t n;
+        int32_t cap;          /* states at most: CST_DFA_STATES (tests lower it) */
+        uint8_t *key;         /* [size] scratch */
+        int32_t *ids;         /* [trie depth + 1] the walk's states */
+    } dfa;
     uint32_t *host;       /* [block][words] masks being built */
     void *dev;            /* [block][words] the same on the backend, or NULL until used */
     /* Masks of recent states (a string's content leaves its state as it was, so the rows

@@ -16,13 +16,6 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint32_t used(const uint8_t *st)
-{
-    uint32_t u;
-    memcpy(&u, st, sizeof u); /* the state's first word: its bytes in use */
-    return u;
-}
-
 static void fuzz_match(const gm_grammar *g, const uint8_t *text, size_t n)
 {
     const size_t cap = gm_state_size(g);
@@ -35,15 +28,16 @@ static void fuzz_match(const gm_grammar *g, const uint8_t *text, size_t n)
         gm_state_copy(g, next, st);
         if (!gm_feed(g, next, text + i, 1))
             break;
-        TD_ASSERT(used(next) >= 12 && used(next) <= cap);
-        memcpy(st, next, used(next));
+        TD_ASSERT(gm_state_used(next) >= 12 && gm_state_used(next) <= cap);
+        memcpy(st, next, gm_state_used(next));
         (void)gm_done(g, st);
     }
     const bool all = i == n;
     gm_state_init(g, whole);
     TD_ASSERT(gm_feed(g, whole, text, n) == all);
     if (all) {
-        TD_ASSERT(used(whole) == used(st) && memcmp(whole, st, used(st)) == 0);
+        const size_t u = gm_state_used(st);
+        TD_ASSERT(gm_state_used(whole) == u && memcmp(whole, st, u) == 0);
         TD_ASSERT(gm_done(g, whole) == gm_done(g, st));
     }
     free(st);
