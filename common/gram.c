@@ -14,7 +14,10 @@
 #define GM_CP_MAX 0x10ffffu
 #define GM_EXPAND_MAX 256 /* nested expansions of one stack (rule entries and exits) */
 
+typedef struct gm_scratch gm_scratch;
+
 struct gm_grammar {
+    gm_scratch *scratch;   /* what feeding writes (so one thread feeds a grammar at a time) */
     gm_el *el;             /* [n_el] every rule's body, back to back */
     uint32_t n_el;
     uint32_t *start;       /* [n_rules] a rule's first element */
@@ -34,24 +37,78 @@ typedef struct gm_hdr {
 
 /* --- building the stacks ------------------------------------------------------------------- */
 
+#define GM_VISIT_BYTES 65536   /* and their bytes */
+
+/* A state being written, and the stacks its expansion has met: a stack is expanded once
+ * however many ways lead to it (nullable rules can make their number exponential). */
 typedef struct gm_out {
-    uint8_t *buf;  /* [GM_STATE_BYTES] a state being written */
+    uint8_t *buf;  /* [GM_STATE_BYTES] the state */
     size_t used;
     uint16_t n;
-    bool full;     /* a stack did not fit: the state is not whole */
+    bool full;     /* a stack did not fit, or the expansion met too many: not whole */
+    uint64_t *seen_hash;   /* [GM_VISIT_MAX] */
+    uint32_t *seen_off;    /* [GM_VISIT_MAX] in seen_bytes: depth, then positions */
+    int32_t *seen_slot;    /* [2 * GM_VISIT_MAX] open addressing; a slot is taken when its */
+    uint32_t *seen_stamp;  /* [2 * GM_VISIT_MAX] stamp is this expansion's */
+    uint32_t stamp;
+    uint16_t *seen_bytes;  /* [GM_VISIT_BYTES / 2] */
+    uint32_t n_seen, seen_used;
 } gm_out;
+
+/* Scratch of one expansion (gm_step, gm_finish): on the heap, it is large. */
+struct gm_scratch {
+    uint64_t hash[GM_VISIT_MAX];
+    uint32_t off[GM_VISIT_MAX];
+    int32_t slot[2 * GM_VISIT_MAX];
+    uint32_t stamp[2 * GM_VISIT_MAX];
+    uint32_t last;  /* the last expansion's stamp */
+    uint16_t bytes[GM_VISIT_BYTES / 2];
+    uint8_t buf[GM_STATE_BYTES];
+};
+
+static void gm_out_start(gm_out *o, gm_scratch *x, uint8_t *buf)
+{
+    if (++x->last == 0) { /* stamps wrapped: no slot may look taken */
+        memset(x->stamp, 0, sizeof x->stamp);
+        x->last = 1;
+    }
+    *o = (gm_out){.buf = buf, .used = sizeof(gm_hdr), .seen_hash = x->hash, .seen_off = x->off,
+                  .seen_slot = x->slot, .seen_stamp = x->stamp, .stamp = x->last,
+                  .seen_bytes = x->bytes};
+}
+
+/* False when stk [d] was met before in this expansion (or no more can be told apart: then
+ * the expansion is not whole); else remembers it. */
+static bool gm_out_first(gm_out *o, const uint16_t *stk, int d)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)d; /* FNV-1a over the positions */
+    for (int i = 0; i < d; i++)
+        h = (h ^ stk[i]) * 1099511628211ull;
+    uint32_t i = (uint32_t)h & (2 * GM_VISIT_MAX - 1);
+    for (; o->seen_stamp[i] == o->stamp; i = (i + 1) & (2 * GM_VISIT_MAX - 1)) {
+        const int32_t k = o->seen_slot[i];
+        const uint16_t *s = o->seen_bytes + o->seen_off[k];
+        if (o->seen_hash[k] == h && s[0] == d && memcmp(s + 1, stk, (size_t)d * 2) == 0)
+            return false;
+    }
+    if (o->n_seen == GM_VISIT_MAX || o->seen_used + (uint32_t)d + 1 > GM_VISIT_BYTES / 2) {
+        o->full = true;
+        return false;
+    }
+    const uint32_t k = o->n_seen++;
+    o->seen_hash[k] = h;
+    o->seen_off[k] = o->seen_used;
+    o->seen_bytes[o->seen_used] = (uint16_t)d;
+    memcpy(o->seen_bytes + o->seen_used + 1, stk, (size_t)d * 2);
+    o->seen_used += (uint32_t)d + 1;
+    o->seen_slot[i] = (int32_t)k;
+    o->seen_stamp[i] = o->stamp;
+    return true;
+}
 
 static void gm_out_add(gm_out *o, const uint16_t *stk, int d)
 {
     const size_t bytes = (size_t)(d + 1) * sizeof(uint16_t);
-    size_t at = sizeof(gm_hdr);
-    for (uint16_t i = 0; i < o->n; i++) { /* distinct stacks only */
-        uint16_t dd;
-        memcpy(&dd, o->buf + at, sizeof dd);
-        if (dd == d && memcmp(o->buf + at + sizeof dd, stk, (size_t)d * sizeof *stk) == 0)
-            return;
-        at += (size_t)(dd + 1) * sizeof(uint16_t);
-    }
     if (o->used + bytes > GM_STATE_BYTES || o->n == UINT16_MAX) {
         o->full = true;
         return;
@@ -72,8 +129,8 @@ static bool gm_seq_end(const gm_grammar *g, uint32_t pos)
  * every ended one left, into o. */
 static void gm_expand(const gm_grammar *g, gm_out *o, const uint16_t *stk, int d, int level)
 {
-    if (o->full)
-        return;
+    if (o->full || !gm_out_first(o, stk, d))
+        return; /* a stack met before gives what it gave then */
     if (level > GM_EXPAND_MAX) {
         o->full = true;
         return;
@@ -227,6 +284,7 @@ void gm_free(gm_grammar *g)
         return;
     free(g->el);
     free(g->start);
+    free(g->scratch);
     free(g);
 }
 
@@ -285,8 +343,13 @@ td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out)
                       name ? name : "root");
     }
     free(nullable);
+    gm_scratch *x = err == TD_OK ? calloc(1, sizeof *x) : NULL;
+    if (err == TD_OK && !x)
+        err = err_set(TD_ENOMEM, "out of memory for a grammar");
+    g->scratch = x;
     if (err == TD_OK) {
-        gm_out o = {g->init, sizeof(gm_hdr), 0, false};
+        gm_out o;
+        gm_out_start(&o, x, g->init);
         for (uint32_t a = g->start[root];; a++) { /* every alternative of root */
             uint16_t top = (uint16_t)a;
             gm_expand(g, &o, &top, 1, 0);
@@ -361,8 +424,9 @@ static bool gm_any_meets(const gm_grammar *g, const uint8_t *st, uint32_t lo, ui
 /* The stacks after code point c, in place; false when none takes it. */
 static bool gm_step(const gm_grammar *g, uint8_t *st, uint32_t c)
 {
-    uint8_t buf[GM_STATE_BYTES];
-    gm_out o = {buf, sizeof(gm_hdr), 0, false};
+    gm_scratch *x = g->scratch;
+    gm_out o;
+    gm_out_start(&o, x, x->buf);
     const gm_hdr h = gm_head(st);
     size_t at = sizeof h;
     uint16_t stk[GM_DEPTH_MAX];
@@ -381,7 +445,7 @@ static bool gm_step(const gm_grammar *g, uint8_t *st, uint32_t c)
     if (o.full || o.n == 0)
         return false;
     gm_out_close(&o, 0, 0, 0);
-    memcpy(st, buf, o.used);
+    memcpy(st, x->buf, o.used);
     return true;
 }
 

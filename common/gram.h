@@ -28,7 +28,9 @@
  * they can begin is allowed there. Limits: GM_ELEMENTS_MAX grammar elements after the
  * quantifiers are written out (a quantifier's bounds at most GM_REPEAT_MAX), and a state of
  * GM_STATE_BYTES: the parse stacks of an ambiguous or deeply nested text that no longer fit
- * make its next character refused (the text stays a valid prefix). */
+ * make its next character refused (the text stays a valid prefix), and so does a character
+ * whose expansion meets more than GM_VISIT_MAX distinct stacks (each is expanded once, however
+ * many ways lead to it); a grammar whose start does either is TD_ENOTSUP. */
 #ifndef TANDEM_COMMON_GRAM_H
 #define TANDEM_COMMON_GRAM_H
 
@@ -42,6 +44,7 @@
 #define GM_REPEAT_MAX 1000    /* bounds of {m,n} */
 #define GM_STATE_BYTES 4096   /* bytes of a matcher state */
 #define GM_DEPTH_MAX 256      /* positions on one parse stack */
+#define GM_VISIT_MAX 2048     /* distinct stacks one character's expansion may meet */
 
 typedef struct gm_grammar gm_grammar;
 
@@ -61,7 +64,7 @@ void gm_state_copy(const gm_grammar *g, void *dst, const void *src);
  * bytes, equal futures). */
 size_t gm_state_used(const void *st);
 /* Feeds bytes[0..n); false when some byte makes the text no longer a viable prefix (*st is
- * then unspecified). */
+ * then unspecified). Feeding writes scratch memory of g: one thread at a time per grammar. */
 bool gm_feed(const gm_grammar *g, void *st, const uint8_t *bytes, size_t n);
 /* True when the text so far is a whole sentence (a longer one may still follow). */
 bool gm_done(const gm_grammar *g, const void *st);

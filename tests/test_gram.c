@@ -231,6 +231,28 @@ static void test_gbnf_ambiguous_grammars_keep_distinct_parses_once(void **ctx)
 #define TEN "abcdefghij"
 #define SEVENTY TEN TEN TEN TEN TEN TEN TEN
 
+/* Nullable rules in a row: 2^40 ways to the same stacks, each stack expanded once, so a
+ * character costs what its distinct stacks cost; a start with more parses than a state holds
+ * is refused when compiled. */
+static void test_gbnf_many_ways_to_one_parse_cost_one(void **ctx)
+{
+    (void)ctx;
+    static char text[16384] = "root ::= ";
+    for (int i = 0; i < 40; i++)
+        strcat(text, "n ");
+    strcat(text, "\"z\"\nn ::= \"\" | \"\" | \"a\"?\n");
+    gm_grammar *g = gbnf(text);
+    whole(g, "z");
+    whole(g, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaz");
+    cut_at(g, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", 40);
+    gm_free(g);
+    strcpy(text, "root ::= \"x0\"");
+    for (int i = 1; i < 1100; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text), " | \"x%d\"", i);
+    refused(gm_compile_gbnf, text, TD_ENOTSUP,
+            "the grammar's start has more parses than a state of 4096 bytes holds");
+}
+
 static void test_gbnf_errors_name_the_place(void **ctx)
 {
     (void)ctx;
@@ -419,6 +441,7 @@ int main(void)
         cmocka_unit_test(test_gbnf_utf8_is_matched_by_code_point),
         cmocka_unit_test(test_gbnf_nesting_is_bounded_by_the_state),
         cmocka_unit_test(test_gbnf_ambiguous_grammars_keep_distinct_parses_once),
+        cmocka_unit_test(test_gbnf_many_ways_to_one_parse_cost_one),
         cmocka_unit_test(test_gbnf_errors_name_the_place),
         cmocka_unit_test(test_regex_matches_whole_texts),
         cmocka_unit_test(test_regex_refusals_say_what),
