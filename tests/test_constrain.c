@@ -768,7 +768,8 @@ static void test_a_grammar_or_a_regex_shapes_the_text(void **ctx)
 
 /* Masks along whole texts, token by token, equal a check of every token, with the transition
  * cache as large as served and as small as 3 states (emptied again and again, most walks
- * finished byte by byte), for a JSON schema, a tool call's free text and a grammar. */
+ * finished byte by byte), for a JSON schema, a tool call's free text and a grammar; a mask
+ * that runs out of time is an error, and leaves no partial mask in the memo. */
 static void test_masks_stay_right_when_the_transition_cache_fills(void **ctx)
 {
     (void)ctx;
@@ -825,6 +826,18 @@ static void test_masks_stay_right_when_the_transition_cache_fills(void **ctx)
             assert_true(small ? c.dfa.n <= 3 : c.dfa.n > 3);
             cst_free(&c, NULL);
         }
+    /* a mask past its time budget fails with the reason; the next one is whole */
+    cst_state c;
+    assert_int_equal(cst_init(&c, &cases[1].cfg, &VOC, 4), TD_OK);
+    c.budget_s = 0;
+    assert_int_equal(cst_mask(&c, got), TD_ENOTSUP);
+    assert_string_equal(err_msg(), "structured output: one token mask took more than 0 s (the "
+                        "format is too costly to match on this vocabulary)");
+    c.budget_s = CST_MASK_BUDGET_S;
+    assert_int_equal(cst_mask(&c, got), TD_OK);
+    gram_mask_by_hand(c.gram, c.cur, want);
+    expect_same_mask(got, want, "after a mask ran out of time");
+    cst_free(&c, NULL);
     free(got);
     free(want);
 }

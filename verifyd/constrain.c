@@ -1,6 +1,7 @@
 /* Structured output: token masks from a JSON matcher (verifyd/constrain.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/ops.h"
 #include "verifyd/constrain.h"
@@ -366,6 +367,7 @@ td_err cst_init(cst_state *c, const cst_cfg *cfg, const cst_vocab *v, int64_t bl
         return err_set(TD_ENOMEM, "out of memory for a structured-output state");
     }
     c->dfa.cap = CST_DFA_STATES;
+    c->budget_s = CST_MASK_BUDGET_S;
     cst_reset(c);
     return TD_OK;
 }
@@ -469,6 +471,23 @@ static uint64_t cst_hash(const uint8_t *p, size_t n)
     return h | 1;
 }
 
+static double cst_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Counts a walk's trie nodes; true (and c->over set) once the mask has run past its time
+ * budget, looked at every 4096 nodes. */
+static bool cst_over(cst_state *c)
+{
+    if ((++c->nodes & 4095) != 0)
+        return c->over;
+    c->over = c->over || cst_now() > c->deadline;
+    return c->over;
+}
+
 /* The tokens of trie tr whose bytes st accepts, into mask: state by state, each byte fed to
  * a copy (what the transition cache falls back on). */
 static void cst_walk_bytes(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32_t *mask)
@@ -484,6 +503,8 @@ static void cst_walk_bytes(cst_state *c, const cst_trie *tr, const uint8_t *st, 
             node = tr->sibling[c->walk_node[--d]];
             continue;
         }
+        if (cst_over(c))
+            return;
         uint8_t *next = S + (size_t)(d + 1) * sz;
         cst_copy(c, next, S + (size_t)d * sz);
         if (cst_feed(c, next, &tr->byte[node], 1)) {
@@ -615,6 +636,8 @@ static bool cst_walk_dfa(cst_state *c, const cst_trie *tr, const uint8_t *st, ui
             node = tr->sibling[c->walk_node[--d]];
             continue;
         }
+        if (cst_over(c))
+            return true;
         const int32_t k = cst_dfa_step(c, ids[d], tr->byte[node]);
         if (k == CST_DFA_FULL)
             return false;
@@ -643,26 +666,27 @@ static void cst_walk(cst_state *c, const cst_trie *tr, const uint8_t *st, uint32
     cst_walk_bytes(c, tr, st, mask);
 }
 
-/* The allowed set after (phase, st) into mask [words]. */
-static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32_t *mask)
+/* The allowed set after (phase, st) into mask [words]; TD_ENOTSUP when its walk ran past
+ * CST_MASK_BUDGET_S (a grammar whose matching is too costly). */
+static td_err cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32_t *mask)
 {
     const cst_vocab *v = c->v;
     const size_t W = (size_t)v->words;
     if (phase == CST_END) {
         memcpy(mask, v->eog, W * sizeof *mask);
-        return;
+        return TD_OK;
     }
     if (phase == CST_THINK || (phase == CST_IN_CALL && !c->call) || phase == CST_FREE) {
         for (size_t w = 0; w < W; w++)
             mask[w] = phase == CST_FREE ? ~0u : ~v->eog[w];
-        return;
+        return TD_OK;
     }
     if (c->answer == CST_CALL && phase != CST_IN_CALL) { /* CST_CALL, or CST_OPEN before it */
         memset(mask, 0, W * sizeof *mask);
         cst_set(mask, v->call_open);
         if (phase == CST_OPEN && c->think_start >= 0)
             cst_set(mask, c->think_start);
-        return;
+        return TD_OK;
     }
     /* the key: the state's bytes as the matcher's copy leaves them, then the phase */
     uint8_t *key = c->walk;
@@ -676,12 +700,16 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
         if (m->hash == h && memcmp(m->key, key, 1 + c->size) == 0) {
             m->used = ++c->clock;
             memcpy(mask, m->mask, W * sizeof *mask);
-            return;
+            return TD_OK;
         }
         if (m->used < slot->used)
             slot = m;
     }
     memcpy(slot->key, key, 1 + c->size);
+    slot->hash = 0; /* until the mask is whole */
+    c->deadline = cst_now() + c->budget_s;
+    c->over = false;
+    c->nodes = 0;
     if (c->schema && jc_free_string(c->schema, st)) {
         memcpy(mask, v->plain, W * sizeof *mask);
         cst_walk(c, &v->other, st, mask);
@@ -693,6 +721,9 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
         memset(mask, 0, W * sizeof *mask);
         cst_walk(c, &v->all, st, mask);
     }
+    if (c->over || cst_now() > c->deadline)
+        return err_set(TD_ENOTSUP, "structured output: one token mask took more than %g s "
+                       "(the format is too costly to match on this vocabulary)", c->budget_s);
     if (phase == CST_IN_CALL) { /* the call's body: its end token once whole */
         if (cst_done(c, st))
             cst_set(mask, v->call_close);
@@ -705,6 +736,7 @@ static void cst_mask_of(cst_state *c, cst_phase phase, const uint8_t *st, uint32
     slot->hash = h;
     slot->used = ++c->clock;
     memcpy(slot->mask, mask, W * sizeof *mask);
+    return TD_OK;
 }
 
 int64_t cst_allowed(cst_state *c, const int32_t *drafts, int64_t n)
@@ -742,7 +774,7 @@ td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32
     if (all_free)
         return TD_OK;
     for (int64_t i = 0; i < n; i++)
-        cst_mask_of(c, c->row_phase[i], c->rows + (size_t)i * sz, c->host + (size_t)i * W);
+        TD_TRY(cst_mask_of(c, c->row_phase[i], c->rows + (size_t)i * sz, c->host + (size_t)i * W));
     if (!c->dev)
         TD_TRY(be->alloc(be, &c->dev, (size_t)c->block * W * sizeof(uint32_t)));
     TD_TRY(be->to_device(be, c->dev, c->host, (size_t)n * W * sizeof(uint32_t)));
@@ -768,6 +800,5 @@ td_err cst_emit(cst_state *c, const int32_t *tok, int64_t n)
 td_err cst_mask(cst_state *c, uint32_t *mask)
 {
     TD_ASSERT(c->on);
-    cst_mask_of(c, c->phase, c->cur, mask);
-    return TD_OK;
+    return cst_mask_of(c, c->phase, c->cur, mask);
 }

@@ -103,6 +103,7 @@ typedef struct cst_cfg {
 #define CST_MEMO 8           /* masks remembered per generation */
 #define CST_DFA_STATES 2048  /* matcher states a generation's transition cache holds */
 #define CST_DFA_BYTES (8u << 20) /* and their bytes at most */
+#define CST_MASK_BUDGET_S 1.0 /* a mask's walk longer than this fails the generation */
 
 typedef enum cst_phase {
     CST_OPEN = 0,  /* output start: a reasoning block may open, else the answer begins */
@@ -151,6 +152,10 @@ typedef struct cst_state {
         uint8_t *key;         /* [size] scratch */
         int32_t *ids;         /* [trie depth + 1] the walk's states */
     } dfa;
+    double budget_s;      /* a mask's time: CST_MASK_BUDGET_S (tests lower it) */
+    double deadline;      /* when the mask being walked runs out of time (cst_now) */
+    uint64_t nodes;       /* trie nodes walked for it */
+    bool over;            /* it ran out */
     uint32_t *host;       /* [block][words] masks being built */
     void *dev;            /* [block][words] the same on the backend, or NULL until used */
     /* Masks of recent states (a string's content leaves its state as it was, so the rows
@@ -195,7 +200,9 @@ td_err cst_apply(cst_state *c, const ops_backend *be, float *logits, const int32
  * token a finite value); the state is then unchanged. */
 td_err cst_emit(cst_state *c, const int32_t *tok, int64_t n);
 
-/* The allowed set of the current state into mask [words] (tests and tools). */
+/* The allowed set of the current state into mask [words] (tests and tools). cst_apply and
+ * cst_mask fail with TD_ENOTSUP when a mask's walk takes longer than CST_MASK_BUDGET_S (a
+ * format too costly to match: the generation ends with that error, nothing else waits). */
 td_err cst_mask(cst_state *c, uint32_t *mask);
 
 #endif
