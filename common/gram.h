@@ -5,8 +5,8 @@
  * verifyd/constrain.h does for JSON schemas.
  *
  * Grammars are GBNF, llama.cpp's notation: rules `name ::= alternatives` (names of letters,
- * digits, '-' and '_'; a newline ends a rule except inside parentheses or after '|'), "root"
- * the sentence; literals "..." and character classes [...] / [^...] with ranges, escapes \n
+ * digits, '-' and '_'; a newline ends a rule except right after '::=', inside parentheses or
+ * after '|'), "root" the sentence; literals "..." and character classes [...] / [^...] with ranges, escapes \n
  * \r \t \\ \" \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH; '.' any character; groups ( ); '|';
  * the quantifiers ? * + {m} {m,} {m,n} on the item before them; rule references; # comments.
  * Refused with TD_EINVAL: syntax errors, a rule defined twice, an undefined rule, no root,

@@ -574,7 +574,7 @@ static td_err gbnf_rules(gm_src *x, int32_t *root)
             return gm_syntax(x, "the rule is defined twice");
         }
         b->defined[r] = true;
-        gbnf_space(x, false);
+        gbnf_space(x, true); /* the body may begin on the next line */
         TD_TRY(gbnf_alternatives(x, r, 0));
         TD_TRY(gb_push(b, &b->body[r], GM_END, 0, 0));
         gbnf_space(x, false);

@@ -253,6 +253,44 @@ static void test_gbnf_many_ways_to_one_parse_cost_one(void **ctx)
             "the grammar's start has more parses than a state of 4096 bytes holds");
 }
 
+/* JSON written as a GBNF grammar the way llama.cpp's grammars are (empty alternatives,
+ * escaped class bounds, bounded whitespace): documents pass whole, broken ones are cut at
+ * their first wrong byte. */
+static void test_gbnf_json_grammar_takes_json(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = gbnf(
+        "root   ::= object\n"
+        "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
+        "object ::=\n"
+        "  \"{\" ws (\n"
+        "            string \":\" ws value\n"
+        "    (\",\" ws string \":\" ws value)*\n"
+        "  )? \"}\" ws\n"
+        "array  ::=\n"
+        "  \"[\" ws (\n"
+        "            value\n"
+        "    (\",\" ws value)*\n"
+        "  )? \"]\" ws\n"
+        "string ::=\n"
+        "  \"\\\"\" (\n"
+        "    [^\"\\\\\\x7F\\x00-\\x1F] |\n"
+        "    \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) # escapes\n"
+        "  )* \"\\\"\" ws\n"
+        "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
+        "[1-9]{0,15})? ws\n"
+        "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n");
+    whole(g, "{}");
+    whole(g, "{\"a\": [1, -2.5e+3, true, null, {\"b\": \"x\\u00e9\\n\"}], \"c\": \"\"}");
+    whole(g, "{\"k\":\n  \"v\"}\n");
+    cut_at(g, "{\"a\": tru}", 9);
+    cut_at(g, "{\"a\": 01}", 7);
+    cut_at(g, "{\"a\": \"\x01\"}", 7);
+    cut_at(g, "{\"a\" 1}", 5);
+    cut_at(g, "[1]", 0);
+    gm_free(g);
+}
+
 static void test_gbnf_errors_name_the_place(void **ctx)
 {
     (void)ctx;
@@ -442,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_gbnf_nesting_is_bounded_by_the_state),
         cmocka_unit_test(test_gbnf_ambiguous_grammars_keep_distinct_parses_once),
         cmocka_unit_test(test_gbnf_many_ways_to_one_parse_cost_one),
+        cmocka_unit_test(test_gbnf_json_grammar_takes_json),
         cmocka_unit_test(test_gbnf_errors_name_the_place),
         cmocka_unit_test(test_regex_matches_whole_texts),
         cmocka_unit_test(test_regex_refusals_say_what),
