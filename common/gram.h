@@ -53,6 +53,10 @@ typedef struct gm_grammar gm_grammar;
 td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out);
 /* re[0..len): a regular expression (see the top). TD_EINVAL, TD_ENOTSUP, TD_ENOMEM. */
 td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out);
+/* The same, as JSON Schema's "pattern" reads it: the text holds a match (a search) rather
+ * than being one; a top-level alternative that begins with '^' (ends with '$') is held at the
+ * text's start (end). */
+td_err gm_compile_pattern(const char *re, size_t len, gm_grammar **out);
 void gm_free(gm_grammar *g);
 
 /* A state is a plain byte blob of gm_state_size(g) bytes (8-byte aligned, no pointers). */
@@ -68,5 +72,33 @@ size_t gm_state_used(const void *st);
 bool gm_feed(const gm_grammar *g, void *st, const uint8_t *bytes, size_t n);
 /* True when the text so far is a whole sentence (a longer one may still follow). */
 bool gm_done(const gm_grammar *g, const void *st);
+
+/* A grammar as a deterministic automaton over code points, for grammars with finitely many
+ * states (regular expressions): built once, it steps a code point with a binary search and a
+ * table lookup, and its state is one number. */
+#define GM_DFA_STATES 4096  /* states at most */
+#define GM_DFA_DEAD 0xffffu /* no state: the text cannot go on */
+#define GM_DFA_FAR 0xffffu  /* dmin of a state that cannot end */
+
+typedef struct gm_dfa {
+    uint32_t n_states;   /* state 0 is the start */
+    uint32_t n_classes;  /* code points [lo[k], lo[k + 1]) behave alike (lo[n] = U+110000) */
+    uint32_t *lo;        /* [n_classes + 1] */
+    uint16_t *next;      /* [n_states][n_classes] the state after a code point, or DEAD */
+    uint16_t *dmin;      /* [n_states] code points to an accepting state at least, or FAR */
+} gm_dfa;
+
+/* g's automaton: TD_ENOTSUP past GM_DFA_STATES states (or for a grammar that nests without
+ * end), TD_ENOMEM. */
+td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out);
+void gm_dfa_free(gm_dfa *d);
+/* The state after code point cp from state s, or GM_DFA_DEAD. */
+uint16_t gm_dfa_step(const gm_dfa *d, uint16_t s, uint32_t cp);
+/* Whether some code point of [lo, hi] goes on from state s. */
+bool gm_dfa_meets(const gm_dfa *d, uint16_t s, uint32_t lo, uint32_t hi);
+static inline bool gm_dfa_accepts(const gm_dfa *d, uint16_t s)
+{
+    return d->dmin[s] == 0;
+}
 
 #endif

@@ -150,6 +150,8 @@ typedef struct gm_src {
     const char *s, *p, *end; /* the text, where the parser is, its end */
     gm_build *b;
     bool regex;
+    const char *alt;         /* regex: where the top-level alternative being read began */
+    bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
 } gm_src;
 
 static td_err gm_syntax(const gm_src *x, const char *what)
@@ -598,7 +600,7 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
 {
     *out = NULL;
     gm_build b = {0};
-    gm_src x = {text, text, text + len, &b, false};
+    gm_src x = {.s = text, .p = text, .end = text + len, .b = &b};
     int32_t root = -1;
     td_err e = gbnf_rules(&x, &root);
     if (e != TD_OK) {
@@ -622,10 +624,13 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
             return TD_OK;
         if (c == ')')
             return gm_syntax(x, "unbalanced ')'");
-        if (c == '^' || c == '$') {
-            if ((c == '^' && x->p != x->s) || (c == '$' && x->p + 1 != x->end))
+        if (c == '^' || c == '$') { /* anchors: at a top-level alternative's ends only */
+            const bool end = x->p + 1 == x->end || x->p[1] == '|';
+            if (depth > 0 || (c == '^' && x->p != x->alt) || (c == '$' && !end))
                 return err_set(TD_ENOTSUP, "regular expression, at byte %td: '%c' is only "
                                "supported at the %s", x->p - x->s, c, c == '^' ? "start" : "end");
+            x->caret = x->caret || c == '^';
+            x->dollar = x->dollar || c == '$';
             x->p++;
             continue;
         }
@@ -696,17 +701,60 @@ static td_err re_alternatives(gm_src *x, int32_t rule, int depth)
     return TD_OK;
 }
 
-td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out)
+/* A rule of any text: any ::= [U+0000-U+10FFFF] any | (nothing). */
+static td_err re_any(gm_build *b, int32_t owner, int32_t *id)
+{
+    TD_TRY(gb_rule(b, NULL, 0, owner, id));
+    b->defined[*id] = true;
+    TD_TRY(gb_push(b, &b->body[*id], GM_CHAR, 0, GM_CP_MAX));
+    TD_TRY(gb_push(b, &b->body[*id], GM_REF, (uint32_t)*id, 0));
+    TD_TRY(gb_push(b, &b->body[*id], GM_ALT, 0, 0));
+    return gb_push(b, &b->body[*id], GM_END, 0, 0);
+}
+
+/* The top level of a regex into root: whole (the text is a match) or search (the text holds
+ * one: each top-level alternative may have any text before it unless it begins with '^', and
+ * after it unless it ends with '$'). */
+static td_err re_top(gm_src *x, int32_t root, bool search)
+{
+    gm_build *b = x->b;
+    int32_t any = -1;
+    for (bool first = true; first || (x->p < x->end && *x->p == '|'); first = false) {
+        if (!first) {
+            x->p++;
+            TD_TRY(gb_push(b, &b->body[root], GM_ALT, 0, 0));
+        }
+        x->alt = x->p;
+        x->caret = x->dollar = false;
+        int32_t alt;
+        TD_TRY(gb_rule(b, NULL, 0, root, &alt));
+        b->defined[alt] = true;
+        TD_TRY(re_sequence(x, alt, 0));
+        TD_TRY(gb_push(b, &b->body[alt], GM_END, 0, 0));
+        if (search && any < 0 && (!x->caret || !x->dollar))
+            TD_TRY(re_any(b, root, &any));
+        if (search && !x->caret)
+            TD_TRY(gb_push(b, &b->body[root], GM_REF, (uint32_t)any, 0));
+        TD_TRY(gb_push(b, &b->body[root], GM_REF, (uint32_t)alt, 0));
+        if (search && !x->dollar)
+            TD_TRY(gb_push(b, &b->body[root], GM_REF, (uint32_t)any, 0));
+    }
+    return TD_OK;
+}
+
+static td_err re_compile(const char *re, size_t len, bool search, gm_grammar **out)
 {
     *out = NULL;
     gm_build b = {0};
-    gm_src x = {re, re, re + len, &b, true};
+    gm_src x = {.s = re, .p = re, .end = re + len, .b = &b, .regex = true, .alt = re};
     int32_t root;
     td_err e = gb_rule(&b, "root", 4, -1, &root);
     if (e == TD_OK) {
         b.defined[root] = true;
-        e = re_alternatives(&x, root, 0);
+        e = re_top(&x, root, search);
     }
+    if (e == TD_OK && x.p < x.end) /* re_sequence stopped at a ')' of depth 0 */
+        e = gm_syntax(&x, "unbalanced ')'");
     if (e == TD_OK)
         e = gb_push(&b, &b.body[root], GM_END, 0, 0);
     if (e != TD_OK) {
@@ -715,3 +763,14 @@ td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out)
     }
     return gm_finish(&b, root, "regular expression", out);
 }
+
+td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out)
+{
+    return re_compile(re, len, false, out);
+}
+
+td_err gm_compile_pattern(const char *re, size_t len, gm_grammar **out)
+{
+    return re_compile(re, len, true, out);
+}
+

@@ -450,6 +450,78 @@ static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
     pcre2_match_data_free(md);
 }
 
+/* JSON Schema's reading of a pattern (a search; '^' and '$' hold a top-level alternative to
+ * an end) as an automaton, against PCRE2's unanchored search on every string of up to 5
+ * characters over "ab1-\n": a string is accepted iff PCRE2 finds a match in it, and the
+ * automaton's distance to acceptance is the fewest characters PCRE2 needs appended (up to 3
+ * checked; more or none where PCRE2 finds none within 3). */
+static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
+{
+    (void)ctx;
+    static const char *const res[] = {
+        "ab", "^a", "b$", "^a|b$", "a.b", "(a|1)-\\d", "^[ab]+$", "1{2}", "[^a]b", "",
+        "^(ab|b1)*-$", "a{3}",
+    };
+    static const char alpha[] = "ab1-\n";
+    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+    assert_non_null(md);
+    for (size_t k = 0; k < sizeof res / sizeof res[0]; k++) {
+        gm_grammar *g = NULL;
+        if (gm_compile_pattern(res[k], strlen(res[k]), &g) != TD_OK)
+            fail_msg("compile /%s/: %s", res[k], err_msg());
+        gm_dfa *d = NULL;
+        if (gm_dfa_build(g, &d) != TD_OK)
+            fail_msg("automaton of /%s/: %s", res[k], err_msg());
+        int errc;
+        PCRE2_SIZE erroff;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)res[k], PCRE2_ZERO_TERMINATED,
+                                       PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &errc, &erroff, NULL);
+        assert_non_null(re);
+        char s[16];
+        for (int len = 0; len <= 5; len++) {
+            long count = 1;
+            for (int i = 0; i < len; i++)
+                count *= 5;
+            for (long v = 0; v < count; v++) {
+                long x = v;
+                for (int i = 0; i < len; i++, x /= 5)
+                    s[i] = alpha[x % 5];
+                uint16_t st = 0;
+                for (int i = 0; i < len; i++)
+                    st = gm_dfa_step(d, st, (uint8_t)s[i]);
+                int need = -1; /* fewest characters to append for a match, up to 3 */
+                for (int extra = 0; extra <= 3 && need < 0; extra++) {
+                    long m = 1;
+                    for (int i = 0; i < extra; i++)
+                        m *= 5;
+                    for (long w = 0; w < m && need < 0; w++) {
+                        long y = w;
+                        for (int i = 0; i < extra; i++, y /= 5)
+                            s[len + i] = alpha[y % 5];
+                        if (pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)(len + extra), 0, 0, md,
+                                        NULL) >= 0)
+                            need = extra;
+                    }
+                }
+                const int dist = st == GM_DFA_DEAD ? -1 : d->dmin[st];
+                if (need >= 0 ? dist != need : (dist >= 0 && dist <= 3))
+                    fail_msg("/%s/ on \"%.*s\": automaton distance %d, PCRE2 needs %d", res[k],
+                             len, s, dist, need);
+            }
+        }
+        pcre2_code_free(re);
+        gm_dfa_free(d);
+        gm_free(g);
+    }
+    pcre2_match_data_free(md);
+    gm_grammar *g = regex("x{1000}y{1000}z{1000}w{1000}v{1000}"); /* a state per position */
+    gm_dfa *d = NULL;
+    assert_int_equal(gm_dfa_build(g, &d), TD_ENOTSUP);
+    assert_string_equal(err_msg(), "the pattern needs more than 4096 automaton states");
+    assert_null(d);
+    gm_free(g);
+}
+
 /* A copy carries the state on: feeding the rest into a copy gives what feeding it whole does. */
 static void test_a_copied_state_goes_on_like_the_original(void **ctx)
 {
@@ -485,6 +557,7 @@ int main(void)
         cmocka_unit_test(test_regex_matches_whole_texts),
         cmocka_unit_test(test_regex_refusals_say_what),
         cmocka_unit_test(test_regex_agrees_with_pcre2_on_every_short_string),
+        cmocka_unit_test(test_pattern_automaton_agrees_with_pcre2_search),
         cmocka_unit_test(test_a_copied_state_goes_on_like_the_original),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
