@@ -715,6 +715,9 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
                         queue[tail++] = rfrom[i];
                     }
             }
+            for (size_t i = 0; i < n_edges; i++) /* states that cannot end are no way on */
+                if (d->next[i] != GM_DFA_DEAD && d->dmin[d->next[i]] == GM_DFA_FAR)
+                    d->next[i] = GM_DFA_DEAD;
         }
         free(rfirst);
         free(rfill);

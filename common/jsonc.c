@@ -265,6 +265,80 @@ static int key_end(const jc_schema *s, jc_alt *a)
     return ST_OK;
 }
 
+/* --- string patterns: a string value's code points through its node's automaton, whose state
+ * is a->lo (0 when the string begins); a raw UTF-8 character's bits so far are in hex (low 16)
+ * and high (the rest) until it is whole. Each character must leave a state from which the
+ * pattern can still hold within maxLength, and a character begun (a lead byte, a \u escape's
+ * first digits) needs some code point it can become that the automaton takes. */
+
+static const gm_dfa *pat_of(const jc_schema *s, const jc_alt *a)
+{
+    const uint16_t p = a->kind == LX_STR ? s->nodes[a->node].pattern : 0;
+    return p ? s->pats[p - 1] : NULL;
+}
+
+static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
+{
+    const gm_dfa *d = pat_of(s, a);
+    if (!d)
+        return true;
+    const uint16_t st = gm_dfa_step(d, a->lo, cp);
+    const jc_node *n = &s->nodes[a->node];
+    if (st == GM_DFA_DEAD || (n->has_len && (uint64_t)a->pos + d->dmin[st] > n->max_len))
+        return false;
+    a->lo = st;
+    return true;
+}
+
+static bool pat_meets(const jc_schema *s, const jc_alt *a, uint32_t lo, uint32_t hi)
+{
+    const gm_dfa *d = pat_of(s, a);
+    return !d || gm_dfa_meets(d, a->lo, lo, hi > 0x10FFFF ? 0x10FFFF : hi);
+}
+
+/* A raw UTF-8 byte of a pattern string (the lead when lead): its bits, then the character
+ * when whole, else the code points it can still become. */
+static bool pat_utf8(const jc_schema *s, jc_alt *a, uint8_t b, bool lead)
+{
+    if (!pat_of(s, a))
+        return true;
+    const unsigned rest = a->utf8 & 3; /* continuation bytes still due */
+    uint32_t cp = lead ? (uint32_t)(b & (0x3F >> (rest + 1)))
+                       : ((uint32_t)a->high << 16 | a->hex) << 6 | (b & 0x3Fu);
+    if (rest == 0) {
+        a->hex = a->high = 0;
+        return pat_cp(s, a, cp);
+    }
+    a->hex = (uint16_t)cp;
+    a->high = (uint16_t)(cp >> 16);
+    static const uint32_t least[4] = {0, 0x80, 0x800, 0x10000}; /* by continuation bytes */
+    uint32_t lo = cp << 6 * rest, hi = lo | ((1u << 6 * rest) - 1);
+    if (lead && lo < least[rest])
+        lo = least[rest];
+    return pat_meets(s, a, lo, hi);
+}
+
+/* After a \u escape's k-th hex digit (low: of the low surrogate after a high one): the code
+ * points the escape can still become. */
+static bool pat_hex(const jc_schema *s, const jc_alt *a, int k, bool low)
+{
+    if (!pat_of(s, a))
+        return true;
+    const uint32_t span = (1u << 4 * (4 - k)) - 1, u_lo = (uint32_t)a->hex << 4 * (4 - k);
+    const uint32_t u_hi = u_lo | span;
+    if (low) {
+        const uint32_t base = 0x10000 + ((uint32_t)(a->high - 0xD800) << 10);
+        const uint32_t l = u_lo < 0xDC00 ? 0xDC00 : u_lo, h = u_hi > 0xDFFF ? 0xDFFF : u_hi;
+        return l <= h && pat_meets(s, a, base + (l - 0xDC00), base + (h - 0xDC00));
+    }
+    if (k == 1 && u_lo == 0xD000) /* D800-DBFF stand for U+10000 on: not decided yet */
+        return pat_meets(s, a, 0xD000, 0x10FFFF);
+    if (u_lo >= 0xD800 && u_hi <= 0xDBFF)
+        return pat_meets(s, a, 0x10000 + ((u_lo - 0xD800) << 10),
+                         0x10000 + ((u_hi - 0xD800) << 10) + 0x3FF);
+    return pat_meets(s, a, u_lo, u_hi);
+}
+
 /* A character begins in a string value: counted only when its length is limited. */
 static bool str_char(const jc_schema *s, jc_alt *a)
 {
@@ -281,6 +355,9 @@ static int str_end(const jc_schema *s, jc_alt *a)
     if (a->kind == LX_KEY)
         return key_end(s, a);
     if (a->pos < s->nodes[a->node].min_len)
+        return ST_REJECT;
+    const gm_dfa *d = pat_of(s, a);
+    if (d && !gm_dfa_accepts(d, a->lo))
         return ST_REJECT;
     value_done(a);
     return ST_OK;
@@ -360,7 +437,9 @@ static int str_escape(const jc_schema *s, jc_alt *a, uint8_t b)
         if (!p)
             return ST_REJECT;
         a->sub = 0;
-        return key ? key_byte(s, a, (uint8_t)decoded[p - simple]) : ST_OK;
+        if (key)
+            return key_byte(s, a, (uint8_t)decoded[p - simple]);
+        return pat_cp(s, a, (uint8_t)decoded[p - simple]) ? ST_OK : ST_REJECT;
     }
     if (a->sub == 6 || a->sub == 7) {
         if (b != (a->sub == 6 ? '\\' : 'u'))
@@ -381,6 +460,8 @@ static int str_escape(const jc_schema *s, jc_alt *a, uint8_t b)
         return ST_REJECT;
     if (key && !key_hex_viable(s, a, first ? a->sub - 1 : a->sub - 7, !first))
         return ST_REJECT;
+    if (!key && !pat_hex(s, a, first ? a->sub - 1 : a->sub - 7, !first))
+        return ST_REJECT;
     if (a->sub != 5 && a->sub != 11) {
         a->sub++;
         return ST_OK;
@@ -399,7 +480,9 @@ static int str_escape(const jc_schema *s, jc_alt *a, uint8_t b)
         cp = 0x10000 + ((uint32_t)(a->high - 0xD800) << 10) + (cp - 0xDC00);
     a->sub = 0;
     a->hex = a->high = 0;
-    return key ? key_cp(s, a, cp) : ST_OK;
+    if (key)
+        return key_cp(s, a, cp);
+    return pat_cp(s, a, cp) ? ST_OK : ST_REJECT;
 }
 
 static int str_byte(const jc_schema *s, jc_alt *a, uint8_t b)
@@ -407,10 +490,10 @@ static int str_byte(const jc_schema *s, jc_alt *a, uint8_t b)
     if (a->sub)
         return str_escape(s, a, b);
     if (a->utf8) {
-        if (!utf8_next(a, b))
+        if (!utf8_next(a, b) || !pat_utf8(s, a, b, false))
             return ST_REJECT;
     } else if (b >= 0x80) {
-        if (!utf8_lead(a, b) || !str_char(s, a))
+        if (!utf8_lead(a, b) || !str_char(s, a) || !pat_utf8(s, a, b, true))
             return ST_REJECT;
     } else if (b == '"') {
         return str_end(s, a);
@@ -425,7 +508,9 @@ static int str_byte(const jc_schema *s, jc_alt *a, uint8_t b)
     } else if (!str_char(s, a)) {
         return ST_REJECT;
     }
-    return a->kind == LX_KEY ? key_byte(s, a, b) : ST_OK;
+    if (a->kind == LX_KEY)
+        return key_byte(s, a, b);
+    return b < 0x80 && !pat_cp(s, a, b) ? ST_REJECT : ST_OK;
 }
 
 /* --- numbers, literals, words ----------------------------------------------------------------- */
@@ -756,6 +841,9 @@ static int value_start(const jc_schema *s, jc_alt *a, uint8_t b)
         if (!(t & JT_STR))
             return ST_REJECT;
         lex_reset(a, LX_STR, idx);
+        if (s->nodes[idx].pattern && s->pats[s->nodes[idx].pattern - 1]->dmin[0] >
+                                         s->nodes[idx].max_len)
+            return ST_REJECT; /* no match fits in maxLength */
         return ST_OK;
     case 't':
     case 'f':
@@ -999,7 +1087,8 @@ bool jc_free_string(const jc_schema *s, const void *st)
     const uint8_t *p = (const uint8_t *)(h + 1);
     for (uint32_t k = 0; k < h->n_alts; k++) {
         const jc_alt *a = (const jc_alt *)p;
-        bool free_str = a->kind == LX_STR && !s->nodes[a->node].has_len;
+        bool free_str = a->kind == LX_STR && !s->nodes[a->node].has_len &&
+                        !s->nodes[a->node].pattern;
         bool free_key = a->kind == LX_KEY && a->lo == a->hi;
         if (!(free_str || free_key) || a->sub || a->utf8)
             return false;

@@ -47,6 +47,8 @@ typedef struct jcc {
     size_t pool_len, pool_cap;
     uint8_t *ne;           /* [n_nodes] JT_* bits with a non-empty language */
     uint32_t budget;       /* steps left checking enum / const values */
+    gm_dfa **pats;         /* [n_pats] automata of the string patterns (moved to the schema) */
+    uint32_t n_pats, cap_pats;
     struct {
         const json_t *j;
         uint16_t node;

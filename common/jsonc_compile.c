@@ -347,8 +347,36 @@ static td_err jcc_array(jcc *c, json_t *j, jc_node *n, int depth)
     return jcc_count(c, j, "maxItems", &n->max_items);
 }
 
+/* "pattern": its automaton, kept in c->pats, numbered in n->pattern. */
+static td_err jcc_pattern(jcc *c, json_t *j, jc_node *n)
+{
+    json_t *v = json_object_get(j, "pattern");
+    if (!v)
+        return TD_OK;
+    if (!json_is_string(v))
+        return err_set(TD_EINVAL, "schema %s/pattern: must be a string", c->path);
+    if (c->n_pats == UINT16_MAX - 1)
+        return err_set(TD_ENOTSUP, "schema %s/pattern: more than %d patterns", c->path,
+                       UINT16_MAX - 1);
+    gm_grammar *g = NULL;
+    td_err e = gm_compile_pattern(json_string_value(v), json_string_length(v), &g);
+    gm_dfa *d = NULL;
+    if (e == TD_OK)
+        e = gm_dfa_build(g, &d);
+    gm_free(g);
+    if (e == TD_OK)
+        e = jcc_grow((void **)&c->pats, &c->cap_pats, c->n_pats + 1, sizeof *c->pats);
+    if (e != TD_OK) {
+        gm_dfa_free(d);
+        return e == TD_ENOMEM ? e : err_wrap(e, "schema %s/pattern", c->path);
+    }
+    c->pats[c->n_pats++] = d;
+    n->pattern = (uint16_t)c->n_pats;
+    return TD_OK;
+}
+
 static const char *const jcc_refused[] = {
-    "pattern", "patternProperties", "propertyNames", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
     "contains", "minContains", "maxContains", "not", "if", "then", "else", "dependencies",
     "dependentRequired", "dependentSchemas", "unevaluatedProperties", "unevaluatedItems",
     "$dynamicRef", "$recursiveRef",
@@ -515,6 +543,7 @@ static td_err jcc_schema(jcc *c, json_t *j, uint16_t idx, int depth)
     TD_TRY(jcc_count(c, j, "minLength", &x->n.min_len));
     TD_TRY(jcc_count(c, j, "maxLength", &x->n.max_len));
     x->n.has_len = x->n.min_len > 0 || x->n.max_len != UINT32_MAX;
+    TD_TRY(jcc_pattern(c, j, &x->n));
     TD_TRY(jcc_object(c, j, &x->n, depth));
     return jcc_array(c, j, &x->n, depth);
 }
@@ -576,6 +605,9 @@ td_err jc_compile(const char *schema, size_t len, jc_schema **out)
     free(c->br);
     free(c->pool);
     free(c->ne);
+    for (uint32_t i = 0; i < c->n_pats; i++)
+        gm_dfa_free(c->pats[i]);
+    free(c->pats);
     json_decref(c->root);
     free(c);
     if (e != TD_OK) {
@@ -597,5 +629,8 @@ void jc_schema_free(jc_schema *s)
     free(s->leaves);
     free(s->prefix);
     free(s->pool);
+    for (uint32_t i = 0; i < s->n_pats; i++)
+        gm_dfa_free(s->pats[i]);
+    free(s->pats);
     free(s);
 }

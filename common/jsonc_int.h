@@ -5,6 +5,7 @@
 #ifndef TANDEM_COMMON_JSONC_INT_H
 #define TANDEM_COMMON_JSONC_INT_H
 
+#include "common/gram.h"
 #include "common/jsonc.h"
 
 /* Value types, one bit each; JSON Schema's "number" is JT_INT | JT_FRAC. */
@@ -51,6 +52,8 @@ typedef struct jc_node {
     uint8_t has_range;   /* number: minimum / maximum restrict it (sides) */
     uint16_t addl;       /* object: node of undeclared keys' values; JC_NODE_NONE: none allowed */
     uint16_t items;      /* array: node of the items after the prefix */
+    uint16_t pattern;    /* string: 1 + its pattern's automaton in jc_schema.pats, or 0 */
+    uint16_t pad;
     uint32_t min_len;    /* string: code points */
     uint32_t max_len;    /* string: code points */
     uint32_t min_items;  /* array: items */
@@ -86,6 +89,8 @@ struct jc_schema {
     uint32_t n_prefix;
     uint8_t *pool;        /* [pool_len] bytes of names and literals */
     size_t pool_len;
+    gm_dfa **pats;        /* [n_pats] automata of the string patterns */
+    uint32_t n_pats;
 };
 
 #endif

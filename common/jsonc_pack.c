@@ -63,6 +63,25 @@ static uint32_t jcc_code_points(const json_t *v)
     return n;
 }
 
+/* Whether string v holds a match of the pattern d (its code points through the automaton). */
+static bool jcc_pattern_holds(const gm_dfa *d, const json_t *v)
+{
+    const uint8_t *p = (const uint8_t *)json_string_value(v);
+    const size_t n = json_string_length(v);
+    uint16_t st = 0;
+    for (size_t i = 0; i < n && st != GM_DFA_DEAD;) {
+        uint32_t cp = p[i];
+        size_t k = cp < 0x80 ? 1 : cp >= 0xF0 ? 4 : cp >= 0xE0 ? 3 : 2; /* jansson's UTF-8 */
+        if (k > 1)
+            cp &= 0x3Fu >> (k - 1);
+        for (size_t j = 1; j < k && i + j < n; j++)
+            cp = cp << 6 | (p[i + j] & 0x3Fu);
+        st = gm_dfa_step(d, st, cp);
+        i += k;
+    }
+    return st != GM_DFA_DEAD && gm_dfa_accepts(d, st);
+}
+
 /* Whether v is in node idx's language. Unions shared along many paths make this exponential,
  * so every call spends one unit of c->budget and an empty budget answers false. */
 static bool jcc_valid(jcc *c, uint16_t idx, json_t *v)
@@ -97,7 +116,8 @@ static bool jcc_valid(jcc *c, uint16_t idx, json_t *v)
     }
     if (json_is_string(v)) {
         uint32_t len = jcc_code_points(v);
-        return len >= n->min_len && len <= n->max_len;
+        return len >= n->min_len && len <= n->max_len &&
+               (!n->pattern || jcc_pattern_holds(c->pats[n->pattern - 1], v));
     }
     if (json_is_array(v)) {
         size_t len = json_array_size(v);
@@ -495,5 +515,9 @@ td_err jcc_finish(jcc *c, uint16_t root, jc_schema *s)
     s->pool = c->pool;
     s->pool_len = c->pool_len;
     c->pool = NULL;
+    s->pats = c->pats;
+    s->n_pats = c->n_pats;
+    c->pats = NULL;
+    c->n_pats = 0;
     return TD_OK;
 }

@@ -212,7 +212,7 @@ static void compile_errors_say_why(void **s)
          "\"required\":[\"b\"]}}]}",
          TD_ENOTSUP, "requires a parameter"},
         {"{\"form\":\"xml\",\"tools\":[{\"name\":\"f\",\"parameters\":{\"properties\":{\"a\":"
-         "{\"type\":\"string\",\"pattern\":\"x\"}}}}]}",
+         "{\"type\":\"integer\",\"multipleOf\":2}}}}]}",
          TD_ENOTSUP, "function 'f' parameter 'a': "},
         {"{\"form\":\"xml\",\"tools\":[{\"name\":\"f\",\"parameters\":{\"properties\":{\"a\":"
          "{\"type\":\"string\",\"enum\":[1]}}}}]}",

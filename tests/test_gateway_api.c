@@ -411,12 +411,12 @@ static void required_call_sends_the_tool_spec(void **state)
                        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}]}";
     assert_int_equal(m.n_schema, strlen(spec));
     assert_string_equal(m.schema, spec);
-    snprintf(body_req, sizeof body_req, req, ",\"pattern\":\"^[A-Z]\"");
+    snprintf(body_req, sizeof body_req, req, ",\"multipleOf\":2");
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
                                  400);
     assert_non_null(strstr(body, "\"message\":\"The tools cannot be enforced for a required "
                                  "call: tool call: function 'get_weather' parameter 'city': "));
-    assert_non_null(strstr(body, "pattern"));
+    assert_non_null(strstr(body, "multipleOf"));
     assert_non_null(strstr(body, "\"param\":\"tools\",\"code\":\"unsupported_value\""));
     free(reply);
     assert_int_equal(fake_verifyd_starts(gwh_fake), starts + 1);
@@ -436,7 +436,7 @@ static void required_call_sends_the_tool_spec(void **state)
     assert_string_equal(m.schema, "{\"form\":\"xml\",\"tools\":[{\"name\":\"get_time\"},{\"name\":"
                                   "\"get_weather\",\"parameters\":{\"properties\":{\"city\":{"
                                   "\"type\":\"string\"}}}}]}");
-    snprintf(body_req, sizeof body_req, auto_req, "\"pattern\":\"x\"");
+    snprintf(body_req, sizeof body_req, auto_req, "\"multipleOf\":2");
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
                                  200);
     free(reply);

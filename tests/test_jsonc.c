@@ -566,7 +566,14 @@ static void compile_errors_name_the_pointer_and_keyword(void **state)
          TD_EINVAL, "schema #/$defs/a: a $ref / anyOf cycle that never reaches a value"},
         {"{\"$defs\":{\"a\":{\"type\":\"nope\"}}}", TD_EINVAL,
          "schema #/$defs/a/type: unknown type 'nope'"},
-        {"{\"pattern\":\"x\"}", TD_ENOTSUP, "schema #/pattern: keyword 'pattern' is not enforced"},
+        {"{\"patternProperties\":{}}", TD_ENOTSUP,
+         "schema #/patternProperties: keyword 'patternProperties' is not enforced"},
+        {"{\"pattern\":5}", TD_EINVAL, "schema #/pattern: must be a string"},
+        {"{\"properties\":{\"a\":{\"pattern\":\"a(?=b)\"}}}", TD_ENOTSUP,
+         "schema #/properties/a/pattern: regular expression, at byte 2: lookaround, inline flags "
+         "and other (? groups are not supported"},
+        {"{\"pattern\":\"[b-a]\"}", TD_EINVAL,
+         "schema #/pattern: regular expression, at byte 4: a character range goes backwards"},
         {"{\"items\":{\"minimum\":[0]}}", TD_EINVAL, "schema #/items/minimum: must be a number"},
         {"{\"type\":\"number\",\"minimum\":1,\"exclusiveMaximum\":1}", TD_EINVAL,
          "schema #: no JSON document satisfies it"},
@@ -683,6 +690,58 @@ static void annotations_and_unknown_keywords_are_ignored(void **state)
     check_cases("{\"allOf\":[{\"$ref\":\"#/$defs/i\"}],\"$defs\":{\"i\":{\"type\":\"integer\"}},"
                 "\"description\":\"d\"}",
                 ref, N_OF(ref));
+}
+
+/* pattern (a search, as JSON Schema reads it): a string is cut at the first character after
+ * which it can no longer hold a match, and may end only holding one; escapes and raw UTF-8 are
+ * matched as the characters they decode to (a \u escape's or a lead byte's first part already
+ * needs a character the pattern takes); with maxLength, a character that leaves no room for
+ * the rest of a match is refused; enum values that do not match are dropped; other types are
+ * not touched. */
+static void pattern_holds_in_strings(void **state)
+{
+    (void)state;
+    static const jc_case anchored[] = {
+        DONE("\"AB-12\""), DONE("\"\\u0041Z-99\""), VIABLE("\"AB-1"),
+        REJECT("\"A", "b"), REJECT("\"AB-", "x"), REJECT("\"AB-12", "3"), REJECT("\"AB-1", "\""),
+        REJECT("\"\\u00", "6"), /* \u006x is lowercase: no character the pattern takes */
+        REJECT("\"", "\xc3"), /* no character of two bytes either */
+        DONE("7"), /* not a string: the pattern says nothing */
+    };
+    check_cases("{\"type\":[\"string\",\"integer\"],\"pattern\":\"^[A-Z]{2}-\\\\d{2}$\"}", anchored,
+                N_OF(anchored));
+    static const jc_case search[] = {
+        DONE("\"xx cat yy\""), DONE("\"cat\""), VIABLE("\"ca"), VIABLE("\"dog\\n"),
+        REJECT("\"ca", "\""), DONE("\"\\u00e9t\\u00e9 cat\""),
+    };
+    check_cases("{\"type\":\"string\",\"pattern\":\"cat\"}", search, N_OF(search));
+    static const jc_case unicode[] = {
+        DONE("\"\xc3\xa9\xf0\x9f\x98\x80\""), DONE("\"\\u00e9\\ud83d\\ude00\""),
+        REJECT("\"", "a"), REJECT("\"\xc3\xa9", "\xc3\xa8"), REJECT("\"\\u00e9\\ud83d\\ud", "c"),
+        REJECT("\"\\u00e9\\ud83d\\ude0", "1"), REJECT("\"\xc3\xa9\xf0\x9f\x98", "\x81"),
+    };
+    check_cases("{\"type\":\"string\",\"pattern\":\"^\xc3\xa9\xf0\x9f\x98\x80$\"}", unicode,
+                N_OF(unicode));
+    static const jc_case bounded[] = {
+        DONE("\"abc1\""), DONE("\"abcde1\""), REJECT("\"abcde", "f"), REJECT("\"abcde1", "2"),
+    };
+    check_cases("{\"type\":\"string\",\"maxLength\":6,\"pattern\":\"^[a-z]+\\\\d$\"}", bounded,
+                N_OF(bounded));
+    static const jc_case none[] = {REJECT("", "\"")};
+    check_cases("{\"type\":[\"string\",\"null\"],\"maxLength\":2,\"pattern\":\"^abc\"}", none,
+                N_OF(none));
+    static const jc_case lits[] = {DONE("{\"c\":\"Rome\"}"), REJECT("{\"c\":\"", "P")};
+    check_cases("{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":[\"Paris\",\"Rome\"],"
+                "\"pattern\":\"^R\"}}}",
+                lits, N_OF(lits));
+    /* a free string it is not: the plain-chunk shortcut stays off */
+    jc_schema *sc = compile_ok("{\"type\":\"string\",\"pattern\":\"x\"}");
+    uint8_t *st = malloc(jc_state_size(sc));
+    jc_state_init(sc, st);
+    assert_true(jc_feed(sc, st, (const uint8_t *)"\"ab", 3));
+    assert_false(jc_free_string(sc, st));
+    free(st);
+    jc_schema_free(sc);
 }
 
 static void null_schema_is_any_json_object(void **state)
@@ -1137,6 +1196,7 @@ int main(void)
         cmocka_unit_test(compile_limits_are_refused_with_enotsup),
         cmocka_unit_test(shared_sub_unions_compile_without_walking_every_path),
         cmocka_unit_test(annotations_and_unknown_keywords_are_ignored),
+        cmocka_unit_test(pattern_holds_in_strings),
         cmocka_unit_test(null_schema_is_any_json_object),
         cmocka_unit_test(pydantic_schema_with_defs_refs_and_optional_fields),
         cmocka_unit_test(openai_strict_mode_schema),
