@@ -33,12 +33,11 @@
  * meets minimum 0.1 and "0.10000000000000001" maximum 0.1; a ranged number has no exponent,
  * and its ends are rounded inward to the fraction digits a JC_NUMBER_MAX-byte number there can
  * hold (which loses no such number). An empty range drops the numbers. Also enforced: enum
- * and const;
- * pattern (a string holds a match of the regular expression, searched as JSON Schema says:
- * common/gram.h's gm_compile_pattern, ECMA-262's common syntax with ASCII \d \w \s and '.'
- * any character but \n; a string is cut at the first character after which no match can be
- * completed, within maxLength when there is one; with minLength a completion long enough is
- * not looked for); anyOf and oneOf (both as a union: oneOf's "exactly one" is not
+ * and const; pattern (a string holds a match of the regular expression, searched as JSON
+ * Schema says: common/gram.h's gm_compile_pattern, ECMA-262's common syntax with ASCII \d \w
+ * \s and '.' any character but \n; a string is cut at the first character after which no
+ * match can be completed, within maxLength when there is one; with minLength a completion
+ * long enough is not looked for); anyOf and oneOf (both as a union: oneOf's "exactly one" is not
  * enforced), allOf with one subschema, $ref to "#", "#/$defs/<name>" or
  * "#/definitions/<name>" (~0 and ~1 decoded), $defs / definitions, and the boolean schemas true
  * and false. Keywords combine as JSON Schema says (type object + properties: both apply);
