@@ -1,12 +1,14 @@
 /* Fuzz target: the grammar matcher on a hostile grammar and text. The first byte picks GBNF
- * (even) or a regular expression (odd); then the grammar, a NUL byte, and the text (without a
- * NUL, the text is empty). A grammar either fails to compile with a message or gives a
+ * (0 mod 3), a regular expression (1) or a JSON Schema pattern with its automaton (2); then
+ * the grammar, a NUL byte, and the text (without a NUL, the text is empty). A grammar either fails to compile with a message or gives a
  * matcher that, fed one byte at a time into copies (as the server walks its token trie),
  * keeps these invariants:
  *   - the live part of a state never outgrows gm_state_size;
  *   - a copy goes on like the state it was copied from;
  *   - feeding the whole text at once gives the same verdict (and the same state) as byte by
- *     byte.
+ *     byte;
+ *   - a pattern's automaton, stepped over the text's code points, accepts exactly when the
+ *     matcher takes the whole text and is done.
  * Invariants are TD_ASSERTs, so a broken one is a crash the fuzzer reports. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,24 +47,68 @@ static void fuzz_match(const gm_grammar *g, const uint8_t *text, size_t n)
     free(whole);
 }
 
+/* The automaton against the matcher on text (when it is UTF-8). */
+static void fuzz_dfa(const gm_grammar *g, const uint8_t *text, size_t n)
+{
+    gm_dfa *d = NULL;
+    if (gm_dfa_build(g, &d) != TD_OK) {
+        TD_ASSERT(d == NULL && err_msg()[0] != '\0');
+        return;
+    }
+    uint16_t s = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = text[i];
+        const size_t k = cp < 0x80 ? 1 : cp >= 0xc2 && cp <= 0xdf ? 2 : cp >= 0xe0 && cp <= 0xef
+                         ? 3 : cp >= 0xf0 && cp <= 0xf4 ? 4 : 0;
+        if (k == 0 || i + k > n)
+            goto out; /* not UTF-8: nothing to compare */
+        if (k > 1)
+            cp &= 0x3fu >> (k - 1);
+        for (size_t j = 1; j < k; j++) {
+            if ((text[i + j] & 0xc0) != 0x80)
+                goto out;
+            cp = cp << 6 | (text[i + j] & 0x3fu);
+        }
+        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < least[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            goto out;
+        s = gm_dfa_step(d, s, cp);
+        i += k;
+    }
+    {
+        uint8_t *st = malloc(gm_state_size(g));
+        TD_ASSERT(st);
+        gm_state_init(g, st);
+        const bool whole = gm_feed(g, st, text, n) && gm_done(g, st);
+        TD_ASSERT(whole == (s != GM_DFA_DEAD && gm_dfa_accepts(d, s)));
+        free(st);
+    }
+out:
+    gm_dfa_free(d);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    const bool regex = data[0] & 1;
+    const int kind = data[0] % 3;
+    const bool regex = kind != 0;
     data++, size--;
     const uint8_t *nul = memchr(data, 0, size);
     const size_t len = nul ? (size_t)(nul - data) : size;
     const uint8_t *text = nul ? nul + 1 : data + size;
     const size_t n = nul ? size - len - 1 : 0;
     gm_grammar *g = NULL;
-    const td_err e = regex ? gm_compile_regex((const char *)data, len, &g)
-                           : gm_compile_gbnf((const char *)data, len, &g);
+    const td_err e = kind == 2   ? gm_compile_pattern((const char *)data, len, &g)
+                     : regex     ? gm_compile_regex((const char *)data, len, &g)
+                                 : gm_compile_gbnf((const char *)data, len, &g);
     if (e != TD_OK) {
         TD_ASSERT(g == NULL && err_msg()[0] != '\0');
         return 0;
     }
     fuzz_match(g, text, n);
+    if (kind == 2)
+        fuzz_dfa(g, text, n);
     gm_free(g);
     return 0;
 }
