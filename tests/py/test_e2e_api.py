@@ -487,7 +487,7 @@ def test_a_prediction_leaves_the_answer_and_is_counted(server):
 def test_guided_choice_answers_with_one_of_the_strings(server):
     """vLLM's guided_choice / structured_outputs.choice: the answer is exactly one of the
     strings, then the end (the random model, sampled, writes nothing else); guided_json is a
-    schema."""
+    schema; a schema's pattern holds in the strings of the answer."""
     c, m = server["client"], server["model"]
     choices = ["positive", "negative", "neutral", "negative!"]
     for seed in range(4):
@@ -500,6 +500,21 @@ def test_guided_choice_answers_with_one_of_the_strings(server):
                                   extra_body=dict(NO_THINK, guided_json={
                                       "type": "integer", "minimum": 3, "maximum": 9}))
     assert 3 <= json.loads(r.choices[0].message.content) <= 9
+    schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 8,
+                                                        "pattern": "^[A-Z]{2}-\\d{2,5}$"}},
+              "required": ["code"], "additionalProperties": False}
+    ends = 0
+    for seed in range(4):
+        r = c.chat.completions.create(
+            model=m, messages=[{"role": "user", "content": "Code?"}], max_tokens=64,
+            temperature=1.0, seed=seed, extra_body=NO_THINK,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "c", "schema": schema}})
+        text = r.choices[0].message.content
+        if r.choices[0].finish_reason == "stop":
+            assert re.fullmatch(r"[A-Z]{2}-[0-9]{2,5}", json.loads(text)["code"]), text
+            ends += 1
+    assert ends > 0
 
 
 def test_a_grammar_or_a_regex_shapes_the_answer(server):
