@@ -305,12 +305,7 @@ static void test_gpu_pipeline_prompt_logprobs_are_the_targets_log_softmax(void *
                     assert_true(lp->top_logprob[k] == want[i].top_logprob[k]);
                 }
                 const float *row = whole + i * V;
-                double mx = row[0], sum = 0;
-                for (int64_t v = 1; v < V; v++)
-                    mx = row[v] > mx ? row[v] : mx;
-                for (int64_t v = 0; v < V; v++)
-                    sum += exp(row[v] - mx);
-                const double lse = mx + log(sum);
+                const double lse = pl_logsumexp(row, V);
                 if (!(fabs(row[ip[i + 1]] - lse - lp->logprob) < 1e-4))
                     fail_msg("prompt of %lld, token %lld: %.9g, one whole pass gives %.9g",
                              (long long)n, (long long)i + 1, lp->logprob, row[ip[i + 1]] - lse);

@@ -311,13 +311,7 @@ static void test_prompt_logprobs_are_the_targets_log_softmax(void **ctx)
                     assert_true(r->prompt_lp[i].top_logprob[k] == want[i].top_logprob[k]);
                 }
                 const float *row = whole + i * V;
-                float mx = row[0];
-                double sum = 0;
-                for (int64_t v = 1; v < V; v++)
-                    mx = row[v] > mx ? row[v] : mx;
-                for (int64_t v = 0; v < V; v++)
-                    sum += exp((double)(row[v] - mx));
-                double lp = (double)(row[ip[i + 1]] - mx) - log(sum);
+                const double lp = row[ip[i + 1]] - pl_logsumexp(row, V);
                 assert_true(fabs(lp - (double)r->prompt_lp[i].logprob) < 1e-4);
             }
             if (round == 0) {

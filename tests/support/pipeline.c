@@ -426,6 +426,16 @@ td_err pl_start_all(pipeline *p, const char *const *kvd, const char *const *vd,
     return e;
 }
 
+double pl_logsumexp(const float *row, int64_t n)
+{
+    double mx = row[0], sum = 0;
+    for (int64_t t = 1; t < n; t++)
+        mx = row[t] > mx ? row[t] : mx;
+    for (int64_t t = 0; t < n; t++)
+        sum += exp(row[t] - mx);
+    return mx + log(sum);
+}
+
 bool pl_logprobs_match(const pl_result *r, const float *rows, int64_t n_vocab, uint32_t n_top,
                        double tol)
 {
@@ -435,12 +445,7 @@ bool pl_logprobs_match(const pl_result *r, const float *rows, int64_t n_vocab, u
     }
     for (uint32_t i = 0; i < r->n_tokens; i++) {
         const float *row = rows + (int64_t)i * n_vocab;
-        double mx = row[0], sum = 0;
-        for (int64_t t = 1; t < n_vocab; t++)
-            mx = row[t] > mx ? row[t] : mx;
-        for (int64_t t = 0; t < n_vocab; t++)
-            sum += exp(row[t] - mx);
-        const double lse = mx + log(sum);
+        const double lse = pl_logsumexp(row, n_vocab);
         const msg_logprob *lp = &r->logprobs[i];
         if (!(fabs(lp->logprob - (row[r->tokens[i]] - lse)) < tol) || lp->n_top != n_top) {
             fprintf(stderr, "token %u: log probability %.7g with %u alternatives, the logits "

@@ -53,6 +53,9 @@ typedef struct pipeline {
 /* Whether r's log probabilities are the log-softmax of rows [n_tokens][n_vocab] (row i for
  * token i) within tol, each with the n_top best tokens of its row in cpu_topk's order and
  * theirs; the first difference goes to stderr. */
+/* log(sum of exp(row[0..n))), summed in f64 from the row's largest value. */
+double pl_logsumexp(const float *row, int64_t n);
+
 bool pl_logprobs_match(const pl_result *r, const float *rows, int64_t n_vocab, uint32_t n_top,
                        double tol);
 
