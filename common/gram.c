@@ -647,6 +647,11 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
     if (e == TD_OK && gm_dfa_intern(&t, g->init) != 0)
         e = err_set(TD_ENOMEM, "out of memory for a grammar's automaton");
     for (uint32_t s = 0; e == TD_OK && s < t.n; s++) { /* breadth first: ids in order met */
+        if ((size_t)t.n * n_cut > GM_DFA_TRANSITIONS) {
+            e = err_set(TD_ENOTSUP, "the pattern needs more than %u automaton transitions (%u "
+                        "states met of %u character classes)", GM_DFA_TRANSITIONS, t.n, n_cut);
+            break;
+        }
         if ((size_t)(s + 1) * n_cut > cap_next) {
             cap_next = 2 * ((size_t)(s + 1) * n_cut);
             uint16_t *nx = realloc(next, cap_next * sizeof *nx);
