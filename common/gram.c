@@ -62,6 +62,7 @@ struct gm_scratch {
     int32_t slot[2 * GM_VISIT_MAX];
     uint32_t stamp[2 * GM_VISIT_MAX];
     uint32_t last;  /* the last expansion's stamp */
+    uint64_t steps; /* stacks expanded, ever (what building an automaton may spend) */
     uint16_t bytes[GM_VISIT_BYTES / 2];
     uint8_t buf[GM_STATE_BYTES];
 };
@@ -129,6 +130,7 @@ static bool gm_seq_end(const gm_grammar *g, uint32_t pos)
  * every ended one left, into o. */
 static void gm_expand(const gm_grammar *g, gm_out *o, const uint16_t *stk, int d, int level)
 {
+    g->scratch->steps++;
     if (o->full || !gm_out_first(o, stk, d))
         return; /* a stack met before gives what it gave then */
     if (level > GM_EXPAND_MAX) {
@@ -644,9 +646,15 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
     }
     uint16_t *next = NULL;
     size_t cap_next = 0;
+    const uint64_t steps0 = g->scratch->steps;
     if (e == TD_OK && gm_dfa_intern(&t, g->init) != 0)
         e = err_set(TD_ENOMEM, "out of memory for a grammar's automaton");
     for (uint32_t s = 0; e == TD_OK && s < t.n; s++) { /* breadth first: ids in order met */
+        if (g->scratch->steps - steps0 > GM_DFA_STEPS) {
+            e = err_set(TD_ENOTSUP, "the pattern's automaton takes more than %u parse steps to "
+                        "build (%u states met)", GM_DFA_STEPS, t.n);
+            break;
+        }
         if ((size_t)t.n * n_cut > GM_DFA_TRANSITIONS) {
             e = err_set(TD_ENOTSUP, "the pattern needs more than %u automaton transitions (%u "
                         "states met of %u character classes)", GM_DFA_TRANSITIONS, t.n, n_cut);

@@ -77,7 +77,8 @@ bool gm_done(const gm_grammar *g, const void *st);
  * states (regular expressions): built once, it steps a code point with a binary search and a
  * table lookup, and its state is one number. */
 #define GM_DFA_STATES 4096  /* states at most */
-#define GM_DFA_TRANSITIONS (1u << 16) /* states x classes at most (~0.05 s to build) */
+#define GM_DFA_TRANSITIONS (1u << 16) /* states x classes at most */
+#define GM_DFA_STEPS (1u << 20) /* stacks expanded while building at most (~0.05 s) */
 #define GM_DFA_DEAD 0xffffu /* no state: the text cannot go on */
 #define GM_DFA_FAR 0xffffu  /* dmin of a state that cannot end */
 
@@ -89,8 +90,8 @@ typedef struct gm_dfa {
     uint16_t *dmin;      /* [n_states] code points to an accepting state at least, or FAR */
 } gm_dfa;
 
-/* g's automaton: TD_ENOTSUP past GM_DFA_STATES states or GM_DFA_TRANSITIONS transitions (or
- * for a grammar that nests without end), TD_ENOMEM. */
+/* g's automaton: TD_ENOTSUP past GM_DFA_STATES states, GM_DFA_TRANSITIONS transitions or
+ * GM_DFA_STEPS parse steps (or for a grammar that nests without end), TD_ENOMEM. */
 td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out);
 void gm_dfa_free(gm_dfa *d);
 /* The state after code point cp from state s, or GM_DFA_DEAD. */

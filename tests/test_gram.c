@@ -454,7 +454,8 @@ static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
  * an end) as an automaton, against PCRE2's unanchored search on every string of up to 5
  * characters over "ab1-\n": a string is accepted iff PCRE2 finds a match in it, and the
  * automaton's distance to acceptance is the fewest characters PCRE2 needs appended (up to 3
- * checked; more or none where PCRE2 finds none within 3). */
+ * checked; more or none where PCRE2 finds none within 3). Automata past their limits
+ * (states, transitions, parse steps) are refused with the limit named. */
 static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
 {
     (void)ctx;
@@ -525,6 +526,18 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
     assert_int_equal(gm_compile_pattern(sparse, strlen(sparse), &g), TD_OK);
     assert_int_equal(gm_dfa_build(g, &d), TD_ENOTSUP);
     assert_non_null(strstr(err_msg(), "the pattern needs more than 65536 automaton transitions"));
+    assert_null(d);
+    gm_free(g);
+    /* 20 unanchored alternatives with counted digits: overlapping partial matches make many
+     * states, each stepped over every alternative: too many parse steps */
+    char many[512] = "";
+    for (int i = 0; i < 20; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%s%c\\d{%d}\\s",
+                 i ? "|" : "", 'a' + i, i % 7 + 1);
+    assert_int_equal(gm_compile_pattern(many, strlen(many), &g), TD_OK);
+    assert_int_equal(gm_dfa_build(g, &d), TD_ENOTSUP);
+    assert_non_null(strstr(err_msg(), "the pattern's automaton takes more than 1048576 parse "
+                                      "steps to build"));
     assert_null(d);
     gm_free(g);
 }
