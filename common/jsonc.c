@@ -303,7 +303,7 @@ static bool pat_utf8(const jc_schema *s, jc_alt *a, uint8_t b, bool lead)
     if (!pat_of(s, a))
         return true;
     const unsigned rest = a->utf8 & 3; /* continuation bytes still due */
-    uint32_t cp = lead ? (uint32_t)(b & (0x3F >> (rest + 1)))
+    uint32_t cp = lead ? (uint32_t)(b & (0x3F >> rest))
                        : ((uint32_t)a->high << 16 | a->hex) << 6 | (b & 0x3Fu);
     if (rest == 0) {
         a->hex = a->high = 0;

@@ -722,6 +722,12 @@ static void pattern_holds_in_strings(void **state)
     };
     check_cases("{\"type\":\"string\",\"pattern\":\"^\xc3\xa9\xf0\x9f\x98\x80$\"}", unicode,
                 N_OF(unicode));
+    static const jc_case cyrillic[] = { /* lead bytes D0-D1 carry a fifth payload bit */
+        DONE("\"\xd0\xb4\xd1\x8f\""), DONE("\"\\u0434\""), REJECT("\"", "\xd2"),
+        REJECT("\"\xd0\xb4\xd0", "\xaf"), /* U+042F, a capital */
+    };
+    check_cases("{\"type\":\"string\",\"pattern\":\"^[\xd0\xb0-\xd1\x8f]+$\"}", cyrillic,
+                N_OF(cyrillic));
     static const jc_case bounded[] = {
         DONE("\"abc1\""), DONE("\"abcde1\""), REJECT("\"abcde", "f"), REJECT("\"abcde1", "2"),
     };
