@@ -4,6 +4,8 @@
 
 #include "common/gram.h"
 
+#define GM_CP_MAX 0x10ffffu /* the last code point */
+
 /* A rule's body: alternatives separated by GM_ALT, closed by GM_END. A character set is a
  * GM_CHAR or GM_CHAR_NOT element (its first range) followed by GM_CHAR_ALT elements (the
  * others); the set holds a code point inside any range (GM_CHAR) or inside none
@@ -43,6 +45,20 @@ td_err gb_rule(gm_build *b, const char *name, size_t len, int32_t owner, int32_t
 /* Replaces the item s->el[start..n) by itself min..max times (max -1: no maximum). */
 td_err gb_repeat(gm_build *b, int32_t rule, size_t start, long min, long max);
 void gb_free(gm_build *b);
+
+typedef struct gm_scratch gm_scratch;
+
+struct gm_grammar {
+    gm_scratch *scratch;   /* what feeding writes (so one thread feeds a grammar at a time) */
+    gm_el *el;             /* [n_el] every rule's body, back to back */
+    uint32_t n_el;
+    uint32_t *start;       /* [n_rules] a rule's first element */
+    int32_t n_rules;
+    uint8_t init[GM_STATE_BYTES]; /* the state before any text */
+};
+
+/* Stacks expanded by g's feeding so far (what building an automaton may spend). */
+uint64_t gm_steps(const gm_grammar *g);
 
 /* The grammar of b from rule root, checked and ready to match; b is freed. what: "grammar"
  * or "regular expression", for messages. */

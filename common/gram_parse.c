@@ -4,7 +4,6 @@
 
 #include "common/gram_int.h"
 
-#define GM_CP_MAX 0x10ffffu
 #define GM_NEST_MAX 100 /* groups inside groups (the parsers recurse per group) */
 
 /* --- building rules ----------------------------------------------------------------------- */
