@@ -6,9 +6,6 @@
 
 #include "common/gram_int.h"
 
-
-/* --- the automaton (regular grammars) ------------------------------------------------------ */
-
 static int gm_u32_cmp(const void *a, const void *b)
 {
     const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
