@@ -199,6 +199,18 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
     bad.format = MSG_FORMAT_END;
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    bad.format = MSG_FORMAT_GRAMMAR; /* a grammar or a regex needs its text */
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    bad.format = MSG_FORMAT_REGEX;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    static const char re[] = "[A-Z]\\d{2}";
+    bad.schema = re;
+    bad.n_schema = sizeof re - 1;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_OK);
+    assert_int_equal(msg_unpack_gen_start(b.data, b.len, NULL, &out), TD_OK);
+    assert_int_equal(out.format, MSG_FORMAT_REGEX);
+    assert_string_equal(out.schema, re);
+    msg_free_gen_start(&out);
 
     /* the prompt only: max_tokens 0 */
     msg_gen_start only = in;
