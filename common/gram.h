@@ -6,22 +6,22 @@
  *
  * Grammars are GBNF, llama.cpp's notation: rules `name ::= alternatives` (names of letters,
  * digits, '-' and '_'; a newline ends a rule except right after '::=', inside parentheses or
- * after '|'), "root" the sentence; literals "..." and character classes [...] / [^...] with ranges, escapes \n
- * \r \t \\ \" \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH; '.' any character; groups ( ); '|';
- * the quantifiers ? * + {m} {m,} {m,n} on the item before them; rule references; # comments.
- * Refused with TD_EINVAL: syntax errors, a rule defined twice, an undefined rule, no root,
- * and left recursion (a rule that can reach itself before any character, which includes an
- * open repetition of an item that can be empty). Token references (<[id]>, <name>) are
- * TD_ENOTSUP.
+ * after '|'), "root" the sentence; literals "..." and character classes [...] / [^...] with
+ * ranges, escapes \n \r \t \\ \" \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH; '.' any character;
+ * groups ( ); '|'; the quantifiers ? * + {m} {m,} {m,n} on the item before them; rule
+ * references; # comments. Refused with TD_EINVAL: syntax errors, a rule defined twice, an
+ * undefined rule, no root, and left recursion (a rule that can reach itself before any
+ * character, which includes an open repetition of an item that can be empty). Token
+ * references (<[id]>, <name>) and groups nested deeper than 100 are TD_ENOTSUP.
  *
  * Regular expressions (the text must match whole): literals, '.' (any character but \n),
  * classes [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_],
  * [ \t\n\r\f\v] and their complements) inside and outside them, groups ( ), (?: ), (?P<n> )
  * and (?<n> ), '|', the quantifiers ? * + {m} {m,} {m,n} (a lazy '?' after them changes
  * nothing for a whole match), escapes as in GBNF plus \f \v \0 and any escaped punctuation,
- * '^' at the start and '$' at the end. TD_ENOTSUP for what a grammar cannot say or this
- * does not take: backreferences, lookaround, \b \B \A \Z, possessive quantifiers, inline
- * flags.
+ * '^' at the start and '$' at the end of a top-level alternative. TD_ENOTSUP for what a
+ * grammar cannot say or this does not take: backreferences, lookaround, \b \B \A \Z,
+ * possessive quantifiers, inline flags.
  *
  * Text: the bytes must be UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF);
  * a character may be split across feeds, and its first bytes are refused when no character
