@@ -25,8 +25,10 @@ typedef struct gen_buf {
 typedef struct gen_prompt {
     int32_t *ids;        /* [n] token ids (owned) */
     size_t n;
+    bool truncated;      /* truncate_prompt_tokens dropped its first tokens */
     uint32_t max_tokens; /* per choice */
-    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded */
+    const char *echo;    /* echo: the prompt's text, as the client gave it or decoded (its ids
+                          * when truncated) */
     size_t echo_len;     /* bytes */
     char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
     lp_token *plp;       /* echo with logprobs: [n] the prompt tokens', from the PROMPT events

@@ -145,7 +145,7 @@ static td_err gen_echo_setup(api_stream *s, size_t i, api_error *e)
 {
     const req_prompt *rp = &s->req.prompts[i];
     gen_prompt *gp = &s->prompts[i];
-    if (rp->text) {
+    if (rp->text && !gp->truncated) {
         gp->echo = rp->text;
         gp->echo_len = rp->len;
     } else {
@@ -167,6 +167,17 @@ static td_err gen_echo_setup(api_stream *s, size_t i, api_error *e)
     return TD_OK;
 }
 
+/* truncate_prompt_tokens: the prompt's last tokens only (the text echoed is then theirs). */
+static void gen_truncate(api_stream *s, gen_prompt *gp)
+{
+    const uint64_t keep = s->req.truncate > 0 ? (uint64_t)s->req.truncate : gen_ctx(s->g);
+    if (s->req.truncate == 0 || keep == 0 || gp->n <= keep)
+        return;
+    memmove(gp->ids, gp->ids + (gp->n - keep), (size_t)keep * sizeof *gp->ids);
+    gp->n = (size_t)keep;
+    gp->truncated = true;
+}
+
 td_err gen_prompts(api_stream *s, api_error *e)
 {
     const bool chat = s->req.kind == REQ_CHAT;
@@ -176,6 +187,7 @@ td_err gen_prompts(api_stream *s, api_error *e)
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
     for (size_t i = 0; i < s->n_prompts; i++) {
         TD_TRY(chat ? gen_prompt_chat(s, e) : gen_prompt_completion(s, i, e));
+        gen_truncate(s, &s->prompts[i]);
         TD_TRY(gen_budget(s, &s->prompts[i], e));
         if (s->req.echo)
             TD_TRY(gen_echo_setup(s, i, e));

@@ -443,6 +443,11 @@ static td_err req_common(gw_request *r, api_error *e)
     int64_t n = 1;
     TD_TRY(req_int(r->root, "n", 1, REQ_N_MAX, &n, NULL, e));
     r->n = (uint32_t)n;
+    TD_TRY(req_int(r->root, "truncate_prompt_tokens", -1, INT32_MAX, &r->truncate, NULL, e));
+    if (r->truncate == 0 && req_field(r->root, "truncate_prompt_tokens"))
+        return apierr_set(e, 400, "invalid_value", "truncate_prompt_tokens",
+                          "Invalid value for 'truncate_prompt_tokens': expected -1 (the context's "
+                          "size) or a number of tokens from 1, but got 0 instead.");
 
     req_sampling *s = &r->sampling;
     s->temperature = 1.0;

@@ -94,6 +94,8 @@ typedef struct gw_request {
     bool continuous_usage; /* stream_options.continuous_usage_stats (vLLM's): the usage so far
                             * on every chunk */
     int64_t max_tokens;    /* tokens, >= 1 (>= 0 with echo); -1 when the client gave none */
+    int64_t truncate;      /* truncate_prompt_tokens (vLLM's): each prompt keeps its last this
+                            * many tokens; -1: the context's size; 0: none given */
     req_sampling sampling;
     uint32_t *bias_tok;    /* owned: [n_bias] logit_bias token ids (distinct) */
     float *bias;           /* owned: [n_bias] their biases, each in [-100, 100] */
@@ -113,10 +115,11 @@ typedef struct gw_request {
     bool ignore_eos;       /* keep generating past end-of-generation tokens */
     bool keep_stop;        /* include_stop_str_in_output (vLLM's): the stop string that ended
                             * the text stays at its end */
-    msg_format format;     /* response_format: text, json_object or json_schema; tool_call for
-                            * a required tool call */
+    msg_format format;     /* response_format: text, json_object, json_schema, a grammar, a
+                            * regular expression, a choice; tool_call for a required tool call */
     char *schema;          /* owned: [n_schema] json_schema.schema as compact JSON text (a
-                            * schema jsonc compiles), or NULL */
+                            * schema jsonc compiles), the choice spec, the grammar or the
+                            * regular expression, or NULL */
     size_t n_schema;       /* bytes */
     char *prediction;      /* owned: [prediction_len] prediction.content (its text parts
                             * joined), NUL-terminated, or NULL */

@@ -222,6 +222,75 @@ static void echo_opens_the_text_and_the_logprobs_with_the_prompt(void **state)
     assert_true(!m.prompt_logprobs && !m.logprobs && m.max_tokens == 0);
 }
 
+/* truncate_prompt_tokens (vLLM's): verifyd gets the prompt's last k tokens, usage counts
+ * them, echo gives their text; a chat's rendered prompt likewise; 0 and non-integers are 400,
+ * a prompt shorter than k is left whole. */
+static void truncate_prompt_tokens_keeps_the_prompts_end(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    uint32_t want[64];
+    const size_t n = gwh_tokens("one two three four five", TOK_ENC_ADD_SPECIAL, want, 64);
+    assert_true(n > 3);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":\"one two three four five\",\"max_tokens\":1,"
+                                 "\"truncate_prompt_tokens\":3,\"echo\":true}",
+                                 &reply, &body),
+                     200);
+    tok_bytes tail = {0}; /* the echo: the kept tokens' text, then the generated "a" */
+    assert_int_equal(tok_decode(gwh_g.tok, (const int32_t *)want + n - 3, 3, 0, &tail), TD_OK);
+    char echoed[128];
+    snprintf(echoed, sizeof echoed, "\"text\":\"%.*sa\"", (int)tail.len, tail.ptr);
+    tok_bytes_free(&tail);
+    if (!strstr(body, echoed))
+        fail_msg("want %s in %s", echoed, body);
+    assert_non_null(strstr(body, "\"usage\":{\"prompt_tokens\":3,"));
+    free(reply);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.n_prompt, 3);
+    assert_memory_equal(p, want + n - 3, 3 * sizeof *p);
+
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":[5,6],\"max_tokens\":1,\"truncate_prompt_tokens\":9}",
+                                 &reply, &body),
+                     200);
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.n_prompt, 2);
+    assert_int_equal(p[0], 5);
+
+    const char *msgs = "[{\"role\":\"user\",\"content\":\"Tell me a story about a cat.\"}]";
+    uint32_t chat[256];
+    const size_t nc = gwh_prompt(msgs, false, chat);
+    char req[512];
+    snprintf(req, sizeof req, "{\"messages\":%s,\"max_tokens\":1,\"truncate_prompt_tokens\":4}",
+             msgs);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.n_prompt, 4);
+    assert_memory_equal(p, chat + nc - 4, 4 * sizeof *p);
+
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":\"x\",\"truncate_prompt_tokens\":0}", &reply, &body),
+                     400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"Invalid value for 'truncate_prompt_tokens'"
+                              ": expected -1 (the context's size) or a number of tokens from 1, "
+                              "but got 0 instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                              "\"truncate_prompt_tokens\",\"code\":\"invalid_value\"}}");
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":\"x\",\"truncate_prompt_tokens\":\"3\"}", &reply,
+                                 &body),
+                     400);
+    assert_non_null(strstr(body, "\"param\":\"truncate_prompt_tokens\",\"code\":\"invalid_type\""));
+    free(reply);
+}
+
 /* Streamed with n = 2: each choice's first chunk is the prompt with its log probabilities;
  * verifyd computes them for the first choice only. */
 static void echo_streams_the_prompt_first_in_each_choice(void **state)
@@ -491,6 +560,7 @@ int main(void)
         cmocka_unit_test(prompt_batches_number_the_choices_prompt_by_prompt),
         cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
         cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
+        cmocka_unit_test(truncate_prompt_tokens_keeps_the_prompts_end),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
         cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
         cmocka_unit_test(continuous_usage_rides_on_every_chunk),
