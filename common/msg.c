@@ -305,6 +305,14 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if (m->n_predict > MSG_PREDICT_MAX)
         return err_set(code, "gen_start: a prediction of %u tokens, allowed at most %u",
                        m->n_predict, MSG_PREDICT_MAX);
+    for (uint32_t i = 0; i < m->n_bad; i += 1 + m->bad[i])
+        if (m->bad[i] < 1 || m->bad[i] > MSG_BAD_LEN_MAX || m->bad[i] >= m->n_bad - i)
+            return err_set(code, "gen_start: bad word at entry %u: %u tokens in %u entries left "
+                           "(1..%u tokens each)", i, m->bad[i], m->n_bad - i - 1,
+                           MSG_BAD_LEN_MAX);
+    if (m->n_bad > MSG_BAD_MAX)
+        return err_set(code, "gen_start: %u bad-word entries, at most %u", m->n_bad,
+                       MSG_BAD_MAX);
     if (m->n_allowed > MSG_ALLOWED_MAX)
         return err_set(code, "gen_start: %u allowed tokens, at most %u", m->n_allowed,
                        MSG_ALLOWED_MAX);
@@ -354,9 +362,10 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     TD_ASSERT(out && m && (m->n_bias == 0 || (m->bias_tok && m->bias)));
     TD_TRY(check_gen_start(m, TD_EINVAL));
     TD_ASSERT(m->prompt && (m->stop || m->n_stop == 0) && (m->schema || m->n_schema == 0) &&
-              (m->predict || m->n_predict == 0) && (m->allowed || m->n_allowed == 0));
+              (m->predict || m->n_predict == 0) && (m->allowed || m->n_allowed == 0) &&
+              (m->bad || m->n_bad == 0));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_GEN_START, request_id, 22);
+    msg_write_begin(&w, out, MSG_GEN_START, request_id, 23);
     msg_write_uint(&w, m->seq_id);
     msg_write_u32_array(&w, m->prompt, m->n_prompt);
     msg_write_uint(&w, m->max_tokens);
@@ -379,6 +388,7 @@ td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start
     msg_write_bool(&w, m->prompt_logprobs);
     msg_write_u32_array(&w, m->predict, m->n_predict);
     msg_write_u32_array(&w, m->allowed, m->n_allowed);
+    msg_write_u32_array(&w, m->bad, m->n_bad);
     return msg_write_end(&w);
 }
 
@@ -392,12 +402,13 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     uint64_t max_tokens = 0, top_logprobs = 0, format = 0, think_start = 0, think_end = 0;
     uint64_t min_tokens = 0;
     uint32_t *prompt = NULL, *stop = NULL, *bias_tok = NULL, *predict = NULL, *allowed = NULL;
+    uint32_t *bad = NULL;
     float *bias = NULL;
     char *schema = NULL;
     const uint8_t *schema_in = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "gen_start");
-    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 22, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_GEN_START, 23, &h));
     if ((e = msg_read_uint(&r, "seq_id", UINT64_MAX, &out->seq_id)) ||
         (e = msg_read_u32_array(&r, "prompt", 1, MSG_PROMPT_MAX, &prompt, &out->n_prompt)) ||
         (e = msg_read_uint(&r, "max_tokens", UINT32_MAX, &max_tokens)) ||
@@ -420,6 +431,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
         (e = msg_read_bool(&r, "prompt_logprobs", &out->prompt_logprobs)) ||
         (e = msg_read_u32_array(&r, "predict", 0, MSG_PREDICT_MAX, &predict, &out->n_predict)) ||
         (e = msg_read_u32_array(&r, "allowed", 0, MSG_ALLOWED_MAX, &allowed, &out->n_allowed)) ||
+        (e = msg_read_u32_array(&r, "bad", 0, MSG_BAD_MAX, &bad, &out->n_bad)) ||
         (e = msg_read_end(&r)))
         goto fail;
     if (out->n_schema > 0) {
@@ -439,6 +451,7 @@ td_err msg_unpack_gen_start(const void *buf, size_t len, uint64_t *request_id,
     out->prompt = prompt;
     out->predict = predict;
     out->allowed = allowed;
+    out->bad = bad;
     out->stop = stop;
     out->bias_tok = bias_tok;
     out->bias = bias;
@@ -452,6 +465,7 @@ fail:
     free(prompt);
     free(predict);
     free(allowed);
+    free(bad);
     free(stop);
     free(bias_tok);
     free(bias);
@@ -467,14 +481,16 @@ void msg_free_gen_start(msg_gen_start *m)
     free((void *)m->prompt);
     free((void *)m->predict);
     free((void *)m->allowed);
+    free((void *)m->bad);
     free((void *)m->stop);
     free((void *)m->bias_tok);
     free((void *)m->bias);
     free((void *)m->schema);
-    m->prompt = m->stop = m->bias_tok = m->predict = m->allowed = NULL;
+    m->prompt = m->stop = m->bias_tok = m->predict = m->allowed = m->bad = NULL;
     m->bias = NULL;
     m->schema = NULL;
     m->n_prompt = m->n_stop = m->n_bias = m->n_schema = m->n_predict = m->n_allowed = 0;
+    m->n_bad = 0;
 }
 
 /* --- gen_event --------------------------------------------------------------------------- */

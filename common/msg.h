@@ -47,6 +47,8 @@
 #define MSG_STOP_MAX 64              /* gen_start stop token ids */
 #define MSG_PREDICT_MAX (1u << 16)   /* gen_start prediction tokens */
 #define MSG_ALLOWED_MAX (1u << 16)   /* gen_start allowed tokens */
+#define MSG_BAD_MAX (1u << 14)       /* gen_start bad-word entries (lengths and ids) */
+#define MSG_BAD_LEN_MAX 64           /* tokens of one bad word */
 #define MSG_BIAS_MAX 1024            /* gen_start logit bias entries */
 #define MSG_PENALTY_MAX 2.0f         /* gen_start presence/frequency penalty magnitude (OpenAI) */
 #define MSG_BIAS_VALUE_MAX 100.0f    /* gen_start logit bias magnitude (OpenAI) */
@@ -264,6 +266,11 @@ typedef struct msg_gen_start {
     const uint32_t *allowed; /* [n_allowed] the only tokens that may be chosen (vLLM's
                               * allowed_token_ids), or none: all */
     uint32_t n_allowed;     /* tokens, 0..MSG_ALLOWED_MAX */
+    const uint32_t *bad;    /* [n_bad] token sequences that must not be generated (vLLM's
+                             * bad_words): each its length (1..MSG_BAD_LEN_MAX), then its ids;
+                             * the last token of one is refused where the tokens generated
+                             * before it end with the others */
+    uint32_t n_bad;         /* entries, 0..MSG_BAD_MAX */
 } msg_gen_start;
 
 td_err msg_pack_gen_start(msg_buf *out, uint64_t request_id, const msg_gen_start *m);

@@ -178,7 +178,11 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(out.predict[2], 151643);
     assert_int_equal(out.n_allowed, 2);
     assert_int_equal(out.allowed[1], 151645);
+    assert_int_equal(out.n_bad, 5);
+    assert_int_equal(out.bad[2], 11);
+    assert_int_equal(out.bad[4], 151643);
     msg_free_gen_start(&out);
+    assert_null(out.bad);
     assert_null(out.predict);
     assert_null(out.allowed);
     assert_null(out.prompt);
@@ -199,6 +203,17 @@ static void test_gen_start_round_trip(void **state)
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
     bad.format = MSG_FORMAT_END;
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
+    msg_gen_start worse = in; /* a bad word's length must fit its entries, 1..64 tokens */
+    static const uint32_t overrun[3] = {3, 10, 11}, empty[2] = {0, 10}, fits[3] = {2, 10, 11};
+    worse.bad = overrun;
+    worse.n_bad = 3;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &worse), TD_EINVAL);
+    worse.bad = empty;
+    worse.n_bad = 2;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &worse), TD_EINVAL);
+    worse.bad = fits;
+    worse.n_bad = 3;
+    assert_int_equal(msg_pack_gen_start(&b, 1, &worse), TD_OK);
     bad.format = MSG_FORMAT_GRAMMAR; /* a grammar or a regex needs its text */
     assert_int_equal(msg_pack_gen_start(&b, 1, &bad), TD_EINVAL);
     bad.format = MSG_FORMAT_REGEX;

@@ -40,7 +40,7 @@ static void hostile_str(hostile *h, const char *s, size_t n)
     msgpack_pack_str_body(&h->pk, s, n);
 }
 
-#define GEN_START_FIELDS 22
+#define GEN_START_FIELDS 23
 
 /* The gen_start fields after the stop ids up to the format: logprobs off, no alternatives,
  * eos stops, no penalties, no logit bias. */
@@ -57,7 +57,7 @@ static void hostile_gen_start_mid(hostile *h)
 
 /* The structured-output fields: format, schema (n bytes of '{'), think_open, think_start,
  * think_end; then no repetition penalty, no min_tokens, no prompt log probabilities, no
- * prediction, no allowed set. */
+ * prediction, no allowed set, no bad words. */
 static void hostile_format(hostile *h, uint32_t format, uint32_t n, bool open, uint32_t start,
                            uint32_t end)
 {
@@ -74,6 +74,7 @@ static void hostile_format(hostile *h, uint32_t format, uint32_t n, bool open, u
     msgpack_pack_float(&h->pk, 0);
     msgpack_pack_uint32(&h->pk, 0);
     msgpack_pack_false(&h->pk);
+    msgpack_pack_array(&h->pk, 0);
     msgpack_pack_array(&h->pk, 0);
     msgpack_pack_array(&h->pk, 0);
 }
@@ -175,7 +176,7 @@ static void test_huge_array_counts_without_data_are_refused_before_allocating(vo
     hostile_begin(&h, MSG_PROTOCOL_VERSION, MSG_GEN_START, GEN_START_FIELDS);
     msgpack_pack_uint64(&h.pk, 1);
     msgpack_pack_array(&h.pk, UINT32_MAX);
-    for (int i = 0; i < 21; i++) /* enough bytes for the payload's 22 fields to be plausible */
+    for (int i = 0; i < 22; i++) /* enough bytes for the payload's 23 fields to be plausible */
         msgpack_pack_nil(&h.pk);
     assert_int_equal(hostile_unpack(&h, MSG_GEN_START), TD_EFORMAT);
     assert_non_null(strstr(err_msg(), "prompt"));

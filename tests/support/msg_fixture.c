@@ -44,6 +44,7 @@ msg_shbuf_announce msg_fixture_shbuf(void)
 
 static const uint32_t fixture_predict[3] = {7, 8, 151643};
 static const uint32_t fixture_allowed[2] = {3, 151645};
+static const uint32_t fixture_bad[5] = {2, 10, 11, 1, 151643}; /* [10 11], [151643] */
 
 msg_gen_start msg_fixture_gen_start(void)
 {
@@ -77,6 +78,8 @@ msg_gen_start msg_fixture_gen_start(void)
         .n_predict = 3,
         .allowed = fixture_allowed,
         .n_allowed = 2,
+        .bad = fixture_bad,
+        .n_bad = 5,
     };
     return m;
 }
