@@ -136,6 +136,8 @@ static td_err gen_start(api_stream *s, api_error *e)
         .format = s->format,
         .predict = (const uint32_t *)s->predict.ids,
         .n_predict = (uint32_t)s->predict.n,
+        .bad = s->bad,
+        .n_bad = s->n_bad,
         .allowed = s->req.allowed,
         .n_allowed = (uint32_t)s->req.n_allowed,
         .schema = s->tool_spec ? s->tool_spec : s->req.schema,
@@ -654,6 +656,7 @@ void api_stream_free(api_stream *s)
     free(s->scores);
     free(s->tool_spec);
     tok_ids_free(&s->predict);
+    free(s->bad);
     free(s);
 }
 
@@ -723,6 +726,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         err = gen_tool_spec(s, &e);
     if (err == TD_OK && s->req.prediction)
         err = gen_prediction(s, &e);
+    if (err == TD_OK && s->req.bad_words)
+        err = gen_bad_words(s, &e);
     s->oo.calls_matched = s->tool_spec != NULL;
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->n_gens, sizeof *s->scores)))

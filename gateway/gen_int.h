@@ -49,6 +49,9 @@ struct api_stream {
     bool in_think;       /* the prompt leaves a reasoning block open */
     msg_format format;   /* what verifyd enforces: the request's format, or the tools format */
     tok_ids predict;     /* the prediction's tokens (none without one) */
+    uint32_t *bad;       /* [n_bad] the bad words' token sequences (msg_gen_start.bad), or
+                          * NULL */
+    uint32_t n_bad;
     char *tool_spec;     /* the tools as verifyd matches calls against them (common/callm.h):
                           * a required call's, or those of tool_choice "auto" when they can be
                           * enforced; else NULL */
@@ -111,5 +114,9 @@ td_err gen_tool_spec(api_stream *s, api_error *e);
 
 /* The prediction's tokens (s->predict). */
 td_err gen_prediction(api_stream *s, api_error *e);
+/* The bad words' token sequences into s->bad: each word without its leading whitespace, and
+ * after one space when that tokenizes differently (a word inside the text); 400 past the
+ * message's limits. */
+td_err gen_bad_words(api_stream *s, api_error *e);
 
 #endif

@@ -266,3 +266,59 @@ td_err gen_prediction(api_stream *s, api_error *e)
     return TD_OK;
 }
 
+
+td_err gen_bad_words(api_stream *s, api_error *e)
+{
+    const json_t *words = s->req.bad_words;
+    size_t cap = 0, i;
+    const json_t *v;
+    json_array_foreach(words, i, v) {
+        const char *w = json_string_value(v);
+        size_t n = json_string_length(v), lead = 0;
+        while (lead < n && (w[lead] == ' ' || w[lead] == '\t' || w[lead] == '\n' ||
+                            w[lead] == '\r'))
+            lead++;
+        char spaced[REQ_BAD_WORD_LEN_MAX + 2] = " ";
+        memcpy(spaced + 1, w + lead, n - lead);
+        tok_ids a = {0}, b = {0};
+        td_err err = tok_encode(s->g->tok, w + lead, n - lead, 0, &a);
+        if (err == TD_OK)
+            err = tok_encode(s->g->tok, spaced, n - lead + 1, 0, &b);
+        const bool same = a.n == b.n && memcmp(a.ids, b.ids, a.n * sizeof *a.ids) == 0;
+        char param[APIERR_PARAM_MAX];
+        snprintf(param, sizeof param, "bad_words[%zu]", i);
+        if (err == TD_OK && (a.n > MSG_BAD_LEN_MAX || b.n > MSG_BAD_LEN_MAX))
+            err = apierr_set(e, 400, "invalid_value", param,
+                             "Invalid value for '%s': %zu tokens, at most %u are supported.",
+                             param, a.n > b.n ? a.n : b.n, MSG_BAD_LEN_MAX);
+        else if (err != TD_OK)
+            err = apierr_set(e, 500, NULL, NULL, "tokenizing a bad word failed: %s", err_msg());
+        const size_t need = s->n_bad + 2 + a.n + b.n;
+        if (err == TD_OK && need > MSG_BAD_MAX)
+            err = apierr_set(e, 400, "invalid_value", "bad_words",
+                             "Invalid value for 'bad_words': %zu tokens in all, at most %u are "
+                             "supported.",
+                             need, MSG_BAD_MAX);
+        if (err == TD_OK && need > cap) {
+            cap = 2 * need;
+            uint32_t *grown = realloc(s->bad, cap * sizeof *grown);
+            if (!grown)
+                err = apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+            else
+                s->bad = grown;
+        }
+        for (int k = 0; err == TD_OK && k < (same ? 1 : 2); k++) {
+            const tok_ids *t = k ? &b : &a;
+            if (t->n == 0)
+                continue;
+            s->bad[s->n_bad++] = (uint32_t)t->n;
+            for (size_t j = 0; j < t->n; j++)
+                s->bad[s->n_bad++] = (uint32_t)t->ids[j];
+        }
+        tok_ids_free(&a);
+        tok_ids_free(&b);
+        if (err != TD_OK)
+            return err;
+    }
+    return TD_OK;
+}

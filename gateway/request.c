@@ -236,6 +236,41 @@ static td_err req_best_of(gw_request *r, api_error *e)
 
 /* --- fields both endpoints share ------------------------------------------------------------- */
 
+/* bad_words (vLLM's): strings, each tokenized later (gen_bad_words). */
+static td_err req_bad_words(gw_request *r, api_error *e)
+{
+    const json_t *b = req_field(r->root, "bad_words");
+    if (!b)
+        return TD_OK;
+    if (!json_is_array(b))
+        return req_bad_type(e, "bad_words", "an array of strings", b);
+    if (json_array_size(b) > REQ_BAD_WORDS_MAX)
+        return apierr_set(e, 400, "invalid_value", "bad_words",
+                          "Invalid value for 'bad_words': at most %d words are supported, got "
+                          "%zu.",
+                          REQ_BAD_WORDS_MAX, json_array_size(b));
+    size_t i;
+    const json_t *v;
+    json_array_foreach(b, i, v) {
+        char param[APIERR_PARAM_MAX];
+        snprintf(param, sizeof param, "bad_words[%zu]", i);
+        if (!json_is_string(v))
+            return req_bad_type(e, param, "a string", v);
+        const char *w = json_string_value(v);
+        size_t n = json_string_length(v), lead = 0;
+        while (lead < n && (w[lead] == ' ' || w[lead] == '\t' || w[lead] == '\n' ||
+                            w[lead] == '\r'))
+            lead++;
+        if (lead == n || n > REQ_BAD_WORD_LEN_MAX || memchr(w, 0, n))
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Invalid value for '%s': a bad word is 1 to %d bytes of text "
+                              "(besides leading whitespace), without NUL characters.",
+                              param, REQ_BAD_WORD_LEN_MAX);
+    }
+    r->bad_words = json_array_size(b) ? b : NULL;
+    return TD_OK;
+}
+
 static td_err req_stop(gw_request *r, api_error *e)
 {
     const json_t *s = req_field(r->root, "stop");
@@ -485,6 +520,7 @@ static td_err req_common(gw_request *r, api_error *e)
     TD_TRY(req_bool(r->root, "include_stop_str_in_output", "include_stop_str_in_output",
                     &r->keep_stop, e));
     TD_TRY(req_allowed(r, e));
+    TD_TRY(req_bad_words(r, e));
     return req_stop(r, e);
 }
 

@@ -23,6 +23,8 @@
 
 #define REQ_STOP_MAX 16           /* stop strings per request */
 #define REQ_STOP_LEN_MAX 1024     /* bytes per stop string */
+#define REQ_BAD_WORDS_MAX 128     /* bad_words per request */
+#define REQ_BAD_WORD_LEN_MAX 256  /* bytes per bad word */
 #define REQ_TOP_LOGPROBS_MAX 20   /* alternatives per token, as OpenAI allows */
 #define REQ_BIAS_MAX 1024         /* logit_bias entries */
 #define REQ_STOP_IDS_MAX 32       /* stop_token_ids entries */
@@ -103,6 +105,8 @@ typedef struct gw_request {
     uint32_t *allowed;     /* owned: [n_allowed] allowed_token_ids (vLLM's): the only tokens
                             * that may be chosen, or NULL: all */
     size_t n_allowed;
+    const json_t *bad_words; /* bad_words (vLLM's; in root): 1..REQ_BAD_WORDS_MAX strings, each
+                              * with text after its leading whitespace, or NULL */
     uint32_t stop_ids[REQ_STOP_IDS_MAX]; /* stop_token_ids: tokens that end the generation
                                           * (kept in the output, as the end-of-generation
                                           * tokens are) */

@@ -291,6 +291,50 @@ static void truncate_prompt_tokens_keeps_the_prompts_end(void **state)
     free(reply);
 }
 
+/* bad_words: verifyd gets each word's tokens (without its leading whitespace), and after one
+ * space too where that tokenizes differently; a word of more than 64 tokens is 400. */
+static void bad_words_go_to_verifyd_as_token_sequences(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":\"x\",\"max_tokens\":1,\"bad_words\":[\" pattern\","
+                                 "\"a\"]}",
+                                 &reply, &body),
+                     200);
+    free(reply);
+    uint32_t want[128];
+    size_t n = 0;
+    const char *const forms[] = {"pattern", " pattern", "a", " a"};
+    for (int k = 0; k < 4; k += 2) {
+        uint32_t a[32], b[32];
+        const size_t na = gwh_tokens(forms[k], 0, a, 32), nb = gwh_tokens(forms[k + 1], 0, b, 32);
+        want[n++] = (uint32_t)na;
+        memcpy(want + n, a, na * sizeof *a);
+        n += na;
+        if (na != nb || memcmp(a, b, na * sizeof *a) != 0) {
+            want[n++] = (uint32_t)nb;
+            memcpy(want + n, b, nb * sizeof *b);
+            n += nb;
+        }
+    }
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_int_equal(m.n_bad, n);
+    assert_memory_equal(m.bad, want, n * sizeof *want);
+
+    char req[2048] = "{\"prompt\":\"x\",\"bad_words\":[\"";
+    for (int i = 0; i < 65; i++)
+        strcat(req, " a"); /* 65 tokens or more */
+    strcat(req, "\"]}");
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, req, &reply, &body), 400);
+    assert_non_null(strstr(body, "\"param\":\"bad_words[0]\",\"code\":\"invalid_value\""));
+    free(reply);
+}
+
 /* Streamed with n = 2: each choice's first chunk is the prompt with its log probabilities;
  * verifyd computes them for the first choice only. */
 static void echo_streams_the_prompt_first_in_each_choice(void **state)
@@ -561,6 +605,7 @@ int main(void)
         cmocka_unit_test(echo_opens_the_text_and_the_logprobs_with_the_prompt),
         cmocka_unit_test(echo_streams_the_prompt_first_in_each_choice),
         cmocka_unit_test(truncate_prompt_tokens_keeps_the_prompts_end),
+        cmocka_unit_test(bad_words_go_to_verifyd_as_token_sequences),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
         cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
         cmocka_unit_test(continuous_usage_rides_on_every_chunk),

@@ -779,6 +779,40 @@ static void guided_decoding_fields(void **state)
                  "\"invalid_value\"}}");
 }
 
+/* bad_words (vLLM's): strings kept for tokenizing; not a list, not strings, words of only
+ * whitespace or too long, too many words are 400. */
+static void bad_words_field(void **state)
+{
+    (void)state;
+    gw_request r;
+    api_error e;
+    const char *ok = "{\"prompt\": \"x\", \"bad_words\": [\"damn\", \"  oh no\"]}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, ok, strlen(ok), &e), TD_OK);
+    assert_int_equal(json_array_size(r.bad_words), 2);
+    req_free(&r);
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"bad_words\": \"damn\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'bad_words': expected an array of "
+                 "strings, but got a string instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"bad_words\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"bad_words\": [\"a\", 3]}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'bad_words[1]': expected a string, "
+                 "but got an integer instead.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"bad_words[1]\",\"code\":\"invalid_type\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"bad_words\": [\" \\n\"]}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'bad_words[0]': a bad word is 1 to "
+                 "256 bytes of text (besides leading whitespace), without NUL characters.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"bad_words[0]\",\"code\":"
+                 "\"invalid_value\"}}");
+    char body[4096] = "{\"prompt\": \"x\", \"bad_words\": [\"w\"";
+    for (int i = 0; i < REQ_BAD_WORDS_MAX; i++)
+        strcat(body, ",\"w\"");
+    strcat(body, "]}");
+    expect_error(REQ_COMPLETION, body, 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'bad_words': at most 128 words are "
+                 "supported, got 129.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"bad_words\",\"code\":\"invalid_value\"}}");
+}
+
 /* allowed_token_ids (vLLM's): a list of token ids, 1..65536 of them. */
 static void allowed_token_ids_field(void **state)
 {
@@ -857,6 +891,7 @@ int main(void)
         cmocka_unit_test(completion_bad_prompts_are_400),
         cmocka_unit_test(guided_decoding_fields),
         cmocka_unit_test(allowed_token_ids_field),
+        cmocka_unit_test(bad_words_field),
         cmocka_unit_test(tokenize_and_detokenize_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,6 @@
-/* Logit bias and presence/frequency penalties (verifyd/penalty.h): the exact additions a
- * verify block's rows get (the drafts before a row count as emitted), and generation with
- * them: greedy output with a DFlash drafter equals plain decoding with the penalties applied
+/* Logit bias, presence/frequency penalties, allowed tokens and bad words (verifyd/penalty.h):
+ * the exact additions a verify block's rows get (the drafts before a row count as emitted),
+ * and generation with them: greedy output with a DFlash drafter equals plain decoding with the penalties applied
  * by hand to the target's logits, a bias of +100 forces its token, the penalties change what
  * is generated, and sampled output follows the target's penalised distribution. */
 #include <math.h>
@@ -233,6 +233,61 @@ static void test_nothing_asked_adds_nothing_and_bad_settings_are_refused(void **
     pen_free(&p, be);
 }
 
+/* Bad words (vLLM's): a one-token word is refused on every row; a longer one's last token is
+ * refused where what was generated before the row (the history, then the block's drafts) ends
+ * with its other tokens, and only there; a token refused by two words is one entry. Bad
+ * words whose lengths do not fit, or with ids outside the vocabulary, are refused. */
+static void test_bad_words_refuse_their_last_token_after_the_rest(void **ctx)
+{
+    (void)ctx;
+    const ops_backend *be = ops_backend_cpu();
+    /* [7], [2 3], [1 2 3] (3 twice), [4 5 6] */
+    const int32_t bad[] = {1, 7, 2, 2, 3, 3, 1, 2, 3, 3, 4, 5, 6};
+    pen_cfg cfg = {.bad = bad, .n_bad = 13};
+    pen_state p;
+    assert_int_equal(pen_init(&p, &cfg, V), TD_OK);
+    assert_int_equal(pen_start(&p, NULL, 0), TD_OK);
+    const int32_t gen[] = {9, 1, 4};
+    assert_int_equal(pen_emit(&p, gen, 3), TD_OK); /* history ... 1 4 */
+    /* rows after drafts 5, 2, 8: row 0 (..1 4) nothing; row 1 (..4 5) refuses 6; row 2
+     * (..5 2) refuses 3; row 3 (..2 8) nothing; 7 refused everywhere */
+    float lg[4 * V], want[4][V];
+    for (int r = 0; r < 4; r++)
+        for (int t = 0; t < V; t++)
+            lg[r * V + t] = want[r][t] = (float)(t + 10 * r);
+    for (int r = 0; r < 4; r++)
+        want[r][7] = -INFINITY;
+    want[1][6] = -INFINITY;
+    want[2][3] = -INFINITY;
+    const int32_t drafts[] = {5, 2, 8};
+    assert_int_equal(pen_apply(&p, be, lg, drafts, 4), TD_OK);
+    for (int r = 0; r < 4; r++)
+        expect_row(lg + r * V, want[r], r);
+    /* history ... 1 2: one row refuses 3 (two words end there) and 7 */
+    const int32_t two = 2;
+    assert_int_equal(pen_emit(&p, &two, 1), TD_OK);
+    float one[V], want1[V];
+    for (int t = 0; t < V; t++)
+        one[t] = want1[t] = 1.0f;
+    want1[3] = want1[7] = -INFINITY;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    /* a new generation forgets the history */
+    assert_int_equal(pen_start(&p, NULL, 0), TD_OK);
+    for (int t = 0; t < V; t++)
+        one[t] = want1[t] = 1.0f;
+    want1[7] = -INFINITY;
+    assert_int_equal(pen_apply(&p, be, one, NULL, 1), TD_OK);
+    expect_row(one, want1, 0);
+    pen_free(&p, be);
+
+    const int32_t overrun[] = {2, 3}, zero[] = {0, 3}, outside[] = {1, V};
+    const pen_cfg bads[] = {{.bad = overrun, .n_bad = 2}, {.bad = zero, .n_bad = 2},
+                            {.bad = outside, .n_bad = 2}};
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(pen_init(&p, &bads[k], V), TD_EINVAL);
+}
+
 #undef V
 
 /* --- generation ----------------------------------------------------------------------------- */
@@ -424,6 +479,47 @@ static void test_allowed_tokens_are_the_only_ones_chosen(void **ctx)
     tgt_free(tm);
 }
 
+/* Generation with bad words: greedy with the drafter equals plain decoding, a two-token
+ * sequence the unconstrained output holds never appears with the word refused, and a
+ * one-token word never appears at all (also sampled). */
+static void test_bad_words_never_appear_in_the_output(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, MODEL_PATH), TD_OK);
+    mf_drafter ds = {8, 1, false, 9, false};
+    dfl_model *dm = mf_drafter_in(tmpdir, "bad", tm, &ds, 79);
+    const int32_t prompt[3] = {5, 6, 7};
+    const ops_sampler greedy = {0};
+    const pen_cfg none = {0};
+    enum { N = 32 };
+    int32_t free_out[N];
+    generate(tm, NULL, prompt, 3, N, &greedy, &none, free_out);
+    int at = 1; /* a pair the free output holds: it must go */
+    while (at < N && free_out[at] == free_out[at - 1])
+        at++;
+    assert_true(at < N);
+    const int32_t bad[] = {2, free_out[at - 1], free_out[at], 1, free_out[0]};
+    const pen_cfg cfg = {.bad = bad, .n_bad = 5};
+    const ops_sampler smps[] = {{0}, {.temperature = 1.0f, .top_p = 1.0f, .seed = 5}};
+    for (int s = 0; s < 2; s++) {
+        int32_t out[2][N];
+        for (int with = 0; with < 2; with++) {
+            generate(tm, with ? dm : NULL, prompt, 3, N, &smps[s], &cfg, out[with]);
+            for (int i = 0; i < N; i++) {
+                if (out[with][i] == free_out[0])
+                    fail_msg("token %d is the one-token bad word %d", i, free_out[0]);
+                if (i > 0 && out[with][i - 1] == bad[1] && out[with][i] == bad[2])
+                    fail_msg("tokens %d, %d are the bad word %d %d", i - 1, i, bad[1], bad[2]);
+            }
+        }
+        if (s == 0)
+            assert_memory_equal(out[0], out[1], sizeof out[0]);
+    }
+    dfl_free(dm);
+    tgt_free(tm);
+}
+
 /* The target's penalised p(t3 | prompt, t1, t2) under smp, into p [nv]. */
 static void penalised_p(const tgt_model *tm, const int32_t *prompt, int32_t t1, int32_t t2,
                         const float *bias, const pen_cfg *pen, const ops_sampler *smp,
@@ -524,6 +620,8 @@ int main(void)
         cmocka_unit_test(test_speculative_greedy_with_penalties_equals_plain_decoding),
         cmocka_unit_test(test_a_bias_of_100_forces_its_token_greedy_and_sampled),
         cmocka_unit_test(test_allowed_tokens_are_the_only_ones_chosen),
+        cmocka_unit_test(test_bad_words_refuse_their_last_token_after_the_rest),
+        cmocka_unit_test(test_bad_words_never_appear_in_the_output),
         cmocka_unit_test(test_sampling_with_penalties_keeps_the_penalised_distribution),
     };
     return cmocka_run_group_tests(tests, setup_dir, remove_dir);

@@ -40,10 +40,33 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
     p->n_vocab = n_vocab;
     const bool counted = cfg->presence != 0.0f || cfg->frequency != 0.0f || p->rep != 1.0f;
     const bool least = cfg->min_tokens > 0 && cfg->n_stop > 0;
-    p->on = counted || cfg->n_bias > 0 || least || cfg->n_allowed > 0;
+    p->on = counted || cfg->n_bias > 0 || least || cfg->n_allowed > 0 || cfg->n_bad > 0;
     if (!p->on)
         return TD_OK;
     bool ok = true;
+    if (cfg->n_bad > 0) {
+        TD_ASSERT(cfg->bad);
+        int32_t longest = 1;
+        for (int32_t i = 0; i < cfg->n_bad; i += 1 + cfg->bad[i]) {
+            const int32_t L = cfg->bad[i];
+            if (L < 1 || L > cfg->n_bad - i - 1)
+                return err_set(TD_EINVAL, "bad word at entry %d: %d tokens in %d entries left", i,
+                               L, cfg->n_bad - i - 1);
+            for (int32_t k = 1; k <= L; k++)
+                if (cfg->bad[i + k] < 0 || cfg->bad[i + k] >= n_vocab)
+                    return err_set(TD_EINVAL, "bad word token %d: outside the vocabulary of %lld",
+                                   cfg->bad[i + k], (long long)n_vocab);
+            longest = L > longest ? L : longest;
+            p->n_bad_words++;
+        }
+        p->hist_cap = longest - 1;
+        ok = (p->bad = malloc((size_t)cfg->n_bad * sizeof *p->bad)) != NULL &&
+             (p->hist = malloc((size_t)(longest > 1 ? longest - 1 : 1) * sizeof *p->hist)) !=
+                 NULL;
+        if (ok)
+            memcpy(p->bad, cfg->bad, (size_t)cfg->n_bad * sizeof *p->bad);
+        p->n_bad = cfg->n_bad;
+    }
     if (cfg->n_allowed > 0) {
         ok = (p->allow = calloc((size_t)OPS_MASK_WORDS(n_vocab), sizeof *p->allow)) != NULL;
         for (int32_t i = 0; ok && i < cfg->n_allowed; i++) {
@@ -56,15 +79,17 @@ td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab)
             p->allow[t / 32] |= 1u << (t % 32);
         }
     }
-    if (counted)
+    if (ok && counted)
         ok = (p->count = calloc((size_t)n_vocab, sizeof *p->count)) != NULL;
     if (ok && p->rep != 1.0f)
         ok = (p->in_prompt = calloc((size_t)n_vocab, 1)) != NULL;
-    if (ok && least) {
-        ok = (p->stop = malloc((size_t)cfg->n_stop * sizeof *p->stop)) != NULL &&
-             (p->where = malloc((size_t)n_vocab * sizeof *p->where)) != NULL;
+    if (ok && (least || cfg->n_bad > 0)) { /* where: the -inf entries' dedup */
+        ok = (p->where = malloc((size_t)n_vocab * sizeof *p->where)) != NULL;
         for (int64_t t = 0; ok && t < n_vocab; t++)
             p->where[t] = -1;
+    }
+    if (ok && least) {
+        ok = (p->stop = malloc((size_t)cfg->n_stop * sizeof *p->stop)) != NULL;
         for (int32_t i = 0; ok && i < cfg->n_stop; i++) {
             const int32_t t = cfg->stop[i];
             if (t < 0 || t >= n_vocab || p->where[t] == 0)
@@ -111,6 +136,8 @@ void pen_free(pen_state *p, const ops_backend *be)
     free(p->ptok);
     free(p->stop);
     free(p->where);
+    free(p->bad);
+    free(p->hist);
     free(p->host);
     memset(p, 0, sizeof *p);
 }
@@ -121,6 +148,7 @@ td_err pen_start(pen_state *p, const int32_t *prompt, int64_t n_prompt)
         p->count[p->seen[i]] = 0;
     p->n_seen = 0;
     p->n_emitted = 0;
+    p->n_hist = 0;
     if (!p->in_prompt)
         return TD_OK;
     for (int64_t i = 0; i < p->n_ptok; i++)
@@ -171,6 +199,13 @@ static void pen_count_down(pen_state *p, int32_t t)
 td_err pen_emit(pen_state *p, const int32_t *tok, int64_t n)
 {
     p->n_emitted += n;
+    for (int64_t i = 0; p->hist_cap > 0 && i < n; i++) { /* the last hist_cap, oldest first */
+        if (p->n_hist == p->hist_cap)
+            memmove(p->hist, p->hist + 1, (size_t)(p->hist_cap - 1) * sizeof *p->hist);
+        else
+            p->n_hist++;
+        p->hist[p->n_hist - 1] = tok[i];
+    }
     for (int64_t i = 0; p->count && i < n; i++)
         if (tok[i] >= 0 && tok[i] < p->n_vocab)
             TD_TRY(pen_count_up(p, tok[i]));
@@ -216,10 +251,38 @@ static td_err pen_host_room(pen_state *p, size_t bytes)
     return TD_OK;
 }
 
+/* Token t's logit becomes -inf in the row being built (entries e [*k], p->where marking
+ * them). */
+static void pen_refuse(pen_state *p, ops_logit_add *e, int32_t *k, int32_t t)
+{
+    if (p->where[t] >= 0) {
+        e[p->where[t]].delta = -INFINITY;
+        return;
+    }
+    p->where[t] = *k;
+    e[(*k)++] = (ops_logit_add){t, 1.0f, -INFINITY};
+}
+
+/* Whether the tokens generated before row i (the history, then drafts [0, i)) end with
+ * w [m]. */
+static bool pen_bad_ends(const pen_state *p, const int32_t *w, int32_t m, const int32_t *drafts,
+                         int64_t i)
+{
+    if ((int64_t)p->n_hist + i < m)
+        return false;
+    for (int32_t k = 0; k < m; k++) { /* k-th from the end */
+        const int32_t t = k < i ? drafts[i - 1 - k] : p->hist[p->n_hist - 1 - (k - i)];
+        if (t != w[m - 1 - k])
+            return false;
+    }
+    return true;
+}
+
 /* Builds rows 0..n-1 into p->host; the entry count goes to *m, the header's bytes to *hdr. */
 static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *hdr, int32_t *m)
 {
-    const size_t per_row = (size_t)(p->n_seen + p->n_ptok + p->n_bias + p->n_stop + n);
+    const size_t per_row =
+        (size_t)(p->n_seen + p->n_ptok + p->n_bias + p->n_stop + p->n_bad_words + n);
     *hdr = ((size_t)(n + 1) * sizeof(int32_t) + 7) & ~(size_t)7;
     TD_TRY(pen_host_room(p, *hdr + (size_t)n * per_row * sizeof(ops_logit_add)));
     int32_t *off = (int32_t *)p->host;
@@ -255,17 +318,17 @@ static td_err pen_build(pen_state *p, const int32_t *drafts, int64_t n, size_t *
             if (!listed && b.delta != 0.0f)
                 e[k++] = b;
         }
-        /* too few tokens yet: the stop tokens' logits become -inf, each once in the row */
-        if (p->n_emitted + i < p->min_tokens) {
+        /* too few tokens yet: the stop tokens' logits become -inf; so do the bad words' last
+         * tokens whose others end what was generated before the row; each token once */
+        const bool least = p->n_emitted + i < p->min_tokens;
+        if (least || p->n_bad > 0) {
             for (int32_t j = off[i]; j < k; j++)
                 p->where[e[j].tok] = j;
-            for (int32_t j = 0; j < p->n_stop; j++) {
-                const int32_t t = p->stop[j];
-                if (p->where[t] >= 0)
-                    e[p->where[t]].delta = -INFINITY;
-                else
-                    e[k++] = (ops_logit_add){t, 1.0f, -INFINITY};
-            }
+            for (int32_t j = 0; least && j < p->n_stop; j++)
+                pen_refuse(p, e, &k, p->stop[j]);
+            for (int32_t j = 0; j < p->n_bad; j += 1 + p->bad[j])
+                if (pen_bad_ends(p, p->bad + j + 1, p->bad[j] - 1, drafts, i))
+                    pen_refuse(p, e, &k, p->bad[j + p->bad[j]]);
             for (int32_t j = off[i]; j < k; j++)
                 p->where[e[j].tok] = -1;
         }

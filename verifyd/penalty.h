@@ -8,7 +8,9 @@
  *
  * where rep(l) = l / repetition for l > 0 and l * repetition otherwise when t is in the prompt
  * or was emitted, else l; and the stop tokens get -inf while fewer than min_tokens tokens were
- * emitted; with an allowed set (vLLM's allowed_token_ids) every other token gets -inf.
+ * emitted; with an allowed set (vLLM's allowed_token_ids) every other token gets -inf; with
+ * bad words (vLLM's bad_words, as token sequences) the last token of one gets -inf where the
+ * tokens generated before the row end with the rest of it (a one-token word: always).
  * Applied before acceptance, sampling and log probabilities. The counts are of
  * generated tokens only (the prompt's do not count), and a verify block's row i counts the
  * drafts before it as emitted, so that a row gets exactly what plain decoding would give it
@@ -37,6 +39,8 @@ typedef struct pen_cfg {
     int32_t n_stop;
     const int32_t *allowed;  /* [n_allowed] the only tokens that may be chosen (0: all) */
     int32_t n_allowed;
+    const int32_t *bad;      /* [n_bad] bad words: each a length L >= 1, then L token ids */
+    int32_t n_bad;
 } pen_cfg;
 
 typedef struct pen_state {
@@ -62,14 +66,20 @@ typedef struct pen_state {
     size_t host_cap;
     void *dev;            /* the same on the backend */
     size_t dev_cap;
+    int32_t *bad;         /* [n_bad] the bad words (pen_cfg's layout) */
+    int32_t n_bad;
+    int32_t n_bad_words;  /* words in bad */
+    int32_t *hist;        /* [hist_cap] the last tokens generated, oldest first (bad words) */
+    int32_t hist_cap;     /* the longest bad word's length - 1 */
+    int32_t n_hist;
     uint32_t *allow;      /* [OPS_MASK_WORDS(n_vocab)] the allowed set, or NULL: all */
     void *allow_dev;      /* [allow_rows][words] the same for each row of a block (backend) */
     int64_t allow_rows;
 } pen_state;
 
-/* TD_EINVAL for a biased or allowed token outside the vocabulary, a biased one given twice, a
- * value that is not finite, a repetition penalty that is not positive, a negative
- * min_tokens; TD_ENOMEM. */
+/* TD_EINVAL for a biased, allowed or bad-word token outside the vocabulary, a biased one given
+ * twice, a value that is not finite, a repetition penalty that is not positive, a negative
+ * min_tokens, a bad word whose length does not fit its entries; TD_ENOMEM. */
 td_err pen_init(pen_state *p, const pen_cfg *cfg, int64_t n_vocab);
 /* be: the backend that holds p->dev (may be NULL when nothing was applied yet). */
 void pen_free(pen_state *p, const ops_backend *be);

@@ -219,7 +219,8 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
                 .n_bias = (int32_t)gs->n_bias, .repetition = gs->repetition_penalty,
                 .min_tokens = gs->min_tokens > INT32_MAX ? INT32_MAX : (int32_t)gs->min_tokens,
                 .stop = (const int32_t *)gs->stop, .n_stop = (int32_t)gs->n_stop,
-                .allowed = (const int32_t *)gs->allowed, .n_allowed = (int32_t)gs->n_allowed},
+                .allowed = (const int32_t *)gs->allowed, .n_allowed = (int32_t)gs->n_allowed,
+                .bad = (const int32_t *)gs->bad, .n_bad = (int32_t)gs->n_bad},
         .cst = sched_cst_cfg(r),
         .vocab = s->cfg.vocab,
         .prompt_logprobs = gs->prompt_logprobs,
@@ -493,6 +494,8 @@ static td_err sched_gen_start(sched *s, uint64_t rid, const uint8_t *req, size_t
                         gs->bias_tok[i], (long long)V);
     if (e == TD_OK)
         e = sched_ids_in_vocab(gs->allowed, gs->n_allowed, V, TD_EINVAL, "allowed");
+    for (uint32_t i = 0; e == TD_OK && i < gs->n_bad; i += 1 + gs->bad[i]) /* msg checked */
+        e = sched_ids_in_vocab(gs->bad + i + 1, gs->bad[i], V, TD_EINVAL, "bad word");
     if (e == TD_OK)
         e = sched_ids_in_vocab(gs->predict, gs->n_predict, V, TD_EINVAL, "prediction");
     if (e == TD_OK) {

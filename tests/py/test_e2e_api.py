@@ -548,6 +548,19 @@ def test_a_grammar_or_a_regex_shapes_the_answer(server):
         "reach itself before any character; so does an open repetition of what can be empty)")
 
 
+def test_bad_words_never_come_back(server):
+    """vLLM's bad_words: the greedy answer's first word, given as a bad word, no longer appears
+    among the answer's tokens (with the drafter on, greedy output stays deterministic)."""
+    c, m = server["client"], server["model"]
+    ask = dict(model=m, prompt="Once upon a time", max_tokens=12, temperature=0, logprobs=0,
+               extra_body={"ignore_eos": True})
+    tokens = c.completions.create(**ask).choices[0].logprobs.tokens
+    word = next(t for t in tokens if t.strip().isalpha())
+    ask["extra_body"] = {"ignore_eos": True, "bad_words": [word.strip()]}
+    again = c.completions.create(**ask).choices[0].logprobs.tokens
+    assert word not in again and again != tokens, (word, tokens, again)
+
+
 def test_allowed_token_ids_are_the_only_tokens(server):
     """vLLM's allowed_token_ids: every generated token is one of them, sampled too; an id
     outside the vocabulary is a 400."""

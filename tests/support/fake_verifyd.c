@@ -29,6 +29,7 @@ struct fake_verifyd {
     uint32_t last_prompt[MSG_PROMPT_MAX > 4096 ? 4096 : MSG_PROMPT_MAX];
     uint32_t last_stop[MSG_STOP_MAX];
     uint32_t last_predict[256];        /* the prediction, cut to fit */
+    uint32_t last_bad[512];            /* the bad words, cut to fit */
     char last_schema[4096];            /* the schema, cut to fit */
     int running;                       /* generation threads alive */
     bool stopping;
@@ -211,6 +212,10 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
         if (f->last.n_predict)
             memcpy(f->last_predict, m.predict, f->last.n_predict * sizeof *m.predict);
         f->last.predict = f->last_predict;
+        f->last.n_bad = m.n_bad < 512 ? m.n_bad : 512;
+        if (f->last.n_bad)
+            memcpy(f->last_bad, m.bad, f->last.n_bad * sizeof *m.bad);
+        f->last.bad = f->last_bad;
         td_err refuse = TD_OK;
         if (f->busy_left > 0) {
             f->busy_left--;

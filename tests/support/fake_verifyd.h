@@ -43,8 +43,8 @@ void fake_verifyd_stop(fake_verifyd *f);
 void fake_verifyd_script(fake_verifyd *f, const fake_script *s);
 
 /* The last gen_start received: its fields (arrays copied into prompt / stop, capacities in
- * items; schema and predict point to the fake's copies, their first 4095 bytes and 256
- * tokens, until the next start). False when none came. */
+ * items; schema, predict and bad point to the fake's copies, their first 4095 bytes, 256 and
+ * 512 entries, until the next start). False when none came. */
 bool fake_verifyd_last_start(fake_verifyd *f, msg_gen_start *m, uint32_t *prompt,
                              uint32_t prompt_cap, uint32_t *stop, uint32_t stop_cap);
 
