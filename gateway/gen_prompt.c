@@ -274,10 +274,7 @@ td_err gen_bad_words(api_stream *s, api_error *e)
     const json_t *v;
     json_array_foreach(words, i, v) {
         const char *w = json_string_value(v);
-        size_t n = json_string_length(v), lead = 0;
-        while (lead < n && (w[lead] == ' ' || w[lead] == '\t' || w[lead] == '\n' ||
-                            w[lead] == '\r'))
-            lead++;
+        const size_t n = json_string_length(v), lead = req_leading_space(w, n);
         char spaced[REQ_BAD_WORD_LEN_MAX + 2] = " ";
         memcpy(spaced + 1, w + lead, n - lead);
         tok_ids a = {0}, b = {0};

@@ -236,6 +236,14 @@ static td_err req_best_of(gw_request *r, api_error *e)
 
 /* --- fields both endpoints share ------------------------------------------------------------- */
 
+size_t req_leading_space(const char *s, size_t n)
+{
+    size_t k = 0;
+    while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r'))
+        k++;
+    return k;
+}
+
 /* bad_words (vLLM's): strings, each tokenized later (gen_bad_words). */
 static td_err req_bad_words(gw_request *r, api_error *e)
 {
@@ -257,11 +265,8 @@ static td_err req_bad_words(gw_request *r, api_error *e)
         if (!json_is_string(v))
             return req_bad_type(e, param, "a string", v);
         const char *w = json_string_value(v);
-        size_t n = json_string_length(v), lead = 0;
-        while (lead < n && (w[lead] == ' ' || w[lead] == '\t' || w[lead] == '\n' ||
-                            w[lead] == '\r'))
-            lead++;
-        if (lead == n || n > REQ_BAD_WORD_LEN_MAX || memchr(w, 0, n))
+        const size_t n = json_string_length(v);
+        if (req_leading_space(w, n) == n || n > REQ_BAD_WORD_LEN_MAX || memchr(w, 0, n))
             return apierr_set(e, 400, "invalid_value", param,
                               "Invalid value for '%s': a bad word is 1 to %d bytes of text "
                               "(besides leading whitespace), without NUL characters.",

@@ -144,6 +144,9 @@ td_err req_parse_tokenize(const char *body, size_t len, json_t **root, const cha
 td_err req_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int32_t **ids,
                             size_t *n_ids, api_error *e);
 
+/* Bytes of ASCII whitespace (space, tab, newline, return) at the start of s [n]. */
+size_t req_leading_space(const char *s, size_t n);
+
 /* Loads a body as a JSON object; 400 with jansson's message (line, column) otherwise. */
 td_err req_load_json(const char *body, size_t len, json_t **root, api_error *e);
 
