@@ -3,6 +3,7 @@
  * class of code points that every character set treats alike. */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "common/gram_int.h"
 
@@ -12,30 +13,6 @@ static int gm_u32_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* cp as UTF-8 into out (4 bytes at most); its length. */
-static size_t gm_utf8_put(uint32_t cp, uint8_t *out)
-{
-    if (cp < 0x80) {
-        out[0] = (uint8_t)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (uint8_t)(0xc0 | cp >> 6);
-        out[1] = (uint8_t)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (uint8_t)(0xe0 | cp >> 12);
-        out[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3f));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (uint8_t)(0xf0 | cp >> 18);
-    out[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3f));
-    out[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3f));
-    out[3] = (uint8_t)(0x80 | (cp & 0x3f));
-    return 4;
-}
 
 void gm_dfa_free(gm_dfa *d)
 {
@@ -163,7 +140,7 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
             uint16_t to = GM_DFA_DEAD;
             if (rep < d->lo[k + 1]) {
                 uint8_t bytes[4];
-                const size_t nb = gm_utf8_put(rep, bytes);
+                const size_t nb = (size_t)utf8proc_encode_char((utf8proc_int32_t)rep, bytes);
                 memcpy(st, t.blob + t.off[s], t.len[s]);
                 if (gm_feed(g, st, bytes, nb)) {
                     const int32_t id = gm_dfa_intern(&t, st);

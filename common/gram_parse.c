@@ -1,6 +1,7 @@
 /* GBNF grammars and regular expressions into rules (common/gram.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "common/gram_int.h"
 
@@ -240,28 +241,16 @@ static int gm_hex(char c)
            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
-/* One UTF-8 character at x->p (valid, shortest form) into *cp. */
+/* One UTF-8 character at x->p (valid, shortest form, no surrogate) into *cp. */
 static td_err gm_utf8(gm_src *x, uint32_t *cp)
 {
-    const uint8_t *p = (const uint8_t *)x->p;
-    const size_t left = (size_t)(x->end - x->p);
-    uint32_t c = p[0];
-    size_t k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-               : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    if (k == 0 || k > left)
-        return gm_syntax(x, "the text is not UTF-8");
-    if (k > 1)
-        c &= 0x3fu >> (k - 1);
-    for (size_t i = 1; i < k; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return gm_syntax(x, "the text is not UTF-8");
-        c = c << 6 | (p[i] & 0x3fu);
-    }
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < least[k] || c > GM_CP_MAX || (c >= 0xd800 && c <= 0xdfff))
+    utf8proc_int32_t c;
+    const utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)x->p, x->end - x->p, &c);
+    if (k <= 0)
         return gm_syntax(x, "the text is not UTF-8");
     x->p += k;
-    *cp = c;
+    *cp = (uint32_t)c;
     return TD_OK;
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "common/jsonc_cc.h"
 
@@ -69,15 +70,13 @@ static bool jcc_pattern_holds(const gm_dfa *d, const json_t *v)
     const uint8_t *p = (const uint8_t *)json_string_value(v);
     const size_t n = json_string_length(v);
     uint16_t st = 0;
-    for (size_t i = 0; i < n && st != GM_DFA_DEAD;) {
-        uint32_t cp = p[i];
-        size_t k = cp < 0x80 ? 1 : cp >= 0xF0 ? 4 : cp >= 0xE0 ? 3 : 2; /* jansson's UTF-8 */
-        if (k > 1)
-            cp &= 0x3Fu >> (k - 1);
-        for (size_t j = 1; j < k && i + j < n; j++)
-            cp = cp << 6 | (p[i + j] & 0x3Fu);
-        st = gm_dfa_step(d, st, cp);
-        i += k;
+    for (size_t i = 0; i < n && st != GM_DFA_DEAD;) { /* jansson's strings are UTF-8 */
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t k = utf8proc_iterate(p + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0)
+            return false;
+        st = gm_dfa_step(d, st, (uint32_t)cp);
+        i += (size_t)k;
     }
     return st != GM_DFA_DEAD && gm_dfa_accepts(d, st);
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "common/gram.h"
 
@@ -57,23 +58,12 @@ static void fuzz_dfa(const gm_grammar *g, const uint8_t *text, size_t n)
     }
     uint16_t s = 0;
     for (size_t i = 0; i < n;) {
-        uint32_t cp = text[i];
-        const size_t k = cp < 0x80 ? 1 : cp >= 0xc2 && cp <= 0xdf ? 2 : cp >= 0xe0 && cp <= 0xef
-                         ? 3 : cp >= 0xf0 && cp <= 0xf4 ? 4 : 0;
-        if (k == 0 || i + k > n)
+        utf8proc_int32_t cp;
+        const utf8proc_ssize_t k = utf8proc_iterate(text + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0)
             goto out; /* not UTF-8: nothing to compare */
-        if (k > 1)
-            cp &= 0x3fu >> (k - 1);
-        for (size_t j = 1; j < k; j++) {
-            if ((text[i + j] & 0xc0) != 0x80)
-                goto out;
-            cp = cp << 6 | (text[i + j] & 0x3fu);
-        }
-        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < least[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            goto out;
-        s = gm_dfa_step(d, s, cp);
-        i += k;
+        s = gm_dfa_step(d, s, (uint32_t)cp);
+        i += (size_t)k;
     }
     {
         uint8_t *st = malloc(gm_state_size(g));
