@@ -5,8 +5,10 @@
  * thread each; a client is thread-safe and each call waits at most its own timeout.
  *
  * Safety rules every socket follows:
- * - NNG_OPT_RECVMAXSZ is set (bus_opts.recv_max): a larger message drops the connection
- *   instead of being buffered.
+ * - NNG_OPT_RECVMAXSZ is set: a server drops the connection of a request over
+ *   bus_opts.recv_max instead of buffering it; a client refuses a reply over its recv_max
+ *   with TD_ERANGE and keeps the connection, and drops it (NNG's limit) only for a reply
+ *   over 4 times that.
  * - Send and receive timeouts are set on the socket and on every operation (NNG's default is
  *   to wait forever).
  * - Resends are off (NNG_OPT_REQ_RESENDTIME infinite). NNG's default re-sends a request
@@ -89,7 +91,7 @@ td_err bus_client_init(bus_client **out, const char *url, const bus_opts *opts);
  * the contents of *reply. Thread-safe: concurrent calls run on their own NNG contexts.
  * TD_ETIMEOUT when no reply came in time (the message says whether a server was connected);
  * TD_ECLOSED when the connection dropped during the call (the server went away, or a message
- * exceeded a receive limit). */
+ * exceeded a receive limit); TD_ERANGE for a reply over this client's recv_max. */
 td_err bus_client_call(bus_client *c, const void *req, size_t req_len, msg_buf *reply,
                        int32_t timeout_ms);
 

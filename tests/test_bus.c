@@ -100,6 +100,35 @@ static int child_serve(int sock)
     return 0;
 }
 
+/* Sends the server at URL_ENV a request one byte over its 8 MiB limit and expects the
+ * connection lost at once. A process of its own: NNG 1.5's close of a socket whose peer cut
+ * such a send was seen to wait forever (about 1 run in 70 under load), and a close that never
+ * returns stalls every later close and dial of the process. So the client is left open. */
+static int child_huge(void)
+{
+    const char *url = getenv(URL_ENV);
+    bus_client *c;
+    if (!url || bus_client_init(&c, url, NULL) != TD_OK) {
+        fprintf(stderr, "huge child: %s\n", err_msg());
+        return 2;
+    }
+    size_t len = BUS_RECV_MAX_DEFAULT + 1;
+    uint8_t *huge = calloc(1, len);
+    if (!huge)
+        return 2;
+    huge[0] = 'x';
+    msg_buf reply;
+    msg_buf_init(&reply);
+    double t0 = now_ms();
+    td_err e = bus_client_call(c, huge, len, &reply, 5000);
+    double dt = now_ms() - t0;
+    if (e != TD_ECLOSED || !strstr(err_msg(), "connection lost") || dt > 2000.0) {
+        fprintf(stderr, "huge child: got %d after %.0f ms: %s\n", (int)e, dt, err_msg());
+        return 1;
+    }
+    return 0;
+}
+
 /* --- helpers in the parent ----------------------------------------------------------------- */
 
 typedef struct server_proc {
@@ -273,29 +302,33 @@ static void test_reply_larger_than_the_receive_limit_is_refused(void **state)
     assert_int_equal(reply.len, 4000);
     assert_int_equal(reply.data[3999], (uint8_t)(3999 * 31));
 
+    /* a reply over the limit is refused and the connection stays (NNG itself drops it only
+     * past 4 times the limit, a path not taken here: NNG 1.5's close after such a drop can
+     * hang) */
     double t0 = now_ms();
-    assert_int_equal(bus_client_call(c, "BIG 10000", 9, &reply, 5000), TD_ECLOSED);
+    assert_int_equal(bus_client_call(c, "BIG 10000", 9, &reply, 5000), TD_ERANGE);
     assert_true(now_ms() - t0 < 2000.0); /* refused at once, not after the timeout */
-    assert_non_null(strstr(err_msg(), "receive limit"));
-    assert_non_null(strstr(err_msg(), "4096"));
+    assert_non_null(strstr(err_msg(), "receive limit of 4096 bytes"));
+    assert_non_null(strstr(err_msg(), "10000 bytes"));
+    assert_int_equal(reply.len, 4000); /* the reply before, untouched */
 
-    /* the client reconnects and keeps working */
     assert_int_equal(bus_client_call(c, "BIG 100", 7, &reply, 5000), TD_OK);
     assert_int_equal(reply.len, 100);
-    /* and the refused request was not re-sent on the new connection (resends are off): the
-     * server answered three BIG requests, not four */
+    /* and the refused request was answered once (resends are off): the server answered three
+     * BIG requests, not four */
     sleep_ms(300);
     assert_int_equal(bus_client_call(c, "BIGS?", 5, &reply, 5000), TD_OK);
     assert_int_equal(reply.len, 1);
     assert_int_equal(reply.data[0], '3');
 
-    /* the server's own limit (the default 8 MiB) refuses a larger request */
-    size_t huge_len = BUS_RECV_MAX_DEFAULT + 1;
-    uint8_t *huge = calloc(1, huge_len);
-    assert_non_null(huge);
-    huge[0] = 'x';
-    assert_int_equal(bus_client_call(c, huge, huge_len, &reply, 5000), TD_ECLOSED);
-    free(huge);
+    /* the server's own limit (the default 8 MiB) refuses a larger request: the sender's
+     * connection is dropped (child_huge), the server and other clients go on */
+    pid_t pid;
+    int sock;
+    assert_int_equal(setenv(URL_ENV, url, 1), 0);
+    assert_int_equal(spawn_self("huge", &sock, &pid), 0);
+    assert_int_equal(spawn_wait(pid, 30000), 0);
+    close(sock);
     assert_int_equal(bus_client_call(c, "ab", 2, &reply, 5000), TD_OK);
     assert_int_equal(reply.len, 3);
     assert_memory_equal(reply.data, "ba!", 3);
@@ -655,6 +688,8 @@ int main(int argc, char **argv)
     if (spawn_is_child(argc, argv, &mode, &sock)) {
         if (strcmp(mode, "serve") == 0)
             return child_serve(sock);
+        if (strcmp(mode, "huge") == 0)
+            _exit(child_huge()); /* no exit handlers: the client stays open (see there) */
         return 2;
     }
     test_watchdog("test_bus", 300); /* ~3 s normally, ~40 s under sanitizers and load */
