@@ -88,6 +88,8 @@ typedef struct gm_dfa {
     uint32_t *lo;        /* [n_classes + 1] */
     uint16_t *next;      /* [n_states][n_classes] the state after a code point, or DEAD */
     uint16_t *dmin;      /* [n_states] code points to an accepting state at least, or FAR */
+    uint16_t *dmax;      /* [n_states] code points to an accepting state at most (the
+                            longest completion), FAR when a loop makes them unbounded */
 } gm_dfa;
 
 /* g's automaton: TD_ENOTSUP past GM_DFA_STATES states, GM_DFA_TRANSITIONS transitions or
@@ -96,11 +98,20 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out);
 void gm_dfa_free(gm_dfa *d);
 /* The state after code point cp from state s, or GM_DFA_DEAD. */
 uint16_t gm_dfa_step(const gm_dfa *d, uint16_t s, uint32_t cp);
-/* Whether some code point of [lo, hi] goes on from state s. */
-bool gm_dfa_meets(const gm_dfa *d, uint16_t s, uint32_t lo, uint32_t hi);
 static inline bool gm_dfa_accepts(const gm_dfa *d, uint16_t s)
 {
     return d->dmin[s] == 0;
 }
+/* Whether state s can still reach acceptance in at least `least` and at most `most` more code
+ * points, as far as the shortest and the longest way tell (a loop whose lengths skip some,
+ * such as (aa)*, is taken to reach every length past its shortest). */
+static inline bool gm_dfa_room(const gm_dfa *d, uint16_t s, uint32_t least, uint32_t most)
+{
+    return d->dmin[s] <= most && (d->dmax[s] == GM_DFA_FAR || d->dmax[s] >= least);
+}
+/* Whether some code point of [lo, hi] goes on from state s to a state with room for least ..
+ * most more code points (gm_dfa_room; 0 and UINT32_MAX: any way on). */
+bool gm_dfa_meets(const gm_dfa *d, uint16_t s, uint32_t lo, uint32_t hi, uint32_t least,
+                  uint32_t most);
 
 #endif

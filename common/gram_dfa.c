@@ -21,6 +21,7 @@ void gm_dfa_free(gm_dfa *d)
     free(d->lo);
     free(d->next);
     free(d->dmin);
+    free(d->dmax);
     free(d);
 }
 
@@ -65,6 +66,53 @@ static int32_t gm_dfa_intern(gm_dfa_states *t, const uint8_t *st)
     t->used += len;
     t->slot[i] = k;
     return k;
+}
+
+/* dmax: the longest way from each state to an accepting one, over the transitions that are
+ * left (every state they reach can end). States are settled from the ends backwards, each
+ * once all its transitions lead to settled ones (Kahn's order over out-degrees); what is
+ * never settled lies on or before a loop: FAR. rfirst / rfrom: the transitions into each
+ * state as built before the dead ones were cut (only live states' lists are walked, and
+ * those lost nothing); queue: room for every state. */
+static td_err dfa_longest(gm_dfa *d, uint32_t n_cut, const uint32_t *rfirst,
+                          const uint16_t *rfrom, uint16_t *queue)
+{
+    const uint32_t n = d->n_states;
+    d->dmax = malloc(n * sizeof *d->dmax);
+    uint32_t *out = calloc(n, sizeof *out);
+    if (!d->dmax || !out) {
+        free(out);
+        return err_set(TD_ENOMEM, "out of memory for a grammar's automaton");
+    }
+    uint32_t head = 0, tail = 0;
+    for (uint32_t s = 0; s < n; s++) {
+        for (uint32_t k = 0; k < n_cut; k++)
+            out[s] += d->next[(size_t)s * n_cut + k] != GM_DFA_DEAD;
+        d->dmax[s] = GM_DFA_FAR; /* until settled */
+        if (out[s] == 0 && d->dmin[s] != GM_DFA_FAR) /* an end with no way on */
+            queue[tail++] = (uint16_t)s;
+    }
+    uint16_t *len = malloc(n * sizeof *len); /* the longest way found so far */
+    if (!len) {
+        free(out);
+        return err_set(TD_ENOMEM, "out of memory for a grammar's automaton");
+    }
+    for (uint32_t s = 0; s < n; s++)
+        len[s] = 0;
+    while (head < tail) {
+        const uint16_t t = queue[head++];
+        d->dmax[t] = len[t];
+        for (uint32_t i = rfirst[t]; i < rfirst[t + 1]; i++) {
+            const uint16_t p = rfrom[i];
+            if (len[p] < len[t] + 1)
+                len[p] = (uint16_t)(len[t] + 1);
+            if (--out[p] == 0)
+                queue[tail++] = p;
+        }
+    }
+    free(len);
+    free(out);
+    return TD_OK;
 }
 
 td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
@@ -195,6 +243,7 @@ td_err gm_dfa_build(const gm_grammar *g, gm_dfa **out)
             for (size_t i = 0; i < n_edges; i++) /* states that cannot end are no way on */
                 if (d->next[i] != GM_DFA_DEAD && d->dmin[d->next[i]] == GM_DFA_FAR)
                     d->next[i] = GM_DFA_DEAD;
+            e = dfa_longest(d, n_cut, rfirst, rfrom, queue);
         }
         free(rfirst);
         free(rfill);
@@ -238,12 +287,15 @@ uint16_t gm_dfa_step(const gm_dfa *d, uint16_t s, uint32_t cp)
     return d->next[(size_t)s * d->n_classes + gm_dfa_class(d, cp)];
 }
 
-bool gm_dfa_meets(const gm_dfa *d, uint16_t s, uint32_t lo, uint32_t hi)
+bool gm_dfa_meets(const gm_dfa *d, uint16_t s, uint32_t lo, uint32_t hi, uint32_t least,
+                  uint32_t most)
 {
     if (s == GM_DFA_DEAD)
         return false;
-    for (uint32_t k = gm_dfa_class(d, lo); k < d->n_classes && d->lo[k] <= hi; k++)
-        if (d->next[(size_t)s * d->n_classes + k] != GM_DFA_DEAD)
+    for (uint32_t k = gm_dfa_class(d, lo); k < d->n_classes && d->lo[k] <= hi; k++) {
+        const uint16_t to = d->next[(size_t)s * d->n_classes + k];
+        if (to != GM_DFA_DEAD && gm_dfa_room(d, to, least, most))
             return true;
+    }
     return false;
 }

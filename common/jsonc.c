@@ -277,6 +277,15 @@ static const gm_dfa *pat_of(const jc_schema *s, const jc_alt *a)
     return p ? s->pats[p - 1] : NULL;
 }
 
+/* Whether a string of pos code points in state st can still become a match of a length
+ * within the node's bounds (gm_dfa_room: the shortest completion within maxLength, the
+ * longest reaching minLength). */
+static bool pat_room(const gm_dfa *d, uint16_t st, uint32_t pos, const jc_node *n)
+{
+    return pos <= n->max_len &&
+           gm_dfa_room(d, st, pos < n->min_len ? n->min_len - pos : 0, n->max_len - pos);
+}
+
 static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
 {
     const gm_dfa *d = pat_of(s, a);
@@ -284,16 +293,28 @@ static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
         return true;
     const uint16_t st = gm_dfa_step(d, a->lo, cp);
     const jc_node *n = &s->nodes[a->node];
-    if (st == GM_DFA_DEAD || (n->has_len && (uint64_t)a->pos + d->dmin[st] > n->max_len))
+    if (st == GM_DFA_DEAD || (n->has_len && !pat_room(d, st, a->pos, n)))
         return false;
     a->lo = st;
     return true;
 }
 
+/* Whether some code point of [lo, hi], the character begun, leaves room for a match within
+ * the node's bounds (a->pos counts that character already). */
 static bool pat_meets(const jc_schema *s, const jc_alt *a, uint32_t lo, uint32_t hi)
 {
     const gm_dfa *d = pat_of(s, a);
-    return !d || gm_dfa_meets(d, a->lo, lo, hi > 0x10FFFF ? 0x10FFFF : hi);
+    if (!d)
+        return true;
+    const jc_node *n = &s->nodes[a->node];
+    uint32_t least = 0, most = UINT32_MAX;
+    if (n->has_len) {
+        if (a->pos > n->max_len)
+            return false;
+        least = a->pos < n->min_len ? n->min_len - a->pos : 0;
+        most = n->max_len - a->pos;
+    }
+    return gm_dfa_meets(d, a->lo, lo, hi > 0x10FFFF ? 0x10FFFF : hi, least, most);
 }
 
 /* A raw UTF-8 byte of a pattern string (the lead when lead): its bits, then the character
@@ -841,9 +862,9 @@ static int value_start(const jc_schema *s, jc_alt *a, uint8_t b)
         if (!(t & JT_STR))
             return ST_REJECT;
         lex_reset(a, LX_STR, idx);
-        if (s->nodes[idx].pattern && s->pats[s->nodes[idx].pattern - 1]->dmin[0] >
-                                         s->nodes[idx].max_len)
-            return ST_REJECT; /* no match fits in maxLength */
+        if (s->nodes[idx].pattern && s->nodes[idx].has_len &&
+            !pat_room(s->pats[s->nodes[idx].pattern - 1], 0, 0, &s->nodes[idx]))
+            return ST_REJECT; /* no match of a length the bounds allow */
         return ST_OK;
     case 't':
     case 'f':

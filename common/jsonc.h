@@ -36,8 +36,9 @@
  * and const; pattern (a string holds a match of the regular expression, searched as JSON
  * Schema says: common/gram.h's gm_compile_pattern, ECMA-262's common syntax with ASCII \d \w
  * \s and '.' any character but \n; a string is cut at the first character after which no
- * match can be completed, within maxLength when there is one; with minLength a completion
- * long enough is not looked for); anyOf and oneOf (both as a union: oneOf's "exactly one" is not
+ * match can be completed, within maxLength when there is one, and reaching minLength (with both,
+ * a completion of a length in between is assumed when the shortest fits one and the longest
+ * the other)); anyOf and oneOf (both as a union: oneOf's "exactly one" is not
  * enforced), allOf with one subschema, $ref to "#", "#/$defs/<name>" or
  * "#/definitions/<name>" (~0 and ~1 decoded), $defs / definitions, and the boolean schemas true
  * and false. Keywords combine as JSON Schema says (type object + properties: both apply);

@@ -461,7 +461,7 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
     (void)ctx;
     static const char *const res[] = {
         "ab", "^a", "b$", "^a|b$", "a.b", "(a|1)-\\d", "^[ab]+$", "1{2}", "[^a]b", "",
-        "^(ab|b1)*-$", "a{3}",
+        "^(ab|b1)*-$", "a{3}", "^a(b|1-)?$", "^(a|b1)-?\\d?$",
     };
     static const char alpha[] = "ab1-\n";
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
@@ -508,6 +508,28 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
                 if (need >= 0 ? dist != need : (dist >= 0 && dist <= 3))
                     fail_msg("/%s/ on \"%.*s\": automaton distance %d, PCRE2 needs %d", res[k],
                              len, s, dist, need);
+                if (len > 3 || st == GM_DFA_DEAD)
+                    continue;
+                int most = -1; /* the most characters appended with a match, up to 4 */
+                for (int extra = 4; extra >= 0 && most < 0; extra--) {
+                    long m = 1;
+                    for (int i = 0; i < extra; i++)
+                        m *= 5;
+                    for (long w = 0; w < m && most < 0; w++) {
+                        long y = w;
+                        for (int i = 0; i < extra; i++, y /= 5)
+                            s[len + i] = alpha[y % 5];
+                        if (pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)(len + extra), 0, 0, md,
+                                        NULL) >= 0)
+                            most = extra;
+                    }
+                }
+                /* a bounded state's longest way is exact; an unbounded one has matches 3 or 4
+                 * characters on (every loop here has a period of at most 2) */
+                const uint16_t far = d->dmax[st];
+                if (far == GM_DFA_FAR ? most < 3 : far != most)
+                    fail_msg("/%s/ on \"%.*s\": automaton's longest way %d, PCRE2's %d", res[k],
+                             len, s, far == GM_DFA_FAR ? -1 : (int)far, most);
             }
         }
         pcre2_code_free(re);

@@ -733,9 +733,21 @@ static void pattern_holds_in_strings(void **state)
     };
     check_cases("{\"type\":\"string\",\"maxLength\":6,\"pattern\":\"^[a-z]+\\\\d$\"}", bounded,
                 N_OF(bounded));
+    static const jc_case least[] = { /* minLength 3: a match must still reach 3 characters */
+        DONE("\"aab\""), DONE("\"aaa\""), DONE("\"aaaab\""), DONE("\"aa\\u00e9\""),
+        DONE("\"aa\xc3\xa9\""), VIABLE("\"aa"), VIABLE("\"a\\u006"),
+        REJECT("\"a", "b"),     /* "ab" matches but cannot grow */
+        REJECT("\"aa", "\""),   /* too short */
+        REJECT("\"a", "\xc3"),  /* the only two-byte character it could begin ends the match */
+        REJECT("\"a\\u00", "e"), /* likewise \u00e9 */
+    };
+    check_cases("{\"type\":\"string\",\"minLength\":3,\"pattern\":\"^a+(b|\xc3\xa9)?$\"}",
+                least, N_OF(least));
     static const jc_case none[] = {REJECT("", "\"")};
     check_cases("{\"type\":[\"string\",\"null\"],\"maxLength\":2,\"pattern\":\"^abc\"}", none,
                 N_OF(none));
+    check_cases("{\"type\":[\"string\",\"null\"],\"minLength\":5,\"pattern\":\"^[a-z]{2}$\"}",
+                none, N_OF(none));
     static const jc_case lits[] = {DONE("{\"c\":\"Rome\"}"), REJECT("{\"c\":\"", "P")};
     check_cases("{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":[\"Paris\",\"Rome\"],"
                 "\"pattern\":\"^R\"}}}",

@@ -56,6 +56,26 @@ static void fuzz_dfa(const gm_grammar *g, const uint8_t *text, size_t n)
         TD_ASSERT(d == NULL && err_msg()[0] != '\0');
         return;
     }
+    /* the shortest and longest ways to an end agree with every transition: a state's
+     * longest is one more than its successors' longest (or unbounded with any of them), its
+     * shortest one more than their shortest (0 when it ends) */
+    for (uint32_t a = 0; a < d->n_states; a++) {
+        uint32_t lo = GM_DFA_FAR, hi = 0;
+        bool far = false;
+        for (uint32_t k = 0; k < d->n_classes; k++) {
+            const uint16_t b = d->next[(size_t)a * d->n_classes + k];
+            if (b == GM_DFA_DEAD)
+                continue;
+            TD_ASSERT(d->dmin[b] != GM_DFA_FAR);
+            lo = d->dmin[b] + 1u < lo ? d->dmin[b] + 1u : lo;
+            far = far || d->dmax[b] == GM_DFA_FAR;
+            hi = !far && d->dmax[b] + 1u > hi ? d->dmax[b] + 1u : hi;
+        }
+        if (d->dmin[a] == GM_DFA_FAR)
+            continue; /* only unreachable states cannot end: no way leads to them */
+        TD_ASSERT(d->dmin[a] == (gm_dfa_accepts(d, a) ? 0 : lo));
+        TD_ASSERT(d->dmax[a] == (far ? GM_DFA_FAR : hi));
+    }
     uint16_t s = 0;
     for (size_t i = 0; i < n;) {
         utf8proc_int32_t cp;
