@@ -397,6 +397,28 @@ static void test_regex_refusals_say_what(void **ctx)
             "empty)");
 }
 
+/* Word v (base 5) of len characters over "ab1-\n" into s. */
+static void alpha_word(char *s, long v, int len)
+{
+    static const char alpha[] = "ab1-\n";
+    for (int i = 0; i < len; i++, v /= 5)
+        s[i] = alpha[v % 5];
+}
+
+/* Whether some word of extra characters after s[0, len) makes PCRE2 find a match. */
+static bool pcre2_extends(const pcre2_code *re, pcre2_match_data *md, char *s, int len, int extra)
+{
+    long m = 1;
+    for (int i = 0; i < extra; i++)
+        m *= 5;
+    for (long w = 0; w < m; w++) {
+        alpha_word(s + len, w, extra);
+        if (pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)(len + extra), 0, 0, md, NULL) >= 0)
+            return true;
+    }
+    return false;
+}
+
 /* Every string of up to 6 characters over "ab1-\n" against PCRE2: the whole text matches iff
  * PCRE2 matches it whole, and each prefix is taken iff PCRE2's hard partial match finds it
  * viable (a partial match, or a whole one). */
@@ -407,7 +429,6 @@ static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
         "a*b", "(ab|a)*1", "[ab]{2,3}-?", "a?b?1*", "(a|b)+\\d", ".*-", "[^a]+a",
         "(?:a-|b1){1,2}\\n?", "\\w\\W?", "a{0,2}(b|1-)*", "(a(b(1)?)?)?-", "",
     };
-    static const char alpha[] = "ab1-\n";
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     assert_non_null(md);
     for (size_t k = 0; k < sizeof res / sizeof res[0]; k++) {
@@ -424,9 +445,7 @@ static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
             for (int i = 0; i < len; i++)
                 count *= 5;
             for (long v = 0; v < count; v++) {
-                long x = v;
-                for (int i = 0; i < len; i++, x /= 5)
-                    s[i] = alpha[x % 5];
+                alpha_word(s, v, len);
                 s[len] = 0;
                 const int full = pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)len, 0,
                                              PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, NULL);
@@ -463,7 +482,6 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
         "ab", "^a", "b$", "^a|b$", "a.b", "(a|1)-\\d", "^[ab]+$", "1{2}", "[^a]b", "",
         "^(ab|b1)*-$", "a{3}", "^a(b|1-)?$", "^(a|b1)-?\\d?$",
     };
-    static const char alpha[] = "ab1-\n";
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     assert_non_null(md);
     for (size_t k = 0; k < sizeof res / sizeof res[0]; k++) {
@@ -484,26 +502,14 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
             for (int i = 0; i < len; i++)
                 count *= 5;
             for (long v = 0; v < count; v++) {
-                long x = v;
-                for (int i = 0; i < len; i++, x /= 5)
-                    s[i] = alpha[x % 5];
+                alpha_word(s, v, len);
                 uint16_t st = 0;
                 for (int i = 0; i < len; i++)
                     st = gm_dfa_step(d, st, (uint8_t)s[i]);
                 int need = -1; /* fewest characters to append for a match, up to 3 */
-                for (int extra = 0; extra <= 3 && need < 0; extra++) {
-                    long m = 1;
-                    for (int i = 0; i < extra; i++)
-                        m *= 5;
-                    for (long w = 0; w < m && need < 0; w++) {
-                        long y = w;
-                        for (int i = 0; i < extra; i++, y /= 5)
-                            s[len + i] = alpha[y % 5];
-                        if (pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)(len + extra), 0, 0, md,
-                                        NULL) >= 0)
-                            need = extra;
-                    }
-                }
+                for (int extra = 0; extra <= 3 && need < 0; extra++)
+                    if (pcre2_extends(re, md, s, len, extra))
+                        need = extra;
                 const int dist = st == GM_DFA_DEAD ? -1 : d->dmin[st];
                 if (need >= 0 ? dist != need : (dist >= 0 && dist <= 3))
                     fail_msg("/%s/ on \"%.*s\": automaton distance %d, PCRE2 needs %d", res[k],
@@ -511,19 +517,9 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
                 if (len > 3 || st == GM_DFA_DEAD)
                     continue;
                 int most = -1; /* the most characters appended with a match, up to 4 */
-                for (int extra = 4; extra >= 0 && most < 0; extra--) {
-                    long m = 1;
-                    for (int i = 0; i < extra; i++)
-                        m *= 5;
-                    for (long w = 0; w < m && most < 0; w++) {
-                        long y = w;
-                        for (int i = 0; i < extra; i++, y /= 5)
-                            s[len + i] = alpha[y % 5];
-                        if (pcre2_match(re, (PCRE2_SPTR)s, (PCRE2_SIZE)(len + extra), 0, 0, md,
-                                        NULL) >= 0)
-                            most = extra;
-                    }
-                }
+                for (int extra = 4; extra >= 0 && most < 0; extra--)
+                    if (pcre2_extends(re, md, s, len, extra))
+                        most = extra;
                 /* a bounded state's longest way is exact; an unbounded one has matches 3 or 4
                  * characters on (every loop here has a period of at most 2) */
                 const uint16_t far = d->dmax[st];
