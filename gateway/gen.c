@@ -721,6 +721,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .in_think = s->in_think,
         .tools = s->req.parse_tools ? s->req.tools : NULL,
         .keep_stop = s->req.keep_stop,
+        .keep_special = s->req.keep_special,
     };
     if (err == TD_OK)
         err = gen_tool_spec(s, &e);

@@ -90,7 +90,7 @@ td_err output_init(gw_output *o, const tokenizer *tok, const output_opts *opts)
 {
     memset(o, 0, sizeof *o);
     o->tok = tok;
-    tok_stream_init(&o->ts, tok, TOK_DEC_SKIP_SPECIAL);
+    tok_stream_init(&o->ts, tok, opts->keep_special ? 0 : TOK_DEC_SKIP_SPECIAL);
     stop_init(&o->stop, opts->stops, opts->stop_lens, opts->n_stops);
     o->stop.keep_stop = opts->keep_stop;
     o->reasoning = opts->reasoning;

@@ -48,6 +48,7 @@ typedef struct output_opts {
     const json_t *tools;      /* parse tool calls with these schemas, or NULL: no parsing */
     bool calls_matched;       /* verifyd matched the calls: one the output ends inside is text */
     bool keep_stop;           /* the stop string that ends the text is part of it */
+    bool keep_special;        /* control tokens print their text (else nothing) */
 } output_opts;
 
 typedef struct gw_output {

@@ -524,6 +524,9 @@ static td_err req_common(gw_request *r, api_error *e)
     TD_TRY(req_bool(r->root, "ignore_eos", "ignore_eos", &r->ignore_eos, e));
     TD_TRY(req_bool(r->root, "include_stop_str_in_output", "include_stop_str_in_output",
                     &r->keep_stop, e));
+    bool skip = true;
+    TD_TRY(req_bool(r->root, "skip_special_tokens", "skip_special_tokens", &skip, e));
+    r->keep_special = !skip;
     TD_TRY(req_allowed(r, e));
     TD_TRY(req_bad_words(r, e));
     return req_stop(r, e);

@@ -117,6 +117,8 @@ typedef struct gw_request {
     bool logprobs;         /* return the chosen tokens' log probabilities */
     uint32_t top_logprobs; /* alternatives per token, 0..REQ_TOP_LOGPROBS_MAX */
     bool ignore_eos;       /* keep generating past end-of-generation tokens */
+    bool keep_special;     /* skip_special_tokens false (vLLM's): control tokens' text is
+                              part of the output */
     bool keep_stop;        /* include_stop_str_in_output (vLLM's): the stop string that ended
                             * the text stays at its end */
     msg_format format;     /* response_format: text, json_object, json_schema, a grammar, a

@@ -151,6 +151,28 @@ static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
     free(reply);
 }
 
+/* Control tokens in the output print nothing, or their text with skip_special_tokens false
+ * (vLLM's). */
+static void special_tokens_show_when_asked_for(void **state)
+{
+    (void)state;
+    for (int keep = 0; keep < 2; keep++) {
+        fake_script s = {.step = 3};
+        gwh_encode("a<|im_start|>b<|endoftext|>c", &s);
+        assert_int_equal(s.n_tokens, 5);
+        fake_verifyd_script(gwh_fake, &s);
+        char *reply, *body;
+        assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                     keep ? "{\"prompt\":\"x\",\"skip_special_tokens\":false}"
+                                          : "{\"prompt\":\"x\"}",
+                                     &reply, &body),
+                         200);
+        assert_non_null(strstr(body, keep ? "\"text\":\"a<|im_start|>b<|endoftext|>c\""
+                                          : "\"text\":\"abc\""));
+        free(reply);
+    }
+}
+
 static void tool_call_in_the_output_becomes_tool_calls(void **state)
 {
     (void)state;
@@ -643,6 +665,7 @@ int main(void)
         cmocka_unit_test(chat_whole_response_and_what_verifyd_receives),
         cmocka_unit_test(chat_stream_sends_exact_chunks),
         cmocka_unit_test(stop_string_ends_the_text_and_cancels_verifyd),
+        cmocka_unit_test(special_tokens_show_when_asked_for),
         cmocka_unit_test(tool_call_in_the_output_becomes_tool_calls),
         cmocka_unit_test(one_tool_call_when_parallel_calls_are_off),
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),

@@ -1,6 +1,6 @@
 /* The gateway's output pipeline on the tiny test model's tokenizer: token ids -> content,
  * reasoning and tool-call pieces, step by step as a stream sees them. Multi-byte characters
- * never split, special tokens never show, stop strings cut the text and say how many tokens
+ * never split, special tokens show only when asked for, stop strings cut the text and say how many tokens
  * counted, and the same tokens give the same text however they are grouped into steps. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -88,6 +88,15 @@ static void special_tokens_print_nothing(void **state)
     char log[64] = "";
     take(&o, log, sizeof log);
     assert_string_equal(log, "C(a)");
+    output_free(&o);
+    /* skip_special_tokens false: they print their text */
+    opts.keep_special = true;
+    assert_int_equal(output_init(&o, tok, &opts), TD_OK);
+    assert_int_equal(output_push(&o, ids, 4, NULL), TD_OK);
+    assert_int_equal(output_finish(&o), TD_OK);
+    log[0] = '\0';
+    take(&o, log, sizeof log);
+    assert_string_equal(log, "C(<|im_start|>a<|im_end|><|endoftext|>)");
     output_free(&o);
 }
 

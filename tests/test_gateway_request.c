@@ -42,6 +42,7 @@ static void chat_body_gives_exact_values(void **state)
         "\"max_tokens\": 10, \"max_completion_tokens\": 20, \"stop\": [\"\", \"END\", \"\\n\\n\"],"
         "\"stream\": true, \"stream_options\": {\"include_usage\": true},"
         "\"logprobs\": true, \"top_logprobs\": 3, \"n\": 3, \"ignore_eos\": true,"
+        "\"skip_special_tokens\": false,"
         "\"chat_template_kwargs\": {\"enable_thinking\": false},"
         "\"presence_penalty\": 1.5, \"frequency_penalty\": -0.5,"
         "\"logit_bias\": {\"11\": -100, \"0\": 2.5, \"248319\": 100},"
@@ -76,6 +77,7 @@ static void chat_body_gives_exact_values(void **state)
     assert_true(r.logprobs);
     assert_int_equal(r.top_logprobs, 3);
     assert_true(r.ignore_eos);
+    assert_true(r.keep_special);
     assert_int_equal(r.enable_thinking, CHAT_THINK_OFF);
     assert_true(r.add_generation_prompt);
     assert_null(r.tools);
@@ -112,6 +114,7 @@ static void chat_defaults_when_fields_are_absent(void **state)
     assert_int_equal(r.n_stop, 0);
     assert_false(r.stream);
     assert_false(r.logprobs);
+    assert_false(r.keep_special);
     assert_int_equal(r.enable_thinking, CHAT_THINK_UNSET);
     assert_non_null(r.tools);
     assert_true(r.parse_tools);
@@ -654,6 +657,10 @@ static void completion_bad_prompts_are_400(void **state)
                  "{\"error\":{\"message\":\"Invalid value for 'max_tokens': expected an integer "
                  "from 1 to 2147483647, but got 0 instead.\",\"type\":\"invalid_request_error\","
                  "\"param\":\"max_tokens\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"skip_special_tokens\": \"no\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'skip_special_tokens': expected a "
+                 "boolean, but got a string instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"skip_special_tokens\",\"code\":\"invalid_type\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"echo\": 1}", 400,
                  "{\"error\":{\"message\":\"Invalid type for 'echo': expected a boolean, but got "
                  "an integer instead.\",\"type\":\"invalid_request_error\",\"param\":\"echo\","
