@@ -3,7 +3,8 @@
  *
  *   tandem chat-template --template T.jinja --messages chat.json
  *   tandem chat-template --model M.gguf [--messages FILE|-] [--tools FILE]
- *                        [--no-generation-prompt] [--enable-thinking true|false]
+ *                        [--no-generation-prompt] [--continue-final-message]
+ *                        [--enable-thinking true|false]
  *                        [--kwargs JSON] [--bos-token S] [--eos-token S]
  *
  * The messages file holds a JSON array of messages (stdin by default), or a whole chat
@@ -66,13 +67,14 @@ int cmd_chat_template(int argc, char **argv)
 {
     const char *template_path = NULL, *model = NULL, *messages_path = "-", *tools_path = NULL;
     const char *thinking = NULL, *kwargs_text = NULL, *bos = NULL, *eos = NULL;
-    bool no_gen = false, help = false;
+    bool no_gen = false, cont = false, help = false;
     const args_opt opts[] = {
         {.name = "template", .type = ARGS_STRING, .value = &template_path, .help = "Jinja chat template file"},
         {.name = "model", .type = ARGS_STRING, .value = &model, .help = "GGUF model file (its tokenizer.chat_template)"},
         {.name = "messages", .type = ARGS_STRING, .value = &messages_path, .help = "JSON array of messages or a request body, - for stdin"},
         {.name = "tools", .type = ARGS_STRING, .value = &tools_path, .help = "JSON array of tool schemas"},
         {.name = "no-generation-prompt", .type = ARGS_FLAG, .value = &no_gen, .help = "do not open the assistant's turn"},
+        {.name = "continue-final-message", .type = ARGS_FLAG, .value = &cont, .help = "end with the final message's text, left open (with --no-generation-prompt)"},
         {.name = "enable-thinking", .type = ARGS_STRING, .value = &thinking, .help = "true or false (unset: the template's default)"},
         {.name = "kwargs", .type = ARGS_STRING, .value = &kwargs_text, .help = "JSON object of extra template variables"},
         {.name = "bos-token", .type = ARGS_STRING, .value = &bos, .help = "BOS text (bos_token)"},
@@ -80,7 +82,8 @@ int cmd_chat_template(int argc, char **argv)
         ARGS_END,
     };
     const char *usage = "tandem chat-template (--template FILE | --model M.gguf) [--messages FILE|-] "
-                        "[--tools FILE] [--no-generation-prompt] [--enable-thinking true|false] [--kwargs JSON]";
+                        "[--tools FILE] [--no-generation-prompt] [--continue-final-message] [--enable-thinking true|false] "
+                        "[--kwargs JSON]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem chat-template: %s\n", err_msg());
         args_usage(usage, opts);
@@ -94,7 +97,7 @@ int cmd_chat_template(int argc, char **argv)
         fprintf(stderr, "tandem chat-template: give exactly one of --template and --model\n");
         return 2;
     }
-    chat_opts o = {.add_generation_prompt = !no_gen};
+    chat_opts o = {.add_generation_prompt = !no_gen, .continue_final = cont};
     if (thinking) {
         if (!strcmp(thinking, "true"))
             o.enable_thinking = CHAT_THINK_ON;

@@ -7,6 +7,7 @@
 
 struct chat_template {
     jinja_tmpl *jt;
+    bool reads_content; /* the text names "content" (continue_final needs it) */
 };
 
 td_err chat_template_init(chat_template **out, const char *text, size_t len)
@@ -20,6 +21,7 @@ td_err chat_template_init(chat_template **out, const char *text, size_t len)
         free(t);
         return e;
     }
+    t->reads_content = memmem(text, len, "content", 7) != NULL;
     *out = t;
     return TD_OK;
 }
@@ -111,6 +113,91 @@ static td_err build_vars(const json_t *messages, const chat_opts *o, json_t *var
     return TD_OK;
 }
 
+/* continue_final: the final message's text (its content, or the last part of it with a
+ * "text") gets CONTINUE_MARK appended in the copy that is rendered, so that the prompt can be
+ * cut where the message ends whatever the template does around it (as transformers does). */
+#define CONTINUE_MARK "TANDEMCONTINUEMARK "
+#define CONTINUE_MARK_LEN (sizeof CONTINUE_MARK - 1)
+
+static json_t *marked(const json_t *text)
+{
+    const size_t n = json_string_length(text);
+    char *s = malloc(n + CONTINUE_MARK_LEN);
+    if (!s)
+        return NULL;
+    memcpy(s, json_string_value(text), n);
+    memcpy(s + n, CONTINUE_MARK, CONTINUE_MARK_LEN);
+    json_t *r = json_stringn(s, n + CONTINUE_MARK_LEN);
+    free(s);
+    return r;
+}
+
+/* Marks the final message of the normalised messages; *text gets its text (unmarked, a
+ * reference of the caller's). */
+static td_err mark_final(json_t *msgs, const json_t **text)
+{
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    json_t *content = json_object_get(last, "content");
+    if (!content)
+        return err_set(TD_EINVAL, "continue_final_message: the final message has no content to "
+                                  "continue");
+    json_t *copy = NULL, *part = NULL;
+    if (json_is_array(content)) { /* the last part with a "text" */
+        for (size_t i = json_array_size(content); i-- > 0 && !part;)
+            if (json_object_get(json_array_get(content, i), "text")) {
+                if (!(copy = json_deep_copy(content)))
+                    return err_set(TD_ENOMEM, "chat template: out of memory");
+                part = json_array_get(copy, i);
+            }
+        if (!part)
+            return err_set(TD_EINVAL, "continue_final_message: the final message has no text "
+                                      "part to continue");
+        content = json_object_get(part, "text");
+    }
+    if (!json_is_string(content)) {
+        json_decref(copy);
+        return err_set(TD_EINVAL, "continue_final_message: the final message's text is not a "
+                                  "string");
+    }
+    *text = json_incref(content);
+    json_t *m = marked(content);
+    if (!m || (part ? json_object_set_new(part, "text", m) : json_object_set_new(last, "content", m))) {
+        json_decref(copy);
+        return err_set(TD_ENOMEM, "chat template: out of memory");
+    }
+    if (copy && json_object_set_new(last, "content", copy))
+        return err_set(TD_ENOMEM, "chat template: out of memory");
+    return TD_OK;
+}
+
+/* The last occurrence of needle[0, k) in s[0, n), or -1. */
+static ptrdiff_t last_index(const char *s, size_t n, const char *needle, size_t k)
+{
+    for (size_t i = n >= k ? n - k + 1 : 0; i-- > 0;)
+        if (!memcmp(s + i, needle, k))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+/* The rendered prompt cut where the final message's text ends (the mark, and any space the
+ * template trimmed from it). */
+static td_err cut_at_mark(char *out, size_t *len, const json_t *text)
+{
+    size_t a;
+    const char *s = json_string_value(text);
+    const size_t b = jinja_py_strip(s, json_string_length(text), true, true, &a);
+    const ptrdiff_t at = last_index(out, *len, CONTINUE_MARK, CONTINUE_MARK_LEN - 1);
+    if (at < 0 || (b > a && !memmem(out, *len, s + a, b - a)))
+        return err_set(TD_EINVAL, "continue_final_message: the chat template does not keep the "
+                                  "final message's text whole, so it cannot be continued");
+    size_t end = (size_t)at;
+    if ((size_t)at + CONTINUE_MARK_LEN > *len || memcmp(out + at, CONTINUE_MARK, CONTINUE_MARK_LEN))
+        end = jinja_py_strip(out, end, false, true, &a); /* the template trimmed the text */
+    out[end] = '\0';
+    *len = end;
+    return TD_OK;
+}
+
 td_err chat_template_render(const chat_template *t, const json_t *messages, const chat_opts *o,
                             char **out, size_t *out_len)
 {
@@ -120,12 +207,31 @@ td_err chat_template_render(const chat_template *t, const json_t *messages, cons
     chat_opts none = {0};
     if (!o)
         o = &none;
+    if (o->continue_final && o->add_generation_prompt)
+        return err_set(TD_EINVAL, "continue_final_message and add_generation_prompt cannot both "
+                                  "be set: one continues the final message, the other opens a "
+                                  "new one");
+    if (o->continue_final && !t->reads_content)
+        return err_set(TD_EINVAL, "continue_final_message: the chat template never reads a "
+                                  "message's content");
     json_t *vars = json_object();
     if (!vars)
         return err_set(TD_ENOMEM, "chat template: out of memory");
+    const json_t *text = NULL;
+    size_t len = 0;
     td_err e = build_vars(messages, o, vars);
+    if (e == TD_OK && o->continue_final)
+        e = mark_final(json_object_get(vars, "messages"), &text);
     if (e == TD_OK)
-        e = jinja_render(t->jt, vars, o->limits, out, out_len, NULL);
+        e = jinja_render(t->jt, vars, o->limits, out, &len, NULL);
+    if (e == TD_OK && o->continue_final && (e = cut_at_mark(*out, &len, text)) != TD_OK) {
+        free(*out);
+        *out = NULL;
+        len = 0;
+    }
+    if (out_len)
+        *out_len = len;
+    json_decref((json_t *)text);
     json_decref(vars);
     return e;
 }

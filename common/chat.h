@@ -33,6 +33,9 @@ typedef enum chat_think {
 typedef struct chat_opts {
     const json_t *tools;        /* JSON array of tool schemas (OpenAI function tools), or NULL */
     bool add_generation_prompt; /* end with the assistant turn's opening */
+    bool continue_final;        /* end with the final message's text, left open for the model
+                                   to go on (transformers' continue_final_message; not with
+                                   add_generation_prompt) */
     chat_think enable_thinking;
     const json_t *kwargs;       /* JSON object of extra template variables, or NULL */
     const char *bos_token;      /* the model's BOS text, or NULL when it has none */

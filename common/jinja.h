@@ -17,6 +17,7 @@
 #ifndef TANDEM_COMMON_JINJA_H
 #define TANDEM_COMMON_JINJA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -57,5 +58,9 @@ void jinja_free(jinja_tmpl *t);
  * is non-NULL) gets the template line of the failing statement, 0 when unknown. */
 td_err jinja_render(const jinja_tmpl *t, const json_t *vars, const jinja_limits *lim, char **out,
                     size_t *out_len, int *err_line);
+
+/* text[0, n) (UTF-8) without the whitespace Python's str.strip() takes off: leading
+ * (left) and trailing (right). Returns the kept bytes' end; *start gets their start. */
+size_t jinja_py_strip(const char *text, size_t n, bool left, bool right, size_t *start);
 
 #endif

@@ -28,6 +28,22 @@ static bool in_chars(uint32_t cp, jv chars)
     return false;
 }
 
+size_t jinja_py_strip(const char *text, size_t n, bool left, bool right, size_t *start)
+{
+    size_t first = n, last_end = 0; /* the first character kept, the end of the last */
+    bool seen = false;
+    for (size_t i = 0, next; i < n; i = next)
+        if (!py_isspace(utf8_decode(text, n, i, &next))) {
+            if (!seen)
+                first = i;
+            seen = true;
+            last_end = next;
+        }
+    const size_t a = left ? first : 0;
+    *start = a;
+    return !right ? n : seen ? last_end : a;
+}
+
 jv jstr_strip(jev *ev, jv s, jv chars, bool left, bool right)
 {
     if (chars.kind != JV_STR && chars.kind != JV_NONE && chars.kind != JV_MISSING)

@@ -117,8 +117,8 @@ static void api_metrics(gw_state *g, api_reply *r)
 }
 
 /* {"content": text} (or "prompt"), or a chat's {"messages": [...]} with the fields that shape
- * its prompt (tools, chat_template_kwargs, add_generation_prompt) -> the tokens, their count
- * and the context they must fit. */
+ * its prompt (tools, chat_template_kwargs, add_generation_prompt, continue_final_message) -> the
+ * tokens, their count and the context they must fit. */
 static void api_tokenize(gw_state *g, const api_call *c, api_reply *r)
 {
     api_error e;

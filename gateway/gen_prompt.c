@@ -18,6 +18,7 @@ td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *i
     chat_opts o = {
         .tools = req->tools,
         .add_generation_prompt = req->add_generation_prompt,
+        .continue_final = req->continue_final,
         .enable_thinking = req->enable_thinking,
         .kwargs = req->template_kwargs,
         .bos_token = g->chat.bos_token,

@@ -76,6 +76,8 @@ typedef struct gw_request {
     bool parallel_calls; /* parallel_tool_calls (default true); false: the answer ends with its
                             first tool call */
     bool add_generation_prompt;   /* default true */
+    bool continue_final;          /* continue_final_message: the prompt ends with the final
+                                     message's text, which the output continues */
     chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
     const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */
 

@@ -285,6 +285,13 @@ td_err req_chat(gw_request *r, api_error *e)
     r->add_generation_prompt = true;
     TD_TRY(req_bool(r->root, "add_generation_prompt", "add_generation_prompt",
                     &r->add_generation_prompt, e));
+    TD_TRY(req_bool(r->root, "continue_final_message", "continue_final_message",
+                    &r->continue_final, e));
+    if (r->continue_final && r->add_generation_prompt)
+        return apierr_set(e, 400, "invalid_value", "continue_final_message",
+                          "Invalid value for 'continue_final_message': it continues the final "
+                          "message, so 'add_generation_prompt' (true by default), which opens a "
+                          "new one, must be false.");
     const json_t *kw = req_field(r->root, "chat_template_kwargs");
     if (kw) {
         if (!json_is_object(kw))

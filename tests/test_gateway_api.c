@@ -589,6 +589,33 @@ static void tokenize_and_detokenize_round_trip(void **state)
                                  &reply, &body),
                      400);
     free(reply);
+    /* continue_final_message: verifyd's prompt ends with the final message's text, open */
+    const char *cont = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":"
+                       "\"assistant\",\"content\":\"Hello wor\"}],\"continue_final_message\":true,"
+                       "\"add_generation_prompt\":false,\"chat_template_kwargs\":{"
+                       "\"enable_thinking\":false}}";
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, cont, &reply, &body), 200);
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    char ids[2048] = "{\"tokens\":[";
+    for (uint32_t i = 0; i < m.n_prompt; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%u", i ? "," : "", p[i]);
+    strcat(ids, "]}");
+    assert_int_equal(gwh_request("POST", "/detokenize", NULL, ids, &reply, &body), 200);
+    assert_string_equal(body, "{\"content\":\"<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>"
+                              "assistant\\n<think>\\n\\n</think>\\n\\nHello wor\"}");
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"continue_final_message\":true}",
+                                 &reply, &body),
+                     400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"Invalid value for 'continue_final_message'"
+                              ": it continues the final message, so 'add_generation_prompt' (true "
+                              "by default), which opens a new one, must be false.\",\"type\":"
+                              "\"invalid_request_error\",\"param\":\"continue_final_message\","
+                              "\"code\":\"invalid_value\"}}");
+    free(reply);
     assert_int_equal(gwh_request("POST", "/detokenize", NULL,
                                  "{\"tokens\":[505,39,68,317,78,281,274,75,67]}", &reply, &body),
                      200);

@@ -64,7 +64,8 @@ def render_hf(template, case, tok=None):
         kwargs["enable_thinking"] = case["thinking"]
     try:
         text = tok.apply_chat_template(case["messages"], tools=case.get("tools"), chat_template=template,
-                                       tokenize=False, add_generation_prompt=case.get("agp", True), **kwargs)
+                                       tokenize=False, add_generation_prompt=case.get("agp", True),
+                                       continue_final_message=case.get("cont", False), **kwargs)
         return ("ok", text)
     except Exception as e:  # the template's own errors and jinja2's
         return ("error", str(e))
@@ -84,6 +85,8 @@ def render_tandem(template_path, case, tmp_path, extra=()):
         args += ["--tools", str(tpath)]
     if not case.get("agp", True):
         args.append("--no-generation-prompt")
+    if case.get("cont"):
+        args.append("--continue-final-message")
     if case.get("thinking") is not None:
         args += ["--enable-thinking", "true" if case["thinking"] else "false"]
     if case.get("kwargs"):
@@ -299,6 +302,52 @@ def test_qwen35_errors_carry_the_template_message(name, message, tmp_path):
     case = {"messages": MESSAGE_SETS[name], "tools": TOOL_SETS.get(name)}
     assert render_hf(open(path, encoding="utf-8").read(), case) == ("error", message)
     assert render_tandem(path, case, tmp_path) == ("error", message)
+
+
+# continue_final_message: the prompt ends with the final message's text, left open. Where
+# transformers refuses (no text to continue, a template that rewrites it), tandem refuses too,
+# in its own words.
+CONTINUE_SETS = {
+    "plain": [U("Give me a word"), A("Ok! Here you go:")],
+    "trailing_space": [U("q"), A("The answer is ")],
+    "trailing_nbsp_newline": [U("q"), A("Ça\u00a0\n")],
+    "leading_space": [U("q"), A("  indented")],
+    "parts": [U("q"), {"role": "assistant", "content": [{"type": "text", "text": "first "}, {"type": "text", "text": "second"}]}],
+    "think_open": [U("q"), A("<think>\nstep one")],
+    "think_closed": [U("q"), A("<think>\nr\n</think>\n\nThe answer")],
+    "reasoning_field": [U("q"), {"role": "assistant", "content": "so far", "reasoning_content": "r"}],
+    "user_last": [U("Complete this senten")],
+    "system_only": [S("sys")],
+    "empty": [U("q"), A("")],
+    "spaces_only": [U("q"), A("  \n")],
+    "no_text_part": [U("q"), {"role": "assistant", "content": [{"type": "image", "image": "x.png"}]}],
+    "no_content": [U("q"), {"role": "assistant", "tool_calls": [call("get_weather", {"city": "Oslo"})]}],
+}
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+@pytest.mark.parametrize("name", list(CONTINUE_SETS))
+def test_continue_final_message_like_transformers(template, name, tmp_path):
+    path = os.path.join(TEMPLATE_DIR, template)
+    case = {"messages": CONTINUE_SETS[name], "agp": False, "cont": True}
+    want = render_hf(open(path, encoding="utf-8").read(), case)
+    got = render_tandem(path, case, tmp_path)
+    if want[0] == "ok":
+        assert got == want
+    else:
+        assert got[0] == "error", (got, want)
+
+
+def test_continue_final_message_cases_mostly_render():
+    text = open(os.path.join(TEMPLATE_DIR, "Qwen3.5-4B.jinja"), encoding="utf-8").read()
+    ok = [n for n, m in CONTINUE_SETS.items() if render_hf(text, {"messages": m, "agp": False, "cont": True})[0] == "ok"]
+    assert len(ok) >= 8, ok
+
+
+def test_continue_final_message_with_generation_prompt_is_refused(tmp_path):
+    path = os.path.join(TEMPLATE_DIR, "Qwen3.5-4B.jinja")
+    got = render_tandem(path, {"messages": CONTINUE_SETS["plain"], "cont": True}, tmp_path)
+    assert got[0] == "error" and "add_generation_prompt" in got[1]
 
 
 def test_qwen3_list_content_fails_like_python(tmp_path):
