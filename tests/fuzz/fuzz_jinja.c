@@ -1,10 +1,14 @@
 /* Fuzzes the Jinja interpreter with template text: any input either fails to compile with a
  * message or renders against a chat-like set of variables within small limits, returning text
- * no longer than max_output or an error with a message; never a crash, a hang or a leak. */
+ * no longer than max_output or an error with a message; never a crash, a hang or a leak. A
+ * template that compiles also renders as a chat template continuing the final message
+ * (chat_template_render, continue_final): a prompt no longer than the limit plus the text's
+ * mark, or an error with a message. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/chat.h"
 #include "common/jinja.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -49,5 +53,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(out);
     }
     jinja_free(t);
+    chat_template *ct;
+    if (chat_template_init(&ct, (const char *)data, size) != TD_OK)
+        abort(); /* it compiled above */
+    const chat_opts o = {.continue_final = true, .limits = &lim};
+    if (chat_template_render(ct, json_object_get(vars, "messages"), &o, &out, &n) == TD_OK) {
+        if (n > lim.max_output + 64 || strlen(out) > n)
+            abort();
+        free(out);
+    } else if (out || n) { /* a failed render leaves nothing behind */
+        abort();
+    }
+    chat_template_free(ct);
     return 0;
 }
