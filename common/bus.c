@@ -455,7 +455,7 @@ static void client_redial_if_stale(bus_client *c)
  * recv_max. A reply between the two is received whole and refused by bus_client_call, and
  * the connection stays: NNG 1.5's ipc transport, closing a pipe from its receive path for a
  * message over the limit, was seen to leave the socket's later nng_close waiting forever
- * (about 1 run in 70 of test_bus under load). */
+ * (a few runs in a hundred of test_bus under load). */
 static size_t client_drop_size(size_t recv_max)
 {
     return recv_max > SIZE_MAX / BUS_CLIENT_DROP_FACTOR ? SIZE_MAX
@@ -516,7 +516,8 @@ static td_err call_fail(bus_client *c, int rv, int32_t timeout_ms)
     if (rv == NNG_ECONNRESET || rv == NNG_ECONNSHUT || rv == NNG_ECONNABORTED)
         return err_set(TD_ECLOSED,
                        "%s: connection lost during the call (the server went away, or a "
-                       "message exceeded a receive limit; this client drops replies over %zu bytes): %s",
+                       "message exceeded a receive limit; this client drops replies over %zu "
+                       "bytes): %s",
                        c->url, client_drop_size(c->opts.recv_max), nng_strerror(rv));
     if (rv == NNG_ETIMEDOUT && n_pipes == 0)
         return nng_fail(rv, "%s: no server reachable within %d ms", c->url, timeout_ms);
