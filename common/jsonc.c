@@ -277,13 +277,24 @@ static const gm_dfa *pat_of(const jc_schema *s, const jc_alt *a)
     return p ? s->pats[p - 1] : NULL;
 }
 
+/* The code points a match may still take after pos of them, within the node's minLength and
+ * maxLength (0 and UINT32_MAX when it has none): false when pos is already past maxLength. */
+static bool pat_left(const jc_node *n, uint32_t pos, uint32_t *least, uint32_t *most)
+{
+    if (pos > n->max_len)
+        return false;
+    *least = pos < n->min_len ? n->min_len - pos : 0;
+    *most = n->max_len - pos;
+    return true;
+}
+
 /* Whether a string of pos code points in state st can still become a match of a length
  * within the node's bounds (gm_dfa_room: the shortest completion within maxLength, the
  * longest reaching minLength). */
 static bool pat_room(const gm_dfa *d, uint16_t st, uint32_t pos, const jc_node *n)
 {
-    return pos <= n->max_len &&
-           gm_dfa_room(d, st, pos < n->min_len ? n->min_len - pos : 0, n->max_len - pos);
+    uint32_t least, most;
+    return pat_left(n, pos, &least, &most) && gm_dfa_room(d, st, least, most);
 }
 
 static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
@@ -292,8 +303,7 @@ static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
     if (!d)
         return true;
     const uint16_t st = gm_dfa_step(d, a->lo, cp);
-    const jc_node *n = &s->nodes[a->node];
-    if (st == GM_DFA_DEAD || (n->has_len && !pat_room(d, st, a->pos, n)))
+    if (st == GM_DFA_DEAD || !pat_room(d, st, a->pos, &s->nodes[a->node]))
         return false;
     a->lo = st;
     return true;
@@ -304,17 +314,11 @@ static bool pat_cp(const jc_schema *s, jc_alt *a, uint32_t cp)
 static bool pat_meets(const jc_schema *s, const jc_alt *a, uint32_t lo, uint32_t hi)
 {
     const gm_dfa *d = pat_of(s, a);
+    uint32_t least, most;
     if (!d)
         return true;
-    const jc_node *n = &s->nodes[a->node];
-    uint32_t least = 0, most = UINT32_MAX;
-    if (n->has_len) {
-        if (a->pos > n->max_len)
-            return false;
-        least = a->pos < n->min_len ? n->min_len - a->pos : 0;
-        most = n->max_len - a->pos;
-    }
-    return gm_dfa_meets(d, a->lo, lo, hi > 0x10FFFF ? 0x10FFFF : hi, least, most);
+    return pat_left(&s->nodes[a->node], a->pos, &least, &most) &&
+           gm_dfa_meets(d, a->lo, lo, hi > 0x10FFFF ? 0x10FFFF : hi, least, most);
 }
 
 /* A raw UTF-8 byte of a pattern string (the lead when lead): its bits, then the character
@@ -862,7 +866,7 @@ static int value_start(const jc_schema *s, jc_alt *a, uint8_t b)
         if (!(t & JT_STR))
             return ST_REJECT;
         lex_reset(a, LX_STR, idx);
-        if (s->nodes[idx].pattern && s->nodes[idx].has_len &&
+        if (s->nodes[idx].pattern &&
             !pat_room(s->pats[s->nodes[idx].pattern - 1], 0, 0, &s->nodes[idx]))
             return ST_REJECT; /* no match of a length the bounds allow */
         return ST_OK;
