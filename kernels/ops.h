@@ -318,6 +318,12 @@ typedef struct ops_delta {
      * OPS_DELTA_CHUNK_DK and d_v <= OPS_DELTA_CHUNK_DV. */
     int64_t chunk;
     const int32_t *pos0;
+
+    /* The caller's word that the work enqueued right before this call writes none of state,
+     * state_in and norm_z (a forward pass: the DeltaNet inputs before it write q, k, v, g and
+     * beta): the GPU then reads them while that work still runs, for one token (blocks of several
+     * read after it: measured faster). The CPU ignores it. */
+    bool settled;
 } ops_delta;
 
 #define OPS_DELTA_CHUNK_MAX 64  /* positions per chunk of the chunked form */

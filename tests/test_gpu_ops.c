@@ -346,7 +346,8 @@ static void test_conv1d_matches_cpu_and_is_token_invariant(void **state)
 static void test_delta_rule_matches_cpu_and_is_token_invariant(void **state)
 {
     (void)state;
-    static const int64_t cs[][5] = {{2, 6, 128, 128, 9}, {1, 3, 16, 40, 4}, {16, 48, 128, 128, 1}};
+    static const int64_t cs[][5] = {{2, 6, 128, 128, 9}, {1, 3, 16, 40, 4}, {16, 48, 128, 128, 1},
+                                   {1, 2, 128, 64, 2},  {1, 2, 128, 64, 3}, {1, 3, 16, 40, 5}};
     rng_seed(7);
     for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
         ops_delta d = {0};

@@ -466,6 +466,7 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, f
         .out = w->o,
         /* y = RMSNorm_dv(o) * ssm_norm * silu(z), in the same launch on the GPU */
         .norm_w = L->ssm_norm, .norm_z = z, .norm_eps = hp->eps,
+        .settled = true, /* deltanet_in writes none of ssm, rec_ssm0's source and z */
     };
     if (m->delta_chunk && !rec_ssm0 && n_tok > 1) { /* a prefill: the chunked form */
         d.chunk = m->delta_chunk;

@@ -21,13 +21,18 @@
  * per call on the H200 with 256 threads and loads behind stores). w is read while the block
  * sums (w cannot alias x: it is a weight), not after: a load behind the sum adds a round trip
  * to every norm (with all three sets of loads up front the kernel spills at its 32
- * registers). */
+ * registers). Before its wait a one-row call asks for w into L2 (no registers held), so that
+ * load finds it there (several rows: their blocks would all ask). */
 #define FUSED_ROW_VALS 8
 
 __global__ void __launch_bounds__(FUSED_ROW_THREADS)
 add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float *w, int64_t dim,
-                   float eps)
+                   float eps, bool pf)
 {
+    /* w is a weight: asked into L2 while the kernel before still runs (a warp per line) */
+    for (int64_t i = threadIdx.x; pf && w && (threadIdx.x & 31) == 0 && i < dim;
+         i += FUSED_ROW_THREADS)
+        dev_prefetch_l2(w + i);
     pdl_enter(early);
     __shared__ double sh[33];
     float *xr = x + (int64_t)blockIdx.x * dim;
@@ -258,7 +263,8 @@ extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const f
     if (n_rows == 0)
         return TD_OK;
     return pdl_launch<add_rmsnorm_kernel>("add_rmsnorm", dim3((unsigned)n_rows),
-                                          dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim, eps);
+                                          dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim, eps,
+                                          n_rows == 1 && pdl_early_reads());
 }
 
 extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,

@@ -28,6 +28,9 @@ bool pdl_on(void)
     return m == 1;
 }
 
+/* 0 unknown, 1 on, 2 off (TANDEM_EARLY_READS=off or 0) */
+int g_early;
+
 /* The SM count of device dev (0 when it cannot be asked) and whether it runs
  * griddepcontrol (compute capability 9.0 and up). */
 int dev_info(int dev, bool *pdl)
@@ -101,4 +104,15 @@ void pdl_refuse(void)
 bool pdl_enabled(void)
 {
     return pdl_on();
+}
+
+bool pdl_early_reads(void)
+{
+    int m = __atomic_load_n(&g_early, __ATOMIC_RELAXED);
+    if (m == 0) {
+        const char *e = getenv("TANDEM_EARLY_READS");
+        m = e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
+        __atomic_store_n(&g_early, m, __ATOMIC_RELAXED);
+    }
+    return m == 1;
 }

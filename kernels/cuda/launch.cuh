@@ -10,11 +10,14 @@
  * their memory is visible. Only when CTAs start changes, never what they compute.
  *
  * The contract of a kernel started by pdl_launch:
- *  - its first parameter is `bool early` and its first statement pdl_enter(early), before
- *    any global read or write (weights included) and before any early return. Every thread
- *    waits, so the kernel completes only after the kernel before it has, and completion
- *    stays transitive along the stream: a kernel that waits for its predecessor may rely on
- *    every earlier kernel having finished (matmul.cu's scratch reuse rests on this too).
+ *  - its first parameter is `bool early` and every thread calls pdl_enter(early) once,
+ *    before any global write, any read of memory the kernel before it may write, and any
+ *    early return. Reads of weights (never written while a model runs), or of memory its
+ *    caller says the work right before does not write (ops_delta.settled), may come first:
+ *    they then overlap that kernel. Every thread waits, so the kernel completes only after
+ *    the kernel before it has, and completion stays transitive along the stream: a kernel
+ *    that waits for its predecessor may rely on every earlier kernel having finished
+ *    (matmul.cu's scratch reuse rests on this too).
  *  - early (chosen by pdl_launch) is true when the whole grid is resident at once on this
  *    device (one wave, from the kernel's occupancy): the kernel then lets its dependents
  *    launch right after its wait, so their CTAs are scheduled while it runs and start the
@@ -52,7 +55,19 @@ __device__ __forceinline__ void pdl_enter(bool early)
     (void)early;
 }
 
+/* Asks for the 128-byte line at p to be brought into L2 (nothing waits for it): what a
+ * kernel may do with a weight before pdl_enter. */
+__device__ __forceinline__ void dev_prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+}
+
 /* --- host side -------------------------------------------------------------------------- */
+
+/* Whether kernels of one token read their weights (and what their caller marks settled)
+ * before pdl_enter; TANDEM_EARLY_READS=off reads everything after it, as blocks of several
+ * tokens always do. */
+bool pdl_early_reads(void);
 
 #define PDL_MAX_DEV 64 /* device ordinals served; launches on higher ones are plain */
 

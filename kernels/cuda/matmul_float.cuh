@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_internal.h"
 
 namespace mmf {
@@ -53,6 +54,19 @@ __device__ __forceinline__ void load_x8(float (&v)[LANE_W], const float *xt, int
 template <int TT> struct cta_red {
     float v[KSPLIT][RW][TT];
 };
+
+/* Asks for the RW rows of the set's unit u into L2 (a 128-byte line per thread and step;
+ * nothing waits): what a CTA may do with its weights before its dependency wait. */
+__device__ __forceinline__ void prefetch_rows(const mm_set &set, int64_t u, size_t row_bytes)
+{
+    const int m = mm_set_member(&set, u);
+    const int64_t r0 = (u - set.first[m]) * RW, rows = set.rows[m];
+    const uint8_t *w = set.w[m];
+    const int n = r0 + RW <= rows ? RW : (int)(rows - r0);
+    const size_t lines = (row_bytes + 127) / 128;
+    for (size_t i = threadIdx.x; i < (size_t)n * lines; i += blockDim.x)
+        dev_prefetch_l2(w + (size_t)(r0 + (int64_t)(i / lines)) * row_bytes + (i % lines) * 128);
+}
 
 /* One CTA (KSPLIT warps) of the set's unit u (RW rows of member m) for tokens t0..t0+TT-1 of
  * x[n_tok][cols]: store(m, row, token, value) for each row and token that exists, called by
