@@ -319,7 +319,7 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
     if (m->top_logprobs > MSG_TOP_LOGPROBS_MAX)
         return err_set(code, "gen_start: top_logprobs %u, allowed at most %u", m->top_logprobs,
                        MSG_TOP_LOGPROBS_MAX);
-    if (m->top_logprobs > 0 && !m->logprobs)
+    if (m->top_logprobs > 0 && !m->logprobs && !m->prompt_logprobs)
         return err_set(code, "gen_start: top_logprobs %u without logprobs", m->top_logprobs);
     if (!(fabsf(m->presence_penalty) <= MSG_PENALTY_MAX) ||
         !(fabsf(m->frequency_penalty) <= MSG_PENALTY_MAX))
@@ -533,6 +533,8 @@ static td_err check_gen_event(const msg_gen_event *m, td_err code)
         if (!(lp->logprob <= 0.0f))
             return err_set(code, "gen_event: token %u has log probability %g > 0", i,
                            (double)lp->logprob);
+        if (lp->rank > INT32_MAX)
+            return err_set(code, "gen_event: token %u has rank %u", i, lp->rank);
         for (uint32_t j = 0; j < lp->n_top; j++)
             if (!(lp->top_logprob[j] <= 0.0f))
                 return err_set(code, "gen_event: token %u alternative %u has log probability %g",
@@ -554,8 +556,11 @@ static td_err read_logprobs(msg_reader *r, msg_gen_event *out, msg_logprob **lps
     *lps = v;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t *ids = NULL, n_ids = 0, n_lp = 0;
-        TD_TRY(msg_read_array(r, "logprobs[]", 3));
+        uint64_t rank = 0;
+        TD_TRY(msg_read_array(r, "logprobs[]", 4));
         TD_TRY(msg_read_f32(r, "logprobs[].logprob", &v[i].logprob));
+        TD_TRY(msg_read_uint(r, "logprobs[].rank", INT32_MAX, &rank));
+        v[i].rank = (uint32_t)rank;
         TD_TRY(msg_read_u32_array(r, "logprobs[].top_id", 0, MSG_TOP_LOGPROBS_MAX, &ids, &n_ids));
         if (n_ids)
             memcpy(v[i].top_id, ids, n_ids * sizeof *ids);
@@ -586,8 +591,9 @@ td_err msg_pack_gen_event(msg_buf *out, uint64_t request_id, const msg_gen_event
     msg_write_array(&w, m->n_logprobs);
     for (uint32_t i = 0; i < m->n_logprobs; i++) {
         const msg_logprob *lp = &m->logprobs[i];
-        msg_write_array(&w, 3);
+        msg_write_array(&w, 4);
         msg_write_f32(&w, lp->logprob);
+        msg_write_uint(&w, lp->rank);
         msg_write_u32_array(&w, lp->top_id, lp->n_top);
         msg_write_f32_array(&w, lp->top_logprob, lp->n_top);
     }

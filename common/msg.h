@@ -225,7 +225,7 @@ typedef struct msg_gen_start {
     uint32_t n_stop;        /* tokens, 0..MSG_STOP_MAX */
     bool logprobs;          /* send each emitted token's log probability */
     uint32_t top_logprobs;  /* and this many most likely alternatives, 0..MSG_TOP_LOGPROBS_MAX
-                             * (non-zero only with logprobs) */
+                             * (non-zero only with logprobs or prompt_logprobs) */
     bool ignore_eos;        /* the model's end-of-generation tokens do not stop it (stop ids
                              * still do) */
     float presence_penalty; /* -MSG_PENALTY_MAX..MSG_PENALTY_MAX: subtracted from the logit of
@@ -310,6 +310,8 @@ typedef struct msg_usage {
  * sampler filters), and its most likely alternatives, most likely first. */
 typedef struct msg_logprob {
     float logprob;                           /* <= 0 */
+    uint32_t rank;                           /* tokens at least as likely, itself included
+                                              * (1: the most likely), 0: none (ops_logprob) */
     uint32_t n_top;                          /* 0..MSG_TOP_LOGPROBS_MAX */
     uint32_t top_id[MSG_TOP_LOGPROBS_MAX];   /* [n_top] token ids */
     float top_logprob[MSG_TOP_LOGPROBS_MAX]; /* [n_top] their log probabilities */

@@ -111,6 +111,8 @@ static td_err gen_start(api_stream *s, api_error *e)
     uint64_t seed = s->req.sampling.seed + cand;
     if (!s->req.sampling.has_seed && getrandom(&seed, sizeof seed, 0) != sizeof seed)
         seed = (uint64_t)gen_now_ms() + s->rc.index;
+    const bool plp_now = gp->plp && gp->n_plp < gp->n; /* once: later choices reuse them */
+    const uint32_t plp_top = plp_now ? gen_prompt_top(&s->req) : 0;
     msg_gen_start m = {
         .prompt = (const uint32_t *)gp->ids,
         .n_prompt = (uint32_t)gp->n,
@@ -123,8 +125,9 @@ static td_err gen_start(api_stream *s, api_error *e)
         .stop = stop,
         .n_stop = n_stop,
         .logprobs = s->req.logprobs || s->req.best_of > s->req.n, /* best_of ranks by them */
-        .top_logprobs = s->req.logprobs ? s->req.top_logprobs : 0,
-        .prompt_logprobs = gp->plp && gp->n_plp < gp->n, /* once: later choices reuse them */
+        .top_logprobs = s->req.logprobs && s->req.top_logprobs > plp_top ? s->req.top_logprobs
+                                                                          : plp_top,
+        .prompt_logprobs = plp_now,
         .ignore_eos = s->req.ignore_eos,
         .presence_penalty = (float)s->req.sampling.presence_penalty,
         .frequency_penalty = (float)s->req.sampling.frequency_penalty,
@@ -285,13 +288,14 @@ static void gen_take_pieces(api_stream *s)
     output_clear(o);
 }
 
-/* Token id's log probability from verifyd, with the alternatives the client asked for. */
-static void gen_lp_token(const api_stream *s, uint32_t id, const msg_logprob *m, lp_token *t)
+/* Token id's log probability from verifyd, with at most top of its alternatives. */
+static void gen_lp_token(uint32_t top, uint32_t id, const msg_logprob *m, lp_token *t)
 {
     memset(t, 0, sizeof *t);
     t->id = (int32_t)id;
     t->logprob = m->logprob;
-    t->n_top = m->n_top < s->req.top_logprobs ? m->n_top : s->req.top_logprobs;
+    t->rank = m->rank;
+    t->n_top = m->n_top < top ? m->n_top : top;
     for (uint32_t k = 0; k < t->n_top; k++) {
         t->top[k].id = (int32_t)m->top_id[k];
         t->top[k].logprob = m->top_logprob[k];
@@ -313,8 +317,22 @@ static void gen_prompt_logprobs(api_stream *s, const link_event *ev)
                      "The model server's prompt log probabilities do not follow the prompt.");
             return;
         }
-        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &gp->plp[gp->n_plp++]);
+        gen_lp_token(gen_prompt_top(&s->req), ev->tokens[i], &ev->logprobs[i],
+                     &gp->plp[gp->n_plp++]);
     }
+}
+
+/* Whether verifyd sent the log probability of every prompt token after the first; the
+ * request fails when not. */
+static bool gen_plp_whole(api_stream *s, const gen_prompt *gp)
+{
+    if (gp->n_plp == gp->n)
+        return true;
+    char msg[160];
+    snprintf(msg, sizeof msg, "The model server sent the log probabilities of %zu of the "
+             "prompt's %zu tokens.", gp->n_plp - 1, gp->n - 1);
+    gen_fail(s, 500, "internal_error", "%s", msg);
+    return false;
 }
 
 /* echo: the prompt opens the choice's text (a stream's first chunk), with its tokens' log
@@ -326,17 +344,24 @@ static bool gen_echo(api_stream *s)
     s->echoed = true;
     const gen_prompt *gp = gen_cur(s);
     json_t *lp = NULL;
-    if (gp->plp) {
-        if (gp->n_plp != gp->n) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "The model server sent the log probabilities of %zu of "
-                     "the prompt's %zu tokens.", gp->n_plp - 1, gp->n - 1);
-            gen_fail(s, 500, "internal_error", "%s", msg);
+    if (gp->plp && s->req.logprobs) {
+        if (!gen_plp_whole(s, gp))
             return false;
+        /* prompt_logprobs may have asked for more alternatives than logprobs */
+        lp_token *cut = NULL;
+        if (gen_prompt_top(&s->req) > s->req.top_logprobs &&
+            (cut = malloc(gp->n * sizeof *cut)) != NULL) {
+            memcpy(cut, gp->plp, gp->n * sizeof *cut);
+            for (size_t i = 0; i < gp->n; i++)
+                if (cut[i].n_top > s->req.top_logprobs)
+                    cut[i].n_top = s->req.top_logprobs;
         }
-        lp = lp_completion_object();
-        if (!lp || lp_append_completion(lp, s->g->tok, gp->plp, gp->n, &s->text_offset) !=
-                       TD_OK) {
+        const lp_token *t = gen_prompt_top(&s->req) > s->req.top_logprobs ? cut : gp->plp;
+        lp = t ? lp_completion_object() : NULL;
+        const td_err e = lp ? lp_append_completion(lp, s->g->tok, t, gp->n, &s->text_offset)
+                            : TD_ENOMEM;
+        free(cut);
+        if (e != TD_OK) {
             json_decref(lp);
             gen_oom(s);
             return false;
@@ -363,7 +388,7 @@ static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
         return;
     }
     for (size_t i = 0; i < used; i++)
-        gen_lp_token(s, ev->tokens[i], &ev->logprobs[i], &t[i]);
+        gen_lp_token(s->req.top_logprobs, ev->tokens[i], &ev->logprobs[i], &t[i]);
     /* Streams keep them for the next chunk; whole replies gather them all. */
     json_t **dst = s->stream ? &s->lp_pending : &s->lp;
     if (!*dst)
@@ -393,6 +418,18 @@ static void gen_keep_choice(api_stream *s)
         s->calls = NULL;
     } else {
         ch = render_completion_choice(&s->rc, s->content.p, s->content.len, s->finish, lp);
+    }
+    if (s->req.prompt_lp) { /* a chat's go beside the choices, a completion's in each */
+        const gen_prompt *gp = gen_cur(s);
+        if (!gen_plp_whole(s, gp)) {
+            json_decref(ch);
+            return;
+        }
+        json_t *pl = s->req.kind == REQ_CHAT
+                         ? NULL
+                         : lp_prompt_list(s->g->tok, gp->plp, gp->n, s->req.prompt_top);
+        if (s->req.kind != REQ_CHAT && (!pl || json_object_set_new(ch, "prompt_logprobs", pl)))
+            gen_oom(s);
     }
     if (!s->choices)
         s->choices = json_array();
@@ -615,7 +652,14 @@ static void gen_reply_body(api_stream *s, api_reply *r)
     }
     json_t *choices = s->scores ? gen_best(s) : s->choices;
     s->choices = NULL;
-    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, choices, &s->total)
+    json_t *plp = NULL; /* a chat's prompt_logprobs (gen_keep_choice checked them whole) */
+    if (s->req.kind == REQ_CHAT && s->req.prompt_lp &&
+        !(plp = lp_prompt_list(s->g->tok, s->prompts[0].plp, s->prompts[0].n,
+                               s->req.prompt_top))) {
+        json_decref(choices);
+        choices = NULL; /* out of memory, below */
+    }
+    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, choices, &s->total, plp)
                                       : render_completion_response(&s->rc, choices, &s->total);
     if (!r->body) {
         apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");

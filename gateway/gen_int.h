@@ -31,10 +31,20 @@ typedef struct gen_prompt {
                           * when truncated) */
     size_t echo_len;     /* bytes */
     char *echo_owned;    /* the decoding of a prompt of ids (echo points here), or NULL */
-    lp_token *plp;       /* echo with logprobs: [n] the prompt tokens', from the PROMPT events
-                          * of its first choice (entry 0 has none) */
+    lp_token *plp;       /* echo with logprobs, or prompt_logprobs: [n] the prompt tokens',
+                          * from the PROMPT events of its first choice (entry 0 has none),
+                          * with gen_prompt_top alternatives */
     size_t n_plp;        /* entries filled */
 } gen_prompt;
+
+/* Alternatives kept per prompt token: echo's (with logprobs) or prompt_logprobs', whichever
+ * asks more. */
+static inline uint32_t gen_prompt_top(const gw_request *r)
+{
+    const uint32_t echo = r->echo && r->logprobs ? r->top_logprobs : 0;
+    const uint32_t plp = r->prompt_lp ? r->prompt_top : 0;
+    return echo > plp ? echo : plp;
+}
 
 /* A request's generations (best_of for each prompt, prompt by prompt) run one after the
  * other; generation i is prompt i / best_of's candidate i % best_of, and its choice index

@@ -140,8 +140,7 @@ static td_err gen_budget(api_stream *s, gen_prompt *gp, api_error *e)
     return TD_OK;
 }
 
-/* echo: the prompt's text (the client's, or the decoding of its ids) and, with logprobs,
- * room for its tokens' log probabilities (the first token has none). */
+/* echo: the prompt's text (the client's, or the decoding of its ids). */
 static td_err gen_echo_setup(api_stream *s, size_t i, api_error *e)
 {
     const req_prompt *rp = &s->req.prompts[i];
@@ -159,8 +158,12 @@ static td_err gen_echo_setup(api_stream *s, size_t i, api_error *e)
         gp->echo = t.ptr ? t.ptr : "";
         gp->echo_len = t.len;
     }
-    if (!s->req.logprobs)
-        return TD_OK;
+    return TD_OK;
+}
+
+/* Room for the prompt tokens' log probabilities (the first token has none). */
+static td_err gen_plp_setup(gen_prompt *gp, api_error *e)
+{
     if (!(gp->plp = calloc(gp->n, sizeof *gp->plp)))
         return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
     gp->plp[0] = (lp_token){.id = gp->ids[0], .none = true};
@@ -192,6 +195,8 @@ td_err gen_prompts(api_stream *s, api_error *e)
         TD_TRY(gen_budget(s, &s->prompts[i], e));
         if (s->req.echo)
             TD_TRY(gen_echo_setup(s, i, e));
+        if ((s->req.echo && s->req.logprobs) || s->req.prompt_lp)
+            TD_TRY(gen_plp_setup(&s->prompts[i], e));
     }
     return TD_OK;
 }

@@ -150,3 +150,46 @@ td_err lp_append_completion(json_t *obj, const tokenizer *tok, const lp_token *t
     }
     return TD_OK;
 }
+
+/* {"logprob": ..., "rank": ..., "decoded_token": ...} set at key id in o (a key already there
+ * keeps its place). */
+static bool lp_prompt_put(json_t *o, const tokenizer *tok, int32_t id, float logprob,
+                          uint32_t rank)
+{
+    json_t *text, *bytes;
+    if (lp_token_text(tok, id, &text, &bytes) != TD_OK)
+        return false;
+    json_decref(bytes);
+    json_t *v = json_object();
+    char key[16];
+    snprintf(key, sizeof key, "%d", id);
+    if (!v || json_object_set_new(v, "logprob", json_real(lp_value(logprob))) != 0 ||
+        json_object_set_new(v, "rank", rank ? json_integer(rank) : json_null()) != 0 ||
+        json_object_set_new(v, "decoded_token", text) != 0) {
+        json_decref(v);
+        return false;
+    }
+    return json_object_set_new(o, key, v) == 0;
+}
+
+json_t *lp_prompt_list(const tokenizer *tok, const lp_token *tokens, size_t n, uint32_t top)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < n; i++) {
+        const lp_token *t = &tokens[i];
+        json_t *o = t->none ? json_null() : json_object();
+        bool ok = o != NULL;
+        if (ok && !t->none) {
+            ok = lp_prompt_put(o, tok, t->id, t->logprob, t->rank);
+            for (uint32_t k = 0; ok && k < t->n_top && k < top; k++)
+                ok = lp_prompt_put(o, tok, t->top[k].id, t->top[k].logprob, k + 1);
+        }
+        if (!ok)
+            json_decref(o);
+        if (!ok || json_array_append_new(list, o) != 0) { /* append_new frees o on failure */
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    return list;
+}

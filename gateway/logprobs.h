@@ -6,6 +6,11 @@
  * completions: {"tokens":["Hi"],"token_logprobs":[-0.25],"top_logprobs":[{"Hi":-0.25, ...}],
  *               "text_offset":[0]}  (an echoed prompt's first token: null and null)
  *
+ * and vLLM's prompt_logprobs, one entry per prompt token (the first: null), the token first,
+ * then its alternatives:
+ *              [null, {"1024":{"logprob":-2.5,"rank":3,"decoded_token":" the"},
+ *                      "11":{"logprob":-0.5,"rank":1,"decoded_token":","}, ...}, ...]
+ *
  * A token's text is its own decoding (special tokens included); a token that holds only part
  * of a UTF-8 character shows U+FFFD in "token", and its "bytes" keep the bytes of an unfinished
  * character that the decoder could still complete. JSON has no infinities: a probability of 0
@@ -33,6 +38,8 @@ typedef struct lp_token {
     bool none;                        /* a prompt's first token: no log probability (null, and
                                        * null alternatives, in a completions object) */
     float logprob;                    /* its log probability under the target */
+    uint32_t rank;                    /* tokens at least as likely, itself included (0:
+                                       * unknown) */
     uint32_t n_top;                   /* alternatives, 0..REQ_TOP_LOGPROBS_MAX */
     lp_alt top[REQ_TOP_LOGPROBS_MAX]; /* [n_top] most likely first */
 } lp_token;
@@ -55,5 +62,10 @@ td_err lp_append_completion(json_t *obj, const tokenizer *tok, const lp_token *t
 
 /* {"tokens":[],"token_logprobs":[],"top_logprobs":[],"text_offset":[]} */
 json_t *lp_completion_object(void);
+
+/* vLLM's prompt_logprobs of tokens[0..n) with at most top alternatives each (an alternative
+ * that is the token itself keeps the token's place, with the alternative's rank); NULL when
+ * out of memory or a token id is not the vocabulary's. */
+json_t *lp_prompt_list(const tokenizer *tok, const lp_token *tokens, size_t n, uint32_t top);
 
 #endif

@@ -171,19 +171,24 @@ json_t *render_chat_choice(const render_ctx *c, const char *content, size_t cont
 }
 
 static char *render_response(const render_ctx *c, const char *object, json_t *choices,
-                             const gw_usage *u)
+                             const gw_usage *u, json_t *prompt_logprobs)
 {
-    if (!choices)
+    if (!choices) {
+        json_decref(prompt_logprobs);
         return NULL;
+    }
     json_t *o = render_envelope(c, object);
     json_object_set_new(o, "choices", choices);
     json_object_set_new(o, "usage", render_usage(u));
+    if (prompt_logprobs)
+        json_object_set_new(o, "prompt_logprobs", prompt_logprobs);
     return render_body(o);
 }
 
-char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u)
+char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u,
+                           json_t *prompt_logprobs)
 {
-    return render_response(c, "chat.completion", choices, u);
+    return render_response(c, "chat.completion", choices, u, prompt_logprobs);
 }
 
 json_t *render_completion_choice(const render_ctx *c, const char *text, size_t len,
@@ -218,7 +223,7 @@ char *render_completion_usage_chunk(const render_ctx *c, const gw_usage *u)
 
 char *render_completion_response(const render_ctx *c, json_t *choices, const gw_usage *u)
 {
-    return render_response(c, "text_completion", choices, u);
+    return render_response(c, "text_completion", choices, u, NULL);
 }
 
 char *render_models(const char *model, int64_t created, int64_t max_model_len)

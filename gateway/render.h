@@ -71,8 +71,10 @@ json_t *render_chat_choice(const render_ctx *c, const char *content, size_t cont
                            const char *reasoning, size_t reasoning_len, json_t *tool_calls,
                            const char *finish, json_t *logprobs);
 
-/* A whole chat.completion of choices (an array of render_chat_choice's; reference taken). */
-char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u);
+/* A whole chat.completion of choices (an array of render_chat_choice's) and, when not NULL,
+ * vLLM's prompt_logprobs beside them (references taken). */
+char *render_chat_response(const render_ctx *c, json_t *choices, const gw_usage *u,
+                           json_t *prompt_logprobs);
 
 /* A tool call as an element of a message's "tool_calls" (no "index"). */
 json_t *render_tool_call(const render_ctx *c, const out_piece *p);

@@ -480,6 +480,18 @@ static td_err req_common(gw_request *r, api_error *e)
         TD_TRY(req_bool(so, "continuous_usage_stats", "stream_options.continuous_usage_stats",
                         &r->continuous_usage, e));
     }
+    int64_t plp = 0;
+    TD_TRY(req_int(r->root, "prompt_logprobs", -1, REQ_TOP_LOGPROBS_MAX, &plp, &r->prompt_lp, e));
+    if (plp < 0)
+        return apierr_set(e, 400, "invalid_value", "prompt_logprobs",
+                          "Invalid value for 'prompt_logprobs': -1 (the whole vocabulary) is not "
+                          "served; at most %d alternatives per prompt token.",
+                          REQ_TOP_LOGPROBS_MAX);
+    if (r->prompt_lp && r->stream)
+        return apierr_set(e, 400, "invalid_value", "prompt_logprobs",
+                          "Invalid value for 'prompt_logprobs': not available with 'stream'; "
+                          "ask without streaming.");
+    r->prompt_top = (uint32_t)plp;
     int64_t n = 1;
     TD_TRY(req_int(r->root, "n", 1, REQ_N_MAX, &n, NULL, e));
     r->n = (uint32_t)n;

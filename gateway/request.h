@@ -118,6 +118,9 @@ typedef struct gw_request {
     size_t n_stop;
     bool logprobs;         /* return the chosen tokens' log probabilities */
     uint32_t top_logprobs; /* alternatives per token, 0..REQ_TOP_LOGPROBS_MAX */
+    bool prompt_lp;        /* prompt_logprobs (vLLM's): each prompt token's log probability and
+                            * rank, with prompt_top alternatives (not with stream) */
+    uint32_t prompt_top;   /* 0..REQ_TOP_LOGPROBS_MAX */
     bool ignore_eos;       /* keep generating past end-of-generation tokens */
     bool keep_special;     /* skip_special_tokens false (vLLM's): control tokens' text is
                               part of the output */

@@ -482,15 +482,20 @@ void cpu_logit_mask(float *logits, int64_t n, int64_t n_vocab, const uint32_t *a
 /* A token's log probability under a row of logits, and the row's most likely tokens. */
 typedef struct ops_logprob {
     float logprob;                           /* <= 0 */
+    int32_t rank;                            /* tokens of the row whose logit is >= the
+                                              * token's, itself included (1: the most likely;
+                                              * vLLM's rank), or 0: a token outside the
+                                              * vocabulary, or a NaN logit */
     int32_t n_top;
     int32_t top_id[OPS_TOP_LOGPROBS_MAX];    /* [n_top] best first (cpu_topk's order) */
     float top_logprob[OPS_TOP_LOGPROBS_MAX]; /* [n_top] */
 } ops_logprob;
 
 /* For each of n rows of logits [n][n_vocab]: out[i].logprob = logits[i][tok[i]] - lse(row i)
- * with lse = max + log(sum of exp(l - max)) summed in f64, and the min(n_top, n_vocab) best
- * tokens of the row (cpu_topk) with theirs; every value is capped at 0 (rounding must not
- * give a positive log probability). A token outside the vocabulary gets -inf.
+ * with lse = max + log(sum of exp(l - max)) summed in f64, its rank, and the min(n_top,
+ * n_vocab) best tokens of the row (cpu_topk) with theirs; every value is capped at 0
+ * (rounding must not give a positive log probability). A token outside the vocabulary gets
+ * -inf and rank 0.
  * 0 <= n_top <= OPS_TOP_LOGPROBS_MAX. */
 void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n,
                       int64_t n_vocab, int n_top);

@@ -392,6 +392,109 @@ static void echo_with_missing_prompt_logprobs_is_an_error(void **state)
     free(reply);
 }
 
+/* vLLM's prompt_logprobs: each choice of a completion carries the prompt's entries (the first
+ * null), the token first with its log probability, rank and text, then its alternatives (the
+ * fake's first alternative is the token itself, rank 1 there; alone it has rank pos + 1);
+ * verifyd is asked for the prompt's log probabilities with that many alternatives, and for
+ * the output's only with logprobs; echo keeps its own count of alternatives. */
+static void prompt_logprobs_come_with_each_completion_choice(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":[64,493],\"prompt_logprobs\":0,\"max_tokens\":1}",
+                                 &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"logprobs\":null,\"finish_reason\":\"stop\","
+                                 "\"prompt_logprobs\":[null,{\"493\":{\"logprob\":-0.5,\"rank\":2,"
+                                 "\"decoded_token\":\" pattern\"}}]}]"));
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_true(m.prompt_logprobs && !m.logprobs && m.top_logprobs == 0);
+
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":[64,493],\"prompt_logprobs\":1,\"max_tokens\":1,"
+                                 "\"n\":2}",
+                                 &reply, &body),
+                     200);
+    const char *want = "\"prompt_logprobs\":[null,{\"493\":{\"logprob\":-0.5,\"rank\":1,"
+                       "\"decoded_token\":\" pattern\"}}]}";
+    const char *first = strstr(body, want);
+    assert_non_null(first);
+    assert_non_null(strstr(first + 1, want)); /* the second choice reuses the first's */
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_true(!m.prompt_logprobs && !m.logprobs && m.top_logprobs == 0);
+
+    /* with echo and logprobs 1: echo shows one alternative, prompt_logprobs two */
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL,
+                                 "{\"prompt\":[64,493],\"prompt_logprobs\":2,\"echo\":true,"
+                                 "\"logprobs\":1,\"max_tokens\":1}",
+                                 &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"top_logprobs\":[null,{\" pattern\":-0.5},{\"a\":-0.25}]"));
+    assert_non_null(strstr(body, "\"prompt_logprobs\":[null,{\"493\":{\"logprob\":-0.5,"
+                                 "\"rank\":1,\"decoded_token\":\" pattern\"},\"494\":{\"logprob\":"
+                                 "-2.5,\"rank\":2,\"decoded_token\":"));
+    free(reply);
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    assert_true(m.prompt_logprobs && m.logprobs && m.top_logprobs == 2);
+}
+
+/* A chat's prompt_logprobs go beside the choices, one entry per token of the rendered prompt;
+ * asked for with stream, as -1 (the whole vocabulary) or past 20 it is a 400. */
+static void chat_prompt_logprobs_and_their_errors(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                                 "\"prompt_logprobs\":0,\"max_tokens\":1}",
+                                 &reply, &body),
+                     200);
+    msg_gen_start m;
+    uint32_t p[256], stop[8];
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, p, 256, stop, 8));
+    const char *pl = strstr(body, "}],\"usage\":{");
+    assert_non_null(pl);
+    pl = strstr(pl, "},\"prompt_logprobs\":[null,{");
+    assert_non_null(pl);
+    json_t *root = json_loads(body, 0, NULL);
+    json_t *list = json_object_get(root, "prompt_logprobs");
+    assert_int_equal(json_array_size(list), m.n_prompt);
+    char key[16];
+    snprintf(key, sizeof key, "%u", p[m.n_prompt - 1]);
+    json_t *last = json_object_get(json_array_get(list, m.n_prompt - 1), key);
+    assert_int_equal(json_integer_value(json_object_get(last, "rank")), m.n_prompt);
+    json_decref(root);
+    free(reply);
+
+    static const char *bad[] = {
+        "\"prompt_logprobs\":1,\"stream\":true", "\"prompt_logprobs\":-1",
+        "\"prompt_logprobs\":21", "\"prompt_logprobs\":\"2\"",
+    };
+    static const char *why[] = {
+        "not available with 'stream'", "-1 (the whole vocabulary) is not served",
+        "expected an integer from -1 to 20, but got 21", "prompt_logprobs",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}",
+                 bad[i]);
+        assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body),
+                         400);
+        if (!strstr(body, why[i]))
+            fail_msg("%s: %s", bad[i], body);
+        free(reply);
+    }
+}
+
 /* A prediction goes to verifyd as plain-text tokens (its text parts joined); usage tells
  * the tokens taken (as verifyd reports them) and the rest, summed over the choices. */
 static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
@@ -634,6 +737,8 @@ int main(void)
         cmocka_unit_test(truncate_prompt_tokens_keeps_the_prompts_end),
         cmocka_unit_test(bad_words_go_to_verifyd_as_token_sequences),
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
+        cmocka_unit_test(prompt_logprobs_come_with_each_completion_choice),
+        cmocka_unit_test(chat_prompt_logprobs_and_their_errors),
         cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
         cmocka_unit_test(continuous_usage_rides_on_every_chunk),
         cmocka_unit_test(required_call_sends_the_tool_spec),

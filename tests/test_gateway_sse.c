@@ -110,7 +110,7 @@ static void whole_chat_response_with_tool_calls(void **state)
     gw_usage u = {.prompt_tokens = 5, .completion_tokens = 9};
     expect(render_chat_response(&CTX, one(render_chat_choice(&CTX, NULL, 0, "why", 3, calls,
                                                              "tool_calls", NULL)),
-                                &u),
+                                &u, NULL),
            "{\"id\":\"chatcmpl-0123456789abcdef01234567\",\"object\":\"chat.completion\","
            "\"created\":1700000000,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"message\":"
            "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"why\",\"tool_calls\":"
@@ -123,7 +123,7 @@ static void whole_chat_response_with_tool_calls(void **state)
     second.index = 1;
     json_t *two = one(render_chat_choice(&CTX, "Hi", 2, NULL, 0, NULL, "length", NULL));
     json_array_append_new(two, render_chat_choice(&second, "Yo", 2, NULL, 0, NULL, "stop", NULL));
-    expect(render_chat_response(&CTX, two, &u),
+    expect(render_chat_response(&CTX, two, &u, NULL),
            "{\"id\":\"chatcmpl-0123456789abcdef01234567\",\"object\":\"chat.completion\","
            "\"created\":1700000000,\"model\":\"tiny\",\"choices\":[{\"index\":0,\"message\":"
            "{\"role\":\"assistant\",\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":"

@@ -519,8 +519,8 @@ static void test_sample_rows_top_p_alone_takes_both_paths(void **state)
 }
 
 /* cuda_logprob_rows against cpu_logprob_rows on 16 rows of the 27B vocabulary (random,
- * headed, tied logits; a token outside the vocabulary in row 5): the same best tokens in the
- * same order, log probabilities within 1e-5 (f32 exponentials, f64 sums); and with no
+ * headed, tied logits; a token outside the vocabulary in row 5): the same ranks and best
+ * tokens in the same order, log probabilities within 1e-5 (f32 exponentials, f64 sums); and with no
  * alternatives asked, and over a short row. */
 static void check_logprobs(const float *logits, const int32_t *tok, int64_t n, int64_t V,
                            int n_top)
@@ -538,6 +538,9 @@ static void check_logprobs(const float *logits, const int32_t *tok, int64_t n, i
         if (!(fabsf(g->logprob - w->logprob) <= 1e-5f || same_inf))
             fail_msg("row %lld (V %lld): log probability %.9g, CPU %.9g", (long long)i,
                      (long long)V, g->logprob, w->logprob);
+        if (g->rank != w->rank)
+            fail_msg("row %lld (V %lld): rank %d, CPU %d", (long long)i, (long long)V, g->rank,
+                     w->rank);
         assert_int_equal(g->n_top, w->n_top);
         for (int j = 0; j < w->n_top; j++) {
             if (g->top_id[j] != w->top_id[j])

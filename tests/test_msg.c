@@ -496,6 +496,9 @@ static void test_gen_event_logprobs_and_cached_tokens_round_trip(void **state)
     assert_int_equal(out.usage.predicted_tokens, 11);
     assert_int_equal(out.n_logprobs, 4);
     assert_true(out.logprobs[0].logprob == -0.25f);
+    assert_int_equal(out.logprobs[0].rank, 1);
+    assert_int_equal(out.logprobs[1].rank, 2);
+    assert_int_equal(out.logprobs[3].rank, 248320);
     assert_int_equal(out.logprobs[0].n_top, 2);
     assert_int_equal(out.logprobs[0].top_id[1], 5);
     assert_true(out.logprobs[0].top_logprob[1] == -1.75f);
@@ -706,7 +709,9 @@ static void test_pack_refuses_new_types_out_of_range(void **state)
     gs.top_logprobs = MSG_TOP_LOGPROBS_MAX + 1;
     assert_int_equal(msg_pack_gen_start(&b, 1, &gs), TD_EINVAL);
     gs = msg_fixture_gen_start();
-    gs.logprobs = false; /* alternatives without the token's own log probability */
+    gs.logprobs = false; /* alternatives for the prompt's tokens only */
+    assert_int_equal(msg_pack_gen_start(&b, 1, &gs), TD_OK);
+    gs.prompt_logprobs = false; /* alternatives without the token's own log probability */
     assert_int_equal(msg_pack_gen_start(&b, 1, &gs), TD_EINVAL);
     msg_gen_event ev = msg_fixture_gen_event_logprobs();
     ev.n_logprobs = 3;
@@ -720,6 +725,9 @@ static void test_pack_refuses_new_types_out_of_range(void **state)
     ev.n_logprobs = 1;
     ev.logprobs = &bad;
     assert_int_equal(msg_pack_gen_event(&b, 1, &ev), TD_EINVAL);
+    bad = (msg_logprob){.logprob = -1.0f, .rank = (uint32_t)INT32_MAX + 1};
+    assert_int_equal(msg_pack_gen_event(&b, 1, &ev), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "rank 2147483648"));
     msg_propose pr = msg_fixture_propose();
     pr.n_draft = MSG_DRAFT_MAX + 1;
     assert_int_equal(msg_pack_propose(&b, 1, &pr), TD_EINVAL);

@@ -311,8 +311,9 @@ static void test_bad_settings_and_logits_are_errors(void **s)
     assert_true(p[0] == 0 && p[1] == 1 && p[2] == 0);
 }
 
-/* Rows with known log-softmax values: {0, ln 3} (lse ln 4), four equal logits (ties go to the
- * lower id), a token outside the vocabulary, fewer tokens than alternatives asked. */
+/* Rows with known log-softmax values and ranks: {0, ln 3} (lse ln 4), four equal logits (ties
+ * go to the lower id), a token outside the vocabulary, fewer tokens than alternatives asked,
+ * NaN logits. */
 static void test_logprob_rows_known_values(void **s)
 {
     (void)s;
@@ -340,6 +341,10 @@ static void test_logprob_rows_known_values(void **s)
     }
     assert_true(out[2].logprob == -INFINITY);
     const double lse = 7 + log(exp(-2.0) + exp(-8.0) + 1 + exp(-7.0));
+    /* ranks: the tokens at or above the token's logit (ties all count) */
+    assert_int_equal(out[0].rank, 1);
+    assert_int_equal(out[1].rank, 4);
+    assert_int_equal(out[2].rank, 0);
     assert_float_equal(out[2].top_logprob[0], (float)(7 - lse), 0);
     assert_float_equal(out[2].top_logprob[1], (float)(5 - lse), 0);
     assert_int_equal(out[2].top_id[2], 3);
@@ -347,6 +352,13 @@ static void test_logprob_rows_known_values(void **s)
     cpu_logprob_rows(out, &logits[2][0], &tok[0], 1, 4, 0);
     assert_int_equal(out[0].n_top, 0);
     assert_float_equal(out[0].logprob, (float)(-1 - lse), 0);
+    assert_int_equal(out[0].rank, 4); /* -1: below 5, 7 and 0 */
+    const float nan_row[4] = {1, NAN, 3, 1}; /* NaN counts nowhere; a NaN token has no rank */
+    const int32_t tk[2] = {0, 1};
+    cpu_logprob_rows(out, nan_row, &tk[0], 1, 4, 0);
+    assert_int_equal(out[0].rank, 3);
+    cpu_logprob_rows(out, nan_row, &tk[1], 1, 4, 0);
+    assert_int_equal(out[0].rank, 0);
     cpu_logprob_rows(out, &logits[2][0], &tok[0], 1, 2, OPS_TOP_LOGPROBS_MAX);
     assert_int_equal(out[0].n_top, 2);
     assert_int_equal(out[0].top_id[0], 0);

@@ -85,6 +85,7 @@ static void seq_lp_msg(const ops_logprob *h, int64_t n, msg_logprob *lps)
     for (int64_t i = 0; i < n; i++) {
         memset(&lps[i], 0, sizeof lps[i]);
         lps[i].logprob = h[i].logprob;
+        lps[i].rank = h[i].rank > 0 ? (uint32_t)h[i].rank : 0;
         lps[i].n_top = (uint32_t)h[i].n_top;
         for (int32_t j = 0; j < h[i].n_top; j++) {
             lps[i].top_id[j] = (uint32_t)h[i].top_id[j];

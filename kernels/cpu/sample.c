@@ -306,6 +306,9 @@ void cpu_logprob_rows(ops_logprob *out, const float *logits, const int32_t *tok,
         memset(o, 0, sizeof *o);
         o->logprob = tok[r] >= 0 && tok[r] < n_vocab ? (float)fmin(0.0, (double)x[tok[r]] - lse)
                                                      : -INFINITY;
+        if (tok[r] >= 0 && tok[r] < n_vocab)
+            for (int64_t i = 0; i < n_vocab; i++)
+                o->rank += x[i] >= x[tok[r]];
         if (n_top == 0)
             continue;
         float val[OPS_TOP_LOGPROBS_MAX];

@@ -126,12 +126,14 @@ extern "C" td_err cuda_topk(int32_t *idx, float *val, const float *x, int64_t n_
 }
 
 /* Block b: slice b % S of row b / S of logits [rows][n] (its best entry in best[]): the
- * slice's sum of exp(l - max) (f32 terms, the block's f64 tree) into part and its n_top best
- * keys into cand; the row's last block adds the slices' sums in order, merges their lists
- * and writes the row's record with token tok[row]. */
+ * slice's sum of exp(l - max) (f32 terms, the block's f64 tree) into part, how many of its
+ * logits are >= the token's into ge, and its n_top best keys into cand; the row's last block
+ * adds the slices' sums in order, merges their lists and writes the row's record with token
+ * tok[row]. */
 __global__ void __launch_bounds__(SEL_THREADS)
 logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_t n, int S,
-               int n_top, const rs_best *best, double *part, uint64_t *cand, unsigned *count)
+               int n_top, const rs_best *best, double *part, double *ge, uint64_t *cand,
+               unsigned *count)
 {
     __shared__ double sh_d[33];
     __shared__ sel_smem sm;
@@ -142,11 +144,20 @@ logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_
     rs_slice(n, S, (int)(blockIdx.x % S), &lo, &hi);
     const float *x = logits + r * n;
     const float mx = best[r].v;
+    const int32_t t = tok[r];
+    const float at = t >= 0 && t < n ? x[t] : NAN; /* NaN: no entry is >= it */
     float acc = 0;
-    sel_for_each(x + lo, hi - lo, [&](int64_t, float v) { acc += expf(v - mx); });
+    unsigned above = 0;
+    sel_for_each(x + lo, hi - lo, [&](int64_t, float v) {
+        acc += expf(v - mx);
+        above += v >= at;
+    });
     const double sum = dev_block_sum((double)acc, sh_d);
     if (threadIdx.x == 0)
         part[blockIdx.x] = sum;
+    const double cnt = dev_block_sum((double)above, sh_d); /* exact: integers below 2^53 */
+    if (threadIdx.x == 0)
+        ge[blockIdx.x] = cnt;
     if (n_top > 0) {
         sel_topk_block(x + lo, hi - lo, n_top, &sm, keys, (uint32_t)lo);
         for (int j = threadIdx.x; j < n_top; j += SEL_THREADS)
@@ -160,13 +171,15 @@ logprob_kernel(ops_logprob *out, const float *logits, const int32_t *tok, int64_
     rs_merge_top(lists, S, n_top, keys);
     if (threadIdx.x != 0)
         return;
-    double total = 0;
-    for (int j = 0; j < S; j++)
+    double total = 0, rank = 0;
+    for (int j = 0; j < S; j++) {
         total += __ldcg(&part[r * S + j]);
+        rank += __ldcg(&ge[r * S + j]);
+    }
     const double lse = (double)mx + log(total);
     ops_logprob o;
-    const int32_t t = tok[r];
     o.logprob = t >= 0 && t < n ? (float)fmin(0.0, (double)x[t] - lse) : -INFINITY;
+    o.rank = (int32_t)rank;
     o.n_top = n_top;
     for (int j = 0; j < OPS_TOP_LOGPROBS_MAX; j++) {
         const uint32_t id = j < n_top ? sel_key_index(keys[j]) : 0;
@@ -189,15 +202,15 @@ extern "C" td_err cuda_logprob_rows(ops_logprob *out, const float *logits, const
         unsigned *count = NULL;
         void *buf = NULL;
         TD_TRY(rs_scratch(cs, (nb + (size_t)m) * sizeof(rs_best) +
-                                  nb * (sizeof(double) + (size_t)k * sizeof(uint64_t)),
+                                  nb * (2 * sizeof(double) + (size_t)k * sizeof(uint64_t)),
                           &count, &buf));
         rs_best *apart = (rs_best *)buf, *best = apart + nb;
-        double *part = (double *)(best + m);
-        uint64_t *cand = (uint64_t *)(part + nb);
+        double *part = (double *)(best + m), *ge = part + nb;
+        uint64_t *cand = (uint64_t *)(ge + nb);
         const float *lr = logits + r0 * n_vocab;
         TD_TRY(rs_argmax_launch(best, NULL, lr, m, n_vocab, apart, count, cs));
         logprob_kernel<<<(unsigned)nb, SEL_THREADS, 0, cs>>>(out + r0, lr, tok + r0, n_vocab, S,
-                                                              k, best, part, cand, count);
+                                                              k, best, part, ge, cand, count);
         CUDA_TRY_LAUNCH();
     }
     return TD_OK;

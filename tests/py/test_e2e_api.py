@@ -615,6 +615,47 @@ def test_echo_scores_the_prompt_as_the_generation_does(server):
     assert chunks[0] == prompt and "".join(chunks) == whole.choices[0].text
 
 
+def test_prompt_logprobs_as_vllm_gives_them(server):
+    """vLLM's prompt_logprobs: per prompt token (the first None) a dict keyed by token id, the
+    token first with the log probability echo gives it, its rank and text, then the best
+    alternatives ranked 1..k as echo's alternatives; a token among them takes its place there.
+    A chat's sit beside the choices, one per token of the rendered prompt."""
+    c, m = server["client"], server["model"]
+    status, body = _post(server["port"], "/tokenize",
+                         json.dumps({"prompt": "The quick brown fox jumps"}).encode())
+    assert status == 200
+    ids = json.loads(body)["tokens"]
+    r = c.completions.create(model=m, prompt=ids, max_tokens=1, temperature=0,
+                             extra_body={"prompt_logprobs": 3})
+    pl = r.choices[0].model_extra["prompt_logprobs"]
+    e = c.completions.create(model=m, prompt=ids, max_tokens=0, echo=True, logprobs=3)
+    lp = e.choices[0].logprobs
+    assert pl[0] is None and len(pl) == len(ids)
+    for i in range(1, len(ids)):
+        entries = list(pl[i].items())
+        key, own = entries[0]
+        assert key == str(ids[i]) and own["decoded_token"] == lp.tokens[i]
+        assert own["logprob"] == lp.token_logprobs[i]
+        # the token among the best three keeps its place with its rank there
+        alts = entries if len(entries) == 3 else entries[1:]
+        assert sorted(a[1]["rank"] for a in alts) == [1, 2, 3]
+        by_rank = sorted(alts, key=lambda kv: kv[1]["rank"])
+        assert [a[1]["logprob"] for a in by_rank] == sorted((a[1]["logprob"] for a in alts),
+                                                            reverse=True)
+        # echo's alternatives are keyed by text (tokens of one text share a key)
+        assert {a[1]["decoded_token"]: a[1]["logprob"] for a in by_rank} == lp.top_logprobs[i]
+        if len(entries) == 4:  # ranked behind them (at most tied with the third)
+            assert own["rank"] >= 3 and own["logprob"] <= by_rank[-1][1]["logprob"]
+    ch = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=1, extra_body={"prompt_logprobs": 0})
+    cpl = ch.model_extra["prompt_logprobs"]
+    assert cpl[0] is None and len(cpl) == ch.usage.prompt_tokens
+    assert all(len(d) == 1 and next(iter(d.values()))["rank"] >= 1 for d in cpl[1:])
+    err = _error(*_post(server["port"], "/v1/completions", json.dumps(
+        {"prompt": "x", "prompt_logprobs": 1, "stream": True}).encode()), 400, "invalid_value")
+    assert err["param"] == "prompt_logprobs"
+
+
 def test_tools_are_rendered_and_answered(server):
     """The random model does not call tools on its own; the call parsing is pinned by
     test_gateway_http. Here a request with tools must go through the template and the

@@ -99,6 +99,7 @@ static void *fake_gen_main(void *arg)
             uint32_t pos = 1 + at + i;
             memset(&lps[i], 0, sizeof lps[i]);
             lps[i].logprob = fake_prompt_logprob(pos, 0);
+            lps[i].rank = pos + 1; /* the token is its own first alternative: rank 1 there */
             lps[i].n_top = g->top;
             for (uint32_t t = 0; t < g->top; t++) {
                 lps[i].top_id[t] = g->prompt[pos] + t;
