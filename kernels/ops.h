@@ -321,8 +321,8 @@ typedef struct ops_delta {
 
     /* The caller's word that the work enqueued right before this call writes none of state,
      * state_in and norm_z (a forward pass: the DeltaNet inputs before it write q, k, v, g and
-     * beta): the GPU then reads them while that work still runs, for one token (blocks of several
-     * read after it: measured faster). The CPU ignores it. */
+     * beta): the GPU's one-token kernel with the norm then reads them while that work still
+     * runs. The CPU ignores it. */
     bool settled;
 } ops_delta;
 

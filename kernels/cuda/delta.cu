@@ -14,9 +14,6 @@
  * The state stays f32 in memory between calls. With the gated norm (ops_delta.norm_z) and one
  * token a block holds a whole head as four such column groups and norms the head's output at
  * the end: one launch instead of the recurrence's and rmsnorm_silu's, 48 per 27B decode step. */
-#include <stdlib.h>
-#include <string.h>
-
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
@@ -38,17 +35,16 @@ static_assert(DELTA_GT == 128, "a column group's threads are one FUSED_HEAD_THRE
  * vanish at compile time (the H200 profile of a 16-token verify, d_k 128: ~600 instructions
  * per token and warp, most of them 64-bit row tests kept in a register of spilled
  * predicates, each shared-memory load of k and q issued alone, 25 us per layer). The
- * arithmetic is the same either way. wait() is pdl_enter: before any write and any read
- * of the inputs the kernel before it may write, after the state's and the norm's reads when
- * the caller says the work before does not write those (ops_delta.settled: they then load
- * while it runs). */
-template <bool FULL, int NG, bool B2, class Wait>
+ * arithmetic is the same either way. wait is pdl_enter: first, or with EARLY (one token whose
+ * caller says the kernel before writes neither the state nor the norm's z: ops_delta.settled)
+ * after the state's and the norm's reads, which then overlap that kernel. */
+template <bool FULL, int NG, bool EARLY, class Wait>
 __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
 {
-    /* q and k of a token (B2: two tokens); the warps' partial sums of the columns (B2: of kv
-     * and of o apart) */
-    __shared__ float qs[NG][B2 ? 2 : 1][DELTA_MAX_DK], ks[NG][B2 ? 2 : 1][DELTA_MAX_DK];
-    __shared__ float red[NG][B2 ? 2 : 1][DELTA_RG][DELTA_COLS];
+    if constexpr (!EARLY)
+        wait();
+    __shared__ float qs[NG][DELTA_MAX_DK], ks[NG][DELTA_MAX_DK];
+    __shared__ float red[NG][DELTA_RG][DELTA_COLS]; /* per-warp partial sums of the columns */
     const int64_t dk = FULL ? DELTA_MAX_DK : d.d_k, dv = d.d_v, nv = d.n_v_head;
     const int64_t gbs = d.gb_tok_stride ? d.gb_tok_stride : nv;
     const int64_t h = blockIdx.y, kh = h % d.n_k_head;
@@ -61,24 +57,21 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
     auto row = [&](int r) { return FULL || i0 + r < dk_rows; }; /* row i0 + r exists */
     auto sync = [&]() { dev_bar(bar, DELTA_GT); };
     const bool live = j < dv;
-    if (!d.settled)
-        wait();
     float *S = d.state + h * dk * dv + j; /* S[i][j] at S[i * dv] */
     const float *S0 = (d.state_in ? d.state_in : d.state) + h * dk * dv + j;
     float s[DELTA_RS];
 #pragma unroll
     for (int r = 0; r < DELTA_RS; r++)
         s[r] = live && row(r) ? S0[(int64_t)(i0 + r) * dv] : 0.0f;
-    /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
-     * state loads, not behind the recurrence; its output row stays in shared memory */
-    __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
-    float z0 = 0.0f, w0 = 1.0f;
-    if (NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
-        z0 = d.norm_z[h * dv + tid];
-        w0 = d.norm_w ? d.norm_w[tid] : 1.0f;
-    }
-    if (d.settled)
+    /* EARLY: the norm's z and weight for the token too, then the wait */
+    float ze = 0.0f, we = 1.0f;
+    if constexpr (EARLY) {
+        if (NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
+            ze = d.norm_z[h * dv + tid];
+            we = d.norm_w ? d.norm_w[tid] : 1.0f;
+        }
         wait();
+    }
     /* the state before the block (the rollback point): with one column group per block it
      * waits in registers and is stored after the tokens (H200, a 16-token verify layer:
      * 13.6 us against 14.0 with its 3 MB of stores issued before the tokens' chains); the
@@ -118,12 +111,57 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
         fetch(0, n1);
     if (d.n_tok > 1)
         fetch(1, n2);
-    auto put_out = [&](int64_t t, const float *part) { /* the warps' partial sums of o */
+    /* NG > 1 (one token): the norm's z and weight for the token are read now, while the
+     * state loads, not behind the recurrence; its output row stays in shared memory */
+    __shared__ float orow[NG > 1 ? NG * DELTA_COLS : 1];
+    float z0 = ze, w0 = we;
+    if (!EARLY && NG > 1 && d.n_tok == 1 && cg == 0 && tid < dv) {
+        z0 = d.norm_z[h * dv + tid];
+        w0 = d.norm_w ? d.norm_w[tid] : 1.0f;
+    }
+    for (int64_t t = 0; t < d.n_tok; t++) {
+        sync(); /* the previous token is done with qs, ks and red */
+        if (tid < dk_rows) {
+            qs[cg][tid] = n1.q;
+            ks[cg][tid] = n1.k;
+        }
+        const float decay = expf(n1.g);
+        const float beta = n1.b, vj = n1.v;
+        n1 = n2;
+        if (t + 2 < d.n_tok)
+            fetch(t + 2, n2);
+        sync();
+        /* S = exp(g) S and this warp's part of kv = S^T k in one sweep */
+        float kv = 0;
+#pragma unroll
+        for (int r = 0; r < DELTA_RS; r++)
+            if (row(r)) {
+                s[r] *= decay;
+                kv = fmaf(s[r], ks[cg][i0 + r], kv);
+            }
+        red[cg][w][lane] = kv;
+        sync();
+        kv = red[cg][0][lane];
+#pragma unroll
+        for (int g = 1; g < DELTA_RG; g++)
+            kv += red[cg][g][lane];
+        const float u = beta * (vj - kv);
+        /* S += k (x) u, then this warp's part of o = S^T q */
+        float o = 0;
+#pragma unroll
+        for (int r = 0; r < DELTA_RS; r++)
+            if (row(r)) {
+                s[r] = fmaf(ks[cg][i0 + r], u, s[r]);
+                o = fmaf(s[r], qs[cg][i0 + r], o);
+            }
+        sync(); /* every warp has read red */
+        red[cg][w][lane] = o;
+        sync();
         if (w == 0 && live && d.out) {
-            float sum = part[lane];
+            float sum = red[cg][0][lane];
 #pragma unroll
             for (int g = 1; g < DELTA_RG; g++)
-                sum += part[g * DELTA_COLS + lane];
+                sum += red[cg][g][lane];
             d.out[(t * nv + h) * dv + j] = sum;
             if (NG > 1)
                 orow[cg * DELTA_COLS + lane] = sum;
@@ -134,83 +172,6 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
             for (int r = 0; r < DELTA_RS; r++)
                 if (row(r))
                     sa[(int64_t)(i0 + r) * dv] = s[r];
-        }
-    };
-    /* S = exp(g) S and this warp's part of kv = S^T k in one sweep */
-    auto decay_kv = [&](float decay, const float *kk) {
-        float kv = 0;
-#pragma unroll
-        for (int r = 0; r < DELTA_RS; r++)
-            if (row(r)) {
-                s[r] *= decay;
-                kv = fmaf(s[r], kk[i0 + r], kv);
-            }
-        return kv;
-    };
-    /* u from the warps' partial sums of kv; S += k (x) u, then this warp's part of o = S^T q */
-    auto update_o = [&](const float *part, float beta, float vj, const float *kk,
-                        const float *qq) {
-        float kv = part[lane];
-#pragma unroll
-        for (int g = 1; g < DELTA_RG; g++)
-            kv += part[g * DELTA_COLS + lane];
-        const float u = beta * (vj - kv);
-        float o = 0;
-#pragma unroll
-        for (int r = 0; r < DELTA_RS; r++)
-            if (row(r)) {
-                s[r] = fmaf(kk[i0 + r], u, s[r]);
-                o = fmaf(s[r], qq[i0 + r], o);
-            }
-        return o;
-    };
-    if constexpr (B2) {
-        /* Two barriers per token: token t's q and k sit in buffer t % 2, written during token
-         * t - 1, and the partial sums of kv and of o have areas of their own, so a barrier is
-         * needed only where a token's sums are complete. */
-        if (d.n_tok > 0 && tid < dk_rows) {
-            qs[cg][0][tid] = n1.q;
-            ks[cg][0][tid] = n1.k;
-        }
-        sync();
-        for (int64_t t = 0; t < d.n_tok; t++) {
-            const int b = (int)(t & 1);
-            const float decay = expf(n1.g);
-            const float beta = n1.b, vj = n1.v;
-            red[cg][0][w][lane] = decay_kv(decay, ks[cg][b]);
-            /* buffer b ^ 1 was last read by token t - 1, before the barrier that ended it */
-            if (t + 1 < d.n_tok && tid < dk_rows) {
-                qs[cg][b ^ 1][tid] = n2.q;
-                ks[cg][b ^ 1][tid] = n2.k;
-            }
-            n1 = n2;
-            if (t + 2 < d.n_tok)
-                fetch(t + 2, n2);
-            sync();
-            red[cg][1][w][lane] = update_o(&red[cg][0][0][0], beta, vj, ks[cg][b], qs[cg][b]);
-            sync();
-            put_out(t, &red[cg][1][0][0]);
-        }
-    } else {
-        for (int64_t t = 0; t < d.n_tok; t++) {
-            sync(); /* the previous token is done with qs, ks and red */
-            if (tid < dk_rows) {
-                qs[cg][0][tid] = n1.q;
-                ks[cg][0][tid] = n1.k;
-            }
-            const float decay = expf(n1.g);
-            const float beta = n1.b, vj = n1.v;
-            n1 = n2;
-            if (t + 2 < d.n_tok)
-                fetch(t + 2, n2);
-            sync();
-            red[cg][0][w][lane] = decay_kv(decay, ks[cg][0]);
-            sync();
-            const float o = update_o(&red[cg][0][0][0], beta, vj, ks[cg][0], qs[cg][0]);
-            sync(); /* every warp has read red */
-            red[cg][0][w][lane] = o;
-            sync();
-            put_out(t, &red[cg][0][0][0]);
         }
     }
     if constexpr (NG == 1)
@@ -244,10 +205,10 @@ __device__ __forceinline__ void delta_run(const ops_delta &d, Wait wait)
     }
 }
 
-template <bool FULL, int NG, bool B2>
+template <bool FULL, int NG, bool EARLY>
 __global__ void __launch_bounds__(DELTA_GT *NG) delta_kernel(bool early, ops_delta d)
 {
-    delta_run<FULL, NG, B2>(d, [&]() { pdl_enter(early); });
+    delta_run<FULL, NG, EARLY>(d, [&]() { pdl_enter(early); });
 }
 
 /* Up to DELTA_BATCH recurrences of one shape in one launch (blockIdx.z: which): the
@@ -263,41 +224,14 @@ struct delta_batch {
     delta_ptrs p[DELTA_BATCH];
 };
 
-template <bool FULL, bool B2>
+template <bool FULL>
 __global__ void __launch_bounds__(DELTA_GT) delta_many_kernel(bool early, delta_batch b)
 {
     ops_delta d = b.d;
     const delta_ptrs &p = b.p[blockIdx.z];
     d.q = p.q, d.k = p.k, d.v = p.v, d.g = p.g, d.beta = p.beta, d.state_in = p.state_in;
     d.state = p.state, d.state_prev = p.state_prev, d.state_all = p.state_all, d.out = p.out;
-    d.settled = false; /* a rollback's copies may come right before: read after the wait */
-    delta_run<FULL, 1, B2>(d, [&]() { pdl_enter(early); });
-}
-
-/* Whether the token loop runs two barriers per token (B2) rather than five: the same
- * arithmetic, so the same bits; TANDEM_DELTA_BARS=5 takes the five. */
-static bool delta_b2(void)
-{
-    static int m; /* 0 unknown, 1 two, 2 five; a racing fill writes the same value */
-    if (m == 0) {
-        const char *e = getenv("TANDEM_DELTA_BARS");
-        m = e && strcmp(e, "5") == 0 ? 2 : 1;
-    }
-    return m == 1;
-}
-
-/* One launch of delta_kernel<FULL, NG, *> or delta_many_kernel<FULL, *> (NG = 0). */
-template <bool FULL, int NG, class A>
-static td_err delta_go(const char *what, dim3 grid, dim3 block, const A &arg, ops_stream st)
-{
-    if constexpr (NG == 0)
-        return delta_b2() ? pdl_launch<delta_many_kernel<FULL, true>>(what, grid, block, 0, st, arg)
-                          : pdl_launch<delta_many_kernel<FULL, false>>(what, grid, block, 0, st,
-                                                                       arg);
-    else
-        return delta_b2() ? pdl_launch<delta_kernel<FULL, NG, true>>(what, grid, block, 0, st, arg)
-                          : pdl_launch<delta_kernel<FULL, NG, false>>(what, grid, block, 0, st,
-                                                                      arg);
+    delta_run<FULL, 1, false>(d, [&]() { pdl_enter(early); });
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -681,13 +615,6 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
     if (d->chunk)
         return delta_chunk_launch(d, st);
     const bool full = d->d_k == DELTA_MAX_DK;
-    if (d->settled && (d->n_tok != 1 || !pdl_early_reads())) {
-        /* blocks of several tokens read after the wait (with their reads first a 16-token
-         * verify measured slower on the H200) */
-        ops_delta late = *d;
-        late.settled = false;
-        return cuda_delta_rule(&late, st);
-    }
     if (d->norm_z && d->n_tok == 1 && d->d_v <= DELTA_COLS * DELTA_NORM_NG) {
         /* a head per block, the norm after the recurrence: one launch. Only for one token:
          * the four groups of a block share one SM's issue slots, so a block of tokens runs
@@ -695,12 +622,21 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
          * against 15.42 with the plain blocks), where a decode step saves the launch (7.36
          * against 7.42 ms) */
         const dim3 grid = delta_grid(d, 1, DELTA_NORM_NG), block(DELTA_GT * DELTA_NORM_NG);
-        return full ? delta_go<true, DELTA_NORM_NG>("delta rule + norm", grid, block, *d, st)
-                    : delta_go<false, DELTA_NORM_NG>("delta rule + norm", grid, block, *d, st);
+        const char *what = "delta rule + norm";
+        const int v = (full ? 2 : 0) + (d->settled && pdl_early_reads() ? 1 : 0);
+        return v == 3   ? pdl_launch<delta_kernel<true, DELTA_NORM_NG, true>>(what, grid, block, 0,
+                                                                               st, *d)
+               : v == 2 ? pdl_launch<delta_kernel<true, DELTA_NORM_NG, false>>(what, grid, block,
+                                                                                0, st, *d)
+               : v == 1 ? pdl_launch<delta_kernel<false, DELTA_NORM_NG, true>>(what, grid, block,
+                                                                                0, st, *d)
+                        : pdl_launch<delta_kernel<false, DELTA_NORM_NG, false>>(what, grid, block,
+                                                                                 0, st, *d);
     }
     const dim3 grid = delta_grid(d, 1, 1), block(DELTA_GT);
-    const td_err e = full ? delta_go<true, 1>("delta rule", grid, block, *d, st)
-                          : delta_go<false, 1>("delta rule", grid, block, *d, st);
+    const td_err e =
+        full ? pdl_launch<delta_kernel<true, 1, false>>("delta rule", grid, block, 0, st, *d)
+             : pdl_launch<delta_kernel<false, 1, false>>("delta rule", grid, block, 0, st, *d);
     TD_TRY(e);
     if (!d->norm_z || d->n_tok == 0)
         return TD_OK;
@@ -744,9 +680,10 @@ extern "C" td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream
         }
         const dim3 grid = delta_grid(&d[i], m, 1), block(DELTA_GT);
         if (!none && d[i].d_k == DELTA_MAX_DK)
-            TD_TRY((delta_go<true, 0>("delta rule batch", grid, block, b, st)));
+            TD_TRY(pdl_launch<delta_many_kernel<true>>("delta rule batch", grid, block, 0, st, b));
         else if (!none)
-            TD_TRY((delta_go<false, 0>("delta rule batch", grid, block, b, st)));
+            TD_TRY(pdl_launch<delta_many_kernel<false>>("delta rule batch", grid, block, 0, st,
+                                                        b));
         i += m;
     }
     return TD_OK;

@@ -50,36 +50,39 @@ struct dni_args {
     int qk_blocks, v_blocks; /* 2 * nk head blocks, then the value channels' blocks, each
                               * times groups */
     float eps, q_scale;
-    bool early; /* one token: weights read before pdl_enter (pdl_early_reads) */
+    bool early; /* one token (TT 1): weights read before pdl_enter (pdl_early_reads) */
 };
 
 template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool early, dni_args a)
 {
+    /* One token (a decode step): the weights are read while the kernel before still runs, the
+     * conv taps into registers and the F32 rows into L2. Blocks of tokens keep them after the
+     * wait (a 16-token verify measured slower with the early reads compiled in, H100). */
+    float wc[DNI_K]; /* taps */
+    bool have_taps = false;
+    if constexpr (TT == 1) {
+        const int b = (int)blockIdx.x, tid = (int)threadIdx.x;
+        if (a.early && b >= a.qk_blocks + a.v_blocks) {
+            const int f = b - a.qk_blocks - a.v_blocks;
+            mmf::prefetch_rows(a.ab, f / a.n_ttiles, a.row_bytes);
+        } else if (a.early) {
+            const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups;
+            const bool head = b < a.qk_blocks;
+            const int64_t c = head ? (int64_t)cb * a.dk + tid
+                                   : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
+            const bool live = head ? tid < a.dk : c < a.n_ch;
+#pragma unroll
+            for (int i = 0; i < DNI_K; i++)
+                wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
+            have_taps = true;
+        }
+    }
+    pdl_enter(early);
     __shared__ mmf::cta_red<TT> red;
     __shared__ double sh[33];
     const int b = (int)blockIdx.x, tid = (int)threadIdx.x;
-    const bool f32 = b >= a.qk_blocks + a.v_blocks;
-    /* channel block cb, token group g: tokens [t_begin, t_end) */
-    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
-    const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
-    const int64_t c = head ? (int64_t)cb * a.dk + tid
-                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
-    const bool live = !f32 && (head ? tid < a.dk : c < a.n_ch);
-    float wc[DNI_K]; /* taps: weights, so with one token read while the kernel before runs */
-    auto taps = [&]() {
-#pragma unroll
-        for (int i = 0; i < DNI_K; i++)
-            wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
-    };
-    const int f = b - a.qk_blocks - a.v_blocks;
-    if (a.early && !f32)
-        taps();
-    if (a.early && f32) /* the CTA's alpha or beta rows asked into L2, a line per thread */
-        mmf::prefetch_rows(a.ab, f / a.n_ttiles, a.row_bytes);
-    pdl_enter(early);
-    if (!a.early)
-        taps();
-    if (f32) { /* alpha and beta rows, stored as their gates */
+    if (b >= a.qk_blocks + a.v_blocks) { /* alpha and beta rows, stored as their gates */
+        const int f = b - a.qk_blocks - a.v_blocks;
         mmf::cta<TT>(a.ab, f / a.n_ttiles, (f % a.n_ttiles) * TT, a.row_bytes, a.cols, a.h,
                      a.n_tok, a.vec, red, [&](int m, int64_t row, int tok, float v) {
                          float *g = a.gb + (int64_t)tok * 2 * a.nv;
@@ -91,8 +94,19 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
                      });
         return;
     }
+    /* channel block cb, token group g: tokens [t_begin, t_end) */
+    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
+    const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
     const int t_begin = g * a.n_tok / a.groups, t_end = (g + 1) * a.n_tok / a.groups;
+    const int64_t c = head ? (int64_t)cb * a.dk + tid
+                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
+    const bool live = head ? tid < a.dk : c < a.n_ch;
     float win[DNI_K - 1]; /* raw inputs of the last DNI_K - 1 times, oldest first */
+    if (!have_taps) {
+#pragma unroll
+        for (int i = 0; i < DNI_K; i++)
+            wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
+    }
     /* group 0 starts from the carried window; the others (t_begin >= DNI_K - 1) from the
      * raw inputs before their first token, so only group 0 touches the state */
 #pragma unroll
@@ -162,7 +176,7 @@ static td_err dni_apart(const ops_dn_in *p, ops_stream st)
 template <int TT> static td_err dni_launch(dni_args &a, ops_stream st)
 {
     a.n_ttiles = (a.n_tok + TT - 1) / TT;
-    a.early = a.n_tok == 1 && pdl_early_reads();
+    a.early = TT == 1 && pdl_early_reads();
     const int64_t blocks = a.qk_blocks + a.v_blocks + a.ab.first[a.ab.n] * a.n_ttiles;
     return pdl_launch<dni_kernel<TT>>("deltanet_in", dim3((unsigned)blocks), dim3(DNI_THREADS), 0,
                                       st, a);

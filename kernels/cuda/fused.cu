@@ -21,18 +21,21 @@
  * per call on the H200 with 256 threads and loads behind stores). w is read while the block
  * sums (w cannot alias x: it is a weight), not after: a load behind the sum adds a round trip
  * to every norm (with all three sets of loads up front the kernel spills at its 32
- * registers). Before its wait a one-row call asks for w into L2 (no registers held), so that
- * load finds it there (several rows: their blocks would all ask). */
+ * registers). PF (one row: a decode step's norms): before its wait the kernel asks for w into
+ * L2, a warp per line, so that load finds it there (with several rows every block would ask;
+ * and the kernel of several rows stays as it was: a 16-token verify measured slower with the
+ * early reads compiled in, H100). */
 #define FUSED_ROW_VALS 8
 
+template <bool PF>
 __global__ void __launch_bounds__(FUSED_ROW_THREADS)
 add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float *w, int64_t dim,
-                   float eps, bool pf)
+                   float eps)
 {
-    /* w is a weight: asked into L2 while the kernel before still runs (a warp per line) */
-    for (int64_t i = threadIdx.x; pf && w && (threadIdx.x & 31) == 0 && i < dim;
-         i += FUSED_ROW_THREADS)
-        dev_prefetch_l2(w + i);
+    if constexpr (PF)
+        for (int64_t i = threadIdx.x; w && (threadIdx.x & 31) == 0 && i < dim;
+             i += FUSED_ROW_THREADS)
+            dev_prefetch_l2(w + i);
     pdl_enter(early);
     __shared__ double sh[33];
     float *xr = x + (int64_t)blockIdx.x * dim;
@@ -262,9 +265,12 @@ extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const f
         return err_set(TD_ENOTSUP, "add_rmsnorm over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    return pdl_launch<add_rmsnorm_kernel>("add_rmsnorm", dim3((unsigned)n_rows),
-                                          dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim, eps,
-                                          n_rows == 1 && pdl_early_reads());
+    if (n_rows == 1 && pdl_early_reads())
+        return pdl_launch<add_rmsnorm_kernel<true>>("add_rmsnorm", dim3(1), dim3(FUSED_ROW_THREADS),
+                                                    0, st, x, h, out, w, dim, eps);
+    return pdl_launch<add_rmsnorm_kernel<false>>("add_rmsnorm", dim3((unsigned)n_rows),
+                                                 dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim,
+                                                 eps);
 }
 
 extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,
