@@ -53,6 +53,19 @@ struct dni_args {
     bool early; /* one token (TT 1): weights read before pdl_enter (pdl_early_reads) */
 };
 
+/* The channel of thread tid of channel block b (b < qk_blocks + v_blocks) and whether it
+ * exists; channel block *cb. */
+__device__ __forceinline__ int64_t dni_channel(const dni_args &a, int b, int tid, int *cb,
+                                               bool *live)
+{
+    const bool head = b < a.qk_blocks;
+    *cb = (head ? b : b - a.qk_blocks) / a.groups;
+    const int64_t c = head ? (int64_t)*cb * a.dk + tid
+                           : 2 * (int64_t)a.nk * a.dk + (int64_t)*cb * DNI_THREADS + tid;
+    *live = head ? tid < a.dk : c < a.n_ch;
+    return c;
+}
+
 template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool early, dni_args a)
 {
     /* One token (a decode step): the weights are read while the kernel before still runs, the
@@ -66,11 +79,9 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
             const int f = b - a.qk_blocks - a.v_blocks;
             mmf::prefetch_rows(a.ab, f / a.n_ttiles, a.row_bytes);
         } else if (a.early) {
-            const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups;
-            const bool head = b < a.qk_blocks;
-            const int64_t c = head ? (int64_t)cb * a.dk + tid
-                                   : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
-            const bool live = head ? tid < a.dk : c < a.n_ch;
+            int cb;
+            bool live;
+            const int64_t c = dni_channel(a, b, tid, &cb, &live);
 #pragma unroll
             for (int i = 0; i < DNI_K; i++)
                 wc[i] = live ? a.conv_w[c * DNI_K + i] : 0.0f;
@@ -95,12 +106,12 @@ template <int TT> __global__ void __launch_bounds__(DNI_THREADS) dni_kernel(bool
         return;
     }
     /* channel block cb, token group g: tokens [t_begin, t_end) */
-    const int cb = (b < a.qk_blocks ? b : b - a.qk_blocks) / a.groups, g = b % a.groups;
+    int cb;
+    bool live;
+    const int64_t c = dni_channel(a, b, tid, &cb, &live);
+    const int g = b % a.groups;
     const bool head = b < a.qk_blocks, is_q = head && cb < a.nk;
     const int t_begin = g * a.n_tok / a.groups, t_end = (g + 1) * a.n_tok / a.groups;
-    const int64_t c = head ? (int64_t)cb * a.dk + tid
-                           : 2 * (int64_t)a.nk * a.dk + (int64_t)cb * DNI_THREADS + tid;
-    const bool live = head ? tid < a.dk : c < a.n_ch;
     float win[DNI_K - 1]; /* raw inputs of the last DNI_K - 1 times, oldest first */
     if (!have_taps) {
 #pragma unroll
