@@ -14,7 +14,7 @@
 #define GEN_WAIT_MS 100 /* longest wait for one event before checking the client */
 #define GEN_BUSY_RETRY_MS 50
 
-static bool gen_buf_put(gen_buf *b, const char *s, size_t n)
+bool gen_buf_put(gen_buf *b, const char *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
         size_t cap = (b->len + n + 1) * 2;
@@ -343,6 +343,21 @@ static bool gen_echo(api_stream *s)
         return !s->failed;
     s->echoed = true;
     const gen_prompt *gp = gen_cur(s);
+    if (s->req.kind == REQ_CHAT) { /* the assistant's last message opens the content */
+        if (gp->echo_len == 0)
+            return !s->failed;
+        if (s->stream) {
+            gen_role_chunk(s);
+            gen_live(s);
+            gen_sse_put(s, render_chat_chunk(&s->rc,
+                                             json_pack("{s:s%}", "content", gp->echo,
+                                                       gp->echo_len),
+                                             NULL, NULL));
+        } else if (!gen_buf_put(&s->content, gp->echo, gp->echo_len)) {
+            gen_oom(s);
+        }
+        return !s->failed;
+    }
     json_t *lp = NULL;
     if (gp->plp && s->req.logprobs) {
         if (!gen_plp_whole(s, gp))

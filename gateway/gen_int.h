@@ -20,6 +20,9 @@ typedef struct gen_buf {
     size_t cap; /* bytes allocated */
 } gen_buf;
 
+/* Appends s[0..n) (keeping the NUL); false when out of memory. */
+bool gen_buf_put(gen_buf *b, const char *s, size_t n);
+
 
 /* A prompt of the request and what its choices share. */
 typedef struct gen_prompt {

@@ -39,13 +39,48 @@ td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *i
     return TD_OK;
 }
 
+/* A chat's echo (vLLM's): the last message's text when the assistant wrote it (a list's text
+ * parts joined by newlines), else nothing. */
+static td_err gen_chat_echo(api_stream *s, api_error *e)
+{
+    gen_prompt *gp = &s->prompts[0];
+    const json_t *msgs = json_object_get(s->req.root, "messages");
+    const json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const json_t *role = json_object_get(last, "role"), *content = json_object_get(last, "content");
+    gp->echo = "";
+    if (!json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0)
+        return TD_OK;
+    if (json_is_string(content)) {
+        gp->echo = json_string_value(content);
+        gp->echo_len = json_string_length(content);
+        return TD_OK;
+    }
+    gen_buf b = {0};
+    size_t i, parts = 0;
+    const json_t *part;
+    json_array_foreach(content, i, part) {
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text))
+            continue;
+        if ((parts++ && !gen_buf_put(&b, "\n", 1)) ||
+            !gen_buf_put(&b, json_string_value(text), json_string_length(text))) {
+            free(b.p);
+            return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
+        }
+    }
+    gp->echo_owned = b.p;
+    gp->echo = b.p ? b.p : "";
+    gp->echo_len = b.len;
+    return TD_OK;
+}
+
 static td_err gen_prompt_chat(api_stream *s, api_error *e)
 {
     tok_ids ids = {0};
     TD_TRY(gen_chat_prompt(s->g, &s->req, &ids, &s->in_think, e));
     s->prompts[0].ids = ids.ids;
     s->prompts[0].n = ids.n;
-    return TD_OK;
+    return s->req.echo ? gen_chat_echo(s, e) : TD_OK;
 }
 
 /* Completions prompt i (a batch's prompts are named prompt[i] in errors). */
@@ -193,7 +228,7 @@ td_err gen_prompts(api_stream *s, api_error *e)
         TD_TRY(chat ? gen_prompt_chat(s, e) : gen_prompt_completion(s, i, e));
         gen_truncate(s, &s->prompts[i]);
         TD_TRY(gen_budget(s, &s->prompts[i], e));
-        if (s->req.echo)
+        if (s->req.echo && !chat)
             TD_TRY(gen_echo_setup(s, i, e));
         if ((s->req.echo && s->req.logprobs) || s->req.prompt_lp)
             TD_TRY(gen_plp_setup(&s->prompts[i], e));

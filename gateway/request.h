@@ -87,7 +87,8 @@ typedef struct gw_request {
     size_t n_prompts;
     bool echo;             /* each choice's text opens with the prompt (and its tokens' log
                             * probabilities with logprobs, the first one null); max_tokens may
-                            * then be 0 */
+                            * then be 0. Chat (vLLM's): each choice's content opens with the
+                            * last message's text when that message is the assistant's */
 
     /* both */
     uint32_t n;            /* choices, 1..REQ_N_MAX, generated one after the other */

@@ -287,6 +287,7 @@ td_err req_chat(gw_request *r, api_error *e)
                     &r->add_generation_prompt, e));
     TD_TRY(req_bool(r->root, "continue_final_message", "continue_final_message",
                     &r->continue_final, e));
+    TD_TRY(req_bool(r->root, "echo", "echo", &r->echo, e));
     if (r->continue_final && r->add_generation_prompt)
         return apierr_set(e, 400, "invalid_value", "continue_final_message",
                           "Invalid value for 'continue_final_message': it continues the final "

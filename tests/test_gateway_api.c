@@ -495,6 +495,51 @@ static void chat_prompt_logprobs_and_their_errors(void **state)
     }
 }
 
+/* A chat's echo (vLLM's): when the last message is the assistant's, each choice's content
+ * opens with its text (a list's text parts joined by newlines), streamed as the first content
+ * chunk; after a user's message it changes nothing. */
+static void chat_echo_opens_the_content_with_the_assistants_message(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    static const char *const head =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+        "\"content\":";
+    static const char *const tail = "}],\"add_generation_prompt\":false,"
+                                    "\"continue_final_message\":true,\"echo\":true,"
+                                    "\"max_tokens\":1%s}";
+    char req[512], fmt[512];
+    snprintf(fmt, sizeof fmt, "%s%s%s", head, "\"The answer is\"", tail);
+    snprintf(req, sizeof req, fmt, "");
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    assert_non_null(strstr(body, "\"message\":{\"role\":\"assistant\",\"content\":"
+                                 "\"The answer isa\"}"));
+    free(reply);
+    snprintf(req, sizeof req, fmt, ",\"stream\":true");
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    const char *role = strstr(body, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}");
+    assert_non_null(role);
+    const char *echo = strstr(body, "\"delta\":{\"content\":\"The answer is\"}");
+    assert_non_null(echo);
+    assert_true(role < echo && strstr(echo, "\"delta\":{\"content\":\"a\"}") != NULL);
+    free(reply);
+    snprintf(fmt, sizeof fmt, "%s%s%s", head,
+             "[{\"type\":\"text\",\"text\":\"x\"},{\"type\":\"text\",\"text\":\"y\"}]", tail);
+    snprintf(req, sizeof req, fmt, "");
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    assert_non_null(strstr(body, "\"content\":\"x\\nya\"}"));
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                                 "\"echo\":true,\"max_tokens\":1}",
+                                 &reply, &body),
+                     200);
+    assert_non_null(strstr(body, "\"content\":\"\",\"reasoning_content\":\"a\"}")); /* no echo */
+    free(reply);
+}
+
 /* A prediction goes to verifyd as plain-text tokens (its text parts joined); usage tells
  * the tokens taken (as verifyd reports them) and the rest, summed over the choices. */
 static void prediction_goes_to_verifyd_and_usage_counts_it(void **state)
@@ -739,6 +784,7 @@ int main(void)
         cmocka_unit_test(echo_with_missing_prompt_logprobs_is_an_error),
         cmocka_unit_test(prompt_logprobs_come_with_each_completion_choice),
         cmocka_unit_test(chat_prompt_logprobs_and_their_errors),
+        cmocka_unit_test(chat_echo_opens_the_content_with_the_assistants_message),
         cmocka_unit_test(prediction_goes_to_verifyd_and_usage_counts_it),
         cmocka_unit_test(continuous_usage_rides_on_every_chunk),
         cmocka_unit_test(required_call_sends_the_tool_spec),
