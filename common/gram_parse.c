@@ -150,6 +150,7 @@ typedef struct gm_src {
     const char *s, *p, *end; /* the text, where the parser is, its end */
     gm_build *b;
     bool regex;
+    bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
     const char *alt;         /* regex: where the top-level alternative being read began */
     bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
 } gm_src;
@@ -211,14 +212,20 @@ static td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r)
     return TD_OK;
 }
 
-/* \d \w \s (neg: \D \W \S) into r. */
+/* \d \w \s (neg: \D \W \S) into r. ECMA-262's \s (x->ecma) is its WhiteSpace and
+ * LineTerminator: the ASCII ones, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
+ * U+205F, U+3000 and U+FEFF. */
 static td_err gm_class_escape(const gm_src *x, gm_ranges *r, char c, bool neg)
 {
     static const uint32_t digit[] = {'0', '9'};
     static const uint32_t word[] = {'0', '9', 'A', 'Z', '_', '_', 'a', 'z'};
     static const uint32_t space[] = {'\t', '\r', ' ', ' '};
-    const uint32_t *v = c == 'd' ? digit : c == 'w' ? word : space;
-    const int n = c == 'd' ? 1 : c == 'w' ? 4 : 2;
+    static const uint32_t espace[] = {'\t',   '\r',   ' ',    ' ',    0xA0,   0xA0,
+                                      0x1680, 0x1680, 0x2000, 0x200A, 0x2028, 0x2029,
+                                      0x202F, 0x202F, 0x205F, 0x205F, 0x3000, 0x3000,
+                                      0xFEFF, 0xFEFF};
+    const uint32_t *v = c == 'd' ? digit : c == 'w' ? word : x->ecma ? espace : space;
+    const int n = c == 'd' ? 1 : c == 'w' ? 4 : x->ecma ? 10 : 2;
     if (!neg) {
         for (int i = 0; i < n; i++)
             TD_TRY(gm_range_add(x, r, v[2 * i], v[2 * i + 1]));
@@ -655,9 +662,15 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
         } else if (c == '[') {
             x->p++;
             TD_TRY(gm_class(x, rule));
-        } else if (c == '.') {
+        } else if (c == '.') { /* any character but \n; ECMA-262: but a line terminator */
             x->p++;
-            TD_TRY(gb_push(b, &b->body[rule], GM_CHAR_NOT, '\n', '\n'));
+            gm_ranges r = {.n = 0, .neg = true};
+            TD_TRY(gm_range_add(x, &r, '\n', '\n'));
+            if (x->ecma) {
+                TD_TRY(gm_range_add(x, &r, '\r', '\r'));
+                TD_TRY(gm_range_add(x, &r, 0x2028, 0x2029));
+            }
+            TD_TRY(gm_set_emit(b, rule, &r));
         } else if (c == '*' || c == '+' || c == '?' ||
                    gm_at_braces(x)) {
             return gm_syntax(x, "nothing to repeat");
@@ -734,7 +747,8 @@ static td_err re_compile(const char *re, size_t len, bool search, gm_grammar **o
 {
     *out = NULL;
     gm_build b = {0};
-    gm_src x = {.s = re, .p = re, .end = re + len, .b = &b, .regex = true, .alt = re};
+    gm_src x = {.s = re, .p = re, .end = re + len, .b = &b, .regex = true, .ecma = search,
+                .alt = re};
     int32_t root;
     td_err e = gb_rule(&b, "root", 4, -1, &root);
     if (e == TD_OK) {

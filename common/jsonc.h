@@ -34,8 +34,8 @@
  * and its ends are rounded inward to the fraction digits a JC_NUMBER_MAX-byte number there can
  * hold (which loses no such number). An empty range drops the numbers. Also enforced: enum
  * and const; pattern (a string holds a match of the regular expression, searched as JSON
- * Schema says: common/gram.h's gm_compile_pattern, ECMA-262's common syntax with ASCII \d \w
- * \s and '.' any character but \n; a string is cut at the first character after which no
+ * Schema says: common/gram.h's gm_compile_pattern, ECMA-262's common syntax with its \s and
+ * '.', and ASCII \d \w; a string is cut at the first character after which no
  * match can be completed, within maxLength when there is one, and reaching minLength (with both,
  * a completion of a length in between is assumed when the shortest fits one and the longest
  * the other)); anyOf and oneOf (both as a union: oneOf's "exactly one" is not

@@ -560,6 +560,43 @@ static void test_pattern_automaton_agrees_with_pcre2_search(void **ctx)
     gm_free(g);
 }
 
+/* A pattern (JSON Schema's) reads '.' and \s as ECMA-262 does: '.' is no line terminator
+ * (\n, \r, U+2028, U+2029), \s is its WhiteSpace and LineTerminator set (NBSP, U+3000,
+ * U+FEFF, U+2028 but not NEL U+0085), \S and [^\s] their complement; a regular expression
+ * (guided_regex) keeps '.' = not \n and the ASCII \s. */
+static void test_pattern_reads_dot_and_space_as_ecma(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = NULL;
+    static const char dot[] = "^a.b$", sp[] = "^\\s+$", nsp[] = "^[^\\s]\\S$";
+    assert_int_equal(gm_compile_pattern(dot, strlen(dot), &g), TD_OK);
+    whole(g, "a\tb");
+    whole(g, "a\xc2\x85" "b"); /* NEL is not a line terminator in ECMA-262 */
+    cut_at(g, "a\rb", 1);
+    cut_at(g, "a\nb", 1);
+    cut_at(g, "a\xe2\x80\xa8" "b", 3); /* U+2028: its last byte */
+    whole(g, "a\xe2\x80\xa7" "b");       /* U+2027 */
+    gm_free(g);
+    assert_int_equal(gm_compile_pattern(sp, strlen(sp), &g), TD_OK);
+    whole(g, " \t\n\r\v\f");
+    whole(g, "\xc2\xa0\xe3\x80\x80\xef\xbb\xbf\xe2\x80\xa9\xe2\x80\x8a\xe1\x9a\x80");
+    cut_at(g, " \xc2\x85", 2);             /* NEL: its second byte */
+    cut_at(g, " \xe2\x80\x8b", 3);         /* U+200B (zero width space) is not */
+    gm_free(g);
+    assert_int_equal(gm_compile_pattern(nsp, strlen(nsp), &g), TD_OK);
+    whole(g, "x\xc2\x85");
+    cut_at(g, "\xc2\xa0x", 1);
+    cut_at(g, "x\xe3\x80\x80", 3);
+    gm_free(g);
+    g = regex("a.b");
+    whole(g, "a\rb");
+    whole(g, "a\xe2\x80\xa8" "b");
+    gm_free(g);
+    g = regex("\\s");
+    cut_at(g, "\xc2\xa0", 0); /* no character of two bytes is an ASCII space */
+    gm_free(g);
+}
+
 /* A copy carries the state on: feeding the rest into a copy gives what feeding it whole does. */
 static void test_a_copied_state_goes_on_like_the_original(void **ctx)
 {
@@ -596,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_regex_refusals_say_what),
         cmocka_unit_test(test_regex_agrees_with_pcre2_on_every_short_string),
         cmocka_unit_test(test_pattern_automaton_agrees_with_pcre2_search),
+        cmocka_unit_test(test_pattern_reads_dot_and_space_as_ecma),
         cmocka_unit_test(test_a_copied_state_goes_on_like_the_original),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
