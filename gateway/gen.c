@@ -362,16 +362,15 @@ static bool gen_echo(api_stream *s)
     if (gp->plp && s->req.logprobs) {
         if (!gen_plp_whole(s, gp))
             return false;
-        /* prompt_logprobs may have asked for more alternatives than logprobs */
-        lp_token *cut = NULL;
-        if (gen_prompt_top(&s->req) > s->req.top_logprobs &&
-            (cut = malloc(gp->n * sizeof *cut)) != NULL) {
-            memcpy(cut, gp->plp, gp->n * sizeof *cut);
-            for (size_t i = 0; i < gp->n; i++)
-                if (cut[i].n_top > s->req.top_logprobs)
-                    cut[i].n_top = s->req.top_logprobs;
+        /* prompt_logprobs may have asked for more alternatives than logprobs: a copy cut */
+        const bool trim = gen_prompt_top(&s->req) > s->req.top_logprobs;
+        lp_token *cut = trim ? malloc(gp->n * sizeof *cut) : NULL;
+        for (size_t i = 0; cut && i < gp->n; i++) {
+            cut[i] = gp->plp[i];
+            if (cut[i].n_top > s->req.top_logprobs)
+                cut[i].n_top = s->req.top_logprobs;
         }
-        const lp_token *t = gen_prompt_top(&s->req) > s->req.top_logprobs ? cut : gp->plp;
+        const lp_token *t = trim ? cut : gp->plp;
         lp = t ? lp_completion_object() : NULL;
         const td_err e = lp ? lp_append_completion(lp, s->g->tok, t, gp->n, &s->text_offset)
                             : TD_ENOMEM;
