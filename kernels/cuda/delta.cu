@@ -606,6 +606,17 @@ static dim3 delta_grid(const ops_delta *d, unsigned n, int ng)
     return dim3(cuda_blocks(d->d_v, DELTA_COLS * ng), (unsigned)d->n_v_head, n);
 }
 
+/* The head-per-block kernel with the norm, its reads before the wait when early. */
+template <bool FULL>
+static td_err delta_norm_launch(const ops_delta *d, bool early, dim3 grid, dim3 block,
+                                ops_stream st)
+{
+    const char *what = "delta rule + norm";
+    return early ? pdl_launch<delta_kernel<FULL, DELTA_NORM_NG, true>>(what, grid, block, 0, st, *d)
+                 : pdl_launch<delta_kernel<FULL, DELTA_NORM_NG, false>>(what, grid, block, 0, st,
+                                                                        *d);
+}
+
 extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
 {
     bool none = false;
@@ -622,16 +633,9 @@ extern "C" td_err cuda_delta_rule(const ops_delta *d, ops_stream st)
          * against 15.42 with the plain blocks), where a decode step saves the launch (7.36
          * against 7.42 ms) */
         const dim3 grid = delta_grid(d, 1, DELTA_NORM_NG), block(DELTA_GT * DELTA_NORM_NG);
-        const char *what = "delta rule + norm";
-        const int v = (full ? 2 : 0) + (d->settled && pdl_early_reads() ? 1 : 0);
-        return v == 3   ? pdl_launch<delta_kernel<true, DELTA_NORM_NG, true>>(what, grid, block, 0,
-                                                                               st, *d)
-               : v == 2 ? pdl_launch<delta_kernel<true, DELTA_NORM_NG, false>>(what, grid, block,
-                                                                                0, st, *d)
-               : v == 1 ? pdl_launch<delta_kernel<false, DELTA_NORM_NG, true>>(what, grid, block,
-                                                                                0, st, *d)
-                        : pdl_launch<delta_kernel<false, DELTA_NORM_NG, false>>(what, grid, block,
-                                                                                 0, st, *d);
+        const bool early = d->settled && pdl_early_reads();
+        return full ? delta_norm_launch<true>(d, early, grid, block, st)
+                    : delta_norm_launch<false>(d, early, grid, block, st);
     }
     const dim3 grid = delta_grid(d, 1, 1), block(DELTA_GT);
     const td_err e =

@@ -14,12 +14,18 @@ uint64_t g_dev[PDL_MAX_DEV];
 /* 0 unknown, 1 on, 2 off (TANDEM_PDL=off or 0, or the runtime refused the attribute). */
 int g_mode;
 
+/* 2 when the environment switches name off ("off" or "0"), else 1: a g_mode-style value. */
+int env_mode(const char *name)
+{
+    const char *e = getenv(name);
+    return e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
+}
+
 bool pdl_on(void)
 {
     int m = __atomic_load_n(&g_mode, __ATOMIC_RELAXED);
     if (m == 0) {
-        const char *e = getenv("TANDEM_PDL");
-        m = e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
+        m = env_mode("TANDEM_PDL");
         int unknown = 0; /* a refusal recorded meanwhile stays */
         __atomic_compare_exchange_n(&g_mode, &unknown, m, false, __ATOMIC_RELAXED,
                                     __ATOMIC_RELAXED);
@@ -110,8 +116,7 @@ bool pdl_early_reads(void)
 {
     int m = __atomic_load_n(&g_early, __ATOMIC_RELAXED);
     if (m == 0) {
-        const char *e = getenv("TANDEM_EARLY_READS");
-        m = e && (strcmp(e, "off") == 0 || strcmp(e, "0") == 0) ? 2 : 1;
+        m = env_mode("TANDEM_EARLY_READS");
         __atomic_store_n(&g_early, m, __ATOMIC_RELAXED);
     }
     return m == 1;
