@@ -37,6 +37,9 @@ bool pdl_on(void)
 /* 0 unknown, 1 on, 2 off (TANDEM_EARLY_READS=off or 0) */
 int g_early;
 
+/* 0 unknown, 1 on, 2 off (TANDEM_ROUND_PDL=off or 0) */
+int g_round;
+
 /* The SM count of device dev (0 when it cannot be asked) and whether it runs
  * griddepcontrol (compute capability 9.0 and up). */
 int dev_info(int dev, bool *pdl)
@@ -112,12 +115,23 @@ bool pdl_enabled(void)
     return pdl_on();
 }
 
-bool pdl_early_reads(void)
+/* The cached value of the off switch name in *slot. */
+static bool switch_on(int *slot, const char *name)
 {
-    int m = __atomic_load_n(&g_early, __ATOMIC_RELAXED);
+    int m = __atomic_load_n(slot, __ATOMIC_RELAXED);
     if (m == 0) {
-        m = env_mode("TANDEM_EARLY_READS");
-        __atomic_store_n(&g_early, m, __ATOMIC_RELAXED);
+        m = env_mode(name);
+        __atomic_store_n(slot, m, __ATOMIC_RELAXED);
     }
     return m == 1;
+}
+
+bool pdl_early_reads(void)
+{
+    return switch_on(&g_early, "TANDEM_EARLY_READS");
+}
+
+bool pdl_round_after_any(void)
+{
+    return switch_on(&g_round, "TANDEM_ROUND_PDL");
 }

@@ -69,6 +69,11 @@ __device__ __forceinline__ void dev_prefetch_l2(const void *p)
  * tokens always do. */
 bool pdl_early_reads(void);
 
+/* Whether the quantised matmuls' activation rounding (matmul.cu) launches as a programmatic
+ * dependent of whatever kernel is before it; TANDEM_ROUND_PDL=off only right after a
+ * quantised matmul, as before the other kernels of a forward pass took part. */
+bool pdl_round_after_any(void);
+
 #define PDL_MAX_DEV 64 /* device ordinals served; launches on higher ones are plain */
 
 /* How one launch goes out. */

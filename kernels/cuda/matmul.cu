@@ -353,9 +353,13 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
                 slot->mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
                 continue;
             }
-            /* only right after this stream's previous quantised matmul kernel (mm_mark) */
+            /* a programmatic dependent of the kernel before it, whichever it is: every
+             * kernel launched so waits for its predecessor (launch.cuh), so completion stays
+             * transitive; TANDEM_ROUND_PDL=off only right after this stream's previous
+             * quantised matmul kernel (mm_mark) */
             const bool pdl_x =
-                dev.pdl && __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mark;
+                dev.pdl && (pdl_round_after_any() ||
+                            __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED) == slot->mark);
             TD_TRY(round_launch(plan[i], xq, xd, xsum, xc, upc, cols, nc, n_pad, pdl_x, st));
             for (int j = i; j < nq; j++)
                 if (!done[j] && plan_shares_rounding(plan[i], plan[j]))
