@@ -164,8 +164,12 @@ static bool lp_prompt_put(json_t *o, const tokenizer *tok, int32_t id, float log
     char key[16];
     snprintf(key, sizeof key, "%d", id);
     if (!v || json_object_set_new(v, "logprob", json_real(lp_value(logprob))) != 0 ||
-        json_object_set_new(v, "rank", rank ? json_integer(rank) : json_null()) != 0 ||
-        json_object_set_new(v, "decoded_token", text) != 0) {
+        json_object_set_new(v, "rank", rank ? json_integer(rank) : json_null()) != 0) {
+        json_decref(v);
+        json_decref(text); /* not handed over yet */
+        return false;
+    }
+    if (json_object_set_new(v, "decoded_token", text) != 0) { /* takes text even so */
         json_decref(v);
         return false;
     }
