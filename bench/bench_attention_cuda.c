@@ -57,6 +57,7 @@ static const att_case cases[] = {
     {"verify16-32k", 16, 24, 4, 256, 32784, TD_F16, OPS_MASK_CAUSAL, true, 0},
     {"prefill64", 64, 24, 4, 256, 1024, TD_F16, OPS_MASK_CAUSAL, true, 0},
     {"draft16", 16, 32, 8, 128, 1040, TD_F32, OPS_MASK_BIDIRECTIONAL, false, 0},
+    {"draft16-f16", 16, 32, 8, 128, 1040, TD_F16, OPS_MASK_BIDIRECTIONAL, false, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 

@@ -79,8 +79,10 @@ typedef struct dfl_work {
     float *q;      /* [cap][wide] queries, gate; context K */
     float *a;      /* [cap][wide] attention output; context V */
     float *f;      /* [cap][wide] up projection */
-    int32_t *ids;  /* [cap] token ids of a block, or positions of new context */
-    int32_t *host; /* [cap] host staging for ids and positions */
+    int32_t *ids;  /* [2 cap] token ids of a block, or the positions of n new context rows
+                    * followed by their ring slots (the rows their K/V go to) */
+    int32_t *iota; /* [cap] 0, 1, ..: a block's K/V rows after the valid ring entries */
+    int32_t *host; /* [2 cap] host staging of ids */
 } dfl_work;
 
 /* wide: the widest of the attention, FFN and residual rows. */
@@ -106,7 +108,7 @@ static void dfl_work_release(const ops_backend *be, dfl_work *w)
     }
     be->release(be, w->ids);
     free(w->host);
-    w->ids = w->host = NULL;
+    w->ids = w->iota = w->host = NULL;
     w->cap = 0;
 }
 
@@ -125,7 +127,7 @@ static td_err dfl_work_reserve(const dfl_model *m, int64_t n)
     } want[] = {
         {(void **)&w->x, r * H * f}, {(void **)&w->h, r * H * f}, {(void **)&w->q, r * W * f},
         {(void **)&w->a, r * W * f}, {(void **)&w->f, r * W * f},
-        {(void **)&w->ids, r * sizeof(int32_t)},
+        {(void **)&w->ids, 3 * r * sizeof(int32_t)}, /* ids, then iota */
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         td_err e = be->alloc(be, want[i].p, want[i].bytes);
@@ -134,10 +136,18 @@ static td_err dfl_work_reserve(const dfl_model *m, int64_t n)
             return err_wrap(e, "drafter scratch for %lld rows", (long long)n);
         }
     }
-    w->host = malloc(r * sizeof(int32_t));
+    w->iota = w->ids + 2 * r;
+    w->host = malloc(2 * r * sizeof(int32_t));
     if (!w->host) {
         dfl_work_release(be, w);
         return err_set(TD_ENOMEM, "out of memory for drafter scratch of %lld rows", (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++)
+        w->host[i] = (int32_t)i;
+    td_err e = be->to_device(be, w->iota, w->host, r * sizeof(int32_t));
+    if (e != TD_OK) {
+        dfl_work_release(be, w);
+        return err_wrap(e, "drafter scratch for %lld rows", (long long)n);
     }
     w->cap = n;
     return TD_OK;
@@ -265,8 +275,11 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
     }
     if (e == TD_OK)
         e = dfl_load_tensors(&ld);
+    m->kv_type = TD_F32;
     if (e == TD_OK && be->kind != OPS_BACKEND_CPU) {
         m->be = be;
+        const char *kv = getenv("TANDEM_DRAFT_KV"); /* f32: the CPU's context on a GPU */
+        m->kv_type = kv && strcmp(kv, "f32") == 0 ? TD_F32 : TD_F16;
         e = err_wrap(dfl_place(m, be), "placing the drafter on %s", be->name);
     } else if (e == TD_OK) {
         m->be = be; /* host memory either way; a profiler over the CPU stays in the path */
@@ -302,6 +315,12 @@ void dfl_free(dfl_model *m)
 
 /* --- state ------------------------------------------------------------------------------ */
 
+/* Bytes of one context K/V element. */
+static size_t dfl_kv_elem(td_dtype t)
+{
+    return t == TD_F16 ? 2 : 4;
+}
+
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
 {
     const dflash_config *c = &m->cfg;
@@ -313,7 +332,9 @@ td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
     s->cap = cap;
     s->block = c->block_size;
     s->n_layers = c->n_layers;
-    size_t slots = (size_t)(cap + s->block), kv = (size_t)c->n_kv_heads * c->head_dim;
+    s->kv_type = m->kv_type;
+    size_t slots = (size_t)(cap + s->block);
+    size_t kv = (size_t)c->n_kv_heads * c->head_dim * dfl_kv_elem(s->kv_type);
     s->k = calloc(c->n_layers, sizeof *s->k);
     s->v = calloc(c->n_layers, sizeof *s->v);
     td_err e = s->k && s->v ? TD_OK : err_set(TD_ENOMEM, "out of memory for a drafter context");
@@ -322,13 +343,13 @@ td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
     if (e == TD_OK)
         e = be->zero(be, s->pos, slots * sizeof *s->pos);
     for (uint32_t i = 0; e == TD_OK && i < c->n_layers; i++) {
-        e = be->alloc(be, (void **)&s->k[i], slots * kv * sizeof(float));
+        e = be->alloc(be, &s->k[i], slots * kv);
         if (e == TD_OK)
-            e = be->zero(be, s->k[i], slots * kv * sizeof(float));
+            e = be->zero(be, s->k[i], slots * kv);
         if (e == TD_OK)
-            e = be->alloc(be, (void **)&s->v[i], slots * kv * sizeof(float));
+            e = be->alloc(be, &s->v[i], slots * kv);
         if (e == TD_OK)
-            e = be->zero(be, s->v[i], slots * kv * sizeof(float));
+            e = be->zero(be, s->v[i], slots * kv);
     }
     if (e != TD_OK) {
         dfl_state_free(s);
@@ -350,6 +371,7 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
     s->cap = cap;
     s->block = c->block_size;
     s->n_layers = c->n_layers;
+    s->kv_type = m->kv_type;
     s->pos = pos;
     s->k = calloc(c->n_layers, sizeof *s->k);
     s->v = calloc(c->n_layers, sizeof *s->v);
@@ -388,51 +410,38 @@ void dfl_state_reset(dfl_state *s)
 
 /* --- compute ---------------------------------------------------------------------------- */
 
-/* The k rows of layers A and B (B NULL: A only) after their projections: each layer's k norm,
- * then RoPE at pos, in one launch. Layer A's rows go through the op's q side, whose heads
- * (n_kv_heads of head_dim, rows kvw apart) get the very operations of the k side. */
-static td_err dfl_k_finish(const dfl_model *m, const dfl_layer *A, float *ka,
-                           const dfl_layer *B, float *kb, int64_t n, const int32_t *pos)
+/* Layer il's Q = RoPE(q_norm(q)) [n][n_heads * head_dim] (q NULL: none), K = RoPE(k_norm(k))
+ * and V = v for its projections q, k, v [n][heads * head_dim] (f32 scratch): the norms and
+ * rotations in one launch, which stores K and V (as the state's kv_type) at rows at + rows[i]
+ * of the layer's context (rows: backend memory). */
+static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, float *q, float *k,
+                           const float *v, int64_t n, const int32_t *pos, int64_t at,
+                           const int32_t *rows)
 {
     const dflash_config *c = &m->cfg;
-    const ops_backend *be = m->be;
-    int64_t hd = c->head_dim;
-    if (!B)
-        return be->qk_norm_rope(be, NULL, ka, NULL, A->k_norm, n, 0, c->n_kv_heads, hd, hd,
-                                hd, pos, (float)c->rope_theta, (float)c->rms_eps, NULL);
-    return be->qk_norm_rope(be, ka, kb, A->k_norm, B->k_norm, n, c->n_kv_heads, c->n_kv_heads,
-                            hd, hd, hd, pos, (float)c->rope_theta, (float)c->rms_eps, NULL);
+    const dfl_layer *L = &m->layers[il];
+    int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
+    size_t skip = (size_t)(at * kvw) * dfl_kv_elem(s->kv_type);
+    const ops_kv_dst dst = {.k_cache = (uint8_t *)s->k[il] + skip,
+                            .v_cache = (uint8_t *)s->v[il] + skip, .type = s->kv_type,
+                            .v = v, .rows = rows, .row = kvw};
+    return m->be->qk_norm_rope(m->be, q, k, q ? L->q_norm : NULL, L->k_norm, n,
+                               q ? c->n_heads : 0, c->n_kv_heads, hd, hd, hd, pos,
+                               (float)c->rope_theta, (float)c->rms_eps, &dst);
 }
 
-/* Layer L's Q = RoPE(q_norm(q_proj(x))) [n][n_heads * head_dim], K = RoPE(k_norm(k_proj(x)))
- * and V = v_proj(x) [n][n_kv_heads * head_dim] of the block rows x[n]: the three projections
- * in one call (one activation split on the GPU), both norms and rotations in one launch. */
-static td_err dfl_qkv(const dfl_model *m, const dfl_layer *L, const float *x, int64_t n,
-                      const int32_t *pos, float *q_out, float *k_out, float *v_out)
-{
-    const dflash_config *c = &m->cfg;
-    const ops_backend *be = m->be;
-    int64_t hd = c->head_dim;
-    const ops_mm_out proj[] = {{k_out, &L->wk}, {v_out, &L->wv}, {q_out, &L->wq}};
-    TD_TRY(be->matmul_multi(be, x, proj, 3, n));
-    return be->qk_norm_rope(be, q_out, k_out, L->q_norm, L->k_norm, n, c->n_heads,
-                            c->n_kv_heads, hd, hd, hd, pos, (float)c->rope_theta,
-                            (float)c->rms_eps, NULL);
-}
-
-/* Copies rows src[n][width] of new positions n_ctx.. into their ring slots of dst (a run of
- * consecutive slots per copy; when n exceeds the ring the later rows win, as they must). */
+/* Copies the host rows src[n][row_bytes] of new positions n_ctx.. into their ring slots of
+ * dst (a run of consecutive slots per copy; when n exceeds the ring the later rows win). */
 static td_err dfl_ring_put(const ops_backend *be, const dfl_state *s, void *dst, const void *src,
-                           int64_t n, size_t row_bytes, bool from_host)
+                           int64_t n, size_t row_bytes)
 {
     for (int64_t i = 0; i < n;) {
         int64_t slot = (s->n_ctx + i) % s->cap, run = s->cap - slot;
         if (run > n - i)
             run = n - i;
-        uint8_t *d = (uint8_t *)dst + (size_t)slot * row_bytes;
-        const uint8_t *from = (const uint8_t *)src + (size_t)i * row_bytes;
-        size_t bytes = (size_t)run * row_bytes;
-        TD_TRY(from_host ? be->to_device(be, d, from, bytes) : be->copy(be, d, from, bytes));
+        TD_TRY(be->to_device(be, (uint8_t *)dst + (size_t)slot * row_bytes,
+                             (const uint8_t *)src + (size_t)i * row_bytes,
+                             (size_t)run * row_bytes));
         i += run;
     }
     return TD_OK;
@@ -444,25 +453,30 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     const ops_backend *be = m->be;
     if (n <= 0)
         return TD_OK;
+    if (n > s->cap) { /* only the last cap positions stay: one store per ring slot */
+        feat += (n - s->cap) * (int64_t)c->n_taps * m->target_hidden;
+        s->n_ctx += n - s->cap;
+        n = s->cap;
+    }
     int64_t H = c->hidden, kvw = (int64_t)c->n_kv_heads * c->head_dim;
     TD_TRY(err_wrap(dfl_work_reserve(m, n), "adding %lld drafter context positions",
                     (long long)n));
     dfl_work *w = m->work;
     float *h = w->h;
-    int32_t *pos = w->ids;
-    for (int64_t i = 0; i < n; i++)
+    /* the positions and their ring slots in one copy */
+    int32_t *pos = w->ids, *rows = w->ids + n;
+    for (int64_t i = 0; i < n; i++) {
         w->host[i] = (int32_t)(s->n_ctx + i);
-    TD_TRY(be->to_device(be, pos, w->host, (size_t)n * sizeof(int32_t)));
+        w->host[n + i] = (int32_t)((s->n_ctx + i) % s->cap);
+    }
+    TD_TRY(be->to_device(be, pos, w->host, (size_t)(2 * n) * sizeof(int32_t)));
     /* H_t = hidden_norm(fc(concat of tap features)); it enters k_proj/v_proj as it is. */
     TD_TRY(be->matmul(be, h, feat, &m->fc, n));
     TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
     /* Every layer's k and v read the same H: one matmul_multi for up to G layers at a time
-     * (the matrices of one type then share launches). They land in the rings' slots of the
-     * new positions when those do not wrap, else in the scratch w->q (k) and w->a (v), layer
-     * l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each), and are copied. */
-    size_t row = (size_t)kvw * sizeof(float);
-    int64_t slot = s->n_ctx % s->cap;
-    bool direct = slot + n <= s->cap;
+     * (the matrices of one type then share launches), into the scratch w->q (k) and w->a
+     * (v), layer l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each); each
+     * layer's key norm and rotation then store both in the ring's slots of the new positions. */
     int64_t G = dfl_wide(c) / kvw;
     if (G > OPS_MM_GROUP_MAX / 2)
         G = OPS_MM_GROUP_MAX / 2;
@@ -471,26 +485,15 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
         ops_mm_out proj[OPS_MM_GROUP_MAX];
         for (int64_t i = 0; i < g; i++) {
             uint32_t il = l0 + (uint32_t)i;
-            proj[2 * i] = (ops_mm_out){direct ? s->k[il] + slot * kvw : w->q + i * n * kvw,
-                                       &m->layers[il].wk};
-            proj[2 * i + 1] = (ops_mm_out){direct ? s->v[il] + slot * kvw : w->a + i * n * kvw,
-                                           &m->layers[il].wv};
+            proj[2 * i] = (ops_mm_out){w->q + i * n * kvw, &m->layers[il].wk};
+            proj[2 * i + 1] = (ops_mm_out){w->a + i * n * kvw, &m->layers[il].wv};
         }
         TD_TRY(be->matmul_multi(be, h, proj, (int)(2 * g), n));
-        for (int64_t i = 0; i < g; i += 2) { /* two layers' k norms per launch */
-            uint32_t il = l0 + (uint32_t)i;
-            bool pair = i + 1 < g;
-            TD_TRY(dfl_k_finish(m, &m->layers[il], proj[2 * i].y,
-                                pair ? &m->layers[il + 1] : NULL,
-                                pair ? proj[2 * i + 2].y : NULL, n, pos));
-        }
-        for (int64_t i = 0; i < g && !direct; i++) {
-            uint32_t il = l0 + (uint32_t)i;
-            TD_TRY(dfl_ring_put(be, s, s->k[il], proj[2 * i].y, n, row, false));
-            TD_TRY(dfl_ring_put(be, s, s->v[il], proj[2 * i + 1].y, n, row, false));
-        }
+        for (int64_t i = 0; i < g; i++)
+            TD_TRY(dfl_qk_store(m, s, l0 + (uint32_t)i, NULL, proj[2 * i].y, proj[2 * i + 1].y,
+                                n, pos, 0, rows));
     }
-    TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t), true));
+    TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t)));
     s->n_ctx += n;
     return TD_OK;
 }
@@ -512,12 +515,14 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     const int32_t *bpos = s->pos + n_valid;
     if (il == 0)
         TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
-    TD_TRY(dfl_qkv(m, L, w->h, B, bpos, w->q, s->k[il] + n_valid * kvw,
-                   s->v[il] + n_valid * kvw));
+    /* Q, K and V of the block (K, V in the scratch a and f before they are stored) */
+    const ops_mm_out proj[] = {{w->a, &L->wk}, {w->f, &L->wv}, {w->q, &L->wq}};
+    TD_TRY(be->matmul_multi(be, w->h, proj, 3, B));
+    TD_TRY(dfl_qk_store(m, s, il, w->q, w->a, w->f, B, bpos, n_valid, w->iota));
     ops_attn at = {
         .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,
-        .q_pos = bpos, .kv_type = TD_F32, .k = s->k[il], .v = s->v[il],
+        .q_pos = bpos, .kv_type = s->kv_type, .k = s->k[il], .v = s->v[il],
         .kv_tok_stride = kvw, .kv_head_stride = hd, .k_pos = s->pos, .n_kv = n_valid + B,
         .mask = lt->causal ? OPS_MASK_CAUSAL : OPS_MASK_BIDIRECTIONAL,
         .window = (int32_t)lt->window, .out = w->a,

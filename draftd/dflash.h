@@ -45,6 +45,9 @@ typedef struct dfl_model {
     ops_weight lm_head;       /* the target's output [vocab][hidden] (a view; not owned) */
     float *owned;             /* f32 copies of the norm vectors (host) */
     const ops_backend *be;    /* where the weights live and the passes run */
+    td_dtype kv_type;         /* element type of the context K/V of new states: TD_F16 on a
+                               * GPU (the tensor-core attention of f16 caches), TD_F32 on the
+                               * CPU (the reference); set before dfl_state_init to choose */
     void *dev_arena;          /* the weights' backend copy (NULL on the CPU: the mapping) */
     struct dfl_work *work;    /* scratch reused by every pass (one caller at a time) */
 } dfl_model;
@@ -69,17 +72,19 @@ typedef struct dfl_state {
     int64_t n_ctx;      /* committed positions added so far (absolute) */
     int64_t block;      /* block slots reserved after the ring (config block_size) */
     const ops_backend *be; /* the model's backend, which owns the arrays (unless bound) */
-    float **k;          /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
-    float **v;          /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
+    td_dtype kv_type;   /* TD_F32 or TD_F16: the elements of k and v (the model's kv_type) */
+    void **k;           /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
+    void **v;           /* per layer: [cap + block][n_kv_heads][head_dim] (backend memory) */
     int32_t *pos;       /* [cap + block] absolute position held by each slot (backend memory) */
     int64_t n_layers;
     bool bound;         /* k, v and pos live in caller memory (dfl_state_bind) */
 } dfl_state;
 
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap);
-/* A state over caller memory of the model's backend (a kvd draft slot): k and v are [n_layers][rows][n_kv_heads]
- * [head_dim] with rows >= cap + block_size, pos is [rows]. Nothing is cleared; n_ctx starts
- * at 0 (a caller resuming a kept context sets it). */
+/* A state over caller memory of the model's backend (a kvd draft slot): k and v are
+ * [n_layers][rows][n_kv_heads][head_dim] f32-sized regions with rows >= cap + block_size (an
+ * f16 context uses the first half of each layer's region), pos is [rows]. Nothing is
+ * cleared; n_ctx starts at 0 (a caller resuming a kept context sets it). */
 td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
                       float *v, int32_t *pos);
 /* Frees what init allocated (only the pointer lists of a bound state). */

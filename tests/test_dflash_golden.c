@@ -1,7 +1,8 @@
 /* The DFlash drafter against the PyTorch reference of DESIGN section 7 (scripts/dflash_ref.py):
  * for three tiny drafters (full, sliding and non-causal sliding layers, embedding scale,
  * output multiplier, softcapping, default tap layers), two consecutive draft steps where the
- * second reuses the cached context K/V of the first and adds only the new positions. */
+ * second reuses the cached context K/V of the first and adds only the new positions; each
+ * with the CPU's f32 context K/V and with the f16 one a GPU keeps (within 1e-3 of the range). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "tests/support/model_fixture.h"
 #include "tests/support/ops_golden.h"
 
 #include "draftd/dflash.h"
@@ -67,28 +69,54 @@ static void test_dflash_two_steps_match_reference(void **ctx)
         tgt_state_free(&ts);
         free(ours);
 
-        dfl_state ds;
-        assert_int_equal(dfl_state_init(&ds, dm, 64), TD_OK);
-        float *logits = malloc((size_t)((B - 1) * V) * sizeof(float));
-        uint32_t at = 0;
-        for (int step = 1; step <= 2; step++) {
-            uint32_t L = step == 1 ? L1 : L2;
-            assert_int_equal(dfl_add_context(dm, &ds, feat + (int64_t)at * nt * H, L - at), TD_OK);
-            at = L;
-            char name[64];
-            snprintf(name, sizeof name, "step%d.block", step);
-            const int32_t *block = golden_tensor(g, name, TD_I32, B);
-            assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
-            snprintf(name, sizeof name, "step%d.logits", step);
-            snprintf(what, sizeof what, "%s %s", drafters[k], name);
-            expect_close(what, logits, golden_tensor(g, name, TD_F32, (int64_t)(B - 1) * V),
-                         (int64_t)(B - 1) * V, 1e-4);
+        /* The CPU's f32 context, and the f16 one of a GPU (rounded once when stored). */
+        assert_int_equal(dm->kv_type, TD_F32);
+        for (int f16 = 0; f16 <= 1; f16++) {
+            dm->kv_type = f16 ? TD_F16 : TD_F32;
+            dfl_state ds;
+            assert_int_equal(dfl_state_init(&ds, dm, 64), TD_OK);
+            assert_int_equal(ds.kv_type, dm->kv_type);
+            float *logits = malloc((size_t)((B - 1) * V) * sizeof(float));
+            uint32_t at = 0;
+            for (int step = 1; step <= 2; step++) {
+                uint32_t L = step == 1 ? L1 : L2;
+                assert_int_equal(dfl_add_context(dm, &ds, feat + (int64_t)at * nt * H, L - at),
+                                 TD_OK);
+                at = L;
+                char name[64];
+                snprintf(name, sizeof name, "step%d.block", step);
+                const int32_t *block = golden_tensor(g, name, TD_I32, B);
+                assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
+                snprintf(name, sizeof name, "step%d.logits", step);
+                snprintf(what, sizeof what, "%s %s (%s context)", drafters[k], name,
+                         f16 ? "f16" : "f32");
+                const float *want = golden_tensor(g, name, TD_F32, (int64_t)(B - 1) * V);
+                expect_close(what, logits, want, (int64_t)(B - 1) * V, f16 ? 1e-3 : 1e-4);
+                int64_t where; /* and the f16 context is one: its rounding shows */
+                if (f16 && !(golden_range_error(logits, want, (B - 1) * V, &where) > 1e-6))
+                    fail_msg("%s: no trace of the f16 rounding", what);
+            }
+            free(logits);
+            dfl_state_free(&ds);
         }
-        free(logits);
-        dfl_state_free(&ds);
         gguf_close(g);
         dfl_free(dm);
     }
+    tgt_free(tm);
+}
+
+/* The context ring on the CPU (mf_dflash_ring_check). */
+static void test_dflash_ring_keeps_the_last_positions(void **ctx)
+{
+    (void)ctx;
+    tgt_model *tm;
+    assert_int_equal(tgt_load(&tm, "tests/data/models/qwen35-tiny-f32.gguf"), TD_OK);
+    dfl_model *dm;
+    assert_int_equal(dfl_load(&dm, "tests/data/drafter/dflash-b16", (uint32_t)tm->hp.n_layer,
+                              &tm->tok_embd, &tm->output),
+                     TD_OK);
+    mf_dflash_ring_check(tm, dm);
+    dfl_free(dm);
     tgt_free(tm);
 }
 
@@ -114,6 +142,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dflash_two_steps_match_reference),
+        cmocka_unit_test(test_dflash_ring_keeps_the_last_positions),
         cmocka_unit_test(test_dflash_refuses_mismatched_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

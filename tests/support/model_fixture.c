@@ -226,3 +226,48 @@ td_err mf_generate(const tgt_model *tm, const spec_cfg *cfg, const int32_t *prom
     spec_free(&s);
     return e;
 }
+
+void mf_dflash_ring_check(const tgt_model *tm, dfl_model *dm)
+{
+    const ops_backend *be = dm->be;
+    const td_dtype kept = dm->kv_type;
+    const int64_t n = 21, row = (int64_t)dm->cfg.n_taps * tm->hp.n_embd;
+    const int64_t nl = (int64_t)(dm->cfg.block_size - 1) * tm->hp.n_vocab;
+    float *feat = malloc((size_t)(n * row) * sizeof(float)), *dfeat = NULL, *dlogits = NULL;
+    float *want = malloc((size_t)nl * sizeof(float)), *got = malloc((size_t)nl * sizeof(float));
+    assert_non_null(feat);
+    uint64_t x = 88172645463325252ull;
+    for (int64_t i = 0; i < n * row; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        feat[i] = (float)((double)(x >> 11) / 9007199254740992.0 - 0.5);
+    }
+    assert_int_equal(ops_backend_upload(be, (void **)&dfeat, feat, (size_t)(n * row) * sizeof(float)),
+                     TD_OK);
+    assert_int_equal(be->alloc(be, (void **)&dlogits, (size_t)nl * sizeof(float)), TD_OK);
+    for (int f16 = 0; f16 <= 1; f16++) {
+        dm->kv_type = f16 ? TD_F16 : TD_F32;
+        const int64_t pieces[] = {n, 3, 1};
+        for (size_t k = 0; k < sizeof pieces / sizeof *pieces; k++) {
+            dfl_state ds;
+            assert_int_equal(dfl_state_init(&ds, dm, 8), TD_OK);
+            for (int64_t at = 0; at < n; at += pieces[k]) {
+                int64_t m = n - at < pieces[k] ? n - at : pieces[k];
+                assert_int_equal(dfl_add_context(dm, &ds, dfeat + at * row, m), TD_OK);
+            }
+            assert_int_equal(ds.n_ctx, n);
+            assert_int_equal(dfl_propose(dm, &ds, 279, dlogits), TD_OK);
+            assert_int_equal(be->to_host(be, k ? got : want, dlogits, (size_t)nl * sizeof(float)),
+                             TD_OK);
+            if (k && memcmp(got, want, (size_t)nl * sizeof(float)) != 0)
+                fail_msg("%s context in pieces of %lld: other logits than all at once",
+                         f16 ? "f16" : "f32", (long long)pieces[k]);
+            dfl_state_free(&ds);
+        }
+    }
+    dm->kv_type = kept;
+    be->release(be, dfeat);
+    be->release(be, dlogits);
+    free(want);
+    free(got);
+    free(feat);
+}

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "draftd/dflash.h"
 #include "verifyd/spec.h"
 #include "verifyd/target.h"
 
@@ -30,6 +31,13 @@ td_err mf_drafter_make(dfl_model **out, const char *dir, const tgt_model *tm,
 /* mf_drafter_make into root/name; the running (cmocka) test fails where it cannot. */
 dfl_model *mf_drafter_in(const char *root, const char *name, const tgt_model *tm,
                          const mf_drafter *ds, uint64_t seed);
+
+/* Fails the running test unless a drafter's context ring of 8 slots over 21 positions of
+ * random features (more than the ring) holds the same last 8 positions whether they are
+ * given all at once, in pieces of 3 that wrap inside a piece, or one by one: the next block's
+ * logits the same bits each way, for both element types of the context. Runs on dm's
+ * backend, leaving dm->kv_type as it found it. */
+void mf_dflash_ring_check(const tgt_model *tm, dfl_model *dm);
 
 /* Copies the f32 GGUF src to path with token x's embedding and output rows set to s times its
  * embedding: the larger s, the more the target keeps repeating x once it appears. */
