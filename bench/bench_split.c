@@ -235,7 +235,8 @@ static int bench_tiny(const char *dir, const char *exe_dir, int steps)
                    .n_v_head = (uint32_t)hp->n_v_head, .d_k = (uint32_t)hp->d_k,
                    .d_v = (uint32_t)hp->d_v, .conv_k = (uint32_t)hp->conv_k,
                    .conv_ch = (uint32_t)hp->conv_ch, .n_taps = dm->cfg.n_taps,
-                   .n_embd = (uint32_t)hp->n_embd},
+                   .n_embd = (uint32_t)hp->n_embd,
+                   .kv_bytes = tgt_kv_bytes(tm)},
     };
     char fd_path[600], url[BUS_URL_MAX];
     snprintf(fd_path, sizeof fd_path, "%s/kvd.sock", dir);

@@ -48,6 +48,12 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
     TD_TRY(kvl_bound("ring", p->ring, p->n_taps ? 1 : 0, p->n_taps ? KVL_CTX_MAX : 0));
     if (p->n_attn && (!p->n_kv || !p->head_dim))
         return err_set(TD_EINVAL, "layout: attention layers without KV heads or head size");
+    if (p->n_attn ? p->kv_bytes != 2 && p->kv_bytes != 4 : p->kv_bytes != 0)
+        return err_set(TD_EINVAL, "layout: kv_bytes = %u (2 or 4 with attention layers, else 0)",
+                       p->kv_bytes);
+    if (p->d_layers ? p->d_kv_bytes != 2 && p->d_kv_bytes != 4 : p->d_kv_bytes != 0)
+        return err_set(TD_EINVAL, "layout: d_kv_bytes = %u (2 or 4 with a drafter, else 0)",
+                       p->d_kv_bytes);
     if (p->n_delta && (!p->n_v_head || !p->d_k || !p->d_v || !p->conv_ch))
         return err_set(TD_EINVAL, "layout: DeltaNet layers with a zero dimension");
     if (p->n_taps && !p->n_embd)
@@ -56,7 +62,7 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
         return err_set(TD_EINVAL, "layout: a drafter needs taps, KV heads and a head size");
 
     const uint64_t f = sizeof(float);
-    uint64_t kv = (uint64_t)p->n_attn * p->n_ctx * p->n_kv * p->head_dim * f;
+    uint64_t kv = (uint64_t)p->n_attn * p->n_ctx * p->n_kv * p->head_dim * p->kv_bytes;
     uint64_t ssm = (uint64_t)p->n_delta * p->n_v_head * p->d_k * p->d_v * f;
     uint64_t conv = p->n_delta ? (uint64_t)p->n_delta * (p->conv_k - 1) * p->conv_ch * f : 0;
     uint64_t rec_rows = (uint64_t)p->n_delta * p->block * p->conv_ch * f;
@@ -87,7 +93,7 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
 
     if (p->d_layers) {
         uint64_t rows = (uint64_t)p->ring + p->block;
-        uint64_t dkv = (uint64_t)p->d_layers * rows * p->d_kv * p->d_head_dim * f;
+        uint64_t dkv = (uint64_t)p->d_layers * rows * p->d_kv * p->d_head_dim * p->d_kv_bytes;
         if (dkv > KVL_POOL_MAX)
             return err_set(TD_ERANGE, "layout: drafter context of %llu bytes is too large",
                            (unsigned long long)dkv);
@@ -115,13 +121,14 @@ bool kvl_same_target(const kvl_params *a, const kvl_params *b)
            a->head_dim == b->head_dim && a->n_delta == b->n_delta &&
            a->n_v_head == b->n_v_head && a->d_k == b->d_k && a->d_v == b->d_v &&
            a->conv_k == b->conv_k && a->conv_ch == b->conv_ch && a->n_taps == b->n_taps &&
-           a->n_embd == b->n_embd && a->n_vocab == b->n_vocab;
+           a->n_embd == b->n_embd && a->n_vocab == b->n_vocab && a->kv_bytes == b->kv_bytes;
 }
 
 bool kvl_same_draft(const kvl_params *a, const kvl_params *b)
 {
     return a->slots == b->slots && a->ring == b->ring && a->block == b->block &&
-           a->d_layers == b->d_layers && a->d_kv == b->d_kv && a->d_head_dim == b->d_head_dim;
+           a->d_layers == b->d_layers && a->d_kv == b->d_kv && a->d_head_dim == b->d_head_dim &&
+           a->d_kv_bytes == b->d_kv_bytes;
 }
 
 void kvl_params_to_array(const kvl_params *p, uint32_t v[KVL_N_PARAMS])

@@ -13,9 +13,11 @@
  *   [block - 1][n_vocab] f32, so sampled proposals do not travel inside messages. There is
  *   one, not one per slot: draftd answers one proposal at a time and verifyd reads the rows
  *   before it asks for the next.
- * All arrays are f32, in host memory for the cpu kind of shared buffer and in device memory
- * for the cuda kind (the same offsets either way); every region starts on a 64-byte boundary
- * and every slot on a 4096-byte one. */
+ * All arrays are f32 but the target's attention K/V and the drafter's context K/V, whose
+ * elements are f32 or f16 (kv_bytes, d_kv_bytes: the caches' types, f16 on a GPU), in host
+ * memory for the cpu kind of shared buffer and in device memory for the cuda kind (the same
+ * offsets either way); every region starts on a 64-byte boundary and every slot on a
+ * 4096-byte one. */
 #ifndef TANDEM_COMMON_KVLAYOUT_H
 #define TANDEM_COMMON_KVLAYOUT_H
 
@@ -53,9 +55,13 @@ typedef struct kvl_params {
     uint32_t d_kv;       /* drafter KV heads */
     uint32_t d_head_dim; /* drafter values per head */
     uint32_t n_vocab;    /* target vocabulary (tokens): proposal pool rows; 0 = no pool */
+    uint32_t kv_bytes;   /* bytes of a target K/V element: 4 (f32) or 2 (f16); 0 without
+                          * attention layers */
+    uint32_t d_kv_bytes; /* bytes of a drafter context K/V element: 4 or 2; 0 without a
+                          * drafter */
 } kvl_params;
 
-#define KVL_N_PARAMS 19 /* fields of kvl_params, all uint32_t, in declaration order */
+#define KVL_N_PARAMS 21 /* fields of kvl_params, all uint32_t, in declaration order */
 
 /* The header at the start of every draft slot, written by draftd only. */
 typedef struct kvl_draft_header {
@@ -68,7 +74,7 @@ typedef struct kvl_draft_header {
 typedef struct kvl_layout {
     kvl_params p;
     /* target slot */
-    uint64_t k, v;           /* [n_attn][n_ctx][n_kv][head_dim] each */
+    uint64_t k, v;           /* [n_attn][n_ctx][n_kv][head_dim] each, kv_bytes elements */
     uint64_t ssm;            /* [n_delta][n_v_head][d_k][d_v] */
     uint64_t conv;           /* [n_delta][conv_k - 1][conv_ch] raw inputs, oldest first */
     uint64_t rec_ssm0;       /* [n_delta][n_v_head][d_k][d_v] */
@@ -81,7 +87,8 @@ typedef struct kvl_layout {
     uint64_t target_bytes;   /* bytes of the target pool: slots * target_slot */
     /* draft slot (all zero when d_layers is 0) */
     uint64_t d_header;       /* kvl_draft_header */
-    uint64_t d_k, d_v;       /* [d_layers][ring + block][d_kv][d_head_dim] each */
+    uint64_t d_k, d_v;       /* [d_layers][ring + block][d_kv][d_head_dim] each, d_kv_bytes
+                              * elements */
     uint64_t d_pos;          /* [ring + block] int32 absolute positions */
     uint64_t draft_slot;     /* bytes of one draft slot */
     uint64_t draft_bytes;    /* bytes of the draft pool: slots * draft_slot */

@@ -321,6 +321,11 @@ static size_t dfl_kv_elem(td_dtype t)
     return t == TD_F16 ? 2 : 4;
 }
 
+uint32_t dfl_kv_bytes(const dfl_model *m)
+{
+    return (uint32_t)dfl_kv_elem(m->kv_type);
+}
+
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
 {
     const dflash_config *c = &m->cfg;
@@ -358,8 +363,8 @@ td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
     return TD_OK;
 }
 
-td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
-                      float *v, int32_t *pos)
+td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, void *k,
+                      void *v, int32_t *pos)
 {
     const dflash_config *c = &m->cfg;
     memset(s, 0, sizeof *s);
@@ -379,10 +384,10 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
         dfl_state_free(s);
         return err_set(TD_ENOMEM, "out of memory binding a drafter context");
     }
-    size_t layer = (size_t)rows * c->n_kv_heads * c->head_dim;
+    size_t layer = (size_t)rows * c->n_kv_heads * c->head_dim * dfl_kv_elem(s->kv_type);
     for (uint32_t i = 0; i < c->n_layers; i++) {
-        s->k[i] = k + i * layer;
-        s->v[i] = v + i * layer;
+        s->k[i] = (uint8_t *)k + i * layer;
+        s->v[i] = (uint8_t *)v + i * layer;
     }
     return TD_OK;
 }

@@ -81,12 +81,14 @@ typedef struct dfl_state {
 } dfl_state;
 
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap);
+/* Bytes of one context K/V element of new states (kvlayout's d_kv_bytes): 2 or 4. */
+uint32_t dfl_kv_bytes(const dfl_model *m);
 /* A state over caller memory of the model's backend (a kvd draft slot): k and v are
- * [n_layers][rows][n_kv_heads][head_dim] f32-sized regions with rows >= cap + block_size (an
- * f16 context uses the first half of each layer's region), pos is [rows]. Nothing is
- * cleared; n_ctx starts at 0 (a caller resuming a kept context sets it). */
-td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, float *k,
-                      float *v, int32_t *pos);
+ * [n_layers][rows][n_kv_heads][head_dim] of the model's kv_type with rows >= cap +
+ * block_size, pos is [rows]. Nothing is cleared; n_ctx starts at 0 (a caller resuming a kept
+ * context sets it). */
+td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t rows, void *k,
+                      void *v, int32_t *pos);
 /* Frees what init allocated (only the pointer lists of a bound state). */
 void dfl_state_free(dfl_state *s);
 void dfl_state_reset(dfl_state *s);

@@ -77,7 +77,8 @@ static td_err draftd_attach(draftd *dd, uint64_t pool_gen)
         .params = {.block = c->block_size, .n_taps = c->n_taps,
                    .n_embd = (uint32_t)dd->dm->target_hidden, .d_layers = c->n_layers,
                    .d_kv = c->n_kv_heads, .d_head_dim = c->head_dim,
-                   .n_vocab = (uint32_t)dd->dm->lm_head.rows},
+                   .n_vocab = (uint32_t)dd->dm->lm_head.rows,
+                   .d_kv_bytes = dfl_kv_bytes(dd->dm)},
     };
     td_err e = kvc_attach(&dd->kv, dd->kvd_fd, &req, 2000);
     if (e != TD_OK)

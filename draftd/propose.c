@@ -138,8 +138,11 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
     if (req->n_past > lay->p.n_ctx || req->pending >= (uint32_t)V)
         return err_set(TD_ERANGE, "propose at position %u with token %u (context %u, "
                        "vocabulary %lld)", req->n_past, req->pending, lay->p.n_ctx, (long long)V);
-    if (lay->draft_slot == 0 || (int64_t)lay->p.n_taps * lay->p.n_embd !=
-                                    (int64_t)dm->cfg.n_taps * dm->target_hidden)
+    if (lay->draft_slot == 0 ||
+        (int64_t)lay->p.n_taps * lay->p.n_embd != (int64_t)dm->cfg.n_taps * dm->target_hidden ||
+        lay->p.d_layers != dm->cfg.n_layers || lay->p.d_kv != dm->cfg.n_kv_heads ||
+        lay->p.d_head_dim != dm->cfg.head_dim ||
+        lay->p.d_kv_bytes != dfl_kv_bytes(dm))
         return err_set(TD_EINVAL, "the pools do not fit this drafter");
 
     if (qpool && lay->q_bytes < (uint64_t)(B - 1) * (uint64_t)V * sizeof(float))
@@ -152,8 +155,8 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
     kvl_draft_header hdr;
     TD_TRY(be->to_host(be, &hdr, dhdr, sizeof hdr));
     dfl_state ds;
-    TD_TRY(dfl_state_bind(&ds, dm, R, R + lay->p.block, (float *)(dslot + lay->d_k),
-                          (float *)(dslot + lay->d_v), (int32_t *)(dslot + lay->d_pos)));
+    TD_TRY(dfl_state_bind(&ds, dm, R, R + lay->p.block, dslot + lay->d_k, dslot + lay->d_v,
+                          (int32_t *)(dslot + lay->d_pos)));
     td_err e = TD_OK;
     if (hdr.slot_gen != req->slot_gen || hdr.drafter_id != d->drafter_id ||
         hdr.n_ctx < 0 || hdr.n_ctx > L || L - hdr.n_ctx > R) {

@@ -174,7 +174,7 @@ static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m, const int *fds,
 {
     kvl_params p = m->params;
     p.slots = k->slots;
-    p.d_layers = p.d_kv = p.d_head_dim = 0;
+    p.d_layers = p.d_kv = p.d_head_dim = p.d_kv_bytes = 0;
     if (p.n_taps != m->n_taps)
         return err_set(TD_EINVAL, "kv_attach: %u tap ids for n_taps %u", m->n_taps, p.n_taps);
     kvl_layout lay;
@@ -227,6 +227,7 @@ static td_err kvd_attach_draftd(kvd *k, const msg_kv_attach *m)
     p.d_layers = m->params.d_layers;
     p.d_kv = m->params.d_kv;
     p.d_head_dim = m->params.d_head_dim;
+    p.d_kv_bytes = m->params.d_kv_bytes;
     if (p.d_layers == 0)
         return err_set(TD_EINVAL, "kv_attach: a drafter without layers");
     kvl_layout lay;

@@ -23,7 +23,8 @@ static kvl_params params(void)
     return (kvl_params){.n_ctx = 8, .ring = 4, .block = 3, .n_attn = 2, .n_kv = 2,
                         .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16, .d_v = 16,
                         .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32, .d_layers = 2,
-                        .d_kv = 2, .d_head_dim = 16, .n_vocab = 50};
+                        .d_kv = 2, .d_head_dim = 16, .n_vocab = 50, .kv_bytes = 4,
+                        .d_kv_bytes = 4};
 }
 
 /* One attach of role with in_fds; on success the reply's pools land in out. */

@@ -19,7 +19,8 @@ static kvl_params small_params(void)
     return (kvl_params){.slots = 2, .n_ctx = 8, .ring = 4, .block = 3, .n_attn = 2, .n_kv = 2,
                         .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16, .d_v = 16,
                         .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32, .d_layers = 2,
-                        .d_kv = 2, .d_head_dim = 16, .n_vocab = 50};
+                        .d_kv = 2, .d_head_dim = 16, .n_vocab = 50, .kv_bytes = 4,
+                        .d_kv_bytes = 4};
 }
 
 static void test_layout_offsets_follow_the_shapes(void **state)
@@ -58,14 +59,41 @@ static void test_layout_offsets_follow_the_shapes(void **state)
     kvl_params back;
     kvl_params_to_array(&p, v);
     assert_int_equal(v[0], 2);
-    assert_int_equal(v[KVL_N_PARAMS - 2], 16); /* d_head_dim */
-    assert_int_equal(v[KVL_N_PARAMS - 1], 50); /* n_vocab */
+    assert_int_equal(v[KVL_N_PARAMS - 4], 16); /* d_head_dim */
+    assert_int_equal(v[KVL_N_PARAMS - 3], 50); /* n_vocab */
+    assert_int_equal(v[KVL_N_PARAMS - 2], 4);  /* kv_bytes */
+    assert_int_equal(v[KVL_N_PARAMS - 1], 4);  /* d_kv_bytes */
     kvl_params_from_array(&back, v);
     assert_memory_equal(&back, &p, sizeof p);
     assert_true(kvl_same_target(&p, &back));
     back.d_layers = 3;
     assert_true(kvl_same_target(&p, &back));
     assert_false(kvl_same_draft(&p, &back));
+    back = p;
+    back.d_kv_bytes = 2;
+    assert_true(kvl_same_target(&p, &back));
+    assert_false(kvl_same_draft(&p, &back));
+    back.kv_bytes = 2;
+    assert_false(kvl_same_target(&p, &back));
+}
+
+/* f16 caches (a GPU's): the target's and the drafter's K/V regions take half the bytes. */
+static void test_layout_sizes_f16_caches_by_their_elements(void **state)
+{
+    (void)state;
+    kvl_params p = small_params();
+    p.kv_bytes = p.d_kv_bytes = 2;
+    kvl_layout l;
+    assert_int_equal(kvl_compute(&p, &l), TD_OK);
+    /* kv: 2 layers * 8 positions * 2 heads * 16 * 2 bytes = 1024 each */
+    assert_int_equal(l.k, 0);
+    assert_int_equal(l.v, 1024);
+    assert_int_equal(l.ssm, 2048);
+    /* draft: K and V of 2 layers * 7 rows * 2 * 16 * 2 bytes = 896 each */
+    assert_int_equal(l.d_k, 64);
+    assert_int_equal(l.d_v, 960);
+    assert_int_equal(l.d_pos, 1856);
+    assert_int_equal(l.draft_slot, 4096);
 }
 
 static void test_layout_refuses_parameters_out_of_range(void **state)
@@ -90,6 +118,23 @@ static void test_layout_refuses_parameters_out_of_range(void **state)
     p = small_params();
     p.n_attn = p.n_delta = 0;
     assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
+    /* K/V elements are f32 or f16, and only where there are K/V */
+    const uint32_t bad_bytes[] = {0, 1, 3, 8};
+    for (size_t i = 0; i < sizeof bad_bytes / sizeof *bad_bytes; i++) {
+        p = small_params();
+        p.kv_bytes = bad_bytes[i];
+        assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
+        assert_non_null(strstr(err_msg(), "kv_bytes"));
+        p = small_params();
+        p.d_kv_bytes = bad_bytes[i];
+        assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
+        assert_non_null(strstr(err_msg(), "d_kv_bytes"));
+    }
+    p = small_params();
+    p.d_layers = p.d_kv = p.d_head_dim = 0; /* no drafter, yet an element size */
+    assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
+    p.d_kv_bytes = 0;
+    assert_int_equal(kvl_compute(&p, &l), TD_OK);
     /* each factor in range, the pool far too large: 1024 slots of 2^20 positions */
     p = small_params();
     p.slots = KVL_SLOTS_MAX;
@@ -210,6 +255,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_offsets_follow_the_shapes),
+        cmocka_unit_test(test_layout_sizes_f16_caches_by_their_elements),
         cmocka_unit_test(test_layout_refuses_parameters_out_of_range),
         cmocka_unit_test(test_open_prefers_the_longest_cached_prefix_and_keeps_its_generation),
         cmocka_unit_test(test_eviction_takes_the_least_recently_used_cache_then_refuses),

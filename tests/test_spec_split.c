@@ -77,7 +77,8 @@ static void slot_init(slot_mem *m, const dfl_model *drafter, uint32_t ring)
         .conv_ch = (uint32_t)tm->hp.conv_ch, .n_taps = drafter->cfg.n_taps,
         .n_embd = (uint32_t)tm->hp.n_embd, .d_layers = drafter->cfg.n_layers,
         .d_kv = drafter->cfg.n_kv_heads, .d_head_dim = drafter->cfg.head_dim,
-        .n_vocab = (uint32_t)tm->hp.n_vocab,
+        .n_vocab = (uint32_t)tm->hp.n_vocab, .kv_bytes = tgt_kv_bytes(tm),
+        .d_kv_bytes = dfl_kv_bytes(drafter),
     };
     assert_int_equal(kvl_compute(&p, &m->lay), TD_OK);
     assert_int_equal(m->lay.q_bytes, (uint64_t)(p.block - 1) * p.n_vocab * sizeof(float));

@@ -88,6 +88,7 @@ static td_err sched_attach(sched *s)
             .conv_k = (uint32_t)(s->cfg.tm->n_delta_layers ? hp->conv_k : 0),
             .conv_ch = (uint32_t)hp->conv_ch, .n_taps = (uint32_t)s->cfg.n_taps,
             .n_embd = (uint32_t)hp->n_embd, .n_vocab = (uint32_t)hp->n_vocab,
+            .kv_bytes = tgt_kv_bytes(s->cfg.tm),
         },
         .n_heads = s->cfg.n_heads,
     };
@@ -106,7 +107,8 @@ static td_err sched_attach(sched *s)
         close(fds[i]);
     TD_TRY(e);
     uint32_t slots = s->kv.lay.p.slots;
-    if (slots > KVL_SLOTS_MAX || s->kv.lay.p.n_ctx != (uint32_t)s->cfg.n_ctx) {
+    if (slots > KVL_SLOTS_MAX || s->kv.lay.p.n_ctx != (uint32_t)s->cfg.n_ctx ||
+        s->kv.lay.p.kv_bytes != req.params.kv_bytes) {
         kvc_detach(&s->kv);
         return err_set(TD_EPROTO, "kvd answered with another layout");
     }

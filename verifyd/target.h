@@ -172,11 +172,10 @@ typedef struct tgt_state {
 } tgt_state;
 
 /* Caller memory for one sequence's state (a kvd slot, laid out by common/kvlayout): each
- * pointer is the first layer's array, the others follow contiguously. The KV regions are
- * sized for f32; an f16 cache (kv_type TD_F16) uses the first half of each layer's region. */
+ * pointer is the first layer's array, the others follow contiguously. */
 typedef struct tgt_state_mem {
-    float *k;         /* [n_attn][n_ctx][n_head_kv][head_dim] f32-sized */
-    float *v;         /* [n_attn][n_ctx][n_head_kv][head_dim] f32-sized */
+    void *k;          /* [n_attn][n_ctx][n_head_kv][head_dim] of the model's kv_type */
+    void *v;          /* [n_attn][n_ctx][n_head_kv][head_dim] of the model's kv_type */
     float *ssm;       /* [n_delta][n_v_head][d_k][d_v] */
     float *conv;      /* [n_delta][conv_k-1][conv_ch] */
     float *rec_ssm0;  /* [n_delta][n_v_head][d_k][d_v] */
@@ -188,6 +187,9 @@ typedef struct tgt_state_mem {
 } tgt_state_mem;
 
 td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx);
+/* Bytes of one attention K/V element of new states (kvlayout's kv_bytes): 2 for an f16
+ * cache, 4 for f32, 0 for a model without attention layers. */
+uint32_t tgt_kv_bytes(const tgt_model *m);
 /* A state over caller memory: nothing is allocated but the per-layer pointer lists, and
  * nothing is cleared (n_past starts at 0; a caller that resumes a kept state sets it). A
  * recorded forward of more than rec_cap tokens is TD_ERANGE. */

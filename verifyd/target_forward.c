@@ -190,6 +190,11 @@ static size_t tgt_kv_elem(td_dtype t)
     return t == TD_F16 ? 2 : 4;
 }
 
+uint32_t tgt_kv_bytes(const tgt_model *m)
+{
+    return m->n_attn_layers ? (uint32_t)tgt_kv_elem(m->kv_type) : 0;
+}
+
 static void tgt_free_kv(const ops_backend *be, void **list, int64_t n)
 {
     if (!list)
@@ -218,12 +223,12 @@ static void **tgt_alloc_kv(const ops_backend *be, int64_t n, size_t bytes)
     return list;
 }
 
-/* Layer i's KV array at base + i * floats (caller memory sized for f32). */
-static void **tgt_view_kv(int64_t n, float *base, size_t floats)
+/* Layer i's KV array at base + i * bytes (caller memory). */
+static void **tgt_view_kv(int64_t n, void *base, size_t bytes)
 {
     void **list = calloc((size_t)(n > 0 ? n : 1), sizeof *list);
     for (int64_t i = 0; list && i < n; i++)
-        list[i] = base + (size_t)i * floats;
+        list[i] = (uint8_t *)base + (size_t)i * bytes;
     return list;
 }
 
@@ -339,7 +344,7 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
     s->kv_type = m->kv_type;
-    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim);
+    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(s->kv_type);
     size_t rows = (size_t)(mem->rec_cap * hp->conv_ch);
     s->k = tgt_view_kv(s->n_attn, mem->k, kv);
     s->v = tgt_view_kv(s->n_attn, mem->v, kv);
