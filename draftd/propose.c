@@ -11,10 +11,7 @@ td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
 {
     memset(d, 0, sizeof *d);
     d->dm = dm;
-    /* a context written as another element type is another drafter's */
-    d->drafter_id = drafter_id ^ ((uint64_t)dm->kv_type << 56);
-    if (!d->drafter_id)
-        d->drafter_id = 1; /* 0 is what a fresh header holds */
+    d->drafter_id = drafter_id;
     d->n_vocab = dm->lm_head.rows;
     int64_t B = dm->cfg.block_size;
     if (B < 2 || B - 1 > MSG_DRAFT_MAX)
