@@ -435,8 +435,8 @@ static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, 
                                (float)c->rope_theta, (float)c->rms_eps, &dst);
 }
 
-/* Copies the host rows src[n][row_bytes] of new positions n_ctx.. into their ring slots of
- * dst (a run of consecutive slots per copy; when n exceeds the ring the later rows win). */
+/* Copies the host rows src[n][row_bytes] of new positions n_ctx.. (n <= cap) into their ring
+ * slots of dst, a run of consecutive slots per copy. */
 static td_err dfl_ring_put(const ops_backend *be, const dfl_state *s, void *dst, const void *src,
                            int64_t n, size_t row_bytes)
 {
