@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "draftd/dflash.h"
+#include "common/log.h"
 
 /* --- loading ---------------------------------------------------------------------------- */
 
@@ -280,6 +281,8 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
         m->be = be;
         const char *kv = getenv("TANDEM_DRAFT_KV"); /* f32: the CPU's context on a GPU */
         m->kv_type = kv && strcmp(kv, "f32") == 0 ? TD_F32 : TD_F16;
+        if (kv && *kv && strcmp(kv, "f32") != 0 && strcmp(kv, "f16") != 0)
+            LOG_WARN("TANDEM_DRAFT_KV=%s is neither f32 nor f16: the context is f16", kv);
         e = err_wrap(dfl_place(m, be), "placing the drafter on %s", be->name);
     } else if (e == TD_OK) {
         m->be = be; /* host memory either way; a profiler over the CPU stays in the path */
