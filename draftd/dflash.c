@@ -438,6 +438,24 @@ static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, 
                                (float)c->rope_theta, (float)c->rms_eps, &dst);
 }
 
+/* The context keys ka, kb and values va, vb [n][n_kv_heads * head_dim] of layers a and b:
+ * each layer's k norm and rotation and both stores in one launch, layer a's keys through the
+ * op's q side (whose heads get the very operations of the k side), at rows[i] of each
+ * layer's context. */
+static td_err dfl_k_store_pair(const dfl_model *m, const dfl_state *s, uint32_t a, float *ka,
+                               const float *va, uint32_t b, float *kb, const float *vb,
+                               int64_t n, const int32_t *pos, const int32_t *rows)
+{
+    const dflash_config *c = &m->cfg;
+    int64_t hd = c->head_dim;
+    const ops_kv_dst dst = {.k_cache = s->k[b], .v_cache = s->v[b], .type = s->kv_type,
+                            .v = vb, .rows = rows, .row = (int64_t)c->n_kv_heads * hd,
+                            .qk_cache = s->k[a], .qv_cache = s->v[a], .qv = va};
+    return m->be->qk_norm_rope(m->be, ka, kb, m->layers[a].k_norm, m->layers[b].k_norm, n,
+                               c->n_kv_heads, c->n_kv_heads, hd, hd, hd, pos,
+                               (float)c->rope_theta, (float)c->rms_eps, &dst);
+}
+
 /* Copies the host rows src[n][row_bytes] of new positions n_ctx.. (n <= cap) into their ring
  * slots of dst, a run of consecutive slots per copy. */
 static td_err dfl_ring_put(const ops_backend *be, const dfl_state *s, void *dst, const void *src,
@@ -483,8 +501,9 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
     TD_TRY(be->rmsnorm(be, h, h, m->hidden_norm, n, H, H, (float)c->rms_eps));
     /* Every layer's k and v read the same H: one matmul_multi for up to G layers at a time
      * (the matrices of one type then share launches), into the scratch w->q (k) and w->a
-     * (v), layer l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each); each
-     * layer's key norm and rotation then store both in the ring's slots of the new positions. */
+     * (v), layer l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each); the key
+     * norms and rotations of two layers at a time then store them in the ring's slots of the
+     * new positions. */
     int64_t G = dfl_wide(c) / kvw;
     if (G > OPS_MM_GROUP_MAX / 2)
         G = OPS_MM_GROUP_MAX / 2;
@@ -497,9 +516,15 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
             proj[2 * i + 1] = (ops_mm_out){w->a + i * n * kvw, &m->layers[il].wv};
         }
         TD_TRY(be->matmul_multi(be, h, proj, (int)(2 * g), n));
-        for (int64_t i = 0; i < g; i++)
-            TD_TRY(dfl_qk_store(m, s, l0 + (uint32_t)i, NULL, proj[2 * i].y, proj[2 * i + 1].y,
-                                n, pos, 0, rows));
+        for (int64_t i = 0; i < g; i += 2) {
+            uint32_t il = l0 + (uint32_t)i;
+            if (i + 1 < g)
+                TD_TRY(dfl_k_store_pair(m, s, il, proj[2 * i].y, proj[2 * i + 1].y, il + 1,
+                                        proj[2 * i + 2].y, proj[2 * i + 3].y, n, pos, rows));
+            else
+                TD_TRY(dfl_qk_store(m, s, il, NULL, proj[2 * i].y, proj[2 * i + 1].y, n, pos, 0,
+                                    rows));
+        }
     }
     TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t)));
     s->n_ctx += n;

@@ -72,6 +72,11 @@ typedef struct ops_kv_dst {
     const float *v;       /* [n_tok][row] */
     const int32_t *rows;  /* [n_tok] cache rows, memory of the caller's backend */
     int64_t row;
+    /* NULL, or where the q heads go as another layer's keys (a call whose q side is a second
+     * layer's k rows: n_head == n_head_kv, q_head == head_dim): the same store of the
+     * finished q heads and qv [n_tok][row] into these caches, at the same rows */
+    void *qk_cache, *qv_cache;
+    const float *qv;
 } ops_kv_dst;
 
 /* ---------------------------------------------------------------------------------------

@@ -515,6 +515,67 @@ static void test_qk_norm_rope_stores_kv(void **state)
             }
 }
 
+/* The same with the q side as a second layer's keys (n_head == n_kv, q_head == hd,
+ * kv.qk_cache set): both layers' keys and values bit for bit two k-only calls, each followed
+ * by cuda_kv_store, at 1 and 16 tokens, f32 and f16 caches. */
+static void test_qk_norm_rope_stores_two_layers(void **state)
+{
+    (void)state;
+    enum { CAP = 40 };
+    const int64_t nkv = 8, hd = 128, n_rot = 128, row = nkv * hd;
+    static const int64_t toks[] = {1, 16};
+    static const td_dtype types[] = {TD_F32, TD_F16};
+    rng_seed(36);
+    for (size_t j = 0; j < sizeof toks / sizeof *toks; j++)
+        for (size_t y = 0; y < 2; y++) {
+            const int64_t n = toks[j], nk = n * row;
+            const size_t cache = (size_t)CAP * (size_t)row * (types[y] == TD_F16 ? 2 : 4);
+            float *ka = rng_floats(nk, 3), *kb = rng_floats(nk, 3), *va = rng_floats(nk, 3),
+                  *vb = rng_floats(nk, 3), *na = rng_floats(hd, 1.5f), *nb = rng_floats(hd, 1.5f);
+            int32_t pos[16], rows[16];
+            for (int64_t t = 0; t < n; t++) {
+                pos[t] = (int32_t)(t * 613 + 2);
+                rows[t] = (int32_t)((t * 11 + 5) % CAP);
+            }
+            float *dka = dput(ka, (size_t)nk * 4), *dkb = dput(kb, (size_t)nk * 4);
+            float *eka = dput(ka, (size_t)nk * 4), *ekb = dput(kb, (size_t)nk * 4);
+            float *dva = dput(va, (size_t)nk * 4), *dvb = dput(vb, (size_t)nk * 4);
+            float *dna = dput(na, (size_t)hd * 4), *dnb = dput(nb, (size_t)hd * 4);
+            int32_t *dpos = dput(pos, (size_t)n * 4), *drows = dput(rows, (size_t)n * 4);
+            void *c[8];
+            for (int i = 0; i < 8; i++)
+                c[i] = dpoison(cache);
+            GPU_OK(cuda_qk_norm_rope(NULL, dka, NULL, dna, n, 0, nkv, hd, hd, n_rot, dpos, 1e6f,
+                                     1e-6f, NULL, gpu_st));
+            GPU_OK(cuda_kv_store(c[0], c[1], types[y], dka, dva, drows, n, row, gpu_st));
+            GPU_OK(cuda_qk_norm_rope(NULL, dkb, NULL, dnb, n, 0, nkv, hd, hd, n_rot, dpos, 1e6f,
+                                     1e-6f, NULL, gpu_st));
+            GPU_OK(cuda_kv_store(c[2], c[3], types[y], dkb, dvb, drows, n, row, gpu_st));
+            const ops_kv_dst kv = {.k_cache = c[6], .v_cache = c[7], .type = types[y],
+                                   .v = dvb, .rows = drows, .row = row, .qk_cache = c[4],
+                                   .qv_cache = c[5], .qv = dva};
+            GPU_OK(cuda_qk_norm_rope(eka, ekb, dna, dnb, n, nkv, nkv, hd, hd, n_rot, dpos, 1e6f,
+                                     1e-6f, &kv, gpu_st));
+            float *g[4] = {dget(dka, (size_t)nk * 4), dget(eka, (size_t)nk * 4),
+                           dget(dkb, (size_t)nk * 4), dget(ekb, (size_t)nk * 4)};
+            assert_true(check_same_bits("paired keys a", g[1], g[0], (size_t)nk * 4));
+            assert_true(check_same_bits("paired keys b", g[3], g[2], (size_t)nk * 4));
+            for (int i = 0; i < 4; i++) {
+                uint8_t *want = dget(c[i], cache), *got = dget(c[4 + i], cache);
+                assert_memory_equal(got, want, cache);
+                free(want), free(got);
+            }
+            for (int i = 0; i < 4; i++)
+                free(g[i]);
+            for (int i = 0; i < 8; i++)
+                cuda_mem_free(c[i]);
+            free(ka), free(kb), free(va), free(vb), free(na), free(nb);
+            cuda_mem_free(dka), cuda_mem_free(dkb), cuda_mem_free(eka), cuda_mem_free(ekb);
+            cuda_mem_free(dva), cuda_mem_free(dvb), cuda_mem_free(dna), cuda_mem_free(dnb);
+            cuda_mem_free(dpos), cuda_mem_free(drows);
+        }
+}
+
 static void test_copy2d_moves_rows_between_pitches(void **state)
 {
     (void)state;
@@ -626,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_matmul_refuses_before_touching_the_gate),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
         cmocka_unit_test(test_qk_norm_rope_stores_kv),
+        cmocka_unit_test(test_qk_norm_rope_stores_two_layers),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),
         cmocka_unit_test(test_attention_device_key_count_equals_exact_call),

@@ -245,6 +245,46 @@ static void test_qk_norm_rope_op_stores_kv(void **state)
     }
 }
 
+/* The same with the q side as a second layer's keys (n_head == n_head_kv, q_head == head_dim,
+ * kv.qk_cache set): both layers' keys and values stored, each as cpu_kv_store would. */
+static void test_qk_norm_rope_op_stores_two_layers(void **state)
+{
+    (void)state;
+    const int64_t n = 3, nkv = 2, hd = 64, n_rot = 32, row = nkv * hd;
+    const int32_t pos[3] = {4, 9, 70000}, rows[3] = {1, 5, 2};
+    const ops_backend *be = ops_backend_cpu();
+    static const td_dtype types[] = {TD_F32, TD_F16};
+    for (int y = 0; y < 2; y++) {
+        const size_t cache = (size_t)(6 * row) * (types[y] == TD_F16 ? 2 : 4);
+        float *ka = rnd(n * row, 3), *kb = rnd(n * row, 3), *va = rnd(n * row, 3),
+              *vb = rnd(n * row, 3), *na = rnd(hd, 1.5f), *nb = rnd(hd, 1.5f);
+        float *ka2 = dup(ka, n * row), *kb2 = dup(kb, n * row);
+        unsigned char *c[8];
+        for (int i = 0; i < 8; i++) {
+            c[i] = malloc(cache);
+            memset(c[i], 0xA5, cache);
+        }
+        cpu_qk_norm_rope(NULL, ka2, NULL, na, n, 0, nkv, hd, hd, n_rot, pos, 1e6f, 1e-6f);
+        cpu_qk_norm_rope(NULL, kb2, NULL, nb, n, 0, nkv, hd, hd, n_rot, pos, 1e6f, 1e-6f);
+        cpu_kv_store(c[0], c[1], types[y], ka2, va, rows, n, row);
+        cpu_kv_store(c[2], c[3], types[y], kb2, vb, rows, n, row);
+        const ops_kv_dst kv = {.k_cache = c[6], .v_cache = c[7], .type = types[y], .v = vb,
+                               .rows = rows, .row = row, .qk_cache = c[4], .qv_cache = c[5],
+                               .qv = va};
+        assert_int_equal(be->qk_norm_rope(be, ka, kb, na, nb, n, nkv, nkv, hd, hd, n_rot, pos,
+                                          1e6f, 1e-6f, &kv),
+                         TD_OK);
+        assert_memory_equal(ka, ka2, (size_t)(n * row) * sizeof(float));
+        assert_memory_equal(kb, kb2, (size_t)(n * row) * sizeof(float));
+        for (int i = 0; i < 4; i++)
+            assert_memory_equal(c[4 + i], c[i], cache);
+        assert_int_equal(c[4][0], 0xA5); /* row 0 is not named */
+        free(ka), free(kb), free(va), free(vb), free(na), free(nb), free(ka2), free(kb2);
+        for (int i = 0; i < 8; i++)
+            free(c[i]);
+    }
+}
+
 /* Per type: gate = silu(gate) * up, then y = gate . W^T, bit for bit the pair of ops. */
 static void test_swiglu_matmul_equals_swiglu_then_matmul(void **state)
 {
@@ -349,6 +389,7 @@ int main(void)
         cmocka_unit_test(test_swiglu_matmul_equals_swiglu_then_matmul),
         cmocka_unit_test(test_qk_norm_rope_equals_norms_then_ropes),
         cmocka_unit_test(test_qk_norm_rope_op_stores_kv),
+        cmocka_unit_test(test_qk_norm_rope_op_stores_two_layers),
         cmocka_unit_test(test_delta_rule_strided_gates_and_state_before),
         cmocka_unit_test(test_attention_key_count_from_memory),
     };

@@ -147,11 +147,12 @@ __device__ __forceinline__ void fused_cache_put(void *cache, bool f16, int64_t a
         ((float *)cache)[at] = x;
 }
 
-/* Block b = (token b / nb, head b % nb), nb = n_head + n_kv (+ n_kv with store): a q head
- * (head < n_head) or a k head, normed in norm.cu's order with its formula (DEV_NORM_THREADS
- * threads), then rotated with rope.cu's angles and roundings: the bits of cuda_rmsnorm then
- * cuda_rope_neox on it. With store, a k head also goes to kv's cache row, and the last n_kv
- * blocks of a token copy its value heads there: the bits of kv_store_kernel after it. */
+/* Block b = (token b / nb, head b % nb), nb = n_head + n_kv (+ n_kv with store, + n_head
+ * more with a q-side store): a q head (head < n_head) or a k head, normed in norm.cu's order
+ * with its formula (DEV_NORM_THREADS threads), then rotated with rope.cu's angles and
+ * roundings: the bits of cuda_rmsnorm then cuda_rope_neox on it. With store, a k head also
+ * goes to kv's cache row, and the next n_kv blocks of a token copy its value heads there:
+ * the bits of kv_store_kernel after it; with kv.qk_cache the q heads and kv.qv likewise. */
 __global__ void __launch_bounds__(DEV_NORM_THREADS)
 qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const float *k_norm,
                     int64_t n_head, int64_t n_kv, int64_t hd, int64_t q_head, int64_t n_rot,
@@ -160,14 +161,18 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
     pdl_enter(early);
     __shared__ double sh[33];
     __shared__ float v[FUSED_MAX_HD];
-    const int64_t nb = n_head + (store ? 2 : 1) * n_kv;
+    const bool qstore = store && kv.qk_cache != nullptr;
+    const int64_t nb = n_head + (store ? 2 : 1) * n_kv + (qstore ? n_head : 0);
     const int64_t t = blockIdx.x / nb, h = blockIdx.x % nb;
     const bool f16 = kv.type == TD_F16;
-    if (h >= n_head + n_kv) { /* a value head: to the cache as it is */
-        const int64_t hv = h - n_head - n_kv, at = (int64_t)kv.rows[t] * kv.row + hv * hd;
-        const float *src = kv.v + t * kv.row + hv * hd;
+    if (h >= n_head + n_kv) { /* a value head (k side, then q side): to the cache as it is */
+        const bool qside = h >= n_head + 2 * n_kv;
+        const int64_t hv = h - n_head - (qside ? 2 : 1) * n_kv;
+        const int64_t at = (int64_t)kv.rows[t] * kv.row + hv * hd;
+        const float *src = (qside ? kv.qv : kv.v) + t * kv.row + hv * hd;
+        void *dst = qside ? kv.qv_cache : kv.v_cache;
         for (int64_t i = threadIdx.x; i < hd; i += DEV_NORM_THREADS)
-            fused_cache_put(kv.v_cache, f16, at + i, src[i]);
+            fused_cache_put(dst, f16, at + i, src[i]);
         return;
     }
     const bool is_q = h < n_head;
@@ -178,8 +183,10 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
     constexpr int NV = FUSED_MAX_HD / DEV_NORM_THREADS;
     const int64_t half = n_rot / 2;
     const double pt = (double)pos[t];
-    /* a k head's place in the cache, read with the rest before the block's sum */
-    const int64_t kat = store && !is_q ? (int64_t)kv.rows[t] * kv.row + (h - n_head) * hd : 0;
+    /* a stored head's place in its cache, read with the rest before the block's sum */
+    const bool put = is_q ? qstore : store;
+    void *cache = is_q ? kv.qk_cache : kv.k_cache;
+    const int64_t kat = put ? (int64_t)kv.rows[t] * kv.row + (is_q ? h : h - n_head) * hd : 0;
     float xv[NV], wv[NV], cv[NV], sv[NV];
 #pragma unroll
     for (int u = 0; u < NV; u++) {
@@ -222,8 +229,8 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
                          : __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
         }
         x[i] = r;
-        if (store && !is_q)
-            fused_cache_put(kv.k_cache, f16, kat + i, r);
+        if (put)
+            fused_cache_put(cache, f16, kat + i, r);
     }
 }
 
@@ -318,7 +325,10 @@ extern "C" td_err cuda_qk_norm_rope(float *q, float *k, const float *q_norm, con
     TD_ASSERT(kv == NULL || (kv->k_cache && kv->v_cache && kv->v && kv->rows &&
                              (kv->type == TD_F32 || kv->type == TD_F16) &&
                              kv->row == n_head_kv * head_dim));
-    const int64_t heads = n_head + (kv ? 2 : 1) * n_head_kv;
+    TD_ASSERT(kv == NULL || kv->qk_cache == NULL ||
+              (kv->qv_cache && kv->qv && n_head == n_head_kv && q_head == head_dim));
+    const int64_t heads =
+        n_head + (kv ? 2 : 1) * n_head_kv + (kv && kv->qk_cache ? n_head : 0);
     if (head_dim > FUSED_MAX_HD || n_tok * heads > INT32_MAX)
         return err_set(TD_ENOTSUP, "q/k norm and RoPE: %lld tokens of %lld heads of %lld",
                        (long long)n_tok, (long long)heads, (long long)head_dim);
