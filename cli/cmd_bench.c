@@ -167,12 +167,12 @@ static void bench_print(const bench_report *r)
         bench_row_time(name[i], dec[i], x);
     }
     double d1 = t->decode_short.ok ? t->decode_short.ms : 0;
-    snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : 0);
+    snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : 0);
     bench_row_time("verify 16 tokens (1K context)", &t->verify16, x);
-    snprintf(x, sizeof x, "%.2fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
+    snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
     bench_row_time("verify 32 tokens (1K context)", &t->verify32, x);
     const double dl = t->decode_long.ok ? t->decode_long.ms : 0;
-    snprintf(x, sizeof x, "%.2fx decode at 32K",
+    snprintf(x, sizeof x, "%.3fx decode at 32K",
              dl > 0 && t->verify16_long.ok ? t->verify16_long.ms / dl : 0);
     bench_row_time("verify 16 tokens (32K context)", &t->verify16_long, x);
     bench_row_time("rollback (keep 8 of 16)", &t->rollback, "");
@@ -184,12 +184,12 @@ static void bench_print(const bench_report *r)
              t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
              (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
-    snprintf(x, sizeof x, "%.2fx decode  [%s backend; queued by the host in %.3f ms]",
+    snprintf(x, sizeof x, "%.3fx decode  [%s backend; queued by the host in %.3f ms]",
              d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend, r->draft.host_ms);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
     double dlim = bench_draft_limit_ms(r);
     if (dlim > 0)
-        printf("  %-36s %10.3f ms  %.2fx decode  (%.3f GB: drafter weights + LM head, read once)\n",
+        printf("  %-36s %10.3f ms  %.3fx decode  (%.3f GB: drafter weights + LM head, read once)\n",
                "draft step at the bandwidth limit", dlim, d1 > 0 ? dlim / d1 : 0.0,
                (double)r->draft_bytes / 1e9);
     static const char *const srow[BENCH_SAMPLERS][2] = {
