@@ -80,9 +80,8 @@ typedef struct dfl_work {
     float *q;      /* [cap][wide] queries, gate; context K */
     float *a;      /* [cap][wide] attention output; context V */
     float *f;      /* [cap][wide] up projection */
-    int32_t *ids;  /* [2 cap] a block's B positions followed by its B token ids, or the
-                    * positions of n new context rows followed by their ring slots (the
-                    * rows their K/V go to) */
+    int32_t *ids;  /* [2 cap] token ids of a block, or the positions of n new context rows
+                    * followed by their ring slots (the rows their K/V go to) */
     int32_t *iota; /* [cap] 0, 1, ..: a block's K/V rows after the valid ring entries */
     int32_t *host; /* [2 cap] host staging of ids */
 } dfl_work;
@@ -420,13 +419,12 @@ void dfl_state_reset(dfl_state *s)
 /* --- compute ---------------------------------------------------------------------------- */
 
 /* Layer il's Q = RoPE(q_norm(q)) [n][n_heads * head_dim] (q NULL: none), K = RoPE(k_norm(k))
- * and V = v for its projections q, k, v [n][heads * head_dim] (f32 scratch) at positions pos:
- * the norms and rotations in one launch, which stores K and V (as the state's kv_type) at
- * rows at + rows[i] of the layer's context (rows: backend memory), and with keep_pos the
- * positions of those rows. */
+ * and V = v for its projections q, k, v [n][heads * head_dim] (f32 scratch): the norms and
+ * rotations in one launch, which stores K and V (as the state's kv_type) at rows at + rows[i]
+ * of the layer's context (rows: backend memory). */
 static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, float *q, float *k,
                            const float *v, int64_t n, const int32_t *pos, int64_t at,
-                           const int32_t *rows, bool keep_pos)
+                           const int32_t *rows)
 {
     const dflash_config *c = &m->cfg;
     const dfl_layer *L = &m->layers[il];
@@ -434,8 +432,7 @@ static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, 
     size_t skip = (size_t)(at * kvw) * dfl_kv_elem(s->kv_type);
     const ops_kv_dst dst = {.k_cache = (uint8_t *)s->k[il] + skip,
                             .v_cache = (uint8_t *)s->v[il] + skip, .type = s->kv_type,
-                            .v = v, .rows = rows, .row = kvw,
-                            .row_pos = keep_pos ? s->pos + at : NULL};
+                            .v = v, .rows = rows, .row = kvw};
     return m->be->qk_norm_rope(m->be, q, k, q ? L->q_norm : NULL, L->k_norm, n,
                                q ? c->n_heads : 0, c->n_kv_heads, hd, hd, hd, pos,
                                (float)c->rope_theta, (float)c->rms_eps, &dst);
@@ -444,20 +441,36 @@ static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, 
 /* The context keys ka, kb and values va, vb [n][n_kv_heads * head_dim] of layers a and b:
  * each layer's k norm and rotation and both stores in one launch, layer a's keys through the
  * op's q side (whose heads get the very operations of the k side), at rows[i] of each
- * layer's context (with keep_pos also their positions). */
+ * layer's context. */
 static td_err dfl_k_store_pair(const dfl_model *m, const dfl_state *s, uint32_t a, float *ka,
                                const float *va, uint32_t b, float *kb, const float *vb,
-                               int64_t n, const int32_t *pos, const int32_t *rows, bool keep_pos)
+                               int64_t n, const int32_t *pos, const int32_t *rows)
 {
     const dflash_config *c = &m->cfg;
     int64_t hd = c->head_dim;
     const ops_kv_dst dst = {.k_cache = s->k[b], .v_cache = s->v[b], .type = s->kv_type,
                             .v = vb, .rows = rows, .row = (int64_t)c->n_kv_heads * hd,
-                            .qk_cache = s->k[a], .qv_cache = s->v[a], .qv = va,
-                            .row_pos = keep_pos ? s->pos : NULL};
+                            .qk_cache = s->k[a], .qv_cache = s->v[a], .qv = va};
     return m->be->qk_norm_rope(m->be, ka, kb, m->layers[a].k_norm, m->layers[b].k_norm, n,
                                c->n_kv_heads, c->n_kv_heads, hd, hd, hd, pos,
                                (float)c->rope_theta, (float)c->rms_eps, &dst);
+}
+
+/* Copies the host rows src[n][row_bytes] of new positions n_ctx.. (n <= cap) into their ring
+ * slots of dst, a run of consecutive slots per copy. */
+static td_err dfl_ring_put(const ops_backend *be, const dfl_state *s, void *dst, const void *src,
+                           int64_t n, size_t row_bytes)
+{
+    for (int64_t i = 0; i < n;) {
+        int64_t slot = (s->n_ctx + i) % s->cap, run = s->cap - slot;
+        if (run > n - i)
+            run = n - i;
+        TD_TRY(be->to_device(be, (uint8_t *)dst + (size_t)slot * row_bytes,
+                             (const uint8_t *)src + (size_t)i * row_bytes,
+                             (size_t)run * row_bytes));
+        i += run;
+    }
+    return TD_OK;
 }
 
 td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n)
@@ -490,7 +503,7 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
      * (the matrices of one type then share launches), into the scratch w->q (k) and w->a
      * (v), layer l's rows at l * n * kvw (n rows of dfl_wide >= kvw floats each); the key
      * norms and rotations of two layers at a time then store them in the ring's slots of the
-     * new positions, the first launch also the slots' positions. */
+     * new positions. */
     int64_t G = dfl_wide(c) / kvw;
     if (G > OPS_MM_GROUP_MAX / 2)
         G = OPS_MM_GROUP_MAX / 2;
@@ -507,13 +520,13 @@ td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int6
             uint32_t il = l0 + (uint32_t)i;
             if (i + 1 < g)
                 TD_TRY(dfl_k_store_pair(m, s, il, proj[2 * i].y, proj[2 * i + 1].y, il + 1,
-                                        proj[2 * i + 2].y, proj[2 * i + 3].y, n, pos, rows,
-                                        il == 0));
+                                        proj[2 * i + 2].y, proj[2 * i + 3].y, n, pos, rows));
             else
                 TD_TRY(dfl_qk_store(m, s, il, NULL, proj[2 * i].y, proj[2 * i + 1].y, n, pos, 0,
-                                    rows, il == 0));
+                                    rows));
         }
     }
+    TD_TRY(dfl_ring_put(be, s, s->pos, w->host, n, sizeof(int32_t)));
     s->n_ctx += n;
     return TD_OK;
 }
@@ -532,13 +545,13 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     int64_t B = c->block_size, H = c->hidden, hd = c->head_dim;
     int64_t qw = (int64_t)c->n_heads * hd, kvw = (int64_t)c->n_kv_heads * hd;
     float eps = (float)c->rms_eps;
-    const int32_t *bpos = w->ids; /* the block's positions (dfl_propose) */
+    const int32_t *bpos = s->pos + n_valid;
     if (il == 0)
         TD_TRY(be->rmsnorm(be, w->h, w->x, L->in_norm, B, H, H, eps));
     /* Q, K and V of the block (K, V in the scratch a and f before they are stored) */
     const ops_mm_out proj[] = {{w->a, &L->wk}, {w->f, &L->wv}, {w->q, &L->wq}};
     TD_TRY(be->matmul_multi(be, w->h, proj, 3, B));
-    TD_TRY(dfl_qk_store(m, s, il, w->q, w->a, w->f, B, bpos, n_valid, w->iota, il == 0));
+    TD_TRY(dfl_qk_store(m, s, il, w->q, w->a, w->f, B, bpos, n_valid, w->iota));
     ops_attn at = {
         .n_q = B, .n_head = c->n_heads, .n_head_kv = c->n_kv_heads, .head_dim = hd,
         .scale = 1.0f / sqrtf((float)hd), .q = w->q, .q_tok_stride = qw, .q_head_stride = hd,
@@ -568,16 +581,17 @@ td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *log
         return err_set(TD_ERANGE, "drafter block: row id %d outside [0, %lld)", pending,
                        (long long)m->tok_embd.rows);
     dfl_work *w = m->work;
-    /* in one copy: the block's positions n_ctx..n_ctx+B-1 (its slots right after the valid
-     * ring entries get them from the first layer's K/V store), then its token ids */
-    for (int64_t i = 0; i < B; i++) {
-        w->host[i] = (int32_t)(s->n_ctx + i);
-        w->host[B + i] = i ? (int32_t)c->mask_token_id : pending;
-    }
-    TD_TRY(be->to_device(be, w->ids, w->host, (size_t)(2 * B) * sizeof(int32_t)));
-    TD_TRY(err_wrap(be->get_rows(be, w->x, &m->tok_embd, w->ids + B, B), "drafter block"));
+    w->host[0] = pending;
+    for (int64_t i = 1; i < B; i++)
+        w->host[i] = (int32_t)c->mask_token_id;
+    TD_TRY(be->to_device(be, w->ids, w->host, (size_t)B * sizeof(int32_t)));
+    TD_TRY(err_wrap(be->get_rows(be, w->x, &m->tok_embd, w->ids, B), "drafter block"));
     if (c->input_embedding_scale != 1.0)
         TD_TRY(be->scale(be, w->x, w->x, (float)c->input_embedding_scale, B * H));
+    /* Block slots sit right after the valid ring entries, at positions n_ctx..n_ctx+B-1. */
+    for (int64_t i = 0; i < B; i++)
+        w->host[i] = (int32_t)(s->n_ctx + i);
+    TD_TRY(be->to_device(be, s->pos + n_valid, w->host, (size_t)B * sizeof(int32_t)));
 
     for (uint32_t il = 0; il < c->n_layers; il++)
         TD_TRY(dfl_block_layer(m, s, il, n_valid));

@@ -86,8 +86,7 @@ struct ops_backend {
                             const ops_weight *w, int64_t n_tok);
     /* cpu_qk_norm_rope, then (kv not NULL) cpu_kv_store of the keys and kv->v: a block's K/V
      * rows into a cache at rows given in backend memory; with kv->qk_cache also of the q
-     * heads and kv->qv (another layer's keys and values); with kv->row_pos the rows'
-     * positions (row_pos[rows[t]] = pos[t]) */
+     * heads and kv->qv (another layer's keys and values) */
     td_err (*qk_norm_rope)(const ops_backend *be, float *q, float *k, const float *q_norm,
                            const float *k_norm, int64_t n_tok, int64_t n_head, int64_t n_head_kv,
                            int64_t head_dim, int64_t q_head, int64_t n_rot, const int32_t *pos,

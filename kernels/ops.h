@@ -77,9 +77,6 @@ typedef struct ops_kv_dst {
      * finished q heads and qv [n_tok][row] into these caches, at the same rows */
     void *qk_cache, *qv_cache;
     const float *qv;
-    /* NULL, or the positions of the cache rows (memory of the caller's backend): row rows[t]
-     * is given the position of token t, the one its keys were rotated to */
-    int32_t *row_pos;
 } ops_kv_dst;
 
 /* ---------------------------------------------------------------------------------------

@@ -459,7 +459,7 @@ static void test_qk_norm_rope_equals_norms_then_ropes(void **state)
 
 /* qk_norm_rope with a cache destination: q, k and both caches (f32 and f16, rows given on
  * the device, scattered, the rows not named untouched) bit for bit cuda_qk_norm_rope then
- * cuda_kv_store, at 1 and 16 tokens; with the f16 caches also the rows' positions. */
+ * cuda_kv_store, at 1 and 16 tokens. */
 static void test_qk_norm_rope_stores_kv(void **state)
 {
     (void)state;
@@ -493,16 +493,8 @@ static void test_qk_norm_rope_stores_kv(void **state)
                 GPU_OK(cuda_qk_norm_rope(qa, ka, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
                                          cs[c].n_rot, dpos, 1e7f, 1e-6f, NULL, gpu_st));
                 GPU_OK(cuda_kv_store(kca, vca, types[y], ka, dv, drows, n, row, gpu_st));
-                int32_t want_pos[CAP];
-                for (int i = 0; i < CAP; i++)
-                    want_pos[i] = -1;
-                for (int64_t t = 0; t < n; t++)
-                    want_pos[rows[t]] = pos[t];
-                int32_t *drow_pos = dput(want_pos, sizeof want_pos);
-                GPU_OK(cuda_mem_fill(drow_pos, 0xFF, sizeof want_pos, gpu_st)); /* all -1 */
                 const ops_kv_dst kv = {.k_cache = kcb, .v_cache = vcb, .type = types[y],
-                                       .v = dv, .rows = drows, .row = row,
-                                       .row_pos = y ? drow_pos : NULL};
+                                       .v = dv, .rows = drows, .row = row};
                 GPU_OK(cuda_qk_norm_rope(qb, kb, dqn, dkn, n, nh, nkv, hd, cs[c].q_head,
                                          cs[c].n_rot, dpos, 1e7f, 1e-6f, &kv, gpu_st));
                 float *gqa = dget(qa, (size_t)nq * 4), *gqb = dget(qb, (size_t)nq * 4);
@@ -513,11 +505,6 @@ static void test_qk_norm_rope_stores_kv(void **state)
                 assert_true(check_same_bits("qk_norm_rope+store k", gkb, gka, (size_t)nk * 4));
                 assert_memory_equal(gkcb, gkca, cache);
                 assert_memory_equal(gvcb, gvca, cache);
-                int32_t *got_pos = dget(drow_pos, sizeof want_pos);
-                if (y)
-                    assert_memory_equal(got_pos, want_pos, sizeof want_pos);
-                free(got_pos);
-                cuda_mem_free(drow_pos);
                 free(q), free(k), free(v), free(qn), free(kn);
                 free(gqa), free(gqb), free(gka), free(gkb), free(gkca), free(gvca), free(gkcb),
                     free(gvcb);

@@ -183,8 +183,6 @@ static td_err be_cpu_qk_norm_rope(const ops_backend *be, float *q, float *k, con
                      pos, theta, eps);
     if (kv)
         cpu_kv_store(kv->k_cache, kv->v_cache, kv->type, k, kv->v, kv->rows, n_tok, kv->row);
-    for (int64_t t = 0; kv && kv->row_pos && t < n_tok; t++)
-        kv->row_pos[kv->rows[t]] = pos[t];
     if (kv && kv->qk_cache) {
         TD_ASSERT(n_head == n_head_kv && q_head == head_dim && kv->qv_cache && kv->qv);
         cpu_kv_store(kv->qk_cache, kv->qv_cache, kv->type, q, kv->qv, kv->rows, n_tok, kv->row);

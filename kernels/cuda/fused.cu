@@ -152,8 +152,7 @@ __device__ __forceinline__ void fused_cache_put(void *cache, bool f16, int64_t a
  * with its formula (DEV_NORM_THREADS threads), then rotated with rope.cu's angles and
  * roundings: the bits of cuda_rmsnorm then cuda_rope_neox on it. With store, a k head also
  * goes to kv's cache row, and the next n_kv blocks of a token copy its value heads there:
- * the bits of kv_store_kernel after it; with kv.qk_cache the q heads and kv.qv likewise; with
- * kv.row_pos the first k head's block records the row's position. */
+ * the bits of kv_store_kernel after it; with kv.qk_cache the q heads and kv.qv likewise. */
 __global__ void __launch_bounds__(DEV_NORM_THREADS)
 qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const float *k_norm,
                     int64_t n_head, int64_t n_kv, int64_t hd, int64_t q_head, int64_t n_rot,
@@ -177,8 +176,6 @@ qk_norm_rope_kernel(bool early, float *q, float *k, const float *q_norm, const f
         return;
     }
     const bool is_q = h < n_head;
-    if (store && kv.row_pos && h == n_head && threadIdx.x == 0) /* the first k head's block */
-        kv.row_pos[kv.rows[t]] = pos[t];
     float *x = is_q ? q + (t * n_head + h) * q_head : k + (t * n_kv + h - n_head) * hd;
     const float *w = is_q ? q_norm : k_norm;
     /* a thread's values, its weights, the position and its angles are all in hand before the
