@@ -92,6 +92,42 @@ static double bench_draft_limit_ms(const bench_report *r)
     return r->draft_elsewhere ? bench_limit_ms(r, r->draft_bytes) : 0;
 }
 
+/* The speed targets the benchmark is held to (on an H200, 27B shape): plain decode at >= 85%
+ * of the bandwidth limit, verify of 16 tokens <= 1.3x a decode step, draft step <= 0.35x,
+ * the process split under MPS <= 1% of a speculative step. value < 0: not measured. */
+typedef struct bench_goal {
+    const char *key, *what;
+    double goal, value;
+    bool at_least; /* met when value >= goal (else value <= goal) */
+    bool percent;  /* shown as a percentage (else as a ratio, "x") */
+} bench_goal;
+
+#define BENCH_GOALS 4
+
+static void bench_goals(const bench_report *r, bench_goal out[BENCH_GOALS])
+{
+    const bench_target_times *t = &r->tgt;
+    const double d1 = t->decode_short.ok ? t->decode_short.ms : 0;
+    const double lim = bench_limit_ms(r, r->weight_bytes);
+    const double step = bench_step_ms(r, &r->split_mps, -1);
+    const bench_goal all[BENCH_GOALS] = {
+        {"decode_fraction_of_limit", "decode 1K of the limit", 0.85,
+         d1 > 0 && lim > 0 ? lim / d1 : -1, true, true},
+        {"verify16_ratio", "verify 16", 1.3, d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : -1,
+         false, false},
+        {"draft_ratio", "draft step", 0.35, d1 > 0 && r->draft.ok ? r->draft.ms / d1 : -1, false,
+         false},
+        {"split_mps_fraction", "split under MPS", 0.01,
+         step > 0 ? r->split_mps.cost_us * 1e-3 / step : -1, false, true},
+    };
+    memcpy(out, all, sizeof all);
+}
+
+static bool bench_goal_met(const bench_goal *g)
+{
+    return g->value >= 0 && (g->at_least ? g->value >= g->goal : g->value <= g->goal);
+}
+
 /* --- table ----------------------------------------------------------------------------- */
 
 static void bench_row_time(const char *what, const bench_time *t, const char *extra)
@@ -225,6 +261,21 @@ static void bench_print(const bench_report *r)
     }
     printf("  (projection: tau / (draft + verify 16 + rollback + split), plain decode %.1f tok/s)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
+    bench_goal g[BENCH_GOALS];
+    bench_goals(r, g);
+    printf("  targets (H200, 27B):");
+    for (int i = 0; i < BENCH_GOALS; i++) {
+        const double k = g[i].percent ? 100 : 1;
+        const char *u = g[i].percent ? "%" : "x";
+        printf("%s %s %s %.*f%s: ", i ? ";" : "", g[i].what, g[i].at_least ? ">=" : "<=",
+               g[i].percent ? 0 : 2, k * g[i].goal, u);
+        if (g[i].value < 0)
+            printf("n/a");
+        else
+            printf("%.*f%s %s", g[i].percent ? 2 : 3, k * g[i].value, u,
+                   bench_goal_met(&g[i]) ? "met" : "short");
+    }
+    printf("\n");
     bench_print_profiles(r);
     if (r->n_notes)
         printf("\nnotes:\n");
@@ -359,6 +410,19 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "split", sp);
     json_object_set_new(j, "projection", json_string("projected_tok_s = tau / (draft + verify 16 + "
                                                      "rollback + split cost)"));
+    bench_goal g[BENCH_GOALS];
+    bench_goals(r, g);
+    json_t *tg = json_object();
+    for (int i = 0; i < BENCH_GOALS; i++) {
+        json_t *o = json_object();
+        json_object_set_new(o, "goal", json_real(g[i].goal));
+        json_object_set_new(o, "at_least", json_boolean(g[i].at_least));
+        json_object_set_new(o, "value", g[i].value >= 0 ? json_real(g[i].value) : json_null());
+        json_object_set_new(o, "met", g[i].value >= 0 ? json_boolean(bench_goal_met(&g[i]))
+                                                      : json_null());
+        json_object_set_new(tg, g[i].key, o);
+    }
+    json_object_set_new(j, "targets", tg);
     const bench_time *pt[5];
     const char *pname[5];
     int np = bench_profiled(r, pt, pname);

@@ -122,6 +122,24 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
         assert not j["split"]["mps"]["measured"]
     assert any("32K context" in n for n in j["notes"])
 
+    # the targets, each judged on the numbers above
+    tg = j["targets"]
+    assert set(tg) == {"decode_fraction_of_limit", "verify16_ratio", "draft_ratio",
+                       "split_mps_fraction"}
+    want = {"decode_fraction_of_limit": (0.85, True, j["decode"]["1k"]["fraction_of_limit"]),
+            "verify16_ratio": (1.3, False, j["verify"]["16"]["ratio_to_decode"]),
+            "draft_ratio": (0.35, False, j["draft"]["ratio_to_decode"]),
+            "split_mps_fraction": (0.01, False, None)}  # not measured without a GPU
+    for key, (goal, at_least, value) in want.items():
+        g = tg[key]
+        assert g["goal"] == goal and g["at_least"] == at_least, key
+        if value is None:
+            assert g["value"] is None and g["met"] is None, key
+        else:
+            assert close(g["value"], value), key
+            assert g["met"] == (value >= goal if at_least else value <= goal), key
+    assert "targets (H200, 27B): decode 1K of the limit >= 85%:" in bench["stdout"]
+
 
 def test_saved_file_is_readable_by_gguf_py(bench):
     r = GGUFReader(bench["model"])
