@@ -598,7 +598,7 @@ uint64_t bench_draft_bytes(const tgt_model *m, const char *dir)
 uint64_t bench_state_bytes(const tgt_model *m, int64_t ctx)
 {
     const tgt_hparams *hp = &m->hp;
-    uint64_t f = sizeof(float), kv_elem = m->kv_type == TD_F16 ? 2 : 4;
+    uint64_t f = sizeof(float), kv_elem = ops_kv_elem_bytes(m->kv_type);
     uint64_t kv = (uint64_t)m->n_attn_layers * (uint64_t)ctx * 2 *
                   (uint64_t)(hp->n_head_kv * hp->head_dim) * kv_elem;
     uint64_t rec = (uint64_t)m->n_delta_layers * 2 *

@@ -318,15 +318,9 @@ void dfl_free(dfl_model *m)
 
 /* --- state ------------------------------------------------------------------------------ */
 
-/* Bytes of one context K/V element. */
-static size_t dfl_kv_elem(td_dtype t)
-{
-    return t == TD_F16 ? 2 : 4;
-}
-
 uint32_t dfl_kv_bytes(const dfl_model *m)
 {
-    return (uint32_t)dfl_kv_elem(m->kv_type);
+    return (uint32_t)ops_kv_elem_bytes(m->kv_type);
 }
 
 td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
@@ -342,7 +336,7 @@ td_err dfl_state_init(dfl_state *s, const dfl_model *m, int64_t cap)
     s->n_layers = c->n_layers;
     s->kv_type = m->kv_type;
     size_t slots = (size_t)(cap + s->block);
-    size_t kv = (size_t)c->n_kv_heads * c->head_dim * dfl_kv_elem(s->kv_type);
+    size_t kv = (size_t)c->n_kv_heads * c->head_dim * ops_kv_elem_bytes(s->kv_type);
     s->k = calloc(c->n_layers, sizeof *s->k);
     s->v = calloc(c->n_layers, sizeof *s->v);
     td_err e = s->k && s->v ? TD_OK : err_set(TD_ENOMEM, "out of memory for a drafter context");
@@ -387,7 +381,7 @@ td_err dfl_state_bind(dfl_state *s, const dfl_model *m, int64_t cap, int64_t row
         dfl_state_free(s);
         return err_set(TD_ENOMEM, "out of memory binding a drafter context");
     }
-    size_t layer = (size_t)rows * c->n_kv_heads * c->head_dim * dfl_kv_elem(s->kv_type);
+    size_t layer = (size_t)rows * c->n_kv_heads * c->head_dim * ops_kv_elem_bytes(s->kv_type);
     for (uint32_t i = 0; i < c->n_layers; i++) {
         s->k[i] = (uint8_t *)k + i * layer;
         s->v[i] = (uint8_t *)v + i * layer;
@@ -429,7 +423,7 @@ static td_err dfl_qk_store(const dfl_model *m, const dfl_state *s, uint32_t il, 
     const dflash_config *c = &m->cfg;
     const dfl_layer *L = &m->layers[il];
     int64_t hd = c->head_dim, kvw = (int64_t)c->n_kv_heads * hd;
-    size_t skip = (size_t)(at * kvw) * dfl_kv_elem(s->kv_type);
+    size_t skip = (size_t)(at * kvw) * ops_kv_elem_bytes(s->kv_type);
     const ops_kv_dst dst = {.k_cache = (uint8_t *)s->k[il] + skip,
                             .v_cache = (uint8_t *)s->v[il] + skip, .type = s->kv_type,
                             .v = v, .rows = rows, .row = kvw};

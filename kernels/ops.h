@@ -64,6 +64,12 @@ void cpu_to_f16(uint16_t *out, const float *x, int64_t n);
 void cpu_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k, const float *v,
                   const int32_t *rows, int64_t n_tok, int64_t row);
 
+/* Bytes of one element of a K/V cache of type t (TD_F32 or TD_F16). */
+static inline size_t ops_kv_elem_bytes(td_dtype t)
+{
+    return t == TD_F16 ? 2 : 4;
+}
+
 /* cpu_kv_store's arguments but the keys: where qk_norm_rope stores the keys it finishes and
  * the values beside them (row = n_head_kv * head_dim). */
 typedef struct ops_kv_dst {

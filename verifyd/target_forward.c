@@ -185,14 +185,9 @@ static size_t tgt_list_stride(float *const *list, int64_t n, size_t floats)
 }
 
 /* Bytes of one element of the KV cache. */
-static size_t tgt_kv_elem(td_dtype t)
-{
-    return t == TD_F16 ? 2 : 4;
-}
-
 uint32_t tgt_kv_bytes(const tgt_model *m)
 {
-    return m->n_attn_layers ? (uint32_t)tgt_kv_elem(m->kv_type) : 0;
+    return m->n_attn_layers ? (uint32_t)ops_kv_elem_bytes(m->kv_type) : 0;
 }
 
 static void tgt_free_kv(const ops_backend *be, void **list, int64_t n)
@@ -319,7 +314,7 @@ td_err tgt_state_init(tgt_state *s, const tgt_model *m, int64_t n_ctx)
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
     s->kv_type = m->kv_type;
-    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(s->kv_type);
+    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * ops_kv_elem_bytes(s->kv_type);
     s->k = tgt_alloc_kv(s->be, s->n_attn, kv);
     s->v = s->k ? tgt_alloc_kv(s->be, s->n_attn, kv) : NULL;
     s->ssm = s->v ? tgt_alloc_list(s->be, s->n_delta, tgt_ssm_floats(hp)) : NULL;
@@ -344,7 +339,7 @@ td_err tgt_state_bind(tgt_state *s, const tgt_model *m, int64_t n_ctx, const tgt
     s->n_attn = m->n_attn_layers;
     s->n_delta = m->n_delta_layers;
     s->kv_type = m->kv_type;
-    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * tgt_kv_elem(s->kv_type);
+    size_t kv = (size_t)(n_ctx * hp->n_head_kv * hp->head_dim) * ops_kv_elem_bytes(s->kv_type);
     size_t rows = (size_t)(mem->rec_cap * hp->conv_ch);
     s->k = tgt_view_kv(s->n_attn, mem->k, kv);
     s->v = tgt_view_kv(s->n_attn, mem->v, kv);
