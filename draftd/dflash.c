@@ -295,8 +295,27 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
     }
     m->tok_embd = *tok_embd;
     m->lm_head = *lm_head;
+    /* bf16: the products' inputs rounded on a GPU (one tensor-core piece instead of three);
+     * f32: the CPU's exact inputs */
+    const char *act = getenv("TANDEM_DRAFT_ACT");
+    if (act && *act && strcmp(act, "f32") != 0 && strcmp(act, "bf16") != 0)
+        LOG_WARN("TANDEM_DRAFT_ACT=%s is neither f32 nor bf16: the inputs are %s", act,
+                 be->kind != OPS_BACKEND_CPU ? "bf16" : "f32");
+    dfl_set_x_bf16(m, be->kind != OPS_BACKEND_CPU && !(act && strcmp(act, "f32") == 0));
     *out = m;
     return TD_OK;
+}
+
+void dfl_set_x_bf16(dfl_model *m, bool on)
+{
+    m->fc.x_bf16 = on;
+    m->lm_head.x_bf16 = on;
+    for (uint32_t il = 0; il < m->cfg.n_layers; il++) {
+        dfl_layer *L = &m->layers[il];
+        ops_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            w[i]->x_bf16 = on;
+    }
 }
 
 void dfl_free(dfl_model *m)

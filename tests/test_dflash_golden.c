@@ -2,7 +2,9 @@
  * for three tiny drafters (full, sliding and non-causal sliding layers, embedding scale,
  * output multiplier, softcapping, default tap layers), two consecutive draft steps where the
  * second reuses the cached context K/V of the first and adds only the new positions; each
- * with the CPU's f32 context K/V and with the f16 one a GPU keeps (within 1e-3 of the range). */
+ * with the CPU's f32 context K/V and with the f16 one a GPU keeps (within 1e-3 of the range),
+ * and as a GPU runs it by default, the f16 context and every product reading its inputs
+ * rounded to bf16 (dfl_set_x_bf16; within 1e-2, and the rounding visible). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -69,10 +71,14 @@ static void test_dflash_two_steps_match_reference(void **ctx)
         tgt_state_free(&ts);
         free(ours);
 
-        /* The CPU's f32 context, and the f16 one of a GPU (rounded once when stored). */
+        /* The CPU's f32 context, the f16 one of a GPU (rounded once when stored), and that
+         * with the inputs of every product rounded to bf16 (a GPU's default). */
         assert_int_equal(dm->kv_type, TD_F32);
-        for (int f16 = 0; f16 <= 1; f16++) {
+        assert_false(dm->fc.x_bf16 || dm->lm_head.x_bf16 || dm->layers[0].wq.x_bf16);
+        for (int mode = 0; mode <= 2; mode++) {
+            const int f16 = mode >= 1, bf16 = mode == 2;
             dm->kv_type = f16 ? TD_F16 : TD_F32;
+            dfl_set_x_bf16(dm, bf16);
             dfl_state ds;
             assert_int_equal(dfl_state_init(&ds, dm, 64), TD_OK);
             assert_int_equal(ds.kv_type, dm->kv_type);
@@ -88,13 +94,17 @@ static void test_dflash_two_steps_match_reference(void **ctx)
                 const int32_t *block = golden_tensor(g, name, TD_I32, B);
                 assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
                 snprintf(name, sizeof name, "step%d.logits", step);
-                snprintf(what, sizeof what, "%s %s (%s context)", drafters[k], name,
-                         f16 ? "f16" : "f32");
+                snprintf(what, sizeof what, "%s %s (%s context%s)", drafters[k], name,
+                         f16 ? "f16" : "f32", bf16 ? ", bf16 inputs" : "");
                 const float *want = golden_tensor(g, name, TD_F32, (int64_t)(B - 1) * V);
-                expect_close(what, logits, want, (int64_t)(B - 1) * V, f16 ? 1e-3 : 1e-4);
-                int64_t where; /* and the f16 context is one: its rounding shows */
-                if (f16 && !(golden_range_error(logits, want, (B - 1) * V, &where) > 1e-6))
-                    fail_msg("%s: no trace of the f16 rounding", what);
+                expect_close(what, logits, want, (int64_t)(B - 1) * V,
+                             bf16 ? 1e-2 : f16 ? 1e-3 : 1e-4);
+                int64_t where; /* and the f16 context / bf16 inputs are: their rounding shows */
+                const double r = golden_range_error(logits, want, (B - 1) * V, &where);
+                if (f16 && !(r > (bf16 ? 1e-4 : 1e-6)))
+                    fail_msg("%s: no trace of the rounding (%.3g of the range)", what, r);
+                if (bf16)
+                    printf("%s: %.3g of the range\n", what, r);
             }
             free(logits);
             dfl_state_free(&ds);

@@ -377,6 +377,85 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
     free(keep);
 }
 
+/* x_bf16 (the drafter's products on a GPU): the product reads x rounded to bf16 (nearest
+ * even). For BF16 and F16 weights the activation split then holds one piece instead of three
+ * (the pieces m and l of a bf16 value are zeros, so the MMAs left out added nothing), for a
+ * quantised weight x is rounded by one more launch: either way every token equals cuda_matmul
+ * of the rounded x bit for bit (F32 weights read the same rounded copy), which is within the
+ * bounds above of cpu_matmul of it (and cpu_matmul with x_bf16 is cpu_matmul of the rounded
+ * x: test_ops_matmul). Shapes: the
+ * drafter's 5120-wide rows, a partial k-block (5384), the scalar path (5122), one row; 1, 9,
+ * 15, 16, 17 and 32 tokens take every path; a mixed group (x_bf16 and exact members, two
+ * splits) gives each member what it gives alone. */
+static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1000, 5120}, {203, 5384}, {45, 5122}, {1, 256}};
+    static const int64_t ns[] = {1, 9, 15, 16, 17, 32};
+    static const td_dtype types[] = {TD_BF16, TD_F16, TD_F32, TD_Q4_K, TD_Q6_K};
+    const int64_t N = 32;
+    rng_seed(23);
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            const td_dtype type = types[ti];
+            const int64_t rows = shapes[k][0], cols = shapes[k][1];
+            if (cols % dtype_get(type)->block != 0)
+                continue;
+            char what[128];
+            test_weight tw;
+            weight_init(&tw, type, rows, cols);
+            float *x = rng_floats(N * cols, 2.0f), *xr = malloc((size_t)(N * cols) * 4);
+            for (int64_t i = 0; i < N * cols; i++)
+                xr[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+            float *dx = dput(x, (size_t)(N * cols) * sizeof(float));
+            float *dxr = dput(xr, (size_t)(N * cols) * sizeof(float));
+            expect e;
+            expect_init(&e, &tw, xr, N);
+            for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+                const int64_t n = ns[j];
+                snprintf(what, sizeof what, "%s %lld x %lld x_bf16 n_tok %lld",
+                         dtype_name(type), (long long)rows, (long long)cols, (long long)n);
+                float *want = gpu_matmul(&tw, dxr, n), *exact = gpu_matmul(&tw, dx, n);
+                tw.dev.x_bf16 = true;
+                float *got = gpu_matmul(&tw, dx, n);
+                tw.dev.x_bf16 = false;
+                assert_true(check_outputs(what, got, &e, n, rows));
+                assert_true(check_same_bits(what, got, want, (size_t)(n * rows) * 4));
+                /* the rounding took effect: random inputs are rarely bf16 values */
+                assert_memory_not_equal(got, exact, (size_t)(n * rows) * 4);
+                free(want);
+                free(exact);
+                free(got);
+            }
+            /* a group of an x_bf16 member and an exact one of the same type and shape */
+            const int64_t n = 16;
+            const size_t yb = (size_t)(n * rows) * sizeof(float);
+            float *dy0 = dpoison(yb), *dy1 = dpoison(yb);
+            ops_weight wb = tw.dev;
+            wb.x_bf16 = true;
+            const ops_mm_out mm[] = {{dy0, &wb}, {dy1, &tw.dev}};
+            GPU_OK(cuda_matmul_multi(dx, mm, 2, n, gpu_st));
+            float *y0 = dget(dy0, yb), *y1 = dget(dy1, yb);
+            float *want0 = gpu_matmul(&tw, dxr, n), *want1 = gpu_matmul(&tw, dx, n);
+            snprintf(what, sizeof what, "%s %lld x %lld mixed group", dtype_name(type),
+                     (long long)rows, (long long)cols);
+            assert_true(check_same_bits(what, y0, want0, yb));
+            assert_true(check_same_bits(what, y1, want1, yb));
+            free(y0);
+            free(y1);
+            free(want0);
+            free(want1);
+            cuda_mem_free(dy0);
+            cuda_mem_free(dy1);
+            expect_free(&e);
+            cuda_mem_free(dx);
+            cuda_mem_free(dxr);
+            free(x);
+            free(xr);
+            weight_free(&tw);
+        }
+}
+
 /* F16/BF16 on the tensor cores with results that must be exact: row r of W has one nonzero
  * weight, at column 37r mod 512 (distinct for every row, so across the rows every k slot of
  * the fragment mapping is used), and y = w x has a single product. BF16 weights are signed
@@ -843,6 +922,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matmul_float_types_match_cpu_at_every_batch_size),
         cmocka_unit_test(test_matmul_half_weights_draft_step_sizes_match_alone_bits),
         cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
+        cmocka_unit_test(test_matmul_x_bf16_reads_the_rounded_inputs),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),
         cmocka_unit_test(test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits),

@@ -136,6 +136,64 @@ static void test_matmul_exact_small_integers(void **s)
     assert_true(y[0] == 6 && y[1] == 3 && y[2] == -1 && y[3] == -6);
 }
 
+/* x_bf16: the product reads x rounded to bf16, nearest even. Hand-checked on one F32 weight
+ * of 1: 1 + 2^-10 reads as 1, 1 + 3 * 2^-8 (halfway between bf16 neighbours 1 + 2^-7 and
+ * 1 + 2^-6) as the even one, 1 + 2^-6. Then for every type and batch sizes up to past one
+ * batch: the bits of cpu_matmul on x rounded by ops_f32_to_bf16, and not those of x itself. */
+static void test_matmul_x_bf16_reads_rounded_inputs(void **s)
+{
+    (void)s;
+    const float one = 1.0f, xs[2] = {1.0f + 0x1p-10f, 1.0f + 3 * 0x1p-8f};
+    float y[2];
+    ops_weight w;
+    assert_int_equal(ops_weight_init(&w, TD_F32, 1, 1, &one), TD_OK);
+    assert_false(w.x_bf16);
+    w.x_bf16 = true;
+    cpu_matmul(y, xs, &w, 2);
+    assert_true(y[0] == 1.0f && y[1] == 1.0f + 0x1p-6f);
+
+    static const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_K, TD_Q6_K};
+    static const int64_t batches[] = {1, 16, 70};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        const td_dtype type = types[i];
+        const int64_t rows = 21, cols = 256 * 3;
+        uint64_t row_bytes;
+        assert_int_equal(dtype_bytes(type, (uint64_t)cols, &row_bytes), TD_OK);
+        float *wf = malloc((size_t)(rows * cols) * sizeof *wf);
+        uint8_t *q = malloc((size_t)(row_bytes * rows));
+        fill(wf, rows * cols, 5u + (unsigned)type, 1.0);
+        for (int64_t r = 0; r < rows; r++)
+            assert_int_equal(cpu_quantize_row(type, wf + r * cols, q + r * row_bytes, cols),
+                             TD_OK);
+        assert_int_equal(ops_weight_init(&w, type, rows, cols, q), TD_OK);
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+            const int64_t n = batches[b];
+            float *x = malloc((size_t)(n * cols) * sizeof *x);
+            float *xr = malloc((size_t)(n * cols) * sizeof *xr);
+            float *got = malloc((size_t)(n * rows) * sizeof *got);
+            float *want = malloc((size_t)(n * rows) * sizeof *want);
+            float *exact = malloc((size_t)(n * rows) * sizeof *exact);
+            fill(x, n * cols, 29u + (unsigned)n, 2.0);
+            for (int64_t k = 0; k < n * cols; k++)
+                xr[k] = ops_bf16_to_f32(ops_f32_to_bf16(x[k]));
+            w.x_bf16 = false;
+            cpu_matmul(want, xr, &w, n);
+            cpu_matmul(exact, x, &w, n);
+            w.x_bf16 = true;
+            cpu_matmul(got, x, &w, n);
+            assert_memory_equal(got, want, (size_t)(n * rows) * sizeof *got);
+            assert_memory_not_equal(got, exact, (size_t)(n * rows) * sizeof *got);
+            free(x);
+            free(xr);
+            free(got);
+            free(want);
+            free(exact);
+        }
+        free(wf);
+        free(q);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +206,7 @@ int main(void)
         cmocka_unit_test(test_matmul_q5_k_matches_f64_reference),
         cmocka_unit_test(test_matmul_q6_k_matches_f64_reference),
         cmocka_unit_test(test_matmul_large_rows_split_across_threads),
+        cmocka_unit_test(test_matmul_x_bf16_reads_rounded_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* y = x . W^T for quantised W.
+/* y = x . W^T for quantised W (x rounded to bf16 first where the weight says x_bf16).
  *
  * Weight rows are dequantised four at a time, one 256-wide tile each, into a stack buffer
  * and dotted with all (up to 64) input rows before the next tile, so a batch reads the
@@ -54,6 +54,7 @@ static inline __attribute__((always_inline)) void rows_body(float *y, const floa
     const dtype_info *info = dtype_get(w->type);
     double acc[MM_ROWS][MM_BATCH];
     float buf[MM_ROWS][MM_TILE];
+    float xr[MM_BATCH][MM_TILE]; /* x_bf16: the rounded inputs of the tile */
     const float *tile[MM_ROWS];
     for (int64_t j = 0; j < n_rows; j++)
         for (int64_t t = 0; t < n_tok; t++)
@@ -71,7 +72,14 @@ static inline __attribute__((always_inline)) void rows_body(float *y, const floa
             TD_ASSERT(e == TD_OK); /* ops_weight_init checked type and cols */
             tile[j] = buf[j];
         }
-        tile_dots(acc, tile, n_rows, x, w->cols, c0, n, n_tok);
+        if (w->x_bf16) { /* the inputs' tile rounded as the weight asks */
+            for (int64_t t = 0; t < n_tok; t++)
+                for (int64_t i = 0; i < n; i++)
+                    xr[t][i] = ops_bf16_to_f32(ops_f32_to_bf16(x[t * w->cols + c0 + i]));
+            tile_dots(acc, tile, n_rows, &xr[0][0], MM_TILE, 0, n, n_tok);
+        } else {
+            tile_dots(acc, tile, n_rows, x, w->cols, c0, n, n_tok);
+        }
     }
     for (int64_t j = 0; j < n_rows; j++)
         for (int64_t t = 0; t < n_tok; t++)

@@ -184,6 +184,7 @@ td_err ops_weight_init(ops_weight *w, td_dtype type, int64_t rows, int64_t cols,
     w->cols = cols;
     w->row_bytes = (size_t)row_bytes;
     w->data = data;
+    w->x_bf16 = false;
     return TD_OK;
 }
 

@@ -54,9 +54,10 @@ extern "C" void cuda_graph_free(void *graph)
 
 extern "C" td_err cuda_graph_prepare(ops_stream st)
 {
-    /* One Q4_K row, then one BF16 row, of GRAPH_PREP_COLS inputs times GRAPH_PREP_TOK
-     * tokens of zeros: the matmuls size their scratch (rounded activations; the F16/BF16
-     * split) by inputs and tokens, not by the weight's rows. The BF16 row is the longer. */
+    /* One Q4_K row (read as x and, x_bf16, as x rounded to bf16), then one BF16 row, of
+     * GRAPH_PREP_COLS inputs times GRAPH_PREP_TOK tokens of zeros: the matmuls size their
+     * scratch (rounded activations; the bf16 copy; the F16/BF16 split) by inputs and tokens,
+     * not by the weight's rows. The BF16 row is the longer. */
     const size_t w_bytes = (size_t)GRAPH_PREP_COLS * 2;
     const size_t x_bytes = (size_t)GRAPH_PREP_COLS * GRAPH_PREP_TOK * sizeof(float);
     void *w = NULL, *x = NULL, *y = NULL;
@@ -74,6 +75,10 @@ extern "C" td_err cuda_graph_prepare(ops_stream st)
         r = ops_weight_init(&wt, TD_Q4_K, 1, GRAPH_PREP_COLS, w);
     if (r == TD_OK)
         r = cuda_matmul((float *)y, (const float *)x, &wt, GRAPH_PREP_TOK, st);
+    if (r == TD_OK) { /* and through the bf16-rounded activations (x_bf16) */
+        wt.x_bf16 = true;
+        r = cuda_matmul((float *)y, (const float *)x, &wt, GRAPH_PREP_TOK, st);
+    }
     if (r == TD_OK)
         r = ops_weight_init(&wt, TD_BF16, 1, GRAPH_PREP_COLS, w);
     if (r == TD_OK)

@@ -9,13 +9,18 @@
  * (matmul_bulk.cu) rounds rows of up to 6144 inputs itself with the same code
  * (matmul_round.cuh), one launch instead of two. The rounding kernel can apply the FFN gate
  * first (cuda_swiglu_matmul). F32 weights (matmul_float.cu) and F16/BF16 weights
- * (matmul_float_mma.cu) take x as it is. */
+ * (matmul_float_mma.cu) take x as it is. A quantised weight with x_bf16 reads x rounded to
+ * bf16 by one more launch into a second per-stream scratch (F16/BF16 weights round it in
+ * their activation split; F32 weights read the same rounded copy). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_round.cuh"
 #include "kernels/cuda/ops_dev.cuh"
@@ -375,6 +380,34 @@ bool is_float_type(td_dtype t)
     return t == TD_F32 || t == TD_F16 || t == TD_BF16;
 }
 
+/* out = x rounded to bf16 (nearest even, as ops_f32_to_bf16), kept as f32. */
+__global__ void __launch_bounds__(256) bf16_round_kernel(bool early, float *out, const float *x,
+                                                         int64_t n)
+{
+    pdl_enter(early);
+    const int64_t step = (int64_t)gridDim.x * 256;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += step)
+        out[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+/* The bf16-rounded activations of x_bf16 weights other than F16/BF16, one buffer per
+ * stream. */
+stream_bufs g_xr = STREAM_BUFS_INIT("matmul: bf16-rounded activations");
+
+/* *xr = x[n_tok][cols] rounded to bf16, in g_xr: one launch. */
+td_err round_bf16(const float **xr, const float *x, int64_t n_tok, int64_t cols,
+                  cudaStream_t st)
+{
+    const int64_t n = n_tok * cols;
+    float *buf = NULL;
+    TD_TRY(stream_buf_get(&g_xr, st, (size_t)n * sizeof(float), true, (void **)&buf, NULL));
+    const long long blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+    TD_TRY(pdl_launch<bf16_round_kernel>("bf16 rounding", dim3((unsigned)blocks), dim3(256), 0,
+                                         st, buf, x, n));
+    *xr = buf;
+    return TD_OK;
+}
+
 /* The float members fi[nf] of a group meet x as it is, 64 tokens per launch: the F16/BF16
  * ones share one activation split and launch a kernel each, F32 up to MM_SET_MAX per
  * launch. */
@@ -450,14 +483,19 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
 {
     TD_ASSERT(x != NULL && mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 1);
     const int64_t cols = mm[0].w ? mm[0].w->cols : 0;
-    int qi[OPS_MM_GROUP_MAX], nq = 0;
+    /* quantised members reading x (qi) or x rounded to bf16 (qb), float members reading x
+     * (fi: F16/BF16 round in their split when x_bf16) or F32 ones reading it rounded (fb) */
+    int qi[OPS_MM_GROUP_MAX], nq = 0, qb[OPS_MM_GROUP_MAX], nqb = 0;
+    int fi[OPS_MM_GROUP_MAX], nf = 0, fb[OPS_MM_GROUP_MAX], nfb = 0;
     for (int i = 0; i < n; i++) {
         const ops_weight *w = mm[i].w;
         TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
         TD_ASSERT(w->rows >= 1 && w->cols >= 1 && w->cols == cols);
         TD_TRY(weight_check(w));
         if (!is_float_type(w->type))
-            qi[nq++] = i;
+            *(w->x_bf16 ? &qb[nqb++] : &qi[nq++]) = i;
+        else
+            *(w->x_bf16 && w->type == TD_F32 ? &fb[nfb++] : &fi[nf++]) = i;
     }
     /* a y inside x, or two ys sharing memory, would make the group differ from separate
      * calls (x is rounded once, before any y is written) */
@@ -471,10 +509,14 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
         TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
-    int fi[OPS_MM_GROUP_MAX], nf = 0;
-    for (int i = 0; i < n; i++)
-        if (is_float_type(mm[i].w->type))
-            fi[nf++] = i;
+    if (nqb || nfb) {
+        const float *xr = NULL;
+        TD_TRY(round_bf16(&xr, x, n_tok, cols, cs));
+        if (nqb)
+            TD_TRY(matmul_quant_group(xr, NULL, mm, qb, nqb, n_tok, cs));
+        if (nfb)
+            TD_TRY(matmul_float(mm, fb, nfb, xr, n_tok, cs));
+    }
     if (nf)
         TD_TRY(matmul_float(mm, fi, nf, x, n_tok, cs));
     return TD_OK;
@@ -496,7 +538,7 @@ td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weig
     const size_t xb = (size_t)n_tok * (size_t)w->cols * sizeof(float);
     TD_ASSERT(!spans_overlap(y, yb, gate, xb) && !spans_overlap(y, yb, up, xb));
     TD_TRY(weight_check(w)); /* cuda_matmul's errors, before the gate is touched */
-    if (is_float_type(w->type)) { /* no rounding to apply the gate in: the pair */
+    if (is_float_type(w->type) || w->x_bf16) { /* no rounding to apply the gate in: the pair */
         TD_TRY(cuda_swiglu(gate, gate, up, n_tok * w->cols, st));
         return cuda_matmul(y, gate, w, n_tok, st);
     }

@@ -35,6 +35,7 @@
  *
  * Special values: a NaN activation gives NaN outputs for its token; an infinite one gives
  * NaN too (inf - inf in the split), where the CPU may give an infinity. */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -61,7 +62,14 @@ constexpr int CHUNKS = KBLOCK / 32;
 constexpr int MAX_NT = 4;     /* n-tiles (8 tokens each) per CTA */
 constexpr int STAGES = 3;     /* k-blocks in a warp's weight ring: 2 in flight while 1 is used */
 constexpr int RING = STAGES * CHUNKS * 2 * 32; /* uint4 per warp: [stage][chunk][row][lane] */
-constexpr int XS_CHUNK = 3 * 32; /* uint4 of split activations per (n-tile, chunk) */
+/* Pieces of each activation: XP_EXACT (h, m, l: x exactly) or XP_BF16 (x rounded to bf16,
+ * the weight's x_bf16). */
+constexpr int XP_EXACT = 3, XP_BF16 = 1;
+/* uint4 of split activations per (n-tile, chunk) */
+template <int XP> __host__ __device__ constexpr int xs_chunk()
+{
+    return XP * 32;
+}
 
 /* The high halves of a and b as one bf16 pair (a in the low half). */
 __device__ __forceinline__ uint32_t pack_hi(uint32_t a, uint32_t b)
@@ -155,12 +163,13 @@ __device__ __forceinline__ uint4 load_w_scalar(const uint8_t *row, int col, int 
     return v;
 }
 
-/* The pieces of one chunk for one n-tile: xp[0..2] = h, m, l of this lane's 8 activations
- * (pairs of columns 8t + 2e, 8t + 2e + 1 in .x .. .w), from the split layout (mmh_split). */
-__device__ __forceinline__ void load_xs(uint4 (&xp)[3], const uint4 *at)
+/* The pieces of one chunk for one n-tile: xp[0..XP) = h, m, l of this lane's 8 activations
+ * (pairs of columns 8t + 2e, 8t + 2e + 1 in .x .. .w), from the split layout (mmh_split);
+ * XP_BF16: xp[0] = the activations rounded to bf16. */
+template <int XP> __device__ __forceinline__ void load_xs(uint4 (&xp)[XP], const uint4 *at)
 {
 #pragma unroll
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < XP; p++)
         xp[p] = __ldg(at + p * 32);
 }
 
@@ -191,40 +200,37 @@ template <int T> __device__ __forceinline__ wfrag<T> make_frag(const uint4 (&w)[
     return f;
 }
 
-/* One chunk: blk[nt] += the chunk's two MMAs, each as pieces h, m, l of token g's 8
- * activations xp[nt] (F16: weight hi then lo per piece), for the live n-tiles. */
-template <int T, int NT>
+/* One chunk: blk[nt] += the chunk's two MMAs, each as pieces h, m, l (XP_BF16: the one
+ * rounded piece) of token g's 8 activations xp[nt] (F16: weight hi then lo per piece), for
+ * the live n-tiles. */
+template <int T, int NT, int XP>
 __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f,
-                                          const uint4 (&xp)[NT][3], int nt_live)
+                                          const uint4 (&xp)[NT][XP], int nt_live)
 {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         if (nt >= nt_live)
             break;
-        /* pairs of columns 8t + 2e, 8t + 2e + 1 */
-        const uint32_t h[4] = {xp[nt][0].x, xp[nt][0].y, xp[nt][0].z, xp[nt][0].w};
-        const uint32_t m[4] = {xp[nt][1].x, xp[nt][1].y, xp[nt][1].z, xp[nt][1].w};
-        const uint32_t l[4] = {xp[nt][2].x, xp[nt][2].y, xp[nt][2].z, xp[nt][2].w};
 #pragma unroll
         for (int q = 0; q < 2; q++) {
 #pragma unroll
-            for (int p = 0; p < wfrag<T>::P; p++)
-                mma(blk[nt], f.a[q][p], h[2 * q], h[2 * q + 1]);
+            for (int x = 0; x < XP; x++) {
+                /* pairs of columns 8t + 4q + 2e, + 1 (e = 0, 1) */
+                const uint32_t b0 = q == 0 ? xp[nt][x].x : xp[nt][x].z;
+                const uint32_t b1 = q == 0 ? xp[nt][x].y : xp[nt][x].w;
 #pragma unroll
-            for (int p = 0; p < wfrag<T>::P; p++)
-                mma(blk[nt], f.a[q][p], m[2 * q], m[2 * q + 1]);
-#pragma unroll
-            for (int p = 0; p < wfrag<T>::P; p++)
-                mma(blk[nt], f.a[q][p], l[2 * q], l[2 * q + 1]);
+                for (int p = 0; p < wfrag<T>::P; p++)
+                    mma(blk[nt], f.a[q][p], b0, b1);
+            }
         }
     }
 }
 
 /* xp = the pieces of chunks j0 .. j0 + J - 1 of k-block kb, for the live n-tiles. xs points at
  * this lane's pieces of chunk 0 of the CTA's first n-tile (mmh_split layout: chunk stride
- * XS_CHUNK, n-tile stride xs_tile uint4). */
-template <int J, int NT>
-__device__ __forceinline__ void load_chunks(uint4 (&xp)[J][NT][3], const uint4 *xs,
+ * xs_chunk<XP>(), n-tile stride xs_tile uint4). */
+template <int J, int NT, int XP>
+__device__ __forceinline__ void load_chunks(uint4 (&xp)[J][NT][XP], const uint4 *xs,
                                             size_t xs_tile, int kb, int j0, int nt_live)
 {
 #pragma unroll
@@ -233,7 +239,7 @@ __device__ __forceinline__ void load_chunks(uint4 (&xp)[J][NT][3], const uint4 *
         for (int nt = 0; nt < NT; nt++)
             if (nt < nt_live)
                 load_xs(xp[jj][nt], xs + nt * xs_tile + (size_t)(kb * CHUNKS + j0 + jj) *
-                                                            XS_CHUNK);
+                                                            xs_chunk<XP>());
 }
 
 /* A k-block's accumulator, zeroed; added to the warp's total in f32 once the k-block is done. */
@@ -258,7 +264,7 @@ __device__ __forceinline__ void blk_fold(float (&tot)[NT][4], const float (&blk)
 /* tot[nt] += one k-block (weights wv of chunks 0..3, k-block kb): a zeroed accumulator takes
  * the chunks in order, then one f32 add (xs as in load_chunks). The pieces of JG chunks are
  * loaded before the first of them is used, so their latencies overlap. */
-template <int T, int NT, int JG>
+template <int T, int NT, int JG, int XP>
 __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv)[CHUNKS][2],
                                            const uint4 *xs, size_t xs_tile, int kb,
                                            int nt_live)
@@ -267,11 +273,11 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
     blk_zero(blk);
 #pragma unroll
     for (int jg = 0; jg < CHUNKS; jg += JG) {
-        uint4 xp[JG][NT][3];
+        uint4 xp[JG][NT][XP];
         load_chunks(xp, xs, xs_tile, kb, jg, nt_live);
 #pragma unroll
         for (int jj = 0; jj < JG; jj++)
-            chunk_mma<T, NT>(blk, make_frag<T>(wv[jg + jj]), xp[jj], nt_live);
+            chunk_mma<T, NT, XP>(blk, make_frag<T>(wv[jg + jj]), xp[jj], nt_live);
     }
     blk_fold(tot, blk);
 }
@@ -280,23 +286,23 @@ __device__ __forceinline__ void kblock_mma(float (&tot)[NT][4], const uint4 (&wv
  * of k-block kb (loaded while the k-block before multiplied its chunks 2 and 3); chunks 2 and 3
  * load while 0 and 1 multiply, and then, when `more`, xa takes chunks 0 and 1 of k-block
  * kb + WARPS. The MMAs and adds are kblock_mma's, in its order. */
-template <int T>
+template <int T, int XP>
 __device__ __forceinline__ void kblock_mma_ahead(float (&tot)[2][4], const uint4 (&wv)[CHUNKS][2],
-                                                 uint4 (&xa)[2][2][3], const uint4 *xs,
+                                                 uint4 (&xa)[2][2][XP], const uint4 *xs,
                                                  size_t xs_tile, int kb, bool more, int nt_live)
 {
     float blk[2][4];
     blk_zero(blk);
-    uint4 xb[2][2][3];
+    uint4 xb[2][2][XP];
     load_chunks(xb, xs, xs_tile, kb, 2, nt_live);
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
-        chunk_mma<T, 2>(blk, make_frag<T>(wv[jj]), xa[jj], nt_live);
+        chunk_mma<T, 2, XP>(blk, make_frag<T>(wv[jj]), xa[jj], nt_live);
     if (more)
         load_chunks(xa, xs, xs_tile, kb + WARPS, 0, nt_live);
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
-        chunk_mma<T, 2>(blk, make_frag<T>(wv[2 + jj]), xb[jj], nt_live);
+        chunk_mma<T, 2, XP>(blk, make_frag<T>(wv[2 + jj]), xb[jj], nt_live);
     blk_fold(tot, blk);
 }
 
@@ -352,7 +358,7 @@ template <int P> constexpr int min_ctas()
  * path a launch takes never changes a result: the arithmetic is kblock_mma's either way.
  * Dynamic shared memory: the rings (W_RING: WARPS * RING uint4; W_BULK: BSMEM bytes) reused
  * for the warp partials at the end, else the partials. */
-template <int T, int NT, int P>
+template <int T, int NT, int P, int XP>
 __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
     mmh_kernel(bool early, mm_set set, size_t row_bytes, int cols, const uint4 *xs, int nch,
                int n_tok, int n_groups)
@@ -372,7 +378,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
                               r0 + g + 8 < rows ? w + (size_t)(r0 + g + 8) * row_bytes
                                                 : nullptr};
     /* this lane's pieces of chunk 0 of the CTA's first n-tile */
-    const size_t xs_tile = (size_t)nch * XS_CHUNK;
+    const size_t xs_tile = (size_t)nch * xs_chunk<XP>();
     const uint4 *xl = xs + (size_t)(tok0 / 8) * xs_tile + lane;
     int nt_live = 0; /* n-tiles holding a real token (warp-uniform) */
 #pragma unroll
@@ -415,8 +421,8 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = ring[(((i % STAGES) * CHUNKS + j) * 2 + rr) * 32];
-            kblock_mma<T, NT, NT == 1 ? CHUNKS : 2>(tot, cur, xl, xs_tile, warp + WARPS * i,
-                                                    nt_live);
+            kblock_mma<T, NT, NT == 1 ? CHUNKS : 2, XP>(tot, cur, xl, xs_tile,
+                                                        warp + WARPS * i, nt_live);
         }
         cp_async_wait<0>(); /* only empty groups remain; nothing may land after the barrier */
     } else if constexpr (P == W_BULK) {
@@ -476,7 +482,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
                     for (int rr = 0; rr < 2; rr++)
                         cur[j][rr] = load_w_vec(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
             }
-            kblock_mma<T, NT, 1>(tot, cur, xl, xs_tile, kb, nt_live);
+            kblock_mma<T, NT, 1, XP>(tot, cur, xl, xs_tile, kb, nt_live);
         }
 #else
         __trap(); /* the host launches W_BULK on sm_90+ only */
@@ -488,7 +494,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #pragma unroll
             for (int rr = 0; rr < 2; rr++)
                 cur[j][rr] = load_w_vec(wrow[rr], warp * KBLOCK + 32 * j + 8 * t, cols);
-        uint4 xa[2][NT][3]; /* W_AHEAD: chunks 0 and 1 of the next k-block */
+        uint4 xa[2][NT][XP]; /* W_AHEAD: chunks 0 and 1 of the next k-block */
         if constexpr (P == W_AHEAD) {
             static_assert(NT == 2, "W_AHEAD serves 9-16 tokens");
             if (warp < nkb)
@@ -506,9 +512,10 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
              * tokens 79.3 -> 75.0 us on an H200), or ahead; 17-64 tokens have no registers to
              * spare */
             if constexpr (P == W_AHEAD)
-                kblock_mma_ahead<T>(tot, cur, xa, xl, xs_tile, kb, kb + WARPS < nkb, nt_live);
+                kblock_mma_ahead<T, XP>(tot, cur, xa, xl, xs_tile, kb, kb + WARPS < nkb,
+                                        nt_live);
             else
-                kblock_mma<T, NT, NT == 2 ? 2 : 1>(tot, cur, xl, xs_tile, kb, nt_live);
+                kblock_mma<T, NT, NT == 2 ? 2 : 1, XP>(tot, cur, xl, xs_tile, kb, nt_live);
 #pragma unroll
             for (int j = 0; j < CHUNKS; j++)
 #pragma unroll
@@ -523,7 +530,7 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     cur[j][rr] = load_w_scalar(wrow[rr], kb * KBLOCK + 32 * j + 8 * t, cols);
-            kblock_mma<T, NT, 1>(tot, cur, xl, xs_tile, kb, nt_live);
+            kblock_mma<T, NT, 1, XP>(tot, cur, xl, xs_tile, kb, nt_live);
         }
     }
 
@@ -555,20 +562,21 @@ __global__ void __launch_bounds__(WARPS * 32, (min_ctas<P>()))
 
 /* Bytes of the split activations of n_tok tokens of cols inputs: per n-tile of 8 tokens and
  * 32-column chunk c (nch = 4 * ceil(cols / 128) chunks, the k-blocks' whole width), three
- * pieces p = h, m, l of 32 uint4, one per lane (g, t): the pairs of columns 32c + 8t + 2e,
- * + 1 (e = 0..3) of token 8 * tile + g. So lane (g, t)'s B registers of an MMA piece are one
- * 16-byte load, a warp's load is 512 contiguous bytes, and tokens n_tok.. and columns cols..
- * are zeros. */
+ * pieces p = h, m, l (XP_BF16: one, x rounded) of 32 uint4, one per lane (g, t): the pairs of
+ * columns 32c + 8t + 2e, + 1 (e = 0..3) of token 8 * tile + g. So lane (g, t)'s B registers
+ * of an MMA piece are one 16-byte load, a warp's load is 512 contiguous bytes, and tokens
+ * n_tok.. and columns cols.. are zeros. Sized for three pieces. */
 size_t mmh_split_bytes(int64_t n_tok, int64_t cols)
 {
     const size_t nch = (size_t)(cols + KBLOCK - 1) / KBLOCK * CHUNKS;
-    return (size_t)((n_tok + 7) / 8) * nch * XS_CHUNK * sizeof(uint4);
+    return (size_t)((n_tok + 7) / 8) * nch * xs_chunk<XP_EXACT>() * sizeof(uint4);
 }
 
 /* One thread per (n-tile, chunk, lane): x's 8 inputs of that lane, split by split_x (the
- * arithmetic the matmul kernel did in registers before, so the same words). VEC: x 16-byte
- * aligned and cols % 8 == 0. */
-template <bool VEC>
+ * arithmetic the matmul kernel did in registers before, so the same words), or XP_BF16
+ * rounded to bf16 (nearest even, as ops_f32_to_bf16). VEC: x 16-byte aligned and
+ * cols % 8 == 0. */
+template <bool VEC, int XP>
 __global__ void __launch_bounds__(256)
     split_kernel(bool early, uint4 *xs, const float *x, int cols, int n_tok, int nch,
                  int64_t n_items)
@@ -596,37 +604,49 @@ __global__ void __launch_bounds__(256)
         for (int e = 0; e < 8; e++)
             v[e] = col + e < cols ? __ldg(xt + col + e) : 0.0f;
     }
-    uint32_t h[4], m[4], l[4];
+    uint4 *out = xs + tc * xs_chunk<XP>() + lane;
+    if constexpr (XP == XP_BF16) {
+        uint32_t r[4];
 #pragma unroll
-    for (int e = 0; e < 4; e++)
-        split_x(v[2 * e], v[2 * e + 1], h[e], m[e], l[e]);
-    uint4 *out = xs + tc * XS_CHUNK + lane;
-    out[0] = make_uint4(h[0], h[1], h[2], h[3]);
-    out[32] = make_uint4(m[0], m[1], m[2], m[3]);
-    out[64] = make_uint4(l[0], l[1], l[2], l[3]);
+        for (int e = 0; e < 4; e++) {
+            const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+            memcpy(&r[e], &b, sizeof r[e]);
+        }
+        out[0] = make_uint4(r[0], r[1], r[2], r[3]);
+    } else {
+        uint32_t h[4], m[4], l[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            split_x(v[2 * e], v[2 * e + 1], h[e], m[e], l[e]);
+        out[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        out[32] = make_uint4(m[0], m[1], m[2], m[3]);
+        out[64] = make_uint4(l[0], l[1], l[2], l[3]);
+    }
 }
 
 /* The split activations, one buffer per (device, stream) (stream_buf.cuh). */
 stream_bufs g_xs = STREAM_BUFS_INIT("F16/BF16 matmul: split activations");
 
-/* xs = the split of x[n_tok][cols] (layout at mmh_split_bytes), one launch. */
+/* xs = the split of x[n_tok][cols] into XP pieces (layout at mmh_split_bytes), one launch. */
+template <int XP>
 td_err split_launch(uint4 *xs, const float *x, int cols, int n_tok, cudaStream_t st)
 {
     const int nch = (cols + KBLOCK - 1) / KBLOCK * CHUNKS;
     const int64_t n_items = (int64_t)((n_tok + 7) / 8) * nch * 32;
     const unsigned grid = (unsigned)((n_items + 255) / 256);
     if (((uintptr_t)x & 15) == 0 && cols % 8 == 0)
-        return pdl_launch<split_kernel<true>>("F16/BF16 activation split", dim3(grid),
-                                              dim3(256), 0, st, xs, x, cols, n_tok, nch,
-                                              n_items);
-    return pdl_launch<split_kernel<false>>("F16/BF16 activation split", dim3(grid), dim3(256),
-                                           0, st, xs, x, cols, n_tok, nch, n_items);
+        return pdl_launch<split_kernel<true, XP>>("F16/BF16 activation split", dim3(grid),
+                                                  dim3(256), 0, st, xs, x, cols, n_tok, nch,
+                                                  n_items);
+    return pdl_launch<split_kernel<false, XP>>("F16/BF16 activation split", dim3(grid),
+                                               dim3(256), 0, st, xs, x, cols, n_tok, nch,
+                                               n_items);
 }
 
 /* --- launches -------------------------------------------------------------------------------- */
 
 /* One launch over the set's members (one type, width and row length; w: the first). */
-template <int T, int NT, int P>
+template <int T, int NT, int P, int XP>
 td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok, int dev,
               cudaStream_t st)
 {
@@ -641,12 +661,12 @@ td_err launch(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok
     const size_t ring = (size_t)WARPS * RING * sizeof(uint4);
     const size_t red = (size_t)WARPS * NT * 8 * TILE * sizeof(float);
     if constexpr (P == W_BULK) {
-        const td_err e = smem_optin<mmh_kernel<T, NT, P>>(dev, BSMEM);
+        const td_err e = smem_optin<mmh_kernel<T, NT, P, XP>>(dev, BSMEM);
         if (e != TD_OK)
             return e;
     }
     (void)dev;
-    return pdl_launch<mmh_kernel<T, NT, P>>(
+    return pdl_launch<mmh_kernel<T, NT, P, XP>>(
         "F16/BF16 matmul", dim3((unsigned)n_cta), dim3(WARPS * 32),
         P == W_RING ? ring : P == W_BULK ? (size_t)BSMEM : red, st, set, w->row_bytes,
         (int)w->cols, xs, nch, n_tok, n_groups);
@@ -686,29 +706,37 @@ wpath mid_path(int dev, int64_t n_cta)
  * loads, whose CTAs leave L1 to the activations (16 tokens: 1.9-2.1x one token, with the
  * cp.async rings' 192 KB of shared memory per SM 2.1-2.7x; 32 tokens 3.2-3.5x against
  * 4.3-6.0x). */
-template <int T>
+template <int T, int XP>
 td_err launch_type(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok,
                    bool vec, int dev, cudaStream_t st)
 {
     if (!vec) {
         if (n_tok <= 8)
-            return launch<T, 1, W_SCALAR>(set, xs, w, n_tok, dev, st);
+            return launch<T, 1, W_SCALAR, XP>(set, xs, w, n_tok, dev, st);
         if (n_tok <= 16)
-            return launch<T, 2, W_SCALAR>(set, xs, w, n_tok, dev, st);
-        return launch<T, MAX_NT, W_SCALAR>(set, xs, w, n_tok, dev, st);
+            return launch<T, 2, W_SCALAR, XP>(set, xs, w, n_tok, dev, st);
+        return launch<T, MAX_NT, W_SCALAR, XP>(set, xs, w, n_tok, dev, st);
     }
     if (n_tok <= 8)
-        return launch<T, 1, W_RING>(set, xs, w, n_tok, dev, st);
+        return launch<T, 1, W_RING, XP>(set, xs, w, n_tok, dev, st);
     if (n_tok <= 16)
         switch (mid_path(dev, set.first[set.n])) {
         case W_BULK:
-            return launch<T, 2, W_BULK>(set, xs, w, n_tok, dev, st);
+            return launch<T, 2, W_BULK, XP>(set, xs, w, n_tok, dev, st);
         case W_AHEAD:
-            return launch<T, 2, W_AHEAD>(set, xs, w, n_tok, dev, st);
+            return launch<T, 2, W_AHEAD, XP>(set, xs, w, n_tok, dev, st);
         default:
-            return launch<T, 2, W_REGS>(set, xs, w, n_tok, dev, st);
+            return launch<T, 2, W_REGS, XP>(set, xs, w, n_tok, dev, st);
         }
-    return launch<T, MAX_NT, W_REGS>(set, xs, w, n_tok, dev, st);
+    return launch<T, MAX_NT, W_REGS, XP>(set, xs, w, n_tok, dev, st);
+}
+
+template <int XP>
+td_err launch_xp(const mm_set &set, const uint4 *xs, const ops_weight *w, int n_tok, bool vec,
+                 int dev, cudaStream_t st)
+{
+    return w->type == TD_F16 ? launch_type<TD_F16, XP>(set, xs, w, n_tok, vec, dev, st)
+                             : launch_type<TD_BF16, XP>(set, xs, w, n_tok, vec, dev, st);
 }
 
 } /* namespace */
@@ -727,32 +755,44 @@ td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaSt
     CUDA_TRY(cudaGetDevice(&dev));
     uint4 *xs = nullptr;
     TD_TRY(stream_buf_get(&g_xs, st, mmh_split_bytes(n_tok, cols), true, (void **)&xs, NULL));
-    TD_TRY(split_launch(xs, x, (int)cols, n_tok, st)); /* one split serves every member */
-    /* members of one type, row length and load path run in one launch, up to MM_SET_MAX at
-     * a time, in order (x's alignment no longer matters: the kernel reads the split pieces) */
+    /* members of one type, row length, load path and activation rounding run in one launch,
+     * up to MM_SET_MAX at a time, in order (x's alignment no longer matters: the kernel reads
+     * the split pieces); one split serves every member of its rounding (reusing the scratch
+     * is safe: the split waits for the kernel before it, see split_kernel's pdl_enter) */
     auto vec_of = [](const ops_weight *w) {
         return ((uintptr_t)w->data & 15) == 0 && (w->row_bytes & 15) == 0 && w->cols % 8 == 0;
     };
-    bool done[OPS_MM_GROUP_MAX] = {};
     TD_ASSERT(n <= OPS_MM_GROUP_MAX);
-    for (int i = 0; i < n; i++) {
-        if (done[i])
-            continue;
-        const ops_weight *w = mm[i].w;
-        const bool vec = vec_of(w);
-        ops_mm_out set_mm[MM_SET_MAX];
-        int k = 0;
-        for (int j = i; j < n && k < MM_SET_MAX; j++) {
-            const ops_weight *o = mm[j].w;
-            if (!done[j] && o->type == w->type && o->row_bytes == w->row_bytes &&
-                vec_of(o) == vec) {
-                set_mm[k++] = mm[j];
-                done[j] = true;
-            }
+    for (int r = 0; r < 2; r++) {
+        const bool x_bf16 = r == 1;
+        bool done[OPS_MM_GROUP_MAX] = {}, any = false;
+        for (int i = 0; i < n; i++) {
+            done[i] = mm[i].w->x_bf16 != x_bf16;
+            any = any || !done[i];
         }
-        const mm_set set = mm_set_of(set_mm, k, TILE);
-        TD_TRY(w->type == TD_F16 ? launch_type<TD_F16>(set, xs, w, n_tok, vec, dev, st)
-                                 : launch_type<TD_BF16>(set, xs, w, n_tok, vec, dev, st));
+        if (!any)
+            continue;
+        TD_TRY(x_bf16 ? split_launch<XP_BF16>(xs, x, (int)cols, n_tok, st)
+                      : split_launch<XP_EXACT>(xs, x, (int)cols, n_tok, st));
+        for (int i = 0; i < n; i++) {
+            if (done[i])
+                continue;
+            const ops_weight *w = mm[i].w;
+            const bool vec = vec_of(w);
+            ops_mm_out set_mm[MM_SET_MAX];
+            int k = 0;
+            for (int j = i; j < n && k < MM_SET_MAX; j++) {
+                const ops_weight *o = mm[j].w;
+                if (!done[j] && o->type == w->type && o->row_bytes == w->row_bytes &&
+                    vec_of(o) == vec) {
+                    set_mm[k++] = mm[j];
+                    done[j] = true;
+                }
+            }
+            const mm_set set = mm_set_of(set_mm, k, TILE);
+            TD_TRY(x_bf16 ? launch_xp<XP_BF16>(set, xs, w, n_tok, vec, dev, st)
+                          : launch_xp<XP_EXACT>(set, xs, w, n_tok, vec, dev, st));
+        }
     }
     return TD_OK;
 }
