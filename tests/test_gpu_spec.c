@@ -98,9 +98,9 @@ static void two_steps(const ops_backend *be, dfl_model *dm, gguf_file *g, const 
 }
 
 /* Two consecutive draft steps on the GPU, the second reusing the device context K/V of the
- * first. With exact inputs (TANDEM_DRAFT_ACT=f32): logits within 1e-4 of the range of the
- * reference with an f32 context, within 1e-3 with the f16 one (the CPU test's bounds). With
- * the GPU's default, every product reading its inputs rounded to bf16 and an f16 context:
+ * first. With exact inputs (the default): logits within 1e-4 of the range of the reference
+ * with an f32 context, within 1e-3 with the f16 one (the CPU test's bounds). With every
+ * product reading its inputs rounded to bf16 (TANDEM_DRAFT_ACT=bf16) and an f16 context:
  * within DFL_BF16_REF of the reference, and within DFL_BF16_CPU of the CPU drafter with bf16
  * inputs (its twin: the same roundings of x, an f32 context; what is left is the f16 context,
  * the order of the sums, and an input that lands on the other side of a bf16 rounding). */
@@ -126,9 +126,11 @@ static void test_gpu_dflash_two_steps_match_reference(void **ctx)
                                           (int64_t)L2 * dm->cfg.n_taps * tm->hp.n_embd);
         /* the GPU's defaults; the CPU's */
         assert_int_equal(dm->kv_type, TD_F16);
-        assert_true(dm->fc.x_bf16 && dm->lm_head.x_bf16 && dm->layers[0].down.x_bf16);
+        assert_true(!dm->fc.x_bf16 && !dm->lm_head.x_bf16 && !dm->layers[0].down.x_bf16);
         assert_true(cm->kv_type == TD_F32 && !cm->fc.x_bf16 && !cm->lm_head.x_bf16);
         float *got[2], *twin[2];
+        dfl_set_x_bf16(dm, true);
+        assert_true(dm->fc.x_bf16 && dm->lm_head.x_bf16 && dm->layers[0].down.x_bf16);
         two_steps(gpu, dm, g, feat, V, got);
         dfl_set_x_bf16(cm, true);
         two_steps(ops_backend_cpu(), cm, g, feat, V, twin);
@@ -209,12 +211,14 @@ static void make_prompt(int p, int64_t V, int32_t *prompt, int64_t *n)
 
 /* Greedy speculative generation on the GPU (drafts and acceptance on the device) gives the
  * tokens of plain greedy decoding on the GPU, for three drafters (blocks of 16 and 8, and
- * sliding-window layers) and several prompts. */
+ * sliding-window layers) and several prompts, with exact drafter inputs and with bf16 ones
+ * (TANDEM_DRAFT_ACT=bf16; how many drafts each accepts is printed). */
 static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
 {
     (void)ctx;
     tgt_model *tg = load_target(gpu), *tc = load_target(ops_backend_cpu());
     int64_t V = tg->hp.n_vocab, same_cpu = 0, total = 0, accepted = 0, drafted = 0;
+    int64_t accepted_bf16 = 0;
     for (size_t k = 0; k < sizeof drafters / sizeof *drafters; k++) {
         dfl_model *dm = load_drafter(tg, drafters[k]);
         for (int p = 0; p < N_PROMPTS; p++) {
@@ -230,6 +234,15 @@ static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
             assert_int_equal(st.generated, st.steps + 1 + st.accepted);
             accepted += st.accepted;
             drafted += st.drafted;
+            dfl_set_x_bf16(dm, true);
+            st = generate(tg, dm, prompt, np, spec);
+            dfl_set_x_bf16(dm, false);
+            for (int64_t i = 0; i < N_GEN; i++)
+                if (plain[i] != spec[i])
+                    fail_msg("%s prompt %d, bf16 drafter inputs: token %lld differs (plain %d, "
+                             "speculative %d)",
+                             drafters[k], p, (long long)i, plain[i], spec[i]);
+            accepted_bf16 += st.accepted;
             if (k == 0) {
                 generate(tc, NULL, prompt, np, cpu);
                 int64_t i = 0;
@@ -242,10 +255,10 @@ static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
         dfl_free(dm);
     }
     printf("GPU speculative == GPU plain for %zu drafters x %d prompts; %lld of %lld drafts "
-           "accepted; GPU equals the CPU for the first %lld of %lld tokens (summed over "
-           "prompts)\n",
+           "accepted (%lld with bf16 drafter inputs); GPU equals the CPU for the first %lld of "
+           "%lld tokens (summed over prompts)\n",
            sizeof drafters / sizeof *drafters, N_PROMPTS, (long long)accepted,
-           (long long)drafted, (long long)same_cpu, (long long)total);
+           (long long)drafted, (long long)accepted_bf16, (long long)same_cpu, (long long)total);
     tgt_free(tc);
     tgt_free(tg);
 }
