@@ -17,7 +17,12 @@
  *
  * Sets of matrices launched together (mm_set, matmul_bulk_addr.h): the numbering of their
  * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
- * of that member, and the CTAs' even shares of the units cover each exactly once. */
+ * of that member, and the CTAs' even shares of the units cover each exactly once.
+ *
+ * The Q6_K x bf16 kernel (matmul_q6x.cu): the lanes' words, classes, inputs and scales of
+ * kernels/cuda/matmul_q6x.h rebuild every weight of random blocks as cpu_dequantize_row gives
+ * it, each input of a block exactly once, and a block 2 bytes past a word boundary read as
+ * the kernel joins its words reads nothing past it and at most the 2 bytes before it. */
 #include <stdlib.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,7 +35,9 @@
 
 #include "common/dtype.h"
 #include "kernels/cuda/matmul_bulk_addr.h"
+#include "kernels/cuda/matmul_q6x.h"
 #include "kernels/cuda/matmul_quant_addr.h"
+#include "kernels/ops.h"
 
 #define MM_CHUNK 64      /* tokens per launch (matmul_internal.h) */
 #define MM_XBLOCK 256    /* inputs per activation scale */
@@ -773,10 +780,90 @@ static void test_set_units_cover_every_row_once(void **state)
         }
 }
 
+/* Little-endian 32-bit word at p (any alignment). */
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The kernel's word at offset o of a block at bp: read directly when bp is word aligned, else
+ * joined from the aligned words at bp - 2 + o and bp + 2 + o (funnel shift by 16), which must
+ * lie in [bp - 2, bp + 210): the block and the 2 bytes before it, which belong to the matrix
+ * (its start is 16-byte aligned, so a block 2 bytes past a word boundary is never first). */
+static uint32_t q6x_word(const uint8_t *bp, int o, bool mis)
+{
+    if (!mis)
+        return rd32(bp + o);
+    assert_true(o - 2 >= -2 && o + 2 + 4 <= Q6X_BLOCK_BYTES);
+    return rd32(bp - 2 + o) >> 16 | rd32(bp + 2 + o) << 16;
+}
+
+static void test_q6x_lanes_rebuild_every_weight(void **state)
+{
+    (void)state;
+    enum { NB = 8 };
+    float src[NB * 256], deq[NB * 256];
+    uint32_t x = 12345u;
+    for (int i = 0; i < NB * 256; i++) {
+        x = x * 1103515245u + 12345u;
+        src[i] = (float)((int)(x >> 8 & 0xffff) - 32768) / 4096.0f;
+    }
+    /* the blocks 2 bytes past a word boundary, as every odd k-block of a row is */
+    uint8_t buf[NB * Q6X_BLOCK_BYTES + 4];
+    uint8_t *q = buf + 2;
+    assert_int_equal(cpu_quantize_row(TD_Q6_K, src, q, NB * 256), TD_OK);
+    assert_int_equal(cpu_dequantize_row(TD_Q6_K, q, deq, NB * 256), TD_OK);
+    for (int b = 0; b < NB; b++) {
+        const uint8_t *bp = q + b * Q6X_BLOCK_BYTES;
+        const bool mis = ((uintptr_t)bp & 3) != 0;
+        int seen[256] = {0};
+        const uint16_t dh = (uint16_t)(bp[Q6X_D] | bp[Q6X_D + 1] << 8);
+        const float d = ops_f16_to_f32(dh);
+        for (int t = 0; t < 4; t++)
+            for (int h = 0; h < 2; h++)
+                for (int p = 0; p < 2; p++) {
+                    const uint32_t ql0 = q6x_word(bp, q6x_ql0(h, p, t), mis);
+                    const uint32_t ql1 = q6x_word(bp, q6x_ql1(h, p, t), mis);
+                    const uint32_t qh = q6x_word(bp, q6x_qh(h, p, t), mis);
+                    for (int c = 0; c < 4; c++) {
+                        const uint32_t v = q6x_class_bytes(ql0, ql1, qh, c);
+                        const int j = q6x_scale(h, p, c);
+                        const uint32_t scw = q6x_word(bp, Q6X_SCALES + 4 * (j >> 2), mis);
+                        const float s = d * (float)(int8_t)(scw >> (8 * (j & 3)));
+                        for (int i = 0; i < 4; i++) {
+                            const int in = q6x_input(h, p, c, t, i);
+                            assert_true(in >= 0 && in < 256);
+                            seen[in]++;
+                            const int qv = (int)(v >> (8 * i) & 0xff);
+                            assert_true(qv < 64);
+                            const float got = s * (float)(qv - 32);
+                            if (got != deq[b * 256 + in])
+                                fail_msg("block %d input %d (h %d p %d c %d t %d i %d): %g, "
+                                         "cpu_dequantize_row %g",
+                                         b, in, h, p, c, t, i, (double)got,
+                                         (double)deq[b * 256 + in]);
+                        }
+                    }
+                }
+        for (int i = 0; i < 256; i++)
+            assert_int_equal(seen[i], 1);
+    }
+    /* and the same words straight from word-aligned blocks */
+    uint8_t *qa = buf + 4 - ((uintptr_t)(buf + 4) & 3);
+    memmove(qa, q, (size_t)NB * Q6X_BLOCK_BYTES);
+    for (int o = 0; o + 4 <= Q6X_D; o += 4)
+        assert_int_equal(q6x_word(qa, o, false), rd32(qa + o));
+    assert_int_equal(q6x_smem_bytes(5120, 16), (size_t)16 * (5120 + Q6X_PAD) * 2);
+    /* the kernel's bf16 of a 6-bit value: 0x43 above the byte is 128 + q, exactly */
+    for (int v = 0; v < 64; v++)
+        assert_true(ops_bf16_to_f32((uint16_t)(0x4300 | v)) == (float)(128 + v));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_cursor_counts_as_the_division),
+        cmocka_unit_test(test_q6x_lanes_rebuild_every_weight),
         cmocka_unit_test(test_q4_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q5_k_addresses_stay_inside_their_allocations),
         cmocka_unit_test(test_q6_k_addresses_stay_inside_their_allocations),

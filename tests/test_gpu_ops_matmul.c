@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "kernels/cuda/matmul_bulk_addr.h"
+#include "kernels/cuda/matmul_q6x.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/ops.h"
 #include "tests/support/gpu_check.h"
@@ -380,16 +381,17 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
 /* x_bf16 (the drafter's products on a GPU): the product reads x rounded to bf16 (nearest
  * even). For BF16 and F16 weights the activation split then holds one piece instead of three
  * (the pieces m and l of a bf16 value are zeros, so the MMAs left out added nothing), for a
- * quantised weight x is rounded by one more launch: either way every token equals cuda_matmul
- * of the rounded x bit for bit (F32 weights read the same rounded copy), which is within the
- * bounds above of cpu_matmul of it (and cpu_matmul with x_bf16 is cpu_matmul of the rounded
- * x: test_ops_matmul). Shapes: the
- * drafter's 5120-wide rows, a partial k-block (5384), the scalar path (5122), one row; 1, 9,
- * 15, 16, 17 and 32 tokens take every path; a mixed group (x_bf16 and exact members, two
- * splits) gives each member what it gives alone. */
+ * quantised weight x is rounded by one more launch (Q6_K under TANDEM_Q6X=off here; its own
+ * kernel is the next test): either way every token equals cuda_matmul of the rounded x bit
+ * for bit (F32 weights read the same rounded copy), which is within the bounds above of
+ * cpu_matmul of it (and cpu_matmul with x_bf16 is cpu_matmul of the rounded x:
+ * test_ops_matmul). Shapes: the drafter's 5120-wide rows, a partial k-block (5384), the scalar
+ * path (5122), one row; 1, 9, 15, 16, 17 and 32 tokens take every path; a mixed group (x_bf16
+ * and exact members, two splits) gives each member what it gives alone. */
 static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
 {
     (void)state;
+    setenv("TANDEM_Q6X", "off", 1);
     static const int64_t shapes[][2] = {{1000, 5120}, {203, 5384}, {45, 5122}, {1, 256}};
     static const int64_t ns[] = {1, 9, 15, 16, 17, 32};
     static const td_dtype types[] = {TD_BF16, TD_F16, TD_F32, TD_Q4_K, TD_Q6_K};
@@ -454,6 +456,106 @@ static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
             free(xr);
             weight_free(&tw);
         }
+    unsetenv("TANDEM_Q6X");
+}
+
+/* Q6_K with x_bf16 at 1..16 tokens on its own kernel (matmul_q6x.cu): every output written and
+ * within (96 + cols / 8) u sum |w x| of the f64 sum of the dequantised weights times the
+ * rounded inputs (each step's MMA adds 16 exact products, ~40 u of their magnitude by the
+ * bound of the F16/BF16 tests; then one fma per step, cols / 16 of them), each token of a
+ * batch bit-identical to it alone, and a group with an exact Q6_K member gives each what it
+ * gives alone. Shapes: the drafter's 5120-wide rows (where the device's shared memory holds
+ * 16 tokens of them: not on sm_86), 21 blocks per row (row_bytes 2 mod 4: every other row
+ * starts 2 bytes past a word boundary), one block, one row, rows past a 16-row tile. */
+static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][2] = {{1000, 5120}, {203, 5376}, {45, 256}, {1, 768},
+                                        {7001, 1280}};
+    static const int64_t ns[] = {1, 7, 9, 15, 16};
+    const int64_t N = 16;
+    int dev = 0, major = 0, optin = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    assert_int_equal(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        cudaSuccess);
+    rng_seed(29);
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        const int64_t rows = shapes[k][0], cols = shapes[k][1];
+        if (major < 8 || q6x_smem_bytes(cols, Q6X_MAX_TOK) > (size_t)optin) {
+            printf("Q6_K x bf16 %lld x %lld: not on this device's kernel\n", (long long)rows,
+                   (long long)cols);
+            continue;
+        }
+        char what[128];
+        test_weight tw;
+        weight_init(&tw, TD_Q6_K, rows, cols);
+        float *x = rng_floats(N * cols, 2.0f), *xr = malloc((size_t)(N * cols) * 4);
+        for (int64_t i = 0; i < N * cols; i++)
+            xr[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+        float *dx = dput(x, (size_t)(N * cols) * sizeof(float));
+        tw.dev.x_bf16 = true;
+        float *alone = malloc((size_t)(N * rows) * sizeof(float));
+        for (int64_t t = 0; t < N; t++) {
+            float *y = gpu_matmul(&tw, dx + t * cols, 1);
+            memcpy(alone + t * rows, y, (size_t)rows * sizeof(float));
+            free(y);
+        }
+        for (int64_t t = 0; t < N; t++)
+            for (int64_t r = 0; r < rows; r++) {
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < cols; i++) {
+                    const double p = (double)tw.deq[r * cols + i] * (double)xr[t * cols + i];
+                    ref += p;
+                    mag += fabs(p);
+                }
+                const double g = alone[t * rows + r];
+                const double tol = (96.0 + (double)cols / 8.0) * U * mag;
+                if (!isfinite(g) || fabs(g - ref) > tol)
+                    fail_msg("Q6_K x bf16 %lld x %lld token %lld row %lld: %.9g, f64 %.9g "
+                             "(tol %.3g)",
+                             (long long)rows, (long long)cols, (long long)t, (long long)r, g,
+                             ref, tol);
+            }
+        for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+            const int64_t n = ns[j];
+            float *y = gpu_matmul(&tw, dx, n);
+            for (int64_t t = 0; t < n; t++) {
+                snprintf(what, sizeof what, "Q6_K x bf16 %lld x %lld n_tok %lld token %lld",
+                         (long long)rows, (long long)cols, (long long)n, (long long)t);
+                assert_true(check_same_bits(what, y + t * rows, alone + t * rows,
+                                            (size_t)rows * sizeof(float)));
+            }
+            free(y);
+        }
+        /* beside an exact member of the same weight */
+        const int64_t n = 15;
+        const size_t yb = (size_t)(n * rows) * sizeof(float);
+        float *dy0 = dpoison(yb), *dy1 = dpoison(yb);
+        ops_weight we = tw.dev;
+        we.x_bf16 = false;
+        const ops_mm_out mm[] = {{dy0, &tw.dev}, {dy1, &we}};
+        GPU_OK(cuda_matmul_multi(dx, mm, 2, n, gpu_st));
+        float *y0 = dget(dy0, yb), *y1 = dget(dy1, yb);
+        tw.dev.x_bf16 = false;
+        float *want1 = gpu_matmul(&tw, dx, n);
+        snprintf(what, sizeof what, "Q6_K x bf16 %lld x %lld in a group", (long long)rows,
+                 (long long)cols);
+        assert_true(check_same_bits(what, y0, alone, yb));
+        assert_true(check_same_bits(what, y1, want1, yb));
+        free(y0);
+        free(y1);
+        free(want1);
+        cuda_mem_free(dy0);
+        cuda_mem_free(dy1);
+        free(alone);
+        cuda_mem_free(dx);
+        free(x);
+        free(xr);
+        weight_free(&tw);
+    }
 }
 
 /* F16/BF16 on the tensor cores with results that must be exact: row r of W has one nonzero
@@ -923,6 +1025,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matmul_half_weights_draft_step_sizes_match_alone_bits),
         cmocka_unit_test(test_matmul_half_weights_single_products_are_exact),
         cmocka_unit_test(test_matmul_x_bf16_reads_the_rounded_inputs),
+        cmocka_unit_test(test_matmul_q6x_matches_the_rounded_inputs),
         cmocka_unit_test(test_matmul_nan_input_stays_in_its_token),
         cmocka_unit_test(test_matmul_rejects_bad_weights),
         cmocka_unit_test(test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits),

@@ -11,7 +11,8 @@
  * first (cuda_swiglu_matmul). F32 weights (matmul_float.cu) and F16/BF16 weights
  * (matmul_float_mma.cu) take x as it is. A quantised weight with x_bf16 reads x rounded to
  * bf16 by one more launch into a second per-stream scratch (F16/BF16 weights round it in
- * their activation split; F32 weights read the same rounded copy). */
+ * their activation split; F32 weights read the same rounded copy), except Q6_K at 1-16
+ * tokens, whose kernel of its own rounds x as it stages it (matmul_q6x.cu). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -492,6 +493,8 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
         TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
         TD_ASSERT(w->rows >= 1 && w->cols >= 1 && w->cols == cols);
         TD_TRY(weight_check(w));
+        if (q6x_takes(w, n_tok))
+            continue; /* below, on the Q6_K x bf16 kernel */
         if (!is_float_type(w->type))
             *(w->x_bf16 ? &qb[nqb++] : &qi[nq++]) = i;
         else
@@ -509,6 +512,9 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
         TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
+    for (int i = 0; i < n; i++)
+        if (q6x_takes(mm[i].w, n_tok))
+            TD_TRY(q6x_launch(mm[i].y, x, mm[i].w, (int)n_tok, cs));
     if (nqb || nfb) {
         const float *xr = NULL;
         TD_TRY(round_bf16(&xr, x, n_tok, cols, cs));

@@ -105,16 +105,6 @@ __device__ __forceinline__ void split_f16(uint32_t w, uint32_t &hi, uint32_t &lo
     lo = pack_hi(__float_as_uint(l0), __float_as_uint(l1));
 }
 
-/* c += A . B, m16n8k16, bf16 in, f32 accumulate. */
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* 16 bytes global -> shared, L1 bypassed; src_bytes = 0 reads nothing and writes zeros. */
 __device__ __forceinline__ void cp_async16(uint4 *dst, const void *src, int src_bytes)
 {
@@ -220,7 +210,7 @@ __device__ __forceinline__ void chunk_mma(float (&blk)[NT][4], const wfrag<T> &f
                 const uint32_t b1 = q == 0 ? xp[nt][x].y : xp[nt][x].w;
 #pragma unroll
                 for (int p = 0; p < wfrag<T>::P; p++)
-                    mma(blk[nt], f.a[q][p], b0, b1);
+                    mm_mma_bf16(blk[nt], f.a[q][p], b0, b1);
             }
         }
     }

@@ -160,6 +160,16 @@ __device__ __forceinline__ void mm_wait_dependencies(void)
 #endif
 }
 
+/* c += A . B, one mma.sync m16n8k16 with bf16 A and B and f32 accumulation (sm_80+). */
+__device__ __forceinline__ void mm_mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* mm[i].y[n_tok][rows] = x[n_tok][cols] . mm[i].w^T for n (1..MM_SET_MAX) F32 members of
  * one width, in one launch (matmul_float.cu), 1 <= n_tok <= MM_CHUNK. */
 td_err mmf_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st);
@@ -168,5 +178,12 @@ td_err mmf_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaSt
  * split exactly into bf16 pieces once for all of them (matmul_float_mma.cu), then one
  * kernel per member; 1 <= n_tok <= MM_CHUNK. */
 td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaStream_t st);
+
+/* Whether y = bf16(x) . W^T of n_tok tokens runs on the Q6_K x bf16 kernel (matmul_q6x.cu):
+ * a Q6_K weight with x_bf16, 1..16 tokens, the tokens' bf16 rows fitting the device's shared
+ * memory, sm_80+, and not TANDEM_Q6X=off. Elsewhere the caller rounds x and takes the
+ * quantised path. */
+bool q6x_takes(const ops_weight *w, int64_t n_tok);
+td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
 
 #endif
