@@ -22,7 +22,9 @@
  * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
  * (e.g. Q4_K), --no-variants (no child processes: the default kernels only), --resident (one
  * copy of the weights, so that those smaller than L2 are read from it after the first call:
- * how fast the kernels go when their weights need not come from memory). */
+ * how fast the kernels go when their weights need not come from memory), --x-bf16 (every
+ * product reads its inputs rounded to bf16, ops_weight.x_bf16: the drafter's products under
+ * TANDEM_DRAFT_ACT=bf16, e.g. the Q6_K LM head at 16 tokens on its own kernel). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +127,7 @@ static double copy_bandwidth(void)
 /* One (shape, type): fills `copies` device copies of a random weight (16 quantised random
  * rows repeated), then times each of the first n_toks token counts. */
 static bool resident; /* --resident: one copy of the weights */
+static bool x_bf16;   /* --x-bf16: the weights' x_bf16 */
 
 static void bench_one(result *res, const shape *s, td_dtype type, const float *dx, float *dy,
                       size_t n_toks)
@@ -163,8 +166,10 @@ static void bench_one(result *res, const shape *s, td_dtype type, const float *d
     free(tile);
 
     ops_weight wt[MAX_COPIES];
-    for (int c = 0; c < copies; c++)
+    for (int c = 0; c < copies; c++) {
         TRY(ops_weight_init(&wt[c], type, s->rows, s->cols, w[c]));
+        wt[c].x_bf16 = x_bf16;
+    }
     res->s = s;
     res->type = type;
     res->bytes = bytes;
@@ -297,7 +302,7 @@ static void print_frac(size_t bytes, double us, double copy_gbps)
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_matmul_cuda [--shape NAME] [--type T] [--no-variants] "
-                    "[--resident]\n"
+                    "[--resident] [--x-bf16]\n"
                     "shapes:");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -318,6 +323,8 @@ int main(int argc, char **argv)
             only_type = argv[++a];
         else if (strcmp(argv[a], "--resident") == 0)
             resident = true;
+        else if (strcmp(argv[a], "--x-bf16") == 0)
+            x_bf16 = true;
         else if (strcmp(argv[a], "--no-variants") == 0)
             variants_wanted = false;
         else
