@@ -408,11 +408,12 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
  * backend, with the embedding and LM head borrowed from the placed target. Each timed step
  * ends with a sync so GPU work is counted, not just enqueued. */
 void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
-                 const char **backend)
+                 const char **backend, const char **numerics)
 {
     const ops_backend *be = m->be;
     memset(t, 0, sizeof *t);
     *backend = be->name;
+    *numerics = "";
     dfl_model *dm = NULL;
     dfl_state ds;
     memset(&ds, 0, sizeof ds);
@@ -425,6 +426,9 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
     if (e == TD_OK) {
         row = (int64_t)dm->cfg.n_taps * m->hp.n_embd;
         B = dm->cfg.block_size;
+        const bool f16 = dm->kv_type == TD_F16, bf16 = dm->lm_head.x_bf16;
+        *numerics = f16 ? (bf16 ? "f16 context, bf16 inputs" : "f16 context, f32 inputs")
+                        : (bf16 ? "f32 context, bf16 inputs" : "f32 context, f32 inputs");
         /* The ring holds the context, the block and every timed step's 16 positions. */
         e = dfl_state_init(&ds, dm,
                            BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP + BENCH_PROF_ITERS) + 64);

@@ -97,9 +97,10 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
 /* The drafter's step: its context takes 16 newly committed positions, then it proposes one
  * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the model's
  * backend (the drafter borrows the placed target's embedding and head, so it runs on the GPU
- * when the model is there). */
+ * when the model is there); numerics its context K/V and its products' inputs, e.g. "f16
+ * context, bf16 inputs" (TANDEM_DRAFT_KV, TANDEM_DRAFT_ACT), "" when it did not load. */
 void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
-                 const char **backend);
+                 const char **backend, const char **numerics);
 
 #define BENCH_SAMPLERS 3 /* sampler settings bench_sampling times */
 extern const char *const bench_sampler_names[BENCH_SAMPLERS];

@@ -37,6 +37,7 @@ typedef struct bench_report {
     double t_build, t_save, t_load; /* seconds: synthesise, write, load + upload */
     const char *draft_dir;
     const char *draft_backend;
+    const char *draft_numerics; /* its context and products: "f16 context, f32 inputs" */
     bool draft_elsewhere;      /* the drafter ran on another backend than the target */
     uint64_t draft_bytes;      /* read per draft step: drafter weights + the target's LM head */
     uint64_t weight_bytes;     /* read per decode token */
@@ -220,8 +221,9 @@ static void bench_print(const bench_report *r)
              t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
              (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
-    snprintf(x, sizeof x, "%.3fx decode  [%s backend; queued by the host in %.3f ms]",
-             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend, r->draft.host_ms);
+    snprintf(x, sizeof x, "%.3fx decode  [%s backend%s%s; queued by the host in %.3f ms]",
+             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend,
+             *r->draft_numerics ? ", " : "", r->draft_numerics, r->draft.host_ms);
     bench_row_time("draft step (16 positions + propose)", &r->draft, x);
     double dlim = bench_draft_limit_ms(r);
     if (dlim > 0)
@@ -390,6 +392,7 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "prefill_chunked", pc);
     json_t *dr = bench_json_time(&r->draft, d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
+    json_object_set_new(dr, "numerics", json_string(r->draft_numerics));
     json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));
     json_object_set_new(dr, "host_ms", r->draft.ok ? json_real(r->draft.host_ms) : json_null());
     json_object_set_new(dr, "limit_ms", bench_draft_limit_ms(r) > 0 ? json_real(bench_draft_limit_ms(r))
@@ -655,10 +658,11 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     /* The drafter runs on the target's backend; a few runs where that is the CPU. */
     int draft_iters = r.on_gpu ? iters : (iters > 3 ? 3 : iters);
     if (parts & BENCH_PART_DRAFT) {
-        bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend);
+        bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend, &r.draft_numerics);
     } else {
         bench_skip(&r.draft);
         r.draft_backend = be->name;
+        r.draft_numerics = "";
     }
     r.draft_elsewhere = strcmp(r.draft_backend, be->name) != 0;
     r.draft_bytes = bench_draft_bytes(m, ddir);

@@ -45,6 +45,7 @@ def test_table_lists_every_measurement(bench):
                 "sampling: accept 16, temp 0.8", "sampling: 15 drafts, + top_p 0.95",
                 "sampling: accept 16, + top_p 0.95"):
         assert row in out, row
+    assert "[cpu backend, f32 context, f32 inputs; queued by the host in" in out
 
 
 def test_weight_and_state_bytes_match_the_saved_file(bench):
@@ -103,6 +104,8 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert pf["tokens"] == 1024 and pf["chunk"] == 64 and 3 <= pf["iters"] <= 3
     assert pf["ms"] > 0 and close(pf["tok_s"], 1024e3 / pf["ms"])
     assert j["draft"]["backend"] == "cpu"
+    # the CPU's drafter: an f32 context and exact inputs (TANDEM_DRAFT_ACT=bf16 is a GPU's)
+    assert j["draft"]["numerics"] == "f32 context, f32 inputs"
     smp = j["sampling"]
     assert [s["sampler"] for s in smp] == ["temperature 0.8", "temperature 0.8, top_p 0.95",
                                            "greedy"]
