@@ -36,10 +36,11 @@ typedef struct ops_weight {
     size_t row_bytes;  /* bytes of one row: cols / block * block bytes */
     const void *data;  /* [rows][row_bytes], rows packed back to back */
     bool x_bf16;       /* the product reads x rounded to bf16 (nearest even) instead of x:
-                        * y = bf16(x) . W^T. Faster on a GPU (one tensor-core piece of each
-                        * activation instead of three, one digit pass for Q6_K at 9-16
-                        * tokens) where the result only steers a guess: the drafter's
-                        * products on a GPU. false from ops_weight_init. */
+                        * y = bf16(x) . W^T. Faster on a GPU (F16/BF16 weights meet one
+                        * tensor-core piece of each input instead of three; Q6_K at 1-16
+                        * tokens has a kernel of its own) where the result only steers a
+                        * guess: the drafter's products (dfl_set_x_bf16). false from
+                        * ops_weight_init. */
 } ops_weight;
 
 /* True for the types the ops read and write: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K. */
