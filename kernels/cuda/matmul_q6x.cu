@@ -14,9 +14,9 @@
  * bf16 (round to nearest even, as ops_f32_to_bf16) into shared memory, tokens n_tok..n_pad-1
  * as zeros, then each warp takes whole 16-row tiles (tile = CTA * warps + warp, then strided
  * by the grid) and walks all their k-blocks itself, so no sum crosses warps. Lane (g, t) reads
- * its words of rows g and g + 8 straight from global memory; a k-block starts 2 bytes past a
- * word boundary when its offset is (row_bytes is 210 per block), where each word is joined from
- * two aligned ones.
+ * its words of rows g and g + 8 straight from global memory, the next k-block's while it
+ * multiplies this one's; a k-block starts 2 bytes past a word boundary when its offset is
+ * (210 bytes per block), where each word is joined from two aligned ones.
  *
  * Order per (row, token), the same for every n_tok: k-blocks in increasing order, within one
  * the 16 steps by half h, quarter p, class c; each step's MMA starts from zero and is added to
@@ -174,11 +174,19 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[nt][e] = 0.0f;
+        /* the next k-block's words load while this one multiplies */
+        q6x_words A = load_block(pa, t), B = load_block(pb, t);
 #pragma unroll 1
         for (int kb = 0; kb < nkb; kb++) {
-            const size_t off = (size_t)kb * Q6X_BLOCK_BYTES;
-            const q6x_words A = load_block(pa + off, t), B = load_block(pb + off, t);
+            q6x_words An = A, Bn = B;
+            if (kb + 1 < nkb) {
+                const size_t off = (size_t)(kb + 1) * Q6X_BLOCK_BYTES;
+                An = load_block(pa + off, t);
+                Bn = load_block(pb + off, t);
+            }
             kblock<NT>(acc, A, B, xg + kb * 256, stride, t);
+            A = An;
+            B = Bn;
         }
         /* c0, c1: row g, tokens 2t, 2t + 1 of the n-tile; c2, c3: row g + 8 */
 #pragma unroll
