@@ -62,7 +62,7 @@ static void bench_fail(bench_time *t, const char *fmt, ...)
 
 static const char *const bench_parts[] = {"decode", "decode32k", "verify16", "verify32",
                                           "prefill", "prefill-chunked", "draft", "sampling",
-                                          "split", "verify16-32k"};
+                                          "split", "verify16-32k", "verify-short"};
 
 const char *bench_part_names(void)
 {
@@ -362,6 +362,8 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_fail(&out->decode_long, "%s", why);
         bench_fail(&out->verify16, "%s", why);
         bench_fail(&out->verify32, "%s", why);
+        bench_fail(&out->verify4, "%s", why);
+        bench_fail(&out->verify8, "%s", why);
         bench_fail(&out->verify16_long, "%s", why);
         bench_fail(&out->rollback, "%s", why);
         bench_fail(&out->prefill, "%s", why);
@@ -376,6 +378,8 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
             bench_skip(&out->rollback);
         }
         bench_part(&b, parts & BENCH_PART_VERIFY32, BENCH_CTX_SHORT, 32, iters, &out->verify32);
+        bench_part(&b, parts & BENCH_PART_VERIFY_SHORT, BENCH_CTX_SHORT, 4, iters, &out->verify4);
+        bench_part(&b, parts & BENCH_PART_VERIFY_SHORT, BENCH_CTX_SHORT, 8, iters, &out->verify8);
         bench_part(&b, parts & BENCH_PART_VERIFY16_32K, BENCH_CTX_LONG, 16, iters,
                    &out->verify16_long);
         const int64_t was = m->delta_chunk;

@@ -33,13 +33,15 @@ typedef struct bench_time {
     double host_ms;     /* median milliseconds the host took to queue a run (0: not taken) */
 } bench_time;
 
-#define BENCH_PHASES 8 /* phases that may be profiled: the target's seven and the draft step */
+#define BENCH_PHASES 10 /* phases that may be profiled: the target's nine and the draft step */
 
 typedef struct bench_target_times {
     bench_time decode_short;  /* one token at BENCH_CTX_SHORT */
     bench_time decode_long;   /* one token at BENCH_CTX_LONG */
     bench_time verify16;      /* 16 tokens recorded for rollback, every position's logits */
     bench_time verify32;      /* the same with 32 tokens */
+    bench_time verify4;       /* the same with 4 tokens: a block cut short */
+    bench_time verify8;       /* the same with 8 tokens */
     bench_time verify16_long; /* 16 tokens at BENCH_CTX_LONG (long-context speculation) */
     bench_time rollback;      /* tgt_state_keep of BENCH_KEEP after a 16-token verify */
     bench_time prefill;       /* a BENCH_PROMPT-token prompt from position 0 (profile: per
@@ -60,7 +62,8 @@ enum {
     BENCH_PART_SAMPLING = 1u << 7,        /* bench_sampling */
     BENCH_PART_SPLIT = 1u << 8,           /* the process split, without and with MPS */
     BENCH_PART_VERIFY16_32K = 1u << 9,    /* verify16_long */
-    BENCH_PART_ALL = (1u << 10) - 1,
+    BENCH_PART_VERIFY_SHORT = 1u << 10,   /* verify4 and verify8 */
+    BENCH_PART_ALL = (1u << 11) - 1,
 };
 
 /* *parts from a comma-separated list of part names (bench_part_names()); TD_EINVAL naming

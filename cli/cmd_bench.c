@@ -143,11 +143,13 @@ static void bench_row_time(const char *what, const bench_time *t, const char *ex
 static int bench_profiled(const bench_report *r, const bench_time **t, const char **name)
 {
     const bench_time *all[BENCH_PHASES] = {&r->tgt.decode_short,  &r->tgt.decode_long,
+                                           &r->tgt.verify4,       &r->tgt.verify8,
                                            &r->tgt.verify16,      &r->tgt.verify32,
                                            &r->tgt.verify16_long, &r->tgt.prefill,
                                            &r->tgt.prefill_chunked, &r->draft};
     static const char *const names[BENCH_PHASES] = {
-        "decode, 1K context", "decode, 32K context", "verify 16 tokens (1K context)",
+        "decode, 1K context", "decode, 32K context", "verify 4 tokens (1K context)",
+        "verify 8 tokens (1K context)", "verify 16 tokens (1K context)",
         "verify 32 tokens (1K context)", "verify 16 tokens (32K context)",
         "prefill, one forward pass of a 1K prompt",
         "prefill, one forward pass, chunked delta rule", "draft step (16 positions + propose)"};
@@ -204,6 +206,10 @@ static void bench_print(const bench_report *r)
         bench_row_time(name[i], dec[i], x);
     }
     double d1 = t->decode_short.ok ? t->decode_short.ms : 0;
+    snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify4.ok ? t->verify4.ms / d1 : 0);
+    bench_row_time("verify 4 tokens (1K context)", &t->verify4, x);
+    snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify8.ok ? t->verify8.ms / d1 : 0);
+    bench_row_time("verify 8 tokens (1K context)", &t->verify8, x);
     snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : 0);
     bench_row_time("verify 16 tokens (1K context)", &t->verify16, x);
     snprintf(x, sizeof x, "%.3fx decode", d1 > 0 && t->verify32.ok ? t->verify32.ms / d1 : 0);
@@ -370,6 +376,8 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     }
     json_object_set_new(j, "decode", dec);
     json_t *ver = json_object();
+    json_object_set_new(ver, "4", bench_json_time(&t->verify4, d1));
+    json_object_set_new(ver, "8", bench_json_time(&t->verify8, d1));
     json_object_set_new(ver, "16", bench_json_time(&t->verify16, d1));
     json_object_set_new(ver, "32", bench_json_time(&t->verify32, d1));
     /* at 32K, against the decode step at 32K */

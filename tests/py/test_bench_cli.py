@@ -38,7 +38,8 @@ def close(a, b):
 def test_table_lists_every_measurement(bench):
     out = bench["stdout"]
     for row in ("copy bandwidth", "weight bytes per decode token", "decode, 1K context",
-                "decode, 32K context", "verify 16 tokens", "verify 32 tokens",
+                "decode, 32K context", "verify 4 tokens", "verify 8 tokens",
+                "verify 16 tokens", "verify 32 tokens",
                 "verify 16 tokens (32K context)", "rollback",
                 "prefill, 1K-token prompt", "draft step", "process split, no MPS", "process split, MPS",
                 "projected speculative, no MPS", "sampling: 15 drafts, temp 0.8",
@@ -92,7 +93,7 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
         with_state = (j["weight_bytes_per_token"] + dec["state_bytes_per_token"]) / (bw * 1e9) * 1e3
         assert close(dec["fraction_of_limit_with_state"], with_state / dec["ms"])
     d1 = j["decode"]["1k"]["ms"]
-    for n in ("16", "32"):
+    for n in ("4", "8", "16", "32"):
         assert close(j["verify"][n]["ratio_to_decode"], j["verify"][n]["ms"] / d1)
     v_long = j["verify"]["16_32k"]
     assert v_long["ms"] > 0 and v_long["iters"] == 3
@@ -174,15 +175,16 @@ def test_only_measures_the_parts_asked_for(tmp_path):
     skipped = "not measured: --only left it out"
     assert j["decode"]["1k"]["ms"] > 0 and j["decode"]["1k"]["iters"] == 2
     assert j["verify"]["16"]["ms"] > 0 and j["rollback"]["ms"] > 0
-    for row in (j["decode"]["32k"], j["verify"]["32"], j["verify"]["16_32k"], j["prefill"],
+    for row in (j["decode"]["32k"], j["verify"]["32"], j["verify"]["16_32k"], j["verify"]["4"],
+                j["verify"]["8"], j["prefill"],
                 j["prefill_chunked"], j["draft"], j["sampling"][0]["draw"],
                 j["sampling"][2]["accept"]):
         assert row["ms"] is None and row["why"] == skipped, row
     for end in ("no_mps", "mps"):
         assert j["split"][end] == {"measured": False, "why": skipped}
     assert "--only: the parts left out were not measured" in j["notes"]
-    assert p.stdout.count("(" + skipped + ")") == 14, p.stdout  # 32K, verify 32, verify 16 at
-    # 32K, 2 prefills, the draft step, 6 sampling rows, 2 split rows
+    assert p.stdout.count("(" + skipped + ")") == 16, p.stdout  # 32K, verify 4, 8 and 32,
+    # verify 16 at 32K, 2 prefills, the draft step, 6 sampling rows, 2 split rows
 
 
 def test_only_refuses_an_unknown_part():
@@ -193,7 +195,7 @@ def test_only_refuses_an_unknown_part():
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, (only, p.stdout, p.stderr)
         assert "(the parts: decode, decode32k, verify16, verify32, prefill, prefill-chunked, " \
-            "draft, sampling, split, verify16-32k)" in p.stderr, p.stderr
+            "draft, sampling, split, verify16-32k, verify-short)" in p.stderr, p.stderr
         assert p.stdout == ""
 
 
