@@ -8,7 +8,8 @@
  * processes of this program) byte for byte against each other on sm_90, on the 27B target's
  * shapes among others;
  * cuda_dequantize_row and cuda_get_rows bit-identical to the CPU; the errors bad weights
- * get. Outputs are poisoned with NaN before each call, so an element a kernel never writes
+ * get; weights with x_bf16 (inputs rounded to bf16: the exact path's bits on the rounded
+ * inputs, and the Q6_K x bf16 kernel within its bound of them). Outputs are poisoned with NaN before each call, so an element a kernel never writes
  * fails. Skips (77) without CUDA or a device.
  *
  * Bounds (derived where they are used): F32 weights only differ from the CPU by f32
