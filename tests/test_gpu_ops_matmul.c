@@ -379,6 +379,16 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
     free(keep);
 }
 
+/* x[n] rounded to bf16 (ops_f32_to_bf16), as f32, in new memory. */
+static float *bf16_copy(const float *x, int64_t n)
+{
+    float *r = malloc((size_t)n * sizeof(float));
+    assert_non_null(r);
+    for (int64_t i = 0; i < n; i++)
+        r[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+    return r;
+}
+
 /* x_bf16 (the drafter's products on a GPU): the product reads x rounded to bf16 (nearest
  * even). For BF16 and F16 weights the activation split then holds one piece instead of three
  * (the pieces m and l of a bf16 value are zeros, so the MMAs left out added nothing), for a
@@ -407,9 +417,7 @@ static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
             char what[128];
             test_weight tw;
             weight_init(&tw, type, rows, cols);
-            float *x = rng_floats(N * cols, 2.0f), *xr = malloc((size_t)(N * cols) * 4);
-            for (int64_t i = 0; i < N * cols; i++)
-                xr[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+            float *x = rng_floats(N * cols, 2.0f), *xr = bf16_copy(x, N * cols);
             float *dx = dput(x, (size_t)(N * cols) * sizeof(float));
             float *dxr = dput(xr, (size_t)(N * cols) * sizeof(float));
             expect e;
@@ -493,9 +501,7 @@ static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
         char what[128];
         test_weight tw;
         weight_init(&tw, TD_Q6_K, rows, cols);
-        float *x = rng_floats(N * cols, 2.0f), *xr = malloc((size_t)(N * cols) * 4);
-        for (int64_t i = 0; i < N * cols; i++)
-            xr[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+        float *x = rng_floats(N * cols, 2.0f), *xr = bf16_copy(x, N * cols);
         float *dx = dput(x, (size_t)(N * cols) * sizeof(float));
         tw.dev.x_bf16 = true;
         float *alone = malloc((size_t)(N * rows) * sizeof(float));
