@@ -117,7 +117,7 @@ int cmd_generate(int argc, char **argv)
     int64_t n_max = 64, n_ctx = 4096, top_k = 0, seed = 0, ring = 4096;
     double temp = 0.0, top_p = 1.0, min_p = 0.0, presence = 0.0, frequency = 0.0;
     double repetition = 1.0;
-    int64_t min_tokens = 0;
+    int64_t min_tokens = 0, draft_max = 0;
     const char *logit_bias = NULL, *json_schema = NULL;
     bool ids = false, ignore_eos = false, help = false, json = false;
     const args_opt opts[] = {
@@ -128,6 +128,7 @@ int cmd_generate(int argc, char **argv)
         {"max-tokens", ARGS_INT, &n_max, NULL, "tokens to generate", 1, 1 << 24, 'n'},
         {"ctx", ARGS_INT, &n_ctx, NULL, "context size in positions", 2, INT32_MAX / 2, 0},
         {"ring", ARGS_INT, &ring, NULL, "drafter context window (feature ring slots)", 1, INT32_MAX / 4, 0},
+        {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts a step verifies at most (0: the drafter's whole block)", 0, SPEC_MAX_BLOCK - 1, 0},
         {"temp", ARGS_DOUBLE, &temp, NULL, "sampling temperature (0 = greedy)", 0, 0, 0},
         {"top-k", ARGS_INT, &top_k, NULL, "keep the k most likely tokens (0 = off)", 0, INT32_MAX, 0},
         {"top-p", ARGS_DOUBLE, &top_p, NULL, "nucleus mass (1 = off)", 0, 0, 0},
@@ -257,7 +258,8 @@ int cmd_generate(int argc, char **argv)
         .min_p = (float)min_p, .seed = (uint64_t)seed,
     };
     const spec_cfg cfg = {
-        .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .sampler = sampler,
+        .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .draft_max = draft_max,
+        .sampler = sampler,
         .pen = {.presence = (float)presence, .frequency = (float)frequency,
                 .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias,
                 .repetition = (float)repetition, .min_tokens = (int32_t)min_tokens,

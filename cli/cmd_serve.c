@@ -29,6 +29,7 @@
 #include "common/devarg.h"
 #include "common/log.h"
 #include "kernels/ops.h"
+#include "verifyd/spec.h"
 
 #define SV_BACKOFF_MIN_MS 1000
 #define SV_BACKOFF_MAX_MS 30000
@@ -56,7 +57,7 @@ typedef struct sv_opts {
     char model[PATH_MAX];
     char draft[PATH_MAX];   /* "" without a drafter */
     char host[256];
-    int64_t port, ctx, slots, delta_chunk;
+    int64_t port, ctx, slots, delta_chunk, draft_max;
     char dir[PATH_MAX];     /* runtime directory */
     const char *log_level;
     bool foreground;
@@ -92,12 +93,14 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = "--log-level";
         argv[n++] = o->log_level;
     }
-    const size_t w = num_cap / 4;
+    const size_t w = num_cap / 5;
     char *ctx = num, *slots = num + w, *port = num + 2 * w, *chunk = num + 3 * w;
+    char *dmax = num + 4 * w;
     snprintf(ctx, w, "%lld", (long long)o->ctx);
     snprintf(slots, w, "%lld", (long long)o->slots);
     snprintf(port, w, "%lld", (long long)o->port);
     snprintf(chunk, w, "%lld", (long long)o->delta_chunk);
+    snprintf(dmax, w, "%lld", (long long)o->draft_max);
     if (i != SV_GATEWAY) {
         argv[n++] = "--device";
         argv[n++] = o->device;
@@ -114,6 +117,8 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = ctx;
         argv[n++] = "--delta-chunk";
         argv[n++] = chunk;
+        argv[n++] = "--draft-max";
+        argv[n++] = dmax;
         if (o->draft[0]) {
             argv[n++] = "--draft";
             argv[n++] = o->draft;
@@ -145,7 +150,7 @@ static void sv_start(sv *s, int i)
 {
     sv_service *v = &s->svc[i];
     const char *argv[SV_ARGS_MAX];
-    char num[96];
+    char num[120];
     sv_argv(s, i, argv, num, sizeof num);
     bool foreground = s->o.foreground;
     char **env = s->mps.env;
@@ -414,7 +419,7 @@ int cmd_serve(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *host = "127.0.0.1", *runtime_dir = NULL;
     const char *log_level = NULL, *device = "cpu";
-    int64_t port = 8080, ctx = 4096, slots = 16, delta_chunk = 0;
+    int64_t port = 8080, ctx = 4096, slots = 16, delta_chunk = 0, draft_max = 0;
     bool foreground = false, no_gateway = false, no_mps = false, help = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (default: the demo model)", 0, 0, 'm'},
@@ -429,6 +434,7 @@ int cmd_serve(int argc, char **argv)
         {"no-gateway", ARGS_FLAG, &no_gateway, NULL, "run the backend only (kvd, verifyd, draftd)", 0, 0, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where kvd, verifyd and draftd run: cpu, cuda or cuda:N", 0, 0, 0},
         {"delta-chunk", ARGS_INT, &delta_chunk, "TANDEM_DELTA_CHUNK", "verifyd's prefill runs the DeltaNet recurrence in chunks of N positions (0: token by token)", 0, OPS_DELTA_CHUNK_MAX, 0},
+        {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts verifyd checks per step at most (0: the drafter's whole block)", 0, SPEC_MAX_BLOCK - 1, 0},
         {"no-mps", ARGS_FLAG, &no_mps, NULL, "with a GPU: do not start an MPS control daemon (each draft/verify round trip then pays a context switch)", 0, 0, 0},
         ARGS_END,
     };
@@ -494,6 +500,7 @@ int cmd_serve(int argc, char **argv)
     o->ctx = ctx;
     o->slots = slots;
     o->delta_chunk = delta_chunk;
+    o->draft_max = draft_max;
     o->log_level = log_level;
     o->foreground = foreground;
     if (gpu) /* the canonical spelling: the services and tandem status show the same */

@@ -29,9 +29,10 @@ static tgt_model *tm;
 static dfl_model *dm;
 static uint64_t next_seq = 1;
 
-/* The daemons with verifyd's prefill in DeltaNet chunks of delta_chunk (0: token by token);
- * the in-process references use the same. */
-static int setup_with(int64_t delta_chunk)
+/* The daemons with verifyd's prefill in DeltaNet chunks of delta_chunk (0: token by token)
+ * and at most draft_max drafts verified per step (0: whole blocks); the in-process
+ * references prefill the same way. */
+static int setup_with(int64_t delta_chunk, int64_t draft_max)
 {
     int rc = pl_setup(&pl);
     if (rc != 0)
@@ -42,12 +43,13 @@ static int setup_with(int64_t delta_chunk)
         dfl_load(&dm, draft, (uint32_t)tm->hp.n_layer, &tm->tok_embd, &tm->output) != TD_OK ||
         tgt_set_delta_chunk(tm, delta_chunk) != TD_OK)
         return -1;
-    char chunk[24];
+    char chunk[24], dmax[24];
     snprintf(chunk, sizeof chunk, "%lld", (long long)delta_chunk);
+    snprintf(dmax, sizeof dmax, "%lld", (long long)draft_max);
     const char *kvd_args[] = {"--slots", "16", "--log-level", "info", NULL};
     const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
                              "--draft-timeout-ms", "30000", "--delta-chunk", chunk,
-                             "--log-level", "info", NULL};
+                             "--draft-max", dmax, "--log-level", "info", NULL};
     const char *dd_args[] = {"--model", model, "--draft", draft, "--log-level", "info", NULL};
     return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK ? 0 : -1;
 }
@@ -55,13 +57,13 @@ static int setup_with(int64_t delta_chunk)
 static int setup(void **ctx)
 {
     (void)ctx;
-    return setup_with(0);
+    return setup_with(0, 0);
 }
 
 static int setup_chunked(void **ctx)
 {
     (void)ctx;
-    return setup_with(4);
+    return setup_with(4, 5);
 }
 
 static int teardown(void **ctx)
@@ -538,6 +540,34 @@ static void test_chunked_prefill_equals_the_in_process_loop(void **ctx)
     free(row[0]), free(row[1]);
 }
 
+/* verifyd --draft-max 5 (this group's): a prediction that is the output itself commits 6
+ * tokens a step, not whole blocks of 16, and the output is plain decoding's. */
+static void test_draft_max_caps_the_tokens_a_step_verifies(void **ctx)
+{
+    (void)ctx;
+    enum { GEN = 48, NP = 20 };
+    uint32_t p[NP], pred[GEN];
+    int32_t ip[NP], want[GEN];
+    make_prompt(p, ip, NP, 13);
+    ops_sampler greedy = {0};
+    reference(NULL, ip, NP, GEN, &greedy, want);
+    for (int i = 0; i < GEN; i++)
+        pred[i] = (uint32_t)want[i];
+    msg_gen_start g = gen(p, NP, GEN);
+    g.predict = pred;
+    g.n_predict = GEN;
+    assert_int_equal(pl_gen(&pl, &g), TD_OK);
+    pl_result *r = wait_done(g.seq_id);
+    assert_int_equal(r->last_kind, MSG_EVENT_DONE);
+    assert_int_equal(r->n_tokens, GEN);
+    assert_memory_equal(r->tokens, want, sizeof want);
+    /* after the prefill's token, 47 more: eight steps of 5 drafts and a bonus token, the last
+     * one cut by max_tokens (its drafts count as accepted: the prediction test's first case
+     * counts 45 for three steps of 15 the same way) */
+    assert_int_equal(r->usage.steps, 8);
+    assert_int_equal(r->usage.predicted_tokens, 8 * 5);
+}
+
 int main(void)
 {
     /* One thread per process: three daemons and this test share CI's two cores. */
@@ -556,6 +586,7 @@ int main(void)
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     const struct CMUnitTest chunked[] = {
         cmocka_unit_test(test_chunked_prefill_equals_the_in_process_loop),
+        cmocka_unit_test(test_draft_max_caps_the_tokens_a_step_verifies),
     };
     return rc | cmocka_run_group_tests(chunked, setup_chunked, teardown);
 }

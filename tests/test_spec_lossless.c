@@ -32,15 +32,24 @@ static float rng_uniform(void)
 
 static char tmpdir[64];
 
-/* Generates n tokens after prompt; returns the stats. */
-static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
-                           int64_t n_prompt, int64_t n, const ops_sampler *smp, int32_t *out)
+/* Generates n tokens after prompt, verifying at most draft_max drafts per step (0: the
+ * drafter's whole block); returns the stats. */
+static spec_stats generate_max(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
+                               int64_t n_prompt, int64_t n, const ops_sampler *smp,
+                               int64_t draft_max, int32_t *out)
 {
-    const spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1, .sampler = *smp};
+    const spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1, .draft_max = draft_max,
+                          .sampler = *smp};
     spec_stats st;
     if (mf_generate(tm, &cfg, prompt, n_prompt, n, out, &st) != TD_OK)
         fail_msg("generate: %s", err_msg());
     return st;
+}
+
+static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
+                           int64_t n_prompt, int64_t n, const ops_sampler *smp, int32_t *out)
+{
+    return generate_max(tm, dm, prompt, n_prompt, n, smp, 0, out);
 }
 
 static int setup_dir(void **ctx)
@@ -94,13 +103,15 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
 
 /* A drafter whose layers add nothing proposes the same token t in every slot (the LM head of
  * its mask embedding). Against targets that repeat t more or less readily, steps accept
- * nothing, part of the block, or all of it; the output always equals plain decoding. */
+ * nothing, part of the block, or all of it; the output always equals plain decoding. Capped
+ * at 3 drafts per step (spec_cfg.draft_max, verifyd --draft-max) the same: no step commits
+ * more than 4 tokens, and some commit all 4. */
 static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
 {
     (void)ctx;
     const int32_t x = 279;
     const float scales[] = {1.5f, 2.0f, 3.0f, 5.0f, 20.0f};
-    int64_t hist[9] = {0}, n = 60;
+    int64_t hist[9] = {0}, capped[9] = {0}, n = 60;
     ops_sampler greedy = {0};
     for (size_t k = 0; k < sizeof scales / sizeof *scales; k++) {
         char path[160];
@@ -124,6 +135,15 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
                              scales[k], p, (long long)i, plain[i], spec[i]);
             for (int a = 1; a <= 8; a++)
                 hist[a] += st.accept_hist[a];
+            st = generate_max(tm, dm, prompt, 4, n, &greedy, 3, spec);
+            for (int64_t i = 0; i < n; i++)
+                if (plain[i] != spec[i])
+                    fail_msg("scale %g prompt %d, 3 drafts a step: token %lld differs (plain %d, "
+                             "speculative %d)",
+                             scales[k], p, (long long)i, plain[i], spec[i]);
+            assert_int_equal(st.drafted, 3 * st.steps);
+            for (int a = 1; a <= 8; a++)
+                capped[a] += st.accept_hist[a];
         }
         dfl_free(dm);
         tgt_free(tm);
@@ -134,6 +154,9 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
     if (!(hist[1] > 0 && partial > 0 && hist[8] > 0))
         fail_msg("accept lengths not all exercised: 1:%lld 2..7:%lld 8:%lld", (long long)hist[1],
                  (long long)partial, (long long)hist[8]);
+    assert_true(capped[1] > 0 && capped[4] > 0);
+    for (int a = 5; a <= 8; a++)
+        assert_int_equal(capped[a], 0);
 }
 
 /* Sampling at temperature 0.7 with top-k 12: the token after the first one, over many seeds,

@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     const char *endpoint = NULL, *events = NULL, *draftd = NULL, *kvd = NULL, *kvd_fd = NULL;
     const char *device = "cpu";
     int64_t n_ctx = 4096, ring = 4096, max_queue = 64, draft_timeout = 100, workers = 4;
-    int64_t delta_chunk = 0;
+    int64_t delta_chunk = 0, draft_max = 0;
     bool help = false, no_draft = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
@@ -145,6 +145,7 @@ int main(int argc, char **argv)
         {"max-queue", ARGS_INT, &max_queue, NULL, "generations waiting for a slot at most", 0, 1 << 20, 0},
         {"draft-timeout-ms", ARGS_INT, &draft_timeout, NULL, "a proposal may take at least this long", 1, 600000, 0},
         {"no-draft", ARGS_FLAG, &no_draft, NULL, "never ask draftd (plain decoding)", 0, 0, 0},
+        {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts a step verifies at most (0: the drafter's whole block, block_size - 1): a shorter block costs less to verify where few drafts are accepted", 0, SPEC_MAX_BLOCK - 1, 0},
         {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the sockets", 0, 0, 0},
         {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         {"endpoint", ARGS_STRING, &endpoint, "TANDEM_VERIFYD_ENDPOINT", "verifyd's bus endpoint", 0, 0, 0},
@@ -200,7 +201,8 @@ int main(int argc, char **argv)
     }
     sched_cfg cfg = {
         .n_ctx = n_ctx, .block = 1, .max_queue = (uint32_t)max_queue,
-        .draft_timeout_ms = (int)draft_timeout, .kvd_url = kv_url, .kvd_fd_path = kv_fd,
+        .draft_timeout_ms = (int)draft_timeout, .draft_max = draft_max, .kvd_url = kv_url,
+        .kvd_fd_path = kv_fd,
         .draftd_url = no_draft ? NULL : dd_url, .events_url = ev_url,
     };
     if (verifyd_load(&tm, model, cuda_be ? cuda_be : ops_backend_cpu(), &cfg, heads) != TD_OK) {
@@ -233,8 +235,9 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
+    const int64_t verified = draft_max > 0 && 1 + draft_max < cfg.block ? 1 + draft_max : cfg.block;
     LOG_INFO("serving %s (%s) on %s, %s: context %lld, block %lld%s", cfg.model_name, model,
-             device, url, (long long)n_ctx, (long long)cfg.block,
+             device, url, (long long)n_ctx, (long long)verified,
              cfg.block > 1 ? "" : " (plain decoding)");
     while (!daemon_stopping()) {
         struct timespec ts = {0, 100 * 1000000L};

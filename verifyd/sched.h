@@ -33,6 +33,8 @@ typedef struct sched_cfg {
     int64_t n_ctx;              /* positions per sequence: prompt + generated */
     int64_t ring;               /* feature ring rows (0 without taps) */
     int64_t block;              /* tokens per verify block: the drafter's, or 1 */
+    int64_t draft_max;          /* drafts (or predicted tokens) a step verifies at most, the
+                                 * rest of a proposal left unchecked (0: block - 1) */
     int32_t taps[MSG_TAPS_MAX]; /* [n_taps] target layers whose features draftd reads */
     int64_t n_taps;
     const uint8_t *eog;         /* [n_vocab] 1 for the model's end-of-generation ids, or NULL */

@@ -32,7 +32,10 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     s->dm = dm;
     s->sampler = cfg->sampler;
     s->block = dm ? dm->cfg.block_size : cfg->block;
+    s->draft_max = cfg->draft_max;
     s->prefill_chunk = 64;
+    if (s->draft_max < 0)
+        return err_set(TD_EINVAL, "at most %lld drafts per step", (long long)s->draft_max);
     if (s->block < 1 || s->block > SPEC_MAX_BLOCK)
         return err_set(TD_ENOTSUP, "block size %lld is outside 1..%d", (long long)s->block,
                        SPEC_MAX_BLOCK);
@@ -380,6 +383,8 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     if (room < 1)
         return err_set(TD_ERANGE, "context full at %lld positions", (long long)s->ts.n_ctx);
     int64_t B = s->dm ? (s->block < room ? s->block : room) : 1;
+    if (s->draft_max > 0 && B > 1 + s->draft_max)
+        B = 1 + s->draft_max;
     int32_t block[SPEC_MAX_BLOCK];
     block[0] = s->pending;
     double t0 = spec_now();

@@ -45,6 +45,7 @@ typedef struct spec_seq {
     pen_state pen;            /* logit bias and penalties of the generation */
     cst_state cst;            /* its response format */
     int64_t block;            /* tokens per verify block: drafter block_size, or 1 */
+    int64_t draft_max;        /* drafts an in-process step verifies at most (0: block - 1) */
     int32_t pending;          /* b: the last emitted token, not yet run through the target */
     bool has_pending;
     int32_t *taps;            /* [n_taps] target layer ids feeding the drafter */
@@ -93,6 +94,8 @@ typedef struct spec_cfg {
     int64_t ring;               /* in-process drafter's context window (0: 4096) */
     int64_t block;              /* without dm: tokens per verify block of the blocks a
                                  * drafter elsewhere supplies (1: plain decoding) */
+    int64_t draft_max;          /* with dm: drafts a step verifies at most, the rest of the
+                                 * drafter's block left unchecked (0: all of them) */
     const int32_t *taps;        /* without dm: [n_taps] target layers whose features are kept */
     int64_t n_taps;
     const tgt_state_mem *state; /* caller memory for the target state (a kvd slot), or NULL */
