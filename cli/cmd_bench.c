@@ -75,15 +75,21 @@ static double bench_limit_ms(const bench_report *r, uint64_t bytes)
     return r->copy_gbps > 0 ? (double)bytes / (r->copy_gbps * 1e9) * 1e3 : 0;
 }
 
-/* One speculative step: draft, verify 16, roll back, plus the split cost (us); draft_ms < 0
- * takes the measured draft step. 0 when a part is missing. */
-static double bench_step_ms(const bench_report *r, const bsplit_result *sp, double draft_ms)
+/* One speculative step: draft, verify (16 tokens, or the blocks of verify), roll back, plus
+ * the split cost (us); draft_ms < 0 takes the measured draft step. 0 when a part is missing. */
+static double bench_step_with(const bench_report *r, const bsplit_result *sp, double draft_ms,
+                              const bench_time *verify)
 {
     if (draft_ms < 0)
         draft_ms = r->draft.ok ? r->draft.ms : 0;
-    if (draft_ms <= 0 || !r->tgt.verify16.ok || !r->tgt.rollback.ok || !sp->measured)
+    if (draft_ms <= 0 || !verify->ok || !r->tgt.rollback.ok || !sp->measured)
         return 0;
-    return draft_ms + r->tgt.verify16.ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
+    return draft_ms + verify->ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
+}
+
+static double bench_step_ms(const bench_report *r, const bsplit_result *sp, double draft_ms)
+{
+    return bench_step_with(r, sp, draft_ms, &r->tgt.verify16);
 }
 
 /* The draft step at the bandwidth limit: what it would take on the target's device. Only
@@ -267,7 +273,12 @@ static void bench_print(const bench_report *r)
         printf("  %-36s  tau 4: %.1f  tau 6: %.1f  tau 8: %.1f tok/s\n", name[k], 4e3 / step,
                6e3 / step, 8e3 / step);
     }
-    printf("  (projection: tau / (draft + verify 16 + rollback + split), plain decode %.1f tok/s)\n",
+    const double step8 = bench_step_with(r, &r->split_mps, -1, &r->tgt.verify8);
+    if (step8 > 0)
+        printf("  %-36s  tau 4: %.1f  tau 6: %.1f tok/s\n", "  blocks of 8 (--draft-max 7), MPS",
+               4e3 / step8, 6e3 / step8);
+    printf("  (projection: tau / (draft + verify 16 (or 8) + rollback + split), plain decode "
+           "%.1f tok/s)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
     bench_goal g[BENCH_GOALS];
     bench_goals(r, g);
@@ -335,6 +346,16 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
             json_object_set_new(p, k, json_real(tau * 1e3 / step_lim));
         }
         json_object_set_new(o, "projected_tok_s_draft_at_limit", p);
+    }
+    const double step8 = bench_step_with(r, sp, -1, &r->tgt.verify8);
+    if (step8 > 0) {
+        p = json_object();
+        for (int tau = 4; tau <= 6; tau += 2) {
+            char k[4];
+            snprintf(k, sizeof k, "%d", tau);
+            json_object_set_new(p, k, json_real(tau * 1e3 / step8));
+        }
+        json_object_set_new(o, "projected_tok_s_blocks_of_8", p);
     }
     return o;
 }
@@ -419,8 +440,9 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(sp, "no_mps", bench_json_split(r, &r->split));
     json_object_set_new(sp, "mps", bench_json_split(r, &r->split_mps));
     json_object_set_new(j, "split", sp);
-    json_object_set_new(j, "projection", json_string("projected_tok_s = tau / (draft + verify 16 + "
-                                                     "rollback + split cost)"));
+    json_object_set_new(j, "projection",
+                        json_string("projected_tok_s = tau / (draft + verify 16 + rollback + "
+                                    "split cost); _blocks_of_8: with verify 8 (--draft-max 7)"));
     bench_goal g[BENCH_GOALS];
     bench_goals(r, g);
     json_t *tg = json_object();

@@ -122,6 +122,10 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert close(sp["fraction_of_step"], sp["cost_us"] * 1e-3 / step_ms)
     for tau in (4, 6, 8):
         assert close(sp["projected_tok_s"][str(tau)], tau * 1e3 / step_ms)
+    step8 = j["draft"]["ms"] + j["verify"]["8"]["ms"] + j["rollback"]["ms"] + sp["cost_us"] * 1e-3
+    assert set(sp["projected_tok_s_blocks_of_8"]) == {"4", "6"}
+    for tau in (4, 6):
+        assert close(sp["projected_tok_s_blocks_of_8"][str(tau)], tau * 1e3 / step8)
     if not sp["gpu"]:
         assert not j["split"]["mps"]["measured"]
     assert any("32K context" in n for n in j["notes"])
