@@ -316,6 +316,18 @@ static json_t *bench_json_time(const bench_time *t, double decode_ms)
     return o;
 }
 
+/* {"4": tok/s, "6": ..., up to tau_max} of steps of step ms (null where step <= 0). */
+static json_t *bench_json_taus(int tau_max, double step)
+{
+    json_t *p = json_object();
+    for (int tau = 4; tau <= tau_max; tau += 2) {
+        char k[4];
+        snprintf(k, sizeof k, "%d", tau);
+        json_object_set_new(p, k, step > 0 ? json_real(tau * 1e3 / step) : json_null());
+    }
+    return p;
+}
+
 static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
 {
     json_t *o = json_object();
@@ -331,32 +343,12 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
     json_object_set_new(o, "local_us", json_real(sp->local_us));
     json_object_set_new(o, "fraction_of_step",
                         step > 0 ? json_real(sp->cost_us * 1e-3 / step) : json_null());
-    json_t *p = json_object();
-    for (int tau = 4; tau <= 8; tau += 2) {
-        char k[4];
-        snprintf(k, sizeof k, "%d", tau);
-        json_object_set_new(p, k, step > 0 ? json_real(tau * 1e3 / step) : json_null());
-    }
-    json_object_set_new(o, "projected_tok_s", p);
-    if (step_lim > 0) {
-        p = json_object();
-        for (int tau = 4; tau <= 8; tau += 2) {
-            char k[4];
-            snprintf(k, sizeof k, "%d", tau);
-            json_object_set_new(p, k, json_real(tau * 1e3 / step_lim));
-        }
-        json_object_set_new(o, "projected_tok_s_draft_at_limit", p);
-    }
+    json_object_set_new(o, "projected_tok_s", bench_json_taus(8, step));
+    if (step_lim > 0)
+        json_object_set_new(o, "projected_tok_s_draft_at_limit", bench_json_taus(8, step_lim));
     const double step8 = bench_step_with(r, sp, -1, &r->tgt.verify8);
-    if (step8 > 0) {
-        p = json_object();
-        for (int tau = 4; tau <= 6; tau += 2) {
-            char k[4];
-            snprintf(k, sizeof k, "%d", tau);
-            json_object_set_new(p, k, json_real(tau * 1e3 / step8));
-        }
-        json_object_set_new(o, "projected_tok_s_blocks_of_8", p);
-    }
+    if (step8 > 0)
+        json_object_set_new(o, "projected_tok_s_blocks_of_8", bench_json_taus(6, step8));
     return o;
 }
 

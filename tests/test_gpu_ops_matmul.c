@@ -379,6 +379,27 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
     free(keep);
 }
 
+/* One cuda_matmul_multi of w read with x_bf16 and w read exactly, n tokens of dx: the members'
+ * outputs must be want_bf16 and want_exact [n][rows] bit for bit. */
+static void check_mixed_group(const char *what, const ops_weight *w, const float *dx, int64_t n,
+                              const float *want_bf16, const float *want_exact)
+{
+    const size_t yb = (size_t)(n * w->rows) * sizeof(float);
+    float *dy0 = dpoison(yb), *dy1 = dpoison(yb);
+    ops_weight wb = *w, we = *w;
+    wb.x_bf16 = true;
+    we.x_bf16 = false;
+    const ops_mm_out mm[] = {{dy0, &wb}, {dy1, &we}};
+    GPU_OK(cuda_matmul_multi(dx, mm, 2, n, gpu_st));
+    float *y0 = dget(dy0, yb), *y1 = dget(dy1, yb);
+    assert_true(check_same_bits(what, y0, want_bf16, yb));
+    assert_true(check_same_bits(what, y1, want_exact, yb));
+    free(y0);
+    free(y1);
+    cuda_mem_free(dy0);
+    cuda_mem_free(dy1);
+}
+
 /* x[n] rounded to bf16 (ops_f32_to_bf16), as f32, in new memory. */
 static float *bf16_copy(const float *x, int64_t n)
 {
@@ -440,24 +461,12 @@ static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
             }
             /* a group of an x_bf16 member and an exact one of the same type and shape */
             const int64_t n = 16;
-            const size_t yb = (size_t)(n * rows) * sizeof(float);
-            float *dy0 = dpoison(yb), *dy1 = dpoison(yb);
-            ops_weight wb = tw.dev;
-            wb.x_bf16 = true;
-            const ops_mm_out mm[] = {{dy0, &wb}, {dy1, &tw.dev}};
-            GPU_OK(cuda_matmul_multi(dx, mm, 2, n, gpu_st));
-            float *y0 = dget(dy0, yb), *y1 = dget(dy1, yb);
             float *want0 = gpu_matmul(&tw, dxr, n), *want1 = gpu_matmul(&tw, dx, n);
             snprintf(what, sizeof what, "%s %lld x %lld mixed group", dtype_name(type),
                      (long long)rows, (long long)cols);
-            assert_true(check_same_bits(what, y0, want0, yb));
-            assert_true(check_same_bits(what, y1, want1, yb));
-            free(y0);
-            free(y1);
+            check_mixed_group(what, &tw.dev, dx, n, want0, want1);
             free(want0);
             free(want1);
-            cuda_mem_free(dy0);
-            cuda_mem_free(dy1);
             expect_free(&e);
             cuda_mem_free(dx);
             cuda_mem_free(dxr);
@@ -539,24 +548,12 @@ static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
         }
         /* beside an exact member of the same weight */
         const int64_t n = 15;
-        const size_t yb = (size_t)(n * rows) * sizeof(float);
-        float *dy0 = dpoison(yb), *dy1 = dpoison(yb);
-        ops_weight we = tw.dev;
-        we.x_bf16 = false;
-        const ops_mm_out mm[] = {{dy0, &tw.dev}, {dy1, &we}};
-        GPU_OK(cuda_matmul_multi(dx, mm, 2, n, gpu_st));
-        float *y0 = dget(dy0, yb), *y1 = dget(dy1, yb);
         tw.dev.x_bf16 = false;
         float *want1 = gpu_matmul(&tw, dx, n);
         snprintf(what, sizeof what, "Q6_K x bf16 %lld x %lld in a group", (long long)rows,
                  (long long)cols);
-        assert_true(check_same_bits(what, y0, alone, yb));
-        assert_true(check_same_bits(what, y1, want1, yb));
-        free(y0);
-        free(y1);
+        check_mixed_group(what, &tw.dev, dx, n, alone, want1);
         free(want1);
-        cuda_mem_free(dy0);
-        cuda_mem_free(dy1);
         free(alone);
         cuda_mem_free(dx);
         free(x);
