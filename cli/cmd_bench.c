@@ -321,7 +321,7 @@ static json_t *bench_json_taus(int tau_max, double step)
 {
     json_t *p = json_object();
     for (int tau = 4; tau <= tau_max; tau += 2) {
-        char k[4];
+        char k[12];
         snprintf(k, sizeof k, "%d", tau);
         json_object_set_new(p, k, step > 0 ? json_real(tau * 1e3 / step) : json_null());
     }
