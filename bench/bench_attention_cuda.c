@@ -64,7 +64,7 @@ static const att_case cases[] = {
 /* Random device buffer of n values of type t (F32 or F16). */
 static void *rand_dev(td_dtype t, size_t n)
 {
-    const size_t eb = t == TD_F16 ? 2 : 4;
+    const size_t eb = ops_kv_elem_bytes(t);
     void *h = bench_alloc(n * eb), *d = NULL;
     for (size_t i = 0; i < n; i++) {
         const float x = rnd();
@@ -84,7 +84,7 @@ static double bench_case(const att_case *c, int calls, double *bytes)
 {
     const int64_t qw = c->n_head * c->head_dim * (c->gate ? 2 : 1); /* q and gate per token */
     const int64_t kvw = c->n_head_kv * c->head_dim;
-    const size_t eb = c->kv_type == TD_F16 ? 2 : 4;
+    const size_t eb = ops_kv_elem_bytes(c->kv_type);
     const size_t cache = (size_t)(c->n_kv * kvw) * eb;
     int copies = (int)((ROTATE_BYTES + 2 * cache - 1) / (2 * cache));
     copies = copies < 2 ? 2 : copies > MAX_COPIES ? MAX_COPIES : copies;

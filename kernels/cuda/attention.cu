@@ -1578,7 +1578,7 @@ static bool att_mma_on(void)
 /* Whether every cache row of a starts 16-byte aligned (the staged copies' condition). */
 static bool att_rows_aligned(const ops_attn *a)
 {
-    const int64_t eb = a->kv_type == TD_F16 ? 2 : 4;
+    const int64_t eb = (int64_t)ops_kv_elem_bytes(a->kv_type);
     return (uintptr_t)a->k % 16 == 0 && (uintptr_t)a->v % 16 == 0 &&
            a->kv_tok_stride * eb % 16 == 0 && a->kv_head_stride * eb % 16 == 0;
 }
