@@ -377,7 +377,8 @@ typedef struct msg_status {
     uint32_t n_vocab;           /* tokens */
     bool ready;                 /* generations are accepted now (model loaded, kvd attached) */
     bool draft_attached;        /* draftd answers proposals (speculative decoding is on) */
-    uint32_t block;             /* tokens per verify block (1: plain decoding only) */
+    uint32_t block;             /* tokens a verify block holds at most (the drafter's block, or
+                                 * 1 + verifyd --draft-max; 1: plain decoding only) */
     uint32_t slots;             /* sequences that run at once */
     uint32_t active;            /* sequences running */
     uint32_t queued;            /* generations waiting for a slot */

@@ -566,6 +566,9 @@ static void test_draft_max_caps_the_tokens_a_step_verifies(void **ctx)
      * counts 45 for three steps of 15 the same way) */
     assert_int_equal(r->usage.steps, 8);
     assert_int_equal(r->usage.predicted_tokens, 8 * 5);
+    msg_status st;
+    assert_int_equal(pl_status(&pl, &st), TD_OK);
+    assert_int_equal(st.block, 6); /* the drafter's 16, cut to 1 + 5 */
 }
 
 int main(void)

@@ -235,9 +235,8 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
-    const int64_t verified = draft_max > 0 && 1 + draft_max < cfg.block ? 1 + draft_max : cfg.block;
     LOG_INFO("serving %s (%s) on %s, %s: context %lld, block %lld%s", cfg.model_name, model,
-             device, url, (long long)n_ctx, (long long)verified,
+             device, url, (long long)n_ctx, (long long)sched_verify_block(&cfg),
              cfg.block > 1 ? "" : " (plain decoding)");
     while (!daemon_stopping()) {
         struct timespec ts = {0, 100 * 1000000L};

@@ -544,7 +544,7 @@ static td_err sched_status(sched *s, uint64_t rid, msg_buf *reply)
     snprintf(m.model, sizeof m.model, "%s", s->cfg.model_name);
     m.n_ctx = (uint32_t)s->cfg.n_ctx;
     m.n_vocab = (uint32_t)s->cfg.tm->hp.n_vocab;
-    m.block = (uint32_t)s->cfg.block;
+    m.block = (uint32_t)sched_verify_block(&s->cfg);
     m.draft_attached = s->draft && dlink_up(s->draft);
     m.draft_attaches = s->draft ? dlink_attaches(s->draft) : 0;
     m.draft_failures = s->draft ? dlink_failures(s->draft) : 0;

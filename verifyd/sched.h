@@ -53,6 +53,12 @@ typedef struct sched_cfg {
     uint32_t n_heads;
 } sched_cfg;
 
+/* Tokens a step verifies at most: the block, or 1 + draft_max when that is fewer. */
+static inline int64_t sched_verify_block(const sched_cfg *c)
+{
+    return c->draft_max > 0 && 1 + c->draft_max < c->block ? 1 + c->draft_max : c->block;
+}
+
 /* A generation, from gen_start to its last event. */
 typedef struct sched_req {
     msg_gen_start gs;        /* the request (owns prompt and stop) */

@@ -333,9 +333,8 @@ static void seq_step(sched *s, sched_seq *seq)
 {
     spec_seq *sp = &seq->spec;
     int64_t room = spec_room(sp);
-    int64_t B = s->cfg.block < room ? s->cfg.block : room;
-    if (s->cfg.draft_max > 0 && B > 1 + s->cfg.draft_max)
-        B = 1 + s->cfg.draft_max;
+    const int64_t most = sched_verify_block(&s->cfg);
+    int64_t B = most < room ? most : room;
     int32_t block[SPEC_MAX_BLOCK], out[SPEC_MAX_BLOCK];
     block[0] = sp->pending;
     const float *q = NULL;
