@@ -27,21 +27,26 @@ static td_err st_call(const char *service, msg_buf *b, int timeout_ms)
     return e;
 }
 
-/* "ok (0.4 ms)", "ready, draftd attached", or why not. */
+/* "ok (0.4 ms)", "ready, draftd attached (blocks of 16)", or why not. */
 static void st_health(const char *service, char *out, size_t cap)
 {
     msg_buf b;
     msg_buf_init(&b);
     if (!strcmp(service, "verifyd")) {
         msg_status st;
+        char draft[64];
         if (msg_pack_status_get(&b, 1) == TD_OK && st_call(service, &b, 1000) == TD_OK &&
-            msg_unpack_status(b.data, b.len, NULL, &st) == TD_OK)
+            msg_unpack_status(b.data, b.len, NULL, &st) == TD_OK) {
+            if (st.draft_attached)
+                snprintf(draft, sizeof draft, "draftd attached (blocks of %u)", st.block);
+            else
+                snprintf(draft, sizeof draft, "plain decoding");
             snprintf(out, cap, "%s, %s, %u/%u running, %llu generations",
-                     st.ready ? "ready" : "not ready (no kvd)",
-                     st.draft_attached ? "draftd attached" : "plain decoding", st.active,
-                     st.slots, (unsigned long long)st.requests);
-        else
+                     st.ready ? "ready" : "not ready (no kvd)", draft, st.active, st.slots,
+                     (unsigned long long)st.requests);
+        } else {
             snprintf(out, cap, "no answer: %s", err_msg());
+        }
     } else if (!strcmp(service, "gateway")) {
         snprintf(out, cap, "-");
     } else {
