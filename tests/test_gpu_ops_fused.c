@@ -475,7 +475,7 @@ static void test_qk_norm_rope_stores_kv(void **state)
             for (size_t y = 0; y < 2; y++) {
                 const int64_t n = toks[j], hd = cs[c].hd, nh = cs[c].n_head, nkv = cs[c].n_kv;
                 const int64_t nq = n * nh * cs[c].q_head, nk = n * nkv * hd, row = nkv * hd;
-                const size_t cache = (size_t)CAP * (size_t)row * (types[y] == TD_F16 ? 2 : 4);
+                const size_t cache = (size_t)CAP * (size_t)row * ops_kv_elem_bytes(types[y]);
                 float *q = rng_floats(nq, 3), *k = rng_floats(nk, 3), *v = rng_floats(nk, 3);
                 float *qn = rng_floats(hd, 1.5f), *kn = rng_floats(hd, 1.5f);
                 int32_t pos[16], rows[16];
@@ -529,7 +529,7 @@ static void test_qk_norm_rope_stores_two_layers(void **state)
     for (size_t j = 0; j < sizeof toks / sizeof *toks; j++)
         for (size_t y = 0; y < 2; y++) {
             const int64_t n = toks[j], nk = n * row;
-            const size_t cache = (size_t)CAP * (size_t)row * (types[y] == TD_F16 ? 2 : 4);
+            const size_t cache = (size_t)CAP * (size_t)row * ops_kv_elem_bytes(types[y]);
             float *ka = rng_floats(nk, 3), *kb = rng_floats(nk, 3), *va = rng_floats(nk, 3),
                   *vb = rng_floats(nk, 3), *na = rng_floats(hd, 1.5f), *nb = rng_floats(hd, 1.5f);
             int32_t pos[16], rows[16];

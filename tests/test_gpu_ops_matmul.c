@@ -224,6 +224,17 @@ static bool check_outputs(const char *what, const float *y, const expect *e, int
     return true;
 }
 
+/* The current device's compute capability major and the shared memory a block may opt in to. */
+static void device_caps(int *major, int *optin)
+{
+    int dev = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                     cudaSuccess);
+}
+
 /* y [n][rows] from the GPU into a poisoned buffer. */
 static float *gpu_matmul(const test_weight *tw, const float *dx, int64_t n)
 {
@@ -355,10 +366,8 @@ static void test_matmul_half_weights_draft_step_sizes_match_alone_bits(void **st
     static const char *const paths[] = {NULL, "ahead", "bulk"};
     static const int64_t ns[] = {1, 9, 15, 16, 17, 32};
     static const td_dtype types[] = {TD_BF16, TD_F16};
-    int dev = 0, major = 0;
-    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
-    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-                     cudaSuccess);
+    int major = 0, optin = 0;
+    device_caps(&major, &optin);
     const char *saved = getenv("TANDEM_MMH");
     char *keep = saved ? strdup(saved) : NULL;
     for (int pass = 0; pass < (major >= 9 ? 3 : 2); pass++) {
@@ -492,13 +501,8 @@ static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
                                         {7001, 1280}};
     static const int64_t ns[] = {1, 7, 9, 15, 16};
     const int64_t N = 16;
-    int dev = 0, major = 0, optin = 0;
-    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
-    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-                     cudaSuccess);
-    assert_int_equal(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-        cudaSuccess);
+    int major = 0, optin = 0;
+    device_caps(&major, &optin);
     rng_seed(29);
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
         const int64_t rows = shapes[k][0], cols = shapes[k][1];
@@ -883,13 +887,8 @@ static int64_t bulk_smem(const bulk_shape *b)
 static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **state)
 {
     (void)state;
-    int dev = 0, major = 0, optin = 0;
-    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
-    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-                     cudaSuccess);
-    assert_int_equal(
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-        cudaSuccess);
+    int major = 0, optin = 0;
+    device_caps(&major, &optin);
     if (major < 9) {
         printf("bulk-copy kernel: sm_%d0 device, needs sm_90: skipped\n", major);
         skip();

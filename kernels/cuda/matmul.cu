@@ -488,13 +488,15 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
      * (fi: F16/BF16 round in their split when x_bf16) or F32 ones reading it rounded (fb) */
     int qi[OPS_MM_GROUP_MAX], nq = 0, qb[OPS_MM_GROUP_MAX], nqb = 0;
     int fi[OPS_MM_GROUP_MAX], nf = 0, fb[OPS_MM_GROUP_MAX], nfb = 0;
+    bool q6x[OPS_MM_GROUP_MAX] = {}; /* on the Q6_K x bf16 kernel */
     for (int i = 0; i < n; i++) {
         const ops_weight *w = mm[i].w;
         TD_ASSERT(mm[i].y != NULL && w != NULL && w->data != NULL);
         TD_ASSERT(w->rows >= 1 && w->cols >= 1 && w->cols == cols);
         TD_TRY(weight_check(w));
-        if (q6x_takes(w, n_tok))
-            continue; /* below, on the Q6_K x bf16 kernel */
+        q6x[i] = q6x_takes(w, n_tok);
+        if (q6x[i])
+            continue;
         if (!is_float_type(w->type))
             *(w->x_bf16 ? &qb[nqb++] : &qi[nq++]) = i;
         else
@@ -513,7 +515,7 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
     if (nq)
         TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
     for (int i = 0; i < n; i++)
-        if (q6x_takes(mm[i].w, n_tok))
+        if (q6x[i])
             TD_TRY(q6x_launch(mm[i].y, x, mm[i].w, (int)n_tok, cs));
     if (nqb || nfb) {
         const float *xr = NULL;
