@@ -119,7 +119,7 @@ int cmd_generate(int argc, char **argv)
     double repetition = 1.0;
     int64_t min_tokens = 0, draft_max = 0;
     const char *logit_bias = NULL, *json_schema = NULL;
-    bool ids = false, ignore_eos = false, help = false, json = false;
+    bool ids = false, ignore_eos = false, help = false, json = false, draft_auto = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (" GEN_DEMO_MODEL " when it exists)", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder, speculative decoding (" GEN_DEMO_DRAFT " with that model; \"\" for none)", 0, 0, 0},
@@ -129,6 +129,7 @@ int cmd_generate(int argc, char **argv)
         {"ctx", ARGS_INT, &n_ctx, NULL, "context size in positions", 2, INT32_MAX / 2, 0},
         {"ring", ARGS_INT, &ring, NULL, "drafter context window (feature ring slots)", 1, INT32_MAX / 4, 0},
         {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts a step verifies at most (0: the drafter's whole block)", 0, SPEC_MAX_BLOCK - 1, 0},
+        {"draft-auto", ARGS_FLAG, &draft_auto, "TANDEM_DRAFT_AUTO", "each step verifies as many drafts (up to --draft-max) as give the most tokens per second by measured cost and acceptance, none where drafting does not pay", 0, 0, 0},
         {"temp", ARGS_DOUBLE, &temp, NULL, "sampling temperature (0 = greedy)", 0, 0, 0},
         {"top-k", ARGS_INT, &top_k, NULL, "keep the k most likely tokens (0 = off)", 0, INT32_MAX, 0},
         {"top-p", ARGS_DOUBLE, &top_p, NULL, "nucleus mass (1 = off)", 0, 0, 0},
@@ -259,7 +260,7 @@ int cmd_generate(int argc, char **argv)
     };
     const spec_cfg cfg = {
         .dm = dm, .n_ctx = n_ctx, .ring = ring, .block = 1, .draft_max = draft_max,
-        .sampler = sampler,
+        .draft_auto = draft_auto, .sampler = sampler,
         .pen = {.presence = (float)presence, .frequency = (float)frequency,
                 .bias_tok = bias_tok, .bias = bias, .n_bias = n_bias,
                 .repetition = (float)repetition, .min_tokens = (int32_t)min_tokens,

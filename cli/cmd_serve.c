@@ -58,6 +58,7 @@ typedef struct sv_opts {
     char draft[PATH_MAX];   /* "" without a drafter */
     char host[256];
     int64_t port, ctx, slots, delta_chunk, draft_max;
+    bool draft_auto;        /* verifyd --draft-auto */
     char dir[PATH_MAX];     /* runtime directory */
     const char *log_level;
     bool foreground;
@@ -119,6 +120,8 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = chunk;
         argv[n++] = "--draft-max";
         argv[n++] = dmax;
+        if (o->draft_auto)
+            argv[n++] = "--draft-auto";
         if (o->draft[0]) {
             argv[n++] = "--draft";
             argv[n++] = o->draft;
@@ -421,6 +424,7 @@ int cmd_serve(int argc, char **argv)
     const char *log_level = NULL, *device = "cpu";
     int64_t port = 8080, ctx = 4096, slots = 16, delta_chunk = 0, draft_max = 0;
     bool foreground = false, no_gateway = false, no_mps = false, help = false;
+    bool draft_auto = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file (default: the demo model)", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "DFlash drafter folder (\"\": none)", 0, 0, 0},
@@ -435,6 +439,7 @@ int cmd_serve(int argc, char **argv)
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where kvd, verifyd and draftd run: cpu, cuda or cuda:N", 0, 0, 0},
         {"delta-chunk", ARGS_INT, &delta_chunk, "TANDEM_DELTA_CHUNK", "verifyd's prefill runs the DeltaNet recurrence in chunks of N positions (0: token by token)", 0, OPS_DELTA_CHUNK_MAX, 0},
         {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts verifyd checks per step at most (0: the drafter's whole block)", 0, SPEC_MAX_BLOCK - 1, 0},
+        {"draft-auto", ARGS_FLAG, &draft_auto, "TANDEM_DRAFT_AUTO", "verifyd picks each step's block (up to --draft-max) by measured cost and acceptance, none where drafting does not pay", 0, 0, 0},
         {"no-mps", ARGS_FLAG, &no_mps, NULL, "with a GPU: do not start an MPS control daemon (each draft/verify round trip then pays a context switch)", 0, 0, 0},
         ARGS_END,
     };
@@ -501,6 +506,7 @@ int cmd_serve(int argc, char **argv)
     o->slots = slots;
     o->delta_chunk = delta_chunk;
     o->draft_max = draft_max;
+    o->draft_auto = draft_auto;
     o->log_level = log_level;
     o->foreground = foreground;
     if (gpu) /* the canonical spelling: the services and tandem status show the same */

@@ -30,9 +30,10 @@ static dfl_model *dm;
 static uint64_t next_seq = 1;
 
 /* The daemons with verifyd's prefill in DeltaNet chunks of delta_chunk (0: token by token)
- * and at most draft_max drafts verified per step (0: whole blocks); the in-process
- * references prefill the same way. */
-static int setup_with(int64_t delta_chunk, int64_t draft_max)
+ * and at most draft_max drafts verified per step (0: whole blocks), each drafting step's
+ * block picked by measured cost and acceptance when draft_auto; the in-process references
+ * prefill the same way. */
+static int setup_with(int64_t delta_chunk, int64_t draft_max, bool draft_auto)
 {
     int rc = pl_setup(&pl);
     if (rc != 0)
@@ -49,7 +50,8 @@ static int setup_with(int64_t delta_chunk, int64_t draft_max)
     const char *kvd_args[] = {"--slots", "16", "--log-level", "info", NULL};
     const char *vd_args[] = {"--model", model, "--draft", draft, "--ctx", "256",
                              "--draft-timeout-ms", "30000", "--delta-chunk", chunk,
-                             "--draft-max", dmax, "--log-level", "info", NULL};
+                             "--draft-max", dmax, "--log-level", "info",
+                             draft_auto ? "--draft-auto" : NULL, NULL};
     const char *dd_args[] = {"--model", model, "--draft", draft, "--log-level", "info", NULL};
     return pl_start_all(&pl, kvd_args, vd_args, dd_args) == TD_OK ? 0 : -1;
 }
@@ -57,13 +59,13 @@ static int setup_with(int64_t delta_chunk, int64_t draft_max)
 static int setup(void **ctx)
 {
     (void)ctx;
-    return setup_with(0, 0);
+    return setup_with(0, 0, false);
 }
 
 static int setup_chunked(void **ctx)
 {
     (void)ctx;
-    return setup_with(4, 5);
+    return setup_with(4, 5, true);
 }
 
 static int teardown(void **ctx)
@@ -479,7 +481,8 @@ static void test_bad_requests_get_errors_with_the_numbers(void **ctx)
 
 /* verifyd --delta-chunk 4: prompts of several prefill passes (the chunks cut where the
  * passes are not) give the tokens of the in-process loop prefilling the same way, and
- * speculative decoding gives plain decoding's. */
+ * speculative decoding gives plain decoding's, also with the blocks verifyd picks step by
+ * step (this group runs --draft-auto). */
 static void test_chunked_prefill_equals_the_in_process_loop(void **ctx)
 {
     (void)ctx;

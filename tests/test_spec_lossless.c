@@ -33,13 +33,14 @@ static float rng_uniform(void)
 static char tmpdir[64];
 
 /* Generates n tokens after prompt, verifying at most draft_max drafts per step (0: the
- * drafter's whole block); returns the stats. */
+ * drafter's whole block), each step's block picked by measured cost and acceptance when
+ * draft_auto; returns the stats. */
 static spec_stats generate_max(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
                                int64_t n_prompt, int64_t n, const ops_sampler *smp,
-                               int64_t draft_max, int32_t *out)
+                               int64_t draft_max, bool draft_auto, int32_t *out)
 {
     const spec_cfg cfg = {.dm = dm, .n_ctx = 256, .block = 1, .draft_max = draft_max,
-                          .sampler = *smp};
+                          .draft_auto = draft_auto, .sampler = *smp};
     spec_stats st;
     if (mf_generate(tm, &cfg, prompt, n_prompt, n, out, &st) != TD_OK)
         fail_msg("generate: %s", err_msg());
@@ -49,7 +50,7 @@ static spec_stats generate_max(const tgt_model *tm, const dfl_model *dm, const i
 static spec_stats generate(const tgt_model *tm, const dfl_model *dm, const int32_t *prompt,
                            int64_t n_prompt, int64_t n, const ops_sampler *smp, int32_t *out)
 {
-    return generate_max(tm, dm, prompt, n_prompt, n, smp, 0, out);
+    return generate_max(tm, dm, prompt, n_prompt, n, smp, 0, false, out);
 }
 
 static int setup_dir(void **ctx)
@@ -105,7 +106,8 @@ static void test_spec_greedy_equals_plain_for_many_prompts_and_blocks(void **ctx
  * its mask embedding). Against targets that repeat t more or less readily, steps accept
  * nothing, part of the block, or all of it; the output always equals plain decoding. Capped
  * at 3 drafts per step (spec_cfg.draft_max, verifyd --draft-max) the same: no step commits
- * more than 4 tokens, and some commit all 4. */
+ * more than 4 tokens, and some commit all 4. With --draft-auto's picked blocks, also capped
+ * at 5, the same output. */
 static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
 {
     (void)ctx;
@@ -135,7 +137,7 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
                              scales[k], p, (long long)i, plain[i], spec[i]);
             for (int a = 1; a <= 8; a++)
                 hist[a] += st.accept_hist[a];
-            st = generate_max(tm, dm, prompt, 4, n, &greedy, 3, spec);
+            st = generate_max(tm, dm, prompt, 4, n, &greedy, 3, false, spec);
             for (int64_t i = 0; i < n; i++)
                 if (plain[i] != spec[i])
                     fail_msg("scale %g prompt %d, 3 drafts a step: token %lld differs (plain %d, "
@@ -144,6 +146,15 @@ static void test_spec_partial_and_full_accepts_stay_lossless(void **ctx)
             assert_int_equal(st.drafted, 3 * st.steps);
             for (int a = 1; a <= 8; a++)
                 capped[a] += st.accept_hist[a];
+            /* blocks picked step by step (their sizes follow timing, the output must not) */
+            st = generate_max(tm, dm, prompt, 4, n, &greedy, p == 2 ? 5 : 0, true, spec);
+            for (int64_t i = 0; i < n; i++)
+                if (plain[i] != spec[i])
+                    fail_msg("scale %g prompt %d, picked blocks: token %lld differs (plain %d, "
+                             "speculative %d)",
+                             scales[k], p, (long long)i, plain[i], spec[i]);
+            if (p == 2)
+                assert_true(st.accept_hist[7] == 0 && st.accept_hist[8] == 0);
         }
         dfl_free(dm);
         tgt_free(tm);

@@ -136,7 +136,7 @@ int main(int argc, char **argv)
     const char *device = "cpu";
     int64_t n_ctx = 4096, ring = 4096, max_queue = 64, draft_timeout = 100, workers = 4;
     int64_t delta_chunk = 0, draft_max = 0;
-    bool help = false, no_draft = false;
+    bool help = false, no_draft = false, draft_auto = false;
     const args_opt opts[] = {
         {"model", ARGS_STRING, &model, "TANDEM_MODEL", "target GGUF file", 0, 0, 'm'},
         {"draft", ARGS_STRING, &draft, "TANDEM_DRAFT", "drafter folder (its config.json: taps and block size)", 0, 0, 0},
@@ -146,6 +146,7 @@ int main(int argc, char **argv)
         {"draft-timeout-ms", ARGS_INT, &draft_timeout, NULL, "a proposal may take at least this long", 1, 600000, 0},
         {"no-draft", ARGS_FLAG, &no_draft, NULL, "never ask draftd (plain decoding)", 0, 0, 0},
         {"draft-max", ARGS_INT, &draft_max, "TANDEM_DRAFT_MAX", "drafts a step verifies at most (0: the drafter's whole block, block_size - 1): a shorter block costs less to verify where few drafts are accepted", 0, SPEC_MAX_BLOCK - 1, 0},
+        {"draft-auto", ARGS_FLAG, &draft_auto, "TANDEM_DRAFT_AUTO", "each step verifies as many drafts (up to --draft-max) as give the most tokens per second by the steps' measured cost and acceptance, none where drafting does not pay (seeded sampled outputs then depend on timing)", 0, 0, 0},
         {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the sockets", 0, 0, 0},
         {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         {"endpoint", ARGS_STRING, &endpoint, "TANDEM_VERIFYD_ENDPOINT", "verifyd's bus endpoint", 0, 0, 0},
@@ -201,7 +202,8 @@ int main(int argc, char **argv)
     }
     sched_cfg cfg = {
         .n_ctx = n_ctx, .block = 1, .max_queue = (uint32_t)max_queue,
-        .draft_timeout_ms = (int)draft_timeout, .draft_max = draft_max, .kvd_url = kv_url,
+        .draft_timeout_ms = (int)draft_timeout, .draft_max = draft_max,
+        .draft_auto = draft_auto, .kvd_url = kv_url,
         .kvd_fd_path = kv_fd,
         .draftd_url = no_draft ? NULL : dd_url, .events_url = ev_url,
     };

@@ -398,6 +398,7 @@ td_err sched_start(sched **out, const sched_cfg *cfg)
     if (!s)
         return err_set(TD_ENOMEM, "out of memory");
     s->cfg = *cfg;
+    bp_init(&s->bp, sched_verify_block(cfg));
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
     kvc_init(&s->kv);

@@ -22,6 +22,7 @@
 #include "common/bus.h"
 #include "common/kvclient.h"
 #include "common/msg.h"
+#include "verifyd/blockpick.h"
 #include "verifyd/dlink.h"
 #include "verifyd/events.h"
 #include "verifyd/spec.h"
@@ -35,6 +36,8 @@ typedef struct sched_cfg {
     int64_t block;              /* tokens per verify block: the drafter's, or 1 */
     int64_t draft_max;          /* drafts (or predicted tokens) a step verifies at most, the
                                  * rest of a proposal left unchecked (0: block - 1) */
+    bool draft_auto;            /* each drafted step's block chosen by measured cost and
+                                 * acceptance (blockpick.h), at most sched_verify_block */
     int32_t taps[MSG_TAPS_MAX]; /* [n_taps] target layers whose features draftd reads */
     int64_t n_taps;
     const uint8_t *eog;         /* [n_vocab] 1 for the model's end-of-generation ids, or NULL */
@@ -56,7 +59,7 @@ typedef struct sched_cfg {
 /* Tokens a step verifies at most: the block, or 1 + draft_max when that is fewer. */
 static inline int64_t sched_verify_block(const sched_cfg *c)
 {
-    return c->draft_max > 0 && 1 + c->draft_max < c->block ? 1 + c->draft_max : c->block;
+    return spec_block_most(c->block, c->draft_max);
 }
 
 /* A generation, from gen_start to its last event. */
@@ -117,6 +120,7 @@ typedef struct sched {
     uint32_t slots;           /* from kvd's layout */
     uint64_t kv_request_id;
     double verify_ema;        /* seconds per verify pass (proposal deadline) */
+    blockpick bp;             /* with cfg.draft_auto: the block of drafted steps */
     long long next_attach_ms; /* when to try kvd again */
 } sched;
 

@@ -338,13 +338,20 @@ static void seq_step(sched *s, sched_seq *seq)
     int32_t block[SPEC_MAX_BLOCK], out[SPEC_MAX_BLOCK];
     block[0] = sp->pending;
     const float *q = NULL;
+    const double t_step = seq_now();
     const int64_t predicted = B > 1 ? seq_predict(s, seq, block, B, &q) : 1;
+    int64_t want = B; /* of a step that drafts or decodes plainly */
     if (predicted > 1)
         B = predicted;
     else if (B > 1 && (!s->draft || !dlink_up(s->draft)))
-        B = 1;
-    else if (B > 1)
-        B = seq_draft(s, seq, block, B, &q);
+        B = want = 1;
+    else if (B > 1) {
+        if (s->cfg.draft_auto) {
+            const int64_t pick = bp_pick(&s->bp);
+            want = pick < B ? pick : B;
+        }
+        B = want > 1 ? seq_draft(s, seq, block, want, &q) : 1;
+    }
     double t0 = seq_now();
     int64_t n = 0;
     td_err e = spec_verify(sp, block, B, B > 1 ? q : NULL, out, &n);
@@ -353,6 +360,9 @@ static void seq_step(sched *s, sched_seq *seq)
         sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);
         return;
     }
+    /* what a drafted (or plain) step cost, unless its proposal failed */
+    if (s->cfg.draft_auto && predicted <= 1 && B == want)
+        bp_record(&s->bp, B, n, seq_now() - t_step);
     s->verify_ema = s->verify_ema == 0 ? dt : 0.9 * s->verify_ema + 0.1 * dt;
     pthread_mutex_lock(&s->lock);
     s->stats.steps++;

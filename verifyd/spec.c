@@ -17,6 +17,12 @@ static bool spec_greedy(const spec_seq *s)
     return s->sampler.temperature == 0.0f;
 }
 
+/* Tokens an in-process step verifies at most (1 without a drafter). */
+static int64_t spec_most(const spec_seq *s)
+{
+    return s->dm ? spec_block_most(s->block, s->draft_max) : 1;
+}
+
 td_err spec_init(spec_seq *s, const tgt_model *tm, const dfl_model *dm, int64_t n_ctx,
                  int64_t ring, const ops_sampler *sampler)
 {
@@ -39,6 +45,8 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     if (s->block < 1 || s->block > SPEC_MAX_BLOCK)
         return err_set(TD_ENOTSUP, "block size %lld is outside 1..%d", (long long)s->block,
                        SPEC_MAX_BLOCK);
+    s->draft_auto = dm && cfg->draft_auto;
+    bp_init(&s->bp, spec_most(s));
     s->lp_rows = s->block;
     if (cfg->prompt_logprobs) {
         if (dm)
@@ -382,9 +390,9 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     int64_t room = spec_room(s), L = s->ts.n_past;
     if (room < 1)
         return err_set(TD_ERANGE, "context full at %lld positions", (long long)s->ts.n_ctx);
-    int64_t B = s->dm ? (s->block < room ? s->block : room) : 1;
-    if (s->draft_max > 0 && B > 1 + s->draft_max)
-        B = 1 + s->draft_max;
+    int64_t B = s->draft_auto ? bp_pick(&s->bp) : spec_most(s);
+    if (B > room)
+        B = room;
     int32_t block[SPEC_MAX_BLOCK];
     block[0] = s->pending;
     double t0 = spec_now();
@@ -394,5 +402,8 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
                                 s->ids, block, s->dq));
     }
     s->stats.t_draft += spec_now() - t0;
-    return spec_verify(s, block, B, s->dq, out, n_out);
+    TD_TRY(spec_verify(s, block, B, s->dq, out, n_out));
+    if (s->draft_auto)
+        bp_record(&s->bp, B, *n_out, spec_now() - t0);
+    return TD_OK;
 }

@@ -18,11 +18,13 @@
 
 #include "draftd/dflash.h"
 #include "kernels/ops.h"
+#include "verifyd/blockpick.h"
 #include "verifyd/constrain.h"
 #include "verifyd/penalty.h"
 #include "verifyd/target.h"
 
 #define SPEC_MAX_BLOCK 64 /* tokens per verify block (block_size of the drafter) */
+_Static_assert(SPEC_MAX_BLOCK == BP_MAX, "a block pick covers every block");
 #define SPEC_PROMPT_LP_ROWS 16 /* prompt tokens per prefill pass with prompt log probabilities */
 
 typedef struct spec_stats {
@@ -46,6 +48,8 @@ typedef struct spec_seq {
     cst_state cst;            /* its response format */
     int64_t block;            /* tokens per verify block: drafter block_size, or 1 */
     int64_t draft_max;        /* drafts an in-process step verifies at most (0: block - 1) */
+    bool draft_auto;          /* in-process steps' blocks chosen by bp (blockpick.h) */
+    blockpick bp;
     int32_t pending;          /* b: the last emitted token, not yet run through the target */
     bool has_pending;
     int32_t *taps;            /* [n_taps] target layer ids feeding the drafter */
@@ -87,6 +91,12 @@ typedef struct spec_seq {
     spec_stats stats;
 } spec_seq;
 
+/* Tokens a step verifies at most: the block, or 1 + draft_max when that is fewer. */
+static inline int64_t spec_block_most(int64_t block, int64_t draft_max)
+{
+    return draft_max > 0 && 1 + draft_max < block ? 1 + draft_max : block;
+}
+
 /* How a sequence is set up (spec_init_cfg). */
 typedef struct spec_cfg {
     const dfl_model *dm;        /* in-process drafter, or NULL */
@@ -96,6 +106,8 @@ typedef struct spec_cfg {
                                  * drafter elsewhere supplies (1: plain decoding) */
     int64_t draft_max;          /* with dm: drafts a step verifies at most, the rest of the
                                  * drafter's block left unchecked (0: all of them) */
+    bool draft_auto;            /* with dm: each step's block chosen by measured cost and
+                                 * acceptance (blockpick.h), at most 1 + draft_max */
     const int32_t *taps;        /* without dm: [n_taps] target layers whose features are kept */
     int64_t n_taps;
     const tgt_state_mem *state; /* caller memory for the target state (a kvd slot), or NULL */
