@@ -96,6 +96,9 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
         e = be->alloc(be, (void **)&s->logits, (size_t)(s->lp_rows * V) * sizeof(float));
     if (e == TD_OK && dm)
         e = be->alloc(be, (void **)&s->dlogits, lbytes);
+    if (e == TD_OK && s->draft_auto)
+        e = be->alloc(be, (void **)&s->pend,
+                      (size_t)(SPEC_MAX_BLOCK * s->n_taps * D) * sizeof(float));
     if (e == TD_OK)
         e = be->alloc(be, (void **)&s->ids, (size_t)(2 * s->block + 2) * sizeof(int32_t));
     /* Sampling compares distributions next to the logits: p for every row of a block, and
@@ -133,6 +136,7 @@ void spec_free(spec_seq *s)
         be->release(be, s->feat);
         be->release(be, s->logits);
         be->release(be, s->dlogits);
+        be->release(be, s->pend);
         be->release(be, s->ids);
         be->release(be, s->dp);
         be->release(be, s->dq);
@@ -210,12 +214,29 @@ static td_err spec_run(spec_seq *s, const int32_t *tokens, int64_t n, bool recor
     return tgt_forward(s->tm, &s->ts, tokens, n, record, &out);
 }
 
+/* The features waiting in s->pend go to the drafter's context. */
+static td_err spec_flush_context(spec_seq *s)
+{
+    const int64_t n = s->n_pend;
+    s->n_pend = 0;
+    return n ? dfl_add_context(s->dm, &s->ds, s->pend, n) : TD_OK;
+}
+
 /* The first n rows of s->feat are committed positions pos0..pos0+n-1: they go to the
- * in-process drafter's context and to the feature ring. */
+ * in-process drafter's context (with draft_auto, after a generation's step: to s->pend, to
+ * be added when the drafter next runs) and to the feature ring. */
 static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
 {
-    if (s->dm)
+    if (s->pend && !s->prompt) {
+        const size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
+        if (s->n_pend + n > SPEC_MAX_BLOCK)
+            TD_TRY(spec_flush_context(s));
+        TD_TRY(s->tm->be->copy(s->tm->be, s->pend + (size_t)s->n_pend * row, s->feat,
+                               (size_t)n * row * sizeof(float)));
+        s->n_pend += n;
+    } else if (s->dm) {
         TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, n));
+    }
     if (s->ring) {
         /* The ring is backend memory too (a kvd pool of the backend's kind): rows stay on the
          * device; at most two copies, one on each side of the wrap. */
@@ -253,6 +274,7 @@ td_err spec_prefill_begin(spec_seq *s, const int32_t *prompt, int64_t n, int64_t
     }
     if (s->dm)
         dfl_state_reset(&s->ds);
+    s->n_pend = 0;
     memset(&s->stats, 0, sizeof s->stats);
     TD_TRY(pen_start(&s->pen, prompt, n));
     cst_reset(&s->cst);
@@ -396,6 +418,12 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
     int32_t block[SPEC_MAX_BLOCK];
     block[0] = s->pending;
     double t0 = spec_now();
+    if (B > 1 && s->n_pend) { /* the plain steps' context: theirs, not this step's cost */
+        TD_TRY(spec_flush_context(s));
+        const double t = spec_now();
+        s->stats.t_draft += t - t0;
+        t0 = t;
+    }
     if (B > 1) {
         TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
         TD_TRY(dfl_draft_tokens(s->tm->be, &s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L,

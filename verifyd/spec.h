@@ -50,6 +50,11 @@ typedef struct spec_seq {
     int64_t draft_max;        /* drafts an in-process step verifies at most (0: block - 1) */
     bool draft_auto;          /* in-process steps' blocks chosen by bp (blockpick.h) */
     blockpick bp;
+    float *pend;              /* with draft_auto: [SPEC_MAX_BLOCK][n_taps][n_embd] features of
+                               * committed positions not yet in the drafter's context (backend
+                               * memory): plain steps leave them there, the next drafting step
+                               * (or a full buffer) adds them in one pass */
+    int64_t n_pend;
     int32_t pending;          /* b: the last emitted token, not yet run through the target */
     bool has_pending;
     int32_t *taps;            /* [n_taps] target layer ids feeding the drafter */
