@@ -13,8 +13,9 @@
  *
  * where h_k is the rate at which draft k is accepted once drafts 1..k-1 were (counted over the
  * steps that offered it, with older steps weighing less: each drafting step multiplies the
- * counts by BP_DECAY, each plain one by BP_DECAY_PLAIN), pulled towards h_{k-1} (h_0 = 1/2) by BP_PRIOR steps' weight so that a draft
- * position never offered yet is expected to do as the one before it. cost(B) is the mean
+ * counts by BP_DECAY, each plain one by BP_DECAY_PLAIN), pulled towards h_{k-1} (h_0 = 1/2)
+ * by BP_PRIOR steps' weight so that a draft position never offered yet is expected to do as
+ * the one before it. cost(B) is the mean
  * seconds of the recent steps of B tokens (the first step of each B is left out: it pays for
  * warming up, e.g. recording a CUDA graph); a B not yet measured is costed by the line between
  * the measured sizes around it, or, outside them, optimistically (as the largest measured
@@ -37,8 +38,8 @@
 #include <stdint.h>
 
 #define BP_MAX 64        /* tokens a step verifies at most (SPEC_MAX_BLOCK) */
-#define BP_DECAY 0.97    /* weight of a step's acceptance counts after each later step */
-#define BP_DECAY_PLAIN 0.995 /* ... after each later plain step (they come ~50x as often) */
+#define BP_DECAY 0.97    /* weight of the acceptance counts kept at each drafting step */
+#define BP_DECAY_PLAIN 0.995 /* ... at each plain step (those come ~50x as often) */
 #define BP_PRIOR 2.0     /* weight, in steps, of h_{k-1} in the estimate of h_k */
 #define BP_COST_NEW 0.2  /* weight of a new step in the running mean of cost(B) */
 #define BP_EXPLORE 0.05  /* share of the time plain steps give to a drafting step */

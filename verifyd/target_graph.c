@@ -12,7 +12,8 @@
 #include "kernels/backend_prof.h"
 #include "verifyd/target_int.h"
 
-#define TGT_GRAPHS_MAX 8 /* recordings kept (decode, verify sizes, a few sequences) */
+#define TGT_GRAPHS_MAX 24 /* recordings kept (decode, the verify sizes --draft-auto picks, a few
+                           * sequences) */
 
 typedef struct tgt_graph_key {
     uint64_t state_gen, work_gen;
