@@ -203,6 +203,7 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
         seq->prompt[i] = seq->hist[i] = (int32_t)gs->prompt[i];
     seq->n_hist = gs->n_prompt;
     seq->pred_at = gs->n_predict ? 0 : -1; /* the output is expected to open as predicted */
+    seq->bp = s->bp; /* what every sequence's steps measured so far */
     uint8_t *base = kvc_target_slot(&s->kv, g->slot);
     tgt_state_mem mem = {
         .k = (float *)(base + lay->k), .v = (float *)(base + lay->v),

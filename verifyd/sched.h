@@ -87,6 +87,9 @@ typedef struct sched_seq {
                               * or -1 while the output does not follow it */
     uint32_t predicted;      /* drafts taken from the prediction and accepted */
     uint32_t completion;     /* tokens emitted */
+    blockpick bp;            /* with cfg.draft_auto: the block of its drafting steps, from its
+                              * own acceptance (texts differ) and the scheduler's picker's
+                              * state when it started */
     bool prefilling;
     bool done;               /* finished: to be removed after this round */
 } sched_seq;
@@ -120,7 +123,8 @@ typedef struct sched {
     uint32_t slots;           /* from kvd's layout */
     uint64_t kv_request_id;
     double verify_ema;        /* seconds per verify pass (proposal deadline) */
-    blockpick bp;             /* with cfg.draft_auto: the block of drafted steps */
+    blockpick bp;             /* with cfg.draft_auto: every sequence's steps, the start of each
+                               * new sequence's own */
     long long next_attach_ms; /* when to try kvd again */
 } sched;
 

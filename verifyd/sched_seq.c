@@ -347,7 +347,7 @@ static void seq_step(sched *s, sched_seq *seq)
         B = want = 1;
     else if (B > 1) {
         if (s->cfg.draft_auto) {
-            const int64_t pick = bp_pick(&s->bp);
+            const int64_t pick = bp_pick(&seq->bp);
             want = pick < B ? pick : B;
         }
         B = want > 1 ? seq_draft(s, seq, block, want, &q) : 1;
@@ -361,8 +361,11 @@ static void seq_step(sched *s, sched_seq *seq)
         return;
     }
     /* what a drafted (or plain) step cost, unless its proposal failed */
-    if (s->cfg.draft_auto && predicted <= 1 && B == want)
-        bp_record(&s->bp, B, n, seq_now() - t_step);
+    if (s->cfg.draft_auto && predicted <= 1 && B == want) {
+        const double t = seq_now() - t_step;
+        bp_record(&seq->bp, B, n, t);
+        bp_record(&s->bp, B, n, t);
+    }
     s->verify_ema = s->verify_ema == 0 ? dt : 0.9 * s->verify_ema + 0.1 * dt;
     pthread_mutex_lock(&s->lock);
     s->stats.steps++;
