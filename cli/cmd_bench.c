@@ -92,6 +92,40 @@ static double bench_step_ms(const bench_report *r, const bsplit_result *sp, doub
     return bench_step_with(r, sp, draft_ms, &r->tgt.verify16);
 }
 
+/* The best of plain decoding and blocks of 4, 8 and 16 tokens (what --draft-auto picks
+ * between on these costs) where each draft is accepted with the one probability q that gives
+ * tau tokens a step with blocks of 16: its tokens/s, *block its size; 0 when a part is
+ * missing. */
+static double bench_picked(const bench_report *r, const bsplit_result *sp, int tau, int *block)
+{
+    const bench_time *t = &r->tgt.decode_short;
+    if (!t->ok || tau < 1 || tau > 16)
+        return 0;
+    double lo = 0, hi = 1; /* sum_{k<16} q^k = tau, by bisection */
+    for (int it = 0; it < 100; it++) {
+        const double q = 0.5 * (lo + hi);
+        double sum = 0, run = 1;
+        for (int k = 0; k < 16; k++, run *= q)
+            sum += run;
+        *(sum < tau ? &lo : &hi) = q;
+    }
+    const double q = 0.5 * (lo + hi);
+    const int sizes[4] = {1, 4, 8, 16};
+    const bench_time *verify[4] = {NULL, &r->tgt.verify4, &r->tgt.verify8, &r->tgt.verify16};
+    double best = 0;
+    for (int i = 0; i < 4; i++) {
+        const double step = i ? bench_step_with(r, sp, -1, verify[i]) : t->ms;
+        double tokens = 0, run = 1;
+        for (int k = 0; k < sizes[i]; k++, run *= q)
+            tokens += run;
+        if (step > 0 && tokens * 1e3 / step > best) {
+            best = tokens * 1e3 / step;
+            *block = sizes[i];
+        }
+    }
+    return best;
+}
+
 /* The draft step at the bandwidth limit: what it would take on the target's device. Only
  * meaningful when the drafter ran elsewhere (0 otherwise). */
 static double bench_draft_limit_ms(const bench_report *r)
@@ -277,8 +311,20 @@ static void bench_print(const bench_report *r)
     if (step8 > 0)
         printf("  %-36s  tau 4: %.1f  tau 6: %.1f tok/s\n", "  blocks of 8 (--draft-max 7), MPS",
                4e3 / step8, 6e3 / step8);
+    const bool mps = r->split_mps.measured;
+    if (bench_step_with(r, mps ? &r->split_mps : &r->split, -1, &r->tgt.verify4) > 0) {
+        printf("  %-36s ", mps ? "  picked blocks (--draft-auto), MPS"
+                               : "  picked blocks (--draft-auto), no MPS");
+        for (int tau = 4; tau <= 8; tau += 2) {
+            int block = 0;
+            const double v = bench_picked(r, mps ? &r->split_mps : &r->split, tau, &block);
+            printf(" tau %d: %.1f tok/s (block %d)", tau, v, block);
+        }
+        printf("\n");
+    }
     printf("  (projection: tau / (draft + verify 16 (or 8) + rollback + split), plain decode "
-           "%.1f tok/s)\n",
+           "%.1f tok/s; picked: the best of plain and blocks of 4, 8, 16, each draft accepted "
+           "with the one probability that gives tau with blocks of 16)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
     bench_goal g[BENCH_GOALS];
     bench_goals(r, g);
@@ -349,6 +395,17 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
     const double step8 = bench_step_with(r, sp, -1, &r->tgt.verify8);
     if (step8 > 0)
         json_object_set_new(o, "projected_tok_s_blocks_of_8", bench_json_taus(6, step8));
+    if (step8 > 0 && r->tgt.verify4.ok && r->tgt.verify16.ok) {
+        json_t *p = json_object();
+        for (int tau = 4; tau <= 8; tau += 2) {
+            int block = 0;
+            const double v = bench_picked(r, sp, tau, &block);
+            char k[12];
+            snprintf(k, sizeof k, "%d", tau);
+            json_object_set_new(p, k, json_pack("{s:f, s:i}", "tok_s", v, "block", block));
+        }
+        json_object_set_new(o, "projected_tok_s_picked", p);
+    }
     return o;
 }
 
@@ -434,7 +491,10 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "split", sp);
     json_object_set_new(j, "projection",
                         json_string("projected_tok_s = tau / (draft + verify 16 + rollback + "
-                                    "split cost); _blocks_of_8: with verify 8 (--draft-max 7)"));
+                                    "split cost); _blocks_of_8: with verify 8 (--draft-max 7); "
+                                    "_picked: the best of plain decoding and blocks of 4, 8, "
+                                    "16 with each draft accepted with the probability that "
+                                    "gives tau with blocks of 16"));
     bench_goal g[BENCH_GOALS];
     bench_goals(r, g);
     json_t *tg = json_object();

@@ -126,6 +126,26 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert set(sp["projected_tok_s_blocks_of_8"]) == {"4", "6"}
     for tau in (4, 6):
         assert close(sp["projected_tok_s_blocks_of_8"][str(tau)], tau * 1e3 / step8)
+    # the best of plain decoding and blocks of 4, 8, 16, each draft accepted with the q that
+    # gives tau tokens a step with blocks of 16
+    steps = {1: d1}
+    for b in (4, 8, 16):
+        steps[b] = (j["draft"]["ms"] + j["verify"][str(b)]["ms"] + j["rollback"]["ms"]
+                    + sp["cost_us"] * 1e-3)
+    for tau in (4, 6, 8):
+        lo, hi = 0.0, 1.0
+        for _ in range(100):
+            q = (lo + hi) / 2
+            if sum(q ** k for k in range(16)) < tau:
+                lo = q
+            else:
+                hi = q
+        q = (lo + hi) / 2
+        rates = {b: sum(q ** k for k in range(b)) * 1e3 / steps[b] for b in steps}
+        best = max(rates, key=rates.get)
+        got = sp["projected_tok_s_picked"][str(tau)]
+        assert got["block"] == best and close(got["tok_s"], rates[best]), (tau, got, rates)
+        assert close(got["tok_s"], max(rates.values()))
     if not sp["gpu"]:
         assert not j["split"]["mps"]["measured"]
     assert any("32K context" in n for n in j["notes"])
