@@ -226,6 +226,33 @@ static void test_random_acceptance_gets_the_best_fixed_block(void **state)
     }
 }
 
+/* Plain steps of 1 ms, whole blocks of 10 ms that get nothing accepted: the next whole block
+ * comes once 5% of the plain time since the last one covers its extra 9 ms, i.e. after 180 ms,
+ * but only a sixth as long per drafting step seen while fewer than six were (2 seen: 60 ms). */
+static void test_few_drafting_steps_seen_look_again_sooner(void **state)
+{
+    (void)state;
+    blockpick p;
+    bp_init(&p, 16);
+    bp_record(&p, 16, 1, 0.010);
+    bp_record(&p, 16, 1, 0.010);
+    int gaps[6];
+    for (int g = 0; g < 6; g++) {
+        int plain = 0;
+        while (bp_pick(&p) == 1 && plain < 1000) {
+            bp_record(&p, 1, 1, 0.001);
+            plain++;
+        }
+        assert_int_equal(bp_pick(&p), 16);
+        bp_record(&p, 16, 1, 0.010);
+        gaps[g] = plain;
+    }
+    const int want[6] = {60, 90, 120, 150, 180, 180}; /* 180 ms x (2..6 seen) / 6 */
+    for (int g = 0; g < 6; g++)
+        if (gaps[g] < want[g] - 1 || gaps[g] > want[g] + 1)
+            fail_msg("look %d came after %d plain steps, not %d", g, gaps[g], want[g]);
+}
+
 static void test_one_token_blocks_stay_plain(void **state)
 {
     (void)state;
@@ -247,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_short_runs_take_the_block_that_ends_with_them),
         cmocka_unit_test(test_plain_where_drafting_does_not_pay_until_it_does),
         cmocka_unit_test(test_random_acceptance_gets_the_best_fixed_block),
+        cmocka_unit_test(test_few_drafting_steps_seen_look_again_sooner),
         cmocka_unit_test(test_one_token_blocks_stay_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

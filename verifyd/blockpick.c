@@ -59,7 +59,8 @@ int64_t bp_pick(const blockpick *p)
     if (best > 1 || p->most == 1)
         return best;
     const double extra = bp_cost(p, p->most) - bp_cost(p, 1);
-    return BP_EXPLORE * p->plain_s >= extra ? p->most : 1;
+    const double known = p->drafting < BP_EVIDENCE ? (double)p->drafting / BP_EVIDENCE : 1.0;
+    return BP_EXPLORE * p->plain_s >= extra * known ? p->most : 1;
 }
 
 void bp_record(blockpick *p, int64_t B, int64_t n, double seconds)
@@ -80,6 +81,8 @@ void bp_record(blockpick *p, int64_t B, int64_t n, double seconds)
         return;
     }
     p->plain_s = 0;
+    if (p->drafting < BP_EVIDENCE)
+        p->drafting++;
     /* drafts 1..n-1 were accepted; draft n, when offered, was not */
     for (int64_t k = 1; k < B && k <= n; k++) {
         p->offered[k] += 1;

@@ -25,7 +25,9 @@
  * Plain steps (B = 1) teach nothing about acceptance, which changes with the text: while they
  * win, a step of the whole block is still taken once the plain steps since the last drafting
  * one have cost 1/BP_EXPLORE times what it is expected to cost more than a plain step, so
- * about BP_EXPLORE of the time goes to finding out whether drafting pays again. (While some
+ * about BP_EXPLORE of the time goes to finding out whether drafting pays again; until
+ * BP_EVIDENCE drafting steps have been seen, k of them, the plain steps' share is cut by
+ * k/BP_EVIDENCE, so that a start whose first blocks were refused is looked at again soon. (While some
  * B > 1 wins, its steps keep measuring drafts 1..B-1, and a draft position beyond them is
  * expected to do as the one before it once its old counts have decayed: longer blocks get
  * tried as the accepted runs grow.)
@@ -43,6 +45,7 @@
 #define BP_PRIOR 2.0     /* weight, in steps, of h_{k-1} in the estimate of h_k */
 #define BP_COST_NEW 0.2  /* weight of a new step in the running mean of cost(B) */
 #define BP_EXPLORE 0.05  /* share of the time plain steps give to a drafting step */
+#define BP_EVIDENCE 6    /* drafting steps before that share falls to BP_EXPLORE (k steps: x 6/k) */
 
 typedef struct blockpick {
     int64_t most;               /* tokens a step verifies at most: 1..BP_MAX */
@@ -51,6 +54,7 @@ typedef struct blockpick {
     double offered[BP_MAX];     /* [k] decayed steps that offered draft k with 1..k-1 accepted */
     double accepted[BP_MAX];    /* [k] decayed steps of those that accepted draft k */
     double plain_s;             /* seconds of plain steps since the last drafting one */
+    int64_t drafting;           /* drafting steps recorded, up to BP_EVIDENCE */
 } blockpick;
 
 void bp_init(blockpick *p, int64_t most);
