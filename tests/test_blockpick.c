@@ -20,6 +20,13 @@ static void assert_near_at(double a, double b, double eps, const char *file, int
         fail_msg("%s:%d: %.17g is not %.17g (within %g)", file, line, a, b, eps);
 }
 
+/* Two steps of B tokens: the warm-up and one that counts. */
+static void record_twice(blockpick *p, int64_t B, int64_t n, double seconds)
+{
+    bp_record(p, B, n, seconds);
+    bp_record(p, B, n, seconds);
+}
+
 static void test_whole_block_first_then_the_cheapest_guess(void **state)
 {
     (void)state;
@@ -37,8 +44,7 @@ static void test_whole_block_first_then_the_cheapest_guess(void **state)
     assert_true(bp_cost(&p, 1) == 0.012 / 16);
     assert_true(bp_cost(&p, 8) == 0.012 * 8 / 16);
     assert_int_equal(bp_pick(&p), 1);
-    bp_record(&p, 1, 1, 0.004);
-    bp_record(&p, 1, 1, 0.004);
+    record_twice(&p, 1, 1, 0.004);
     assert_true(bp_cost(&p, 1) == 0.004);
     /* between measured sizes: the line through them; the mean moves by BP_COST_NEW */
     assert_near(bp_cost(&p, 6), 0.004 + (0.012 - 0.004) * 5 / 15, 1e-15);
@@ -51,8 +57,7 @@ static void test_above_the_largest_measured_size_costs_as_much(void **state)
     (void)state;
     blockpick p;
     bp_init(&p, 16);
-    bp_record(&p, 4, 4, 0.003);
-    bp_record(&p, 4, 4, 0.003);
+    record_twice(&p, 4, 4, 0.003);
     assert_true(bp_cost(&p, 9) == 0.003);
     assert_true(bp_cost(&p, 2) == 0.003 * 2 / 4);
 }
@@ -234,8 +239,7 @@ static void test_few_drafting_steps_seen_look_again_sooner(void **state)
     (void)state;
     blockpick p;
     bp_init(&p, 16);
-    bp_record(&p, 16, 1, 0.010);
-    bp_record(&p, 16, 1, 0.010);
+    record_twice(&p, 16, 1, 0.010);
     int gaps[6];
     for (int g = 0; g < 6; g++) {
         int plain = 0;
