@@ -408,14 +408,58 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
 
 /* --- the drafter ----------------------------------------------------------------------------- */
 
-/* The draft step (16 new context positions, then one block proposal) on the model's
- * backend, with the embedding and LM head borrowed from the placed target. Each timed step
- * ends with a sync so GPU work is counted, not just enqueued. */
-void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
-                 const char **backend, const char **numerics)
+const int bench_draft_sizes[BENCH_DRAFT_SIZES] = {16, 8, 4};
+
+/* The timed runs of one block size b: b new context positions, then a block's b - 1 rows of
+ * logits; with prof, BENCH_PROF_ITERS profiled runs after them. */
+static td_err bench_draft_size(const tgt_model *m, dfl_model *dm, dfl_state *ds,
+                               const float *feat, float *logits, int64_t b, int iters,
+                               bool prof, bench_time *t, double *s, double *q)
 {
     const ops_backend *be = m->be;
-    memset(t, 0, sizeof *t);
+    int n_prof = prof ? BENCH_PROF_ITERS : 0;
+    double ps[BENCH_PROF_ITERS];
+    td_err e = TD_OK;
+    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters + n_prof; i++) {
+        if (i == iters) {
+            ops_prof_reset(be);
+            ops_prof_enable(be, true);
+        }
+        double t0 = bench_now();
+        e = dfl_add_context(dm, ds, feat, b);
+        if (e == TD_OK)
+            e = dfl_propose(dm, ds, (int32_t)(4242 % m->hp.n_vocab), b - 1, logits);
+        double t1 = bench_now();
+        if (e == TD_OK)
+            e = be->sync(be);
+        if (i >= iters) {
+            ps[i - iters] = bench_now() - t0;
+            ops_prof_step(be);
+        } else if (i >= 0) {
+            s[i] = bench_now() - t0;
+            q[i] = t1 - t0;
+        }
+    }
+    ops_prof_enable(be, false);
+    if (e != TD_OK)
+        return e;
+    bench_done(t, q, iters); /* the host's queueing time first: bench_done sorts */
+    double host = t->ms;
+    bench_done(t, s, iters);
+    t->host_ms = host;
+    if (prof && ops_prof_snapshot(be, &t->prof) == TD_OK)
+        t->prof_ms = bench_mean_ms(ps, BENCH_PROF_ITERS);
+    return TD_OK;
+}
+
+/* The draft steps on the model's backend, with the embedding and LM head borrowed from the
+ * placed target. Each timed step ends with a sync so GPU work is counted, not just
+ * enqueued; only the whole block's step is profiled. */
+void bench_draft(const tgt_model *m, const char *dir, int iters,
+                 bench_time t[BENCH_DRAFT_SIZES], const char **backend, const char **numerics)
+{
+    const ops_backend *be = m->be;
+    memset(t, 0, BENCH_DRAFT_SIZES * sizeof *t);
     *backend = be->name;
     *numerics = "";
     dfl_model *dm = NULL;
@@ -433,10 +477,13 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         const bool f16 = dm->kv_type == TD_F16, bf16 = dm->lm_head.x_bf16;
         *numerics = f16 ? (bf16 ? "f16 context, bf16 inputs" : "f16 context, f32 inputs")
                         : (bf16 ? "f32 context, bf16 inputs" : "f32 context, f32 inputs");
-        /* The ring holds the context, the block and every timed step's 16 positions. */
+        /* The ring holds the context, the block and every timed step's new positions. */
         e = dfl_state_init(&ds, dm,
-                           BENCH_CTX_SHORT + 16 * (iters + BENCH_WARMUP + BENCH_PROF_ITERS) + 64);
+                           BENCH_CTX_SHORT + (B + 12) * (iters + BENCH_WARMUP + BENCH_PROF_ITERS) + 64);
     }
+    if (e == TD_OK && B > chunk)
+        e = err_set(TD_EINVAL, "a drafter block of %lld tokens (at most %lld timed)",
+                    (long long)B, (long long)chunk);
     if (e == TD_OK) {
         float *host = bench_random((size_t)(chunk * row), 11);
         e = host ? ops_backend_upload(be, (void **)&feat, host,
@@ -451,40 +498,17 @@ void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
         e = dfl_add_context(dm, &ds, feat, chunk);
     if (e == TD_OK)
         e = be->sync(be);
-    /* the timed runs, then (with a profiling backend) BENCH_PROF_ITERS profiled ones */
-    bool prof = bench_profiling(be);
-    int n_prof = prof ? BENCH_PROF_ITERS : 0;
-    double ps[BENCH_PROF_ITERS];
-    for (int i = -BENCH_WARMUP; e == TD_OK && i < iters + n_prof; i++) {
-        if (i == iters) {
-            ops_prof_reset(be);
-            ops_prof_enable(be, true);
+    for (int k = 0; k < BENCH_DRAFT_SIZES; k++) {
+        const int64_t b = k ? bench_draft_sizes[k] : B;
+        if (e != TD_OK)
+            bench_fail(&t[k], "%s", err_msg());
+        else if (k && b >= B)
+            bench_fail(&t[k], "the drafter's blocks are %lld tokens", (long long)B);
+        else if (bench_draft_size(m, dm, &ds, feat, logits, b, iters, !k && bench_profiling(be),
+                                  &t[k], s, q) != TD_OK) {
+            e = TD_EINVAL;
+            bench_fail(&t[k], "%s", err_msg());
         }
-        double t0 = bench_now();
-        e = dfl_add_context(dm, &ds, feat, 16);
-        if (e == TD_OK)
-            e = dfl_propose(dm, &ds, (int32_t)(4242 % m->hp.n_vocab), logits);
-        double t1 = bench_now();
-        if (e == TD_OK)
-            e = be->sync(be);
-        if (i >= iters) {
-            ps[i - iters] = bench_now() - t0;
-            ops_prof_step(be);
-        } else if (i >= 0) {
-            s[i] = bench_now() - t0;
-            q[i] = t1 - t0;
-        }
-    }
-    ops_prof_enable(be, false);
-    if (e == TD_OK) {
-        bench_done(t, q, iters); /* the host's queueing time first: bench_done sorts */
-        double host = t->ms;
-        bench_done(t, s, iters);
-        t->host_ms = host;
-        if (prof && ops_prof_snapshot(be, &t->prof) == TD_OK)
-            t->prof_ms = bench_mean_ms(ps, BENCH_PROF_ITERS);
-    } else {
-        bench_fail(t, "%s", err_msg());
     }
     if (dm) {
         dfl_state_free(&ds);

@@ -97,13 +97,20 @@ void bench_copy_bw(const ops_backend *be, size_t bytes, int iters, bench_time *t
 void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
                   const bench_prefill_cfg *pf, unsigned parts, bench_target_times *out);
 
-/* The drafter's step: its context takes 16 newly committed positions, then it proposes one
- * block (after a context of BENCH_CTX_SHORT positions). backend names where it ran: the model's
- * backend (the drafter borrows the placed target's embedding and head, so it runs on the GPU
- * when the model is there); numerics its context K/V and its products' inputs, e.g. "f16
- * context, bf16 inputs" (TANDEM_DRAFT_KV, TANDEM_DRAFT_ACT), "" when it did not load. */
-void bench_draft(const tgt_model *m, const char *dir, int iters, bench_time *t,
-                 const char **backend, const char **numerics);
+/* The draft step's block sizes timed: the drafter's whole block (16), and 8 and 4 tokens
+ * (verifyd --draft-max 7, 3; what --draft-auto may pick), capped at the drafter's block. */
+#define BENCH_DRAFT_SIZES 3
+extern const int bench_draft_sizes[BENCH_DRAFT_SIZES];
+
+/* The drafter's step for blocks of b tokens: its context takes b newly committed positions,
+ * then it proposes one block with b - 1 rows of logits (after a context of BENCH_CTX_SHORT
+ * positions); t[i] for bench_draft_sizes[i] (skipped where that is more than the drafter's
+ * block). backend names where it ran: the model's backend (the drafter borrows the placed
+ * target's embedding and head, so it runs on the GPU when the model is there); numerics its
+ * context K/V and its products' inputs, e.g. "f16 context, bf16 inputs" (TANDEM_DRAFT_KV,
+ * TANDEM_DRAFT_ACT), "" when it did not load. */
+void bench_draft(const tgt_model *m, const char *dir, int iters,
+                 bench_time t[BENCH_DRAFT_SIZES], const char **backend, const char **numerics);
 
 #define BENCH_SAMPLERS 3 /* sampler settings bench_sampling times */
 extern const char *const bench_sampler_names[BENCH_SAMPLERS];

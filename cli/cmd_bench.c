@@ -47,7 +47,7 @@ typedef struct bench_report {
     double copy_gbps;          /* (read + written) / time */
     bench_target_times tgt;
     bench_prefill_cfg prefill; /* how the prompt rows prefill */
-    bench_time draft;
+    bench_time draft[BENCH_DRAFT_SIZES]; /* blocks of bench_draft_sizes[i] tokens */
     bench_time samp_draw[BENCH_SAMPLERS];   /* a block's drafts (sample_rows or argmax) */
     bench_time samp_accept[BENCH_SAMPLERS]; /* acceptance of a 16-token block */
     bsplit_result split, split_mps;
@@ -75,13 +75,21 @@ static double bench_limit_ms(const bench_report *r, uint64_t bytes)
     return r->copy_gbps > 0 ? (double)bytes / (r->copy_gbps * 1e9) * 1e3 : 0;
 }
 
+/* The draft step for blocks of bench_draft_sizes[i] tokens (the whole block's where that one
+ * was not measured); 0 when none was. */
+static double bench_draft_ms(const bench_report *r, int i)
+{
+    return r->draft[i].ok ? r->draft[i].ms : r->draft[0].ok ? r->draft[0].ms : 0;
+}
+
 /* One speculative step: draft, verify (16 tokens, or the blocks of verify), roll back, plus
- * the split cost (us); draft_ms < 0 takes the measured draft step. 0 when a part is missing. */
+ * the split cost (us); draft_ms < 0 takes the measured draft step of a whole block. 0 when a
+ * part is missing. */
 static double bench_step_with(const bench_report *r, const bsplit_result *sp, double draft_ms,
                               const bench_time *verify)
 {
     if (draft_ms < 0)
-        draft_ms = r->draft.ok ? r->draft.ms : 0;
+        draft_ms = bench_draft_ms(r, 0);
     if (draft_ms <= 0 || !verify->ok || !r->tgt.rollback.ok || !sp->measured)
         return 0;
     return draft_ms + verify->ms + r->tgt.rollback.ms + sp->cost_us * 1e-3;
@@ -110,11 +118,12 @@ static double bench_picked(const bench_report *r, const bsplit_result *sp, int t
         *(sum < tau ? &lo : &hi) = q;
     }
     const double q = 0.5 * (lo + hi);
-    const int sizes[4] = {1, 4, 8, 16};
+    const int sizes[4] = {1, 4, 8, 16}, draft[4] = {0, 2, 1, 0}; /* into bench_draft_sizes */
     const bench_time *verify[4] = {NULL, &r->tgt.verify4, &r->tgt.verify8, &r->tgt.verify16};
     double best = 0;
     for (int i = 0; i < 4; i++) {
-        const double step = i ? bench_step_with(r, sp, -1, verify[i]) : t->ms;
+        const double step = i ? bench_step_with(r, sp, bench_draft_ms(r, draft[i]), verify[i])
+                              : t->ms;
         double tokens = 0, run = 1;
         for (int k = 0; k < sizes[i]; k++, run *= q)
             tokens += run;
@@ -156,7 +165,7 @@ static void bench_goals(const bench_report *r, bench_goal out[BENCH_GOALS])
          d1 > 0 && lim > 0 ? lim / d1 : -1, true, true},
         {"verify16_ratio", "verify 16", 1.3, d1 > 0 && t->verify16.ok ? t->verify16.ms / d1 : -1,
          false, false},
-        {"draft_ratio", "draft step", 0.35, d1 > 0 && r->draft.ok ? r->draft.ms / d1 : -1, false,
+        {"draft_ratio", "draft step", 0.35, d1 > 0 && r->draft[0].ok ? r->draft[0].ms / d1 : -1, false,
          false},
         {"split_mps_fraction", "split under MPS", 0.01,
          step > 0 ? r->split_mps.cost_us * 1e-3 / step : -1, false, true},
@@ -186,7 +195,7 @@ static int bench_profiled(const bench_report *r, const bench_time **t, const cha
                                            &r->tgt.verify4,       &r->tgt.verify8,
                                            &r->tgt.verify16,      &r->tgt.verify32,
                                            &r->tgt.verify16_long, &r->tgt.prefill,
-                                           &r->tgt.prefill_chunked, &r->draft};
+                                           &r->tgt.prefill_chunked, &r->draft[0]};
     static const char *const names[BENCH_PHASES] = {
         "decode, 1K context", "decode, 32K context", "verify 4 tokens (1K context)",
         "verify 8 tokens (1K context)", "verify 16 tokens (1K context)",
@@ -268,9 +277,17 @@ static void bench_print(const bench_report *r)
              (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
     snprintf(x, sizeof x, "%.3fx decode  [%s backend%s%s; queued by the host in %.3f ms]",
-             d1 > 0 && r->draft.ok ? r->draft.ms / d1 : 0, r->draft_backend,
-             *r->draft_numerics ? ", " : "", r->draft_numerics, r->draft.host_ms);
-    bench_row_time("draft step (16 positions + propose)", &r->draft, x);
+             d1 > 0 && r->draft[0].ok ? r->draft[0].ms / d1 : 0, r->draft_backend,
+             *r->draft_numerics ? ", " : "", r->draft_numerics, r->draft[0].host_ms);
+    bench_row_time("draft step (16 positions + propose)", &r->draft[0], x);
+    for (int k = 1; k < BENCH_DRAFT_SIZES; k++) {
+        char name[48];
+        snprintf(name, sizeof name, "  block of %d (%d positions + %d rows)", bench_draft_sizes[k],
+                 bench_draft_sizes[k], bench_draft_sizes[k] - 1);
+        snprintf(x, sizeof x, "%.3fx decode",
+                 d1 > 0 && r->draft[k].ok ? r->draft[k].ms / d1 : 0);
+        bench_row_time(name, &r->draft[k], x);
+    }
     double dlim = bench_draft_limit_ms(r);
     if (dlim > 0)
         printf("  %-36s %10.3f ms  %.3fx decode  (%.3f GB: drafter weights + LM head, read once)\n",
@@ -307,7 +324,7 @@ static void bench_print(const bench_report *r)
         printf("  %-36s  tau 4: %.1f  tau 6: %.1f  tau 8: %.1f tok/s\n", name[k], 4e3 / step,
                6e3 / step, 8e3 / step);
     }
-    const double step8 = bench_step_with(r, &r->split_mps, -1, &r->tgt.verify8);
+    const double step8 = bench_step_with(r, &r->split_mps, bench_draft_ms(r, 1), &r->tgt.verify8);
     if (step8 > 0)
         printf("  %-36s  tau 4: %.1f  tau 6: %.1f tok/s\n", "  blocks of 8 (--draft-max 7), MPS",
                4e3 / step8, 6e3 / step8);
@@ -322,7 +339,8 @@ static void bench_print(const bench_report *r)
         }
         printf("\n");
     }
-    printf("  (projection: tau / (draft + verify 16 (or 8) + rollback + split), plain decode "
+    printf("  (projection: tau / (draft + verify 16 (or 8, with the draft step of 8) + rollback "
+           "+ split), plain decode "
            "%.1f tok/s; picked: the best of plain and blocks of 4, 8, 16, each draft accepted "
            "with the one probability that gives tau with blocks of 16)\n",
            d1 > 0 ? 1e3 / d1 : 0.0);
@@ -392,7 +410,7 @@ static json_t *bench_json_split(const bench_report *r, const bsplit_result *sp)
     json_object_set_new(o, "projected_tok_s", bench_json_taus(8, step));
     if (step_lim > 0)
         json_object_set_new(o, "projected_tok_s_draft_at_limit", bench_json_taus(8, step_lim));
-    const double step8 = bench_step_with(r, sp, -1, &r->tgt.verify8);
+    const double step8 = bench_step_with(r, sp, bench_draft_ms(r, 1), &r->tgt.verify8);
     if (step8 > 0)
         json_object_set_new(o, "projected_tok_s_blocks_of_8", bench_json_taus(6, step8));
     if (step8 > 0 && r->tgt.verify4.ok && r->tgt.verify16.ok) {
@@ -468,11 +486,17 @@ static td_err bench_json_write(const bench_report *r, const char *path)
                                          ? json_real(BENCH_PROMPT * 1e3 / t->prefill_chunked.ms)
                                          : json_null());
     json_object_set_new(j, "prefill_chunked", pc);
-    json_t *dr = bench_json_time(&r->draft, d1);
+    json_t *dr = bench_json_time(&r->draft[0], d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
     json_object_set_new(dr, "numerics", json_string(r->draft_numerics));
     json_object_set_new(dr, "bytes", json_integer((json_int_t)r->draft_bytes));
-    json_object_set_new(dr, "host_ms", r->draft.ok ? json_real(r->draft.host_ms) : json_null());
+    json_object_set_new(dr, "host_ms",
+                        r->draft[0].ok ? json_real(r->draft[0].host_ms) : json_null());
+    for (int k = 1; k < BENCH_DRAFT_SIZES; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "block%d", bench_draft_sizes[k]);
+        json_object_set_new(dr, key, bench_json_time(&r->draft[k], d1));
+    }
     json_object_set_new(dr, "limit_ms", bench_draft_limit_ms(r) > 0 ? json_real(bench_draft_limit_ms(r))
                                                                   : json_null());
     json_object_set_new(j, "draft", dr);
@@ -491,9 +515,10 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     json_object_set_new(j, "split", sp);
     json_object_set_new(j, "projection",
                         json_string("projected_tok_s = tau / (draft + verify 16 + rollback + "
-                                    "split cost); _blocks_of_8: with verify 8 (--draft-max 7); "
-                                    "_picked: the best of plain decoding and blocks of 4, 8, "
-                                    "16 with each draft accepted with the probability that "
+                                    "split cost); _blocks_of_8: with verify 8 and the draft "
+                                    "step of 8 (--draft-max 7); _picked: the best of plain "
+                                    "decoding and blocks of 4, 8, 16 (each with its own draft "
+                                    "step) with each draft accepted with the probability that "
                                     "gives tau with blocks of 16"));
     bench_goal g[BENCH_GOALS];
     bench_goals(r, g);
@@ -740,9 +765,10 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     /* The drafter runs on the target's backend; a few runs where that is the CPU. */
     int draft_iters = r.on_gpu ? iters : (iters > 3 ? 3 : iters);
     if (parts & BENCH_PART_DRAFT) {
-        bench_draft(m, ddir, draft_iters, &r.draft, &r.draft_backend, &r.draft_numerics);
+        bench_draft(m, ddir, draft_iters, r.draft, &r.draft_backend, &r.draft_numerics);
     } else {
-        bench_skip(&r.draft);
+        for (int k = 0; k < BENCH_DRAFT_SIZES; k++)
+            bench_skip(&r.draft[k]);
         r.draft_backend = be->name;
         r.draft_numerics = "";
     }

@@ -582,7 +582,8 @@ static td_err dfl_block_layer(const dfl_model *m, dfl_state *s, uint32_t il, int
     return be->add_rmsnorm(be, w->x, w->h, w->h, next, B, H, eps);
 }
 
-td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits)
+td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, int64_t n_rows,
+                   float *logits)
 {
     const dflash_config *c = &m->cfg;
     const ops_backend *be = m->be;
@@ -592,6 +593,9 @@ td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *log
     if (pending < 0 || pending >= m->tok_embd.rows)
         return err_set(TD_ERANGE, "drafter block: row id %d outside [0, %lld)", pending,
                        (long long)m->tok_embd.rows);
+    if (n_rows < 1 || n_rows > B - 1)
+        return err_set(TD_EINVAL, "drafter block: %lld rows of logits asked for, 1..%lld there",
+                       (long long)n_rows, (long long)(B - 1));
     dfl_work *w = m->work;
     w->host[0] = pending;
     for (int64_t i = 1; i < B; i++)
@@ -608,8 +612,8 @@ td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *log
     for (uint32_t il = 0; il < c->n_layers; il++)
         TD_TRY(dfl_block_layer(m, s, il, n_valid));
     /* Slot k (1..B-1) proposes the token at position n_ctx + k; h holds the output norm. */
-    TD_TRY(be->matmul(be, logits, w->h + H, &m->lm_head, B - 1));
-    int64_t nl = (B - 1) * m->lm_head.rows;
+    TD_TRY(be->matmul(be, logits, w->h + H, &m->lm_head, n_rows));
+    int64_t nl = n_rows * m->lm_head.rows;
     if (c->output_multiplier != 1.0)
         TD_TRY(be->scale(be, logits, logits, (float)c->output_multiplier, nl));
     if (c->final_logit_softcap > 0)

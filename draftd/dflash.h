@@ -123,10 +123,14 @@ td_err dfl_draft_tokens(const ops_backend *be, const ops_sampler *smp, const flo
 td_err dfl_add_context(const dfl_model *m, dfl_state *s, const float *feat, int64_t n);
 
 /* Drafts one block: the pending token b at position s->n_ctx followed by block_size - 1 MASK
- * slots. logits (backend memory): [block_size - 1][vocab] for the positions
- * n_ctx+1 .. n_ctx+block_size-1 (after output_multiplier and softcapping). TD_ERANGE for a
- * token id outside the vocabulary. On a GPU the work is only enqueued: the logits are
- * ready for the next op on the backend's stream or after to_host. */
-td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, float *logits);
+ * slots. logits (backend memory): [n_rows][vocab] for the positions n_ctx+1 .. n_ctx+n_rows
+ * (after output_multiplier and softcapping), n_rows in 1..block_size-1: the whole block runs
+ * through the layers (its slots attend to each other), only the LM head is cut to the rows
+ * asked for, so they are the bits of the same rows of a whole block's logits. TD_ERANGE for a
+ * token id outside the vocabulary, TD_EINVAL for n_rows outside that range. On a GPU the work
+ * is only enqueued: the logits are ready for the next op on the backend's stream or after
+ * to_host. */
+td_err dfl_propose(const dfl_model *m, dfl_state *s, int32_t pending, int64_t n_rows,
+                   float *logits);
 
 #endif

@@ -129,7 +129,7 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
     memset(out, 0, sizeof *out);
     d->added = 0;
     d->rebuilt = false;
-    if (B > (int64_t)dm->cfg.block_size)
+    if (B < 2 || B > (int64_t)dm->cfg.block_size)
         return err_set(TD_EINVAL, "%u draft tokens asked of a drafter with blocks of %u",
                        req->n_draft, dm->cfg.block_size);
     if (req->n_past > lay->p.n_ctx || req->pending >= (uint32_t)V)
@@ -170,7 +170,7 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
         e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, dhdr, &hdr, L);
     int32_t block[MSG_DRAFT_MAX + 1];
     if (e == TD_OK)
-        e = dfl_propose(dm, &ds, (int32_t)req->pending, d->dlogits);
+        e = dfl_propose(dm, &ds, (int32_t)req->pending, B - 1, d->dlogits);
     ops_sampler smp = {
         .temperature = req->sampler.temperature,
         .top_k = req->sampler.top_k > INT32_MAX ? INT32_MAX : (int32_t)req->sampler.top_k,

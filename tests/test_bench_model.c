@@ -378,7 +378,7 @@ static void test_drafter_loads_and_proposes_finite_logits(void **state)
     dfl_state ds;
     assert_int_equal(dfl_state_init(&ds, d, 64), TD_OK);
     assert_int_equal(dfl_add_context(d, &ds, feat, 4), TD_OK);
-    assert_int_equal(dfl_propose(d, &ds, 42, logits), TD_OK);
+    assert_int_equal(dfl_propose(d, &ds, 42, 15, logits), TD_OK);
     for (int i = 0; i < 15 * 1024; i++)
         if (!isfinite(logits[i]))
             fail_msg("drafter logit %d is not finite", i);

@@ -92,7 +92,7 @@ static void test_dflash_two_steps_match_reference(void **ctx)
                 char name[64];
                 snprintf(name, sizeof name, "step%d.block", step);
                 const int32_t *block = golden_tensor(g, name, TD_I32, B);
-                assert_int_equal(dfl_propose(dm, &ds, block[0], logits), TD_OK);
+                assert_int_equal(dfl_propose(dm, &ds, block[0], B - 1, logits), TD_OK);
                 snprintf(name, sizeof name, "step%d.logits", step);
                 snprintf(what, sizeof what, "%s %s (%s context%s)", drafters[k], name,
                          f16 ? "f16" : "f32", bf16 ? ", bf16 inputs" : "");

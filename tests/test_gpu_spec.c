@@ -85,13 +85,13 @@ static void two_steps(const ops_backend *be, dfl_model *dm, gguf_file *g, const 
         char name[64];
         snprintf(name, sizeof name, "step%d.block", step);
         const int32_t *block = golden_tensor(g, name, TD_I32, B);
-        assert_int_equal(dfl_propose(dm, &ds, block[0], dlogits), TD_OK);
+        assert_int_equal(dfl_propose(dm, &ds, block[0], B - 1, dlogits), TD_OK);
         logits[step - 1] = malloc((size_t)nl * sizeof(float));
         assert_int_equal(be->to_host(be, logits[step - 1], dlogits, (size_t)nl * sizeof(float)),
                          TD_OK);
     }
     /* A pending token outside the vocabulary is refused before anything runs. */
-    assert_int_equal(dfl_propose(dm, &ds, (int32_t)V, dlogits), TD_ERANGE);
+    assert_int_equal(dfl_propose(dm, &ds, (int32_t)V, B - 1, dlogits), TD_ERANGE);
     dfl_state_free(&ds);
     be->release(be, dfeat);
     be->release(be, dlogits);

@@ -425,7 +425,7 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
         t0 = t;
     }
     if (B > 1) {
-        TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, s->dlogits));
+        TD_TRY(dfl_propose(s->dm, &s->ds, s->pending, B - 1, s->dlogits));
         TD_TRY(dfl_draft_tokens(s->tm->be, &s->sampler, s->dlogits, B, s->tm->hp.n_vocab, L,
                                 s->ids, block, s->dq));
     }

@@ -41,7 +41,8 @@ def test_table_lists_every_measurement(bench):
                 "decode, 32K context", "verify 4 tokens", "verify 8 tokens",
                 "verify 16 tokens", "verify 32 tokens",
                 "verify 16 tokens (32K context)", "rollback",
-                "prefill, 1K-token prompt", "draft step", "process split, no MPS", "process split, MPS",
+                "prefill, 1K-token prompt", "draft step", "block of 8 (8 positions + 7 rows)",
+                "block of 4 (4 positions + 3 rows)", "process split, no MPS", "process split, MPS",
                 "projected speculative, no MPS", "sampling: 15 drafts, temp 0.8",
                 "sampling: accept 16, temp 0.8", "sampling: 15 drafts, + top_p 0.95",
                 "sampling: accept 16, + top_p 0.95"):
@@ -99,6 +100,13 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert v_long["ms"] > 0 and v_long["iters"] == 3
     assert close(v_long["ratio_to_decode"], v_long["ms"] / j["decode"]["32k"]["ms"])
     assert close(j["draft"]["ratio_to_decode"], j["draft"]["ms"] / d1)
+    # the draft step of blocks of 8 and 4: 8 or 4 new positions and that many rows less one
+    drafts = {16: j["draft"]["ms"]}
+    for b in (8, 4):
+        row = j["draft"]["block%d" % b]
+        assert row["ms"] > 0 and row["iters"] == 3, row
+        assert close(row["ratio_to_decode"], row["ms"] / d1)
+        drafts[b] = row["ms"]
     # on the CPU backend queueing a step is running it: nearly all of the step, never more
     assert 0.5 * j["draft"]["ms"] <= j["draft"]["host_ms"] <= j["draft"]["ms"]
     pf = j["prefill"]
@@ -122,7 +130,7 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     assert close(sp["fraction_of_step"], sp["cost_us"] * 1e-3 / step_ms)
     for tau in (4, 6, 8):
         assert close(sp["projected_tok_s"][str(tau)], tau * 1e3 / step_ms)
-    step8 = j["draft"]["ms"] + j["verify"]["8"]["ms"] + j["rollback"]["ms"] + sp["cost_us"] * 1e-3
+    step8 = drafts[8] + j["verify"]["8"]["ms"] + j["rollback"]["ms"] + sp["cost_us"] * 1e-3
     assert set(sp["projected_tok_s_blocks_of_8"]) == {"4", "6"}
     for tau in (4, 6):
         assert close(sp["projected_tok_s_blocks_of_8"][str(tau)], tau * 1e3 / step8)
@@ -130,7 +138,7 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
     # gives tau tokens a step with blocks of 16
     steps = {1: d1}
     for b in (4, 8, 16):
-        steps[b] = (j["draft"]["ms"] + j["verify"][str(b)]["ms"] + j["rollback"]["ms"]
+        steps[b] = (drafts[b] + j["verify"][str(b)]["ms"] + j["rollback"]["ms"]
                     + sp["cost_us"] * 1e-3)
     for tau in (4, 6, 8):
         lo, hi = 0.0, 1.0
@@ -201,14 +209,15 @@ def test_only_measures_the_parts_asked_for(tmp_path):
     assert j["verify"]["16"]["ms"] > 0 and j["rollback"]["ms"] > 0
     for row in (j["decode"]["32k"], j["verify"]["32"], j["verify"]["16_32k"], j["verify"]["4"],
                 j["verify"]["8"], j["prefill"],
-                j["prefill_chunked"], j["draft"], j["sampling"][0]["draw"],
+                j["prefill_chunked"], j["draft"], j["draft"]["block8"], j["draft"]["block4"],
+                j["sampling"][0]["draw"],
                 j["sampling"][2]["accept"]):
         assert row["ms"] is None and row["why"] == skipped, row
     for end in ("no_mps", "mps"):
         assert j["split"][end] == {"measured": False, "why": skipped}
     assert "--only: the parts left out were not measured" in j["notes"]
-    assert p.stdout.count("(" + skipped + ")") == 16, p.stdout  # 32K, verify 4, 8 and 32,
-    # verify 16 at 32K, 2 prefills, the draft step, 6 sampling rows, 2 split rows
+    assert p.stdout.count("(" + skipped + ")") == 18, p.stdout  # 32K, verify 4, 8 and 32,
+    # verify 16 at 32K, 2 prefills, the draft steps of 16, 8 and 4, 6 sampling rows, 2 split rows
 
 
 def test_only_refuses_an_unknown_part():

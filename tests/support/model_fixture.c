@@ -227,6 +227,36 @@ td_err mf_generate(const tgt_model *tm, const spec_cfg *cfg, const int32_t *prom
     return e;
 }
 
+/* The first n rows of a block alone against the whole block's logits want [nl] (host). */
+static void dflash_rows_check(dfl_model *dm, dfl_state *ds, const float *want, int64_t nl)
+{
+    const ops_backend *be = dm->be;
+    const int64_t B = dm->cfg.block_size, V = nl / (B - 1);
+    uint8_t *got = malloc((size_t)nl * sizeof(float));
+    float *dpart = NULL;
+    assert_non_null(got);
+    assert_int_equal(be->alloc(be, (void **)&dpart, (size_t)nl * sizeof(float)), TD_OK);
+    const int64_t rows[] = {1, 3, B - 2};
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        const size_t part = (size_t)(rows[i] * V) * sizeof(float);
+        memset(got, 0xa5, (size_t)nl * sizeof(float));
+        assert_int_equal(be->to_device(be, dpart, got, (size_t)nl * sizeof(float)), TD_OK);
+        assert_int_equal(dfl_propose(dm, ds, 279, rows[i], dpart), TD_OK);
+        assert_int_equal(be->to_host(be, got, dpart, (size_t)nl * sizeof(float)), TD_OK);
+        if (memcmp(got, want, part) != 0)
+            fail_msg("%lld rows of a block: other logits than the whole block's",
+                     (long long)rows[i]);
+        for (size_t b = part; b < (size_t)nl * sizeof(float); b++)
+            if (got[b] != 0xa5)
+                fail_msg("%lld rows of a block: byte %zu past them written", (long long)rows[i],
+                         b);
+    }
+    assert_int_equal(dfl_propose(dm, ds, 279, 0, dpart), TD_EINVAL);
+    assert_int_equal(dfl_propose(dm, ds, 279, B, dpart), TD_EINVAL);
+    be->release(be, dpart);
+    free(got);
+}
+
 void mf_dflash_ring_check(const tgt_model *tm, dfl_model *dm)
 {
     const ops_backend *be = dm->be;
@@ -255,12 +285,14 @@ void mf_dflash_ring_check(const tgt_model *tm, dfl_model *dm)
                 assert_int_equal(dfl_add_context(dm, &ds, dfeat + at * row, m), TD_OK);
             }
             assert_int_equal(ds.n_ctx, n);
-            assert_int_equal(dfl_propose(dm, &ds, 279, dlogits), TD_OK);
+            assert_int_equal(dfl_propose(dm, &ds, 279, dm->cfg.block_size - 1, dlogits), TD_OK);
             assert_int_equal(be->to_host(be, k ? got : want, dlogits, (size_t)nl * sizeof(float)),
                              TD_OK);
             if (k && memcmp(got, want, (size_t)nl * sizeof(float)) != 0)
                 fail_msg("%s context in pieces of %lld: other logits than all at once",
                          f16 ? "f16" : "f32", (long long)pieces[k]);
+            if (!k)
+                dflash_rows_check(dm, &ds, want, nl);
             dfl_state_free(&ds);
         }
     }

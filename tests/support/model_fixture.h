@@ -35,7 +35,9 @@ dfl_model *mf_drafter_in(const char *root, const char *name, const tgt_model *tm
 /* Fails the running test unless a drafter's context ring of 8 slots over 21 positions of
  * random features (more than the ring) holds the same last 8 positions whether they are
  * given all at once, in pieces of 3 that wrap inside a piece, or one by one: the next block's
- * logits the same bits each way, for both element types of the context. Runs on dm's
+ * logits the same bits each way, for both element types of the context; and a block's first
+ * 1, 3 or block_size - 2 rows of logits alone (dfl_propose's n_rows) are the bits of those rows
+ * of the whole block, nothing written past them, 0 or block_size rows refused. Runs on dm's
  * backend, leaving dm->kv_type as it found it. */
 void mf_dflash_ring_check(const tgt_model *tm, dfl_model *dm);
 
