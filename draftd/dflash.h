@@ -65,8 +65,8 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
 void dfl_free(dfl_model *m);
 
 /* Whether every product of the drafter (fc, the layers, the LM head) reads its inputs rounded
- * to bf16 (ops_weight.x_bf16): set by dfl_load_on on a GPU backend under TANDEM_DRAFT_ACT=bf16,
- * off otherwise (and always on the CPU). Proposals only steer the target's verification, so
+ * to bf16 (ops_weight.x_bf16): set by dfl_load_on on a GPU backend unless TANDEM_DRAFT_ACT=f32,
+ * off on the CPU. Proposals only steer the target's verification, so
  * the drafter may trade exactness for speed (the reference runs it in bf16). */
 void dfl_set_x_bf16(dfl_model *m, bool on);
 

@@ -28,6 +28,8 @@ ROWS = [
     ("prefill 1K", ("prefill", "ms")),
     ("prefill chunked", ("prefill_chunked", "ms")),
     ("draft step", ("draft", "ms")),
+    ("draft step 8", ("draft", "block8", "ms")),
+    ("draft step 4", ("draft", "block4", "ms")),
 ]
 
 

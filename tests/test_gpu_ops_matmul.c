@@ -422,8 +422,8 @@ static float *bf16_copy(const float *x, int64_t n)
 /* x_bf16 (the drafter's products on a GPU): the product reads x rounded to bf16 (nearest
  * even). For BF16 and F16 weights the activation split then holds one piece instead of three
  * (the pieces m and l of a bf16 value are zeros, so the MMAs left out added nothing), for a
- * quantised weight x is rounded by one more launch (Q6_K under TANDEM_Q6X=off here; its own
- * kernel is the next test): either way every token equals cuda_matmul of the rounded x bit
+ * quantised weight x is rounded by one more launch (Q6_K too: its own kernel, under
+ * TANDEM_Q6X=on, is the next test): either way every token equals cuda_matmul of the rounded x bit
  * for bit (F32 weights read the same rounded copy), which is within the bounds above of
  * cpu_matmul of it (and cpu_matmul with x_bf16 is cpu_matmul of the rounded x:
  * test_ops_matmul). Shapes: the drafter's 5120-wide rows, a partial k-block (5384), the scalar
@@ -486,17 +486,18 @@ static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
     unsetenv("TANDEM_Q6X");
 }
 
-/* Q6_K with x_bf16 at 1..16 tokens on its own kernel (matmul_q6x.cu): every output written and
- * within (96 + cols / 8) u sum |w x| of the f64 sum of the dequantised weights times the
- * rounded inputs (each step's MMA adds 16 exact products, ~40 u of their magnitude by the
- * bound of the F16/BF16 tests; then one fma per step, cols / 16 of them), each token of a
- * batch bit-identical to it alone, and a group with an exact Q6_K member gives each what it
- * gives alone. Shapes: the drafter's 5120-wide rows (where the device's shared memory holds
+/* Q6_K with x_bf16 at 1..16 tokens on its own kernel (matmul_q6x.cu, TANDEM_Q6X=on): every
+ * output written and within (96 + cols / 8) u sum |w x| of the f64 sum of the dequantised
+ * weights times the rounded inputs (each step's MMA adds 16 exact products, ~40 u of their
+ * magnitude by the bound of the F16/BF16 tests; then one fma per step, cols / 16 of them),
+ * each token of a batch bit-identical to it alone, and a group with an exact Q6_K member gives
+ * each what it gives alone. Shapes: the drafter's 5120-wide rows (where the device's shared memory holds
  * 16 tokens of them: not on sm_86), 21 blocks per row (row_bytes 2 mod 4: every other row
  * starts 2 bytes past a word boundary), one block, one row, rows past a 16-row tile. */
 static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
 {
     (void)state;
+    setenv("TANDEM_Q6X", "on", 1);
     static const int64_t shapes[][2] = {{1000, 5120}, {203, 5376}, {45, 256}, {1, 768},
                                         {7001, 1280}};
     static const int64_t ns[] = {1, 7, 9, 15, 16};
@@ -564,6 +565,7 @@ static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
         free(xr);
         weight_free(&tw);
     }
+    unsetenv("TANDEM_Q6X");
 }
 
 /* F16/BF16 on the tensor cores with results that must be exact: row r of W has one nonzero

@@ -98,9 +98,9 @@ static void two_steps(const ops_backend *be, dfl_model *dm, gguf_file *g, const 
 }
 
 /* Two consecutive draft steps on the GPU, the second reusing the device context K/V of the
- * first. With exact inputs (the default): logits within 1e-4 of the range of the reference
+ * first. With exact inputs (TANDEM_DRAFT_ACT=f32): logits within 1e-4 of the range of the reference
  * with an f32 context, within 1e-3 with the f16 one (the CPU test's bounds). With every
- * product reading its inputs rounded to bf16 (TANDEM_DRAFT_ACT=bf16) and an f16 context:
+ * product reading its inputs rounded to bf16 (a GPU's default) and an f16 context:
  * within DFL_BF16_REF of the reference, and within DFL_BF16_CPU of the CPU drafter with bf16
  * inputs and an f16 context (its twin: what is left is the order of the sums, and an input
  * that lands on the other side of a rounding because of it; on the CPU the f32 context against
@@ -126,13 +126,17 @@ static void test_gpu_dflash_two_steps_match_reference(void **ctx)
         const int64_t nl = (int64_t)(B - 1) * V;
         const float *feat = golden_tensor(g, "features", TD_F32,
                                           (int64_t)L2 * dm->cfg.n_taps * tm->hp.n_embd);
-        /* the GPU's defaults; the CPU's */
-        assert_int_equal(dm->kv_type, TD_F16);
-        assert_true(!dm->fc.x_bf16 && !dm->lm_head.x_bf16 && !dm->layers[0].down.x_bf16);
+        /* the GPU's defaults (unless TANDEM_DRAFT_KV / TANDEM_DRAFT_ACT say otherwise); the
+         * CPU's */
+        const char *kv = getenv("TANDEM_DRAFT_KV"), *act = getenv("TANDEM_DRAFT_ACT");
+        if (!kv || !*kv)
+            assert_int_equal(dm->kv_type, TD_F16);
+        if (!act || !*act)
+            assert_true(dm->fc.x_bf16 && dm->lm_head.x_bf16 && dm->layers[0].down.x_bf16);
         assert_true(cm->kv_type == TD_F32 && !cm->fc.x_bf16 && !cm->lm_head.x_bf16);
         float *got[2], *twin[2];
         dfl_set_x_bf16(dm, true);
-        assert_true(dm->fc.x_bf16 && dm->lm_head.x_bf16 && dm->layers[0].down.x_bf16);
+        dm->kv_type = TD_F16;
         two_steps(gpu, dm, g, feat, V, got);
         dfl_set_x_bf16(cm, true);
         cm->kv_type = TD_F16;
@@ -180,13 +184,16 @@ static void test_gpu_dflash_two_steps_match_reference(void **ctx)
 }
 
 /* The context ring on the GPU (mf_dflash_ring_check): one store per slot also where a
- * call brings more positions than the ring holds. */
+ * call brings more positions than the ring holds; with exact and with bf16 inputs. */
 static void test_gpu_dflash_ring_keeps_the_last_positions(void **ctx)
 {
     (void)ctx;
     tgt_model *tm = load_target(gpu);
     dfl_model *dm = load_drafter(tm, "dflash-b16");
-    mf_dflash_ring_check(tm, dm);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        dfl_set_x_bf16(dm, bf16);
+        mf_dflash_ring_check(tm, dm);
+    }
     dfl_free(dm);
     tgt_free(tm);
 }
@@ -214,8 +221,8 @@ static void make_prompt(int p, int64_t V, int32_t *prompt, int64_t *n)
 
 /* Greedy speculative generation on the GPU (drafts and acceptance on the device) gives the
  * tokens of plain greedy decoding on the GPU, for three drafters (blocks of 16 and 8, and
- * sliding-window layers) and several prompts, with exact drafter inputs and with bf16 ones
- * (TANDEM_DRAFT_ACT=bf16; how many drafts each accepts is printed). */
+ * sliding-window layers) and several prompts, with exact drafter inputs (TANDEM_DRAFT_ACT=f32)
+ * and with bf16 ones (a GPU's default; how many drafts each accepts is printed). */
 static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
 {
     (void)ctx;
@@ -224,6 +231,7 @@ static void test_gpu_spec_greedy_equals_plain_greedy(void **ctx)
     int64_t accepted_bf16 = 0;
     for (size_t k = 0; k < sizeof drafters / sizeof *drafters; k++) {
         dfl_model *dm = load_drafter(tg, drafters[k]);
+        dfl_set_x_bf16(dm, false);
         for (int p = 0; p < N_PROMPTS; p++) {
             int32_t prompt[32], plain[N_GEN], spec[N_GEN], cpu[N_GEN];
             int64_t np;

@@ -181,7 +181,8 @@ td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaSt
 
 /* Whether y = bf16(x) . W^T of n_tok tokens runs on the Q6_K x bf16 kernel (matmul_q6x.cu):
  * a Q6_K weight with x_bf16, 1..16 tokens, the tokens' bf16 rows fitting the device's shared
- * memory, sm_80+, and not TANDEM_Q6X=off. Elsewhere the caller rounds x and takes the
+ * memory, sm_80+, under TANDEM_Q6X=on (on an H200 it is slower than the quantised path on
+ * the rounded x: kernels/cuda/NOTES.md). Elsewhere the caller rounds x and takes the
  * quantised path. */
 bool q6x_takes(const ops_weight *w, int64_t n_tok);
 td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);

@@ -234,8 +234,8 @@ bool q6x_takes(const ops_weight *w, int64_t n_tok)
     if (w->type != TD_Q6_K || !w->x_bf16 || n_tok < 1 || n_tok > Q6X_MAX_TOK ||
         w->cols > (1 << 20))
         return false;
-    const char *e = getenv("TANDEM_Q6X");
-    if (e && strcmp(e, "off") == 0)
+    const char *e = getenv("TANDEM_Q6X"); /* off by default: kernels/cuda/NOTES.md */
+    if (!e || strcmp(e, "on") != 0)
         return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
