@@ -21,6 +21,8 @@ import tempfile
 ROWS = [
     ("decode 1K", ("decode", "1k", "ms")),
     ("decode 32K", ("decode", "32k", "ms")),
+    ("verify 4", ("verify", "4", "ms")),
+    ("verify 8", ("verify", "8", "ms")),
     ("verify 16", ("verify", "16", "ms")),
     ("verify 32", ("verify", "32", "ms")),
     ("verify 16 @32K", ("verify", "16_32k", "ms")),

@@ -715,7 +715,7 @@ static void test_matmul_rejects_bad_weights(void **state)
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
- * (dp4a) with TANDEM_MMQ=bulk (9-16 tokens on the window kernel, 17-64 on the wide kernel,
+ * (dp4a) with TANDEM_MMQ=bulk (2-16 tokens on the window kernel, 17-64 on the wide kernel,
  * as by default) byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
@@ -882,7 +882,7 @@ static int64_t bulk_smem(const bulk_shape *b)
 
 /* On an sm_90 device, single tokens under TANDEM_MMD=bulk (the bulk-copy kernel), =mma (the
  * tensor-core kernel) and =regs (the dp4a kernel), and batches of 2..32 tokens on the
- * tensor-core kernel and (9-16 tokens) on the window kernel, give the same bytes for every
+ * tensor-core kernel and (2-16 tokens) on the window kernel, give the same bytes for every
  * bulk_shapes matrix; each single token equals its batches' and (bulk)
  * cpu_matmul within the bounds of check_outputs. Skipped below sm_90, where the bulk kernels
  * do not exist. */

@@ -178,8 +178,8 @@ int mmd_choice(void)
     return c;
 }
 
-/* Which kernel chunks of 9-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
- * the window kernel (matmul_bulk_mma.cu) at 9-16 tokens, the wide kernel (the same file) at
+/* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
+ * the window kernel (matmul_bulk_mma.cu) at 2-16 tokens, the wide kernel (the same file) at
  * 17-64 (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=mmq the tensor-core kernel
  * (matmul_quant.cu) instead, =bulk (or unset) the default. Read once; the same bits either
  * way. */
@@ -209,7 +209,7 @@ struct mm_plan {
     bool decode;   /* the single-token kernel (matmul_decode.cu), else the tensor cores */
     bool bulk;     /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
     bool fused;    /* ... which rounds x itself (mmb_fused): no rounding launch */
-    bool mmq_bulk; /* 9-64 tokens: the window or wide kernel (matmul_bulk_mma.cu) */
+    bool mmq_bulk; /* 2-64 tokens: the window or wide kernel (matmul_bulk_mma.cu) */
     int unit;      /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed;   /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };

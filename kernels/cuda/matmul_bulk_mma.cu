@@ -1,4 +1,4 @@
-/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel;
+/* y = x . W^T for 2..16 tokens (n_pad 8, 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel;
  * 17..64 tokens (n_pad 32, 64): the wide kernel further down.
  * The arithmetic is matmul_quant.cu's (the fragment code of matmul_quant_blocks.cuh, chain
  * k of a (row, token) = k-blocks k, k + 4, ... in order, y = ((p0 + p1) + p2) + p3), so
@@ -656,6 +656,8 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
                    cudaStream_t st)
 {
     switch (xq->n_pad) {
+    case 8: /* one n-tile: half the MMAs and scale products of 16 tokens, the same unpacking */
+        return launch_rounds<window_kernel, T, 1>(mm, n, xq, dev, st);
     case 16:
         return launch_rounds<window_kernel, T, 2>(mm, n, xq, dev, st);
     case 32:
@@ -678,7 +680,7 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
     /* the layouts fill up to SMEM_MAX (an H100/H200 block's opt-in); a device that offers a
      * block less (sm_120: 99 KiB) keeps the tensor-core kernel */
     return major >= 9 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
-           (n_pad == 16 || n_pad == 32 || n_pad == 64) &&
+           (n_pad == 8 || n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
            (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
 }

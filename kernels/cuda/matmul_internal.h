@@ -131,7 +131,7 @@ td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *
  * once per device (matmul_bulk.cu). */
 td_err device_caps(int *major, int *optin);
 
-/* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 16) or the wide
+/* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 8, 16) or the wide
  * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte
  * aligned data, cols a multiple of 256. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
