@@ -181,9 +181,10 @@ int mmd_choice(void)
 /* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
  * the window kernel (matmul_bulk_mma.cu) at 2-16 tokens, the wide kernel (the same file) at
  * 17-64 (measured, see matmul_bulk_mma.cu); TANDEM_MMQ=mmq the tensor-core kernel
- * (matmul_quant.cu) instead, =bulk (or unset) the default. Read once; the same bits either
- * way. */
-enum { MMQB_AUTO = 1, MMQB_NEVER };
+ * (matmul_quant.cu) instead, =bulk9 the tensor-core kernel at 2-8 tokens only (the rule
+ * before the window kernel took them), =bulk (or unset) the default. Read once; the same
+ * bits either way. */
+enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
 static int mmqb_choice(void)
@@ -191,16 +192,21 @@ static int mmqb_choice(void)
     int c = __atomic_load_n(&g_mmq_bulk, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_MMQ");
-        c = e && strcmp(e, "mmq") == 0 ? MMQB_NEVER : MMQB_AUTO;
+        c = !e ? MMQB_AUTO
+            : strcmp(e, "mmq") == 0   ? MMQB_NEVER
+            : strcmp(e, "bulk9") == 0 ? MMQB_FROM9
+                                      : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
     return c;
 }
 
-/* Whether a chunk of nc tokens on w runs on the window kernel. */
+/* Whether a chunk of nc tokens on w runs on the window or wide kernel. */
 static bool mmqb_chosen(const ops_weight *w, int nc)
 {
-    return nc >= 2 && mmqb_choice() == MMQB_AUTO && mmqb_supported(w, pad_tokens(nc));
+    const int c = mmqb_choice();
+    return nc >= (c == MMQB_FROM9 ? 9 : 2) && c != MMQB_NEVER &&
+           mmqb_supported(w, pad_tokens(nc));
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
