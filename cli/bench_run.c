@@ -478,8 +478,8 @@ void bench_draft(const tgt_model *m, const char *dir, int iters,
         *numerics = f16 ? (bf16 ? "f16 context, bf16 inputs" : "f16 context, f32 inputs")
                         : (bf16 ? "f32 context, bf16 inputs" : "f32 context, f32 inputs");
         /* The ring holds the context, the block and every timed step's new positions. */
-        e = dfl_state_init(&ds, dm,
-                           BENCH_CTX_SHORT + (B + 12) * (iters + BENCH_WARMUP + BENCH_PROF_ITERS) + 64);
+        const int64_t runs = iters + BENCH_WARMUP + BENCH_PROF_ITERS;
+        e = dfl_state_init(&ds, dm, BENCH_CTX_SHORT + (B + 12) * runs + 64);
     }
     if (e == TD_OK && B > chunk)
         e = err_set(TD_EINVAL, "a drafter block of %lld tokens (at most %lld timed)",

@@ -491,9 +491,10 @@ static void test_matmul_x_bf16_reads_the_rounded_inputs(void **state)
  * weights times the rounded inputs (each step's MMA adds 16 exact products, ~40 u of their
  * magnitude by the bound of the F16/BF16 tests; then one fma per step, cols / 16 of them),
  * each token of a batch bit-identical to it alone, and a group with an exact Q6_K member gives
- * each what it gives alone. Shapes: the drafter's 5120-wide rows (where the device's shared memory holds
- * 16 tokens of them: not on sm_86), 21 blocks per row (row_bytes 2 mod 4: every other row
- * starts 2 bytes past a word boundary), one block, one row, rows past a 16-row tile. */
+ * each what it gives alone. Shapes: the drafter's 5120-wide rows (where the device's shared
+ * memory holds 16 tokens of them: not on sm_86), 21 blocks per row (row_bytes 2 mod 4: every
+ * other row starts 2 bytes past a word boundary), one block, one row, rows past a 16-row
+ * tile. */
 static void test_matmul_q6x_matches_the_rounded_inputs(void **state)
 {
     (void)state;
