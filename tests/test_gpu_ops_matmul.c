@@ -716,8 +716,8 @@ static void test_matmul_rejects_bad_weights(void **state)
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
- * (dp4a) with TANDEM_MMQ=bulk (2-16 tokens on the window kernel, 17-64 on the wide kernel;
- * by default 2-8 tokens go to the tensor-core kernel) byte for byte. */
+ * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, 17-64 on the wide kernel,
+ * 2-8 on the tensor-core kernel) byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -898,12 +898,12 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
     }
     for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
-    /* batches: the bulk child as by default (2-8 tokens on the tensor-core kernel, 9-16 on
-     * the window kernel, 17-64 on the wide kernel), the dp4a child on the window and wide
-     * kernels from 2 tokens (TANDEM_MMQ=bulk), the mma child on the tensor-core kernel only
-     * (TANDEM_MMQ=mmq): three children cover the five kernels (and the test's time) */
+    /* batches: the bulk child as by default (2-16 tokens on the window kernel, 17-64 on the
+     * wide kernel), the dp4a child with 2-8 tokens on the tensor-core kernel
+     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq):
+     * three children cover the five kernels (and the test's time) */
     static const char *mmd[] = {"bulk", "mma", "regs"};
-    static const char *mmq[] = {NULL, "mmq", "bulk"};
+    static const char *mmq[] = {NULL, "mmq", "bulk9"};
     enum { NV = 3 };
     char path[NV][64];
     uint8_t *data[NV];

@@ -179,11 +179,11 @@ int mmd_choice(void)
 }
 
 /* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
- * by default (=bulk9) the tensor-core kernel (matmul_quant.cu) at 2-8 tokens, the window
- * kernel (matmul_bulk_mma.cu) at 9-16, the wide kernel (the same file) at 17-64 (measured,
- * see matmul_bulk_mma.cu); TANDEM_MMQ=bulk the window kernel at 2-8 tokens too (one n-tile;
- * not yet timed on a GPU, kernels/cuda/NOTES.md), =mmq the tensor-core kernel for all. Read
- * once; the same bits either way. */
+ * by default (=bulk) the window kernel (matmul_bulk_mma.cu) at 2-16 tokens (one n-tile up to
+ * 8), the wide kernel (the same file) at 17-64 (measured, see matmul_bulk_mma.cu and
+ * kernels/cuda/NOTES.md); TANDEM_MMQ=bulk9 the tensor-core kernel (matmul_quant.cu) at 2-8
+ * tokens (the rule before), =mmq the tensor-core kernel for all. Read once; the same bits
+ * either way. */
 enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
@@ -192,10 +192,10 @@ static int mmqb_choice(void)
     int c = __atomic_load_n(&g_mmq_bulk, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_MMQ");
-        c = !e ? MMQB_FROM9
-            : strcmp(e, "mmq") == 0  ? MMQB_NEVER
-            : strcmp(e, "bulk") == 0 ? MMQB_AUTO
-                                     : MMQB_FROM9;
+        c = !e ? MMQB_AUTO
+            : strcmp(e, "mmq") == 0   ? MMQB_NEVER
+            : strcmp(e, "bulk9") == 0 ? MMQB_FROM9
+                                      : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
     return c;

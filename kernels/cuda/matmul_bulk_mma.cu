@@ -1,6 +1,5 @@
-/* y = x . W^T for 9..16 tokens (n_pad 16; 2..8, n_pad 8, under TANDEM_MMQ=bulk) of Q4_K,
- * Q5_K, Q6_K on sm_90: the window kernel; 17..64 tokens (n_pad 32, 64): the wide kernel
- * further down.
+/* y = x . W^T for 2..16 tokens (n_pad 8, 16) of Q4_K, Q5_K, Q6_K on sm_90: the window kernel;
+ * 17..64 tokens (n_pad 32, 64): the wide kernel further down.
  * The arithmetic is matmul_quant.cu's (the fragment code of matmul_quant_blocks.cuh, chain
  * k of a (row, token) = k-blocks k, k + 4, ... in order, y = ((p0 + p1) + p2) + p3), so
  * every (row, token) is bit-identical to mmq_launch and to the single-token kernels
