@@ -423,8 +423,8 @@ static float *bf16_copy(const float *x, int64_t n)
  * even). For BF16 and F16 weights the activation split then holds one piece instead of three
  * (the pieces m and l of a bf16 value are zeros, so the MMAs left out added nothing), for a
  * quantised weight x is rounded by one more launch (Q6_K too: its own kernel, under
- * TANDEM_Q6X=on, is the next test): either way every token equals cuda_matmul of the rounded x bit
- * for bit (F32 weights read the same rounded copy), which is within the bounds above of
+ * TANDEM_Q6X=on, is the next test): either way every token equals cuda_matmul of the rounded
+ * x bit for bit (F32 weights read the same rounded copy), which is within the bounds above of
  * cpu_matmul of it (and cpu_matmul with x_bf16 is cpu_matmul of the rounded x:
  * test_ops_matmul). Shapes: the drafter's 5120-wide rows, a partial k-block (5384), the scalar
  * path (5122), one row; 1, 9, 15, 16, 17 and 32 tokens take every path; a mixed group (x_bf16
