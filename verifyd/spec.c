@@ -227,12 +227,13 @@ static td_err spec_flush_context(spec_seq *s)
  * be added when the drafter next runs) and to the feature ring. */
 static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
 {
+    const ops_backend *be = s->tm->be;
+    const size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
     if (s->pend && !s->prompt) {
-        const size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
         if (s->n_pend + n > SPEC_MAX_BLOCK)
             TD_TRY(spec_flush_context(s));
-        TD_TRY(s->tm->be->copy(s->tm->be, s->pend + (size_t)s->n_pend * row, s->feat,
-                               (size_t)n * row * sizeof(float)));
+        TD_TRY(be->copy(be, s->pend + (size_t)s->n_pend * row, s->feat,
+                        (size_t)n * row * sizeof(float)));
         s->n_pend += n;
     } else if (s->dm) {
         TD_TRY(dfl_add_context(s->dm, &s->ds, s->feat, n));
@@ -240,8 +241,6 @@ static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
     if (s->ring) {
         /* The ring is backend memory too (a kvd pool of the backend's kind): rows stay on the
          * device; at most two copies, one on each side of the wrap. */
-        const ops_backend *be = s->tm->be;
-        size_t row = (size_t)(s->n_taps * s->tm->hp.n_embd);
         for (int64_t i = 0; i < n;) {
             int64_t r = (pos0 + i) % s->ring_rows;
             int64_t m = n - i < s->ring_rows - r ? n - i : s->ring_rows - r;
