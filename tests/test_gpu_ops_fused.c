@@ -37,7 +37,8 @@ GPU_CHECK_SANITIZER_OPTIONS
 static void test_add_rmsnorm_matches_cpu_and_rows_are_independent(void **state)
 {
     (void)state;
-    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {16, 5120}, {2, 300}, {2, 9000}};
+    static const int64_t shapes[][2] = {{1, 1},    {3, 7},    {16, 5120}, {2, 300},
+                                        {2, 1025}, {2, 4097}, {2, 5121},  {2, 9000}};
     rng_seed(21);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         const int64_t rows = shapes[s][0], dim = shapes[s][1], n = rows * dim;
@@ -52,15 +53,18 @@ static void test_add_rmsnorm_matches_cpu_and_rows_are_independent(void **state)
         float *gx = dget(dx, bytes), *gh = dget(dh, bytes);
         assert_true(check_same_bits("add_rmsnorm x", gx, rx, bytes));
         assert_true(check_close("add_rmsnorm out", gh, rh, n, 2e-6f, 1e-30f));
-        /* the last row alone, into a separate output: the same bits */
+        /* the last row alone, into a separate output: the same bits (rows of up to 5120 take
+         * the narrow one-row block, the tree of the wide block's 1024 threads) */
         float *dx1 = dput(x + (rows - 1) * dim, (size_t)dim * 4);
         float *dh1 = dput(h + (rows - 1) * dim, (size_t)dim * 4);
         float *dout = dpoison((size_t)dim * 4);
         GPU_OK(cuda_add_rmsnorm(dx1, dh1, dout, dw, 1, dim, 1e-6f, gpu_st));
-        float *g1 = dget(dout, (size_t)dim * 4);
+        float *g1 = dget(dout, (size_t)dim * 4), *gx1 = dget(dx1, (size_t)dim * 4);
         assert_true(check_same_bits("add_rmsnorm row alone", g1, gh + (rows - 1) * dim,
                                     (size_t)dim * 4));
-        free(g1), free(gx), free(gh), free(x), free(h), free(w), free(rx), free(rh);
+        assert_true(check_same_bits("add_rmsnorm row alone x", gx1, gx + (rows - 1) * dim,
+                                    (size_t)dim * 4));
+        free(g1), free(gx1), free(gx), free(gh), free(x), free(h), free(w), free(rx), free(rh);
         cuda_mem_free(dx), cuda_mem_free(dh), cuda_mem_free(dw), cuda_mem_free(dx1);
         cuda_mem_free(dh1), cuda_mem_free(dout);
     }

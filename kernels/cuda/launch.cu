@@ -40,6 +40,9 @@ int g_early;
 /* 0 unknown, 1 on, 2 off (TANDEM_ROUND_PDL=off or 0) */
 int g_round;
 
+/* 0 unknown, 1 on, 2 off (TANDEM_NORM_NARROW=off or 0) */
+int g_narrow;
+
 /* The SM count of device dev (0 when it cannot be asked) and whether it runs
  * griddepcontrol (compute capability 9.0 and up). */
 int dev_info(int dev, bool *pdl)
@@ -134,4 +137,9 @@ bool pdl_early_reads(void)
 bool pdl_round_after_any(void)
 {
     return switch_on(&g_round, "TANDEM_ROUND_PDL");
+}
+
+bool pdl_norm_narrow(void)
+{
+    return switch_on(&g_narrow, "TANDEM_NORM_NARROW");
 }
