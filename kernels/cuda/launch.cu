@@ -40,8 +40,6 @@ int g_early;
 /* 0 unknown, 1 on, 2 off (TANDEM_ROUND_PDL=off or 0) */
 int g_round;
 
-/* 0 unknown, 1 on, 2 off (TANDEM_NORM_NARROW=off or 0) */
-int g_narrow;
 
 /* The SM count of device dev (0 when it cannot be asked) and whether it runs
  * griddepcontrol (compute capability 9.0 and up). */
@@ -141,5 +139,6 @@ bool pdl_round_after_any(void)
 
 bool pdl_norm_narrow(void)
 {
-    return switch_on(&g_narrow, "TANDEM_NORM_NARROW");
+    const char *e = getenv("TANDEM_NORM_NARROW"); /* read per call: the test sets it */
+    return e && (strcmp(e, "on") == 0 || strcmp(e, "1") == 0);
 }
