@@ -397,9 +397,9 @@ static void expect_launches(const ops_backend *gpu, const ops_backend *be, const
 }
 
 /* Members of one type run in one launch (up to 4) where the kernel takes sets: the sm_90
- * bulk-copy kernel for one token, the window kernel for 9-16 tokens of Q4_K/Q6_K, the F32 and
- * F16/BF16 kernels at any batch; the tensor-core kernel (2-8 tokens here) keeps one launch
- * per member.
+ * bulk-copy kernel for one token, the window kernel for 2-16 tokens of Q4_K/Q5_K/Q6_K, the
+ * F32 and F16/BF16 kernels at any batch; the tensor-core kernel (2-16 tokens elsewhere, Q8_0
+ * on sm_90) keeps one launch per member.
  * The bits are the separate calls' (test above). */
 static void test_matmul_multi_joins_members_of_one_type(void **state)
 {
@@ -426,16 +426,19 @@ static void test_matmul_multi_joins_members_of_one_type(void **state)
     /* five Q6_K at 512 inputs, one token: the bulk-copy kernel rounds x itself, 4 + 1
      * members on sm_90; elsewhere a rounding and a kernel per member */
     assert_int_equal(group_launches(be, a.out, q6->n, dxa, 1), sm90 ? 2 : 1 + 5);
-    /* 16 tokens: rounding, then the window kernel on sm_90 (4 + 1), else mmq per member */
+    /* 16 and 5 tokens: rounding, then the window kernel on sm_90 (4 + 1), else mmq per
+     * member */
     assert_int_equal(group_launches(be, a.out, q6->n, dxa, 16), sm90 ? 1 + 2 : 1 + 5);
-    assert_int_equal(group_launches(be, a.out, q6->n, dxa, 5), 1 + 5);
-    /* three Q4_K at 6144 inputs round x themselves on sm_90: one launch; the five F32
-     * members: 4 + 1 */
+    assert_int_equal(group_launches(be, a.out, q6->n, dxa, 5), sm90 ? 1 + 2 : 1 + 5);
+    /* three Q4_K at 6144 inputs round x themselves on sm_90: one launch; at 5 tokens a
+     * rounding and one window launch there; the five F32 members: 4 + 1 */
     assert_int_equal(group_launches(be, b.out, mix->n, dxb, 1), (sm90 ? 1 : 1 + 3) + 2);
-    assert_int_equal(group_launches(be, b.out, mix->n, dxb, 5), 1 + 3 + 2);
+    assert_int_equal(group_launches(be, b.out, mix->n, dxb, 5), (sm90 ? 1 + 1 : 1 + 3) + 2);
     /* BF16 + F16 (one activation split, a kernel each) beside Q6_K, Q6_K (one rounding) and
-     * Q4_K, Q8_0, Q5_K (another), five tokens on the tensor-core kernel: 2 + 5 + 1 + 2 */
-    const int64_t five[] = {5}, mixed[] = {2 + 5 + 1 + 2};
+     * Q4_K, Q8_0, Q5_K (another), five tokens: the two Q6_K in one window launch on sm_90,
+     * the others one each (Q8_0 on the tensor-core kernel): 2 + 4 + 1 + 2; elsewhere all
+     * five on the tensor-core kernel: 2 + 5 + 1 + 2 */
+    const int64_t five[] = {5}, mixed[] = {2 + (sm90 ? 4 : 5) + 1 + 2};
     expect_launches(gpu, be, &groups[2], 23, five, mixed, 1);
     /* five BF16 and an F16: the split, BF16 sets of 4 and 1, the F16, at every batch size */
     const int64_t toks[] = {1, 16, 33}, halves[] = {1 + 2 + 1, 1 + 2 + 1, 1 + 2 + 1};
