@@ -89,89 +89,6 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
         o[i] = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
 }
 
-/* add_rmsnorm_kernel's one-row form in a block small enough to share an SM with a matrix
- * product's CTA (the 1024-thread block holds 32 K registers, the product's 16-warp CTA 48 K
- * of the 64 K, so the next product's CTA on the norm's SM could only be placed once the norm
- * had left). Each of the 256 threads stands for four of the wide kernel's (thread t = lane +
- * 32 r stands for lanes `lane` of virtual warps r, r + 8, r + 16, r + 24), with their
- * values, their f32 partials in the same order and their warps' f64 sums by the same
- * shuffles, so dev_block_sum's tree over 1024 threads and the bits are the wide kernel's.
- * Rows of up to 1024 x FUSED_NARROW_VALS values. */
-#define FUSED_ROW_NARROW 256
-#define FUSED_NARROW_VALS 5 /* per stood-for thread: rows up to 5120 (the 27B's) */
-
-template <bool PF>
-__global__ void __launch_bounds__(FUSED_ROW_NARROW, 4)
-add_rmsnorm_narrow(bool early, float *x, const float *h, float *out, const float *w,
-                   int64_t dim, float eps)
-{
-    constexpr int VT = FUSED_ROW_THREADS / FUSED_ROW_NARROW, NV = FUSED_NARROW_VALS;
-    constexpr int NW = FUSED_ROW_NARROW / 32;
-    const int lane = threadIdx.x & 31, rw = threadIdx.x >> 5;
-    if constexpr (PF) /* one line per 32 values, as the wide kernel asks */
-        for (int64_t i = (int64_t)rw * 32; w && lane == 0 && i < dim; i += NW * 32)
-            dev_prefetch_l2(w + i);
-    pdl_enter(early);
-    __shared__ double sh[33];
-    float v[VT][NV], wv[VT][NV], part[VT];
-    {
-        float b[VT][NV];
-#pragma unroll
-        for (int j = 0; j < VT; j++)
-#pragma unroll
-            for (int u = 0; u < NV; u++) {
-                const int64_t i = lane + 32 * (rw + NW * j) + (int64_t)u * FUSED_ROW_THREADS;
-                v[j][u] = i < dim ? x[i] : 0.0f;
-                b[j][u] = i < dim ? h[i] : 0.0f;
-            }
-#pragma unroll
-        for (int j = 0; j < VT; j++) {
-            part[j] = 0;
-#pragma unroll
-            for (int u = 0; u < NV; u++) {
-                const int64_t i = lane + 32 * (rw + NW * j) + (int64_t)u * FUSED_ROW_THREADS;
-                v[j][u] = __fadd_rn(v[j][u], b[j][u]);
-                if (i < dim) {
-                    x[i] = v[j][u];
-                    part[j] = fmaf(v[j][u], v[j][u], part[j]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < VT; j++) /* in flight during the block's sum */
-#pragma unroll
-        for (int u = 0; u < NV; u++) {
-            const int64_t i = lane + 32 * (rw + NW * j) + (int64_t)u * FUSED_ROW_THREADS;
-            wv[j][u] = w && i < dim ? w[i] : 1.0f;
-        }
-    /* dev_group_sum over the 1024 stood-for threads: each warp's sum by the same shuffles,
-     * then virtual warp 0's over the 32 warp sums */
-#pragma unroll
-    for (int j = 0; j < VT; j++) {
-        const double s = dev_warp_sum((double)part[j]);
-        if (lane == 0)
-            sh[rw + NW * j] = s;
-    }
-    __syncthreads();
-    if (rw == 0) {
-        const double s = dev_warp_sum(sh[lane]);
-        if (lane == 0)
-            sh[32] = s;
-    }
-    __syncthreads();
-    const float inv = dev_rms_inv(sh[32], dim, eps);
-#pragma unroll
-    for (int j = 0; j < VT; j++)
-#pragma unroll
-        for (int u = 0; u < NV; u++) {
-            const int64_t i = lane + 32 * (rw + NW * j) + (int64_t)u * FUSED_ROW_THREADS;
-            if (i < dim)
-                out[i] = w ? __fmul_rn(__fmul_rn(v[j][u], inv), wv[j][u])
-                           : __fmul_rn(v[j][u], inv);
-        }
-}
-
 /* out = rmsnorm(x) * w * silu(z); block = one row of dim. Rows of up to FUSED_HEAD_THREADS *
  * FUSED_HEAD_VALS values are read once, x, z and w together before the block's sum (the gate
  * silu(z) is made meanwhile); longer rows read them again after it. */
@@ -355,16 +272,6 @@ extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const f
         return err_set(TD_ENOTSUP, "add_rmsnorm over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    if (n_rows == 1 && dim <= (int64_t)FUSED_ROW_THREADS * FUSED_NARROW_VALS &&
-        pdl_norm_narrow()) {
-        if (pdl_early_reads())
-            return pdl_launch<add_rmsnorm_narrow<true>>("add_rmsnorm", dim3(1),
-                                                        dim3(FUSED_ROW_NARROW), 0, st, x, h,
-                                                        out, w, dim, eps);
-        return pdl_launch<add_rmsnorm_narrow<false>>("add_rmsnorm", dim3(1),
-                                                     dim3(FUSED_ROW_NARROW), 0, st, x, h, out,
-                                                     w, dim, eps);
-    }
     if (n_rows == 1 && pdl_early_reads())
         return pdl_launch<add_rmsnorm_kernel<true>>("add_rmsnorm", dim3(1), dim3(FUSED_ROW_THREADS),
                                                     0, st, x, h, out, w, dim, eps);

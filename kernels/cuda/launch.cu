@@ -40,7 +40,6 @@ int g_early;
 /* 0 unknown, 1 on, 2 off (TANDEM_ROUND_PDL=off or 0) */
 int g_round;
 
-
 /* The SM count of device dev (0 when it cannot be asked) and whether it runs
  * griddepcontrol (compute capability 9.0 and up). */
 int dev_info(int dev, bool *pdl)
@@ -135,10 +134,4 @@ bool pdl_early_reads(void)
 bool pdl_round_after_any(void)
 {
     return switch_on(&g_round, "TANDEM_ROUND_PDL");
-}
-
-bool pdl_norm_narrow(void)
-{
-    const char *e = getenv("TANDEM_NORM_NARROW"); /* read per call: the test sets it */
-    return e && (strcmp(e, "on") == 0 || strcmp(e, "1") == 0);
 }

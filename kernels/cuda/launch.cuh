@@ -74,11 +74,6 @@ bool pdl_early_reads(void);
  * quantised matmul, as before the other kernels of a forward pass took part. */
 bool pdl_round_after_any(void);
 
-/* Whether a one-row residual norm (add_rmsnorm) runs as a 256-thread block, small enough to
- * share an SM with the next product's CTA (the same bits), under TANDEM_NORM_NARROW=on; by
- * default the 1024-thread block, which the product's CTA cannot sit beside. */
-bool pdl_norm_narrow(void);
-
 #define PDL_MAX_DEV 64 /* device ordinals served; launches on higher ones are plain */
 
 /* How one launch goes out. */
