@@ -299,7 +299,7 @@ td_err dfl_load_on(dfl_model **out, const char *dir, uint32_t n_target_layers,
      * three; the 27B drafter's step 10.5% shorter on an H200); f32: the CPU's exact inputs */
     const char *act = getenv("TANDEM_DRAFT_ACT");
     if (act && *act && strcmp(act, "f32") != 0 && strcmp(act, "bf16") != 0)
-        LOG_WARN("TANDEM_DRAFT_ACT=%s is neither f32 nor bf16: the inputs are bf16", act);
+        LOG_WARN("TANDEM_DRAFT_ACT=%s is neither f32 nor bf16: the default applies", act);
     dfl_set_x_bf16(m, be->kind != OPS_BACKEND_CPU && !(act && strcmp(act, "f32") == 0));
     *out = m;
     return TD_OK;
