@@ -62,7 +62,7 @@ static void bench_fail(bench_time *t, const char *fmt, ...)
 
 static const char *const bench_parts[] = {"decode", "decode32k", "verify16", "verify32",
                                           "prefill", "prefill-chunked", "draft", "sampling",
-                                          "split", "verify16-32k", "verify-short"};
+                                          "split", "verify16-32k", "verify-short", "graphs"};
 
 const char *bench_part_names(void)
 {
@@ -286,6 +286,44 @@ static void bench_part(bench_tgt *b, unsigned wanted, int64_t ctx, int64_t n, in
         bench_skip(t);
 }
 
+/* What a pass of n tokens at BENCH_CTX_SHORT costs before it replays a recording
+ * (verifyd/graph_pick.h): run op by op the first time it comes (*direct), recorded and
+ * replayed the second (*record); each pair from a model that has forgotten its recordings.
+ * Not measured where forward passes are not recorded. */
+static void bench_graph_costs(bench_tgt *b, int64_t n, int iters, bench_time *direct,
+                              bench_time *record)
+{
+    double *r = malloc((size_t)iters * sizeof *r);
+    td_err e = r ? TD_OK : err_set(TD_ENOMEM, "out of memory");
+    tgt_graph_counts c0, c1;
+    tgt_graph_stats(b->m, &c0);
+    for (int i = -1; e == TD_OK && i < iters; i++) {
+        tgt_graphs_forget(b->m);
+        double t0 = bench_now();
+        e = bench_forward(b, BENCH_CTX_SHORT, n);
+        double t1 = bench_now();
+        if (e == TD_OK)
+            e = bench_forward(b, BENCH_CTX_SHORT, n);
+        if (i >= 0) {
+            b->s[i] = t1 - t0;
+            r[i] = bench_now() - t1;
+        }
+    }
+    tgt_graph_stats(b->m, &c1);
+    if (e != TD_OK) {
+        bench_fail(direct, "%s", err_msg());
+        bench_fail(record, "%s", err_msg());
+    } else if (c1.recorded == c0.recorded) {
+        bench_fail(direct, "forward passes are not recorded here (no CUDA graphs)");
+        bench_fail(record, "forward passes are not recorded here (no CUDA graphs)");
+    } else {
+        bench_done(direct, b->s, iters);
+        bench_done(record, r, iters);
+    }
+    tgt_graphs_forget(b->m);
+    free(r);
+}
+
 /* One prompt of BENCH_PROMPT tokens from position 0, in chunks of b->pass as verifyd
  * prefills (taps of every position, logits of the last), synced at the end. */
 static td_err bench_prompt(bench_tgt *b)
@@ -368,6 +406,10 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         bench_fail(&out->rollback, "%s", why);
         bench_fail(&out->prefill, "%s", why);
         bench_fail(&out->prefill_chunked, "%s", why);
+        bench_fail(&out->graph_direct1, "%s", why);
+        bench_fail(&out->graph_record1, "%s", why);
+        bench_fail(&out->graph_direct16, "%s", why);
+        bench_fail(&out->graph_record16, "%s", why);
     } else {
         bench_part(&b, parts & BENCH_PART_DECODE, BENCH_CTX_SHORT, 1, iters, &out->decode_short);
         bench_part(&b, parts & BENCH_PART_DECODE32K, BENCH_CTX_LONG, 1, iters, &out->decode_long);
@@ -396,6 +438,15 @@ void bench_target(tgt_model *m, const int32_t *taps, int64_t n_taps, int iters,
         else
             bench_fail(&out->prefill_chunked, "%s", err_msg());
         m->delta_chunk = was;
+        if (parts & BENCH_PART_GRAPHS) {
+            bench_graph_costs(&b, 1, iters, &out->graph_direct1, &out->graph_record1);
+            bench_graph_costs(&b, 16, iters, &out->graph_direct16, &out->graph_record16);
+        } else {
+            bench_skip(&out->graph_direct1);
+            bench_skip(&out->graph_record1);
+            bench_skip(&out->graph_direct16);
+            bench_skip(&out->graph_record16);
+        }
     }
     if (b.st.be)
         tgt_state_free(&b.st);

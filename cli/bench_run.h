@@ -47,6 +47,10 @@ typedef struct bench_target_times {
     bench_time prefill;       /* a BENCH_PROMPT-token prompt from position 0 (profile: per
                                * chunk), the DeltaNet recurrence token by token */
     bench_time prefill_chunked; /* the same with the chunked recurrence */
+    /* A pass's first two runs where passes become CUDA graphs (verifyd/graph_pick.h): op by
+     * op, then recorded and replayed; one token and 16 (recorded for rollback), 1K context */
+    bench_time graph_direct1, graph_record1;
+    bench_time graph_direct16, graph_record16;
 } bench_target_times;
 
 /* The parts `tandem bench --only` picks from (all by default); the copy bandwidth and the
@@ -63,7 +67,8 @@ enum {
     BENCH_PART_SPLIT = 1u << 8,           /* the process split, without and with MPS */
     BENCH_PART_VERIFY16_32K = 1u << 9,    /* verify16_long */
     BENCH_PART_VERIFY_SHORT = 1u << 10,   /* verify4 and verify8 */
-    BENCH_PART_ALL = (1u << 11) - 1,
+    BENCH_PART_GRAPHS = 1u << 11,         /* graph_direct*, graph_record* */
+    BENCH_PART_ALL = (1u << 12) - 1,
 };
 
 /* *parts from a comma-separated list of part names (bench_part_names()); TD_EINVAL naming

@@ -276,6 +276,20 @@ static void bench_print(const bench_report *r)
              t->prefill_chunked.ok ? BENCH_PROMPT * 1e3 / t->prefill_chunked.ms : 0,
              (long long)r->prefill.delta_chunk);
     bench_row_time("prefill, chunked delta rule", &t->prefill_chunked, x);
+    const bench_time *gd[2] = {&t->graph_direct1, &t->graph_direct16};
+    const bench_time *gr[2] = {&t->graph_record1, &t->graph_record16};
+    const bench_time *gp[2] = {&t->decode_short, &t->verify16};
+    const char *gname[2][2] = {{"decode: first pass, op by op", "decode: second pass, recorded"},
+                               {"verify 16: first pass, op by op",
+                                "verify 16: second pass, recorded"}};
+    for (int i = 0; i < 2; i++) {
+        const double rep = gp[i]->ok ? gp[i]->ms : 0;
+        snprintf(x, sizeof x, "%.3fx a replay", rep > 0 && gd[i]->ok ? gd[i]->ms / rep : 0);
+        bench_row_time(gname[i][0], gd[i], x);
+        snprintf(x, sizeof x, "%.3fx a replay (recording + the first replay)",
+                 rep > 0 && gr[i]->ok ? gr[i]->ms / rep : 0);
+        bench_row_time(gname[i][1], gr[i], x);
+    }
     snprintf(x, sizeof x, "%.3fx decode  [%s backend%s%s; queued by the host in %.3f ms]",
              d1 > 0 && r->draft[0].ok ? r->draft[0].ms / d1 : 0, r->draft_backend,
              *r->draft_numerics ? ", " : "", r->draft_numerics, r->draft[0].host_ms);
@@ -486,6 +500,20 @@ static td_err bench_json_write(const bench_report *r, const char *path)
                                          ? json_real(BENCH_PROMPT * 1e3 / t->prefill_chunked.ms)
                                          : json_null());
     json_object_set_new(j, "prefill_chunked", pc);
+    json_t *gj = json_object();
+    const bench_time *gt[2][3] = {{&t->graph_direct1, &t->graph_record1, &t->decode_short},
+                                  {&t->graph_direct16, &t->graph_record16, &t->verify16}};
+    for (int i = 0; i < 2; i++) {
+        json_t *g = json_object();
+        for (int k = 0; k < 2; k++) {
+            json_t *o = bench_json_time(gt[i][k], 0);
+            if (gt[i][k]->ok && gt[i][2]->ok) /* against a replay of the same pass */
+                json_object_set_new(o, "ratio_to_replay", json_real(gt[i][k]->ms / gt[i][2]->ms));
+            json_object_set_new(g, k ? "record" : "direct", o);
+        }
+        json_object_set_new(gj, i ? "verify16" : "decode", g);
+    }
+    json_object_set_new(j, "graphs", gj);
     json_t *dr = bench_json_time(&r->draft[0], d1);
     json_object_set_new(dr, "backend", json_string(r->draft_backend ? r->draft_backend : "none"));
     json_object_set_new(dr, "numerics", json_string(r->draft_numerics));
@@ -750,12 +778,13 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     r.state_short = bench_state_bytes(m, BENCH_CTX_SHORT);
     r.state_long = bench_state_bytes(m, BENCH_CTX_LONG);
     bench_target(m, taps, n_taps, iters, &r.prefill, parts, &r.tgt);
-    uint64_t g_rec = 0, g_rep = 0;
-    tgt_graph_stats(m, &g_rec, &g_rep);
-    if (g_rep)
-        bench_note(&r, "target steps ran as CUDA graphs (%llu recordings, %llu replays; "
-                   "TANDEM_GRAPHS=0 runs them op by op)", (unsigned long long)g_rec,
-                   (unsigned long long)g_rep);
+    tgt_graph_counts gc;
+    tgt_graph_stats(m, &gc);
+    if (gc.replayed)
+        bench_note(&r, "target steps ran as CUDA graphs (%llu recordings, %llu replays, %llu passes "
+                   "op by op before a recording; TANDEM_GRAPHS=0 runs them all op by op)",
+                   (unsigned long long)gc.recorded, (unsigned long long)gc.replayed,
+                   (unsigned long long)gc.direct);
     else if (r.on_gpu)
         bench_note(&r, "target steps ran op by op (no CUDA graphs)");
     if (parts & BENCH_PART_DECODE32K)

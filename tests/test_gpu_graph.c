@@ -1,7 +1,8 @@
 /* The target's forward passes as CUDA graphs (verifyd/target_graph.c): a replay gives the
  * same bits as running the ops one by one, for decode steps, a recorded 16-token verify with
- * taps, the rollback after it and decoding after that; one recording serves every decode
- * step of a sequence, and a new state gets its own. Skipped (77) without a CUDA device. */
+ * taps, the rollback after it and decoding after that; a pass is recorded the second time it
+ * comes (the first runs op by op), one recording serves every decode step of a sequence, and
+ * a new state gets its own. Skipped (77) without a CUDA device. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,39 +78,56 @@ static void test_graph_replay_equals_direct_run(void **ctx)
         float *la = dev_floats(16 * V), *lb = dev_floats(16 * V);
         float *ta = dev_floats(16 * 2 * D), *tb = dev_floats(16 * 2 * D);
         tgt_out last_a = {.logits = la, .last_only = true}, last_b = {.logits = lb, .last_only = true};
-        uint64_t rec0, rep0, rec1, rep1;
+        tgt_graph_counts c;
 
+        /* a pass is recorded the second time it comes: the prefill (once) runs op by op,
+         * the first decode step too, the second is recorded and the rest replay it */
         step_both(m, &a, &b, toks, 8, false, &last_a, &last_b, "prefill of 8");
-        tgt_graph_stats(m, &rec0, &rep0);
+        tgt_graph_stats(m, &c);
+        assert_int_equal(c.recorded, 0);
+        assert_int_equal(c.direct, 1);
         for (int i = 0; i < 5; i++)
             step_both(m, &a, &b, toks + 8 + i, 1, false, &last_a, &last_b, "decode step");
-        tgt_graph_stats(m, &rec1, &rep1);
-        assert_true(rec0 >= 1);
-        assert_int_equal(rec1, rec0 + 1); /* one recording for the five decode steps */
-        assert_int_equal(rep1, rep0 + 5);
+        tgt_graph_stats(m, &c);
+        assert_int_equal(c.direct, 2);
+        assert_int_equal(c.recorded, 1); /* one recording for the last four decode steps */
+        assert_int_equal(c.replayed, 4);
 
+        /* two verify blocks with taps and a rollback after each: the second one recorded */
         tgt_out va = {.logits = la, .taps = taps, .n_taps = 2, .tap_out = ta};
         tgt_out vb = {.logits = lb, .taps = taps, .n_taps = 2, .tap_out = tb};
-        step_both(m, &a, &b, toks + 13, 16, true, &va, &vb, "verify of 16 with taps");
-        assert_int_equal(tgt_state_keep(m, &a, 5), TD_OK);
-        assert_int_equal(tgt_state_keep(m, &b, 5), TD_OK);
+        for (int r = 0; r < 2; r++) {
+            step_both(m, &a, &b, toks + 13 + 5 * r, 16, true, &va, &vb,
+                      r ? "verify of 16 with taps (recorded)" : "verify of 16 with taps");
+            assert_int_equal(tgt_state_keep(m, &a, 5), TD_OK);
+            assert_int_equal(tgt_state_keep(m, &b, 5), TD_OK);
+        }
+        tgt_graph_stats(m, &c);
+        assert_int_equal(c.direct, 3);
+        assert_int_equal(c.recorded, 2);
+        assert_int_equal(c.replayed, 5);
         for (int i = 0; i < 3; i++)
             step_both(m, &a, &b, toks + 30 + i, 1, false, &last_a, &last_b,
                       "decode step after a rollback");
+        tgt_graph_stats(m, &c);
+        assert_int_equal(c.recorded, 2); /* the decode steps' recording serves on */
+        assert_int_equal(c.replayed, 8);
 
         /* a new state (new arrays) gets a recording of its own and the same bits */
-        tgt_state c;
-        assert_int_equal(tgt_state_init(&c, m, 64), TD_OK);
-        m->use_graphs = true;
-        assert_int_equal(tgt_forward(m, &c, toks, 8, false, &last_a), TD_OK);
-        tgt_state d;
-        assert_int_equal(tgt_state_init(&d, m, 64), TD_OK);
-        m->use_graphs = false;
-        assert_int_equal(tgt_forward(m, &d, toks, 8, false, &last_b), TD_OK);
-        expect_same("a new state", la, lb, V);
-        uint64_t rec2, rep2;
-        tgt_graph_stats(m, &rec2, &rep2);
-        assert_true(rec2 > rec1);
+        tgt_state c1, d1;
+        assert_int_equal(tgt_state_init(&c1, m, 64), TD_OK);
+        assert_int_equal(tgt_state_init(&d1, m, 64), TD_OK);
+        for (int r = 0; r < 2; r++) {
+            m->use_graphs = true;
+            assert_int_equal(tgt_forward(m, &c1, toks + 8 * r, 8, false, &last_a), TD_OK);
+            m->use_graphs = false;
+            assert_int_equal(tgt_forward(m, &d1, toks + 8 * r, 8, false, &last_b), TD_OK);
+            expect_same("a new state", la, lb, V);
+        }
+        tgt_graph_stats(m, &c);
+        assert_int_equal(c.direct, 4);
+        assert_int_equal(c.recorded, 3);
+        assert_int_equal(c.replayed, 9);
 
         gpu->release(gpu, la);
         gpu->release(gpu, lb);
@@ -117,8 +135,8 @@ static void test_graph_replay_equals_direct_run(void **ctx)
         gpu->release(gpu, tb);
         tgt_state_free(&a);
         tgt_state_free(&b);
-        tgt_state_free(&c);
-        tgt_state_free(&d);
+        tgt_state_free(&c1);
+        tgt_state_free(&d1);
         tgt_free(m);
     }
 }

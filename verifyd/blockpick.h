@@ -17,7 +17,8 @@
  * by BP_PRIOR steps' weight so that a draft position never offered yet is expected to do as
  * the one before it. cost(B) is the mean
  * seconds of the recent steps of B tokens (the first step of each B is left out: it pays for
- * warming up, e.g. recording a CUDA graph); a B not yet measured is costed by the line between
+ * warming up; so is a step that recorded a CUDA graph, which its caller reports with no
+ * time); a B not yet measured is costed by the line between
  * the measured sizes around it, or, outside them, optimistically (as the largest measured
  * below it, or proportionally to B below the smallest), so that it gets tried once it looks
  * best. Before any measurement the whole block is taken.
@@ -62,7 +63,8 @@ void bp_init(blockpick *p, int64_t most);
 /* The B of the next step: 1..most. */
 int64_t bp_pick(const blockpick *p);
 
-/* A step of B tokens (1..most) committed n of them (1..B) in the given seconds. */
+/* A step of B tokens (1..most) committed n of them (1..B) in the given seconds; 0 seconds:
+ * its acceptance counts, its time does not (e.g. it recorded a CUDA graph). */
 void bp_record(blockpick *p, int64_t B, int64_t n, double seconds);
 
 /* tokens(B) and cost(B) as bp_pick sees them (cost 0: nothing measured yet). */

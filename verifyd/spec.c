@@ -429,8 +429,11 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
                                 s->ids, block, s->dq));
     }
     s->stats.t_draft += spec_now() - t0;
+    tgt_graph_counts g0, g1;
+    tgt_graph_stats(s->tm, &g0);
     TD_TRY(spec_verify(s, block, B, s->dq, out, n_out));
-    if (s->draft_auto)
-        bp_record(&s->bp, B, *n_out, spec_now() - t0);
+    tgt_graph_stats(s->tm, &g1);
+    if (s->draft_auto) /* a step that recorded a CUDA graph: its time is not the size's */
+        bp_record(&s->bp, B, *n_out, g1.recorded == g0.recorded ? spec_now() - t0 : 0);
     return TD_OK;
 }

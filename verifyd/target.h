@@ -215,9 +215,15 @@ typedef struct tgt_out {
 td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int64_t n_tok,
                    bool record, const tgt_out *out);
 
-/* Forward passes run as CUDA graphs so far: recordings made and replays (each run of a
- * recording, the first included). */
-void tgt_graph_stats(const tgt_model *m, uint64_t *recorded, uint64_t *replayed);
+/* Forward passes so far, where graphs are on (tgt_graph_wanted): */
+typedef struct tgt_graph_counts {
+    uint64_t recorded; /* recordings made */
+    uint64_t replayed; /* runs of a recording, the first one after it was made included */
+    uint64_t direct;   /* passes run op by op: not worth a recording (yet) */
+} tgt_graph_counts;
+void tgt_graph_stats(const tgt_model *m, tgt_graph_counts *c);
+/* Drops every recording and what was seen: the next passes start as a fresh model's. */
+void tgt_graphs_forget(const tgt_model *m);
 
 /* After a recorded forward of n tokens, keeps the first keep (0 <= keep <= n): n_past and
  * the DeltaNet state become exactly those of having run only those tokens. KV entries past

@@ -567,8 +567,8 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
                            tokens[i], (long long)i, (long long)hp->n_vocab);
     if (record)
         TD_TRY(tgt_rec_reserve(m, s, n_tok));
-    bool graph = tgt_graph_wanted(m);
-    TD_TRY(tgt_work_reserve(m, n_tok, graph ? s->n_ctx : s->n_past + n_tok));
+    bool graphs = tgt_graph_wanted(m);
+    TD_TRY(tgt_work_reserve(m, n_tok, graphs ? s->n_ctx : s->n_past + n_tok));
     tgt_work *w = m->work;
     w->host_pos[0] = (int32_t)(s->n_past + n_tok);
     for (int64_t i = 0; i < n_tok; i++)
@@ -577,9 +577,11 @@ td_err tgt_forward(const tgt_model *m, tgt_state *s, const int32_t *tokens, int6
     TD_TRY(m->be->to_device(m->be, w->step_pos, w->host_pos,
                             (size_t)(1 + n_tok) * sizeof(int32_t)));
     w->n_tok = n_tok;
-    w->n_kv = graph ? s->n_ctx : s->n_past + n_tok;
+    const int slot = graphs ? tgt_graph_pick(m, s, n_tok, record, out) : -1;
+    w->n_kv = slot >= 0 ? s->n_ctx : s->n_past + n_tok;
     s->rec_n_tok = 0;
-    td_err e = graph ? tgt_graph_run(m, s, n_tok, record, out) : tgt_run(m, s, n_tok, record, out);
+    td_err e = slot >= 0 ? tgt_graph_run(m, s, slot, n_tok, record, out)
+                         : tgt_run(m, s, n_tok, record, out);
     if (e != TD_OK)
         return e; /* the state is unusable: the caller resets the sequence */
     if (record) {

@@ -4,16 +4,16 @@
  * when any of them changes; what changes every step (token ids, positions) is read from
  * device memory that tgt_forward fills before the replay, the number of keys attention reads
  * included (its launch is sized for the whole cache; splits past the count return at once),
- * so replay and direct run give the same bits (tests/test_gpu_graph.c). */
+ * so replay and direct run give the same bits (tests/test_gpu_graph.c). Which passes are
+ * recorded, and which recording a new one replaces, is verifyd/graph_pick.h's choice: a pass
+ * is recorded the second time it comes, so one that never repeats runs op by op. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "kernels/backend_prof.h"
+#include "verifyd/graph_pick.h"
 #include "verifyd/target_int.h"
-
-#define TGT_GRAPHS_MAX 24 /* recordings kept (decode, the verify sizes --draft-auto picks, a few
-                           * sequences) */
 
 typedef struct tgt_graph_key {
     uint64_t state_gen, work_gen;
@@ -24,17 +24,12 @@ typedef struct tgt_graph_key {
     uint64_t taps_hash;
 } tgt_graph_key;
 
-typedef struct tgt_graph {
-    tgt_graph_key key;
-    void *exec;     /* the backend's recording, NULL = free slot */
-    uint64_t used;  /* clock of the last replay (the least recent is replaced) */
-} tgt_graph;
-
 struct tgt_graphs {
-    tgt_graph g[TGT_GRAPHS_MAX];
-    uint64_t clock;
-    bool failed;        /* recording failed once: forward passes run op by op */
-    uint64_t recorded, replayed;
+    gp_table pick;                 /* which passes are recorded, and where */
+    tgt_graph_key key[GP_SLOTS];   /* of each slot's recording */
+    void *exec[GP_SLOTS];          /* the backend's recordings, NULL = none */
+    bool failed;                   /* recording failed once: forward passes run op by op */
+    tgt_graph_counts counts;
 };
 
 void tgt_graphs_init(tgt_model *m)
@@ -50,10 +45,10 @@ void tgt_graphs_init(tgt_model *m)
 
 static void tgt_graphs_drop(const tgt_model *m)
 {
-    for (int i = 0; m->graphs && i < TGT_GRAPHS_MAX; i++) {
-        if (m->graphs->g[i].exec)
-            m->be->graph_free(m->be, m->graphs->g[i].exec);
-        m->graphs->g[i].exec = NULL;
+    for (int i = 0; m->graphs && i < GP_SLOTS; i++) {
+        if (m->graphs->exec[i])
+            m->be->graph_free(m->be, m->graphs->exec[i]);
+        m->graphs->exec[i] = NULL;
     }
 }
 
@@ -74,10 +69,49 @@ bool tgt_graph_wanted(const tgt_model *m)
            !ops_prof_on(m->be);
 }
 
-void tgt_graph_stats(const tgt_model *m, uint64_t *recorded, uint64_t *replayed)
+void tgt_graph_stats(const tgt_model *m, tgt_graph_counts *c)
 {
-    *recorded = m->graphs ? m->graphs->recorded : 0;
-    *replayed = m->graphs ? m->graphs->replayed : 0;
+    static const tgt_graph_counts none;
+    *c = m->graphs ? m->graphs->counts : none;
+}
+
+void tgt_graphs_forget(const tgt_model *m)
+{
+    if (!m->graphs)
+        return;
+    if (m->be->sync)
+        (void)m->be->sync(m->be);
+    tgt_graphs_drop(m);
+    memset(&m->graphs->pick, 0, sizeof m->graphs->pick);
+}
+
+static tgt_graph_key tgt_key_of(const tgt_model *m, const tgt_state *s, int64_t n_tok,
+                                bool record, const tgt_out *out)
+{
+    tgt_graph_key key = {
+        .state_gen = s->gen, .work_gen = tgt_work_gen(m), .n_tok = n_tok,
+        .delta_chunk = m->delta_chunk, .record = record,
+        .last_only = out && out->last_only, .logits = out ? out->logits : NULL,
+        .tap_out = out && out->n_taps ? out->tap_out : NULL, .n_taps = out ? out->n_taps : 0,
+        .taps_hash = 1469598103934665603ull,
+    };
+    for (int64_t j = 0; j < key.n_taps; j++)
+        key.taps_hash = (key.taps_hash ^ (uint64_t)(uint32_t)out->taps[j]) * 1099511628211ull;
+    return key;
+}
+
+static uint64_t tgt_key_hash(const tgt_graph_key *k)
+{
+    const uint64_t f[] = {k->state_gen, k->work_gen, (uint64_t)k->n_tok, (uint64_t)k->delta_chunk,
+                          (uint64_t)k->record << 1 | (uint64_t)k->last_only,
+                          (uint64_t)(uintptr_t)k->logits, (uint64_t)(uintptr_t)k->tap_out,
+                          (uint64_t)k->n_taps, k->taps_hash};
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        h = (h ^ f[i]) * 1099511628211ull;
+        h ^= h >> 29;
+    }
+    return h;
 }
 
 static bool tgt_key_eq(const tgt_graph_key *a, const tgt_graph_key *b)
@@ -86,6 +120,40 @@ static bool tgt_key_eq(const tgt_graph_key *a, const tgt_graph_key *b)
            a->delta_chunk == b->delta_chunk && a->record == b->record &&
            a->last_only == b->last_only && a->logits == b->logits &&
            a->tap_out == b->tap_out && a->n_taps == b->n_taps && a->taps_hash == b->taps_hash;
+}
+
+typedef struct tgt_pick_ctx {
+    const struct tgt_graphs *G;
+    const tgt_graph_key *key;
+} tgt_pick_ctx;
+
+static bool tgt_slot_is(void *user, int i)
+{
+    const tgt_pick_ctx *c = user;
+    return c->G->exec[i] && tgt_key_eq(&c->G->key[i], c->key);
+}
+
+int tgt_graph_pick(const tgt_model *m, const tgt_state *s, int64_t n_tok, bool record,
+                   const tgt_out *out)
+{
+    struct tgt_graphs *G = m->graphs;
+    tgt_graph_key key = tgt_key_of(m, s, n_tok, record, out);
+    tgt_pick_ctx ctx = {.G = G, .key = &key};
+    int slot = -1;
+    switch (gp_pick(&G->pick, tgt_key_hash(&key), tgt_slot_is, &ctx, &slot)) {
+    case GP_REPLAY:
+        return slot;
+    case GP_RECORD:
+        if (G->exec[slot])
+            m->be->graph_free(m->be, G->exec[slot]);
+        G->exec[slot] = NULL; /* tgt_graph_run records it */
+        G->key[slot] = key;
+        return slot;
+    case GP_DIRECT:
+        break;
+    }
+    G->counts.direct++;
+    return -1;
 }
 
 /* Records tgt_run into *exec. On failure nothing is being recorded any more. */
@@ -107,45 +175,25 @@ static td_err tgt_graph_record(const tgt_model *m, tgt_state *s, int64_t n_tok, 
     return TD_OK;
 }
 
-td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record,
+td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int slot, int64_t n_tok, bool record,
                      const tgt_out *out)
 {
     struct tgt_graphs *G = m->graphs;
     const ops_backend *be = m->be;
-    tgt_graph_key key = {
-        .state_gen = s->gen, .work_gen = tgt_work_gen(m), .n_tok = n_tok,
-        .delta_chunk = m->delta_chunk, .record = record,
-        .last_only = out && out->last_only, .logits = out ? out->logits : NULL,
-        .tap_out = out && out->n_taps ? out->tap_out : NULL, .n_taps = out ? out->n_taps : 0,
-        .taps_hash = 1469598103934665603ull,
-    };
-    for (int64_t j = 0; j < key.n_taps; j++)
-        key.taps_hash = (key.taps_hash ^ (uint64_t)(uint32_t)out->taps[j]) * 1099511628211ull;
-    tgt_graph *hit = NULL, *lru = &G->g[0];
-    for (int i = 0; i < TGT_GRAPHS_MAX && !hit; i++) {
-        if (G->g[i].exec && tgt_key_eq(&G->g[i].key, &key))
-            hit = &G->g[i];
-        else if (!G->g[i].exec || (lru->exec && G->g[i].used < lru->used))
-            lru = &G->g[i];
-    }
-    if (!hit) {
-        void *exec = NULL;
-        td_err e = tgt_graph_record(m, s, n_tok, record, out, &exec);
+    if (!G->exec[slot]) {
+        td_err e = tgt_graph_record(m, s, n_tok, record, out, &G->exec[slot]);
         if (e != TD_OK) {
             /* not a fault of the step: run it directly, and from now on always */
             LOG_WARN("target: CUDA graphs off (%s); forward passes run op by op", err_msg());
             G->failed = true;
+            G->exec[slot] = NULL;
+            gp_free(&G->pick, slot);
             err_clear();
+            G->counts.direct++;
             return tgt_run(m, s, n_tok, record, out);
         }
-        if (lru->exec)
-            be->graph_free(be, lru->exec);
-        lru->exec = exec;
-        lru->key = key;
-        hit = lru;
-        G->recorded++;
+        G->counts.recorded++;
     }
-    hit->used = ++G->clock;
-    G->replayed++;
-    return be->graph_launch(be, hit->exec);
+    G->counts.replayed++;
+    return be->graph_launch(be, G->exec[slot]);
 }

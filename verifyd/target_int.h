@@ -22,10 +22,14 @@ void tgt_graphs_init(tgt_model *m);
 void tgt_graphs_free(tgt_model *m);
 /* Whether this forward pass can run as a graph. */
 bool tgt_graph_wanted(const tgt_model *m);
-/* tgt_run(m, s, n_tok, record, out) as a replay of a recording of it (made now if there is
- * none for these arguments). Falls back to running it directly, and turns graphs off for the
+/* For a pass tgt_graph_wanted allows: the slot of the recording it runs as (recorded by
+ * tgt_graph_run if it is new), or -1 to run it op by op (verifyd/graph_pick.h). */
+int tgt_graph_pick(const tgt_model *m, const tgt_state *s, int64_t n_tok, bool record,
+                   const tgt_out *out);
+/* tgt_run(m, s, n_tok, record, out) as a replay of slot's recording, made now if the slot
+ * was just picked for it. Falls back to running it directly, and turns graphs off for the
  * model, when recording fails. */
-td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record,
+td_err tgt_graph_run(const tgt_model *m, tgt_state *s, int slot, int64_t n_tok, bool record,
                      const tgt_out *out);
 
 #endif

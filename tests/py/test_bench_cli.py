@@ -156,6 +156,15 @@ def test_derived_numbers_follow_from_the_measured_times(bench):
         assert close(got["tok_s"], max(rates.values()))
     if not sp["gpu"]:
         assert not j["split"]["mps"]["measured"]
+    # a pass's first two runs where passes become CUDA graphs: none on the CPU
+    for step in ("decode", "verify16"):
+        for run in ("direct", "record"):
+            g = j["graphs"][step][run]
+            if sp["gpu"]:
+                assert g["ms"] > 0 and g["ratio_to_replay"] > 0, (step, run, g)
+            else:
+                assert g["ms"] is None, (step, run, g)
+                assert g["why"] == "forward passes are not recorded here (no CUDA graphs)"
     assert any("32K context" in n for n in j["notes"])
 
     # the targets, each judged on the numbers above
@@ -211,13 +220,15 @@ def test_only_measures_the_parts_asked_for(tmp_path):
                 j["verify"]["8"], j["prefill"],
                 j["prefill_chunked"], j["draft"], j["draft"]["block8"], j["draft"]["block4"],
                 j["sampling"][0]["draw"],
-                j["sampling"][2]["accept"]):
+                j["sampling"][2]["accept"], j["graphs"]["decode"]["direct"],
+                j["graphs"]["verify16"]["record"]):
         assert row["ms"] is None and row["why"] == skipped, row
     for end in ("no_mps", "mps"):
         assert j["split"][end] == {"measured": False, "why": skipped}
     assert "--only: the parts left out were not measured" in j["notes"]
-    assert p.stdout.count("(" + skipped + ")") == 18, p.stdout  # 32K, verify 4, 8 and 32,
-    # verify 16 at 32K, 2 prefills, the draft steps of 16, 8 and 4, 6 sampling rows, 2 split rows
+    assert p.stdout.count("(" + skipped + ")") == 22, p.stdout  # 32K, verify 4, 8 and 32,
+    # verify 16 at 32K, 2 prefills, 4 graph rows, the draft steps of 16, 8 and 4, 6 sampling
+    # rows, 2 split rows
 
 
 def test_only_refuses_an_unknown_part():
@@ -228,7 +239,7 @@ def test_only_refuses_an_unknown_part():
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, (only, p.stdout, p.stderr)
         assert "(the parts: decode, decode32k, verify16, verify32, prefill, prefill-chunked, " \
-            "draft, sampling, split, verify16-32k, verify-short)" in p.stderr, p.stderr
+            "draft, sampling, split, verify16-32k, verify-short, graphs)" in p.stderr, p.stderr
         assert p.stdout == ""
 
 
