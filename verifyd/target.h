@@ -15,6 +15,10 @@
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 
+/* Tokens the scratch holds from the start where forward passes are recorded: verifyd's longest
+ * pass (a 64-token prefill chunk or verify block). A longer pass grows it. */
+#define TGT_RESERVE_TOK 64
+
 typedef enum tgt_arch {
     TGT_ARCH_QWEN3,
     TGT_ARCH_QWEN35,
@@ -101,7 +105,8 @@ typedef struct tgt_model {
     bool use_graphs;          /* run forward passes as recorded CUDA graphs (verifyd/
                                * target_graph.c): on when the backend has graphs, unless
                                * TANDEM_GRAPHS=0; cleared by itself if recording fails */
-    struct tgt_graphs *graphs; /* the recorded forward passes */
+    struct tgt_graphs *graphs; /* the recorded forward passes (with them, the scratch is
+                                * made for TGT_RESERVE_TOK tokens at load) */
     int64_t delta_chunk;      /* a prefill of several tokens runs the DeltaNet recurrence in
                                * chunks of this many positions (ops_delta.chunk, chunk ends at
                                * multiples of it); 0: token by token. A verify block and a

@@ -92,7 +92,7 @@ void tgt_work_free(const tgt_model *m)
 }
 
 /* Makes the model's scratch hold n_tok tokens at positions below n_pos. */
-static td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
+td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;

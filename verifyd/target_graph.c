@@ -32,15 +32,20 @@ struct tgt_graphs {
     tgt_graph_counts counts;
 };
 
-void tgt_graphs_init(tgt_model *m)
+td_err tgt_graphs_init(tgt_model *m)
 {
     const ops_backend *be = m->be;
     const char *env = getenv("TANDEM_GRAPHS");
     m->use_graphs = false;
     if (!be->graph_begin || (env && !strcmp(env, "0")))
-        return;
+        return TD_OK;
     m->graphs = calloc(1, sizeof *m->graphs);
-    m->use_graphs = m->graphs != NULL;
+    if (!m->graphs)
+        return err_set(TD_ENOMEM, "out of memory for the recorded forward passes");
+    m->use_graphs = true;
+    /* a recording names the scratch: made for the longest pass at once, it does not move
+     * (and leave every recording stale) when the first longer pass comes */
+    return tgt_work_reserve(m, TGT_RESERVE_TOK, 0);
 }
 
 static void tgt_graphs_drop(const tgt_model *m)

@@ -17,8 +17,12 @@ uint64_t tgt_work_gen(const tgt_model *m);
 /* A new identity for state arrays (tgt_state.gen). */
 uint64_t tgt_gen_next(void);
 
-/* target_graph.c: turns graphs on for a model placed on be (tgt_load_on). */
-void tgt_graphs_init(tgt_model *m);
+/* Makes the model's scratch hold n_tok tokens at positions below n_pos (a new tgt_work_gen
+ * whenever a buffer moves). */
+td_err tgt_work_reserve(const tgt_model *m, int64_t n_tok, int64_t n_pos);
+/* target_graph.c: turns graphs on for a model placed on be (tgt_load_on), with the scratch
+ * made for TGT_RESERVE_TOK tokens at once. */
+td_err tgt_graphs_init(tgt_model *m);
 void tgt_graphs_free(tgt_model *m);
 /* Whether this forward pass can run as a graph. */
 bool tgt_graph_wanted(const tgt_model *m);

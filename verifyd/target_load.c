@@ -412,8 +412,7 @@ static td_err tgt_place(tgt_model *m, const ops_backend *be, const tgt_place_hoo
     m->placed_bytes = placed;
     m->be = be;
     m->kv_type = TD_F16;
-    tgt_graphs_init(m);
-    return TD_OK;
+    return tgt_graphs_init(m);
 }
 
 td_err tgt_load_on(tgt_model **out, const char *path, const ops_backend *be)
