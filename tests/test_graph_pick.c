@@ -24,6 +24,25 @@ static bool same_key(void *user, int i)
     return k->slot_key[i] == k->key;
 }
 
+/* An empty table; no slot holds a key. */
+static void fresh(gp_table *t, keys *k)
+{
+    memset(t, 0, sizeof *t);
+    memset(k, 0xff, sizeof *k);
+}
+
+/* What a run of picks did. */
+typedef struct tally {
+    int rec, rep, direct;
+} tally;
+
+static void count(tally *c, gp_action a)
+{
+    c->rec += a == GP_RECORD;
+    c->rep += a == GP_REPLAY;
+    c->direct += a == GP_DIRECT;
+}
+
 static gp_action pick(gp_table *t, keys *k, int64_t key, uint64_t hash, int *slot)
 {
     k->key = key;
@@ -49,8 +68,7 @@ static void test_second_time_recorded(void **ctx)
     (void)ctx;
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
+    fresh(&t, &k);
     int s1, s2, s3;
     assert_int_equal(pick(&t, &k, 7, 7, &s1), GP_DIRECT);
     assert_int_equal(s1, -1);
@@ -76,17 +94,15 @@ static void test_one_off_passes_never_recorded(void **ctx)
     (void)ctx;
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
-    int rec = 0, rep = 0, direct = 0;
+    fresh(&t, &k);
+    tally c = {0};
     for (int i = 0; i < 2000; i++) {
         assert_int_equal(pick_key(&t, &k, 1000000 + i), GP_DIRECT);
-        gp_action a = pick_key(&t, &k, 5);
-        rec += a == GP_RECORD, rep += a == GP_REPLAY, direct += a == GP_DIRECT;
+        count(&c, pick_key(&t, &k, 5));
     }
-    assert_int_equal(direct, 1);
-    assert_int_equal(rec, 1);
-    assert_int_equal(rep, 1998);
+    assert_int_equal(c.direct, 1);
+    assert_int_equal(c.rec, 1);
+    assert_int_equal(c.rep, 1998);
 }
 
 /* 30 sequences taking turns over 24 slots: once warm, every round replays 24 and runs 6 op
@@ -97,23 +113,20 @@ static void test_more_sequences_than_slots(void **ctx)
     enum { N = 30 };
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
+    fresh(&t, &k);
     for (int round = 0; round < 12; round++) {
-        int rec = 0, rep = 0, direct = 0;
-        for (int q = 0; q < N; q++) {
-            gp_action a = pick_key(&t, &k, 100 + q);
-            rec += a == GP_RECORD, rep += a == GP_REPLAY, direct += a == GP_DIRECT;
-        }
+        tally c = {0};
+        for (int q = 0; q < N; q++)
+            count(&c, pick_key(&t, &k, 100 + q));
         if (round == 0) {
-            assert_int_equal(direct, N);
+            assert_int_equal(c.direct, N);
         } else if (round == 1) {
-            assert_int_equal(rec, GP_SLOTS);
-            assert_int_equal(direct, N - GP_SLOTS);
+            assert_int_equal(c.rec, GP_SLOTS);
+            assert_int_equal(c.direct, N - GP_SLOTS);
         } else {
-            assert_int_equal(rec, 0);
-            assert_int_equal(rep, GP_SLOTS);
-            assert_int_equal(direct, N - GP_SLOTS);
+            assert_int_equal(c.rec, 0);
+            assert_int_equal(c.rep, GP_SLOTS);
+            assert_int_equal(c.direct, N - GP_SLOTS);
         }
     }
 }
@@ -125,25 +138,18 @@ static void test_finished_sequences_make_room(void **ctx)
     (void)ctx;
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
+    fresh(&t, &k);
     for (int round = 0; round < 3; round++)
         for (int q = 0; q < GP_SLOTS; q++)
             pick_key(&t, &k, q);
-    int last_rep = 0;
+    tally c = {0};
     for (int round = 0; round < 5; round++) {
-        int rec = 0, rep = 0;
-        for (int q = 0; q < GP_SLOTS; q++) {
-            gp_action a = pick_key(&t, &k, q < GP_SLOTS / 2 ? q : 500 + q);
-            rec += a == GP_RECORD, rep += a == GP_REPLAY;
-        }
-        if (round == 1)
-            assert_int_equal(rec, GP_SLOTS / 2);
-        else
-            assert_int_equal(rec, 0);
-        last_rep = rep;
+        c = (tally){0};
+        for (int q = 0; q < GP_SLOTS; q++)
+            count(&c, pick_key(&t, &k, q < GP_SLOTS / 2 ? q : 500 + q));
+        assert_int_equal(c.rec, round == 1 ? GP_SLOTS / 2 : 0);
     }
-    assert_int_equal(last_rep, GP_SLOTS);
+    assert_int_equal(c.rep, GP_SLOTS); /* the last round */
 }
 
 /* A key seen again soon takes the slot of a recording left unreplayed for longer; the key it
@@ -153,8 +159,7 @@ static void test_colder_recording_replaced(void **ctx)
     (void)ctx;
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
+    fresh(&t, &k);
     int slot0 = -1, s;
     for (int q = 0; q < GP_SLOTS; q++) {
         assert_int_equal(pick_key(&t, &k, q), GP_DIRECT);
@@ -180,8 +185,7 @@ static void test_hash_match_checked(void **ctx)
     (void)ctx;
     gp_table t;
     keys k;
-    memset(&t, 0, sizeof t);
-    memset(&k, 0xff, sizeof k);
+    fresh(&t, &k);
     int s1, s2;
     assert_int_equal(pick(&t, &k, 1, 42, &s1), GP_DIRECT);
     assert_int_equal(pick(&t, &k, 1, 42, &s1), GP_RECORD);
