@@ -781,8 +781,8 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
     tgt_graph_counts gc;
     tgt_graph_stats(m, &gc);
     if (gc.replayed)
-        bench_note(&r, "target steps ran as CUDA graphs (%llu recordings, %llu replays, %llu passes "
-                   "op by op before a recording; TANDEM_GRAPHS=0 runs them all op by op)",
+        bench_note(&r, "target steps ran as CUDA graphs (%llu recordings, %llu replays, %llu "
+                   "passes op by op before a recording; TANDEM_GRAPHS=0 runs them all op by op)",
                    (unsigned long long)gc.recorded, (unsigned long long)gc.replayed,
                    (unsigned long long)gc.direct);
     else if (r.on_gpu)
