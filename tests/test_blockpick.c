@@ -257,6 +257,25 @@ static void test_few_drafting_steps_seen_look_again_sooner(void **state)
             fail_msg("look %d came after %d plain steps, not %d", g, gaps[g], want[g]);
 }
 
+/* A step reported with no time (it recorded a CUDA graph): its acceptance counts, its cost
+ * does not. */
+static void test_a_step_without_time_counts_its_drafts_only(void **state)
+{
+    (void)state;
+    blockpick p;
+    bp_init(&p, 16);
+    record_twice(&p, 16, 16, 0.012);
+    const double tokens = bp_tokens(&p, 16);
+    bp_record(&p, 16, 16, 0);
+    assert_true(bp_cost(&p, 16) == 0.012);
+    const double more = bp_tokens(&p, 16);
+    assert_true(more > tokens); /* one more step with every draft accepted */
+    bp_record(&p, 8, 2, 0);
+    bp_record(&p, 8, 2, 0);
+    assert_true(bp_cost(&p, 8) == 0.012 * 8 / 16); /* still the guess from 16 */
+    assert_true(bp_tokens(&p, 16) < more); /* draft 2 refused twice */
+}
+
 static void test_one_token_blocks_stay_plain(void **state)
 {
     (void)state;
@@ -279,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_plain_where_drafting_does_not_pay_until_it_does),
         cmocka_unit_test(test_random_acceptance_gets_the_best_fixed_block),
         cmocka_unit_test(test_few_drafting_steps_seen_look_again_sooner),
+        cmocka_unit_test(test_a_step_without_time_counts_its_drafts_only),
         cmocka_unit_test(test_one_token_blocks_stay_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
