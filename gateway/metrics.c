@@ -216,6 +216,16 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
     met_head(&b, "tandem_draft_failures_total", "counter",
              "Proposals that failed or came too late (plain decoding for that step).");
     met_printf(&b, "tandem_draft_failures_total %llu\n", (unsigned long long)s->draft_failures);
+    met_head(&b, "tandem_graph_recordings_total", "counter",
+             "Target forward passes recorded as CUDA graphs (a pass's second run).");
+    met_printf(&b, "tandem_graph_recordings_total %llu\n", (unsigned long long)s->graph_recorded);
+    met_head(&b, "tandem_graph_replays_total", "counter",
+             "Target forward passes run as a replay of a CUDA graph.");
+    met_printf(&b, "tandem_graph_replays_total %llu\n", (unsigned long long)s->graph_replayed);
+    met_head(&b, "tandem_graph_direct_passes_total", "counter",
+             "Target forward passes run op by op where CUDA graphs are on (first runs, passes "
+             "that do not repeat, sequences beyond the recordings kept).");
+    met_printf(&b, "tandem_graph_direct_passes_total %llu\n", (unsigned long long)s->graph_direct);
     if (b.oom) {
         free(b.p);
         return NULL;

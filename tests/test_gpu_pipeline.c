@@ -446,12 +446,21 @@ int main(void)
         rc = 1;
     }
     msg_status st;
-    if (pl_status(&pl, &st) == TD_OK)
+    if (pl_status(&pl, &st) == TD_OK) {
         printf("verifyd: draft attached %d, attaches %llu, failures %llu, drafted %llu, "
-               "accepted %llu, steps %llu\n", st.draft_attached,
+               "accepted %llu, steps %llu; graphs: %llu recorded, %llu replays, %llu passes op "
+               "by op\n", st.draft_attached,
                (unsigned long long)st.draft_attaches, (unsigned long long)st.draft_failures,
                (unsigned long long)st.drafted, (unsigned long long)st.accepted,
-               (unsigned long long)st.steps);
+               (unsigned long long)st.steps, (unsigned long long)st.graph_recorded,
+               (unsigned long long)st.graph_replayed, (unsigned long long)st.graph_direct);
+        /* the generations above decode many steps of one size: verifyd records and replays */
+        if (rc == 0 && (st.graph_recorded == 0 || st.graph_replayed <= st.graph_recorded ||
+                        st.graph_direct == 0)) {
+            fprintf(stderr, "verifyd's status counts no CUDA graph replays\n");
+            rc = 1;
+        }
+    }
     if (rc != 0) {
         char cmd[128];
         snprintf(cmd, sizeof cmd, "ls -la %s >&2", pl.dir);

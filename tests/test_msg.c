@@ -553,6 +553,9 @@ static void test_control_messages_round_trip(void **state)
     assert_int_equal(st_out.verify_us, 333);
     assert_int_equal(st_out.draft_attaches, 2);
     assert_int_equal(st_out.draft_failures, 5);
+    assert_int_equal(st_out.graph_recorded, 7);
+    assert_int_equal(st_out.graph_replayed, 1ull << 40);
+    assert_int_equal(st_out.graph_direct, 13);
     assert_int_equal(st_out.n_hist, 17);
     assert_int_equal(st_out.accept_hist[16], 256);
 

@@ -382,6 +382,11 @@ static void *sched_main(void *arg)
             else
                 sched_seq_unit(s, seq);
         }
+        tgt_graph_counts gc; /* the target's, read on its own thread */
+        tgt_graph_stats(s->cfg.tm, &gc);
+        pthread_mutex_lock(&s->lock);
+        s->stats.graphs = gc;
+        pthread_mutex_unlock(&s->lock);
         sched_compact(s);
     }
     err_set(TD_ECANCELED, "verifyd is stopping");
@@ -566,6 +571,9 @@ static td_err sched_status(sched *s, uint64_t rid, msg_buf *reply)
     m.prefill_us = st->prefill_us;
     m.draft_us = st->draft_us;
     m.verify_us = st->verify_us;
+    m.graph_recorded = st->graphs.recorded;
+    m.graph_replayed = st->graphs.replayed;
+    m.graph_direct = st->graphs.direct;
     m.n_hist = (uint32_t)(s->cfg.block + 1);
     memcpy(m.accept_hist, st->accept_hist, m.n_hist * sizeof m.accept_hist[0]);
     pthread_mutex_unlock(&s->lock);

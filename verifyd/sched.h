@@ -99,6 +99,8 @@ typedef struct sched_stats {
     uint64_t steps, drafted, accepted;          /* verify passes, draft tokens */
     uint64_t prefill_us, draft_us, verify_us;   /* microseconds */
     uint64_t accept_hist[MSG_ACCEPT_HIST_MAX];  /* steps by tokens committed */
+    tgt_graph_counts graphs;                    /* the target's forward passes, after the
+                                                 * last round */
 } sched_stats;
 
 typedef struct sched {

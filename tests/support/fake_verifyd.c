@@ -181,7 +181,8 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
         msg_status st = {.n_ctx = f->n_ctx, .n_vocab = 512, .ready = f->ready, .block = 16,
                          .slots = 4, .n_hist = 3, .accept_hist = {0, 5, 2}, .steps = 7,
                          .completion_tokens = 9, .verify_us = 3000000, .draft_us = 1500000,
-                         .draft_attaches = 2, .queued = 1};
+                         .draft_attaches = 2, .queued = 1, .graph_recorded = 3,
+                         .graph_replayed = 40, .graph_direct = 4};
         snprintf(st.model, sizeof st.model, "fake");
         return msg_pack_status(reply, h.request_id, &st);
     }

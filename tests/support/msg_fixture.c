@@ -117,7 +117,8 @@ msg_status msg_fixture_status(void)
         .slots = 16, .active = 3, .queued = 1, .requests = 1ull << 33, .prompt_tokens = 9000,
         .cached_tokens = 4000, .completion_tokens = 12345, .steps = 1500, .drafted = 22500,
         .accepted = 10845, .prefill_us = 111, .draft_us = 222, .verify_us = 333,
-        .draft_attaches = 2, .draft_failures = 5, .n_hist = 17,
+        .draft_attaches = 2, .draft_failures = 5, .graph_recorded = 7,
+        .graph_replayed = 1ull << 40, .graph_direct = 13, .n_hist = 17,
     };
     strcpy(m.model, "qwen35-tiny");
     for (uint32_t i = 0; i < m.n_hist; i++)
