@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/gguf_internal.h"
+#include "common/hash.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "GGUF values are read in host order");
 
@@ -91,11 +92,7 @@ static void arena_free(gguf_arena *a)
 
 uint64_t gguf_hash(const void *p, uint64_t len)
 {
-    const uint8_t *b = p;
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (uint64_t i = 0; i < len; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
+    return td_hash(TD_HASH_SEED, p, (size_t)len);
 }
 
 /* Room for n entries at most half full. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/gram_int.h"
+#include "common/hash.h"
 
 #define GM_EXPAND_MAX 256 /* nested expansions of one stack (rule entries and exits) */
 
@@ -71,9 +72,7 @@ static void gm_out_start(gm_out *o, gm_scratch *x, uint8_t *buf)
  * the expansion is not whole); else remembers it. */
 static bool gm_out_first(gm_out *o, const uint16_t *stk, int d)
 {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)d; /* FNV-1a over the positions */
-    for (int i = 0; i < d; i++)
-        h = (h ^ stk[i]) * 1099511628211ull;
+    const uint64_t h = td_hash(TD_HASH_SEED ^ (uint64_t)d, stk, (size_t)d * sizeof *stk);
     uint32_t i = (uint32_t)h & (2 * GM_VISIT_MAX - 1);
     for (; o->seen_stamp[i] == o->stamp; i = (i + 1) & (2 * GM_VISIT_MAX - 1)) {
         const int32_t k = o->seen_slot[i];

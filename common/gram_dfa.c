@@ -6,6 +6,7 @@
 #include <utf8proc.h>
 
 #include "common/gram_int.h"
+#include "common/hash.h"
 
 static int gm_u32_cmp(const void *a, const void *b)
 {
@@ -39,9 +40,7 @@ typedef struct gm_dfa_states {
 static int32_t gm_dfa_intern(gm_dfa_states *t, const uint8_t *st)
 {
     const size_t len = gm_state_used(st);
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ st[i]) * 1099511628211ull;
+    const uint64_t h = td_hash(TD_HASH_SEED, st, len);
     uint32_t i = (uint32_t)h & (2 * GM_DFA_STATES - 1);
     for (; t->slot[i] >= 0; i = (i + 1) & (2 * GM_DFA_STATES - 1)) {
         const int32_t k = t->slot[i];

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/jinja_int.h"
 
 /* ---- arena ------------------------------------------------------------------------------ */
@@ -243,10 +244,7 @@ jv jv_dict_new(jev *ev)
 
 static uint64_t hash_bytes(const char *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
-    return h;
+    return td_hash(TD_HASH_SEED, p, n);
 }
 
 #define JDICT_LINEAR 8 /* entries searched linearly before a hash index is built */

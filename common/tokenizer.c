@@ -6,14 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/tok_internal.h"
 
 uint64_t toki_hash(const void *p, size_t n)
 {
-    const uint8_t *s = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ull;
+    const uint64_t h = td_hash(TD_HASH_SEED, p, n);
     return h ? h : 1;
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/hash.h"
 
 td_err drf_init(drf *d, const dfl_model *dm, uint64_t drafter_id)
 {
@@ -51,16 +52,6 @@ void drf_free(drf *d)
     memset(d, 0, sizeof *d);
 }
 
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
-{
-    const uint8_t *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 /* Hashes the first max bytes of path and its size into *h. */
 static td_err hash_file(uint64_t *h, const char *path, size_t max)
 {
@@ -70,13 +61,13 @@ static td_err hash_file(uint64_t *h, const char *path, size_t max)
     uint8_t buf[4096];
     size_t got, total = 0;
     while (total < max && (got = fread(buf, 1, sizeof buf, f)) > 0) {
-        *h = fnv1a(*h, buf, got);
+        *h = td_hash(*h, buf, got);
         total += got;
     }
     struct stat st;
     if (fstat(fileno(f), &st) == 0) {
         uint64_t size = (uint64_t)st.st_size;
-        *h = fnv1a(*h, &size, sizeof size);
+        *h = td_hash(*h, &size, sizeof size);
     }
     fclose(f);
     return TD_OK;
@@ -85,7 +76,7 @@ static td_err hash_file(uint64_t *h, const char *path, size_t max)
 td_err drf_drafter_id(const char *dir, uint64_t *id)
 {
     char path[4096];
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = TD_HASH_SEED;
     snprintf(path, sizeof path, "%s/config.json", dir);
     TD_TRY(hash_file(&h, path, (size_t)1 << 20));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/hash.h"
 #include "kernels/ops.h"
 #include "verifyd/constrain_int.h"
 
@@ -238,10 +239,7 @@ static bool cst_advance(const cst_state *c, cst_phase *phase, uint8_t *st, int32
 
 static uint64_t cst_hash(const uint8_t *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h | 1;
+    return td_hash(TD_HASH_SEED, p, n) | 1;
 }
 
 static double cst_now(void)

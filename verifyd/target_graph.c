@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "kernels/backend_prof.h"
 #include "verifyd/graph_pick.h"
@@ -93,15 +94,15 @@ void tgt_graphs_forget(const tgt_model *m)
 static tgt_graph_key tgt_key_of(const tgt_model *m, const tgt_state *s, int64_t n_tok,
                                 bool record, const tgt_out *out)
 {
+    const int64_t n_taps = out ? out->n_taps : 0;
     tgt_graph_key key = {
         .state_gen = s->gen, .work_gen = tgt_work_gen(m), .n_tok = n_tok,
         .delta_chunk = m->delta_chunk, .record = record,
         .last_only = out && out->last_only, .logits = out ? out->logits : NULL,
-        .tap_out = out && out->n_taps ? out->tap_out : NULL, .n_taps = out ? out->n_taps : 0,
-        .taps_hash = 1469598103934665603ull,
+        .tap_out = n_taps ? out->tap_out : NULL, .n_taps = n_taps,
+        .taps_hash = n_taps ? td_hash(TD_HASH_SEED, out->taps, (size_t)n_taps * sizeof *out->taps)
+                            : TD_HASH_SEED,
     };
-    for (int64_t j = 0; j < key.n_taps; j++)
-        key.taps_hash = (key.taps_hash ^ (uint64_t)(uint32_t)out->taps[j]) * 1099511628211ull;
     return key;
 }
 
@@ -111,12 +112,7 @@ static uint64_t tgt_key_hash(const tgt_graph_key *k)
                           (uint64_t)k->record << 1 | (uint64_t)k->last_only,
                           (uint64_t)(uintptr_t)k->logits, (uint64_t)(uintptr_t)k->tap_out,
                           (uint64_t)k->n_taps, k->taps_hash};
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
-        h = (h ^ f[i]) * 1099511628211ull;
-        h ^= h >> 29;
-    }
-    return h;
+    return td_hash(TD_HASH_SEED, f, sizeof f);
 }
 
 static bool tgt_key_eq(const tgt_graph_key *a, const tgt_graph_key *b)
