@@ -49,22 +49,23 @@ td_err tgt_graphs_init(tgt_model *m)
     return tgt_work_reserve(m, TGT_RESERVE_TOK, 0);
 }
 
-static void tgt_graphs_drop(const tgt_model *m)
-{
-    for (int i = 0; m->graphs && i < GP_SLOTS; i++) {
-        if (m->graphs->exec[i])
-            m->be->graph_free(m->be, m->graphs->exec[i]);
-        m->graphs->exec[i] = NULL;
-    }
-}
-
-void tgt_graphs_free(tgt_model *m)
+void tgt_graphs_forget(const tgt_model *m)
 {
     if (!m->graphs)
         return;
     if (m->be->sync)
         (void)m->be->sync(m->be); /* no recording is freed while it runs */
-    tgt_graphs_drop(m);
+    for (int i = 0; i < GP_SLOTS; i++) {
+        if (m->graphs->exec[i])
+            m->be->graph_free(m->be, m->graphs->exec[i]);
+        m->graphs->exec[i] = NULL;
+    }
+    memset(&m->graphs->pick, 0, sizeof m->graphs->pick);
+}
+
+void tgt_graphs_free(tgt_model *m)
+{
+    tgt_graphs_forget(m);
     free(m->graphs);
     m->graphs = NULL;
 }
@@ -79,16 +80,6 @@ void tgt_graph_stats(const tgt_model *m, tgt_graph_counts *c)
 {
     static const tgt_graph_counts none;
     *c = m->graphs ? m->graphs->counts : none;
-}
-
-void tgt_graphs_forget(const tgt_model *m)
-{
-    if (!m->graphs)
-        return;
-    if (m->be->sync)
-        (void)m->be->sync(m->be);
-    tgt_graphs_drop(m);
-    memset(&m->graphs->pick, 0, sizeof m->graphs->pick);
 }
 
 static tgt_graph_key tgt_key_of(const tgt_model *m, const tgt_state *s, int64_t n_tok,
