@@ -58,6 +58,7 @@ typedef struct sv_opts {
     char draft[PATH_MAX];   /* "" without a drafter */
     char host[256];
     int64_t port, ctx, slots, delta_chunk, draft_max;
+    int64_t gpu_mem;        /* kvd --gpu-mem (MiB; 0: the whole GPU) */
     bool draft_auto;        /* verifyd --draft-auto */
     char dir[PATH_MAX];     /* runtime directory */
     const char *log_level;
@@ -94,11 +95,12 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
         argv[n++] = "--log-level";
         argv[n++] = o->log_level;
     }
-    const size_t w = num_cap / 5;
+    const size_t w = num_cap / 6;
     char *ctx = num, *slots = num + w, *port = num + 2 * w, *chunk = num + 3 * w;
-    char *dmax = num + 4 * w;
+    char *dmax = num + 4 * w, *gmem = num + 5 * w;
     snprintf(ctx, w, "%lld", (long long)o->ctx);
     snprintf(slots, w, "%lld", (long long)o->slots);
+    snprintf(gmem, w, "%lld", (long long)o->gpu_mem);
     snprintf(port, w, "%lld", (long long)o->port);
     snprintf(chunk, w, "%lld", (long long)o->delta_chunk);
     snprintf(dmax, w, "%lld", (long long)o->draft_max);
@@ -110,6 +112,8 @@ static int sv_argv(sv *s, int i, const char **argv, char *num, size_t num_cap)
     case SV_KVD:
         argv[n++] = "--slots";
         argv[n++] = slots;
+        argv[n++] = "--gpu-mem";
+        argv[n++] = gmem;
         break;
     case SV_VERIFYD:
         argv[n++] = "--model";
@@ -422,7 +426,7 @@ int cmd_serve(int argc, char **argv)
 {
     const char *model = NULL, *draft = NULL, *host = "127.0.0.1", *runtime_dir = NULL;
     const char *log_level = NULL, *device = "cpu";
-    int64_t port = 8080, ctx = 4096, slots = 16, delta_chunk = 0, draft_max = 0;
+    int64_t port = 8080, ctx = 4096, slots = 0, delta_chunk = 0, draft_max = 0, gpu_mem = 0;
     bool foreground = false, no_gateway = false, no_mps = false, help = false;
     bool draft_auto = false;
     const args_opt opts[] = {
@@ -431,7 +435,8 @@ int cmd_serve(int argc, char **argv)
         {"host", ARGS_STRING, &host, "TANDEM_HOST", "HTTP address", 0, 0, 0},
         {"port", ARGS_INT, &port, "TANDEM_PORT", "HTTP port", 0, 65535, 0},
         {"ctx", ARGS_INT, &ctx, "TANDEM_CTX", "positions per sequence", 2, 1 << 20, 0},
-        {"slots", ARGS_INT, &slots, "TANDEM_SLOTS", "sequences held at once", 1, 1024, 0},
+        {"slots", ARGS_INT, &slots, "TANDEM_SLOTS", "sequences held at once (0: 16 on the CPU; on a GPU as many as fit beside the models, up to 16)", 0, 1024, 0},
+        {"gpu-mem", ARGS_INT, &gpu_mem, "TANDEM_GPU_MEM", "MiB of the GPU the services may use together when kvd sizes its pools (0: all of it)", 0, 1 << 24, 0},
         {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the sockets and logs", 0, 0, 0},
         {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off (every service)", 0, 0, 0},
         {"foreground", ARGS_FLAG, &foreground, NULL, "services log to stderr instead of their log files", 0, 0, 0},
@@ -445,7 +450,7 @@ int cmd_serve(int argc, char **argv)
     };
     static const char usage[] =
         "tandem serve [--model M.gguf] [--draft DIR] [--host H] [--port P] [--ctx N] [--slots N] "
-        "[--device cpu|cuda[:N]] [--no-mps]";
+        "[--gpu-mem MIB] [--device cpu|cuda[:N]] [--no-mps]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err_msg());
         args_usage(usage, opts);
@@ -504,6 +509,7 @@ int cmd_serve(int argc, char **argv)
     o->port = port;
     o->ctx = ctx;
     o->slots = slots;
+    o->gpu_mem = gpu_mem;
     o->delta_chunk = delta_chunk;
     o->draft_max = draft_max;
     o->draft_auto = draft_auto;

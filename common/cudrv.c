@@ -99,6 +99,13 @@ void cudrv_device_close(cudrv_device *dev)
     (void)dev;
 }
 
+td_err cudrv_mem_info(const cudrv_device *dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    (void)dev;
+    *free_bytes = *total_bytes = 0;
+    return cudrv_load();
+}
+
 td_err cudrv_device_bind(const cudrv_device *dev)
 {
     (void)dev;
@@ -138,6 +145,7 @@ typedef struct cudrv_sym {
     X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000)                          \
     X(cuCtxSetCurrent, cuCtxSetCurrent, 4000)                                                  \
     X(cuCtxSynchronize, cuCtxSynchronize, 2000)                                                \
+    X(cuMemGetInfo, cuMemGetInfo_v2, 3020)                                                     \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020)                     \
     X(cuMemCreate, cuMemCreate, 10020)                                                         \
     X(cuMemRelease, cuMemRelease, 10020)                                                       \
@@ -377,6 +385,17 @@ td_err cudrv_device_bind(const cudrv_device *dev)
 {
     TD_ASSERT(dev && dev->ctx);
     return cudrv_check(cudrv_get()->cuCtxSetCurrent((CUcontext)dev->ctx), "cuCtxSetCurrent");
+}
+
+td_err cudrv_mem_info(const cudrv_device *dev, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    *free_bytes = *total_bytes = 0;
+    TD_TRY(cudrv_device_bind(dev));
+    TD_TRY(cudrv_check(cudrv_get()->cuMemGetInfo_v2(&f, &t), "cuMemGetInfo"));
+    *free_bytes = f;
+    *total_bytes = t;
+    return TD_OK;
 }
 
 #endif /* TANDEM_HAVE_CUDA */

@@ -56,6 +56,10 @@ void cudrv_device_close(cudrv_device *dev);
 /* Makes the device's primary context current on the calling thread. */
 td_err cudrv_device_bind(const cudrv_device *dev);
 
+/* Bytes of the device's memory free now (to every process) and in all (cuMemGetInfo in its
+ * primary context, made current on the calling thread). */
+td_err cudrv_mem_info(const cudrv_device *dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (lower-case hex). */
 void cudrv_uuid_format(const uint8_t uuid[CUDRV_UUID_BYTES], char out[CUDRV_UUID_STR_LEN]);
 
@@ -84,6 +88,7 @@ typedef struct cudrv_api {
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice dev);
     CUresult (*cuCtxSetCurrent)(CUcontext ctx);
     CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total_bytes);
 
     /* Virtual memory management: shareable allocations. */
     CUresult (*cuMemGetAllocationGranularity)(size_t *granularity, const CUmemAllocationProp *prop,

@@ -114,6 +114,34 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
     return TD_OK;
 }
 
+static double kvl_mib(uint64_t bytes)
+{
+    return (double)bytes / (1024.0 * 1024.0);
+}
+
+td_err kvl_fit(const kvl_params *p, uint64_t room, uint32_t max, uint32_t *slots)
+{
+    TD_ASSERT(p && slots && max >= 1 && max <= KVL_SLOTS_MAX);
+    *slots = 0;
+    kvl_params one = *p;
+    one.slots = 1;
+    kvl_layout l;
+    TD_TRY(kvl_compute(&one, &l));
+    const uint64_t per = l.target_slot + l.draft_slot;
+    const uint64_t n = room > l.q_bytes ? (room - l.q_bytes) / per : 0;
+    if (n == 0) {
+        const uint64_t kv = 2 * (l.v - l.k), state = l.feat - l.ssm;
+        return err_set(TD_ENOMEM, "one sequence slot of %u positions takes %.0f MiB (attention "
+                       "KV %.0f, DeltaNet state and rollback record %.0f, feature ring %.0f, "
+                       "drafter context %.0f) and the proposal pool %.0f MiB, against %.0f MiB "
+                       "of room", p->n_ctx, kvl_mib(per), kvl_mib(kv), kvl_mib(state),
+                       kvl_mib(l.target_slot - l.feat), kvl_mib(l.draft_slot),
+                       kvl_mib(l.q_bytes), kvl_mib(room));
+    }
+    *slots = n < max ? (uint32_t)n : max;
+    return TD_OK;
+}
+
 bool kvl_same_target(const kvl_params *a, const kvl_params *b)
 {
     return a->slots == b->slots && a->n_ctx == b->n_ctx && a->ring == b->ring &&

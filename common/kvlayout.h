@@ -101,6 +101,13 @@ typedef struct kvl_layout {
  * field named. */
 td_err kvl_compute(const kvl_params *p, kvl_layout *out);
 
+/* How many sequence slots laid out as p (its slots ignored; with a drafter part, the draft
+ * pool too) fit in room bytes, at most max: each slot takes a target slot and a draft slot,
+ * the proposal pool its q_bytes once. TD_ENOMEM when not even one fits, saying what a slot
+ * takes (attention KV, DeltaNet state and rollback record, feature ring, drafter context)
+ * against the room. */
+td_err kvl_fit(const kvl_params *p, uint64_t room, uint32_t max, uint32_t *slots);
+
 /* True when a and b lay out the target pool (resp. the draft pool) the same way. */
 bool kvl_same_target(const kvl_params *a, const kvl_params *b);
 bool kvl_same_draft(const kvl_params *a, const kvl_params *b);

@@ -454,7 +454,8 @@ void msg_free_proposal(msg_proposal *m);
 /* --- kvd: attach (over kvd's fd socket), sequences (over kvd.ipc) ------------------------- */
 
 /* A process maps kvd's pools. verifyd sends the target part of params (slots is kvd's own
- * and ignored) and the tap layer ids; draftd sends its drafter part (d_layers, d_kv,
+ * and ignored; the drafter part, where it knows the drafter, only for sizing the pools) and
+ * the tap layer ids; draftd sends its drafter part (d_layers, d_kv,
  * d_head_dim, block) and its tap ids, which must equal verifyd's. verifyd on a GPU also
  * hands over its token embedding and LM head (heads, whose fds follow in the same fdpass
  * message, in this order), which kvd passes on to draftd. */
@@ -466,6 +467,10 @@ typedef struct msg_kv_attach {
     uint32_t n_taps;        /* 0..MSG_TAPS_MAX */
     msg_shbuf_announce heads[MSG_HEADS_MAX]; /* [n_heads] verifyd only */
     uint32_t n_heads;       /* 0..MSG_HEADS_MAX */
+    uint64_t reserve;       /* verifyd: bytes the drafter still needs on the pools' GPU
+                             * besides its context pool (its weights and working memory;
+                             * 0 when it has them already or there is none), which kvd
+                             * leaves free when it sizes the pools to the GPU; draftd: 0 */
 } msg_kv_attach;
 
 td_err msg_pack_kv_attach(msg_buf *out, uint64_t request_id, const msg_kv_attach *m);

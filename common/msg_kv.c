@@ -252,6 +252,8 @@ static td_err check_kv_attach(const msg_kv_attach *m, td_err code)
         return err_set(code, "kv_attach: %u taps, allowed at most %u", m->n_taps, MSG_TAPS_MAX);
     if (m->n_heads > MSG_HEADS_MAX || (m->n_heads && m->role != MSG_ROLE_VERIFYD))
         return err_set(code, "kv_attach: %u heads from role %d", m->n_heads, (int)m->role);
+    if (m->reserve && m->role != MSG_ROLE_VERIFYD)
+        return err_set(code, "kv_attach: a reserve from role %d", (int)m->role);
     for (uint32_t i = 0; i < m->n_heads; i++)
         TD_TRY(msg_check_shbuf_announce(&m->heads[i], code));
     return TD_OK;
@@ -266,12 +268,13 @@ td_err msg_pack_kv_attach(msg_buf *out, uint64_t request_id, const msg_kv_attach
     }
     TD_TRY(check_kv_attach(m, TD_EINVAL));
     msg_writer w;
-    msg_write_begin(&w, out, MSG_KV_ATTACH, request_id, 5);
+    msg_write_begin(&w, out, MSG_KV_ATTACH, request_id, 6);
     msg_write_uint(&w, (uint64_t)m->role);
     msg_write_uint(&w, m->pid);
     write_params(&w, &m->params);
     msg_write_u32_array(&w, m->taps, m->n_taps);
     write_announces(&w, m->heads, m->n_heads);
+    msg_write_uint(&w, m->reserve);
     return msg_write_end(&w);
 }
 
@@ -286,12 +289,13 @@ td_err msg_unpack_kv_attach(const void *buf, size_t len, uint64_t *request_id,
     uint32_t *taps = NULL;
     td_err e;
     msg_reader_init(&r, buf, len, "kv_attach");
-    TD_TRY(msg_read_envelope(&r, MSG_KV_ATTACH, 5, &h));
+    TD_TRY(msg_read_envelope(&r, MSG_KV_ATTACH, 6, &h));
     if ((e = msg_read_uint(&r, "role", MSG_ROLE_END - 1, &role)) ||
         (e = msg_read_uint(&r, "pid", UINT32_MAX, &pid)) ||
         (e = read_params(&r, &out->params)) ||
         (e = msg_read_u32_array(&r, "taps", 0, MSG_TAPS_MAX, &taps, &out->n_taps)) ||
         (e = read_announces(&r, "heads", out->heads, MSG_HEADS_MAX, &out->n_heads)) ||
+        (e = msg_read_uint(&r, "reserve", UINT64_MAX, &out->reserve)) ||
         (e = msg_read_end(&r)))
         goto fail;
     out->role = (msg_role)role;

@@ -158,19 +158,21 @@ int main(int argc, char **argv)
 {
     const char *runtime_dir = NULL, *log_level = NULL, *endpoint = NULL, *fd_socket = NULL;
     const char *device = "cpu";
-    int64_t slots = 16, workers = 4;
+    int64_t slots = 0, workers = 4, gpu_mem = 0;
     bool help = false;
     const args_opt opts[] = {
         {"runtime-dir", ARGS_STRING, &runtime_dir, "TANDEM_RUNTIME_DIR", "private directory of the sockets", 0, 0, 0},
         {"log-level", ARGS_STRING, &log_level, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
-        {"slots", ARGS_INT, &slots, "TANDEM_SLOTS", "sequences held at once (running and cached)", 1, KVL_SLOTS_MAX, 0},
+        {"slots", ARGS_INT, &slots, "TANDEM_SLOTS", "sequences held at once (running and cached); 0: 16 on the CPU, on a GPU as many as fit (up to 16) once verifyd attaches", 0, KVL_SLOTS_MAX, 0},
+        {"gpu-mem", ARGS_INT, &gpu_mem, "TANDEM_GPU_MEM", "MiB of the GPU that all services together may use when the pools are sized to it (0: all of it)", 0, 1 << 24, 0},
         {"endpoint", ARGS_STRING, &endpoint, "TANDEM_KVD_ENDPOINT", "kvd's bus endpoint (default ipc://<runtime dir>/kvd.ipc)", 0, 0, 0},
         {"fd-socket", ARGS_STRING, &fd_socket, "TANDEM_KVD_FD_SOCKET", "kvd's fd socket (default <runtime dir>/kvd.sock)", 0, 0, 0},
         {"workers", ARGS_INT, &workers, NULL, "bus requests served at once", 1, 64, 0},
         {"device", ARGS_STRING, &device, "TANDEM_DEVICE", "where the pools live: cpu, cuda or cuda:N", 0, 0, 0},
         ARGS_END,
     };
-    static const char usage[] = "kvd [--slots N] [--device cpu|cuda[:N]] [--runtime-dir DIR]";
+    static const char usage[] =
+        "kvd [--slots N] [--gpu-mem MIB] [--device cpu|cuda[:N]] [--runtime-dir DIR]";
     if (args_parse(argc, argv, 1, opts, NULL, 0, NULL, &help) != TD_OK) {
         fprintf(stderr, "kvd: %s\n", err_msg());
         args_usage(usage, opts);
@@ -197,7 +199,8 @@ int main(int argc, char **argv)
         return 1;
     }
     kvd k;
-    td_err ie = kvd_init(&k, (uint32_t)slots, ordinal >= 0 ? &dev : NULL);
+    td_err ie =
+        kvd_init(&k, (uint32_t)slots, (uint64_t)gpu_mem << 20, ordinal >= 0 ? &dev : NULL);
     if (ordinal >= 0)
         cudrv_device_close(&dev);
     if (ie != TD_OK) {
@@ -216,8 +219,11 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
-    LOG_INFO("serving %lld slots (pools on %s) on %s and %s", (long long)slots, device, url,
-             path);
+    if (k.slots_auto && ordinal >= 0)
+        LOG_INFO("serving slots sized to the GPU at verifyd's attach (pools on %s) on %s and %s",
+                 device, url, path);
+    else
+        LOG_INFO("serving %u slots (pools on %s) on %s and %s", k.slots, device, url, path);
     kvd_loop(&k, listen_fd);
     LOG_INFO("stopping");
     rc = 0;

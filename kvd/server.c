@@ -11,12 +11,14 @@
 #include "common/kvclient.h"
 #include "common/log.h"
 
-td_err kvd_init(kvd *k, uint32_t slots, const cudrv_device *dev)
+td_err kvd_init(kvd *k, uint32_t slots, uint64_t gpu_mem, const cudrv_device *dev)
 {
     memset(k, 0, sizeof *k);
-    if (slots < 1 || slots > KVL_SLOTS_MAX)
+    if (slots > KVL_SLOTS_MAX)
         return err_set(TD_ERANGE, "slots %u is outside 1..%u", slots, KVL_SLOTS_MAX);
-    k->slots = slots;
+    k->slots_auto = slots == 0;
+    k->slots = slots ? slots : KVD_SLOTS_AUTO;
+    k->gpu_mem = gpu_mem;
     k->kind = SHBUF_KIND_CPU;
     if (dev) {
         TD_TRY(cudrv_device_open_uuid(&k->dev, dev->uuid));
@@ -24,7 +26,7 @@ td_err kvd_init(kvd *k, uint32_t slots, const cudrv_device *dev)
     }
     for (int i = 0; i < KVD_CONNS_MAX; i++)
         k->conns[i].fd = -1;
-    TD_TRY(kvs_init(&k->table, slots));
+    TD_TRY(kvs_init(&k->table, k->slots));
     pthread_mutex_init(&k->lock, NULL);
     return TD_OK;
 }
@@ -134,6 +136,78 @@ static td_err kvd_pool_create(kvd *k, shbuf **out, const char *name, uint64_t by
     return TD_OK;
 }
 
+static double kvd_mib(uint64_t bytes)
+{
+    return (double)bytes / (1024.0 * 1024.0);
+}
+
+/* The room for the pools on the GPU now: its free memory (within gpu_mem of all) less what
+ * the drafter still needs (reserve) and KVD_GPU_MARGIN; *why says how it was counted. */
+static td_err kvd_gpu_room(const kvd *k, uint64_t reserve, uint64_t *room, char *why,
+                           size_t cap)
+{
+    uint64_t free_b = 0, total_b = 0;
+    TD_TRY(cudrv_mem_info(&k->dev, &free_b, &total_b));
+    uint64_t avail = free_b;
+    if (k->gpu_mem) {
+        const uint64_t used = total_b > free_b ? total_b - free_b : 0;
+        const uint64_t left = k->gpu_mem > used ? k->gpu_mem - used : 0;
+        avail = left < free_b ? left : free_b;
+    }
+    const uint64_t keep = reserve + KVD_GPU_MARGIN;
+    *room = avail > keep ? avail - keep : 0;
+    char in_all[64];
+    if (k->gpu_mem)
+        snprintf(in_all, sizeof in_all, "%.0f MiB in all, --gpu-mem %.0f", kvd_mib(total_b),
+                 kvd_mib(k->gpu_mem));
+    else
+        snprintf(in_all, sizeof in_all, "%.0f MiB in all", kvd_mib(total_b));
+    snprintf(why, cap, "%.0f MiB free on the GPU (%s), %.0f MiB kept for the drafter and %.0f "
+             "as a margin", kvd_mib(avail), in_all, kvd_mib(reserve), kvd_mib(KVD_GPU_MARGIN));
+    return TD_OK;
+}
+
+/* How many slots of layout want (its drafter part counted where verifyd knew the drafter)
+ * fit the GPU now; with log, says so. */
+static td_err kvd_gpu_slots(const kvd *k, const kvl_params *want, uint64_t reserve, bool log,
+                            uint32_t *slots)
+{
+    uint64_t room = 0;
+    char why[256];
+    TD_TRY(kvd_gpu_room(k, reserve, &room, why, sizeof why));
+    td_err e = kvl_fit(want, room, KVD_SLOTS_AUTO, slots);
+    if (e != TD_OK)
+        return err_wrap(e, "the pools do not fit the GPU (%s): lower verifyd's --ctx or "
+                        "--ring, run it without a drafter, or free GPU memory", why);
+    if (log)
+        LOG_INFO("sized the pools to the GPU: %u slots of %u positions (%s)", *slots,
+                 want->n_ctx, why);
+    return TD_OK;
+}
+
+/* The pools of verifyd's layout p: the target pool and, where the layout has one, the
+ * proposal pool; on a GPU a failure says how many slots would fit. */
+static td_err kvd_pools_create(kvd *k, const kvl_params *p, const kvl_params *want,
+                               uint64_t reserve, shbuf **target, shbuf **q)
+{
+    kvl_layout lay;
+    TD_TRY(kvl_compute(p, &lay));
+    td_err e = kvd_pool_create(k, target, KVC_POOL_TARGET, lay.target_bytes);
+    if (e == TD_OK && lay.q_bytes && (e = kvd_pool_create(k, q, KVC_POOL_Q, lay.q_bytes))) {
+        shbuf_release(*target);
+        *target = NULL;
+    }
+    if (e == TD_OK || k->kind != SHBUF_KIND_CUDA)
+        return e;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", err_msg());
+    uint32_t fit = 0;
+    if (kvd_gpu_slots(k, want, reserve, false, &fit) != TD_OK)
+        return err_set(e, "%s; %s", msg, err_msg());
+    return err_set(e, "%s; %u slots of %u positions fit the GPU now (kvd --slots %u, or no "
+                   "--slots to size them to it)", msg, fit, p->n_ctx, fit);
+}
+
 /* verifyd's heads: imported from the fds that came with its attach (kvd's reference keeps
  * them for draftd), replacing those of an earlier verifyd. They must be on the pools' GPU. */
 static td_err kvd_heads_take(kvd *k, const msg_kv_attach *m, const int *fds, size_t n_fds)
@@ -172,6 +246,8 @@ static td_err kvd_heads_take(kvd *k, const msg_kv_attach *m, const int *fds, siz
  * block). */
 static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m, const int *fds, size_t n_fds)
 {
+    kvl_params want = m->params; /* with the drafter part, for sizing the pools */
+    want.slots = 1;
     kvl_params p = m->params;
     p.slots = k->slots;
     p.d_layers = p.d_kv = p.d_head_dim = p.d_kv_bytes = 0;
@@ -179,18 +255,34 @@ static td_err kvd_attach_verifyd(kvd *k, const msg_kv_attach *m, const int *fds,
         return err_set(TD_EINVAL, "kv_attach: %u tap ids for n_taps %u", m->n_taps, p.n_taps);
     kvl_layout lay;
     TD_TRY(kvl_compute(&p, &lay));
+    if (want.d_layers)
+        TD_TRY(err_wrap(kvl_compute(&want, &lay), "kv_attach: the drafter part"));
     TD_TRY(kvd_heads_take(k, m, fds, n_fds));
     if (k->target && kvl_same_target(&k->params, &p) &&
         (m->n_taps == 0 || memcmp(k->taps, m->taps, m->n_taps * sizeof *m->taps) == 0))
         return TD_OK;
-    shbuf *sb, *q = NULL;
-    TD_TRY(kvd_pool_create(k, &sb, KVC_POOL_TARGET, lay.target_bytes));
-    if (lay.q_bytes) {
-        td_err e = kvd_pool_create(k, &q, KVC_POOL_Q, lay.q_bytes);
+    if (k->slots_auto && k->kind == SHBUF_KIND_CUDA) {
+        /* the old pools go first, so that their memory counts as room */
+        shbuf_release(k->target);
+        shbuf_release(k->draft);
+        shbuf_release(k->q);
+        k->target = k->draft = k->q = NULL;
+        kvs_reset(&k->table);
+        TD_TRY(kvd_gpu_slots(k, &want, m->reserve, true, &p.slots));
+    }
+    shbuf *sb = NULL, *q = NULL;
+    TD_TRY(kvd_pools_create(k, &p, &want, m->reserve, &sb, &q));
+    if (p.slots != k->table.n) {
+        kvs_table t;
+        td_err e = kvs_init(&t, p.slots);
         if (e != TD_OK) {
             shbuf_release(sb);
+            shbuf_release(q);
             return e;
         }
+        kvs_free(&k->table);
+        k->table = t;
+        k->slots = p.slots;
     }
     shbuf_release(k->target);
     shbuf_release(k->draft);

@@ -16,6 +16,11 @@
 #include "kvd/slots.h"
 
 #define KVD_CONNS_MAX 32 /* processes attached over the fd socket at once */
+#define KVD_SLOTS_AUTO 16 /* slots without --slots: on the CPU; on a GPU at most, as fit */
+/* Bytes of the GPU that sizing the pools leaves free besides the drafter's reserve: what the
+ * services allocate after verifyd's attach (recorded CUDA graphs, per-stream scratch, the
+ * MPS server) and the driver's rounding. */
+#define KVD_GPU_MARGIN ((uint64_t)512 << 20)
 #define KVD_DEDUP 64     /* kv_open replies remembered for retried request ids */
 
 typedef struct kvd_conn {
@@ -32,7 +37,9 @@ typedef struct kvd_dedup {
 
 typedef struct kvd {
     pthread_mutex_t lock;     /* guards everything below but conns (the fd loop's alone) */
-    uint32_t slots;           /* sequence slots of each pool (--slots) */
+    uint32_t slots;           /* sequence slots of each pool (--slots; sized to the GPU) */
+    bool slots_auto;          /* no --slots: on a GPU as many as fit, up to KVD_SLOTS_AUTO */
+    uint64_t gpu_mem;         /* bytes of the GPU all services may use (0: all of it) */
     shbuf_kind kind;          /* the pools' kind: cpu, or cuda on dev (--device) */
     cudrv_device dev;         /* cuda: the GPU holding the pools */
     kvs_table table;
@@ -51,8 +58,10 @@ typedef struct kvd {
 } kvd;
 
 /* Pools of the cpu kind (dev NULL) or of the cuda kind on dev (kvd keeps its own reference
- * to the device). */
-td_err kvd_init(kvd *k, uint32_t slots, const cudrv_device *dev);
+ * to the device). slots 0: KVD_SLOTS_AUTO on the CPU; on a GPU, sized at verifyd's attach to
+ * the memory free then (less the drafter's reserve, KVD_GPU_MARGIN, and what gpu_mem leaves
+ * out), up to KVD_SLOTS_AUTO. */
+td_err kvd_init(kvd *k, uint32_t slots, uint64_t gpu_mem, const cudrv_device *dev);
 void kvd_free(kvd *k);
 
 /* The kvd.ipc handler (a bus_handler): user is the kvd. */

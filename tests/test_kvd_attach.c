@@ -59,7 +59,7 @@ static void test_each_role_gets_its_buffers_by_name_with_the_layout_sizes(void *
 {
     (void)state;
     kvd k;
-    assert_int_equal(kvd_init(&k, 2, NULL), TD_OK);
+    assert_int_equal(kvd_init(&k, 2, 0, NULL), TD_OK);
     kvl_params p = params();
     p.slots = 2;
     kvl_layout lay;
@@ -94,7 +94,7 @@ static void test_each_role_gets_its_buffers_by_name_with_the_layout_sizes(void *
 
     /* plain decoding (block 1): no proposal pool */
     kvd_free(&k);
-    assert_int_equal(kvd_init(&k, 2, NULL), TD_OK);
+    assert_int_equal(kvd_init(&k, 2, 0, NULL), TD_OK);
     vd.params.block = 1;
     assert_int_equal(attach(&k, &vd, NULL, 0, &got), TD_OK);
     assert_int_equal(got.n_pools, 1);
@@ -102,11 +102,42 @@ static void test_each_role_gets_its_buffers_by_name_with_the_layout_sizes(void *
     kvd_free(&k);
 }
 
+/* Without --slots kvd holds KVD_SLOTS_AUTO slots in host memory (a GPU's are sized to its
+ * free memory at verifyd's attach); verifyd's reserve for the drafter changes nothing there,
+ * and a drafter part that is wrong in itself is refused. */
+static void test_without_slots_the_cpu_pools_hold_sixteen(void **state)
+{
+    (void)state;
+    kvd k;
+    assert_int_equal(kvd_init(&k, KVL_SLOTS_MAX + 1, 0, NULL), TD_ERANGE);
+    assert_int_equal(kvd_init(&k, 0, 0, NULL), TD_OK);
+    assert_true(k.slots_auto);
+    kvl_params p = params();
+    p.slots = 3; /* kvd's own: ignored */
+    msg_kv_attach vd = {.role = MSG_ROLE_VERIFYD, .pid = 100, .params = p, .taps = taps,
+                        .n_taps = 3, .reserve = 1ull << 30};
+    msg_kv_attach bad = vd;
+    bad.params.d_kv_bytes = 3;
+    msg_kv_pools got;
+    assert_int_equal(attach(&k, &bad, NULL, 0, &got), TD_EINVAL);
+    assert_non_null(strstr(err_msg(), "drafter part"));
+    assert_int_equal(attach(&k, &vd, NULL, 0, &got), TD_OK);
+    assert_int_equal(got.params.slots, KVD_SLOTS_AUTO);
+    assert_int_equal(got.params.d_layers, 0); /* the draft pool is draftd's to ask for */
+    p.slots = KVD_SLOTS_AUTO;
+    p.d_layers = p.d_kv = p.d_head_dim = p.d_kv_bytes = 0;
+    kvl_layout lay;
+    assert_int_equal(kvl_compute(&p, &lay), TD_OK);
+    assert_int_equal(got.pools[0].size, lay.target_bytes);
+    assert_int_equal(k.table.n, KVD_SLOTS_AUTO);
+    kvd_free(&k);
+}
+
 static void test_heads_need_their_fds_verifyd_and_pools_of_the_cuda_kind(void **state)
 {
     (void)state;
     kvd k;
-    assert_int_equal(kvd_init(&k, 2, NULL), TD_OK);
+    assert_int_equal(kvd_init(&k, 2, 0, NULL), TD_OK);
     shbuf *sb;
     assert_int_equal(shbuf_create(&sb, SHBUF_KIND_CPU, KVC_HEAD_EMBD, 4096, NULL), TD_OK);
     shbuf_desc d;
@@ -145,6 +176,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_role_gets_its_buffers_by_name_with_the_layout_sizes),
+        cmocka_unit_test(test_without_slots_the_cpu_pools_hold_sixteen),
         cmocka_unit_test(test_heads_need_their_fds_verifyd_and_pools_of_the_cuda_kind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,6 @@
 /* kvd's bookkeeping and the slot layout: exact byte offsets of a small layout (computed by
- * hand from the shapes), layout parameters out of range, and the slot table: a free slot for
+ * hand from the shapes), layout parameters out of range, how many 27B slots fit a given room
+ * (kvl_fit, the sizing of the pools to a GPU), and the slot table: a free slot for
  * a new prompt, the longest cached prefix reused with its generation, LRU eviction, TD_EBUSY
  * when every slot runs, closes of unknown slots, and reclaiming the slots of dead owners. */
 #include <setjmp.h>
@@ -145,6 +146,63 @@ static void test_layout_refuses_parameters_out_of_range(void **state)
     assert_non_null(strstr(err_msg(), "pool limit"));
 }
 
+/* The 27B qwen35 target at 4096 positions with its DFlash drafter, f16 caches (a GPU's). */
+static kvl_params params_27b(void)
+{
+    return (kvl_params){.slots = 1, .n_ctx = 4096, .ring = 4096, .block = 16, .n_attn = 16,
+                        .n_kv = 4, .head_dim = 256, .n_delta = 48, .n_v_head = 48, .d_k = 128,
+                        .d_v = 128, .conv_k = 4, .conv_ch = 10240, .n_taps = 5, .n_embd = 5120,
+                        .d_layers = 5, .d_kv = 8, .d_head_dim = 128, .n_vocab = 248320,
+                        .kv_bytes = 2, .d_kv_bytes = 2};
+}
+
+static void test_fit_counts_whole_slots_of_both_pools_in_the_room(void **state)
+{
+    (void)state;
+    /* one target slot: K and V 16 * 4096 * 4 * 256 * 2 = 134217728 each, the states
+     * 48 * 48 * 128 * 128 * 4 = 150994944 twice, the conv windows 48 * 3 * 10240 * 4 = 5898240
+     * twice, the record rows 48 * 16 * 10240 * 4 = 31457280 twice, g and beta
+     * 48 * 16 * 2 * 48 * 4 = 294912, the ring 4096 * 5 * 5120 * 4 = 419430400: 1064861696;
+     * one draft slot: 64 + 2 * 5 * 4112 * 8 * 128 * 2 + 4112 * 4 = 84230272, a page up
+     * 84234240; the proposal pool 15 * 248320 * 4 = 14899200 once */
+    const uint64_t per = 1064861696ull + 84234240ull, q = 14899200ull;
+    kvl_params p = params_27b();
+    kvl_layout l;
+    assert_int_equal(kvl_compute(&p, &l), TD_OK);
+    assert_int_equal(l.target_slot, 1064861696ull);
+    assert_int_equal(l.draft_slot, 84234240ull);
+    assert_int_equal(l.q_bytes, q);
+    uint32_t n = 99;
+    p.slots = 7; /* ignored */
+    assert_int_equal(kvl_fit(&p, 2 * per + q, 16, &n), TD_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(kvl_fit(&p, 2 * per + q - 1, 16, &n), TD_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(kvl_fit(&p, 100 * per, 16, &n), TD_OK);
+    assert_int_equal(n, 16);
+    assert_int_equal(kvl_fit(&p, 100 * per, 5, &n), TD_OK);
+    assert_int_equal(n, 5);
+    /* without a drafter part the target slots alone */
+    p.d_layers = p.d_kv = p.d_head_dim = p.d_kv_bytes = 0;
+    assert_int_equal(kvl_fit(&p, 2 * per + q, 16, &n), TD_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(kvl_fit(&p, 3 * 1064861696ull + q, 16, &n), TD_OK);
+    assert_int_equal(n, 3);
+
+    /* not one: what a slot takes, by part, against the room (MiB) */
+    p = params_27b();
+    assert_int_equal(kvl_fit(&p, per + q - 1, 16, &n), TD_ENOMEM);
+    assert_int_equal(n, 0);
+    assert_string_equal(err_msg(), "one sequence slot of 4096 positions takes 1096 MiB "
+                        "(attention KV 256, DeltaNet state and rollback record 360, feature "
+                        "ring 400, drafter context 80) and the proposal pool 14 MiB, against "
+                        "1110 MiB of room");
+    assert_int_equal(kvl_fit(&p, 0, 16, &n), TD_ENOMEM);
+    /* a layout that is wrong in itself says so */
+    p.kv_bytes = 3;
+    assert_int_equal(kvl_fit(&p, 100 * per, 16, &n), TD_EINVAL);
+}
+
 static const uint32_t a5[5] = {1, 2, 3, 4, 5};
 
 static void test_open_prefers_the_longest_cached_prefix_and_keeps_its_generation(void **state)
@@ -257,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_layout_offsets_follow_the_shapes),
         cmocka_unit_test(test_layout_sizes_f16_caches_by_their_elements),
         cmocka_unit_test(test_layout_refuses_parameters_out_of_range),
+        cmocka_unit_test(test_fit_counts_whole_slots_of_both_pools_in_the_room),
         cmocka_unit_test(test_open_prefers_the_longest_cached_prefix_and_keeps_its_generation),
         cmocka_unit_test(test_eviction_takes_the_least_recently_used_cache_then_refuses),
         cmocka_unit_test(test_closes_of_unknown_slots_fail_and_dead_owners_are_reclaimed),

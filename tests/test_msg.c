@@ -645,8 +645,10 @@ static void test_kvd_messages_round_trip(void **state)
                                        "GPU-8f3c2a1e-1b2c-4d5e-9f00-0123456789ab"};
     kv.heads[1] = (msg_shbuf_announce){"verifyd.output", 10, MSG_SHBUF_CUDA, 3u << 20,
                                        "GPU-8f3c2a1e-1b2c-4d5e-9f00-0123456789ab"};
+    kv.reserve = (3ull << 30) + 12345; /* a drafter's weights and working memory */
     assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_OK);
     assert_int_equal(msg_unpack_kv_attach(b.data, b.len, NULL, &ka_out), TD_OK);
+    assert_int_equal(ka_out.reserve, (3ull << 30) + 12345);
     assert_int_equal(ka_out.n_heads, 2);
     assert_string_equal(ka_out.heads[1].name, "verifyd.output");
     assert_int_equal(ka_out.heads[1].generation, 10);
@@ -656,6 +658,10 @@ static void test_kvd_messages_round_trip(void **state)
     msg_free_kv_attach(&ka_out);
     kv.role = MSG_ROLE_DRAFTD;
     assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_EINVAL);
+    kv.n_heads = 0; /* nor a reserve: only verifyd knows what the drafter needs */
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_EINVAL);
+    kv.reserve = 0;
+    assert_int_equal(msg_pack_kv_attach(&b, 1, &kv), TD_OK);
 
     msg_kv_pools kp = msg_fixture_kv_pools(), kp_out;
     assert_int_equal(msg_pack_kv_pools(&b, 2, &kp), TD_OK);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "common/args.h"
@@ -109,7 +110,8 @@ static td_err verifyd_load(tgt_model **tm, const char *path, const ops_backend *
     return TD_OK;
 }
 
-/* Taps and block size from the drafter's config.json (its weights are draftd's). */
+/* Taps, block size and the context's shape from the drafter's config.json, and the size of
+ * its weights (draftd's to load) for sizing kvd's pools on a GPU. */
 static td_err verifyd_draft_config(sched_cfg *c, const char *dir)
 {
     char path[4096];
@@ -122,6 +124,12 @@ static td_err verifyd_draft_config(sched_cfg *c, const char *dir)
                        SPEC_MAX_BLOCK);
     if (dc.n_taps > MSG_TAPS_MAX)
         return err_set(TD_ENOTSUP, "%s: %u taps", path, dc.n_taps);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir); /* draftd's to read */
+    struct stat st;
+    c->d_weight_bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+    c->d_layers = dc.n_layers;
+    c->d_kv = dc.n_kv_heads;
+    c->d_head_dim = dc.head_dim;
     c->block = dc.block_size;
     c->n_taps = dc.n_taps;
     for (uint32_t i = 0; i < dc.n_taps; i++)

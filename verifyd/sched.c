@@ -70,8 +70,24 @@ static void sched_fail_running(sched *s, td_err code)
     }
 }
 
+/* What the drafter still needs on the GPU when kvd sizes its pools: its weights and
+ * SCHED_DRAFTD_WORK while draftd is not up (once it answers, they are taken already and
+ * kvd sees them as used); 0 on the CPU or without a drafter. At the first attach a draftd
+ * that is up gets a few probes' time to be seen. */
+static uint64_t sched_draft_reserve(sched *s, bool gpu)
+{
+    if (!gpu || !s->draft || !s->cfg.d_layers)
+        return 0;
+    for (int i = 0; i < 3 && !s->attached_once && !dlink_up(s->draft); i++) {
+        struct timespec ts = {0, DLINK_PROBE_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return dlink_up(s->draft) ? 0 : s->cfg.d_weight_bytes + SCHED_DRAFTD_WORK;
+}
+
 static td_err sched_attach(sched *s)
 {
+    const bool gpu = s->cfg.tm->be->kind == OPS_BACKEND_CUDA;
     const tgt_hparams *hp = &s->cfg.tm->hp;
     uint32_t taps[MSG_TAPS_MAX];
     for (int64_t i = 0; i < s->cfg.n_taps; i++)
@@ -89,8 +105,12 @@ static td_err sched_attach(sched *s)
             .conv_ch = (uint32_t)hp->conv_ch, .n_taps = (uint32_t)s->cfg.n_taps,
             .n_embd = (uint32_t)hp->n_embd, .n_vocab = (uint32_t)hp->n_vocab,
             .kv_bytes = tgt_kv_bytes(s->cfg.tm),
+            /* the drafter's context, for kvd's sizing of the pools only */
+            .d_layers = s->cfg.d_layers, .d_kv = s->cfg.d_kv, .d_head_dim = s->cfg.d_head_dim,
+            .d_kv_bytes = s->cfg.d_layers ? tgt_kv_bytes(s->cfg.tm) : 0,
         },
         .n_heads = s->cfg.n_heads,
+        .reserve = sched_draft_reserve(s, gpu),
     };
     int fds[MSG_HEADS_MAX];
     uint32_t n_fds = 0;
@@ -112,7 +132,6 @@ static td_err sched_attach(sched *s)
         kvc_detach(&s->kv);
         return err_set(TD_EPROTO, "kvd answered with another layout");
     }
-    bool gpu = s->cfg.tm->be->kind == OPS_BACKEND_CUDA;
     if ((kvc_kind(&s->kv) == SHBUF_KIND_CUDA) != gpu ||
         (gpu && memcmp(kvc_device_uuid(&s->kv), s->cfg.dev_uuid, CUDRV_UUID_BYTES) != 0)) {
         char want[CUDRV_UUID_STR_LEN] = "host memory";
@@ -125,6 +144,7 @@ static td_err sched_attach(sched *s)
     pthread_mutex_lock(&s->lock);
     s->slots = slots;
     s->ready = true;
+    s->attached_once = true;
     pthread_mutex_unlock(&s->lock);
     LOG_INFO("attached to kvd: %u slots of %lld positions, pool generation %llu", slots,
              (long long)s->cfg.n_ctx, (unsigned long long)s->kv.target_gen);

@@ -40,6 +40,10 @@ typedef struct sched_cfg {
                                  * acceptance (blockpick.h), at most sched_verify_block */
     int32_t taps[MSG_TAPS_MAX]; /* [n_taps] target layers whose features draftd reads */
     int64_t n_taps;
+    /* the drafter as its folder gives it (all 0 without one), for sizing kvd's pools on a
+     * GPU: its context's shape and the bytes of its weights */
+    uint32_t d_layers, d_kv, d_head_dim;
+    uint64_t d_weight_bytes;
     const uint8_t *eog;         /* [n_vocab] 1 for the model's end-of-generation ids, or NULL */
     const cst_vocab *vocab;     /* the vocabulary for response formats, or NULL (no tokenizer:
                                  * formats are refused) */
@@ -55,6 +59,11 @@ typedef struct sched_cfg {
     const shbuf *heads[MSG_HEADS_MAX];      /* [n_heads] token embedding, LM head (untied) */
     uint32_t n_heads;
 } sched_cfg;
+
+/* draftd's CUDA context and working memory beside its weights, which kvd leaves free when it
+ * sizes its pools to a GPU before draftd is up (measured: ~660 MiB for the 27B drafter on an
+ * H100). */
+#define SCHED_DRAFTD_WORK ((uint64_t)768 << 20)
 
 /* Tokens a step verifies at most: the block, or 1 + draft_max when that is fewer. */
 static inline int64_t sched_verify_block(const sched_cfg *c)
@@ -128,6 +137,7 @@ typedef struct sched {
     blockpick bp;             /* with cfg.draft_auto: every sequence's steps, the start of each
                                * new sequence's own */
     long long next_attach_ms; /* when to try kvd again */
+    bool attached_once;       /* kvd attached at least once since the start */
 } sched;
 
 td_err sched_start(sched **out, const sched_cfg *cfg);
