@@ -10,7 +10,9 @@
  * equal the target's log-softmax, the prompt's too (with the bits of the same rows in one
  * process); a prediction drafts whole blocks of the output and changes no token; verifyd's
  * weights on the GPU hold the embedding and LM head once (in the shared buffers, not also in
- * its own arena). Skipped (77) without a CUDA device or without the daemons built. */
+ * its own arena); kvd without --slots sizes its pools to the GPU (refused where there is no
+ * room, 16 slots where there is). Skipped (77) without a CUDA device or without the daemons
+ * built. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "draftd/dflash.h"
 #include "kernels/backend.h"
@@ -420,6 +423,61 @@ static void test_gpu_pipeline_sampled_tokens_equal_the_single_process_loop(void 
     }
 }
 
+/* kvd's log so far; "" when it cannot be read. */
+static const char *kvd_log(void)
+{
+    static char buf[1 << 16];
+    char path[128];
+    snprintf(path, sizeof path, "%s/kvd.log", pl.dir);
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* kvd without --slots sizes its pools on the GPU at verifyd's attach: refused, with what a
+ * slot takes, where --gpu-mem leaves no room; 16 slots (the most) where the tiny models leave
+ * plenty, and the pipeline decodes as before on them. */
+static void test_gpu_pipeline_kvd_sizes_its_pools_to_the_gpu(void **ctx)
+{
+    (void)ctx;
+    static const char *const tight[] = {"--device", "cuda", "--gpu-mem", "1", "--log-level",
+                                        "info", NULL};
+    static const char *const fit[] = {"--device", "cuda", "--log-level", "info", NULL};
+    assert_int_equal(pl_stop(&pl, PL_KVD, SIGTERM), 0);
+    pl_start(&pl, PL_KVD, tight);
+    struct timespec ts = {2, 0}; /* verifyd notices kvd's restart and tries to attach */
+    nanosleep(&ts, NULL);
+    msg_status st;
+    assert_int_equal(pl_status(&pl, &st), TD_OK);
+    assert_false(st.ready);
+    const char *log = kvd_log();
+    if (!strstr(log, "the pools do not fit the GPU") ||
+        !strstr(log, "one sequence slot of 256 positions takes")) {
+        pl_dump_logs(&pl);
+        fail_msg("kvd did not refuse the attach for want of room");
+    }
+    assert_int_equal(pl_stop(&pl, PL_KVD, SIGTERM), 0);
+    pl_start(&pl, PL_KVD, fit);
+    assert_int_equal(pl_wait_ready(&pl, false, 60000), TD_OK);
+    assert_int_equal(pl_status(&pl, &st), TD_OK);
+    assert_int_equal(st.slots, 16);
+    assert_non_null(strstr(kvd_log(), "sized the pools to the GPU: 16 slots of 256 positions"));
+    enum { GEN = 40 };
+    uint32_t p[32];
+    int32_t ip[32], want[GEN];
+    msg_sampler greedy = {.top_p = 1.0f};
+    ops_sampler g0 = {0};
+    int64_t n = make_prompt(31, p, ip);
+    reference(NULL, ip, n, GEN, &g0, want);
+    expect_tokens("greedy on pools sized to the GPU", wait_done(start(p, n, GEN, &greedy)),
+                  want, GEN);
+}
+
 int main(void)
 {
     if (!cuda_available() || ops_backend_cuda_init(&gpu, 0) != TD_OK) {
@@ -440,6 +498,7 @@ int main(void)
             cmocka_unit_test(test_gpu_pipeline_prompt_logprobs_are_the_targets_log_softmax),
             cmocka_unit_test(test_gpu_pipeline_a_prediction_drafts_the_output),
             cmocka_unit_test(test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text),
+            cmocka_unit_test(test_gpu_pipeline_kvd_sizes_its_pools_to_the_gpu),
         };
         rc = cmocka_run_group_tests(tests, NULL, NULL);
     } else {
