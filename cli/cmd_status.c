@@ -41,9 +41,11 @@ static void st_health(const char *service, char *out, size_t cap)
                 snprintf(draft, sizeof draft, "draftd attached (blocks of %u)", st.block);
             else
                 snprintf(draft, sizeof draft, "plain decoding");
-            snprintf(out, cap, "%s, %s, %u/%u running, %llu generations",
-                     st.ready ? "ready" : "not ready (no kvd)", draft, st.active, st.slots,
-                     (unsigned long long)st.requests);
+            if (st.ready)
+                snprintf(out, cap, "ready, %s, %u/%u running, %llu generations", draft,
+                         st.active, st.slots, (unsigned long long)st.requests);
+            else
+                snprintf(out, cap, "not ready (%.200s)", st.not_ready);
         } else {
             snprintf(out, cap, "no answer: %s", err_msg());
         }

@@ -397,6 +397,8 @@ typedef struct msg_status {
     uint64_t graph_recorded;    /* target forward passes recorded as CUDA graphs */
     uint64_t graph_replayed;    /* passes run as a replay of a recording */
     uint64_t graph_direct;      /* passes run op by op where graphs are on (not worth one) */
+    char not_ready[MSG_ERROR_MAX + 1]; /* not ready: what verifyd waits for (its last kvd
+                                        * attach's error); "" when ready */
     uint32_t n_hist;            /* bins used, 0..MSG_ACCEPT_HIST_MAX */
     uint64_t accept_hist[MSG_ACCEPT_HIST_MAX]; /* [n_hist] steps by tokens committed (0..) */
 } msg_status;

@@ -99,7 +99,7 @@ td_err msg_unpack_svc_list_get(const void *buf, size_t len, uint64_t *request_id
 
 /* --- status ------------------------------------------------------------------------------ */
 
-#define STATUS_FIELDS 25
+#define STATUS_FIELDS 26
 
 static td_err check_status(const msg_status *m, td_err code)
 {
@@ -120,6 +120,7 @@ td_err msg_pack_status(msg_buf *out, uint64_t request_id, const msg_status *m)
 {
     TD_ASSERT(out && m);
     MSG_ASSERT_TERMINATED(m->model);
+    MSG_ASSERT_TERMINATED(m->not_ready);
     TD_TRY(check_status(m, TD_EINVAL));
     msg_writer w;
     msg_write_begin(&w, out, MSG_STATUS, request_id, STATUS_FIELDS);
@@ -147,6 +148,7 @@ td_err msg_pack_status(msg_buf *out, uint64_t request_id, const msg_status *m)
     msg_write_uint(&w, m->graph_recorded);
     msg_write_uint(&w, m->graph_replayed);
     msg_write_uint(&w, m->graph_direct);
+    msg_write_str(&w, m->not_ready);
     msg_write_array(&w, m->n_hist);
     for (uint32_t i = 0; i < m->n_hist; i++)
         msg_write_uint(&w, m->accept_hist[i]);
@@ -186,6 +188,7 @@ td_err msg_unpack_status(const void *buf, size_t len, uint64_t *request_id, msg_
     TD_TRY(msg_read_uint(&r, "graph_recorded", UINT64_MAX, &out->graph_recorded));
     TD_TRY(msg_read_uint(&r, "graph_replayed", UINT64_MAX, &out->graph_replayed));
     TD_TRY(msg_read_uint(&r, "graph_direct", UINT64_MAX, &out->graph_direct));
+    TD_TRY(msg_read_str(&r, "not_ready", out->not_ready, sizeof out->not_ready));
     TD_TRY(msg_read_array_len(&r, "accept_hist", MSG_ACCEPT_HIST_MAX, &out->n_hist));
     for (uint32_t i = 0; i < out->n_hist; i++)
         TD_TRY(msg_read_uint(&r, "accept_hist", UINT64_MAX, &out->accept_hist[i]));

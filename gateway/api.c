@@ -96,10 +96,15 @@ static void api_health(gw_state *g, api_reply *r)
 {
     msg_status st;
     bool up = g->link && link_status(g->link, &st);
-    if (up && st.ready)
+    if (up && st.ready) {
         api_json(r, 200, strdup("{\"status\":\"ok\"}"));
-    else
-        api_json(r, 503, strdup("{\"status\":\"loading\"}"));
+        return;
+    }
+    json_t *o = json_pack("{s:s}", "status", "loading");
+    if (o && up && st.not_ready[0]) /* what verifyd waits for */
+        json_object_set_new(o, "reason", json_string(st.not_ready));
+    api_json(r, 503, o ? render_dump(o) : NULL);
+    json_decref(o);
 }
 
 static void api_metrics(gw_state *g, api_reply *r)

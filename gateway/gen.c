@@ -95,7 +95,9 @@ static td_err gen_start(api_stream *s, api_error *e)
         return apierr_set(e, 503, "backend_unavailable", NULL,
                           "The model server (verifyd) is not available; try again later.");
     if (!st.ready)
-        return apierr_set(e, 503, "model_loading", NULL, "The model is loading; try again later.");
+        return apierr_set(e, 503, "model_loading", NULL,
+                          "The model is not ready yet (verifyd: %s); try again later.",
+                          st.not_ready[0] ? st.not_ready : "loading");
 
     const gen_prompt *gp = gen_cur(s);
     uint32_t stop[2 + REQ_STOP_IDS_MAX];

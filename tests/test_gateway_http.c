@@ -625,6 +625,31 @@ static void verifyd_restart_between_polls_ends_open_streams(void **state)
     free(reply);
 }
 
+/* A verifyd that cannot run yet (kvd refused its pools) says why: /health and new requests
+ * answer 503 with that reason; all is well once it is ready again. */
+static void not_ready_verifyd_says_why(void **state)
+{
+    (void)state;
+    static const char why[] = "kvd attach: the pools do not fit the GPU (\"tight\")";
+    fake_verifyd_set_ready(gwh_fake, false, why);
+    gwh_wait_health(503);
+    char *reply, *body;
+    assert_int_equal(gwh_request("GET", "/health", NULL, NULL, &reply, &body), 503);
+    assert_string_equal(body, "{\"status\":\"loading\",\"reason\":\"kvd attach: the pools do "
+                        "not fit the GPU (\\\"tight\\\")\"}");
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/completions", NULL, "{\"prompt\":\"x\"}", &reply,
+                                 &body),
+                     503);
+    assert_non_null(strstr(body, "{\"error\":{\"message\":\"The model is not ready yet "
+                                 "(verifyd: kvd attach: the pools do not fit the GPU "
+                                 "(\\\"tight\\\")); try again later.\",\"type\":\"server_error\","
+                                 "\"param\":null,\"code\":\"model_loading\"}}"));
+    free(reply);
+    fake_verifyd_set_ready(gwh_fake, true, NULL);
+    gwh_wait_health(200);
+}
+
 /* Last: stops the fake. A verifyd that dies ends open streams at once (its event connection
  * closes), /health says 503, requests get 503, and all is well once it is back. */
 static void verifyd_gone_ends_open_streams_at_once(void **state)
@@ -684,6 +709,7 @@ int main(void)
         cmocka_unit_test(http_errors_have_openai_bodies),
         cmocka_unit_test(metrics_show_gateway_and_verifyd_numbers),
         cmocka_unit_test(verifyd_restart_between_polls_ends_open_streams),
+        cmocka_unit_test(not_ready_verifyd_says_why),
         cmocka_unit_test(verifyd_gone_ends_open_streams_at_once),
     };
     return cmocka_run_group_tests(tests, gwh_setup, gwh_teardown);

@@ -556,8 +556,15 @@ static void test_control_messages_round_trip(void **state)
     assert_int_equal(st_out.graph_recorded, 7);
     assert_int_equal(st_out.graph_replayed, 1ull << 40);
     assert_int_equal(st_out.graph_direct, 13);
+    assert_string_equal(st_out.not_ready, "");
     assert_int_equal(st_out.n_hist, 17);
     assert_int_equal(st_out.accept_hist[16], 256);
+    st.ready = false; /* and why */
+    snprintf(st.not_ready, sizeof st.not_ready, "kvd attach: the pools do not fit the GPU");
+    assert_int_equal(msg_pack_status(&b, 9, &st), TD_OK);
+    assert_int_equal(msg_unpack_status(b.data, b.len, NULL, &st_out), TD_OK);
+    assert_false(st_out.ready);
+    assert_string_equal(st_out.not_ready, "kvd attach: the pools do not fit the GPU");
 
     msg_svc_list sl = msg_fixture_svc_list(), sl_out;
     assert_int_equal(msg_pack_svc_list(&b, 11, &sl), TD_OK);

@@ -145,6 +145,7 @@ static td_err sched_attach(sched *s)
     s->slots = slots;
     s->ready = true;
     s->attached_once = true;
+    s->not_ready[0] = '\0';
     pthread_mutex_unlock(&s->lock);
     LOG_INFO("attached to kvd: %u slots of %lld positions, pool generation %llu", slots,
              (long long)s->cfg.n_ctx, (unsigned long long)s->kv.target_gen);
@@ -171,6 +172,12 @@ static void sched_kvd_check(sched *s)
                 LOG_DEBUG("kvd attach: %s", err_msg());
             else
                 LOG_WARN("kvd attach: %s", err_msg());
+            pthread_mutex_lock(&s->lock);
+            snprintf(s->not_ready, sizeof s->not_ready, "%s: %s",
+                     e == TD_ENOENT || e == TD_ECLOSED || e == TD_ETIMEOUT ? "waiting for kvd"
+                                                                          : "kvd attach",
+                     err_msg());
+            pthread_mutex_unlock(&s->lock);
             s->next_attach_ms = sched_now_ms() + SCHED_ATTACH_RETRY_MS;
         }
     }
@@ -594,6 +601,9 @@ static td_err sched_status(sched *s, uint64_t rid, msg_buf *reply)
     m.graph_recorded = st->graphs.recorded;
     m.graph_replayed = st->graphs.replayed;
     m.graph_direct = st->graphs.direct;
+    if (!s->ready)
+        snprintf(m.not_ready, sizeof m.not_ready, "%s",
+                 s->not_ready[0] ? s->not_ready : "waiting for kvd");
     m.n_hist = (uint32_t)(s->cfg.block + 1);
     memcpy(m.accept_hist, st->accept_hist, m.n_hist * sizeof m.accept_hist[0]);
     pthread_mutex_unlock(&s->lock);

@@ -138,6 +138,7 @@ typedef struct sched {
                                * new sequence's own */
     long long next_attach_ms; /* when to try kvd again */
     bool attached_once;       /* kvd attached at least once since the start */
+    char not_ready[MSG_ERROR_MAX + 1]; /* why not ready: the last failed attach (status) */
 } sched;
 
 td_err sched_start(sched **out, const sched_cfg *cfg);

@@ -18,6 +18,7 @@ struct fake_verifyd {
     nng_socket push;
     uint32_t pid, n_ctx;
     bool ready;
+    char not_ready[MSG_ERROR_MAX + 1]; /* status: why not ready */
     pthread_mutex_t mu;
     fake_script script;
     int busy_left;
@@ -184,6 +185,10 @@ static td_err fake_handle(void *user, const uint8_t *req, size_t len, msg_buf *r
                          .draft_attaches = 2, .queued = 1, .graph_recorded = 3,
                          .graph_replayed = 40, .graph_direct = 4};
         snprintf(st.model, sizeof st.model, "fake");
+        pthread_mutex_lock(&f->mu);
+        st.ready = f->ready;
+        snprintf(st.not_ready, sizeof st.not_ready, "%s", f->ready ? "" : f->not_ready);
+        pthread_mutex_unlock(&f->mu);
         return msg_pack_status(reply, h.request_id, &st);
     }
     case MSG_GEN_CANCEL: {
@@ -363,5 +368,13 @@ void fake_verifyd_set_pid(fake_verifyd *f, uint32_t pid)
 {
     pthread_mutex_lock(&f->mu);
     f->pid = pid;
+    pthread_mutex_unlock(&f->mu);
+}
+
+void fake_verifyd_set_ready(fake_verifyd *f, bool ready, const char *why)
+{
+    pthread_mutex_lock(&f->mu);
+    f->ready = ready;
+    snprintf(f->not_ready, sizeof f->not_ready, "%s", why ? why : "");
     pthread_mutex_unlock(&f->mu);
 }

@@ -53,6 +53,8 @@ int fake_verifyd_cancels(fake_verifyd *f);
 /* From now on hello answers with this pid, as a verifyd restarted between two polls would. */
 void fake_verifyd_set_pid(fake_verifyd *f, uint32_t pid);
 int fake_verifyd_starts(fake_verifyd *f);
+/* From now on status says ready, or not ready with why (verifyd's reason). */
+void fake_verifyd_set_ready(fake_verifyd *f, bool ready, const char *why);
 
 /* The log probability the fake reports for the i-th token of a generation, and for its k-th
  * alternative (alternative 0 is the token itself, k > 0 is token id + k). */
