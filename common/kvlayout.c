@@ -51,6 +51,9 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
     if (p->n_attn ? p->kv_bytes != 2 && p->kv_bytes != 4 : p->kv_bytes != 0)
         return err_set(TD_EINVAL, "layout: kv_bytes = %u (2 or 4 with attention layers, else 0)",
                        p->kv_bytes);
+    if (p->n_taps ? p->feat_bytes != 2 && p->feat_bytes != 4 : p->feat_bytes != 0)
+        return err_set(TD_EINVAL, "layout: feat_bytes = %u (2 or 4 with taps, else 0)",
+                       p->feat_bytes);
     if (p->d_layers ? p->d_kv_bytes != 2 && p->d_kv_bytes != 4 : p->d_kv_bytes != 0)
         return err_set(TD_EINVAL, "layout: d_kv_bytes = %u (2 or 4 with a drafter, else 0)",
                        p->d_kv_bytes);
@@ -67,7 +70,7 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
     uint64_t conv = p->n_delta ? (uint64_t)p->n_delta * (p->conv_k - 1) * p->conv_ch * f : 0;
     uint64_t rec_rows = (uint64_t)p->n_delta * p->block * p->conv_ch * f;
     uint64_t rec_gb = (uint64_t)p->n_delta * p->block * 2 * p->n_v_head * f;
-    uint64_t feat = (uint64_t)p->ring * p->n_taps * p->n_embd * f;
+    uint64_t feat = (uint64_t)p->ring * p->n_taps * p->n_embd * p->feat_bytes;
     uint64_t parts[] = {kv, ssm, conv, rec_rows, rec_gb, feat};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (parts[i] > KVL_POOL_MAX)
@@ -149,7 +152,8 @@ bool kvl_same_target(const kvl_params *a, const kvl_params *b)
            a->head_dim == b->head_dim && a->n_delta == b->n_delta &&
            a->n_v_head == b->n_v_head && a->d_k == b->d_k && a->d_v == b->d_v &&
            a->conv_k == b->conv_k && a->conv_ch == b->conv_ch && a->n_taps == b->n_taps &&
-           a->n_embd == b->n_embd && a->n_vocab == b->n_vocab && a->kv_bytes == b->kv_bytes;
+           a->n_embd == b->n_embd && a->n_vocab == b->n_vocab && a->kv_bytes == b->kv_bytes &&
+           a->feat_bytes == b->feat_bytes;
 }
 
 bool kvl_same_draft(const kvl_params *a, const kvl_params *b)

@@ -59,9 +59,11 @@ typedef struct kvl_params {
                           * attention layers */
     uint32_t d_kv_bytes; /* bytes of a drafter context K/V element: 4 or 2; 0 without a
                           * drafter */
+    uint32_t feat_bytes; /* bytes of a feature ring element: 4 (f32) or 2 (bf16: a GPU's,
+                          * whose drafter reads its inputs rounded to bf16); 0 without taps */
 } kvl_params;
 
-#define KVL_N_PARAMS 21 /* fields of kvl_params, all uint32_t, in declaration order */
+#define KVL_N_PARAMS 22 /* fields of kvl_params, all uint32_t, in declaration order */
 
 /* The header at the start of every draft slot, written by draftd only. */
 typedef struct kvl_draft_header {
@@ -82,7 +84,7 @@ typedef struct kvl_layout {
     uint64_t rec_xconv;      /* [n_delta][block][conv_ch] */
     uint64_t rec_qkv;        /* [n_delta][block][conv_ch] */
     uint64_t rec_gb;         /* [n_delta][block][2][n_v_head] */
-    uint64_t feat;           /* [ring][n_taps][n_embd] feature ring */
+    uint64_t feat;           /* [ring][n_taps][n_embd] feature ring, feat_bytes elements */
     uint64_t target_slot;    /* bytes of one target slot */
     uint64_t target_bytes;   /* bytes of the target pool: slots * target_slot */
     /* draft slot (all zero when d_layers is 0) */

@@ -45,6 +45,7 @@ void drf_free(drf *d)
         d->dm->be->release(d->dm->be, d->dlogits);
         d->dm->be->release(d->dm->be, d->dq);
         d->dm->be->release(d->dm->be, d->ids);
+        d->dm->be->release(d->dm->be, d->feat);
     }
     free(d->q);
     free(d->q_ids);
@@ -94,17 +95,36 @@ static td_err drf_header_put(const drf *d, uint8_t *dhdr, const kvl_draft_header
 }
 
 /* Adds the ring rows of positions from..to-1 to the context, at most a ring's wrap at a time,
- * recording the progress in the header so a draftd killed half-way resumes correctly. */
-static td_err drf_add(drf *d, const kvl_layout *lay, const float *ring, dfl_state *ds,
+ * recording the progress in the header so a draftd killed half-way resumes correctly. A bf16
+ * ring (a GPU's) is widened DRF_FEAT_ROWS positions at a time into d->feat first: exactly the
+ * values the drafter's products read of f32 features (they round their inputs to bf16). */
+static td_err drf_add(drf *d, const kvl_layout *lay, const uint8_t *ring, dfl_state *ds,
                       uint8_t *dhdr, kvl_draft_header *hdr, int64_t to)
 {
+    const ops_backend *be = d->dm->be;
+    const bool bf16 = lay->p.feat_bytes == 2;
     int64_t R = lay->p.ring, row = (int64_t)lay->p.n_taps * lay->p.n_embd;
+    if (bf16 && d->feat_cap < DRF_FEAT_ROWS * row) {
+        be->release(be, d->feat);
+        d->feat = NULL;
+        d->feat_cap = 0;
+        TD_TRY(err_wrap(be->alloc(be, (void **)&d->feat,
+                                  (size_t)(DRF_FEAT_ROWS * row) * sizeof(float)),
+                        "widening the feature ring"));
+        d->feat_cap = DRF_FEAT_ROWS * row;
+    }
     while (ds->n_ctx < to) {
         int64_t p = ds->n_ctx, r = p % R;
         int64_t n = to - p < R - r ? to - p : R - r;
-        if (n > 256)
-            n = 256; /* bounds dfl_add_context's scratch */
-        TD_TRY(dfl_add_context(d->dm, ds, ring + r * row, n));
+        const int64_t most = bf16 ? DRF_FEAT_ROWS : 256; /* bounds the scratch */
+        if (n > most)
+            n = most;
+        const float *feat = (const float *)ring + r * row;
+        if (bf16) {
+            TD_TRY(be->from_bf16(be, d->feat, (const uint16_t *)ring + r * row, n * row));
+            feat = d->feat;
+        }
+        TD_TRY(dfl_add_context(d->dm, ds, feat, n));
         hdr->n_ctx = ds->n_ctx;
         TD_TRY(drf_header_put(d, dhdr, hdr));
         d->added += n;
@@ -158,7 +178,7 @@ td_err drf_propose(drf *d, const kvl_layout *lay, const uint8_t *tslot, uint8_t 
     }
     ds.n_ctx = hdr.n_ctx;
     if (e == TD_OK)
-        e = drf_add(d, lay, (const float *)(tslot + lay->feat), &ds, dhdr, &hdr, L);
+        e = drf_add(d, lay, tslot + lay->feat, &ds, dhdr, &hdr, L);
     int32_t block[MSG_DRAFT_MAX + 1];
     if (e == TD_OK)
         e = dfl_propose(dm, &ds, (int32_t)req->pending, B - 1, d->dlogits);

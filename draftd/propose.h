@@ -21,6 +21,8 @@
 #include "common/msg.h"
 #include "draftd/dflash.h"
 
+#define DRF_FEAT_ROWS 64 /* ring positions widened from bf16 and added to the context at once */
+
 typedef struct drf {
     const dfl_model *dm;
     uint64_t drafter_id;  /* written into the headers of the contexts it builds */
@@ -34,6 +36,9 @@ typedef struct drf {
     float *q_p;           /* [block-1][n_vocab] sparse q: their probabilities */
     msg_draft_q rows[MSG_DRAFT_MAX]; /* [block-1] views into q_ids / q_p */
     uint32_t tokens[MSG_DRAFT_MAX];  /* [block-1] the drafts */
+    float *feat;          /* [DRF_FEAT_ROWS][n_taps][n_embd] ring rows widened from bf16
+                           * (backend memory, made on first use), or NULL */
+    int64_t feat_cap;     /* floats feat holds */
     int64_t added;        /* context positions added by the last call (rebuilds included) */
     bool rebuilt;         /* the last call rebuilt a sequence's context from the ring (another
                            * drafter wrote it, or it fell behind the ring) */

@@ -79,6 +79,9 @@ struct ops_backend {
     td_err (*delta_rule_many)(const ops_backend *be, const ops_delta *d, int64_t n);
     /* out[n] = x[n] as binary16 (cpu_to_f16): storing an f16 KV cache */
     td_err (*to_f16)(const ops_backend *be, uint16_t *out, const float *x, int64_t n);
+    /* cpu_to_bf16, cpu_from_bf16: a GPU's feature ring holds bf16 */
+    td_err (*to_bf16)(const ops_backend *be, uint16_t *out, const float *x, int64_t n);
+    td_err (*from_bf16)(const ops_backend *be, float *out, const uint16_t *x, int64_t n);
     /* the fused chains of kernels/ops.h */
     td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
                           const float *w, int64_t n_rows, int64_t dim, float eps);

@@ -15,7 +15,7 @@ typedef enum pf_op {
     PF_TO_DEVICE, PF_TO_HOST, PF_COPY, PF_COPY2D, PF_ZERO, PF_MATMUL, PF_GET_ROWS, PF_RMSNORM,
     PF_L2NORM, PF_ADD, PF_MUL, PF_SCALE, PF_SILU, PF_SIGMOID, PF_SOFTPLUS, PF_SWIGLU,
     PF_ROPE_NEOX, PF_ATTENTION, PF_CONV1D, PF_DELTA_RULE, PF_SOFTCAP, PF_ARGMAX,
-    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16,
+    PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_TO_BF16, PF_FROM_BF16,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_LOGPROB_ROWS, PF_LOGIT_ADD,
     PF_LOGIT_MASK, PF_N_OPS
@@ -25,7 +25,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "to_device", "to_host", "copy", "copy2d", "zero", "matmul", "get_rows", "rmsnorm", "l2norm",
     "add", "mul", "scale", "silu", "sigmoid", "softplus", "swiglu", "rope_neox", "attention",
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
-    "deltanet_in", "to_f16", "matmul_multi", "accept_sampled",
+    "deltanet_in", "to_f16", "to_bf16", "from_bf16", "matmul_multi", "accept_sampled",
     "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows", "logprob_rows",
     "logit_add", "logit_mask",
 };
@@ -352,6 +352,16 @@ static td_err pf_to_f16(const ops_backend *be, uint16_t *out, const float *x, in
     PF_TIMED(PF_TO_F16, in->to_f16(in, out, x, n));
 }
 
+static td_err pf_to_bf16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    PF_TIMED(PF_TO_BF16, in->to_bf16(in, out, x, n));
+}
+
+static td_err pf_from_bf16(const ops_backend *be, float *out, const uint16_t *x, int64_t n)
+{
+    PF_TIMED(PF_FROM_BF16, in->from_bf16(in, out, x, n));
+}
+
 static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                              const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -492,6 +502,8 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->delta_rule = pf_delta_rule;
     b->delta_rule_many = pf_delta_rule_many;
     b->to_f16 = pf_to_f16;
+    b->to_bf16 = pf_to_bf16;
+    b->from_bf16 = pf_from_bf16;
     b->add_rmsnorm = pf_add_rmsnorm;
     b->deltanet_in = pf_deltanet_in;
     b->softcap = pf_softcap;
@@ -525,7 +537,7 @@ td_err ops_prof_skip(const ops_backend *be, const char *list)
             continue;
         /* the data movement is what the caller's host side relies on */
         if (op == PF_TO_DEVICE || op == PF_TO_HOST || op == PF_COPY || op == PF_COPY2D ||
-            op == PF_ZERO)
+            op == PF_ZERO || op == PF_TO_BF16 || op == PF_FROM_BF16)
             return err_set(TD_EINVAL, "'%s' moves data and cannot be skipped", pf_names[op]);
         skip[op] = true;
     }

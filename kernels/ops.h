@@ -63,6 +63,11 @@ uint16_t ops_f32_to_bf16(float f);
  * f16 KV cache is written. */
 void cpu_to_f16(uint16_t *out, const float *x, int64_t n);
 
+/* out[n] = x[n] as bfloat16 (ops_f32_to_bf16 each), and back (exact): how a GPU's feature
+ * ring stores the target's tap features, which the drafter reads rounded to bf16 anyway. */
+void cpu_to_bf16(uint16_t *out, const float *x, int64_t n);
+void cpu_from_bf16(float *out, const uint16_t *x, int64_t n);
+
 /* Appends a block's keys and values to an attention cache: token t's rows k[t], v[t] (row
  * elements each, f32) go to rows rows[t] of k_cache and v_cache (elements of type: TD_F32
  * copies, TD_F16 rounds as cpu_to_f16). rows [n_tok] is memory of the caller's backend, so
@@ -602,6 +607,9 @@ td_err cuda_delta_rule_many(const ops_delta *d, int64_t n, ops_stream st);
 
 /* cpu_to_f16 (kernels/cuda/convert.cu): round to nearest even, bit-identical. */
 td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stream st);
+/* cpu_to_bf16 and cpu_from_bf16 (kernels/cuda/convert.cu), bit-identical (NaN included). */
+td_err cuda_to_bf16(uint16_t *out, const float *x, int64_t n, ops_stream st);
+td_err cuda_from_bf16(float *out, const uint16_t *x, int64_t n, ops_stream st);
 
 /* cpu_kv_store (kernels/cuda/convert.cu), rows on the device. */
 td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k,

@@ -623,6 +623,38 @@ static void test_to_f16_matches_cpu_bits(void **state)
     cuda_mem_free(dx), cuda_mem_free(dout);
 }
 
+/* f32 -> bf16 -> f32 as a GPU's feature ring stores the tap features: nearest even and NaN
+ * quieting bit-identical to the CPU, and the way back exact */
+static void test_bf16_both_ways_match_cpu_bits(void **state)
+{
+    (void)state;
+    const int64_t n = (1 << 20) + 7; /* past one grid-stride round */
+    rng_seed(26);
+    float *x = rng_floats(n, 3.0e5f);
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                       0x7fc00001u, 0xffa12345u, 0x3f808000u, 0x3f818000u,
+                                       0x7f7fffffu, 0x00000001u, 0x807fffffu, 0x3f7fffffu};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++)
+        memcpy(&x[i], &special[i], 4);
+    uint16_t *ref = malloc((size_t)n * 2);
+    float *back = malloc((size_t)n * 4);
+    cpu_to_bf16(ref, x, n);
+    cpu_from_bf16(back, ref, n);
+    assert_int_equal(ref[6], 0x3f80); /* a tie goes to the even neighbour */
+    assert_int_equal(ref[7], 0x3f82);
+    float *dx = dput(x, (size_t)n * 4);
+    uint16_t *d16 = dpoison((size_t)n * 2);
+    float *dback = dpoison((size_t)n * 4);
+    GPU_OK(cuda_to_bf16(d16, dx, n, gpu_st));
+    GPU_OK(cuda_from_bf16(dback, d16, n, gpu_st));
+    uint16_t *got = dget(d16, (size_t)n * 2);
+    float *got_back = dget(dback, (size_t)n * 4);
+    assert_true(check_same_bits("to_bf16", got, ref, (size_t)n * 2));
+    assert_true(check_same_bits("from_bf16", got_back, back, (size_t)n * 4));
+    free(x), free(ref), free(back), free(got), free(got_back);
+    cuda_mem_free(dx), cuda_mem_free(d16), cuda_mem_free(dback);
+}
+
 /* Attention launched for a whole cache with the key count read from the device gives the
  * bits of a call sized for exactly those keys: decode and a verify block, with the splits
  * handed to the combine kernel (5000 keys) and folded in the block (a long prefill-like
@@ -693,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_qk_norm_rope_stores_two_layers),
         cmocka_unit_test(test_copy2d_moves_rows_between_pitches),
         cmocka_unit_test(test_to_f16_matches_cpu_bits),
+        cmocka_unit_test(test_bf16_both_ways_match_cpu_bits),
         cmocka_unit_test(test_attention_device_key_count_equals_exact_call),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,7 +24,7 @@ static kvl_params params(void)
                         .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16, .d_v = 16,
                         .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32, .d_layers = 2,
                         .d_kv = 2, .d_head_dim = 16, .n_vocab = 50, .kv_bytes = 4,
-                        .d_kv_bytes = 4};
+                        .d_kv_bytes = 4, .feat_bytes = 4};
 }
 
 /* One attach of role with in_fds; on success the reply's pools land in out. */

@@ -21,7 +21,7 @@ static kvl_params small_params(void)
                         .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16, .d_v = 16,
                         .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32, .d_layers = 2,
                         .d_kv = 2, .d_head_dim = 16, .n_vocab = 50, .kv_bytes = 4,
-                        .d_kv_bytes = 4};
+                        .d_kv_bytes = 4, .feat_bytes = 4};
 }
 
 static void test_layout_offsets_follow_the_shapes(void **state)
@@ -60,10 +60,11 @@ static void test_layout_offsets_follow_the_shapes(void **state)
     kvl_params back;
     kvl_params_to_array(&p, v);
     assert_int_equal(v[0], 2);
-    assert_int_equal(v[KVL_N_PARAMS - 4], 16); /* d_head_dim */
-    assert_int_equal(v[KVL_N_PARAMS - 3], 50); /* n_vocab */
-    assert_int_equal(v[KVL_N_PARAMS - 2], 4);  /* kv_bytes */
-    assert_int_equal(v[KVL_N_PARAMS - 1], 4);  /* d_kv_bytes */
+    assert_int_equal(v[KVL_N_PARAMS - 5], 16); /* d_head_dim */
+    assert_int_equal(v[KVL_N_PARAMS - 4], 50); /* n_vocab */
+    assert_int_equal(v[KVL_N_PARAMS - 3], 4);  /* kv_bytes */
+    assert_int_equal(v[KVL_N_PARAMS - 2], 4);  /* d_kv_bytes */
+    assert_int_equal(v[KVL_N_PARAMS - 1], 4);  /* feat_bytes */
     kvl_params_from_array(&back, v);
     assert_memory_equal(&back, &p, sizeof p);
     assert_true(kvl_same_target(&p, &back));
@@ -76,6 +77,12 @@ static void test_layout_offsets_follow_the_shapes(void **state)
     assert_false(kvl_same_draft(&p, &back));
     back.kv_bytes = 2;
     assert_false(kvl_same_target(&p, &back));
+    back = p;
+    back.feat_bytes = 2; /* a bf16 ring: another target layout */
+    assert_false(kvl_same_target(&p, &back));
+    assert_int_equal(kvl_compute(&back, &l), TD_OK);
+    assert_int_equal(l.feat, 124800); /* 4 * 3 * 32 * 2 = 768 bytes from there: 125568, */
+    assert_int_equal(l.target_slot, 126976); /* a page up */
 }
 
 /* f16 caches (a GPU's): the target's and the drafter's K/V regions take half the bytes. */
@@ -130,6 +137,10 @@ static void test_layout_refuses_parameters_out_of_range(void **state)
         p.d_kv_bytes = bad_bytes[i];
         assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
         assert_non_null(strstr(err_msg(), "d_kv_bytes"));
+        p = small_params();
+        p.feat_bytes = bad_bytes[i];
+        assert_int_equal(kvl_compute(&p, &l), TD_EINVAL);
+        assert_non_null(strstr(err_msg(), "feat_bytes"));
     }
     p = small_params();
     p.d_layers = p.d_kv = p.d_head_dim = 0; /* no drafter, yet an element size */
@@ -146,14 +157,15 @@ static void test_layout_refuses_parameters_out_of_range(void **state)
     assert_non_null(strstr(err_msg(), "pool limit"));
 }
 
-/* The 27B qwen35 target at 4096 positions with its DFlash drafter, f16 caches (a GPU's). */
+/* The 27B qwen35 target at 4096 positions with its DFlash drafter, f16 caches and a bf16
+ * feature ring (a GPU's). */
 static kvl_params params_27b(void)
 {
     return (kvl_params){.slots = 1, .n_ctx = 4096, .ring = 4096, .block = 16, .n_attn = 16,
                         .n_kv = 4, .head_dim = 256, .n_delta = 48, .n_v_head = 48, .d_k = 128,
                         .d_v = 128, .conv_k = 4, .conv_ch = 10240, .n_taps = 5, .n_embd = 5120,
                         .d_layers = 5, .d_kv = 8, .d_head_dim = 128, .n_vocab = 248320,
-                        .kv_bytes = 2, .d_kv_bytes = 2};
+                        .kv_bytes = 2, .d_kv_bytes = 2, .feat_bytes = 2};
 }
 
 static void test_fit_counts_whole_slots_of_both_pools_in_the_room(void **state)
@@ -162,14 +174,19 @@ static void test_fit_counts_whole_slots_of_both_pools_in_the_room(void **state)
     /* one target slot: K and V 16 * 4096 * 4 * 256 * 2 = 134217728 each, the states
      * 48 * 48 * 128 * 128 * 4 = 150994944 twice, the conv windows 48 * 3 * 10240 * 4 = 5898240
      * twice, the record rows 48 * 16 * 10240 * 4 = 31457280 twice, g and beta
-     * 48 * 16 * 2 * 48 * 4 = 294912, the ring 4096 * 5 * 5120 * 4 = 419430400: 1064861696;
-     * one draft slot: 64 + 2 * 5 * 4112 * 8 * 128 * 2 + 4112 * 4 = 84230272, a page up
-     * 84234240; the proposal pool 15 * 248320 * 4 = 14899200 once */
-    const uint64_t per = 1064861696ull + 84234240ull, q = 14899200ull;
+     * 48 * 16 * 2 * 48 * 4 = 294912, the ring 4096 * 5 * 5120 * 2 = 209715200: 855146496
+     * (1064861696 with an f32 ring); one draft slot: 64 + 2 * 5 * 4112 * 8 * 128 * 2 +
+     * 4112 * 4 = 84230272, a page up 84234240; the proposal pool 15 * 248320 * 4 = 14899200
+     * once */
+    const uint64_t per = 855146496ull + 84234240ull, q = 14899200ull;
     kvl_params p = params_27b();
     kvl_layout l;
+    p.feat_bytes = 4;
     assert_int_equal(kvl_compute(&p, &l), TD_OK);
     assert_int_equal(l.target_slot, 1064861696ull);
+    p.feat_bytes = 2;
+    assert_int_equal(kvl_compute(&p, &l), TD_OK);
+    assert_int_equal(l.target_slot, 855146496ull);
     assert_int_equal(l.draft_slot, 84234240ull);
     assert_int_equal(l.q_bytes, q);
     uint32_t n = 99;
@@ -186,17 +203,17 @@ static void test_fit_counts_whole_slots_of_both_pools_in_the_room(void **state)
     p.d_layers = p.d_kv = p.d_head_dim = p.d_kv_bytes = 0;
     assert_int_equal(kvl_fit(&p, 2 * per + q, 16, &n), TD_OK);
     assert_int_equal(n, 2);
-    assert_int_equal(kvl_fit(&p, 3 * 1064861696ull + q, 16, &n), TD_OK);
+    assert_int_equal(kvl_fit(&p, 3 * 855146496ull + q, 16, &n), TD_OK);
     assert_int_equal(n, 3);
 
     /* not one: what a slot takes, by part, against the room (MiB) */
     p = params_27b();
     assert_int_equal(kvl_fit(&p, per + q - 1, 16, &n), TD_ENOMEM);
     assert_int_equal(n, 0);
-    assert_string_equal(err_msg(), "one sequence slot of 4096 positions takes 1096 MiB "
+    assert_string_equal(err_msg(), "one sequence slot of 4096 positions takes 896 MiB "
                         "(attention KV 256, DeltaNet state and rollback record 360, feature "
-                        "ring 400, drafter context 80) and the proposal pool 14 MiB, against "
-                        "1110 MiB of room");
+                        "ring 200, drafter context 80) and the proposal pool 14 MiB, against "
+                        "910 MiB of room");
     assert_int_equal(kvl_fit(&p, 0, 16, &n), TD_ENOMEM);
     /* a layout that is wrong in itself says so */
     p.kv_bytes = 3;

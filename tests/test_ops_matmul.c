@@ -194,10 +194,53 @@ static void test_matmul_x_bf16_reads_rounded_inputs(void **s)
     }
 }
 
+/* A GPU's feature ring keeps the target's tap features as bf16 (cpu_to_bf16, nearest even,
+ * NaN kept NaN), and the drafter reads them back exactly (cpu_from_bf16): a product with
+ * x_bf16, as every drafter product on a GPU, then gives the bits it gives on the f32
+ * features. */
+static void test_bf16_storage_is_lossless_for_x_bf16_products(void **s)
+{
+    (void)s;
+    static const uint32_t in[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x80000000u,
+                                  0x7f800000u, 0x7fc00001u, 0x477fe000u, 0x7f7fffffu};
+    static const uint16_t want16[] = {0x3f80, 0x3f82, 0x3f81, 0x8000,
+                                      0x7f80, 0x7fc0, 0x4780, 0x7f80};
+    float f[8], back[8];
+    uint16_t h[8];
+    memcpy(f, in, sizeof f);
+    cpu_to_bf16(h, f, 8);
+    assert_memory_equal(h, want16, sizeof h);
+    cpu_from_bf16(back, h, 8);
+    for (int i = 0; i < 8; i++) {
+        uint32_t b;
+        memcpy(&b, &back[i], 4);
+        assert_int_equal(b, (uint32_t)want16[i] << 16);
+    }
+    const int64_t rows = 37, cols = 512, n = 9;
+    float *w32 = malloc((size_t)(rows * cols) * sizeof *w32);
+    float *x = malloc((size_t)(n * cols) * sizeof *x);
+    float *xr = malloc((size_t)(n * cols) * sizeof *xr);
+    uint16_t *x16 = malloc((size_t)(n * cols) * sizeof *x16);
+    float *y = malloc((size_t)(n * rows) * sizeof *y), *yr = malloc((size_t)(n * rows) * sizeof *yr);
+    fill(w32, rows * cols, 41u, 1.0);
+    fill(x, n * cols, 43u, 30.0);
+    ops_weight w;
+    assert_int_equal(ops_weight_init(&w, TD_F32, rows, cols, w32), TD_OK);
+    w.x_bf16 = true;
+    cpu_to_bf16(x16, x, n * cols);
+    cpu_from_bf16(xr, x16, n * cols);
+    cpu_matmul(y, x, &w, n);
+    cpu_matmul(yr, xr, &w, n);
+    assert_memory_equal(y, yr, (size_t)(n * rows) * sizeof *y);
+    assert_memory_not_equal(x, xr, (size_t)(n * cols) * sizeof *x);
+    free(w32), free(x), free(xr), free(x16), free(y), free(yr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_exact_small_integers),
+        cmocka_unit_test(test_bf16_storage_is_lossless_for_x_bf16_products),
         cmocka_unit_test(test_matmul_f32_matches_f64_reference),
         cmocka_unit_test(test_matmul_f16_matches_f64_reference),
         cmocka_unit_test(test_matmul_bf16_matches_f64_reference),

@@ -78,7 +78,7 @@ static void slot_init(slot_mem *m, const dfl_model *drafter, uint32_t ring)
         .n_embd = (uint32_t)tm->hp.n_embd, .d_layers = drafter->cfg.n_layers,
         .d_kv = drafter->cfg.n_kv_heads, .d_head_dim = drafter->cfg.head_dim,
         .n_vocab = (uint32_t)tm->hp.n_vocab, .kv_bytes = tgt_kv_bytes(tm),
-        .d_kv_bytes = dfl_kv_bytes(drafter),
+        .d_kv_bytes = dfl_kv_bytes(drafter), .feat_bytes = 4,
     };
     assert_int_equal(kvl_compute(&p, &m->lay), TD_OK);
     assert_int_equal(m->lay.q_bytes, (uint64_t)(p.block - 1) * p.n_vocab * sizeof(float));
@@ -116,7 +116,7 @@ static void split_init(spec_seq *s, slot_mem *m, const dfl_model *drafter,
         taps[i] = (int32_t)drafter->cfg.target_layer_ids[i];
     spec_cfg cfg = {
         .n_ctx = N_CTX, .block = drafter->cfg.block_size, .taps = taps,
-        .n_taps = drafter->cfg.n_taps, .state = &mem, .feat_ring = (float *)(m->t + l->feat),
+        .n_taps = drafter->cfg.n_taps, .state = &mem, .feat_ring = m->t + l->feat,
         .ring_rows = l->p.ring, .sampler = *smp,
     };
     assert_int_equal(spec_init_cfg(s, tm, &cfg), TD_OK);

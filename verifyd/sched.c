@@ -105,6 +105,8 @@ static td_err sched_attach(sched *s)
             .conv_ch = (uint32_t)hp->conv_ch, .n_taps = (uint32_t)s->cfg.n_taps,
             .n_embd = (uint32_t)hp->n_embd, .n_vocab = (uint32_t)hp->n_vocab,
             .kv_bytes = tgt_kv_bytes(s->cfg.tm),
+            /* a GPU's drafter reads the features rounded to bf16: the ring keeps just that */
+            .feat_bytes = s->cfg.n_taps ? (gpu ? 2 : 4) : 0,
             /* the drafter's context, for kvd's sizing of the pools only */
             .d_layers = s->cfg.d_layers, .d_kv = s->cfg.d_kv, .d_head_dim = s->cfg.d_head_dim,
             .d_kv_bytes = s->cfg.d_layers ? tgt_kv_bytes(s->cfg.tm) : 0,
@@ -242,8 +244,8 @@ static td_err sched_seq_new(sched *s, sched_req *r, const msg_kv_slot *g, sched_
     spec_cfg cfg = {
         .n_ctx = s->cfg.n_ctx, .block = s->cfg.block, .taps = s->cfg.taps,
         .n_taps = s->cfg.n_taps, .state = &mem,
-        .feat_ring = s->cfg.n_taps ? (float *)(base + lay->feat) : NULL,
-        .ring_rows = s->cfg.ring, .sampler = sched_sampler(&gs->sampler),
+        .feat_ring = s->cfg.n_taps ? base + lay->feat : NULL,
+        .ring_rows = s->cfg.ring, .ring_bf16 = lay->p.feat_bytes == 2, .sampler = sched_sampler(&gs->sampler),
         .pen = {.presence = gs->presence_penalty, .frequency = gs->frequency_penalty,
                 .bias_tok = (const int32_t *)gs->bias_tok, .bias = gs->bias,
                 .n_bias = (int32_t)gs->n_bias, .repetition = gs->repetition_penalty,

@@ -86,6 +86,7 @@ td_err spec_init_cfg(spec_seq *s, const tgt_model *tm, const spec_cfg *cfg)
     }
     s->ring = cfg->feat_ring;
     s->ring_rows = cfg->ring_rows;
+    s->ring_bf16 = cfg->ring_bf16;
     int64_t rows = s->block > s->prefill_chunk ? s->block : s->prefill_chunk;
     const ops_backend *be = tm->be;
     size_t fbytes = (size_t)(rows * (s->n_taps ? s->n_taps : 1) * D) * sizeof(float);
@@ -240,12 +241,17 @@ static td_err spec_keep_features(spec_seq *s, int64_t pos0, int64_t n)
     }
     if (s->ring) {
         /* The ring is backend memory too (a kvd pool of the backend's kind): rows stay on the
-         * device; at most two copies, one on each side of the wrap. */
+         * device; at most two copies (or conversions to bf16), one on each side of the wrap. */
         for (int64_t i = 0; i < n;) {
             int64_t r = (pos0 + i) % s->ring_rows;
             int64_t m = n - i < s->ring_rows - r ? n - i : s->ring_rows - r;
-            TD_TRY(be->copy(be, s->ring + (size_t)r * row, s->feat + (size_t)i * row,
-                            (size_t)m * row * sizeof(float)));
+            const float *src = s->feat + (size_t)i * row;
+            if (s->ring_bf16)
+                TD_TRY(be->to_bf16(be, (uint16_t *)s->ring + (size_t)r * row, src,
+                                   (int64_t)((size_t)m * row)));
+            else
+                TD_TRY(be->copy(be, (float *)s->ring + (size_t)r * row, src,
+                                (size_t)m * row * sizeof(float)));
             i += m;
         }
     }

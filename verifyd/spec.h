@@ -61,10 +61,11 @@ typedef struct spec_seq {
     int64_t n_taps;
     float *feat;              /* [block or prefill chunk][n_taps][n_embd] tap outputs
                                * (backend memory) */
-    float *ring;              /* NULL, or [ring_rows][n_taps][n_embd]: features of committed
+    void *ring;               /* NULL, or [ring_rows][n_taps][n_embd]: features of committed
                                * position p go to row p % ring_rows (a drafter elsewhere;
-                               * backend memory) */
+                               * backend memory), f32 or with ring_bf16 bf16 */
     int64_t ring_rows;
+    bool ring_bf16;
     float *logits;            /* [block][n_vocab] target logits of a verify pass (backend) */
     float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory; with the
                                * in-process drafter only, else NULL) */
@@ -116,9 +117,11 @@ typedef struct spec_cfg {
     const int32_t *taps;        /* without dm: [n_taps] target layers whose features are kept */
     int64_t n_taps;
     const tgt_state_mem *state; /* caller memory for the target state (a kvd slot), or NULL */
-    float *feat_ring;           /* NULL, or [ring_rows][n_taps][n_embd] feature ring (memory
-                                 * of the target's backend, like state) */
+    void *feat_ring;            /* NULL, or [ring_rows][n_taps][n_embd] feature ring (memory
+                                 * of the target's backend, like state): f32 elements, or
+                                 * bf16 ones (cpu_to_bf16) with ring_bf16 */
     int64_t ring_rows;
+    bool ring_bf16;
     ops_sampler sampler;
     pen_cfg pen;                /* logit bias and penalties (zero: none) */
     cst_cfg cst;                /* response format (zero: text) */

@@ -211,6 +211,20 @@ static td_err be_cpu_to_f16(const ops_backend *be, uint16_t *out, const float *x
     return TD_OK;
 }
 
+static td_err be_cpu_to_bf16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    (void)be;
+    cpu_to_bf16(out, x, n);
+    return TD_OK;
+}
+
+static td_err be_cpu_from_bf16(const ops_backend *be, float *out, const uint16_t *x, int64_t n)
+{
+    (void)be;
+    cpu_from_bf16(out, x, n);
+    return TD_OK;
+}
+
 static td_err be_cpu_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                                  const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -330,6 +344,8 @@ static const ops_backend be_cpu = {
     .delta_rule = be_cpu_delta_rule,
     .delta_rule_many = be_cpu_delta_rule_many,
     .to_f16 = be_cpu_to_f16,
+    .to_bf16 = be_cpu_to_bf16,
+    .from_bf16 = be_cpu_from_bf16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
     .swiglu_matmul = be_cpu_swiglu_matmul,
     .qk_norm_rope = be_cpu_qk_norm_rope,

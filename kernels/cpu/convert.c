@@ -10,6 +10,20 @@ void cpu_to_f16(uint16_t *out, const float *x, int64_t n)
         out[i] = ops_f32_to_f16(x[i]);
 }
 
+void cpu_to_bf16(uint16_t *out, const float *x, int64_t n)
+{
+    TD_ASSERT(n >= 0 && (n == 0 || (out != NULL && x != NULL)));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = ops_f32_to_bf16(x[i]);
+}
+
+void cpu_from_bf16(float *out, const uint16_t *x, int64_t n)
+{
+    TD_ASSERT(n >= 0 && (n == 0 || (out != NULL && x != NULL)));
+    for (int64_t i = 0; i < n; i++)
+        out[i] = ops_bf16_to_f32(x[i]);
+}
+
 void cpu_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k, const float *v,
                   const int32_t *rows, int64_t n_tok, int64_t row)
 {

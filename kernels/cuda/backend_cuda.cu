@@ -165,6 +165,16 @@ static td_err be_cuda_to_f16(const ops_backend *be, uint16_t *out, const float *
     return cuda_to_f16(out, x, n, be->stream);
 }
 
+static td_err be_cuda_to_bf16(const ops_backend *be, uint16_t *out, const float *x, int64_t n)
+{
+    return cuda_to_bf16(out, x, n, be->stream);
+}
+
+static td_err be_cuda_from_bf16(const ops_backend *be, float *out, const uint16_t *x, int64_t n)
+{
+    return cuda_from_bf16(out, x, n, be->stream);
+}
+
 static td_err be_cuda_add_rmsnorm(const ops_backend *be, float *x, const float *h, float *out,
                                   const float *w, int64_t n_rows, int64_t dim, float eps)
 {
@@ -292,6 +302,8 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->delta_rule = be_cuda_delta_rule;
     be->delta_rule_many = be_cuda_delta_rule_many;
     be->to_f16 = be_cuda_to_f16;
+    be->to_bf16 = be_cuda_to_bf16;
+    be->from_bf16 = be_cuda_from_bf16;
     be->graph_begin = be_cuda_graph_begin;
     be->graph_end = be_cuda_graph_end;
     be->graph_launch = be_cuda_graph_launch;

@@ -154,7 +154,7 @@ msg_kv_attach msg_fixture_kv_attach(void)
                             .n_kv = 2, .head_dim = 16, .n_delta = 6, .n_v_head = 6, .d_k = 16,
                             .d_v = 16, .conv_k = 4, .conv_ch = 160, .n_taps = 3, .n_embd = 32,
                             .d_layers = 2, .d_kv = 2, .d_head_dim = 16, .kv_bytes = 4,
-                            .d_kv_bytes = 2};
+                            .d_kv_bytes = 2, .feat_bytes = 2};
     return m;
 }
 
