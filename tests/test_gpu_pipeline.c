@@ -92,6 +92,16 @@ static int64_t make_prompt(int p, uint32_t *u, int32_t *ip)
     return n;
 }
 
+/* Prompt p (make_prompt) in u and its first gen greedy tokens on the GPU in one process. */
+static int64_t greedy_case(int p, uint32_t *u, int64_t gen, int32_t *want)
+{
+    int32_t ip[32];
+    ops_sampler g0 = {0};
+    const int64_t n = make_prompt(p, u, ip);
+    reference(NULL, ip, n, gen, &g0, want);
+    return n;
+}
+
 static uint64_t start(const uint32_t *prompt, int64_t n, uint32_t max_tokens,
                       const msg_sampler *smp)
 {
@@ -339,10 +349,8 @@ static void test_gpu_pipeline_a_prediction_drafts_the_output(void **ctx)
     (void)ctx;
     enum { GEN = 48 };
     uint32_t p[32], pred[2][GEN];
-    int32_t ip[32], want[GEN];
-    const int64_t n = make_prompt(17, p, ip);
-    ops_sampler g0 = {0};
-    reference(NULL, ip, n, GEN, &g0, want);
+    int32_t want[GEN];
+    const int64_t n = greedy_case(17, p, GEN, want);
     for (int i = 0; i < GEN; i++) {
         pred[0][i] = (uint32_t)want[i];
         pred[1][i] = i % 7 == 6 ? (uint32_t)(want[i] + 1) % (uint32_t)tm->hp.n_vocab
@@ -373,11 +381,9 @@ static void test_gpu_pipeline_kill_draftd_mid_generation_keeps_the_text(void **c
     (void)ctx;
     enum { GEN = 200 };
     uint32_t p[32];
-    int32_t ip[32], want[GEN];
+    int32_t want[GEN];
     msg_sampler greedy = {.top_p = 1.0f};
-    ops_sampler g0 = {0};
-    int64_t n = make_prompt(11, p, ip);
-    reference(NULL, ip, n, GEN, &g0, want);
+    int64_t n = greedy_case(11, p, GEN, want);
     msg_status s0, s1, s2;
     assert_int_equal(pl_status(&pl, &s0), TD_OK);
     uint64_t id = start(p, n, GEN, &greedy);
@@ -469,11 +475,9 @@ static void test_gpu_pipeline_kvd_sizes_its_pools_to_the_gpu(void **ctx)
     assert_non_null(strstr(kvd_log(), "sized the pools to the GPU: 16 slots of 256 positions"));
     enum { GEN = 40 };
     uint32_t p[32];
-    int32_t ip[32], want[GEN];
+    int32_t want[GEN];
     msg_sampler greedy = {.top_p = 1.0f};
-    ops_sampler g0 = {0};
-    int64_t n = make_prompt(31, p, ip);
-    reference(NULL, ip, n, GEN, &g0, want);
+    int64_t n = greedy_case(31, p, GEN, want);
     expect_tokens("greedy on pools sized to the GPU", wait_done(start(p, n, GEN, &greedy)),
                   want, GEN);
 }
