@@ -354,10 +354,7 @@ static void seq_step(sched *s, sched_seq *seq)
     }
     double t0 = seq_now();
     int64_t n = 0;
-    tgt_graph_counts g0, g1;
-    tgt_graph_stats(sp->tm, &g0);
     td_err e = spec_verify(sp, block, B, B > 1 ? q : NULL, out, &n);
-    tgt_graph_stats(sp->tm, &g1);
     double dt = seq_now() - t0;
     if (e != TD_OK) {
         sched_seq_finish(s, seq, MSG_FINISH_ERROR, e);
@@ -365,7 +362,7 @@ static void seq_step(sched *s, sched_seq *seq)
     }
     /* what a drafted (or plain) step cost, unless its proposal failed */
     if (s->cfg.draft_auto && predicted <= 1 && B == want) {
-        const double t = g1.recorded == g0.recorded ? seq_now() - t_step : 0; /* not a graph's */
+        const double t = sp->recorded ? 0 : seq_now() - t_step; /* not a graph's time */
         bp_record(&seq->bp, B, n, t);
         bp_record(&s->bp, B, n, t);
     }

@@ -377,7 +377,12 @@ td_err spec_verify(spec_seq *s, const int32_t *block, int64_t B, const float *q,
                        "positions left", (long long)B, (long long)s->block, (long long)room);
     B = 1 + cst_allowed(&s->cst, block + 1, B - 1);
     double t1 = spec_now();
+    tgt_graph_counts g0, g1;
+    tgt_graph_stats(s->tm, &g0);
+    s->recorded = false;
     TD_TRY(spec_run(s, block, B, B > 1, B > 1));
+    tgt_graph_stats(s->tm, &g1);
+    s->recorded = g1.recorded != g0.recorded;
     TD_TRY(pen_apply(&s->pen, s->tm->be, s->logits, block + 1, B));
     TD_TRY(cst_apply(&s->cst, s->tm->be, s->logits, block + 1, B));
     int64_t a = 0;
@@ -435,11 +440,8 @@ td_err spec_step(spec_seq *s, int32_t *out, int64_t *n_out)
                                 s->ids, block, s->dq));
     }
     s->stats.t_draft += spec_now() - t0;
-    tgt_graph_counts g0, g1;
-    tgt_graph_stats(s->tm, &g0);
     TD_TRY(spec_verify(s, block, B, s->dq, out, n_out));
-    tgt_graph_stats(s->tm, &g1);
     if (s->draft_auto) /* a step that recorded a CUDA graph: its time is not the size's */
-        bp_record(&s->bp, B, *n_out, g1.recorded == g0.recorded ? spec_now() - t0 : 0);
+        bp_record(&s->bp, B, *n_out, s->recorded ? 0 : spec_now() - t0);
     return TD_OK;
 }

@@ -66,6 +66,8 @@ typedef struct spec_seq {
                                * backend memory), f32 or with ring_bf16 bf16 */
     int64_t ring_rows;
     bool ring_bf16;
+    bool recorded;            /* the last spec_verify's target pass recorded a CUDA graph (its
+                               * time is then not the block size's) */
     float *logits;            /* [block][n_vocab] target logits of a verify pass (backend) */
     float *dlogits;           /* [block-1][n_vocab] drafter logits (backend memory; with the
                                * in-process drafter only, else NULL) */
