@@ -198,6 +198,8 @@ int main(int argc, char **argv)
         LOG_ERROR("--device %s: %s", device, err_msg());
         return 1;
     }
+    if (gpu_mem && ordinal < 0)
+        LOG_WARN("--gpu-mem sizes pools on a GPU; these are in host memory (--device cpu)");
     kvd k;
     td_err ie =
         kvd_init(&k, (uint32_t)slots, (uint64_t)gpu_mem << 20, ordinal >= 0 ? &dev : NULL);
