@@ -7,6 +7,13 @@
 #define CVT_THREADS 256
 #define CVT_MAX_BLOCKS 4096
 
+/* Blocks of a grid-strided conversion of n elements. */
+static unsigned cvt_blocks(int64_t n)
+{
+    const long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
+    return (unsigned)(blocks > CVT_MAX_BLOCKS ? CVT_MAX_BLOCKS : blocks);
+}
+
 __global__ void __launch_bounds__(CVT_THREADS)
 to_f16_kernel(bool early, uint16_t *out, const float *x, int64_t n)
 {
@@ -22,10 +29,7 @@ extern "C" td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stre
     if (n == 0)
         return TD_OK;
     TD_ASSERT(out != NULL && x != NULL);
-    long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
-    if (blocks > CVT_MAX_BLOCKS)
-        blocks = CVT_MAX_BLOCKS;
-    return pdl_launch<to_f16_kernel>("to_f16", dim3((unsigned)blocks), dim3(CVT_THREADS), 0, st,
+    return pdl_launch<to_f16_kernel>("to_f16", dim3(cvt_blocks(n)), dim3(CVT_THREADS), 0, st,
                                      out, x, n);
 }
 
@@ -54,12 +58,6 @@ from_bf16_kernel(bool early, float *out, const uint16_t *x, int64_t n)
     const int64_t step = (int64_t)gridDim.x * CVT_THREADS;
     for (int64_t i = (int64_t)blockIdx.x * CVT_THREADS + threadIdx.x; i < n; i += step)
         out[i] = __uint_as_float((uint32_t)x[i] << 16);
-}
-
-static unsigned cvt_blocks(int64_t n)
-{
-    const long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
-    return (unsigned)(blocks > CVT_MAX_BLOCKS ? CVT_MAX_BLOCKS : blocks);
 }
 
 extern "C" td_err cuda_to_bf16(uint16_t *out, const float *x, int64_t n, ops_stream st)
