@@ -79,7 +79,14 @@ static void kvd_conn_serve(kvd *k, int i)
     for (size_t j = 0; j < n_in; j++)
         close(in_fds[j]); /* verifyd's heads: kvd holds its own import */
     if (e != TD_OK) {
-        LOG_WARN("attach refused: %s", err_msg());
+        /* a peer that retries a refused attach gets the same answer: said once, not each time */
+        static char last[MSG_ERROR_MAX + 1];
+        if (strcmp(last, err_msg()) != 0) {
+            LOG_WARN("attach refused: %s", err_msg());
+            snprintf(last, sizeof last, "%s", err_msg());
+        } else {
+            LOG_DEBUG("attach refused again: %s", err_msg());
+        }
         msg_error m = {.code = e};
         snprintf(m.message, sizeof m.message, "%s", err_msg());
         msg_header h;

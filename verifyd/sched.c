@@ -12,6 +12,7 @@
 #include "common/log.h"
 
 #define SCHED_ATTACH_RETRY_MS 250 /* kvd attach attempts while it is away */
+#define SCHED_ATTACH_REFUSED_MS 2000 /* and while it refuses the layout (e.g. no room) */
 #define SCHED_KV_TIMEOUT_MS 2000  /* kv_open / kv_close calls */
 
 static long long sched_now_ms(void)
@@ -169,18 +170,21 @@ static void sched_kvd_check(sched *s)
     if (!s->ready && sched_now_ms() >= s->next_attach_ms) {
         td_err e = sched_attach(s);
         if (e != TD_OK) {
-            /* kvd not (yet) there is normal at start; anything else says what to fix */
-            if (e == TD_ENOENT || e == TD_ECLOSED || e == TD_ETIMEOUT)
-                LOG_DEBUG("kvd attach: %s", err_msg());
-            else
-                LOG_WARN("kvd attach: %s", err_msg());
-            pthread_mutex_lock(&s->lock);
-            snprintf(s->not_ready, sizeof s->not_ready, "%s: %s",
-                     e == TD_ENOENT || e == TD_ECLOSED || e == TD_ETIMEOUT ? "waiting for kvd"
-                                                                          : "kvd attach",
+            /* kvd not (yet) there is normal at start; anything else says what to fix, once
+             * while it stays the same */
+            const bool away = e == TD_ENOENT || e == TD_ECLOSED || e == TD_ETIMEOUT;
+            char why[sizeof s->not_ready];
+            snprintf(why, sizeof why, "%s: %s", away ? "waiting for kvd" : "kvd attach",
                      err_msg());
+            if (away || strcmp(why, s->not_ready) == 0)
+                LOG_DEBUG("%s", why);
+            else
+                LOG_WARN("%s", why);
+            pthread_mutex_lock(&s->lock);
+            memcpy(s->not_ready, why, sizeof why);
             pthread_mutex_unlock(&s->lock);
-            s->next_attach_ms = sched_now_ms() + SCHED_ATTACH_RETRY_MS;
+            s->next_attach_ms =
+                sched_now_ms() + (away ? SCHED_ATTACH_RETRY_MS : SCHED_ATTACH_REFUSED_MS);
         }
     }
 }
