@@ -7,77 +7,64 @@
 #define CVT_THREADS 256
 #define CVT_MAX_BLOCKS 4096
 
-/* Blocks of a grid-strided conversion of n elements. */
-static unsigned cvt_blocks(int64_t n)
-{
-    const long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
-    return (unsigned)(blocks > CVT_MAX_BLOCKS ? CVT_MAX_BLOCKS : blocks);
-}
+/* The conversions, one element each: binary16 and bfloat16 rounded to nearest even with the
+ * CPU's bits (ops_f32_to_f16, ops_f32_to_bf16: a NaN quieted with its high payload kept), and
+ * bfloat16 widened exactly. */
+struct cvt_to_f16 {
+    __device__ uint16_t operator()(float v) const { return __half_as_ushort(__float2half_rn(v)); }
+};
 
+struct cvt_to_bf16 {
+    __device__ uint16_t operator()(float v) const
+    {
+        const uint32_t x = __float_as_uint(v);
+        if ((x & 0x7fffffffu) > 0x7f800000u)
+            return (uint16_t)((x >> 16) | 0x40);
+        return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+    }
+};
+
+struct cvt_from_bf16 {
+    __device__ float operator()(uint16_t h) const { return __uint_as_float((uint32_t)h << 16); }
+};
+
+template <typename O, typename I, typename C>
 __global__ void __launch_bounds__(CVT_THREADS)
-to_f16_kernel(bool early, uint16_t *out, const float *x, int64_t n)
+convert_kernel(bool early, O *out, const I *x, int64_t n)
 {
     pdl_enter(early);
     const int64_t step = (int64_t)gridDim.x * CVT_THREADS;
     for (int64_t i = (int64_t)blockIdx.x * CVT_THREADS + threadIdx.x; i < n; i += step)
-        out[i] = __half_as_ushort(__float2half_rn(x[i]));
+        out[i] = C()(x[i]);
+}
+
+/* out[n] = C(x[n]), grid-strided, a link of the stream's programmatic chain. */
+template <typename O, typename I, typename C>
+static td_err convert(const char *what, O *out, const I *x, int64_t n, ops_stream st)
+{
+    TD_ASSERT(n >= 0);
+    if (n == 0)
+        return TD_OK;
+    TD_ASSERT(out != NULL && x != NULL);
+    const long long blocks = ((long long)n + CVT_THREADS - 1) / CVT_THREADS;
+    return pdl_launch<convert_kernel<O, I, C>>(
+        what, dim3((unsigned)(blocks > CVT_MAX_BLOCKS ? CVT_MAX_BLOCKS : blocks)),
+        dim3(CVT_THREADS), 0, st, out, x, n);
 }
 
 extern "C" td_err cuda_to_f16(uint16_t *out, const float *x, int64_t n, ops_stream st)
 {
-    TD_ASSERT(n >= 0);
-    if (n == 0)
-        return TD_OK;
-    TD_ASSERT(out != NULL && x != NULL);
-    return pdl_launch<to_f16_kernel>("to_f16", dim3(cvt_blocks(n)), dim3(CVT_THREADS), 0, st,
-                                     out, x, n);
-}
-
-/* ops_f32_to_bf16's bits: nearest even, a NaN quieted with its high payload kept. */
-__device__ __forceinline__ uint16_t dev_f32_to_bf16(float f)
-{
-    const uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
-
-__global__ void __launch_bounds__(CVT_THREADS)
-to_bf16_kernel(bool early, uint16_t *out, const float *x, int64_t n)
-{
-    pdl_enter(early);
-    const int64_t step = (int64_t)gridDim.x * CVT_THREADS;
-    for (int64_t i = (int64_t)blockIdx.x * CVT_THREADS + threadIdx.x; i < n; i += step)
-        out[i] = dev_f32_to_bf16(x[i]);
-}
-
-__global__ void __launch_bounds__(CVT_THREADS)
-from_bf16_kernel(bool early, float *out, const uint16_t *x, int64_t n)
-{
-    pdl_enter(early);
-    const int64_t step = (int64_t)gridDim.x * CVT_THREADS;
-    for (int64_t i = (int64_t)blockIdx.x * CVT_THREADS + threadIdx.x; i < n; i += step)
-        out[i] = __uint_as_float((uint32_t)x[i] << 16);
+    return convert<uint16_t, float, cvt_to_f16>("to_f16", out, x, n, st);
 }
 
 extern "C" td_err cuda_to_bf16(uint16_t *out, const float *x, int64_t n, ops_stream st)
 {
-    TD_ASSERT(n >= 0);
-    if (n == 0)
-        return TD_OK;
-    TD_ASSERT(out != NULL && x != NULL);
-    return pdl_launch<to_bf16_kernel>("to_bf16", dim3(cvt_blocks(n)), dim3(CVT_THREADS), 0, st,
-                                      out, x, n);
+    return convert<uint16_t, float, cvt_to_bf16>("to_bf16", out, x, n, st);
 }
 
 extern "C" td_err cuda_from_bf16(float *out, const uint16_t *x, int64_t n, ops_stream st)
 {
-    TD_ASSERT(n >= 0);
-    if (n == 0)
-        return TD_OK;
-    TD_ASSERT(out != NULL && x != NULL);
-    return pdl_launch<from_bf16_kernel>("from_bf16", dim3(cvt_blocks(n)), dim3(CVT_THREADS), 0,
-                                        st, out, x, n);
+    return convert<float, uint16_t, cvt_from_bf16>("from_bf16", out, x, n, st);
 }
 
 /* grid (n_tok, 2): block (t, 0) stores token t's key row, (t, 1) its value row */
