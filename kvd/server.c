@@ -154,7 +154,9 @@ static td_err kvd_gpu_room(const kvd *k, uint64_t reserve, uint64_t *room, char 
         const uint64_t left = k->gpu_mem > used ? k->gpu_mem - used : 0;
         avail = left < free_b ? left : free_b;
     }
-    const uint64_t keep = reserve + KVD_GPU_MARGIN;
+    /* reserve comes from a peer: saturate rather than wrap */
+    const uint64_t keep =
+        reserve > UINT64_MAX - KVD_GPU_MARGIN ? UINT64_MAX : reserve + KVD_GPU_MARGIN;
     *room = avail > keep ? avail - keep : 0;
     char in_all[64];
     if (k->gpu_mem)
