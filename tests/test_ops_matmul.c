@@ -221,7 +221,8 @@ static void test_bf16_storage_is_lossless_for_x_bf16_products(void **s)
     float *x = malloc((size_t)(n * cols) * sizeof *x);
     float *xr = malloc((size_t)(n * cols) * sizeof *xr);
     uint16_t *x16 = malloc((size_t)(n * cols) * sizeof *x16);
-    float *y = malloc((size_t)(n * rows) * sizeof *y), *yr = malloc((size_t)(n * rows) * sizeof *yr);
+    float *y = malloc((size_t)(n * rows) * sizeof *y);
+    float *yr = malloc((size_t)(n * rows) * sizeof *yr);
     fill(w32, rows * cols, 41u, 1.0);
     fill(x, n * cols, 43u, 30.0);
     ops_weight w;
