@@ -117,7 +117,7 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out)
     return TD_OK;
 }
 
-static double kvl_mib(uint64_t bytes)
+double kvl_mib(uint64_t bytes)
 {
     return (double)bytes / (1024.0 * 1024.0);
 }

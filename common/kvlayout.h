@@ -110,6 +110,9 @@ td_err kvl_compute(const kvl_params *p, kvl_layout *out);
  * against the room. */
 td_err kvl_fit(const kvl_params *p, uint64_t room, uint32_t max, uint32_t *slots);
 
+/* bytes in MiB, for messages about the pools' sizes */
+double kvl_mib(uint64_t bytes);
+
 /* True when a and b lay out the target pool (resp. the draft pool) the same way. */
 bool kvl_same_target(const kvl_params *a, const kvl_params *b);
 bool kvl_same_draft(const kvl_params *a, const kvl_params *b);

@@ -136,11 +136,6 @@ static td_err kvd_pool_create(kvd *k, shbuf **out, const char *name, uint64_t by
     return TD_OK;
 }
 
-static double kvd_mib(uint64_t bytes)
-{
-    return (double)bytes / (1024.0 * 1024.0);
-}
-
 /* The room for the pools on the GPU now: its free memory (within gpu_mem of all) less what
  * the drafter still needs (reserve) and KVD_GPU_MARGIN; *why says how it was counted. */
 static td_err kvd_gpu_room(const kvd *k, uint64_t reserve, uint64_t *room, char *why,
@@ -160,12 +155,12 @@ static td_err kvd_gpu_room(const kvd *k, uint64_t reserve, uint64_t *room, char 
     *room = avail > keep ? avail - keep : 0;
     char in_all[64];
     if (k->gpu_mem)
-        snprintf(in_all, sizeof in_all, "%.0f MiB in all, --gpu-mem %.0f", kvd_mib(total_b),
-                 kvd_mib(k->gpu_mem));
+        snprintf(in_all, sizeof in_all, "%.0f MiB in all, --gpu-mem %.0f", kvl_mib(total_b),
+                 kvl_mib(k->gpu_mem));
     else
-        snprintf(in_all, sizeof in_all, "%.0f MiB in all", kvd_mib(total_b));
+        snprintf(in_all, sizeof in_all, "%.0f MiB in all", kvl_mib(total_b));
     snprintf(why, cap, "%.0f MiB free on the GPU (%s), %.0f MiB kept for the drafter and %.0f "
-             "as a margin", kvd_mib(avail), in_all, kvd_mib(reserve), kvd_mib(KVD_GPU_MARGIN));
+             "as a margin", kvl_mib(avail), in_all, kvl_mib(reserve), kvl_mib(KVD_GPU_MARGIN));
     return TD_OK;
 }
 
