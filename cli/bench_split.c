@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/bench_split.h"
+#include "cli/serve_mps.h"
 #include "common/bus.h"
 #include "common/msg.h"
 #include "kernels/backend.h"
@@ -205,31 +206,28 @@ static void bs_rmtree(const char *dir)
     nftw(dir, bs_rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* Child environment: MPS clients of the daemon under mps_dir, or no MPS variables. */
-static void bs_child_env(const char *mps_dir)
+/* Child environment: MPS clients of m's daemon, or (m NULL) no MPS variables. */
+static void bs_child_env(const mps_ctl *m)
 {
-    if (!mps_dir) {
+    if (!m) {
         unsetenv("CUDA_MPS_PIPE_DIRECTORY");
         unsetenv("CUDA_MPS_LOG_DIRECTORY");
         return;
     }
-    char p[512];
-    snprintf(p, sizeof p, "%s/pipe", mps_dir);
-    setenv("CUDA_MPS_PIPE_DIRECTORY", p, 1);
-    snprintf(p, sizeof p, "%s/log", mps_dir);
-    setenv("CUDA_MPS_LOG_DIRECTORY", p, 1);
+    setenv("CUDA_MPS_PIPE_DIRECTORY", m->pipe_dir, 1);
+    setenv("CUDA_MPS_LOG_DIRECTORY", m->log_dir, 1);
 }
 
 /* fork + exec at once (NNG and CUDA are never used in a forked child before exec); out_fd
  * gets the child's stdout when non-NULL. */
-static pid_t bs_spawn(char *const argv[], const char *mps_dir, int *out_fd)
+static pid_t bs_spawn(char *const argv[], const mps_ctl *mps, int *out_fd)
 {
     int fds[2] = {-1, -1};
     if (out_fd && pipe(fds) != 0)
         return -1;
     pid_t pid = fork();
     if (pid == 0) {
-        bs_child_env(mps_dir);
+        bs_child_env(mps);
         if (out_fd) {
             dup2(fds[1], STDOUT_FILENO);
             close(fds[0]);
@@ -282,7 +280,7 @@ static void bs_read(int fd, char *buf, size_t cap)
     buf[n] = 0;
 }
 
-static void bs_pair(int device, int calls, int block, const char *mps_dir, bsplit_result *res)
+static void bs_pair(int device, int calls, int block, const mps_ctl *mps, bsplit_result *res)
 {
     memset(res, 0, sizeof *res);
     char rt[] = "/tmp/tandem-split-XXXXXX";
@@ -304,8 +302,8 @@ static void bs_pair(int device, int calls, int block, const char *mps_dir, bspli
         char *cli[] = {"/proc/self/exe", "bench", "--split-client", url, "--device", dev,
                        "--iters", n_calls, "--split-block", n_block, NULL};
         int fd = -1;
-        pid_t s = bs_spawn(srv, mps_dir, NULL);
-        pid_t c = s > 0 ? bs_spawn(cli, mps_dir, &fd) : -1;
+        pid_t s = bs_spawn(srv, mps, NULL);
+        pid_t c = s > 0 ? bs_spawn(cli, mps, &fd) : -1;
         char line[512] = "";
         int s_status = -1;
         if (c > 0) {
@@ -341,81 +339,11 @@ static void bs_pair(int device, int calls, int block, const char *mps_dir, bspli
     bs_rmtree(rt);
 }
 
-/* Runs nvidia-cuda-mps-control with the private directories of mps_dir; input, when given,
- * goes to its stdin. Returns its exit status (127: not installed). */
-static int bs_mps_control(const char *mps_dir, const char *arg, const char *input)
-{
-    int fds[2] = {-1, -1};
-    if (input && pipe(fds) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        bs_child_env(mps_dir);
-        if (input) {
-            dup2(fds[0], STDIN_FILENO);
-            close(fds[0]);
-            close(fds[1]);
-        }
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
-            dup2(null, STDOUT_FILENO);
-            dup2(null, STDERR_FILENO);
-        }
-        execlp("nvidia-cuda-mps-control", "nvidia-cuda-mps-control", arg, (char *)NULL);
-        _exit(127);
-    }
-    if (input) {
-        close(fds[0]);
-        if (pid > 0) {
-            ssize_t w = write(fds[1], input, strlen(input));
-            (void)w; /* a control program that went away reports it in its status */
-        }
-        close(fds[1]);
-    }
-    if (pid < 0)
-        return -1;
-    int st = bs_reap(pid, 10000);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static bool bs_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
-/* Starts a control daemon of our own (pipe and log directories under a fresh mps_dir). */
-static bool bs_mps_start(char *mps_dir, size_t cap, char *why, size_t why_cap)
-{
-    snprintf(mps_dir, cap, "/tmp/tandem-mps-XXXXXX");
-    if (!mkdtemp(mps_dir)) {
-        snprintf(why, why_cap, "mkdtemp: %s", strerror(errno));
-        return false;
-    }
-    char p[600];
-    snprintf(p, sizeof p, "%s/pipe", mps_dir);
-    mkdir(p, 0700);
-    snprintf(p, sizeof p, "%s/log", mps_dir);
-    mkdir(p, 0700);
-    int rc = bs_mps_control(mps_dir, "-d", NULL);
-    snprintf(p, sizeof p, "%s/pipe/control", mps_dir);
-    for (int i = 0; rc == 0 && i < 200 && !bs_exists(p); i++)
-        usleep(10000);
-    if (rc == 0 && bs_exists(p))
-        return true;
-    if (rc == 127)
-        snprintf(why, why_cap, "nvidia-cuda-mps-control is not installed");
-    else
-        snprintf(why, why_cap, "nvidia-cuda-mps-control -d failed (status %d)", rc);
-    bs_rmtree(mps_dir);
-    return false;
-}
-
 /* The last line of the MPS server's log (why a client could not connect), or "". */
-static void bs_mps_log_tail(const char *mps_dir, char *out, size_t cap)
+static void bs_mps_log_tail(const mps_ctl *m, char *out, size_t cap)
 {
-    char p[600], line[512];
-    snprintf(p, sizeof p, "%s/log/server.log", mps_dir);
+    char p[PATH_MAX + 16], line[512];
+    snprintf(p, sizeof p, "%s/server.log", m->log_dir);
     out[0] = 0;
     FILE *f = fopen(p, "r");
     if (!f)
@@ -434,16 +362,6 @@ static void bs_mps_log_tail(const char *mps_dir, char *out, size_t cap)
         out[n - 1] = 0;
 }
 
-static void bs_mps_stop(const char *mps_dir)
-{
-    bs_mps_control(mps_dir, NULL, "quit\n");
-    char p[600];
-    snprintf(p, sizeof p, "%s/pipe/control", mps_dir);
-    for (int i = 0; i < 500 && bs_exists(p); i++)
-        usleep(10000);
-    bs_rmtree(mps_dir);
-}
-
 void bsplit_measure(int device, int calls, int block, bsplit_result *plain, bsplit_result *mps)
 {
     bs_pair(device, calls, block, NULL, plain);
@@ -456,17 +374,27 @@ void bsplit_measure(int device, int calls, int block, bsplit_result *plain, bspl
         snprintf(mps->why, sizeof mps->why, "no CUDA device: MPS does not apply");
         return;
     }
-    char dir[256];
-    if (!bs_mps_start(dir, sizeof dir, mps->why, sizeof mps->why))
+    char dir[] = "/tmp/tandem-mps-XXXXXX";
+    if (!mkdtemp(dir)) {
+        snprintf(mps->why, sizeof mps->why, "mkdtemp: %s", strerror(errno));
         return;
-    bs_pair(device, calls, block, dir, mps);
-    if (mps->measured && !mps->gpu) {
-        /* Without the device the pair measured messages only: not an MPS number. */
-        char tail[256];
-        bs_mps_log_tail(dir, tail, sizeof tail);
-        mps->measured = false;
-        snprintf(mps->why, sizeof mps->why, "the MPS clients could not open the CUDA device%s%.150s",
-                 *tail ? "; MPS server log: " : "", tail);
     }
-    bs_mps_stop(dir);
+    mps_ctl m;
+    if (mps_start(&m, dir, dir) != TD_OK) {
+        snprintf(mps->why, sizeof mps->why, "%s", err_msg());
+    } else if (m.mode != MPS_MODE_OWN) {
+        snprintf(mps->why, sizeof mps->why, "%.200s", m.why);
+    } else {
+        bs_pair(device, calls, block, &m, mps);
+        if (mps->measured && !mps->gpu) {
+            /* Without the device the pair measured messages only: not an MPS number. */
+            char tail[256];
+            bs_mps_log_tail(&m, tail, sizeof tail);
+            mps->measured = false;
+            snprintf(mps->why, sizeof mps->why, "the MPS clients could not open the CUDA "
+                     "device%s%.150s", *tail ? "; MPS server log: " : "", tail);
+        }
+    }
+    mps_free(&m);
+    bs_rmtree(dir);
 }

@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,8 +20,10 @@
 
 #define MPS_PROGRAM "nvidia-cuda-mps-control"
 #define MPS_RUN_WAIT_MS 10000  /* the control program returns at once; killed after this */
-#define MPS_SOCKET_WAIT_MS 5000 /* the daemon creates <pipe>/control within this */
+#define MPS_SOCKET_WAIT_MS 5000 /* the daemon listens on <pipe>/control within this */
+#define MPS_QUIT_WAIT_MS 10000 /* and is gone within this of a quit */
 #define MPS_SUN_PATH_MAX 107   /* AF_UNIX path bytes: <pipe>/control must fit */
+#define MPS_PID_FILE "nvidia-cuda-mps-control.pid"
 
 static const char PIPE_VAR[] = "CUDA_MPS_PIPE_DIRECTORY";
 static const char LOG_VAR[] = "CUDA_MPS_LOG_DIRECTORY";
@@ -30,16 +34,48 @@ static void mps_sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static bool mps_exists(const char *path)
+/* Whether a control daemon listens on pipe_dir/control. The file alone says nothing: the
+ * daemon leaves its socket behind when it quits. */
+static bool mps_listening(const char *pipe_dir)
 {
-    struct stat st;
-    return stat(path, &st) == 0;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int n = snprintf(a.sun_path, sizeof a.sun_path, "%s/control", pipe_dir);
+    if (n < 0 || (size_t)n >= sizeof a.sun_path)
+        return false;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool up = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return up;
 }
 
-/* Waits up to ms for path to exist (want true) or to be gone (want false). */
-static bool mps_wait_path(const char *path, bool want, int ms)
+/* Whether the process named by pipe_dir's pid file lives: the daemon writes the file when it
+ * starts and removes it when it has quit. */
+static bool mps_pid_alive(const char *pipe_dir)
 {
-    for (int waited = 0; mps_exists(path) != want; waited += 10) {
+    char path[PATH_MAX + sizeof MPS_PID_FILE + 1];
+    snprintf(path, sizeof path, "%s/%s", pipe_dir, MPS_PID_FILE);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    long pid = 0;
+    if (fscanf(f, "%ld", &pid) != 1)
+        pid = 0;
+    fclose(f);
+    return pid > 0 && pid <= INT_MAX && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
+static bool mps_running(const char *pipe_dir)
+{
+    return mps_listening(pipe_dir) || mps_pid_alive(pipe_dir);
+}
+
+/* Waits up to ms for the daemon of pipe_dir to listen (want true) or to be gone (want false). */
+static bool mps_wait(const char *pipe_dir, bool want, int ms)
+{
+    for (int waited = 0; (want ? mps_listening(pipe_dir) : mps_running(pipe_dir)) != want;
+         waited += 10) {
         if (waited >= ms)
             return false;
         mps_sleep_ms(10);
@@ -172,19 +208,22 @@ static int mps_control(const mps_ctl *m, const char *exe, const char *arg, const
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Tells the daemon of m's pipe directory to quit and waits for its socket to go. */
+/* Tells the daemon of m's pipe directory to quit, waits for it to be gone and removes the
+ * socket it leaves. */
 static void mps_quit(const mps_ctl *m, const char *exe)
 {
     char sock[PATH_MAX + 16];
     snprintf(sock, sizeof sock, "%s/control", m->pipe_dir);
     int rc = mps_control(m, exe, NULL, "quit\n");
-    if (rc != 0)
+    if (rc != 0) {
         LOG_WARN("'echo quit | %s' exited with status %d (see %s)", MPS_PROGRAM, rc, m->out_log);
-    else if (!mps_wait_path(sock, false, MPS_SOCKET_WAIT_MS))
+    } else if (!mps_wait(m->pipe_dir, false, MPS_QUIT_WAIT_MS)) {
         LOG_WARN("the MPS control daemon of %s did not quit in %d ms", m->pipe_dir,
-                 MPS_SOCKET_WAIT_MS);
-    else
+                 MPS_QUIT_WAIT_MS);
+    } else {
+        unlink(sock);
         LOG_INFO("MPS control daemon stopped");
+    }
 }
 
 static void mps_warn(const mps_ctl *m)
@@ -224,7 +263,7 @@ static td_err mps_start_own(mps_ctl *m, const char *run_dir)
     }
     TD_TRY(mps_env_own(m));
     snprintf(sock, sizeof sock, "%s/control", m->pipe_dir);
-    if (mps_exists(sock)) {
+    if (mps_running(m->pipe_dir)) {
         /* An earlier supervisor of this runtime directory was killed before it could stop
          * its daemon (this one holds the control socket, so no other runs here). */
         LOG_WARN("an MPS control daemon was left in %s; telling it to quit", m->pipe_dir);
@@ -237,8 +276,8 @@ static td_err mps_start_own(mps_ctl *m, const char *run_dir)
     else if (rc != 0)
         snprintf(m->why, sizeof m->why, "%s -d exited with status %d; its output is in %s",
                  MPS_PROGRAM, rc, m->out_log);
-    else if (!mps_wait_path(sock, true, MPS_SOCKET_WAIT_MS))
-        snprintf(m->why, sizeof m->why, "%s -d created no control socket %s in %d ms; see %s "
+    else if (!mps_wait(m->pipe_dir, true, MPS_SOCKET_WAIT_MS))
+        snprintf(m->why, sizeof m->why, "%s -d left no daemon listening on %s in %d ms; see %s "
                  "and %s/control.log", MPS_PROGRAM, sock, MPS_SOCKET_WAIT_MS, m->out_log,
                  m->log_dir);
     else
@@ -246,6 +285,17 @@ static td_err mps_start_own(mps_ctl *m, const char *run_dir)
     if (m->mode != MPS_MODE_OWN)
         mps_env_drop(m);
     return TD_OK;
+}
+
+td_err mps_start(mps_ctl *m, const char *run_dir, const char *logs_dir)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->out_log, sizeof m->out_log, "%s/mps.log", logs_dir);
+    TD_TRY(mps_start_own(m, run_dir));
+    if (m->mode == MPS_MODE_OWN)
+        return TD_OK;
+    m->pipe_dir[0] = m->log_dir[0] = '\0';
+    return mps_env_build(m, true);
 }
 
 td_err mps_init(mps_ctl *m, bool gpu, bool no_mps, const char *run_dir, const char *logs_dir)
@@ -267,25 +317,23 @@ td_err mps_init(mps_ctl *m, bool gpu, bool no_mps, const char *run_dir, const ch
     if (user && *user) {
         m->mode = MPS_MODE_USER;
         snprintf(m->pipe_dir, sizeof m->pipe_dir, "%s", user);
-        char sock[PATH_MAX + 16];
-        snprintf(sock, sizeof sock, "%s/control", user);
-        if (!mps_exists(sock)) {
-            snprintf(m->why, sizeof m->why, "no control socket %s when serve started", sock);
-            LOG_WARN("%s=%s names no running MPS control daemon (no %s): the services run "
-                     "without MPS until one starts there, and each draft/verify round trip "
-                     "pays a GPU context switch (about 290 us on an H200, about 10 us under "
-                     "MPS)", PIPE_VAR, user, sock);
+        if (!mps_listening(user)) {
+            snprintf(m->why, sizeof m->why, "no daemon listened on %s/control when serve "
+                     "started", user);
+            LOG_WARN("%s=%s names no running MPS control daemon (none listens on %s/control): "
+                     "the services run without MPS until one starts there, and each "
+                     "draft/verify round trip pays a GPU context switch (about 290 us on an "
+                     "H200, about 10 us under MPS)", PIPE_VAR, user, user);
         } else {
             LOG_INFO("MPS: the services are clients of the control daemon of %s=%s (not "
                      "started or stopped here)", PIPE_VAR, user);
         }
         return mps_env_build(m, false);
     }
-    TD_TRY(mps_start_own(m, run_dir));
+    TD_TRY(mps_start(m, run_dir, logs_dir));
     if (m->mode == MPS_MODE_OFF) {
-        m->pipe_dir[0] = m->log_dir[0] = '\0';
         mps_warn(m);
-        return mps_env_build(m, true);
+        return TD_OK;
     }
     LOG_INFO("MPS control daemon started; the GPU services are its clients (pipes in %s, its "
              "logs in %s)", m->pipe_dir, m->log_dir);

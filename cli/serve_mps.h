@@ -3,7 +3,8 @@
  * draft/verify round trip on an H200, against about 10 us when verifyd and draftd are clients
  * of one MPS server. So with a cuda device the supervisor starts `nvidia-cuda-mps-control -d`
  * with private pipe and log directories under its runtime directory, gives the services an
- * environment naming them, and tells the daemon to quit when it stops. A daemon the user
+ * environment naming them, and tells the daemon to quit when it stops (and waits for it to be
+ * gone: its pid file removed, nothing listening on its control socket). A daemon the user
  * already runs (CUDA_MPS_PIPE_DIRECTORY set) is used and left alone. Where MPS cannot be had,
  * the services run without it and a warning says what that costs. */
 #ifndef TANDEM_CLI_SERVE_MPS_H
@@ -39,6 +40,11 @@ typedef struct mps_ctl {
  * run_dir by an earlier supervisor that was killed is told to quit first. Failing to get MPS
  * is not an error (mode OFF, with a warning logged); TD_ENOMEM is. */
 td_err mps_init(mps_ctl *m, bool gpu, bool no_mps, const char *run_dir, const char *logs_dir);
+
+/* Starts a control daemon of m's own under run_dir/mps, whatever the environment names (the
+ * control program's output goes to logs_dir/mps.log): mode OWN, or OFF with m->why and
+ * nothing logged. mps_init's way for serve; tandem bench's split measurement calls it. */
+td_err mps_start(mps_ctl *m, const char *run_dir, const char *logs_dir);
 
 /* Tells an OWN daemon to quit (the services, its clients, must have stopped) and frees the
  * environment. Safe on a zeroed or already freed mps_ctl. */

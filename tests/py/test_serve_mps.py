@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -34,19 +35,65 @@ trap 'echo "$name stopped" >> "$FAKE_REC/events"; exit 0' TERM
 while :; do sleep 0.05 & wait $!; done
 """
 
-FAKE_MPS = r"""#!/bin/sh
-PATH=/usr/bin:/bin
-env="pipe=${CUDA_MPS_PIPE_DIRECTORY-<unset>} log=${CUDA_MPS_LOG_DIRECTORY-<unset>}"
-if [ "$1" = -d ]; then
-    echo "start $env" >> "$FAKE_REC/events"
-    if [ "${FAKE_MPS_RC:-0}" != 0 ]; then echo "fake mps: cannot start" >&2; exit "$FAKE_MPS_RC"; fi
-    [ -n "$FAKE_MPS_NO_SOCKET" ] || : > "$CUDA_MPS_PIPE_DIRECTORY/control"
-    exit 0
-fi
-read -r cmd
-echo "$cmd $env" >> "$FAKE_REC/events"
-[ "$cmd" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
-exit 0
+FAKE_MPS = r"""#!/usr/bin/env python3
+# As the real control program: -d starts a daemon that listens on <pipe>/control and writes
+# <pipe>/nvidia-cuda-mps-control.pid; a command read on stdin goes to it over the socket; on
+# "quit" the daemon removes its pid file and exits, leaving its socket file behind.
+import os, socket, sys
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "<unset>")
+env = f"pipe={pipe} log={os.environ.get('CUDA_MPS_LOG_DIRECTORY', '<unset>')}"
+rec = os.environ["FAKE_REC"]
+sock_path = os.path.join(pipe, "control")
+pid_path = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
+
+def note(path, line):
+    with open(os.path.join(rec, path), "a") as f:
+        f.write(line + "\n")
+
+def daemon():
+    s = socket.socket(socket.AF_UNIX)
+    if os.path.exists(sock_path):
+        os.unlink(sock_path)
+    s.bind(sock_path)
+    s.listen(8)
+    with open(pid_path + ".tmp", "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.rename(pid_path + ".tmp", pid_path)
+    note("daemons", str(os.getpid()))
+    while True:
+        c, _ = s.accept()
+        c.settimeout(5)
+        try:
+            cmd = c.recv(64).decode().strip()
+        except OSError:
+            cmd = ""
+        c.close()
+        if cmd == "quit" and not os.environ.get("FAKE_MPS_STUCK"):
+            os.unlink(pid_path)
+            os._exit(0)
+
+if sys.argv[1:] == ["-d"]:
+    note("events", f"start {env}")
+    if os.environ.get("FAKE_MPS_RC", "0") != "0":
+        print("fake mps: cannot start", file=sys.stderr)
+        sys.exit(int(os.environ["FAKE_MPS_RC"]))
+    if os.environ.get("FAKE_MPS_NO_DAEMON"):
+        sys.exit(0)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            daemon()
+        os._exit(0)
+    sys.exit(0)
+cmd = sys.stdin.readline().strip()
+note("events", f"{cmd} {env}")
+s = socket.socket(socket.AF_UNIX)
+s.connect(sock_path)
+s.sendall(cmd.encode() + b"\n")
+s.close()
 """
 
 
@@ -85,11 +132,32 @@ def world(tandem):
     for name in SERVICES:  # stand-ins a killed supervisor left behind
         rec = w["rec"] / f"{name}.txt"
         if rec.exists():
-            try:
-                os.kill(int(read_record(rec)["pid"]), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
+            kill(read_record(rec)["pid"])
+    for pid in daemons(w):  # stand-in daemons that were not told to quit
+        kill(pid)
     shutil.rmtree(top, ignore_errors=True)
+
+
+def kill(pid):
+    try:
+        os.kill(int(pid), signal.SIGKILL)
+    except (ProcessLookupError, ValueError):
+        pass
+
+
+def alive(pid):
+    """Whether pid runs (a zombie nobody has reaped yet does not)."""
+    try:
+        stat = pathlib.Path(f"/proc/{int(pid)}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def daemons(w):
+    """Pids of the stand-in daemons started so far."""
+    path = w["rec"] / "daemons"
+    return path.read_text().split() if path.exists() else []
 
 
 def base_env(w, path=None):
@@ -174,7 +242,11 @@ def test_cuda_services_are_clients_of_a_private_mps_daemon_stopped_after_them(wo
     assert ev[0] == f"start pipe={pipe} log={log}"
     assert sorted(ev[1:4]) == sorted(f"{n} stopped" for n in SERVICES)  # clients go first
     assert ev[4:] == [f"quit pipe={pipe} log={log}"]
+    [daemon] = daemons(w)
+    assert not alive(daemon)  # gone before serve exits, and its leftover socket with it
+    assert not (pipe / "nvidia-cuda-mps-control.pid").exists()
     assert not (pipe / "control").exists()
+    assert "MPS control daemon stopped" in serve_log(w)
     assert not (w["rt"] / "serve-info.txt").exists()
 
 
@@ -228,17 +300,17 @@ def test_mps_daemon_that_exits_non_zero_gives_a_warning_and_is_not_told_to_quit(
     assert sorted(ev[1:]) == sorted(f"{n} stopped" for n in SERVICES)  # no quit
 
 
-def test_mps_daemon_without_a_control_socket_gives_a_warning_and_services_without_mps(world):
+def test_mps_daemon_that_never_listens_gives_a_warning_and_services_without_mps(world):
     w = world
     env = base_env(w)
-    env["FAKE_MPS_NO_SOCKET"] = "1"
+    env["FAKE_MPS_NO_DAEMON"] = "1"
     p = start_serve(w, "--device", "cuda:0", env=env)
     recs = wait_services(w, p)
     for name, rec in recs.items():
         assert (rec["pipe"], rec["log"]) == ("<unset>", "<unset>"), name
     pipe, log = w["rt"] / "mps" / "pipe", w["rt"] / "mps" / "log"
     mps_log = w["rt"] / "logs" / "mps.log"
-    assert (f"running without MPS (nvidia-cuda-mps-control -d created no control socket "
+    assert (f"running without MPS (nvidia-cuda-mps-control -d left no daemon listening on "
             f"{pipe}/control in 5000 ms; see {mps_log} and {log}/control.log): {WARNING}"
             in serve_log(w))
     stop_serve(w, p)
@@ -264,22 +336,49 @@ def test_no_mps_starts_no_daemon_and_drops_inherited_mps_variables(world):
     assert sorted(events(w)) == sorted(f"{n} stopped" for n in SERVICES)
 
 
+def user_env(w, user_pipe):
+    env = base_env(w)
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(user_pipe)
+    env["CUDA_MPS_LOG_DIRECTORY"] = str(w["top"] / "user-log")
+    return env
+
+
 def test_users_own_mps_daemon_is_used_and_left_running(world):
     w = world
-    user_pipe, user_log = w["top"] / "user-pipe", w["top"] / "user-log"
+    user_pipe = w["top"] / "user-pipe"
     user_pipe.mkdir()
-    (user_pipe / "control").write_bytes(b"")
-    env = base_env(w)
-    env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"] = str(user_pipe), str(user_log)
-    p = start_serve(w, "--device", "cuda:2", env=env)
+    listener = socket.socket(socket.AF_UNIX)  # the user's daemon, as far as serve can tell
+    listener.bind(str(user_pipe / "control"))
+    listener.listen(8)
+    p = start_serve(w, "--device", "cuda:2", env=user_env(w, user_pipe))
     recs = wait_services(w, p)
     for name, rec in recs.items():
-        assert (rec["pipe"], rec["log"]) == (str(user_pipe), str(user_log)), name
+        assert (rec["pipe"], rec["log"]) == (str(user_pipe), str(w["top"] / "user-log")), name
     assert f"mps: in use: the user's control daemon, pipes in {user_pipe}" in status(w)
     stop_serve(w, p)
     assert sorted(events(w)) == sorted(f"{n} stopped" for n in SERVICES)  # no start, no quit
     assert (user_pipe / "control").exists()
     assert not (w["rt"] / "mps").exists()
+    listener.close()
+
+
+def test_users_pipe_directory_with_a_leftover_socket_only_gets_a_warning(world):
+    w = world
+    user_pipe = w["top"] / "user-pipe"
+    user_pipe.mkdir()
+    gone = socket.socket(socket.AF_UNIX)  # a daemon that has quit leaves its socket file
+    gone.bind(str(user_pipe / "control"))
+    gone.close()
+    p = start_serve(w, "--device", "cuda:0", env=user_env(w, user_pipe))
+    recs = wait_services(w, p)
+    for name, rec in recs.items():  # still its clients: the daemon may start there later
+        assert rec["pipe"] == str(user_pipe), name
+    assert (f"CUDA_MPS_PIPE_DIRECTORY={user_pipe} names no running MPS control daemon (none "
+            f"listens on {user_pipe}/control)") in serve_log(w)
+    assert (f"mps: in use: the user's control daemon, pipes in {user_pipe} (no daemon "
+            f"listened on {user_pipe}/control when serve started)") in status(w)
+    stop_serve(w, p)
+    assert sorted(events(w)) == sorted(f"{n} stopped" for n in SERVICES)
 
 
 def test_daemon_of_a_killed_supervisor_is_told_to_quit_by_the_next_one(world):
@@ -294,13 +393,51 @@ def test_daemon_of_a_killed_supervisor_is_told_to_quit_by_the_next_one(world):
     (w["rec"] / "events").unlink()
     for name in SERVICES:
         (w["rec"] / f"{name}.txt").unlink()
-    assert (pipe / "control").exists()
+    [orphan] = daemons(w)
+    assert alive(orphan)
     p = start_serve(w, "--device", "cuda")
     wait_services(w, p)
     assert events(w) == [f"quit pipe={pipe} log={log}", f"start pipe={pipe} log={log}"]
     assert f"an MPS control daemon was left in {pipe}; telling it to quit" in serve_log(w)
+    assert not alive(orphan)
     stop_serve(w, p)
     assert events(w)[-1] == f"quit pipe={pipe} log={log}"
+    assert not any(alive(d) for d in daemons(w))
+
+
+def test_socket_and_pid_file_of_a_daemon_that_is_gone_are_no_daemon(world):
+    """What a daemon killed outright leaves: its socket and its pid file, naming no process."""
+    w = world
+    pipe, log = w["rt"] / "mps" / "pipe", w["rt"] / "mps" / "log"
+    pipe.mkdir(parents=True, mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{dead.pid}\n")
+    gone = socket.socket(socket.AF_UNIX)
+    gone.bind(str(pipe / "control"))
+    gone.close()
+    p = start_serve(w, "--device", "cuda")
+    recs = wait_services(w, p)
+    assert events(w) == [f"start pipe={pipe} log={log}"]  # nothing told to quit
+    assert "was left" not in serve_log(w)
+    for name, rec in recs.items():
+        assert rec["pipe"] == str(pipe), name
+    stop_serve(w, p)
+    assert events(w)[-1] == f"quit pipe={pipe} log={log}"
+    assert not (pipe / "control").exists()
+
+
+def test_daemon_that_does_not_quit_gives_a_warning(world):
+    w = world
+    env = base_env(w)
+    env["FAKE_MPS_STUCK"] = "1"
+    p = start_serve(w, "--device", "cuda", env=env)
+    wait_services(w, p)
+    stop_serve(w, p)
+    pipe = w["rt"] / "mps" / "pipe"
+    assert f"the MPS control daemon of {pipe} did not quit in 10000 ms" in serve_log(w)
+    assert "MPS control daemon stopped" not in serve_log(w)
+    assert (pipe / "control").exists()  # not removed under a daemon that may still use it
 
 
 @pytest.mark.parametrize("device,message", [
