@@ -35,19 +35,29 @@ static void mps_sleep_ms(int ms)
 }
 
 /* Whether a control daemon listens on pipe_dir/control. The file alone says nothing: the
- * daemon leaves its socket behind when it quits. */
+ * daemon leaves its socket behind when it quits. The socket is a SOCK_SEQPACKET one (a
+ * stream connection is refused with EPROTOTYPE); the daemon logs a connection that sends no
+ * credentials and goes on. */
 static bool mps_listening(const char *pipe_dir)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     int n = snprintf(a.sun_path, sizeof a.sun_path, "%s/control", pipe_dir);
     if (n < 0 || (size_t)n >= sizeof a.sun_path)
         return false;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    bool up = connect(fd, (const struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return up;
+    static const int types[] = {SOCK_SEQPACKET, SOCK_STREAM};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        int fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return false;
+        int rc = connect(fd, (const struct sockaddr *)&a, sizeof a);
+        int e = errno;
+        close(fd);
+        if (rc == 0)
+            return true;
+        if (e != EPROTOTYPE)
+            return false;
+    }
+    return false;
 }
 
 /* Whether the process named by pipe_dir's pid file lives: the daemon writes the file when it

@@ -112,6 +112,12 @@ td_err cudrv_device_bind(const cudrv_device *dev)
     return cudrv_load();
 }
 
+td_err cudrv_ctx_lean(const cudrv_device *dev)
+{
+    (void)dev;
+    return cudrv_load();
+}
+
 #else /* TANDEM_HAVE_CUDA */
 
 #include <cudaTypedefs.h>
@@ -145,6 +151,7 @@ typedef struct cudrv_sym {
     X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000)                          \
     X(cuCtxSetCurrent, cuCtxSetCurrent, 4000)                                                  \
     X(cuCtxSynchronize, cuCtxSynchronize, 2000)                                                \
+    X(cuCtxSetLimit, cuCtxSetLimit, 3010)                                                      \
     X(cuMemGetInfo, cuMemGetInfo_v2, 3020)                                                     \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 10020)                     \
     X(cuMemCreate, cuMemCreate, 10020)                                                         \
@@ -385,6 +392,16 @@ td_err cudrv_device_bind(const cudrv_device *dev)
 {
     TD_ASSERT(dev && dev->ctx);
     return cudrv_check(cudrv_get()->cuCtxSetCurrent((CUcontext)dev->ctx), "cuCtxSetCurrent");
+}
+
+td_err cudrv_ctx_lean(const cudrv_device *dev)
+{
+    TD_TRY(cudrv_device_bind(dev));
+    const cudrv_api *api = cudrv_get();
+    TD_TRY(cudrv_check(api->cuCtxSetLimit(CU_LIMIT_STACK_SIZE, CUDRV_LEAN_STACK),
+                       "cuCtxSetLimit(stack)"));
+    TD_TRY(cudrv_check(api->cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 0), "cuCtxSetLimit(heap)"));
+    return cudrv_check(api->cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 0), "cuCtxSetLimit(printf)");
 }
 
 td_err cudrv_mem_info(const cudrv_device *dev, uint64_t *free_bytes, uint64_t *total_bytes)

@@ -56,6 +56,13 @@ void cudrv_device_close(cudrv_device *dev);
 /* Makes the device's primary context current on the calling thread. */
 td_err cudrv_device_bind(const cudrv_device *dev);
 
+/* Gives back what the device's primary context holds for kernels a process that launches
+ * none of its own never uses: the per-thread stack reserved for every thread the GPU can hold
+ * (1 KiB each by default: ~270 MiB on an H100), the device malloc heap and the printf buffer.
+ * A kernel that needs more stack than the limit raises it when launched. */
+#define CUDRV_LEAN_STACK 16 /* bytes per thread */
+td_err cudrv_ctx_lean(const cudrv_device *dev);
+
 /* Bytes of the device's memory free now (to every process) and in all (cuMemGetInfo in its
  * primary context, made current on the calling thread). */
 td_err cudrv_mem_info(const cudrv_device *dev, uint64_t *free_bytes, uint64_t *total_bytes);
@@ -88,6 +95,7 @@ typedef struct cudrv_api {
     CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice dev);
     CUresult (*cuCtxSetCurrent)(CUcontext ctx);
     CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuCtxSetLimit)(CUlimit limit, size_t value);
     CUresult (*cuMemGetInfo_v2)(size_t *free_bytes, size_t *total_bytes);
 
     /* Virtual memory management: shareable allocations. */

@@ -23,6 +23,9 @@ td_err kvd_init(kvd *k, uint32_t slots, uint64_t gpu_mem, const cudrv_device *de
     if (dev) {
         TD_TRY(cudrv_device_open_uuid(&k->dev, dev->uuid));
         k->kind = SHBUF_KIND_CUDA;
+        /* kvd launches no kernels: the stack its context would reserve is room for slots */
+        if (cudrv_ctx_lean(&k->dev) != TD_OK)
+            LOG_WARN("the CUDA context keeps its default limits: %s", err_msg());
     }
     for (int i = 0; i < KVD_CONNS_MAX; i++)
         k->conns[i].fd = -1;

@@ -51,7 +51,7 @@ def note(path, line):
         f.write(line + "\n")
 
 def daemon():
-    s = socket.socket(socket.AF_UNIX)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # as the real daemon's
     if os.path.exists(sock_path):
         os.unlink(sock_path)
     s.bind(sock_path)
@@ -90,7 +90,7 @@ if sys.argv[1:] == ["-d"]:
     sys.exit(0)
 cmd = sys.stdin.readline().strip()
 note("events", f"{cmd} {env}")
-s = socket.socket(socket.AF_UNIX)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.connect(sock_path)
 s.sendall(cmd.encode() + b"\n")
 s.close()
