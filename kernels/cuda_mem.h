@@ -20,6 +20,17 @@
  * driver, a device, not in a prohibited compute mode). */
 bool cuda_available(void);
 
+/* The stack each GPU thread may use. A context reserves it for every thread the GPU can
+ * hold (1 KiB by default: ~270 MiB on an H100, ~125 MiB on an RTX 3090); the deepest kernel
+ * here needs 168 bytes on sm_90 and 184 on sm_86 (delta_kernel, nvcc 13.0 `-Xptxas -v`). A
+ * kernel that needs more raises the limit when it is launched, and more stays reserved. */
+#define CUDA_STACK_BYTES 256
+/* Sets the current device's context to CUDA_STACK_BYTES of stack, no device malloc heap and
+ * no printf buffer (no kernel here uses either): ~220 MiB back on an H100. */
+td_err cuda_context_lean(void);
+/* The current device's stack limit now (CUDA_STACK_BYTES unless a kernel raised it). */
+size_t cuda_stack_bytes(void);
+
 /* *p = bytes of device memory (NULL for 0 bytes). TD_ENOMEM when the device has no room. */
 td_err cuda_mem_alloc(void **p, size_t bytes);
 /* Frees what cuda_mem_alloc gave (NULL is fine). Waits for work using it on any stream. */

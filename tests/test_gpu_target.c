@@ -15,8 +15,15 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda_mem.h"
+#include "tests/support/gpu_check.h"
 #include "tests/support/ops_golden.h"
 #include "verifyd/target.h"
+
+#ifndef TANDEM_HAVE_CUDA
+
+GPU_CHECK_SKIP_MAIN
+
+#else
 
 static ops_backend *gpu;
 
@@ -187,6 +194,15 @@ static void test_gpu_target_block_equals_one_at_a_time(void **ctx)
     }
 }
 
+/* The forward passes above (every kernel of a prefill, a block and single tokens of each
+ * model) ran in the backend's lean stack: none made the driver raise it (a deeper kernel
+ * needs CUDA_STACK_BYTES raised with it, or each process reserves more than kvd counted). */
+static void test_gpu_kernels_fit_the_lean_stack(void **state)
+{
+    (void)state;
+    assert_int_equal(cuda_stack_bytes(), CUDA_STACK_BYTES);
+}
+
 int main(void)
 {
     if (!cuda_available() || ops_backend_cuda_init(&gpu, 0) != TD_OK) {
@@ -196,8 +212,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_target_matches_transformers),
         cmocka_unit_test(test_gpu_target_block_equals_one_at_a_time),
+        cmocka_unit_test(test_gpu_kernels_fit_the_lean_stack), /* last: after every pass */
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_backend_cuda_free(gpu);
     return rc;
 }
+
+#endif /* TANDEM_HAVE_CUDA */

@@ -264,6 +264,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     if (dev < 0 || dev >= n)
         return err_set(TD_EINVAL, "CUDA device %d does not exist (%d present)", dev, n);
     CUDA_TRY(cudaSetDevice(dev));
+    TD_TRY(cuda_context_lean());
     ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
     if (!be)
         return err_set(TD_ENOMEM, "out of memory");

@@ -34,6 +34,22 @@ extern "C" bool cuda_available(void)
     return true;
 }
 
+extern "C" td_err cuda_context_lean(void)
+{
+    CUDA_TRY(cudaDeviceSetLimit(cudaLimitStackSize, CUDA_STACK_BYTES));
+    CUDA_TRY(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 0));
+    CUDA_TRY(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 0));
+    return TD_OK;
+}
+
+extern "C" size_t cuda_stack_bytes(void)
+{
+    size_t v = 0;
+    if (cudaDeviceGetLimit(&v, cudaLimitStackSize) != cudaSuccess)
+        (void)cudaGetLastError();
+    return v;
+}
+
 extern "C" td_err cuda_mem_alloc(void **p, size_t bytes)
 {
     TD_ASSERT(p != NULL);
