@@ -36,8 +36,8 @@ static void mps_sleep_ms(int ms)
 
 /* Whether a control daemon listens on pipe_dir/control. The file alone says nothing: the
  * daemon leaves its socket behind when it quits. The socket is a SOCK_SEQPACKET one (a
- * stream connection is refused with EPROTOTYPE); the daemon logs a connection that sends no
- * credentials and goes on. */
+ * stream connection is refused with EPROTOTYPE); the daemon logs "Unable to accept
+ * connection" for a connection that says nothing, and goes on. */
 static bool mps_listening(const char *pipe_dir)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
