@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 
 extern "C" {
 #include "kernels/backend.h"
@@ -265,6 +266,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
         return err_set(TD_EINVAL, "CUDA device %d does not exist (%d present)", dev, n);
     CUDA_TRY(cudaSetDevice(dev));
     TD_TRY(cuda_context_lean());
+    (void)code_arch(dev); /* its probe now, not in the middle of a recording */
     ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
     if (!be)
         return err_set(TD_ENOMEM, "out of memory");

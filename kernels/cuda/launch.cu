@@ -40,21 +40,19 @@ int g_early;
 /* 0 unknown, 1 on, 2 off (TANDEM_ROUND_PDL=off or 0) */
 int g_round;
 
-/* The SM count of device dev (0 when it cannot be asked) and whether it runs
- * griddepcontrol (compute capability 9.0 and up). */
+/* The SM count of device dev (0 when it cannot be asked) and whether its code runs
+ * griddepcontrol (code_arch 900 and up). */
 int dev_info(int dev, bool *pdl)
 {
     uint64_t v = __atomic_load_n(&g_dev[dev], __ATOMIC_RELAXED);
     if (v == 0) {
-        int n_sm = 0, major = 0;
-        if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
-                cudaSuccess) {
+        int n_sm = 0;
+        if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
             (void)cudaGetLastError();
             *pdl = false;
             return 0;
         }
-        v = 1 | ((uint64_t)n_sm << 2) | (major >= 9 ? 2 : 0);
+        v = 1 | ((uint64_t)n_sm << 2) | (code_arch(dev) >= 900 ? 2 : 0);
         __atomic_store_n(&g_dev[dev], v, __ATOMIC_RELAXED);
     }
     *pdl = (v & 2) != 0;
@@ -82,7 +80,55 @@ int ctas_per_sm(const void *fn, unsigned threads, size_t smem, uint64_t *occ)
     return n;
 }
 
+/* Per device ordinal: code_arch + 1, 0 not asked yet. */
+int g_arch[PDL_MAX_DEV];
+
+__global__ void arch_probe_kernel(int *out)
+{
+#ifdef __CUDA_ARCH__
+    *out = __CUDA_ARCH__;
+#endif
+}
+
+/* Runs the probe on device dev (current or not) on a stream of its own, so that a stream
+ * being recorded elsewhere is not touched. */
+int probe_arch(int dev)
+{
+    int cur = 0, arch = 0, *d = NULL;
+    cudaStream_t st = NULL;
+    if (cudaGetDevice(&cur) != cudaSuccess || (cur != dev && cudaSetDevice(dev) != cudaSuccess))
+        goto out;
+    if (cudaMalloc((void **)&d, sizeof *d) == cudaSuccess &&
+        cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
+        arch_probe_kernel<<<1, 1, 0, st>>>(d);
+        if (cudaMemcpyAsync(&arch, d, sizeof arch, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+            cudaStreamSynchronize(st) != cudaSuccess)
+            arch = 0;
+    }
+    if (st)
+        (void)cudaStreamDestroy(st);
+    if (d)
+        (void)cudaFree(d);
+    if (cur != dev)
+        (void)cudaSetDevice(cur);
+out:
+    (void)cudaGetLastError();
+    return arch;
+}
+
 } /* namespace */
+
+int code_arch(int dev)
+{
+    if (dev < 0 || dev >= PDL_MAX_DEV)
+        return 0;
+    int v = __atomic_load_n(&g_arch[dev], __ATOMIC_RELAXED);
+    if (v == 0) {
+        v = probe_arch(dev) + 1;
+        __atomic_store_n(&g_arch[dev], v, __ATOMIC_RELAXED);
+    }
+    return v - 1;
+}
 
 pdl_plan pdl_plan_get(const void *fn, uint64_t blocks, unsigned threads, size_t smem,
                       uint64_t *occ)

@@ -76,6 +76,14 @@ bool pdl_round_after_any(void);
 
 #define PDL_MAX_DEV 64 /* device ordinals served; launches on higher ones are plain */
 
+/* __CUDA_ARCH__ of the device code this process runs on device dev (asked once by a probe
+ * kernel, then cached): 900 for sm_90 code, 860 where a build for sm_86 alone runs its PTX,
+ * compiled by the driver, on a Hopper. What sm_90 code has (griddepcontrol, bulk copies,
+ * mbarriers) exists where this is >= 900, whatever the device could run, so host code
+ * choosing such a kernel or the programmatic launch asks this, not the compute capability.
+ * 0 when the probe cannot run. */
+int code_arch(int dev);
+
 /* How one launch goes out. */
 typedef struct pdl_plan {
     bool pdl;   /* with the programmatic stream serialization attribute */

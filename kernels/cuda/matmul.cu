@@ -331,12 +331,11 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
                           int nq, int64_t n_tok, cudaStream_t st)
 {
     TD_ASSERT(!up || nq == 1); /* a second rounding would read the gated x */
-    int ordinal = 0, major = 0;
+    int ordinal = 0;
     mm_device dev = {0, false};
     CUDA_TRY(cudaGetDevice(&ordinal));
     CUDA_TRY(cudaDeviceGetAttribute(&dev.n_sm, cudaDevAttrMultiProcessorCount, ordinal));
-    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
-    dev.pdl = major >= 9;
+    dev.pdl = code_arch(ordinal) >= 900;
     const int64_t cols = mm[qi[0]].w->cols;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));
     void *buf = NULL;

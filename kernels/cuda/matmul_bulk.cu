@@ -46,6 +46,7 @@
 #endif
 
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_bulk_addr.h"
 #include "kernels/cuda/matmul_bulk_blocks.cuh"
 #include "kernels/cuda/matmul_bulk_copy.cuh"
@@ -339,9 +340,9 @@ td_err launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
     const mm_set set = mm_set_of(mm, n, UROWS);
     const int64_t units = set.first[n];
     static int attr_done[64]; /* per device ordinal: the shared-memory opt-in was set */
-    int ordinal = 0, major = 0, optin = 0;
+    int ordinal = 0, arch = 0, optin = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
-    TD_TRY(device_caps(&major, &optin));
+    TD_TRY(device_caps(&arch, &optin));
     if (!__atomic_load_n(&attr_done[ordinal & 63], __ATOMIC_RELAXED)) {
         CUDA_TRY(cudaFuncSetAttribute(mmb_kernel<T, FUSED, W>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
@@ -368,21 +369,21 @@ td_err launch_type(const ops_mm_out *mm, int n, const float *x, const mm_xquant 
 
 } /* namespace */
 
-/* Per device ordinal: compute capability major, opt-in shared memory per block (0: not
+/* Per device ordinal: the code's arch (code_arch), opt-in shared memory per block (0: not
  * asked yet). */
-static int g_major[64], g_smem_optin[64];
+static int g_arch[64], g_smem_optin[64];
 
-td_err device_caps(int *major, int *optin)
+td_err device_caps(int *arch, int *optin)
 {
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     const int i = ordinal & 63;
-    *major = __atomic_load_n(&g_major[i], __ATOMIC_RELAXED);
+    *arch = __atomic_load_n(&g_arch[i], __ATOMIC_RELAXED);
     *optin = __atomic_load_n(&g_smem_optin[i], __ATOMIC_RELAXED);
     if (*optin == 0) {
-        CUDA_TRY(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, ordinal));
+        *arch = code_arch(ordinal);
         CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
-        __atomic_store_n(&g_major[i], *major, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_arch[i], *arch, __ATOMIC_RELAXED);
         __atomic_store_n(&g_smem_optin[i], *optin, __ATOMIC_RELAXED);
     }
     return TD_OK;
@@ -390,13 +391,13 @@ td_err device_caps(int *major, int *optin)
 
 bool mmb_supported(const ops_weight *w)
 {
-    int major = 0, optin = 0;
-    if (device_caps(&major, &optin) != TD_OK) {
+    int arch = 0, optin = 0;
+    if (device_caps(&arch, &optin) != TD_OK) {
         (void)cudaGetLastError();
         return false;
     }
     const int64_t smem = smem_of(w);
-    return major >= 9 && smem > 0 && smem <= optin && ((uintptr_t)w->data & 15) == 0 &&
+    return arch >= 900 && smem > 0 && smem <= optin && ((uintptr_t)w->data & 15) == 0 &&
            w->row_bytes <= ((size_t)1 << 26);
 }
 

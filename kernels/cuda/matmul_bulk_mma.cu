@@ -672,14 +672,14 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
 
 bool mmqb_supported(const ops_weight *w, int n_pad)
 {
-    int major = 0, optin = 0;
-    if (device_caps(&major, &optin) != TD_OK) {
+    int arch = 0, optin = 0;
+    if (device_caps(&arch, &optin) != TD_OK) {
         (void)cudaGetLastError();
         return false;
     }
     /* the layouts fill up to SMEM_MAX (an H100/H200 block's opt-in); a device that offers a
      * block less (sm_120: 99 KiB) keeps the tensor-core kernel */
-    return major >= 9 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
+    return arch >= 900 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
            (n_pad == 8 || n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
            (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);

@@ -675,14 +675,13 @@ constexpr int AHEAD_CTAS = 4;
 
 wpath mid_path(int dev, int64_t n_cta)
 {
-    int major = 0, sms = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return W_REGS;
     }
     const char *e = getenv("TANDEM_MMH");
-    if (e && strcmp(e, "bulk") == 0 && major >= 9)
+    if (e && strcmp(e, "bulk") == 0 && code_arch(dev) >= 900)
         return W_BULK;
     if (e && strcmp(e, "ahead") == 0)
         return W_AHEAD;

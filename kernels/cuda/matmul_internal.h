@@ -127,12 +127,12 @@ bool mmb_fused(const ops_weight *w);
 td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st);
 
-/* The current device's compute capability major and opt-in shared memory per block, asked
- * once per device (matmul_bulk.cu). */
-td_err device_caps(int *major, int *optin);
+/* The current device's code arch (code_arch, launch.cuh) and opt-in shared memory per block,
+ * asked once per device (matmul_bulk.cu). */
+td_err device_caps(int *arch, int *optin);
 
 /* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 8, 16) or the wide
- * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: an sm_90+ device, Q4_K, Q5_K or Q6_K, 16-byte
+ * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: sm_90 code, Q4_K, Q5_K or Q6_K, 16-byte
  * aligned data, cols a multiple of 256. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
 

@@ -237,13 +237,12 @@ bool q6x_takes(const ops_weight *w, int64_t n_tok)
     const char *e = getenv("TANDEM_Q6X"); /* off by default: kernels/cuda/NOTES.md */
     if (!e || strcmp(e, "on") != 0)
         return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 8 && q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)optin_bytes(dev);
+    return code_arch(dev) >= 800 && q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)optin_bytes(dev);
 }
 
 td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
