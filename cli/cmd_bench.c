@@ -23,6 +23,7 @@
 #include "common/args.h"
 #include "common/cudrv.h"
 #include "common/dflash_config.h"
+#include "kernels/cuda_mem.h"
 
 #define BENCH_SEED 20260101u
 #define BENCH_SPLIT_CALLS 2000
@@ -642,10 +643,16 @@ static void bench_device_name(bench_report *r, const ops_backend *be)
         return;
     }
     cudrv_device d;
+    char code[32] = "";
+#ifdef TANDEM_HAVE_CUDA
+    int arch = cuda_code_arch(be->device);
+    if (arch > 0)
+        snprintf(code, sizeof code, " (sm_%d code)", arch / 10);
+#endif
     if (cudrv_device_open_ordinal(&d, be->device) == TD_OK)
-        snprintf(r->device, sizeof r->device, "cuda:%d %s", be->device, d.name);
+        snprintf(r->device, sizeof r->device, "cuda:%d %s%s", be->device, d.name, code);
     else
-        snprintf(r->device, sizeof r->device, "cuda:%d", be->device);
+        snprintf(r->device, sizeof r->device, "cuda:%d%s", be->device, code);
     cudrv_device_close(&d);
 }
 

@@ -94,6 +94,11 @@ void cuda_graph_free(void *graph);
  * holds a buffer a later growth frees (cuda_matmul grows them on demand and frees the old). */
 td_err cuda_graph_prepare(ops_stream st);
 
+/* __CUDA_ARCH__ of the device code this process runs on device dev: 900 for sm_90 code, 860
+ * for an sm_86 build's PTX compiled by the driver for a newer GPU (launch.cuh: code_arch).
+ * 0 when it cannot be asked. */
+int cuda_code_arch(int dev);
+
 /* Kernel launches made by the CUDA twins so far in this process (every launch site of
  * kernels/cuda counts itself). */
 uint64_t cuda_launch_count(void);

@@ -31,7 +31,29 @@ int main(void)
 
 #else
 
+#include <cuda_runtime_api.h>
+
 GPU_CHECK_SANITIZER_OPTIONS
+
+/* The probe that decides whether launches are programmatic (and the sm_90 kernels are
+ * chosen) names the arch of the code that runs: one this build holds (sm_86 or sm_90), none
+ * newer than the device. A build for sm_86 alone on a Hopper runs sm_86 code. */
+static void test_code_arch_is_the_running_codes(void **state)
+{
+    (void)state;
+    int dev = 0, major = 0, minor = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+                     cudaSuccess);
+    const int arch = cuda_code_arch(dev);
+    printf("device %d: compute capability %d.%d, code for sm_%d\n", dev, major, minor,
+           arch / 10);
+    assert_true(arch == 860 || arch == 900);
+    assert_true(arch <= major * 100 + minor * 10);
+    assert_int_equal(cuda_code_arch(dev), arch); /* cached */
+}
 
 #define CHAIN 300 /* add + scale pairs per chain */
 
@@ -307,6 +329,7 @@ int main(void)
     if (!gpu_check_init())
         return 77;
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_code_arch_is_the_running_codes),
         cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
         cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
         cmocka_unit_test(test_pdl_chained_copies_keep_order),

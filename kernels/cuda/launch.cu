@@ -5,6 +5,10 @@
 
 #include "kernels/cuda/launch.cuh"
 
+extern "C" {
+#include "kernels/cuda_mem.h"
+}
+
 namespace {
 
 /* Per device ordinal, filled on first use: 0 unknown, else 1 | pdl << 1 | n_sm << 2. Devices
@@ -128,6 +132,11 @@ int code_arch(int dev)
         __atomic_store_n(&g_arch[dev], v, __ATOMIC_RELAXED);
     }
     return v - 1;
+}
+
+extern "C" int cuda_code_arch(int dev)
+{
+    return code_arch(dev);
 }
 
 pdl_plan pdl_plan_get(const void *fn, uint64_t blocks, unsigned threads, size_t smem,
