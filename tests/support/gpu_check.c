@@ -133,11 +133,10 @@ bool check_same_bits(const char *what, const void *got, const void *want, size_t
 
 int gpu_check_one_token_launches(void)
 {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-        major = 0;
-    return major >= 9 ? 1 : 2;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return 2;
+    return cuda_code_arch(dev) >= 900 ? 1 : 2; /* sm_90 code, not an sm_90 device */
 }
 
 #else
