@@ -23,7 +23,6 @@
 #include "common/args.h"
 #include "common/cudrv.h"
 #include "common/dflash_config.h"
-#include "kernels/cuda_mem.h"
 
 #define BENCH_SEED 20260101u
 #define BENCH_SPLIT_CALLS 2000
@@ -31,7 +30,7 @@
 
 typedef struct bench_report {
     const char *shape;         /* synthetic shape name, or NULL with --model */
-    char device[160];          /* "cuda:0 NVIDIA H200", "cpu" */
+    char device[160];          /* "cuda:0 NVIDIA H200 (sm_90 code)", "cpu" */
     bool on_gpu;
     const char *model_path;    /* the GGUF timed */
     uint64_t model_bytes;      /* its size */
@@ -643,16 +642,14 @@ static void bench_device_name(bench_report *r, const ops_backend *be)
         return;
     }
     cudrv_device d;
-    char code[32] = "";
-#ifdef TANDEM_HAVE_CUDA
-    int arch = cuda_code_arch(be->device);
-    if (arch > 0)
-        snprintf(code, sizeof code, " (sm_%d code)", arch / 10);
-#endif
+    char where[64];
+    ops_backend_describe(be, where, sizeof where); /* "cuda:N (sm_XX code)" */
+    const char *code = strchr(where, ' ');
+    int n = code ? (int)(code - where) : (int)strlen(where);
     if (cudrv_device_open_ordinal(&d, be->device) == TD_OK)
-        snprintf(r->device, sizeof r->device, "cuda:%d %s%s", be->device, d.name, code);
+        snprintf(r->device, sizeof r->device, "%.*s %s%s", n, where, d.name, code ? code : "");
     else
-        snprintf(r->device, sizeof r->device, "cuda:%d%s", be->device, code);
+        snprintf(r->device, sizeof r->device, "%s", where);
     cudrv_device_close(&d);
 }
 

@@ -213,8 +213,10 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
+    char where[64];
+    ops_backend_describe(cuda_be ? cuda_be : ops_backend_cpu(), where, sizeof where);
     LOG_INFO("serving drafter %s (block %u, %u layers) on %s, %s", draft,
-             dd.dm->cfg.block_size, dd.dm->cfg.n_layers, device, url);
+             dd.dm->cfg.block_size, dd.dm->cfg.n_layers, where, url);
     while (!daemon_stopping()) {
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);

@@ -2,7 +2,11 @@
  * environment asks (TANDEM_PROFILE). Kept apart from kernels/cuda so the CUDA library never
  * calls back into this one. */
 #include "kernels/backend.h"
+
+#include <stdio.h>
+
 #include "kernels/backend_prof.h"
+#include "kernels/cuda_mem.h"
 
 td_err ops_backend_cuda_init(ops_backend **out, int dev)
 {
@@ -39,4 +43,20 @@ void ops_backend_cuda_free(ops_backend *be)
 #else
     (void)be;
 #endif
+}
+
+void ops_backend_describe(const ops_backend *be, char *out, size_t cap)
+{
+    if (be->kind != OPS_BACKEND_CUDA) {
+        snprintf(out, cap, "cpu");
+        return;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    int arch = cuda_code_arch(be->device);
+    if (arch > 0) {
+        snprintf(out, cap, "cuda:%d (sm_%d code)", be->device, arch / 10);
+        return;
+    }
+#endif
+    snprintf(out, cap, "cuda:%d", be->device);
 }

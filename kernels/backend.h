@@ -156,6 +156,10 @@ const ops_backend *ops_backend_cpu(void);
 td_err ops_backend_cuda_init(ops_backend **out, int dev);
 void ops_backend_cuda_free(ops_backend *be);
 
+/* Where be runs, for logs: "cpu", or "cuda:N (sm_XX code)" naming the arch of the device
+ * code that runs there (an sm_86 build runs sm_86 code on a Hopper too). */
+void ops_backend_describe(const ops_backend *be, char *out, size_t cap);
+
 #ifdef TANDEM_HAVE_CUDA
 /* The plain CUDA table (kernels/cuda/backend_cuda.cu), what ops_backend_cuda_init wraps. */
 td_err cuda_backend_init(ops_backend **out, int dev);

@@ -31,6 +31,9 @@ static void test_prof_counts_each_call_and_keeps_results(void **state)
     assert_false(ops_prof_active(cpu));
     assert_ptr_equal(ops_prof_inner(be), cpu);
     assert_int_equal(be->kind, OPS_BACKEND_CPU);
+    char where[32];
+    ops_backend_describe(be, where, sizeof where); /* the profiler is where its inner is */
+    assert_string_equal(where, "cpu");
 
     enum { N = 64, ROWS = 8 };
     float a[N], b[N], got[N], want[N], w[ROWS * N], y[2 * ROWS], yw[2 * ROWS];

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/backend.h"
 #include "kernels/cuda_mem.h"
 #include "kernels/ops.h"
 #include "tests/support/gpu_check.h"
@@ -53,6 +54,13 @@ static void test_code_arch_is_the_running_codes(void **state)
     assert_true(arch == 860 || arch == 900);
     assert_true(arch <= major * 100 + minor * 10);
     assert_int_equal(cuda_code_arch(dev), arch); /* cached */
+    ops_backend *be = NULL;
+    assert_int_equal(ops_backend_cuda_init(&be, dev), TD_OK);
+    char where[64], want[64];
+    ops_backend_describe(be, where, sizeof where);
+    snprintf(want, sizeof want, "cuda:%d (sm_%d code)", dev, arch / 10);
+    assert_string_equal(where, want);
+    ops_backend_cuda_free(be);
 }
 
 #define CHAIN 300 /* add + scale pairs per chain */

@@ -245,8 +245,10 @@ int main(int argc, char **argv)
         LOG_ERROR("%s", err_msg());
         goto out;
     }
+    char where[64];
+    ops_backend_describe(cuda_be ? cuda_be : ops_backend_cpu(), where, sizeof where);
     LOG_INFO("serving %s (%s) on %s, %s: context %lld, block %lld%s", cfg.model_name, model,
-             device, url, (long long)n_ctx, (long long)sched_verify_block(&cfg),
+             where, url, (long long)n_ctx, (long long)sched_verify_block(&cfg),
              cfg.block > 1 ? "" : " (plain decoding)");
     while (!daemon_stopping()) {
         struct timespec ts = {0, 100 * 1000000L};
