@@ -242,7 +242,8 @@ bool q6x_takes(const ops_weight *w, int64_t n_tok)
         (void)cudaGetLastError();
         return false;
     }
-    return code_arch(dev) >= 800 && q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)optin_bytes(dev);
+    return code_arch(dev) >= 800 &&
+           q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)optin_bytes(dev);
 }
 
 td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
