@@ -26,7 +26,9 @@ bool cuda_available(void);
  * kernel that needs more raises the limit when it is launched, and more stays reserved. */
 #define CUDA_STACK_BYTES 256
 /* Sets the current device's context to CUDA_STACK_BYTES of stack, no device malloc heap and
- * no printf buffer (no kernel here uses either): ~220 MiB back on an H100. */
+ * no printf buffer (no kernel here uses either): ~220 MiB back on an H100. Tries each; the
+ * first refusal is returned, and a context left with a limit as it was only holds more
+ * memory than it needs (the backend goes on). */
 td_err cuda_context_lean(void);
 /* The current device's stack limit now (CUDA_STACK_BYTES unless a kernel raised it). */
 size_t cuda_stack_bytes(void);

@@ -265,7 +265,7 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     if (dev < 0 || dev >= n)
         return err_set(TD_EINVAL, "CUDA device %d does not exist (%d present)", dev, n);
     CUDA_TRY(cudaSetDevice(dev));
-    TD_TRY(cuda_context_lean());
+    (void)cuda_context_lean(); /* a refusal costs memory only; test_gpu_target checks */
     (void)code_arch(dev); /* its probe now, not in the middle of a recording */
     ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
     if (!be)

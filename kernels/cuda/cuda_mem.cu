@@ -36,10 +36,26 @@ extern "C" bool cuda_available(void)
 
 extern "C" td_err cuda_context_lean(void)
 {
-    CUDA_TRY(cudaDeviceSetLimit(cudaLimitStackSize, CUDA_STACK_BYTES));
-    CUDA_TRY(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 0));
-    CUDA_TRY(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, 0));
-    return TD_OK;
+    static const struct {
+        cudaLimit limit;
+        size_t value;
+        const char *what;
+    } set[] = {
+        {cudaLimitStackSize, CUDA_STACK_BYTES, "stack"},
+        {cudaLimitMallocHeapSize, 0, "malloc heap"},
+        {cudaLimitPrintfFifoSize, 0, "printf buffer"},
+    };
+    td_err e = TD_OK;
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++) {
+        cudaError_t r = cudaDeviceSetLimit(set[i].limit, set[i].value);
+        if (r != cudaSuccess) {
+            (void)cudaGetLastError(); /* not left for the next launch check */
+            if (e == TD_OK)
+                e = err_set(TD_ECUDA, "cudaDeviceSetLimit(%s): %s", set[i].what,
+                            cudaGetErrorString(r));
+        }
+    }
+    return e;
 }
 
 extern "C" size_t cuda_stack_bytes(void)
