@@ -76,9 +76,11 @@ static bool mps_pid_alive(const char *pipe_dir)
     return pid > 0 && pid <= INT_MAX && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
 }
 
+/* The pid file first: a probe connection costs a line in the daemon's log, and a stop waits
+ * for the daemon by asking this every 10 ms. */
 static bool mps_running(const char *pipe_dir)
 {
-    return mps_listening(pipe_dir) || mps_pid_alive(pipe_dir);
+    return mps_pid_alive(pipe_dir) || mps_listening(pipe_dir);
 }
 
 /* Waits up to ms for the daemon of pipe_dir to listen (want true) or to be gone (want false). */
