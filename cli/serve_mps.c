@@ -288,11 +288,12 @@ static td_err mps_start_own(mps_ctl *m, const char *run_dir)
     else if (rc != 0)
         snprintf(m->why, sizeof m->why, "%s -d exited with status %d; its output is in %s",
                  MPS_PROGRAM, rc, m->out_log);
-    else if (!mps_wait(m->pipe_dir, true, MPS_SOCKET_WAIT_MS))
+    else if (!mps_wait(m->pipe_dir, true, MPS_SOCKET_WAIT_MS)) {
         snprintf(m->why, sizeof m->why, "%s -d left no daemon listening on %s in %d ms; see %s "
                  "and %s/control.log", MPS_PROGRAM, sock, MPS_SOCKET_WAIT_MS, m->out_log,
                  m->log_dir);
-    else
+        m->late = true; /* it may yet come up */
+    } else
         m->mode = MPS_MODE_OWN;
     if (m->mode != MPS_MODE_OWN)
         mps_env_drop(m);
@@ -306,7 +307,8 @@ td_err mps_start(mps_ctl *m, const char *run_dir, const char *logs_dir)
     TD_TRY(mps_start_own(m, run_dir));
     if (m->mode == MPS_MODE_OWN)
         return TD_OK;
-    m->pipe_dir[0] = m->log_dir[0] = '\0';
+    if (!m->late)
+        m->pipe_dir[0] = m->log_dir[0] = '\0';
     return mps_env_build(m, true);
 }
 
@@ -352,8 +354,27 @@ td_err mps_init(mps_ctl *m, bool gpu, bool no_mps, const char *run_dir, const ch
     return TD_OK;
 }
 
+/* A daemon started by mps_start_own that came up after its wait gave up has no clients (the
+ * services were started without MPS), but would outlive us: it is told to quit like our own. */
+static void mps_stop_late(mps_ctl *m)
+{
+    char exe[PATH_MAX];
+    if (!mps_running(m->pipe_dir) || !mps_which(exe, sizeof exe))
+        return;
+    mps_env_drop(m);
+    if (mps_env_own(m) != TD_OK)
+        return;
+    LOG_WARN("the MPS control daemon of %s came up after serve went on without it; telling it "
+             "to quit", m->pipe_dir);
+    mps_quit(m, exe);
+}
+
 void mps_free(mps_ctl *m)
 {
+    if (m->mode == MPS_MODE_OFF && m->late) {
+        mps_stop_late(m);
+        m->late = false;
+    }
     if (m->mode == MPS_MODE_OWN) {
         char exe[PATH_MAX];
         if (mps_which(exe, sizeof exe))

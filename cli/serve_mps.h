@@ -25,13 +25,15 @@ typedef enum mps_mode {
 
 typedef struct mps_ctl {
     mps_mode mode;
-    char pipe_dir[PATH_MAX];  /* OWN/USER: CUDA_MPS_PIPE_DIRECTORY of the services */
-    char log_dir[PATH_MAX];   /* OWN: CUDA_MPS_LOG_DIRECTORY of the services */
+    char pipe_dir[PATH_MAX];  /* OWN/USER: CUDA_MPS_PIPE_DIRECTORY of the services; OFF+late */
+    char log_dir[PATH_MAX];   /* OWN: CUDA_MPS_LOG_DIRECTORY of the services; OFF+late */
     char why[4 * PATH_MAX];   /* OFF: why not; USER: a note when its control socket is absent */
     char **env;               /* [n_env + 1] the services' environment, NULL-terminated */
     size_t n_env;             /* entries before the NULL */
     char *own[2];             /* the "CUDA_MPS_...=" strings env adds (malloc'd), or NULL */
     char out_log[PATH_MAX];   /* where the control program's own output goes */
+    bool late;                /* OFF: a daemon we started did not listen in time; pipe_dir
+                               * and log_dir stay its own, and mps_free stops it if it came up */
 } mps_ctl;
 
 /* Decides how the services reach the GPU and builds their environment. gpu: the device is

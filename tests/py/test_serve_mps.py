@@ -39,7 +39,7 @@ FAKE_MPS = r"""#!/usr/bin/env python3
 # As the real control program: -d starts a daemon that listens on <pipe>/control and writes
 # <pipe>/nvidia-cuda-mps-control.pid; a command read on stdin goes to it over the socket; on
 # "quit" the daemon removes its pid file and exits, leaving its socket file behind.
-import os, socket, sys
+import os, socket, sys, time
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "<unset>")
 env = f"pipe={pipe} log={os.environ.get('CUDA_MPS_LOG_DIRECTORY', '<unset>')}"
 rec = os.environ["FAKE_REC"]
@@ -51,6 +51,7 @@ def note(path, line):
         f.write(line + "\n")
 
 def daemon():
+    time.sleep(float(os.environ.get("FAKE_MPS_LATE", "0")))  # seconds before it comes up
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # as the real daemon's
     if os.path.exists(sock_path):
         os.unlink(sock_path)
@@ -317,6 +318,29 @@ def test_mps_daemon_that_never_listens_gives_a_warning_and_services_without_mps(
     ev = events(w)
     assert ev[0] == f"start pipe={pipe} log={log}"
     assert sorted(ev[1:]) == sorted(f"{n} stopped" for n in SERVICES)
+
+
+def test_daemon_that_comes_up_too_late_runs_no_client_and_is_told_to_quit(world):
+    w = world
+    env = base_env(w)
+    env["FAKE_MPS_LATE"] = "6"
+    p = start_serve(w, "--device", "cuda:0", env=env)
+    recs = wait_services(w, p, timeout=30)
+    for name, rec in recs.items():
+        assert (rec["pipe"], rec["log"]) == ("<unset>", "<unset>"), name
+    pipe, log = w["rt"] / "mps" / "pipe", w["rt"] / "mps" / "log"
+    assert f"-d left no daemon listening on {pipe}/control in 5000 ms" in serve_log(w)
+    end = time.monotonic() + 20
+    while not daemons(w) and time.monotonic() < end:
+        time.sleep(0.05)
+    [late] = daemons(w)
+    stop_serve(w, p)
+    assert (f"the MPS control daemon of {pipe} came up after serve went on without it; "
+            f"telling it to quit") in serve_log(w)
+    assert "MPS control daemon stopped" in serve_log(w)
+    assert events(w)[-1] == f"quit pipe={pipe} log={log}"
+    assert not alive(late)
+    assert not (pipe / "control").exists()
 
 
 def test_no_mps_starts_no_daemon_and_drops_inherited_mps_variables(world):
