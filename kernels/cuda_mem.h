@@ -101,6 +101,11 @@ td_err cuda_graph_prepare(ops_stream st);
  * 0 when it cannot be asked. */
 int cuda_code_arch(int dev);
 
+/* Shared memory a block may opt in to on device dev, as the kernels' choices see it: the
+ * device's, or less under TANDEM_SMEM_OPTIN (launch.cuh: smem_optin_bytes). 0 when it cannot
+ * be asked. */
+int cuda_smem_optin(int dev);
+
 /* Kernel launches made by the CUDA twins so far in this process (every launch site of
  * kernels/cuda counts itself). */
 uint64_t cuda_launch_count(void);

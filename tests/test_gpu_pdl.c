@@ -63,6 +63,29 @@ static void test_code_arch_is_the_running_codes(void **state)
     ops_backend_cuda_free(be);
 }
 
+/* The shared memory the kernels' choices see: the device's, or TANDEM_SMEM_OPTIN's bytes
+ * where those are fewer (run_gpu_tests under it makes a larger GPU choose as a smaller one). */
+static void test_smem_optin_is_the_device_or_the_lower_switch(void **state)
+{
+    (void)state;
+    int dev = 0, real = 0;
+    assert_int_equal(cudaGetDevice(&dev), cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&real, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                     cudaSuccess);
+    int want = real;
+    const char *e = getenv("TANDEM_SMEM_OPTIN");
+    if (e && *e) {
+        char *end = NULL;
+        const long long v = strtoll(e, &end, 10);
+        if (*end == '\0' && v > 0 && v < real)
+            want = (int)v;
+    }
+    printf("device %d: %d bytes of shared memory per block, %d as the kernels see it\n", dev,
+           real, cuda_smem_optin(dev));
+    assert_int_equal(cuda_smem_optin(dev), want);
+    assert_int_equal(cuda_smem_optin(dev), want); /* cached */
+}
+
 #define CHAIN 300 /* add + scale pairs per chain */
 
 /* Elements per chain: one block; 64 blocks of 256 (one wave on any GPU: its CTAs trigger
@@ -338,6 +361,7 @@ int main(void)
         return 77;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_code_arch_is_the_running_codes),
+        cmocka_unit_test(test_smem_optin_is_the_device_or_the_lower_switch),
         cmocka_unit_test(test_pdl_chain_sees_each_predecessor_write),
         cmocka_unit_test(test_pdl_graph_replay_keeps_order_across_fill_and_copy),
         cmocka_unit_test(test_pdl_chained_copies_keep_order),

@@ -1548,10 +1548,7 @@ template <int HD, int MT> static atm_fn atm_pick(int dev, size_t *smem, uint64_t
 {
     *smem = atm_smem_bytes<HD, MT>();
     *occ = pdl_occ_cache<atm_kernel<HD, MT>>();
-    int optin = 0;
-    const cudaError_t e =
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess || *smem + 4096 > (size_t)optin) /* room for the static arrays */
+    if (*smem + 4096 > (size_t)smem_optin_bytes(dev)) /* room for the static arrays */
         return NULL;
     if (smem_optin<atm_kernel<HD, MT>>(dev, *smem) != TD_OK)
         return NULL;
@@ -1621,9 +1618,9 @@ template <int HD, typename KT, int ROWS>
 static td_err ats_plan_of(ats_plan *pl, int dev, int sms, long long blocks, bool fold)
 {
     static int opted[64]; /* per device: the dynamic shared memory limit was raised */
-    int optin = 0, per_sm = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const int optin = smem_optin_bytes(dev), per_sm = smem_sm_bytes(dev);
+    if (optin < 2048)
+        return TD_OK; /* nothing fits (or the device cannot be asked) */
     const size_t fixed = ats_fixed_bytes<HD, ROWS>(), kv = ats_kv_bytes<HD, KT>();
     /* static shared memory of the kernel, about 1 KB, is left room for */
     const size_t one = fixed + kv, two = fixed + 2 * kv, room = (size_t)optin - 2048;
@@ -1768,10 +1765,8 @@ typedef struct ath_plan {
 template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
 {
     static int opted[64], per_sm[64];
-    int optin = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const size_t bytes = ath_geo<HD, ROWS>::FIXED + ath_geo<HD, ROWS>::KV;
-    if (bytes + 2048 > (size_t)optin)
+    if (bytes + 2048 > (size_t)smem_optin_bytes(dev))
         return TD_OK;
     pl->fn = ath_kernel<HD, ROWS>;
     pl->rows = ROWS;

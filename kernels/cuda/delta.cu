@@ -538,13 +538,7 @@ static size_t dc_bytes(int64_t chunk, int64_t d_k)
 /* The shared memory a block may opt in to on dev, or 0. */
 static size_t dc_optin(int dev)
 {
-    int optin = 0;
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-        cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return (size_t)optin;
+    return (size_t)smem_optin_bytes(dev);
 }
 
 extern "C" int64_t cuda_delta_chunk_max(int dev)

@@ -120,7 +120,58 @@ out:
     return arch;
 }
 
+/* Per device ordinal: the opt-in shared memory per block + 1 and per SM + 1, 0 not asked. */
+int g_optin[PDL_MAX_DEV], g_per_sm[PDL_MAX_DEV];
+
+/* TANDEM_SMEM_OPTIN when it names a number of bytes below limit, else limit. */
+int smem_cap(int limit)
+{
+    const char *e = getenv("TANDEM_SMEM_OPTIN");
+    if (!e || !*e)
+        return limit;
+    char *end = NULL;
+    const long long v = strtoll(e, &end, 10);
+    return *end == '\0' && v > 0 && v < limit ? (int)v : limit;
+}
+
+int smem_ask(int dev, cudaDeviceAttr attr, int *cache)
+{
+    int v = dev >= 0 && dev < PDL_MAX_DEV ? __atomic_load_n(&cache[dev], __ATOMIC_RELAXED) : 0;
+    if (v != 0)
+        return v - 1;
+    int optin = 0, n = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&n, attr, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const int cap = smem_cap(optin);
+    if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin)
+        n = cap;
+    else if (cap < optin && cap + 1024 < n)
+        n = cap + 1024;
+    if (dev < PDL_MAX_DEV)
+        __atomic_store_n(&cache[dev], n + 1, __ATOMIC_RELAXED);
+    return n;
+}
+
 } /* namespace */
+
+int smem_optin_bytes(int dev)
+{
+    return smem_ask(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin, g_optin);
+}
+
+int smem_sm_bytes(int dev)
+{
+    return smem_ask(dev, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g_per_sm);
+}
+
+extern "C" int cuda_smem_optin(int dev)
+{
+    return smem_optin_bytes(dev);
+}
 
 int code_arch(int dev)
 {

@@ -84,6 +84,15 @@ bool pdl_round_after_any(void);
  * 0 when the probe cannot run. */
 int code_arch(int dev);
 
+/* Shared memory a block may opt in to on device dev (cached), and shared memory per SM: the
+ * device's, or less where TANDEM_SMEM_OPTIN=BYTES names less (then per SM at most that plus
+ * the 1 KB the system keeps per block), so that a larger GPU makes the kernel choices of a
+ * smaller one, e.g. an RTX 3090's 101376 on a Hopper, for tests and measurements. A value
+ * that is not a number of bytes below the device's is ignored. 0 when it cannot be asked.
+ * Every choice of a kernel by shared memory asks these, never the device itself. */
+int smem_optin_bytes(int dev);
+int smem_sm_bytes(int dev);
+
 /* How one launch goes out. */
 typedef struct pdl_plan {
     bool pdl;   /* with the programmatic stream serialization attribute */
@@ -144,12 +153,16 @@ cudaError_t launch_ex(void (*k)(P...), dim3 grid, dim3 block, size_t smem, bool 
 }
 
 /* Lets kernel K have up to bytes of dynamic shared memory (more than the 48 KB a launch gets
- * without opting in), once per device ordinal dev; every call for K passes the same bytes. */
+ * without opting in), once per device ordinal dev; every call for K passes the same bytes.
+ * More than smem_optin_bytes is refused as the device itself refuses more than it has. */
 template <auto K> td_err smem_optin(int dev, size_t bytes)
 {
     static int done[PDL_MAX_DEV];
     if (dev >= 0 && dev < PDL_MAX_DEV && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE))
         return TD_OK;
+    if (bytes > (size_t)smem_optin_bytes(dev))
+        return err_set(TD_ECUDA, "a kernel asks for %zu bytes of shared memory per block; the "
+                       "device gives %d", bytes, smem_optin_bytes(dev));
     CUDA_TRY(cudaFuncSetAttribute((const void *)K, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   (int)bytes));
     if (dev >= 0 && dev < PDL_MAX_DEV)

@@ -369,20 +369,12 @@ td_err launch_type(const ops_mm_out *mm, int n, const float *x, const mm_xquant 
 
 } /* namespace */
 
-/* Per device ordinal: opt-in shared memory per block (0: not asked yet). */
-static int g_smem_optin[64];
-
 td_err device_caps(int *arch, int *optin)
 {
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
-    const int i = ordinal & 63;
-    *arch = code_arch(ordinal); /* cached there */
-    *optin = __atomic_load_n(&g_smem_optin[i], __ATOMIC_RELAXED);
-    if (*optin == 0) {
-        CUDA_TRY(cudaDeviceGetAttribute(optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal));
-        __atomic_store_n(&g_smem_optin[i], *optin, __ATOMIC_RELAXED);
-    }
+    *arch = code_arch(ordinal);         /* both cached there */
+    *optin = smem_optin_bytes(ordinal);
     return TD_OK;
 }
 

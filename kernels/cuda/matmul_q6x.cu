@@ -201,23 +201,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 }
 
-/* The device's shared memory per block with opting in, 0 where it cannot be read. */
-int optin_bytes(int dev)
-{
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return v;
-}
-
 template <int NT>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, int dev, cudaStream_t st)
 {
     int sms = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    TD_TRY(smem_optin<q6x_kernel<NT>>(dev, (size_t)optin_bytes(dev)));
+    TD_TRY(smem_optin<q6x_kernel<NT>>(dev, (size_t)smem_optin_bytes(dev)));
     const int64_t n_tiles = (w->rows + 15) / 16;
     const int64_t want = (n_tiles + WARPS - 1) / WARPS;
     const unsigned grid = (unsigned)(want < sms ? want : sms);
@@ -243,7 +232,7 @@ bool q6x_takes(const ops_weight *w, int64_t n_tok)
         return false;
     }
     return code_arch(dev) >= 800 &&
-           q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)optin_bytes(dev);
+           q6x_smem_bytes(w->cols, Q6X_MAX_TOK) <= (size_t)smem_optin_bytes(dev);
 }
 
 td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st)
