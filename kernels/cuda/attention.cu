@@ -39,7 +39,7 @@
 #define ATT_SCRATCH_MAX ((size_t)256 << 20) /* above this many bytes of partials: fold in blocks */
 #define ATT_COMBINE_D 64       /* head values per combine block (one per folding thread) */
 #define ATT_COMBINE_T 256      /* threads per combine block (all copy, ATT_COMBINE_D fold) */
-#define ATT_COMBINE_ROUND 512  /* splits the combine stages in shared memory at once */
+#define ATT_COMBINE_ROUND 512  /* splits the combine stages in shared memory at once, at most */
 
 typedef struct att_args {
     ops_attn a;       /* the caller's description, device pointers */
@@ -48,6 +48,7 @@ typedef struct att_args {
     int64_t n_split;  /* ceil(n_kv / ATT_SPLIT) */
     float *part;      /* NULL: fold in the block; else [n_split][n_q][n_head][head_dim + 2]
                        * partials: values, then max and sum */
+    int round;        /* the combine kernel's splits per round (its shared memory holds them) */
 } att_args;
 
 /* The keys this call uses: n_kv, or fewer when the count is read from the device. */
@@ -1150,7 +1151,7 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
     const int nd = (int)(D - d0 < ATT_COMBINE_D ? D - d0 : ATT_COMBINE_D); /* values here */
     const int64_t t = row / a.n_head, h = row % a.n_head;
     const int64_t n_split = att_n_split(p, att_n_kv(a));
-    const int R = (int)(p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND);
+    const int R = (int)(p.n_split < p.round ? p.n_split : p.round);
     float *sv = csm;                              /* [R][ATT_COMBINE_D] the values */
     float *sfa = sv + (size_t)R * ATT_COMBINE_D; /* [R] att_fold's fa */
     float *sfb = sfa + R;                         /* [R] fb; -1: a split that folds nothing */
@@ -1223,16 +1224,22 @@ static size_t att_combine_bytes(int64_t R)
     return (size_t)R * (ATT_COMBINE_D + 3) * sizeof(float);
 }
 
-/* The combine kernel over p's partials: its shared memory holds a round of splits. */
-static td_err att_combine_launch(const att_args &p, cudaStream_t st)
+/* The combine kernel over p's partials: its shared memory holds a round of splits, up to
+ * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 374). The
+ * round changes no bit: split i's factors come from the max over all splits before it. */
+static td_err att_combine_launch(att_args p, cudaStream_t st)
 {
-    const int64_t R = p.n_split < ATT_COMBINE_ROUND ? p.n_split : ATT_COMBINE_ROUND;
+    int dev = 0;
+    CUDA_TRY(cudaGetDevice(&dev));
+    const size_t room = (size_t)smem_optin_bytes(dev), per = att_combine_bytes(1);
+    int64_t most = room > 1024 + per ? (int64_t)((room - 1024) / per) : 1; /* 1 KB: wmax */
+    if (most > ATT_COMBINE_ROUND)
+        most = ATT_COMBINE_ROUND;
+    p.round = (int)most;
+    const int64_t R = p.n_split < most ? p.n_split : most;
     const size_t smem = att_combine_bytes(R);
-    if (smem > 48 * 1024) {
-        int dev = 0;
-        CUDA_TRY(cudaGetDevice(&dev));
-        TD_TRY(smem_optin<att_combine_kernel>(dev, att_combine_bytes(ATT_COMBINE_ROUND)));
-    }
+    if (smem > 48 * 1024)
+        TD_TRY(smem_optin<att_combine_kernel>(dev, att_combine_bytes(most)));
     const unsigned chunks = (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D);
     return pdl_launch<att_combine_kernel>("attention combine",
                                           dim3((unsigned)(p.a.n_q * p.a.n_head), chunks),
