@@ -1922,6 +1922,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     p.n_rows = a->n_q * p.group;
     p.n_split = (a->n_kv + ATT_SPLIT - 1) / ATT_SPLIT;
     p.part = NULL;
+    p.round = ATT_COMBINE_ROUND; /* att_combine_launch sets the device's */
     const long long tiles = (p.n_rows + ATT_ROWS - 1) / ATT_ROWS;
     if (tiles > INT32_MAX || a->n_head_kv > 65535 || p.n_split > 65535 ||
         a->n_q * a->n_head > INT32_MAX)
