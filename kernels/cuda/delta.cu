@@ -535,15 +535,9 @@ static size_t dc_bytes(int64_t chunk, int64_t d_k)
     return dc_layout_of((int)chunk, (int)d_k).floats * sizeof(float);
 }
 
-/* The shared memory a block may opt in to on dev, or 0. */
-static size_t dc_optin(int dev)
-{
-    return (size_t)smem_optin_bytes(dev);
-}
-
 extern "C" int64_t cuda_delta_chunk_max(int dev)
 {
-    const size_t optin = dc_optin(dev);
+    const size_t optin = (size_t)smem_optin_bytes(dev);
     int64_t c = OPS_DELTA_CHUNK_MAX;
     while (c > 0 && dc_bytes(c, OPS_DELTA_CHUNK_DK) > optin)
         c--;
@@ -562,8 +556,8 @@ static td_err delta_chunk_launch(const ops_delta *d, ops_stream st)
     if (smem > 48 * 1024) {
         int dev = 0;
         CUDA_TRY(cudaGetDevice(&dev));
-        const size_t optin = dc_optin(dev), most = dc_bytes(OPS_DELTA_CHUNK_MAX,
-                                                            OPS_DELTA_CHUNK_DK);
+        const size_t optin = (size_t)smem_optin_bytes(dev);
+        const size_t most = dc_bytes(OPS_DELTA_CHUNK_MAX, OPS_DELTA_CHUNK_DK);
         if (smem > optin)
             return err_set(TD_ENOTSUP, "chunked delta rule: a chunk of %lld at d_k %lld needs "
                            "%zu bytes of shared memory per block, this GPU gives %zu (chunks of "
