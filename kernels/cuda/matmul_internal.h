@@ -127,8 +127,8 @@ bool mmb_fused(const ops_weight *w);
 td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *xq,
                   const mm_device *dev, cudaStream_t st);
 
-/* The current device's code arch (code_arch, launch.cuh) and opt-in shared memory per block,
- * asked once per device (matmul_bulk.cu). */
+/* The current device's code arch and opt-in shared memory per block (code_arch and
+ * smem_optin_bytes of launch.cuh, which cache them per device). */
 td_err device_caps(int *arch, int *optin);
 
 /* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 8, 16) or the wide
