@@ -1933,7 +1933,7 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
      * partials are small; else every block folds all its splits. Same results either way. */
     int dev = 0, sms = 0;
     CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TD_TRY(sm_count(dev, &sms));
     const long long row_blocks = tiles * a->n_head_kv;
     const size_t part_bytes =
         (size_t)p.n_split * (size_t)(a->n_q * a->n_head) * (size_t)(a->head_dim + 2) * sizeof(float);

@@ -199,7 +199,7 @@ static td_err copy_launch(void *dst, size_t dpitch, const void *src, size_t spit
 {
     int dev = 0, n_sm = 0;
     CUDA_TRY(cudaGetDevice(&dev));
-    CUDA_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    TD_TRY(sm_count(dev, &n_sm));
     const size_t n = width / unit;
     const dim3 grid((unsigned)((n + 255) / 256 < (size_t)n_sm ? (n + 255) / 256 : n_sm),
                     (unsigned)(rows < 65535 ? rows : 65535));

@@ -168,6 +168,20 @@ int smem_sm_bytes(int dev)
     return smem_ask(dev, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g_per_sm);
 }
 
+td_err sm_count(int dev, int *n)
+{
+    bool pdl = false;
+    *n = 0;
+    if (dev >= 0 && dev < PDL_MAX_DEV)
+        *n = dev_info(dev, &pdl);
+    else if (cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        *n = 0;
+    if (*n > 0)
+        return TD_OK;
+    (void)cudaGetLastError();
+    return err_set(TD_ECUDA, "the SM count of device %d cannot be asked", dev);
+}
+
 extern "C" int cuda_smem_optin(int dev)
 {
     return smem_optin_bytes(dev);

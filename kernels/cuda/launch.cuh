@@ -93,6 +93,10 @@ int code_arch(int dev);
 int smem_optin_bytes(int dev);
 int smem_sm_bytes(int dev);
 
+/* The SM count of device dev into *n, asked once per device; TD_ECUDA when it cannot be
+ * asked. */
+td_err sm_count(int dev, int *n);
+
 /* How one launch goes out. */
 typedef struct pdl_plan {
     bool pdl;   /* with the programmatic stream serialization attribute */

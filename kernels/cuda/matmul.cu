@@ -334,7 +334,7 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
     int ordinal = 0;
     mm_device dev = {0, false};
     CUDA_TRY(cudaGetDevice(&ordinal));
-    CUDA_TRY(cudaDeviceGetAttribute(&dev.n_sm, cudaDevAttrMultiProcessorCount, ordinal));
+    TD_TRY(sm_count(ordinal, &dev.n_sm));
     dev.pdl = code_arch(ordinal) >= 900;
     const int64_t cols = mm[qi[0]].w->cols;
     const int pad_max = pad_tokens((int)(n_tok < MM_CHUNK ? n_tok : MM_CHUNK));

@@ -676,8 +676,8 @@ constexpr int AHEAD_CTAS = 4;
 wpath mid_path(int dev, int64_t n_cta)
 {
     int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (sm_count(dev, &sms) != TD_OK) {
+        err_clear();
         return W_REGS;
     }
     const char *e = getenv("TANDEM_MMH");

@@ -205,7 +205,7 @@ template <int NT>
 td_err launch(float *y, const float *x, const ops_weight *w, int n_tok, int dev, cudaStream_t st)
 {
     int sms = 0;
-    CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    TD_TRY(sm_count(dev, &sms));
     TD_TRY(smem_optin<q6x_kernel<NT>>(dev, (size_t)smem_optin_bytes(dev)));
     const int64_t n_tiles = (w->rows + 15) / 16;
     const int64_t want = (n_tiles + WARPS - 1) / WARPS;
