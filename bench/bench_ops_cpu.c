@@ -1,9 +1,11 @@
 /* CPU matmul throughput: weight bytes read per second for a square matrix of each supported
- * type at batch 1 (decode) and 16 (a speculative verify block). At batch 1 the number to
- * compare with is the machine's memory bandwidth.
+ * type at batch 1 (decode) and 16 (a speculative verify block), and for Q4_K and Q6_K read
+ * with inputs rounded to bf16 (x_bf16, the drafter's products; rows marked "/xb"). At batch 1
+ * the number to compare with is the machine's memory bandwidth.
  *
  * usage: bench_ops_cpu [n (default 4096)] [seconds per measurement (default 0.5)]
  * Threads: OMP_NUM_THREADS. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -42,7 +44,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s [n: a multiple of 256] [seconds > 0]\n", argv[0]);
         return 2;
     }
-    const td_dtype types[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q6_K, TD_Q5_K, TD_Q4_K};
+    static const struct {
+        td_dtype type;
+        bool x_bf16;
+    } types[] = {{TD_F32, false},  {TD_F16, false},  {TD_BF16, false}, {TD_Q8_0, false},
+                 {TD_Q6_K, false}, {TD_Q5_K, false}, {TD_Q4_K, false}, {TD_Q6_K, true},
+                 {TD_Q4_K, true}};
     const int64_t batches[] = {1, 16};
 
     float *src = malloc((size_t)(n * n) * sizeof *src);
@@ -60,21 +67,25 @@ int main(int argc, char **argv)
         x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
 
     printf("matmul %lldx%lld, %d threads\n", (long long)n, (long long)n, omp_get_max_threads());
-    printf("%-6s %10s %12s %12s %12s %12s\n", "type", "MiB", "T=1 ms", "T=1 GB/s", "T=16 ms",
+    printf("%-7s %9s %12s %12s %12s %12s\n", "type", "MiB", "T=1 ms", "T=1 GB/s", "T=16 ms",
            "T=16 GB/s");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const td_dtype type = types[i].type;
         ops_weight w;
-        if (ops_weight_init(&w, types[i], n, n, q) != TD_OK) {
-            fprintf(stderr, "%s: %s\n", dtype_name(types[i]), err_msg());
+        if (ops_weight_init(&w, type, n, n, q) != TD_OK) {
+            fprintf(stderr, "%s: %s\n", dtype_name(type), err_msg());
             return 1;
         }
         for (int64_t r = 0; r < n; r++)
-            if (cpu_quantize_row(types[i], src + r * n, (char *)q + r * w.row_bytes, n) != TD_OK) {
-                fprintf(stderr, "%s: %s\n", dtype_name(types[i]), err_msg());
+            if (cpu_quantize_row(type, src + r * n, (char *)q + r * w.row_bytes, n) != TD_OK) {
+                fprintf(stderr, "%s: %s\n", dtype_name(type), err_msg());
                 return 1;
             }
+        w.x_bf16 = types[i].x_bf16;
         const double bytes = (double)w.row_bytes * (double)n;
-        printf("%-6s %10.1f", dtype_name(types[i]), bytes / (1 << 20));
+        char name[16];
+        snprintf(name, sizeof name, "%s%s", dtype_name(type), w.x_bf16 ? "/xb" : "");
+        printf("%-7s %9.1f", name, bytes / (1 << 20));
         for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
             double s = time_matmul(y, x, &w, batches[b], min_s);
             printf(" %12.3f %12.2f", s * 1e3, bytes / s / 1e9);

@@ -5,6 +5,8 @@
  * weights once and needs no scratch memory. Tile dots accumulate in f32 (vectorised through omp simd), tile
  * sums in f64: within a few ulp-of-sum of the f64 reference at any width. Rows are split
  * across OpenMP threads. */
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/simd.h"
@@ -45,11 +47,14 @@ static inline __attribute__((always_inline)) void tile_dots(double acc[][MM_BATC
     }
 }
 
-/* y[t][r0 + j] for n_rows <= MM_ROWS weight rows from r0 and n_tok <= MM_BATCH inputs.
- * Compiled for AVX2 (8-wide products) and for plain x86-64 (SSE2), see kernels/cpu/simd.h. */
+/* y[t][r0 + j] for n_rows <= MM_ROWS weight rows from r0 and n_tok <= MM_BATCH inputs; x
+ * is rounded already (xr_done) or, where the weight asks for bf16 inputs, rounded here per
+ * tile. Compiled for AVX2 (8-wide products) and for plain x86-64 (SSE2), see
+ * kernels/cpu/simd.h. */
 static inline __attribute__((always_inline)) void rows_body(float *y, const float *x,
                                                             const ops_weight *w, int64_t r0,
-                                                            int64_t n_rows, int64_t n_tok)
+                                                            int64_t n_rows, int64_t n_tok,
+                                                            bool xr_done)
 {
     const dtype_info *info = dtype_get(w->type);
     double acc[MM_ROWS][MM_BATCH];
@@ -72,7 +77,7 @@ static inline __attribute__((always_inline)) void rows_body(float *y, const floa
             TD_ASSERT(e == TD_OK); /* ops_weight_init checked type and cols */
             tile[j] = buf[j];
         }
-        if (w->x_bf16) { /* the inputs' tile rounded as the weight asks */
+        if (w->x_bf16 && !xr_done) { /* the inputs' tile rounded as the weight asks */
             for (int64_t t = 0; t < n_tok; t++)
                 for (int64_t i = 0; i < n; i++)
                     xr[t][i] = ops_bf16_to_f32(ops_f32_to_bf16(x[t * w->cols + c0 + i]));
@@ -88,25 +93,34 @@ static inline __attribute__((always_inline)) void rows_body(float *y, const floa
 
 #if defined(__x86_64__)
 CPU_AVX2_TARGET static void rows_avx2(float *y, const float *x, const ops_weight *w, int64_t r0,
-                                      int64_t n_rows, int64_t n_tok)
+                                      int64_t n_rows, int64_t n_tok, bool xr_done)
 {
-    rows_body(y, x, w, r0, n_rows, n_tok);
+    rows_body(y, x, w, r0, n_rows, n_tok, xr_done);
 }
 #endif
 
 static void rows_plain(float *y, const float *x, const ops_weight *w, int64_t r0,
-                       int64_t n_rows, int64_t n_tok)
+                       int64_t n_rows, int64_t n_tok, bool xr_done)
 {
-    rows_body(y, x, w, r0, n_rows, n_tok);
+    rows_body(y, x, w, r0, n_rows, n_tok, xr_done);
 }
 
-/* One pass over the weights for n_tok <= MM_BATCH input rows. */
+/* One pass over the weights for n_tok <= MM_BATCH input rows. Inputs the weight wants in
+ * bf16 are rounded once for all row blocks where the memory for them is had, else per row
+ * block and tile (the same values either way). */
 static void matmul_batch(float *y, const float *x, const ops_weight *w, int64_t n_tok)
 {
     const int64_t n_blocks = (w->rows + MM_ROWS - 1) / MM_ROWS;
     /* Small products are not worth waking the thread team. */
     const int parallel = w->rows * w->cols * n_tok >= (1 << 16);
-    void (*rows)(float *, const float *, const ops_weight *, int64_t, int64_t, int64_t) =
+    float *xr = NULL;
+    if (w->x_bf16 && n_blocks > 1 && (xr = malloc((size_t)(n_tok * w->cols) * sizeof *xr))) {
+        for (int64_t i = 0; i < n_tok * w->cols; i++)
+            xr[i] = ops_bf16_to_f32(ops_f32_to_bf16(x[i]));
+        x = xr;
+    }
+    const bool xr_done = xr != NULL;
+    void (*rows)(float *, const float *, const ops_weight *, int64_t, int64_t, int64_t, bool) =
         rows_plain;
 #if defined(__x86_64__)
     if (cpu_has_avx2_fma())
@@ -116,8 +130,9 @@ static void matmul_batch(float *y, const float *x, const ops_weight *w, int64_t 
     for (int64_t b = 0; b < n_blocks; b++) {
         int64_t r0 = b * MM_ROWS;
         int64_t nr = w->rows - r0 < MM_ROWS ? w->rows - r0 : MM_ROWS;
-        rows(y, x, w, r0, nr, n_tok);
+        rows(y, x, w, r0, nr, n_tok, xr_done);
     }
+    free(xr);
 }
 
 void cpu_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok)
