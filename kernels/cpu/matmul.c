@@ -2,9 +2,9 @@
  *
  * Weight rows are dequantised four at a time, one 256-wide tile each, into a stack buffer
  * and dotted with all (up to 64) input rows before the next tile, so a batch reads the
- * weights once and needs no scratch memory. Tile dots accumulate in f32 (vectorised through omp simd), tile
- * sums in f64: within a few ulp-of-sum of the f64 reference at any width. Rows are split
- * across OpenMP threads. */
+ * weights once; the only scratch memory is the batch's rounded inputs under x_bf16. Tile
+ * dots accumulate in f32 (vectorised through omp simd), tile sums in f64: within a few
+ * ulp-of-sum of the f64 reference at any width. Rows are split across OpenMP threads. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
