@@ -1562,13 +1562,25 @@ template <int HD, int MT> static atm_fn atm_pick(int dev, size_t *smem, uint64_t
     return atm_kernel<HD, MT>;
 }
 
+/* The widest row tile (16 * *mt rows) that the call's rows fill and the device's blocks hold.
+ * The tile never changes a bit, so where 16 rows fit every call of a head size takes this
+ * kernel, whatever its rows: with 99 KB per block (sm_86) head_dim 64 holds only 16 rows, and
+ * taking the staged kernel for more rows would give a query other bits alone than in its
+ * block. */
 template <int HD>
 static atm_fn atm_pick_rows(int dev, int64_t n_rows, int *mt, size_t *smem, uint64_t **occ)
 {
-    *mt = n_rows <= 16 ? 1 : n_rows <= 32 ? 2 : 4;
-    return *mt == 1   ? atm_pick<HD, 1>(dev, smem, occ)
-           : *mt == 2 ? atm_pick<HD, 2>(dev, smem, occ)
-                      : atm_pick<HD, 4>(dev, smem, occ);
+    atm_fn f = NULL;
+    if (n_rows > 32 && (f = atm_pick<HD, 4>(dev, smem, occ)) != NULL) {
+        *mt = 4;
+        return f;
+    }
+    if (n_rows > 16 && (f = atm_pick<HD, 2>(dev, smem, occ)) != NULL) {
+        *mt = 2;
+        return f;
+    }
+    *mt = 1;
+    return atm_pick<HD, 1>(dev, smem, occ);
 }
 
 /* Whether the tensor-core kernels may run (TANDEM_ATT_MMA=0, read on every call, turns them
