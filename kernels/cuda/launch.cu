@@ -171,7 +171,6 @@ int smem_sm_bytes(int dev)
 td_err sm_count(int dev, int *n)
 {
     bool pdl = false;
-    *n = 0;
     if (dev >= 0 && dev < PDL_MAX_DEV)
         *n = dev_info(dev, &pdl);
     else if (cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
