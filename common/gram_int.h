@@ -46,6 +46,38 @@ td_err gb_rule(gm_build *b, const char *name, size_t len, int32_t owner, int32_t
 td_err gb_repeat(gm_build *b, int32_t rule, size_t start, long min, long max);
 void gb_free(gm_build *b);
 
+/* --- what the parsers share (gram_parse.c; the Lark grammars of gram_lark.c use it) ------- */
+
+typedef struct gm_ranges {
+    uint32_t lo[256], hi[256];
+    int n;
+    bool neg;
+} gm_ranges;
+
+typedef struct gm_src {
+    const char *s, *p, *end; /* the text, where the parser is, its end */
+    gm_build *b;
+    bool regex;
+    bool lark;               /* a Lark grammar: errors by line and column, also in regexes */
+    bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
+    const char *alt;         /* regex: where the top-level alternative being read began */
+    bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
+} gm_src;
+
+/* A syntax error at x->p: TD_EINVAL naming the line and column (a regex: the byte). */
+td_err gm_syntax(const gm_src *x, const char *what);
+/* Adds [lo, hi] to r (TD_EINVAL when backwards, TD_ENOTSUP past 256 ranges). */
+td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi);
+/* The set r (merged in place) as one item of rule. */
+td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r);
+/* A character of a literal or a class (an escape, or one UTF-8 character). In a regex, *cls
+ * gets the letter of a class escape (\d \w \s \D \W \S) instead. */
+td_err gm_char(gm_src *x, uint32_t *cp, char *cls);
+/* Decimal digits at p (capped at 100000) into *v, -1 when there are none; returns the end. */
+const char *gm_number(const char *p, const char *end, long *v);
+/* A regex's alternatives at x->p into rule, up to the end, or a ')' when depth > 0. */
+td_err re_alternatives(gm_src *x, int32_t rule, int depth);
+
 typedef struct gm_scratch gm_scratch;
 
 struct gm_grammar {

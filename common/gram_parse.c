@@ -140,34 +140,19 @@ td_err gb_repeat(gm_build *b, int32_t rule, size_t start, long min, long max)
 
 /* --- character sets ----------------------------------------------------------------------- */
 
-typedef struct gm_ranges {
-    uint32_t lo[256], hi[256];
-    int n;
-    bool neg;
-} gm_ranges;
-
-typedef struct gm_src {
-    const char *s, *p, *end; /* the text, where the parser is, its end */
-    gm_build *b;
-    bool regex;
-    bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
-    const char *alt;         /* regex: where the top-level alternative being read began */
-    bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
-} gm_src;
-
-static td_err gm_syntax(const gm_src *x, const char *what)
+td_err gm_syntax(const gm_src *x, const char *what)
 {
     int line = 1, col = 1;
     for (const char *q = x->s; q < x->p; q++) {
         col = *q == '\n' ? 1 : col + 1;
         line += *q == '\n';
     }
-    if (x->regex)
+    if (x->regex && !x->lark)
         return err_set(TD_EINVAL, "regular expression, at byte %td: %s", x->p - x->s, what);
     return err_set(TD_EINVAL, "grammar, line %d, column %d: %s", line, col, what);
 }
 
-static td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
+td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
 {
     if (lo > hi)
         return gm_syntax(x, "a character range goes backwards");
@@ -201,7 +186,7 @@ static void gm_ranges_merge(gm_ranges *r)
     r->n = m;
 }
 
-static td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r)
+td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r)
 {
     gm_ranges_merge(r);
     if (r->n == 0) /* [^] : any character; [] was refused while parsing */
@@ -263,7 +248,7 @@ static td_err gm_utf8(gm_src *x, uint32_t *cp)
 
 /* A character of a literal or a class (an escape, or one UTF-8 character). In a regex, *cls
  * gets the letter of a class escape (\d \w \s \D \W \S) instead. */
-static td_err gm_char(gm_src *x, uint32_t *cp, char *cls)
+td_err gm_char(gm_src *x, uint32_t *cp, char *cls)
 {
     if (cls)
         *cls = 0;
@@ -370,7 +355,7 @@ static td_err gm_class(gm_src *x, int32_t rule)
 }
 
 /* Decimal digits at p (capped at 100000), -1 when there are none; returns the end. */
-static const char *gm_number(const char *p, const char *end, long *v)
+const char *gm_number(const char *p, const char *end, long *v)
 {
     *v = -1;
     for (; p < end && *p >= '0' && *p <= '9'; p++) {
@@ -607,7 +592,6 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
 
 /* --- regular expressions ------------------------------------------------------------------- */
 
-static td_err re_alternatives(gm_src *x, int32_t rule, int depth);
 
 static td_err re_sequence(gm_src *x, int32_t rule, int depth)
 {
@@ -691,7 +675,7 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
     return TD_OK;
 }
 
-static td_err re_alternatives(gm_src *x, int32_t rule, int depth)
+td_err re_alternatives(gm_src *x, int32_t rule, int depth)
 {
     TD_TRY(re_sequence(x, rule, depth));
     while (x->p < x->end && *x->p == '|') {

@@ -98,7 +98,7 @@ td_err req_response_format(gw_request *r, api_error *e)
                            e);
 }
 
-/* A grammar (GBNF) or a regular expression as the format, compiled here so that what the
+/* A grammar (GBNF or Lark) or a regular expression as the format, compiled here so that what the
  * matcher refuses is this request's 400. */
 static td_err req_grammar(gw_request *r, const json_t *v, bool regex, const char *param,
                           api_error *e)
@@ -123,15 +123,15 @@ static td_err req_grammar(gw_request *r, const json_t *v, bool regex, const char
                           "Invalid value for '%s': it holds a NUL character.", param);
     }
     gm_grammar *g = NULL;
-    const td_err c = regex ? gm_compile_regex(text, n, &g) : gm_compile_gbnf(text, n, &g);
+    const td_err c = regex ? gm_compile_regex(text, n, &g) : gm_compile_grammar(text, n, &g);
     gm_free(g);
     return req_format_set(r, regex ? MSG_FORMAT_REGEX : MSG_FORMAT_GRAMMAR, text, c, param, e);
 }
 
 /* Guided decoding beside response_format, one way of asking at most: vLLM's guided_json (a
- * schema, or its JSON text), guided_choice (strings), guided_regex, guided_grammar (GBNF), or
- * structured_outputs with one of json / choice / regex / grammar; llama.cpp's json_schema and
- * grammar. */
+ * schema, or its JSON text), guided_choice (strings), guided_regex, guided_grammar (GBNF or
+ * Lark), or structured_outputs with one of json / choice / regex / grammar; llama.cpp's
+ * json_schema and grammar. */
 td_err req_guided(gw_request *r, api_error *e)
 {
     static const struct {

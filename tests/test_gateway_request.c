@@ -681,9 +681,9 @@ static void completion_bad_prompts_are_400(void **state)
 /* Guided decoding: vLLM's guided_choice and structured_outputs.choice become the choice
  * format with its spec, guided_json (an object or its text), structured_outputs.json and
  * llama.cpp's json_schema the JSON schema format, guided_regex and structured_outputs.regex
- * the regex format, guided_grammar, structured_outputs.grammar and llama.cpp's grammar the
- * grammar format, each with its text; two ways at once, an unknown kind, a bad choice list, a
- * regex or grammar the matcher refuses are 400. */
+ * the regex format, guided_grammar (GBNF or Lark), structured_outputs.grammar and llama.cpp's
+ * grammar the grammar format, each with its text; two ways at once, an unknown kind, a bad
+ * choice list, a regex or grammar the matcher refuses are 400. */
 static void guided_decoding_fields(void **state)
 {
     (void)state;
@@ -725,6 +725,8 @@ static void guided_decoding_fields(void **state)
          MSG_FORMAT_GRAMMAR, "root ::= [0-9]"},
         {"{\"prompt\": \"x\", \"grammar\": \"root ::= x\\nx ::= \\\"y\\\"\"}", MSG_FORMAT_GRAMMAR,
          "root ::= x\nx ::= \"y\""},
+        {"{\"prompt\": \"x\", \"guided_grammar\": \"?start: x+\\nx: 'y'i\"}", MSG_FORMAT_GRAMMAR,
+         "?start: x+\nx: 'y'i"},
     };
     for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++) {
         assert_int_equal(req_parse(&r, REQ_COMPLETION, gram[i].body, strlen(gram[i].body), &e),
@@ -767,6 +769,16 @@ static void guided_decoding_fields(void **state)
                  "{\"error\":{\"message\":\"Invalid value for 'grammar': grammar: the rule "
                  "'nope' is used but not defined\",\"type\":\"invalid_request_error\","
                  "\"param\":\"grammar\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_grammar\": \"start: \\\"a\\\" ]\"}",
+                 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_grammar': grammar, line 1, "
+                 "column 12: unbalanced bracket\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"guided_grammar\",\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"guided_grammar\": \"%import foo.X\\nstart: X\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_grammar': grammar: only "
+                 "Lark's `common` library can be imported\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"guided_grammar\",\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_grammar\": \"\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_grammar': it is empty.\","
                  "\"type\":\"invalid_request_error\",\"param\":\"guided_grammar\",\"code\":"

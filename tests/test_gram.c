@@ -2,7 +2,8 @@
  * exact byte no sentence can follow, whole sentences recognised, UTF-8 split across feeds and
  * its first bytes refused where no character they begin fits, compile errors with their
  * messages; regular expressions against PCRE2 on every string of a small alphabet (whole
- * match, and viable prefix as PCRE2's hard partial match says). */
+ * match, and viable prefix as PCRE2's hard partial match says); Lark grammars as vLLM's
+ * guided_grammar takes them, and which of the two notations a grammar text is. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,14 @@ static gm_grammar *gbnf(const char *text)
 {
     gm_grammar *g = NULL;
     if (gm_compile_gbnf(text, strlen(text), &g) != TD_OK)
+        fail_msg("compile: %s", err_msg());
+    return g;
+}
+
+static gm_grammar *lark(const char *text)
+{
+    gm_grammar *g = NULL;
+    if (gm_compile_lark(text, strlen(text), &g) != TD_OK)
         fail_msg("compile: %s", err_msg());
     return g;
 }
@@ -335,6 +344,197 @@ static void test_gbnf_errors_name_the_place(void **ctx)
             "the grammar needs more than 65000 elements (quantifiers are written out)");
 }
 
+static void test_lark_arithmetic_ignores_spaces_between_items(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("// sums of products\n"
+                         "?start: sum\n"
+                         "?sum: product ((\"+\" | \"-\") product)*\n"
+                         "?product: atom ((\"*\" | \"/\") atom)*\n"
+                         "?atom: NUMBER -> number\n"
+                         "     | \"-\" atom -> neg\n"
+                         "     | \"(\" sum \")\"\n"
+                         "%import common.NUMBER\n"
+                         "%import common.WS_INLINE\n"
+                         "%ignore WS_INLINE\n");
+    whole(g, "1+2");
+    whole(g, " 1 + 2 * ( 3.5 - -4 ) ");
+    whole(g, "2e10/\t.5");
+    whole(g, "1.");
+    cut_at(g, "1 + + 2", 4);
+    cut_at(g, "1 2", 2);  /* spaces stand between items, never inside a terminal */
+    cut_at(g, "1e+x", 3);
+    bool done;
+    assert_int_equal(taken(g, "1 +", &done), 3);
+    assert_false(done);
+    gm_free(g);
+}
+
+static void test_lark_strings_ranges_and_bounded_repetitions(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: greeting ~ 2..3 \"!\"\n"
+                         "greeting: \"hi\"i | 'yo' | \"a\"..\"c\" DIGIT~2\n"
+                         "DIGIT: /[0-9]/\n");
+    whole(g, "hiHI!");
+    whole(g, "hIyob42!");
+    whole(g, "yoyoyo!");
+    cut_at(g, "hi!", 2);
+    cut_at(g, "hihihihi", 6);
+    cut_at(g, "d00", 0);
+    cut_at(g, "a4x", 2);
+    gm_free(g);
+    g = lark("start: \"\\u00e9t\\u00e9\"i \"\\\\\"");
+    whole(g, "\xc3\x89T\xc3\xa9\\"); /* ÉTé\ */
+    gm_free(g);
+}
+
+static void test_lark_definitions_go_on_after_a_bar_and_start_defaults_to_the_first(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("answer: \"yes\"   // agree\n"
+                         "\n"
+                         "     | \"no\"\n"
+                         "     | maybe\n"
+                         "!maybe.2: \"may\" [\"be\"] -> perhaps\n");
+    whole(g, "yes");
+    whole(g, "no");
+    whole(g, "may");
+    whole(g, "maybe");
+    cut_at(g, "mayo", 3);
+    gm_free(g);
+    /* start wins over the first definition */
+    g = lark("a: \"a\"\nstart: a \"b\"\n");
+    whole(g, "ab");
+    cut_at(g, "a", 1);
+    gm_free(g);
+}
+
+static void test_lark_ignored_items_stand_between_repetitions_and_around_the_text(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: item+ (\",\" item)~0..1\n"
+                         "item: WORD | \"<\" INT \">\"\n"
+                         "%import common (WORD, INT, WS)\n"
+                         "%ignore WS\n"
+                         "%ignore /#[^\\n]*\\n/\n");
+    whole(g, "ab");
+    whole(g, " ab cd\n\tef , gh ");
+    whole(g, "ab # note\n< 12 >");
+    cut_at(g, "ab , cd , ef", 8);
+    cut_at(g, "ab 1", 3);
+    gm_free(g);
+    g = lark("start: \"a\"*\n%ignore \" \"\n"); /* the empty text too */
+    whole(g, "");
+    whole(g, "  a a  a ");
+    gm_free(g);
+}
+
+static void test_lark_regex_terminals_and_common_library(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: /[a-z]+/ \"=\" /\\d{1,3}/ /a\\/b|[\\]\\/]/\n");
+    whole(g, "x=12a/b");
+    whole(g, "x=1]");
+    cut_at(g, "x=1234", 5);
+    gm_free(g);
+    g = lark("start: ESCAPED_STRING\n%import common.ESCAPED_STRING\n");
+    whole(g, "\"a\\\"b\"");
+    whole(g, "\"\"");
+    cut_at(g, "\"a\"b", 3);
+    cut_at(g, "\"a\nb\"", 2);
+    gm_free(g);
+    g = lark("start: C_COMMENT | SIGNED_NUMBER | CNAME\n"
+             "%import common (C_COMMENT, SIGNED_NUMBER,\n    CNAME)\n");
+    whole(g, "/* a ** b */");
+    whole(g, "/***/");
+    cut_at(g, "/* a */ b */", 7);
+    whole(g, "-1.5e-3");
+    whole(g, "_x9");
+    cut_at(g, "9x", 1);
+    gm_free(g);
+    g = lark("start: N (\",\" N)*\n%import common.INT -> N\n");
+    whole(g, "1,22,333");
+    cut_at(g, "1,,", 2);
+    gm_free(g);
+}
+
+static void test_lark_vllm_sql_example(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("?start: select_statement\n"
+                         "?select_statement: \"SELECT \" column_list \" FROM \" table_name\n"
+                         "?column_list: column_name (\",\" column_name)*\n"
+                         "?table_name: identifier\n"
+                         "?column_name: identifier\n"
+                         "?identifier: /[a-zA-Z_][a-zA-Z0-9_]*/\n");
+    whole(g, "SELECT a,b_2 FROM t");
+    cut_at(g, "SELECT a b", 9);
+    cut_at(g, "select", 0);
+    gm_free(g);
+}
+
+static void test_lark_errors_name_the_place(void **ctx)
+{
+    (void)ctx;
+    refused(gm_compile_lark, "start: a", TD_EINVAL, "grammar: 'a' is used but not defined");
+    refused(gm_compile_lark, "start: \"x\"\nstart: \"y\"", TD_EINVAL,
+            "grammar, line 2, column 1: the name is defined twice");
+    refused(gm_compile_lark, "X: y\ny: \"a\"", TD_EINVAL,
+            "grammar, line 1, column 4: a terminal can only use strings, regular expressions "
+            "and terminals, not a rule");
+    refused(gm_compile_lark, "start: \"a\" b: \"c\"", TD_EINVAL,
+            "grammar, line 1, column 12: a definition begins before the line of the one "
+            "before ends");
+    refused(gm_compile_lark, "start: (\"a\"", TD_EINVAL,
+            "grammar, line 1, column 12: expected ')'");
+    refused(gm_compile_lark, "start: \"abc\n", TD_EINVAL,
+            "grammar, line 1, column 12: a string is not closed on its line");
+    refused(gm_compile_lark, "start: \"a\"..\"cd\"", TD_EINVAL,
+            "grammar, line 1, column 15: a range's ends are strings of one character each");
+    refused(gm_compile_lark, "start: \"a\" ~ 3..2", TD_EINVAL,
+            "grammar, line 1, column 18: a repetition's maximum is below its minimum");
+    refused(gm_compile_lark, "start: \"a\" ]", TD_EINVAL,
+            "grammar, line 1, column 12: unbalanced bracket");
+    refused(gm_compile_lark, "start: /a(/", TD_EINVAL,
+            "grammar, line 1, column 11: missing ')'");
+    refused(gm_compile_lark, "start = \"a\"", TD_EINVAL,
+            "grammar, line 1, column 7: expected ':'");
+    refused(gm_compile_lark, "%import common.FOO", TD_EINVAL,
+            "grammar, line 1, column 16: Lark's common library has no such terminal");
+    refused(gm_compile_lark, "start: start \"a\" | \"b\"", TD_EINVAL,
+            "grammar: left recursion through the rule 'start' (it can reach itself before "
+            "any character; so does an open repetition of what can be empty)");
+    refused(gm_compile_lark, "// nothing", TD_EINVAL, "grammar: no rule");
+    refused(gm_compile_lark, "start: /a/i", TD_ENOTSUP,
+            "grammar: flags after a regular expression (/.../i) are not supported");
+    refused(gm_compile_lark, "%import foo.BAR\nstart: \"a\"", TD_ENOTSUP,
+            "grammar: only Lark's `common` library can be imported");
+    refused(gm_compile_lark, "%declare X\nstart: \"a\"", TD_ENOTSUP,
+            "grammar: the directive %declare is not supported (%import common and %ignore "
+            "are)");
+    refused(gm_compile_lark, "pair{a}: a a", TD_ENOTSUP,
+            "grammar: templates (name{args}) are not supported");
+}
+
+static void test_grammar_text_is_gbnf_or_lark_by_its_rules(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = NULL;
+    const char *gbnf_text = "# x\n  root ::= \"a\" b\nb ::= \"c\"";
+    assert_int_equal(gm_compile_grammar(gbnf_text, strlen(gbnf_text), &g), TD_OK);
+    whole(g, "ac");
+    gm_free(g);
+    const char *lark_text = "start: \"a\" | \"::=\"";
+    assert_int_equal(gm_compile_grammar(lark_text, strlen(lark_text), &g), TD_OK);
+    whole(g, "::=");
+    gm_free(g);
+    refused(gm_compile_grammar, "root = \"a\"", TD_EINVAL,
+            "grammar, line 1, column 6: expected ':'");
+    refused(gm_compile_grammar, "root ::= \"a\" )", TD_EINVAL,
+            "grammar, line 1, column 14: unbalanced ')'");
+}
+
 static void test_regex_matches_whole_texts(void **ctx)
 {
     (void)ctx;
@@ -629,6 +829,14 @@ int main(void)
         cmocka_unit_test(test_gbnf_many_ways_to_one_parse_cost_one),
         cmocka_unit_test(test_gbnf_json_grammar_takes_json),
         cmocka_unit_test(test_gbnf_errors_name_the_place),
+        cmocka_unit_test(test_lark_arithmetic_ignores_spaces_between_items),
+        cmocka_unit_test(test_lark_strings_ranges_and_bounded_repetitions),
+        cmocka_unit_test(test_lark_definitions_go_on_after_a_bar_and_start_defaults_to_the_first),
+        cmocka_unit_test(test_lark_ignored_items_stand_between_repetitions_and_around_the_text),
+        cmocka_unit_test(test_lark_regex_terminals_and_common_library),
+        cmocka_unit_test(test_lark_vllm_sql_example),
+        cmocka_unit_test(test_lark_errors_name_the_place),
+        cmocka_unit_test(test_grammar_text_is_gbnf_or_lark_by_its_rules),
         cmocka_unit_test(test_regex_matches_whole_texts),
         cmocka_unit_test(test_regex_refusals_say_what),
         cmocka_unit_test(test_regex_agrees_with_pcre2_on_every_short_string),

@@ -67,7 +67,7 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
     }
     if (cfg->format == MSG_FORMAT_GRAMMAR || cfg->format == MSG_FORMAT_REGEX) {
         td_err e = cfg->format == MSG_FORMAT_GRAMMAR
-                       ? gm_compile_gbnf(cfg->schema, cfg->n_schema, &out->gram)
+                       ? gm_compile_grammar(cfg->schema, cfg->n_schema, &out->gram)
                        : gm_compile_regex(cfg->schema, cfg->n_schema, &out->gram);
         if (e != TD_OK)
             out->gram = NULL;

@@ -1,6 +1,7 @@
 /* Fuzz target: the grammar matcher on a hostile grammar and text. The first byte picks GBNF
- * (0 mod 3), a regular expression (1) or a JSON Schema pattern with its automaton (2); then
- * the grammar, a NUL byte, and the text (without a NUL, the text is empty). A grammar either fails to compile with a message or gives a
+ * (0 mod 4), a regular expression (1), a JSON Schema pattern with its automaton (2) or a Lark
+ * grammar (3); then the grammar, a NUL byte, and the text (without a NUL, the text is empty).
+ * A grammar either fails to compile with a message or gives a
  * matcher that, fed one byte at a time into copies (as the server walks its token trie),
  * keeps these invariants:
  *   - the live part of a state never outgrows gm_state_size;
@@ -101,17 +102,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0)
         return 0;
-    const int kind = data[0] % 3;
-    const bool regex = kind != 0;
+    const int kind = data[0] % 4;
     data++, size--;
     const uint8_t *nul = memchr(data, 0, size);
     const size_t len = nul ? (size_t)(nul - data) : size;
     const uint8_t *text = nul ? nul + 1 : data + size;
     const size_t n = nul ? size - len - 1 : 0;
     gm_grammar *g = NULL;
-    const td_err e = kind == 2   ? gm_compile_pattern((const char *)data, len, &g)
-                     : regex     ? gm_compile_regex((const char *)data, len, &g)
-                                 : gm_compile_gbnf((const char *)data, len, &g);
+    const char *t = (const char *)data;
+    const td_err e = kind == 0   ? gm_compile_gbnf(t, len, &g)
+                     : kind == 1 ? gm_compile_regex(t, len, &g)
+                     : kind == 2 ? gm_compile_pattern(t, len, &g)
+                                 : gm_compile_lark(t, len, &g);
     if (e != TD_OK) {
         TD_ASSERT(g == NULL && err_msg()[0] != '\0');
         return 0;

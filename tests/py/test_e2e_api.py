@@ -518,18 +518,20 @@ def test_guided_choice_answers_with_one_of_the_strings(server):
 
 
 def test_a_grammar_or_a_regex_shapes_the_answer(server):
-    """llama.cpp's grammar (GBNF), vLLM's guided_grammar / guided_regex and
+    """llama.cpp's grammar (GBNF), vLLM's guided_grammar (GBNF or Lark) / guided_regex and
     structured_outputs.grammar / .regex: the answer is a whole sentence, then the end (the
     random model, sampled, writes nothing else; the grammar's sentences are short enough to
     finish within max_tokens); a grammar the matcher refuses is a 400 that says why."""
     c, m = server["client"], server["model"]
     gbnf = 'root ::= ("yes" | "no") (", " [a-z]{1,4}){0,2} "."\n'
+    lark = '?start: ("yes" | "no") (", " WORD)~0..2 "."  // Lark\nWORD: /[a-z]{1,4}/\n'
     regex = r"[A-Z][a-z]{1,3}-\d{2}"
     sentence = re.compile(r"(yes|no)(, [a-z]{1,4}){0,2}\.")
     serial = re.compile(r"[A-Z][a-z]{1,3}-[0-9]{2}")
     for seed in range(3):
         for extra, want in (({"grammar": gbnf}, sentence), ({"guided_grammar": gbnf}, sentence),
                             ({"structured_outputs": {"grammar": gbnf}}, sentence),
+                            ({"guided_grammar": lark}, sentence),
                             ({"guided_regex": regex}, serial),
                             ({"structured_outputs": {"regex": regex}}, serial)):
             r = c.completions.create(model=m, prompt="Answer:", max_tokens=32, temperature=1.0,

@@ -1,0 +1,631 @@
+/* Lark grammars into rules (common/gram.h): the notation of Lark's EBNF as vLLM's
+ * guided_grammar takes it, read as a language of characters. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "common/gram_int.h"
+
+#define LK_NEST_MAX 100 /* groups inside groups (the parser recurses per group) */
+#define LK_NAME_MAX 128 /* bytes of a name, with the prefix of an imported one */
+
+/* Lark's `common` library, the terminals `%import common.X` brings, written for a matcher of
+ * characters: a string holds no unescaped quote and no newline, a C comment ends at its
+ * first star-slash. Its names live under the prefix LK_COMMON. */
+#define LK_COMMON "common."
+static const char lk_common[] =
+    "DIGIT: \"0\"..\"9\"\n"
+    "HEXDIGIT: \"a\"..\"f\" | \"A\"..\"F\" | DIGIT\n"
+    "INT: DIGIT+\n"
+    "SIGNED_INT: [\"+\" | \"-\"] INT\n"
+    "DECIMAL: INT \".\" INT? | \".\" INT\n"
+    "_EXP: (\"e\" | \"E\") SIGNED_INT\n"
+    "FLOAT: INT _EXP | DECIMAL _EXP?\n"
+    "SIGNED_FLOAT: [\"+\" | \"-\"] FLOAT\n"
+    "NUMBER: FLOAT | INT\n"
+    "SIGNED_NUMBER: [\"+\" | \"-\"] NUMBER\n"
+    "ESCAPED_STRING: \"\\\"\" (/[^\"\\\\\\n]/ | \"\\\\\" /./)* \"\\\"\"\n"
+    "LCASE_LETTER: \"a\"..\"z\"\n"
+    "UCASE_LETTER: \"A\"..\"Z\"\n"
+    "LETTER: UCASE_LETTER | LCASE_LETTER\n"
+    "WORD: LETTER+\n"
+    "CNAME: (\"_\" | LETTER) (\"_\" | LETTER | DIGIT)*\n"
+    "WS_INLINE: (\" \" | /\\t/)+\n"
+    "WS: /[ \\t\\f\\r\\n]/+\n"
+    "CR: /\\r/\n"
+    "LF: /\\n/\n"
+    "NEWLINE: (CR? LF)+\n"
+    "SH_COMMENT: /#[^\\n]*/\n"
+    "CPP_COMMENT: /\\/\\/[^\\n]*/\n"
+    "C_COMMENT: \"/*\" (/[^*]/ | /\\*+[^*\\/]/)* /\\*+\\// \n"
+    "SQL_COMMENT: /--[^\\n]*/\n";
+
+typedef struct lk_parser {
+    gm_src x;
+    const char *prefix; /* put before every name: LK_COMMON while the library is read */
+    int32_t first;      /* the first rule defined, the start when there is no `start` */
+    int32_t ig, igs;    /* with %ignore: one ignored item, and any run of them; else -1 */
+    bool common;        /* the library is read */
+} lk_parser;
+
+static bool lk_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_';
+}
+
+/* A terminal's name has an upper-case letter first (after underscores); a rule's lower. */
+static bool lk_is_terminal(const char *n, size_t len)
+{
+    size_t i = 0;
+    while (i < len && n[i] == '_')
+        i++;
+    return i < len && n[i] >= 'A' && n[i] <= 'Z';
+}
+
+/* The rule named prefix + n[0..len), made (undefined) when new. */
+static td_err lk_named(lk_parser *k, const char *n, size_t len, int32_t *id)
+{
+    char full[LK_NAME_MAX];
+    const size_t pl = strlen(k->prefix);
+    if (pl + len >= sizeof full)
+        return gm_syntax(&k->x, "a name longer than 100 bytes");
+    memcpy(full, k->prefix, pl);
+    memcpy(full + pl, n, len);
+    full[pl + len] = 0;
+    gm_build *b = k->x.b;
+    for (int32_t r = 0; r < b->n_rules; r++)
+        if (b->name[r] && strcmp(b->name[r], full) == 0) {
+            *id = r;
+            return TD_OK;
+        }
+    return gb_rule(b, full, pl + len, -1, id);
+}
+
+/* Spaces, tabs and // comments; newlines too when nl. */
+static void lk_space(gm_src *x, bool nl)
+{
+    while (x->p < x->end) {
+        const char c = *x->p;
+        if (c == ' ' || c == '\t' || c == '\r' || (nl && c == '\n')) {
+            x->p++;
+        } else if (c == '/' && x->end - x->p >= 2 && x->p[1] == '/') {
+            while (x->p < x->end && *x->p != '\n')
+                x->p++;
+        } else {
+            break;
+        }
+    }
+}
+
+/* At a newline: whether the definition goes on with a '|' on a later line (x->p then at the
+ * '|'; unchanged otherwise). */
+static bool lk_continues(gm_src *x)
+{
+    gm_src y = *x;
+    lk_space(&y, true);
+    if (y.p < y.end && *y.p == '|') {
+        x->p = y.p;
+        return true;
+    }
+    return false;
+}
+
+/* A string literal after its quote q, into rule; with the flag i, each letter either case. */
+static td_err lk_string(lk_parser *k, int32_t rule, char q)
+{
+    gm_src *x = &k->x;
+    const char *s0 = x->p;
+    uint32_t cps[2] = {0, 0};
+    size_t n = 0;
+    while (x->p < x->end && *x->p != q && *x->p != '\n') {
+        uint32_t cp;
+        TD_TRY(gm_char(x, &cp, NULL));
+        if (n < 2)
+            cps[n] = cp;
+        n++;
+    }
+    if (x->p >= x->end || *x->p != q)
+        return gm_syntax(x, "a string is not closed on its line");
+    x->p++;
+    const bool fold = x->p < x->end && *x->p == 'i' &&
+                      !(x->p + 1 < x->end && lk_name_char(x->p[1]));
+    x->p += fold;
+    gm_src save = *x;
+    lk_space(x, false);
+    if (x->end - x->p >= 2 && x->p[0] == '.' && x->p[1] == '.') { /* "a".."z" */
+        x->p += 2;
+        lk_space(x, false);
+        if (x->p >= x->end || (*x->p != '"' && *x->p != '\''))
+            return gm_syntax(x, "a range needs a string of one character after '..'");
+        const char q2 = *x->p++;
+        uint32_t hi;
+        TD_TRY(gm_char(x, &hi, NULL));
+        if (x->p >= x->end || *x->p != q2 || n != 1)
+            return gm_syntax(x, "a range's ends are strings of one character each");
+        x->p++;
+        gm_ranges r = {.n = 0};
+        TD_TRY(gm_range_add(x, &r, cps[0], hi));
+        return gm_set_emit(x->b, rule, &r);
+    }
+    *x = save;
+    if (n == 0)
+        return gm_syntax(x, "an empty string");
+    gm_src y = *x; /* the characters again, now into the rule */
+    y.p = s0;
+    while (*y.p != q) {
+        uint32_t cp;
+        TD_TRY(gm_char(&y, &cp, NULL));
+        const uint32_t up = (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp);
+        const uint32_t low = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
+        if (!fold || (up == cp && low == cp)) {
+            TD_TRY(gb_push(x->b, &x->b->body[rule], GM_CHAR, cp, cp));
+            continue;
+        }
+        gm_ranges r = {.n = 0};
+        TD_TRY(gm_range_add(x, &r, cp, cp));
+        TD_TRY(gm_range_add(x, &r, up, up));
+        TD_TRY(gm_range_add(x, &r, low, low));
+        TD_TRY(gm_set_emit(x->b, rule, &r));
+    }
+    return TD_OK;
+}
+
+/* A regular expression after its '/', up to and past its closing '/', into rule. */
+static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
+{
+    gm_src *x = &k->x;
+    const char *r0 = x->p;
+    bool in_class = false;
+    for (; x->p < x->end && *x->p != '\n' && (in_class || *x->p != '/'); x->p++) {
+        if (*x->p == '\\' && x->p + 1 < x->end)
+            x->p++;
+        else if (*x->p == '[')
+            in_class = true;
+        else if (*x->p == ']')
+            in_class = false;
+    }
+    if (x->p >= x->end || *x->p != '/')
+        return gm_syntax(x, "a regular expression is not closed on its line");
+    const char *r1 = x->p++;
+    if (r1 == r0)
+        return gm_syntax(x, "an empty regular expression");
+    if (x->p < x->end && lk_name_char(*x->p))
+        return err_set(TD_ENOTSUP, "grammar: flags after a regular expression (/.../%c) are "
+                       "not supported", *x->p);
+    gm_build *b = x->b;
+    int32_t g;
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &g));
+    b->defined[g] = true;
+    gm_src y = *x;
+    y.p = r0;
+    y.end = r1;
+    y.regex = true;
+    TD_TRY(re_alternatives(&y, g, depth + 1));
+    if (y.p < y.end)
+        return gm_syntax(&y, "unbalanced ')' in a regular expression");
+    TD_TRY(gb_push(b, &b->body[g], GM_END, 0, 0));
+    return gb_push(b, &b->body[rule], GM_REF, (uint32_t)g, 0);
+}
+
+/* The item s->el[start..n) of rule repeated min..max times (max -1: no maximum); in a rule
+ * with %ignore, ignored items may stand between the repetitions. */
+static td_err lk_repeat(lk_parser *k, int32_t rule, size_t start, long min, long max)
+{
+    gm_build *b = k->x.b;
+    if (k->igs < 0 || max == 0 || max == 1)
+        return gb_repeat(b, rule, start, min, max);
+    /* item (ignored item)* ... : the item once, then `igs item` min-1.. or 0..max-1 times */
+    gm_seq *s = &b->body[rule];
+    int32_t item, tail;
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &item));
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &tail));
+    b->defined[item] = b->defined[tail] = true;
+    s = &b->body[rule];
+    for (size_t i = start; i < s->n; i++)
+        TD_TRY(gb_push(b, &b->body[item], s->el[i].kind, s->el[i].lo, s->el[i].hi));
+    b->total -= s->n - start;
+    s->n = start;
+    TD_TRY(gb_push(b, &b->body[item], GM_END, 0, 0));
+    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)item, 0));
+    const size_t t0 = b->body[tail].n;
+    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)k->igs, 0));
+    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)item, 0));
+    TD_TRY(gb_repeat(b, tail, t0, min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1));
+    TD_TRY(gb_push(b, &b->body[tail], GM_END, 0, 0));
+    TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)tail, 0));
+    return min == 0 ? gb_repeat(b, rule, b->body[rule].n - 1, 0, 1) : TD_OK;
+}
+
+/* Decimal digits at x->p (capped at 100000) into *v; false when there are none. */
+static bool lk_number(gm_src *x, long *v)
+{
+    x->p = gm_number(x->p, x->end, v);
+    return *v >= 0;
+}
+
+/* A quantifier (? * + ~n ~n..m) after the item s->el[start..n) of rule, if one follows. */
+static td_err lk_quantifier(lk_parser *k, int32_t rule, size_t start)
+{
+    gm_src *x = &k->x;
+    lk_space(x, false);
+    if (x->p >= x->end)
+        return TD_OK;
+    long min, max;
+    const char c = *x->p;
+    if (c == '*' || c == '+' || c == '?') {
+        min = c == '+';
+        max = c == '?' ? 1 : -1;
+        x->p++;
+    } else if (c == '~') {
+        x->p++;
+        lk_space(x, false);
+        if (!lk_number(x, &min))
+            return gm_syntax(x, "'~' needs a number");
+        max = min;
+        if (x->end - x->p >= 2 && x->p[0] == '.' && x->p[1] == '.') {
+            x->p += 2;
+            if (!lk_number(x, &max))
+                return gm_syntax(x, "'~ n..' needs a second number");
+        }
+    } else {
+        return TD_OK;
+    }
+    if (min > GM_REPEAT_MAX || max > GM_REPEAT_MAX)
+        return err_set(TD_ENOTSUP, "a repetition bound above %d", GM_REPEAT_MAX);
+    if (max >= 0 && max < min)
+        return gm_syntax(x, "a repetition's maximum is below its minimum");
+    lk_space(x, false);
+    if (x->p < x->end && (*x->p == '*' || *x->p == '+' || *x->p == '?' || *x->p == '~'))
+        return gm_syntax(x, "a quantifier after a quantifier");
+    return lk_repeat(k, rule, start, min, max);
+}
+
+static td_err lk_alternatives(lk_parser *k, int32_t rule, int depth, bool terminal);
+
+/* A group's alternatives after its opening bracket, up to and past the closing one. */
+static td_err lk_group(lk_parser *k, int32_t rule, int depth, bool terminal, char close)
+{
+    gm_src *x = &k->x;
+    if (depth >= LK_NEST_MAX)
+        return err_set(TD_ENOTSUP, "groups nested deeper than %d", LK_NEST_MAX);
+    gm_build *b = x->b;
+    int32_t g;
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &g));
+    b->defined[g] = true;
+    TD_TRY(lk_alternatives(k, g, depth + 1, terminal));
+    lk_space(x, true);
+    if (x->p >= x->end || *x->p != close)
+        return gm_syntax(x, close == ')' ? "expected ')'" : "expected ']'");
+    x->p++;
+    TD_TRY(gb_push(b, &b->body[g], GM_END, 0, 0));
+    return gb_push(b, &b->body[rule], GM_REF, (uint32_t)g, 0);
+}
+
+/* One alternative: items up to a '|', a closing bracket, an alias, or the line's end. */
+static td_err lk_sequence(lk_parser *k, int32_t rule, int depth, bool terminal)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    for (bool first = true;; first = false) {
+        lk_space(x, depth > 0);
+        if (x->p >= x->end)
+            return TD_OK;
+        const char c = *x->p;
+        const bool item = c == '"' || c == '\'' || c == '/' || c == '(' || c == '[' ||
+                          lk_name_char(c);
+        if (!item) {
+            if (c == '-' && x->end - x->p >= 2 && x->p[1] == '>') { /* -> alias: a tree's */
+                x->p += 2;
+                lk_space(x, false);
+                const char *a0 = x->p;
+                while (x->p < x->end && lk_name_char(*x->p))
+                    x->p++;
+                if (x->p == a0)
+                    return gm_syntax(x, "'->' needs a name");
+                lk_space(x, depth > 0);
+            } else if (c == '*' || c == '+' || c == '?' || c == '~') {
+                return gm_syntax(x, "a quantifier with nothing before it to repeat");
+            }
+            return TD_OK; /* '|', ')', ']', a newline: the caller's */
+        }
+        if (!first && !terminal && k->igs >= 0)
+            TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)k->igs, 0));
+        const size_t start = b->body[rule].n;
+        if (c == '"' || c == '\'') {
+            x->p++;
+            TD_TRY(lk_string(k, rule, c));
+        } else if (c == '/') {
+            x->p++;
+            TD_TRY(lk_regex(k, rule, depth));
+        } else if (c == '(' || c == '[') {
+            x->p++;
+            TD_TRY(lk_group(k, rule, depth, terminal, c == '(' ? ')' : ']'));
+            if (c == '[')
+                TD_TRY(gb_repeat(b, rule, start, 0, 1));
+        } else {
+            const char *n0 = x->p;
+            while (x->p < x->end && lk_name_char(*x->p))
+                x->p++;
+            const char *n1 = x->p;
+            lk_space(x, false);
+            if (x->p < x->end && (*x->p == ':' || *x->p == '.')) {
+                x->p = n0;
+                return gm_syntax(x, "a definition begins before the line of the one before "
+                                 "ends");
+            }
+            x->p = n1;
+            if (terminal && !lk_is_terminal(n0, (size_t)(n1 - n0))) {
+                x->p = n0;
+                return gm_syntax(x, "a terminal can only use strings, regular expressions "
+                                 "and terminals, not a rule");
+            }
+            int32_t r;
+            TD_TRY(lk_named(k, n0, (size_t)(n1 - n0), &r));
+            TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)r, 0));
+        }
+        TD_TRY(lk_quantifier(k, rule, start));
+    }
+}
+
+static td_err lk_alternatives(lk_parser *k, int32_t rule, int depth, bool terminal)
+{
+    gm_src *x = &k->x;
+    TD_TRY(lk_sequence(k, rule, depth, terminal));
+    for (;;) {
+        if (depth == 0 && x->p < x->end && *x->p == '\n' && !lk_continues(x))
+            return TD_OK;
+        if (x->p >= x->end || *x->p != '|')
+            return TD_OK;
+        x->p++;
+        TD_TRY(gb_push(x->b, &x->b->body[rule], GM_ALT, 0, 0));
+        TD_TRY(lk_sequence(k, rule, depth, terminal));
+    }
+}
+
+static td_err lk_read(lk_parser *k);
+
+/* %import common.NAME [-> ALIAS] or %import common (NAME, ...): each name a terminal of the
+ * library, under its own name or the alias. */
+static td_err lk_import(lk_parser *k)
+{
+    gm_src *x = &k->x;
+    lk_space(x, false);
+    if (x->end - x->p < 6 || memcmp(x->p, "common", 6) != 0 ||
+        (x->p + 6 < x->end && lk_name_char(x->p[6])))
+        return err_set(TD_ENOTSUP, "grammar: only Lark's `common` library can be imported");
+    x->p += 6;
+    if (!k->common) { /* the library, once, under its prefix */
+        lk_parser lib = {.x = {.s = lk_common, .p = lk_common,
+                               .end = lk_common + sizeof lk_common - 1, .b = x->b,
+                               .lark = true},
+                         .prefix = LK_COMMON, .first = -1, .ig = -1, .igs = -1};
+        const td_err e = lk_read(&lib);
+        TD_ASSERT(e == TD_OK || e == TD_ENOMEM || e == TD_ENOTSUP);
+        TD_TRY(e);
+        k->common = true;
+    }
+    const bool list = x->p < x->end && (*x->p == ' ' || *x->p == '(');
+    lk_space(x, false);
+    if (list && (x->p >= x->end || *x->p != '('))
+        return gm_syntax(x, "expected '.NAME' or '(NAME, ...)' after %import common");
+    if (!list && (x->p >= x->end || *x->p != '.'))
+        return gm_syntax(x, "expected '.NAME' or '(NAME, ...)' after %import common");
+    x->p++;
+    for (;;) {
+        lk_space(x, list);
+        const char *n0 = x->p;
+        while (x->p < x->end && lk_name_char(*x->p))
+            x->p++;
+        const char *n1 = x->p;
+        if (n1 == n0)
+            return gm_syntax(x, "expected a name to import");
+        char full[LK_NAME_MAX];
+        snprintf(full, sizeof full, LK_COMMON "%.*s", (int)(n1 - n0), n0);
+        int32_t from = -1;
+        for (int32_t r = 0; r < x->b->n_rules; r++)
+            if (x->b->name[r] && strcmp(x->b->name[r], full) == 0)
+                from = r;
+        if (from < 0 || !x->b->defined[from]) {
+            x->p = n0;
+            return gm_syntax(x, "Lark's common library has no such terminal");
+        }
+        const char *a0 = n0, *a1 = n1;
+        lk_space(x, list);
+        if (x->end - x->p >= 2 && x->p[0] == '-' && x->p[1] == '>') {
+            x->p += 2;
+            lk_space(x, list);
+            a0 = x->p;
+            while (x->p < x->end && lk_name_char(*x->p))
+                x->p++;
+            a1 = x->p;
+            if (a1 == a0)
+                return gm_syntax(x, "'->' needs a name");
+            lk_space(x, list);
+        }
+        int32_t to;
+        TD_TRY(lk_named(k, a0, (size_t)(a1 - a0), &to));
+        if (x->b->defined[to]) {
+            x->p = a0;
+            return gm_syntax(x, "the name is defined twice");
+        }
+        x->b->defined[to] = true;
+        TD_TRY(gb_push(x->b, &x->b->body[to], GM_REF, (uint32_t)from, 0));
+        TD_TRY(gb_push(x->b, &x->b->body[to], GM_END, 0, 0));
+        if (!list)
+            return TD_OK;
+        if (x->p < x->end && *x->p == ',') {
+            x->p++;
+            continue;
+        }
+        if (x->p < x->end && *x->p == ')') {
+            x->p++;
+            return TD_OK;
+        }
+        return gm_syntax(x, "expected ',' or ')'");
+    }
+}
+
+/* A line that begins with '%' (x->p there). */
+static td_err lk_directive(lk_parser *k)
+{
+    gm_src *x = &k->x;
+    const char *d0 = ++x->p;
+    while (x->p < x->end && lk_name_char(*x->p))
+        x->p++;
+    const size_t n = (size_t)(x->p - d0);
+    if (n == 6 && memcmp(d0, "import", 6) == 0)
+        return lk_import(k);
+    if (n == 6 && memcmp(d0, "ignore", 6) == 0) { /* one more alternative of ig */
+        gm_build *b = x->b;
+        if (k->ig < 0)
+            return gm_syntax(x, "%ignore must begin its line");
+        if (b->body[k->ig].n)
+            TD_TRY(gb_push(b, &b->body[k->ig], GM_ALT, 0, 0));
+        const size_t at = b->body[k->ig].n;
+        lk_space(x, false);
+        TD_TRY(lk_alternatives(k, k->ig, 0, true));
+        if (b->body[k->ig].n == at)
+            return gm_syntax(x, "%ignore needs what to ignore");
+        return TD_OK;
+    }
+    x->p = d0 - 1;
+    return err_set(TD_ENOTSUP, "grammar: the directive %%%.*s is not supported (%%import "
+                   "common and %%ignore are)", (int)n, d0);
+}
+
+/* Definitions and directives, one per line, to the end of the text. */
+static td_err lk_read(lk_parser *k)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    for (lk_space(x, true); x->p < x->end; lk_space(x, true)) {
+        if (*x->p == '%') {
+            TD_TRY(lk_directive(k));
+        } else {
+            const char *n0 = x->p + (*x->p == '?' || *x->p == '!'); /* tree shaping */
+            x->p = n0;
+            while (x->p < x->end && lk_name_char(*x->p))
+                x->p++;
+            const char *n1 = x->p;
+            if (n1 == n0)
+                return gm_syntax(x, "expected a rule or terminal name");
+            long prio;
+            if (x->p < x->end && *x->p == '.') { /* a priority: it orders a lexer's choices */
+                x->p++;
+                if (x->p < x->end && *x->p == '-')
+                    x->p++;
+                if (!lk_number(x, &prio))
+                    return gm_syntax(x, "a priority needs a number");
+            }
+            lk_space(x, false);
+            if (x->p < x->end && *x->p == '{')
+                return err_set(TD_ENOTSUP, "grammar: templates (name{args}) are not "
+                               "supported");
+            if (x->p >= x->end || *x->p != ':')
+                return gm_syntax(x, "expected ':'");
+            x->p++;
+            int32_t r;
+            TD_TRY(lk_named(k, n0, (size_t)(n1 - n0), &r));
+            if (b->defined[r]) {
+                x->p = n0;
+                return gm_syntax(x, "the name is defined twice");
+            }
+            b->defined[r] = true;
+            k->first = k->first < 0 ? r : k->first;
+            TD_TRY(lk_alternatives(k, r, 0, lk_is_terminal(n0, (size_t)(n1 - n0))));
+            TD_TRY(gb_push(b, &b->body[r], GM_END, 0, 0));
+        }
+        lk_space(x, false);
+        if (x->p < x->end && *x->p != '\n')
+            return gm_syntax(x, *x->p == ')' || *x->p == ']' ? "unbalanced bracket"
+                                                               : "unexpected character");
+    }
+    return TD_OK;
+}
+
+/* Whether the text has a line that begins with %ignore. */
+static bool lk_has_ignore(const char *t, size_t len)
+{
+    for (const char *p = t, *end = t + len; p < end;) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
+            p++;
+        if (end - p >= 7 && memcmp(p, "%ignore", 7) == 0)
+            return true;
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        p = nl ? nl + 1 : end;
+    }
+    return false;
+}
+
+td_err gm_compile_lark(const char *text, size_t len, gm_grammar **out)
+{
+    *out = NULL;
+    gm_build b = {0};
+    lk_parser k = {.x = {.s = text, .p = text, .end = text + len, .b = &b, .lark = true},
+                   .prefix = "", .first = -1, .ig = -1, .igs = -1};
+    int32_t root = -1;
+    td_err e = gb_rule(&b, NULL, 0, -1, &root);
+    if (e == TD_OK)
+        b.defined[root] = true;
+    if (e == TD_OK && lk_has_ignore(text, len)) { /* igs ::= ig igs | (nothing) */
+        e = gb_rule(&b, NULL, 0, -1, &k.ig);
+        if (e == TD_OK)
+            e = gb_rule(&b, NULL, 0, -1, &k.igs);
+        if (e == TD_OK) {
+            b.defined[k.ig] = b.defined[k.igs] = true;
+            const gm_el igs[] = {{GM_REF, (uint32_t)k.ig, 0}, {GM_REF, (uint32_t)k.igs, 0},
+                                 {GM_ALT, 0, 0}, {GM_END, 0, 0}};
+            for (size_t i = 0; i < 4 && e == TD_OK; i++)
+                e = gb_push(&b, &b.body[k.igs], igs[i].kind, igs[i].lo, igs[i].hi);
+        }
+    }
+    if (e == TD_OK)
+        e = lk_read(&k);
+    if (e == TD_OK && k.ig >= 0)
+        e = gb_push(&b, &b.body[k.ig], GM_END, 0, 0);
+    int32_t start = k.first;
+    for (int32_t r = 0; e == TD_OK && r < b.n_rules; r++) {
+        if (b.name[r] && !b.defined[r])
+            e = err_set(TD_EINVAL, "grammar: '%s' is used but not defined", b.name[r]);
+        else if (b.name[r] && strcmp(b.name[r], "start") == 0)
+            start = r;
+    }
+    if (e == TD_OK && start < 0)
+        e = err_set(TD_EINVAL, "grammar: no rule");
+    /* root ::= igs start igs: what %ignore ignores may also open and close the text */
+    if (e == TD_OK && k.igs >= 0)
+        e = gb_push(&b, &b.body[root], GM_REF, (uint32_t)k.igs, 0);
+    if (e == TD_OK)
+        e = gb_push(&b, &b.body[root], GM_REF, (uint32_t)start, 0);
+    if (e == TD_OK && k.igs >= 0)
+        e = gb_push(&b, &b.body[root], GM_REF, (uint32_t)k.igs, 0);
+    if (e == TD_OK)
+        e = gb_push(&b, &b.body[root], GM_END, 0, 0);
+    if (e != TD_OK) {
+        gb_free(&b);
+        return e;
+    }
+    return gm_finish(&b, root, "grammar", out);
+}
+
+/* GBNF when a line begins with a name and '::=', else Lark. */
+td_err gm_compile_grammar(const char *text, size_t len, gm_grammar **out)
+{
+    for (const char *p = text, *end = text + len; p < end;) {
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        const char *n0 = p;
+        while (p < end && (lk_name_char(*p) || *p == '-'))
+            p++;
+        const bool named = p > n0;
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        if (named && end - p >= 3 && memcmp(p, "::=", 3) == 0)
+            return gm_compile_gbnf(text, len, out);
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        p = nl ? nl + 1 : end;
+    }
+    return gm_compile_lark(text, len, out);
+}
