@@ -8,7 +8,7 @@
 #include "common/gram_int.h"
 
 #define LK_NEST_MAX 100 /* groups inside groups (the parser recurses per group) */
-#define LK_NAME_MAX 128 /* bytes of a name, with the prefix of an imported one */
+#define LK_NAME_MAX 108 /* bytes of a name (at most 100), with the prefix of an imported one */
 
 /* Lark's `common` library, the terminals `%import common.X` brings, written for a matcher of
  * characters: a string holds no unescaped quote and no newline, a C comment ends at its
@@ -69,8 +69,8 @@ static td_err lk_named(lk_parser *k, const char *n, size_t len, int32_t *id)
 {
     char full[LK_NAME_MAX];
     const size_t pl = strlen(k->prefix);
-    if (pl + len >= sizeof full)
-        return gm_syntax(&k->x, "a name longer than 100 bytes");
+    if (len > 100 || pl + len >= sizeof full)
+        return gm_syntax(&k->x, "a name of more than 100 bytes");
     memcpy(full, k->prefix, pl);
     memcpy(full + pl, n, len);
     full[pl + len] = 0;

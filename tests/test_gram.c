@@ -513,6 +513,10 @@ static void test_lark_errors_name_the_place(void **ctx)
     refused(gm_compile_lark, "%declare X\nstart: \"a\"", TD_ENOTSUP,
             "grammar: the directive %declare is not supported (%import common and %ignore "
             "are)");
+    char long_name[160] = "start: ";
+    memset(long_name + 7, 'a', 101);
+    refused(gm_compile_lark, long_name, TD_EINVAL,
+            "grammar, line 1, column 109: a name of more than 100 bytes");
     refused(gm_compile_lark, "pair{a}: a a", TD_ENOTSUP,
             "grammar: templates (name{args}) are not supported");
 }
