@@ -4,8 +4,8 @@
  * their partial byte pairs, words with quotes or newlines in them), then prints: the time to
  * build its tables and tries, and the time of one token mask (a trie walk, the memo cleared
  * before each) after texts that stop in the document's different places, for json_object
- * mode and a schema, and a 16-row verify block's masks along a document (memo on, as in a
- * generation).
+ * mode, a schema, a tool call, GBNF and Lark grammars and a regex, and a 16-row verify
+ * block's masks along a document (memo on, as in a generation).
  * Usage: bench_constrain [n_vocab] [repeats] (defaults: 248320, 20). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -261,6 +261,15 @@ int main(int argc, char **argv)
     const cst_cfg gram = {.format = MSG_FORMAT_GRAMMAR, .schema = GBNF,
                           .n_schema = sizeof GBNF - 1, .think_start = -1, .think_end = -1};
     time_masks(&voc, &gram, "grammar", -1, gtexts, sizeof gtexts / sizeof *gtexts, repeats);
+    /* a Lark grammar whose %ignore lets spaces stand between any two items */
+    static const char LARK[] = "?start: sum\n?sum: product ((\"+\" | \"-\") product)*\n"
+                               "?product: atom ((\"*\" | \"/\") atom)*\n"
+                               "?atom: NUMBER | CNAME \"(\" sum \")\" | \"(\" sum \")\"\n"
+                               "%import common (NUMBER, CNAME, WS)\n%ignore WS\n";
+    const char *const ltexts[] = {"", "1 + ", "(1 + 2) * ", "  12.5e3 - max(", "sin (x1 "};
+    const cst_cfg lk = {.format = MSG_FORMAT_GRAMMAR, .schema = LARK,
+                        .n_schema = sizeof LARK - 1, .think_start = -1, .think_end = -1};
+    time_masks(&voc, &lk, "lark", -1, ltexts, sizeof ltexts / sizeof *ltexts, repeats);
     static const char RE[] = "(\\d{3}-){2}\\d{4}|[A-Z][a-z]+( [A-Z][a-z]+)*";
     const char *const rtexts[] = {"", "555-", "555-123-", "Ann", "Ann Lee Mar"};
     const cst_cfg rex = {.format = MSG_FORMAT_REGEX, .schema = RE, .n_schema = sizeof RE - 1,
