@@ -278,9 +278,13 @@ void gm_free(gm_grammar *g)
     free(g);
 }
 
-td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out)
+td_err gm_finish(td_err e, gm_build *b, int32_t root, const char *what, gm_grammar **out)
 {
     *out = NULL;
+    if (e != TD_OK) {
+        gb_free(b);
+        return e;
+    }
     gm_grammar *g = calloc(1, sizeof *g);
     bool *nullable = calloc((size_t)b->n_rules, sizeof *nullable);
     if (g) {

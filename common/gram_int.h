@@ -92,8 +92,9 @@ struct gm_grammar {
 /* Stacks expanded by g's feeding so far (what building an automaton may spend). */
 uint64_t gm_steps(const gm_grammar *g);
 
-/* The grammar of b from rule root, checked and ready to match; b is freed. what: "grammar"
- * or "regular expression", for messages. */
-td_err gm_finish(gm_build *b, int32_t root, const char *what, gm_grammar **out);
+/* The grammar of b from rule root, checked and ready to match, where e (the parse's outcome)
+ * is TD_OK; else e. b is freed either way. what: "grammar" or "regular expression", for
+ * messages. */
+td_err gm_finish(td_err e, gm_build *b, int32_t root, const char *what, gm_grammar **out);
 
 #endif

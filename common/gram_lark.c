@@ -603,11 +603,7 @@ td_err gm_compile_lark(const char *text, size_t len, gm_grammar **out)
         e = gb_push(&b, &b.body[root], GM_REF, (uint32_t)k.igs, 0);
     if (e == TD_OK)
         e = gb_push(&b, &b.body[root], GM_END, 0, 0);
-    if (e != TD_OK) {
-        gb_free(&b);
-        return e;
-    }
-    return gm_finish(&b, root, "grammar", out);
+    return gm_finish(e, &b, root, "grammar", out);
 }
 
 /* GBNF when a line begins with a name and '::=', else Lark. */

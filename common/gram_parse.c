@@ -582,12 +582,8 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
     gm_build b = {0};
     gm_src x = {.s = text, .p = text, .end = text + len, .b = &b};
     int32_t root = -1;
-    td_err e = gbnf_rules(&x, &root);
-    if (e != TD_OK) {
-        gb_free(&b);
-        return e;
-    }
-    return gm_finish(&b, root, "grammar", out);
+    const td_err e = gbnf_rules(&x, &root);
+    return gm_finish(e, &b, root, "grammar", out);
 }
 
 /* --- regular expressions ------------------------------------------------------------------- */
@@ -743,11 +739,7 @@ static td_err re_compile(const char *re, size_t len, bool search, gm_grammar **o
         e = gm_syntax(&x, "unbalanced ')'");
     if (e == TD_OK)
         e = gb_push(&b, &b.body[root], GM_END, 0, 0);
-    if (e != TD_OK) {
-        gb_free(&b);
-        return e;
-    }
-    return gm_finish(&b, root, "regular expression", out);
+    return gm_finish(e, &b, root, "regular expression", out);
 }
 
 td_err gm_compile_regex(const char *re, size_t len, gm_grammar **out)
