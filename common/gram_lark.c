@@ -216,25 +216,25 @@ static td_err lk_repeat(lk_parser *k, int32_t rule, size_t start, long min, long
     gm_build *b = k->x.b;
     if (k->igs < 0 || max == 0 || max == 1)
         return gb_repeat(b, rule, start, min, max);
-    /* item (ignored item)* ... : the item once, then `igs item` min-1.. or 0..max-1 times */
-    gm_seq *s = &b->body[rule];
-    int32_t item, tail;
+    /* group ::= item (igs item){min-1..max-1}, and the rule's item becomes group (or group?
+     * when min is 0: then igs item repeats 0..max-1 times) */
+    int32_t item, group;
     TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &item));
-    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &tail));
-    b->defined[item] = b->defined[tail] = true;
-    s = &b->body[rule];
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &group));
+    b->defined[item] = b->defined[group] = true;
+    gm_seq *s = &b->body[rule];
     for (size_t i = start; i < s->n; i++)
         TD_TRY(gb_push(b, &b->body[item], s->el[i].kind, s->el[i].lo, s->el[i].hi));
     b->total -= s->n - start;
     s->n = start;
     TD_TRY(gb_push(b, &b->body[item], GM_END, 0, 0));
-    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)item, 0));
-    const size_t t0 = b->body[tail].n;
-    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)k->igs, 0));
-    TD_TRY(gb_push(b, &b->body[tail], GM_REF, (uint32_t)item, 0));
-    TD_TRY(gb_repeat(b, tail, t0, min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1));
-    TD_TRY(gb_push(b, &b->body[tail], GM_END, 0, 0));
-    TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)tail, 0));
+    TD_TRY(gb_push(b, &b->body[group], GM_REF, (uint32_t)item, 0));
+    const size_t t0 = b->body[group].n;
+    TD_TRY(gb_push(b, &b->body[group], GM_REF, (uint32_t)k->igs, 0));
+    TD_TRY(gb_push(b, &b->body[group], GM_REF, (uint32_t)item, 0));
+    TD_TRY(gb_repeat(b, group, t0, min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1));
+    TD_TRY(gb_push(b, &b->body[group], GM_END, 0, 0));
+    TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)group, 0));
     return min == 0 ? gb_repeat(b, rule, b->body[rule].n - 1, 0, 1) : TD_OK;
 }
 
