@@ -44,6 +44,10 @@ td_err gb_push(gm_build *b, gm_seq *s, uint32_t kind, uint32_t lo, uint32_t hi);
 td_err gb_rule(gm_build *b, const char *name, size_t len, int32_t owner, int32_t *id);
 /* Replaces the item s->el[start..n) by itself min..max times (max -1: no maximum). */
 td_err gb_repeat(gm_build *b, int32_t rule, size_t start, long min, long max);
+/* The rule named name[0..len), or -1. */
+int32_t gb_find(const gm_build *b, const char *name, size_t len);
+/* The rule named name[0..len), made (undefined) when new. */
+td_err gb_named(gm_build *b, const char *name, size_t len, int32_t *id);
 void gb_free(gm_build *b);
 
 /* --- what the parsers share (gram_parse.c; the Lark grammars of gram_lark.c use it) ------- */

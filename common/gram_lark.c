@@ -73,14 +73,7 @@ static td_err lk_named(lk_parser *k, const char *n, size_t len, int32_t *id)
         return gm_syntax(&k->x, "a name of more than 100 bytes");
     memcpy(full, k->prefix, pl);
     memcpy(full + pl, n, len);
-    full[pl + len] = 0;
-    gm_build *b = k->x.b;
-    for (int32_t r = 0; r < b->n_rules; r++)
-        if (b->name[r] && strcmp(b->name[r], full) == 0) {
-            *id = r;
-            return TD_OK;
-        }
-    return gb_rule(b, full, pl + len, -1, id);
+    return gb_named(k->x.b, full, pl + len, id);
 }
 
 /* Spaces, tabs and // comments; newlines too when nl. */
@@ -422,11 +415,8 @@ static td_err lk_import(lk_parser *k)
         if (n1 == n0)
             return gm_syntax(x, "expected a name to import");
         char full[LK_NAME_MAX];
-        snprintf(full, sizeof full, LK_COMMON "%.*s", (int)(n1 - n0), n0);
-        int32_t from = -1;
-        for (int32_t r = 0; r < x->b->n_rules; r++)
-            if (x->b->name[r] && strcmp(x->b->name[r], full) == 0)
-                from = r;
+        const int fl = snprintf(full, sizeof full, LK_COMMON "%.*s", (int)(n1 - n0), n0);
+        const int32_t from = fl < (int)sizeof full ? gb_find(x->b, full, (size_t)fl) : -1;
         if (from < 0 || !x->b->defined[from]) {
             x->p = n0;
             return gm_syntax(x, "Lark's common library has no such terminal");

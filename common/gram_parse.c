@@ -63,6 +63,20 @@ td_err gb_rule(gm_build *b, const char *name, size_t len, int32_t owner, int32_t
     return TD_OK;
 }
 
+int32_t gb_find(const gm_build *b, const char *name, size_t len)
+{
+    for (int32_t r = 0; r < b->n_rules; r++)
+        if (b->name[r] && strlen(b->name[r]) == len && memcmp(b->name[r], name, len) == 0)
+            return r;
+    return -1;
+}
+
+td_err gb_named(gm_build *b, const char *name, size_t len, int32_t *id)
+{
+    *id = gb_find(b, name, len);
+    return *id >= 0 ? TD_OK : gb_rule(b, name, len, -1, id);
+}
+
 void gb_free(gm_build *b)
 {
     for (int32_t r = 0; r < b->n_rules; r++) {
@@ -445,16 +459,6 @@ static bool gbnf_name_char(char c)
            c == '-' || c == '_';
 }
 
-static td_err gbnf_named(gm_build *b, const char *name, size_t len, int32_t *id)
-{
-    for (int32_t r = 0; r < b->n_rules; r++)
-        if (b->name[r] && strlen(b->name[r]) == len && memcmp(b->name[r], name, len) == 0) {
-            *id = r;
-            return TD_OK;
-        }
-    return gb_rule(b, name, len, -1, id);
-}
-
 static td_err gbnf_alternatives(gm_src *x, int32_t rule, int depth);
 
 static td_err gbnf_sequence(gm_src *x, int32_t rule, int depth)
@@ -508,7 +512,7 @@ static td_err gbnf_sequence(gm_src *x, int32_t rule, int depth)
             }
             x->p = n1;
             int32_t r;
-            TD_TRY(gbnf_named(b, n0, (size_t)(n1 - n0), &r));
+            TD_TRY(gb_named(b, n0, (size_t)(n1 - n0), &r));
             TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)r, 0));
         } else if (c == '<') {
             return err_set(TD_ENOTSUP, "grammar: token references (<...>) are not supported");
@@ -550,7 +554,7 @@ static td_err gbnf_rules(gm_src *x, int32_t *root)
             return gm_syntax(x, "expected '::='");
         x->p += 3;
         int32_t r;
-        TD_TRY(gbnf_named(b, n0, (size_t)(n1 - n0), &r));
+        TD_TRY(gb_named(b, n0, (size_t)(n1 - n0), &r));
         if (b->defined[r]) {
             x->p = n0;
             return gm_syntax(x, "the rule is defined twice");
@@ -587,7 +591,6 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
 }
 
 /* --- regular expressions ------------------------------------------------------------------- */
-
 
 static td_err re_sequence(gm_src *x, int32_t rule, int depth)
 {
