@@ -21,7 +21,8 @@
  * and terminals), one per line, a line that begins with '|' going on with the definition
  * before; `start` is the sentence, else the first definition. Items: strings "..." or '...'
  * (GBNF's escapes; a trailing `i`: either case), ranges "a".."z", regular expressions /.../
- * (as below; no flags), names, groups ( ), optional [ ], the quantifiers ? * + ~n ~n..m,
+ * (as below; flags `i`: either case, a character matching those of its case class
+ * lower(upper(c)) as in Python's re, `s`: '.' takes \n too, `u`: nothing), names, groups ( ), optional [ ], the quantifiers ? * + ~n ~n..m,
  * `-> alias` at an alternative's end (ignored), // comments; `%import common.NAME [-> ALIAS]`
  * and `%import common (NAME, ...)` (Lark's common terminals: DIGIT, HEXDIGIT, INT,
  * SIGNED_INT, DECIMAL, FLOAT, SIGNED_FLOAT, NUMBER, SIGNED_NUMBER, ESCAPED_STRING,
@@ -30,7 +31,7 @@
  * stand between any two items of a rule (and a repetition's items), before the sentence and
  * after it. Terminals are not matched longest first as Lark's lexer does: a text that a
  * different split into the same terminals reads is taken too. TD_ENOTSUP: other imports and
- * directives, templates, regular expression flags; left recursion is refused as in GBNF.
+ * directives, templates, the flags m, x and l; left recursion is refused as in GBNF.
  *
  * Regular expressions (the text must match whole): literals, '.' (any character but \n),
  * classes [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_],

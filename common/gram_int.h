@@ -64,6 +64,8 @@ typedef struct gm_src {
     bool regex;
     bool lark;               /* a Lark grammar: errors by line and column, also in regexes */
     bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
+    bool fold;               /* regex: letters match either case (Lark's flag i) */
+    bool dotall;             /* regex: '.' matches a newline too (Lark's flag s) */
     const char *alt;         /* regex: where the top-level alternative being read began */
     bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
 } gm_src;
@@ -72,8 +74,13 @@ typedef struct gm_src {
 td_err gm_syntax(const gm_src *x, const char *what);
 /* Adds [lo, hi] to r (TD_EINVAL when backwards, TD_ENOTSUP past 256 ranges). */
 td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi);
+/* Adds [lo, hi] and every character of the same case class as one in it (c, C and, for k,
+ * the Kelvin sign), as Python's re.IGNORECASE matches them. */
+td_err gm_range_add_folded(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi);
 /* The set r (merged in place) as one item of rule. */
 td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r);
+/* The character cp as one item of rule; with x->fold, any of its case class. */
+td_err gm_char_emit(const gm_src *x, int32_t rule, uint32_t cp);
 /* A character of a literal or a class (an escape, or one UTF-8 character). In a regex, *cls
  * gets the letter of a class escape (\d \w \s \D \W \S) instead. */
 td_err gm_char(gm_src *x, uint32_t *cp, char *cls);

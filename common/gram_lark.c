@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <utf8proc.h>
 
 #include "common/gram_int.h"
 
@@ -147,20 +146,11 @@ static td_err lk_string(lk_parser *k, int32_t rule, char q)
         return gm_syntax(x, "an empty string");
     gm_src y = *x; /* the characters again, now into the rule */
     y.p = s0;
+    y.fold = fold;
     while (*y.p != q) {
         uint32_t cp;
         TD_TRY(gm_char(&y, &cp, NULL));
-        const uint32_t up = (uint32_t)utf8proc_toupper((utf8proc_int32_t)cp);
-        const uint32_t low = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
-        if (!fold || (up == cp && low == cp)) {
-            TD_TRY(gb_push(x->b, &x->b->body[rule], GM_CHAR, cp, cp));
-            continue;
-        }
-        gm_ranges r = {.n = 0};
-        TD_TRY(gm_range_add(x, &r, cp, cp));
-        TD_TRY(gm_range_add(x, &r, up, up));
-        TD_TRY(gm_range_add(x, &r, low, low));
-        TD_TRY(gm_set_emit(x->b, rule, &r));
+        TD_TRY(gm_char_emit(&y, rule, cp));
     }
     return TD_OK;
 }
@@ -184,9 +174,17 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     const char *r1 = x->p++;
     if (r1 == r0)
         return gm_syntax(x, "an empty regular expression");
-    if (x->p < x->end && lk_name_char(*x->p))
-        return err_set(TD_ENOTSUP, "grammar: flags after a regular expression (/.../%c) are "
-                       "not supported", *x->p);
+    bool fold = false, dotall = false;
+    for (; x->p < x->end && lk_name_char(*x->p); x->p++) { /* Python's flags */
+        const char f = *x->p;
+        if (f == 'm' || f == 'x' || f == 'l')
+            return err_set(TD_ENOTSUP, "grammar: the regular expression flag %c is not "
+                           "supported (i, s and u are)", f);
+        if (f != 'i' && f != 's' && f != 'u')
+            return gm_syntax(x, "a regular expression's flags are among i, m, s, l, u, x");
+        fold = fold || f == 'i';
+        dotall = dotall || f == 's';
+    }
     gm_build *b = x->b;
     int32_t g;
     TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &g));
@@ -195,6 +193,8 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     y.p = r0;
     y.end = r1;
     y.regex = true;
+    y.fold = fold;
+    y.dotall = dotall;
     TD_TRY(re_alternatives(&y, g, depth + 1));
     if (y.p < y.end)
         return gm_syntax(&y, "unbalanced ')' in a regular expression");

@@ -1,4 +1,5 @@
 /* GBNF grammars and regular expressions into rules (common/gram.h). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -178,6 +179,7 @@ td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
     return TD_OK;
 }
 
+
 /* Sorted, overlapping and touching ranges merged. */
 static void gm_ranges_merge(gm_ranges *r)
 {
@@ -200,6 +202,92 @@ static void gm_ranges_merge(gm_ranges *r)
     r->n = m;
 }
 
+/* --- case classes (Python's re.IGNORECASE) ------------------------------------------------- */
+
+/* Characters whose simple case mappings tie them to another: a class is every character with
+ * the same lower(upper(c)), so k, K and the Kelvin sign are one, s, S and the long s another.
+ * 1456 characters map elsewhere and 1424 are mapped to (Unicode 15, utf8proc 2.9). */
+#define GM_CASED_MAX 4096
+
+typedef struct gm_cased {
+    uint32_t cp, key;
+} gm_cased;
+
+static gm_cased gm_by_cp[GM_CASED_MAX], gm_by_key[GM_CASED_MAX];
+static int gm_n_cased;
+static pthread_once_t gm_cased_once = PTHREAD_ONCE_INIT;
+
+static uint32_t gm_case_key(uint32_t cp)
+{
+    return (uint32_t)utf8proc_tolower(utf8proc_toupper((utf8proc_int32_t)cp));
+}
+
+static int gm_cased_cmp_key(const void *a, const void *b)
+{
+    const gm_cased *p = a, *q = b;
+    return p->key != q->key ? (p->key < q->key ? -1 : 1) : (p->cp > q->cp) - (p->cp < q->cp);
+}
+
+static void gm_cased_build(void)
+{
+    static uint8_t is_key[(GM_CP_MAX + 1) / 8];
+    for (uint32_t cp = 0; cp <= GM_CP_MAX; cp++) {
+        const uint32_t key = gm_case_key(cp);
+        if (key != cp)
+            is_key[key / 8] |= (uint8_t)(1u << key % 8);
+    }
+    int n = 0;
+    for (uint32_t cp = 0; cp <= GM_CP_MAX; cp++) { /* in order of cp */
+        const uint32_t key = gm_case_key(cp);
+        if (key == cp && !(is_key[cp / 8] >> cp % 8 & 1))
+            continue;
+        TD_ASSERT(n < GM_CASED_MAX);
+        gm_by_cp[n++] = (gm_cased){cp, key};
+    }
+    memcpy(gm_by_key, gm_by_cp, (size_t)n * sizeof *gm_by_key);
+    qsort(gm_by_key, (size_t)n, sizeof *gm_by_key, gm_cased_cmp_key);
+    gm_n_cased = n;
+}
+
+/* The first entry of v[0..n) whose field (cp or key) is >= at. */
+static int gm_cased_lower_bound(const gm_cased *v, int n, bool by_key, uint32_t at)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if ((by_key ? v[mid].key : v[mid].cp) < at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Adds [lo, hi] to r, merging r's ranges first when it is full. */
+static td_err gm_range_add_merging(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
+{
+    if (r->n == (int)(sizeof r->lo / sizeof r->lo[0]))
+        gm_ranges_merge(r);
+    return gm_range_add(x, r, lo, hi);
+}
+
+td_err gm_range_add_folded(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
+{
+    TD_TRY(gm_range_add_merging(x, r, lo, hi));
+    pthread_once(&gm_cased_once, gm_cased_build);
+    for (int i = gm_cased_lower_bound(gm_by_cp, gm_n_cased, false, lo);
+         i < gm_n_cased && gm_by_cp[i].cp <= hi; i++) {
+        const uint32_t key = gm_by_cp[i].key;
+        for (int j = gm_cased_lower_bound(gm_by_key, gm_n_cased, true, key);
+             j < gm_n_cased && gm_by_key[j].key == key; j++) {
+            const uint32_t c = gm_by_key[j].cp;
+            if (c < lo || c > hi)
+                TD_TRY(gm_range_add_merging(x, r, c, c));
+        }
+    }
+    return TD_OK;
+}
+
 td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r)
 {
     gm_ranges_merge(r);
@@ -209,6 +297,16 @@ td_err gm_set_emit(gm_build *b, int32_t rule, gm_ranges *r)
         TD_TRY(gb_push(b, &b->body[rule], i ? GM_CHAR_ALT : r->neg ? GM_CHAR_NOT : GM_CHAR,
                        r->lo[i], r->hi[i]));
     return TD_OK;
+}
+
+td_err gm_char_emit(const gm_src *x, int32_t rule, uint32_t cp)
+{
+    gm_ranges r = {.n = 0};
+    if (x->fold)
+        TD_TRY(gm_range_add_folded(x, &r, cp, cp));
+    if (r.n <= 1)
+        return gb_push(x->b, &x->b->body[rule], GM_CHAR, cp, cp);
+    return gm_set_emit(x->b, rule, &r);
 }
 
 /* \d \w \s (neg: \D \W \S) into r. ECMA-262's \s (x->ecma) is its WhiteSpace and
@@ -360,7 +458,7 @@ static td_err gm_class(gm_src *x, int32_t rule)
             if (x->regex && cls2)
                 return gm_syntax(x, "a range ends in a class escape");
         }
-        TD_TRY(gm_range_add(x, &r, lo, hi));
+        TD_TRY(x->fold ? gm_range_add_folded(x, &r, lo, hi) : gm_range_add(x, &r, lo, hi));
     }
     x->p++; /* ']' */
     if (r.n == 0 && !r.neg)
@@ -645,6 +743,9 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
         } else if (c == '[') {
             x->p++;
             TD_TRY(gm_class(x, rule));
+        } else if (c == '.' && x->dotall) {
+            x->p++;
+            TD_TRY(gb_push(b, &b->body[rule], GM_CHAR, 0, GM_CP_MAX));
         } else if (c == '.') { /* any character but \n; ECMA-262: but a line terminator */
             x->p++;
             gm_ranges r = {.n = 0, .neg = true};
@@ -666,7 +767,7 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
                 TD_TRY(gm_class_escape(x, &r, (char)(cls | 0x20), cls < 'a'));
                 TD_TRY(gm_set_emit(b, rule, &r));
             } else {
-                TD_TRY(gb_push(b, &b->body[rule], GM_CHAR, cp, cp));
+                TD_TRY(gm_char_emit(x, rule, cp));
             }
         }
         TD_TRY(gm_quantifier(x, rule, start));

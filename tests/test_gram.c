@@ -459,6 +459,26 @@ static void test_lark_regex_terminals_and_common_library(void **ctx)
     gm_free(g);
 }
 
+static void test_lark_regex_flags_fold_case_and_let_dot_match_newlines(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: /[a-c]x+/i /k/i \"!\"\n");
+    whole(g, "BxXk!");
+    whole(g, "axxK!");
+    whole(g, "cx\xe2\x84\xaa!"); /* the Kelvin sign is a k, as in Python */
+    cut_at(g, "dx", 0);
+    cut_at(g, "ax!", 2);
+    gm_free(g);
+    g = lark("start: /[^a]s/iu \"|\" /i/i\n");
+    whole(g, "b\xc5\xbf|\xc4\xb1"); /* long s, dotless i */
+    cut_at(g, "A", 0);
+    gm_free(g);
+    g = lark("start: /a.b/s /a.b/\n");
+    whole(g, "a\nbaxb");
+    cut_at(g, "a\nba\n", 4);
+    gm_free(g);
+}
+
 static void test_lark_vllm_sql_example(void **ctx)
 {
     (void)ctx;
@@ -506,8 +526,11 @@ static void test_lark_errors_name_the_place(void **ctx)
             "grammar: left recursion through the rule 'start' (it can reach itself before "
             "any character; so does an open repetition of what can be empty)");
     refused(gm_compile_lark, "// nothing", TD_EINVAL, "grammar: no rule");
-    refused(gm_compile_lark, "start: /a/i", TD_ENOTSUP,
-            "grammar: flags after a regular expression (/.../i) are not supported");
+    refused(gm_compile_lark, "start: /a/m", TD_ENOTSUP,
+            "grammar: the regular expression flag m is not supported (i, s and u are)");
+    refused(gm_compile_lark, "start: /a/iq", TD_EINVAL,
+            "grammar, line 1, column 12: a regular expression's flags are among i, m, s, l, "
+            "u, x");
     refused(gm_compile_lark, "%import foo.BAR\nstart: \"a\"", TD_ENOTSUP,
             "grammar: only Lark's `common` library can be imported");
     refused(gm_compile_lark, "%declare X\nstart: \"a\"", TD_ENOTSUP,
@@ -838,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_lark_definitions_go_on_after_a_bar_and_start_defaults_to_the_first),
         cmocka_unit_test(test_lark_ignored_items_stand_between_repetitions_and_around_the_text),
         cmocka_unit_test(test_lark_regex_terminals_and_common_library),
+        cmocka_unit_test(test_lark_regex_flags_fold_case_and_let_dot_match_newlines),
         cmocka_unit_test(test_lark_vllm_sql_example),
         cmocka_unit_test(test_lark_errors_name_the_place),
         cmocka_unit_test(test_grammar_text_is_gbnf_or_lark_by_its_rules),
