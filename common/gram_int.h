@@ -66,6 +66,7 @@ typedef struct gm_src {
     bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
     bool fold;               /* regex: letters match either case (Lark's flag i) */
     bool dotall;             /* regex: '.' matches a newline too (Lark's flag s) */
+    bool verbose;            /* regex: white space and # comments skipped (Lark's flag x) */
     const char *alt;         /* regex: where the top-level alternative being read began */
     bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
 } gm_src;

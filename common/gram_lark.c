@@ -174,16 +174,17 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     const char *r1 = x->p++;
     if (r1 == r0)
         return gm_syntax(x, "an empty regular expression");
-    bool fold = false, dotall = false;
+    bool fold = false, dotall = false, verbose = false;
     for (; x->p < x->end && lk_name_char(*x->p); x->p++) { /* Python's flags */
         const char f = *x->p;
-        if (f == 'm' || f == 'x' || f == 'l')
+        if (f == 'm' || f == 'l')
             return err_set(TD_ENOTSUP, "grammar: the regular expression flag %c is not "
-                           "supported (i, s and u are)", f);
-        if (f != 'i' && f != 's' && f != 'u')
+                           "supported (i, s, u and x are)", f);
+        if (f != 'i' && f != 's' && f != 'u' && f != 'x')
             return gm_syntax(x, "a regular expression's flags are among i, m, s, l, u, x");
         fold = fold || f == 'i';
         dotall = dotall || f == 's';
+        verbose = verbose || f == 'x';
     }
     gm_build *b = x->b;
     int32_t g;
@@ -195,6 +196,7 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     y.regex = true;
     y.fold = fold;
     y.dotall = dotall;
+    y.verbose = verbose;
     TD_TRY(re_alternatives(&y, g, depth + 1));
     if (y.p < y.end)
         return gm_syntax(&y, "unbalanced ')' in a regular expression");

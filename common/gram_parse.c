@@ -690,10 +690,26 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
 
 /* --- regular expressions ------------------------------------------------------------------- */
 
+/* Python's verbose flag: white space and # comments outside classes mean nothing. */
+static void re_verbose_space(gm_src *x)
+{
+    while (x->verbose && x->p < x->end) {
+        const char c = *x->p;
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+            x->p++;
+        } else if (c == '#') {
+            while (x->p < x->end && *x->p != '\n')
+                x->p++;
+        } else {
+            break;
+        }
+    }
+}
+
 static td_err re_sequence(gm_src *x, int32_t rule, int depth)
 {
     gm_build *b = x->b;
-    while (x->p < x->end) {
+    for (re_verbose_space(x); x->p < x->end; re_verbose_space(x)) {
         const size_t start = b->body[rule].n;
         const char c = *x->p;
         if (c == '|' || (c == ')' && depth > 0))
@@ -770,6 +786,7 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
                 TD_TRY(gm_char_emit(x, rule, cp));
             }
         }
+        re_verbose_space(x);
         TD_TRY(gm_quantifier(x, rule, start));
     }
     return TD_OK;

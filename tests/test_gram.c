@@ -477,6 +477,13 @@ static void test_lark_regex_flags_fold_case_and_let_dot_match_newlines(void **ct
     whole(g, "a\nbaxb");
     cut_at(g, "a\nba\n", 4);
     gm_free(g);
+    g = lark("start: /[a ]+ \\  b* | c{2} # two c/x\n"); /* verbose: spaces and # mean nothing */
+    whole(g, "a a ");
+    whole(g, "a bb");
+    whole(g, "cc");
+    cut_at(g, "a c", 2);
+    cut_at(g, "b", 0);
+    gm_free(g);
 }
 
 static void test_lark_vllm_sql_example(void **ctx)
@@ -527,7 +534,7 @@ static void test_lark_errors_name_the_place(void **ctx)
             "any character; so does an open repetition of what can be empty)");
     refused(gm_compile_lark, "// nothing", TD_EINVAL, "grammar: no rule");
     refused(gm_compile_lark, "start: /a/m", TD_ENOTSUP,
-            "grammar: the regular expression flag m is not supported (i, s and u are)");
+            "grammar: the regular expression flag m is not supported (i, s, u and x are)");
     refused(gm_compile_lark, "start: /a/iq", TD_EINVAL,
             "grammar, line 1, column 12: a regular expression's flags are among i, m, s, l, "
             "u, x");
