@@ -38,12 +38,15 @@
  * [ \t\n\r\f\v] and their complements) inside and outside them, groups ( ), (?: ), (?P<n> )
  * and (?<n> ), '|', the quantifiers ? * + {m} {m,} {m,n} (a lazy '?' after them changes
  * nothing for a whole match), escapes as in GBNF plus \f \v \0 and any escaped punctuation,
- * '^' at the start and '$' at the end of a top-level alternative. TD_ENOTSUP for what a
- * grammar cannot say or this does not take: backreferences, lookaround, \b \B \A \Z,
- * possessive quantifiers, inline flags. A JSON Schema pattern (gm_compile_pattern) reads '.'
- * and \s as ECMA-262 does: '.' is any character but a line terminator (\n, \r, U+2028,
- * U+2029), \s also takes U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F,
- * U+3000 and U+FEFF.
+ * '^' at the start and '$' at the end of a top-level alternative, Python's inline flags a
+ * (folding ASCII letters only), i (either case: a character matches those of its case class
+ * lower(upper(c))), s ('.' takes \n too), x (white space and # comments skipped) and u
+ * (nothing) for the rest of the expression at its start, (?i), or for a group, (?i-s:...).
+ * TD_ENOTSUP for what a grammar cannot say or this does not take: backreferences, lookaround,
+ * \b \B \A \Z, possessive quantifiers, the flags m and L. A JSON Schema pattern
+ * (gm_compile_pattern: no inline flags, ECMA-262 has none) reads '.' and \s as ECMA-262 does: '.'
+ * is any character but a line terminator (\n, \r, U+2028, U+2029), \s also takes U+00A0, U+1680,
+ * U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 and U+FEFF.
  *
  * Text: the bytes must be UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF);
  * a character may be split across feeds, and its first bytes are refused when no character

@@ -64,9 +64,11 @@ typedef struct gm_src {
     bool regex;
     bool lark;               /* a Lark grammar: errors by line and column, also in regexes */
     bool ecma;               /* JSON Schema's pattern: ECMA-262's '.' and \s */
-    bool fold;               /* regex: letters match either case (Lark's flag i) */
-    bool dotall;             /* regex: '.' matches a newline too (Lark's flag s) */
-    bool verbose;            /* regex: white space and # comments skipped (Lark's flag x) */
+    bool fold;               /* regex: letters match either case (flag i) */
+    bool dotall;             /* regex: '.' matches a newline too (flag s) */
+    bool verbose;            /* regex: white space and # comments skipped (flag x) */
+    bool ascii;              /* regex: fold ASCII letters only (the inline flag a) */
+    const char *lead;        /* regex: where global inline flags may still stand, e.g. (?i) */
     const char *alt;         /* regex: where the top-level alternative being read began */
     bool caret, dollar;      /* regex: it began with '^' / ended with '$' */
 } gm_src;

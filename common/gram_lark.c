@@ -197,6 +197,7 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     y.fold = fold;
     y.dotall = dotall;
     y.verbose = verbose;
+    y.lead = r0;
     TD_TRY(re_alternatives(&y, g, depth + 1));
     if (y.p < y.end)
         return gm_syntax(&y, "unbalanced ')' in a regular expression");

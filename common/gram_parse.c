@@ -281,6 +281,8 @@ td_err gm_range_add_folded(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t 
         for (int j = gm_cased_lower_bound(gm_by_key, gm_n_cased, true, key);
              j < gm_n_cased && gm_by_key[j].key == key; j++) {
             const uint32_t c = gm_by_key[j].cp;
+            if (x->ascii && (c >= 0x80 || gm_by_cp[i].cp >= 0x80))
+                continue;
             if (c < lo || c > hi)
                 TD_TRY(gm_range_add_merging(x, r, c, c));
         }
@@ -706,6 +708,48 @@ static void re_verbose_space(gm_src *x)
     }
 }
 
+/* Python's inline flags after the "(?" of the group opened at open, x->p at the first letter:
+ * "flags)" sets them for the rest of the expression (only at its start), "flags-flags:" for
+ * the group, *group true and x->p past the ':'. ECMA-262 (a JSON Schema pattern) has none. */
+static td_err re_inline_flags(gm_src *x, const char *open, int depth, bool *group)
+{
+    bool on[4] = {false}, off[4] = {false}, minus = false; /* i s x a */
+    for (; x->p < x->end && *x->p != ')' && *x->p != ':'; x->p++) {
+        const char f = *x->p;
+        const char *k = f ? strchr("isxa", f) : NULL;
+        if (f == '-' && !minus) {
+            minus = true;
+        } else if (f == 'm' || f == 'L') {
+            return err_set(TD_ENOTSUP, "regular expression, at byte %td: the inline flag %c is "
+                           "not supported (a, i, s, u and x are)", x->p - x->s, f);
+        } else if (x->ecma) {
+            return err_set(TD_EINVAL, "regular expression, at byte %td: a JSON Schema pattern "
+                           "(ECMA-262) has no inline flags", open + 1 - x->s);
+        } else if ((f != 'u' && !k) || (minus && (f == 'a' || f == 'u'))) {
+            return gm_syntax(x, "unknown inline flag");
+        } else if (k) {
+            (minus ? off : on)[k - "isxa"] = true;
+        }
+    }
+    if (x->p >= x->end)
+        return gm_syntax(x, "missing ')' or ':' after inline flags");
+    *group = *x->p == ':';
+    if (!*group && (minus || depth > 0 || open != x->lead))
+        return gm_syntax(x, minus ? "flags can be turned off only for a group (?-i:...)"
+                                  : "global flags not at the start of the expression");
+    x->p++;
+    if (!*group) {
+        x->lead = x->p;
+        if (x->alt == open)
+            x->alt = x->p; /* '^' may follow */
+    }
+    x->fold = (x->fold || on[0]) && !off[0];
+    x->dotall = (x->dotall || on[1]) && !off[1];
+    x->verbose = (x->verbose || on[2]) && !off[2];
+    x->ascii = x->ascii || on[3];
+    return TD_OK;
+}
+
 static td_err re_sequence(gm_src *x, int32_t rule, int depth)
 {
     gm_build *b = x->b;
@@ -729,10 +773,17 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
         if (c == '(') {
             if (depth >= GM_NEST_MAX)
                 return err_set(TD_ENOTSUP, "groups nested deeper than %d", GM_NEST_MAX);
-            x->p++;
+            const char *open = x->p++;
+            const gm_src outer = *x; /* the flags outside the group */
             if (x->p < x->end && *x->p == '?') {
                 const char *q = x->p + 1;
-                if (q < x->end && *q == ':') {
+                if (q < x->end && (*q == '-' || (*q && strchr("aiLmsux", *q)))) {
+                    x->p = q;
+                    bool group = false;
+                    TD_TRY(re_inline_flags(x, open, depth, &group));
+                    if (!group)
+                        continue;
+                } else if (q < x->end && *q == ':') {
                     x->p = q + 1;
                 } else if (q < x->end && (*q == 'P' || *q == '<') &&
                            (*q == 'P' ? q + 1 < x->end && q[1] == '<' : q + 1 < x->end &&
@@ -742,9 +793,8 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
                         return gm_syntax(x, "a group name is not closed");
                     x->p = gt + 1;
                 } else {
-                    return err_set(TD_ENOTSUP, "regular expression, at byte %td: lookaround, "
-                                   "inline flags and other (? groups are not supported",
-                                   x->p - x->s);
+                    return err_set(TD_ENOTSUP, "regular expression, at byte %td: lookaround "
+                                   "and other (? groups are not supported", x->p - x->s);
                 }
             }
             int32_t g;
@@ -754,6 +804,10 @@ static td_err re_sequence(gm_src *x, int32_t rule, int depth)
             if (x->p >= x->end || *x->p != ')')
                 return gm_syntax(x, "missing ')'");
             x->p++;
+            x->fold = outer.fold;
+            x->dotall = outer.dotall;
+            x->verbose = outer.verbose;
+            x->ascii = outer.ascii;
             TD_TRY(gb_push(b, &b->body[g], GM_END, 0, 0));
             TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)g, 0));
         } else if (c == '[') {
@@ -849,7 +903,7 @@ static td_err re_compile(const char *re, size_t len, bool search, gm_grammar **o
     *out = NULL;
     gm_build b = {0};
     gm_src x = {.s = re, .p = re, .end = re + len, .b = &b, .regex = true, .ecma = search,
-                .alt = re};
+                .alt = re, .lead = re};
     int32_t root;
     td_err e = gb_rule(&b, "root", 4, -1, &root);
     if (e == TD_OK) {

@@ -762,8 +762,13 @@ static void guided_decoding_fields(void **state)
                  "\"param\":\"guided_regex\",\"code\":\"invalid_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(?=a)\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
-                 "expression, at byte 1: lookaround, inline flags and other (? groups are not "
-                 "supported\",\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
+                 "expression, at byte 1: lookaround and other (? groups are not supported\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
+                 "\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(?m)^a\"}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
+                 "expression, at byte 2: the inline flag m is not supported (a, i, s, u and x "
+                 "are)\",\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
                  "\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= nope\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'grammar': grammar: the rule "

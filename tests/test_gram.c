@@ -592,6 +592,13 @@ static void test_regex_matches_whole_texts(void **ctx)
     whole(g, "first.last-x@example.org");
     cut_at(g, "a@b_c.com", 3);
     gm_free(g);
+    g = regex("(?i)k[^\\x80-\\uffff]");
+    whole(g, "\xe2\x84\xaa" "A"); /* Kelvin sign: its case class holds k, as in Python */
+    gm_free(g);
+    g = regex("(?ai)k");
+    whole(g, "K");
+    cut_at(g, "\xe2\x84\xaa", 0); /* ASCII: no */
+    gm_free(g);
     g = regex("a{2,}?b{,2}[]x]\\D\\S\\s");
     whole(g, "aaab]-x\t");
     whole(g, "aax%x\n");
@@ -613,8 +620,21 @@ static void test_regex_refusals_say_what(void **ctx)
     refused(gm_compile_regex, "(a)\\1", TD_ENOTSUP,
             "regular expression, at byte 3: \\1 is not supported");
     refused(gm_compile_regex, "a(?=b)", TD_ENOTSUP,
-            "regular expression, at byte 2: lookaround, inline flags and other (? groups are "
-            "not supported");
+            "regular expression, at byte 2: lookaround and other (? groups are not supported");
+    refused(gm_compile_regex, "(?m)^a", TD_ENOTSUP,
+            "regular expression, at byte 2: the inline flag m is not supported (a, i, s, u and "
+            "x are)");
+    refused(gm_compile_regex, "a(?i)b", TD_EINVAL,
+            "regular expression, at byte 4: global flags not at the start of the expression");
+    refused(gm_compile_regex, "(?-i)b", TD_EINVAL,
+            "regular expression, at byte 4: flags can be turned off only for a group (?-i:...)");
+    refused(gm_compile_regex, "(?iq:b)", TD_EINVAL,
+            "regular expression, at byte 3: unknown inline flag");
+    refused(gm_compile_regex, "(?i", TD_EINVAL,
+            "regular expression, at byte 3: missing ')' or ':' after inline flags");
+    refused(gm_compile_pattern, "(?i)a", TD_EINVAL,
+            "regular expression, at byte 1: a JSON Schema pattern (ECMA-262) has no inline "
+            "flags");
     refused(gm_compile_regex, "a**", TD_EINVAL, "regular expression, at byte 2: multiple repeat");
     refused(gm_compile_regex, "*a", TD_EINVAL, "regular expression, at byte 0: nothing to repeat");
     refused(gm_compile_regex, "(ab", TD_EINVAL, "regular expression, at byte 3: missing ')'");
@@ -662,6 +682,8 @@ static void test_regex_agrees_with_pcre2_on_every_short_string(void **ctx)
     static const char *const res[] = {
         "a*b", "(ab|a)*1", "[ab]{2,3}-?", "a?b?1*", "(a|b)+\\d", ".*-", "[^a]+a",
         "(?:a-|b1){1,2}\\n?", "\\w\\W?", "a{0,2}(b|1-)*", "(a(b(1)?)?)?-", "",
+        "(?i)A+[B-Z]?", "(?s)a.-|.\\n", "(?x) a b* # c", "(?i:A)B|b(?i:B1)", "(?is)(?-i:A)|a.",
+        "(?i)^(a|(?-i:B))*", "(?x: a | b ) 1 (?-x: -)?",
     };
     pcre2_match_data *md = pcre2_match_data_create(4, NULL);
     assert_non_null(md);
