@@ -22,8 +22,8 @@
  * sentence, else the first definition. Items: strings "..." or '...' (GBNF's escapes; a trailing
  * `i`: either case), ranges "a".."z", regular expressions /.../ (as below; flags `i`: either case,
  * a character matching those of its case class lower(upper(c)) as in Python's re, `s`: '.' takes
- * \n too, `x`: white space and # comments skipped, `u`: nothing), names, groups ( ), optional [ ],
- * the quantifiers ? * + ~n ~n..m, `-> alias` at an alternative's end (ignored), // comments;
+ * \n too, `x`: white space and # comments skipped, `u`, `m`: nothing), names, groups ( ), optional
+ * [ ], the quantifiers ? * + ~n ~n..m, `-> alias` at an alternative's end (ignored), // comments;
  * `%import common.NAME [-> ALIAS]` and `%import common (NAME, ...)` (Lark's common terminals:
  * DIGIT, HEXDIGIT, INT, SIGNED_INT, DECIMAL, FLOAT, SIGNED_FLOAT, NUMBER, SIGNED_NUMBER,
  * ESCAPED_STRING, LCASE_LETTER, UCASE_LETTER, LETTER, WORD, CNAME, WS_INLINE, WS, CR, LF, NEWLINE,
@@ -31,22 +31,22 @@
  * between any two items of a rule (and a repetition's items), before the sentence and after it.
  * Terminals are not matched longest first as Lark's lexer does: a text that a different split into
  * the same terminals reads is taken too. TD_ENOTSUP: other imports and directives, templates, the
- * flags m and l; left recursion is refused as in GBNF.
+ * flag l; left recursion is refused as in GBNF.
  *
- * Regular expressions (the text must match whole): literals, '.' (any character but \n),
- * classes [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_],
- * [ \t\n\r\f\v] and their complements) inside and outside them, groups ( ), (?: ), (?P<n> )
- * and (?<n> ), '|', the quantifiers ? * + {m} {m,} {m,n} (a lazy '?' after them changes
- * nothing for a whole match), escapes as in GBNF plus \f \v \0 and any escaped punctuation,
- * '^' at the start and '$' at the end of a top-level alternative, Python's inline flags a
- * (folding ASCII letters only), i (either case: a character matches those of its case class
- * lower(upper(c))), s ('.' takes \n too), x (white space and # comments skipped) and u
- * (nothing) for the rest of the expression at its start, (?i), or for a group, (?i-s:...).
- * TD_ENOTSUP for what a grammar cannot say or this does not take: backreferences, lookaround,
- * \b \B \A \Z, possessive quantifiers, the flags m and L. A JSON Schema pattern
- * (gm_compile_pattern: no inline flags, ECMA-262 has none) reads '.' and \s as ECMA-262 does: '.'
- * is any character but a line terminator (\n, \r, U+2028, U+2029), \s also takes U+00A0, U+1680,
- * U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 and U+FEFF.
+ * Regular expressions (the text must match whole): literals, '.' (any character but \n), classes
+ * [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_], [ \t\n\r\f\v] and
+ * their complements) inside and outside them, groups ( ), (?: ), (?P<n> ) and (?<n> ), '|', the
+ * quantifiers ? * + {m} {m,} {m,n} (a lazy '?' after them changes nothing for a whole match),
+ * escapes as in GBNF plus \f \v \0 and any escaped punctuation, '^' at the start and '$' at the
+ * end of a top-level alternative, Python's inline flags a (folding ASCII letters only), i (either
+ * case: a character matches those of its case class lower(upper(c))), s ('.' takes \n too), x
+ * (white space and # comments skipped), u and m (nothing: anchors stand only at the ends) for the
+ * rest of the expression at its start, (?i), or for a group, (?i-s:...). TD_ENOTSUP for what a
+ * grammar cannot say or this does not take: backreferences, lookaround, \b \B \A \Z, possessive
+ * quantifiers, the flag L. A JSON Schema pattern (gm_compile_pattern: no inline flags, ECMA-262
+ * has none) reads '.' and \s as ECMA-262 does: '.' is any character but a line terminator (\n, \r,
+ * U+2028, U+2029), \s also takes U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F,
+ * U+3000 and U+FEFF.
  *
  * Text: the bytes must be UTF-8 (no overlong forms, no surrogates, nothing above U+10FFFF);
  * a character may be split across feeds, and its first bytes are refused when no character

@@ -175,12 +175,12 @@ static td_err lk_regex(lk_parser *k, int32_t rule, int depth)
     if (r1 == r0)
         return gm_syntax(x, "an empty regular expression");
     bool fold = false, dotall = false, verbose = false;
-    for (; x->p < x->end && lk_name_char(*x->p); x->p++) { /* Python's flags */
+    for (; x->p < x->end && lk_name_char(*x->p); x->p++) { /* Python's; m: nothing here */
         const char f = *x->p;
-        if (f == 'm' || f == 'l')
-            return err_set(TD_ENOTSUP, "grammar: the regular expression flag %c is not "
-                           "supported (i, s, u and x are)", f);
-        if (f != 'i' && f != 's' && f != 'u' && f != 'x')
+        if (f == 'l')
+            return err_set(TD_ENOTSUP, "grammar: the regular expression flag l is not "
+                           "supported (i, m, s, u and x are)");
+        if (f != 'i' && f != 'm' && f != 's' && f != 'u' && f != 'x')
             return gm_syntax(x, "a regular expression's flags are among i, m, s, l, u, x");
         fold = fold || f == 'i';
         dotall = dotall || f == 's';

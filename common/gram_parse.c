@@ -713,19 +713,20 @@ static void re_verbose_space(gm_src *x)
  * the group, *group true and x->p past the ':'. ECMA-262 (a JSON Schema pattern) has none. */
 static td_err re_inline_flags(gm_src *x, const char *open, int depth, bool *group)
 {
-    bool on[4] = {false}, off[4] = {false}, minus = false; /* i s x a */
+    /* i s x a; u is the default and m changes nothing, '^' and '$' standing only at ends */
+    bool on[4] = {false}, off[4] = {false}, minus = false;
     for (; x->p < x->end && *x->p != ')' && *x->p != ':'; x->p++) {
         const char f = *x->p;
         const char *k = f ? strchr("isxa", f) : NULL;
-        if (f == '-' && !minus) {
-            minus = true;
-        } else if (f == 'm' || f == 'L') {
-            return err_set(TD_ENOTSUP, "regular expression, at byte %td: the inline flag %c is "
-                           "not supported (a, i, s, u and x are)", x->p - x->s, f);
-        } else if (x->ecma) {
+        if (x->ecma) {
             return err_set(TD_EINVAL, "regular expression, at byte %td: a JSON Schema pattern "
                            "(ECMA-262) has no inline flags", open + 1 - x->s);
-        } else if ((f != 'u' && !k) || (minus && (f == 'a' || f == 'u'))) {
+        } else if (f == '-' && !minus) {
+            minus = true;
+        } else if (f == 'L') {
+            return err_set(TD_ENOTSUP, "regular expression, at byte %td: the inline flag L is "
+                           "not supported (a, i, m, s, u and x are)", x->p - x->s);
+        } else if ((f != 'u' && f != 'm' && !k) || (minus && (f == 'a' || f == 'u'))) {
             return gm_syntax(x, "unknown inline flag");
         } else if (k) {
             (minus ? off : on)[k - "isxa"] = true;

@@ -765,10 +765,10 @@ static void guided_decoding_fields(void **state)
                  "expression, at byte 1: lookaround and other (? groups are not supported\","
                  "\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
                  "\"code\":\"unsupported_value\"}}");
-    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(?m)^a\"}", 400,
+    expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(?L)^a\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
-                 "expression, at byte 2: the inline flag m is not supported (a, i, s, u and x "
-                 "are)\",\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
+                 "expression, at byte 2: the inline flag L is not supported (a, i, m, s, u and "
+                 "x are)\",\"type\":\"invalid_request_error\",\"param\":\"guided_regex\","
                  "\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= nope\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'grammar': grammar: the rule "
