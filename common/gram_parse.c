@@ -537,20 +537,25 @@ static td_err gm_quantifier(gm_src *x, int32_t rule, size_t start)
 
 /* --- GBNF ---------------------------------------------------------------------------------- */
 
-/* Spaces, tabs and # comments; newlines too when nl. */
-static void gbnf_space(gm_src *x, bool nl)
+/* The characters of spaces and # comments (each up to its line's end). */
+static void gm_skip_space(gm_src *x, const char *spaces)
 {
     while (x->p < x->end) {
-        const char c = *x->p;
-        if (c == ' ' || c == '\t' || c == '\r' || (nl && c == '\n')) {
+        if (*x->p && strchr(spaces, *x->p)) {
             x->p++;
-        } else if (c == '#') {
+        } else if (*x->p == '#') {
             while (x->p < x->end && *x->p != '\n')
                 x->p++;
         } else {
             break;
         }
     }
+}
+
+/* Spaces, tabs and # comments; newlines too when nl. */
+static void gbnf_space(gm_src *x, bool nl)
+{
+    gm_skip_space(x, nl ? " \t\r\n" : " \t\r");
 }
 
 static bool gbnf_name_char(char c)
@@ -695,17 +700,8 @@ td_err gm_compile_gbnf(const char *text, size_t len, gm_grammar **out)
 /* Python's verbose flag: white space and # comments outside classes mean nothing. */
 static void re_verbose_space(gm_src *x)
 {
-    while (x->verbose && x->p < x->end) {
-        const char c = *x->p;
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
-            x->p++;
-        } else if (c == '#') {
-            while (x->p < x->end && *x->p != '\n')
-                x->p++;
-        } else {
-            break;
-        }
-    }
+    if (x->verbose)
+        gm_skip_space(x, " \t\n\r\f\v");
 }
 
 /* Python's inline flags after the "(?" of the group opened at open, x->p at the first letter:
