@@ -49,6 +49,8 @@ int32_t gb_find(const gm_build *b, const char *name, size_t len);
 /* The rule named name[0..len), made (undefined) when new. */
 td_err gb_named(gm_build *b, const char *name, size_t len, int32_t *id);
 void gb_free(gm_build *b);
+/* Frees the rules made since there were n_rules (their names, bodies and element counts). */
+void gb_truncate(gm_build *b, int32_t n_rules);
 
 /* --- what the parsers share (gram_parse.c; the Lark grammars of gram_lark.c use it) ------- */
 

@@ -40,12 +40,39 @@ static const char lk_common[] =
     "C_COMMENT: \"/*\" (/[^*]/ | /\\*+[^*\\/]/)* /\\*+\\// \n"
     "SQL_COMMENT: /--[^\\n]*/\n";
 
+#define LK_PARAMS_MAX 16     /* parameters of a template */
+#define LK_INSTANCES_MAX 256 /* templates instantiated with different arguments */
+
+/* A template, `name{a, b}: body`: its body is read again for every instance, with each
+ * parameter's name standing for the instance's argument. */
+typedef struct lk_template {
+    const char *name, *param[LK_PARAMS_MAX];
+    size_t len, param_len[LK_PARAMS_MAX];
+    int n_params;
+    const char *body; /* after the ':' */
+} lk_template;
+
+/* A template used with given arguments (rules), and the rule of that instance. */
+typedef struct lk_instance {
+    const char *name, *at; /* the name as used, and where (for errors) */
+    size_t len;
+    int32_t arg[LK_PARAMS_MAX];
+    int n_args;
+    int32_t rule;
+} lk_instance;
+
 typedef struct lk_parser {
     gm_src x;
     const char *prefix; /* put before every name: LK_COMMON while the library is read */
     int32_t first;      /* the first rule defined, the start when there is no `start` */
     int32_t ig, igs;    /* with %ignore: one ignored item, and any run of them; else -1 */
     bool common;        /* the library is read */
+    lk_template *tpl;   /* [n_tpl] the templates defined so far */
+    lk_instance *inst;  /* [n_inst] the instances used so far, made after the whole text */
+    int32_t *canon;     /* [n_canon] arguments that are not one name, each body once */
+    int n_tpl, n_inst, n_canon;
+    const lk_template *env;   /* the template whose body is read, or NULL */
+    const int32_t *env_arg;   /* what its parameters stand for */
 } lk_parser;
 
 static bool lk_name_char(char c)
@@ -299,6 +326,108 @@ static td_err lk_group(lk_parser *k, int32_t rule, int depth, bool terminal, cha
     return gb_push(b, &b->body[rule], GM_REF, (uint32_t)g, 0);
 }
 
+/* Whether n[0..len) is a parameter of the template being read: then *id is its argument. */
+static bool lk_param(const lk_parser *k, const char *n, size_t len, int32_t *id)
+{
+    for (int i = 0; k->env && i < k->env->n_params; i++)
+        if (k->env->param_len[i] == len && memcmp(k->env->param[i], n, len) == 0) {
+            *id = k->env_arg[i];
+            return true;
+        }
+    return false;
+}
+
+/* Grows *v (of *n items of size sz) by one item, zeroed; NULL when out of memory. */
+static void *lk_grow(void *v, int n, size_t sz)
+{
+    char *w = realloc(v, ((size_t)n + 1) * sz);
+    if (w)
+        memset(w + (size_t)n * sz, 0, sz);
+    return w;
+}
+
+/* An argument's rule g as the rule that stands for it: the one it names when that is all it
+ * is, else the first argument with the same body, so that a template which uses itself with
+ * its own parameters or the same strings has finitely many instances. */
+static td_err lk_canonical(lk_parser *k, int32_t g, int32_t *id)
+{
+    const gm_seq *s = &k->x.b->body[g];
+    if (s->n == 2 && s->el[0].kind == GM_REF) {
+        *id = (int32_t)s->el[0].lo;
+        return TD_OK;
+    }
+    for (int i = 0; i < k->n_canon; i++) {
+        const gm_seq *c = &k->x.b->body[k->canon[i]];
+        if (c->n == s->n && memcmp(c->el, s->el, s->n * sizeof *s->el) == 0) {
+            *id = k->canon[i];
+            return TD_OK;
+        }
+    }
+    int32_t *canon = lk_grow(k->canon, k->n_canon, sizeof *canon);
+    if (!canon)
+        return err_set(TD_ENOMEM, "out of memory for a grammar");
+    k->canon = canon;
+    k->canon[k->n_canon++] = g;
+    *id = g;
+    return TD_OK;
+}
+
+/* A template's use in rule, name[0..len){args} with x->p past the '{': its instance's rule in
+ * *id, made after the whole text is read (the template may be defined below). */
+static td_err lk_use(lk_parser *k, int32_t rule, const char *name, size_t len, int depth,
+                     int32_t *id)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    if (depth >= LK_NEST_MAX)
+        return err_set(TD_ENOTSUP, "groups nested deeper than %d", LK_NEST_MAX);
+    lk_instance use = {.name = name, .at = name, .len = len};
+    for (;;) {
+        lk_space(x, true);
+        if (use.n_args == LK_PARAMS_MAX)
+            return err_set(TD_ENOTSUP, "grammar: a template of more than %d arguments",
+                           LK_PARAMS_MAX);
+        int32_t g;
+        TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &g));
+        b->defined[g] = true;
+        TD_TRY(lk_alternatives(k, g, depth + 1, false));
+        if (b->body[g].n == 0)
+            return gm_syntax(x, "a template's argument is empty");
+        TD_TRY(gb_push(b, &b->body[g], GM_END, 0, 0));
+        TD_TRY(lk_canonical(k, g, &use.arg[use.n_args++]));
+        lk_space(x, true);
+        if (x->p < x->end && *x->p == ',') {
+            x->p++;
+            continue;
+        }
+        if (x->p < x->end && *x->p == '}') {
+            x->p++;
+            break;
+        }
+        return gm_syntax(x, "expected ',' or '}'");
+    }
+    for (int i = 0; i < k->n_inst; i++) {
+        const lk_instance *u = &k->inst[i];
+        if (u->len == len && memcmp(u->name, name, len) == 0 && u->n_args == use.n_args &&
+            memcmp(u->arg, use.arg, (size_t)use.n_args * sizeof *use.arg) == 0) {
+            *id = u->rule;
+            return TD_OK;
+        }
+    }
+    if (k->n_inst == LK_INSTANCES_MAX)
+        return err_set(TD_ENOTSUP, "grammar: templates used with more than %d different "
+                       "arguments", LK_INSTANCES_MAX);
+    lk_instance *inst = lk_grow(k->inst, k->n_inst, sizeof *inst);
+    if (!inst)
+        return err_set(TD_ENOMEM, "out of memory for a grammar");
+    k->inst = inst;
+    TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &use.rule));
+    b->defined[use.rule] = true;
+    k->inst[k->n_inst++] = use;
+    *id = use.rule;
+    return TD_OK;
+}
+
 /* One alternative: items up to a '|', a closing bracket, an alias, or the line's end. */
 static td_err lk_sequence(lk_parser *k, int32_t rule, int depth, bool terminal)
 {
@@ -351,14 +480,18 @@ static td_err lk_sequence(lk_parser *k, int32_t rule, int depth, bool terminal)
                 return gm_syntax(x, "a definition begins before the line of the one before "
                                  "ends");
             }
-            x->p = n1;
-            if (terminal && !lk_is_terminal(n0, (size_t)(n1 - n0))) {
+            const bool use = x->p < x->end && *x->p == '{';
+            x->p = use ? x->p + 1 : n1;
+            if (terminal && (use || !lk_is_terminal(n0, (size_t)(n1 - n0)))) {
                 x->p = n0;
                 return gm_syntax(x, "a terminal can only use strings, regular expressions "
                                  "and terminals, not a rule");
             }
             int32_t r;
-            TD_TRY(lk_named(k, n0, (size_t)(n1 - n0), &r));
+            if (use)
+                TD_TRY(lk_use(k, rule, n0, (size_t)(n1 - n0), depth, &r));
+            else if (!lk_param(k, n0, (size_t)(n1 - n0), &r))
+                TD_TRY(lk_named(k, n0, (size_t)(n1 - n0), &r));
             TD_TRY(gb_push(b, &b->body[rule], GM_REF, (uint32_t)r, 0));
         }
         TD_TRY(lk_quantifier(k, rule, start));
@@ -488,11 +621,131 @@ static td_err lk_directive(lk_parser *k)
                    "common and %%ignore are)", (int)n, d0);
 }
 
+/* A template's definition, name[0..len){params}: body with x->p at the '{': recorded, and its
+ * body read once with every parameter standing for any character, for its errors and its
+ * end (what that reading made is dropped). */
+static td_err lk_template_define(lk_parser *k, const char *name, size_t len)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    for (int i = 0; i < k->n_tpl; i++)
+        if (k->tpl[i].len == len && memcmp(k->tpl[i].name, name, len) == 0) {
+            x->p = name;
+            return gm_syntax(x, "the template is defined twice");
+        }
+    lk_template t = {.name = name, .len = len};
+    x->p++;
+    for (;;) {
+        lk_space(x, false);
+        const char *p0 = x->p;
+        while (x->p < x->end && lk_name_char(*x->p))
+            x->p++;
+        if (x->p == p0)
+            return gm_syntax(x, "expected a parameter's name");
+        if (t.n_params == LK_PARAMS_MAX)
+            return err_set(TD_ENOTSUP, "grammar: a template of more than %d parameters",
+                           LK_PARAMS_MAX);
+        t.param[t.n_params] = p0;
+        t.param_len[t.n_params++] = (size_t)(x->p - p0);
+        lk_space(x, false);
+        if (x->p < x->end && *x->p == ',') {
+            x->p++;
+            continue;
+        }
+        if (x->p < x->end && *x->p == '}')
+            break;
+        return gm_syntax(x, "expected ',' or '}'");
+    }
+    x->p++;
+    lk_space(x, false);
+    if (x->p >= x->end || *x->p != ':')
+        return gm_syntax(x, "expected ':'");
+    t.body = ++x->p;
+    lk_template *tpl = lk_grow(k->tpl, k->n_tpl, sizeof *tpl);
+    if (!tpl)
+        return err_set(TD_ENOMEM, "out of memory for a grammar");
+    k->tpl = tpl;
+    k->tpl[k->n_tpl++] = t;
+    const int32_t n_rules = b->n_rules;
+    const int n_inst = k->n_inst, n_canon = k->n_canon;
+    int32_t any, body;
+    td_err e = gb_rule(b, NULL, 0, -1, &any);
+    if (e == TD_OK)
+        e = gb_push(b, &b->body[any], GM_CHAR, 0, GM_CP_MAX);
+    if (e == TD_OK)
+        e = gb_push(b, &b->body[any], GM_END, 0, 0);
+    if (e == TD_OK)
+        e = gb_rule(b, NULL, 0, -1, &body);
+    int32_t args[LK_PARAMS_MAX];
+    for (int i = 0; i < t.n_params; i++)
+        args[i] = any;
+    const lk_template *env = k->env;
+    const int32_t *env_arg = k->env_arg;
+    k->env = &t;
+    k->env_arg = args;
+    if (e == TD_OK)
+        e = lk_alternatives(k, body, 0, false);
+    k->env = env;
+    k->env_arg = env_arg;
+    gb_truncate(b, n_rules);
+    k->n_inst = n_inst;
+    k->n_canon = n_canon;
+    return e;
+}
+
+/* The rules of every instance used, in turn (an instance's body may use more). */
+static td_err lk_instantiate(lk_parser *k)
+{
+    gm_src *x = &k->x;
+    for (int i = 0; i < k->n_inst; i++) {
+        const lk_instance u = k->inst[i]; /* a copy: reading the body may grow k->inst */
+        const lk_template *t = NULL;
+        for (int j = 0; j < k->n_tpl && !t; j++)
+            if (k->tpl[j].len == u.len && memcmp(k->tpl[j].name, u.name, u.len) == 0)
+                t = &k->tpl[j];
+        x->p = u.at;
+        if (!t)
+            return gm_syntax(x, "no template of this name is defined");
+        if (t->n_params != u.n_args)
+            return gm_syntax(x, "the template is used with another number of arguments than "
+                             "it has parameters");
+        k->env = t; /* k->tpl no longer grows */
+        k->env_arg = u.arg;
+        x->p = t->body;
+        const td_err e = lk_alternatives(k, u.rule, 0, false);
+        k->env = NULL;
+        k->env_arg = NULL;
+        TD_TRY(e);
+        TD_TRY(gb_push(x->b, &x->b->body[u.rule], GM_END, 0, 0));
+    }
+    x->p = x->end;
+    return TD_OK;
+}
+
+/* A definition of the rule or terminal n[0..len), x->p after its name (and priority). */
+static td_err lk_define(lk_parser *k, const char *n, size_t len)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    if (x->p >= x->end || *x->p != ':')
+        return gm_syntax(x, "expected ':'");
+    x->p++;
+    int32_t r;
+    TD_TRY(lk_named(k, n, len, &r));
+    if (b->defined[r]) {
+        x->p = n;
+        return gm_syntax(x, "the name is defined twice");
+    }
+    b->defined[r] = true;
+    k->first = k->first < 0 ? r : k->first;
+    TD_TRY(lk_alternatives(k, r, 0, lk_is_terminal(n, len)));
+    return gb_push(b, &b->body[r], GM_END, 0, 0);
+}
+
 /* Definitions and directives, one per line, to the end of the text. */
 static td_err lk_read(lk_parser *k)
 {
     gm_src *x = &k->x;
-    gm_build *b = x->b;
     for (lk_space(x, true); x->p < x->end; lk_space(x, true)) {
         if (*x->p == '%') {
             TD_TRY(lk_directive(k));
@@ -514,21 +767,9 @@ static td_err lk_read(lk_parser *k)
             }
             lk_space(x, false);
             if (x->p < x->end && *x->p == '{')
-                return err_set(TD_ENOTSUP, "grammar: templates (name{args}) are not "
-                               "supported");
-            if (x->p >= x->end || *x->p != ':')
-                return gm_syntax(x, "expected ':'");
-            x->p++;
-            int32_t r;
-            TD_TRY(lk_named(k, n0, (size_t)(n1 - n0), &r));
-            if (b->defined[r]) {
-                x->p = n0;
-                return gm_syntax(x, "the name is defined twice");
-            }
-            b->defined[r] = true;
-            k->first = k->first < 0 ? r : k->first;
-            TD_TRY(lk_alternatives(k, r, 0, lk_is_terminal(n0, (size_t)(n1 - n0))));
-            TD_TRY(gb_push(b, &b->body[r], GM_END, 0, 0));
+                TD_TRY(lk_template_define(k, n0, (size_t)(n1 - n0)));
+            else
+                TD_TRY(lk_define(k, n0, (size_t)(n1 - n0)));
         }
         lk_space(x, false);
         if (x->p < x->end && *x->p != '\n')
@@ -576,6 +817,11 @@ td_err gm_compile_lark(const char *text, size_t len, gm_grammar **out)
     }
     if (e == TD_OK)
         e = lk_read(&k);
+    if (e == TD_OK)
+        e = lk_instantiate(&k);
+    free(k.tpl);
+    free(k.inst);
+    free(k.canon);
     if (e == TD_OK && k.ig >= 0)
         e = gb_push(&b, &b.body[k.ig], GM_END, 0, 0);
     int32_t start = k.first;

@@ -78,6 +78,16 @@ td_err gb_named(gm_build *b, const char *name, size_t len, int32_t *id)
     return *id >= 0 ? TD_OK : gb_rule(b, name, len, -1, id);
 }
 
+void gb_truncate(gm_build *b, int32_t n_rules)
+{
+    for (int32_t r = n_rules; r < b->n_rules; r++) {
+        b->total -= b->body[r].n;
+        free(b->body[r].el);
+        free(b->name[r]);
+    }
+    b->n_rules = n_rules;
+}
+
 void gb_free(gm_build *b)
 {
     for (int32_t r = 0; r < b->n_rules; r++) {

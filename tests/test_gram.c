@@ -477,12 +477,47 @@ static void test_lark_regex_flags_fold_case_and_let_dot_match_newlines(void **ct
     whole(g, "a\nbaxb");
     cut_at(g, "a\nba\n", 4);
     gm_free(g);
-    g = lark("start: /[a ]+ \\  b* | c{2} # two c/x\n"); /* verbose: spaces and # mean nothing */
+    g = lark("start: /[a ]+ \\  b* | c{2}/x\n"); /* verbose: white space means nothing */
     whole(g, "a a ");
     whole(g, "a bb");
     whole(g, "cc");
     cut_at(g, "a c", 2);
     cut_at(g, "b", 0);
+    gm_free(g);
+}
+
+static void test_lark_templates_take_their_arguments_where_their_parameters_stand(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: _separated{item, \",\"}\n"
+                         "_separated{x, sep}: x (sep x)*\n"
+                         "item: /[a-z]+/\n");
+    whole(g, "a,bc,d");
+    whole(g, "abc");
+    cut_at(g, "a,,b", 2);
+    gm_free(g);
+    /* one template with a rule and a terminal, nested through a rule that uses it */
+    g = lark("start: list{pair}\n"
+             "list{x}: \"[\" [x (\",\" x)*] \"]\"\n"
+             "pair: list{NUMBER} | NUMBER\n"
+             "%import common.NUMBER\n");
+    whole(g, "[[1,2.5],3,[]]");
+    whole(g, "[]");
+    cut_at(g, "[[1,[", 4);
+    gm_free(g);
+    /* a template that uses itself: one instance per argument, so finitely many */
+    g = lark("start: nest{\"a\"} nest{\"a\"i} nest{\"b\"}\n"
+             "nest{x}: x | \"(\" nest{x} \")\"\n");
+    whole(g, "((a))A(b)");
+    cut_at(g, "(()", 2);
+    gm_free(g);
+    /* defined below its use, with ignored spaces between the items of its body */
+    g = lark("start: pair{\"k\", INT} (\";\" pair{/[a-z]/, INT})*\n"
+             "pair{a, b}: a \"=\" b\n"
+             "%import common (INT, WS)\n"
+             "%ignore WS\n");
+    whole(g, " k = 12 ; x=3 ");
+    cut_at(g, "k = x", 4);
     gm_free(g);
 }
 
@@ -547,8 +582,25 @@ static void test_lark_errors_name_the_place(void **ctx)
     memset(long_name + 7, 'a', 101);
     refused(gm_compile_lark, long_name, TD_EINVAL,
             "grammar, line 1, column 109: a name of more than 100 bytes");
-    refused(gm_compile_lark, "pair{a}: a a", TD_ENOTSUP,
-            "grammar: templates (name{args}) are not supported");
+    refused(gm_compile_lark, "start: t{\"a\"}", TD_EINVAL,
+            "grammar, line 1, column 8: no template of this name is defined");
+    refused(gm_compile_lark, "start: t{\"a\", \"b\"}\nt{x}: x", TD_EINVAL,
+            "grammar, line 1, column 8: the template is used with another number of "
+            "arguments than it has parameters");
+    refused(gm_compile_lark, "t{x}: x\nt{y}: y\nstart: t{\"a\"}", TD_EINVAL,
+            "grammar, line 2, column 1: the template is defined twice");
+    refused(gm_compile_lark, "A: t{\"a\"}\nt{x}: x", TD_EINVAL,
+            "grammar, line 1, column 4: a terminal can only use strings, regular expressions "
+            "and terminals, not a rule");
+    refused(gm_compile_lark, "t{}: \"a\"", TD_EINVAL,
+            "grammar, line 1, column 3: expected a parameter's name");
+    refused(gm_compile_lark, "start: t{}\nt{x}: x", TD_EINVAL,
+            "grammar, line 1, column 10: a template's argument is empty");
+    refused(gm_compile_lark, "t{x}: x (\nstart: t{\"a\"}", TD_EINVAL,
+            "grammar, line 2, column 1: a definition begins before the line of the one "
+            "before ends");
+    refused(gm_compile_lark, "start: t{\"a\"}\nt{x}: x | t{(x x)}", TD_ENOTSUP,
+            "grammar: templates used with more than 256 different arguments");
 }
 
 static void test_grammar_text_is_gbnf_or_lark_by_its_rules(void **ctx)
@@ -891,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_lark_ignored_items_stand_between_repetitions_and_around_the_text),
         cmocka_unit_test(test_lark_regex_terminals_and_common_library),
         cmocka_unit_test(test_lark_regex_flags_fold_case_and_let_dot_match_newlines),
+        cmocka_unit_test(test_lark_templates_take_their_arguments_where_their_parameters_stand),
         cmocka_unit_test(test_lark_vllm_sql_example),
         cmocka_unit_test(test_lark_errors_name_the_place),
         cmocka_unit_test(test_grammar_text_is_gbnf_or_lark_by_its_rules),
