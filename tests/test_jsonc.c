@@ -570,8 +570,11 @@ static void compile_errors_name_the_pointer_and_keyword(void **state)
          "schema #/patternProperties: keyword 'patternProperties' is not enforced"},
         {"{\"pattern\":5}", TD_EINVAL, "schema #/pattern: must be a string"},
         {"{\"properties\":{\"a\":{\"pattern\":\"a(?=b)\"}}}", TD_ENOTSUP,
-         "schema #/properties/a/pattern: regular expression, at byte 2: lookaround, inline flags "
-         "and other (? groups are not supported"},
+         "schema #/properties/a/pattern: regular expression, at byte 2: lookaround and other (? "
+         "groups are not supported"},
+        {"{\"pattern\":\"(?i)a\"}", TD_EINVAL,
+         "schema #/pattern: regular expression, at byte 1: a JSON Schema pattern (ECMA-262) has no "
+         "inline flags"},
         {"{\"pattern\":\"[b-a]\"}", TD_EINVAL,
          "schema #/pattern: regular expression, at byte 4: a character range goes backwards"},
         {"{\"items\":{\"minimum\":[0]}}", TD_EINVAL, "schema #/items/minimum: must be a number"},
