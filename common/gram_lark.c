@@ -593,6 +593,41 @@ static td_err lk_import(lk_parser *k)
     }
 }
 
+/* %override NAME: alternatives (the definition replaced) or, with extend, %extend NAME:
+ * alternatives (more of them); NAME defined above, x->p after the directive. */
+static td_err lk_redefine(lk_parser *k, bool extend)
+{
+    gm_src *x = &k->x;
+    gm_build *b = x->b;
+    lk_space(x, false);
+    x->p += x->p < x->end && (*x->p == '?' || *x->p == '!');
+    const char *n0 = x->p;
+    while (x->p < x->end && lk_name_char(*x->p))
+        x->p++;
+    const size_t len = (size_t)(x->p - n0);
+    if (len == 0)
+        return gm_syntax(x, "expected the name of a rule or terminal");
+    lk_space(x, false);
+    if (x->p >= x->end || *x->p != ':')
+        return gm_syntax(x, "expected ':'");
+    x->p++;
+    int32_t r;
+    TD_TRY(lk_named(k, n0, len, &r));
+    if (!b->defined[r]) {
+        x->p = n0;
+        return gm_syntax(x, extend ? "%extend needs a definition above it"
+                                   : "%override needs a definition above it");
+    }
+    gm_seq *body = &b->body[r];
+    const size_t keep = extend ? body->n - 1 : 0; /* without its end */
+    b->total -= body->n - keep;
+    body->n = keep;
+    if (extend)
+        TD_TRY(gb_push(b, body, GM_ALT, 0, 0));
+    TD_TRY(lk_alternatives(k, r, 0, lk_is_terminal(n0, len)));
+    return gb_push(b, &b->body[r], GM_END, 0, 0);
+}
+
 /* A line that begins with '%' (x->p there). */
 static td_err lk_directive(lk_parser *k)
 {
@@ -616,9 +651,11 @@ static td_err lk_directive(lk_parser *k)
             return gm_syntax(x, "%ignore needs what to ignore");
         return TD_OK;
     }
+    if ((n == 8 && memcmp(d0, "override", 8) == 0) || (n == 6 && memcmp(d0, "extend", 6) == 0))
+        return lk_redefine(k, n == 6);
     x->p = d0 - 1;
     return err_set(TD_ENOTSUP, "grammar: the directive %%%.*s is not supported (%%import "
-                   "common and %%ignore are)", (int)n, d0);
+                   "common, %%ignore, %%override and %%extend are)", (int)n, d0);
 }
 
 /* A template's definition, name[0..len){params}: body with x->p at the '{': recorded, and its

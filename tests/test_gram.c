@@ -521,6 +521,21 @@ static void test_lark_templates_take_their_arguments_where_their_parameters_stan
     gm_free(g);
 }
 
+static void test_lark_override_and_extend_change_a_definition_above_them(void **ctx)
+{
+    (void)ctx;
+    gm_grammar *g = lark("start: NUMBER (\",\" NUMBER)*\n"
+                         "%import common.NUMBER\n"
+                         "%extend NUMBER: \"inf\" | \"nan\"\n");
+    whole(g, "1.5,inf,nan,2");
+    cut_at(g, "1,in,", 4);
+    gm_free(g);
+    g = lark("start: item+\nitem: \"a\"\n%override item: \"b\" | \"c\"\n");
+    whole(g, "bcb");
+    cut_at(g, "a", 0);
+    gm_free(g);
+}
+
 static void test_lark_vllm_sql_example(void **ctx)
 {
     (void)ctx;
@@ -576,8 +591,10 @@ static void test_lark_errors_name_the_place(void **ctx)
     refused(gm_compile_lark, "%import foo.BAR\nstart: \"a\"", TD_ENOTSUP,
             "grammar: only Lark's `common` library can be imported");
     refused(gm_compile_lark, "%declare X\nstart: \"a\"", TD_ENOTSUP,
-            "grammar: the directive %declare is not supported (%import common and %ignore "
-            "are)");
+            "grammar: the directive %declare is not supported (%import common, %ignore, "
+            "%override and %extend are)");
+    refused(gm_compile_lark, "%extend x: \"a\"\nx: \"b\"", TD_EINVAL,
+            "grammar, line 1, column 9: %extend needs a definition above it");
     char long_name[160] = "start: ";
     memset(long_name + 7, 'a', 101);
     refused(gm_compile_lark, long_name, TD_EINVAL,
@@ -944,6 +961,7 @@ int main(void)
         cmocka_unit_test(test_lark_regex_terminals_and_common_library),
         cmocka_unit_test(test_lark_regex_flags_fold_case_and_let_dot_match_newlines),
         cmocka_unit_test(test_lark_templates_take_their_arguments_where_their_parameters_stand),
+        cmocka_unit_test(test_lark_override_and_extend_change_a_definition_above_them),
         cmocka_unit_test(test_lark_vllm_sql_example),
         cmocka_unit_test(test_lark_errors_name_the_place),
         cmocka_unit_test(test_grammar_text_is_gbnf_or_lark_by_its_rules),
