@@ -128,10 +128,101 @@ static td_err req_grammar(gw_request *r, const json_t *v, bool regex, const char
     return req_format_set(r, regex ? MSG_FORMAT_REGEX : MSG_FORMAT_GRAMMAR, text, c, param, e);
 }
 
+/* Every object schema in schema (type "object") without additionalProperties gets false. */
+static td_err req_close_objects(json_t *schema)
+{
+    if (json_is_array(schema)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(schema, i, x)
+            TD_TRY(req_close_objects(x));
+        return TD_OK;
+    }
+    if (!json_is_object(schema))
+        return TD_OK;
+    const char *k;
+    json_t *x;
+    json_object_foreach(schema, k, x)
+        TD_TRY(req_close_objects(x));
+    const json_t *type = json_object_get(schema, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "object") == 0 &&
+        !json_object_get(schema, "additionalProperties") &&
+        json_object_set_new(schema, "additionalProperties", json_false()) != 0)
+        return TD_ENOMEM;
+    return TD_OK;
+}
+
+/* vLLM's structured_outputs so: the one of json / choice / regex / grammar given (*v, *kind,
+ * *param), or json_object true (r's format, *kind NULL); a null member is absent. Beside it:
+ * disable_fallback (one engine: nothing to fall back to), disable_additional_properties (*closed:
+ * object schemas without additionalProperties are closed), and disable_any_whitespace and
+ * whitespace_pattern at their defaults only (false, null): JSON's whitespace is allowed. */
+static td_err req_structured_outputs(gw_request *r, const json_t **v, const char **kind,
+                                     const char **param, bool *closed, api_error *e)
+{
+    static const char *const kinds[] = {"json", "choice", "regex", "grammar", "json_object"};
+    static const char *const params[] = {"structured_outputs.json",
+                                         "structured_outputs.choice",
+                                         "structured_outputs.regex",
+                                         "structured_outputs.grammar",
+                                         "structured_outputs.json_object"};
+    static const char *const flags[] = {"disable_fallback", "disable_additional_properties",
+                                        "disable_any_whitespace"};
+    const json_t *so = *v;
+    if (!json_is_object(so))
+        return req_bad_type(e, "structured_outputs", "an object", so);
+    int found = 0;
+    const char *k;
+    const json_t *x;
+    json_object_foreach((json_t *)so, k, x) {
+        size_t i = 0, f = 0;
+        while (i < 5 && strcmp(k, kinds[i]) != 0)
+            i++;
+        while (f < 3 && strcmp(k, flags[f]) != 0)
+            f++;
+        char name[64];
+        snprintf(name, sizeof name, "structured_outputs.%s", k);
+        if (json_is_null(x))
+            continue;
+        if (f < 3 || i == 4) {
+            if (!json_is_boolean(x))
+                return req_bad_type(e, i == 4 ? params[4] : name, "a boolean", x);
+            if (f == 1)
+                *closed = json_is_true(x);
+            if (f == 2 && json_is_true(x))
+                return apierr_set(e, 400, "unsupported_value", name,
+                                  "Unsupported value for '%s': true; JSON is matched with the "
+                                  "whitespace JSON allows.", name);
+            if (f < 3 || json_is_false(x))
+                continue;
+        } else if (strcmp(k, "whitespace_pattern") == 0) {
+            return apierr_set(e, 400, "unsupported_value", name,
+                              "Unsupported value for '%s': JSON is matched with the whitespace "
+                              "JSON allows (give null).", name);
+        } else if (i == 5) {
+            return apierr_set(e, 400, "unsupported_value", "structured_outputs",
+                              "Unsupported value for 'structured_outputs': '%s'; supported "
+                              "are 'json', 'choice', 'regex', 'grammar' and 'json_object'.", k);
+        }
+        if (found++ == 0) {
+            *v = x;
+            *kind = i == 4 ? NULL : kinds[i];
+            *param = params[i];
+        }
+    }
+    if (found != 1)
+        return apierr_set(e, 400, "invalid_value", "structured_outputs",
+                          "Invalid value for 'structured_outputs': give one of 'json', "
+                          "'choice', 'regex', 'grammar' and 'json_object'.");
+    if (!*kind)
+        r->format = MSG_FORMAT_JSON_OBJECT;
+    return TD_OK;
+}
+
 /* Guided decoding beside response_format, one way of asking at most: vLLM's guided_json (a
  * schema, or its JSON text), guided_choice (strings), guided_regex, guided_grammar (GBNF or
- * Lark), or structured_outputs with one of json / choice / regex / grammar; llama.cpp's
- * json_schema and grammar. */
+ * Lark), or structured_outputs with one of json / choice / regex / grammar / json_object;
+ * llama.cpp's json_schema and grammar. */
 td_err req_guided(gw_request *r, api_error *e)
 {
     static const struct {
@@ -159,51 +250,27 @@ td_err req_guided(gw_request *r, api_error *e)
                           "(response_format, guided_json, guided_choice, guided_regex, "
                           "guided_grammar, structured_outputs, json_schema, grammar).",
                           param);
-    if (!kind) { /* structured_outputs */
-        if (!json_is_object(v))
-            return req_bad_type(e, "structured_outputs", "an object", v);
-        static const char *const kinds[] = {"json", "choice", "regex", "grammar"};
-        static const char *const params[] = {"structured_outputs.json",
-                                             "structured_outputs.choice",
-                                             "structured_outputs.regex",
-                                             "structured_outputs.grammar"};
-        const json_t *so = v;
-        int found = 0;
-        const char *k;
-        const json_t *x;
-        json_object_foreach((json_t *)so, k, x) {
-            size_t i = 0;
-            while (i < 4 && strcmp(k, kinds[i]) != 0)
-                i++;
-            if (i == 4)
-                return apierr_set(e, 400, "unsupported_value", "structured_outputs",
-                                  "Unsupported value for 'structured_outputs': '%s'; supported "
-                                  "are 'json', 'choice', 'regex' and 'grammar'.",
-                                  k);
-            if (found++ == 0) {
-                v = x;
-                kind = kinds[i];
-                param = params[i];
-            }
-        }
-        if (found != 1)
-            return apierr_set(e, 400, "invalid_value", "structured_outputs",
-                              "Invalid value for 'structured_outputs': give one of 'json', "
-                              "'choice', 'regex' and 'grammar'.");
-    }
+    bool closed = false; /* structured_outputs.disable_additional_properties */
+    if (!kind) /* structured_outputs */
+        TD_TRY(req_structured_outputs(r, &v, &kind, &param, &closed, e));
+    if (!kind) /* json_object */
+        return TD_OK;
     if (strcmp(kind, "regex") == 0 || strcmp(kind, "grammar") == 0)
         return req_grammar(r, v, kind[0] == 'r', param, e);
-    if (strcmp(kind, "json") == 0 && json_is_string(v)) { /* the schema as JSON text */
-        json_t *parsed = json_loads(json_string_value(v), 0, NULL);
-        if (!parsed)
+    if (strcmp(kind, "json") == 0) { /* a schema, or its JSON text */
+        json_t *schema = json_is_string(v) ? json_loads(json_string_value(v), 0, NULL)
+                                           : json_deep_copy(v);
+        if (!schema && json_is_string(v))
             return apierr_set(e, 400, "invalid_value", param,
                               "Invalid value for '%s': the text is not JSON.", param);
-        td_err err = req_json_schema(r, parsed, param, e);
-        json_decref(parsed);
+        if (!schema)
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+        td_err err = closed ? req_close_objects(schema) : TD_OK;
+        err = err == TD_OK ? req_json_schema(r, schema, param, e)
+                           : apierr_set(e, 500, NULL, NULL, "out of memory");
+        json_decref(schema);
         return err;
     }
-    if (strcmp(kind, "json") == 0)
-        return req_json_schema(r, v, param, e);
     if (!json_is_array(v))
         return req_bad_type(e, param, "an array of strings", v);
     json_t *spec = json_pack("{s:s,s:O}", "form", "choice", "choices", v);

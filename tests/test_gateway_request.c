@@ -682,8 +682,10 @@ static void completion_bad_prompts_are_400(void **state)
  * format with its spec, guided_json (an object or its text), structured_outputs.json and
  * llama.cpp's json_schema the JSON schema format, guided_regex and structured_outputs.regex
  * the regex format, guided_grammar (GBNF or Lark), structured_outputs.grammar and llama.cpp's
- * grammar the grammar format, each with its text; two ways at once, an unknown kind, a bad
- * choice list, a regex or grammar the matcher refuses are 400. */
+ * grammar the grammar format, each with its text; structured_outputs' json_object and its
+ * options (null members absent, disable_additional_properties closing the schema's objects);
+ * two ways at once, an unknown kind, an option away from its default that is not enforced, a
+ * bad choice list, a regex or grammar the matcher refuses are 400. */
 static void guided_decoding_fields(void **state)
 {
     (void)state;
@@ -728,6 +730,23 @@ static void guided_decoding_fields(void **state)
         {"{\"prompt\": \"x\", \"guided_grammar\": \"?start: x+\\nx: 'y'i\"}", MSG_FORMAT_GRAMMAR,
          "?start: x+\nx: 'y'i"},
     };
+    /* vLLM's options beside the kind: null members are absent, closed objects */
+    const char *so = "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": null, \"json\": "
+                     "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"object\"}, "
+                     "\"b\": {\"type\": \"object\", \"additionalProperties\": true}}}, "
+                     "\"disable_additional_properties\": true, \"disable_fallback\": true, "
+                     "\"disable_any_whitespace\": false, \"whitespace_pattern\": null}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, so, strlen(so), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_string_equal(r.schema, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                                  "\"object\",\"additionalProperties\":false},\"b\":{\"type\":"
+                                  "\"object\",\"additionalProperties\":true}},"
+                                  "\"additionalProperties\":false}");
+    req_free(&r);
+    so = "{\"prompt\": \"x\", \"structured_outputs\": {\"json_object\": true, \"json\": null}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, so, strlen(so), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_OBJECT);
+    req_free(&r);
     for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++) {
         assert_int_equal(req_parse(&r, REQ_COMPLETION, gram[i].body, strlen(gram[i].body), &e),
                          TD_OK);
@@ -748,14 +767,37 @@ static void guided_decoding_fields(void **state)
                  "[\"a\"]}}",
                  400,
                  "{\"error\":{\"message\":\"Invalid value for 'structured_outputs': give one of "
-                 "'json', 'choice', 'regex' and 'grammar'.\",\"type\":\"invalid_request_error\","
-                 "\"param\":\"structured_outputs\",\"code\":\"invalid_value\"}}");
+                 "'json', 'choice', 'regex', 'grammar' and 'json_object'.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"structured_outputs\",\"code\":"
+                 "\"invalid_value\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": \"a\"}}", 400,
                  "{\"error\":{\"message\":\"Unsupported value for 'structured_outputs': "
-                 "'structural_tag'; supported are 'json', 'choice', 'regex' and 'grammar'.\","
-                 "\"type\":\"invalid_request_error\",\"param\":\"structured_outputs\",\"code\":"
-                 "\"unsupported_value\"}}");
+                 "'structural_tag'; supported are 'json', 'choice', 'regex', 'grammar' and "
+                 "'json_object'.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"structured_outputs\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a\", "
+                 "\"disable_any_whitespace\": true}}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for "
+                 "'structured_outputs.disable_any_whitespace': true; JSON is matched with the "
+                 "whitespace JSON allows.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"structured_outputs.disable_any_whitespace\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, "
+                 "\"whitespace_pattern\": \" ?\"}}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for "
+                 "'structured_outputs.whitespace_pattern': JSON is matched with the whitespace "
+                 "JSON allows (give null).\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"structured_outputs.whitespace_pattern\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"json_object\": 1}}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'structured_outputs.json_object': "
+                 "expected a boolean, but got an integer instead.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"structured_outputs.json_object\","
+                 "\"code\":\"invalid_type\"}}");
     expect_error(REQ_COMPLETION, "{\"prompt\": \"x\", \"guided_regex\": \"(a\"}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_regex': regular "
                  "expression, at byte 2: missing ')'\",\"type\":\"invalid_request_error\","
