@@ -944,9 +944,9 @@ static int punct(const jc_schema *s, jc_alt *a, uint8_t b)
     }
 }
 
-static int ws_byte(jc_alt *a)
+static int ws_byte(const jc_schema *s, jc_alt *a)
 {
-    return ++a->ws > JC_WS_MAX ? ST_REJECT : ST_OK;
+    return ++a->ws > s->ws_max ? ST_REJECT : ST_OK;
 }
 
 static int alt_step(const jc_schema *s, jc_alt *a, uint8_t b)
@@ -967,12 +967,12 @@ static int alt_step(const jc_schema *s, jc_alt *a, uint8_t b)
             break;
         case LX_VALUE:
             if (is_ws(b))
-                return ws_byte(a);
+                return ws_byte(s, a);
             a->ws = 0;
             return value_start(s, a, b);
         default:
             if (is_ws(b))
-                return ws_byte(a);
+                return ws_byte(s, a);
             a->ws = 0;
             return punct(s, a, b);
         }

@@ -6,7 +6,7 @@
  *
  * Text: standard JSON (RFC 8259). Whitespace (space, \t, \n, \r) where JSON allows it, also
  * before and after the document, at most JC_WS_MAX bytes in a row (a model must not loop on
- * whitespace forever); numbers at most JC_NUMBER_MAX bytes; at most JC_DEPTH_MAX open objects
+ * whitespace forever), or none at all in a compact schema (jc_compile_ws); numbers at most JC_NUMBER_MAX bytes; at most JC_DEPTH_MAX open objects
  * and arrays (deeper input is rejected, which also bounds recursion through $ref). Strings:
  * no raw byte below 0x20; escapes \" \\ \/ \b \f \n \r \t \uXXXX (hex in any case), a \u high
  * surrogate must be followed by a \u low one, a lone low one is rejected; raw bytes >= 0x80
@@ -108,6 +108,8 @@ typedef struct jc_schema jc_schema;
  * "schema #/properties/a/type: unknown type 'strin'"), TD_ENOTSUP for keywords or combinations
  * not enforced and for the limits above (naming the keyword and its pointer), TD_ENOMEM. */
 td_err jc_compile(const char *schema, size_t len, jc_schema **out);
+/* jc_compile; compact: no whitespace anywhere, the document as JSON_COMPACT writes it. */
+td_err jc_compile_ws(const char *schema, size_t len, bool compact, jc_schema **out);
 void jc_schema_free(jc_schema *s);
 
 /* A matcher state is a plain byte blob of at most jc_state_size(s) bytes, 4-byte aligned, with

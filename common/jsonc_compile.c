@@ -585,6 +585,11 @@ static td_err jcc_run(jcc *c, const char *schema, size_t len, jc_schema *s)
 
 td_err jc_compile(const char *schema, size_t len, jc_schema **out)
 {
+    return jc_compile_ws(schema, len, false, out);
+}
+
+td_err jc_compile_ws(const char *schema, size_t len, bool compact, jc_schema **out)
+{
     *out = NULL;
     jcc *c = calloc(1, sizeof *c);
     jc_schema *s = calloc(1, sizeof *s);
@@ -614,6 +619,7 @@ td_err jc_compile(const char *schema, size_t len, jc_schema **out)
         jc_schema_free(s);
         return e;
     }
+    s->ws_max = compact ? 0 : JC_WS_MAX;
     *out = s;
     return TD_OK;
 }

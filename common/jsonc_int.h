@@ -91,6 +91,7 @@ struct jc_schema {
     size_t pool_len;
     gm_dfa **pats;        /* [n_pats] automata of the string patterns */
     uint32_t n_pats;
+    uint8_t ws_max;       /* whitespace bytes allowed in a row: JC_WS_MAX, or 0 (compact) */
 };
 
 #endif

@@ -155,10 +155,12 @@ static td_err req_close_objects(json_t *schema)
 /* vLLM's structured_outputs so: the one of json / choice / regex / grammar given (*v, *kind,
  * *param), or json_object true (r's format, *kind NULL); a null member is absent. Beside it:
  * disable_fallback (one engine: nothing to fall back to), disable_additional_properties (*closed:
- * object schemas without additionalProperties are closed), and disable_any_whitespace and
- * whitespace_pattern at their defaults only (false, null): JSON's whitespace is allowed. */
+ * object schemas without additionalProperties are closed), disable_any_whitespace (*compact:
+ * JSON without whitespace; other kinds as they are) and whitespace_pattern at its default
+ * only (null). */
 static td_err req_structured_outputs(gw_request *r, const json_t **v, const char **kind,
-                                     const char **param, bool *closed, api_error *e)
+                                     const char **param, bool *closed, bool *compact,
+                                     api_error *e)
 {
     static const char *const kinds[] = {"json", "choice", "regex", "grammar", "json_object"};
     static const char *const params[] = {"structured_outputs.json",
@@ -189,16 +191,15 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
                 return req_bad_type(e, i == 4 ? params[4] : name, "a boolean", x);
             if (f == 1)
                 *closed = json_is_true(x);
-            if (f == 2 && json_is_true(x))
-                return apierr_set(e, 400, "unsupported_value", name,
-                                  "Unsupported value for '%s': true; JSON is matched with the "
-                                  "whitespace JSON allows.", name);
+            if (f == 2)
+                *compact = json_is_true(x);
             if (f < 3 || json_is_false(x))
                 continue;
         } else if (strcmp(k, "whitespace_pattern") == 0) {
             return apierr_set(e, 400, "unsupported_value", name,
                               "Unsupported value for '%s': JSON is matched with the whitespace "
-                              "JSON allows (give null).", name);
+                              "JSON allows, or none with disable_any_whitespace (give null).",
+                              name);
         } else if (i == 5) {
             return apierr_set(e, 400, "unsupported_value", "structured_outputs",
                               "Unsupported value for 'structured_outputs': '%s'; supported "
@@ -215,7 +216,7 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
                           "Invalid value for 'structured_outputs': give one of 'json', "
                           "'choice', 'regex', 'grammar' and 'json_object'.");
     if (!*kind)
-        r->format = MSG_FORMAT_JSON_OBJECT;
+        r->format = *compact ? MSG_FORMAT_JSON_OBJECT_COMPACT : MSG_FORMAT_JSON_OBJECT;
     return TD_OK;
 }
 
@@ -250,9 +251,9 @@ td_err req_guided(gw_request *r, api_error *e)
                           "(response_format, guided_json, guided_choice, guided_regex, "
                           "guided_grammar, structured_outputs, json_schema, grammar).",
                           param);
-    bool closed = false; /* structured_outputs.disable_additional_properties */
+    bool closed = false, compact = false; /* structured_outputs' options */
     if (!kind) /* structured_outputs */
-        TD_TRY(req_structured_outputs(r, &v, &kind, &param, &closed, e));
+        TD_TRY(req_structured_outputs(r, &v, &kind, &param, &closed, &compact, e));
     if (!kind) /* json_object */
         return TD_OK;
     if (strcmp(kind, "regex") == 0 || strcmp(kind, "grammar") == 0)
@@ -269,6 +270,8 @@ td_err req_guided(gw_request *r, api_error *e)
         err = err == TD_OK ? req_json_schema(r, schema, param, e)
                            : apierr_set(e, 500, NULL, NULL, "out of memory");
         json_decref(schema);
+        if (err == TD_OK && compact)
+            r->format = MSG_FORMAT_JSON_SCHEMA_COMPACT;
         return err;
     }
     if (!json_is_array(v))

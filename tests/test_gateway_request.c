@@ -747,6 +747,26 @@ static void guided_decoding_fields(void **state)
     assert_int_equal(req_parse(&r, REQ_COMPLETION, so, strlen(so), &e), TD_OK);
     assert_int_equal(r.format, MSG_FORMAT_JSON_OBJECT);
     req_free(&r);
+    /* disable_any_whitespace: the compact JSON formats; a regex as it is */
+    static const struct {
+        const char *so;
+        msg_format format;
+    } compact[] = {
+        {"{\"json_object\": true, \"disable_any_whitespace\": true}",
+         MSG_FORMAT_JSON_OBJECT_COMPACT},
+        {"{\"json\": {\"type\": \"integer\"}, \"disable_any_whitespace\": true}",
+         MSG_FORMAT_JSON_SCHEMA_COMPACT},
+        {"{\"json\": \"{}\", \"disable_any_whitespace\": false}", MSG_FORMAT_JSON_SCHEMA},
+        {"{\"regex\": \"a b\", \"disable_any_whitespace\": true}", MSG_FORMAT_REGEX},
+    };
+    for (size_t i = 0; i < sizeof compact / sizeof compact[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"structured_outputs\": %s}",
+                 compact[i].so);
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, body, strlen(body), &e), TD_OK);
+        assert_int_equal(r.format, compact[i].format);
+        req_free(&r);
+    }
     for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++) {
         assert_int_equal(req_parse(&r, REQ_COMPLETION, gram[i].body, strlen(gram[i].body), &e),
                          TD_OK);
@@ -777,20 +797,13 @@ static void guided_decoding_fields(void **state)
                  "'json_object'.\",\"type\":\"invalid_request_error\",\"param\":"
                  "\"structured_outputs\",\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION,
-                 "{\"prompt\": \"x\", \"structured_outputs\": {\"regex\": \"a\", "
-                 "\"disable_any_whitespace\": true}}",
-                 400,
-                 "{\"error\":{\"message\":\"Unsupported value for "
-                 "'structured_outputs.disable_any_whitespace': true; JSON is matched with the "
-                 "whitespace JSON allows.\",\"type\":\"invalid_request_error\",\"param\":"
-                 "\"structured_outputs.disable_any_whitespace\",\"code\":\"unsupported_value\"}}");
-    expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, "
                  "\"whitespace_pattern\": \" ?\"}}",
                  400,
                  "{\"error\":{\"message\":\"Unsupported value for "
                  "'structured_outputs.whitespace_pattern': JSON is matched with the whitespace "
-                 "JSON allows (give null).\",\"type\":\"invalid_request_error\",\"param\":"
+                 "JSON allows, or none with disable_any_whitespace (give null).\",\"type\":"
+                 "\"invalid_request_error\",\"param\":"
                  "\"structured_outputs.whitespace_pattern\",\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"json_object\": 1}}", 400,

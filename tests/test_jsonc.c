@@ -62,6 +62,22 @@ static void whitespace_runs_are_limited_to_64_bytes(void **state)
     check_cases("{}", cases, N_OF(cases));
 }
 
+static void compact_documents_have_no_whitespace_anywhere(void **state)
+{
+    (void)state;
+    static const jc_case cases[] = {
+        DONE("{\"a\":[1,{}],\"b\":\"x y\"}"), DONE("{}"), VIABLE("{\"a\":"),
+        REJECT("", " {}"), REJECT("{", " }"), REJECT("{\"a\"", " :1}"), REJECT("{\"a\":", "\n1}"),
+        REJECT("{\"a\":[1,", " 2]}"), REJECT("{}", " "), REJECT("{}", "\n"),
+    };
+    check_cases_compact(NULL, cases, N_OF(cases));
+    static const jc_case typed[] = {
+        DONE("{\"n\":12}"), REJECT("{\"n\":12", " }"), REJECT("", "\t{"),
+    };
+    check_cases_compact("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\"}}}",
+                        typed, N_OF(typed));
+}
+
 static void numbers_end_where_they_cannot_continue_and_are_at_most_64_bytes(void **state)
 {
     (void)state;
@@ -1190,6 +1206,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(any_value_follows_the_json_grammar),
         cmocka_unit_test(whitespace_runs_are_limited_to_64_bytes),
+        cmocka_unit_test(compact_documents_have_no_whitespace_anywhere),
         cmocka_unit_test(numbers_end_where_they_cannot_continue_and_are_at_most_64_bytes),
         cmocka_unit_test(numbers_end_only_where_jansson_can_read_them),
         cmocka_unit_test(integer_type_accepts_only_the_integer_grammar),

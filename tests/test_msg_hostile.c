@@ -712,6 +712,8 @@ static void test_gen_start_format_fields_are_checked(void **state)
         {MSG_FORMAT_JSON_SCHEMA, MSG_SCHEMA_MAX + 1, false, 5, "schema"},
         {MSG_FORMAT_JSON_OBJECT, 3, false, 5, "schema of 3 bytes"},
         {MSG_FORMAT_JSON_SCHEMA, 0, false, 5, "schema of 0 bytes"},
+        {MSG_FORMAT_JSON_OBJECT_COMPACT, 3, false, 5, "schema of 3 bytes"},
+        {MSG_FORMAT_JSON_SCHEMA_COMPACT, 0, false, 5, "schema of 0 bytes"},
         {MSG_FORMAT_END, 0, false, 5, "format"},
         {MSG_FORMAT_JSON_OBJECT, 0, true, MSG_TOKEN_NONE, "reasoning block"},
     };

@@ -84,9 +84,12 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
             out->call = NULL;
         return e;
     }
-    td_err e = cfg->format == MSG_FORMAT_JSON_SCHEMA
-                   ? jc_compile(cfg->schema, cfg->n_schema, &out->schema)
-                   : jc_compile(NULL, 0, &out->schema);
+    const bool schema = cfg->format == MSG_FORMAT_JSON_SCHEMA ||
+                        cfg->format == MSG_FORMAT_JSON_SCHEMA_COMPACT;
+    const bool compact = cfg->format == MSG_FORMAT_JSON_OBJECT_COMPACT ||
+                         cfg->format == MSG_FORMAT_JSON_SCHEMA_COMPACT;
+    td_err e = jc_compile_ws(schema ? cfg->schema : NULL, schema ? cfg->n_schema : 0, compact,
+                             &out->schema);
     if (e != TD_OK)
         out->schema = NULL;
     return e;

@@ -401,6 +401,44 @@ def test_response_format_equals_plain_decoding_with_it(server, tmp_path):
             _check_person(json.loads(r.choices[0].message.content))
 
 
+def _outside_strings(text):
+    """The characters of a JSON text that are not inside a string."""
+    out, inside, escaped = [], False, False
+    for ch in text:
+        if inside:
+            inside, escaped = (escaped or ch != '"'), (not escaped and ch == "\\")
+        elif ch == '"':
+            inside = True
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def test_structured_outputs_without_whitespace_and_with_closed_objects(server):
+    """vLLM's structured_outputs options: disable_any_whitespace gives JSON with no whitespace
+    outside its strings, disable_additional_properties keeps an open schema's objects to their
+    declared keys; sampled answers, whole or cut by max_tokens, stay within both."""
+    c, m = server["client"], server["model"]
+    open_person = dict(PERSON)
+    open_person.pop("additionalProperties", None)
+    seen_ws = False
+    for seed in range(6):
+        for compact in (True, False):
+            r = c.chat.completions.create(
+                model=m, messages=[{"role": "user", "content": "Who are you?"}], max_tokens=64,
+                temperature=1.0, seed=seed, extra_body=dict(NO_THINK, structured_outputs={
+                    "json": open_person, "disable_any_whitespace": compact,
+                    "disable_additional_properties": True}))
+            text = r.choices[0].message.content
+            rest = _outside_strings(text)
+            if compact:
+                assert not any(ch.isspace() for ch in rest), text
+            seen_ws = seen_ws or any(ch.isspace() for ch in rest)
+            if r.choices[0].finish_reason == "stop":
+                _check_person(json.loads(text))
+    assert seen_ws  # without the option the sampled answers do use whitespace
+
+
 def test_stop_token_ids_end_the_generation_at_that_token(server):
     prompt = "The quick brown fox"
     ids = [int(x) for x in _reference_ids(prompt, 16).split(",")]

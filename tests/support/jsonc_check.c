@@ -9,13 +9,18 @@
 
 #include <cmocka.h>
 
-jc_schema *compile_ok(const char *schema)
+static jc_schema *compile_ok_ws(const char *schema, bool compact)
 {
     jc_schema *s = NULL;
-    td_err e = jc_compile(schema, schema ? strlen(schema) : 0, &s);
+    td_err e = jc_compile_ws(schema, schema ? strlen(schema) : 0, compact, &s);
     if (e != TD_OK)
         fail_msg("compiling %s: %s", schema, err_msg());
     return s;
+}
+
+jc_schema *compile_ok(const char *schema)
+{
+    return compile_ok_ws(schema, false);
 }
 
 size_t feed_bytes(const jc_schema *s, void *st, const char *text, size_t len)
@@ -36,9 +41,9 @@ size_t feed_bytes(const jc_schema *s, void *st, const char *text, size_t len)
     return i;
 }
 
-void check_cases(const char *schema, const jc_case *cases, size_t n)
+static void check_cases_ws(const char *schema, bool compact, const jc_case *cases, size_t n)
 {
-    jc_schema *s = compile_ok(schema);
+    jc_schema *s = compile_ok_ws(schema, compact);
     size_t size = jc_state_size(s);
     uint8_t *st = malloc(size), *whole = malloc(size);
     assert_non_null(st);
@@ -63,4 +68,14 @@ void check_cases(const char *schema, const jc_case *cases, size_t n)
     free(st);
     free(whole);
     jc_schema_free(s);
+}
+
+void check_cases(const char *schema, const jc_case *cases, size_t n)
+{
+    check_cases_ws(schema, false, cases, n);
+}
+
+void check_cases_compact(const char *schema, const jc_case *cases, size_t n)
+{
+    check_cases_ws(schema, true, cases, n);
 }

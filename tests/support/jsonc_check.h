@@ -30,5 +30,7 @@ size_t feed_bytes(const jc_schema *s, void *st, const char *text, size_t len);
 
 /* Each case under schema: byte by byte and all at once. */
 void check_cases(const char *schema, const jc_case *cases, size_t n);
+/* The same with the schema compiled compact (no whitespace anywhere). */
+void check_cases_compact(const char *schema, const jc_case *cases, size_t n);
 
 #endif
