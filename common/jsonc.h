@@ -4,19 +4,19 @@
  * only the tokens whose bytes all pass: the caller feeds a token's bytes into a copy of the
  * current state and keeps the token when no byte is rejected.
  *
- * Text: standard JSON (RFC 8259). Whitespace (space, \t, \n, \r) where JSON allows it, also
- * before and after the document, at most JC_WS_MAX bytes in a row (a model must not loop on
- * whitespace forever), or none at all in a compact schema (jc_compile_ws); numbers at most JC_NUMBER_MAX bytes; at most JC_DEPTH_MAX open objects
- * and arrays (deeper input is rejected, which also bounds recursion through $ref). Strings:
- * no raw byte below 0x20; escapes \" \\ \/ \b \f \n \r \t \uXXXX (hex in any case), a \u high
- * surrogate must be followed by a \u low one, a lone low one is rejected; raw bytes >= 0x80
- * must be UTF-8 (no overlong forms, no U+D800..DFFF, nothing above U+10FFFF), and a character
- * may be split across feeds. A number ends at the first byte that cannot continue it, which is
- * then matched by what follows; a top-level number is done wherever it could end. Numbers end
- * only where jansson can read them back: an integer (no fraction, no exponent) within int64,
- * and a real whose integer digits plus exponent stay below 308 (so it cannot overflow a
- * double; this refuses a few reals near DBL_MAX, like 5e307 written as 0.5e308). A longer
- * integer stays viable, since ".0" would still make it a real; with type "integer" it is
+ * Text: standard JSON (RFC 8259). Whitespace (space, \t, \n, \r) where JSON allows it, also before
+ * and after the document, at most JC_WS_MAX bytes in a row (a model must not loop on whitespace
+ * forever), or none at all in a compact schema (jc_compile_ws); numbers at most JC_NUMBER_MAX
+ * bytes; at most JC_DEPTH_MAX open objects and arrays (deeper input is rejected, which also bounds
+ * recursion through $ref). Strings: no raw byte below 0x20; escapes \" \\ \/ \b \f \n \r \t \uXXXX
+ * (hex in any case), a \u high surrogate must be followed by a \u low one, a lone low one is
+ * rejected; raw bytes >= 0x80 must be UTF-8 (no overlong forms, no U+D800..DFFF, nothing above
+ * U+10FFFF), and a character may be split across feeds. A number ends at the first byte that
+ * cannot continue it, which is then matched by what follows; a top-level number is done wherever
+ * it could end. Numbers end only where jansson can read them back: an integer (no fraction, no
+ * exponent) within int64, and a real whose integer digits plus exponent stay below 308 (so it
+ * cannot overflow a double; this refuses a few reals near DBL_MAX, like 5e307 written as 0.5e308).
+ * A longer integer stays viable, since ".0" would still make it a real; with type "integer" it is
  * rejected at the digit that overflows.
  *
  * Schema keywords enforced: type (a name or an array of names: string, number, integer,
