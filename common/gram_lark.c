@@ -81,6 +81,13 @@ static bool lk_name_char(char c)
            c == '_';
 }
 
+/* Past the name (letters, digits, '_') at x->p, if any. */
+static void lk_skip_name(gm_src *x)
+{
+    while (x->p < x->end && lk_name_char(*x->p))
+        x->p++;
+}
+
 /* A terminal's name has an upper-case letter first (after underscores); a rule's lower. */
 static bool lk_is_terminal(const char *n, size_t len)
 {
@@ -445,8 +452,7 @@ static td_err lk_sequence(lk_parser *k, int32_t rule, int depth, bool terminal)
                 x->p += 2;
                 lk_space(x, false);
                 const char *a0 = x->p;
-                while (x->p < x->end && lk_name_char(*x->p))
-                    x->p++;
+                lk_skip_name(x);
                 if (x->p == a0)
                     return gm_syntax(x, "'->' needs a name");
                 lk_space(x, depth > 0);
@@ -471,8 +477,7 @@ static td_err lk_sequence(lk_parser *k, int32_t rule, int depth, bool terminal)
                 TD_TRY(gb_repeat(b, rule, start, 0, 1));
         } else {
             const char *n0 = x->p;
-            while (x->p < x->end && lk_name_char(*x->p))
-                x->p++;
+            lk_skip_name(x);
             const char *n1 = x->p;
             lk_space(x, false);
             if (x->p < x->end && (*x->p == ':' || *x->p == '.')) {
@@ -545,8 +550,7 @@ static td_err lk_import(lk_parser *k)
     for (;;) {
         lk_space(x, list);
         const char *n0 = x->p;
-        while (x->p < x->end && lk_name_char(*x->p))
-            x->p++;
+        lk_skip_name(x);
         const char *n1 = x->p;
         if (n1 == n0)
             return gm_syntax(x, "expected a name to import");
@@ -563,8 +567,7 @@ static td_err lk_import(lk_parser *k)
             x->p += 2;
             lk_space(x, list);
             a0 = x->p;
-            while (x->p < x->end && lk_name_char(*x->p))
-                x->p++;
+            lk_skip_name(x);
             a1 = x->p;
             if (a1 == a0)
                 return gm_syntax(x, "'->' needs a name");
@@ -602,8 +605,7 @@ static td_err lk_redefine(lk_parser *k, bool extend)
     lk_space(x, false);
     x->p += x->p < x->end && (*x->p == '?' || *x->p == '!');
     const char *n0 = x->p;
-    while (x->p < x->end && lk_name_char(*x->p))
-        x->p++;
+    lk_skip_name(x);
     const size_t len = (size_t)(x->p - n0);
     if (len == 0)
         return gm_syntax(x, "expected the name of a rule or terminal");
@@ -633,8 +635,7 @@ static td_err lk_directive(lk_parser *k)
 {
     gm_src *x = &k->x;
     const char *d0 = ++x->p;
-    while (x->p < x->end && lk_name_char(*x->p))
-        x->p++;
+    lk_skip_name(x);
     const size_t n = (size_t)(x->p - d0);
     if (n == 6 && memcmp(d0, "import", 6) == 0)
         return lk_import(k);
@@ -675,8 +676,7 @@ static td_err lk_template_define(lk_parser *k, const char *name, size_t len)
     for (;;) {
         lk_space(x, false);
         const char *p0 = x->p;
-        while (x->p < x->end && lk_name_char(*x->p))
-            x->p++;
+        lk_skip_name(x);
         if (x->p == p0)
             return gm_syntax(x, "expected a parameter's name");
         if (t.n_params == LK_PARAMS_MAX)
@@ -789,8 +789,7 @@ static td_err lk_read(lk_parser *k)
         } else {
             const char *n0 = x->p + (*x->p == '?' || *x->p == '!'); /* tree shaping */
             x->p = n0;
-            while (x->p < x->end && lk_name_char(*x->p))
-                x->p++;
+            lk_skip_name(x);
             const char *n1 = x->p;
             if (n1 == n0)
                 return gm_syntax(x, "expected a rule or terminal name");
