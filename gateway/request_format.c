@@ -243,6 +243,12 @@ td_err req_guided(gw_request *r, api_error *e)
             kind = fields[i].kind;
         }
     }
+    const json_t *ws = req_field(r->root, "guided_whitespace_pattern"); /* vLLM before 0.12 */
+    if (ws && !json_is_null(ws))
+        return apierr_set(e, 400, "unsupported_value", "guided_whitespace_pattern",
+                          "Unsupported value for 'guided_whitespace_pattern': JSON is matched "
+                          "with the whitespace JSON allows, or none with structured_outputs' "
+                          "disable_any_whitespace (give null).");
     if (asked == 0)
         return TD_OK;
     if (asked > 1 || r->format != MSG_FORMAT_TEXT)

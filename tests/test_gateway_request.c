@@ -806,6 +806,14 @@ static void guided_decoding_fields(void **state)
                  "\"invalid_request_error\",\"param\":"
                  "\"structured_outputs.whitespace_pattern\",\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"guided_json\": {}, \"guided_whitespace_pattern\": \" \"}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'guided_whitespace_pattern': "
+                 "JSON is matched with the whitespace JSON allows, or none with "
+                 "structured_outputs' disable_any_whitespace (give null).\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"guided_whitespace_pattern\",\"code\":"
+                 "\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"json_object\": 1}}", 400,
                  "{\"error\":{\"message\":\"Invalid type for 'structured_outputs.json_object': "
                  "expected a boolean, but got an integer instead.\",\"type\":"
