@@ -24,17 +24,17 @@
  * a character matching those of its case class lower(upper(c)) as in Python's re, `s`: '.' takes
  * \n too, `x`: white space and # comments skipped, `u`, `m`: nothing), names, groups ( ),
  * templates (`name{a, b}: body` defines one, `name{x, "y"}` uses it: its body with each parameter
- * standing for its argument; at most 16 parameters and 256 uses with different arguments),
- * optional [ ], the quantifiers ? * + ~n ~n..m, `-> alias` at an alternative's end (ignored), //
- * comments; `%import common.NAME [-> ALIAS]` and `%import common (NAME, ...)` (Lark's common
- * terminals: DIGIT, HEXDIGIT, INT, SIGNED_INT, DECIMAL, FLOAT, SIGNED_FLOAT, NUMBER,
- * SIGNED_NUMBER, ESCAPED_STRING, LCASE_LETTER, UCASE_LETTER, LETTER, WORD, CNAME, WS_INLINE, WS,
- * CR, LF, NEWLINE, SH_COMMENT, CPP_COMMENT, C_COMMENT, SQL_COMMENT), `%override NAME: ...` /
- * `%extend NAME: ...` (a definition above replaced, or given more alternatives) and `%ignore
- * item`: what it names may stand between any two items of a rule (and a repetition's items),
- * before the sentence and after it. Terminals are not matched longest first as Lark's lexer does:
- * a text that a different split into the same terminals reads is taken too. TD_ENOTSUP: other
- * imports and directives, the flag l; left recursion is refused as in GBNF.
+ * standing for its argument; at most 256 templates, 16 parameters and 256 uses with different
+ * arguments), optional [ ], the quantifiers ? * + ~n ~n..m, `-> alias` at an alternative's end
+ * (ignored), // comments; `%import common.NAME [-> ALIAS]` and `%import common (NAME, ...)`
+ * (Lark's common terminals: DIGIT, HEXDIGIT, INT, SIGNED_INT, DECIMAL, FLOAT, SIGNED_FLOAT,
+ * NUMBER, SIGNED_NUMBER, ESCAPED_STRING, LCASE_LETTER, UCASE_LETTER, LETTER, WORD, CNAME,
+ * WS_INLINE, WS, CR, LF, NEWLINE, SH_COMMENT, CPP_COMMENT, C_COMMENT, SQL_COMMENT), `%override
+ * NAME: ...` / `%extend NAME: ...` (a definition above replaced, or given more alternatives) and
+ * `%ignore item`: what it names may stand between any two items of a rule (and a repetition's
+ * items), before the sentence and after it. Terminals are not matched longest first as Lark's
+ * lexer does: a text that a different split into the same terminals reads is taken too.
+ * TD_ENOTSUP: other imports and directives, the flag l; left recursion is refused as in GBNF.
  *
  * Regular expressions (the text must match whole): literals, '.' (any character but \n), classes
  * [...] / [^...] with ranges and \d \w \s \D \W \S (ASCII: [0-9], [A-Za-z0-9_], [ \t\n\r\f\v] and

@@ -41,7 +41,9 @@ static const char lk_common[] =
     "SQL_COMMENT: /--[^\\n]*/\n";
 
 #define LK_PARAMS_MAX 16     /* parameters of a template */
+#define LK_TEMPLATES_MAX 256 /* templates defined */
 #define LK_INSTANCES_MAX 256 /* templates instantiated with different arguments */
+#define LK_CANON_MAX 1024    /* arguments kept to be shared by body (more are not shared) */
 
 /* A template, `name{a, b}: body`: its body is read again for every instance, with each
  * parameter's name standing for the instance's argument. */
@@ -344,13 +346,13 @@ static bool lk_param(const lk_parser *k, const char *n, size_t len, int32_t *id)
     return false;
 }
 
-/* Grows *v (of *n items of size sz) by one item, zeroed; NULL when out of memory. */
-static void *lk_grow(void *v, int n, size_t sz)
+/* *v as an array of cap items of size sz, allocated (zeroed) on first use. */
+static td_err lk_room(void *v, int cap, size_t sz)
 {
-    char *w = realloc(v, ((size_t)n + 1) * sz);
-    if (w)
-        memset(w + (size_t)n * sz, 0, sz);
-    return w;
+    void **p = v;
+    if (!*p && !(*p = calloc((size_t)cap, sz)))
+        return err_set(TD_ENOMEM, "out of memory for a grammar");
+    return TD_OK;
 }
 
 /* An argument's rule g as the rule that stands for it: the one it names when that is all it
@@ -370,12 +372,11 @@ static td_err lk_canonical(lk_parser *k, int32_t g, int32_t *id)
             return TD_OK;
         }
     }
-    int32_t *canon = lk_grow(k->canon, k->n_canon, sizeof *canon);
-    if (!canon)
-        return err_set(TD_ENOMEM, "out of memory for a grammar");
-    k->canon = canon;
-    k->canon[k->n_canon++] = g;
     *id = g;
+    if (k->n_canon == LK_CANON_MAX)
+        return TD_OK;
+    TD_TRY(lk_room(&k->canon, LK_CANON_MAX, sizeof *k->canon));
+    k->canon[k->n_canon++] = g;
     return TD_OK;
 }
 
@@ -424,10 +425,7 @@ static td_err lk_use(lk_parser *k, int32_t rule, const char *name, size_t len, i
     if (k->n_inst == LK_INSTANCES_MAX)
         return err_set(TD_ENOTSUP, "grammar: templates used with more than %d different "
                        "arguments", LK_INSTANCES_MAX);
-    lk_instance *inst = lk_grow(k->inst, k->n_inst, sizeof *inst);
-    if (!inst)
-        return err_set(TD_ENOMEM, "out of memory for a grammar");
-    k->inst = inst;
+    TD_TRY(lk_room(&k->inst, LK_INSTANCES_MAX, sizeof *k->inst));
     TD_TRY(gb_rule(b, NULL, 0, b->owner[rule], &use.rule));
     b->defined[use.rule] = true;
     k->inst[k->n_inst++] = use;
@@ -698,10 +696,9 @@ static td_err lk_template_define(lk_parser *k, const char *name, size_t len)
     if (x->p >= x->end || *x->p != ':')
         return gm_syntax(x, "expected ':'");
     t.body = ++x->p;
-    lk_template *tpl = lk_grow(k->tpl, k->n_tpl, sizeof *tpl);
-    if (!tpl)
-        return err_set(TD_ENOMEM, "out of memory for a grammar");
-    k->tpl = tpl;
+    if (k->n_tpl == LK_TEMPLATES_MAX)
+        return err_set(TD_ENOTSUP, "grammar: more than %d templates", LK_TEMPLATES_MAX);
+    TD_TRY(lk_room(&k->tpl, LK_TEMPLATES_MAX, sizeof *k->tpl));
     k->tpl[k->n_tpl++] = t;
     const int32_t n_rules = b->n_rules;
     const int n_inst = k->n_inst, n_canon = k->n_canon;

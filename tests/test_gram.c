@@ -618,6 +618,10 @@ static void test_lark_errors_name_the_place(void **ctx)
             "before ends");
     refused(gm_compile_lark, "start: t{\"a\"}\nt{x}: x | t{(x x)}", TD_ENOTSUP,
             "grammar: templates used with more than 256 different arguments");
+    char many[257 * 16] = "start: \"a\"\n", *at = many + strlen(many);
+    for (int i = 0; i < 257; i++)
+        at += sprintf(at, "t%d{x}: x\n", i);
+    refused(gm_compile_lark, many, TD_ENOTSUP, "grammar: more than 256 templates");
 }
 
 static void test_grammar_text_is_gbnf_or_lark_by_its_rules(void **ctx)
