@@ -89,6 +89,8 @@ td_err gm_char_emit(const gm_src *x, int32_t rule, uint32_t cp);
 /* A character of a literal or a class (an escape, or one UTF-8 character). In a regex, *cls
  * gets the letter of a class escape (\d \w \s \D \W \S) instead. */
 td_err gm_char(gm_src *x, uint32_t *cp, char *cls);
+/* '*', '+' or '?' at x->p: true with its bounds (max -1: none) and x->p past it. */
+bool gm_star_plus_opt(gm_src *x, long *min, long *max);
 /* Decimal digits at p (capped at 100000) into *v, -1 when there are none; returns the end. */
 const char *gm_number(const char *p, const char *end, long *v);
 /* A regex's alternatives at x->p into rule, up to the end, or a ')' when depth > 0. */

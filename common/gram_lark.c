@@ -285,12 +285,9 @@ static td_err lk_quantifier(lk_parser *k, int32_t rule, size_t start)
     if (x->p >= x->end)
         return TD_OK;
     long min, max;
-    const char c = *x->p;
-    if (c == '*' || c == '+' || c == '?') {
-        min = c == '+';
-        max = c == '?' ? 1 : -1;
-        x->p++;
-    } else if (c == '~') {
+    if (!gm_star_plus_opt(x, &min, &max)) { /* ~n or ~n..m */
+        if (*x->p != '~')
+            return TD_OK;
         x->p++;
         lk_space(x, false);
         if (!lk_number(x, &min))
@@ -301,8 +298,6 @@ static td_err lk_quantifier(lk_parser *k, int32_t rule, size_t start)
             if (!lk_number(x, &max))
                 return gm_syntax(x, "'~ n..' needs a second number");
         }
-    } else {
-        return TD_OK;
     }
     if (min > GM_REPEAT_MAX || max > GM_REPEAT_MAX)
         return err_set(TD_ENOTSUP, "a repetition bound above %d", GM_REPEAT_MAX);

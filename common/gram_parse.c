@@ -514,20 +514,23 @@ static bool gm_at_braces(const gm_src *x)
     return y.p < y.end && *y.p == '{' && gm_braces(&y, &min, &max);
 }
 
+bool gm_star_plus_opt(gm_src *x, long *min, long *max)
+{
+    if (x->p >= x->end || (*x->p != '*' && *x->p != '+' && *x->p != '?'))
+        return false;
+    *min = *x->p == '+';
+    *max = *x->p == '?' ? 1 : -1;
+    x->p++;
+    return true;
+}
+
 /* A quantifier after the item s->el[start..) of rule, if one follows. */
 static td_err gm_quantifier(gm_src *x, int32_t rule, size_t start)
 {
-    if (x->p >= x->end)
-        return TD_OK;
     long min, max;
-    const char c = *x->p;
-    if (c == '*' || c == '+' || c == '?') {
-        min = c == '+';
-        max = c == '?' ? 1 : -1;
-        x->p++;
-    } else if (c != '{' || !gm_braces(x, &min, &max)) {
+    if (!gm_star_plus_opt(x, &min, &max) &&
+        (x->p >= x->end || *x->p != '{' || !gm_braces(x, &min, &max)))
         return TD_OK;
-    }
     if (start == x->b->body[rule].n)
         return gm_syntax(x, "a quantifier with nothing before it to repeat");
     if (min > GM_REPEAT_MAX || max > GM_REPEAT_MAX)
