@@ -189,7 +189,6 @@ td_err gm_range_add(const gm_src *x, gm_ranges *r, uint32_t lo, uint32_t hi)
     return TD_OK;
 }
 
-
 /* Sorted, overlapping and touching ranges merged. */
 static void gm_ranges_merge(gm_ranges *r)
 {
