@@ -28,10 +28,10 @@ WARNING = ("verifyd and draftd each hold their own GPU context, so every draft/v
 FAKE_SERVICE = r"""#!/bin/sh
 PATH=/usr/bin:/bin
 name=$(basename "$0")
+trap 'echo "$name stopped" >> "$FAKE_REC/events"; exit 0' TERM
 { echo "pid $$"; echo "argv $*"
   echo "pipe ${CUDA_MPS_PIPE_DIRECTORY-<unset>}"; echo "log ${CUDA_MPS_LOG_DIRECTORY-<unset>}"
 } > "$FAKE_REC/$name.tmp" && mv "$FAKE_REC/$name.tmp" "$FAKE_REC/$name.txt"
-trap 'echo "$name stopped" >> "$FAKE_REC/events"; exit 0' TERM
 while :; do sleep 0.05 & wait $!; done
 """
 
