@@ -13,6 +13,8 @@ typedef enum api_route {
     ROUTE_NONE = 0,
     ROUTE_CHAT,
     ROUTE_COMPLETIONS,
+    ROUTE_RESPONSES,
+    ROUTE_RESPONSE, /* /v1/responses/<id> */
     ROUTE_MODELS,
     ROUTE_MODEL, /* /v1/models/<name> */
     ROUTE_HEALTH,
@@ -32,6 +34,7 @@ typedef struct api_route_def {
 static const api_route_def ROUTES[] = {
     {"/v1/chat/completions", ROUTE_CHAT, true, true, MET_EP_CHAT},
     {"/v1/completions", ROUTE_COMPLETIONS, true, true, MET_EP_COMPLETIONS},
+    {"/v1/responses", ROUTE_RESPONSES, true, true, MET_EP_RESPONSES},
     {"/v1/models", ROUTE_MODELS, false, true, MET_EP_MODELS},
     {"/health", ROUTE_HEALTH, false, false, MET_EP_HEALTH},
     {"/metrics", ROUTE_METRICS, false, false, MET_EP_METRICS},
@@ -199,10 +202,14 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
             def = &ROUTES[i];
     static const api_route_def model_route = {"/v1/models/", ROUTE_MODEL, false, true,
                                               MET_EP_MODELS};
+    static const api_route_def response_route = {"/v1/responses/", ROUTE_RESPONSE, false, true,
+                                                 MET_EP_RESPONSES};
     if (!def && strncmp(c->path, model_route.path, strlen(model_route.path)) == 0) {
         def = &model_route;
         model_name = c->path + strlen(model_route.path);
     }
+    if (!def && strncmp(c->path, response_route.path, strlen(response_route.path)) == 0)
+        def = &response_route;
     if (!def) {
         api_error_reply(r, 404, "not_found", "Unknown request URL: %s.", c->path);
         return;
@@ -233,6 +240,12 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     switch (def->route) {
     case ROUTE_CHAT: gen_handle(g, c, REQ_CHAT, r); break;
     case ROUTE_COMPLETIONS: gen_handle(g, c, REQ_COMPLETION, r); break;
+    case ROUTE_RESPONSES: gen_handle(g, c, REQ_RESPONSES, r); break;
+    case ROUTE_RESPONSE: /* nothing is kept to retrieve */
+        api_error_reply(r, 404, "not_found",
+                        "Response '%s' not found: responses are not stored by this server.",
+                        c->path + strlen(response_route.path));
+        break;
     case ROUTE_MODELS: api_models(g, r); break;
     case ROUTE_MODEL: api_model(g, model_name, r); break;
     case ROUTE_HEALTH: api_health(g, r); break;

@@ -37,7 +37,7 @@ static int64_t gen_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void gen_hex(char *out, size_t n_bytes)
+void gen_hex(char *out, size_t n_bytes)
 {
     uint8_t raw[32];
     TD_ASSERT(n_bytes <= sizeof raw);
@@ -199,7 +199,7 @@ static td_err gen_start(api_stream *s, api_error *e)
 
 /* --- turning events into replies ------------------------------------------------------------ */
 
-static void gen_oom(api_stream *s)
+void gen_oom(api_stream *s)
 {
     if (!s->failed) {
         s->failed = true;
@@ -207,7 +207,7 @@ static void gen_oom(api_stream *s)
     }
 }
 
-static void gen_sse_put(api_stream *s, char *chunk)
+void gen_sse_put(api_stream *s, char *chunk)
 {
     if (!chunk || !gen_buf_put(&s->sse, chunk, strlen(chunk)))
         gen_oom(s);
@@ -237,6 +237,10 @@ static void gen_role_chunk(api_stream *s)
     if (s->sent_role || s->req.kind != REQ_CHAT)
         return;
     s->sent_role = true;
+    if (s->req.responses) {
+        resp_begin(s);
+        return;
+    }
     gen_live(s);
     gen_sse_put(s, render_chat_chunk(&s->rc,
                                      json_pack("{s:s,s:s}", "role", "assistant", "content", ""),
@@ -263,6 +267,13 @@ static void gen_take_pieces(api_stream *s)
         if (p->kind == OUT_TOOL_CALL) {
             s->any_call = true;
             metrics_addu(&s->g->metrics.tool_calls, 1);
+        }
+        if (s->req.responses) { /* the logprobs so far ride on a message's text */
+            json_t *lp = p->kind == OUT_CONTENT ? s->lp_pending : NULL;
+            if (lp)
+                s->lp_pending = NULL;
+            resp_piece(s, p, lp);
+            continue;
         }
         if (s->stream) {
             /* A step's logprobs ride on its first text chunk. */
@@ -406,7 +417,7 @@ static void gen_logprobs(api_stream *s, const link_event *ev, size_t used)
     for (size_t i = 0; i < used; i++)
         gen_lp_token(s->req.top_logprobs, ev->tokens[i], &ev->logprobs[i], &t[i]);
     /* Streams keep them for the next chunk; whole replies gather them all. */
-    json_t **dst = s->stream ? &s->lp_pending : &s->lp;
+    json_t **dst = s->stream || s->req.responses ? &s->lp_pending : &s->lp;
     if (!*dst)
         *dst = s->req.kind == REQ_CHAT ? json_array() : lp_completion_object();
     td_err e = !*dst                       ? TD_ENOMEM
@@ -511,7 +522,9 @@ static void gen_end_failed(api_stream *s)
 {
     s->done = true;
     metrics_addu(&s->g->metrics.generation_errors, 1);
-    if (s->stream) {
+    if (s->req.responses) {
+        resp_failed(s);
+    } else if (s->stream) {
         gen_sse_put(s, render_sse_error(&s->err));
         gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
     }
@@ -550,7 +563,9 @@ static void gen_finish(api_stream *s, const char *finish)
     metrics_addu(&g->metrics.prediction_rejected, rejected);
     s->counted = true;
     gen_live(s);
-    if (!s->stream)
+    if (s->req.responses)
+        resp_end(s, s->finish);
+    else if (!s->stream)
         gen_keep_choice(s);
     else if (s->req.kind == REQ_CHAT)
         gen_sse_put(s, render_chat_chunk(&s->rc, NULL, s->finish, gen_take_lp(s)));
@@ -571,7 +586,7 @@ static void gen_finish(api_stream *s, const char *finish)
         gen_end_failed(s);
         return;
     }
-    if (!s->stream)
+    if (!s->stream || s->req.responses)
         return;
     if (s->req.include_usage)
         gen_sse_put(s, s->req.kind == REQ_CHAT ? render_chat_usage_chunk(&s->rc, &s->total)
@@ -666,6 +681,18 @@ static void gen_reply_body(api_stream *s, api_reply *r)
         gen_reply_error(r, &s->err);
         return;
     }
+    if (s->req.responses) {
+        r->body = resp_body(s, s->finish);
+        if (!r->body) {
+            apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
+            gen_reply_error(r, &s->err);
+            return;
+        }
+        r->status = 200;
+        r->content_type = "application/json";
+        r->body_len = strlen(r->body);
+        return;
+    }
     json_t *choices = s->scores ? gen_best(s) : s->choices;
     s->choices = NULL;
     json_t *plp = NULL; /* a chat's prompt_logprobs (gen_keep_choice checked them whole) */
@@ -717,6 +744,7 @@ void api_stream_free(api_stream *s)
     free(s->tool_spec);
     tok_ids_free(&s->predict);
     free(s->bad);
+    resp_free(&s->rs);
     free(s);
 }
 
@@ -752,7 +780,11 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     }
     s->g = g;
     s->client_fd = c->client_fd;
-    if (req_parse(&s->req, kind, c->body, c->body_len, &e) != TD_OK) {
+    const td_err parsed = kind == REQ_RESPONSES
+                              ? req_parse_responses(&s->req, c->body, c->body_len, &e)
+                              : req_parse(&s->req, kind, c->body, c->body_len, &e);
+    kind = s->req.kind;
+    if (parsed != TD_OK) {
         gen_reply_error(r, &e);
         api_stream_free(s);
         return;
@@ -803,7 +835,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         api_stream_free(s);
         return;
     }
-    snprintf(s->id, sizeof s->id, "%s", kind == REQ_CHAT ? "chatcmpl-" : "cmpl-");
+    snprintf(s->id, sizeof s->id, "%s",
+             s->req.responses ? "resp_" : kind == REQ_CHAT ? "chatcmpl-" : "cmpl-");
     gen_hex(s->id + strlen(s->id), 12);
     gen_hex(s->call_ids, 8);
     s->rc = (render_ctx){.id = s->id, .created = (int64_t)time(NULL), .model = g->model_name,

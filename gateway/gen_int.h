@@ -49,6 +49,18 @@ static inline uint32_t gen_prompt_top(const gw_request *r)
     return echo > plp ? echo : plp;
 }
 
+/* /v1/responses: the output items made so far and the one being written. */
+typedef struct resp_state {
+    json_t *items;       /* the finished output items */
+    out_kind open;       /* the kind of the item being written: OUT_REASONING, OUT_CONTENT,
+                          * or 0 for none */
+    char item_id[40];    /* its id: "rs_..." or "msg_..." */
+    gen_buf text;        /* its text so far */
+    json_t *lp;          /* a message's output_text logprobs so far (with include
+                          * "message.output_text.logprobs"), or NULL */
+    uint64_t seq;        /* sequence_number of the next event */
+} resp_state;
+
 /* A request's generations (best_of for each prompt, prompt by prompt) run one after the
  * other; generation i is prompt i / best_of's candidate i % best_of, and its choice index
  * while streamed or unranked. The fields from lg to the end of the streams' part are those of
@@ -107,6 +119,8 @@ struct api_stream {
                             array; completions: the logprobs object) */
     gen_buf sse;         /* rendered events not yet read */
     size_t sse_off;      /* bytes of sse already read */
+
+    resp_state rs;       /* req.responses */
 };
 
 /* The prompt of the generation running. */
@@ -114,6 +128,29 @@ static inline gen_prompt *gen_cur(const api_stream *s)
 {
     return &s->prompts[s->rc.index / s->req.best_of];
 }
+
+/* Appends chunk (malloc'd, freed here) to the stream's unread events. */
+void gen_sse_put(api_stream *s, char *chunk);
+/* The request failed for want of memory (unless it failed already). */
+void gen_oom(api_stream *s);
+/* 2 n_bytes random hex digits into out. */
+void gen_hex(char *out, size_t n_bytes);
+
+/* --- /v1/responses (gen_responses.c): the chat generation rendered as a response ---------- */
+
+/* A stream's first events: response.created, response.in_progress. */
+void resp_begin(api_stream *s);
+/* One piece of output into the items (and, streamed, its events). lp: the logprobs for a
+ * content piece (reference taken), or NULL. */
+void resp_piece(api_stream *s, const out_piece *p, json_t *lp);
+/* The generation ended with finish ("stop", "length", "tool_calls"): the open item closed and,
+ * streamed, response.completed or response.incomplete. */
+void resp_end(api_stream *s, const char *finish);
+/* The request failed (s->err): streamed, an error event and response.failed. */
+void resp_failed(api_stream *s);
+/* The whole response object, or NULL when out of memory. */
+char *resp_body(api_stream *s, const char *finish);
+void resp_free(resp_state *rs);
 
 /* The request's prompts as token ids, each with its budget (and its echo). */
 td_err gen_prompts(api_stream *s, api_error *e);

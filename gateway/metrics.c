@@ -7,8 +7,8 @@
 #include <time.h>
 
 static const char *const MET_EP_NAMES[MET_EP_COUNT] = {
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-    "/metrics",             "/tokenize",       "/detokenize", "other",
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
+    "/metrics",             "/tokenize",       "/detokenize",   "other",
 };
 
 void metrics_init(gw_metrics *m)

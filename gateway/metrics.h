@@ -17,6 +17,7 @@
 typedef enum metrics_endpoint {
     MET_EP_CHAT = 0,
     MET_EP_COMPLETIONS,
+    MET_EP_RESPONSES,
     MET_EP_MODELS,
     MET_EP_HEALTH,
     MET_EP_METRICS,

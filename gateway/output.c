@@ -131,9 +131,11 @@ td_err output_push(gw_output *o, const int32_t *ids, size_t n, size_t *n_used)
         used++;
         const char *pass;
         size_t pass_len;
+        const bool in_before = o->reasoning && o->think.state == THINK_IN;
         TD_TRY(stop_push(&o->stop, o->text.ptr, o->text.len, &pass, &pass_len));
         TD_TRY(out_after_stop(o, pass, pass_len));
         o->stopped = o->stop.stopped;
+        o->reasoning_tokens += in_before || (o->reasoning && o->think.state == THINK_IN);
     }
     if (n_used)
         *n_used = used;

@@ -63,6 +63,8 @@ typedef struct gw_output {
     size_t n_pieces;
     size_t cap;            /* pieces allocated */
     uint32_t n_calls;      /* tool calls produced so far */
+    uint32_t reasoning_tokens; /* tokens pushed inside a reasoning block, its markers
+                                * included */
     bool stopped;          /* a stop string ended the text */
     bool finished;         /* output_finish ran */
 } gw_output;

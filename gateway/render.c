@@ -27,6 +27,20 @@ static char *render_sse(json_t *v)
     return out;
 }
 
+char *render_event(const char *type, json_t *data)
+{
+    char *s = data ? render_dump(data) : NULL;
+    json_decref(data);
+    if (!s)
+        return NULL;
+    const size_t n = strlen(s), t = strlen(type);
+    char *out = malloc(t + n + 17);
+    if (out)
+        snprintf(out, t + n + 17, "event: %s\ndata: %s\n\n", type, s);
+    free(s);
+    return out;
+}
+
 static char *render_body(json_t *v)
 {
     char *s = v ? render_dump(v) : NULL;
@@ -55,13 +69,18 @@ json_t *render_usage(const gw_usage *u)
                                       (json_int_t)u->accepted_prediction,
                                       "rejected_prediction_tokens",
                                       (json_int_t)u->rejected_prediction));
+    render_acceptance(o, u);
+    return o;
+}
+
+void render_acceptance(json_t *usage, const gw_usage *u)
+{
     if (u->steps > 0) {
         /* Rounded to 1/1000: a figure for people, not bits. */
         double tau = (double)(long long)((double)u->completion_tokens / u->steps * 1000 + 0.5) /
                      1000;
-        json_object_set_new(o, "acceptance_length", json_real(tau));
+        json_object_set_new(usage, "acceptance_length", json_real(tau));
     }
-    return o;
 }
 
 json_t *render_tool_call(const render_ctx *c, const out_piece *p)

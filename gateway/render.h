@@ -53,6 +53,13 @@ typedef struct render_ctx {
  * "rejected_prediction_tokens":..}. */
 json_t *render_usage(const gw_usage *u);
 
+/* usage's "acceptance_length" (tokens committed per target pass, to 1/1000), unless no step
+ * was made. */
+void render_acceptance(json_t *usage, const gw_usage *u);
+
+/* "event: type\ndata: {data}\n\n" (the Responses API's events); releases data. */
+char *render_event(const char *type, json_t *data);
+
 /* The delta of one piece: {"content":..}, {"reasoning_content":..} or
  * {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":..}}]}. */
 json_t *render_delta(const render_ctx *c, const out_piece *p);

@@ -547,11 +547,17 @@ static td_err req_common(gw_request *r, api_error *e)
 td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api_error *e)
 {
     memset(r, 0, sizeof *r);
+    json_t *root;
+    TD_TRY(req_load_json(body, len, &root, e));
+    return req_parse_root(r, kind, root, e);
+}
+
+td_err req_parse_root(gw_request *r, req_kind kind, json_t *root, api_error *e)
+{
     r->kind = kind;
     r->max_tokens = -1;
-    td_err err = req_load_json(body, len, &r->root, e);
-    if (err == TD_OK)
-        err = kind == REQ_CHAT ? req_chat(r, e) : req_completion(r, e);
+    r->root = root;
+    td_err err = kind == REQ_CHAT ? req_chat(r, e) : req_completion(r, e);
     if (err == TD_OK)
         err = req_common(r, e);
     if (err == TD_OK)
@@ -574,6 +580,7 @@ void req_free(gw_request *r)
     free(r->prediction);
     free(r->allowed);
     json_decref(r->named_tools);
+    json_decref(r->resp);
     memset(r, 0, sizeof *r);
 }
 

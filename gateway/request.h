@@ -35,6 +35,7 @@
 typedef enum req_kind {
     REQ_CHAT = 1,   /* /v1/chat/completions */
     REQ_COMPLETION, /* /v1/completions */
+    REQ_RESPONSES,  /* /v1/responses: parsed into a REQ_CHAT request with responses set */
 } req_kind;
 
 typedef struct req_sampling {
@@ -63,6 +64,9 @@ typedef struct req_prompt {
 typedef struct gw_request {
     req_kind kind;
     json_t *root;        /* the parsed body; owns every string below */
+    bool responses;      /* a /v1/responses request, run as the chat request (root) it makes */
+    json_t *resp;        /* owned: responses: the client's body, whose settings the response
+                          * object repeats; else NULL */
     const char *model;   /* requested model name, or NULL when absent */
 
     /* chat */
@@ -142,6 +146,12 @@ typedef struct gw_request {
  * nothing to free; on success free r with req_free. */
 td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api_error *e);
 void req_free(gw_request *r);
+
+/* Parses a /v1/responses body (OpenAI's Responses API: `input` items, `instructions`, flat
+ * function tools, `text.format`, `max_output_tokens`, ...) into the chat request it stands
+ * for (kind REQ_CHAT, responses set); errors name the Responses fields. Responses are not
+ * stored: `previous_response_id`, `conversation`, `prompt` and `background` are refused. */
+td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_error *e);
 
 /* /tokenize: {"content"|"prompt": string, "add_special": bool (default true)}. text points
  * into *root, which the caller releases with json_decref. */

@@ -31,6 +31,10 @@ td_err req_text_parts(const json_t *c, const char *base, const char *sep, json_t
 
 /* --- the parts --------------------------------------------------------------------------- */
 
+/* A chat or completion body already loaded (root: its reference is taken) into r, which is
+ * zeroed but for responses and resp; on failure r is freed. */
+td_err req_parse_root(gw_request *r, req_kind kind, json_t *root, api_error *e);
+
 /* request_chat.c: messages, tools, tool_choice, the template's arguments. */
 td_err req_chat(gw_request *r, api_error *e);
 

@@ -753,6 +753,182 @@ def test_tools_are_rendered_and_answered(server):
             assert c.function.name == "get_weather" and got["city"] in ("Paris", "Rome"), calls
 
 
+# --- the Responses API ------------------------------------------------------------------------------
+
+
+def _events(server, body):
+    """The typed events of a streamed /v1/responses request, as the openai client reads them."""
+    return [e for e in server["client"].responses.create(stream=True, **body)]
+
+
+def test_a_response_is_the_chat_answer_it_stands_for(server):
+    """/v1/responses runs the chat request its input, instructions and settings make: the
+    same greedy text, usage and finish, whole and streamed."""
+    c, m = server["client"], server["model"]
+    chat = c.chat.completions.create(
+        model=m, messages=[{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": "Tell me a story."},
+                           {"role": "assistant", "content": "Once"},
+                           {"role": "user", "content": "Go on."}],
+        max_tokens=20, temperature=0, extra_body=dict(NO_THINK, ignore_eos=True))
+    body = dict(model=m, instructions="Be brief.", max_output_tokens=20, temperature=0,
+                reasoning={"effort": "none"}, extra_body={"ignore_eos": True},
+                input=[{"role": "user", "content": "Tell me a story."},
+                       {"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "Once"}]},
+                       {"role": "user", "content": [{"type": "input_text", "text": "Go on."}]}])
+    r = c.responses.create(**body)
+    assert r.object == "response" and r.id.startswith("resp_")
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [o.type for o in r.output] == ["message"]
+    assert r.output[0].role == "assistant" and r.output[0].status == "incomplete"
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.output_tokens == 20 == chat.usage.completion_tokens
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + 20
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+    assert r.instructions == "Be brief." and r.max_output_tokens == 20 and r.store is False
+    # streamed: numbered events, deltas adding up to the text, the whole response at the end
+    ev = _events(server, body)
+    assert [e.sequence_number for e in ev] == list(range(len(ev)))
+    assert [e.type for e in ev[:4]] == ["response.created", "response.in_progress",
+                                        "response.output_item.added",
+                                        "response.content_part.added"]
+    assert [e.type for e in ev[-4:]] == ["response.output_text.done",
+                                         "response.content_part.done",
+                                         "response.output_item.done", "response.incomplete"]
+    deltas = [e for e in ev if e.type == "response.output_text.delta"]
+    text = "".join(e.delta for e in deltas)
+    assert text == r.output_text and ev[-4].text == text
+    assert {e.item_id for e in deltas} == {ev[2].item.id}
+    final = ev[-1].response
+    assert final.id == ev[0].response.id and final.output_text == text
+    assert final.usage.output_tokens == 20
+    # a string input is one user message; effort none is enable_thinking false
+    one = c.responses.create(model=m, input="Hello!", max_output_tokens=8, temperature=0,
+                             reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+    ref = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Hello!"}],
+                                    max_tokens=8, temperature=0,
+                                    extra_body=dict(NO_THINK, ignore_eos=True))
+    assert one.output_text == ref.choices[0].message.content
+
+
+def test_a_responses_reasoning_item_holds_the_thinking(server):
+    """Qwen3.5's template opens <think>: the random model's output is all reasoning, a
+    reasoning item whose text is the chat's reasoning_content, every token counted as
+    reasoning."""
+    c, m = server["client"], server["model"]
+    ref = c.chat.completions.create(model=m, messages=[{"role": "user", "content": "Why?"}],
+                                    max_tokens=12, temperature=0,
+                                    extra_body={"ignore_eos": True}).choices[0].message
+    body = dict(model=m, input="Why?", max_output_tokens=12, temperature=0,
+                extra_body={"ignore_eos": True})
+    r = c.responses.create(**body)
+    assert [o.type for o in r.output] == ["reasoning"]
+    assert r.output[0].content[0].text == ref.model_extra["reasoning_content"]
+    assert r.output_text == ""
+    assert r.usage.output_tokens_details.reasoning_tokens == r.usage.output_tokens == 12
+    ev = _events(server, body)
+    deltas = "".join(e.delta for e in ev if e.type == "response.reasoning_text.delta")
+    assert deltas == r.output[0].content[0].text
+    assert ev[-1].type == "response.incomplete"
+
+
+def test_responses_tools_formats_and_logprobs(server):
+    c, m = server["client"], server["model"]
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {
+                  "city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                  "required": ["city"]}}]
+    chat_tools = [{"type": "function", "function": {k: v for k, v in tools[0].items()
+                                                    if k != "type"}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    # a required call: a function_call item, the chat's call
+    ref = c.chat.completions.create(model=m, messages=msgs, tools=chat_tools,
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    max_tokens=120, temperature=0, extra_body=NO_THINK)
+    want = ref.choices[0].message.tool_calls[0].function
+    body = dict(model=m, input="Weather in Paris?", tools=tools, tool_choice="required",
+                parallel_tool_calls=False, max_output_tokens=120, temperature=0,
+                reasoning={"effort": "none"})
+    r = c.responses.create(**body)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1, r.output
+    assert (calls[0].name, json.loads(calls[0].arguments)) == (want.name,
+                                                              json.loads(want.arguments))
+    assert calls[0].call_id.startswith("call_") and calls[0].status == "completed"
+    ev = _events(server, body)
+    done = [e for e in ev if e.type == "response.function_call_arguments.done"]
+    assert [(d.name, json.loads(d.arguments)) for d in done] == [(calls[0].name,
+                                                                 json.loads(calls[0].arguments))]
+    # the call and its output sent back as items: the chat with the assistant's tool_calls
+    # and the tool message
+    follow = [{"role": "user", "content": "Weather in Paris?"},
+              {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+               "arguments": "{\"city\": \"Paris\"}"},
+              {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    r2 = c.responses.create(model=m, input=follow, tools=tools, max_output_tokens=10,
+                            temperature=0, reasoning={"effort": "none"},
+                            extra_body={"ignore_eos": True})
+    ref2 = c.chat.completions.create(
+        model=m, tools=chat_tools, max_tokens=10, temperature=0,
+        extra_body=dict(NO_THINK, ignore_eos=True),
+        messages=[msgs[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    assert r2.output_text == (ref2.choices[0].message.content or "")
+    # text.format json_schema: the chat's response_format answer
+    ref3 = c.chat.completions.create(
+        model=m, messages=[{"role": "user", "content": "Who are you?"}], max_tokens=64,
+        temperature=0, extra_body=NO_THINK, response_format={
+            "type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    r3 = c.responses.create(model=m, input="Who are you?", max_output_tokens=64,
+                            temperature=0, reasoning={"effort": "none"},
+                            text={"format": {"type": "json_schema", "name": "person",
+                                             "schema": PERSON}})
+    assert r3.output_text == ref3.choices[0].message.content
+    assert r3.text.format.type == "json_schema"
+    if r3.status == "completed":
+        _check_person(json.loads(r3.output_text))
+    # logprobs with include: the chat's tokens and alternatives
+    ref4 = c.chat.completions.create(model=m, messages=msgs, max_tokens=6, temperature=0,
+                                     logprobs=True, top_logprobs=2,
+                                     extra_body=dict(NO_THINK, ignore_eos=True))
+    r4 = c.responses.create(model=m, input="Weather in Paris?", max_output_tokens=6,
+                            temperature=0, reasoning={"effort": "none"}, top_logprobs=2,
+                            include=["message.output_text.logprobs"],
+                            extra_body={"ignore_eos": True})
+    got = r4.output[0].content[0].logprobs
+    assert len(got) == 6
+    assert [(t.token, round(t.logprob, 4)) for t in got] == [
+        (t.token, round(t.logprob, 4)) for t in ref4.choices[0].logprobs.content]
+    assert all(len(t.top_logprobs) == 2 for t in got)
+
+
+def test_responses_refuse_what_they_cannot_do(server):
+    p = server["port"]
+    for body, code, param in (
+            ({"input": "x", "previous_response_id": "resp_1"}, "unsupported_parameter",
+             "previous_response_id"),
+            ({"input": "x", "background": True}, "unsupported_parameter", "background"),
+            ({"input": [{"type": "input_image"}]}, "invalid_value", "input[0]"),
+            ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value", "tools[0]"),
+            ({"input": [{"role": "user", "content": [{"type": "input_image",
+                                                     "image_url": "x"}]}]}, "invalid_value",
+             "input[0].content[0]"),
+            ({"input": "x", "text": {"format": {"type": "xml"}}}, "invalid_value",
+             "text.format.type"),
+            ({}, "missing_required_parameter", "input"),
+            ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+             "missing_required_parameter", "input[0].arguments")):
+        err = _error(*_post(p, "/v1/responses", json.dumps(body).encode()), 400, code)
+        assert err["param"] == param, err
+    status, body = _get(p, "/v1/responses/resp_123")
+    assert status == 404 and b"not stored" in body
+    _healthy(server)
+
+
 # --- errors ---------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,328 @@
+/* /v1/responses (gen_int.h): the chat generation's pieces as OpenAI Responses output items,
+ * whole or as the Responses API's stream of typed events.
+ *
+ * Items come in the order the model wrote them: a reasoning item (its text as reasoning_text
+ * content), a message (one output_text part), a function_call per tool call. A streamed item
+ * is opened (response.output_item.added, response.content_part.added), grows by deltas
+ * (response.reasoning_text.delta, response.output_text.delta) and is closed (the .done events
+ * with its whole text, then response.output_item.done) when an item of another kind starts or
+ * the generation ends; a function call is whole at once. Every event has a sequence_number
+ * from 0, and the stream ends with response.completed (response.incomplete when
+ * max_output_tokens cut it) holding the whole response. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "gateway/gen_int.h"
+
+/* The stream's next event of type: data gets "type" and "sequence_number" first. */
+static void resp_event(api_stream *s, const char *type, json_t *data)
+{
+    if (!s->stream) {
+        json_decref(data);
+        return;
+    }
+    json_t *o = json_pack("{s:s,s:I}", "type", type, "sequence_number",
+                          (json_int_t)s->rs.seq++);
+    if (!o || !data || json_object_update(o, data) != 0) {
+        json_decref(o);
+        json_decref(data);
+        gen_oom(s);
+        return;
+    }
+    json_decref(data);
+    gen_sse_put(s, render_event(type, o));
+}
+
+/* A field of the client's body, or dflt (reference taken) when absent or null. */
+static json_t *resp_given(const api_stream *s, const char *key, json_t *dflt)
+{
+    const json_t *v = json_object_get(s->req.resp, key);
+    if (v && !json_is_null(v)) {
+        json_decref(dflt);
+        return json_deep_copy(v);
+    }
+    return dflt;
+}
+
+static json_t *resp_usage(const api_stream *s)
+{
+    const gw_usage *u = &s->total;
+    json_t *o = json_pack("{s:I,s:{s:I},s:I,s:{s:I},s:I}", "input_tokens",
+                          (json_int_t)u->prompt_tokens, "input_tokens_details", "cached_tokens",
+                          (json_int_t)u->cached_tokens, "output_tokens",
+                          (json_int_t)u->completion_tokens, "output_tokens_details",
+                          "reasoning_tokens", (json_int_t)s->out.reasoning_tokens,
+                          "total_tokens",
+                          (json_int_t)u->prompt_tokens + (json_int_t)u->completion_tokens);
+    if (o)
+        render_acceptance(o, u);
+    return o;
+}
+
+/* The response object with status: "in_progress" (no output, no usage yet), "completed",
+ * "incomplete" or "failed" (s->err). */
+static json_t *resp_object(api_stream *s, const char *status)
+{
+    const bool running = strcmp(status, "in_progress") == 0;
+    const bool failed = strcmp(status, "failed") == 0;
+    const bool incomplete = strcmp(status, "incomplete") == 0;
+    const json_t *reasoning = json_object_get(s->req.resp, "reasoning");
+    const json_t *text = json_object_get(s->req.resp, "text");
+    const json_t *effort = json_is_object(reasoning) ? json_object_get(reasoning, "effort") : NULL;
+    const json_t *summary = json_is_object(reasoning) ? json_object_get(reasoning, "summary")
+                                                       : NULL;
+    const json_t *format = json_is_object(text) ? json_object_get(text, "format") : NULL;
+    json_t *o = json_object();
+    if (!o)
+        return NULL;
+    json_object_set_new(o, "id", json_string(s->id));
+    json_object_set_new(o, "object", json_string("response"));
+    json_object_set_new(o, "created_at", json_integer(s->rc.created));
+    json_object_set_new(o, "status", json_string(status));
+    json_object_set_new(o, "background", json_false());
+    json_object_set_new(o, "completed_at", running || failed ? json_null()
+                                                             : json_integer(time(NULL)));
+    json_object_set_new(o, "error", failed ? json_pack("{s:s,s:s}", "code",
+                                                       s->err.code ? s->err.code
+                                                                   : "server_error",
+                                                       "message", s->err.message)
+                                           : json_null());
+    json_object_set_new(o, "incomplete_details",
+                        incomplete ? json_pack("{s:s}", "reason", "max_output_tokens")
+                                   : json_null());
+    json_object_set_new(o, "instructions", resp_given(s, "instructions", json_null()));
+    json_object_set_new(o, "max_output_tokens", resp_given(s, "max_output_tokens", json_null()));
+    json_object_set_new(o, "max_tool_calls", resp_given(s, "max_tool_calls", json_null()));
+    json_object_set_new(o, "metadata", resp_given(s, "metadata", json_object()));
+    json_object_set_new(o, "model", json_string(s->rc.model));
+    json_object_set_new(o, "output", running ? json_array() : json_deep_copy(s->rs.items));
+    json_object_set_new(o, "parallel_tool_calls", json_boolean(s->req.parallel_calls));
+    json_object_set_new(o, "previous_response_id", json_null());
+    json_object_set_new(o, "reasoning",
+                        json_pack("{s:O,s:O}", "effort", effort ? effort : json_null(),
+                                  "summary", summary ? summary : json_null()));
+    json_object_set_new(o, "store", json_false());
+    json_object_set_new(o, "temperature", json_real(s->req.sampling.temperature));
+    json_object_set_new(o, "text", json_pack("{s:o}", "format",
+                                             format && !json_is_null(format)
+                                                 ? json_deep_copy(format)
+                                                 : json_pack("{s:s}", "type", "text")));
+    json_object_set_new(o, "tool_choice", resp_given(s, "tool_choice", json_string("auto")));
+    json_object_set_new(o, "tools", resp_given(s, "tools", json_array()));
+    json_object_set_new(o, "top_logprobs", resp_given(s, "top_logprobs", json_integer(0)));
+    json_object_set_new(o, "top_p", json_real(s->req.sampling.top_p));
+    json_object_set_new(o, "truncation", resp_given(s, "truncation", json_string("disabled")));
+    json_object_set_new(o, "usage", running || failed ? json_null() : resp_usage(s));
+    json_object_set_new(o, "user", resp_given(s, "user", json_null()));
+    return o;
+}
+
+/* The item being written, whole, with status. */
+static json_t *resp_open_item(api_stream *s, const char *status)
+{
+    resp_state *rs = &s->rs;
+    json_t *text = json_stringn(rs->text.p ? rs->text.p : "", rs->text.len);
+    if (rs->open == OUT_REASONING)
+        return json_pack("{s:s,s:s,s:[],s:[{s:s,s:o}],s:s}", "id", rs->item_id, "type",
+                         "reasoning", "summary", "content", "type", "reasoning_text", "text",
+                         text, "status", status);
+    json_t *part = json_pack("{s:s,s:[],s:o}", "type", "output_text", "annotations", "text",
+                             text);
+    if (part && rs->lp)
+        json_object_set(part, "logprobs", rs->lp);
+    return json_pack("{s:s,s:s,s:s,s:s,s:[o]}", "id", rs->item_id, "type", "message", "status",
+                     status, "role", "assistant", "content", part);
+}
+
+/* The open item's part (its text so far) as the content_part events carry it. */
+static json_t *resp_part(const api_stream *s, bool whole)
+{
+    const resp_state *rs = &s->rs;
+    json_t *text = whole ? json_stringn(rs->text.p ? rs->text.p : "", rs->text.len)
+                         : json_string("");
+    if (rs->open == OUT_REASONING)
+        return json_pack("{s:s,s:o}", "type", "reasoning_text", "text", text);
+    json_t *part = json_pack("{s:s,s:[],s:o}", "type", "output_text", "annotations", "text",
+                             text);
+    if (part && whole && rs->lp)
+        json_object_set(part, "logprobs", rs->lp);
+    return part;
+}
+
+static json_int_t resp_index(const api_stream *s)
+{
+    return (json_int_t)json_array_size(s->rs.items);
+}
+
+/* Closes the open item (status "completed" or "incomplete") into the items. */
+static void resp_close(api_stream *s, const char *status)
+{
+    resp_state *rs = &s->rs;
+    if (!rs->open)
+        return;
+    const json_int_t at = resp_index(s);
+    json_t *text = json_stringn(rs->text.p ? rs->text.p : "", rs->text.len);
+    if (rs->open == OUT_REASONING) {
+        resp_event(s, "response.reasoning_text.done",
+                   json_pack("{s:s,s:I,s:i,s:O}", "item_id", rs->item_id, "output_index", at,
+                             "content_index", 0, "text", text));
+    } else {
+        resp_event(s, "response.output_text.done",
+                   json_pack("{s:s,s:I,s:i,s:O,s:O}", "item_id", rs->item_id, "output_index",
+                             at, "content_index", 0, "text", text, "logprobs",
+                             rs->lp ? rs->lp : json_array()));
+    }
+    json_decref(text);
+    resp_event(s, "response.content_part.done",
+               json_pack("{s:s,s:I,s:i,s:o}", "item_id", rs->item_id, "output_index", at,
+                         "content_index", 0, "part", resp_part(s, true)));
+    json_t *item = resp_open_item(s, status);
+    resp_event(s, "response.output_item.done",
+               json_pack("{s:I,s:O}", "output_index", at, "item", item));
+    if (!item || json_array_append_new(rs->items, item) != 0)
+        gen_oom(s);
+    rs->open = 0;
+    rs->text.len = 0;
+    json_decref(rs->lp);
+    rs->lp = NULL;
+}
+
+/* Opens an item of kind (OUT_REASONING or OUT_CONTENT). */
+static void resp_open(api_stream *s, out_kind kind)
+{
+    resp_state *rs = &s->rs;
+    rs->open = kind;
+    const char *prefix = kind == OUT_REASONING ? "rs_" : "msg_";
+    snprintf(rs->item_id, sizeof rs->item_id, "%s", prefix);
+    gen_hex(rs->item_id + strlen(prefix), 16);
+    const json_int_t at = resp_index(s);
+    resp_event(s, "response.output_item.added",
+               json_pack("{s:I,s:o}", "output_index", at, "item", kind == OUT_REASONING
+                         ? json_pack("{s:s,s:s,s:[],s:[],s:s}", "id", rs->item_id, "type",
+                                     "reasoning", "summary", "content", "status", "in_progress")
+                         : json_pack("{s:s,s:s,s:s,s:s,s:[]}", "id", rs->item_id, "type",
+                                     "message", "status", "in_progress", "role", "assistant",
+                                     "content")));
+    resp_event(s, "response.content_part.added",
+               json_pack("{s:s,s:I,s:i,s:o}", "item_id", rs->item_id, "output_index", at,
+                         "content_index", 0, "part", resp_part(s, false)));
+}
+
+void resp_begin(api_stream *s)
+{
+    resp_event(s, "response.created", json_pack("{s:o}", "response",
+                                                 resp_object(s, "in_progress")));
+    resp_event(s, "response.in_progress", json_pack("{s:o}", "response",
+                                                    resp_object(s, "in_progress")));
+}
+
+static void resp_call(api_stream *s, const out_piece *p)
+{
+    char id[40] = "fc_", call_id[96];
+    gen_hex(id + 3, 16);
+    snprintf(call_id, sizeof call_id, "call_%s_%u", s->call_ids, p->call_index);
+    const json_int_t at = resp_index(s);
+    resp_event(s, "response.output_item.added",
+               json_pack("{s:I,s:{s:s,s:s,s:s,s:s,s:s,s:s}}", "output_index", at, "item", "id",
+                         id, "type", "function_call", "status", "in_progress", "call_id",
+                         call_id, "name", p->call.name, "arguments", ""));
+    resp_event(s, "response.function_call_arguments.delta",
+               json_pack("{s:s,s:I,s:s}", "item_id", id, "output_index", at, "delta",
+                         p->call.arguments));
+    resp_event(s, "response.function_call_arguments.done",
+               json_pack("{s:s,s:I,s:s,s:s}", "item_id", id, "output_index", at, "name",
+                         p->call.name, "arguments", p->call.arguments));
+    json_t *item = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "id", id, "type", "function_call",
+                             "status", "completed", "call_id", call_id, "name", p->call.name,
+                             "arguments", p->call.arguments);
+    resp_event(s, "response.output_item.done",
+               json_pack("{s:I,s:O}", "output_index", at, "item", item));
+    if (!item || json_array_append_new(s->rs.items, item) != 0)
+        gen_oom(s);
+}
+
+void resp_piece(api_stream *s, const out_piece *p, json_t *lp)
+{
+    resp_state *rs = &s->rs;
+    if (!rs->items && !(rs->items = json_array())) {
+        json_decref(lp);
+        gen_oom(s);
+        return;
+    }
+    if (p->kind == OUT_TOOL_CALL) {
+        json_decref(lp);
+        resp_close(s, "completed");
+        resp_call(s, p);
+        return;
+    }
+    if (rs->open != p->kind) {
+        resp_close(s, "completed");
+        resp_open(s, p->kind);
+    }
+    if (!gen_buf_put(&rs->text, p->text, p->len))
+        gen_oom(s);
+    if (p->kind == OUT_REASONING) {
+        json_decref(lp);
+        resp_event(s, "response.reasoning_text.delta",
+                   json_pack("{s:s,s:I,s:i,s:s%}", "item_id", rs->item_id, "output_index",
+                             resp_index(s), "content_index", 0, "delta", p->text, p->len));
+        return;
+    }
+    if (lp) {
+        if (!rs->lp)
+            rs->lp = json_array();
+        if (!rs->lp || json_array_extend(rs->lp, lp) != 0)
+            gen_oom(s);
+    }
+    resp_event(s, "response.output_text.delta",
+               json_pack("{s:s,s:I,s:i,s:s%,s:o}", "item_id", rs->item_id, "output_index",
+                         resp_index(s), "content_index", 0, "delta", p->text, p->len,
+                         "logprobs", lp ? lp : json_array()));
+}
+
+static const char *resp_status(const char *finish)
+{
+    return finish && strcmp(finish, "length") == 0 ? "incomplete" : "completed";
+}
+
+void resp_end(api_stream *s, const char *finish)
+{
+    if (!s->rs.items && !(s->rs.items = json_array())) {
+        gen_oom(s);
+        return;
+    }
+    const char *status = resp_status(finish);
+    resp_close(s, status);
+    if (s->failed)
+        return;
+    char type[32];
+    snprintf(type, sizeof type, "response.%s", status);
+    resp_event(s, type, json_pack("{s:o}", "response", resp_object(s, status)));
+}
+
+void resp_failed(api_stream *s)
+{
+    resp_event(s, "error", json_pack("{s:s,s:s,s:s?}", "code",
+                                     s->err.code ? s->err.code : "server_error", "message",
+                                     s->err.message, "param",
+                                     s->err.param[0] ? s->err.param : NULL));
+    resp_event(s, "response.failed", json_pack("{s:o}", "response",
+                                               resp_object(s, "failed")));
+}
+
+char *resp_body(api_stream *s, const char *finish)
+{
+    json_t *o = resp_object(s, resp_status(finish));
+    char *body = o ? render_dump(o) : NULL;
+    json_decref(o);
+    return body;
+}
+
+void resp_free(resp_state *rs)
+{
+    json_decref(rs->items);
+    json_decref(rs->lp);
+    free(rs->text.p);
+    memset(rs, 0, sizeof *rs);
+}

@@ -1,0 +1,510 @@
+/* Responses requests (request.h): a /v1/responses body becomes the chat request it stands for.
+ *
+ *   instructions              -> a system message first
+ *   input (string)            -> one user message
+ *   input items               -> messages: {role, content} messages (input_text / output_text
+ *                                parts), function_call -> an assistant message's tool_calls
+ *                                (consecutive calls share one), function_call_output -> a tool
+ *                                message, reasoning -> reasoning_content of the next assistant
+ *                                turn
+ *   tools (flat functions)    -> {"type": "function", "function": {...}}
+ *   tool_choice {type, name}  -> {"type": "function", "function": {"name": ...}}
+ *   text.format               -> response_format
+ *   max_output_tokens         -> max_completion_tokens
+ *   include "message.output_text.logprobs" -> logprobs (top_logprobs alternatives)
+ *   reasoning.effort "none"   -> chat_template_kwargs.enable_thinking false
+ *   truncation "auto"         -> truncate_prompt_tokens -1 (the prompt's last tokens that fit)
+ *
+ * and the sampling fields of both APIs pass as they are. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gateway/request_int.h"
+
+/* The fields that mean the same in both APIs. */
+static const char *const RESP_PASS[] = {
+    "model", "stream", "temperature", "top_p", "parallel_tool_calls", "top_k", "min_p", "seed",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias",
+    "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
+    "include_stop_str_in_output", "allowed_token_ids", "bad_words", "chat_template_kwargs",
+    "structured_outputs",
+};
+
+static td_err resp_missing(api_error *e, const char *param)
+{
+    return apierr_set(e, 400, "missing_required_parameter", param,
+                      "Missing required parameter: '%s'.", param);
+}
+
+/* The text of a message item's content: a string, or input_text / output_text parts joined
+ * with "\n" (a refusal part counts as text). */
+static td_err resp_content(const json_t *c, const char *base, json_t **out, api_error *e)
+{
+    char param[APIERR_PARAM_MAX];
+    if (json_is_string(c)) {
+        *out = json_incref((json_t *)c);
+        return TD_OK;
+    }
+    if (!json_is_array(c))
+        return req_bad_type(e, base, "a string or an array of content parts", c);
+    json_t *parts = json_array();
+    if (!parts)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    size_t i;
+    const json_t *part;
+    json_array_foreach(c, i, part) {
+        snprintf(param, sizeof param, "%.64s[%zu]", base, i);
+        const json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        const char *t = json_is_string(type) ? json_string_value(type) : "";
+        const bool refusal = strcmp(t, "refusal") == 0;
+        if (!json_is_object(part)) {
+            json_decref(parts);
+            return req_bad_type(e, param, "an object", part);
+        }
+        if (strcmp(t, "input_text") && strcmp(t, "output_text") && !refusal) {
+            json_decref(parts);
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Only text content parts (input_text, output_text) are "
+                              "supported; %s has type '%s'.", param, json_is_string(type) ? t
+                                                                                 : "(none)");
+        }
+        const json_t *text = json_object_get(part, refusal ? "refusal" : "text");
+        if (!json_is_string(text)) {
+            json_decref(parts);
+            snprintf(param, sizeof param, "%.64s[%zu].%s", base, i, refusal ? "refusal" : "text");
+            return req_bad_type(e, param, "a string", text ? text : json_null());
+        }
+        if (json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", text))) {
+            json_decref(parts);
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+        }
+    }
+    const td_err r = req_text_parts(parts, base, "\n", out, e);
+    json_decref(parts);
+    return r;
+}
+
+/* A string field of an item, required. */
+static td_err resp_item_str(const json_t *it, const char *key, const char *base,
+                            const json_t **out, api_error *e)
+{
+    char param[APIERR_PARAM_MAX];
+    snprintf(param, sizeof param, "%.64s.%s", base, key);
+    *out = json_object_get(it, key);
+    if (!*out)
+        return resp_missing(e, param);
+    if (!json_is_string(*out))
+        return req_bad_type(e, param, "a string", *out);
+    return TD_OK;
+}
+
+/* The conversation being built: messages, and reasoning waiting for its assistant turn. */
+typedef struct resp_conv {
+    json_t *msgs;
+    json_t *reasoning; /* a JSON string, or NULL */
+    bool open_calls;   /* the last message is an assistant turn that tool calls may join */
+} resp_conv;
+
+static td_err resp_append(resp_conv *c, json_t *msg, api_error *e)
+{
+    if (!msg || json_array_append_new(c->msgs, msg) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    return TD_OK;
+}
+
+/* An assistant message gets the reasoning that came before it. */
+static void resp_take_reasoning(resp_conv *c, json_t *msg)
+{
+    if (c->reasoning && msg)
+        json_object_set_new(msg, "reasoning_content", c->reasoning);
+    else
+        json_decref(c->reasoning);
+    c->reasoning = NULL;
+}
+
+static td_err resp_message(resp_conv *c, const json_t *it, const char *base, api_error *e)
+{
+    char param[APIERR_PARAM_MAX];
+    snprintf(param, sizeof param, "%.64s.role", base);
+    const json_t *role = json_object_get(it, "role");
+    if (!role)
+        return resp_missing(e, param);
+    if (!json_is_string(role))
+        return req_bad_type(e, param, "a string", role);
+    const char *r = json_string_value(role);
+    if (strcmp(r, "user") && strcmp(r, "system") && strcmp(r, "developer") &&
+        strcmp(r, "assistant"))
+        return apierr_set(e, 400, "invalid_value", param,
+                          "Invalid value for '%s': '%s'. Supported values are: 'user', "
+                          "'system', 'developer' and 'assistant'.", param, r);
+    snprintf(param, sizeof param, "%.64s.content", base);
+    const json_t *content = json_object_get(it, "content");
+    if (!content)
+        return resp_missing(e, param);
+    json_t *text = NULL;
+    TD_TRY(resp_content(content, param, &text, e));
+    json_t *msg = json_pack("{s:s,s:o}", "role", r, "content", text);
+    const bool assistant = strcmp(r, "assistant") == 0;
+    if (assistant)
+        resp_take_reasoning(c, msg);
+    c->open_calls = assistant;
+    return resp_append(c, msg, e);
+}
+
+static td_err resp_call(resp_conv *c, const json_t *it, const char *base, api_error *e)
+{
+    const json_t *call_id, *name, *args;
+    TD_TRY(resp_item_str(it, "call_id", base, &call_id, e));
+    TD_TRY(resp_item_str(it, "name", base, &name, e));
+    TD_TRY(resp_item_str(it, "arguments", base, &args, e));
+    json_t *call = json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", call_id, "type", "function",
+                             "function", "name", name, "arguments", args);
+    if (!call)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    json_t *msg = c->open_calls ? json_array_get(c->msgs, json_array_size(c->msgs) - 1) : NULL;
+    if (!msg) {
+        msg = json_pack("{s:s,s:s}", "role", "assistant", "content", "");
+        resp_take_reasoning(c, msg);
+        const td_err r = resp_append(c, msg, e);
+        if (r != TD_OK) {
+            json_decref(call);
+            return r;
+        }
+        c->open_calls = true;
+    }
+    json_t *calls = json_object_get(msg, "tool_calls");
+    if (!calls) {
+        calls = json_array();
+        json_object_set_new(msg, "tool_calls", calls);
+    }
+    if (!calls || json_array_append_new(calls, call) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    return TD_OK;
+}
+
+static td_err resp_call_output(resp_conv *c, const json_t *it, const char *base, api_error *e)
+{
+    char param[APIERR_PARAM_MAX];
+    const json_t *call_id;
+    TD_TRY(resp_item_str(it, "call_id", base, &call_id, e));
+    snprintf(param, sizeof param, "%.64s.output", base);
+    const json_t *output = json_object_get(it, "output");
+    if (!output)
+        return resp_missing(e, param);
+    json_t *text = NULL;
+    TD_TRY(resp_content(output, param, &text, e));
+    c->open_calls = false;
+    return resp_append(c, json_pack("{s:s,s:O,s:o}", "role", "tool", "tool_call_id", call_id,
+                                    "content", text), e);
+}
+
+/* A reasoning item's text: its reasoning_text parts, else its summary_text parts. */
+static td_err resp_reasoning(resp_conv *c, const json_t *it, const char *base, api_error *e)
+{
+    char param[APIERR_PARAM_MAX];
+    static const char *const keys[] = {"content", "summary"};
+    for (int k = 0; k < 2; k++) {
+        const json_t *parts = req_field(it, keys[k]);
+        if (!parts)
+            continue;
+        snprintf(param, sizeof param, "%.64s.%s", base, keys[k]);
+        if (!json_is_array(parts))
+            return req_bad_type(e, param, "an array", parts);
+        if (json_array_size(parts) == 0)
+            continue;
+        json_t *joined = json_array();
+        size_t i;
+        const json_t *p;
+        json_array_foreach(parts, i, p) {
+            const json_t *text = json_is_object(p) ? json_object_get(p, "text") : NULL;
+            if (!json_is_string(text)) {
+                json_decref(joined);
+                snprintf(param, sizeof param, "%.64s.%s[%zu].text", base, keys[k], i);
+                return req_bad_type(e, param, "a string", text ? text : json_null());
+            }
+            json_array_append_new(joined, json_pack("{s:s,s:O}", "type", "text", "text", text));
+        }
+        json_t *text = NULL;
+        const td_err r = req_text_parts(joined, param, "\n", &text, e);
+        json_decref(joined);
+        TD_TRY(r);
+        json_decref(c->reasoning);
+        c->reasoning = text;
+        return TD_OK;
+    }
+    return TD_OK;
+}
+
+static td_err resp_item(resp_conv *c, const json_t *it, size_t i, api_error *e)
+{
+    char base[40];
+    snprintf(base, sizeof base, "input[%zu]", i);
+    if (!json_is_object(it))
+        return req_bad_type(e, base, "an object", it);
+    const json_t *type = req_field(it, "type");
+    if (type && !json_is_string(type)) {
+        char param[APIERR_PARAM_MAX];
+        snprintf(param, sizeof param, "%.64s.type", base);
+        return req_bad_type(e, param, "a string", type);
+    }
+    const char *t = type ? json_string_value(type) : "message";
+    if (strcmp(t, "message") == 0)
+        return resp_message(c, it, base, e);
+    if (strcmp(t, "function_call") == 0)
+        return resp_call(c, it, base, e);
+    if (strcmp(t, "function_call_output") == 0)
+        return resp_call_output(c, it, base, e);
+    if (strcmp(t, "reasoning") == 0)
+        return resp_reasoning(c, it, base, e);
+    return apierr_set(e, 400, "invalid_value", base,
+                      "Invalid value for '%s.type': '%s'. Supported input items are: 'message', "
+                      "'function_call', 'function_call_output' and 'reasoning'.", base, t);
+}
+
+static td_err resp_messages(const json_t *body, json_t *chat, api_error *e)
+{
+    resp_conv c = {.msgs = json_array()};
+    if (!c.msgs || json_object_set_new(chat, "messages", c.msgs) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    const json_t *ins = req_field(body, "instructions");
+    if (ins && !json_is_string(ins))
+        return req_bad_type(e, "instructions", "a string", ins);
+    if (ins)
+        TD_TRY(resp_append(&c, json_pack("{s:s,s:O}", "role", "system", "content", ins), e));
+    const json_t *input = req_field(body, "input");
+    if (!input)
+        return resp_missing(e, "input");
+    if (json_is_string(input))
+        return resp_append(&c, json_pack("{s:s,s:O}", "role", "user", "content", input), e);
+    if (!json_is_array(input))
+        return req_bad_type(e, "input", "a string or an array of input items", input);
+    if (json_array_size(input) == 0)
+        return apierr_set(e, 400, "empty_array", "input",
+                          "Invalid 'input': empty array. Expected an array with minimum length "
+                          "1, but got an empty array instead.");
+    size_t i;
+    const json_t *it;
+    td_err r = TD_OK;
+    json_array_foreach(input, i, it) {
+        r = resp_item(&c, it, i, e);
+        if (r != TD_OK)
+            break;
+    }
+    json_decref(c.reasoning);
+    return r;
+}
+
+/* Flat function tools -> chat tools. */
+static td_err resp_tools(const json_t *body, json_t *chat, api_error *e)
+{
+    const json_t *tools = req_field(body, "tools");
+    if (!tools)
+        return TD_OK;
+    if (!json_is_array(tools))
+        return req_bad_type(e, "tools", "an array", tools);
+    json_t *out = json_array();
+    if (!out || json_object_set_new(chat, "tools", out) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t) {
+        char param[APIERR_PARAM_MAX];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        if (!json_is_object(t))
+            return req_bad_type(e, param, "an object", t);
+        const json_t *type = json_object_get(t, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Invalid value for '%s.type': '%s'. Only 'function' tools are "
+                              "supported.", param,
+                              json_is_string(type) ? json_string_value(type) : "(none)");
+        const json_t *name;
+        TD_TRY(resp_item_str(t, "name", param, &name, e));
+        json_t *fn = json_pack("{s:O}", "name", name);
+        static const char *const keys[] = {"description", "parameters", "strict"};
+        for (int k = 0; fn && k < 3; k++) {
+            const json_t *v = req_field(t, keys[k]);
+            if (v)
+                json_object_set(fn, keys[k], (json_t *)v);
+        }
+        if (!fn || json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function",
+                                                        "function", fn)) != 0)
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+    }
+    return TD_OK;
+}
+
+static td_err resp_tool_choice(const json_t *body, json_t *chat, api_error *e)
+{
+    const json_t *tc = req_field(body, "tool_choice");
+    if (!tc)
+        return TD_OK;
+    if (json_is_string(tc)) /* none, auto, required: the chat request checks them */
+        return json_object_set(chat, "tool_choice", (json_t *)tc) == 0
+                   ? TD_OK
+                   : apierr_set(e, 500, NULL, NULL, "out of memory");
+    if (!json_is_object(tc))
+        return req_bad_type(e, "tool_choice", "a string or an object", tc);
+    const json_t *type = json_object_get(tc, "type");
+    const json_t *name = json_object_get(tc, "name");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+        !json_is_string(name))
+        return apierr_set(e, 400, "invalid_value", "tool_choice",
+                          "Invalid value for 'tool_choice': expected 'none', 'auto', "
+                          "'required' or {\"type\": \"function\", \"name\": ...}.");
+    if (json_object_set_new(chat, "tool_choice",
+                            json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name",
+                                      name)) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    return TD_OK;
+}
+
+/* text.format -> response_format. */
+static td_err resp_format(const json_t *body, json_t *chat, api_error *e)
+{
+    const json_t *text = req_field(body, "text");
+    if (!text)
+        return TD_OK;
+    if (!json_is_object(text))
+        return req_bad_type(e, "text", "an object", text);
+    const json_t *f = req_field(text, "format");
+    if (!f)
+        return TD_OK;
+    if (!json_is_object(f))
+        return req_bad_type(e, "text.format", "an object", f);
+    const json_t *type = json_object_get(f, "type");
+    const char *t = json_is_string(type) ? json_string_value(type) : "";
+    json_t *rf = NULL;
+    if (strcmp(t, "text") == 0)
+        return TD_OK;
+    if (strcmp(t, "json_object") == 0) {
+        rf = json_pack("{s:s}", "type", "json_object");
+    } else if (strcmp(t, "json_schema") == 0) {
+        const json_t *schema = json_object_get(f, "schema");
+        if (!schema)
+            return resp_missing(e, "text.format.schema");
+        json_t *js = json_pack("{s:O}", "schema", schema);
+        static const char *const keys[] = {"name", "strict", "description"};
+        for (int k = 0; js && k < 3; k++) {
+            const json_t *v = req_field(f, keys[k]);
+            if (v)
+                json_object_set(js, keys[k], (json_t *)v);
+        }
+        rf = js ? json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js) : NULL;
+    } else {
+        return apierr_set(e, 400, "invalid_value", "text.format.type",
+                          "Invalid value for 'text.format.type': '%s'. Supported values are: "
+                          "'text', 'json_object' and 'json_schema'.",
+                          json_is_string(type) ? t : "(none)");
+    }
+    if (!rf || json_object_set_new(chat, "response_format", rf) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    return TD_OK;
+}
+
+/* include, top_logprobs, max_output_tokens, reasoning, truncation and what is refused. */
+static td_err resp_settings(const json_t *body, json_t *chat, api_error *e)
+{
+    static const char *const refused[][2] = {
+        {"previous_response_id", "responses are not stored here; send the whole conversation "
+                                 "in 'input'"},
+        {"conversation", "conversations are not stored here; send the whole conversation in "
+                         "'input'"},
+        {"prompt", "stored prompts are not available here; send 'instructions' and 'input'"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
+        if (req_field(body, refused[k][0]))
+            return apierr_set(e, 400, "unsupported_parameter", refused[k][0],
+                              "Unsupported parameter: '%s': %s.", refused[k][0], refused[k][1]);
+    bool background = false, store = false;
+    TD_TRY(req_bool(body, "background", "background", &background, e));
+    TD_TRY(req_bool(body, "store", "store", &store, e));
+    if (background)
+        return apierr_set(e, 400, "unsupported_parameter", "background",
+                          "Unsupported parameter: 'background': responses run while the request "
+                          "waits for them.");
+    const json_t *inc = req_field(body, "include");
+    bool logprobs = false;
+    if (inc && !json_is_array(inc))
+        return req_bad_type(e, "include", "an array", inc);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(inc, i, v) {
+        char param[APIERR_PARAM_MAX];
+        snprintf(param, sizeof param, "include[%zu]", i);
+        if (!json_is_string(v))
+            return req_bad_type(e, param, "a string", v);
+        logprobs |= strcmp(json_string_value(v), "message.output_text.logprobs") == 0;
+    }
+    int64_t top = 0;
+    bool top_given = false;
+    TD_TRY(req_int(body, "top_logprobs", 0, REQ_TOP_LOGPROBS_MAX, &top, &top_given, e));
+    if (logprobs && (json_object_set_new(chat, "logprobs", json_true()) ||
+                     json_object_set_new(chat, "top_logprobs", json_integer(top))))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    int64_t max = 0;
+    bool max_given = false;
+    TD_TRY(req_int(body, "max_output_tokens", 1, INT32_MAX, &max, &max_given, e));
+    if (max_given && json_object_set_new(chat, "max_completion_tokens", json_integer(max)))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    const json_t *reasoning = req_field(body, "reasoning");
+    if (reasoning && !json_is_object(reasoning))
+        return req_bad_type(e, "reasoning", "an object", reasoning);
+    const json_t *effort = req_field(reasoning, "effort");
+    if (effort && !json_is_string(effort))
+        return req_bad_type(e, "reasoning.effort", "a string", effort);
+    if (effort && strcmp(json_string_value(effort), "none") == 0) {
+        json_t *kw = json_object_get(chat, "chat_template_kwargs");
+        if (!json_is_object(kw)) {
+            kw = json_object();
+            json_object_set_new(chat, "chat_template_kwargs", kw);
+        }
+        if (!kw || (!json_object_get(kw, "enable_thinking") &&
+                    json_object_set_new(kw, "enable_thinking", json_false())))
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+    }
+    const json_t *trunc = req_field(body, "truncation");
+    if (trunc && (!json_is_string(trunc) || (strcmp(json_string_value(trunc), "auto") &&
+                                             strcmp(json_string_value(trunc), "disabled"))))
+        return apierr_set(e, 400, "invalid_value", "truncation",
+                          "Invalid value for 'truncation': expected 'auto' or 'disabled'.");
+    if (trunc && strcmp(json_string_value(trunc), "auto") == 0 &&
+        json_object_set_new(chat, "truncate_prompt_tokens", json_integer(-1)))
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    const json_t *meta = req_field(body, "metadata");
+    if (meta && !json_is_object(meta))
+        return req_bad_type(e, "metadata", "an object", meta);
+    return TD_OK;
+}
+
+td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_error *e)
+{
+    memset(r, 0, sizeof *r);
+    json_t *orig;
+    TD_TRY(req_load_json(body, len, &orig, e));
+    json_t *chat = json_object();
+    td_err err = chat ? TD_OK : apierr_set(e, 500, NULL, NULL, "out of memory");
+    for (size_t k = 0; err == TD_OK && k < sizeof RESP_PASS / sizeof RESP_PASS[0]; k++) {
+        json_t *v = json_object_get(orig, RESP_PASS[k]);
+        if (v && json_object_set(chat, RESP_PASS[k], v) != 0)
+            err = apierr_set(e, 500, NULL, NULL, "out of memory");
+    }
+    if (err == TD_OK)
+        err = resp_settings(orig, chat, e);
+    if (err == TD_OK)
+        err = resp_messages(orig, chat, e);
+    if (err == TD_OK)
+        err = resp_tools(orig, chat, e);
+    if (err == TD_OK)
+        err = resp_tool_choice(orig, chat, e);
+    if (err == TD_OK)
+        err = resp_format(orig, chat, e);
+    if (err != TD_OK) {
+        json_decref(orig);
+        json_decref(chat);
+        return err;
+    }
+    r->responses = true;
+    r->resp = orig;
+    return req_parse_root(r, REQ_CHAT, chat, e);
+}
