@@ -2,8 +2,11 @@
  * in, a reply comes out: a whole body, or a stream of server-sent events the server pulls
  * from with api_stream_read on the connection's own thread.
  *
- *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models[/<name>]
- *   GET /health                 GET /metrics           POST /tokenize   POST /detokenize
+ *   POST /v1/chat/completions   POST /v1/completions   POST /v1/responses
+ *   GET /v1/models[/<name>]     GET /health            GET /metrics
+ *   POST /tokenize              POST /detokenize
+ *
+ * GET /v1/responses/<id> is 404: responses are not stored.
  *
  * Unknown paths are 404, a known path with another method 405 (with Allow), a body over
  * --max-body 413, a missing or wrong Bearer key 401, verifyd down or not ready 503. */

@@ -1,5 +1,6 @@
-/* OpenAI requests: the JSON bodies of /v1/chat/completions, /v1/completions, /tokenize and
- * /detokenize, parsed and checked before anything reaches the backend.
+/* OpenAI requests: the JSON bodies of /v1/chat/completions, /v1/completions, /v1/responses
+ * (as the chat request it stands for), /tokenize and /detokenize, parsed and checked before
+ * anything reaches the backend.
  *
  * Checks follow the OpenAI API: each known field must have its type and range, `n` is
  * 1..REQ_N_MAX, `top_logprobs` needs `logprobs`, `stream_options` needs `stream`;

@@ -960,6 +960,170 @@ static void tokenize_and_detokenize_bodies(void **state)
     free(s);
 }
 
+/* /v1/responses: the chat request a Responses body stands for, exactly. */
+static void responses_body_gives_the_chat_request(void **state)
+{
+    (void)state;
+    const char *body =
+        "{\"model\": \"tiny\", \"instructions\": \"Be brief.\", \"input\": ["
+        "{\"role\": \"user\", \"content\": [{\"type\": \"input_text\", \"text\": \"a\"},"
+        "{\"type\": \"input_text\", \"text\": \"b\"}]},"
+        "{\"type\": \"reasoning\", \"id\": \"rs_1\", \"summary\": [],"
+        "\"content\": [{\"type\": \"reasoning_text\", \"text\": \"hmm\"}]},"
+        "{\"type\": \"message\", \"role\": \"assistant\","
+        "\"content\": [{\"type\": \"output_text\", \"text\": \"Let me look.\"}]},"
+        "{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"f\","
+        "\"arguments\": \"{\\\"x\\\": 1}\"},"
+        "{\"type\": \"function_call\", \"call_id\": \"c2\", \"name\": \"f\","
+        "\"arguments\": \"{}\"},"
+        "{\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": \"42\"},"
+        "{\"type\": \"function_call_output\", \"call_id\": \"c2\", \"output\": "
+        "[{\"type\": \"input_text\", \"text\": \"7\"}]},"
+        "{\"role\": \"developer\", \"content\": \"Now answer.\"}],"
+        "\"tools\": [{\"type\": \"function\", \"name\": \"f\", \"description\": \"F.\","
+        "\"parameters\": {\"type\": \"object\"}, \"strict\": true}],"
+        "\"tool_choice\": {\"type\": \"function\", \"name\": \"f\"},"
+        "\"parallel_tool_calls\": false, \"max_output_tokens\": 33, \"temperature\": 0.5,"
+        "\"top_p\": 0.9, \"top_k\": 7, \"store\": true, \"metadata\": {\"k\": \"v\"},"
+        "\"include\": [\"message.output_text.logprobs\"], \"top_logprobs\": 3,"
+        "\"reasoning\": {\"effort\": \"none\"}, \"truncation\": \"auto\","
+        "\"n\": 5, \"messages\": 3}";
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse_responses(&r, body, strlen(body), &e), TD_OK);
+    assert_true(r.responses);
+    assert_int_equal(r.kind, REQ_CHAT);
+    assert_string_equal(r.model, "tiny");
+    char *msgs = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(msgs,
+                        "[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                        "{\"role\":\"user\",\"content\":\"a\\nb\"},"
+                        "{\"role\":\"assistant\",\"content\":\"Let me look.\","
+                        "\"reasoning_content\":\"hmm\",\"tool_calls\":["
+                        "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"arguments\":{\"x\":1}}},"
+                        "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"arguments\":{}}}]},"
+                        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
+                        "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"7\"},"
+                        "{\"role\":\"system\",\"content\":\"Now answer.\"}]");
+    free(msgs);
+    char *tools = json_dumps(r.tools, JSON_COMPACT);
+    assert_string_equal(tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                               "\"description\":\"F.\",\"parameters\":{\"type\":\"object\"},"
+                               "\"strict\":true}}]");
+    free(tools);
+    assert_true(r.force_call);
+    assert_int_equal(r.format, MSG_FORMAT_TOOL_CALL);
+    assert_false(r.parallel_calls);
+    assert_int_equal(r.max_tokens, 33);
+    assert_true(r.sampling.temperature == 0.5 && r.sampling.top_p == 0.9);
+    assert_int_equal(r.sampling.top_k, 7);
+    assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 3);
+    assert_int_equal(r.enable_thinking, CHAT_THINK_OFF);
+    assert_int_equal(r.truncate, -1);
+    assert_int_equal(r.n, 1); /* chat fields are not Responses fields */
+    assert_false(r.stream);
+    req_free(&r);
+
+    /* a string input, text.format, and nothing asked for: the defaults */
+    const char *plain = "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": \"json_schema\","
+                        "\"name\": \"p\", \"schema\": {\"type\": \"object\"}}},"
+                        "\"top_logprobs\": 2, \"stream\": true}";
+    assert_int_equal(req_parse_responses(&r, plain, strlen(plain), &e), TD_OK);
+    msgs = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(msgs, "[{\"role\":\"user\",\"content\":\"hi\"}]");
+    free(msgs);
+    assert_int_equal(r.format, MSG_FORMAT_JSON_SCHEMA);
+    assert_string_equal(r.schema, "{\"type\":\"object\"}");
+    assert_false(r.logprobs); /* top_logprobs alone: no include, no logprobs */
+    assert_int_equal(r.max_tokens, -1);
+    assert_int_equal(r.enable_thinking, CHAT_THINK_UNSET);
+    assert_true(r.stream);
+    assert_null(r.tools);
+    req_free(&r);
+}
+
+static void expect_responses_error(const char *body, const char *error_json)
+{
+    gw_request r;
+    api_error e;
+    assert_int_not_equal(req_parse_responses(&r, body, strlen(body), &e), TD_OK);
+    assert_int_equal(e.status, 400);
+    char *s = apierr_render(&e);
+    assert_string_equal(s, error_json);
+    free(s);
+}
+
+static void responses_bad_bodies_are_400(void **state)
+{
+    (void)state;
+    expect_responses_error("{}", "{\"error\":{\"message\":\"Missing required parameter: "
+                                 "'input'.\",\"type\":\"invalid_request_error\",\"param\":"
+                                 "\"input\",\"code\":\"missing_required_parameter\"}}");
+    expect_responses_error("{\"input\": []}",
+                           "{\"error\":{\"message\":\"Invalid 'input': empty array. Expected an "
+                           "array with minimum length 1, but got an empty array instead.\","
+                           "\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":"
+                           "\"empty_array\"}}");
+    expect_responses_error("{\"input\": 3}",
+                           "{\"error\":{\"message\":\"Invalid type for 'input': expected a "
+                           "string or an array of input items, but got an integer instead.\","
+                           "\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":"
+                           "\"invalid_type\"}}");
+    expect_responses_error("{\"input\": [{\"role\": \"tool\", \"content\": \"x\"}]}",
+                           "{\"error\":{\"message\":\"Invalid value for 'input[0].role': 'tool'. "
+                           "Supported values are: 'user', 'system', 'developer' and "
+                           "'assistant'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"input[0].role\",\"code\":\"invalid_value\"}}");
+    expect_responses_error("{\"input\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                           "\"input_file\", \"file_id\": \"f\"}]}]}",
+                           "{\"error\":{\"message\":\"Only text content parts (input_text, "
+                           "output_text) are supported; input[0].content[0] has type "
+                           "'input_file'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"input[0].content[0]\",\"code\":\"invalid_value\"}}");
+    expect_responses_error("{\"input\": [{\"type\": \"function_call_output\", \"call_id\": "
+                           "\"c\"}]}",
+                           "{\"error\":{\"message\":\"Missing required parameter: "
+                           "'input[0].output'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"input[0].output\",\"code\":\"missing_required_parameter\"}}");
+    expect_responses_error("{\"input\": \"x\", \"tools\": [{\"type\": \"file_search\"}]}",
+                           "{\"error\":{\"message\":\"Invalid value for 'tools[0].type': "
+                           "'file_search'. Only 'function' tools are supported.\",\"type\":"
+                           "\"invalid_request_error\",\"param\":\"tools[0]\",\"code\":"
+                           "\"invalid_value\"}}");
+    expect_responses_error("{\"input\": \"x\", \"tool_choice\": {\"type\": \"web_search\"}}",
+                           "{\"error\":{\"message\":\"Invalid value for 'tool_choice': expected "
+                           "'none', 'auto', 'required' or {\\\"type\\\": \\\"function\\\", "
+                           "\\\"name\\\": ...}.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"tool_choice\",\"code\":\"invalid_value\"}}");
+    expect_responses_error("{\"input\": \"x\", \"conversation\": \"conv_1\"}",
+                           "{\"error\":{\"message\":\"Unsupported parameter: 'conversation': "
+                           "conversations are not stored here; send the whole conversation in "
+                           "'input'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"conversation\",\"code\":\"unsupported_parameter\"}}");
+    expect_responses_error("{\"input\": \"x\", \"max_output_tokens\": 0}",
+                           "{\"error\":{\"message\":\"Invalid value for 'max_output_tokens': "
+                           "expected an integer from 1 to 2147483647, but got 0 instead.\","
+                           "\"type\":\"invalid_request_error\",\"param\":\"max_output_tokens\","
+                           "\"code\":\"invalid_value\"}}");
+    expect_responses_error("{\"input\": \"x\", \"text\": {\"format\": {\"type\": "
+                           "\"json_schema\", \"name\": \"n\"}}}",
+                           "{\"error\":{\"message\":\"Missing required parameter: "
+                           "'text.format.schema'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"text.format.schema\",\"code\":\"missing_required_parameter\"}}");
+    expect_responses_error("{\"input\": \"x\", \"temperature\": 3}",
+                           "{\"error\":{\"message\":\"Invalid value for 'temperature': expected "
+                           "a number in [0, 2], but got 3 instead.\",\"type\":"
+                           "\"invalid_request_error\",\"param\":\"temperature\",\"code\":"
+                           "\"invalid_value\"}}");
+    expect_responses_error("[1]", "{\"error\":{\"message\":\"The request body must be a JSON "
+                                  "object, but got an array instead.\",\"type\":"
+                                  "\"invalid_request_error\",\"param\":null,\"code\":"
+                                  "\"invalid_json\"}}");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -980,6 +1144,8 @@ int main(void)
         cmocka_unit_test(allowed_token_ids_field),
         cmocka_unit_test(bad_words_field),
         cmocka_unit_test(tokenize_and_detokenize_bodies),
+        cmocka_unit_test(responses_body_gives_the_chat_request),
+        cmocka_unit_test(responses_bad_bodies_are_400),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  *     sizes come from the input itself
  *   6 a tool spec (cm_compile, what a request's tools become), then calls matched against it
  *   7 a call body matched against the tools' spec (cm_feed)
+ *   8 (that byte alone; others modulo 8) a /v1/responses body (req_parse_responses)
  * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
  * an error always comes with a status and a message, and a body the matcher takes whole
  * parses into a call of the declared function with declared parameters only. */
@@ -151,11 +152,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     api_error err;
-    switch (data[0] % 8) {
+    switch (data[0] == 8 ? 8 : data[0] % 8) {
     case 0:
-    case 1: {
+    case 1:
+    case 8: {
         gw_request r;
-        td_err e = req_parse(&r, data[0] % 8 == 0 ? REQ_CHAT : REQ_COMPLETION, body, len, &err);
+        td_err e = data[0] == 8 ? req_parse_responses(&r, body, len, &err)
+                                : req_parse(&r, data[0] % 8 == 0 ? REQ_CHAT : REQ_COMPLETION,
+                                            body, len, &err);
         check_error(e, &err);
         if (e == TD_OK)
             req_free(&r);
