@@ -390,6 +390,196 @@ static void error_in_the_middle_of_a_stream_ends_it_cleanly(void **state)
     free(reply);
 }
 
+/* /v1/responses: the chat generation as Responses output items, whole and as typed events. */
+static const char RESP_TOOL[] =
+    "{\"type\":\"function\",\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\"}}}}";
+
+/* The response object after "created_at":0, with status, completed_at, output and usage. */
+static void resp_object(char *out, size_t cap, const char *status, const char *completed,
+                        const char *output, const char *usage)
+{
+    snprintf(out, cap,
+             "{\"id\":\"resp_X\",\"object\":\"response\",\"created_at\":0,\"status\":\"%s\","
+             "\"background\":false,\"completed_at\":%s,\"error\":null,\"incomplete_details\":"
+             "null,\"instructions\":\"Be brief.\",\"max_output_tokens\":null,\"max_tool_calls\":"
+             "null,\"metadata\":{\"k\":\"v\"},\"model\":\"qwen35-tiny\",\"output\":%s,"
+             "\"parallel_tool_calls\":true,\"previous_response_id\":null,\"reasoning\":"
+             "{\"effort\":null,\"summary\":null},\"store\":false,\"temperature\":1.0,\"text\":"
+             "{\"format\":{\"type\":\"text\"}},\"tool_choice\":\"auto\",\"tools\":[%s],"
+             "\"top_logprobs\":0,\"top_p\":1.0,\"truncation\":\"disabled\",\"usage\":%s,"
+             "\"user\":null}",
+             status, completed, output, RESP_TOOL, usage);
+}
+
+static void responses_items_whole_and_streamed(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 200, .cached = 2};
+    gwh_encode("Let me see.\n</think>\n\nParis.\n<tool_call>\n<function=get_weather>\n"
+               "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>", &s);
+    /* the chat request the response stands for: its prompt is what verifyd must get */
+    char req[2048];
+    snprintf(req, sizeof req, "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+             "{\"role\":\"user\",\"content\":\"weather?\"}],\"tools\":[{\"type\":\"function\","
+             "\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+             "\"properties\":{\"city\":{\"type\":\"string\"}}}}}]}");
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    free(reply);
+    static uint32_t want[4096], got[4096];
+    msg_gen_start m;
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, want, 4096, NULL, 0));
+    const uint32_t n = m.n_prompt;
+
+    static char expect[32768], obj[4096];
+    const char *items =
+        "[{\"id\":\"rs_X\",\"type\":\"reasoning\",\"summary\":[],\"content\":[{\"type\":"
+        "\"reasoning_text\",\"text\":\"Let me see.\"}],\"status\":\"completed\"},"
+        "{\"id\":\"msg_X\",\"type\":\"message\",\"status\":\"completed\",\"role\":\"assistant\","
+        "\"content\":[{\"type\":\"output_text\",\"annotations\":[],\"text\":\"Paris.\"}]},"
+        "{\"id\":\"fc_X\",\"type\":\"function_call\",\"status\":\"completed\",\"call_id\":"
+        "\"call_X_0\",\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}]";
+    char usage[512];
+    snprintf(usage, sizeof usage,
+             "{\"input_tokens\":%u,\"input_tokens_details\":{\"cached_tokens\":2},"
+             "\"output_tokens\":%u,\"output_tokens_details\":{\"reasoning_tokens\":8},"
+             "\"total_tokens\":%u,\"acceptance_length\":%u.0}",
+             n, s.n_tokens, n + s.n_tokens, s.n_tokens);
+    for (int stream = 0; stream < 2; stream++) {
+        fake_verifyd_script(gwh_fake, &s);
+        snprintf(req, sizeof req, "{\"input\":\"weather?\",\"instructions\":\"Be brief.\","
+                 "\"metadata\":{\"k\":\"v\"},\"tools\":[%s]%s}", RESP_TOOL,
+                 stream ? ",\"stream\":true" : "");
+        int st = gwh_request("POST", "/v1/responses", NULL, req, &reply, &body);
+        if (st != 200)
+            fail_msg("%d %s", st, body);
+        gwh_normalize(body);
+        assert_true(fake_verifyd_last_start(gwh_fake, &m, got, 4096, NULL, 0));
+        assert_int_equal(m.n_prompt, n);
+        assert_memory_equal(got, want, n * sizeof *got);
+        resp_object(obj, sizeof obj, "completed", "0", items, usage);
+        if (!stream) {
+            assert_string_equal(body, obj);
+            free(reply);
+            continue;
+        }
+        assert_non_null(strstr(reply, "Content-Type: text/event-stream"));
+        static char start[4096];
+        resp_object(start, sizeof start, "in_progress", "null", "[]", "null");
+        snprintf(expect, sizeof expect,
+                 "event: response.created\ndata: {\"type\":\"response.created\","
+                 "\"sequence_number\":0,\"response\":%s}\n\n"
+                 "event: response.in_progress\ndata: {\"type\":\"response.in_progress\","
+                 "\"sequence_number\":1,\"response\":%s}\n\n"
+                 "event: response.output_item.added\ndata: {\"type\":"
+                 "\"response.output_item.added\",\"sequence_number\":2,\"output_index\":0,"
+                 "\"item\":{\"id\":\"rs_X\",\"type\":\"reasoning\",\"summary\":[],\"content\":[],"
+                 "\"status\":\"in_progress\"}}\n\n"
+                 "event: response.content_part.added\ndata: {\"type\":"
+                 "\"response.content_part.added\",\"sequence_number\":3,\"item_id\":\"rs_X\","
+                 "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"reasoning_text\","
+                 "\"text\":\"\"}}\n\n"
+                 "event: response.reasoning_text.delta\ndata: {\"type\":"
+                 "\"response.reasoning_text.delta\",\"sequence_number\":4,\"item_id\":\"rs_X\","
+                 "\"output_index\":0,\"content_index\":0,\"delta\":\"Let me see.\"}\n\n"
+                 "event: response.reasoning_text.done\ndata: {\"type\":"
+                 "\"response.reasoning_text.done\",\"sequence_number\":5,\"item_id\":\"rs_X\","
+                 "\"output_index\":0,\"content_index\":0,\"text\":\"Let me see.\"}\n\n"
+                 "event: response.content_part.done\ndata: {\"type\":"
+                 "\"response.content_part.done\",\"sequence_number\":6,\"item_id\":\"rs_X\","
+                 "\"output_index\":0,\"content_index\":0,\"part\":{\"type\":\"reasoning_text\","
+                 "\"text\":\"Let me see.\"}}\n\n"
+                 "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\","
+                 "\"sequence_number\":7,\"output_index\":0,\"item\":{\"id\":\"rs_X\",\"type\":"
+                 "\"reasoning\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":"
+                 "\"Let me see.\"}],\"status\":\"completed\"}}\n\n"
+                 "event: response.output_item.added\ndata: {\"type\":"
+                 "\"response.output_item.added\",\"sequence_number\":8,\"output_index\":1,"
+                 "\"item\":{\"id\":\"msg_X\",\"type\":\"message\",\"status\":\"in_progress\","
+                 "\"role\":\"assistant\",\"content\":[]}}\n\n"
+                 "event: response.content_part.added\ndata: {\"type\":"
+                 "\"response.content_part.added\",\"sequence_number\":9,\"item_id\":\"msg_X\","
+                 "\"output_index\":1,\"content_index\":0,\"part\":{\"type\":\"output_text\","
+                 "\"annotations\":[],\"text\":\"\"}}\n\n"
+                 "event: response.output_text.delta\ndata: {\"type\":"
+                 "\"response.output_text.delta\",\"sequence_number\":10,\"item_id\":\"msg_X\","
+                 "\"output_index\":1,\"content_index\":0,\"delta\":\"Paris.\",\"logprobs\":[]}\n\n"
+                 "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\","
+                 "\"sequence_number\":11,\"item_id\":\"msg_X\",\"output_index\":1,"
+                 "\"content_index\":0,\"text\":\"Paris.\",\"logprobs\":[]}\n\n"
+                 "event: response.content_part.done\ndata: {\"type\":"
+                 "\"response.content_part.done\",\"sequence_number\":12,\"item_id\":\"msg_X\","
+                 "\"output_index\":1,\"content_index\":0,\"part\":{\"type\":\"output_text\","
+                 "\"annotations\":[],\"text\":\"Paris.\"}}\n\n"
+                 "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\","
+                 "\"sequence_number\":13,\"output_index\":1,\"item\":{\"id\":\"msg_X\",\"type\":"
+                 "\"message\",\"status\":\"completed\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"annotations\":[],\"text\":\"Paris.\"}]}}\n\n"
+                 "event: response.output_item.added\ndata: {\"type\":"
+                 "\"response.output_item.added\",\"sequence_number\":14,\"output_index\":2,"
+                 "\"item\":{\"id\":\"fc_X\",\"type\":\"function_call\",\"status\":\"in_progress\","
+                 "\"call_id\":\"call_X_0\",\"name\":\"get_weather\",\"arguments\":\"\"}}\n\n"
+                 "event: response.function_call_arguments.delta\ndata: {\"type\":"
+                 "\"response.function_call_arguments.delta\",\"sequence_number\":15,\"item_id\":"
+                 "\"fc_X\",\"output_index\":2,\"delta\":\"{\\\"city\\\": \\\"Paris\\\"}\"}\n\n"
+                 "event: response.function_call_arguments.done\ndata: {\"type\":"
+                 "\"response.function_call_arguments.done\",\"sequence_number\":16,\"item_id\":"
+                 "\"fc_X\",\"output_index\":2,\"name\":\"get_weather\",\"arguments\":"
+                 "\"{\\\"city\\\": \\\"Paris\\\"}\"}\n\n"
+                 "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\","
+                 "\"sequence_number\":17,\"output_index\":2,\"item\":{\"id\":\"fc_X\",\"type\":"
+                 "\"function_call\",\"status\":\"completed\",\"call_id\":\"call_X_0\",\"name\":"
+                 "\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}\n\n"
+                 "event: response.completed\ndata: {\"type\":\"response.completed\","
+                 "\"sequence_number\":18,\"response\":%s}\n\n",
+                 start, start, obj);
+        assert_string_equal(body, expect);
+        free(reply);
+    }
+}
+
+/* A failure in the middle: the error event, then response.failed with the items finished. */
+static void responses_stream_failing_midway(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .error_after = 1, .tokens = {64, 65, 66}, .n_tokens = 3};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL,
+                                 "{\"input\":\"hi\",\"stream\":true,\"reasoning\":{\"effort\":"
+                                 "\"none\"}}", &reply, &body), 200);
+    gwh_normalize(body);
+    const char *tail =
+        "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\","
+        "\"sequence_number\":4,\"item_id\":\"msg_X\",\"output_index\":0,\"content_index\":0,"
+        "\"delta\":\"a\",\"logprobs\":[]}\n\n"
+        "event: error\ndata: {\"type\":\"error\",\"sequence_number\":5,\"code\":"
+        "\"internal_error\",\"message\":\"The generation failed: scripted failure\",\"param\":"
+        "null}\n\n"
+        "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":6,"
+        "\"response\":{\"id\":\"resp_X\",\"object\":\"response\",\"created_at\":0,\"status\":"
+        "\"failed\",\"background\":false,\"completed_at\":null,\"error\":{\"code\":"
+        "\"internal_error\",\"message\":\"The generation failed: scripted failure\"},";
+    const char *at = strstr(body, "event: response.output_text.delta");
+    assert_non_null(at);
+    assert_memory_equal(at, tail, strlen(tail));
+    assert_non_null(strstr(at, "\"output\":[],"));
+    assert_non_null(strstr(at, "\"usage\":null,\"user\":null}}\n\n"));
+    assert_int_equal(strlen(strstr(at, "\"usage\":null,\"user\":null}}\n\n")),
+                     strlen("\"usage\":null,\"user\":null}}\n\n")); /* the end: no [DONE] */
+    free(reply);
+    /* not streamed: a 500 with the error body, as a chat request gets */
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, "{\"input\":\"hi\"}", &reply,
+                                 &body), 500);
+    assert_string_equal(body, "{\"error\":{\"message\":\"The generation failed: scripted failure\","
+                              "\"type\":\"server_error\",\"param\":null,\"code\":"
+                              "\"internal_error\"}}");
+    free(reply);
+}
+
 static void busy_verifyd_is_waited_for(void **state)
 {
     (void)state;
@@ -701,6 +891,8 @@ int main(void)
         cmocka_unit_test(completions_stream_with_usage),
         cmocka_unit_test(completions_stream_logprobs_ride_on_their_text),
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
+        cmocka_unit_test(responses_items_whole_and_streamed),
+        cmocka_unit_test(responses_stream_failing_midway),
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
         cmocka_unit_test(client_disconnect_cancels_the_generation),

@@ -93,12 +93,15 @@ int gwh_request(const char *method, const char *path, const char *headers, const
     return gwh_read(fd, reply, out_body);
 }
 
-/* Replaces the random parts of ids and the creation time: chatcmpl-<hex> -> chatcmpl-X,
- * cmpl-<hex> -> cmpl-X, call_<hex>_ -> call_X_, "created":<n> -> "created":0. */
+/* Replaces the random parts of ids and the times: chatcmpl-<hex> -> chatcmpl-X, cmpl-<hex> ->
+ * cmpl-X, "call_<hex>_ -> "call_X_, and the Responses API's "resp_, "rs_, "msg_, "fc_ likewise;
+ * "created":<n> -> "created":0, and so "created_at" and "completed_at". */
 void gwh_normalize(char *s)
 {
-    static const char *const prefixes[] = {"chatcmpl-", "\"cmpl-", "call_", "\"created\":"};
-    for (size_t k = 0; k < 4; k++) {
+    static const char *const prefixes[] = {"\"created\":", "\"created_at\":",
+                                           "\"completed_at\":", "chatcmpl-", "\"cmpl-", "\"call_",
+                                           "\"resp_", "\"rs_", "\"msg_", "\"fc_"};
+    for (size_t k = 0; k < sizeof prefixes / sizeof prefixes[0]; k++) {
         size_t plen = strlen(prefixes[k]);
         for (char *p = strstr(s, prefixes[k]); p; p = strstr(p + plen, prefixes[k])) {
             char *q = p + plen, *e = q;
@@ -106,7 +109,7 @@ void gwh_normalize(char *s)
                 e++;
             if (e == q)
                 continue;
-            *q = k == 3 ? '0' : 'X';
+            *q = k < 3 ? '0' : 'X';
             memmove(q + 1, e, strlen(e) + 1);
         }
     }

@@ -28,8 +28,9 @@ int gwh_read(int fd, char **reply, char **body);
 int gwh_request(const char *method, const char *path, const char *headers, const char *body,
                 char **reply, char **out_body);
 
-/* Replaces the random parts of ids and the creation time: chatcmpl-<hex> -> chatcmpl-X,
- * cmpl-<hex> -> cmpl-X, call_<hex>_ -> call_X_, "created":<n> -> "created":0. */
+/* Replaces the random parts of ids and the times: chatcmpl-<hex> -> chatcmpl-X, cmpl-<hex> ->
+ * cmpl-X, "call_<hex>_ -> "call_X_, and the Responses API's "resp_, "rs_, "msg_, "fc_ likewise;
+ * "created":<n> -> "created":0, and so "created_at" and "completed_at". */
 void gwh_normalize(char *s);
 
 /* text's tokens as the fake's whole output. */
