@@ -169,9 +169,9 @@ static void resp_close(api_stream *s, const char *status)
                              "content_index", 0, "text", text));
     } else {
         resp_event(s, "response.output_text.done",
-                   json_pack("{s:s,s:I,s:i,s:O,s:O}", "item_id", rs->item_id, "output_index",
+                   json_pack("{s:s,s:I,s:i,s:O,s:o}", "item_id", rs->item_id, "output_index",
                              at, "content_index", 0, "text", text, "logprobs",
-                             rs->lp ? rs->lp : json_array()));
+                             rs->lp ? json_incref(rs->lp) : json_array()));
     }
     json_decref(text);
     resp_event(s, "response.content_part.done",

@@ -428,9 +428,9 @@ static void responses_items_whole_and_streamed(void **state)
     char *reply, *body;
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
     free(reply);
-    static uint32_t want[4096], got[4096];
+    static uint32_t want[4096], got[4096], stop[8];
     msg_gen_start m;
-    assert_true(fake_verifyd_last_start(gwh_fake, &m, want, 4096, NULL, 0));
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, want, 4096, stop, 8));
     const uint32_t n = m.n_prompt;
 
     static char expect[32768], obj[4096];
@@ -456,7 +456,7 @@ static void responses_items_whole_and_streamed(void **state)
         if (st != 200)
             fail_msg("%d %s", st, body);
         gwh_normalize(body);
-        assert_true(fake_verifyd_last_start(gwh_fake, &m, got, 4096, NULL, 0));
+        assert_true(fake_verifyd_last_start(gwh_fake, &m, got, 4096, stop, 8));
         assert_int_equal(m.n_prompt, n);
         assert_memory_equal(got, want, n * sizeof *got);
         resp_object(obj, sizeof obj, "completed", "0", items, usage);
