@@ -683,27 +683,20 @@ static void gen_reply_body(api_stream *s, api_reply *r)
     }
     if (s->req.responses) {
         r->body = resp_body(s, s->finish);
-        if (!r->body) {
-            apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
-            gen_reply_error(r, &s->err);
-            return;
+    } else {
+        json_t *choices = s->scores ? gen_best(s) : s->choices;
+        s->choices = NULL;
+        json_t *plp = NULL; /* a chat's prompt_logprobs (gen_keep_choice checked them whole) */
+        if (s->req.kind == REQ_CHAT && s->req.prompt_lp &&
+            !(plp = lp_prompt_list(s->g->tok, s->prompts[0].plp, s->prompts[0].n,
+                                   s->req.prompt_top))) {
+            json_decref(choices);
+            choices = NULL; /* out of memory, below */
         }
-        r->status = 200;
-        r->content_type = "application/json";
-        r->body_len = strlen(r->body);
-        return;
+        r->body = s->req.kind == REQ_CHAT
+                      ? render_chat_response(&s->rc, choices, &s->total, plp)
+                      : render_completion_response(&s->rc, choices, &s->total);
     }
-    json_t *choices = s->scores ? gen_best(s) : s->choices;
-    s->choices = NULL;
-    json_t *plp = NULL; /* a chat's prompt_logprobs (gen_keep_choice checked them whole) */
-    if (s->req.kind == REQ_CHAT && s->req.prompt_lp &&
-        !(plp = lp_prompt_list(s->g->tok, s->prompts[0].plp, s->prompts[0].n,
-                               s->req.prompt_top))) {
-        json_decref(choices);
-        choices = NULL; /* out of memory, below */
-    }
-    r->body = s->req.kind == REQ_CHAT ? render_chat_response(&s->rc, choices, &s->total, plp)
-                                      : render_completion_response(&s->rc, choices, &s->total);
     if (!r->body) {
         apierr_set(&s->err, 500, "internal_error", NULL, "the gateway ran out of memory");
         gen_reply_error(r, &s->err);
