@@ -753,7 +753,7 @@ def test_tools_are_rendered_and_answered(server):
             assert c.function.name == "get_weather" and got["city"] in ("Paris", "Rome"), calls
 
 
-# --- the Responses API ------------------------------------------------------------------------------
+# --- the Responses API ---------------------------------------------------------------------------
 
 
 def _events(server, body):
