@@ -861,6 +861,14 @@ def test_responses_tools_formats_and_logprobs(server):
     done = [e for e in ev if e.type == "response.function_call_arguments.done"]
     assert [(d.name, json.loads(d.arguments)) for d in done] == [(calls[0].name,
                                                                  json.loads(calls[0].arguments))]
+    # the client's stream helper rebuilds the same response from the events
+    with c.responses.stream(**body) as st:
+        for _ in st:
+            pass
+        final = st.get_final_response()
+    assert final.status == "completed"
+    assert [(o.type, o.name, o.arguments) for o in final.output if o.type == "function_call"] \
+        == [(o.type, o.name, o.arguments) for o in calls]
     # the call and its output sent back as items: the chat with the assistant's tool_calls
     # and the tool message
     follow = [{"role": "user", "content": "Weather in Paris?"},
