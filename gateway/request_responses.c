@@ -399,6 +399,11 @@ static td_err resp_format(const json_t *body, json_t *chat, api_error *e)
     }
     if (!rf || json_object_set_new(chat, "response_format", rf) != 0)
         return apierr_set(e, 500, NULL, NULL, "out of memory");
+    const json_t *tc = json_object_get(chat, "tool_choice");
+    if (json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required")))
+        return apierr_set(e, 400, "invalid_value", "text.format",
+                          "Invalid value for 'text.format': a required tool call "
+                          "('tool_choice') and a structured answer cannot both be asked for.");
     return TD_OK;
 }
 

@@ -1113,6 +1113,13 @@ static void responses_bad_bodies_are_400(void **state)
                            "{\"error\":{\"message\":\"Missing required parameter: "
                            "'text.format.schema'.\",\"type\":\"invalid_request_error\",\"param\":"
                            "\"text.format.schema\",\"code\":\"missing_required_parameter\"}}");
+    expect_responses_error("{\"input\": \"x\", \"tool_choice\": \"required\", \"tools\": "
+                           "[{\"type\": \"function\", \"name\": \"f\"}], \"text\": "
+                           "{\"format\": {\"type\": \"json_object\"}}}",
+                           "{\"error\":{\"message\":\"Invalid value for 'text.format': a "
+                           "required tool call ('tool_choice') and a structured answer cannot "
+                           "both be asked for.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"text.format\",\"code\":\"invalid_value\"}}");
     expect_responses_error("{\"input\": \"x\", \"temperature\": 3}",
                            "{\"error\":{\"message\":\"Invalid value for 'temperature': expected "
                            "a number in [0, 2], but got 3 instead.\",\"type\":"
