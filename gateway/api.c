@@ -8,6 +8,7 @@
 #include "gateway/gen.h"
 #include "gateway/render.h"
 #include "gateway/request.h"
+#include "gateway/respstore.h"
 
 typedef enum api_route {
     ROUTE_NONE = 0,
@@ -57,6 +58,27 @@ static void api_error_reply(api_reply *r, int status, const char *code, const ch
     api_error e;
     apierr_set(&e, status, code, NULL, fmt, arg);
     gen_reply_error(r, &e);
+}
+
+/* GET /v1/responses/<id>: the kept response; DELETE: forgets it. */
+static void api_response(gw_state *g, const char *id, bool del, api_reply *r)
+{
+    json_t *o = NULL;
+    const bool found = g->responses && (del ? rstore_delete(g->responses, id)
+                                            : rstore_get(g->responses, id, &o, NULL));
+    if (!found) {
+        api_error_reply(r, 404, "not_found",
+                        g->responses ? "Response with id '%s' not found."
+                                     : "Response with id '%s' not found: this gateway keeps no "
+                                       "responses (--responses-kept 0).",
+                        id);
+        return;
+    }
+    if (del)
+        o = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response", "deleted", 1);
+    char *body = o ? render_dump(o) : NULL;
+    json_decref(o);
+    api_json(r, 200, body);
 }
 
 /* Constant-time comparison of the Bearer key, so its bytes cannot be guessed by timing. */
@@ -217,9 +239,11 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     r->endpoint = def->ep;
     bool is_post = strcmp(c->method, "POST") == 0;
     bool is_get = strcmp(c->method, "GET") == 0 || strcmp(c->method, "HEAD") == 0;
-    if (def->post ? !is_post : !is_get) {
+    const bool is_delete = strcmp(c->method, "DELETE") == 0;
+    const bool deletable = def->route == ROUTE_RESPONSE;
+    if (def->post ? !is_post : !(is_get || (deletable && is_delete))) {
         api_error_reply(r, 405, "method_not_allowed", "Method %s is not allowed here.", c->method);
-        r->allow = def->post ? "POST" : "GET, HEAD";
+        r->allow = def->post ? "POST" : deletable ? "GET, HEAD, DELETE" : "GET, HEAD";
         return;
     }
     if (def->auth && g->cfg.api_key && g->cfg.api_key[0] &&
@@ -241,10 +265,8 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     case ROUTE_CHAT: gen_handle(g, c, REQ_CHAT, r); break;
     case ROUTE_COMPLETIONS: gen_handle(g, c, REQ_COMPLETION, r); break;
     case ROUTE_RESPONSES: gen_handle(g, c, REQ_RESPONSES, r); break;
-    case ROUTE_RESPONSE: /* nothing is kept to retrieve */
-        api_error_reply(r, 404, "not_found",
-                        "Response '%s' not found: responses are not stored by this server.",
-                        c->path + strlen(response_route.path));
+    case ROUTE_RESPONSE:
+        api_response(g, c->path + strlen(response_route.path), is_delete, r);
         break;
     case ROUTE_MODELS: api_models(g, r); break;
     case ROUTE_MODEL: api_model(g, model_name, r); break;

@@ -6,7 +6,7 @@
  *   GET /v1/models[/<name>]     GET /health            GET /metrics
  *   POST /tokenize              POST /detokenize
  *
- * GET /v1/responses/<id> is 404: responses are not stored.
+ *   GET, DELETE /v1/responses/<id> (a kept response)
  *
  * Unknown paths are 404, a known path with another method 405 (with Allow), a body over
  * --max-body 413, a missing or wrong Bearer key 401, verifyd down or not ready 503. */

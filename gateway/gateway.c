@@ -7,6 +7,7 @@
 
 #include "common/gguf.h"
 #include "common/log.h"
+#include "gateway/respstore.h"
 
 /* The served name: --model-name, else general.name, else the file name without ".gguf". */
 static void gw_model_name(gw_state *g, const gguf_file *f)
@@ -47,11 +48,19 @@ td_err gw_init(gw_state *g, const gw_config *cfg)
     g->cfg = *cfg;
     g->started = (int64_t)time(NULL);
     metrics_init(&g->metrics);
+    if (cfg->responses_kept > 0)
+        TD_TRY(rstore_init(&g->responses, (size_t)cfg->responses_kept,
+                           (size_t)(cfg->responses_mib > 0 ? cfg->responses_mib : 1) << 20));
     gguf_file *f = NULL;
-    TD_TRY(gguf_open(&f, cfg->model_path));
-    td_err e = tok_load_gguf(&g->tok, f);
+    td_err e = gguf_open(&f, cfg->model_path);
+    if (e != TD_OK) {
+        gw_free(g);
+        return e;
+    }
+    e = tok_load_gguf(&g->tok, f);
     if (e != TD_OK) {
         gguf_close(f);
+        gw_free(g);
         return err_wrap(e, "%s: tokenizer: ", cfg->model_path);
     }
     gw_model_name(g, f);
@@ -78,6 +87,7 @@ td_err gw_init(gw_state *g, const gw_config *cfg)
 
 void gw_free(gw_state *g)
 {
+    rstore_free(g->responses);
     chat_template_free(g->tmpl);
     chat_model_free(&g->chat);
     tok_free(g->tok);

@@ -21,6 +21,8 @@ typedef struct gw_config {
     int64_t max_tokens_limit; /* tokens one request may ask for; 0 = only the context bounds it */
     int64_t ctx;              /* context positions checked here; 0 = verifyd's, else the model's */
     int64_t timeout_s;        /* seconds a request may wait for verifyd (busy, or silent) */
+    int64_t responses_kept;   /* /v1/responses kept for previous_response_id; 0: none */
+    int64_t responses_mib;    /* MiB of their JSON text at most (>= 1 when any are kept) */
 } gw_config;
 
 typedef struct gw_state {
@@ -32,6 +34,7 @@ typedef struct gw_state {
     uint32_t model_ctx;       /* the model's training context (<arch>.context_length), 0 unknown */
     int32_t stop_ids[2];      /* end-of-generation tokens (eos, eot), -1 when absent */
     gw_link *link;            /* NULL in tests that only parse and render */
+    struct rstore *responses; /* the kept responses, or NULL (responses_kept 0) */
     gw_metrics metrics;
     int64_t started;          /* Unix time the gateway started (model "created") */
     bool stopping;            /* set (atomically) at shutdown: running generations end */

@@ -774,7 +774,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     s->g = g;
     s->client_fd = c->client_fd;
     const td_err parsed = kind == REQ_RESPONSES
-                              ? req_parse_responses(&s->req, c->body, c->body_len, &e)
+                              ? req_parse_responses(&s->req, c->body, c->body_len, g->responses, &e)
                               : req_parse(&s->req, kind, c->body, c->body_len, &e);
     kind = s->req.kind;
     if (parsed != TD_OK) {

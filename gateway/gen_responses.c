@@ -13,7 +13,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "gateway/gen_int.h"
+#include "gateway/respstore.h"
 
 /* The stream's next event of type: data gets "type" and "sequence_number" first. */
 static void resp_event(api_stream *s, const char *type, json_t *data)
@@ -98,11 +100,12 @@ static json_t *resp_object(api_stream *s, const char *status)
     json_object_set_new(o, "model", json_string(s->rc.model));
     json_object_set_new(o, "output", running ? json_array() : json_deep_copy(s->rs.items));
     json_object_set_new(o, "parallel_tool_calls", json_boolean(s->req.parallel_calls));
-    json_object_set_new(o, "previous_response_id", json_null());
+    json_object_set_new(o, "previous_response_id",
+                        resp_given(s, "previous_response_id", json_null()));
     json_object_set_new(o, "reasoning",
                         json_pack("{s:O,s:O}", "effort", effort ? effort : json_null(),
                                   "summary", summary ? summary : json_null()));
-    json_object_set_new(o, "store", json_false());
+    json_object_set_new(o, "store", json_boolean(s->req.resp_keep));
     json_object_set_new(o, "temperature", json_real(s->req.sampling.temperature));
     json_object_set_new(o, "text", json_pack("{s:o}", "format",
                                              format && !json_is_null(format)
@@ -286,6 +289,23 @@ static const char *resp_status(const char *finish)
     return finish && strcmp(finish, "length") == 0 ? "incomplete" : "completed";
 }
 
+/* The finished response object (NULL when out of memory), kept with its conversation (the
+ * request's, then its own output) when the request asked for that. */
+static json_t *resp_final(api_stream *s, const char *status)
+{
+    json_t *o = resp_object(s, status);
+    if (!o || !s->req.resp_keep)
+        return o;
+    json_t *conv = json_deep_copy(s->req.resp_conv);
+    api_error e;
+    if (!conv || req_responses_items(conv, s->rs.items, &e) != TD_OK ||
+        !rstore_put(s->g->responses, s->id, o, conv))
+        LOG_WARN("response %s was not kept (out of memory, or larger than --responses-mem)",
+                 s->id);
+    json_decref(conv);
+    return o;
+}
+
 void resp_end(api_stream *s, const char *finish)
 {
     if (!s->rs.items && !(s->rs.items = json_array())) {
@@ -298,7 +318,7 @@ void resp_end(api_stream *s, const char *finish)
         return;
     char type[32];
     snprintf(type, sizeof type, "response.%s", status);
-    resp_event(s, type, json_pack("{s:o}", "response", resp_object(s, status)));
+    resp_event(s, type, json_pack("{s:o}", "response", resp_final(s, status)));
 }
 
 void resp_failed(api_stream *s)
@@ -313,7 +333,7 @@ void resp_failed(api_stream *s)
 
 char *resp_body(api_stream *s, const char *finish)
 {
-    json_t *o = resp_object(s, resp_status(finish));
+    json_t *o = resp_final(s, resp_status(finish));
     char *body = o ? render_dump(o) : NULL;
     json_decref(o);
     return body;

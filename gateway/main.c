@@ -28,6 +28,7 @@ int main(int argc, char **argv)
     const char *host = "127.0.0.1", *model = NULL, *model_name = NULL, *api_key = NULL;
     const char *runtime_dir = NULL, *verifyd = NULL, *events = NULL, *level_name = NULL;
     int64_t port = 8080, max_body = 1 << 20, max_tokens_limit = 0, ctx = 0, timeout = 300;
+    int64_t responses_kept = 256, responses_mib = 64;
     bool help = false;
     const args_opt opts[] = {
         {"host", ARGS_STRING, &host, "TANDEM_HOST", "address to listen on", 0, 0, 0},
@@ -42,6 +43,8 @@ int main(int argc, char **argv)
         {"verifyd", ARGS_STRING, &verifyd, "TANDEM_VERIFYD_ENDPOINT", "verifyd's request socket (default ipc://<runtime dir>/verifyd.ipc)", 0, 0, 0},
         {"events", ARGS_STRING, &events, "TANDEM_EVENTS_ENDPOINT", "this gateway's event socket (default ipc://<runtime dir>/gateway-events.ipc)", 0, 0, 0},
         {"timeout", ARGS_INT, &timeout, "TANDEM_TIMEOUT", "seconds a request may wait for verifyd (busy or silent)", 1, 86400, 0},
+        {"responses-kept", ARGS_INT, &responses_kept, "TANDEM_RESPONSES_KEPT", "/v1/responses kept in memory for previous_response_id and GET/DELETE (0: none)", 0, 1000000, 0},
+        {"responses-mem", ARGS_INT, &responses_mib, "TANDEM_RESPONSES_MEM", "MiB of kept responses at most (the least recently used go first)", 1, 65536, 0},
         {"log-level", ARGS_STRING, &level_name, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         ARGS_END,
     };
@@ -84,6 +87,8 @@ int main(int argc, char **argv)
         .max_tokens_limit = max_tokens_limit,
         .ctx = ctx,
         .timeout_s = timeout,
+        .responses_kept = responses_kept,
+        .responses_mib = responses_mib,
     };
     static gw_state g;
     if (gw_init(&g, &cfg) != TD_OK) {

@@ -581,6 +581,7 @@ void req_free(gw_request *r)
     free(r->allowed);
     json_decref(r->named_tools);
     json_decref(r->resp);
+    json_decref(r->resp_conv);
     memset(r, 0, sizeof *r);
 }
 

@@ -68,6 +68,9 @@ typedef struct gw_request {
     bool responses;      /* a /v1/responses request, run as the chat request (root) it makes */
     json_t *resp;        /* owned: responses: the client's body, whose settings the response
                           * object repeats; else NULL */
+    json_t *resp_conv;   /* owned: responses: the conversation as chat messages, the previous
+                          * response's first, without the instructions; else NULL */
+    bool resp_keep;      /* responses: keep the response (`store`, and a store exists) */
     const char *model;   /* requested model name, or NULL when absent */
 
     /* chat */
@@ -149,10 +152,17 @@ td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api
 void req_free(gw_request *r);
 
 /* Parses a /v1/responses body (OpenAI's Responses API: `input` items, `instructions`, flat
- * function tools, `text.format`, `max_output_tokens`, ...) into the chat request it stands
- * for (kind REQ_CHAT, responses set); errors name the Responses fields. Responses are not
- * stored: `previous_response_id`, `conversation`, `prompt` and `background` are refused. */
-td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_error *e);
+ * function tools, `text.format`, `max_output_tokens`, `previous_response_id` looked up in
+ * store, ...) into the chat request it stands for (kind REQ_CHAT, responses set); errors name
+ * the Responses fields (an unknown previous response is 404). store may be NULL: none kept.
+ * `conversation`, `prompt` and `background` are refused. */
+struct rstore;
+td_err req_parse_responses(gw_request *r, const char *body, size_t len, struct rstore *store,
+                           api_error *e);
+
+/* Appends Responses items (input or output: messages, function_call, function_call_output,
+ * reasoning) to msgs as chat messages. */
+td_err req_responses_items(json_t *msgs, const json_t *items, api_error *e);
 
 /* /tokenize: {"content"|"prompt": string, "add_special": bool (default true)}. text points
  * into *root, which the caller releases with json_decref. */

@@ -13,6 +13,7 @@
  *   max_output_tokens         -> max_completion_tokens
  *   include "message.output_text.logprobs" -> logprobs (top_logprobs alternatives)
  *   reasoning.effort "none"   -> chat_template_kwargs.enable_thinking false
+ *   previous_response_id      -> the conversation kept with that response before the input
  *   truncation "auto"         -> truncate_prompt_tokens -1 (the prompt's last tokens that fit)
  *
  * and the sampling fields of both APIs pass as they are. */
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "gateway/request_int.h"
+#include "gateway/respstore.h"
 
 /* The fields that mean the same in both APIs. */
 static const char *const RESP_PASS[] = {
@@ -261,37 +263,55 @@ static td_err resp_item(resp_conv *c, const json_t *it, size_t i, api_error *e)
                       "'function_call', 'function_call_output' and 'reasoning'.", base, t);
 }
 
-static td_err resp_messages(const json_t *body, json_t *chat, api_error *e)
+td_err req_responses_items(json_t *msgs, const json_t *items, api_error *e)
 {
-    resp_conv c = {.msgs = json_array()};
-    if (!c.msgs || json_object_set_new(chat, "messages", c.msgs) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
-    const json_t *ins = req_field(body, "instructions");
-    if (ins && !json_is_string(ins))
-        return req_bad_type(e, "instructions", "a string", ins);
-    if (ins)
-        TD_TRY(resp_append(&c, json_pack("{s:s,s:O}", "role", "system", "content", ins), e));
-    const json_t *input = req_field(body, "input");
-    if (!input)
-        return resp_missing(e, "input");
-    if (json_is_string(input))
-        return resp_append(&c, json_pack("{s:s,s:O}", "role", "user", "content", input), e);
-    if (!json_is_array(input))
-        return req_bad_type(e, "input", "a string or an array of input items", input);
-    if (json_array_size(input) == 0)
-        return apierr_set(e, 400, "empty_array", "input",
-                          "Invalid 'input': empty array. Expected an array with minimum length "
-                          "1, but got an empty array instead.");
+    resp_conv c = {.msgs = msgs};
     size_t i;
     const json_t *it;
     td_err r = TD_OK;
-    json_array_foreach(input, i, it) {
+    json_array_foreach(items, i, it) {
         r = resp_item(&c, it, i, e);
         if (r != TD_OK)
             break;
     }
     json_decref(c.reasoning);
     return r;
+}
+
+/* The conversation (history, then input; r->resp_conv) and the chat's messages: the
+ * instructions first, then the conversation. */
+static td_err resp_messages(gw_request *r, const json_t *body, const json_t *history,
+                            json_t *chat, api_error *e)
+{
+    const json_t *ins = req_field(body, "instructions");
+    if (ins && !json_is_string(ins))
+        return req_bad_type(e, "instructions", "a string", ins);
+    const json_t *input = req_field(body, "input");
+    if (!input)
+        return resp_missing(e, "input");
+    if (!json_is_string(input) && !json_is_array(input))
+        return req_bad_type(e, "input", "a string or an array of input items", input);
+    if (json_is_array(input) && json_array_size(input) == 0)
+        return apierr_set(e, 400, "empty_array", "input",
+                          "Invalid 'input': empty array. Expected an array with minimum length "
+                          "1, but got an empty array instead.");
+    r->resp_conv = history ? json_deep_copy(history) : json_array();
+    json_t *msgs = json_array();
+    if (!r->resp_conv || !msgs || json_object_set_new(chat, "messages", msgs) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    if (json_is_string(input)) {
+        if (json_array_append_new(r->resp_conv, json_pack("{s:s,s:O}", "role", "user",
+                                                          "content", input)) != 0)
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+    } else {
+        TD_TRY(req_responses_items(r->resp_conv, input, e));
+    }
+    if (ins && json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "system", "content",
+                                                     ins)) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    if (json_array_extend(msgs, r->resp_conv) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    return TD_OK;
 }
 
 /* Flat function tools -> chat tools. */
@@ -408,22 +428,22 @@ static td_err resp_format(const json_t *body, json_t *chat, api_error *e)
 }
 
 /* include, top_logprobs, max_output_tokens, reasoning, truncation and what is refused. */
-static td_err resp_settings(const json_t *body, json_t *chat, api_error *e)
+static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rstore *store,
+                            api_error *e)
 {
     static const char *const refused[][2] = {
-        {"previous_response_id", "responses are not stored here; send the whole conversation "
-                                 "in 'input'"},
-        {"conversation", "conversations are not stored here; send the whole conversation in "
-                         "'input'"},
+        {"conversation", "conversations are not kept here; send the conversation in 'input', "
+                         "or the previous response's id as 'previous_response_id'"},
         {"prompt", "stored prompts are not available here; send 'instructions' and 'input'"},
     };
     for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
         if (req_field(body, refused[k][0]))
             return apierr_set(e, 400, "unsupported_parameter", refused[k][0],
                               "Unsupported parameter: '%s': %s.", refused[k][0], refused[k][1]);
-    bool background = false, store = false;
+    bool background = false, keep = true;
     TD_TRY(req_bool(body, "background", "background", &background, e));
-    TD_TRY(req_bool(body, "store", "store", &store, e));
+    TD_TRY(req_bool(body, "store", "store", &keep, e));
+    r->resp_keep = keep && store;
     if (background)
         return apierr_set(e, 400, "unsupported_parameter", "background",
                           "Unsupported parameter: 'background': responses run while the request "
@@ -482,10 +502,32 @@ static td_err resp_settings(const json_t *body, json_t *chat, api_error *e)
     return TD_OK;
 }
 
-td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_error *e)
+/* previous_response_id: the conversation kept with that response, into *history. */
+static td_err resp_history(const json_t *body, rstore *store, json_t **history, api_error *e)
+{
+    *history = NULL;
+    const json_t *prev = req_field(body, "previous_response_id");
+    if (!prev)
+        return TD_OK;
+    if (!json_is_string(prev))
+        return req_bad_type(e, "previous_response_id", "a string", prev);
+    if (!store)
+        return apierr_set(e, 400, "unsupported_parameter", "previous_response_id",
+                          "Unsupported parameter: 'previous_response_id': this gateway keeps no "
+                          "responses (--responses-kept 0); send the whole conversation in "
+                          "'input'.");
+    if (!rstore_get(store, json_string_value(prev), NULL, history))
+        return apierr_set(e, 404, "previous_response_not_found", "previous_response_id",
+                          "Previous response with id '%s' not found.",
+                          json_string_value(prev));
+    return TD_OK;
+}
+
+td_err req_parse_responses(gw_request *r, const char *body, size_t len, rstore *store,
+                           api_error *e)
 {
     memset(r, 0, sizeof *r);
-    json_t *orig;
+    json_t *orig, *history = NULL;
     TD_TRY(req_load_json(body, len, &orig, e));
     json_t *chat = json_object();
     td_err err = chat ? TD_OK : apierr_set(e, 500, NULL, NULL, "out of memory");
@@ -495,9 +537,12 @@ td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_erro
             err = apierr_set(e, 500, NULL, NULL, "out of memory");
     }
     if (err == TD_OK)
-        err = resp_settings(orig, chat, e);
+        err = resp_settings(r, orig, chat, store, e);
     if (err == TD_OK)
-        err = resp_messages(orig, chat, e);
+        err = resp_history(orig, store, &history, e);
+    if (err == TD_OK)
+        err = resp_messages(r, orig, history, chat, e);
+    json_decref(history);
     if (err == TD_OK)
         err = resp_tools(orig, chat, e);
     if (err == TD_OK)
@@ -507,6 +552,8 @@ td_err req_parse_responses(gw_request *r, const char *body, size_t len, api_erro
     if (err != TD_OK) {
         json_decref(orig);
         json_decref(chat);
+        json_decref(r->resp_conv);
+        memset(r, 0, sizeof *r);
         return err;
     }
     r->responses = true;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gateway/request.h"
+#include "gateway/respstore.h"
 
 /* Parses body and checks the status and the exact error body. */
 static void expect_error(req_kind kind, const char *body, int status, const char *error_json)
@@ -990,7 +991,7 @@ static void responses_body_gives_the_chat_request(void **state)
         "\"n\": 5, \"messages\": 3}";
     gw_request r;
     api_error e;
-    assert_int_equal(req_parse_responses(&r, body, strlen(body), &e), TD_OK);
+    assert_int_equal(req_parse_responses(&r, body, strlen(body), NULL, &e), TD_OK);
     assert_true(r.responses);
     assert_int_equal(r.kind, REQ_CHAT);
     assert_string_equal(r.model, "tiny");
@@ -1031,7 +1032,7 @@ static void responses_body_gives_the_chat_request(void **state)
     const char *plain = "{\"input\": \"hi\", \"text\": {\"format\": {\"type\": \"json_schema\","
                         "\"name\": \"p\", \"schema\": {\"type\": \"object\"}}},"
                         "\"top_logprobs\": 2, \"stream\": true}";
-    assert_int_equal(req_parse_responses(&r, plain, strlen(plain), &e), TD_OK);
+    assert_int_equal(req_parse_responses(&r, plain, strlen(plain), NULL, &e), TD_OK);
     msgs = json_dumps(r.messages, JSON_COMPACT);
     assert_string_equal(msgs, "[{\"role\":\"user\",\"content\":\"hi\"}]");
     free(msgs);
@@ -1045,11 +1046,67 @@ static void responses_body_gives_the_chat_request(void **state)
     req_free(&r);
 }
 
+/* previous_response_id: the kept conversation comes before the input, the instructions before
+ * both; an unknown id is 404, and without a store 400. */
+static void responses_continue_a_kept_conversation(void **state)
+{
+    (void)state;
+    rstore *store;
+    assert_int_equal(rstore_init(&store, 4, 1 << 20), TD_OK);
+    json_t *conv = json_loads("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
+                              "\"content\":\"b\"}]", 0, NULL);
+    json_t *resp = json_pack("{s:s}", "id", "resp_1");
+    assert_true(rstore_put(store, "resp_1", resp, conv));
+    json_decref(resp);
+    json_decref(conv);
+    const char *body = "{\"input\": \"c\", \"instructions\": \"Be brief.\", "
+                       "\"previous_response_id\": \"resp_1\", \"store\": true}";
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse_responses(&r, body, strlen(body), store, &e), TD_OK);
+    char *msgs = json_dumps(r.messages, JSON_COMPACT);
+    assert_string_equal(msgs, "[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                              "{\"role\":\"user\",\"content\":\"a\"},"
+                              "{\"role\":\"assistant\",\"content\":\"b\"},"
+                              "{\"role\":\"user\",\"content\":\"c\"}]");
+    free(msgs);
+    char *kept = json_dumps(r.resp_conv, JSON_COMPACT); /* what this response will keep */
+    assert_string_equal(kept, "[{\"role\":\"user\",\"content\":\"a\"},"
+                              "{\"role\":\"assistant\",\"content\":\"b\"},"
+                              "{\"role\":\"user\",\"content\":\"c\"}]");
+    free(kept);
+    assert_true(r.resp_keep);
+    req_free(&r);
+    const char *unkept = "{\"input\": \"c\", \"store\": false}";
+    assert_int_equal(req_parse_responses(&r, unkept, strlen(unkept), store, &e), TD_OK);
+    assert_false(r.resp_keep);
+    req_free(&r);
+
+    const char *unknown = "{\"input\": \"c\", \"previous_response_id\": \"resp_9\"}";
+    assert_int_not_equal(req_parse_responses(&r, unknown, strlen(unknown), store, &e), TD_OK);
+    assert_int_equal(e.status, 404);
+    char *s = apierr_render(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"Previous response with id 'resp_9' not "
+                           "found.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "\"previous_response_id\",\"code\":\"previous_response_not_found\"}}");
+    free(s);
+    const char *prev = "{\"input\": \"c\", \"previous_response_id\": \"resp_1\"}";
+    assert_int_not_equal(req_parse_responses(&r, prev, strlen(prev), NULL, &e), TD_OK);
+    s = apierr_render(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"Unsupported parameter: "
+                           "'previous_response_id': this gateway keeps no responses "
+                           "(--responses-kept 0); send the whole conversation in 'input'.\","
+                           "\"type\":\"invalid_request_error\",\"param\":"
+                           "\"previous_response_id\",\"code\":\"unsupported_parameter\"}}");
+    free(s);
+    rstore_free(store);
+}
+
 static void expect_responses_error(const char *body, const char *error_json)
 {
     gw_request r;
     api_error e;
-    assert_int_not_equal(req_parse_responses(&r, body, strlen(body), &e), TD_OK);
+    assert_int_not_equal(req_parse_responses(&r, body, strlen(body), NULL, &e), TD_OK);
     assert_int_equal(e.status, 400);
     char *s = apierr_render(&e);
     assert_string_equal(s, error_json);
@@ -1100,8 +1157,9 @@ static void responses_bad_bodies_are_400(void **state)
                            "\"tool_choice\",\"code\":\"invalid_value\"}}");
     expect_responses_error("{\"input\": \"x\", \"conversation\": \"conv_1\"}",
                            "{\"error\":{\"message\":\"Unsupported parameter: 'conversation': "
-                           "conversations are not stored here; send the whole conversation in "
-                           "'input'.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "conversations are not kept here; send the conversation in 'input', "
+                           "or the previous response's id as 'previous_response_id'.\",\"type\":"
+                           "\"invalid_request_error\",\"param\":"
                            "\"conversation\",\"code\":\"unsupported_parameter\"}}");
     expect_responses_error("{\"input\": \"x\", \"max_output_tokens\": 0}",
                            "{\"error\":{\"message\":\"Invalid value for 'max_output_tokens': "
@@ -1153,6 +1211,7 @@ int main(void)
         cmocka_unit_test(tokenize_and_detokenize_bodies),
         cmocka_unit_test(responses_body_gives_the_chat_request),
         cmocka_unit_test(responses_bad_bodies_are_400),
+        cmocka_unit_test(responses_continue_a_kept_conversation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

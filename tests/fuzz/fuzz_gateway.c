@@ -6,7 +6,8 @@
  *     sizes come from the input itself
  *   6 a tool spec (cm_compile, what a request's tools become), then calls matched against it
  *   7 a call body matched against the tools' spec (cm_feed)
- *   8 (that byte alone; others modulo 8) a /v1/responses body (req_parse_responses)
+ *   8 (that byte alone; others modulo 8) a /v1/responses body (req_parse_responses), with
+ *     a store that keeps a conversation under "resp_1"
  * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
  * an error always comes with a status and a message, and a body the matcher takes whole
  * parses into a call of the declared function with declared parameters only. */
@@ -16,6 +17,7 @@
 
 #include "gateway/reasoning.h"
 #include "gateway/request.h"
+#include "gateway/respstore.h"
 #include "gateway/stopstr.h"
 #include "common/callm.h"
 #include "gateway/toolcall.h"
@@ -157,7 +159,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 1:
     case 8: {
         gw_request r;
-        td_err e = data[0] == 8 ? req_parse_responses(&r, body, len, &err)
+        static rstore *store; /* one kept conversation, for previous_response_id */
+        if (!store) {
+            json_t *conv = json_loads("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
+                                      "\"assistant\",\"content\":\"b\"}]", 0, NULL);
+            if (rstore_init(&store, 4, 1 << 20) != TD_OK ||
+                !rstore_put(store, "resp_1", conv, conv))
+                abort();
+            json_decref(conv);
+        }
+        td_err e = data[0] == 8 ? req_parse_responses(&r, body, len, store, &err)
                                 : req_parse(&r, data[0] % 8 == 0 ? REQ_CHAT : REQ_COMPLETION,
                                             body, len, &err);
         check_error(e, &err);

@@ -787,7 +787,7 @@ def test_a_response_is_the_chat_answer_it_stands_for(server):
     assert r.usage.input_tokens == chat.usage.prompt_tokens
     assert r.usage.total_tokens == r.usage.input_tokens + 20
     assert r.usage.output_tokens_details.reasoning_tokens == 0
-    assert r.instructions == "Be brief." and r.max_output_tokens == 20 and r.store is False
+    assert r.instructions == "Be brief." and r.max_output_tokens == 20 and r.store is True
     # streamed: numbered events, deltas adding up to the text, the whole response at the end
     ev = _events(server, body)
     assert [e.sequence_number for e in ev] == list(range(len(ev)))
@@ -917,8 +917,8 @@ def test_responses_tools_formats_and_logprobs(server):
 def test_responses_refuse_what_they_cannot_do(server):
     p = server["port"]
     for body, code, param in (
-            ({"input": "x", "previous_response_id": "resp_1"}, "unsupported_parameter",
-             "previous_response_id"),
+            ({"input": "x", "conversation": "conv_1"}, "unsupported_parameter",
+             "conversation"),
             ({"input": "x", "background": True}, "unsupported_parameter", "background"),
             ({"input": [{"type": "input_image"}]}, "invalid_value", "input[0]"),
             ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value", "tools[0]"),
@@ -932,9 +932,51 @@ def test_responses_refuse_what_they_cannot_do(server):
              "missing_required_parameter", "input[0].arguments")):
         err = _error(*_post(p, "/v1/responses", json.dumps(body).encode()), 400, code)
         assert err["param"] == param, err
-    status, body = _get(p, "/v1/responses/resp_123")
-    assert status == 404 and b"not stored" in body
+    _error(*_post(p, "/v1/responses", json.dumps({"input": "x", "previous_response_id":
+                                                  "resp_1"}).encode()), 404,
+           "previous_response_not_found")
+    _error(*_get(p, "/v1/responses/resp_123"), 404, "not_found")
     _healthy(server)
+
+
+def test_a_kept_response_continues_and_can_be_fetched_and_deleted(server):
+    """previous_response_id continues the kept conversation: the answer is the chat's with
+    the whole history; a kept response comes back from GET and goes with DELETE."""
+    c, m = server["client"], server["model"]
+    args = dict(model=m, max_output_tokens=10, temperature=0, reasoning={"effort": "none"},
+                extra_body={"ignore_eos": True})
+    r1 = c.responses.create(input="Tell me a story.", instructions="Be brief.", **args)
+    r2 = c.responses.create(input="Go on.", previous_response_id=r1.id, **args)
+    assert r2.previous_response_id == r1.id and r2.instructions is None
+    ref = c.chat.completions.create(
+        model=m, max_tokens=10, temperature=0, extra_body=dict(NO_THINK, ignore_eos=True),
+        messages=[{"role": "user", "content": "Tell me a story."},
+                  {"role": "assistant", "content": r1.output_text},
+                  {"role": "user", "content": "Go on."}])
+    assert r2.output_text == ref.choices[0].message.content
+    # and a third turn, streamed, on top of the second
+    ev = _events(server, dict(input="More.", previous_response_id=r2.id, **args))
+    ref3 = c.chat.completions.create(
+        model=m, max_tokens=10, temperature=0, extra_body=dict(NO_THINK, ignore_eos=True),
+        messages=[{"role": "user", "content": "Tell me a story."},
+                  {"role": "assistant", "content": r1.output_text},
+                  {"role": "user", "content": "Go on."},
+                  {"role": "assistant", "content": r2.output_text},
+                  {"role": "user", "content": "More."}])
+    assert ev[-1].response.output_text == ref3.choices[0].message.content
+    got = c.responses.retrieve(r1.id)
+    assert got.id == r1.id and got.output_text == r1.output_text
+    assert got.usage.output_tokens == 10
+    c.responses.delete(r1.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r1.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(input="x", previous_response_id=r1.id, **args)
+    # store false: nothing kept
+    r4 = c.responses.create(input="Hi.", store=False, **args)
+    assert r4.store is False
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r4.id)
 
 
 # --- errors ---------------------------------------------------------------------------------------
