@@ -136,6 +136,11 @@ static void api_metrics(gw_state *g, api_reply *r)
 {
     msg_status st;
     bool up = g->link && link_status(g->link, &st);
+    size_t kept = 0, bytes = 0;
+    if (g->responses)
+        rstore_usage(g->responses, &kept, &bytes);
+    __atomic_store_n(&g->metrics.responses_kept, kept, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->metrics.responses_bytes, bytes, __ATOMIC_RELAXED);
     r->body = metrics_render(&g->metrics, up ? &st : NULL);
     if (!r->body) {
         api_json(r, 500, NULL);

@@ -134,6 +134,12 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
                (unsigned long long)met_load(&m->prediction_rejected));
     met_head(&b, "tandem_tool_calls_total", "counter", "Tool calls returned to clients.");
     met_printf(&b, "tandem_tool_calls_total %llu\n", (unsigned long long)met_load(&m->tool_calls));
+    met_head(&b, "tandem_responses_kept", "gauge", "Responses kept for previous_response_id.");
+    met_printf(&b, "tandem_responses_kept %llu\n",
+               (unsigned long long)met_load(&m->responses_kept));
+    met_head(&b, "tandem_responses_kept_bytes", "gauge", "Bytes of the kept responses' JSON.");
+    met_printf(&b, "tandem_responses_kept_bytes %llu\n",
+               (unsigned long long)met_load(&m->responses_bytes));
 
     uint64_t now = (uint64_t)time(NULL), recent = 0;
     for (int i = 0; i < MET_RATE_WINDOW; i++) {

@@ -780,6 +780,8 @@ static void metrics_show_gateway_and_verifyd_numbers(void **state)
         "\ntandem_requests_running 0\n",
         "\ntandem_prediction_tokens_total{outcome=\"accepted\"} ",
         "\ntandem_tool_calls_total ",
+        "\ntandem_responses_kept 0\n", /* the harness keeps none */
+        "\ntandem_responses_kept_bytes 0\n",
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++)
         if (!strstr(body, lines[i]))

@@ -1096,3 +1096,7 @@ def test_metrics_report_requests_and_acceptance(server):
     assert 'tandem_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
     assert "tandem_acceptance_length_bucket{le=\"+Inf\"}" in text
     assert "tandem_verifyd_ready 1" in text
+    assert 'tandem_requests_total{endpoint="/v1/responses",status="200"}' in text
+    kept = re.search(r"^tandem_responses_kept (\d+)$", text, re.M)
+    size = re.search(r"^tandem_responses_kept_bytes (\d+)$", text, re.M)
+    assert kept and int(kept.group(1)) > 0 and int(size.group(1)) > 500 * int(kept.group(1))
