@@ -314,7 +314,7 @@ void resp_end(api_stream *s, const char *finish)
     }
     const char *status = resp_status(finish);
     resp_close(s, status);
-    if (s->failed)
+    if (s->failed || !s->stream) /* a whole reply is made (and kept) by resp_body */
         return;
     char type[32];
     snprintf(type, sizeof type, "response.%s", status);
