@@ -954,6 +954,12 @@ def test_a_kept_response_continues_and_can_be_fetched_and_deleted(server):
                   {"role": "assistant", "content": r1.output_text},
                   {"role": "user", "content": "Go on."}])
     assert r2.output_text == ref.choices[0].message.content
+    # the same turn with the first response's output items sent back as input, as agent loops
+    # do: the same answer
+    again = c.responses.create(input=[{"role": "user", "content": "Tell me a story."}]
+                               + [o.model_dump() for o in r1.output]
+                               + [{"role": "user", "content": "Go on."}], **args)
+    assert again.output_text == r2.output_text
     # and a third turn, streamed, on top of the second
     ev = _events(server, dict(input="More.", previous_response_id=r2.id, **args))
     ref3 = c.chat.completions.create(
