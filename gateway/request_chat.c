@@ -186,6 +186,17 @@ static td_err req_message(const json_t *m, size_t mi, json_t *out_list, api_erro
 }
 
 
+td_err req_effort(const json_t *v, const char *param, api_error *e)
+{
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    for (size_t k = 0; json_is_string(v) && k < sizeof efforts / sizeof efforts[0]; k++)
+        if (strcmp(json_string_value(v), efforts[k]) == 0)
+            return TD_OK;
+    return apierr_set(e, 400, "invalid_value", param,
+                      "Invalid value for '%s': expected 'none', 'minimal', 'low', 'medium', "
+                      "'high' or 'xhigh'.", param);
+}
+
 /* tool_choice {"type": "function", "function": {"name": N}}: the model is told about N alone
  * and must call it (a required call with one tool). */
 static td_err req_named_tool(gw_request *r, const json_t *choice, api_error *e)
@@ -304,6 +315,15 @@ td_err req_chat(gw_request *r, api_error *e)
                 return req_bad_type(e, "chat_template_kwargs.enable_thinking", "a boolean", think);
             r->enable_thinking = json_is_true(think) ? CHAT_THINK_ON : CHAT_THINK_OFF;
         }
+    }
+    /* OpenAI's reasoning_effort: "none" turns the template's thinking off (unless
+     * chat_template_kwargs says otherwise); the others leave it as the template has it. */
+    const json_t *effort = req_field(r->root, "reasoning_effort");
+    if (effort) {
+        TD_TRY(req_effort(effort, "reasoning_effort", e));
+        if (strcmp(json_string_value(effort), "none") == 0 &&
+            r->enable_thinking == CHAT_THINK_UNSET)
+            r->enable_thinking = CHAT_THINK_OFF;
     }
 
     bool given = false;

@@ -29,6 +29,10 @@ bool req_token_id(const json_t *v, json_int_t max, uint32_t *out);
 td_err req_text_parts(const json_t *c, const char *base, const char *sep, json_t **out,
                       api_error *e);
 
+/* A reasoning effort (OpenAI's: none, minimal, low, medium, high, xhigh); 400 naming param
+ * otherwise. */
+td_err req_effort(const json_t *v, const char *param, api_error *e);
+
 /* --- the parts --------------------------------------------------------------------------- */
 
 /* A chat or completion body already loaded (root: its reference is taken) into r, which is

@@ -12,7 +12,7 @@
  *   text.format               -> response_format
  *   max_output_tokens         -> max_completion_tokens
  *   include "message.output_text.logprobs" -> logprobs (top_logprobs alternatives)
- *   reasoning.effort "none"   -> chat_template_kwargs.enable_thinking false
+ *   reasoning.effort          -> reasoning_effort ("none": the template's thinking off)
  *   previous_response_id      -> the conversation kept with that response before the input
  *   truncation "auto"         -> truncate_prompt_tokens -1 (the prompt's last tokens that fit)
  *
@@ -476,18 +476,10 @@ static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rst
     if (reasoning && !json_is_object(reasoning))
         return req_bad_type(e, "reasoning", "an object", reasoning);
     const json_t *effort = req_field(reasoning, "effort");
-    if (effort && !json_is_string(effort))
-        return req_bad_type(e, "reasoning.effort", "a string", effort);
-    if (effort && strcmp(json_string_value(effort), "none") == 0) {
-        json_t *kw = json_object_get(chat, "chat_template_kwargs");
-        if (!json_is_object(kw)) {
-            kw = json_object();
-            json_object_set_new(chat, "chat_template_kwargs", kw);
-        }
-        if (!kw || (!json_object_get(kw, "enable_thinking") &&
-                    json_object_set_new(kw, "enable_thinking", json_false())))
-            return apierr_set(e, 500, NULL, NULL, "out of memory");
-    }
+    if (effort)
+        TD_TRY(req_effort(effort, "reasoning.effort", e));
+    if (effort && json_object_set(chat, "reasoning_effort", (json_t *)effort) != 0)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
     const json_t *trunc = req_field(body, "truncation");
     if (trunc && (!json_is_string(trunc) || (strcmp(json_string_value(trunc), "auto") &&
                                              strcmp(json_string_value(trunc), "disabled"))))

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,39 @@ static void chat_body_gives_exact_values(void **state)
     assert_int_equal(r.stop_ids[0], 5);
     assert_int_equal(r.stop_ids[1], 248046);
     req_free(&r);
+}
+
+/* reasoning_effort "none" turns the template's thinking off, unless chat_template_kwargs says
+ * otherwise; other efforts leave it; an unknown one is 400. */
+static void chat_reasoning_effort(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *extra;
+        chat_think want;
+    } cases[] = {
+        {"\"reasoning_effort\": \"none\"", CHAT_THINK_OFF},
+        {"\"reasoning_effort\": \"high\"", CHAT_THINK_UNSET},
+        {"\"reasoning_effort\": null", CHAT_THINK_UNSET},
+        {"\"reasoning_effort\": \"none\", \"chat_template_kwargs\": {\"enable_thinking\": true}",
+         CHAT_THINK_ON},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                 "%s}", cases[i].extra);
+        gw_request r;
+        api_error e;
+        assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+        assert_int_equal(r.enable_thinking, cases[i].want);
+        req_free(&r);
+    }
+    expect_error(REQ_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                 "\"reasoning_effort\": 2}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'reasoning_effort': expected "
+                 "'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"reasoning_effort\",\"code\":"
+                 "\"invalid_value\"}}");
 }
 
 static void chat_defaults_when_fields_are_absent(void **state)
@@ -1178,6 +1212,11 @@ static void responses_bad_bodies_are_400(void **state)
                            "required tool call ('tool_choice') and a structured answer cannot "
                            "both be asked for.\",\"type\":\"invalid_request_error\",\"param\":"
                            "\"text.format\",\"code\":\"invalid_value\"}}");
+    expect_responses_error("{\"input\": \"x\", \"reasoning\": {\"effort\": \"max\"}}",
+                           "{\"error\":{\"message\":\"Invalid value for 'reasoning.effort': "
+                           "expected 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'.\","
+                           "\"type\":\"invalid_request_error\",\"param\":\"reasoning.effort\","
+                           "\"code\":\"invalid_value\"}}");
     expect_responses_error("{\"input\": \"x\", \"temperature\": 3}",
                            "{\"error\":{\"message\":\"Invalid value for 'temperature': expected "
                            "a number in [0, 2], but got 3 instead.\",\"type\":"
@@ -1209,6 +1248,7 @@ int main(void)
         cmocka_unit_test(allowed_token_ids_field),
         cmocka_unit_test(bad_words_field),
         cmocka_unit_test(tokenize_and_detokenize_bodies),
+        cmocka_unit_test(chat_reasoning_effort),
         cmocka_unit_test(responses_body_gives_the_chat_request),
         cmocka_unit_test(responses_bad_bodies_are_400),
         cmocka_unit_test(responses_continue_a_kept_conversation),
