@@ -180,7 +180,7 @@ static td_err gen_start(api_stream *s, api_error *e)
     switch (err) {
     case TD_ERANGE:
         return apierr_set(e, 400, "context_length_exceeded",
-                          s->req.kind == REQ_CHAT ? "messages" : "prompt", "%s", err_msg());
+                          req_prompt_param(&s->req), "%s", err_msg());
     case TD_EINVAL:
         return apierr_set(e, 400, "invalid_request", NULL, "%s", err_msg());
     case TD_EBUSY:

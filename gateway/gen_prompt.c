@@ -27,7 +27,7 @@ td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *i
     char *text = NULL;
     size_t len = 0;
     if (chat_template_render(g->tmpl, req->messages, &o, &text, &len) != TD_OK)
-        return apierr_set(e, 400, "invalid_messages", "messages",
+        return apierr_set(e, 400, "invalid_messages", req_prompt_param(req),
                           "The chat template cannot render these messages: %s", err_msg());
     *in_think = think_prompt_open(text, len);
     td_err err = tok_encode(g->tok, text, len, 0, ids);
@@ -146,13 +146,13 @@ static td_err gen_budget(api_stream *s, gen_prompt *gp, api_error *e)
 {
     gw_state *g = s->g;
     uint64_t ctx = gen_ctx(g);
-    const char *where = s->req.kind == REQ_CHAT ? "messages" : "prompt";
+    const char *where = req_prompt_param(&s->req), *budget = req_budget_param(&s->req);
     const size_t n_prompt = gp->n;
     int64_t limit = g->cfg.max_tokens_limit;
     if (s->req.max_tokens > 0 && limit > 0 && s->req.max_tokens > limit)
-        return apierr_set(e, 400, "invalid_value", "max_tokens",
-                          "Invalid value for 'max_tokens': this server generates at most %lld "
-                          "tokens per request, but %lld were requested.",
+        return apierr_set(e, 400, "invalid_value", budget,
+                          "Invalid value for '%s': this server generates at most %lld "
+                          "tokens per request, but %lld were requested.", budget,
                           (long long)limit, (long long)s->req.max_tokens);
     if (n_prompt == 0)
         return apierr_set(e, 400, "invalid_value", where, "The prompt has no tokens.");

@@ -146,6 +146,18 @@ typedef struct gw_request {
     size_t prediction_len; /* bytes */
 } gw_request;
 
+/* The field that holds a request's prompt, as errors name it: "input" (responses), "messages"
+ * or "prompt"; and its token budget: "max_output_tokens" or "max_tokens". */
+static inline const char *req_prompt_param(const gw_request *r)
+{
+    return r->responses ? "input" : r->kind == REQ_CHAT ? "messages" : "prompt";
+}
+
+static inline const char *req_budget_param(const gw_request *r)
+{
+    return r->responses ? "max_output_tokens" : "max_tokens";
+}
+
 /* Parses a chat or completion body of len bytes. On failure *e says why (400) and r holds
  * nothing to free; on success free r with req_free. */
 td_err req_parse(gw_request *r, req_kind kind, const char *body, size_t len, api_error *e);

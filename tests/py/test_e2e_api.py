@@ -935,6 +935,15 @@ def test_responses_refuse_what_they_cannot_do(server):
     _error(*_post(p, "/v1/responses", json.dumps({"input": "x", "previous_response_id":
                                                   "resp_1"}).encode()), 404,
            "previous_response_not_found")
+    # what the template or the context refuse names the input
+    bad_args = [{"role": "user", "content": "x"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "no json"}]
+    err = _error(*_post(p, "/v1/responses", json.dumps({"input": bad_args}).encode()), 400,
+                 "invalid_messages")
+    assert err["param"] == "input", err
+    err = _error(*_post(p, "/v1/responses", json.dumps({"input": "word " * 2000}).encode()),
+                 400, "context_length_exceeded")
+    assert err["param"] == "input" and "in the input" in err["message"], err
     _error(*_get(p, "/v1/responses/resp_123"), 404, "not_found")
     _healthy(server)
 
