@@ -815,6 +815,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     if (err == TD_OK && s->req.bad_words)
         err = gen_bad_words(s, &e);
     s->oo.calls_matched = s->tool_spec != NULL;
+    if (err == TD_OK && s->req.responses && !(s->rs.items = json_array()))
+        err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");
     if (err == TD_OK && s->req.best_of > s->req.n &&
         !(s->scores = calloc(s->n_gens, sizeof *s->scores)))
         err = apierr_set(&e, 500, "internal_error", NULL, "the gateway ran out of memory");

@@ -51,7 +51,7 @@ static inline uint32_t gen_prompt_top(const gw_request *r)
 
 /* /v1/responses: the output items made so far and the one being written. */
 typedef struct resp_state {
-    json_t *items;       /* the finished output items */
+    json_t *items;       /* the finished output items (an array made with the request) */
     out_kind open;       /* the kind of the item being written: OUT_REASONING, OUT_CONTENT,
                           * or 0 for none */
     char item_id[40];    /* its id: "rs_..." or "msg_..." */

@@ -248,11 +248,6 @@ static void resp_call(api_stream *s, const out_piece *p)
 void resp_piece(api_stream *s, const out_piece *p, json_t *lp)
 {
     resp_state *rs = &s->rs;
-    if (!rs->items && !(rs->items = json_array())) {
-        json_decref(lp);
-        gen_oom(s);
-        return;
-    }
     if (p->kind == OUT_TOOL_CALL) {
         json_decref(lp);
         resp_close(s, "completed");
@@ -308,10 +303,6 @@ static json_t *resp_final(api_stream *s, const char *status)
 
 void resp_end(api_stream *s, const char *finish)
 {
-    if (!s->rs.items && !(s->rs.items = json_array())) {
-        gen_oom(s);
-        return;
-    }
     const char *status = resp_status(finish);
     resp_close(s, status);
     if (s->failed || !s->stream) /* a whole reply is made (and kept) by resp_body */
