@@ -121,23 +121,6 @@ static json_t *resp_object(api_stream *s, const char *status)
     return o;
 }
 
-/* The item being written, whole, with status. */
-static json_t *resp_open_item(api_stream *s, const char *status)
-{
-    resp_state *rs = &s->rs;
-    json_t *text = json_stringn(rs->text.p ? rs->text.p : "", rs->text.len);
-    if (rs->open == OUT_REASONING)
-        return json_pack("{s:s,s:s,s:[],s:[{s:s,s:o}],s:s}", "id", rs->item_id, "type",
-                         "reasoning", "summary", "content", "type", "reasoning_text", "text",
-                         text, "status", status);
-    json_t *part = json_pack("{s:s,s:[],s:o}", "type", "output_text", "annotations", "text",
-                             text);
-    if (part && rs->lp)
-        json_object_set(part, "logprobs", rs->lp);
-    return json_pack("{s:s,s:s,s:s,s:s,s:[o]}", "id", rs->item_id, "type", "message", "status",
-                     status, "role", "assistant", "content", part);
-}
-
 /* The open item's part (its text so far) as the content_part events carry it. */
 static json_t *resp_part(const api_stream *s, bool whole)
 {
@@ -151,6 +134,18 @@ static json_t *resp_part(const api_stream *s, bool whole)
     if (part && whole && rs->lp)
         json_object_set(part, "logprobs", rs->lp);
     return part;
+}
+
+/* The item being written, whole, with status. */
+static json_t *resp_open_item(api_stream *s, const char *status)
+{
+    const resp_state *rs = &s->rs;
+    json_t *part = resp_part(s, true);
+    if (rs->open == OUT_REASONING)
+        return json_pack("{s:s,s:s,s:[],s:[o],s:s}", "id", rs->item_id, "type", "reasoning",
+                         "summary", "content", part, "status", status);
+    return json_pack("{s:s,s:s,s:s,s:s,s:[o]}", "id", rs->item_id, "type", "message", "status",
+                     status, "role", "assistant", "content", part);
 }
 
 static json_int_t resp_index(const api_stream *s)

@@ -32,6 +32,22 @@ static const char *const RESP_PASS[] = {
     "structured_outputs",
 };
 
+static td_err resp_oom(api_error *e)
+{
+    return apierr_set(e, 500, NULL, NULL, "out of memory");
+}
+
+/* The keys of src that are present and not null, set on dst (false when out of memory). */
+static bool resp_copy_keys(json_t *dst, const json_t *src, const char *const *keys, int n)
+{
+    for (int k = 0; dst && k < n; k++) {
+        const json_t *v = req_field(src, keys[k]);
+        if (v && json_object_set(dst, keys[k], (json_t *)v) != 0)
+            return false;
+    }
+    return dst != NULL;
+}
+
 static td_err resp_missing(api_error *e, const char *param)
 {
     return apierr_set(e, 400, "missing_required_parameter", param,
@@ -51,7 +67,7 @@ static td_err resp_content(const json_t *c, const char *base, json_t **out, api_
         return req_bad_type(e, base, "a string or an array of content parts", c);
     json_t *parts = json_array();
     if (!parts)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     size_t i;
     const json_t *part;
     json_array_foreach(c, i, part) {
@@ -78,7 +94,7 @@ static td_err resp_content(const json_t *c, const char *base, json_t **out, api_
         }
         if (json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", text))) {
             json_decref(parts);
-            return apierr_set(e, 500, NULL, NULL, "out of memory");
+            return resp_oom(e);
         }
     }
     const td_err r = req_text_parts(parts, base, "\n", out, e);
@@ -110,7 +126,7 @@ typedef struct resp_conv {
 static td_err resp_append(resp_conv *c, json_t *msg, api_error *e)
 {
     if (!msg || json_array_append_new(c->msgs, msg) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     return TD_OK;
 }
 
@@ -162,7 +178,7 @@ static td_err resp_call(resp_conv *c, const json_t *it, const char *base, api_er
     json_t *call = json_pack("{s:O,s:s,s:{s:O,s:O}}", "id", call_id, "type", "function",
                              "function", "name", name, "arguments", args);
     if (!call)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     json_t *msg = c->open_calls ? json_array_get(c->msgs, json_array_size(c->msgs) - 1) : NULL;
     if (!msg) {
         msg = json_pack("{s:s,s:s}", "role", "assistant", "content", "");
@@ -180,7 +196,7 @@ static td_err resp_call(resp_conv *c, const json_t *it, const char *base, api_er
         json_object_set_new(msg, "tool_calls", calls);
     }
     if (!calls || json_array_append_new(calls, call) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     return TD_OK;
 }
 
@@ -298,19 +314,19 @@ static td_err resp_messages(gw_request *r, const json_t *body, const json_t *his
     r->resp_conv = history ? json_deep_copy(history) : json_array();
     json_t *msgs = json_array();
     if (!r->resp_conv || !msgs || json_object_set_new(chat, "messages", msgs) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     if (json_is_string(input)) {
         if (json_array_append_new(r->resp_conv, json_pack("{s:s,s:O}", "role", "user",
                                                           "content", input)) != 0)
-            return apierr_set(e, 500, NULL, NULL, "out of memory");
+            return resp_oom(e);
     } else {
         TD_TRY(req_responses_items(r->resp_conv, input, e));
     }
     if (ins && json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "system", "content",
                                                      ins)) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     if (json_array_extend(msgs, r->resp_conv) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     return TD_OK;
 }
 
@@ -324,7 +340,7 @@ static td_err resp_tools(const json_t *body, json_t *chat, api_error *e)
         return req_bad_type(e, "tools", "an array", tools);
     json_t *out = json_array();
     if (!out || json_object_set_new(chat, "tools", out) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
@@ -342,14 +358,13 @@ static td_err resp_tools(const json_t *body, json_t *chat, api_error *e)
         TD_TRY(resp_item_str(t, "name", param, &name, e));
         json_t *fn = json_pack("{s:O}", "name", name);
         static const char *const keys[] = {"description", "parameters", "strict"};
-        for (int k = 0; fn && k < 3; k++) {
-            const json_t *v = req_field(t, keys[k]);
-            if (v)
-                json_object_set(fn, keys[k], (json_t *)v);
+        if (!resp_copy_keys(fn, t, keys, 3)) {
+            json_decref(fn);
+            return resp_oom(e);
         }
-        if (!fn || json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function",
-                                                        "function", fn)) != 0)
-            return apierr_set(e, 500, NULL, NULL, "out of memory");
+        if (json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function",
+                                                 fn)) != 0)
+            return resp_oom(e);
     }
     return TD_OK;
 }
@@ -362,7 +377,7 @@ static td_err resp_tool_choice(const json_t *body, json_t *chat, api_error *e)
     if (json_is_string(tc)) /* none, auto, required: the chat request checks them */
         return json_object_set(chat, "tool_choice", (json_t *)tc) == 0
                    ? TD_OK
-                   : apierr_set(e, 500, NULL, NULL, "out of memory");
+                   : resp_oom(e);
     if (!json_is_object(tc))
         return req_bad_type(e, "tool_choice", "a string or an object", tc);
     const json_t *type = json_object_get(tc, "type");
@@ -375,7 +390,7 @@ static td_err resp_tool_choice(const json_t *body, json_t *chat, api_error *e)
     if (json_object_set_new(chat, "tool_choice",
                             json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name",
                                       name)) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     return TD_OK;
 }
 
@@ -405,12 +420,11 @@ static td_err resp_format(const json_t *body, json_t *chat, api_error *e)
             return resp_missing(e, "text.format.schema");
         json_t *js = json_pack("{s:O}", "schema", schema);
         static const char *const keys[] = {"name", "strict", "description"};
-        for (int k = 0; js && k < 3; k++) {
-            const json_t *v = req_field(f, keys[k]);
-            if (v)
-                json_object_set(js, keys[k], (json_t *)v);
+        if (!resp_copy_keys(js, f, keys, 3)) {
+            json_decref(js);
+            return resp_oom(e);
         }
-        rf = js ? json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js) : NULL;
+        rf = json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js);
     } else {
         return apierr_set(e, 400, "invalid_value", "text.format.type",
                           "Invalid value for 'text.format.type': '%s'. Supported values are: "
@@ -418,7 +432,7 @@ static td_err resp_format(const json_t *body, json_t *chat, api_error *e)
                           json_is_string(type) ? t : "(none)");
     }
     if (!rf || json_object_set_new(chat, "response_format", rf) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     const json_t *tc = json_object_get(chat, "tool_choice");
     if (json_is_object(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "required")))
         return apierr_set(e, 400, "invalid_value", "text.format",
@@ -466,12 +480,12 @@ static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rst
     TD_TRY(req_int(body, "top_logprobs", 0, REQ_TOP_LOGPROBS_MAX, &top, &top_given, e));
     if (logprobs && (json_object_set_new(chat, "logprobs", json_true()) ||
                      json_object_set_new(chat, "top_logprobs", json_integer(top))))
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     int64_t max = 0;
     bool max_given = false;
     TD_TRY(req_int(body, "max_output_tokens", 1, INT32_MAX, &max, &max_given, e));
     if (max_given && json_object_set_new(chat, "max_completion_tokens", json_integer(max)))
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     const json_t *reasoning = req_field(body, "reasoning");
     if (reasoning && !json_is_object(reasoning))
         return req_bad_type(e, "reasoning", "an object", reasoning);
@@ -479,7 +493,7 @@ static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rst
     if (effort)
         TD_TRY(req_effort(effort, "reasoning.effort", e));
     if (effort && json_object_set(chat, "reasoning_effort", (json_t *)effort) != 0)
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     const json_t *trunc = req_field(body, "truncation");
     if (trunc && (!json_is_string(trunc) || (strcmp(json_string_value(trunc), "auto") &&
                                              strcmp(json_string_value(trunc), "disabled"))))
@@ -487,7 +501,7 @@ static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rst
                           "Invalid value for 'truncation': expected 'auto' or 'disabled'.");
     if (trunc && strcmp(json_string_value(trunc), "auto") == 0 &&
         json_object_set_new(chat, "truncate_prompt_tokens", json_integer(-1)))
-        return apierr_set(e, 500, NULL, NULL, "out of memory");
+        return resp_oom(e);
     const json_t *meta = req_field(body, "metadata");
     if (meta && !json_is_object(meta))
         return req_bad_type(e, "metadata", "an object", meta);
@@ -522,11 +536,11 @@ td_err req_parse_responses(gw_request *r, const char *body, size_t len, rstore *
     json_t *orig, *history = NULL;
     TD_TRY(req_load_json(body, len, &orig, e));
     json_t *chat = json_object();
-    td_err err = chat ? TD_OK : apierr_set(e, 500, NULL, NULL, "out of memory");
+    td_err err = chat ? TD_OK : resp_oom(e);
     for (size_t k = 0; err == TD_OK && k < sizeof RESP_PASS / sizeof RESP_PASS[0]; k++) {
         json_t *v = json_object_get(orig, RESP_PASS[k]);
         if (v && json_object_set(chat, RESP_PASS[k], v) != 0)
-            err = apierr_set(e, 500, NULL, NULL, "out of memory");
+            err = resp_oom(e);
     }
     if (err == TD_OK)
         err = resp_settings(r, orig, chat, store, e);
