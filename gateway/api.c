@@ -16,6 +16,7 @@ typedef enum api_route {
     ROUTE_COMPLETIONS,
     ROUTE_RESPONSES,
     ROUTE_RESPONSE, /* /v1/responses/<id> */
+    ROUTE_RESPONSE_ITEMS, /* /v1/responses/<id>/input_items */
     ROUTE_MODELS,
     ROUTE_MODEL, /* /v1/models/<name> */
     ROUTE_HEALTH,
@@ -60,24 +61,49 @@ static void api_error_reply(api_reply *r, int status, const char *code, const ch
     gen_reply_error(r, &e);
 }
 
+static void api_no_response(gw_state *g, const char *id, api_reply *r)
+{
+    api_error_reply(r, 404, "not_found",
+                    g->responses ? "Response with id '%s' not found."
+                                 : "Response with id '%s' not found: this gateway keeps no "
+                                   "responses (--responses-kept 0).",
+                    id);
+}
+
 /* GET /v1/responses/<id>: the kept response; DELETE: forgets it. */
 static void api_response(gw_state *g, const char *id, bool del, api_reply *r)
 {
     json_t *o = NULL;
     const bool found = g->responses && (del ? rstore_delete(g->responses, id)
-                                            : rstore_get(g->responses, id, &o, NULL));
+                                            : rstore_get(g->responses, id, RSTORE_RESPONSE, &o));
     if (!found) {
-        api_error_reply(r, 404, "not_found",
-                        g->responses ? "Response with id '%s' not found."
-                                     : "Response with id '%s' not found: this gateway keeps no "
-                                       "responses (--responses-kept 0).",
-                        id);
+        api_no_response(g, id, r);
         return;
     }
     if (del)
         o = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response", "deleted", 1);
     char *body = o ? render_dump(o) : NULL;
     json_decref(o);
+    api_json(r, 200, body);
+}
+
+/* GET /v1/responses/<id>/input_items: a page of the kept response's input items. */
+static void api_input_items(gw_state *g, const char *id, const api_call *c, api_reply *r)
+{
+    json_t *items = NULL, *page = NULL;
+    if (!g->responses || !rstore_get(g->responses, id, RSTORE_INPUT, &items)) {
+        api_no_response(g, id, r);
+        return;
+    }
+    api_error e;
+    const td_err err = req_list_page(items, c->args, c->n_args, &page, &e);
+    json_decref(items);
+    if (err != TD_OK) {
+        gen_reply_error(r, &e);
+        return;
+    }
+    char *body = render_dump(page);
+    json_decref(page);
     api_json(r, 200, body);
 }
 
@@ -235,8 +261,19 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
         def = &model_route;
         model_name = c->path + strlen(model_route.path);
     }
-    if (!def && strncmp(c->path, response_route.path, strlen(response_route.path)) == 0)
-        def = &response_route;
+    static const api_route_def items_route = {"/input_items", ROUTE_RESPONSE_ITEMS, false, true,
+                                              MET_EP_RESPONSES};
+    char id[128] = "";
+    if (!def && strncmp(c->path, response_route.path, strlen(response_route.path)) == 0) {
+        const char *rest = c->path + strlen(response_route.path);
+        const char *slash = strchr(rest, '/');
+        const size_t len = slash ? (size_t)(slash - rest) : strlen(rest);
+        if (len > 0 && len < sizeof id && (!slash || strcmp(slash, items_route.path) == 0)) {
+            memcpy(id, rest, len);
+            id[len] = 0;
+            def = slash ? &items_route : &response_route;
+        }
+    }
     if (!def) {
         api_error_reply(r, 404, "not_found", "Unknown request URL: %s.", c->path);
         return;
@@ -270,9 +307,8 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     case ROUTE_CHAT: gen_handle(g, c, REQ_CHAT, r); break;
     case ROUTE_COMPLETIONS: gen_handle(g, c, REQ_COMPLETION, r); break;
     case ROUTE_RESPONSES: gen_handle(g, c, REQ_RESPONSES, r); break;
-    case ROUTE_RESPONSE:
-        api_response(g, c->path + strlen(response_route.path), is_delete, r);
-        break;
+    case ROUTE_RESPONSE: api_response(g, id, is_delete, r); break;
+    case ROUTE_RESPONSE_ITEMS: api_input_items(g, id, c, r); break;
     case ROUTE_MODELS: api_models(g, r); break;
     case ROUTE_MODEL: api_model(g, model_name, r); break;
     case ROUTE_HEALTH: api_health(g, r); break;

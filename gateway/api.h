@@ -7,6 +7,7 @@
  *   POST /tokenize              POST /detokenize
  *
  *   GET, DELETE /v1/responses/<id> (a kept response)
+ *   GET /v1/responses/<id>/input_items (its input items: ?limit, order, after, before, include)
  *
  * Unknown paths are 404, a known path with another method 405 (with Allow), a body over
  * --max-body 413, a missing or wrong Bearer key 401, verifyd down or not ready 503. */
@@ -19,10 +20,13 @@
 
 #include "gateway/gateway.h"
 #include "gateway/metrics.h"
+#include "gateway/request.h"
 
 typedef struct api_call {
     const char *method;        /* "GET", "POST", ... */
     const char *path;          /* without the query string */
+    const req_arg *args;       /* [n_args] the query string's parameters, in order */
+    size_t n_args;
     const char *authorization; /* the Authorization header, or NULL */
     const char *body;          /* [body_len] request body */
     size_t body_len;           /* bytes */

@@ -186,14 +186,21 @@ static void resp_close(api_stream *s, const char *status)
     rs->lp = NULL;
 }
 
+/* A new item id: prefix and 32 hex digits (cap >= strlen(prefix) + 33). */
+static void resp_new_id(char *out, size_t cap, const char *prefix)
+{
+    const size_t n = strlen(prefix);
+    TD_ASSERT(cap >= n + 33);
+    memcpy(out, prefix, n);
+    gen_hex(out + n, 16);
+}
+
 /* Opens an item of kind (OUT_REASONING or OUT_CONTENT). */
 static void resp_open(api_stream *s, out_kind kind)
 {
     resp_state *rs = &s->rs;
     rs->open = kind;
-    const char *prefix = kind == OUT_REASONING ? "rs_" : "msg_";
-    snprintf(rs->item_id, sizeof rs->item_id, "%s", prefix);
-    gen_hex(rs->item_id + strlen(prefix), 16);
+    resp_new_id(rs->item_id, sizeof rs->item_id, kind == OUT_REASONING ? "rs_" : "msg_");
     const json_int_t at = resp_index(s);
     resp_event(s, "response.output_item.added",
                json_pack("{s:I,s:o}", "output_index", at, "item", kind == OUT_REASONING
@@ -217,8 +224,8 @@ void resp_begin(api_stream *s)
 
 static void resp_call(api_stream *s, const out_piece *p)
 {
-    char id[40] = "fc_", call_id[96];
-    gen_hex(id + 3, 16);
+    char id[40], call_id[96];
+    resp_new_id(id, sizeof id, "fc_");
     snprintf(call_id, sizeof call_id, "call_%s_%u", s->call_ids, p->call_index);
     const json_int_t at = resp_index(s);
     resp_event(s, "response.output_item.added",
@@ -279,20 +286,80 @@ static const char *resp_status(const char *finish)
     return finish && strcmp(finish, "length") == 0 ? "incomplete" : "completed";
 }
 
+/* One input item as input_items lists it (NULL when out of memory): the client's item with
+ * its type, an id (the client's, else a new one), a status (but a reasoning item's) and a
+ * message's content as parts. */
+static json_t *resp_input_item(const json_t *given)
+{
+    json_t *it = json_deep_copy(given);
+    const json_t *type = it ? json_object_get(it, "type") : NULL;
+    const char *t = json_is_string(type) ? json_string_value(type) : "message";
+    const bool message = strcmp(t, "message") == 0;
+    if (!it || json_object_set_new(it, "type", json_string(t)) != 0)
+        goto oom;
+    if (!json_is_string(json_object_get(it, "id"))) {
+        char id[48];
+        resp_new_id(id, sizeof id, message ? "msg_" : !strcmp(t, "function_call") ? "fc_"
+                                   : !strcmp(t, "reasoning") ? "rs_" : "fco_");
+        if (json_object_set_new(it, "id", json_string(id)) != 0)
+            goto oom;
+    }
+    if (strcmp(t, "reasoning") && !json_object_get(it, "status") &&
+        json_object_set_new(it, "status", json_string("completed")) != 0)
+        goto oom;
+    const json_t *content = json_object_get(it, "content");
+    if (message && json_is_string(content)) {
+        const json_t *role = json_object_get(it, "role");
+        json_t *part = strcmp(json_string_value(role), "assistant") == 0
+                           ? json_pack("{s:s,s:O,s:[]}", "type", "output_text", "text", content,
+                                       "annotations")
+                           : json_pack("{s:s,s:O}", "type", "input_text", "text", content);
+        if (json_object_set_new(it, "content", json_pack("[o]", part)) != 0)
+            goto oom;
+    }
+    return it;
+oom:
+    json_decref(it);
+    return NULL;
+}
+
+/* The request's input as input items (NULL when out of memory); a string is a user message. */
+static json_t *resp_input_items(const api_stream *s)
+{
+    const json_t *input = json_object_get(s->req.resp, "input");
+    json_t *wrapped = json_is_string(input) ? json_pack("[{s:s,s:s,s:O}]", "type", "message",
+                                                        "role", "user", "content", input)
+                                            : NULL;
+    if (json_is_string(input) && !wrapped)
+        return NULL;
+    json_t *items = json_array();
+    size_t i;
+    const json_t *it;
+    json_array_foreach(wrapped ? wrapped : input, i, it) {
+        if (items && json_array_append_new(items, resp_input_item(it)) != 0) {
+            json_decref(items);
+            items = NULL;
+        }
+    }
+    json_decref(wrapped);
+    return items;
+}
+
 /* The finished response object (NULL when out of memory), kept with its conversation (the
- * request's, then its own output) when the request asked for that. */
+ * request's, then its own output) and its input items when the request asked for that. */
 static json_t *resp_final(api_stream *s, const char *status)
 {
     json_t *o = resp_object(s, status);
     if (!o || !s->req.resp_keep)
         return o;
-    json_t *conv = json_deep_copy(s->req.resp_conv);
+    json_t *conv = json_deep_copy(s->req.resp_conv), *input = resp_input_items(s);
     api_error e;
-    if (!conv || req_responses_items(conv, s->rs.items, &e) != TD_OK ||
-        !rstore_put(s->g->responses, s->id, o, conv))
+    if (!conv || !input || req_responses_items(conv, s->rs.items, &e) != TD_OK ||
+        !rstore_put(s->g->responses, s->id, o, conv, input))
         LOG_WARN("response %s was not kept (out of memory, or larger than --responses-mem)",
                  s->id);
     json_decref(conv);
+    json_decref(input);
     return o;
 }
 

@@ -34,6 +34,32 @@ typedef struct http_req {
     bool too_large;    /* passed max_body: the rest is dropped */
 } http_req;
 
+/* The query string's parameters, collected by http_arg. */
+typedef struct http_args {
+    req_arg *v;
+    size_t n, cap;
+    bool oom; /* not all were collected */
+} http_args;
+
+static enum MHD_Result http_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    (void)kind;
+    http_args *a = cls;
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 8;
+        req_arg *v = realloc(a->v, cap * sizeof *v);
+        if (!v) {
+            a->oom = true;
+            return MHD_NO;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = (req_arg){.key = key, .value = value};
+    return MHD_YES;
+}
+
 static uint64_t http_drain_limit(const http_server *s)
 {
     uint64_t four = (uint64_t)s->g->cfg.max_body * 4;
@@ -136,9 +162,17 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *con, const 
     }
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+    http_args args = {0};
+    MHD_get_connection_values(con, MHD_GET_ARGUMENT_KIND, http_arg, &args);
+    if (args.oom) {
+        free(args.v);
+        return MHD_NO;
+    }
     api_call c = {
         .method = method,
         .path = url,
+        .args = args.v,
+        .n_args = args.n,
         .authorization =
             MHD_lookup_connection_value(con, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION),
         .body = r->body ? r->body : "",
@@ -148,6 +182,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *con, const 
     };
     api_reply rep;
     api_handle(s->g, &c, &rep);
+    free(args.v);
     metrics_request(&s->g->metrics, rep.endpoint, rep.status);
     /* Probes of /health and /metrics are routine; other failures are worth a line. */
     bool probe = rep.endpoint == MET_EP_HEALTH || rep.endpoint == MET_EP_METRICS;

@@ -176,6 +176,24 @@ td_err req_parse_responses(gw_request *r, const char *body, size_t len, struct r
  * reasoning) to msgs as chat messages. */
 td_err req_responses_items(json_t *msgs, const json_t *items, api_error *e);
 
+/* A query parameter, decoded; value NULL for a key alone ("?key"). */
+typedef struct req_arg {
+    const char *key;
+    const char *value;
+} req_arg;
+
+#define REQ_LIST_LIMIT_MAX 100 /* items per page of a list (OpenAI's) */
+
+/* A page of items (objects with an "id", in their own order) as OpenAI's list endpoints give
+ * it, chosen by the query's parameters (the last of a repeated one counts; unknown ones are
+ * ignored): limit (1..REQ_LIST_LIMIT_MAX, default 20), order (asc: as given, desc: the last
+ * first; default desc), after and before (an item's id: the page starts after it, or ends
+ * right before it), include / include[] (OpenAI's names; none changes a text item). *out is
+ * {"object": "list", "data": [...], "first_id", "last_id" (null when empty), "has_more"}; an
+ * unknown id or a bad value is 400 naming the parameter. */
+td_err req_list_page(const json_t *items, const req_arg *args, size_t n_args, json_t **out,
+                     api_error *e);
+
 /* /tokenize: {"content"|"prompt": string, "add_special": bool (default true)}. text points
  * into *root, which the caller releases with json_decref. */
 td_err req_parse_tokenize(const char *body, size_t len, json_t **root, const char **text,

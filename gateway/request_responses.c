@@ -522,7 +522,7 @@ static td_err resp_history(const json_t *body, rstore *store, json_t **history, 
                           "Unsupported parameter: 'previous_response_id': this gateway keeps no "
                           "responses (--responses-kept 0); send the whole conversation in "
                           "'input'.");
-    if (!rstore_get(store, json_string_value(prev), NULL, history))
+    if (!rstore_get(store, json_string_value(prev), RSTORE_CONV, history))
         return apierr_set(e, 404, "previous_response_not_found", "previous_response_id",
                           "Previous response with id '%s' not found.",
                           json_string_value(prev));

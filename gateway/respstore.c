@@ -7,10 +7,9 @@
 /* One kept response, in a list from most to least recently used. */
 typedef struct rs_entry {
     struct rs_entry *prev, *next;
-    char *id;       /* NUL-terminated */
-    char *response; /* compact JSON text */
-    char *conv;     /* compact JSON text */
-    size_t bytes;   /* of the three strings */
+    char *id;                  /* NUL-terminated */
+    char *part[RSTORE_PARTS]; /* compact JSON text of each rstore_part */
+    size_t bytes;              /* of the id and the parts */
 } rs_entry;
 
 struct rstore {
@@ -36,8 +35,8 @@ td_err rstore_init(rstore **out, size_t max_items, size_t max_bytes)
 static void rs_entry_free(rs_entry *e)
 {
     free(e->id);
-    free(e->response);
-    free(e->conv);
+    for (int k = 0; k < RSTORE_PARTS; k++)
+        free(e->part[k]);
     free(e);
 }
 
@@ -81,20 +80,21 @@ void rstore_free(rstore *s)
     free(s);
 }
 
-bool rstore_put(rstore *s, const char *id, const json_t *response, const json_t *conv)
+bool rstore_put(rstore *s, const char *id, const json_t *response, const json_t *conv,
+                const json_t *input)
 {
     rs_entry *e = calloc(1, sizeof *e);
     if (!e)
         return false;
-    e->id = strdup(id);
-    e->response = json_dumps(response, JSON_COMPACT);
-    e->conv = json_dumps(conv, JSON_COMPACT);
-    if (!e->id || !e->response || !e->conv) {
-        rs_entry_free(e);
-        return false;
+    const json_t *parts[RSTORE_PARTS] = {[RSTORE_RESPONSE] = response, [RSTORE_CONV] = conv,
+                                         [RSTORE_INPUT] = input};
+    bool ok = (e->id = strdup(id)) != NULL;
+    e->bytes = ok ? strlen(id) : 0;
+    for (int k = 0; ok && k < RSTORE_PARTS; k++) {
+        ok = (e->part[k] = json_dumps(parts[k], JSON_COMPACT)) != NULL;
+        e->bytes += ok ? strlen(e->part[k]) : 0;
     }
-    e->bytes = strlen(e->id) + strlen(e->response) + strlen(e->conv);
-    if (e->bytes > s->max_bytes) {
+    if (!ok || e->bytes > s->max_bytes) {
         rs_entry_free(e);
         return false;
     }
@@ -114,35 +114,19 @@ bool rstore_put(rstore *s, const char *id, const json_t *response, const json_t 
     return true;
 }
 
-bool rstore_get(rstore *s, const char *id, json_t **response, json_t **conv)
+bool rstore_get(rstore *s, const char *id, rstore_part part, json_t **out)
 {
-    if (response)
-        *response = NULL;
-    if (conv)
-        *conv = NULL;
+    TD_ASSERT(part >= 0 && part < RSTORE_PARTS);
+    *out = NULL;
     pthread_mutex_lock(&s->mu);
     rs_entry *e = rs_find(s, id);
-    bool ok = e != NULL;
     if (e) { /* used: the last to go */
         rs_unlink(s, e);
         rs_push_front(s, e);
-        if (response)
-            ok = (*response = json_loads(e->response, 0, NULL)) != NULL;
-        if (conv && ok)
-            ok = (*conv = json_loads(e->conv, 0, NULL)) != NULL;
+        *out = json_loads(e->part[part], 0, NULL);
     }
     pthread_mutex_unlock(&s->mu);
-    if (!ok) {
-        if (response) {
-            json_decref(*response);
-            *response = NULL;
-        }
-        if (conv) {
-            json_decref(*conv);
-            *conv = NULL;
-        }
-    }
-    return ok;
+    return *out != NULL;
 }
 
 bool rstore_delete(rstore *s, const char *id)

@@ -17,6 +17,7 @@
 
 #include "tests/support/clock.h"
 #include "tests/support/fake_verifyd.h"
+#include "gateway/respstore.h"
 #include "tests/support/gw_harness.h"
 
 static const char HI[] = "[{\"role\":\"user\",\"content\":\"hi\"}]";
@@ -540,6 +541,107 @@ static void responses_items_whole_and_streamed(void **state)
     }
 }
 
+/* GET /v1/responses/<id>/input_items: the kept request's input items (each with an id and a
+ * status, a message's text as parts), newest first, pages by the query string (percent-decoded,
+ * include[] accepted); DELETE there is 405, an unknown id 404, a bad limit 400. */
+static void responses_input_items_are_listed(void **state)
+{
+    (void)state;
+    assert_int_equal(rstore_init(&gwh_g.responses, 8, 1 << 20), TD_OK);
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL,
+                                 "{\"input\":[{\"role\":\"user\",\"content\":\"weather?\"},"
+                                 "{\"type\":\"function_call\",\"id\":\"fc_given\",\"call_id\":"
+                                 "\"c1\",\"name\":\"get_weather\",\"arguments\":\"{}\"},"
+                                 "{\"type\":\"function_call_output\",\"call_id\":\"c1\","
+                                 "\"output\":\"sunny\"},{\"type\":\"message\",\"role\":"
+                                 "\"assistant\",\"content\":\"Sunny.\",\"status\":"
+                                 "\"incomplete\"},{\"role\":\"user\",\"content\":[{\"type\":"
+                                 "\"input_text\",\"text\":\"thanks\"}]}]}", &reply, &body),
+                     200);
+    char path[256], id[64];
+    const char *at = strstr(body, "\"id\":\"resp_");
+    assert_non_null(at);
+    snprintf(id, sizeof id, "%.*s", (int)strcspn(at + 6, "\""), at + 6);
+    free(reply);
+
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    char first[64], last[64];
+    at = strstr(body, "\"first_id\":\"");
+    assert_non_null(at);
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(at + 12, "\""), at + 12);
+    at = strstr(body, "\"last_id\":\"");
+    assert_non_null(at);
+    snprintf(last, sizeof last, "%.*s", (int)strcspn(at + 11, "\""), at + 11);
+    gwh_normalize(body);
+    const char *user2 = "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":"
+                        "\"thanks\"}],\"type\":\"message\",\"id\":\"msg_X\",\"status\":"
+                        "\"completed\"}";
+    const char *user1 = "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":"
+                        "\"weather?\"}],\"type\":\"message\",\"id\":\"msg_X\",\"status\":"
+                        "\"completed\"}";
+    const char *call = "{\"type\":\"function_call\",\"id\":\"fc_given\",\"call_id\":\"c1\","
+                       "\"name\":\"get_weather\",\"arguments\":\"{}\",\"status\":\"completed\"}";
+    const char *output = "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":"
+                         "\"sunny\",\"id\":\"fco_X\",\"status\":\"completed\"}";
+    const char *assistant = "{\"type\":\"message\",\"role\":\"assistant\",\"content\":"
+                            "[{\"type\":\"output_text\",\"text\":\"Sunny.\",\"annotations\":[]}],"
+                            "\"status\":\"incomplete\",\"id\":\"msg_X\"}";
+    static char want[4096];
+    snprintf(want, sizeof want, "{\"object\":\"list\",\"data\":[%s,%s,%s,%s,%s],\"first_id\":"
+             "\"msg_X\",\"last_id\":\"msg_X\",\"has_more\":false}", user2, assistant, output,
+             call, user1);
+    assert_string_equal(body, want);
+    free(reply);
+
+    /* oldest first, two at a time, after the first */
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?order=asc&limit=2&after=%s"
+             "&include%%5B%%5D=message.output_text.logprobs", id, last);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    gwh_normalize(body);
+    snprintf(want, sizeof want, "{\"object\":\"list\",\"data\":[%s,%s],\"first_id\":"
+             "\"fc_given\",\"last_id\":\"fco_X\",\"has_more\":true}", call, output);
+    assert_string_equal(body, want);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?limit=1&before=%s", id, last);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    gwh_normalize(body);
+    snprintf(want, sizeof want, "{\"object\":\"list\",\"data\":[%s],\"first_id\":\"fc_given\","
+             "\"last_id\":\"fc_given\",\"has_more\":true}", call);
+    assert_string_equal(body, want);
+    free(reply);
+
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?limit=0", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"Invalid value for 'limit': expected an "
+                              "integer from 1 to 100, got '0'.\",\"type\":"
+                              "\"invalid_request_error\",\"param\":\"limit\",\"code\":"
+                              "\"invalid_value\"}}");
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items", id);
+    assert_int_equal(gwh_request("DELETE", path, NULL, NULL, &reply, &body), 405);
+    assert_non_null(strstr(reply, "Allow: GET, HEAD\r\n"));
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/items", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 404);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    assert_int_equal(gwh_request("DELETE", path, NULL, NULL, &reply, &body), 200);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 404);
+    char msg[256];
+    snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"Response with id '%s' not found.\","
+             "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"not_found\"}}", id);
+    assert_string_equal(body, msg);
+    free(reply);
+    rstore_free(gwh_g.responses);
+    gwh_g.responses = NULL;
+}
+
 /* A failure in the middle: the error event, then response.failed with the items finished. */
 static void responses_stream_failing_midway(void **state)
 {
@@ -761,7 +863,8 @@ static void metrics_show_gateway_and_verifyd_numbers(void **state)
     const char *lines[] = {
         "\ntandem_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} ",
         "\ntandem_requests_total{endpoint=\"/v1/completions\",status=\"405\"} 1\n",
-        "\ntandem_requests_total{endpoint=\"other\",status=\"404\"} 1\n",
+        /* /v2/nothing and /v1/responses/<id>/items, before */
+        "\ntandem_requests_total{endpoint=\"other\",status=\"404\"} 2\n",
         "\ntandem_verifyd_up 1\n",
         "\ntandem_verifyd_ready 1\n",
         /* the fake's histogram: 5 steps of 1 token, 2 of 2 */
@@ -895,6 +998,7 @@ int main(void)
         cmocka_unit_test(error_in_the_middle_of_a_stream_ends_it_cleanly),
         cmocka_unit_test(responses_items_whole_and_streamed),
         cmocka_unit_test(responses_stream_failing_midway),
+        cmocka_unit_test(responses_input_items_are_listed),
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
         cmocka_unit_test(client_disconnect_cancels_the_generation),

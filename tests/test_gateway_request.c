@@ -1090,7 +1090,7 @@ static void responses_continue_a_kept_conversation(void **state)
     json_t *conv = json_loads("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\","
                               "\"content\":\"b\"}]", 0, NULL);
     json_t *resp = json_pack("{s:s}", "id", "resp_1");
-    assert_true(rstore_put(store, "resp_1", resp, conv));
+    assert_true(rstore_put(store, "resp_1", resp, conv, conv));
     json_decref(resp);
     json_decref(conv);
     const char *body = "{\"input\": \"c\", \"instructions\": \"Be brief.\", "
@@ -1228,6 +1228,113 @@ static void responses_bad_bodies_are_400(void **state)
                                   "\"invalid_json\"}}");
 }
 
+/* The page of "a".."e" a list query gives: its ids joined, first_id, last_id and has_more
+ * (or the error's JSON). */
+static char *list_page(const char *query)
+{
+    json_t *items = json_loads("[{\"id\":\"a\"},{\"id\":\"b\"},{\"id\":\"c\"},"
+                               "{\"id\":\"d\"},{\"id\":\"e\"}]", 0, NULL);
+    req_arg args[8];
+    char buf[256], *save = NULL;
+    size_t n = 0;
+    snprintf(buf, sizeof buf, "%s", query);
+    for (char *kv = strtok_r(buf, "&", &save); kv && n < 8; kv = strtok_r(NULL, "&", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq)
+            *eq = 0;
+        args[n++] = (req_arg){.key = kv, .value = eq ? eq + 1 : NULL};
+    }
+    json_t *page = NULL;
+    api_error e;
+    char out[512];
+    if (req_list_page(items, args, n, &page, &e) != TD_OK) {
+        char *s = apierr_render(&e);
+        snprintf(out, sizeof out, "%d %s", e.status, s);
+        free(s);
+    } else {
+        size_t i, at = 0;
+        json_t *it;
+        assert_string_equal(json_string_value(json_object_get(page, "object")), "list");
+        json_array_foreach(json_object_get(page, "data"), i, it)
+            at += (size_t)snprintf(out + at, sizeof out - at, "%s",
+                                   json_string_value(json_object_get(it, "id")));
+        const json_t *first = json_object_get(page, "first_id");
+        const json_t *last = json_object_get(page, "last_id");
+        snprintf(out + at, sizeof out - at, " %s %s %s",
+                 json_is_null(first) ? "null" : json_string_value(first),
+                 json_is_null(last) ? "null" : json_string_value(last),
+                 json_is_true(json_object_get(page, "has_more")) ? "more" : "end");
+        assert_int_equal(json_object_size(page), 5);
+    }
+    json_decref(page);
+    json_decref(items);
+    return strdup(out);
+}
+
+static void expect_page(const char *query, const char *want)
+{
+    char *got = list_page(query);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+/* Pages of a list endpoint (GET /v1/responses/<id>/input_items): newest first by default,
+ * limit, after and before in either order, and each bad value a 400 naming its parameter. */
+static void list_pages(void **state)
+{
+    (void)state;
+    expect_page("", "edcba e a end");
+    expect_page("order=asc", "abcde a e end");
+    expect_page("order=asc&limit=2", "ab a b more");
+    expect_page("order=asc&limit=2&after=b", "cd c d more");
+    expect_page("order=asc&limit=2&after=d", "e e e end");
+    expect_page("order=asc&after=e", " null null end");
+    expect_page("limit=2&after=d", "cb c b more");
+    expect_page("order=asc&limit=2&before=e", "cd c d more");
+    expect_page("order=asc&limit=2&before=c", "ab a b end");
+    expect_page("order=asc&after=a&before=e", "bcd b d end");
+    expect_page("order=asc&after=a&before=e&limit=2", "bc b c more");
+    expect_page("order=asc&after=d&before=b", " null null end");
+    expect_page("limit=100&order=desc&order=asc", "abcde a e end"); /* the last counts */
+    expect_page("include[]=message.output_text.logprobs&include=reasoning.encrypted_content&x=1",
+                "edcba e a end");
+    expect_page("limit=0", "400 {\"error\":{\"message\":\"Invalid value for 'limit': expected "
+                           "an integer from 1 to 100, got '0'.\",\"type\":"
+                           "\"invalid_request_error\",\"param\":\"limit\",\"code\":"
+                           "\"invalid_value\"}}");
+    expect_page("limit=101", "400 {\"error\":{\"message\":\"Invalid value for 'limit': "
+                             "expected an integer from 1 to 100, got '101'.\",\"type\":"
+                             "\"invalid_request_error\",\"param\":\"limit\",\"code\":"
+                             "\"invalid_value\"}}");
+    char *s = list_page("limit=2x");
+    assert_non_null(strstr(s, "got '2x'"));
+    free(s);
+    s = list_page("limit");
+    assert_non_null(strstr(s, "\"param\":\"limit\""));
+    free(s);
+    s = list_page("limit=-1");
+    assert_non_null(strstr(s, "got '-1'"));
+    free(s);
+    s = list_page("limit=99999999999999999999");
+    assert_non_null(strstr(s, "\"param\":\"limit\""));
+    free(s);
+    expect_page("order=up", "400 {\"error\":{\"message\":\"Invalid value for 'order': "
+                            "expected 'asc' or 'desc', got 'up'.\",\"type\":"
+                            "\"invalid_request_error\",\"param\":\"order\",\"code\":"
+                            "\"invalid_value\"}}");
+    expect_page("after=zz", "400 {\"error\":{\"message\":\"Invalid value for 'after': no "
+                            "input item of this response has the id 'zz'.\",\"type\":"
+                            "\"invalid_request_error\",\"param\":\"after\",\"code\":"
+                            "\"invalid_value\"}}");
+    s = list_page("before=");
+    assert_non_null(strstr(s, "\"param\":\"before\""));
+    free(s);
+    s = list_page("include=message.input_image");
+    assert_non_null(strstr(s, "\"param\":\"include\""));
+    assert_non_null(strstr(s, "'message.input_image' is not one of"));
+    free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1252,6 +1359,7 @@ int main(void)
         cmocka_unit_test(responses_body_gives_the_chat_request),
         cmocka_unit_test(responses_bad_bodies_are_400),
         cmocka_unit_test(responses_continue_a_kept_conversation),
+        cmocka_unit_test(list_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
-/* The gateway's kept responses: what goes in comes back as it was, the least recently used go
+/* The gateway's kept responses: what goes in (the response, its conversation, its input items)
+ * comes back as it was, the least recently used go
  * first past the count or the bytes, a response larger than the bytes is not kept, a kept id
  * is replaced, deleted ids are gone. */
 #include <setjmp.h>
@@ -17,21 +18,27 @@ static void put(rstore *s, const char *id, const char *text)
 {
     json_t *r = json_pack("{s:s,s:s}", "id", id, "text", text);
     json_t *c = json_pack("[{s:s,s:s}]", "role", "user", "content", text);
-    assert_true(rstore_put(s, id, r, c));
+    json_t *in = json_pack("[s]", text);
+    assert_true(rstore_put(s, id, r, c, in));
     json_decref(r);
     json_decref(c);
+    json_decref(in);
 }
 
 /* The text kept under id, or NULL. */
 static char *text_of(rstore *s, const char *id)
 {
-    json_t *r, *c;
-    if (!rstore_get(s, id, &r, &c))
+    json_t *r, *c, *in;
+    if (!rstore_get(s, id, RSTORE_RESPONSE, &r))
         return NULL;
+    assert_true(rstore_get(s, id, RSTORE_CONV, &c));
+    assert_true(rstore_get(s, id, RSTORE_INPUT, &in));
     char *t = strdup(json_string_value(json_object_get(r, "text")));
     assert_string_equal(json_string_value(json_object_get(json_array_get(c, 0), "content")), t);
+    assert_string_equal(json_string_value(json_array_get(in, 0)), t);
     json_decref(r);
     json_decref(c);
+    json_decref(in);
     return t;
 }
 
@@ -61,8 +68,8 @@ static void kept_responses_come_back_and_the_least_recently_used_go(void **state
     assert_true(rstore_delete(s, "c"));
     assert_false(rstore_delete(s, "c"));
     assert_null(text_of(s, "c"));
-    json_t *r = NULL;
-    assert_false(rstore_get(s, "zz", &r, NULL));
+    json_t *r = json_null();
+    assert_false(rstore_get(s, "zz", RSTORE_INPUT, &r));
     assert_null(r);
     rstore_usage(s, &n, &bytes);
     assert_int_equal(n, 2);
@@ -74,26 +81,26 @@ static void the_byte_bound_holds(void **state)
     (void)state;
     rstore *s;
     /* one entry: id (1 byte) + {"id":"a","text":"<40>"} (60) + [{"role":"user","content":
-     * "<40>"}] (70) */
+     * "<40>"}] (70) + ["<40>"] (44) */
     char text[41];
     memset(text, 'x', 40);
     text[40] = 0;
-    assert_int_equal(rstore_init(&s, 100, 300), TD_OK);
+    assert_int_equal(rstore_init(&s, 100, 400), TD_OK);
     put(s, "a", text);
     size_t n, one;
     rstore_usage(s, &n, &one);
     assert_int_equal(n, 1);
-    assert_int_equal(one, 1 + 60 + 70);
+    assert_int_equal(one, 1 + 60 + 70 + 44);
     put(s, "b", text);
-    put(s, "c", text); /* 3 x 131 > 300: a goes */
+    put(s, "c", text); /* 3 x 175 > 400: a goes */
     rstore_usage(s, &n, &one);
     assert_int_equal(n, 2);
     assert_null(text_of(s, "a"));
-    char big[400];
+    char big[400]; /* {"text":"<399>"}: 410 bytes, more than the 400 bound alone */
     memset(big, 'y', sizeof big - 1);
     big[sizeof big - 1] = 0;
     json_t *r = json_pack("{s:s}", "text", big), *c = json_array();
-    assert_false(rstore_put(s, "big", r, c)); /* larger than the bound alone */
+    assert_false(rstore_put(s, "big", r, c, c)); /* larger than the bound alone */
     json_decref(r);
     json_decref(c);
     rstore_usage(s, &n, &one);

@@ -8,6 +8,7 @@
  *   7 a call body matched against the tools' spec (cm_feed)
  *   8 (that byte alone; others modulo 8) a /v1/responses body (req_parse_responses), with
  *     a store that keeps a conversation under "resp_1"
+ *   9 (that byte alone) a list query, "k=v&k=v..." (req_list_page over five items)
  * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
  * an error always comes with a status and a message, and a body the matcher takes whole
  * parses into a call of the declared function with declared parameters only. */
@@ -49,6 +50,50 @@ static td_err sink_tool(void *ctx, const char *text, size_t len, const tool_call
     if (call ? !call->name[0] || !call->arguments[0] : len == 0)
         abort(); /* calls have a name and arguments; empty text is never passed on */
     return TD_OK;
+}
+
+/* A list query's page: at most limit items (20 unless limit is given), first_id and last_id
+ * those of its first and last item. */
+static void list_query(const char *body, size_t len)
+{
+    char *q = malloc(len + 1);
+    req_arg args[32];
+    size_t n = 0;
+    if (!q)
+        abort();
+    memcpy(q, body, len);
+    q[len] = 0;
+    for (char *kv = q; kv && n < 32;) {
+        char *amp = strchr(kv, '&'), *eq;
+        if (amp)
+            *amp = 0;
+        eq = strchr(kv, '=');
+        if (eq)
+            *eq = 0;
+        args[n++] = (req_arg){.key = kv, .value = eq ? eq + 1 : NULL};
+        kv = amp ? amp + 1 : NULL;
+    }
+    json_t *items = json_loads("[{\"id\":\"a\"},{\"id\":\"b\"},{\"id\":\"c\"},"
+                               "{\"id\":\"d\"},{\"id\":\"e\"}]", 0, NULL);
+    json_t *page;
+    api_error err;
+    td_err e = req_list_page(items, args, n, &page, &err);
+    check_error(e, &err);
+    if (e == TD_OK) {
+        const json_t *data = json_object_get(page, "data");
+        const size_t k = json_array_size(data);
+        const json_t *first = json_object_get(page, "first_id");
+        const json_t *last = json_object_get(page, "last_id");
+        if (k > 20 && !memmem(body, len, "limit", 5))
+            abort();
+        if (k > 5 || (k == 0) != json_is_null(first) || (k == 0) != json_is_null(last) ||
+            (k && (!json_equal(json_object_get(json_array_get(data, 0), "id"), first) ||
+                   !json_equal(json_object_get(json_array_get(data, k - 1), "id"), last))))
+            abort();
+        json_decref(page);
+    }
+    json_decref(items);
+    free(q);
 }
 
 static void split_output(const uint8_t *data, size_t size)
@@ -154,7 +199,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     api_error err;
-    switch (data[0] == 8 ? 8 : data[0] % 8) {
+    switch (data[0] == 8 || data[0] == 9 ? data[0] : data[0] % 8) {
     case 0:
     case 1:
     case 8: {
@@ -164,7 +209,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             json_t *conv = json_loads("[{\"role\":\"user\",\"content\":\"a\"},{\"role\":"
                                       "\"assistant\",\"content\":\"b\"}]", 0, NULL);
             if (rstore_init(&store, 4, 1 << 20) != TD_OK ||
-                !rstore_put(store, "resp_1", conv, conv))
+                !rstore_put(store, "resp_1", conv, conv, conv))
                 abort();
             json_decref(conv);
         }
@@ -222,6 +267,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     case 6:
         spec_then_calls(body, len);
+        break;
+    case 9:
+        list_query(body, len);
         break;
     case 7:
         call_against_spec(data + 1, len);

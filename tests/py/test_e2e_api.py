@@ -969,6 +969,16 @@ def test_a_kept_response_continues_and_can_be_fetched_and_deleted(server):
                                + [o.model_dump() for o in r1.output]
                                + [{"role": "user", "content": "Go on."}], **args)
     assert again.output_text == r2.output_text
+    # its input items, as the client's pager lists them two at a time, oldest first: the items
+    # sent, the client's ids kept, new ones given
+    items = list(c.responses.input_items.list(again.id, limit=2, order="asc"))
+    assert [i.type for i in items] == ["message"] + [o.type for o in r1.output] + ["message"]
+    assert items[0].content[0].text == "Tell me a story." and items[0].role == "user"
+    assert items[-1].content[0].text == "Go on." and items[-1].status == "completed"
+    assert items[1].id == r1.output[0].id and items[1].content[0].text == r1.output_text
+    assert len({i.id for i in items}) == len(items)
+    newest = c.responses.input_items.list(again.id, limit=1)
+    assert [i.id for i in newest.data] == [items[-1].id] and newest.has_more
     # and a third turn, streamed, on top of the second
     ev = _events(server, dict(input="More.", previous_response_id=r2.id, **args))
     ref3 = c.chat.completions.create(

@@ -94,13 +94,15 @@ int gwh_request(const char *method, const char *path, const char *headers, const
 }
 
 /* Replaces the random parts of ids and the times: chatcmpl-<hex> -> chatcmpl-X, cmpl-<hex> ->
- * cmpl-X, "call_<hex>_ -> "call_X_, and the Responses API's "resp_, "rs_, "msg_, "fc_ likewise;
+ * cmpl-X, "call_<hex>_ -> "call_X_, and the Responses API's "resp_, "rs_, "msg_, "fc_, "fco_
+ * likewise;
  * "created":<n> -> "created":0, and so "created_at" and "completed_at". */
 void gwh_normalize(char *s)
 {
     static const char *const prefixes[] = {"\"created\":", "\"created_at\":",
                                            "\"completed_at\":", "chatcmpl-", "\"cmpl-", "\"call_",
-                                           "\"resp_", "\"rs_", "\"msg_", "\"fc_"};
+                                           "\"resp_", "\"rs_", "\"msg_", "\"fc_",
+                                           "\"fco_"};
     for (size_t k = 0; k < sizeof prefixes / sizeof prefixes[0]; k++) {
         size_t plen = strlen(prefixes[k]);
         for (char *p = strstr(s, prefixes[k]); p; p = strstr(p + plen, prefixes[k])) {
