@@ -276,8 +276,13 @@ static void gen_take_pieces(api_stream *s)
             continue;
         }
         if (s->stream) {
+            /* a begun call's end adds only the arguments not yet sent, if any */
+            if (p->kind == OUT_TOOL_CALL && p->call.streamed &&
+                !p->call.arguments[p->call.streamed])
+                continue;
             /* A step's logprobs ride on its first text chunk. */
-            json_t *lp = p->kind != OUT_TOOL_CALL ? gen_take_lp(s) : NULL;
+            const bool text = p->kind == OUT_CONTENT || p->kind == OUT_REASONING;
+            json_t *lp = text ? gen_take_lp(s) : NULL;
             if (s->req.kind == REQ_CHAT)
                 gen_sse_put(s, render_chat_chunk(&s->rc, render_delta(&s->rc, p), NULL, lp));
             else
@@ -285,6 +290,8 @@ static void gen_take_pieces(api_stream *s)
             continue;
         }
         bool ok = true;
+        if (p->kind == OUT_CALL_OPEN || p->kind == OUT_CALL_ARGS)
+            continue; /* the whole call follows */
         if (p->kind == OUT_CONTENT)
             ok = gen_buf_put(&s->content, p->text, p->len);
         else if (p->kind == OUT_REASONING) {
@@ -807,6 +814,7 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         .tools = s->req.parse_tools ? s->req.tools : NULL,
         .keep_stop = s->req.keep_stop,
         .keep_special = s->req.keep_special,
+        .stream_calls = s->req.stream,
     };
     if (err == TD_OK)
         err = gen_tool_spec(s, &e);

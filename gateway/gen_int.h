@@ -55,6 +55,8 @@ typedef struct resp_state {
     out_kind open;       /* the kind of the item being written: OUT_REASONING, OUT_CONTENT,
                           * or 0 for none */
     char item_id[40];    /* its id: "rs_..." or "msg_..." */
+    char call_item_id[40]; /* the function call being written: its item's id, "fc_..." */
+    char call_id[96];      /* and its call_id */
     gen_buf text;        /* its text so far */
     json_t *lp;          /* a message's output_text logprobs so far (with include
                           * "message.output_text.logprobs"), or NULL */

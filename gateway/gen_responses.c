@@ -222,38 +222,60 @@ void resp_begin(api_stream *s)
                                                     resp_object(s, "in_progress")));
 }
 
+/* A function call begins (OUT_CALL_OPEN, or a whole OUT_TOOL_CALL): its item is added. */
+static void resp_call_open(api_stream *s, const out_piece *p)
+{
+    resp_state *rs = &s->rs;
+    resp_new_id(rs->call_item_id, sizeof rs->call_item_id, "fc_");
+    snprintf(rs->call_id, sizeof rs->call_id, "call_%s_%u", s->call_ids, p->call_index);
+    resp_event(s, "response.output_item.added",
+               json_pack("{s:I,s:{s:s,s:s,s:s,s:s,s:s,s:s}}", "output_index", resp_index(s),
+                         "item", "id", rs->call_item_id, "type", "function_call", "status",
+                         "in_progress", "call_id", rs->call_id, "name", p->call.name,
+                         "arguments", ""));
+}
+
+static void resp_call_args(api_stream *s, const char *args)
+{
+    resp_event(s, "response.function_call_arguments.delta",
+               json_pack("{s:s,s:I,s:s}", "item_id", s->rs.call_item_id, "output_index",
+                         resp_index(s), "delta", args));
+}
+
+/* A whole call (after its OUT_CALL_OPEN and OUT_CALL_ARGS pieces when call.streamed): the
+ * arguments not yet sent, the .done events, the item. */
 static void resp_call(api_stream *s, const out_piece *p)
 {
-    char id[40], call_id[96];
-    resp_new_id(id, sizeof id, "fc_");
-    snprintf(call_id, sizeof call_id, "call_%s_%u", s->call_ids, p->call_index);
+    resp_state *rs = &s->rs;
+    if (!p->call.streamed)
+        resp_call_open(s, p);
+    if (p->call.arguments[p->call.streamed])
+        resp_call_args(s, p->call.arguments + p->call.streamed);
     const json_int_t at = resp_index(s);
-    resp_event(s, "response.output_item.added",
-               json_pack("{s:I,s:{s:s,s:s,s:s,s:s,s:s,s:s}}", "output_index", at, "item", "id",
-                         id, "type", "function_call", "status", "in_progress", "call_id",
-                         call_id, "name", p->call.name, "arguments", ""));
-    resp_event(s, "response.function_call_arguments.delta",
-               json_pack("{s:s,s:I,s:s}", "item_id", id, "output_index", at, "delta",
-                         p->call.arguments));
     resp_event(s, "response.function_call_arguments.done",
-               json_pack("{s:s,s:I,s:s,s:s}", "item_id", id, "output_index", at, "name",
-                         p->call.name, "arguments", p->call.arguments));
-    json_t *item = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "id", id, "type", "function_call",
-                             "status", "completed", "call_id", call_id, "name", p->call.name,
-                             "arguments", p->call.arguments);
+               json_pack("{s:s,s:I,s:s,s:s}", "item_id", rs->call_item_id, "output_index", at,
+                         "name", p->call.name, "arguments", p->call.arguments));
+    json_t *item = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "id", rs->call_item_id, "type",
+                             "function_call", "status", "completed", "call_id", rs->call_id,
+                             "name", p->call.name, "arguments", p->call.arguments);
     resp_event(s, "response.output_item.done",
                json_pack("{s:I,s:O}", "output_index", at, "item", item));
-    if (!item || json_array_append_new(s->rs.items, item) != 0)
+    if (!item || json_array_append_new(rs->items, item) != 0)
         gen_oom(s);
 }
 
 void resp_piece(api_stream *s, const out_piece *p, json_t *lp)
 {
     resp_state *rs = &s->rs;
-    if (p->kind == OUT_TOOL_CALL) {
+    if (p->kind == OUT_TOOL_CALL || p->kind == OUT_CALL_OPEN || p->kind == OUT_CALL_ARGS) {
         json_decref(lp);
         resp_close(s, "completed");
-        resp_call(s, p);
+        if (p->kind == OUT_CALL_OPEN)
+            resp_call_open(s, p);
+        else if (p->kind == OUT_CALL_ARGS)
+            resp_call_args(s, p->text);
+        else
+            resp_call(s, p);
         return;
     }
     if (rs->open != p->kind) {

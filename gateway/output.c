@@ -46,24 +46,33 @@ static td_err out_text(gw_output *o, out_kind kind, const char *text, size_t len
 }
 
 /* Last stage: content text and calls from the tool split. */
-static td_err out_from_tools(void *ctx, const char *text, size_t len, const tool_call *call)
+static td_err out_from_tools(void *ctx, tool_emit_kind kind, const char *text, size_t len,
+                             const tool_call *call)
 {
     gw_output *o = ctx;
-    if (!call)
+    if (kind == TOOL_EMIT_TEXT)
         return out_text(o, OUT_CONTENT, text, len);
+    if (kind == TOOL_EMIT_ARGS) {
+        if (len == 0)
+            return TD_OK;
+        TD_TRY(out_text(o, OUT_CALL_ARGS, text, len));
+        o->pieces[o->n_pieces - 1].call_index = o->n_calls;
+        return TD_OK;
+    }
     TD_TRY(out_grow(o));
     out_piece *p = &o->pieces[o->n_pieces];
     memset(p, 0, sizeof *p);
-    p->kind = OUT_TOOL_CALL;
+    p->kind = kind == TOOL_EMIT_OPEN ? OUT_CALL_OPEN : OUT_TOOL_CALL;
     p->call.name = strdup(call->name);
-    p->call.arguments = strdup(call->arguments);
+    p->call.arguments = call->arguments ? strdup(call->arguments) : NULL;
+    p->call.streamed = call->streamed;
     p->call_index = o->n_calls;
-    if (!p->call.name || !p->call.arguments) {
+    if (!p->call.name || (call->arguments && !p->call.arguments)) {
         tool_call_free(&p->call);
         return err_set(TD_ENOMEM, "output: out of memory");
     }
     o->n_pieces++;
-    o->n_calls++;
+    o->n_calls += kind == TOOL_EMIT_CALL;
     return TD_OK;
 }
 
@@ -98,6 +107,7 @@ td_err output_init(gw_output *o, const tokenizer *tok, const output_opts *opts)
     think_init(&o->think, opts->reasoning && opts->in_think, out_from_think, o);
     tool_split_init(&o->tool, opts->tools, out_from_tools, o);
     o->tool.closed_only = opts->calls_matched;
+    o->tool.stream_args = opts->stream_calls;
     return TD_OK;
 }
 

@@ -29,14 +29,18 @@ typedef enum out_kind {
     OUT_CONTENT = 1,
     OUT_REASONING,
     OUT_TOOL_CALL,
+    OUT_CALL_OPEN, /* stream_calls: a call begins (call.name) */
+    OUT_CALL_ARGS, /* stream_calls: more of the begun call's arguments (text) */
 } out_kind;
 
+/* With stream_calls a call may come as OUT_CALL_OPEN, OUT_CALL_ARGS pieces, then its
+ * OUT_TOOL_CALL, whose arguments begin with the call.streamed bytes the ARGS pieces had. */
 typedef struct out_piece {
     out_kind kind;
-    char *text;          /* CONTENT / REASONING: [len] UTF-8, NUL-terminated */
+    char *text;          /* CONTENT / REASONING / CALL_ARGS: [len] UTF-8, NUL-terminated */
     size_t len;          /* bytes */
-    tool_call call;      /* TOOL_CALL */
-    uint32_t call_index; /* TOOL_CALL: 0 for the response's first call, 1, ... */
+    tool_call call;      /* TOOL_CALL; CALL_OPEN: the name alone */
+    uint32_t call_index; /* TOOL_CALL, CALL_*: 0 for the response's first call, 1, ... */
 } out_piece;
 
 typedef struct output_opts {
@@ -47,6 +51,7 @@ typedef struct output_opts {
     bool in_think;            /* the prompt opened a <think> block (think_prompt_open) */
     const json_t *tools;      /* parse tool calls with these schemas, or NULL: no parsing */
     bool calls_matched;       /* verifyd matched the calls: one the output ends inside is text */
+    bool stream_calls;        /* calls in the XML form also come as they are written */
     bool keep_stop;           /* the stop string that ends the text is part of it */
     bool keep_special;        /* control tokens print their text (else nothing) */
 } output_opts;

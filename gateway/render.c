@@ -89,7 +89,8 @@ json_t *render_tool_call(const render_ctx *c, const out_piece *p)
     snprintf(id, sizeof id, "call_%s_%u", c->call_ids ? c->call_ids : "0", p->call_index);
     json_t *fn = json_object();
     json_object_set_new(fn, "name", json_string(p->call.name));
-    json_object_set_new(fn, "arguments", json_string(p->call.arguments));
+    json_object_set_new(fn, "arguments", json_string(p->call.arguments ? p->call.arguments
+                                                                       : ""));
     json_t *call = json_object();
     json_object_set_new(call, "id", json_string(id));
     json_object_set_new(call, "type", json_string("function"));
@@ -107,8 +108,16 @@ json_t *render_delta(const render_ctx *c, const out_piece *p)
     case OUT_REASONING:
         json_object_set_new(d, "reasoning_content", render_text(p->text, p->len));
         break;
-    case OUT_TOOL_CALL: {
-        json_t *call = render_tool_call(c, p);
+    case OUT_TOOL_CALL:
+    case OUT_CALL_OPEN:
+    case OUT_CALL_ARGS: {
+        /* a call whole or begun: id, type and name; more of a begun one: its arguments */
+        const char *more = p->kind == OUT_CALL_ARGS ? p->text
+                           : p->kind == OUT_TOOL_CALL && p->call.streamed
+                               ? p->call.arguments + p->call.streamed
+                               : NULL;
+        json_t *call = more ? json_pack("{s:{s:s}}", "function", "arguments", more)
+                            : render_tool_call(c, p);
         json_t *indexed = json_object();
         json_object_set_new(indexed, "index", json_integer(p->call_index));
         json_object_update(indexed, call);

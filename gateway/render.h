@@ -61,7 +61,10 @@ void render_acceptance(json_t *usage, const gw_usage *u);
 char *render_event(const char *type, json_t *data);
 
 /* The delta of one piece: {"content":..}, {"reasoning_content":..} or
- * {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":..}}]}. */
+ * {"tool_calls":[{"index":i,"id":..,"type":"function","function":{"name":..,"arguments":..}}]}
+ * for a whole call (a begun one: arguments ""); more of a begun call (OUT_CALL_ARGS, and its
+ * OUT_TOOL_CALL: the arguments after the streamed ones) is
+ * {"tool_calls":[{"index":i,"function":{"arguments":..}}]}. */
 json_t *render_delta(const render_ctx *c, const out_piece *p);
 
 /* "data: {chat.completion.chunk}\n\n" with one choice (c->index): delta (reference taken;

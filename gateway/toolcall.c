@@ -44,10 +44,10 @@ static void tc_puts(tc_buf *b, const char *s)
     tc_put(b, s, strlen(s));
 }
 
-/* A JSON string as Python's json.dumps(ensure_ascii=False) writes it. */
-static void tc_put_json_string(tc_buf *b, const char *s, size_t n)
+/* The characters of a JSON string (no quotes) as Python's json.dumps(ensure_ascii=False)
+ * writes them. */
+static void tc_put_json_chars(tc_buf *b, const char *s, size_t n)
 {
-    tc_put(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -76,6 +76,12 @@ static void tc_put_json_string(tc_buf *b, const char *s, size_t n)
         }
     }
     tc_put(b, s + n - run, run);
+}
+
+static void tc_put_json_string(tc_buf *b, const char *s, size_t n)
+{
+    tc_put(b, "\"", 1);
+    tc_put_json_chars(b, s, n);
     tc_put(b, "\"", 1);
 }
 
@@ -278,15 +284,63 @@ static const char *tc_find(const char *s, size_t n, const char *needle)
     return memmem(s, n, needle, strlen(needle));
 }
 
-static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_call *out)
+static const char FN[] = "<function=", PARAM[] = "<parameter=", PARAM_END[] = "</parameter>",
+                  FN_END[] = "</function>";
+#define LIT_LEN(lit) (sizeof lit - 1)
+
+/* s [n] starts with the literal (or, when partial, is a beginning of it: more may come). */
+static bool tc_at(const char *s, size_t n, const char *lit, size_t lit_len, bool partial)
 {
-    static const char FN[] = "<function=", PARAM[] = "<parameter=", PARAM_END[] = "</parameter>",
-                      FN_END[] = "</function>";
+    if (n >= lit_len)
+        return memcmp(s, lit, lit_len) == 0;
+    return partial && memcmp(s, lit, n) == 0;
+}
+
+/* Of a string value still being written (v [n], after its '>'), the bytes no later text can
+ * change: not its leading newline (the template's), nothing from a '<' that is or may become
+ * a tag on, no trailing whitespace (the newline before the closing tag, or the end of the
+ * block), no unfinished UTF-8 character. *skip: the leading bytes left out. */
+static size_t tc_open_value(const char *v, size_t n, size_t *skip)
+{
+    static const char *const tags[] = {PARAM, PARAM_END, FN_END, "</tool_call>"};
+    *skip = n > 0 && v[0] == '\n';
+    size_t m = *skip;
+    for (; m < n; m++) {
+        if (v[m] != '<')
+            continue;
+        bool tag = false;
+        for (size_t k = 0; k < sizeof tags / sizeof tags[0] && !tag; k++)
+            tag = tc_at(v + m, n - m, tags[k], strlen(tags[k]), true);
+        if (tag)
+            break;
+    }
+    while (m > *skip && tc_space(v[m - 1]))
+        m--;
+    /* an unfinished character: a lead byte with fewer continuation bytes than it announces */
+    size_t k = 0;
+    while (k < 3 && k < m - *skip && ((unsigned char)v[m - 1 - k] & 0xC0) == 0x80)
+        k++;
+    if (k < m - *skip) {
+        const unsigned char lead = (unsigned char)v[m - 1 - k];
+        const size_t want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+        if (want > k)
+            m -= k + 1;
+    }
+    return m - *skip;
+}
+
+/* Parses the XML form. partial: s is an open block's text so far; out gets the arguments that
+ * no later text can change (the name when it is complete, else NULL; "{" without its "}",
+ * each finished parameter, and of a string parameter being written its text so far, see
+ * tc_open_value), and TD_EFORMAT only for what no later text can mend. */
+static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, bool partial,
+                           tool_call *out)
+{
     const char *end = s + n;
-    const char *p = s + sizeof FN - 1;
+    const char *p = s + LIT_LEN(FN);
     const char *gt = memchr(p, '>', (size_t)(end - p));
     if (!gt)
-        return err_set(TD_EFORMAT, "tool call: <function= without '>'");
+        return partial ? TD_OK : err_set(TD_EFORMAT, "tool call: <function= without '>'");
     const char *name = p;
     size_t name_len = (size_t)(gt - p);
     tc_trim(&name, &name_len);
@@ -298,32 +352,51 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_ca
     tc_buf args = {0};
     tc_puts(&args, "{");
     bool first = true;
+    td_err err = TD_OK;
     p = gt + 1;
     for (;;) {
         while (p < end && tc_space(*p))
             p++;
-        if (p >= end ||
-            ((size_t)(end - p) >= sizeof FN_END - 1 && memcmp(p, FN_END, sizeof FN_END - 1) == 0))
+        const size_t left = (size_t)(end - p);
+        if (p >= end || tc_at(p, left, FN_END, LIT_LEN(FN_END), partial))
             break;
-        if ((size_t)(end - p) < sizeof PARAM - 1 || memcmp(p, PARAM, sizeof PARAM - 1) != 0) {
-            free(args.p);
-            tool_call_free(out);
-            return err_set(TD_EFORMAT, "tool call: expected <parameter= or </function>");
+        if (!tc_at(p, left, PARAM, LIT_LEN(PARAM), partial)) {
+            err = err_set(TD_EFORMAT, "tool call: expected <parameter= or </function>");
+            break;
         }
-        p += sizeof PARAM - 1;
+        if (left <= LIT_LEN(PARAM))
+            break; /* partial: the tag is still being written */
+        p += LIT_LEN(PARAM);
         gt = memchr(p, '>', (size_t)(end - p));
         if (!gt) {
-            free(args.p);
-            tool_call_free(out);
-            return err_set(TD_EFORMAT, "tool call: <parameter= without '>'");
+            if (!partial)
+                err = err_set(TD_EFORMAT, "tool call: <parameter= without '>'");
+            break;
         }
         const char *pname = p;
         size_t pname_len = (size_t)(gt - p);
         tc_trim(&pname, &pname_len);
+        char *pn = tc_strndup(pname, pname_len);
+        const char *type = pn && tools ? tc_param_type(tools, out->name, pn) : NULL;
+        free(pn);
+        if (!first)
+            tc_puts(&args, ", ");
+        first = false;
+        tc_put_json_string(&args, pname, pname_len);
+        tc_puts(&args, ": ");
         const char *v = gt + 1;
         /* A value ends at </parameter>; a model that forgets it ends it at the next tag. */
         const char *ve = tc_find(v, (size_t)(end - v), PARAM_END);
-        const char *next = ve ? ve + sizeof PARAM_END - 1 : NULL;
+        if (!ve && partial) { /* still being written: only a string streams */
+            if (type && strcmp(type, "string") == 0) {
+                size_t skip;
+                const size_t m = tc_open_value(v, (size_t)(end - v), &skip);
+                tc_put(&args, "\"", 1);
+                tc_put_json_chars(&args, v + skip, m);
+            }
+            break;
+        }
+        const char *next = ve ? ve + LIT_LEN(PARAM_END) : NULL;
         if (!ve) {
             const char *a = tc_find(v, (size_t)(end - v), PARAM);
             const char *f = tc_find(v, (size_t)(end - v), FN_END);
@@ -338,21 +411,17 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_ca
         }
         if (vn > 0 && v[vn - 1] == '\n')
             vn--;
-        char *pn = tc_strndup(pname, pname_len);
-        if (!first)
-            tc_puts(&args, ", ");
-        first = false;
-        tc_put_json_string(&args, pname, pname_len);
-        tc_puts(&args, ": ");
-        tc_put_value(&args, v, vn, pn && tools ? tc_param_type(tools, out->name, pn) : NULL);
-        free(pn);
+        tc_put_value(&args, v, vn, type);
         p = next;
     }
-    tc_puts(&args, "}");
-    if (args.oom) {
+    if (err == TD_OK && !partial)
+        tc_puts(&args, "}");
+    if (err == TD_OK && args.oom)
+        err = err_set(TD_ENOMEM, "tool call: out of memory");
+    if (err != TD_OK) {
         free(args.p);
         tool_call_free(out);
-        return err_set(TD_ENOMEM, "tool call: out of memory");
+        return err;
     }
     out->arguments = args.p;
     return TD_OK;
@@ -365,7 +434,7 @@ td_err tool_parse(const char *body, size_t len, const json_t *tools, tool_call *
     if (len > 0 && body[0] == '{')
         return tc_parse_json(body, len, out);
     if (len >= 10 && memcmp(body, "<function=", 10) == 0)
-        return tc_parse_xml(body, len, json_is_array(tools) ? tools : NULL, out);
+        return tc_parse_xml(body, len, json_is_array(tools) ? tools : NULL, false, out);
     return err_set(TD_EFORMAT, "tool call: neither a JSON object nor a <function=...> block");
 }
 
@@ -390,6 +459,7 @@ void tool_split_free(tool_split *s)
 {
     free(s->hold);
     free(s->scratch);
+    free(s->sent);
     memset(s, 0, sizeof *s);
 }
 
@@ -420,18 +490,66 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     tool_call c;
     td_err e = tool_parse(body, n, s->tools, &c);
     s->after_call = true;
+    const bool opened = s->opened;
+    s->opened = false;
     if (e == TD_OK) {
-        e = s->emit(s->ctx, NULL, 0, &c);
+        if (opened && s->sent_len > 0 && (strlen(c.arguments) < s->sent_len ||
+                                          memcmp(c.arguments, s->sent, s->sent_len) != 0)) {
+            tool_call_free(&c);
+            return err_set(TD_EINVAL, "tool call: the arguments streamed are not the beginning "
+                                      "of the call's");
+        }
+        c.streamed = opened ? s->sent_len : 0;
+        e = s->emit(s->ctx, TOOL_EMIT_CALL, NULL, 0, &c);
         tool_call_free(&c);
         s->called = true;
         return e;
     }
     if (e != TD_EFORMAT)
         return e;
-    TD_TRY(s->emit(s->ctx, CALL_OPEN, CALL_OPEN_LEN, NULL));
+    TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_OPEN, CALL_OPEN_LEN, NULL));
     if (n > 0)
-        TD_TRY(s->emit(s->ctx, body, n, NULL));
-    return closed ? s->emit(s->ctx, CALL_CLOSE, CALL_CLOSE_LEN, NULL) : TD_OK;
+        TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, body, n, NULL));
+    return closed ? s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_CLOSE, CALL_CLOSE_LEN, NULL) : TD_OK;
+}
+
+/* stream_args: the open block's text so far (s->hold) -> its call begun, and the arguments no
+ * later text can change passed on beyond what was. */
+static td_err tool_stream(tool_split *s)
+{
+    const char *body = s->hold;
+    size_t n = s->hold_len;
+    while (n > 0 && tc_space(*body)) {
+        body++;
+        n--;
+    }
+    if (n <= LIT_LEN(FN) || memcmp(body, FN, LIT_LEN(FN)) != 0)
+        return TD_OK; /* not yet known to be the XML form, or the JSON form: whole at the end */
+    tool_call c = {0};
+    const td_err e = tc_parse_xml(body, n, json_is_array(s->tools) ? s->tools : NULL, true, &c);
+    if (e != TD_OK || !c.name) {
+        tool_call_free(&c);
+        return e == TD_EFORMAT ? TD_OK : e; /* what does not parse ends as text */
+    }
+    td_err r = TD_OK;
+    if (!s->opened) {
+        s->opened = true;
+        s->sent_len = 0;
+        const tool_call named = {.name = c.name};
+        r = s->emit(s->ctx, TOOL_EMIT_OPEN, NULL, 0, &named);
+    }
+    const size_t len = strlen(c.arguments);
+    if (r == TD_OK && len > s->sent_len) {
+        r = tool_reserve(&s->sent, &s->sent_cap, len + 1);
+        if (r == TD_OK) {
+            memcpy(s->sent + s->sent_len, c.arguments + s->sent_len, len - s->sent_len + 1);
+            r = s->emit(s->ctx, TOOL_EMIT_ARGS, c.arguments + s->sent_len, len - s->sent_len,
+                        NULL);
+            s->sent_len = len;
+        }
+    }
+    tool_call_free(&c);
+    return r;
 }
 
 static td_err tool_run(tool_split *s, const char *p, size_t n)
@@ -439,8 +557,10 @@ static td_err tool_run(tool_split *s, const char *p, size_t n)
     while (n > 0) {
         if (s->state == TOOL_IN) {
             const char *end = memmem(p, n, CALL_CLOSE, CALL_CLOSE_LEN);
-            if (!end)
-                return tool_keep(s, p, n);
+            if (!end) {
+                TD_TRY(tool_keep(s, p, n));
+                return s->stream_args ? tool_stream(s) : TD_OK;
+            }
             TD_TRY(tool_block(s, p, (size_t)(end - p), true));
             s->state = TOOL_TEXT;
             size_t skip = (size_t)(end - p) + CALL_CLOSE_LEN;
@@ -454,7 +574,7 @@ static td_err tool_run(tool_split *s, const char *p, size_t n)
             while (c > 0 && tc_space(p[c - 1])) /* whitespace before a block is dropped */
                 c--;
             if (c > 0)
-                TD_TRY(s->emit(s->ctx, p, c, NULL));
+                TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, p, c, NULL));
             s->state = TOOL_IN;
             size_t skip = (size_t)(open - p) + CALL_OPEN_LEN;
             p += skip;
@@ -476,7 +596,7 @@ static td_err tool_run(tool_split *s, const char *p, size_t n)
             while (lead < n - keep && tc_space(p[lead]))
                 lead++;
         if (n - keep > lead) {
-            TD_TRY(s->emit(s->ctx, p + lead, n - keep - lead, NULL));
+            TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, p + lead, n - keep - lead, NULL));
             s->after_call = false;
         }
         return tool_keep(s, p + n - keep, keep);
@@ -505,8 +625,9 @@ td_err tool_split_flush(tool_split *s)
         s->state = TOOL_TEXT;
         if (!s->closed_only)
             return tool_block(s, s->hold, n, false);
-        TD_TRY(s->emit(s->ctx, CALL_OPEN, CALL_OPEN_LEN, NULL));
-        return n > 0 ? s->emit(s->ctx, s->hold, n, NULL) : TD_OK;
+        s->opened = false;
+        TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_OPEN, CALL_OPEN_LEN, NULL));
+        return n > 0 ? s->emit(s->ctx, TOOL_EMIT_TEXT, s->hold, n, NULL) : TD_OK;
     }
     /* What is held is whitespace (and maybe a cut-off "<tool_c"); right after a block the
      * whitespace goes. */
@@ -514,5 +635,5 @@ td_err tool_split_flush(tool_split *s)
     if (s->after_call)
         while (lead < n && tc_space(s->hold[lead]))
             lead++;
-    return n > lead ? s->emit(s->ctx, s->hold + lead, n - lead, NULL) : TD_OK;
+    return n > lead ? s->emit(s->ctx, TOOL_EMIT_TEXT, s->hold + lead, n - lead, NULL) : TD_OK;
 }

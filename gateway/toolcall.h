@@ -25,7 +25,11 @@
  * tool_split separates streamed content text from tool-call blocks: text before, between and
  * after blocks passes on as content (whitespace next to a block is dropped), each complete
  * block is parsed and passed on as a call. A block that does not parse is passed on as the
- * content text it was, so nothing the model wrote is lost. */
+ * content text it was, so nothing the model wrote is lost. With stream_args, an XML block's
+ * call is also passed on while it is written: begun once its name is complete, then its
+ * arguments' JSON text piece by piece as far as no later text can change it (finished
+ * parameters; a string parameter's text so far), so that the pieces are always the
+ * beginning of the arguments the whole call has in the end. */
 #ifndef TANDEM_GATEWAY_TOOLCALL_H
 #define TANDEM_GATEWAY_TOOLCALL_H
 
@@ -39,6 +43,7 @@
 typedef struct tool_call {
     char *name;      /* NUL-terminated function name */
     char *arguments; /* NUL-terminated JSON text of an object */
+    size_t streamed; /* tool_split: bytes of arguments passed on before (TOOL_EMIT_ARGS) */
 } tool_call;
 
 /* Parses the text between <tool_call> and </tool_call>. tools is the request's tools array
@@ -46,8 +51,19 @@ typedef struct tool_call {
 td_err tool_parse(const char *body, size_t len, const json_t *tools, tool_call *out);
 void tool_call_free(tool_call *c);
 
-/* Receives content text (call == NULL) or a parsed call (text unused), in order. */
-typedef td_err (*tool_emit)(void *ctx, const char *text, size_t len, const tool_call *call);
+/* What the split passes on, in order. */
+typedef enum tool_emit_kind {
+    TOOL_EMIT_TEXT, /* content text (text, len) */
+    TOOL_EMIT_CALL, /* a whole call (call) */
+    TOOL_EMIT_OPEN, /* stream_args: a call begins (call: its name; arguments NULL) */
+    TOOL_EMIT_ARGS, /* stream_args: more of the begun call's arguments (text, len) */
+} tool_emit_kind;
+
+/* A call begun by TOOL_EMIT_OPEN ends as a TOOL_EMIT_CALL whose arguments start with the
+ * call->streamed bytes passed on by TOOL_EMIT_ARGS, or, when its block does not parse in the
+ * end, as the TOOL_EMIT_TEXT it was. */
+typedef td_err (*tool_emit)(void *ctx, tool_emit_kind kind, const char *text, size_t len,
+                            const tool_call *call);
 
 typedef enum tool_state {
     TOOL_TEXT = 0, /* content; "<tool_call>" may start */
@@ -61,6 +77,10 @@ typedef struct tool_split {
     bool closed_only;    /* the calls were matched as they were generated: a block the output
                           * ends inside is cut off, passed on as text, not parsed */
     bool after_call;     /* no content since the last block: leading whitespace is dropped */
+    bool stream_args;    /* pass XML calls on while they are written (see above) */
+    bool opened;         /* stream_args: the open block's call was passed on as begun */
+    char *sent;          /* stream_args: [sent_len] its arguments passed on so far */
+    size_t sent_len, sent_cap;
     char *hold;          /* [hold_len] undecided text, or the open block's body */
     size_t hold_len;     /* bytes */
     size_t hold_cap;     /* bytes allocated */

@@ -204,10 +204,34 @@ static void tool_call_in_the_output_becomes_tool_calls(void **state)
     assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, body_req, &reply, &body),
                                  200);
     gwh_normalize(body);
-    assert_non_null(strstr(body, "\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_X_0\","
-                                 "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
-                                 "\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
-                                 "\"logprobs\":null,\"finish_reason\":null}"));
+    /* streamed as written: the call with its name, then its arguments step by step (4 tokens
+     * a step) as far as they are certain */
+    static const char *const deltas[] = {
+        "{\"tool_calls\":[{\"index\":0,\"id\":\"call_X_0\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]}",
+        "{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\"}}]}",
+        "{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"city\\\": \\\"P\"}}]}",
+        "{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"aris\"}}]}",
+        "{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"\"}}]}",
+        "{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"}\"}}]}",
+    };
+    const char *at = body;
+    for (size_t i = 0; i < sizeof deltas / sizeof deltas[0]; i++) {
+        char chunk[512];
+        snprintf(chunk, sizeof chunk, "\"delta\":%s,\"logprobs\":null,\"finish_reason\":null}",
+                 deltas[i]);
+        const char *next = strstr(at, chunk);
+        if (!next)
+            fail_msg("delta %zu (%s) not after %.40s", i, deltas[i], at);
+        at = next + strlen(chunk);
+    }
+    const char *fin = "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"";
+    assert_non_null(strstr(at, "\"delta\":"));
+    assert_memory_equal(strstr(at, "\"delta\":"), fin, strlen(fin)); /* and nothing else */
+    size_t n_calls = 0;
+    for (const char *c = strstr(body, "\"tool_calls\":["); c; c = strstr(c + 1, "\"tool_calls\":["))
+        n_calls++;
+    assert_int_equal(n_calls, sizeof deltas / sizeof deltas[0]);
     assert_non_null(strstr(body, "\"delta\":{},\"logprobs\":null,\"finish_reason\":"
                                  "\"tool_calls\"}]}\n\ndata: [DONE]\n\n"));
     assert_null(strstr(body, "\"content\":\"<"));
@@ -524,17 +548,20 @@ static void responses_items_whole_and_streamed(void **state)
                  "\"call_id\":\"call_X_0\",\"name\":\"get_weather\",\"arguments\":\"\"}}\n\n"
                  "event: response.function_call_arguments.delta\ndata: {\"type\":"
                  "\"response.function_call_arguments.delta\",\"sequence_number\":15,\"item_id\":"
-                 "\"fc_X\",\"output_index\":2,\"delta\":\"{\\\"city\\\": \\\"Paris\\\"}\"}\n\n"
+                 "\"fc_X\",\"output_index\":2,\"delta\":\"{\\\"city\\\": \\\"Paris\\\"\"}\n\n"
+                 "event: response.function_call_arguments.delta\ndata: {\"type\":"
+                 "\"response.function_call_arguments.delta\",\"sequence_number\":16,\"item_id\":"
+                 "\"fc_X\",\"output_index\":2,\"delta\":\"}\"}\n\n"
                  "event: response.function_call_arguments.done\ndata: {\"type\":"
-                 "\"response.function_call_arguments.done\",\"sequence_number\":16,\"item_id\":"
+                 "\"response.function_call_arguments.done\",\"sequence_number\":17,\"item_id\":"
                  "\"fc_X\",\"output_index\":2,\"name\":\"get_weather\",\"arguments\":"
                  "\"{\\\"city\\\": \\\"Paris\\\"}\"}\n\n"
                  "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\","
-                 "\"sequence_number\":17,\"output_index\":2,\"item\":{\"id\":\"fc_X\",\"type\":"
+                 "\"sequence_number\":18,\"output_index\":2,\"item\":{\"id\":\"fc_X\",\"type\":"
                  "\"function_call\",\"status\":\"completed\",\"call_id\":\"call_X_0\",\"name\":"
                  "\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}\n\n"
                  "event: response.completed\ndata: {\"type\":\"response.completed\","
-                 "\"sequence_number\":18,\"response\":%s}\n\n",
+                 "\"sequence_number\":19,\"response\":%s}\n\n",
                  start, start, obj);
         assert_string_equal(body, expect);
         free(reply);

@@ -139,18 +139,31 @@ static void xml_form_escapes_control_characters_as_python_does(void **state)
 /* --- tool_split ------------------------------------------------------------------------------ */
 
 typedef struct sink {
-    char log[2048]; /* "C(text)" for content, "T(name|args)" for calls */
+    char log[2048]; /* "C(text)" for content, "T(name|args)" for calls; with stream_args
+                     * "O(name)" for a begun call, "A(text)" for its arguments, and a call's
+                     * "T(name|args|streamed)" */
     size_t n;
+    bool streaming;
 } sink;
 
-static td_err sink_tool(void *ctx, const char *text, size_t len, const tool_call *call)
+static td_err sink_tool(void *ctx, tool_emit_kind kind, const char *text, size_t len,
+                        const tool_call *call)
 {
     sink *s = ctx;
-    if (call)
-        s->n += (size_t)snprintf(s->log + s->n, sizeof s->log - s->n, "T(%s|%s)", call->name,
-                                 call->arguments);
-    else
-        s->n += (size_t)snprintf(s->log + s->n, sizeof s->log - s->n, "C(%.*s)", (int)len, text);
+    char *at = s->log + s->n;
+    const size_t cap = sizeof s->log - s->n;
+    switch (kind) {
+    case TOOL_EMIT_CALL:
+        if (s->streaming)
+            s->n += (size_t)snprintf(at, cap, "T(%s|%s|%zu)", call->name, call->arguments,
+                                     call->streamed);
+        else
+            s->n += (size_t)snprintf(at, cap, "T(%s|%s)", call->name, call->arguments);
+        break;
+    case TOOL_EMIT_OPEN: s->n += (size_t)snprintf(at, cap, "O(%s)", call->name); break;
+    case TOOL_EMIT_ARGS: s->n += (size_t)snprintf(at, cap, "A(%.*s)", (int)len, text); break;
+    case TOOL_EMIT_TEXT: s->n += (size_t)snprintf(at, cap, "C(%.*s)", (int)len, text); break;
+    }
     return TD_OK;
 }
 
@@ -306,6 +319,125 @@ static void prompt_open_think_detection(void **state)
     assert_true(think_prompt_open("x<think>", 8)); /* no ChatML turns: the whole prompt */
 }
 
+/* Runs pieces (NULL-ended) through a tool split with the TOOLS schemas and stream_args. */
+static void stream_pieces(const char *const *pieces, sink *s)
+{
+    memset(s, 0, sizeof *s);
+    s->streaming = true;
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    tool_split t;
+    tool_split_init(&t, tools, sink_tool, s);
+    t.stream_args = true;
+    for (size_t i = 0; pieces[i]; i++)
+        assert_int_equal(tool_split_push(&t, pieces[i], strlen(pieces[i])), TD_OK);
+    assert_int_equal(tool_split_flush(&t), TD_OK);
+    tool_split_free(&t);
+    json_decref(tools);
+}
+
+/* stream_args: a call begins once its name is complete; a string parameter streams as it is
+ * written, another type when it is finished; the whole call says how much came before. */
+static void xml_calls_stream_their_arguments(void **state)
+{
+    (void)state;
+    sink s;
+    const char *const pieces[] = {"Sure.\n<tool_call>\n<function=bo", "ok>\n<parameter=city>\nPa",
+                                  "ris", " \n", "</param", "eter>\n<parameter=nights>\n3",
+                                  "\n</parameter>\n</function>\n</tool_call>", NULL};
+    stream_pieces(pieces, &s);
+    assert_string_equal(s.log, "C(Sure.)O(book)A({\"city\": \"Pa)A(ris)A( \", \"nights\": )"
+                               "T(book|{\"city\": \"Paris \", \"nights\": 3}|29)");
+    /* a character split across pieces waits for its last byte; an escape comes whole */
+    const char *const utf8[] = {"<tool_call><function=book><parameter=city>\n\xc3", "\xa9\"",
+                                "\n</parameter></function></tool_call>", NULL};
+    stream_pieces(utf8, &s);
+    assert_string_equal(s.log, "O(book)A({\"city\": \")A(\xc3\xa9\\\")T(book|{\"city\": "
+                               "\"\xc3\xa9\\\"\"}|14)");
+    /* the JSON form comes whole */
+    const char *const json[] = {"<tool_call>\n{\"name\": \"book\", ", "\"arguments\": {}}",
+                                "\n</tool_call>", NULL};
+    stream_pieces(json, &s);
+    assert_string_equal(s.log, "T(book|{}|0)");
+    /* a begun call whose block does not parse ends as its text */
+    const char *const bad[] = {"<tool_call>\n<function=book>\n", "oops</tool_call>", NULL};
+    stream_pieces(bad, &s);
+    assert_string_equal(s.log, "O(book)A({)C(<tool_call>)C(\n<function=book>\noops)"
+                               "C(</tool_call>)");
+}
+
+/* Whatever the pieces, the arguments streamed are the beginning of the call's, and the call is
+ * the one the block gives whole. */
+static void streamed_arguments_are_always_the_calls_beginning(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "<tool_call>\n<function=book>\n<parameter=city>\nNew <York> \"x\"\\ \xe2\x82\xac\n"
+        "</parameter>\n<parameter=nights>\n2\n</parameter>\n<parameter=extra>\n{\"a\": [1]}\n"
+        "</parameter>\n<parameter=code>\nnull\n</parameter>\n</function>\n</tool_call>",
+        /* a forgotten </parameter>: the value ends at the next tag */
+        "<tool_call><function=book><parameter=city>\nRome\n<parameter=nights>\n4\n</parameter>"
+        "</function></tool_call>",
+        /* a later </parameter> takes the tag into the value */
+        "<tool_call><function=book><parameter=city>\na<parameter=x>b\n</parameter>\n</function>"
+        "</tool_call>",
+        /* the output ends inside the block: trailing whitespace goes with the trim */
+        "<tool_call>\n<function=book>\n<parameter=city>\nOslo  \n\n",
+        "<tool_call>\n<function=book>\n<parameter=city>\n\n\nx\n\n</parameter>\n</function>"
+        "</tool_call>",
+        "<tool_call><function=other><parameter=q>\nabc\n</parameter></function></tool_call>",
+    };
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        const size_t n = strlen(texts[k]);
+        sink whole;
+        memset(&whole, 0, sizeof whole);
+        tool_split t;
+        tool_split_init(&t, tools, sink_tool, &whole);
+        assert_int_equal(tool_split_push(&t, texts[k], n), TD_OK);
+        assert_int_equal(tool_split_flush(&t), TD_OK);
+        tool_split_free(&t);
+        for (size_t step = 1; step <= 7; step++) {
+            sink s;
+            memset(&s, 0, sizeof s);
+            s.streaming = true;
+            tool_split_init(&t, tools, sink_tool, &s);
+            t.stream_args = true;
+            for (size_t i = 0; i < n; i += step)
+                assert_int_equal(tool_split_push(&t, texts[k] + i, i + step <= n ? step : n - i),
+                                 TD_OK);
+            assert_int_equal(tool_split_flush(&t), TD_OK);
+            tool_split_free(&t);
+            /* the A(...) pieces joined, and the call with its streamed count */
+            char args[1024] = "", call[1024];
+            size_t at = 0;
+            for (const char *a = strstr(s.log, "A("); a; a = strstr(a + 2, ")A(")) {
+                const char *b = a[0] == 'A' ? a + 2 : a + 3;
+                const char *e = strstr(b, ")A(");
+                const char *t2 = strstr(b, ")T(");
+                if (!e || (t2 && t2 < e))
+                    e = t2;
+                assert_non_null(e);
+                memcpy(args + at, b, (size_t)(e - b));
+                at += (size_t)(e - b);
+                args[at] = 0;
+                a = e - 2;
+            }
+            const char *tc = strstr(s.log, "T(");
+            assert_non_null(tc);
+            const char *bar = strrchr(tc, '|');
+            size_t streamed = strtoul(bar + 1, NULL, 10);
+            snprintf(call, sizeof call, "%.*s)", (int)(bar - tc), tc);
+            assert_string_equal(call, whole.log);
+            assert_int_equal(streamed, at);
+            const char *full = strchr(tc, '|') + 1;
+            assert_memory_equal(full, args, at);
+            if (step == 1)
+                assert_true(at > 1); /* something streamed before the end */
+        }
+    }
+    json_decref(tools);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -325,6 +457,8 @@ int main(void)
         cmocka_unit_test(reasoning_cut_by_the_length_limit_stays_reasoning),
         cmocka_unit_test(output_without_think_is_all_content),
         cmocka_unit_test(prompt_open_think_detection),
+        cmocka_unit_test(xml_calls_stream_their_arguments),
+        cmocka_unit_test(streamed_arguments_are_always_the_calls_beginning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,19 +36,56 @@ static void check_error(td_err e, const api_error *err)
 
 static td_err sink_think(void *ctx, bool reasoning, const char *text, size_t len)
 {
-    (void)reasoning;
     tool_split *t = ctx;
     if (len == 0)
         abort(); /* empty pieces are never passed on */
-    return reasoning ? TD_OK : tool_split_push(t, text, len);
+    const td_err e = reasoning ? TD_OK : tool_split_push(t, text, len);
+    if (e == TD_EINVAL)
+        abort(); /* streamed arguments that are not the beginning of the call's */
+    return e;
 }
 
-static td_err sink_tool(void *ctx, const char *text, size_t len, const tool_call *call)
+/* A begun call's arguments as streamed (stream_args). */
+static struct {
+    bool open;
+    char args[1 << 16];
+    size_t len;
+} streamed;
+
+static td_err sink_tool(void *ctx, tool_emit_kind kind, const char *text, size_t len,
+                        const tool_call *call)
 {
     (void)ctx;
-    (void)text;
-    if (call ? !call->name[0] || !call->arguments[0] : len == 0)
-        abort(); /* calls have a name and arguments; empty text is never passed on */
+    switch (kind) {
+    case TOOL_EMIT_TEXT:
+    case TOOL_EMIT_ARGS:
+        if (len == 0 || (kind == TOOL_EMIT_ARGS && !streamed.open))
+            abort(); /* empty text is never passed on; arguments only of a begun call */
+        if (kind == TOOL_EMIT_TEXT) {
+            streamed.open = false; /* a begun call whose block did not parse: its text */
+        } else {
+            if (streamed.len + len <= sizeof streamed.args)
+                memcpy(streamed.args + streamed.len, text, len);
+            streamed.len += len;
+        }
+        break;
+    case TOOL_EMIT_OPEN:
+        if (!call->name[0] || call->arguments || streamed.open)
+            abort();
+        streamed.open = true;
+        streamed.len = 0;
+        break;
+    case TOOL_EMIT_CALL:
+        /* calls have a name and arguments; a begun one's start with what was streamed */
+        if (!call->name[0] || !call->arguments[0] ||
+            call->streamed != (streamed.open ? streamed.len : 0) ||
+            memcmp(call->arguments, streamed.args, call->streamed <= sizeof streamed.args
+                                                       ? call->streamed : 0) != 0)
+            abort();
+        streamed.open = false;
+        streamed.len = 0;
+        break;
+    }
     return TD_OK;
 }
 
@@ -105,6 +142,9 @@ static void split_output(const uint8_t *data, size_t size)
     stop_init(&f, stops, stop_lens, 3);
     tool_split ts;
     tool_split_init(&ts, tools, sink_tool, NULL);
+    ts.stream_args = size > 0 && (data[0] & 2);
+    streamed.open = false;
+    streamed.len = 0;
     think_split th;
     think_init(&th, size > 0 && (data[0] & 1), sink_think, &ts);
     size_t i = size > 0 ? 1 : 0;
@@ -122,8 +162,9 @@ static void split_output(const uint8_t *data, size_t size)
     const char *rest;
     size_t rest_len;
     stop_flush(&f, &rest, &rest_len);
-    if (think_push(&th, rest, rest_len) == TD_OK && think_flush(&th) == TD_OK)
-        tool_split_flush(&ts);
+    if (think_push(&th, rest, rest_len) == TD_OK && think_flush(&th) == TD_OK &&
+        tool_split_flush(&ts) == TD_EINVAL)
+        abort();
     think_free(&th);
     tool_split_free(&ts);
     stop_free(&f);

@@ -730,9 +730,17 @@ def test_tools_are_rendered_and_answered(server):
         else:
             assert call.name == "get_weather" and got["city"] in ("Paris", "Rome")
             assert set(got) <= {"city", "days"} and 1 <= got.get("days", 1) <= 7
-        streamed = [d.function for c in server["client"].chat.completions.create(
-            stream=True, **args) if c.choices for d in (c.choices[0].delta.tool_calls or [])]
-        assert [(f.name, json.loads(f.arguments)) for f in streamed[:1]] == [(call.name, got)]
+        # streamed: the call's name first, then its arguments as they are written, joined by
+        # index they are the whole answer's exactly
+        calls = {}
+        pieces = 0
+        for c in server["client"].chat.completions.create(stream=True, **args):
+            for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+                name, text = calls.get(d.index, (None, ""))
+                calls[d.index] = (name or d.function.name, text + (d.function.arguments or ""))
+                pieces += 1
+        assert calls == {0: (call.name, call.arguments)}
+        assert pieces > 2, pieces  # not whole at once
     # tool_choice "auto": the model (pushed to open calls by a bias on <tool_call>) writes
     # only calls of declared functions with valid arguments
     status, body = _post(server["port"], "/tokenize", json.dumps({"content": "<tool_call>"})
@@ -859,8 +867,9 @@ def test_responses_tools_formats_and_logprobs(server):
     assert calls[0].call_id.startswith("call_") and calls[0].status == "completed"
     ev = _events(server, body)
     done = [e for e in ev if e.type == "response.function_call_arguments.done"]
-    assert [(d.name, json.loads(d.arguments)) for d in done] == [(calls[0].name,
-                                                                 json.loads(calls[0].arguments))]
+    assert [(d.name, d.arguments) for d in done] == [(calls[0].name, calls[0].arguments)]
+    deltas = [e.delta for e in ev if e.type == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == calls[0].arguments and len(deltas) > 1, deltas
     # the client's stream helper rebuilds the same response from the events
     with c.responses.stream(**body) as st:
         for _ in st:
