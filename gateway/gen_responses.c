@@ -316,17 +316,19 @@ static json_t *resp_input_item(const json_t *given)
     json_t *it = json_deep_copy(given);
     const json_t *type = it ? json_object_get(it, "type") : NULL;
     const char *t = json_is_string(type) ? json_string_value(type) : "message";
-    const bool message = strcmp(t, "message") == 0;
-    if (!it || json_object_set_new(it, "type", json_string(t)) != 0)
+    const bool message = strcmp(t, "message") == 0, reasoning = strcmp(t, "reasoning") == 0;
+    const char *prefix = message ? "msg_" : !strcmp(t, "function_call") ? "fc_"
+                         : reasoning ? "rs_" : "fco_";
+    if (!it ||
+        (!json_is_string(type) && json_object_set_new(it, "type", json_string("message")) != 0))
         goto oom;
     if (!json_is_string(json_object_get(it, "id"))) {
         char id[48];
-        resp_new_id(id, sizeof id, message ? "msg_" : !strcmp(t, "function_call") ? "fc_"
-                                   : !strcmp(t, "reasoning") ? "rs_" : "fco_");
+        resp_new_id(id, sizeof id, prefix);
         if (json_object_set_new(it, "id", json_string(id)) != 0)
             goto oom;
     }
-    if (strcmp(t, "reasoning") && !json_object_get(it, "status") &&
+    if (!reasoning && !json_object_get(it, "status") &&
         json_object_set_new(it, "status", json_string("completed")) != 0)
         goto oom;
     const json_t *content = json_object_get(it, "content");
