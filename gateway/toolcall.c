@@ -214,6 +214,104 @@ static td_err tc_parse_json(const char *s, size_t n, tool_call *out)
     return TD_OK;
 }
 
+/* The end of the JSON string literal starting at s[i] == '"' (the index after its closing
+ * quote), or 0 when the text ends first. */
+static size_t tc_string_end(const char *s, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return 0;
+}
+
+static size_t tc_skip_space(const char *s, size_t n, size_t i)
+{
+    while (i < n && tc_space(s[i]))
+        i++;
+    return i;
+}
+
+/* Bytes of s [n] without an unfinished UTF-8 character at its end. */
+static size_t tc_whole_chars(const char *s, size_t n)
+{
+    size_t k = 0;
+    while (k < 3 && k < n && ((unsigned char)s[n - 1 - k] & 0xC0) == 0x80)
+        k++;
+    if (k < n) {
+        const unsigned char lead = (unsigned char)s[n - 1 - k];
+        const size_t want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+        if (want > k)
+            return n - k - 1;
+    }
+    return n;
+}
+
+/* The JSON form of an open block, partial (tool_split's stream_args): when it opens
+ * {"name": "...", "arguments": {  (or "parameters"), out gets the name and the arguments
+ * object's text so far (its own text is what the whole call keeps, tc_parse_json), up to its
+ * closing brace; else out->name stays NULL: the call comes whole at the end. */
+static td_err tc_json_prefix(const char *s, size_t n, tool_call *out)
+{
+    size_t i = tc_skip_space(s, n, 0), e;
+    if (i >= n || s[i] != '{')
+        return TD_OK;
+    i = tc_skip_space(s, n, i + 1);
+    if (n - i < 7 || memcmp(s + i, "\"name\"", 6) != 0)
+        return TD_OK;
+    i = tc_skip_space(s, n, i + 6);
+    if (i >= n || s[i] != ':')
+        return TD_OK;
+    i = tc_skip_space(s, n, i + 1);
+    if (i >= n || s[i] != '"' || !(e = tc_string_end(s, n, i)))
+        return TD_OK;
+    json_t *name = json_loadb(s + i, e - i, JSON_DECODE_ANY, NULL);
+    const bool named = json_is_string(name) && json_string_length(name) > 0 &&
+                       strlen(json_string_value(name)) == json_string_length(name);
+    i = tc_skip_space(s, n, e);
+    bool args = i < n && s[i] == ',';
+    i = args ? tc_skip_space(s, n, i + 1) : i;
+    if (args && n - i > 12 && memcmp(s + i, "\"arguments\"", 11) == 0)
+        i += 11;
+    else if (args && n - i > 13 && memcmp(s + i, "\"parameters\"", 12) == 0)
+        i += 12;
+    else
+        args = false;
+    i = args ? tc_skip_space(s, n, i) : i;
+    args = args && i < n && s[i] == ':';
+    i = args ? tc_skip_space(s, n, i + 1) : i;
+    args = args && i < n && s[i] == '{';
+    if (named && args) {
+        size_t end = i, depth = 0;
+        for (; end < n; end++) { /* to the object's closing brace, or the text's end */
+            if (s[end] == '"') {
+                const size_t se = tc_string_end(s, n, end);
+                if (!se) {
+                    end = n;
+                    break;
+                }
+                end = se - 1;
+            } else if (s[end] == '{' || s[end] == '[') {
+                depth++;
+            } else if ((s[end] == '}' || s[end] == ']') && --depth == 0) {
+                end++;
+                break;
+            }
+        }
+        out->name = tc_strndup(json_string_value(name), json_string_length(name));
+        out->arguments = tc_strndup(s + i, tc_whole_chars(s + i, end - i));
+        if (!out->name || !out->arguments) {
+            tool_call_free(out);
+            json_decref(name);
+            return err_set(TD_ENOMEM, "tool call: out of memory");
+        }
+    }
+    json_decref(name);
+    return TD_OK;
+}
+
 /* --- the XML form ----------------------------------------------------------------------- */
 
 /* The JSON type the tool's schema gives parameter param of function fn, or NULL. */
@@ -492,13 +590,15 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     s->after_call = true;
     const bool opened = s->opened;
     s->opened = false;
+    if (e == TD_OK && opened && s->sent_len > 0 &&
+        (strlen(c.arguments) < s->sent_len || memcmp(c.arguments, s->sent, s->sent_len) != 0)) {
+        /* e.g. a JSON call whose "arguments" come twice, the last not the object streamed:
+         * the call cannot end what was sent, so it ends as the text it was */
+        tool_call_free(&c);
+        s->mismatches++;
+        e = TD_EFORMAT;
+    }
     if (e == TD_OK) {
-        if (opened && s->sent_len > 0 && (strlen(c.arguments) < s->sent_len ||
-                                          memcmp(c.arguments, s->sent, s->sent_len) != 0)) {
-            tool_call_free(&c);
-            return err_set(TD_EINVAL, "tool call: the arguments streamed are not the beginning "
-                                      "of the call's");
-        }
         c.streamed = opened ? s->sent_len : 0;
         e = s->emit(s->ctx, TOOL_EMIT_CALL, NULL, 0, &c);
         tool_call_free(&c);
@@ -523,10 +623,12 @@ static td_err tool_stream(tool_split *s)
         body++;
         n--;
     }
-    if (n <= LIT_LEN(FN) || memcmp(body, FN, LIT_LEN(FN)) != 0)
-        return TD_OK; /* not yet known to be the XML form, or the JSON form: whole at the end */
     tool_call c = {0};
-    const td_err e = tc_parse_xml(body, n, json_is_array(s->tools) ? s->tools : NULL, true, &c);
+    td_err e = TD_OK;
+    if (n > 0 && body[0] == '{')
+        e = tc_json_prefix(body, n, &c);
+    else if (n > LIT_LEN(FN) && memcmp(body, FN, LIT_LEN(FN)) == 0)
+        e = tc_parse_xml(body, n, json_is_array(s->tools) ? s->tools : NULL, true, &c);
     if (e != TD_OK || !c.name) {
         tool_call_free(&c);
         return e == TD_EFORMAT ? TD_OK : e; /* what does not parse ends as text */

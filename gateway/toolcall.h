@@ -25,10 +25,11 @@
  * tool_split separates streamed content text from tool-call blocks: text before, between and
  * after blocks passes on as content (whitespace next to a block is dropped), each complete
  * block is parsed and passed on as a call. A block that does not parse is passed on as the
- * content text it was, so nothing the model wrote is lost. With stream_args, an XML block's
- * call is also passed on while it is written: begun once its name is complete, then its
- * arguments' JSON text piece by piece as far as no later text can change it (finished
- * parameters; a string parameter's text so far), so that the pieces are always the
+ * content text it was, so nothing the model wrote is lost. With stream_args, a block's call is
+ * also passed on while it is written: begun once its name is complete, then its arguments'
+ * JSON text piece by piece as far as no later text can change it (XML: finished parameters
+ * and a string parameter's text so far; JSON, {"name": ..., "arguments": {...}} in that
+ * order: the arguments object's own text so far), so that the pieces are always the
  * beginning of the arguments the whole call has in the end. */
 #ifndef TANDEM_GATEWAY_TOOLCALL_H
 #define TANDEM_GATEWAY_TOOLCALL_H
@@ -81,6 +82,8 @@ typedef struct tool_split {
     bool opened;         /* stream_args: the open block's call was passed on as begun */
     char *sent;          /* stream_args: [sent_len] its arguments passed on so far */
     size_t sent_len, sent_cap;
+    unsigned mismatches; /* stream_args: begun calls whose whole arguments did not begin with
+                          * what was passed on (they ended as text) */
     char *hold;          /* [hold_len] undecided text, or the open block's body */
     size_t hold_len;     /* bytes */
     size_t hold_cap;     /* bytes allocated */

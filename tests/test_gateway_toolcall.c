@@ -353,11 +353,22 @@ static void xml_calls_stream_their_arguments(void **state)
     stream_pieces(utf8, &s);
     assert_string_equal(s.log, "O(book)A({\"city\": \")A(\xc3\xa9\\\")T(book|{\"city\": "
                                "\"\xc3\xa9\\\"\"}|14)");
-    /* the JSON form comes whole */
-    const char *const json[] = {"<tool_call>\n{\"name\": \"book\", ", "\"arguments\": {}}",
-                                "\n</tool_call>", NULL};
+    /* the JSON form: the arguments object's own text as it comes, to its closing brace */
+    const char *const json[] = {"<tool_call>\n{\"name\": \"book\", ", "\"arguments\": {\"ci",
+                                "ty\": \"Rome\"}", "}\n</tool_call>", NULL};
     stream_pieces(json, &s);
-    assert_string_equal(s.log, "T(book|{}|0)");
+    assert_string_equal(s.log, "O(book)A({\"ci)A(ty\": \"Rome\"})T(book|{\"city\": \"Rome\"}|16)");
+    /* ... unless the keys come in another order: then whole */
+    const char *const late[] = {"<tool_call>{\"arguments\": {\"a\": 1}, ", "\"name\": \"book\"}",
+                                "</tool_call>", NULL};
+    stream_pieces(late, &s);
+    assert_string_equal(s.log, "T(book|{\"a\": 1}|0)");
+    /* "arguments" twice, the last a string: the call cannot end what was sent, it is text */
+    const char *const twice[] = {"<tool_call>{\"name\": \"book\", \"arguments\": {\"a\": 1}",
+                                 ", \"arguments\": \"{}\"}</tool_call>", NULL};
+    stream_pieces(twice, &s);
+    assert_string_equal(s.log, "O(book)A({\"a\": 1})C(<tool_call>)C({\"name\": \"book\", "
+                               "\"arguments\": {\"a\": 1}, \"arguments\": \"{}\"})C(</tool_call>)");
     /* a begun call whose block does not parse ends as its text */
     const char *const bad[] = {"<tool_call>\n<function=book>\n", "oops</tool_call>", NULL};
     stream_pieces(bad, &s);
@@ -385,6 +396,9 @@ static void streamed_arguments_are_always_the_calls_beginning(void **state)
         "<tool_call>\n<function=book>\n<parameter=city>\n\n\nx\n\n</parameter>\n</function>"
         "</tool_call>",
         "<tool_call><function=other><parameter=q>\nabc\n</parameter></function></tool_call>",
+        "<tool_call>\n{\"name\": \"book\", \"arguments\": {\"city\": \"a\\\"}{[\\u00e9\", "
+        "\"rooms\": [1, {\"b\": []}], \"x\": null}}\n</tool_call>",
+        "<tool_call>{\"name\":\"b\\u00e9\",\"parameters\":{\"q\":\"\xe2\x82\xac\"}} </tool_call>",
     };
     json_t *tools = json_loads(TOOLS, 0, NULL);
     for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
