@@ -1,8 +1,9 @@
 /* Responses kept by the gateway (/v1/responses with `store`), for `previous_response_id` and
  * GET / DELETE /v1/responses/<id> and GET /v1/responses/<id>/input_items: each response
- * object, the conversation that led to it and its request's input items, as JSON text. The least recently used go first
- * when there are more than max_items or their text passes max_bytes. In memory only: a
- * gateway restart forgets them. Safe to use from every connection thread. */
+ * object, the conversation that led to it and its request's input items, as JSON text. The
+ * least recently used go first when there are more than max_items or their text passes
+ * max_bytes. In memory only: a gateway restart forgets them. Safe to use from every
+ * connection thread. */
 #ifndef TANDEM_GATEWAY_RESPSTORE_H
 #define TANDEM_GATEWAY_RESPSTORE_H
 

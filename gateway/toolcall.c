@@ -234,7 +234,8 @@ static size_t tc_skip_space(const char *s, size_t n, size_t i)
     return i;
 }
 
-/* Bytes of s [n] without an unfinished UTF-8 character at its end. */
+/* Bytes of s [n] without an unfinished UTF-8 character at its end (a lead byte with fewer
+ * continuation bytes after it than it announces). */
 static size_t tc_whole_chars(const char *s, size_t n)
 {
     size_t k = 0;
@@ -414,17 +415,7 @@ static size_t tc_open_value(const char *v, size_t n, size_t *skip)
     }
     while (m > *skip && tc_space(v[m - 1]))
         m--;
-    /* an unfinished character: a lead byte with fewer continuation bytes than it announces */
-    size_t k = 0;
-    while (k < 3 && k < m - *skip && ((unsigned char)v[m - 1 - k] & 0xC0) == 0x80)
-        k++;
-    if (k < m - *skip) {
-        const unsigned char lead = (unsigned char)v[m - 1 - k];
-        const size_t want = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
-        if (want > k)
-            m -= k + 1;
-    }
-    return m - *skip;
+    return tc_whole_chars(v + *skip, m - *skip);
 }
 
 /* Parses the XML form. partial: s is an open block's text so far; out gets the arguments that
@@ -617,12 +608,9 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
  * later text can change passed on beyond what was. */
 static td_err tool_stream(tool_split *s)
 {
-    const char *body = s->hold;
-    size_t n = s->hold_len;
-    while (n > 0 && tc_space(*body)) {
-        body++;
-        n--;
-    }
+    const size_t lead = tc_skip_space(s->hold, s->hold_len, 0);
+    const char *body = s->hold + lead;
+    const size_t n = s->hold_len - lead;
     tool_call c = {0};
     td_err e = TD_OK;
     if (n > 0 && body[0] == '{')
