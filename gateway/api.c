@@ -17,6 +17,7 @@ typedef enum api_route {
     ROUTE_RESPONSES,
     ROUTE_RESPONSE, /* /v1/responses/<id> */
     ROUTE_RESPONSE_ITEMS, /* /v1/responses/<id>/input_items */
+    ROUTE_INPUT_TOKENS,   /* /v1/responses/input_tokens */
     ROUTE_MODELS,
     ROUTE_MODEL, /* /v1/models/<name> */
     ROUTE_HEALTH,
@@ -37,6 +38,7 @@ static const api_route_def ROUTES[] = {
     {"/v1/chat/completions", ROUTE_CHAT, true, true, MET_EP_CHAT},
     {"/v1/completions", ROUTE_COMPLETIONS, true, true, MET_EP_COMPLETIONS},
     {"/v1/responses", ROUTE_RESPONSES, true, true, MET_EP_RESPONSES},
+    {"/v1/responses/input_tokens", ROUTE_INPUT_TOKENS, true, true, MET_EP_RESPONSES},
     {"/v1/models", ROUTE_MODELS, false, true, MET_EP_MODELS},
     {"/health", ROUTE_HEALTH, false, false, MET_EP_HEALTH},
     {"/metrics", ROUTE_METRICS, false, false, MET_EP_METRICS},
@@ -177,6 +179,39 @@ static void api_metrics(gw_state *g, api_reply *r)
     r->body_len = strlen(r->body);
 }
 
+/* The prompt's tokens of a parsed chat request, which is freed. */
+static td_err api_prompt_ids(gw_state *g, gw_request *req, tok_ids *ids, api_error *e)
+{
+    bool in_think;
+    const td_err err = gen_chat_prompt(g, req, ids, &in_think, e);
+    req_free(req);
+    return err;
+}
+
+/* POST /v1/responses/input_tokens: how many tokens the prompt of a Responses body holds (its
+ * previous response's conversation, instructions, input and tools, as the template renders
+ * them; before any truncation). */
+static void api_input_tokens(gw_state *g, const api_call *c, api_reply *r)
+{
+    api_error e;
+    tok_ids ids = {0};
+    gw_request req;
+    td_err err = req_parse_responses(&req, c->body, c->body_len, g->responses, &e);
+    if (err == TD_OK)
+        err = api_prompt_ids(g, &req, &ids, &e);
+    if (err != TD_OK) {
+        tok_ids_free(&ids);
+        gen_reply_error(r, &e);
+        return;
+    }
+    json_t *o = json_pack("{s:s,s:I}", "object", "response.input_tokens", "input_tokens",
+                          (json_int_t)ids.n);
+    tok_ids_free(&ids);
+    char *body = o ? render_dump(o) : NULL;
+    json_decref(o);
+    api_json(r, 200, body);
+}
+
 /* {"content": text} (or "prompt"), or a chat's {"messages": [...]} with the fields that shape
  * its prompt (tools, chat_template_kwargs, add_generation_prompt, continue_final_message) -> the
  * tokens, their count and the context they must fit. */
@@ -190,12 +225,9 @@ static void api_tokenize(gw_state *g, const api_call *c, api_reply *r)
     td_err err;
     if (chat) {
         gw_request req;
-        bool in_think;
         err = req_parse(&req, REQ_CHAT, c->body, c->body_len, &e);
-        if (err == TD_OK) {
-            err = gen_chat_prompt(g, &req, &ids, &in_think, &e);
-            req_free(&req);
-        }
+        if (err == TD_OK)
+            err = api_prompt_ids(g, &req, &ids, &e);
     } else {
         json_t *root = NULL;
         const char *text;
@@ -309,6 +341,7 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     case ROUTE_RESPONSES: gen_handle(g, c, REQ_RESPONSES, r); break;
     case ROUTE_RESPONSE: api_response(g, id, is_delete, r); break;
     case ROUTE_RESPONSE_ITEMS: api_input_items(g, id, c, r); break;
+    case ROUTE_INPUT_TOKENS: api_input_tokens(g, c, r); break;
     case ROUTE_MODELS: api_models(g, r); break;
     case ROUTE_MODEL: api_model(g, model_name, r); break;
     case ROUTE_HEALTH: api_health(g, r); break;

@@ -8,6 +8,7 @@
  *
  *   GET, DELETE /v1/responses/<id> (a kept response)
  *   GET /v1/responses/<id>/input_items (its input items: ?limit, order, after, before, include)
+ *   POST /v1/responses/input_tokens (a Responses body's prompt tokens, counted)
  *
  * Unknown paths are 404, a known path with another method 405 (with Allow), a body over
  * --max-body 413, a missing or wrong Bearer key 401, verifyd down or not ready 503. */

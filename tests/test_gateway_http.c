@@ -669,6 +669,41 @@ static void responses_input_items_are_listed(void **state)
     gwh_g.responses = NULL;
 }
 
+/* POST /v1/responses/input_tokens: the count of the prompt the body's chat request has, as
+ * /tokenize counts that chat; a bad body is the Responses request's 400; GET is 405. */
+static void responses_input_tokens_are_counted(void **state)
+{
+    (void)state;
+    char *reply, *body;
+    assert_int_equal(gwh_request("POST", "/tokenize", NULL,
+                                 "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                                 "{\"role\":\"user\",\"content\":\"weather?\"}],\"tools\":[{"
+                                 "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                                 "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+                                 "{\"type\":\"string\"}}}}}]}", &reply, &body), 200);
+    const char *count = strstr(body, "\"count\":");
+    assert_non_null(count);
+    const long n = strtol(count + 8, NULL, 10);
+    assert_true(n > 20);
+    free(reply);
+    char req[1024], want[128];
+    snprintf(req, sizeof req, "{\"input\":\"weather?\",\"instructions\":\"Be brief.\","
+             "\"tools\":[%s]}", RESP_TOOL);
+    assert_int_equal(gwh_request("POST", "/v1/responses/input_tokens", NULL, req, &reply, &body),
+                     200);
+    snprintf(want, sizeof want, "{\"object\":\"response.input_tokens\",\"input_tokens\":%ld}", n);
+    assert_string_equal(body, want);
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/responses/input_tokens", NULL,
+                                 "{\"input\":[]}", &reply, &body), 400);
+    assert_non_null(strstr(body, "\"param\":\"input\""));
+    free(reply);
+    assert_int_equal(gwh_request("GET", "/v1/responses/input_tokens", NULL, NULL, &reply, &body),
+                     405);
+    assert_non_null(strstr(reply, "Allow: POST\r\n"));
+    free(reply);
+}
+
 /* A failure in the middle: the error event, then response.failed with the items finished. */
 static void responses_stream_failing_midway(void **state)
 {
@@ -1026,6 +1061,7 @@ int main(void)
         cmocka_unit_test(responses_items_whole_and_streamed),
         cmocka_unit_test(responses_stream_failing_midway),
         cmocka_unit_test(responses_input_items_are_listed),
+        cmocka_unit_test(responses_input_tokens_are_counted),
         cmocka_unit_test(busy_verifyd_is_waited_for),
         cmocka_unit_test(prompt_longer_than_the_context_is_400_with_the_numbers),
         cmocka_unit_test(client_disconnect_cancels_the_generation),

@@ -972,6 +972,11 @@ def test_a_kept_response_continues_and_can_be_fetched_and_deleted(server):
                   {"role": "assistant", "content": r1.output_text},
                   {"role": "user", "content": "Go on."}])
     assert r2.output_text == ref.choices[0].message.content
+    # the prompt counted without generating: what the response's usage says it was
+    counted = c.responses.input_tokens.count(model=m, input="Go on.", previous_response_id=r1.id,
+                                             reasoning={"effort": "none"})
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == r2.usage.input_tokens
     # the same turn with the first response's output items sent back as input, as agent loops
     # do: the same answer
     again = c.responses.create(input=[{"role": "user", "content": "Tell me a story."}]
