@@ -250,11 +250,37 @@ static size_t tc_whole_chars(const char *s, size_t n)
     return n;
 }
 
+/* Scans JSON text s [n] on from f->at + f->scan with the state f holds there; true once the
+ * outermost bracket closed (f->scan just past it). */
+static bool tc_json_scan(const char *s, size_t n, tool_fast *f)
+{
+    for (size_t i = f->at + f->scan; i < n; i++) {
+        const char c = s[i];
+        f->scan++;
+        if (f->in_str) {
+            if (f->esc)
+                f->esc = false;
+            else if (c == '\\')
+                f->esc = true;
+            else if (c == '"')
+                f->in_str = false;
+        } else if (c == '"') {
+            f->in_str = true;
+        } else if (c == '{' || c == '[') {
+            f->depth++;
+        } else if ((c == '}' || c == ']') && --f->depth == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The JSON form of an open block, partial (tool_split's stream_args): when it opens
  * {"name": "...", "arguments": {  (or "parameters"), out gets the name and the arguments
  * object's text so far (its own text is what the whole call keeps, tc_parse_json), up to its
- * closing brace; else out->name stays NULL: the call comes whole at the end. */
-static td_err tc_json_prefix(const char *s, size_t n, tool_call *out)
+ * closing brace, and *open where the object stands when it is still open; else out->name stays
+ * NULL: the call comes whole at the end. */
+static td_err tc_json_prefix(const char *s, size_t n, tool_call *out, tool_fast *open)
 {
     size_t i = tc_skip_space(s, n, 0), e;
     if (i >= n || s[i] != '{')
@@ -285,24 +311,13 @@ static td_err tc_json_prefix(const char *s, size_t n, tool_call *out)
     i = args ? tc_skip_space(s, n, i + 1) : i;
     args = args && i < n && s[i] == '{';
     if (named && args) {
-        size_t end = i, depth = 0;
-        for (; end < n; end++) { /* to the object's closing brace, or the text's end */
-            if (s[end] == '"') {
-                const size_t se = tc_string_end(s, n, end);
-                if (!se) {
-                    end = n;
-                    break;
-                }
-                end = se - 1;
-            } else if (s[end] == '{' || s[end] == '[') {
-                depth++;
-            } else if ((s[end] == '}' || s[end] == ']') && --depth == 0) {
-                end++;
-                break;
-            }
-        }
+        tool_fast f = {.kind = TOOL_FAST_JSON, .at = i};
+        const bool closed = tc_json_scan(s, n, &f);
+        f.done = closed ? f.scan : tc_whole_chars(s + i, f.scan);
+        if (!closed)
+            *open = f;
         out->name = tc_strndup(json_string_value(name), json_string_length(name));
-        out->arguments = tc_strndup(s + i, tc_whole_chars(s + i, end - i));
+        out->arguments = tc_strndup(s + i, f.done);
         if (!out->name || !out->arguments) {
             tool_call_free(out);
             json_decref(name);
@@ -395,36 +410,44 @@ static bool tc_at(const char *s, size_t n, const char *lit, size_t lit_len, bool
     return partial && memcmp(s, lit, n) == 0;
 }
 
-/* Of a string value still being written (v [n], after its '>'), the bytes no later text can
- * change: not its leading newline (the template's), nothing from a '<' that is or may become
- * a tag on, no trailing whitespace (the newline before the closing tag, or the end of the
- * block), no unfinished UTF-8 character. *skip: the leading bytes left out. */
-static size_t tc_open_value(const char *v, size_t n, size_t *skip)
+/* Of a string value still being written (v [n], after its '>'), where the bytes no later text
+ * can change end, scanning from `from` (what is before it is known to be such): nothing from a
+ * '<' that is or may become a tag on (*tag: a whole tag is there, which the value may end at),
+ * no trailing whitespace (the newline before the closing tag, or the end of the block), no
+ * unfinished UTF-8 character. The value's leading newline (the template's) is the caller's. */
+static size_t tc_value_stable(const char *v, size_t n, size_t from, bool *tag)
 {
     static const char *const tags[] = {PARAM, PARAM_END, FN_END, "</tool_call>"};
-    *skip = n > 0 && v[0] == '\n';
-    size_t m = *skip;
+    *tag = false;
+    size_t m = from;
     for (; m < n; m++) {
         if (v[m] != '<')
             continue;
-        bool tag = false;
-        for (size_t k = 0; k < sizeof tags / sizeof tags[0] && !tag; k++)
-            tag = tc_at(v + m, n - m, tags[k], strlen(tags[k]), true);
-        if (tag)
+        bool stop = false;
+        for (size_t k = 0; k < sizeof tags / sizeof tags[0]; k++) {
+            const size_t len = strlen(tags[k]);
+            if (tc_at(v + m, n - m, tags[k], len, true)) {
+                stop = true;
+                *tag |= n - m >= len;
+            }
+        }
+        if (stop)
             break;
     }
-    while (m > *skip && tc_space(v[m - 1]))
+    while (m > from && tc_space(v[m - 1]))
         m--;
-    return tc_whole_chars(v + *skip, m - *skip);
+    return from + tc_whole_chars(v + from, m - from);
 }
 
-/* Parses the XML form. partial: s is an open block's text so far; out gets the arguments that
- * no later text can change (the name when it is complete, else NULL; "{" without its "}",
- * each finished parameter, and of a string parameter being written its text so far, see
- * tc_open_value), and TD_EFORMAT only for what no later text can mend. */
-static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, bool partial,
+/* Parses the XML form. open (partial): s is an open block's text so far; out gets the
+ * arguments that no later text can change (the name when it is complete, else NULL; "{"
+ * without its "}", each finished parameter, and of a string parameter being written its text
+ * so far, see tc_value_stable, which *open then locates), and TD_EFORMAT only for what no later
+ * text can mend. open NULL: the whole block. */
+static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_fast *open,
                            tool_call *out)
 {
+    const bool partial = open != NULL;
     const char *end = s + n;
     const char *p = s + LIT_LEN(FN);
     const char *gt = memchr(p, '>', (size_t)(end - p));
@@ -478,10 +501,12 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, bool pa
         const char *ve = tc_find(v, (size_t)(end - v), PARAM_END);
         if (!ve && partial) { /* still being written: only a string streams */
             if (type && strcmp(type, "string") == 0) {
-                size_t skip;
-                const size_t m = tc_open_value(v, (size_t)(end - v), &skip);
+                const size_t vn = (size_t)(end - v), skip = vn > 0 && v[0] == '\n';
+                bool tag;
+                const size_t m = tc_value_stable(v, vn, skip, &tag);
                 tc_put(&args, "\"", 1);
-                tc_put_json_chars(&args, v + skip, m);
+                tc_put_json_chars(&args, v + skip, m - skip);
+                *open = (tool_fast){.kind = TOOL_FAST_XML, .at = (size_t)(v - s), .done = m};
             }
             break;
         }
@@ -523,7 +548,7 @@ td_err tool_parse(const char *body, size_t len, const json_t *tools, tool_call *
     if (len > 0 && body[0] == '{')
         return tc_parse_json(body, len, out);
     if (len >= 10 && memcmp(body, "<function=", 10) == 0)
-        return tc_parse_xml(body, len, json_is_array(tools) ? tools : NULL, false, out);
+        return tc_parse_xml(body, len, json_is_array(tools) ? tools : NULL, NULL, out);
     return err_set(TD_EFORMAT, "tool call: neither a JSON object nor a <function=...> block");
 }
 
@@ -581,6 +606,7 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     s->after_call = true;
     const bool opened = s->opened;
     s->opened = false;
+    s->fast = (tool_fast){0};
     if (e == TD_OK && opened && s->sent_len > 0 &&
         (strlen(c.arguments) < s->sent_len || memcmp(c.arguments, s->sent, s->sent_len) != 0)) {
         /* e.g. a JSON call whose "arguments" come twice, the last not the object streamed:
@@ -604,24 +630,72 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     return closed ? s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_CLOSE, CALL_CLOSE_LEN, NULL) : TD_OK;
 }
 
+/* Passes on more of the begun call's arguments (s->sent grows by them). */
+static td_err tool_more(tool_split *s, const char *text, size_t n)
+{
+    if (n == 0)
+        return TD_OK;
+    TD_TRY(tool_reserve(&s->sent, &s->sent_cap, s->sent_len + n + 1));
+    memcpy(s->sent + s->sent_len, text, n);
+    s->sent_len += n;
+    s->sent[s->sent_len] = 0;
+    return s->emit(s->ctx, TOOL_EMIT_ARGS, text, n, NULL);
+}
+
+/* The fast way on (s->fast): new text continues the string value or the object passed on so
+ * far; 1 when it did (done), 0 when the block must be parsed again. */
+static int tool_stream_fast(tool_split *s, td_err *r)
+{
+    tool_fast *f = &s->fast;
+    const char *v = s->hold + f->at;
+    const size_t n = s->hold_len - f->at;
+    tc_buf esc = {0};
+    *r = TD_OK;
+    if (f->kind == TOOL_FAST_XML) {
+        if (f->done == 0 && n > 0 && v[0] == '\n')
+            f->done = 1; /* the template's newline */
+        bool tag;
+        const size_t m = tc_value_stable(v, n, f->done, &tag);
+        if (tag)
+            return 0; /* the value may end here: the parser decides */
+        tc_put_json_chars(&esc, v + f->done, m - f->done);
+        f->done = m;
+    } else {
+        const bool closed = tc_json_scan(s->hold, s->hold_len, f);
+        const size_t m = closed ? f->scan : tc_whole_chars(v, f->scan);
+        tc_put(&esc, v + f->done, m - f->done);
+        f->done = m;
+        if (closed)
+            f->kind = 0; /* the arguments are whole: nothing more until the block ends */
+    }
+    *r = esc.oom ? err_set(TD_ENOMEM, "tool calls: out of memory") : tool_more(s, esc.p, esc.len);
+    free(esc.p);
+    return 1;
+}
+
 /* stream_args: the open block's text so far (s->hold) -> its call begun, and the arguments no
  * later text can change passed on beyond what was. */
 static td_err tool_stream(tool_split *s)
 {
+    td_err r;
+    if (s->fast.kind && tool_stream_fast(s, &r))
+        return r;
     const size_t lead = tc_skip_space(s->hold, s->hold_len, 0);
     const char *body = s->hold + lead;
     const size_t n = s->hold_len - lead;
     tool_call c = {0};
+    tool_fast open = {0};
     td_err e = TD_OK;
     if (n > 0 && body[0] == '{')
-        e = tc_json_prefix(body, n, &c);
+        e = tc_json_prefix(body, n, &c, &open);
     else if (n > LIT_LEN(FN) && memcmp(body, FN, LIT_LEN(FN)) == 0)
-        e = tc_parse_xml(body, n, json_is_array(s->tools) ? s->tools : NULL, true, &c);
+        e = tc_parse_xml(body, n, json_is_array(s->tools) ? s->tools : NULL, &open, &c);
+    s->fast = (tool_fast){0};
     if (e != TD_OK || !c.name) {
         tool_call_free(&c);
         return e == TD_EFORMAT ? TD_OK : e; /* what does not parse ends as text */
     }
-    td_err r = TD_OK;
+    r = TD_OK;
     if (!s->opened) {
         s->opened = true;
         s->sent_len = 0;
@@ -629,14 +703,11 @@ static td_err tool_stream(tool_split *s)
         r = s->emit(s->ctx, TOOL_EMIT_OPEN, NULL, 0, &named);
     }
     const size_t len = strlen(c.arguments);
-    if (r == TD_OK && len > s->sent_len) {
-        r = tool_reserve(&s->sent, &s->sent_cap, len + 1);
-        if (r == TD_OK) {
-            memcpy(s->sent + s->sent_len, c.arguments + s->sent_len, len - s->sent_len + 1);
-            r = s->emit(s->ctx, TOOL_EMIT_ARGS, c.arguments + s->sent_len, len - s->sent_len,
-                        NULL);
-            s->sent_len = len;
-        }
+    if (r == TD_OK && len > s->sent_len)
+        r = tool_more(s, c.arguments + s->sent_len, len - s->sent_len);
+    if (r == TD_OK && open.kind) {
+        s->fast = open;
+        s->fast.at += lead;
     }
     tool_call_free(&c);
     return r;
@@ -698,6 +769,15 @@ td_err tool_split_push(tool_split *s, const char *text, size_t len)
 {
     if (len == 0)
         return TD_OK;
+    if (s->state == TOOL_IN) { /* the open block grows: only its new end is looked at */
+        const size_t old = s->hold_len, from = old > CALL_CLOSE_LEN ? old - CALL_CLOSE_LEN : 0;
+        TD_TRY(tool_reserve(&s->hold, &s->hold_cap, old + len + 1));
+        memcpy(s->hold + old, text, len);
+        s->hold_len = old + len;
+        if (!memmem(s->hold + from, s->hold_len - from, CALL_CLOSE, CALL_CLOSE_LEN))
+            return s->stream_args ? tool_stream(s) : TD_OK;
+        s->hold_len = old; /* the block ends in this text: the whole way below */
+    }
     size_t n = s->hold_len + len;
     TD_TRY(tool_reserve(&s->scratch, &s->scratch_cap, n + 1));
     if (s->hold_len)
@@ -716,6 +796,7 @@ td_err tool_split_flush(tool_split *s)
         if (!s->closed_only)
             return tool_block(s, s->hold, n, false);
         s->opened = false;
+        s->fast = (tool_fast){0};
         TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_OPEN, CALL_OPEN_LEN, NULL));
         return n > 0 ? s->emit(s->ctx, TOOL_EMIT_TEXT, s->hold, n, NULL) : TD_OK;
     }

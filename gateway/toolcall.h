@@ -71,6 +71,20 @@ typedef enum tool_state {
     TOOL_IN,       /* inside a block, waiting for "</tool_call>" */
 } tool_state;
 
+/* Where an open block's arguments stand after they were passed on: the XML string value or the
+ * JSON arguments object that new text continues, so that only the new text is looked at. */
+typedef struct tool_fast {
+    int kind;      /* 0: nowhere (the open block is parsed again), else TOOL_FAST_* */
+    size_t at;     /* in the open block's text: the value's first byte, the object's '{' */
+    size_t done;   /* bytes of it passed on (XML: its leading newline included) */
+    size_t scan;   /* JSON: bytes of it scanned, and there: */
+    size_t depth;  /*   the brackets open, */
+    bool in_str;   /*   inside a string, */
+    bool esc;      /*   right after a backslash in it */
+} tool_fast;
+
+enum { TOOL_FAST_XML = 1, TOOL_FAST_JSON };
+
 typedef struct tool_split {
     tool_state state;
     const json_t *tools; /* borrowed: the request's tools, for parameter types */
@@ -89,6 +103,7 @@ typedef struct tool_split {
     size_t hold_cap;     /* bytes allocated */
     char *scratch;       /* [scratch_cap] hold + the new piece */
     size_t scratch_cap;
+    tool_fast fast;      /* stream_args: where new text only continues what was passed on */
     tool_emit emit;
     void *ctx;
 } tool_split;

@@ -139,7 +139,7 @@ static void xml_form_escapes_control_characters_as_python_does(void **state)
 /* --- tool_split ------------------------------------------------------------------------------ */
 
 typedef struct sink {
-    char log[2048]; /* "C(text)" for content, "T(name|args)" for calls; with stream_args
+    char log[1 << 17]; /* "C(text)" for content, "T(name|args)" for calls; with stream_args
                      * "O(name)" for a begun call, "A(text)" for its arguments, and a call's
                      * "T(name|args|streamed)" */
     size_t n;
@@ -164,6 +164,7 @@ static td_err sink_tool(void *ctx, tool_emit_kind kind, const char *text, size_t
     case TOOL_EMIT_ARGS: s->n += (size_t)snprintf(at, cap, "A(%.*s)", (int)len, text); break;
     case TOOL_EMIT_TEXT: s->n += (size_t)snprintf(at, cap, "C(%.*s)", (int)len, text); break;
     }
+    assert_true(s->n < sizeof s->log);
     return TD_OK;
 }
 
@@ -400,14 +401,27 @@ static void streamed_arguments_are_always_the_calls_beginning(void **state)
         "\"rooms\": [1, {\"b\": []}], \"x\": null}}\n</tool_call>",
         "<tool_call>{\"name\":\"b\\u00e9\",\"parameters\":{\"q\":\"\xe2\x82\xac\"}} </tool_call>",
     };
+    /* and a long value, most of it passed on the fast way (only its new end looked at) */
+    static char long_text[8192];
+    size_t at = (size_t)snprintf(long_text, sizeof long_text, "%s",
+                                 "<tool_call>\n<function=book>\n<parameter=city>\n");
+    for (int i = 0; i < 200; i++)
+        at += (size_t)snprintf(long_text + at, sizeof long_text - at, "a<b \"q\"\\ \xc3\xa9\n%d ",
+                               i);
+    snprintf(long_text + at, sizeof long_text - at, "%s",
+             "\n</parameter>\n<parameter=code>\nx\n</parameter>\n</function>\n</tool_call>");
+    const char *all[sizeof texts / sizeof texts[0] + 1];
+    memcpy(all, texts, sizeof texts);
+    all[sizeof texts / sizeof texts[0]] = long_text;
     json_t *tools = json_loads(TOOLS, 0, NULL);
-    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
-        const size_t n = strlen(texts[k]);
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+        const char *text = all[k];
+        const size_t n = strlen(text);
         sink whole;
         memset(&whole, 0, sizeof whole);
         tool_split t;
         tool_split_init(&t, tools, sink_tool, &whole);
-        assert_int_equal(tool_split_push(&t, texts[k], n), TD_OK);
+        assert_int_equal(tool_split_push(&t, text, n), TD_OK);
         assert_int_equal(tool_split_flush(&t), TD_OK);
         tool_split_free(&t);
         for (size_t step = 1; step <= 7; step++) {
@@ -417,12 +431,13 @@ static void streamed_arguments_are_always_the_calls_beginning(void **state)
             tool_split_init(&t, tools, sink_tool, &s);
             t.stream_args = true;
             for (size_t i = 0; i < n; i += step)
-                assert_int_equal(tool_split_push(&t, texts[k] + i, i + step <= n ? step : n - i),
+                assert_int_equal(tool_split_push(&t, text + i, i + step <= n ? step : n - i),
                                  TD_OK);
             assert_int_equal(tool_split_flush(&t), TD_OK);
             tool_split_free(&t);
             /* the A(...) pieces joined, and the call with its streamed count */
-            char args[1024] = "", call[1024];
+            static char args[16384], call[16384];
+            args[0] = 0;
             size_t at = 0;
             for (const char *a = strstr(s.log, "A("); a; a = strstr(a + 2, ")A(")) {
                 const char *b = a[0] == 'A' ? a + 2 : a + 3;
