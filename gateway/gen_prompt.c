@@ -12,9 +12,16 @@
 td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *in_think,
                        api_error *e)
 {
-    if (!g->tmpl)
+    chat_template *own = NULL; /* the request's chat_template */
+    if (req->chat_template &&
+        chat_template_init(&own, req->chat_template, req->chat_template_len) != TD_OK)
+        return apierr_set(e, 400, "invalid_value", "chat_template",
+                          "Invalid value for 'chat_template': %s", err_msg());
+    const chat_template *tmpl = own ? own : g->tmpl;
+    if (!tmpl)
         return apierr_set(e, 400, "no_chat_template", NULL,
-                          "The model file has no chat template; use /v1/completions.");
+                          "The model file has no chat template; use /v1/completions, or send "
+                          "one as 'chat_template'.");
     chat_opts o = {
         .tools = req->tools,
         .add_generation_prompt = req->add_generation_prompt,
@@ -26,7 +33,9 @@ td_err gen_chat_prompt(gw_state *g, const gw_request *req, tok_ids *ids, bool *i
     };
     char *text = NULL;
     size_t len = 0;
-    if (chat_template_render(g->tmpl, req->messages, &o, &text, &len) != TD_OK)
+    const td_err rendered = chat_template_render(tmpl, req->messages, &o, &text, &len);
+    chat_template_free(own);
+    if (rendered != TD_OK)
         return apierr_set(e, 400, "invalid_messages", req_prompt_param(req),
                           "The chat template cannot render these messages: %s", err_msg());
     *in_think = think_prompt_open(text, len);
@@ -248,8 +257,8 @@ td_err gen_tool_spec(api_stream *s, api_error *e)
                       tok_id_of(s->g->tok, "<tool_call>", 11) < 0 ||
                       tok_id_of(s->g->tok, "</tool_call>", 12) < 0))
         return TD_OK;
-    const chat_model *ci = &s->g->chat;
-    const bool xml = ci->template_text && strstr(ci->template_text, "<function=");
+    const char *tmpl = s->req.chat_template ? s->req.chat_template : s->g->chat.template_text;
+    const bool xml = tmpl && strstr(tmpl, "<function=");
     json_t *tools = json_array();
     size_t i;
     const json_t *t;

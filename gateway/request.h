@@ -88,6 +88,10 @@ typedef struct gw_request {
                                      message's text, which the output continues */
     chat_think enable_thinking;   /* from chat_template_kwargs.enable_thinking */
     const json_t *template_kwargs; /* chat_template_kwargs object in root, or NULL */
+    const char *chat_template;     /* vLLM's chat_template: this request's Jinja template (in
+                                    * root, [chat_template_len] bytes) instead of the model's,
+                                    * or NULL */
+    size_t chat_template_len;
 
     /* completion: the prompts, 1..REQ_PROMPTS_MAX; each gets n choices (best_of candidates),
      * numbered prompt by prompt */

@@ -304,6 +304,14 @@ td_err req_chat(gw_request *r, api_error *e)
                           "Invalid value for 'continue_final_message': it continues the final "
                           "message, so 'add_generation_prompt' (true by default), which opens a "
                           "new one, must be false.");
+    const json_t *tmpl = req_field(r->root, "chat_template");
+    if (tmpl && !json_is_string(tmpl))
+        return req_bad_type(e, "chat_template", "a string", tmpl);
+    if (tmpl && json_string_length(tmpl) == 0)
+        return apierr_set(e, 400, "invalid_value", "chat_template",
+                          "Invalid value for 'chat_template': an empty template.");
+    r->chat_template = tmpl ? json_string_value(tmpl) : NULL;
+    r->chat_template_len = tmpl ? json_string_length(tmpl) : 0;
     const json_t *kw = req_field(r->root, "chat_template_kwargs");
     if (kw) {
         if (!json_is_object(kw))

@@ -29,7 +29,7 @@ static const char *const RESP_PASS[] = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias",
     "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
     "include_stop_str_in_output", "allowed_token_ids", "bad_words", "chat_template_kwargs",
-    "structured_outputs",
+    "chat_template", "structured_outputs",
 };
 
 static td_err resp_oom(api_error *e)

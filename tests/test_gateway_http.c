@@ -154,6 +154,49 @@ static void stop_string_ends_the_text_and_cancels_verifyd(void **state)
 
 /* Control tokens in the output print nothing, or their text with skip_special_tokens false
  * (vLLM's). */
+/* vLLM's chat_template: the request's own template renders the prompt verifyd gets (and
+ * /tokenize counts); one that does not parse is a 400 naming it. */
+static void a_requests_own_chat_template_renders_its_prompt(void **state)
+{
+    (void)state;
+    fake_script s = {.step = 1, .tokens = {64}, .n_tokens = 1};
+    fake_verifyd_script(gwh_fake, &s);
+    static const char tmpl[] =
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}";
+    char req[1024], *reply, *body;
+    snprintf(req, sizeof req, "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+             "{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template\":\"%s\"}", tmpl);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL, req, &reply, &body), 200);
+    free(reply);
+    uint32_t want[64], got[64], stop[8];
+    const size_t n = gwh_tokens("[system] Be brief.\n[user] hi\n[assistant] ", 0, want, 64);
+    msg_gen_start m;
+    assert_true(fake_verifyd_last_start(gwh_fake, &m, got, 64, stop, 8));
+    assert_int_equal(m.n_prompt, n);
+    assert_memory_equal(got, want, n * sizeof *got);
+    assert_int_equal(gwh_request("POST", "/tokenize", NULL, req, &reply, &body), 200);
+    char count[32];
+    snprintf(count, sizeof count, "\"count\":%zu,", n);
+    assert_non_null(strstr(body, count));
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"chat_template\":\"{% for m in messages %}\"}", &reply, &body),
+                     400);
+    assert_non_null(strstr(body, "\"message\":\"Invalid value for 'chat_template': "));
+    assert_non_null(strstr(body, "\"param\":\"chat_template\",\"code\":\"invalid_value\""));
+    free(reply);
+    assert_int_equal(gwh_request("POST", "/v1/chat/completions", NULL,
+                                 "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                 "\"chat_template\":7}", &reply, &body), 400);
+    assert_string_equal(body, "{\"error\":{\"message\":\"Invalid type for 'chat_template': "
+                              "expected a string, but got an integer instead.\",\"type\":"
+                              "\"invalid_request_error\",\"param\":\"chat_template\",\"code\":"
+                              "\"invalid_type\"}}");
+    free(reply);
+}
+
 static void special_tokens_show_when_asked_for(void **state)
 {
     (void)state;
@@ -1051,6 +1094,7 @@ int main(void)
         cmocka_unit_test(chat_stream_sends_exact_chunks),
         cmocka_unit_test(stop_string_ends_the_text_and_cancels_verifyd),
         cmocka_unit_test(special_tokens_show_when_asked_for),
+        cmocka_unit_test(a_requests_own_chat_template_renders_its_prompt),
         cmocka_unit_test(tool_call_in_the_output_becomes_tool_calls),
         cmocka_unit_test(one_tool_call_when_parallel_calls_are_off),
         cmocka_unit_test(reasoning_opened_by_the_prompt_is_split_off),

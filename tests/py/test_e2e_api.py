@@ -239,6 +239,27 @@ def test_n_choices_each_equal_a_request_of_their_own(server):
     assert streamed == texts
 
 
+def test_a_requests_own_chat_template_renders_its_prompt(server):
+    """vLLM's chat_template: the chat answer is the completion of the text that template
+    renders, token for token."""
+    c, m = server["client"], server["model"]
+    tmpl = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}")
+    msgs = [{"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "Name a colour."}]
+    chat = c.chat.completions.create(model=m, messages=msgs, max_tokens=12, temperature=0,
+                                     extra_body={"chat_template": tmpl, "ignore_eos": True})
+    text = "system: Answer in one word.\nuser: Name a colour.\nassistant:"
+    plain = c.completions.create(model=m, prompt=text, max_tokens=12, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert chat.choices[0].message.content == plain.choices[0].text
+    status, body = _post(server["port"], "/v1/chat/completions", json.dumps(
+        {"messages": msgs, "chat_template": "{% if %}"}).encode())
+    err = _error(status, body, 400, "invalid_value")
+    assert err["param"] == "chat_template"
+
+
 def test_chat_usage_and_max_tokens(server):
     r = server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": "Hello!"}], max_tokens=8,
