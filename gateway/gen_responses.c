@@ -6,7 +6,9 @@
  * is opened (response.output_item.added, response.content_part.added), grows by deltas
  * (response.reasoning_text.delta, response.output_text.delta) and is closed (the .done events
  * with its whole text, then response.output_item.done) when an item of another kind starts or
- * the generation ends; a function call is whole at once. Every event has a sequence_number
+ * the generation ends; a function call is added once its name is known (OUT_CALL_OPEN, or
+ * whole), grows by response.function_call_arguments.delta and is done when its block ends.
+ * Every event has a sequence_number
  * from 0, and the stream ends with response.completed (response.incomplete when
  * max_output_tokens cut it) holding the whole response. */
 #include <stdio.h>
