@@ -31,11 +31,17 @@ typedef struct cm_fn {
     uint32_t n_par;
     bool any;          /* no properties declared: any names, free values */
     uint64_t required; /* bits of par */
+    cm_name end;       /* tags: the structure's end (name: its begin) */
+    jc_schema *tag_sc; /* tags: its schema */
 } cm_fn;
 
 struct cm_grammar {
     jc_schema *doc;  /* the JSON form's schema; NULL for the XML form */
     bool choice;     /* a choice: fn[].name are the strings */
+    bool tags;       /* structural tags: fn[] are the structures, trig the triggers */
+    cm_name *trig;   /* [n_trig] */
+    uint32_t n_trig;
+    bool tag_plain;  /* every trigger opens with a byte plain free text has not (cm_free_text) */
     cm_fn *fn;       /* [n_fn] sorted by name */
     uint32_t n_fn;
     size_t jc_size;  /* the largest jsonc state */
@@ -54,6 +60,10 @@ enum {
     CM_POST,    /* after "</function>": whitespace only */
     CM_DOC,     /* the JSON form */
     CM_CHOICE,  /* a choice: len bytes of the strings [lo, hi) so far */
+    CM_TFREE,   /* tags: free text whose last len bytes begin trigger fn */
+    CM_TBEGIN,  /* tags: len bytes of the begins [lo, hi) so far */
+    CM_TDOC,    /* tags: structure fn's JSON */
+    CM_TEND,    /* tags: len bytes of its end so far */
 };
 
 enum { LIT_FN, LIT_PAR, LIT_FEND };
@@ -74,6 +84,12 @@ typedef struct cm_head {
 _Static_assert(sizeof(cm_head) % 8 == 0, "the jsonc state after the head stays aligned");
 
 #define CM_JC(st) ((uint8_t *)(st) + sizeof(cm_head))
+
+static int cm_name_cmp(const cm_name *a, const cm_name *b)
+{
+    int c = memcmp(a->s, b->s, a->len < b->len ? a->len : b->len);
+    return c ? c : (a->len > b->len) - (a->len < b->len);
+}
 
 static bool cm_ws(uint8_t b)
 {
@@ -100,7 +116,9 @@ void cm_state_init(const cm_grammar *g, void *st)
 {
     cm_head *h = st;
     memset(h, 0, sizeof *h);
-    if (g->choice) {
+    if (g->tags) {
+        h->at = CM_TFREE;
+    } else if (g->choice) {
         h->at = CM_CHOICE;
         h->hi = (uint16_t)g->n_fn;
     } else if (g->doc) {
@@ -115,6 +133,8 @@ void cm_state_copy(const cm_grammar *g, void *dst, const void *src)
     memcpy(dst, src, sizeof *h);
     if (h->at == CM_DOC) {
         jc_state_copy(g->doc, CM_JC(dst), CM_JC(src));
+    } else if (h->at == CM_TDOC) {
+        jc_state_copy(g->fn[h->fn].tag_sc, CM_JC(dst), CM_JC(src));
     } else if (h->at == CM_VAL) {
         const cm_param *p = cm_cur(g, h);
         if (p)
@@ -312,9 +332,94 @@ static bool cm_val_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b
     return cm_put(p, h, jst, b);
 }
 
+/* tags, free text: the longest end of the text (the len bytes of trigger fn that end it, and
+ * b) that begins a trigger; a whole one begins its structures. */
+static void cm_tag_free(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b)
+{
+    char text[CM_NAME_MAX + 1];
+    size_t n = h->len;
+    if (n)
+        memcpy(text, g->trig[h->fn].s, n);
+    text[n++] = (char)b;
+    h->fn = 0;
+    h->len = 0;
+    for (size_t k = 0; k < n && !h->len; k++) /* the longest end first */
+        for (uint32_t t = 0; t < g->n_trig; t++)
+            if (n - k <= g->trig[t].len && memcmp(g->trig[t].s, text + k, n - k) == 0) {
+                h->fn = (uint16_t)t;
+                h->len = (uint32_t)(n - k);
+                break;
+            }
+    if (h->len == 0 || h->len < g->trig[h->fn].len)
+        return;
+    /* a trigger is whole: the structures whose begins it opens (a range: begins sorted) */
+    const cm_name *tr = &g->trig[h->fn];
+    uint32_t lo = 0;
+    while (lo < g->n_fn && cm_name_cmp(&g->fn[lo].name, tr) < 0)
+        lo++;
+    uint32_t hi = lo;
+    while (hi < g->n_fn && g->fn[hi].name.len >= tr->len &&
+           memcmp(g->fn[hi].name.s, tr->s, tr->len) == 0)
+        hi++;
+    h->at = CM_TBEGIN;
+    h->lo = (uint16_t)lo;
+    h->hi = (uint16_t)hi;
+    if (g->fn[lo].name.len == h->len) { /* the begin is the trigger itself */
+        h->at = CM_TDOC;
+        h->fn = (uint16_t)lo;
+        jc_state_init(g->fn[lo].tag_sc, jst);
+    }
+}
+
+static bool cm_tag_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b)
+{
+    switch (h->at) {
+    case CM_TFREE:
+        cm_tag_free(g, h, jst, b);
+        return true;
+    case CM_TBEGIN:
+        if (!cm_narrow(g, h, b))
+            return false;
+        if (g->fn[h->lo].name.len == h->len) { /* no begin is another's beginning */
+            h->at = CM_TDOC;
+            h->fn = h->lo;
+            jc_state_init(g->fn[h->fn].tag_sc, jst);
+        }
+        return true;
+    case CM_TDOC: {
+        const cm_fn *f = &g->fn[h->fn];
+        /* the end once the JSON is whole (before more whitespace of it) */
+        if ((uint8_t)f->end.s[0] == b && jc_done(f->tag_sc, jst)) {
+            h->at = CM_TEND;
+            h->len = 0;
+            return cm_tag_byte(g, h, jst, b);
+        }
+        return jc_feed(f->tag_sc, jst, &b, 1);
+    }
+    case CM_TEND: {
+        const cm_name *end = &g->fn[h->fn].end;
+        if ((uint8_t)end->s[h->len] != b)
+            return false;
+        if (++h->len == end->len) {
+            h->at = CM_TFREE;
+            h->fn = 0;
+            h->len = 0;
+        }
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
 static bool cm_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b)
 {
     switch (h->at) {
+    case CM_TFREE:
+    case CM_TBEGIN:
+    case CM_TDOC:
+    case CM_TEND:
+        return cm_tag_byte(g, h, jst, b);
     case CM_DOC:
         return jc_feed(g->doc, jst, &b, 1);
     case CM_CHOICE:
@@ -400,6 +505,8 @@ bool cm_feed(const cm_grammar *g, void *st, const uint8_t *bytes, size_t n)
 bool cm_free_text(const cm_grammar *g, const void *st)
 {
     const cm_head *h = st;
+    if (h->at == CM_TFREE)
+        return h->len == 0 && g->tag_plain;
     if (h->at != CM_VAL || h->k || h->nl)
         return false;
     const cm_param *p = cm_cur(g, h);
@@ -409,18 +516,14 @@ bool cm_free_text(const cm_grammar *g, const void *st)
 bool cm_done(const cm_grammar *g, const void *st)
 {
     const cm_head *h = st;
+    if (h->at == CM_TFREE)
+        return true;
     if (h->at == CM_CHOICE) /* the exact string sorts first of those it begins */
         return h->lo < h->hi && g->fn[h->lo].name.len == h->len;
     return h->at == CM_POST || (h->at == CM_DOC && jc_done(g->doc, CM_JC(st)));
 }
 
 /* --- compiling ------------------------------------------------------------------------------ */
-
-static int cm_name_cmp(const cm_name *a, const cm_name *b)
-{
-    int c = memcmp(a->s, b->s, a->len < b->len ? a->len : b->len);
-    return c ? c : (a->len > b->len) - (a->len < b->len);
-}
 
 static int cm_fn_cmp(const void *a, const void *b)
 {
@@ -649,8 +752,13 @@ void cm_free(cm_grammar *g)
         }
         free(f->par);
         free(f->name.s);
+        free(f->end.s);
+        jc_schema_free(f->tag_sc);
     }
     free(g->fn);
+    for (uint32_t i = 0; i < g->n_trig; i++)
+        free(g->trig[i].s);
+    free(g->trig);
     jc_schema_free(g->doc);
     free(g);
 }
@@ -691,6 +799,101 @@ static td_err cm_choices(cm_grammar *g, const json_t *choices)
     return TD_OK;
 }
 
+/* A string of 1..CM_NAME_MAX bytes (any bytes but NUL) into out. */
+static td_err cm_text_of(const json_t *v, const char *what, cm_name *out)
+{
+    const size_t n = json_string_length(v);
+    if (!json_is_string(v) || n == 0 || n > CM_NAME_MAX ||
+        strlen(json_string_value(v)) != n)
+        return err_set(TD_EINVAL, "structural tag: %s must be a string of 1..%d bytes (no NUL)",
+                       what, CM_NAME_MAX);
+    if (!(out->s = malloc(n + 1)))
+        return err_set(TD_ENOMEM, "structural tag: out of memory");
+    memcpy(out->s, json_string_value(v), n + 1);
+    out->len = n;
+    return TD_OK;
+}
+
+static bool cm_contains(const cm_name *a, const cm_name *b)
+{
+    return b->len <= a->len && memmem(a->s, a->len, b->s, b->len) != NULL;
+}
+
+/* Structural tags (vLLM's structural_tag): triggers, and structures of a begin that opens
+ * with one of them, a JSON Schema and an end. */
+static td_err cm_tags(cm_grammar *g, const json_t *triggers, const json_t *structures)
+{
+    const size_t nt = json_array_size(triggers), ns = json_array_size(structures);
+    if (!json_is_array(triggers) || nt == 0 || nt > CM_TRIGGERS_MAX)
+        return err_set(TD_EINVAL, "structural tag: triggers must be an array of 1..%d strings",
+                       CM_TRIGGERS_MAX);
+    if (!json_is_array(structures) || ns == 0 || ns > CM_FUNCTIONS_MAX)
+        return err_set(TD_EINVAL, "structural tag: structures must be an array of 1..%d "
+                       "objects", CM_FUNCTIONS_MAX);
+    g->tags = true;
+    if (!(g->trig = calloc(nt, sizeof *g->trig)) || !(g->fn = calloc(ns, sizeof *g->fn)))
+        return err_set(TD_ENOMEM, "structural tag: out of memory");
+    g->tag_plain = true;
+    for (size_t i = 0; i < nt; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "triggers[%zu]", i);
+        TD_TRY(cm_text_of(json_array_get(triggers, i), what, &g->trig[g->n_trig]));
+        const uint8_t first = (uint8_t)g->trig[g->n_trig].s[0];
+        g->tag_plain = g->tag_plain && (first == '<' || first == '"' || first == '\\' ||
+                                        first < 0x20);
+        for (uint32_t k = 0; k < g->n_trig; k++)
+            if (cm_contains(&g->trig[k], &g->trig[g->n_trig]) ||
+                cm_contains(&g->trig[g->n_trig], &g->trig[k]))
+                return err_set(TD_ENOTSUP, "structural tag: trigger '%s' holds or is held by "
+                               "trigger '%s'", g->trig[g->n_trig].s, g->trig[k].s);
+        g->n_trig++;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        const json_t *st = json_array_get(structures, i);
+        char what[48];
+        cm_fn *f = &g->fn[g->n_fn++];
+        snprintf(what, sizeof what, "structures[%zu].begin", i);
+        TD_TRY(cm_text_of(json_object_get(st, "begin"), what, &f->name));
+        snprintf(what, sizeof what, "structures[%zu].end", i);
+        TD_TRY(cm_text_of(json_object_get(st, "end"), what, &f->end));
+        uint32_t t = 0;
+        while (t < g->n_trig && (g->trig[t].len > f->name.len ||
+                                 memcmp(g->trig[t].s, f->name.s, g->trig[t].len) != 0))
+            t++;
+        if (t == g->n_trig)
+            return err_set(TD_EINVAL, "structural tag: structures[%zu].begin '%s' does not "
+                           "begin with a trigger", i, f->name.s);
+        const json_t *schema = json_object_get(st, "schema");
+        if (!json_is_object(schema) && !json_is_boolean(schema))
+            return err_set(TD_EINVAL, "structural tag: structures[%zu].schema must be a JSON "
+                           "Schema (an object or a boolean)", i);
+        td_err e = cm_jc(schema, NULL, &f->tag_sc);
+        if (e != TD_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", err_msg());
+            return err_set(e, "structural tag: structures[%zu].schema: %s", i, why);
+        }
+        const size_t sz = jc_state_size(f->tag_sc);
+        g->jc_size = sz > g->jc_size ? sz : g->jc_size;
+    }
+    for (uint32_t t = 0; t < g->n_trig; t++) {
+        uint32_t k = 0;
+        while (k < g->n_fn && (g->trig[t].len > g->fn[k].name.len ||
+                               memcmp(g->trig[t].s, g->fn[k].name.s, g->trig[t].len) != 0))
+            k++;
+        if (k == g->n_fn)
+            return err_set(TD_EINVAL, "structural tag: trigger '%s' begins no structure",
+                           g->trig[t].s);
+    }
+    qsort(g->fn, g->n_fn, sizeof *g->fn, cm_fn_cmp);
+    for (uint32_t k = 1; k < g->n_fn; k++) /* sorted: a beginning sorts right before */
+        if (g->fn[k - 1].name.len <= g->fn[k].name.len &&
+            memcmp(g->fn[k - 1].name.s, g->fn[k].name.s, g->fn[k - 1].name.len) == 0)
+            return err_set(TD_ENOTSUP, "structural tag: the begin '%s' is the beginning of the "
+                           "begin '%s'", g->fn[k - 1].name.s, g->fn[k].name.s);
+    return TD_OK;
+}
+
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
 {
     *out = NULL;
@@ -700,10 +903,13 @@ td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
         return err_set(TD_EINVAL, "tool call: the spec is not JSON: %s (line %d, column %d)",
                        je.text, je.line, je.column);
     const json_t *form = json_object_get(root, "form");
-    if (json_is_string(form) && strcmp(json_string_value(form), "choice") == 0) {
+    const bool tags = json_is_string(form) && strcmp(json_string_value(form), "tags") == 0;
+    if (tags || (json_is_string(form) && strcmp(json_string_value(form), "choice") == 0)) {
         cm_grammar *g = calloc(1, sizeof *g);
-        td_err e = g ? cm_choices(g, json_object_get(root, "choices"))
-                     : err_set(TD_ENOMEM, "choice: out of memory");
+        td_err e = !g ? err_set(TD_ENOMEM, "choice: out of memory")
+                   : tags ? cm_tags(g, json_object_get(root, "triggers"),
+                                    json_object_get(root, "structures"))
+                          : cm_choices(g, json_object_get(root, "choices"));
         json_decref(root);
         if (e != TD_OK) {
             cm_free(g);
@@ -717,7 +923,8 @@ td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
     const bool js = json_is_string(form) && strcmp(json_string_value(form), "json") == 0;
     td_err e = TD_OK;
     if (!xml && !js)
-        e = err_set(TD_EINVAL, "tool call: form must be \"xml\", \"json\" or \"choice\"");
+        e = err_set(TD_EINVAL, "tool call: form must be \"xml\", \"json\", \"choice\" or "
+                    "\"tags\"");
     else if (!json_is_array(tools) || json_array_size(tools) == 0)
         e = err_set(TD_EINVAL, "tool call: tools must be a non-empty array");
     else if (json_array_size(tools) > CM_FUNCTIONS_MAX)

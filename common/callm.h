@@ -29,7 +29,12 @@
  * $defs / definitions works); what jsonc refuses is refused here with its message.
  *
  * The same matcher takes a choice (vLLM's guided_choice): the text is exactly one of a list
- * of strings, byte for byte. */
+ * of strings, byte for byte; and structural tags (vLLM's structural_tag): the text is free
+ * until it ends with one of the triggers, which opens the structures whose begin starts with
+ * it; the text then goes on with one of those begins whole, a JSON value valid under that
+ * structure's schema, and its end, and is free again (the JSON ends where the end's first
+ * byte comes once it is whole). Triggers may not hold one another, nor a begin be the
+ * beginning of another; every begin opens with a trigger; ends are not empty. */
 #ifndef TANDEM_COMMON_CALLM_H
 #define TANDEM_COMMON_CALLM_H
 
@@ -46,13 +51,16 @@
 #define CM_NAME_MAX 1024     /* bytes of a function or parameter name */
 #define CM_WS_MAX 8          /* whitespace bytes between two tags */
 #define CM_CHOICES_MAX 1024  /* strings of a choice */
+#define CM_TRIGGERS_MAX 16   /* triggers of structural tags */
 
 typedef struct cm_grammar cm_grammar;
 
 /* spec[0..len): {"form": "xml" | "json", "tools": [{"name": "...", "parameters": {...}}, ...]}
  * (1..CM_FUNCTIONS_MAX distinct names, parameters optional), or {"form": "choice",
  * "choices": ["...", ...]} (1..CM_CHOICES_MAX strings of 1..CM_NAME_MAX bytes, any bytes;
- * repeats are one). TD_EINVAL for a malformed spec
+ * repeats are one), or {"form": "tags", "triggers": ["...", ...] (1..CM_TRIGGERS_MAX),
+ * "structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...] (1..CM_FUNCTIONS_MAX)}
+ * (strings of 1..CM_NAME_MAX bytes). TD_EINVAL for a malformed spec
  * or schema, TD_ENOTSUP for what cannot be enforced (a name with '<', '>' or a newline, more
  * than CM_PARAMS_MAX parameters, jsonc's refusals), TD_ENOMEM. */
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out);

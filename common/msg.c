@@ -338,14 +338,15 @@ static td_err check_gen_start(const msg_gen_start *m, td_err code)
         return err_set(code, "gen_start: format %u unknown", (unsigned)m->format);
     if (((m->format == MSG_FORMAT_JSON_SCHEMA || m->format == MSG_FORMAT_TOOLS ||
           m->format == MSG_FORMAT_CHOICE || m->format == MSG_FORMAT_GRAMMAR ||
-          m->format == MSG_FORMAT_REGEX || m->format == MSG_FORMAT_JSON_SCHEMA_COMPACT) &&
+          m->format == MSG_FORMAT_REGEX || m->format == MSG_FORMAT_JSON_SCHEMA_COMPACT ||
+          m->format == MSG_FORMAT_TAGS) &&
          m->n_schema == 0) ||
         (m->n_schema > 0 && (m->format == MSG_FORMAT_TEXT ||
                              m->format == MSG_FORMAT_JSON_OBJECT ||
                              m->format == MSG_FORMAT_JSON_OBJECT_COMPACT)) ||
         m->n_schema > MSG_SCHEMA_MAX)
         return err_set(code, "gen_start: a schema of %u bytes with format %u (a JSON schema, "
-                       "the tools format, a choice, a grammar or a regular expression needs "
+                       "the tools format, a choice, a grammar, a regular expression or tags need "
                        "1..%u bytes, a required tool call "
                        "may have a tool spec, text and JSON objects none)", m->n_schema,
                        (unsigned)m->format, MSG_SCHEMA_MAX);

@@ -212,6 +212,8 @@ typedef enum msg_format {
     MSG_FORMAT_REGEX = 7,       /* a text the regular expression in schema matches whole */
     MSG_FORMAT_JSON_OBJECT_COMPACT = 8, /* MSG_FORMAT_JSON_OBJECT without any whitespace */
     MSG_FORMAT_JSON_SCHEMA_COMPACT = 9, /* MSG_FORMAT_JSON_SCHEMA without any whitespace */
+    MSG_FORMAT_TAGS = 10,       /* free text with the structural tags of the tags spec in
+                                 * schema (common/callm.h) */
     MSG_FORMAT_END
 } msg_format;
 

@@ -53,6 +53,65 @@ static td_err req_json_schema(gw_request *r, const json_t *schema, const char *p
     return req_format_set(r, MSG_FORMAT_JSON_SCHEMA, text, c, param, e);
 }
 
+/* vLLM's structural tags, {"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}
+ * (o; named param in errors), as the format: free text whose triggers open schema-matched
+ * structures (common/callm.h), compiled here so that what the matcher refuses is this
+ * request's 400. */
+static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_error *e)
+{
+    if (!json_is_object(o))
+        return req_bad_type(e, param, "an object", o);
+    if (json_object_get(o, "format") && !json_object_get(o, "structures"))
+        return apierr_set(e, 400, "unsupported_value", param,
+                          "Unsupported value for '%s': structural tags are taken as "
+                          "{\"structures\": [{\"begin\", \"schema\", \"end\"}, ...], "
+                          "\"triggers\": [...]}; the \"format\" form is not.", param);
+    const json_t *structures = json_object_get(o, "structures");
+    char sp[APIERR_PARAM_MAX];
+    snprintf(sp, sizeof sp, "%.48s.structures", param);
+    if (!json_is_array(structures))
+        return req_bad_type(e, sp, "an array", structures ? structures : json_null());
+    json_t *list = json_array();
+    size_t i;
+    const json_t *st;
+    json_array_foreach(structures, i, st) {
+        if (!json_is_object(st)) {
+            json_decref(list);
+            char p[APIERR_PARAM_MAX];
+            snprintf(p, sizeof p, "%.48s.structures[%zu]", param, i);
+            return req_bad_type(e, p, "an object", st);
+        }
+        json_t *one = json_object();
+        static const char *const keys[] = {"begin", "schema", "end"};
+        for (int k = 0; one && k < 3; k++) {
+            json_t *v = json_object_get(st, keys[k]);
+            if (v && json_object_set(one, keys[k], v) != 0) {
+                json_decref(one);
+                one = NULL;
+            }
+        }
+        if (!list || json_array_append_new(list, one) != 0) {
+            json_decref(list);
+            return apierr_set(e, 500, NULL, NULL, "out of memory");
+        }
+    }
+    const json_t *triggers = json_object_get(o, "triggers");
+    json_t *spec = list ? json_pack("{s:s,s:O,s:o}", "form", "tags", "triggers",
+                                    triggers ? triggers : json_null(), "structures", list)
+                        : NULL;
+    char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
+    json_decref(spec);
+    if (!text)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
+    cm_grammar *g = NULL;
+    const td_err c = strlen(text) > MSG_SCHEMA_MAX
+                         ? err_set(TD_ENOTSUP, "%zu bytes as JSON, at most %u are supported",
+                                   strlen(text), MSG_SCHEMA_MAX)
+                         : cm_compile(text, strlen(text), &g);
+    cm_free(g);
+    return req_format_set(r, MSG_FORMAT_TAGS, text, c, param, e);
+}
+
 /* response_format: {"type": "text"}, {"type": "json_object"} (one JSON object), or
  * {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}} (one
  * JSON value valid under the schema; without "schema", any JSON value). The schema is compiled
@@ -77,10 +136,12 @@ td_err req_response_format(gw_request *r, api_error *e)
         r->format = MSG_FORMAT_JSON_OBJECT;
         return TD_OK;
     }
+    if (strcmp(t, "structural_tag") == 0)
+        return req_tags(r, rf, "response_format", e);
     if (strcmp(t, "json_schema") != 0)
         return apierr_set(e, 400, "unsupported_value", "response_format.type",
                           "Unsupported value for 'response_format.type': '%s'; supported are "
-                          "'text', 'json_object' and 'json_schema'.", t);
+                          "'text', 'json_object', 'json_schema' and 'structural_tag'.", t);
     const json_t *js = json_object_get(rf, "json_schema");
     if (!json_is_object(js))
         return apierr_set(e, 400, "invalid_value", "response_format.json_schema",
@@ -162,12 +223,14 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
                                      const char **param, bool *closed, bool *compact,
                                      api_error *e)
 {
-    static const char *const kinds[] = {"json", "choice", "regex", "grammar", "json_object"};
+    static const char *const kinds[] = {"json", "choice", "regex", "grammar", "json_object",
+                                        "structural_tag"};
     static const char *const params[] = {"structured_outputs.json",
                                          "structured_outputs.choice",
                                          "structured_outputs.regex",
                                          "structured_outputs.grammar",
-                                         "structured_outputs.json_object"};
+                                         "structured_outputs.json_object",
+                                         "structured_outputs.structural_tag"};
     static const char *const flags[] = {"disable_fallback", "disable_additional_properties",
                                         "disable_any_whitespace"};
     const json_t *so = *v;
@@ -178,7 +241,7 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
     const json_t *x;
     json_object_foreach((json_t *)so, k, x) {
         size_t i = 0, f = 0;
-        while (i < 5 && strcmp(k, kinds[i]) != 0)
+        while (i < 6 && strcmp(k, kinds[i]) != 0)
             i++;
         while (f < 3 && strcmp(k, flags[f]) != 0)
             f++;
@@ -200,10 +263,11 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
                               "Unsupported value for '%s': JSON is matched with the whitespace "
                               "JSON allows, or none with disable_any_whitespace (give null).",
                               name);
-        } else if (i == 5) {
+        } else if (i == 6) {
             return apierr_set(e, 400, "unsupported_value", "structured_outputs",
                               "Unsupported value for 'structured_outputs': '%s'; supported "
-                              "are 'json', 'choice', 'regex', 'grammar' and 'json_object'.", k);
+                              "are 'json', 'choice', 'regex', 'grammar', 'json_object' and "
+                              "'structural_tag'.", k);
         }
         if (found++ == 0) {
             *v = x;
@@ -214,7 +278,8 @@ static td_err req_structured_outputs(gw_request *r, const json_t **v, const char
     if (found != 1)
         return apierr_set(e, 400, "invalid_value", "structured_outputs",
                           "Invalid value for 'structured_outputs': give one of 'json', "
-                          "'choice', 'regex', 'grammar' and 'json_object'.");
+                          "'choice', 'regex', 'grammar', 'json_object' and "
+                          "'structural_tag'.");
     if (!*kind)
         r->format = *compact ? MSG_FORMAT_JSON_OBJECT_COMPACT : MSG_FORMAT_JSON_OBJECT;
     return TD_OK;
@@ -264,6 +329,16 @@ td_err req_guided(gw_request *r, api_error *e)
         return TD_OK;
     if (strcmp(kind, "regex") == 0 || strcmp(kind, "grammar") == 0)
         return req_grammar(r, v, kind[0] == 'r', param, e);
+    if (strcmp(kind, "structural_tag") == 0) { /* its JSON text (vLLM's), or the object */
+        json_t *o = json_is_string(v) ? json_loads(json_string_value(v), 0, NULL)
+                                      : json_incref((json_t *)v);
+        if (!o)
+            return apierr_set(e, 400, "invalid_value", param,
+                              "Invalid value for '%s': the text is not JSON.", param);
+        const td_err err = req_tags(r, o, param, e);
+        json_decref(o);
+        return err;
+    }
     if (strcmp(kind, "json") == 0) { /* a schema, or its JSON text */
         json_t *schema = json_is_string(v) ? json_loads(json_string_value(v), 0, NULL)
                                            : json_deep_copy(v);

@@ -195,6 +195,77 @@ static void a_choice_is_one_of_its_strings(void **s)
     }
 }
 
+static const char TAGS[] =
+    "{\"form\":\"tags\",\"triggers\":[\"<function=\"],\"structures\":["
+    "{\"begin\":\"<function=get_weather>\",\"schema\":{\"type\":\"object\",\"properties\":{"
+    "\"city\":{\"enum\":[\"Paris\",\"Rome\"]}},\"required\":[\"city\"],"
+    "\"additionalProperties\":false},\"end\":\"</function>\"},"
+    "{\"begin\":\"<function=get_time>\",\"schema\":{\"type\":\"integer\"},\"end\":\"\\n\"}]}";
+
+/* Structural tags: free text (a partial trigger too) until a trigger, then a begin, JSON
+ * under that structure's schema, its end, and free text again. */
+static void structural_tags_match_what_the_triggers_open(void **s)
+{
+    (void)s;
+    cm_grammar *g = compile(TAGS);
+    whole(g, "");
+    whole(g, "any text at all, <functio and < and \"quotes\" \\");
+    whole(g, "I'll look: <function=get_weather>{\"city\": \"Paris\"}</function> done.");
+    whole(g, "<function=get_time>12\nand <function=get_weather>{\"city\":\"Rome\"}</function>");
+    whole(g, "x<function=get_weather> {\"city\": \"Rome\"} </function>"); /* JSON's spaces */
+    refused_at_end(g, "<function=get_x");
+    refused_at_end(g, "<function=get_weather>{\"city\": \"O");
+    refused_at_end(g, "<function=get_weather>{\"city\": \"Paris\",");
+    refused_at_end(g, "<function=get_weather>{\"city\": \"Paris\"}</func>");
+    refused_at_end(g, "<function=get_time>1.");
+    bool done = true;
+    assert_int_equal(taken(g, "<function=get_w", &done), 15); /* a begin on its way */
+    assert_false(done);
+    assert_int_equal(taken(g, "<function=get_time>12", &done), 21); /* inside: not done */
+    assert_false(done);
+    assert_int_equal(taken(g, "a <funct", &done), 8); /* a partial trigger is free text */
+    assert_true(done);
+    /* free text without a trigger's first byte leaves the state as it was */
+    uint8_t *st = malloc(cm_state_size(g));
+    cm_state_init(g, st);
+    assert_true(cm_free_text(g, st));
+    assert_true(cm_feed(g, st, (const uint8_t *)"<", 1));
+    assert_false(cm_free_text(g, st));
+    free(st);
+    cm_free(g);
+    static const struct {
+        const char *spec;
+        td_err code;
+        const char *says;
+    } bad[] = {
+        {"{\"form\":\"tags\",\"triggers\":[],\"structures\":[{\"begin\":\"<a>\",\"schema\":{},"
+         "\"end\":\"<\"}]}", TD_EINVAL, "triggers must be"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\",\"x<a>\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":{},\"end\":\"<\"}]}", TD_ENOTSUP, "holds or is held"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<b>\","
+         "\"schema\":{},\"end\":\"<\"}]}", TD_EINVAL, "does not begin with a trigger"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\",\"<b\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":{},\"end\":\"<\"}]}", TD_EINVAL, "trigger '<b' begins no structure"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":{},\"end\":\"\"}]}", TD_EINVAL, "structures[0].end"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<a\","
+         "\"schema\":{},\"end\":\"x\"},{\"begin\":\"<a>\",\"schema\":{},\"end\":\"x\"}]}",
+         TD_ENOTSUP, "is the beginning of"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":3,\"end\":\"x\"}]}", TD_EINVAL, "structures[0].schema"},
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":{\"type\":\"integer\",\"multipleOf\":2},\"end\":\"x\"}]}", TD_ENOTSUP,
+         "structures[0].schema: "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cm_grammar *x = NULL;
+        td_err e = cm_compile(bad[i].spec, strlen(bad[i].spec), &x);
+        if (e != bad[i].code || !strstr(err_msg(), bad[i].says))
+            fail_msg("%s: %s (%d), want %s", bad[i].spec, err_msg(), (int)e, bad[i].says);
+        assert_null(x);
+    }
+}
+
 static void compile_errors_say_why(void **s)
 {
     (void)s;
@@ -240,8 +311,8 @@ static void random_walks_never_get_stuck(void **s)
                                 "functionparameterget_weathercitydaysnoteunitsflagsmetric"
                                 "ParisRome";
     const char *specs[] = {XML, JSONF, "{\"form\":\"choice\",\"choices\":[\"Paris\",\"Pa\","
-                                       "\"Rome\",\"ParisX\"]}"};
-    for (int k = 0; k < 3; k++) {
+                                       "\"Rome\",\"ParisX\"]}", TAGS};
+    for (int k = 0; k < 4; k++) {
         cm_grammar *g = compile(specs[k]);
         const size_t sz = cm_state_size(g);
         uint8_t *st = malloc(sz), *t = malloc(sz);
@@ -289,6 +360,7 @@ int main(void)
         cmocka_unit_test(state_copies_go_on_alike),
         cmocka_unit_test(json_form_is_one_object_per_function),
         cmocka_unit_test(a_choice_is_one_of_its_strings),
+        cmocka_unit_test(structural_tags_match_what_the_triggers_open),
         cmocka_unit_test(compile_errors_say_why),
         cmocka_unit_test(random_walks_never_get_stuck),
     };

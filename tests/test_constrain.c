@@ -654,6 +654,74 @@ static void test_a_choice_is_one_of_its_strings(void **ctx)
     assert_int_equal(ends, 4);
 }
 
+/* Structural tags: free text (every token, the end of generation too) until a trigger opens
+ * a structure, whose begin, JSON and end the masks then hold to (each mask equal to a check of
+ * every token); generations stay viable and are whole where they end. */
+static void test_structural_tags_hold_what_their_triggers_open(void **ctx)
+{
+    (void)ctx;
+    static const char SPEC[] =
+        "{\"form\":\"tags\",\"triggers\":[\"<f=\"],\"structures\":["
+        "{\"begin\":\"<f=w>\",\"schema\":{\"type\":\"object\",\"properties\":{\"c\":{\"enum\":"
+        "[\"Paris\",\"Rome\"]}},\"required\":[\"c\"],\"additionalProperties\":false},"
+        "\"end\":\"</f>\"},{\"begin\":\"<f=t>\",\"schema\":{\"type\":\"integer\"},\"end\":\"!\"}]}";
+    cst_cfg cfg = {.format = MSG_FORMAT_TAGS, .schema = SPEC, .n_schema = sizeof SPEC - 1,
+                   .think_start = -1, .think_end = -1};
+    const size_t W = (size_t)VOC.words;
+    uint32_t *got = malloc(W * 4), *want = malloc(W * 4);
+    static const char *const texts[] = {"",           "hi <f",        "a <f=",
+                                        "<f=w>{\"c\"", "<f=t>12",     "x <f=w>{\"c\": \"Rome\"}</",
+                                        "<f=t>7! and", "<f=w>{\"c\":\"Paris\"}"};
+    for (size_t k = 0; k < sizeof texts / sizeof texts[0]; k++) {
+        cst_state c;
+        assert_int_equal(cst_init(&c, &cfg, &VOC, 4), TD_OK);
+        int32_t ids[64];
+        const int64_t n = spell(texts[k], ids);
+        assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+        assert_int_equal(cst_mask(&c, got), TD_OK);
+        call_mask_by_hand(c.call, c.cur, want);
+        want[VOC.call_close / 32] &= ~(1u << (VOC.call_close % 32));
+        if (cm_done(c.call, c.cur))
+            for (size_t w = 0; w < W; w++)
+                want[w] |= VOC.eog[w];
+        expect_same_mask(got, want, texts[k]);
+        /* free text lets every normal token through and the end of generation */
+        const bool free_text = k == 0 || k == 1 || k == 6;
+        assert_int_equal(cm_done(c.call, c.cur), free_text);
+        int64_t eog = 0;
+        while (!bit(VOC.eog, eog))
+            eog++;
+        assert_int_equal(bit(got, eog), free_text);
+        if (free_text)
+            assert_true(bit(got, id_of_bytes("x")) && bit(got, id_of_bytes("<")));
+        cst_free(&c, NULL);
+    }
+    free(got);
+    free(want);
+    /* generations: what they write the matcher takes, whole where they end */
+    for (int p = 0; p < 4; p++) {
+        enum { N = 32 };
+        const int32_t prompt[4] = {70 + p, 279, 20, 33};
+        int32_t out[N];
+        spec_cfg sc = {.n_ctx = 256, .block = 1, .cst = cfg, .vocab = &VOC};
+        assert_int_equal(mf_generate(TM, &sc, prompt, 4, N, out, NULL), TD_OK);
+        cm_grammar *g = NULL;
+        assert_int_equal(cm_compile(SPEC, sizeof SPEC - 1, &g), TD_OK);
+        uint8_t *st = malloc(cm_state_size(g));
+        cm_state_init(g, st);
+        int end = 0;
+        while (end < N && !bit(VOC.eog, out[end])) {
+            const tok_str b = tok_bytes_of(TOK, out[end]);
+            assert_true(cm_feed(g, st, (const uint8_t *)b.ptr, b.len));
+            end++;
+        }
+        if (end < N)
+            assert_true(cm_done(g, st));
+        free(st);
+        cm_free(g);
+    }
+}
+
 /* What the mask must be after a grammar's text: every token checked on its own. */
 static void gram_mask_by_hand(const gm_grammar *g, const void *st, uint32_t *want)
 {
@@ -1056,6 +1124,7 @@ int main(void)
         cmocka_unit_test(test_a_choice_is_one_of_its_strings),
         cmocka_unit_test(test_a_grammar_or_a_regex_shapes_the_text),
         cmocka_unit_test(test_masks_stay_right_when_the_transition_cache_fills),
+        cmocka_unit_test(test_structural_tags_hold_what_their_triggers_open),
         cmocka_unit_test(test_bad_formats_are_refused),
         cmocka_unit_test(test_speculative_greedy_with_a_format_equals_plain_decoding),
         cmocka_unit_test(test_verify_blocks_through_the_masks),

@@ -383,7 +383,8 @@ static void response_format_is_parsed_and_checked(void **state)
     const char *rf_bad[][2] = {
         {"{\"type\": \"yaml\"}",
          "Unsupported value for 'response_format.type': 'yaml'; supported are 'text', "
-         "'json_object' and 'json_schema'.\",\"type\":\"invalid_request_error\",\"param\":"
+         "'json_object', 'json_schema' and 'structural_tag'.\",\"type\":"
+         "\"invalid_request_error\",\"param\":"
          "\"response_format.type\",\"code\":\"unsupported_value\"}}"},
         {"{\"type\": \"json_schema\"}",
          "Invalid value for 'response_format.json_schema': expected an object.\",\"type\":"
@@ -822,15 +823,61 @@ static void guided_decoding_fields(void **state)
                  "[\"a\"]}}",
                  400,
                  "{\"error\":{\"message\":\"Invalid value for 'structured_outputs': give one of "
-                 "'json', 'choice', 'regex', 'grammar' and 'json_object'.\",\"type\":"
-                 "\"invalid_request_error\",\"param\":\"structured_outputs\",\"code\":"
+                 "'json', 'choice', 'regex', 'grammar', 'json_object' and 'structural_tag'.\","
+                 "\"type\":\"invalid_request_error\",\"param\":\"structured_outputs\",\"code\":"
                  "\"invalid_value\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": \"a\"}}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for "
+                 "'structured_outputs.structural_tag': the text is not JSON.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"structured_outputs.structural_tag\","
+                 "\"code\":\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"structured_outputs\": {\"pattern\": \"a\"}}", 400,
                  "{\"error\":{\"message\":\"Unsupported value for 'structured_outputs': "
-                 "'structural_tag'; supported are 'json', 'choice', 'regex', 'grammar' and "
-                 "'json_object'.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "'pattern'; supported are 'json', 'choice', 'regex', 'grammar', 'json_object' "
+                 "and 'structural_tag'.\",\"type\":\"invalid_request_error\",\"param\":"
                  "\"structured_outputs\",\"code\":\"unsupported_value\"}}");
+    /* vLLM's structural tags: response_format, or structured_outputs' JSON text of them */
+    static const char *const tags[] = {
+        "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+        "\"structures\": [{\"begin\": \"<f=a>\", \"schema\": {\"type\": \"object\"}, "
+        "\"end\": \"</f>\", \"x\": 1}], \"triggers\": [\"<f=\"]}}",
+        "{\"prompt\": \"x\", \"structured_outputs\": {\"structural_tag\": \"{\\\"type\\\": "
+        "\\\"structural_tag\\\", \\\"triggers\\\": [\\\"<f=\\\"], \\\"structures\\\": "
+        "[{\\\"begin\\\": \\\"<f=a>\\\", \\\"schema\\\": {\\\"type\\\": \\\"object\\\"}, "
+        "\\\"end\\\": \\\"</f>\\\"}]}\"}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(req_parse(&r, REQ_COMPLETION, tags[i], strlen(tags[i]), &e), TD_OK);
+        assert_int_equal(r.format, MSG_FORMAT_TAGS);
+        assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<f=\"],"
+                                      "\"structures\":[{\"begin\":\"<f=a>\",\"schema\":"
+                                      "{\"type\":\"object\"},\"end\":\"</f>\"}]}");
+        req_free(&r);
+    }
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                 "\"structures\": [{\"begin\": \"<g>\", \"schema\": {}, \"end\": \"x\"}], "
+                 "\"triggers\": [\"<f\"]}}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'response_format': structural "
+                 "tag: structures[0].begin '<g>' does not begin with a trigger\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"response_format\",\"code\":"
+                 "\"invalid_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                 "\"format\": {\"type\": \"triggered_tags\"}}}", 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'response_format': "
+                 "structural tags are taken as {\\\"structures\\\": [{\\\"begin\\\", "
+                 "\\\"schema\\\", \\\"end\\\"}, ...], \\\"triggers\\\": [...]}; the "
+                 "\\\"format\\\" form is not.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"response_format\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                 "\"triggers\": [\"<f\"]}}", 400,
+                 "{\"error\":{\"message\":\"Invalid type for 'response_format.structures': "
+                 "expected an array, but got null instead.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"response_format.structures\",\"code\":\"invalid_type\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"structured_outputs\": {\"json\": {}, "
                  "\"whitespace_pattern\": \" ?\"}}",

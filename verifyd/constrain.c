@@ -59,7 +59,7 @@ td_err cst_compile(const cst_cfg *cfg, const cst_vocab *v, cst_compiled *out)
                            ids[k], (long long)v->n_vocab);
     if (cfg->think_end < 0 && (cfg->think_open || cfg->think_start >= 0))
         return err_set(TD_EINVAL, "a reasoning block with no token to end it");
-    if (cfg->format == MSG_FORMAT_CHOICE) {
+    if (cfg->format == MSG_FORMAT_CHOICE || cfg->format == MSG_FORMAT_TAGS) {
         td_err e = cm_compile(cfg->schema, cfg->n_schema, &out->call);
         if (e != TD_OK)
             out->call = NULL;

@@ -21,7 +21,8 @@
  * until "</tool_call>". The tools format (tool_choice "auto") leaves the text alone (no mask
  * at all) and matches the body of every call the model opens. Reasoning blocks are not
  * looked at by it. A choice (guided_choice) is a document matched by callm as well: one of
- * its strings, then the end of generation. A grammar (GBNF) or a regular expression is a
+ * its strings, then the end of generation; so are structural tags (free text whose triggers
+ * open schema-matched structures; the end of generation wherever the text is free). A grammar (GBNF) or a regular expression is a
  * document matched by common/gram: a sentence of it, then the end of generation.
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
@@ -88,10 +89,11 @@ void cst_compiled_free(cst_compiled *f);
 typedef struct cst_cfg {
     msg_format format;    /* MSG_FORMAT_TEXT: nothing to do */
     const char *schema;   /* [n_schema] JSON Schema text (MSG_FORMAT_JSON_SCHEMA), or the tool
-                           * spec (MSG_FORMAT_TOOL_CALL, _TOOLS) or choice spec
-                           * (MSG_FORMAT_CHOICE), cm_compile's (a required call without one:
-                           * a free body), a GBNF grammar (MSG_FORMAT_GRAMMAR) or a regular
-                           * expression (MSG_FORMAT_REGEX), common/gram.h's */
+                           * spec (MSG_FORMAT_TOOL_CALL, _TOOLS), choice spec
+                           * (MSG_FORMAT_CHOICE) or tags spec (MSG_FORMAT_TAGS), cm_compile's
+                           * (a required call without one: a free body), a GBNF grammar
+                           * (MSG_FORMAT_GRAMMAR) or a regular expression (MSG_FORMAT_REGEX),
+                           * common/gram.h's */
     size_t n_schema;
     bool think_open;      /* the prompt leaves a reasoning block open */
     int32_t think_start;  /* the token that opens one, or -1 */

@@ -576,6 +576,52 @@ def test_guided_choice_answers_with_one_of_the_strings(server):
     assert ends > 0
 
 
+def test_structural_tags_hold_what_their_trigger_opens(server):
+    """vLLM's structural_tag: free text until a trigger, then one of the structures it opens,
+    whole (begin, JSON under its schema, end); the model, pushed to write the trigger, writes
+    only such structures, through response_format and structured_outputs alike."""
+    c, m = server["client"], server["model"]
+    status, body = _post(server["port"], "/tokenize", json.dumps({"content": "<"}).encode())
+    lt = json.loads(body)["tokens"]
+    assert status == 200 and len(lt) == 1
+    tags = {"type": "structural_tag", "triggers": ["<"],
+            "structures": [{"begin": "<w>", "schema": {"enum": ["Paris", "Rome"]},
+                            "end": "</w>"},
+                           {"begin": "<n>", "schema": {"type": "integer", "minimum": 0,
+                                                       "maximum": 99}, "end": "</n>"}]}
+    valid = {"<w>": ("</w>", lambda v: v in ("Paris", "Rome")),
+             "<n>": ("</n>", lambda v: isinstance(v, int) and 0 <= v <= 99)}
+
+    def structures(text):
+        """The whole structures of text; each "<" opens one (the last may be cut off)."""
+        i = n = 0
+        while (j := text.find("<", i)) >= 0:
+            begin = text[j:j + 3]
+            if begin not in valid:
+                assert any(b.startswith(text[j:]) for b in valid), text  # cut off at the end
+                break
+            end, ok = valid[begin]
+            k = text.find(end, j)
+            if k < 0:
+                break  # cut off by max_tokens
+            assert ok(json.loads(text[j + 3:k])), text  # JSON (its whitespace allowed)
+            i, n = k + len(end), n + 1
+        return n
+
+    for extra in ({"response_format": tags},
+                  {"structured_outputs": {"structural_tag": json.dumps(tags)}}):
+        r = c.chat.completions.create(
+            model=m, messages=[{"role": "user", "content": "Where?"}], max_tokens=48,
+            temperature=0, logit_bias={str(lt[0]): 100}, extra_body=dict(NO_THINK, **extra))
+        text = r.choices[0].message.content
+        assert text.startswith("<") and structures(text) >= 2, text
+    status, body = _post(server["port"], "/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "x"}], "response_format": dict(
+            tags, triggers=["<", "<w"])}).encode())
+    err = _error(status, body, 400, "unsupported_value")
+    assert err["param"] == "response_format" and "holds or is held" in err["message"]
+
+
 def test_a_grammar_or_a_regex_shapes_the_answer(server):
     """llama.cpp's grammar (GBNF), vLLM's guided_grammar (GBNF or Lark) / guided_regex and
     structured_outputs.grammar / .regex: the answer is a whole sentence, then the end (the
