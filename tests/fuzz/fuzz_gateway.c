@@ -9,6 +9,7 @@
  *   8 (that byte alone; others modulo 8) a /v1/responses body (req_parse_responses), with
  *     a store that keeps a conversation under "resp_1"
  *   9 (that byte alone) a list query, "k=v&k=v..." (req_list_page over five items)
+ *   10 (that byte alone) text against structural tags (cm_feed of a fixed tags spec)
  * Besides not crashing: every text a split passes on must be valid UTF-8 when its input was,
  * an error always comes with a status and a message, and a body the matcher takes whole
  * parses into a call of the declared function with declared parameters only. */
@@ -174,6 +175,7 @@ static void spec_then_calls(const char *spec, size_t len)
         "<function=f>\n<parameter=s>\nx\n</parameter>\n</function>",
         "{\"name\": \"f\", \"arguments\": {}}",
         "<function=a>\n</function>\n",
+        "x <f=a>{\"k\": [1]}</f> y <<f=b>",
     };
     cm_grammar *g = NULL;
     if (cm_compile(spec, len, &g) != TD_OK)
@@ -186,6 +188,36 @@ static void spec_then_calls(const char *spec, size_t len)
     }
     free(st);
     cm_free(g);
+}
+
+/* Text against structural tags: free text takes every byte; a structure, its begin, JSON and
+ * end only. */
+static void text_against_tags(const uint8_t *text, size_t len)
+{
+    static const char spec[] =
+        "{\"form\":\"tags\",\"triggers\":[\"<f=\",\"[[\"],\"structures\":["
+        "{\"begin\":\"<f=a>\",\"schema\":{\"type\":\"object\",\"properties\":{\"k\":"
+        "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}},\"end\":\"</f>\"},"
+        "{\"begin\":\"<f=ab>\",\"schema\":{\"enum\":[\"x\",1]},\"end\":\"\\n\"},"
+        "{\"begin\":\"[[b]]\",\"schema\":true,\"end\":\"]]\"}]}";
+    static cm_grammar *g;
+    if (!g && cm_compile(spec, strlen(spec), &g) != TD_OK)
+        abort();
+    uint8_t *st = malloc(cm_state_size(g)), *copy = malloc(cm_state_size(g));
+    if (!st || !copy)
+        abort();
+    cm_state_init(g, st);
+    for (size_t i = 0; i < len; i++) {
+        const bool free_text = cm_done(g, st);
+        cm_state_copy(g, copy, st);
+        const bool ok = cm_feed(g, st, text + i, 1);
+        if (free_text && !ok)
+            abort(); /* free text takes every byte */
+        if (!ok || !cm_feed(g, copy, text + i, 1)) /* a copy goes on alike */
+            break;
+    }
+    free(st);
+    free(copy);
 }
 
 /* The body against TOOLS as an XML spec: taken whole, the gateway reads it as a call of f with
@@ -236,7 +268,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     api_error err;
-    switch (data[0] == 8 || data[0] == 9 ? data[0] : data[0] % 8) {
+    switch (data[0] >= 8 && data[0] <= 10 ? data[0] : data[0] % 8) {
     case 0:
     case 1:
     case 8: {
@@ -307,6 +339,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         break;
     case 9:
         list_query(body, len);
+        break;
+    case 10:
+        text_against_tags(data + 1, len);
         break;
     case 7:
         call_against_spec(data + 1, len);
