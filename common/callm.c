@@ -838,15 +838,14 @@ static td_err cm_tags(cm_grammar *g, const json_t *triggers, const json_t *struc
         char what[48];
         snprintf(what, sizeof what, "triggers[%zu]", i);
         TD_TRY(cm_text_of(json_array_get(triggers, i), what, &g->trig[g->n_trig]));
-        const uint8_t first = (uint8_t)g->trig[g->n_trig].s[0];
+        const cm_name *t = &g->trig[g->n_trig++];
+        const uint8_t first = (uint8_t)t->s[0];
         g->tag_plain = g->tag_plain && (first == '<' || first == '"' || first == '\\' ||
                                         first < 0x20);
-        for (uint32_t k = 0; k < g->n_trig; k++)
-            if (cm_contains(&g->trig[k], &g->trig[g->n_trig]) ||
-                cm_contains(&g->trig[g->n_trig], &g->trig[k]))
+        for (uint32_t k = 0; k + 1 < g->n_trig; k++)
+            if (cm_contains(&g->trig[k], t) || cm_contains(t, &g->trig[k]))
                 return err_set(TD_ENOTSUP, "structural tag: trigger '%s' holds or is held by "
-                               "trigger '%s'", g->trig[g->n_trig].s, g->trig[k].s);
-        g->n_trig++;
+                               "trigger '%s'", t->s, g->trig[k].s);
     }
     for (size_t i = 0; i < ns; i++) {
         const json_t *st = json_array_get(structures, i);
