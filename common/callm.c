@@ -400,10 +400,9 @@ static bool cm_tag_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b
         const cm_name *end = &g->fn[h->fn].end;
         if ((uint8_t)end->s[h->len] != b)
             return false;
-        if (++h->len == end->len) {
+        if (++h->len == end->len) { /* free again: the state as it was at the start */
+            memset(h, 0, sizeof *h);
             h->at = CM_TFREE;
-            h->fn = 0;
-            h->len = 0;
         }
         return true;
     }
