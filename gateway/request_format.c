@@ -53,46 +53,81 @@ static td_err req_json_schema(gw_request *r, const json_t *schema, const char *p
     return req_format_set(r, MSG_FORMAT_JSON_SCHEMA, text, c, param, e);
 }
 
-/* vLLM's structural tags, {"structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}
- * (o; named param in errors), as the format: free text whose triggers open schema-matched
- * structures (common/callm.h), compiled here so that what the matcher refuses is this
- * request's 400. */
+/* One structure of structural tags as the tags spec has it ({"begin", "schema", "end"}; the
+ * newer form's {"begin", "content": {"type": "json_schema", "json_schema"}, "end"}), or NULL
+ * (*e says why). */
+static json_t *req_tag(const json_t *st, bool newer, const char *param, api_error *e)
+{
+    if (!json_is_object(st)) {
+        req_bad_type(e, param, "an object", st);
+        return NULL;
+    }
+    const json_t *schema = json_object_get(st, "schema");
+    if (newer) {
+        const json_t *c = json_object_get(st, "content");
+        const json_t *type = json_object_get(c, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "json_schema") != 0) {
+            apierr_set(e, 400, "unsupported_value", param,
+                       "Unsupported value for '%s': only a tag whose content is "
+                       "{\"type\": \"json_schema\", \"json_schema\": ...} is taken.", param);
+            return NULL;
+        }
+        schema = json_object_get(c, "json_schema");
+    }
+    json_t *one = json_object();
+    const json_t *vals[3] = {json_object_get(st, "begin"), schema, json_object_get(st, "end")};
+    static const char *const keys[] = {"begin", "schema", "end"};
+    for (int k = 0; one && k < 3; k++)
+        if (vals[k] && json_object_set(one, keys[k], (json_t *)vals[k]) != 0) {
+            json_decref(one);
+            one = NULL;
+        }
+    if (!one)
+        apierr_set(e, 500, NULL, NULL, "out of memory");
+    return one;
+}
+
+/* vLLM's structural tags (o; named param in errors), as the format: free text whose triggers
+ * open schema-matched structures (common/callm.h), compiled here so that what the matcher
+ * refuses is this request's 400. Taken as {"structures": [{"begin", "schema", "end"}, ...],
+ * "triggers": [...]}, or xgrammar's newer {"format": {"type": "triggered_tags", "triggers",
+ * "tags": [{"begin", "content": {"type": "json_schema", "json_schema"}, "end"}, ...]}} without
+ * at_least_one or stop_after_first. */
 static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_error *e)
 {
     if (!json_is_object(o))
         return req_bad_type(e, param, "an object", o);
-    if (json_object_get(o, "format") && !json_object_get(o, "structures"))
-        return apierr_set(e, 400, "unsupported_value", param,
-                          "Unsupported value for '%s': structural tags are taken as "
-                          "{\"structures\": [{\"begin\", \"schema\", \"end\"}, ...], "
-                          "\"triggers\": [...]}; the \"format\" form is not.", param);
-    const json_t *structures = json_object_get(o, "structures");
+    const json_t *fmt = json_object_get(o, "format");
+    const bool newer = fmt && !json_object_get(o, "structures");
     char sp[APIERR_PARAM_MAX];
-    snprintf(sp, sizeof sp, "%.48s.structures", param);
+    if (newer) {
+        const json_t *type = json_object_get(fmt, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "triggered_tags") != 0)
+            return apierr_set(e, 400, "unsupported_value", param,
+                              "Unsupported value for '%s': of the \"format\" form only "
+                              "\"triggered_tags\" is taken.", param);
+        static const char *const flags[] = {"at_least_one", "stop_after_first"};
+        for (int k = 0; k < 2; k++)
+            if (json_is_true(json_object_get(fmt, flags[k])))
+                return apierr_set(e, 400, "unsupported_value", param,
+                                  "Unsupported value for '%s': %s true is not taken.", param,
+                                  flags[k]);
+        o = fmt;
+    }
+    const json_t *structures = json_object_get(o, newer ? "tags" : "structures");
+    snprintf(sp, sizeof sp, "%.40s%s", param, newer ? ".format.tags" : ".structures");
     if (!json_is_array(structures))
         return req_bad_type(e, sp, "an array", structures ? structures : json_null());
     json_t *list = json_array();
     size_t i;
     const json_t *st;
     json_array_foreach(structures, i, st) {
-        if (!json_is_object(st)) {
+        char p[APIERR_PARAM_MAX];
+        snprintf(p, sizeof p, "%.60s[%zu]", sp, i);
+        json_t *one = req_tag(st, newer, p, e);
+        if (!one || !list || json_array_append_new(list, one) != 0) {
             json_decref(list);
-            char p[APIERR_PARAM_MAX];
-            snprintf(p, sizeof p, "%.48s.structures[%zu]", param, i);
-            return req_bad_type(e, p, "an object", st);
-        }
-        json_t *one = json_object();
-        static const char *const keys[] = {"begin", "schema", "end"};
-        for (int k = 0; one && k < 3; k++) {
-            json_t *v = json_object_get(st, keys[k]);
-            if (v && json_object_set(one, keys[k], v) != 0) {
-                json_decref(one);
-                one = NULL;
-            }
-        }
-        if (!list || json_array_append_new(list, one) != 0) {
-            json_decref(list);
-            return apierr_set(e, 500, NULL, NULL, "out of memory");
+            return one || !list ? apierr_set(e, 500, NULL, NULL, "out of memory") : TD_EINVAL;
         }
     }
     const json_t *triggers = json_object_get(o, "triggers");

@@ -864,14 +864,42 @@ static void guided_decoding_fields(void **state)
                  "tag: structures[0].begin '<g>' does not begin with a trigger\",\"type\":"
                  "\"invalid_request_error\",\"param\":\"response_format\",\"code\":"
                  "\"invalid_value\"}}");
+    /* xgrammar's newer form: triggered tags whose content is a JSON schema */
+    const char *newer = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                        "\"format\": {\"type\": \"triggered_tags\", \"triggers\": [\"<f=\"], "
+                        "\"tags\": [{\"begin\": \"<f=a>\", \"content\": {\"type\": "
+                        "\"json_schema\", \"json_schema\": {\"type\": \"object\"}}, \"end\": "
+                        "\"</f>\"}], \"at_least_one\": false}}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, newer, strlen(newer), &e), TD_OK);
+    assert_int_equal(r.format, MSG_FORMAT_TAGS);
+    assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<f=\"],"
+                                  "\"structures\":[{\"begin\":\"<f=a>\",\"schema\":"
+                                  "{\"type\":\"object\"},\"end\":\"</f>\"}]}");
+    req_free(&r);
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
-                 "\"format\": {\"type\": \"triggered_tags\"}}}", 400,
+                 "\"format\": {\"type\": \"or\"}}}", 400,
+                 "{\"error\":{\"message\":\"Unsupported value for 'response_format': of the "
+                 "\\\"format\\\" form only \\\"triggered_tags\\\" is taken.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"response_format\",\"code\":"
+                 "\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                 "\"format\": {\"type\": \"triggered_tags\", \"stop_after_first\": true}}}",
+                 400,
                  "{\"error\":{\"message\":\"Unsupported value for 'response_format': "
-                 "structural tags are taken as {\\\"structures\\\": [{\\\"begin\\\", "
-                 "\\\"schema\\\", \\\"end\\\"}, ...], \\\"triggers\\\": [...]}; the "
-                 "\\\"format\\\" form is not.\",\"type\":\"invalid_request_error\",\"param\":"
-                 "\"response_format\",\"code\":\"unsupported_value\"}}");
+                 "stop_after_first true is not taken.\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"response_format\",\"code\":\"unsupported_value\"}}");
+    expect_error(REQ_COMPLETION,
+                 "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
+                 "\"format\": {\"type\": \"triggered_tags\", \"triggers\": [\"<\"], \"tags\": "
+                 "[{\"begin\": \"<a>\", \"content\": {\"type\": \"regex\"}, \"end\": \"x\"}]}}}",
+                 400,
+                 "{\"error\":{\"message\":\"Unsupported value for "
+                 "'response_format.format.tags[0]': only a tag whose content is {\\\"type\\\": "
+                 "\\\"json_schema\\\", \\\"json_schema\\\": ...} is taken.\",\"type\":"
+                 "\"invalid_request_error\",\"param\":\"response_format.format.tags[0]\","
+                 "\"code\":\"unsupported_value\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
                  "\"triggers\": [\"<f\"]}}", 400,
