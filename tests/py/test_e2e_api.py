@@ -608,8 +608,14 @@ def test_structural_tags_hold_what_their_trigger_opens(server):
             i, n = k + len(end), n + 1
         return n
 
+    newer = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": tags["triggers"],
+        "tags": [{"begin": t["begin"], "end": t["end"],
+                  "content": {"type": "json_schema", "json_schema": t["schema"]}}
+                 for t in tags["structures"]]}}
     for extra in ({"response_format": tags},
-                  {"structured_outputs": {"structural_tag": json.dumps(tags)}}):
+                  {"structured_outputs": {"structural_tag": json.dumps(tags)}},
+                  {"response_format": newer}):
         r = c.chat.completions.create(
             model=m, messages=[{"role": "user", "content": "Where?"}], max_tokens=48,
             temperature=0, logit_bias={str(lt[0]): 100}, extra_body=dict(NO_THINK, **extra))
