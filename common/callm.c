@@ -42,6 +42,8 @@ struct cm_grammar {
     cm_name *trig;   /* [n_trig] */
     uint32_t n_trig;
     bool tag_plain;  /* every trigger opens with a byte plain free text has not (cm_free_text) */
+    bool tag_least;  /* at least one structure before the text may end */
+    bool tag_stop;   /* nothing after the first structure */
     cm_fn *fn;       /* [n_fn] sorted by name */
     uint32_t n_fn;
     size_t jc_size;  /* the largest jsonc state */
@@ -64,6 +66,7 @@ enum {
     CM_TBEGIN,  /* tags: len bytes of the begins [lo, hi) so far */
     CM_TDOC,    /* tags: structure fn's JSON */
     CM_TEND,    /* tags: len bytes of its end so far */
+    CM_TSTOP,   /* tags: after the first structure, with tag_stop: nothing more */
 };
 
 enum { LIT_FN, LIT_PAR, LIT_FEND };
@@ -402,7 +405,8 @@ static bool cm_tag_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b
             return false;
         if (++h->len == end->len) { /* free again: the state as it was at the start */
             memset(h, 0, sizeof *h);
-            h->at = CM_TFREE;
+            h->at = g->tag_stop ? CM_TSTOP : CM_TFREE;
+            h->seen = g->tag_least; /* a structure was written (only it tells) */
         }
         return true;
     }
@@ -419,6 +423,8 @@ static bool cm_byte(const cm_grammar *g, cm_head *h, uint8_t *jst, uint8_t b)
     case CM_TDOC:
     case CM_TEND:
         return cm_tag_byte(g, h, jst, b);
+    case CM_TSTOP:
+        return false;
     case CM_DOC:
         return jc_feed(g->doc, jst, &b, 1);
     case CM_CHOICE:
@@ -515,8 +521,8 @@ bool cm_free_text(const cm_grammar *g, const void *st)
 bool cm_done(const cm_grammar *g, const void *st)
 {
     const cm_head *h = st;
-    if (h->at == CM_TFREE)
-        return true;
+    if (h->at == CM_TFREE || h->at == CM_TSTOP)
+        return h->at == CM_TSTOP || !g->tag_least || h->seen;
     if (h->at == CM_CHOICE) /* the exact string sorts first of those it begins */
         return h->lo < h->hi && g->fn[h->lo].name.len == h->len;
     return h->at == CM_POST || (h->at == CM_DOC && jc_done(g->doc, CM_JC(st)));
@@ -820,8 +826,18 @@ static bool cm_contains(const cm_name *a, const cm_name *b)
 
 /* Structural tags (vLLM's structural_tag): triggers, and structures of a begin that opens
  * with one of them, a JSON Schema and an end. */
-static td_err cm_tags(cm_grammar *g, const json_t *triggers, const json_t *structures)
+static td_err cm_tags(cm_grammar *g, const json_t *spec)
 {
+    const json_t *triggers = json_object_get(spec, "triggers");
+    const json_t *structures = json_object_get(spec, "structures");
+    static const char *const flags[] = {"at_least_one", "stop_after_first"};
+    bool *sets[] = {&g->tag_least, &g->tag_stop};
+    for (int k = 0; k < 2; k++) {
+        const json_t *f = json_object_get(spec, flags[k]);
+        if (f && !json_is_boolean(f))
+            return err_set(TD_EINVAL, "structural tag: %s must be a boolean", flags[k]);
+        *sets[k] = json_is_true(f);
+    }
     const size_t nt = json_array_size(triggers), ns = json_array_size(structures);
     if (!json_is_array(triggers) || nt == 0 || nt > CM_TRIGGERS_MAX)
         return err_set(TD_EINVAL, "structural tag: triggers must be an array of 1..%d strings",
@@ -905,8 +921,7 @@ td_err cm_compile(const char *spec, size_t len, cm_grammar **out)
     if (tags || (json_is_string(form) && strcmp(json_string_value(form), "choice") == 0)) {
         cm_grammar *g = calloc(1, sizeof *g);
         td_err e = !g ? err_set(TD_ENOMEM, "choice: out of memory")
-                   : tags ? cm_tags(g, json_object_get(root, "triggers"),
-                                    json_object_get(root, "structures"))
+                   : tags ? cm_tags(g, root)
                           : cm_choices(g, json_object_get(root, "choices"));
         json_decref(root);
         if (e != TD_OK) {

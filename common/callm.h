@@ -34,7 +34,9 @@
  * it; the text then goes on with one of those begins whole, a JSON value valid under that
  * structure's schema, and its end, and is free again (the JSON ends where the end's first
  * byte comes once it is whole). Triggers may not hold one another, nor a begin be the
- * beginning of another; every begin opens with a trigger; ends are not empty. */
+ * beginning of another; every begin opens with a trigger; ends are not empty. With
+ * at_least_one the text is whole only after a structure; with stop_after_first nothing
+ * follows the first. */
 #ifndef TANDEM_COMMON_CALLM_H
 #define TANDEM_COMMON_CALLM_H
 
@@ -59,8 +61,8 @@ typedef struct cm_grammar cm_grammar;
  * (1..CM_FUNCTIONS_MAX distinct names, parameters optional), or {"form": "choice",
  * "choices": ["...", ...]} (1..CM_CHOICES_MAX strings of 1..CM_NAME_MAX bytes, any bytes;
  * repeats are one), or {"form": "tags", "triggers": ["...", ...] (1..CM_TRIGGERS_MAX),
- * "structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...] (1..CM_FUNCTIONS_MAX)}
- * (strings of 1..CM_NAME_MAX bytes). TD_EINVAL for a malformed spec
+ * "structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...] (1..CM_FUNCTIONS_MAX),
+ * "at_least_one": bool, "stop_after_first": bool} (strings of 1..CM_NAME_MAX bytes). TD_EINVAL for a malformed spec
  * or schema, TD_ENOTSUP for what cannot be enforced (a name with '<', '>' or a newline, more
  * than CM_PARAMS_MAX parameters, jsonc's refusals), TD_ENOMEM. */
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out);

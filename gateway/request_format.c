@@ -91,8 +91,8 @@ static json_t *req_tag(const json_t *st, bool newer, const char *param, api_erro
  * open schema-matched structures (common/callm.h), compiled here so that what the matcher
  * refuses is this request's 400. Taken as {"structures": [{"begin", "schema", "end"}, ...],
  * "triggers": [...]}, or xgrammar's newer {"format": {"type": "triggered_tags", "triggers",
- * "tags": [{"begin", "content": {"type": "json_schema", "json_schema"}, "end"}, ...]}} without
- * at_least_one or stop_after_first. */
+ * "tags": [{"begin", "content": {"type": "json_schema", "json_schema"}, "end"}, ...],
+ * "at_least_one", "stop_after_first"}}. */
 static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_error *e)
 {
     if (!json_is_object(o))
@@ -106,12 +106,6 @@ static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_er
             return apierr_set(e, 400, "unsupported_value", param,
                               "Unsupported value for '%s': of the \"format\" form only "
                               "\"triggered_tags\" is taken.", param);
-        static const char *const flags[] = {"at_least_one", "stop_after_first"};
-        for (int k = 0; k < 2; k++)
-            if (json_is_true(json_object_get(fmt, flags[k])))
-                return apierr_set(e, 400, "unsupported_value", param,
-                                  "Unsupported value for '%s': %s true is not taken.", param,
-                                  flags[k]);
         o = fmt;
     }
     const json_t *structures = json_object_get(o, newer ? "tags" : "structures");
@@ -134,6 +128,14 @@ static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_er
     json_t *spec = list ? json_pack("{s:s,s:O,s:o}", "form", "tags", "triggers",
                                     triggers ? triggers : json_null(), "structures", list)
                         : NULL;
+    static const char *const flags[] = {"at_least_one", "stop_after_first"};
+    for (int k = 0; spec && newer && k < 2; k++) { /* the newer form's; false leaves them out */
+        const json_t *f = json_object_get(o, flags[k]);
+        if (f && !json_is_false(f) && json_object_set(spec, flags[k], (json_t *)f) != 0) {
+            json_decref(spec);
+            spec = NULL;
+        }
+    }
     char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     if (!text)

@@ -241,11 +241,24 @@ static void structural_tags_match_what_the_triggers_open(void **s)
     assert_false(cm_free_text(g, st));
     free(st);
     cm_free(g);
+    /* at_least_one: whole only after a structure; stop_after_first: nothing after the first */
+    g = compile("{\"form\":\"tags\",\"triggers\":[\"<\"],\"structures\":[{\"begin\":\"<n>\","
+                "\"schema\":{\"type\":\"integer\"},\"end\":\"</n>\"}],\"at_least_one\":true,"
+                "\"stop_after_first\":true}");
+    assert_int_equal(taken(g, "text", &done), 4);
+    assert_false(done);
+    whole(g, "text <n>42</n>");
+    refused_at_end(g, "text <n>42</n>.");
+    refused_at_end(g, "<n>42</n><");
+    cm_free(g);
     static const struct {
         const char *spec;
         td_err code;
         const char *says;
     } bad[] = {
+        {"{\"form\":\"tags\",\"triggers\":[\"<a\"],\"structures\":[{\"begin\":\"<a>\","
+         "\"schema\":{},\"end\":\"x\"}],\"stop_after_first\":1}", TD_EINVAL,
+         "stop_after_first must be a boolean"},
         {"{\"form\":\"tags\",\"triggers\":[],\"structures\":[{\"begin\":\"<a>\",\"schema\":{},"
          "\"end\":\"<\"}]}", TD_EINVAL, "triggers must be"},
         {"{\"form\":\"tags\",\"triggers\":[\"<a\",\"x<a>\"],\"structures\":[{\"begin\":\"<a>\","

@@ -883,13 +883,24 @@ static void guided_decoding_fields(void **state)
                  "\\\"format\\\" form only \\\"triggered_tags\\\" is taken.\",\"type\":"
                  "\"invalid_request_error\",\"param\":\"response_format\",\"code\":"
                  "\"unsupported_value\"}}");
+    const char *flagged = "{\"prompt\": \"x\", \"response_format\": {\"type\": "
+                          "\"structural_tag\", \"format\": {\"type\": \"triggered_tags\", "
+                          "\"triggers\": [\"<\"], \"tags\": [{\"begin\": \"<a>\", \"content\": "
+                          "{\"type\": \"json_schema\", \"json_schema\": true}, \"end\": \"</a>\"}], "
+                          "\"at_least_one\": false, \"stop_after_first\": true}}}";
+    assert_int_equal(req_parse(&r, REQ_COMPLETION, flagged, strlen(flagged), &e), TD_OK);
+    assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<\"],\"structures\":"
+                                  "[{\"begin\":\"<a>\",\"schema\":true,\"end\":\"</a>\"}],"
+                                  "\"stop_after_first\":true}");
+    req_free(&r);
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
-                 "\"format\": {\"type\": \"triggered_tags\", \"stop_after_first\": true}}}",
-                 400,
-                 "{\"error\":{\"message\":\"Unsupported value for 'response_format': "
-                 "stop_after_first true is not taken.\",\"type\":\"invalid_request_error\","
-                 "\"param\":\"response_format\",\"code\":\"unsupported_value\"}}");
+                 "\"format\": {\"type\": \"triggered_tags\", \"triggers\": [\"<\"], \"tags\": "
+                 "[{\"begin\": \"<a>\", \"content\": {\"type\": \"json_schema\", "
+                 "\"json_schema\": true}, \"end\": \"x\"}], \"at_least_one\": \"yes\"}}}", 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'response_format': structural "
+                 "tag: at_least_one must be a boolean\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"response_format\",\"code\":\"invalid_value\"}}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
                  "\"format\": {\"type\": \"triggered_tags\", \"triggers\": [\"<\"], \"tags\": "
