@@ -696,6 +696,20 @@ static void test_structural_tags_hold_what_their_triggers_open(void **ctx)
             assert_true(bit(got, id_of_bytes("x")) && bit(got, id_of_bytes("<")));
         cst_free(&c, NULL);
     }
+    /* stop_after_first: after the first structure only the end of generation */
+    static const char STOP[] = "{\"form\":\"tags\",\"triggers\":[\"<f=\"],\"structures\":["
+                               "{\"begin\":\"<f=t>\",\"schema\":{\"type\":\"integer\"},"
+                               "\"end\":\"!\"}],\"stop_after_first\":true}";
+    cst_cfg stop = {.format = MSG_FORMAT_TAGS, .schema = STOP, .n_schema = sizeof STOP - 1,
+                    .think_start = -1, .think_end = -1};
+    cst_state c;
+    assert_int_equal(cst_init(&c, &stop, &VOC, 4), TD_OK);
+    int32_t ids[64];
+    const int64_t n = spell("a <f=t>5!", ids);
+    assert_int_equal(cst_emit(&c, ids, n), TD_OK);
+    assert_int_equal(cst_mask(&c, got), TD_OK);
+    expect_same_mask(got, VOC.eog, "after the first structure");
+    cst_free(&c, NULL);
     free(got);
     free(want);
     /* generations: what they write the matcher takes, whole where they end */
