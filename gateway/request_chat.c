@@ -197,34 +197,93 @@ td_err req_effort(const json_t *v, const char *param, api_error *e)
                       "'high' or 'xhigh'.", param);
 }
 
+/* The tools of r named by names (function names as JSON strings, each one of r->tools) alone:
+ * the model is told about those only. */
+static td_err req_only_tools(gw_request *r, const json_t *names, api_error *e)
+{
+    json_t *only = json_array();
+    if (!only)
+        return apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
+    size_t k;
+    const json_t *name;
+    json_array_foreach(names, k, name) {
+        size_t i;
+        const json_t *t, *found = NULL;
+        json_array_foreach(r->tools, i, t) {
+            if (json_equal(json_object_get(json_object_get(t, "function"), "name"), name))
+                found = t;
+        }
+        if (!found) {
+            json_decref(only);
+            return apierr_set(e, 400, "invalid_value", "tool_choice",
+                              "Invalid value for 'tool_choice': no tool named '%s' in 'tools'.",
+                              json_is_string(name) ? json_string_value(name) : "?");
+        }
+        if (json_array_append(only, (json_t *)found) != 0) {
+            json_decref(only);
+            return apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
+        }
+    }
+    json_decref(r->named_tools);
+    r->named_tools = only;
+    r->tools = only;
+    return TD_OK;
+}
+
 /* tool_choice {"type": "function", "function": {"name": N}}: the model is told about N alone
- * and must call it (a required call with one tool). */
+ * and must call it (a required call with one tool); {"type": "allowed_tools", "allowed_tools":
+ * {"mode": "auto" | "required", "tools": [{"type": "function", "function": {"name"}}, ...]}}:
+ * it is told about those alone, and must call one of them with mode "required". */
 static td_err req_named_tool(gw_request *r, const json_t *choice, api_error *e)
 {
+    const json_t *type = json_object_get(choice, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "allowed_tools") == 0) {
+        const json_t *at = json_object_get(choice, "allowed_tools");
+        const json_t *mode = json_object_get(at, "mode"), *list = json_object_get(at, "tools");
+        const char *m = json_is_string(mode) ? json_string_value(mode) : "";
+        if ((strcmp(m, "auto") && strcmp(m, "required")) || !json_is_array(list) ||
+            json_array_size(list) == 0)
+            return apierr_set(e, 400, "invalid_value", "tool_choice",
+                              "Invalid value for 'tool_choice': expected {\"type\": "
+                              "\"allowed_tools\", \"allowed_tools\": {\"mode\": \"auto\" or "
+                              "\"required\", \"tools\": [{\"type\": \"function\", \"function\": "
+                              "{\"name\": ...}}, ...]}}.");
+        json_t *names = json_array();
+        size_t i;
+        const json_t *t;
+        json_array_foreach(list, i, t) {
+            const json_t *name = json_object_get(json_object_get(t, "function"), "name");
+            if (!json_is_string(name) || json_array_append(names, (json_t *)name) != 0) {
+                json_decref(names);
+                return json_is_string(name)
+                           ? apierr_set(e, 500, NULL, NULL, "out of memory for the tools")
+                           : apierr_set(e, 400, "invalid_value", "tool_choice",
+                                        "Invalid value for 'tool_choice': allowed_tools.tools[%zu] "
+                                        "has no function name.", i);
+            }
+        }
+        const td_err err = r->tools ? req_only_tools(r, names, e)
+                                    : apierr_set(e, 400, "invalid_value", "tool_choice",
+                                                 "Invalid value for 'tool_choice': allowed tools "
+                                                 "but no 'tools' were given.");
+        json_decref(names);
+        r->force_call = err == TD_OK && strcmp(m, "required") == 0;
+        return err;
+    }
     const json_t *fn = json_object_get(choice, "function");
     const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
     if (!json_is_string(name))
         return apierr_set(e, 400, "invalid_value", "tool_choice",
                           "Invalid value for 'tool_choice': expected {\"type\": \"function\", "
-                          "\"function\": {\"name\": ...}}.");
-    size_t i;
-    const json_t *t;
-    json_array_foreach(r->tools, i, t) {
-        const json_t *tn = json_object_get(json_object_get(t, "function"), "name");
-        if (json_equal(tn, name)) {
-            json_decref(r->named_tools);
-            r->named_tools = json_array();
-            if (!r->named_tools || json_array_append(r->named_tools, (json_t *)t) != 0)
-                return apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
-            r->tools = r->named_tools;
-            r->force_call = true;
-            return TD_OK;
-        }
-    }
-    return apierr_set(e, 400, "invalid_value", "tool_choice",
-                      "Invalid value for 'tool_choice': no tool named '%s' in 'tools'.",
-                      json_string_value(name));
+                          "\"function\": {\"name\": ...}} or {\"type\": \"allowed_tools\", ...}.");
+    json_t *names = json_pack("[O]", name);
+    const td_err err = names ? req_only_tools(r, names, e)
+                             : apierr_set(e, 500, NULL, NULL, "out of memory for the tools");
+    json_decref(names);
+    r->force_call = err == TD_OK;
+    return err;
 }
+
 td_err req_chat(gw_request *r, api_error *e)
 {
     const json_t *msgs = json_object_get(r->root, "messages");

@@ -9,6 +9,7 @@
  *                                turn
  *   tools (flat functions)    -> {"type": "function", "function": {...}}
  *   tool_choice {type, name}  -> {"type": "function", "function": {"name": ...}}
+ *   tool_choice allowed_tools -> the chat's {"type": "allowed_tools", "allowed_tools": {...}}
  *   text.format               -> response_format
  *   max_output_tokens         -> max_completion_tokens
  *   include "message.output_text.logprobs" -> logprobs (top_logprobs alternatives)
@@ -381,12 +382,32 @@ static td_err resp_tool_choice(const json_t *body, json_t *chat, api_error *e)
     if (!json_is_object(tc))
         return req_bad_type(e, "tool_choice", "a string or an object", tc);
     const json_t *type = json_object_get(tc, "type");
+    if (json_is_string(type) && strcmp(json_string_value(type), "allowed_tools") == 0) {
+        /* {"mode", "tools": [{"type": "function", "name"}]} -> the chat's form */
+        json_t *list = json_array();
+        size_t i;
+        const json_t *t;
+        json_array_foreach(json_object_get(tc, "tools"), i, t) {
+            json_t *one = json_pack("{s:s,s:{s:O?}}", "type", "function", "function", "name",
+                                    json_object_get(t, "name"));
+            if (!list || json_array_append_new(list, one) != 0) {
+                json_decref(list);
+                return resp_oom(e);
+            }
+        }
+        const json_t *mode = json_object_get(tc, "mode");
+        json_t *at = list ? json_pack("{s:s,s:{s:O?,s:o}}", "type", "allowed_tools",
+                                      "allowed_tools", "mode", mode, "tools", list)
+                          : NULL;
+        return at && json_object_set_new(chat, "tool_choice", at) == 0 ? TD_OK : resp_oom(e);
+    }
     const json_t *name = json_object_get(tc, "name");
     if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
         !json_is_string(name))
         return apierr_set(e, 400, "invalid_value", "tool_choice",
                           "Invalid value for 'tool_choice': expected 'none', 'auto', "
-                          "'required' or {\"type\": \"function\", \"name\": ...}.");
+                          "'required', {\"type\": \"function\", \"name\": ...} or "
+                          "{\"type\": \"allowed_tools\", \"mode\": ..., \"tools\": [...]}.");
     if (json_object_set_new(chat, "tool_choice",
                             json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name",
                                       name)) != 0)

@@ -197,6 +197,45 @@ static void a_required_tool_call_sets_the_tool_call_format(void **state)
                                           "name")),
         "g");
     req_free(&r);
+    /* allowed_tools: those alone shown; "required" makes one of them the answer's call */
+    const char *three = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, "
+                        "{\"type\": \"function\", \"function\": {\"name\": \"g\"}}, "
+                        "{\"type\": \"function\", \"function\": {\"name\": \"h\"}}]";
+    static const char *const modes[] = {"required", "auto"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": "
+                 "\"hi\"}], %s, \"tool_choice\": {\"type\": \"allowed_tools\", "
+                 "\"allowed_tools\": {\"mode\": \"%s\", \"tools\": [{\"type\": \"function\", "
+                 "\"function\": {\"name\": \"h\"}}, {\"type\": \"function\", \"function\": "
+                 "{\"name\": \"f\"}}]}}}", three, modes[k]);
+        assert_int_equal(req_parse(&r, REQ_CHAT, body, strlen(body), &e), TD_OK);
+        char *shown = json_dumps(r.tools, JSON_COMPACT);
+        assert_string_equal(shown, "[{\"type\":\"function\",\"function\":{\"name\":\"h\"}},"
+                                   "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+        free(shown);
+        assert_int_equal(r.force_call, k == 0);
+        assert_int_equal(r.format, k == 0 ? MSG_FORMAT_TOOL_CALL : MSG_FORMAT_TEXT);
+        assert_true(r.parse_tools);
+        req_free(&r);
+    }
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": {\"type\": \"allowed_tools\", \"allowed_tools\": "
+             "{\"mode\": \"auto\", \"tools\": [{\"type\": \"function\", \"function\": "
+             "{\"name\": \"x\"}}]}}}", three);
+    expect_error(REQ_CHAT, body, 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'tool_choice': no tool named 'x' "
+                 "in 'tools'.\",\"type\":\"invalid_request_error\",\"param\":\"tool_choice\","
+                 "\"code\":\"invalid_value\"}}");
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "%s, \"tool_choice\": {\"type\": \"allowed_tools\", \"allowed_tools\": "
+             "{\"mode\": \"any\", \"tools\": []}}}", three);
+    expect_error(REQ_CHAT, body, 400,
+                 "{\"error\":{\"message\":\"Invalid value for 'tool_choice': expected "
+                 "{\\\"type\\\": \\\"allowed_tools\\\", \\\"allowed_tools\\\": "
+                 "{\\\"mode\\\": \\\"auto\\\" or \\\"required\\\", \\\"tools\\\": "
+                 "[{\\\"type\\\": \\\"function\\\", \\\"function\\\": {\\\"name\\\": "
+                 "...}}, ...]}}.\",\"type\":\"invalid_request_error\",\"param\":"
+                 "\"tool_choice\",\"code\":\"invalid_value\"}}");
     expect_error(REQ_CHAT,
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
                  "\"tool_choice\": \"required\"}",
@@ -1222,6 +1261,29 @@ static void responses_continue_a_kept_conversation(void **state)
     rstore_free(store);
 }
 
+/* Responses' allowed_tools: the chat's, with the function tools it names alone shown. */
+static void responses_allowed_tools(void **state)
+{
+    (void)state;
+    const char *body = "{\"input\": \"x\", \"tools\": [{\"type\": \"function\", \"name\": "
+                       "\"f\"}, {\"type\": \"function\", \"name\": \"g\"}], \"tool_choice\": "
+                       "{\"type\": \"allowed_tools\", \"mode\": \"required\", \"tools\": "
+                       "[{\"type\": \"function\", \"name\": \"g\"}]}}";
+    gw_request r;
+    api_error e;
+    assert_int_equal(req_parse_responses(&r, body, strlen(body), NULL, &e), TD_OK);
+    char *tc = json_dumps(json_object_get(r.root, "tool_choice"), JSON_COMPACT);
+    assert_string_equal(tc, "{\"type\":\"allowed_tools\",\"allowed_tools\":{\"mode\":"
+                            "\"required\",\"tools\":[{\"type\":\"function\",\"function\":"
+                            "{\"name\":\"g\"}}]}}");
+    free(tc);
+    char *shown = json_dumps(r.tools, JSON_COMPACT);
+    assert_string_equal(shown, "[{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]");
+    free(shown);
+    assert_true(r.force_call);
+    req_free(&r);
+}
+
 static void expect_responses_error(const char *body, const char *error_json)
 {
     gw_request r;
@@ -1272,8 +1334,10 @@ static void responses_bad_bodies_are_400(void **state)
                            "\"invalid_value\"}}");
     expect_responses_error("{\"input\": \"x\", \"tool_choice\": {\"type\": \"web_search\"}}",
                            "{\"error\":{\"message\":\"Invalid value for 'tool_choice': expected "
-                           "'none', 'auto', 'required' or {\\\"type\\\": \\\"function\\\", "
-                           "\\\"name\\\": ...}.\",\"type\":\"invalid_request_error\",\"param\":"
+                           "'none', 'auto', 'required', {\\\"type\\\": \\\"function\\\", "
+                           "\\\"name\\\": ...} or {\\\"type\\\": \\\"allowed_tools\\\", "
+                           "\\\"mode\\\": ..., \\\"tools\\\": [...]}.\",\"type\":"
+                           "\"invalid_request_error\",\"param\":"
                            "\"tool_choice\",\"code\":\"invalid_value\"}}");
     expect_responses_error("{\"input\": \"x\", \"conversation\": \"conv_1\"}",
                            "{\"error\":{\"message\":\"Unsupported parameter: 'conversation': "
@@ -1445,6 +1509,7 @@ int main(void)
         cmocka_unit_test(responses_body_gives_the_chat_request),
         cmocka_unit_test(responses_bad_bodies_are_400),
         cmocka_unit_test(responses_continue_a_kept_conversation),
+        cmocka_unit_test(responses_allowed_tools),
         cmocka_unit_test(list_pages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

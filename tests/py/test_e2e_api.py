@@ -814,6 +814,15 @@ def test_tools_are_rendered_and_answered(server):
                 pieces += 1
         assert calls == {0: (call.name, call.arguments)}
         assert pieces > 2, pieces  # not whole at once
+    # allowed_tools: only those shown; "required" makes one of them the answer's call
+    r = server["client"].chat.completions.create(
+        model=server["model"], messages=[{"role": "user", "content": "Time?"}], tools=tools,
+        max_tokens=120, temperature=0, extra_body=NO_THINK, parallel_tool_calls=False,
+        tool_choice={"type": "allowed_tools", "allowed_tools": {
+            "mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}})
+    call = r.choices[0].message.tool_calls[0].function
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert (call.name, json.loads(call.arguments)) == ("get_time", {"zone": "UTC"})
     # tool_choice "auto": the model (pushed to open calls by a bias on <tool_call>) writes
     # only calls of declared functions with valid arguments
     status, body = _post(server["port"], "/tokenize", json.dumps({"content": "<tool_call>"})
