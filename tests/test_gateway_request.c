@@ -15,6 +15,19 @@
 #include "gateway/respstore.h"
 
 /* Parses body and checks the status and the exact error body. */
+/* A completion body that asks for a format: it parses to that format and text. */
+static void expect_format(const char *body, msg_format format, const char *text)
+{
+    gw_request r;
+    api_error e;
+    if (req_parse(&r, REQ_COMPLETION, body, strlen(body), &e) != TD_OK)
+        fail_msg("%s: %s", body, e.message);
+    assert_int_equal(r.format, format);
+    assert_string_equal(r.schema, text);
+    assert_int_equal(r.n_schema, strlen(text));
+    req_free(&r);
+}
+
 static void expect_error(req_kind kind, const char *body, int status, const char *error_json)
 {
     gw_request r;
@@ -842,14 +855,8 @@ static void guided_decoding_fields(void **state)
         assert_int_equal(r.format, compact[i].format);
         req_free(&r);
     }
-    for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++) {
-        assert_int_equal(req_parse(&r, REQ_COMPLETION, gram[i].body, strlen(gram[i].body), &e),
-                         TD_OK);
-        assert_int_equal(r.format, gram[i].format);
-        assert_string_equal(r.schema, gram[i].text);
-        assert_int_equal(r.n_schema, strlen(gram[i].text));
-        req_free(&r);
-    }
+    for (size_t i = 0; i < sizeof gram / sizeof gram[0]; i++)
+        expect_format(gram[i].body, gram[i].format, gram[i].text);
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"guided_choice\": [\"a\"], \"guided_json\": {}}", 400,
                  "{\"error\":{\"message\":\"Invalid value for 'guided_json': ask for one "
@@ -887,14 +894,11 @@ static void guided_decoding_fields(void **state)
         "[{\\\"begin\\\": \\\"<f=a>\\\", \\\"schema\\\": {\\\"type\\\": \\\"object\\\"}, "
         "\\\"end\\\": \\\"</f>\\\"}]}\"}}",
     };
-    for (int i = 0; i < 2; i++) {
-        assert_int_equal(req_parse(&r, REQ_COMPLETION, tags[i], strlen(tags[i]), &e), TD_OK);
-        assert_int_equal(r.format, MSG_FORMAT_TAGS);
-        assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<f=\"],"
-                                      "\"structures\":[{\"begin\":\"<f=a>\",\"schema\":"
-                                      "{\"type\":\"object\"},\"end\":\"</f>\"}]}");
-        req_free(&r);
-    }
+    static const char TAGS[] = "{\"form\":\"tags\",\"triggers\":[\"<f=\"],\"structures\":"
+                               "[{\"begin\":\"<f=a>\",\"schema\":{\"type\":\"object\"},"
+                               "\"end\":\"</f>\"}]}";
+    for (int i = 0; i < 2; i++)
+        expect_format(tags[i], MSG_FORMAT_TAGS, TAGS);
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
                  "\"structures\": [{\"begin\": \"<g>\", \"schema\": {}, \"end\": \"x\"}], "
@@ -909,12 +913,7 @@ static void guided_decoding_fields(void **state)
                         "\"tags\": [{\"begin\": \"<f=a>\", \"content\": {\"type\": "
                         "\"json_schema\", \"json_schema\": {\"type\": \"object\"}}, \"end\": "
                         "\"</f>\"}], \"at_least_one\": false}}}";
-    assert_int_equal(req_parse(&r, REQ_COMPLETION, newer, strlen(newer), &e), TD_OK);
-    assert_int_equal(r.format, MSG_FORMAT_TAGS);
-    assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<f=\"],"
-                                  "\"structures\":[{\"begin\":\"<f=a>\",\"schema\":"
-                                  "{\"type\":\"object\"},\"end\":\"</f>\"}]}");
-    req_free(&r);
+    expect_format(newer, MSG_FORMAT_TAGS, TAGS);
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
                  "\"format\": {\"type\": \"or\"}}}", 400,
@@ -927,11 +926,9 @@ static void guided_decoding_fields(void **state)
                           "\"triggers\": [\"<\"], \"tags\": [{\"begin\": \"<a>\", \"content\": "
                           "{\"type\": \"json_schema\", \"json_schema\": true}, \"end\": \"</a>\"}], "
                           "\"at_least_one\": false, \"stop_after_first\": true}}}";
-    assert_int_equal(req_parse(&r, REQ_COMPLETION, flagged, strlen(flagged), &e), TD_OK);
-    assert_string_equal(r.schema, "{\"form\":\"tags\",\"triggers\":[\"<\"],\"structures\":"
-                                  "[{\"begin\":\"<a>\",\"schema\":true,\"end\":\"</a>\"}],"
-                                  "\"stop_after_first\":true}");
-    req_free(&r);
+    expect_format(flagged, MSG_FORMAT_TAGS,
+                  "{\"form\":\"tags\",\"triggers\":[\"<\"],\"structures\":[{\"begin\":"
+                  "\"<a>\",\"schema\":true,\"end\":\"</a>\"}],\"stop_after_first\":true}");
     expect_error(REQ_COMPLETION,
                  "{\"prompt\": \"x\", \"response_format\": {\"type\": \"structural_tag\", "
                  "\"format\": {\"type\": \"triggered_tags\", \"triggers\": [\"<\"], \"tags\": "
