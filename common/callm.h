@@ -62,9 +62,10 @@ typedef struct cm_grammar cm_grammar;
  * "choices": ["...", ...]} (1..CM_CHOICES_MAX strings of 1..CM_NAME_MAX bytes, any bytes;
  * repeats are one), or {"form": "tags", "triggers": ["...", ...] (1..CM_TRIGGERS_MAX),
  * "structures": [{"begin": "...", "schema": {...}, "end": "..."}, ...] (1..CM_FUNCTIONS_MAX),
- * "at_least_one": bool, "stop_after_first": bool} (strings of 1..CM_NAME_MAX bytes). TD_EINVAL for a malformed spec
- * or schema, TD_ENOTSUP for what cannot be enforced (a name with '<', '>' or a newline, more
- * than CM_PARAMS_MAX parameters, jsonc's refusals), TD_ENOMEM. */
+ * "at_least_one": bool, "stop_after_first": bool} (strings of 1..CM_NAME_MAX bytes).
+ * TD_EINVAL for a malformed spec or schema, TD_ENOTSUP for what cannot be enforced (a name
+ * with '<', '>' or a newline, more than CM_PARAMS_MAX parameters, jsonc's refusals, triggers
+ * or begins that hold or begin one another), TD_ENOMEM. */
 td_err cm_compile(const char *spec, size_t len, cm_grammar **out);
 void cm_free(cm_grammar *g);
 

@@ -22,8 +22,9 @@
  * at all) and matches the body of every call the model opens. Reasoning blocks are not
  * looked at by it. A choice (guided_choice) is a document matched by callm as well: one of
  * its strings, then the end of generation; so are structural tags (free text whose triggers
- * open schema-matched structures; the end of generation wherever the text is free). A grammar (GBNF) or a regular expression is a
- * document matched by common/gram: a sentence of it, then the end of generation.
+ * open schema-matched structures; the end of generation wherever the text is free). A
+ * grammar (GBNF) or a regular expression is a document matched by common/gram: a sentence of
+ * it, then the end of generation.
  *
  * A thinking model's reasoning block is left free: when the prompt leaves one open, the
  * format applies from the token after its end token; when the output may open one itself,
