@@ -924,8 +924,8 @@ static void guided_decoding_fields(void **state)
     const char *flagged = "{\"prompt\": \"x\", \"response_format\": {\"type\": "
                           "\"structural_tag\", \"format\": {\"type\": \"triggered_tags\", "
                           "\"triggers\": [\"<\"], \"tags\": [{\"begin\": \"<a>\", \"content\": "
-                          "{\"type\": \"json_schema\", \"json_schema\": true}, \"end\": \"</a>\"}], "
-                          "\"at_least_one\": false, \"stop_after_first\": true}}}";
+                          "{\"type\": \"json_schema\", \"json_schema\": true}, \"end\": "
+                          "\"</a>\"}], \"at_least_one\": false, \"stop_after_first\": true}}}";
     expect_format(flagged, MSG_FORMAT_TAGS,
                   "{\"form\":\"tags\",\"triggers\":[\"<\"],\"structures\":[{\"begin\":"
                   "\"<a>\",\"schema\":true,\"end\":\"</a>\"}],\"stop_after_first\":true}");
