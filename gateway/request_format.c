@@ -113,21 +113,22 @@ static td_err req_tags(gw_request *r, const json_t *o, const char *param, api_er
     if (!json_is_array(structures))
         return req_bad_type(e, sp, "an array", structures ? structures : json_null());
     json_t *list = json_array();
+    if (!list)
+        return apierr_set(e, 500, NULL, NULL, "out of memory");
     size_t i;
     const json_t *st;
     json_array_foreach(structures, i, st) {
         char p[APIERR_PARAM_MAX];
         snprintf(p, sizeof p, "%.60s[%zu]", sp, i);
-        json_t *one = req_tag(st, newer, p, e);
-        if (!one || !list || json_array_append_new(list, one) != 0) {
+        json_t *one = req_tag(st, newer, p, e); /* NULL: e says why */
+        if (!one || json_array_append_new(list, one) != 0) {
             json_decref(list);
-            return one || !list ? apierr_set(e, 500, NULL, NULL, "out of memory") : TD_EINVAL;
+            return one ? apierr_set(e, 500, NULL, NULL, "out of memory") : TD_EINVAL;
         }
     }
     const json_t *triggers = json_object_get(o, "triggers");
-    json_t *spec = list ? json_pack("{s:s,s:O,s:o}", "form", "tags", "triggers",
-                                    triggers ? triggers : json_null(), "structures", list)
-                        : NULL;
+    json_t *spec = json_pack("{s:s,s:O,s:o}", "form", "tags", "triggers",
+                             triggers ? triggers : json_null(), "structures", list);
     static const char *const flags[] = {"at_least_one", "stop_after_first"};
     for (int k = 0; spec && newer && k < 2; k++) { /* the newer form's; false leaves them out */
         const json_t *f = json_object_get(o, flags[k]);

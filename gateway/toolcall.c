@@ -598,6 +598,13 @@ static td_err tool_keep(tool_split *s, const char *p, size_t n)
     return TD_OK;
 }
 
+/* The open block's call is no longer being passed on. */
+static void tool_unopen(tool_split *s)
+{
+    s->opened = false;
+    s->fast = (tool_fast){0};
+}
+
 /* A finished block: a call, or when it does not parse, the text it was. */
 static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
 {
@@ -605,14 +612,12 @@ static td_err tool_block(tool_split *s, const char *body, size_t n, bool closed)
     td_err e = tool_parse(body, n, s->tools, &c);
     s->after_call = true;
     const bool opened = s->opened;
-    s->opened = false;
-    s->fast = (tool_fast){0};
+    tool_unopen(s);
     if (e == TD_OK && opened && s->sent_len > 0 &&
         (strlen(c.arguments) < s->sent_len || memcmp(c.arguments, s->sent, s->sent_len) != 0)) {
         /* e.g. a JSON call whose "arguments" come twice, the last not the object streamed:
          * the call cannot end what was sent, so it ends as the text it was */
         tool_call_free(&c);
-        s->mismatches++;
         e = TD_EFORMAT;
     }
     if (e == TD_OK) {
@@ -795,8 +800,7 @@ td_err tool_split_flush(tool_split *s)
         s->state = TOOL_TEXT;
         if (!s->closed_only)
             return tool_block(s, s->hold, n, false);
-        s->opened = false;
-        s->fast = (tool_fast){0};
+        tool_unopen(s);
         TD_TRY(s->emit(s->ctx, TOOL_EMIT_TEXT, CALL_OPEN, CALL_OPEN_LEN, NULL));
         return n > 0 ? s->emit(s->ctx, TOOL_EMIT_TEXT, s->hold, n, NULL) : TD_OK;
     }

@@ -96,8 +96,6 @@ typedef struct tool_split {
     bool opened;         /* stream_args: the open block's call was passed on as begun */
     char *sent;          /* stream_args: [sent_len] its arguments passed on so far */
     size_t sent_len, sent_cap;
-    unsigned mismatches; /* stream_args: begun calls whose whole arguments did not begin with
-                          * what was passed on (they ended as text) */
     char *hold;          /* [hold_len] undecided text, or the open block's body */
     size_t hold_len;     /* bytes */
     size_t hold_cap;     /* bytes allocated */
