@@ -24,7 +24,11 @@ static void tc_put(tc_buf *b, const char *s, size_t n)
 {
     if (b->oom)
         return;
-    if (b->len + n + 1 > b->cap) {
+    if (n >= b->cap - b->len) { /* cap >= len always; no sum that can wrap */
+        if (n > SIZE_MAX / 2 - b->len - 1) {
+            b->oom = true;
+            return;
+        }
         size_t cap = (b->len + n + 1) * 2;
         char *p = realloc(b->p, cap);
         if (!p) {
@@ -668,8 +672,10 @@ static int tool_stream_fast(tool_split *s, td_err *r)
     } else {
         const bool closed = tc_json_scan(s->hold, s->hold_len, f);
         const size_t m = closed ? f->scan : tc_whole_chars(v, f->scan);
-        tc_put(&esc, v + f->done, m - f->done);
-        f->done = m;
+        if (m > f->done) { /* a half character held back may leave nothing new */
+            tc_put(&esc, v + f->done, m - f->done);
+            f->done = m;
+        }
         if (closed)
             f->kind = 0; /* the arguments are whole: nothing more until the block ends */
     }
