@@ -320,6 +320,7 @@ int main(int argc, char **argv)
     int2 *hl = (int2 *)bench_alloc((size_t)NKB * ROWS * NTOK * sizeof(int2));
     CU(cudaMemcpy(hl, dhl, (size_t)NKB * ROWS * NTOK * sizeof(int2), cudaMemcpyDeviceToHost));
     long bad = 0;
+    long long *want = (long long *)bench_alloc((size_t)NKB * ROWS * NTOK * 2 * sizeof(long long));
     for (int kb = 0; kb < NKB; kb++)
         for (int row = 0; row < ROWS; row++) {
             const uint8_t *w = h + ((size_t)kb * ROWS + row) * WB;
@@ -335,15 +336,29 @@ int main(int argc, char **argv)
                         L += (long long)sc * qv * x[1];
                     }
                 }
-                const int2 got = hl[((size_t)kb * ROWS + row) * NTOK + tok];
-                if (got.x != H || got.y != L) {
-                    if (bad < 5)
-                        printf("mismatch kb %d row %d token %d: H %d / %lld, L %d / %lld\n",
-                               kb, row, tok, got.x, H, got.y, L);
-                    bad++;
-                }
+                want[(((size_t)kb * ROWS + row) * NTOK + tok) * 2] = H;
+                want[(((size_t)kb * ROWS + row) * NTOK + tok) * 2 + 1] = L;
             }
         }
+    for (int kb = 0; kb < NKB; kb++)
+        for (int row = 0; row < ROWS; row++)
+            for (int tok = 0; tok < NTOK; tok++) {
+                const size_t i = ((size_t)kb * ROWS + row) * NTOK + tok;
+                const int2 got = hl[i];
+                if (got.x == want[2 * i] && got.y == want[2 * i + 1])
+                    continue;
+                if (bad < 8) { /* where the value belongs, if it is anyone's H or L */
+                    printf("mismatch kb %d row %d token %d: H %d (want %lld), L %d (want %lld);",
+                           kb, row, tok, got.x, want[2 * i], got.y, want[2 * i + 1]);
+                    for (size_t k = 0; k < (size_t)NKB * ROWS * NTOK * 2; k++)
+                        if (want[k] == got.x || want[k] == got.y)
+                            printf(" %s of kb %zu row %zu token %zu", k & 1 ? "L" : "H",
+                                   k / 2 / (ROWS * NTOK), k / 2 / NTOK % ROWS, k / 2 % NTOK);
+                    printf("\n");
+                }
+                bad++;
+            }
+    free(want);
     printf(BENCH_NAME " on %s (%d SMs), %d warpgroups per SM, lbo %d sbo %d: check %s (%ld of "
                       "%d sums differ)\n",
            prop.name, sms, wg, lbo, sbo, bad ? "FAILED" : "passed", bad, NKB * ROWS * NTOK);
