@@ -42,6 +42,7 @@ extern "C" { /* the C headers bench_cuda.h includes, with C linkage */
 
 #define BENCH_NAME "bench_wgmma_cuda"
 #include "bench/bench_cuda.h"
+#include "kernels/kquant.h"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_OK 1
@@ -105,18 +106,6 @@ __device__ __forceinline__ void mma16(int (&c)[4], uint32_t a0, uint32_t a1, uin
 }
 #endif
 
-/* The six-bit scale and min of sub-block j of a Q4_K scales array (as the format has it). */
-__host__ __device__ __forceinline__ void q4k_scale(const uint8_t *s, int j, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 /* CHECK: write H and L of every (k-block, row, token) to hl instead of timing. */
 template <int WG, bool CHECK>
 __global__ void __launch_bounds__(WG * 128, 1)
@@ -151,7 +140,7 @@ __global__ void __launch_bounds__(WG * 128, 1)
 #pragma unroll
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
-                    q4k_scale(s, j, &sc, &m);
+                    kq_scale_min(s, j, &sc, &m);
                     sh[r][j] = (uint32_t)sc >> 3;
                     sl[r][j] = (uint32_t)sc & 7;
                     m4[j >> 2] |= (uint32_t)m << (8 * (j & 3));
@@ -328,7 +317,7 @@ int main(int argc, char **argv)
                 long long H = 0, L = 0;
                 for (int j = 0; j < 8; j++) {
                     int sc, m;
-                    q4k_scale(w + 4, j, &sc, &m);
+                    kq_scale_min(w + 4, j, &sc, &m);
                     for (int i = 0; i < 32; i++) {
                         const int qv = (w[16 + 32 * (j / 2) + i] >> (4 * (j & 1))) & 15;
                         const int8_t *x = xd + (((size_t)kb * 256 + 32 * j + i) * NTOK + tok) * 2;

@@ -12,6 +12,7 @@
 #endif
 
 #include "kernels/cpu/simd.h"
+#include "kernels/kquant.h"
 #include "kernels/ops.h"
 
 #define QK8_0 32   /* weights per Q8_0 block */
@@ -199,18 +200,6 @@ static inline __attribute__((always_inline)) void dequant_q8_0(const uint8_t *b,
         y[i] = d * (float)q[i];
 }
 
-/* 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K/Q5_K. */
-static void kq_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
 static inline __attribute__((always_inline)) void dequant_q4_k(const uint8_t *b, float *y)
 {
     float d = f16_to_f32(rd_u16(b));
@@ -218,7 +207,7 @@ static inline __attribute__((always_inline)) void dequant_q4_k(const uint8_t *b,
     const uint8_t *s = b + 4;
     const uint8_t *qs = b + 16;
     for (int c = 0; c < 4; c++) {
-        uint8_t sc0, m0, sc1, m1;
+        int sc0, m0, sc1, m1;
         kq_scale_min(s, 2 * c, &sc0, &m0);
         kq_scale_min(s, 2 * c + 1, &sc1, &m1);
         float d0 = d * sc0, dm0 = dmin * m0, d1 = d * sc1, dm1 = dmin * m1;
@@ -240,7 +229,7 @@ static inline __attribute__((always_inline)) void dequant_q5_k(const uint8_t *b,
     const uint8_t *qh = b + 16;
     const uint8_t *qs = b + 48;
     for (int c = 0; c < 4; c++) {
-        uint8_t sc0, m0, sc1, m1;
+        int sc0, m0, sc1, m1;
         kq_scale_min(s, 2 * c, &sc0, &m0);
         kq_scale_min(s, 2 * c + 1, &sc1, &m1);
         float d0 = d * sc0, dm0 = dmin * m0, d1 = d * sc1, dm1 = dmin * m1;

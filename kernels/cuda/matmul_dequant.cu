@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/kquant.h"
 
 namespace {
 
@@ -21,18 +22,6 @@ __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p)
 __device__ __forceinline__ float f16f(uint32_t h)
 {
     return __half2float(__ushort_as_half((unsigned short)h));
-}
-
-/* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (DESIGN section 8). */
-__device__ __forceinline__ void kq_scale_min(const uint8_t *s, int j, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
 }
 
 /* Element i of a row of type that starts at row (block-aligned). */
