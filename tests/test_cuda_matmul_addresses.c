@@ -19,6 +19,9 @@
  * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
  * of that member, and the CTAs' even shares of the units cover each exactly once.
  *
+ * The warpgroup kernel's activation layout (mm_wg_pos): each digit once, where the MMA's
+ * shared-memory descriptor reads it for the k slot its weight fragment gives the input.
+ *
  * The Q6_K x bf16 kernel (matmul_q6x.cu): the lanes' words, classes, inputs and scales of
  * kernels/cuda/matmul_q6x.h rebuild every weight of random blocks as cpu_dequantize_row gives
  * it, each input of a block exactly once, and a block 2 bytes past a word boundary read as
@@ -715,8 +718,9 @@ static void test_ring_cursor_counts_as_the_division(void **state)
     }
 }
 
-/* Sets of the 27B model's groups and odd ones, in the units of the three kernels that take
- * sets (8 rows, 16-row tiles, 4 rows), shared among CTAs as the kernels share them. */
+/* Sets of the 27B model's groups and odd ones, in the units of the four kernels that take
+ * sets (8 rows, 16-row tiles, 4 rows, 64-row tiles), shared among CTAs as the kernels share
+ * them. */
 static void test_set_units_cover_every_row_once(void **state)
 {
     (void)state;
@@ -726,7 +730,7 @@ static void test_set_units_cover_every_row_once(void **state)
     } sets[] = {{2, {17408, 17408}}, {2, {10240, 6144}}, {3, {12288, 1024, 1024}},
                 {2, {48, 48}},       {4, {40, 9, 1, 300}}, {1, {1}},
                 {4, {7, 8, 9, 16}},  {4, {248320, 5, 17, 33}}};
-    static const int64_t unit_rows[] = {MMB_UROWS, 16, 4};
+    static const int64_t unit_rows[] = {MMB_UROWS, 16, 4, 64};
     static const int64_t n_sms[] = {132, 114, 7, 1};
     for (size_t k = 0; k < sizeof sets / sizeof *sets; k++)
         for (size_t ur = 0; ur < sizeof unit_rows / sizeof *unit_rows; ur++) {
@@ -859,6 +863,43 @@ static void test_q6x_lanes_rebuild_every_weight(void **state)
         assert_true(ops_bf16_to_f32((uint16_t)(0x4300 | v)) == (float)(128 + v));
 }
 
+/* The warpgroup layout (mm_wg_pos): every digit of a 256-input block of n_pad tokens lands
+ * in the block's 512 * n_pad bytes exactly once, and where the warpgroup MMA's descriptor
+ * reads it (core matrices of 8 columns x 16 bytes, the k halves 128 bytes apart, groups of
+ * 8 columns 256 apart, a 32-input slice 64 * n_pad bytes) for the k slot that the weight
+ * fragments give that input: slot 4t + e of the first half is input 8t + e of the slice,
+ * of the second half input 8t + 4 + e. */
+static void test_warpgroup_layout_is_what_the_descriptor_reads(void **state)
+{
+    (void)state;
+    static const int pads[] = {8, 16, 32, 64};
+    for (size_t k = 0; k < sizeof pads / sizeof *pads; k++) {
+        const int np = pads[k], bytes = 512 * np;
+        uint8_t *seen = calloc((size_t)bytes, 1);
+        assert_non_null(seen);
+        for (int in = 0; in < 256; in++)
+            for (int dig = 0; dig < 2; dig++)
+                for (int tok = 0; tok < np; tok++) {
+                    const int u = in / 8, h = in % 8 / 4, e = in % 4;
+                    const int at = mm_wg_pos(u, h, dig, tok, np) + e;
+                    assert_true(at >= 0 && at < bytes);
+                    seen[at]++;
+                    const int w = in % 32; /* the weight's place in its sub-block */
+                    const int slot = w % 8 < 4 ? 4 * (w / 8) + w % 8 : 16 + 4 * (w / 8) + w % 8 - 4;
+                    const int n = dig * np + tok;
+                    const int read = in / 32 * 64 * np + n / 8 * 256 + slot / 16 * 128 +
+                                     n % 8 * 16 + slot % 16;
+                    if (at != read)
+                        fail_msg("n_pad %d input %d digit %d token %d: at %d, read at %d", np,
+                                 in, dig, tok, at, read);
+                }
+        for (int i = 0; i < bytes; i++)
+            if (seen[i] != 1)
+                fail_msg("n_pad %d: byte %d of the block written %d times", np, i, seen[i]);
+        free(seen);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -873,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_set_units_cover_every_row_once),
+        cmocka_unit_test(test_warpgroup_layout_is_what_the_descriptor_reads),
         cmocka_unit_test(test_tiles_per_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

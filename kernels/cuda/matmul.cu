@@ -31,13 +31,18 @@ namespace {
 
 /* --- activation rounding ------------------------------------------------------------------ */
 
+/* Where the rounding kernel puts the digits: the plain layout, the single-token kernel's
+ * (mm_decode_unit_pos) or the warpgroup kernel's (mm_wg_pos). */
+enum { PLACE_PLAIN, PLACE_DECODE, PLACE_WG };
+
 /* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7, rounded by
- * mm_round_block (matmul_round.cuh): the hi/lo digits interleaved per UNIT (8 or 4 inputs),
+ * mm_round_block (matmul_round.cuh): the hi/lo digits interleaved per UNIT (8 or 4 inputs)
+ * and placed by PLACE,
  * the sums of q per 32 and per 16 inputs as digits (layout in mm_xquant) and d. Tokens
  * n_tok..n_pad-1 are written as zeros. Nothing here looks at another token, so a token's
  * rounding never depends on the batch. GLU (cuda_swiglu_matmul): x is the gate, the inputs
  * are dev_swiglu(x, up), stored back into x (xw, the same memory) as cuda_swiglu would. */
-template <int UNIT, bool DECODE, bool GLU>
+template <int UNIT, int PLACE, bool GLU>
 __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *x,
                               const float *up, float *xw, int64_t cols, int n_tok, int n_pad)
 {
@@ -69,10 +74,16 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
         }
         const mm_round r = mm_round_block<UNIT>(v);
         if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
-            if (DECODE) /* the single-token kernel's placement (mm_decode_unit_pos) */
+            if (PLACE == PLACE_DECODE) /* mm_decode_unit_pos */
                 *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
                            16 * mm_decode_unit_pos(lane, UNIT)) = r.q;
-            else
+            else if (PLACE == PLACE_WG) { /* mm_wg_pos (UNIT 8: hi[8] then lo[8]) */
+                int8_t *blk = xq + (size_t)jb * MM_XBLOCK * 2 * n_pad;
+                const uint32_t v[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    *(uint32_t *)(blk + mm_wg_pos(lane, k & 1, k >> 1, tok, n_pad)) = v[k];
+            } else
                 *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = r.q;
         }
         int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
@@ -101,14 +112,14 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
  * the rounding and then the next matmul's CTAs are ready when the last CTAs of that matmul
  * finish, and the next matmul's first weight copies overlap its tail. Both wait
  * (griddepcontrol.wait) before touching anything the earlier kernel uses. */
-template <int UNIT, bool DECODE, bool GLU>
+template <int UNIT, int PLACE, bool GLU>
 td_err xquant_launch(unsigned grid, bool pdl, int8_t *xq, float *xd, int8_t *xsum,
                      const float *x, const float *up, int64_t cols, int n_tok, int n_pad,
                      cudaStream_t st)
 {
     /* with GLU, x is cuda_swiglu_matmul's gate, writable memory the kernel stores into */
     const cudaError_t e =
-        launch_ex(xquant_kernel<UNIT, DECODE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
+        launch_ex(xquant_kernel<UNIT, PLACE, GLU>, grid, 256, 0, pdl, st, xq, xd, xsum, x, up,
                   GLU ? (float *)x : NULL, cols, n_tok, n_pad);
     cuda_launch_note(1);
     if (e != cudaSuccess)
@@ -181,10 +192,11 @@ int mmd_choice(void)
 /* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
  * by default (=bulk) the window kernel (matmul_bulk_mma.cu) at 2-16 tokens (one n-tile up to
  * 8), the wide kernel (the same file) at 17-64 (measured, see matmul_bulk_mma.cu and
- * kernels/cuda/NOTES.md); TANDEM_MMQ=bulk9 the tensor-core kernel (matmul_quant.cu) at 2-8
- * tokens (the rule before), =mmq the tensor-core kernel for all. Read once; the same bits
- * either way. */
-enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_NEVER };
+ * kernels/cuda/NOTES.md), and Q4_K and Q5_K at 9-16 tokens the warpgroup kernel
+ * (sm90a/matmul_wgmma.cu) where wgq_supported; TANDEM_MMQ=window keeps those on the window
+ * kernel, =bulk9 the tensor-core kernel (matmul_quant.cu) at 2-8 tokens (the rule before),
+ * =mmq the tensor-core kernel for all. Read once; the same bits either way. */
+enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_WINDOW, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
 static int mmqb_choice(void)
@@ -194,8 +206,9 @@ static int mmqb_choice(void)
         const char *e = getenv("TANDEM_MMQ");
         c = !e ? MMQB_AUTO
             : strcmp(e, "mmq") == 0   ? MMQB_NEVER
-            : strcmp(e, "bulk9") == 0 ? MMQB_FROM9
-                                      : MMQB_AUTO;
+            : strcmp(e, "bulk9") == 0  ? MMQB_FROM9
+            : strcmp(e, "window") == 0 ? MMQB_WINDOW
+                                       : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
     return c;
@@ -209,6 +222,13 @@ static bool mmqb_chosen(const ops_weight *w, int nc)
            mmqb_supported(w, pad_tokens(nc));
 }
 
+/* Whether a chunk of nc tokens on w runs on the warpgroup kernel. */
+static bool wgq_chosen(const ops_weight *w, int nc)
+{
+    const int c = mmqb_choice();
+    return nc >= 2 && c != MMQB_NEVER && c != MMQB_WINDOW && wgq_supported(w, pad_tokens(nc));
+}
+
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
  * activations that kernel reads. */
 struct mm_plan {
@@ -216,6 +236,7 @@ struct mm_plan {
     bool bulk;     /* the bulk-copy single-token kernel (matmul_bulk.cu; plain layout) */
     bool fused;    /* ... which rounds x itself (mmb_fused): no rounding launch */
     bool mmq_bulk; /* 2-64 tokens: the window or wide kernel (matmul_bulk_mma.cu) */
+    bool wg;       /* the warpgroup kernel (sm90a/matmul_wgmma.cu; mm_wg_pos layout) */
     int unit;      /* hi/lo digit interleave of the rounded inputs (mmq_unit): 8, Q6_K 4 */
     bool placed;   /* inputs placed for the single-token kernel (mm_decode_unit_pos) */
 };
@@ -227,15 +248,16 @@ mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
     const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    const bool mmq_bulk = mmqb_chosen(w, nc);
-    return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_bulk, mmq_unit(w->type),
+    const bool wg = nc >= 2 && wgq_chosen(w, nc);
+    const bool mmq_bulk = !wg && mmqb_chosen(w, nc);
+    return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_bulk, wg, mmq_unit(w->type),
                    decode && mmd_placed(w->type)};
 }
 
 /* Whether two plans read the same rounded activations, so that one rounding serves both. */
 bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
 {
-    return a.unit == b.unit && a.placed == b.placed && !a.fused && !b.fused;
+    return a.unit == b.unit && a.placed == b.placed && a.wg == b.wg && !a.fused && !b.fused;
 }
 
 /* Whether members of weights wa and wb (of one group, so of one width) with plans a and b
@@ -243,8 +265,8 @@ bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
  * the window kernel, with one type. */
 bool plan_joins(const mm_plan &a, const ops_weight *wa, const mm_plan &b, const ops_weight *wb)
 {
-    return (a.bulk || a.mmq_bulk) && a.bulk == b.bulk && a.mmq_bulk == b.mmq_bulk &&
-           a.fused == b.fused && wa->type == wb->type;
+    return (a.bulk || a.mmq_bulk || a.wg) && a.bulk == b.bulk && a.mmq_bulk == b.mmq_bulk &&
+           a.wg == b.wg && a.fused == b.fused && wa->type == wb->type;
 }
 
 /* The rounding launch for the layout p's kernel reads, with or without the gate. */
@@ -254,12 +276,19 @@ td_err round_glu(const mm_plan &p, unsigned grid, bool pdl, int8_t *xq, float *x
                  int n_pad, cudaStream_t st)
 {
     if (p.unit == 4 && p.placed)
-        return xquant_launch<4, true, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+        return xquant_launch<4, PLACE_DECODE, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc,
+                                                   n_pad, st);
     if (p.unit == 4)
-        return xquant_launch<4, false, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+        return xquant_launch<4, PLACE_PLAIN, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc,
+                                                  n_pad, st);
     if (p.placed)
-        return xquant_launch<8, true, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
-    return xquant_launch<8, false, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad, st);
+        return xquant_launch<8, PLACE_DECODE, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc,
+                                                   n_pad, st);
+    if (p.wg)
+        return xquant_launch<8, PLACE_WG, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad,
+                                               st);
+    return xquant_launch<8, PLACE_PLAIN, GLU>(grid, pdl, xq, xd, xsum, xc, up, cols, nc, n_pad,
+                                              st);
 }
 
 /* Rounds the chunk xc[q.n_tok][cols] (with upc: dev_swiglu(xc, upc), stored into xc) into
@@ -281,9 +310,10 @@ td_err round_launch(const mm_plan &p, int8_t *xq, float *xd, int8_t *xsum, const
 td_err kernel_launch(const ops_mm_out *set, int n, const float *xc, const mm_xquant *q,
                      const mm_plan &p, const mm_device *dev, cudaStream_t st)
 {
-    TD_ASSERT(n == 1 || p.bulk || p.mmq_bulk);
+    TD_ASSERT(n == 1 || p.bulk || p.mmq_bulk || p.wg);
     TD_TRY(p.bulk       ? mmb_launch(set, n, p.fused ? xc : NULL, p.fused ? NULL : q, dev, st)
            : p.decode   ? mmd_launch(set[0].y, q, set[0].w, dev, st)
+           : p.wg       ? wgq_launch(set, n, q, dev, st)
            : p.mmq_bulk ? mmqb_launch(set, n, q, dev, st)
                         : mmq_launch(set[0].y, q, set[0].w, dev, st));
     cuda_launch_note(1);

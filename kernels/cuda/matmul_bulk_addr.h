@@ -157,6 +157,21 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
 #define MMQW_Q5_K_PITCH(ks) ((ks) == 1 ? 224 : 352)
 #define MMQW_Q6_K_PITCH(ks) ((ks) == 1 ? 240 : 496)
 
+/* The warpgroup layout (Q4_K at n_pad 16 on wgq_launch): per 256-input block, 8 slices of
+ * 32 inputs, each the B operand of a k32 warpgroup MMA with 2 * n_pad columns (the tokens'
+ * hi digits, then their lo digits) as the descriptor reads it without swizzling: core
+ * matrices of 8 columns x 16 bytes (one column's 16 k slots), the two k halves 128 bytes
+ * apart, groups of 8 columns 256 apart. K slot 4t + e of the first half is input 8t + e of
+ * the slice, of the second half input 8t + 4 + e (the weight fragments' order, which lets a
+ * lane's 8 bytes of a qs run serve both halves). The byte offset within the block's
+ * 512 * n_pad bytes of the 4 digits dig (0 hi, 1 lo) of inputs 8u + 4h .. 8u + 4h + 3 of
+ * token tok: */
+MMB_HD int mm_wg_pos(int u, int h, int dig, int tok, int n_pad)
+{
+    const int n = dig * n_pad + tok; /* the column */
+    return (u >> 2) * 64 * n_pad + (n >> 3) * 256 + h * 128 + (n & 7) * 16 + 4 * (u & 3);
+}
+
 /* Matrices of one type and width that read the same activations, launched together
  * (matmul.cu's cuda_matmul_multi): one kernel, one ramp-up and one tail for all of them, and
  * the activations staged (or rounded) once per CTA. A kernel cuts each member into units

@@ -1,0 +1,545 @@
+/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K and Q5_K on Hopper's warpgroup MMAs: the
+ * warpgroup kernel. Built for sm_90a only (`wgmma` exists in no other code), by a CMake
+ * target of its own; wgq_supported says whether the device runs it.
+ *
+ * The arithmetic is matmul_quant.cu's, so every (row, token) is bit-identical to mmq_launch,
+ * the window kernel and the single-token kernels: chain k of a (row, token) takes k-blocks
+ * k, k + 4, ... in order, per k-block I = fma(256, H, L), acc = fma(-(dx dmin), M,
+ * fma(dx d, I, acc)), and y = ((p0 + p1) + p2) + p3. What differs is how the exact integers
+ * H = sum_j sc_j (q_j . hi) and L = sum_j sc_j (q_j . lo) are made. Each 6-bit sub-block
+ * scale is split, sc = 8 sh + sl with sh, sl in 0..7, and goes into the weights: sh q and
+ * sl q are at most 105 (Q5_K: 217; u8 operands, four packed weights times sh is one
+ * multiply with no carry between bytes), and H = 8 sum_j (sh_j q_j) . hi + sum_j (sl_j q_j) . hi, the two
+ * sums chained through the accumulators of `wgmma.mma_async.m64n32k32.s32.u8.s8` over the
+ * eight sub-blocks: no integer scale products per MMA (the window kernel's largest share of
+ * instructions), and the MMAs run asynchronously beside the mins term and the f32 steps.
+ * A = the scaled weights from registers, B = 32 columns from shared memory: the hi digits
+ * of the 16 tokens, then their lo digits, laid out by the rounding kernel in the core-matrix
+ * order a descriptor reads (mm_wg_pos in matmul_internal.h).
+ *
+ * How: a CTA is one warpgroup (128 threads) and one chain of a 64-row tile; the four chains
+ * of a tile are the four CTAs of a cluster, whose partials meet through distributed shared
+ * memory at the end of the tile (each CTA sums and stores a quarter of the rows). Clusters
+ * stay resident and walk tiles q, q + clusters, ... (of up to four matrices that read the
+ * same activations, an mm_set, numbered member after member), so a CTA's k-blocks of all its
+ * tiles form one stream through its ring of S stages. A stage holds one k-block: the 64 rows'
+ * super-blocks (one 2-D tensor copy; rows past the matrix arrive as zeros), the
+ * 16 tokens' digits (8 KB), their sums of 32 inputs (the mins term's B) and their scales,
+ * four copies issued by one thread against one mbarrier. MMA row g of warp w reads tile row
+ * 16 w + 2 (g & 3) + (g >> 2) (and 8 more), so the 8-byte weight loads of a quarter warp
+ * meet distinct banks in the dense 144- or 176-byte rows of the copy. */
+#include <cuda.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cooperative_groups.h>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/matmul_internal.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGQ_DEVICE 1 /* the pass that has wgmma */
+#define MMB_SM90 1
+#else
+#define WGQ_DEVICE 0
+#define MMB_SM90 0
+#endif
+
+#include "kernels/cuda/matmul_bulk_copy.cuh"
+#include "kernels/cuda/matmul_quant_blocks.cuh"
+
+namespace {
+
+constexpr int WG_ROWS = 64;                   /* rows of a tile: the MMA's M */
+constexpr int WG_TOKS = 16;                   /* tokens (n_pad) */
+constexpr int WG_B = MM_XBLOCK * 2 * WG_TOKS; /* a stage's digits: 8 slices of 1 KB */
+constexpr int WG_SUMS = WG_TOKS * MM_XSUM_BYTES;
+constexpr int WG_DX = WG_TOKS * (int)sizeof(float);
+constexpr int WG_S = 3;                                        /* stages */
+constexpr int WG_RED = WG_ROWS * WG_TOKS * (int)sizeof(float); /* one reduction buffer */
+static_assert(KSPLIT == 4, "a cluster is the four chains of a tile");
+
+/* Per type (Q4_K, Q5_K): bytes of a super-block and where its qs start; a stage is the 64
+ * rows' super-blocks (dense, as the tensor copy writes them), the digits, sums and scales;
+ * then two reduction buffers and the stages' barriers. */
+template <int T> struct wg_cfg {
+    static constexpr bool Q5 = T == TD_Q5_K;
+    static constexpr int KB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
+    static constexpr int W = WG_ROWS * KB;
+    static constexpr uint32_t TX = W + WG_B + WG_SUMS + WG_DX; /* bytes a stage receives */
+    static constexpr int STAGE = ((int)TX + 127) / 128 * 128;
+    static constexpr int RED_OFF = WG_S * STAGE, BAR_OFF = RED_OFF + 2 * WG_RED;
+    static constexpr int SMEM = BAR_OFF + WG_S * 8;
+    static_assert(W % 128 == 0, "the digits start 128-byte aligned");
+    static_assert(QS + 128 == KB, "the 128 bytes of qs end the super-block");
+};
+
+/* The tensor copies of the set's members: one 2-D map each (bytes x rows). */
+struct wg_maps {
+    CUtensorMap m[MM_SET_MAX];
+};
+
+#if WGQ_DEVICE
+namespace cg = cooperative_groups;
+
+/* A shared-memory matrix descriptor without swizzling: start, the K direction's stride
+ * (leading byte offset) and the N direction's (stride byte offset) between core matrices
+ * of 8 columns x 16 bytes. */
+__device__ __forceinline__ uint64_t wg_desc(const void *smem)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    return (uint64_t)((a >> 4) & 0x3FFF) | ((uint64_t)(128 >> 4) << 16) |
+           ((uint64_t)(256 >> 4) << 32);
+}
+
+/* d (+)= A . B over k32: A = u8 from registers (this thread's four words), B = s8 by
+ * descriptor; accumulate = 0 overwrites d. */
+__device__ __forceinline__ void wg_mma(int (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+                                       int accumulate)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19}, %20, p;\n}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]),
+                   "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
+                   "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+}
+
+/* Keeps the compiler from moving reads of d above the wait for the MMAs that write it. */
+__device__ __forceinline__ void wg_fence_regs(int (&d)[16])
+{
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        asm volatile("" : "+r"(d[i])::"memory");
+}
+
+/* The box of 64 rows x KB bytes at (byte x, row y) of map into dst, completing on bar. */
+__device__ __forceinline__ void tensor_copy(void *dst, const CUtensorMap *map, int x, int y,
+                                            uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
+/* A k-block's header words of this thread's rows R0, R1 (tile rows of MMA rows g, g + 8):
+ * d and dmin (f16), the 6-bit scales and mins (kblock_kq's unpacking), the scales split
+ * into sh and sl (one byte per sub-block: word 0 sub-blocks 0..3, word 1 4..7). */
+struct wg_head {
+    float d[2], dmin[2];
+    uint32_t mn[2][2], sh[2][2], sl[2][2]; /* [row][word] */
+};
+
+__device__ __forceinline__ wg_head wg_head_of(const uint8_t *w0, const uint8_t *w1)
+{
+    const uint4 hd[2] = {*(const uint4 *)w0, *(const uint4 *)w1};
+    wg_head o;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        o.d[h] = f16f(hd[h].x);
+        o.dmin[h] = f16f(hd[h].x >> 16);
+        const uint32_t sc_lo = hd[h].y & 0x3F3F3F3Fu;
+        const uint32_t sc_hi = (hd[h].w & 0x0F0F0F0Fu) | ((hd[h].y >> 2) & 0x30303030u);
+        o.sh[h][0] = (sc_lo >> 3) & 0x07070707u, o.sl[h][0] = sc_lo & 0x07070707u;
+        o.sh[h][1] = (sc_hi >> 3) & 0x07070707u, o.sl[h][1] = sc_hi & 0x07070707u;
+        o.mn[h][0] = hd[h].z & 0x3F3F3F3Fu;
+        o.mn[h][1] = ((hd[h].w >> 4) & 0x0F0F0F0Fu) | ((hd[h].z >> 2) & 0x30303030u);
+    }
+    return o;
+}
+
+/* A registers of both digit chains for sub-blocks 4 half .. 4 half + 3 (qs runs 2 half,
+ * 2 half + 1): regs {row R0 k 4t.., row R1 k 4t.., row R0 k 16+4t.., row R1 k 16+4t..}; k
+ * slot 4t + e is weight 8t + e of the sub-block, 16 + 4t + e weight 8t + 4 + e (mm_wg_pos
+ * places the digits the same way). Q5_K's fifth bit joins the nibble as in kblock_kq: q <=
+ * 31, 7 q <= 217. */
+template <int T>
+__device__ __forceinline__ void wg_unpack(uint32_t (&ah)[4][4], uint32_t (&al)[4][4],
+                                          const uint8_t *w0, const uint8_t *w1,
+                                          const wg_head &hd, int half, int t)
+{
+    using C = wg_cfg<T>;
+    const uint2 qh0 = C::Q5 ? *(const uint2 *)(w0 + 16 + 8 * t) : make_uint2(0, 0);
+    const uint2 qh1 = C::Q5 ? *(const uint2 *)(w1 + 16 + 8 * t) : make_uint2(0, 0);
+#pragma unroll
+    for (int cc = 0; cc < 2; cc++) {
+        const int c = 2 * half + cc;
+        const uint2 q0 = *(const uint2 *)(w0 + C::QS + 32 * c + 8 * t);
+        const uint2 q1 = *(const uint2 *)(w1 + C::QS + 32 * c + 8 * t);
+#pragma unroll
+        for (int nib = 0; nib < 2; nib++) {
+            const int jj = 2 * cc + nib, j = 4 * half + jj, sb = 8 * jj;
+            uint32_t a[4] = {(q0.x >> 4 * nib) & 0x0F0F0F0Fu, (q1.x >> 4 * nib) & 0x0F0F0F0Fu,
+                             (q0.y >> 4 * nib) & 0x0F0F0F0Fu, (q1.y >> 4 * nib) & 0x0F0F0F0Fu};
+            if (C::Q5) { /* bit j of each qh byte */
+                a[0] |= ((qh0.x >> j) & 0x01010101u) << 4;
+                a[1] |= ((qh1.x >> j) & 0x01010101u) << 4;
+                a[2] |= ((qh0.y >> j) & 0x01010101u) << 4;
+                a[3] |= ((qh1.y >> j) & 0x01010101u) << 4;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) { /* bytes <= 31 times <= 7: no carry */
+                ah[jj][k] = a[k] * ((hd.sh[k & 1][half] >> sb) & 0xFFu);
+                al[jj][k] = a[k] * ((hd.sl[k & 1][half] >> sb) & 0xFFu);
+            }
+        }
+    }
+}
+
+/* The 8 MMAs of sub-blocks 4 half .. 4 half + 3 into dh, dl (half 0 starts them), one
+ * group; the registers were written before the fence. */
+__device__ __forceinline__ void wg_issue(int (&dh)[16], int (&dl)[16], const uint32_t (&ah)[4][4],
+                                         const uint32_t (&al)[4][4], const uint8_t *B, int half)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) {
+        const int j = 4 * half + jj;
+        const uint64_t desc = wg_desc(B + j * (WG_B / 8));
+        wg_mma(dh, ah[jj], desc, j > 0);
+        wg_mma(dl, al[jj], desc, j > 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* The mins term of a k-block, M = sum_j m_j sum32_j of rows R0, R1 and tokens 8 nt + 2t +
+ * (e & 1) (an m16n8 C fragment per n-tile): A = the row's 8 mins in k slots 0..7 (lanes
+ * t = 0, 1), B = the digits of token 8 nt + g's 32-input sums (mm_xquant). */
+__device__ __forceinline__ void wg_mins(int (&msum)[2][4], const uint8_t *sums,
+                                        const wg_head &hd, int g, int t)
+{
+    const uint32_t m0 = t == 0 ? hd.mn[0][0] : t == 1 ? hd.mn[0][1] : 0u;
+    const uint32_t m1 = t == 0 ? hd.mn[1][0] : t == 1 ? hd.mn[1][1] : 0u;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        const uint4 bs = t < 2 ? *(const uint4 *)(sums + (8 * nt + g) * MM_XSUM_BYTES + 16 * t)
+                               : make_uint4(0, 0, 0, 0);
+        mma_digits(msum[nt], m0, m1, bs);
+    }
+}
+
+/* The f32 steps of a k-block (kblock_kq's, in its order) into acc[n-tile][e] (e as an m16n8
+ * C fragment: row R0 / R1 by e >> 1, token 8 nt + 2t + (e & 1)), from the finished MMAs:
+ * n8 tile i of the 32 columns at regs 4i..4i+3, tiles 0, 1 the hi digits of tokens 0..15,
+ * tiles 2, 3 their lo digits; H = 8 D_sh + D_sl, L likewise. */
+__device__ __forceinline__ void wg_f32(float (&acc)[2][4], const int (&dh)[16],
+                                       const int (&dl)[16], const int (&msum)[2][4],
+                                       const float2 (&dx)[2], const float (&d)[2],
+                                       const float (&dmin)[2])
+{
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 4 * nt + e, h = e >> 1;
+            const int H = 8 * dh[i] + dl[i], L = 8 * dh[i + 8] + dl[i + 8];
+            const float dxt = (e & 1) ? dx[nt].y : dx[nt].x;
+            const float I = __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L));
+            float a = acc[nt][e];
+            a = __fmaf_rn(__fmul_rn(dxt, d[h]), I, a);
+            a = __fmaf_rn(-__fmul_rn(dxt, dmin[h]), __int2float_rn(msum[nt][e]), a);
+            acc[nt][e] = a;
+        }
+}
+
+/* Copies of item p of this CTA (tile q + (p / nk) nq of the set, k-block c + 4 (p % nk))
+ * into stage p % S: the weights, with the announcement of all the stage's bytes (called
+ * before the kernel ahead of this one is done: weights only), or the activations. */
+template <int T> struct wg_producer {
+    const wg_maps &maps;
+    const mm_set &set;
+    const mm_xquant &xq;
+    uint8_t *smem;
+    uint64_t *full;
+    int64_t q, nq;
+    int c, nk;
+    uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
+
+    __device__ __forceinline__ void weights(int p) const
+    {
+        const int st = p % WG_S;
+        const int64_t tile = q + (int64_t)(p / nk) * nq;
+        const int m = mm_set_member(&set, tile);
+        const int kb = c + KSPLIT * (p % nk);
+        bar_arrive_tx(&full[st], wg_cfg<T>::TX);
+        tensor_copy(smem + st * wg_cfg<T>::STAGE, &maps.m[m], kb * wg_cfg<T>::KB,
+                    (int)((tile - set.first[m]) * WG_ROWS), &full[st], once);
+    }
+    __device__ __forceinline__ void acts(int p) const
+    {
+        const int st = p % WG_S;
+        const int kb = c + KSPLIT * (p % nk);
+        uint8_t *b = smem + st * wg_cfg<T>::STAGE + wg_cfg<T>::W;
+        bulk_copy(b, xq.xq + (size_t)kb * WG_B, WG_B, &full[st], shared);
+        bulk_copy(b + WG_B, xq.xsum + (size_t)kb * WG_SUMS, WG_SUMS, &full[st], shared);
+        bulk_copy(b + WG_B + WG_SUMS, xq.xd + (size_t)kb * WG_TOKS, WG_DX, &full[st], shared);
+    }
+};
+#endif
+
+/* grid: KSPLIT x the resident clusters (or the tiles, if fewer), clusters of KSPLIT CTAs
+ * (rank = chain); block: 128 threads (one warpgroup); dynamic shared memory wg_cfg::SMEM: S
+ * stages, two reduction buffers (a tile's partials are read by the cluster while the next
+ * tile's k-blocks go by), the stages' barriers. The set's tiles are numbered in units of 64
+ * rows; cols is a multiple of 256; xq has n_pad 16 in the warpgroup layout. */
+template <int T>
+__global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
+    wgq_kernel(const __grid_constant__ wg_maps maps, mm_set set, int64_t cols, mm_xquant xq)
+{
+    /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
+     * before it touches anything (see matmul.cu) */
+    mm_launch_dependents();
+#if WGQ_DEVICE
+    using C = wg_cfg<T>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    cg::cluster_group cl = cg::this_cluster();
+    const int c = (int)cl.block_rank(); /* the chain */
+    const int64_t q = blockIdx.x / KSPLIT, nq = gridDim.x / KSPLIT;
+    const int64_t n_tiles = set.first[set.n];
+    const int nkb = (int)(cols / MM_XBLOCK);
+    const int nk = mmq_warp_kblocks(nkb, c);
+    const int my_tiles = n_tiles > q ? (int)((n_tiles - q + nq - 1) / nq) : 0;
+    const int items = my_tiles * nk;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int R0 = 16 * warp + 2 * (g & 3) + (g >> 2), R1 = R0 + 8;
+    uint64_t *full = (uint64_t *)(smem + C::BAR_OFF);
+    if (tid == 0) {
+        for (int s = 0; s < WG_S; s++)
+            bar_init(&full[s], 1);
+        bar_init_fence();
+    }
+    __syncthreads();
+    const wg_producer<T> pr = {maps,  set, xq, smem, full, q, nq, c, nk,
+                            tid == 0 ? evict_first_policy() : 0,
+                            tid == 0 ? evict_last_policy() : 0};
+    const int first = items < WG_S ? items : WG_S;
+    if (tid == 0)
+        for (int p = 0; p < first; p++)
+            pr.weights(p);
+    mm_wait_dependencies(); /* xq comes from the kernel before this one */
+    if (tid == 0)
+        for (int p = 0; p < first; p++)
+            pr.acts(p);
+
+    /* The k-blocks are pipelined: while the MMAs of one half of k-block it run, the warp
+     * unpacks the other half, and while the second half's run, the first half of k-block
+     * it + 1 (its stage waited for) and the mins term of it. Two sets of A registers, one
+     * accumulator set, the f32 steps after the stage is handed back. */
+    int dh[16], dl[16];
+    uint32_t ah[2][4][4], al[2][4][4];
+    wg_head hd;
+    auto rows_of = [&](int i, const uint8_t *&w0, const uint8_t *&w1) {
+        const uint8_t *st = smem + (i % WG_S) * C::STAGE;
+        w0 = st + R0 * C::KB, w1 = st + R1 * C::KB;
+        return st;
+    };
+    if (items > 0) {
+        const uint8_t *w0, *w1;
+        rows_of(0, w0, w1);
+        bar_wait<1024>(&full[0], 0);
+        hd = wg_head_of(w0, w1);
+        wg_unpack<T>(ah[0], al[0], w0, w1, hd, 0, t);
+    }
+    int it = 0;
+    for (int tt = 0; tt < my_tiles; tt++) {
+        const int64_t tile = q + (int64_t)tt * nq;
+        float acc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[nt][e] = 0.0f;
+        for (int s = 0; s < nk; s++, it++) {
+            const uint8_t *w0, *w1;
+            const uint8_t *st = rows_of(it, w0, w1);
+            const uint8_t *B = st + C::W, *sums = B + WG_B;
+            const float *dxs = (const float *)(sums + WG_SUMS);
+            wg_issue(dh, dl, ah[0], al[0], B, 0);
+            wg_unpack<T>(ah[1], al[1], w0, w1, hd, 1, t);
+            wg_issue(dh, dl, ah[1], al[1], B, 1);
+            int msum[2][4];
+            wg_mins(msum, sums, hd, g, t);
+            const float2 dx[2] = {*(const float2 *)(dxs + 2 * t),
+                                  *(const float2 *)(dxs + 8 + 2 * t)};
+            const float d[2] = {hd.d[0], hd.d[1]}, dmin[2] = {hd.dmin[0], hd.dmin[1]};
+            if (it + 1 < items) { /* the next k-block's first half meanwhile */
+                const uint8_t *n0, *n1;
+                rows_of(it + 1, n0, n1);
+                bar_wait<1024>(&full[(it + 1) % WG_S], (uint32_t)((it + 1) / WG_S) & 1);
+                hd = wg_head_of(n0, n1);
+                wg_wait<1>(); /* the first half's MMAs are done with ah[0], al[0] */
+                wg_unpack<T>(ah[0], al[0], n0, n1, hd, 0, t);
+            }
+            wg_wait<0>();
+            wg_fence_regs(dh), wg_fence_regs(dl);
+            __syncthreads(); /* every warp is done with the stage */
+            if (tid == 0 && it + WG_S < items) {
+                pr.weights(it + WG_S);
+                pr.acts(it + WG_S);
+            }
+            wg_f32(acc, dh, dl, msum, dx, d, dmin);
+        }
+        /* y = ((p0 + p1) + p2) + p3 over the cluster's chains: each CTA puts its partials
+         * in its buffer of this tile's parity, and after the cluster barrier rank c sums
+         * rows 16c .. 16c + 15 from all four. A buffer is written again two tiles later,
+         * after the next tile's barrier, which every CTA reaches only when done reading. */
+        float *red = (float *)(smem + C::RED_OFF + (tt & 1) * WG_RED);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                red[((e >> 1) ? R1 : R0) * WG_TOKS + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+        cl.sync();
+        const int m = mm_set_member(&set, tile);
+        const int64_t rows = set.rows[m], r0 = (tile - set.first[m]) * WG_ROWS;
+        const int rl = 16 * c + (tid & 15);
+        const float *part[KSPLIT];
+#pragma unroll
+        for (int k = 0; k < KSPLIT; k++)
+            part[k] = cl.map_shared_rank(red, k);
+        if (r0 + rl < rows)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int tk = (tid >> 4) + 8 * h;
+                float v = part[0][rl * WG_TOKS + tk];
+#pragma unroll
+                for (int k = 1; k < KSPLIT; k++)
+                    v = __fadd_rn(v, part[k][rl * WG_TOKS + tk]);
+                if (tk < xq.n_tok)
+                    set.y[m][(size_t)tk * rows + r0 + rl] = v;
+            }
+    }
+    cl.sync(); /* no CTA leaves while another may still read its buffers */
+#else
+    (void)maps, (void)set, (void)cols, (void)xq;
+#endif
+}
+
+/* --- host side ------------------------------------------------------------------------------ */
+
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The driver's tensor-map encoder, looked up once (NULL where the driver has none). */
+encode_fn encoder(void)
+{
+    static encode_fn fn;
+    static int asked;
+    if (!__atomic_load_n(&asked, __ATOMIC_ACQUIRE)) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &r) != cudaSuccess ||
+            r != cudaDriverEntryPointSuccess)
+            p = NULL;
+        (void)cudaGetLastError();
+        __atomic_store_n(&fn, (encode_fn)p, __ATOMIC_RELAXED);
+        __atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fn, __ATOMIC_RELAXED);
+}
+
+/* Resident clusters of wgq_kernel<T> on the current device, 0 where it cannot run there (no
+ * sm_90a device, too little shared memory): asked once per device. */
+template <int T> int clusters_here(void)
+{
+    constexpr int smem = wg_cfg<T>::SMEM;
+    static int clusters[64]; /* per device ordinal: + 1 (0: not asked yet) */
+    int ordinal = 0;
+    if (cudaGetDevice(&ordinal) != cudaSuccess || ordinal < 0 || ordinal >= 64) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    int v = __atomic_load_n(&clusters[ordinal], __ATOMIC_RELAXED);
+    if (v == 0) {
+        int n = 0;
+        cudaFuncAttributes fa;
+        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T>) == cudaSuccess &&
+            smem_optin_bytes(ordinal) >= smem &&
+            cudaFuncSetAttribute(wgq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem) == cudaSuccess &&
+            cudaFuncSetAttribute(wgq_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) == cudaSuccess) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(KSPLIT);
+            cfg.blockDim = dim3(128);
+            cfg.dynamicSmemBytes = smem;
+            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T>, &cfg) != cudaSuccess)
+                n = 0;
+        }
+        (void)cudaGetLastError();
+        v = n + 1;
+        __atomic_store_n(&clusters[ordinal], v, __ATOMIC_RELAXED);
+    }
+    return v - 1;
+}
+
+/* Launches wgq_kernel<T> on the set of the n members (tensor maps encoded). */
+template <int T>
+td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
+                   cudaStream_t st)
+{
+    using C = wg_cfg<T>;
+    const ops_weight *w0 = mm[0].w;
+    wg_maps maps;
+    memset(&maps, 0, sizeof maps);
+    for (int i = 0; i < n; i++) {
+        const ops_weight *w = mm[i].w;
+        TD_ASSERT(wgq_supported(w, xq->n_pad) && w->type == T && w->cols == w0->cols);
+        const cuuint64_t dim[2] = {(cuuint64_t)w->row_bytes, (cuuint64_t)w->rows};
+        const cuuint64_t stride[1] = {(cuuint64_t)w->row_bytes};
+        const cuuint32_t box[2] = {C::KB, WG_ROWS}, estride[2] = {1, 1};
+        const CUresult r = encoder()(&maps.m[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
+                                     (void *)w->data, dim, stride, box, estride,
+                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+            return err_set(TD_ECUDA, "cuda_matmul: the tensor map of a %lld x %lld %s matrix "
+                           "was refused (driver error %d)", (long long)w->rows,
+                           (long long)w->cols, dtype_name(w->type), (int)r);
+    }
+    const mm_set set = mm_set_of(mm, n, WG_ROWS);
+    const int64_t n_tiles = set.first[set.n];
+    const int64_t clusters = clusters_here<T>();
+    const int64_t grid = KSPLIT * (n_tiles < clusters ? n_tiles : clusters);
+    const cudaError_t e = launch_ex(wgq_kernel<T>, dim3((unsigned)grid), dim3(128), C::SMEM,
+                                    dev->pdl, st, maps, set, w0->cols, *xq);
+    if (e != cudaSuccess)
+        return err_set(TD_ECUDA, "cuda_matmul: %s warpgroup kernel launch (%d members, %lld "
+                       "tiles): %s", dtype_name(w0->type), n, (long long)n_tiles,
+                       cudaGetErrorString(e));
+    return TD_OK;
+}
+
+} /* namespace */
+
+bool wgq_supported(const ops_weight *w, int n_pad)
+{
+    if (n_pad != WG_TOKS || (w->type != TD_Q4_K && w->type != TD_Q5_K) ||
+        ((uintptr_t)w->data & 15) != 0 || w->cols % MM_XBLOCK != 0 ||
+        w->row_bytes >= ((size_t)1 << 31) || w->rows >= ((int64_t)1 << 31))
+        return false;
+    return (w->type == TD_Q5_K ? clusters_here<TD_Q5_K>() : clusters_here<TD_Q4_K>()) > 0;
+}
+
+td_err wgq_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
+                  cudaStream_t st)
+{
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX && xq->n_pad == WG_TOKS);
+    TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad);
+    return mm[0].w->type == TD_Q5_K ? launch_type<TD_Q5_K>(mm, n, xq, dev, st)
+                                    : launch_type<TD_Q4_K>(mm, n, xq, dev, st);
+}
