@@ -885,7 +885,7 @@ static void test_warpgroup_layout_is_what_the_descriptor_reads(void **state)
                     assert_true(at >= 0 && at < bytes);
                     seen[at]++;
                     const int w = in % 32; /* the weight's place in its sub-block */
-                    const int slot = w % 8 < 4 ? 4 * (w / 8) + w % 8 : 16 + 4 * (w / 8) + w % 8 - 4;
+                    const int slot = (w % 8 < 4 ? 0 : 12) + 4 * (w / 8) + w % 8;
                     const int n = dig * np + tok;
                     const int read = in / 32 * 64 * np + n / 8 * 256 + slot / 16 * 128 +
                                      n % 8 * 16 + slot % 16;

@@ -144,13 +144,14 @@ td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
                    cudaStream_t st);
 
 /* Whether a chunk of n_pad tokens on w can run on the warpgroup kernel
- * (sm90a/matmul_wgmma.cu): n_pad 16, Q4_K or Q5_K, 16-byte aligned data, cols a multiple of 256, and
- * a device that runs its sm_90a code (an H100 or H200) with the shared memory it needs. */
+ * (sm90a/matmul_wgmma.cu): n_pad 8 or 16, Q4_K or Q5_K, 16-byte aligned data, cols a
+ * multiple of 256, and a device that runs its sm_90a code (an H100 or H200) with the shared
+ * memory it needs. */
 bool wgq_supported(const ops_weight *w, int n_pad);
 
-/* mmq_launch for n (1..MM_SET_MAX) Q4_K or Q5_K members of one type and width at n_pad 16, in one launch, on
- * the warpgroup kernel, reading xq in the warpgroup layout (mm_wg_pos): the same chains and
- * integers, so the same bits. */
+/* mmq_launch for n (1..MM_SET_MAX) Q4_K or Q5_K members of one type and width at n_pad 8 or
+ * 16, in one launch, on the warpgroup kernel, reading xq in the warpgroup layout
+ * (mm_wg_pos): the same chains and integers, so the same bits. */
 td_err wgq_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                   cudaStream_t st);
 

@@ -1,5 +1,5 @@
-/* y = x . W^T for 9..16 tokens (n_pad 16) of Q4_K and Q5_K on Hopper's warpgroup MMAs: the
- * warpgroup kernel. Built for sm_90a only (`wgmma` exists in no other code), by a CMake
+/* y = x . W^T for 2..16 tokens (n_pad 8, 16) of Q4_K and Q5_K on Hopper's warpgroup MMAs:
+ * the warpgroup kernel. Built for sm_90a only (`wgmma` exists in no other code), by a CMake
  * target of its own; wgq_supported says whether the device runs it.
  *
  * The arithmetic is matmul_quant.cu's, so every (row, token) is bit-identical to mmq_launch,
@@ -9,13 +9,14 @@
  * H = sum_j sc_j (q_j . hi) and L = sum_j sc_j (q_j . lo) are made. Each 6-bit sub-block
  * scale is split, sc = 8 sh + sl with sh, sl in 0..7, and goes into the weights: sh q and
  * sl q are at most 105 (Q5_K: 217; u8 operands, four packed weights times sh is one
- * multiply with no carry between bytes), and H = 8 sum_j (sh_j q_j) . hi + sum_j (sl_j q_j) . hi, the two
- * sums chained through the accumulators of `wgmma.mma_async.m64n32k32.s32.u8.s8` over the
- * eight sub-blocks: no integer scale products per MMA (the window kernel's largest share of
- * instructions), and the MMAs run asynchronously beside the mins term and the f32 steps.
- * A = the scaled weights from registers, B = 32 columns from shared memory: the hi digits
- * of the 16 tokens, then their lo digits, laid out by the rounding kernel in the core-matrix
- * order a descriptor reads (mm_wg_pos in matmul_internal.h).
+ * multiply with no carry between bytes), and H = 8 sum_j (sh_j q_j) . hi + sum_j (sl_j q_j)
+ * . hi, the two sums chained through the accumulators of `wgmma.mma_async.m64nNk32.s32.u8.s8`
+ * (N = 2 n_pad) over the eight sub-blocks: no integer scale products per MMA (the window
+ * kernel's largest share of instructions), and the MMAs run asynchronously beside the
+ * unpacking, the mins term and the f32 steps. A = the scaled weights from registers, B =
+ * 2 n_pad columns from shared memory: the hi digits of the tokens, then their lo digits,
+ * laid out by the rounding kernel in the core-matrix order a descriptor reads (mm_wg_pos in
+ * matmul_bulk_addr.h).
  *
  * How: a CTA is one warpgroup (128 threads) and one chain of a 64-row tile; the four chains
  * of a tile are the four CTAs of a cluster, whose partials meet through distributed shared
@@ -23,8 +24,8 @@
  * stay resident and walk tiles q, q + clusters, ... (of up to four matrices that read the
  * same activations, an mm_set, numbered member after member), so a CTA's k-blocks of all its
  * tiles form one stream through its ring of S stages. A stage holds one k-block: the 64 rows'
- * super-blocks (one 2-D tensor copy; rows past the matrix arrive as zeros), the
- * 16 tokens' digits (8 KB), their sums of 32 inputs (the mins term's B) and their scales,
+ * super-blocks (one 2-D tensor copy; rows past the matrix arrive as zeros), the tokens'
+ * digits (512 n_pad bytes), their sums of 32 inputs (the mins term's B) and their scales,
  * four copies issued by one thread against one mbarrier. MMA row g of warp w reads tile row
  * 16 w + 2 (g & 3) + (g >> 2) (and 8 more), so the 8-byte weight loads of a quarter warp
  * meet distinct banks in the dense 144- or 176-byte rows of the copy. */
@@ -52,28 +53,27 @@
 
 namespace {
 
-constexpr int WG_ROWS = 64;                   /* rows of a tile: the MMA's M */
-constexpr int WG_TOKS = 16;                   /* tokens (n_pad) */
-constexpr int WG_B = MM_XBLOCK * 2 * WG_TOKS; /* a stage's digits: 8 slices of 1 KB */
-constexpr int WG_SUMS = WG_TOKS * MM_XSUM_BYTES;
-constexpr int WG_DX = WG_TOKS * (int)sizeof(float);
-constexpr int WG_S = 3;                                        /* stages */
-constexpr int WG_RED = WG_ROWS * WG_TOKS * (int)sizeof(float); /* one reduction buffer */
+constexpr int WG_ROWS = 64; /* rows of a tile: the MMA's M */
+constexpr int WG_S = 3;     /* stages */
 static_assert(KSPLIT == 4, "a cluster is the four chains of a tile");
 
-/* Per type (Q4_K, Q5_K): bytes of a super-block and where its qs start; a stage is the 64
- * rows' super-blocks (dense, as the tensor copy writes them), the digits, sums and scales;
- * then two reduction buffers and the stages' barriers. */
-template <int T> struct wg_cfg {
+/* Per type (Q4_K, Q5_K) and n-tiles of 8 tokens (NT = 1, 2: n_pad 8, 16): bytes of a
+ * super-block and where its qs start; a stage is the 64 rows' super-blocks (dense, as the
+ * tensor copy writes them), the digits (8 slices of 64 n_pad bytes), sums and scales; then
+ * two reduction buffers and the stages' barriers. */
+template <int T, int NT> struct wg_cfg {
     static constexpr bool Q5 = T == TD_Q5_K;
     static constexpr int KB = Q5 ? 176 : 144, QS = Q5 ? 48 : 16;
-    static constexpr int W = WG_ROWS * KB;
-    static constexpr uint32_t TX = W + WG_B + WG_SUMS + WG_DX; /* bytes a stage receives */
+    static constexpr int TOKS = 8 * NT, W = WG_ROWS * KB, B = MM_XBLOCK * 2 * TOKS;
+    static constexpr int SUMS = TOKS * MM_XSUM_BYTES, DX = TOKS * (int)sizeof(float);
+    static constexpr uint32_t TX = W + B + SUMS + DX; /* bytes a stage receives */
     static constexpr int STAGE = ((int)TX + 127) / 128 * 128;
-    static constexpr int RED_OFF = WG_S * STAGE, BAR_OFF = RED_OFF + 2 * WG_RED;
+    static constexpr int RED = WG_ROWS * TOKS * (int)sizeof(float); /* a reduction buffer */
+    static constexpr int RED_OFF = WG_S * STAGE, BAR_OFF = RED_OFF + 2 * RED;
     static constexpr int SMEM = BAR_OFF + WG_S * 8;
     static_assert(W % 128 == 0, "the digits start 128-byte aligned");
     static_assert(QS + 128 == KB, "the 128 bytes of qs end the super-block");
+    static_assert(DX % 16 == 0, "bulk copies move multiples of 16 bytes");
 };
 
 /* The tensor copies of the set's members: one 2-D map each (bytes x rows). */
@@ -94,26 +94,38 @@ __device__ __forceinline__ uint64_t wg_desc(const void *smem)
            ((uint64_t)(256 >> 4) << 32);
 }
 
-/* d (+)= A . B over k32: A = u8 from registers (this thread's four words), B = s8 by
- * descriptor; accumulate = 0 overwrites d. */
-__device__ __forceinline__ void wg_mma(int (&d)[16], const uint32_t (&a)[4], uint64_t desc,
+/* d (+)= A . B over k32 with 16 NT columns (the hi digits of 8 NT tokens, then their lo
+ * digits): A = u8 from registers (this thread's four words), B = s8 by descriptor;
+ * accumulate = 0 overwrites d. */
+template <int NT>
+__device__ __forceinline__ void wg_mma(int (&d)[8 * NT], const uint32_t (&a)[4], uint64_t desc,
                                        int accumulate)
 {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-                 "{%16, %17, %18, %19}, %20, p;\n}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]),
-                   "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
-                   "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+    if constexpr (NT == 2)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.s8 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                     "{%16, %17, %18, %19}, %20, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]),
+                       "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]),
+                       "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc),
+                       "r"(accumulate));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k32.s32.u8.s8 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p;\n}\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]),
+                       "+r"(d[6]), "+r"(d[7])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc),
+                       "r"(accumulate));
 }
 
 /* Keeps the compiler from moving reads of d above the wait for the MMAs that write it. */
-__device__ __forceinline__ void wg_fence_regs(int (&d)[16])
+template <int N> __device__ __forceinline__ void wg_fence_regs(int (&d)[N])
 {
 #pragma unroll
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < N; i++)
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
@@ -163,7 +175,7 @@ __device__ __forceinline__ void wg_unpack(uint32_t (&ah)[4][4], uint32_t (&al)[4
                                           const uint8_t *w0, const uint8_t *w1,
                                           const wg_head &hd, int half, int t)
 {
-    using C = wg_cfg<T>;
+    using C = wg_cfg<T, 1>; /* (the weights' layout only) */
     const uint2 qh0 = C::Q5 ? *(const uint2 *)(w0 + 16 + 8 * t) : make_uint2(0, 0);
     const uint2 qh1 = C::Q5 ? *(const uint2 *)(w1 + 16 + 8 * t) : make_uint2(0, 0);
 #pragma unroll
@@ -192,17 +204,19 @@ __device__ __forceinline__ void wg_unpack(uint32_t (&ah)[4][4], uint32_t (&al)[4
 }
 
 /* The 8 MMAs of sub-blocks 4 half .. 4 half + 3 into dh, dl (half 0 starts them), one
- * group; the registers were written before the fence. */
-__device__ __forceinline__ void wg_issue(int (&dh)[16], int (&dl)[16], const uint32_t (&ah)[4][4],
-                                         const uint32_t (&al)[4][4], const uint8_t *B, int half)
+ * group; the registers were written before the fence. A slice of B is 64 n_pad bytes. */
+template <int NT>
+__device__ __forceinline__ void wg_issue(int (&dh)[8 * NT], int (&dl)[8 * NT],
+                                         const uint32_t (&ah)[4][4], const uint32_t (&al)[4][4],
+                                         const uint8_t *B, int half)
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int jj = 0; jj < 4; jj++) {
         const int j = 4 * half + jj;
-        const uint64_t desc = wg_desc(B + j * (WG_B / 8));
-        wg_mma(dh, ah[jj], desc, j > 0);
-        wg_mma(dl, al[jj], desc, j > 0);
+        const uint64_t desc = wg_desc(B + j * 64 * 8 * NT);
+        wg_mma<NT>(dh, ah[jj], desc, j > 0);
+        wg_mma<NT>(dl, al[jj], desc, j > 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
@@ -215,13 +229,14 @@ template <int N> __device__ __forceinline__ void wg_wait()
 /* The mins term of a k-block, M = sum_j m_j sum32_j of rows R0, R1 and tokens 8 nt + 2t +
  * (e & 1) (an m16n8 C fragment per n-tile): A = the row's 8 mins in k slots 0..7 (lanes
  * t = 0, 1), B = the digits of token 8 nt + g's 32-input sums (mm_xquant). */
-__device__ __forceinline__ void wg_mins(int (&msum)[2][4], const uint8_t *sums,
+template <int NT>
+__device__ __forceinline__ void wg_mins(int (&msum)[NT][4], const uint8_t *sums,
                                         const wg_head &hd, int g, int t)
 {
     const uint32_t m0 = t == 0 ? hd.mn[0][0] : t == 1 ? hd.mn[0][1] : 0u;
     const uint32_t m1 = t == 0 ? hd.mn[1][0] : t == 1 ? hd.mn[1][1] : 0u;
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
+    for (int nt = 0; nt < NT; nt++) {
         const uint4 bs = t < 2 ? *(const uint4 *)(sums + (8 * nt + g) * MM_XSUM_BYTES + 16 * t)
                                : make_uint4(0, 0, 0, 0);
         mma_digits(msum[nt], m0, m1, bs);
@@ -230,19 +245,20 @@ __device__ __forceinline__ void wg_mins(int (&msum)[2][4], const uint8_t *sums,
 
 /* The f32 steps of a k-block (kblock_kq's, in its order) into acc[n-tile][e] (e as an m16n8
  * C fragment: row R0 / R1 by e >> 1, token 8 nt + 2t + (e & 1)), from the finished MMAs:
- * n8 tile i of the 32 columns at regs 4i..4i+3, tiles 0, 1 the hi digits of tokens 0..15,
- * tiles 2, 3 their lo digits; H = 8 D_sh + D_sl, L likewise. */
-__device__ __forceinline__ void wg_f32(float (&acc)[2][4], const int (&dh)[16],
-                                       const int (&dl)[16], const int (&msum)[2][4],
-                                       const float2 (&dx)[2], const float (&d)[2],
+ * n8 tile i of the 16 NT columns at regs 4i..4i+3, tiles 0 .. NT - 1 the hi digits of the
+ * tokens, tiles NT .. 2 NT - 1 their lo digits; H = 8 D_sh + D_sl, L likewise. */
+template <int NT>
+__device__ __forceinline__ void wg_f32(float (&acc)[NT][4], const int (&dh)[8 * NT],
+                                       const int (&dl)[8 * NT], const int (&msum)[NT][4],
+                                       const float2 (&dx)[NT], const float (&d)[2],
                                        const float (&dmin)[2])
 {
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int i = 4 * nt + e, h = e >> 1;
-            const int H = 8 * dh[i] + dl[i], L = 8 * dh[i + 8] + dl[i + 8];
+            const int H = 8 * dh[i] + dl[i], L = 8 * dh[i + 4 * NT] + dl[i + 4 * NT];
             const float dxt = (e & 1) ? dx[nt].y : dx[nt].x;
             const float I = __fmaf_rn(256.0f, __int2float_rn(H), __int2float_rn(L));
             float a = acc[nt][e];
@@ -255,7 +271,8 @@ __device__ __forceinline__ void wg_f32(float (&acc)[2][4], const int (&dh)[16],
 /* Copies of item p of this CTA (tile q + (p / nk) nq of the set, k-block c + 4 (p % nk))
  * into stage p % S: the weights, with the announcement of all the stage's bytes (called
  * before the kernel ahead of this one is done: weights only), or the activations. */
-template <int T> struct wg_producer {
+template <int T, int NT> struct wg_producer {
+    using C = wg_cfg<T, NT>;
     const wg_maps &maps;
     const mm_set &set;
     const mm_xquant &xq;
@@ -271,18 +288,18 @@ template <int T> struct wg_producer {
         const int64_t tile = q + (int64_t)(p / nk) * nq;
         const int m = mm_set_member(&set, tile);
         const int kb = c + KSPLIT * (p % nk);
-        bar_arrive_tx(&full[st], wg_cfg<T>::TX);
-        tensor_copy(smem + st * wg_cfg<T>::STAGE, &maps.m[m], kb * wg_cfg<T>::KB,
+        bar_arrive_tx(&full[st], C::TX);
+        tensor_copy(smem + st * C::STAGE, &maps.m[m], kb * C::KB,
                     (int)((tile - set.first[m]) * WG_ROWS), &full[st], once);
     }
     __device__ __forceinline__ void acts(int p) const
     {
         const int st = p % WG_S;
         const int kb = c + KSPLIT * (p % nk);
-        uint8_t *b = smem + st * wg_cfg<T>::STAGE + wg_cfg<T>::W;
-        bulk_copy(b, xq.xq + (size_t)kb * WG_B, WG_B, &full[st], shared);
-        bulk_copy(b + WG_B, xq.xsum + (size_t)kb * WG_SUMS, WG_SUMS, &full[st], shared);
-        bulk_copy(b + WG_B + WG_SUMS, xq.xd + (size_t)kb * WG_TOKS, WG_DX, &full[st], shared);
+        uint8_t *b = smem + st * C::STAGE + C::W;
+        bulk_copy(b, xq.xq + (size_t)kb * C::B, C::B, &full[st], shared);
+        bulk_copy(b + C::B, xq.xsum + (size_t)kb * C::SUMS, C::SUMS, &full[st], shared);
+        bulk_copy(b + C::B + C::SUMS, xq.xd + (size_t)kb * C::TOKS, C::DX, &full[st], shared);
     }
 };
 #endif
@@ -292,7 +309,7 @@ template <int T> struct wg_producer {
  * stages, two reduction buffers (a tile's partials are read by the cluster while the next
  * tile's k-blocks go by), the stages' barriers. The set's tiles are numbered in units of 64
  * rows; cols is a multiple of 256; xq has n_pad 16 in the warpgroup layout. */
-template <int T>
+template <int T, int NT>
 __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
     wgq_kernel(const __grid_constant__ wg_maps maps, mm_set set, int64_t cols, mm_xquant xq)
 {
@@ -300,7 +317,7 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
      * before it touches anything (see matmul.cu) */
     mm_launch_dependents();
 #if WGQ_DEVICE
-    using C = wg_cfg<T>;
+    using C = wg_cfg<T, NT>;
     extern __shared__ __align__(128) uint8_t smem[];
     cg::cluster_group cl = cg::this_cluster();
     const int c = (int)cl.block_rank(); /* the chain */
@@ -319,7 +336,7 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
         bar_init_fence();
     }
     __syncthreads();
-    const wg_producer<T> pr = {maps,  set, xq, smem, full, q, nq, c, nk,
+    const wg_producer<T, NT> pr = {maps,  set, xq, smem, full, q, nq, c, nk,
                             tid == 0 ? evict_first_policy() : 0,
                             tid == 0 ? evict_last_policy() : 0};
     const int first = items < WG_S ? items : WG_S;
@@ -335,7 +352,7 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
      * unpacks the other half, and while the second half's run, the first half of k-block
      * it + 1 (its stage waited for) and the mins term of it. Two sets of A registers, one
      * accumulator set, the f32 steps after the stage is handed back. */
-    int dh[16], dl[16];
+    int dh[8 * NT], dl[8 * NT];
     uint32_t ah[2][4][4], al[2][4][4];
     wg_head hd;
     auto rows_of = [&](int i, const uint8_t *&w0, const uint8_t *&w1) {
@@ -353,24 +370,26 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
     int it = 0;
     for (int tt = 0; tt < my_tiles; tt++) {
         const int64_t tile = q + (int64_t)tt * nq;
-        float acc[2][4];
+        float acc[NT][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[nt][e] = 0.0f;
         for (int s = 0; s < nk; s++, it++) {
             const uint8_t *w0, *w1;
             const uint8_t *st = rows_of(it, w0, w1);
-            const uint8_t *B = st + C::W, *sums = B + WG_B;
-            const float *dxs = (const float *)(sums + WG_SUMS);
-            wg_issue(dh, dl, ah[0], al[0], B, 0);
+            const uint8_t *B = st + C::W, *sums = B + C::B;
+            const float *dxs = (const float *)(sums + C::SUMS);
+            wg_issue<NT>(dh, dl, ah[0], al[0], B, 0);
             wg_unpack<T>(ah[1], al[1], w0, w1, hd, 1, t);
-            wg_issue(dh, dl, ah[1], al[1], B, 1);
-            int msum[2][4];
-            wg_mins(msum, sums, hd, g, t);
-            const float2 dx[2] = {*(const float2 *)(dxs + 2 * t),
-                                  *(const float2 *)(dxs + 8 + 2 * t)};
+            wg_issue<NT>(dh, dl, ah[1], al[1], B, 1);
+            int msum[NT][4];
+            wg_mins<NT>(msum, sums, hd, g, t);
+            float2 dx[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+                dx[nt] = *(const float2 *)(dxs + 8 * nt + 2 * t);
             const float d[2] = {hd.d[0], hd.d[1]}, dmin[2] = {hd.dmin[0], hd.dmin[1]};
             if (it + 1 < items) { /* the next k-block's first half meanwhile */
                 const uint8_t *n0, *n1;
@@ -387,18 +406,18 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
                 pr.weights(it + WG_S);
                 pr.acts(it + WG_S);
             }
-            wg_f32(acc, dh, dl, msum, dx, d, dmin);
+            wg_f32<NT>(acc, dh, dl, msum, dx, d, dmin);
         }
         /* y = ((p0 + p1) + p2) + p3 over the cluster's chains: each CTA puts its partials
          * in its buffer of this tile's parity, and after the cluster barrier rank c sums
          * rows 16c .. 16c + 15 from all four. A buffer is written again two tiles later,
          * after the next tile's barrier, which every CTA reaches only when done reading. */
-        float *red = (float *)(smem + C::RED_OFF + (tt & 1) * WG_RED);
+        float *red = (float *)(smem + C::RED_OFF + (tt & 1) * C::RED);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                red[((e >> 1) ? R1 : R0) * WG_TOKS + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+                red[((e >> 1) ? R1 : R0) * C::TOKS + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
         cl.sync();
         const int m = mm_set_member(&set, tile);
         const int64_t rows = set.rows[m], r0 = (tile - set.first[m]) * WG_ROWS;
@@ -409,12 +428,12 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
             part[k] = cl.map_shared_rank(red, k);
         if (r0 + rl < rows)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < NT; h++) {
                 const int tk = (tid >> 4) + 8 * h;
-                float v = part[0][rl * WG_TOKS + tk];
+                float v = part[0][rl * C::TOKS + tk];
 #pragma unroll
                 for (int k = 1; k < KSPLIT; k++)
-                    v = __fadd_rn(v, part[k][rl * WG_TOKS + tk]);
+                    v = __fadd_rn(v, part[k][rl * C::TOKS + tk]);
                 if (tk < xq.n_tok)
                     set.y[m][(size_t)tk * rows + r0 + rl] = v;
             }
@@ -451,11 +470,11 @@ encode_fn encoder(void)
     return __atomic_load_n(&fn, __ATOMIC_RELAXED);
 }
 
-/* Resident clusters of wgq_kernel<T> on the current device, 0 where it cannot run there (no
- * sm_90a device, too little shared memory): asked once per device. */
-template <int T> int clusters_here(void)
+/* Resident clusters of wgq_kernel<T, NT> on the current device, 0 where it cannot run there
+ * (no sm_90a device, too little shared memory): asked once per device. */
+template <int T, int NT> int clusters_here(void)
 {
-    constexpr int smem = wg_cfg<T>::SMEM;
+    constexpr int smem = wg_cfg<T, NT>::SMEM;
     static int clusters[64]; /* per device ordinal: + 1 (0: not asked yet) */
     int ordinal = 0;
     if (cudaGetDevice(&ordinal) != cudaSuccess || ordinal < 0 || ordinal >= 64) {
@@ -466,17 +485,17 @@ template <int T> int clusters_here(void)
     if (v == 0) {
         int n = 0;
         cudaFuncAttributes fa;
-        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T>) == cudaSuccess &&
+        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T, NT>) == cudaSuccess &&
             smem_optin_bytes(ordinal) >= smem &&
-            cudaFuncSetAttribute(wgq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            cudaFuncSetAttribute(wgq_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  smem) == cudaSuccess &&
-            cudaFuncSetAttribute(wgq_kernel<T>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(wgq_kernel<T, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) == cudaSuccess) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(KSPLIT);
             cfg.blockDim = dim3(128);
             cfg.dynamicSmemBytes = smem;
-            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T>, &cfg) != cudaSuccess)
+            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T, NT>, &cfg) != cudaSuccess)
                 n = 0;
         }
         (void)cudaGetLastError();
@@ -486,12 +505,12 @@ template <int T> int clusters_here(void)
     return v - 1;
 }
 
-/* Launches wgq_kernel<T> on the set of the n members (tensor maps encoded). */
-template <int T>
+/* Launches wgq_kernel<T, NT> on the set of the n members (tensor maps encoded). */
+template <int T, int NT>
 td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
-    using C = wg_cfg<T>;
+    using C = wg_cfg<T, NT>;
     const ops_weight *w0 = mm[0].w;
     wg_maps maps;
     memset(&maps, 0, sizeof maps);
@@ -513,9 +532,9 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
     }
     const mm_set set = mm_set_of(mm, n, WG_ROWS);
     const int64_t n_tiles = set.first[set.n];
-    const int64_t clusters = clusters_here<T>();
+    const int64_t clusters = clusters_here<T, NT>();
     const int64_t grid = KSPLIT * (n_tiles < clusters ? n_tiles : clusters);
-    const cudaError_t e = launch_ex(wgq_kernel<T>, dim3((unsigned)grid), dim3(128), C::SMEM,
+    const cudaError_t e = launch_ex(wgq_kernel<T, NT>, dim3((unsigned)grid), dim3(128), C::SMEM,
                                     dev->pdl, st, maps, set, w0->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s warpgroup kernel launch (%d members, %lld "
@@ -528,18 +547,24 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
 
 bool wgq_supported(const ops_weight *w, int n_pad)
 {
-    if (n_pad != WG_TOKS || (w->type != TD_Q4_K && w->type != TD_Q5_K) ||
+    if ((n_pad != 8 && n_pad != 16) || (w->type != TD_Q4_K && w->type != TD_Q5_K) ||
         ((uintptr_t)w->data & 15) != 0 || w->cols % MM_XBLOCK != 0 ||
         w->row_bytes >= ((size_t)1 << 31) || w->rows >= ((int64_t)1 << 31))
         return false;
-    return (w->type == TD_Q5_K ? clusters_here<TD_Q5_K>() : clusters_here<TD_Q4_K>()) > 0;
+    const bool q5 = w->type == TD_Q5_K, one = n_pad == 8;
+    return (q5 ? (one ? clusters_here<TD_Q5_K, 1>() : clusters_here<TD_Q5_K, 2>())
+               : (one ? clusters_here<TD_Q4_K, 1>() : clusters_here<TD_Q4_K, 2>())) > 0;
 }
 
 td_err wgq_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                   cudaStream_t st)
 {
-    TD_ASSERT(n >= 1 && n <= MM_SET_MAX && xq->n_pad == WG_TOKS);
+    TD_ASSERT(n >= 1 && n <= MM_SET_MAX && (xq->n_pad == 8 || xq->n_pad == 16));
     TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad);
-    return mm[0].w->type == TD_Q5_K ? launch_type<TD_Q5_K>(mm, n, xq, dev, st)
-                                    : launch_type<TD_Q4_K>(mm, n, xq, dev, st);
+    const bool q5 = mm[0].w->type == TD_Q5_K;
+    if (xq->n_pad == 8)
+        return q5 ? launch_type<TD_Q5_K, 1>(mm, n, xq, dev, st)
+                  : launch_type<TD_Q4_K, 1>(mm, n, xq, dev, st);
+    return q5 ? launch_type<TD_Q5_K, 2>(mm, n, xq, dev, st)
+              : launch_type<TD_Q4_K, 2>(mm, n, xq, dev, st);
 }
