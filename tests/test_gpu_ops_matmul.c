@@ -715,9 +715,10 @@ static void test_matmul_rejects_bad_weights(void **state)
  * at a time and batches of every bulk_batches size, checks the single tokens against the
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
- * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only) and =regs
+ * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only), =regs
  * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, 17-64 on the wide kernel,
- * 2-8 on the tensor-core kernel) byte for byte. */
+ * 2-8 on the tensor-core kernel) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
+ * on the warpgroup kernel where the device runs sm_90a code) byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -883,7 +884,8 @@ static int64_t bulk_smem(const bulk_shape *b)
 
 /* On an sm_90 device, single tokens under TANDEM_MMD=bulk (the bulk-copy kernel), =mma (the
  * tensor-core kernel) and =regs (the dp4a kernel), and batches of 2..32 tokens on the
- * tensor-core kernel and (2-16 tokens) on the window kernel, give the same bytes for every
+ * tensor-core kernel and (2-16 tokens) on the window and warpgroup kernels, give the same
+ * bytes for every
  * bulk_shapes matrix; each single token equals its batches' and (bulk)
  * cpu_matmul within the bounds of check_outputs. Skipped below sm_90, where the bulk kernels
  * do not exist. */
@@ -900,11 +902,13 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
     /* batches: the bulk child as by default (2-16 tokens on the window kernel, 17-64 on the
      * wide kernel), the dp4a child with 2-8 tokens on the tensor-core kernel
-     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq):
-     * three children cover the five kernels (and the test's time) */
-    static const char *mmd[] = {"bulk", "mma", "regs"};
-    static const char *mmq[] = {NULL, "mmq", "bulk9"};
-    enum { NV = 3 };
+     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), a
+     * second bulk child with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg; on a
+     * device without sm_90a code it repeats the first): four children cover the six
+     * kernels (and the test's time) */
+    static const char *mmd[] = {"bulk", "mma", "regs", "bulk"};
+    static const char *mmq[] = {NULL, "mmq", "bulk9", "wg"};
+    enum { NV = 4 };
     char path[NV][64];
     uint8_t *data[NV];
     size_t len[NV];

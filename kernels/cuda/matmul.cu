@@ -192,11 +192,12 @@ int mmd_choice(void)
 /* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
  * by default (=bulk) the window kernel (matmul_bulk_mma.cu) at 2-16 tokens (one n-tile up to
  * 8), the wide kernel (the same file) at 17-64 (measured, see matmul_bulk_mma.cu and
- * kernels/cuda/NOTES.md), and Q4_K and Q5_K at 2-16 tokens the warpgroup kernel
- * (sm90a/matmul_wgmma.cu) where wgq_supported; TANDEM_MMQ=window keeps those on the window
- * kernel, =bulk9 the tensor-core kernel (matmul_quant.cu) at 2-8 tokens (the rule before),
- * =mmq the tensor-core kernel for all. Read once; the same bits either way. */
-enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_WINDOW, MMQB_NEVER };
+ * kernels/cuda/NOTES.md); TANDEM_MMQ=wg the same with Q4_K and Q5_K at 2-16 tokens on the
+ * warpgroup kernel (sm90a/matmul_wgmma.cu) where wgq_supported (slower than the window kernel
+ * on most 27B shapes as measured on an H100, NOTES.md), =bulk9 the tensor-core kernel
+ * (matmul_quant.cu) at 2-8 tokens (the rule before), =mmq the tensor-core kernel for all.
+ * Read once; the same bits either way. */
+enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_WG, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
 
 static int mmqb_choice(void)
@@ -207,7 +208,7 @@ static int mmqb_choice(void)
         c = !e ? MMQB_AUTO
             : strcmp(e, "mmq") == 0   ? MMQB_NEVER
             : strcmp(e, "bulk9") == 0  ? MMQB_FROM9
-            : strcmp(e, "window") == 0 ? MMQB_WINDOW
+            : strcmp(e, "wg") == 0     ? MMQB_WG
                                        : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
@@ -226,8 +227,7 @@ static bool mmqb_chosen(const ops_weight *w, int nc)
 static bool wgq_chosen(const ops_weight *w, int nc)
 {
     const int c = mmqb_choice();
-    return nc >= (c == MMQB_FROM9 ? 9 : 2) && c != MMQB_NEVER && c != MMQB_WINDOW &&
-           wgq_supported(w, pad_tokens(nc));
+    return nc >= 2 && c == MMQB_WG && wgq_supported(w, pad_tokens(nc));
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded

@@ -185,7 +185,7 @@ __device__ __forceinline__ void wg_unpack(uint32_t (&ah)[4][4], uint32_t (&al)[4
         const uint2 q1 = *(const uint2 *)(w1 + C::QS + 32 * c + 8 * t);
 #pragma unroll
         for (int nib = 0; nib < 2; nib++) {
-            const int jj = 2 * cc + nib, j = 4 * half + jj, sb = 8 * jj;
+            const int jj = 2 * cc + nib, j = 4 * half + jj;
             uint32_t a[4] = {(q0.x >> 4 * nib) & 0x0F0F0F0Fu, (q1.x >> 4 * nib) & 0x0F0F0F0Fu,
                              (q0.y >> 4 * nib) & 0x0F0F0F0Fu, (q1.y >> 4 * nib) & 0x0F0F0F0Fu};
             if (C::Q5) { /* bit j of each qh byte */
@@ -194,10 +194,14 @@ __device__ __forceinline__ void wg_unpack(uint32_t (&ah)[4][4], uint32_t (&al)[4
                 a[2] |= ((qh0.y >> j) & 0x01010101u) << 4;
                 a[3] |= ((qh1.y >> j) & 0x01010101u) << 4;
             }
+            const uint32_t sh[2] = {(uint32_t)ubyte(hd.sh[0][half], jj),
+                                    (uint32_t)ubyte(hd.sh[1][half], jj)};
+            const uint32_t sl[2] = {(uint32_t)ubyte(hd.sl[0][half], jj),
+                                    (uint32_t)ubyte(hd.sl[1][half], jj)};
 #pragma unroll
             for (int k = 0; k < 4; k++) { /* bytes <= 31 times <= 7: no carry */
-                ah[jj][k] = a[k] * ((hd.sh[k & 1][half] >> sb) & 0xFFu);
-                al[jj][k] = a[k] * ((hd.sl[k & 1][half] >> sb) & 0xFFu);
+                ah[jj][k] = a[k] * sh[k & 1];
+                al[jj][k] = a[k] * sl[k & 1];
             }
         }
     }
@@ -210,11 +214,14 @@ __device__ __forceinline__ void wg_issue(int (&dh)[8 * NT], int (&dl)[8 * NT],
                                          const uint32_t (&ah)[4][4], const uint32_t (&al)[4][4],
                                          const uint8_t *B, int half)
 {
+    /* slice j's descriptor: the start field (address >> 4) moves by 512 NT / 16 per slice,
+     * and stays below 2^14 (shared addresses < 256 KB) */
+    const uint64_t desc0 = wg_desc(B + 4 * half * 64 * 8 * NT);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int jj = 0; jj < 4; jj++) {
         const int j = 4 * half + jj;
-        const uint64_t desc = wg_desc(B + j * 64 * 8 * NT);
+        const uint64_t desc = desc0 + (uint64_t)(jj * 32 * NT);
         wg_mma<NT>(dh, ah[jj], desc, j > 0);
         wg_mma<NT>(dl, al[jj], desc, j > 0);
     }
@@ -370,12 +377,7 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
     int it = 0;
     for (int tt = 0; tt < my_tiles; tt++) {
         const int64_t tile = q + (int64_t)tt * nq;
-        float acc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[nt][e] = 0.0f;
+        float acc[NT][4] = {};
         for (int s = 0; s < nk; s++, it++) {
             const uint8_t *w0, *w1;
             const uint8_t *st = rows_of(it, w0, w1);
