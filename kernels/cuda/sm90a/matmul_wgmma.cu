@@ -69,8 +69,12 @@ template <int T, int NT> struct wg_cfg {
     static constexpr uint32_t TX = W + B + SUMS + DX; /* bytes a stage receives */
     static constexpr int STAGE = ((int)TX + 127) / 128 * 128;
     static constexpr int RED = WG_ROWS * TOKS * (int)sizeof(float); /* a reduction buffer */
+    /* a reduction buffer: 64 rows' partials (the cluster barrier's), or the four chains' of
+     * 16 rows (the asynchronous reduction's: wg_send) */
     static constexpr int RED_OFF = WG_S * STAGE, BAR_OFF = RED_OFF + 2 * RED;
-    static constexpr int SMEM = BAR_OFF + WG_S * 8;
+    /* barriers: the stages', then (asynchronous reduction) the partials' of each parity and
+     * the acknowledgements [warp][parity] */
+    static constexpr int SMEM = BAR_OFF + (WG_S + 2 + 2 * KSPLIT) * 8;
     static_assert(W % 128 == 0, "the digits start 128-byte aligned");
     static_assert(QS + 128 == KB, "the 128 bytes of qs end the super-block");
     static_assert(DX % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -137,6 +141,52 @@ __device__ __forceinline__ void tensor_copy(void *dst, const CUtensorMap *map, i
                  ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
                  "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "l"(policy)
                  : "memory");
+}
+
+/* The shared::cluster address of p (this CTA's shared memory) in the CTA of rank r. */
+__device__ __forceinline__ uint32_t cluster_addr(const void *p, int r)
+{
+    uint32_t a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(r));
+    return a;
+}
+
+/* Stores v at the shared::cluster address a, its 8 bytes completing on the barrier at the
+ * shared::cluster address bar (in the same CTA as a). */
+__device__ __forceinline__ void st_async2(uint32_t a, float2 v, uint32_t bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, "
+                 "[%3];" ::"r"(a), "f"(v.x), "f"(v.y), "r"(bar)
+                 : "memory");
+}
+
+/* One arrival on the barrier at the shared::cluster address bar, releasing this thread's
+ * earlier accesses to the cluster. */
+__device__ __forceinline__ void arrive_remote(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar)
+                 : "memory");
+}
+
+/* Waits for the phase of the given parity of a barrier other CTAs of the cluster complete
+ * (acquiring what they released); bounded as bar_wait is. */
+__device__ __forceinline__ void bar_wait_cluster(uint64_t *bar, uint32_t parity)
+{
+    for (uint32_t n = 0;; n++) {
+        uint32_t done;
+        asm volatile("{\n .reg .pred p;\n"
+                     " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done)
+            return;
+        if (n >= (1u << 24))
+            __trap();
+        if (n >= 64)
+            __nanosleep(128);
+    }
 }
 
 /* A k-block's header words of this thread's rows R0, R1 (tile rows of MMA rows g, g + 8):
@@ -275,6 +325,77 @@ __device__ __forceinline__ void wg_f32(float (&acc)[NT][4], const int (&dh)[8 * 
         }
 }
 
+/* The asynchronous reduction of a tile (ASYNC): warp w of every CTA holds the partials of
+ * the tile's rows 16w .. 16w + 15 for its chain (local row lr0 and lr0 + 8 of this thread,
+ * tokens 8 nt + 2t, + 1) and sends them to rank w, which sums them a tile later. red holds
+ * [parity][sender rank][16 rows][tokens] in every CTA; rank w's buffers of a parity fill on
+ * its barrier rfull[parity] (the other three senders' bytes, st.async) and are handed back
+ * through ack[w][parity] of each sender, which waits for it before it sends again into that
+ * parity (two tiles later). */
+template <int NT>
+__device__ __forceinline__ void wg_send(const float (&acc)[NT][4], uint8_t *red, uint64_t *rfull,
+                                        uint64_t *ack, int tt, int c, int w, int lr0, int t)
+{
+    constexpr int TOKS = 8 * NT, PART = 16 * TOKS * (int)sizeof(float);
+    const int p = tt & 1;
+    if (w != c && tt >= 2) /* rank w has summed this parity's tile two tiles back */
+        bar_wait_cluster(&ack[2 * w + p], (uint32_t)((tt >> 1) - 1) & 1);
+    float *slot = (float *)(red + (p * KSPLIT + c) * PART); /* the same offset in rank w */
+    const uint32_t rbar = w != c ? cluster_addr(&rfull[p], w) : 0u;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int off = (lr0 + 8 * h) * TOKS + 8 * nt + 2 * t;
+            const float2 v = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+            if (w == c)
+                *(float2 *)(slot + off) = v;
+            else
+                st_async2(cluster_addr(slot + off, w), v, rbar);
+        }
+}
+
+/* Rank c's warp c: y = ((p0 + p1) + p2) + p3 for rows 16c .. 16c + 15 of the CTA's u-th tile
+ * (tile of the set) from the four partials of its buffers, once the other three have
+ * landed; then hands the buffers back to the senders. */
+template <int NT>
+__device__ __forceinline__ void wg_reduce(const mm_set &set, int n_tok, int64_t tile, int u,
+                                          uint8_t *red, uint64_t *rfull, uint64_t *ack, int c,
+                                          int lr0, int t, int lane)
+{
+    constexpr int TOKS = 8 * NT, PART = 16 * TOKS * (int)sizeof(float);
+    const int p = u & 1;
+    if (lane == 0)
+        bar_arrive_tx(&rfull[p], (KSPLIT - 1) * PART);
+    bar_wait_cluster(&rfull[p], (uint32_t)(u >> 1) & 1);
+    const float *slots = (const float *)(red + p * KSPLIT * PART);
+    const int m = mm_set_member(&set, tile);
+    const int64_t rows = set.rows[m], r0 = (tile - set.first[m]) * WG_ROWS + 16 * c;
+    float *y = set.y[m];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int lr = lr0 + 8 * h, off = lr * TOKS + 8 * nt + 2 * t, tk = 8 * nt + 2 * t;
+            float2 v = *(const float2 *)(slots + off);
+#pragma unroll
+            for (int k = 1; k < KSPLIT; k++) {
+                const float2 o = *(const float2 *)(slots + k * (PART / 4) + off);
+                v.x = __fadd_rn(v.x, o.x);
+                v.y = __fadd_rn(v.y, o.y);
+            }
+            if (r0 + lr < rows) {
+                if (tk < n_tok)
+                    y[(size_t)tk * rows + r0 + lr] = v.x;
+                if (tk + 1 < n_tok)
+                    y[(size_t)(tk + 1) * rows + r0 + lr] = v.y;
+            }
+        }
+    __syncwarp();
+    if (lane < KSPLIT && lane != c)
+        arrive_remote(cluster_addr(&ack[2 * c + p], lane));
+}
+
 /* Copies of item p of this CTA (tile q + (p / nk) nq of the set, k-block c + 4 (p % nk))
  * into stage p % S: the weights, with the announcement of all the stage's bytes (called
  * before the kernel ahead of this one is done: weights only), or the activations. */
@@ -316,8 +437,8 @@ template <int T, int NT> struct wg_producer {
  * stages, two reduction buffers (a tile's partials are read by the cluster while the next
  * tile's k-blocks go by), the stages' barriers. The set's tiles are numbered in units of 64
  * rows; cols is a multiple of 256; xq has n_pad 16 in the warpgroup layout. */
-template <int T, int NT>
-__global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
+template <int T, int NT, bool ASYNC>
+__global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 3)
     wgq_kernel(const __grid_constant__ wg_maps maps, mm_set set, int64_t cols, mm_xquant xq)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
@@ -337,12 +458,16 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int R0 = 16 * warp + 2 * (g & 3) + (g >> 2), R1 = R0 + 8;
     uint64_t *full = (uint64_t *)(smem + C::BAR_OFF);
+    uint64_t *rfull = full + WG_S, *ack = rfull + 2; /* ack[warp * 2 + parity] */
     if (tid == 0) {
-        for (int s = 0; s < WG_S; s++)
+        for (int s = 0; s < WG_S + (ASYNC ? 2 + 2 * KSPLIT : 0); s++)
             bar_init(&full[s], 1);
         bar_init_fence();
     }
-    __syncthreads();
+    if (ASYNC)
+        cl.sync(); /* every CTA's barriers are set up before any other CTA uses them */
+    else
+        __syncthreads();
     const wg_producer<T, NT> pr = {maps,  set, xq, smem, full, q, nq, c, nk,
                             tid == 0 ? evict_first_policy() : 0,
                             tid == 0 ? evict_last_policy() : 0};
@@ -410,10 +535,18 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
             }
             wg_f32<NT>(acc, dh, dl, msum, dx, d, dmin);
         }
-        /* y = ((p0 + p1) + p2) + p3 over the cluster's chains: each CTA puts its partials
-         * in its buffer of this tile's parity, and after the cluster barrier rank c sums
-         * rows 16c .. 16c + 15 from all four. A buffer is written again two tiles later,
-         * after the next tile's barrier, which every CTA reaches only when done reading. */
+        if (ASYNC) {
+            wg_send<NT>(acc, smem + C::RED_OFF, rfull, ack, tt, c, warp, R0 - 16 * warp, t);
+            if (tt > 0 && warp == c)
+                wg_reduce<NT>(set, xq.n_tok, q + (int64_t)(tt - 1) * nq, tt - 1,
+                              smem + C::RED_OFF, rfull, ack, c, R0 - 16 * warp, t, lane);
+            continue;
+        }
+        /* (ASYNC false) y = ((p0 + p1) + p2) + p3 over the cluster's chains: each CTA puts
+         * its partials in its buffer of this tile's parity, and after the cluster barrier
+         * rank c sums rows 16c .. 16c + 15 from all four. A buffer is written again two
+         * tiles later, after the next tile's barrier, which every CTA reaches only when done
+         * reading. */
         float *red = (float *)(smem + C::RED_OFF + (tt & 1) * C::RED);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -440,6 +573,9 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 1)
                     set.y[m][(size_t)tk * rows + r0 + rl] = v;
             }
     }
+    if (ASYNC && my_tiles > 0 && warp == c)
+        wg_reduce<NT>(set, xq.n_tok, q + (int64_t)(my_tiles - 1) * nq, my_tiles - 1,
+                      smem + C::RED_OFF, rfull, ack, c, R0 - 16 * warp, t, lane);
     cl.sync(); /* no CTA leaves while another may still read its buffers */
 #else
     (void)maps, (void)set, (void)cols, (void)xq;
@@ -472,9 +608,9 @@ encode_fn encoder(void)
     return __atomic_load_n(&fn, __ATOMIC_RELAXED);
 }
 
-/* Resident clusters of wgq_kernel<T, NT> on the current device, 0 where it cannot run there
- * (no sm_90a device, too little shared memory): asked once per device. */
-template <int T, int NT> int clusters_here(void)
+/* Resident clusters of wgq_kernel<T, NT, ASYNC> on the current device, 0 where it cannot
+ * run there (no sm_90a device, too little shared memory): asked once per device. */
+template <int T, int NT, bool ASYNC> int clusters_here(void)
 {
     constexpr int smem = wg_cfg<T, NT>::SMEM;
     static int clusters[64]; /* per device ordinal: + 1 (0: not asked yet) */
@@ -487,17 +623,17 @@ template <int T, int NT> int clusters_here(void)
     if (v == 0) {
         int n = 0;
         cudaFuncAttributes fa;
-        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T, NT>) == cudaSuccess &&
+        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T, NT, ASYNC>) == cudaSuccess &&
             smem_optin_bytes(ordinal) >= smem &&
-            cudaFuncSetAttribute(wgq_kernel<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            cudaFuncSetAttribute(wgq_kernel<T, NT, ASYNC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  smem) == cudaSuccess &&
-            cudaFuncSetAttribute(wgq_kernel<T, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(wgq_kernel<T, NT, ASYNC>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) == cudaSuccess) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(KSPLIT);
             cfg.blockDim = dim3(128);
             cfg.dynamicSmemBytes = smem;
-            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T, NT>, &cfg) != cudaSuccess)
+            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T, NT, ASYNC>, &cfg) != cudaSuccess)
                 n = 0;
         }
         (void)cudaGetLastError();
@@ -507,8 +643,22 @@ template <int T, int NT> int clusters_here(void)
     return v - 1;
 }
 
-/* Launches wgq_kernel<T, NT> on the set of the n members (tensor maps encoded). */
-template <int T, int NT>
+/* Whether tiles meet at a cluster barrier (TANDEM_WGQ_RED=sync, read once) instead of the
+ * asynchronous reduction; the same bits. */
+bool sync_reduction(void)
+{
+    static int v; /* 0 not read, 1 async, 2 sync */
+    int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (c == 0) {
+        const char *e = getenv("TANDEM_WGQ_RED");
+        c = e && strcmp(e, "sync") == 0 ? 2 : 1;
+        __atomic_store_n(&v, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+
+/* Launches wgq_kernel<T, NT, ASYNC> on the set of the n members (tensor maps encoded). */
+template <int T, int NT, bool ASYNC>
 td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st)
 {
@@ -534,9 +684,9 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
     }
     const mm_set set = mm_set_of(mm, n, WG_ROWS);
     const int64_t n_tiles = set.first[set.n];
-    const int64_t clusters = clusters_here<T, NT>();
+    const int64_t clusters = clusters_here<T, NT, ASYNC>();
     const int64_t grid = KSPLIT * (n_tiles < clusters ? n_tiles : clusters);
-    const cudaError_t e = launch_ex(wgq_kernel<T, NT>, dim3((unsigned)grid), dim3(128), C::SMEM,
+    const cudaError_t e = launch_ex(wgq_kernel<T, NT, ASYNC>, dim3((unsigned)grid), dim3(128), C::SMEM,
                                     dev->pdl, st, maps, set, w0->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s warpgroup kernel launch (%d members, %lld "
@@ -554,8 +704,9 @@ bool wgq_supported(const ops_weight *w, int n_pad)
         w->row_bytes >= ((size_t)1 << 31) || w->rows >= ((int64_t)1 << 31))
         return false;
     const bool q5 = w->type == TD_Q5_K, one = n_pad == 8;
-    return (q5 ? (one ? clusters_here<TD_Q5_K, 1>() : clusters_here<TD_Q5_K, 2>())
-               : (one ? clusters_here<TD_Q4_K, 1>() : clusters_here<TD_Q4_K, 2>())) > 0;
+    return (q5 ? (one ? clusters_here<TD_Q5_K, 1, true>() : clusters_here<TD_Q5_K, 2, true>())
+               : (one ? clusters_here<TD_Q4_K, 1, true>() : clusters_here<TD_Q4_K, 2, true>())) >
+           0;
 }
 
 td_err wgq_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
@@ -564,9 +715,16 @@ td_err wgq_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_dev
     TD_ASSERT(n >= 1 && n <= MM_SET_MAX && (xq->n_pad == 8 || xq->n_pad == 16));
     TD_ASSERT(xq->n_tok >= 1 && xq->n_tok <= xq->n_pad);
     const bool q5 = mm[0].w->type == TD_Q5_K;
+    if (sync_reduction()) {
+        if (xq->n_pad == 8)
+            return q5 ? launch_type<TD_Q5_K, 1, false>(mm, n, xq, dev, st)
+                      : launch_type<TD_Q4_K, 1, false>(mm, n, xq, dev, st);
+        return q5 ? launch_type<TD_Q5_K, 2, false>(mm, n, xq, dev, st)
+                  : launch_type<TD_Q4_K, 2, false>(mm, n, xq, dev, st);
+    }
     if (xq->n_pad == 8)
-        return q5 ? launch_type<TD_Q5_K, 1>(mm, n, xq, dev, st)
-                  : launch_type<TD_Q4_K, 1>(mm, n, xq, dev, st);
-    return q5 ? launch_type<TD_Q5_K, 2>(mm, n, xq, dev, st)
-              : launch_type<TD_Q4_K, 2>(mm, n, xq, dev, st);
+        return q5 ? launch_type<TD_Q5_K, 1, true>(mm, n, xq, dev, st)
+                  : launch_type<TD_Q4_K, 1, true>(mm, n, xq, dev, st);
+    return q5 ? launch_type<TD_Q5_K, 2, true>(mm, n, xq, dev, st)
+              : launch_type<TD_Q4_K, 2, true>(mm, n, xq, dev, st);
 }
