@@ -623,17 +623,18 @@ template <int T, int NT, bool ASYNC> int clusters_here(void)
     if (v == 0) {
         int n = 0;
         cudaFuncAttributes fa;
-        if (encoder() && cudaFuncGetAttributes(&fa, wgq_kernel<T, NT, ASYNC>) == cudaSuccess &&
+        const auto k = wgq_kernel<T, NT, ASYNC>;
+        if (encoder() && cudaFuncGetAttributes(&fa, k) == cudaSuccess &&
             smem_optin_bytes(ordinal) >= smem &&
-            cudaFuncSetAttribute(wgq_kernel<T, NT, ASYNC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 smem) == cudaSuccess &&
-            cudaFuncSetAttribute(wgq_kernel<T, NT, ASYNC>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+                cudaSuccess &&
+            cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  cudaSharedmemCarveoutMaxShared) == cudaSuccess) {
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(KSPLIT);
             cfg.blockDim = dim3(128);
             cfg.dynamicSmemBytes = smem;
-            if (cudaOccupancyMaxActiveClusters(&n, wgq_kernel<T, NT, ASYNC>, &cfg) != cudaSuccess)
+            if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess)
                 n = 0;
         }
         (void)cudaGetLastError();
@@ -686,8 +687,8 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
     const int64_t n_tiles = set.first[set.n];
     const int64_t clusters = clusters_here<T, NT, ASYNC>();
     const int64_t grid = KSPLIT * (n_tiles < clusters ? n_tiles : clusters);
-    const cudaError_t e = launch_ex(wgq_kernel<T, NT, ASYNC>, dim3((unsigned)grid), dim3(128), C::SMEM,
-                                    dev->pdl, st, maps, set, w0->cols, *xq);
+    const cudaError_t e = launch_ex(wgq_kernel<T, NT, ASYNC>, dim3((unsigned)grid), dim3(128),
+                                    C::SMEM, dev->pdl, st, maps, set, w0->cols, *xq);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s warpgroup kernel launch (%d members, %lld "
                        "tiles): %s", dtype_name(w0->type), n, (long long)n_tiles,
