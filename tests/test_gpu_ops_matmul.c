@@ -718,7 +718,8 @@ static void test_matmul_rejects_bad_weights(void **state)
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only), =regs
  * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, 17-64 on the wide kernel,
  * 2-8 on the tensor-core kernel) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
- * on the warpgroup kernel where the device runs sm_90a code) byte for byte. */
+ * on the warpgroup kernel where the device runs sm_90a code), its tiles reduced at a cluster
+ * barrier and, with TANDEM_WGQ_RED=async, asynchronously, byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -809,25 +810,29 @@ static void single_tokens_child(void **state)
 
 /* Runs this program as a child with TANDEM_MMD=mmd and (unless NULL) TANDEM_MMQ=mmq writing
  * to out; its exit status. */
-static int run_single_tokens(const char *mmd, const char *mmq, const char *out)
+static int run_single_tokens(const char *mmd, const char *mmq, const char *red, const char *out)
 {
     extern char **environ;
-    char env_mmd[64], env_mmq[64];
+    char env_mmd[64], env_mmq[64], env_red[64];
     snprintf(env_mmd, sizeof env_mmd, "TANDEM_MMD=%s", mmd);
     snprintf(env_mmq, sizeof env_mmq, "TANDEM_MMQ=%s", mmq ? mmq : "");
+    snprintf(env_red, sizeof env_red, "TANDEM_WGQ_RED=%s", red ? red : "");
     size_t n = 0;
     while (environ[n])
         n++;
-    char **envp = calloc(n + 3, sizeof *envp);
+    char **envp = calloc(n + 4, sizeof *envp);
     assert_non_null(envp);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0 &&
-            strncmp(environ[i], "TANDEM_MMQ=", 11) != 0)
+            strncmp(environ[i], "TANDEM_MMQ=", 11) != 0 &&
+            strncmp(environ[i], "TANDEM_WGQ_RED=", 15) != 0)
             envp[m++] = environ[i];
     envp[m++] = env_mmd;
     if (mmq)
         envp[m++] = env_mmq;
+    if (red)
+        envp[m++] = env_red;
     char exe[] = "/proc/self/exe", flag[] = "--single-tokens";
     char *argv[] = {exe, flag, (char *)out, NULL};
     pid_t pid = 0;
@@ -902,29 +907,32 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
     /* batches: the bulk child as by default (2-16 tokens on the window kernel, 17-64 on the
      * wide kernel), the dp4a child with 2-8 tokens on the tensor-core kernel
-     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), a
-     * second bulk child with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg; on a
-     * device without sm_90a code it repeats the first): four children cover the six
+     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), two
+     * more bulk children with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg), its
+     * tiles reduced at a cluster barrier and asynchronously (TANDEM_WGQ_RED=async; on a
+     * device without sm_90a code they repeat the first): five children cover the six
      * kernels (and the test's time) */
-    static const char *mmd[] = {"bulk", "mma", "regs", "bulk"};
-    static const char *mmq[] = {NULL, "mmq", "bulk9", "wg"};
-    enum { NV = 4 };
+    static const char *mmd[] = {"bulk", "mma", "regs", "bulk", "bulk"};
+    static const char *mmq[] = {NULL, "mmq", "bulk9", "wg", "wg"};
+    static const char *red[] = {NULL, NULL, NULL, NULL, "async"};
+    enum { NV = 5 };
     char path[NV][64];
     uint8_t *data[NV];
     size_t len[NV];
     for (int v = 0; v < NV; v++) {
         snprintf(path[v], sizeof path[v], "/tmp/tandem_single_%d_%d.bin", (int)getpid(), v);
-        const int rc = run_single_tokens(mmd[v], mmq[v], path[v]);
+        const int rc = run_single_tokens(mmd[v], mmq[v], red[v], path[v]);
         if (rc != 0)
-            fail_msg("TANDEM_MMD=%s TANDEM_MMQ=%s child exited with %d", mmd[v],
-                     mmq[v] ? mmq[v] : "(unset)", rc);
+            fail_msg("TANDEM_MMD=%s TANDEM_MMQ=%s TANDEM_WGQ_RED=%s child exited with %d",
+                     mmd[v], mmq[v] ? mmq[v] : "(unset)", red[v] ? red[v] : "(unset)", rc);
         data[v] = slurp(path[v], &len[v]);
         remove(path[v]);
     }
     for (int v = 1; v < NV; v++) {
-        char what[96];
-        snprintf(what, sizeof what, "TANDEM_MMD=bulk vs TANDEM_MMD=%s TANDEM_MMQ=%s", mmd[v],
-                 mmq[v] ? mmq[v] : "(unset)");
+        char what[128];
+        snprintf(what, sizeof what, "TANDEM_MMD=bulk vs TANDEM_MMD=%s TANDEM_MMQ=%s%s%s",
+                 mmd[v], mmq[v] ? mmq[v] : "(unset)", red[v] ? " TANDEM_WGQ_RED=" : "",
+                 red[v] ? red[v] : "");
         assert_int_equal(len[v], len[0]);
         assert_true(check_same_bits(what, data[0], data[v], len[0]));
     }

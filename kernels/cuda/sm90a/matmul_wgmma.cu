@@ -644,15 +644,15 @@ template <int T, int NT, bool ASYNC> int clusters_here(void)
     return v - 1;
 }
 
-/* Whether tiles meet at a cluster barrier (TANDEM_WGQ_RED=sync, read once) instead of the
- * asynchronous reduction; the same bits. */
+/* Whether tiles meet at a cluster barrier (the default) or are reduced asynchronously
+ * (TANDEM_WGQ_RED=async; read once); the same bits. */
 bool sync_reduction(void)
 {
     static int v; /* 0 not read, 1 async, 2 sync */
     int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_WGQ_RED");
-        c = e && strcmp(e, "sync") == 0 ? 2 : 1;
+        c = e && strcmp(e, "async") == 0 ? 1 : 2;
         __atomic_store_n(&v, c, __ATOMIC_RELAXED);
     }
     return c == 2;
@@ -705,8 +705,8 @@ bool wgq_supported(const ops_weight *w, int n_pad)
         w->row_bytes >= ((size_t)1 << 31) || w->rows >= ((int64_t)1 << 31))
         return false;
     const bool q5 = w->type == TD_Q5_K, one = n_pad == 8;
-    return (q5 ? (one ? clusters_here<TD_Q5_K, 1, true>() : clusters_here<TD_Q5_K, 2, true>())
-               : (one ? clusters_here<TD_Q4_K, 1, true>() : clusters_here<TD_Q4_K, 2, true>())) >
+    return (q5 ? (one ? clusters_here<TD_Q5_K, 1, false>() : clusters_here<TD_Q5_K, 2, false>())
+               : (one ? clusters_here<TD_Q4_K, 1, false>() : clusters_here<TD_Q4_K, 2, false>())) >
            0;
 }
 
