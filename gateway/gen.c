@@ -14,22 +14,6 @@
 #define GEN_WAIT_MS 100 /* longest wait for one event before checking the client */
 #define GEN_BUSY_RETRY_MS 50
 
-bool gen_buf_put(gen_buf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p)
-            return false;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return true;
-}
-
 static int64_t gen_now_ms(void)
 {
     struct timespec ts;
@@ -209,7 +193,7 @@ void gen_oom(api_stream *s)
 
 void gen_sse_put(api_stream *s, char *chunk)
 {
-    if (!chunk || !gen_buf_put(&s->sse, chunk, strlen(chunk)))
+    if (!chunk || !tbuf_put(&s->sse, chunk, strlen(chunk)))
         gen_oom(s);
     free(chunk);
 }
@@ -293,9 +277,9 @@ static void gen_take_pieces(api_stream *s)
         if (p->kind == OUT_CALL_OPEN || p->kind == OUT_CALL_ARGS)
             continue; /* the whole call follows */
         if (p->kind == OUT_CONTENT)
-            ok = gen_buf_put(&s->content, p->text, p->len);
+            ok = tbuf_put(&s->content, p->text, p->len);
         else if (p->kind == OUT_REASONING) {
-            ok = gen_buf_put(&s->reasoning, p->text, p->len);
+            ok = tbuf_put(&s->reasoning, p->text, p->len);
             s->has_reasoning = true;
         } else {
             if (!s->calls)
@@ -373,7 +357,7 @@ static bool gen_echo(api_stream *s)
                                              json_pack("{s:s%}", "content", gp->echo,
                                                        gp->echo_len),
                                              NULL, NULL));
-        } else if (!gen_buf_put(&s->content, gp->echo, gp->echo_len)) {
+        } else if (!tbuf_put(&s->content, gp->echo, gp->echo_len)) {
             gen_oom(s);
         }
         return !s->failed;
@@ -406,7 +390,7 @@ static bool gen_echo(api_stream *s)
         gen_sse_put(s, render_completion_chunk(&s->rc, gp->echo, gp->echo_len, NULL, lp));
     } else {
         s->lp = lp;
-        if (!gen_buf_put(&s->content, gp->echo, gp->echo_len))
+        if (!tbuf_put(&s->content, gp->echo, gp->echo_len))
             gen_oom(s);
     }
     return !s->failed;
@@ -533,7 +517,7 @@ static void gen_end_failed(api_stream *s)
         resp_failed(s);
     } else if (s->stream) {
         gen_sse_put(s, render_sse_error(&s->err));
-        gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
+        tbuf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE));
     }
 }
 
@@ -598,7 +582,7 @@ static void gen_finish(api_stream *s, const char *finish)
     if (s->req.include_usage)
         gen_sse_put(s, s->req.kind == REQ_CHAT ? render_chat_usage_chunk(&s->rc, &s->total)
                                                : render_completion_usage_chunk(&s->rc, &s->total));
-    if (!gen_buf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE)))
+    if (!tbuf_put(&s->sse, RENDER_SSE_DONE, strlen(RENDER_SSE_DONE)))
         gen_oom(s);
 }
 

@@ -7,21 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/tbuf.h"
 #include "gateway/gen.h"
 #include "gateway/link.h"
 #include "gateway/logprobs.h"
 #include "gateway/output.h"
 #include "gateway/render.h"
-
-/* A growable byte string. */
-typedef struct gen_buf {
-    char *p;    /* [cap] bytes, NUL-terminated at len */
-    size_t len; /* bytes used */
-    size_t cap; /* bytes allocated */
-} gen_buf;
-
-/* Appends s[0..n) (keeping the NUL); false when out of memory. */
-bool gen_buf_put(gen_buf *b, const char *s, size_t n);
 
 
 /* A prompt of the request and what its choices share. */
@@ -57,7 +48,7 @@ typedef struct resp_state {
     char item_id[40];    /* its id: "rs_..." or "msg_..." */
     char call_item_id[40]; /* the function call being written: its item's id, "fc_..." */
     char call_id[96];      /* and its call_id */
-    gen_buf text;        /* its text so far */
+    tbuf text;           /* its text so far */
     json_t *lp;          /* a message's output_text logprobs so far (with include
                           * "message.output_text.logprobs"), or NULL */
     uint64_t seq;        /* sequence_number of the next event */
@@ -108,7 +99,7 @@ struct api_stream {
     bool counted;        /* the choice's usage is in total */
 
     /* whole replies */
-    gen_buf content, reasoning; /* the text of every piece of each kind */
+    tbuf content, reasoning; /* the text of every piece of each kind */
     bool has_reasoning;  /* reasoning came (the message gets "reasoning_content") */
     json_t *calls;       /* tool calls (message form) */
     json_t *lp;          /* chat: logprobs content array; completions: the logprobs object */
@@ -119,7 +110,7 @@ struct api_stream {
     bool sent_role;      /* the first chunk (the role) went out */
     json_t *lp_pending;  /* streams: logprobs waiting for the next chunk (chat: the content
                             array; completions: the logprobs object) */
-    gen_buf sse;         /* rendered events not yet read */
+    tbuf sse;            /* rendered events not yet read */
     size_t sse_off;      /* bytes of sse already read */
 
     resp_state rs;       /* req.responses */

@@ -64,15 +64,15 @@ static td_err gen_chat_echo(api_stream *s, api_error *e)
         gp->echo_len = json_string_length(content);
         return TD_OK;
     }
-    gen_buf b = {0};
+    tbuf b = {0};
     size_t i, parts = 0;
     const json_t *part;
     json_array_foreach(content, i, part) {
         const json_t *text = json_object_get(part, "text");
         if (!json_is_string(text))
             continue;
-        if ((parts++ && !gen_buf_put(&b, "\n", 1)) ||
-            !gen_buf_put(&b, json_string_value(text), json_string_length(text))) {
+        if ((parts++ && !tbuf_put(&b, "\n", 1)) ||
+            !tbuf_put(&b, json_string_value(text), json_string_length(text))) {
             free(b.p);
             return apierr_set(e, 500, "internal_error", NULL, "the gateway ran out of memory");
         }

@@ -284,7 +284,7 @@ void resp_piece(api_stream *s, const out_piece *p, json_t *lp)
         resp_close(s, "completed");
         resp_open(s, p->kind);
     }
-    if (!gen_buf_put(&rs->text, p->text, p->len))
+    if (!tbuf_put(&rs->text, p->text, p->len))
         gen_oom(s);
     if (p->kind == OUT_REASONING) {
         json_decref(lp);

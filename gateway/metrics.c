@@ -1,10 +1,11 @@
 #include "gateway/metrics.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "common/tbuf.h"
 
 static const char *const MET_EP_NAMES[MET_EP_COUNT] = {
     "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
@@ -52,44 +53,9 @@ void metrics_tokens(gw_metrics *m, uint64_t n)
 
 /* --- exposition --------------------------------------------------------------------------------- */
 
-typedef struct met_buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} met_buf;
-
-static void met_printf(met_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void met_printf(met_buf *b, const char *fmt, ...)
+static void met_head(tbuf *b, const char *name, const char *type, const char *help)
 {
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = (b->cap + (size_t)n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
-
-static void met_head(met_buf *b, const char *name, const char *type, const char *help)
-{
-    met_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    tbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static uint64_t met_load(const uint64_t *v)
@@ -99,12 +65,7 @@ static uint64_t met_load(const uint64_t *v)
 
 char *metrics_render(gw_metrics *m, const msg_status *st)
 {
-    met_buf b = {0};
-    b.cap = 4096;
-    b.p = malloc(b.cap);
-    if (!b.p)
-        return NULL;
-    b.p[0] = 0;
+    tbuf b = {0};
     static const msg_status zero;
     const msg_status *s = st ? st : &zero;
 
@@ -113,32 +74,32 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
         for (int code = 0; code < MET_STATUS_MAX; code++) {
             uint64_t n = met_load(&m->requests[ep][code]);
             if (n)
-                met_printf(&b, "tandem_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                tbuf_printf(&b, "tandem_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
                            MET_EP_NAMES[ep], code, (unsigned long long)n);
         }
     met_head(&b, "tandem_prompt_tokens_total", "counter", "Prompt tokens sent to the model.");
-    met_printf(&b, "tandem_prompt_tokens_total %llu\n",
+    tbuf_printf(&b, "tandem_prompt_tokens_total %llu\n",
                (unsigned long long)met_load(&m->prompt_tokens));
     met_head(&b, "tandem_cached_prompt_tokens_total", "counter",
              "Prompt tokens reused from the prefix cache.");
-    met_printf(&b, "tandem_cached_prompt_tokens_total %llu\n",
+    tbuf_printf(&b, "tandem_cached_prompt_tokens_total %llu\n",
                (unsigned long long)met_load(&m->cached_tokens));
     met_head(&b, "tandem_generated_tokens_total", "counter", "Tokens generated for clients.");
-    met_printf(&b, "tandem_generated_tokens_total %llu\n",
+    tbuf_printf(&b, "tandem_generated_tokens_total %llu\n",
                (unsigned long long)met_load(&m->generated_tokens));
     met_head(&b, "tandem_prediction_tokens_total", "counter",
              "Tokens of requests' predictions, accepted as drafts or not.");
-    met_printf(&b, "tandem_prediction_tokens_total{outcome=\"accepted\"} %llu\n",
+    tbuf_printf(&b, "tandem_prediction_tokens_total{outcome=\"accepted\"} %llu\n",
                (unsigned long long)met_load(&m->prediction_accepted));
-    met_printf(&b, "tandem_prediction_tokens_total{outcome=\"rejected\"} %llu\n",
+    tbuf_printf(&b, "tandem_prediction_tokens_total{outcome=\"rejected\"} %llu\n",
                (unsigned long long)met_load(&m->prediction_rejected));
     met_head(&b, "tandem_tool_calls_total", "counter", "Tool calls returned to clients.");
-    met_printf(&b, "tandem_tool_calls_total %llu\n", (unsigned long long)met_load(&m->tool_calls));
+    tbuf_printf(&b, "tandem_tool_calls_total %llu\n", (unsigned long long)met_load(&m->tool_calls));
     met_head(&b, "tandem_responses_kept", "gauge", "Responses kept for previous_response_id.");
-    met_printf(&b, "tandem_responses_kept %llu\n",
+    tbuf_printf(&b, "tandem_responses_kept %llu\n",
                (unsigned long long)met_load(&m->responses_kept));
     met_head(&b, "tandem_responses_kept_bytes", "gauge", "Bytes of the kept responses' JSON.");
-    met_printf(&b, "tandem_responses_kept_bytes %llu\n",
+    tbuf_printf(&b, "tandem_responses_kept_bytes %llu\n",
                (unsigned long long)met_load(&m->responses_bytes));
 
     uint64_t now = (uint64_t)time(NULL), recent = 0;
@@ -149,38 +110,38 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
     }
     met_head(&b, "tandem_generated_tokens_per_second", "gauge",
              "Tokens generated per second over the last 10 seconds.");
-    met_printf(&b, "tandem_generated_tokens_per_second %.3f\n", (double)recent / MET_RATE_WINDOW);
+    tbuf_printf(&b, "tandem_generated_tokens_per_second %.3f\n", (double)recent / MET_RATE_WINDOW);
     met_head(&b, "tandem_generations_total", "counter", "Generations finished.");
-    met_printf(&b, "tandem_generations_total %llu\n",
+    tbuf_printf(&b, "tandem_generations_total %llu\n",
                (unsigned long long)met_load(&m->generations));
     met_head(&b, "tandem_generation_errors_total", "counter", "Generations that failed.");
-    met_printf(&b, "tandem_generation_errors_total %llu\n",
+    tbuf_printf(&b, "tandem_generation_errors_total %llu\n",
                (unsigned long long)met_load(&m->generation_errors));
     met_head(&b, "tandem_generations_cancelled_total", "counter",
              "Generations cancelled because the client disconnected.");
-    met_printf(&b, "tandem_generations_cancelled_total %llu\n",
+    tbuf_printf(&b, "tandem_generations_cancelled_total %llu\n",
                (unsigned long long)met_load(&m->cancelled));
     met_head(&b, "tandem_requests_running", "gauge", "Generations in progress.");
-    met_printf(&b, "tandem_requests_running %lld\n",
+    tbuf_printf(&b, "tandem_requests_running %lld\n",
                (long long)__atomic_load_n(&m->in_flight, __ATOMIC_RELAXED));
     met_head(&b, "tandem_queue_depth", "gauge",
              "Requests waiting: in the gateway for verifyd to accept them, plus verifyd's queue.");
-    met_printf(&b, "tandem_queue_depth %lld\n",
+    tbuf_printf(&b, "tandem_queue_depth %lld\n",
                (long long)__atomic_load_n(&m->waiting, __ATOMIC_RELAXED) + s->queued);
 
     /* verifyd's numbers */
     met_head(&b, "tandem_verifyd_up", "gauge", "1 when verifyd answers its status calls.");
-    met_printf(&b, "tandem_verifyd_up %d\n", st != NULL);
+    tbuf_printf(&b, "tandem_verifyd_up %d\n", st != NULL);
     met_head(&b, "tandem_verifyd_ready", "gauge", "1 when verifyd accepts generations.");
-    met_printf(&b, "tandem_verifyd_ready %d\n", s->ready ? 1 : 0);
+    tbuf_printf(&b, "tandem_verifyd_ready %d\n", s->ready ? 1 : 0);
     met_head(&b, "tandem_draftd_attached", "gauge", "1 when speculative decoding is on.");
-    met_printf(&b, "tandem_draftd_attached %d\n", s->draft_attached ? 1 : 0);
+    tbuf_printf(&b, "tandem_draftd_attached %d\n", s->draft_attached ? 1 : 0);
     met_head(&b, "tandem_sequences_active", "gauge", "Sequences verifyd is running.");
-    met_printf(&b, "tandem_sequences_active %u\n", s->active);
+    tbuf_printf(&b, "tandem_sequences_active %u\n", s->active);
     met_head(&b, "tandem_sequences_queued", "gauge", "Generations waiting in verifyd for a slot.");
-    met_printf(&b, "tandem_sequences_queued %u\n", s->queued);
+    tbuf_printf(&b, "tandem_sequences_queued %u\n", s->queued);
     met_head(&b, "tandem_sequence_slots", "gauge", "Sequences verifyd runs at once.");
-    met_printf(&b, "tandem_sequence_slots %u\n", s->slots);
+    tbuf_printf(&b, "tandem_sequence_slots %u\n", s->slots);
 
     met_head(&b, "tandem_acceptance_length", "histogram",
              "Tokens committed per target verify pass (speculative decoding acceptance length).");
@@ -189,51 +150,51 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
         cum += s->accept_hist[k];
         sum += s->accept_hist[k] * k;
         if (k >= 1)
-            met_printf(&b, "tandem_acceptance_length_bucket{le=\"%u\"} %llu\n", k,
+            tbuf_printf(&b, "tandem_acceptance_length_bucket{le=\"%u\"} %llu\n", k,
                        (unsigned long long)cum);
     }
-    met_printf(&b, "tandem_acceptance_length_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
-    met_printf(&b, "tandem_acceptance_length_sum %llu\n", (unsigned long long)sum);
-    met_printf(&b, "tandem_acceptance_length_count %llu\n", (unsigned long long)cum);
+    tbuf_printf(&b, "tandem_acceptance_length_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    tbuf_printf(&b, "tandem_acceptance_length_sum %llu\n", (unsigned long long)sum);
+    tbuf_printf(&b, "tandem_acceptance_length_count %llu\n", (unsigned long long)cum);
     met_head(&b, "tandem_draft_tokens_total", "counter", "Draft tokens proposed by draftd.");
-    met_printf(&b, "tandem_draft_tokens_total %llu\n", (unsigned long long)s->drafted);
+    tbuf_printf(&b, "tandem_draft_tokens_total %llu\n", (unsigned long long)s->drafted);
     met_head(&b, "tandem_draft_tokens_accepted_total", "counter", "Draft tokens accepted.");
-    met_printf(&b, "tandem_draft_tokens_accepted_total %llu\n", (unsigned long long)s->accepted);
+    tbuf_printf(&b, "tandem_draft_tokens_accepted_total %llu\n", (unsigned long long)s->accepted);
     met_head(&b, "tandem_verify_steps_total", "counter", "Target verify passes while decoding.");
-    met_printf(&b, "tandem_verify_steps_total %llu\n", (unsigned long long)s->steps);
+    tbuf_printf(&b, "tandem_verify_steps_total %llu\n", (unsigned long long)s->steps);
     met_head(&b, "tandem_prefill_seconds_total", "counter", "Time in prompt passes.");
-    met_printf(&b, "tandem_prefill_seconds_total %.6f\n", (double)s->prefill_us / 1e6);
+    tbuf_printf(&b, "tandem_prefill_seconds_total %.6f\n", (double)s->prefill_us / 1e6);
     met_head(&b, "tandem_draft_seconds_total", "counter", "Time waiting for draftd proposals.");
-    met_printf(&b, "tandem_draft_seconds_total %.6f\n", (double)s->draft_us / 1e6);
+    tbuf_printf(&b, "tandem_draft_seconds_total %.6f\n", (double)s->draft_us / 1e6);
     met_head(&b, "tandem_verify_seconds_total", "counter", "Time in target verify passes.");
-    met_printf(&b, "tandem_verify_seconds_total %.6f\n", (double)s->verify_us / 1e6);
+    tbuf_printf(&b, "tandem_verify_seconds_total %.6f\n", (double)s->verify_us / 1e6);
     double decode_s = (double)(s->draft_us + s->verify_us) / 1e6;
     met_head(&b, "tandem_decode_tokens_per_second", "gauge",
              "verifyd's generated tokens per second of draft + verify time since it started.");
-    met_printf(&b, "tandem_decode_tokens_per_second %.3f\n",
+    tbuf_printf(&b, "tandem_decode_tokens_per_second %.3f\n",
                decode_s > 0 ? (double)s->completion_tokens / decode_s : 0.0);
     met_head(&b, "tandem_draftd_attaches_total", "counter",
              "Times verifyd found draftd (again): 1 + draftd restarts.");
-    met_printf(&b, "tandem_draftd_attaches_total %llu\n", (unsigned long long)s->draft_attaches);
+    tbuf_printf(&b, "tandem_draftd_attaches_total %llu\n", (unsigned long long)s->draft_attaches);
     met_head(&b, "tandem_draftd_restarts_total", "counter",
              "Times draftd came back after the first attach.");
-    met_printf(&b, "tandem_draftd_restarts_total %llu\n",
+    tbuf_printf(&b, "tandem_draftd_restarts_total %llu\n",
                (unsigned long long)(s->draft_attaches > 0 ? s->draft_attaches - 1 : 0));
     met_head(&b, "tandem_draft_failures_total", "counter",
              "Proposals that failed or came too late (plain decoding for that step).");
-    met_printf(&b, "tandem_draft_failures_total %llu\n", (unsigned long long)s->draft_failures);
+    tbuf_printf(&b, "tandem_draft_failures_total %llu\n", (unsigned long long)s->draft_failures);
     met_head(&b, "tandem_graph_recordings_total", "counter",
              "Target forward passes recorded as CUDA graphs (a pass's second run).");
-    met_printf(&b, "tandem_graph_recordings_total %llu\n", (unsigned long long)s->graph_recorded);
+    tbuf_printf(&b, "tandem_graph_recordings_total %llu\n", (unsigned long long)s->graph_recorded);
     met_head(&b, "tandem_graph_replays_total", "counter",
              "Target forward passes run as a replay of a CUDA graph.");
-    met_printf(&b, "tandem_graph_replays_total %llu\n", (unsigned long long)s->graph_replayed);
+    tbuf_printf(&b, "tandem_graph_replays_total %llu\n", (unsigned long long)s->graph_replayed);
     met_head(&b, "tandem_graph_direct_passes_total", "counter",
              "Target forward passes run op by op where CUDA graphs are on (first runs, passes "
              "that do not repeat, sequences beyond the recordings kept).");
-    met_printf(&b, "tandem_graph_direct_passes_total %llu\n", (unsigned long long)s->graph_direct);
-    if (b.oom) {
-        free(b.p);
+    tbuf_printf(&b, "tandem_graph_direct_passes_total %llu\n", (unsigned long long)s->graph_direct);
+    if (b.oom || !b.p) {
+        tbuf_free(&b);
         return NULL;
     }
     return b.p;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/callm.h"
+#include "common/tbuf.h"
 
 static const char CALL_OPEN[] = "<tool_call>";
 static const char CALL_CLOSE[] = "</tool_call>";
@@ -13,44 +14,9 @@ static const char CALL_CLOSE[] = "</tool_call>";
 
 /* --- a growable string ------------------------------------------------------------------- */
 
-typedef struct tc_buf {
-    char *p;    /* [cap], NUL-terminated at len */
-    size_t len; /* bytes */
-    size_t cap; /* bytes allocated */
-    bool oom;   /* an append failed: the text is incomplete */
-} tc_buf;
-
-static void tc_put(tc_buf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (n >= b->cap - b->len) { /* cap >= len always; no sum that can wrap */
-        if (n > SIZE_MAX / 2 - b->len - 1) {
-            b->oom = true;
-            return;
-        }
-        size_t cap = (b->len + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void tc_puts(tc_buf *b, const char *s)
-{
-    tc_put(b, s, strlen(s));
-}
-
 /* The characters of a JSON string (no quotes) as Python's json.dumps(ensure_ascii=False)
  * writes them. */
-static void tc_put_json_chars(tc_buf *b, const char *s, size_t n)
+static void tc_put_json_chars(tbuf *b, const char *s, size_t n)
 {
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -72,21 +38,21 @@ static void tc_put_json_chars(tc_buf *b, const char *s, size_t n)
             }
         }
         if (esc) {
-            tc_put(b, s + i - run, run);
+            tbuf_put(b, s + i - run, run);
             run = 0;
-            tc_puts(b, esc);
+            tbuf_puts(b, esc);
         } else {
             run++;
         }
     }
-    tc_put(b, s + n - run, run);
+    tbuf_put(b, s + n - run, run);
 }
 
-static void tc_put_json_string(tc_buf *b, const char *s, size_t n)
+static void tc_put_json_string(tbuf *b, const char *s, size_t n)
 {
-    tc_put(b, "\"", 1);
+    tbuf_put(b, "\"", 1);
     tc_put_json_chars(b, s, n);
-    tc_put(b, "\"", 1);
+    tbuf_put(b, "\"", 1);
 }
 
 static bool tc_space(char c)
@@ -356,7 +322,7 @@ static bool tc_text_is(const char *s, size_t n, const char *word)
 }
 
 /* Appends a parameter value as JSON of the schema's type (see the header). */
-static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
+static void tc_put_value(tbuf *b, const char *v, size_t n, const char *type)
 {
     if (type && strcmp(type, "string") == 0) {
         tc_put_json_string(b, v, n);
@@ -364,17 +330,17 @@ static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
     }
     if (type && strcmp(type, "boolean") == 0) {
         if (tc_text_is(v, n, "true") || tc_text_is(v, n, "True"))
-            tc_puts(b, "true");
+            tbuf_puts(b, "true");
         else if (tc_text_is(v, n, "false") || tc_text_is(v, n, "False"))
-            tc_puts(b, "false");
+            tbuf_puts(b, "false");
         else if (tc_text_is(v, n, "null"))
-            tc_puts(b, "null");
+            tbuf_puts(b, "null");
         else
             tc_put_json_string(b, v, n);
         return;
     }
     if (type && strcmp(type, "null") == 0 && (tc_text_is(v, n, "None") || tc_text_is(v, n, "null"))) {
-        tc_puts(b, "null");
+        tbuf_puts(b, "null");
         return;
     }
     const char *s = v;
@@ -392,7 +358,7 @@ static void tc_put_value(tc_buf *b, const char *v, size_t n, const char *type)
     }
     json_decref(j);
     if (ok)
-        tc_put(b, s, m);
+        tbuf_put(b, s, m);
     else
         tc_put_json_string(b, v, n);
 }
@@ -465,8 +431,8 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_fa
     out->name = tc_strndup(name, name_len);
     if (!out->name)
         return err_set(TD_ENOMEM, "tool call: out of memory");
-    tc_buf args = {0};
-    tc_puts(&args, "{");
+    tbuf args = {0};
+    tbuf_puts(&args, "{");
     bool first = true;
     td_err err = TD_OK;
     p = gt + 1;
@@ -496,10 +462,10 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_fa
         const char *type = pn && tools ? tc_param_type(tools, out->name, pn) : NULL;
         free(pn);
         if (!first)
-            tc_puts(&args, ", ");
+            tbuf_puts(&args, ", ");
         first = false;
         tc_put_json_string(&args, pname, pname_len);
-        tc_puts(&args, ": ");
+        tbuf_puts(&args, ": ");
         const char *v = gt + 1;
         /* A value ends at </parameter>; a model that forgets it ends it at the next tag. */
         const char *ve = tc_find(v, (size_t)(end - v), PARAM_END);
@@ -508,7 +474,7 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_fa
                 const size_t vn = (size_t)(end - v), skip = vn > 0 && v[0] == '\n';
                 bool tag;
                 const size_t m = tc_value_stable(v, vn, skip, &tag);
-                tc_put(&args, "\"", 1);
+                tbuf_put(&args, "\"", 1);
                 tc_put_json_chars(&args, v + skip, m - skip);
                 *open = (tool_fast){.kind = TOOL_FAST_XML, .at = (size_t)(v - s), .done = m};
             }
@@ -533,7 +499,7 @@ static td_err tc_parse_xml(const char *s, size_t n, const json_t *tools, tool_fa
         p = next;
     }
     if (err == TD_OK && !partial)
-        tc_puts(&args, "}");
+        tbuf_puts(&args, "}");
     if (err == TD_OK && args.oom)
         err = err_set(TD_ENOMEM, "tool call: out of memory");
     if (err != TD_OK) {
@@ -658,7 +624,7 @@ static int tool_stream_fast(tool_split *s, td_err *r)
     tool_fast *f = &s->fast;
     const char *v = s->hold + f->at;
     const size_t n = s->hold_len - f->at;
-    tc_buf esc = {0};
+    tbuf esc = {0};
     *r = TD_OK;
     if (f->kind == TOOL_FAST_XML) {
         if (f->done == 0 && n > 0 && v[0] == '\n')
@@ -673,7 +639,7 @@ static int tool_stream_fast(tool_split *s, td_err *r)
         const bool closed = tc_json_scan(s->hold, s->hold_len, f);
         const size_t m = closed ? f->scan : tc_whole_chars(v, f->scan);
         if (m > f->done) { /* a half character held back may leave nothing new */
-            tc_put(&esc, v + f->done, m - f->done);
+            tbuf_put(&esc, v + f->done, m - f->done);
             f->done = m;
         }
         if (closed)
