@@ -436,7 +436,9 @@ template <int T, int NT> struct wg_producer {
  * (rank = chain); block: 128 threads (one warpgroup); dynamic shared memory wg_cfg::SMEM: S
  * stages, two reduction buffers (a tile's partials are read by the cluster while the next
  * tile's k-blocks go by), the stages' barriers. The set's tiles are numbered in units of 64
- * rows; cols is a multiple of 256; xq has n_pad 16 in the warpgroup layout. */
+ * rows; cols is a multiple of 256; xq has n_pad 8 NT in the warpgroup layout. ASYNC: the
+ * tiles' partials go to the summing rank by wg_send / wg_reduce instead of meeting at a
+ * cluster barrier. */
 template <int T, int NT, bool ASYNC>
 __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 3)
     wgq_kernel(const __grid_constant__ wg_maps maps, mm_set set, int64_t cols, mm_xquant xq)
@@ -468,9 +470,9 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 3)
         cl.sync(); /* every CTA's barriers are set up before any other CTA uses them */
     else
         __syncthreads();
-    const wg_producer<T, NT> pr = {maps,  set, xq, smem, full, q, nq, c, nk,
-                            tid == 0 ? evict_first_policy() : 0,
-                            tid == 0 ? evict_last_policy() : 0};
+    const wg_producer<T, NT> pr = {maps, set, xq, smem, full, q, nq, c, nk,
+                                   tid == 0 ? evict_first_policy() : 0,
+                                   tid == 0 ? evict_last_policy() : 0};
     const int first = items < WG_S ? items : WG_S;
     if (tid == 0)
         for (int p = 0; p < first; p++)
