@@ -8,7 +8,7 @@
 #include <string.h>
 
 /* Room for n more bytes and the NUL: grows to twice what is needed. No size sum can wrap:
- * a request past SIZE_MAX / 2 fails. */
+ * a request that would take the text past SIZE_MAX / 4 fails. */
 static bool tbuf_room(tbuf *b, size_t n)
 {
     if (b->cap > b->len && n < b->cap - b->len)

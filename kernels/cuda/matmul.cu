@@ -249,7 +249,7 @@ mm_plan plan_of(const ops_weight *w, int nc, const mm_device *dev)
     const bool bulk = nc == 1 && (choice == MMD_BULK || choice == MMD_AUTO) && mmb_supported(w);
     const bool decode = !bulk && nc == 1 && mmd_supported(w->type) && choice != MMD_MMA &&
                         (choice == MMD_REGS || mmd_preferred(w, dev));
-    const bool wg = nc >= 2 && wgq_chosen(w, nc);
+    const bool wg = wgq_chosen(w, nc);
     const bool mmq_bulk = !wg && mmqb_chosen(w, nc);
     return mm_plan{decode, bulk, bulk && mmb_fused(w), mmq_bulk, wg, mmq_unit(w->type),
                    decode && mmd_placed(w->type)};

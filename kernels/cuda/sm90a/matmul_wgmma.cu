@@ -537,7 +537,7 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 3)
             }
             wg_f32<NT>(acc, dh, dl, msum, dx, d, dmin);
         }
-        if (ASYNC) {
+        if constexpr (ASYNC) {
             wg_send<NT>(acc, smem + C::RED_OFF, rfull, ack, tt, c, warp, R0 - 16 * warp, t);
             if (tt > 0 && warp == c)
                 wg_reduce<NT>(set, xq.n_tok, q + (int64_t)(tt - 1) * nq, tt - 1,
