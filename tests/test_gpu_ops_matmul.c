@@ -716,8 +716,9 @@ static void test_matmul_rejects_bad_weights(void **state)
  * batches' first tokens bit for bit and, under TANDEM_MMD=bulk, against cpu_matmul, and
  * writes all outputs to FILE; the parent then compares the files of TANDEM_MMD=bulk, =mma
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only), =regs
- * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, 17-64 on the wide kernel,
- * 2-8 on the tensor-core kernel) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
+ * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, also for the Q4_K rows
+ * that take the warpgroup kernel by default, 17-64 on the wide kernel, 2-8 on the
+ * tensor-core kernel) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
  * on the warpgroup kernel where the device runs sm_90a code), its tiles reduced at a cluster
  * barrier and, with TANDEM_WGQ_RED=async, asynchronously, byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
@@ -905,8 +906,9 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
     }
     for (size_t k = 0; k < sizeof bulk_shapes / sizeof *bulk_shapes; k++)
         assert_true(bulk_smem(&bulk_shapes[k]) <= optin);
-    /* batches: the bulk child as by default (2-16 tokens on the window kernel, 17-64 on the
-     * wide kernel), the dp4a child with 2-8 tokens on the tensor-core kernel
+    /* batches: the bulk child as by default (2-16 tokens on the window kernel but 9-16 of
+     * the 17408-input Q4_K rows on the warpgroup kernel, 17-64 on the wide kernel), the dp4a
+     * child with 2-8 tokens on the tensor-core kernel
      * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), two
      * more bulk children with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg), its
      * tiles reduced at a cluster barrier and asynchronously (TANDEM_WGQ_RED=async; on a

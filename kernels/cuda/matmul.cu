@@ -190,15 +190,16 @@ int mmd_choice(void)
 }
 
 /* Which kernel chunks of 2-64 tokens take where mmqb_supported (sm_90, Q4_K, Q5_K, Q6_K):
- * by default (=bulk) the window kernel (matmul_bulk_mma.cu) at 2-16 tokens (one n-tile up to
- * 8), the wide kernel (the same file) at 17-64 (measured, see matmul_bulk_mma.cu and
- * kernels/cuda/NOTES.md); TANDEM_MMQ=wg the same with Q4_K and Q5_K at 2-16 tokens on the
- * warpgroup kernel (sm90a/matmul_wgmma.cu) where wgq_supported (slower than the window kernel
- * on most 27B shapes as measured on an H100, NOTES.md), =bulk9 the tensor-core kernel
- * (matmul_quant.cu) at 2-8 tokens (the rule before), =mmq the tensor-core kernel for all.
- * Read once; the same bits either way. */
-enum { MMQB_AUTO = 1, MMQB_FROM9, MMQB_WG, MMQB_NEVER };
+ * by default the window kernel (matmul_bulk_mma.cu) at 2-16 tokens (one n-tile up to 8), the
+ * wide kernel (the same file) at 17-64, except that 9-16 tokens of Q4_K rows of at least
+ * WGQ_LONG_COLS inputs take the warpgroup kernel (sm90a/matmul_wgmma.cu) where wgq_supported:
+ * it is faster there and slower on the shorter rows (measured on an H100, NOTES.md).
+ * TANDEM_MMQ=window never takes the warpgroup kernel, =wg takes it for all Q4_K and Q5_K at
+ * 2-16 tokens, =bulk9 the tensor-core kernel (matmul_quant.cu) at 2-8 tokens (the rule
+ * before), =mmq the tensor-core kernel for all. Read once; the same bits either way. */
+enum { MMQB_AUTO = 1, MMQB_WINDOW, MMQB_FROM9, MMQB_WG, MMQB_NEVER };
 int g_mmq_bulk; /* 0: not read yet */
+enum { WGQ_LONG_COLS = 16384 };
 
 static int mmqb_choice(void)
 {
@@ -206,9 +207,10 @@ static int mmqb_choice(void)
     if (c == 0) {
         const char *e = getenv("TANDEM_MMQ");
         c = !e ? MMQB_AUTO
-            : strcmp(e, "mmq") == 0   ? MMQB_NEVER
+            : strcmp(e, "mmq") == 0    ? MMQB_NEVER
             : strcmp(e, "bulk9") == 0  ? MMQB_FROM9
             : strcmp(e, "wg") == 0     ? MMQB_WG
+            : strcmp(e, "window") == 0 ? MMQB_WINDOW
                                        : MMQB_AUTO;
         __atomic_store_n(&g_mmq_bulk, c, __ATOMIC_RELAXED);
     }
@@ -226,8 +228,10 @@ static bool mmqb_chosen(const ops_weight *w, int nc)
 /* Whether a chunk of nc tokens on w runs on the warpgroup kernel. */
 static bool wgq_chosen(const ops_weight *w, int nc)
 {
-    const int c = mmqb_choice();
-    return nc >= 2 && c == MMQB_WG && wgq_supported(w, pad_tokens(nc));
+    const int c = mmqb_choice(), n_pad = pad_tokens(nc);
+    const bool auto_ok = c == MMQB_AUTO && n_pad == 16 && w->type == TD_Q4_K &&
+                         w->cols >= WGQ_LONG_COLS;
+    return nc >= 2 && (c == MMQB_WG || auto_ok) && wgq_supported(w, n_pad);
 }
 
 /* What one chunk of a quantised matmul runs: the kernel, and the layout of the rounded
