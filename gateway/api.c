@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "gateway/background.h"
 #include "gateway/gen.h"
 #include "gateway/render.h"
 #include "gateway/request.h"
@@ -17,6 +18,7 @@ typedef enum api_route {
     ROUTE_RESPONSES,
     ROUTE_RESPONSE, /* /v1/responses/<id> */
     ROUTE_RESPONSE_ITEMS, /* /v1/responses/<id>/input_items */
+    ROUTE_RESPONSE_CANCEL, /* /v1/responses/<id>/cancel */
     ROUTE_INPUT_TOKENS,   /* /v1/responses/input_tokens */
     ROUTE_MODELS,
     ROUTE_MODEL, /* /v1/models/<name> */
@@ -72,12 +74,40 @@ static void api_no_response(gw_state *g, const char *id, api_reply *r)
                     id);
 }
 
-/* GET /v1/responses/<id>: the kept response; DELETE: forgets it. */
-static void api_response(gw_state *g, const char *id, bool del, api_reply *r)
+/* GET /v1/responses/<id>: the response (a background one as it stands, or its events with
+ * ?stream=true); DELETE: forgets it (stopping a background one). */
+static void api_response(gw_state *g, const char *id, const api_call *c, bool del,
+                         api_reply *r)
 {
     json_t *o = NULL;
-    const bool found = g->responses && (del ? rstore_delete(g->responses, id)
-                                            : rstore_get(g->responses, id, RSTORE_RESPONSE, &o));
+    bool stream = false;
+    int64_t after = -1;
+    api_error e;
+    if (!del && req_response_query(c->args, c->n_args, &stream, &after, &e) != TD_OK) {
+        gen_reply_error(r, &e);
+        return;
+    }
+    if (!del && g->background && bg_get(g->background, id, stream, after, c->client_fd, r))
+        return;
+    if (stream) {
+        const bool kept = g->responses && rstore_get(g->responses, id, RSTORE_RESPONSE, &o);
+        json_decref(o);
+        if (!kept)
+            api_no_response(g, id, r);
+        else
+            api_error_reply(r, 400, "invalid_request",
+                            "The events of response '%s' are not kept: only those of background "
+                            "responses are (the latest --responses-background of them).",
+                            id);
+        return;
+    }
+    bool found = false;
+    if (del) {
+        const bool job = g->background && bg_delete(g->background, id);
+        found = (g->responses && rstore_delete(g->responses, id)) || job;
+    } else {
+        found = g->responses && rstore_get(g->responses, id, RSTORE_RESPONSE, &o);
+    }
     if (!found) {
         api_no_response(g, id, r);
         return;
@@ -87,6 +117,37 @@ static void api_response(gw_state *g, const char *id, bool del, api_reply *r)
     char *body = o ? render_dump(o) : NULL;
     json_decref(o);
     api_json(r, 200, body);
+}
+
+/* POST /v1/responses/<id>/cancel: stops a background response. */
+static void api_cancel(gw_state *g, const char *id, api_reply *r)
+{
+    if (g->background && bg_cancel(g->background, id, r))
+        return;
+    json_t *o = NULL; /* a background response whose events are no longer kept */
+    if (!g->responses || !rstore_get(g->responses, id, RSTORE_RESPONSE, &o)) {
+        api_no_response(g, id, r);
+        return;
+    }
+    const json_t *bg = json_object_get(o, "background");
+    const json_t *st = json_object_get(o, "status");
+    const char *status = json_is_string(st) ? json_string_value(st) : "";
+    if (json_is_true(bg) && strcmp(status, "cancelled") == 0) {
+        char *body = render_dump(o);
+        json_decref(o);
+        api_json(r, 200, body);
+        return;
+    }
+    api_error e;
+    if (json_is_true(bg))
+        apierr_set(&e, 400, "invalid_request", NULL,
+                   "Cannot cancel a response that has ended (its status is '%s').", status);
+    else
+        apierr_set(&e, 400, "invalid_request", NULL,
+                   "Only responses created with 'background': true can be cancelled; '%s' "
+                   "was not.", id);
+    json_decref(o);
+    gen_reply_error(r, &e);
 }
 
 /* GET /v1/responses/<id>/input_items: a page of the kept response's input items. */
@@ -169,6 +230,10 @@ static void api_metrics(gw_state *g, api_reply *r)
         rstore_usage(g->responses, &kept, &bytes);
     __atomic_store_n(&g->metrics.responses_kept, kept, __ATOMIC_RELAXED);
     __atomic_store_n(&g->metrics.responses_bytes, bytes, __ATOMIC_RELAXED);
+    size_t running = 0, listed = 0;
+    if (g->background)
+        bg_usage(g->background, &running, &listed);
+    __atomic_store_n(&g->metrics.background_running, running, __ATOMIC_RELAXED);
     r->body = metrics_render(&g->metrics, up ? &st : NULL);
     if (!r->body) {
         api_json(r, 500, NULL);
@@ -295,15 +360,19 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     }
     static const api_route_def items_route = {"/input_items", ROUTE_RESPONSE_ITEMS, false, true,
                                               MET_EP_RESPONSES};
+    static const api_route_def cancel_route = {"/cancel", ROUTE_RESPONSE_CANCEL, true, true,
+                                               MET_EP_RESPONSES};
     char id[128] = "";
     if (!def && strncmp(c->path, response_route.path, strlen(response_route.path)) == 0) {
         const char *rest = c->path + strlen(response_route.path);
         const char *slash = strchr(rest, '/');
         const size_t len = slash ? (size_t)(slash - rest) : strlen(rest);
-        if (len > 0 && len < sizeof id && (!slash || strcmp(slash, items_route.path) == 0)) {
+        const bool items = slash && strcmp(slash, items_route.path) == 0;
+        const bool cancel = slash && strcmp(slash, cancel_route.path) == 0;
+        if (len > 0 && len < sizeof id && (!slash || items || cancel)) {
             memcpy(id, rest, len);
             id[len] = 0;
-            def = slash ? &items_route : &response_route;
+            def = items ? &items_route : cancel ? &cancel_route : &response_route;
         }
     }
     if (!def) {
@@ -339,7 +408,8 @@ void api_handle(gw_state *g, const api_call *c, api_reply *r)
     case ROUTE_CHAT: gen_handle(g, c, REQ_CHAT, r); break;
     case ROUTE_COMPLETIONS: gen_handle(g, c, REQ_COMPLETION, r); break;
     case ROUTE_RESPONSES: gen_handle(g, c, REQ_RESPONSES, r); break;
-    case ROUTE_RESPONSE: api_response(g, id, is_delete, r); break;
+    case ROUTE_RESPONSE: api_response(g, id, c, is_delete, r); break;
+    case ROUTE_RESPONSE_CANCEL: api_cancel(g, id, r); break;
     case ROUTE_RESPONSE_ITEMS: api_input_items(g, id, c, r); break;
     case ROUTE_INPUT_TOKENS: api_input_tokens(g, c, r); break;
     case ROUTE_MODELS: api_models(g, r); break;

@@ -6,7 +6,9 @@
  *   GET /v1/models[/<name>]     GET /health            GET /metrics
  *   POST /tokenize              POST /detokenize
  *
- *   GET, DELETE /v1/responses/<id> (a kept response)
+ *   GET, DELETE /v1/responses/<id> (a kept response; a background one as it stands, or
+ *                                  its events with ?stream=true&starting_after=N)
+ *   POST /v1/responses/<id>/cancel (stops a background response)
  *   GET /v1/responses/<id>/input_items (its input items: ?limit, order, after, before, include)
  *   POST /v1/responses/input_tokens (a Responses body's prompt tokens, counted)
  *

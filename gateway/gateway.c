@@ -7,6 +7,7 @@
 
 #include "common/gguf.h"
 #include "common/log.h"
+#include "gateway/background.h"
 #include "gateway/respstore.h"
 
 /* The served name: --model-name, else general.name, else the file name without ".gguf". */
@@ -51,6 +52,8 @@ td_err gw_init(gw_state *g, const gw_config *cfg)
     if (cfg->responses_kept > 0)
         TD_TRY(rstore_init(&g->responses, (size_t)cfg->responses_kept,
                            (size_t)(cfg->responses_mib > 0 ? cfg->responses_mib : 1) << 20));
+    if (g->responses && cfg->responses_background > 0)
+        TD_TRY(bg_init(&g->background, g, (size_t)cfg->responses_background));
     gguf_file *f = NULL;
     td_err e = gguf_open(&f, cfg->model_path);
     if (e != TD_OK) {
@@ -85,8 +88,15 @@ td_err gw_init(gw_state *g, const gw_config *cfg)
     return TD_OK;
 }
 
+void gw_drain(gw_state *g)
+{
+    bg_drain(g->background);
+}
+
 void gw_free(gw_state *g)
 {
+    bg_drain(g->background);
+    bg_free(g->background);
     rstore_free(g->responses);
     chat_template_free(g->tmpl);
     chat_model_free(&g->chat);

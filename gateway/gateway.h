@@ -23,6 +23,7 @@ typedef struct gw_config {
     int64_t timeout_s;        /* seconds a request may wait for verifyd (busy, or silent) */
     int64_t responses_kept;   /* /v1/responses kept for previous_response_id; 0: none */
     int64_t responses_mib;    /* MiB of their JSON text at most (>= 1 when any are kept) */
+    int64_t responses_background; /* background responses running at once; 0: none */
 } gw_config;
 
 typedef struct gw_state {
@@ -35,6 +36,8 @@ typedef struct gw_state {
     int32_t stop_ids[2];      /* end-of-generation tokens (eos, eot), -1 when absent */
     gw_link *link;            /* NULL in tests that only parse and render */
     struct rstore *responses; /* the kept responses, or NULL (responses_kept 0) */
+    struct bg_table *background; /* background responses, or NULL (none kept, or
+                                  * responses_background 0) */
     gw_metrics metrics;
     int64_t started;          /* Unix time the gateway started (model "created") */
     bool stopping;            /* set (atomically) at shutdown: running generations end */
@@ -42,6 +45,9 @@ typedef struct gw_state {
 
 /* Loads the model file's tokenizer, template and name. The link is set by the caller. */
 td_err gw_init(gw_state *g, const gw_config *cfg);
+/* Waits for the background responses to end (after `stopping` was set and the HTTP server
+ * stopped; before the link goes). */
+void gw_drain(gw_state *g);
 void gw_free(gw_state *g);
 
 #endif

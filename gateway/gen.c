@@ -43,8 +43,7 @@ void gen_reply_error(api_reply *r, const api_error *e)
     r->stream = NULL;
 }
 
-/* True when the client closed its side of the connection. */
-static bool gen_client_gone(int fd)
+bool gen_client_gone(int fd)
 {
     if (fd < 0)
         return false;
@@ -70,8 +69,24 @@ static void gen_think_tokens(const api_stream *s, bool chat, msg_gen_start *m)
     m->think_end = pair ? (uint32_t)close : MSG_TOKEN_NONE;
 }
 
-/* Starts the choice s->rc.index at verifyd. */
-static td_err gen_start(api_stream *s, api_error *e)
+/* Whether the generation should end now: its client left, the gateway stops, or its
+ * background job was cancelled (s->cancelled). */
+static bool gen_should_end(api_stream *s)
+{
+    if (s->job && bg_cancel_asked(s->job)) {
+        s->cancelled = true;
+        return true;
+    }
+    if (gen_client_gone(s->client_fd) || __atomic_load_n(&s->g->stopping, __ATOMIC_SEQ_CST)) {
+        s->client_gone = true;
+        return true;
+    }
+    return false;
+}
+
+/* Starts the choice s->rc.index at verifyd. While verifyd is busy it waits up to the timeout
+ * (a background job: until it is cancelled or the gateway stops). */
+td_err gen_start(api_stream *s, api_error *e)
 {
     gw_state *g = s->g;
     msg_status st;
@@ -140,12 +155,8 @@ static td_err gen_start(api_stream *s, api_error *e)
     td_err err;
     for (;;) {
         err = link_gen_start(g->link, s->lg, &m);
-        if (err != TD_EBUSY || gen_now_ms() >= deadline)
+        if (err != TD_EBUSY || (!s->job && gen_now_ms() >= deadline) || gen_should_end(s))
             break;
-        if (gen_client_gone(s->client_fd)) {
-            s->client_gone = true;
-            break;
-        }
         struct timespec ts = {0, GEN_BUSY_RETRY_MS * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -159,6 +170,8 @@ static td_err gen_start(api_stream *s, api_error *e)
     /* A start that got no answer may still have started: cancel it to be sure. */
     link_gen_close(g->link, s->lg, err == TD_ETIMEOUT || err == TD_ECLOSED);
     s->lg = NULL;
+    if (s->cancelled)
+        return apierr_set(e, 499, NULL, NULL, "the response was cancelled");
     if (s->client_gone)
         return apierr_set(e, 499, NULL, NULL, "the client went away");
     switch (err) {
@@ -599,8 +612,7 @@ static void gen_step(api_stream *s, int32_t wait_ms)
     gw_state *g = s->g;
     if (s->done)
         return;
-    if (gen_client_gone(s->client_fd) || __atomic_load_n(&g->stopping, __ATOMIC_SEQ_CST)) {
-        s->client_gone = true;
+    if (gen_should_end(s)) {
         metrics_addu(&g->metrics.cancelled, 1);
         gen_finish(s, "stop");
         return;
@@ -659,6 +671,28 @@ static void gen_step(api_stream *s, int32_t wait_ms)
         gen_finish(s, fin == MSG_FINISH_LENGTH ? "length" : "stop");
 }
 
+void gen_run(api_stream *s, void (*after)(api_stream *s, void *arg), void *arg)
+{
+    api_error e;
+    if (gen_start(s, &e) != TD_OK) {
+        if (s->cancelled) {
+            s->done = true; /* cancelled while waiting for verifyd: nothing ran */
+        } else {
+            s->failed = true;
+            s->err = e;
+            gen_end_failed(s);
+        }
+        after(s, arg);
+        return;
+    }
+    resp_started(s);
+    after(s, arg);
+    while (!s->done) {
+        gen_step(s, GEN_WAIT_MS);
+        after(s, arg);
+    }
+}
+
 /* --- the whole reply -------------------------------------------------------------------------- */
 
 static void gen_reply_body(api_stream *s, api_reply *r)
@@ -702,6 +736,11 @@ void api_stream_free(api_stream *s)
 {
     if (!s)
         return;
+    if (s->follow) {
+        bg_unfollow(s);
+        free(s);
+        return;
+    }
     if (s->lg) {
         if (!s->done)
             metrics_addu(&s->g->metrics.cancelled, 1);
@@ -734,6 +773,8 @@ void api_stream_free(api_stream *s)
 
 ssize_t api_stream_read(api_stream *s, char *buf, size_t cap)
 {
+    if (s->follow)
+        return bg_read(s, buf, cap);
     gen_role_chunk(s);
     while (s->sse_off == s->sse.len) {
         s->sse_off = s->sse.len = 0;
@@ -815,7 +856,8 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
     if (err == TD_OK) {
         output_init(&s->out, g->tok, &s->oo);
         s->out_ready = true;
-        err = gen_start(s, &e);
+        if (!s->req.background)
+            err = gen_start(s, &e);
     }
     if (err != TD_OK) {
         gen_reply_error(r, &e);
@@ -834,6 +876,10 @@ void gen_handle(gw_state *g, const api_call *c, req_kind kind, api_reply *r)
         s->total.prompt_tokens += (uint32_t)s->prompts[i].n;
     s->total.predicted = s->req.prediction != NULL;
     s->stream = s->req.stream;
+    if (s->req.background) {
+        bg_start(s, r); /* its own thread runs it */
+        return;
+    }
     if (s->stream) {
         r->status = 200;
         r->content_type = "text/event-stream";

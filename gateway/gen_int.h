@@ -1,5 +1,6 @@
-/* What gen.c and gen_prompt.c share: one request's state (api_stream) and the steps of
- * building its prompts. Private to the two files. */
+/* What gen.c, gen_prompt.c, gen_responses.c and background.c share: one request's state
+ * (api_stream) and the steps of building and running it. Private to the gateway's generation
+ * files. */
 #ifndef TANDEM_GATEWAY_GEN_INT_H
 #define TANDEM_GATEWAY_GEN_INT_H
 
@@ -8,6 +9,7 @@
 #include <stdint.h>
 
 #include "common/tbuf.h"
+#include "gateway/background.h"
 #include "gateway/gen.h"
 #include "gateway/link.h"
 #include "gateway/logprobs.h"
@@ -52,6 +54,7 @@ typedef struct resp_state {
     json_t *lp;          /* a message's output_text logprobs so far (with include
                           * "message.output_text.logprobs"), or NULL */
     uint64_t seq;        /* sequence_number of the next event */
+    bool started;        /* a background response left "queued" */
 } resp_state;
 
 /* A request's generations (best_of for each prompt, prompt by prompt) run one after the
@@ -114,6 +117,14 @@ struct api_stream {
     size_t sse_off;      /* bytes of sse already read */
 
     resp_state rs;       /* req.responses */
+
+    /* background responses (background.c) */
+    bg_job *job;         /* the job this request runs as, or NULL */
+    bool cancelled;      /* the job was cancelled: it ends with status "cancelled" */
+    bg_job *follow;      /* a reader of a job's events (GET ?stream=true), or NULL; a reader
+                          * uses only the fields from here on and client_fd */
+    size_t follow_off;   /* bytes of the job's events read */
+    uint64_t follow_skip; /* events still to pass over (starting_after + 1) */
 };
 
 /* The prompt of the generation running. */
@@ -129,6 +140,14 @@ void gen_oom(api_stream *s);
 /* 2 n_bytes random hex digits into out. */
 void gen_hex(char *out, size_t n_bytes);
 
+/* True when the client of socket fd (-1: none known) closed its side of the connection. */
+bool gen_client_gone(int fd);
+/* Starts the choice s->rc.index at verifyd, waiting while it is busy. */
+td_err gen_start(api_stream *s, api_error *e);
+/* Runs s (checked, not started) to its end on this thread: the start (a failure ends it as
+ * failed), response.in_progress, then every event; after(s, arg) follows each of these. */
+void gen_run(api_stream *s, void (*after)(api_stream *s, void *arg), void *arg);
+
 /* --- /v1/responses (gen_responses.c): the chat generation rendered as a response ---------- */
 
 /* A stream's first events: response.created, response.in_progress. */
@@ -141,6 +160,17 @@ void resp_piece(api_stream *s, const out_piece *p, json_t *lp);
 void resp_end(api_stream *s, const char *finish);
 /* The request failed (s->err): streamed, an error event and response.failed. */
 void resp_failed(api_stream *s);
+/* A background response's first events: response.created and response.queued (status
+ * "queued"). */
+void resp_queued(api_stream *s);
+/* A background response started at verifyd: response.in_progress. */
+void resp_started(api_stream *s);
+/* The response object as it stands: "queued" before its start, "in_progress", then its end's
+ * status (NULL when out of memory). */
+json_t *resp_now(api_stream *s);
+/* An ended background response's object, kept (with `store`) when it failed or was cancelled,
+ * which resp_end does not keep (NULL when out of memory). */
+json_t *resp_ended(api_stream *s);
 /* The whole response object, or NULL when out of memory. */
 char *resp_body(api_stream *s, const char *finish);
 void resp_free(resp_state *rs);

@@ -64,12 +64,13 @@ static json_t *resp_usage(const api_stream *s)
     return o;
 }
 
-/* The response object with status: "in_progress" (no output, no usage yet), "completed",
- * "incomplete" or "failed" (s->err). */
+/* The response object with status: "queued" or "in_progress" (no output, no usage yet),
+ * "completed", "incomplete", "cancelled" (the output so far) or "failed" (s->err). */
 static json_t *resp_object(api_stream *s, const char *status)
 {
-    const bool running = strcmp(status, "in_progress") == 0;
+    const bool running = strcmp(status, "in_progress") == 0 || strcmp(status, "queued") == 0;
     const bool failed = strcmp(status, "failed") == 0;
+    const bool cancelled = strcmp(status, "cancelled") == 0;
     const bool incomplete = strcmp(status, "incomplete") == 0;
     const json_t *reasoning = json_object_get(s->req.resp, "reasoning");
     const json_t *text = json_object_get(s->req.resp, "text");
@@ -84,9 +85,10 @@ static json_t *resp_object(api_stream *s, const char *status)
     json_object_set_new(o, "object", json_string("response"));
     json_object_set_new(o, "created_at", json_integer(s->rc.created));
     json_object_set_new(o, "status", json_string(status));
-    json_object_set_new(o, "background", json_false());
-    json_object_set_new(o, "completed_at", running || failed ? json_null()
-                                                             : json_integer(time(NULL)));
+    json_object_set_new(o, "background", json_boolean(s->job != NULL));
+    json_object_set_new(o, "completed_at", running || failed || cancelled
+                                               ? json_null()
+                                               : json_integer(time(NULL)));
     json_object_set_new(o, "error", failed ? json_pack("{s:s,s:s}", "code",
                                                        s->err.code ? s->err.code
                                                                    : "server_error",
@@ -305,9 +307,12 @@ void resp_piece(api_stream *s, const out_piece *p, json_t *lp)
                          "logprobs", lp ? lp : json_array()));
 }
 
-static const char *resp_status(const char *finish)
+/* The status of a response that ended with finish (not failed). */
+static const char *resp_status(const api_stream *s, const char *finish)
 {
-    return finish && strcmp(finish, "length") == 0 ? "incomplete" : "completed";
+    return s->cancelled                                  ? "cancelled"
+           : finish && strcmp(finish, "length") == 0 ? "incomplete"
+                                                         : "completed";
 }
 
 /* One input item as input_items lists it (NULL when out of memory): the client's item with
@@ -391,10 +396,14 @@ static json_t *resp_final(api_stream *s, const char *status)
 
 void resp_end(api_stream *s, const char *finish)
 {
-    const char *status = resp_status(finish);
-    resp_close(s, status);
+    const char *status = resp_status(s, finish);
+    resp_close(s, s->cancelled ? "incomplete" : status);
     if (s->failed || !s->stream) /* a whole reply is made (and kept) by resp_body */
         return;
+    if (s->cancelled) { /* kept; its stream ends with the items closed */
+        json_decref(resp_final(s, status));
+        return;
+    }
     char type[32];
     snprintf(type, sizeof type, "response.%s", status);
     resp_event(s, type, json_pack("{s:o}", "response", resp_final(s, status)));
@@ -410,9 +419,43 @@ void resp_failed(api_stream *s)
                                                resp_object(s, "failed")));
 }
 
+void resp_queued(api_stream *s)
+{
+    resp_event(s, "response.created", json_pack("{s:o}", "response", resp_object(s, "queued")));
+    resp_event(s, "response.queued", json_pack("{s:o}", "response", resp_object(s, "queued")));
+}
+
+void resp_started(api_stream *s)
+{
+    s->rs.started = true;
+    resp_event(s, "response.in_progress", json_pack("{s:o}", "response",
+                                                    resp_object(s, "in_progress")));
+}
+
+/* The status of s as it stands. */
+static const char *resp_status_now(const api_stream *s)
+{
+    if (!s->done)
+        return s->rs.started ? "in_progress" : "queued";
+    return s->failed ? "failed" : resp_status(s, s->finish);
+}
+
+json_t *resp_now(api_stream *s)
+{
+    return resp_object(s, resp_status_now(s));
+}
+
+json_t *resp_ended(api_stream *s)
+{
+    const char *status = resp_status_now(s);
+    if (s->failed || (s->cancelled && !s->rs.started))
+        return resp_final(s, status);
+    return resp_object(s, status);
+}
+
 char *resp_body(api_stream *s, const char *finish)
 {
-    json_t *o = resp_final(s, resp_status(finish));
+    json_t *o = resp_final(s, resp_status(s, finish));
     char *body = o ? render_dump(o) : NULL;
     json_decref(o);
     return body;

@@ -28,7 +28,7 @@ int main(int argc, char **argv)
     const char *host = "127.0.0.1", *model = NULL, *model_name = NULL, *api_key = NULL;
     const char *runtime_dir = NULL, *verifyd = NULL, *events = NULL, *level_name = NULL;
     int64_t port = 8080, max_body = 1 << 20, max_tokens_limit = 0, ctx = 0, timeout = 300;
-    int64_t responses_kept = 256, responses_mib = 64;
+    int64_t responses_kept = 256, responses_mib = 64, responses_background = 32;
     bool help = false;
     const args_opt opts[] = {
         {"host", ARGS_STRING, &host, "TANDEM_HOST", "address to listen on", 0, 0, 0},
@@ -45,6 +45,7 @@ int main(int argc, char **argv)
         {"timeout", ARGS_INT, &timeout, "TANDEM_TIMEOUT", "seconds a request may wait for verifyd (busy or silent)", 1, 86400, 0},
         {"responses-kept", ARGS_INT, &responses_kept, "TANDEM_RESPONSES_KEPT", "/v1/responses kept in memory for previous_response_id and GET/DELETE (0: none)", 0, 1000000, 0},
         {"responses-mem", ARGS_INT, &responses_mib, "TANDEM_RESPONSES_MEM", "MiB of kept responses at most (the least recently used go first)", 1, 65536, 0},
+        {"responses-background", ARGS_INT, &responses_background, "TANDEM_RESPONSES_BACKGROUND", "/v1/responses with background: true running at once (0: refused; the events of as many ended ones are kept)", 0, 4096, 0},
         {"log-level", ARGS_STRING, &level_name, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         ARGS_END,
     };
@@ -89,6 +90,7 @@ int main(int argc, char **argv)
         .timeout_s = timeout,
         .responses_kept = responses_kept,
         .responses_mib = responses_mib,
+        .responses_background = responses_background,
     };
     static gw_state g;
     if (gw_init(&g, &cfg) != TD_OK) {
@@ -117,6 +119,7 @@ int main(int argc, char **argv)
     LOG_INFO("signal %d: stopping", sig);
     __atomic_store_n(&g.stopping, true, __ATOMIC_SEQ_CST);
     http_stop(http);
+    gw_drain(&g);
     link_free(g.link);
     gw_free(&g);
     return 0;

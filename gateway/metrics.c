@@ -101,6 +101,10 @@ char *metrics_render(gw_metrics *m, const msg_status *st)
     met_head(&b, "tandem_responses_kept_bytes", "gauge", "Bytes of the kept responses' JSON.");
     tbuf_printf(&b, "tandem_responses_kept_bytes %llu\n",
                (unsigned long long)met_load(&m->responses_bytes));
+    met_head(&b, "tandem_responses_background_running", "gauge",
+             "Background responses running.");
+    tbuf_printf(&b, "tandem_responses_background_running %llu\n",
+               (unsigned long long)met_load(&m->background_running));
 
     uint64_t now = (uint64_t)time(NULL), recent = 0;
     for (int i = 0; i < MET_RATE_WINDOW; i++) {

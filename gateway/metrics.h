@@ -45,6 +45,7 @@ typedef struct gw_metrics {
     int64_t in_flight;          /* generations running */
     uint64_t responses_kept;    /* /v1/responses kept (set when rendering) */
     uint64_t responses_bytes;   /* bytes of their JSON text */
+    uint64_t background_running; /* background responses running (set when rendering) */
     uint64_t rate_sec[MET_RATE_WINDOW];    /* Unix second each bucket counts */
     uint64_t rate_tokens[MET_RATE_WINDOW]; /* tokens generated in that second */
 } gw_metrics;

@@ -71,6 +71,7 @@ typedef struct gw_request {
     json_t *resp_conv;   /* owned: responses: the conversation as chat messages, the previous
                           * response's first, without the instructions; else NULL */
     bool resp_keep;      /* responses: keep the response (`store`, and a store exists) */
+    bool background;     /* responses: run in the background (`background`; needs resp_keep) */
     const char *model;   /* requested model name, or NULL when absent */
 
     /* chat */
@@ -197,6 +198,11 @@ typedef struct req_arg {
  * unknown id or a bad value is 400 naming the parameter. */
 td_err req_list_page(const json_t *items, const req_arg *args, size_t n_args, json_t **out,
                      api_error *e);
+
+/* GET /v1/responses/<id>'s query: stream ("true" or "false", default false) and
+ * starting_after (a sequence number >= 0; -1 when absent). Others are ignored. */
+td_err req_response_query(const req_arg *args, size_t n_args, bool *stream, int64_t *after,
+                          api_error *e);
 
 /* /tokenize: {"content"|"prompt": string, "add_special": bool (default true)}. text points
  * into *root, which the caller releases with json_decref. */

@@ -123,3 +123,27 @@ td_err req_list_page(const json_t *items, const req_arg *args, size_t n_args, js
         return apierr_set(e, 500, NULL, NULL, "out of memory");
     return TD_OK;
 }
+
+td_err req_response_query(const req_arg *args, size_t n_args, bool *stream, int64_t *after,
+                          api_error *e)
+{
+    *stream = false;
+    *after = -1;
+    for (size_t i = 0; i < n_args; i++) {
+        const char *k = args[i].key, *v = args[i].value;
+        if (strcmp(k, "stream") == 0) {
+            if (!v || (strcmp(v, "true") && strcmp(v, "false")))
+                return list_bad(e, "stream", "'true' or 'false'", v);
+            *stream = strcmp(v, "true") == 0;
+        } else if (strcmp(k, "starting_after") == 0) {
+            char *end = NULL;
+            errno = 0;
+            const long long l = v && *v >= '0' && *v <= '9' ? strtoll(v, &end, 10) : -1;
+            if (l < 0 || errno || !end || *end)
+                return list_bad(e, "starting_after", "an event's sequence number (0 or more)",
+                                v);
+            *after = l;
+        }
+    }
+    return TD_OK;
+}

@@ -479,10 +479,15 @@ static td_err resp_settings(gw_request *r, const json_t *body, json_t *chat, rst
     TD_TRY(req_bool(body, "background", "background", &background, e));
     TD_TRY(req_bool(body, "store", "store", &keep, e));
     r->resp_keep = keep && store;
-    if (background)
+    r->background = background;
+    if (background && !store)
         return apierr_set(e, 400, "unsupported_parameter", "background",
-                          "Unsupported parameter: 'background': responses run while the request "
-                          "waits for them.");
+                          "Unsupported parameter: 'background': this gateway keeps no responses "
+                          "(--responses-kept 0), and a background response is one to fetch.");
+    if (background && !keep)
+        return apierr_set(e, 400, "invalid_value", "background",
+                          "Invalid value for 'background': a background response must be kept: "
+                          "'store' cannot be false with it.");
     const json_t *inc = req_field(body, "include");
     bool logprobs = false;
     if (inc && !json_is_array(inc))

@@ -17,6 +17,7 @@
 
 #include "tests/support/clock.h"
 #include "tests/support/fake_verifyd.h"
+#include "gateway/background.h"
 #include "gateway/respstore.h"
 #include "tests/support/gw_harness.h"
 
@@ -712,6 +713,201 @@ static void responses_input_items_are_listed(void **state)
     gwh_g.responses = NULL;
 }
 
+/* The id ("resp_...") in a response body, into id[cap]. */
+static void bg_id_of(const char *body, char *id, size_t cap)
+{
+    const char *at = strstr(body, "\"id\":\"resp_");
+    assert_non_null(at);
+    snprintf(id, cap, "%.*s", (int)strcspn(at + 6, "\""), at + 6);
+}
+
+/* GET /v1/responses/<id> until its status is want (fails after 5 s); its body into *reply. */
+static void bg_wait_status(const char *id, const char *want, char **reply, char **body)
+{
+    char path[128], needle[64];
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    snprintf(needle, sizeof needle, "\"status\":\"%s\"", want);
+    for (int i = 0; i < 500; i++) {
+        assert_int_equal(gwh_request("GET", path, NULL, NULL, reply, body), 200);
+        if (strstr(*body, needle))
+            return;
+        free(*reply);
+        usleep(10000);
+    }
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, reply, body), 200);
+    fail_msg("response %s never became %s: %s", id, want, *body);
+}
+
+/* "background": true answers at once with the response queued and runs it on: while verifyd
+ * is busy it stays queued and a cancel ends it before it starts; a cancel while it runs keeps
+ * the output so far; more than --responses-background running are refused; a streamed one's
+ * events come again, byte for byte, from GET ?stream=true&starting_after=N; DELETE stops one. */
+static void responses_run_in_the_background(void **state)
+{
+    (void)state;
+    assert_int_equal(rstore_init(&gwh_g.responses, 16, 1 << 20), TD_OK);
+    assert_int_equal(bg_init(&gwh_g.background, &gwh_g, 2), TD_OK);
+    char *reply, *body, id[64], path[160];
+    const char *req = "{\"input\":\"hi\",\"background\":true}";
+
+    /* queued behind a busy verifyd, cancelled there: never started */
+    fake_script s = {.step = 1, .busy = 1000000};
+    gwh_encode("Hello there, friend.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    const int starts = fake_verifyd_starts(gwh_fake);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    bg_id_of(body, id, sizeof id);
+    assert_non_null(strstr(body, "\"status\":\"queued\",\"background\":true,"));
+    assert_non_null(strstr(body, "\"output\":[],"));
+    assert_non_null(strstr(body, "\"usage\":null"));
+    free(reply);
+    bg_wait_status(id, "queued", &reply, &body);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/cancel", id);
+    for (int k = 0; k < 2; k++) { /* the second cancel answers the same */
+        const int st = gwh_request("POST", path, NULL, NULL, &reply, &body);
+        if (st != 200)
+            fail_msg("cancel: %d %s", st, body);
+        assert_non_null(strstr(body, "\"status\":\"cancelled\",\"background\":true,"));
+        assert_non_null(strstr(body, "\"output\":[],"));
+        free(reply);
+    }
+    assert_int_equal(fake_verifyd_starts(gwh_fake), starts);
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    assert_non_null(strstr(body, "\"status\":\"cancelled\""));
+    free(reply);
+
+    /* cancelled while it runs (a token each 20 ms): the output so far, the generation
+     * cancelled at verifyd */
+    s = (fake_script){.step = 1, .delay_ms = 20};
+    static char words[1501];
+    for (size_t i = 0; i + 5 < sizeof words; i += 5)
+        memcpy(words + i, "word ", 6);
+    s.n_tokens = (uint32_t)gwh_tokens(words, 0, s.tokens, FAKE_TOKENS_MAX);
+    assert_true(s.n_tokens >= 300 && s.n_tokens <= FAKE_TOKENS_MAX);
+    fake_verifyd_script(gwh_fake, &s);
+    const int cancels = fake_verifyd_cancels(gwh_fake);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    bg_id_of(body, id, sizeof id);
+    free(reply);
+    bg_wait_status(id, "in_progress", &reply, &body);
+    assert_non_null(strstr(body, "\"output\":[],"));
+    free(reply);
+    usleep(200000);
+    snprintf(path, sizeof path, "/v1/responses/%s/cancel", id);
+    assert_int_equal(gwh_request("POST", path, NULL, NULL, &reply, &body), 200);
+    assert_non_null(strstr(body, "\"status\":\"cancelled\""));
+    /* the template opens a reasoning block: the words so far are its text */
+    assert_non_null(strstr(body, "\"type\":\"reasoning_text\",\"text\":\"word word"));
+    assert_non_null(strstr(body, "\"status\":\"incomplete\"}]"));
+    assert_non_null(strstr(body, "\"output_tokens\":"));
+    assert_null(strstr(body, "\"output_tokens\":0,"));
+    free(reply);
+    assert_true(fake_verifyd_cancels(gwh_fake) > cancels);
+
+    /* two running (verifyd sends nothing after the tokens), a third refused; DELETE stops
+     * them and they stay unknown */
+    s = (fake_script){.step = 1, .hang = true};
+    gwh_encode("Hi.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    char ids[2][64];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+        bg_id_of(body, ids[k], sizeof ids[k]);
+        free(reply);
+    }
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 429);
+    assert_string_equal(body, "{\"error\":{\"message\":\"2 background responses are running "
+                              "already, as many as this gateway runs at once "
+                              "(--responses-background); try again later.\",\"type\":"
+                              "\"invalid_request_error\",\"param\":\"background\",\"code\":"
+                              "\"too_many_background_responses\"}}");
+    free(reply);
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "/v1/responses/%s", ids[k]);
+        assert_int_equal(gwh_request("DELETE", path, NULL, NULL, &reply, &body), 200);
+        free(reply);
+    }
+    bg_drain(gwh_g.background);
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "/v1/responses/%s", ids[k]);
+        assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 404);
+        free(reply);
+    }
+
+    /* streamed: created and queued, in_progress, the foreground stream's events; read again
+     * after any sequence number */
+    s = (fake_script){.step = 2};
+    gwh_encode("Hello there, friend.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL,
+                                 "{\"input\":\"hi\",\"background\":true,\"stream\":true}",
+                                 &reply, &body),
+                     200);
+    bg_id_of(body, id, sizeof id);
+    const char *events[] = {"response.created", "response.queued", "response.in_progress",
+                            "response.output_item.added", "response.content_part.added"};
+    const char *at = body;
+    for (size_t k = 0; k < sizeof events / sizeof *events; k++) {
+        char want[96];
+        snprintf(want, sizeof want, "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%zu,",
+                 events[k], events[k], k);
+        assert_true(strncmp(at, want, strlen(want)) == 0);
+        at = strstr(at, "\n\n") + 2;
+    }
+    assert_non_null(strstr(body, "event: response.completed\n"));
+    assert_non_null(strstr(body, "\"text\":\"Hello there, friend.\""));
+    char *whole = strdup(body);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s?stream=true", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    assert_string_equal(body, whole);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s?stream=true&starting_after=2", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    const char *third = strstr(strstr(strstr(whole, "\n\n") + 2, "\n\n") + 2, "\n\n") + 2;
+    assert_string_equal(body, third);
+    free(reply);
+    free(whole);
+    snprintf(path, sizeof path, "/v1/responses/%s?stream=true&starting_after=-1", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 400);
+    free(reply);
+    snprintf(path, sizeof path, "/v1/responses/%s/cancel", id);
+    assert_int_equal(gwh_request("POST", path, NULL, NULL, &reply, &body), 400);
+    assert_non_null(strstr(body, "its status is 'completed'"));
+    free(reply);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 405);
+    free(reply);
+
+    /* one left running (and one queued behind a busy verifyd) when the gateway stops: both
+     * end at once */
+    s = (fake_script){.step = 1, .hang = true};
+    gwh_encode("Hi.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    bg_id_of(body, id, sizeof id);
+    free(reply);
+    bg_wait_status(id, "in_progress", &reply, &body);
+    free(reply);
+    s.busy = 1000000;
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    free(reply);
+    const double t0 = now_ms();
+    __atomic_store_n(&gwh_g.stopping, true, __ATOMIC_SEQ_CST);
+    bg_drain(gwh_g.background);
+    __atomic_store_n(&gwh_g.stopping, false, __ATOMIC_SEQ_CST);
+    assert_true(now_ms() - t0 < 1000);
+    size_t running, listed;
+    bg_usage(gwh_g.background, &running, &listed);
+    assert_int_equal(running, 0);
+    bg_free(gwh_g.background);
+    gwh_g.background = NULL;
+    rstore_free(gwh_g.responses);
+    gwh_g.responses = NULL;
+}
+
 /* POST /v1/responses/input_tokens: the count of the prompt the body's chat request has, as
  * /tokenize counts that chat; a bad body is the Responses request's 400; GET is 405. */
 static void responses_input_tokens_are_counted(void **state)
@@ -1116,6 +1312,7 @@ int main(void)
         cmocka_unit_test(verifyd_restart_between_polls_ends_open_streams),
         cmocka_unit_test(not_ready_verifyd_says_why),
         cmocka_unit_test(verifyd_gone_ends_open_streams_at_once),
+        cmocka_unit_test(responses_run_in_the_background),
     };
     return cmocka_run_group_tests(tests, gwh_setup, gwh_teardown);
 }

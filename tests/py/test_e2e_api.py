@@ -1010,7 +1010,8 @@ def test_responses_refuse_what_they_cannot_do(server):
     for body, code, param in (
             ({"input": "x", "conversation": "conv_1"}, "unsupported_parameter",
              "conversation"),
-            ({"input": "x", "background": True}, "unsupported_parameter", "background"),
+            ({"input": "x", "background": True, "store": False}, "invalid_value",
+             "background"),
             ({"input": [{"type": "input_image"}]}, "invalid_value", "input[0]"),
             ({"input": "x", "tools": [{"type": "web_search"}]}, "invalid_value", "tools[0]"),
             ({"input": [{"role": "user", "content": [{"type": "input_image",
@@ -1098,6 +1099,89 @@ def test_a_kept_response_continues_and_can_be_fetched_and_deleted(server):
     assert r4.store is False
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r4.id)
+
+
+def _settled(c, rid, timeout=60):
+    """A background response polled until it leaves queued / in_progress."""
+    deadline = time.time() + timeout
+    while True:
+        r = c.responses.retrieve(rid)
+        if r.status not in ("queued", "in_progress"):
+            return r
+        assert time.time() < deadline, r
+        time.sleep(0.05)
+
+
+def test_a_background_response_runs_on_and_is_polled_streamed_and_resumed(server):
+    """background: the request is answered at once (queued), the response runs on and ends as
+    the foreground one does; streamed, its events can be read again from any sequence number."""
+    c, m = server["client"], server["model"]
+    args = dict(model=m, input="Tell me a story.", max_output_tokens=24, temperature=0,
+                reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+    fg = c.responses.create(**args)
+    bg = c.responses.create(background=True, **args)
+    assert bg.background is True and bg.status in ("queued", "in_progress")
+    assert bg.output == [] and bg.usage is None
+    done = _settled(c, bg.id)
+    assert done.status == "incomplete" and done.background is True
+    assert done.output_text == fg.output_text and done.usage.output_tokens == 24
+    assert done.usage.input_tokens == fg.usage.input_tokens
+    # streamed: created and queued first, then the foreground stream's events
+    ev = _events(server, dict(background=True, **args))
+    rid = ev[0].response.id
+    assert [e.type for e in ev[:3]] == ["response.created", "response.queued",
+                                        "response.in_progress"]
+    assert ev[0].response.status == "queued" and ev[0].response.background is True
+    assert [e.sequence_number for e in ev] == list(range(len(ev)))
+    assert ev[-1].type == "response.incomplete" and ev[-1].response.output_text == fg.output_text
+    fg_ev = _events(server, args)
+    assert [e.type for e in ev[3:]] == [e.type for e in fg_ev[2:]]
+    # read again from the start and from the middle: the same events
+    again = list(c.responses.retrieve(rid, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in ev]
+    k = len(ev) // 2
+    tail = list(c.responses.retrieve(rid, stream=True, starting_after=k))
+    assert [e.sequence_number for e in tail] == list(range(k + 1, len(ev)))
+    assert [e.model_dump() for e in tail] == [e.model_dump() for e in ev[k + 1:]]
+    assert list(c.responses.retrieve(rid, stream=True, starting_after=len(ev) + 5)) == []
+    assert c.responses.retrieve(rid).output_text == fg.output_text
+    # a response made in the foreground has no events kept
+    with pytest.raises(openai.BadRequestError):
+        list(c.responses.retrieve(fg.id, stream=True))
+    _error(*_get(server["port"], f"/v1/responses/{rid}?starting_after=x"), 400, "invalid_value")
+    _error(*_get(server["port"], "/v1/responses/resp_none?stream=true"), 404, "not_found")
+
+
+def test_a_background_response_can_be_cancelled_and_deleted(server):
+    """cancel stops a running background response (its output so far kept, status cancelled,
+    twice the same); a response that ended or never ran in the background cannot be cancelled;
+    DELETE stops and forgets one."""
+    c, m, p = server["client"], server["model"], server["port"]
+    long = dict(model=m, input="Tell me a long story.", max_output_tokens=900, temperature=0,
+                reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+    bg = c.responses.create(background=True, **long)
+    got = c.responses.cancel(bg.id)
+    assert got.id == bg.id and got.status == "cancelled" and got.background is True
+    assert got.usage is None or got.usage.output_tokens < 900
+    assert c.responses.retrieve(bg.id).status == "cancelled"
+    assert c.responses.cancel(bg.id).status == "cancelled"
+    short = dict(long, max_output_tokens=4)
+    ended = c.responses.create(background=True, **short)
+    assert _settled(c, ended.id).status == "incomplete"
+    err = _error(*_post(p, f"/v1/responses/{ended.id}/cancel", b""), 400, "invalid_request")
+    assert "incomplete" in err["message"], err
+    fg = c.responses.create(**short)
+    err = _error(*_post(p, f"/v1/responses/{fg.id}/cancel", b""), 400, "invalid_request")
+    assert "background" in err["message"], err
+    _error(*_post(p, "/v1/responses/resp_none/cancel", b""), 404, "not_found")
+    gone = c.responses.create(background=True, **long)
+    c.responses.delete(gone.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(gone.id)
+    time.sleep(0.5)  # its thread ends it; it must not come back
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(gone.id)
+    _healthy(server)
 
 
 # --- errors ---------------------------------------------------------------------------------------
