@@ -298,13 +298,7 @@ void bg_start(api_stream *s, api_reply *r)
                    "runs at once (--responses-background); try again later.", n);
         goto fail;
     }
-    api_stream *f = stream ? bg_reader(j, -1, client_fd) : NULL;
-    j->refs += 2; /* the list and the worker */
-    j->listed = true;
-    j->next = t->jobs;
-    t->jobs = j;
-    t->listed++;
-    t->running++;
+    /* the worker waits for this lock before it touches the table */
     pthread_attr_t attr;
     pthread_t th;
     int rc = pthread_attr_init(&attr);
@@ -314,21 +308,22 @@ void bg_start(api_stream *s, api_reply *r)
         pthread_attr_destroy(&attr);
     }
     if (rc != 0) {
-        t->running--;
-        j->s = NULL;
-        bg_unlist(t, j);
-        bg_unref(j); /* the worker's */
-        if (f)
-            bg_unref(j);
         pthread_mutex_unlock(&t->mu);
-        free(f);
         free(body);
+        bg_job_free(j);
         s->job = NULL;
         apierr_set(&e, 503, "server_busy", NULL,
                    "The gateway cannot start a thread for a background response: %s.",
                    strerror(rc));
         goto fail;
     }
+    api_stream *f = stream ? bg_reader(j, -1, client_fd) : NULL;
+    j->refs += 2; /* the list and the worker */
+    j->listed = true;
+    j->next = t->jobs;
+    t->jobs = j;
+    t->listed++;
+    t->running++;
     pthread_mutex_unlock(&t->mu);
     /* s belongs to the worker now */
     if (stream && !f) {
