@@ -222,7 +222,7 @@ static api_stream *bg_reader(bg_job *j, int64_t after, int client_fd)
     f->g = j->t->g;
     f->client_fd = client_fd;
     f->follow = j;
-    f->follow_skip = (uint64_t)(after + 1);
+    f->follow_skip = after < 0 ? 0 : (uint64_t)after + 1; /* after is -1 or >= 0 */
     j->refs++;
     return f;
 }

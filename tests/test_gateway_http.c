@@ -870,6 +870,11 @@ static void responses_run_in_the_background(void **state)
     assert_string_equal(body, third);
     free(reply);
     free(whole);
+    snprintf(path, sizeof path, "/v1/responses/%s?stream=true&starting_after="
+             "9223372036854775807", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 200);
+    assert_string_equal(body, "");
+    free(reply);
     snprintf(path, sizeof path, "/v1/responses/%s?stream=true&starting_after=-1", id);
     assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 400);
     free(reply);
