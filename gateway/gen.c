@@ -84,12 +84,19 @@ static bool gen_should_end(api_stream *s)
     return false;
 }
 
-/* Starts the choice s->rc.index at verifyd. While verifyd is busy it waits up to the timeout
- * (a background job: until it is cancelled or the gateway stops). */
+/* Starts the choice s->rc.index at verifyd. While verifyd is busy it waits up to the timeout;
+ * a background job waits, also while verifyd is down or loading, until it is cancelled or the
+ * gateway stops. */
 td_err gen_start(api_stream *s, api_error *e)
 {
     gw_state *g = s->g;
     msg_status st;
+    while (s->job && g->link && !(link_status(g->link, &st) && st.ready) && !gen_should_end(s)) {
+        struct timespec ts = {0, GEN_BUSY_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (s->cancelled)
+        return apierr_set(e, 499, NULL, NULL, "the response was cancelled");
     if (!g->link || !link_status(g->link, &st))
         return apierr_set(e, 503, "backend_unavailable", NULL,
                           "The model server (verifyd) is not available; try again later.");

@@ -885,6 +885,24 @@ static void responses_run_in_the_background(void **state)
     assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 405);
     free(reply);
 
+    /* queued while verifyd loads, run once it is ready */
+    fake_verifyd_set_ready(gwh_fake, false, "loading weights");
+    gwh_wait_health(503);
+    s = (fake_script){.step = 1};
+    gwh_encode("Hello there, friend.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    bg_id_of(body, id, sizeof id);
+    free(reply);
+    usleep(300000);
+    bg_wait_status(id, "queued", &reply, &body);
+    free(reply);
+    fake_verifyd_set_ready(gwh_fake, true, NULL);
+    gwh_wait_health(200);
+    bg_wait_status(id, "completed", &reply, &body);
+    assert_non_null(strstr(body, "\"text\":\"Hello there, friend.\""));
+    free(reply);
+
     /* one left running (and one queued behind a busy verifyd) when the gateway stops: both
      * end at once */
     s = (fake_script){.step = 1, .hang = true};
