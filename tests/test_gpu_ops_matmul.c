@@ -718,7 +718,7 @@ static void test_matmul_rejects_bad_weights(void **state)
  * (tensor cores) with TANDEM_MMQ=mmq (batches on the tensor-core kernel only), =regs
  * (dp4a) with TANDEM_MMQ=bulk9 (9-16 tokens on the window kernel, also for the Q4_K rows
  * that take the warpgroup kernel by default, 17-64 on the wide kernel, 2-8 on the
- * tensor-core kernel) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
+ * tensor-core kernel; stages refilled as before 2026-12-07, TANDEM_MMQ_REFILL=late) and =bulk with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens
  * on the warpgroup kernel where the device runs sm_90a code), its tiles reduced at a cluster
  * barrier and, with TANDEM_WGQ_RED=async, asynchronously, byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
@@ -809,15 +809,15 @@ static void single_tokens_child(void **state)
     assert_int_equal(fclose(f), 0);
 }
 
-/* Runs this program as a child with TANDEM_MMD=mmd and (unless NULL) TANDEM_MMQ=mmq writing
- * to out; its exit status. */
-static int run_single_tokens(const char *mmd, const char *mmq, const char *red, const char *out)
+/* Runs this program as a child with TANDEM_MMD=mmd, (unless NULL) TANDEM_MMQ=mmq and one more
+ * setting extra ("NAME=value", or NULL) writing to out; its exit status. */
+static int run_single_tokens(const char *mmd, const char *mmq, const char *extra,
+                             const char *out)
 {
     extern char **environ;
-    char env_mmd[64], env_mmq[64], env_red[64];
+    char env_mmd[64], env_mmq[64];
     snprintf(env_mmd, sizeof env_mmd, "TANDEM_MMD=%s", mmd);
     snprintf(env_mmq, sizeof env_mmq, "TANDEM_MMQ=%s", mmq ? mmq : "");
-    snprintf(env_red, sizeof env_red, "TANDEM_WGQ_RED=%s", red ? red : "");
     size_t n = 0;
     while (environ[n])
         n++;
@@ -827,13 +827,14 @@ static int run_single_tokens(const char *mmd, const char *mmq, const char *red, 
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0 &&
             strncmp(environ[i], "TANDEM_MMQ=", 11) != 0 &&
+            strncmp(environ[i], "TANDEM_MMQ_REFILL=", 18) != 0 &&
             strncmp(environ[i], "TANDEM_WGQ_RED=", 15) != 0)
             envp[m++] = environ[i];
     envp[m++] = env_mmd;
     if (mmq)
         envp[m++] = env_mmq;
-    if (red)
-        envp[m++] = env_red;
+    if (extra)
+        envp[m++] = (char *)extra;
     char exe[] = "/proc/self/exe", flag[] = "--single-tokens";
     char *argv[] = {exe, flag, (char *)out, NULL};
     pid_t pid = 0;
@@ -909,32 +910,34 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
     /* batches: the bulk child as by default (2-16 tokens on the window kernel but 9-16 of
      * the 17408-input Q4_K rows on the warpgroup kernel, 17-64 on the wide kernel), the dp4a
      * child with 2-8 tokens on the tensor-core kernel
-     * (TANDEM_MMQ=bulk9), the mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), two
+     * (TANDEM_MMQ=bulk9; its window and wide kernels refilling their stages at an item's
+     * end, TANDEM_MMQ_REFILL=late, where the others refill two-stage rings at its start), the
+     * mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), two
      * more bulk children with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg), its
      * tiles reduced at a cluster barrier and asynchronously (TANDEM_WGQ_RED=async; on a
      * device without sm_90a code they repeat the first): five children cover the six
      * kernels (and the test's time) */
     static const char *mmd[] = {"bulk", "mma", "regs", "bulk", "bulk"};
     static const char *mmq[] = {NULL, "mmq", "bulk9", "wg", "wg"};
-    static const char *red[] = {NULL, NULL, NULL, NULL, "async"};
+    static const char *extra[] = {NULL, NULL, "TANDEM_MMQ_REFILL=late", NULL,
+                                  "TANDEM_WGQ_RED=async"};
     enum { NV = 5 };
     char path[NV][64];
     uint8_t *data[NV];
     size_t len[NV];
     for (int v = 0; v < NV; v++) {
         snprintf(path[v], sizeof path[v], "/tmp/tandem_single_%d_%d.bin", (int)getpid(), v);
-        const int rc = run_single_tokens(mmd[v], mmq[v], red[v], path[v]);
+        const int rc = run_single_tokens(mmd[v], mmq[v], extra[v], path[v]);
         if (rc != 0)
-            fail_msg("TANDEM_MMD=%s TANDEM_MMQ=%s TANDEM_WGQ_RED=%s child exited with %d",
-                     mmd[v], mmq[v] ? mmq[v] : "(unset)", red[v] ? red[v] : "(unset)", rc);
+            fail_msg("TANDEM_MMD=%s TANDEM_MMQ=%s %s child exited with %d", mmd[v],
+                     mmq[v] ? mmq[v] : "(unset)", extra[v] ? extra[v] : "", rc);
         data[v] = slurp(path[v], &len[v]);
         remove(path[v]);
     }
     for (int v = 1; v < NV; v++) {
         char what[128];
-        snprintf(what, sizeof what, "TANDEM_MMD=bulk vs TANDEM_MMD=%s TANDEM_MMQ=%s%s%s",
-                 mmd[v], mmq[v] ? mmq[v] : "(unset)", red[v] ? " TANDEM_WGQ_RED=" : "",
-                 red[v] ? red[v] : "");
+        snprintf(what, sizeof what, "TANDEM_MMD=bulk vs TANDEM_MMD=%s TANDEM_MMQ=%s %s",
+                 mmd[v], mmq[v] ? mmq[v] : "(unset)", extra[v] ? extra[v] : "");
         assert_int_equal(len[v], len[0]);
         assert_true(check_same_bits(what, data[0], data[v], len[0]));
     }

@@ -44,6 +44,8 @@
  * (one tile per round, the activations of 32 tokens filling the shared memory) measured
  * 6.6x a token's time against mmq's 4.6x, so n_pad 32 takes the wide kernel instead. */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MMB_SM90 1 /* device code exists for sm_90 only; the sm_86 kernel is an empty stub */
@@ -56,6 +58,9 @@
 #include "kernels/cuda/matmul_bulk_copy.cuh"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
+
+/* When a warp refills stages (mmq_refill below). */
+enum { MMQ_REFILL_LATE, MMQ_REFILL_EARLY2, MMQ_REFILL_EARLY };
 
 namespace {
 
@@ -240,6 +245,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     int tt, tau, i0, n, j, lane; /* tiles per round; this warp's tile, rows, copy, lane */
     uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
     mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
+    bool early = false;    /* refill at an item's start (wait) instead of its end (done) */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
                                      const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
@@ -277,11 +283,27 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
         while (xc.n < sh.items && xc.n < XS)
             acts();
     }
-    /* Returns once both stages of item it have landed. */
+    /* Returns once both stages of item it have landed (early: then refills those of the
+     * item before). */
     __device__ __forceinline__ void wait(int it)
     {
         bar_wait<SPIN>(&wfull[it % WS], (uint32_t)(it / WS) & 1);
         bar_wait<SPIN>(&xfull[it % XS], (uint32_t)(it / XS) & 1);
+        if (early)
+            refill(it - 1);
+    }
+    /* Refills the stages of item prev, once every warp is done with them, with the items WS
+     * and XS after it (the cursors' next). */
+    __device__ __forceinline__ void refill(int prev)
+    {
+        if (prev >= 0 && wc.n < sh.items) {
+            bar_wait<SPIN>(&wempty[prev % WS], (uint32_t)(prev / WS) & 1);
+            weights();
+        }
+        if (prev >= 0 && xc.n < sh.items) {
+            bar_wait<SPIN>(&xempty[prev % XS], (uint32_t)(prev / XS) & 1);
+            acts();
+        }
     }
     __device__ __forceinline__ const uint8_t *wstage(int it) const
     {
@@ -291,9 +313,8 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     {
         return smem + L::X_OFF + (it % XS) * L::X_STAGE;
     }
-    /* After item it: the warp is done with both its stages; then it refills the stages of
-     * the item before (every warp is most likely done with it by now) with the items WS and
-     * XS after that one (the cursors' next). */
+    /* After item it: the warp is done with both its stages; then (unless early) it refills
+     * the stages of the item before (every warp is most likely done with it by now). */
     __device__ __forceinline__ void done(int it)
     {
         __syncwarp(); /* every lane is done with both stages */
@@ -301,15 +322,8 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
             bar_arrive(&wempty[it % WS]);
             bar_arrive(&xempty[it % XS]);
         }
-        const int prev = it - 1;
-        if (prev >= 0 && wc.n < sh.items) {
-            bar_wait<SPIN>(&wempty[prev % WS], (uint32_t)(prev / WS) & 1);
-            weights();
-        }
-        if (prev >= 0 && xc.n < sh.items) {
-            bar_wait<SPIN>(&xempty[prev % XS], (uint32_t)(prev / XS) & 1);
-            acts();
-        }
+        if (!early)
+            refill(it - 1);
     }
 };
 #endif
@@ -326,7 +340,7 @@ template <int TT> constexpr int threads_of()
  * (K-quants). */
 template <int T, int NT, int TT>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
-    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
+    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
      * before it touches anything (see matmul.cu) */
@@ -355,6 +369,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
      * copy, 66 copies per stage) held each stage ~4 us on the H200. */
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
         warp + CONS * lane, lane);
+    r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -468,7 +483,7 @@ template <int G, int TT> constexpr int wide_threads()
  * of 256 (K-quants). */
 template <int T, int G, int TT>
 __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
-    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq)
+    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill)
 {
     mm_launch_dependents(); /* as mmqb_kernel */
 #if MMB_SM90
@@ -495,6 +510,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
      * arrives once on the stage's full barrier announcing its bytes. */
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, q * (MROWS / G), MROWS / G,
         warp + NW * lane, lane);
+    r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -572,6 +588,30 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
 #endif
 }
 
+/* When a warp refills the stages of the item before: at the end of its current item (late),
+ * or at its start, right after that item's stages landed (early), which issues the copies
+ * one item sooner. With two weight stages (Q5_K and Q6_K taking 3 tiles in one round) a late
+ * refill issues the copies of the next item just before waiting for them, so every step
+ * waits a memory latency; with three or more, early refills gain nothing and wait for the
+ * slowest warp sooner. Hence the default EARLY2, early only on two weight stages (H100,
+ * bench_matmul_cuda at 16 tokens: Q6_K 17408 -> 5120 63.9 -> 54.4 us, Q5_K 50.7 -> 41.8,
+ * Q4_K unchanged; kernels/cuda/NOTES.md). TANDEM_MMQ_REFILL=late|early|early2; read once.
+ * Only when copies are issued changes, never a result. */
+static int mmq_refill()
+{
+    static int mode = -1;
+    int m = __atomic_load_n(&mode, __ATOMIC_RELAXED);
+    if (m < 0) {
+        const char *e = getenv("TANDEM_MMQ_REFILL");
+        m = !e                       ? MMQ_REFILL_EARLY2
+            : strcmp(e, "early") == 0 ? MMQ_REFILL_EARLY
+            : strcmp(e, "late") == 0  ? MMQ_REFILL_LATE
+                                      : MMQ_REFILL_EARLY2;
+        __atomic_store_n(&mode, m, __ATOMIC_RELAXED);
+    }
+    return m;
+}
+
 /* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
  * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
 template <int T, int NT, int TT> struct window_kernel {
@@ -602,7 +642,7 @@ td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
     const cudaError_t e = launch_ex(K::fn(), grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st,
-                                    set, (uint32_t)w->row_bytes, w->cols, *xq);
+                                    set, (uint32_t)w->row_bytes, w->cols, *xq, mmq_refill());
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s %s kernel launch (%d members, %lld "
                        "tiles): %s", dtype_name(w->type), K::name(), set.n,
