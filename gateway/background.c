@@ -41,12 +41,13 @@ struct bg_table {
     pthread_cond_t changed; /* a job's log, object or end moved, or a worker left */
     bg_job *jobs;           /* listed, newest first */
     size_t max_running, running, listed;
+    size_t max_bytes;       /* of the ended jobs' events kept */
     uint64_t n_ended;
 };
 
-td_err bg_init(bg_table **out, gw_state *g, size_t max_running)
+td_err bg_init(bg_table **out, gw_state *g, size_t max_running, size_t max_bytes)
 {
-    TD_ASSERT(max_running >= 1);
+    TD_ASSERT(max_running >= 1 && max_bytes >= 1);
     bg_table *t = calloc(1, sizeof *t);
     if (!t)
         return err_set(TD_ENOMEM, "background responses: out of memory");
@@ -61,6 +62,7 @@ td_err bg_init(bg_table **out, gw_state *g, size_t max_running)
     pthread_condattr_destroy(&ca);
     t->g = g;
     t->max_running = max_running;
+    t->max_bytes = max_bytes;
     *out = t;
     return TD_OK;
 }
@@ -103,19 +105,21 @@ static bg_job *bg_find(bg_table *t, const char *id)
     return NULL;
 }
 
-/* Drops the oldest ended jobs while more than max_running have ended (under the lock). */
+/* Drops the oldest ended jobs while more than max_running have ended or their events pass
+ * max_bytes (under the lock). */
 static void bg_trim(bg_table *t)
 {
     for (;;) {
-        size_t n = 0;
+        size_t n = 0, bytes = 0;
         bg_job *oldest = NULL;
         for (bg_job *j = t->jobs; j; j = j->next)
             if (j->done) {
                 n++;
+                bytes += j->log.len;
                 if (!oldest || j->ended < oldest->ended)
                     oldest = j;
             }
-        if (n <= t->max_running)
+        if (n <= t->max_running && bytes <= t->max_bytes)
             return;
         bg_unlist(t, oldest);
     }

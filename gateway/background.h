@@ -5,8 +5,9 @@
  * follows the rest, POST /v1/responses/<id>/cancel stops it, DELETE stops and forgets it.
  *
  * At most max_running run at once (more are refused with 429); the events of the last
- * max_running that ended stay for GET ?stream=true, their objects as long as the response
- * store keeps them. Every call is safe from every connection thread. */
+ * max_running that ended stay for GET ?stream=true while they fit max_bytes, their objects
+ * as long as the response store keeps them. Every call is safe from every connection
+ * thread. */
 #ifndef TANDEM_GATEWAY_BACKGROUND_H
 #define TANDEM_GATEWAY_BACKGROUND_H
 
@@ -20,8 +21,8 @@
 typedef struct bg_table bg_table;
 typedef struct bg_job bg_job;
 
-/* max_running >= 1. */
-td_err bg_init(bg_table **out, gw_state *g, size_t max_running);
+/* max_running >= 1; max_bytes >= 1: of the ended jobs' events kept (the oldest go first). */
+td_err bg_init(bg_table **out, gw_state *g, size_t max_running, size_t max_bytes);
 /* Waits until no job runs. Jobs end when the gateway's `stopping` flag is set, so call it
  * after setting that flag (and after the HTTP server stopped, so no reader is left). */
 void bg_drain(bg_table *t);

@@ -53,7 +53,8 @@ td_err gw_init(gw_state *g, const gw_config *cfg)
         TD_TRY(rstore_init(&g->responses, (size_t)cfg->responses_kept,
                            (size_t)(cfg->responses_mib > 0 ? cfg->responses_mib : 1) << 20));
     if (g->responses && cfg->responses_background > 0)
-        TD_TRY(bg_init(&g->background, g, (size_t)cfg->responses_background));
+        TD_TRY(bg_init(&g->background, g, (size_t)cfg->responses_background,
+                       (size_t)(cfg->responses_mib > 0 ? cfg->responses_mib : 1) << 20));
     gguf_file *f = NULL;
     td_err e = gguf_open(&f, cfg->model_path);
     if (e != TD_OK) {

@@ -746,7 +746,7 @@ static void responses_run_in_the_background(void **state)
 {
     (void)state;
     assert_int_equal(rstore_init(&gwh_g.responses, 16, 1 << 20), TD_OK);
-    assert_int_equal(bg_init(&gwh_g.background, &gwh_g, 2), TD_OK);
+    assert_int_equal(bg_init(&gwh_g.background, &gwh_g, 2, 1 << 20), TD_OK);
     char *reply, *body, id[64], path[160];
     const char *req = "{\"input\":\"hi\",\"background\":true}";
 
@@ -925,6 +925,25 @@ static void responses_run_in_the_background(void **state)
     size_t running, listed;
     bg_usage(gwh_g.background, &running, &listed);
     assert_int_equal(running, 0);
+    bg_free(gwh_g.background);
+
+    /* events past the byte budget are not kept once the job ends; its response is */
+    assert_int_equal(bg_init(&gwh_g.background, &gwh_g, 2, 1), TD_OK);
+    s = (fake_script){.step = 1};
+    gwh_encode("Hello there, friend.", &s);
+    fake_verifyd_script(gwh_fake, &s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
+    bg_id_of(body, id, sizeof id);
+    free(reply);
+    bg_wait_status(id, "completed", &reply, &body);
+    free(reply);
+    bg_drain(gwh_g.background);
+    bg_usage(gwh_g.background, &running, &listed);
+    assert_int_equal(listed, 0);
+    snprintf(path, sizeof path, "/v1/responses/%s?stream=true", id);
+    assert_int_equal(gwh_request("GET", path, NULL, NULL, &reply, &body), 400);
+    assert_non_null(strstr(body, "are not kept"));
+    free(reply);
     bg_free(gwh_g.background);
     gwh_g.background = NULL;
     rstore_free(gwh_g.responses);
