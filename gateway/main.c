@@ -45,7 +45,7 @@ int main(int argc, char **argv)
         {"timeout", ARGS_INT, &timeout, "TANDEM_TIMEOUT", "seconds a request may wait for verifyd (busy or silent)", 1, 86400, 0},
         {"responses-kept", ARGS_INT, &responses_kept, "TANDEM_RESPONSES_KEPT", "/v1/responses kept in memory for previous_response_id and GET/DELETE (0: none)", 0, 1000000, 0},
         {"responses-mem", ARGS_INT, &responses_mib, "TANDEM_RESPONSES_MEM", "MiB of kept responses at most (the least recently used go first)", 1, 65536, 0},
-        {"responses-background", ARGS_INT, &responses_background, "TANDEM_RESPONSES_BACKGROUND", "/v1/responses with background: true running at once (0: refused; the events of as many ended ones are kept)", 0, 4096, 0},
+        {"responses-background", ARGS_INT, &responses_background, "TANDEM_RESPONSES_BACKGROUND", "/v1/responses with background: true running at once (0: refused; the events of as many ended ones are kept, within --responses-mem)", 0, 4096, 0},
         {"log-level", ARGS_STRING, &level_name, "TANDEM_LOG", "debug, info, warn, error or off", 0, 0, 0},
         ARGS_END,
     };
