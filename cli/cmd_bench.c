@@ -67,6 +67,29 @@ static void bench_note(bench_report *r, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Whether an environment entry ("NAME=value") is a TANDEM_ setting that can change what runs
+ * or how fast (the _DIR variables only place files). */
+static bool bench_env_setting(const char *entry)
+{
+    const char *eq = strchr(entry, '=');
+    return strncmp(entry, "TANDEM_", 7) == 0 && eq &&
+           !(eq - entry >= 4 && strncmp(eq - 4, "_DIR", 4) == 0);
+}
+
+/* A note naming the TANDEM_ settings of the environment, so that a report says which kernel
+ * choices it ran with (none: no note). */
+static void bench_note_env(bench_report *r)
+{
+    extern char **environ;
+    char list[300] = "";
+    size_t len = 0;
+    for (char **e = environ; *e; e++)
+        if (bench_env_setting(*e) && len < sizeof list)
+            len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? " " : "", *e);
+    if (len)
+        bench_note(r, "TANDEM_ settings in the environment: %s", list);
+}
+
 /* --- derived numbers --------------------------------------------------------------------- */
 
 /* ms one decode token takes when bytes move at the measured copy bandwidth. */
@@ -592,6 +615,17 @@ static td_err bench_json_write(const bench_report *r, const char *path)
     for (int i = 0; i < r->n_notes; i++)
         json_array_append_new(notes, json_string(r->notes[i]));
     json_object_set_new(j, "notes", notes);
+    extern char **environ;
+    json_t *env = json_object();
+    for (char **e = environ; env && *e; e++) {
+        if (!bench_env_setting(*e))
+            continue;
+        const char *eq = strchr(*e, '=');
+        char key[128];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - *e), *e);
+        json_object_set_new(env, key, json_string(eq + 1)); /* skipped unless UTF-8 */
+    }
+    json_object_set_new(j, "environment", env);
     int rc = json_dump_file(j, path, JSON_INDENT(2));
     json_decref(j);
     return rc == 0 ? TD_OK : err_set(TD_EIO, "%s: cannot write", path);
@@ -821,6 +855,7 @@ static int bench_main(const bmodel_shape *shape, const char *model, const char *
             bench_skip(&r.samp_accept[k]);
         }
     }
+    bench_note_env(&r);
     bench_note(&r, "total %.1f s", bench_now() - t_start);
     bench_print(&r);
     if (json_path && bench_json_write(&r, json_path) != TD_OK)

@@ -1,7 +1,8 @@
 """tandem bench, the whole flow on the tiny shape: it runs end to end (on the CPU backend
 without a GPU), saves a GGUF that gguf-py reads, and every derived number of its JSON report
 agrees with what gguf-py finds in that file and with the report's own measured times;
---only measures just the parts named, and scripts/bench_compare.py pairs two sides' rows."""
+--only measures just the parts named, the report names the run's TANDEM_ settings, and
+scripts/bench_compare.py pairs two sides' rows."""
 import json
 import math
 import os
@@ -206,10 +207,12 @@ def test_only_measures_the_parts_asked_for(tmp_path):
     if not os.access(TANDEM, os.X_OK):
         pytest.skip(f"{TANDEM} is not built")
     report = tmp_path / "only.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    env.update(TANDEM_MMQ_REFILL="late", TANDEM_RUNTIME_DIR=str(tmp_path))
     p = subprocess.run(
         [TANDEM, "bench", "--shape", "tiny", "--iters", "2", "--only", "decode,verify16",
          "--json", str(report)],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr
     with open(report) as f:
         j = json.load(f)
@@ -226,6 +229,9 @@ def test_only_measures_the_parts_asked_for(tmp_path):
     for end in ("no_mps", "mps"):
         assert j["split"][end] == {"measured": False, "why": skipped}
     assert "--only: the parts left out were not measured" in j["notes"]
+    # the run's TANDEM_ settings (not the _DIR ones) are part of the report
+    assert j["environment"] == {"TANDEM_MMQ_REFILL": "late"}
+    assert "TANDEM_ settings in the environment: TANDEM_MMQ_REFILL=late" in j["notes"]
     assert p.stdout.count("(" + skipped + ")") == 22, p.stdout  # 32K, verify 4, 8 and 32,
     # verify 16 at 32K, 2 prefills, 4 graph rows, the draft steps of 16, 8 and 4, 6 sampling
     # rows, 2 split rows
