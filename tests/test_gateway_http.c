@@ -738,6 +738,16 @@ static void bg_wait_status(const char *id, const char *want, char **reply, char 
     fail_msg("response %s never became %s: %s", id, want, *body);
 }
 
+/* The fake's script s, then POST body (a background request): its response's id in id. */
+static void bg_post(const fake_script *s, const char *body, char *id, size_t cap)
+{
+    char *reply, *out;
+    fake_verifyd_script(gwh_fake, s);
+    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, body, &reply, &out), 200);
+    bg_id_of(out, id, cap);
+    free(reply);
+}
+
 /* "background": true answers at once with the response queued and runs it on: while verifyd
  * is busy it stays queued and a cancel ends it before it starts; a cancel while it runs keeps
  * the output so far; more than --responses-background running are refused; a streamed one's
@@ -890,10 +900,7 @@ static void responses_run_in_the_background(void **state)
     gwh_wait_health(503);
     s = (fake_script){.step = 1};
     gwh_encode("Hello there, friend.", &s);
-    fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
-    bg_id_of(body, id, sizeof id);
-    free(reply);
+    bg_post(&s, req, id, sizeof id);
     usleep(300000);
     bg_wait_status(id, "queued", &reply, &body);
     free(reply);
@@ -907,10 +914,7 @@ static void responses_run_in_the_background(void **state)
      * end at once */
     s = (fake_script){.step = 1, .hang = true};
     gwh_encode("Hi.", &s);
-    fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
-    bg_id_of(body, id, sizeof id);
-    free(reply);
+    bg_post(&s, req, id, sizeof id);
     bg_wait_status(id, "in_progress", &reply, &body);
     free(reply);
     s.busy = 1000000;
@@ -931,10 +935,7 @@ static void responses_run_in_the_background(void **state)
     assert_int_equal(bg_init(&gwh_g.background, &gwh_g, 2, 1), TD_OK);
     s = (fake_script){.step = 1};
     gwh_encode("Hello there, friend.", &s);
-    fake_verifyd_script(gwh_fake, &s);
-    assert_int_equal(gwh_request("POST", "/v1/responses", NULL, req, &reply, &body), 200);
-    bg_id_of(body, id, sizeof id);
-    free(reply);
+    bg_post(&s, req, id, sizeof id);
     bg_wait_status(id, "completed", &reply, &body);
     free(reply);
     bg_drain(gwh_g.background);
