@@ -138,16 +138,13 @@ static void api_cancel(gw_state *g, const char *id, api_reply *r)
         api_json(r, 200, body);
         return;
     }
-    api_error e;
     if (json_is_true(bg))
-        apierr_set(&e, 400, "invalid_request", NULL,
-                   "Cannot cancel a response that has ended (its status is '%s').", status);
+        bg_cannot_cancel(r, status);
     else
-        apierr_set(&e, 400, "invalid_request", NULL,
-                   "Only responses created with 'background': true can be cancelled; '%s' "
-                   "was not.", id);
+        api_error_reply(r, 400, "invalid_request",
+                        "Only responses created with 'background': true can be cancelled; '%s' "
+                        "was not.", id);
     json_decref(o);
-    gen_reply_error(r, &e);
 }
 
 /* GET /v1/responses/<id>/input_items: a page of the kept response's input items. */

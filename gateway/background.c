@@ -391,14 +391,19 @@ bool bg_cancel(bg_table *t, const char *id, api_reply *r)
     pthread_mutex_unlock(&t->mu);
     if (done && strcmp(status, "cancelled") != 0) {
         free(body);
-        api_error e;
-        apierr_set(&e, 400, "invalid_request", NULL,
-                   "Cannot cancel a response that has ended (its status is '%s').", status);
-        gen_reply_error(r, &e);
+        bg_cannot_cancel(r, status);
         return true;
     }
     bg_object_reply(r, body);
     return true;
+}
+
+void bg_cannot_cancel(api_reply *r, const char *status)
+{
+    api_error e;
+    apierr_set(&e, 400, "invalid_request", NULL,
+               "Cannot cancel a response that has ended (its status is '%s').", status);
+    gen_reply_error(r, &e);
 }
 
 bool bg_delete(bg_table *t, const char *id)

@@ -45,6 +45,8 @@ bool bg_get(bg_table *t, const char *id, bool stream, int64_t after, int client_
  * (waiting for its thread to end it), the same when it was cancelled before, or 400 when it
  * had ended otherwise. */
 bool bg_cancel(bg_table *t, const char *id, api_reply *r);
+/* The 400 for cancelling a background response that ended with status (not "cancelled"). */
+void bg_cannot_cancel(api_reply *r, const char *status);
 /* DELETE /v1/responses/<id>: stops job id and makes it unknown here (the caller forgets the
  * kept response too; a job still running forgets it as it ends). False when no job has id. */
 bool bg_delete(bg_table *t, const char *id);
