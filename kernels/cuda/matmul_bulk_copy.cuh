@@ -121,6 +121,18 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
+/* The box of the 2-D tensor map at map (a kernel parameter or global memory) whose first
+ * element is (x, y) into shared dst (128-byte aligned), completing on bar; elements past the
+ * tensor arrive as zeros and count as copied. */
+__device__ __forceinline__ void tensor_copy_2d(void *dst, const void *map, int x, int y,
+                                               uint64_t *bar, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
+                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
 #endif /* MMB_SM90 */
 
 } /* namespace */

@@ -31,7 +31,14 @@
  * matrix's last run can have a window past the matrix: there the copy stops at the last
  * 16-byte boundary and the bytes after it are 16-bit loads, stored before the arrival. Rows
  * and tiles past the matrix are not copied (their results are never stored); tokens past
- * n_tok are not copied either (their fragments are zeros, as in mmq).
+ * n_tok are not copied either (their fragments are zeros, as in mmq). Q4_K and Q5_K rows
+ * are 16-byte multiples, so under TANDEM_MMQ_TILE=on a tile's 16 runs are one 2-D tensor
+ * copy instead (tile_weights: lane 0 of the tile's first warp copies 16 rows x the stage's
+ * row pitch, the run and the few bytes after it, zeros past a row or the matrix, and is the
+ * tile's one arrival on the stage's full barrier); row by row a warp's four copies go out
+ * one lane at a time (the copy takes its operands in uniform registers). H100: 16-token
+ * products 3-11% faster, verify 16 -3 to -5% (kernels/cuda/NOTES.md); opt-in until the GPU
+ * tests have compared its bytes (test_gpu_ops_matmul has the child for it).
  *
  * Measured on the H200 (bench_matmul_cuda, 16 tokens, microseconds, this kernel / mmq):
  * Q4_K 36.1 / 42.7 (5120 -> 17408), 38.8 / 45.3 (17408 -> 5120), 23.9 / 27.2 (5120 ->
@@ -43,6 +50,7 @@
  * copies per step) took ~4 us per step: 60 us on the first shape. Two activation stages instead of three: Q4_K 43.1 us there. 32 tokens
  * (one tile per round, the activations of 32 tokens filling the shared memory) measured
  * 6.6x a token's time against mmq's 4.6x, so n_pad 32 takes the wide kernel instead. */
+#include <cuda.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +66,11 @@
 #include "kernels/cuda/matmul_bulk_copy.cuh"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
+
+/* The tensor maps of a set's members (tile_weights). */
+struct mmqb_maps {
+    CUtensorMap m[MM_SET_MAX];
+};
 
 /* When a warp refills stages (mmq_refill below). */
 enum { MMQ_REFILL_LATE, MMQ_REFILL_EARLY2, MMQ_REFILL_EARLY };
@@ -125,6 +138,31 @@ struct cta_share {
     int nkb, nsteps, rounds, items;
 };
 
+/* Weight item c: the round's tile tau, whether the CTA has it, its member, step and stage;
+ * c moves to the next item. */
+struct witem {
+    int64_t tile;
+    bool in;
+    int m, s, stage;
+};
+template <int WS>
+__device__ __forceinline__ witem next_witem(mmqb_cursor &c, const mm_set &set,
+                                            const cta_share &sh, int tt, int tau)
+{
+    witem w;
+    w.tile = sh.t_begin + (int64_t)c.round * tt + tau;
+    w.in = w.tile < sh.t_end;
+    if (c.round != c.m_round) {
+        c.m_round = c.round;
+        c.m = mm_set_member(&set, w.in ? w.tile : sh.t_begin);
+    }
+    w.m = c.m;
+    w.s = c.s;
+    w.stage = c.n % WS;
+    mmqb_cursor_next(&c, sh.nsteps);
+    return w;
+}
+
 /* A warp's share of weight item c (both kernels) into stage c.n % WS of `stages` (W_STAGE
  * bytes apart): lane k < n copies row i = i0 + k of the round's tile tau (nothing where the
  * tile is past the CTA's or the row past the matrix), the run of KC k-blocks from k-block
@@ -136,16 +174,12 @@ __device__ __forceinline__ void warp_weights(mmqb_cursor &c, uint8_t *stages, co
                                              int n, uint32_t row_bytes, uint64_t *full,
                                              uint64_t policy, int lane)
 {
-    const int64_t tile = sh.t_begin + (int64_t)c.round * tt + tau;
-    const bool in = tile < sh.t_end;
-    if (c.round != c.m_round) {
-        c.m_round = c.round;
-        c.m = mm_set_member(&set, in ? tile : sh.t_begin);
-    }
-    const int m = c.m, s = c.s, stage_i = c.n % WS;
-    uint8_t *stage = stages + stage_i * W_STAGE;
-    full += stage_i;
-    mmqb_cursor_next(&c, sh.nsteps);
+    const witem it = next_witem<WS>(c, set, sh, tt, tau);
+    const int64_t tile = it.tile;
+    const bool in = it.in;
+    const int m = it.m, s = it.s;
+    uint8_t *stage = stages + it.stage * W_STAGE;
+    full += it.stage;
     const int i = i0 + lane; /* row of the tile */
     const int64_t r = (tile - set.first[m]) * MROWS + i, rows = set.rows[m];
     const uint8_t *w = set.w[m];
@@ -162,6 +196,34 @@ __device__ __forceinline__ void warp_weights(mmqb_cursor &c, uint8_t *stages, co
             bulk_copy(dst, w + cp.src, bytes, full, policy);
     }
     arrive_all(full, bytes, lane);
+}
+
+/* Weight item c as one 2-D tensor copy per tile (Q4_K, Q5_K: rows 16-byte multiples): lane
+ * 0 of the tile's chain-0 warp copies the box of 16 rows x PITCH bytes from byte KC * s *
+ * KB_BYTES of the tile's first row (the run and the PITCH - run bytes after it, zeros past a
+ * row's end or the matrix) to the tile's rows of the stage, and is the tile's one arrival
+ * on the stage's full barrier; c moves to the next item. */
+template <int T, int KC, int PITCH, int WS, int W_STAGE>
+__device__ __forceinline__ void tile_weights(mmqb_cursor &c, uint8_t *stages, const mm_set &set,
+                                             const cta_share &sh, int tt, int tau,
+                                             const CUtensorMap *maps, uint64_t *full,
+                                             uint64_t policy, int lane)
+{
+    static_assert(MROWS * PITCH % 128 == 0 && W_STAGE % 128 == 0,
+                  "a tensor copy's destination is 128-byte aligned");
+    static_assert(KC * qt<T>::KB_BYTES % 8 == 0 && PITCH % 8 == 0, "8-byte elements");
+    const witem it = next_witem<WS>(c, set, sh, tt, tau);
+    uint8_t *dst = stages + it.stage * W_STAGE + tau * MROWS * PITCH;
+    full += it.stage;
+    if (lane == 0) {
+        if (it.in) {
+            bar_arrive_tx(full, MROWS * PITCH);
+            tensor_copy_2d(dst, &maps[it.m], KC * it.s * qt<T>::KB_BYTES / 8,
+                           (int)((it.tile - set.first[it.m]) * MROWS), full, policy);
+        } else {
+            bar_arrive(full);
+        }
+    }
 }
 
 /* A warp's share of activation item c (both kernels) into stage c.n % XS of `stages`
@@ -203,12 +265,14 @@ __device__ __forceinline__ void warp_acts(mmqb_cursor &c, uint8_t *stages, const
 
 /* The full and empty barriers of ws weight and xs activation stages, contiguous at bars
  * (weights full, weights empty, activations full, activations empty), each phase completed by
- * `count` warps' arrivals; every thread of the CTA returns once they are set up. */
-__device__ __forceinline__ void rings_init(uint64_t *bars, int ws, int xs, unsigned count)
+ * `count` warps' arrivals, a weight stage's full barrier by `wcount`; every thread of the
+ * CTA returns once they are set up. */
+__device__ __forceinline__ void rings_init(uint64_t *bars, int ws, int xs, unsigned count,
+                                           unsigned wcount)
 {
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2 * (ws + xs); i++)
-            bar_init(&bars[i], count);
+            bar_init(&bars[i], i < ws ? wcount : count);
         bar_init_fence();
     }
     __syncthreads();
@@ -246,6 +310,8 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
     mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
     bool early = false;    /* refill at an item's start (wait) instead of its end (done) */
+    const CUtensorMap *maps = nullptr; /* weights as one tensor copy per tile (tile_weights) */
+    bool wissue = true;                /* this warp issues weight items */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
                                      const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
@@ -259,12 +325,20 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     }
     /* Sets up the CTA's ring barriers, each phase completed by `warps` arrivals; every
      * thread of the CTA calls it, and returns once they are set up. */
-    static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps)
+    static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps,
+                                                unsigned wwarps)
     {
-        rings_init((uint64_t *)(smem_ + L::BAR_OFF), WS, XS, warps);
+        rings_init((uint64_t *)(smem_ + L::BAR_OFF), WS, XS, warps, wwarps);
     }
     __device__ __forceinline__ void weights()
     {
+        if constexpr (T != TD_Q6_K) {
+            if (maps) {
+                tile_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, maps,
+                                                           wfull, once, lane);
+                return;
+            }
+        }
         warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n, row_bytes,
                                                    wfull, once, lane);
     }
@@ -277,7 +351,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
      * once that kernel is done, the first XS activation items. */
     __device__ __forceinline__ void fill()
     {
-        while (wc.n < sh.items && wc.n < WS)
+        while (wissue && wc.n < sh.items && wc.n < WS)
             weights();
         mm_wait_dependencies(); /* xq comes from the kernel before this one */
         while (xc.n < sh.items && xc.n < XS)
@@ -296,7 +370,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
      * and XS after it (the cursors' next). */
     __device__ __forceinline__ void refill(int prev)
     {
-        if (prev >= 0 && wc.n < sh.items) {
+        if (wissue && prev >= 0 && wc.n < sh.items) {
             bar_wait<SPIN>(&wempty[prev % WS], (uint32_t)(prev / WS) & 1);
             weights();
         }
@@ -338,9 +412,10 @@ template <int TT> constexpr int threads_of()
  * TT per round (a round may span members); block: threads_of() (warp tau * 4 + c: tile tau
  * of the round, chain c); dynamic shared memory layout::SMEM. cols is a multiple of 256
  * (K-quants). */
-template <int T, int NT, int TT>
+template <int T, int NT, int TT, bool BY_TILE>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
-    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill)
+    mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
+                const __grid_constant__ mmqb_maps maps)
 {
     /* the next matmul's rounding kernel may launch now: it waits for this grid to finish
      * before it touches anything (see matmul.cu) */
@@ -353,9 +428,10 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     constexpr int WS = L::WS;
     static_assert(WS >= 2, "two weight stages at least");
     using R = rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L>;
-    extern __shared__ __align__(16) uint8_t smem[];
+    extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, CONS);
+    static_assert(!BY_TILE || T != TD_Q6_K, "Q6_K rows are no 16-byte multiples");
+    R::init(smem, CONS, BY_TILE ? TT : CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -370,6 +446,10 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
         warp + CONS * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
+    if (BY_TILE) {
+        r.maps = maps.m;
+        r.wissue = c == 0;
+    }
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -416,7 +496,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
                            n_rows, xq.n_tok, rows, r0);
     }
 #else
-    (void)set, (void)row_bytes, (void)cols, (void)xq;
+    (void)set, (void)row_bytes, (void)cols, (void)xq, (void)refill, (void)maps;
 #endif
 }
 
@@ -481,9 +561,10 @@ template <int G, int TT> constexpr int wide_threads()
 /* grid, tiles and rounds as mmqb_kernel's; block: wide_threads() (warp tau * G + q: tile tau
  * of the round, tokens 16q..16q+15); dynamic shared memory wlayout::SMEM. cols is a multiple
  * of 256 (K-quants). */
-template <int T, int G, int TT>
+template <int T, int G, int TT, bool BY_TILE>
 __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
-    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill)
+    mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
+                const __grid_constant__ mmqb_maps maps)
 {
     mm_launch_dependents(); /* as mmqb_kernel */
 #if MMB_SM90
@@ -496,9 +577,10 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     static_assert(WS >= 2, "two weight stages at least");
     constexpr int SPG = KSPLIT / WKS; /* steps per turn of the four chains */
     using R = rings<T, WKS, PITCH, TP, WS, XS, L>;
-    extern __shared__ __align__(16) uint8_t smem[];
+    extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, NW);
+    static_assert(!BY_TILE || T != TD_Q6_K, "Q6_K rows are no 16-byte multiples");
+    R::init(smem, NW, BY_TILE ? TT : NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -511,6 +593,10 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, q * (MROWS / G), MROWS / G,
         warp + NW * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
+    if (BY_TILE) {
+        r.maps = maps.m;
+        r.wissue = q == 0;
+    }
     r.fill();
 
     const lane_pos l = {lane >> 2, lane & 3};
@@ -584,7 +670,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
         }
     }
 #else
-    (void)set, (void)row_bytes, (void)cols, (void)xq;
+    (void)set, (void)row_bytes, (void)cols, (void)xq, (void)refill, (void)maps;
 #endif
 }
 
@@ -615,34 +701,63 @@ static int mmq_refill()
 /* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
  * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
 template <int T, int NT, int TT> struct window_kernel {
-    static auto fn() { return mmqb_kernel<T, NT, TT>; }
+    template <bool BY_TILE> static auto fn() { return mmqb_kernel<T, NT, TT, BY_TILE>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
-                 THREADS = threads_of<TT>(), SHARE3 = 1 };
+                 THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>() };
     static const char *name() { return "window"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
-    static auto fn() { return mmqw_kernel<T, G, TT>; }
+    template <bool BY_TILE> static auto fn() { return mmqw_kernel<T, G, TT, BY_TILE>; }
     enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
-                 THREADS = wide_threads<G, TT>(), SHARE3 = 0 };
+                 THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>() };
     static const char *name() { return "wide"; }
 };
 
-/* One launch of kernel K; the shared-memory opt-in is set once per device. */
-template <class K>
-td_err launch_k(const mm_set &set, const mm_xquant *xq, const ops_weight *w,
+/* Whether the window and wide kernels copy a tile's Q4_K/Q5_K weight rows of a step as one
+ * tensor copy (tile_weights; TANDEM_MMQ_TILE=on) or row by row (the default); read once. The
+ * same bytes land in the same places either way (kernels/cuda/NOTES.md). */
+static bool mmq_by_tile()
+{
+    static int v; /* 0 not read, 1 off, 2 on */
+    int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
+    if (c == 0) {
+        const char *e = getenv("TANDEM_MMQ_TILE");
+        c = e && strcmp(e, "on") == 0 && mm_rows_map_ok() ? 2 : 1;
+        __atomic_store_n(&v, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+
+/* One launch of kernel K (its tile-copy form where mmq_by_tile and T allow); the
+ * shared-memory opt-in is set once per device. */
+template <class K, int T>
+td_err launch_k(const ops_mm_out *mm, const mm_set &set, const mm_xquant *xq,
                 const mm_device *dev, int64_t grid, cudaStream_t st)
 {
+    const ops_weight *w = mm[0].w;
     static_assert(K::SMEM <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
+    constexpr bool TILES = T != TD_Q6_K; /* the tile-copy form exists */
+    const bool by_tile = TILES && mmq_by_tile();
     static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(K::fn(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_TRY(cudaFuncSetAttribute(K::template fn<false>(),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)K::SMEM));
+        if constexpr (TILES)
+            CUDA_TRY(cudaFuncSetAttribute(K::template fn<TILES>(),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)K::SMEM));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
-    const cudaError_t e = launch_ex(K::fn(), grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st,
-                                    set, (uint32_t)w->row_bytes, w->cols, *xq, mmq_refill());
+    mmqb_maps maps;
+    memset(&maps, 0, sizeof maps);
+    for (int i = 0; by_tile && i < set.n; i++)
+        TD_TRY(mm_rows_map(&maps.m[i], mm[i].w, 8, K::PITCH / 8, MROWS));
+    const cudaError_t e = launch_ex(by_tile ? K::template fn<TILES>() : K::template fn<false>(),
+                                    grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st, set,
+                                    (uint32_t)w->row_bytes, w->cols, *xq, mmq_refill(), maps);
     if (e != cudaSuccess)
         return err_set(TD_ECUDA, "cuda_matmul: %s %s kernel launch (%d members, %lld "
                        "tiles): %s", dtype_name(w->type), K::name(), set.n,
@@ -676,17 +791,17 @@ td_err launch_rounds(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_
         return err_set(TD_ENOTSUP, "cuda_matmul: a %lld x %lld matrix is too large",
                        (long long)w->rows, (long long)w->cols);
     if (tt <= 1)
-        return launch_k<K<T, P, 1>>(set, xq, w, dev, grid, st);
+        return launch_k<K<T, P, 1>, T>(mm, set, xq, dev, grid, st);
     if constexpr (TTMAX >= 2) {
         if (tt == 2)
-            return launch_k<K<T, P, 2>>(set, xq, w, dev, grid, st);
+            return launch_k<K<T, P, 2>, T>(mm, set, xq, dev, grid, st);
     }
     if constexpr (TTMAX >= 3 || SHARE3) {
         if (tt == 3)
-            return launch_k<K<T, P, 3>>(set, xq, w, dev, grid, st);
+            return launch_k<K<T, P, 3>, T>(mm, set, xq, dev, grid, st);
     }
     if constexpr (TTMAX >= 4)
-        return launch_k<K<T, P, 4>>(set, xq, w, dev, grid, st);
+        return launch_k<K<T, P, 4>, T>(mm, set, xq, dev, grid, st);
     return err_set(TD_EINVAL, "cuda_matmul: no %s kernel for %d tiles per round",
                    K<T, P, 1>::name(), tt);
 }
@@ -709,6 +824,57 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
 }
 
 } /* namespace */
+
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* The driver's tensor-map encoder, looked up once (NULL where the driver has none). */
+static encode_fn encoder(void)
+{
+    static encode_fn fn;
+    static int asked;
+    if (!__atomic_load_n(&asked, __ATOMIC_ACQUIRE)) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &r) != cudaSuccess ||
+            r != cudaDriverEntryPointSuccess)
+            p = NULL;
+        (void)cudaGetLastError();
+        __atomic_store_n(&fn, (encode_fn)p, __ATOMIC_RELAXED);
+        __atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
+    }
+    return __atomic_load_n(&fn, __ATOMIC_RELAXED);
+}
+
+bool mm_rows_map_ok(void)
+{
+    return encoder() != NULL;
+}
+
+td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, unsigned box_x,
+                   unsigned box_y)
+{
+    TD_ASSERT((elem == 1 || elem == 8) && w->row_bytes % 16 == 0);
+    const encode_fn enc = encoder();
+    if (!enc)
+        return err_set(TD_ENOTSUP, "cuda_matmul: the driver encodes no tensor maps");
+    const cuuint64_t dim[2] = {(cuuint64_t)(w->row_bytes / elem), (cuuint64_t)w->rows};
+    const cuuint64_t stride[1] = {(cuuint64_t)w->row_bytes};
+    const cuuint32_t box[2] = {box_x, box_y}, estride[2] = {1, 1};
+    const CUresult r =
+        enc(map, elem == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT64, 2,
+            (void *)w->data, dim, stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return err_set(TD_ECUDA, "cuda_matmul: the tensor map of a %lld x %lld %s matrix was "
+                       "refused (driver error %d)", (long long)w->rows, (long long)w->cols,
+                       dtype_name(w->type), (int)r);
+    return TD_OK;
+}
 
 bool mmqb_supported(const ops_weight *w, int n_pad)
 {

@@ -4,6 +4,8 @@
 #ifndef TANDEM_KERNELS_CUDA_MATMUL_INTERNAL_H
 #define TANDEM_KERNELS_CUDA_MATMUL_INTERNAL_H
 
+#include <cuda.h>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/matmul_bulk_addr.h"
@@ -142,6 +144,15 @@ bool mmqb_supported(const ops_weight *w, int n_pad);
  * the CTA's tiles; the same fragments, chains and reduction, so the same bits. */
 td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,
                    cudaStream_t st);
+
+/* Whether the driver encodes tensor maps (cuTensorMapEncodeTiled); asked once. */
+bool mm_rows_map_ok(void);
+
+/* *map = w's rows as a 2-D tensor for cp.async.bulk.tensor: elements of elem bytes (1 or 8;
+ * w->row_bytes / elem per row, rows 16-byte multiples), boxes of box_x elements x box_y
+ * rows, no swizzle, zeros past the tensor. */
+td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, unsigned box_x,
+                   unsigned box_y);
 
 /* Whether a chunk of n_pad tokens on w can run on the warpgroup kernel
  * (sm90a/matmul_wgmma.cu): n_pad 8 or 16, Q4_K or Q5_K, 16-byte aligned data, cols a

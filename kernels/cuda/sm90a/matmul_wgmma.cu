@@ -133,16 +133,6 @@ template <int N> __device__ __forceinline__ void wg_fence_regs(int (&d)[N])
         asm volatile("" : "+r"(d[i])::"memory");
 }
 
-/* The box of 64 rows x KB bytes at (byte x, row y) of map into dst, completing on bar. */
-__device__ __forceinline__ void tensor_copy(void *dst, const CUtensorMap *map, int x, int y,
-                                            uint64_t *bar, uint64_t policy)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
-                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "l"(policy)
-                 : "memory");
-}
-
 /* The shared::cluster address of p (this CTA's shared memory) in the CTA of rank r. */
 __device__ __forceinline__ uint32_t cluster_addr(const void *p, int r)
 {
@@ -417,8 +407,8 @@ template <int T, int NT> struct wg_producer {
         const int m = mm_set_member(&set, tile);
         const int kb = c + KSPLIT * (p % nk);
         bar_arrive_tx(&full[st], C::TX);
-        tensor_copy(smem + st * C::STAGE, &maps.m[m], kb * C::KB,
-                    (int)((tile - set.first[m]) * WG_ROWS), &full[st], once);
+        tensor_copy_2d(smem + st * C::STAGE, &maps.m[m], kb * C::KB,
+                       (int)((tile - set.first[m]) * WG_ROWS), &full[st], once);
     }
     __device__ __forceinline__ void acts(int p) const
     {
@@ -586,30 +576,6 @@ __global__ void __cluster_dims__(KSPLIT, 1, 1) __launch_bounds__(128, 3)
 
 /* --- host side ------------------------------------------------------------------------------ */
 
-typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
-                              const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
-                              const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* The driver's tensor-map encoder, looked up once (NULL where the driver has none). */
-encode_fn encoder(void)
-{
-    static encode_fn fn;
-    static int asked;
-    if (!__atomic_load_n(&asked, __ATOMIC_ACQUIRE)) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                             cudaEnableDefault, &r) != cudaSuccess ||
-            r != cudaDriverEntryPointSuccess)
-            p = NULL;
-        (void)cudaGetLastError();
-        __atomic_store_n(&fn, (encode_fn)p, __ATOMIC_RELAXED);
-        __atomic_store_n(&asked, 1, __ATOMIC_RELEASE);
-    }
-    return __atomic_load_n(&fn, __ATOMIC_RELAXED);
-}
-
 /* Resident clusters of wgq_kernel<T, NT, ASYNC> on the current device, 0 where it cannot
  * run there (no sm_90a device, too little shared memory): asked once per device. */
 template <int T, int NT, bool ASYNC> int clusters_here(void)
@@ -626,7 +592,7 @@ template <int T, int NT, bool ASYNC> int clusters_here(void)
         int n = 0;
         cudaFuncAttributes fa;
         const auto k = wgq_kernel<T, NT, ASYNC>;
-        if (encoder() && cudaFuncGetAttributes(&fa, k) == cudaSuccess &&
+        if (mm_rows_map_ok() && cudaFuncGetAttributes(&fa, k) == cudaSuccess &&
             smem_optin_bytes(ordinal) >= smem &&
             cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
                 cudaSuccess &&
@@ -672,18 +638,7 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
     for (int i = 0; i < n; i++) {
         const ops_weight *w = mm[i].w;
         TD_ASSERT(wgq_supported(w, xq->n_pad) && w->type == T && w->cols == w0->cols);
-        const cuuint64_t dim[2] = {(cuuint64_t)w->row_bytes, (cuuint64_t)w->rows};
-        const cuuint64_t stride[1] = {(cuuint64_t)w->row_bytes};
-        const cuuint32_t box[2] = {C::KB, WG_ROWS}, estride[2] = {1, 1};
-        const CUresult r = encoder()(&maps.m[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-                                     (void *)w->data, dim, stride, box, estride,
-                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (r != CUDA_SUCCESS)
-            return err_set(TD_ECUDA, "cuda_matmul: the tensor map of a %lld x %lld %s matrix "
-                           "was refused (driver error %d)", (long long)w->rows,
-                           (long long)w->cols, dtype_name(w->type), (int)r);
+        TD_TRY(mm_rows_map(&maps.m[i], w, 1, C::KB, WG_ROWS));
     }
     const mm_set set = mm_set_of(mm, n, WG_ROWS);
     const int64_t n_tiles = set.first[set.n];
