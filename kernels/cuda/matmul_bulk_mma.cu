@@ -69,7 +69,7 @@
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
 
-/* The tensor maps of a set's members (tile_weights). */
+/* The tensor maps a launch passes (zeros where its copy form uses none). */
 struct mmqb_maps {
     CUtensorMap m[MM_SET_MAX]; /* the members' rows (tile_weights) */
     CUtensorMap x;             /* the activation digits (tensor_acts) */
@@ -235,7 +235,7 @@ __device__ __forceinline__ void warp_weights(mmqb_cursor &c, uint8_t *stages, co
 }
 
 /* Weight item c as one 2-D tensor copy per tile (Q4_K, Q5_K: rows 16-byte multiples): lane
- * 0 of the tile's chain-0 warp copies the box of 16 rows x PITCH bytes from byte KC * s *
+ * 0 of the tile's first warp copies the box of 16 rows x PITCH bytes from byte KC * s *
  * KB_BYTES of the tile's first row (the run and the PITCH - run bytes after it, zeros past a
  * row's end or the matrix) to the tile's rows of the stage, and is the tile's one arrival
  * on the stage's full barrier; c moves to the next item. */
@@ -303,7 +303,7 @@ __device__ __forceinline__ void warp_acts(mmqb_cursor &c, uint8_t *stages, const
  * every token's digits of the step as one 3-D tensor copy (the map cuts a token's row into
  * XCHUNK-byte chunks; the box of TP / XCHUNK chunks from the step's first, tokens TP bytes
  * apart, the chunk after each run the next step's or zeros, tokens past n_tok zeros), then
- * the step's sums and scales as window_acts copies them; c moves to the next item. */
+ * the step's sums and scales as warp_acts copies them; c moves to the next item. */
 template <int KC, int TP, int TOKS, int S_OFF, int D_OFF, int XS, int X_STAGE>
 __device__ __forceinline__ void tensor_acts(mmqb_cursor &c, uint8_t *stages, const mm_xquant &xq,
                                             const CUtensorMap *xmap, const cta_share &sh,
@@ -389,8 +389,10 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
           xc{0, 0, 0, -1, 0}
     {
     }
-    /* Sets up the CTA's ring barriers, each phase completed by `warps` arrivals; every
-     * thread of the CTA calls it, and returns once they are set up. */
+    /* Sets up the CTA's ring barriers, each phase completed by `warps` arrivals (a weight
+     * stage's full barrier by `wwarps`, an activation stage's by `xwarps`: the warps that
+     * issue those items); every thread of the CTA calls it, and returns once they are set
+     * up. */
     static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps,
                                                 unsigned wwarps, unsigned xwarps)
     {
@@ -505,7 +507,8 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr bool BY_TILE = MODE & MMQ_TILE_W, X_TENSOR = MODE & MMQ_TILE_X;
     static_assert(!BY_TILE || T != TD_Q6_K, "Q6_K rows are no 16-byte multiples");
-    static_assert(!X_TENSOR || (tok_pitch<T>() % XCHUNK == 0 && L::X_STAGE % 128 == 0),
+    static_assert(!X_TENSOR || (tok_pitch<T>() % XCHUNK == 0 && L::X_STAGE % 128 == 0 &&
+                                L::X_OFF % 128 == 0),
                   "tensor_acts serves this layout");
     R::init(smem, CONS, BY_TILE ? TT : CONS, X_TENSOR ? 1 : CONS);
 
