@@ -19,6 +19,9 @@
  * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
  * of that member, and the CTAs' even shares of the units cover each exactly once.
  *
+ * The window and wide kernels' tile copies (TANDEM_MMQ_TILE): a tensor box of a tile's rows
+ * puts the bytes each row's copy puts.
+ *
  * The warpgroup kernel's activation layout (mm_wg_pos): each digit once, where the MMA's
  * shared-memory descriptor reads it for the k slot its weight fragment gives the input.
  *
@@ -667,6 +670,53 @@ static void test_window_copies_and_reads_stay_inside_their_allocations(void **st
     }
 }
 
+/* The window and wide kernels' tile copies (TANDEM_MMQ_TILE): for Q4_K and Q5_K, a 2-D tensor
+ * box of 16 rows x `slot` bytes (8-byte elements, from element kc * s * kb / 8 of each row,
+ * rows `slot` bytes apart in the stage, zeros past a row's end) puts at every byte the row
+ * copy puts there the same byte of the matrix: each row's copy is its run, unshifted
+ * (mis = 0, no tail), from row * row_bytes + kc * s * kb, no longer than the box row and
+ * inside the row. Also what the tensor copy itself needs: 16-byte row strides, a box row of
+ * at most 256 elements, 16 of them 128-byte aligned in the stage. */
+static void test_tile_copies_place_the_row_copies_bytes(void **state)
+{
+    (void)state;
+    static const shape extra[] = {{3, 256}, {7001, 1280}, {5120, 6144}, {9, 768}};
+    int checked = 0;
+    for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
+        const bgeom *g = &wgeoms[k];
+        if (g->type == TD_Q6_K)
+            continue;
+        assert_int_equal(g->kc * g->kb % 8, 0);
+        assert_int_equal(g->slot % 8, 0);
+        assert_true(g->slot / 8 <= 256);
+        assert_int_equal(16 * g->slot % 128, 0);
+        const size_t n_kq = sizeof kq_shapes / sizeof *kq_shapes;
+        for (size_t n = 0; n < n_kq + sizeof extra / sizeof *extra; n++) {
+            const shape *sh = n < n_kq ? &kq_shapes[n] : &extra[n - n_kq];
+            const int64_t row_bytes = sh->cols / g->blk_w * g->blk_bytes;
+            assert_int_equal(row_bytes % 16, 0);
+            const int nkb = (int)(sh->cols / 256);
+            const int64_t some[] = {0, 1, 15, sh->rows / 2, sh->rows - 1};
+            for (int k0 = 0; k0 < nkb; k0 += g->kc)
+                for (size_t i = 0; i < sizeof some / sizeof *some; i++) {
+                    const int64_t r = some[i] < sh->rows ? some[i] : sh->rows - 1;
+                    const mmb_copy c = mmb_copy_of(row_bytes, sh->rows, g->kb, g->kc, r, k0);
+                    const int64_t box = (int64_t)k0 * g->kb; /* the box row's first byte */
+                    if (c.mis != 0 || c.tail != 0 || c.src != r * row_bytes + box ||
+                        c.bulk != c.run || c.bulk > (uint32_t)g->slot ||
+                        box + c.bulk > row_bytes)
+                        fail_msg("%s kc %d, %lld x %lld, row %lld, k-block %d: the row copy "
+                                 "(src %lld, %u bytes, mis %u, tail %u) is not the box's "
+                                 "first %u bytes", dtype_name(g->type), g->kc,
+                                 (long long)sh->rows, (long long)sh->cols, (long long)r, k0,
+                                 (long long)c.src, c.bulk, c.mis, c.tail, c.bulk);
+                    checked++;
+                }
+        }
+    }
+    assert_true(checked > 1000);
+}
+
 /* The window and wide kernels' tiles per round: the 27B shapes' counts as measured, and for
  * any count every CTA's share fits its rounds (the kernels loop over ceil(share / tt) rounds
  * and take tile t_begin + round * tt + tau, which must stay below t_end or be skipped). */
@@ -913,6 +963,7 @@ int main(void)
         cmocka_unit_test(test_bulk_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
+        cmocka_unit_test(test_tile_copies_place_the_row_copies_bytes),
         cmocka_unit_test(test_set_units_cover_every_row_once),
         cmocka_unit_test(test_warpgroup_layout_is_what_the_descriptor_reads),
         cmocka_unit_test(test_tiles_per_round),
