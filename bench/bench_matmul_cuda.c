@@ -15,10 +15,9 @@
  * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 and 64 tokens under
  * TANDEM_MMQ=mmq (the tensor-core kernel, where on sm_90 9-16 tokens default to the window
  * kernel and 17-64 to the wide kernel), F16/BF16 at 16 tokens under TANDEM_MMH=regs (the
- * register path, where large grids default to loading the activations ahead), and 16 tokens
- * under TANDEM_MMQ_TILE=on and =all and 64 under =on (the window and wide kernels' tensor
- * copies), in a child process each, one after the other (the GPU is never shared), and
- * prints those as extra columns beside the default choice's.
+ * register path, where large grids default to loading the activations ahead), in a child
+ * process each, one after the other (the GPU is never shared), and prints those as extra
+ * columns beside the default choice's.
  * Runs in about two minutes on an H100/H200-class GPU. Options narrow it down, e.g. to put one
  * kernel under a profiler: --shape NAME (a shape of the table, e.g. ffn_down), --type T
  * (e.g. Q4_K), --no-variants (no child processes: the default kernels only), --resident (one
@@ -87,10 +86,7 @@ static const variant variants[] = {{"bulk", "TANDEM_MMD", "bulk", 0, false},
                                    {"mma", "TANDEM_MMD", "mma", 0, false},
                                    {"mmq16", "TANDEM_MMQ", "mmq", 1, false},
                                    {"mmq64", "TANDEM_MMQ", "mmq", 3, false},
-                                   {"regs16", "TANDEM_MMH", "regs", 1, true},
-                                   {"tile16", "TANDEM_MMQ_TILE", "on", 1, false},
-                                   {"all16", "TANDEM_MMQ_TILE", "all", 1, false},
-                                   {"tile64", "TANDEM_MMQ_TILE", "on", 3, false}};
+                                   {"regs16", "TANDEM_MMH", "regs", 1, true}};
 #define N_VARIANTS (sizeof variants / sizeof variants[0])
 
 typedef struct result {
@@ -358,8 +354,7 @@ int main(int argc, char **argv)
     printf("copy bandwidth (read + write): %.0f GB/s\n", copy_gbps);
     printf("one token: of_copy with the default single-token kernel; bulk, regs, mma: with "
            "TANDEM_MMD set so;\nmmq16, mmq64: 16 and 64 tokens with TANDEM_MMQ=mmq; regs16: "
-           "F16/BF16 at 16 tokens with TANDEM_MMH=regs;\ntile16, all16, tile64: 16 and 64 "
-           "tokens with TANDEM_MMQ_TILE=on, all, on\n(us, and /us(1))\n\n");
+           "F16/BF16 at 16 tokens with TANDEM_MMH=regs\n(us, and /us(1))\n\n");
 
     float *dx = NULL, *dy = NULL;
     io_init(&dx, &dy);
@@ -367,10 +362,9 @@ int main(int argc, char **argv)
     result res[MAX_RES];
     n_res = 0;
     printf("%-13s %6s %6s %-5s %9s %9s %8s %7s %7s %7s %7s %9s %7s %7s %7s %9s %7s %9s %7s %9s "
-           "%7s %9s %7s %9s %7s %9s %7s\n",
+           "%7s\n",
            "shape", "in", "out", "type", "MB", "us(1)", "GB/s", "of_copy", "bulk", "regs", "mma",
-           "us(16)", "16/1", "32/1", "64/1", "mmq16", "/1", "mmq64", "/1", "regs16", "/1",
-           "tile16", "/1", "all16", "/1", "tile64", "/1");
+           "us(16)", "16/1", "32/1", "64/1", "mmq16", "/1", "mmq64", "/1", "regs16", "/1");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
             if (!measured(i, k))

@@ -19,7 +19,7 @@
  * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
  * of that member, and the CTAs' even shares of the units cover each exactly once.
  *
- * The window and wide kernels' tile copies (TANDEM_MMQ_TILE): a tensor box of a tile's rows
+ * The window and wide kernels' tile copies (Q4_K, Q5_K): a tensor box of a tile's rows
  * puts the bytes each row's copy puts.
  *
  * The warpgroup kernel's activation layout (mm_wg_pos): each digit once, where the MMA's
@@ -670,7 +670,7 @@ static void test_window_copies_and_reads_stay_inside_their_allocations(void **st
     }
 }
 
-/* The window and wide kernels' tile copies (TANDEM_MMQ_TILE): for Q4_K and Q5_K, a 2-D tensor
+/* The window and wide kernels' tile copies: for Q4_K and Q5_K, a 2-D tensor
  * box of 16 rows x `slot` bytes (8-byte elements, from element kc * s * kb / 8 of each row,
  * rows `slot` bytes apart in the stage, zeros past a row's end) puts at every byte the row
  * copy puts there the same byte of the matrix: each row's copy is its run, unshifted

@@ -721,9 +721,7 @@ static void test_matmul_rejects_bad_weights(void **state)
  * tensor-core kernel; stages refilled as before 2026-12-07, TANDEM_MMQ_REFILL=late), =bulk
  * with TANDEM_MMQ=wg (Q4_K and Q5_K at 2-16 tokens on the warpgroup kernel where the device
  * runs sm_90a code), its tiles reduced at a cluster barrier and, with TANDEM_WGQ_RED=async,
- * asynchronously, and =bulk with TANDEM_MMQ_TILE=all (the window and wide kernels copying a
- * tile's Q4_K/Q5_K rows of a step as one tensor copy, the window kernel every token's digits
- * too), byte for byte. */
+ * asynchronously, byte for byte. */
 #define BULK_TOK 3  /* single tokens per matrix */
 #define BULK_XTOK 32 /* inputs per matrix: the largest batch */
 
@@ -831,7 +829,6 @@ static int run_single_tokens(const char *mmd, const char *mmq, const char *extra
         if (strncmp(environ[i], "TANDEM_MMD=", 11) != 0 &&
             strncmp(environ[i], "TANDEM_MMQ=", 11) != 0 &&
             strncmp(environ[i], "TANDEM_MMQ_REFILL=", 18) != 0 &&
-            strncmp(environ[i], "TANDEM_MMQ_TILE=", 16) != 0 &&
             strncmp(environ[i], "TANDEM_WGQ_RED=", 15) != 0)
             envp[m++] = environ[i];
     envp[m++] = env_mmd;
@@ -919,15 +916,14 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
      * mma child on the tensor-core kernel only (TANDEM_MMQ=mmq), two
      * more bulk children with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg), its
      * tiles reduced at a cluster barrier and asynchronously (TANDEM_WGQ_RED=async; on a
-     * device without sm_90a code they repeat the first), and one more bulk child with the
-     * window and wide kernels' Q4_K and Q5_K weights copied a tile at a time and the window
-     * kernel's activations as one copy per step (TANDEM_MMQ_TILE=all): six children cover
-     * the six kernels and both ways of copying */
-    static const char *mmd[] = {"bulk", "mma", "regs", "bulk", "bulk", "bulk"};
-    static const char *mmq[] = {NULL, "mmq", "bulk9", "wg", "wg", NULL};
+     * device without sm_90a code they repeat the first): five children cover the six kernels
+     * (the window and wide kernels copy Q4_K and Q5_K weights a tile at a time, Q6_K a row
+     * at a time) */
+    static const char *mmd[] = {"bulk", "mma", "regs", "bulk", "bulk"};
+    static const char *mmq[] = {NULL, "mmq", "bulk9", "wg", "wg"};
     static const char *extra[] = {NULL, NULL, "TANDEM_MMQ_REFILL=late", NULL,
-                                  "TANDEM_WGQ_RED=async", "TANDEM_MMQ_TILE=all"};
-    enum { NV = 6 };
+                                  "TANDEM_WGQ_RED=async"};
+    enum { NV = 5 };
     char path[NV][64];
     uint8_t *data[NV];
     size_t len[NV];

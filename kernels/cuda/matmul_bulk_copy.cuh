@@ -133,17 +133,6 @@ __device__ __forceinline__ void tensor_copy_2d(void *dst, const void *map, int x
                  : "memory");
 }
 
-/* The box of the 3-D tensor map at map whose first element is (x, y, z) into shared dst
- * (128-byte aligned), completing on bar, as tensor_copy_2d. */
-__device__ __forceinline__ void tensor_copy_3d(void *dst, const void *map, int x, int y, int z,
-                                               uint64_t *bar, uint64_t policy)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(smem_addr(dst)),
-                 "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar)), "l"(policy)
-                 : "memory");
-}
-
 #endif /* MMB_SM90 */
 
 } /* namespace */

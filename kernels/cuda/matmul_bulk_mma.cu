@@ -32,15 +32,14 @@
  * 16-byte boundary and the bytes after it are 16-bit loads, stored before the arrival. Rows
  * and tiles past the matrix are not copied (their results are never stored); tokens past
  * n_tok are not copied either (their fragments are zeros, as in mmq). Q4_K and Q5_K rows
- * are 16-byte multiples, so under TANDEM_MMQ_TILE=on a tile's 16 runs are one 2-D tensor
- * copy instead (tile_weights: lane 0 of the tile's first warp copies 16 rows x the stage's
- * row pitch, the run and the few bytes after it, zeros past a row or the matrix, and is the
- * tile's one arrival on the stage's full barrier); row by row a warp's four copies go out
- * one lane at a time (the copy takes its operands in uniform registers). H100: 16-token
- * products 3-11% faster, verify 16 -3 to -5% (kernels/cuda/NOTES.md). Under =all the
- * tokens' digits of a step are one 3-D tensor copy too (tensor_acts, Q4_K and Q5_K; not
- * timed yet). Both opt-in until the GPU tests have compared their bytes (test_gpu_ops_matmul
- * has the child for it).
+ * are 16-byte multiples, so a tile's 16 runs are one 2-D tensor copy instead (tile_weights:
+ * lane 0 of the tile's first warp copies 16 rows x the stage's row pitch, the run and the
+ * few bytes after it, zeros past a row or the matrix, and is the tile's one arrival on the
+ * stage's full barrier); row by row a warp's four copies go out one lane at a time (the copy
+ * takes its operands in uniform registers). H100, against row by row: 16-token products
+ * 3-11% faster, 64-token ones 3-16%, verify 16 -4%, a 1K prompt -3.5% (kernels/cuda/NOTES.md).
+ * The tokens' digits of a step as one 3-D tensor copy as well measured slower than row by
+ * row at 4 and 16 tokens and was dropped (NOTES.md).
  *
  * Measured on the H200 (bench_matmul_cuda, 16 tokens, microseconds, this kernel / mmq):
  * Q4_K 36.1 / 42.7 (5120 -> 17408), 38.8 / 45.3 (17408 -> 5120), 23.9 / 27.2 (5120 ->
@@ -69,20 +68,16 @@
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
 
-/* The tensor maps a launch passes (zeros where its copy form uses none). */
+/* The members' tensor maps a launch passes (tile_weights; zeros for Q6_K, copied by rows). */
 struct mmqb_maps {
-    CUtensorMap m[MM_SET_MAX]; /* the members' rows (tile_weights) */
-    CUtensorMap x;             /* the activation digits (tensor_acts) */
+    CUtensorMap m[MM_SET_MAX];
 };
 
-/* How the window and wide kernels copy (mmq_tile_mode): bit MMQ_TILE_W a tile's Q4_K/Q5_K
- * weight rows of a step as one tensor copy, bit MMQ_TILE_X (window kernel) every token's
- * digits of a step as one. */
-enum { MMQ_TILE_W = 1, MMQ_TILE_X = 2 };
-
-/* Bytes of the chunks that an activation tensor map cuts a token's digits into: a divisor of
- * the window kernel's token pitch, so the box lands the tokens exactly that far apart. */
-constexpr int XCHUNK = 64;
+/* Whether a tile's weight rows of a step go as one tensor copy: rows of 16-byte multiples. */
+template <int T> __host__ __device__ constexpr bool by_tile()
+{
+    return T != TD_Q6_K;
+}
 
 /* When a warp refills stages (mmq_refill below). */
 enum { MMQ_REFILL_LATE, MMQ_REFILL_EARLY2, MMQ_REFILL_EARLY };
@@ -299,33 +294,6 @@ __device__ __forceinline__ void warp_acts(mmqb_cursor &c, uint8_t *stages, const
     arrive_all(full, bytes, lane);
 }
 
-/* Activation item c by one thread (lane 0 of the CTA's first warp, the stage's one arrival):
- * every token's digits of the step as one 3-D tensor copy (the map cuts a token's row into
- * XCHUNK-byte chunks; the box of TP / XCHUNK chunks from the step's first, tokens TP bytes
- * apart, the chunk after each run the next step's or zeros, tokens past n_tok zeros), then
- * the step's sums and scales as warp_acts copies them; c moves to the next item. */
-template <int KC, int TP, int TOKS, int S_OFF, int D_OFF, int XS, int X_STAGE>
-__device__ __forceinline__ void tensor_acts(mmqb_cursor &c, uint8_t *stages, const mm_xquant &xq,
-                                            const CUtensorMap *xmap, const cta_share &sh,
-                                            uint64_t *full, uint64_t policy, int lane)
-{
-    static_assert(TP % XCHUNK == 0 && KC * MM_XBLOCK * 2 % XCHUNK == 0, "whole chunks");
-    static_assert(X_STAGE % 128 == 0, "a tensor copy's destination is 128-byte aligned");
-    const int s = c.s, stage_i = c.n % XS;
-    uint8_t *st = stages + stage_i * X_STAGE;
-    full += stage_i;
-    mmqb_cursor_next(&c, sh.nsteps);
-    if (lane == 0) {
-        const int nw = sh.nkb - KC * s < KC ? sh.nkb - KC * s : KC;
-        const uint32_t sb = (uint32_t)nw * TOKS * MM_XSUM_BYTES;
-        const uint32_t db = (uint32_t)nw * TOKS * (uint32_t)sizeof(float);
-        bar_arrive_tx(full, TOKS * TP + sb + db);
-        tensor_copy_3d(st, xmap, 0, s * (KC * MM_XBLOCK * 2 / XCHUNK), 0, full, policy);
-        bulk_copy(st + S_OFF, xq.xsum + (size_t)s * KC * TOKS * MM_XSUM_BYTES, sb, full, policy);
-        bulk_copy(st + D_OFF, xq.xd + (size_t)s * KC * TOKS, db, full, policy);
-    }
-}
-
 /* The full and empty barriers of ws weight and xs activation stages, contiguous at bars
  * (weights full, weights empty, activations full, activations empty), each phase completed by
  * `count` warps' arrivals, a weight stage's full barrier by `wcount`, an activation stage's
@@ -375,9 +343,8 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
     mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
     bool early = false;    /* refill at an item's start (wait) instead of its end (done) */
-    const CUtensorMap *maps = nullptr; /* weights as one tensor copy per tile (tile_weights) */
-    const CUtensorMap *xmap = nullptr; /* activations as one tensor copy (tensor_acts) */
-    bool wissue = true, xissue = true; /* this warp issues weight / activation items */
+    const CUtensorMap *maps = nullptr; /* the members' rows (tile_weights: Q4_K, Q5_K) */
+    bool wissue = true;                /* this warp issues weight items */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
                                      const cta_share &sh_, int64_t cols_, uint32_t row_bytes_,
@@ -400,25 +367,15 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     }
     __device__ __forceinline__ void weights()
     {
-        if constexpr (T != TD_Q6_K) {
-            if (maps) {
-                tile_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, maps,
-                                                           wfull, once, lane);
-                return;
-            }
-        }
-        warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n, row_bytes,
-                                                   wfull, once, lane);
+        if constexpr (by_tile<T>())
+            tile_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, maps, wfull,
+                                                       once, lane);
+        else
+            warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n,
+                                                       row_bytes, wfull, once, lane);
     }
     __device__ __forceinline__ void acts()
     {
-        if constexpr (TP % XCHUNK == 0 && L::X_STAGE % 128 == 0) {
-            if (xmap) {
-                tensor_acts<KC, TP, L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
-                    xc, smem + L::X_OFF, xq, xmap, sh, xfull, shared, lane);
-                return;
-            }
-        }
         warp_acts<KC, TP, L::TOKS, L::S_OFF, L::D_OFF, XS, L::X_STAGE>(
             xc, smem + L::X_OFF, xq, cols, sh, j, xfull, shared, lane);
     }
@@ -429,7 +386,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
         while (wissue && wc.n < sh.items && wc.n < WS)
             weights();
         mm_wait_dependencies(); /* xq comes from the kernel before this one */
-        while (xissue && xc.n < sh.items && xc.n < XS)
+        while (xc.n < sh.items && xc.n < XS)
             acts();
     }
     /* Returns once both stages of item it have landed (early: then refills those of the
@@ -449,7 +406,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
             bar_wait<SPIN>(&wempty[prev % WS], (uint32_t)(prev / WS) & 1);
             weights();
         }
-        if (xissue && prev >= 0 && xc.n < sh.items) {
+        if (prev >= 0 && xc.n < sh.items) {
             bar_wait<SPIN>(&xempty[prev % XS], (uint32_t)(prev / XS) & 1);
             acts();
         }
@@ -487,7 +444,7 @@ template <int TT> constexpr int threads_of()
  * TT per round (a round may span members); block: threads_of() (warp tau * 4 + c: tile tau
  * of the round, chain c); dynamic shared memory layout::SMEM. cols is a multiple of 256
  * (K-quants). */
-template <int T, int NT, int TT, int MODE>
+template <int T, int NT, int TT>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
     mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
                 const __grid_constant__ mmqb_maps maps)
@@ -505,12 +462,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     using R = rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr bool BY_TILE = MODE & MMQ_TILE_W, X_TENSOR = MODE & MMQ_TILE_X;
-    static_assert(!BY_TILE || T != TD_Q6_K, "Q6_K rows are no 16-byte multiples");
-    static_assert(!X_TENSOR || (tok_pitch<T>() % XCHUNK == 0 && L::X_STAGE % 128 == 0 &&
-                                L::X_OFF % 128 == 0),
-                  "tensor_acts serves this layout");
-    R::init(smem, CONS, BY_TILE ? TT : CONS, X_TENSOR ? 1 : CONS);
+    R::init(smem, CONS, by_tile<T>() ? TT : CONS, CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -525,13 +477,9 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
         warp + CONS * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
-    if (BY_TILE) {
+    if (by_tile<T>()) {
         r.maps = maps.m;
         r.wissue = c == 0;
-    }
-    if (X_TENSOR) {
-        r.xmap = &maps.x;
-        r.xissue = warp == 0;
     }
     r.fill();
 
@@ -644,7 +592,7 @@ template <int G, int TT> constexpr int wide_threads()
 /* grid, tiles and rounds as mmqb_kernel's; block: wide_threads() (warp tau * G + q: tile tau
  * of the round, tokens 16q..16q+15); dynamic shared memory wlayout::SMEM. cols is a multiple
  * of 256 (K-quants). */
-template <int T, int G, int TT, int MODE>
+template <int T, int G, int TT>
 __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
                 const __grid_constant__ mmqb_maps maps)
@@ -662,10 +610,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     using R = rings<T, WKS, PITCH, TP, WS, XS, L>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr bool BY_TILE = MODE & MMQ_TILE_W;
-    static_assert(!BY_TILE || T != TD_Q6_K, "Q6_K rows are no 16-byte multiples");
-    static_assert(!(MODE & MMQ_TILE_X), "the wide kernel copies activations token by token");
-    R::init(smem, NW, BY_TILE ? TT : NW, NW);
+    R::init(smem, NW, by_tile<T>() ? TT : NW, NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -678,7 +623,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, q * (MROWS / G), MROWS / G,
         warp + NW * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
-    if (BY_TILE) {
+    if (by_tile<T>()) {
         r.maps = maps.m;
         r.wissue = q == 0;
     }
@@ -786,97 +731,39 @@ static int mmq_refill()
 /* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
  * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
 template <int T, int NT, int TT> struct window_kernel {
-    template <int MODE> static auto fn() { return mmqb_kernel<T, NT, TT, MODE>; }
+    static auto fn() { return mmqb_kernel<T, NT, TT>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
-                 THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>(),
-                 MODES = T == TD_Q6_K ? 0 : MMQ_TILE_W | MMQ_TILE_X, /* copy forms built */
-                 XTP = tok_pitch<T>(), XTOKS = NTOK * NT };
+                 THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>() };
     static const char *name() { return "window"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
-    template <int MODE> static auto fn() { return mmqw_kernel<T, G, TT, MODE>; }
+    static auto fn() { return mmqw_kernel<T, G, TT>; }
     enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
-                 THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>(),
-                 MODES = T == TD_Q6_K ? 0 : MMQ_TILE_W, XTP = 0, XTOKS = 0 };
+                 THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>() };
     static const char *name() { return "wide"; }
 };
 
-/* *map = the digits of xq's n_tok tokens as a 3-D tensor (XCHUNK-byte chunks of a token's
- * 2 * cols bytes, tokens), boxes of tp / XCHUNK chunks x toks tokens (tensor_acts). */
-td_err mm_acts_map(CUtensorMap *map, const mm_xquant *xq, int64_t cols, unsigned tp,
-                   unsigned toks)
-{
-    const encode_fn enc = encoder();
-    if (!enc)
-        return err_set(TD_ENOTSUP, "cuda_matmul: the driver encodes no tensor maps");
-    const cuuint64_t dim[3] = {XCHUNK / 8, (cuuint64_t)(2 * cols / XCHUNK),
-                               (cuuint64_t)xq->n_tok};
-    const cuuint64_t stride[2] = {XCHUNK, (cuuint64_t)(2 * cols)};
-    const cuuint32_t box[3] = {XCHUNK / 8, tp / XCHUNK, toks}, estride[3] = {1, 1, 1};
-    const CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, (void *)xq->xq, dim, stride,
-                           box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return err_set(TD_ECUDA, "cuda_matmul: the tensor map of %d tokens' activations was "
-                       "refused (driver error %d)", xq->n_tok, (int)r);
-    return TD_OK;
-}
-
-/* How the window and wide kernels copy (MMQ_TILE_* bits; read once): TANDEM_MMQ_TILE=on a
- * tile's Q4_K/Q5_K weight rows of a step as one tensor copy (tile_weights), =all also every
- * token's activation digits of a step in the window kernel (tensor_acts), unset row by row and
- * token by token. The same bytes land in the same places either way (kernels/cuda/NOTES.md). */
-static int mmq_tile_mode()
-{
-    static int v; /* 0 not read, else mode + 1 */
-    int c = __atomic_load_n(&v, __ATOMIC_RELAXED);
-    if (c == 0) {
-        const char *e = getenv("TANDEM_MMQ_TILE");
-        const int mode = !e || !mm_rows_map_ok()  ? 0
-                         : strcmp(e, "on") == 0  ? MMQ_TILE_W
-                         : strcmp(e, "all") == 0 ? MMQ_TILE_W | MMQ_TILE_X
-                                                 : 0;
-        c = mode + 1;
-        __atomic_store_n(&v, c, __ATOMIC_RELAXED);
-    }
-    return c - 1;
-}
-
-/* One launch of kernel K in the copy form mmq_tile_mode asks for, where K has it (K::MODES);
- * the shared-memory opt-in is set once per device. */
+/* One launch of kernel K (the members' tensor maps for Q4_K and Q5_K); the shared-memory
+ * opt-in is set once per device. */
 template <class K, int T>
 td_err launch_k(const ops_mm_out *mm, const mm_set &set, const mm_xquant *xq,
                 const mm_device *dev, int64_t grid, cudaStream_t st)
 {
     const ops_weight *w = mm[0].w;
     static_assert(K::SMEM <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
-    constexpr int ALL = K::MODES, TW = K::MODES & MMQ_TILE_W;
-    const int mode = mmq_tile_mode() & ALL;
-    const auto fn = mode == ALL ? K::template fn<ALL>()
-                    : mode == TW ? K::template fn<TW>()
-                                 : K::template fn<0>();
+    const auto fn = K::fn();
     static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(K::template fn<0>(),
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)K::SMEM));
-        CUDA_TRY(cudaFuncSetAttribute(K::template fn<TW>(),
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)K::SMEM));
-        CUDA_TRY(cudaFuncSetAttribute(K::template fn<ALL>(),
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)K::SMEM));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
     mmqb_maps maps;
     memset(&maps, 0, sizeof maps);
-    for (int i = 0; (mode & MMQ_TILE_W) && i < set.n; i++)
+    for (int i = 0; by_tile<T>() && i < set.n; i++)
         TD_TRY(mm_rows_map(&maps.m[i], mm[i].w, 8, K::PITCH / 8, MROWS));
-    if (mode & MMQ_TILE_X)
-        TD_TRY(mm_acts_map(&maps.x, xq, w->cols, (unsigned)K::XTP, (unsigned)K::XTOKS));
     const cudaError_t e = launch_ex(fn, grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st, set,
                                     (uint32_t)w->row_bytes, w->cols, *xq, mmq_refill(), maps);
     if (e != cudaSuccess)
@@ -985,7 +872,8 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
     return arch >= 900 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
            (n_pad == 8 || n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
-           (w->type == TD_Q4_K || w->type == TD_Q5_K || w->type == TD_Q6_K);
+           (w->type == TD_Q6_K ||
+            ((w->type == TD_Q4_K || w->type == TD_Q5_K) && mm_rows_map_ok()));
 }
 
 td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_device *dev,

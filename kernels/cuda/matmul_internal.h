@@ -134,8 +134,8 @@ td_err mmb_launch(const ops_mm_out *mm, int n, const float *x, const mm_xquant *
 td_err device_caps(int *arch, int *optin);
 
 /* Whether a chunk of n_pad tokens on w can run on the window kernel (n_pad 8, 16) or the wide
- * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: sm_90 code, Q4_K, Q5_K or Q6_K, 16-byte
- * aligned data, cols a multiple of 256. */
+ * kernel (n_pad 32, 64) of matmul_bulk_mma.cu: sm_90 code, Q4_K, Q5_K (where the driver
+ * encodes tensor maps) or Q6_K, 16-byte aligned data, cols a multiple of 256. */
 bool mmqb_supported(const ops_weight *w, int n_pad);
 
 /* mmq_launch for n (1..MM_SET_MAX) members of one type and width, in one launch, on the
