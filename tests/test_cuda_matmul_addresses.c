@@ -19,8 +19,9 @@
  * units (mm_set_number, mm_set_member) gives every row of every member to exactly one unit
  * of that member, and the CTAs' even shares of the units cover each exactly once.
  *
- * The window and wide kernels' tile copies (Q4_K, Q5_K): a tensor box of a tile's rows
- * puts the bytes each row's copy puts.
+ * The window and wide kernels' tile copies: a tensor box of a tile's rows (Q4_K, Q5_K) or
+ * two boxes of its pairs of rows (Q6_K) put the bytes each row's copy puts, where the
+ * kernel reads that row.
  *
  * The warpgroup kernel's activation layout (mm_wg_pos): each digit once, where the MMA's
  * shared-memory descriptor reads it for the k slot its weight fragment gives the input.
@@ -717,6 +718,57 @@ static void test_tile_copies_place_the_row_copies_bytes(void **state)
     assert_true(checked > 1000);
 }
 
+/* Q6_K's tile copies by pairs of rows (row_bytes a multiple of 8, an even number of rows): the
+ * matrix as a tensor of rows of 2 * row_bytes bytes (a 16-byte multiple), a tile's rows 2j
+ * and 2j + 1 in tensor row j; one box of 8 tensor rows x `slot` bytes from mmb_pair_x(.., 0)
+ * lands the even rows in the stage's rows 0-7, one from mmb_pair_x(.., 1) the odd rows in rows
+ * 8-15, zeros past the tensor row. For every row and step: the box starts where the row
+ * copy's window starts (so the kernel finds the run mis bytes in, as before), holds the
+ * window's run, which lies inside the tensor row (no zeros in it). (That the stage's rows are
+ * the fragment rows kblock_q6k<PAIRS> reads for them, fragment g + 8h for row 2g + h, is left
+ * to the GPU tests: a row read from the wrong stage row changes its result.) */
+static void test_pair_copies_place_the_row_copies_bytes(void **state)
+{
+    (void)state;
+    static const shape extra[] = {{38, 1024}, {2, 2048}, {5120, 6144}, {7002, 3072}};
+    int checked = 0;
+    for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
+        const bgeom *g = &wgeoms[k];
+        if (g->type != TD_Q6_K)
+            continue;
+        assert_int_equal(g->slot % 16, 0);
+        assert_true(g->slot / 8 <= 256);
+        assert_int_equal(8 * g->slot % 128, 0);
+        const size_t n_kq = sizeof kq_shapes / sizeof *kq_shapes;
+        for (size_t n = 0; n < n_kq + sizeof extra / sizeof *extra; n++) {
+            const shape *sh = n < n_kq ? &kq_shapes[n] : &extra[n - n_kq];
+            const int64_t row_bytes = sh->cols / g->blk_w * g->blk_bytes;
+            if (row_bytes % 8 != 0 || sh->rows % 2 != 0)
+                continue; /* rows copied one by one */
+            assert_int_equal(2 * row_bytes % 16, 0);
+            const int nkb = (int)(sh->cols / 256);
+            const int64_t some[] = {0, 1, 2, 7, 14, 15, 16, 17, sh->rows / 2, sh->rows - 2,
+                                    sh->rows - 1};
+            for (int k0 = 0; k0 < nkb; k0 += g->kc)
+                for (size_t i = 0; i < sizeof some / sizeof *some; i++) {
+                    const int64_t r = some[i] < sh->rows ? some[i] : sh->rows - 1;
+                    const int odd = (int)(r & 1);
+                    const mmb_copy c = mmb_copy_of(row_bytes, sh->rows, g->kb, g->kc, r, k0);
+                    const int64_t x = mmb_pair_x(row_bytes, g->kb, k0, odd);
+                    if (x % 16 != 0 || (r / 2) * 2 * row_bytes + x != c.src ||
+                        c.mis + c.run > (uint32_t)g->slot || x + c.mis + c.run > 2 * row_bytes)
+                        fail_msg("Q6_K kc %d, %lld x %lld, row %lld, k-block %d: the pair box "
+                                 "(x %lld) is not the row copy's window (src %lld, mis %u, run "
+                                 "%u)", g->kc, (long long)sh->rows, (long long)sh->cols,
+                                 (long long)r, k0, (long long)x, (long long)c.src, c.mis,
+                                 c.run);
+                    checked++;
+                }
+        }
+    }
+    assert_true(checked > 1000);
+}
+
 /* The window and wide kernels' tiles per round: the 27B shapes' counts as measured, and for
  * any count every CTA's share fits its rounds (the kernels loop over ceil(share / tt) rounds
  * and take tile t_begin + round * tt + tau, which must stay below t_end or be skipped). */
@@ -964,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_tile_copies_place_the_row_copies_bytes),
+        cmocka_unit_test(test_pair_copies_place_the_row_copies_bytes),
         cmocka_unit_test(test_set_units_cover_every_row_once),
         cmocka_unit_test(test_warpgroup_layout_is_what_the_descriptor_reads),
         cmocka_unit_test(test_tiles_per_round),

@@ -738,7 +738,9 @@ typedef struct bulk_shape {
  * unit), 33000; k-blocks per row fewer than a stage, not a multiple of the stage (21, 5, 33
  * Q8_0 blocks: a partial last k-block) and many; the 27B target's ffn_gate/up, ffn_down,
  * attn_qkv and ssm/attn_out shapes (rows x cols). Q6_K and Q8_0 rows start at every even
- * offset modulo 16, and the matrix's last run ends past its last 16-byte boundary. */
+ * offset modulo 16, and the matrix's last run ends past its last 16-byte boundary. Q6_K rows
+ * of a multiple of 1024 inputs in an even number go to the window and wide kernels by pairs
+ * (38 x 1024: a last tile of 6 rows), others one by one (37 x 2048: one row unpaired). */
 static const bulk_shape bulk_shapes[] = {
     {TD_Q4_K, 3, 256},      {TD_Q4_K, 37, 768},     {TD_Q4_K, 7001, 1280},
     {TD_Q4_K, 33000, 256},  {TD_Q4_K, 300, 5376},   {TD_Q4_K, 17408, 5120},
@@ -748,7 +750,8 @@ static const bulk_shape bulk_shapes[] = {
     {TD_Q5_K, 10240, 5120}, {TD_Q5_K, 5120, 6144},  {TD_Q6_K, 3, 256},
     {TD_Q6_K, 37, 768},     {TD_Q6_K, 7001, 1280},  {TD_Q6_K, 33000, 256},
     {TD_Q6_K, 300, 5376},   {TD_Q6_K, 17408, 5120}, {TD_Q6_K, 5120, 17408},
-    {TD_Q6_K, 10240, 5120}, {TD_Q6_K, 5120, 6144},  {TD_Q8_0, 3, 32},
+    {TD_Q6_K, 10240, 5120}, {TD_Q6_K, 5120, 6144},  {TD_Q6_K, 38, 1024},
+    {TD_Q6_K, 37, 2048},    {TD_Q8_0, 3, 32},
     {TD_Q8_0, 37, 96},      {TD_Q8_0, 7001, 1056},  {TD_Q8_0, 33000, 64},
     {TD_Q8_0, 300, 5408},   {TD_Q8_0, 17408, 5120}, {TD_Q8_0, 5120, 17408},
     {TD_Q8_0, 10240, 5120}, {TD_Q8_0, 5120, 6144},

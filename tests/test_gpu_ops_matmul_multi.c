@@ -183,6 +183,10 @@ static const group groups[] = {
      * members ending inside one), the F16 alone */
     {"five bf16 + f16 (drafter projections)", 640, 6,
      {{TD_BF16, 64}, {TD_BF16, 16}, {TD_BF16, 9}, {TD_F16, 24}, {TD_BF16, 33}, {TD_BF16, 1}}},
+    /* Q6_K rows of 1024 inputs in even numbers: the window and wide kernels copy them by
+     * pairs, one tensor map per member */
+    {"five q6k by pairs", 1024, 5,
+     {{TD_Q6_K, 40}, {TD_Q6_K, 6}, {TD_Q6_K, 2}, {TD_Q6_K, 300}, {TD_Q6_K, 18}}},
 };
 
 typedef struct group_run {

@@ -136,6 +136,16 @@ MMB_HD mmb_copy mmb_copy_of(int64_t row_bytes, int64_t rows, int kb_bytes, int k
                        mmb_run_bytes(row_bytes, kb_bytes, kc, k0), rows * row_bytes);
 }
 
+/* Q6_K rows by pairs (the window and wide kernels' tile copies, where row_bytes is a multiple
+ * of 8 so that two rows are a 16-byte multiple): the byte, in the tensor row of rows 2j and
+ * 2j + 1, where row 2j + odd's box starts for the run from k-block k0: the run's first byte
+ * rounded down to 16, which is where mmb_copy_of's window starts (the matrix 16-byte
+ * aligned). */
+MMB_HD int64_t mmb_pair_x(int64_t row_bytes, int kb_bytes, int k0, int odd)
+{
+    return ((odd ? row_bytes : 0) + (int64_t)k0 * kb_bytes) & ~(int64_t)15;
+}
+
 /* Q4_K and Q5_K (row_bytes and kb_bytes multiples of 16, the matrix 16-byte aligned): every
  * run is its window (mis = tail = 0), mmb_run_bytes long from row * row_bytes + k0 * kb_bytes,
  * so the kernel copies runs without the window arithmetic. */

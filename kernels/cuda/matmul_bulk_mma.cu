@@ -68,16 +68,11 @@
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matmul_quant_blocks.cuh"
 
-/* The members' tensor maps a launch passes (tile_weights; zeros for Q6_K, copied by rows). */
+/* The members' tensor maps a launch passes (tile_weights; zeros where rows are copied one by
+ * one). */
 struct mmqb_maps {
     CUtensorMap m[MM_SET_MAX];
 };
-
-/* Whether a tile's weight rows of a step go as one tensor copy: rows of 16-byte multiples. */
-template <int T> __host__ __device__ constexpr bool by_tile()
-{
-    return T != TD_Q6_K;
-}
 
 /* When a warp refills stages (mmq_refill below). */
 enum { MMQ_REFILL_LATE, MMQ_REFILL_EARLY2, MMQ_REFILL_EARLY };
@@ -229,28 +224,45 @@ __device__ __forceinline__ void warp_weights(mmqb_cursor &c, uint8_t *stages, co
     arrive_all(full, bytes, lane);
 }
 
-/* Weight item c as one 2-D tensor copy per tile (Q4_K, Q5_K: rows 16-byte multiples): lane
- * 0 of the tile's first warp copies the box of 16 rows x PITCH bytes from byte KC * s *
- * KB_BYTES of the tile's first row (the run and the PITCH - run bytes after it, zeros past a
- * row's end or the matrix) to the tile's rows of the stage, and is the tile's one arrival
- * on the stage's full barrier; c moves to the next item. */
+/* Weight item c as tensor copies of whole tiles: lane 0 of the tile's first warp copies the
+ * tile's rows of the step to its rows of the stage (PITCH bytes apart) and is the tile's one
+ * arrival on the stage's full barrier; c moves to the next item. Q4_K and Q5_K (rows
+ * 16-byte multiples, mm_rows_map with one row per tensor row): the box of 16 rows x PITCH
+ * bytes from byte KC * s * KB_BYTES of the tile's first row, the run and the PITCH - run
+ * bytes after it (zeros past a row's end or the matrix). Q6_K (row_bytes a multiple of 8, an
+ * even number of rows; mm_rows_map with two rows per tensor row, 16-byte strides): the
+ * 16-byte window around each run as the row copies take it, two boxes of 8 pairs: the even
+ * rows' windows (from the run's first byte rounded down to 16) to the stage's rows 0-7, the
+ * odd rows' (row_bytes further) to rows 8-15, the fragment rows kblock_q6k<PAIRS> reads
+ * them as. */
 template <int T, int KC, int PITCH, int WS, int W_STAGE>
 __device__ __forceinline__ void tile_weights(mmqb_cursor &c, uint8_t *stages, const mm_set &set,
                                              const cta_share &sh, int tt, int tau,
-                                             const CUtensorMap *maps, uint64_t *full,
-                                             uint64_t policy, int lane)
+                                             const CUtensorMap *maps, uint32_t row_bytes,
+                                             uint64_t *full, uint64_t policy, int lane)
 {
-    static_assert(MROWS * PITCH % 128 == 0 && W_STAGE % 128 == 0,
+    static_assert(MROWS / 2 * PITCH % 128 == 0 && W_STAGE % 128 == 0,
                   "a tensor copy's destination is 128-byte aligned");
-    static_assert(KC * qt<T>::KB_BYTES % 8 == 0 && PITCH % 8 == 0, "8-byte elements");
+    static_assert(PITCH % 16 == 0 && PITCH / 8 <= 256, "a box row of 8-byte elements");
     const witem it = next_witem<WS>(c, set, sh, tt, tau);
     uint8_t *dst = stages + it.stage * W_STAGE + tau * MROWS * PITCH;
     full += it.stage;
     if (lane == 0) {
         if (it.in) {
+            const CUtensorMap *map = &maps[it.m];
+            const int row0 = (int)((it.tile - set.first[it.m]) * MROWS);
             bar_arrive_tx(full, MROWS * PITCH);
-            tensor_copy_2d(dst, &maps[it.m], KC * it.s * qt<T>::KB_BYTES / 8,
-                           (int)((it.tile - set.first[it.m]) * MROWS), full, policy);
+            if constexpr (T == TD_Q6_K) {
+                const int k0 = KC * it.s;
+                tensor_copy_2d(dst, map, (int)mmb_pair_x(row_bytes, qt<T>::KB_BYTES, k0, 0) / 8,
+                               row0 / 2, full, policy);
+                tensor_copy_2d(dst + MROWS / 2 * PITCH, map,
+                               (int)mmb_pair_x(row_bytes, qt<T>::KB_BYTES, k0, 1) / 8, row0 / 2,
+                               full, policy);
+            } else {
+                static_assert(KC * qt<T>::KB_BYTES % 16 == 0, "runs start 16-byte aligned");
+                tensor_copy_2d(dst, map, KC * it.s * qt<T>::KB_BYTES / 8, row0, full, policy);
+            }
         } else {
             bar_arrive(full);
         }
@@ -330,7 +342,7 @@ __device__ __forceinline__ cta_share cta_share_of(const mm_set &set, int64_t col
  * empty barriers at smem + L::BAR_OFF, the warp's cursors and its share of every item's
  * copies (weight rows i0 .. i0 + n - 1 of its tile tau, activation copy j of each lane).
  * Item it sits in weight stage it % WS and activation stage it % XS. */
-template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct rings {
+template <int T, int KC, int PITCH, int TP, int WS, int XS, bool TILE, class L> struct rings {
     static constexpr unsigned SPIN = 1024; /* polls of a barrier before sleeping between them */
     uint8_t *smem;                             /* the CTA's dynamic shared memory */
     uint64_t *wfull, *wempty, *xfull, *xempty; /* [WS], [WS], [XS], [XS] stage barriers */
@@ -343,7 +355,7 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     uint64_t once, shared; /* L2 policies: weights read once, activations by every SM */
     mmqb_cursor wc, xc;    /* the next weight and activation items this warp issues */
     bool early = false;    /* refill at an item's start (wait) instead of its end (done) */
-    const CUtensorMap *maps = nullptr; /* the members' rows (tile_weights: Q4_K, Q5_K) */
+    const CUtensorMap *maps = nullptr; /* the members' rows (TILE: tile_weights) */
     bool wissue = true;                /* this warp issues weight items */
 
     __device__ __forceinline__ rings(uint8_t *smem_, const mm_set &set_, const mm_xquant &xq_,
@@ -367,9 +379,9 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, class L> struct ring
     }
     __device__ __forceinline__ void weights()
     {
-        if constexpr (by_tile<T>())
-            tile_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, maps, wfull,
-                                                       once, lane);
+        if constexpr (TILE)
+            tile_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, maps,
+                                                       row_bytes, wfull, once, lane);
         else
             warp_weights<T, KC, PITCH, WS, L::W_STAGE>(wc, smem, set, sh, tt, tau, i0, n,
                                                        row_bytes, wfull, once, lane);
@@ -443,8 +455,9 @@ template <int TT> constexpr int threads_of()
  * never spans two members); CTA b owns tiles [n_tiles * b / grid, n_tiles * (b + 1) / grid),
  * TT per round (a round may span members); block: threads_of() (warp tau * 4 + c: tile tau
  * of the round, chain c); dynamic shared memory layout::SMEM. cols is a multiple of 256
- * (K-quants). */
-template <int T, int NT, int TT>
+ * (K-quants). TILE: weights by tensor copies of whole tiles (tile_weights; maps), else row by
+ * row (Q6_K rows that cannot be paired). */
+template <int T, int NT, int TT, bool TILE>
 __global__ void __launch_bounds__(threads_of<TT>(), 1)
     mmqb_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
                 const __grid_constant__ mmqb_maps maps)
@@ -459,10 +472,11 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     constexpr int PITCH = run_pitch<T>();
     constexpr int WS = L::WS;
     static_assert(WS >= 2, "two weight stages at least");
-    using R = rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, L>;
+    using R = rings<T, WIN, PITCH, tok_pitch<T>(), WS, XS, TILE, L>;
+    constexpr bool PAIRS = TILE && T == TD_Q6_K; /* fragment rows of paired rows */
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, CONS, by_tile<T>() ? TT : CONS, CONS);
+    R::init(smem, CONS, TILE ? TT : CONS, CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -477,7 +491,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, c * (MROWS / KSPLIT), MROWS / KSPLIT,
         warp + CONS * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
-    if (by_tile<T>()) {
+    if (TILE) {
         r.maps = maps.m;
         r.wissue = c == 0;
     }
@@ -515,7 +529,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
                     (const int8_t *)(st + L::S_OFF + (c * L::TOKS + l.g) * MM_XSUM_BYTES),
                     (const float *)(st + L::D_OFF) + c * L::TOKS + 2 * l.t,
                     (size_t)NTOK * tok_pitch<T>(), valid};
-                kblock_any<T, 1, NT, PITCH>(acc, slot, kbase, row_bytes, 0, x, l);
+                kblock_any<T, 1, NT, PITCH, PAIRS>(acc, slot, kbase, row_bytes, 0, x, l);
             }
             r.done(it);
         }
@@ -523,7 +537,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
          * (not the whole CTA) */
         const int64_t r0 = have ? (tile - set.first[m]) * MROWS : 0, rows = set.rows[m];
         const int n_rows = !have ? 0 : rows - r0 < MROWS ? (int)(rows - r0) : MROWS;
-        tile_reduce<1, NT>(set.y[m], red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l, 1 + tau,
+        tile_reduce<1, NT, PAIRS>(set.y[m], red + tau * KSPLIT * MROWS * L::TOKS, acc, c, l, 1 + tau,
                            n_rows, xq.n_tok, rows, r0);
     }
 #else
@@ -591,8 +605,8 @@ template <int G, int TT> constexpr int wide_threads()
 
 /* grid, tiles and rounds as mmqb_kernel's; block: wide_threads() (warp tau * G + q: tile tau
  * of the round, tokens 16q..16q+15); dynamic shared memory wlayout::SMEM. cols is a multiple
- * of 256 (K-quants). */
-template <int T, int G, int TT>
+ * of 256 (K-quants). TILE as mmqb_kernel's. */
+template <int T, int G, int TT, bool TILE>
 __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     mmqw_kernel(mm_set set, uint32_t row_bytes, int64_t cols, mm_xquant xq, int refill,
                 const __grid_constant__ mmqb_maps maps)
@@ -607,10 +621,11 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     constexpr int WS = L::WS, XS = L::XS;
     static_assert(WS >= 2, "two weight stages at least");
     constexpr int SPG = KSPLIT / WKS; /* steps per turn of the four chains */
-    using R = rings<T, WKS, PITCH, TP, WS, XS, L>;
+    using R = rings<T, WKS, PITCH, TP, WS, XS, TILE, L>;
+    constexpr bool PAIRS = TILE && T == TD_Q6_K; /* fragment rows of paired rows */
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, NW, by_tile<T>() ? TT : NW, NW);
+    R::init(smem, NW, TILE ? TT : NW, NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -623,7 +638,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     R r(smem, set, xq, sh, cols, row_bytes, TT, tau, q * (MROWS / G), MROWS / G,
         warp + NW * lane, lane);
     r.early = refill == MMQ_REFILL_EARLY || (refill == MMQ_REFILL_EARLY2 && WS == 2);
-    if (by_tile<T>()) {
+    if (TILE) {
         r.maps = maps.m;
         r.wissue = q == 0;
     }
@@ -672,15 +687,17 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
                                              (j * L::TOKS + tok0 + l.g) * MM_XSUM_BYTES),
                             (const float *)(st + L::D_OFF) + j * L::TOKS + tok0 + 2 * l.t,
                             (size_t)NTOK * TP, valid};
-                        kblock_any<T, 1, 2, PITCH>(acc[u * WKS + j], wst + j * Q::KB_BYTES,
-                                                   kbase, row_bytes, 0, x, l);
+                        kblock_any<T, 1, 2, PITCH, PAIRS>(acc[u * WKS + j],
+                                                          wst + j * Q::KB_BYTES, kbase,
+                                                          row_bytes, 0, x, l);
                     }
                 }
                 r.done(it);
                 it++;
             }
         }
-        /* y = ((p0 + p1) + p2) + p3: rows g, g + 8 of the tile, tokens 8nt + 2t, + 1 */
+        /* y = ((p0 + p1) + p2) + p3: fragment rows g, g + 8 of the tile (PAIRS: its rows 2g,
+         * 2g + 1), tokens 8nt + 2t, + 1 */
         if (have) {
             const int64_t rows = set.rows[m];
             float *y = set.y[m];
@@ -688,7 +705,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const int64_t r = tr0 + l.g + 8 * (i >> 1);
+                    const int64_t r = tr0 + (PAIRS ? 2 * l.g + (i >> 1) : l.g + 8 * (i >> 1));
                     const int tk = tok0 + nt * NTOK + 2 * l.t + (i & 1);
                     const float v = __fadd_rn(__fadd_rn(__fadd_rn(acc[0][0][nt][i],
                                                                   acc[1][0][nt][i]),
@@ -731,39 +748,63 @@ static int mmq_refill()
 /* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
  * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
 template <int T, int NT, int TT> struct window_kernel {
-    static auto fn() { return mmqb_kernel<T, NT, TT>; }
+    template <bool TILE> static auto fn() { return mmqb_kernel<T, NT, TT, TILE>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
                  THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>() };
     static const char *name() { return "window"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
-    static auto fn() { return mmqw_kernel<T, G, TT>; }
+    template <bool TILE> static auto fn() { return mmqw_kernel<T, G, TT, TILE>; }
     enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
                  THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>() };
     static const char *name() { return "wide"; }
 };
 
-/* One launch of kernel K (the members' tensor maps for Q4_K and Q5_K); the shared-memory
- * opt-in is set once per device. */
+/* Whether Q6_K members' rows can go by tensor copies of pairs (tile_weights): 16-byte strides
+ * of two rows (row_bytes a multiple of 8: cols a multiple of 1024) and no row left unpaired. */
+static bool q6k_pairs(const ops_mm_out *mm, int n)
+{
+    if (!mm_rows_map_ok() || mm[0].w->row_bytes % 8 != 0)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (mm[i].w->rows % 2 != 0)
+            return false;
+    return true;
+}
+
+/* One launch of kernel K: weights by tensor copies of whole tiles (the members' maps: Q4_K,
+ * Q5_K, Q6_K where q6k_pairs) or else row by row; the shared-memory opt-in is set once per
+ * device. */
 template <class K, int T>
 td_err launch_k(const ops_mm_out *mm, const mm_set &set, const mm_xquant *xq,
                 const mm_device *dev, int64_t grid, cudaStream_t st)
 {
     const ops_weight *w = mm[0].w;
     static_assert(K::SMEM <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
-    const auto fn = K::fn();
+    constexpr bool Q6 = T == TD_Q6_K;
+    const bool tile = !Q6 || q6k_pairs(mm, set.n);
+    auto fn = K::template fn<true>();
+    if constexpr (Q6)
+        if (!tile)
+            fn = K::template fn<false>();
     static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_TRY(cudaFuncSetAttribute(K::template fn<true>(),
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       (int)K::SMEM));
+        if constexpr (Q6)
+            CUDA_TRY(cudaFuncSetAttribute(K::template fn<false>(),
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)K::SMEM));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
     mmqb_maps maps;
     memset(&maps, 0, sizeof maps);
-    for (int i = 0; by_tile<T>() && i < set.n; i++)
-        TD_TRY(mm_rows_map(&maps.m[i], mm[i].w, 8, K::PITCH / 8, MROWS));
+    for (int i = 0; tile && i < set.n; i++)
+        TD_TRY(mm_rows_map(&maps.m[i], mm[i].w, 8, Q6 ? 2 : 1, K::PITCH / 8,
+                           Q6 ? MROWS / 2 : MROWS));
     const cudaError_t e = launch_ex(fn, grid, (int)K::THREADS, (int)K::SMEM, dev->pdl, st, set,
                                     (uint32_t)w->row_bytes, w->cols, *xq, mmq_refill(), maps);
     if (e != cudaSuccess)
@@ -838,15 +879,16 @@ bool mm_rows_map_ok(void)
     return encoder() != NULL;
 }
 
-td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, unsigned box_x,
+td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, int per, unsigned box_x,
                    unsigned box_y)
 {
-    TD_ASSERT((elem == 1 || elem == 8) && w->row_bytes % 16 == 0);
+    const uint64_t pitch = (uint64_t)per * w->row_bytes; /* bytes per tensor row */
+    TD_ASSERT((elem == 1 || elem == 8) && per >= 1 && pitch % 16 == 0 && w->rows % per == 0);
     const encode_fn enc = encoder();
     if (!enc)
         return err_set(TD_ENOTSUP, "cuda_matmul: the driver encodes no tensor maps");
-    const cuuint64_t dim[2] = {(cuuint64_t)(w->row_bytes / elem), (cuuint64_t)w->rows};
-    const cuuint64_t stride[1] = {(cuuint64_t)w->row_bytes};
+    const cuuint64_t dim[2] = {(cuuint64_t)(pitch / elem), (cuuint64_t)(w->rows / per)};
+    const cuuint64_t stride[1] = {(cuuint64_t)pitch};
     const cuuint32_t box[2] = {box_x, box_y}, estride[2] = {1, 1};
     const CUresult r =
         enc(map, elem == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT64, 2,
@@ -872,7 +914,7 @@ bool mmqb_supported(const ops_weight *w, int n_pad)
     return arch >= 900 && optin >= SMEM_MAX && ((uintptr_t)w->data & 15) == 0 &&
            (n_pad == 8 || n_pad == 16 || n_pad == 32 || n_pad == 64) &&
            w->cols % MM_XBLOCK == 0 &&
-           (w->type == TD_Q6_K ||
+           (w->type == TD_Q6_K || /* rows one by one where they cannot be paired */
             ((w->type == TD_Q4_K || w->type == TD_Q5_K) && mm_rows_map_ok()));
 }
 

@@ -148,10 +148,11 @@ td_err mmqb_launch(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
 /* Whether the driver encodes tensor maps (cuTensorMapEncodeTiled); asked once. */
 bool mm_rows_map_ok(void);
 
-/* *map = w's rows as a 2-D tensor for cp.async.bulk.tensor: elements of elem bytes (1 or 8;
- * w->row_bytes / elem per row, rows 16-byte multiples), boxes of box_x elements x box_y
- * rows, no swizzle, zeros past the tensor. */
-td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, unsigned box_x,
+/* *map = w's rows as a 2-D tensor for cp.async.bulk.tensor, `per` rows (1 or 2) to a tensor
+ * row: elements of elem bytes (1 or 8; per * w->row_bytes / elem per tensor row, a 16-byte
+ * multiple; w->rows a multiple of per), boxes of box_x elements x box_y tensor rows, no
+ * swizzle, zeros past the tensor. */
+td_err mm_rows_map(CUtensorMap *map, const ops_weight *w, int elem, int per, unsigned box_x,
                    unsigned box_y);
 
 /* Whether a chunk of n_pad tokens on w can run on the warpgroup kernel

@@ -360,8 +360,10 @@ __device__ __forceinline__ void kblock_kq(float (&acc)[MT][NT][4], const uint8_t
  * qh[32n + 16gh + 4t] (2 bits per q). The weights go in as 0..63; the -32 comes back as
  * -32 * sum_k sc_k * sum16_k, three k16 MMAs (mma_digits) with A = the 16 int8 scales of a
  * row (lane t: scales 4t..4t+3, the word at 192 + 4t) and B = the digits of the token's
- * 16-input sums. */
-template <int MT, int NT, int STRIDE, class XV>
+ * 16-input sums. PAIRS: the tile's fragment rows f < 8 hold its rows 2f, f >= 8 its rows
+ * 2(f - 8) + 1 (staged by pairs of rows, tile_weights), so row f's block sits that row's
+ * misalignment into its staged row. */
+template <int MT, int NT, int STRIDE, bool PAIRS, class XV>
 __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes,
                                            const XV &x, lane_pos l)
@@ -374,7 +376,8 @@ __device__ __forceinline__ void kblock_q6k(float (&acc)[MT][NT][4], const uint8_
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int i = mt * MROWS + l.g + 8 * h;
-            const uint8_t *row = slot + i * STRIDE + stage_delta(kbase, row_bytes, i);
+            const int r = PAIRS ? mt * MROWS + 2 * l.g + h : i; /* the tile's row */
+            const uint8_t *row = slot + i * STRIDE + stage_delta(kbase, row_bytes, r);
             d[mt][h] = f16f(*(const uint16_t *)(row + 208)); /* even offset */
             const srow sr = srow_at(row + 192);
 #pragma unroll
@@ -532,8 +535,9 @@ __device__ __forceinline__ void kblock_q80(float (&acc)[MT][NT][4], const uint8_
  * The one dispatch of the tensor-core kernels, whichever way their weights and activations
  * were staged: staged rows STRIDE bytes apart (the type's qt<T>::STRIDE unless given), row
  * i's block at slot + i * STRIDE (Q6_K/Q8_0: plus the misalignment of kbase + i * row_bytes),
- * activations through x (xview: global memory, xview_s: shared). */
-template <int T, int MT, int NT, int STRIDE = qt<T>::STRIDE, class XV>
+ * activations through x (xview: global memory, xview_s: shared); PAIRS: Q6_K rows staged by
+ * pairs (kblock_q6k). */
+template <int T, int MT, int NT, int STRIDE = qt<T>::STRIDE, bool PAIRS = false, class XV>
 __device__ __forceinline__ void kblock_any(float (&acc)[MT][NT][4], const uint8_t *slot,
                                            const uint8_t *kbase, uint32_t row_bytes, int n_blk,
                                            const XV &x, lane_pos l)
@@ -541,7 +545,7 @@ __device__ __forceinline__ void kblock_any(float (&acc)[MT][NT][4], const uint8_
     if constexpr (T == TD_Q4_K || T == TD_Q5_K)
         kblock_kq<T == TD_Q5_K, MT, NT, STRIDE>(acc, slot, x, l);
     else if constexpr (T == TD_Q6_K)
-        kblock_q6k<MT, NT, STRIDE>(acc, slot, kbase, row_bytes, x, l);
+        kblock_q6k<MT, NT, STRIDE, PAIRS>(acc, slot, kbase, row_bytes, x, l);
     else
         kblock_q80<MT, NT, STRIDE>(acc, slot, kbase, row_bytes, n_blk, x, l);
 }
@@ -586,8 +590,9 @@ __device__ __forceinline__ void group_sync(int group)
 /* A tile's result: y = ((p0 + p1) + p2) + p3 over the KSPLIT warps' partials acc, met in red;
  * rows n_rows (0: none) of the tile at row r0 of y [n_tok][rows]. Called by every thread of
  * the tile's KSPLIT warps (chain k = warp), which meet at named barrier `group`; red is free
- * again when it returns. */
-template <int MT, int NT>
+ * again when it returns. PAIRS (MT 1): fragment row f holds the tile's row 2f (f < 8) or
+ * 2(f - 8) + 1 (kblock_q6k). */
+template <int MT, int NT, bool PAIRS = false>
 __device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&acc)[MT][NT][4],
                                             int k, lane_pos l, int group, int n_rows,
                                             int n_tok, int64_t rows, int64_t r0)
@@ -597,8 +602,10 @@ __device__ __forceinline__ void tile_reduce(float *y, float *red, const float (&
     group_sync(group);
     for (int idx = k * 32 + (int)(threadIdx.x & 31); idx < ROWS * n_tok; idx += KSPLIT * 32) {
         const int rl = idx % ROWS, tk = idx / ROWS;
+        static_assert(!PAIRS || MT == 1, "pairs of rows in one 16-row tile");
         if (rl < n_rows)
-            y[(size_t)tk * rows + r0 + rl] = red_sum<MT, NT>(red, rl, tk);
+            y[(size_t)tk * rows + r0 + rl] =
+                red_sum<MT, NT>(red, PAIRS ? (rl >> 1) + 8 * (rl & 1) : rl, tk);
     }
     group_sync(group); /* the next tile writes red again */
 }

@@ -638,7 +638,7 @@ td_err launch_type(const ops_mm_out *mm, int n, const mm_xquant *xq, const mm_de
     for (int i = 0; i < n; i++) {
         const ops_weight *w = mm[i].w;
         TD_ASSERT(wgq_supported(w, xq->n_pad) && w->type == T && w->cols == w0->cols);
-        TD_TRY(mm_rows_map(&maps.m[i], w, 1, C::KB, WG_ROWS));
+        TD_TRY(mm_rows_map(&maps.m[i], w, 1, 1, C::KB, WG_ROWS));
     }
     const mm_set set = mm_set_of(mm, n, WG_ROWS);
     const int64_t n_tiles = set.first[set.n];
