@@ -671,71 +671,29 @@ static void test_window_copies_and_reads_stay_inside_their_allocations(void **st
     }
 }
 
-/* The window and wide kernels' tile copies: for Q4_K and Q5_K, a 2-D tensor
- * box of 16 rows x `slot` bytes (8-byte elements, from element kc * s * kb / 8 of each row,
- * rows `slot` bytes apart in the stage, zeros past a row's end) puts at every byte the row
- * copy puts there the same byte of the matrix: each row's copy is its run, unshifted
- * (mis = 0, no tail), from row * row_bytes + kc * s * kb, no longer than the box row and
- * inside the row. Also what the tensor copy itself needs: 16-byte row strides, a box row of
- * at most 256 elements, 16 of them 128-byte aligned in the stage. */
+/* The window and wide kernels' tile copies put at every byte the kernel reads the byte the
+ * row copies put there. Q4_K and Q5_K: a 2-D tensor box of 16 rows x `slot` bytes (8-byte
+ * elements from byte k0 * kb of each row, rows `slot` bytes apart in the stage, zeros past a
+ * row's end), where each row's copy is its run, unshifted (mis = 0, no tail), from row *
+ * row_bytes + k0 * kb. Q6_K with row_bytes a multiple of 8 and an even number of rows: the
+ * matrix as a tensor of rows of 2 * row_bytes bytes (a 16-byte multiple), rows 2j and 2j + 1
+ * in tensor row j; a box of 8 tensor rows from mmb_pair_x(.., 0) lands a tile's even rows in
+ * the stage's rows 0-7, one from mmb_pair_x(.., 1) its odd rows in rows 8-15, each starting
+ * where the row copy's window starts, so the kernel finds the run mis bytes in as before.
+ * Either way the run fits the box row and lies inside the tensor row (no zeros in it); and
+ * what the tensor copy needs: 16-byte strides, box rows of at most 256 elements and 16-byte
+ * multiples, 8 of them 128-byte aligned in the stage. (That the stage's Q6_K rows are the
+ * fragment rows kblock_q6k<PAIRS> reads for them, fragment g + 8h for row 2g + h, is left to
+ * the GPU tests: a row read from the wrong stage row changes its result.) */
 static void test_tile_copies_place_the_row_copies_bytes(void **state)
 {
     (void)state;
-    static const shape extra[] = {{3, 256}, {7001, 1280}, {5120, 6144}, {9, 768}};
-    int checked = 0;
+    static const shape extra[] = {{3, 256},   {7001, 1280}, {5120, 6144}, {9, 768},
+                                  {38, 1024}, {2, 2048},    {7002, 3072}};
+    int checked[2] = {0, 0}; /* Q4_K/Q5_K, Q6_K */
     for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
         const bgeom *g = &wgeoms[k];
-        if (g->type == TD_Q6_K)
-            continue;
-        assert_int_equal(g->kc * g->kb % 8, 0);
-        assert_int_equal(g->slot % 8, 0);
-        assert_true(g->slot / 8 <= 256);
-        assert_int_equal(16 * g->slot % 128, 0);
-        const size_t n_kq = sizeof kq_shapes / sizeof *kq_shapes;
-        for (size_t n = 0; n < n_kq + sizeof extra / sizeof *extra; n++) {
-            const shape *sh = n < n_kq ? &kq_shapes[n] : &extra[n - n_kq];
-            const int64_t row_bytes = sh->cols / g->blk_w * g->blk_bytes;
-            assert_int_equal(row_bytes % 16, 0);
-            const int nkb = (int)(sh->cols / 256);
-            const int64_t some[] = {0, 1, 15, sh->rows / 2, sh->rows - 1};
-            for (int k0 = 0; k0 < nkb; k0 += g->kc)
-                for (size_t i = 0; i < sizeof some / sizeof *some; i++) {
-                    const int64_t r = some[i] < sh->rows ? some[i] : sh->rows - 1;
-                    const mmb_copy c = mmb_copy_of(row_bytes, sh->rows, g->kb, g->kc, r, k0);
-                    const int64_t box = (int64_t)k0 * g->kb; /* the box row's first byte */
-                    if (c.mis != 0 || c.tail != 0 || c.src != r * row_bytes + box ||
-                        c.bulk != c.run || c.bulk > (uint32_t)g->slot ||
-                        box + c.bulk > row_bytes)
-                        fail_msg("%s kc %d, %lld x %lld, row %lld, k-block %d: the row copy "
-                                 "(src %lld, %u bytes, mis %u, tail %u) is not the box's "
-                                 "first %u bytes", dtype_name(g->type), g->kc,
-                                 (long long)sh->rows, (long long)sh->cols, (long long)r, k0,
-                                 (long long)c.src, c.bulk, c.mis, c.tail, c.bulk);
-                    checked++;
-                }
-        }
-    }
-    assert_true(checked > 1000);
-}
-
-/* Q6_K's tile copies by pairs of rows (row_bytes a multiple of 8, an even number of rows): the
- * matrix as a tensor of rows of 2 * row_bytes bytes (a 16-byte multiple), a tile's rows 2j
- * and 2j + 1 in tensor row j; one box of 8 tensor rows x `slot` bytes from mmb_pair_x(.., 0)
- * lands the even rows in the stage's rows 0-7, one from mmb_pair_x(.., 1) the odd rows in rows
- * 8-15, zeros past the tensor row. For every row and step: the box starts where the row
- * copy's window starts (so the kernel finds the run mis bytes in, as before), holds the
- * window's run, which lies inside the tensor row (no zeros in it). (That the stage's rows are
- * the fragment rows kblock_q6k<PAIRS> reads for them, fragment g + 8h for row 2g + h, is left
- * to the GPU tests: a row read from the wrong stage row changes its result.) */
-static void test_pair_copies_place_the_row_copies_bytes(void **state)
-{
-    (void)state;
-    static const shape extra[] = {{38, 1024}, {2, 2048}, {5120, 6144}, {7002, 3072}};
-    int checked = 0;
-    for (size_t k = 0; k < sizeof wgeoms / sizeof *wgeoms; k++) {
-        const bgeom *g = &wgeoms[k];
-        if (g->type != TD_Q6_K)
-            continue;
+        const bool q6 = g->type == TD_Q6_K;
         assert_int_equal(g->slot % 16, 0);
         assert_true(g->slot / 8 <= 256);
         assert_int_equal(8 * g->slot % 128, 0);
@@ -743,30 +701,36 @@ static void test_pair_copies_place_the_row_copies_bytes(void **state)
         for (size_t n = 0; n < n_kq + sizeof extra / sizeof *extra; n++) {
             const shape *sh = n < n_kq ? &kq_shapes[n] : &extra[n - n_kq];
             const int64_t row_bytes = sh->cols / g->blk_w * g->blk_bytes;
-            if (row_bytes % 8 != 0 || sh->rows % 2 != 0)
-                continue; /* rows copied one by one */
-            assert_int_equal(2 * row_bytes % 16, 0);
+            if (q6 && (row_bytes % 8 != 0 || sh->rows % 2 != 0))
+                continue; /* Q6_K rows copied one by one */
+            const int per = q6 ? 2 : 1; /* rows per tensor row */
+            assert_int_equal(per * row_bytes % 16, 0);
             const int nkb = (int)(sh->cols / 256);
             const int64_t some[] = {0, 1, 2, 7, 14, 15, 16, 17, sh->rows / 2, sh->rows - 2,
                                     sh->rows - 1};
             for (int k0 = 0; k0 < nkb; k0 += g->kc)
                 for (size_t i = 0; i < sizeof some / sizeof *some; i++) {
-                    const int64_t r = some[i] < sh->rows ? some[i] : sh->rows - 1;
-                    const int odd = (int)(r & 1);
+                    const int64_t r = some[i] < 0 ? 0 : some[i] < sh->rows ? some[i]
+                                                                            : sh->rows - 1;
                     const mmb_copy c = mmb_copy_of(row_bytes, sh->rows, g->kb, g->kc, r, k0);
-                    const int64_t x = mmb_pair_x(row_bytes, g->kb, k0, odd);
-                    if (x % 16 != 0 || (r / 2) * 2 * row_bytes + x != c.src ||
-                        c.mis + c.run > (uint32_t)g->slot || x + c.mis + c.run > 2 * row_bytes)
-                        fail_msg("Q6_K kc %d, %lld x %lld, row %lld, k-block %d: the pair box "
-                                 "(x %lld) is not the row copy's window (src %lld, mis %u, run "
-                                 "%u)", g->kc, (long long)sh->rows, (long long)sh->cols,
-                                 (long long)r, k0, (long long)x, (long long)c.src, c.mis,
-                                 c.run);
-                    checked++;
+                    /* the box row's first byte in its tensor row */
+                    const int64_t x = q6 ? mmb_pair_x(row_bytes, g->kb, k0, (int)(r & 1))
+                                         : (int64_t)k0 * g->kb;
+                    const int64_t start = r / per * per * row_bytes + x;
+                    if (start % 16 != 0 || start != c.src || c.mis + c.run > (uint32_t)g->slot ||
+                        x + c.mis + c.run > per * row_bytes ||
+                        (!q6 && (c.mis != 0 || c.tail != 0 || c.bulk != c.run)))
+                        fail_msg("%s kc %d, %lld x %lld, row %lld, k-block %d: the box row "
+                                 "(from byte %lld) is not the row copy's window (src %lld, "
+                                 "mis %u, run %u, %u bytes + %u)", dtype_name(g->type), g->kc,
+                                 (long long)sh->rows, (long long)sh->cols, (long long)r, k0,
+                                 (long long)start, (long long)c.src, c.mis, c.run, c.bulk,
+                                 c.tail);
+                    checked[q6]++;
                 }
         }
     }
-    assert_true(checked > 1000);
+    assert_true(checked[0] > 1000 && checked[1] > 1000);
 }
 
 /* The window and wide kernels' tiles per round: the 27B shapes' counts as measured, and for
@@ -1016,7 +980,6 @@ int main(void)
         cmocka_unit_test(test_bulk_unclipped_window_is_caught),
         cmocka_unit_test(test_window_copies_and_reads_stay_inside_their_allocations),
         cmocka_unit_test(test_tile_copies_place_the_row_copies_bytes),
-        cmocka_unit_test(test_pair_copies_place_the_row_copies_bytes),
         cmocka_unit_test(test_set_units_cover_every_row_once),
         cmocka_unit_test(test_warpgroup_layout_is_what_the_descriptor_reads),
         cmocka_unit_test(test_tiles_per_round),
