@@ -39,7 +39,12 @@
  * takes its operands in uniform registers). H100, against row by row: 16-token products
  * 3-11% faster, 64-token ones 3-16%, verify 16 -4%, a 1K prompt -3.5% (kernels/cuda/NOTES.md).
  * The tokens' digits of a step as one 3-D tensor copy as well measured slower than row by
- * row at 4 and 16 tokens and was dropped (NOTES.md).
+ * row at 4 and 16 tokens and was dropped (NOTES.md). Q6_K rows of 210 * cols / 256 bytes are
+ * no tensor rows, but two of them are where cols is a multiple of 1024 (every 27B Q6_K
+ * matrix): with an even number of rows, a tile's step is two boxes of 8 pairs of rows (each
+ * row's 16-byte window as the row copy takes it; the even rows to the stage's rows 0-7, the
+ * odd ones to 8-15, which kblock_q6k<PAIRS> reads as fragment rows g and g + 8 of rows 2g and
+ * 2g + 1, and the reduction stores accordingly); other Q6_K matrices go row by row.
  *
  * Measured on the H200 (bench_matmul_cuda, 16 tokens, microseconds, this kernel / mmq):
  * Q4_K 36.1 / 42.7 (5120 -> 17408), 38.8 / 45.3 (17408 -> 5120), 23.9 / 27.2 (5120 ->
