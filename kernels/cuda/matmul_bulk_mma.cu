@@ -751,17 +751,22 @@ static int mmq_refill()
 }
 
 /* The two kernels as launch_rounds sees them: P is NT (window) or G (wide); SHARE3: a CTA's
- * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds). */
+ * share of 3 tiles may be one round of 3 on 2 weight stages (launch_rounds); PAIRS: Q6_K rows
+ * go by pairs where they can (q6k_pairs). Not the wide kernel's 32 tokens: there pairs were
+ * slower than rows on an H100 (bench_matmul_cuda, Q6_K, us per token count's call: the LM
+ * head 1125 by rows against 1211 by pairs, 5120 -> 17408 114 against 119), where at 16
+ * tokens they gained 2-8% (the LM head 653 -> 600) and at 64 0-4% (kernels/cuda/NOTES.md). */
 template <int T, int NT, int TT> struct window_kernel {
     template <bool TILE> static auto fn() { return mmqb_kernel<T, NT, TT, TILE>; }
     enum : int { SMEM = layout<T, NT, TT>::SMEM, WS = layout<T, NT, TT>::WS,
-                 THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>() };
+                 THREADS = threads_of<TT>(), SHARE3 = 1, PITCH = run_pitch<T>(), PAIRS = 1 };
     static const char *name() { return "window"; }
 };
 template <int T, int G, int TT> struct wide_kernel {
     template <bool TILE> static auto fn() { return mmqw_kernel<T, G, TT, TILE>; }
     enum : int { SMEM = wlayout<T, G, TT>::SMEM, WS = wlayout<T, G, TT>::WS,
-                 THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>() };
+                 THREADS = wide_threads<G, TT>(), SHARE3 = 0, PITCH = wide_pitch<T>(),
+                 PAIRS = G == 4 };
     static const char *name() { return "wide"; }
 };
 
@@ -778,31 +783,31 @@ static bool q6k_pairs(const ops_mm_out *mm, int n)
 }
 
 /* One launch of kernel K: weights by tensor copies of whole tiles (the members' maps: Q4_K,
- * Q5_K, Q6_K where q6k_pairs) or else row by row; the shared-memory opt-in is set once per
- * device. */
+ * Q5_K, Q6_K where K::PAIRS and q6k_pairs) or else row by row; the shared-memory opt-in is
+ * set once per device. */
 template <class K, int T>
 td_err launch_k(const ops_mm_out *mm, const mm_set &set, const mm_xquant *xq,
                 const mm_device *dev, int64_t grid, cudaStream_t st)
 {
     const ops_weight *w = mm[0].w;
     static_assert(K::SMEM <= SMEM_MAX, "a CTA must fit an sm_90 SM's shared memory");
-    constexpr bool Q6 = T == TD_Q6_K;
-    const bool tile = !Q6 || q6k_pairs(mm, set.n);
-    auto fn = K::template fn<true>();
+    constexpr bool Q6 = T == TD_Q6_K, BY_TILE = !Q6 || K::PAIRS; /* the forms built */
+    typedef void (*kernel_fn)(mm_set, uint32_t, int64_t, mm_xquant, int, mmqb_maps);
+    kernel_fn f_tile = nullptr, f_rows = nullptr;
+    if constexpr (BY_TILE)
+        f_tile = K::template fn<true>();
     if constexpr (Q6)
-        if (!tile)
-            fn = K::template fn<false>();
+        f_rows = K::template fn<false>();
+    const bool tile = BY_TILE && (!Q6 || q6k_pairs(mm, set.n));
+    const kernel_fn fn = tile ? f_tile : f_rows;
     static bool set_up[64]; /* per device ordinal */
     int ordinal = 0;
     CUDA_TRY(cudaGetDevice(&ordinal));
     if (!__atomic_load_n(&set_up[ordinal & 63], __ATOMIC_RELAXED)) {
-        CUDA_TRY(cudaFuncSetAttribute(K::template fn<true>(),
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)K::SMEM));
-        if constexpr (Q6)
-            CUDA_TRY(cudaFuncSetAttribute(K::template fn<false>(),
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)K::SMEM));
+        for (kernel_fn f : {f_tile, f_rows})
+            if (f)
+                CUDA_TRY(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              (int)K::SMEM));
         __atomic_store_n(&set_up[ordinal & 63], true, __ATOMIC_RELAXED);
     }
     mmqb_maps maps;
