@@ -313,16 +313,14 @@ __device__ __forceinline__ void warp_acts(mmqb_cursor &c, uint8_t *stages, const
 
 /* The full and empty barriers of ws weight and xs activation stages, contiguous at bars
  * (weights full, weights empty, activations full, activations empty), each phase completed by
- * `count` warps' arrivals, a weight stage's full barrier by `wcount`, an activation stage's
- * by `xcount`; every thread of the CTA returns once they are set up. */
+ * `count` warps' arrivals, a weight stage's full barrier by `wcount`; every thread of the CTA
+ * returns once they are set up. */
 __device__ __forceinline__ void rings_init(uint64_t *bars, int ws, int xs, unsigned count,
-                                           unsigned wcount, unsigned xcount)
+                                           unsigned wcount)
 {
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2 * (ws + xs); i++)
-            bar_init(&bars[i], i < ws                    ? wcount
-                               : i >= 2 * ws && i < 2 * ws + xs ? xcount
-                                                                : count);
+            bar_init(&bars[i], i < ws ? wcount : count);
         bar_init_fence();
     }
     __syncthreads();
@@ -374,13 +372,11 @@ template <int T, int KC, int PITCH, int TP, int WS, int XS, bool TILE, class L> 
     {
     }
     /* Sets up the CTA's ring barriers, each phase completed by `warps` arrivals (a weight
-     * stage's full barrier by `wwarps`, an activation stage's by `xwarps`: the warps that
-     * issue those items); every thread of the CTA calls it, and returns once they are set
-     * up. */
-    static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps,
-                                                unsigned wwarps, unsigned xwarps)
+     * stage's full barrier by `wwarps`: the warps that issue weight items); every thread of
+     * the CTA calls it, and returns once they are set up. */
+    static __device__ __forceinline__ void init(uint8_t *smem_, unsigned warps, unsigned wwarps)
     {
-        rings_init((uint64_t *)(smem_ + L::BAR_OFF), WS, XS, warps, wwarps, xwarps);
+        rings_init((uint64_t *)(smem_ + L::BAR_OFF), WS, XS, warps, wwarps);
     }
     __device__ __forceinline__ void weights()
     {
@@ -481,7 +477,7 @@ __global__ void __launch_bounds__(threads_of<TT>(), 1)
     constexpr bool PAIRS = TILE && T == TD_Q6_K; /* fragment rows of paired rows */
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, CONS, TILE ? TT : CONS, CONS);
+    R::init(smem, CONS, TILE ? TT : CONS);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WIN, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
@@ -630,7 +626,7 @@ __global__ void __launch_bounds__(wide_threads<G, TT>(), 1)
     constexpr bool PAIRS = TILE && T == TD_Q6_K; /* fragment rows of paired rows */
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    R::init(smem, NW, TILE ? TT : NW, NW);
+    R::init(smem, NW, TILE ? TT : NW);
 
     const cta_share sh = cta_share_of(set, cols, Q::KB_W, WKS, TT);
     const int64_t t_begin = sh.t_begin, t_end = sh.t_end;
