@@ -14,7 +14,7 @@
  * so before anything else the program measures one token under each of TANDEM_MMD=bulk (the
  * sm_90 bulk-copy kernel), =regs (dp4a) and =mma (tensor cores), and 16 and 64 tokens under
  * TANDEM_MMQ=mmq (the tensor-core kernel, where on sm_90 9-16 tokens default to the window
- * kernel and 17-64 to the wide kernel), F16/BF16 at 16 tokens under TANDEM_MMH=regs (the
+ * kernel and 17-64 to the wide kernel), and F16/BF16 at 16 tokens under TANDEM_MMH=regs (the
  * register path, where large grids default to loading the activations ahead), in a child
  * process each, one after the other (the GPU is never shared), and prints those as extra
  * columns beside the default choice's.

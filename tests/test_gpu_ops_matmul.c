@@ -920,8 +920,8 @@ static void test_matmul_bulk_kernels_match_tensor_core_and_dp4a_bits(void **stat
      * more bulk children with Q4_K and Q5_K on the warpgroup kernel (TANDEM_MMQ=wg), its
      * tiles reduced at a cluster barrier and asynchronously (TANDEM_WGQ_RED=async; on a
      * device without sm_90a code they repeat the first): five children cover the six kernels
-     * (the window and wide kernels copy Q4_K and Q5_K weights a tile at a time, Q6_K a row
-     * at a time) */
+     * (the window and wide kernels copy Q4_K and Q5_K weights a tile at a time, Q6_K by
+     * pairs of rows where they pair, else a row at a time) */
     static const char *mmd[] = {"bulk", "mma", "regs", "bulk", "bulk"};
     static const char *mmq[] = {NULL, "mmq", "bulk9", "wg", "wg"};
     static const char *extra[] = {NULL, NULL, "TANDEM_MMQ_REFILL=late", NULL,
