@@ -579,9 +579,10 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
 }
 
 /* Which calls of cuda_add_rmsnorm_multi round in the norm's launch (TANDEM_PREROUND, read
- * once): "off" none, "multi" those of several rows, else all that can. The same bits either
- * way. */
+ * once): "off" none, "multi" those of several rows, "on" all that can; by default
+ * PRE_DEFAULT. The same bits either way. */
 enum { PRE_ALL = 1, PRE_MULTI, PRE_OFF };
+#define PRE_DEFAULT PRE_ALL
 static int g_preround;
 
 static int preround_choice(void)
@@ -589,8 +590,10 @@ static int preround_choice(void)
     int c = __atomic_load_n(&g_preround, __ATOMIC_RELAXED);
     if (c == 0) {
         const char *e = getenv("TANDEM_PREROUND");
-        c = e && strcmp(e, "off") == 0 ? PRE_OFF : e && strcmp(e, "multi") == 0 ? PRE_MULTI
-                                                                               : PRE_ALL;
+        c = !e                           ? PRE_DEFAULT
+            : strcmp(e, "off") == 0      ? PRE_OFF
+            : strcmp(e, "multi") == 0    ? PRE_MULTI
+                                         : PRE_ALL;
         __atomic_store_n(&g_preround, c, __ATOMIC_RELAXED);
     }
     return c;
