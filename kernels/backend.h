@@ -86,7 +86,7 @@ struct ops_backend {
     td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
                           const float *w, int64_t n_rows, int64_t dim, float eps);
     /* add_rmsnorm, then matmul_multi(out, mm, n, n_rows): the same bits as the two calls; on
-     * the GPU the norm also rounds out for the products (cuda_add_rmsnorm_multi) */
+     * the GPU the norm can also round out for the products (cuda_add_rmsnorm_multi) */
     td_err (*add_rmsnorm_multi)(const ops_backend *be, float *x, const float *h, float *out,
                                 const float *w, int64_t n_rows, int64_t dim, float eps,
                                 const ops_mm_out *mm, int n);

@@ -582,7 +582,7 @@ td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_
  * once): "off" none, "multi" those of several rows, "on" all that can; by default
  * PRE_DEFAULT. The same bits either way. */
 enum { PRE_ALL = 1, PRE_MULTI, PRE_OFF };
-#define PRE_DEFAULT PRE_ALL
+#define PRE_DEFAULT PRE_OFF /* until measured on a GPU: kernels/cuda/NOTES.md */
 static int g_preround;
 
 static int preround_choice(void)
