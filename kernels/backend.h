@@ -85,11 +85,6 @@ struct ops_backend {
     /* the fused chains of kernels/ops.h */
     td_err (*add_rmsnorm)(const ops_backend *be, float *x, const float *h, float *out,
                           const float *w, int64_t n_rows, int64_t dim, float eps);
-    /* add_rmsnorm, then matmul_multi(out, mm, n, n_rows): the same bits as the two calls; on
-     * the GPU the norm can also round out for the products (cuda_add_rmsnorm_multi) */
-    td_err (*add_rmsnorm_multi)(const ops_backend *be, float *x, const float *h, float *out,
-                                const float *w, int64_t n_rows, int64_t dim, float eps,
-                                const ops_mm_out *mm, int n);
     td_err (*swiglu_matmul)(const ops_backend *be, float *y, float *gate, const float *up,
                             const ops_weight *w, int64_t n_tok);
     /* cpu_qk_norm_rope, then (kv not NULL) cpu_kv_store of the keys and kv->v: a block's K/V

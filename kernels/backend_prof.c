@@ -18,7 +18,7 @@ typedef enum pf_op {
     PF_ACCEPT_GREEDY, PF_ADD_RMSNORM, PF_DELTANET_IN, PF_TO_F16, PF_TO_BF16, PF_FROM_BF16,
     PF_MATMUL_MULTI, PF_ACCEPT_SAMPLED, PF_SWIGLU_MATMUL,
     PF_QK_NORM_ROPE, PF_DELTA_RULE_MANY, PF_SAMPLE_ROWS, PF_LOGPROB_ROWS, PF_LOGIT_ADD,
-    PF_LOGIT_MASK, PF_ADD_RMSNORM_MULTI, PF_N_OPS
+    PF_LOGIT_MASK, PF_N_OPS
 } pf_op;
 
 static const char *const pf_names[PF_N_OPS] = {
@@ -27,7 +27,7 @@ static const char *const pf_names[PF_N_OPS] = {
     "conv1d_causal", "delta_rule", "softcap", "argmax", "accept_greedy", "add_rmsnorm",
     "deltanet_in", "to_f16", "to_bf16", "from_bf16", "matmul_multi", "accept_sampled",
     "swiglu_matmul", "qk_norm_rope", "delta_rule_many", "sample_rows", "logprob_rows",
-    "logit_add", "logit_mask", "add_rmsnorm_multi",
+    "logit_add", "logit_mask",
 };
 
 typedef struct pf_stat {
@@ -368,20 +368,6 @@ static td_err pf_add_rmsnorm(const ops_backend *be, float *x, const float *h, fl
     PF_TIMED(PF_ADD_RMSNORM, in->add_rmsnorm(in, x, h, out, w, n_rows, dim, eps));
 }
 
-/* Timed as one op; where add_rmsnorm or matmul_multi is skipped, the other runs alone (as
- * the two calls it stands for). */
-static td_err pf_add_rmsnorm_multi(const ops_backend *be, float *x, const float *h, float *out,
-                                   const float *w, int64_t n_rows, int64_t dim, float eps,
-                                   const ops_mm_out *mm, int n)
-{
-    if (be->prof->skip[PF_ADD_RMSNORM] || be->prof->skip[PF_MATMUL_MULTI]) {
-        TD_TRY(pf_add_rmsnorm(be, x, h, out, w, n_rows, dim, eps));
-        return pf_matmul_multi(be, out, mm, n, n_rows);
-    }
-    PF_TIMED(PF_ADD_RMSNORM_MULTI,
-             in->add_rmsnorm_multi(in, x, h, out, w, n_rows, dim, eps, mm, n));
-}
-
 static td_err pf_deltanet_in(const ops_backend *be, const ops_dn_in *p)
 {
     PF_TIMED(PF_DELTANET_IN, in->deltanet_in(in, p));
@@ -519,7 +505,6 @@ td_err ops_prof_wrap(ops_backend **out, const ops_backend *inner)
     b->to_bf16 = pf_to_bf16;
     b->from_bf16 = pf_from_bf16;
     b->add_rmsnorm = pf_add_rmsnorm;
-    b->add_rmsnorm_multi = pf_add_rmsnorm_multi;
     b->deltanet_in = pf_deltanet_in;
     b->softcap = pf_softcap;
     b->argmax = pf_argmax;

@@ -621,14 +621,6 @@ td_err cuda_kv_store(void *k_cache, void *v_cache, td_dtype type, const float *k
  * and batch invariant. cuda_delta_prep: d_k <= 1024. */
 td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const float *w, int64_t n_rows,
                         int64_t dim, float eps, ops_stream st);
-/* cuda_add_rmsnorm, then cuda_matmul_multi(out, mm, n, n_rows), with the same bits; under
- * TANDEM_PREROUND=on|multi, where the products' kernels read a rounding of out that the
- * norm's launch can make (1-64 rows of at most 8192, a multiple of 32), the norm rounds its
- * rows for them as it writes them: a rounding launch fewer between the two
- * (kernels/cuda/matmul.cu). */
-td_err cuda_add_rmsnorm_multi(float *x, const float *h, float *out, const float *w,
-                              int64_t n_rows, int64_t dim, float eps, const ops_mm_out *mm,
-                              int n, ops_stream st);
 /* cpu_qk_norm_rope in one launch, each head the bits of cuda_rmsnorm then cuda_rope_neox;
  * head_dim <= 1024; n_head 0 (q NULL): k only. kv (or NULL): then cpu_kv_store of the
  * finished keys and kv->v, in the same launch (the bits of cuda_kv_store after it). */

@@ -537,90 +537,6 @@ static void test_matmul_multi_bad_member_fails_before_any_launch(void **state)
     run_free(&g, gr);
 }
 
-/* cuda_add_rmsnorm_multi against cuda_add_rmsnorm then cuda_matmul_multi on the same
- * inputs: x, the normed rows and every member's output byte for byte, for every group at
- * every batch (1-64 tokens: the norm rounds for the members whose kernels read its layout,
- * the rest round as before, after them; 65 and 70: the two calls); a norm weight or none.
- * With 2-64 tokens the call saves a launch wherever a quantised member reads that rounding
- * (one token: the bulk-copy kernel would have rounded x itself, so the count stays). */
-static void test_add_rmsnorm_multi_equals_norm_then_group(void **state)
-{
-    (void)state;
-    unsetenv("TANDEM_PROFILE");
-    setenv("TANDEM_PREROUND", "on", 1); /* read at the first call: the only one is below */
-    ops_backend *gpu = NULL, *be = NULL;
-    GPU_OK(ops_backend_cuda_init(&gpu, 0));
-    GPU_OK(ops_prof_wrap(&be, gpu));
-    static const int64_t ns[] = {1, 2, 5, 16, 33, 64, 65, MAX_TOK};
-    for (size_t k = 0; k < sizeof groups / sizeof *groups; k++) {
-        const group *gr = &groups[k];
-        const int64_t cols = gr->cols;
-        rng_seed(300 + k);
-        group_run g;
-        run_init(&g, gr);
-        float *x = make_x(cols, 17 + k), *h = make_x(cols, 29 + k);
-        float *nw = rng_floats(cols, 1.0f);
-        float *dnw = k % 3 == 2 ? NULL : dput(nw, (size_t)cols * sizeof(float));
-        const size_t xb = (size_t)(MAX_TOK * cols) * sizeof(float);
-        bool quant = false;
-        for (int i = 0; i < gr->n; i++)
-            quant |= is_quant(gr->m[i].type);
-        for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
-            const int64_t n = ns[j];
-            char at[160];
-            snprintf(at, sizeof at, "%s: add_rmsnorm_multi n_tok %lld", gr->name, (long long)n);
-            float *x1 = dput(x, xb), *h1 = dput(h, xb), *x2 = dput(x, xb), *h2 = dput(h, xb);
-            poison_outputs(&g, gr);
-            GPU_OK(cuda_stream_sync(gpu_st));
-            ops_prof_reset(be);
-            GPU_OK(be->add_rmsnorm(be, x1, h1, h1, dnw, n, cols, 1e-6f));
-            GPU_OK(be->matmul_multi(be, h1, g.out, gr->n, n));
-            GPU_OK(be->sync(be));
-            ops_prof_table t;
-            GPU_OK(ops_prof_snapshot(be, &t));
-            uint64_t two = 0;
-            for (int i = 0; i < t.n_rows; i++)
-                two += t.rows[i].launches;
-            for (int i = 0; i < gr->n; i++) /* the two calls' products as the reference */
-                GPU_OK(cuda_mem_copy(g.sep[i], g.out[i].y,
-                                     (size_t)(n * gr->m[i].rows) * sizeof(float), gpu_st));
-            poison_outputs(&g, gr);
-            GPU_OK(cuda_stream_sync(gpu_st));
-            ops_prof_reset(be);
-            GPU_OK(be->add_rmsnorm_multi(be, x2, h2, h2, dnw, n, cols, 1e-6f, g.out, gr->n));
-            GPU_OK(be->sync(be));
-            GPU_OK(ops_prof_snapshot(be, &t));
-            assert_int_equal(t.n_rows, 1);
-            assert_string_equal(t.rows[0].op, "add_rmsnorm_multi");
-            const bool saves = quant && n >= 2 && n <= 64;
-            if (t.rows[0].launches != two - (saves ? 1u : 0u))
-                fail_msg("%s: %lld launches, the two calls %lld", at,
-                         (long long)t.rows[0].launches, (long long)two);
-            const size_t nb = (size_t)(n * cols) * sizeof(float);
-            float *gx1 = dget(x1, nb), *gx2 = dget(x2, nb), *gh1 = dget(h1, nb),
-                  *gh2 = dget(h2, nb);
-            assert_true(check_same_bits(at, gx2, gx1, nb));
-            assert_true(check_same_bits(at, gh2, gh1, nb));
-            expect_group("add_rmsnorm_multi", &g, gr, gh1, n, false);
-            free(gx1);
-            free(gx2);
-            free(gh1);
-            free(gh2);
-            cuda_mem_free(x1);
-            cuda_mem_free(h1);
-            cuda_mem_free(x2);
-            cuda_mem_free(h2);
-        }
-        cuda_mem_free(dnw);
-        free(nw);
-        free(x);
-        free(h);
-        run_free(&g, gr);
-    }
-    ops_prof_free(be);
-    ops_backend_cuda_free(gpu);
-}
-
 int main(void)
 {
     if (!gpu_check_init())
@@ -632,7 +548,6 @@ int main(void)
         cmocka_unit_test(test_matmul_multi_joins_members_of_one_type),
         cmocka_unit_test(test_matmul_multi_replays_from_a_graph),
         cmocka_unit_test(test_matmul_multi_bad_member_fails_before_any_launch),
-        cmocka_unit_test(test_add_rmsnorm_multi_equals_norm_then_group),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     gpu_check_free();

@@ -393,32 +393,11 @@ td_err tgt_state_reset(const tgt_model *m, tgt_state *s)
 
 /* --- mixers ----------------------------------------------------------------------------- */
 
-/* The norm in front of a layer's first products, into w->h: of x alone (the first layer),
- * or after the residual add of h into x (every later one). */
-typedef struct tgt_norm_in {
-    const float *w; /* the layer's attn_norm */
-    bool add;       /* x += h first */
-} tgt_norm_in;
-
-/* The norm nin, then the products mm[n] of w->h: with the residual add, one call, so that a
- * GPU rounds h for the products in the norm's own launch (add_rmsnorm_multi). */
-static td_err tgt_norm_multi(const tgt_model *m, const tgt_norm_in *nin, const ops_mm_out *mm,
-                             int n, int64_t n_tok)
-{
-    const ops_backend *be = m->be;
-    tgt_work *w = m->work;
-    const int64_t D = m->hp.n_embd;
-    if (nin->add)
-        return be->add_rmsnorm_multi(be, w->x, w->h, w->h, nin->w, n_tok, D, m->hp.eps, mm, n);
-    TD_TRY(be->rmsnorm(be, w->h, w->x, nin->w, n_tok, D, D, m->hp.eps));
-    return be->matmul_multi(be, w->h, mm, n, n_tok);
-}
-
-/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] (after the norm nin) at positions
- * w->step_pos; writes this block's K/V into the cache (kv_type) at those rows and the mixer
- * output (before attn_output) into w->o. */
-static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_norm_in *nin,
-                            const tgt_state *s, int64_t ia, tgt_work *w)
+/* Gated (qwen35) or plain (qwen3) attention over h[n_tok] at positions w->step_pos; writes
+ * this block's K/V into the cache (kv_type) at those rows and the mixer output (before
+ * attn_output) into w->o. */
+static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_state *s,
+                            int64_t ia, tgt_work *w)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
@@ -427,7 +406,7 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_no
     int64_t q_tok = hp->n_head * q_head, kv_tok = hp->n_head_kv * hd;
     float *q = w->a, *k = w->b, *v = w->c;
     const ops_mm_out qkv[] = {{q, &L->wq}, {k, &L->wk}, {v, &L->wv}};
-    TD_TRY(tgt_norm_multi(m, nin, qkv, 3, n_tok));
+    TD_TRY(be->matmul_multi(be, w->h, qkv, 3, n_tok));
     const int32_t *pos = w->step_pos + 1;
     /* q_norm covers the query half of each head, never the gate. The finished keys and the
      * values go to the cache in the same call, at rows given on the device (a recording
@@ -450,13 +429,13 @@ static td_err tgt_attention(const tgt_model *m, const tgt_layer *L, const tgt_no
     return be->attention(be, &a);
 }
 
-/* Gated DeltaNet over h[n_tok] (after the norm nin): conv state and recurrent state advance
- * by n_tok; the output (before ssm_out) goes to w->o. With a rollback record (rec_*
- * non-NULL) the recurrence inputs are produced straight into it (no copies), and rec_ssm0
- * and rec_conv0 receive the recurrent state and the conv window before the block. */
-static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, const tgt_norm_in *nin,
-                           float *ssm, float *conv, int64_t n_tok, tgt_work *w, float *rec_ssm0,
-                           float *rec_conv0, float *rec_xconv, float *rec_qkv, float *rec_gb)
+/* Gated DeltaNet over h[n_tok]: conv state and recurrent state advance by n_tok; the
+ * output (before ssm_out) goes to w->o. With a rollback record (rec_* non-NULL) the
+ * recurrence inputs are produced straight into it (no copies), and rec_ssm0 and rec_conv0
+ * receive the recurrent state and the conv window before the block. */
+static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, float *ssm, float *conv,
+                           int64_t n_tok, tgt_work *w, float *rec_ssm0, float *rec_conv0,
+                           float *rec_xconv, float *rec_qkv, float *rec_gb)
 {
     const tgt_hparams *hp = &m->hp;
     const ops_backend *be = m->be;
@@ -469,7 +448,7 @@ static td_err tgt_deltanet(const tgt_model *m, const tgt_layer *L, const tgt_nor
     /* the two wide projections of h in one call (the GPU rounds h once), then alpha, beta,
      * the convolution and the recurrence's inputs in one more (one launch on the GPU) */
     const ops_mm_out proj[] = {{raw, &L->wqkv}, {z, &L->wz}};
-    TD_TRY(tgt_norm_multi(m, nin, proj, 2, n_tok));
+    TD_TRY(be->matmul_multi(be, w->h, proj, 2, n_tok));
     const ops_dn_in in = {
         .n_tok = n_tok, .h = w->h, .w_alpha = &L->walpha, .w_beta = &L->wbeta,
         .alpha = alpha, .beta = beta, .raw = raw, .raw_stride = ch, .conv_w = L->conv_w,
@@ -516,20 +495,6 @@ td_err tgt_set_delta_chunk(tgt_model *m, int64_t n)
 
 /* --- forward ---------------------------------------------------------------------------- */
 
-/* Tap j of token t at tap_out[t][j] for every tap of layer il (x after its residual adds):
- * one strided copy per tap. */
-static td_err tgt_taps(const tgt_model *m, const tgt_out *out, int64_t il, int64_t n_tok)
-{
-    const ops_backend *be = m->be;
-    const int64_t D = m->hp.n_embd;
-    const size_t row = (size_t)D * sizeof(float);
-    for (int64_t j = 0; out && j < out->n_taps; j++)
-        if (out->taps[j] == il)
-            TD_TRY(be->copy2d(be, out->tap_out + j * D, (size_t)out->n_taps * row, m->work->x,
-                              row, row, (size_t)n_tok));
-    return TD_OK;
-}
-
 static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool record,
                          const tgt_out *out)
 {
@@ -537,34 +502,41 @@ static td_err tgt_layers(const tgt_model *m, tgt_state *s, int64_t n_tok, bool r
     const ops_backend *be = m->be;
     tgt_work *w = m->work;
     int64_t D = hp->n_embd, ia = 0, id = 0;
-    /* Each residual add is fused with the norm that follows it (the next sublayer's), and
-     * that with the products reading it. */
+    /* Each residual add is fused with the norm that follows it (the next sublayer's). */
+    TD_TRY(be->rmsnorm(be, w->h, w->x, m->layers[0].attn_norm, n_tok, D, D, hp->eps));
     for (int64_t il = 0; il < hp->n_layer; il++) {
         const tgt_layer *L = &m->layers[il];
-        const tgt_norm_in nin = {L->attn_norm, il > 0};
-        if (L->kind == TGT_LAYER_ATTN)
-            TD_TRY(tgt_attention(m, L, &nin, s, ia, w));
-        else
-            TD_TRY(tgt_deltanet(m, L, &nin, s->ssm[id], s->conv[id], n_tok, w,
-                                record ? s->rec_ssm0[id] : NULL, record ? s->rec_conv0[id] : NULL,
-                                record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
-                                record ? s->rec_gb[id] : NULL));
-        if (il > 0) /* x is the previous layer's output until the add below */
-            TD_TRY(tgt_taps(m, out, il - 1, n_tok));
         if (L->kind == TGT_LAYER_ATTN) {
+            TD_TRY(tgt_attention(m, L, s, ia, w));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wo, n_tok));
             ia++;
         } else {
+            TD_TRY(tgt_deltanet(m, L, s->ssm[id], s->conv[id], n_tok, w,
+                                record ? s->rec_ssm0[id] : NULL, record ? s->rec_conv0[id] : NULL,
+                                record ? s->rec_xconv[id] : NULL, record ? s->rec_qkv[id] : NULL,
+                                record ? s->rec_gb[id] : NULL));
             TD_TRY(be->matmul(be, w->h, w->o, &L->wssm_out, n_tok));
             id++;
         }
+        TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps));
         const ops_mm_out gate_up[] = {{w->ff1, &L->ffn_gate}, {w->ff2, &L->ffn_up}};
-        TD_TRY(be->add_rmsnorm_multi(be, w->x, w->h, w->h, L->ffn_norm, n_tok, D, hp->eps,
-                                     gate_up, 2));
+        TD_TRY(be->matmul_multi(be, w->h, gate_up, 2, n_tok));
         TD_TRY(be->swiglu_matmul(be, w->h, w->ff1, w->ff2, &L->ffn_down, n_tok));
+        if (il + 1 < hp->n_layer)
+            TD_TRY(be->add_rmsnorm(be, w->x, w->h, w->h, m->layers[il + 1].attn_norm, n_tok, D,
+                                   hp->eps));
+        else
+            TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
+
+        /* tap j of token t at tap_out[t][j]: one strided copy per tap */
+        for (int64_t j = 0; out && j < out->n_taps; j++) {
+            if (out->taps[j] != il)
+                continue;
+            size_t row = (size_t)D * sizeof(float);
+            TD_TRY(be->copy2d(be, out->tap_out + j * D, (size_t)out->n_taps * row, w->x, row,
+                              row, (size_t)n_tok));
+        }
     }
-    TD_TRY(be->add(be, w->x, w->x, w->h, n_tok * D));
-    TD_TRY(tgt_taps(m, out, hp->n_layer - 1, n_tok));
     if (out && out->logits) {
         int64_t first = out->last_only ? n_tok - 1 : 0, n = n_tok - first;
         TD_TRY(be->rmsnorm(be, w->h, w->x + first * D, m->output_norm, n, D, D, hp->eps));

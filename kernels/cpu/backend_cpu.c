@@ -233,14 +233,6 @@ static td_err be_cpu_add_rmsnorm(const ops_backend *be, float *x, const float *h
     return TD_OK;
 }
 
-static td_err be_cpu_add_rmsnorm_multi(const ops_backend *be, float *x, const float *h,
-                                       float *out, const float *w, int64_t n_rows, int64_t dim,
-                                       float eps, const ops_mm_out *mm, int n)
-{
-    TD_TRY(be_cpu_add_rmsnorm(be, x, h, out, w, n_rows, dim, eps));
-    return be_cpu_matmul_multi(be, out, mm, n, n_rows);
-}
-
 static td_err be_cpu_deltanet_in(const ops_backend *be, const ops_dn_in *p)
 {
     (void)be;
@@ -355,7 +347,6 @@ static const ops_backend be_cpu = {
     .to_bf16 = be_cpu_to_bf16,
     .from_bf16 = be_cpu_from_bf16,
     .add_rmsnorm = be_cpu_add_rmsnorm,
-    .add_rmsnorm_multi = be_cpu_add_rmsnorm_multi,
     .swiglu_matmul = be_cpu_swiglu_matmul,
     .qk_norm_rope = be_cpu_qk_norm_rope,
     .deltanet_in = be_cpu_deltanet_in,

@@ -182,13 +182,6 @@ static td_err be_cuda_add_rmsnorm(const ops_backend *be, float *x, const float *
     return cuda_add_rmsnorm(x, h, out, w, n_rows, dim, eps, be->stream);
 }
 
-static td_err be_cuda_add_rmsnorm_multi(const ops_backend *be, float *x, const float *h,
-                                        float *out, const float *w, int64_t n_rows, int64_t dim,
-                                        float eps, const ops_mm_out *mm, int n)
-{
-    return cuda_add_rmsnorm_multi(x, h, out, w, n_rows, dim, eps, mm, n, be->stream);
-}
-
 static td_err be_cuda_swiglu_matmul(const ops_backend *be, float *y, float *gate,
                                     const float *up, const ops_weight *w, int64_t n_tok)
 {
@@ -319,7 +312,6 @@ extern "C" td_err cuda_backend_init(ops_backend **out, int dev)
     be->graph_launch = be_cuda_graph_launch;
     be->graph_free = be_cuda_graph_free;
     be->add_rmsnorm = be_cuda_add_rmsnorm;
-    be->add_rmsnorm_multi = be_cuda_add_rmsnorm_multi;
     be->swiglu_matmul = be_cuda_swiglu_matmul;
     be->qk_norm_rope = be_cuda_qk_norm_rope;
     be->deltanet_in = be_cuda_deltanet_in;

@@ -5,8 +5,6 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/matmul_internal.h"
-#include "kernels/cuda/matmul_round.cuh"
 #include "kernels/cuda/ops_dev.cuh"
 
 #define FUSED_ROW_THREADS 1024 /* a residual row (5120 wide on the 27B): at decode this one
@@ -29,45 +27,10 @@
  * early reads compiled in, H100). */
 #define FUSED_ROW_VALS 8
 
-/* Where add_rmsnorm_kernel also rounds its rows for the quantised products that read them
- * (UNIT 8 or 4: matmul.cu's rounding kernel's plain layout of that interleave, the same
- * code, so the same bits): the scratch of mm_xquant. */
-struct fused_xq {
-    int8_t *xq;
-    float *xd;
-    int8_t *xsum;
-    int n_pad; /* tokens in the layout; blocks n_rows .. n_pad - 1 write the zeros of the pads */
-};
-
-/* Block row's rounding from its normed row in shared memory (nothing: a pad), warp w taking
- * blocks w, w + 32, ... of 256 inputs, lane l inputs 8l .. 8l + 7 as the rounding kernel's. */
-template <int UNIT>
-__device__ __forceinline__ void round_row(const float *srow, bool real, int64_t dim, int row,
-                                          const fused_xq &q)
-{
-    const int lane = threadIdx.x & 31;
-    const int64_t nb = (dim + MM_XBLOCK - 1) / MM_XBLOCK;
-    for (int64_t jb = threadIdx.x >> 5; jb < nb; jb += FUSED_ROW_THREADS / 32) {
-        const int64_t at = jb * MM_XBLOCK + 8 * lane;
-        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (real && at < dim) { /* dim is a multiple of 32 */
-            const float4 a = *(const float4 *)(srow + at), b = *(const float4 *)(srow + at + 4);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        }
-        const mm_round r = mm_round_block<UNIT>(v);
-        mm_round_store<UNIT, PLACE_PLAIN>(r, q.xq, q.xd, q.xsum, lane, row, jb, dim, q.n_pad);
-    }
-}
-
-/* With UNIT (rows of at most FUSED_ROW_THREADS * FUSED_ROW_VALS, a multiple of 32), each
- * normed row also goes to shared memory (dim floats of dynamic shared memory) and is rounded
- * from there (round_row); the grid has n_pad blocks then, those past n_rows only writing the
- * pads' zeros. */
-template <bool PF, int UNIT = 0>
+template <bool PF>
 __global__ void __launch_bounds__(FUSED_ROW_THREADS)
 add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float *w, int64_t dim,
-                   float eps, int n_rows, fused_xq xo)
+                   float eps)
 {
     if constexpr (PF)
         for (int64_t i = threadIdx.x; w && (threadIdx.x & 31) == 0 && i < dim;
@@ -75,15 +38,14 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
             dev_prefetch_l2(w + i);
     pdl_enter(early);
     __shared__ double sh[33];
-    extern __shared__ __align__(16) float srow[]; /* [dim] with UNIT */
-    const bool real = UNIT == 0 || (int)blockIdx.x < n_rows; /* UNIT 0: grid = n_rows */
     float *xr = x + (int64_t)blockIdx.x * dim;
     const float *hr = h + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
     const bool cached = dim <= (int64_t)FUSED_ROW_THREADS * FUSED_ROW_VALS;
-    if (real && cached) {
-        float a[FUSED_ROW_VALS], b[FUSED_ROW_VALS], v[FUSED_ROW_VALS], wv[FUSED_ROW_VALS];
-        float part = 0;
+    float v[FUSED_ROW_VALS], wv[FUSED_ROW_VALS];
+    float part = 0;
+    if (cached) {
+        float a[FUSED_ROW_VALS], b[FUSED_ROW_VALS];
 #pragma unroll
         for (int j = 0; j < FUSED_ROW_VALS; j++) {
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
@@ -104,34 +66,27 @@ add_rmsnorm_kernel(bool early, float *x, const float *h, float *out, const float
             const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
             wv[j] = w && i < dim ? w[i] : 1.0f;
         }
-        const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
-#pragma unroll
-        for (int j = 0; j < FUSED_ROW_VALS; j++) {
-            const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
-            if (i < dim) {
-                const float r = w ? __fmul_rn(__fmul_rn(v[j], inv), wv[j]) : __fmul_rn(v[j], inv);
-                o[i] = r;
-                if constexpr (UNIT != 0)
-                    srow[i] = r;
-            }
-        }
-    } else if (real) {
-        float part = 0;
+    } else {
         for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS) {
             const float t = __fadd_rn(xr[i], hr[i]);
             xr[i] = t;
             part = fmaf(t, t, part);
         }
-        const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
-        /* each thread reads back only the values it wrote, and writes out[i] (which may be
-         * h) only after reading h[i] */
-        for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS)
-            o[i] = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
     }
-    if constexpr (UNIT != 0) {
-        __syncthreads();
-        round_row<UNIT>(srow, real, dim, (int)blockIdx.x, xo);
+    const float inv = dev_rms_inv(dev_block_sum((double)part, sh), dim, eps);
+    if (cached) {
+#pragma unroll
+        for (int j = 0; j < FUSED_ROW_VALS; j++) {
+            const int64_t i = threadIdx.x + (int64_t)j * FUSED_ROW_THREADS;
+            if (i < dim)
+                o[i] = w ? __fmul_rn(__fmul_rn(v[j], inv), wv[j]) : __fmul_rn(v[j], inv);
+        }
+        return;
     }
+    /* each thread reads back only the values it wrote, and writes out[i] (which may be h)
+     * only after reading h[i] */
+    for (int64_t i = threadIdx.x; i < dim; i += FUSED_ROW_THREADS)
+        o[i] = w ? __fmul_rn(__fmul_rn(xr[i], inv), w[i]) : __fmul_rn(xr[i], inv);
 }
 
 /* out = rmsnorm(x) * w * silu(z); block = one row of dim. Rows of up to FUSED_HEAD_THREADS *
@@ -317,41 +272,12 @@ extern "C" td_err cuda_add_rmsnorm(float *x, const float *h, float *out, const f
         return err_set(TD_ENOTSUP, "add_rmsnorm over %lld rows", (long long)n_rows);
     if (n_rows == 0)
         return TD_OK;
-    const fused_xq none = {NULL, NULL, NULL, 0};
     if (n_rows == 1 && pdl_early_reads())
         return pdl_launch<add_rmsnorm_kernel<true>>("add_rmsnorm", dim3(1), dim3(FUSED_ROW_THREADS),
-                                                    0, st, x, h, out, w, dim, eps, 1, none);
+                                                    0, st, x, h, out, w, dim, eps);
     return pdl_launch<add_rmsnorm_kernel<false>>("add_rmsnorm", dim3((unsigned)n_rows),
                                                  dim3(FUSED_ROW_THREADS), 0, st, x, h, out, w, dim,
-                                                 eps, (int)n_rows, none);
-}
-
-static_assert(ADD_RMSNORM_ROUND_MAX == FUSED_ROW_THREADS * FUSED_ROW_VALS,
-              "a row that add_rmsnorm_round takes stays in registers");
-
-td_err add_rmsnorm_round(float *x, const float *h, float *out, const float *w, int n_rows,
-                         int64_t dim, float eps, const mm_xquant *q, int unit, cudaStream_t st)
-{
-    TD_ASSERT(x != NULL && h != NULL && out != NULL && out != x && q != NULL);
-    TD_ASSERT(n_rows >= 1 && n_rows == q->n_tok && n_rows <= q->n_pad);
-    TD_ASSERT(dim <= ADD_RMSNORM_ROUND_MAX && dim % 32 == 0 && (unit == 8 || unit == 4));
-    /* one token: no pads (only the single-token bulk-copy kernel reads this, token 0 alone) */
-    const unsigned grid = n_rows == 1 ? 1u : (unsigned)q->n_pad;
-    const fused_xq xo = {(int8_t *)q->xq, (float *)q->xd, (int8_t *)q->xsum, q->n_pad};
-    const size_t smem = (size_t)dim * sizeof(float);
-    if (n_rows == 1 && pdl_early_reads())
-        return unit == 8 ? pdl_launch<add_rmsnorm_kernel<true, 8>>(
-                               "add_rmsnorm (rounding)", dim3(grid), dim3(FUSED_ROW_THREADS),
-                               smem, st, x, h, out, w, dim, eps, n_rows, xo)
-                         : pdl_launch<add_rmsnorm_kernel<true, 4>>(
-                               "add_rmsnorm (rounding)", dim3(grid), dim3(FUSED_ROW_THREADS),
-                               smem, st, x, h, out, w, dim, eps, n_rows, xo);
-    return unit == 8 ? pdl_launch<add_rmsnorm_kernel<false, 8>>(
-                           "add_rmsnorm (rounding)", dim3(grid), dim3(FUSED_ROW_THREADS), smem,
-                           st, x, h, out, w, dim, eps, n_rows, xo)
-                     : pdl_launch<add_rmsnorm_kernel<false, 4>>(
-                           "add_rmsnorm (rounding)", dim3(grid), dim3(FUSED_ROW_THREADS), smem,
-                           st, x, h, out, w, dim, eps, n_rows, xo);
+                                                 eps);
 }
 
 extern "C" td_err cuda_rmsnorm_silu(float *out, const float *x, const float *w, const float *z,

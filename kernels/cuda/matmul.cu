@@ -31,6 +31,10 @@ namespace {
 
 /* --- activation rounding ------------------------------------------------------------------ */
 
+/* Where the rounding kernel puts the digits: the plain layout, the single-token kernel's
+ * (mm_decode_unit_pos) or the warpgroup kernel's (mm_wg_pos). */
+enum { PLACE_PLAIN, PLACE_DECODE, PLACE_WG };
+
 /* One warp per (token, 256-input block), lane l holding inputs 8l..8l+7, rounded by
  * mm_round_block (matmul_round.cuh): the hi/lo digits interleaved per UNIT (8 or 4 inputs)
  * and placed by PLACE,
@@ -69,7 +73,37 @@ __global__ void xquant_kernel(int8_t *xq, float *xd, int8_t *xsum, const float *
             }
         }
         const mm_round r = mm_round_block<UNIT>(v);
-        mm_round_store<UNIT, PLACE>(r, xq, xd, xsum, lane, tok, jb, cols, n_pad);
+        if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
+            if (PLACE == PLACE_DECODE) /* mm_decode_unit_pos */
+                *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
+                           16 * mm_decode_unit_pos(lane, UNIT)) = r.q;
+            else if (PLACE == PLACE_WG) { /* mm_wg_pos (UNIT 8: hi[8] then lo[8]) */
+                int8_t *blk = xq + (size_t)jb * MM_XBLOCK * 2 * n_pad;
+                const uint32_t v[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    *(uint32_t *)(blk + mm_wg_pos(lane, k & 1, k >> 1, tok, n_pad)) = v[k];
+            } else
+                *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = r.q;
+        }
+        int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
+        int8_t dg[3];
+        if ((lane & 3) == 0) {
+            const int j = lane / 4; /* sums of 32: digit i of j at 16*(j/4) + 4i + j%4 */
+            digits3(r.s32, dg);
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                out[16 * (j / 4) + 4 * k + j % 4] = dg[k];
+        }
+        if ((lane & 1) == 0) {
+            const int k16 = lane / 2; /* sums of 16: at 32 + 16*(k/4) + 4i + k%4 */
+            digits3(r.s16, dg);
+#pragma unroll
+            for (int k = 0; k < 3; k++)
+                out[32 + 16 * (k16 / 4) + 4 * k + k16 % 4] = dg[k];
+        }
+        if (lane == 0)
+            xd[jb * n_pad + tok] = r.d;
     }
 }
 
@@ -231,14 +265,6 @@ bool plan_shares_rounding(const mm_plan &a, const mm_plan &b)
     return a.unit == b.unit && a.placed == b.placed && a.wg == b.wg && !a.fused && !b.fused;
 }
 
-/* Whether a kernel of plan p over a chunk of nc tokens reads a rounding that
- * add_rmsnorm_round can make: the plain layout, and with one token only the bulk-copy
- * kernel's (which reads token 0 alone: that rounding has no pads). */
-bool pre_reads(const mm_plan &p, int nc)
-{
-    return !p.placed && !p.wg && (nc > 1 || p.bulk);
-}
-
 /* Whether members of weights wa and wb (of one group, so of one width) with plans a and b
  * run in one launch: both on the bulk-copy kernel (rounding x themselves or not) or both on
  * the window kernel, with one type. */
@@ -322,11 +348,7 @@ td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const m
  * it, and the bulk-copy kernels that round x themselves (mmb_fused, after waiting for the
  * kernel before them) without one (in group order otherwise; no result depends on the
  * order). With up (cuda_swiglu_matmul, one member): x is the gate, every chunk goes through
- * the rounding kernel, which applies the gate and stores it back into x. pre_unit (8 or 4,
- * 0: none; one chunk, no gate): the launch right before this call rounded x into the
- * scratch in the plain layout of that interleave (add_rmsnorm_round), so the members whose
- * kernels read it (pre_reads) launch first, with no rounding of their own, and no rounding
- * of this call overwrites it before.
+ * the rounding kernel, which applies the gate and stores it back into x.
  *
  * Why one scratch buffer is enough although the next rounding on this stream may be launched
  * early (a programmatic dependent) and overwrites what several kernels read: completion is
@@ -341,10 +363,9 @@ td_err launch_joined(const ops_mm_out *mm, const int *qi, int nq, int i, const m
  * before: each was launched early and streams its first weights during its predecessor's
  * tail. */
 td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm, const int *qi,
-                          int nq, int64_t n_tok, int pre_unit, cudaStream_t st)
+                          int nq, int64_t n_tok, cudaStream_t st)
 {
     TD_ASSERT(!up || nq == 1); /* a second rounding would read the gated x */
-    TD_ASSERT(!pre_unit || (!up && n_tok <= MM_CHUNK));
     int ordinal = 0;
     mm_device dev = {0, false};
     CUDA_TRY(cudaGetDevice(&ordinal));
@@ -365,21 +386,11 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
         const mm_xquant q = {xq, xd, xsum, nc, n_pad};
         mm_plan plan[OPS_MM_GROUP_MAX];
         bool done[OPS_MM_GROUP_MAX] = {};
-        bool pre[OPS_MM_GROUP_MAX] = {}; /* reads the rounding pre_unit stands for */
         for (int i = 0; i < nq; i++) {
             plan[i] = plan_of(mm[qi[i]].w, nc, &dev);
             plan[i].fused = plan[i].fused && !up; /* the gate goes through the rounding */
-            pre[i] = pre_unit && pre_reads(plan[i], nc) && plan[i].unit == pre_unit;
-            if (pre[i])
-                plan[i].fused = false;
         }
         const float *xc = x + (size_t)t0 * cols, *upc = up ? up + (size_t)t0 * cols : NULL;
-        /* the rounding made before this call first, before another one overwrites it */
-        for (int i = 0; i < nq; i++)
-            if (pre[i] && !done[i]) {
-                TD_TRY(launch_joined(mm, qi, nq, i, plan, done, t0, xc, &q, &dev, st));
-                slot->mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
-            }
         for (int i = 0; i < nq; i++) {
             if (done[i])
                 continue;
@@ -388,7 +399,6 @@ td_err matmul_quant_group(const float *x, const float *up, const ops_mm_out *mm,
                 slot->mark = __atomic_load_n(&cuda_launches, __ATOMIC_RELAXED);
                 continue;
             }
-
             /* a programmatic dependent of the kernel before it, whichever it is: every
              * kernel launched so waits for its predecessor (launch.cuh), so completion stays
              * transitive; TANDEM_ROUND_PDL=off only right after this stream's previous
@@ -509,18 +519,8 @@ mm_set mm_set_of(const ops_mm_out *mm, int n, int64_t unit_rows)
     return s;
 }
 
-/* Whether a member w of a group of n_tok tokens takes the quantised path on x itself (not
- * the Q6_K x bf16 kernel, nor x rounded to bf16, nor a float kernel). */
-static bool quant_on_x(const ops_weight *w, int64_t n_tok)
-{
-    return !q6x_takes(w, n_tok) && !is_float_type(w->type) && !w->x_bf16;
-}
-
-/* cuda_matmul_multi; pre_unit (8 or 4, 0: none): x has been rounded already for the
- * quantised members whose kernels read the plain layout of that interleave (pre_reads), in
- * this stream's scratch, by the launch right before this call (cuda_add_rmsnorm_multi). */
-static td_err matmul_multi_at(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
-                              int pre_unit, ops_stream st)
+td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
+                         ops_stream st)
 {
     TD_ASSERT(x != NULL && mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_tok >= 1);
     const int64_t cols = mm[0].w ? mm[0].w->cols : 0;
@@ -537,10 +537,8 @@ static td_err matmul_multi_at(const float *x, const ops_mm_out *mm, int n, int64
         q6x[i] = q6x_takes(w, n_tok);
         if (q6x[i])
             continue;
-        if (quant_on_x(w, n_tok))
-            qi[nq++] = i;
-        else if (!is_float_type(w->type))
-            qb[nqb++] = i;
+        if (!is_float_type(w->type))
+            *(w->x_bf16 ? &qb[nqb++] : &qi[nq++]) = i;
         else
             *(w->x_bf16 && w->type == TD_F32 ? &fb[nfb++] : &fi[nf++]) = i;
     }
@@ -555,7 +553,7 @@ static td_err matmul_multi_at(const float *x, const ops_mm_out *mm, int n, int64
     }
     cudaStream_t cs = (cudaStream_t)st;
     if (nq)
-        TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, pre_unit, cs));
+        TD_TRY(matmul_quant_group(x, NULL, mm, qi, nq, n_tok, cs));
     for (int i = 0; i < n; i++)
         if (q6x[i])
             TD_TRY(q6x_launch(mm[i].y, x, mm[i].w, (int)n_tok, cs));
@@ -563,94 +561,13 @@ static td_err matmul_multi_at(const float *x, const ops_mm_out *mm, int n, int64
         const float *xr = NULL;
         TD_TRY(round_bf16(&xr, x, n_tok, cols, cs));
         if (nqb)
-            TD_TRY(matmul_quant_group(xr, NULL, mm, qb, nqb, n_tok, 0, cs));
+            TD_TRY(matmul_quant_group(xr, NULL, mm, qb, nqb, n_tok, cs));
         if (nfb)
             TD_TRY(matmul_float(mm, fb, nfb, xr, n_tok, cs));
     }
     if (nf)
         TD_TRY(matmul_float(mm, fi, nf, x, n_tok, cs));
     return TD_OK;
-}
-
-td_err cuda_matmul_multi(const float *x, const ops_mm_out *mm, int n, int64_t n_tok,
-                         ops_stream st)
-{
-    return matmul_multi_at(x, mm, n, n_tok, 0, st);
-}
-
-/* Which calls of cuda_add_rmsnorm_multi round in the norm's launch (TANDEM_PREROUND, read
- * once): "off" none, "multi" those of several rows, "on" all that can; by default
- * PRE_DEFAULT. The same bits either way. */
-enum { PRE_ALL = 1, PRE_MULTI, PRE_OFF };
-#define PRE_DEFAULT PRE_OFF /* until measured on a GPU: kernels/cuda/NOTES.md */
-static int g_preround;
-
-static int preround_choice(void)
-{
-    int c = __atomic_load_n(&g_preround, __ATOMIC_RELAXED);
-    if (c == 0) {
-        const char *e = getenv("TANDEM_PREROUND");
-        c = !e                           ? PRE_DEFAULT
-            : strcmp(e, "off") == 0      ? PRE_OFF
-            : strcmp(e, "multi") == 0    ? PRE_MULTI
-                                         : PRE_ALL;
-        __atomic_store_n(&g_preround, c, __ATOMIC_RELAXED);
-    }
-    return c;
-}
-
-/* The interleave unit that cuda_add_rmsnorm_multi rounds out in: the one read by the most
- * rows of the group's quantised members whose kernels take a rounding made in the norm
- * (pre_reads); 0 where none does, or the call is not one the norm's launch can round for. */
-static td_err preround_unit(const ops_mm_out *mm, int n, int64_t n_rows, int64_t dim, int *unit)
-{
-    *unit = 0;
-    const int c = preround_choice();
-    if (c == PRE_OFF || (c == PRE_MULTI && n_rows == 1) || n_rows > MM_CHUNK ||
-        dim > ADD_RMSNORM_ROUND_MAX || dim % 32 != 0)
-        return TD_OK;
-    int ordinal = 0;
-    mm_device dev = {0, false};
-    CUDA_TRY(cudaGetDevice(&ordinal));
-    TD_TRY(sm_count(ordinal, &dev.n_sm));
-    dev.pdl = code_arch(ordinal) >= 900;
-    int64_t rows8 = 0, rows4 = 0;
-    for (int i = 0; i < n; i++) {
-        const ops_weight *w = mm[i].w;
-        if (!quant_on_x(w, n_rows))
-            continue;
-        const mm_plan p = plan_of(w, (int)n_rows, &dev);
-        if (pre_reads(p, (int)n_rows))
-            *(p.unit == 8 ? &rows8 : &rows4) += w->rows;
-    }
-    *unit = rows8 == 0 && rows4 == 0 ? 0 : rows8 >= rows4 ? 8 : 4;
-    return TD_OK;
-}
-
-td_err cuda_add_rmsnorm_multi(float *x, const float *h, float *out, const float *w,
-                              int64_t n_rows, int64_t dim, float eps, const ops_mm_out *mm,
-                              int n, ops_stream st)
-{
-    TD_ASSERT(mm != NULL && n >= 1 && n <= OPS_MM_GROUP_MAX && n_rows >= 1);
-    for (int i = 0; i < n; i++) {
-        TD_ASSERT(mm[i].w != NULL && mm[i].w->cols == dim);
-        TD_TRY(weight_check(mm[i].w)); /* refused before x is touched */
-    }
-    int unit = 0;
-    TD_TRY(preround_unit(mm, n, n_rows, dim, &unit));
-    if (!unit) {
-        TD_TRY(cuda_add_rmsnorm(x, h, out, w, n_rows, dim, eps, st));
-        return matmul_multi_at(out, mm, n, n_rows, 0, st);
-    }
-    cudaStream_t cs = (cudaStream_t)st;
-    const int n_pad = pad_tokens((int)n_rows);
-    const xq_layout o = xq_layout_of(dim, n_pad);
-    void *buf = NULL;
-    TD_TRY(stream_buf_get(&g_scratch, cs, o.bytes, true, &buf, NULL));
-    const mm_xquant q = {(int8_t *)buf, (float *)((uint8_t *)buf + o.xd),
-                         (int8_t *)buf + o.xsum, (int)n_rows, n_pad};
-    TD_TRY(add_rmsnorm_round(x, h, out, w, (int)n_rows, dim, eps, &q, unit, cs));
-    return matmul_multi_at(out, mm, n, n_rows, unit, st);
 }
 
 td_err cuda_matmul(float *y, const float *x, const ops_weight *w, int64_t n_tok,
@@ -676,5 +593,5 @@ td_err cuda_swiglu_matmul(float *y, float *gate, const float *up, const ops_weig
     TD_ASSERT(w->data != NULL && w->rows >= 1);
     const ops_mm_out one = {y, w};
     const int qi = 0;
-    return matmul_quant_group(gate, up, &one, &qi, 1, n_tok, 0, (cudaStream_t)st);
+    return matmul_quant_group(gate, up, &one, &qi, 1, n_tok, (cudaStream_t)st);
 }

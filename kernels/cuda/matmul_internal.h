@@ -211,13 +211,4 @@ td_err mmh_launch(const ops_mm_out *mm, int n, const float *x, int n_tok, cudaSt
 bool q6x_takes(const ops_weight *w, int64_t n_tok);
 td_err q6x_launch(float *y, const float *x, const ops_weight *w, int n_tok, cudaStream_t st);
 
-/* cuda_add_rmsnorm whose launch also rounds out for the quantised products that read it
- * (fused.cu, for cuda_add_rmsnorm_multi): into q's buffers in the plain layout of interleave
- * unit (8 or 4), by the rounding kernel's code. n_rows = q->n_tok; with several rows the
- * pads n_rows .. q->n_pad - 1 are written as zeros, a single row has none (only the
- * single-token bulk-copy kernel reads it). dim <= ADD_RMSNORM_ROUND_MAX, a multiple of 32. */
-#define ADD_RMSNORM_ROUND_MAX 8192
-td_err add_rmsnorm_round(float *x, const float *h, float *out, const float *w, int n_rows,
-                         int64_t dim, float eps, const mm_xquant *q, int unit, cudaStream_t st);
-
 #endif

@@ -70,53 +70,6 @@ template <int UNIT> __device__ __forceinline__ mm_round mm_round_block(const flo
     return r;
 }
 
-/* Where the rounded digits go: the plain layout, the single-token kernel's
- * (mm_decode_unit_pos) or the warpgroup kernel's (mm_wg_pos). */
-enum { PLACE_PLAIN, PLACE_DECODE, PLACE_WG };
-
-/* Lane l's share of storing block jb of token tok, rounded into r (mm_round_block over the
- * block's inputs 8l .. 8l+7), into the scratch of mm_xquant: its 16 bytes of digits placed
- * by PLACE (inside the row only), the sums of 32 and of 16 as digits, d. Every lane of the
- * warp calls it. */
-template <int UNIT, int PLACE>
-__device__ __forceinline__ void mm_round_store(const mm_round &r, int8_t *xq, float *xd,
-                                               int8_t *xsum, int lane, int tok, int64_t jb,
-                                               int64_t cols, int n_pad)
-{
-    const int64_t at = jb * MM_XBLOCK + 8 * lane; /* first input of this lane */
-    if (at < cols) { /* the lane's 8 inputs are 16 bytes in both interleaves */
-        if (PLACE == PLACE_DECODE) /* mm_decode_unit_pos */
-            *(uint4 *)(xq + ((size_t)tok * cols + jb * MM_XBLOCK) * 2 +
-                       16 * mm_decode_unit_pos(lane, UNIT)) = r.q;
-        else if (PLACE == PLACE_WG) { /* mm_wg_pos (UNIT 8: hi[8] then lo[8]) */
-            int8_t *blk = xq + (size_t)jb * MM_XBLOCK * 2 * n_pad;
-            const uint32_t v[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                *(uint32_t *)(blk + mm_wg_pos(lane, k & 1, k >> 1, tok, n_pad)) = v[k];
-        } else
-            *(uint4 *)(xq + ((size_t)tok * cols + at) * 2) = r.q;
-    }
-    int8_t *out = xsum + ((size_t)jb * n_pad + tok) * MM_XSUM_BYTES;
-    int8_t dg[3];
-    if ((lane & 3) == 0) {
-        const int j = lane / 4; /* sums of 32: digit i of j at 16*(j/4) + 4i + j%4 */
-        digits3(r.s32, dg);
-#pragma unroll
-        for (int k = 0; k < 3; k++)
-            out[16 * (j / 4) + 4 * k + j % 4] = dg[k];
-    }
-    if ((lane & 1) == 0) {
-        const int k16 = lane / 2; /* sums of 16: at 32 + 16*(k/4) + 4i + k%4 */
-        digits3(r.s16, dg);
-#pragma unroll
-        for (int k = 0; k < 3; k++)
-            out[32 + 16 * (k16 / 4) + 4 * k + k16 % 4] = dg[k];
-    }
-    if (lane == 0)
-        xd[jb * n_pad + tok] = r.d;
-}
-
 } /* namespace */
 
 #endif
