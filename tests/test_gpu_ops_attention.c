@@ -267,10 +267,43 @@ static void test_attention_prefill_windows_and_bidirectional(void **state)
         att_check(&cs[i]);
 }
 
+/* Sets variable name to val (NULL: unsets it); returns its old value for env_restore. */
+static char *env_swap(const char *name, const char *val)
+{
+    const char *saved = getenv(name);
+    char *keep = saved ? strdup(saved) : NULL;
+    if (val)
+        setenv(name, val, 1);
+    else
+        unsetenv(name);
+    return keep;
+}
+
+/* Gives name back the value env_swap returned (and frees it). */
+static void env_restore(const char *name, char *keep)
+{
+    if (keep)
+        setenv(name, keep, 1);
+    else
+        unsetenv(name);
+    free(keep);
+}
+
+/* Runs d with variable name set to val (NULL: unset), then restores the variable. */
+static float *att_run_env(ops_attn d, const char *name, const char *val)
+{
+    char *keep = env_swap(name, val);
+    float *got = att_run(d);
+    env_restore(name, keep);
+    return got;
+}
+
 /* The same 16 queries computed as a decode step each (n_kv up to the query itself), as one
  * verify block (split keys, folded by the combine kernel), as the tail of a 256-query
  * prefill chunk (512 blocks: each block folds its splits itself) and under a chain tree mask:
- * every bit equal; and the CPU within tolerance where cpu_too. */
+ * every bit equal; and the CPU within tolerance where cpu_too. On an f16 cache also with
+ * the verify block and the prefill chunk folding chunks of splits in their blocks
+ * (TANDEM_ATT_CHUNKS=on) while each decode step hands the combine a partial per split. */
 static void bit_identity(int64_t D, int64_t ctx, bool cpu_too)
 {
     const int64_t n_head = 32, n_head_kv = 8, B = 16, P = 256;
@@ -291,6 +324,16 @@ static void bit_identity(int64_t D, int64_t ctx, bool cpu_too)
     float *ver = att_run(blk);
     assert_true(check_same_bits("verify block vs prefill chunk", ver, pre + (P - B) * row,
                                 (size_t)(B * row) * 4));
+    if (D == 128 || D == 256) { /* the tensor-core kernel's head sizes */
+        float *ver_c = att_run_env(blk, "TANDEM_ATT_CHUNKS", "on");
+        float *pre_c = att_run_env(d, "TANDEM_ATT_CHUNKS", "on");
+        assert_true(check_same_bits("verify block folding chunks vs by splits", ver_c, ver,
+                                    (size_t)(B * row) * 4));
+        assert_true(check_same_bits("prefill chunk folding chunks vs by splits", pre_c, pre,
+                                    (size_t)(P * row) * 4));
+        free(pre_c);
+        free(ver_c);
+    }
 
     for (int64_t t = 0; t < B; t++) {
         ops_attn one = blk; /* decode: the cache ends at the query's own key */
@@ -341,28 +384,6 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
     bit_identity(128, 1000, true);
     bit_identity(256, 600, true);
     bit_identity(40, 70000, false);
-}
-
-/* Sets variable name to val (NULL: unsets it); returns its old value for env_restore. */
-static char *env_swap(const char *name, const char *val)
-{
-    const char *saved = getenv(name);
-    char *keep = saved ? strdup(saved) : NULL;
-    if (val)
-        setenv(name, val, 1);
-    else
-        unsetenv(name);
-    return keep;
-}
-
-/* Gives name back the value env_swap returned (and frees it). */
-static void env_restore(const char *name, char *keep)
-{
-    if (keep)
-        setenv(name, keep, 1);
-    else
-        unsetenv(name);
-    free(keep);
 }
 
 /* The staged kernel's rows per block (TANDEM_ATT_ROWS=2, 4, 8, 16; by default chosen from
@@ -417,15 +438,6 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
         att_host_free(&h);
     }
     env_restore("TANDEM_ATT_ROWS", keep);
-}
-
-/* Runs d with variable name set to val (NULL: unset), then restores the variable. */
-static float *att_run_env(ops_attn d, const char *name, const char *val)
-{
-    char *keep = env_swap(name, val);
-    float *got = att_run(d);
-    env_restore(name, keep);
-    return got;
 }
 
 static float *att_run_mma(ops_attn d, const char *val)
@@ -514,11 +526,23 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             free(o);
         }
         static const char *const zs[] = {"1", "3"};
-        for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
-            float *o = att_run_env(d, "TANDEM_ATT_SPLIT_Z", zs[k]);
-            snprintf(what, sizeof what, "%s: %s blocks along the splits", c->name, zs[k]);
-            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
-            free(o);
+        static const char *const chunks[] = {NULL, "on", "off"};
+        for (size_t m = 0; m < sizeof chunks / sizeof chunks[0]; m++) {
+            char *keep_chunks = env_swap("TANDEM_ATT_CHUNKS", chunks[m]);
+            if (chunks[m]) {
+                float *o = att_run(d);
+                snprintf(what, sizeof what, "%s: chunks %s", c->name, chunks[m]);
+                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+                free(o);
+            }
+            for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
+                float *o = att_run_env(d, "TANDEM_ATT_SPLIT_Z", zs[k]);
+                snprintf(what, sizeof what, "%s: %s blocks along the splits, chunks %s",
+                         c->name, zs[k], chunks[m] ? chunks[m] : "auto");
+                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+                free(o);
+            }
+            env_restore("TANDEM_ATT_CHUNKS", keep_chunks);
         }
         { /* partials for 3 queries (or 1) at a time: several calls */
             const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
@@ -541,7 +565,10 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             float *want = att_run(exact), *o = att_run(dev);
             snprintf(what, sizeof what, "%d keys on the device", (int)n_use);
             assert_true(check_same_bits(what, o, want, (size_t)n_out * 4));
-            float *oz = att_run_env(dev, "TANDEM_ATT_SPLIT_Z", "3"); /* walking past the count */
+            /* walking past the count; 3 blocks along 34 splits (4300 keys) fold chunks of
+             * them, along 3 splits (300 keys) hand over splits: decided from the count on
+             * the device */
+            float *oz = att_run_env(dev, "TANDEM_ATT_SPLIT_Z", "3");
             snprintf(what, sizeof what, "%d keys on the device, 3 blocks along", (int)n_use);
             assert_true(check_same_bits(what, oz, want, (size_t)n_out * 4));
             free(oz);

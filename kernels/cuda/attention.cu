@@ -25,6 +25,7 @@
  * bidirectional blocks over an f32 cache (the DFlash drafter's) atm_kernel; the rest the
  * staged kernel ats_kernel, or the generic att_kernel. */
 #include <cuda_fp16.h>
+#include <string.h>
 
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_dev.cuh"
@@ -49,6 +50,8 @@ typedef struct att_args {
     float *part;      /* NULL: fold in the block; else [n_split][n_q][n_head][head_dim + 2]
                        * partials: values, then max and sum */
     int round;        /* the combine kernel's splits per round (its shared memory holds them) */
+    int chunk;        /* splits per chunk of the fold order (1: splits fold one by one) */
+    int64_t chunk_from; /* partials per chunk once there are this many chunks (else per split) */
 } att_args;
 
 /* The keys this call uses: n_kv, or fewer when the count is read from the device. */
@@ -65,6 +68,20 @@ __device__ __forceinline__ int64_t att_n_split(const att_args &p, int64_t n_kv)
 {
     const int64_t n = (n_kv + ATT_SPLIT - 1) / ATT_SPLIT;
     return n < p.n_split ? n : p.n_split;
+}
+
+/* Chunks of p.chunk splits holding n_split splits. */
+__device__ __forceinline__ int64_t att_n_chunk(const att_args &p, int64_t n_split)
+{
+    return (n_split + p.chunk - 1) / p.chunk;
+}
+
+/* Whether a call over n_split splits hands the combine one partial per chunk (folded in the
+ * block) rather than one per split. Decided on the device, from the keys in use, by the
+ * attention kernel and the combine alike; the bits are the same either way. */
+__device__ __forceinline__ bool att_chunked(const att_args &p, int64_t n_split)
+{
+    return p.chunk > 1 && att_n_chunk(p, n_split) >= p.chunk_from;
 }
 
 /* Whether query t at position qp sees key i at position kp (cpu_attention's key_visible). */
@@ -863,6 +880,7 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
 #define ATH_PUP 0x1p14f        /* p is scaled by 2^14 before its split */
 #define ATH_PDOWN 0x1p-14f     /* and the values back */
 #define ATH_WAVES 4            /* waves of blocks a call's splits are walked in (ath_run) */
+#define ATH_CHUNK 4            /* splits per chunk of the fold order */
 
 template <int HD, int ROWS> struct ath_geo {
     static constexpr int QS = HD + 8;                              /* halves per query row */
@@ -954,9 +972,17 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gi = lane >> 2, ti = lane & 3;
     const int64_t g = blockIdx.y, n_kv = att_n_kv(a), n_split = att_n_split(p, n_kv);
     const int64_t r0 = (int64_t)blockIdx.x * ROWS;
-    int64_t s = blockIdx.z;
-    if (s >= n_split)
+    /* the units the blocks walk: chunks (their splits folded here, one partial each) or
+     * splits (one partial each) */
+    const bool chunked = att_chunked(p, n_split);
+    const int64_t n_unit = chunked ? att_n_chunk(p, n_split) : n_split;
+    int64_t u = blockIdx.z;
+    if (u >= n_unit)
         return; /* past the keys in use: the combine reads no partial of it */
+    auto unit_end = [&](int64_t first) {
+        return chunked ? (first + p.chunk < n_split ? first + p.chunk : n_split) : first + 1;
+    };
+    int64_t s = chunked ? u * p.chunk : u, s_end = unit_end(s);
     const int nr = (int)(p.n_rows - r0 < ROWS ? p.n_rows - r0 : ROWS);
     /* the keys in use of split sp */
     auto split_keys = [&](int64_t sp) {
@@ -1005,6 +1031,13 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             ath_split(qv[i][j] * down, qh[r * QS + lane + 32 * j], ql[r * QS + lane + 32 * j]);
     }
     const bool causal = a.mask == OPS_MASK_CAUSAL && a.window <= 0; /* att_visible_at's */
+    /* a chunk's fold so far (att_fold from nothing, split by split): the values of this
+     * thread's fragment elements, the max of each of its fragment rows, and the max and sum
+     * of row tid */
+    float fold_v[DT][NT][4] = {}, fold_m[NT][2], row_fm = -INFINITY, row_fl = 0;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+        fold_m[n][0] = fold_m[n][1] = -INFINITY;
     for (;;) {
         const int64_t k0 = s * ATT_SPLIT;
         const int nk = split_keys(s);
@@ -1087,33 +1120,79 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             }
         }
 
-        /* the split's partial: values, then max and sum. Element e = 2h + i of d tile
+        /* the unit's partial: values, then max and sum. Element e = 2h + i of d tile
          * w + ATH_WARPS j and n tile n: row 8n + 2ti + i, value 16w + gi + 16 ATH_WARPS j + 8h
-         * (one address per row, the rest immediate offsets) */
-        float *part = p.part + s * a.n_q * a.n_head * (HD + 2);
+         * (one address per row, the rest immediate offsets). A chunk's splits fold first,
+         * with the combine kernel's operations on the values it would have read. */
+        const bool last = s + 1 == s_end;
+        if (chunked) {
 #pragma unroll
-        for (int n = 0; n < NT; n++)
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int r = 8 * n + 2 * ti + i;
-                if (r >= nr)
-                    continue;
-                float *pr = part + row_po[r] + 16 * warp + gi;
+                for (int i = 0; i < 2; i++) {
+                    float fa = 0.0f, fb = 0.0f;
+                    if (!att_factors(fold_m[n][i], row_m[8 * n + 2 * ti + i], fa, fb))
+                        continue;
+#pragma unroll
+                    for (int j = 0; j < DT; j++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            fold_v[j][n][2 * h + i] =
+                                att_apply(fold_v[j][n][2 * h + i],
+                                          (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN,
+                                          fa, fb);
+                }
+            if (tid < nr) {
+                float fa = 0.0f, fb = 0.0f;
+                att_fold(row_fm, row_fl, row_m[tid], row_l[tid], fa, fb);
+            }
+        }
+        if (!chunked || last) {
+            float *part = p.part + u * a.n_q * a.n_head * (HD + 2);
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int r = 8 * n + 2 * ti + i;
+                    if (r >= nr)
+                        continue;
+                    float *pr = part + row_po[r] + 16 * warp + gi;
+#pragma unroll
+                    for (int j = 0; j < DT; j++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            pr[16 * ATH_WARPS * j + 8 * h] =
+                                chunked ? fold_v[j][n][2 * h + i]
+                                        : (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN;
+                }
+            if (tid < nr) { /* ROWS <= ATH_THREADS */
+                float *pr = part + row_po[tid];
+                pr[HD] = chunked ? row_fm : row_m[tid];
+                pr[HD + 1] = chunked ? row_fl : row_l[tid];
+            }
+        }
+        if (chunked && last) { /* the next chunk folds from nothing */
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                fold_m[n][0] = fold_m[n][1] = -INFINITY;
 #pragma unroll
                 for (int j = 0; j < DT; j++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        pr[16 * ATH_WARPS * j + 8 * h] =
-                            (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN;
+                    for (int e = 0; e < 4; e++)
+                        fold_v[j][n][e] = 0.0f;
             }
-        if (tid < nr) { /* ROWS <= ATH_THREADS */
-            float *pr = part + row_po[tid];
-            pr[HD] = row_m[tid];
-            pr[HD + 1] = row_l[tid];
+            row_fm = -INFINITY;
+            row_fl = 0.0f;
         }
-        s += gridDim.z;
-        if (s >= n_split)
-            break;
+        if (last) {
+            u += gridDim.z;
+            if (u >= n_unit)
+                break;
+            s = chunked ? u * p.chunk : u;
+            s_end = unit_end(s);
+        } else {
+            s++;
+        }
         __syncthreads(); /* every warp is done with this split's values, p, maxima and sums */
         ats_stage<HD, __half, true>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
     }
@@ -1128,17 +1207,19 @@ __device__ __forceinline__ void att_cp4(float *dst, const float *src)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
 }
 
-/* Folds the partials of one (query, head) row in split order: block x = t * n_head + h,
+/* Folds the partials of one (query, head) row in the fold order: block x = t * n_head + h,
  * y = a run of ATT_COMBINE_D head values, each folded by one thread (threads below
- * ATT_COMBINE_D). The same operations in the same order as att_fold and att_apply split by
- * split, so the same bits, but not one round trip per batch of splits and one exp chain per
- * split: per round of up to ATT_COMBINE_ROUND splits, every value of the round is copied into
- * shared memory at once (cp.async, the copies shared by all ATT_COMBINE_T threads), the
- * running max after each split (a max is exact in any order: a scan over the threads) gives
- * every split's factors fa and fb side by side, and each folding thread then runs only the
- * multiply-adds of its value and of the sum. (One thread walking 257 splits of a 32K decode
- * in batches of 32 took ~25 us per layer; 64 threads each issuing the copies of their own
- * value, ~15 us.) */
+ * ATT_COMBINE_D). The same operations in the same order as att_fold and att_apply partial
+ * by partial, so the same bits, but not one round trip per batch of partials and one exp
+ * chain per partial: per round of up to p.round partials, every value of the round is copied
+ * into shared memory at once (cp.async, the copies shared by all ATT_COMBINE_T threads), the
+ * running max after each partial (a max is exact in any order: a scan over the threads)
+ * gives every partial's factors fa and fb side by side, and each folding thread then runs
+ * only the multiply-adds of its value and of the sum. (One thread walking 257 splits of a
+ * 32K decode in batches of 32 took ~25 us per layer; 64 threads each issuing the copies of
+ * their own value, ~15 us.) With chunks of p.chunk splits and a partial per split, the splits
+ * of a chunk fold first, from nothing, and the chunks then fold in order: what a block that
+ * folded the chunk itself hands over (att_chunked), with the same operations. */
 __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
@@ -1151,16 +1232,21 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
     const int nd = (int)(D - d0 < ATT_COMBINE_D ? D - d0 : ATT_COMBINE_D); /* values here */
     const int64_t t = row / a.n_head, h = row % a.n_head;
     const int64_t n_split = att_n_split(p, att_n_kv(a));
+    /* C partials per chunk of the fold (1: they fold one by one); rounds hold whole chunks */
+    const bool chunked = att_chunked(p, n_split);
+    const int C = chunked ? 1 : p.chunk;
+    const int64_t n_part = chunked ? att_n_chunk(p, n_split) : n_split;
     const int R = (int)(p.n_split < p.round ? p.n_split : p.round);
     float *sv = csm;                              /* [R][ATT_COMBINE_D] the values */
     float *sfa = sv + (size_t)R * ATT_COMBINE_D; /* [R] att_fold's fa */
-    float *sfb = sfa + R;                         /* [R] fb; -1: a split that folds nothing */
-    float *sl = sfb + R;                          /* [R] the splits' sums */
-    const int64_t stride = a.n_q * a.n_head * (D + 2); /* one split's partials to the next */
+    float *sfb = sfa + R;                         /* [R] fb; -1: a partial that folds nothing */
+    float *sl = sfb + R;                          /* [R] the partials' sums */
+    float *sca = sl + R, *scb = sca + R;          /* [R / C] a chunk's fa and fb */
+    const int64_t stride = a.n_q * a.n_head * (D + 2); /* one partial to the next */
     const float *base = p.part + row * (D + 2);
     float M = -INFINITY, L = 0, A = 0;
-    for (int64_t s0 = 0; s0 < n_split; s0 += R) {
-        const int nr = (int)(n_split - s0 < R ? n_split - s0 : R);
+    for (int64_t s0 = 0; s0 < n_part; s0 += R) {
+        const int nr = (int)(n_part - s0 < R ? n_part - s0 : R);
         __syncthreads(); /* the previous round is folded: its arrays are free */
         for (int e = tid; e < nr * ATT_COMBINE_D; e += ATT_COMBINE_T) {
             const int i = e / ATT_COMBINE_D, c = e % ATT_COMBINE_D;
@@ -1168,14 +1254,16 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
                 att_cp4(sv + e, base + (s0 + i) * stride + d0 + c);
         }
         ats_commit();
-        /* thread tid takes splits i0 .. i1 - 1 of the round: their max and sum, the max of
-         * all splits before them (a scan of the threads' maxima), then their factors */
-        const int per = (nr + ATT_COMBINE_T - 1) / ATT_COMBINE_T;
+        /* thread tid takes partials i0 .. i1 - 1 of the round (whole chunks): their max and
+         * sum, the max of all partials before them (a scan of the threads' maxima), then
+         * their factors */
+        int per = (nr + ATT_COMBINE_T - 1) / ATT_COMBINE_T;
+        per = (per + C - 1) / C * C;
         const int i0 = tid * per < nr ? tid * per : nr, i1 = i0 + per < nr ? i0 + per : nr;
         float mine = -INFINITY;
         for (int i = i0; i < i1; i++) {
             const float *pr = base + (s0 + i) * stride;
-            sfa[i] = pr[D]; /* the split's max, until its factor replaces it */
+            sfa[i] = pr[D]; /* the partial's max, until its factor replaces it */
             sl[i] = pr[D + 1];
             mine = fmaxf(mine, sfa[i]);
         }
@@ -1193,35 +1281,69 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
             before = -INFINITY;
         for (int w = 0; w < warp; w++)
             before = fmaxf(before, wmax[w]);
-        float Mi = fmaxf(M, before); /* att_fold's M before split i0 */
-        for (int i = i0; i < i1; i++) {
-            float fa = 0.0f, fb = -1.0f; /* -1: nothing to fold, M unchanged */
-            att_factors(Mi, sfa[i], fa, fb);
-            sfa[i] = fa;
-            sfb[i] = fb;
+        float Mi = fmaxf(M, before); /* att_fold's M before partial i0 */
+        for (int c0 = i0; c0 < i1; c0 += C) {
+            const int c1 = c0 + C < i1 ? c0 + C : i1;
+            float Mc = C > 1 ? -INFINITY : Mi; /* a chunk folds from nothing */
+            for (int i = c0; i < c1; i++) {
+                float fa = 0.0f, fb = -1.0f; /* -1: nothing to fold, M unchanged */
+                att_factors(Mc, sfa[i], fa, fb);
+                sfa[i] = fa;
+                sfb[i] = fb;
+            }
+            if (C > 1) {
+                float fa = 0.0f, fb = -1.0f;
+                att_factors(Mi, Mc, fa, fb);
+                sca[c0 / C] = fa;
+                scb[c0 / C] = fb;
+            } else {
+                Mi = Mc;
+            }
         }
         for (int w = 0; w < ATT_COMBINE_T / 32; w++)
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
-        if (tid < nd)
-            for (int i = 0; i < nr; i++) {
-                const float fb = sfb[i];
-                if (fb == -1.0f)
-                    continue;
-                const float fa = sfa[i];
-                L = att_apply(L, sl[i], fa, fb);
-                A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
-            }
+        if (tid < nd) {
+            if (C == 1)
+                for (int i = 0; i < nr; i++) {
+                    const float fb = sfb[i];
+                    if (fb == -1.0f)
+                        continue;
+                    const float fa = sfa[i];
+                    L = att_apply(L, sl[i], fa, fb);
+                    A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+                }
+            else
+                for (int c0 = 0; c0 < nr; c0 += C) {
+                    const int c1 = c0 + C < nr ? c0 + C : nr;
+                    float Lc = 0, Ac = 0;
+                    for (int i = c0; i < c1; i++) {
+                        const float fb = sfb[i];
+                        if (fb == -1.0f)
+                            continue;
+                        const float fa = sfa[i];
+                        Lc = att_apply(Lc, sl[i], fa, fb);
+                        Ac = att_apply(Ac, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+                    }
+                    const float fb = scb[c0 / C];
+                    if (fb == -1.0f)
+                        continue;
+                    const float fa = sca[c0 / C];
+                    L = att_apply(L, Lc, fa, fb);
+                    A = att_apply(A, Ac, fa, fb);
+                }
+        }
     }
     if (tid < nd)
         att_write(a, t, h, d, A, L);
 }
 
-/* Shared memory of the combine kernel for rounds of R splits: values, fa, fb, sums. */
+/* Shared memory of the combine kernel for rounds of R partials: values, fa, fb, sums, and a
+ * chunk's fa and fb. */
 static size_t att_combine_bytes(int64_t R)
 {
-    return (size_t)R * (ATT_COMBINE_D + 3) * sizeof(float);
+    return (size_t)R * (ATT_COMBINE_D + 5) * sizeof(float);
 }
 
 /* The combine kernel over p's partials: its shared memory holds a round of splits, up to
@@ -1235,6 +1357,10 @@ static td_err att_combine_launch(att_args p, cudaStream_t st)
     int64_t most = room > 1024 + per ? (int64_t)((room - 1024) / per) : 1; /* 1 KB: wmax */
     if (most > ATT_COMBINE_ROUND)
         most = ATT_COMBINE_ROUND;
+    if (most < p.chunk)
+        return err_set(TD_ENOTSUP, "attention combine: %lld splits per round, chunks of %d",
+                       (long long)most, p.chunk);
+    most -= most % p.chunk; /* whole chunks per round */
     p.round = (int)most;
     const int64_t R = p.n_split < most ? p.n_split : most;
     const size_t smem = att_combine_bytes(R);
@@ -1890,8 +2016,9 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
     const ops_attn *a = &p.a;
     const size_t per_q = part_bytes / (size_t)a->n_q;
     const size_t cap = att_scratch_max();
-    const char *ez = getenv("TANDEM_ATT_SPLIT_Z");
+    const char *ez = getenv("TANDEM_ATT_SPLIT_Z"), *ec = getenv("TANDEM_ATT_CHUNKS");
     const long long forced_z = ez ? atoll(ez) : 0;
+    const bool chunks_on = ec && !strcmp(ec, "on"), chunks_off = ec && !strcmp(ec, "off");
     const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
                              ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
                              : a->n_q;
@@ -1900,10 +2027,13 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         att_args ps = p;
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
+        ps.chunk = ATH_CHUNK;
         const int64_t row_blocks = (ps.n_rows + hp.rows - 1) / hp.rows * a->n_head_kv;
         const int64_t waves = ((int64_t)ATH_WAVES * hp.per_sm * sms + row_blocks / 2) / row_blocks;
         const int64_t want = forced_z > 0 ? (int64_t)forced_z : waves < 1 ? 1 : waves;
         const int64_t z = want < p.n_split ? want : p.n_split;
+        /* partials per chunk once every block along the keys has a chunk to fold */
+        ps.chunk_from = chunks_on ? 0 : chunks_off ? INT64_MAX : z;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
                         (unsigned)z);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
@@ -1935,6 +2065,8 @@ extern "C" td_err cuda_attention(const ops_attn *a, ops_stream st)
     p.n_split = (a->n_kv + ATT_SPLIT - 1) / ATT_SPLIT;
     p.part = NULL;
     p.round = ATT_COMBINE_ROUND; /* att_combine_launch sets the device's */
+    p.chunk = 1;                 /* the tensor-core kernel of f16 caches folds in chunks */
+    p.chunk_from = INT64_MAX;
     const long long tiles = (p.n_rows + ATT_ROWS - 1) / ATT_ROWS;
     if (tiles > INT32_MAX || a->n_head_kv > 65535 || p.n_split > 65535 ||
         a->n_q * a->n_head > INT32_MAX)
