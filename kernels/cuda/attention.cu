@@ -7,7 +7,8 @@
  * split: the scores are full dot products summed over d in order; the split's max is exact;
  * p = exp(score - max); the split's sum of p is a fixed warp tree; each output value sums
  * p * v over the split's keys in key order. Splits then fold into a running (max, sum,
- * values) in split order (att_fold). A key the query cannot see adds nothing (not even a
+ * values) in split order (att_fold; the tensor-core kernel of f16 caches in chunks of
+ * splits, see there). A key the query cannot see adds nothing (not even a
  * zero), a split it cannot see is skipped, so a query's result depends only on its own
  * visible keys: bit-identical alone, in a 16-token verify block or in a prefill chunk, and
  * whatever n_kv the caller passes beyond its last visible key.
@@ -870,7 +871,12 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * checks it). A block takes one kv head, 8 or 16 rows and every z-th split of 128 keys from
  * its own (its query rows split once; per split its keys, then its values in the same
  * buffer; the grid about four waves where the splits allow); the split's softmax is
- * att_row_softmax, the fold the combine kernel's.
+ * att_row_softmax. The fold order has two levels: the splits of a chunk of ATH_CHUNK fold
+ * from nothing, then the chunks in order. Where every block along the keys has a chunk to
+ * walk (long contexts: a 16-query verify over 32K keys), the blocks walk every z-th chunk
+ * instead, fold its splits themselves (att_fold's operations on the values a partial would
+ * hold) and hand over one partial per chunk, a quarter of the partials' bytes; elsewhere
+ * (decode, short blocks) a partial per split, and the combine kernel folds both levels.
  * ------------------------------------------------------------------------------------- */
 
 #define ATH_WARPS 8
@@ -943,8 +949,9 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
     return __int_as_float((127 + e) << 23);
 }
 
-/* grid: x = tile of ROWS rows, y = kv head, z: the block takes splits z, z + gridDim.z, ...
- * of the keys in use (its query rows split once for all of them). Scores: warp w takes keys
+/* grid: x = tile of ROWS rows, y = kv head, z: the block takes splits (or chunks, see
+ * att_chunked) z, z + gridDim.z, ... of the keys in use (its query rows split once for all
+ * of them). Scores: warp w takes keys
  * 16w .. 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16
  * values each) of every row. */
 template <int HD, int ROWS>
