@@ -298,12 +298,23 @@ static float *att_run_env(ops_attn d, const char *name, const char *val)
     return got;
 }
 
+/* The same with two variables. */
+static float *att_run_env2(ops_attn d, const char *n1, const char *v1, const char *n2,
+                           const char *v2)
+{
+    char *keep = env_swap(n1, v1);
+    float *got = att_run_env(d, n2, v2);
+    env_restore(n1, keep);
+    return got;
+}
+
 /* The same 16 queries computed as a decode step each (n_kv up to the query itself), as one
  * verify block (split keys, folded by the combine kernel), as the tail of a 256-query
  * prefill chunk (512 blocks: each block folds its splits itself) and under a chain tree mask:
- * every bit equal; and the CPU within tolerance where cpu_too. On an f16 cache also with
- * the verify block and the prefill chunk folding chunks of splits in their blocks
- * (TANDEM_ATT_CHUNKS=on) while each decode step hands the combine a partial per split. */
+ * every bit equal; and the CPU within tolerance where cpu_too. On an f16 cache the same with
+ * the fold in chunks of splits: the verify block and the prefill chunk folding chunks in
+ * their blocks (TANDEM_ATT_CHUNKS=on), each decode step handing the combine a partial per
+ * split (auto). */
 static void bit_identity(int64_t D, int64_t ctx, bool cpu_too)
 {
     const int64_t n_head = 32, n_head_kv = 8, B = 16, P = 256;
@@ -327,10 +338,33 @@ static void bit_identity(int64_t D, int64_t ctx, bool cpu_too)
     if (D == 128 || D == 256) { /* the tensor-core kernel's head sizes */
         float *ver_c = att_run_env(blk, "TANDEM_ATT_CHUNKS", "on");
         float *pre_c = att_run_env(d, "TANDEM_ATT_CHUNKS", "on");
-        assert_true(check_same_bits("verify block folding chunks vs by splits", ver_c, ver,
+        float *ver_s = att_run_env(blk, "TANDEM_ATT_CHUNKS", "split");
+        assert_true(check_same_bits("chunks: verify block vs prefill chunk", ver_c,
+                                    pre_c + (P - B) * row, (size_t)(B * row) * 4));
+        assert_true(check_same_bits("chunks: folded in blocks vs in the combine", ver_c, ver_s,
                                     (size_t)(B * row) * 4));
-        assert_true(check_same_bits("prefill chunk folding chunks vs by splits", pre_c, pre,
-                                    (size_t)(P * row) * 4));
+        for (int64_t t = 0; t < B; t++) {
+            ops_attn one = blk;
+            one.n_q = 1;
+            one.q = blk.q + t * d.q_tok_stride;
+            one.gate = blk.gate + t * d.gate_tok_stride;
+            one.q_pos = blk.q_pos + t;
+            one.n_kv = ctx + t + 1;
+            float *dec = att_run_env(one, "TANDEM_ATT_CHUNKS", "auto");
+            char what[64];
+            snprintf(what, sizeof what, "chunks: decode query %lld vs verify block", (long long)t);
+            assert_true(check_same_bits(what, dec, ver_c + t * row, (size_t)row * 4));
+            free(dec);
+        }
+        if (cpu_too) {
+            float *ref = malloc((size_t)(P * row) * 4);
+            h.a.out = ref;
+            cpu_attention(&h.a);
+            assert_true(check_close("chunks: prefill chunk vs CPU", pre_c, ref, P * row, 0,
+                                    ATT_ATOL));
+            free(ref);
+        }
+        free(ver_s);
         free(pre_c);
         free(ver_c);
     }
@@ -468,8 +502,9 @@ static void att_run_both(const char *name, ops_attn d, const float *ref, int64_t
  * against the CPU and against the staged kernel it replaces there (TANDEM_ATT_MMA=0); its
  * bits do not change with the rows per block (TANDEM_ATT_ROWS=8, 16), or when a call whose
  * partials would be too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX
- * lowered), or when each block walks several splits (TANDEM_ATT_SPLIT_Z=1, 3); with
- * the key count read from the device (a recorded step's launch sized for the whole cache),
+ * lowered), or when each block walks several splits (TANDEM_ATT_SPLIT_Z=1, 3); the fold in
+ * chunks of splits (TANDEM_ATT_CHUNKS=split, auto, on) gives one set of bits under all three
+ * and every walk, within the CPU's tolerance; with the key count read from the device (a recorded step's launch sized for the whole cache),
  * they are the bits of the call launched for exactly those keys. Cases: splits whose last
  * 16-key step is partial, splits no row sees (later keys masked, a window), GQA groups of
  * 1 to 8, trees and verify blocks, padded cache rows, large and tiny queries. */
@@ -526,24 +561,37 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             free(o);
         }
         static const char *const zs[] = {"1", "3"};
-        static const char *const chunks[] = {NULL, "on", "off"};
+        for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
+            float *o = att_run_env(d, "TANDEM_ATT_SPLIT_Z", zs[k]);
+            snprintf(what, sizeof what, "%s: %s blocks along the splits", c->name, zs[k]);
+            assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            free(o);
+        }
+        /* the fold in chunks of splits: the same bits whoever folds a chunk (the combine:
+         * split; the blocks where each has a chunk: auto; the blocks: on), however many
+         * blocks walk the keys, and within the CPU's tolerance */
+        static const char *const chunks[] = {"split", "auto", "on"};
+        float *two = NULL;
         for (size_t m = 0; m < sizeof chunks / sizeof chunks[0]; m++) {
-            char *keep_chunks = env_swap("TANDEM_ATT_CHUNKS", chunks[m]);
-            if (chunks[m]) {
-                float *o = att_run(d);
-                snprintf(what, sizeof what, "%s: chunks %s", c->name, chunks[m]);
-                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+            float *o = att_run_env(d, "TANDEM_ATT_CHUNKS", chunks[m]);
+            snprintf(what, sizeof what, "%s: chunks %s", c->name, chunks[m]);
+            if (!two) {
+                if (!check_close(what, o, ref, n_out, 0, ATT_ATOL))
+                    fail_msg("attention case %s differs from the CPU", what);
+                two = o;
+            } else {
+                assert_true(check_same_bits(what, o, two, (size_t)n_out * 4));
                 free(o);
             }
             for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
-                float *o = att_run_env(d, "TANDEM_ATT_SPLIT_Z", zs[k]);
-                snprintf(what, sizeof what, "%s: %s blocks along the splits, chunks %s",
-                         c->name, zs[k], chunks[m] ? chunks[m] : "auto");
-                assert_true(check_same_bits(what, o, got, (size_t)n_out * 4));
+                o = att_run_env2(d, "TANDEM_ATT_CHUNKS", chunks[m], "TANDEM_ATT_SPLIT_Z", zs[k]);
+                snprintf(what, sizeof what, "%s: chunks %s, %s blocks along the splits",
+                         c->name, chunks[m], zs[k]);
+                assert_true(check_same_bits(what, o, two, (size_t)n_out * 4));
                 free(o);
             }
-            env_restore("TANDEM_ATT_CHUNKS", keep_chunks);
         }
+        free(two);
         { /* partials for 3 queries (or 1) at a time: several calls */
             const int64_t per_q = (int64_t)((h.a.n_kv + 127) / 128) * c->n_head * (c->head_dim + 2) * 4;
             char cap[32];
@@ -565,13 +613,18 @@ static void test_attention_f16_tensor_core_kernel(void **state)
             float *want = att_run(exact), *o = att_run(dev);
             snprintf(what, sizeof what, "%d keys on the device", (int)n_use);
             assert_true(check_same_bits(what, o, want, (size_t)n_out * 4));
-            /* walking past the count; 3 blocks along 34 splits (4300 keys) fold chunks of
-             * them, along 3 splits (300 keys) hand over splits: decided from the count on
-             * the device */
-            float *oz = att_run_env(dev, "TANDEM_ATT_SPLIT_Z", "3");
+            float *oz = att_run_env(dev, "TANDEM_ATT_SPLIT_Z", "3"); /* walking past the count */
             snprintf(what, sizeof what, "%d keys on the device, 3 blocks along", (int)n_use);
             assert_true(check_same_bits(what, oz, want, (size_t)n_out * 4));
             free(oz);
+            /* in chunks: 3 blocks along 34 splits (4300 keys) fold chunks of them, along 3
+             * splits (300 keys) hand over splits, decided from the count on the device */
+            float *want_c = att_run_env(exact, "TANDEM_ATT_CHUNKS", "auto");
+            float *oc = att_run_env2(dev, "TANDEM_ATT_CHUNKS", "auto", "TANDEM_ATT_SPLIT_Z", "3");
+            snprintf(what, sizeof what, "%d keys on the device, chunks", (int)n_use);
+            assert_true(check_same_bits(what, oc, want_c, (size_t)n_out * 4));
+            free(oc);
+            free(want_c);
             /* the count matters: the call over all 5000 keys differs */
             assert_true(memcmp(want, got, (size_t)n_out * 4) != 0);
             free(want), free(o);

@@ -8,8 +8,8 @@
  * p = exp(score - max); the split's sum of p is a fixed warp tree; each output value sums
  * p * v over the split's keys in key order. Splits then fold into a running (max, sum,
  * values) in split order (att_fold; the tensor-core kernel of f16 caches in chunks of
- * splits, see there). A key the query cannot see adds nothing (not even a
- * zero), a split it cannot see is skipped, so a query's result depends only on its own
+ * splits under TANDEM_ATT_CHUNKS, see there). A key the query cannot see adds nothing (not
+ * even a zero), a split it cannot see is skipped, so a query's result depends only on its own
  * visible keys: bit-identical alone, in a 16-token verify block or in a prefill chunk, and
  * whatever n_kv the caller passes beyond its last visible key.
  *
@@ -871,12 +871,14 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * checks it). A block takes one kv head, 8 or 16 rows and every z-th split of 128 keys from
  * its own (its query rows split once; per split its keys, then its values in the same
  * buffer; the grid about four waves where the splits allow); the split's softmax is
- * att_row_softmax. The fold order has two levels: the splits of a chunk of ATH_CHUNK fold
- * from nothing, then the chunks in order. Where every block along the keys has a chunk to
- * walk (long contexts: a 16-query verify over 32K keys), the blocks walk every z-th chunk
- * instead, fold its splits themselves (att_fold's operations on the values a partial would
- * hold) and hand over one partial per chunk, a quarter of the partials' bytes; elsewhere
- * (decode, short blocks) a partial per split, and the combine kernel folds both levels.
+ * att_row_softmax. Under TANDEM_ATT_CHUNKS=split|auto|on (not yet run on a GPU, so off by
+ * default: the splits fold one by one) the fold order has two levels: the splits of a chunk
+ * of ATH_CHUNK fold from nothing, then the chunks in order. Under auto, where every block
+ * along the keys has a chunk to walk (long contexts: a 16-query verify over 32K keys), the
+ * blocks walk every z-th chunk instead, fold its splits themselves (att_fold's operations on
+ * the values a partial would hold) and hand over one partial per chunk, a quarter of the
+ * partials' bytes; elsewhere (decode, short blocks) a partial per split, and the combine
+ * kernel folds both levels (split: always so; on: a partial per chunk always).
  * ------------------------------------------------------------------------------------- */
 
 #define ATH_WARPS 8
@@ -2025,7 +2027,11 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
     const size_t cap = att_scratch_max();
     const char *ez = getenv("TANDEM_ATT_SPLIT_Z"), *ec = getenv("TANDEM_ATT_CHUNKS");
     const long long forced_z = ez ? atoll(ez) : 0;
-    const bool chunks_on = ec && !strcmp(ec, "on"), chunks_off = ec && !strcmp(ec, "off");
+    /* the fold in chunks of splits (ATH_CHUNK): off (the default: splits fold one by one),
+     * split (a partial per split, the combine folds both levels), auto (a partial per chunk
+     * where every block along the keys has a chunk), on (a partial per chunk always) */
+    const bool ch_split = ec && !strcmp(ec, "split"), ch_auto = ec && !strcmp(ec, "auto"),
+               ch_on = ec && !strcmp(ec, "on");
     const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
                              ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
                              : a->n_q;
@@ -2034,13 +2040,13 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         att_args ps = p;
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
-        ps.chunk = ATH_CHUNK;
+        ps.chunk = ch_split || ch_auto || ch_on ? ATH_CHUNK : 1;
         const int64_t row_blocks = (ps.n_rows + hp.rows - 1) / hp.rows * a->n_head_kv;
         const int64_t waves = ((int64_t)ATH_WAVES * hp.per_sm * sms + row_blocks / 2) / row_blocks;
         const int64_t want = forced_z > 0 ? (int64_t)forced_z : waves < 1 ? 1 : waves;
         const int64_t z = want < p.n_split ? want : p.n_split;
         /* partials per chunk once every block along the keys has a chunk to fold */
-        ps.chunk_from = chunks_on ? 0 : chunks_off ? INT64_MAX : z;
+        ps.chunk_from = ch_on ? 0 : ch_auto ? z : INT64_MAX;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
                         (unsigned)z);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
