@@ -956,7 +956,7 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
  * of them). Scores: warp w takes keys
  * 16w .. 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16
  * values each) of every row. */
-template <int HD, int ROWS>
+template <int HD, int ROWS, bool FOLDS>
 __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p)
 {
     pdl_enter(early);
@@ -982,8 +982,8 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
     const int64_t g = blockIdx.y, n_kv = att_n_kv(a), n_split = att_n_split(p, n_kv);
     const int64_t r0 = (int64_t)blockIdx.x * ROWS;
     /* the units the blocks walk: chunks (their splits folded here, one partial each) or
-     * splits (one partial each) */
-    const bool chunked = att_chunked(p, n_split);
+     * splits (one partial each); only the FOLDS instantiation can fold */
+    const bool chunked = FOLDS && att_chunked(p, n_split);
     const int64_t n_unit = chunked ? att_n_chunk(p, n_split) : n_split;
     int64_t u = blockIdx.z;
     if (u >= n_unit)
@@ -1916,13 +1916,13 @@ typedef struct ath_plan {
     int per_sm; /* blocks an SM holds at once */
 } ath_plan;
 
-template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
+template <int HD, int ROWS, bool FOLDS> static td_err ath_plan_of(ath_plan *pl, int dev)
 {
     static int opted[64], per_sm[64];
     const size_t bytes = ath_geo<HD, ROWS>::FIXED + ath_geo<HD, ROWS>::KV;
     if (bytes + 2048 > (size_t)smem_optin_bytes(dev))
         return TD_OK;
-    pl->fn = ath_kernel<HD, ROWS>;
+    pl->fn = ath_kernel<HD, ROWS, FOLDS>;
     pl->rows = ROWS;
     pl->smem = bytes;
     static uint64_t occ[PDL_MAX_DEV];
@@ -1938,16 +1938,34 @@ template <int HD, int ROWS> static td_err ath_plan_of(ath_plan *pl, int dev)
     return TD_OK;
 }
 
-template <int HD> static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_rows_kv)
+template <int HD, bool FOLDS>
+static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_rows_kv)
 {
     const char *e = getenv("TANDEM_ATT_ROWS");
     const int forced = e ? atoi(e) : 0;
     if (forced == 16 || (forced != 8 && n_rows_kv > 8)) {
-        const td_err err = ath_plan_of<HD, 16>(pl, dev);
+        const td_err err = ath_plan_of<HD, 16, FOLDS>(pl, dev);
         if (err != TD_OK || pl->fn)
             return err;
     }
-    return ath_plan_of<HD, 8>(pl, dev);
+    return ath_plan_of<HD, 8, FOLDS>(pl, dev);
+}
+
+/* The fold in chunks of splits (ATH_CHUNK), TANDEM_ATT_CHUNKS: off (the default: splits
+ * fold one by one), split (a partial per split, the combine folds both levels), auto (a
+ * partial per chunk where every block along the keys has a chunk), on (a partial per chunk
+ * always). */
+typedef enum att_chunks { ATT_CHUNKS_OFF, ATT_CHUNKS_SPLIT, ATT_CHUNKS_AUTO, ATT_CHUNKS_ON } att_chunks;
+
+static att_chunks att_chunks_mode(void)
+{
+    const char *e = getenv("TANDEM_ATT_CHUNKS");
+    if (!e)
+        return ATT_CHUNKS_OFF;
+    return !strcmp(e, "split") ? ATT_CHUNKS_SPLIT
+           : !strcmp(e, "auto") ? ATT_CHUNKS_AUTO
+           : !strcmp(e, "on")   ? ATT_CHUNKS_ON
+                                : ATT_CHUNKS_OFF;
 }
 
 static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev)
@@ -1955,11 +1973,14 @@ static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, i
     memset(pl, 0, sizeof *pl);
     if (!att_mma_on() || a->kv_type != TD_F16 || dev >= 64 || !att_rows_aligned(a))
         return TD_OK;
+    const bool folds = att_chunks_mode() >= ATT_CHUNKS_AUTO;
     switch (a->head_dim) {
     case 256:
-        return ath_plan_rows<256>(pl, dev, p.n_rows);
+        return folds ? ath_plan_rows<256, true>(pl, dev, p.n_rows)
+                     : ath_plan_rows<256, false>(pl, dev, p.n_rows);
     case 128:
-        return ath_plan_rows<128>(pl, dev, p.n_rows);
+        return folds ? ath_plan_rows<128, true>(pl, dev, p.n_rows)
+                     : ath_plan_rows<128, false>(pl, dev, p.n_rows);
     default:
         return TD_OK;
     }
@@ -2025,13 +2046,9 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
     const ops_attn *a = &p.a;
     const size_t per_q = part_bytes / (size_t)a->n_q;
     const size_t cap = att_scratch_max();
-    const char *ez = getenv("TANDEM_ATT_SPLIT_Z"), *ec = getenv("TANDEM_ATT_CHUNKS");
+    const char *ez = getenv("TANDEM_ATT_SPLIT_Z");
     const long long forced_z = ez ? atoll(ez) : 0;
-    /* the fold in chunks of splits (ATH_CHUNK): off (the default: splits fold one by one),
-     * split (a partial per split, the combine folds both levels), auto (a partial per chunk
-     * where every block along the keys has a chunk), on (a partial per chunk always) */
-    const bool ch_split = ec && !strcmp(ec, "split"), ch_auto = ec && !strcmp(ec, "auto"),
-               ch_on = ec && !strcmp(ec, "on");
+    const att_chunks chunks = att_chunks_mode();
     const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
                              ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
                              : a->n_q;
@@ -2040,13 +2057,15 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
         att_args ps = p;
         ps.a = att_queries(a, t0, n);
         ps.n_rows = n * p.group;
-        ps.chunk = ch_split || ch_auto || ch_on ? ATH_CHUNK : 1;
+        ps.chunk = chunks == ATT_CHUNKS_OFF ? 1 : ATH_CHUNK;
         const int64_t row_blocks = (ps.n_rows + hp.rows - 1) / hp.rows * a->n_head_kv;
         const int64_t waves = ((int64_t)ATH_WAVES * hp.per_sm * sms + row_blocks / 2) / row_blocks;
         const int64_t want = forced_z > 0 ? (int64_t)forced_z : waves < 1 ? 1 : waves;
         const int64_t z = want < p.n_split ? want : p.n_split;
         /* partials per chunk once every block along the keys has a chunk to fold */
-        ps.chunk_from = ch_on ? 0 : ch_auto ? z : INT64_MAX;
+        ps.chunk_from = chunks == ATT_CHUNKS_ON     ? 0
+                        : chunks == ATT_CHUNKS_AUTO ? z
+                                                    : INT64_MAX;
         const dim3 grid((unsigned)((ps.n_rows + hp.rows - 1) / hp.rows), (unsigned)a->n_head_kv,
                         (unsigned)z);
         TD_TRY(att_split_launch(hp.fn, grid, ATH_THREADS, hp.smem, hp.occ, ps, per_q * (size_t)n,
