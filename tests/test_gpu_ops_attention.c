@@ -420,6 +420,21 @@ static void test_attention_query_is_bit_identical_alone_in_block_and_in_chunk(vo
     bit_identity(40, 70000, false);
 }
 
+/* One run of a series that must agree bit for bit: the first (*first NULL) is held to the
+ * CPU's ref and kept in *first, every later one must have its bits and is freed. */
+static void series_check(const char *what, float *got, float **first, const float *ref,
+                         int64_t n_out)
+{
+    if (!*first) {
+        if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
+            fail_msg("attention case %s differs from the CPU", what);
+        *first = got;
+        return;
+    }
+    assert_true(check_same_bits(what, got, *first, (size_t)n_out * 4));
+    free(got);
+}
+
 /* The staged kernel's rows per block (TANDEM_ATT_ROWS=2, 4, 8, 16; by default chosen from
  * the grid) only share out the work: decode, verify, tree, drafter and folding prefill
  * calls give the same bits under every size, and agree with the CPU. */
@@ -457,14 +472,7 @@ static void test_attention_rows_per_block_change_no_bit(void **state)
             float *got = att_run(d);
             char what[96];
             snprintf(what, sizeof what, "%s, rows %s", c->name, rows[k] ? rows[k] : "auto");
-            if (!first) {
-                if (!check_close(what, got, ref, n_out, 0, ATT_ATOL))
-                    fail_msg("attention case %s differs from the CPU", what);
-                first = got;
-            } else {
-                assert_true(check_same_bits(what, got, first, (size_t)n_out * 4));
-                free(got);
-            }
+            series_check(what, got, &first, ref, n_out);
         }
         free(first);
         free(ref);
@@ -575,14 +583,7 @@ static void test_attention_f16_tensor_core_kernel(void **state)
         for (size_t m = 0; m < sizeof chunks / sizeof chunks[0]; m++) {
             float *o = att_run_env(d, "TANDEM_ATT_CHUNKS", chunks[m]);
             snprintf(what, sizeof what, "%s: chunks %s", c->name, chunks[m]);
-            if (!two) {
-                if (!check_close(what, o, ref, n_out, 0, ATT_ATOL))
-                    fail_msg("attention case %s differs from the CPU", what);
-                two = o;
-            } else {
-                assert_true(check_same_bits(what, o, two, (size_t)n_out * 4));
-                free(o);
-            }
+            series_check(what, o, &two, ref, n_out);
             for (size_t k = 0; k < sizeof zs / sizeof zs[0]; k++) {
                 o = att_run_env2(d, "TANDEM_ATT_CHUNKS", chunks[m], "TANDEM_ATT_SPLIT_Z", zs[k]);
                 snprintf(what, sizeof what, "%s: chunks %s, %s blocks along the splits",

@@ -1313,28 +1313,24 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
+        /* partials i0 .. i1 - 1 of the round into (l, v): the folding thread's sum and value */
+        auto fold = [&](float &l, float &v, int i0, int i1) {
+            for (int i = i0; i < i1; i++) {
+                const float fb = sfb[i];
+                if (fb == -1.0f)
+                    continue;
+                const float fa = sfa[i];
+                l = att_apply(l, sl[i], fa, fb);
+                v = att_apply(v, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+            }
+        };
         if (tid < nd) {
             if (C == 1)
-                for (int i = 0; i < nr; i++) {
-                    const float fb = sfb[i];
-                    if (fb == -1.0f)
-                        continue;
-                    const float fa = sfa[i];
-                    L = att_apply(L, sl[i], fa, fb);
-                    A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
-                }
+                fold(L, A, 0, nr);
             else
                 for (int c0 = 0; c0 < nr; c0 += C) {
-                    const int c1 = c0 + C < nr ? c0 + C : nr;
                     float Lc = 0, Ac = 0;
-                    for (int i = c0; i < c1; i++) {
-                        const float fb = sfb[i];
-                        if (fb == -1.0f)
-                            continue;
-                        const float fa = sfa[i];
-                        Lc = att_apply(Lc, sl[i], fa, fb);
-                        Ac = att_apply(Ac, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
-                    }
+                    fold(Lc, Ac, c0, c0 + C < nr ? c0 + C : nr);
                     const float fb = scb[c0 / C];
                     if (fb == -1.0f)
                         continue;
