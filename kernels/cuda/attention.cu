@@ -1345,14 +1345,14 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
 }
 
 /* Shared memory of the combine kernel for rounds of R partials: values, fa, fb, sums, and a
- * chunk's fa and fb. */
+ * chunk's fa and fb (also without chunks: the kernel's limit is opted in once per device). */
 static size_t att_combine_bytes(int64_t R)
 {
     return (size_t)R * (ATT_COMBINE_D + 5) * sizeof(float);
 }
 
 /* The combine kernel over p's partials: its shared memory holds a round of splits, up to
- * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 374). The
+ * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 363). The
  * round changes no bit: split i's factors come from the max over all splits before it. */
 static td_err att_combine_launch(att_args p, cudaStream_t st)
 {
