@@ -49,7 +49,8 @@ typedef struct att_args {
     int64_t n_rows;   /* (query, head) rows per kv head: n_q * group */
     int64_t n_split;  /* ceil(n_kv / ATT_SPLIT) */
     float *part;      /* NULL: fold in the block; else [n_split][n_q][n_head][head_dim + 2]
-                       * partials: values, then max and sum */
+                       * partials (one per split, or per chunk: att_chunked): values, then
+                       * max and sum */
     int round;        /* the combine kernel's splits per round (its shared memory holds them) */
     int chunk;        /* splits per chunk of the fold order (1: splits fold one by one) */
     int64_t chunk_from; /* partials per chunk once there are this many chunks (else per split) */
@@ -953,9 +954,8 @@ __device__ __forceinline__ float ath_pow2(unsigned big)
 
 /* grid: x = tile of ROWS rows, y = kv head, z: the block takes splits (or chunks, see
  * att_chunked) z, z + gridDim.z, ... of the keys in use (its query rows split once for all
- * of them). Scores: warp w takes keys
- * 16w .. 16w + 15 of every row; values: warp w takes d tiles w, w + ATH_WARPS, ... (16
- * values each) of every row. */
+ * of them). Scores: warp w takes keys 16w .. 16w + 15 of every row; values: warp w takes d
+ * tiles w, w + ATH_WARPS, ... (16 values each) of every row. */
 template <int HD, int ROWS, bool FOLDS>
 __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p)
 {
