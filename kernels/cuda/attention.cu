@@ -1129,35 +1129,13 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
             }
         }
 
-        /* the unit's partial: values, then max and sum. Element e = 2h + i of d tile
-         * w + ATH_WARPS j and n tile n: row 8n + 2ti + i, value 16w + gi + 16 ATH_WARPS j + 8h
-         * (one address per row, the rest immediate offsets). A chunk's splits fold first,
-         * with the combine kernel's operations on the values it would have read. */
-        const bool last = s + 1 == s_end;
-        if (chunked) {
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    float fa = 0.0f, fb = 0.0f;
-                    if (!att_factors(fold_m[n][i], row_m[8 * n + 2 * ti + i], fa, fb))
-                        continue;
-#pragma unroll
-                    for (int j = 0; j < DT; j++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++)
-                            fold_v[j][n][2 * h + i] =
-                                att_apply(fold_v[j][n][2 * h + i],
-                                          (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN,
-                                          fa, fb);
-                }
-            if (tid < nr) {
-                float fa = 0.0f, fb = 0.0f;
-                att_fold(row_fm, row_fl, row_m[tid], row_l[tid], fa, fb);
-            }
-        }
-        if (!chunked || last) {
-            float *part = p.part + u * a.n_q * a.n_head * (HD + 2);
+        /* unit v's partial (a split's, or a chunk's): values value(j, n, e), then max and
+         * sum. Element e = 2h + i of d tile w + ATH_WARPS j and n tile n: row 8n + 2ti + i,
+         * value 16w + gi + 16 ATH_WARPS j + 8h (one address per row, the rest immediate
+         * offsets). A chunk's splits fold first, with the combine kernel's operations on the
+         * values it would have read. */
+        auto put = [&](int64_t v, auto value, auto row_max, auto row_sum) {
+            float *part = p.part + v * a.n_q * a.n_head * (HD + 2);
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
@@ -1170,37 +1148,71 @@ __global__ void __launch_bounds__(ATH_THREADS) ath_kernel(bool early, att_args p
                     for (int j = 0; j < DT; j++)
 #pragma unroll
                         for (int h = 0; h < 2; h++)
-                            pr[16 * ATH_WARPS * j + 8 * h] =
-                                chunked ? fold_v[j][n][2 * h + i]
-                                        : (oh[j][n][2 * h + i] + ol[j][n][2 * h + i]) * ATH_PDOWN;
+                            pr[16 * ATH_WARPS * j + 8 * h] = value(j, n, 2 * h + i);
                 }
             if (tid < nr) { /* ROWS <= ATH_THREADS */
                 float *pr = part + row_po[tid];
-                pr[HD] = chunked ? row_fm : row_m[tid];
-                pr[HD + 1] = chunked ? row_fl : row_l[tid];
+                pr[HD] = row_max();
+                pr[HD + 1] = row_sum();
             }
-        }
-        if (chunked && last) { /* the next chunk folds from nothing */
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                fold_m[n][0] = fold_m[n][1] = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < DT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        fold_v[j][n][e] = 0.0f;
-            }
-            row_fm = -INFINITY;
-            row_fl = 0.0f;
-        }
-        if (last) {
-            u += gridDim.z;
-            if (u >= n_unit)
+        };
+        auto split_value = [&](int j, int n, int e) {
+            return (oh[j][n][e] + ol[j][n][e]) * ATH_PDOWN;
+        };
+        if constexpr (!FOLDS) {
+            put(s, split_value, [&] { return row_m[tid]; }, [&] { return row_l[tid]; });
+            s += gridDim.z;
+            if (s >= n_split)
                 break;
-            s = chunked ? u * p.chunk : u;
-            s_end = unit_end(s);
         } else {
-            s++;
+            if (chunked) { /* the split into the chunk's fold (att_fold's operations) */
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        float fa = 0.0f, fb = 0.0f;
+                        if (!att_factors(fold_m[n][i], row_m[8 * n + 2 * ti + i], fa, fb))
+                            continue;
+#pragma unroll
+                        for (int j = 0; j < DT; j++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+                                fold_v[j][n][2 * h + i] = att_apply(
+                                    fold_v[j][n][2 * h + i], split_value(j, n, 2 * h + i), fa, fb);
+                    }
+                if (tid < nr) {
+                    float fa = 0.0f, fb = 0.0f;
+                    att_fold(row_fm, row_fl, row_m[tid], row_l[tid], fa, fb);
+                }
+            }
+            const bool last = s + 1 == s_end;
+            if (!chunked)
+                put(u, split_value, [&] { return row_m[tid]; }, [&] { return row_l[tid]; });
+            else if (last) {
+                put(
+                    u, [&](int j, int n, int e) { return fold_v[j][n][e]; },
+                    [&] { return row_fm; }, [&] { return row_fl; });
+#pragma unroll
+                for (int n = 0; n < NT; n++) { /* the next chunk folds from nothing */
+                    fold_m[n][0] = fold_m[n][1] = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < DT; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            fold_v[j][n][e] = 0.0f;
+                }
+                row_fm = -INFINITY;
+                row_fl = 0.0f;
+            }
+            if (last) {
+                u += gridDim.z;
+                if (u >= n_unit)
+                    break;
+                s = chunked ? u * p.chunk : u;
+                s_end = unit_end(s);
+            } else {
+                s++;
+            }
         }
         __syncthreads(); /* every warp is done with this split's values, p, maxima and sums */
         ats_stage<HD, __half, true>(kb, a, a.k, g, s * ATT_SPLIT, split_keys(s));
@@ -1226,9 +1238,11 @@ __device__ __forceinline__ void att_cp4(float *dst, const float *src)
  * gives every partial's factors fa and fb side by side, and each folding thread then runs
  * only the multiply-adds of its value and of the sum. (One thread walking 257 splits of a
  * 32K decode in batches of 32 took ~25 us per layer; 64 threads each issuing the copies of
- * their own value, ~15 us.) With chunks of p.chunk splits and a partial per split, the splits
- * of a chunk fold first, from nothing, and the chunks then fold in order: what a block that
- * folded the chunk itself hands over (att_chunked), with the same operations. */
+ * their own value, ~15 us.) CHUNKS (p.chunk > 1): with a partial per split, the splits of
+ * each chunk fold first, from nothing, every (chunk, value) by a thread of its own, and the
+ * folding threads then fold the chunks: what a block that folded the chunk itself hands over
+ * (att_chunked), with the same operations; with a partial per chunk, as without chunks. */
+template <bool CHUNKS>
 __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
@@ -1242,15 +1256,15 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
     const int64_t t = row / a.n_head, h = row % a.n_head;
     const int64_t n_split = att_n_split(p, att_n_kv(a));
     /* C partials per chunk of the fold (1: they fold one by one); rounds hold whole chunks */
-    const bool chunked = att_chunked(p, n_split);
-    const int C = chunked ? 1 : p.chunk;
+    const bool chunked = CHUNKS && att_chunked(p, n_split);
+    const int C = CHUNKS && !chunked ? p.chunk : 1;
     const int64_t n_part = chunked ? att_n_chunk(p, n_split) : n_split;
     const int R = (int)(p.n_split < p.round ? p.n_split : p.round);
     float *sv = csm;                              /* [R][ATT_COMBINE_D] the values */
     float *sfa = sv + (size_t)R * ATT_COMBINE_D; /* [R] att_fold's fa */
     float *sfb = sfa + R;                         /* [R] fb; -1: a partial that folds nothing */
     float *sl = sfb + R;                          /* [R] the partials' sums */
-    float *sca = sl + R, *scb = sca + R;          /* [R / C] a chunk's fa and fb */
+    float *sca = sl + R, *scb = sca + R;          /* [R / C] a chunk's fa and fb (CHUNKS) */
     const int64_t stride = a.n_q * a.n_head * (D + 2); /* one partial to the next */
     const float *base = p.part + row * (D + 2);
     float M = -INFINITY, L = 0, A = 0;
@@ -1267,7 +1281,8 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
          * sum, the max of all partials before them (a scan of the threads' maxima), then
          * their factors */
         int per = (nr + ATT_COMBINE_T - 1) / ATT_COMBINE_T;
-        per = (per + C - 1) / C * C;
+        if (C > 1)
+            per = (per + C - 1) / C * C;
         const int i0 = tid * per < nr ? tid * per : nr, i1 = i0 + per < nr ? i0 + per : nr;
         float mine = -INFINITY;
         for (int i = i0; i < i1; i++) {
@@ -1291,74 +1306,97 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
         for (int w = 0; w < warp; w++)
             before = fmaxf(before, wmax[w]);
         float Mi = fmaxf(M, before); /* att_fold's M before partial i0 */
-        for (int c0 = i0; c0 < i1; c0 += C) {
-            const int c1 = c0 + C < i1 ? c0 + C : i1;
-            float Mc = C > 1 ? -INFINITY : Mi; /* a chunk folds from nothing */
-            for (int i = c0; i < c1; i++) {
+        if (C == 1) {
+            for (int i = i0; i < i1; i++) {
                 float fa = 0.0f, fb = -1.0f; /* -1: nothing to fold, M unchanged */
-                att_factors(Mc, sfa[i], fa, fb);
+                att_factors(Mi, sfa[i], fa, fb);
                 sfa[i] = fa;
                 sfb[i] = fb;
             }
-            if (C > 1) {
+        } else {
+            for (int c0 = i0; c0 < i1; c0 += C) {
+                const int c1 = c0 + C < i1 ? c0 + C : i1;
+                float Mc = -INFINITY; /* a chunk folds from nothing */
+                for (int i = c0; i < c1; i++) {
+                    float fa = 0.0f, fb = -1.0f;
+                    att_factors(Mc, sfa[i], fa, fb);
+                    sfa[i] = fa;
+                    sfb[i] = fb;
+                }
                 float fa = 0.0f, fb = -1.0f;
                 att_factors(Mi, Mc, fa, fb);
                 sca[c0 / C] = fa;
                 scb[c0 / C] = fb;
-            } else {
-                Mi = Mc;
             }
         }
         for (int w = 0; w < ATT_COMBINE_T / 32; w++)
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
-        /* partials i0 .. i1 - 1 of the round into (l, v): the folding thread's sum and value */
-        auto fold = [&](float &l, float &v, int i0, int i1) {
-            for (int i = i0; i < i1; i++) {
+        if (C == 1) {
+            if (tid < nd)
+                for (int i = 0; i < nr; i++) {
+                    const float fb = sfb[i];
+                    if (fb == -1.0f)
+                        continue;
+                    const float fa = sfa[i];
+                    L = att_apply(L, sl[i], fa, fb);
+                    A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+                }
+            continue;
+        }
+        /* each (chunk, value) of the round folds its splits into the chunk's first slot (the
+         * sum with value 0) */
+        const int nch = (nr + C - 1) / C;
+        for (int e = tid; e < nch * ATT_COMBINE_D; e += ATT_COMBINE_T) {
+            const int c0 = e / ATT_COMBINE_D * C, col = e % ATT_COMBINE_D;
+            if (col >= nd)
+                continue;
+            const int c1 = c0 + C < nr ? c0 + C : nr;
+            float Lc = 0, Ac = 0;
+            for (int i = c0; i < c1; i++) {
                 const float fb = sfb[i];
                 if (fb == -1.0f)
                     continue;
                 const float fa = sfa[i];
-                l = att_apply(l, sl[i], fa, fb);
-                v = att_apply(v, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
+                Lc = att_apply(Lc, sl[i], fa, fb);
+                Ac = att_apply(Ac, sv[(size_t)i * ATT_COMBINE_D + col], fa, fb);
             }
-        };
-        if (tid < nd) {
-            if (C == 1)
-                fold(L, A, 0, nr);
-            else
-                for (int c0 = 0; c0 < nr; c0 += C) {
-                    float Lc = 0, Ac = 0;
-                    fold(Lc, Ac, c0, c0 + C < nr ? c0 + C : nr);
-                    const float fb = scb[c0 / C];
-                    if (fb == -1.0f)
-                        continue;
-                    const float fa = sca[c0 / C];
-                    L = att_apply(L, Lc, fa, fb);
-                    A = att_apply(A, Ac, fa, fb);
-                }
+            sv[(size_t)c0 * ATT_COMBINE_D + col] = Ac;
+            if (col == 0)
+                sl[c0] = Lc;
         }
+        __syncthreads();
+        if (tid < nd)
+            for (int c = 0; c < nch; c++) {
+                const float fb = scb[c];
+                if (fb == -1.0f)
+                    continue;
+                const float fa = sca[c];
+                L = att_apply(L, sl[c * C], fa, fb);
+                A = att_apply(A, sv[(size_t)c * C * ATT_COMBINE_D + tid], fa, fb);
+            }
     }
     if (tid < nd)
         att_write(a, t, h, d, A, L);
 }
 
-/* Shared memory of the combine kernel for rounds of R partials: values, fa, fb, sums, and a
- * chunk's fa and fb (also without chunks: the kernel's limit is opted in once per device). */
-static size_t att_combine_bytes(int64_t R)
+/* Shared memory of the combine kernel for rounds of R partials: values, fa, fb, sums, and
+ * with chunks of splits a chunk's fa and fb. */
+static size_t att_combine_bytes(int64_t R, int chunk)
 {
-    return (size_t)R * (ATT_COMBINE_D + 5) * sizeof(float);
+    return (size_t)R * (ATT_COMBINE_D + (chunk > 1 ? 5 : 3)) * sizeof(float);
 }
 
 /* The combine kernel over p's partials: its shared memory holds a round of splits, up to
- * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 363). The
+ * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 374, 360 with
+ * chunks of splits). The
  * round changes no bit: split i's factors come from the max over all splits before it. */
 static td_err att_combine_launch(att_args p, cudaStream_t st)
 {
     int dev = 0;
     CUDA_TRY(cudaGetDevice(&dev));
-    const size_t room = (size_t)smem_optin_bytes(dev), per = att_combine_bytes(1);
+    const size_t room = (size_t)smem_optin_bytes(dev), per = att_combine_bytes(1, p.chunk);
     int64_t most = room > 1024 + per ? (int64_t)((room - 1024) / per) : 1; /* 1 KB: wmax */
     if (most > ATT_COMBINE_ROUND)
         most = ATT_COMBINE_ROUND;
@@ -1368,13 +1406,19 @@ static td_err att_combine_launch(att_args p, cudaStream_t st)
     most -= most % p.chunk; /* whole chunks per round */
     p.round = (int)most;
     const int64_t R = p.n_split < most ? p.n_split : most;
-    const size_t smem = att_combine_bytes(R);
+    const size_t smem = att_combine_bytes(R, p.chunk);
+    const dim3 grid((unsigned)(p.a.n_q * p.a.n_head),
+                    (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D));
+    if (p.chunk > 1) {
+        if (smem > 48 * 1024)
+            TD_TRY(smem_optin<att_combine_kernel<true>>(dev, att_combine_bytes(most, p.chunk)));
+        return pdl_launch<att_combine_kernel<true>>("attention combine", grid,
+                                                    dim3(ATT_COMBINE_T), smem, st, p);
+    }
     if (smem > 48 * 1024)
-        TD_TRY(smem_optin<att_combine_kernel>(dev, att_combine_bytes(most)));
-    const unsigned chunks = (unsigned)((p.a.head_dim + ATT_COMBINE_D - 1) / ATT_COMBINE_D);
-    return pdl_launch<att_combine_kernel>("attention combine",
-                                          dim3((unsigned)(p.a.n_q * p.a.n_head), chunks),
-                                          dim3(ATT_COMBINE_T), smem, st, p);
+        TD_TRY(smem_optin<att_combine_kernel<false>>(dev, att_combine_bytes(most, 1)));
+    return pdl_launch<att_combine_kernel<false>>("attention combine", grid, dim3(ATT_COMBINE_T),
+                                                 smem, st, p);
 }
 
 /* ---------------------------------------------------------------------------------------
