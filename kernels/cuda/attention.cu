@@ -1264,7 +1264,7 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
     float *sfa = sv + (size_t)R * ATT_COMBINE_D; /* [R] att_fold's fa */
     float *sfb = sfa + R;                         /* [R] fb; -1: a partial that folds nothing */
     float *sl = sfb + R;                          /* [R] the partials' sums */
-    float *sca = sl + R, *scb = sca + R;          /* [R / C] a chunk's fa and fb (CHUNKS) */
+    float *sca = sl + R, *scb = sca + R, *scl = scb + R; /* [R / C] a chunk's fa, fb, sum */
     const int64_t stride = a.n_q * a.n_head * (D + 2); /* one partial to the next */
     const float *base = p.part + row * (D + 2);
     float M = -INFINITY, L = 0, A = 0;
@@ -1333,38 +1333,34 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
+        /* partials i0 .. i1 - 1 of the round into a sum l and value v (column col) */
+        auto fold = [&](float &l, float &v, int i0, int i1, int col) {
+            for (int i = i0; i < i1; i++) {
+                const float fb = sfb[i];
+                if (fb == -1.0f)
+                    continue;
+                const float fa = sfa[i];
+                l = att_apply(l, sl[i], fa, fb);
+                v = att_apply(v, sv[(size_t)i * ATT_COMBINE_D + col], fa, fb);
+            }
+        };
         if (C == 1) {
             if (tid < nd)
-                for (int i = 0; i < nr; i++) {
-                    const float fb = sfb[i];
-                    if (fb == -1.0f)
-                        continue;
-                    const float fa = sfa[i];
-                    L = att_apply(L, sl[i], fa, fb);
-                    A = att_apply(A, sv[(size_t)i * ATT_COMBINE_D + tid], fa, fb);
-                }
+                fold(L, A, 0, nr, tid);
             continue;
         }
-        /* each (chunk, value) of the round folds its splits into the chunk's first slot (the
-         * sum with value 0) */
+        /* each (chunk, value) of the round folds its splits into the chunk's first slot (and
+         * with value 0 the sums) */
         const int nch = (nr + C - 1) / C;
         for (int e = tid; e < nch * ATT_COMBINE_D; e += ATT_COMBINE_T) {
             const int c0 = e / ATT_COMBINE_D * C, col = e % ATT_COMBINE_D;
             if (col >= nd)
                 continue;
-            const int c1 = c0 + C < nr ? c0 + C : nr;
             float Lc = 0, Ac = 0;
-            for (int i = c0; i < c1; i++) {
-                const float fb = sfb[i];
-                if (fb == -1.0f)
-                    continue;
-                const float fa = sfa[i];
-                Lc = att_apply(Lc, sl[i], fa, fb);
-                Ac = att_apply(Ac, sv[(size_t)i * ATT_COMBINE_D + col], fa, fb);
-            }
+            fold(Lc, Ac, c0, c0 + C < nr ? c0 + C : nr, col);
             sv[(size_t)c0 * ATT_COMBINE_D + col] = Ac;
             if (col == 0)
-                sl[c0] = Lc;
+                scl[c0 / C] = Lc;
         }
         __syncthreads();
         if (tid < nd)
@@ -1373,7 +1369,7 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
                 if (fb == -1.0f)
                     continue;
                 const float fa = sca[c];
-                L = att_apply(L, sl[c * C], fa, fb);
+                L = att_apply(L, scl[c], fa, fb);
                 A = att_apply(A, sv[(size_t)c * C * ATT_COMBINE_D + tid], fa, fb);
             }
     }
@@ -1382,16 +1378,16 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
 }
 
 /* Shared memory of the combine kernel for rounds of R partials: values, fa, fb, sums, and
- * with chunks of splits a chunk's fa and fb. */
+ * with chunks of splits a chunk's fa, fb and sum. */
 static size_t att_combine_bytes(int64_t R, int chunk)
 {
-    return (size_t)R * (ATT_COMBINE_D + (chunk > 1 ? 5 : 3)) * sizeof(float);
+    return (size_t)R * (ATT_COMBINE_D + (chunk > 1 ? 6 : 3)) * sizeof(float);
 }
 
 /* The combine kernel over p's partials: its shared memory holds a round of splits, up to
- * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 374, 360 with
- * chunks of splits). The
- * round changes no bit: split i's factors come from the max over all splits before it. */
+ * ATT_COMBINE_ROUND where the device has the room (an sm_86 block's 99 KB hold 374; with
+ * chunks of splits 356, whole chunks). The round changes no bit: split i's factors come from
+ * the max over all splits before it. */
 static td_err att_combine_launch(att_args p, cudaStream_t st)
 {
     int dev = 0;
