@@ -872,14 +872,14 @@ __global__ void __launch_bounds__(ATS_THREADS, 2) ats_kernel(bool early, att_arg
  * checks it). A block takes one kv head, 8 or 16 rows and every z-th split of 128 keys from
  * its own (its query rows split once; per split its keys, then its values in the same
  * buffer; the grid about four waves where the splits allow); the split's softmax is
- * att_row_softmax. Under TANDEM_ATT_CHUNKS=split|auto|on (not yet run on a GPU, so off by
- * default: the splits fold one by one) the fold order has two levels: the splits of a chunk
- * of ATH_CHUNK fold from nothing, then the chunks in order. Under auto, where every block
- * along the keys has a chunk to walk (long contexts: a 16-query verify over 32K keys), the
- * blocks walk every z-th chunk instead, fold its splits themselves (att_fold's operations on
- * the values a partial would hold) and hand over one partial per chunk, a quarter of the
- * partials' bytes; elsewhere (decode, short blocks) a partial per split, and the combine
- * kernel folds both levels (split: always so; on: a partial per chunk always).
+ * att_row_softmax. Under TANDEM_ATT_CHUNKS=split|auto|on (off by default, see
+ * kernels/cuda/NOTES.md; the splits then fold one by one) the fold order has two levels: the
+ * splits of a chunk of ATH_CHUNK fold from nothing, then the chunks in order. Under auto,
+ * where every block along the keys has a chunk to walk (long contexts: a 16-query verify over
+ * 32K keys), the blocks walk every z-th chunk instead, fold its splits themselves (att_fold's
+ * operations on the values a partial would hold) and hand over one partial per chunk, a
+ * quarter of the partials' bytes; elsewhere (decode, short blocks) a partial per split, and
+ * the combine kernel folds both levels (split: always so; on: a partial per chunk always).
  * ------------------------------------------------------------------------------------- */
 
 #define ATH_WARPS 8
@@ -1333,20 +1333,22 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
             M = fmaxf(M, wmax[w]); /* after the round */
         ats_wait<0>();
         __syncthreads();
-        /* partials i0 .. i1 - 1 of the round into a sum l and value v (column col) */
-        auto fold = [&](float &l, float &v, int i0, int i1, int col) {
+        /* partials i0 .. i1 - 1 of the round into value v (column col) and, with sum, the
+         * sum l */
+        auto fold = [&](float &l, float &v, int i0, int i1, int col, bool sum) {
             for (int i = i0; i < i1; i++) {
                 const float fb = sfb[i];
                 if (fb == -1.0f)
                     continue;
                 const float fa = sfa[i];
-                l = att_apply(l, sl[i], fa, fb);
+                if (sum)
+                    l = att_apply(l, sl[i], fa, fb);
                 v = att_apply(v, sv[(size_t)i * ATT_COMBINE_D + col], fa, fb);
             }
         };
         if (C == 1) {
             if (tid < nd)
-                fold(L, A, 0, nr, tid);
+                fold(L, A, 0, nr, tid, true);
             continue;
         }
         /* each (chunk, value) of the round folds its splits into the chunk's first slot (and
@@ -1357,7 +1359,7 @@ __global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, 
             if (col >= nd)
                 continue;
             float Lc = 0, Ac = 0;
-            fold(Lc, Ac, c0, c0 + C < nr ? c0 + C : nr, col);
+            fold(Lc, Ac, c0, c0 + C < nr ? c0 + C : nr, col, col == 0);
             sv[(size_t)c0 * ATT_COMBINE_D + col] = Ac;
             if (col == 0)
                 scl[c0 / C] = Lc;
@@ -1944,12 +1946,35 @@ static td_err att_part_get(float **part, void **pooled, size_t bytes, cudaStream
  * (H200, bench_attention_cuda: every case as fast or faster than with a buffer each, e.g.
  * a 32K decode 64 us against 98). The kernel depends only on head_dim, the cache type and
  * layout and the device, so a model's decode, verify and prefill calls all take it. */
+/* The fold in chunks of splits (ATH_CHUNK), TANDEM_ATT_CHUNKS: off (the default: splits
+ * fold one by one), split (a partial per split, the combine folds both levels), auto (a
+ * partial per chunk where every block along the keys has a chunk), on (a partial per chunk
+ * always). */
+typedef enum att_chunks {
+    ATT_CHUNKS_OFF,
+    ATT_CHUNKS_SPLIT,
+    ATT_CHUNKS_AUTO,
+    ATT_CHUNKS_ON
+} att_chunks;
+
+static att_chunks att_chunks_mode(void)
+{
+    const char *e = getenv("TANDEM_ATT_CHUNKS");
+    if (!e)
+        return ATT_CHUNKS_OFF;
+    return !strcmp(e, "split") ? ATT_CHUNKS_SPLIT
+           : !strcmp(e, "auto") ? ATT_CHUNKS_AUTO
+           : !strcmp(e, "on")   ? ATT_CHUNKS_ON
+                                : ATT_CHUNKS_OFF;
+}
+
 typedef struct ath_plan {
     ath_fn fn;
     int rows;
     size_t smem;
     uint64_t *occ;
     int per_sm; /* blocks an SM holds at once */
+    att_chunks chunks; /* the fold in chunks of splits fn runs (TANDEM_ATT_CHUNKS) */
 } ath_plan;
 
 template <int HD, int ROWS, bool FOLDS> static td_err ath_plan_of(ath_plan *pl, int dev)
@@ -1987,29 +2012,13 @@ static td_err ath_plan_rows(ath_plan *pl, int dev, int64_t n_rows_kv)
     return ath_plan_of<HD, 8, FOLDS>(pl, dev);
 }
 
-/* The fold in chunks of splits (ATH_CHUNK), TANDEM_ATT_CHUNKS: off (the default: splits
- * fold one by one), split (a partial per split, the combine folds both levels), auto (a
- * partial per chunk where every block along the keys has a chunk), on (a partial per chunk
- * always). */
-typedef enum att_chunks { ATT_CHUNKS_OFF, ATT_CHUNKS_SPLIT, ATT_CHUNKS_AUTO, ATT_CHUNKS_ON } att_chunks;
-
-static att_chunks att_chunks_mode(void)
-{
-    const char *e = getenv("TANDEM_ATT_CHUNKS");
-    if (!e)
-        return ATT_CHUNKS_OFF;
-    return !strcmp(e, "split") ? ATT_CHUNKS_SPLIT
-           : !strcmp(e, "auto") ? ATT_CHUNKS_AUTO
-           : !strcmp(e, "on")   ? ATT_CHUNKS_ON
-                                : ATT_CHUNKS_OFF;
-}
-
 static td_err ath_plan_for(ath_plan *pl, const ops_attn *a, const att_args &p, int dev)
 {
     memset(pl, 0, sizeof *pl);
     if (!att_mma_on() || a->kv_type != TD_F16 || dev >= 64 || !att_rows_aligned(a))
         return TD_OK;
-    const bool folds = att_chunks_mode() >= ATT_CHUNKS_AUTO;
+    pl->chunks = att_chunks_mode();
+    const bool folds = pl->chunks >= ATT_CHUNKS_AUTO;
     switch (a->head_dim) {
     case 256:
         return folds ? ath_plan_rows<256, true>(pl, dev, p.n_rows)
@@ -2084,7 +2093,7 @@ static td_err ath_run(const ath_plan &hp, const att_args &p, size_t part_bytes, 
     const size_t cap = att_scratch_max();
     const char *ez = getenv("TANDEM_ATT_SPLIT_Z");
     const long long forced_z = ez ? atoll(ez) : 0;
-    const att_chunks chunks = att_chunks_mode();
+    const att_chunks chunks = hp.chunks;
     const int64_t step = per_q > 0 && cap / per_q < (size_t)a->n_q
                              ? (int64_t)(cap / per_q > 0 ? cap / per_q : 1)
                              : a->n_q;
