@@ -42,6 +42,13 @@
 #define ATT_COMBINE_D 64       /* head values per combine block (one per folding thread) */
 #define ATT_COMBINE_T 256      /* threads per combine block (all copy, ATT_COMBINE_D fold) */
 #define ATT_COMBINE_ROUND 512  /* splits the combine stages in shared memory at once, at most */
+/* combine blocks an SM holds at once (the registers kept to that): a 1K verify's 1536 blocks
+ * in two waves of an H100 instead of three; sm_86..89 run 1536 threads an SM, sm_90 2048 */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860 && __CUDA_ARCH__ < 900
+#define ATT_COMBINE_PER_SM 6
+#else
+#define ATT_COMBINE_PER_SM 8
+#endif
 
 typedef struct att_args {
     ops_attn a;       /* the caller's description, device pointers */
@@ -1243,7 +1250,7 @@ __device__ __forceinline__ void att_cp4(float *dst, const float *src)
  * folding threads then fold the chunks: what a block that folded the chunk itself hands over
  * (att_chunked), with the same operations; with a partial per chunk, as without chunks. */
 template <bool CHUNKS>
-__global__ void __launch_bounds__(ATT_COMBINE_T) att_combine_kernel(bool early, att_args p)
+__global__ void __launch_bounds__(ATT_COMBINE_T, ATT_COMBINE_PER_SM) att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
     extern __shared__ float csm[];
