@@ -1250,7 +1250,8 @@ __device__ __forceinline__ void att_cp4(float *dst, const float *src)
  * folding threads then fold the chunks: what a block that folded the chunk itself hands over
  * (att_chunked), with the same operations; with a partial per chunk, as without chunks. */
 template <bool CHUNKS>
-__global__ void __launch_bounds__(ATT_COMBINE_T, ATT_COMBINE_PER_SM) att_combine_kernel(bool early, att_args p)
+__global__ void __launch_bounds__(ATT_COMBINE_T, ATT_COMBINE_PER_SM)
+    att_combine_kernel(bool early, att_args p)
 {
     pdl_enter(early);
     extern __shared__ float csm[];
