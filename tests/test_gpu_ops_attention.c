@@ -512,8 +512,9 @@ static void att_run_both(const char *name, ops_attn d, const float *ref, int64_t
  * partials would be too many runs as several over ranges of queries (TANDEM_ATT_SCRATCH_MAX
  * lowered), or when each block walks several splits (TANDEM_ATT_SPLIT_Z=1, 3); the fold in
  * chunks of splits (TANDEM_ATT_CHUNKS=split, auto, on) gives one set of bits under all three
- * and every walk, within the CPU's tolerance; with the key count read from the device (a recorded step's launch sized for the whole cache),
- * they are the bits of the call launched for exactly those keys. Cases: splits whose last
+ * and every walk, within the CPU's tolerance; with the key count read from the device (a
+ * recorded step's launch sized for the whole cache), they are the bits of the call launched
+ * for exactly those keys. Cases: splits whose last
  * 16-key step is partial, splits no row sees (later keys masked, a window), GQA groups of
  * 1 to 8, trees and verify blocks, padded cache rows, large and tiny queries. */
 static void test_attention_f16_tensor_core_kernel(void **state)
